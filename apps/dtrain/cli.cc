@@ -1,0 +1,225 @@
+#include "dtrain/cli.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <sstream>
+
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+#include <CLI/CLI.hpp>
+
+#include "checkpoint/checkpoint.h"
+#include "config/config.h"
+#include "data/dataset.h"
+#include "dtrain/bench.h"
+#include "nn/loss.h"
+#include "nn/model.h"
+#include "tensor/blas.h"
+#include "train/trainer.h"
+#include "util/check.h"
+#include "util/fs.h"
+
+namespace dtrain {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr int kExitOk = 0;
+constexpr int kExitRuntime = 1;
+constexpr int kExitUser = 2;
+
+void setup_logging(const std::string& level) {
+  auto logger = spdlog::stderr_color_mt("dtrain");
+  spdlog::set_default_logger(logger);
+  spdlog::set_pattern("[%H:%M:%S.%e] [%^%l%$] %v");
+  spdlog::set_level(spdlog::level::from_str(level));
+}
+
+std::string default_out_dir(const std::string& config_path) {
+  return (fs::path("runs") / fs::path(config_path).stem()).string();
+}
+
+// Model and weights for eval/predict: the config decides the architecture, the checkpoint the
+// values; a mismatch is refused by load_checkpoint.
+struct LoadedModel {
+  Model model;
+  std::vector<float> params;
+};
+
+LoadedModel load_model(const Config& cfg, const DataSplits& data, const std::string& ckpt) {
+  const ModelShape shape = resolve_model_shape(cfg, data);
+  LoadedModel m{build_mlp(cfg.model, shape.in_features, shape.num_classes), {}};
+  m.params.resize(static_cast<size_t>(m.model.param_count()));
+  const std::string path = resolve_checkpoint(ckpt, false);
+  const CheckpointMeta meta = load_checkpoint(path, m.model, m.params.data(), {});
+  spdlog::info("loaded {} (step {})", path, meta.step);
+  return m;
+}
+
+int cmd_run(const Config& cfg, const std::string& config_path, std::string out,
+            const std::string& resume, bool no_progress) {
+  RunOptions opts;
+  opts.out_dir = out.empty() ? default_out_dir(config_path) : std::move(out);
+  opts.resume = resume;
+  opts.progress =
+      !no_progress && ::isatty(STDERR_FILENO) && spdlog::get_level() <= spdlog::level::info;
+  const nlohmann::json summary = run_training(cfg, opts);
+  std::cout << "results: " << opts.out_dir << "/summary.json, metrics.jsonl, checkpoints/"
+            << std::endl;
+  return kExitOk;
+}
+
+int cmd_eval(const Config& cfg, const std::string& ckpt) {
+  set_blas_threads(static_cast<int>(cfg.runtime.threads));
+  const DataSplits data = load_data(cfg.data, cfg.seed);
+  if (data.test.rows == 0)
+    throw UserError("no test set to evaluate: set data.test or data.test_fraction");
+  const LoadedModel m = load_model(cfg, data, ckpt);
+  const EvalResult r =
+      evaluate(m.model, m.params.data(), data.test, cfg.data.eval_batch_size, cfg.model.loss);
+  nlohmann::json out = {
+      {"test_loss", r.loss}, {"test_accuracy", r.accuracy}, {"samples", r.samples}};
+  std::cout << out.dump() << std::endl;
+  return kExitOk;
+}
+
+int cmd_predict(const Config& cfg, const std::string& ckpt, const std::string& input,
+                const std::string& output) {
+  set_blas_threads(static_cast<int>(cfg.runtime.threads));
+  const DataSplits data = load_data(cfg.data, cfg.seed);  // for the normaliser and the shape
+  const LoadedModel m = load_model(cfg, data, ckpt);
+  int64_t rows = 0;
+  std::vector<float> x = load_csv_features(input, cfg.data.csv, m.model.in_features(), &rows);
+  data.normalizer.apply_rows(x.data(), rows, m.model.in_features());
+  Tensor xt = Tensor::view(x.data(), {rows, m.model.in_features()});
+  Activations acts;
+  const Tensor& logits = m.model.forward(m.params.data(), xt, acts, ForwardCtx{false, nullptr});
+  Tensor probs;
+  softmax_rows(logits, probs);
+  std::ostringstream os;
+  const int64_t C = probs.cols();
+  os << "predicted";
+  for (int64_t c = 0; c < C; ++c) os << ",prob_" << c;
+  os << "\n";
+  char buf[32];
+  for (int64_t r = 0; r < rows; ++r) {
+    int64_t best = 0;
+    for (int64_t c = 1; c < C; ++c)
+      if (probs.at(r, c) > probs.at(r, best)) best = c;
+    os << best;
+    for (int64_t c = 0; c < C; ++c) {
+      std::snprintf(buf, sizeof buf, ",%.6g", static_cast<double>(probs.at(r, c)));
+      os << buf;
+    }
+    os << "\n";
+  }
+  if (output.empty()) {
+    std::cout << os.str() << std::flush;
+  } else {
+    write_file_atomic(output, os.str());
+    spdlog::info("wrote {} predictions to {}", rows, output);
+  }
+  return kExitOk;
+}
+
+}  // namespace
+
+int cli_main(int argc, char** argv) {
+  CLI::App app{"dtrain: train models from one YAML file, alone or data-parallel across ranks"};
+  app.set_version_flag("--version", "dtrain 0.1.0");
+  app.require_subcommand(1);
+  app.fallthrough();  // global options (--log-level) may follow the subcommand
+  std::string log_level = "info";
+  app.add_option("--log-level", log_level, "trace|debug|info|warn|error|off")
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}))
+      ->capture_default_str();
+
+  std::string config_path, out, resume, checkpoint, input, output;
+  std::vector<std::string> sets;
+  bool no_progress = false;
+  auto add_config = [&](CLI::App* c) {
+    c->add_option("config", config_path, "YAML config file")->required();
+    c->add_option("--set", sets,
+                  "override a config key before validation: key.path=value (value is YAML, e.g. "
+                  "model.hidden=[256,256]); repeatable")
+        ->type_name("KEY=VALUE");
+  };
+
+  CLI::App* run = app.add_subcommand("run", "train a model as the config describes");
+  add_config(run);
+  run->add_option("--out", out, "output folder (default runs/<config file stem>)");
+  run->add_option("--resume", resume,
+                  "continue from a checkpoint: a .safetensors file, a checkpoints folder, a run "
+                  "folder, or 'auto' (the output folder's latest checkpoint, if any)");
+  run->add_flag("--no-progress", no_progress, "never draw the progress bar");
+
+  CLI::App* validate = app.add_subcommand("validate", "parse and check a config, then exit");
+  add_config(validate);
+
+  CLI::App* eval = app.add_subcommand("eval", "test loss and accuracy of a checkpoint");
+  add_config(eval);
+  eval->add_option("--checkpoint", checkpoint, "checkpoint file (or run/checkpoints folder)")
+      ->required();
+
+  CLI::App* predict =
+      app.add_subcommand("predict", "class predictions and probabilities for CSV rows");
+  add_config(predict);
+  predict->add_option("--checkpoint", checkpoint, "checkpoint file (or run/checkpoints folder)")
+      ->required();
+  predict->add_option("--input", input, "CSV of feature rows (no label column)")->required();
+  predict->add_option("--output", output, "CSV to write (default: standard output)");
+
+  CLI::App* bench = app.add_subcommand("bench", "micro-benchmarks");
+  bench->require_subcommand(1);
+  CLI::App* bench_gemm_cmd = bench->add_subcommand(
+      "gemm", "time the GEMMs of one MLP training step: the bound on step time");
+  std::vector<int64_t> widths = {784, 512, 512, 10};
+  int64_t bench_batch = 128;
+  int bench_threads = 1, bench_iters = 300;
+  bench_gemm_cmd->add_option("--widths", widths, "layer widths, input first")
+      ->delimiter(',')
+      ->capture_default_str();
+  bench_gemm_cmd->add_option("--batch", bench_batch, "rows per step")->capture_default_str();
+  bench_gemm_cmd->add_option("--threads", bench_threads, "BLAS threads (0: all cores)")
+      ->capture_default_str();
+  bench_gemm_cmd->add_option("--iters", bench_iters, "timed steps")->capture_default_str();
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::Success& e) {
+    return app.exit(e);  // --help, --version
+  } catch (const CLI::ParseError& e) {
+    app.exit(e);
+    return kExitUser;
+  }
+
+  try {
+    setup_logging(log_level);
+    if (bench_gemm_cmd->parsed())
+      return bench_gemm(widths, bench_batch, bench_threads, bench_iters);
+    const Config cfg = load_config(config_path, sets);
+    if (validate->parsed()) {
+      std::cout << config_path << ": ok (config hash " << config_hash(cfg) << ")" << std::endl;
+      return kExitOk;
+    }
+    if (run->parsed()) return cmd_run(cfg, config_path, out, resume, no_progress);
+    if (eval->parsed()) return cmd_eval(cfg, checkpoint);
+    if (predict->parsed()) return cmd_predict(cfg, checkpoint, input, output);
+    return kExitUser;
+  } catch (const UserError& e) {
+    std::cerr << "error: " << e.what() << std::endl;
+    return kExitUser;
+  } catch (const InternalError& e) {
+    std::cerr << "internal error (a dtrain bug; please report): " << e.what() << std::endl;
+    return kExitRuntime;
+  } catch (const std::exception& e) {
+    std::cerr << "error: " << e.what() << std::endl;
+    return kExitRuntime;
+  }
+}
+
+}  // namespace dtrain

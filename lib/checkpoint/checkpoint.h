@@ -1,0 +1,63 @@
+// Training checkpoints (format version 1): one safetensors file holding the full flat parameter
+// buffer split by the model's parameter table, the optimizer state under
+// "optim.<state>.<param name>", and __metadata__ with everything else a bitwise-exact resume
+// needs. Layout in README "Output files".
+//
+// Files live in RUN/checkpoints/step-<N>.safetensors; RUN/checkpoints/latest names the newest
+// complete one. Each file is written atomically, `latest` is updated only after the file is on
+// disk, and pruning (keep_last) happens last, so a crash at any point leaves the previous
+// checkpoint valid and named.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "nn/model.h"
+
+namespace dtrain {
+
+inline constexpr int kCheckpointFormatVersion = 1;
+
+// Everything besides tensors. Stored as strings in __metadata__.
+struct CheckpointMeta {
+  int64_t step = 0;             // optimizer steps completed
+  int64_t epoch = 0;            // sampler position of the next batch: epoch ...
+  int64_t batch = 0;            // ... and global batch index within it
+  int64_t optimizer_steps = 0;  // the optimizer's own step count (Adam bias correction)
+  std::string optimizer;        // sgd | adam | adamw
+  std::string rng;              // Rng::to_string() of the training RNG (dropout)
+  std::string config_hash;
+  std::string strategy = "ddp";
+  int64_t world_size = 1;
+};
+
+// A named optimizer state buffer in the full flat layout (size = model.param_count()).
+struct StateBuffer {
+  std::string name;  // "momentum", "exp_avg", ...
+  float* data = nullptr;
+};
+
+// Writes `path` atomically. Throws std::runtime_error on I/O errors (old file untouched).
+void save_checkpoint(const std::string& path, const Model& model, const float* params,
+                     const std::vector<StateBuffer>& state, const CheckpointMeta& meta);
+
+// Reads `path` into params (and state buffers, when given; pass {} to load weights only).
+// Refuses with UserError, leaving params untouched: unreadable/corrupt/truncated files, another
+// format or version, a parameter table that differs from `model` (missing, extra or reshaped
+// tensors: the first difference is named), a different optimizer or missing state.
+CheckpointMeta load_checkpoint(const std::string& path, const Model& model, float* params,
+                               const std::vector<StateBuffer>& state);
+
+// RUN/checkpoints helpers.
+std::string checkpoint_file_name(int64_t step);  // "step-<N>.safetensors"
+// Records `file_name` as the newest checkpoint in dir/latest (atomic), then deletes the oldest
+// step-*.safetensors beyond keep_last.
+void commit_checkpoint(const std::string& dir, const std::string& file_name, int64_t keep_last);
+// Resolves what --resume names: a checkpoint file, a checkpoints folder (its `latest`), or a run
+// folder (its checkpoints/latest). Returns "" when nothing is there and allow_missing is true;
+// otherwise throws UserError.
+std::string resolve_checkpoint(const std::string& path, bool allow_missing);
+
+}  // namespace dtrain

@@ -1,0 +1,307 @@
+// safetensors writer and validating reader. The reader treats the file as untrusted input: every
+// field is checked (types, ranges, overflow, layout) before any tensor buffer is allocated, and
+// every problem is a UserError naming the file, never a crash or an out-of-range read.
+#include "checkpoint/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <bit>
+#include <cerrno>
+#include <cstring>
+#include <limits>
+#include <set>
+#include <stdexcept>
+
+#include <nlohmann/json.hpp>
+
+#include "util/check.h"
+#include "util/fs.h"
+
+namespace dtrain {
+
+// Tensor bytes are written and read as the host's floats.
+static_assert(std::endian::native == std::endian::little, "safetensors I/O assumes little endian");
+static_assert(sizeof(float) == 4);
+
+namespace {
+
+constexpr uint64_t kMaxHeaderBytes = 100'000'000;  // the reference implementation's limit
+constexpr int kMaxJsonDepth = 16;                  // a valid header nests 3 deep
+
+int64_t checked_numel(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) {
+    DT_CHECK_GE(d, 0);
+    DT_CHECK(!__builtin_mul_overflow(n, d, &n));
+  }
+  return n;
+}
+
+[[noreturn]] void fail(const std::string& path, const std::string& what) {
+  throw UserError("safetensors file '" + path + "': " + what);
+}
+
+// Largest bracket nesting outside strings. Checked before parsing so a hostile header cannot
+// make the JSON parser build (and then recursively destroy) an arbitrarily deep tree.
+int json_depth(std::string_view s) {
+  int depth = 0, max_depth = 0;
+  bool in_string = false, escaped = false;
+  for (char ch : s) {
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (ch == '\\') {
+        escaped = true;
+      } else if (ch == '"') {
+        in_string = false;
+      }
+    } else if (ch == '"') {
+      in_string = true;
+    } else if (ch == '{' || ch == '[') {
+      max_depth = std::max(max_depth, ++depth);
+    } else if (ch == '}' || ch == ']') {
+      --depth;
+    }
+  }
+  return max_depth;
+}
+
+// A non-negative JSON integer (nlohmann stores those as number_unsigned) that fits in int64.
+bool as_index(const nlohmann::json& j, int64_t* out) {
+  if (!j.is_number_unsigned()) return false;
+  const uint64_t u = j.get<uint64_t>();
+  if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) return false;
+  *out = static_cast<int64_t>(u);
+  return true;
+}
+
+class Fd {
+ public:
+  explicit Fd(int fd) : fd_(fd) {}
+  ~Fd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  int get() const { return fd_; }
+
+ private:
+  int fd_;
+};
+
+// Reads exactly len bytes at offset, or throws UserError (a short read means the file shrank
+// since it was measured: treated as truncation).
+void pread_all(int fd, void* dst, size_t len, int64_t offset, const std::string& path) {
+  char* p = static_cast<char*>(dst);
+  while (len > 0) {
+    const ssize_t n = ::pread(fd, p, len, static_cast<off_t>(offset));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      fail(path, std::string("read error: ") + std::strerror(errno));
+    }
+    if (n == 0) fail(path, "truncated (file shrank while reading)");
+    p += n;
+    len -= static_cast<size_t>(n);
+    offset += n;
+  }
+}
+
+struct Entry {
+  std::string name;
+  std::vector<int64_t> shape;
+  int64_t numel = 0;
+  int64_t begin = 0, end = 0;
+};
+
+}  // namespace
+
+void write_safetensors(const std::string& path, const std::vector<StTensorRef>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  // Header first (it holds every offset), in the order given; the tensor bytes are then streamed
+  // from the callers' buffers without an intermediate copy.
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  if (!metadata.empty()) {
+    nlohmann::ordered_json meta = nlohmann::ordered_json::object();
+    for (const auto& [k, v] : metadata) meta[k] = v;
+    header["__metadata__"] = std::move(meta);
+  }
+  std::set<std::string> seen;
+  int64_t offset = 0;
+  for (const auto& t : tensors) {
+    DT_CHECK_MSG(t.name != "__metadata__", "reserved tensor name");
+    DT_CHECK_MSG(seen.insert(t.name).second, "duplicate tensor name '" << t.name << "'");
+    const int64_t numel = checked_numel(t.shape);
+    DT_CHECK_MSG(numel == 0 || t.data != nullptr, "tensor '" << t.name << "' has no data");
+    const int64_t bytes = numel * 4;
+    DT_CHECK_EQ(bytes / 4, numel);
+    header[t.name] = {
+        {"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+  }
+  std::string text;
+  try {
+    text = header.dump();
+  } catch (const nlohmann::json::exception& e) {  // invalid UTF-8 in a name or metadata value
+    throw UserError("cannot write safetensors file '" + path + "': " + e.what());
+  }
+  text.append((8 - text.size() % 8) % 8, ' ');
+  const uint64_t header_len = text.size();
+
+  write_file_atomic_with(path, [&](int fd) {
+    unsigned char len_bytes[8];
+    std::memcpy(len_bytes, &header_len, 8);
+    write_all(fd, len_bytes, 8, path);
+    write_all(fd, text.data(), text.size(), path);
+    for (const auto& t : tensors) {
+      const size_t bytes = static_cast<size_t>(checked_numel(t.shape)) * sizeof(float);
+      if (bytes > 0) write_all(fd, t.data, bytes, path);
+    }
+  });
+}
+
+StFile read_safetensors(const std::string& path) {
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) {
+    throw UserError("cannot open safetensors file '" + path + "': " + std::strerror(errno));
+  }
+  struct stat st;
+  if (::fstat(fd.get(), &st) != 0) fail(path, std::string("stat failed: ") + std::strerror(errno));
+  if (!S_ISREG(st.st_mode)) fail(path, "not a regular file");
+  const uint64_t file_size = static_cast<uint64_t>(st.st_size);
+
+  // 1. Header length.
+  if (file_size < 8) {
+    fail(path, "truncated: " + std::to_string(file_size) +
+                   " bytes, shorter than the 8-byte header length field");
+  }
+  uint64_t header_len = 0;
+  {
+    unsigned char b[8];
+    pread_all(fd.get(), b, 8, 0, path);
+    std::memcpy(&header_len, b, 8);
+  }
+  if (header_len > kMaxHeaderBytes) {
+    fail(path, "corrupt header length " + std::to_string(header_len) + " (limit " +
+                   std::to_string(kMaxHeaderBytes) + ")");
+  }
+  if (header_len > file_size - 8) {
+    fail(path, "truncated: header length " + std::to_string(header_len) + " but only " +
+                   std::to_string(file_size - 8) + " bytes follow");
+  }
+  const int64_t data_start = 8 + static_cast<int64_t>(header_len);
+  const int64_t data_size = static_cast<int64_t>(file_size) - data_start;
+
+  // 2. Header JSON.
+  std::string text(header_len, '\0');
+  pread_all(fd.get(), text.data(), text.size(), 8, path);
+  if (json_depth(text) > kMaxJsonDepth) fail(path, "corrupt header: JSON nested too deeply");
+  nlohmann::json header;
+  try {
+    header = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    fail(path, std::string("corrupt header: ") + e.what());
+  }
+  if (!header.is_object()) fail(path, "corrupt header: not a JSON object");
+
+  // 3. Entries: types, ranges, sizes.
+  StFile out;
+  std::vector<Entry> entries;
+  for (const auto& [key, value] : header.items()) {
+    if (key == "__metadata__") {
+      if (value.is_null()) continue;
+      if (!value.is_object()) fail(path, "corrupt header: __metadata__ is not an object");
+      for (const auto& [mk, mv] : value.items()) {
+        if (!mv.is_string()) {
+          fail(path, "corrupt header: metadata value '" + mk + "' is not a string");
+        }
+        out.metadata[mk] = mv.get<std::string>();
+      }
+      continue;
+    }
+    const std::string what = "tensor '" + key + "'";
+    if (!value.is_object()) fail(path, "corrupt header: " + what + " is not an object");
+    const auto dtype = value.find("dtype");
+    const auto shape = value.find("shape");
+    const auto offsets = value.find("data_offsets");
+    if (dtype == value.end() || shape == value.end() || offsets == value.end()) {
+      fail(path, "corrupt header: " + what + " lacks dtype, shape or data_offsets");
+    }
+    if (!dtype->is_string()) fail(path, "corrupt header: " + what + " dtype is not a string");
+    if (dtype->get<std::string>() != "F32") {
+      fail(path, what + " has dtype " + dtype->get<std::string>() + "; only F32 is supported");
+    }
+    Entry e;
+    e.name = key;
+    if (!shape->is_array()) fail(path, "corrupt header: " + what + " shape is not a list");
+    e.numel = 1;
+    bool zero = false, overflow = false;
+    for (const auto& d : *shape) {
+      int64_t dim = 0;
+      if (!as_index(d, &dim)) {
+        fail(path, "corrupt header: " + what + " shape has a non-integer or negative entry");
+      }
+      e.shape.push_back(dim);
+      zero = zero || dim == 0;
+      overflow = overflow || __builtin_mul_overflow(e.numel, dim, &e.numel);
+    }
+    if (zero) {
+      e.numel = 0;
+    } else if (overflow || e.numel > std::numeric_limits<int64_t>::max() / 4) {
+      // Only an overflow guard: a shape too large for the file is reported by the layout check
+      // below as "truncated", the likelier cause.
+      fail(path, "corrupt header: " + what + " shape is impossibly large");
+    }
+    if (!offsets->is_array() || offsets->size() != 2 || !as_index((*offsets)[0], &e.begin) ||
+        !as_index((*offsets)[1], &e.end) || e.begin > e.end) {
+      fail(path, "corrupt header: " + what + " data_offsets is not [begin, end]");
+    }
+    if (e.end - e.begin != e.numel * 4) {
+      fail(path, "corrupt header: " + what + " data_offsets span " +
+                     std::to_string(e.end - e.begin) + " bytes but its shape needs " +
+                     std::to_string(e.numel * 4));
+    }
+    entries.push_back(std::move(e));
+  }
+
+  // 4. Layout: the tensors tile [0, end) without gaps or overlap, and end is the data size.
+  std::vector<const Entry*> order;
+  for (const auto& e : entries) order.push_back(&e);
+  std::sort(order.begin(), order.end(), [](const Entry* a, const Entry* b) {
+    return a->begin != b->begin ? a->begin < b->begin : a->end < b->end;
+  });
+  int64_t pos = 0;
+  for (const Entry* e : order) {
+    if (e->begin != pos) {
+      fail(path, "corrupt header: tensor '" + e->name + "' data_offsets [" +
+                     std::to_string(e->begin) + ", " + std::to_string(e->end) + "] " +
+                     (e->begin < pos ? "overlap another tensor" : "leave a gap before it"));
+    }
+    pos = e->end;
+  }
+  if (pos > data_size) {
+    fail(path, "truncated: tensors need " + std::to_string(pos) + " data bytes, file has " +
+                   std::to_string(data_size));
+  }
+  if (pos < data_size) {
+    fail(path,
+         "corrupt: " + std::to_string(data_size - pos) + " trailing bytes after the last tensor");
+  }
+
+  // 5. Data: everything above is validated; total allocation equals the data section size.
+  for (const auto& e : entries) {
+    StTensor t;
+    t.shape = e.shape;
+    t.data.resize(static_cast<size_t>(e.numel));
+    if (e.numel > 0) {
+      pread_all(fd.get(), t.data.data(), static_cast<size_t>(e.numel) * 4, data_start + e.begin,
+                path);
+    }
+    out.tensors.emplace(e.name, std::move(t));
+  }
+  return out;
+}
+
+}  // namespace dtrain

@@ -1,0 +1,42 @@
+// safetensors files: 8-byte little-endian header length N, N bytes of JSON header
+// {"name": {"dtype": "F32", "shape": [...], "data_offsets": [begin, end]}, ...,
+//  "__metadata__": {"key": "string value", ...}}, then the raw little-endian tensor bytes.
+// Python's safetensors and numpy read what write_safetensors writes. Only F32 is written; F32
+// is the only dtype read (anything else is refused with a message).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace dtrain {
+
+struct StTensorRef {  // a tensor to write: name, shape, and a pointer to numel floats
+  std::string name;
+  std::vector<int64_t> shape;
+  const float* data = nullptr;
+};
+
+struct StTensor {  // a tensor read back
+  std::vector<int64_t> shape;
+  std::vector<float> data;
+};
+
+struct StFile {
+  std::map<std::string, std::string> metadata;
+  std::map<std::string, StTensor> tensors;
+};
+
+// Writes atomically (temp file, fsync, rename; see util/fs.h). Tensors are laid out in the order
+// given, 8-byte aligned header (padded with spaces, as the reference implementation does).
+// Throws std::runtime_error on I/O failure, leaving any old file intact.
+void write_safetensors(const std::string& path, const std::vector<StTensorRef>& tensors,
+                       const std::map<std::string, std::string>& metadata);
+
+// Reads and validates the whole file: header length within the file, JSON well-formed, offsets in
+// range, contiguous and non-overlapping, byte counts equal to shape * 4. Throws UserError naming
+// the file and what is wrong (truncated, corrupt header, bad dtype, ...).
+StFile read_safetensors(const std::string& path);
+
+}  // namespace dtrain

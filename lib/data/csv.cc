@@ -1,0 +1,338 @@
+// CSV loaders. One record per line (quoted fields may contain the delimiter and "" escapes but
+// not line breaks); \r\n endings, a trailing newline and blank lines are tolerated. Spaces and
+// tabs around a field are ignored (unless one of them is the delimiter). Every error names
+// FILE:LINE and, for a bad cell, the 1-based column number (and header name when there is one).
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "data/dataset.h"
+#include "util/check.h"
+
+namespace dtrain {
+namespace {
+
+// Labels become output-layer indices; a larger value is almost certainly a wrong column, and
+// would otherwise size a huge output layer.
+constexpr double kMaxLabel = 1 << 20;
+
+// Parses a whole cell as a finite float. Accepts a leading '+'; rejects empty cells, trailing
+// garbage, nan, inf and values out of float range.
+bool parse_float(std::string_view s, float* out) {
+  const char* b = s.data();
+  const char* e = b + s.size();
+  if (b != e && *b == '+') {
+    ++b;
+    if (b != e && *b == '-') return false;
+  }
+  if (b == e) return false;
+  float v = 0;
+  const auto [p, ec] = std::from_chars(b, e, v, std::chars_format::general);
+  if (ec != std::errc() || p != e || !std::isfinite(v)) return false;
+  *out = v;
+  return true;
+}
+
+bool parse_double(std::string_view s, double* out) {
+  const char* b = s.data();
+  const char* e = b + s.size();
+  if (b != e && *b == '+') {
+    ++b;
+    if (b != e && *b == '-') return false;
+  }
+  if (b == e) return false;
+  double v = 0;
+  const auto [p, ec] = std::from_chars(b, e, v, std::chars_format::general);
+  if (ec != std::errc() || p != e || !std::isfinite(v)) return false;
+  *out = v;
+  return true;
+}
+
+// Reads a CSV file row by row. The constructor consumes the first non-empty row and decides
+// (per CsvOptions::header) whether it is a header; next() then yields the data rows.
+class CsvReader {
+ public:
+  CsvReader(const std::string& path, const CsvOptions& opts)
+      : path_(path), delim_(opts.delimiter), text_(read_maybe_gzip(path)) {
+    if (text_.compare(0, 3, "\xEF\xBB\xBF") == 0) pos_ = 3;  // UTF-8 byte order mark
+    if (delim_ == '"' || delim_ == '\n' || delim_ == '\r' || delim_ == '\0') {
+      throw UserError("bad CSV delimiter for '" + path + "'");
+    }
+    if (opts.header != "auto" && opts.header != "true" && opts.header != "false") {
+      throw UserError("bad CSV header option '" + opts.header + "' for '" + path +
+                      "': expected auto, true or false");
+    }
+    if (!next_line(&first_, &first_line_)) return;  // no rows at all: has_rows() is false
+    cols_ = static_cast<int64_t>(first_.size());
+    if (opts.header == "auto") {
+      // An empty cell does not make a header: a data row with a hole must be reported as such.
+      float v;
+      for (std::string_view c : first_) {
+        if (!c.empty() && !parse_float(c, &v)) has_header_ = true;
+      }
+    } else {
+      has_header_ = opts.header == "true";
+    }
+    if (has_header_) {
+      header_.assign(first_.begin(), first_.end());
+    } else {
+      pending_ = true;
+    }
+  }
+
+  CsvReader(const CsvReader&) = delete;
+  CsvReader& operator=(const CsvReader&) = delete;
+
+  bool has_rows() const { return cols_ > 0; }
+  bool has_header() const { return has_header_; }
+  const std::vector<std::string>& header() const { return header_; }
+  int64_t cols() const { return cols_; }
+  int64_t first_line() const { return first_line_; }
+  const std::string& path() const { return path_; }
+
+  // Next data row (cells are valid until the next call); checks the column count.
+  bool next(std::vector<std::string_view>* cells, int64_t* line) {
+    if (pending_) {
+      pending_ = false;
+      *cells = first_;
+      *line = first_line_;
+    } else if (!next_line(cells, line)) {
+      return false;
+    }
+    if (static_cast<int64_t>(cells->size()) != cols_) {
+      throw UserError(where(*line) + "expected " + std::to_string(cols_) + " columns (as on line " +
+                      std::to_string(first_line_) + "), found " + std::to_string(cells->size()));
+    }
+    return true;
+  }
+
+  std::string where(int64_t line) const { return path_ + ":" + std::to_string(line) + ": "; }
+  std::string where(int64_t line, size_t col) const {
+    std::string s = where(line) + "column " + std::to_string(col + 1);
+    if (has_header_) s += " (\"" + header_[col] + "\")";
+    return s + ": ";
+  }
+
+ private:
+  // Splits the next non-blank line into cells. Returns false at end of file.
+  bool next_line(std::vector<std::string_view>* cells, int64_t* line_no) {
+    while (pos_ < text_.size()) {
+      size_t end = text_.find('\n', pos_);
+      if (end == std::string::npos) end = text_.size();
+      std::string_view line(text_.data() + pos_, end - pos_);
+      pos_ = end + 1;
+      ++line_;
+      if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+      if (line.find_first_not_of(" \t") == std::string_view::npos) continue;
+      split(line, cells);
+      *line_no = line_;
+      return true;
+    }
+    return false;
+  }
+
+  std::string_view trim(std::string_view s) const {
+    auto blank = [&](char c) { return (c == ' ' || c == '\t') && c != delim_; };
+    while (!s.empty() && blank(s.front())) s.remove_prefix(1);
+    while (!s.empty() && blank(s.back())) s.remove_suffix(1);
+    return s;
+  }
+
+  void split(std::string_view line, std::vector<std::string_view>* cells) {
+    cells->clear();
+    if (line.find('"') == std::string_view::npos) {  // fast path
+      size_t start = 0;
+      for (;;) {
+        const size_t d = line.find(delim_, start);
+        if (d == std::string_view::npos) {
+          cells->push_back(trim(line.substr(start)));
+          return;
+        }
+        cells->push_back(trim(line.substr(start, d - start)));
+        start = d + 1;
+      }
+    }
+    // Quoted fields: unquoted text goes to a per-line buffer sized up front so views stay valid.
+    // The first row's cells must outlive later lines (first_line_ is still 0 while it is being
+    // read), so it gets its own buffer.
+    std::string& buf = first_line_ == 0 ? first_buf_ : scratch_;
+    buf.clear();
+    buf.reserve(line.size());
+    size_t i = 0;
+    for (;;) {
+      while (i < line.size() && (line[i] == ' ' || line[i] == '\t') && line[i] != delim_) ++i;
+      if (i < line.size() && line[i] == '"') {
+        const size_t begin = buf.size();
+        ++i;
+        for (;;) {
+          if (i >= line.size()) {
+            throw UserError(where(line_) + "unterminated quoted field");
+          }
+          if (line[i] == '"') {
+            if (i + 1 < line.size() && line[i + 1] == '"') {
+              buf.push_back('"');
+              i += 2;
+              continue;
+            }
+            ++i;
+            break;
+          }
+          buf.push_back(line[i++]);
+        }
+        cells->push_back(std::string_view(buf.data() + begin, buf.size() - begin));
+        while (i < line.size() && (line[i] == ' ' || line[i] == '\t') && line[i] != delim_) ++i;
+        if (i == line.size()) return;
+        if (line[i] != delim_) {
+          throw UserError(where(line_) + "unexpected text after a quoted field in column " +
+                          std::to_string(cells->size()));
+        }
+        ++i;
+      } else {
+        const size_t d = line.find(delim_, i);
+        const size_t stop = d == std::string_view::npos ? line.size() : d;
+        const std::string_view cell = line.substr(i, stop - i);
+        if (cell.find('"') != std::string_view::npos) {
+          throw UserError(where(line_) + "stray quote in column " +
+                          std::to_string(cells->size() + 1));
+        }
+        cells->push_back(trim(cell));
+        if (d == std::string_view::npos) return;
+        i = d + 1;
+      }
+    }
+  }
+
+  std::string path_;
+  char delim_;
+  std::string text_;
+  size_t pos_ = 0;
+  int64_t line_ = 0;  // 1-based number of the last line read
+  std::vector<std::string_view> first_;
+  std::string first_buf_, scratch_;
+  int64_t first_line_ = 0;
+  int64_t cols_ = 0;
+  bool has_header_ = false;
+  bool pending_ = false;  // first_ is a data row not yet returned
+  std::vector<std::string> header_;
+};
+
+size_t resolve_label_column(const CsvReader& r, const std::string& spec) {
+  const size_t cols = static_cast<size_t>(r.cols());
+  if (spec.empty()) return cols - 1;
+  if (r.has_header()) {
+    for (size_t i = 0; i < cols; ++i) {
+      if (r.header()[i] == spec) return i;
+    }
+  }
+  const bool numeric = spec.find_first_not_of("0123456789") == std::string::npos;
+  if (!numeric) {
+    if (!r.has_header()) {
+      throw UserError("label column \"" + spec + "\" not found: '" + r.path() +
+                      "' has no header row (give a 0-based column index instead)");
+    }
+    std::string names;
+    for (const auto& h : r.header()) {
+      if (!names.empty()) names += ", ";
+      names += h;
+    }
+    throw UserError("label column \"" + spec + "\" not found in the header of '" + r.path() +
+                    "' (columns: " + names + ")");
+  }
+  if (spec.size() > 9 || std::stoul(spec) >= cols) {
+    throw UserError("label column index " + spec + " is out of range: '" + r.path() + "' has " +
+                    std::to_string(cols) + " columns (0-based indices 0.." +
+                    std::to_string(cols - 1) + ")");
+  }
+  return std::stoul(spec);
+}
+
+}  // namespace
+
+Dataset load_csv(const std::string& path, const CsvOptions& opts) {
+  CsvReader r(path, opts);
+  if (!r.has_rows()) throw UserError("empty data set: '" + path + "' has no rows");
+  if (r.cols() < 2) {
+    throw UserError("'" + path + "' has only 1 column: need at least one feature and a label");
+  }
+  const size_t label_col = resolve_label_column(r, opts.label_column);
+
+  Dataset d;
+  d.features = r.cols() - 1;
+  std::vector<std::string_view> cells;
+  int64_t line = 0;
+  int32_t max_label = 0;
+  while (r.next(&cells, &line)) {
+    for (size_t c = 0; c < cells.size(); ++c) {
+      if (c == label_col) {
+        double v;
+        if (!parse_double(cells[c], &v)) {
+          throw UserError(r.where(line, c) + "label \"" + std::string(cells[c]) +
+                          "\" is not a number");
+        }
+        if (v < 0) {
+          throw UserError(r.where(line, c) + "label " + std::string(cells[c]) +
+                          " is negative (labels are class indices 0, 1, ...)");
+        }
+        if (v != std::floor(v)) {
+          throw UserError(r.where(line, c) + "label " + std::string(cells[c]) +
+                          " is not an integer");
+        }
+        if (v >= kMaxLabel) {
+          throw UserError(r.where(line, c) + "label " + std::string(cells[c]) +
+                          " is too large (at most " + std::to_string(int64_t(kMaxLabel) - 1) + ")");
+        }
+        const auto label = static_cast<int32_t>(v);
+        d.y.push_back(label);
+        max_label = std::max(max_label, label);
+        continue;
+      }
+      float v;
+      if (!parse_float(cells[c], &v)) {
+        throw UserError(r.where(line, c) +
+                        (cells[c].empty() ? std::string("empty cell")
+                                          : "\"" + std::string(cells[c]) + "\" is not a number"));
+      }
+      d.x.push_back(v);
+    }
+  }
+  d.rows = static_cast<int64_t>(d.y.size());
+  if (d.rows == 0) throw UserError("empty data set: '" + path + "' has a header but no data rows");
+  d.num_classes = max_label + 1;
+  return d;
+}
+
+std::vector<float> load_csv_features(const std::string& path, const CsvOptions& opts,
+                                     int64_t expected_features, int64_t* rows_out) {
+  CsvReader r(path, opts);
+  if (!r.has_rows()) throw UserError("empty input: '" + path + "' has no rows");
+  std::vector<float> x;
+  std::vector<std::string_view> cells;
+  int64_t line = 0;
+  int64_t rows = 0;
+  // Checked on the first row (header or data); next() holds every later row to the same count.
+  if (r.cols() != expected_features) {
+    throw UserError(r.where(r.first_line()) + "expected " + std::to_string(expected_features) +
+                    " feature columns (the model's input size), found " + std::to_string(r.cols()));
+  }
+  while (r.next(&cells, &line)) {
+    for (size_t c = 0; c < cells.size(); ++c) {
+      float v;
+      if (!parse_float(cells[c], &v)) {
+        throw UserError(r.where(line, c) +
+                        (cells[c].empty() ? std::string("empty cell")
+                                          : "\"" + std::string(cells[c]) + "\" is not a number"));
+      }
+      x.push_back(v);
+    }
+    ++rows;
+  }
+  if (rows == 0) throw UserError("empty input: '" + path + "' has a header but no data rows");
+  if (rows_out != nullptr) *rows_out = rows;
+  return x;
+}
+
+}  // namespace dtrain

@@ -1,0 +1,190 @@
+// load_data (format dispatch, held-out split, class count) and the Normalizer.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "data/dataset.h"
+#include "util/check.h"
+#include "util/rng.h"
+
+namespace dtrain {
+namespace {
+
+constexpr uint64_t kHoldoutStream = 0x686f6c646f7574ULL;  // "holdout"
+
+// Rows `idx` of `d`, in the order given.
+Dataset take_rows(const Dataset& d, const std::vector<int64_t>& idx) {
+  Dataset out;
+  out.rows = static_cast<int64_t>(idx.size());
+  out.features = d.features;
+  out.num_classes = d.num_classes;
+  out.x.resize(idx.size() * static_cast<size_t>(d.features));
+  out.y.resize(idx.size());
+  for (size_t i = 0; i < idx.size(); ++i) {
+    std::copy_n(d.row(idx[i]), d.features, out.x.data() + i * d.features);
+    out.y[i] = d.y[idx[i]];
+  }
+  return out;
+}
+
+// Splits off round(fraction * rows) rows, chosen by a Fisher-Yates shuffle seeded from `seed`, as
+// the test set. Both parts keep the original row order. At least one training row remains.
+void hold_out(Dataset& train, Dataset& test, double fraction, int64_t seed) {
+  const int64_t n = train.rows;
+  const int64_t n_test = std::min<int64_t>(std::llround(fraction * static_cast<double>(n)), n - 1);
+  if (n_test <= 0) return;
+  std::vector<int64_t> perm(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) perm[i] = i;
+  Rng rng(static_cast<uint64_t>(seed), kHoldoutStream);
+  for (int64_t i = n - 1; i > 0; --i) {
+    std::swap(perm[i], perm[rng.below(static_cast<uint64_t>(i) + 1)]);
+  }
+  std::vector<int64_t> test_idx(perm.begin(), perm.begin() + n_test);
+  std::vector<int64_t> train_idx(perm.begin() + n_test, perm.end());
+  std::sort(test_idx.begin(), test_idx.end());
+  std::sort(train_idx.begin(), train_idx.end());
+  test = take_rows(train, test_idx);
+  train = take_rows(train, train_idx);
+}
+
+int64_t max_label_plus_one(const Dataset& d) {
+  int32_t m = -1;
+  for (int32_t y : d.y) m = std::max(m, y);
+  return m + 1;
+}
+
+Normalizer fit_normalizer(const std::string& method, const std::string& format,
+                          const Dataset& train) {
+  Normalizer nz;
+  nz.method = method;
+  if (method == "none") return nz;
+  const auto f = static_cast<size_t>(train.features);
+  nz.shift.assign(f, 0.0f);
+  nz.scale.assign(f, 1.0f);
+  if (method == "scale" && format == "idx") {
+    // Pixels are bytes: a fixed 0..255 -> 0..1 map, independent of which values occur.
+    nz.scale.assign(f, 1.0f / 255.0f);
+    return nz;
+  }
+  if (method == "scale") {
+    std::vector<float> lo(train.row(0), train.row(0) + f), hi = lo;
+    for (int64_t i = 1; i < train.rows; ++i) {
+      const float* x = train.row(i);
+      for (size_t j = 0; j < f; ++j) {
+        lo[j] = std::min(lo[j], x[j]);
+        hi[j] = std::max(hi[j], x[j]);
+      }
+    }
+    for (size_t j = 0; j < f; ++j) {
+      const double range = static_cast<double>(hi[j]) - lo[j];
+      nz.shift[j] = lo[j];
+      nz.scale[j] = range > 0 ? static_cast<float>(1.0 / range) : 1.0f;
+    }
+    return nz;
+  }
+  DT_CHECK_EQ(method, std::string("standardize"));
+  // Two passes in double: mean, then the population variance around it.
+  std::vector<double> mean(f, 0.0), var(f, 0.0);
+  for (int64_t i = 0; i < train.rows; ++i) {
+    const float* x = train.row(i);
+    for (size_t j = 0; j < f; ++j) mean[j] += x[j];
+  }
+  for (double& m : mean) m /= static_cast<double>(train.rows);
+  for (int64_t i = 0; i < train.rows; ++i) {
+    const float* x = train.row(i);
+    for (size_t j = 0; j < f; ++j) {
+      const double dlt = x[j] - mean[j];
+      var[j] += dlt * dlt;
+    }
+  }
+  for (size_t j = 0; j < f; ++j) {
+    const double sd = std::sqrt(var[j] / static_cast<double>(train.rows));
+    nz.shift[j] = static_cast<float>(mean[j]);
+    // A (numerically) constant feature is only centred: dividing by ~0 would blow up noise.
+    nz.scale[j] =
+        sd > 1e-12 * std::max(1.0, std::abs(mean[j])) ? static_cast<float>(1.0 / sd) : 1.0f;
+  }
+  return nz;
+}
+
+}  // namespace
+
+void Normalizer::apply_rows(float* x, int64_t rows, int64_t features) const {
+  if (method == "none") return;
+  DT_CHECK_EQ(static_cast<int64_t>(shift.size()), features);
+  DT_CHECK_EQ(static_cast<int64_t>(scale.size()), features);
+  const float* sh = shift.data();
+  const float* sc = scale.data();
+  for (int64_t i = 0; i < rows; ++i) {
+    float* r = x + i * features;
+    for (int64_t j = 0; j < features; ++j) r[j] = (r[j] - sh[j]) * sc[j];
+  }
+}
+
+void Normalizer::apply(Dataset& d) const {
+  apply_rows(d.x.data(), d.rows, d.features);
+}
+
+DataSplits load_data(const DataConfig& cfg, int64_t seed) {
+  const std::string& fmt = cfg.format;
+  if (fmt != "idx" && fmt != "csv" && fmt != "synthetic") {
+    throw UserError("data.format: unknown format '" + fmt + "' (expected idx, csv or synthetic)");
+  }
+  std::string method = cfg.normalize;
+  if (method == "auto") method = fmt == "idx" ? "scale" : "standardize";
+  if (method != "none" && method != "scale" && method != "standardize") {
+    throw UserError("data.normalize: unknown method '" + cfg.normalize +
+                    "' (expected auto, none, scale or standardize)");
+  }
+  const double fraction =
+      cfg.test_fraction < 0 ? (fmt == "synthetic" ? 0.2 : 0.0) : cfg.test_fraction;
+  if (!(fraction >= 0 && fraction < 1)) {
+    throw UserError("data.test_fraction must be in [0, 1), got " + std::to_string(fraction));
+  }
+
+  DataSplits s;
+  auto load = [&](const SplitFiles& files, const char* key) {
+    if (fmt == "idx") {
+      if (files.images.empty() || files.labels.empty()) {
+        throw UserError(std::string(key) + ".images and " + key +
+                        ".labels are required for format idx");
+      }
+      return load_idx(files.images, files.labels);
+    }
+    if (files.path.empty()) throw UserError(std::string(key) + ".path is required for format csv");
+    return load_csv(files.path, cfg.csv);
+  };
+  if (fmt == "synthetic") {
+    if (!cfg.test.empty()) {
+      throw UserError("data.test is not used with format synthetic (use data.test_fraction)");
+    }
+    s.train = make_synthetic(cfg.synthetic, seed);
+  } else {
+    s.train = load(cfg.train, "data.train");
+  }
+  if (!cfg.test.empty()) {
+    s.test = load(cfg.test, "data.test");
+    if (s.test.features != s.train.features) {
+      const std::string& name = fmt == "idx" ? cfg.test.images : cfg.test.path;
+      throw UserError("test set '" + name + "' has " + std::to_string(s.test.features) +
+                      " features but the training set has " + std::to_string(s.train.features));
+    }
+  } else if (fraction > 0) {
+    hold_out(s.train, s.test, fraction, seed);
+  }
+  s.test.features = s.train.features;  // also for an empty test set, so shapes always agree
+
+  const int64_t classes = std::max(max_label_plus_one(s.train), max_label_plus_one(s.test));
+  s.train.num_classes = classes;
+  s.test.num_classes = classes;
+
+  s.normalizer = fit_normalizer(method, fmt, s.train);
+  s.normalizer.apply(s.train);
+  s.normalizer.apply(s.test);
+  return s;
+}
+
+}  // namespace dtrain

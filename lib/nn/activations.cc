@@ -1,0 +1,184 @@
+// Elementwise activations. Each is a template instance over a small op struct, so forward and
+// backward are plain loops over contiguous floats with the op inlined: no per-element virtual or
+// library calls. tanh and exp use branch-free float approximations (a few ulp) that GCC
+// vectorises; libm's tanhf/expf would keep these loops scalar.
+#include <bit>
+#include <cstdint>
+
+#include "nn/layer.h"
+#include "util/check.h"
+
+namespace dtrain {
+namespace {
+
+// Tensor::resize takes a Shape, a heap-allocated vector; skipping it when the shape is already
+// right keeps steady-state steps free of allocations.
+void resize_2d(Tensor& t, int64_t rows, int64_t cols) {
+  if (t.ndim() == 2 && t.dim(0) == rows && t.dim(1) == cols) return;
+  t.resize({rows, cols});
+}
+
+// Marks "nothing saved" (numel 0) without allocating when already empty.
+void clear(Tensor& t) {
+  if (t.numel() != 0) t.resize({0});
+}
+
+int64_t batch_rows(const Tensor& x, int64_t features) {
+  DT_CHECK_GE(x.ndim(), 1u);
+  const int64_t b = x.rows();
+  DT_CHECK_EQ(x.numel(), b * features);
+  return b;
+}
+
+// Clamps |x| to c (c > 0) with integer operations: a float compare-and-select followed by a
+// division is not if-converted under -ftrapping-math, which would keep the loops scalar. NaN
+// passes through unchanged; +-inf becomes +-c.
+inline float clamp_abs(float x, float c) {
+  const int32_t bits = std::bit_cast<int32_t>(x);
+  const int32_t mag = bits & 0x7fffffff;
+  const int32_t cb = std::bit_cast<int32_t>(c);
+  const int32_t m = (mag > cb && mag <= 0x7f800000) ? cb : mag;
+  return std::bit_cast<float>(m | (bits & static_cast<int32_t>(0x80000000u)));
+}
+
+// e^x, relative error < 1e-7 for |x| <= 87; |x| is clamped to 87, so the result is always a
+// finite normal float (1 + e^x never overflows). Cephes expf polynomial with Cody-Waite range
+// reduction; round-to-nearest via the 1.5 * 2^23 trick.
+inline float exp_approx(float x) {
+  x = clamp_abs(x, 87.0f);
+  const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  const float r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  return p * std::bit_cast<float>((static_cast<int32_t>(n) + 127) << 23);
+}
+
+// tanh(x), relative error < 5e-7 everywhere (including near 0, unlike 1 - 2 / (e^2x + 1)).
+// The [13/6] rational approximation of Eigen's generic_fast_tanh_float; |x| > 7.9 gives +-1.
+inline float tanh_approx(float x) {
+  x = clamp_abs(x, 7.90531110763549805f);
+  const float x2 = x * x;
+  float p = -2.76076847742355e-16f;
+  p = p * x2 + 2.00018790482477e-13f;
+  p = p * x2 + -8.60467152213735e-11f;
+  p = p * x2 + 5.12229709037114e-08f;
+  p = p * x2 + 1.48572235717979e-05f;
+  p = p * x2 + 6.37261928875436e-04f;
+  p = p * x2 + 4.89352455891786e-03f;
+  p = p * x;
+  float q = 1.19825839466702e-06f;
+  q = q * x2 + 1.18534705686654e-04f;
+  q = q * x2 + 2.26843463243900e-03f;
+  q = q * x2 + 4.89352518554385e-03f;
+  return p / q;
+}
+
+// Each op: f(x) -> y and df(x, y, dy) -> dx, using whichever of x or y is cheaper.
+struct Relu {
+  static constexpr const char* kName = "relu";
+  // x < 0 ? 0 : x keeps NaN visible downstream (as PyTorch does).
+  static float f(float x) { return x < 0.0f ? 0.0f : x; }
+  static float df(float, float y, float dy) { return y > 0.0f ? dy : 0.0f; }
+};
+
+struct Gelu {
+  static constexpr const char* kName = "gelu";
+  static constexpr float kC = 0.7978845608028654f;  // sqrt(2 / pi)
+  static constexpr float kA = 0.044715f;
+  // 0.5 x (1 + tanh(u)) == x * sigmoid(2u), u = kC (x + kA x^3). The sigmoid form keeps full
+  // relative accuracy for negative x, where 1 + tanh(u) cancels.
+  static float f(float x) { return x / (1.0f + exp_approx(-2.0f * kC * (x + kA * x * x * x))); }
+  // d/dx x s(2u) = s + 2 x s (1 - s) du/dx. s is recomputed from x rather than stored: cheaper
+  // than a [B, F] saved tensor per GELU.
+  static float df(float x, float, float dy) {
+    const float x2 = x * x;
+    const float s = 1.0f / (1.0f + exp_approx(-2.0f * kC * (x + kA * x2 * x)));
+    const float du = kC * (1.0f + 3.0f * kA * x2);
+    return dy * (s + 2.0f * x * s * (1.0f - s) * du);
+  }
+};
+
+struct Tanh {
+  static constexpr const char* kName = "tanh";
+  static float f(float x) { return tanh_approx(x); }
+  static float df(float, float y, float dy) { return dy * (1.0f - y * y); }
+};
+
+struct Sigmoid {
+  static constexpr const char* kName = "sigmoid";
+  static float f(float x) { return 1.0f / (1.0f + exp_approx(-x)); }
+  static float df(float, float y, float dy) { return dy * y * (1.0f - y); }
+};
+
+// The elementwise loops are also compiled for x86-64-v3 (AVX2, 8 lanes) and picked at load time
+// (GCC function multiversioning), since the default build targets baseline x86-64 (SSE2, 4 lanes)
+// and these loops are compute-bound: about 3x faster on AVX2 machines. The v3 clone may contract
+// to FMA, so results can differ in the last bit between CPUs (as OpenBLAS kernels already do);
+// a given machine always runs the same clone, so runs stay reproducible there.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define DT_ELEMENTWISE_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define DT_ELEMENTWISE_CLONES
+#endif
+
+template <typename Op>
+DT_ELEMENTWISE_CLONES void map_forward(const float* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = Op::f(x[i]);
+}
+
+template <typename Op>
+DT_ELEMENTWISE_CLONES void map_backward(const float* x, const float* y, const float* dy, float* dx,
+                                        int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dx[i] = Op::df(x[i], y[i], dy[i]);
+}
+
+template <typename Op>
+class Elementwise final : public Layer {
+ public:
+  explicit Elementwise(int64_t features) : features_(features) { DT_CHECK_GT(features, 0); }
+
+  std::string kind() const override { return Op::kName; }
+  int64_t in_features() const override { return features_; }
+  int64_t out_features() const override { return features_; }
+
+  void forward(const float* p, const Tensor& x, Tensor& y, Tensor& saved,
+               const ForwardCtx& ctx) const override {
+    (void)p, (void)ctx;
+    const int64_t batch = batch_rows(x, features_);
+    resize_2d(y, batch, features_);
+    clear(saved);
+    map_forward<Op>(x.data(), y.data(), x.numel());
+  }
+
+  void backward(const float* p, float* g, const Tensor& x, const Tensor& y, const Tensor& saved,
+                const Tensor& dy, Tensor* dx) const override {
+    (void)p, (void)g, (void)saved;
+    const int64_t batch = batch_rows(x, features_);
+    DT_CHECK_EQ(y.numel(), x.numel());
+    DT_CHECK_EQ(dy.numel(), x.numel());
+    if (dx == nullptr) return;  // no parameters: nothing else to do
+    resize_2d(*dx, batch, features_);
+    map_backward<Op>(x.data(), y.data(), dy.data(), dx->data(), x.numel());
+  }
+
+ private:
+  int64_t features_;
+};
+
+}  // namespace
+
+std::unique_ptr<Layer> make_activation(const std::string& kind, int64_t features) {
+  if (kind == "relu") return std::make_unique<Elementwise<Relu>>(features);
+  if (kind == "gelu") return std::make_unique<Elementwise<Gelu>>(features);
+  if (kind == "tanh") return std::make_unique<Elementwise<Tanh>>(features);
+  if (kind == "sigmoid") return std::make_unique<Elementwise<Sigmoid>>(features);
+  DT_CHECK_MSG(false, "unknown activation '" << kind << "'");
+  return nullptr;
+}
+
+}  // namespace dtrain

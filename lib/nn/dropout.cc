@@ -1,0 +1,115 @@
+// Inverted dropout: in training, y = x * m with m in {0, 1 / (1 - p)} drawn per element and kept in
+// `saved`, so evaluation needs no rescaling. In eval mode or with p == 0 it is the identity, draws
+// nothing, and leaves `saved` empty (backward then passes dy through).
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "nn/layer.h"
+#include "util/check.h"
+
+namespace dtrain {
+namespace {
+
+// Tensor::resize takes a Shape, a heap-allocated vector; skipping it when the shape is already
+// right keeps steady-state steps free of allocations.
+void resize_2d(Tensor& t, int64_t rows, int64_t cols) {
+  if (t.ndim() == 2 && t.dim(0) == rows && t.dim(1) == cols) return;
+  t.resize({rows, cols});
+}
+
+// Marks "nothing saved" (numel 0) without allocating when already empty.
+void clear(Tensor& t) {
+  if (t.numel() != 0) t.resize({0});
+}
+
+int64_t batch_rows(const Tensor& x, int64_t features) {
+  DT_CHECK_GE(x.ndim(), 1u);
+  const int64_t b = x.rows();
+  DT_CHECK_EQ(x.numel(), b * features);
+  return b;
+}
+
+class Dropout final : public Layer {
+ public:
+  Dropout(int64_t features, double p) : features_(features), p_(p) {
+    DT_CHECK_GT(features, 0);
+    DT_CHECK_MSG(p >= 0.0 && p < 1.0, "dropout probability " << p << " not in [0, 1)");
+    // An element is dropped when a uniform 32-bit draw is below threshold_ = p * 2^32.
+    threshold_ = static_cast<uint32_t>(p * 4294967296.0);
+    scale_ = static_cast<float>(1.0 / (1.0 - p));
+  }
+
+  std::string kind() const override { return "dropout"; }
+  int64_t in_features() const override { return features_; }
+  int64_t out_features() const override { return features_; }
+
+  void forward(const float* p, const Tensor& x, Tensor& y, Tensor& saved,
+               const ForwardCtx& ctx) const override {
+    (void)p;
+    const int64_t batch = batch_rows(x, features_);
+    const int64_t n = x.numel();
+    resize_2d(y, batch, features_);
+    if (!ctx.training || p_ == 0.0) {
+      clear(saved);
+      if (n > 0) std::memcpy(y.data(), x.data(), static_cast<size_t>(n) * sizeof(float));
+      return;
+    }
+    DT_CHECK_MSG(ctx.rng != nullptr, "dropout in training mode needs ForwardCtx::rng");
+    resize_2d(saved, batch, features_);
+    float* m = saved.data();
+    // Draws go to a small buffer first, then the mask is computed in a branch-free loop: drops are
+    // random, so a per-element branch would mispredict often. Two 32-bit draws per 64-bit word.
+    Rng& rng = *ctx.rng;
+    const uint32_t threshold = threshold_;  // locals: stores to m cannot alias them
+    const float scale = scale_;
+    constexpr int64_t kChunk = 256;  // even: the pair loop may fill draws[len] when len is odd
+    uint32_t draws[kChunk];
+    for (int64_t begin = 0; begin < n; begin += kChunk) {
+      const int64_t len = std::min(kChunk, n - begin);
+      for (int64_t k = 0; k < len; k += 2) {
+        const uint64_t r = rng.next_u64();
+        draws[k] = static_cast<uint32_t>(r);
+        draws[k + 1] = static_cast<uint32_t>(r >> 32);
+      }
+      float* mc = m + begin;
+      for (int64_t k = 0; k < len; ++k) mc[k] = draws[k] < threshold ? 0.0f : scale;
+    }
+    const float* xd = x.data();
+    float* yd = y.data();
+    for (int64_t j = 0; j < n; ++j) yd[j] = xd[j] * m[j];
+  }
+
+  void backward(const float* p, float* g, const Tensor& x, const Tensor& y, const Tensor& saved,
+                const Tensor& dy, Tensor* dx) const override {
+    (void)p, (void)g, (void)y;
+    const int64_t batch = batch_rows(x, features_);
+    const int64_t n = x.numel();
+    DT_CHECK_EQ(dy.numel(), n);
+    if (dx == nullptr) return;
+    resize_2d(*dx, batch, features_);
+    if (saved.numel() == 0) {  // identity forward (eval, p == 0, or B == 0)
+      if (n > 0) std::memcpy(dx->data(), dy.data(), static_cast<size_t>(n) * sizeof(float));
+      return;
+    }
+    DT_CHECK_EQ(saved.numel(), n);
+    const float* m = saved.data();
+    const float* dyd = dy.data();
+    float* dxd = dx->data();
+    for (int64_t j = 0; j < n; ++j) dxd[j] = dyd[j] * m[j];
+  }
+
+ private:
+  int64_t features_;
+  double p_;
+  uint32_t threshold_ = 0;
+  float scale_ = 1.0f;
+};
+
+}  // namespace
+
+std::unique_ptr<Layer> make_dropout(int64_t features, double p) {
+  return std::make_unique<Dropout>(features, p);
+}
+
+}  // namespace dtrain

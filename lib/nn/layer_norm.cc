@@ -1,0 +1,136 @@
+// LayerNorm over the feature dimension: y = (x - mean) * rstd * gamma + beta per row, with the
+// biased variance and eps = 1e-5 (PyTorch's nn.LayerNorm defaults). Parameters: weight = gamma
+// [F], bias = beta [F]. saved is [B, 2]: each row's mean and rstd = 1 / sqrt(var + eps).
+#include <cmath>
+#include <cstdint>
+
+#include "nn/layer.h"
+#include "util/check.h"
+
+namespace dtrain {
+namespace {
+
+// Tensor::resize takes a Shape, a heap-allocated vector; skipping it when the shape is already
+// right keeps steady-state steps free of allocations.
+void resize_2d(Tensor& t, int64_t rows, int64_t cols) {
+  if (t.ndim() == 2 && t.dim(0) == rows && t.dim(1) == cols) return;
+  t.resize({rows, cols});
+}
+
+constexpr float kEps = 1e-5f;
+constexpr int kLanes = 8;
+
+int64_t batch_rows(const Tensor& x, int64_t features) {
+  DT_CHECK_GE(x.ndim(), 1u);
+  const int64_t b = x.rows();
+  DT_CHECK_EQ(x.numel(), b * features);
+  return b;
+}
+
+// sum_{j < n} term(j) with kLanes independent float accumulators: GCC vectorises the lane loop,
+// whereas a single float accumulator stays scalar (strict FP ordering). Deterministic.
+template <typename Term>
+inline float lane_sum(int64_t n, Term term) {
+  float acc[kLanes] = {};
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes) {
+    for (int l = 0; l < kLanes; ++l) acc[l] += term(j + l);
+  }
+  float s = 0.0f;
+  for (; j < n; ++j) s += term(j);
+  for (int l = 0; l < kLanes; ++l) s += acc[l];
+  return s;
+}
+
+class LayerNorm final : public Layer {
+ public:
+  explicit LayerNorm(int64_t features) : f_(features) { DT_CHECK_GT(features, 0); }
+
+  std::string kind() const override { return "layer_norm"; }
+  int64_t in_features() const override { return f_; }
+  int64_t out_features() const override { return f_; }
+  std::vector<ParamSpec> params() const override { return {{"weight", {f_}}, {"bias", {f_}}}; }
+  // About eight flops per element (two reduction passes, normalise, affine).
+  double flops_per_sample() const override { return 8.0 * static_cast<double>(f_); }
+
+  void init(float* p, Rng& rng) const override {
+    (void)rng;
+    for (int64_t j = 0; j < f_; ++j) p[j] = 1.0f;
+    for (int64_t j = 0; j < f_; ++j) p[f_ + j] = 0.0f;
+  }
+
+  void forward(const float* p, const Tensor& x, Tensor& y, Tensor& saved,
+               const ForwardCtx& ctx) const override {
+    (void)ctx;
+    const int64_t batch = batch_rows(x, f_);
+    resize_2d(y, batch, f_);
+    resize_2d(saved, batch, 2);
+    const float* gamma = p;
+    const float* beta = p + f_;
+    const float inv_f = 1.0f / static_cast<float>(f_);
+    for (int64_t r = 0; r < batch; ++r) {
+      const float* xr = x.data() + r * f_;
+      float* yr = y.data() + r * f_;
+      // Two passes (mean, then squared deviations): no cancellation for large means.
+      const float mean = lane_sum(f_, [xr](int64_t j) { return xr[j]; }) * inv_f;
+      const float var = lane_sum(f_,
+                                 [xr, mean](int64_t j) {
+                                   const float d = xr[j] - mean;
+                                   return d * d;
+                                 }) *
+                        inv_f;
+      const float rstd = 1.0f / std::sqrt(var + kEps);
+      for (int64_t j = 0; j < f_; ++j) yr[j] = (xr[j] - mean) * rstd * gamma[j] + beta[j];
+      saved.data()[2 * r] = mean;
+      saved.data()[2 * r + 1] = rstd;
+    }
+  }
+
+  // With xhat = (x - mean) * rstd and dxhat = dy * gamma:
+  //   dgamma += sum_rows dy * xhat, dbeta += sum_rows dy,
+  //   dx = rstd * (dxhat - mean_j(dxhat) - xhat * mean_j(dxhat * xhat)).
+  void backward(const float* p, float* g, const Tensor& x, const Tensor& y, const Tensor& saved,
+                const Tensor& dy, Tensor* dx) const override {
+    (void)y;
+    const int64_t batch = batch_rows(x, f_);
+    DT_CHECK_EQ(dy.numel(), batch * f_);
+    DT_CHECK_EQ(saved.numel(), batch * 2);
+    if (dx != nullptr) resize_2d(*dx, batch, f_);
+    const float* gamma = p;
+    float* dgamma = g;
+    float* dbeta = g + f_;
+    const float inv_f = 1.0f / static_cast<float>(f_);
+    for (int64_t r = 0; r < batch; ++r) {
+      const float* xr = x.data() + r * f_;
+      const float* dyr = dy.data() + r * f_;
+      const float mean = saved.data()[2 * r];
+      const float rstd = saved.data()[2 * r + 1];
+      for (int64_t j = 0; j < f_; ++j) {
+        dgamma[j] += dyr[j] * (xr[j] - mean) * rstd;
+        dbeta[j] += dyr[j];
+      }
+      if (dx == nullptr) continue;
+      const float mean_dxhat =
+          lane_sum(f_, [dyr, gamma](int64_t j) { return dyr[j] * gamma[j]; }) * inv_f;
+      const float mean_dxhat_xhat =
+          lane_sum(f_, [=](int64_t j) { return dyr[j] * gamma[j] * ((xr[j] - mean) * rstd); }) *
+          inv_f;
+      float* dxr = dx->data() + r * f_;
+      for (int64_t j = 0; j < f_; ++j) {
+        const float xhat = (xr[j] - mean) * rstd;
+        dxr[j] = rstd * (dyr[j] * gamma[j] - mean_dxhat - xhat * mean_dxhat_xhat);
+      }
+    }
+  }
+
+ private:
+  int64_t f_;
+};
+
+}  // namespace
+
+std::unique_ptr<Layer> make_layer_norm(int64_t features) {
+  return std::make_unique<LayerNorm>(features);
+}
+
+}  // namespace dtrain

@@ -1,0 +1,111 @@
+// Linear layer: every matrix product is one gemm; the rest are single passes over contiguous rows.
+#include <cmath>
+
+#include "nn/layer.h"
+#include "tensor/blas.h"
+#include "util/check.h"
+
+namespace dtrain {
+namespace {
+
+// Tensor::resize takes a Shape, a heap-allocated vector; skipping it when the shape is already
+// right keeps steady-state steps free of allocations.
+void resize_2d(Tensor& t, int64_t rows, int64_t cols) {
+  if (t.ndim() == 2 && t.dim(0) == rows && t.dim(1) == cols) return;
+  t.resize({rows, cols});
+}
+
+// Marks "nothing saved" (numel 0) without allocating when already empty.
+void clear(Tensor& t) {
+  if (t.numel() != 0) t.resize({0});
+}
+
+// Rows of x viewed as [B, features]; B may be 0 (Tensor::cols() is 0 then, so check numel).
+int64_t batch_rows(const Tensor& x, int64_t features) {
+  DT_CHECK_GE(x.ndim(), 1u);
+  const int64_t b = x.rows();
+  DT_CHECK_EQ(x.numel(), b * features);
+  return b;
+}
+
+class Linear final : public Layer {
+ public:
+  Linear(int64_t in, int64_t out, Init init) : in_(in), out_(out), init_(init) {
+    DT_CHECK_GT(in, 0);
+    DT_CHECK_GT(out, 0);
+  }
+
+  std::string kind() const override { return "linear"; }
+  int64_t in_features() const override { return in_; }
+  int64_t out_features() const override { return out_; }
+  std::vector<ParamSpec> params() const override {
+    return {{"weight", {out_, in_}}, {"bias", {out_}}};
+  }
+  double flops_per_sample() const override { return static_cast<double>(in_) * out_; }
+
+  void init(float* p, Rng& rng) const override {
+    // Uniform bounds: Kaiming with the ReLU gain sqrt(2) gives sqrt(6 / fan_in); Xavier (gain 1)
+    // gives sqrt(6 / (fan_in + fan_out)).
+    const double bound = init_ == Init::kKaiming ? std::sqrt(6.0 / static_cast<double>(in_))
+                                                 : std::sqrt(6.0 / static_cast<double>(in_ + out_));
+    const float lo = static_cast<float>(-bound);
+    const float width = static_cast<float>(2.0 * bound);
+    const int64_t nw = in_ * out_;
+    for (int64_t i = 0; i < nw; ++i) p[i] = lo + width * rng.uniform();
+    float* b = p + nw;
+    for (int64_t j = 0; j < out_; ++j) b[j] = 0.0f;
+  }
+
+  void forward(const float* p, const Tensor& x, Tensor& y, Tensor& saved,
+               const ForwardCtx& ctx) const override {
+    (void)ctx;
+    const int64_t batch = batch_rows(x, in_);
+    resize_2d(y, batch, out_);
+    clear(saved);
+    if (batch == 0) return;
+    const float* w = p;
+    const float* b = p + in_ * out_;
+    // Broadcast the bias, then y = 1 * x W^T + 1 * y: the bias costs one write pass, no extra read.
+    float* yd = y.data();
+    for (int64_t r = 0; r < batch; ++r) {
+      float* row = yd + r * out_;
+      for (int64_t j = 0; j < out_; ++j) row[j] = b[j];
+    }
+    gemm(false, true, batch, out_, in_, 1.0f, x.data(), in_, w, in_, 1.0f, yd, out_);
+  }
+
+  void backward(const float* p, float* g, const Tensor& x, const Tensor& y, const Tensor& saved,
+                const Tensor& dy, Tensor* dx) const override {
+    (void)y, (void)saved;
+    const int64_t batch = batch_rows(x, in_);
+    DT_CHECK_EQ(dy.numel(), batch * out_);
+    if (dx != nullptr) resize_2d(*dx, batch, in_);
+    if (batch == 0) return;
+    const float* dyd = dy.data();
+    float* gw = g;
+    float* gb = g + in_ * out_;
+    // dW[out, in] += dy^T x.
+    gemm(true, false, out_, in_, batch, 1.0f, dyd, out_, x.data(), in_, 1.0f, gw, in_);
+    // db += column sums of dy (row-wise accumulation keeps the inner loop contiguous).
+    for (int64_t r = 0; r < batch; ++r) {
+      const float* row = dyd + r * out_;
+      for (int64_t j = 0; j < out_; ++j) gb[j] += row[j];
+    }
+    // dx = dy W, skipped when nobody needs it.
+    if (dx != nullptr) {
+      gemm(false, false, batch, in_, out_, 1.0f, dyd, out_, p, in_, 0.0f, dx->data(), in_);
+    }
+  }
+
+ private:
+  int64_t in_, out_;
+  Init init_;
+};
+
+}  // namespace
+
+std::unique_ptr<Layer> make_linear(int64_t in, int64_t out, Init init) {
+  return std::make_unique<Linear>(in, out, init);
+}
+
+}  // namespace dtrain

@@ -1,0 +1,169 @@
+#include "nn/model.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <sstream>
+
+#include "util/check.h"
+
+namespace dtrain {
+
+int64_t Activations::bytes() const {
+  int64_t n = 0;
+  for (const Tensor& t : out) n += t.numel();
+  for (const Tensor& t : saved) n += t.numel();
+  return n * static_cast<int64_t>(sizeof(float));
+}
+
+Model::Model(std::vector<std::unique_ptr<Layer>> layers) : layers_(std::move(layers)) {
+  layer_offset_.reserve(layers_.size() + 1);
+  layer_offset_.push_back(0);
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    DT_CHECK(layers_[i] != nullptr);
+    const Layer& l = *layers_[i];
+    if (i > 0) DT_CHECK_EQ(l.in_features(), layers_[i - 1]->out_features());
+    for (const ParamSpec& s : l.params()) {
+      ParamEntry e;
+      e.name = "layers." + std::to_string(i) + "." + s.name;
+      e.shape = s.shape;
+      e.offset = total_;
+      e.numel = shape_numel(s.shape);
+      e.layer = static_cast<int>(i);
+      total_ += e.numel;
+      table_.push_back(std::move(e));
+    }
+    layer_offset_.push_back(total_);
+    DT_CHECK_EQ(layer_end(i) - layer_begin(i), l.param_count());
+  }
+}
+
+int64_t Model::in_features() const {
+  return layers_.empty() ? 0 : layers_.front()->in_features();
+}
+
+int64_t Model::out_features() const {
+  return layers_.empty() ? 0 : layers_.back()->out_features();
+}
+
+const ParamEntry* Model::find(const std::string& name) const {
+  for (const ParamEntry& e : table_) {
+    if (e.name == name) return &e;
+  }
+  return nullptr;
+}
+
+std::string Model::describe() const {
+  std::ostringstream os;
+  char line[160];
+  std::snprintf(line, sizeof line, "%5s  %-10s  %17s  %12s\n", "layer", "kind", "in -> out",
+                "params");
+  os << line;
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    const Layer& l = *layers_[i];
+    const std::string io =
+        std::to_string(l.in_features()) + " -> " + std::to_string(l.out_features());
+    std::snprintf(line, sizeof line, "%5zu  %-10s  %17s  %12lld\n", i, l.kind().c_str(), io.c_str(),
+                  static_cast<long long>(l.param_count()));
+    os << line;
+  }
+  os << "total parameters: " << total_ << "\n";
+  return os.str();
+}
+
+void Model::init(float* params, uint64_t seed) const {
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    Rng rng(seed, static_cast<uint64_t>(i));
+    layers_[i]->init(params + layer_begin(i), rng);
+  }
+}
+
+const Tensor& Model::forward(const float* params, const Tensor& x, Activations& acts,
+                             const ForwardCtx& ctx, size_t first, size_t last) const {
+  last = std::min(last, layers_.size());
+  DT_CHECK_LE(first, last);
+  if (acts.out.size() < layers_.size()) acts.out.resize(layers_.size());
+  if (acts.saved.size() < layers_.size()) acts.saved.resize(layers_.size());
+  const Tensor* in = &x;
+  for (size_t i = first; i < last; ++i) {
+    layers_[i]->forward(params + layer_begin(i), *in, acts.out[i], acts.saved[i], ctx);
+    in = &acts.out[i];
+  }
+  return *in;
+}
+
+void Model::backward(const float* params, float* grads, const Tensor& x, Activations& acts,
+                     const Tensor& dy, Tensor* dx, size_t first, size_t last,
+                     const std::function<void(size_t)>& on_layer_done) const {
+  last = std::min(last, layers_.size());
+  DT_CHECK_LE(first, last);
+  if (first == last) {  // empty range: the gradient passes through
+    if (dx != nullptr) {
+      dx->resize(dy.shape());
+      std::copy(dy.data(), dy.data() + dy.numel(), dx->data());
+    }
+    return;
+  }
+  DT_CHECK_GE(acts.out.size(), last);
+  // acts.grad[i] receives layer i's input gradient. One buffer per layer rather than two
+  // alternating ones: each buffer then keeps a fixed shape, and a shape change is a heap
+  // allocation (Shape is a vector), so steady-state steps allocate nothing.
+  if (acts.grad.size() < layers_.size()) acts.grad.resize(layers_.size());
+  const Tensor* grad_out = &dy;
+  for (size_t i = last; i-- > first;) {
+    const Tensor& in = i == first ? x : acts.out[i - 1];
+    // The input gradient of layer `first` is the caller's dx (may be null: for layer 0 of the
+    // model that skips a whole gemm).
+    Tensor* grad_in = i == first ? dx : &acts.grad[i];
+    layers_[i]->backward(params + layer_begin(i), grads + layer_begin(i), in, acts.out[i],
+                         acts.saved[i], *grad_out, grad_in);
+    if (on_layer_done) on_layer_done(i);
+    grad_out = grad_in;
+  }
+}
+
+std::vector<int64_t> complexity_preset(const std::string& name) {
+  if (name == "simple") return {128};
+  if (name == "medium") return {512, 512};
+  if (name == "complex") return {1024, 1024, 512, 256};
+  throw UserError("unknown model complexity '" + name + "' (expected simple, medium or complex)");
+}
+
+Model build_mlp(const ModelConfig& cfg, int64_t in_features, int64_t num_classes) {
+  DT_CHECK_GT(in_features, 0);
+  DT_CHECK_GT(num_classes, 0);
+  const std::string& act = cfg.activation;
+  if (act != "relu" && act != "gelu" && act != "tanh" && act != "sigmoid") {
+    throw UserError("model.activation: unknown activation '" + act +
+                    "' (expected relu, gelu, tanh or sigmoid)");
+  }
+  Init init;
+  if (cfg.init == "kaiming") {
+    init = Init::kKaiming;
+  } else if (cfg.init == "xavier") {
+    init = Init::kXavier;
+  } else if (cfg.init == "auto") {
+    init = act == "relu" || act == "gelu" ? Init::kKaiming : Init::kXavier;
+  } else {
+    throw UserError("model.init: unknown init '" + cfg.init +
+                    "' (expected auto, kaiming or xavier)");
+  }
+  if (!(cfg.dropout >= 0.0 && cfg.dropout < 1.0)) {
+    throw UserError("model.dropout: " + std::to_string(cfg.dropout) + " is not in [0, 1)");
+  }
+  const std::vector<int64_t> hidden =
+      cfg.complexity.empty() ? cfg.hidden : complexity_preset(cfg.complexity);
+  std::vector<std::unique_ptr<Layer>> layers;
+  int64_t prev = in_features;
+  for (int64_t h : hidden) {
+    if (h < 1) throw UserError("model.hidden: width " + std::to_string(h) + " must be >= 1");
+    layers.push_back(make_linear(prev, h, init));
+    if (cfg.layer_norm) layers.push_back(make_layer_norm(h));
+    layers.push_back(make_activation(act, h));
+    if (cfg.dropout > 0.0) layers.push_back(make_dropout(h, cfg.dropout));
+    prev = h;
+  }
+  layers.push_back(make_linear(prev, num_classes, init));
+  return Model(std::move(layers));
+}
+
+}  // namespace dtrain

@@ -1,0 +1,268 @@
+// SGD, Adam and AdamW with torch.optim semantics (dampening 0, no amsgrad, no maximize), float32
+// arithmetic in PyTorch's operation order so results track a PyTorch run closely. The update
+// loops are the hot path of every step (one pass over the owned range, memory-bandwidth bound):
+// they are specialised by template on the options so the inner loops have no branches.
+#include "optim/optimizer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numbers>
+
+#if defined(__SSE__)
+#include <immintrin.h>
+#endif
+
+#include "util/check.h"
+
+namespace dtrain {
+
+Optimizer::Optimizer(int64_t begin, int64_t n, std::vector<std::string> names)
+    : begin_(begin), n_(n), names_(std::move(names)) {
+  DT_CHECK_GE(begin, 0);
+  DT_CHECK_GE(n, 0);
+  state_.assign(names_.size(), std::vector<float>(static_cast<size_t>(n), 0.0f));
+}
+
+int64_t Optimizer::state_bytes() const {
+  int64_t bytes = 0;
+  for (const auto& s : state_) bytes += static_cast<int64_t>(s.size() * sizeof(float));
+  return bytes;
+}
+
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// SGD. PyTorch: d = g + wd*p; buf = momentum*buf + d (buf = d on the first step, identical with a
+// zero-initialised buffer); d = nesterov ? d + momentum*buf : buf; p += -lr*d.
+
+template <bool kDecay, bool kMomentum, bool kNesterov>
+void sgd_update(float* __restrict p, const float* __restrict g, float* __restrict buf, int64_t n,
+                float lr, float wd, float momentum) {
+  const float neg_lr = -lr;
+  for (int64_t i = 0; i < n; ++i) {
+    float d = g[i];
+    if constexpr (kDecay) d = d + wd * p[i];
+    if constexpr (kMomentum) {
+      const float b = buf[i] * momentum + d;
+      buf[i] = b;
+      if constexpr (kNesterov) {
+        d = d + momentum * b;
+      } else {
+        d = b;
+      }
+    }
+    p[i] = p[i] + neg_lr * d;
+  }
+}
+
+class Sgd final : public Optimizer {
+ public:
+  Sgd(const OptimizerConfig& cfg, int64_t begin, int64_t n)
+      : Optimizer(
+            begin, n,
+            cfg.momentum > 0 ? std::vector<std::string>{"momentum"} : std::vector<std::string>{}),
+        wd_(static_cast<float>(cfg.weight_decay)),
+        momentum_(static_cast<float>(cfg.momentum)),
+        nesterov_(cfg.nesterov) {}
+
+  void step(float* params, const float* grads, double lr) override {
+    ++steps_;
+    if (n_ == 0) return;
+    const float lrf = static_cast<float>(lr);
+    const bool decay = wd_ != 0.0f;
+    if (momentum_ > 0.0f) {
+      float* buf = state_[0].data();
+      if (nesterov_) {
+        if (decay) {
+          sgd_update<true, true, true>(params, grads, buf, n_, lrf, wd_, momentum_);
+        } else {
+          sgd_update<false, true, true>(params, grads, buf, n_, lrf, wd_, momentum_);
+        }
+      } else if (decay) {
+        sgd_update<true, true, false>(params, grads, buf, n_, lrf, wd_, momentum_);
+      } else {
+        sgd_update<false, true, false>(params, grads, buf, n_, lrf, wd_, momentum_);
+      }
+    } else if (decay) {
+      sgd_update<true, false, false>(params, grads, nullptr, n_, lrf, wd_, 0.0f);
+    } else {
+      sgd_update<false, false, false>(params, grads, nullptr, n_, lrf, wd_, 0.0f);
+    }
+  }
+
+ private:
+  float wd_, momentum_;
+  bool nesterov_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Adam / AdamW. Per element, in PyTorch's (_single_tensor_adam) order:
+//   AdamW only:  p = p * (1 - lr*wd)
+//   Adam only:   g = g + wd*p
+//   m = b1*m + (1-b1)*g;  v = b2*v + ((1-b2)*g)*g
+//   denom = sqrt(v) / sqrt(bc2) + eps;  p = p + (-lr/bc1 * m) / denom
+// with bc1 = 1 - b1^t, bc2 = 1 - b2^t computed in double once per step. (Algebraically
+// p -= lr * mhat / (sqrt(vhat) + eps).)
+
+struct AdamCoeffs {
+  float beta1, one_minus_beta1, beta2, one_minus_beta2;
+  float bc2_sqrt;  // sqrt(1 - beta2^t)
+  float eps;
+  float neg_step_size;  // -lr / (1 - beta1^t)
+  float wd;             // Adam: L2 coefficient
+  float decay;          // AdamW: 1 - lr*wd
+};
+
+template <bool kL2, bool kDecoupled>
+inline void adam_scalar(float* p, const float* g, float* m, float* v, int64_t i,
+                        const AdamCoeffs& c) {
+  float pi = p[i];
+  if constexpr (kDecoupled) pi = pi * c.decay;
+  float gi = g[i];
+  if constexpr (kL2) gi = gi + c.wd * pi;
+  const float mi = c.beta1 * m[i] + c.one_minus_beta1 * gi;
+  const float vi = c.beta2 * v[i] + c.one_minus_beta2 * gi * gi;
+  m[i] = mi;
+  v[i] = vi;
+  const float denom = std::sqrt(vi) / c.bc2_sqrt + c.eps;
+  p[i] = pi + c.neg_step_size * mi / denom;
+}
+
+// GCC does not vectorise std::sqrt without -fno-math-errno (it keeps the errno slow path), so
+// the main loop uses SSE intrinsics; the same IEEE operations in the same order as
+// adam_scalar, so the vector body and the scalar tail give identical results.
+template <bool kL2, bool kDecoupled>
+void adam_update(float* __restrict p, const float* __restrict g, float* __restrict m,
+                 float* __restrict v, int64_t n, const AdamCoeffs& c) {
+  int64_t i = 0;
+#if defined(__SSE__)
+  const __m128 beta1 = _mm_set1_ps(c.beta1), omb1 = _mm_set1_ps(c.one_minus_beta1);
+  const __m128 beta2 = _mm_set1_ps(c.beta2), omb2 = _mm_set1_ps(c.one_minus_beta2);
+  const __m128 bc2_sqrt = _mm_set1_ps(c.bc2_sqrt), eps = _mm_set1_ps(c.eps);
+  const __m128 neg_step = _mm_set1_ps(c.neg_step_size), wd = _mm_set1_ps(c.wd);
+  const __m128 decay = _mm_set1_ps(c.decay);
+  for (; i + 4 <= n; i += 4) {
+    __m128 pi = _mm_loadu_ps(p + i);
+    if constexpr (kDecoupled) pi = _mm_mul_ps(pi, decay);
+    __m128 gi = _mm_loadu_ps(g + i);
+    if constexpr (kL2) gi = _mm_add_ps(gi, _mm_mul_ps(wd, pi));
+    const __m128 mi = _mm_add_ps(_mm_mul_ps(beta1, _mm_loadu_ps(m + i)), _mm_mul_ps(omb1, gi));
+    const __m128 vi =
+        _mm_add_ps(_mm_mul_ps(beta2, _mm_loadu_ps(v + i)), _mm_mul_ps(_mm_mul_ps(omb2, gi), gi));
+    _mm_storeu_ps(m + i, mi);
+    _mm_storeu_ps(v + i, vi);
+    const __m128 denom = _mm_add_ps(_mm_div_ps(_mm_sqrt_ps(vi), bc2_sqrt), eps);
+    _mm_storeu_ps(p + i, _mm_add_ps(pi, _mm_div_ps(_mm_mul_ps(neg_step, mi), denom)));
+  }
+#endif
+  for (; i < n; ++i) adam_scalar<kL2, kDecoupled>(p, g, m, v, i, c);
+}
+
+class Adam final : public Optimizer {
+ public:
+  Adam(const OptimizerConfig& cfg, int64_t begin, int64_t n, bool decoupled)
+      : Optimizer(begin, n, {"exp_avg", "exp_avg_sq"}),
+        beta1_(cfg.beta1),
+        beta2_(cfg.beta2),
+        eps_(cfg.eps),
+        wd_(cfg.weight_decay),
+        decoupled_(decoupled) {}
+
+  void step(float* params, const float* grads, double lr) override {
+    ++steps_;
+    if (n_ == 0) return;
+    const double t = static_cast<double>(steps_);
+    const double bc1 = 1.0 - std::pow(beta1_, t);
+    const double bc2 = 1.0 - std::pow(beta2_, t);
+    AdamCoeffs c;
+    c.beta1 = static_cast<float>(beta1_);
+    c.one_minus_beta1 = static_cast<float>(1.0 - beta1_);
+    c.beta2 = static_cast<float>(beta2_);
+    c.one_minus_beta2 = static_cast<float>(1.0 - beta2_);
+    c.bc2_sqrt = static_cast<float>(std::sqrt(bc2));
+    c.eps = static_cast<float>(eps_);
+    c.neg_step_size = static_cast<float>(-(lr / bc1));
+    c.wd = static_cast<float>(wd_);
+    c.decay = static_cast<float>(1.0 - lr * wd_);
+    float* m = state_[0].data();
+    float* v = state_[1].data();
+    if (decoupled_) {
+      adam_update<false, true>(params, grads, m, v, n_, c);
+    } else if (wd_ != 0.0) {
+      adam_update<true, false>(params, grads, m, v, n_, c);
+    } else {
+      adam_update<false, false>(params, grads, m, v, n_, c);
+    }
+  }
+
+ private:
+  double beta1_, beta2_, eps_, wd_;
+  bool decoupled_;  // AdamW
+};
+
+}  // namespace
+
+std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& cfg, int64_t begin, int64_t n) {
+  DT_CHECK_GE(begin, 0);
+  DT_CHECK_GE(n, 0);
+  if (cfg.type == "sgd") return std::make_unique<Sgd>(cfg, begin, n);
+  if (cfg.type == "adam") return std::make_unique<Adam>(cfg, begin, n, /*decoupled=*/false);
+  if (cfg.type == "adamw") return std::make_unique<Adam>(cfg, begin, n, /*decoupled=*/true);
+  DT_CHECK_MSG(false, "unknown optimizer type '" << cfg.type << "' (config validation missed it)");
+}
+
+// The post-warmup schedule's clock starts at the end of warmup for both step and cosine (as
+// torch's SequentialLR([LinearLR, StepLR | CosineAnnealingLR], milestones=[warmup]) does), so
+// the lr right after warmup is always the base lr.
+double lr_at(const ScheduleConfig& s, double base_lr, int64_t step, int64_t total_steps) {
+  DT_CHECK_GE(step, 0);
+  if (s.warmup_steps > 0 && step < s.warmup_steps) {
+    return base_lr * static_cast<double>(step + 1) / static_cast<double>(s.warmup_steps);
+  }
+  const int64_t warmup = std::max<int64_t>(s.warmup_steps, 0);
+  const int64_t since = step - warmup;
+  if (s.type == "constant") return base_lr;
+  if (s.type == "step") {
+    DT_CHECK_GT(s.step_size, 0);
+    return base_lr * std::pow(s.gamma, static_cast<double>(since / s.step_size));
+  }
+  if (s.type == "cosine") {
+    const double span = static_cast<double>(std::max<int64_t>(1, total_steps - warmup));
+    const double t = std::clamp(static_cast<double>(since) / span, 0.0, 1.0);
+    return s.min_lr + (base_lr - s.min_lr) * (1.0 + std::cos(std::numbers::pi * t)) / 2.0;
+  }
+  DT_CHECK_MSG(false, "unknown schedule type '" << s.type << "' (config validation missed it)");
+}
+
+// Four independent accumulators: the compiler may not reassociate a single double sum, and one
+// dependency chain would make this latency-bound. The order is fixed, so the result is
+// deterministic for a given n.
+double sum_squares(const float* g, int64_t n) {
+  double a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    const double x0 = g[i], x1 = g[i + 1], x2 = g[i + 2], x3 = g[i + 3];
+    a0 += x0 * x0;
+    a1 += x1 * x1;
+    a2 += x2 * x2;
+    a3 += x3 * x3;
+  }
+  for (; i < n; ++i) {
+    const double x = g[i];
+    a0 += x * x;
+  }
+  return (a0 + a1) + (a2 + a3);
+}
+
+void scale_inplace(float* g, int64_t n, float s) {
+  for (int64_t i = 0; i < n; ++i) g[i] *= s;
+}
+
+// A NaN norm gives 1 (std::min keeps its first argument when the comparison is false): clipping
+// cannot repair NaN gradients; detecting them is the trainer's job.
+float clip_factor(double norm, double max_norm) {
+  if (max_norm <= 0.0) return 1.0f;
+  return static_cast<float>(std::min(1.0, max_norm / (norm + 1e-6)));
+}
+
+}  // namespace dtrain

@@ -1,0 +1,59 @@
+// Optimizers over a contiguous range of the flat parameter layout. An optimizer built for
+// [begin, begin + n) owns state buffers of n floats each, in the same layout (state element j
+// belongs to parameter begin + j), so ZeRO can give each rank a shard and checkpoints can slice
+// the state by the parameter table. Semantics follow PyTorch's SGD, Adam and AdamW.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "config/config.h"
+
+namespace dtrain {
+
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  // One update of params[0, n) from grads[0, n) (pointers at the start of the owned range) at
+  // learning rate lr. Increments step_count().
+  virtual void step(float* params, const float* grads, double lr) = 0;
+  // Names of the state buffers, e.g. {"momentum"} or {"exp_avg", "exp_avg_sq"}. Empty for plain
+  // SGD without momentum.
+  const std::vector<std::string>& state_names() const { return names_; }
+  std::vector<float>& state(size_t i) { return state_[i]; }
+  const std::vector<float>& state(size_t i) const { return state_[i]; }
+  int64_t size() const { return n_; }
+  int64_t begin() const { return begin_; }
+  int64_t step_count() const { return steps_; }
+  void set_step_count(int64_t s) { steps_ = s; }
+  // Bytes held in optimizer state (for memory accounting).
+  int64_t state_bytes() const;
+
+ protected:
+  Optimizer(int64_t begin, int64_t n, std::vector<std::string> names);
+  int64_t begin_ = 0, n_ = 0, steps_ = 0;
+  std::vector<std::string> names_;
+  std::vector<std::vector<float>> state_;
+};
+
+// Builds sgd | adam | adamw for the range [begin, begin + n) of the layout.
+std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& cfg, int64_t begin, int64_t n);
+
+// Learning rate at optimizer step `step` (0-based: the lr used for the update that makes step
+// step+1), for a run of `total_steps` steps, base lr `base_lr` (already scaled by scale_lr).
+// warmup: lr * (step + 1) / warmup_steps while step < warmup_steps; then the schedule, whose
+// clock starts at the end of warmup (step decay every step_size steps after it), with
+// cosine running from the end of warmup to total_steps: min_lr + (lr - min_lr) * (1 + cos(pi *
+// t)) / 2, t = (step - warmup) / max(1, total - warmup), clamped to [0, 1].
+double lr_at(const ScheduleConfig& s, double base_lr, int64_t step, int64_t total_steps);
+
+// Sum of squares of g[0, n) in double precision (for the global gradient norm).
+double sum_squares(const float* g, int64_t n);
+// Multiplies g[0, n) by s.
+void scale_inplace(float* g, int64_t n, float s);
+// Clip factor for a global norm: min(1, max_norm / (norm + 1e-6)); 1 when max_norm <= 0.
+float clip_factor(double norm, double max_norm);
+
+}  // namespace dtrain

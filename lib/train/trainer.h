@@ -1,0 +1,44 @@
+// The training loop: data -> model -> optimizer -> metrics and checkpoints, for one process.
+// Later strategies plug in at the gradient-synchronisation point; everything works on the flat
+// parameter / gradient / state buffers of nn/model.h.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "config/config.h"
+#include "data/dataset.h"
+#include "nn/model.h"
+
+namespace dtrain {
+
+struct RunOptions {
+  std::string out_dir;    // where metrics.jsonl, summary.json, checkpoints/ go (created)
+  std::string resume;     // "" (fresh), "auto" (RUN/checkpoints/latest if any), or a path
+  bool progress = false;  // draw a progress bar on stderr (interactive terminals)
+};
+
+// Trains per `cfg` and returns summary.json's content (also written to out_dir). Throws
+// UserError for bad data/checkpoints and std::exception for runtime failures.
+nlohmann::json run_training(const Config& cfg, const RunOptions& opts);
+
+// Model input/output sizes for `cfg` and loaded data: config values when set (checked against
+// the data), else inferred. Throws UserError when they disagree.
+struct ModelShape {
+  int64_t in_features = 0;
+  int64_t num_classes = 0;
+};
+ModelShape resolve_model_shape(const Config& cfg, const DataSplits& data);
+
+struct EvalResult {
+  double loss = 0.0;      // mean per sample
+  double accuracy = 0.0;  // fraction in [0, 1]
+  int64_t samples = 0;
+};
+// Evaluates params on all rows of `d` in eval mode, in batches of `batch` rows.
+EvalResult evaluate(const Model& model, const float* params, const Dataset& d, int64_t batch,
+                    const std::string& loss);
+
+}  // namespace dtrain

@@ -1,0 +1,116 @@
+#include "util/fs.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+#include "util/check.h"
+
+namespace dtrain {
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw UserError("cannot read '" + path + "': " + std::strerror(errno));
+  std::ostringstream os;
+  os << in.rdbuf();
+  if (in.bad()) throw UserError("error reading '" + path + "'");
+  return os.str();
+}
+
+void write_all(int fd, const void* data, size_t len, const std::string& what) {
+  const char* p = static_cast<const char*>(data);
+  while (len > 0) {
+    const ssize_t n = ::write(fd, p, len);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw std::runtime_error("write to " + what + " failed: " + std::strerror(errno));
+    }
+    p += n;
+    len -= static_cast<size_t>(n);
+  }
+}
+
+void write_file_atomic_with(const std::string& path, const std::function<void(int fd)>& writer) {
+  namespace fs = std::filesystem;
+  const fs::path target(path);
+  const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
+  std::string base = ".";
+  base.append(target.filename().string()).append(".tmp.XXXXXX");
+  std::string tmpl = (dir / base).string();
+  const int fd = ::mkstemp(tmpl.data());
+  if (fd < 0)
+    throw std::runtime_error("cannot create temp file in '" + dir.string() +
+                             "': " + std::strerror(errno));
+  try {
+    writer(fd);
+    if (::fsync(fd) != 0) throw std::runtime_error("fsync '" + tmpl + "': " + std::strerror(errno));
+    if (::fchmod(fd, 0644) != 0)
+      throw std::runtime_error("chmod '" + tmpl + "': " + std::strerror(errno));
+    if (::close(fd) != 0) throw std::runtime_error("close '" + tmpl + "': " + std::strerror(errno));
+  } catch (...) {
+    ::close(fd);
+    ::unlink(tmpl.c_str());
+    throw;
+  }
+  if (::rename(tmpl.c_str(), path.c_str()) != 0) {
+    const std::string err = std::strerror(errno);
+    ::unlink(tmpl.c_str());
+    throw std::runtime_error("rename to '" + path + "': " + err);
+  }
+  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+}
+
+void write_file_atomic(const std::string& path, std::string_view data) {
+  write_file_atomic_with(path, [&](int fd) { write_all(fd, data.data(), data.size(), path); });
+}
+
+LineWriter::LineWriter(const std::string& path, bool append) {
+  f_ = std::fopen(path.c_str(), append ? "a" : "w");
+  if (!f_) throw std::runtime_error("cannot open '" + path + "': " + std::strerror(errno));
+}
+
+LineWriter::~LineWriter() {
+  if (f_) std::fclose(static_cast<FILE*>(f_));
+}
+
+void LineWriter::write_line(std::string_view line) {
+  DT_CHECK(f_ != nullptr);
+  FILE* f = static_cast<FILE*>(f_);
+  std::fwrite(line.data(), 1, line.size(), f);
+  std::fputc('\n', f);
+  std::fflush(f);
+}
+
+double peak_rss_mb() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::stod(line.substr(6)) / 1024.0;
+  }
+  return 0.0;
+}
+
+std::string fnv1a_hex(std::string_view data) {
+  uint64_t h = 0xcbf29ce484222325ULL;  // FNV-1a 64-bit offset basis
+  for (unsigned char c : data) {
+    h ^= c;
+    h *= 0x100000001b3ULL;  // FNV prime
+  }
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
+  return buf;
+}
+
+}  // namespace dtrain

@@ -1,0 +1,48 @@
+// File helpers. write_file_atomic is the only way dtrain writes persistent files: the bytes go to
+// a temp file in the same folder, are fsynced, renamed over the target, and the folder is fsynced,
+// so a reader (or a crash) sees either the old file or the complete new one.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+
+namespace dtrain {
+
+// Throws UserError (naming the path and errno text) when the file cannot be read.
+std::string read_file(const std::string& path);
+
+// Atomic replace of `path` with `data`. Throws std::runtime_error on I/O failure; the old file,
+// if any, is left untouched and the temp file removed.
+void write_file_atomic(const std::string& path, std::string_view data);
+
+// Same, but the content is streamed by `writer(fd)`, which must write everything or throw.
+void write_file_atomic_with(const std::string& path, const std::function<void(int fd)>& writer);
+
+// write(2) all of `len` bytes or throw.
+void write_all(int fd, const void* data, size_t len, const std::string& what);
+
+// Appends a line to a file (metrics.jsonl); opened and closed per call is too slow, so this is a
+// small owning wrapper around a FILE* that flushes each line.
+class LineWriter {
+ public:
+  LineWriter() = default;
+  explicit LineWriter(const std::string& path, bool append);
+  ~LineWriter();
+  LineWriter(const LineWriter&) = delete;
+  LineWriter& operator=(const LineWriter&) = delete;
+  void write_line(std::string_view line);
+  bool is_open() const { return f_ != nullptr; }
+
+ private:
+  void* f_ = nullptr;
+};
+
+// Peak resident set size of this process in MiB (VmHWM), 0 when unknown.
+double peak_rss_mb();
+
+// 64-bit FNV-1a, as 16 hex digits: content hashes (config_hash).
+std::string fnv1a_hex(std::string_view data);
+
+}  // namespace dtrain

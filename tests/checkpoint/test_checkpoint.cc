@@ -1,0 +1,104 @@
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "checkpoint/checkpoint.h"
+#include "test_util.h"
+#include "util/check.h"
+
+using namespace dtrain;
+using dtrain::testing::TempDir;
+
+namespace {
+Model small_model(int64_t hidden) {
+  ModelConfig mc;
+  mc.hidden = {hidden};
+  return build_mlp(mc, 5, 3);
+}
+}  // namespace
+
+TEST_CASE("checkpoint round trip restores parameters, state and metadata exactly") {
+  TempDir dir;
+  const Model m = small_model(4);
+  const int64_t P = m.param_count();
+  std::vector<float> p(P), mom(P), p2(P, 0.0f), mom2(P, 0.0f);
+  m.init(p.data(), 11);
+  for (int64_t i = 0; i < P; ++i) mom[i] = 0.001f * static_cast<float>(i) - 0.3f;
+  CheckpointMeta meta;
+  meta.step = 17;
+  meta.epoch = 2;
+  meta.batch = 5;
+  meta.optimizer = "sgd";
+  meta.optimizer_steps = 17;
+  meta.rng = Rng(3).to_string();
+  meta.config_hash = "abc";
+  const std::string path = dir / "step-17.safetensors";
+  save_checkpoint(path, m, p.data(), {{"momentum", mom.data()}}, meta);
+  const CheckpointMeta got = load_checkpoint(path, m, p2.data(), {{"momentum", mom2.data()}});
+  CHECK(p2 == p);
+  CHECK(mom2 == mom);
+  CHECK(got.step == 17);
+  CHECK(got.epoch == 2);
+  CHECK(got.batch == 5);
+  CHECK(got.optimizer == "sgd");
+  CHECK(got.rng == meta.rng);
+  CHECK(got.config_hash == "abc");
+
+  // Weights only.
+  std::vector<float> p3(P, 0.0f);
+  load_checkpoint(path, m, p3.data(), {});
+  CHECK(p3 == p);
+}
+
+TEST_CASE("checkpoint from another model, truncated or corrupt is refused and changes nothing") {
+  TempDir dir;
+  const Model m = small_model(4);
+  const Model other = small_model(6);
+  std::vector<float> p(m.param_count(), 1.0f);
+  CheckpointMeta meta;
+  meta.optimizer = "sgd";
+  meta.rng = Rng(1).to_string();
+  const std::string path = dir / "c.safetensors";
+  save_checkpoint(path, m, p.data(), {}, meta);
+
+  std::vector<float> q(other.param_count(), 5.0f);
+  try {
+    load_checkpoint(path, other, q.data(), {});
+    FAIL("loaded into another model");
+  } catch (const UserError& e) {
+    CHECK(std::string(e.what()).find("does not match the model") != std::string::npos);
+    CHECK(std::string(e.what()).find("layers.0.weight") != std::string::npos);
+  }
+  for (float v : q) REQUIRE(v == 5.0f);
+
+  // Asking for optimizer state the file does not have.
+  std::vector<float> mom(m.param_count());
+  CHECK_THROWS_AS(load_checkpoint(path, m, p.data(), {{"momentum", mom.data()}}), UserError);
+
+  const std::string bytes = dtrain::testing::read_text(path);
+  for (size_t cut : {size_t{0}, size_t{4}, size_t{20}, bytes.size() / 2, bytes.size() - 1}) {
+    const std::string t = dir.write("t.safetensors", bytes.substr(0, cut));
+    CHECK_THROWS_AS(load_checkpoint(t, m, p.data(), {}), UserError);
+  }
+  CHECK_THROWS_AS(load_checkpoint(dir / "missing.safetensors", m, p.data(), {}), UserError);
+}
+
+TEST_CASE("commit_checkpoint names the newest and keeps the last N") {
+  TempDir dir;
+  for (int s : {10, 20, 30, 40}) {
+    dir.write(checkpoint_file_name(s), "x");
+    commit_checkpoint(dir.path(), checkpoint_file_name(s), 2);
+  }
+  CHECK(std::filesystem::exists(dir / "step-40.safetensors"));
+  CHECK(std::filesystem::exists(dir / "step-30.safetensors"));
+  CHECK_FALSE(std::filesystem::exists(dir / "step-20.safetensors"));
+  CHECK_FALSE(std::filesystem::exists(dir / "step-10.safetensors"));
+  CHECK(dtrain::testing::read_text(dir / "latest") == "step-40.safetensors\n");
+  CHECK(resolve_checkpoint(dir.path(), false) == dir / "step-40.safetensors");
+  CHECK(resolve_checkpoint(dir / "step-30.safetensors", false) == dir / "step-30.safetensors");
+  CHECK(resolve_checkpoint(dir / "nothing", true).empty());
+  CHECK_THROWS_AS(resolve_checkpoint(dir / "nothing", false), UserError);
+  dir.write("latest", "step-99.safetensors\n");
+  CHECK_THROWS_AS(resolve_checkpoint(dir.path(), false), UserError);
+}

@@ -1,0 +1,340 @@
+// safetensors: round trip, exact byte layout, atomic replace, and the reader's validation of
+// hostile input (crafted bad headers plus byte flips and truncations of a valid file).
+#include <doctest/doctest.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "checkpoint/safetensors.h"
+#include "util/check.h"
+#include "util/fs.h"
+
+namespace dtrain {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A fresh folder per test case, removed afterwards.
+struct TempDir {
+  fs::path dir;
+  TempDir() {
+    static int counter = 0;
+    dir = fs::temp_directory_path() /
+          ("dtrain_st_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+  }
+  std::string file(const std::string& name) const { return (dir / name).string(); }
+};
+
+// Plain (non-atomic, no fsync) write: the fuzz test writes thousands of files.
+void put(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  REQUIRE(out.good());
+}
+
+std::string le64(uint64_t v) {
+  std::string s(8, '\0');
+  for (int i = 0; i < 8; ++i) s[i] = static_cast<char>((v >> (8 * i)) & 0xff);
+  return s;
+}
+
+std::string floats(const std::vector<float>& v) {
+  return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
+}
+
+// A file from a header text and data bytes; `len` overrides the header length field.
+std::string craft(const std::string& header, const std::string& data,
+                  std::optional<uint64_t> len = std::nullopt) {
+  return le64(len.value_or(header.size())) + header + data;
+}
+
+// Runs read_safetensors and returns the UserError message ("" when it did not throw one).
+// Any other exception type fails the calling test.
+std::string read_error(const std::string& path) {
+  try {
+    read_safetensors(path);
+  } catch (const UserError& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    FAIL("not a UserError: " << e.what());
+  }
+  return "";
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+TEST_CASE("round trip: names, shapes, bits and metadata") {
+  TempDir tmp;
+  const std::string path = tmp.file("model.safetensors");
+  const float nan_payload = std::bit_cast<float>(0x7fc12345u);
+  const std::vector<float> w = {
+      1.0f,       -0.0f, 3.5f, 1e-42f /* denormal */, std::numeric_limits<float>::infinity(),
+      nan_payload};
+  const std::vector<float> s = {42.0f};
+  const std::vector<float> b = {0.1f, 0.2f, 0.3f};
+  const std::map<std::string, std::string> meta = {
+      {"step", "42"}, {"config", "{\"lr\": 0.1}"}, {"unicode", "h\xc3\xa9llo"}, {"empty", ""}};
+  write_safetensors(path,
+                    {{"layers.0.weight", {2, 3}, w.data()},
+                     {"scalar", {}, s.data()},
+                     {"empty", {0, 3}, nullptr},
+                     {"layers.0.bias", {3}, b.data()}},
+                    meta);
+  const StFile f = read_safetensors(path);
+  CHECK(f.metadata == meta);
+  REQUIRE(f.tensors.size() == 4);
+  CHECK(f.tensors.at("layers.0.weight").shape == std::vector<int64_t>{2, 3});
+  CHECK(same_bits(f.tensors.at("layers.0.weight").data, w));
+  CHECK(f.tensors.at("scalar").shape.empty());
+  CHECK(same_bits(f.tensors.at("scalar").data, s));
+  CHECK(f.tensors.at("empty").shape == std::vector<int64_t>{0, 3});
+  CHECK(f.tensors.at("empty").data.empty());
+  CHECK(same_bits(f.tensors.at("layers.0.bias").data, b));
+
+  // No tensors, no metadata: still a valid file ("{}" padded to 8).
+  write_safetensors(path, {}, {});
+  const StFile e = read_safetensors(path);
+  CHECK(e.tensors.empty());
+  CHECK(e.metadata.empty());
+  CHECK(read_file(path) == le64(8) + "{}      ");
+}
+
+TEST_CASE("exact byte layout of a tiny file") {
+  TempDir tmp;
+  const std::string path = tmp.file("tiny.safetensors");
+  const std::vector<float> w = {1.5f, -2.0f}, s = {0.25f};
+  write_safetensors(path, {{"w", {2}, w.data()}, {"s", {}, s.data()}}, {{"k", "v"}});
+  // Tensors in the order given, offsets relative to the data section; 132 JSON bytes padded
+  // with 4 spaces to 136, a multiple of 8.
+  const std::string json =
+      R"({"__metadata__":{"k":"v"},"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+      R"("s":{"dtype":"F32","shape":[],"data_offsets":[8,12]}})";
+  REQUIRE(json.size() == 132);
+  const std::string want =
+      std::string("\x88\0\0\0\0\0\0\0", 8) + json + "    " + floats({1.5f, -2.0f, 0.25f});
+  const std::string got = read_file(path);
+  CHECK(got.size() == 8 + 136 + 12);
+  CHECK(got == want);
+}
+
+TEST_CASE("writer rejects inconsistent input as internal errors") {
+  TempDir tmp;
+  const std::string path = tmp.file("x.safetensors");
+  const float v[2] = {1, 2};
+  CHECK_THROWS_AS(write_safetensors(path, {{"a", {2}, v}, {"a", {2}, v}}, {}), InternalError);
+  CHECK_THROWS_AS(write_safetensors(path, {{"a", {-1}, v}}, {}), InternalError);
+  CHECK_THROWS_AS(write_safetensors(path, {{"a", {2}, nullptr}}, {}), InternalError);
+  CHECK_THROWS_AS(write_safetensors(path, {{"__metadata__", {2}, v}}, {}), InternalError);
+  CHECK_FALSE(fs::exists(path));
+}
+
+// A real I/O failure in the middle of streaming the tensor bytes: RLIMIT_FSIZE makes write(2)
+// fail with EFBIG (SIGXFSZ ignored) once the temp file reaches 4 KiB.
+TEST_CASE("a failed write leaves the old file intact") {
+  TempDir tmp;
+  const std::string path = tmp.file("ckpt.safetensors");
+  const std::vector<float> old_data = {1, 2, 3};
+  write_safetensors(path, {{"old", {3}, old_data.data()}}, {{"v", "1"}});
+  const std::string before = read_file(path);
+
+  const std::vector<float> big(100000, 7.0f);
+  rlimit saved;
+  REQUIRE(::getrlimit(RLIMIT_FSIZE, &saved) == 0);
+  rlimit small = saved;
+  small.rlim_cur = 4096;
+  void (*old_handler)(int) = ::signal(SIGXFSZ, SIG_IGN);
+  REQUIRE(::setrlimit(RLIMIT_FSIZE, &small) == 0);
+  bool threw = false;
+  try {
+    write_safetensors(path, {{"big", {100000}, big.data()}}, {{"v", "2"}});
+  } catch (const std::runtime_error&) {
+    threw = true;
+  }
+  ::setrlimit(RLIMIT_FSIZE, &saved);
+  ::signal(SIGXFSZ, old_handler);
+  CHECK(threw);
+  CHECK(read_file(path) == before);
+  CHECK(read_safetensors(path).metadata.at("v") == "1");
+  int files = 0;  // the temp file was removed
+  for (const auto& entry : fs::directory_iterator(tmp.dir)) {
+    (void)entry;
+    ++files;
+  }
+  CHECK(files == 1);
+}
+
+struct BadCase {
+  const char* what;
+  std::string bytes;
+  const char* expect;  // substring of the message
+};
+
+TEST_CASE("corrupt, truncated and unsupported files are UserErrors naming the file") {
+  TempDir tmp;
+  const std::string path = tmp.file("bad.safetensors");
+  const std::string f8 = floats({1, 2});  // 8 data bytes
+  auto one = [](const std::string& entry) { return R"({"a":)" + entry + "}"; };
+  const std::vector<BadCase> cases = {
+      {"empty file", "", "truncated"},
+      {"short file", "abcde", "truncated"},
+      {"header longer than file", craft("{}", "", 200), "truncated"},
+      {"absurd header length", craft("{}", "", 1ULL << 62), "header length"},
+      {"not json", craft("hello!!!", ""), "corrupt header"},
+      {"json garbage after", craft("{} x", ""), "corrupt header"},
+      {"invalid utf-8", craft("{\"\xff\":1}", ""), "corrupt header"},
+      {"not an object", craft("[1,2]", ""), "not a JSON object"},
+      {"too deep", craft(one(std::string(100, '[') + std::string(100, ']')), ""), "deep"},
+      {"entry not object", craft(one("5"), ""), "tensor 'a'"},
+      {"missing shape", craft(one(R"({"dtype":"F32","data_offsets":[0,8]})"), f8), "lacks"},
+      {"bad dtype", craft(one(R"({"dtype":"F16","shape":[4],"data_offsets":[0,8]})"), f8),
+       "tensor 'a' has dtype F16"},
+      {"dtype not string", craft(one(R"({"dtype":3,"shape":[2],"data_offsets":[0,8]})"), f8),
+       "dtype"},
+      {"negative dim", craft(one(R"({"dtype":"F32","shape":[-2],"data_offsets":[0,8]})"), f8),
+       "shape"},
+      {"float dim", craft(one(R"({"dtype":"F32","shape":[2.0],"data_offsets":[0,8]})"), f8),
+       "shape"},
+      {"shape not list", craft(one(R"({"dtype":"F32","shape":2,"data_offsets":[0,8]})"), f8),
+       "shape"},
+      {"overflowing shape",
+       craft(one(R"({"dtype":"F32","shape":[4294967296,4294967296,4294967296],)"
+                 R"("data_offsets":[0,8]})"),
+             f8),
+       "shape"},
+      {"one offset", craft(one(R"({"dtype":"F32","shape":[2],"data_offsets":[0]})"), f8),
+       "data_offsets"},
+      {"reversed offsets", craft(one(R"({"dtype":"F32","shape":[2],"data_offsets":[8,0]})"), f8),
+       "data_offsets"},
+      {"string offsets", craft(one(R"({"dtype":"F32","shape":[2],"data_offsets":["0","8"]})"), f8),
+       "data_offsets"},
+      {"span != 4*numel", craft(one(R"({"dtype":"F32","shape":[3],"data_offsets":[0,8]})"), f8),
+       "needs 12"},
+      {"overlap",
+       craft(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+             R"("b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
+             floats({1, 2, 3})),
+       "overlap"},
+      {"gap",
+       craft(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+             R"("b":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}})",
+             floats({1, 2, 3})),
+       "gap"},
+      {"not starting at 0", craft(one(R"({"dtype":"F32","shape":[1],"data_offsets":[4,8]})"), f8),
+       "gap"},
+      {"data truncated", craft(one(R"({"dtype":"F32","shape":[2],"data_offsets":[0,8]})"), "1234"),
+       "truncated"},
+      {"huge tensor, tiny file",
+       craft(one(R"({"dtype":"F32","shape":[1000000000000],"data_offsets":[0,4000000000000]})"),
+             f8),
+       "truncated"},
+      {"trailing bytes", craft(one(R"({"dtype":"F32","shape":[1],"data_offsets":[0,4]})"), f8),
+       "trailing"},
+      {"metadata value not string", craft(R"({"__metadata__":{"k":1}})", ""), "metadata"},
+      {"metadata not object", craft(R"({"__metadata__":["k"]})", ""), "__metadata__"},
+  };
+  for (const auto& c : cases) {
+    CAPTURE(c.what);
+    put(path, c.bytes);
+    const std::string msg = read_error(path);
+    CAPTURE(msg);
+    CHECK(msg.find(path) != std::string::npos);
+    CHECK(msg.find(c.expect) != std::string::npos);
+  }
+
+  // A valid file, truncated by one float.
+  const std::vector<float> v = {1, 2, 3, 4};
+  write_safetensors(path, {{"v", {4}, v.data()}}, {});
+  std::string bytes = read_file(path);
+  put(path, bytes.substr(0, bytes.size() - 4));
+  CHECK(read_error(path).find("truncated") != std::string::npos);
+
+  // Not a file at all.
+  CHECK(read_error(tmp.file("missing.safetensors")).find("missing.safetensors") !=
+        std::string::npos);
+  CHECK(read_error(tmp.dir.string()).find(tmp.dir.string()) != std::string::npos);
+
+  // Accepted variations the reference also accepts: null metadata, extra keys, other key order.
+  put(path, craft(R"({"__metadata__":null,"a":{"data_offsets":[0,4],"shape":[1],)"
+                  R"("dtype":"F32","extra":true}})",
+                  floats({9})));
+  const StFile ok = read_safetensors(path);
+  CHECK(ok.tensors.at("a").data == std::vector<float>{9});
+}
+
+// Every single-byte corruption and every truncation of a valid file: reading either succeeds
+// with self-consistent tensors or throws UserError, never anything else (and never crashes).
+TEST_CASE("fuzz: byte flips and truncations never escape as anything but UserError") {
+  TempDir tmp;
+  const std::string good = tmp.file("good.safetensors");
+  const std::string path = tmp.file("fuzz.safetensors");
+  const std::vector<float> w = {1, 2, 3, 4, 5, 6}, s = {7};
+  write_safetensors(good, {{"w", {2, 3}, w.data()}, {"z", {0}, nullptr}, {"s", {}, s.data()}},
+                    {{"note", "x"}});
+  const std::string bytes = read_file(good);
+  REQUIRE(read_error(good).empty());
+
+  int ok = 0, rejected = 0;
+  auto try_bytes = [&](const std::string& b, size_t pos, int variant) {
+    put(path, b);
+    try {
+      const StFile f = read_safetensors(path);
+      for (const auto& [name, t] : f.tensors) {
+        int64_t numel = 1;
+        for (int64_t d : t.shape) numel *= d;
+        CHECK(static_cast<int64_t>(t.data.size()) == numel);
+      }
+      ++ok;
+    } catch (const UserError& e) {
+      if (std::string(e.what()).find(path) == std::string::npos) {
+        FAIL("message lacks the path at " << pos << "/" << variant << ": " << e.what());
+      }
+      ++rejected;
+    } catch (const std::exception& e) {
+      FAIL("byte " << pos << " variant " << variant << ": " << e.what());
+    }
+  };
+  const unsigned char xors[] = {0x01, 0x02, 0x10, 0x20, 0x80, 0xff};
+  const char sets[] = {'"', '{', '}', '[', ']', ',', ':', '9', '-', '\0', ' ', '\\'};
+  for (size_t pos = 0; pos < bytes.size(); ++pos) {
+    int variant = 0;
+    for (unsigned char x : xors) {
+      std::string b = bytes;
+      b[pos] = static_cast<char>(static_cast<unsigned char>(b[pos]) ^ x);
+      try_bytes(b, pos, variant++);
+    }
+    for (char c : sets) {
+      std::string b = bytes;
+      b[pos] = c;
+      try_bytes(b, pos, variant++);
+    }
+  }
+  for (size_t len = 0; len < bytes.size(); ++len) {
+    put(path, bytes.substr(0, len));
+    CHECK(!read_error(path).empty());  // every truncation is detected
+  }
+  put(path, bytes + "X");
+  CHECK(read_error(path).find("trailing") != std::string::npos);
+  CHECK(ok > 0);  // flips inside tensor data are valid files
+  CHECK(rejected > 0);
+}
+
+}  // namespace
+}  // namespace dtrain

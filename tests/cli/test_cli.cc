@@ -1,0 +1,164 @@
+// The dtrain binary as users run it: exit codes (0 ok, 2 user error, 1 runtime failure, never a
+// signal) and the messages they read.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <filesystem>
+
+#include <nlohmann/json.hpp>
+
+#include "test_util.h"
+
+using dtrain::testing::CmdResult;
+using dtrain::testing::read_text;
+using dtrain::testing::run_cmd;
+using dtrain::testing::TempDir;
+
+namespace {
+
+const std::string kBin = DTRAIN_BIN;
+const std::string kSrc = DTRAIN_SOURCE_DIR;
+
+CmdResult run_dtrain(const std::string& args) {
+  return run_cmd(kBin + " " + args);
+}
+
+bool has(const CmdResult& r, const std::string& text) {
+  return r.output.find(text) != std::string::npos;
+}
+
+const char* kTiny = R"(seed: 3
+model: {hidden: [16]}
+data:
+  format: synthetic
+  synthetic: {samples: 600, features: 5, classes: 3, noise: 0.3}
+  batch_size: 20
+optimizer: {type: sgd, lr: 0.1, momentum: 0.9}
+train: {epochs: 3, log_every: 10}
+runtime: {threads: 1}
+)";
+
+}  // namespace
+
+TEST_CASE("help and version exit 0, bad command lines exit 2") {
+  for (const char* args :
+       {"--help", "run --help", "validate --help", "eval --help", "predict --help", "--version"}) {
+    const auto r = run_dtrain(args);
+    CHECK_MESSAGE(r.exit_code == 0, args, r.output);
+  }
+  CHECK(has(run_dtrain("--help"), "run"));
+  for (const char* args : {"", "frobnicate", "run", "run --bogus x.yaml", "eval x.yaml",
+                           "--log-level loud run x.yaml"}) {
+    const auto r = run_dtrain(args);
+    CHECK_MESSAGE(r.exit_code == 2, args, r.output);
+  }
+}
+
+TEST_CASE("config errors exit 2 with FILE:LINE:COL, key path and a suggestion") {
+  TempDir dir;
+  auto r = run_dtrain("validate " + dir / "missing.yaml");
+  CHECK(r.exit_code == 2);
+  CHECK(has(r, "missing.yaml"));
+
+  const std::string bad_syntax = dir.write("syntax.yaml", "model: {hidden: [1, 2\nseed: 1\n");
+  r = run_dtrain("validate " + bad_syntax);
+  CHECK(r.exit_code == 2);
+  CHECK(has(r, "syntax.yaml:"));
+
+  const std::string typo = dir.write("typo.yaml", std::string(kTiny) + "optimiser: {}\n");
+  r = run_dtrain("validate " + typo);
+  CHECK(r.exit_code == 2);
+  CHECK(has(r, "typo.yaml:10:1"));
+  CHECK(has(r, "optimizer"));
+
+  const std::string neg = dir.write("neg.yaml", kTiny);
+  r = run_dtrain("validate " + neg + " --set optimizer.lr=-1");
+  CHECK(r.exit_code == 2);
+  CHECK(has(r, "optimizer.lr"));
+  r = run_dtrain("validate " + neg + " --set data.batch_size=0");
+  CHECK(r.exit_code == 2);
+  CHECK(has(r, "batch_size"));
+  r = run_dtrain("validate " + neg + " --set 'model.hidden=[8,8]'");
+  CHECK_MESSAGE(r.exit_code == 0, r.output);
+  CHECK(has(r, "ok"));
+}
+
+TEST_CASE("every shipped config validates") {
+  for (const auto& e : std::filesystem::directory_iterator(kSrc + "/configs")) {
+    if (e.path().extension() != ".yaml") continue;
+    const auto r = run_dtrain("validate " + e.path().string());
+    CHECK_MESSAGE(r.exit_code == 0, e.path().string(), r.output);
+  }
+}
+
+TEST_CASE("run, eval and predict on a tiny synthetic config") {
+  TempDir dir;
+  const std::string cfg = dir.write("tiny.yaml", kTiny);
+  const std::string out = dir / "run";
+  auto r = run_dtrain("run " + cfg + " --out " + out + " --log-level warn");
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  CHECK(std::filesystem::exists(out + "/summary.json"));
+  CHECK(std::filesystem::exists(out + "/metrics.jsonl"));
+
+  r = run_dtrain("eval " + cfg + " --checkpoint " + out + "/checkpoints --log-level warn");
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  CHECK(has(r, "\"test_accuracy\""));
+
+  // Predict: two rows of 5 features; a 3-class probability row each.
+  const std::string in = dir.write("in.csv", "0.1,0.2,0.3,0.4,0.5\n-1,0,1,2,3\n");
+  r = run_dtrain("predict " + cfg + " --checkpoint " + out + "/checkpoints --input " + in +
+                 " --output " + dir / "pred.csv --log-level warn");
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  const std::string pred = read_text(dir / "pred.csv");
+  CHECK(pred.rfind("predicted,prob_0,prob_1,prob_2\n", 0) == 0);
+  CHECK(std::count(pred.begin(), pred.end(), '\n') == 3);
+
+  // Wrong feature count in the predict input: user error naming the line.
+  const std::string bad = dir.write("bad.csv", "1,2,3\n");
+  r = run_dtrain("predict " + cfg + " --checkpoint " + out + "/checkpoints --input " + bad);
+  CHECK(r.exit_code == 2);
+
+  // The checkpoint belongs to another model shape: refused, exit 2.
+  r = run_dtrain("eval " + cfg + " --set 'model.hidden=[8]' --checkpoint " + out +
+                 "/checkpoints --log-level warn");
+  CHECK(r.exit_code == 2);
+  CHECK(has(r, "does not match"));
+
+  // A corrupt checkpoint file: refused, exit 2, never a crash.
+  const std::string junk =
+      dir.write("junk.safetensors", std::string("\xff\xff\xff\xff\x00\x00", 6));
+  r = run_dtrain("eval " + cfg + " --checkpoint " + junk);
+  CHECK(r.exit_code == 2);
+  CHECK(r.signal == 0);
+
+  // --resume auto on a finished run: nothing left to train, same summary steps.
+  r = run_dtrain("run " + cfg + " --out " + out + " --resume auto --log-level warn");
+  CHECK_MESSAGE(r.exit_code == 0, r.output);
+}
+
+TEST_CASE("bad data is a user error, not a crash") {
+  TempDir dir;
+  const std::string cfg = dir.write("idx.yaml",
+                                    "data:\n  format: idx\n  train: {images: nothere.gz, labels: "
+                                    "nothere2.gz}\ntrain: {epochs: 1}\n");
+  auto r = run_dtrain("run " + cfg + " --out " + dir / "run");
+  CHECK(r.exit_code == 2);
+  CHECK(has(r, "nothere.gz"));
+
+  const std::string csv = dir.write("d.csv", "a,b,label\n1,2,0\n3,x,1\n");
+  const std::string cfg2 = dir.write(
+      "csv.yaml", "data:\n  format: csv\n  train: {path: d.csv}\n  csv: {label_column: label}\n");
+  r = run_dtrain("run " + cfg2 + " --out " + dir / "run2");
+  CHECK(r.exit_code == 2);
+  CHECK(has(r, "d.csv"));
+  CHECK(has(r, "3"));  // the line number
+}
+
+TEST_CASE("the smoke config trains as CI runs it") {
+  TempDir dir;
+  const auto r =
+      run_dtrain("run " + kSrc + "/configs/smoke.yaml --out " + dir / "smoke --log-level warn");
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  const auto s = nlohmann::json::parse(read_text(dir / "smoke/summary.json"));
+  CHECK(s["test_accuracy"].get<double>() > 0.9);
+}

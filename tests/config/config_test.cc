@@ -1,0 +1,648 @@
+// lib/config: YAML parsing, overrides, validation messages, path resolution, JSON and hash.
+#include <doctest/doctest.h>
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "config/config.h"
+#include "util/check.h"
+
+namespace dtrain {
+namespace {
+
+namespace fs = std::filesystem;
+
+// The UserError text parse_config throws for `yaml` (named x.yaml), or "(no error)".
+std::string error_of(const std::string& yaml, const std::vector<std::string>& sets = {}) {
+  try {
+    parse_config(yaml, "x.yaml", sets);
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+// The smallest valid config: synthetic data needs no files.
+const char* const kSynthetic = "data: {format: synthetic}\n";
+const char* const kCsv = "data: {format: csv, train: {path: /d/train.csv}}\n";
+
+// The message for one --set applied to a valid base config.
+std::string set_error(const std::string& set, const char* base = kSynthetic) {
+  return error_of(base, {set});
+}
+
+// A fresh folder under the system temp dir, removed with everything in it on destruction.
+class TempDir {
+ public:
+  TempDir() {
+    static int counter = 0;
+    path_ = fs::temp_directory_path() /
+            ("dtrain_config_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
+    fs::create_directories(path_);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  const fs::path& path() const { return path_; }
+  fs::path write(const std::string& rel, const std::string& text) const {
+    const fs::path p = path_ / rel;
+    fs::create_directories(p.parent_path());
+    std::ofstream(p) << text;
+    return p;
+  }
+
+ private:
+  fs::path path_;
+};
+
+const char* const kFmnist = R"(seed: 42
+model: {type: mlp, hidden: [512, 512], activation: relu}
+data: {format: idx, train: {images: /ds/train-images.gz, labels: /ds/train-labels.gz}, test: {images: /ds/t10k-images.gz, labels: /ds/t10k-labels.gz}, batch_size: 128, shuffle: true}
+optimizer: {type: sgd, lr: 0.05, momentum: 0.9}
+train: {epochs: 10, max_steps: 0, log_every: 100, checkpoint: {every_steps: 0, keep_last: 3}}
+distributed: {backend: inproc, world_size: 1, strategy: ddp}
+runtime: {threads: 0}
+)";
+
+// Every key of the schema except those that exclude each other, all with non-default values.
+const char* const kEveryKey = R"(seed: 7
+model:
+  type: mlp
+  complexity: ""
+  hidden: [64, 32]
+  activation: gelu
+  dropout: 0.25
+  layer_norm: true
+  init: xavier
+  loss: mse
+  input_features: 20
+  num_classes: 3
+data:
+  format: csv
+  train: {path: /d/train.csv}
+  test: {path: /d/test.csv}
+  batch_size: 64
+  eval_batch_size: 500
+  shuffle: false
+  drop_last: true
+  normalize: scale
+  csv: {header: true, label_column: label, delimiter: ";"}
+optimizer:
+  type: adamw
+  lr: 0.003
+  momentum: 0.5
+  nesterov: true
+  weight_decay: 0.01
+  beta1: 0.8
+  beta2: 0.99
+  eps: 1.0e-6
+  scale_lr: linear
+  clip_grad_norm: 1.5
+  schedule: {type: cosine, warmup_steps: 100, step_size: 50, gamma: 0.5, min_lr: 0.0001}
+train:
+  epochs: 3
+  max_steps: 1000
+  log_every: 10
+  eval_every: 200
+  grad_accum_steps: 2
+  checkpoint: {every_steps: 500, keep_last: 2}
+distributed: {backend: grpc, world_size: 4, strategy: ddp}
+runtime: {threads: 2}
+)";
+
+}  // namespace
+
+TEST_CASE("a typical idx config parses to the values written") {
+  const Config c = parse_config(kFmnist, "fmnist.yaml");
+  CHECK(c.seed == 42);
+  CHECK(c.model.type == "mlp");
+  CHECK(c.model.hidden == std::vector<int64_t>{512, 512});
+  CHECK(c.model.activation == "relu");
+  CHECK(c.data.format == "idx");
+  CHECK(c.data.train.images == "/ds/train-images.gz");
+  CHECK(c.data.train.labels == "/ds/train-labels.gz");
+  CHECK(c.data.test.images == "/ds/t10k-images.gz");
+  CHECK(c.data.test.labels == "/ds/t10k-labels.gz");
+  CHECK(c.data.batch_size == 128);
+  CHECK(c.data.shuffle);
+  CHECK(c.optimizer.type == "sgd");
+  CHECK(c.optimizer.lr == 0.05);
+  CHECK(c.optimizer.momentum == 0.9);
+  CHECK(c.train.epochs == 10);
+  CHECK(c.train.checkpoint.keep_last == 3);
+  CHECK(c.distributed.backend == "inproc");
+  CHECK(c.runtime.threads == 0);
+  CHECK(c.source_path.empty());
+}
+
+TEST_CASE("every key is read into its field") {
+  const Config c = parse_config(kEveryKey, "x.yaml");
+  CHECK(c.seed == 7);
+  CHECK(c.model.complexity.empty());
+  CHECK(c.model.hidden == std::vector<int64_t>{64, 32});
+  CHECK(c.model.activation == "gelu");
+  CHECK(c.model.dropout == 0.25);
+  CHECK(c.model.layer_norm);
+  CHECK(c.model.init == "xavier");
+  CHECK(c.model.loss == "mse");
+  CHECK(c.model.input_features == 20);
+  CHECK(c.model.num_classes == 3);
+  CHECK(c.data.format == "csv");
+  CHECK(c.data.train.path == "/d/train.csv");
+  CHECK(c.data.test.path == "/d/test.csv");
+  CHECK(c.data.batch_size == 64);
+  CHECK(c.data.eval_batch_size == 500);
+  CHECK_FALSE(c.data.shuffle);
+  CHECK(c.data.drop_last);
+  CHECK(c.data.normalize == "scale");
+  CHECK(c.data.csv.header == "true");
+  CHECK(c.data.csv.label_column == "label");
+  CHECK(c.data.csv.delimiter == ';');
+  CHECK(c.optimizer.type == "adamw");
+  CHECK(c.optimizer.lr == 0.003);
+  CHECK(c.optimizer.momentum == 0.5);
+  CHECK(c.optimizer.nesterov);
+  CHECK(c.optimizer.weight_decay == 0.01);
+  CHECK(c.optimizer.beta1 == 0.8);
+  CHECK(c.optimizer.beta2 == 0.99);
+  CHECK(c.optimizer.eps == 1e-6);
+  CHECK(c.optimizer.scale_lr == "linear");
+  CHECK(c.optimizer.clip_grad_norm == 1.5);
+  CHECK(c.optimizer.schedule.type == "cosine");
+  CHECK(c.optimizer.schedule.warmup_steps == 100);
+  CHECK(c.optimizer.schedule.step_size == 50);
+  CHECK(c.optimizer.schedule.gamma == 0.5);
+  CHECK(c.optimizer.schedule.min_lr == 0.0001);
+  CHECK(c.train.epochs == 3);
+  CHECK(c.train.max_steps == 1000);
+  CHECK(c.train.log_every == 10);
+  CHECK(c.train.eval_every == 200);
+  CHECK(c.train.grad_accum_steps == 2);
+  CHECK(c.train.checkpoint.every_steps == 500);
+  CHECK(c.train.checkpoint.keep_last == 2);
+  CHECK(c.distributed.backend == "grpc");
+  CHECK(c.distributed.world_size == 4);
+  CHECK(c.distributed.strategy == "ddp");
+  CHECK(c.runtime.threads == 2);
+
+  const Config s = parse_config(
+      "data: {format: synthetic, test_fraction: 0.1,\n"
+      "       synthetic: {samples: 100, features: 8, classes: 3, noise: 0.1, seed: 5}}\n",
+      "x.yaml");
+  CHECK(s.data.test_fraction == 0.1);
+  CHECK(s.data.synthetic.samples == 100);
+  CHECK(s.data.synthetic.features == 8);
+  CHECK(s.data.synthetic.classes == 3);
+  CHECK(s.data.synthetic.noise == 0.1);
+  CHECK(s.data.synthetic.seed == 5);
+}
+
+TEST_CASE("omitted keys keep the struct defaults") {
+  const Config c = parse_config(kSynthetic, "x.yaml");
+  Config expected;
+  expected.data.format = "synthetic";
+  CHECK(config_to_json(c) == config_to_json(expected));
+  CHECK(c.seed == 42);
+  CHECK(c.model.hidden == std::vector<int64_t>{512, 512});
+  CHECK(c.data.test_fraction == -1.0);
+  CHECK(c.optimizer.lr == 0.01);
+  CHECK(c.train.epochs == 10);
+  CHECK(c.distributed.world_size == 1);
+
+  // Empty sections (null or {}) are all defaults too.
+  const Config e = parse_config("model:\noptimizer: {}\ndata: {format: synthetic}\n", "x.yaml");
+  CHECK(config_to_json(e) == config_to_json(expected));
+}
+
+TEST_CASE("scalar typing: quoted strings, bools, numbers") {
+  // String fields take any scalar; a quoted delimiter can be a tab.
+  const Config c = parse_config(
+      "data: {format: csv, train: {path: 1}, csv: {label_column: 0, delimiter: \"\\t\"}}\n"
+      "optimizer: {lr: +1e-2, momentum: .5}\nseed: +3\n",
+      "x.yaml");
+  CHECK(c.data.train.path == "1");
+  CHECK(c.data.csv.label_column == "0");
+  CHECK(c.data.csv.delimiter == '\t');
+  CHECK(c.optimizer.lr == 0.01);
+  CHECK(c.optimizer.momentum == 0.5);
+  CHECK(c.seed == 3);
+  CHECK(parse_config("data: {format: synthetic, shuffle: False}", "x").data.shuffle == false);
+  CHECK(parse_config("data: {format: synthetic, drop_last: TRUE}", "x").data.drop_last);
+  CHECK(parse_config("model: {hidden: []}\n" + std::string(kSynthetic), "x").model.hidden.empty());
+}
+
+TEST_CASE("YAML syntax errors carry FILE:LINE:COL and yaml-cpp's message") {
+  const std::string flow = error_of("seed: 1\nmodel: {type: mlp\nseed: 2\n");
+  CHECK(flow.starts_with("x.yaml:"));
+  CHECK(flow.find("end of map flow not found") != std::string::npos);
+  CHECK(error_of("model:\n\ttype: mlp\n").starts_with("x.yaml:2:"));
+  CHECK(error_of("seed: 1\n  bad: indent\n") == "x.yaml:2:6: illegal map value");
+  CHECK(error_of("seed: 1\n---\nseed: 2\n") ==
+        "x.yaml:3:1: expected one YAML document, found more after '---'");
+  CHECK(error_of("---\ndata: {format: synthetic}\n---\n") == "(no error)");
+}
+
+TEST_CASE("the top level must be a mapping, an empty file fails on the first required key") {
+  CHECK(error_of("- 1\n- 2\n") ==
+        "x.yaml:1:1: a config must be a mapping of sections (seed, model, data, optimizer, "
+        "train, distributed, runtime), got a sequence");
+  CHECK(error_of("hello\n").ends_with("got 'hello'"));
+  CHECK(error_of("") == "x.yaml: data.train.images: required for format idx");
+  CHECK(error_of("# only a comment\n") == "x.yaml: data.train.images: required for format idx");
+  CHECK(error_of("data: {format: idx}\n") ==
+        "x.yaml:1:7: data.train.images: required for format idx");
+}
+
+TEST_CASE("unknown, duplicate and malformed keys") {
+  CHECK(error_of("seed: 1\ndata: {format: synthetic}\nmodel:\n  hiden: [1]\n") ==
+        "x.yaml:4:3: unknown key 'model.hiden' (did you mean 'hidden'?)");
+  CHECK(error_of("model: {colour: red}\n") == "x.yaml:1:9: unknown key 'model.colour'");
+  CHECK(error_of("lr: 0.1\n") == "x.yaml:1:1: unknown key 'lr' (did you mean 'optimizer.lr'?)");
+  CHECK(error_of("optimizer:\n  wieght_decay: 0\n") ==
+        "x.yaml:2:3: unknown key 'optimizer.wieght_decay' (did you mean 'weight_decay'?)");
+  CHECK(error_of("optimizer: {schedule: {warmup: 10}}\n") ==
+        "x.yaml:1:24: unknown key 'optimizer.schedule.warmup' (did you mean 'warmup_steps'?)");
+  CHECK(error_of("Seed: 1\n") == "x.yaml:1:1: unknown key 'Seed' (did you mean 'seed'?)");
+  CHECK(error_of("seed: 1\nseed: 2\n") == "x.yaml:2:1: duplicate key 'seed'");
+  CHECK(error_of("model: {[a]: 1}\n") ==
+        "x.yaml:1:9: keys must be plain names, got a sequence in section 'model'");
+}
+
+TEST_CASE("wrong types name the key and what was found") {
+  CHECK(error_of("data:\n  format: synthetic\n  batch_size: abc\n") ==
+        "x.yaml:3:15: data.batch_size: expected an integer, got 'abc'");
+  CHECK(error_of("data: {format: synthetic, batch_size: 1.5}\n") ==
+        "x.yaml:1:39: data.batch_size: expected an integer, got '1.5'");
+  CHECK(error_of("data: {format: synthetic, batch_size: \"128\"}\n") ==
+        "x.yaml:1:39: data.batch_size: expected an integer, got the quoted string '128'");
+  CHECK(error_of("seed: 99999999999999999999\n") ==
+        "x.yaml:1:7: seed: integer out of range (got '99999999999999999999')");
+  CHECK(error_of("optimizer: {lr: fast}\n") ==
+        "x.yaml:1:17: optimizer.lr: expected a number, got 'fast'");
+  CHECK(error_of("optimizer: {lr: .inf}\n") ==
+        "x.yaml:1:17: optimizer.lr: expected a number, got '.inf'");
+  CHECK(error_of("optimizer: {lr: nan}\n") ==
+        "x.yaml:1:17: optimizer.lr: expected a finite number, got 'nan'");
+  CHECK(error_of("optimizer: {lr: 1e999}\n") ==
+        "x.yaml:1:17: optimizer.lr: number out of range (got '1e999')");
+  // A null value is located at its key (yaml-cpp marks it at the next token).
+  CHECK(error_of("optimizer:\n  lr:\n") ==
+        "x.yaml:2:3: optimizer.lr: expected a number, got null (no value)");
+  CHECK(error_of("data: {format: synthetic, shuffle: yes}\n") ==
+        "x.yaml:1:36: data.shuffle: expected true or false, got 'yes'");
+  CHECK(error_of("data: {format: synthetic, shuffle: 1}\n") ==
+        "x.yaml:1:36: data.shuffle: expected true or false, got '1'");
+  CHECK(error_of("model: {activation: {a: 1}}\n") ==
+        "x.yaml:1:21: model.activation: expected a string, got a mapping");
+  CHECK(error_of("model: {init: }\n") ==
+        "x.yaml:1:9: model.init: expected a string, got null (no value)");
+  CHECK(error_of("model: {hidden: }\n") ==
+        "x.yaml:1:9: model.hidden: expected a sequence of integers such as [512, 512], got null "
+        "(no value)");
+  CHECK(error_of("model: {hidden: 512}\n") ==
+        "x.yaml:1:17: model.hidden: expected a sequence of integers such as [512, 512], got '512'");
+  CHECK(error_of("model: {hidden: [64, 1.5]}\n") ==
+        "x.yaml:1:22: model.hidden[1]: expected an integer, got '1.5'");
+  CHECK(error_of("model: mlp\n") ==
+        "x.yaml:1:8: model: expected a mapping of keys (type, complexity, hidden, activation, "
+        "dropout, layer_norm, init, loss, input_features, num_classes), got 'mlp'");
+  CHECK(error_of("data: [1, 2]\n").starts_with("x.yaml:1:7: data: expected a mapping of keys ("));
+  CHECK(error_of("data: {format: csv, train: {path: x}, csv: {delimiter: ';;'}}\n") ==
+        "x.yaml:1:56: data.csv.delimiter: must be exactly one character (got ';;'; quote it, "
+        "e.g. \"\\t\")");
+}
+
+TEST_CASE("out-of-range values: location of the value, key, bound and value") {
+  CHECK(error_of("seed: 1\ndata:\n  format: synthetic\nmodel:\n  type: mlp\noptimizer:\n"
+                 "  lr: -0.1\n") == "x.yaml:7:7: optimizer.lr: must be > 0 (got -0.1)");
+  CHECK(error_of("data: {format: synthetic}\ntrain: {log_every: 0}\n") ==
+        "x.yaml:2:20: train.log_every: must be >= 1 (got 0)");
+}
+
+TEST_CASE("every range and enum rule, via --set") {
+  struct Case {
+    std::string set;
+    std::string message;  // after "--set SET: "
+  };
+  const std::vector<Case> cases = {
+      {"seed=-1", "seed: must be >= 0 (got -1)"},
+      {"model.type=cnn", "model.type: must be one of mlp (got 'cnn')"},
+      {"model.complexity=huge",
+       "model.complexity: must be one of simple, medium, complex (got 'huge')"},
+      {"model.complexity=medum",
+       "model.complexity: must be one of simple, medium, complex (got 'medum'; did you mean "
+       "'medium'?)"},
+      {"model.hidden=[64, 0]", "model.hidden[1]: must be >= 1 (got 0)"},
+      {"model.activation=rleu",
+       "model.activation: must be one of relu, gelu, tanh, sigmoid (got 'rleu'; did you mean "
+       "'relu'?)"},
+      {"model.dropout=1", "model.dropout: must be in [0, 1) (got 1)"},
+      {"model.dropout=-0.1", "model.dropout: must be in [0, 1) (got -0.1)"},
+      {"model.init=he", "model.init: must be one of auto, kaiming, xavier (got 'he')"},
+      {"model.loss=l2", "model.loss: must be one of cross_entropy, mse (got 'l2')"},
+      {"model.input_features=-1", "model.input_features: must be >= 0 (got -1)"},
+      {"model.num_classes=-2", "model.num_classes: must be >= 0 (got -2)"},
+      {"data.format=cvs",
+       "data.format: must be one of idx, csv, synthetic (got 'cvs'; did you mean 'csv'?)"},
+      {"data.test_fraction=1", "data.test_fraction: must be -1 (the default) or in [0, 1) (got 1)"},
+      {"data.test_fraction=-0.5",
+       "data.test_fraction: must be -1 (the default) or in [0, 1) (got -0.5)"},
+      {"data.batch_size=0", "data.batch_size: must be >= 1 (got 0)"},
+      {"data.eval_batch_size=0", "data.eval_batch_size: must be >= 1 (got 0)"},
+      {"data.normalize=minmax",
+       "data.normalize: must be one of auto, scale, standardize, none (got 'minmax')"},
+      {"data.synthetic.samples=1", "data.synthetic.samples: must be >= 2 (got 1)"},
+      {"data.synthetic.features=0", "data.synthetic.features: must be >= 1 (got 0)"},
+      {"data.synthetic.classes=1", "data.synthetic.classes: must be >= 2 (got 1)"},
+      {"data.synthetic.noise=-1", "data.synthetic.noise: must be >= 0 (got -1)"},
+      {"data.synthetic.seed=-2", "data.synthetic.seed: must be >= -1 (got -2)"},
+      {"optimizer.type=sgdd",
+       "optimizer.type: must be one of sgd, adam, adamw (got 'sgdd'; did you mean 'sgd'?)"},
+      {"optimizer.lr=0", "optimizer.lr: must be > 0 (got 0)"},
+      {"optimizer.momentum=1", "optimizer.momentum: must be in [0, 1) (got 1)"},
+      {"optimizer.nesterov=true",
+       "optimizer.nesterov: needs optimizer.momentum > 0 (got momentum 0)"},
+      {"optimizer.weight_decay=-1", "optimizer.weight_decay: must be >= 0 (got -1)"},
+      {"optimizer.beta1=1", "optimizer.beta1: must be in [0, 1) (got 1)"},
+      {"optimizer.beta2=-0.1", "optimizer.beta2: must be in [0, 1) (got -0.1)"},
+      {"optimizer.eps=0", "optimizer.eps: must be > 0 (got 0)"},
+      {"optimizer.scale_lr=sqrt", "optimizer.scale_lr: must be one of none, linear (got 'sqrt')"},
+      {"optimizer.clip_grad_norm=-1", "optimizer.clip_grad_norm: must be >= 0 (got -1)"},
+      {"optimizer.schedule.type=cosin",
+       "optimizer.schedule.type: must be one of constant, step, cosine (got 'cosin'; did you "
+       "mean 'cosine'?)"},
+      {"optimizer.schedule.warmup_steps=-1",
+       "optimizer.schedule.warmup_steps: must be >= 0 (got -1)"},
+      {"optimizer.schedule.step_size=0", "optimizer.schedule.step_size: must be >= 1 (got 0)"},
+      {"optimizer.schedule.gamma=0", "optimizer.schedule.gamma: must be in (0, 1] (got 0)"},
+      {"optimizer.schedule.gamma=1.5", "optimizer.schedule.gamma: must be in (0, 1] (got 1.5)"},
+      {"optimizer.schedule.min_lr=-1", "optimizer.schedule.min_lr: must be >= 0 (got -1)"},
+      {"optimizer.schedule={type: cosine, min_lr: 0.01}",
+       "optimizer.schedule.min_lr: must be < optimizer.lr for a cosine schedule (got 0.01, lr "
+       "0.01)"},
+      {"train.epochs=-1", "train.epochs: must be >= 0 (got -1)"},
+      {"train.max_steps=-1", "train.max_steps: must be >= 0 (got -1)"},
+      {"train.epochs=0",
+       "train.epochs: nothing to train: epochs and max_steps are both 0 (set one of them > 0)"},
+      {"train.log_every=0", "train.log_every: must be >= 1 (got 0)"},
+      {"train.eval_every=-1", "train.eval_every: must be >= 0 (got -1)"},
+      {"train.grad_accum_steps=0", "train.grad_accum_steps: must be >= 1 (got 0)"},
+      {"train.checkpoint.every_steps=-1", "train.checkpoint.every_steps: must be >= 0 (got -1)"},
+      {"train.checkpoint.keep_last=0", "train.checkpoint.keep_last: must be >= 1 (got 0)"},
+      {"distributed.backend=mpi", "distributed.backend: must be one of inproc, grpc (got 'mpi')"},
+      {"distributed.world_size=0", "distributed.world_size: must be in [1, 1024] (got 0)"},
+      {"distributed.world_size=1025", "distributed.world_size: must be in [1, 1024] (got 1025)"},
+      {"distributed.strategy=fsdp", "distributed.strategy: must be one of ddp (got 'fsdp')"},
+      {"runtime.threads=-1", "runtime.threads: must be in [0, 1024] (got -1)"},
+      {"runtime.threads=1025", "runtime.threads: must be in [0, 1024] (got 1025)"},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.set);
+    CHECK(set_error(c.set) == "--set " + c.set + ": " + c.message);
+  }
+  // The boundary values themselves are accepted.
+  for (const char* ok :
+       {"optimizer.momentum=0", "model.dropout=0", "data.test_fraction=0", "seed=0",
+        "optimizer.schedule.gamma=1", "distributed.world_size=1024", "runtime.threads=1024",
+        "train.max_steps=5", "data.synthetic.seed=-1", "model.hidden=[1]"}) {
+    CAPTURE(ok);
+    CHECK(set_error(ok) == "(no error)");
+  }
+  CHECK(error_of(kSynthetic, {"train.epochs=0", "train.max_steps=10"}) == "(no error)");
+}
+
+TEST_CASE("data keys must fit data.format") {
+  CHECK(error_of("data:\n  format: idx\n  train: {images: a, labels: b, path: c}\n") ==
+        "x.yaml:3:39: data.train.path: not used by format idx (it reads images and labels)");
+  CHECK(error_of("data: {format: idx, train: {images: a}}\n") ==
+        "x.yaml:1:28: data.train.labels: required for format idx");
+  CHECK(error_of("data: {format: idx, train: {images: a, labels: b}, test: {images: c}}\n") ==
+        "x.yaml:1:58: data.test.labels: required when data.test.images is given (give both or "
+        "neither)");
+  CHECK(error_of("data: {format: idx, train: {images: a, labels: b}, test: {labels: c}}\n") ==
+        "x.yaml:1:58: data.test.images: required when data.test.labels is given (give both or "
+        "neither)");
+  CHECK(error_of("data: {format: csv}\n") ==
+        "x.yaml:1:7: data.train.path: required for format csv");
+  CHECK(error_of("data: {format: csv, train: {path: a, images: b}}\n") ==
+        "x.yaml:1:46: data.train.images: not used by format csv (it reads path)");
+  CHECK(error_of("data: {format: csv, train: {path: a}, test: {labels: b}}\n") ==
+        "x.yaml:1:54: data.test.labels: not used by format csv (it reads path)");
+  CHECK(error_of("data: {format: synthetic, test: {path: a}}\n") ==
+        "x.yaml:1:40: data.test.path: not used by format synthetic (it generates its data from "
+        "no files)");
+  CHECK(set_error("data.csv.delimiter=;") ==
+        "--set data.csv.delimiter=;: data.csv.delimiter: only used by format csv (format is "
+        "synthetic)");
+  CHECK(set_error("data.synthetic.samples=100", kCsv) ==
+        "--set data.synthetic.samples=100: data.synthetic.samples: only used by format synthetic "
+        "(format is csv)");
+  CHECK(set_error("data.csv.header=yes", kCsv) ==
+        "--set data.csv.header=yes: data.csv.header: must be one of auto, true, false (got "
+        "'yes')");
+  CHECK(set_error("data.csv.delimiter='\"'", kCsv) ==
+        "--set data.csv.delimiter='\"': data.csv.delimiter: cannot be a newline or a double "
+        "quote");
+  CHECK(set_error("data.test_fraction=0.2",
+                  "data: {format: csv, train: {path: a}, test: {path: "
+                  "b}}\n") ==
+        "--set data.test_fraction=0.2: data.test_fraction: contradicts data.test: a test set is "
+        "given, so nothing is held out (remove one)");
+  // Options of another format at their defaults are harmless (config_to_json writes them all).
+  CHECK(error_of("data: {format: synthetic, csv: {header: auto, delimiter: ','}, train: "
+                 "{path: ''}}\n") == "(no error)");
+  // Switching format from the command line: clear the other format's files with a null section.
+  CHECK(error_of(kCsv, {"data.format=synthetic"}) ==
+        "x.yaml:1:35: data.train.path: not used by format synthetic (it generates its data from "
+        "no files)");
+  CHECK(error_of(kCsv, {"data.format=synthetic", "data.train="}) == "(no error)");
+}
+
+TEST_CASE("complexity presets set hidden, giving both is a contradiction") {
+  const std::string data = kSynthetic;
+  CHECK(parse_config("model: {complexity: simple}\n" + data, "x").model.hidden ==
+        std::vector<int64_t>{128});
+  CHECK(parse_config("model: {complexity: medium}\n" + data, "x").model.hidden ==
+        std::vector<int64_t>{512, 512});
+  const Config c = parse_config("model: {complexity: complex}\n" + data, "x");
+  CHECK(c.model.complexity == "complex");
+  CHECK(c.model.hidden == std::vector<int64_t>{1024, 1024, 512, 256});
+  CHECK(parse_config("model: {complexity: '', hidden: [3]}\n" + data, "x").model.hidden ==
+        std::vector<int64_t>{3});
+
+  CHECK(error_of("model: {complexity: simple, hidden: [64]}\n" + data) ==
+        "x.yaml:1:37: model.hidden: contradicts model.complexity 'simple' (the preset sets "
+        "hidden); give only one of them");
+  CHECK(error_of("model: {hidden: [64]}\n" + data, {"model.complexity=simple"}) ==
+        "x.yaml:1:17: model.hidden: contradicts model.complexity 'simple' (the preset sets "
+        "hidden); give only one of them");
+  CHECK(error_of("model: {complexity: simple}\n" + data, {"model.hidden=[8]"}) ==
+        "--set model.hidden=[8]: model.hidden: contradicts model.complexity 'simple' (the preset "
+        "sets hidden); give only one of them");
+
+  // A preset is the same math as its widths: same JSON, same hash.
+  const Config explicit_widths = parse_config("model: {hidden: [512, 512]}\n" + data, "x");
+  const Config preset = parse_config("model: {complexity: medium}\n" + data, "x");
+  CHECK(config_to_json(preset) == config_to_json(explicit_widths));
+  CHECK(config_hash(preset) == config_hash(explicit_widths));
+}
+
+TEST_CASE("--set overrides replace values before validation") {
+  const std::string base =
+      "model: {activation: tanh, hidden: [4]}\noptimizer: {lr: 0.5}\n" + std::string(kSynthetic);
+  SUBCASE("scalar, list, bool") {
+    const Config c = parse_config(
+        base, "x", {"optimizer.lr=0.1", "model.hidden=[256,256]", "data.shuffle=false"});
+    CHECK(c.optimizer.lr == 0.1);
+    CHECK(c.model.hidden == std::vector<int64_t>{256, 256});
+    CHECK(c.model.activation == "tanh");  // siblings untouched
+    CHECK_FALSE(c.data.shuffle);
+    CHECK(parse_config(base, "x", {"model.hidden=[]"}).model.hidden.empty());
+  }
+  SUBCASE("new nested keys create their sections, and siblings added later persist") {
+    const Config c = parse_config(base, "x",
+                                  {"optimizer.schedule.type=step", "optimizer.schedule.gamma=0.5",
+                                   "train.checkpoint.keep_last=7"});
+    CHECK(c.optimizer.schedule.type == "step");
+    CHECK(c.optimizer.schedule.gamma == 0.5);
+    CHECK(c.optimizer.lr == 0.5);
+    CHECK(c.train.checkpoint.keep_last == 7);
+    const Config e = parse_config("", "x", {"data.format=synthetic", "optimizer.lr=0.2"});
+    CHECK(e.data.format == "synthetic");
+    CHECK(e.optimizer.lr == 0.2);
+    CHECK(parse_config("optimizer:\n" + std::string(kSynthetic), "x", {"optimizer.lr=0.3"})
+              .optimizer.lr == 0.3);
+  }
+  SUBCASE("a whole section is replaced, the later override wins, spaces around the key") {
+    const Config c =
+        parse_config(base, "x", {"model={hidden: [8]}", "optimizer.lr=0.1", " optimizer.lr = 0.2"});
+    CHECK(c.model.hidden == std::vector<int64_t>{8});
+    CHECK(c.model.activation == "relu");
+    CHECK(c.optimizer.lr == 0.2);
+  }
+  SUBCASE("the parsed file is not left with a duplicate key") {
+    // Replacing in place: a second `lr` would be a duplicate-key error in the walk.
+    CHECK(error_of("optimizer: {lr: 0.5, momentum: 0.9}\n" + std::string(kSynthetic),
+                   {"optimizer.lr=0.1", "optimizer.momentum=0.5"}) == "(no error)");
+  }
+  SUBCASE("unknown keys are located at the override") {
+    CHECK(set_error("model.hiden=[1]") ==
+          "--set model.hiden=[1]: unknown key 'model.hiden' (did you mean 'hidden'?)");
+    CHECK(set_error("lr=0.1") == "--set lr=0.1: unknown key 'lr' (did you mean 'optimizer.lr'?)");
+    CHECK(set_error("model={hiden: [1]}") ==
+          "--set model={hiden: [1]}: unknown key 'model.hiden' (did you mean 'hidden'?)");
+    CHECK(set_error("seed.x=1") == "--set seed.x=1: 'seed' is a value, not a section with key 'x'");
+    CHECK(set_error("data.batch_size=abc") ==
+          "--set data.batch_size=abc: data.batch_size: expected an integer, got 'abc'");
+    CHECK(set_error("optimizer.lr=") ==
+          "--set optimizer.lr=: optimizer.lr: expected a number, got null (no value)");
+    CHECK(set_error("model=mlp").starts_with("--set model=mlp: model: expected a mapping of keys"));
+  }
+  SUBCASE("malformed overrides") {
+    CHECK(set_error("optimizer.lr") == "--set optimizer.lr: expected key.path=value");
+    CHECK(set_error("=1") == "--set =1: empty key path (expected key.path=value)");
+    CHECK(set_error("model..hidden=1") ==
+          "--set model..hidden=1: malformed key path 'model..hidden'");
+    CHECK(set_error("model.=1") == "--set model.=1: malformed key path 'model.'");
+    const std::string bad = set_error("model.hidden=[1,");
+    CHECK(bad.starts_with("--set model.hidden=[1,: the value is not valid YAML: "));
+    CHECK(bad.size() > std::string("--set model.hidden=[1,: the value is not valid YAML: ").size());
+  }
+  SUBCASE("an override below a file value that is not a mapping reports the file") {
+    CHECK(error_of("model: mlp\n", {"model.hidden=[1]"})
+              .starts_with("x.yaml:1:8: model: expected a mapping of keys"));
+    CHECK(error_of(kSynthetic, {"model=3", "model.hidden=[1]"})
+              .starts_with("--set model=3: model: expected a mapping of keys"));
+    CHECK(error_of("- 1\n", {"seed=1"}).starts_with("x.yaml:1:1: a config must be a mapping"));
+  }
+}
+
+TEST_CASE("relative data paths resolve against the config file's folder, --set ones do not") {
+  TempDir tmp;
+  const fs::path cfg = tmp.write("sub/c.yaml",
+                                 "data:\n"
+                                 "  format: idx\n"
+                                 "  train: {images: imgs/train.gz, labels: ../labels.gz}\n"
+                                 "  test: {images: /abs/t.gz, labels: t-labels.gz}\n");
+  const Config c = load_config(cfg.string(), {"data.test.labels=rel/x.gz"});
+  CHECK(c.source_path == cfg.string());
+  CHECK(c.data.train.images == (tmp.path() / "sub/imgs/train.gz").string());
+  CHECK(c.data.train.labels == (tmp.path() / "labels.gz").string());
+  CHECK(c.data.test.images == "/abs/t.gz");
+  CHECK(c.data.test.labels == "rel/x.gz");
+  CHECK_FALSE(config_to_json(c).contains("source_path"));
+
+  // parse_config: relative to the working directory, i.e. as written.
+  const Config p = parse_config("data: {format: csv, train: {path: d/train.csv}}\n", "x");
+  CHECK(p.data.train.path == "d/train.csv");
+
+  // File errors are located in that file.
+  const fs::path bad = tmp.write("bad.yaml", "data: {format: synthetic}\noptimizer: {lr: -1}\n");
+  try {
+    load_config(bad.string());
+    FAIL("no error");
+  } catch (const UserError& e) {
+    CHECK(std::string(e.what()) == bad.string() + ":2:17: optimizer.lr: must be > 0 (got -1)");
+  }
+  CHECK_THROWS_AS(load_config((tmp.path() / "missing.yaml").string()), UserError);
+}
+
+TEST_CASE("config_to_json writes every field and loads back to the same config") {
+  for (const char* text : {kEveryKey, kFmnist, kSynthetic}) {
+    const nlohmann::json j = config_to_json(parse_config(text, "x"));
+    CHECK(j.size() == 7);
+    CHECK(j["model"].size() == 10);
+    CHECK(j["data"].size() == 11);
+    CHECK(j["data"]["csv"].size() == 3);
+    CHECK(j["data"]["synthetic"].size() == 5);
+    CHECK(j["optimizer"].size() == 11);
+    CHECK(j["optimizer"]["schedule"].size() == 5);
+    CHECK(j["train"].size() == 6);
+    CHECK(j["train"]["checkpoint"].size() == 2);
+    CHECK(j["distributed"].size() == 3);
+    CHECK(j["runtime"].size() == 1);
+    // JSON is YAML: the dump parses back to an identical config.
+    CHECK(config_to_json(parse_config(j.dump(), "json")) == j);
+  }
+  const nlohmann::json j = config_to_json(parse_config(kEveryKey, "x"));
+  CHECK(j["data"]["csv"]["delimiter"] == ";");
+  CHECK(j["optimizer"]["schedule"]["min_lr"] == 0.0001);
+  CHECK(j["train"]["checkpoint"]["keep_last"] == 2);
+}
+
+TEST_CASE("config_hash ignores cadence fields and tracks the math") {
+  const std::string h = config_hash(parse_config(kFmnist, "x"));
+  CHECK(h.size() == 16);
+  CHECK(h == config_hash(parse_config(kFmnist, "other-name")));
+  for (const char* same :
+       {"train.epochs=3", "train.max_steps=50", "train.log_every=1", "train.eval_every=10",
+        "train.checkpoint={every_steps: 5, keep_last: 9}", "runtime.threads=4"}) {
+    CAPTURE(same);
+    CHECK(config_hash(parse_config(kFmnist, "x", {same})) == h);
+  }
+  for (const char* differs :
+       {"optimizer.lr=0.1", "seed=1", "model.hidden=[256]", "distributed.world_size=2",
+        "data.batch_size=64", "train.grad_accum_steps=2"}) {
+    CAPTURE(differs);
+    CHECK(config_hash(parse_config(kFmnist, "x", {differs})) != h);
+  }
+}
+
+TEST_CASE("the shipped configs/*.yaml are valid") {
+  const fs::path dir = fs::path(DTRAIN_SOURCE_DIR) / "configs";
+  int n = 0;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    if (entry.path().extension() != ".yaml") continue;
+    CAPTURE(entry.path().string());
+    CHECK_NOTHROW(load_config(entry.path().string()));
+    ++n;
+  }
+  CHECK(n > 0);
+}
+
+}  // namespace dtrain

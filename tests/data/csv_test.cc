@@ -1,0 +1,237 @@
+// CSV loaders: header detection, label column selection, line endings, quoting, and every
+// malformed-input class (messages must name FILE:LINE and the column).
+#include <stdlib.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <doctest/doctest.h>
+
+#include "data/dataset.h"
+#include "util/check.h"
+
+namespace dtrain {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct TempDir {
+  std::string path;
+  TempDir() {
+    std::string t = (fs::temp_directory_path() / "dtrain_csv_XXXXXX").string();
+    REQUIRE(mkdtemp(t.data()) != nullptr);
+    path = t;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+  // Writes `text` to a new file in the folder and returns its path.
+  std::string write(const std::string& name, const std::string& text) const {
+    const std::string p = path + "/" + name;
+    std::ofstream out(p, std::ios::binary);
+    out << text;
+    REQUIRE(out.good());
+    return p;
+  }
+};
+
+template <typename F>
+std::string user_error(F fn) {
+  try {
+    fn();
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  FAIL("expected a UserError");
+  return "";
+}
+
+bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
+CsvOptions opts(const std::string& header = "auto", const std::string& label = "",
+                char delim = ',') {
+  CsvOptions o;
+  o.header = header;
+  o.label_column = label;
+  o.delimiter = delim;
+  return o;
+}
+
+TEST_CASE("csv: auto header, label defaults to the last column") {
+  TempDir t;
+  const Dataset d = load_csv(t.write("a.csv", "f1,f2,label\n1.5,2,0\n-3,4e1,2\n"), opts());
+  CHECK(d.rows == 2);
+  CHECK(d.features == 2);
+  CHECK(d.x == std::vector<float>{1.5f, 2.0f, -3.0f, 40.0f});
+  CHECK(d.y == std::vector<int32_t>{0, 2});
+  CHECK(d.num_classes == 3);
+}
+
+TEST_CASE("csv: auto without header keeps the first row as data") {
+  TempDir t;
+  const Dataset d = load_csv(t.write("a.csv", "1,2,1\n3,4,0"), opts());  // no final newline
+  CHECK(d.rows == 2);
+  CHECK(d.x == std::vector<float>{1, 2, 3, 4});
+  CHECK(d.y == std::vector<int32_t>{1, 0});
+}
+
+TEST_CASE("csv: forced header") {
+  TempDir t;
+  const std::string p = t.write("a.csv", "1,2,1\n3,4,0\n5,6,1\n");
+  CHECK(load_csv(p, opts("true")).rows == 2);  // numeric first row treated as a header
+  CHECK(load_csv(p, opts("false")).rows == 3);
+  const std::string h = t.write("h.csv", "a,b,y\n3,4,0\n");
+  const std::string msg = user_error([&] { load_csv(h, opts("false")); });
+  CHECK(contains(msg, h + ":1:"));
+  CHECK(contains(msg, "column 1"));
+  CHECK(contains(msg, "\"a\" is not a number"));
+  CHECK(contains(user_error([&] { load_csv(h, opts("maybe")); }), "maybe"));
+}
+
+TEST_CASE("csv: label column by name and by index") {
+  TempDir t;
+  const std::string p = t.write("a.csv", "label,f1,f2\n2,10,11\n0,20,21\n");
+  const Dataset by_name = load_csv(p, opts("auto", "label"));
+  CHECK(by_name.y == std::vector<int32_t>{2, 0});
+  CHECK(by_name.x == std::vector<float>{10, 11, 20, 21});
+  const Dataset by_index = load_csv(p, opts("auto", "0"));
+  CHECK(by_index.y == by_name.y);
+  CHECK(by_index.x == by_name.x);
+  // A middle column as label: features keep their relative order.
+  const Dataset mid = load_csv(t.write("m.csv", "5,1,6\n7,0,8\n"), opts("false", "1"));
+  CHECK(mid.y == std::vector<int32_t>{1, 0});
+  CHECK(mid.x == std::vector<float>{5, 6, 7, 8});
+
+  const std::string bad_name = user_error([&] { load_csv(p, opts("auto", "target")); });
+  CHECK(contains(bad_name, "\"target\" not found"));
+  CHECK(contains(bad_name, "label, f1, f2"));
+  CHECK(contains(bad_name, p));
+  CHECK(contains(user_error([&] { load_csv(p, opts("auto", "3")); }), "out of range"));
+  const std::string no_header = t.write("n.csv", "1,2,0\n");
+  CHECK(contains(user_error([&] { load_csv(no_header, opts("auto", "y")); }), "no header"));
+}
+
+TEST_CASE("csv: CRLF, blank lines, spaces, other delimiters, quotes") {
+  TempDir t;
+  const Dataset d =
+      load_csv(t.write("a.csv", "f1,f2,y\r\n1, 2 ,0\r\n\r\n   \r\n3,\t4,1\r\n\r\n"), opts());
+  CHECK(d.rows == 2);
+  CHECK(d.x == std::vector<float>{1, 2, 3, 4});
+  CHECK(d.y == std::vector<int32_t>{0, 1});
+
+  const Dataset bom = load_csv(t.write("bom.csv", "\xEF\xBB\xBFy,f\n1,2\n"), opts("auto", "y"));
+  CHECK(bom.y == std::vector<int32_t>{1});
+  CHECK(bom.x == std::vector<float>{2});
+
+  const Dataset semi = load_csv(t.write("s.csv", "a;b;y\n1;2;3\n"), opts("auto", "", ';'));
+  CHECK(semi.x == std::vector<float>{1, 2});
+  CHECK(semi.y == std::vector<int32_t>{3});
+
+  const Dataset tab = load_csv(t.write("t.tsv", "a\tb\ty\n1\t2\t3\n"), opts("auto", "", '\t'));
+  CHECK(tab.x == std::vector<float>{1, 2});
+
+  const std::string q = t.write("q.csv", "\"f,1\",\"say \"\"hi\"\"\",\"y\"\n\"1\",2,\"0\"\n");
+  const Dataset quoted = load_csv(q, opts("auto", "say \"hi\""));
+  CHECK(quoted.x == std::vector<float>{1, 0});
+  CHECK(quoted.y == std::vector<int32_t>{2});
+  CHECK(contains(user_error([&] { load_csv(t.write("u.csv", "a,\"b\n1,2\n"), opts()); }),
+                 "unterminated"));
+}
+
+TEST_CASE("csv: labels must be non-negative integers") {
+  TempDir t;
+  CHECK(load_csv(t.write("ok.csv", "x,y\n1,3.0\n2,+1\n3,0\n"), opts()).y ==
+        std::vector<int32_t>{3, 1, 0});
+  const std::string frac = t.write("frac.csv", "x,y\n1,1\n2,3.5\n");
+  std::string msg = user_error([&] { load_csv(frac, opts()); });
+  CHECK(contains(msg, frac + ":3:"));
+  CHECK(contains(msg, "column 2 (\"y\")"));
+  CHECK(contains(msg, "not an integer"));
+  msg = user_error([&] { load_csv(t.write("neg.csv", "x,y\n1,-1\n"), opts()); });
+  CHECK(contains(msg, "negative"));
+  CHECK(contains(msg, ":2:"));
+  msg = user_error([&] { load_csv(t.write("word.csv", "x,y\n1,cat\n"), opts()); });
+  CHECK(contains(msg, "\"cat\" is not a number"));
+  msg = user_error([&] { load_csv(t.write("big.csv", "x,y\n1,1e12\n"), opts()); });
+  CHECK(contains(msg, "too large"));
+  msg = user_error([&] { load_csv(t.write("nan.csv", "x,y\n1,nan\n"), opts()); });
+  CHECK(contains(msg, "not a number"));
+}
+
+TEST_CASE("csv: malformed cells and rows name file, line and column") {
+  TempDir t;
+  struct Case {
+    const char* text;
+    const char* line;  // ":N:" expected in the message
+    const char* part;  // another expected fragment
+  };
+  const Case cases[] = {
+      {"a,b,y\n1,2,0\n1,2\n", ":3:", "expected 3 columns"},
+      {"a,b,y\n1,2,0\n1,2,0,4\n", ":3:", "found 4"},
+      {"a,b,y\n1,x,0\n", ":2:", "column 2 (\"b\")"},
+      {"a,b,y\n1,,0\n", ":2:", "empty cell"},
+      {"a,b,y\n1.5abc,2,0\n", ":2:", "\"1.5abc\" is not a number"},
+      {"a,b,y\n1,inf,0\n", ":2:", "\"inf\" is not a number"},
+      {"a,b,y\nnan,1,0\n", ":2:", "\"nan\" is not a number"},
+      {"a,b,y\n1,1e99,0\n", ":2:", "\"1e99\" is not a number"},
+      {"a,b,y\n1,0x10,0\n", ":2:", "\"0x10\" is not a number"},
+      // Blank lines still count: the bad row is physical line 5.
+      {"a,b,y\n1,2,0\n\n\r\n1,2,z\n", ":5:", "\"z\""},
+      {"1,,0\n", ":1:", "empty cell"},  // an empty cell does not turn a row into a header
+  };
+  int i = 0;
+  for (const Case& c : cases) {
+    CAPTURE(c.text);
+    const std::string p = t.write("bad" + std::to_string(i++) + ".csv", c.text);
+    const std::string msg = user_error([&] { load_csv(p, opts()); });
+    CHECK(contains(msg, p + c.line));
+    CHECK(contains(msg, c.part));
+  }
+}
+
+TEST_CASE("csv: empty inputs") {
+  TempDir t;
+  const std::string empty = t.write("empty.csv", "");
+  CHECK(contains(user_error([&] { load_csv(empty, opts()); }), "empty data set: '" + empty));
+  const std::string blank = t.write("blank.csv", "\n\r\n  \n");
+  CHECK(contains(user_error([&] { load_csv(blank, opts()); }), "empty data set"));
+  const std::string header_only = t.write("h.csv", "a,b,y\n");
+  CHECK(contains(user_error([&] { load_csv(header_only, opts()); }), "no data rows"));
+  const std::string one_col = t.write("one.csv", "1\n2\n");
+  CHECK(contains(user_error([&] { load_csv(one_col, opts()); }), "only 1 column"));
+  const std::string missing = t.path + "/missing.csv";
+  CHECK(contains(user_error([&] { load_csv(missing, opts()); }), missing));
+}
+
+TEST_CASE("csv: load_csv_features") {
+  TempDir t;
+  int64_t rows = -1;
+  const std::vector<float> x =
+      load_csv_features(t.write("p.csv", "a,b\r\n1,2\r\n3,4\r\n"), opts(), 2, &rows);
+  CHECK(rows == 2);
+  CHECK(x == std::vector<float>{1, 2, 3, 4});
+  CHECK(load_csv_features(t.write("n.csv", "1,2\n"), opts(), 2, &rows).size() == 2);
+  CHECK(rows == 1);
+
+  const std::string wide = t.write("w.csv", "1,2,3\n4,5,6\n");
+  std::string msg = user_error([&] { load_csv_features(wide, opts(), 2, &rows); });
+  CHECK(contains(msg, wide + ":1:"));
+  CHECK(contains(msg, "expected 2 feature columns"));
+  CHECK(contains(msg, "found 3"));
+  const std::string ragged = t.write("r.csv", "a,b\n1,2\n\n3\n");
+  msg = user_error([&] { load_csv_features(ragged, opts(), 2, &rows); });
+  CHECK(contains(msg, ragged + ":4:"));
+  msg = user_error([&] { load_csv_features(t.write("x.csv", "1,2\n3,q\n"), opts(), 2, &rows); });
+  CHECK(contains(msg, ":2:"));
+  CHECK(contains(msg, "column 2"));
+  CHECK(contains(user_error([&] { load_csv_features(t.write("e.csv", ""), opts(), 2, &rows); }),
+                 "no rows"));
+}
+
+}  // namespace
+}  // namespace dtrain

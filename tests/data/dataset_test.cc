@@ -1,0 +1,328 @@
+// Synthetic generator, load_data (splits, class count, format dispatch) and the Normalizer.
+#include <stdlib.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <doctest/doctest.h>
+
+#include "data/dataset.h"
+#include "util/check.h"
+
+namespace dtrain {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct TempDir {
+  std::string path;
+  TempDir() {
+    std::string t = (fs::temp_directory_path() / "dtrain_ds_XXXXXX").string();
+    REQUIRE(mkdtemp(t.data()) != nullptr);
+    path = t;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+  std::string write(const std::string& name, const std::string& text) const {
+    const std::string p = path + "/" + name;
+    std::ofstream out(p, std::ios::binary);
+    out << text;
+    REQUIRE(out.good());
+    return p;
+  }
+};
+
+template <typename F>
+std::string user_error(F fn) {
+  try {
+    fn();
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  FAIL("expected a UserError");
+  return "";
+}
+
+// Accuracy of a nearest-class-mean classifier fitted on `train` and scored on `test`: a cheap
+// stand-in for "a small MLP can learn this".
+double nearest_mean_accuracy(const Dataset& train, const Dataset& test) {
+  const int64_t k = train.num_classes, f = train.features;
+  std::vector<double> mean(k * f, 0.0);
+  std::vector<int64_t> count(k, 0);
+  for (int64_t i = 0; i < train.rows; ++i) {
+    ++count[train.y[i]];
+    for (int64_t j = 0; j < f; ++j) mean[train.y[i] * f + j] += train.row(i)[j];
+  }
+  for (int64_t c = 0; c < k; ++c) {
+    for (int64_t j = 0; j < f; ++j) mean[c * f + j] /= std::max<int64_t>(count[c], 1);
+  }
+  int64_t correct = 0;
+  for (int64_t i = 0; i < test.rows; ++i) {
+    int64_t best = 0;
+    double best_d = 1e300;
+    for (int64_t c = 0; c < k; ++c) {
+      double d = 0;
+      for (int64_t j = 0; j < f; ++j) {
+        const double e = test.row(i)[j] - mean[c * f + j];
+        d += e * e;
+      }
+      if (d < best_d) best_d = d, best = c;
+    }
+    correct += best == test.y[i];
+  }
+  return static_cast<double>(correct) / static_cast<double>(test.rows);
+}
+
+std::vector<int64_t> class_counts(const Dataset& d) {
+  std::vector<int64_t> c(d.num_classes, 0);
+  for (int32_t y : d.y) ++c[y];
+  return c;
+}
+
+TEST_CASE("synthetic: deterministic from the seed, balanced, shuffled") {
+  SyntheticOptions o;  // defaults: 10000 x 32, 4 classes, noise 0.5
+  const Dataset a = make_synthetic(o, 42), b = make_synthetic(o, 42), c = make_synthetic(o, 43);
+  CHECK(a.rows == 10000);
+  CHECK(a.features == 32);
+  CHECK(a.num_classes == 4);
+  CHECK(a.x.size() == 10000u * 32u);
+  CHECK(a.x == b.x);
+  CHECK(a.y == b.y);
+  CHECK(a.x != c.x);
+  CHECK(a.y != c.y);
+  CHECK(class_counts(a) == std::vector<int64_t>{2500, 2500, 2500, 2500});
+  int64_t in_cycle = 0;  // labels are not left in the i % classes order
+  for (int64_t i = 0; i < a.rows; ++i) in_cycle += a.y[i] == i % 4;
+  CHECK(in_cycle < 5000);
+
+  o.samples = 10;
+  o.classes = 3;
+  const Dataset small = make_synthetic(o, 1);
+  CHECK(class_counts(small) == std::vector<int64_t>{4, 3, 3});
+
+  // An explicit synthetic seed overrides the run seed.
+  SyntheticOptions fixed;
+  fixed.seed = 7;
+  CHECK(make_synthetic(fixed, 1).x == make_synthetic(SyntheticOptions{}, 7).x);
+  CHECK(make_synthetic(fixed, 1).x == make_synthetic(fixed, 2).x);
+}
+
+TEST_CASE("synthetic: noise around class centres, learnable") {
+  SyntheticOptions o;
+  const Dataset d = make_synthetic(o, 5);
+  // Within-class spread per feature is the noise std-dev (0.5).
+  std::vector<double> sum(d.features, 0.0), sq(d.features, 0.0);
+  int64_t n0 = 0;
+  for (int64_t i = 0; i < d.rows; ++i) {
+    if (d.y[i] != 0) continue;
+    ++n0;
+    for (int64_t j = 0; j < d.features; ++j) {
+      sum[j] += d.row(i)[j];
+      sq[j] += double(d.row(i)[j]) * d.row(i)[j];
+    }
+  }
+  double mean_sd = 0;
+  for (int64_t j = 0; j < d.features; ++j) {
+    const double m = sum[j] / n0;
+    mean_sd += std::sqrt(sq[j] / n0 - m * m) / d.features;
+  }
+  CHECK(mean_sd == doctest::Approx(0.5).epsilon(0.05));
+
+  DataConfig cfg;
+  cfg.format = "synthetic";
+  const DataSplits s = load_data(cfg, 5);
+  CHECK(nearest_mean_accuracy(s.train, s.test) > 0.9);  // chance is 0.25
+
+  o.noise = -1;
+  CHECK(user_error([&] { make_synthetic(o, 1); }).find("noise") != std::string::npos);
+  o.noise = 0.5;
+  o.samples = 0;
+  CHECK(user_error([&] { make_synthetic(o, 1); }).find("samples") != std::string::npos);
+  o.samples = int64_t{1} << 40;
+  CHECK(user_error([&] { make_synthetic(o, 1); }).find("too large") != std::string::npos);
+}
+
+TEST_CASE("load_data: synthetic held-out split and standardize") {
+  DataConfig cfg;
+  cfg.format = "synthetic";
+  cfg.normalize = "none";
+  const DataSplits raw = load_data(cfg, 11);
+  CHECK(raw.train.rows == 8000);  // default test_fraction 0.2 for synthetic
+  CHECK(raw.test.rows == 2000);
+  CHECK(raw.train.num_classes == 4);
+  CHECK(raw.test.num_classes == 4);
+  CHECK(raw.normalizer.method == "none");
+  CHECK(raw.normalizer.shift.empty());
+  // The split is a partition of the generated rows.
+  const Dataset all = make_synthetic(cfg.synthetic, 11);
+  std::multiset<float> first_all, first_split;
+  for (int64_t i = 0; i < all.rows; ++i) first_all.insert(all.row(i)[0]);
+  for (int64_t i = 0; i < raw.train.rows; ++i) first_split.insert(raw.train.row(i)[0]);
+  for (int64_t i = 0; i < raw.test.rows; ++i) first_split.insert(raw.test.row(i)[0]);
+  CHECK(first_all == first_split);
+
+  cfg.normalize = "auto";  // standardize for synthetic
+  const DataSplits s = load_data(cfg, 11);
+  CHECK(s.normalizer.method == "standardize");
+  REQUIRE(s.normalizer.shift.size() == 32);
+  for (int64_t j = 0; j < 32; ++j) {
+    double m = 0, v = 0;
+    for (int64_t i = 0; i < raw.train.rows; ++i) m += raw.train.row(i)[j];
+    m /= raw.train.rows;
+    for (int64_t i = 0; i < raw.train.rows; ++i) {
+      v += (raw.train.row(i)[j] - m) * (raw.train.row(i)[j] - m);
+    }
+    const double sd = std::sqrt(v / raw.train.rows);
+    CHECK(s.normalizer.shift[j] == doctest::Approx(m).epsilon(1e-5));
+    CHECK(s.normalizer.scale[j] == doctest::Approx(1.0 / sd).epsilon(1e-5));
+    double nm = 0, nv = 0;
+    for (int64_t i = 0; i < s.train.rows; ++i) nm += s.train.row(i)[j];
+    nm /= s.train.rows;
+    for (int64_t i = 0; i < s.train.rows; ++i) nv += std::pow(s.train.row(i)[j] - nm, 2);
+    CHECK(std::abs(nm) < 1e-4);
+    CHECK(std::sqrt(nv / s.train.rows) == doctest::Approx(1.0).epsilon(1e-4));
+  }
+  // The test split uses the train statistics, exactly.
+  for (int64_t i = 0; i < 50; ++i) {
+    for (int64_t j = 0; j < 32; ++j) {
+      CHECK(s.test.row(i)[j] ==
+            (raw.test.row(i)[j] - s.normalizer.shift[j]) * s.normalizer.scale[j]);
+    }
+  }
+
+  // Different seed, different split and data; same seed, same result.
+  CHECK(load_data(cfg, 11).train.x == s.train.x);
+  CHECK(load_data(cfg, 12).train.x != s.train.x);
+  cfg.test_fraction = 0.5;
+  CHECK(load_data(cfg, 11).test.rows == 5000);
+  cfg.test_fraction = 0;
+  CHECK(load_data(cfg, 11).test.rows == 0);
+  CHECK(load_data(cfg, 11).train.rows == 10000);
+}
+
+TEST_CASE("load_data: csv scale uses train min/max, test shares them") {
+  TempDir t;
+  DataConfig cfg;
+  cfg.format = "csv";
+  cfg.normalize = "scale";
+  // Feature a spans 0..4, b is constant 7, c spans -2..2.
+  cfg.train.path = t.write("train.csv", "a,b,c,y\n0,7,-2,0\n4,7,2,1\n2,7,0,1\n");
+  cfg.test.path = t.write("test.csv", "a,b,c,y\n8,9,1,4\n");
+  const DataSplits s = load_data(cfg, 1);
+  CHECK(s.normalizer.method == "scale");
+  CHECK(s.normalizer.shift == std::vector<float>{0, 7, -2});
+  CHECK(s.normalizer.scale == std::vector<float>{0.25f, 1.0f, 0.25f});
+  CHECK(s.train.x == std::vector<float>{0, 0, 0, 1, 0, 1, 0.5f, 0, 0.5f});
+  CHECK(s.test.x == std::vector<float>{2, 2, 0.75f});  // outside 0..1: train statistics
+  // Class count over both splits.
+  CHECK(s.train.num_classes == 5);
+  CHECK(s.test.num_classes == 5);
+  // Predict inputs get the same map.
+  std::vector<float> p = {4, 8, 2};
+  s.normalizer.apply_rows(p.data(), 1, 3);
+  CHECK(p == std::vector<float>{1, 1, 1});
+
+  cfg.normalize = "auto";  // standardize for csv
+  const DataSplits st = load_data(cfg, 1);
+  CHECK(st.normalizer.method == "standardize");
+  CHECK(st.normalizer.shift[0] == doctest::Approx(2.0));
+  CHECK(st.normalizer.scale[0] == doctest::Approx(1.0 / std::sqrt(8.0 / 3.0)));
+  CHECK(st.normalizer.shift[1] == 7.0f);  // constant feature: centred only
+  CHECK(st.normalizer.scale[1] == 1.0f);
+
+  cfg.normalize = "none";
+  const DataSplits none = load_data(cfg, 1);
+  CHECK(none.train.x == load_csv(cfg.train.path, cfg.csv).x);
+
+  cfg.normalize = "minmax";
+  CHECK(user_error([&] { load_data(cfg, 1); }).find("minmax") != std::string::npos);
+}
+
+TEST_CASE("load_data: csv held-out split and test/train mismatch") {
+  TempDir t;
+  std::string text = "x1,x2,y\n";
+  for (int i = 0; i < 100; ++i) {
+    text += std::to_string(i) + "," + std::to_string(i * 2) + "," + std::to_string(i % 3) + "\n";
+  }
+  DataConfig cfg;
+  cfg.format = "csv";
+  cfg.normalize = "none";
+  cfg.train.path = t.write("train.csv", text);
+  const DataSplits no_split = load_data(cfg, 3);  // default fraction 0 for csv
+  CHECK(no_split.train.rows == 100);
+  CHECK(no_split.test.rows == 0);
+  CHECK(no_split.test.features == 2);
+
+  cfg.test_fraction = 0.25;
+  const DataSplits a = load_data(cfg, 3), b = load_data(cfg, 3), c = load_data(cfg, 4);
+  CHECK(a.train.rows == 75);
+  CHECK(a.test.rows == 25);
+  CHECK(a.test.x == b.test.x);
+  CHECK(a.test.x != c.test.x);
+  // Disjoint, covering, each in file order.
+  std::vector<float> ids;
+  for (int64_t i = 0; i < a.train.rows; ++i) ids.push_back(a.train.row(i)[0]);
+  CHECK(std::is_sorted(ids.begin(), ids.end()));
+  for (int64_t i = 0; i < a.test.rows; ++i) ids.push_back(a.test.row(i)[0]);
+  std::sort(ids.begin(), ids.end());
+  for (int i = 0; i < 100; ++i) CHECK(ids[i] == static_cast<float>(i));
+  for (int64_t i = 0; i < a.test.rows; ++i) {
+    CHECK(a.test.y[i] == static_cast<int32_t>(a.test.row(i)[0]) % 3);
+    CHECK(a.test.row(i)[1] == 2 * a.test.row(i)[0]);
+  }
+
+  cfg.test_fraction = 1.5;
+  CHECK(user_error([&] { load_data(cfg, 3); }).find("test_fraction") != std::string::npos);
+  cfg.test_fraction = -1;
+  cfg.test.path = t.write("test.csv", "x1,y\n1,0\n");
+  const std::string msg = user_error([&] { load_data(cfg, 3); });
+  CHECK(msg.find(cfg.test.path) != std::string::npos);
+  CHECK(msg.find("1 features") != std::string::npos);
+}
+
+TEST_CASE("load_data: idx auto scale divides by 255") {
+  TempDir t;
+  std::string img("\0\0\x08\x03\0\0\0\x02\0\0\0\x01\0\0\0\x02", 16);
+  img += std::string("\x00\xff\x33\x66", 4);
+  std::string lab("\0\0\x08\x01\0\0\0\x02\x01\x00", 10);
+  DataConfig cfg;  // format idx, normalize auto
+  cfg.train.images = t.write("img", img);
+  cfg.train.labels = t.write("lab", lab);
+  const DataSplits s = load_data(cfg, 1);
+  CHECK(s.normalizer.method == "scale");
+  CHECK(s.normalizer.shift == std::vector<float>{0, 0});
+  CHECK(s.normalizer.scale == std::vector<float>{1 / 255.0f, 1 / 255.0f});
+  CHECK(s.train.x[0] == 0.0f);
+  CHECK(s.train.x[1] == doctest::Approx(1.0f));
+  CHECK(s.train.x[2] == doctest::Approx(0.2f));
+  CHECK(s.test.rows == 0);  // default fraction 0 for idx
+  CHECK(s.train.num_classes == 2);
+
+  DataConfig missing;
+  CHECK(user_error([&] { load_data(missing, 1); }).find("data.train.images") != std::string::npos);
+}
+
+TEST_CASE("load_data: real Fashion-MNIST with scale") {
+  const std::string dir = "/usr/share/datasets/fashion-mnist/";
+  if (!fs::exists(dir + "t10k-images-idx3-ubyte.gz")) return;
+  DataConfig cfg;
+  cfg.train.images = dir + "t10k-images-idx3-ubyte.gz";  // the small file keeps this fast
+  cfg.train.labels = dir + "t10k-labels-idx1-ubyte.gz";
+  cfg.test_fraction = 0.1;
+  const DataSplits s = load_data(cfg, 42);
+  CHECK(s.train.rows == 9000);
+  CHECK(s.test.rows == 1000);
+  CHECK(s.train.num_classes == 10);
+  CHECK(*std::max_element(s.train.x.begin(), s.train.x.end()) == doctest::Approx(1.0f));
+  CHECK(*std::min_element(s.test.x.begin(), s.test.x.end()) == 0.0f);
+}
+
+}  // namespace
+}  // namespace dtrain

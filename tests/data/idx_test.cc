@@ -1,0 +1,327 @@
+// IDX loader and read_maybe_gzip: round trips (raw and gzip), the real Fashion-MNIST files, and
+// every malformed-input class.
+#include <stdlib.h>
+#include <zlib.h>
+
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <doctest/doctest.h>
+
+#include "data/dataset.h"
+#include "util/check.h"
+
+namespace dtrain {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct TempDir {
+  std::string path;
+  TempDir() {
+    std::string t = (fs::temp_directory_path() / "dtrain_idx_XXXXXX").string();
+    REQUIRE(mkdtemp(t.data()) != nullptr);
+    path = t;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+  std::string file(const std::string& name) const { return path + "/" + name; }
+};
+
+void write_bytes(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  REQUIRE(out.good());
+}
+
+std::string gzip(const std::string& raw) {
+  z_stream zs{};
+  REQUIRE(deflateInit2(&zs, 6, Z_DEFLATED, 16 + MAX_WBITS, 8, Z_DEFAULT_STRATEGY) == Z_OK);
+  std::string out(deflateBound(&zs, raw.size()) + 64, '\0');
+  zs.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(raw.data()));
+  zs.avail_in = static_cast<uInt>(raw.size());
+  zs.next_out = reinterpret_cast<Bytef*>(out.data());
+  zs.avail_out = static_cast<uInt>(out.size());
+  REQUIRE(deflate(&zs, Z_FINISH) == Z_STREAM_END);
+  out.resize(zs.total_out);
+  deflateEnd(&zs);
+  return out;
+}
+
+void put_be32(std::string& s, uint32_t v) {
+  s.push_back(static_cast<char>(v >> 24));
+  s.push_back(static_cast<char>(v >> 16));
+  s.push_back(static_cast<char>(v >> 8));
+  s.push_back(static_cast<char>(v));
+}
+
+std::string idx_images(uint32_t n, uint32_t rows, uint32_t cols, const std::vector<uint8_t>& px) {
+  std::string s;
+  put_be32(s, 0x00000803);
+  put_be32(s, n);
+  put_be32(s, rows);
+  put_be32(s, cols);
+  s.append(px.begin(), px.end());
+  return s;
+}
+
+std::string idx_labels(const std::vector<uint8_t>& y) {
+  std::string s;
+  put_be32(s, 0x00000801);
+  put_be32(s, static_cast<uint32_t>(y.size()));
+  s.append(y.begin(), y.end());
+  return s;
+}
+
+// 3 images of 2x3 pixels with distinct values (0, 10, 20, ..., 170) and labels 0, 7, 2.
+const std::vector<uint8_t> kPixels = {0,  10,  20,  30,  40,  50,  60,  70,  80,
+                                      90, 100, 110, 120, 130, 140, 150, 255, 170};
+const std::vector<uint8_t> kLabels = {0, 7, 2};
+
+void check_small(const Dataset& d) {
+  CHECK(d.rows == 3);
+  CHECK(d.features == 6);
+  REQUIRE(d.x.size() == 18);
+  for (size_t i = 0; i < kPixels.size(); ++i) CHECK(d.x[i] == static_cast<float>(kPixels[i]));
+  CHECK(d.row(2)[4] == 255.0f);
+  CHECK(d.y == std::vector<int32_t>{0, 7, 2});
+  CHECK(d.num_classes == 8);
+}
+
+// Runs `fn`, requires a UserError, and returns its message.
+template <typename F>
+std::string user_error(F fn) {
+  try {
+    fn();
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  FAIL("expected a UserError");
+  return "";
+}
+
+TEST_CASE("idx: raw round trip") {
+  TempDir t;
+  write_bytes(t.file("img"), idx_images(3, 2, 3, kPixels));
+  write_bytes(t.file("lab"), idx_labels(kLabels));
+  check_small(load_idx(t.file("img"), t.file("lab")));
+}
+
+TEST_CASE("idx: gzip round trip, mixed with raw") {
+  TempDir t;
+  write_bytes(t.file("img.gz"), gzip(idx_images(3, 2, 3, kPixels)));
+  write_bytes(t.file("lab"), idx_labels(kLabels));
+  check_small(load_idx(t.file("img.gz"), t.file("lab")));
+  write_bytes(t.file("lab.gz"), gzip(idx_labels(kLabels)));
+  check_small(load_idx(t.file("img.gz"), t.file("lab.gz")));
+}
+
+TEST_CASE("read_maybe_gzip: raw passthrough, multi-member gzip, large output") {
+  TempDir t;
+  write_bytes(t.file("raw"), "hello");
+  CHECK(read_maybe_gzip(t.file("raw")) == "hello");
+  write_bytes(t.file("two.gz"), gzip("abc") + gzip("defg"));
+  CHECK(read_maybe_gzip(t.file("two.gz")) == "abcdefg");
+  // Highly compressible: the output grows far beyond the input.
+  std::string big(3'000'000, 'z');
+  for (size_t i = 0; i < big.size(); i += 997) big[i] = static_cast<char>('a' + i % 7);
+  write_bytes(t.file("big.gz"), gzip(big));
+  CHECK(read_maybe_gzip(t.file("big.gz")) == big);
+  write_bytes(t.file("empty.gz"), gzip(""));
+  CHECK(read_maybe_gzip(t.file("empty.gz")).empty());
+}
+
+TEST_CASE("idx: real Fashion-MNIST") {
+  const std::string dir = "/usr/share/datasets/fashion-mnist/";
+  if (!fs::exists(dir + "train-images-idx3-ubyte.gz")) {
+    MESSAGE("Fashion-MNIST not installed; skipped");
+    return;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  const Dataset train =
+      load_idx(dir + "train-images-idx3-ubyte.gz", dir + "train-labels-idx1-ubyte.gz");
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  MESSAGE("Fashion-MNIST train loaded in " << secs << " s");
+  CHECK(secs < 5.0);  // budget is < 2 s; slack for loaded CI machines
+  CHECK(train.rows == 60000);
+  CHECK(train.features == 784);
+  CHECK(train.x.size() == 60000u * 784u);
+  CHECK(train.num_classes == 10);
+  std::vector<int64_t> count(10, 0);
+  for (int32_t y : train.y) {
+    REQUIRE(y >= 0);
+    REQUIRE(y < 10);
+    ++count[y];
+  }
+  for (int64_t c : count) CHECK(c == 6000);  // Fashion-MNIST train is balanced
+  float lo = 1e9f, hi = -1e9f;
+  for (float v : train.x) {
+    lo = std::min(lo, v);
+    hi = std::max(hi, v);
+  }
+  CHECK(lo == 0.0f);
+  CHECK(hi == 255.0f);
+
+  const Dataset test =
+      load_idx(dir + "t10k-images-idx3-ubyte.gz", dir + "t10k-labels-idx1-ubyte.gz");
+  CHECK(test.rows == 10000);
+  CHECK(test.features == 784);
+  CHECK(test.num_classes == 10);
+}
+
+TEST_CASE("idx: missing file names the path") {
+  TempDir t;
+  write_bytes(t.file("lab"), idx_labels(kLabels));
+  const std::string msg = user_error([&] { load_idx(t.file("nope-images"), t.file("lab")); });
+  CHECK(msg.find(t.file("nope-images")) != std::string::npos);
+  write_bytes(t.file("img"), idx_images(3, 2, 3, kPixels));
+  const std::string msg2 = user_error([&] { load_idx(t.file("img"), t.file("nope-labels")); });
+  CHECK(msg2.find(t.file("nope-labels")) != std::string::npos);
+}
+
+TEST_CASE("idx: corrupt, truncated and trailing-garbage gzip") {
+  TempDir t;
+  std::vector<uint8_t> px(3 * 28 * 28);
+  for (size_t i = 0; i < px.size(); ++i) px[i] = static_cast<uint8_t>(i * 31 + i / 7);
+  const std::string gz = gzip(idx_images(3, 28, 28, px));
+  write_bytes(t.file("lab"), idx_labels(kLabels));
+
+  SUBCASE("truncated") {
+    write_bytes(t.file("img.gz"), gz.substr(0, gz.size() / 2));
+    const std::string msg = user_error([&] { load_idx(t.file("img.gz"), t.file("lab")); });
+    CHECK(msg.find("truncated") != std::string::npos);
+    CHECK(msg.find(t.file("img.gz")) != std::string::npos);
+  }
+  SUBCASE("truncated trailer") {
+    write_bytes(t.file("img.gz"), gz.substr(0, gz.size() - 3));
+    const std::string msg = user_error([&] { load_idx(t.file("img.gz"), t.file("lab")); });
+    CHECK(msg.find("truncated") != std::string::npos);
+  }
+  SUBCASE("corrupt body") {
+    std::string bad = gz;
+    for (size_t i = 20; i < 60; ++i) bad[i] = static_cast<char>(bad[i] ^ 0x5a);
+    write_bytes(t.file("img.gz"), bad);
+    const std::string msg = user_error([&] { load_idx(t.file("img.gz"), t.file("lab")); });
+    CHECK(msg.find("corrupt gzip") != std::string::npos);
+    CHECK(msg.find(t.file("img.gz")) != std::string::npos);
+  }
+  SUBCASE("bad CRC") {
+    std::string bad = gz;
+    bad[bad.size() - 6] = static_cast<char>(bad[bad.size() - 6] ^ 1);
+    write_bytes(t.file("img.gz"), bad);
+    const std::string msg = user_error([&] { load_idx(t.file("img.gz"), t.file("lab")); });
+    CHECK(msg.find("corrupt gzip") != std::string::npos);
+  }
+  SUBCASE("trailing garbage") {
+    write_bytes(t.file("img.gz"), gz + "garbage");
+    const std::string msg = user_error([&] { load_idx(t.file("img.gz"), t.file("lab")); });
+    CHECK(msg.find("trailing garbage") != std::string::npos);
+  }
+  SUBCASE("only the magic") {
+    write_bytes(t.file("img.gz"), "\x1f\x8b");
+    const std::string msg = user_error([&] { load_idx(t.file("img.gz"), t.file("lab")); });
+    CHECK(msg.find("truncated") != std::string::npos);
+  }
+}
+
+TEST_CASE("idx: bad headers") {
+  TempDir t;
+  const std::string img = t.file("images.idx"), lab = t.file("labels.idx");
+  write_bytes(lab, idx_labels(kLabels));
+
+  SUBCASE("labels file given as images: bad magic") {
+    write_bytes(img, idx_labels(kLabels));
+    const std::string msg = user_error([&] { load_idx(img, lab); });
+    CHECK(msg.find("bad IDX magic 0x00000801") != std::string::npos);
+    CHECK(msg.find(img) != std::string::npos);
+  }
+  SUBCASE("images file given as labels: bad magic") {
+    write_bytes(img, idx_images(3, 2, 3, kPixels));
+    const std::string msg = user_error([&] { load_idx(img, img); });
+    CHECK(msg.find("bad IDX magic 0x00000803") != std::string::npos);
+  }
+  SUBCASE("not IDX at all") {
+    write_bytes(img, "P5\n28 28\n255\n" + std::string(784, 'x'));
+    const std::string msg = user_error([&] { load_idx(img, lab); });
+    CHECK(msg.find("bad IDX magic") != std::string::npos);
+  }
+  SUBCASE("too short") {
+    write_bytes(img, std::string("\0\0", 2));
+    CHECK(user_error([&] { load_idx(img, lab); }).find("too short") != std::string::npos);
+  }
+  SUBCASE("truncated header") {
+    std::string s;
+    put_be32(s, 0x00000803);
+    put_be32(s, 3);
+    write_bytes(img, s);
+    const std::string msg = user_error([&] { load_idx(img, lab); });
+    CHECK(msg.find("truncated") != std::string::npos);
+    CHECK(msg.find(img) != std::string::npos);
+  }
+  SUBCASE("count larger than the data") {
+    write_bytes(img, idx_images(100, 2, 3, kPixels));
+    const std::string msg = user_error([&] { load_idx(img, lab); });
+    CHECK(msg.find("size mismatch") != std::string::npos);
+    CHECK(msg.find("100x2x3") != std::string::npos);
+    CHECK(msg.find(img) != std::string::npos);
+  }
+  SUBCASE("absurd dims are rejected before allocating") {
+    write_bytes(img, idx_images(0xffffffffu, 0xffffffffu, 0xffffffffu, kPixels));
+    CHECK(user_error([&] { load_idx(img, lab); }).find("size mismatch") != std::string::npos);
+  }
+  SUBCASE("trailing bytes") {
+    std::vector<uint8_t> more = kPixels;
+    more.push_back(1);
+    write_bytes(img, idx_images(3, 2, 3, more));
+    CHECK(user_error([&] { load_idx(img, lab); }).find("size mismatch") != std::string::npos);
+  }
+  SUBCASE("labels count disagrees with the file size") {
+    write_bytes(img, idx_images(3, 2, 3, kPixels));
+    std::string s;
+    put_be32(s, 0x00000801);
+    put_be32(s, 5);
+    s += std::string(3, '\1');
+    write_bytes(lab, s);
+    const std::string msg = user_error([&] { load_idx(img, lab); });
+    CHECK(msg.find("size mismatch") != std::string::npos);
+    CHECK(msg.find(lab) != std::string::npos);
+  }
+  SUBCASE("images and labels counts disagree") {
+    write_bytes(img, idx_images(3, 2, 3, kPixels));
+    write_bytes(lab, idx_labels({1, 2}));
+    const std::string msg = user_error([&] { load_idx(img, lab); });
+    CHECK(msg.find("3 images") != std::string::npos);
+    CHECK(msg.find("2 labels") != std::string::npos);
+    CHECK(msg.find(img) != std::string::npos);
+    CHECK(msg.find(lab) != std::string::npos);
+  }
+  SUBCASE("zero images") {
+    write_bytes(img, idx_images(0, 28, 28, {}));
+    write_bytes(lab, idx_labels({}));
+    const std::string msg = user_error([&] { load_idx(img, lab); });
+    CHECK(msg.find("empty data set") != std::string::npos);
+    CHECK(msg.find(img) != std::string::npos);
+  }
+  SUBCASE("zero-pixel images") {
+    write_bytes(img, idx_images(3, 0, 28, {}));
+    CHECK(user_error([&] { load_idx(img, lab); }).find("0 pixels") != std::string::npos);
+  }
+}
+
+TEST_CASE("idx: label 255 is a valid class index") {
+  TempDir t;
+  write_bytes(t.file("img"), idx_images(3, 2, 3, kPixels));
+  write_bytes(t.file("lab"), idx_labels({255, 0, 1}));
+  const Dataset d = load_idx(t.file("img"), t.file("lab"));
+  CHECK(d.y[0] == 255);
+  CHECK(d.num_classes == 256);
+}
+
+}  // namespace
+}  // namespace dtrain

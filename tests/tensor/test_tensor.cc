@@ -1,0 +1,67 @@
+#include <doctest/doctest.h>
+
+#include <array>
+#include <vector>
+
+#include "tensor/blas.h"
+#include "tensor/tensor.h"
+#include "util/rng.h"
+
+using namespace dtrain;
+
+TEST_CASE("Tensor owning, view, copy and move semantics") {
+  Tensor a({2, 3});
+  CHECK(a.numel() == 6);
+  CHECK(a.rows() == 2);
+  CHECK(a.cols() == 3);
+  CHECK(a.owns());
+  a.at(1, 2) = 5.0f;
+  Tensor b = a;  // deep copy
+  b.at(1, 2) = 7.0f;
+  CHECK(a.at(1, 2) == 5.0f);
+  std::vector<float> buf(6, 1.0f);
+  Tensor v = Tensor::view(buf.data(), {3, 2});
+  CHECK_FALSE(v.owns());
+  Tensor v2 = v;  // copies the pointer
+  v2[0] = 9.0f;
+  CHECK(buf[0] == 9.0f);
+  Tensor m = std::move(b);
+  CHECK(m.at(1, 2) == 7.0f);
+  CHECK(m.data() != nullptr);
+  m.resize({1, 2});
+  CHECK(m.numel() == 2);
+  Tensor e({0, 4});
+  CHECK(e.numel() == 0);
+  CHECK(shape_str({2, 3}) == "[2, 3]");
+}
+
+static void naive(bool ta, bool tb, int m, int n, int k, float alpha, const std::vector<float>& A,
+                  const std::vector<float>& B, float beta, std::vector<float>& C) {
+  for (int i = 0; i < m; ++i)
+    for (int j = 0; j < n; ++j) {
+      double s = 0;
+      for (int p = 0; p < k; ++p) {
+        const float a = ta ? A[p * m + i] : A[i * k + p];
+        const float b = tb ? B[j * k + p] : B[p * n + j];
+        s += static_cast<double>(a) * b;
+      }
+      C[i * n + j] = static_cast<float>(alpha * s + beta * C[i * n + j]);
+    }
+}
+
+TEST_CASE("gemm matches a naive product for every transpose combination") {
+  Rng r(1);
+  set_blas_threads(1);
+  for (bool ta : {false, true})
+    for (bool tb : {false, true})
+      for (auto [m, n, k] : std::vector<std::array<int, 3>>{
+               {1, 1, 1}, {3, 5, 7}, {17, 9, 33}, {4, 0, 3}, {2, 3, 0}}) {
+        std::vector<float> A(m * k), B(k * n), C(m * n), R(m * n);
+        for (auto& x : A) x = r.normal();
+        for (auto& x : B) x = r.normal();
+        for (size_t i = 0; i < C.size(); ++i) C[i] = R[i] = r.normal();
+        gemm(ta, tb, m, n, k, 0.5f, A.data(), ta ? m : k, B.data(), tb ? k : n, 2.0f, C.data(), n);
+        naive(ta, tb, m, n, k, 0.5f, A, B, 2.0f, R);
+        for (size_t i = 0; i < C.size(); ++i) REQUIRE(C[i] == doctest::Approx(R[i]).epsilon(1e-4));
+      }
+}

@@ -1,0 +1,66 @@
+// Shared helpers for the test suites: temp folders and running the dtrain binary.
+#pragma once
+
+#include <stdlib.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+namespace dtrain::testing {
+
+// A fresh folder under /tmp, removed when the object goes out of scope.
+class TempDir {
+ public:
+  TempDir() {
+    char tmpl[] = "/tmp/dtrain_test_XXXXXX";
+    if (mkdtemp(tmpl) == nullptr) throw std::runtime_error("mkdtemp failed");
+    path_ = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string& path() const { return path_; }
+  std::string operator/(const std::string& name) const { return path_ + "/" + name; }
+  std::string write(const std::string& name, const std::string& text) const {
+    const std::string p = *this / name;
+    std::ofstream(p, std::ios::binary) << text;
+    return p;
+  }
+
+ private:
+  std::string path_;
+};
+
+struct CmdResult {
+  int exit_code = -1;  // -1 when killed by a signal
+  int signal = 0;
+  std::string output;  // stdout and stderr together
+};
+
+// Runs a shell command line, capturing both streams.
+inline CmdResult run_cmd(const std::string& cmd) {
+  CmdResult r;
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  if (!p) return r;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.output.append(buf.data(), n);
+  const int status = pclose(p);
+  if (WIFEXITED(status)) r.exit_code = WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) r.signal = WTERMSIG(status);
+  return r;
+}
+
+inline std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+}  // namespace dtrain::testing

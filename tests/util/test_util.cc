@@ -1,0 +1,89 @@
+#include <doctest/doctest.h>
+
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <set>
+
+#include "util/check.h"
+#include "util/fs.h"
+#include "util/rng.h"
+
+using namespace dtrain;
+
+TEST_CASE("Rng is deterministic, serialisable and streams differ") {
+  Rng a(42), b(42), c(43);
+  for (int i = 0; i < 10; ++i) CHECK(a.next_u64() == b.next_u64());
+  CHECK(Rng(42).next_u64() != c.next_u64());
+  CHECK(Rng(1, 0).next_u64() != Rng(1, 1).next_u64());
+
+  Rng r(7);
+  r.next_u64();
+  Rng s;
+  s.from_string(r.to_string());
+  for (int i = 0; i < 5; ++i) CHECK(r.next_u64() == s.next_u64());
+  CHECK_THROWS_AS(s.from_string("zz"), UserError);
+  CHECK_THROWS_AS(s.from_string("1,2,3"), UserError);
+  CHECK_THROWS_AS(s.from_string("1,2,3,4,5"), UserError);
+  CHECK_THROWS_AS(s.from_string("1,2,3,4x"), UserError);
+}
+
+TEST_CASE("Rng distributions") {
+  Rng r(3);
+  double sum = 0, sq = 0;
+  const int n = 20000;
+  std::set<uint64_t> seen;
+  for (int i = 0; i < n; ++i) {
+    const float u = r.uniform();
+    REQUIRE(u >= 0.0f);
+    REQUIRE(u < 1.0f);
+    const float z = r.normal();
+    sum += z;
+    sq += z * z;
+    const uint64_t k = r.below(7);
+    REQUIRE(k < 7);
+    seen.insert(k);
+  }
+  CHECK(seen.size() == 7);
+  CHECK(std::abs(sum / n) < 0.05);
+  CHECK(std::abs(sq / n - 1.0) < 0.05);
+}
+
+TEST_CASE("DT_CHECK reports file, line and both values") {
+  try {
+    DT_CHECK_EQ(1 + 1, 3);
+    FAIL("no throw");
+  } catch (const InternalError& e) {
+    const std::string msg = e.what();
+    CHECK(msg.find("test_util.cc:") != std::string::npos);
+    CHECK(msg.find("(2 vs 3)") != std::string::npos);
+  }
+}
+
+TEST_CASE("write_file_atomic replaces whole files and keeps the old one on failure") {
+  char tmpl[] = "/tmp/dtrain_util_XXXXXX";
+  REQUIRE(mkdtemp(tmpl) != nullptr);
+  const std::string path = std::string(tmpl) + "/f.txt";
+  write_file_atomic(path, "first");
+  CHECK(read_file(path) == "first");
+  write_file_atomic(path, "second");
+  CHECK(read_file(path) == "second");
+  CHECK_THROWS(write_file_atomic_with(path, [](int fd) {
+    write_all(fd, "partial", 7, "x");
+    throw std::runtime_error("disk full");
+  }));
+  CHECK(read_file(path) == "second");
+  // No temp files left behind.
+  int files = 0;
+  for (auto& e : std::filesystem::directory_iterator(tmpl)) files += e.is_regular_file();
+  CHECK(files == 1);
+  CHECK_THROWS_AS(read_file(std::string(tmpl) + "/missing"), UserError);
+  std::filesystem::remove_all(tmpl);
+}
+
+TEST_CASE("fnv1a_hex is the 64-bit FNV-1a") {
+  CHECK(fnv1a_hex("") == "cbf29ce484222325");
+  CHECK(fnv1a_hex("a") == "af63dc4c8601ec8c");
+  CHECK(peak_rss_mb() > 0.0);
+}
