@@ -226,8 +226,11 @@ nlohmann::json run_training(const Config& cfg, const RunOptions& opts) {
   EvalResult last_eval;
   bool have_eval = false;
   int64_t last_eval_step = -1, last_ckpt_step = resumed_from.empty() ? -1 : step;
+  auto interval_t0 = Clock::now();
+  // Evaluation and checkpoint time is excluded from the train records' samples_per_s.
   auto run_eval = [&] {
     if (data.test.rows == 0) return;
+    const auto e0 = Clock::now();
     last_eval =
         evaluate(model, store.values.data(), data.test, cfg.data.eval_batch_size, cfg.model.loss);
     have_eval = true;
@@ -241,8 +244,10 @@ nlohmann::json run_training(const Config& cfg, const RunOptions& opts) {
     bar.clear();
     spdlog::info("eval step {} epoch {:.2f}: test_loss {:.4f} test_accuracy {:.4f}", step,
                  epoch_progress(), last_eval.loss, last_eval.accuracy);
+    interval_t0 += Clock::now() - e0;
   };
   auto save = [&] {
+    const auto s0 = Clock::now();
     const std::string name = checkpoint_file_name(step);
     CheckpointMeta m;
     m.step = step;
@@ -259,6 +264,7 @@ nlohmann::json run_training(const Config& cfg, const RunOptions& opts) {
     commit_checkpoint(ckpt_dir, name, cfg.train.checkpoint.keep_last);
     last_ckpt_step = step;
     spdlog::debug("checkpoint {}", name);
+    interval_t0 += Clock::now() - s0;
   };
 
   Activations acts;
@@ -267,8 +273,7 @@ nlohmann::json run_training(const Config& cfg, const RunOptions& opts) {
   ForwardCtx ctx{.training = true, .rng = &rng};
   double interval_loss = 0.0, final_train_loss = std::nan("");
   int64_t interval_samples = 0, samples_trained = 0;
-  double train_s = 0.0;
-  auto interval_t0 = Clock::now();
+  double train_s = 0.0, last_sps = 0.0;
   const int64_t first_step = step;
 
   while (step < total_steps) {
@@ -320,6 +325,7 @@ nlohmann::json run_training(const Config& cfg, const RunOptions& opts) {
       const double mean_loss = interval_loss / static_cast<double>(interval_samples);
       final_train_loss = mean_loss;
       const double sps = el > 0 ? static_cast<double>(interval_samples) / el : 0.0;
+      last_sps = sps;
       if (step % cfg.train.log_every == 0 || step == total_steps) {
         nlohmann::json rec = {{"kind", "train"},   {"step", step}, {"epoch", epoch_progress()},
                               {"loss", mean_loss}, {"lr", lr},     {"samples_per_s", sps}};
@@ -335,7 +341,7 @@ nlohmann::json run_training(const Config& cfg, const RunOptions& opts) {
                  epoch_progress(), mean_loss, sps);
     } else {
       bar.update(step, total_steps == std::numeric_limits<int64_t>::max() ? 0 : total_steps,
-                 epoch_progress(), step_loss, 0.0);
+                 epoch_progress(), step_loss, last_sps);
     }
     if (epoch_done || (cfg.train.eval_every > 0 && step % cfg.train.eval_every == 0)) run_eval();
     if (cfg.train.checkpoint.every_steps > 0 && step % cfg.train.checkpoint.every_steps == 0)
