@@ -1,0 +1,184 @@
+#include "comm/collectives.h"
+
+#include <algorithm>
+
+#include "util/check.h"
+
+namespace dtrain {
+
+namespace {
+
+Transport::Reduce to_transport(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAvg:
+      return Transport::Reduce::kSum;
+    case ReduceOp::kMin:
+      return Transport::Reduce::kMin;
+    case ReduceOp::kMax:
+      return Transport::Reduce::kMax;
+    case ReduceOp::kProd:
+      return Transport::Reduce::kProd;
+  }
+  return Transport::Reduce::kSum;
+}
+
+std::vector<size_t> offsets_of(const std::vector<size_t>& counts) {
+  std::vector<size_t> off(counts.size() + 1, 0);
+  for (size_t i = 0; i < counts.size(); ++i) off[i + 1] = off[i] + counts[i];
+  return off;
+}
+
+// Message part ids: unique per (phase, step, segment) within one collective.
+uint64_t part_id(uint64_t phase, uint64_t step, uint64_t seg) {
+  return (phase << 56) | (step << 32) | seg;
+}
+
+size_t segments_of(size_t count, size_t seg) {
+  return count == 0 ? 1 : (count + seg - 1) / seg;
+}
+
+int mod(int a, int w) {
+  return ((a % w) + w) % w;
+}
+
+// One ring pass: at each step s, send block send_block(s) to the right neighbour and receive
+// block recv_block(s) from the left, segment by segment, reducing or copying.
+template <typename SendBlock, typename RecvBlock>
+void ring_pass(const CollCtx& c, float* data, const std::vector<size_t>& counts, CommOp op,
+               uint64_t phase, SendBlock send_block, RecvBlock recv_block, bool reduce,
+               Transport::Reduce r) {
+  Transport& t = *c.t;
+  const int w = t.size(), rank = t.rank();
+  const int right = mod(rank + 1, w), left = mod(rank - 1, w);
+  const std::vector<size_t> off = offsets_of(counts);
+  const size_t seg = std::max<size_t>(1, c.segment_floats);
+  for (int s = 0; s < w - 1; ++s) {
+    const int sb = send_block(s), rb = recv_block(s);
+    const size_t ns = segments_of(counts[static_cast<size_t>(sb)], seg);
+    const size_t nr = segments_of(counts[static_cast<size_t>(rb)], seg);
+    const size_t nmax = std::max(ns, nr);
+    for (size_t k = 0; k < nmax; ++k) {
+      if (k < ns) {
+        const size_t b = std::min(seg * k, counts[static_cast<size_t>(sb)]);
+        const size_t e = std::min(seg * (k + 1), counts[static_cast<size_t>(sb)]);
+        MsgHeader h{c.seq, part_id(phase, static_cast<uint64_t>(s), k), op,
+                    (e - b) * sizeof(float)};
+        t.send(right, h, data + off[static_cast<size_t>(sb)] + b);
+      }
+      if (k < nr) {
+        const size_t b = std::min(seg * k, counts[static_cast<size_t>(rb)]);
+        const size_t e = std::min(seg * (k + 1), counts[static_cast<size_t>(rb)]);
+        MsgHeader h{c.seq, part_id(phase, static_cast<uint64_t>(s), k), op,
+                    (e - b) * sizeof(float)};
+        float* dst = data + off[static_cast<size_t>(rb)] + b;
+        if (reduce)
+          t.recv_reduce(left, h, dst, r, c.deadline);
+        else
+          t.recv(left, h, dst, c.deadline);
+      }
+    }
+  }
+}
+
+void check_counts(const Transport& t, const std::vector<size_t>& counts) {
+  DT_CHECK_EQ(counts.size(), static_cast<size_t>(t.size()));
+}
+
+}  // namespace
+
+const char* reduce_op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+      return "sum";
+    case ReduceOp::kAvg:
+      return "avg";
+    case ReduceOp::kMin:
+      return "min";
+    case ReduceOp::kMax:
+      return "max";
+    case ReduceOp::kProd:
+      return "prod";
+  }
+  return "?";
+}
+
+std::vector<size_t> even_counts(size_t n, int w) {
+  DT_CHECK_GE(w, 1);
+  std::vector<size_t> c(static_cast<size_t>(w), n / static_cast<size_t>(w));
+  for (size_t i = 0; i < n % static_cast<size_t>(w); ++i) ++c[i];
+  return c;
+}
+
+void ring_reduce_scatter_inplace(const CollCtx& c, float* data, const std::vector<size_t>& counts,
+                                 ReduceOp op, CommOp wire_op) {
+  Transport& t = *c.t;
+  check_counts(t, counts);
+  const int w = t.size(), r = t.rank();
+  if (w > 1) {
+    // Step s: send block r-s-1, receive and reduce block r-s-2; after w-1 steps block r is
+    // complete on rank r.
+    ring_pass(
+        c, data, counts, wire_op, 1, [&](int s) { return mod(r - s - 1, w); },
+        [&](int s) { return mod(r - s - 2, w); }, true, to_transport(op));
+  }
+  if (op == ReduceOp::kAvg && w > 1) {
+    const std::vector<size_t> off = offsets_of(counts);
+    const float inv = 1.0f / static_cast<float>(w);
+    float* mine = data + off[static_cast<size_t>(r)];
+    for (size_t i = 0; i < counts[static_cast<size_t>(r)]; ++i) mine[i] *= inv;
+  }
+}
+
+void ring_allgather_inplace(const CollCtx& c, float* data, const std::vector<size_t>& counts,
+                            CommOp op) {
+  Transport& t = *c.t;
+  check_counts(t, counts);
+  const int w = t.size(), r = t.rank();
+  if (w == 1) return;
+  // Step s: send block r-s, receive block r-s-1.
+  ring_pass(
+      c, data, counts, op, 2, [&](int s) { return mod(r - s, w); },
+      [&](int s) { return mod(r - s - 1, w); }, false, Transport::Reduce::kSum);
+}
+
+void ring_allreduce(const CollCtx& c, float* data, size_t n, ReduceOp op) {
+  Transport& t = *c.t;
+  const int w = t.size();
+  if (w == 1) return;
+  const std::vector<size_t> counts = even_counts(n, w);
+  ring_reduce_scatter_inplace(c, data, counts, op, CommOp::kAllReduce);
+  ring_allgather_inplace(c, data, counts, CommOp::kAllReduce);
+}
+
+void ring_broadcast(const CollCtx& c, float* data, size_t n, int root) {
+  Transport& t = *c.t;
+  const int w = t.size(), r = t.rank();
+  DT_CHECK(root >= 0 && root < w);
+  if (w == 1) return;
+  const int right = mod(r + 1, w), left = mod(r - 1, w);
+  const size_t seg = std::max<size_t>(1, c.segment_floats);
+  const size_t ns = segments_of(n, seg);
+  for (size_t k = 0; k < ns; ++k) {
+    const size_t b = std::min(seg * k, n), e = std::min(seg * (k + 1), n);
+    MsgHeader h{c.seq, part_id(3, 0, k), CommOp::kBroadcast, (e - b) * sizeof(float)};
+    if (r != root) t.recv(left, h, data + b, c.deadline);
+    if (right != root) t.send(right, h, data + b);
+  }
+}
+
+void ring_barrier(const CollCtx& c) {
+  Transport& t = *c.t;
+  const int w = t.size(), r = t.rank();
+  if (w == 1) return;
+  // w-1 rounds of a token passed around the ring: after round s each rank has heard
+  // (transitively) from s+1 ranks, so after w-1 rounds from all of them.
+  const int right = mod(r + 1, w), left = mod(r - 1, w);
+  for (int s = 0; s < w - 1; ++s) {
+    MsgHeader h{c.seq, part_id(4, static_cast<uint64_t>(s), 0), CommOp::kBarrier, 0};
+    t.send(right, h, nullptr);
+    t.recv(left, h, nullptr, c.deadline);
+  }
+}
+
+}  // namespace dtrain

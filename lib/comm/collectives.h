@@ -1,0 +1,45 @@
+// Collective algorithms over any Transport (gloo style: the algorithm never sees gRPC or
+// threads). Bandwidth-optimal rings, chunked into segments so that sending, receiving and
+// reducing overlap across neighbours. All functions are called by every rank of the transport
+// with the same arguments (counts, root, op); `seq` must be the same on every rank and unique per
+// collective (the Communicator assigns it). World size 1 returns at once.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "comm/transport.h"
+
+namespace dtrain {
+
+enum class ReduceOp { kSum, kAvg, kMin, kMax, kProd };
+const char* reduce_op_name(ReduceOp op);
+
+struct CollCtx {
+  Transport* t = nullptr;
+  uint64_t seq = 0;
+  Deadline deadline;
+  size_t segment_floats = 256 * 1024;  // 1 MiB segments
+};
+
+// Block partition of n elements over w ranks: sizes differ by at most one, lower ranks larger.
+std::vector<size_t> even_counts(size_t n, int w);
+
+// In place: every rank ends with the reduction of all ranks' data[0, n).
+void ring_allreduce(const CollCtx& c, float* data, size_t n, ReduceOp op);
+// In place over a full buffer laid out as blocks of `counts` (one per rank, summing to the
+// buffer length): afterwards this rank's block holds the reduction of that block over all
+// ranks; the other blocks hold partial sums (garbage to the caller).
+void ring_reduce_scatter_inplace(const CollCtx& c, float* data, const std::vector<size_t>& counts,
+                                 ReduceOp op, CommOp wire_op = CommOp::kReduceScatter);
+// In place over a full buffer of blocks: each rank provides its own block; afterwards every rank
+// has all blocks. Counts may differ per rank (allgatherv).
+void ring_allgather_inplace(const CollCtx& c, float* data, const std::vector<size_t>& counts,
+                            CommOp op = CommOp::kAllGather);
+// data[0, n) of `root` is copied to every rank (pipelined chain along the ring).
+void ring_broadcast(const CollCtx& c, float* data, size_t n, int root);
+// Returns once every rank has entered the barrier.
+void ring_barrier(const CollCtx& c);
+
+}  // namespace dtrain

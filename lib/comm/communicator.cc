@@ -1,0 +1,223 @@
+#include "comm/communicator.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <numeric>
+
+#include "util/check.h"
+
+namespace dtrain {
+
+using Clock = std::chrono::steady_clock;
+
+namespace {
+Deadline deadline_after(double seconds) {
+  return Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                            std::chrono::duration<double>(std::max(0.0, seconds)));
+}
+}  // namespace
+
+void Work::wait(double timeout_s) {
+  std::unique_lock<std::mutex> lk(mu_);
+  if (timeout_s < 0) {
+    cv_.wait(lk, [&] { return done_; });
+  } else if (!cv_.wait_until(lk, deadline_after(timeout_s), [&] { return done_; })) {
+    const std::string msg =
+        "wait for " + what_ + " timed out after " + std::to_string(timeout_s) + " s";
+    lk.unlock();
+    if (owner_) owner_->abort(msg);
+    throw CommError(msg);
+  }
+  if (error_) std::rethrow_exception(error_);
+}
+
+bool Work::done() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return done_;
+}
+
+Communicator::Communicator(std::unique_ptr<Transport> transport, CommOptions opts)
+    : transport_(std::move(transport)), opts_(opts) {
+  DT_CHECK(transport_ != nullptr);
+  worker_ = std::thread([this] { worker_loop(); });
+}
+
+Communicator::~Communicator() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  worker_.join();
+}
+
+std::string Communicator::failure() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return failed_;
+}
+
+double Communicator::comm_seconds() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return comm_s_;
+}
+
+void Communicator::abort(const std::string& why) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (failed_.empty()) failed_ = why;
+  }
+  transport_->abort(why);
+}
+
+WorkPtr Communicator::enqueue(CommOp op, size_t count, std::function<void(const CollCtx&)> fn) {
+  auto work = std::make_shared<Work>();
+  work->owner_ = this;
+  const uint64_t seq = next_seq_++;
+  work->what_ = std::string(comm_op_name(op)) + " seq " + std::to_string(seq) + " (" +
+                std::to_string(count) + " floats)";
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    queue_.push_back(Task{seq, work, std::move(fn)});
+  }
+  cv_.notify_all();
+  return work;
+}
+
+void Communicator::worker_loop() {
+  for (;;) {
+    Task task;
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      cv_.wait(lk, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping and drained
+      task = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    std::exception_ptr err;
+    const std::string earlier = failure();
+    const auto t0 = Clock::now();
+    if (!earlier.empty()) {
+      err = std::make_exception_ptr(
+          CommError("rank " + std::to_string(rank()) + ": " + task.work->what_ +
+                    " not run: the communicator failed earlier: " + earlier));
+    } else {
+      try {
+        CollCtx ctx;
+        ctx.t = transport_.get();
+        ctx.seq = task.seq;
+        ctx.deadline = deadline_after(opts_.timeout_s);
+        ctx.segment_floats = std::max<size_t>(1, opts_.segment_bytes / sizeof(float));
+        task.fn(ctx);
+      } catch (const std::exception& e) {
+        const std::string msg =
+            "rank " + std::to_string(rank()) + ": " + task.work->what_ + " failed: " + e.what();
+        abort(msg);
+        err = std::make_exception_ptr(CommError(msg));
+      }
+    }
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      comm_s_ += std::chrono::duration<double>(Clock::now() - t0).count();
+    }
+    {
+      std::lock_guard<std::mutex> lk(task.work->mu_);
+      task.work->error_ = err;
+      task.work->done_ = true;
+    }
+    task.work->cv_.notify_all();
+  }
+}
+
+WorkPtr Communicator::allreduce_async(float* data, size_t n, ReduceOp op) {
+  return enqueue(CommOp::kAllReduce, n, [=](const CollCtx& c) { ring_allreduce(c, data, n, op); });
+}
+
+void Communicator::reduce_scatter(const float* in, size_t n, float* out, ReduceOp op,
+                                  std::vector<size_t> counts) {
+  if (counts.empty()) counts = even_counts(n, size());
+  DT_CHECK_EQ(counts.size(), static_cast<size_t>(size()));
+  DT_CHECK_EQ(std::accumulate(counts.begin(), counts.end(), size_t{0}), n);
+  std::vector<float> scratch(in, in + n);
+  size_t offset = 0;
+  for (int r = 0; r < rank(); ++r) offset += counts[static_cast<size_t>(r)];
+  const size_t mine = counts[static_cast<size_t>(rank())];
+  float* buf = scratch.data();
+  enqueue(CommOp::kReduceScatter, n, [&, buf](const CollCtx& c) {
+    ring_reduce_scatter_inplace(c, buf, counts, op);
+  })->wait();
+  std::copy(scratch.begin() + static_cast<std::ptrdiff_t>(offset),
+            scratch.begin() + static_cast<std::ptrdiff_t>(offset + mine), out);
+}
+
+WorkPtr Communicator::reduce_scatter_inplace_async(float* data, std::vector<size_t> counts,
+                                                   ReduceOp op) {
+  DT_CHECK_EQ(counts.size(), static_cast<size_t>(size()));
+  const size_t n = std::accumulate(counts.begin(), counts.end(), size_t{0});
+  return enqueue(CommOp::kReduceScatter, n,
+                 [=](const CollCtx& c) { ring_reduce_scatter_inplace(c, data, counts, op); });
+}
+
+void Communicator::allgather(const float* in, float* out, std::vector<size_t> counts) {
+  DT_CHECK_EQ(counts.size(), static_cast<size_t>(size()));
+  size_t offset = 0;
+  for (int r = 0; r < rank(); ++r) offset += counts[static_cast<size_t>(r)];
+  std::copy(in, in + counts[static_cast<size_t>(rank())], out + offset);
+  allgather_inplace_async(out, std::move(counts))->wait();
+}
+
+WorkPtr Communicator::allgather_inplace_async(float* data, std::vector<size_t> counts) {
+  DT_CHECK_EQ(counts.size(), static_cast<size_t>(size()));
+  const bool equal =
+      std::adjacent_find(counts.begin(), counts.end(), std::not_equal_to<>()) == counts.end();
+  const CommOp op = equal ? CommOp::kAllGather : CommOp::kAllGatherV;
+  const size_t n = std::accumulate(counts.begin(), counts.end(), size_t{0});
+  return enqueue(op, n, [=](const CollCtx& c) { ring_allgather_inplace(c, data, counts, op); });
+}
+
+void Communicator::broadcast(float* data, size_t n, int root) {
+  DT_CHECK(root >= 0 && root < size());
+  enqueue(CommOp::kBroadcast, n, [=](const CollCtx& c) {
+    ring_broadcast(c, data, n, root);
+  })->wait();
+}
+
+void Communicator::barrier() {
+  enqueue(CommOp::kBarrier, 0, [](const CollCtx& c) { ring_barrier(c); })->wait();
+}
+
+void Communicator::send(int dst, uint64_t tag, const float* data, size_t n) {
+  DT_CHECK(dst >= 0 && dst < size() && dst != rank());
+  DT_CHECK_EQ(tag & kP2PBit, 0u);
+  const std::string earlier = failure();
+  if (!earlier.empty()) throw CommError("send: the communicator failed earlier: " + earlier);
+  const uint64_t idx = p2p_sent_[{dst, tag}]++;
+  MsgHeader h{kP2PBit | tag, idx, CommOp::kSendRecv, n * sizeof(float)};
+  try {
+    transport_->send(dst, h, data);
+  } catch (const std::exception& e) {
+    const std::string msg = "rank " + std::to_string(rank()) + ": send of " + describe(h) +
+                            " to rank " + std::to_string(dst) + " failed: " + e.what();
+    abort(msg);
+    throw CommError(msg);
+  }
+}
+
+void Communicator::recv(int src, uint64_t tag, float* data, size_t n) {
+  DT_CHECK(src >= 0 && src < size() && src != rank());
+  DT_CHECK_EQ(tag & kP2PBit, 0u);
+  const std::string earlier = failure();
+  if (!earlier.empty()) throw CommError("recv: the communicator failed earlier: " + earlier);
+  const uint64_t idx = p2p_recvd_[{src, tag}]++;
+  MsgHeader h{kP2PBit | tag, idx, CommOp::kSendRecv, n * sizeof(float)};
+  try {
+    transport_->recv(src, h, data, deadline_after(opts_.timeout_s));
+  } catch (const std::exception& e) {
+    const std::string msg = "rank " + std::to_string(rank()) + ": recv of " + describe(h) +
+                            " from rank " + std::to_string(src) + " failed: " + e.what();
+    abort(msg);
+    throw CommError(msg);
+  }
+}
+
+}  // namespace dtrain

@@ -1,0 +1,131 @@
+// Communicator: the collectives a training strategy calls, over one Transport.
+//
+// Distributed contract (every caller must hold to it; violations are detected, not hung on):
+//  - All ranks issue collectives in the same order with matching arguments (op, counts, root).
+//    Each collective gets the next sequence number at the call; every message carries it with
+//    the op and byte count, so ranks that disagree fail at once with both sides named.
+//  - Collectives run one at a time, in call order, on the communicator's worker thread; the
+//    *_async forms return at once with a Work handle, the plain forms wait. Buffers passed to an
+//    async call must stay valid and untouched until its Work completes.
+//  - Every collective has a deadline (timeout_s from when it starts running). A timeout, a dead
+//    or closed peer or a mismatch throws CommError naming the op, its sequence number, the
+//    element count and the peer; after a failure the communicator is unusable (every later call
+//    fails with the first error) and the transport is aborted so peers fail fast too.
+//  - send()/recv() (point-to-point, for pipeline stages) run on the calling thread, outside the
+//    collective sequence; messages between a pair with the same tag arrive in order, different
+//    tags never mix.
+// Thread-safety: the public methods may be called from one thread at a time (the rank's thread),
+// except Work::wait, which any thread may call.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm/collectives.h"
+#include "comm/transport.h"
+
+namespace dtrain {
+
+struct CommOptions {
+  double timeout_s = 300.0;        // per collective and per recv (distributed.timeout_s)
+  size_t segment_bytes = 1 << 20;  // ring pipelining segment
+};
+
+// Completion handle of an async collective.
+class Work {
+ public:
+  // Waits until the collective finished; rethrows its failure. timeout_s < 0: wait as long as
+  // the collective's own deadline allows. A wait that times out throws CommError.
+  void wait(double timeout_s = -1.0);
+  bool done() const;
+
+ private:
+  friend class Communicator;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::exception_ptr error_;
+  std::string what_;  // "allreduce seq 3 (1000 floats)"
+  class Communicator* owner_ = nullptr;
+};
+using WorkPtr = std::shared_ptr<Work>;
+
+class Communicator {
+ public:
+  Communicator(std::unique_ptr<Transport> transport, CommOptions opts = {});
+  ~Communicator();
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  int rank() const { return transport_->rank(); }
+  int size() const { return transport_->size(); }
+  std::string backend() const { return transport_->backend(); }
+  const CommOptions& options() const { return opts_; }
+
+  // In place over data[0, n).
+  WorkPtr allreduce_async(float* data, size_t n, ReduceOp op = ReduceOp::kSum);
+  void allreduce(float* data, size_t n, ReduceOp op = ReduceOp::kSum) {
+    allreduce_async(data, n, op)->wait();
+  }
+  // in: the full buffer (sum of counts floats, same on every rank's call); out: this rank's
+  // counts[rank] floats of the reduction. counts: one per rank (empty: even_counts(n)).
+  void reduce_scatter(const float* in, size_t n, float* out, ReduceOp op = ReduceOp::kSum,
+                      std::vector<size_t> counts = {});
+  // In place variant for sharded strategies: `data` is the full buffer; afterwards this rank's
+  // block (at the sum of the lower ranks' counts) holds the reduction.
+  WorkPtr reduce_scatter_inplace_async(float* data, std::vector<size_t> counts, ReduceOp op);
+  // in: this rank's counts[rank] floats; out: all blocks, in rank order (sum of counts floats).
+  // Equal counts give allgather; unequal give allgatherv.
+  void allgather(const float* in, float* out, std::vector<size_t> counts);
+  WorkPtr allgather_inplace_async(float* data, std::vector<size_t> counts);
+  void broadcast(float* data, size_t n, int root);
+  void barrier();
+
+  // Point-to-point (pipeline activations): n floats to/from one peer under a user tag.
+  void send(int dst, uint64_t tag, const float* data, size_t n);
+  void recv(int src, uint64_t tag, float* data, size_t n);
+
+  // Counters (payload bytes through the transport; seconds collectives spent running).
+  uint64_t bytes_sent() const { return transport_->bytes_sent(); }
+  uint64_t bytes_recv() const { return transport_->bytes_recv(); }
+  double comm_seconds() const;
+  uint64_t collectives_issued() const { return next_seq_; }
+
+  // Fails everything now (this rank is giving up); peers notice.
+  void abort(const std::string& why);
+
+ private:
+  friend class Work;
+  WorkPtr enqueue(CommOp op, size_t count, std::function<void(const CollCtx&)> fn);
+  void worker_loop();
+  std::string failure() const;
+
+  std::unique_ptr<Transport> transport_;
+  CommOptions opts_;
+  uint64_t next_seq_ = 0;
+  std::map<std::pair<int, uint64_t>, uint64_t> p2p_sent_, p2p_recvd_;
+
+  struct Task {
+    uint64_t seq;
+    WorkPtr work;
+    std::function<void(const CollCtx&)> fn;
+  };
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Task> queue_;
+  bool stopping_ = false;
+  std::string failed_;  // first failure, "" while healthy
+  double comm_s_ = 0.0;
+  std::thread worker_;
+};
+
+}  // namespace dtrain

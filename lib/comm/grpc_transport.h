@@ -1,0 +1,35 @@
+// The gRPC transport: one process per rank. Rank 0 hosts the rendezvous service at
+// MASTER_ADDR:MASTER_PORT; every rank (rank 0 included) starts its own transport server, joins
+// with (rank, world size, listen address, job token, config hash) and receives the peer table
+// once all ranks have joined. Tensor data then moves over long-lived client streams, one per
+// ordered peer pair, in chunks; the receiving server drains frames into per-peer mailboxes.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "comm/transport.h"
+
+namespace dtrain {
+
+struct GrpcOptions {
+  int rank = 0;
+  int world_size = 1;
+  std::string master_addr = "127.0.0.1";  // where rank 0's rendezvous service listens
+  int master_port = 0;                    // > 0
+  std::string bind = "127.0.0.1";         // this rank's listen address (port chosen free)
+  std::string advertise;                  // address peers dial; "" = bind (or the hostname when
+                                          // bind is 0.0.0.0 / ::)
+  std::string token;                      // job token, checked on every RPC; "" = none
+  std::string config_hash;                // must agree across ranks
+  double rendezvous_timeout_s = 120;      // fail naming the ranks that never joined
+  double connect_timeout_s = 30;
+  // Optional TLS: PEM file paths; all three set or none.
+  std::string tls_cert, tls_key, tls_ca;
+};
+
+// Joins the job and returns a connected transport. Throws CommError (timeout naming missing
+// ranks, refused token, config hash mismatch with both hashes) or UserError (bad options).
+std::unique_ptr<Transport> connect_grpc(const GrpcOptions& opts);
+
+}  // namespace dtrain

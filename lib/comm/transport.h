@@ -1,0 +1,94 @@
+// Transport: moves tagged byte messages between the ranks of one job. It knows nothing about
+// collectives (those are algorithms in collectives.h over any Transport) and nothing about
+// rendezvous (a transport is built from an already-agreed peer table).
+//
+// Addressing: a message goes from `src` to `dst` under a key (channel, part). Collectives use
+// channel = their sequence number; point-to-point messages use a channel with kP2PBit set. The
+// receiver states what it expects (op and byte count) and a message that disagrees is an error
+// at once (CommError naming both sides), never a hang or a silent overflow.
+//
+// Progress contract: send() may block for back-pressure, but never waits for the matching recv()
+// to be called: every transport drains incoming messages into per-peer mailboxes on its own. So
+// "all ranks send, then all ranks receive" cannot deadlock.
+//
+// Thread-safety: send() and recv() may be called from different threads concurrently (the
+// communicator's worker thread and the pipeline's p2p calls), but calls for the same (peer, key)
+// must not race. abort() may be called from any thread and wakes every waiter.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace dtrain {
+
+using Deadline = std::chrono::steady_clock::time_point;
+
+inline constexpr uint64_t kP2PBit = uint64_t{1} << 63;
+
+// Operation codes carried in every message header, so mismatched calls are detected.
+enum class CommOp : uint32_t {
+  kAllReduce = 1,
+  kReduceScatter = 2,
+  kAllGather = 3,
+  kBroadcast = 4,
+  kBarrier = 5,
+  kSendRecv = 6,
+  kAllGatherV = 7,
+};
+const char* comm_op_name(CommOp op);
+
+struct MsgHeader {
+  uint64_t channel = 0;  // collective sequence number, or kP2PBit | user tag
+  uint64_t part = 0;     // chunk / step index within the operation
+  CommOp op = CommOp::kAllReduce;
+  uint64_t bytes = 0;  // payload size
+};
+
+// A communication failure: timeout, dead or closed peer, mismatched calls, malformed frames.
+// Reaches main() as exit code 1 with this message.
+class CommError : public std::runtime_error {
+ public:
+  explicit CommError(const std::string& what) : std::runtime_error(what) {}
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual std::string backend() const = 0;  // "inproc" | "grpc"
+
+  // Sends h.bytes bytes from data to dst. Returns when data may be reused.
+  virtual void send(int dst, const MsgHeader& h, const void* data) = 0;
+  // Receives the message (h.channel, h.part) from src into data (h.bytes bytes). Throws
+  // CommError if it does not arrive by `deadline`, if src failed, or if its op or byte count
+  // differ from h.
+  virtual void recv(int src, const MsgHeader& h, void* data, Deadline deadline) = 0;
+  // As recv, but adds (op == sum) / applies the reduction elementwise into data, which holds
+  // h.bytes / 4 floats. Transports that can reduce straight from their receive buffer override
+  // it to save a copy.
+  enum class Reduce { kSum, kMin, kMax, kProd };
+  virtual void recv_reduce(int src, const MsgHeader& h, float* data, Reduce r, Deadline deadline);
+
+  // Fails every pending and future call with `why` (used when this rank or a peer dies).
+  virtual void abort(const std::string& why) = 0;
+
+  uint64_t bytes_sent() const { return bytes_sent_.load(std::memory_order_relaxed); }
+  uint64_t bytes_recv() const { return bytes_recv_.load(std::memory_order_relaxed); }
+
+ protected:
+  std::atomic<uint64_t> bytes_sent_{0};
+  std::atomic<uint64_t> bytes_recv_{0};
+};
+
+// dst[i] = reduce(dst[i], src[i]) for n floats.
+void reduce_into(float* dst, const float* src, size_t n, Transport::Reduce r);
+
+// "allreduce seq 12 part 3 (4096 bytes)" for messages.
+std::string describe(const MsgHeader& h);
+
+}  // namespace dtrain
