@@ -3,15 +3,20 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <limits>
+#include <thread>
 
 #include <spdlog/spdlog.h>
 
 #include "checkpoint/checkpoint.h"
+#include "comm/inproc.h"
 #include "data/sampler.h"
 #include "nn/loss.h"
 #include "optim/optimizer.h"
@@ -110,10 +115,13 @@ ModelShape resolve_model_shape(const Config& cfg, const DataSplits& data) {
   return s;
 }
 
-EvalResult evaluate(const Model& model, const float* params, const Dataset& d, int64_t batch,
-                    const std::string& loss) {
+namespace {
+
+// Sums over rows [begin, end) of d: (loss sum, correct count).
+std::pair<double, int64_t> eval_rows(const Model& model, const float* params, const Dataset& d,
+                                     int64_t begin, int64_t end, int64_t batch,
+                                     const std::string& loss) {
   DT_CHECK_GT(batch, 0);
-  EvalResult r;
   Activations acts;
   Tensor x;
   std::vector<int32_t> y;
@@ -121,8 +129,8 @@ EvalResult evaluate(const Model& model, const float* params, const Dataset& d, i
   ForwardCtx ctx{.training = false, .rng = nullptr};
   double loss_sum = 0.0;
   int64_t correct = 0;
-  for (int64_t start = 0; start < d.rows; start += batch) {
-    const int64_t n = std::min(batch, d.rows - start);
+  for (int64_t start = begin; start < end; start += batch) {
+    const int64_t n = std::min(batch, end - start);
     idx.resize(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) idx[static_cast<size_t>(i)] = start + i;
     gather(d, idx, x, y);
@@ -130,6 +138,38 @@ EvalResult evaluate(const Model& model, const float* params, const Dataset& d, i
     loss_sum += loss_and_grad(loss, out, y.data(), nullptr, 1.0f);
     correct += count_correct(out, y.data());
   }
+  return {loss_sum, correct};
+}
+
+// int64 values travel through float collectives as bit patterns (broadcast copies, never adds).
+std::vector<float> pack_i64(const std::vector<int64_t>& v) {
+  std::vector<float> out(v.size() * 2);
+  std::memcpy(out.data(), v.data(), v.size() * sizeof(int64_t));
+  return out;
+}
+std::vector<int64_t> unpack_i64(const std::vector<float>& f) {
+  std::vector<int64_t> out(f.size() / 2);
+  std::memcpy(out.data(), f.data(), out.size() * sizeof(int64_t));
+  return out;
+}
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  size_t pos = 0;
+  for (;;) {
+    const size_t e = s.find(sep, pos);
+    out.push_back(s.substr(pos, e == std::string::npos ? std::string::npos : e - pos));
+    if (e == std::string::npos) return out;
+    pos = e + 1;
+  }
+}
+
+}  // namespace
+
+EvalResult evaluate(const Model& model, const float* params, const Dataset& d, int64_t batch,
+                    const std::string& loss) {
+  EvalResult r;
+  const auto [loss_sum, correct] = eval_rows(model, params, d, 0, d.rows, batch, loss);
   r.samples = d.rows;
   if (d.rows > 0) {
     r.loss = loss_sum / static_cast<double>(d.rows);
@@ -138,33 +178,37 @@ EvalResult evaluate(const Model& model, const float* params, const Dataset& d, i
   return r;
 }
 
-nlohmann::json run_training(const Config& cfg, const RunOptions& opts) {
+nlohmann::json train_rank(const Config& cfg, const RunOptions& opts, Communicator& comm) {
   const auto t_start = Clock::now();
-  const int world = static_cast<int>(cfg.distributed.world_size);
-  const int rank = 0;
-  if (world != 1)
-    throw UserError("distributed.world_size = " + std::to_string(world) +
-                    ": this dtrain build trains in one process only (world_size: 1)");
-  set_blas_threads(static_cast<int>(cfg.runtime.threads));
+  const int world = comm.size();
+  const int rank = comm.rank();
+  const bool lead = rank == 0;  // rank 0 writes every file and logs at info
+  DT_CHECK_EQ(static_cast<int64_t>(world), cfg.distributed.world_size);
 
-  fs::create_directories(fs::path(opts.out_dir) / "checkpoints");
   const std::string ckpt_dir = (fs::path(opts.out_dir) / "checkpoints").string();
   const std::string hash = config_hash(cfg);
-  write_file_atomic((fs::path(opts.out_dir) / "config.json").string(),
-                    config_to_json(cfg).dump(2) + "\n");
+  if (lead) {
+    fs::create_directories(ckpt_dir);
+    write_file_atomic((fs::path(opts.out_dir) / "config.json").string(),
+                      config_to_json(cfg).dump(2) + "\n");
+  }
 
-  // Data and model.
+  // Data and model. Every rank loads the whole data set and takes its slices (sampler.h).
   auto t0 = Clock::now();
   DataSplits data = load_data(cfg.data, cfg.seed);
   const ModelShape shape = resolve_model_shape(cfg, data);
-  spdlog::info("data: {} train / {} test samples, {} features, {} classes, normalize {} ({:.2f} s)",
-               data.train.rows, data.test.rows, shape.in_features, shape.num_classes,
-               data.normalizer.method, seconds_since(t0));
+  if (lead)
+    spdlog::info(
+        "data: {} train / {} test samples, {} features, {} classes, normalize {} ({:.2f} s)",
+        data.train.rows, data.test.rows, shape.in_features, shape.num_classes,
+        data.normalizer.method, seconds_since(t0));
   const Model model = build_mlp(cfg.model, shape.in_features, shape.num_classes);
-  spdlog::info("model:\n{}", model.describe());
+  if (lead) spdlog::info("model:\n{}", model.describe());
   const int64_t P = model.param_count();
   ParamStore store(P);
   model.init(store.values.data(), static_cast<uint64_t>(cfg.seed));
+  // Every rank starts from rank 0's parameters, whatever its seed.
+  comm.broadcast(store.values.data(), static_cast<size_t>(P), 0);
   auto opt = make_optimizer(cfg.optimizer, 0, P);
   std::vector<StateBuffer> state_bufs;
   for (size_t i = 0; i < opt->state_names().size(); ++i)
@@ -187,42 +231,90 @@ nlohmann::json run_training(const Config& cfg, const RunOptions& opts) {
   const double base_lr = cfg.optimizer.lr * (cfg.optimizer.scale_lr == "linear" ? world : 1);
   Rng rng(static_cast<uint64_t>(cfg.seed), 0xD7A1000ULL + static_cast<uint64_t>(rank));
 
+  // Resume: rank 0 reads the checkpoint and broadcasts it, so other hosts need no copy.
   int64_t step = 0, epoch = 0, batch = 0;
   std::string resumed_from;
   if (!opts.resume.empty()) {
-    const std::string path =
-        resolve_checkpoint(opts.resume == "auto" ? ckpt_dir : opts.resume, opts.resume == "auto");
-    if (!path.empty()) {
-      CheckpointMeta m = load_checkpoint(path, model, store.values.data(), state_bufs);
-      if (m.optimizer != cfg.optimizer.type)
-        throw UserError("checkpoint '" + path + "' was written by optimizer '" + m.optimizer +
-                        "', this run uses '" + cfg.optimizer.type + "'");
-      if (m.config_hash != hash)
-        spdlog::warn("resuming from {} written with config hash {}, this run has {}", path,
-                     m.config_hash, hash);
-      step = m.step;
-      epoch = m.epoch;
-      batch = m.batch;
-      opt->set_step_count(m.optimizer_steps);
-      rng.from_string(m.rng);
-      resumed_from = path;
-      spdlog::info("resumed from {} at step {} (epoch {}, batch {})", path, step, epoch, batch);
-    } else {
-      spdlog::info("--resume auto: no checkpoint in {}, starting fresh", ckpt_dir);
+    std::vector<int64_t> meta_i(5, 0);  // loaded?, step, epoch, batch, optimizer steps
+    std::string rng_states;
+    if (lead) {
+      const std::string path =
+          resolve_checkpoint(opts.resume == "auto" ? ckpt_dir : opts.resume, opts.resume == "auto");
+      if (!path.empty()) {
+        CheckpointMeta m = load_checkpoint(path, model, store.values.data(), state_bufs);
+        if (m.optimizer != cfg.optimizer.type)
+          throw UserError("checkpoint '" + path + "' was written by optimizer '" + m.optimizer +
+                          "', this run uses '" + cfg.optimizer.type + "'");
+        if (m.config_hash != hash)
+          spdlog::warn("resuming from {} written with config hash {}, this run has {}", path,
+                       m.config_hash, hash);
+        meta_i = {1, m.step, m.epoch, m.batch, m.optimizer_steps};
+        rng_states = m.rng;
+        resumed_from = path;
+      } else {
+        spdlog::info("--resume auto: no checkpoint in {}, starting fresh", ckpt_dir);
+      }
+    }
+    std::vector<float> packed = pack_i64(meta_i);
+    comm.broadcast(packed.data(), packed.size(), 0);
+    meta_i = unpack_i64(packed);
+    if (meta_i[0] == 1) {
+      comm.broadcast(store.values.data(), static_cast<size_t>(P), 0);
+      for (auto& sb : state_bufs) comm.broadcast(sb.data, static_cast<size_t>(P), 0);
+      // RNG states: one per rank of the saving run, as 4 words each.
+      std::vector<int64_t> words(static_cast<size_t>(world) * 4, 0);
+      if (lead) {
+        const auto parts = split(rng_states, ';');
+        for (int r = 0; r < world && r < static_cast<int>(parts.size()); ++r) {
+          Rng tmp;
+          tmp.from_string(parts[static_cast<size_t>(r)]);
+          const auto st = tmp.state();
+          for (int k = 0; k < 4; ++k)
+            words[static_cast<size_t>(r) * 4 + static_cast<size_t>(k)] =
+                static_cast<int64_t>(st[static_cast<size_t>(k)]);
+        }
+        if (static_cast<int>(parts.size()) != world)
+          spdlog::warn(
+              "checkpoint has RNG states for {} rank(s), this run has {}: ranks without "
+              "one start a fresh dropout stream",
+              parts.size(), world);
+      }
+      std::vector<float> wp = pack_i64(words);
+      comm.broadcast(wp.data(), wp.size(), 0);
+      words = unpack_i64(wp);
+      std::array<uint64_t, 4> st{};
+      bool any = false;
+      for (int k = 0; k < 4; ++k) {
+        st[static_cast<size_t>(k)] =
+            static_cast<uint64_t>(words[static_cast<size_t>(rank) * 4 + static_cast<size_t>(k)]);
+        any = any || st[static_cast<size_t>(k)] != 0;
+      }
+      if (any) rng.set_state(st);
+      step = meta_i[1];
+      epoch = meta_i[2];
+      batch = meta_i[3];
+      opt->set_step_count(meta_i[4]);
+      if (lead)
+        spdlog::info("resumed from {} at step {} (epoch {}, batch {})", resumed_from, step, epoch,
+                     batch);
     }
   }
 
-  LineWriter metrics((fs::path(opts.out_dir) / "metrics.jsonl").string(), !resumed_from.empty());
-  spdlog::info(
-      "training: {} steps ({} per epoch, batch {} x {} rank(s), grad_accum {}), {} params, "
-      "{} BLAS thread(s), out {}",
-      total_steps == std::numeric_limits<int64_t>::max() ? -1 : total_steps, steps_per_epoch, b,
-      world, K, P, blas_threads(), opts.out_dir);
+  std::unique_ptr<LineWriter> metrics;
+  if (lead)
+    metrics = std::make_unique<LineWriter>((fs::path(opts.out_dir) / "metrics.jsonl").string(),
+                                           !resumed_from.empty());
+  if (lead)
+    spdlog::info(
+        "training: {} steps ({} per epoch, batch {} x {} rank(s), grad_accum {}), {} params, "
+        "{} BLAS thread(s), backend {}, out {}",
+        total_steps == std::numeric_limits<int64_t>::max() ? -1 : total_steps, steps_per_epoch, b,
+        world, K, P, blas_threads(), comm.backend(), opts.out_dir);
 
   auto epoch_progress = [&] {
     return static_cast<double>(epoch) + static_cast<double>(batch) / static_cast<double>(bpe);
   };
-  ProgressBar bar(opts.progress);
+  ProgressBar bar(opts.progress && lead);
   EvalResult last_eval;
   bool have_eval = false;
   int64_t last_eval_step = -1, last_ckpt_step = resumed_from.empty() ? -1 : step;
@@ -231,39 +323,71 @@ nlohmann::json run_training(const Config& cfg, const RunOptions& opts) {
   auto run_eval = [&] {
     if (data.test.rows == 0) return;
     const auto e0 = Clock::now();
-    last_eval =
-        evaluate(model, store.values.data(), data.test, cfg.data.eval_batch_size, cfg.model.loss);
+    // Each rank evaluates a contiguous share of the test set; the sums are all-reduced.
+    const int64_t n = data.test.rows;
+    const int64_t lo = n * rank / world, hi = n * (rank + 1) / world;
+    const auto [loss_sum, correct] = eval_rows(model, store.values.data(), data.test, lo, hi,
+                                               cfg.data.eval_batch_size, cfg.model.loss);
+    std::vector<float> sums = {static_cast<float>(loss_sum), static_cast<float>(correct)};
+    if (world > 1) comm.allreduce(sums.data(), sums.size(), ReduceOp::kSum);
+    last_eval.samples = n;
+    last_eval.loss = sums[0] / static_cast<double>(n);
+    last_eval.accuracy = std::round(sums[1]) / static_cast<double>(n);
     have_eval = true;
     last_eval_step = step;
-    nlohmann::json rec = {{"kind", "eval"},
-                          {"step", step},
-                          {"epoch", epoch_progress()},
-                          {"test_loss", nan_to_null(last_eval.loss)},
-                          {"test_accuracy", last_eval.accuracy}};
-    metrics.write_line(rec.dump());
-    bar.clear();
-    spdlog::info("eval step {} epoch {:.2f}: test_loss {:.4f} test_accuracy {:.4f}", step,
-                 epoch_progress(), last_eval.loss, last_eval.accuracy);
+    if (lead) {
+      nlohmann::json rec = {{"kind", "eval"},
+                            {"step", step},
+                            {"epoch", epoch_progress()},
+                            {"test_loss", nan_to_null(last_eval.loss)},
+                            {"test_accuracy", last_eval.accuracy}};
+      metrics->write_line(rec.dump());
+      bar.clear();
+      spdlog::info("eval step {} epoch {:.2f}: test_loss {:.4f} test_accuracy {:.4f}", step,
+                   epoch_progress(), last_eval.loss, last_eval.accuracy);
+    }
     interval_t0 += Clock::now() - e0;
   };
   auto save = [&] {
     const auto s0 = Clock::now();
-    const std::string name = checkpoint_file_name(step);
-    CheckpointMeta m;
-    m.step = step;
-    m.epoch = epoch;
-    m.batch = batch;
-    m.optimizer = cfg.optimizer.type;
-    m.optimizer_steps = opt->step_count();
-    m.rng = rng.to_string();
-    m.config_hash = hash;
-    m.world_size = world;
-    m.strategy = cfg.distributed.strategy;
-    save_checkpoint((fs::path(ckpt_dir) / name).string(), model, store.values.data(), state_bufs,
-                    m);
-    commit_checkpoint(ckpt_dir, name, cfg.train.checkpoint.keep_last);
+    // Every rank's RNG state goes into the checkpoint (dropout streams differ per rank).
+    const auto st_now = rng.state();
+    const std::vector<float> mine = pack_i64(std::vector<int64_t>(st_now.begin(), st_now.end()));
+    std::vector<float> all(mine.size() * static_cast<size_t>(world));
+    if (world > 1)
+      comm.allgather(mine.data(), all.data(), std::vector<size_t>(world, mine.size()));
+    else
+      all = mine;
+    if (lead) {
+      const std::vector<int64_t> words = unpack_i64(all);
+      std::string states;
+      for (int r = 0; r < world; ++r) {
+        Rng tmp;
+        std::array<uint64_t, 4> st{};
+        for (int k = 0; k < 4; ++k)
+          st[static_cast<size_t>(k)] =
+              static_cast<uint64_t>(words[static_cast<size_t>(r) * 4 + static_cast<size_t>(k)]);
+        tmp.set_state(st);
+        if (r > 0) states.push_back(';');
+        states.append(tmp.to_string());
+      }
+      const std::string name = checkpoint_file_name(step);
+      CheckpointMeta m;
+      m.step = step;
+      m.epoch = epoch;
+      m.batch = batch;
+      m.optimizer = cfg.optimizer.type;
+      m.optimizer_steps = opt->step_count();
+      m.rng = states;
+      m.config_hash = hash;
+      m.world_size = world;
+      m.strategy = cfg.distributed.strategy;
+      save_checkpoint((fs::path(ckpt_dir) / name).string(), model, store.values.data(), state_bufs,
+                      m);
+      commit_checkpoint(ckpt_dir, name, cfg.train.checkpoint.keep_last);
+      spdlog::debug("checkpoint {}", name);
+    }
     last_ckpt_step = step;
-    spdlog::debug("checkpoint {}", name);
     interval_t0 += Clock::now() - s0;
   };
 
@@ -275,6 +399,7 @@ nlohmann::json run_training(const Config& cfg, const RunOptions& opts) {
   int64_t interval_samples = 0, samples_trained = 0;
   double train_s = 0.0, last_sps = 0.0;
   const int64_t first_step = step;
+  const uint64_t bytes_sent0 = comm.bytes_sent(), bytes_recv0 = comm.bytes_recv();
 
   while (step < total_steps) {
     if (batch >= bpe) {
@@ -286,6 +411,8 @@ nlohmann::json run_training(const Config& cfg, const RunOptions& opts) {
     const int64_t n_micro = std::min(K, bpe - batch);
     int64_t step_samples = 0;
     for (int64_t i = 0; i < n_micro; ++i) step_samples += sampler.global_batch_size(batch + i);
+    // Gradients are sums scaled by 1 / (samples in the step over all ranks), so summing them
+    // across ranks gives the gradient of the mean loss of the global batch.
     const float scale = 1.0f / static_cast<float>(step_samples);
 
     std::fill(store.grads.begin(), store.grads.end(), 0.0f);
@@ -295,6 +422,12 @@ nlohmann::json run_training(const Config& cfg, const RunOptions& opts) {
       const Tensor& out = model.forward(store.values.data(), x, acts, ctx);
       loss_sum += loss_and_grad(cfg.model.loss, out, y.data(), &dlogits, scale);
       model.backward(store.values.data(), store.grads.data(), x, acts, dlogits, nullptr);
+    }
+    if (world > 1) {
+      comm.allreduce(store.grads.data(), static_cast<size_t>(P), ReduceOp::kSum);
+      float l = static_cast<float>(loss_sum);
+      comm.allreduce(&l, 1, ReduceOp::kSum);
+      loss_sum = l;
     }
     batch += n_micro;
     const double step_loss = loss_sum / static_cast<double>(step_samples);
@@ -320,16 +453,17 @@ nlohmann::json run_training(const Config& cfg, const RunOptions& opts) {
       ++epoch;
       batch = 0;
     }
+    const int64_t bar_total = total_steps == std::numeric_limits<int64_t>::max() ? 0 : total_steps;
     if (step % cfg.train.log_every == 0 || step == total_steps || epoch_done) {
       const double el = seconds_since(interval_t0);
       const double mean_loss = interval_loss / static_cast<double>(interval_samples);
       final_train_loss = mean_loss;
       const double sps = el > 0 ? static_cast<double>(interval_samples) / el : 0.0;
       last_sps = sps;
-      if (step % cfg.train.log_every == 0 || step == total_steps) {
+      if (lead && (step % cfg.train.log_every == 0 || step == total_steps)) {
         nlohmann::json rec = {{"kind", "train"},   {"step", step}, {"epoch", epoch_progress()},
                               {"loss", mean_loss}, {"lr", lr},     {"samples_per_s", sps}};
-        metrics.write_line(rec.dump());
+        metrics->write_line(rec.dump());
         if (!opts.progress)
           spdlog::info("step {} epoch {:.2f} loss {:.4f} lr {:.4g} {:.0f} samples/s", step,
                        epoch_progress(), mean_loss, lr, sps);
@@ -337,11 +471,9 @@ nlohmann::json run_training(const Config& cfg, const RunOptions& opts) {
       interval_loss = 0.0;
       interval_samples = 0;
       interval_t0 = Clock::now();
-      bar.update(step, total_steps == std::numeric_limits<int64_t>::max() ? 0 : total_steps,
-                 epoch_progress(), mean_loss, sps);
+      bar.update(step, bar_total, epoch_progress(), mean_loss, sps);
     } else {
-      bar.update(step, total_steps == std::numeric_limits<int64_t>::max() ? 0 : total_steps,
-                 epoch_progress(), step_loss, last_sps);
+      bar.update(step, bar_total, epoch_progress(), step_loss, last_sps);
     }
     if (epoch_done || (cfg.train.eval_every > 0 && step % cfg.train.eval_every == 0)) run_eval();
     if (cfg.train.checkpoint.every_steps > 0 && step % cfg.train.checkpoint.every_steps == 0)
@@ -357,6 +489,7 @@ nlohmann::json run_training(const Config& cfg, const RunOptions& opts) {
       {"epochs", epoch_progress()},
       {"world_size", world},
       {"strategy", cfg.distributed.strategy},
+      {"backend", comm.backend()},
       {"final_train_loss", nan_to_null(final_train_loss)},
       {"test_loss", have_eval ? nan_to_null(last_eval.loss) : nlohmann::json(nullptr)},
       {"test_accuracy", have_eval ? nlohmann::json(last_eval.accuracy) : nlohmann::json(nullptr)},
@@ -364,8 +497,9 @@ nlohmann::json run_training(const Config& cfg, const RunOptions& opts) {
       {"train_s", train_s},
       {"train_samples_per_s", train_s > 0 ? static_cast<double>(samples_trained) / train_s : 0.0},
       {"peak_rss_mb", peak_rss_mb()},
-      {"comm_bytes_sent", 0},
-      {"comm_bytes_recv", 0},
+      {"comm_bytes_sent", comm.bytes_sent() - bytes_sent0},
+      {"comm_bytes_recv", comm.bytes_recv() - bytes_recv0},
+      {"comm_s", comm.comm_seconds()},
       {"config_hash", hash},
       {"param_count", P},
       {"steps_this_run", step - first_step},
@@ -373,11 +507,59 @@ nlohmann::json run_training(const Config& cfg, const RunOptions& opts) {
        resumed_from.empty() ? nlohmann::json(nullptr) : nlohmann::json(resumed_from)},
       {"checkpoint", (fs::path(ckpt_dir) / checkpoint_file_name(step)).string()},
   };
-  write_file_atomic((fs::path(opts.out_dir) / "summary.json").string(), summary.dump(2) + "\n");
-  spdlog::info("done: {} steps, test_accuracy {}, {:.1f} s, results in {}", step,
-               have_eval ? fmt::format("{:.4f}", last_eval.accuracy) : std::string("n/a"),
-               seconds_since(t_start), opts.out_dir);
+  if (lead) {
+    write_file_atomic((fs::path(opts.out_dir) / "summary.json").string(), summary.dump(2) + "\n");
+    spdlog::info("done: {} steps, test_accuracy {}, {:.1f} s, results in {}", step,
+                 have_eval ? fmt::format("{:.4f}", last_eval.accuracy) : std::string("n/a"),
+                 seconds_since(t_start), opts.out_dir);
+  }
   return summary;
+}
+
+nlohmann::json run_training(const Config& cfg, const RunOptions& opts) {
+  const int world = static_cast<int>(cfg.distributed.world_size);
+  CommOptions copts;
+  if (cfg.distributed.backend == "grpc")
+    throw UserError(
+        "distributed.backend grpc: start the ranks with `dtrain launch` or set RANK/WORLD_SIZE");
+  // In-process ranks share one process: OpenBLAS gets cores / ranks threads each (1 on a 2-core
+  // machine), and with one thread every call runs in its caller's thread, so ranks compute
+  // concurrently without sharing OpenBLAS's thread pool.
+  const int threads = cfg.runtime.threads > 0 ? static_cast<int>(cfg.runtime.threads)
+                                              : std::max(1, hardware_cores() / world);
+  if (world > 1 && threads > 1)
+    spdlog::warn(
+        "runtime.threads = {} with {} in-process ranks: OpenBLAS serialises calls from "
+        "several threads into one pool; 1 thread per rank is usually faster",
+        threads, world);
+  set_blas_threads(threads);
+  auto transports = make_inproc_group(world);
+  if (world == 1) {
+    Communicator comm(std::move(transports[0]), copts);
+    return train_rank(cfg, opts, comm);
+  }
+  std::vector<nlohmann::json> summaries(static_cast<size_t>(world));
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(world));
+  std::atomic<int> first_failed{-1};
+  std::vector<std::thread> threads_v;
+  for (int r = 0; r < world; ++r) {
+    threads_v.emplace_back([&, r] {
+      Communicator comm(std::move(transports[static_cast<size_t>(r)]), copts);
+      try {
+        summaries[static_cast<size_t>(r)] = train_rank(cfg, opts, comm);
+      } catch (const std::exception& e) {
+        errors[static_cast<size_t>(r)] = std::current_exception();
+        int expected = -1;
+        first_failed.compare_exchange_strong(expected, r);
+        comm.abort("rank " + std::to_string(r) + " failed: " + e.what());
+      }
+    });
+  }
+  for (auto& t : threads_v) t.join();
+  // Report the rank that failed first: the others only saw its abort.
+  if (first_failed.load() >= 0)
+    std::rethrow_exception(errors[static_cast<size_t>(first_failed.load())]);
+  return summaries[0];
 }
 
 }  // namespace dtrain

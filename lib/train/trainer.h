@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "comm/communicator.h"
 #include "config/config.h"
 #include "data/dataset.h"
 #include "nn/model.h"
@@ -20,9 +21,15 @@ struct RunOptions {
   bool progress = false;  // draw a progress bar on stderr (interactive terminals)
 };
 
-// Trains per `cfg` and returns summary.json's content (also written to out_dir). Throws
-// UserError for bad data/checkpoints and std::exception for runtime failures.
+// Trains per `cfg` with the in-process backend (world_size ranks as threads of this process)
+// and returns summary.json's content (also written to out_dir). Throws UserError for bad
+// data/checkpoints and std::exception for runtime failures (the first failing rank's error).
 nlohmann::json run_training(const Config& cfg, const RunOptions& opts);
+
+// Trains one rank of a job over `comm` (world size 1 included). Rank 0 writes the files and
+// returns the summary; other ranks return their own counters. All ranks must call it with the
+// same config (the distributed contract of communicator.h).
+nlohmann::json train_rank(const Config& cfg, const RunOptions& opts, Communicator& comm);
 
 // Model input/output sizes for `cfg` and loaded data: config values when set (checked against
 // the data), else inferred. Throws UserError when they disagree.
