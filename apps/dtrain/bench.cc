@@ -3,6 +3,12 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <thread>
+
+#include "comm/communicator.h"
+#include "comm/inproc.h"
 
 #include "tensor/blas.h"
 #include "util/check.h"
@@ -63,6 +69,112 @@ int bench_gemm(const std::vector<int64_t>& widths, int64_t batch, int threads, i
       static_cast<double>(batch) / med);
   std::printf("{\"gemm_step_ms\": %.4f, \"gflops\": %.2f, \"bound_samples_per_s\": %.1f}\n",
               med * 1e3, flops / med * 1e-9, static_cast<double>(batch) / med);
+  return 0;
+}
+
+}  // namespace dtrain
+
+namespace dtrain {
+
+std::vector<int64_t> parse_sizes(const std::string& text) {
+  std::vector<int64_t> out;
+  size_t pos = 0;
+  while (pos <= text.size()) {
+    const size_t end = std::min(text.find(',', pos), text.size());
+    const std::string tok = text.substr(pos, end - pos);
+    char* stop = nullptr;
+    const double v = std::strtod(tok.c_str(), &stop);
+    int64_t mult = 1;
+    const std::string suffix(stop ? stop : "");
+    if (suffix == "K" || suffix == "k")
+      mult = 1 << 10;
+    else if (suffix == "M" || suffix == "m")
+      mult = 1 << 20;
+    else if (suffix == "G" || suffix == "g")
+      mult = int64_t{1} << 30;
+    else if (!suffix.empty() && suffix != "B")
+      throw UserError("bad size '" + tok + "' (use e.g. 4M, 512K, 1G)");
+    if (tok.empty() || stop == tok.c_str() || v < 0 || v * static_cast<double>(mult) > 8e9)
+      throw UserError("bad size '" + tok + "' (use e.g. 4M, 512K, 1G; at most 8G)");
+    out.push_back(static_cast<int64_t>(v * static_cast<double>(mult)) / 4 * 4);
+    pos = end + 1;
+  }
+  return out;
+}
+
+void bench_comm_rank(Communicator& comm, const CommBenchOptions& o) {
+  const int w = comm.size();
+  const bool lead = comm.rank() == 0;
+  if (lead && !o.json)
+    std::printf("# dtrain bench comm: op %s, backend %s, %d ranks\n%14s %12s %12s %12s\n",
+                o.op.c_str(), comm.backend().c_str(), w, "size(B)", "time(us)", "algbw(GB/s)",
+                "busbw(GB/s)");
+  for (const int64_t bytes : o.sizes_bytes) {
+    const size_t n = static_cast<size_t>(bytes / 4);
+    // allgather / reduce_scatter: `bytes` is the full (gathered) buffer, as nccl-tests count it.
+    std::vector<float> buf(n, 1.0f), out(n);
+    const std::vector<size_t> counts = even_counts(n, w);
+    const int iters =
+        o.iters > 0 ? o.iters : (bytes <= (4 << 20) ? 20 : (bytes <= (16 << 20) ? 10 : 5));
+    auto run = [&] {
+      if (o.op == "allreduce") {
+        comm.allreduce(buf.data(), n, ReduceOp::kSum);
+      } else if (o.op == "reduce_scatter") {
+        comm.reduce_scatter(buf.data(), n, out.data(), ReduceOp::kSum, counts);
+      } else if (o.op == "allgather") {
+        comm.allgather(buf.data(), out.data(), counts);
+      } else {
+        comm.broadcast(buf.data(), n, 0);
+      }
+    };
+    run();  // warm-up (connections, buffers)
+    std::vector<float> times;
+    for (int i = 0; i < iters; ++i) {
+      comm.barrier();
+      const auto t0 = std::chrono::steady_clock::now();
+      run();
+      times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+    // The slowest rank decides: take each iteration's max over ranks, then the median.
+    comm.allreduce(times.data(), times.size(), ReduceOp::kMax);
+    std::sort(times.begin(), times.end());
+    const double t = times[times.size() / 2];
+    const double factor = o.op == "allreduce"   ? 2.0 * (w - 1) / w
+                          : o.op == "broadcast" ? 1.0
+                                                : static_cast<double>(w - 1) / w;
+    const double algbw = t > 0 ? static_cast<double>(bytes) / t * 1e-9 : 0.0;
+    if (!lead) continue;
+    if (o.json)
+      std::printf(
+          "{\"op\": \"%s\", \"backend\": \"%s\", \"world_size\": %d, \"bytes\": %lld, "
+          "\"time_s\": %.6g, \"algbw_gbps\": %.4g, \"busbw_gbps\": %.4g}\n",
+          o.op.c_str(), comm.backend().c_str(), w, static_cast<long long>(bytes), t, algbw,
+          algbw * factor);
+    else
+      std::printf("%14lld %12.1f %12.3f %12.3f\n", static_cast<long long>(bytes), t * 1e6, algbw,
+                  algbw * factor);
+    std::fflush(stdout);
+  }
+}
+
+int bench_comm_inproc(int nproc, const CommBenchOptions& o) {
+  if (nproc < 1) throw UserError("bench comm: --nproc must be >= 1");
+  auto transports = make_inproc_group(nproc);
+  std::vector<std::thread> threads;
+  std::vector<std::string> errors(static_cast<size_t>(nproc));
+  for (int r = 0; r < nproc; ++r)
+    threads.emplace_back([&, r] {
+      Communicator comm(std::move(transports[static_cast<size_t>(r)]));
+      try {
+        bench_comm_rank(comm, o);
+      } catch (const std::exception& e) {
+        errors[static_cast<size_t>(r)] = e.what();
+        comm.abort(e.what());
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (const auto& e : errors)
+    if (!e.empty()) throw CommError(e);
   return 0;
 }
 

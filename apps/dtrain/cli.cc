@@ -188,6 +188,23 @@ int cli_main(int argc, char** argv) {
       ->capture_default_str();
   bench_gemm_cmd->add_option("--iters", bench_iters, "timed steps")->capture_default_str();
 
+  CLI::App* bench_comm_cmd = bench->add_subcommand(
+      "comm", "collective bandwidth table (nccl-tests style: size, time, algbw, busbw)");
+  std::string comm_backend = "inproc", comm_op = "allreduce", comm_sizes = "1M,4M,16M,64M";
+  int comm_nproc = 2, comm_iters = 0;
+  bool comm_json = false;
+  bench_comm_cmd->add_option("--backend", comm_backend, "inproc | grpc")
+      ->check(CLI::IsMember({"inproc", "grpc"}))
+      ->capture_default_str();
+  bench_comm_cmd->add_option("--nproc", comm_nproc, "ranks")->capture_default_str();
+  bench_comm_cmd->add_option("--op", comm_op, "allreduce | reduce_scatter | allgather | broadcast")
+      ->check(CLI::IsMember({"allreduce", "reduce_scatter", "allgather", "broadcast"}))
+      ->capture_default_str();
+  bench_comm_cmd->add_option("--sizes", comm_sizes, "message sizes, e.g. 1M,4M,16M,64M")
+      ->capture_default_str();
+  bench_comm_cmd->add_option("--iters", comm_iters, "timed iterations per size (0: by size)");
+  bench_comm_cmd->add_flag("--json", comm_json, "one JSON object per size instead of the table");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {
@@ -199,6 +216,15 @@ int cli_main(int argc, char** argv) {
 
   try {
     setup_logging(log_level);
+    if (bench_comm_cmd->parsed()) {
+      CommBenchOptions o;
+      o.op = comm_op;
+      o.sizes_bytes = parse_sizes(comm_sizes);
+      o.iters = comm_iters;
+      o.json = comm_json;
+      if (comm_backend == "inproc") return bench_comm_inproc(comm_nproc, o);
+      throw UserError("bench comm --backend grpc needs the gRPC backend");
+    }
     if (bench_gemm_cmd->parsed())
       return bench_gemm(widths, bench_batch, bench_threads, bench_iters);
     const Config cfg = load_config(config_path, sets);
