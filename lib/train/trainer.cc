@@ -461,8 +461,15 @@ nlohmann::json train_rank(const Config& cfg, const RunOptions& opts, Communicato
       const double sps = el > 0 ? static_cast<double>(interval_samples) / el : 0.0;
       last_sps = sps;
       if (lead && (step % cfg.train.log_every == 0 || step == total_steps)) {
-        nlohmann::json rec = {{"kind", "train"},   {"step", step}, {"epoch", epoch_progress()},
-                              {"loss", mean_loss}, {"lr", lr},     {"samples_per_s", sps}};
+        nlohmann::json rec = {{"kind", "train"},
+                              {"step", step},
+                              {"epoch", epoch_progress()},
+                              {"loss", mean_loss},
+                              {"lr", lr},
+                              {"samples_per_s", sps},
+                              {"comm_bytes_sent", comm.bytes_sent() - bytes_sent0},
+                              {"comm_bytes_recv", comm.bytes_recv() - bytes_recv0},
+                              {"comm_s", comm.comm_seconds()}};
         metrics->write_line(rec.dump());
         if (!opts.progress)
           spdlog::info("step {} epoch {:.2f} loss {:.4f} lr {:.4g} {:.0f} samples/s", step,

@@ -1,6 +1,8 @@
 #include <doctest/doctest.h>
 
 #include <array>
+#include <atomic>
+#include <thread>
 #include <vector>
 
 #include "tensor/blas.h"
@@ -64,4 +66,29 @@ TEST_CASE("gemm matches a naive product for every transpose combination") {
         naive(ta, tb, m, n, k, 0.5f, A, B, 2.0f, R);
         for (size_t i = 0; i < C.size(); ++i) REQUIRE(C[i] == doctest::Approx(R[i]).epsilon(1e-4));
       }
+}
+
+TEST_CASE("gemm from several threads at once (in-process ranks) gives the serial results") {
+  // In-process ranks call OpenBLAS concurrently with 1 BLAS thread each; every call must compute
+  // exactly what it computes alone.
+  set_blas_threads(1);
+  const int m = 128, n = 256, k = 300;
+  Rng r(5);
+  std::vector<float> A(m * k), B(k * n);
+  for (auto& x : A) x = r.normal();
+  for (auto& x : B) x = r.normal();
+  std::vector<float> ref(m * n);
+  gemm(false, false, m, n, k, 1.0f, A.data(), k, B.data(), n, 0.0f, ref.data(), n);
+  std::vector<std::thread> threads;
+  std::atomic<int> bad{0};
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&] {
+      std::vector<float> C(m * n);
+      for (int it = 0; it < 50; ++it) {
+        gemm(false, false, m, n, k, 1.0f, A.data(), k, B.data(), n, 0.0f, C.data(), n);
+        if (C != ref) bad++;
+      }
+    });
+  for (auto& t : threads) t.join();
+  CHECK(bad.load() == 0);
 }
