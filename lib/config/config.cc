@@ -57,7 +57,10 @@ const std::map<std::string, KeyList, std::less<>>& schema() {
       {"train",
        {"epochs", "max_steps", "log_every", "eval_every", "grad_accum_steps", "checkpoint"}},
       {"train.checkpoint", {"every_steps", "keep_last"}},
-      {"distributed", {"backend", "world_size", "strategy"}},
+      {"distributed",
+       {"backend", "world_size", "strategy", "timeout_s", "rendezvous_timeout_s", "token_file",
+        "bind", "tls"}},
+      {"distributed.tls", {"cert", "key", "ca"}},
       {"runtime", {"threads"}},
   };
   return s;
@@ -564,6 +567,13 @@ class Reader {
     read("distributed.backend", c.distributed.backend);
     read("distributed.world_size", c.distributed.world_size);
     read("distributed.strategy", c.distributed.strategy);
+    read("distributed.timeout_s", c.distributed.timeout_s);
+    read("distributed.rendezvous_timeout_s", c.distributed.rendezvous_timeout_s);
+    read("distributed.token_file", c.distributed.token_file);
+    read("distributed.bind", c.distributed.bind);
+    read("distributed.tls.cert", c.distributed.tls.cert);
+    read("distributed.tls.key", c.distributed.tls.key);
+    read("distributed.tls.ca", c.distributed.tls.ca);
 
     read("runtime.threads", c.runtime.threads);
   }
@@ -606,6 +616,11 @@ class Reader {
     check_enum("distributed.backend", c.distributed.backend, {"inproc", "grpc"});
     check_range("distributed.world_size", c.distributed.world_size, 1, 1024);
     check_enum("distributed.strategy", c.distributed.strategy, {"ddp"});
+    check_positive("distributed.timeout_s", c.distributed.timeout_s);
+    check_positive("distributed.rendezvous_timeout_s", c.distributed.rendezvous_timeout_s);
+    const TlsConfig& tls = c.distributed.tls;
+    check(!tls.enabled() || (!tls.cert.empty() && !tls.key.empty() && !tls.ca.empty()),
+          "distributed.tls", "needs all of cert, key and ca (or none)");
     check_range("runtime.threads", c.runtime.threads, 0, 1024);
   }
 
@@ -746,6 +761,10 @@ class Reader {
   }
 
   void resolve_paths(Config& c) const {
+    resolve("distributed.token_file", c.distributed.token_file);
+    resolve("distributed.tls.cert", c.distributed.tls.cert);
+    resolve("distributed.tls.key", c.distributed.tls.key);
+    resolve("distributed.tls.ca", c.distributed.tls.ca);
     for (const auto& [name, s] :
          {std::pair{"data.train", &c.data.train}, std::pair{"data.test", &c.data.test}}) {
       const std::string p = name;
@@ -846,9 +865,15 @@ nlohmann::json config_to_json(const Config& c) {
       {"checkpoint",
        {{"every_steps", t.checkpoint.every_steps}, {"keep_last", t.checkpoint.keep_last}}}};
 
-  j["distributed"] = {{"backend", c.distributed.backend},
-                      {"world_size", c.distributed.world_size},
-                      {"strategy", c.distributed.strategy}};
+  const DistributedConfig& dc = c.distributed;
+  j["distributed"] = {{"backend", dc.backend},
+                      {"world_size", dc.world_size},
+                      {"strategy", dc.strategy},
+                      {"timeout_s", dc.timeout_s},
+                      {"rendezvous_timeout_s", dc.rendezvous_timeout_s},
+                      {"token_file", dc.token_file},
+                      {"bind", dc.bind},
+                      {"tls", {{"cert", dc.tls.cert}, {"key", dc.tls.key}, {"ca", dc.tls.ca}}}};
   j["runtime"] = {{"threads", c.runtime.threads}};
   return j;
 }
@@ -859,6 +884,8 @@ std::string config_hash(const Config& c) {
     j["train"].erase(k);
   }
   j["runtime"].erase("threads");
+  for (const char* k : {"timeout_s", "rendezvous_timeout_s", "token_file", "bind", "tls"})
+    j["distributed"].erase(k);
   return fnv1a_hex(j.dump());
 }
 

@@ -107,10 +107,25 @@ struct TrainConfig {
   CheckpointConfig checkpoint;
 };
 
+struct TlsConfig {
+  std::string cert;  // PEM certificate of this rank
+  std::string key;   // PEM private key
+  std::string ca;    // PEM CA that signed every rank's certificate (mutual TLS)
+  bool enabled() const { return !cert.empty() || !key.empty() || !ca.empty(); }
+};
+
 struct DistributedConfig {
   std::string backend = "inproc";  // inproc | grpc
+  // Ranks. With backend grpc the launcher's environment (RANK, WORLD_SIZE, ...) overrides it.
   int64_t world_size = 1;          // >= 1
   std::string strategy = "ddp";    // ddp
+  double timeout_s = 300.0;        // deadline of every collective and receive, > 0
+  double rendezvous_timeout_s = 120.0;  // how long rank 0 waits for every rank to join, > 0
+  std::string token_file;          // job token file (DTRAIN_JOB_TOKEN takes precedence)
+  // Listen address of this rank's gRPC server: "" = loopback when MASTER_ADDR is a loopback
+  // address (local launches), else all interfaces (0.0.0.0).
+  std::string bind;
+  TlsConfig tls;                   // optional: all three files, or none
 };
 
 struct RuntimeConfig {
@@ -142,7 +157,8 @@ Config parse_config(const std::string& yaml_text, const std::string& name,
 // Canonical JSON of every field (defaults included). Stable across runs of the same dtrain.
 nlohmann::json config_to_json(const Config& c);
 // FNV-1a of the canonical JSON, minus fields that may differ between ranks or resumes without
-// changing the math (train.epochs, train.max_steps, logging and checkpoint cadence).
+// changing the math (train.epochs, train.max_steps, logging and checkpoint cadence, threads,
+// and the per-host distributed settings: timeouts, token_file, bind, tls).
 std::string config_hash(const Config& c);
 
 }  // namespace dtrain

@@ -604,7 +604,7 @@ TEST_CASE("config_to_json writes every field and loads back to the same config")
     CHECK(j["optimizer"]["schedule"].size() == 5);
     CHECK(j["train"].size() == 6);
     CHECK(j["train"]["checkpoint"].size() == 2);
-    CHECK(j["distributed"].size() == 3);
+    CHECK(j["distributed"].size() == 8);
     CHECK(j["runtime"].size() == 1);
     // JSON is YAML: the dump parses back to an identical config.
     CHECK(config_to_json(parse_config(j.dump(), "json")) == j);
@@ -643,6 +643,27 @@ TEST_CASE("the shipped configs/*.yaml are valid") {
     ++n;
   }
   CHECK(n > 0);
+}
+
+TEST_CASE("distributed keys: timeouts, tls all-or-none, per-host keys outside the hash") {
+  const std::string base = "data: {format: synthetic}\n";
+  const Config c = parse_config(
+      base, "d.yaml",
+      {"distributed.timeout_s=5", "distributed.bind=0.0.0.0", "distributed.backend=grpc"});
+  CHECK(c.distributed.timeout_s == 5.0);
+  CHECK(c.distributed.bind == "0.0.0.0");
+  CHECK(c.distributed.rendezvous_timeout_s == 120.0);
+  CHECK_THROWS_WITH_AS(parse_config(base, "d.yaml", {"distributed.timeout_s=0"}),
+                       doctest::Contains("distributed.timeout_s"), UserError);
+  CHECK_THROWS_WITH_AS(parse_config(base, "d.yaml", {"distributed.tls.cert=a.pem"}),
+                       doctest::Contains("needs all of cert, key and ca"), UserError);
+  CHECK_THROWS_WITH_AS(parse_config(base, "d.yaml", {"distributed.tsl.cert=a.pem"}),
+                       doctest::Contains("did you mean 'tls'"), UserError);
+  const Config d = parse_config(
+      base, "d.yaml",
+      {"distributed.bind=10.0.0.2", "distributed.timeout_s=7", "distributed.backend=grpc"});
+  CHECK(config_hash(c) == config_hash(d));
+  CHECK(config_hash(c) != config_hash(parse_config(base, "d.yaml")));  // backend differs
 }
 
 }  // namespace dtrain
