@@ -1,0 +1,319 @@
+#include "launch/dist_env.h"
+
+#include <fcntl.h>
+#include <sched.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cstdio>
+#include <cstring>
+#include <stdexcept>
+#include <thread>
+
+#include <spdlog/spdlog.h>
+
+#include "util/check.h"
+#include "util/fs.h"
+
+extern char** environ;
+
+namespace dtrain {
+
+namespace {
+
+using Env = std::map<std::string, std::string>;
+
+const std::string* find(const Env& env, const std::string& key) {
+  const auto it = env.find(key);
+  return it == env.end() ? nullptr : &it->second;
+}
+
+// The whole text must be a base-10 int: "4 ", "+4", "4x" and "" are refused, so a typo in a
+// launcher's variable fails loudly instead of silently becoming rank 0.
+int parse_int(const std::string& text, const std::string& name) {
+  int v = 0;
+  const char* b = text.data();
+  const char* e = b + text.size();
+  const auto [p, ec] = std::from_chars(b, e, v);
+  if (text.empty() || ec != std::errc() || p != e)
+    throw UserError(name + "='" + text + "' is not an integer");
+  return v;
+}
+
+// A resolved value and the variable, flag or config key it came from (for messages).
+struct Field {
+  int value = 0;
+  std::string name;
+  bool set = false;
+};
+
+Field from_env(const Env& env, const std::string& key) {
+  const std::string* v = find(env, key);
+  if (v == nullptr) return {};
+  return {parse_int(*v, key), key, true};
+}
+
+std::string show(const Field& f) {
+  return f.name + "=" + std::to_string(f.value);
+}
+
+// Both halves of a pair a launcher always sets together, or neither.
+void require_pair(const Env& env, const std::string& a, const std::string& b,
+                  const std::string& launcher) {
+  const bool has_a = env.count(a) > 0, has_b = env.count(b) > 0;
+  if (has_a != has_b)
+    throw UserError((has_a ? a : b) + " is set but " + (has_a ? b : a) + " is not: a " + launcher +
+                    " launch sets both");
+}
+
+bool valid_token(const std::string& t) {
+  return std::all_of(t.begin(), t.end(), [](char c) { return c > 0x20 && c < 0x7f; });
+}
+
+std::string trim(const std::string& s) {
+  const char* ws = " \t\r\n\f\v";
+  const size_t b = s.find_first_not_of(ws);
+  if (b == std::string::npos) return "";
+  return s.substr(b, s.find_last_not_of(ws) - b + 1);
+}
+
+}  // namespace
+
+std::vector<int> parse_slurm_tasks_per_node(const std::string& text, const std::string& var) {
+  // Grammar: item ("," item)*, item = count ["(x" repeat ")"].
+  auto bad = [&]() -> UserError {
+    return UserError(var + "='" + text + "' is not a Slurm task count list like 4(x2),1");
+  };
+  std::vector<int> out;
+  size_t i = 0;
+  auto number = [&]() {
+    const size_t start = i;
+    while (i < text.size() && text[i] >= '0' && text[i] <= '9') ++i;
+    if (i == start || i - start > 6) throw bad();
+    return std::stoi(text.substr(start, i - start));
+  };
+  while (true) {
+    const int count = number();
+    int repeat = 1;
+    if (text.compare(i, 2, "(x") == 0) {
+      i += 2;
+      repeat = number();
+      if (i >= text.size() || text[i] != ')') throw bad();
+      ++i;
+    }
+    if (count < 1 || repeat < 1 || out.size() + static_cast<size_t>(repeat) > 100000) throw bad();
+    out.insert(out.end(), static_cast<size_t>(repeat), count);
+    if (i == text.size()) break;
+    if (text[i] != ',') throw bad();
+    ++i;
+  }
+  return out;
+}
+
+std::string slurm_first_host(const std::string& nodelist, const std::string& var) {
+  // The first top-level item, each bracket group replaced by the start of its first range:
+  // "rack[1-2]-n[07,9],x" -> "rack1-n07".
+  auto bad = [&]() -> UserError {
+    return UserError(var + "='" + nodelist + "' is not a Slurm host list");
+  };
+  std::string host;
+  size_t i = 0;
+  while (i < nodelist.size() && nodelist[i] != ',') {
+    if (nodelist[i] == ']') throw bad();
+    if (nodelist[i] != '[') {
+      host += nodelist[i++];
+      continue;
+    }
+    const size_t close = nodelist.find(']', i);
+    if (close == std::string::npos) throw bad();
+    const std::string group = nodelist.substr(i + 1, close - i - 1);
+    const std::string first = group.substr(0, group.find_first_of(",-"));
+    if (first.empty()) throw bad();
+    host += first;
+    i = close + 1;
+  }
+  if (host.empty()) throw bad();
+  return host;
+}
+
+DistEnv resolve_dist_env(const std::map<std::string, std::string>& env, int config_world_size,
+                         const DistOverrides& flags) {
+  Field rank{0, "rank", true};
+  Field world{config_world_size, "distributed.world_size", true};
+  Field local_rank, local_world, port;
+  std::string addr = "127.0.0.1", addr_name = "MASTER_ADDR";
+  std::string source = "config";
+
+  if (env.count("RANK") || env.count("WORLD_SIZE")) {
+    source = "torchrun";
+    require_pair(env, "RANK", "WORLD_SIZE", "torchrun-style");
+    rank = from_env(env, "RANK");
+    world = from_env(env, "WORLD_SIZE");
+    local_rank = from_env(env, "LOCAL_RANK");
+    local_world = from_env(env, "LOCAL_WORLD_SIZE");
+  } else if (env.count("SLURM_PROCID")) {
+    source = "slurm";
+    if (!env.count("SLURM_NTASKS"))
+      throw UserError("SLURM_PROCID is set but SLURM_NTASKS is not: run the ranks with srun");
+    rank = from_env(env, "SLURM_PROCID");
+    world = from_env(env, "SLURM_NTASKS");
+    local_rank = from_env(env, "SLURM_LOCALID");
+    for (const char* var :
+         {"SLURM_STEP_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE"}) {
+      const std::string* v = find(env, var);
+      if (v == nullptr) continue;
+      const std::vector<int> counts = parse_slurm_tasks_per_node(*v, var);
+      int n = *std::max_element(counts.begin(), counts.end());
+      if (counts.size() > 1) {
+        // Nodes may run different numbers of tasks; pick this node's entry when it is known.
+        const Field node = from_env(env, "SLURM_NODEID");
+        if (node.set && node.value >= 0 && static_cast<size_t>(node.value) < counts.size())
+          n = counts[static_cast<size_t>(node.value)];
+      }
+      local_world = {n, var, true};
+      break;
+    }
+    // Defaults every rank of the job derives identically (scripts/slurm.sbatch exports the same).
+    for (const char* var : {"SLURM_JOB_NODELIST", "SLURM_NODELIST"}) {
+      if (const std::string* v = find(env, var)) {
+        addr = slurm_first_host(*v, var);
+        addr_name = var;
+        break;
+      }
+    }
+    if (const Field job = from_env(env, "SLURM_JOB_ID"); job.set && job.value >= 0)
+      port = {20000 + job.value % 20000, "SLURM_JOB_ID", true};
+  } else if (env.count("OMPI_COMM_WORLD_RANK") || env.count("OMPI_COMM_WORLD_SIZE")) {
+    source = "openmpi";
+    require_pair(env, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "mpirun");
+    rank = from_env(env, "OMPI_COMM_WORLD_RANK");
+    world = from_env(env, "OMPI_COMM_WORLD_SIZE");
+    local_rank = from_env(env, "OMPI_COMM_WORLD_LOCAL_RANK");
+    local_world = from_env(env, "OMPI_COMM_WORLD_LOCAL_SIZE");
+  }
+
+  if (const std::string* v = find(env, "MASTER_ADDR")) {
+    addr = *v;
+    addr_name = "MASTER_ADDR";
+  }
+  if (env.count("MASTER_PORT")) port = from_env(env, "MASTER_PORT");
+
+  if (flags.any()) source = "flags";
+  if (flags.rank) rank = {*flags.rank, "--rank", true};
+  if (flags.world_size) world = {*flags.world_size, "--world-size", true};
+  if (flags.local_rank) local_rank = {*flags.local_rank, "--local-rank", true};
+  if (flags.master_addr) {
+    addr = *flags.master_addr;
+    addr_name = "--master-addr";
+  }
+  if (flags.master_port) port = {*flags.master_port, "--master-port", true};
+
+  if (world.value < 1) throw UserError(show(world) + ": the world size must be at least 1");
+  if (rank.value < 0 || rank.value >= world.value)
+    throw UserError(show(rank) + " is out of range for " + show(world) +
+                    " (0 <= rank < world size)");
+  if (!local_world.set) local_world = {world.value, "local world size (= world size)", true};
+  if (local_world.value < 1 || local_world.value > world.value)
+    throw UserError(show(local_world) + " is out of range for " + show(world) +
+                    " (1 <= local world size <= world size)");
+  if (!local_rank.set) local_rank = {rank.value % local_world.value, "local rank", true};
+  if (local_rank.value < 0 || local_rank.value >= local_world.value)
+    throw UserError(show(local_rank) + " is out of range for " + show(local_world) +
+                    " (0 <= local rank < local world size)");
+  if (port.set && (port.value < 1 || port.value > 65535))
+    throw UserError(show(port) + " is not a TCP port (1..65535)");
+  if (addr.empty()) throw UserError(addr_name + " is empty");
+  if (source != "config" && world.value > 1 && !port.set)
+    throw UserError("MASTER_PORT is not set: the " + std::to_string(world.value) +
+                    " processes of this job need rank 0's rendezvous port (MASTER_PORT or "
+                    "--master-port)");
+
+  DistEnv d;
+  d.rank = rank.value;
+  d.world_size = world.value;
+  d.local_rank = local_rank.value;
+  d.local_world_size = local_world.value;
+  d.master_addr = addr;
+  d.master_port = port.set ? port.value : 0;
+  d.source = source;
+  return d;
+}
+
+std::map<std::string, std::string> current_environment() {
+  std::map<std::string, std::string> out;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+    const char* eq = std::strchr(*e, '=');
+    if (eq == nullptr) continue;
+    out.emplace(std::string(*e, static_cast<size_t>(eq - *e)),
+                std::string(eq + 1));  // keeps the first
+  }
+  return out;
+}
+
+int default_blas_threads(int cores, int local_world_size) {
+  return std::max(1, cores / std::max(1, local_world_size));
+}
+
+int available_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0) {
+    const int n = CPU_COUNT(&set);
+    if (n > 0) return n;
+  }
+  return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+}
+
+std::string resolve_job_token(const std::map<std::string, std::string>& env,
+                              const std::string& token_file_path, bool* file_too_open) {
+  if (file_too_open != nullptr) *file_too_open = false;
+  if (const std::string* v = find(env, "DTRAIN_JOB_TOKEN"); v != nullptr && !v->empty()) {
+    if (!valid_token(*v))
+      throw UserError("DTRAIN_JOB_TOKEN holds spaces or non-printable characters");
+    return *v;
+  }
+  if (token_file_path.empty()) return "";
+  const std::string token = trim(read_file(token_file_path));  // UserError if unreadable
+  if (token.empty()) throw UserError("token file '" + token_file_path + "' is empty");
+  if (!valid_token(token))
+    throw UserError("token file '" + token_file_path +
+                    "' holds spaces or non-printable characters inside the token");
+  struct stat st {};
+  if (::stat(token_file_path.c_str(), &st) == 0 && (st.st_mode & (S_IRGRP | S_IROTH)) != 0) {
+    char mode[8];
+    std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
+    spdlog::warn("token file '{}' is readable by other users (mode {}): chmod 600 it",
+                 token_file_path, mode);
+    if (file_too_open != nullptr) *file_too_open = true;
+  }
+  return token;
+}
+
+std::string random_token() {
+  unsigned char bytes[16];
+  const int fd = ::open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw std::runtime_error(std::string("cannot open /dev/urandom: ") + strerror(errno));
+  size_t got = 0;
+  while (got < sizeof bytes) {
+    const ssize_t n = ::read(fd, bytes + got, sizeof bytes - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      ::close(fd);
+      throw std::runtime_error("cannot read /dev/urandom");
+    }
+    got += static_cast<size_t>(n);
+  }
+  ::close(fd);
+  static const char* hex = "0123456789abcdef";
+  std::string out;
+  for (unsigned char b : bytes) {
+    out += hex[b >> 4];
+    out += hex[b & 15];
+  }
+  return out;
+}
+
+}  // namespace dtrain

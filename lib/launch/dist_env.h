@@ -1,0 +1,96 @@
+// Where this process sits in a multi-process job, and the job's shared secret.
+//
+// A rank learns its place from (highest precedence first): command-line flags, the environment a
+// launcher set (torchrun's contract, else Slurm's, else Open MPI's), the config. `dtrain launch`
+// and scripts/launch_local.sh set torchrun's variables; `srun` sets Slurm's; `mpirun` Open MPI's.
+// Nothing here talks to the network; the gRPC transport consumes the result.
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace dtrain {
+
+struct DistEnv {
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;        // index of this process among the job's processes on this machine
+  int local_world_size = 1;  // the job's processes on this machine (divides the cores)
+  std::string master_addr = "127.0.0.1";  // where rank 0's rendezvous service listens
+  int master_port = 0;                    // 0: not set (fine for a single process)
+  // Which source decided rank/world: "config" | "torchrun" | "slurm" | "openmpi" | "flags"
+  // ("flags" as soon as any flag was given, whatever filled the other fields).
+  std::string source = "config";
+};
+
+// Command-line overrides (dtrain run --rank/--world-size/--local-rank/--master-addr/
+// --master-port). Error messages name them by those flag spellings.
+struct DistOverrides {
+  std::optional<int> rank;
+  std::optional<int> world_size;
+  std::optional<int> local_rank;
+  std::optional<std::string> master_addr;
+  std::optional<int> master_port;
+  bool any() const { return rank || world_size || local_rank || master_addr || master_port; }
+};
+
+// Resolves the process's place in the job; per field, flags > environment > config.
+//
+// Environment sources, the first present wins:
+//  - torchrun, when RANK or WORLD_SIZE is set: RANK, WORLD_SIZE (both required), LOCAL_RANK,
+//    LOCAL_WORLD_SIZE.
+//  - Slurm, when SLURM_PROCID is set: SLURM_PROCID, SLURM_NTASKS (required), SLURM_LOCALID; the
+//    local world from SLURM_STEP_TASKS_PER_NODE, else SLURM_NTASKS_PER_NODE, else
+//    SLURM_TASKS_PER_NODE ("4(x2)" / "2(x3),1" forms; the entry for SLURM_NODEID, or the largest
+//    when SLURM_NODEID is unknown). Without MASTER_ADDR / MASTER_PORT, the master is the first
+//    host of SLURM_JOB_NODELIST and the port 20000 + SLURM_JOB_ID % 20000 (as
+//    scripts/slurm.sbatch sets them), so every rank of the job agrees without coordination.
+//  - Open MPI, when OMPI_COMM_WORLD_RANK or OMPI_COMM_WORLD_SIZE is set: OMPI_COMM_WORLD_RANK,
+//    OMPI_COMM_WORLD_SIZE (both required), OMPI_COMM_WORLD_LOCAL_RANK,
+//    OMPI_COMM_WORLD_LOCAL_SIZE.
+// MASTER_ADDR and MASTER_PORT are read from the environment whatever the source.
+// Config only: rank 0 of `config_world_size`, all ranks in this process (local world = world).
+// A missing local world is taken as "every rank on this machine" (local world = world), a missing
+// local rank as rank % local world: dividing the cores too finely is cheaper than
+// oversubscribing them.
+//
+// Throws UserError naming the variable or flag for: a value that is not a whole integer, a
+// partial set (RANK without WORLD_SIZE, ...), world < 1, rank outside [0, world), local rank
+// outside [0, local world), local world > world, a port outside 1..65535, an empty address, and
+// a job of more than one process (source other than "config") with no master port.
+DistEnv resolve_dist_env(const std::map<std::string, std::string>& env, int config_world_size,
+                         const DistOverrides& flags = {});
+
+// This process's environment (environ) as a map; for a name given twice the first wins, as
+// getenv does.
+std::map<std::string, std::string> current_environment();
+
+// OpenBLAS threads for one rank when runtime.threads is 0: the cores shared by the ranks on this
+// machine, at least 1.
+int default_blas_threads(int cores, int local_world_size);
+
+// CPUs this process may run on (its affinity mask, so taskset/cgroup cpusets count), >= 1.
+int available_cores();
+
+// The job token every rank presents to the rendezvous: DTRAIN_JOB_TOKEN when set and non-empty,
+// else the trimmed contents of `token_file_path` when that is non-empty, else "" (no token).
+// Throws UserError when the file is missing, unreadable or empty, or a token holds characters
+// other than printable non-space ASCII (it travels as gRPC metadata). A file readable by group
+// or others is accepted with a spdlog warning, and *file_too_open (if given) set to true.
+std::string resolve_job_token(const std::map<std::string, std::string>& env,
+                              const std::string& token_file_path, bool* file_too_open = nullptr);
+
+// 32 lowercase hex digits from /dev/urandom. Throws std::runtime_error if it cannot be read.
+std::string random_token();
+
+// Slurm's compressed per-node task counts, "2(x3),1" -> {2, 2, 2, 1}. `var` names the variable
+// in the UserError thrown for malformed text.
+std::vector<int> parse_slurm_tasks_per_node(const std::string& text, const std::string& var);
+
+// The first host of a Slurm hostlist: "node[03-05,9],gpu1" -> "node03". Throws UserError naming
+// `var` for unbalanced brackets or an empty list.
+std::string slurm_first_host(const std::string& nodelist, const std::string& var);
+
+}  // namespace dtrain

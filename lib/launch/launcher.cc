@@ -1,0 +1,496 @@
+#include "launch/launcher.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <ctime>
+#include <filesystem>
+#include <optional>
+#include <stdexcept>
+#include <thread>
+
+#include <spdlog/spdlog.h>
+
+#include "launch/dist_env.h"
+#include "util/check.h"
+
+namespace dtrain {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// How long to wait for ranks to disappear after SIGKILL before giving up on them: only a process
+// stuck in uninterruptible kernel sleep survives SIGKILL, and the launcher must not hang on it.
+constexpr auto kAfterKill = std::chrono::seconds(5);
+
+// Write end of the self-pipe: the signal handler's only way to talk to the supervisor loop, and
+// it works whichever thread (e.g. an OpenBLAS worker) the kernel picks to run the handler.
+volatile sig_atomic_t g_signal_pipe = -1;
+std::atomic<bool> g_active{false};
+
+void on_signal(int sig) {
+  const int saved = errno;
+  const unsigned char b = static_cast<unsigned char>(sig);
+  if (g_signal_pipe >= 0) {
+    const ssize_t r = ::write(g_signal_pipe, &b, 1);  // full pipe: a wakeup is already pending
+    (void)r;
+  }
+  errno = saved;
+}
+
+// Caught (not ignored) so a closed console makes write() return EPIPE instead of killing the
+// launcher, while exec still resets it to the default for the ranks.
+void on_sigpipe(int) {}
+
+std::string signal_name(int sig) {
+  const char* abbrev = sigabbrev_np(sig);
+  return abbrev != nullptr ? std::string("SIG") + abbrev : "signal " + std::to_string(sig);
+}
+
+std::runtime_error sys_error(const std::string& what) {
+  return std::runtime_error(what + ": " + strerror(errno));
+}
+
+// Owns a file descriptor.
+class Fd {
+ public:
+  Fd() = default;
+  explicit Fd(int fd) : fd_(fd) {}
+  ~Fd() { reset(); }
+  Fd(Fd&& o) noexcept : fd_(o.fd_) { o.fd_ = -1; }
+  Fd& operator=(Fd&& o) noexcept {
+    if (this != &o) {
+      reset();
+      fd_ = o.fd_;
+      o.fd_ = -1;
+    }
+    return *this;
+  }
+  int get() const { return fd_; }
+  bool open() const { return fd_ >= 0; }
+  void reset() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+// Installs the handlers for the launcher's lifetime and restores the previous ones. Signals that
+// were ignored on entry (nohup, `cmd &` in a script) stay ignored, here and in the ranks.
+class SignalGuard {
+ public:
+  SignalGuard() {
+    int p[2];
+    if (::pipe2(p, O_CLOEXEC | O_NONBLOCK) != 0) throw sys_error("pipe2");
+    read_ = Fd(p[0]);
+    write_ = Fd(p[1]);
+    g_signal_pipe = p[1];
+    install(SIGCHLD, on_signal, /*even_if_ignored=*/true);  // ignored SIGCHLD would auto-reap
+    for (int sig : {SIGINT, SIGTERM, SIGHUP}) install(sig, on_signal, false);
+    install(SIGPIPE, on_sigpipe, false);
+  }
+  ~SignalGuard() {
+    for (auto it = saved_.rbegin(); it != saved_.rend(); ++it)
+      ::sigaction(it->first, &it->second, nullptr);
+    g_signal_pipe = -1;
+  }
+  SignalGuard(const SignalGuard&) = delete;
+  SignalGuard& operator=(const SignalGuard&) = delete;
+
+  int fd() const { return read_.get(); }
+
+  // The signals received since the last call, in order.
+  std::vector<int> take() {
+    std::vector<int> out;
+    unsigned char buf[64];
+    ssize_t n;
+    while ((n = ::read(read_.get(), buf, sizeof buf)) > 0 || (n < 0 && errno == EINTR))
+      for (ssize_t i = 0; i < n; ++i) out.push_back(buf[i]);
+    return out;
+  }
+
+ private:
+  void install(int sig, void (*handler)(int), bool even_if_ignored) {
+    struct sigaction old {};
+    if (::sigaction(sig, nullptr, &old) != 0) throw sys_error("sigaction");
+    if (old.sa_handler == SIG_IGN && !even_if_ignored) return;
+    struct sigaction sa {};
+    sa.sa_handler = handler;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART | (sig == SIGCHLD ? SA_NOCLDSTOP : 0);
+    if (::sigaction(sig, &sa, nullptr) != 0) throw sys_error("sigaction");
+    saved_.emplace_back(sig, old);
+  }
+
+  Fd read_, write_;
+  std::vector<std::pair<int, struct sigaction>> saved_;
+};
+
+struct Child {
+  int rank = 0;
+  pid_t pid = -1;
+  bool running = false;
+};
+
+// The started ranks. Its destructor is the safety net for early exits (exceptions): whatever is
+// still running is SIGKILLed and reaped, waiting at most kAfterKill.
+class ChildSet {
+ public:
+  ~ChildSet() {
+    signal_running(SIGKILL);
+    const auto deadline = Clock::now() + kAfterKill;
+    while (any_running() && Clock::now() < deadline) {
+      for (Child& c : kids_)
+        if (c.running && ::waitpid(c.pid, nullptr, WNOHANG) == c.pid) c.running = false;
+      if (any_running()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+
+  void add(int rank, pid_t pid) { kids_.push_back({rank, pid, true}); }
+  std::vector<Child>& all() { return kids_; }
+
+  bool any_running() const {
+    return std::any_of(kids_.begin(), kids_.end(), [](const Child& c) { return c.running; });
+  }
+
+  std::string running_ranks() const {
+    std::string s;
+    for (const Child& c : kids_)
+      if (c.running) s += (s.empty() ? "" : ", ") + std::to_string(c.rank);
+    return s;
+  }
+
+  // To the rank's whole process group; to the rank alone if it left its group.
+  static void signal_rank(pid_t pid, int sig) {
+    if (::kill(-pid, sig) != 0) ::kill(pid, sig);
+  }
+
+  void signal_running(int sig) {
+    for (const Child& c : kids_)
+      if (c.running) signal_rank(c.pid, sig);
+  }
+
+  // Stops tracking ranks that did not die: the launcher returns and init inherits them.
+  void abandon() {
+    for (Child& c : kids_) c.running = false;
+  }
+
+ private:
+  std::vector<Child> kids_;
+};
+
+// write(2) everything, tolerating EINTR and a briefly full non-blocking console. Returns false on
+// any other failure (the caller stops writing there).
+bool write_fully(int fd, const char* p, size_t n) {
+  while (n > 0) {
+    const ssize_t w = ::write(fd, p, n);
+    if (w > 0) {
+      p += w;
+      n -= static_cast<size_t>(w);
+    } else if (w < 0 && errno == EINTR) {
+      continue;
+    } else if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      pollfd pf{fd, POLLOUT, 0};
+      if (::poll(&pf, 1, 1000) <= 0) return false;
+    } else {
+      return false;
+    }
+  }
+  return true;
+}
+
+// Copies one of rank 0's pipes to its log file and to the launcher's console.
+struct Tee {
+  Fd src;            // read end, non-blocking
+  int log_fd = -1;   // rank-0.log
+  int console = -1;  // STDOUT_FILENO or STDERR_FILENO
+  bool log_ok = true, console_ok = true;
+
+  // Reads what is available, at most max_reads chunks so a chatty rank cannot starve the
+  // supervisor loop. Closes the source at EOF.
+  void pump(int max_reads) {
+    char buf[65536];
+    for (int i = 0; src.open() && i < max_reads; ++i) {
+      const ssize_t n = ::read(src.get(), buf, sizeof buf);
+      if (n == 0) {
+        src.reset();
+      } else if (n < 0) {
+        if (errno == EINTR) continue;
+        return;  // EAGAIN: nothing more for now
+      } else {
+        const size_t len = static_cast<size_t>(n);
+        if (log_ok && !write_fully(log_fd, buf, len)) {
+          log_ok = false;
+          spdlog::warn("writing rank 0's log failed ({}); its output is no longer logged",
+                       strerror(errno));
+        }
+        if (console_ok && !write_fully(console, buf, len)) console_ok = false;
+      }
+    }
+  }
+};
+
+std::string now_text() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  ::localtime_r(&t, &tm);
+  char buf[64];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S", &tm);
+  return buf;
+}
+
+// Starts one rank in its own process group with stdin from /dev/null and the given stdout and
+// stderr; every other descriptor is closed. Returns errno on failure (posix_spawn reports exec
+// failures too).
+int spawn_rank(const std::vector<std::string>& argv_s, std::vector<std::string>& env_s, int out_fd,
+               int err_fd, pid_t* pid) {
+  std::vector<char*> argv, envp;
+  for (const std::string& a : argv_s) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  for (std::string& e : env_s) envp.push_back(e.data());
+  envp.push_back(nullptr);
+
+  posix_spawn_file_actions_t fa;
+  posix_spawnattr_t attr;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawnattr_init(&attr);
+  posix_spawn_file_actions_addopen(&fa, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_adddup2(&fa, out_fd, STDOUT_FILENO);
+  posix_spawn_file_actions_adddup2(&fa, err_fd, STDERR_FILENO);
+  posix_spawn_file_actions_addclosefrom_np(&fa, 3);
+  // Own group: signals reach the rank's helpers too, and a terminal's Ctrl-C reaches only the
+  // launcher, which forwards it exactly once.
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
+  posix_spawnattr_setpgroup(&attr, 0);
+  const int rc = ::posix_spawnp(pid, argv[0], &fa, &attr, argv.data(), envp.data());
+  posix_spawn_file_actions_destroy(&fa);
+  posix_spawnattr_destroy(&attr);
+  return rc;
+}
+
+}  // namespace
+
+std::string describe_wait_status(int status) {
+  if (WIFEXITED(status)) return "exit status " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status))
+    return "killed by signal " + signal_name(WTERMSIG(status)) +
+           (WCOREDUMP(status) ? " (core dumped)" : "");
+  return "wait status " + std::to_string(status);
+}
+
+int pick_free_port() {
+  Fd s(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!s.open()) throw sys_error("socket");
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  if (::bind(s.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0)
+    throw sys_error("bind 127.0.0.1:0");
+  socklen_t len = sizeof addr;
+  if (::getsockname(s.get(), reinterpret_cast<sockaddr*>(&addr), &len) != 0)
+    throw sys_error("getsockname");
+  return ntohs(addr.sin_port);
+}
+
+int launch_local(const LaunchOptions& o) {
+  if (o.nproc < 1 || o.nproc > 1024)
+    throw UserError("--nproc " + std::to_string(o.nproc) + ": must be in 1..1024");
+  if (o.master_port < 0 || o.master_port > 65535)
+    throw UserError("--master-port " + std::to_string(o.master_port) +
+                    ": not a TCP port (1..65535, or 0 for a free one)");
+  if (o.child_argv.empty() || o.child_argv[0].empty())
+    throw UserError("launch: no command to run for the ranks");
+  if (o.log_dir.empty()) throw UserError("launch: no log folder");
+  if (!(o.grace_s >= 0) || !std::isfinite(o.grace_s))
+    throw UserError("launch: the grace period must be >= 0 seconds");
+  bool expected = false;
+  DT_CHECK_MSG(g_active.compare_exchange_strong(expected, true),
+               "launch_local is already running in this process");
+  struct ActiveReset {
+    ~ActiveReset() { g_active = false; }
+  } active_reset;
+
+  const int port = o.master_port != 0 ? o.master_port : pick_free_port();
+  const std::string token = o.token.empty() ? random_token() : o.token;
+  std::error_code ec;
+  std::filesystem::create_directories(o.log_dir, ec);
+  if (ec) throw UserError("cannot create log folder '" + o.log_dir + "': " + ec.message());
+
+  // Logs are appended, so a relaunch (e.g. with --resume auto) keeps the earlier attempts.
+  std::vector<Fd> logs;
+  for (int r = 0; r < o.nproc; ++r) {
+    const std::string path = o.log_dir + "/rank-" + std::to_string(r) + ".log";
+    Fd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644));
+    if (!fd.open()) throw UserError("cannot open '" + path + "': " + strerror(errno));
+    const std::string sep = "==== dtrain launch " + now_text() + ": rank " + std::to_string(r) +
+                            " of " + std::to_string(o.nproc) + " ====\n";
+    if (!write_fully(fd.get(), sep.data(), sep.size())) throw sys_error("write '" + path + "'");
+    logs.push_back(std::move(fd));
+  }
+
+  // The ranks' environment: ours plus the torchrun contract (resolve_dist_env reads it).
+  std::map<std::string, std::string> base = current_environment();
+  base["WORLD_SIZE"] = std::to_string(o.nproc);
+  base["LOCAL_WORLD_SIZE"] = std::to_string(o.nproc);
+  base["MASTER_ADDR"] = "127.0.0.1";
+  base["MASTER_PORT"] = std::to_string(port);
+  base["DTRAIN_JOB_TOKEN"] = token;
+
+  spdlog::info(
+      "launching {} rank(s): master 127.0.0.1:{}, logs in {}/rank-<r>.log (rank 0 also "
+      "shown here)",
+      o.nproc, port, o.log_dir);
+  std::fflush(stdout);  // the tee writes rank 0's bytes straight to the descriptors
+  std::fflush(stderr);
+
+  // Rank 0's two pipes, read here; the write ends are only in rank 0 (CLOEXEC elsewhere).
+  Tee tees[2];
+  Fd tee_w[2];
+  for (int i = 0; i < 2; ++i) {
+    int p[2];
+    if (::pipe2(p, O_CLOEXEC) != 0) throw sys_error("pipe2");
+    tees[i].src = Fd(p[0]);
+    tee_w[i] = Fd(p[1]);
+    if (::fcntl(p[0], F_SETFL, O_NONBLOCK) != 0) throw sys_error("fcntl");
+    tees[i].log_fd = logs[0].get();
+    tees[i].console = i == 0 ? STDOUT_FILENO : STDERR_FILENO;
+  }
+
+  // Declared after the handlers so that on an exception the ranks are killed and reaped first.
+  SignalGuard signals;
+  ChildSet kids;
+  for (int r = 0; r < o.nproc; ++r) {
+    std::map<std::string, std::string> env = base;
+    env["RANK"] = std::to_string(r);
+    env["LOCAL_RANK"] = std::to_string(r);
+    std::vector<std::string> env_s;
+    for (const auto& [k, v] : env) env_s.push_back(k + "=" + v);
+    const int out_fd = r == 0 ? tee_w[0].get() : logs[static_cast<size_t>(r)].get();
+    const int err_fd = r == 0 ? tee_w[1].get() : logs[static_cast<size_t>(r)].get();
+    pid_t pid = -1;
+    if (const int rc = spawn_rank(o.child_argv, env_s, out_fd, err_fd, &pid); rc != 0)
+      throw std::runtime_error("cannot start rank " + std::to_string(r) + " ('" + o.child_argv[0] +
+                               "'): " + strerror(rc));
+    kids.add(r, pid);
+    if (r == 0) {
+      tee_w[0].reset();  // so the tee sees EOF when rank 0 is gone
+      tee_w[1].reset();
+    } else {
+      logs[static_cast<size_t>(r)].reset();
+    }
+  }
+
+  bool shutting_down = false, failed = false, kill_sent = false, abandoned = false;
+  int stop_signal = 0;
+  std::optional<Clock::time_point> kill_at, give_up_at;
+  const auto grace =
+      std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(o.grace_s));
+  auto terminate_all = [&](int sig) {
+    shutting_down = true;
+    kids.signal_running(sig);
+    kill_at = Clock::now() + grace;
+  };
+  auto kill_all = [&] {
+    if (kill_sent) return;
+    kill_sent = true;
+    kids.signal_running(SIGKILL);
+    give_up_at = Clock::now() + kAfterKill;
+  };
+
+  while (kids.any_running()) {
+    int timeout_ms = 1000;  // a safety net only: SIGCHLD wakes the loop through the self-pipe
+    for (const auto& t : {kill_sent ? std::nullopt : kill_at, give_up_at}) {
+      if (!t) continue;
+      const auto left = std::chrono::ceil<std::chrono::milliseconds>(*t - Clock::now()).count();
+      timeout_ms = static_cast<int>(std::clamp<int64_t>(left, 0, timeout_ms));
+    }
+    pollfd fds[3];
+    nfds_t n = 0;
+    fds[n++] = {signals.fd(), POLLIN, 0};
+    for (Tee& t : tees)
+      if (t.src.open()) fds[n++] = {t.src.get(), POLLIN, 0};
+    if (::poll(fds, n, timeout_ms) < 0 && errno != EINTR) throw sys_error("poll");
+
+    for (int sig : signals.take()) {
+      if (sig == SIGCHLD || sig == SIGPIPE) continue;
+      if (!shutting_down) {
+        spdlog::warn("received {}: forwarding it to the ranks", signal_name(sig));
+        stop_signal = sig;
+        terminate_all(sig);
+      } else if (!kill_sent) {
+        spdlog::warn("received {} while stopping: killing the ranks now", signal_name(sig));
+        kill_all();
+      }
+    }
+
+    for (Tee& t : tees) t.pump(16);
+
+    for (Child& c : kids.all()) {
+      if (!c.running) continue;
+      siginfo_t info{};
+      // WNOWAIT: the exited rank stays a zombie, so its pid (= its group id) cannot be reused
+      // while what is left of its group is killed.
+      if (::waitid(P_PID, static_cast<id_t>(c.pid), &info, WEXITED | WNOHANG | WNOWAIT) != 0 ||
+          info.si_pid == 0)
+        continue;
+      ::kill(-c.pid, SIGKILL);
+      int status = 0;
+      while (::waitpid(c.pid, &status, 0) < 0 && errno == EINTR) {
+      }
+      c.running = false;
+      const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+      if (shutting_down) {
+        spdlog::info("rank {} stopped: {}", c.rank, describe_wait_status(status));
+      } else if (ok) {
+        spdlog::info("rank {} finished", c.rank);
+      } else {
+        spdlog::error("rank {} failed: {}", c.rank, describe_wait_status(status));
+        failed = true;
+        if (kids.any_running())
+          spdlog::warn("stopping rank(s) {}: SIGTERM, then SIGKILL after {} s",
+                       kids.running_ranks(), o.grace_s);
+        terminate_all(SIGTERM);
+      }
+    }
+
+    const auto now = Clock::now();
+    if (kids.any_running() && kill_at && !kill_sent && now >= *kill_at) {
+      spdlog::warn("rank(s) {} still running {} s after {}: sending SIGKILL", kids.running_ranks(),
+                   o.grace_s, signal_name(stop_signal != 0 ? stop_signal : SIGTERM));
+      kill_all();
+    }
+    if (kids.any_running() && give_up_at && now >= *give_up_at) {
+      spdlog::error("rank(s) {} did not exit after SIGKILL; leaving them behind",
+                    kids.running_ranks());
+      kids.abandon();
+      abandoned = true;
+    }
+  }
+
+  // Whatever rank 0 wrote before exiting is still in the pipes.
+  for (Tee& t : tees) t.pump(4096);
+
+  if (stop_signal != 0 && !failed) return 128 + stop_signal;
+  if (failed || abandoned) return 1;
+  spdlog::info("all {} rank(s) finished", o.nproc);
+  return 0;
+}
+
+}  // namespace dtrain

@@ -1,0 +1,49 @@
+// `dtrain launch`: runs the ranks of a job as child processes on this machine, torchrun-style.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace dtrain {
+
+struct LaunchOptions {
+  int nproc = 1;        // ranks to start, >= 1
+  int master_port = 0;  // rank 0's rendezvous port; 0: a free one (pick_free_port)
+  // The command every rank runs, argv[0] first (looked up in PATH when it has no '/'), e.g.
+  // {"/abs/path/dtrain", "run", "cfg.yaml", "--set", "a=b", "--out", "runs/x"}.
+  std::vector<std::string> child_argv;
+  std::string log_dir;  // created if missing; rank r's output goes to log_dir/rank-<r>.log
+  std::string token;    // DTRAIN_JOB_TOKEN for the ranks; "": a fresh random_token()
+  double grace_s = 10;  // after SIGTERM, how long ranks get before SIGKILL
+};
+
+// Starts o.nproc ranks and supervises them until all have exited. Each rank gets this process's
+// environment plus RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE (= nproc), MASTER_ADDR
+// (127.0.0.1), MASTER_PORT and DTRAIN_JOB_TOKEN; stdin is /dev/null. Each rank's stdout and
+// stderr are appended to log_dir/rank-<r>.log (after a "==== ... ====" separator line); rank 0's
+// are also copied to this process's stdout and stderr respectively.
+//
+// Each rank runs in its own process group, and every signal to a rank goes to its whole group,
+// so helpers a rank spawned go with it. SIGINT, SIGTERM and SIGHUP received here (unless they were
+// ignored on entry) are forwarded to every rank; a second one sends SIGKILL at once. When a rank
+// exits non-zero or by a signal, "rank R failed: exit status S" (or "killed by signal SIGKILL") is
+// logged and the others get SIGTERM. Ranks still alive grace_s after a SIGTERM get SIGKILL; after
+// SIGKILL the launcher waits at most 5 more seconds (a process stuck in the kernel cannot be
+// reaped) and then returns regardless, so it never hangs. Whatever remains of a rank's group when
+// the rank exits is SIGKILLed. Status lines go through spdlog.
+//
+// Returns 0 when every rank exited 0, 1 when a rank failed, 128 + the signal number when stopped
+// by a received signal (130 for SIGINT, 143 for SIGTERM) and no rank had failed before it.
+// Throws UserError for bad options, std::runtime_error when a rank cannot be started (after
+// killing the ranks already started). Installs signal handlers for its duration and restores
+// them; one launch_local at a time per process.
+int launch_local(const LaunchOptions& o);
+
+// A TCP port that was free on 127.0.0.1 a moment ago (bound to port 0, read back, closed). Another
+// process may take it before rank 0 binds it; the rendezvous then fails loudly, not silently.
+int pick_free_port();
+
+// A waitpid status in words: "exit status 3", "killed by signal SIGKILL" (" (core dumped)").
+std::string describe_wait_status(int status);
+
+}  // namespace dtrain

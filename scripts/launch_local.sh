@@ -1,0 +1,160 @@
+#!/usr/bin/env bash
+# Runs N ranks of `dtrain run` on this machine, the way `dtrain launch --nproc N` does, in plain
+# shell: a template for scripting your own launches.
+#
+#   scripts/launch_local.sh N CONFIG [dtrain run args...]
+#   scripts/launch_local.sh 4 configs/fmnist_mlp.yaml --set distributed.backend=grpc
+#
+# Each rank gets torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
+# MASTER_ADDR, MASTER_PORT) and DTRAIN_JOB_TOKEN, which `dtrain run` reads to find its place in
+# the job. Rank r's output goes to OUT/logs/rank-<r>.log (OUT: the --out given, else
+# runs/<config stem>); rank 0's is also followed here. When a rank fails the others get SIGTERM,
+# then SIGKILL after GRACE seconds; Ctrl-C / SIGTERM to this script are passed on the same way.
+#
+# Environment: DTRAIN_BIN (default build/bin/dtrain next to this script), MASTER_PORT (default: a
+# free port), DTRAIN_JOB_TOKEN (default: random), GRACE (default 10).
+# Exit status: 0 when every rank succeeded, 1 when one failed, 128+N when stopped by signal N.
+set -uo pipefail
+
+die() {
+  echo "launch_local.sh: $*" >&2
+  exit 2
+}
+
+if ((BASH_VERSINFO[0] < 5 || (BASH_VERSINFO[0] == 5 && BASH_VERSINFO[1] < 1))); then
+  die "needs bash >= 5.1 (wait -n with process ids)"
+fi
+(($# >= 2)) || die "usage: $0 N CONFIG [dtrain run args...]"
+nproc=$1
+config=$2
+shift 2
+[[ $nproc =~ ^[1-9][0-9]*$ ]] || die "N must be a positive integer, got '$nproc'"
+[[ -f $config ]] || die "no such config file: $config"
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+bin=${DTRAIN_BIN:-$root/build/bin/dtrain}
+[[ -x $bin ]] || die "no dtrain binary at $bin (build it, or set DTRAIN_BIN)"
+grace=${GRACE:-10}
+
+# The output folder, as `dtrain run` picks it: --out if given, else runs/<config stem>.
+base=$(basename -- "$config")
+out="runs/${base%.*}"
+args=("$@")
+for ((i = 0; i < ${#args[@]}; i++)); do
+  case ${args[i]} in
+    --out) ((i + 1 < ${#args[@]})) && out=${args[i + 1]} ;;
+    --out=*) out=${args[i]#--out=} ;;
+  esac
+done
+logs="$out/logs"
+mkdir -p "$logs" || die "cannot create $logs"
+
+free_port() {
+  # Bind port 0 and read back what the kernel chose; another process may still take it before
+  # rank 0 binds it (rendezvous then fails loudly). Without python3: a random high port.
+  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])' \
+    2>/dev/null || shuf -i 20000-60999 -n 1
+}
+port=${MASTER_PORT:-$(free_port)}
+token=${DTRAIN_JOB_TOKEN:-$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')}
+
+echo "launch_local.sh: $nproc rank(s), master 127.0.0.1:$port, logs in $logs/rank-<r>.log" >&2
+
+declare -A rank_of=() # pid -> rank, for the ranks still running
+for ((r = 0; r < nproc; r++)); do
+  log="$logs/rank-$r.log"
+  echo "==== launch_local.sh $(date '+%F %T'): rank $r of $nproc ====" >>"$log"
+  ((r == 0)) && rank0_offset=$(($(stat -c %s "$log") + 1)) # show only this run's output
+  RANK=$r WORLD_SIZE=$nproc LOCAL_RANK=$r LOCAL_WORLD_SIZE=$nproc \
+    MASTER_ADDR=127.0.0.1 MASTER_PORT=$port DTRAIN_JOB_TOKEN=$token \
+    "$bin" run "$config" "$@" </dev/null >>"$log" 2>&1 &
+  rank_of[$!]=$r
+  ((r == 0)) && rank0_pid=$!
+done
+# Show rank 0 here; tail exits by itself once rank 0 is gone.
+tail -c "+$rank0_offset" -s 0.2 -F --pid="$rank0_pid" "$logs/rank-0.log" 2>/dev/null &
+tail_pid=$!
+
+stopping=""    # set once the ranks were told to stop
+failed=""      # the first rank that failed
+interrupted="" # the signal number that stopped us
+
+# Signals each rank's process only: `dtrain run` starts no processes of its own. (A rank that
+# does would need its own process group, e.g. setsid, and `kill -- -PGID`.)
+signal_ranks() {
+  local pid
+  for pid in "${!rank_of[@]}"; do kill "-$1" "$pid" 2>/dev/null; done
+}
+
+# TERM the running ranks, then KILL those still alive after $grace seconds. Runs in the
+# background so the main loop keeps reaping (and reporting) ranks meanwhile.
+stop_ranks() {
+  stopping=1
+  signal_ranks TERM
+  (
+    # read -t waits without a child process, so killing this subshell leaves nothing behind.
+    read -rt "$grace" <> <(:) || :
+    echo "launch_local.sh: ranks still running $grace s after SIGTERM: sending SIGKILL" >&2
+    for pid in "$@"; do kill -KILL "$pid" 2>/dev/null; done
+  ) &
+  killer_pid=$!
+}
+
+on_signal() { # $1: signal name, $2: its number
+  if [[ -n $stopping ]]; then
+    echo "launch_local.sh: got SIG$1 again: killing the ranks" >&2
+    signal_ranks KILL
+    return
+  fi
+  echo "launch_local.sh: got SIG$1: stopping the ranks" >&2
+  interrupted=$2
+  # Not forwarded as-is: background jobs of a script ignore SIGINT, so ranks get SIGTERM.
+  stop_ranks "${!rank_of[@]}"
+}
+# Safety net: should this script die early (a bug, set -u), take the ranks with it.
+trap 'signal_ranks KILL' EXIT
+trap 'on_signal INT 2' INT
+trap 'on_signal TERM 15' TERM
+trap 'on_signal HUP 1' HUP
+
+describe() { # exit status of a rank, in words
+  if (($1 > 128)); then
+    echo "killed by signal SIG$(kill -l "$(($1 - 128))")"
+  else
+    echo "exit status $1"
+  fi
+}
+
+# Called once per rank, when it has ended with status $2.
+finished() {
+  local r=${rank_of[$1]}
+  unset "rank_of[$1]"
+  if [[ -n $stopping ]]; then
+    echo "launch_local.sh: rank $r stopped: $(describe "$2")" >&2
+  elif (($2 != 0)); then
+    echo "launch_local.sh: rank $r failed: $(describe "$2"); stopping the others" >&2
+    failed=$r
+    ((${#rank_of[@]} > 0)) && stop_ranks "${!rank_of[@]}"
+  fi
+}
+
+while ((${#rank_of[@]} > 0)); do
+  # Blocks until a rank ends or a trapped signal arrives. It returns at once when bash has
+  # already reaped one of these ranks on its own (a "no such job" error): the scan below finds it.
+  wait -n "${!rank_of[@]}" 2>/dev/null
+  for pid in "${!rank_of[@]}"; do
+    kill -0 "$pid" 2>/dev/null && continue
+    status=0
+    wait "$pid" 2>/dev/null || status=$? # bash keeps the status of reaped background jobs
+    finished "$pid" "$status"
+  done
+done
+
+[[ -n ${killer_pid:-} ]] && kill "$killer_pid" 2>/dev/null
+wait "$tail_pid" 2>/dev/null
+if [[ -n $failed ]]; then
+  exit 1
+elif [[ -n $interrupted ]]; then
+  exit $((128 + interrupted))
+fi
+echo "launch_local.sh: all $nproc rank(s) finished; results in $out" >&2

@@ -1,0 +1,344 @@
+#include <doctest/doctest.h>
+
+#include <stdlib.h>
+#include <sys/stat.h>
+
+#include <functional>
+#include <map>
+#include <string>
+
+#include "launch/dist_env.h"
+#include "test_util.h"
+#include "util/check.h"
+
+using namespace dtrain;
+using dtrain::testing::TempDir;
+using Env = std::map<std::string, std::string>;
+
+namespace {
+
+// The UserError message `f` throws; "<no error>" when it returns.
+std::string user_error(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  return "<no error>";
+}
+
+std::string env_error(const Env& env, int config_world = 1, const DistOverrides& flags = {}) {
+  return user_error([&] { resolve_dist_env(env, config_world, flags); });
+}
+
+bool has(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+}  // namespace
+
+TEST_CASE("resolve_dist_env: config only") {
+  DistEnv d = resolve_dist_env({}, 1, {});
+  CHECK(d.rank == 0);
+  CHECK(d.world_size == 1);
+  CHECK(d.local_rank == 0);
+  CHECK(d.local_world_size == 1);
+  CHECK(d.master_addr == "127.0.0.1");
+  CHECK(d.master_port == 0);
+  CHECK(d.source == "config");
+
+  // In-process ranks all live on this machine, and need no port.
+  d = resolve_dist_env({{"PATH", "/bin"}, {"LOCAL_RANK", "zz"}}, 4, {});
+  CHECK(d.world_size == 4);
+  CHECK(d.local_world_size == 4);
+  CHECK(d.rank == 0);
+  CHECK(d.source == "config");
+  // MASTER_* are honoured whatever decided the ranks.
+  d = resolve_dist_env({{"MASTER_ADDR", "h1"}, {"MASTER_PORT", "1234"}}, 1, {});
+  CHECK(d.master_addr == "h1");
+  CHECK(d.master_port == 1234);
+  CHECK(has(env_error({}, 0), "distributed.world_size"));
+}
+
+TEST_CASE("resolve_dist_env: torchrun environment") {
+  const Env env = {{"RANK", "5"},
+                   {"WORLD_SIZE", "8"},
+                   {"LOCAL_RANK", "1"},
+                   {"LOCAL_WORLD_SIZE", "4"},
+                   {"MASTER_ADDR", "10.0.0.7"},
+                   {"MASTER_PORT", "29500"}};
+  const DistEnv d = resolve_dist_env(env, 1, {});
+  CHECK(d.rank == 5);
+  CHECK(d.world_size == 8);
+  CHECK(d.local_rank == 1);
+  CHECK(d.local_world_size == 4);
+  CHECK(d.master_addr == "10.0.0.7");
+  CHECK(d.master_port == 29500);
+  CHECK(d.source == "torchrun");
+
+  // Without the LOCAL_* pair every rank is taken to be on this machine.
+  const DistEnv s = resolve_dist_env({{"RANK", "2"}, {"WORLD_SIZE", "3"}, {"MASTER_PORT", "9"}}, 1);
+  CHECK(s.local_rank == 2);
+  CHECK(s.local_world_size == 3);
+  CHECK(s.master_addr == "127.0.0.1");
+  // A one-process job needs no port.
+  CHECK(resolve_dist_env({{"RANK", "0"}, {"WORLD_SIZE", "1"}}, 4).world_size == 1);
+}
+
+TEST_CASE("resolve_dist_env: bad torchrun values are UserErrors naming the variable") {
+  const Env ok = {{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "29500"}};
+  auto with = [&](const std::string& k, const std::string& v) {
+    Env e = ok;
+    e[k] = v;
+    return e;
+  };
+  auto without = [&](const std::string& k) {
+    Env e = ok;
+    e.erase(k);
+    return e;
+  };
+  CHECK(has(env_error(without("WORLD_SIZE")), "RANK is set but WORLD_SIZE is not"));
+  CHECK(has(env_error(without("RANK")), "WORLD_SIZE is set but RANK is not"));
+  CHECK(has(env_error(with("RANK", "abc")), "RANK='abc' is not an integer"));
+  CHECK(has(env_error(with("RANK", "1 ")), "RANK='1 '"));
+  CHECK(has(env_error(with("RANK", "")), "RANK=''"));
+  CHECK(has(env_error(with("RANK", "99999999999")), "RANK="));
+  CHECK(has(env_error(with("RANK", "2")), "RANK=2 is out of range for WORLD_SIZE=2"));
+  CHECK(has(env_error(with("RANK", "-1")), "RANK=-1"));
+  CHECK(has(env_error(with("WORLD_SIZE", "0")), "WORLD_SIZE=0"));
+  CHECK(has(env_error(with("LOCAL_WORLD_SIZE", "3")), "LOCAL_WORLD_SIZE=3"));
+  CHECK(has(env_error(with("LOCAL_WORLD_SIZE", "0")), "LOCAL_WORLD_SIZE=0"));
+  CHECK(has(env_error(with("LOCAL_RANK", "2")), "LOCAL_RANK=2"));
+  Env lr = with("LOCAL_RANK", "1");
+  lr["LOCAL_WORLD_SIZE"] = std::string("1");
+  CHECK(has(env_error(lr), "LOCAL_RANK=1 is out of range for LOCAL_WORLD_SIZE=1"));
+  CHECK(has(env_error(with("MASTER_PORT", "70000")), "MASTER_PORT=70000"));
+  CHECK(has(env_error(with("MASTER_PORT", "0")), "MASTER_PORT=0"));
+  CHECK(has(env_error(with("MASTER_PORT", "http")), "MASTER_PORT='http'"));
+  CHECK(has(env_error(without("MASTER_PORT")), "MASTER_PORT is not set"));
+  CHECK(has(env_error(with("MASTER_ADDR", "")), "MASTER_ADDR is empty"));
+}
+
+TEST_CASE("resolve_dist_env: Slurm environment") {
+  Env env = {{"SLURM_PROCID", "5"},
+             {"SLURM_NTASKS", "8"},
+             {"SLURM_LOCALID", "1"},
+             {"SLURM_NODEID", "1"},
+             {"SLURM_TASKS_PER_NODE", "4(x2)"},
+             {"SLURM_JOB_NODELIST", "node[03-04]"},
+             {"SLURM_JOB_ID", "12345"}};
+  DistEnv d = resolve_dist_env(env, 1, {});
+  CHECK(d.source == "slurm");
+  CHECK(d.rank == 5);
+  CHECK(d.world_size == 8);
+  CHECK(d.local_rank == 1);
+  CHECK(d.local_world_size == 4);
+  CHECK(d.master_addr == "node03");               // first host of the allocation
+  CHECK(d.master_port == 20000 + 12345 % 20000);  // as scripts/slurm.sbatch derives it
+
+  // MASTER_ADDR / MASTER_PORT from the environment win over the derived ones.
+  env["MASTER_ADDR"] = "login1";
+  env["MASTER_PORT"] = "4242";
+  d = resolve_dist_env(env, 1, {});
+  CHECK(d.master_addr == "login1");
+  CHECK(d.master_port == 4242);
+
+  // Uneven nodes: "2(x3),1" is 2, 2, 2, 1 tasks; this node's entry by SLURM_NODEID.
+  env = {{"SLURM_PROCID", "6"},
+         {"SLURM_NTASKS", "7"},
+         {"SLURM_LOCALID", "0"},
+         {"SLURM_NODEID", "3"},
+         {"SLURM_TASKS_PER_NODE", "2(x3),1"},
+         {"MASTER_PORT", "5000"}};
+  d = resolve_dist_env(env, 1, {});
+  CHECK(d.local_world_size == 1);
+  CHECK(d.local_rank == 0);
+  env["SLURM_NODEID"] = std::string("0");
+  env["SLURM_PROCID"] = std::string("1");
+  env["SLURM_LOCALID"] = std::string("1");
+  CHECK(resolve_dist_env(env, 1, {}).local_world_size == 2);
+  env.erase("SLURM_NODEID");  // unknown node: the largest count
+  CHECK(resolve_dist_env(env, 1, {}).local_world_size == 2);
+  // The step's layout beats the job's request, which beats the job's layout.
+  env["SLURM_NTASKS_PER_NODE"] = std::string("3");
+  CHECK(resolve_dist_env(env, 1, {}).local_world_size == 3);
+  env["SLURM_STEP_TASKS_PER_NODE"] = "4,3";
+  CHECK(resolve_dist_env(env, 1, {}).local_world_size == 4);
+
+  CHECK(has(env_error({{"SLURM_PROCID", "0"}}), "SLURM_NTASKS"));
+  CHECK(has(env_error({{"SLURM_PROCID", "x"}, {"SLURM_NTASKS", "2"}, {"MASTER_PORT", "9"}}),
+            "SLURM_PROCID='x'"));
+  CHECK(has(env_error({{"SLURM_PROCID", "2"}, {"SLURM_NTASKS", "2"}, {"MASTER_PORT", "9"}}),
+            "SLURM_PROCID=2 is out of range for SLURM_NTASKS=2"));
+  CHECK(has(env_error({{"SLURM_PROCID", "0"},
+                       {"SLURM_NTASKS", "2"},
+                       {"SLURM_TASKS_PER_NODE", "2(x"},
+                       {"MASTER_PORT", "9"}}),
+            "SLURM_TASKS_PER_NODE='2(x'"));
+  CHECK(has(env_error({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}}), "MASTER_PORT is not set"));
+  CHECK(has(env_error({{"SLURM_PROCID", "0"},
+                       {"SLURM_NTASKS", "2"},
+                       {"SLURM_JOB_ID", "7"},
+                       {"SLURM_JOB_NODELIST", "n[1-2"}}),
+            "SLURM_JOB_NODELIST"));
+}
+
+TEST_CASE("Slurm task counts and host lists") {
+  using V = std::vector<int>;
+  CHECK(parse_slurm_tasks_per_node("4", "V") == V{4});
+  CHECK(parse_slurm_tasks_per_node("4(x2)", "V") == V{4, 4});
+  CHECK(parse_slurm_tasks_per_node("2(x3),1", "V") == V{2, 2, 2, 1});
+  CHECK(parse_slurm_tasks_per_node("1,3(x2),2", "V") == V{1, 3, 3, 2});
+  for (const char* bad : {"", ",", "4,", "x", "4(2)", "4(x0)", "0", "4(x2", "-1", "4 "})
+    CHECK(has(user_error([&] { parse_slurm_tasks_per_node(bad, "VAR"); }), "VAR='"));
+
+  CHECK(slurm_first_host("node07", "V") == "node07");
+  CHECK(slurm_first_host("node[001-004]", "V") == "node001");
+  CHECK(slurm_first_host("gpu-[7,9-10],cpu1", "V") == "gpu-7");
+  CHECK(slurm_first_host("rack[1-2]-n[3,5]", "V") == "rack1-n3");
+  CHECK(slurm_first_host("a,b[1-3]", "V") == "a");
+  for (const char* bad : {"", "n[1-2", "n]1", "[]", ",a"})
+    CHECK(has(user_error([&] { slurm_first_host(bad, "NL"); }), "NL='"));
+}
+
+TEST_CASE("resolve_dist_env: Open MPI environment") {
+  const Env env = {{"OMPI_COMM_WORLD_RANK", "3"},
+                   {"OMPI_COMM_WORLD_SIZE", "4"},
+                   {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+                   {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
+                   {"MASTER_ADDR", "head"},
+                   {"MASTER_PORT", "6000"}};
+  const DistEnv d = resolve_dist_env(env, 1, {});
+  CHECK(d.source == "openmpi");
+  CHECK(d.rank == 3);
+  CHECK(d.world_size == 4);
+  CHECK(d.local_rank == 1);
+  CHECK(d.local_world_size == 2);
+  CHECK(d.master_addr == "head");
+  CHECK(d.master_port == 6000);
+  CHECK(has(env_error({{"OMPI_COMM_WORLD_RANK", "0"}}),
+            "OMPI_COMM_WORLD_RANK is set but OMPI_COMM_WORLD_SIZE is not"));
+  CHECK(has(env_error({{"OMPI_COMM_WORLD_RANK", "0"},
+                       {"OMPI_COMM_WORLD_SIZE", "2"},
+                       {"OMPI_COMM_WORLD_LOCAL_SIZE", "two"},
+                       {"MASTER_PORT", "1"}}),
+            "OMPI_COMM_WORLD_LOCAL_SIZE='two'"));
+}
+
+TEST_CASE("resolve_dist_env: torchrun beats Slurm beats Open MPI") {
+  Env env = {{"RANK", "1"},          {"WORLD_SIZE", "2"},           {"SLURM_PROCID", "3"},
+             {"SLURM_NTASKS", "4"},  {"OMPI_COMM_WORLD_RANK", "5"}, {"OMPI_COMM_WORLD_SIZE", "6"},
+             {"MASTER_PORT", "7000"}};
+  DistEnv d = resolve_dist_env(env, 1, {});
+  CHECK(d.source == "torchrun");
+  CHECK(d.rank == 1);
+  env.erase("RANK");
+  env.erase("WORLD_SIZE");
+  d = resolve_dist_env(env, 1, {});
+  CHECK(d.source == "slurm");
+  CHECK(d.rank == 3);
+  env.erase("SLURM_PROCID");
+  d = resolve_dist_env(env, 1, {});
+  CHECK(d.source == "openmpi");
+  CHECK(d.rank == 5);
+}
+
+TEST_CASE("resolve_dist_env: flags override the environment and the config") {
+  const Env env = {{"RANK", "1"},        {"WORLD_SIZE", "4"},
+                   {"LOCAL_RANK", "1"},  {"LOCAL_WORLD_SIZE", "4"},
+                   {"MASTER_ADDR", "a"}, {"MASTER_PORT", "1000"}};
+  DistOverrides f;
+  f.rank = 3;
+  f.master_addr = "b";
+  f.master_port = 2000;
+  f.local_rank = 3;
+  DistEnv d = resolve_dist_env(env, 1, f);
+  CHECK(d.source == "flags");
+  CHECK(d.rank == 3);
+  CHECK(d.world_size == 4);  // from the environment still
+  CHECK(d.local_rank == 3);
+  CHECK(d.master_addr == "b");
+  CHECK(d.master_port == 2000);
+
+  // Flags with the config's world size and no environment.
+  DistOverrides g;
+  g.rank = 1;
+  g.master_port = 5000;
+  d = resolve_dist_env({}, 2, g);
+  CHECK(d.source == "flags");
+  CHECK(d.rank == 1);
+  CHECK(d.world_size == 2);
+  CHECK(d.local_rank == 1);
+  CHECK(d.local_world_size == 2);
+  g.world_size = 8;
+  g.rank = 7;
+  CHECK(resolve_dist_env({}, 2, g).world_size == 8);
+
+  // Errors name the flag.
+  DistOverrides bad;
+  bad.rank = 9;
+  CHECK(has(env_error(env, 1, bad), "--rank=9 is out of range for WORLD_SIZE=4"));
+  bad = {};
+  bad.world_size = 2;
+  CHECK(has(env_error(env, 1, bad), "LOCAL_WORLD_SIZE=4 is out of range for --world-size=2"));
+  bad = {};
+  bad.master_port = 0;
+  CHECK(has(env_error(env, 1, bad), "--master-port=0"));
+  bad = {};
+  bad.local_rank = -1;
+  CHECK(has(env_error(env, 1, bad), "--local-rank=-1"));
+  bad = {};
+  bad.rank = 1;
+  CHECK(has(env_error({}, 2, bad), "MASTER_PORT is not set"));
+}
+
+TEST_CASE("default_blas_threads and the environment") {
+  CHECK(default_blas_threads(8, 4) == 2);
+  CHECK(default_blas_threads(7, 2) == 3);
+  CHECK(default_blas_threads(2, 4) == 1);
+  CHECK(default_blas_threads(4, 1) == 4);
+  CHECK(default_blas_threads(4, 0) == 4);
+  CHECK(default_blas_threads(0, 1) == 1);
+  CHECK(available_cores() >= 1);
+
+  ::setenv("DTRAIN_TEST_DIST_ENV", "a=b c", 1);
+  const auto env = current_environment();
+  REQUIRE(env.count("DTRAIN_TEST_DIST_ENV") == 1);
+  CHECK(env.at("DTRAIN_TEST_DIST_ENV") == "a=b c");
+  ::unsetenv("DTRAIN_TEST_DIST_ENV");
+}
+
+TEST_CASE("job token from the environment, a file, or none") {
+  TempDir dir;
+  const std::string file = dir.write("token", "  s3cret-token\n");
+  ::chmod(file.c_str(), 0600);
+  bool too_open = true;
+
+  CHECK(resolve_job_token({}, "", &too_open) == "");
+  CHECK_FALSE(too_open);
+  CHECK(resolve_job_token({{"DTRAIN_JOB_TOKEN", "from-env"}}, "") == "from-env");
+  CHECK(resolve_job_token({{"DTRAIN_JOB_TOKEN", "from-env"}}, file) == "from-env");
+  CHECK(resolve_job_token({{"DTRAIN_JOB_TOKEN", ""}}, file, &too_open) == "s3cret-token");
+  CHECK_FALSE(too_open);
+  ::chmod(file.c_str(), 0644);
+  CHECK(resolve_job_token({}, file, &too_open) == "s3cret-token");
+  CHECK(too_open);
+
+  const std::string missing = dir / "nope";
+  CHECK(has(user_error([&] { resolve_job_token({}, missing); }), missing));
+  const std::string empty = dir.write("empty", " \n\n");
+  CHECK(has(user_error([&] { resolve_job_token({}, empty); }), "is empty"));
+  const std::string spaced = dir.write("spaced", "two words\n");
+  CHECK(has(user_error([&] { resolve_job_token({}, spaced); }), spaced));
+  CHECK(has(user_error([&] {
+              resolve_job_token({{"DTRAIN_JOB_TOKEN", "a\tb"}}, "");
+            }),
+            "DTRAIN_JOB_TOKEN"));
+}
+
+TEST_CASE("random_token is 32 fresh hex digits") {
+  const std::string a = random_token(), b = random_token();
+  CHECK(a.size() == 32);
+  CHECK(a.find_first_not_of("0123456789abcdef") == std::string::npos);
+  CHECK(a != b);
+}

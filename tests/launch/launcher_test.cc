@@ -1,0 +1,384 @@
+// launch_local runs in a forked child of the test (its stdout/stderr captured to files), so its
+// signal handling and any failure stay out of the test process. The ranks are small /bin/sh
+// scripts that record their pids, so the tests can check nothing is left running. Timing checks
+// are generous upper bounds only (a loaded 2-core machine).
+#include <doctest/doctest.h>
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "launch/launcher.h"
+#include "test_util.h"
+#include "util/check.h"
+
+using namespace dtrain;
+using dtrain::testing::read_text;
+using dtrain::testing::TempDir;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+struct Launched {
+  int exit_code = -1;  // launch_local's return value; 99 when it threw
+  int signal = 0;      // non-zero if the launcher process itself was killed
+  std::string out, err;
+  double seconds = 0;
+};
+
+// Runs launch_local(o) in a forked child; `during(pid)` runs in the test meanwhile.
+Launched run_launcher(const LaunchOptions& o, const TempDir& dir,
+                      const std::function<void(pid_t)>& during = {}) {
+  const std::string out_path = dir / "launcher.out", err_path = dir / "launcher.err";
+  std::fflush(stdout);
+  std::fflush(stderr);
+  const auto t0 = Clock::now();
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    const int out = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const int err = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (out < 0 || err < 0) ::_exit(97);
+    ::dup2(out, STDOUT_FILENO);
+    ::dup2(err, STDERR_FILENO);
+    int rc = 98;
+    try {
+      rc = launch_local(o);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "exception: %s\n", e.what());
+      rc = 99;
+    }
+    std::fflush(stdout);
+    std::fflush(stderr);
+    ::_exit(rc);
+  }
+  if (during) during(pid);
+  int status = 0;
+  bool done = false;
+  while (Clock::now() - t0 < std::chrono::seconds(60)) {
+    if (::waitpid(pid, &status, WNOHANG) == pid) {
+      done = true;
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  Launched r;
+  r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  if (!done) {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, &status, 0);
+    FAIL("the launcher did not return within 60 s");
+  }
+  if (WIFEXITED(status)) r.exit_code = WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) r.signal = WTERMSIG(status);
+  r.out = read_text(out_path);
+  r.err = read_text(err_path);
+  return r;
+}
+
+bool has(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+bool wait_for_files(const std::vector<std::string>& paths, double timeout_s = 30) {
+  const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_s);
+  while (Clock::now() < deadline) {
+    bool all = true;
+    for (const auto& p : paths) all = all && std::filesystem::exists(p);
+    if (all) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return false;
+}
+
+// The pid a script wrote to `path`, or -1 when it never got that far.
+pid_t read_pid(const std::string& path) {
+  const std::string text = read_text(path);
+  try {
+    return text.empty() ? -1 : static_cast<pid_t>(std::stol(text));
+  } catch (...) {
+    return -1;
+  }
+}
+
+// True once the process no longer exists or is a zombie (dead, waiting for init to reap it).
+bool gone(pid_t pid, double timeout_s = 10) {
+  const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_s);
+  while (true) {
+    if (::kill(pid, 0) != 0 && errno == ESRCH) return true;
+    const std::string stat = read_text("/proc/" + std::to_string(pid) + "/stat");
+    const size_t paren = stat.rfind(')');
+    if (paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] == 'Z')
+      return true;
+    if (Clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+// Every pid recorded in dir/<prefix>-<rank> is gone.
+void check_all_gone(const TempDir& dir, int nproc) {
+  for (const char* prefix : {"pid", "sleep"}) {
+    for (int r = 0; r < nproc; ++r) {
+      const pid_t pid = read_pid(dir / (std::string(prefix) + "-" + std::to_string(r)));
+      if (pid <= 0) continue;
+      INFO(prefix, " of rank ", r, " (pid ", pid, ")");
+      CHECK(gone(pid));
+    }
+  }
+}
+
+// "K=V K=V ..." on the line of `text` that starts with "RANK=".
+std::map<std::string, std::string> env_line(const std::string& text) {
+  std::map<std::string, std::string> kv;
+  std::istringstream lines(text);
+  std::string line;
+  while (std::getline(lines, line)) {
+    if (line.rfind("RANK=", 0) != 0) continue;
+    std::istringstream words(line);
+    std::string w;
+    while (words >> w) {
+      const size_t eq = w.find('=');
+      if (eq != std::string::npos) kv[w.substr(0, eq)] = w.substr(eq + 1);
+    }
+    break;
+  }
+  return kv;
+}
+
+LaunchOptions sh_options(const TempDir& dir, int nproc, const std::string& script) {
+  LaunchOptions o;
+  o.nproc = nproc;
+  o.child_argv = {"/bin/sh", "-c", "D=" + dir.path() + "\n" + script};
+  o.log_dir = dir / "logs";
+  return o;
+}
+
+const char* kPrintEnv =
+    "echo \"RANK=$RANK WORLD_SIZE=$WORLD_SIZE LOCAL_RANK=$LOCAL_RANK "
+    "LOCAL_WORLD_SIZE=$LOCAL_WORLD_SIZE MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT "
+    "DTRAIN_JOB_TOKEN=$DTRAIN_JOB_TOKEN\"\n"
+    "echo \"stderr-of-rank-$RANK\" >&2\n"
+    "read line || echo \"stdin-of-rank-$RANK-is-empty\"\n";
+
+}  // namespace
+
+TEST_CASE("launch_local gives every rank the torchrun environment and its own log") {
+  TempDir dir;
+  const Launched r = run_launcher(sh_options(dir, 3, kPrintEnv), dir);
+  INFO("launcher stdout:\n", r.out, "\nlauncher stderr:\n", r.err);
+  CHECK(r.exit_code == 0);
+
+  std::string port, token;
+  for (int rank = 0; rank < 3; ++rank) {
+    const std::string log = read_text(dir / ("logs/rank-" + std::to_string(rank) + ".log"));
+    INFO("rank ", rank, " log:\n", log);
+    const auto kv = env_line(log);
+    CHECK(kv.count("RANK") == 1);
+    if (kv.count("RANK") == 0) continue;
+    CHECK(kv.at("RANK") == std::to_string(rank));
+    CHECK(kv.at("WORLD_SIZE") == "3");
+    CHECK(kv.at("LOCAL_RANK") == std::to_string(rank));
+    CHECK(kv.at("LOCAL_WORLD_SIZE") == "3");
+    CHECK(kv.at("MASTER_ADDR") == "127.0.0.1");
+    CHECK(!kv.at("MASTER_PORT").empty());
+    CHECK(kv.at("DTRAIN_JOB_TOKEN").size() == 32);
+    if (rank == 0) {
+      port = kv.at("MASTER_PORT");
+      token = kv.at("DTRAIN_JOB_TOKEN");
+    }
+    CHECK(kv.at("MASTER_PORT") == port);
+    CHECK(kv.at("DTRAIN_JOB_TOKEN") == token);
+    CHECK(has(log, "stderr-of-rank-" + std::to_string(rank)));
+    CHECK(has(log, "stdin-of-rank-" + std::to_string(rank) + "-is-empty"));
+    CHECK(has(log, "==== dtrain launch "));
+  }
+  CHECK(std::stoi(port) > 0);
+  CHECK(std::stoi(port) <= 65535);
+  // Rank 0 is also on the console, stdout to stdout and stderr to stderr; the others are not.
+  CHECK(has(r.out, "RANK=0 "));
+  CHECK(has(r.err, "stderr-of-rank-0"));
+  CHECK_FALSE(has(r.out + r.err, "RANK=1 "));
+  CHECK_FALSE(has(r.out + r.err, "stderr-of-rank-2"));
+  // The start line names the rank count, the port and the log folder.
+  CHECK(has(r.out + r.err, "launching 3 rank(s)"));
+  CHECK(has(r.out + r.err, "127.0.0.1:" + port));
+  CHECK(has(r.out + r.err, dir / "logs"));
+}
+
+TEST_CASE("launch_local uses the given port and token and appends to the logs") {
+  TempDir dir;
+  LaunchOptions o = sh_options(dir, 2, kPrintEnv);
+  o.master_port = pick_free_port();
+  o.token = "tok-42";
+  for (int i = 0; i < 2; ++i) CHECK(run_launcher(o, dir).exit_code == 0);
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::string log = read_text(dir / ("logs/rank-" + std::to_string(rank) + ".log"));
+    const auto kv = env_line(log);
+    REQUIRE(kv.count("MASTER_PORT") == 1);
+    CHECK(kv.at("MASTER_PORT") == std::to_string(o.master_port));
+    CHECK(kv.at("DTRAIN_JOB_TOKEN") == "tok-42");
+    size_t runs = 0;
+    for (size_t p = log.find("==== dtrain launch"); p != std::string::npos;
+         p = log.find("==== dtrain launch", p + 1))
+      ++runs;
+    CHECK(runs == 2);
+  }
+}
+
+TEST_CASE("a failing rank stops the others and the launcher reports it") {
+  TempDir dir;
+  const Launched r = run_launcher(sh_options(dir, 3,
+                                             "echo $$ > $D/pid-$RANK\n"
+                                             "if [ \"$RANK\" = 1 ]; then exit 3; fi\n"
+                                             "sleep 30 & echo $! > $D/sleep-$RANK\n"
+                                             "wait\n"),
+                                  dir);
+  INFO("launcher stdout:\n", r.out, "\nlauncher stderr:\n", r.err);
+  CHECK(r.exit_code == 1);
+  CHECK(r.seconds < 20);  // the others sleep 30 s unless stopped
+  CHECK(has(r.out + r.err, "rank 1 failed: exit status 3"));
+  CHECK(has(r.out + r.err, "rank 0 stopped: killed by signal SIGTERM"));
+  CHECK(has(r.out + r.err, "rank 2 stopped: killed by signal SIGTERM"));
+  check_all_gone(dir, 3);
+}
+
+TEST_CASE("a rank killed by a signal is reported as such") {
+  TempDir dir;
+  const Launched r = run_launcher(sh_options(dir, 2,
+                                             "echo $$ > $D/pid-$RANK\n"
+                                             "if [ \"$RANK\" = 1 ]; then kill -9 $$; fi\n"
+                                             "sleep 30 & echo $! > $D/sleep-$RANK\n"
+                                             "wait\n"),
+                                  dir);
+  INFO("launcher stdout:\n", r.out, "\nlauncher stderr:\n", r.err);
+  CHECK(r.exit_code == 1);
+  CHECK(r.seconds < 20);
+  CHECK(has(r.out + r.err, "rank 1 failed: killed by signal SIGKILL"));
+  check_all_gone(dir, 2);
+}
+
+TEST_CASE("ranks that ignore SIGTERM are SIGKILLed after the grace period") {
+  TempDir dir;
+  // Rank 1 fails only once the others ignore SIGTERM (they and their sleeps, which inherit it).
+  LaunchOptions o = sh_options(dir, 3,
+                               "echo $$ > $D/pid-$RANK\n"
+                               "if [ \"$RANK\" = 1 ]; then\n"
+                               "  while [ ! -e $D/ready-0 ] || [ ! -e $D/ready-2 ]; do sleep 0.05; "
+                               "done\n"
+                               "  exit 4\n"
+                               "fi\n"
+                               "trap '' TERM\n"
+                               "sleep 30 & echo $! > $D/sleep-$RANK\n"
+                               "touch $D/ready-$RANK\n"
+                               "wait\n");
+  o.grace_s = 1;
+  const Launched r = run_launcher(o, dir);
+  INFO("launcher stdout:\n", r.out, "\nlauncher stderr:\n", r.err);
+  CHECK(r.exit_code == 1);
+  CHECK(r.seconds >= 0.9);  // the grace period was granted
+  CHECK(r.seconds < 20);
+  CHECK(has(r.out + r.err, "rank 1 failed: exit status 4"));
+  CHECK(has(r.out + r.err, "sending SIGKILL"));
+  CHECK(has(r.out + r.err, "rank 0 stopped: killed by signal SIGKILL"));
+  CHECK(has(r.out + r.err, "rank 2 stopped: killed by signal SIGKILL"));
+  check_all_gone(dir, 3);
+}
+
+TEST_CASE("SIGTERM to the launcher is forwarded to the ranks") {
+  TempDir dir;
+  const LaunchOptions o = sh_options(dir, 2,
+                                     "trap 'echo got > $D/term-$RANK' TERM\n"
+                                     "echo $$ > $D/pid-$RANK\n"
+                                     "sleep 30 & echo $! > $D/sleep-$RANK\n"
+                                     "touch $D/ready-$RANK\n"
+                                     "wait\n");
+  const Launched r = run_launcher(o, dir, [&](pid_t launcher) {
+    // Once the ranks run, the launcher's handlers are in place.
+    CHECK(wait_for_files({dir / "ready-0", dir / "ready-1"}));
+    ::kill(launcher, SIGTERM);
+  });
+  INFO("launcher stdout:\n", r.out, "\nlauncher stderr:\n", r.err);
+  CHECK(r.signal == 0);
+  CHECK(r.exit_code == 128 + SIGTERM);
+  CHECK(r.seconds < 20);
+  CHECK(has(r.out + r.err, "received SIGTERM"));
+  // The ranks' trap ran: they got the signal from the launcher.
+  CHECK(has(read_text(dir / "term-0"), "got"));
+  CHECK(has(read_text(dir / "term-1"), "got"));
+  check_all_gone(dir, 2);
+}
+
+TEST_CASE("SIGINT to the launcher is forwarded and leftovers of the ranks are killed") {
+  TempDir dir;
+  // A background job of a non-interactive shell ignores SIGINT: the sleeps outlive their rank
+  // unless the launcher clears each rank's process group.
+  const LaunchOptions o = sh_options(dir, 2,
+                                     "trap 'echo got > $D/int-$RANK; exit 5' INT\n"
+                                     "echo $$ > $D/pid-$RANK\n"
+                                     "sleep 30 & echo $! > $D/sleep-$RANK\n"
+                                     "touch $D/ready-$RANK\n"
+                                     "wait\n");
+  const Launched r = run_launcher(o, dir, [&](pid_t launcher) {
+    CHECK(wait_for_files({dir / "ready-0", dir / "ready-1"}));
+    ::kill(launcher, SIGINT);
+  });
+  INFO("launcher stdout:\n", r.out, "\nlauncher stderr:\n", r.err);
+  CHECK(r.exit_code == 128 + SIGINT);
+  CHECK(r.seconds < 20);
+  CHECK(has(r.out + r.err, "rank 0 stopped: exit status 5"));
+  CHECK(has(read_text(dir / "int-0"), "got"));
+  CHECK(has(read_text(dir / "int-1"), "got"));
+  check_all_gone(dir, 2);
+}
+
+TEST_CASE("launch_local refuses bad options and unstartable commands") {
+  TempDir dir;
+  LaunchOptions o = sh_options(dir, 2, "true");
+  o.nproc = 0;
+  CHECK_THROWS_AS(launch_local(o), UserError);
+  o = sh_options(dir, 2, "true");
+  o.child_argv.clear();
+  CHECK_THROWS_AS(launch_local(o), UserError);
+  o = sh_options(dir, 2, "true");
+  o.master_port = 70000;
+  CHECK_THROWS_AS(launch_local(o), UserError);
+  o = sh_options(dir, 2, "true");
+  o.log_dir.clear();
+  CHECK_THROWS_AS(launch_local(o), UserError);
+  o = sh_options(dir, 2, "true");
+  o.grace_s = -1;
+  CHECK_THROWS_AS(launch_local(o), UserError);
+
+  // Runs in this process: the handlers it installs must be restored afterwards.
+  struct sigaction before {
+  }, after{};
+  ::sigaction(SIGTERM, nullptr, &before);
+  o = sh_options(dir, 2, "true");
+  o.child_argv = {dir / "no-such-program"};
+  CHECK_THROWS_AS(launch_local(o), std::runtime_error);
+  ::sigaction(SIGTERM, nullptr, &after);
+  const bool same_handler = before.sa_handler == after.sa_handler;
+  CHECK(same_handler);
+}
+
+TEST_CASE("describe_wait_status and pick_free_port") {
+  CHECK(describe_wait_status(3 << 8) == "exit status 3");
+  CHECK(describe_wait_status(0) == "exit status 0");
+  CHECK(describe_wait_status(SIGKILL) == "killed by signal SIGKILL");
+  CHECK(describe_wait_status(SIGSEGV | 0x80) == "killed by signal SIGSEGV (core dumped)");
+  const int port = pick_free_port();
+  CHECK(port > 0);
+  CHECK(port <= 65535);
+}
