@@ -18,6 +18,9 @@
 #include "nn/loss.h"
 #include "nn/model.h"
 #include "tensor/blas.h"
+#include "launch/dist_env.h"
+#include "launch/launcher.h"
+#include "train/distributed.h"
 #include "train/trainer.h"
 #include "util/check.h"
 #include "util/fs.h"
@@ -61,16 +64,31 @@ LoadedModel load_model(const Config& cfg, const DataSplits& data, const std::str
 }
 
 int cmd_run(const Config& cfg, const std::string& config_path, std::string out,
-            const std::string& resume, bool no_progress) {
+            const std::string& resume, bool no_progress, const DistOverrides& flags) {
   RunOptions opts;
   opts.out_dir = out.empty() ? default_out_dir(config_path) : std::move(out);
   opts.resume = resume;
   opts.progress =
       !no_progress && ::isatty(STDERR_FILENO) && spdlog::get_level() <= spdlog::level::info;
-  const nlohmann::json summary = run_training(cfg, opts);
+  const auto env = current_environment();
+  if (is_multiprocess(cfg, env, flags)) {
+    run_grpc_rank(cfg, opts, env, flags);
+    const DistEnv de =
+        resolve_dist_env(env, static_cast<int>(cfg.distributed.world_size), flags);
+    if (de.rank != 0) return kExitOk;  // only rank 0 reports where the results are
+  } else {
+    run_training(cfg, opts);
+  }
   std::cout << "results: " << opts.out_dir << "/summary.json, metrics.jsonl, checkpoints/"
             << std::endl;
   return kExitOk;
+}
+
+// The path of this executable, so `launch` starts the same dtrain.
+std::string self_exe(const char* argv0) {
+  std::error_code ec;
+  const fs::path p = fs::read_symlink("/proc/self/exe", ec);
+  return ec ? std::string(argv0) : p.string();
 }
 
 int cmd_eval(const Config& cfg, const std::string& ckpt) {
@@ -156,6 +174,23 @@ int cli_main(int argc, char** argv) {
                   "continue from a checkpoint: a .safetensors file, a checkpoints folder, a run "
                   "folder, or 'auto' (the output folder's latest checkpoint, if any)");
   run->add_flag("--no-progress", no_progress, "never draw the progress bar");
+  DistOverrides flags;
+  run->add_option("--rank", flags.rank, "this process's rank (overrides RANK)");
+  run->add_option("--world-size", flags.world_size, "ranks in the job (overrides WORLD_SIZE)");
+  run->add_option("--local-rank", flags.local_rank, "rank on this machine (overrides LOCAL_RANK)");
+  run->add_option("--master-addr", flags.master_addr,
+                  "rank 0's rendezvous host (overrides MASTER_ADDR)");
+  run->add_option("--master-port", flags.master_port,
+                  "rank 0's rendezvous port (overrides MASTER_PORT)");
+
+  CLI::App* launch = app.add_subcommand(
+      "launch", "start N local ranks of `dtrain run` over gRPC (torchrun's environment)");
+  int nproc = 2, launch_port = 0;
+  launch->add_option("--nproc", nproc, "ranks to start")->capture_default_str();
+  launch->add_option("--master-port", launch_port, "rendezvous port (default: a free one)");
+  add_config(launch);
+  launch->add_option("--out", out, "output folder (default runs/<config file stem>)");
+  launch->add_option("--resume", resume, "passed to every rank's `dtrain run --resume`");
 
   CLI::App* validate = app.add_subcommand("validate", "parse and check a config, then exit");
   add_config(validate);
@@ -232,7 +267,30 @@ int cli_main(int argc, char** argv) {
       std::cout << config_path << ": ok (config hash " << config_hash(cfg) << ")" << std::endl;
       return kExitOk;
     }
-    if (run->parsed()) return cmd_run(cfg, config_path, out, resume, no_progress);
+    if (run->parsed()) return cmd_run(cfg, config_path, out, resume, no_progress, flags);
+    if (launch->parsed()) {
+      if (nproc < 1 || nproc > 1024) throw UserError("--nproc must be in [1, 1024]");
+      LaunchOptions lo;
+      lo.nproc = nproc;
+      lo.master_port = launch_port;
+      const std::string out_dir = out.empty() ? default_out_dir(config_path) : out;
+      lo.log_dir = (fs::path(out_dir) / "logs").string();
+      lo.child_argv = {self_exe(argv[0]), "run", config_path, "--out", out_dir, "--no-progress",
+                       "--log-level", log_level};
+      for (const auto& s : sets) {
+        lo.child_argv.push_back("--set");
+        lo.child_argv.push_back(s);
+      }
+      if (!resume.empty()) {
+        lo.child_argv.push_back("--resume");
+        lo.child_argv.push_back(resume);
+      }
+      const int rc = launch_local(lo);
+      if (rc == 0)
+        std::cout << "results: " << out_dir << "/summary.json, metrics.jsonl, checkpoints/, logs/"
+                  << std::endl;
+      return rc == 0 ? kExitOk : kExitRuntime;
+    }
     if (eval->parsed()) return cmd_eval(cfg, checkpoint);
     if (predict->parsed()) return cmd_predict(cfg, checkpoint, input, output);
     return kExitUser;

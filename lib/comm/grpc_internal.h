@@ -1,0 +1,54 @@
+// Internals of the gRPC transport shared with its tests and benchmarks: wire constants, tuning
+// knobs, and a view of the peer table. Production code uses grpc_transport.h only.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/grpc_transport.h"
+
+namespace dtrain {
+
+// Bumped whenever proto/dtrain.proto or the metadata below change incompatibly; Join refuses a
+// rank that speaks another version.
+inline constexpr uint32_t kGrpcProtocolVersion = 1;
+// Metadata on every RPC: the job token, and on Data.Stream the sender's rank.
+inline constexpr char kGrpcTokenKey[] = "x-dtrain-token";
+inline constexpr char kGrpcRankKey[] = "x-dtrain-rank";
+inline constexpr char kGrpcStreamMethod[] = "/dtrain.wire.Data/Stream";
+// Largest message a receiver accepts (total_bytes of a frame): a corrupt or hostile header
+// must not make it allocate without bound.
+inline constexpr uint64_t kGrpcMaxMessageBytes = uint64_t{4} << 30;
+// Largest single frame a server accepts; chunk_bytes must stay below it.
+inline constexpr int kGrpcMaxFrameBytes = (64 << 20) + 4096;
+
+// Performance knobs. The defaults are the measured best on loopback (see the report in
+// tests/comm/test_grpc.cc, "grpc: throughput"); they are not part of the public options.
+struct GrpcTuning {
+  size_t chunk_bytes = size_t{1} << 20;  // payload bytes per frame
+  bool copy_send = false;  // copy each chunk into gRPC instead of lending the caller's memory
+  // 0 = gRPC's default.
+  int lookahead_bytes = 8 << 20;  // grpc.http2.lookahead_bytes (initial stream window)
+  int max_frame_size = 1 << 20;   // grpc.http2.max_frame_size
+  int tcp_read_chunk = 1 << 20;   // grpc.experimental.tcp_read_chunk_size
+  bool tune_malloc = true;        // keep freed heap instead of trimming it (see connect_grpc)
+};
+
+std::unique_ptr<Transport> connect_grpc(const GrpcOptions& opts, const GrpcTuning& tuning);
+
+// How received messages reached the caller's buffer: straight from gRPC's slices because the
+// recv was posted before the message started (direct) or while it was arriving (redirected:
+// the received prefix is copied once more), or copied out of a complete mailbox message.
+struct GrpcRecvStats {
+  uint64_t direct = 0, redirected = 0, mailbox = 0;
+};
+GrpcRecvStats grpc_recv_stats(const Transport& t);
+
+// The peer table a gRPC transport joined with: element r is rank r's "host:port". Throws
+// std::invalid_argument if t is not a gRPC transport.
+std::vector<std::string> grpc_peer_addresses(const Transport& t);
+
+}  // namespace dtrain

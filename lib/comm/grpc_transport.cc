@@ -1,0 +1,1622 @@
+// The gRPC transport (see grpc_transport.h and proto/dtrain.proto for the wire protocol).
+//
+// Thread model. Every rank runs one grpc::Server with callback-API services only, so incoming
+// frames are handled on gRPC's own executor threads: InStream::OnReadDone parses a frame,
+// validates it and copies its payload once, either into a buffer the receiver already posted
+// with recv() or into a per-sender mailbox. That progress never depends on recv() being
+// called. Outgoing data uses one client-side callback stream per peer (OutStream): send()
+// queues the message and blocks until gRPC no longer needs the caller's memory; the stream
+// writes chunks of the queued messages round-robin, one write in flight, so HTTP/2 flow
+// control is the back-pressure and concurrent messages interleave chunk by chunk.
+//
+// Memory. By default a chunk's payload slice points into the caller's buffer (no copy on the
+// send side); send() returns once gRPC released every such slice, i.e. the bytes left the
+// process. The receive side copies each payload exactly once out of gRPC's slices.
+//
+// Failure. A peer's incoming stream ending (clean half-close, cancellation, or its process
+// dying, which closes the socket) fails every pending and future recv from it that has no
+// complete message waiting; a failed outgoing stream fails sends to it. A malformed frame, or
+// abort(), fails everything: outgoing streams are cancelled and incoming streams finished, so
+// peers notice at once too.
+#include <fmt/format.h>
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/security/server_credentials.h>
+#include <malloc.h>
+#include <spdlog/spdlog.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <compare>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+#include <string_view>
+#include <thread>
+
+#include "comm/grpc_internal.h"
+#include "comm/grpc_transport.h"
+#include "dtrain.grpc.pb.h"
+#include "dtrain.pb.h"
+#include "util/check.h"
+
+namespace dtrain {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+namespace wire = ::dtrain::wire;
+
+// How long the destructor waits for peers to acknowledge our half-close before cancelling.
+constexpr auto kCloseGrace = std::chrono::seconds(2);
+// After a stream failed, how long send() waits for gRPC to drop its references to the
+// caller's memory before giving up (only relevant to zero-copy sends; normally milliseconds).
+constexpr auto kReleaseGrace = std::chrono::seconds(30);
+// Keepalive: notices a peer whose host vanished without closing the socket.
+constexpr int kKeepaliveTimeMs = 10000;
+constexpr int kKeepaliveTimeoutMs = 10000;
+// Extra time a joining rank waits beyond its rendezvous timeout, so that rank 0's own timeout
+// (which names the missing ranks) reaches it first when both started together.
+constexpr auto kJoinSlack = std::chrono::seconds(5);
+
+// ---- small helpers --------------------------------------------------------------------------
+
+std::string strip_brackets(const std::string& host) {
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']')
+    return host.substr(1, host.size() - 2);
+  return host;
+}
+
+// "host:port", bracketing IPv6 literals.
+std::string host_port(const std::string& host, int port) {
+  const std::string h = strip_brackets(host);
+  if (h.find(':') != std::string::npos) return fmt::format("[{}]:{}", h, port);
+  return fmt::format("{}:{}", h, port);
+}
+
+bool is_wildcard(const std::string& host) {
+  const std::string h = strip_brackets(host);
+  return h.empty() || h == "0.0.0.0" || h == "::";
+}
+
+bool is_loopback(const std::string& host) {
+  const std::string h = strip_brackets(host);
+  return h == "localhost" || h == "::1" || h.rfind("127.", 0) == 0;
+}
+
+// Constant-time in the content of `got` (the time depends only on the lengths), so a client
+// cannot find the token byte by byte.
+bool token_equal(std::string_view expected, std::string_view got) {
+  unsigned char diff = expected.size() == got.size() ? 0 : 1;
+  const volatile char* g = got.data();
+  for (size_t i = 0; i < expected.size(); ++i) {
+    const char c = i < got.size() ? g[i] : 0;
+    diff |= static_cast<unsigned char>(expected[i] ^ c);
+  }
+  return diff == 0;
+}
+
+// gRPC takes system_clock deadlines only.
+std::chrono::system_clock::time_point wall(Clock::time_point t) {
+  return std::chrono::system_clock::now() +
+         std::chrono::duration_cast<std::chrono::system_clock::duration>(t - Clock::now());
+}
+
+// Three significant digits: a deadline computed a moment before the call reads "0.5", not
+// "0.499993".
+std::string seconds_str(double s) {
+  return fmt::format("{:.3g}", s);
+}
+
+std::string ranks_str(const std::vector<int>& ranks) {
+  std::string s = ranks.size() == 1 ? "rank " : "ranks ";
+  for (size_t i = 0; i < ranks.size(); ++i) s += (i ? ", " : "") + std::to_string(ranks[i]);
+  return s;
+}
+
+std::string read_pem(const std::string& path, const char* what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw UserError(fmt::format("cannot read TLS {} file '{}'", what, path));
+  std::ostringstream os;
+  os << in.rdbuf();
+  return os.str();
+}
+
+std::string status_str(const grpc::Status& s) {
+  static const char* const kNames[] = {"OK",
+                                       "CANCELLED",
+                                       "UNKNOWN",
+                                       "INVALID_ARGUMENT",
+                                       "DEADLINE_EXCEEDED",
+                                       "NOT_FOUND",
+                                       "ALREADY_EXISTS",
+                                       "PERMISSION_DENIED",
+                                       "RESOURCE_EXHAUSTED",
+                                       "FAILED_PRECONDITION",
+                                       "ABORTED",
+                                       "OUT_OF_RANGE",
+                                       "UNIMPLEMENTED",
+                                       "INTERNAL",
+                                       "UNAVAILABLE",
+                                       "DATA_LOSS",
+                                       "UNAUTHENTICATED"};
+  const int code = static_cast<int>(s.error_code());
+  const char* name = code >= 0 && code <= 16 ? kNames[code] : "UNKNOWN";
+  return s.error_message().empty() ? name : fmt::format("{}: {}", name, s.error_message());
+}
+
+// The HTTP/2 and TCP knobs of `t` (0 = leave gRPC's default), for channels and the server.
+template <typename Set>
+void set_tuning_args(const GrpcTuning& t, Set set) {
+  if (t.lookahead_bytes > 0) set(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, t.lookahead_bytes);
+  if (t.max_frame_size > 0) set(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, t.max_frame_size);
+  if (t.tcp_read_chunk > 0) {
+    set(GRPC_ARG_TCP_READ_CHUNK_SIZE, t.tcp_read_chunk);
+    set(GRPC_ARG_TCP_MAX_READ_CHUNK_SIZE, std::max(t.tcp_read_chunk, 4 << 20));
+  }
+}
+
+std::string mismatch_msg(int src, int self, const MsgHeader& got, const MsgHeader& want) {
+  return fmt::format("mismatched calls: rank {} sent {}, rank {} expected {}", src, describe(got),
+                     self, describe(want));
+}
+
+// ---- frame codec ----------------------------------------------------------------------------
+// A frame is a protobuf-encoded wire::Frame; see proto/dtrain.proto.
+
+constexpr int kFieldSrc = 1, kFieldChannel = 2, kFieldPart = 3, kFieldOp = 4, kFieldTotal = 5,
+              kFieldOffset = 6, kFieldPayload = 15;
+constexpr size_t kMaxHeaderBytes = 96;  // 7 tags + 7 ten-byte varints
+
+size_t put_varint(char* p, uint64_t v) {
+  size_t n = 0;
+  while (v >= 0x80) {
+    p[n++] = static_cast<char>(v | 0x80);
+    v >>= 7;
+  }
+  p[n++] = static_cast<char>(v);
+  return n;
+}
+
+size_t put_field(char* p, int field, uint64_t v) {
+  size_t n = put_varint(p, static_cast<uint64_t>(field) << 3);
+  return n + put_varint(p + n, v);
+}
+
+// Everything of a frame up to and including the payload's length prefix.
+size_t encode_frame_header(char* out, int src, const MsgHeader& h, uint64_t offset, uint64_t len) {
+  size_t n = 0;
+  n += put_field(out + n, kFieldSrc, static_cast<uint64_t>(static_cast<int64_t>(src)));
+  n += put_field(out + n, kFieldChannel, h.channel);
+  n += put_field(out + n, kFieldPart, h.part);
+  n += put_field(out + n, kFieldOp, static_cast<uint32_t>(h.op));
+  n += put_field(out + n, kFieldTotal, h.bytes);
+  n += put_field(out + n, kFieldOffset, offset);
+  n += put_varint(out + n, (uint64_t{kFieldPayload} << 3) | 2);
+  n += put_varint(out + n, len);
+  return n;
+}
+
+// Reads bytes across the slices of a received message without copying them.
+class SliceCursor {
+ public:
+  explicit SliceCursor(const std::vector<grpc::Slice>& slices) : s_(slices) {
+    for (const auto& sl : s_) remaining_ += sl.size();
+    settle();
+  }
+  uint64_t remaining() const { return remaining_; }
+  size_t slice() const { return i_; }
+  size_t offset() const { return off_; }
+
+  bool read_varint(uint64_t* v) {
+    *v = 0;
+    for (int shift = 0; shift < 64; shift += 7) {
+      if (remaining_ == 0) return false;
+      const auto b = static_cast<uint8_t>(s_[i_].begin()[off_]);
+      advance(1);
+      *v |= static_cast<uint64_t>(b & 0x7f) << shift;
+      if (!(b & 0x80)) return true;
+    }
+    return false;  // more than ten bytes
+  }
+  bool skip(uint64_t n) {
+    if (n > remaining_) return false;
+    while (n > 0) {
+      const uint64_t take = std::min<uint64_t>(n, s_[i_].size() - off_);
+      advance(take);
+      n -= take;
+    }
+    return true;
+  }
+
+ private:
+  void advance(uint64_t n) {
+    off_ += n;
+    remaining_ -= n;
+    settle();
+  }
+  void settle() {
+    while (i_ < s_.size() && off_ >= s_[i_].size()) {
+      ++i_;
+      off_ = 0;
+    }
+  }
+  const std::vector<grpc::Slice>& s_;
+  size_t i_ = 0, off_ = 0;
+  uint64_t remaining_ = 0;
+};
+
+struct ParsedFrame {
+  int src = 0;
+  MsgHeader h;  // channel, part, op, bytes = total_bytes
+  uint32_t op_raw = 0;
+  uint64_t offset = 0;
+  uint64_t len = 0;  // payload bytes
+  size_t pay_slice = 0, pay_off = 0;
+};
+
+// Parses the header fields and locates the payload; nothing is copied. Returns "" or what is
+// wrong with the frame.
+std::string parse_frame(const std::vector<grpc::Slice>& slices, ParsedFrame* f) {
+  SliceCursor c(slices);
+  bool have_payload = false;
+  while (c.remaining() > 0) {
+    uint64_t tag;
+    if (!c.read_varint(&tag)) return "truncated field tag";
+    const uint64_t field = tag >> 3;
+    const int type = static_cast<int>(tag & 7);
+    if (field >= kFieldSrc && field <= kFieldOffset) {
+      uint64_t v;
+      if (type != 0 || !c.read_varint(&v)) return fmt::format("bad header field {}", field);
+      switch (field) {
+        case kFieldSrc:
+          f->src = static_cast<int32_t>(static_cast<uint32_t>(v));
+          break;
+        case kFieldChannel:
+          f->h.channel = v;
+          break;
+        case kFieldPart:
+          f->h.part = v;
+          break;
+        case kFieldOp:
+          f->op_raw = static_cast<uint32_t>(v);
+          break;
+        case kFieldTotal:
+          f->h.bytes = v;
+          break;
+        case kFieldOffset:
+          f->offset = v;
+          break;
+      }
+      continue;
+    }
+    switch (type) {
+      case 0: {
+        uint64_t v;
+        if (!c.read_varint(&v)) return "truncated varint";
+        break;
+      }
+      case 1:
+        if (!c.skip(8)) return "truncated fixed64";
+        break;
+      case 5:
+        if (!c.skip(4)) return "truncated fixed32";
+        break;
+      case 2: {
+        uint64_t len;
+        if (!c.read_varint(&len) || len > c.remaining())
+          return fmt::format("field {} is longer than the frame", field);
+        if (field == kFieldPayload) {
+          if (have_payload) return "payload appears twice";
+          have_payload = true;
+          f->len = len;
+          f->pay_slice = c.slice();
+          f->pay_off = c.offset();
+        }
+        c.skip(len);
+        break;
+      }
+      default:
+        return fmt::format("unsupported wire type {}", type);
+    }
+  }
+  f->h.op = static_cast<CommOp>(f->op_raw);
+  return "";
+}
+
+void copy_payload(const std::vector<grpc::Slice>& slices, const ParsedFrame& f, char* dst) {
+  uint64_t left = f.len;
+  size_t i = f.pay_slice, off = f.pay_off;
+  while (left > 0) {
+    const size_t take = std::min<uint64_t>(left, slices[i].size() - off);
+    std::memcpy(dst, slices[i].begin() + off, take);
+    dst += take;
+    left -= take;
+    ++i;
+    off = 0;
+  }
+}
+
+// ---- receive-side state -----------------------------------------------------------------------
+
+struct Key {
+  uint64_t channel = 0, part = 0;
+  auto operator<=>(const Key&) const = default;
+};
+
+// Recycles mailbox buffers. Fresh large allocations are mmapped and page-faulted on first
+// write, then unmapped on free; measured, that made the receiver several times slower than the
+// copy itself (page faults are expensive in VMs). Collectives repeat the same message sizes, so a
+// few retained buffers serve almost every message. Large buffers also ask for transparent huge
+// pages, so that a fresh one costs 512x fewer faults.
+class BufferPool {
+ public:
+  struct Free {
+    void operator()(char* p) const { std::free(p); }
+  };
+  struct Buf {
+    std::unique_ptr<char, Free> p;
+    uint64_t cap = 0;
+  };
+  Buf get(uint64_t n) {
+    if (n >= kMinPooled) {
+      std::lock_guard<std::mutex> lk(mu_);
+      // The smallest free buffer that fits, unless it is more than twice too big.
+      const auto it = free_.lower_bound(n);
+      if (it != free_.end() && it->first <= 2 * n) {
+        Buf b{std::move(it->second), it->first};
+        free_.erase(it);
+        held_ -= b.cap;
+        return b;
+      }
+    }
+    Buf b;
+    if (n >= kHugeMin) {
+      b.cap = (n + kHuge - 1) / kHuge * kHuge;
+      b.p.reset(static_cast<char*>(std::aligned_alloc(kHuge, b.cap)));
+      if (b.p) madvise(b.p.get(), b.cap, MADV_HUGEPAGE);  // a hint: failure is harmless
+    } else {
+      b.cap = n;
+      b.p.reset(static_cast<char*>(std::malloc(std::max<uint64_t>(n, 1))));
+    }
+    if (!b.p) throw std::bad_alloc();
+    return b;
+  }
+  void put(Buf b) {
+    if (b.cap < kMinPooled) return;
+    std::lock_guard<std::mutex> lk(mu_);
+    while (held_ + b.cap > kMaxHeld && !free_.empty()) {  // drop the smallest first
+      held_ -= free_.begin()->first;
+      free_.erase(free_.begin());
+    }
+    if (held_ + b.cap > kMaxHeld) return;
+    held_ += b.cap;
+    free_.emplace(b.cap, std::move(b.p));
+  }
+
+ private:
+  static constexpr uint64_t kMinPooled = 64 << 10;
+  static constexpr uint64_t kHuge = 2 << 20, kHugeMin = 4 << 20;
+  static constexpr uint64_t kMaxHeld = uint64_t{512} << 20;
+  std::mutex mu_;
+  std::multimap<uint64_t, std::unique_ptr<char, Free>> free_;
+  uint64_t held_ = 0;
+};
+
+// A message being or having been received into a mailbox buffer.
+struct InMsg;
+
+// A recv() waiting for a message: a stream delivers straight into `dest` (saving the mailbox
+// copy) when the message's op and size match, either from its first chunk (the recv was posted
+// before the message started) or from the next chunk on (the recv found it partly received,
+// copied the prefix and redirected the rest).
+struct Posted {
+  MsgHeader h;
+  char* dest = nullptr;
+  bool taken = false;      // a stream is writing into dest
+  bool done = false;       // dest holds the whole message
+  bool abandoned = false;  // recv gave up (timeout, failure): drop the rest, never touch dest
+};
+
+// A message being or having been received into a mailbox buffer. All fields but buf's
+// contents are guarded by Inbox::mu; buf is written only under it, too.
+struct InMsg {
+  MsgHeader h;  // as announced by the sender
+  BufferPool::Buf buf;
+  uint64_t received = 0;
+  bool complete = false;
+  std::shared_ptr<Posted> redirect;  // set: the rest goes to redirect->dest, buf is released
+};
+
+// Everything received from one sender. All fields are guarded by mu.
+struct Inbox {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::map<Key, std::deque<std::shared_ptr<InMsg>>> msgs;  // per key in arrival order
+  std::map<Key, std::shared_ptr<Posted>> posted;
+  int live_streams = 0;
+  bool connected = false;  // a stream from this sender was accepted
+  std::string failed;      // no more messages will come from this sender, and why
+  std::string aborted;     // the whole transport failed, and why
+};
+
+// One message of one incoming stream whose chunks are still arriving.
+struct Partial {
+  MsgHeader h;
+  uint64_t received = 0;
+  std::shared_ptr<InMsg> msg;    // mailbox path
+  std::shared_ptr<Posted> post;  // direct path
+};
+
+// ---- send-side state ---------------------------------------------------------------------------
+
+// Completion of one send(): done when every chunk has been handed to gRPC and gRPC released
+// every slice that lends the caller's memory.
+struct SendTicket {
+  std::mutex mu;
+  std::condition_variable cv;
+  int64_t lent = 0;  // payload slices gRPC still holds
+  bool all_chunked = false;
+  std::string error;  // the stream failed before all chunks were handed over
+
+  static void release(void* p) {
+    auto* sp = static_cast<std::shared_ptr<SendTicket>*>(p);
+    {
+      std::lock_guard<std::mutex> lk((*sp)->mu);
+      if (--(*sp)->lent == 0) (*sp)->cv.notify_all();
+    }
+    delete sp;
+  }
+};
+
+struct OutMsg {
+  MsgHeader h;
+  const char* data = nullptr;
+  uint64_t next = 0;     // next payload offset to chunk
+  bool started = false;  // the first (possibly empty) chunk was made
+  std::shared_ptr<SendTicket> ticket;
+};
+
+class GrpcTransport;
+
+// Server side of one peer's Data.Stream: drains frames into the transport's mailboxes.
+class InStream final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
+ public:
+  InStream(GrpcTransport* t, grpc::CallbackServerContext* ctx, grpc::ByteBuffer* response, int src)
+      : t_(t), ctx_(ctx), response_(response), src_(src) {}
+
+  void start() {
+    std::lock_guard<std::mutex> lk(mu_);
+    StartRead(&buf_);
+  }
+  // Finishes the RPC once (later calls are ignored). Safe from any thread. gRPC never runs a
+  // reaction inline from Finish/StartRead, so holding mu_ across them cannot deadlock.
+  void finish(const grpc::Status& s);
+
+  void OnReadDone(bool ok) override;
+  void OnDone() override;
+
+  int src() const { return src_; }
+  std::map<Key, Partial> partial;  // touched only by this stream's reactions
+  uint64_t frames = 0, bytes = 0;
+
+ private:
+  GrpcTransport* const t_;
+  grpc::CallbackServerContext* const ctx_;
+  grpc::ByteBuffer* const response_;
+  const int src_;
+  grpc::ByteBuffer buf_;
+  std::mutex mu_;
+  bool finished_ = false;
+};
+
+// Refuses an RPC before reading anything.
+class RefuseStream final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
+ public:
+  explicit RefuseStream(const grpc::Status& s) { Finish(s); }
+  void OnDone() override { delete this; }
+};
+
+// Client side of our stream to one peer.
+class OutStream final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+ public:
+  OutStream(int self, int dst, size_t chunk_bytes, bool copy_send)
+      : self_(self), dst_(dst), chunk_(chunk_bytes), copy_(copy_send) {}
+
+  void start(const std::shared_ptr<grpc::Channel>& channel, const std::string& token) {
+    ctx_.AddMetadata(kGrpcTokenKey, token);
+    ctx_.AddMetadata(kGrpcRankKey, std::to_string(self_));
+    grpc::GenericStub stub(channel);
+    stub.PrepareBidiStreamingCall(&ctx_, kGrpcStreamMethod, grpc::StubOptions(), this);
+    StartRead(&ack_);
+    StartCall();
+    started_ = true;
+  }
+
+  // Queues m; throws CommError if the stream is down.
+  void enqueue(const std::shared_ptr<OutMsg>& m) {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (!error_.empty()) throw CommError(error_);
+    if (done_ || closing_) throw CommError(fmt::format("connection to rank {} is closed", dst_));
+    queue_.push_back(m);
+    if (!writing_) write_next_locked();
+  }
+
+  // Fails queued messages with `why` and cancels the RPC.
+  void fail(const std::string& why) {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (error_.empty()) error_ = why;
+      fail_queue_locked();
+    }
+    if (started_) ctx_.TryCancel();
+  }
+  // Half-closes once the queue is drained.
+  void close() {
+    std::lock_guard<std::mutex> lk(mu_);
+    closing_ = true;
+    if (started_ && !writing_ && !done_ && !writes_done_) {
+      writes_done_ = true;
+      StartWritesDone();
+    }
+  }
+  void cancel() {
+    if (started_) ctx_.TryCancel();
+  }
+  // True once OnDone ran (or the call never started).
+  bool wait_done(Clock::time_point until) {
+    std::unique_lock<std::mutex> lk(mu_);
+    return cv_.wait_until(lk, until, [&] { return done_ || !started_; });
+  }
+  // "" while the stream is healthy, else why it failed.
+  std::string error() {
+    std::lock_guard<std::mutex> lk(mu_);
+    return error_;
+  }
+
+  void OnWriteDone(bool ok) override {
+    std::lock_guard<std::mutex> lk(mu_);
+    grpc::ByteBuffer().Swap(&cur_);  // drop our reference to the chunk's slices
+    writing_ = false;
+    if (!ok) return;  // the call failed; OnDone reports the status
+    if (!queue_.empty()) {
+      write_next_locked();
+    } else if (closing_ && !writes_done_) {
+      writes_done_ = true;
+      StartWritesDone();
+    }
+  }
+  void OnReadDone(bool /*ok*/) override {}  // the StreamAck, or the call ending
+  void OnDone(const grpc::Status& s) override {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (error_.empty() && !(s.ok() && writes_done_)) {
+      // ABORTED carries a message the peer composed for us ("rank 1 closed its connection").
+      error_ = s.error_code() == grpc::StatusCode::ABORTED
+                   ? s.error_message()
+                   : fmt::format("connection to rank {} lost: {}", dst_, status_str(s));
+      spdlog::debug("rank {}: stream to rank {} ended: {}", self_, dst_, status_str(s));
+    }
+    if (error_.empty()) error_ = fmt::format("connection to rank {} is closed", dst_);
+    fail_queue_locked();
+    done_ = true;
+    cv_.notify_all();  // last touch of *this: the owner may destroy it once done_ is seen
+  }
+
+ private:
+  // Makes the next chunk of the front message (round-robin across queued messages) and writes
+  // it. Requires mu_ and no write in flight.
+  void write_next_locked() {
+    std::shared_ptr<OutMsg> m = queue_.front();
+    queue_.pop_front();
+    const uint64_t off = m->next;
+    const uint64_t len = std::min<uint64_t>(chunk_, m->h.bytes - off);
+    char hdr[kMaxHeaderBytes];
+    grpc::Slice slices[2] = {grpc::Slice(hdr, encode_frame_header(hdr, self_, m->h, off, len)),
+                             grpc::Slice()};
+    char* payload = const_cast<char*>(m->data) + off;
+    const bool last = off + len >= m->h.bytes;
+    {
+      std::lock_guard<std::mutex> tl(m->ticket->mu);
+      if (len > 0 && !copy_) {
+        ++m->ticket->lent;
+        slices[1] = grpc::Slice(payload, len, &SendTicket::release,
+                                new std::shared_ptr<SendTicket>(m->ticket));
+      } else if (len > 0) {
+        slices[1] = grpc::Slice(payload, len);  // copies
+      }
+      if (last) {
+        m->ticket->all_chunked = true;
+        m->ticket->cv.notify_all();
+      }
+    }
+    grpc::ByteBuffer(slices, len > 0 ? 2 : 1).Swap(&cur_);
+    m->next = off + len;
+    m->started = true;
+    if (!last) queue_.push_back(std::move(m));
+    writing_ = true;
+    StartWrite(&cur_);
+  }
+  void fail_queue_locked() {
+    for (auto& m : queue_) {
+      std::lock_guard<std::mutex> tl(m->ticket->mu);
+      m->ticket->error = error_;
+      m->ticket->cv.notify_all();
+    }
+    queue_.clear();
+  }
+
+  const int self_, dst_;
+  const size_t chunk_;
+  const bool copy_;
+  grpc::ClientContext ctx_;
+  grpc::ByteBuffer ack_, cur_;
+  std::atomic<bool> started_{false};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<OutMsg>> queue_;
+  bool writing_ = false, closing_ = false, writes_done_ = false, done_ = false;
+  std::string error_;
+};
+
+// ---- rendezvous (rank 0) ---------------------------------------------------------------------
+
+class Coordinator;
+
+class JoinReactor final : public grpc::ServerUnaryReactor {
+ public:
+  JoinReactor(Coordinator* c, wire::JoinReply* reply) : c_(c), reply_(reply) {}
+  void OnCancel() override;
+  void OnDone() override { delete this; }
+  wire::JoinReply* reply() { return reply_; }
+
+ private:
+  Coordinator* const c_;
+  wire::JoinReply* const reply_;
+};
+
+// Collects the joins; answers all of them once every rank joined, or fails them all (timeout
+// naming the missing ranks, or the first disagreement). Every JoinReactor it accepts is
+// finished exactly once, under mu_.
+class Coordinator {
+ public:
+  Coordinator(const GrpcOptions& o, Clock::time_point deadline)
+      : world_(o.world_size),
+        hash_(o.config_hash),
+        timeout_s_(o.rendezvous_timeout_s),
+        deadline_(deadline) {
+    timer_ = std::thread([this] { timer_loop(); });
+  }
+  ~Coordinator() { shutdown("rank 0 shut down"); }
+
+  grpc::ServerUnaryReactor* join(grpc::CallbackServerContext* ctx, const wire::JoinRequest* req,
+                                 wire::JoinReply* reply) {
+    auto* r = new JoinReactor(this, reply);
+    std::lock_guard<std::mutex> lk(mu_);
+    const int rank = req->rank();
+    if (failure_) {
+      r->Finish(*failure_);
+    } else if (done_) {
+      r->Finish(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                             fmt::format("rank {} joined after the rendezvous completed", rank)));
+    } else if (req->protocol_version() != kGrpcProtocolVersion) {
+      fail_locked(r, fmt::format("rank {} speaks wire protocol {}, rank 0 speaks {}", rank,
+                                 req->protocol_version(), kGrpcProtocolVersion));
+    } else if (req->world_size() != world_) {
+      fail_locked(r, fmt::format("rank {} says the world size is {}, rank 0 says {}", rank,
+                                 req->world_size(), world_));
+    } else if (rank < 0 || rank >= world_) {
+      fail_locked(r, fmt::format("rank {} is out of range for world size {}", rank, world_));
+    } else if (req->config_hash() != hash_) {
+      fail_locked(r, fmt::format("rank {} has config hash {}, rank 0 has {}", rank,
+                                 req->config_hash(), hash_));
+    } else if (pending_.count(rank)) {
+      fail_locked(r, fmt::format("rank {} joined twice (from {} and {})", rank, pending_[rank].peer,
+                                 ctx->peer()));
+    } else if (req->listen_address().empty()) {
+      fail_locked(r, fmt::format("rank {} sent no listen address", rank));
+    } else {
+      pending_[rank] = Pending{r, req->listen_address(), ctx->peer()};
+      spdlog::debug("rendezvous: rank {} joined from {} ({}/{})", rank, ctx->peer(),
+                    pending_.size(), world_);
+      if (static_cast<int>(pending_.size()) == world_) complete_locked();
+    }
+    return r;
+  }
+
+  void cancelled(JoinReactor* r) {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (auto it = pending_.begin(); it != pending_.end(); ++it) {
+      if (it->second.r == r) {  // the joiner gave up (it will retry or fail on its own)
+        pending_.erase(it);
+        r->Finish(grpc::Status::CANCELLED);
+        return;
+      }
+    }
+  }
+
+  void shutdown(const std::string& why) {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (!done_ && !failure_) fail_locked(nullptr, why);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (timer_.joinable()) timer_.join();
+  }
+
+ private:
+  struct Pending {
+    JoinReactor* r = nullptr;
+    std::string address, peer;
+  };
+
+  void complete_locked() {
+    wire::JoinReply table;
+    for (const auto& [rank, p] : pending_) {
+      wire::Peer* peer = table.add_peers();
+      peer->set_rank(rank);
+      peer->set_address(p.address);
+    }
+    for (auto& [rank, p] : pending_) {
+      *p.r->reply() = table;
+      p.r->Finish(grpc::Status::OK);
+    }
+    pending_.clear();
+    done_ = true;
+    cv_.notify_all();
+  }
+
+  // Fails the rendezvous for everyone: pending joins, `r` (the join that revealed the problem)
+  // and all later joins get the message.
+  void fail_locked(JoinReactor* r, const std::string& why) {
+    spdlog::debug("rendezvous failed: {}", why);
+    failure_ = grpc::Status(grpc::StatusCode::ABORTED, why);
+    for (auto& [rank, p] : pending_) p.r->Finish(*failure_);
+    pending_.clear();
+    if (r) r->Finish(*failure_);
+    cv_.notify_all();
+  }
+
+  void timer_loop() {
+    std::unique_lock<std::mutex> lk(mu_);
+    cv_.wait_until(lk, deadline_, [&] { return stop_ || done_ || failure_; });
+    if (stop_ || done_ || failure_) return;
+    std::vector<int> missing;
+    for (int r = 0; r < world_; ++r)
+      if (!pending_.count(r)) missing.push_back(r);
+    fail_locked(nullptr, fmt::format("rendezvous timed out after {} s: {} never joined",
+                                     seconds_str(timeout_s_), ranks_str(missing)));
+  }
+
+  const int world_;
+  const std::string hash_;
+  const double timeout_s_;
+  const Clock::time_point deadline_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<int, Pending> pending_;
+  bool done_ = false, stop_ = false;
+  std::optional<grpc::Status> failure_;
+  std::thread timer_;
+};
+
+void JoinReactor::OnCancel() {
+  c_->cancelled(this);
+}
+
+// ---- the transport ----------------------------------------------------------------------------
+
+class GrpcTransport final : public Transport {
+ public:
+  GrpcTransport(const GrpcOptions& o, const GrpcTuning& tune)
+      : o_(o),
+        tune_(tune),
+        rank_(o.rank),
+        world_(o.world_size),
+        data_service_(this),
+        rendezvous_service_(this) {
+    for (int r = 0; r < world_; ++r) inboxes_.push_back(std::make_unique<Inbox>());
+  }
+
+  ~GrpcTransport() override { shutdown(); }
+
+  int rank() const override { return rank_; }
+  int size() const override { return world_; }
+  std::string backend() const override { return "grpc"; }
+  const std::vector<std::string>& peers() const { return peers_; }
+  GrpcRecvStats recv_stats() const {
+    return GrpcRecvStats{n_direct_.load(), n_redirected_.load(), n_mailbox_.load()};
+  }
+
+  // Starts the server, joins, opens the streams; throws CommError.
+  void connect();
+
+  void send(int dst, const MsgHeader& h, const void* data) override;
+  void recv(int src, const MsgHeader& h, void* data, Deadline deadline) override;
+  void recv_reduce(int src, const MsgHeader& h, float* data, Reduce r, Deadline deadline) override;
+  void abort(const std::string& why) override;
+
+  // Server-side entry points (gRPC threads).
+  grpc::ServerReadReactor<grpc::ByteBuffer>* open_in_stream(grpc::CallbackServerContext* ctx,
+                                                            grpc::ByteBuffer* response);
+  grpc::ServerUnaryReactor* on_join(grpc::CallbackServerContext* ctx, const wire::JoinRequest* req,
+                                    wire::JoinReply* reply);
+  grpc::Status on_frame(InStream& s, const grpc::ByteBuffer& bb);
+  void in_stream_ended(InStream& s, bool cancelled);
+  void in_stream_done(InStream* s) {
+    std::lock_guard<std::mutex> lk(in_mu_);
+    in_streams_.erase(s);
+  }
+
+ private:
+  class DataService final : public wire::Data::WithRawCallbackMethod_Stream<wire::Data::Service> {
+   public:
+    explicit DataService(GrpcTransport* t) : t_(t) {}
+    grpc::ServerReadReactor<grpc::ByteBuffer>* Stream(grpc::CallbackServerContext* ctx,
+                                                      grpc::ByteBuffer* response) override {
+      return t_->open_in_stream(ctx, response);
+    }
+
+   private:
+    GrpcTransport* const t_;
+  };
+  class RendezvousService final : public wire::Rendezvous::CallbackService {
+   public:
+    explicit RendezvousService(GrpcTransport* t) : t_(t) {}
+    grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* ctx, const wire::JoinRequest* req,
+                                   wire::JoinReply* reply) override {
+      return t_->on_join(ctx, req, reply);
+    }
+
+   private:
+    GrpcTransport* const t_;
+  };
+
+  bool authorized(const grpc::CallbackServerContext* ctx, const char* what) const;
+  grpc::ChannelArguments channel_args() const;
+  void start_server();
+  void join();
+  void open_streams();
+  void wait_for_peers();
+  void shutdown();
+  void finish_in_streams(const grpc::Status& s);
+  grpc::Status malformed(const InStream& s, const std::string& what);
+  void deliver_local(const MsgHeader& h, const void* data);
+  // Throws if, at the front of src's mailbox for key or on the same channel, a message
+  // disagrees with h. Requires ib.mu.
+  void check_mismatch_locked(Inbox& ib, int src, const MsgHeader& h);
+
+  const GrpcOptions o_;
+  const GrpcTuning tune_;
+  const int rank_, world_;
+  std::shared_ptr<grpc::ServerCredentials> server_creds_;
+  std::shared_ptr<grpc::ChannelCredentials> channel_creds_;
+  DataService data_service_;
+  RendezvousService rendezvous_service_;
+  std::unique_ptr<Coordinator> coordinator_;
+  std::unique_ptr<grpc::Server> server_;
+  std::string listen_address_;
+  std::vector<std::string> peers_;
+  std::vector<std::unique_ptr<Inbox>> inboxes_;
+  BufferPool pool_;
+  std::vector<std::unique_ptr<OutStream>> out_;  // null for self
+  std::vector<std::shared_ptr<grpc::Channel>> channels_;
+
+  std::mutex in_mu_;  // guards in_streams_ and closing_; ordered before InStream::mu_, Inbox::mu
+  std::set<InStream*> in_streams_;
+  bool closing_ = false;
+
+  std::atomic<uint64_t> n_direct_{0}, n_redirected_{0}, n_mailbox_{0};
+
+  std::mutex abort_mu_;
+  std::string abort_reason_;
+  std::atomic<bool> aborted_{false};
+};
+
+void InStream::finish(const grpc::Status& s) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (finished_) return;
+  finished_ = true;
+  if (s.ok()) {
+    wire::StreamAck ack;
+    ack.set_frames(frames);
+    ack.set_bytes(bytes);
+    const std::string b = ack.SerializeAsString();
+    grpc::Slice sl(b);
+    grpc::ByteBuffer(&sl, 1).Swap(response_);
+  }
+  Finish(s);
+}
+
+void InStream::OnReadDone(bool ok) {
+  if (!ok) {  // the peer half-closed, or the call broke / was cancelled
+    t_->in_stream_ended(*this, ctx_->IsCancelled());
+    finish(grpc::Status::OK);
+    return;
+  }
+  grpc::Status s = t_->on_frame(*this, buf_);
+  grpc::ByteBuffer().Swap(&buf_);
+  if (!s.ok()) {
+    finish(s);
+    return;
+  }
+  std::lock_guard<std::mutex> lk(mu_);
+  if (!finished_) StartRead(&buf_);
+}
+
+void InStream::OnDone() {
+  t_->in_stream_done(this);
+  delete this;
+}
+
+bool GrpcTransport::authorized(const grpc::CallbackServerContext* ctx, const char* what) const {
+  const auto& md = ctx->client_metadata();
+  const auto it = md.find(kGrpcTokenKey);
+  const std::string_view got =
+      it == md.end() ? std::string_view() : std::string_view(it->second.data(), it->second.size());
+  if (token_equal(o_.token, got)) return true;
+  spdlog::warn("rank {}: refused {} from {}: {} job token", rank_, what, ctx->peer(),
+               it == md.end() ? "missing" : "wrong");
+  return false;
+}
+
+grpc::ServerReadReactor<grpc::ByteBuffer>* GrpcTransport::open_in_stream(
+    grpc::CallbackServerContext* ctx, grpc::ByteBuffer* response) {
+  if (!authorized(ctx, "a data stream"))
+    return new RefuseStream(
+        grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "wrong or missing job token"));
+  const auto& md = ctx->client_metadata();
+  const auto it = md.find(kGrpcRankKey);
+  int src = -1;
+  if (it != md.end()) {
+    const std::string v(it->second.data(), it->second.size());
+    char* end = nullptr;
+    const long r = std::strtol(v.c_str(), &end, 10);
+    if (!v.empty() && *end == '\0' && r >= 0 && r < world_ && r != rank_) src = static_cast<int>(r);
+  }
+  if (src < 0)
+    return new RefuseStream(
+        grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                     fmt::format("missing or invalid {} for world size {}", kGrpcRankKey, world_)));
+  std::lock_guard<std::mutex> lk(in_mu_);
+  if (closing_ || aborted_.load())
+    return new RefuseStream(grpc::Status(grpc::StatusCode::ABORTED,
+                                         fmt::format("rank {} closed its connection", rank_)));
+  auto* s = new InStream(this, ctx, response, src);
+  in_streams_.insert(s);
+  {
+    Inbox& ib = *inboxes_[src];
+    std::lock_guard<std::mutex> il(ib.mu);
+    ++ib.live_streams;
+    ib.connected = true;
+    ib.cv.notify_all();
+  }
+  spdlog::debug("rank {}: stream from rank {} ({}) accepted", rank_, src, ctx->peer());
+  s->start();
+  return s;
+}
+
+void GrpcTransport::in_stream_ended(InStream& s, bool cancelled) {
+  Inbox& ib = *inboxes_[s.src()];
+  std::lock_guard<std::mutex> lk(ib.mu);
+  if (--ib.live_streams > 0 || !ib.failed.empty()) return;
+  ib.failed = cancelled
+                  ? fmt::format("connection to rank {} lost (its stream was cancelled)", s.src())
+                  : fmt::format("rank {} closed its connection", s.src());
+  ib.cv.notify_all();
+}
+
+grpc::Status GrpcTransport::malformed(const InStream& s, const std::string& what) {
+  const std::string why = fmt::format("malformed frame from rank {}: {}", s.src(), what);
+  spdlog::error("rank {}: {}", rank_, why);
+  abort(why);
+  return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, why);
+}
+
+grpc::Status GrpcTransport::on_frame(InStream& s, const grpc::ByteBuffer& bb) try {
+  std::vector<grpc::Slice> slices;
+  if (!bb.Dump(&slices).ok()) return malformed(s, "unreadable message");
+  ParsedFrame f;
+  if (std::string err = parse_frame(slices, &f); !err.empty()) return malformed(s, err);
+  // Validate everything before touching any buffer.
+  if (f.src != s.src())
+    return malformed(
+        s, fmt::format("it claims to come from rank {} on rank {}'s stream", f.src, s.src()));
+  if (f.op_raw < static_cast<uint32_t>(CommOp::kAllReduce) ||
+      f.op_raw > static_cast<uint32_t>(CommOp::kAllGatherV))
+    return malformed(s, fmt::format("unknown op {}", f.op_raw));
+  if (f.h.bytes > kGrpcMaxMessageBytes)
+    return malformed(
+        s, fmt::format("total bytes {} exceed the limit of {}", f.h.bytes, kGrpcMaxMessageBytes));
+  if (f.len > f.h.bytes || f.offset > f.h.bytes - f.len)
+    return malformed(s, fmt::format("offset {} + payload {} exceeds the total of {} bytes",
+                                    f.offset, f.len, f.h.bytes));
+  const Key key{f.h.channel, f.h.part};
+  auto it = s.partial.find(key);
+  if (it == s.partial.end()) {
+    if (f.offset != 0)
+      return malformed(s, fmt::format("chunk at offset {} of {} whose start never arrived",
+                                      f.offset, describe(f.h)));
+  } else {
+    const Partial& p = it->second;
+    if (f.h.op != p.h.op || f.h.bytes != p.h.bytes)
+      return malformed(s, fmt::format("a chunk of {} says {}", describe(p.h), describe(f.h)));
+    if (f.offset != p.received)
+      return malformed(s, fmt::format("chunk at offset {} of {}, expected offset {}", f.offset,
+                                      describe(p.h), p.received));
+  }
+  Inbox& ib = *inboxes_[s.src()];
+  if (it == s.partial.end()) {  // a new message: deliver directly if its recv is posted
+    Partial p;
+    p.h = f.h;
+    std::lock_guard<std::mutex> lk(ib.mu);
+    if (!ib.aborted.empty()) return grpc::Status(grpc::StatusCode::ABORTED, ib.aborted);
+    const auto q = ib.msgs.find(key);
+    const auto post = ib.posted.find(key);
+    if ((q == ib.msgs.end() || q->second.empty()) && post != ib.posted.end() &&
+        !post->second->taken && post->second->h.op == f.h.op &&
+        post->second->h.bytes == f.h.bytes) {
+      post->second->taken = true;
+      p.post = post->second;
+      ++n_direct_;
+    } else {
+      p.msg = std::make_shared<InMsg>();
+      p.msg->h = f.h;
+      p.msg->buf = pool_.get(f.h.bytes);
+      ib.msgs[key].push_back(p.msg);
+      ib.cv.notify_all();  // a waiting recv may have to report a mismatch now
+    }
+    it = s.partial.emplace(key, std::move(p)).first;
+  }
+  Partial& p = it->second;
+  const bool complete = p.received + f.len == p.h.bytes;
+  {
+    // Copies happen under the lock: recv may redirect the message into its own buffer or
+    // abandon that buffer (timeout) at any moment, and must see whole chunks.
+    std::lock_guard<std::mutex> lk(ib.mu);
+    if (p.post) {
+      if (!p.post->abandoned) copy_payload(slices, f, p.post->dest + f.offset);
+      if (complete) {
+        p.post->done = true;
+        const auto post = ib.posted.find(key);
+        if (post != ib.posted.end() && post->second == p.post) ib.posted.erase(post);
+      }
+    } else if (p.msg->redirect) {
+      Posted& post = *p.msg->redirect;
+      if (!post.abandoned) copy_payload(slices, f, post.dest + f.offset);
+      if (complete) {
+        post.done = true;
+        auto& q = ib.msgs[key];
+        q.erase(std::find(q.begin(), q.end(), p.msg));
+        if (q.empty()) ib.msgs.erase(key);
+      }
+    } else {
+      copy_payload(slices, f, p.msg->buf.p.get() + f.offset);
+      p.msg->complete = complete;
+    }
+    if (p.msg) p.msg->received = p.received + f.len;
+    if (complete) ib.cv.notify_all();
+  }
+  p.received += f.len;
+  ++s.frames;
+  s.bytes += f.len;
+  if (complete) s.partial.erase(it);
+  return grpc::Status::OK;
+} catch (const std::exception& e) {  // bad_alloc for a huge message, mostly
+  return malformed(s, e.what());
+}
+
+void GrpcTransport::check_mismatch_locked(Inbox& ib, int src, const MsgHeader& h) {
+  // Any message from src on the same channel with another op means the ranks called different
+  // collectives at this sequence number; the same key with another size is a mismatch too.
+  for (auto it = ib.msgs.lower_bound(Key{h.channel, 0});
+       it != ib.msgs.end() && it->first.channel == h.channel; ++it) {
+    if (it->second.empty()) continue;
+    const MsgHeader& got = it->second.front()->h;
+    if (got.op != h.op || (it->first.part == h.part && got.bytes != h.bytes))
+      throw CommError(mismatch_msg(src, rank_, got, h));
+  }
+}
+
+void GrpcTransport::recv(int src, const MsgHeader& h, void* data, Deadline deadline) {
+  DT_CHECK(src >= 0 && src < world_);
+  const auto start = Clock::now();
+  Inbox& ib = *inboxes_[src];
+  const Key key{h.channel, h.part};
+  std::shared_ptr<Posted> post;
+  std::unique_lock<std::mutex> lk(ib.mu);
+  // On every exit but success: make sure no stream writes into data after we return.
+  auto unpost = [&] {
+    if (!post) return;
+    post->abandoned = true;
+    const auto it = ib.posted.find(key);
+    if (it != ib.posted.end() && it->second == post) ib.posted.erase(it);
+  };
+  for (;;) {
+    if (post && post->taken) {
+      if (post->done) break;  // delivered straight into data
+    } else {
+      try {
+        check_mismatch_locked(ib, src, h);
+      } catch (...) {
+        unpost();
+        throw;
+      }
+      const auto q = ib.msgs.find(key);
+      if (q != ib.msgs.end() && !q->second.empty()) {
+        InMsg& front = *q->second.front();
+        if (front.complete) {
+          std::shared_ptr<InMsg> m = std::move(q->second.front());
+          q->second.pop_front();
+          if (q->second.empty()) ib.msgs.erase(q);
+          unpost();
+          lk.unlock();
+          if (h.bytes) std::memcpy(data, m->buf.p.get(), h.bytes);
+          pool_.put(std::move(m->buf));
+          bytes_recv_ += h.bytes;
+          ++n_mailbox_;
+          return;
+        }
+        if (!front.redirect) {
+          // Partly received: copy what is there and have the stream write the rest into data
+          // (otherwise the whole message would be copied twice).
+          if (post) {
+            const auto it = ib.posted.find(key);
+            if (it != ib.posted.end() && it->second == post) ib.posted.erase(it);
+          } else {
+            post = std::make_shared<Posted>();
+            post->h = h;
+            post->dest = static_cast<char*>(data);
+          }
+          post->taken = true;
+          front.redirect = post;
+          ++n_redirected_;
+          if (front.received) std::memcpy(data, front.buf.p.get(), front.received);
+          pool_.put(std::move(front.buf));
+          continue;
+        }
+        // else: the front message was redirected by a recv that gave up; it disappears once
+        // its last chunk arrives.
+      } else if (!post) {
+        post = std::make_shared<Posted>();
+        post->h = h;
+        post->dest = static_cast<char*>(data);
+        DT_CHECK_MSG(ib.posted.emplace(key, post).second,
+                     "two concurrent recvs of " << describe(h) << " from rank " << src);
+      }
+    }
+    if (!ib.aborted.empty()) {
+      unpost();
+      throw CommError(ib.aborted);
+    }
+    if (!ib.failed.empty()) {
+      unpost();
+      throw CommError(ib.failed + " (this rank was waiting for " + describe(h) + ")");
+    }
+    if (Clock::now() >= deadline) {
+      unpost();
+      const double s = std::chrono::duration<double>(deadline - start).count();
+      throw CommError(fmt::format("recv timed out after {} s waiting for {} from rank {}",
+                                  seconds_str(std::max(s, 0.0)), describe(h), src));
+    }
+    ib.cv.wait_until(lk, deadline);
+  }
+  bytes_recv_ += h.bytes;
+}
+
+void GrpcTransport::recv_reduce(int src, const MsgHeader& h, float* data, Reduce r,
+                                Deadline deadline) {
+  DT_CHECK(src >= 0 && src < world_);
+  DT_CHECK_EQ(h.bytes % sizeof(float), 0u);
+  {  // Already in the mailbox: reduce straight from it, saving a copy.
+    Inbox& ib = *inboxes_[src];
+    std::unique_lock<std::mutex> lk(ib.mu);
+    const auto q = ib.msgs.find(Key{h.channel, h.part});
+    if (q != ib.msgs.end() && !q->second.empty() && q->second.front()->complete &&
+        q->second.front()->h.op == h.op && q->second.front()->h.bytes == h.bytes) {
+      std::shared_ptr<InMsg> m = std::move(q->second.front());
+      q->second.pop_front();
+      if (q->second.empty()) ib.msgs.erase(q);
+      lk.unlock();
+      // new char[] storage is suitably aligned for float.
+      reduce_into(data, reinterpret_cast<const float*>(m->buf.p.get()), h.bytes / sizeof(float), r);
+      pool_.put(std::move(m->buf));
+      bytes_recv_ += h.bytes;
+      ++n_mailbox_;
+      return;
+    }
+  }
+  Transport::recv_reduce(src, h, data, r, deadline);
+}
+
+void GrpcTransport::deliver_local(const MsgHeader& h, const void* data) {
+  Inbox& ib = *inboxes_[rank_];
+  const Key key{h.channel, h.part};
+  std::lock_guard<std::mutex> lk(ib.mu);
+  const auto q = ib.msgs.find(key);
+  const auto post = ib.posted.find(key);
+  if ((q == ib.msgs.end() || q->second.empty()) && post != ib.posted.end() &&
+      post->second->h.op == h.op && post->second->h.bytes == h.bytes) {
+    if (h.bytes) std::memcpy(post->second->dest, data, h.bytes);
+    post->second->taken = post->second->done = true;
+    ++n_direct_;
+    ib.posted.erase(post);
+  } else {
+    auto m = std::make_shared<InMsg>();
+    m->h = h;
+    m->buf = pool_.get(h.bytes);
+    if (h.bytes) std::memcpy(m->buf.p.get(), data, h.bytes);
+    m->complete = true;
+    ib.msgs[key].push_back(std::move(m));
+  }
+  ib.cv.notify_all();
+}
+
+void GrpcTransport::send(int dst, const MsgHeader& h, const void* data) {
+  DT_CHECK(dst >= 0 && dst < world_);
+  if (aborted_.load()) {
+    std::lock_guard<std::mutex> lk(abort_mu_);
+    throw CommError(abort_reason_);
+  }
+  if (h.bytes > kGrpcMaxMessageBytes)
+    throw CommError(fmt::format("cannot send {}: larger than the {}-byte message limit",
+                                describe(h), kGrpcMaxMessageBytes));
+  if (dst == rank_) {
+    deliver_local(h, data);
+    bytes_sent_ += h.bytes;
+    return;
+  }
+  auto m = std::make_shared<OutMsg>();
+  m->h = h;
+  m->data = static_cast<const char*>(data);
+  m->ticket = std::make_shared<SendTicket>();
+  out_[dst]->enqueue(m);
+  SendTicket& t = *m->ticket;
+  std::unique_lock<std::mutex> lk(t.mu);
+  t.cv.wait(lk, [&] { return (t.all_chunked && t.lent == 0) || !t.error.empty(); });
+  if (!t.error.empty()) {
+    // gRPC drops our slices when the call is torn down; wait for that before the caller may
+    // free the buffer.
+    if (!t.cv.wait_for(lk, kReleaseGrace, [&] { return t.lent == 0; }))
+      spdlog::error("rank {}: gRPC still references a failed send's buffer after {} s", rank_,
+                    std::chrono::duration<double>(kReleaseGrace).count());
+    throw CommError(t.error);
+  }
+  bytes_sent_ += h.bytes;
+}
+
+void GrpcTransport::abort(const std::string& why) {
+  {
+    std::lock_guard<std::mutex> lk(abort_mu_);
+    if (!abort_reason_.empty()) return;
+    abort_reason_ = why.empty() ? "transport aborted" : why;
+    aborted_ = true;
+  }
+  spdlog::debug("rank {}: transport aborted: {}", rank_, abort_reason_);
+  for (auto& ib : inboxes_) {
+    std::lock_guard<std::mutex> lk(ib->mu);
+    ib->aborted = abort_reason_;
+    ib->cv.notify_all();
+  }
+  for (auto& o : out_)
+    if (o) o->fail(abort_reason_);
+  finish_in_streams(grpc::Status(grpc::StatusCode::ABORTED,
+                                 fmt::format("rank {} aborted: {}", rank_, abort_reason_)));
+}
+
+void GrpcTransport::finish_in_streams(const grpc::Status& s) {
+  std::lock_guard<std::mutex> lk(in_mu_);
+  for (InStream* is : in_streams_) is->finish(s);
+}
+
+grpc::ServerUnaryReactor* GrpcTransport::on_join(grpc::CallbackServerContext* ctx,
+                                                 const wire::JoinRequest* req,
+                                                 wire::JoinReply* reply) {
+  if (!authorized(ctx, "a rendezvous join") || !coordinator_) {
+    grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
+    r->Finish(coordinator_
+                  ? grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "wrong or missing job token")
+                  : grpc::Status(grpc::StatusCode::UNAVAILABLE, "not rank 0"));
+    return r;
+  }
+  return coordinator_->join(ctx, req, reply);
+}
+
+grpc::ChannelArguments GrpcTransport::channel_args() const {
+  grpc::ChannelArguments a;
+  a.SetMaxSendMessageSize(-1);
+  a.SetMaxReceiveMessageSize(-1);
+  // Our own TCP connection per peer pair (ranks in one process would share one otherwise).
+  a.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  a.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
+  a.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, kKeepaliveTimeMs);
+  a.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kKeepaliveTimeoutMs);
+  a.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  a.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  a.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 1);  // turning it off halved throughput
+  set_tuning_args(tune_, [&](const char* k, int v) { a.SetInt(k, v); });
+  // Rendezvous: rank 0 may come up after us; retry connecting quickly.
+  a.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  a.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  a.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  return a;
+}
+
+void GrpcTransport::start_server() {
+  grpc::ServerBuilder b;
+  int data_port = 0, master_port = 0;
+  const std::string data_addr = host_port(o_.bind, 0);
+  b.AddListeningPort(data_addr, server_creds_, &data_port);
+  std::string master_addr;
+  if (rank_ == 0) {
+    // Where rank 0 serves the rendezvous. MASTER_ADDR names this host as the other ranks see
+    // it. A loopback MASTER_ADDR is bound as is (only local ranks can reach it anyway), and so
+    // is one equal to our bind address. Otherwise it may be a hostname or an address behind NAT
+    // that does not name a local interface, so listen on the wildcard of bind's address family:
+    // reachable wherever MASTER_ADDR routes to; the job token guards the service.
+    std::string host = o_.master_addr;
+    if (!is_loopback(host) && strip_brackets(host) != strip_brackets(o_.bind))
+      host = strip_brackets(o_.bind).find(':') != std::string::npos ? "::" : "0.0.0.0";
+    master_addr = host_port(host, o_.master_port);
+    b.AddListeningPort(master_addr, server_creds_, &master_port);
+    b.RegisterService(&rendezvous_service_);
+  }
+  b.RegisterService(&data_service_);
+  b.SetMaxReceiveMessageSize(kGrpcMaxFrameBytes);
+  b.SetMaxSendMessageSize(-1);
+  // A port held by another process must fail here, not be shared (gRPC sets SO_REUSEPORT).
+  b.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  b.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, kKeepaliveTimeMs);
+  b.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kKeepaliveTimeoutMs);
+  b.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, kKeepaliveTimeMs / 2);
+  b.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
+  b.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 1);
+  set_tuning_args(tune_, [&](const char* k, int v) { b.AddChannelArgument(k, v); });
+  server_ = b.BuildAndStart();
+  if (!server_ || data_port == 0 || (rank_ == 0 && master_port == 0)) {
+    server_.reset();
+    if (rank_ == 0 && master_port == 0)
+      throw CommError(fmt::format(
+          "rank 0 cannot listen on {} for the rendezvous (port in use or address not local?)",
+          master_addr));
+    throw CommError(fmt::format("rank {} cannot listen on {}", rank_, data_addr));
+  }
+  std::string host = o_.advertise;
+  if (host.empty()) {
+    host = o_.bind;
+    if (is_wildcard(host)) {
+      char name[256] = {};
+      if (gethostname(name, sizeof(name) - 1) != 0)
+        throw CommError("gethostname failed; set the advertise address");
+      host = name;
+    }
+  }
+  listen_address_ = host_port(host, data_port);
+  spdlog::debug("rank {}: listening on {} (advertised as {}){}", rank_, data_addr, listen_address_,
+                rank_ == 0 ? ", rendezvous on " + master_addr : "");
+}
+
+void GrpcTransport::join() {
+  const auto start = Clock::now();
+  const auto timeout = std::chrono::duration_cast<Clock::duration>(
+      std::chrono::duration<double>(o_.rendezvous_timeout_s));
+  const auto deadline = start + timeout + kJoinSlack;
+  const std::string master = host_port(o_.master_addr, o_.master_port);
+  auto channel = grpc::CreateCustomChannel(master, channel_creds_, channel_args());
+  auto stub = wire::Rendezvous::NewStub(channel);
+  wire::JoinRequest req;
+  req.set_protocol_version(kGrpcProtocolVersion);
+  req.set_rank(rank_);
+  req.set_world_size(world_);
+  req.set_listen_address(listen_address_);
+  req.set_config_hash(o_.config_hash);
+  wire::JoinReply reply;
+  auto backoff = std::chrono::milliseconds(100);
+  for (;;) {
+    grpc::ClientContext ctx;
+    ctx.AddMetadata(kGrpcTokenKey, o_.token);
+    ctx.set_wait_for_ready(true);  // rank 0 may not be up yet: gRPC reconnects with backoff
+    ctx.set_deadline(wall(deadline));
+    const grpc::Status s = stub->Join(&ctx, req, &reply);
+    if (s.ok()) break;
+    switch (s.error_code()) {
+      case grpc::StatusCode::ABORTED:
+      case grpc::StatusCode::FAILED_PRECONDITION:
+        throw CommError(s.error_message());
+      case grpc::StatusCode::UNAUTHENTICATED:
+        throw CommError(
+            fmt::format("rank 0 at {} refused this rank's job token (rank {})", master, rank_));
+      case grpc::StatusCode::DEADLINE_EXCEEDED:
+        throw CommError(fmt::format("rendezvous with rank 0 at {} timed out after {} s", master,
+                                    seconds_str(o_.rendezvous_timeout_s)));
+      case grpc::StatusCode::UNAVAILABLE:  // connection lost mid-call: rank 0 restarting?
+      case grpc::StatusCode::CANCELLED:
+        if (Clock::now() + backoff < deadline) {
+          std::this_thread::sleep_for(backoff);
+          backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
+          continue;
+        }
+        [[fallthrough]];
+      default:
+        throw CommError(
+            fmt::format("rendezvous with rank 0 at {} failed: {}", master, status_str(s)));
+    }
+  }
+  if (reply.peers_size() != world_)
+    throw CommError(
+        fmt::format("rendezvous returned {} peers for world size {}", reply.peers_size(), world_));
+  for (int r = 0; r < world_; ++r) {
+    const wire::Peer& p = reply.peers(r);
+    if (p.rank() != r || p.address().empty())
+      throw CommError(fmt::format("rendezvous returned a bad peer table (entry {})", r));
+    peers_.push_back(p.address());
+  }
+  std::string table;
+  for (int r = 0; r < world_; ++r) table += fmt::format("{}{}={}", r ? ", " : "", r, peers_[r]);
+  spdlog::debug("rank {}: peer table: {}", rank_, table);
+}
+
+void GrpcTransport::open_streams() {
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                           std::chrono::duration<double>(o_.connect_timeout_s));
+  out_.resize(world_);
+  channels_.resize(world_);
+  for (int r = 0; r < world_; ++r) {
+    if (r == rank_) continue;
+    channels_[r] = grpc::CreateCustomChannel(peers_[r], channel_creds_, channel_args());
+  }
+  for (int r = 0; r < world_; ++r) {
+    if (r == rank_) continue;
+    if (!channels_[r]->WaitForConnected(wall(deadline)))
+      throw CommError(fmt::format("cannot connect to rank {} at {} within {} s", r, peers_[r],
+                                  seconds_str(o_.connect_timeout_s)));
+    out_[r] = std::make_unique<OutStream>(rank_, r, tune_.chunk_bytes, tune_.copy_send);
+    out_[r]->start(channels_[r], o_.token);
+  }
+}
+
+void GrpcTransport::wait_for_peers() {
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                           std::chrono::duration<double>(o_.connect_timeout_s));
+  std::vector<int> missing;
+  for (int r = 0; r < world_; ++r) {
+    if (r == rank_) continue;
+    Inbox& ib = *inboxes_[r];
+    std::unique_lock<std::mutex> lk(ib.mu);
+    ib.cv.wait_until(lk, deadline,
+                     [&] { return ib.connected || !ib.failed.empty() || !ib.aborted.empty(); });
+    if (!ib.aborted.empty()) throw CommError(ib.aborted);
+    if (!ib.failed.empty()) throw CommError(ib.failed);
+    if (!ib.connected) missing.push_back(r);
+  }
+  if (!missing.empty())
+    throw CommError(fmt::format("{} did not open their streams to rank {} within {} s",
+                                ranks_str(missing), rank_, seconds_str(o_.connect_timeout_s)));
+  for (int r = 0; r < world_; ++r)
+    if (out_[r])
+      if (std::string e = out_[r]->error(); !e.empty()) throw CommError(e);
+}
+
+void GrpcTransport::connect() {
+  if (!o_.tls_cert.empty()) {
+    const std::string cert = read_pem(o_.tls_cert, "certificate");
+    const std::string key = read_pem(o_.tls_key, "key");
+    const std::string ca = read_pem(o_.tls_ca, "CA");
+    // Mutual TLS: every rank presents its certificate and checks the other's against the CA.
+    grpc::SslServerCredentialsOptions so(
+        GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+    so.pem_root_certs = ca;
+    so.pem_key_cert_pairs.push_back({key, cert});
+    server_creds_ = grpc::SslServerCredentials(so);
+    grpc::SslCredentialsOptions co;
+    co.pem_root_certs = ca;
+    co.pem_private_key = key;
+    co.pem_cert_chain = cert;
+    channel_creds_ = grpc::SslCredentials(co);
+  } else {
+    server_creds_ = grpc::InsecureServerCredentials();
+    channel_creds_ = grpc::InsecureChannelCredentials();
+  }
+  if (rank_ == 0) {
+    const auto timeout = std::chrono::duration_cast<Clock::duration>(
+        std::chrono::duration<double>(o_.rendezvous_timeout_s));
+    coordinator_ = std::make_unique<Coordinator>(o_, Clock::now() + timeout);
+  }
+  start_server();
+  join();
+  open_streams();
+  wait_for_peers();
+}
+
+void GrpcTransport::shutdown() {
+  {
+    std::lock_guard<std::mutex> lk(in_mu_);
+    closing_ = true;
+  }
+  // 1. Half-close our streams so peers see a clean close; cancel the ones that do not finish.
+  const auto grace = Clock::now() + kCloseGrace;
+  for (auto& o : out_)
+    if (o) o->close();
+  for (auto& o : out_)
+    if (o && !o->wait_done(grace)) o->cancel();
+  for (auto& o : out_) {
+    if (o && !o->wait_done(Clock::now() + std::chrono::seconds(10))) {
+      spdlog::error("rank {}: a gRPC stream did not finish after cancellation; leaking it", rank_);
+      (void)o.release();  // gRPC still references it: freeing it would be worse
+    }
+  }
+  // 2. Answer pending joins and incoming streams, then stop the server.
+  if (coordinator_) coordinator_->shutdown(fmt::format("rank {} shut down", rank_));
+  finish_in_streams(
+      grpc::Status(grpc::StatusCode::ABORTED, fmt::format("rank {} closed its connection", rank_)));
+  if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  server_.reset();
+  coordinator_.reset();
+}
+
+// gRPC allocates its TCP read buffers (up to a few MiB) with malloc on its own threads and frees
+// them a moment later. With glibc's defaults each free trims the thread's heap (madvise, a TLB
+// shootdown) and every buffer is page-faulted again: measured on loopback, that alone held the
+// receiver to ~0.2 GB/s at 100% CPU, against 1.5-2.5 GB/s with trimming off. So a process that
+// uses the gRPC transport keeps up to 256 MiB of freed heap and serves blocks up to 32 MiB from
+// the heap instead of fresh mappings. This is process-wide (it also keeps the trainer's own
+// large temporaries warm) and is done once, before any gRPC object exists.
+void tune_malloc_once() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    mallopt(M_MMAP_THRESHOLD, 32 << 20);
+    mallopt(M_TRIM_THRESHOLD, 256 << 20);
+  });
+}
+
+}  // namespace
+
+std::unique_ptr<Transport> connect_grpc(const GrpcOptions& o, const GrpcTuning& tuning) {
+  if (o.world_size < 1) throw UserError(fmt::format("world size {} < 1", o.world_size));
+  if (o.rank < 0 || o.rank >= o.world_size)
+    throw UserError(fmt::format("rank {} is out of range for world size {}", o.rank, o.world_size));
+  if (o.master_port <= 0 || o.master_port > 65535)
+    throw UserError(fmt::format("master port {} is not in 1..65535", o.master_port));
+  if (o.master_addr.empty()) throw UserError("master address is empty");
+  const int tls = !o.tls_cert.empty() + !o.tls_key.empty() + !o.tls_ca.empty();
+  if (tls != 0 && tls != 3)
+    throw UserError("TLS needs all three of certificate, key and CA (or none)");
+  for (const char c : o.token)
+    if (c < 0x20 || c > 0x7e) throw UserError("the job token must be printable ASCII");
+  if (!(o.rendezvous_timeout_s > 0) || !(o.connect_timeout_s > 0))
+    throw UserError("rendezvous and connect timeouts must be positive");
+  if (tuning.chunk_bytes == 0 || tuning.chunk_bytes > (64u << 20))
+    throw UserError(fmt::format("chunk size {} is not in 1..64 MiB", tuning.chunk_bytes));
+  if (tuning.tune_malloc) tune_malloc_once();
+  auto t = std::make_unique<GrpcTransport>(o, tuning);
+  t->connect();  // on failure t's destructor closes whatever was opened
+  return t;
+}
+
+std::unique_ptr<Transport> connect_grpc(const GrpcOptions& opts) {
+  return connect_grpc(opts, GrpcTuning{});
+}
+
+GrpcRecvStats grpc_recv_stats(const Transport& t) {
+  const auto* g = dynamic_cast<const GrpcTransport*>(&t);
+  if (!g) throw std::invalid_argument("not a gRPC transport");
+  return g->recv_stats();
+}
+
+std::vector<std::string> grpc_peer_addresses(const Transport& t) {
+  const auto* g = dynamic_cast<const GrpcTransport*>(&t);
+  if (!g) throw std::invalid_argument("not a gRPC transport");
+  return g->peers();
+}
+
+}  // namespace dtrain

@@ -1,0 +1,80 @@
+#include "train/distributed.h"
+
+#include <spdlog/spdlog.h>
+
+#include "comm/communicator.h"
+#include "comm/grpc_transport.h"
+#include "tensor/blas.h"
+#include "util/check.h"
+
+namespace dtrain {
+
+namespace {
+
+bool is_loopback(const std::string& addr) {
+  return addr == "localhost" || addr == "::1" || addr == "[::1]" || addr.rfind("127.", 0) == 0;
+}
+
+}  // namespace
+
+bool is_multiprocess(const Config& cfg, const std::map<std::string, std::string>& env,
+                     const DistOverrides& flags) {
+  if (cfg.distributed.backend == "grpc" || flags.any()) return true;
+  for (const char* v : {"RANK", "WORLD_SIZE", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK",
+                        "OMPI_COMM_WORLD_SIZE"})
+    if (env.count(v)) return true;
+  return false;
+}
+
+Config effective_config(const Config& cfg, const DistEnv& de) {
+  Config eff = cfg;
+  eff.distributed.world_size = de.world_size;
+  eff.distributed.backend = "grpc";
+  return eff;
+}
+
+nlohmann::json run_grpc_rank(const Config& cfg, const RunOptions& opts,
+                             const std::map<std::string, std::string>& env,
+                             const DistOverrides& flags) {
+  const DistEnv de = resolve_dist_env(env, static_cast<int>(cfg.distributed.world_size), flags);
+  const Config eff = effective_config(cfg, de);
+  if (de.world_size > 1 && de.master_port == 0)
+    throw UserError("rank " + std::to_string(de.rank) + " of " + std::to_string(de.world_size) +
+                    ": no MASTER_PORT (set it, or start the ranks with `dtrain launch`)");
+  const int threads = cfg.runtime.threads > 0
+                          ? static_cast<int>(cfg.runtime.threads)
+                          : default_blas_threads(available_cores(), de.local_world_size);
+  set_blas_threads(threads);
+
+  GrpcOptions g;
+  g.rank = de.rank;
+  g.world_size = de.world_size;
+  g.master_addr = de.master_addr;
+  g.master_port = de.master_port;
+  g.bind = !cfg.distributed.bind.empty() ? cfg.distributed.bind
+                                         : (is_loopback(de.master_addr) ? "127.0.0.1" : "0.0.0.0");
+  g.token = resolve_job_token(env, cfg.distributed.token_file);
+  g.config_hash = config_hash(eff);
+  g.rendezvous_timeout_s = cfg.distributed.rendezvous_timeout_s;
+  g.tls_cert = cfg.distributed.tls.cert;
+  g.tls_key = cfg.distributed.tls.key;
+  g.tls_ca = cfg.distributed.tls.ca;
+  spdlog::info("rank {} of {} (local {} of {}, from {}): joining {}:{}, listening on {}", de.rank,
+               de.world_size, de.local_rank, de.local_world_size, de.source, de.master_addr,
+               de.master_port, g.bind);
+  if (g.token.empty())
+    spdlog::warn("no job token (DTRAIN_JOB_TOKEN or distributed.token_file): any process that "
+                 "reaches the rendezvous port can join this job");
+  CommOptions copts;
+  copts.timeout_s = cfg.distributed.timeout_s;
+  Communicator comm(connect_grpc(g), copts);
+  try {
+    return train_rank(eff, opts, comm);
+  } catch (const std::exception& e) {
+    // Tell the peers now rather than letting them wait for their deadline.
+    comm.abort("rank " + std::to_string(de.rank) + " failed: " + e.what());
+    throw;
+  }
+}
+
+}  // namespace dtrain

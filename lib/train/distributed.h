@@ -1,0 +1,32 @@
+// Running one rank of a multi-process job: the rank's place comes from the launcher's
+// environment (launch/dist_env.h), the ranks join over gRPC, then train_rank runs as in-process.
+#pragma once
+
+#include <map>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "config/config.h"
+#include "launch/dist_env.h"
+#include "train/trainer.h"
+
+namespace dtrain {
+
+// True when this process is one rank of a multi-process job: a launcher's environment is
+// present (torchrun, Slurm or Open MPI variables), a rank flag was given, or the config asks for
+// backend grpc.
+bool is_multiprocess(const Config& cfg, const std::map<std::string, std::string>& env,
+                     const DistOverrides& flags);
+
+// The config as this rank runs it: world size from `de`, backend grpc. Its hash is what ranks
+// compare at rendezvous.
+Config effective_config(const Config& cfg, const DistEnv& de);
+
+// Joins the job (connect_grpc with the job token from DTRAIN_JOB_TOKEN or
+// distributed.token_file) and trains this rank. Returns rank 0's summary on rank 0.
+nlohmann::json run_grpc_rank(const Config& cfg, const RunOptions& opts,
+                             const std::map<std::string, std::string>& env,
+                             const DistOverrides& flags);
+
+}  // namespace dtrain

@@ -1,0 +1,142 @@
+// Multi-process runs as users start them: `dtrain launch`, and ranks started by hand with
+// torchrun's environment. Failures must end every rank non-zero, never hang.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <filesystem>
+
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/safetensors.h"
+#include "launch/launcher.h"
+#include "test_util.h"
+
+using dtrain::testing::read_text;
+using dtrain::testing::run_cmd;
+using dtrain::testing::TempDir;
+
+namespace {
+
+const std::string kBin = DTRAIN_BIN;
+const std::string kSrc = DTRAIN_SOURCE_DIR;
+
+bool has(const std::string& out, const std::string& text) {
+  return out.find(text) != std::string::npos;
+}
+
+// Environment prefix for rank r of w, by hand as a user's script would set it.
+std::string rank_env(int r, int w, int port, const std::string& token) {
+  return "RANK=" + std::to_string(r) + " WORLD_SIZE=" + std::to_string(w) +
+         " LOCAL_RANK=" + std::to_string(r) + " LOCAL_WORLD_SIZE=" + std::to_string(w) +
+         " MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port) +
+         " DTRAIN_JOB_TOKEN=" + token + " ";
+}
+
+const char* kLong = R"(seed: 3
+model: {hidden: [64]}
+data:
+  format: synthetic
+  synthetic: {samples: 20000, features: 16, classes: 4}
+  batch_size: 16
+optimizer: {type: sgd, lr: 0.05}
+train: {epochs: 50, log_every: 50}
+distributed: {backend: grpc, world_size: 2, timeout_s: 20, rendezvous_timeout_s: 6}
+runtime: {threads: 1}
+)";
+
+}  // namespace
+
+TEST_CASE("dtrain launch --nproc 2 trains the smoke config over gRPC as CI runs it") {
+  TempDir dir;
+  const auto r = run_cmd(kBin + " launch --nproc 2 " + kSrc + "/configs/smoke.yaml --out " +
+                         dir / "smoke --log-level warn");
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  const auto s = nlohmann::json::parse(read_text(dir / "smoke/summary.json"));
+  CHECK(s["world_size"] == 2);
+  CHECK(s["backend"] == "grpc");
+  CHECK(s["test_accuracy"].get<double>() > 0.9);
+  CHECK(s["comm_bytes_sent"].get<double>() > 0);
+  CHECK(std::filesystem::exists(dir / "smoke/logs/rank-1.log"));
+}
+
+TEST_CASE("gRPC ranks and in-process ranks compute the same parameters") {
+  TempDir dir;
+  const std::string cfg = dir.write("c.yaml", R"(seed: 5
+model: {hidden: [16]}
+data:
+  format: synthetic
+  synthetic: {samples: 500, features: 8, classes: 3}
+  batch_size: 10
+optimizer: {type: sgd, lr: 0.1, momentum: 0.9}
+train: {epochs: 0, max_steps: 20}
+distributed: {world_size: 2}
+runtime: {threads: 1}
+)");
+  auto r = run_cmd(kBin + " launch --nproc 2 " + cfg + " --out " + dir / "grpc --log-level warn");
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  r = run_cmd(kBin + " run " + cfg + " --out " + dir / "inproc --log-level warn");
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  // Same algorithm over another transport: bitwise equal tensors (the metadata differs: the
+  // backend is part of the config hash).
+  const auto a = dtrain::read_safetensors(dir / "grpc/checkpoints/step-20.safetensors");
+  const auto b = dtrain::read_safetensors(dir / "inproc/checkpoints/step-20.safetensors");
+  REQUIRE(a.tensors.size() == b.tensors.size());
+  for (const auto& [name, t] : a.tensors) CHECK_MESSAGE(t.data == b.tensors.at(name).data, name);
+}
+
+TEST_CASE("a SIGKILLed rank makes the other rank exit non-zero promptly") {
+  TempDir dir;
+  const std::string cfg = dir.write("long.yaml", kLong);
+  const int port = dtrain::pick_free_port();
+  // Rank 1 is killed once rank 0 has written its first metrics line (training is under way).
+  const std::string script =
+      "set -u; " + rank_env(0, 2, port, "tok") + kBin + " run " + cfg + " --out " + dir / "run" +
+      " > " + dir / "r0.log 2>&1 & p0=$!; " + rank_env(1, 2, port, "tok") + kBin + " run " + cfg +
+      " --out " + dir / "run" + " > " + dir / "r1.log 2>&1 & p1=$!; " +
+      "for i in $(seq 600); do [ -s " + dir / "run/metrics.jsonl" +
+      " ] && break; sleep 0.1; done; kill -9 $p1; start=$(date +%s); wait $p0; rc=$?; " +
+      "echo rank0_exit=$rc elapsed=$(( $(date +%s) - start ))";
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto r = run_cmd("bash -c '" + script + "'");
+  const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  INFO(r.output, read_text(dir / "r0.log"));
+  CHECK(has(r.output, "rank0_exit=1"));
+  CHECK(el < 60.0);  // timeout_s is 20: a lost peer must not hang past it
+  CHECK(has(read_text(dir / "r0.log"), "rank 1"));
+}
+
+TEST_CASE("a rank with another config or a wrong token is refused at rendezvous") {
+  TempDir dir;
+  const std::string cfg = dir.write("long.yaml", kLong);
+  int port = dtrain::pick_free_port();
+  auto pair = [&](const std::string& env1, const std::string& extra1) {
+    const std::string script = rank_env(0, 2, port, "tok") + kBin + " run " + cfg + " --out " +
+                               dir / "a" + " > " + dir / "a0.log 2>&1 & p0=$!; " + env1 + kBin +
+                               " run " + cfg + " --out " + dir / "b" + extra1 + " > " +
+                               dir / "a1.log 2>&1; rc1=$?; wait $p0; rc0=$?; echo rc0=$rc0 rc1=$rc1";
+    return run_cmd("bash -c '" + script + "'");
+  };
+  auto r = pair(rank_env(1, 2, port, "tok"), " --set optimizer.lr=0.07");
+  std::string logs = read_text(dir / "a0.log") + read_text(dir / "a1.log");
+  INFO(r.output, logs);
+  CHECK_FALSE(has(r.output, "rc0=0"));
+  CHECK_FALSE(has(r.output, "rc1=0"));
+  CHECK(has(logs, "config hash"));
+
+  port = dtrain::pick_free_port();
+  r = pair(rank_env(1, 2, port, "wrong-token"), "");
+  logs = read_text(dir / "a0.log") + read_text(dir / "a1.log");
+  INFO(r.output, logs);
+  CHECK_FALSE(has(r.output, "rc1=0"));
+  CHECK_FALSE(has(r.output, "rc0=0"));
+  CHECK(has(logs, "token"));
+}
+
+TEST_CASE("dtrain run with backend grpc but no launcher says how to start it") {
+  TempDir dir;
+  const std::string cfg = dir.write("g.yaml", kLong);
+  const auto r = run_cmd("env -u RANK -u WORLD_SIZE " + kBin + " run " + cfg + " --out " +
+                         dir / "x");
+  CHECK(r.exit_code == 2);
+  CHECK(has(r.output, "MASTER_PORT"));
+}

@@ -1,0 +1,883 @@
+// The gRPC transport: rendezvous (token, config hash, timeouts), all-pairs data exchange,
+// deadlines, mismatch detection, malformed frames and peer failure. Ranks are threads of this
+// process, each with its own transport, server and streams; ports are always chosen free.
+#include <doctest/doctest.h>
+#include <grpcpp/grpcpp.h>
+#include <netinet/in.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "comm/grpc_internal.h"
+#include "comm/grpc_transport.h"
+#include "dtrain.grpc.pb.h"
+#include "test_util.h"
+#include "util/check.h"
+
+using namespace dtrain;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// A port nobody listens on right now: bind port 0, read it back, close.
+int free_port() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
+  socklen_t len = sizeof(a);
+  REQUIRE(getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+GrpcOptions options(int rank, int world, int port) {
+  GrpcOptions o;
+  o.rank = rank;
+  o.world_size = world;
+  o.master_port = port;
+  o.token = "s3cret-token";
+  o.config_hash = "cafe01";
+  o.rendezvous_timeout_s = 20;
+  o.connect_timeout_s = 20;
+  return o;
+}
+
+Deadline in(double s) {
+  return Clock::now() +
+         std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
+}
+
+// Connects `world` ranks concurrently. errors[r] is "" or rank r's connect_grpc failure.
+struct Job {
+  std::vector<std::unique_ptr<Transport>> t;
+  std::vector<std::string> errors;
+  bool ok() const {
+    for (const auto& e : errors)
+      if (!e.empty()) return false;
+    return true;
+  }
+};
+Job connect_job(int world, const std::function<GrpcOptions(int)>& opts,
+                const std::vector<int>& ranks = {}) {
+  Job job;
+  job.t.resize(world);
+  job.errors.resize(world);
+  std::vector<int> which = ranks;
+  if (which.empty())
+    for (int r = 0; r < world; ++r) which.push_back(r);
+  std::vector<std::thread> threads;
+  for (int r : which) {
+    threads.emplace_back([&, r] {
+      try {
+        job.t[r] = connect_grpc(opts(r));
+      } catch (const std::exception& e) {
+        job.errors[r] = e.what();
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  return job;
+}
+Job connect_job(int world) {
+  const int port = free_port();
+  return connect_job(world, [&](int r) { return options(r, world, port); });
+}
+
+void require_ok(const Job& job) {
+  for (size_t r = 0; r < job.errors.size(); ++r)
+    REQUIRE_MESSAGE(job.errors[r].empty(), "rank ", r, ": ", job.errors[r]);
+}
+
+// Runs fn(rank) on one thread per rank; returns each rank's error ("" if none).
+std::vector<std::string> run_ranks(int world, const std::function<void(int)>& fn) {
+  std::vector<std::string> errors(world);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        fn(r);
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  return errors;
+}
+
+uint8_t pattern(int src, int dst, size_t size, size_t i) {
+  return static_cast<uint8_t>(src * 31 + dst * 17 + size * 13 + i * 7 + (i >> 11));
+}
+std::vector<uint8_t> make_payload(int src, int dst, size_t size) {
+  std::vector<uint8_t> v(size);
+  for (size_t i = 0; i < size; ++i) v[i] = pattern(src, dst, size, i);
+  return v;
+}
+// "" if data is what src sent to dst, else where it differs.
+std::string verify(int src, int dst, const std::vector<uint8_t>& data) {
+  for (size_t i = 0; i < data.size(); ++i)
+    if (data[i] != pattern(src, dst, data.size(), i))
+      return "byte " + std::to_string(i) + " of " + std::to_string(data.size()) + " from rank " +
+             std::to_string(src) + " differs";
+  return "";
+}
+
+MsgHeader header(uint64_t channel, uint64_t part, CommOp op, uint64_t bytes) {
+  MsgHeader h;
+  h.channel = channel;
+  h.part = part;
+  h.op = op;
+  h.bytes = bytes;
+  return h;
+}
+
+bool contains(const std::string& s, const std::string& sub) {
+  return s.find(sub) != std::string::npos;
+}
+
+// Sends to a peer that went away: the failure reaches the sender asynchronously, so allow a
+// few attempts. Returns the error ("" if every send succeeded).
+std::string send_fails_soon(Transport& t, int dst) {
+  std::vector<uint8_t> b(100);
+  for (int i = 0; i < 50; ++i) {
+    try {
+      t.send(dst, header(kP2PBit | 99, i, CommOp::kSendRecv, b.size()), b.data());
+    } catch (const CommError& e) {
+      return e.what();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return "";
+}
+
+const std::vector<size_t> kSizes = {0, 1, 1001, (size_t{5} << 20) + 3};
+
+// A raw client of a rank's Data service, as a hostile or buggy peer would be.
+struct RawStream {
+  grpc::ClientContext ctx;
+  wire::StreamAck ack;
+  std::unique_ptr<wire::Data::Stub> stub;
+  std::unique_ptr<grpc::ClientWriter<wire::Frame>> w;
+  RawStream(const std::string& address, const std::string& token, int claimed_rank) {
+    stub = wire::Data::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+    if (!token.empty()) ctx.AddMetadata(kGrpcTokenKey, token);
+    ctx.AddMetadata(kGrpcRankKey, std::to_string(claimed_rank));
+    w = stub->Stream(&ctx, &ack);
+  }
+  grpc::Status finish() {
+    w->WritesDone();
+    return w->Finish();
+  }
+};
+
+wire::Frame frame(int src, uint64_t channel, uint64_t total, uint64_t offset, size_t payload) {
+  wire::Frame f;
+  f.set_src_rank(src);
+  f.set_channel(channel);
+  f.set_part(0);
+  f.set_op(static_cast<uint32_t>(CommOp::kAllReduce));
+  f.set_total_bytes(total);
+  f.set_offset(offset);
+  f.set_payload(std::string(payload, 'x'));
+  return f;
+}
+
+}  // namespace
+
+TEST_CASE("grpc: rendezvous and all-pairs exchange for world sizes 1 to 4") {
+  for (int world = 1; world <= 4; ++world) {
+    CAPTURE(world);
+    Job job = connect_job(world);
+    require_ok(job);
+    for (int r = 0; r < world; ++r) {
+      CHECK(job.t[r]->rank() == r);
+      CHECK(job.t[r]->size() == world);
+      CHECK(job.t[r]->backend() == "grpc");
+      CHECK(grpc_peer_addresses(*job.t[r]).size() == static_cast<size_t>(world));
+    }
+    // Every rank sends every size to every rank (itself included), all sends before any recv.
+    const auto errors = run_ranks(world, [&](int r) {
+      Transport& t = *job.t[r];
+      for (int dst = 0; dst < world; ++dst)
+        for (size_t k = 0; k < kSizes.size(); ++k) {
+          const auto data = make_payload(r, dst, kSizes[k]);
+          t.send(dst, header(k, r, CommOp::kAllGather, data.size()), data.data());
+        }
+      for (int src = 0; src < world; ++src)
+        for (size_t k = 0; k < kSizes.size(); ++k) {
+          std::vector<uint8_t> got(kSizes[k]);
+          t.recv(src, header(k, src, CommOp::kAllGather, got.size()), got.data(), in(30));
+          if (std::string e = verify(src, r, got); !e.empty()) throw std::runtime_error(e);
+        }
+    });
+    for (int r = 0; r < world; ++r) CHECK_MESSAGE(errors[r].empty(), "rank ", r, ": ", errors[r]);
+    uint64_t per_peer = 0;
+    for (size_t s : kSizes) per_peer += s;
+    for (int r = 0; r < world; ++r) {
+      CHECK(job.t[r]->bytes_sent() == per_peer * world);
+      CHECK(job.t[r]->bytes_recv() == per_peer * world);
+    }
+  }
+}
+
+TEST_CASE("grpc: concurrent sends to all peers then recvs do not deadlock") {
+  constexpr int kWorld = 3;
+  constexpr size_t kBig = size_t{12} << 20;  // above the HTTP/2 windows: needs draining
+  Job job = connect_job(kWorld);
+  require_ok(job);
+  const auto errors = run_ranks(kWorld, [&](int r) {
+    Transport& t = *job.t[r];
+    std::vector<std::thread> senders;
+    std::vector<std::string> send_errors(kWorld);
+    for (int dst = 0; dst < kWorld; ++dst) {
+      if (dst == r) continue;
+      // Two threads per peer: a big message and small p2p ones interleave on one stream.
+      senders.emplace_back([&, dst] {
+        try {
+          const auto big = make_payload(r, dst, kBig);
+          t.send(dst, header(1, 0, CommOp::kAllReduce, big.size()), big.data());
+        } catch (const std::exception& e) {
+          send_errors[dst] = e.what();
+        }
+      });
+      senders.emplace_back([&, dst] {
+        try {
+          for (uint64_t i = 0; i < 5; ++i) {
+            const auto small = make_payload(r, dst, 100 + i);
+            t.send(dst, header(kP2PBit | 7, i, CommOp::kSendRecv, small.size()), small.data());
+          }
+        } catch (const std::exception& e) {
+          send_errors[dst] = e.what();
+        }
+      });
+    }
+    for (auto& s : senders) s.join();
+    for (const auto& e : send_errors)
+      if (!e.empty()) throw std::runtime_error(e);
+    for (int src = 0; src < kWorld; ++src) {
+      if (src == r) continue;
+      for (uint64_t i = 0; i < 5; ++i) {
+        std::vector<uint8_t> small(100 + i);
+        t.recv(src, header(kP2PBit | 7, i, CommOp::kSendRecv, small.size()), small.data(), in(30));
+        if (std::string e = verify(src, r, small); !e.empty()) throw std::runtime_error(e);
+      }
+      std::vector<uint8_t> raw(kBig);
+      t.recv(src, header(1, 0, CommOp::kAllReduce, kBig), raw.data(), in(30));
+      if (std::string e = verify(src, r, raw); !e.empty()) throw std::runtime_error(e);
+    }
+  });
+  for (int r = 0; r < kWorld; ++r) CHECK_MESSAGE(errors[r].empty(), "rank ", r, ": ", errors[r]);
+}
+
+TEST_CASE("grpc: recv posted before the message arrives and recv_reduce") {
+  Job job = connect_job(2);
+  require_ok(job);
+  constexpr size_t kN = (size_t{3} << 20) + 5;  // floats, several chunks
+  std::vector<float> a(kN), b(kN, 2.0f), c(kN, 1.0f);
+  for (size_t i = 0; i < kN; ++i) a[i] = static_cast<float>(i % 1000);
+  const auto errors = run_ranks(2, [&](int r) {
+    if (r == 0) {
+      // Posted first (direct delivery), then a reduce from a posted and a mailbox message.
+      std::vector<float> got(kN);
+      job.t[0]->recv(1, header(3, 0, CommOp::kBroadcast, kN * 4), got.data(), in(30));
+      if (got != a) throw std::runtime_error("posted recv: wrong data");
+      job.t[0]->recv_reduce(1, header(4, 0, CommOp::kAllReduce, kN * 4), c.data(),
+                            Transport::Reduce::kSum, in(30));
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));  // let part 1 arrive
+      job.t[0]->recv_reduce(1, header(4, 1, CommOp::kAllReduce, kN * 4), c.data(),
+                            Transport::Reduce::kMax, in(30));
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      job.t[1]->send(0, header(3, 0, CommOp::kBroadcast, kN * 4), a.data());
+      job.t[1]->send(0, header(4, 0, CommOp::kAllReduce, kN * 4), b.data());
+      job.t[1]->send(0, header(4, 1, CommOp::kAllReduce, kN * 4), a.data());
+    }
+  });
+  REQUIRE_MESSAGE(errors[0].empty(), errors[0]);
+  REQUIRE_MESSAGE(errors[1].empty(), errors[1]);
+  for (size_t i = 0; i < kN; i += 997) CHECK(c[i] == std::max(3.0f, a[i]));
+}
+
+TEST_CASE("grpc: a recv posted while its message is arriving gets every byte") {
+  Job job = connect_job(2);
+  require_ok(job);
+  constexpr size_t kBytes = size_t{24} << 20;
+  const auto data = make_payload(1, 0, kBytes);
+  // Posting the recv at various moments covers all three delivery paths: before the first
+  // chunk (direct), mid-message (redirected) and after the last one (mailbox).
+  const int delays_ms[] = {0, 1, 3, 6, 10, 20, 40, 300};
+  for (int i = 0; i < 8; ++i) {
+    CAPTURE(delays_ms[i]);
+    std::thread sender(
+        [&] { job.t[1]->send(0, header(40 + i, 0, CommOp::kAllGather, kBytes), data.data()); });
+    std::this_thread::sleep_for(std::chrono::milliseconds(delays_ms[i]));
+    std::vector<uint8_t> got(kBytes);
+    job.t[0]->recv(1, header(40 + i, 0, CommOp::kAllGather, kBytes), got.data(), in(30));
+    sender.join();
+    CHECK(verify(1, 0, got) == "");
+  }
+  const GrpcRecvStats st = grpc_recv_stats(*job.t[0]);
+  MESSAGE("direct ", st.direct, ", redirected ", st.redirected, ", mailbox ", st.mailbox);
+  CHECK(st.direct + st.redirected + st.mailbox == 8);
+  CHECK(st.mailbox >= 1);  // the 300 ms one
+}
+
+TEST_CASE("grpc: mutual TLS") {
+  testing::TempDir dir;
+  const std::string d = dir.path();
+  const std::string cmd =
+      "cd " + d +
+      " && openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes"
+      " -keyout ca.key -out ca.pem -days 2 -subj /CN=dtrain-test-ca"
+      " && openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes"
+      " -keyout node.key -out node.csr -subj /CN=localhost"
+      " && printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\\nextendedKeyUsage=serverAuth,"
+      "clientAuth\\n' > ext.cnf"
+      " && openssl x509 -req -in node.csr -CA ca.pem -CAkey ca.key -CAcreateserial"
+      " -out node.pem -days 2 -extfile ext.cnf";
+  const testing::CmdResult r = testing::run_cmd(cmd);
+  if (r.exit_code != 0) {
+    MESSAGE("skipped: cannot make test certificates with openssl: ", r.output);
+    return;
+  }
+  const int port = free_port();
+  Job job = connect_job(2, [&](int rank) {
+    GrpcOptions o = options(rank, 2, port);
+    o.tls_cert = d + "/node.pem";
+    o.tls_key = d + "/node.key";
+    o.tls_ca = d + "/ca.pem";
+    return o;
+  });
+  require_ok(job);
+  const auto data = make_payload(0, 1, 3 << 20);
+  job.t[0]->send(1, header(1, 0, CommOp::kBroadcast, data.size()), data.data());
+  std::vector<uint8_t> got(data.size());
+  job.t[1]->recv(0, header(1, 0, CommOp::kBroadcast, got.size()), got.data(), in(20));
+  CHECK(verify(0, 1, got) == "");
+}
+
+TEST_CASE("grpc: collectives run over the gRPC transport") {
+  constexpr int kWorld = 3;
+  Job job = connect_job(kWorld);
+  require_ok(job);
+  constexpr size_t kN = 300007;
+  const auto errors = run_ranks(kWorld, [&](int r) {
+    CommOptions co;
+    co.timeout_s = 30;
+    co.segment_bytes = 256 << 10;
+    Communicator comm(std::move(job.t[r]), co);
+    std::vector<float> v(kN);
+    for (size_t i = 0; i < kN; ++i) v[i] = static_cast<float>((i + r) % 17);
+    comm.allreduce(v.data(), v.size());
+    for (size_t i = 0; i < kN; ++i) {
+      float want = 0;
+      for (int q = 0; q < kWorld; ++q) want += static_cast<float>((i + q) % 17);
+      if (v[i] != want) throw std::runtime_error("allreduce mismatch at " + std::to_string(i));
+    }
+    comm.barrier();
+  });
+  for (int r = 0; r < kWorld; ++r) CHECK_MESSAGE(errors[r].empty(), "rank ", r, ": ", errors[r]);
+}
+
+TEST_CASE("grpc: a recv timeout names the peer and the message") {
+  Job job = connect_job(2);
+  require_ok(job);
+  std::vector<uint8_t> buf(64);
+  const auto t0 = Clock::now();
+  try {
+    job.t[0]->recv(1, header(9, 2, CommOp::kAllReduce, 64), buf.data(), in(0.5));
+    FAIL("recv returned");
+  } catch (const CommError& e) {
+    const std::string m = e.what();
+    CHECK_MESSAGE(contains(m, "recv timed out after 0.5 s"), m);
+    CHECK_MESSAGE(contains(m, "allreduce seq 9 part 2 (64 bytes)"), m);
+    CHECK_MESSAGE(contains(m, "from rank 1"), m);
+  }
+  CHECK(Clock::now() - t0 < std::chrono::seconds(10));
+  // The transport still works afterwards, and a message for the abandoned recv is kept.
+  const auto data = make_payload(1, 0, 64);
+  job.t[1]->send(0, header(9, 2, CommOp::kAllReduce, 64), data.data());
+  job.t[0]->recv(1, header(9, 2, CommOp::kAllReduce, 64), buf.data(), in(20));
+  CHECK(verify(1, 0, buf) == "");
+}
+
+TEST_CASE("grpc: op and byte-count mismatches fail at once with both sides named") {
+  Job job = connect_job(2);
+  require_ok(job);
+  std::vector<uint8_t> buf(800), out(400);
+  std::thread sender;
+  SUBCASE("message already there") {
+    job.t[1]->send(0, header(5, 0, CommOp::kReduceScatter, 400), out.data());
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  SUBCASE("recv posted first") {
+    sender = std::thread([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      job.t[1]->send(0, header(5, 0, CommOp::kReduceScatter, 400), out.data());
+    });
+  }
+  const auto t0 = Clock::now();
+  try {
+    job.t[0]->recv(1, header(5, 0, CommOp::kAllReduce, 800), buf.data(), in(30));
+    FAIL("recv returned");
+  } catch (const CommError& e) {
+    const std::string m = e.what();
+    CHECK_MESSAGE(contains(m, "rank 1 sent reduce_scatter seq 5 part 0 (400 bytes)"), m);
+    CHECK_MESSAGE(contains(m, "rank 0 expected allreduce seq 5 part 0 (800 bytes)"), m);
+  }
+  CHECK(Clock::now() - t0 < std::chrono::seconds(15));
+  if (sender.joinable()) sender.join();
+  // Same op, other size.
+  job.t[1]->send(0, header(6, 0, CommOp::kAllReduce, 400), out.data());
+  try {
+    job.t[0]->recv(1, header(6, 0, CommOp::kAllReduce, 800), buf.data(), in(30));
+    FAIL("recv returned");
+  } catch (const CommError& e) {
+    const std::string m = e.what();
+    CHECK_MESSAGE(contains(m, "(400 bytes)"), m);
+    CHECK_MESSAGE(contains(m, "(800 bytes)"), m);
+  }
+}
+
+TEST_CASE("grpc: a wrong job token is refused and delivers nothing") {
+  SUBCASE("at the rendezvous") {
+    const int port = free_port();
+    Job job = connect_job(2, [&](int r) {
+      GrpcOptions o = options(r, 2, port);
+      o.rendezvous_timeout_s = 2;
+      if (r == 1) o.token = "not-the-token";
+      return o;
+    });
+    REQUIRE(!job.errors[1].empty());
+    CHECK_MESSAGE(contains(job.errors[1], "refused this rank's job token"), job.errors[1]);
+    CHECK_MESSAGE(contains(job.errors[0], "rank 1 never joined"), job.errors[0]);
+  }
+  SUBCASE("on a data stream") {
+    Job job = connect_job(2);
+    require_ok(job);
+    const std::string addr = grpc_peer_addresses(*job.t[0])[0];
+    for (const std::string token : {"", "wrong"}) {
+      RawStream raw(addr, token, 1);
+      raw.w->Write(frame(1, 77, 10, 0, 10));
+      const grpc::Status s = raw.finish();
+      CHECK(s.error_code() == grpc::StatusCode::UNAUTHENTICATED);
+    }
+    std::vector<uint8_t> buf(10);
+    CHECK_THROWS_WITH_AS(
+        job.t[0]->recv(1, header(77, 0, CommOp::kAllReduce, 10), buf.data(), in(0.5)),
+        doctest::Contains("timed out"), CommError);
+    CHECK(job.t[0]->bytes_recv() == 0);
+    // The job itself is unharmed.
+    job.t[1]->send(0, header(78, 0, CommOp::kAllReduce, 10), buf.data());
+    job.t[0]->recv(1, header(78, 0, CommOp::kAllReduce, 10), buf.data(), in(20));
+  }
+}
+
+TEST_CASE("grpc: rendezvous refuses disagreeing ranks with a clear message") {
+  const int port = free_port();
+  SUBCASE("config hash") {
+    Job job = connect_job(2, [&](int r) {
+      GrpcOptions o = options(r, 2, port);
+      o.config_hash = r == 1 ? "bbb222" : "aaa111";
+      return o;
+    });
+    for (int r = 0; r < 2; ++r) {
+      CAPTURE(r);
+      CHECK_MESSAGE(contains(job.errors[r], "rank 1 has config hash bbb222, rank 0 has aaa111"),
+                    job.errors[r]);
+    }
+  }
+  SUBCASE("world size") {
+    Job job = connect_job(2, [&](int r) { return options(r, r == 1 ? 3 : 2, port); });
+    CHECK_MESSAGE(contains(job.errors[0], "rank 1 says the world size is 3, rank 0 says 2"),
+                  job.errors[0]);
+    CHECK_MESSAGE(contains(job.errors[1], "world size"), job.errors[1]);
+  }
+  SUBCASE("duplicate rank") {
+    Job job = connect_job(3, [&](int r) { return options(r == 2 ? 1 : r, 3, port); });
+    for (int r = 0; r < 3; ++r) {
+      CAPTURE(r);
+      CHECK_MESSAGE(contains(job.errors[r], "rank 1 joined twice"), job.errors[r]);
+    }
+  }
+  SUBCASE("out-of-range rank") {
+    std::string err0;
+    std::thread rank0([&] {
+      try {
+        GrpcOptions o = options(0, 2, port);
+        connect_grpc(o);
+      } catch (const std::exception& e) {
+        err0 = e.what();
+      }
+    });
+    // connect_grpc checks its own options, so use the generated stub directly.
+    auto stub = wire::Rendezvous::NewStub(grpc::CreateChannel("127.0.0.1:" + std::to_string(port),
+                                                              grpc::InsecureChannelCredentials()));
+    wire::JoinRequest req;
+    req.set_protocol_version(kGrpcProtocolVersion);
+    req.set_rank(5);
+    req.set_world_size(2);
+    req.set_listen_address("127.0.0.1:1");
+    req.set_config_hash("cafe01");
+    wire::JoinReply reply;
+    grpc::ClientContext ctx;
+    ctx.AddMetadata(kGrpcTokenKey, "s3cret-token");
+    ctx.set_wait_for_ready(true);
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+    const grpc::Status s = stub->Join(&ctx, req, &reply);
+    rank0.join();
+    CHECK_MESSAGE(contains(s.error_message(), "rank 5 is out of range for world size 2"),
+                  s.error_message());
+    CHECK_MESSAGE(contains(err0, "rank 5 is out of range"), err0);
+  }
+}
+
+TEST_CASE("grpc: a rendezvous timeout names the ranks that never joined") {
+  const int port = free_port();
+  const auto t0 = Clock::now();
+  Job job = connect_job(3,
+                        [&](int r) {
+                          GrpcOptions o = options(r, 3, port);
+                          o.rendezvous_timeout_s = 2;
+                          return o;
+                        },
+                        {0, 1});
+  CHECK(Clock::now() - t0 < std::chrono::seconds(15));
+  for (int r = 0; r < 2; ++r) {
+    CAPTURE(r);
+    CHECK_MESSAGE(contains(job.errors[r], "rendezvous timed out after 2 s: rank 2 never joined"),
+                  job.errors[r]);
+  }
+}
+
+TEST_CASE("grpc: a rank that comes up before rank 0 waits for it") {
+  const int port = free_port();
+  Job job;
+  job.t.resize(2);
+  job.errors.resize(2);
+  std::thread r1([&] {
+    try {
+      job.t[1] = connect_grpc(options(1, 2, port));
+    } catch (const std::exception& e) {
+      job.errors[1] = e.what();
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  try {
+    job.t[0] = connect_grpc(options(0, 2, port));
+  } catch (const std::exception& e) {
+    job.errors[0] = e.what();
+  }
+  r1.join();
+  require_ok(job);
+}
+
+TEST_CASE("grpc: malformed frames are rejected and fail the receiver's pending recv") {
+  struct Bad {
+    const char* name;
+    wire::Frame f;
+    const char* expect;
+  };
+  const std::vector<Bad> cases = {
+      {"offset beyond total", frame(1, 50, 10, 8, 5), "offset 8 + payload 5 exceeds"},
+      {"payload larger than total", frame(1, 50, 10, 0, 100), "offset 0 + payload 100"},
+      {"wrong src rank", frame(0, 50, 10, 0, 10), "claims to come from rank 0"},
+      {"total above the cap", frame(1, 50, kGrpcMaxMessageBytes + 1, 0, 1), "exceed the limit"},
+      {"chunk out of order", frame(1, 50, 100, 40, 10), "whose start never arrived"},
+  };
+  for (const Bad& bad : cases) {
+    CAPTURE(bad.name);
+    Job job = connect_job(2);
+    require_ok(job);
+    std::string recv_error;
+    auto t0 = Clock::now();
+    std::thread waiter([&] {
+      std::vector<uint8_t> buf(10);
+      try {
+        job.t[0]->recv(1, header(1, 0, CommOp::kAllReduce, 10), buf.data(), in(30));
+      } catch (const CommError& e) {
+        recv_error = e.what();
+      }
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    RawStream raw(grpc_peer_addresses(*job.t[0])[0], "s3cret-token", 1);
+    raw.w->Write(bad.f);
+    const grpc::Status s = raw.finish();
+    waiter.join();
+    CHECK(!s.ok());
+    CHECK_MESSAGE(contains(recv_error, "malformed frame from rank 1"), recv_error);
+    CHECK_MESSAGE(contains(recv_error, bad.expect), recv_error);
+    CHECK(Clock::now() - t0 < std::chrono::seconds(20));
+  }
+}
+
+TEST_CASE("grpc: a peer that closes fails the other rank's pending recv promptly") {
+  Job job = connect_job(3);
+  require_ok(job);
+  // A message sent before closing is still delivered.
+  std::vector<uint8_t> buf(100);
+  const auto data = make_payload(1, 0, 100);
+  job.t[1]->send(0, header(1, 0, CommOp::kBroadcast, 100), data.data());
+  std::string recv_error;
+  const auto t0 = Clock::now();
+  std::thread waiter([&] {
+    try {
+      std::vector<uint8_t> b(100);
+      job.t[0]->recv(1, header(2, 0, CommOp::kBroadcast, 100), b.data(), in(60));
+    } catch (const CommError& e) {
+      recv_error = e.what();
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  job.t[1].reset();
+  waiter.join();
+  CHECK(Clock::now() - t0 < std::chrono::seconds(30));
+  CHECK_MESSAGE(contains(recv_error, "rank 1 closed its connection"), recv_error);
+  job.t[0]->recv(1, header(1, 0, CommOp::kBroadcast, 100), buf.data(), in(5));
+  CHECK(verify(1, 0, buf) == "");
+  const std::string send_error = send_fails_soon(*job.t[0], 1);
+  CHECK_MESSAGE(contains(send_error, "rank 1"), send_error);
+  // Rank 2 is unaffected.
+  job.t[2]->send(0, header(4, 0, CommOp::kBroadcast, 100), data.data());
+  job.t[0]->recv(2, header(4, 0, CommOp::kBroadcast, 100), buf.data(), in(20));
+}
+
+// Rank 1 of the test below, in its own process (started by it through exec, so that it has its
+// own gRPC). Does nothing when run on its own.
+TEST_CASE("grpc: helper rank for the killed-peer test" * doctest::skip()) {
+  const char* port = std::getenv("DTRAIN_GRPC_HELPER_PORT");
+  if (!port) return;
+  auto t = connect_grpc(options(1, 2, std::atoi(port)));
+  const auto data = make_payload(1, 0, 1000);
+  t->send(0, header(1, 0, CommOp::kBroadcast, data.size()), data.data());
+  std::this_thread::sleep_for(std::chrono::seconds(60));  // until killed
+}
+
+TEST_CASE("grpc: a killed peer process fails pending recvs and sends promptly") {
+  const int port = free_port();
+  // Everything the child needs is prepared before fork: only exec runs in between.
+  const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
+  const std::string env_port = "DTRAIN_GRPC_HELPER_PORT=" + std::to_string(port);
+  const char* argv[] = {self.c_str(), "-tc=grpc: helper rank for the killed-peer test", "--no-skip",
+                        "--no-version", nullptr};
+  const char* envp[] = {env_port.c_str(), nullptr};
+  const pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    execve(self.c_str(), const_cast<char* const*>(argv), const_cast<char* const*>(envp));
+    _exit(127);
+  }
+  std::unique_ptr<Transport> t;
+  try {
+    t = connect_grpc(options(0, 2, port));
+  } catch (...) {
+    kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
+    throw;
+  }
+  std::vector<uint8_t> buf(1000);
+  t->recv(1, header(1, 0, CommOp::kBroadcast, buf.size()), buf.data(), in(30));
+  CHECK(verify(1, 0, buf) == "");
+  std::string recv_error;
+  const auto t0 = Clock::now();
+  std::thread waiter([&] {
+    std::vector<uint8_t> b(8);
+    try {
+      t->recv(1, header(2, 0, CommOp::kBroadcast, 8), b.data(), in(60));
+    } catch (const CommError& e) {
+      recv_error = e.what();
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  kill(pid, SIGKILL);
+  waitpid(pid, nullptr, 0);
+  waiter.join();
+  CHECK(Clock::now() - t0 < std::chrono::seconds(30));
+  CHECK_MESSAGE(contains(recv_error, "rank 1"), recv_error);
+  const std::string send_error = send_fails_soon(*t, 1);
+  CHECK_MESSAGE(contains(send_error, "rank 1"), send_error);
+}
+
+TEST_CASE("grpc: abort fails pending and later calls here and on the peers") {
+  Job job = connect_job(2);
+  require_ok(job);
+  std::string local_error, peer_error;
+  std::thread waiter([&] {
+    std::vector<uint8_t> b(8);
+    try {
+      job.t[0]->recv(1, header(1, 0, CommOp::kBarrier, 8), b.data(), in(60));
+    } catch (const CommError& e) {
+      local_error = e.what();
+    }
+  });
+  std::thread peer([&] {
+    std::vector<uint8_t> b(8);
+    try {
+      job.t[1]->recv(0, header(1, 0, CommOp::kBarrier, 8), b.data(), in(60));
+    } catch (const CommError& e) {
+      peer_error = e.what();
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  const auto t0 = Clock::now();
+  job.t[0]->abort("rank 0 ran out of patience");
+  waiter.join();
+  peer.join();
+  CHECK(Clock::now() - t0 < std::chrono::seconds(30));
+  CHECK(local_error == "rank 0 ran out of patience");
+  CHECK_MESSAGE(contains(peer_error, "rank 0"), peer_error);
+  std::vector<uint8_t> b(8);
+  CHECK_THROWS_WITH_AS(job.t[0]->send(1, header(2, 0, CommOp::kBarrier, 8), b.data()),
+                       "rank 0 ran out of patience", CommError);
+  const std::string send_error = send_fails_soon(*job.t[1], 0);
+  CHECK_MESSAGE(contains(send_error, "rank 0"), send_error);
+}
+
+TEST_CASE("grpc: bad options are user errors") {
+  GrpcOptions o = options(0, 2, 0);
+  CHECK_THROWS_AS(connect_grpc(o), UserError);  // port 0
+  o = options(2, 2, 1234);
+  CHECK_THROWS_AS(connect_grpc(o), UserError);  // rank out of range
+  o = options(0, 1, 1234);
+  o.tls_cert = "/nonexistent.pem";
+  CHECK_THROWS_AS(connect_grpc(o), UserError);  // half the TLS files
+}
+
+// One-way throughput and CPU cost of 64 MiB messages between two processes (forked before gRPC
+// starts, so run it alone): test_comm -tc="grpc: throughput" --no-skip
+// DTRAIN_GRPC_BENCH="chunk_kib,copy,lookahead_kib,frame_kib,read_chunk_kib;..." replaces the
+// default sweep (0 = gRPC's default for the last three).
+TEST_CASE("grpc: throughput" * doctest::skip()) {
+  std::vector<GrpcTuning> configs;
+  if (const char* env = std::getenv("DTRAIN_GRPC_BENCH")) {
+    std::string spec = env;
+    for (size_t pos = 0; pos < spec.size();) {
+      size_t end = spec.find(';', pos);
+      if (end == std::string::npos) end = spec.size();
+      GrpcTuning t;
+      int chunk = 0, copy = 0, look = 0, frame = 0, read = 0;
+      if (std::sscanf(spec.substr(pos, end - pos).c_str(), "%d,%d,%d,%d,%d", &chunk, &copy, &look,
+                      &frame, &read) == 5) {
+        t.chunk_bytes = size_t(chunk) << 10;
+        t.copy_send = copy != 0;
+        t.lookahead_bytes = look << 10;
+        t.max_frame_size = frame << 10;
+        t.tcp_read_chunk = read << 10;
+        configs.push_back(t);
+      }
+      pos = end + 1;
+    }
+  } else {
+    for (size_t chunk : {size_t{256} << 10, size_t{1} << 20, size_t{4} << 20})
+      for (bool copy : {false, true}) {
+        GrpcTuning t;
+        t.chunk_bytes = chunk;
+        t.copy_send = copy;
+        configs.push_back(t);
+      }
+  }
+  constexpr size_t kBytes = size_t{64} << 20;
+  constexpr int kReps = 16;
+  auto cpu_s = [] {
+    rusage u{};
+    getrusage(RUSAGE_SELF, &u);
+    return u.ru_utime.tv_sec + u.ru_stime.tv_sec + 1e-6 * (u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+  };
+  auto faults = [] {
+    rusage u{};
+    getrusage(RUSAGE_SELF, &u);
+    return static_cast<double>(u.ru_minflt + u.ru_majflt);
+  };
+  std::vector<int> ports;
+  for (size_t i = 0; i < configs.size(); ++i) ports.push_back(free_port());
+  int pipefd[2];
+  REQUIRE(pipe(pipefd) == 0);
+  const pid_t pid = fork();  // before any gRPC object exists in this process
+  REQUIRE(pid >= 0);
+  const int me = pid == 0 ? 1 : 0;
+  std::printf("%-9s %6s %6s %6s %6s %8s %13s %13s %11s\n", "send", "chunk", "look", "frame", "read",
+              "GB/s", "send CPU s/GB", "recv CPU s/GB", "recv flt/MB");
+  for (size_t ci = 0; ci < configs.size(); ++ci) {
+    const GrpcTuning& c = configs[ci];
+    double result[3] = {0, 0, 0};
+    {
+      auto t = connect_grpc(options(me, 2, ports[ci]), c);
+      std::vector<char> buf(kBytes, 1);
+      char ack = 0;
+      const MsgHeader hack = header(1, 0, CommOp::kBarrier, 1);
+      // Warm up (first touch of the buffers, heaps, TCP and HTTP/2 windows), then measure.
+      for (int i = 0; i < 3; ++i) {
+        const MsgHeader h = header(1000 + i, 0, CommOp::kBroadcast, kBytes);
+        if (me == 0)
+          t->send(1, h, buf.data());
+        else
+          t->recv(0, h, buf.data(), in(60));
+      }
+      if (me == 0) {
+        t->recv(1, hack, &ack, in(60));
+      } else {
+        t->send(0, hack, &ack);
+      }
+      const double c0 = cpu_s(), f0 = faults();
+      const auto w0 = Clock::now();
+      for (int i = 0; i < kReps; ++i) {
+        const MsgHeader h = header(2 + i, 0, CommOp::kBroadcast, kBytes);
+        if (me == 0)
+          t->send(1, h, buf.data());
+        else
+          t->recv(0, h, buf.data(), in(60));
+      }
+      const MsgHeader hend = header(100, 0, CommOp::kBarrier, 1);
+      if (me == 0)
+        t->recv(1, hend, &ack, in(60));
+      else
+        t->send(0, hend, &ack);
+      result[0] = std::chrono::duration<double>(Clock::now() - w0).count();
+      result[1] = cpu_s() - c0;
+      result[2] = faults() - f0;
+      // Keep the peer's streams open until the other side is done too.
+      const MsgHeader hbye = header(101, 0, CommOp::kBarrier, 1);
+      if (me == 0) {
+        t->send(1, hbye, &ack);
+      } else {
+        t->recv(0, hbye, &ack, in(60));
+      }
+    }
+    if (me == 1) {
+      REQUIRE(write(pipefd[1], result, sizeof(result)) == sizeof(result));
+      continue;
+    }
+    double peer[3];
+    REQUIRE(read(pipefd[0], peer, sizeof(peer)) == sizeof(peer));
+    const double gb = 1e-9 * kBytes * kReps;
+    std::printf("%-9s %5zuK %5dK %5dK %5dK %8.2f %13.3f %13.3f %11.1f\n",
+                c.copy_send ? "copy" : "zero-copy", c.chunk_bytes >> 10, c.lookahead_bytes >> 10,
+                c.max_frame_size >> 10, c.tcp_read_chunk >> 10, gb / result[0], result[1] / gb,
+                peer[1] / gb, peer[2] / (gb * 1e3));
+    std::fflush(stdout);
+  }
+  if (me == 1) _exit(0);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  close(pipefd[0]);
+  close(pipefd[1]);
+}
