@@ -8,7 +8,9 @@
 #include <thread>
 
 #include "comm/communicator.h"
+#include "comm/grpc_transport.h"
 #include "comm/inproc.h"
+#include "launch/dist_env.h"
 
 #include "tensor/blas.h"
 #include "util/check.h"
@@ -175,6 +177,22 @@ int bench_comm_inproc(int nproc, const CommBenchOptions& o) {
   for (auto& t : threads) t.join();
   for (const auto& e : errors)
     if (!e.empty()) throw CommError(e);
+  return 0;
+}
+
+int bench_comm_grpc_worker(const CommBenchOptions& o) {
+  const auto env = current_environment();
+  const DistEnv de = resolve_dist_env(env, 1);
+  set_blas_threads(1);
+  GrpcOptions g;
+  g.rank = de.rank;
+  g.world_size = de.world_size;
+  g.master_addr = de.master_addr;
+  g.master_port = de.master_port;
+  g.token = resolve_job_token(env, "");
+  g.config_hash = "bench-comm";
+  Communicator comm(connect_grpc(g));
+  bench_comm_rank(comm, o);
   return 0;
 }
 

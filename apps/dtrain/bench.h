@@ -35,5 +35,7 @@ void bench_comm_rank(Communicator& comm, const CommBenchOptions& o);
 
 // In-process: nproc ranks as threads of this process.
 int bench_comm_inproc(int nproc, const CommBenchOptions& o);
+// One rank started by `dtrain bench comm --backend grpc` (through launch_local's environment).
+int bench_comm_grpc_worker(const CommBenchOptions& o);
 
 }  // namespace dtrain

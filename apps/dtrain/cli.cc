@@ -15,11 +15,11 @@
 #include "config/config.h"
 #include "data/dataset.h"
 #include "dtrain/bench.h"
+#include "launch/dist_env.h"
+#include "launch/launcher.h"
 #include "nn/loss.h"
 #include "nn/model.h"
 #include "tensor/blas.h"
-#include "launch/dist_env.h"
-#include "launch/launcher.h"
 #include "train/distributed.h"
 #include "train/trainer.h"
 #include "util/check.h"
@@ -73,8 +73,7 @@ int cmd_run(const Config& cfg, const std::string& config_path, std::string out,
   const auto env = current_environment();
   if (is_multiprocess(cfg, env, flags)) {
     run_grpc_rank(cfg, opts, env, flags);
-    const DistEnv de =
-        resolve_dist_env(env, static_cast<int>(cfg.distributed.world_size), flags);
+    const DistEnv de = resolve_dist_env(env, static_cast<int>(cfg.distributed.world_size), flags);
     if (de.rank != 0) return kExitOk;  // only rank 0 reports where the results are
   } else {
     run_training(cfg, opts);
@@ -239,6 +238,9 @@ int cli_main(int argc, char** argv) {
       ->capture_default_str();
   bench_comm_cmd->add_option("--iters", comm_iters, "timed iterations per size (0: by size)");
   bench_comm_cmd->add_flag("--json", comm_json, "one JSON object per size instead of the table");
+  bool comm_worker = false;
+  bench_comm_cmd->add_flag("--worker", comm_worker, "internal: run as one launched rank")
+      ->group("");
 
   try {
     app.parse(argc, argv);
@@ -258,7 +260,25 @@ int cli_main(int argc, char** argv) {
       o.iters = comm_iters;
       o.json = comm_json;
       if (comm_backend == "inproc") return bench_comm_inproc(comm_nproc, o);
-      throw UserError("bench comm --backend grpc needs the gRPC backend");
+      if (comm_worker) return bench_comm_grpc_worker(o);
+      if (comm_nproc < 1 || comm_nproc > 1024) throw UserError("--nproc must be in [1, 1024]");
+      char tmpl[] = "/tmp/dtrain-bench-XXXXXX";
+      if (!::mkdtemp(tmpl)) throw std::runtime_error("cannot create a temp folder for rank logs");
+      LaunchOptions lo;
+      lo.nproc = comm_nproc;
+      lo.log_dir = tmpl;
+      lo.child_argv = {self_exe(argv[0]), "bench",    "comm",    "--worker",
+                       "--backend",       "grpc",     "--op",    comm_op,
+                       "--sizes",         comm_sizes, "--iters", std::to_string(comm_iters),
+                       "--log-level",     log_level};
+      if (comm_json) lo.child_argv.push_back("--json");
+      const int rc = launch_local(lo);
+      std::error_code ec;
+      if (rc == 0)
+        fs::remove_all(tmpl, ec);
+      else
+        std::cerr << "rank logs kept in " << tmpl << std::endl;
+      return rc == 0 ? kExitOk : kExitRuntime;
     }
     if (bench_gemm_cmd->parsed())
       return bench_gemm(widths, bench_batch, bench_threads, bench_iters);
@@ -275,8 +295,8 @@ int cli_main(int argc, char** argv) {
       lo.master_port = launch_port;
       const std::string out_dir = out.empty() ? default_out_dir(config_path) : out;
       lo.log_dir = (fs::path(out_dir) / "logs").string();
-      lo.child_argv = {self_exe(argv[0]), "run", config_path, "--out", out_dir, "--no-progress",
-                       "--log-level", log_level};
+      lo.child_argv = {self_exe(argv[0]), "run",           config_path,   "--out",
+                       out_dir,           "--no-progress", "--log-level", log_level};
       for (const auto& s : sets) {
         lo.child_argv.push_back("--set");
         lo.child_argv.push_back(s);

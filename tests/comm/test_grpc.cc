@@ -18,6 +18,7 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -106,6 +107,28 @@ void require_ok(const Job& job) {
   for (size_t r = 0; r < job.errors.size(); ++r)
     REQUIRE_MESSAGE(job.errors[r].empty(), "rank ", r, ": ", job.errors[r]);
 }
+
+// A thread that records its exception's message instead of terminating, and is joined when it
+// goes out of scope (so a failing assertion in the test body cannot leave it running).
+class Worker {
+ public:
+  explicit Worker(std::function<void()> fn)
+      : t_([this, fn = std::move(fn)] {
+          try {
+            fn();
+          } catch (const std::exception& e) {
+            error = e.what();
+          }
+        }) {}
+  ~Worker() { join(); }
+  void join() {
+    if (t_.joinable()) t_.join();
+  }
+  std::string error;  // "" if fn returned normally; read after join()
+
+ private:
+  std::thread t_;
+};
 
 // Runs fn(rank) on one thread per rank; returns each rank's error ("" if none).
 std::vector<std::string> run_ranks(int world, const std::function<void(int)>& fn) {
@@ -327,12 +350,13 @@ TEST_CASE("grpc: a recv posted while its message is arriving gets every byte") {
   const int delays_ms[] = {0, 1, 3, 6, 10, 20, 40, 300};
   for (int i = 0; i < 8; ++i) {
     CAPTURE(delays_ms[i]);
-    std::thread sender(
+    std::vector<uint8_t> got(kBytes);
+    Worker sender(
         [&] { job.t[1]->send(0, header(40 + i, 0, CommOp::kAllGather, kBytes), data.data()); });
     std::this_thread::sleep_for(std::chrono::milliseconds(delays_ms[i]));
-    std::vector<uint8_t> got(kBytes);
     job.t[0]->recv(1, header(40 + i, 0, CommOp::kAllGather, kBytes), got.data(), in(30));
     sender.join();
+    REQUIRE_MESSAGE(sender.error.empty(), sender.error);
     CHECK(verify(1, 0, got) == "");
   }
   const GrpcRecvStats st = grpc_recv_stats(*job.t[0]);
@@ -424,13 +448,13 @@ TEST_CASE("grpc: op and byte-count mismatches fail at once with both sides named
   Job job = connect_job(2);
   require_ok(job);
   std::vector<uint8_t> buf(800), out(400);
-  std::thread sender;
+  std::optional<Worker> sender;
   SUBCASE("message already there") {
     job.t[1]->send(0, header(5, 0, CommOp::kReduceScatter, 400), out.data());
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   SUBCASE("recv posted first") {
-    sender = std::thread([&] {
+    sender.emplace([&] {
       std::this_thread::sleep_for(std::chrono::milliseconds(300));
       job.t[1]->send(0, header(5, 0, CommOp::kReduceScatter, 400), out.data());
     });
@@ -445,7 +469,7 @@ TEST_CASE("grpc: op and byte-count mismatches fail at once with both sides named
     CHECK_MESSAGE(contains(m, "rank 0 expected allreduce seq 5 part 0 (800 bytes)"), m);
   }
   CHECK(Clock::now() - t0 < std::chrono::seconds(15));
-  if (sender.joinable()) sender.join();
+  if (sender) sender->join();
   // Same op, other size.
   job.t[1]->send(0, header(6, 0, CommOp::kAllReduce, 400), out.data());
   try {
@@ -520,15 +544,7 @@ TEST_CASE("grpc: rendezvous refuses disagreeing ranks with a clear message") {
     }
   }
   SUBCASE("out-of-range rank") {
-    std::string err0;
-    std::thread rank0([&] {
-      try {
-        GrpcOptions o = options(0, 2, port);
-        connect_grpc(o);
-      } catch (const std::exception& e) {
-        err0 = e.what();
-      }
-    });
+    Worker rank0([&] { connect_grpc(options(0, 2, port)); });
     // connect_grpc checks its own options, so use the generated stub directly.
     auto stub = wire::Rendezvous::NewStub(grpc::CreateChannel("127.0.0.1:" + std::to_string(port),
                                                               grpc::InsecureChannelCredentials()));
@@ -547,7 +563,7 @@ TEST_CASE("grpc: rendezvous refuses disagreeing ranks with a clear message") {
     rank0.join();
     CHECK_MESSAGE(contains(s.error_message(), "rank 5 is out of range for world size 2"),
                   s.error_message());
-    CHECK_MESSAGE(contains(err0, "rank 5 is out of range"), err0);
+    CHECK_MESSAGE(contains(rank0.error, "rank 5 is out of range"), rank0.error);
   }
 }
 
@@ -608,24 +624,18 @@ TEST_CASE("grpc: malformed frames are rejected and fail the receiver's pending r
     CAPTURE(bad.name);
     Job job = connect_job(2);
     require_ok(job);
-    std::string recv_error;
     auto t0 = Clock::now();
-    std::thread waiter([&] {
-      std::vector<uint8_t> buf(10);
-      try {
-        job.t[0]->recv(1, header(1, 0, CommOp::kAllReduce, 10), buf.data(), in(30));
-      } catch (const CommError& e) {
-        recv_error = e.what();
-      }
-    });
+    std::vector<uint8_t> buf(10);
+    Worker waiter(
+        [&] { job.t[0]->recv(1, header(1, 0, CommOp::kAllReduce, 10), buf.data(), in(30)); });
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
     RawStream raw(grpc_peer_addresses(*job.t[0])[0], "s3cret-token", 1);
     raw.w->Write(bad.f);
     const grpc::Status s = raw.finish();
     waiter.join();
     CHECK(!s.ok());
-    CHECK_MESSAGE(contains(recv_error, "malformed frame from rank 1"), recv_error);
-    CHECK_MESSAGE(contains(recv_error, bad.expect), recv_error);
+    CHECK_MESSAGE(contains(waiter.error, "malformed frame from rank 1"), waiter.error);
+    CHECK_MESSAGE(contains(waiter.error, bad.expect), waiter.error);
     CHECK(Clock::now() - t0 < std::chrono::seconds(20));
   }
 }
@@ -637,21 +647,15 @@ TEST_CASE("grpc: a peer that closes fails the other rank's pending recv promptly
   std::vector<uint8_t> buf(100);
   const auto data = make_payload(1, 0, 100);
   job.t[1]->send(0, header(1, 0, CommOp::kBroadcast, 100), data.data());
-  std::string recv_error;
   const auto t0 = Clock::now();
-  std::thread waiter([&] {
-    try {
-      std::vector<uint8_t> b(100);
-      job.t[0]->recv(1, header(2, 0, CommOp::kBroadcast, 100), b.data(), in(60));
-    } catch (const CommError& e) {
-      recv_error = e.what();
-    }
-  });
+  std::vector<uint8_t> b(100);
+  Worker waiter(
+      [&] { job.t[0]->recv(1, header(2, 0, CommOp::kBroadcast, 100), b.data(), in(60)); });
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   job.t[1].reset();
   waiter.join();
   CHECK(Clock::now() - t0 < std::chrono::seconds(30));
-  CHECK_MESSAGE(contains(recv_error, "rank 1 closed its connection"), recv_error);
+  CHECK_MESSAGE(contains(waiter.error, "rank 1 closed its connection"), waiter.error);
   job.t[0]->recv(1, header(1, 0, CommOp::kBroadcast, 100), buf.data(), in(5));
   CHECK(verify(1, 0, buf) == "");
   const std::string send_error = send_fails_soon(*job.t[0], 1);
@@ -686,33 +690,25 @@ TEST_CASE("grpc: a killed peer process fails pending recvs and sends promptly") 
     execve(self.c_str(), const_cast<char* const*>(argv), const_cast<char* const*>(envp));
     _exit(127);
   }
-  std::unique_ptr<Transport> t;
-  try {
-    t = connect_grpc(options(0, 2, port));
-  } catch (...) {
-    kill(pid, SIGKILL);
-    waitpid(pid, nullptr, 0);
-    throw;
-  }
+  struct Reaper {  // whatever happens below, the child does not outlive the test
+    pid_t pid;
+    ~Reaper() {
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+    }
+  } reaper{pid};
+  std::unique_ptr<Transport> t = connect_grpc(options(0, 2, port));
   std::vector<uint8_t> buf(1000);
   t->recv(1, header(1, 0, CommOp::kBroadcast, buf.size()), buf.data(), in(30));
   CHECK(verify(1, 0, buf) == "");
-  std::string recv_error;
   const auto t0 = Clock::now();
-  std::thread waiter([&] {
-    std::vector<uint8_t> b(8);
-    try {
-      t->recv(1, header(2, 0, CommOp::kBroadcast, 8), b.data(), in(60));
-    } catch (const CommError& e) {
-      recv_error = e.what();
-    }
-  });
+  std::vector<uint8_t> b(8);
+  Worker waiter([&] { t->recv(1, header(2, 0, CommOp::kBroadcast, 8), b.data(), in(60)); });
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   kill(pid, SIGKILL);
-  waitpid(pid, nullptr, 0);
   waiter.join();
   CHECK(Clock::now() - t0 < std::chrono::seconds(30));
-  CHECK_MESSAGE(contains(recv_error, "rank 1"), recv_error);
+  CHECK_MESSAGE(contains(waiter.error, "rank 1"), waiter.error);
   const std::string send_error = send_fails_soon(*t, 1);
   CHECK_MESSAGE(contains(send_error, "rank 1"), send_error);
 }
@@ -720,31 +716,17 @@ TEST_CASE("grpc: a killed peer process fails pending recvs and sends promptly") 
 TEST_CASE("grpc: abort fails pending and later calls here and on the peers") {
   Job job = connect_job(2);
   require_ok(job);
-  std::string local_error, peer_error;
-  std::thread waiter([&] {
-    std::vector<uint8_t> b(8);
-    try {
-      job.t[0]->recv(1, header(1, 0, CommOp::kBarrier, 8), b.data(), in(60));
-    } catch (const CommError& e) {
-      local_error = e.what();
-    }
-  });
-  std::thread peer([&] {
-    std::vector<uint8_t> b(8);
-    try {
-      job.t[1]->recv(0, header(1, 0, CommOp::kBarrier, 8), b.data(), in(60));
-    } catch (const CommError& e) {
-      peer_error = e.what();
-    }
-  });
+  std::vector<uint8_t> b0(8), b1(8);
+  Worker waiter([&] { job.t[0]->recv(1, header(1, 0, CommOp::kBarrier, 8), b0.data(), in(60)); });
+  Worker peer([&] { job.t[1]->recv(0, header(1, 0, CommOp::kBarrier, 8), b1.data(), in(60)); });
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   const auto t0 = Clock::now();
   job.t[0]->abort("rank 0 ran out of patience");
   waiter.join();
   peer.join();
   CHECK(Clock::now() - t0 < std::chrono::seconds(30));
-  CHECK(local_error == "rank 0 ran out of patience");
-  CHECK_MESSAGE(contains(peer_error, "rank 0"), peer_error);
+  CHECK(waiter.error == "rank 0 ran out of patience");
+  CHECK_MESSAGE(contains(peer.error, "rank 0"), peer.error);
   std::vector<uint8_t> b(8);
   CHECK_THROWS_WITH_AS(job.t[0]->send(1, header(2, 0, CommOp::kBarrier, 8), b.data()),
                        "rank 0 ran out of patience", CommError);
