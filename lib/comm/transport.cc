@@ -32,7 +32,9 @@ std::string describe(const MsgHeader& h) {
   if (h.channel & kP2PBit)
     os << comm_op_name(h.op) << " tag " << (h.channel & ~kP2PBit) << " message " << h.part;
   else
-    os << comm_op_name(h.op) << " seq " << h.channel << " part " << h.part;
+    // Collective part ids are (phase << 56) | (step << 32) | segment (collectives.cc).
+    os << comm_op_name(h.op) << " seq " << h.channel << " (phase " << (h.part >> 56) << ", step "
+       << ((h.part >> 32) & 0xffffff) << ", segment " << (h.part & 0xffffffff) << ")";
   os << " (" << h.bytes << " bytes)";
   return os.str();
 }

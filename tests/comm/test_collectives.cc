@@ -9,22 +9,61 @@
 #include <numeric>
 #include <thread>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include "comm/communicator.h"
+#include "comm/grpc_transport.h"
 #include "comm/inproc.h"
 
 using namespace dtrain;
 
 namespace {
 
-// Runs fn(comm) on `world` threads, one in-process rank each; returns each rank's error text
-// ("" when it succeeded).
+// A port nobody listens on right now (for the gRPC rendezvous): bind port 0, read it, close.
+int free_port() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
+  socklen_t len = sizeof(a);
+  REQUIRE(getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+// Runs fn(comm) on `world` threads, one rank each, over the in-process or the gRPC backend
+// (every rank its own server on loopback, joined through a rendezvous); returns each rank's
+// error text ("" when it succeeded).
 std::vector<std::string> run_ranks(int world, const std::function<void(Communicator&)>& fn,
-                                   CommOptions opts = {}) {
-  auto transports = make_inproc_group(world);
+                                   CommOptions opts = {}, const std::string& backend = "inproc") {
+  std::vector<std::unique_ptr<Transport>> transports;
+  if (backend == "inproc") transports = make_inproc_group(world);
+  transports.resize(static_cast<size_t>(world));
+  const int port = backend == "grpc" ? free_port() : 0;
   std::vector<std::string> errors(static_cast<size_t>(world));
   std::vector<std::thread> threads;
   for (int r = 0; r < world; ++r) {
     threads.emplace_back([&, r] {
+      try {
+        if (backend == "grpc") {
+          GrpcOptions g;
+          g.rank = r;
+          g.world_size = world;
+          g.master_port = port;
+          g.token = "collectives-test";
+          g.config_hash = "c0ffee";
+          g.rendezvous_timeout_s = 60;
+          transports[static_cast<size_t>(r)] = connect_grpc(g);
+        }
+      } catch (const std::exception& e) {
+        errors[static_cast<size_t>(r)] = std::string("connect: ") + e.what();
+        return;
+      }
       Communicator comm(std::move(transports[static_cast<size_t>(r)]), opts);
       try {
         fn(comm);
@@ -50,125 +89,104 @@ float value(int rank, size_t i) {
 
 const std::vector<size_t> kSizes = {0, 1, 7, 1000003};
 
+// Checks every collective against a serial reference on one group of `world` ranks.
+void check_all_collectives(Communicator& c, int world) {
+  auto fail = [&](const std::string& what, size_t n, size_t i) {
+    throw std::runtime_error(what + " n=" + std::to_string(n) + " element " + std::to_string(i));
+  };
+  for (size_t n : kSizes) {
+    for (ReduceOp op :
+         {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kProd}) {
+      const size_t m = op == ReduceOp::kProd ? std::min<size_t>(n, 1000) : n;
+      std::vector<float> d(m);
+      for (size_t i = 0; i < m; ++i)
+        d[i] = op == ReduceOp::kProd ? 1.0f + value(c.rank(), i) / 100.0f : value(c.rank(), i);
+      c.allreduce(d.data(), m, op);
+      for (size_t i = 0; i < m; ++i) {
+        double acc = op == ReduceOp::kProd
+                         ? 1.0
+                         : (op == ReduceOp::kMin ? 1e30 : (op == ReduceOp::kMax ? -1e30 : 0.0));
+        for (int r = 0; r < world; ++r) {
+          const double v = op == ReduceOp::kProd ? 1.0 + value(r, i) / 100.0 : value(r, i);
+          if (op == ReduceOp::kSum || op == ReduceOp::kAvg)
+            acc += v;
+          else if (op == ReduceOp::kMin)
+            acc = std::min(acc, v);
+          else if (op == ReduceOp::kMax)
+            acc = std::max(acc, v);
+          else
+            acc *= v;
+        }
+        const float ref = static_cast<float>(op == ReduceOp::kAvg ? acc / world : acc);
+        const bool exact = op == ReduceOp::kMin || op == ReduceOp::kMax;
+        const float tol = exact ? 0.0f : 1e-5f * std::max(1.0f, std::abs(ref));
+        if (std::abs(d[i] - ref) > tol) fail(std::string("allreduce ") + reduce_op_name(op), m, i);
+      }
+    }
+    // reduce_scatter and allgather(v) over even and deliberately uneven splits (rank 0 gets
+    // the remainder, some ranks get 0).
+    std::vector<std::vector<size_t>> splits = {even_counts(n, world)};
+    std::vector<size_t> uneven(static_cast<size_t>(world), 0);
+    uneven[0] = n;
+    if (world > 2 && n > 3) {
+      uneven[0] = n - 3;
+      uneven[2] = 3;
+    }
+    splits.push_back(uneven);
+    for (const auto& counts : splits) {
+      std::vector<size_t> off(static_cast<size_t>(world) + 1, 0);
+      for (int r = 0; r < world; ++r)
+        off[static_cast<size_t>(r) + 1] =
+            off[static_cast<size_t>(r)] + counts[static_cast<size_t>(r)];
+      const size_t me = static_cast<size_t>(c.rank());
+      std::vector<float> in(n), out(counts[me]);
+      for (size_t i = 0; i < n; ++i) in[i] = value(c.rank(), i);
+      c.reduce_scatter(in.data(), n, out.data(), ReduceOp::kSum, counts);
+      for (size_t j = 0; j < counts[me]; ++j) {
+        float ref = 0;
+        for (int r = 0; r < world; ++r) ref += value(r, off[me] + j);
+        if (out[j] != ref) fail("reduce_scatter", n, j);
+      }
+      std::vector<float> mine(counts[me]), all(n, -999.0f);
+      for (size_t j = 0; j < counts[me]; ++j) mine[j] = value(c.rank(), off[me] + j);
+      c.allgather(mine.data(), all.data(), counts);
+      for (int r = 0; r < world; ++r)
+        for (size_t j = off[static_cast<size_t>(r)]; j < off[static_cast<size_t>(r) + 1]; ++j)
+          if (all[j] != value(r, j)) fail("allgather", n, j);
+    }
+    for (int root = 0; root < world; ++root) {
+      std::vector<float> d(n);
+      for (size_t i = 0; i < n; ++i) d[i] = value(c.rank(), i);
+      c.broadcast(d.data(), n, root);
+      for (size_t i = 0; i < n; ++i)
+        if (d[i] != value(root, i)) fail("broadcast from " + std::to_string(root), n, i);
+    }
+    c.barrier();
+  }
+}
+
 }  // namespace
 
-TEST_CASE("allreduce sum, avg, min, max, prod match a serial reference") {
-  CommOptions small;
-  small.segment_bytes = 4096;  // many segments per block
+TEST_CASE("every collective matches a serial reference: inproc, world sizes 1 to 4") {
   for (int world = 1; world <= 4; ++world) {
-    for (size_t n : kSizes) {
-      for (ReduceOp op :
-           {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kProd}) {
-        if (op == ReduceOp::kProd && n > 1000) continue;
-        std::vector<float> ref(n);
-        for (size_t i = 0; i < n; ++i) {
-          double acc = op == ReduceOp::kProd
-                           ? 1.0
-                           : (op == ReduceOp::kMin ? 1e30 : (op == ReduceOp::kMax ? -1e30 : 0.0));
-          for (int r = 0; r < world; ++r) {
-            const double v = op == ReduceOp::kProd ? 1.0 + value(r, i) / 100.0 : value(r, i);
-            switch (op) {
-              case ReduceOp::kSum:
-              case ReduceOp::kAvg:
-                acc += v;
-                break;
-              case ReduceOp::kMin:
-                acc = std::min(acc, v);
-                break;
-              case ReduceOp::kMax:
-                acc = std::max(acc, v);
-                break;
-              case ReduceOp::kProd:
-                acc *= v;
-                break;
-            }
-          }
-          ref[i] = static_cast<float>(op == ReduceOp::kAvg ? acc / world : acc);
-        }
-        const auto errors = run_ranks(
-            world,
-            [&](Communicator& c) {
-              std::vector<float> d(n);
-              for (size_t i = 0; i < n; ++i)
-                d[i] =
-                    op == ReduceOp::kProd ? 1.0f + value(c.rank(), i) / 100.0f : value(c.rank(), i);
-              c.allreduce(d.data(), n, op);
-              for (size_t i = 0; i < n; ++i) {
-                const bool exact = op == ReduceOp::kMin || op == ReduceOp::kMax;
-                const float tol = exact ? 0.0f : 1e-5f * std::max(1.0f, std::abs(ref[i]));
-                if (std::abs(d[i] - ref[i]) > tol)
-                  throw std::runtime_error("element " + std::to_string(i) + ": " +
-                                           std::to_string(d[i]) + " vs " + std::to_string(ref[i]));
-              }
-            },
-            n > 1000 ? CommOptions{} : small);
-        INFO("world ", world, " n ", n, " op ", reduce_op_name(op));
-        require_ok(errors);
-      }
+    for (size_t seg : {size_t{4096}, size_t{1} << 20}) {  // many segments per block, and few
+      CommOptions o;
+      o.segment_bytes = seg;
+      INFO("world ", world, " segment bytes ", seg);
+      require_ok(run_ranks(
+          world, [&](Communicator& c) { check_all_collectives(c, world); }, o));
     }
   }
 }
 
-TEST_CASE("reduce_scatter, allgather and allgatherv match a serial reference") {
+TEST_CASE("every collective matches a serial reference: grpc, world sizes 1 to 4") {
   for (int world = 1; world <= 4; ++world) {
-    for (size_t n : kSizes) {
-      // Even and deliberately uneven splits (rank 0 gets the remainder, rank 1 may get 0).
-      std::vector<std::vector<size_t>> splits = {even_counts(n, world)};
-      std::vector<size_t> uneven(static_cast<size_t>(world), 0);
-      uneven[0] = n;
-      if (world > 2 && n > 3) {
-        uneven[0] = n - 3;
-        uneven[2] = 3;
-      }
-      splits.push_back(uneven);
-      for (const auto& counts : splits) {
-        std::vector<size_t> off(static_cast<size_t>(world) + 1, 0);
-        for (int r = 0; r < world; ++r)
-          off[static_cast<size_t>(r) + 1] =
-              off[static_cast<size_t>(r)] + counts[static_cast<size_t>(r)];
-        const auto errors = run_ranks(world, [&](Communicator& c) {
-          const size_t me = static_cast<size_t>(c.rank());
-          std::vector<float> in(n), out(counts[me]);
-          for (size_t i = 0; i < n; ++i) in[i] = value(c.rank(), i);
-          c.reduce_scatter(in.data(), n, out.data(), ReduceOp::kSum, counts);
-          for (size_t j = 0; j < counts[me]; ++j) {
-            float ref = 0;
-            for (int r = 0; r < world; ++r) ref += value(r, off[me] + j);
-            if (out[j] != ref)
-              throw std::runtime_error("reduce_scatter element " + std::to_string(j));
-          }
-          // allgather(v): each rank contributes its block of value(rank, i) at its offset.
-          std::vector<float> mine(counts[me]), all(n, -999.0f);
-          for (size_t j = 0; j < counts[me]; ++j) mine[j] = value(c.rank(), off[me] + j);
-          c.allgather(mine.data(), all.data(), counts);
-          for (int r = 0; r < world; ++r)
-            for (size_t j = off[static_cast<size_t>(r)]; j < off[static_cast<size_t>(r) + 1]; ++j)
-              if (all[j] != value(r, j))
-                throw std::runtime_error("allgather element " + std::to_string(j));
-        });
-        INFO("world ", world, " n ", n);
-        require_ok(errors);
-      }
-    }
+    CommOptions o;
+    o.timeout_s = 120;
+    INFO("world ", world);
+    require_ok(run_ranks(
+        world, [&](Communicator& c) { check_all_collectives(c, world); }, o, "grpc"));
   }
-}
-
-TEST_CASE("broadcast from every root and barrier") {
-  for (int world = 1; world <= 4; ++world)
-    for (size_t n : kSizes)
-      for (int root = 0; root < world; ++root) {
-        const auto errors = run_ranks(world, [&](Communicator& c) {
-          std::vector<float> d(n);
-          for (size_t i = 0; i < n; ++i) d[i] = value(c.rank(), i);
-          c.broadcast(d.data(), n, root);
-          for (size_t i = 0; i < n; ++i)
-            if (d[i] != value(root, i))
-              throw std::runtime_error("broadcast element " + std::to_string(i));
-          c.barrier();
-        });
-        INFO("world ", world, " n ", n, " root ", root);
-        require_ok(errors);
-      }
 }
 
 TEST_CASE("barrier waits for the slowest rank") {
@@ -183,122 +201,146 @@ TEST_CASE("barrier waits for the slowest rank") {
 }
 
 TEST_CASE("async allreduces complete in order and report bytes") {
-  const auto errors = run_ranks(3, [&](Communicator& c) {
-    std::vector<std::vector<float>> bufs(5, std::vector<float>(10001));
-    std::vector<WorkPtr> works;
-    for (size_t k = 0; k < bufs.size(); ++k) {
-      std::fill(bufs[k].begin(), bufs[k].end(), static_cast<float>(k + c.rank()));
-      works.push_back(c.allreduce_async(bufs[k].data(), bufs[k].size(), ReduceOp::kSum));
-    }
-    for (auto& w : works) w->wait(60.0);
-    for (size_t k = 0; k < bufs.size(); ++k)
-      for (float v : bufs[k])
-        if (v != static_cast<float>(3 * k + 3)) throw std::runtime_error("async result");
-    if (c.collectives_issued() != 5) throw std::runtime_error("sequence numbers");
-    // Ring all-reduce sends 2 (W-1)/W of the buffer per rank.
-    const double expect = 5.0 * 10001 * 4 * 2.0 * 2 / 3;
-    if (std::abs(static_cast<double>(c.bytes_sent()) - expect) > 5 * 4 * 4)
-      throw std::runtime_error("bytes_sent " + std::to_string(c.bytes_sent()));
-  });
-  require_ok(errors);
+  for (const std::string backend : {"inproc", "grpc"}) {
+    INFO("backend ", backend);
+    const auto errors = run_ranks(
+        3,
+        [&](Communicator& c) {
+          std::vector<std::vector<float>> bufs(5, std::vector<float>(10001));
+          std::vector<WorkPtr> works;
+          for (size_t k = 0; k < bufs.size(); ++k) {
+            std::fill(bufs[k].begin(), bufs[k].end(), static_cast<float>(k + c.rank()));
+            works.push_back(c.allreduce_async(bufs[k].data(), bufs[k].size(), ReduceOp::kSum));
+          }
+          for (auto& w : works) w->wait(60.0);
+          for (size_t k = 0; k < bufs.size(); ++k)
+            for (float v : bufs[k])
+              if (v != static_cast<float>(3 * k + 3)) throw std::runtime_error("async result");
+          if (c.collectives_issued() != 5) throw std::runtime_error("sequence numbers");
+          // Ring all-reduce sends 2 (W-1)/W of the buffer per rank.
+          const double expect = 5.0 * 10001 * 4 * 2.0 * 2 / 3;
+          if (std::abs(static_cast<double>(c.bytes_sent()) - expect) > 5 * 4 * 4)
+            throw std::runtime_error("bytes_sent " + std::to_string(c.bytes_sent()));
+        },
+        {}, backend);
+    require_ok(errors);
+  }
 }
 
 TEST_CASE("point-to-point messages are kept apart by tag and arrive in order") {
-  const auto errors = run_ranks(2, [&](Communicator& c) {
-    if (c.rank() == 0) {
-      for (float k : {1.0f, 2.0f, 3.0f}) c.send(1, 7, &k, 1);
-      float other[4] = {9, 9, 9, 9};
-      c.send(1, 8, other, 4);
-    } else {
-      float other[4];
-      c.recv(0, 8, other, 4);  // tag 8 first although it was sent last
-      if (other[3] != 9) throw std::runtime_error("tag 8 payload");
-      for (float k : {1.0f, 2.0f, 3.0f}) {
-        float got = 0;
-        c.recv(0, 7, &got, 1);
-        if (got != k) throw std::runtime_error("tag 7 order");
-      }
-    }
-  });
-  require_ok(errors);
+  for (const std::string backend : {"inproc", "grpc"}) {
+    INFO("backend ", backend);
+    const auto errors = run_ranks(
+        2,
+        [&](Communicator& c) {
+          if (c.rank() == 0) {
+            for (float k : {1.0f, 2.0f, 3.0f}) c.send(1, 7, &k, 1);
+            float other[4] = {9, 9, 9, 9};
+            c.send(1, 8, other, 4);
+          } else {
+            float other[4];
+            c.recv(0, 8, other, 4);  // tag 8 first although it was sent last
+            if (other[3] != 9) throw std::runtime_error("tag 8 payload");
+            for (float k : {1.0f, 2.0f, 3.0f}) {
+              float got = 0;
+              c.recv(0, 7, &got, 1);
+              if (got != k) throw std::runtime_error("tag 7 order");
+            }
+          }
+        },
+        {}, backend);
+    require_ok(errors);
+  }
 }
 
 TEST_CASE("a missing rank makes the others time out with the op, sequence and peer named") {
-  CommOptions fast;
-  fast.timeout_s = 0.5;
-  const auto errors = run_ranks(
-      3,
-      [&](Communicator& c) {
-        std::vector<float> d(100, 1.0f);
-        c.allreduce(d.data(), d.size());  // seq 0: everyone
-        if (c.rank() == 1) return;        // rank 1 never joins seq 1
-        c.allreduce(d.data(), d.size());
-      },
-      fast);
-  CHECK(errors[1].empty());
-  const std::string& e0 = errors[0];
-  CHECK(e0.find("allreduce seq 1") != std::string::npos);
-  CHECK(e0.find("rank") != std::string::npos);
-  CHECK(!errors[2].empty());
+  for (const std::string backend : {"inproc", "grpc"}) {
+    INFO("backend ", backend);
+    CommOptions fast;
+    fast.timeout_s = 0.5;
+    const auto errors = run_ranks(
+        3,
+        [&](Communicator& c) {
+          std::vector<float> d(100, 1.0f);
+          c.allreduce(d.data(), d.size());  // seq 0: everyone
+          if (c.rank() == 1) return;        // rank 1 never joins seq 1
+          c.allreduce(d.data(), d.size());
+        },
+        fast, backend);
+    CHECK(errors[1].empty());
+    const std::string& e0 = errors[0];
+    CHECK(e0.find("allreduce seq 1") != std::string::npos);
+    CHECK(e0.find("rank") != std::string::npos);
+    CHECK(!errors[2].empty());
+  }
 }
 
 TEST_CASE("mismatched collectives fail at once with both sides named") {
-  CommOptions opts;
-  opts.timeout_s = 30;  // a mismatch must not wait for the deadline
-  const auto t0 = std::chrono::steady_clock::now();
-  const auto errors = run_ranks(
-      2,
-      [&](Communicator& c) {
-        std::vector<float> d(64, 1.0f);
-        if (c.rank() == 0)
-          c.allreduce(d.data(), 64);
-        else
-          c.allreduce(d.data(), 32);
-      },
-      opts);
-  const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  CHECK(el < 20.0);
-  const std::string all = errors[0] + " | " + errors[1];
-  CHECK(all.find("mismatched calls") != std::string::npos);
-  CHECK(all.find("128 bytes") != std::string::npos);
-  CHECK(all.find("64 bytes") != std::string::npos);
+  for (const std::string backend : {"inproc", "grpc"}) {
+    INFO("backend ", backend);
+    CommOptions opts;
+    opts.timeout_s = 30;  // a mismatch must not wait for the deadline
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto errors = run_ranks(
+        2,
+        [&](Communicator& c) {
+          std::vector<float> d(64, 1.0f);
+          if (c.rank() == 0)
+            c.allreduce(d.data(), 64);
+          else
+            c.allreduce(d.data(), 32);
+        },
+        opts, backend);
+    const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    CHECK(el < 20.0);
+    const std::string all = errors[0] + " | " + errors[1];
+    CHECK(all.find("mismatched calls") != std::string::npos);
+    CHECK(all.find("128 bytes") != std::string::npos);
+    CHECK(all.find("64 bytes") != std::string::npos);
 
-  const auto errors2 = run_ranks(
-      2,
-      [&](Communicator& c) {
-        std::vector<float> d(64, 1.0f);
-        if (c.rank() == 0)
-          c.allreduce(d.data(), 64);
-        else
-          c.broadcast(d.data(), 64, 1);
-      },
-      opts);
-  const std::string all2 = errors2[0] + " | " + errors2[1];
-  CHECK(all2.find("broadcast") != std::string::npos);
-  CHECK(all2.find("allreduce") != std::string::npos);
+    const auto errors2 = run_ranks(
+        2,
+        [&](Communicator& c) {
+          std::vector<float> d(64, 1.0f);
+          if (c.rank() == 0)
+            c.allreduce(d.data(), 64);
+          else
+            c.broadcast(d.data(), 64, 1);
+        },
+        opts, backend);
+    const std::string all2 = errors2[0] + " | " + errors2[1];
+    CHECK(all2.find("broadcast") != std::string::npos);
+    CHECK(all2.find("allreduce") != std::string::npos);
+  }
 }
 
 TEST_CASE("a failed rank fails the others promptly and later calls fail too") {
-  CommOptions opts;
-  opts.timeout_s = 60;
-  const auto t0 = std::chrono::steady_clock::now();
-  const auto errors = run_ranks(
-      3,
-      [&](Communicator& c) {
-        if (c.rank() == 2) throw std::runtime_error("rank 2 crashed");
-        std::vector<float> d(10, 1.0f);
-        try {
-          c.allreduce(d.data(), d.size());
-        } catch (const CommError&) {
-          c.barrier();  // must fail too, not hang
-          throw;
-        }
-      },
-      opts);
-  const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  CHECK(el < 30.0);
-  CHECK(errors[0].find("rank 2 crashed") != std::string::npos);
-  CHECK(errors[1].find("rank 2 crashed") != std::string::npos);
+  for (const std::string backend : {"inproc", "grpc"}) {
+    INFO("backend ", backend);
+    CommOptions opts;
+    opts.timeout_s = 60;
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto errors = run_ranks(
+        3,
+        [&](Communicator& c) {
+          if (c.rank() == 2) throw std::runtime_error("rank 2 crashed");
+          std::vector<float> d(10, 1.0f);
+          try {
+            c.allreduce(d.data(), d.size());
+          } catch (const CommError&) {
+            c.barrier();  // must fail too, not hang
+            throw;
+          }
+        },
+        opts, backend);
+    const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    CHECK(el < 30.0);
+    // In-process ranks hear the reason itself, gRPC peers see rank 2's connections close.
+    const std::string cause = backend == "inproc" ? "rank 2 crashed" : "rank 2";
+    INFO("rank 0 saw: ", errors[0]);
+    CHECK(errors[0].find(cause) != std::string::npos);
+    CHECK(errors[1].find(cause) != std::string::npos);
+  }
 }
 
 TEST_CASE("Work::wait with a timeout throws and aborts") {

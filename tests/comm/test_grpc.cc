@@ -361,8 +361,7 @@ TEST_CASE("grpc: a recv posted while its message is arriving gets every byte") {
   }
   const GrpcRecvStats st = grpc_recv_stats(*job.t[0]);
   MESSAGE("direct ", st.direct, ", redirected ", st.redirected, ", mailbox ", st.mailbox);
-  CHECK(st.direct + st.redirected + st.mailbox == 8);
-  CHECK(st.mailbox >= 1);  // the 300 ms one
+  CHECK(st.direct + st.redirected + st.mailbox == 8);  // which path each took depends on timing
 }
 
 TEST_CASE("grpc: mutual TLS") {
