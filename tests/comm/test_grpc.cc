@@ -432,7 +432,7 @@ TEST_CASE("grpc: a recv timeout names the peer and the message") {
   } catch (const CommError& e) {
     const std::string m = e.what();
     CHECK_MESSAGE(contains(m, "recv timed out after 0.5 s"), m);
-    CHECK_MESSAGE(contains(m, "allreduce seq 9 part 2 (64 bytes)"), m);
+    CHECK_MESSAGE(contains(m, "allreduce seq 9 (phase 0, step 0, segment 2) (64 bytes)"), m);
     CHECK_MESSAGE(contains(m, "from rank 1"), m);
   }
   CHECK(Clock::now() - t0 < std::chrono::seconds(10));
@@ -464,8 +464,8 @@ TEST_CASE("grpc: op and byte-count mismatches fail at once with both sides named
     FAIL("recv returned");
   } catch (const CommError& e) {
     const std::string m = e.what();
-    CHECK_MESSAGE(contains(m, "rank 1 sent reduce_scatter seq 5 part 0 (400 bytes)"), m);
-    CHECK_MESSAGE(contains(m, "rank 0 expected allreduce seq 5 part 0 (800 bytes)"), m);
+    CHECK_MESSAGE(contains(m, "rank 1 sent reduce_scatter seq 5 (phase 0, step 0, segment 0) (400 bytes)"), m);
+    CHECK_MESSAGE(contains(m, "rank 0 expected allreduce seq 5 (phase 0, step 0, segment 0) (800 bytes)"), m);
   }
   CHECK(Clock::now() - t0 < std::chrono::seconds(15));
   if (sender) sender->join();
