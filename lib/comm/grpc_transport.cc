@@ -11,7 +11,9 @@
 //
 // Memory. By default a chunk's payload slice points into the caller's buffer (no copy on the
 // send side); send() returns once gRPC released every such slice, i.e. the bytes left the
-// process. The receive side copies each payload exactly once out of gRPC's slices.
+// process. The receive side copies each payload once out of gRPC's slices: into the recv's
+// buffer if the recv is already waiting (or, arriving mid-message, takes over the rest), else
+// into a pooled mailbox buffer that recv copies out of (recv_reduce reduces straight from it).
 //
 // Failure. A peer's incoming stream ending (clean half-close, cancellation, or its process
 // dying, which closes the socket) fails every pending and future recv from it that has no
@@ -407,7 +409,7 @@ class BufferPool {
  private:
   static constexpr uint64_t kMinPooled = 64 << 10;
   static constexpr uint64_t kHuge = 2 << 20, kHugeMin = 4 << 20;
-  static constexpr uint64_t kMaxHeld = uint64_t{512} << 20;
+  static constexpr uint64_t kMaxHeld = uint64_t{256} << 20;
   std::mutex mu_;
   std::multimap<uint64_t, std::unique_ptr<char, Free>> free_;
   uint64_t held_ = 0;
@@ -482,8 +484,7 @@ struct SendTicket {
 struct OutMsg {
   MsgHeader h;
   const char* data = nullptr;
-  uint64_t next = 0;     // next payload offset to chunk
-  bool started = false;  // the first (possibly empty) chunk was made
+  uint64_t next = 0;  // next payload offset to chunk
   std::shared_ptr<SendTicket> ticket;
 };
 
@@ -641,7 +642,6 @@ class OutStream final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::B
     }
     grpc::ByteBuffer(slices, len > 0 ? 2 : 1).Swap(&cur_);
     m->next = off + len;
-    m->started = true;
     if (!last) queue_.push_back(std::move(m));
     writing_ = true;
     StartWrite(&cur_);
@@ -1096,9 +1096,11 @@ grpc::Status GrpcTransport::on_frame(InStream& s, const grpc::ByteBuffer& bb) tr
       if (!post.abandoned) copy_payload(slices, f, post.dest + f.offset);
       if (complete) {
         post.done = true;
-        auto& q = ib.msgs[key];
-        q.erase(std::find(q.begin(), q.end(), p.msg));
-        if (q.empty()) ib.msgs.erase(key);
+        if (const auto q = ib.msgs.find(key); q != ib.msgs.end()) {
+          const auto m = std::find(q->second.begin(), q->second.end(), p.msg);
+          if (m != q->second.end()) q->second.erase(m);
+          if (q->second.empty()) ib.msgs.erase(q);
+        }
       }
     } else {
       copy_payload(slices, f, p.msg->buf.p.get() + f.offset);

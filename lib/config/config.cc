@@ -59,8 +59,9 @@ const std::map<std::string, KeyList, std::less<>>& schema() {
       {"train.checkpoint", {"every_steps", "keep_last"}},
       {"distributed",
        {"backend", "world_size", "strategy", "timeout_s", "rendezvous_timeout_s", "token_file",
-        "bind", "tls"}},
+        "bind", "tls", "ddp"}},
       {"distributed.tls", {"cert", "key", "ca"}},
+      {"distributed.ddp", {"bucket_mb"}},
       {"runtime", {"threads"}},
   };
   return s;
@@ -574,6 +575,7 @@ class Reader {
     read("distributed.tls.cert", c.distributed.tls.cert);
     read("distributed.tls.key", c.distributed.tls.key);
     read("distributed.tls.ca", c.distributed.tls.ca);
+    read("distributed.ddp.bucket_mb", c.distributed.ddp.bucket_mb);
 
     read("runtime.threads", c.runtime.threads);
   }
@@ -618,6 +620,7 @@ class Reader {
     check_enum("distributed.strategy", c.distributed.strategy, {"ddp"});
     check_positive("distributed.timeout_s", c.distributed.timeout_s);
     check_positive("distributed.rendezvous_timeout_s", c.distributed.rendezvous_timeout_s);
+    check_positive("distributed.ddp.bucket_mb", c.distributed.ddp.bucket_mb);
     const TlsConfig& tls = c.distributed.tls;
     check(!tls.enabled() || (!tls.cert.empty() && !tls.key.empty() && !tls.ca.empty()),
           "distributed.tls", "needs all of cert, key and ca (or none)");
@@ -873,7 +876,8 @@ nlohmann::json config_to_json(const Config& c) {
                       {"rendezvous_timeout_s", dc.rendezvous_timeout_s},
                       {"token_file", dc.token_file},
                       {"bind", dc.bind},
-                      {"tls", {{"cert", dc.tls.cert}, {"key", dc.tls.key}, {"ca", dc.tls.ca}}}};
+                      {"tls", {{"cert", dc.tls.cert}, {"key", dc.tls.key}, {"ca", dc.tls.ca}}},
+                      {"ddp", {{"bucket_mb", dc.ddp.bucket_mb}}}};
   j["runtime"] = {{"threads", c.runtime.threads}};
   return j;
 }

@@ -114,18 +114,25 @@ struct TlsConfig {
   bool enabled() const { return !cert.empty() || !key.empty() || !ca.empty(); }
 };
 
+struct DdpConfig {
+  // Gradient bucket size in MiB: a bucket's all-reduce starts as soon as backward has produced
+  // all its gradients, overlapping communication with the rest of backward. > 0.
+  double bucket_mb = 1.0;
+};
+
 struct DistributedConfig {
   std::string backend = "inproc";  // inproc | grpc
   // Ranks. With backend grpc the launcher's environment (RANK, WORLD_SIZE, ...) overrides it.
-  int64_t world_size = 1;          // >= 1
-  std::string strategy = "ddp";    // ddp
-  double timeout_s = 300.0;        // deadline of every collective and receive, > 0
+  int64_t world_size = 1;               // >= 1
+  std::string strategy = "ddp";         // ddp
+  double timeout_s = 300.0;             // deadline of every collective and receive, > 0
   double rendezvous_timeout_s = 120.0;  // how long rank 0 waits for every rank to join, > 0
-  std::string token_file;          // job token file (DTRAIN_JOB_TOKEN takes precedence)
+  std::string token_file;               // job token file (DTRAIN_JOB_TOKEN takes precedence)
   // Listen address of this rank's gRPC server: "" = loopback when MASTER_ADDR is a loopback
   // address (local launches), else all interfaces (0.0.0.0).
   std::string bind;
-  TlsConfig tls;                   // optional: all three files, or none
+  TlsConfig tls;  // optional: all three files, or none
+  DdpConfig ddp;
 };
 
 struct RuntimeConfig {

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <limits>
 #include <thread>
 
@@ -162,6 +163,35 @@ std::vector<std::string> split(const std::string& s, char sep) {
     if (e == std::string::npos) return out;
     pos = e + 1;
   }
+}
+
+// DDP gradient buckets: ranges of the flat gradient buffer in the order backward completes them
+// (last layers first), each closed at a layer boundary once it holds at least bucket_floats.
+// A bucket is ready when backward has finished its lowest layer, `first_layer`.
+struct Bucket {
+  int64_t begin = 0, end = 0;
+  size_t first_layer = 0;
+};
+
+std::vector<Bucket> make_buckets(const Model& m, int64_t bucket_floats) {
+  std::vector<Bucket> out;
+  Bucket cur;
+  bool open = false;
+  for (size_t i = m.num_layers(); i-- > 0;) {
+    if (m.layer_end(i) == m.layer_begin(i)) continue;  // no parameters
+    if (!open) {
+      cur = Bucket{m.layer_begin(i), m.layer_end(i), i};
+      open = true;
+    }
+    cur.begin = m.layer_begin(i);
+    cur.first_layer = i;
+    if (cur.end - cur.begin >= bucket_floats) {
+      out.push_back(cur);
+      open = false;
+    }
+  }
+  if (open) out.push_back(cur);
+  return out;
 }
 
 }  // namespace
@@ -400,6 +430,14 @@ nlohmann::json train_rank(const Config& cfg, const RunOptions& opts, Communicato
   double train_s = 0.0, last_sps = 0.0;
   const int64_t first_step = step;
   const uint64_t bytes_sent0 = comm.bytes_sent(), bytes_recv0 = comm.bytes_recv();
+  const double comm_s0 = comm.comm_seconds();
+  const std::vector<Bucket> buckets = make_buckets(
+      model, std::max<int64_t>(1, static_cast<int64_t>(cfg.distributed.ddp.bucket_mb * 262144.0)));
+  if (lead && world > 1)
+    spdlog::info("ddp: {} gradient bucket(s) of up to {} MiB", buckets.size(),
+                 cfg.distributed.ddp.bucket_mb);
+  std::vector<WorkPtr> works;
+  double exposed_comm_s = 0.0;
 
   while (step < total_steps) {
     if (batch >= bpe) {
@@ -417,16 +455,33 @@ nlohmann::json train_rank(const Config& cfg, const RunOptions& opts, Communicato
 
     std::fill(store.grads.begin(), store.grads.end(), 0.0f);
     double loss_sum = 0.0;
+    works.clear();
+    size_t next_bucket = 0;
+    // DDP: on the last micro-batch, each bucket's all-reduce starts on the communication thread
+    // as soon as backward has finished its layers, overlapping the rest of backward.
+    const std::function<void(size_t)> launch_ready = [&](size_t layer) {
+      while (next_bucket < buckets.size() && buckets[next_bucket].first_layer == layer) {
+        const Bucket& bk = buckets[next_bucket++];
+        works.push_back(comm.allreduce_async(
+            store.grads.data() + bk.begin, static_cast<size_t>(bk.end - bk.begin), ReduceOp::kSum));
+      }
+    };
     for (int64_t i = 0; i < n_micro; ++i) {
       gather(data.train, sampler.batch(epoch, batch + i), x, y);
       const Tensor& out = model.forward(store.values.data(), x, acts, ctx);
       loss_sum += loss_and_grad(cfg.model.loss, out, y.data(), &dlogits, scale);
-      model.backward(store.values.data(), store.grads.data(), x, acts, dlogits, nullptr);
+      const bool sync = world > 1 && i == n_micro - 1;
+      model.backward(store.values.data(), store.grads.data(), x, acts, dlogits, nullptr, 0,
+                     SIZE_MAX, sync ? launch_ready : std::function<void(size_t)>());
     }
     if (world > 1) {
-      comm.allreduce(store.grads.data(), static_cast<size_t>(P), ReduceOp::kSum);
+      DT_CHECK_EQ(next_bucket, buckets.size());
       float l = static_cast<float>(loss_sum);
-      comm.allreduce(&l, 1, ReduceOp::kSum);
+      works.push_back(comm.allreduce_async(&l, 1, ReduceOp::kSum));
+      // Exposed communication: what is still running once backward has ended.
+      const auto w0 = Clock::now();
+      for (auto& w : works) w->wait();
+      exposed_comm_s += seconds_since(w0);
       loss_sum = l;
     }
     batch += n_micro;
@@ -469,7 +524,9 @@ nlohmann::json train_rank(const Config& cfg, const RunOptions& opts, Communicato
                               {"samples_per_s", sps},
                               {"comm_bytes_sent", comm.bytes_sent() - bytes_sent0},
                               {"comm_bytes_recv", comm.bytes_recv() - bytes_recv0},
-                              {"comm_s", comm.comm_seconds()}};
+                              {"comm_s", comm.comm_seconds() - comm_s0},
+                              {"compute_s", train_s - exposed_comm_s},
+                              {"exposed_comm_s", exposed_comm_s}};
         metrics->write_line(rec.dump());
         if (!opts.progress)
           spdlog::info("step {} epoch {:.2f} loss {:.4f} lr {:.4g} {:.0f} samples/s", step,
@@ -506,7 +563,9 @@ nlohmann::json train_rank(const Config& cfg, const RunOptions& opts, Communicato
       {"peak_rss_mb", peak_rss_mb()},
       {"comm_bytes_sent", comm.bytes_sent() - bytes_sent0},
       {"comm_bytes_recv", comm.bytes_recv() - bytes_recv0},
-      {"comm_s", comm.comm_seconds()},
+      {"comm_s", comm.comm_seconds() - comm_s0},
+      {"compute_s", train_s - exposed_comm_s},
+      {"exposed_comm_s", exposed_comm_s},
       {"config_hash", hash},
       {"param_count", P},
       {"steps_this_run", step - first_step},

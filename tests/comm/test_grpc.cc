@@ -9,6 +9,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <csignal>
@@ -17,6 +19,7 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -464,8 +467,11 @@ TEST_CASE("grpc: op and byte-count mismatches fail at once with both sides named
     FAIL("recv returned");
   } catch (const CommError& e) {
     const std::string m = e.what();
-    CHECK_MESSAGE(contains(m, "rank 1 sent reduce_scatter seq 5 (phase 0, step 0, segment 0) (400 bytes)"), m);
-    CHECK_MESSAGE(contains(m, "rank 0 expected allreduce seq 5 (phase 0, step 0, segment 0) (800 bytes)"), m);
+    CHECK_MESSAGE(
+        contains(m, "rank 1 sent reduce_scatter seq 5 (phase 0, step 0, segment 0) (400 bytes)"),
+        m);
+    CHECK_MESSAGE(
+        contains(m, "rank 0 expected allreduce seq 5 (phase 0, step 0, segment 0) (800 bytes)"), m);
   }
   CHECK(Clock::now() - t0 < std::chrono::seconds(15));
   if (sender) sender->join();
@@ -745,8 +751,10 @@ TEST_CASE("grpc: bad options are user errors") {
 
 // One-way throughput and CPU cost of 64 MiB messages between two processes (forked before gRPC
 // starts, so run it alone): test_comm -tc="grpc: throughput" --no-skip
-// DTRAIN_GRPC_BENCH="chunk_kib,copy,lookahead_kib,frame_kib,read_chunk_kib;..." replaces the
-// default sweep (0 = gRPC's default for the last three).
+// The default sweep runs chunk sizes 256 KiB / 1 MiB / 4 MiB, lending or copying, three times in
+// rotation (run-to-run noise on a shared 2-core machine is large) and prints the medians.
+// DTRAIN_GRPC_BENCH="chunk_kib,copy,lookahead_kib,frame_kib,read_chunk_kib;..." replaces it
+// (0 = gRPC's default for the last three).
 TEST_CASE("grpc: throughput" * doctest::skip()) {
   std::vector<GrpcTuning> configs;
   if (const char* env = std::getenv("DTRAIN_GRPC_BENCH")) {
@@ -768,13 +776,14 @@ TEST_CASE("grpc: throughput" * doctest::skip()) {
       pos = end + 1;
     }
   } else {
-    for (size_t chunk : {size_t{256} << 10, size_t{1} << 20, size_t{4} << 20})
-      for (bool copy : {false, true}) {
-        GrpcTuning t;
-        t.chunk_bytes = chunk;
-        t.copy_send = copy;
-        configs.push_back(t);
-      }
+    for (int round = 0; round < 3; ++round)
+      for (size_t chunk : {size_t{256} << 10, size_t{1} << 20, size_t{4} << 20})
+        for (bool copy : {false, true}) {
+          GrpcTuning t;
+          t.chunk_bytes = chunk;
+          t.copy_send = copy;
+          configs.push_back(t);
+        }
   }
   constexpr size_t kBytes = size_t{64} << 20;
   constexpr int kReps = 16;
@@ -797,6 +806,14 @@ TEST_CASE("grpc: throughput" * doctest::skip()) {
   const int me = pid == 0 ? 1 : 0;
   std::printf("%-9s %6s %6s %6s %6s %8s %13s %13s %11s\n", "send", "chunk", "look", "frame", "read",
               "GB/s", "send CPU s/GB", "recv CPU s/GB", "recv flt/MB");
+  auto label = [](const GrpcTuning& c) {
+    char b[96];
+    std::snprintf(b, sizeof(b), "%-9s %5zuK %5dK %5dK %5dK", c.copy_send ? "copy" : "zero-copy",
+                  c.chunk_bytes >> 10, c.lookahead_bytes >> 10, c.max_frame_size >> 10,
+                  c.tcp_read_chunk >> 10);
+    return std::string(b);
+  };
+  std::map<std::string, std::vector<std::array<double, 3>>> runs;
   for (size_t ci = 0; ci < configs.size(); ++ci) {
     const GrpcTuning& c = configs[ci];
     double result[3] = {0, 0, 0};
@@ -850,13 +867,23 @@ TEST_CASE("grpc: throughput" * doctest::skip()) {
     double peer[3];
     REQUIRE(read(pipefd[0], peer, sizeof(peer)) == sizeof(peer));
     const double gb = 1e-9 * kBytes * kReps;
-    std::printf("%-9s %5zuK %5dK %5dK %5dK %8.2f %13.3f %13.3f %11.1f\n",
-                c.copy_send ? "copy" : "zero-copy", c.chunk_bytes >> 10, c.lookahead_bytes >> 10,
-                c.max_frame_size >> 10, c.tcp_read_chunk >> 10, gb / result[0], result[1] / gb,
+    std::printf("%s %8.2f %13.3f %13.3f %11.1f\n", label(c).c_str(), gb / result[0], result[1] / gb,
                 peer[1] / gb, peer[2] / (gb * 1e3));
     std::fflush(stdout);
+    runs[label(c)].push_back({gb / result[0], result[1] / gb, peer[1] / gb});
   }
   if (me == 1) _exit(0);
+  std::printf("\nmedians over %zu runs each:\n", runs.begin()->second.size());
+  for (auto& [name, v] : runs) {
+    std::array<double, 3> med{};
+    for (int k = 0; k < 3; ++k) {
+      std::vector<double> x;
+      for (const auto& r : v) x.push_back(r[k]);
+      std::sort(x.begin(), x.end());
+      med[k] = x[x.size() / 2];
+    }
+    std::printf("%s %8.2f %13.3f %13.3f\n", name.c_str(), med[0], med[1], med[2]);
+  }
   int status = 0;
   waitpid(pid, &status, 0);
   close(pipefd[0]);
