@@ -335,11 +335,18 @@ TEST_CASE("a failed rank fails the others promptly and later calls fail too") {
         opts, backend);
     const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     CHECK(el < 30.0);
-    // In-process ranks hear the reason itself, gRPC peers see rank 2's connections close.
-    const std::string cause = backend == "inproc" ? "rank 2 crashed" : "rank 2";
-    INFO("rank 0 saw: ", errors[0]);
-    CHECK(errors[0].find(cause) != std::string::npos);
-    CHECK(errors[1].find(cause) != std::string::npos);
+    INFO("rank 0 saw: ", errors[0], "\nrank 1 saw: ", errors[1]);
+    CHECK_FALSE(errors[0].empty());
+    CHECK_FALSE(errors[1].empty());
+    if (backend == "inproc") {
+      // In-process ranks hear the reason itself.
+      CHECK(errors[0].find("rank 2 crashed") != std::string::npos);
+      CHECK(errors[1].find("rank 2 crashed") != std::string::npos);
+    } else {
+      // gRPC peers see connections close: rank 2's, or that of a rank which already gave up
+      // because of rank 2. At least one of them names rank 2.
+      CHECK((errors[0] + errors[1]).find("rank 2") != std::string::npos);
+    }
   }
 }
 
