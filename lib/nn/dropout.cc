@@ -6,29 +6,15 @@
 #include <cstring>
 
 #include "nn/layer.h"
+#include "nn/layer_util.h"
 #include "util/check.h"
 
 namespace dtrain {
 namespace {
 
-// Tensor::resize takes a Shape, a heap-allocated vector; skipping it when the shape is already
-// right keeps steady-state steps free of allocations.
-void resize_2d(Tensor& t, int64_t rows, int64_t cols) {
-  if (t.ndim() == 2 && t.dim(0) == rows && t.dim(1) == cols) return;
-  t.resize({rows, cols});
-}
-
-// Marks "nothing saved" (numel 0) without allocating when already empty.
-void clear(Tensor& t) {
-  if (t.numel() != 0) t.resize({0});
-}
-
-int64_t batch_rows(const Tensor& x, int64_t features) {
-  DT_CHECK_GE(x.ndim(), 1u);
-  const int64_t b = x.rows();
-  DT_CHECK_EQ(x.numel(), b * features);
-  return b;
-}
+using nn_detail::batch_rows;
+using nn_detail::clear;
+using nn_detail::resize_2d;
 
 class Dropout final : public Layer {
  public:

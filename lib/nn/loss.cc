@@ -1,6 +1,7 @@
 // Losses. exp runs in float (libm expf), row sums and the returned totals accumulate in double.
 // grad must not alias the input tensor.
 #include "nn/loss.h"
+#include "nn/layer_util.h"
 
 #include <cmath>
 #include <cstdint>
@@ -10,12 +11,9 @@
 namespace dtrain {
 namespace {
 
-// Tensor::resize takes a Shape, a heap-allocated vector; skipping it when the shape is already
-// right keeps steady-state steps free of allocations.
-void resize_2d(Tensor& t, int64_t rows, int64_t cols) {
-  if (t.ndim() == 2 && t.dim(0) == rows && t.dim(1) == cols) return;
-  t.resize({rows, cols});
-}
+using nn_detail::batch_rows;
+using nn_detail::clear;
+using nn_detail::resize_2d;
 
 void check_label(int32_t label, int64_t classes) {
   DT_CHECK_MSG(label >= 0 && label < classes,

@@ -16,30 +16,16 @@
 #include <vector>
 
 #include "checkpoint/safetensors.h"
+#include "test_util.h"
 #include "util/check.h"
 #include "util/fs.h"
 
 namespace dtrain {
 namespace {
 
-namespace fs = std::filesystem;
+using testing::TempDir;
 
-// A fresh folder per test case, removed afterwards.
-struct TempDir {
-  fs::path dir;
-  TempDir() {
-    static int counter = 0;
-    dir = fs::temp_directory_path() /
-          ("dtrain_st_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::remove_all(dir);
-    fs::create_directories(dir);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(dir, ec);
-  }
-  std::string file(const std::string& name) const { return (dir / name).string(); }
-};
+namespace fs = std::filesystem;
 
 // Plain (non-atomic, no fsync) write: the fuzz test writes thousands of files.
 void put(const std::string& path, const std::string& bytes) {
@@ -83,7 +69,7 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 
 TEST_CASE("round trip: names, shapes, bits and metadata") {
   TempDir tmp;
-  const std::string path = tmp.file("model.safetensors");
+  const std::string path = (tmp / "model.safetensors");
   const float nan_payload = std::bit_cast<float>(0x7fc12345u);
   const std::vector<float> w = {
       1.0f,       -0.0f, 3.5f, 1e-42f /* denormal */, std::numeric_limits<float>::infinity(),
@@ -119,7 +105,7 @@ TEST_CASE("round trip: names, shapes, bits and metadata") {
 
 TEST_CASE("exact byte layout of a tiny file") {
   TempDir tmp;
-  const std::string path = tmp.file("tiny.safetensors");
+  const std::string path = (tmp / "tiny.safetensors");
   const std::vector<float> w = {1.5f, -2.0f}, s = {0.25f};
   write_safetensors(path, {{"w", {2}, w.data()}, {"s", {}, s.data()}}, {{"k", "v"}});
   // Tensors in the order given, offsets relative to the data section; 132 JSON bytes padded
@@ -137,7 +123,7 @@ TEST_CASE("exact byte layout of a tiny file") {
 
 TEST_CASE("writer rejects inconsistent input as internal errors") {
   TempDir tmp;
-  const std::string path = tmp.file("x.safetensors");
+  const std::string path = (tmp / "x.safetensors");
   const float v[2] = {1, 2};
   CHECK_THROWS_AS(write_safetensors(path, {{"a", {2}, v}, {"a", {2}, v}}, {}), InternalError);
   CHECK_THROWS_AS(write_safetensors(path, {{"a", {-1}, v}}, {}), InternalError);
@@ -150,7 +136,7 @@ TEST_CASE("writer rejects inconsistent input as internal errors") {
 // fail with EFBIG (SIGXFSZ ignored) once the temp file reaches 4 KiB.
 TEST_CASE("a failed write leaves the old file intact") {
   TempDir tmp;
-  const std::string path = tmp.file("ckpt.safetensors");
+  const std::string path = (tmp / "ckpt.safetensors");
   const std::vector<float> old_data = {1, 2, 3};
   write_safetensors(path, {{"old", {3}, old_data.data()}}, {{"v", "1"}});
   const std::string before = read_file(path);
@@ -174,7 +160,7 @@ TEST_CASE("a failed write leaves the old file intact") {
   CHECK(read_file(path) == before);
   CHECK(read_safetensors(path).metadata.at("v") == "1");
   int files = 0;  // the temp file was removed
-  for (const auto& entry : fs::directory_iterator(tmp.dir)) {
+  for (const auto& entry : fs::directory_iterator(fs::path(tmp.path()))) {
     (void)entry;
     ++files;
   }
@@ -189,7 +175,7 @@ struct BadCase {
 
 TEST_CASE("corrupt, truncated and unsupported files are UserErrors naming the file") {
   TempDir tmp;
-  const std::string path = tmp.file("bad.safetensors");
+  const std::string path = (tmp / "bad.safetensors");
   const std::string f8 = floats({1, 2});  // 8 data bytes
   auto one = [](const std::string& entry) { return R"({"a":)" + entry + "}"; };
   const std::vector<BadCase> cases = {
@@ -267,9 +253,8 @@ TEST_CASE("corrupt, truncated and unsupported files are UserErrors naming the fi
   CHECK(read_error(path).find("truncated") != std::string::npos);
 
   // Not a file at all.
-  CHECK(read_error(tmp.file("missing.safetensors")).find("missing.safetensors") !=
-        std::string::npos);
-  CHECK(read_error(tmp.dir.string()).find(tmp.dir.string()) != std::string::npos);
+  CHECK(read_error((tmp / "missing.safetensors")).find("missing.safetensors") != std::string::npos);
+  CHECK(read_error(tmp.path()).find(tmp.path()) != std::string::npos);
 
   // Accepted variations the reference also accepts: null metadata, extra keys, other key order.
   put(path, craft(R"({"__metadata__":null,"a":{"data_offsets":[0,4],"shape":[1],)"
@@ -283,8 +268,8 @@ TEST_CASE("corrupt, truncated and unsupported files are UserErrors naming the fi
 // with self-consistent tensors or throws UserError, never anything else (and never crashes).
 TEST_CASE("fuzz: byte flips and truncations never escape as anything but UserError") {
   TempDir tmp;
-  const std::string good = tmp.file("good.safetensors");
-  const std::string path = tmp.file("fuzz.safetensors");
+  const std::string good = (tmp / "good.safetensors");
+  const std::string path = (tmp / "fuzz.safetensors");
   const std::vector<float> w = {1, 2, 3, 4, 5, 6}, s = {7};
   write_safetensors(good, {{"w", {2, 3}, w.data()}, {"z", {0}, nullptr}, {"s", {}, s.data()}},
                     {{"note", "x"}});

@@ -17,24 +17,13 @@
 #include "comm/communicator.h"
 #include "comm/grpc_transport.h"
 #include "comm/inproc.h"
+#include "test_util.h"
 
 using namespace dtrain;
 
 namespace {
 
-// A port nobody listens on right now (for the gRPC rendezvous): bind port 0, read it, close.
-int free_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  REQUIRE(fd >= 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
-  socklen_t len = sizeof(a);
-  REQUIRE(getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0);
-  close(fd);
-  return ntohs(a.sin_port);
-}
+using dtrain::testing::free_port;
 
 // Runs fn(comm) on `world` threads, one rank each, over the in-process or the gRPC backend
 // (every rank its own server on loopback, joined through a rendezvous); returns each rank's

@@ -39,19 +39,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// A port nobody listens on right now: bind port 0, read it back, close.
-int free_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  REQUIRE(fd >= 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
-  socklen_t len = sizeof(a);
-  REQUIRE(getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0);
-  close(fd);
-  return ntohs(a.sin_port);
-}
+using dtrain::testing::free_port;
 
 GrpcOptions options(int rank, int world, int port) {
   GrpcOptions o;

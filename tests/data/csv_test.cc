@@ -10,33 +10,15 @@
 #include <doctest/doctest.h>
 
 #include "data/dataset.h"
+#include "test_util.h"
 #include "util/check.h"
 
 namespace dtrain {
 namespace {
 
-namespace fs = std::filesystem;
+using testing::TempDir;
 
-struct TempDir {
-  std::string path;
-  TempDir() {
-    std::string t = (fs::temp_directory_path() / "dtrain_csv_XXXXXX").string();
-    REQUIRE(mkdtemp(t.data()) != nullptr);
-    path = t;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  // Writes `text` to a new file in the folder and returns its path.
-  std::string write(const std::string& name, const std::string& text) const {
-    const std::string p = path + "/" + name;
-    std::ofstream out(p, std::ios::binary);
-    out << text;
-    REQUIRE(out.good());
-    return p;
-  }
-};
+namespace fs = std::filesystem;
 
 template <typename F>
 std::string user_error(F fn) {
@@ -204,7 +186,7 @@ TEST_CASE("csv: empty inputs") {
   CHECK(contains(user_error([&] { load_csv(header_only, opts()); }), "no data rows"));
   const std::string one_col = t.write("one.csv", "1\n2\n");
   CHECK(contains(user_error([&] { load_csv(one_col, opts()); }), "only 1 column"));
-  const std::string missing = t.path + "/missing.csv";
+  const std::string missing = t / "missing.csv";
   CHECK(contains(user_error([&] { load_csv(missing, opts()); }), missing));
 }
 

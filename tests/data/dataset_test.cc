@@ -12,32 +12,15 @@
 #include <doctest/doctest.h>
 
 #include "data/dataset.h"
+#include "test_util.h"
 #include "util/check.h"
 
 namespace dtrain {
 namespace {
 
-namespace fs = std::filesystem;
+using testing::TempDir;
 
-struct TempDir {
-  std::string path;
-  TempDir() {
-    std::string t = (fs::temp_directory_path() / "dtrain_ds_XXXXXX").string();
-    REQUIRE(mkdtemp(t.data()) != nullptr);
-    path = t;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string write(const std::string& name, const std::string& text) const {
-    const std::string p = path + "/" + name;
-    std::ofstream out(p, std::ios::binary);
-    out << text;
-    REQUIRE(out.good());
-    return p;
-  }
-};
+namespace fs = std::filesystem;
 
 template <typename F>
 std::string user_error(F fn) {

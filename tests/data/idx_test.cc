@@ -13,26 +13,15 @@
 #include <doctest/doctest.h>
 
 #include "data/dataset.h"
+#include "test_util.h"
 #include "util/check.h"
 
 namespace dtrain {
 namespace {
 
-namespace fs = std::filesystem;
+using testing::TempDir;
 
-struct TempDir {
-  std::string path;
-  TempDir() {
-    std::string t = (fs::temp_directory_path() / "dtrain_idx_XXXXXX").string();
-    REQUIRE(mkdtemp(t.data()) != nullptr);
-    path = t;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string file(const std::string& name) const { return path + "/" + name; }
-};
+namespace fs = std::filesystem;
 
 void write_bytes(const std::string& path, const std::string& bytes) {
   std::ofstream out(path, std::ios::binary);
@@ -108,33 +97,33 @@ std::string user_error(F fn) {
 
 TEST_CASE("idx: raw round trip") {
   TempDir t;
-  write_bytes(t.file("img"), idx_images(3, 2, 3, kPixels));
-  write_bytes(t.file("lab"), idx_labels(kLabels));
-  check_small(load_idx(t.file("img"), t.file("lab")));
+  write_bytes((t / "img"), idx_images(3, 2, 3, kPixels));
+  write_bytes((t / "lab"), idx_labels(kLabels));
+  check_small(load_idx((t / "img"), (t / "lab")));
 }
 
 TEST_CASE("idx: gzip round trip, mixed with raw") {
   TempDir t;
-  write_bytes(t.file("img.gz"), gzip(idx_images(3, 2, 3, kPixels)));
-  write_bytes(t.file("lab"), idx_labels(kLabels));
-  check_small(load_idx(t.file("img.gz"), t.file("lab")));
-  write_bytes(t.file("lab.gz"), gzip(idx_labels(kLabels)));
-  check_small(load_idx(t.file("img.gz"), t.file("lab.gz")));
+  write_bytes((t / "img.gz"), gzip(idx_images(3, 2, 3, kPixels)));
+  write_bytes((t / "lab"), idx_labels(kLabels));
+  check_small(load_idx((t / "img.gz"), (t / "lab")));
+  write_bytes((t / "lab.gz"), gzip(idx_labels(kLabels)));
+  check_small(load_idx((t / "img.gz"), (t / "lab.gz")));
 }
 
 TEST_CASE("read_maybe_gzip: raw passthrough, multi-member gzip, large output") {
   TempDir t;
-  write_bytes(t.file("raw"), "hello");
-  CHECK(read_maybe_gzip(t.file("raw")) == "hello");
-  write_bytes(t.file("two.gz"), gzip("abc") + gzip("defg"));
-  CHECK(read_maybe_gzip(t.file("two.gz")) == "abcdefg");
+  write_bytes((t / "raw"), "hello");
+  CHECK(read_maybe_gzip((t / "raw")) == "hello");
+  write_bytes((t / "two.gz"), gzip("abc") + gzip("defg"));
+  CHECK(read_maybe_gzip((t / "two.gz")) == "abcdefg");
   // Highly compressible: the output grows far beyond the input.
   std::string big(3'000'000, 'z');
   for (size_t i = 0; i < big.size(); i += 997) big[i] = static_cast<char>('a' + i % 7);
-  write_bytes(t.file("big.gz"), gzip(big));
-  CHECK(read_maybe_gzip(t.file("big.gz")) == big);
-  write_bytes(t.file("empty.gz"), gzip(""));
-  CHECK(read_maybe_gzip(t.file("empty.gz")).empty());
+  write_bytes((t / "big.gz"), gzip(big));
+  CHECK(read_maybe_gzip((t / "big.gz")) == big);
+  write_bytes((t / "empty.gz"), gzip(""));
+  CHECK(read_maybe_gzip((t / "empty.gz")).empty());
 }
 
 TEST_CASE("idx: real Fashion-MNIST") {
@@ -177,12 +166,12 @@ TEST_CASE("idx: real Fashion-MNIST") {
 
 TEST_CASE("idx: missing file names the path") {
   TempDir t;
-  write_bytes(t.file("lab"), idx_labels(kLabels));
-  const std::string msg = user_error([&] { load_idx(t.file("nope-images"), t.file("lab")); });
-  CHECK(msg.find(t.file("nope-images")) != std::string::npos);
-  write_bytes(t.file("img"), idx_images(3, 2, 3, kPixels));
-  const std::string msg2 = user_error([&] { load_idx(t.file("img"), t.file("nope-labels")); });
-  CHECK(msg2.find(t.file("nope-labels")) != std::string::npos);
+  write_bytes((t / "lab"), idx_labels(kLabels));
+  const std::string msg = user_error([&] { load_idx((t / "nope-images"), (t / "lab")); });
+  CHECK(msg.find((t / "nope-images")) != std::string::npos);
+  write_bytes((t / "img"), idx_images(3, 2, 3, kPixels));
+  const std::string msg2 = user_error([&] { load_idx((t / "img"), (t / "nope-labels")); });
+  CHECK(msg2.find((t / "nope-labels")) != std::string::npos);
 }
 
 TEST_CASE("idx: corrupt, truncated and trailing-garbage gzip") {
@@ -190,49 +179,49 @@ TEST_CASE("idx: corrupt, truncated and trailing-garbage gzip") {
   std::vector<uint8_t> px(3 * 28 * 28);
   for (size_t i = 0; i < px.size(); ++i) px[i] = static_cast<uint8_t>(i * 31 + i / 7);
   const std::string gz = gzip(idx_images(3, 28, 28, px));
-  write_bytes(t.file("lab"), idx_labels(kLabels));
+  write_bytes((t / "lab"), idx_labels(kLabels));
 
   SUBCASE("truncated") {
-    write_bytes(t.file("img.gz"), gz.substr(0, gz.size() / 2));
-    const std::string msg = user_error([&] { load_idx(t.file("img.gz"), t.file("lab")); });
+    write_bytes((t / "img.gz"), gz.substr(0, gz.size() / 2));
+    const std::string msg = user_error([&] { load_idx((t / "img.gz"), (t / "lab")); });
     CHECK(msg.find("truncated") != std::string::npos);
-    CHECK(msg.find(t.file("img.gz")) != std::string::npos);
+    CHECK(msg.find((t / "img.gz")) != std::string::npos);
   }
   SUBCASE("truncated trailer") {
-    write_bytes(t.file("img.gz"), gz.substr(0, gz.size() - 3));
-    const std::string msg = user_error([&] { load_idx(t.file("img.gz"), t.file("lab")); });
+    write_bytes((t / "img.gz"), gz.substr(0, gz.size() - 3));
+    const std::string msg = user_error([&] { load_idx((t / "img.gz"), (t / "lab")); });
     CHECK(msg.find("truncated") != std::string::npos);
   }
   SUBCASE("corrupt body") {
     std::string bad = gz;
     for (size_t i = 20; i < 60; ++i) bad[i] = static_cast<char>(bad[i] ^ 0x5a);
-    write_bytes(t.file("img.gz"), bad);
-    const std::string msg = user_error([&] { load_idx(t.file("img.gz"), t.file("lab")); });
+    write_bytes((t / "img.gz"), bad);
+    const std::string msg = user_error([&] { load_idx((t / "img.gz"), (t / "lab")); });
     CHECK(msg.find("corrupt gzip") != std::string::npos);
-    CHECK(msg.find(t.file("img.gz")) != std::string::npos);
+    CHECK(msg.find((t / "img.gz")) != std::string::npos);
   }
   SUBCASE("bad CRC") {
     std::string bad = gz;
     bad[bad.size() - 6] = static_cast<char>(bad[bad.size() - 6] ^ 1);
-    write_bytes(t.file("img.gz"), bad);
-    const std::string msg = user_error([&] { load_idx(t.file("img.gz"), t.file("lab")); });
+    write_bytes((t / "img.gz"), bad);
+    const std::string msg = user_error([&] { load_idx((t / "img.gz"), (t / "lab")); });
     CHECK(msg.find("corrupt gzip") != std::string::npos);
   }
   SUBCASE("trailing garbage") {
-    write_bytes(t.file("img.gz"), gz + "garbage");
-    const std::string msg = user_error([&] { load_idx(t.file("img.gz"), t.file("lab")); });
+    write_bytes((t / "img.gz"), gz + "garbage");
+    const std::string msg = user_error([&] { load_idx((t / "img.gz"), (t / "lab")); });
     CHECK(msg.find("trailing garbage") != std::string::npos);
   }
   SUBCASE("only the magic") {
-    write_bytes(t.file("img.gz"), "\x1f\x8b");
-    const std::string msg = user_error([&] { load_idx(t.file("img.gz"), t.file("lab")); });
+    write_bytes((t / "img.gz"), "\x1f\x8b");
+    const std::string msg = user_error([&] { load_idx((t / "img.gz"), (t / "lab")); });
     CHECK(msg.find("truncated") != std::string::npos);
   }
 }
 
 TEST_CASE("idx: bad headers") {
   TempDir t;
-  const std::string img = t.file("images.idx"), lab = t.file("labels.idx");
+  const std::string img = (t / "images.idx"), lab = (t / "labels.idx");
   write_bytes(lab, idx_labels(kLabels));
 
   SUBCASE("labels file given as images: bad magic") {
@@ -316,9 +305,9 @@ TEST_CASE("idx: bad headers") {
 
 TEST_CASE("idx: label 255 is a valid class index") {
   TempDir t;
-  write_bytes(t.file("img"), idx_images(3, 2, 3, kPixels));
-  write_bytes(t.file("lab"), idx_labels({255, 0, 1}));
-  const Dataset d = load_idx(t.file("img"), t.file("lab"));
+  write_bytes((t / "img"), idx_images(3, 2, 3, kPixels));
+  write_bytes((t / "lab"), idx_labels({255, 0, 1}));
+  const Dataset d = load_idx((t / "img"), (t / "lab"));
   CHECK(d.y[0] == 255);
   CHECK(d.num_classes == 256);
 }
