@@ -59,7 +59,9 @@ const std::map<std::string, KeyList, std::less<>>& schema() {
       {"train.checkpoint", {"every_steps", "keep_last"}},
       {"distributed",
        {"backend", "world_size", "strategy", "timeout_s", "rendezvous_timeout_s", "token_file",
-        "bind", "tls", "ddp"}},
+        "bind", "tls", "ddp", "local_sgd"}},
+      {"distributed.local_sgd",
+       {"sync_every", "sync_optimizer_state", "outer_lr", "outer_momentum"}},
       {"distributed.tls", {"cert", "key", "ca"}},
       {"distributed.ddp", {"bucket_mb"}},
       {"runtime", {"threads"}},
@@ -576,6 +578,11 @@ class Reader {
     read("distributed.tls.key", c.distributed.tls.key);
     read("distributed.tls.ca", c.distributed.tls.ca);
     read("distributed.ddp.bucket_mb", c.distributed.ddp.bucket_mb);
+    LocalSgdConfig& ls = c.distributed.local_sgd;
+    read("distributed.local_sgd.sync_every", ls.sync_every);
+    read("distributed.local_sgd.sync_optimizer_state", ls.sync_optimizer_state);
+    read("distributed.local_sgd.outer_lr", ls.outer_lr);
+    read("distributed.local_sgd.outer_momentum", ls.outer_momentum);
 
     read("runtime.threads", c.runtime.threads);
   }
@@ -617,7 +624,15 @@ class Reader {
     validate_train(c.train);
     check_enum("distributed.backend", c.distributed.backend, {"inproc", "grpc"});
     check_range("distributed.world_size", c.distributed.world_size, 1, 1024);
-    check_enum("distributed.strategy", c.distributed.strategy, {"ddp"});
+    check_enum("distributed.strategy", c.distributed.strategy, {"ddp", "local_sgd"});
+    const LocalSgdConfig& ls = c.distributed.local_sgd;
+    check_min("distributed.local_sgd.sync_every", ls.sync_every, 1);
+    check_non_negative("distributed.local_sgd.outer_lr", ls.outer_lr);
+    check_unit("distributed.local_sgd.outer_momentum", ls.outer_momentum);
+    if (c.distributed.strategy == "local_sgd" && c.train.checkpoint.every_steps > 0)
+      check(c.train.checkpoint.every_steps % ls.sync_every == 0, "train.checkpoint.every_steps",
+            "must be a multiple of distributed.local_sgd.sync_every (" + show(ls.sync_every) +
+                ") with strategy local_sgd: checkpoints are taken at synchronisation points");
     check_positive("distributed.timeout_s", c.distributed.timeout_s);
     check_positive("distributed.rendezvous_timeout_s", c.distributed.rendezvous_timeout_s);
     check_positive("distributed.ddp.bucket_mb", c.distributed.ddp.bucket_mb);
@@ -877,7 +892,12 @@ nlohmann::json config_to_json(const Config& c) {
                       {"token_file", dc.token_file},
                       {"bind", dc.bind},
                       {"tls", {{"cert", dc.tls.cert}, {"key", dc.tls.key}, {"ca", dc.tls.ca}}},
-                      {"ddp", {{"bucket_mb", dc.ddp.bucket_mb}}}};
+                      {"ddp", {{"bucket_mb", dc.ddp.bucket_mb}}},
+      {"local_sgd",
+       {{"sync_every", dc.local_sgd.sync_every},
+        {"sync_optimizer_state", dc.local_sgd.sync_optimizer_state},
+        {"outer_lr", dc.local_sgd.outer_lr},
+        {"outer_momentum", dc.local_sgd.outer_momentum}}}};
   j["runtime"] = {{"threads", c.runtime.threads}};
   return j;
 }

@@ -120,6 +120,15 @@ struct DdpConfig {
   double bucket_mb = 1.0;
 };
 
+struct LocalSgdConfig {
+  int64_t sync_every = 8;             // H: local optimizer steps between parameter averages, >= 1
+  bool sync_optimizer_state = false;  // also average momentum / Adam moments at each sync
+  // Outer optimizer (DiLoCo): the averaged change since the last sync is a pseudo-gradient
+  // applied with Nesterov momentum. outer_lr 0 = plain averaging.
+  double outer_lr = 0.0;              // >= 0
+  double outer_momentum = 0.9;        // in [0, 1)
+};
+
 struct DistributedConfig {
   std::string backend = "inproc";  // inproc | grpc
   // Ranks. With backend grpc the launcher's environment (RANK, WORLD_SIZE, ...) overrides it.
@@ -133,6 +142,7 @@ struct DistributedConfig {
   std::string bind;
   TlsConfig tls;  // optional: all three files, or none
   DdpConfig ddp;
+  LocalSgdConfig local_sgd;
 };
 
 struct RuntimeConfig {

@@ -243,6 +243,17 @@ nlohmann::json train_rank(const Config& cfg, const RunOptions& opts, Communicato
   std::vector<StateBuffer> state_bufs;
   for (size_t i = 0; i < opt->state_names().size(); ++i)
     state_bufs.push_back({opt->state_names()[i], opt->state(i).data()});
+  // Local SGD: ranks step on their own data and average parameters every H steps. With an
+  // outer optimizer (DiLoCo), `anchor` holds the parameters of the last synchronisation and
+  // `outer_momentum` its Nesterov buffer (checkpointed as optimizer state "outer_momentum").
+  const bool local_sgd = cfg.distributed.strategy == "local_sgd";
+  const LocalSgdConfig& lsc = cfg.distributed.local_sgd;
+  const bool outer = local_sgd && lsc.outer_lr > 0;
+  std::vector<float> anchor, outer_momentum;
+  if (outer) {
+    outer_momentum.assign(static_cast<size_t>(P), 0.0f);
+    state_bufs.push_back({"outer_momentum", outer_momentum.data()});
+  }
 
   // Schedule of steps.
   const int64_t b = cfg.data.batch_size;
@@ -330,6 +341,8 @@ nlohmann::json train_rank(const Config& cfg, const RunOptions& opts, Communicato
     }
   }
 
+  if (outer) anchor = store.values;  // checkpoints are taken at synchronisation points
+
   std::unique_ptr<LineWriter> metrics;
   if (lead)
     metrics = std::make_unique<LineWriter>((fs::path(opts.out_dir) / "metrics.jsonl").string(),
@@ -348,6 +361,26 @@ nlohmann::json train_rank(const Config& cfg, const RunOptions& opts, Communicato
   EvalResult last_eval;
   bool have_eval = false;
   int64_t last_eval_step = -1, last_ckpt_step = resumed_from.empty() ? -1 : step;
+  // Local SGD synchronisation: average parameters (and optionally optimizer state) over ranks;
+  // with the outer optimizer, apply the averaged change as a Nesterov pseudo-gradient step.
+  auto local_sync = [&] {
+    std::vector<WorkPtr> w = {
+        comm.allreduce_async(store.values.data(), static_cast<size_t>(P), ReduceOp::kAvg)};
+    if (lsc.sync_optimizer_state)
+      for (size_t i = 0; i < opt->state_names().size(); ++i)
+        w.push_back(
+            comm.allreduce_async(opt->state(i).data(), static_cast<size_t>(P), ReduceOp::kAvg));
+    for (auto& x : w) x->wait();
+    if (!outer) return;
+    const float mu = static_cast<float>(lsc.outer_momentum);
+    const float olr = static_cast<float>(lsc.outer_lr);
+    for (int64_t j = 0; j < P; ++j) {
+      const float delta = anchor[j] - store.values[j];  // pseudo-gradient
+      outer_momentum[j] = mu * outer_momentum[j] + delta;
+      anchor[j] -= olr * (delta + mu * outer_momentum[j]);
+      store.values[j] = anchor[j];
+    }
+  };
   auto interval_t0 = Clock::now();
   // Evaluation and checkpoint time is excluded from the train records' samples_per_s.
   auto run_eval = [&] {
@@ -437,6 +470,8 @@ nlohmann::json train_rank(const Config& cfg, const RunOptions& opts, Communicato
     spdlog::info("ddp: {} gradient bucket(s) of up to {} MiB", buckets.size(),
                  cfg.distributed.ddp.bucket_mb);
   std::vector<WorkPtr> works;
+  std::vector<std::vector<int64_t>> micro_idx;
+  bool eval_due = false;
   double exposed_comm_s = 0.0;
 
   while (step < total_steps) {
@@ -449,9 +484,17 @@ nlohmann::json train_rank(const Config& cfg, const RunOptions& opts, Communicato
     const int64_t n_micro = std::min(K, bpe - batch);
     int64_t step_samples = 0;
     for (int64_t i = 0; i < n_micro; ++i) step_samples += sampler.global_batch_size(batch + i);
-    // Gradients are sums scaled by 1 / (samples in the step over all ranks), so summing them
-    // across ranks gives the gradient of the mean loss of the global batch.
-    const float scale = 1.0f / static_cast<float>(step_samples);
+    micro_idx.resize(static_cast<size_t>(n_micro));
+    int64_t local_samples = 0;
+    for (int64_t i = 0; i < n_micro; ++i) {
+      micro_idx[static_cast<size_t>(i)] = sampler.batch(epoch, batch + i);
+      local_samples += static_cast<int64_t>(micro_idx[static_cast<size_t>(i)].size());
+    }
+    // DDP: gradients are sums scaled by 1 / (samples in the step over all ranks), so summing
+    // them across ranks gives the gradient of the mean loss of the global batch. Local SGD: each
+    // rank's own mean.
+    const int64_t scale_samples = local_sgd ? std::max<int64_t>(1, local_samples) : step_samples;
+    const float scale = 1.0f / static_cast<float>(scale_samples);
 
     std::fill(store.grads.begin(), store.grads.end(), 0.0f);
     double loss_sum = 0.0;
@@ -467,14 +510,14 @@ nlohmann::json train_rank(const Config& cfg, const RunOptions& opts, Communicato
       }
     };
     for (int64_t i = 0; i < n_micro; ++i) {
-      gather(data.train, sampler.batch(epoch, batch + i), x, y);
+      gather(data.train, micro_idx[static_cast<size_t>(i)], x, y);
       const Tensor& out = model.forward(store.values.data(), x, acts, ctx);
       loss_sum += loss_and_grad(cfg.model.loss, out, y.data(), &dlogits, scale);
-      const bool sync = world > 1 && i == n_micro - 1;
+      const bool sync = world > 1 && !local_sgd && i == n_micro - 1;
       model.backward(store.values.data(), store.grads.data(), x, acts, dlogits, nullptr, 0,
                      SIZE_MAX, sync ? launch_ready : std::function<void(size_t)>());
     }
-    if (world > 1) {
+    if (world > 1 && !local_sgd) {
       DT_CHECK_EQ(next_bucket, buckets.size());
       float l = static_cast<float>(loss_sum);
       works.push_back(comm.allreduce_async(&l, 1, ReduceOp::kSum));
@@ -485,7 +528,9 @@ nlohmann::json train_rank(const Config& cfg, const RunOptions& opts, Communicato
       loss_sum = l;
     }
     batch += n_micro;
-    const double step_loss = loss_sum / static_cast<double>(step_samples);
+    // The samples loss_sum covers: the global batch for DDP, this rank's share for Local SGD.
+    const int64_t loss_samples = local_sgd ? local_samples : step_samples;
+    const double step_loss = loss_samples > 0 ? loss_sum / static_cast<double>(loss_samples) : 0.0;
     if (!std::isfinite(step_loss))
       throw std::runtime_error("training loss is " + std::to_string(step_loss) + " at step " +
                                std::to_string(step + 1) +
@@ -498,10 +543,15 @@ nlohmann::json train_rank(const Config& cfg, const RunOptions& opts, Communicato
     const double lr = lr_at(cfg.optimizer.schedule, base_lr, step, total_steps);
     opt->step(store.values.data(), store.grads.data(), lr);
     ++step;
+    if (local_sgd && world > 1 && (step % lsc.sync_every == 0 || step == total_steps)) {
+      const auto s0 = Clock::now();
+      local_sync();
+      exposed_comm_s += seconds_since(s0);
+    }
     train_s += seconds_since(step_t0);
     samples_trained += step_samples;
     interval_loss += loss_sum;
-    interval_samples += step_samples;
+    interval_samples += loss_samples;
 
     const bool epoch_done = batch >= bpe;
     if (epoch_done) {
@@ -511,7 +561,16 @@ nlohmann::json train_rank(const Config& cfg, const RunOptions& opts, Communicato
     const int64_t bar_total = total_steps == std::numeric_limits<int64_t>::max() ? 0 : total_steps;
     if (step % cfg.train.log_every == 0 || step == total_steps || epoch_done) {
       const double el = seconds_since(interval_t0);
-      const double mean_loss = interval_loss / static_cast<double>(interval_samples);
+      if (local_sgd && world > 1) {
+        // Each rank's loss covers its own samples: the record reports the mean over all ranks.
+        std::vector<float> v = {static_cast<float>(interval_loss),
+                                static_cast<float>(interval_samples)};
+        comm.allreduce(v.data(), v.size(), ReduceOp::kSum);
+        interval_loss = v[0];
+        interval_samples = static_cast<int64_t>(std::llround(v[1]));
+      }
+      const double mean_loss =
+          interval_loss / static_cast<double>(std::max<int64_t>(1, interval_samples));
       final_train_loss = mean_loss;
       const double sps = el > 0 ? static_cast<double>(interval_samples) / el : 0.0;
       last_sps = sps;
@@ -539,7 +598,16 @@ nlohmann::json train_rank(const Config& cfg, const RunOptions& opts, Communicato
     } else {
       bar.update(step, bar_total, epoch_progress(), step_loss, last_sps);
     }
-    if (epoch_done || (cfg.train.eval_every > 0 && step % cfg.train.eval_every == 0)) run_eval();
+    if (epoch_done || (cfg.train.eval_every > 0 && step % cfg.train.eval_every == 0))
+      eval_due = true;
+    // Local SGD ranks hold the same parameters only right after a synchronisation: an
+    // evaluation falls due at the first synchronisation at or after the epoch end (no extra
+    // parameter traffic).
+    const bool in_sync = !local_sgd || world == 1 || step % lsc.sync_every == 0;
+    if (eval_due && in_sync) {
+      run_eval();
+      eval_due = false;
+    }
     if (cfg.train.checkpoint.every_steps > 0 && step % cfg.train.checkpoint.every_steps == 0)
       save();
   }

@@ -397,7 +397,7 @@ TEST_CASE("every range and enum rule, via --set") {
       {"distributed.backend=mpi", "distributed.backend: must be one of inproc, grpc (got 'mpi')"},
       {"distributed.world_size=0", "distributed.world_size: must be in [1, 1024] (got 0)"},
       {"distributed.world_size=1025", "distributed.world_size: must be in [1, 1024] (got 1025)"},
-      {"distributed.strategy=fsdp", "distributed.strategy: must be one of ddp (got 'fsdp')"},
+      {"distributed.strategy=fsdp", "distributed.strategy: must be one of ddp, local_sgd (got 'fsdp')"},
       {"runtime.threads=-1", "runtime.threads: must be in [0, 1024] (got -1)"},
       {"runtime.threads=1025", "runtime.threads: must be in [0, 1024] (got 1025)"},
   };
@@ -604,7 +604,7 @@ TEST_CASE("config_to_json writes every field and loads back to the same config")
     CHECK(j["optimizer"]["schedule"].size() == 5);
     CHECK(j["train"].size() == 6);
     CHECK(j["train"]["checkpoint"].size() == 2);
-    CHECK(j["distributed"].size() == 9);
+    CHECK(j["distributed"].size() == 10);
     CHECK(j["runtime"].size() == 1);
     // JSON is YAML: the dump parses back to an identical config.
     CHECK(config_to_json(parse_config(j.dump(), "json")) == j);

@@ -282,3 +282,65 @@ runtime: {threads: 1}
   for (const auto& [name, t] : a.tensors) CHECK_MESSAGE(t.data == b.tensors.at(name).data, name);
   CHECK(a.metadata.at("rng").find(';') != std::string::npos);  // one state per rank
 }
+
+TEST_CASE("local_sgd with H = 1, plain SGD and plain averaging equals DDP") {
+  spdlog::set_level(spdlog::level::warn);
+  // Equal shares per rank (drop_last): the average of the ranks' mean gradients is then the
+  // mean gradient of the global batch.
+  const std::string base = R"(
+seed: 8
+model: {hidden: [20], activation: tanh}
+data:
+  format: synthetic
+  synthetic: {samples: 500, features: 7, classes: 3}
+  batch_size: 8
+  drop_last: true
+optimizer: {type: sgd, lr: 0.1}
+train: {epochs: 0, max_steps: 20}
+runtime: {threads: 1}
+)";
+  for (int world : {2, 3}) {
+    TempDir dir;
+    const std::string w = "distributed.world_size=" + std::to_string(world);
+    RunOptions o1, o2;
+    o1.out_dir = dir / "ddp";
+    o2.out_dir = dir / "local";
+    run_training(parse_config(base, "l.yaml", {w}), o1);
+    const auto s = run_training(
+        parse_config(base, "l.yaml",
+                     {w, "distributed.strategy=local_sgd", "distributed.local_sgd.sync_every=1"}),
+        o2);
+    CHECK(s["strategy"] == "local_sgd");
+    INFO("world ", world);
+    CHECK(checkpoint_rel_diff(dir / "ddp/checkpoints/step-20.safetensors",
+                              dir / "local/checkpoints/step-20.safetensors") < 1e-5);
+  }
+}
+
+TEST_CASE("local_sgd with H = 4 sends about a quarter of DDP's bytes and still learns") {
+  spdlog::set_level(spdlog::level::warn);
+  TempDir dir;
+  const std::vector<std::string> common = {"distributed.world_size=2", "train.epochs=2"};
+  RunOptions o1, o2, o3;
+  o1.out_dir = dir / "ddp";
+  o2.out_dir = dir / "local";
+  o3.out_dir = dir / "outer";
+  const auto ddp = run_training(parse_config(kSynthetic, "s.yaml", common), o1);
+  auto lc = common;
+  lc.push_back("distributed.strategy=local_sgd");
+  lc.push_back("distributed.local_sgd.sync_every=4");
+  const auto local = run_training(parse_config(kSynthetic, "s.yaml", lc), o2);
+  const double ratio =
+      local["comm_bytes_sent"].get<double>() / ddp["comm_bytes_sent"].get<double>();
+  // 50 steps: synchronisations at steps 4, 8, ..., 48 and the final step 50 = 13 of DDP's 50
+  // gradient all-reduces (plus a few floats for losses and evaluation on both sides).
+  CHECK(ratio == doctest::Approx(13.0 / 50).epsilon(0.02));
+  CHECK(local["test_accuracy"].get<double>() > 0.9);
+  // DiLoCo-style outer Nesterov step with averaged optimizer state also trains.
+  lc.push_back("distributed.local_sgd.outer_lr=0.7");
+  lc.push_back("distributed.local_sgd.sync_optimizer_state=true");
+  const auto outer = run_training(parse_config(kSynthetic, "s.yaml", lc), o3);
+  CHECK(outer["test_accuracy"].get<double>() > 0.9);
+  const StFile f = read_safetensors(dir / "outer/checkpoints/step-50.safetensors");
+  CHECK(f.tensors.count("optim.outer_momentum.layers.0.weight") == 1);
+}
