@@ -466,9 +466,15 @@ nlohmann::json train_rank(const Config& cfg, const RunOptions& opts, Communicato
   const double comm_s0 = comm.comm_seconds();
   const std::vector<Bucket> buckets = make_buckets(
       model, std::max<int64_t>(1, static_cast<int64_t>(cfg.distributed.ddp.bucket_mb * 262144.0)));
-  if (lead && world > 1)
+  if (lead && world > 1 && !local_sgd)
     spdlog::info("ddp: {} gradient bucket(s) of up to {} MiB", buckets.size(),
                  cfg.distributed.ddp.bucket_mb);
+  if (lead && world > 1 && local_sgd)
+    spdlog::info(
+        "local_sgd: parameters averaged every {} step(s){}{}", lsc.sync_every,
+        lsc.sync_optimizer_state ? ", optimizer state too" : "",
+        outer ? fmt::format(", outer Nesterov lr {} momentum {}", lsc.outer_lr, lsc.outer_momentum)
+              : std::string());
   std::vector<WorkPtr> works;
   std::vector<std::vector<int64_t>> micro_idx;
   bool eval_due = false;
