@@ -59,7 +59,9 @@ TEST_CASE("dtrain launch --nproc 2 trains the smoke config over gRPC as CI runs 
   CHECK(std::filesystem::exists(dir / "smoke/logs/rank-1.log"));
 }
 
-TEST_CASE("gRPC ranks and in-process ranks compute the same parameters") {
+TEST_CASE("gRPC ranks and in-process ranks compute the same parameters, W = 2, 3, 4") {
+  // In-process ranks equal one process with batch W*b (tests/train); equal parameters here
+  // carry that fidelity over to the gRPC backend. Adam and an uneven last batch included.
   TempDir dir;
   const std::string cfg = dir.write("c.yaml", R"(seed: 5
 model: {hidden: [16]}
@@ -67,21 +69,28 @@ data:
   format: synthetic
   synthetic: {samples: 500, features: 8, classes: 3}
   batch_size: 10
-optimizer: {type: sgd, lr: 0.1, momentum: 0.9}
+optimizer: {type: adam, lr: 0.01}
 train: {epochs: 0, max_steps: 20}
-distributed: {world_size: 2}
 runtime: {threads: 1}
 )");
-  auto r = run_cmd(kBin + " launch --nproc 2 " + cfg + " --out " + dir / "grpc --log-level warn");
-  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
-  r = run_cmd(kBin + " run " + cfg + " --out " + dir / "inproc --log-level warn");
-  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
-  // Same algorithm over another transport: bitwise equal tensors (the metadata differs: the
-  // backend is part of the config hash).
-  const auto a = dtrain::read_safetensors(dir / "grpc/checkpoints/step-20.safetensors");
-  const auto b = dtrain::read_safetensors(dir / "inproc/checkpoints/step-20.safetensors");
-  REQUIRE(a.tensors.size() == b.tensors.size());
-  for (const auto& [name, t] : a.tensors) CHECK_MESSAGE(t.data == b.tensors.at(name).data, name);
+  for (int world : {2, 3, 4}) {
+    const std::string w = std::to_string(world);
+    auto r = run_cmd(kBin + " launch --nproc " + w + " " + cfg + " --out " + dir / ("grpc" + w) +
+                     " --log-level warn");
+    REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+    r = run_cmd(kBin + " run " + cfg + " --set distributed.world_size=" + w + " --out " +
+                dir / ("inproc" + w) + " --log-level warn");
+    REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+    // Same algorithm over another transport: bitwise equal tensors (the metadata differs: the
+    // backend is part of the config hash).
+    const auto a =
+        dtrain::read_safetensors(dir / ("grpc" + w) + "/checkpoints/step-20.safetensors");
+    const auto b =
+        dtrain::read_safetensors(dir / ("inproc" + w) + "/checkpoints/step-20.safetensors");
+    REQUIRE(a.tensors.size() == b.tensors.size());
+    for (const auto& [name, t] : a.tensors)
+      CHECK_MESSAGE(t.data == b.tensors.at(name).data, "world ", world, " ", name);
+  }
 }
 
 TEST_CASE("a SIGKILLed rank makes the other rank exit non-zero promptly") {
@@ -110,10 +119,10 @@ TEST_CASE("a rank with another config or a wrong token is refused at rendezvous"
   const std::string cfg = dir.write("long.yaml", kLong);
   int port = dtrain::pick_free_port();
   auto pair = [&](const std::string& env1, const std::string& extra1) {
-    const std::string script = rank_env(0, 2, port, "tok") + kBin + " run " + cfg + " --out " +
-                               dir / "a" + " > " + dir / "a0.log 2>&1 & p0=$!; " + env1 + kBin +
-                               " run " + cfg + " --out " + dir / "b" + extra1 + " > " +
-                               dir / "a1.log 2>&1; rc1=$?; wait $p0; rc0=$?; echo rc0=$rc0 rc1=$rc1";
+    const std::string script =
+        rank_env(0, 2, port, "tok") + kBin + " run " + cfg + " --out " + dir / "a" + " > " +
+        dir / "a0.log 2>&1 & p0=$!; " + env1 + kBin + " run " + cfg + " --out " + dir / "b" +
+        extra1 + " > " + dir / "a1.log 2>&1; rc1=$?; wait $p0; rc0=$?; echo rc0=$rc0 rc1=$rc1";
     return run_cmd("bash -c '" + script + "'");
   };
   auto r = pair(rank_env(1, 2, port, "tok"), " --set optimizer.lr=0.07");
@@ -135,8 +144,8 @@ TEST_CASE("a rank with another config or a wrong token is refused at rendezvous"
 TEST_CASE("dtrain run with backend grpc but no launcher says how to start it") {
   TempDir dir;
   const std::string cfg = dir.write("g.yaml", kLong);
-  const auto r = run_cmd("env -u RANK -u WORLD_SIZE " + kBin + " run " + cfg + " --out " +
-                         dir / "x");
+  const auto r =
+      run_cmd("env -u RANK -u WORLD_SIZE " + kBin + " run " + cfg + " --out " + dir / "x");
   CHECK(r.exit_code == 2);
   CHECK(has(r.output, "MASTER_PORT"));
 }
