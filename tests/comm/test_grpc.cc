@@ -809,7 +809,7 @@ TEST_CASE("grpc: throughput" * doctest::skip()) {
       auto t = connect_grpc(options(me, 2, ports[ci]), c);
       std::vector<char> buf(kBytes, 1);
       char ack = 0;
-      const MsgHeader hack = header(1, 0, CommOp::kBarrier, 1);
+      const MsgHeader handshake = header(1, 0, CommOp::kBarrier, 1);
       // Warm up (first touch of the buffers, heaps, TCP and HTTP/2 windows), then measure.
       for (int i = 0; i < 3; ++i) {
         const MsgHeader h = header(1000 + i, 0, CommOp::kBroadcast, kBytes);
@@ -819,9 +819,9 @@ TEST_CASE("grpc: throughput" * doctest::skip()) {
           t->recv(0, h, buf.data(), in(60));
       }
       if (me == 0) {
-        t->recv(1, hack, &ack, in(60));
+        t->recv(1, handshake, &ack, in(60));
       } else {
-        t->send(0, hack, &ack);
+        t->send(0, handshake, &ack);
       }
       const double c0 = cpu_s(), f0 = faults();
       const auto w0 = Clock::now();
