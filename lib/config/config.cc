@@ -59,7 +59,8 @@ const std::map<std::string, KeyList, std::less<>>& schema() {
       {"train.checkpoint", {"every_steps", "keep_last"}},
       {"distributed",
        {"backend", "world_size", "strategy", "timeout_s", "rendezvous_timeout_s", "token_file",
-        "bind", "tls", "ddp", "local_sgd"}},
+        "bind", "tls", "ddp", "local_sgd", "compression"}},
+      {"distributed.compression", {"type", "ratio", "error_feedback"}},
       {"distributed.local_sgd",
        {"sync_every", "sync_optimizer_state", "outer_lr", "outer_momentum"}},
       {"distributed.tls", {"cert", "key", "ca"}},
@@ -578,6 +579,10 @@ class Reader {
     read("distributed.tls.key", c.distributed.tls.key);
     read("distributed.tls.ca", c.distributed.tls.ca);
     read("distributed.ddp.bucket_mb", c.distributed.ddp.bucket_mb);
+    CompressionConfig& cc = c.distributed.compression;
+    read("distributed.compression.type", cc.type);
+    read("distributed.compression.ratio", cc.ratio);
+    read("distributed.compression.error_feedback", cc.error_feedback);
     LocalSgdConfig& ls = c.distributed.local_sgd;
     read("distributed.local_sgd.sync_every", ls.sync_every);
     read("distributed.local_sgd.sync_optimizer_state", ls.sync_optimizer_state);
@@ -625,6 +630,12 @@ class Reader {
     check_enum("distributed.backend", c.distributed.backend, {"inproc", "grpc"});
     check_range("distributed.world_size", c.distributed.world_size, 1, 1024);
     check_enum("distributed.strategy", c.distributed.strategy, {"ddp", "local_sgd"});
+    const CompressionConfig& cc = c.distributed.compression;
+    check_enum("distributed.compression.type", cc.type, {"none", "fp16", "bf16", "int8", "topk"});
+    check(cc.ratio > 0 && cc.ratio <= 1, "distributed.compression.ratio",
+          "must be in (0, 1] (got " + show(cc.ratio) + ")");
+    check(cc.type == "none" || c.distributed.strategy == "ddp", "distributed.compression.type",
+          "compression applies to strategy ddp (got strategy '" + c.distributed.strategy + "')");
     const LocalSgdConfig& ls = c.distributed.local_sgd;
     check_min("distributed.local_sgd.sync_every", ls.sync_every, 1);
     check_non_negative("distributed.local_sgd.outer_lr", ls.outer_lr);
@@ -893,11 +904,15 @@ nlohmann::json config_to_json(const Config& c) {
                       {"bind", dc.bind},
                       {"tls", {{"cert", dc.tls.cert}, {"key", dc.tls.key}, {"ca", dc.tls.ca}}},
                       {"ddp", {{"bucket_mb", dc.ddp.bucket_mb}}},
-      {"local_sgd",
-       {{"sync_every", dc.local_sgd.sync_every},
-        {"sync_optimizer_state", dc.local_sgd.sync_optimizer_state},
-        {"outer_lr", dc.local_sgd.outer_lr},
-        {"outer_momentum", dc.local_sgd.outer_momentum}}}};
+                      {"local_sgd",
+                       {{"sync_every", dc.local_sgd.sync_every},
+                        {"sync_optimizer_state", dc.local_sgd.sync_optimizer_state},
+                        {"outer_lr", dc.local_sgd.outer_lr},
+                        {"outer_momentum", dc.local_sgd.outer_momentum}}},
+                      {"compression",
+                       {{"type", dc.compression.type},
+                        {"ratio", dc.compression.ratio},
+                        {"error_feedback", dc.compression.error_feedback}}}};
   j["runtime"] = {{"threads", c.runtime.threads}};
   return j;
 }

@@ -125,8 +125,14 @@ struct LocalSgdConfig {
   bool sync_optimizer_state = false;  // also average momentum / Adam moments at each sync
   // Outer optimizer (DiLoCo): the averaged change since the last sync is a pseudo-gradient
   // applied with Nesterov momentum. outer_lr 0 = plain averaging.
-  double outer_lr = 0.0;              // >= 0
-  double outer_momentum = 0.9;        // in [0, 1)
+  double outer_lr = 0.0;        // >= 0
+  double outer_momentum = 0.9;  // in [0, 1)
+};
+
+struct CompressionConfig {
+  std::string type = "none";   // none | fp16 | bf16 | int8 | topk
+  double ratio = 0.01;         // topk: fraction of gradient entries sent, in (0, 1]
+  bool error_feedback = true;  // add what compression dropped to the next step's gradient
 };
 
 struct DistributedConfig {
@@ -143,6 +149,7 @@ struct DistributedConfig {
   TlsConfig tls;  // optional: all three files, or none
   DdpConfig ddp;
   LocalSgdConfig local_sgd;
+  CompressionConfig compression;  // ddp only
 };
 
 struct RuntimeConfig {

@@ -20,8 +20,8 @@ bool is_loopback(const std::string& addr) {
 bool is_multiprocess(const Config& cfg, const std::map<std::string, std::string>& env,
                      const DistOverrides& flags) {
   if (cfg.distributed.backend == "grpc" || flags.any()) return true;
-  for (const char* v : {"RANK", "WORLD_SIZE", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK",
-                        "OMPI_COMM_WORLD_SIZE"})
+  for (const char* v :
+       {"RANK", "WORLD_SIZE", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"})
     if (env.count(v)) return true;
   return false;
 }
@@ -63,8 +63,9 @@ nlohmann::json run_grpc_rank(const Config& cfg, const RunOptions& opts,
                de.world_size, de.local_rank, de.local_world_size, de.source, de.master_addr,
                de.master_port, g.bind);
   if (g.token.empty())
-    spdlog::warn("no job token (DTRAIN_JOB_TOKEN or distributed.token_file): any process that "
-                 "reaches the rendezvous port can join this job");
+    spdlog::warn(
+        "no job token (DTRAIN_JOB_TOKEN or distributed.token_file): any process that "
+        "reaches the rendezvous port can join this job");
   CommOptions copts;
   copts.timeout_s = cfg.distributed.timeout_s;
   Communicator comm(connect_grpc(g), copts);

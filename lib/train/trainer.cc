@@ -22,6 +22,7 @@
 #include "nn/loss.h"
 #include "optim/optimizer.h"
 #include "tensor/blas.h"
+#include "train/compression.h"
 #include "util/check.h"
 #include "util/fs.h"
 #include "util/rng.h"
@@ -475,6 +476,15 @@ nlohmann::json train_rank(const Config& cfg, const RunOptions& opts, Communicato
         lsc.sync_optimizer_state ? ", optimizer state too" : "",
         outer ? fmt::format(", outer Nesterov lr {} momentum {}", lsc.outer_lr, lsc.outer_momentum)
               : std::string());
+  // DDP with compression: the whole gradient is encoded after backward and all-gathered.
+  std::unique_ptr<GradCompressor> compressor;
+  if (world > 1 && !local_sgd && cfg.distributed.compression.type != "none") {
+    compressor = std::make_unique<GradCompressor>(cfg.distributed.compression, P);
+    if (lead)
+      spdlog::info("compression {}: {} bytes per rank per step instead of {} (error feedback {})",
+                   cfg.distributed.compression.type, compressor->message_bytes(), P * 4,
+                   cfg.distributed.compression.error_feedback ? "on" : "off");
+  }
   std::vector<WorkPtr> works;
   std::vector<std::vector<int64_t>> micro_idx;
   bool eval_due = false;
@@ -519,12 +529,18 @@ nlohmann::json train_rank(const Config& cfg, const RunOptions& opts, Communicato
       gather(data.train, micro_idx[static_cast<size_t>(i)], x, y);
       const Tensor& out = model.forward(store.values.data(), x, acts, ctx);
       loss_sum += loss_and_grad(cfg.model.loss, out, y.data(), &dlogits, scale);
-      const bool sync = world > 1 && !local_sgd && i == n_micro - 1;
+      const bool sync = world > 1 && !local_sgd && !compressor && i == n_micro - 1;
       model.backward(store.values.data(), store.grads.data(), x, acts, dlogits, nullptr, 0,
                      SIZE_MAX, sync ? launch_ready : std::function<void(size_t)>());
     }
     if (world > 1 && !local_sgd) {
-      DT_CHECK_EQ(next_bucket, buckets.size());
+      const auto c0 = Clock::now();
+      if (compressor) {
+        compressor->allreduce_sum(comm, store.grads.data());
+      } else {
+        DT_CHECK_EQ(next_bucket, buckets.size());
+      }
+      exposed_comm_s += seconds_since(c0);
       float l = static_cast<float>(loss_sum);
       works.push_back(comm.allreduce_async(&l, 1, ReduceOp::kSum));
       // Exposed communication: what is still running once backward has ended.

@@ -344,3 +344,28 @@ TEST_CASE("local_sgd with H = 4 sends about a quarter of DDP's bytes and still l
   const StFile f = read_safetensors(dir / "outer/checkpoints/step-50.safetensors");
   CHECK(f.tensors.count("optim.outer_momentum.layers.0.weight") == 1);
 }
+
+TEST_CASE("compression type none is exactly DDP, and fp16 stays close to it") {
+  spdlog::set_level(spdlog::level::warn);
+  TempDir dir;
+  const std::vector<std::string> base = {"distributed.world_size=2", "train.epochs=0",
+                                         "train.max_steps=20"};
+  auto with = [&](std::vector<std::string> extra, const std::string& out) {
+    auto o = base;
+    o.insert(o.end(), extra.begin(), extra.end());
+    RunOptions ro;
+    ro.out_dir = dir / out;
+    return run_training(parse_config(kSynthetic, "s.yaml", o), ro);
+  };
+  const auto ddp = with({}, "ddp");
+  with({"distributed.compression.type=none"}, "none");
+  const auto f16 = with({"distributed.compression.type=fp16"}, "fp16");
+  const StFile a = read_safetensors(dir / "ddp/checkpoints/step-20.safetensors");
+  const StFile b = read_safetensors(dir / "none/checkpoints/step-20.safetensors");
+  for (const auto& [name, t] : a.tensors) CHECK_MESSAGE(t.data == b.tensors.at(name).data, name);
+  const double rel = checkpoint_rel_diff(dir / "ddp/checkpoints/step-20.safetensors",
+                                         dir / "fp16/checkpoints/step-20.safetensors");
+  CHECK(rel > 0.0);   // it did compress
+  CHECK(rel < 1e-2);  // and stayed close
+  CHECK(f16["comm_bytes_sent"].get<double>() < 0.55 * ddp["comm_bytes_sent"].get<double>());
+}
