@@ -309,7 +309,8 @@ int cli_main(int argc, char** argv) {
       if (rc == 0)
         std::cout << "results: " << out_dir << "/summary.json, metrics.jsonl, checkpoints/, logs/"
                   << std::endl;
-      return rc == 0 ? kExitOk : kExitRuntime;
+      // A rank's user error (bad data or checkpoint) is the launch's user error.
+      return rc == 0 ? kExitOk : (rc == kExitUser ? kExitUser : kExitRuntime);
     }
     if (eval->parsed()) return cmd_eval(cfg, checkpoint);
     if (predict->parsed()) return cmd_predict(cfg, checkpoint, input, output);

@@ -398,6 +398,7 @@ int launch_local(const LaunchOptions& o) {
   }
 
   bool shutting_down = false, failed = false, kill_sent = false, abandoned = false;
+  bool any_user_error = false;  // some rank exited with status 2 (bad config, data, checkpoint)
   int stop_signal = 0;
   std::optional<Clock::time_point> kill_at, give_up_at;
   const auto grace =
@@ -456,6 +457,7 @@ int launch_local(const LaunchOptions& o) {
       }
       c.running = false;
       const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+      if (WIFEXITED(status) && WEXITSTATUS(status) == 2) any_user_error = true;
       if (shutting_down) {
         spdlog::info("rank {} stopped: {}", c.rank, describe_wait_status(status));
       } else if (ok) {
@@ -463,6 +465,7 @@ int launch_local(const LaunchOptions& o) {
       } else {
         spdlog::error("rank {} failed: {}", c.rank, describe_wait_status(status));
         failed = true;
+
         if (kids.any_running())
           spdlog::warn("stopping rank(s) {}: SIGTERM, then SIGKILL after {} s",
                        kids.running_ranks(), o.grace_s);
@@ -488,6 +491,9 @@ int launch_local(const LaunchOptions& o) {
   for (Tee& t : tees) t.pump(4096);
 
   if (stop_signal != 0 && !failed) return 128 + stop_signal;
+  // A rank that failed on bad input (exit 2: config, data or checkpoint) makes the launch a
+  // user error too, whatever the other ranks died of after it; otherwise a runtime failure.
+  if (failed && any_user_error) return 2;
   if (failed || abandoned) return 1;
   spdlog::info("all {} rank(s) finished", o.nproc);
   return 0;

@@ -32,10 +32,11 @@ struct LaunchOptions {
 // reaped) and then returns regardless, so it never hangs. Whatever remains of a rank's group when
 // the rank exits is SIGKILLed. Status lines go through spdlog.
 //
-// Returns 0 when every rank exited 0, 1 when a rank failed, 128 + the signal number when stopped
-// by a received signal (130 for SIGINT, 143 for SIGTERM) and no rank had failed before it.
-// Throws UserError for bad options, std::runtime_error when a rank cannot be started (after
-// killing the ranks already started). Installs signal handlers for its duration and restores
+// Returns 0 when every rank exited 0, 2 when a rank failed and some rank exited with status 2
+// (a user error: bad config, data or checkpoint), 1 when a rank failed otherwise, 128 + the signal
+// number when stopped by a received signal (130 for SIGINT, 143 for SIGTERM) and no rank had failed
+// before it. Throws UserError for bad options, std::runtime_error when a rank cannot be started
+// (after killing the ranks already started). Installs signal handlers for its duration and restores
 // them; one launch_local at a time per process.
 int launch_local(const LaunchOptions& o);
 

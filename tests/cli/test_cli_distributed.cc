@@ -149,3 +149,13 @@ TEST_CASE("dtrain run with backend grpc but no launcher says how to start it") {
   CHECK(r.exit_code == 2);
   CHECK(has(r.output, "MASTER_PORT"));
 }
+
+TEST_CASE("dtrain launch exits 2 naming the rank when the ranks fail on bad data") {
+  TempDir dir;
+  const std::string cfg =
+      dir.write("bad.yaml", "data:\n  format: csv\n  train: {path: missing.csv}\n");
+  const auto r = run_cmd(kBin + " launch --nproc 2 " + cfg + " --out " + dir / "run");
+  CHECK(r.exit_code == 2);
+  CHECK(has(r.output, "missing.csv"));
+  CHECK(has(r.output, "failed: exit status 2"));
+}
