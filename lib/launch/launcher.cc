@@ -17,7 +17,9 @@
 #include <chrono>
 #include <cmath>
 #include <ctime>
+#include <deque>
 #include <filesystem>
+#include <fstream>
 #include <optional>
 #include <stdexcept>
 #include <thread>
@@ -309,6 +311,26 @@ int pick_free_port() {
   return ntohs(addr.sin_port);
 }
 
+namespace {
+
+// Prints the last lines of a failed rank's log to stderr, so its error is seen without opening
+// the file.
+void print_log_tail(const std::string& path, int rank) {
+  std::ifstream in(path);
+  std::deque<std::string> tail;
+  std::string line;
+  while (std::getline(in, line)) {
+    tail.push_back(line);
+    if (tail.size() > 8) tail.pop_front();
+  }
+  if (tail.empty()) return;
+  std::fprintf(stderr, "---- last lines of %s\n", path.c_str());
+  for (const auto& l : tail) std::fprintf(stderr, "[rank %d] %s\n", rank, l.c_str());
+  std::fflush(stderr);
+}
+
+}  // namespace
+
 int launch_local(const LaunchOptions& o) {
   if (o.nproc < 1 || o.nproc > 1024)
     throw UserError("--nproc " + std::to_string(o.nproc) + ": must be in 1..1024");
@@ -398,6 +420,7 @@ int launch_local(const LaunchOptions& o) {
   }
 
   bool shutting_down = false, failed = false, kill_sent = false, abandoned = false;
+  std::optional<Clock::time_point> term_at;  // when the ranks still running get SIGTERM
   bool any_user_error = false;  // some rank exited with status 2 (bad config, data, checkpoint)
   int stop_signal = 0;
   std::optional<Clock::time_point> kill_at, give_up_at;
@@ -417,7 +440,8 @@ int launch_local(const LaunchOptions& o) {
 
   while (kids.any_running()) {
     int timeout_ms = 1000;  // a safety net only: SIGCHLD wakes the loop through the self-pipe
-    for (const auto& t : {kill_sent ? std::nullopt : kill_at, give_up_at}) {
+    for (const auto& t :
+         {kill_sent ? std::nullopt : kill_at, give_up_at, shutting_down ? std::nullopt : term_at}) {
       if (!t) continue;
       const auto left = std::chrono::ceil<std::chrono::milliseconds>(*t - Clock::now()).count();
       timeout_ms = static_cast<int>(std::clamp<int64_t>(left, 0, timeout_ms));
@@ -465,12 +489,21 @@ int launch_local(const LaunchOptions& o) {
       } else {
         spdlog::error("rank {} failed: {}", c.rank, describe_wait_status(status));
         failed = true;
+        // Rank 0's output is already on the console; show the end of any other rank's log.
+        if (c.rank != 0)
+          print_log_tail(o.log_dir + "/rank-" + std::to_string(c.rank) + ".log", c.rank);
 
-        if (kids.any_running())
-          spdlog::warn("stopping rank(s) {}: SIGTERM, then SIGKILL after {} s",
-                       kids.running_ranks(), o.grace_s);
-        terminate_all(SIGTERM);
+        // Ranks that fail for their own reason usually do so within moments of each other
+        // (bad data on every rank, or a peer noticing the first one's exit): give them a short
+        // settling window to exit and be reported with their real status before stopping the
+        // rest.
+        if (!term_at) term_at = Clock::now() + std::chrono::milliseconds(1000);
       }
+    }
+    if (term_at && !shutting_down && kids.any_running() && Clock::now() >= *term_at) {
+      spdlog::warn("stopping rank(s) {}: SIGTERM, then SIGKILL after {} s", kids.running_ranks(),
+                   o.grace_s);
+      terminate_all(SIGTERM);
     }
 
     const auto now = Clock::now();

@@ -155,7 +155,10 @@ TEST_CASE("dtrain launch exits 2 naming the rank when the ranks fail on bad data
   const std::string cfg =
       dir.write("bad.yaml", "data:\n  format: csv\n  train: {path: missing.csv}\n");
   const auto r = run_cmd(kBin + " launch --nproc 2 " + cfg + " --out " + dir / "run");
+  INFO(r.output);
   CHECK(r.exit_code == 2);
+  // Whichever rank failed first, its error reaches the console (rank 0's output is shown, the
+  // end of another rank's log is printed when it fails).
   CHECK(has(r.output, "missing.csv"));
   CHECK(has(r.output, "failed: exit status 2"));
 }
