@@ -91,11 +91,6 @@ bool is_wildcard(const std::string& host) {
   return h.empty() || h == "0.0.0.0" || h == "::";
 }
 
-bool is_loopback(const std::string& host) {
-  const std::string h = strip_brackets(host);
-  return h == "localhost" || h == "::1" || h.rfind("127.", 0) == 0;
-}
-
 // Constant-time in the content of `got` (the time depends only on the lengths), so a client
 // cannot find the token byte by byte.
 bool token_equal(std::string_view expected, std::string_view got) {
@@ -1367,7 +1362,7 @@ void GrpcTransport::start_server() {
     // that does not name a local interface, so listen on the wildcard of bind's address family:
     // reachable wherever MASTER_ADDR routes to; the job token guards the service.
     std::string host = o_.master_addr;
-    if (!is_loopback(host) && strip_brackets(host) != strip_brackets(o_.bind))
+    if (!is_loopback_host(host) && strip_brackets(host) != strip_brackets(o_.bind))
       host = strip_brackets(o_.bind).find(':') != std::string::npos ? "::" : "0.0.0.0";
     master_addr = host_port(host, o_.master_port);
     b.AddListeningPort(master_addr, server_creds_, &master_port);
@@ -1619,6 +1614,11 @@ std::vector<std::string> grpc_peer_addresses(const Transport& t) {
   const auto* g = dynamic_cast<const GrpcTransport*>(&t);
   if (!g) throw std::invalid_argument("not a gRPC transport");
   return g->peers();
+}
+
+bool is_loopback_host(const std::string& host) {
+  const std::string h = strip_brackets(host);
+  return h == "localhost" || h == "::1" || h.rfind("127.", 0) == 0;
 }
 
 }  // namespace dtrain

@@ -28,6 +28,10 @@ struct GrpcOptions {
   std::string tls_cert, tls_key, tls_ca;
 };
 
+// True for "localhost", "::1" / "[::1]" and 127.0.0.0/8: the job stays on this machine, so
+// ranks listen on loopback only.
+bool is_loopback_host(const std::string& host);
+
 // Joins the job and returns a connected transport. Throws CommError (timeout naming missing
 // ranks, refused token, config hash mismatch with both hashes) or UserError (bad options).
 std::unique_ptr<Transport> connect_grpc(const GrpcOptions& opts);

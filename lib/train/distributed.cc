@@ -9,14 +9,6 @@
 
 namespace dtrain {
 
-namespace {
-
-bool is_loopback(const std::string& addr) {
-  return addr == "localhost" || addr == "::1" || addr == "[::1]" || addr.rfind("127.", 0) == 0;
-}
-
-}  // namespace
-
 bool is_multiprocess(const Config& cfg, const std::map<std::string, std::string>& env,
                      const DistOverrides& flags) {
   if (cfg.distributed.backend == "grpc" || flags.any()) return true;
@@ -51,8 +43,9 @@ nlohmann::json run_grpc_rank(const Config& cfg, const RunOptions& opts,
   g.world_size = de.world_size;
   g.master_addr = de.master_addr;
   g.master_port = de.master_port;
-  g.bind = !cfg.distributed.bind.empty() ? cfg.distributed.bind
-                                         : (is_loopback(de.master_addr) ? "127.0.0.1" : "0.0.0.0");
+  g.bind = !cfg.distributed.bind.empty()
+               ? cfg.distributed.bind
+               : (is_loopback_host(de.master_addr) ? "127.0.0.1" : "0.0.0.0");
   g.token = resolve_job_token(env, cfg.distributed.token_file);
   g.config_hash = config_hash(eff);
   g.rendezvous_timeout_s = cfg.distributed.rendezvous_timeout_s;

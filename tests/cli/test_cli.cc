@@ -10,6 +10,7 @@
 #include "test_util.h"
 
 using dtrain::testing::CmdResult;
+using dtrain::testing::contains;
 using dtrain::testing::read_text;
 using dtrain::testing::run_cmd;
 using dtrain::testing::TempDir;
@@ -21,10 +22,6 @@ const std::string kSrc = DTRAIN_SOURCE_DIR;
 
 CmdResult run_dtrain(const std::string& args) {
   return run_cmd(kBin + " " + args);
-}
-
-bool has(const CmdResult& r, const std::string& text) {
-  return r.output.find(text) != std::string::npos;
 }
 
 const char* kTiny = R"(seed: 3
@@ -46,7 +43,7 @@ TEST_CASE("help and version exit 0, bad command lines exit 2") {
     const auto r = run_dtrain(args);
     CHECK_MESSAGE(r.exit_code == 0, args, r.output);
   }
-  CHECK(has(run_dtrain("--help"), "run"));
+  CHECK(contains(run_dtrain("--help").output, "run"));
   for (const char* args : {"", "frobnicate", "run", "run --bogus x.yaml", "eval x.yaml",
                            "--log-level loud run x.yaml"}) {
     const auto r = run_dtrain(args);
@@ -58,29 +55,29 @@ TEST_CASE("config errors exit 2 with FILE:LINE:COL, key path and a suggestion") 
   TempDir dir;
   auto r = run_dtrain("validate " + dir / "missing.yaml");
   CHECK(r.exit_code == 2);
-  CHECK(has(r, "missing.yaml"));
+  CHECK(contains(r.output, "missing.yaml"));
 
   const std::string bad_syntax = dir.write("syntax.yaml", "model: {hidden: [1, 2\nseed: 1\n");
   r = run_dtrain("validate " + bad_syntax);
   CHECK(r.exit_code == 2);
-  CHECK(has(r, "syntax.yaml:"));
+  CHECK(contains(r.output, "syntax.yaml:"));
 
   const std::string typo = dir.write("typo.yaml", std::string(kTiny) + "optimiser: {}\n");
   r = run_dtrain("validate " + typo);
   CHECK(r.exit_code == 2);
-  CHECK(has(r, "typo.yaml:10:1"));
-  CHECK(has(r, "optimizer"));
+  CHECK(contains(r.output, "typo.yaml:10:1"));
+  CHECK(contains(r.output, "optimizer"));
 
   const std::string neg = dir.write("neg.yaml", kTiny);
   r = run_dtrain("validate " + neg + " --set optimizer.lr=-1");
   CHECK(r.exit_code == 2);
-  CHECK(has(r, "optimizer.lr"));
+  CHECK(contains(r.output, "optimizer.lr"));
   r = run_dtrain("validate " + neg + " --set data.batch_size=0");
   CHECK(r.exit_code == 2);
-  CHECK(has(r, "batch_size"));
+  CHECK(contains(r.output, "batch_size"));
   r = run_dtrain("validate " + neg + " --set 'model.hidden=[8,8]'");
   CHECK_MESSAGE(r.exit_code == 0, r.output);
-  CHECK(has(r, "ok"));
+  CHECK(contains(r.output, "ok"));
 }
 
 TEST_CASE("every shipped config validates") {
@@ -102,7 +99,7 @@ TEST_CASE("run, eval and predict on a tiny synthetic config") {
 
   r = run_dtrain("eval " + cfg + " --checkpoint " + out + "/checkpoints --log-level warn");
   REQUIRE_MESSAGE(r.exit_code == 0, r.output);
-  CHECK(has(r, "\"test_accuracy\""));
+  CHECK(contains(r.output, "\"test_accuracy\""));
 
   // Predict: two rows of 5 features; a 3-class probability row each.
   const std::string in = dir.write("in.csv", "0.1,0.2,0.3,0.4,0.5\n-1,0,1,2,3\n");
@@ -122,7 +119,7 @@ TEST_CASE("run, eval and predict on a tiny synthetic config") {
   r = run_dtrain("eval " + cfg + " --set 'model.hidden=[8]' --checkpoint " + out +
                  "/checkpoints --log-level warn");
   CHECK(r.exit_code == 2);
-  CHECK(has(r, "does not match"));
+  CHECK(contains(r.output, "does not match"));
 
   // A corrupt checkpoint file: refused, exit 2, never a crash.
   const std::string junk =
@@ -143,15 +140,15 @@ TEST_CASE("bad data is a user error, not a crash") {
                                     "nothere2.gz}\ntrain: {epochs: 1}\n");
   auto r = run_dtrain("run " + cfg + " --out " + dir / "run");
   CHECK(r.exit_code == 2);
-  CHECK(has(r, "nothere.gz"));
+  CHECK(contains(r.output, "nothere.gz"));
 
   const std::string csv = dir.write("d.csv", "a,b,label\n1,2,0\n3,x,1\n");
   const std::string cfg2 = dir.write(
       "csv.yaml", "data:\n  format: csv\n  train: {path: d.csv}\n  csv: {label_column: label}\n");
   r = run_dtrain("run " + cfg2 + " --out " + dir / "run2");
   CHECK(r.exit_code == 2);
-  CHECK(has(r, "d.csv"));
-  CHECK(has(r, "3"));  // the line number
+  CHECK(contains(r.output, "d.csv"));
+  CHECK(contains(r.output, "3"));  // the line number
 }
 
 TEST_CASE("the smoke config trains as CI runs it") {

@@ -11,6 +11,7 @@
 #include "launch/launcher.h"
 #include "test_util.h"
 
+using dtrain::testing::contains;
 using dtrain::testing::read_text;
 using dtrain::testing::run_cmd;
 using dtrain::testing::TempDir;
@@ -19,10 +20,6 @@ namespace {
 
 const std::string kBin = DTRAIN_BIN;
 const std::string kSrc = DTRAIN_SOURCE_DIR;
-
-bool has(const std::string& out, const std::string& text) {
-  return out.find(text) != std::string::npos;
-}
 
 // Environment prefix for rank r of w, by hand as a user's script would set it.
 std::string rank_env(int r, int w, int port, const std::string& token) {
@@ -109,9 +106,9 @@ TEST_CASE("a SIGKILLed rank makes the other rank exit non-zero promptly") {
   const auto r = run_cmd("bash -c '" + script + "'");
   const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   INFO(r.output, read_text(dir / "r0.log"));
-  CHECK(has(r.output, "rank0_exit=1"));
+  CHECK(contains(r.output, "rank0_exit=1"));
   CHECK(el < 60.0);  // timeout_s is 20: a lost peer must not hang past it
-  CHECK(has(read_text(dir / "r0.log"), "rank 1"));
+  CHECK(contains(read_text(dir / "r0.log"), "rank 1"));
 }
 
 TEST_CASE("a rank with another config or a wrong token is refused at rendezvous") {
@@ -128,17 +125,17 @@ TEST_CASE("a rank with another config or a wrong token is refused at rendezvous"
   auto r = pair(rank_env(1, 2, port, "tok"), " --set optimizer.lr=0.07");
   std::string logs = read_text(dir / "a0.log") + read_text(dir / "a1.log");
   INFO(r.output, logs);
-  CHECK_FALSE(has(r.output, "rc0=0"));
-  CHECK_FALSE(has(r.output, "rc1=0"));
-  CHECK(has(logs, "config hash"));
+  CHECK_FALSE(contains(r.output, "rc0=0"));
+  CHECK_FALSE(contains(r.output, "rc1=0"));
+  CHECK(contains(logs, "config hash"));
 
   port = dtrain::pick_free_port();
   r = pair(rank_env(1, 2, port, "wrong-token"), "");
   logs = read_text(dir / "a0.log") + read_text(dir / "a1.log");
   INFO(r.output, logs);
-  CHECK_FALSE(has(r.output, "rc1=0"));
-  CHECK_FALSE(has(r.output, "rc0=0"));
-  CHECK(has(logs, "token"));
+  CHECK_FALSE(contains(r.output, "rc1=0"));
+  CHECK_FALSE(contains(r.output, "rc0=0"));
+  CHECK(contains(logs, "token"));
 }
 
 TEST_CASE("dtrain run with backend grpc but no launcher says how to start it") {
@@ -147,7 +144,7 @@ TEST_CASE("dtrain run with backend grpc but no launcher says how to start it") {
   const auto r =
       run_cmd("env -u RANK -u WORLD_SIZE " + kBin + " run " + cfg + " --out " + dir / "x");
   CHECK(r.exit_code == 2);
-  CHECK(has(r.output, "MASTER_PORT"));
+  CHECK(contains(r.output, "MASTER_PORT"));
 }
 
 TEST_CASE("dtrain launch exits 2 naming the rank when the ranks fail on bad data") {
@@ -159,6 +156,6 @@ TEST_CASE("dtrain launch exits 2 naming the rank when the ranks fail on bad data
   CHECK(r.exit_code == 2);
   // Whichever rank failed first, its error reaches the console (rank 0's output is shown, the
   // end of another rank's log is printed when it fails).
-  CHECK(has(r.output, "missing.csv"));
-  CHECK(has(r.output, "failed: exit status 2"));
+  CHECK(contains(r.output, "missing.csv"));
+  CHECK(contains(r.output, "failed: exit status 2"));
 }

@@ -39,6 +39,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+using dtrain::testing::contains;
 using dtrain::testing::free_port;
 
 GrpcOptions options(int rank, int world, int port) {
@@ -162,10 +163,6 @@ MsgHeader header(uint64_t channel, uint64_t part, CommOp op, uint64_t bytes) {
   h.op = op;
   h.bytes = bytes;
   return h;
-}
-
-bool contains(const std::string& s, const std::string& sub) {
-  return s.find(sub) != std::string::npos;
 }
 
 // Sends to a peer that went away: the failure reaches the sender asynchronously, so allow a

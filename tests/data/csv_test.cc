@@ -16,6 +16,7 @@
 namespace dtrain {
 namespace {
 
+using testing::contains;
 using testing::TempDir;
 
 namespace fs = std::filesystem;
@@ -29,10 +30,6 @@ std::string user_error(F fn) {
   }
   FAIL("expected a UserError");
   return "";
-}
-
-bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
 }
 
 CsvOptions opts(const std::string& header = "auto", const std::string& label = "",

@@ -12,6 +12,7 @@
 #include "util/check.h"
 
 using namespace dtrain;
+using dtrain::testing::contains;
 using dtrain::testing::TempDir;
 using Env = std::map<std::string, std::string>;
 
@@ -29,10 +30,6 @@ std::string user_error(const std::function<void()>& f) {
 
 std::string env_error(const Env& env, int config_world = 1, const DistOverrides& flags = {}) {
   return user_error([&] { resolve_dist_env(env, config_world, flags); });
-}
-
-bool has(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
 }
 
 }  // namespace
@@ -57,7 +54,7 @@ TEST_CASE("resolve_dist_env: config only") {
   d = resolve_dist_env({{"MASTER_ADDR", "h1"}, {"MASTER_PORT", "1234"}}, 1, {});
   CHECK(d.master_addr == "h1");
   CHECK(d.master_port == 1234);
-  CHECK(has(env_error({}, 0), "distributed.world_size"));
+  CHECK(contains(env_error({}, 0), "distributed.world_size"));
 }
 
 TEST_CASE("resolve_dist_env: torchrun environment") {
@@ -97,26 +94,26 @@ TEST_CASE("resolve_dist_env: bad torchrun values are UserErrors naming the varia
     e.erase(k);
     return e;
   };
-  CHECK(has(env_error(without("WORLD_SIZE")), "RANK is set but WORLD_SIZE is not"));
-  CHECK(has(env_error(without("RANK")), "WORLD_SIZE is set but RANK is not"));
-  CHECK(has(env_error(with("RANK", "abc")), "RANK='abc' is not an integer"));
-  CHECK(has(env_error(with("RANK", "1 ")), "RANK='1 '"));
-  CHECK(has(env_error(with("RANK", "")), "RANK=''"));
-  CHECK(has(env_error(with("RANK", "99999999999")), "RANK="));
-  CHECK(has(env_error(with("RANK", "2")), "RANK=2 is out of range for WORLD_SIZE=2"));
-  CHECK(has(env_error(with("RANK", "-1")), "RANK=-1"));
-  CHECK(has(env_error(with("WORLD_SIZE", "0")), "WORLD_SIZE=0"));
-  CHECK(has(env_error(with("LOCAL_WORLD_SIZE", "3")), "LOCAL_WORLD_SIZE=3"));
-  CHECK(has(env_error(with("LOCAL_WORLD_SIZE", "0")), "LOCAL_WORLD_SIZE=0"));
-  CHECK(has(env_error(with("LOCAL_RANK", "2")), "LOCAL_RANK=2"));
+  CHECK(contains(env_error(without("WORLD_SIZE")), "RANK is set but WORLD_SIZE is not"));
+  CHECK(contains(env_error(without("RANK")), "WORLD_SIZE is set but RANK is not"));
+  CHECK(contains(env_error(with("RANK", "abc")), "RANK='abc' is not an integer"));
+  CHECK(contains(env_error(with("RANK", "1 ")), "RANK='1 '"));
+  CHECK(contains(env_error(with("RANK", "")), "RANK=''"));
+  CHECK(contains(env_error(with("RANK", "99999999999")), "RANK="));
+  CHECK(contains(env_error(with("RANK", "2")), "RANK=2 is out of range for WORLD_SIZE=2"));
+  CHECK(contains(env_error(with("RANK", "-1")), "RANK=-1"));
+  CHECK(contains(env_error(with("WORLD_SIZE", "0")), "WORLD_SIZE=0"));
+  CHECK(contains(env_error(with("LOCAL_WORLD_SIZE", "3")), "LOCAL_WORLD_SIZE=3"));
+  CHECK(contains(env_error(with("LOCAL_WORLD_SIZE", "0")), "LOCAL_WORLD_SIZE=0"));
+  CHECK(contains(env_error(with("LOCAL_RANK", "2")), "LOCAL_RANK=2"));
   Env lr = with("LOCAL_RANK", "1");
   lr["LOCAL_WORLD_SIZE"] = std::string("1");
-  CHECK(has(env_error(lr), "LOCAL_RANK=1 is out of range for LOCAL_WORLD_SIZE=1"));
-  CHECK(has(env_error(with("MASTER_PORT", "70000")), "MASTER_PORT=70000"));
-  CHECK(has(env_error(with("MASTER_PORT", "0")), "MASTER_PORT=0"));
-  CHECK(has(env_error(with("MASTER_PORT", "http")), "MASTER_PORT='http'"));
-  CHECK(has(env_error(without("MASTER_PORT")), "MASTER_PORT is not set"));
-  CHECK(has(env_error(with("MASTER_ADDR", "")), "MASTER_ADDR is empty"));
+  CHECK(contains(env_error(lr), "LOCAL_RANK=1 is out of range for LOCAL_WORLD_SIZE=1"));
+  CHECK(contains(env_error(with("MASTER_PORT", "70000")), "MASTER_PORT=70000"));
+  CHECK(contains(env_error(with("MASTER_PORT", "0")), "MASTER_PORT=0"));
+  CHECK(contains(env_error(with("MASTER_PORT", "http")), "MASTER_PORT='http'"));
+  CHECK(contains(env_error(without("MASTER_PORT")), "MASTER_PORT is not set"));
+  CHECK(contains(env_error(with("MASTER_ADDR", "")), "MASTER_ADDR is empty"));
 }
 
 TEST_CASE("resolve_dist_env: Slurm environment") {
@@ -165,22 +162,23 @@ TEST_CASE("resolve_dist_env: Slurm environment") {
   env["SLURM_STEP_TASKS_PER_NODE"] = "4,3";
   CHECK(resolve_dist_env(env, 1, {}).local_world_size == 4);
 
-  CHECK(has(env_error({{"SLURM_PROCID", "0"}}), "SLURM_NTASKS"));
-  CHECK(has(env_error({{"SLURM_PROCID", "x"}, {"SLURM_NTASKS", "2"}, {"MASTER_PORT", "9"}}),
-            "SLURM_PROCID='x'"));
-  CHECK(has(env_error({{"SLURM_PROCID", "2"}, {"SLURM_NTASKS", "2"}, {"MASTER_PORT", "9"}}),
-            "SLURM_PROCID=2 is out of range for SLURM_NTASKS=2"));
-  CHECK(has(env_error({{"SLURM_PROCID", "0"},
-                       {"SLURM_NTASKS", "2"},
-                       {"SLURM_TASKS_PER_NODE", "2(x"},
-                       {"MASTER_PORT", "9"}}),
-            "SLURM_TASKS_PER_NODE='2(x'"));
-  CHECK(has(env_error({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}}), "MASTER_PORT is not set"));
-  CHECK(has(env_error({{"SLURM_PROCID", "0"},
-                       {"SLURM_NTASKS", "2"},
-                       {"SLURM_JOB_ID", "7"},
-                       {"SLURM_JOB_NODELIST", "n[1-2"}}),
-            "SLURM_JOB_NODELIST"));
+  CHECK(contains(env_error({{"SLURM_PROCID", "0"}}), "SLURM_NTASKS"));
+  CHECK(contains(env_error({{"SLURM_PROCID", "x"}, {"SLURM_NTASKS", "2"}, {"MASTER_PORT", "9"}}),
+                 "SLURM_PROCID='x'"));
+  CHECK(contains(env_error({{"SLURM_PROCID", "2"}, {"SLURM_NTASKS", "2"}, {"MASTER_PORT", "9"}}),
+                 "SLURM_PROCID=2 is out of range for SLURM_NTASKS=2"));
+  CHECK(contains(env_error({{"SLURM_PROCID", "0"},
+                            {"SLURM_NTASKS", "2"},
+                            {"SLURM_TASKS_PER_NODE", "2(x"},
+                            {"MASTER_PORT", "9"}}),
+                 "SLURM_TASKS_PER_NODE='2(x'"));
+  CHECK(contains(env_error({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}}),
+                 "MASTER_PORT is not set"));
+  CHECK(contains(env_error({{"SLURM_PROCID", "0"},
+                            {"SLURM_NTASKS", "2"},
+                            {"SLURM_JOB_ID", "7"},
+                            {"SLURM_JOB_NODELIST", "n[1-2"}}),
+                 "SLURM_JOB_NODELIST"));
 }
 
 TEST_CASE("Slurm task counts and host lists") {
@@ -190,7 +188,7 @@ TEST_CASE("Slurm task counts and host lists") {
   CHECK(parse_slurm_tasks_per_node("2(x3),1", "V") == V{2, 2, 2, 1});
   CHECK(parse_slurm_tasks_per_node("1,3(x2),2", "V") == V{1, 3, 3, 2});
   for (const char* bad : {"", ",", "4,", "x", "4(2)", "4(x0)", "0", "4(x2", "-1", "4 "})
-    CHECK(has(user_error([&] { parse_slurm_tasks_per_node(bad, "VAR"); }), "VAR='"));
+    CHECK(contains(user_error([&] { parse_slurm_tasks_per_node(bad, "VAR"); }), "VAR='"));
 
   CHECK(slurm_first_host("node07", "V") == "node07");
   CHECK(slurm_first_host("node[001-004]", "V") == "node001");
@@ -198,7 +196,7 @@ TEST_CASE("Slurm task counts and host lists") {
   CHECK(slurm_first_host("rack[1-2]-n[3,5]", "V") == "rack1-n3");
   CHECK(slurm_first_host("a,b[1-3]", "V") == "a");
   for (const char* bad : {"", "n[1-2", "n]1", "[]", ",a"})
-    CHECK(has(user_error([&] { slurm_first_host(bad, "NL"); }), "NL='"));
+    CHECK(contains(user_error([&] { slurm_first_host(bad, "NL"); }), "NL='"));
 }
 
 TEST_CASE("resolve_dist_env: Open MPI environment") {
@@ -216,13 +214,13 @@ TEST_CASE("resolve_dist_env: Open MPI environment") {
   CHECK(d.local_world_size == 2);
   CHECK(d.master_addr == "head");
   CHECK(d.master_port == 6000);
-  CHECK(has(env_error({{"OMPI_COMM_WORLD_RANK", "0"}}),
-            "OMPI_COMM_WORLD_RANK is set but OMPI_COMM_WORLD_SIZE is not"));
-  CHECK(has(env_error({{"OMPI_COMM_WORLD_RANK", "0"},
-                       {"OMPI_COMM_WORLD_SIZE", "2"},
-                       {"OMPI_COMM_WORLD_LOCAL_SIZE", "two"},
-                       {"MASTER_PORT", "1"}}),
-            "OMPI_COMM_WORLD_LOCAL_SIZE='two'"));
+  CHECK(contains(env_error({{"OMPI_COMM_WORLD_RANK", "0"}}),
+                 "OMPI_COMM_WORLD_RANK is set but OMPI_COMM_WORLD_SIZE is not"));
+  CHECK(contains(env_error({{"OMPI_COMM_WORLD_RANK", "0"},
+                            {"OMPI_COMM_WORLD_SIZE", "2"},
+                            {"OMPI_COMM_WORLD_LOCAL_SIZE", "two"},
+                            {"MASTER_PORT", "1"}}),
+                 "OMPI_COMM_WORLD_LOCAL_SIZE='two'"));
 }
 
 TEST_CASE("resolve_dist_env: torchrun beats Slurm beats Open MPI") {
@@ -277,19 +275,19 @@ TEST_CASE("resolve_dist_env: flags override the environment and the config") {
   // Errors name the flag.
   DistOverrides bad;
   bad.rank = 9;
-  CHECK(has(env_error(env, 1, bad), "--rank=9 is out of range for WORLD_SIZE=4"));
+  CHECK(contains(env_error(env, 1, bad), "--rank=9 is out of range for WORLD_SIZE=4"));
   bad = {};
   bad.world_size = 2;
-  CHECK(has(env_error(env, 1, bad), "LOCAL_WORLD_SIZE=4 is out of range for --world-size=2"));
+  CHECK(contains(env_error(env, 1, bad), "LOCAL_WORLD_SIZE=4 is out of range for --world-size=2"));
   bad = {};
   bad.master_port = 0;
-  CHECK(has(env_error(env, 1, bad), "--master-port=0"));
+  CHECK(contains(env_error(env, 1, bad), "--master-port=0"));
   bad = {};
   bad.local_rank = -1;
-  CHECK(has(env_error(env, 1, bad), "--local-rank=-1"));
+  CHECK(contains(env_error(env, 1, bad), "--local-rank=-1"));
   bad = {};
   bad.rank = 1;
-  CHECK(has(env_error({}, 2, bad), "MASTER_PORT is not set"));
+  CHECK(contains(env_error({}, 2, bad), "MASTER_PORT is not set"));
 }
 
 TEST_CASE("default_blas_threads and the environment") {
@@ -325,15 +323,15 @@ TEST_CASE("job token from the environment, a file, or none") {
   CHECK(too_open);
 
   const std::string missing = dir / "nope";
-  CHECK(has(user_error([&] { resolve_job_token({}, missing); }), missing));
+  CHECK(contains(user_error([&] { resolve_job_token({}, missing); }), missing));
   const std::string empty = dir.write("empty", " \n\n");
-  CHECK(has(user_error([&] { resolve_job_token({}, empty); }), "is empty"));
+  CHECK(contains(user_error([&] { resolve_job_token({}, empty); }), "is empty"));
   const std::string spaced = dir.write("spaced", "two words\n");
-  CHECK(has(user_error([&] { resolve_job_token({}, spaced); }), spaced));
-  CHECK(has(user_error([&] {
-              resolve_job_token({{"DTRAIN_JOB_TOKEN", "a\tb"}}, "");
-            }),
-            "DTRAIN_JOB_TOKEN"));
+  CHECK(contains(user_error([&] { resolve_job_token({}, spaced); }), spaced));
+  CHECK(contains(user_error([&] {
+                   resolve_job_token({{"DTRAIN_JOB_TOKEN", "a\tb"}}, "");
+                 }),
+                 "DTRAIN_JOB_TOKEN"));
 }
 
 TEST_CASE("random_token is 32 fresh hex digits") {

@@ -25,6 +25,7 @@
 #include "util/check.h"
 
 using namespace dtrain;
+using dtrain::testing::contains;
 using dtrain::testing::read_text;
 using dtrain::testing::TempDir;
 using Clock = std::chrono::steady_clock;
@@ -86,10 +87,6 @@ Launched run_launcher(const LaunchOptions& o, const TempDir& dir,
   r.out = read_text(out_path);
   r.err = read_text(err_path);
   return r;
-}
-
-bool has(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
 }
 
 bool wait_for_files(const std::vector<std::string>& paths, double timeout_s = 30) {
@@ -200,21 +197,21 @@ TEST_CASE("launch_local gives every rank the torchrun environment and its own lo
     }
     CHECK(kv.at("MASTER_PORT") == port);
     CHECK(kv.at("DTRAIN_JOB_TOKEN") == token);
-    CHECK(has(log, "stderr-of-rank-" + std::to_string(rank)));
-    CHECK(has(log, "stdin-of-rank-" + std::to_string(rank) + "-is-empty"));
-    CHECK(has(log, "==== dtrain launch "));
+    CHECK(contains(log, "stderr-of-rank-" + std::to_string(rank)));
+    CHECK(contains(log, "stdin-of-rank-" + std::to_string(rank) + "-is-empty"));
+    CHECK(contains(log, "==== dtrain launch "));
   }
   CHECK(std::stoi(port) > 0);
   CHECK(std::stoi(port) <= 65535);
   // Rank 0 is also on the console, stdout to stdout and stderr to stderr; the others are not.
-  CHECK(has(r.out, "RANK=0 "));
-  CHECK(has(r.err, "stderr-of-rank-0"));
-  CHECK_FALSE(has(r.out + r.err, "RANK=1 "));
-  CHECK_FALSE(has(r.out + r.err, "stderr-of-rank-2"));
+  CHECK(contains(r.out, "RANK=0 "));
+  CHECK(contains(r.err, "stderr-of-rank-0"));
+  CHECK_FALSE(contains(r.out + r.err, "RANK=1 "));
+  CHECK_FALSE(contains(r.out + r.err, "stderr-of-rank-2"));
   // The start line names the rank count, the port and the log folder.
-  CHECK(has(r.out + r.err, "launching 3 rank(s)"));
-  CHECK(has(r.out + r.err, "127.0.0.1:" + port));
-  CHECK(has(r.out + r.err, dir / "logs"));
+  CHECK(contains(r.out + r.err, "launching 3 rank(s)"));
+  CHECK(contains(r.out + r.err, "127.0.0.1:" + port));
+  CHECK(contains(r.out + r.err, dir / "logs"));
 }
 
 TEST_CASE("launch_local uses the given port and token and appends to the logs") {
@@ -248,9 +245,9 @@ TEST_CASE("a failing rank stops the others and the launcher reports it") {
   INFO("launcher stdout:\n", r.out, "\nlauncher stderr:\n", r.err);
   CHECK(r.exit_code == 1);
   CHECK(r.seconds < 20);  // the others sleep 30 s unless stopped
-  CHECK(has(r.out + r.err, "rank 1 failed: exit status 3"));
-  CHECK(has(r.out + r.err, "rank 0 stopped: killed by signal SIGTERM"));
-  CHECK(has(r.out + r.err, "rank 2 stopped: killed by signal SIGTERM"));
+  CHECK(contains(r.out + r.err, "rank 1 failed: exit status 3"));
+  CHECK(contains(r.out + r.err, "rank 0 stopped: killed by signal SIGTERM"));
+  CHECK(contains(r.out + r.err, "rank 2 stopped: killed by signal SIGTERM"));
   check_all_gone(dir, 3);
 }
 
@@ -265,7 +262,7 @@ TEST_CASE("a rank killed by a signal is reported as such") {
   INFO("launcher stdout:\n", r.out, "\nlauncher stderr:\n", r.err);
   CHECK(r.exit_code == 1);
   CHECK(r.seconds < 20);
-  CHECK(has(r.out + r.err, "rank 1 failed: killed by signal SIGKILL"));
+  CHECK(contains(r.out + r.err, "rank 1 failed: killed by signal SIGKILL"));
   check_all_gone(dir, 2);
 }
 
@@ -289,10 +286,10 @@ TEST_CASE("ranks that ignore SIGTERM are SIGKILLed after the grace period") {
   CHECK(r.exit_code == 1);
   CHECK(r.seconds >= 0.9);  // the grace period was granted
   CHECK(r.seconds < 20);
-  CHECK(has(r.out + r.err, "rank 1 failed: exit status 4"));
-  CHECK(has(r.out + r.err, "sending SIGKILL"));
-  CHECK(has(r.out + r.err, "rank 0 stopped: killed by signal SIGKILL"));
-  CHECK(has(r.out + r.err, "rank 2 stopped: killed by signal SIGKILL"));
+  CHECK(contains(r.out + r.err, "rank 1 failed: exit status 4"));
+  CHECK(contains(r.out + r.err, "sending SIGKILL"));
+  CHECK(contains(r.out + r.err, "rank 0 stopped: killed by signal SIGKILL"));
+  CHECK(contains(r.out + r.err, "rank 2 stopped: killed by signal SIGKILL"));
   check_all_gone(dir, 3);
 }
 
@@ -313,10 +310,10 @@ TEST_CASE("SIGTERM to the launcher is forwarded to the ranks") {
   CHECK(r.signal == 0);
   CHECK(r.exit_code == 128 + SIGTERM);
   CHECK(r.seconds < 20);
-  CHECK(has(r.out + r.err, "received SIGTERM"));
+  CHECK(contains(r.out + r.err, "received SIGTERM"));
   // The ranks' trap ran: they got the signal from the launcher.
-  CHECK(has(read_text(dir / "term-0"), "got"));
-  CHECK(has(read_text(dir / "term-1"), "got"));
+  CHECK(contains(read_text(dir / "term-0"), "got"));
+  CHECK(contains(read_text(dir / "term-1"), "got"));
   check_all_gone(dir, 2);
 }
 
@@ -337,9 +334,9 @@ TEST_CASE("SIGINT to the launcher is forwarded and leftovers of the ranks are ki
   INFO("launcher stdout:\n", r.out, "\nlauncher stderr:\n", r.err);
   CHECK(r.exit_code == 128 + SIGINT);
   CHECK(r.seconds < 20);
-  CHECK(has(r.out + r.err, "rank 0 stopped: exit status 5"));
-  CHECK(has(read_text(dir / "int-0"), "got"));
-  CHECK(has(read_text(dir / "int-1"), "got"));
+  CHECK(contains(r.out + r.err, "rank 0 stopped: exit status 5"));
+  CHECK(contains(read_text(dir / "int-0"), "got"));
+  CHECK(contains(read_text(dir / "int-1"), "got"));
   check_all_gone(dir, 2);
 }
 
