@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <sstream>
@@ -68,6 +69,7 @@ int cmd_run(const Config& cfg, const std::string& config_path, std::string out,
   RunOptions opts;
   opts.out_dir = out.empty() ? default_out_dir(config_path) : std::move(out);
   opts.resume = resume;
+  if (const char* f = std::getenv("DTRAIN_FAULT")) opts.faults = parse_faults(f);
   opts.progress =
       !no_progress && ::isatty(STDERR_FILENO) && spdlog::get_level() <= spdlog::level::info;
   const auto env = current_environment();

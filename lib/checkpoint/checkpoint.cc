@@ -4,6 +4,8 @@
 #include <filesystem>
 #include <regex>
 
+#include <nlohmann/json.hpp>
+
 #include "checkpoint/safetensors.h"
 #include "util/check.h"
 #include "util/fs.h"
@@ -65,8 +67,10 @@ void save_checkpoint(const std::string& path, const Model& model, const float* p
   write_safetensors(path, refs, md);
 }
 
-CheckpointMeta load_checkpoint(const std::string& path, const Model& model, float* params,
-                               const std::vector<StateBuffer>& state) {
+namespace {
+
+CheckpointMeta load_file_checkpoint(const std::string& path, const Model& model, float* params,
+                                    const std::vector<StateBuffer>& state) {
   const StFile f = read_safetensors(path);
   auto fmt = f.metadata.find("format");
   if (fmt == f.metadata.end() || fmt->second != kFormatName)
@@ -141,6 +145,200 @@ CheckpointMeta load_checkpoint(const std::string& path, const Model& model, floa
   return meta;
 }
 
+const char* kManifest = "manifest.json";
+
+std::string shard_range_str(const ShardRange& r) {
+  return "[" + std::to_string(r.begin) + ", " + std::to_string(r.end) + ") at " +
+         std::to_string(r.offset);
+}
+
+CheckpointMeta load_sharded_checkpoint(const std::string& dir, const Model& model, float* params,
+                                       const std::vector<StateBuffer>& state) {
+  const std::string mpath = (fs::path(dir) / kManifest).string();
+  nlohmann::json m;
+  try {
+    m = nlohmann::json::parse(read_file(mpath));
+  } catch (const nlohmann::json::exception& e) {
+    throw UserError("checkpoint '" + dir + "': manifest.json is not valid JSON: " + e.what());
+  }
+  CheckpointMeta meta;
+  std::vector<std::vector<ShardRange>> ranges;
+  std::vector<std::string> files, state_names;
+  try {
+    if (m.at("format").get<std::string>() != kFormatName)
+      throw UserError("checkpoint '" + dir + "': manifest.json is not a dtrain manifest");
+    const int64_t version = m.at("format_version").get<int64_t>();
+    if (version != kCheckpointFormatVersion)
+      throw UserError("checkpoint '" + dir + "': format version " + std::to_string(version) +
+                      ", this dtrain reads version " + std::to_string(kCheckpointFormatVersion));
+    meta.step = m.at("step").get<int64_t>();
+    meta.epoch = m.at("epoch").get<int64_t>();
+    meta.batch = m.at("batch").get<int64_t>();
+    meta.optimizer_steps = m.at("optimizer_steps").get<int64_t>();
+    meta.optimizer = m.at("optimizer").get<std::string>();
+    meta.rng = m.at("rng").get<std::string>();
+    meta.config_hash = m.at("config_hash").get<std::string>();
+    meta.strategy = m.at("strategy").get<std::string>();
+    meta.world_size = m.at("world_size").get<int64_t>();
+    state_names = m.at("optimizer_state").get<std::vector<std::string>>();
+    // The parameter table must match the model exactly (names, shapes, offsets).
+    const auto& table = m.at("params");
+    if (table.size() != model.params().size())
+      throw UserError("checkpoint '" + dir + "' does not match the model: it has " +
+                      std::to_string(table.size()) + " parameter tensors, the model " +
+                      std::to_string(model.params().size()));
+    for (size_t i = 0; i < table.size(); ++i) {
+      const ParamEntry& e = model.params()[i];
+      const std::string name = table[i].at("name").get<std::string>();
+      const Shape shape = table[i].at("shape").get<Shape>();
+      if (name != e.name || shape != e.shape || table[i].at("offset").get<int64_t>() != e.offset)
+        throw UserError("checkpoint '" + dir + "' does not match the model: tensor " +
+                        std::to_string(i) + " is '" + name + "' " + shape_str(shape) +
+                        ", the model has '" + e.name + "' " + shape_str(e.shape));
+    }
+    for (const auto& sh : m.at("shards")) {
+      files.push_back(sh.at("file").get<std::string>());
+      std::vector<ShardRange> rs;
+      for (const auto& r : sh.at("ranges"))
+        rs.push_back({r.at(0).get<int64_t>(), r.at(1).get<int64_t>(), r.at(2).get<int64_t>()});
+      ranges.push_back(std::move(rs));
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw UserError("checkpoint '" + dir + "': manifest.json is malformed: " + e.what());
+  }
+  if (static_cast<int64_t>(files.size()) != meta.world_size || meta.world_size < 1)
+    throw UserError("checkpoint '" + dir + "': manifest lists " + std::to_string(files.size()) +
+                    " shards for world size " + std::to_string(meta.world_size));
+  if (!state.empty()) {
+    for (const auto& s : state)
+      if (std::find(state_names.begin(), state_names.end(), s.name) == state_names.end())
+        throw UserError("checkpoint '" + dir + "' has no optimizer state '" + s.name +
+                        "' (written by optimizer '" + meta.optimizer + "')");
+  }
+  // Every element of the flat layout exactly once.
+  const int64_t P = model.param_count();
+  std::vector<ShardRange> all;
+  for (const auto& rs : ranges) all.insert(all.end(), rs.begin(), rs.end());
+  std::sort(all.begin(), all.end(),
+            [](const ShardRange& a, const ShardRange& b) { return a.begin < b.begin; });
+  int64_t covered = 0;
+  for (const auto& r : all) {
+    if (r.begin != covered || r.end < r.begin || r.offset < 0)
+      throw UserError("checkpoint '" + dir + "': shard ranges do not cover the parameters " +
+                      "exactly once (range " + shard_range_str(r) + ", expected start " +
+                      std::to_string(covered) + ")");
+    covered = r.end;
+  }
+  if (covered != P)
+    throw UserError("checkpoint '" + dir + "': shard ranges cover " + std::to_string(covered) +
+                    " of the model's " + std::to_string(P) + " parameters");
+  // Read every shard and check it before copying anything.
+  std::vector<StFile> shards;
+  for (size_t r = 0; r < files.size(); ++r) {
+    if (files[r].find('/') != std::string::npos)
+      throw UserError("checkpoint '" + dir + "': shard file name '" + files[r] + "' has a '/'");
+    StFile f = read_safetensors((fs::path(dir) / files[r]).string());
+    auto need = [&](const std::string& name) -> const StTensor& {
+      auto it = f.tensors.find(name);
+      if (it == f.tensors.end())
+        throw UserError("checkpoint '" + dir + "': shard '" + files[r] + "' has no tensor '" +
+                        name + "'");
+      return it->second;
+    };
+    const int64_t n = static_cast<int64_t>(need("params").data.size());
+    for (const auto& s : state)
+      if (static_cast<int64_t>(need("optim." + s.name).data.size()) != n)
+        throw UserError("checkpoint '" + dir + "': shard '" + files[r] + "' optim." + s.name +
+                        " has another size than its params");
+    for (const auto& rg : ranges[r])
+      if (rg.offset + (rg.end - rg.begin) > n)
+        throw UserError("checkpoint '" + dir + "': shard '" + files[r] + "' holds " +
+                        std::to_string(n) + " values, too few for its range " +
+                        shard_range_str(rg));
+    shards.push_back(std::move(f));
+  }
+  for (size_t r = 0; r < shards.size(); ++r) {
+    for (const auto& rg : ranges[r]) {
+      const float* src = shards[r].tensors.at("params").data.data() + rg.offset;
+      std::copy(src, src + (rg.end - rg.begin), params + rg.begin);
+      for (const auto& s : state) {
+        const float* ss = shards[r].tensors.at("optim." + s.name).data.data() + rg.offset;
+        std::copy(ss, ss + (rg.end - rg.begin), s.data + rg.begin);
+      }
+    }
+  }
+  return meta;
+}
+
+bool is_sharded_dir(const fs::path& p) {
+  std::error_code ec;
+  return fs::is_directory(p, ec) && fs::is_regular_file(p / kManifest, ec);
+}
+
+}  // namespace
+
+CheckpointMeta load_checkpoint(const std::string& path, const Model& model, float* params,
+                               const std::vector<StateBuffer>& state) {
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) {
+    if (!is_sharded_dir(path))
+      throw UserError("checkpoint '" + path +
+                      "' is a folder without manifest.json (an incomplete sharded checkpoint?)");
+    return load_sharded_checkpoint(path, model, params, state);
+  }
+  return load_file_checkpoint(path, model, params, state);
+}
+
+std::string sharded_checkpoint_name(int64_t step) {
+  return "step-" + std::to_string(step);
+}
+std::string shard_file_name(int rank) {
+  return "rank-" + std::to_string(rank) + ".safetensors";
+}
+
+void save_shard(const std::string& dir, int rank, const std::vector<ShardRange>& ranges,
+                int64_t shard_size, const float* params, const std::vector<StateBuffer>& state) {
+  std::vector<StTensorRef> refs = {{"params", {shard_size}, params}};
+  for (const auto& s : state) refs.push_back({"optim." + s.name, {shard_size}, s.data});
+  nlohmann::json rj = nlohmann::json::array();
+  for (const auto& r : ranges) rj.push_back({r.begin, r.end, r.offset});
+  write_safetensors((fs::path(dir) / shard_file_name(rank)).string(), refs,
+                    {{"format", "dtrain-checkpoint-shard"},
+                     {"format_version", std::to_string(kCheckpointFormatVersion)},
+                     {"rank", std::to_string(rank)},
+                     {"ranges", rj.dump()}});
+}
+
+void write_manifest(const std::string& dir, const Model& model, const CheckpointMeta& meta,
+                    const std::vector<std::vector<ShardRange>>& ranges,
+                    const std::vector<std::string>& state_names) {
+  nlohmann::json table = nlohmann::json::array();
+  for (const auto& e : model.params())
+    table.push_back({{"name", e.name}, {"shape", e.shape}, {"offset", e.offset}});
+  nlohmann::json shards = nlohmann::json::array();
+  for (size_t r = 0; r < ranges.size(); ++r) {
+    nlohmann::json rj = nlohmann::json::array();
+    for (const auto& g : ranges[r]) rj.push_back({g.begin, g.end, g.offset});
+    shards.push_back({{"rank", r}, {"file", shard_file_name(static_cast<int>(r))}, {"ranges", rj}});
+  }
+  const nlohmann::json m = {{"format", kFormatName},
+                            {"format_version", kCheckpointFormatVersion},
+                            {"step", meta.step},
+                            {"epoch", meta.epoch},
+                            {"batch", meta.batch},
+                            {"optimizer", meta.optimizer},
+                            {"optimizer_steps", meta.optimizer_steps},
+                            {"optimizer_state", state_names},
+                            {"rng", meta.rng},
+                            {"config_hash", meta.config_hash},
+                            {"strategy", meta.strategy},
+                            {"world_size", meta.world_size},
+                            {"param_count", model.param_count()},
+                            {"params", table},
+                            {"shards", shards}};
+  write_file_atomic((fs::path(dir) / kManifest).string(), m.dump(1) + "\n");
+}
+
 std::string checkpoint_file_name(int64_t step) {
   return "step-" + std::to_string(step) + ".safetensors";
 }
@@ -148,7 +346,7 @@ std::string checkpoint_file_name(int64_t step) {
 void commit_checkpoint(const std::string& dir, const std::string& file_name, int64_t keep_last) {
   DT_CHECK_GE(keep_last, 1);
   write_file_atomic((fs::path(dir) / "latest").string(), file_name + "\n");
-  static const std::regex re(R"(step-(\d+)\.safetensors)");
+  static const std::regex re(R"(step-(\d+)(\.safetensors)?)");
   std::vector<std::pair<int64_t, fs::path>> found;
   for (const auto& ent : fs::directory_iterator(dir)) {
     std::smatch m;
@@ -160,14 +358,14 @@ void commit_checkpoint(const std::string& dir, const std::string& file_name, int
   for (int64_t i = 0; i < excess; ++i) {
     if (found[static_cast<size_t>(i)].second.filename() == file_name) continue;
     std::error_code ec;
-    fs::remove(found[static_cast<size_t>(i)].second, ec);
+    fs::remove_all(found[static_cast<size_t>(i)].second, ec);
   }
 }
 
 std::string resolve_checkpoint(const std::string& path, bool allow_missing) {
   std::error_code ec;
   fs::path p(path);
-  if (fs::is_regular_file(p, ec)) return p.string();
+  if (fs::is_regular_file(p, ec) || is_sharded_dir(p)) return p.string();
   if (fs::is_directory(p, ec)) {
     fs::path latest = p / "latest";
     if (!fs::exists(latest, ec) && fs::is_directory(p / "checkpoints", ec))
@@ -179,7 +377,7 @@ std::string resolve_checkpoint(const std::string& path, bool allow_missing) {
       if (name.empty() || name.find('/') != std::string::npos)
         throw UserError("'" + latest.string() + "' does not name a checkpoint file");
       const fs::path file = latest.parent_path() / name;
-      if (!fs::is_regular_file(file, ec))
+      if (!fs::is_regular_file(file, ec) && !is_sharded_dir(file))
         throw UserError("'" + latest.string() + "' names '" + name + "', which does not exist");
       return file.string();
     }

@@ -39,11 +39,35 @@ struct StateBuffer {
   float* data = nullptr;
 };
 
+// Sharded checkpoints (strategies zero1, zero2, fsdp; same format version): a folder
+// RUN/checkpoints/step-<N>/ holding rank-<r>.safetensors per rank -- tensors "params" [n] and
+// "optim.<state>" [n], the rank's shard: ranges of the flat layout packed at shard offsets --
+// and manifest.json (format, version, CheckpointMeta fields, the parameter table, every rank's
+// file and ranges), which rank 0 writes only after every rank's shard is on disk. A folder
+// without manifest.json is incomplete and never loaded; `latest` moves only after the manifest.
+struct ShardRange {
+  int64_t begin = 0, end = 0;  // [begin, end) of the flat layout
+  int64_t offset = 0;          // where it starts in the rank's shard tensors
+};
+std::string sharded_checkpoint_name(int64_t step);  // "step-<N>"
+std::string shard_file_name(int rank);              // "rank-<r>.safetensors"
+// Writes dir/rank-<rank>.safetensors atomically: params and each state buffer hold shard_size
+// floats (padding included) laid out per `ranges`.
+void save_shard(const std::string& dir, int rank, const std::vector<ShardRange>& ranges,
+                int64_t shard_size, const float* params, const std::vector<StateBuffer>& state);
+// Writes dir/manifest.json atomically; ranges[r] are rank r's ranges, which together must cover
+// the flat layout exactly once.
+void write_manifest(const std::string& dir, const Model& model, const CheckpointMeta& meta,
+                    const std::vector<std::vector<ShardRange>>& ranges,
+                    const std::vector<std::string>& state_names);
+
 // Writes `path` atomically. Throws std::runtime_error on I/O errors (old file untouched).
 void save_checkpoint(const std::string& path, const Model& model, const float* params,
                      const std::vector<StateBuffer>& state, const CheckpointMeta& meta);
 
-// Reads `path` into params (and state buffers, when given; pass {} to load weights only).
+// Reads `path` -- a checkpoint file or a sharded checkpoint folder, whatever world size wrote it
+// -- into params (and state buffers in the full layout, when given; pass {} to load weights
+// only).
 // Refuses with UserError, leaving params untouched: unreadable/corrupt/truncated files, another
 // format or version, a parameter table that differs from `model` (missing, extra or reshaped
 // tensors: the first difference is named), a different optimizer or missing state.
@@ -52,12 +76,12 @@ CheckpointMeta load_checkpoint(const std::string& path, const Model& model, floa
 
 // RUN/checkpoints helpers.
 std::string checkpoint_file_name(int64_t step);  // "step-<N>.safetensors"
-// Records `file_name` as the newest checkpoint in dir/latest (atomic), then deletes the oldest
-// step-*.safetensors beyond keep_last.
+// Records `file_name` (a file or a sharded folder name) as the newest checkpoint in dir/latest
+// (atomic), then deletes the oldest step-* files and folders beyond keep_last.
 void commit_checkpoint(const std::string& dir, const std::string& file_name, int64_t keep_last);
-// Resolves what --resume names: a checkpoint file, a checkpoints folder (its `latest`), or a run
-// folder (its checkpoints/latest). Returns "" when nothing is there and allow_missing is true;
-// otherwise throws UserError.
+// Resolves what --resume names: a checkpoint file, a sharded checkpoint folder (with
+// manifest.json), a checkpoints folder (its `latest`), or a run folder (its checkpoints/latest).
+// Returns "" when nothing is there and allow_missing is true; otherwise throws UserError.
 std::string resolve_checkpoint(const std::string& path, bool allow_missing);
 
 }  // namespace dtrain

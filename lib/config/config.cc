@@ -59,7 +59,8 @@ const std::map<std::string, KeyList, std::less<>>& schema() {
       {"train.checkpoint", {"every_steps", "keep_last"}},
       {"distributed",
        {"backend", "world_size", "strategy", "timeout_s", "rendezvous_timeout_s", "token_file",
-        "bind", "tls", "ddp", "local_sgd", "compression"}},
+        "bind", "tls", "ddp", "local_sgd", "compression", "fsdp"}},
+      {"distributed.fsdp", {"unit", "layers_per_unit", "reshard_after_forward"}},
       {"distributed.compression", {"type", "ratio", "error_feedback"}},
       {"distributed.local_sgd",
        {"sync_every", "sync_optimizer_state", "outer_lr", "outer_momentum"}},
@@ -588,6 +589,11 @@ class Reader {
     read("distributed.local_sgd.sync_optimizer_state", ls.sync_optimizer_state);
     read("distributed.local_sgd.outer_lr", ls.outer_lr);
     read("distributed.local_sgd.outer_momentum", ls.outer_momentum);
+    FsdpConfig& fc = c.distributed.fsdp;
+    read("distributed.fsdp.unit", fc.unit);
+    read("distributed.fsdp.layers_per_unit", fc.layers_per_unit);
+    read("distributed.fsdp.reshard_after_forward", fc.reshard_after_forward);
+    if (c.distributed.strategy == "zero3") c.distributed.strategy = "fsdp";  // alias
 
     read("runtime.threads", c.runtime.threads);
   }
@@ -629,7 +635,10 @@ class Reader {
     validate_train(c.train);
     check_enum("distributed.backend", c.distributed.backend, {"inproc", "grpc"});
     check_range("distributed.world_size", c.distributed.world_size, 1, 1024);
-    check_enum("distributed.strategy", c.distributed.strategy, {"ddp", "local_sgd"});
+    check_enum("distributed.strategy", c.distributed.strategy,
+               {"ddp", "local_sgd", "zero1", "zero2", "fsdp"});
+    check_enum("distributed.fsdp.unit", c.distributed.fsdp.unit, {"layer", "model"});
+    check_min("distributed.fsdp.layers_per_unit", c.distributed.fsdp.layers_per_unit, 1);
     const CompressionConfig& cc = c.distributed.compression;
     check_enum("distributed.compression.type", cc.type, {"none", "fp16", "bf16", "int8", "topk"});
     check(cc.ratio > 0 && cc.ratio <= 1, "distributed.compression.ratio",
@@ -912,7 +921,11 @@ nlohmann::json config_to_json(const Config& c) {
                       {"compression",
                        {{"type", dc.compression.type},
                         {"ratio", dc.compression.ratio},
-                        {"error_feedback", dc.compression.error_feedback}}}};
+                        {"error_feedback", dc.compression.error_feedback}}},
+                      {"fsdp",
+                       {{"unit", dc.fsdp.unit},
+                        {"layers_per_unit", dc.fsdp.layers_per_unit},
+                        {"reshard_after_forward", dc.fsdp.reshard_after_forward}}}};
   j["runtime"] = {{"threads", c.runtime.threads}};
   return j;
 }

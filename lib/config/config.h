@@ -129,6 +129,14 @@ struct LocalSgdConfig {
   double outer_momentum = 0.9;  // in [0, 1)
 };
 
+// Sharded data parallel, strategy fsdp (zero3): parameters are sharded per unit, a unit being a
+// group of consecutive layers that is all-gathered before its forward and backward.
+struct FsdpConfig {
+  std::string unit = "layer";   // layer: layers_per_unit layers with parameters | model: one unit
+  int64_t layers_per_unit = 1;  // >= 1, with unit: layer
+  bool reshard_after_forward = true;  // free gathered parameters after forward, gather again
+};
+
 struct CompressionConfig {
   std::string type = "none";   // none | fp16 | bf16 | int8 | topk
   double ratio = 0.01;         // topk: fraction of gradient entries sent, in (0, 1]
@@ -138,8 +146,9 @@ struct CompressionConfig {
 struct DistributedConfig {
   std::string backend = "inproc";  // inproc | grpc
   // Ranks. With backend grpc the launcher's environment (RANK, WORLD_SIZE, ...) overrides it.
-  int64_t world_size = 1;               // >= 1
-  std::string strategy = "ddp";         // ddp
+  int64_t world_size = 1;  // >= 1
+  // ddp | local_sgd | zero1 | zero2 | fsdp ("zero3" is read as fsdp)
+  std::string strategy = "ddp";
   double timeout_s = 300.0;             // deadline of every collective and receive, > 0
   double rendezvous_timeout_s = 120.0;  // how long rank 0 waits for every rank to join, > 0
   std::string token_file;               // job token file (DTRAIN_JOB_TOKEN takes precedence)
@@ -150,6 +159,7 @@ struct DistributedConfig {
   DdpConfig ddp;
   LocalSgdConfig local_sgd;
   CompressionConfig compression;  // ddp only
+  FsdpConfig fsdp;
 };
 
 struct RuntimeConfig {

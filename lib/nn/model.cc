@@ -70,22 +70,25 @@ std::string Model::describe() const {
   return os.str();
 }
 
-void Model::init(float* params, uint64_t seed) const {
-  for (size_t i = 0; i < layers_.size(); ++i) {
+void Model::init(float* params, uint64_t seed, size_t first, size_t last, int64_t base) const {
+  last = std::min(last, layers_.size());
+  for (size_t i = first; i < last; ++i) {
+    DT_CHECK_GE(layer_begin(i), base);
     Rng rng(seed, static_cast<uint64_t>(i));
-    layers_[i]->init(params + layer_begin(i), rng);
+    layers_[i]->init(params + (layer_begin(i) - base), rng);
   }
 }
 
 const Tensor& Model::forward(const float* params, const Tensor& x, Activations& acts,
-                             const ForwardCtx& ctx, size_t first, size_t last) const {
+                             const ForwardCtx& ctx, size_t first, size_t last, int64_t base) const {
   last = std::min(last, layers_.size());
   DT_CHECK_LE(first, last);
   if (acts.out.size() < layers_.size()) acts.out.resize(layers_.size());
   if (acts.saved.size() < layers_.size()) acts.saved.resize(layers_.size());
   const Tensor* in = &x;
   for (size_t i = first; i < last; ++i) {
-    layers_[i]->forward(params + layer_begin(i), *in, acts.out[i], acts.saved[i], ctx);
+    DT_CHECK_GE(layer_begin(i), base);
+    layers_[i]->forward(params + (layer_begin(i) - base), *in, acts.out[i], acts.saved[i], ctx);
     in = &acts.out[i];
   }
   return *in;
@@ -93,7 +96,7 @@ const Tensor& Model::forward(const float* params, const Tensor& x, Activations& 
 
 void Model::backward(const float* params, float* grads, const Tensor& x, Activations& acts,
                      const Tensor& dy, Tensor* dx, size_t first, size_t last,
-                     const std::function<void(size_t)>& on_layer_done) const {
+                     const std::function<void(size_t)>& on_layer_done, int64_t base) const {
   last = std::min(last, layers_.size());
   DT_CHECK_LE(first, last);
   if (first == last) {  // empty range: the gradient passes through
@@ -114,8 +117,9 @@ void Model::backward(const float* params, float* grads, const Tensor& x, Activat
     // The input gradient of layer `first` is the caller's dx (may be null: for layer 0 of the
     // model that skips a whole gemm).
     Tensor* grad_in = i == first ? dx : &acts.grad[i];
-    layers_[i]->backward(params + layer_begin(i), grads + layer_begin(i), in, acts.out[i],
-                         acts.saved[i], *grad_out, grad_in);
+    DT_CHECK_GE(layer_begin(i), base);
+    layers_[i]->backward(params + (layer_begin(i) - base), grads + (layer_begin(i) - base), in,
+                         acts.out[i], acts.saved[i], *grad_out, grad_in);
     if (on_layer_done) on_layer_done(i);
     grad_out = grad_in;
   }

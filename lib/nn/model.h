@@ -57,20 +57,27 @@ class Model {
   // Deterministic initialisation of the whole flat buffer (size param_count()) from `seed`:
   // each layer draws from its own stream (seed, layer index), so the result does not depend on
   // which ranks or stages initialise which layers.
-  void init(float* params, uint64_t seed) const;
+  // Layers [first, last) only, into params holding the layout from element `base` on (FSDP
+  // initialises one unit at a time).
+  void init(float* params, uint64_t seed, size_t first = 0, size_t last = SIZE_MAX,
+            int64_t base = 0) const;
 
   // Runs layers [first, last) on x (last = num_layers() for all). acts.out[i] receives layer i's
-  // output; returns a reference to the final output.
+  // output; returns a reference to the final output. `params` holds the flat layout from element
+  // `base` on (FSDP passes a gathered unit: base = layer_begin(first)); layer i reads
+  // params + layer_begin(i) - base.
   const Tensor& forward(const float* params, const Tensor& x, Activations& acts,
-                        const ForwardCtx& ctx, size_t first = 0, size_t last = SIZE_MAX) const;
+                        const ForwardCtx& ctx, size_t first = 0, size_t last = SIZE_MAX,
+                        int64_t base = 0) const;
 
   // Backward through layers [first, last) in reverse, given dy = gradient w.r.t. the output of
   // layer last-1. Accumulates into grads (flat buffer, full layout). Writes dx (the gradient with
   // respect to x) only when dx != null. After each layer's gradients are final, calls
-  // on_layer_done(i) if set (DDP starts bucket reductions from there).
+  // on_layer_done(i) if set (DDP starts bucket reductions from there). params and grads hold the
+  // flat layout from element `base` on, as in forward.
   void backward(const float* params, float* grads, const Tensor& x, Activations& acts,
                 const Tensor& dy, Tensor* dx, size_t first = 0, size_t last = SIZE_MAX,
-                const std::function<void(size_t)>& on_layer_done = {}) const;
+                const std::function<void(size_t)>& on_layer_done = {}, int64_t base = 0) const;
 
  private:
   std::vector<std::unique_ptr<Layer>> layers_;

@@ -65,28 +65,27 @@ class Sgd final : public Optimizer {
         momentum_(static_cast<float>(cfg.momentum)),
         nesterov_(cfg.nesterov) {}
 
-  void step(float* params, const float* grads, double lr) override {
-    ++steps_;
-    if (n_ == 0) return;
+  void update(float* params, const float* grads, int64_t off, int64_t n, double lr) override {
+    if (n == 0) return;
     const float lrf = static_cast<float>(lr);
     const bool decay = wd_ != 0.0f;
     if (momentum_ > 0.0f) {
-      float* buf = state_[0].data();
+      float* buf = state_[0].data() + off;
       if (nesterov_) {
         if (decay) {
-          sgd_update<true, true, true>(params, grads, buf, n_, lrf, wd_, momentum_);
+          sgd_update<true, true, true>(params, grads, buf, n, lrf, wd_, momentum_);
         } else {
-          sgd_update<false, true, true>(params, grads, buf, n_, lrf, wd_, momentum_);
+          sgd_update<false, true, true>(params, grads, buf, n, lrf, wd_, momentum_);
         }
       } else if (decay) {
-        sgd_update<true, true, false>(params, grads, buf, n_, lrf, wd_, momentum_);
+        sgd_update<true, true, false>(params, grads, buf, n, lrf, wd_, momentum_);
       } else {
-        sgd_update<false, true, false>(params, grads, buf, n_, lrf, wd_, momentum_);
+        sgd_update<false, true, false>(params, grads, buf, n, lrf, wd_, momentum_);
       }
     } else if (decay) {
-      sgd_update<true, false, false>(params, grads, nullptr, n_, lrf, wd_, 0.0f);
+      sgd_update<true, false, false>(params, grads, nullptr, n, lrf, wd_, 0.0f);
     } else {
-      sgd_update<false, false, false>(params, grads, nullptr, n_, lrf, wd_, 0.0f);
+      sgd_update<false, false, false>(params, grads, nullptr, n, lrf, wd_, 0.0f);
     }
   }
 
@@ -168,9 +167,8 @@ class Adam final : public Optimizer {
         wd_(cfg.weight_decay),
         decoupled_(decoupled) {}
 
-  void step(float* params, const float* grads, double lr) override {
-    ++steps_;
-    if (n_ == 0) return;
+  void update(float* params, const float* grads, int64_t off, int64_t n, double lr) override {
+    if (n == 0) return;
     const double t = static_cast<double>(steps_);
     const double bc1 = 1.0 - std::pow(beta1_, t);
     const double bc2 = 1.0 - std::pow(beta2_, t);
@@ -184,14 +182,14 @@ class Adam final : public Optimizer {
     c.neg_step_size = static_cast<float>(-(lr / bc1));
     c.wd = static_cast<float>(wd_);
     c.decay = static_cast<float>(1.0 - lr * wd_);
-    float* m = state_[0].data();
-    float* v = state_[1].data();
+    float* m = state_[0].data() + off;
+    float* v = state_[1].data() + off;
     if (decoupled_) {
-      adam_update<false, true>(params, grads, m, v, n_, c);
+      adam_update<false, true>(params, grads, m, v, n, c);
     } else if (wd_ != 0.0) {
-      adam_update<true, false>(params, grads, m, v, n_, c);
+      adam_update<true, false>(params, grads, m, v, n, c);
     } else {
-      adam_update<false, false>(params, grads, m, v, n_, c);
+      adam_update<false, false>(params, grads, m, v, n, c);
     }
   }
 
@@ -201,6 +199,14 @@ class Adam final : public Optimizer {
 };
 
 }  // namespace
+
+void Optimizer::update_slice(float* params, const float* grads, int64_t state_offset, int64_t n,
+                             double lr) {
+  DT_CHECK_GE(state_offset, 0);
+  DT_CHECK_GE(n, 0);
+  DT_CHECK_LE(state_offset + n, n_);
+  update(params, grads, state_offset, n, lr);
+}
 
 std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& cfg, int64_t begin, int64_t n) {
   DT_CHECK_GE(begin, 0);

@@ -18,7 +18,15 @@ class Optimizer {
   virtual ~Optimizer() = default;
   // One update of params[0, n) from grads[0, n) (pointers at the start of the owned range) at
   // learning rate lr. Increments step_count().
-  virtual void step(float* params, const float* grads, double lr) = 0;
+  void step(float* params, const float* grads, double lr) {
+    ++steps_;
+    update_slice(params, grads, 0, n_, lr);
+  }
+  // The same step split into slices (sharded strategies own several ranges of the flat layout):
+  // begin_step() once, then update_slice() for disjoint slices [state_offset, state_offset + n)
+  // of the state, params and grads pointing at the slice's first element.
+  void begin_step() { ++steps_; }
+  void update_slice(float* params, const float* grads, int64_t state_offset, int64_t n, double lr);
   // Names of the state buffers, e.g. {"momentum"} or {"exp_avg", "exp_avg_sq"}. Empty for plain
   // SGD without momentum.
   const std::vector<std::string>& state_names() const { return names_; }
@@ -33,6 +41,9 @@ class Optimizer {
 
  protected:
   Optimizer(int64_t begin, int64_t n, std::vector<std::string> names);
+  // The update rule over n elements with state from `state_offset`, at step count steps_.
+  virtual void update(float* params, const float* grads, int64_t state_offset, int64_t n,
+                      double lr) = 0;
   int64_t begin_ = 0, n_ = 0, steps_ = 0;
   std::vector<std::string> names_;
   std::vector<std::vector<float>> state_;

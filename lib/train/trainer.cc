@@ -22,7 +22,9 @@
 #include "nn/loss.h"
 #include "optim/optimizer.h"
 #include "tensor/blas.h"
+#include "train/batch.h"
 #include "train/compression.h"
+#include "train/sharding.h"
 #include "util/check.h"
 #include "util/fs.h"
 #include "util/rng.h"
@@ -36,24 +38,6 @@ namespace {
 
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-// Copies rows `idx` of d into x [n, F] and their labels into y.
-void gather(const Dataset& d, const std::vector<int64_t>& idx, Tensor& x, std::vector<int32_t>& y) {
-  const int64_t n = static_cast<int64_t>(idx.size());
-  x.resize({n, d.features});
-  y.resize(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t r = idx[static_cast<size_t>(i)];
-    std::copy(d.row(r), d.row(r) + d.features, x.data() + i * d.features);
-    y[static_cast<size_t>(i)] = d.y[static_cast<size_t>(r)];
-  }
-}
-
-double loss_and_grad(const std::string& loss, const Tensor& out, const int32_t* labels,
-                     Tensor* grad, float scale) {
-  if (loss == "mse") return mse_onehot(out, labels, grad, scale);
-  return softmax_cross_entropy(out, labels, grad, scale);
 }
 
 // A one-line progress bar on stderr, redrawn at most 10 times a second.
@@ -135,7 +119,7 @@ std::pair<double, int64_t> eval_rows(const Model& model, const float* params, co
     const int64_t n = std::min(batch, end - start);
     idx.resize(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) idx[static_cast<size_t>(i)] = start + i;
-    gather(d, idx, x, y);
+    gather_rows(d, idx, x, y);
     const Tensor& out = model.forward(params, x, acts, ctx);
     loss_sum += loss_and_grad(loss, out, y.data(), nullptr, 1.0f);
     correct += count_correct(out, y.data());
@@ -164,35 +148,6 @@ std::vector<std::string> split(const std::string& s, char sep) {
     if (e == std::string::npos) return out;
     pos = e + 1;
   }
-}
-
-// DDP gradient buckets: ranges of the flat gradient buffer in the order backward completes them
-// (last layers first), each closed at a layer boundary once it holds at least bucket_floats.
-// A bucket is ready when backward has finished its lowest layer, `first_layer`.
-struct Bucket {
-  int64_t begin = 0, end = 0;
-  size_t first_layer = 0;
-};
-
-std::vector<Bucket> make_buckets(const Model& m, int64_t bucket_floats) {
-  std::vector<Bucket> out;
-  Bucket cur;
-  bool open = false;
-  for (size_t i = m.num_layers(); i-- > 0;) {
-    if (m.layer_end(i) == m.layer_begin(i)) continue;  // no parameters
-    if (!open) {
-      cur = Bucket{m.layer_begin(i), m.layer_end(i), i};
-      open = true;
-    }
-    cur.begin = m.layer_begin(i);
-    cur.first_layer = i;
-    if (cur.end - cur.begin >= bucket_floats) {
-      out.push_back(cur);
-      open = false;
-    }
-  }
-  if (open) out.push_back(cur);
-  return out;
 }
 
 }  // namespace
@@ -236,11 +191,47 @@ nlohmann::json train_rank(const Config& cfg, const RunOptions& opts, Communicato
   const Model model = build_mlp(cfg.model, shape.in_features, shape.num_classes);
   if (lead) spdlog::info("model:\n{}", model.describe());
   const int64_t P = model.param_count();
-  ParamStore store(P);
-  model.init(store.values.data(), static_cast<uint64_t>(cfg.seed));
-  // Every rank starts from rank 0's parameters, whatever its seed.
-  comm.broadcast(store.values.data(), static_cast<size_t>(P), 0);
-  auto opt = make_optimizer(cfg.optimizer, 0, P);
+  const std::string& strategy = cfg.distributed.strategy;
+  const std::vector<Bucket> buckets = make_buckets(
+      model, std::max<int64_t>(1, static_cast<int64_t>(cfg.distributed.ddp.bucket_mb * 262144.0)));
+  // Sharded strategies (sharding.h): zero1/zero2 shard along DDP's buckets, fsdp along its units.
+  const bool sharded = is_sharded_strategy(strategy);
+  const bool fsdp = strategy == "fsdp";
+  std::unique_ptr<ShardedEngine> engine;
+  if (sharded) {
+    ShardLayout layout(
+        model,
+        fsdp ? units_for_fsdp(model, cfg.distributed.fsdp) : units_from_buckets(model, buckets),
+        world);
+    engine = std::make_unique<ShardedEngine>(model, std::move(layout), shard_mode(strategy), comm,
+                                             cfg.distributed.fsdp.reshard_after_forward);
+    if (lead)
+      spdlog::info("{}: {} unit(s), {} of {} parameters per rank (shard, padding included)",
+                   strategy, engine->layout().units().size(), engine->layout().shard_size(), P);
+  }
+  // Full-size buffers: fsdp holds neither (only its shards), zero2 no full gradient.
+  ParamStore store(fsdp ? 0 : P);
+  if (strategy == "zero2") std::vector<float>().swap(store.grads);
+  if (fsdp) {
+    // Each rank initialises one unit at a time and keeps its chunk: layers draw from their own
+    // streams (Model::init), so this equals initialising the whole model.
+    const ShardLayout& L = engine->layout();
+    std::vector<float> tmp;
+    for (const auto& u : L.units()) {
+      tmp.assign(static_cast<size_t>(u.size()), 0.0f);
+      model.init(tmp.data(), static_cast<uint64_t>(cfg.seed), u.first_layer, u.last_layer, u.begin);
+      std::copy(tmp.begin() + (u.own_begin(rank) - u.begin),
+                tmp.begin() + (u.own_end(rank) - u.begin),
+                engine->param_shard().begin() + u.shard_offset);
+    }
+  } else {
+    model.init(store.values.data(), static_cast<uint64_t>(cfg.seed));
+    // Every rank starts from rank 0's parameters, whatever its seed.
+    comm.broadcast(store.values.data(), static_cast<size_t>(P), 0);
+  }
+  auto opt = make_optimizer(cfg.optimizer, 0, sharded ? engine->layout().shard_size() : P);
+  // state_bufs: the optimizer state as checkpoints see it -- the full layout (ddp, local_sgd)
+  // or this rank's shard (sharded strategies).
   std::vector<StateBuffer> state_bufs;
   for (size_t i = 0; i < opt->state_names().size(); ++i)
     state_bufs.push_back({opt->state_names()[i], opt->state(i).data()});
@@ -279,11 +270,25 @@ nlohmann::json train_rank(const Config& cfg, const RunOptions& opts, Communicato
   if (!opts.resume.empty()) {
     std::vector<int64_t> meta_i(5, 0);  // loaded?, step, epoch, batch, optimizer steps
     std::string rng_states;
+    // Checkpoints load into the full layout, whatever strategy and world size wrote them;
+    // sharded strategies then keep their chunks (the full buffers are temporary).
+    std::vector<float> full_params_tmp;
+    std::vector<std::vector<float>> full_state_tmp;
+    float* load_params = store.values.data();
+    std::vector<StateBuffer> load_state = state_bufs;
+    if (sharded) {
+      if (fsdp) {
+        full_params_tmp.assign(static_cast<size_t>(P), 0.0f);
+        load_params = full_params_tmp.data();
+      }
+      full_state_tmp.assign(state_bufs.size(), std::vector<float>(static_cast<size_t>(P), 0.0f));
+      for (size_t i = 0; i < state_bufs.size(); ++i) load_state[i].data = full_state_tmp[i].data();
+    }
     if (lead) {
       const std::string path =
           resolve_checkpoint(opts.resume == "auto" ? ckpt_dir : opts.resume, opts.resume == "auto");
       if (!path.empty()) {
-        CheckpointMeta m = load_checkpoint(path, model, store.values.data(), state_bufs);
+        CheckpointMeta m = load_checkpoint(path, model, load_params, load_state);
         if (m.optimizer != cfg.optimizer.type)
           throw UserError("checkpoint '" + path + "' was written by optimizer '" + m.optimizer +
                           "', this run uses '" + cfg.optimizer.type + "'");
@@ -301,8 +306,14 @@ nlohmann::json train_rank(const Config& cfg, const RunOptions& opts, Communicato
     comm.broadcast(packed.data(), packed.size(), 0);
     meta_i = unpack_i64(packed);
     if (meta_i[0] == 1) {
-      comm.broadcast(store.values.data(), static_cast<size_t>(P), 0);
-      for (auto& sb : state_bufs) comm.broadcast(sb.data, static_cast<size_t>(P), 0);
+      comm.broadcast(load_params, static_cast<size_t>(P), 0);
+      for (auto& sb : load_state) comm.broadcast(sb.data, static_cast<size_t>(P), 0);
+      if (sharded) {
+        const ShardLayout& L = engine->layout();
+        if (fsdp) L.full_to_shard(rank, load_params, engine->param_shard().data());
+        for (size_t i = 0; i < state_bufs.size(); ++i)
+          L.full_to_shard(rank, load_state[i].data, state_bufs[i].data);
+      }
       // RNG states: one per rank of the saving run, as 4 words each.
       std::vector<int64_t> words(static_cast<size_t>(world) * 4, 0);
       if (lead) {
@@ -390,8 +401,10 @@ nlohmann::json train_rank(const Config& cfg, const RunOptions& opts, Communicato
     // Each rank evaluates a contiguous share of the test set; the sums are all-reduced.
     const int64_t n = data.test.rows;
     const int64_t lo = n * rank / world, hi = n * (rank + 1) / world;
-    const auto [loss_sum, correct] = eval_rows(model, store.values.data(), data.test, lo, hi,
-                                               cfg.data.eval_batch_size, cfg.model.loss);
+    const auto [loss_sum, correct] =
+        fsdp ? engine->eval_rows(data.test, cfg.data.eval_batch_size, cfg.model.loss)
+             : eval_rows(model, store.values.data(), data.test, lo, hi, cfg.data.eval_batch_size,
+                         cfg.model.loss);
     std::vector<float> sums = {static_cast<float>(loss_sum), static_cast<float>(correct)};
     if (world > 1) comm.allreduce(sums.data(), sums.size(), ReduceOp::kSum);
     last_eval.samples = n;
@@ -412,6 +425,47 @@ nlohmann::json train_rank(const Config& cfg, const RunOptions& opts, Communicato
     }
     interval_t0 += Clock::now() - e0;
   };
+  // Sharded checkpoint: every rank writes its shard; once all have (an all-reduce of success
+  // flags), rank 0 writes the manifest and moves `latest`. A crash before that leaves the
+  // previous checkpoint the newest complete one.
+  auto save_sharded = [&](const CheckpointMeta& m) {
+    const std::string name = sharded_checkpoint_name(step);
+    const fs::path dir = fs::path(ckpt_dir) / name;
+    if (lead) fs::remove_all(dir);  // leftovers of a crashed attempt at this step
+    comm.barrier();
+    const ShardLayout& L = engine->layout();
+    std::string err;
+    try {
+      fs::create_directories(dir);
+      std::vector<float> pshard;
+      const float* pp = nullptr;
+      if (fsdp) {
+        pp = engine->param_shard().data();
+      } else {
+        pshard.assign(static_cast<size_t>(L.shard_size()), 0.0f);
+        L.full_to_shard(rank, store.values.data(), pshard.data());
+        pp = pshard.data();
+      }
+      save_shard(dir.string(), rank, L.ranges(rank), L.shard_size(), pp, state_bufs);
+    } catch (const std::exception& e) {
+      err = e.what();
+    }
+    if (fault_due(opts.faults, "kill_in_save", rank, step))
+      die_by_fault("rank " + std::to_string(rank) + " wrote its shard of step " +
+                   std::to_string(step));
+    float ok = err.empty() ? 1.0f : 0.0f;
+    comm.allreduce(&ok, 1, ReduceOp::kMin);
+    if (!err.empty()) throw std::runtime_error("writing checkpoint shard: " + err);
+    if (ok < 1.0f)
+      throw std::runtime_error("another rank failed to write its shard of checkpoint " + name);
+    if (lead) {
+      std::vector<std::vector<ShardRange>> all;
+      for (int r = 0; r < world; ++r) all.push_back(L.ranges(r));
+      write_manifest(dir.string(), model, m, all, opt->state_names());
+      commit_checkpoint(ckpt_dir, name, cfg.train.checkpoint.keep_last);
+      spdlog::debug("checkpoint {}", name);
+    }
+  };
   auto save = [&] {
     const auto s0 = Clock::now();
     // Every rank's RNG state goes into the checkpoint (dropout streams differ per rank).
@@ -422,9 +476,9 @@ nlohmann::json train_rank(const Config& cfg, const RunOptions& opts, Communicato
       comm.allgather(mine.data(), all.data(), std::vector<size_t>(world, mine.size()));
     else
       all = mine;
+    std::string states;
     if (lead) {
       const std::vector<int64_t> words = unpack_i64(all);
-      std::string states;
       for (int r = 0; r < world; ++r) {
         Rng tmp;
         std::array<uint64_t, 4> st{};
@@ -435,8 +489,9 @@ nlohmann::json train_rank(const Config& cfg, const RunOptions& opts, Communicato
         if (r > 0) states.push_back(';');
         states.append(tmp.to_string());
       }
-      const std::string name = checkpoint_file_name(step);
-      CheckpointMeta m;
+    }
+    CheckpointMeta m;
+    if (lead) {
       m.step = step;
       m.epoch = epoch;
       m.batch = batch;
@@ -446,6 +501,11 @@ nlohmann::json train_rank(const Config& cfg, const RunOptions& opts, Communicato
       m.config_hash = hash;
       m.world_size = world;
       m.strategy = cfg.distributed.strategy;
+    }
+    if (sharded) {
+      save_sharded(m);
+    } else if (lead) {
+      const std::string name = checkpoint_file_name(step);
       save_checkpoint((fs::path(ckpt_dir) / name).string(), model, store.values.data(), state_bufs,
                       m);
       commit_checkpoint(ckpt_dir, name, cfg.train.checkpoint.keep_last);
@@ -465,9 +525,7 @@ nlohmann::json train_rank(const Config& cfg, const RunOptions& opts, Communicato
   const int64_t first_step = step;
   const uint64_t bytes_sent0 = comm.bytes_sent(), bytes_recv0 = comm.bytes_recv();
   const double comm_s0 = comm.comm_seconds();
-  const std::vector<Bucket> buckets = make_buckets(
-      model, std::max<int64_t>(1, static_cast<int64_t>(cfg.distributed.ddp.bucket_mb * 262144.0)));
-  if (lead && world > 1 && !local_sgd)
+  if (lead && world > 1 && (strategy == "ddp" || strategy == "zero1"))
     spdlog::info("ddp: {} gradient bucket(s) of up to {} MiB", buckets.size(),
                  cfg.distributed.ddp.bucket_mb);
   if (lead && world > 1 && local_sgd)
@@ -513,6 +571,8 @@ nlohmann::json train_rank(const Config& cfg, const RunOptions& opts, Communicato
     const float scale = 1.0f / static_cast<float>(scale_samples);
 
     std::fill(store.grads.begin(), store.grads.end(), 0.0f);
+    if (engine) std::fill(engine->grad_shard().begin(), engine->grad_shard().end(), 0.0f);
+    const double engine_wait0 = engine ? engine->wait_seconds() : 0.0;
     double loss_sum = 0.0;
     works.clear();
     size_t next_bucket = 0;
@@ -525,11 +585,20 @@ nlohmann::json train_rank(const Config& cfg, const RunOptions& opts, Communicato
             store.grads.data() + bk.begin, static_cast<size_t>(bk.end - bk.begin), ReduceOp::kSum));
       }
     };
+    // ddp and zero1 all-reduce full gradients in buckets; zero2 and fsdp reduce-scatter unit by
+    // unit inside the engine, every micro-batch.
+    const bool unit_wise = engine && engine->mode() != ShardMode::kZero1;
+    const bool bucket_sync = world > 1 && !local_sgd && !compressor && !unit_wise;
     for (int64_t i = 0; i < n_micro; ++i) {
-      gather(data.train, micro_idx[static_cast<size_t>(i)], x, y);
+      gather_rows(data.train, micro_idx[static_cast<size_t>(i)], x, y);
+      if (unit_wise) {
+        loss_sum += engine->forward_backward(fsdp ? nullptr : store.values.data(), x, y.data(),
+                                             cfg.model.loss, scale, acts, ctx);
+        continue;
+      }
       const Tensor& out = model.forward(store.values.data(), x, acts, ctx);
       loss_sum += loss_and_grad(cfg.model.loss, out, y.data(), &dlogits, scale);
-      const bool sync = world > 1 && !local_sgd && !compressor && i == n_micro - 1;
+      const bool sync = bucket_sync && i == n_micro - 1;
       model.backward(store.values.data(), store.grads.data(), x, acts, dlogits, nullptr, 0,
                      SIZE_MAX, sync ? launch_ready : std::function<void(size_t)>());
     }
@@ -537,7 +606,7 @@ nlohmann::json train_rank(const Config& cfg, const RunOptions& opts, Communicato
       const auto c0 = Clock::now();
       if (compressor) {
         compressor->allreduce_sum(comm, store.grads.data());
-      } else {
+      } else if (bucket_sync) {
         DT_CHECK_EQ(next_bucket, buckets.size());
       }
       exposed_comm_s += seconds_since(c0);
@@ -558,12 +627,23 @@ nlohmann::json train_rank(const Config& cfg, const RunOptions& opts, Communicato
                                std::to_string(step + 1) +
                                " (diverged: lower optimizer.lr or set optimizer.clip_grad_norm)");
     if (cfg.optimizer.clip_grad_norm > 0) {
-      const double norm = std::sqrt(sum_squares(store.grads.data(), P));
-      const float f = clip_factor(norm, cfg.optimizer.clip_grad_norm);
-      if (f < 1.0f) scale_inplace(store.grads.data(), P, f);
+      if (engine) {
+        const float f =
+            clip_factor(engine->grad_norm(store.grads.data()), cfg.optimizer.clip_grad_norm);
+        if (f < 1.0f) engine->scale_grads(store.grads.data(), f);
+      } else {
+        const double norm = std::sqrt(sum_squares(store.grads.data(), P));
+        const float f = clip_factor(norm, cfg.optimizer.clip_grad_norm);
+        if (f < 1.0f) scale_inplace(store.grads.data(), P, f);
+      }
     }
     const double lr = lr_at(cfg.optimizer.schedule, base_lr, step, total_steps);
-    opt->step(store.values.data(), store.grads.data(), lr);
+    if (engine) {
+      engine->optimizer_step(*opt, lr, store.values.data(), store.grads.data());
+      exposed_comm_s += engine->wait_seconds() - engine_wait0;
+    } else {
+      opt->step(store.values.data(), store.grads.data(), lr);
+    }
     ++step;
     if (local_sgd && world > 1 && (step % lsc.sync_every == 0 || step == total_steps)) {
       const auto s0 = Clock::now();
@@ -572,6 +652,8 @@ nlohmann::json train_rank(const Config& cfg, const RunOptions& opts, Communicato
     }
     train_s += seconds_since(step_t0);
     samples_trained += step_samples;
+    if (fault_due(opts.faults, "kill", rank, step))
+      die_by_fault("rank " + std::to_string(rank) + " reached step " + std::to_string(step));
     interval_loss += loss_sum;
     interval_samples += loss_samples;
 
@@ -637,6 +719,21 @@ nlohmann::json train_rank(const Config& cfg, const RunOptions& opts, Communicato
   if (last_ckpt_step != step) save();
   bar.clear();
 
+  // Training-state memory of this rank, exact from the buffers (sharding.h's StateMemory).
+  StateMemory mem;
+  if (engine) {
+    mem = engine->memory(*opt, P);
+  } else {
+    mem.param_bytes = static_cast<int64_t>(store.values.size()) * 4;
+    mem.grad_bytes = static_cast<int64_t>(store.grads.size()) * 4;
+    mem.optim_bytes = opt->state_bytes() + static_cast<int64_t>(outer_momentum.size()) * 4 +
+                      static_cast<int64_t>(anchor.size()) * 4;
+  }
+  spdlog::info(
+      "rank {} memory: params {:.1f} MiB, grads {:.1f} MiB, optimizer {:.1f} MiB, peak "
+      "gathered params {:.1f} MiB, peak unit grads {:.1f} MiB; peak RSS {:.0f} MiB",
+      rank, mem.param_bytes / 1048576.0, mem.grad_bytes / 1048576.0, mem.optim_bytes / 1048576.0,
+      mem.peak_gathered_bytes / 1048576.0, mem.peak_unit_grad_bytes / 1048576.0, peak_rss_mb());
   nlohmann::json summary = {
       {"status", "completed"},
       {"steps", step},
@@ -661,7 +758,14 @@ nlohmann::json train_rank(const Config& cfg, const RunOptions& opts, Communicato
       {"steps_this_run", step - first_step},
       {"resumed_from",
        resumed_from.empty() ? nlohmann::json(nullptr) : nlohmann::json(resumed_from)},
-      {"checkpoint", (fs::path(ckpt_dir) / checkpoint_file_name(step)).string()},
+      {"checkpoint",
+       (fs::path(ckpt_dir) / (sharded ? sharded_checkpoint_name(step) : checkpoint_file_name(step)))
+           .string()},
+      {"param_bytes", mem.param_bytes},
+      {"grad_bytes", mem.grad_bytes},
+      {"optim_bytes", mem.optim_bytes},
+      {"peak_gathered_bytes", mem.peak_gathered_bytes},
+      {"peak_unit_grad_bytes", mem.peak_unit_grad_bytes},
   };
   if (lead) {
     write_file_atomic((fs::path(opts.out_dir) / "summary.json").string(), summary.dump(2) + "\n");

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -12,13 +13,15 @@
 #include "config/config.h"
 #include "data/dataset.h"
 #include "nn/model.h"
+#include "util/fault.h"
 
 namespace dtrain {
 
 struct RunOptions {
-  std::string out_dir;    // where metrics.jsonl, summary.json, checkpoints/ go (created)
-  std::string resume;     // "" (fresh), "auto" (RUN/checkpoints/latest if any), or a path
-  bool progress = false;  // draw a progress bar on stderr (interactive terminals)
+  std::string out_dir;        // where metrics.jsonl, summary.json, checkpoints/ go (created)
+  std::string resume;         // "" (fresh), "auto" (RUN/checkpoints/latest if any), or a path
+  bool progress = false;      // draw a progress bar on stderr (interactive terminals)
+  std::vector<Fault> faults;  // DTRAIN_FAULT (util/fault.h); empty in normal runs
 };
 
 // Trains per `cfg` with the in-process backend (world_size ranks as threads of this process)
