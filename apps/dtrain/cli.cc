@@ -198,16 +198,31 @@ int cli_main(int argc, char** argv) {
 
   CLI::App* eval = app.add_subcommand("eval", "test loss and accuracy of a checkpoint");
   add_config(eval);
-  eval->add_option("--checkpoint", checkpoint, "checkpoint file (or run/checkpoints folder)")
+  eval->add_option("--checkpoint", checkpoint,
+                   "checkpoint file, sharded checkpoint folder, or run/checkpoints folder")
       ->required();
 
   CLI::App* predict =
       app.add_subcommand("predict", "class predictions and probabilities for CSV rows");
   add_config(predict);
-  predict->add_option("--checkpoint", checkpoint, "checkpoint file (or run/checkpoints folder)")
+  predict
+      ->add_option("--checkpoint", checkpoint,
+                   "checkpoint file, sharded checkpoint folder, or run/checkpoints folder")
       ->required();
   predict->add_option("--input", input, "CSV of feature rows (no label column)")->required();
   predict->add_option("--output", output, "CSV to write (default: standard output)");
+
+  CLI::App* ckpt_cmd = app.add_subcommand("checkpoint", "convert checkpoints");
+  ckpt_cmd->require_subcommand(1);
+  CLI::App* consolidate = ckpt_cmd->add_subcommand(
+      "consolidate", "write a sharded checkpoint (zero1/zero2/fsdp) as one safetensors file");
+  std::string ckpt_in;
+  consolidate
+      ->add_option("dir", ckpt_in,
+                   "sharded checkpoint folder (checkpoints/step-<N>), or a run or checkpoints "
+                   "folder (its latest)")
+      ->required();
+  consolidate->add_option("-o,--output", output, "file to write (.safetensors)")->required();
 
   CLI::App* bench = app.add_subcommand("bench", "micro-benchmarks");
   bench->require_subcommand(1);
@@ -281,6 +296,13 @@ int cli_main(int argc, char** argv) {
       else
         std::cerr << "rank logs kept in " << tmpl << std::endl;
       return rc == 0 ? kExitOk : kExitRuntime;
+    }
+    if (consolidate->parsed()) {
+      const std::string path = resolve_checkpoint(ckpt_in, false);
+      const CheckpointMeta meta = consolidate_checkpoint(path, output);
+      std::cout << "wrote " << output << ": step " << meta.step << ", " << meta.strategy
+                << " checkpoint of " << meta.world_size << " rank(s)" << std::endl;
+      return kExitOk;
     }
     if (bench_gemm_cmd->parsed())
       return bench_gemm(widths, bench_batch, bench_threads, bench_iters);

@@ -40,6 +40,8 @@ std::string meta_str(const StFile& f, const std::string& key, const std::string&
   return it->second;
 }
 
+std::map<std::string, std::string> file_metadata(const CheckpointMeta& meta, int64_t param_count);
+
 }  // namespace
 
 void save_checkpoint(const std::string& path, const Model& model, const float* params,
@@ -50,20 +52,7 @@ void save_checkpoint(const std::string& path, const Model& model, const float* p
   for (const auto& s : state)
     for (const auto& e : model.params())
       refs.push_back({"optim." + s.name + "." + e.name, e.shape, s.data + e.offset});
-  std::map<std::string, std::string> md = {
-      {"format", kFormatName},
-      {"format_version", std::to_string(kCheckpointFormatVersion)},
-      {"step", std::to_string(meta.step)},
-      {"epoch", std::to_string(meta.epoch)},
-      {"batch", std::to_string(meta.batch)},
-      {"optimizer", meta.optimizer},
-      {"optimizer_steps", std::to_string(meta.optimizer_steps)},
-      {"rng", meta.rng},
-      {"config_hash", meta.config_hash},
-      {"strategy", meta.strategy},
-      {"world_size", std::to_string(meta.world_size)},
-      {"param_count", std::to_string(model.param_count())},
-  };
+  const auto md = file_metadata(meta, model.param_count());
   write_safetensors(path, refs, md);
 }
 
@@ -152,19 +141,30 @@ std::string shard_range_str(const ShardRange& r) {
          std::to_string(r.offset);
 }
 
-CheckpointMeta load_sharded_checkpoint(const std::string& dir, const Model& model, float* params,
-                                       const std::vector<StateBuffer>& state) {
-  const std::string mpath = (fs::path(dir) / kManifest).string();
-  nlohmann::json m;
-  try {
-    m = nlohmann::json::parse(read_file(mpath));
-  } catch (const nlohmann::json::exception& e) {
-    throw UserError("checkpoint '" + dir + "': manifest.json is not valid JSON: " + e.what());
-  }
+// A sharded checkpoint read back into the full flat layout, without a model: the manifest's
+// parameter table describes it.
+struct ShardedRead {
   CheckpointMeta meta;
+  struct Entry {
+    std::string name;
+    Shape shape;
+    int64_t offset = 0, numel = 0;
+  };
+  std::vector<Entry> table;
+  std::vector<std::string> state_names;
+  int64_t param_count = 0;
+  std::vector<float> params;
+  std::vector<std::vector<float>> state;  // per state_names entry, when read with state
+};
+
+ShardedRead read_sharded(const std::string& dir, bool with_state) {
+  const std::string mpath = (fs::path(dir) / kManifest).string();
+  ShardedRead out;
+  CheckpointMeta& meta = out.meta;
   std::vector<std::vector<ShardRange>> ranges;
-  std::vector<std::string> files, state_names;
+  std::vector<std::string> files;
   try {
+    const nlohmann::json m = nlohmann::json::parse(read_file(mpath));
     if (m.at("format").get<std::string>() != kFormatName)
       throw UserError("checkpoint '" + dir + "': manifest.json is not a dtrain manifest");
     const int64_t version = m.at("format_version").get<int64_t>();
@@ -180,22 +180,30 @@ CheckpointMeta load_sharded_checkpoint(const std::string& dir, const Model& mode
     meta.config_hash = m.at("config_hash").get<std::string>();
     meta.strategy = m.at("strategy").get<std::string>();
     meta.world_size = m.at("world_size").get<int64_t>();
-    state_names = m.at("optimizer_state").get<std::vector<std::string>>();
-    // The parameter table must match the model exactly (names, shapes, offsets).
-    const auto& table = m.at("params");
-    if (table.size() != model.params().size())
-      throw UserError("checkpoint '" + dir + "' does not match the model: it has " +
-                      std::to_string(table.size()) + " parameter tensors, the model " +
-                      std::to_string(model.params().size()));
-    for (size_t i = 0; i < table.size(); ++i) {
-      const ParamEntry& e = model.params()[i];
-      const std::string name = table[i].at("name").get<std::string>();
-      const Shape shape = table[i].at("shape").get<Shape>();
-      if (name != e.name || shape != e.shape || table[i].at("offset").get<int64_t>() != e.offset)
-        throw UserError("checkpoint '" + dir + "' does not match the model: tensor " +
-                        std::to_string(i) + " is '" + name + "' " + shape_str(shape) +
-                        ", the model has '" + e.name + "' " + shape_str(e.shape));
+    out.state_names = m.at("optimizer_state").get<std::vector<std::string>>();
+    out.param_count = m.at("param_count").get<int64_t>();
+    int64_t next = 0;
+    for (const auto& e : m.at("params")) {
+      ShardedRead::Entry en;
+      en.name = e.at("name").get<std::string>();
+      en.shape = e.at("shape").get<Shape>();
+      en.offset = e.at("offset").get<int64_t>();
+      en.numel = 1;
+      for (int64_t d : en.shape) {
+        if (d < 0 || d > (int64_t{1} << 40))
+          throw UserError("checkpoint '" + dir + "': tensor '" + en.name + "' has a bad shape");
+        en.numel *= d;
+      }
+      if (en.offset != next)
+        throw UserError("checkpoint '" + dir + "': tensor '" + en.name + "' is at offset " +
+                        std::to_string(en.offset) + ", expected " + std::to_string(next));
+      next += en.numel;
+      out.table.push_back(std::move(en));
     }
+    if (next != out.param_count)
+      throw UserError("checkpoint '" + dir + "': the parameter table holds " +
+                      std::to_string(next) + " values, param_count says " +
+                      std::to_string(out.param_count));
     for (const auto& sh : m.at("shards")) {
       files.push_back(sh.at("file").get<std::string>());
       std::vector<ShardRange> rs;
@@ -206,17 +214,13 @@ CheckpointMeta load_sharded_checkpoint(const std::string& dir, const Model& mode
   } catch (const nlohmann::json::exception& e) {
     throw UserError("checkpoint '" + dir + "': manifest.json is malformed: " + e.what());
   }
+  if (meta.step < 0 || meta.epoch < 0 || meta.batch < 0 || meta.optimizer_steps < 0)
+    throw UserError("checkpoint '" + dir + "': negative step or position in the manifest");
   if (static_cast<int64_t>(files.size()) != meta.world_size || meta.world_size < 1)
     throw UserError("checkpoint '" + dir + "': manifest lists " + std::to_string(files.size()) +
                     " shards for world size " + std::to_string(meta.world_size));
-  if (!state.empty()) {
-    for (const auto& s : state)
-      if (std::find(state_names.begin(), state_names.end(), s.name) == state_names.end())
-        throw UserError("checkpoint '" + dir + "' has no optimizer state '" + s.name +
-                        "' (written by optimizer '" + meta.optimizer + "')");
-  }
   // Every element of the flat layout exactly once.
-  const int64_t P = model.param_count();
+  const int64_t P = out.param_count;
   std::vector<ShardRange> all;
   for (const auto& rs : ranges) all.insert(all.end(), rs.begin(), rs.end());
   std::sort(all.begin(), all.end(),
@@ -224,50 +228,96 @@ CheckpointMeta load_sharded_checkpoint(const std::string& dir, const Model& mode
   int64_t covered = 0;
   for (const auto& r : all) {
     if (r.begin != covered || r.end < r.begin || r.offset < 0)
-      throw UserError("checkpoint '" + dir + "': shard ranges do not cover the parameters " +
-                      "exactly once (range " + shard_range_str(r) + ", expected start " +
-                      std::to_string(covered) + ")");
+      throw UserError("checkpoint '" + dir +
+                      "': shard ranges do not cover the parameters exactly once (range " +
+                      shard_range_str(r) + ", expected start " + std::to_string(covered) + ")");
     covered = r.end;
   }
   if (covered != P)
     throw UserError("checkpoint '" + dir + "': shard ranges cover " + std::to_string(covered) +
-                    " of the model's " + std::to_string(P) + " parameters");
-  // Read every shard and check it before copying anything.
-  std::vector<StFile> shards;
+                    " of " + std::to_string(P) + " parameters");
+  out.params.assign(static_cast<size_t>(P), 0.0f);
+  if (with_state)
+    out.state.assign(out.state_names.size(), std::vector<float>(static_cast<size_t>(P), 0.0f));
   for (size_t r = 0; r < files.size(); ++r) {
     if (files[r].find('/') != std::string::npos)
       throw UserError("checkpoint '" + dir + "': shard file name '" + files[r] + "' has a '/'");
-    StFile f = read_safetensors((fs::path(dir) / files[r]).string());
-    auto need = [&](const std::string& name) -> const StTensor& {
+    const StFile f = read_safetensors((fs::path(dir) / files[r]).string());
+    auto need = [&](const std::string& name) -> const std::vector<float>& {
       auto it = f.tensors.find(name);
       if (it == f.tensors.end())
         throw UserError("checkpoint '" + dir + "': shard '" + files[r] + "' has no tensor '" +
                         name + "'");
-      return it->second;
+      return it->second.data;
     };
-    const int64_t n = static_cast<int64_t>(need("params").data.size());
-    for (const auto& s : state)
-      if (static_cast<int64_t>(need("optim." + s.name).data.size()) != n)
-        throw UserError("checkpoint '" + dir + "': shard '" + files[r] + "' optim." + s.name +
-                        " has another size than its params");
+    const std::vector<float>& pv = need("params");
+    const int64_t n = static_cast<int64_t>(pv.size());
     for (const auto& rg : ranges[r])
       if (rg.offset + (rg.end - rg.begin) > n)
         throw UserError("checkpoint '" + dir + "': shard '" + files[r] + "' holds " +
                         std::to_string(n) + " values, too few for its range " +
                         shard_range_str(rg));
-    shards.push_back(std::move(f));
-  }
-  for (size_t r = 0; r < shards.size(); ++r) {
-    for (const auto& rg : ranges[r]) {
-      const float* src = shards[r].tensors.at("params").data.data() + rg.offset;
-      std::copy(src, src + (rg.end - rg.begin), params + rg.begin);
-      for (const auto& s : state) {
-        const float* ss = shards[r].tensors.at("optim." + s.name).data.data() + rg.offset;
-        std::copy(ss, ss + (rg.end - rg.begin), s.data + rg.begin);
-      }
+    for (const auto& rg : ranges[r])
+      std::copy(pv.begin() + rg.offset, pv.begin() + rg.offset + (rg.end - rg.begin),
+                out.params.begin() + rg.begin);
+    if (!with_state) continue;
+    for (size_t k = 0; k < out.state_names.size(); ++k) {
+      const std::vector<float>& sv = need("optim." + out.state_names[k]);
+      if (static_cast<int64_t>(sv.size()) != n)
+        throw UserError("checkpoint '" + dir + "': shard '" + files[r] + "' optim." +
+                        out.state_names[k] + " has another size than its params");
+      for (const auto& rg : ranges[r])
+        std::copy(sv.begin() + rg.offset, sv.begin() + rg.offset + (rg.end - rg.begin),
+                  out.state[k].begin() + rg.begin);
     }
   }
-  return meta;
+  return out;
+}
+
+CheckpointMeta load_sharded_checkpoint(const std::string& dir, const Model& model, float* params,
+                                       const std::vector<StateBuffer>& state) {
+  ShardedRead rd = read_sharded(dir, !state.empty());
+  if (rd.table.size() != model.params().size())
+    throw UserError("checkpoint '" + dir + "' does not match the model: it has " +
+                    std::to_string(rd.table.size()) + " parameter tensors, the model " +
+                    std::to_string(model.params().size()));
+  for (size_t i = 0; i < rd.table.size(); ++i) {
+    const ParamEntry& e = model.params()[i];
+    const auto& t = rd.table[i];
+    if (t.name != e.name || t.shape != e.shape || t.offset != e.offset)
+      throw UserError("checkpoint '" + dir + "' does not match the model: tensor " +
+                      std::to_string(i) + " is '" + t.name + "' " + shape_str(t.shape) +
+                      ", the model has '" + e.name + "' " + shape_str(e.shape));
+  }
+  std::vector<const std::vector<float>*> src;
+  for (const auto& s : state) {
+    auto it = std::find(rd.state_names.begin(), rd.state_names.end(), s.name);
+    if (it == rd.state_names.end())
+      throw UserError("checkpoint '" + dir + "' has no optimizer state '" + s.name +
+                      "' (written by optimizer '" + rd.meta.optimizer + "')");
+    src.push_back(&rd.state[static_cast<size_t>(it - rd.state_names.begin())]);
+  }
+  std::copy(rd.params.begin(), rd.params.end(), params);
+  for (size_t i = 0; i < state.size(); ++i)
+    std::copy(src[i]->begin(), src[i]->end(), state[i].data);
+  return rd.meta;
+}
+
+std::map<std::string, std::string> file_metadata(const CheckpointMeta& meta, int64_t param_count) {
+  return {
+      {"format", kFormatName},
+      {"format_version", std::to_string(kCheckpointFormatVersion)},
+      {"step", std::to_string(meta.step)},
+      {"epoch", std::to_string(meta.epoch)},
+      {"batch", std::to_string(meta.batch)},
+      {"optimizer", meta.optimizer},
+      {"optimizer_steps", std::to_string(meta.optimizer_steps)},
+      {"rng", meta.rng},
+      {"config_hash", meta.config_hash},
+      {"strategy", meta.strategy},
+      {"world_size", std::to_string(meta.world_size)},
+      {"param_count", std::to_string(param_count)},
+  };
 }
 
 bool is_sharded_dir(const fs::path& p) {
@@ -287,6 +337,20 @@ CheckpointMeta load_checkpoint(const std::string& path, const Model& model, floa
     return load_sharded_checkpoint(path, model, params, state);
   }
   return load_file_checkpoint(path, model, params, state);
+}
+
+CheckpointMeta consolidate_checkpoint(const std::string& dir, const std::string& out_path) {
+  if (!is_sharded_dir(dir))
+    throw UserError("'" + dir + "' is not a sharded checkpoint (a folder with manifest.json)");
+  const ShardedRead rd = read_sharded(dir, true);
+  std::vector<StTensorRef> refs;
+  for (const auto& e : rd.table) refs.push_back({e.name, e.shape, rd.params.data() + e.offset});
+  for (size_t k = 0; k < rd.state_names.size(); ++k)
+    for (const auto& e : rd.table)
+      refs.push_back(
+          {"optim." + rd.state_names[k] + "." + e.name, e.shape, rd.state[k].data() + e.offset});
+  write_safetensors(out_path, refs, file_metadata(rd.meta, rd.param_count));
+  return rd.meta;
 }
 
 std::string sharded_checkpoint_name(int64_t step) {
@@ -381,6 +445,10 @@ std::string resolve_checkpoint(const std::string& path, bool allow_missing) {
         throw UserError("'" + latest.string() + "' names '" + name + "', which does not exist");
       return file.string();
     }
+    if (fs::exists(p / shard_file_name(0), ec))
+      throw UserError("checkpoint '" + path +
+                      "' is a folder without manifest.json (an incomplete sharded checkpoint: "
+                      "the save was interrupted)");
     if (allow_missing) return "";
     throw UserError("no checkpoint in '" + path + "' (no latest file)");
   }

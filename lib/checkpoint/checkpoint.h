@@ -61,6 +61,10 @@ void write_manifest(const std::string& dir, const Model& model, const Checkpoint
                     const std::vector<std::vector<ShardRange>>& ranges,
                     const std::vector<std::string>& state_names);
 
+// Writes the sharded checkpoint folder `dir` as one checkpoint file `out_path` (atomic), the
+// format save_checkpoint writes: `dtrain eval`, `--resume` and Python's safetensors read it.
+CheckpointMeta consolidate_checkpoint(const std::string& dir, const std::string& out_path);
+
 // Writes `path` atomically. Throws std::runtime_error on I/O errors (old file untouched).
 void save_checkpoint(const std::string& path, const Model& model, const float* params,
                      const std::vector<StateBuffer>& state, const CheckpointMeta& meta);

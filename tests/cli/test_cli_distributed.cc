@@ -159,3 +159,86 @@ TEST_CASE("dtrain launch exits 2 naming the rank when the ranks fail on bad data
   CHECK(contains(r.output, "missing.csv"));
   CHECK(contains(r.output, "failed: exit status 2"));
 }
+
+TEST_CASE("zero1, zero2 and fsdp over gRPC compute the same parameters as in-process ranks") {
+  TempDir dir;
+  const std::string cfg = dir.write("c.yaml", R"(seed: 5
+model: {hidden: [16, 8]}
+data:
+  format: synthetic
+  synthetic: {samples: 500, features: 9, classes: 3}
+  batch_size: 10
+optimizer: {type: adam, lr: 0.01}
+train: {epochs: 0, max_steps: 20}
+distributed: {ddp: {bucket_mb: 0.0005}}
+runtime: {threads: 1}
+)");
+  for (const char* strategy : {"zero1", "zero2", "fsdp"}) {
+    for (int world : {2, 3}) {
+      const std::string w = std::to_string(world);
+      const std::string tag = std::string(strategy) + w;
+      const std::string set = std::string(" --set distributed.strategy=") + strategy;
+      auto r = run_cmd(kBin + " launch --nproc " + w + " " + cfg + set + " --out " +
+                       dir / ("grpc" + tag) + " --log-level warn");
+      REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+      r = run_cmd(kBin + " run " + cfg + set + " --set distributed.world_size=" + w + " --out " +
+                  dir / ("inproc" + tag) + " --log-level warn");
+      REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+      for (const char* kind : {"grpc", "inproc"}) {
+        r = run_cmd(kBin + " checkpoint consolidate " + dir / (kind + tag) + " -o " +
+                    dir / (kind + tag + ".safetensors"));
+        REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+      }
+      const auto a = dtrain::read_safetensors(dir / ("grpc" + tag + ".safetensors"));
+      const auto b = dtrain::read_safetensors(dir / ("inproc" + tag + ".safetensors"));
+      REQUIRE(a.tensors.size() == b.tensors.size());
+      for (const auto& [name, t] : a.tensors)
+        CHECK_MESSAGE(t.data == b.tensors.at(name).data, tag, " ", name);
+    }
+  }
+}
+
+TEST_CASE("a crash while saving a sharded checkpoint leaves the previous one valid") {
+  TempDir dir;
+  const std::string cfg = dir.write("c.yaml", R"(seed: 5
+model: {hidden: [16]}
+data:
+  format: synthetic
+  synthetic: {samples: 500, features: 8, classes: 3}
+  batch_size: 10
+optimizer: {type: adam, lr: 0.01}
+train: {epochs: 0, max_steps: 30, checkpoint: {every_steps: 10, keep_last: 3}}
+distributed: {world_size: 2, strategy: fsdp}
+runtime: {threads: 1}
+)");
+  const std::string run = dir / "run";
+  // Rank 0 dies after writing its shard of step 20, before the manifest.
+  auto r = run_cmd("DTRAIN_FAULT=kill_in_save:rank=0:step=20 " + kBin + " run " + cfg + " --out " +
+                   run + " --log-level warn");
+  REQUIRE(r.exit_code != 0);
+  CHECK(contains(r.output, "DTRAIN_FAULT"));
+  CHECK(read_text(run + "/checkpoints/latest") == "step-10\n");
+  CHECK(std::filesystem::exists(run + "/checkpoints/step-20/rank-0.safetensors"));
+  CHECK_FALSE(std::filesystem::exists(run + "/checkpoints/step-20/manifest.json"));
+  // The incomplete folder is refused by name; resume picks step 10 and ends where an
+  // uninterrupted run ends, bit for bit.
+  r = run_cmd(kBin + " eval " + cfg + " --checkpoint " + run + "/checkpoints/step-20");
+  CHECK(r.exit_code == 2);
+  CHECK(contains(r.output, "without manifest.json"));
+  r = run_cmd(kBin + " run " + cfg + " --out " + run + " --resume auto --log-level info");
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  CHECK(contains(r.output, "resumed from " + run + "/checkpoints/step-10 at step 10"));
+  r = run_cmd(kBin + " run " + cfg + " --out " + dir / "straight" + " --log-level warn");
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  for (const std::string& d : {run, dir / "straight"}) {
+    r = run_cmd(kBin + " checkpoint consolidate " + d + " -o " + d + "/final.safetensors");
+    REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  }
+  const auto a = dtrain::read_safetensors(run + "/final.safetensors");
+  const auto b = dtrain::read_safetensors(dir / "straight/final.safetensors");
+  for (const auto& [name, t] : a.tensors) CHECK_MESSAGE(t.data == b.tensors.at(name).data, name);
+  // A malformed fault spec is a user error.
+  r = run_cmd("DTRAIN_FAULT=kill:rank=x " + kBin + " run " + cfg + " --out " + dir / "bad");
+  CHECK(r.exit_code == 2);
+  CHECK(contains(r.output, "DTRAIN_FAULT"));
+}

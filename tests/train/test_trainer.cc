@@ -9,10 +9,12 @@
 
 #include "checkpoint/safetensors.h"
 #include "test_util.h"
+#include "train/train_test_util.h"
 #include "train/trainer.h"
 #include "util/check.h"
 
 using namespace dtrain;
+using dtrain::testing::checkpoint_rel_diff;
 using dtrain::testing::read_text;
 using dtrain::testing::TempDir;
 
@@ -173,27 +175,6 @@ TEST_CASE("a model shape that contradicts the data is a user error") {
       run_training(parse_config(kSynthetic, "s.yaml", {"model.input_features=13"}), opts),
       UserError);
 }
-
-namespace {
-
-// Max |a - b| / max |a| over every tensor of two checkpoints.
-double checkpoint_rel_diff(const std::string& a_path, const std::string& b_path) {
-  const StFile a = read_safetensors(a_path), b = read_safetensors(b_path);
-  REQUIRE(a.tensors.size() == b.tensors.size());
-  double max_diff = 0.0, max_abs = 0.0;
-  for (const auto& [name, t] : a.tensors) {
-    REQUIRE(b.tensors.count(name) == 1);
-    const auto& u = b.tensors.at(name).data;
-    REQUIRE(u.size() == t.data.size());
-    for (size_t i = 0; i < u.size(); ++i) {
-      max_diff = std::max(max_diff, static_cast<double>(std::abs(t.data[i] - u[i])));
-      max_abs = std::max(max_abs, static_cast<double>(std::abs(t.data[i])));
-    }
-  }
-  return max_diff / max_abs;
-}
-
-}  // namespace
 
 TEST_CASE("W in-process ranks with batch b equal one process with batch W*b") {
   spdlog::set_level(spdlog::level::warn);
