@@ -70,6 +70,8 @@ class Communicator {
   int size() const { return transport_->size(); }
   std::string backend() const { return transport_->backend(); }
   const CommOptions& options() const { return opts_; }
+  // The underlying transport, for building group transports (subgroup.h) over it.
+  Transport& transport() { return *transport_; }
 
   // In place over data[0, n).
   WorkPtr allreduce_async(float* data, size_t n, ReduceOp op = ReduceOp::kSum);

@@ -59,7 +59,9 @@ const std::map<std::string, KeyList, std::less<>>& schema() {
       {"train.checkpoint", {"every_steps", "keep_last"}},
       {"distributed",
        {"backend", "world_size", "strategy", "timeout_s", "rendezvous_timeout_s", "token_file",
-        "bind", "tls", "ddp", "local_sgd", "compression", "fsdp"}},
+        "bind", "tls", "ddp", "local_sgd", "compression", "fsdp", "pipeline"}},
+      {"distributed.pipeline",
+       {"stages", "micro_batches", "schedule", "partition", "activation_checkpointing"}},
       {"distributed.fsdp", {"unit", "layers_per_unit", "reshard_after_forward"}},
       {"distributed.compression", {"type", "ratio", "error_feedback"}},
       {"distributed.local_sgd",
@@ -594,6 +596,12 @@ class Reader {
     read("distributed.fsdp.layers_per_unit", fc.layers_per_unit);
     read("distributed.fsdp.reshard_after_forward", fc.reshard_after_forward);
     if (c.distributed.strategy == "zero3") c.distributed.strategy = "fsdp";  // alias
+    PipelineConfig& pc = c.distributed.pipeline;
+    read("distributed.pipeline.stages", pc.stages);
+    read("distributed.pipeline.micro_batches", pc.micro_batches);
+    read("distributed.pipeline.schedule", pc.schedule);
+    read("distributed.pipeline.partition", pc.partition);
+    read("distributed.pipeline.activation_checkpointing", pc.activation_checkpointing);
 
     read("runtime.threads", c.runtime.threads);
   }
@@ -636,9 +644,27 @@ class Reader {
     check_enum("distributed.backend", c.distributed.backend, {"inproc", "grpc"});
     check_range("distributed.world_size", c.distributed.world_size, 1, 1024);
     check_enum("distributed.strategy", c.distributed.strategy,
-               {"ddp", "local_sgd", "zero1", "zero2", "fsdp"});
+               {"ddp", "local_sgd", "zero1", "zero2", "fsdp", "pipeline"});
     check_enum("distributed.fsdp.unit", c.distributed.fsdp.unit, {"layer", "model"});
     check_min("distributed.fsdp.layers_per_unit", c.distributed.fsdp.layers_per_unit, 1);
+    const PipelineConfig& pc = c.distributed.pipeline;
+    check_range("distributed.pipeline.stages", pc.stages, 1, 1024);
+    check_min("distributed.pipeline.micro_batches", pc.micro_batches, 1);
+    check_enum("distributed.pipeline.schedule", pc.schedule, {"gpipe", "1f1b"});
+    check_enum("distributed.pipeline.partition", pc.partition, {"uniform", "balanced"});
+    if (c.distributed.strategy == "pipeline") {
+      // validate_model resolved a complexity preset into model.hidden.
+      const int64_t linears = static_cast<int64_t>(c.model.hidden.size()) + 1;
+      check(pc.stages <= linears, "distributed.pipeline.stages",
+            "the model has " + show(linears) + " layers with parameters, fewer than " +
+                show(pc.stages) + " stages");
+      check(c.distributed.world_size % pc.stages == 0, "distributed.world_size",
+            "must be a multiple of distributed.pipeline.stages (" + show(pc.stages) +
+                "): ranks form stages x replicas");
+      check(c.data.batch_size >= pc.micro_batches, "distributed.pipeline.micro_batches",
+            "must be at most data.batch_size (" + show(c.data.batch_size) +
+                "): micro-batches split a batch by samples");
+    }
     const CompressionConfig& cc = c.distributed.compression;
     check_enum("distributed.compression.type", cc.type, {"none", "fp16", "bf16", "int8", "topk"});
     check(cc.ratio > 0 && cc.ratio <= 1, "distributed.compression.ratio",
@@ -925,7 +951,13 @@ nlohmann::json config_to_json(const Config& c) {
                       {"fsdp",
                        {{"unit", dc.fsdp.unit},
                         {"layers_per_unit", dc.fsdp.layers_per_unit},
-                        {"reshard_after_forward", dc.fsdp.reshard_after_forward}}}};
+                        {"reshard_after_forward", dc.fsdp.reshard_after_forward}}},
+                      {"pipeline",
+                       {{"stages", dc.pipeline.stages},
+                        {"micro_batches", dc.pipeline.micro_batches},
+                        {"schedule", dc.pipeline.schedule},
+                        {"partition", dc.pipeline.partition},
+                        {"activation_checkpointing", dc.pipeline.activation_checkpointing}}}};
   j["runtime"] = {{"threads", c.runtime.threads}};
   return j;
 }

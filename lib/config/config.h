@@ -137,6 +137,15 @@ struct FsdpConfig {
   bool reshard_after_forward = true;  // free gathered parameters after forward, gather again
 };
 
+// Pipeline parallel, strategy pipeline: world_size = stages x data-parallel replicas.
+struct PipelineConfig {
+  int64_t stages = 2;             // S >= 1, at most the model's Linear layers
+  int64_t micro_batches = 4;      // M >= 1 per optimizer step (fewer when a batch has fewer rows)
+  std::string schedule = "1f1b";  // gpipe | 1f1b
+  std::string partition = "balanced";     // uniform (layer count) | balanced (estimated FLOPs)
+  bool activation_checkpointing = false;  // keep stage inputs only, recompute in backward
+};
+
 struct CompressionConfig {
   std::string type = "none";   // none | fp16 | bf16 | int8 | topk
   double ratio = 0.01;         // topk: fraction of gradient entries sent, in (0, 1]
@@ -147,7 +156,7 @@ struct DistributedConfig {
   std::string backend = "inproc";  // inproc | grpc
   // Ranks. With backend grpc the launcher's environment (RANK, WORLD_SIZE, ...) overrides it.
   int64_t world_size = 1;  // >= 1
-  // ddp | local_sgd | zero1 | zero2 | fsdp ("zero3" is read as fsdp)
+  // ddp | local_sgd | zero1 | zero2 | fsdp ("zero3" is read as fsdp) | pipeline
   std::string strategy = "ddp";
   double timeout_s = 300.0;             // deadline of every collective and receive, > 0
   double rendezvous_timeout_s = 120.0;  // how long rank 0 waits for every rank to join, > 0
@@ -160,6 +169,7 @@ struct DistributedConfig {
   LocalSgdConfig local_sgd;
   CompressionConfig compression;  // ddp only
   FsdpConfig fsdp;
+  PipelineConfig pipeline;
 };
 
 struct RuntimeConfig {

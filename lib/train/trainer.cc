@@ -24,6 +24,7 @@
 #include "tensor/blas.h"
 #include "train/batch.h"
 #include "train/compression.h"
+#include "train/pipeline.h"
 #include "train/sharding.h"
 #include "util/check.h"
 #include "util/fs.h"
@@ -165,6 +166,7 @@ EvalResult evaluate(const Model& model, const float* params, const Dataset& d, i
 }
 
 nlohmann::json train_rank(const Config& cfg, const RunOptions& opts, Communicator& comm) {
+  if (cfg.distributed.strategy == "pipeline") return train_pipeline(cfg, opts, comm);
   const auto t_start = Clock::now();
   const int world = comm.size();
   const int rank = comm.rank();

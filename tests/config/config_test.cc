@@ -397,9 +397,17 @@ TEST_CASE("every range and enum rule, via --set") {
       {"distributed.backend=mpi", "distributed.backend: must be one of inproc, grpc (got 'mpi')"},
       {"distributed.world_size=0", "distributed.world_size: must be in [1, 1024] (got 0)"},
       {"distributed.world_size=1025", "distributed.world_size: must be in [1, 1024] (got 1025)"},
-      {"distributed.strategy=tp", "distributed.strategy: must be one of ddp, local_sgd, zero1, zero2, fsdp (got 'tp')"},
-      {"distributed.fsdp.unit=block", "distributed.fsdp.unit: must be one of layer, model (got 'block')"},
-      {"distributed.fsdp.layers_per_unit=0", "distributed.fsdp.layers_per_unit: must be >= 1 (got 0)"},
+      {"distributed.strategy=tp",
+       "distributed.strategy: must be one of ddp, local_sgd, zero1, zero2, fsdp, pipeline (got "
+       "'tp')"},
+      {"distributed.pipeline.schedule=zb",
+       "distributed.pipeline.schedule: must be one of gpipe, 1f1b (got 'zb')"},
+      {"distributed.pipeline.micro_batches=0",
+       "distributed.pipeline.micro_batches: must be >= 1 (got 0)"},
+      {"distributed.fsdp.unit=block",
+       "distributed.fsdp.unit: must be one of layer, model (got 'block')"},
+      {"distributed.fsdp.layers_per_unit=0",
+       "distributed.fsdp.layers_per_unit: must be >= 1 (got 0)"},
       {"runtime.threads=-1", "runtime.threads: must be in [0, 1024] (got -1)"},
       {"runtime.threads=1025", "runtime.threads: must be in [0, 1024] (got 1025)"},
   };
@@ -416,6 +424,20 @@ TEST_CASE("every range and enum rule, via --set") {
     CHECK(set_error(ok) == "(no error)");
   }
   CHECK(error_of(kSynthetic, {"train.epochs=0", "train.max_steps=10"}) == "(no error)");
+  // Pipelines that cannot be built are refused at validation.
+  CHECK(error_of(kSynthetic, {"distributed.strategy=pipeline", "model.hidden=[8]",
+                              "distributed.pipeline.stages=3", "distributed.world_size=3"})
+            .find("distributed.pipeline.stages: the model has 2 layers with parameters, fewer than "
+                  "3 stages") != std::string::npos);
+  CHECK(error_of(kSynthetic, {"distributed.strategy=pipeline", "distributed.world_size=3"})
+            .find("distributed.world_size: must be a multiple of distributed.pipeline.stages (2): "
+                  "ranks "
+                  "form stages x replicas") != std::string::npos);
+  CHECK(error_of(kSynthetic,
+                 {"distributed.strategy=pipeline", "distributed.world_size=2", "data.batch_size=3"})
+            .find("distributed.pipeline.micro_batches: must be at most data.batch_size (3): "
+                  "micro-batches "
+                  "split a batch by samples") != std::string::npos);
   // zero3 is read as fsdp.
   CHECK(parse_config(kSynthetic, "x.yaml", {"distributed.strategy=zero3"}).distributed.strategy ==
         "fsdp");
@@ -609,7 +631,7 @@ TEST_CASE("config_to_json writes every field and loads back to the same config")
     CHECK(j["optimizer"]["schedule"].size() == 5);
     CHECK(j["train"].size() == 6);
     CHECK(j["train"]["checkpoint"].size() == 2);
-    CHECK(j["distributed"].size() == 12);
+    CHECK(j["distributed"].size() == 13);
     CHECK(j["runtime"].size() == 1);
     // JSON is YAML: the dump parses back to an identical config.
     CHECK(config_to_json(parse_config(j.dump(), "json")) == j);
