@@ -95,23 +95,6 @@ RunSeries read_run(const std::string& run_dir) {
 // ---------------------------------------------------------------------------------------------
 // Axes
 
-namespace {
-
-// Heckbert's nice numbers: 1, 2, 2.5, 5 or 10 times a power of ten.
-double nice_num(double x, bool round) {
-  const double e = std::floor(std::log10(x));
-  const double p = std::pow(10.0, e);
-  const double f = x / p;
-  double nf;
-  if (round)
-    nf = f < 1.5 ? 1 : f < 2.25 ? 2 : f < 3.5 ? 2.5 : f < 7.5 ? 5 : 10;
-  else
-    nf = f <= 1 ? 1 : f <= 2 ? 2 : f <= 2.5 ? 2.5 : f <= 5 ? 5 : 10;
-  return nf * p;
-}
-
-}  // namespace
-
 std::vector<double> nice_ticks(double lo, double hi, int target) {
   DT_CHECK_MSG(std::isfinite(lo) && std::isfinite(hi), "axis range " << lo << ".." << hi);
   if (hi < lo) std::swap(lo, hi);
@@ -121,10 +104,29 @@ std::vector<double> nice_ticks(double lo, double hi, int target) {
     hi += d;
   }
   target = std::max(2, target);
-  const double step = nice_num(nice_num(hi - lo, false) / (target - 1), true);
-  // The small slack keeps a bound that is a multiple of step (up to rounding) from adding a tick.
-  const double first = std::floor(lo / step + 1e-9) * step;
-  const double last = std::ceil(hi / step - 1e-9) * step;
+  // Candidate steps m * 10^e around range / target; the score prefers ticks that hug the data
+  // (little axis beyond it) and a count near the target, 1-2-5 a little over 2.5.
+  const double range = hi - lo;
+  const double e0 = std::floor(std::log10(range / target));
+  double step = 0, first = 0, last = 0, best = INFINITY;
+  for (double e = e0 - 1; e <= e0 + 1; ++e)
+    for (double m : {1.0, 2.0, 2.5, 5.0}) {
+      const double st = m * std::pow(10.0, e);
+      // The small slack keeps a bound that is a multiple of st (up to rounding) from adding a
+      // tick.
+      const double f = std::floor(lo / st + 1e-9) * st, l = std::ceil(hi / st - 1e-9) * st;
+      const double n = std::round((l - f) / st) + 1;
+      if (n < 2 || n > 2.5 * target + 1) continue;
+      const double score =
+          2 * (1 - range / (l - f)) + 0.5 * std::fabs(n - target) / target + (m == 2.5 ? 0.05 : 0);
+      if (score < best) {
+        best = score;
+        step = st;
+        first = f;
+        last = l;
+      }
+    }
+  DT_CHECK_GT(step, 0.0);
   std::vector<double> ticks;
   for (int k = 0;; ++k) {
     double v = first + k * step;
@@ -177,6 +179,7 @@ struct Item {
   uint32_t fill = 0;
   bool has_fill = false;
   double width = 1;
+  std::vector<double> dash;  // on/off lengths; empty: solid
   double radius = 0;
   std::string text;  // kText: the string, drawn with its baseline at pts[0]
   double size = 12;
@@ -219,6 +222,13 @@ constexpr uint32_t kAxis = 0x666666;   // axis lines and tick marks
 constexpr uint32_t kGrid = 0xe6e6e6;   // grid lines
 constexpr uint32_t kMuted = 0x999999;  // "no data" notes
 constexpr double kTickFont = 11.5;
+// Past the 10 colours, runs repeat them dashed, then dotted, so no two of 30 runs look alike.
+std::vector<double> series_dash(size_t i) {
+  if (i < 10) return {};
+  if (i < 20) return {7, 4};
+  return {1, 4};  // with round caps: dots
+}
+
 constexpr double kLabelFont = 12.5;
 
 // Text width estimate for layout (both formats lay out the same way; the PNG renderer measures
@@ -320,6 +330,7 @@ void draw_panel(Scene& sc, double x0, double y0, double w, double h, const Panel
     it.kind = Item::Kind::kPolyline;
     it.stroke = series_color(i);
     it.width = 2;
+    it.dash = series_dash(i);
     it.cls = "series run-" + std::to_string(i);
     for (const Point& p : pts) it.pts.push_back({X(p.x), Y(p.y)});
     const bool markers = spec.markers || pts.size() == 1;
@@ -372,6 +383,7 @@ Scene build_scene(const std::vector<RunSeries>& runs, const PlotOptions& opts) {
       sw.pts = {{x, y - 4}, {x + swatch, y - 4}};
       sw.stroke = series_color(i);
       sw.width = 3;
+      sw.dash = series_dash(i);
       sc.items.push_back(std::move(sw));
       sc.text(x + swatch + gap, y, runs[i].label, kLabelFont, kInk);
       x += swatch + gap + text_width(runs[i].label, kLabelFont) + spacing;
@@ -468,6 +480,16 @@ std::string xml_escape(const std::string& s) {
   return out;
 }
 
+std::string dash_attr(const std::vector<double>& dash) {
+  if (dash.empty()) return "";
+  std::string o = " stroke-dasharray=\"";
+  for (size_t k = 0; k < dash.size(); ++k) {
+    if (k) o += ' ';
+    o += num(dash[k]);
+  }
+  return o + "\"";
+}
+
 std::string scene_to_svg(const Scene& sc, const std::string& title) {
   std::string o;
   o += "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n";
@@ -481,12 +503,13 @@ std::string scene_to_svg(const Scene& sc, const std::string& title) {
       case Item::Kind::kLine:
         o += "<line x1=\"" + num(it.pts[0].x) + "\" y1=\"" + num(it.pts[0].y) + "\" x2=\"" +
              num(it.pts[1].x) + "\" y2=\"" + num(it.pts[1].y) + "\" stroke=\"" + hex(it.stroke) +
-             "\" stroke-width=\"" + num(it.width) + "\"/>\n";
+             "\" stroke-width=\"" + num(it.width) + "\"" + dash_attr(it.dash) + "/>\n";
         break;
       case Item::Kind::kPolyline: {
         o += "<polyline class=\"" + it.cls + "\" fill=\"none\" stroke=\"" + hex(it.stroke) +
              "\" stroke-width=\"" + num(it.width) +
-             "\" stroke-linejoin=\"round\" stroke-linecap=\"round\" points=\"";
+             "\" stroke-linejoin=\"round\" stroke-linecap=\"round\"" + dash_attr(it.dash) +
+             " points=\"";
         for (size_t k = 0; k < it.pts.size(); ++k) {
           if (k) o += ' ';
           o += num(it.pts[k].x);
@@ -565,6 +588,7 @@ std::string scene_to_png(const Scene& sc) {
   cairo_set_line_join(cr, CAIRO_LINE_JOIN_ROUND);
   cairo_set_line_cap(cr, CAIRO_LINE_CAP_BUTT);
   for (const Item& it : sc.items) {
+    cairo_set_dash(cr, it.dash.data(), static_cast<int>(it.dash.size()), 0);
     switch (it.kind) {
       case Item::Kind::kLine:
         cairo_move_to(cr, it.pts[0].x, it.pts[0].y);

@@ -38,7 +38,8 @@ struct PlotOptions {
 };
 
 // "Nice" axis ticks covering [lo, hi]: steps of 1, 2, 2.5 or 5 times a power of ten, about
-// `target` of them, first <= lo and last >= hi. lo == hi is widened around the value.
+// `target` of them, first <= lo and last >= hi, chosen to waste little axis beyond the data.
+// lo == hi is widened around the value.
 std::vector<double> nice_ticks(double lo, double hi, int target);
 
 // Tick label for value v on an axis whose tick step is `step`: as few decimals as the step

@@ -264,6 +264,13 @@ TEST_CASE("SVG is well-formed with one curve per run per panel, labels escaped")
   CHECK(xml_problem(only_loss) == "");
   CHECK(contains(only_loss, ">no eval records</text>"));
   CHECK(count(only_loss, "<polyline") == 1);
+  // Past 10 runs the colours repeat, dashed: run 10 looks unlike run 0.
+  std::vector<RunSeries> eleven(11, runs[1]);
+  const std::string many = render_svg(eleven, opts);
+  const size_t r0 = many.find("class=\"series run-0\""), r10 = many.find("class=\"series run-10\"");
+  REQUIRE(r10 != std::string::npos);
+  CHECK(many.substr(r0, 200).find("stroke-dasharray") == std::string::npos);
+  CHECK(many.substr(r10, 200).find("stroke-dasharray") != std::string::npos);
   // Invalid UTF-8 and control characters in a label cannot break the document.
   runs[1].label = std::string("x\x01y\xff\xc3(");
   CHECK(xml_problem(render_svg(runs, opts)) == "");
