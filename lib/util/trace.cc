@@ -49,7 +49,14 @@ void Tracer::record(char ph, std::string_view name, std::string_view cat, int64_
   bool known = false;
   for (const auto& tn : thread_names_) known = known || tn.first == tid;
   if (!known) thread_names_.emplace_back(tid, "thread " + std::to_string(tid));
-  events_.push_back(Event{ph, tid, ts, dur, std::string(name), std::string(cat), std::move(args)});
+  events_.push_back(Event{ts, dur, intern(name), intern(cat), tid, ph, std::move(args)});
+}
+
+uint32_t Tracer::intern(std::string_view s) {
+  const auto [it, inserted] =
+      string_ids_.try_emplace(std::string(s), static_cast<uint32_t>(strings_.size()));
+  if (inserted) strings_.push_back(it->first);
+  return it->second;
 }
 
 void Tracer::set_thread_name(std::string_view name) {
@@ -84,8 +91,12 @@ nlohmann::json Tracer::to_json() const {
     ev.push_back(metadata("thread_sort_index", pid_, tid, {{"sort_index", tid}}));
   }
   for (const Event& e : events_) {
-    nlohmann::json j = {{"name", e.name}, {"cat", e.cat}, {"ph", std::string(1, e.ph)},
-                        {"ts", e.ts},     {"pid", pid_},  {"tid", e.tid}};
+    nlohmann::json j = {{"name", strings_[e.name]},
+                        {"cat", strings_[e.cat]},
+                        {"ph", std::string(1, e.ph)},
+                        {"ts", e.ts},
+                        {"pid", pid_},
+                        {"tid", e.tid}};
     if (e.ph == 'X') j["dur"] = e.dur;
     if (e.ph == 'i') j["s"] = "t";
     if (!e.args.is_null()) j["args"] = e.args;

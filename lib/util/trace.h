@@ -27,9 +27,12 @@
 
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -75,15 +78,17 @@ class Tracer {
   void write(const std::string& path) const;
 
  private:
+  // 48 bytes: names are interned (a run uses a few dozen), so memory per event stays small.
   struct Event {
-    char ph;
-    int tid;
     int64_t ts, dur;
-    std::string name, cat;
+    uint32_t name, cat;  // indices into strings_
+    int tid;
+    char ph;
     nlohmann::json args;
   };
   void record(char ph, std::string_view name, std::string_view cat, int64_t ts, int64_t dur,
               nlohmann::json args);
+  uint32_t intern(std::string_view s);  // under mu_
 
   bool enabled_ = false;
   int pid_ = 0;
@@ -91,7 +96,9 @@ class Tracer {
   std::chrono::steady_clock::time_point steady0_{};
   int64_t unix0_us_ = 0;
   mutable std::mutex mu_;
-  std::vector<Event> events_;
+  std::deque<Event> events_;  // grows without moving what is recorded
+  std::vector<std::string> strings_;
+  std::unordered_map<std::string, uint32_t> string_ids_;
   std::vector<std::pair<int, std::string>> thread_names_;  // tid -> name, by first appearance
   size_t dropped_ = 0;
 };
@@ -107,7 +114,7 @@ class TraceScope {
   }
   TraceScope(Tracer& t, std::string_view name, std::string_view cat) : TraceScope(&t, name, cat) {}
   ~TraceScope() {
-    if (t_) t_->complete(name_, cat_, t0_, t_->now_us() - t0_, std::move(args_));
+    if (t_) t_->complete(name_, cat_, t0_, t_->now_us() - t0_, args_ ? std::move(*args_) : nullptr);
   }
   TraceScope(const TraceScope&) = delete;
   TraceScope& operator=(const TraceScope&) = delete;
@@ -120,7 +127,7 @@ class TraceScope {
   Tracer* t_;
   std::string_view name_, cat_;
   int64_t t0_ = 0;
-  nlohmann::json args_;
+  std::optional<nlohmann::json> args_;  // engaged only by set_args on an enabled tracer
 };
 
 // "run/trace.json" for rank r of a multi-process run: "run/trace.rank-<r>.json" (the files that
