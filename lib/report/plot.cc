@@ -403,6 +403,10 @@ Scene build_scene(const std::vector<RunSeries>& runs, const PlotOptions& opts) {
   const double panel_gap = 28;
   const double panel_w = (sc.w - 2 * margin - panel_gap) / 2;
   const double panel_h = sc.h - top - margin;
+  // Plot areas need room after the title, legend, ticks and axis labels (74 px of each panel).
+  if (panel_h < 74 + 60)
+    throw UserError("the figure is too small for the title and a legend of " +
+                    std::to_string(runs.size()) + " run(s): use a larger --height");
   const Axis xa = make_axis(xlo, xhi, std::clamp(static_cast<int>(panel_w / 90), 3, 10));
 
   PanelSpec loss{"Training loss", "loss", 1, false, &RunSeries::loss, "no train records"};
@@ -414,10 +418,10 @@ Scene build_scene(const std::vector<RunSeries>& runs, const PlotOptions& opts) {
 }
 
 void check_options(const PlotOptions& opts) {
-  if (opts.width < 320 || opts.width > 8000)
-    throw UserError("--width " + std::to_string(opts.width) + " is outside [320, 8000]");
-  if (opts.height < 200 || opts.height > 8000)
-    throw UserError("--height " + std::to_string(opts.height) + " is outside [200, 8000]");
+  if (opts.width < 480 || opts.width > 8000)
+    throw UserError("--width " + std::to_string(opts.width) + " is outside [480, 8000]");
+  if (opts.height < 240 || opts.height > 8000)
+    throw UserError("--height " + std::to_string(opts.height) + " is outside [240, 8000]");
 }
 
 // ---------------------------------------------------------------------------------------------

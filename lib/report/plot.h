@@ -33,8 +33,8 @@ RunSeries read_run(const std::string& run_dir);
 
 struct PlotOptions {
   std::string title;  // above the panels; none when empty
-  int width = 1200;   // pixels (SVG user units); each in [320, 8000]
-  int height = 480;   // in [200, 8000]
+  int width = 1200;   // pixels (SVG user units), in [480, 8000]
+  int height = 480;   // in [240, 8000]
 };
 
 // "Nice" axis ticks covering [lo, hi]: steps of 1, 2, 2.5 or 5 times a power of ten, about

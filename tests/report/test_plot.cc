@@ -342,6 +342,14 @@ TEST_CASE("plot_runs writes by extension and rejects bad requests") {
   PlotOptions tiny;
   tiny.width = 10;
   CHECK_THROWS_AS(plot_runs({a}, {}, dir / "o.svg", tiny), UserError);
+  // The smallest allowed figure still fits one run; 40 legend rows do not fit in it.
+  PlotOptions small;
+  small.width = 480;
+  small.height = 240;
+  plot_runs({a}, {}, dir / "small.png", small);
+  CHECK(contains(
+      error_of([&] { plot_runs(std::vector<std::string>(40, a), {}, dir / "o.svg", small); }),
+      "too small"));
   // Two folders with the same name are told apart by their paths.
   std::filesystem::create_directories(dir / "x");
   const std::string a2 = make_run(dir, "x/a", 10, 2);
