@@ -174,10 +174,8 @@ struct Item {
   enum class Kind { kLine, kPolyline, kText, kCircle };
   Kind kind = Kind::kLine;
   std::vector<Point> pts;  // line: 2 ends; polyline: its points; circle: centre
-  uint32_t stroke = 0;
-  bool has_stroke = true;
-  uint32_t fill = 0;
-  bool has_fill = false;
+  uint32_t stroke = 0;     // lines, polylines, circle outlines
+  uint32_t fill = 0;       // text, circles
   double width = 1;
   std::vector<double> dash;  // on/off lengths; empty: solid
   double radius = 0;
@@ -208,8 +206,6 @@ struct Scene {
     it.text = std::move(s);
     it.size = size;
     it.fill = color;
-    it.has_fill = true;
-    it.has_stroke = false;
     it.anchor = anchor;
     it.bold = bold;
     it.vertical = vertical;
@@ -222,6 +218,8 @@ constexpr uint32_t kAxis = 0x666666;   // axis lines and tick marks
 constexpr uint32_t kGrid = 0xe6e6e6;   // grid lines
 constexpr uint32_t kMuted = 0x999999;  // "no data" notes
 constexpr double kTickFont = 11.5;
+constexpr double kLabelFont = 12.5;
+
 // Past the 10 colours, runs repeat them dashed, then dotted, so no two of 30 runs look alike.
 std::vector<double> series_dash(size_t i) {
   if (i < 10) return {};
@@ -229,10 +227,8 @@ std::vector<double> series_dash(size_t i) {
   return {1, 4};  // with round caps: dots
 }
 
-constexpr double kLabelFont = 12.5;
-
 // Text width estimate for layout (both formats lay out the same way; the PNG renderer measures
-// the real glyphs only to anchor each string). 0.6 em is DejaVu Sans's digit advance.
+// the real glyphs only to anchor each string). DejaVu Sans averages about 0.6 em a character.
 double text_width(const std::string& s, double size) {
   size_t chars = 0;
   for (unsigned char c : s)
@@ -270,7 +266,6 @@ struct PanelSpec {
 
 void draw_panel(Scene& sc, double x0, double y0, double w, double h, const PanelSpec& spec,
                 const Axis& xa, const std::vector<RunSeries>& runs) {
-  // Panel title, left-aligned over the plot area.
   double lo = INFINITY, hi = -INFINITY;
   for (const auto& r : runs)
     for (const Point& p : r.*spec.series) {
@@ -278,12 +273,15 @@ void draw_panel(Scene& sc, double x0, double y0, double w, double h, const Panel
       hi = std::max(hi, p.y);
     }
   const bool empty = !(lo <= hi);
-  const double plot_h_guess = h - 28 - 44;
+  // Plot area: below the panel title, above the step ticks and label; left of it the value
+  // ticks, as wide as their longest label.
+  const double py0 = y0 + 30;
+  const double py1 = y0 + h - 44;
   Axis ya;
   std::vector<std::string> ylabels;
   double label_w = 0;
   if (!empty) {
-    ya = make_axis(lo, hi, std::clamp(static_cast<int>(plot_h_guess / 45), 3, 8));
+    ya = make_axis(lo, hi, std::clamp(static_cast<int>((py1 - py0) / 45), 3, 8));
     for (double t : ya.ticks) {
       ylabels.push_back(tick_label(t, ya.step, spec.y_scale));
       label_w = std::max(label_w, text_width(ylabels.back(), kTickFont));
@@ -291,13 +289,11 @@ void draw_panel(Scene& sc, double x0, double y0, double w, double h, const Panel
   }
   const double px0 = x0 + kLabelFont + 10 + label_w + 8;
   const double px1 = x0 + w - 12;
-  const double py0 = y0 + 30;
-  const double py1 = y0 + h - 44;
   const double pw = px1 - px0, ph = py1 - py0;
   const auto X = [&](double v) { return px0 + (v - xa.lo) / (xa.hi - xa.lo) * pw; };
   const auto Y = [&](double v) { return py1 - (v - ya.lo) / (ya.hi - ya.lo) * ph; };
 
-  sc.text(px0, y0 + 16, spec.title, 14, kInk, Anchor::kStart, true);
+  sc.text(px0, y0 + 16, spec.title, 14, kInk, Anchor::kStart, true);  // over the plot area
 
   // Grid, then axes and ticks on top of it.
   for (double t : xa.ticks) sc.line(snap(X(t)), py0, snap(X(t)), py1, kGrid, 1);
@@ -342,7 +338,6 @@ void draw_panel(Scene& sc, double x0, double y0, double w, double h, const Panel
       m.pts = {c};
       m.radius = 3.5;
       m.fill = series_color(i);
-      m.has_fill = true;
       m.stroke = 0xffffff;
       m.width = 1;
       sc.items.push_back(std::move(m));
@@ -403,7 +398,7 @@ Scene build_scene(const std::vector<RunSeries>& runs, const PlotOptions& opts) {
   const double panel_gap = 28;
   const double panel_w = (sc.w - 2 * margin - panel_gap) / 2;
   const double panel_h = sc.h - top - margin;
-  // Plot areas need room after the title, legend, ticks and axis labels (74 px of each panel).
+  // Plot areas need room after the title, legend, ticks and axis labels (74 px of a panel).
   if (panel_h < 74 + 60)
     throw UserError("the figure is too small for the title and a legend of " +
                     std::to_string(runs.size()) + " run(s): use a larger --height");
