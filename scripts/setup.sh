@@ -10,6 +10,7 @@ PACKAGES=(
   libcli11-dev libyaml-cpp-dev libspdlog-dev libopenblas-dev
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   doctest-dev zlib1g-dev nlohmann-json3-dev
+  pkg-config libcairo2-dev
   dataset-fashion-mnist
 )
 

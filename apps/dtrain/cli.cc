@@ -20,6 +20,7 @@
 #include "launch/launcher.h"
 #include "nn/loss.h"
 #include "nn/model.h"
+#include "report/plot.h"
 #include "tensor/blas.h"
 #include "train/distributed.h"
 #include "train/trainer.h"
@@ -224,6 +225,20 @@ int cli_main(int argc, char** argv) {
       ->required();
   consolidate->add_option("-o,--output", output, "file to write (.safetensors)")->required();
 
+  CLI::App* plot = app.add_subcommand(
+      "plot", "training loss and test accuracy against step for run folders, as SVG or PNG");
+  std::vector<std::string> plot_dirs, plot_labels;
+  std::string plot_out;
+  report::PlotOptions plot_opts;
+  plot->add_option("runs", plot_dirs, "run folders (the --out of dtrain run)")->required();
+  plot->add_option("-o,--output", plot_out, "image to write: FILE.svg or FILE.png")->required();
+  plot->add_option("--title", plot_opts.title, "title above the panels");
+  plot->add_option("--labels", plot_labels, "legend names, one per run (default: folder names)")
+      ->delimiter(',')
+      ->allow_extra_args(false);  // one comma-separated argument: run folders may follow it
+  plot->add_option("--width", plot_opts.width, "pixels")->capture_default_str();
+  plot->add_option("--height", plot_opts.height, "pixels")->capture_default_str();
+
   CLI::App* bench = app.add_subcommand("bench", "micro-benchmarks");
   bench->require_subcommand(1);
   CLI::App* bench_gemm_cmd = bench->add_subcommand(
@@ -306,6 +321,11 @@ int cli_main(int argc, char** argv) {
     }
     if (bench_gemm_cmd->parsed())
       return bench_gemm(widths, bench_batch, bench_threads, bench_iters);
+    if (plot->parsed()) {
+      report::plot_runs(plot_dirs, plot_labels, plot_out, plot_opts);
+      std::cout << "wrote " << plot_out << std::endl;
+      return kExitOk;
+    }
     const Config cfg = load_config(config_path, sets);
     if (validate->parsed()) {
       std::cout << config_path << ": ok (config hash " << config_hash(cfg) << ")" << std::endl;

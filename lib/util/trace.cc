@@ -1,0 +1,153 @@
+#include "util/trace.h"
+
+#include <atomic>
+#include <filesystem>
+
+#include "util/check.h"
+#include "util/fs.h"
+
+namespace dtrain {
+
+namespace {
+
+// Small per-thread ids shared by all tracers of the process, so one thread is one track.
+int this_thread_tid() {
+  static std::atomic<int> next{1};
+  thread_local const int tid = next.fetch_add(1, std::memory_order_relaxed);
+  return tid;
+}
+
+nlohmann::json metadata(const char* what, int pid, int tid, nlohmann::json args) {
+  return {{"ph", "M"}, {"name", what}, {"pid", pid}, {"tid", tid}, {"args", std::move(args)}};
+}
+
+}  // namespace
+
+Tracer::Tracer(bool enabled, int pid, size_t max_events)
+    : enabled_(enabled),
+      pid_(pid),
+      max_events_(max_events),
+      steady0_(std::chrono::steady_clock::now()),
+      unix0_us_(std::chrono::duration_cast<std::chrono::microseconds>(
+                    std::chrono::system_clock::now().time_since_epoch())
+                    .count()) {}
+
+int64_t Tracer::now_us() const {
+  return unix0_us_ + std::chrono::duration_cast<std::chrono::microseconds>(
+                         std::chrono::steady_clock::now() - steady0_)
+                         .count();
+}
+
+void Tracer::record(char ph, std::string_view name, std::string_view cat, int64_t ts, int64_t dur,
+                    nlohmann::json args) {
+  const int tid = this_thread_tid();
+  std::lock_guard<std::mutex> lock(mu_);
+  if (events_.size() >= max_events_) {
+    ++dropped_;
+    return;
+  }
+  bool known = false;
+  for (const auto& tn : thread_names_) known = known || tn.first == tid;
+  if (!known) thread_names_.emplace_back(tid, "thread " + std::to_string(tid));
+  events_.push_back(Event{ts, dur, intern(name), intern(cat), tid, ph, std::move(args)});
+}
+
+uint32_t Tracer::intern(std::string_view s) {
+  const auto [it, inserted] =
+      string_ids_.try_emplace(std::string(s), static_cast<uint32_t>(strings_.size()));
+  if (inserted) strings_.push_back(it->first);
+  return it->second;
+}
+
+void Tracer::set_thread_name(std::string_view name) {
+  if (!enabled_) return;
+  const int tid = this_thread_tid();
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& tn : thread_names_)
+    if (tn.first == tid) {
+      tn.second = std::string(name);
+      return;
+    }
+  thread_names_.emplace_back(tid, std::string(name));
+}
+
+size_t Tracer::event_count() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return events_.size();
+}
+
+size_t Tracer::dropped_count() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return dropped_;
+}
+
+nlohmann::json Tracer::to_json() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  nlohmann::json ev = nlohmann::json::array();
+  ev.push_back(metadata("process_name", pid_, 0, {{"name", "rank " + std::to_string(pid_)}}));
+  ev.push_back(metadata("process_sort_index", pid_, 0, {{"sort_index", pid_}}));
+  for (const auto& [tid, name] : thread_names_) {
+    ev.push_back(metadata("thread_name", pid_, tid, {{"name", name}}));
+    ev.push_back(metadata("thread_sort_index", pid_, tid, {{"sort_index", tid}}));
+  }
+  for (const Event& e : events_) {
+    nlohmann::json j = {{"name", strings_[e.name]},
+                        {"cat", strings_[e.cat]},
+                        {"ph", std::string(1, e.ph)},
+                        {"ts", e.ts},
+                        {"pid", pid_},
+                        {"tid", e.tid}};
+    if (e.ph == 'X') j["dur"] = e.dur;
+    if (e.ph == 'i') j["s"] = "t";
+    if (!e.args.is_null()) j["args"] = e.args;
+    ev.push_back(std::move(j));
+  }
+  return {{"traceEvents", std::move(ev)},
+          {"displayTimeUnit", "ms"},
+          {"otherData", {{"producer", "dtrain"}, {"rank", pid_}, {"dropped_events", dropped_}}}};
+}
+
+void Tracer::write(const std::string& path) const {
+  write_file_atomic(path, to_json().dump());
+}
+
+std::string rank_trace_path(const std::string& path, int rank) {
+  namespace fs = std::filesystem;
+  const fs::path p(path);
+  const std::string ext = p.has_extension() ? p.extension().string() : ".json";
+  return (p.parent_path() / (p.stem().string() + ".rank-" + std::to_string(rank) + ext)).string();
+}
+
+void merge_trace_files(const std::vector<std::string>& inputs, const std::string& out) {
+  nlohmann::json all = nlohmann::json::array();
+  nlohmann::json ranks = nlohmann::json::array();
+  size_t dropped = 0;
+  for (const auto& path : inputs) {
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(read_file(path));
+    } catch (const nlohmann::json::parse_error& e) {
+      throw UserError("'" + path + "' is not valid JSON: " + e.what());
+    }
+    // Chrome's format also allows a bare array of events.
+    const nlohmann::json* events = nullptr;
+    if (j.is_array()) events = &j;
+    if (j.is_object() && j.contains("traceEvents") && j["traceEvents"].is_array())
+      events = &j["traceEvents"];
+    if (events == nullptr) throw UserError("'" + path + "' is not a trace (no \"traceEvents\")");
+    for (const auto& e : *events) all.push_back(e);
+    if (j.is_object() && j.contains("otherData") && j["otherData"].is_object()) {
+      const auto& od = j["otherData"];
+      if (od.contains("rank")) ranks.push_back(od["rank"]);
+      if (od.contains("dropped_events") && od["dropped_events"].is_number_unsigned())
+        dropped += od["dropped_events"].get<size_t>();
+    }
+  }
+  const nlohmann::json merged = {
+      {"traceEvents", std::move(all)},
+      {"displayTimeUnit", "ms"},
+      {"otherData", {{"producer", "dtrain"}, {"ranks", ranks}, {"dropped_events", dropped}}}};
+  write_file_atomic(out, merged.dump());
+}
+
+}  // namespace dtrain
