@@ -257,11 +257,11 @@ PowerSgd::PowerSgd(const CompressionConfig& cfg, const std::vector<ParamEntry>& 
 std::string PowerSgd::describe() const {
   const int64_t sent = p_floats() + q_floats();
   return fmt::format(
-      "powersgd rank {}: {} matrices as factors, {} floats exact; all-reduces {} floats per step "
-      "instead of {} ({:.1f}x fewer bytes, error feedback {})",
-      r_, mats_.size(), dense_total_, sent, n_,
-      sent > 0 ? static_cast<double>(n_) / static_cast<double>(sent) : 1.0,
-      cfg_.error_feedback ? "on" : "off");
+      "powersgd rank {}: all-reduces {} floats ({} bytes) per step instead of {} ({} bytes), "
+      "{:.1f}x fewer: {} matrices as factors, {} floats exact (error feedback {})",
+      r_, sent, sent * 4, n_, n_ * 4,
+      sent > 0 ? static_cast<double>(n_) / static_cast<double>(sent) : 1.0, mats_.size(),
+      dense_total_, cfg_.error_feedback ? "on" : "off");
 }
 
 double PowerSgd::residual_sq() const {
