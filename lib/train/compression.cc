@@ -202,6 +202,22 @@ void project_out(float* row, const float* pt, int64_t j, int64_t len) {
     }
 }
 
+// out (rows x cols) = P Q^T = sum over k of row k of pt (P^T, r x rows) times row k of qt (Q^T,
+// r x cols): r rank-1 updates, row by row (a row stays in L1; no aliasing, so it vectorises).
+void outer_product_sum(const float* __restrict pt, const float* __restrict qt,
+                       float* __restrict out, int64_t rows, int64_t cols, int64_t r) {
+  for (int64_t i = 0; i < rows; ++i) {
+    float* __restrict row = out + i * cols;
+    const float p0 = pt[i];
+    for (int64_t j = 0; j < cols; ++j) row[j] = p0 * qt[j];
+    for (int64_t k = 1; k < r; ++k) {
+      const float pk = pt[k * rows + i];
+      const float* __restrict q = qt + k * cols;
+      for (int64_t j = 0; j < cols; ++j) row[j] += pk * q[j];
+    }
+  }
+}
+
 }  // namespace
 
 PowerSgd::PowerSgd(const CompressionConfig& cfg, const std::vector<ParamEntry>& params, int64_t n,
@@ -333,10 +349,13 @@ void PowerSgd::allreduce_sum(Communicator& comm, float* grad) {
     }
   }
   if (multi) comm.allreduce(q_.data(), q_.size(), ReduceOp::kSum);
-  // The result, P Q^T with the summed Q; q_ keeps the sum as the next step's start.
+  // The result, P Q^T with the summed Q; q_ keeps the sum as the next step's start. A plain
+  // loop, not gemm: every rank must compute bitwise the same values from the same P and Q, and
+  // OpenBLAS picks kernels (summation order, FMA) by CPU and thread count, which may differ
+  // between hosts. Orthonormalisation is plain code for the same reason.
   for (const Matrix& m : mats_)
-    gemm(true, false, m.rows, m.cols, r, 1.0f, p_.data() + m.p_offset, m.rows,
-         q_.data() + m.q_offset, m.cols, 0.0f, grad + m.offset, m.cols);
+    outer_product_sum(p_.data() + m.p_offset, q_.data() + m.q_offset, grad + m.offset, m.rows,
+                      m.cols, r);
 }
 
 }  // namespace dtrain
