@@ -63,7 +63,7 @@ const std::map<std::string, KeyList, std::less<>>& schema() {
       {"distributed.pipeline",
        {"stages", "micro_batches", "schedule", "partition", "activation_checkpointing"}},
       {"distributed.fsdp", {"unit", "layers_per_unit", "reshard_after_forward"}},
-      {"distributed.compression", {"type", "ratio", "error_feedback"}},
+      {"distributed.compression", {"type", "ratio", "rank", "error_feedback"}},
       {"distributed.local_sgd",
        {"sync_every", "sync_optimizer_state", "outer_lr", "outer_momentum"}},
       {"distributed.tls", {"cert", "key", "ca"}},
@@ -585,6 +585,7 @@ class Reader {
     CompressionConfig& cc = c.distributed.compression;
     read("distributed.compression.type", cc.type);
     read("distributed.compression.ratio", cc.ratio);
+    read("distributed.compression.rank", cc.rank);
     read("distributed.compression.error_feedback", cc.error_feedback);
     LocalSgdConfig& ls = c.distributed.local_sgd;
     read("distributed.local_sgd.sync_every", ls.sync_every);
@@ -666,9 +667,13 @@ class Reader {
                 "): micro-batches split a batch by samples");
     }
     const CompressionConfig& cc = c.distributed.compression;
-    check_enum("distributed.compression.type", cc.type, {"none", "fp16", "bf16", "int8", "topk"});
+    check_enum("distributed.compression.type", cc.type,
+               {"none", "fp16", "bf16", "int8", "topk", "powersgd"});
     check(cc.ratio > 0 && cc.ratio <= 1, "distributed.compression.ratio",
           "must be in (0, 1] (got " + show(cc.ratio) + ")");
+    check(
+        cc.rank >= 1, "distributed.compression.rank",
+        "must be >= 1: the number of columns of the PowerSGD factors (got " + show(cc.rank) + ")");
     check(cc.type == "none" || c.distributed.strategy == "ddp", "distributed.compression.type",
           "compression applies to strategy ddp (got strategy '" + c.distributed.strategy + "')");
     const LocalSgdConfig& ls = c.distributed.local_sgd;
@@ -947,6 +952,7 @@ nlohmann::json config_to_json(const Config& c) {
                       {"compression",
                        {{"type", dc.compression.type},
                         {"ratio", dc.compression.ratio},
+                        {"rank", dc.compression.rank},
                         {"error_feedback", dc.compression.error_feedback}}},
                       {"fsdp",
                        {{"unit", dc.fsdp.unit},

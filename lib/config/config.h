@@ -147,8 +147,9 @@ struct PipelineConfig {
 };
 
 struct CompressionConfig {
-  std::string type = "none";   // none | fp16 | bf16 | int8 | topk
+  std::string type = "none";   // none | fp16 | bf16 | int8 | topk | powersgd
   double ratio = 0.01;         // topk: fraction of gradient entries sent, in (0, 1]
+  int64_t rank = 4;            // powersgd: rank of the low-rank factors, >= 1
   bool error_feedback = true;  // add what compression dropped to the next step's gradient
 };
 

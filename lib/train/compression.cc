@@ -4,6 +4,9 @@
 #include <cmath>
 #include <cstring>
 
+#include <fmt/format.h>
+
+#include "tensor/blas.h"
 #include "util/check.h"
 
 namespace dtrain {
@@ -157,6 +160,202 @@ void GradCompressor::allreduce_sum(Communicator& comm, float* grad) {
   for (int r = 0; r < w; ++r)
     decode_add(reinterpret_cast<const uint8_t*>(gathered_.data() + words * static_cast<size_t>(r)),
                grad);
+}
+
+}  // namespace dtrain
+
+namespace dtrain {
+
+std::string GradCompressor::describe() const {
+  return fmt::format("{}: {} bytes per rank per step instead of {} (error feedback {})", cfg_.type,
+                     msg_bytes_, n_ * 4, cfg_.error_feedback ? "on" : "off");
+}
+
+std::unique_ptr<GradReducer> make_grad_reducer(const CompressionConfig& cfg,
+                                               const std::vector<ParamEntry>& params, int64_t n,
+                                               uint64_t seed) {
+  if (cfg.type == "powersgd") return std::make_unique<PowerSgd>(cfg, params, n, seed);
+  return std::make_unique<GradCompressor>(cfg, n);
+}
+
+namespace {
+
+// Relative norm below which a row of P^T, once the earlier rows are projected out, counts as
+// zero (rank-deficient M or Q): it is then replaced rather than divided by ~0. float32 rounding
+// leaves ~1e-7 relative, so anything under 1e-5 is noise, not a direction of M.
+constexpr double kRankTol = 1e-5;
+
+double dot(const float* a, const float* b, int64_t n) {
+  double s = 0;
+  for (int64_t i = 0; i < n; ++i) s += static_cast<double>(a[i]) * b[i];
+  return s;
+}
+
+// Removes from row its components along the (orthonormal) rows [0, j) of pt, twice: one pass of
+// Gram-Schmidt in float leaves O(eps |row| / |result|) of them ("twice is enough").
+void project_out(float* row, const float* pt, int64_t j, int64_t len) {
+  for (int pass = 0; pass < 2; ++pass)
+    for (int64_t k = 0; k < j; ++k) {
+      const float* e = pt + k * len;
+      const float d = static_cast<float>(dot(row, e, len));
+      for (int64_t i = 0; i < len; ++i) row[i] -= d * e[i];
+    }
+}
+
+// out (rows x cols) = P Q^T = sum over k of row k of pt (P^T, r x rows) times row k of qt (Q^T,
+// r x cols): r rank-1 updates, row by row (a row stays in L1; no aliasing, so it vectorises).
+void outer_product_sum(const float* __restrict pt, const float* __restrict qt,
+                       float* __restrict out, int64_t rows, int64_t cols, int64_t r) {
+  for (int64_t i = 0; i < rows; ++i) {
+    float* __restrict row = out + i * cols;
+    const float p0 = pt[i];
+    for (int64_t j = 0; j < cols; ++j) row[j] = p0 * qt[j];
+    for (int64_t k = 1; k < r; ++k) {
+      const float pk = pt[k * rows + i];
+      const float* __restrict q = qt + k * cols;
+      for (int64_t j = 0; j < cols; ++j) row[j] += pk * q[j];
+    }
+  }
+}
+
+}  // namespace
+
+PowerSgd::PowerSgd(const CompressionConfig& cfg, const std::vector<ParamEntry>& params, int64_t n,
+                   uint64_t seed)
+    : cfg_(cfg), n_(n), r_(cfg.rank), rng_(seed, 0x9057e75d) {
+  DT_CHECK_GE(r_, 1);
+  // Ranges of the flat buffer in table order; a matrix is compressed when its factors are
+  // smaller than it, everything else (and any gap in the table) is sent as it is.
+  std::vector<std::pair<int64_t, int64_t>> dense;
+  int64_t pos = 0, p_len = 0, q_len = 0, res_len = 0;
+  auto add_dense = [&](int64_t b, int64_t e) {
+    if (e <= b) return;
+    if (!dense.empty() && dense.back().second == b)
+      dense.back().second = e;
+    else
+      dense.emplace_back(b, e);
+  };
+  std::vector<ParamEntry> sorted = params;
+  std::sort(sorted.begin(), sorted.end(),
+            [](const ParamEntry& a, const ParamEntry& b) { return a.offset < b.offset; });
+  for (const ParamEntry& pe : sorted) {
+    DT_CHECK_GE(pe.offset, pos);
+    DT_CHECK_LE(pe.offset + pe.numel, n);
+    add_dense(pos, pe.offset);
+    pos = pe.offset + pe.numel;
+    if (pe.shape.size() == 2 && r_ * (pe.shape[0] + pe.shape[1]) < pe.numel) {
+      Matrix m{.offset = pe.offset,
+               .rows = pe.shape[0],
+               .cols = pe.shape[1],
+               .p_offset = p_len,
+               .q_offset = q_len,
+               .res_offset = res_len};
+      DT_CHECK_EQ(m.rows * m.cols, pe.numel);
+      p_len += r_ * m.rows;
+      q_len += r_ * m.cols;
+      res_len += pe.numel;
+      mats_.push_back(m);
+    } else {
+      add_dense(pe.offset, pos);
+    }
+  }
+  add_dense(pos, n);
+  dense_ = std::move(dense);
+  for (const auto& [b, e] : dense_) dense_total_ += e - b;
+  p_.assign(static_cast<size_t>(p_len + dense_total_), 0.0f);
+  // Q starts as N(0, 1) from the run seed: every rank draws the same Q.
+  Rng q_rng(seed, 0x51ed);
+  q_.resize(static_cast<size_t>(q_len));
+  for (float& v : q_) v = q_rng.normal();
+  if (cfg.error_feedback) residual_.assign(static_cast<size_t>(res_len), 0.0f);
+}
+
+std::string PowerSgd::describe() const {
+  const int64_t sent = p_floats() + q_floats();
+  return fmt::format(
+      "powersgd rank {}: all-reduces {} floats ({} bytes) per step instead of {} ({} bytes), "
+      "{:.1f}x fewer: {} matrices as factors, {} floats exact (error feedback {})",
+      r_, sent, sent * 4, n_, n_ * 4,
+      sent > 0 ? static_cast<double>(n_) / static_cast<double>(sent) : 1.0, mats_.size(),
+      dense_total_, cfg_.error_feedback ? "on" : "off");
+}
+
+double PowerSgd::residual_sq() const {
+  double s = 0;
+  for (float v : residual_) s += static_cast<double>(v) * v;
+  return s;
+}
+
+void PowerSgd::orthonormalise_rows(float* pt, int64_t rows, int64_t len) {
+  // rows < len: a matrix is compressed only when r (n + m) < n m, hence r < min(n, m).
+  DT_CHECK_LT(rows, len);
+  for (int64_t j = 0; j < rows; ++j) {
+    float* row = pt + j * len;
+    const double before = std::sqrt(dot(row, row, len));
+    if (!std::isfinite(before)) continue;  // a non-finite gradient stays visible to the trainer
+    project_out(row, pt, j, len);
+    double after = std::sqrt(dot(row, row, len));
+    // Rank-deficient (a zero gradient, a matrix of rank < r): any unit direction orthogonal to
+    // the earlier rows keeps P orthonormal, and P P^T M stays a projection of M. Drawing it from
+    // rng_ keeps the ranks in step: P^T is the same on every rank, so they all draw here.
+    if (!(after > kRankTol * before)) {
+      for (int tries = 0;; ++tries) {
+        DT_CHECK_MSG(tries < 8, "PowerSGD found no direction orthogonal to " << j << " rows");
+        for (int64_t i = 0; i < len; ++i) row[i] = rng_.normal();
+        const double fresh = std::sqrt(dot(row, row, len));
+        project_out(row, pt, j, len);
+        after = std::sqrt(dot(row, row, len));
+        if (after > 0.1 * fresh) break;  // j < len: a random vector almost surely passes
+      }
+    }
+    const float inv = static_cast<float>(1.0 / after);
+    for (int64_t i = 0; i < len; ++i) row[i] *= inv;
+  }
+}
+
+void PowerSgd::allreduce_sum(Communicator& comm, float* grad) {
+  const bool multi = comm.size() > 1;
+  const int64_t r = r_;
+  // P^T = Q^T M^T for every matrix, M with this rank's residual added.
+  for (const Matrix& m : mats_) {
+    float* M = grad + m.offset;
+    if (!residual_.empty()) {
+      const float* res = residual_.data() + m.res_offset;
+      for (int64_t i = 0; i < m.rows * m.cols; ++i) M[i] += res[i];
+    }
+    gemm(false, true, r, m.rows, m.cols, 1.0f, q_.data() + m.q_offset, m.cols, M, m.cols, 0.0f,
+         p_.data() + m.p_offset, m.rows);
+  }
+  // The dense ranges ride in the same all-reduce as the P's.
+  float* dense = p_.data() + (p_floats() - dense_total_);
+  for (const auto& [b, e] : dense_) dense = std::copy(grad + b, grad + e, dense);
+  if (multi) comm.allreduce(p_.data(), p_.size(), ReduceOp::kSum);
+  dense = p_.data() + (p_floats() - dense_total_);
+  for (const auto& [b, e] : dense_) {
+    std::copy(dense, dense + (e - b), grad + b);
+    dense += e - b;
+  }
+  // Q^T = P^T M with orthonormal P (identical on every rank); residual = M - P (M^T P)^T.
+  for (const Matrix& m : mats_) {
+    float* pt = p_.data() + m.p_offset;
+    float* qt = q_.data() + m.q_offset;
+    const float* M = grad + m.offset;
+    orthonormalise_rows(pt, r, m.rows);
+    gemm(false, false, r, m.cols, m.rows, 1.0f, pt, m.rows, M, m.cols, 0.0f, qt, m.cols);
+    if (!residual_.empty()) {
+      float* res = residual_.data() + m.res_offset;
+      std::copy(M, M + m.rows * m.cols, res);
+      gemm(true, false, m.rows, m.cols, r, -1.0f, pt, m.rows, qt, m.cols, 1.0f, res, m.cols);
+    }
+  }
+  if (multi) comm.allreduce(q_.data(), q_.size(), ReduceOp::kSum);
+  // The result, P Q^T with the summed Q; q_ keeps the sum as the next step's start. A plain
+  // loop, not gemm: every rank must compute bitwise the same values from the same P and Q, and
+  // OpenBLAS picks kernels (summation order, FMA) by CPU and thread count, which may differ
+  // between hosts. Orthonormalisation is plain code for the same reason.
+  for (const Matrix& m : mats_)
+    outer_product_sum(p_.data() + m.p_offset, q_.data() + m.q_offset, grad + m.offset, m.rows,
+                      m.cols, r);
 }
 
 }  // namespace dtrain

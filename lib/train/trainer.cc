@@ -536,14 +536,13 @@ nlohmann::json train_rank(const Config& cfg, const RunOptions& opts, Communicato
         lsc.sync_optimizer_state ? ", optimizer state too" : "",
         outer ? fmt::format(", outer Nesterov lr {} momentum {}", lsc.outer_lr, lsc.outer_momentum)
               : std::string());
-  // DDP with compression: the whole gradient is encoded after backward and all-gathered.
-  std::unique_ptr<GradCompressor> compressor;
+  // DDP with compression: the whole gradient is compressed after backward and exchanged
+  // (all-gathered messages, or PowerSGD's all-reduced factors).
+  std::unique_ptr<GradReducer> compressor;
   if (world > 1 && !local_sgd && cfg.distributed.compression.type != "none") {
-    compressor = std::make_unique<GradCompressor>(cfg.distributed.compression, P);
-    if (lead)
-      spdlog::info("compression {}: {} bytes per rank per step instead of {} (error feedback {})",
-                   cfg.distributed.compression.type, compressor->message_bytes(), P * 4,
-                   cfg.distributed.compression.error_feedback ? "on" : "off");
+    compressor = make_grad_reducer(cfg.distributed.compression, model.params(), P,
+                                   static_cast<uint64_t>(cfg.seed));
+    if (lead) spdlog::info("compression {}", compressor->describe());
   }
   std::vector<WorkPtr> works;
   std::vector<std::vector<int64_t>> micro_idx;

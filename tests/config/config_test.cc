@@ -408,6 +408,14 @@ TEST_CASE("every range and enum rule, via --set") {
        "distributed.fsdp.unit: must be one of layer, model (got 'block')"},
       {"distributed.fsdp.layers_per_unit=0",
        "distributed.fsdp.layers_per_unit: must be >= 1 (got 0)"},
+      {"distributed.compression.type=powersdg",
+       "distributed.compression.type: must be one of none, fp16, bf16, int8, topk, powersgd (got "
+       "'powersdg'; did you mean 'powersgd'?)"},
+      {"distributed.compression.ratio=0",
+       "distributed.compression.ratio: must be in (0, 1] (got 0)"},
+      {"distributed.compression.rank=0",
+       "distributed.compression.rank: must be >= 1: the number of columns of the PowerSGD "
+       "factors (got 0)"},
       {"runtime.threads=-1", "runtime.threads: must be in [0, 1024] (got -1)"},
       {"runtime.threads=1025", "runtime.threads: must be in [0, 1024] (got 1025)"},
   };
@@ -419,7 +427,8 @@ TEST_CASE("every range and enum rule, via --set") {
   for (const char* ok :
        {"optimizer.momentum=0", "model.dropout=0", "data.test_fraction=0", "seed=0",
         "optimizer.schedule.gamma=1", "distributed.world_size=1024", "runtime.threads=1024",
-        "train.max_steps=5", "data.synthetic.seed=-1", "model.hidden=[1]"}) {
+        "train.max_steps=5", "data.synthetic.seed=-1", "model.hidden=[1]",
+        "distributed.compression.rank=1", "distributed.compression.type=powersgd"}) {
     CAPTURE(ok);
     CHECK(set_error(ok) == "(no error)");
   }
@@ -441,6 +450,27 @@ TEST_CASE("every range and enum rule, via --set") {
   // zero3 is read as fsdp.
   CHECK(parse_config(kSynthetic, "x.yaml", {"distributed.strategy=zero3"}).distributed.strategy ==
         "fsdp");
+}
+
+TEST_CASE("powersgd compression: rank defaults to 4, is an integer and reaches config.json") {
+  const Config d = parse_config(kSynthetic, "x.yaml", {"distributed.compression.type=powersgd"});
+  CHECK(d.distributed.compression.type == "powersgd");
+  CHECK(d.distributed.compression.rank == 4);
+  const Config c = parse_config(
+      "data: {format: synthetic}\n"
+      "distributed: {compression: {type: powersgd, rank: 2, error_feedback: false}}\n",
+      "x.yaml");
+  CHECK(c.distributed.compression.rank == 2);
+  CHECK_FALSE(c.distributed.compression.error_feedback);
+  CHECK(config_to_json(c)["distributed"]["compression"]["rank"] == 2);
+  CHECK(config_hash(c) !=
+        config_hash(
+            parse_config(kSynthetic, "x.yaml",
+                         {"distributed.compression.type=powersgd", "distributed.compression.rank=3",
+                          "distributed.compression.error_feedback=false"})));
+  const std::string e = set_error("distributed.compression.rank=1.5");
+  CHECK(e.find("distributed.compression.rank") != std::string::npos);
+  CHECK(e != "(no error)");
 }
 
 TEST_CASE("data keys must fit data.format") {
@@ -632,6 +662,7 @@ TEST_CASE("config_to_json writes every field and loads back to the same config")
     CHECK(j["train"].size() == 6);
     CHECK(j["train"]["checkpoint"].size() == 2);
     CHECK(j["distributed"].size() == 13);
+    CHECK(j["distributed"]["compression"].size() == 4);
     CHECK(j["runtime"].size() == 1);
     // JSON is YAML: the dump parses back to an identical config.
     CHECK(config_to_json(parse_config(j.dump(), "json")) == j);

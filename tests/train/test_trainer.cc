@@ -350,3 +350,25 @@ TEST_CASE("compression type none is exactly DDP, and fp16 stays close to it") {
   CHECK(rel < 1e-2);  // and stayed close
   CHECK(f16["comm_bytes_sent"].get<double>() < 0.55 * ddp["comm_bytes_sent"].get<double>());
 }
+
+TEST_CASE("powersgd compression trains as well as DDP on a quarter of the bytes") {
+  spdlog::set_level(spdlog::level::warn);
+  TempDir dir;
+  auto with = [&](std::vector<std::string> extra, const std::string& out) {
+    std::vector<std::string> o = {"distributed.world_size=2"};
+    o.insert(o.end(), extra.begin(), extra.end());
+    RunOptions ro;
+    ro.out_dir = dir / out;
+    return run_training(parse_config(kSynthetic, "s.yaml", o), ro);
+  };
+  const auto ddp = with({}, "ddp");
+  // 12-32-32-4 MLP at rank 2: all three weights as factors, 356 of 1604 floats per step.
+  const auto psgd =
+      with({"distributed.compression.type=powersgd", "distributed.compression.rank=2"}, "psgd");
+  const double ratio = psgd["comm_bytes_sent"].get<double>() / ddp["comm_bytes_sent"].get<double>();
+  INFO("bytes ratio ", ratio, ", accuracy ", psgd["test_accuracy"].get<double>(), " vs ",
+       ddp["test_accuracy"].get<double>());
+  CHECK(ratio < 0.25);
+  CHECK(psgd["test_accuracy"].get<double>() > 0.9);
+  CHECK(psgd["test_accuracy"].get<double>() > ddp["test_accuracy"].get<double>() - 0.02);
+}
