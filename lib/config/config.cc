@@ -659,9 +659,6 @@ class Reader {
       check(pc.stages <= linears, "distributed.pipeline.stages",
             "the model has " + show(linears) + " layers with parameters, fewer than " +
                 show(pc.stages) + " stages");
-      check(c.distributed.world_size % pc.stages == 0, "distributed.world_size",
-            "must be a multiple of distributed.pipeline.stages (" + show(pc.stages) +
-                "): ranks form stages x replicas");
       check(c.data.batch_size >= pc.micro_batches, "distributed.pipeline.micro_batches",
             "must be at most data.batch_size (" + show(c.data.batch_size) +
                 "): micro-batches split a batch by samples");

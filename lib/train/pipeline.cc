@@ -131,7 +131,7 @@ nlohmann::json train_pipeline(const Config& cfg, const RunOptions& opts, Communi
   if (world % S != 0)
     throw UserError("world size " + std::to_string(world) +
                     " is not a multiple of distributed.pipeline.stages (" + std::to_string(S) +
-                    ")");
+                    "): ranks form stages x replicas");
   const int D = world / S;
   const int stage = rank % S, replica = rank / S;
   const bool first_stage = stage == 0, last_stage = stage == S - 1;

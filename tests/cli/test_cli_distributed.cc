@@ -242,3 +242,48 @@ runtime: {threads: 1}
   CHECK(r.exit_code == 2);
   CHECK(contains(r.output, "DTRAIN_FAULT"));
 }
+
+TEST_CASE("pipelines over gRPC compute the same parameters as in-process ranks") {
+  TempDir dir;
+  const std::string cfg = dir.write("c.yaml", R"(seed: 5
+model: {hidden: [16, 12, 8]}
+data:
+  format: synthetic
+  synthetic: {samples: 500, features: 9, classes: 3}
+  batch_size: 10
+optimizer: {type: adam, lr: 0.01}
+train: {epochs: 0, max_steps: 20}
+distributed: {strategy: pipeline, pipeline: {stages: 2, micro_batches: 3}}
+runtime: {threads: 1}
+)");
+  // 2 stages x 2 replicas (1f1b), and 3 stages (gpipe, activation checkpointing).
+  const std::vector<std::pair<int, std::string>> cases = {
+      {4, ""},
+      {3,
+       " --set distributed.pipeline.stages=3 --set distributed.pipeline.schedule=gpipe --set "
+       "distributed.pipeline.activation_checkpointing=true"}};
+  for (const auto& [world, extra] : cases) {
+    const std::string w = std::to_string(world);
+    auto r = run_cmd(kBin + " launch --nproc " + w + " " + cfg + extra + " --out " +
+                     dir / ("grpc" + w) + " --log-level warn");
+    REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+    r = run_cmd(kBin + " run " + cfg + extra + " --set distributed.world_size=" + w + " --out " +
+                dir / ("inproc" + w) + " --log-level warn");
+    REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+    for (const char* kind : {"grpc", "inproc"}) {
+      r = run_cmd(kBin + " checkpoint consolidate " + dir / (kind + w) + " -o " +
+                  dir / (kind + w + ".safetensors"));
+      REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+    }
+    const auto a = dtrain::read_safetensors(dir / ("grpc" + w + ".safetensors"));
+    const auto b = dtrain::read_safetensors(dir / ("inproc" + w + ".safetensors"));
+    REQUIRE(a.tensors.size() == b.tensors.size());
+    for (const auto& [name, t] : a.tensors)
+      CHECK_MESSAGE(t.data == b.tensors.at(name).data, "world ", world, " ", name);
+  }
+  // A launch whose world size the stages do not divide is refused, not hung.
+  const auto r =
+      run_cmd(kBin + " launch --nproc 3 " + cfg + " --out " + dir / "bad" + " --log-level warn");
+  CHECK(r.exit_code == 2);
+  CHECK(contains(r.output, "not a multiple of distributed.pipeline.stages"));
+}

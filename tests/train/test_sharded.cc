@@ -15,6 +15,7 @@
 #include "util/check.h"
 
 using namespace dtrain;
+using dtrain::testing::as_file;
 using dtrain::testing::checkpoint_rel_diff;
 using dtrain::testing::TempDir;
 
@@ -40,17 +41,6 @@ nlohmann::json train(const std::string& out, const std::vector<std::string>& set
   o.out_dir = out;
   o.resume = resume;
   return run_training(parse_config(kBase, "sharded.yaml", sets), o);
-}
-
-// The parameters and optimizer state of a run's checkpoint at `step` as one file: sharded
-// folders are consolidated.
-std::string as_file(const std::string& run, int64_t step) {
-  const fs::path dir = fs::path(run) / "checkpoints";
-  const fs::path file = dir / checkpoint_file_name(step);
-  if (fs::exists(file)) return file.string();
-  const fs::path out = fs::path(run) / ("consolidated-" + std::to_string(step) + ".safetensors");
-  consolidate_checkpoint((dir / sharded_checkpoint_name(step)).string(), out.string());
-  return out.string();
 }
 
 }  // namespace

@@ -7,6 +7,9 @@
 #include <cmath>
 #include <string>
 
+#include <filesystem>
+
+#include "checkpoint/checkpoint.h"
 #include "checkpoint/safetensors.h"
 
 namespace dtrain::testing {
@@ -26,6 +29,17 @@ inline double checkpoint_rel_diff(const std::string& a_path, const std::string& 
     }
   }
   return max_diff / max_abs;
+}
+
+// A run's checkpoint at `step` as one file: a sharded folder is consolidated next to the run.
+inline std::string as_file(const std::string& run, int64_t step) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::path(run) / "checkpoints";
+  const fs::path file = dir / checkpoint_file_name(step);
+  if (fs::exists(file)) return file.string();
+  const fs::path out = fs::path(run) / ("consolidated-" + std::to_string(step) + ".safetensors");
+  consolidate_checkpoint((dir / sharded_checkpoint_name(step)).string(), out.string());
+  return out.string();
 }
 
 }  // namespace dtrain::testing

@@ -1,0 +1,152 @@
+// Pipeline parallelism: partitioning, and every schedule against single-process training.
+#include <doctest/doctest.h>
+
+#include <filesystem>
+
+#include <spdlog/spdlog.h>
+
+#include "test_util.h"
+#include "train/pipeline.h"
+#include "train/train_test_util.h"
+#include "train/trainer.h"
+#include "util/check.h"
+
+using namespace dtrain;
+using dtrain::testing::as_file;
+using dtrain::testing::checkpoint_rel_diff;
+using dtrain::testing::TempDir;
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// Four layers with parameters (12-14-10-8-3), tanh, no dropout: the pipeline's arithmetic is
+// the single process's, up to summation order across micro-batches.
+const char* kBase = R"(
+seed: 9
+model: {hidden: [14, 10, 8], activation: tanh}
+data:
+  format: synthetic
+  synthetic: {samples: 700, features: 12, classes: 3, noise: 0.7}
+  batch_size: 14
+optimizer: {type: adam, lr: 0.004}
+train: {epochs: 0, max_steps: 20, log_every: 5}
+runtime: {threads: 1}
+)";
+
+nlohmann::json train(const std::string& out, const std::vector<std::string>& sets) {
+  RunOptions o;
+  o.out_dir = out;
+  return run_training(parse_config(kBase, "pipe.yaml", sets), o);
+}
+
+}  // namespace
+
+TEST_CASE("stage partitions: uniform by layer count, balanced by cost, contiguous and complete") {
+  ModelConfig mc;
+  mc.hidden = {512, 16, 16, 16, 16};
+  const Model m = build_mlp(mc, 784, 10);  // 6 Linear layers, the first far the heaviest
+  for (int S = 1; S <= 6; ++S) {
+    for (const char* how : {"uniform", "balanced"}) {
+      CAPTURE(S);
+      CAPTURE(how);
+      const auto p = partition_stages(m, S, how);
+      REQUIRE(p.size() == static_cast<size_t>(S));
+      CHECK(p.front().first == 0);
+      CHECK(p.back().second == m.num_layers());
+      for (size_t s = 0; s + 1 < p.size(); ++s) CHECK(p[s].second == p[s + 1].first);
+      for (const auto& [a, b] : p) CHECK(m.layer_end(b - 1) > m.layer_begin(a));
+    }
+  }
+  // uniform: 6 layers with parameters over 4 stages -> 2, 2, 1, 1; balanced puts the big first
+  // layer alone.
+  const auto u = partition_stages(m, 4, "uniform");
+  CHECK(u[0] == LayerRange{0, 4});
+  const auto b = partition_stages(m, 2, "balanced");
+  CHECK(b[0] == LayerRange{0, 2});
+}
+
+TEST_CASE("pipelines equal single-process training: S = 2, 3, 4, M in 1, S, 2S+1, both schedules") {
+  spdlog::set_level(spdlog::level::warn);
+  TempDir dir;
+  train(dir / "single", {});
+  const std::string ref = as_file(dir / "single", 20);
+  int runs = 0;
+  for (int S : {2, 3, 4}) {
+    for (int M : {1, S, 2 * S + 1}) {
+      for (const char* schedule : {"gpipe", "1f1b"}) {
+        for (const char* ckpt : {"false", "true"}) {
+          const std::string tag = std::to_string(S) + "_" + std::to_string(M) + schedule + ckpt;
+          const auto s =
+              train(dir / tag,
+                    {"distributed.strategy=pipeline", "distributed.world_size=" + std::to_string(S),
+                     "distributed.pipeline.stages=" + std::to_string(S),
+                     "distributed.pipeline.micro_batches=" + std::to_string(M),
+                     std::string("distributed.pipeline.schedule=") + schedule,
+                     std::string("distributed.pipeline.activation_checkpointing=") + ckpt});
+          REQUIRE(s["stages"].size() == static_cast<size_t>(S));
+          const double rel = checkpoint_rel_diff(ref, as_file(dir / tag, 20));
+          INFO(tag, " rel ", rel);
+          CHECK(rel < 1e-5);
+          ++runs;
+        }
+      }
+    }
+  }
+  CHECK(runs == 36);
+  // S = 2 x D = 2 replicas equals one process with the replicas' global batch (28), and the
+  // uniform partition and SGD with momentum and clipping too.
+  train(dir / "single28", {"data.batch_size=28"});
+  train(dir / "pd", {"distributed.strategy=pipeline", "distributed.world_size=4",
+                     "distributed.pipeline.stages=2", "distributed.pipeline.micro_batches=3"});
+  CHECK(checkpoint_rel_diff(as_file(dir / "single28", 20), as_file(dir / "pd", 20)) < 1e-5);
+  const std::vector<std::string> sgd = {"optimizer={type: sgd, lr: 0.1, momentum: 0.9}",
+                                        "optimizer.clip_grad_norm=0.3"};
+  train(dir / "single_sgd", sgd);
+  auto p = sgd;
+  p.insert(p.end(), {"distributed.strategy=pipeline", "distributed.world_size=3",
+                     "distributed.pipeline.stages=3", "distributed.pipeline.partition=uniform"});
+  train(dir / "pipe_sgd", p);
+  CHECK(checkpoint_rel_diff(as_file(dir / "single_sgd", 20), as_file(dir / "pipe_sgd", 20)) < 1e-5);
+  // Ranks that do not form whole pipelines are refused before any message is sent.
+  CHECK_THROWS_AS(train(dir / "bad", {"distributed.strategy=pipeline", "distributed.world_size=3"}),
+                  UserError);
+  // The comparison can fail.
+  train(dir / "other",
+        {"distributed.strategy=pipeline", "distributed.world_size=2", "optimizer.lr=0.006"});
+  CHECK(checkpoint_rel_diff(ref, as_file(dir / "other", 20)) > 1e-3);
+}
+
+TEST_CASE("1f1b stores fewer activations than gpipe, and checkpointing fewer again") {
+  spdlog::set_level(spdlog::level::warn);
+  TempDir dir;
+  auto peak = [&](const char* schedule, const char* ckpt) {
+    const std::string tag = std::string(schedule) + ckpt;
+    const auto s =
+        train(dir / tag, {"distributed.strategy=pipeline", "distributed.world_size=2",
+                          "distributed.pipeline.micro_batches=7", "train.max_steps=3",
+                          std::string("distributed.pipeline.schedule=") + schedule,
+                          std::string("distributed.pipeline.activation_checkpointing=") + ckpt});
+    return s["stages"][0]["peak_activation_bytes"].get<int64_t>();
+  };
+  const int64_t gpipe = peak("gpipe", "false"), f1b = peak("1f1b", "false"),
+                f1b_ck = peak("1f1b", "true");
+  CHECK(f1b < gpipe);
+  CHECK(f1b_ck < f1b);
+}
+
+TEST_CASE("a resumed pipeline run ends where the uninterrupted one does") {
+  spdlog::set_level(spdlog::level::warn);
+  TempDir dir;
+  const std::vector<std::string> p = {"distributed.strategy=pipeline", "distributed.world_size=2",
+                                      "train.checkpoint.every_steps=10",
+                                      "train.checkpoint.keep_last=3"};
+  train(dir / "full", p);
+  RunOptions o;
+  o.out_dir = dir / "res";
+  o.resume = dir / "full/checkpoints/step-10";
+  run_training(parse_config(kBase, "pipe.yaml", p), o);
+  const StFile a = read_safetensors(as_file(dir / "full", 20));
+  const StFile b = read_safetensors(as_file(dir / "res", 20));
+  for (const auto& [name, t] : a.tensors) CHECK_MESSAGE(t.data == b.tensors.at(name).data, name);
+}
