@@ -397,7 +397,8 @@ TEST_CASE("every range and enum rule, via --set") {
       {"distributed.backend=mpi", "distributed.backend: must be one of inproc, grpc (got 'mpi')"},
       {"distributed.world_size=0", "distributed.world_size: must be in [1, 1024] (got 0)"},
       {"distributed.world_size=1025", "distributed.world_size: must be in [1, 1024] (got 1025)"},
-      {"distributed.strategy=fsdp", "distributed.strategy: must be one of ddp, local_sgd (got 'fsdp')"},
+      {"distributed.strategy=fsdp",
+       "distributed.strategy: must be one of ddp, local_sgd (got 'fsdp')"},
       {"runtime.threads=-1", "runtime.threads: must be in [0, 1024] (got -1)"},
       {"runtime.threads=1025", "runtime.threads: must be in [0, 1024] (got 1025)"},
   };
@@ -604,7 +605,7 @@ TEST_CASE("config_to_json writes every field and loads back to the same config")
     CHECK(j["optimizer"]["schedule"].size() == 5);
     CHECK(j["train"].size() == 6);
     CHECK(j["train"]["checkpoint"].size() == 2);
-    CHECK(j["distributed"].size() == 11);
+    CHECK(j["distributed"].size() == 12);
     CHECK(j["runtime"].size() == 1);
     // JSON is YAML: the dump parses back to an identical config.
     CHECK(config_to_json(parse_config(j.dump(), "json")) == j);
@@ -659,9 +660,11 @@ TEST_CASE("distributed keys: timeouts, tls all-or-none, per-host keys outside th
                        doctest::Contains("needs all of cert, key and ca"), UserError);
   CHECK_THROWS_WITH_AS(parse_config(base, "d.yaml", {"distributed.tsl.cert=a.pem"}),
                        doctest::Contains("did you mean 'tls'"), UserError);
-  const Config d = parse_config(
-      base, "d.yaml",
-      {"distributed.bind=10.0.0.2", "distributed.timeout_s=7", "distributed.backend=grpc"});
+  const Config d = parse_config(base, "d.yaml",
+                                {"distributed.bind=10.0.0.2", "distributed.timeout_s=7",
+                                 "distributed.backend=grpc", "distributed.shm=false"});
+  CHECK(c.distributed.shm);
+  CHECK(!d.distributed.shm);
   CHECK(config_hash(c) == config_hash(d));
   CHECK(config_hash(c) != config_hash(parse_config(base, "d.yaml")));  // backend differs
 }
