@@ -191,6 +191,7 @@ int bench_comm_grpc_worker(const CommBenchOptions& o) {
   g.master_port = de.master_port;
   g.token = resolve_job_token(env, "");
   g.config_hash = "bench-comm";
+  g.shm = o.shm;
   Communicator comm(connect_grpc(g));
   bench_comm_rank(comm, o);
   return 0;

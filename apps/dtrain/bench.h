@@ -24,6 +24,7 @@ struct CommBenchOptions {
   std::vector<int64_t> sizes_bytes = {1 << 20, 4 << 20, 16 << 20, 64 << 20};
   int iters = 0;  // 0: by size (more for small messages)
   bool json = false;
+  bool shm = true;  // grpc backend: same-host shared memory (false: gRPC streams only)
 };
 
 // Parses "1M,4M,16M,64M" (K/M/G suffixes, powers of 1024) into byte counts. UserError on junk.

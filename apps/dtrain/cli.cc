@@ -270,6 +270,9 @@ int cli_main(int argc, char** argv) {
       ->capture_default_str();
   bench_comm_cmd->add_option("--iters", comm_iters, "timed iterations per size (0: by size)");
   bench_comm_cmd->add_flag("--json", comm_json, "one JSON object per size instead of the table");
+  bool comm_no_shm = false;
+  bench_comm_cmd->add_flag("--no-shm", comm_no_shm,
+                           "grpc: gRPC streams only, no same-host shared memory");
   bool comm_worker = false;
   bench_comm_cmd->add_flag("--worker", comm_worker, "internal: run as one launched rank")
       ->group("");
@@ -291,6 +294,7 @@ int cli_main(int argc, char** argv) {
       o.sizes_bytes = parse_sizes(comm_sizes);
       o.iters = comm_iters;
       o.json = comm_json;
+      o.shm = !comm_no_shm;
       if (comm_backend == "inproc") return bench_comm_inproc(comm_nproc, o);
       if (comm_worker) return bench_comm_grpc_worker(o);
       if (comm_nproc < 1 || comm_nproc > 1024) throw UserError("--nproc must be in [1, 1024]");
@@ -304,6 +308,7 @@ int cli_main(int argc, char** argv) {
                        "--sizes",         comm_sizes, "--iters", std::to_string(comm_iters),
                        "--log-level",     log_level};
       if (comm_json) lo.child_argv.push_back("--json");
+      if (comm_no_shm) lo.child_argv.push_back("--no-shm");
       const int rc = launch_local(lo);
       std::error_code ec;
       if (rc == 0)

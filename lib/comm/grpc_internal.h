@@ -53,6 +53,9 @@ struct GrpcRecvStats {
 };
 GrpcRecvStats grpc_recv_stats(const Transport& t);
 
+// The ranks this gRPC transport sends to through shared memory (same host, both sides on).
+std::vector<int> grpc_shm_peers(const Transport& t);
+
 // The peer table a gRPC transport joined with: element r is rank r's "host:port". Throws
 // std::invalid_argument if t is not a gRPC transport.
 std::vector<std::string> grpc_peer_addresses(const Transport& t);

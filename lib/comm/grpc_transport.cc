@@ -21,6 +21,7 @@
 // abort(), fails everything: outgoing streams are cancelled and incoming streams finished, so
 // peers notice at once too.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/security/server_credentials.h>
@@ -49,6 +50,7 @@
 
 #include "comm/grpc_internal.h"
 #include "comm/grpc_transport.h"
+#include "comm/shm_ring.h"
 #include "dtrain.grpc.pb.h"
 #include "dtrain.pb.h"
 #include "util/check.h"
@@ -70,6 +72,17 @@ constexpr int kKeepaliveTimeoutMs = 10000;
 // Extra time a joining rank waits beyond its rendezvous timeout, so that rank 0's own timeout
 // (which names the missing ranks) reaches it first when both started together.
 constexpr auto kJoinSlack = std::chrono::seconds(5);
+// Shared-memory path: each sender's ring in the receiver's segment, and the payload per record.
+// 512 KiB records let the receiver start reducing while the sender still copies a 1 MiB
+// segment; a 4 MiB ring holds a few collectives' segments in flight.
+constexpr uint64_t kShmRingBytes = uint64_t{4} << 20;
+constexpr uint64_t kShmChunkBytes = uint64_t{512} << 10;
+// Before sleeping on a futex, a waiter polls this many rounds of ~64 pause instructions (a few
+// microseconds each): a message that is about to arrive costs no system call. Kept short: the
+// spinning thread takes a core from a compute thread.
+constexpr int kShmSpinRounds = 16;
+// A sleeping shared-memory waiter rechecks deadlines and failures at least this often.
+constexpr auto kShmMaxSleep = std::chrono::milliseconds(50);
 
 // ---- small helpers --------------------------------------------------------------------------
 
@@ -423,6 +436,9 @@ struct Posted {
   bool taken = false;      // a stream is writing into dest
   bool done = false;       // dest holds the whole message
   bool abandoned = false;  // recv gave up (timeout, failure): drop the rest, never touch dest
+  // Shared-memory path only: reduce the payload into dest (recv_reduce) instead of copying.
+  bool reduce = false;
+  Transport::Reduce op = Transport::Reduce::kSum;
 };
 
 // A message being or having been received into a mailbox buffer. All fields but buf's
@@ -442,9 +458,10 @@ struct Inbox {
   std::map<Key, std::deque<std::shared_ptr<InMsg>>> msgs;  // per key in arrival order
   std::map<Key, std::shared_ptr<Posted>> posted;
   int live_streams = 0;
-  bool connected = false;  // a stream from this sender was accepted
-  std::string failed;      // no more messages will come from this sender, and why
-  std::string aborted;     // the whole transport failed, and why
+  bool connected = false;         // a stream from this sender was accepted
+  std::string failed;             // no more messages will come from this sender, and why
+  std::string aborted;            // the whole transport failed, and why
+  std::atomic<bool> down{false};  // failed or aborted is set: read by senders without mu
 };
 
 // One message of one incoming stream whose chunks are still arriving.
@@ -720,7 +737,7 @@ class Coordinator {
     } else if (req->listen_address().empty()) {
       fail_locked(r, fmt::format("rank {} sent no listen address", rank));
     } else {
-      pending_[rank] = Pending{r, req->listen_address(), ctx->peer()};
+      pending_[rank] = Pending{r, req->listen_address(), ctx->peer(), req->shm_name()};
       spdlog::debug("rendezvous: rank {} joined from {} ({}/{})", rank, ctx->peer(),
                     pending_.size(), world_);
       if (static_cast<int>(pending_.size()) == world_) complete_locked();
@@ -752,7 +769,7 @@ class Coordinator {
  private:
   struct Pending {
     JoinReactor* r = nullptr;
-    std::string address, peer;
+    std::string address, peer, shm_name;
   };
 
   void complete_locked() {
@@ -761,6 +778,7 @@ class Coordinator {
       wire::Peer* peer = table.add_peers();
       peer->set_rank(rank);
       peer->set_address(p.address);
+      peer->set_shm_name(p.shm_name);
     }
     for (auto& [rank, p] : pending_) {
       *p.r->reply() = table;
@@ -820,7 +838,15 @@ class GrpcTransport final : public Transport {
         world_(o.world_size),
         data_service_(this),
         rendezvous_service_(this) {
-    for (int r = 0; r < world_; ++r) inboxes_.push_back(std::make_unique<Inbox>());
+    for (int r = 0; r < world_; ++r) {
+      inboxes_.push_back(std::make_unique<Inbox>());
+      shm_send_mu_.push_back(std::make_unique<std::mutex>());
+      shm_read_mu_.push_back(std::make_unique<std::mutex>());
+    }
+    shm_out_.resize(world_);
+    shm_names_.resize(world_);
+    shm_src_.assign(world_, 0);
+    shm_partial_.resize(world_);
   }
 
   ~GrpcTransport() override { shutdown(); }
@@ -829,6 +855,12 @@ class GrpcTransport final : public Transport {
   int size() const override { return world_; }
   std::string backend() const override { return "grpc"; }
   const std::vector<std::string>& peers() const { return peers_; }
+  std::vector<int> shm_peers() const {
+    std::vector<int> out;
+    for (int r = 0; r < world_; ++r)
+      if (shm_out_[r]) out.push_back(r);
+    return out;
+  }
   GrpcRecvStats recv_stats() const {
     return GrpcRecvStats{n_direct_.load(), n_redirected_.load(), n_mailbox_.load()};
   }
@@ -885,7 +917,32 @@ class GrpcTransport final : public Transport {
   void wait_for_peers();
   void shutdown();
   void finish_in_streams(const grpc::Status& s);
-  grpc::Status malformed(const InStream& s, const std::string& what);
+  // Logs, aborts the transport and returns the status for a malformed `kind` ("frame" on a
+  // stream, "shared-memory record") from src.
+  grpc::Status malformed(int src, const std::string& what, const char* kind);
+  std::string check_frame(int src, const ParsedFrame& f,
+                          const std::map<Key, Partial>& partial) const;
+  // Delivers one validated chunk from src into the posted recv's buffer, a redirected one or
+  // the mailbox. copy(dst) writes the chunk's payload to dst; flat, when not null, is the same
+  // payload contiguous in memory (the shared-memory path), from which a posted recv_reduce
+  // reduces directly.
+  grpc::Status deliver(int src, std::map<Key, Partial>& partial, const ParsedFrame& f,
+                       const std::function<void(char*)>& copy, const char* flat);
+
+  // ---- shared-memory path (lib/comm/shm_ring.h) ----
+  // Maps the segments of the peers that advertised one, before our streams open.
+  void attach_shm();
+  void send_shm(int dst, const MsgHeader& h, const void* data);
+  // recv / recv_reduce (red != null) of a message src writes through shared memory. The
+  // calling thread drains src's ring itself; it sleeps on our segment's bell, which senders,
+  // other draining threads and failures (in_stream_ended, abort) ring.
+  void recv_shm(int src, const MsgHeader& h, void* data, const Reduce* red, Deadline deadline);
+  // Delivers every record waiting in src's ring, unless another thread is already at it.
+  // Throws CommError (after aborting) on a corrupt ring.
+  void drain_shm(int src);
+  void ring_shm_waiters() {
+    if (shm_in_) shm_in_->ring_owner();
+  }
   void deliver_local(const MsgHeader& h, const void* data);
   // Throws if, at the front of src's mailbox for key or on the same channel, a message
   // disagrees with h. Requires ib.mu.
@@ -906,6 +963,15 @@ class GrpcTransport final : public Transport {
   BufferPool pool_;
   std::vector<std::unique_ptr<OutStream>> out_;  // null for self
   std::vector<std::shared_ptr<grpc::Channel>> channels_;
+
+  std::unique_ptr<ShmSegment> shm_in_;                // our inbound rings; null: shm off
+  std::vector<std::unique_ptr<ShmSegment>> shm_out_;  // peers' segments; null: use the stream
+  std::vector<std::string> shm_names_;                // from the peer table
+  std::vector<char> shm_src_;  // src writes to us through shm (fixed once connected)
+  std::vector<std::unique_ptr<std::mutex>> shm_send_mu_;  // one writer per outgoing ring
+  // One drainer per incoming ring; it guards the ring's unfinished messages too.
+  std::vector<std::unique_ptr<std::mutex>> shm_read_mu_;
+  std::vector<std::map<Key, Partial>> shm_partial_;
 
   std::mutex in_mu_;  // guards in_streams_ and closing_; ordered before InStream::mu_, Inbox::mu
   std::set<InStream*> in_streams_;
@@ -1008,50 +1074,72 @@ void GrpcTransport::in_stream_ended(InStream& s, bool cancelled) {
   ib.failed = cancelled
                   ? fmt::format("connection to rank {} lost (its stream was cancelled)", s.src())
                   : fmt::format("rank {} closed its connection", s.src());
+  ib.down = true;
   ib.cv.notify_all();
+  ring_shm_waiters();
 }
 
-grpc::Status GrpcTransport::malformed(const InStream& s, const std::string& what) {
-  const std::string why = fmt::format("malformed frame from rank {}: {}", s.src(), what);
+grpc::Status GrpcTransport::malformed(int src, const std::string& what, const char* kind) {
+  const std::string why = fmt::format("malformed {} from rank {}: {}", kind, src, what);
   spdlog::error("rank {}: {}", rank_, why);
   abort(why);
   return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, why);
 }
 
-grpc::Status GrpcTransport::on_frame(InStream& s, const grpc::ByteBuffer& bb) try {
-  std::vector<grpc::Slice> slices;
-  if (!bb.Dump(&slices).ok()) return malformed(s, "unreadable message");
-  ParsedFrame f;
-  if (std::string err = parse_frame(slices, &f); !err.empty()) return malformed(s, err);
-  // Validate everything before touching any buffer.
-  if (f.src != s.src())
-    return malformed(
-        s, fmt::format("it claims to come from rank {} on rank {}'s stream", f.src, s.src()));
+std::string GrpcTransport::check_frame(int src, const ParsedFrame& f,
+                                       const std::map<Key, Partial>& partial) const {
+  if (f.src != src)
+    return fmt::format("it claims to come from rank {} on rank {}'s stream", f.src, src);
   if (f.op_raw < static_cast<uint32_t>(CommOp::kAllReduce) ||
       f.op_raw > static_cast<uint32_t>(CommOp::kAllGatherV))
-    return malformed(s, fmt::format("unknown op {}", f.op_raw));
+    return fmt::format("unknown op {}", f.op_raw);
   if (f.h.bytes > kGrpcMaxMessageBytes)
-    return malformed(
-        s, fmt::format("total bytes {} exceed the limit of {}", f.h.bytes, kGrpcMaxMessageBytes));
+    return fmt::format("total bytes {} exceed the limit of {}", f.h.bytes, kGrpcMaxMessageBytes);
   if (f.len > f.h.bytes || f.offset > f.h.bytes - f.len)
-    return malformed(s, fmt::format("offset {} + payload {} exceeds the total of {} bytes",
-                                    f.offset, f.len, f.h.bytes));
-  const Key key{f.h.channel, f.h.part};
-  auto it = s.partial.find(key);
-  if (it == s.partial.end()) {
+    return fmt::format("offset {} + payload {} exceeds the total of {} bytes", f.offset, f.len,
+                       f.h.bytes);
+  const auto it = partial.find(Key{f.h.channel, f.h.part});
+  if (it == partial.end()) {
     if (f.offset != 0)
-      return malformed(s, fmt::format("chunk at offset {} of {} whose start never arrived",
-                                      f.offset, describe(f.h)));
+      return fmt::format("chunk at offset {} of {} whose start never arrived", f.offset,
+                         describe(f.h));
   } else {
     const Partial& p = it->second;
     if (f.h.op != p.h.op || f.h.bytes != p.h.bytes)
-      return malformed(s, fmt::format("a chunk of {} says {}", describe(p.h), describe(f.h)));
+      return fmt::format("a chunk of {} says {}", describe(p.h), describe(f.h));
     if (f.offset != p.received)
-      return malformed(s, fmt::format("chunk at offset {} of {}, expected offset {}", f.offset,
-                                      describe(p.h), p.received));
+      return fmt::format("chunk at offset {} of {}, expected offset {}", f.offset, describe(p.h),
+                         p.received);
   }
-  Inbox& ib = *inboxes_[s.src()];
-  if (it == s.partial.end()) {  // a new message: deliver directly if its recv is posted
+  return "";
+}
+
+grpc::Status GrpcTransport::on_frame(InStream& s, const grpc::ByteBuffer& bb) try {
+  std::vector<grpc::Slice> slices;
+  if (!bb.Dump(&slices).ok()) return malformed(s.src(), "unreadable message", "frame");
+  ParsedFrame f;
+  if (std::string err = parse_frame(slices, &f); !err.empty())
+    return malformed(s.src(), err, "frame");
+  // Validate everything before touching any buffer.
+  if (std::string err = check_frame(s.src(), f, s.partial); !err.empty())
+    return malformed(s.src(), err, "frame");
+  const grpc::Status st = deliver(
+      s.src(), s.partial, f, [&](char* dst) { copy_payload(slices, f, dst); }, nullptr);
+  if (st.ok()) {
+    ++s.frames;
+    s.bytes += f.len;
+  }
+  return st;
+} catch (const std::exception& e) {  // bad_alloc for a huge message, mostly
+  return malformed(s.src(), e.what(), "frame");
+}
+
+grpc::Status GrpcTransport::deliver(int src, std::map<Key, Partial>& partial, const ParsedFrame& f,
+                                    const std::function<void(char*)>& copy, const char* flat) {
+  const Key key{f.h.channel, f.h.part};
+  auto it = partial.find(key);
+  Inbox& ib = *inboxes_[src];
+  if (it == partial.end()) {  // a new message: deliver directly if its recv is posted
     Partial p;
     p.h = f.h;
     std::lock_guard<std::mutex> lk(ib.mu);
@@ -1060,7 +1148,7 @@ grpc::Status GrpcTransport::on_frame(InStream& s, const grpc::ByteBuffer& bb) tr
     const auto post = ib.posted.find(key);
     if ((q == ib.msgs.end() || q->second.empty()) && post != ib.posted.end() &&
         !post->second->taken && post->second->h.op == f.h.op &&
-        post->second->h.bytes == f.h.bytes) {
+        post->second->h.bytes == f.h.bytes && (flat || !post->second->reduce)) {
       post->second->taken = true;
       p.post = post->second;
       ++n_direct_;
@@ -1071,7 +1159,7 @@ grpc::Status GrpcTransport::on_frame(InStream& s, const grpc::ByteBuffer& bb) tr
       ib.msgs[key].push_back(p.msg);
       ib.cv.notify_all();  // a waiting recv may have to report a mismatch now
     }
-    it = s.partial.emplace(key, std::move(p)).first;
+    it = partial.emplace(key, std::move(p)).first;
   }
   Partial& p = it->second;
   const bool complete = p.received + f.len == p.h.bytes;
@@ -1080,7 +1168,13 @@ grpc::Status GrpcTransport::on_frame(InStream& s, const grpc::ByteBuffer& bb) tr
     // abandon that buffer (timeout) at any moment, and must see whole chunks.
     std::lock_guard<std::mutex> lk(ib.mu);
     if (p.post) {
-      if (!p.post->abandoned) copy_payload(slices, f, p.post->dest + f.offset);
+      if (!p.post->abandoned) {
+        if (p.post->reduce)
+          reduce_into(reinterpret_cast<float*>(p.post->dest + f.offset),
+                      reinterpret_cast<const float*>(flat), f.len / sizeof(float), p.post->op);
+        else
+          copy(p.post->dest + f.offset);
+      }
       if (complete) {
         p.post->done = true;
         const auto post = ib.posted.find(key);
@@ -1088,7 +1182,7 @@ grpc::Status GrpcTransport::on_frame(InStream& s, const grpc::ByteBuffer& bb) tr
       }
     } else if (p.msg->redirect) {
       Posted& post = *p.msg->redirect;
-      if (!post.abandoned) copy_payload(slices, f, post.dest + f.offset);
+      if (!post.abandoned) copy(post.dest + f.offset);
       if (complete) {
         post.done = true;
         if (const auto q = ib.msgs.find(key); q != ib.msgs.end()) {
@@ -1098,19 +1192,15 @@ grpc::Status GrpcTransport::on_frame(InStream& s, const grpc::ByteBuffer& bb) tr
         }
       }
     } else {
-      copy_payload(slices, f, p.msg->buf.p.get() + f.offset);
+      copy(p.msg->buf.p.get() + f.offset);
       p.msg->complete = complete;
     }
     if (p.msg) p.msg->received = p.received + f.len;
     if (complete) ib.cv.notify_all();
   }
   p.received += f.len;
-  ++s.frames;
-  s.bytes += f.len;
-  if (complete) s.partial.erase(it);
+  if (complete) partial.erase(it);
   return grpc::Status::OK;
-} catch (const std::exception& e) {  // bad_alloc for a huge message, mostly
-  return malformed(s, e.what());
 }
 
 void GrpcTransport::check_mismatch_locked(Inbox& ib, int src, const MsgHeader& h) {
@@ -1127,6 +1217,10 @@ void GrpcTransport::check_mismatch_locked(Inbox& ib, int src, const MsgHeader& h
 
 void GrpcTransport::recv(int src, const MsgHeader& h, void* data, Deadline deadline) {
   DT_CHECK(src >= 0 && src < world_);
+  if (shm_src_[src]) {
+    recv_shm(src, h, data, nullptr, deadline);
+    return;
+  }
   const auto start = Clock::now();
   Inbox& ib = *inboxes_[src];
   const Key key{h.channel, h.part};
@@ -1215,6 +1309,10 @@ void GrpcTransport::recv_reduce(int src, const MsgHeader& h, float* data, Reduce
                                 Deadline deadline) {
   DT_CHECK(src >= 0 && src < world_);
   DT_CHECK_EQ(h.bytes % sizeof(float), 0u);
+  if (shm_src_[src]) {
+    recv_shm(src, h, data, &r, deadline);
+    return;
+  }
   {  // Already in the mailbox: reduce straight from it, saving a copy.
     Inbox& ib = *inboxes_[src];
     std::unique_lock<std::mutex> lk(ib.mu);
@@ -1273,6 +1371,10 @@ void GrpcTransport::send(int dst, const MsgHeader& h, const void* data) {
     bytes_sent_ += h.bytes;
     return;
   }
+  if (shm_out_[dst]) {
+    send_shm(dst, h, data);
+    return;
+  }
   auto m = std::make_shared<OutMsg>();
   m->h = h;
   m->data = static_cast<const char*>(data);
@@ -1292,6 +1394,203 @@ void GrpcTransport::send(int dst, const MsgHeader& h, const void* data) {
   bytes_sent_ += h.bytes;
 }
 
+// ---- shared-memory path ------------------------------------------------------------------------
+
+namespace {
+void cpu_relax() {
+  for (int i = 0; i < 64; ++i) __builtin_ia32_pause();
+}
+}  // namespace
+
+void GrpcTransport::attach_shm() {
+  if (!o_.shm) return;
+  for (int r = 0; r < world_; ++r) {
+    if (r == rank_ || shm_names_[r].empty()) continue;
+    std::string why;
+    shm_out_[r] = ShmSegment::open(shm_names_[r], r, world_, &why);
+    if (shm_out_[r])
+      shm_out_[r]->attach(rank_);
+    else  // another host (the usual case) or no access: the stream carries the data
+      spdlog::debug("rank {}: no shared memory to rank {}: {}", rank_, r, why);
+  }
+}
+
+void GrpcTransport::send_shm(int dst, const MsgHeader& h, const void* data) {
+  ShmSegment& seg = *shm_out_[dst];
+  Inbox& peer = *inboxes_[dst];
+  // A dead or closed peer is known from its stream to us: fail like a stream send would.
+  auto check_peer = [&] {
+    if (!peer.down.load()) return;
+    std::lock_guard<std::mutex> lk(peer.mu);
+    throw CommError(!peer.aborted.empty() ? peer.aborted
+                                          : fmt::format("cannot send {} to rank {}: {}",
+                                                        describe(h), dst, peer.failed));
+  };
+  check_peer();
+  std::lock_guard<std::mutex> lk(*shm_send_mu_[dst]);
+  const uint64_t chunk = std::min<uint64_t>(kShmChunkBytes, seg.max_payload());
+  uint64_t off = 0;
+  do {
+    ShmRecord rec;
+    rec.op = static_cast<uint32_t>(h.op);
+    rec.channel = h.channel;
+    rec.part = h.part;
+    rec.total = h.bytes;
+    rec.offset = off;
+    rec.len = std::min<uint64_t>(chunk, h.bytes - off);
+    for (int spins = 0;;) {
+      const uint32_t seen = seg.space_bell(rank_);
+      if (seg.try_write(rank_, rec, static_cast<const char*>(data) + off)) break;
+      // The ring is full until dst drains it. Meanwhile keep our own rings moving, so that
+      // ranks that all send before they receive cannot wait on each other.
+      check_peer();
+      for (int s = 0; s < world_; ++s)
+        if (shm_src_[s]) drain_shm(s);
+      if (spins++ < kShmSpinRounds)
+        cpu_relax();
+      else
+        seg.wait_space(rank_, seen, std::chrono::milliseconds(1));
+    }
+    seg.ring_owner();
+    off += rec.len;
+  } while (off < h.bytes);
+  bytes_sent_ += h.bytes;
+}
+
+void GrpcTransport::drain_shm(int src) {
+  std::unique_lock<std::mutex> rl(*shm_read_mu_[src], std::try_to_lock);
+  if (!rl.owns_lock()) return;  // another thread drains; it rings the bell when done
+  bool any = false;
+  for (;;) {
+    ShmRecord rec;
+    const char* payload = nullptr;
+    std::string err;
+    if (!shm_in_->peek(src, &rec, &payload, &err)) {
+      if (err.empty()) break;
+      throw CommError(malformed(src, err, "shared-memory record").error_message());
+    }
+    ParsedFrame f;
+    f.src = src;
+    f.op_raw = rec.op;
+    f.h = MsgHeader{rec.channel, rec.part, static_cast<CommOp>(rec.op), rec.total};
+    f.offset = rec.offset;
+    f.len = rec.len;
+    if (std::string e = check_frame(src, f, shm_partial_[src]); !e.empty())
+      throw CommError(malformed(src, e, "shared-memory record").error_message());
+    const grpc::Status st = deliver(
+        src, shm_partial_[src], f,
+        [&](char* dst) {
+          if (f.len) std::memcpy(dst, payload, f.len);
+        },
+        payload);
+    shm_in_->pop(src, rec);
+    any = true;
+    if (!st.ok()) break;  // aborted: recv reports it
+  }
+  rl.unlock();
+  if (any) ring_shm_waiters();  // what we delivered may be what another thread waits for
+}
+
+void GrpcTransport::recv_shm(int src, const MsgHeader& h, void* data, const Reduce* red,
+                             Deadline deadline) {
+  const auto start = Clock::now();
+  Inbox& ib = *inboxes_[src];
+  const Key key{h.channel, h.part};
+  std::shared_ptr<Posted> post;
+  // On every exit but success: make sure no drainer writes into data after we return.
+  auto unpost = [&] {
+    if (!post) return;
+    std::lock_guard<std::mutex> lk(ib.mu);
+    post->abandoned = true;
+    const auto it = ib.posted.find(key);
+    if (it != ib.posted.end() && it->second == post) ib.posted.erase(it);
+  };
+  bool drained_after_failure = false;
+  for (int spins = 0;;) {
+    const uint32_t bell = shm_in_->bell();  // before looking: a later event changes it
+    try {
+      drain_shm(src);
+    } catch (...) {
+      unpost();
+      throw;
+    }
+    std::shared_ptr<InMsg> ready;
+    std::string error;
+    {
+      std::unique_lock<std::mutex> lk(ib.mu);
+      if (post && post->done) break;  // delivered straight into data
+      if (!post || !post->taken) {
+        try {
+          check_mismatch_locked(ib, src, h);
+        } catch (const CommError& e) {
+          error = e.what();
+        }
+        const auto q = ib.msgs.find(key);
+        if (!error.empty()) {
+        } else if (q != ib.msgs.end() && !q->second.empty()) {
+          // Arrived before we posted (drained by another call). A message still arriving into
+          // the mailbox is waited for: the rest of it comes in through a drain shortly.
+          if (q->second.front()->complete) {
+            ready = std::move(q->second.front());
+            q->second.pop_front();
+            if (q->second.empty()) ib.msgs.erase(q);
+          }
+        } else if (!post) {
+          post = std::make_shared<Posted>();
+          post->h = h;
+          post->dest = static_cast<char*>(data);
+          if (red) {
+            post->reduce = true;
+            post->op = *red;
+          }
+          DT_CHECK_MSG(ib.posted.emplace(key, post).second,
+                       "two concurrent recvs of " << describe(h) << " from rank " << src);
+        }
+      }
+      if (!ready && error.empty()) {
+        if (!ib.aborted.empty()) {
+          error = ib.aborted;
+        } else if (!ib.failed.empty()) {
+          // The peer's last messages may have landed after our drain: look once more.
+          if (drained_after_failure)
+            error = ib.failed + " (this rank was waiting for " + describe(h) + ")";
+          drained_after_failure = true;
+          spins = 0;
+        } else if (Clock::now() >= deadline) {
+          const double s = std::chrono::duration<double>(deadline - start).count();
+          error = fmt::format("recv timed out after {} s waiting for {} from rank {}",
+                              seconds_str(std::max(s, 0.0)), describe(h), src);
+        }
+      }
+    }
+    if (ready) {
+      unpost();
+      if (red)
+        reduce_into(static_cast<float*>(data), reinterpret_cast<const float*>(ready->buf.p.get()),
+                    h.bytes / sizeof(float), *red);
+      else if (h.bytes)
+        std::memcpy(data, ready->buf.p.get(), h.bytes);
+      pool_.put(std::move(ready->buf));
+      bytes_recv_ += h.bytes;
+      ++n_mailbox_;
+      return;
+    }
+    if (!error.empty()) {
+      unpost();
+      throw CommError(error);
+    }
+    if (spins++ < kShmSpinRounds) {
+      cpu_relax();
+    } else {
+      const auto left =
+          std::chrono::duration_cast<std::chrono::microseconds>(deadline - Clock::now());
+      shm_in_->wait_bell(bell, std::clamp<std::chrono::microseconds>(
+                                   left, std::chrono::microseconds(1), kShmMaxSleep));
+    }
+  }
+  bytes_recv_ += h.bytes;
+}
+
 void GrpcTransport::abort(const std::string& why) {
   {
     std::lock_guard<std::mutex> lk(abort_mu_);
@@ -1303,8 +1602,10 @@ void GrpcTransport::abort(const std::string& why) {
   for (auto& ib : inboxes_) {
     std::lock_guard<std::mutex> lk(ib->mu);
     ib->aborted = abort_reason_;
+    ib->down = true;
     ib->cv.notify_all();
   }
+  ring_shm_waiters();
   for (auto& o : out_)
     if (o) o->fail(abort_reason_);
   finish_in_streams(grpc::Status(grpc::StatusCode::ABORTED,
@@ -1417,6 +1718,7 @@ void GrpcTransport::join() {
   req.set_world_size(world_);
   req.set_listen_address(listen_address_);
   req.set_config_hash(o_.config_hash);
+  if (shm_in_) req.set_shm_name(shm_in_->name());
   wire::JoinReply reply;
   auto backoff = std::chrono::milliseconds(100);
   for (;;) {
@@ -1457,6 +1759,7 @@ void GrpcTransport::join() {
     if (p.rank() != r || p.address().empty())
       throw CommError(fmt::format("rendezvous returned a bad peer table (entry {})", r));
     peers_.push_back(p.address());
+    shm_names_[r] = p.shm_name();
   }
   std::string table;
   for (int r = 0; r < world_; ++r) table += fmt::format("{}{}={}", r ? ", " : "", r, peers_[r]);
@@ -1466,6 +1769,7 @@ void GrpcTransport::join() {
 void GrpcTransport::open_streams() {
   const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                            std::chrono::duration<double>(o_.connect_timeout_s));
+  attach_shm();  // before our streams open: a peer that sees our stream sees the attachment
   out_.resize(world_);
   channels_.resize(world_);
   for (int r = 0; r < world_; ++r) {
@@ -1502,6 +1806,18 @@ void GrpcTransport::wait_for_peers() {
   for (int r = 0; r < world_; ++r)
     if (out_[r])
       if (std::string e = out_[r]->error(); !e.empty()) throw CommError(e);
+  if (shm_in_) {
+    // Every peer attached before opening the stream we just saw, or never will: from here on
+    // the set of shared-memory senders is fixed and the name is no longer needed.
+    std::string srcs;
+    for (int r = 0; r < world_; ++r) {
+      shm_src_[r] = r != rank_ && shm_in_->attached(r);
+      if (shm_src_[r]) srcs += fmt::format("{}{}", srcs.empty() ? "" : ", ", r);
+    }
+    shm_in_->unlink();
+    spdlog::debug("rank {}: shared memory from rank(s) [{}], to rank(s) [{}]", rank_, srcs,
+                  fmt::join(shm_peers(), ", "));
+  }
 }
 
 void GrpcTransport::connect() {
@@ -1530,6 +1846,13 @@ void GrpcTransport::connect() {
     coordinator_ = std::make_unique<Coordinator>(o_, Clock::now() + timeout);
   }
   start_server();
+  if (o_.shm && world_ > 1) {
+    try {
+      shm_in_ = ShmSegment::create(rank_, world_, kShmRingBytes);
+    } catch (const CommError& e) {
+      spdlog::warn("rank {}: no shared-memory path, using gRPC streams only: {}", rank_, e.what());
+    }
+  }
   join();
   open_streams();
   wait_for_peers();
@@ -1608,6 +1931,12 @@ GrpcRecvStats grpc_recv_stats(const Transport& t) {
   const auto* g = dynamic_cast<const GrpcTransport*>(&t);
   if (!g) throw std::invalid_argument("not a gRPC transport");
   return g->recv_stats();
+}
+
+std::vector<int> grpc_shm_peers(const Transport& t) {
+  const auto* g = dynamic_cast<const GrpcTransport*>(&t);
+  if (!g) throw std::invalid_argument("not a gRPC transport");
+  return g->shm_peers();
 }
 
 std::vector<std::string> grpc_peer_addresses(const Transport& t) {

@@ -3,6 +3,8 @@
 // with (rank, world size, listen address, job token, config hash) and receives the peer table
 // once all ranks have joined. Tensor data then moves over long-lived client streams, one per
 // ordered peer pair, in chunks; the receiving server drains frames into per-peer mailboxes.
+// Between ranks on one host (and with GrpcOptions::shm on both) data moves through
+// shared-memory rings instead, negotiated at the rendezvous; the streams still carry failures.
 #pragma once
 
 #include <memory>
@@ -26,6 +28,10 @@ struct GrpcOptions {
   double connect_timeout_s = 30;
   // Optional TLS: PEM file paths; all three set or none.
   std::string tls_cert, tls_key, tls_ca;
+  // Same-host data path: messages to ranks on this machine go through shared memory
+  // (lib/comm/shm_ring.h) instead of gRPC streams, which stay up for failure detection. Both
+  // sides must have it on; false = gRPC streams only (distributed.shm).
+  bool shm = true;
 };
 
 // True for "localhost", "::1" / "[::1]" and 127.0.0.0/8: the job stays on this machine, so

@@ -59,7 +59,7 @@ const std::map<std::string, KeyList, std::less<>>& schema() {
       {"train.checkpoint", {"every_steps", "keep_last"}},
       {"distributed",
        {"backend", "world_size", "strategy", "timeout_s", "rendezvous_timeout_s", "token_file",
-        "bind", "tls", "ddp", "local_sgd", "compression", "fsdp", "pipeline"}},
+        "bind", "shm", "tls", "ddp", "local_sgd", "compression", "fsdp", "pipeline"}},
       {"distributed.pipeline",
        {"stages", "micro_batches", "schedule", "partition", "activation_checkpointing"}},
       {"distributed.fsdp", {"unit", "layers_per_unit", "reshard_after_forward"}},
@@ -578,6 +578,7 @@ class Reader {
     read("distributed.rendezvous_timeout_s", c.distributed.rendezvous_timeout_s);
     read("distributed.token_file", c.distributed.token_file);
     read("distributed.bind", c.distributed.bind);
+    read("distributed.shm", c.distributed.shm);
     read("distributed.tls.cert", c.distributed.tls.cert);
     read("distributed.tls.key", c.distributed.tls.key);
     read("distributed.tls.ca", c.distributed.tls.ca);
@@ -939,6 +940,7 @@ nlohmann::json config_to_json(const Config& c) {
                       {"rendezvous_timeout_s", dc.rendezvous_timeout_s},
                       {"token_file", dc.token_file},
                       {"bind", dc.bind},
+                      {"shm", dc.shm},
                       {"tls", {{"cert", dc.tls.cert}, {"key", dc.tls.key}, {"ca", dc.tls.ca}}},
                       {"ddp", {{"bucket_mb", dc.ddp.bucket_mb}}},
                       {"local_sgd",
@@ -971,7 +973,7 @@ std::string config_hash(const Config& c) {
     j["train"].erase(k);
   }
   j["runtime"].erase("threads");
-  for (const char* k : {"timeout_s", "rendezvous_timeout_s", "token_file", "bind", "tls"})
+  for (const char* k : {"timeout_s", "rendezvous_timeout_s", "token_file", "bind", "shm", "tls"})
     j["distributed"].erase(k);
   return fnv1a_hex(j.dump());
 }

@@ -165,6 +165,9 @@ struct DistributedConfig {
   // Listen address of this rank's gRPC server: "" = loopback when MASTER_ADDR is a loopback
   // address (local launches), else all interfaces (0.0.0.0).
   std::string bind;
+  // Same-host ranks of a gRPC job exchange tensors through shared memory (the gRPC streams stay
+  // up for failure detection); false = gRPC streams only. Per host: not in the config hash.
+  bool shm = true;
   TlsConfig tls;  // optional: all three files, or none
   DdpConfig ddp;
   LocalSgdConfig local_sgd;

@@ -590,15 +590,26 @@ nlohmann::json train_rank(const Config& cfg, const RunOptions& opts, Communicato
     // unit inside the engine, every micro-batch.
     const bool unit_wise = engine && engine->mode() != ShardMode::kZero1;
     const bool bucket_sync = world > 1 && !local_sgd && !compressor && !unit_wise;
+    // DDP: the step's loss is known after the last forward; its all-reduce runs during backward,
+    // ahead of the gradient buckets, so it adds no round trip after backward.
+    float step_loss_sum = 0.0f;
     for (int64_t i = 0; i < n_micro; ++i) {
       gather_rows(data.train, micro_idx[static_cast<size_t>(i)], x, y);
       if (unit_wise) {
         loss_sum += engine->forward_backward(fsdp ? nullptr : store.values.data(), x, y.data(),
                                              cfg.model.loss, scale, acts, ctx);
+        if (world > 1 && i == n_micro - 1) {
+          step_loss_sum = static_cast<float>(loss_sum);
+          works.push_back(comm.allreduce_async(&step_loss_sum, 1, ReduceOp::kSum));
+        }
         continue;
       }
       const Tensor& out = model.forward(store.values.data(), x, acts, ctx);
       loss_sum += loss_and_grad(cfg.model.loss, out, y.data(), &dlogits, scale);
+      if (world > 1 && !local_sgd && i == n_micro - 1) {
+        step_loss_sum = static_cast<float>(loss_sum);
+        works.push_back(comm.allreduce_async(&step_loss_sum, 1, ReduceOp::kSum));
+      }
       const bool sync = bucket_sync && i == n_micro - 1;
       model.backward(store.values.data(), store.grads.data(), x, acts, dlogits, nullptr, 0,
                      SIZE_MAX, sync ? launch_ready : std::function<void(size_t)>());
@@ -611,13 +622,11 @@ nlohmann::json train_rank(const Config& cfg, const RunOptions& opts, Communicato
         DT_CHECK_EQ(next_bucket, buckets.size());
       }
       exposed_comm_s += seconds_since(c0);
-      float l = static_cast<float>(loss_sum);
-      works.push_back(comm.allreduce_async(&l, 1, ReduceOp::kSum));
       // Exposed communication: what is still running once backward has ended.
       const auto w0 = Clock::now();
       for (auto& w : works) w->wait();
       exposed_comm_s += seconds_since(w0);
-      loss_sum = l;
+      loss_sum = step_loss_sum;
     }
     batch += n_micro;
     // The samples loss_sum covers: the global batch for DDP, this rank's share for Local SGD.

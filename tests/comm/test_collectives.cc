@@ -26,21 +26,24 @@ namespace {
 using dtrain::testing::free_port;
 
 // Runs fn(comm) on `world` threads, one rank each, over the in-process or the gRPC backend
-// (every rank its own server on loopback, joined through a rendezvous); returns each rank's
+// (every rank its own server on loopback, joined through a rendezvous): "grpc" moves data on
+// the gRPC streams only, "shm" through the same-host shared-memory path. Returns each rank's
 // error text ("" when it succeeded).
 std::vector<std::string> run_ranks(int world, const std::function<void(Communicator&)>& fn,
                                    CommOptions opts = {}, const std::string& backend = "inproc") {
   std::vector<std::unique_ptr<Transport>> transports;
   if (backend == "inproc") transports = make_inproc_group(world);
   transports.resize(static_cast<size_t>(world));
-  const int port = backend == "grpc" ? free_port() : 0;
+  const bool grpc = backend == "grpc" || backend == "shm";
+  const int port = grpc ? free_port() : 0;
   std::vector<std::string> errors(static_cast<size_t>(world));
   std::vector<std::thread> threads;
   for (int r = 0; r < world; ++r) {
     threads.emplace_back([&, r] {
       try {
-        if (backend == "grpc") {
+        if (grpc) {
           GrpcOptions g;
+          g.shm = backend == "shm";
           g.rank = r;
           g.world_size = world;
           g.master_port = port;
@@ -168,13 +171,15 @@ TEST_CASE("every collective matches a serial reference: inproc, world sizes 1 to
   }
 }
 
-TEST_CASE("every collective matches a serial reference: grpc, world sizes 1 to 4") {
-  for (int world = 1; world <= 4; ++world) {
-    CommOptions o;
-    o.timeout_s = 120;
-    INFO("world ", world);
-    require_ok(run_ranks(
-        world, [&](Communicator& c) { check_all_collectives(c, world); }, o, "grpc"));
+TEST_CASE("every collective matches a serial reference: grpc and shm, world sizes 1 to 4") {
+  for (const std::string backend : {"grpc", "shm"}) {
+    for (int world = 1; world <= 4; ++world) {
+      CommOptions o;
+      o.timeout_s = 120;
+      INFO("backend ", backend, " world ", world);
+      require_ok(run_ranks(
+          world, [&](Communicator& c) { check_all_collectives(c, world); }, o, backend));
+    }
   }
 }
 
@@ -190,7 +195,7 @@ TEST_CASE("barrier waits for the slowest rank") {
 }
 
 TEST_CASE("async allreduces complete in order and report bytes") {
-  for (const std::string backend : {"inproc", "grpc"}) {
+  for (const std::string backend : {"inproc", "grpc", "shm"}) {
     INFO("backend ", backend);
     const auto errors = run_ranks(
         3,
@@ -217,7 +222,7 @@ TEST_CASE("async allreduces complete in order and report bytes") {
 }
 
 TEST_CASE("point-to-point messages are kept apart by tag and arrive in order") {
-  for (const std::string backend : {"inproc", "grpc"}) {
+  for (const std::string backend : {"inproc", "grpc", "shm"}) {
     INFO("backend ", backend);
     const auto errors = run_ranks(
         2,
@@ -246,7 +251,7 @@ TEST_CASE("point-to-point messages are kept apart by tag and arrive in order") {
 }
 
 TEST_CASE("a missing rank makes the others time out with the op, sequence and peer named") {
-  for (const std::string backend : {"inproc", "grpc"}) {
+  for (const std::string backend : {"inproc", "grpc", "shm"}) {
     INFO("backend ", backend);
     CommOptions fast;
     fast.timeout_s = 0.5;
@@ -268,7 +273,7 @@ TEST_CASE("a missing rank makes the others time out with the op, sequence and pe
 }
 
 TEST_CASE("mismatched collectives fail at once with both sides named") {
-  for (const std::string backend : {"inproc", "grpc"}) {
+  for (const std::string backend : {"inproc", "grpc", "shm"}) {
     INFO("backend ", backend);
     CommOptions opts;
     opts.timeout_s = 30;  // a mismatch must not wait for the deadline
@@ -307,7 +312,7 @@ TEST_CASE("mismatched collectives fail at once with both sides named") {
 }
 
 TEST_CASE("a failed rank fails the others promptly and later calls fail too") {
-  for (const std::string backend : {"inproc", "grpc"}) {
+  for (const std::string backend : {"inproc", "grpc", "shm"}) {
     INFO("backend ", backend);
     CommOptions opts;
     opts.timeout_s = 60;

@@ -1,6 +1,8 @@
 // The gRPC transport: rendezvous (token, config hash, timeouts), all-pairs data exchange,
 // deadlines, mismatch detection, malformed frames and peer failure. Ranks are threads of this
 // process, each with its own transport, server and streams; ports are always chosen free.
+// Every test runs twice: data on the gRPC streams only, then on the same-host shared-memory
+// path (GrpcOptions::shm), which must behave the same.
 #include <doctest/doctest.h>
 #include <grpcpp/grpcpp.h>
 #include <netinet/in.h>
@@ -42,8 +44,31 @@ using Clock = std::chrono::steady_clock;
 using dtrain::testing::contains;
 using dtrain::testing::free_port;
 
+// The data path of the running test (see BOTH_PATHS_TEST_CASE); options() follows it.
+bool g_shm = false;
+
+void run_both_paths(void (*body)()) {
+  for (const bool shm : {false, true}) {
+    g_shm = shm;
+    struct Reset {
+      ~Reset() { g_shm = false; }
+    } reset;
+    INFO("data path: ", shm ? "shared memory" : "gRPC streams");
+    body();
+  }
+}
+
+// A test case whose body runs over the gRPC streams, then over shared memory.
+#define BOTH_PATHS_TEST_CASE(name, fn) \
+  static void fn();                    \
+  TEST_CASE(name) {                    \
+    run_both_paths(fn);                \
+  }                                    \
+  static void fn()
+
 GrpcOptions options(int rank, int world, int port) {
   GrpcOptions o;
+  o.shm = g_shm;
   o.rank = rank;
   o.world_size = world;
   o.master_port = port;
@@ -214,7 +239,8 @@ wire::Frame frame(int src, uint64_t channel, uint64_t total, uint64_t offset, si
 
 }  // namespace
 
-TEST_CASE("grpc: rendezvous and all-pairs exchange for world sizes 1 to 4") {
+BOTH_PATHS_TEST_CASE("grpc: rendezvous and all-pairs exchange for world sizes 1 to 4",
+                     test_rendezvous_and_all_pairs_exchange) {
   for (int world = 1; world <= 4; ++world) {
     CAPTURE(world);
     Job job = connect_job(world);
@@ -224,6 +250,8 @@ TEST_CASE("grpc: rendezvous and all-pairs exchange for world sizes 1 to 4") {
       CHECK(job.t[r]->size() == world);
       CHECK(job.t[r]->backend() == "grpc");
       CHECK(grpc_peer_addresses(*job.t[r]).size() == static_cast<size_t>(world));
+      // All ranks are on this host: with shm on, every peer is reached through shared memory.
+      CHECK(grpc_shm_peers(*job.t[r]).size() == (g_shm ? static_cast<size_t>(world - 1) : 0u));
     }
     // Every rank sends every size to every rank (itself included), all sends before any recv.
     const auto errors = run_ranks(world, [&](int r) {
@@ -250,7 +278,39 @@ TEST_CASE("grpc: rendezvous and all-pairs exchange for world sizes 1 to 4") {
   }
 }
 
-TEST_CASE("grpc: concurrent sends to all peers then recvs do not deadlock") {
+TEST_CASE("grpc: ranks that disagree on shared memory use the streams between them") {
+  constexpr int kWorld = 3;
+  const int port = free_port();
+  // Rank 1 has it off: only ranks 0 and 2 exchange through shared memory.
+  Job job = connect_job(kWorld, [&](int r) {
+    GrpcOptions o = options(r, kWorld, port);
+    o.shm = r != 1;
+    return o;
+  });
+  require_ok(job);
+  CHECK(grpc_shm_peers(*job.t[0]) == std::vector<int>{2});
+  CHECK(grpc_shm_peers(*job.t[1]).empty());
+  CHECK(grpc_shm_peers(*job.t[2]) == std::vector<int>{0});
+  constexpr size_t kBytes = (size_t{3} << 20) + 7;
+  const auto errors = run_ranks(kWorld, [&](int r) {
+    Transport& t = *job.t[r];
+    for (int dst = 0; dst < kWorld; ++dst) {
+      if (dst == r) continue;
+      const auto data = make_payload(r, dst, kBytes);
+      t.send(dst, header(1, r, CommOp::kAllGather, data.size()), data.data());
+    }
+    for (int src = 0; src < kWorld; ++src) {
+      if (src == r) continue;
+      std::vector<uint8_t> got(kBytes);
+      t.recv(src, header(1, src, CommOp::kAllGather, got.size()), got.data(), in(30));
+      if (std::string e = verify(src, r, got); !e.empty()) throw std::runtime_error(e);
+    }
+  });
+  for (int r = 0; r < kWorld; ++r) CHECK_MESSAGE(errors[r].empty(), "rank ", r, ": ", errors[r]);
+}
+
+BOTH_PATHS_TEST_CASE("grpc: concurrent sends to all peers then recvs do not deadlock",
+                     test_concurrent_sends_to_all_peers) {
   constexpr int kWorld = 3;
   constexpr size_t kBig = size_t{12} << 20;  // above the HTTP/2 windows: needs draining
   Job job = connect_job(kWorld);
@@ -299,7 +359,8 @@ TEST_CASE("grpc: concurrent sends to all peers then recvs do not deadlock") {
   for (int r = 0; r < kWorld; ++r) CHECK_MESSAGE(errors[r].empty(), "rank ", r, ": ", errors[r]);
 }
 
-TEST_CASE("grpc: recv posted before the message arrives and recv_reduce") {
+BOTH_PATHS_TEST_CASE("grpc: recv posted before the message arrives and recv_reduce",
+                     test_recv_posted_before_the_message) {
   Job job = connect_job(2);
   require_ok(job);
   constexpr size_t kN = (size_t{3} << 20) + 5;  // floats, several chunks
@@ -328,7 +389,8 @@ TEST_CASE("grpc: recv posted before the message arrives and recv_reduce") {
   for (size_t i = 0; i < kN; i += 997) CHECK(c[i] == std::max(3.0f, a[i]));
 }
 
-TEST_CASE("grpc: a recv posted while its message is arriving gets every byte") {
+BOTH_PATHS_TEST_CASE("grpc: a recv posted while its message is arriving gets every byte",
+                     test_a_recv_posted_while_its) {
   Job job = connect_job(2);
   require_ok(job);
   constexpr size_t kBytes = size_t{24} << 20;
@@ -352,7 +414,7 @@ TEST_CASE("grpc: a recv posted while its message is arriving gets every byte") {
   CHECK(st.direct + st.redirected + st.mailbox == 8);  // which path each took depends on timing
 }
 
-TEST_CASE("grpc: mutual TLS") {
+BOTH_PATHS_TEST_CASE("grpc: mutual TLS", test_mutual_tls) {
   testing::TempDir dir;
   const std::string d = dir.path();
   const std::string cmd =
@@ -386,7 +448,8 @@ TEST_CASE("grpc: mutual TLS") {
   CHECK(verify(0, 1, got) == "");
 }
 
-TEST_CASE("grpc: collectives run over the gRPC transport") {
+BOTH_PATHS_TEST_CASE("grpc: collectives run over the gRPC transport",
+                     test_collectives_run_over_the_grpc) {
   constexpr int kWorld = 3;
   Job job = connect_job(kWorld);
   require_ok(job);
@@ -409,7 +472,8 @@ TEST_CASE("grpc: collectives run over the gRPC transport") {
   for (int r = 0; r < kWorld; ++r) CHECK_MESSAGE(errors[r].empty(), "rank ", r, ": ", errors[r]);
 }
 
-TEST_CASE("grpc: a recv timeout names the peer and the message") {
+BOTH_PATHS_TEST_CASE("grpc: a recv timeout names the peer and the message",
+                     test_a_recv_timeout_names_the) {
   Job job = connect_job(2);
   require_ok(job);
   std::vector<uint8_t> buf(64);
@@ -431,7 +495,8 @@ TEST_CASE("grpc: a recv timeout names the peer and the message") {
   CHECK(verify(1, 0, buf) == "");
 }
 
-TEST_CASE("grpc: op and byte-count mismatches fail at once with both sides named") {
+BOTH_PATHS_TEST_CASE("grpc: op and byte-count mismatches fail at once with both sides named",
+                     test_op_and_byte_count_mismatches) {
   Job job = connect_job(2);
   require_ok(job);
   std::vector<uint8_t> buf(800), out(400);
@@ -472,7 +537,8 @@ TEST_CASE("grpc: op and byte-count mismatches fail at once with both sides named
   }
 }
 
-TEST_CASE("grpc: a wrong job token is refused and delivers nothing") {
+BOTH_PATHS_TEST_CASE("grpc: a wrong job token is refused and delivers nothing",
+                     test_a_wrong_job_token_is) {
   SUBCASE("at the rendezvous") {
     const int port = free_port();
     Job job = connect_job(2, [&](int r) {
@@ -506,7 +572,8 @@ TEST_CASE("grpc: a wrong job token is refused and delivers nothing") {
   }
 }
 
-TEST_CASE("grpc: rendezvous refuses disagreeing ranks with a clear message") {
+BOTH_PATHS_TEST_CASE("grpc: rendezvous refuses disagreeing ranks with a clear message",
+                     test_rendezvous_refuses_disagreeing_ranks_with) {
   const int port = free_port();
   SUBCASE("config hash") {
     Job job = connect_job(2, [&](int r) {
@@ -557,7 +624,8 @@ TEST_CASE("grpc: rendezvous refuses disagreeing ranks with a clear message") {
   }
 }
 
-TEST_CASE("grpc: a rendezvous timeout names the ranks that never joined") {
+BOTH_PATHS_TEST_CASE("grpc: a rendezvous timeout names the ranks that never joined",
+                     test_a_rendezvous_timeout_names_the) {
   const int port = free_port();
   const auto t0 = Clock::now();
   Job job = connect_job(3,
@@ -575,7 +643,8 @@ TEST_CASE("grpc: a rendezvous timeout names the ranks that never joined") {
   }
 }
 
-TEST_CASE("grpc: a rank that comes up before rank 0 waits for it") {
+BOTH_PATHS_TEST_CASE("grpc: a rank that comes up before rank 0 waits for it",
+                     test_a_rank_that_comes_up) {
   const int port = free_port();
   Job job;
   job.t.resize(2);
@@ -597,7 +666,8 @@ TEST_CASE("grpc: a rank that comes up before rank 0 waits for it") {
   require_ok(job);
 }
 
-TEST_CASE("grpc: malformed frames are rejected and fail the receiver's pending recv") {
+BOTH_PATHS_TEST_CASE("grpc: malformed frames are rejected and fail the receiver's pending recv",
+                     test_malformed_frames_are_rejected_and) {
   struct Bad {
     const char* name;
     wire::Frame f;
@@ -630,7 +700,8 @@ TEST_CASE("grpc: malformed frames are rejected and fail the receiver's pending r
   }
 }
 
-TEST_CASE("grpc: a peer that closes fails the other rank's pending recv promptly") {
+BOTH_PATHS_TEST_CASE("grpc: a peer that closes fails the other rank's pending recv promptly",
+                     test_a_peer_that_closes_fails) {
   Job job = connect_job(3);
   require_ok(job);
   // A message sent before closing is still delivered.
@@ -660,20 +731,24 @@ TEST_CASE("grpc: a peer that closes fails the other rank's pending recv promptly
 TEST_CASE("grpc: helper rank for the killed-peer test" * doctest::skip()) {
   const char* port = std::getenv("DTRAIN_GRPC_HELPER_PORT");
   if (!port) return;
+  const char* shm = std::getenv("DTRAIN_GRPC_HELPER_SHM");
+  g_shm = shm && std::string(shm) == "1";
   auto t = connect_grpc(options(1, 2, std::atoi(port)));
   const auto data = make_payload(1, 0, 1000);
   t->send(0, header(1, 0, CommOp::kBroadcast, data.size()), data.data());
   std::this_thread::sleep_for(std::chrono::seconds(60));  // until killed
 }
 
-TEST_CASE("grpc: a killed peer process fails pending recvs and sends promptly") {
+BOTH_PATHS_TEST_CASE("grpc: a killed peer process fails pending recvs and sends promptly",
+                     test_a_killed_peer_process_fails) {
   const int port = free_port();
   // Everything the child needs is prepared before fork: only exec runs in between.
   const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
   const std::string env_port = "DTRAIN_GRPC_HELPER_PORT=" + std::to_string(port);
   const char* argv[] = {self.c_str(), "-tc=grpc: helper rank for the killed-peer test", "--no-skip",
                         "--no-version", nullptr};
-  const char* envp[] = {env_port.c_str(), nullptr};
+  const std::string env_shm = std::string("DTRAIN_GRPC_HELPER_SHM=") + (g_shm ? "1" : "0");
+  const char* envp[] = {env_port.c_str(), env_shm.c_str(), nullptr};
   const pid_t pid = fork();
   REQUIRE(pid >= 0);
   if (pid == 0) {
@@ -703,7 +778,8 @@ TEST_CASE("grpc: a killed peer process fails pending recvs and sends promptly") 
   CHECK_MESSAGE(contains(send_error, "rank 1"), send_error);
 }
 
-TEST_CASE("grpc: abort fails pending and later calls here and on the peers") {
+BOTH_PATHS_TEST_CASE("grpc: abort fails pending and later calls here and on the peers",
+                     test_abort_fails_pending_and_later) {
   Job job = connect_job(2);
   require_ok(job);
   std::vector<uint8_t> b0(8), b1(8);
@@ -724,7 +800,7 @@ TEST_CASE("grpc: abort fails pending and later calls here and on the peers") {
   CHECK_MESSAGE(contains(send_error, "rank 0"), send_error);
 }
 
-TEST_CASE("grpc: bad options are user errors") {
+BOTH_PATHS_TEST_CASE("grpc: bad options are user errors", test_bad_options_are_user_errors) {
   GrpcOptions o = options(0, 2, 0);
   CHECK_THROWS_AS(connect_grpc(o), UserError);  // port 0
   o = options(2, 2, 1234);

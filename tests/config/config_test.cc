@@ -657,7 +657,7 @@ TEST_CASE("config_to_json writes every field and loads back to the same config")
     CHECK(j["optimizer"]["schedule"].size() == 5);
     CHECK(j["train"].size() == 6);
     CHECK(j["train"]["checkpoint"].size() == 2);
-    CHECK(j["distributed"].size() == 13);
+    CHECK(j["distributed"].size() == 14);
     CHECK(j["distributed"]["compression"].size() == 4);
     CHECK(j["runtime"].size() == 1);
     // JSON is YAML: the dump parses back to an identical config.
@@ -713,9 +713,11 @@ TEST_CASE("distributed keys: timeouts, tls all-or-none, per-host keys outside th
                        doctest::Contains("needs all of cert, key and ca"), UserError);
   CHECK_THROWS_WITH_AS(parse_config(base, "d.yaml", {"distributed.tsl.cert=a.pem"}),
                        doctest::Contains("did you mean 'tls'"), UserError);
-  const Config d = parse_config(
-      base, "d.yaml",
-      {"distributed.bind=10.0.0.2", "distributed.timeout_s=7", "distributed.backend=grpc"});
+  const Config d = parse_config(base, "d.yaml",
+                                {"distributed.bind=10.0.0.2", "distributed.timeout_s=7",
+                                 "distributed.backend=grpc", "distributed.shm=false"});
+  CHECK(c.distributed.shm);
+  CHECK(!d.distributed.shm);
   CHECK(config_hash(c) == config_hash(d));
   CHECK(config_hash(c) != config_hash(parse_config(base, "d.yaml")));  // backend differs
 }

@@ -103,12 +103,14 @@ TEST_CASE("zero1, zero2 and fsdp equal DDP after 20 steps, W = 2, 3, 4, SGD and 
         extra.insert(extra.begin(), common.begin(), common.end());
         return extra;
       };
-      train(dir / "ddp", common);
+      const auto ddp = train(dir / "ddp", common);
       const std::string ref = as_file(dir / "ddp", 20);
       for (const char* strategy : {"zero1", "zero2", "fsdp"}) {
         const std::string run = dir / strategy;
         const auto s = train(run, with({std::string("distributed.strategy=") + strategy}));
         CHECK(s["strategy"] == strategy);
+        CHECK(s["final_train_loss"].get<double>() ==
+              doctest::Approx(ddp["final_train_loss"].get<double>()).epsilon(1e-5));
         CHECK(fs::exists(fs::path(run) / "checkpoints/step-20/manifest.json"));
         const double rel = checkpoint_rel_diff(ref, as_file(run, 20));
         INFO("optimizer ", std::string(optim), " world ", world, " ", strategy, " rel ", rel);
