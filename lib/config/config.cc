@@ -55,7 +55,8 @@ const std::map<std::string, KeyList, std::less<>>& schema() {
         "clip_grad_norm", "schedule"}},
       {"optimizer.schedule", {"type", "warmup_steps", "step_size", "gamma", "min_lr"}},
       {"train",
-       {"epochs", "max_steps", "log_every", "eval_every", "grad_accum_steps", "checkpoint"}},
+       {"epochs", "max_steps", "log_every", "eval_every", "grad_accum_steps", "nonfinite",
+        "checkpoint"}},
       {"train.checkpoint", {"every_steps", "keep_last"}},
       {"distributed",
        {"backend", "world_size", "strategy", "timeout_s", "rendezvous_timeout_s", "token_file",
@@ -568,6 +569,7 @@ class Reader {
     read("train.log_every", t.log_every);
     read("train.eval_every", t.eval_every);
     read("train.grad_accum_steps", t.grad_accum_steps);
+    read("train.nonfinite", t.nonfinite);
     read("train.checkpoint.every_steps", t.checkpoint.every_steps);
     read("train.checkpoint.keep_last", t.checkpoint.keep_last);
 
@@ -812,6 +814,7 @@ class Reader {
     check_min("train.log_every", t.log_every, 1);
     check_min("train.eval_every", t.eval_every, 0);
     check_min("train.grad_accum_steps", t.grad_accum_steps, 1);
+    check_enum("train.nonfinite", t.nonfinite, {"abort", "skip"});
     check_min("train.checkpoint.every_steps", t.checkpoint.every_steps, 0);
     check_min("train.checkpoint.keep_last", t.checkpoint.keep_last, 1);
   }
@@ -929,6 +932,7 @@ nlohmann::json config_to_json(const Config& c) {
       {"log_every", t.log_every},
       {"eval_every", t.eval_every},
       {"grad_accum_steps", t.grad_accum_steps},
+      {"nonfinite", t.nonfinite},
       {"checkpoint",
        {{"every_steps", t.checkpoint.every_steps}, {"keep_last", t.checkpoint.keep_last}}}};
 

@@ -104,6 +104,9 @@ struct TrainConfig {
   int64_t log_every = 100;       // steps between train records in metrics.jsonl (>= 1)
   int64_t eval_every = 0;        // 0: evaluate at the end of each epoch; else every N steps too
   int64_t grad_accum_steps = 1;  // micro-batches per optimizer step (>= 1)
+  // A non-finite loss or gradient: abort (name the step and the first tensor) | skip (drop the
+  // step on every rank, count it).
+  std::string nonfinite = "abort";
   CheckpointConfig checkpoint;
 };
 

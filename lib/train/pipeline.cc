@@ -468,6 +468,7 @@ nlohmann::json train_pipeline(const Config& cfg, const RunOptions& opts, Communi
   const int64_t first_step = step;
   auto interval_t0 = Clock::now();
   bool eval_due = false;
+  int64_t skipped_steps = 0;  // train.nonfinite: skip
   while (step < total_steps) {
     if (batch >= bpe) {
       ++epoch;
@@ -482,10 +483,39 @@ nlohmann::json train_pipeline(const Config& cfg, const RunOptions& opts, Communi
     std::fill(grads.begin(), grads.end(), 0.0f);
     loss_sum = 0.0;
     for (int64_t i = 0; i < n_micro; ++i) run_schedule(sampler.batch(epoch, batch + i), scale);
+    if (fault_due(opts.faults, "nan", rank, step + 1) && n > 0)
+      grads[0] = std::nanf("");  // DTRAIN_FAULT: a NaN enters this stage's gradient
     if (dp) dp->allreduce(grads.data(), grads.size(), ReduceOp::kSum);
-    if (last_stage && !std::isfinite(loss_sum))
-      throw std::runtime_error("training loss is not finite at step " + std::to_string(step + 1) +
-                               " (diverged: lower optimizer.lr or set optimizer.clip_grad_norm)");
+    // Non-finite guard: stages hold different tensors, so the verdict is all-reduced (min code).
+    {
+      float code = kFiniteCode;
+      if (last_stage && !std::isfinite(loss_sum)) {
+        code = kLossCode;
+      } else {
+        const int64_t e = first_nonfinite_param(model, grads.data(), {{pb, pe, 0}});
+        if (e >= 0) code = static_cast<float>(e + 1);
+      }
+      comm.allreduce(&code, 1, ReduceOp::kMin);
+      if (code != kFiniteCode) {
+        const std::string what = nonfinite_what(model, code);
+        if (cfg.train.nonfinite == "abort")
+          throw std::runtime_error(
+              what + " is not finite at step " + std::to_string(step + 1) +
+              " (train.nonfinite: abort; lower optimizer.lr, set optimizer.clip_grad_norm, or "
+              "set train.nonfinite: skip)");
+        ++skipped_steps;
+        if (lead)
+          spdlog::warn("step {} skipped on every rank: {} is not finite ({} skipped so far)",
+                       step + 1, what, skipped_steps);
+        ++step;
+        batch += n_micro;
+        if (batch >= bpe) {
+          ++epoch;
+          batch = 0;
+        }
+        continue;
+      }
+    }
     if (cfg.optimizer.clip_grad_norm > 0) {
       // Stages hold disjoint parameters; replicas hold equal copies: divide by D.
       float ss = static_cast<float>(sum_squares(grads.data(), n));
@@ -586,6 +616,7 @@ nlohmann::json train_pipeline(const Config& cfg, const RunOptions& opts, Communi
       {"peak_rss_mb", peak_rss_mb()},
       {"comm_bytes_sent", comm.bytes_sent() - sent0},
       {"comm_bytes_recv", comm.bytes_recv() - recv0},
+      {"skipped_steps", skipped_steps},
       {"config_hash", hash},
       {"param_count", P},
       {"steps_this_run", step - first_step},

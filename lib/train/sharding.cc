@@ -121,6 +121,48 @@ void ShardLayout::shard_to_full(int r, const float* shard, float* full) const {
               full + u.own_begin(r));
 }
 
+namespace {
+
+// True when buf[0, n) holds a NaN or infinity: x * 0 is 0 for finite x and NaN otherwise; eight
+// independent lanes so the loop vectorises without reassociating.
+bool any_nonfinite(const float* buf, int64_t n) {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int k = 0; k < 8; ++k) acc[k] += buf[i + k] * 0.0f;
+  for (; i < n; ++i) acc[0] += buf[i] * 0.0f;
+  float t = 0.0f;
+  for (float a : acc) t += a;
+  return std::isnan(t);
+}
+
+}  // namespace
+
+int64_t first_nonfinite_param(const Model& m, const float* buf,
+                              const std::vector<ShardRange>& ranges) {
+  int64_t best = -1;
+  for (const auto& r : ranges) {
+    if (!any_nonfinite(buf + r.offset, r.end - r.begin)) continue;
+    for (size_t e = 0; e < m.params().size(); ++e) {
+      const ParamEntry& p = m.params()[e];
+      const int64_t lo = std::max(r.begin, p.offset), hi = std::min(r.end, p.offset + p.numel);
+      if (lo >= hi) continue;
+      if (any_nonfinite(buf + r.offset + (lo - r.begin), hi - lo)) {
+        if (best < 0 || static_cast<int64_t>(e) < best) best = static_cast<int64_t>(e);
+        break;
+      }
+    }
+  }
+  return best;
+}
+
+std::string nonfinite_what(const Model& m, float code) {
+  if (code == kLossCode) return "the loss";
+  const auto e = static_cast<size_t>(code) - 1;
+  if (code >= kFiniteCode || e >= m.params().size()) return "nothing";
+  return "the gradient of " + m.params()[e].name;
+}
+
 ShardMode shard_mode(const std::string& strategy) {
   if (strategy == "zero1") return ShardMode::kZero1;
   if (strategy == "zero2") return ShardMode::kZero2;

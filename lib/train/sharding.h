@@ -73,6 +73,18 @@ class ShardLayout {
   int64_t shard_size_ = 0;
 };
 
+// The non-finite guard (train.nonfinite): index into m.params() of the tensor holding the first
+// NaN or infinity among `ranges` of the flat layout, stored in buf at their offsets; -1 when all
+// are finite.
+int64_t first_nonfinite_param(const Model& m, const float* buf,
+                              const std::vector<ShardRange>& ranges);
+// Verdict codes all ranks agree on by an all-reduce (min): kLossCode for a non-finite loss,
+// 1 + param index for a gradient, kFiniteCode when all is finite.
+inline constexpr float kLossCode = 0.0f;
+inline constexpr float kFiniteCode = 1e9f;
+// "the loss" | "the gradient of layers.0.weight" for a verdict code.
+std::string nonfinite_what(const Model& m, float code);
+
 enum class ShardMode { kZero1, kZero2, kFsdp };
 ShardMode shard_mode(const std::string& strategy);  // zero1 | zero2 | fsdp
 bool is_sharded_strategy(const std::string& strategy);

@@ -548,6 +548,7 @@ nlohmann::json train_rank(const Config& cfg, const RunOptions& opts, Communicato
   std::vector<std::vector<int64_t>> micro_idx;
   bool eval_due = false;
   double exposed_comm_s = 0.0;
+  int64_t skipped_steps = 0;  // train.nonfinite: skip
 
   while (step < total_steps) {
     if (batch >= bpe) {
@@ -598,6 +599,8 @@ nlohmann::json train_rank(const Config& cfg, const RunOptions& opts, Communicato
       if (unit_wise) {
         loss_sum += engine->forward_backward(fsdp ? nullptr : store.values.data(), x, y.data(),
                                              cfg.model.loss, scale, acts, ctx);
+        if (i == n_micro - 1 && fault_due(opts.faults, "nan", rank, step + 1))
+          engine->grad_shard()[0] = std::nanf("");  // DTRAIN_FAULT
         if (world > 1 && i == n_micro - 1) {
           step_loss_sum = static_cast<float>(loss_sum);
           works.push_back(comm.allreduce_async(&step_loss_sum, 1, ReduceOp::kSum));
@@ -606,6 +609,8 @@ nlohmann::json train_rank(const Config& cfg, const RunOptions& opts, Communicato
       }
       const Tensor& out = model.forward(store.values.data(), x, acts, ctx);
       loss_sum += loss_and_grad(cfg.model.loss, out, y.data(), &dlogits, scale);
+      if (i == n_micro - 1 && fault_due(opts.faults, "nan", rank, step + 1))
+        dlogits.data()[0] = std::nanf("");  // DTRAIN_FAULT: a NaN enters this rank's gradients
       if (world > 1 && !local_sgd && i == n_micro - 1) {
         step_loss_sum = static_cast<float>(loss_sum);
         works.push_back(comm.allreduce_async(&step_loss_sum, 1, ReduceOp::kSum));
@@ -632,10 +637,40 @@ nlohmann::json train_rank(const Config& cfg, const RunOptions& opts, Communicato
     // The samples loss_sum covers: the global batch for DDP, this rank's share for Local SGD.
     const int64_t loss_samples = local_sgd ? local_samples : step_samples;
     const double step_loss = loss_samples > 0 ? loss_sum / static_cast<double>(loss_samples) : 0.0;
-    if (!std::isfinite(step_loss))
-      throw std::runtime_error("training loss is " + std::to_string(step_loss) + " at step " +
-                               std::to_string(step + 1) +
-                               " (diverged: lower optimizer.lr or set optimizer.clip_grad_norm)");
+    // Non-finite guard. DDP (with or without compression) and zero1 hold identical reduced
+    // gradients and loss on every rank, so every rank reaches the same verdict alone; Local SGD
+    // and the unit-wise strategies hold their own, so the verdict is all-reduced (min code).
+    {
+      float code = kFiniteCode;
+      if (!std::isfinite(step_loss)) {
+        code = kLossCode;
+      } else {
+        const int64_t e = unit_wise ? first_nonfinite_param(model, engine->grad_shard().data(),
+                                                            engine->layout().ranges(rank))
+                                    : first_nonfinite_param(model, store.grads.data(), {{0, P, 0}});
+        if (e >= 0) code = static_cast<float>(e + 1);
+      }
+      if (world > 1 && (local_sgd || unit_wise)) comm.allreduce(&code, 1, ReduceOp::kMin);
+      if (code != kFiniteCode) {
+        const std::string what = nonfinite_what(model, code);
+        if (cfg.train.nonfinite == "abort")
+          throw std::runtime_error(
+              what + " is not finite at step " + std::to_string(step + 1) +
+              " (train.nonfinite: abort; lower optimizer.lr, set optimizer.clip_grad_norm, or "
+              "set train.nonfinite: skip)");
+        ++skipped_steps;
+        if (lead)
+          spdlog::warn("step {} skipped on every rank: {} is not finite ({} skipped so far)",
+                       step + 1, what, skipped_steps);
+        ++step;
+        train_s += seconds_since(step_t0);
+        if (batch >= bpe) {
+          ++epoch;
+          batch = 0;
+        }
+        continue;
+      }
+    }
     if (cfg.optimizer.clip_grad_norm > 0) {
       if (engine) {
         const float f =
@@ -763,6 +798,7 @@ nlohmann::json train_rank(const Config& cfg, const RunOptions& opts, Communicato
       {"comm_s", comm.comm_seconds() - comm_s0},
       {"compute_s", train_s - exposed_comm_s},
       {"exposed_comm_s", exposed_comm_s},
+      {"skipped_steps", skipped_steps},
       {"config_hash", hash},
       {"param_count", P},
       {"steps_this_run", step - first_step},

@@ -32,9 +32,9 @@ std::vector<Fault> parse_faults(const std::string& spec) {
     const auto fields = split_on(entry, ':');
     Fault f;
     f.kind = fields[0];
-    if (f.kind != "kill" && f.kind != "kill_in_save")
+    if (f.kind != "kill" && f.kind != "kill_in_save" && f.kind != "nan")
       throw UserError("DTRAIN_FAULT: unknown fault '" + f.kind + "' in '" + entry +
-                      "' (expected kill or kill_in_save)");
+                      "' (expected kill, kill_in_save or nan)");
     for (size_t i = 1; i < fields.size(); ++i) {
       const size_t eq = fields[i].find('=');
       const std::string key = fields[i].substr(0, eq);

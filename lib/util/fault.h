@@ -3,6 +3,7 @@
 //   kill:rank=R:step=S          the process of rank R dies by SIGKILL when it completes step S
 //   kill_in_save:rank=R:step=S  rank R dies by SIGKILL after writing its shard of the sharded
 //                               checkpoint of step S, before the manifest (a crash mid-save)
+//   nan:rank=R:step=S           a NaN enters rank R's gradient while it computes step S
 // A malformed value is a UserError naming the entry.
 #pragma once
 
@@ -13,7 +14,7 @@
 namespace dtrain {
 
 struct Fault {
-  std::string kind;   // kill | kill_in_save
+  std::string kind;   // kill | kill_in_save | nan
   int64_t rank = -1;  // which rank (required)
   int64_t step = -1;  // at which step (required)
 };

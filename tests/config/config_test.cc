@@ -655,7 +655,7 @@ TEST_CASE("config_to_json writes every field and loads back to the same config")
     CHECK(j["data"]["synthetic"].size() == 5);
     CHECK(j["optimizer"].size() == 11);
     CHECK(j["optimizer"]["schedule"].size() == 5);
-    CHECK(j["train"].size() == 6);
+    CHECK(j["train"].size() == 7);
     CHECK(j["train"]["checkpoint"].size() == 2);
     CHECK(j["distributed"].size() == 14);
     CHECK(j["distributed"]["compression"].size() == 4);

@@ -372,3 +372,55 @@ TEST_CASE("powersgd compression trains as well as DDP on a quarter of the bytes"
   CHECK(psgd["test_accuracy"].get<double>() > 0.9);
   CHECK(psgd["test_accuracy"].get<double>() > ddp["test_accuracy"].get<double>() - 0.02);
 }
+
+TEST_CASE("a NaN in one rank's gradient aborts naming the step, or is skipped on every rank") {
+  spdlog::set_level(spdlog::level::err);
+  TempDir dir;
+  const std::string base = R"(
+seed: 3
+model: {hidden: [12, 8]}
+data:
+  format: synthetic
+  synthetic: {samples: 400, features: 6, classes: 3}
+  batch_size: 8
+optimizer: {type: adam, lr: 0.01}
+train: {epochs: 0, max_steps: 12, log_every: 4}
+runtime: {threads: 1}
+)";
+  struct Case {
+    std::vector<std::string> sets;
+    int rank;
+  };
+  const std::vector<Case> cases = {
+      {{"distributed.world_size=2"}, 1},
+      {{"distributed.world_size=3", "distributed.strategy=fsdp"}, 2},
+      {{"distributed.world_size=2", "distributed.strategy=zero2"}, 0},
+      {{"distributed.world_size=2", "distributed.strategy=local_sgd",
+        "distributed.local_sgd.sync_every=2"},
+       1},
+      {{"distributed.world_size=2", "distributed.strategy=pipeline"}, 0},
+  };
+  int k = 0;
+  for (const auto& c : cases) {
+    CAPTURE(c.sets.back());
+    RunOptions o;
+    o.out_dir = dir / ("abort" + std::to_string(k));
+    o.faults = parse_faults("nan:rank=" + std::to_string(c.rank) + ":step=5");
+    const Config abort_cfg = parse_config(base, "n.yaml", c.sets);
+    CHECK_THROWS_WITH(run_training(abort_cfg, o),
+                      doctest::Contains("is not finite at step 5 (train.nonfinite: abort"));
+    auto skip_sets = c.sets;
+    skip_sets.push_back("train.nonfinite=skip");
+    o.out_dir = dir / ("skip" + std::to_string(k++));
+    const auto s = run_training(parse_config(base, "n.yaml", skip_sets), o);
+    CHECK(s["skipped_steps"] == 1);
+    CHECK(s["steps"] == 12);
+    CHECK(std::isfinite(s["final_train_loss"].get<double>()));
+    CHECK(s["test_accuracy"].get<double>() > 0.5);
+  }
+  // Without the fault nothing is skipped.
+  RunOptions o;
+  o.out_dir = dir / "clean";
+  CHECK(run_training(parse_config(base, "n.yaml", {"distributed.world_size=2"}),
+                     o)["skipped_steps"] == 0);
+}
