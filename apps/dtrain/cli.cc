@@ -66,8 +66,10 @@ LoadedModel load_model(const Config& cfg, const DataSplits& data, const std::str
 }
 
 int cmd_run(const Config& cfg, const std::string& config_path, std::string out,
-            const std::string& resume, bool no_progress, const DistOverrides& flags) {
+            const std::string& resume, const std::string& trace, bool no_progress,
+            const DistOverrides& flags) {
   RunOptions opts;
+  opts.trace = trace;
   opts.out_dir = out.empty() ? default_out_dir(config_path) : std::move(out);
   opts.resume = resume;
   if (const char* f = std::getenv("DTRAIN_FAULT")) opts.faults = parse_faults(f);
@@ -176,6 +178,10 @@ int cli_main(int argc, char** argv) {
                   "continue from a checkpoint: a .safetensors file, a checkpoints folder, a run "
                   "folder, or 'auto' (the output folder's latest checkpoint, if any)");
   run->add_flag("--no-progress", no_progress, "never draw the progress bar");
+  std::string trace;
+  run->add_option("--trace", trace,
+                  "write a Chrome trace-event timeline of every rank (forward, backward, each "
+                  "collective, optimizer, waits) to this JSON file; open it in ui.perfetto.dev");
   DistOverrides flags;
   run->add_option("--rank", flags.rank, "this process's rank (overrides RANK)");
   run->add_option("--world-size", flags.world_size, "ranks in the job (overrides WORLD_SIZE)");
@@ -193,6 +199,7 @@ int cli_main(int argc, char** argv) {
   add_config(launch);
   launch->add_option("--out", out, "output folder (default runs/<config file stem>)");
   launch->add_option("--resume", resume, "passed to every rank's `dtrain run --resume`");
+  launch->add_option("--trace", trace, "passed to every rank's `dtrain run --trace`");
 
   CLI::App* validate = app.add_subcommand("validate", "parse and check a config, then exit");
   add_config(validate);
@@ -336,7 +343,7 @@ int cli_main(int argc, char** argv) {
       std::cout << config_path << ": ok (config hash " << config_hash(cfg) << ")" << std::endl;
       return kExitOk;
     }
-    if (run->parsed()) return cmd_run(cfg, config_path, out, resume, no_progress, flags);
+    if (run->parsed()) return cmd_run(cfg, config_path, out, resume, trace, no_progress, flags);
     if (launch->parsed()) {
       if (nproc < 1 || nproc > 1024) throw UserError("--nproc must be in [1, 1024]");
       LaunchOptions lo;
@@ -349,6 +356,10 @@ int cli_main(int argc, char** argv) {
       for (const auto& s : sets) {
         lo.child_argv.push_back("--set");
         lo.child_argv.push_back(s);
+      }
+      if (!trace.empty()) {
+        lo.child_argv.push_back("--trace");
+        lo.child_argv.push_back(fs::absolute(trace).string());
       }
       if (!resume.empty()) {
         lo.child_argv.push_back("--resume");

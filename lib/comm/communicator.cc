@@ -78,7 +78,7 @@ WorkPtr Communicator::enqueue(CommOp op, size_t count, std::function<void(const 
                 std::to_string(count) + " floats)";
   {
     std::lock_guard<std::mutex> lk(mu_);
-    queue_.push_back(Task{seq, work, std::move(fn)});
+    queue_.push_back(Task{op, seq, work, std::move(fn)});
   }
   cv_.notify_all();
   return work;
@@ -108,7 +108,18 @@ void Communicator::worker_loop() {
         ctx.seq = task.seq;
         ctx.deadline = deadline_after(opts_.timeout_s);
         ctx.segment_floats = std::max<size_t>(1, opts_.segment_bytes / sizeof(float));
-        task.fn(ctx);
+        Tracer* tr = tracer_.load();
+        if (tr != nullptr && tr->enabled()) {
+          thread_local bool named = false;
+          if (!named) tr->set_thread_name("comm");
+          named = true;
+          const int64_t ts = tr->now_us();
+          task.fn(ctx);
+          tr->complete(comm_op_name(task.op), "comm", ts, tr->now_us() - ts,
+                       {{"seq", task.seq}, {"what", task.work->what_}});
+        } else {
+          task.fn(ctx);
+        }
       } catch (const std::exception& e) {
         const std::string msg =
             "rank " + std::to_string(rank()) + ": " + task.work->what_ + " failed: " + e.what();

@@ -18,6 +18,7 @@
 // except Work::wait, which any thread may call.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -32,6 +33,7 @@
 
 #include "comm/collectives.h"
 #include "comm/transport.h"
+#include "util/trace.h"
 
 namespace dtrain {
 
@@ -102,6 +104,11 @@ class Communicator {
   double comm_seconds() const;
   uint64_t collectives_issued() const { return next_seq_; }
 
+  // Records every collective this communicator runs as a complete event on its worker thread
+  // ("comm"), with its sequence number and size; null stops recording. The tracer must outlive
+  // its use: set null before destroying it.
+  void set_tracer(Tracer* t) { tracer_.store(t); }
+
   // Fails everything now (this rank is giving up); peers notice.
   void abort(const std::string& why);
 
@@ -116,7 +123,9 @@ class Communicator {
   uint64_t next_seq_ = 0;
   std::map<std::pair<int, uint64_t>, uint64_t> p2p_sent_, p2p_recvd_;
 
+  std::atomic<Tracer*> tracer_{nullptr};
   struct Task {
+    CommOp op;
     uint64_t seq;
     WorkPtr work;
     std::function<void(const CollCtx&)> fn;

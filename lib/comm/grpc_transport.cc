@@ -1382,7 +1382,20 @@ void GrpcTransport::send(int dst, const MsgHeader& h, const void* data) {
   out_[dst]->enqueue(m);
   SendTicket& t = *m->ticket;
   std::unique_lock<std::mutex> lk(t.mu);
-  t.cv.wait(lk, [&] { return (t.all_chunked && t.lent == 0) || !t.error.empty(); });
+  // Wake up now and then: a stream that fails after our last chunk went out leaves the ticket
+  // without an error (it is no longer queued), so the stream's own state and this transport's
+  // abort are polled too, never waited on forever.
+  while (!t.cv.wait_for(lk, std::chrono::milliseconds(100),
+                        [&] { return (t.all_chunked && t.lent == 0) || !t.error.empty(); })) {
+    lk.unlock();
+    std::string why = out_[dst]->error();
+    if (why.empty() && aborted_.load()) {
+      std::lock_guard<std::mutex> al(abort_mu_);
+      why = abort_reason_;
+    }
+    lk.lock();
+    if (!why.empty() && t.error.empty()) t.error = why;
+  }
   if (!t.error.empty()) {
     // gRPC drops our slices when the call is torn down; wait for that before the caller may
     // free the buffer.

@@ -121,7 +121,8 @@ std::vector<LayerRange> partition_stages(const Model& m, int stages, const std::
   return out;
 }
 
-nlohmann::json train_pipeline(const Config& cfg, const RunOptions& opts, Communicator& comm) {
+nlohmann::json train_pipeline(const Config& cfg, const RunOptions& opts, Communicator& comm,
+                              Tracer& tracer) {
   const auto t_start = Clock::now();
   const int world = comm.size();
   const int rank = comm.rank();
@@ -265,6 +266,7 @@ nlohmann::json train_pipeline(const Config& cfg, const RunOptions& opts, Communi
 
   auto recv_tensor = [&](int src, uint64_t tag, Tensor& t, int64_t rows, int64_t width) {
     t.resize({rows, width});
+    TraceScope ts(tracer, "recv wait", "wait");
     const auto t0 = Clock::now();
     comm.recv(src, tag, t.data(), static_cast<size_t>(rows * width));
     idle_s += seconds_since(t0);
@@ -276,6 +278,7 @@ nlohmann::json train_pipeline(const Config& cfg, const RunOptions& opts, Communi
     } else {
       recv_tensor(rank - 1, kTagActivation, mb.input, rows, in_width);
     }
+    TraceScope ts(tracer, "forward", "compute");
     const auto t0 = Clock::now();
     mb.rng_state = rng.state();
     mb.acts = acquire();
@@ -306,6 +309,7 @@ nlohmann::json train_pipeline(const Config& cfg, const RunOptions& opts, Communi
       recv_tensor(rank + 1, kTagGradient, dy_recv, rows, out_width);
       dy = &dy_recv;
     }
+    TraceScope ts(tracer, "backward", "compute");
     const auto t0 = Clock::now();
     if (!mb.acts) {  // recompute the forward with the same dropout stream
       Rng replay;
@@ -525,7 +529,10 @@ nlohmann::json train_pipeline(const Config& cfg, const RunOptions& opts, Communi
       if (fct < 1.0f) scale_inplace(grads.data(), n, fct);
     }
     const double lr = lr_at(cfg.optimizer.schedule, base_lr, step, total_steps);
-    opt->step(params.data(), grads.data(), lr);
+    {
+      TraceScope ts(tracer, "optimizer", "compute");
+      opt->step(params.data(), grads.data(), lr);
+    }
     ++step;
     batch += n_micro;
     train_s += seconds_since(step_t0);

@@ -33,6 +33,8 @@ namespace dtrain {
 std::vector<LayerRange> partition_stages(const Model& m, int stages, const std::string& how);
 
 // Trains one rank of a pipeline job (called by train_rank for strategy pipeline).
-nlohmann::json train_pipeline(const Config& cfg, const RunOptions& opts, Communicator& comm);
+// Events go to `tracer` (disabled unless --trace).
+nlohmann::json train_pipeline(const Config& cfg, const RunOptions& opts, Communicator& comm,
+                              Tracer& tracer);
 
 }  // namespace dtrain

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <functional>
 #include <limits>
+#include <optional>
 #include <thread>
 
 #include <spdlog/spdlog.h>
@@ -165,8 +166,53 @@ EvalResult evaluate(const Model& model, const float* params, const Dataset& d, i
   return r;
 }
 
+void finish_trace(const RunOptions& opts, Communicator& comm, const Tracer& tracer) {
+  if (opts.trace.empty()) return;
+  const std::string mine = rank_trace_path(opts.trace, comm.rank());
+  tracer.write(mine);
+  comm.barrier();
+  if (comm.rank() != 0) return;
+  std::vector<std::string> files;
+  for (int r = 0; r < comm.size(); ++r) {
+    const std::string f = rank_trace_path(opts.trace, r);
+    if (fs::exists(f)) {
+      files.push_back(f);
+    } else {
+      spdlog::warn("trace: no {} (rank {} wrote it on another machine?); merging the others", f, r);
+    }
+  }
+  merge_trace_files(files, opts.trace);
+  for (const auto& f : files) fs::remove(f);
+  spdlog::info("trace: {} (open in ui.perfetto.dev)", opts.trace);
+}
+
+namespace {
+
+// Stops the communicator recording into a tracer that is about to go away, on every exit path.
+struct TracerAttachment {
+  Communicator& comm;
+  TracerAttachment(Communicator& c, Tracer& t) : comm(c) { comm.set_tracer(&t); }
+  ~TracerAttachment() { comm.set_tracer(nullptr); }
+};
+
+}  // namespace
+
+nlohmann::json train_data_parallel(const Config& cfg, const RunOptions& opts, Communicator& comm,
+                                   Tracer& tracer);
+
 nlohmann::json train_rank(const Config& cfg, const RunOptions& opts, Communicator& comm) {
-  if (cfg.distributed.strategy == "pipeline") return train_pipeline(cfg, opts, comm);
+  Tracer tracer(!opts.trace.empty(), comm.rank());
+  tracer.set_thread_name("train");
+  TracerAttachment attach(comm, tracer);
+  nlohmann::json summary = cfg.distributed.strategy == "pipeline"
+                               ? train_pipeline(cfg, opts, comm, tracer)
+                               : train_data_parallel(cfg, opts, comm, tracer);
+  finish_trace(opts, comm, tracer);
+  return summary;
+}
+
+nlohmann::json train_data_parallel(const Config& cfg, const RunOptions& opts, Communicator& comm,
+                                   Tracer& tracer) {
   const auto t_start = Clock::now();
   const int world = comm.size();
   const int rank = comm.rank();
@@ -399,6 +445,7 @@ nlohmann::json train_rank(const Config& cfg, const RunOptions& opts, Communicato
   // Evaluation and checkpoint time is excluded from the train records' samples_per_s.
   auto run_eval = [&] {
     if (data.test.rows == 0) return;
+    TraceScope ts(tracer, "eval", "eval");
     const auto e0 = Clock::now();
     // Each rank evaluates a contiguous share of the test set; the sums are all-reduced.
     const int64_t n = data.test.rows;
@@ -470,6 +517,7 @@ nlohmann::json train_rank(const Config& cfg, const RunOptions& opts, Communicato
   };
   auto save = [&] {
     const auto s0 = Clock::now();
+    TraceScope ts(tracer, "checkpoint", "checkpoint");
     // Every rank's RNG state goes into the checkpoint (dropout streams differ per rank).
     const auto st_now = rng.state();
     const std::vector<float> mine = pack_i64(std::vector<int64_t>(st_now.begin(), st_now.end()));
@@ -557,6 +605,7 @@ nlohmann::json train_rank(const Config& cfg, const RunOptions& opts, Communicato
     }
     if (cfg.train.epochs > 0 && epoch >= cfg.train.epochs) break;
     const auto step_t0 = Clock::now();
+    TraceScope step_scope(tracer, "step", "train");
     const int64_t n_micro = std::min(K, bpe - batch);
     int64_t step_samples = 0;
     for (int64_t i = 0; i < n_micro; ++i) step_samples += sampler.global_batch_size(batch + i);
@@ -597,6 +646,7 @@ nlohmann::json train_rank(const Config& cfg, const RunOptions& opts, Communicato
     for (int64_t i = 0; i < n_micro; ++i) {
       gather_rows(data.train, micro_idx[static_cast<size_t>(i)], x, y);
       if (unit_wise) {
+        TraceScope ts(tracer, "forward+backward", "compute");
         loss_sum += engine->forward_backward(fsdp ? nullptr : store.values.data(), x, y.data(),
                                              cfg.model.loss, scale, acts, ctx);
         if (i == n_micro - 1 && fault_due(opts.faults, "nan", rank, step + 1))
@@ -607,8 +657,10 @@ nlohmann::json train_rank(const Config& cfg, const RunOptions& opts, Communicato
         }
         continue;
       }
+      std::optional<TraceScope> fw(std::in_place, tracer, "forward", "compute");
       const Tensor& out = model.forward(store.values.data(), x, acts, ctx);
       loss_sum += loss_and_grad(cfg.model.loss, out, y.data(), &dlogits, scale);
+      fw.reset();
       if (i == n_micro - 1 && fault_due(opts.faults, "nan", rank, step + 1))
         dlogits.data()[0] = std::nanf("");  // DTRAIN_FAULT: a NaN enters this rank's gradients
       if (world > 1 && !local_sgd && i == n_micro - 1) {
@@ -616,6 +668,7 @@ nlohmann::json train_rank(const Config& cfg, const RunOptions& opts, Communicato
         works.push_back(comm.allreduce_async(&step_loss_sum, 1, ReduceOp::kSum));
       }
       const bool sync = bucket_sync && i == n_micro - 1;
+      TraceScope bw(tracer, "backward", "compute");
       model.backward(store.values.data(), store.grads.data(), x, acts, dlogits, nullptr, 0,
                      SIZE_MAX, sync ? launch_ready : std::function<void(size_t)>());
     }
@@ -628,6 +681,7 @@ nlohmann::json train_rank(const Config& cfg, const RunOptions& opts, Communicato
       }
       exposed_comm_s += seconds_since(c0);
       // Exposed communication: what is still running once backward has ended.
+      TraceScope wait_scope(tracer, "wait for communication", "wait");
       const auto w0 = Clock::now();
       for (auto& w : works) w->wait();
       exposed_comm_s += seconds_since(w0);
@@ -683,12 +737,14 @@ nlohmann::json train_rank(const Config& cfg, const RunOptions& opts, Communicato
       }
     }
     const double lr = lr_at(cfg.optimizer.schedule, base_lr, step, total_steps);
+    std::optional<TraceScope> opt_scope(std::in_place, tracer, "optimizer", "compute");
     if (engine) {
       engine->optimizer_step(*opt, lr, store.values.data(), store.grads.data());
       exposed_comm_s += engine->wait_seconds() - engine_wait0;
     } else {
       opt->step(store.values.data(), store.grads.data(), lr);
     }
+    opt_scope.reset();
     ++step;
     if (local_sgd && world > 1 && (step % lsc.sync_every == 0 || step == total_steps)) {
       const auto s0 = Clock::now();

@@ -14,6 +14,7 @@
 #include "data/dataset.h"
 #include "nn/model.h"
 #include "util/fault.h"
+#include "util/trace.h"
 
 namespace dtrain {
 
@@ -22,12 +23,19 @@ struct RunOptions {
   std::string resume;         // "" (fresh), "auto" (RUN/checkpoints/latest if any), or a path
   bool progress = false;      // draw a progress bar on stderr (interactive terminals)
   std::vector<Fault> faults;  // DTRAIN_FAULT (util/fault.h); empty in normal runs
+  // --trace: Chrome trace-event file of the run. Every rank writes rank_trace_path(trace, r)
+  // (util/trace.h); rank 0 merges them into `trace` at the end. "" = no tracing.
+  std::string trace;
 };
 
 // Trains per `cfg` with the in-process backend (world_size ranks as threads of this process)
 // and returns summary.json's content (also written to out_dir). Throws UserError for bad
 // data/checkpoints and std::exception for runtime failures (the first failing rank's error).
 nlohmann::json run_training(const Config& cfg, const RunOptions& opts);
+
+// The --trace epilogue of a rank: writes its own trace file, waits for every rank (barrier), and
+// rank 0 merges the per-rank files into opts.trace. No-op without --trace. Collective.
+void finish_trace(const RunOptions& opts, Communicator& comm, const Tracer& tracer);
 
 // Trains one rank of a job over `comm` (world size 1 included). Rank 0 writes the files and
 // returns the summary; other ranks return their own counters. All ranks must call it with the

@@ -4,6 +4,8 @@
 
 #include <chrono>
 #include <filesystem>
+#include <map>
+#include <set>
 
 #include <nlohmann/json.hpp>
 
@@ -286,4 +288,24 @@ runtime: {threads: 1}
       run_cmd(kBin + " launch --nproc 3 " + cfg + " --out " + dir / "bad" + " --log-level warn");
   CHECK(r.exit_code == 2);
   CHECK(contains(r.output, "not a multiple of distributed.pipeline.stages"));
+}
+
+TEST_CASE("--trace writes one Chrome trace with events from every rank") {
+  TempDir dir;
+  const std::string trace = dir / "t.json";
+  auto r = run_cmd(kBin + " launch --nproc 2 " + kSrc + "/configs/smoke.yaml --set train.epochs=1" +
+                   " --out " + dir / "run" + " --trace " + trace + " --log-level warn");
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  const auto j = nlohmann::json::parse(read_text(trace));
+  std::map<int, std::set<std::string>> names;
+  for (const auto& e : j.at("traceEvents"))
+    if (e.at("ph") == "X") names[e.at("pid").get<int>()].insert(e.at("name").get<std::string>());
+  REQUIRE(names.size() == 2);
+  for (const auto& [pid, n] : names) {
+    CAPTURE(pid);
+    for (const char* want : {"forward", "backward", "allreduce", "optimizer", "step"})
+      CHECK(n.count(want) == 1);
+  }
+  // The per-rank files were merged and removed.
+  CHECK_FALSE(std::filesystem::exists(dir / "t.rank-1.json"));
 }
