@@ -597,6 +597,43 @@ nlohmann::json train_data_parallel(const Config& cfg, const RunOptions& opts, Co
   bool eval_due = false;
   double exposed_comm_s = 0.0;
   int64_t skipped_steps = 0;  // train.nonfinite: skip
+  // Stragglers: at every train record the ranks all-gather their compute time since the last
+  // one (synchronous steps give every rank the same wall time, so compute time is what tells a
+  // slow rank); rank 0 warns, naming the rank, when the same rank is 25% (and 1 ms per step)
+  // above the median in two records running.
+  int64_t interval_first_step = step;
+  double compute_at_record = 0.0;
+  int slow_rank = -1, slow_streak = 0;
+  int64_t straggler_warnings = 0;
+  auto straggler_check = [&](int64_t steps) {
+    const double compute_now = train_s - exposed_comm_s;
+    const float mine = static_cast<float>(compute_now - compute_at_record);
+    compute_at_record = compute_now;
+    std::vector<float> all(static_cast<size_t>(world));
+    comm.allgather(&mine, all.data(), std::vector<size_t>(static_cast<size_t>(world), 1));
+    if (steps <= 0) return;
+    std::vector<float> sorted = all;
+    std::sort(sorted.begin(), sorted.end());
+    const double median = sorted[sorted.size() / 2] / static_cast<double>(steps);
+    const auto it = std::max_element(all.begin(), all.end());
+    const int r = static_cast<int>(it - all.begin());
+    const double worst = *it / static_cast<double>(steps);
+    if (worst > 1.25 * median && worst - median > 1e-3) {
+      slow_streak = r == slow_rank ? slow_streak + 1 : 1;
+      slow_rank = r;
+    } else {
+      slow_streak = 0;
+      slow_rank = -1;
+    }
+    if (slow_streak >= 2) {
+      ++straggler_warnings;
+      if (lead)
+        spdlog::warn(
+            "straggler: rank {} computes {:.1f} ms per step against a median of {:.1f} ms over "
+            "the last {} steps (every rank waits for it)",
+            r, worst * 1e3, median * 1e3, steps);
+    }
+  };
 
   while (step < total_steps) {
     if (batch >= bpe) {
@@ -766,6 +803,8 @@ nlohmann::json train_data_parallel(const Config& cfg, const RunOptions& opts, Co
     const int64_t bar_total = total_steps == std::numeric_limits<int64_t>::max() ? 0 : total_steps;
     if (step % cfg.train.log_every == 0 || step == total_steps || epoch_done) {
       const double el = seconds_since(interval_t0);
+      if (world > 1) straggler_check(step - interval_first_step);
+      interval_first_step = step;
       if (local_sgd && world > 1) {
         // Each rank's loss covers its own samples: the record reports the mean over all ranks.
         std::vector<float> v = {static_cast<float>(interval_loss),
@@ -855,6 +894,7 @@ nlohmann::json train_data_parallel(const Config& cfg, const RunOptions& opts, Co
       {"compute_s", train_s - exposed_comm_s},
       {"exposed_comm_s", exposed_comm_s},
       {"skipped_steps", skipped_steps},
+      {"straggler_warnings", straggler_warnings},
       {"config_hash", hash},
       {"param_count", P},
       {"steps_this_run", step - first_step},
