@@ -674,8 +674,11 @@ class Reader {
     check(
         cc.rank >= 1, "distributed.compression.rank",
         "must be >= 1: the number of columns of the PowerSGD factors (got " + show(cc.rank) + ")");
-    check(cc.type == "none" || c.distributed.strategy == "ddp", "distributed.compression.type",
-          "compression applies to strategy ddp (got strategy '" + c.distributed.strategy + "')");
+    check(cc.type == "none" || c.distributed.strategy == "ddp" ||
+              c.distributed.strategy == "local_sgd",
+          "distributed.compression.type",
+          "compression applies to strategies ddp and local_sgd (got strategy '" +
+              c.distributed.strategy + "')");
     const LocalSgdConfig& ls = c.distributed.local_sgd;
     check_min("distributed.local_sgd.sync_every", ls.sync_every, 1);
     check_non_negative("distributed.local_sgd.outer_lr", ls.outer_lr);

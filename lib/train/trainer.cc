@@ -401,7 +401,9 @@ nlohmann::json train_data_parallel(const Config& cfg, const RunOptions& opts, Co
     }
   }
 
-  if (outer) anchor = store.values;  // checkpoints are taken at synchronisation points
+  // Checkpoints are taken at synchronisation points, where every rank holds the anchor.
+  if (outer || (local_sgd && world > 1 && cfg.distributed.compression.type != "none"))
+    anchor = store.values;
 
   std::unique_ptr<LineWriter> metrics;
   if (lead)
@@ -423,14 +425,41 @@ nlohmann::json train_data_parallel(const Config& cfg, const RunOptions& opts, Co
   int64_t last_eval_step = -1, last_ckpt_step = resumed_from.empty() ? -1 : step;
   // Local SGD synchronisation: average parameters (and optionally optimizer state) over ranks;
   // with the outer optimizer, apply the averaged change as a Nesterov pseudo-gradient step.
+  // Local SGD with compression: what each rank moved since the last synchronisation
+  // (anchor - params) goes through the compressed reducer, with error feedback on it, instead of
+  // the parameters through a dense average.
+  std::unique_ptr<GradReducer> delta_reducer;
+  std::vector<float> delta;
+  if (local_sgd && world > 1 && cfg.distributed.compression.type != "none") {
+    delta_reducer = make_grad_reducer(cfg.distributed.compression, model.params(), P,
+                                      static_cast<uint64_t>(cfg.seed));
+    delta.assign(static_cast<size_t>(P), 0.0f);
+    if (lead) spdlog::info("local_sgd compression {}", delta_reducer->describe());
+  }
   auto local_sync = [&] {
-    std::vector<WorkPtr> w = {
-        comm.allreduce_async(store.values.data(), static_cast<size_t>(P), ReduceOp::kAvg)};
+    std::vector<WorkPtr> w;
+    if (!delta_reducer)
+      w.push_back(
+          comm.allreduce_async(store.values.data(), static_cast<size_t>(P), ReduceOp::kAvg));
     if (lsc.sync_optimizer_state)
       for (size_t i = 0; i < opt->state_names().size(); ++i)
         w.push_back(
             comm.allreduce_async(opt->state(i).data(), static_cast<size_t>(P), ReduceOp::kAvg));
+    if (delta_reducer) {
+      for (int64_t j = 0; j < P; ++j) delta[j] = anchor[j] - store.values[j];
+      delta_reducer->allreduce_sum(comm, delta.data());
+    }
     for (auto& x : w) x->wait();
+    if (delta_reducer) {
+      // The averaged move, applied to the anchor (the outer step below then sees it as its
+      // pseudo-gradient).
+      const float inv = 1.0f / static_cast<float>(world);
+      for (int64_t j = 0; j < P; ++j) store.values[j] = anchor[j] - delta[j] * inv;
+      if (!outer) {
+        anchor = store.values;
+        return;
+      }
+    }
     if (!outer) return;
     const float mu = static_cast<float>(lsc.outer_momentum);
     const float olr = static_cast<float>(lsc.outer_lr);
