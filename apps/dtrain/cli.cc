@@ -70,7 +70,13 @@ int cmd_run(const Config& cfg, const std::string& config_path, std::string out,
   RunOptions opts;
   opts.out_dir = out.empty() ? default_out_dir(config_path) : std::move(out);
   opts.resume = resume;
-  if (const char* f = std::getenv("DTRAIN_FAULT")) opts.faults = parse_faults(f);
+  const int64_t attempt = parse_restart_count(std::getenv("DTRAIN_RESTART_COUNT"));
+  if (const char* f = std::getenv("DTRAIN_FAULT")) {
+    opts.faults = parse_faults(f, attempt);
+    if (attempt > 0)
+      spdlog::info("restart attempt {}: DTRAIN_FAULT is ignored (faults fire in the first only)",
+                   attempt);
+  }
   opts.progress =
       !no_progress && ::isatty(STDERR_FILENO) && spdlog::get_level() <= spdlog::level::info;
   const auto env = current_environment();
