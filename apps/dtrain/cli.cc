@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
+#include <optional>
 #include <sstream>
 
 #include <spdlog/sinks/stdout_color_sinks.h>
@@ -199,6 +200,12 @@ int cli_main(int argc, char** argv) {
   add_config(launch);
   launch->add_option("--out", out, "output folder (default runs/<config file stem>)");
   launch->add_option("--resume", resume, "passed to every rank's `dtrain run --resume`");
+  int max_restarts = 0;
+  launch
+      ->add_option("--max-restarts", max_restarts,
+                   "when a rank fails, start all ranks again from the newest complete checkpoint "
+                   "(--resume auto), at most this many times")
+      ->capture_default_str();
 
   CLI::App* validate = app.add_subcommand("validate", "parse and check a config, then exit");
   add_config(validate);
@@ -356,6 +363,29 @@ int cli_main(int argc, char** argv) {
         lo.child_argv.push_back("--set");
         lo.child_argv.push_back(s);
       }
+      lo.max_restarts = max_restarts;
+      // A restart continues from the newest complete checkpoint this job's attempts wrote
+      // (`--resume auto`), or, when they wrote none yet, starts as the first attempt did: a
+      // checkpoint an earlier job left in the output folder is not this job's progress.
+      // `latest` is replaced by a rename at every checkpoint, so its mtime tells.
+      const fs::path latest = fs::path(out_dir) / "checkpoints" / "latest";
+      const auto latest_mtime = [latest]() -> std::optional<fs::file_time_type> {
+        std::error_code ec;
+        const auto t = fs::last_write_time(latest, ec);
+        return ec ? std::nullopt : std::optional<fs::file_time_type>(t);
+      };
+      const auto at_launch = latest_mtime();
+      const std::vector<std::string> run_argv = lo.child_argv;
+      lo.restart_argv = [run_argv, resume, latest_mtime, at_launch](int) {
+        std::vector<std::string> argv = run_argv;
+        const auto now = latest_mtime();
+        const bool saved = now && now != at_launch;
+        if (saved || !resume.empty()) {
+          argv.push_back("--resume");
+          argv.push_back(saved ? "auto" : resume);
+        }
+        return argv;
+      };
       if (!resume.empty()) {
         lo.child_argv.push_back("--resume");
         lo.child_argv.push_back(resume);
