@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
+#include <optional>
 #include <sstream>
 
 #include <spdlog/sinks/stdout_color_sinks.h>
@@ -72,7 +73,13 @@ int cmd_run(const Config& cfg, const std::string& config_path, std::string out,
   opts.trace = trace;
   opts.out_dir = out.empty() ? default_out_dir(config_path) : std::move(out);
   opts.resume = resume;
-  if (const char* f = std::getenv("DTRAIN_FAULT")) opts.faults = parse_faults(f);
+  const int64_t attempt = parse_restart_count(std::getenv("DTRAIN_RESTART_COUNT"));
+  if (const char* f = std::getenv("DTRAIN_FAULT")) {
+    opts.faults = parse_faults(f, attempt);
+    if (attempt > 0)
+      spdlog::info("restart attempt {}: DTRAIN_FAULT is ignored (faults fire in the first only)",
+                   attempt);
+  }
   opts.progress =
       !no_progress && ::isatty(STDERR_FILENO) && spdlog::get_level() <= spdlog::level::info;
   const auto env = current_environment();
@@ -200,6 +207,12 @@ int cli_main(int argc, char** argv) {
   launch->add_option("--out", out, "output folder (default runs/<config file stem>)");
   launch->add_option("--resume", resume, "passed to every rank's `dtrain run --resume`");
   launch->add_option("--trace", trace, "passed to every rank's `dtrain run --trace`");
+  int max_restarts = 0;
+  launch
+      ->add_option("--max-restarts", max_restarts,
+                   "when a rank fails, start all ranks again from the newest complete checkpoint "
+                   "(--resume auto), at most this many times")
+      ->capture_default_str();
 
   CLI::App* validate = app.add_subcommand("validate", "parse and check a config, then exit");
   add_config(validate);
@@ -361,6 +374,29 @@ int cli_main(int argc, char** argv) {
         lo.child_argv.push_back("--trace");
         lo.child_argv.push_back(fs::absolute(trace).string());
       }
+      lo.max_restarts = max_restarts;
+      // A restart continues from the newest complete checkpoint this job's attempts wrote
+      // (`--resume auto`), or, when they wrote none yet, starts as the first attempt did: a
+      // checkpoint an earlier job left in the output folder is not this job's progress.
+      // `latest` is replaced by a rename at every checkpoint, so its mtime tells.
+      const fs::path latest = fs::path(out_dir) / "checkpoints" / "latest";
+      const auto latest_mtime = [latest]() -> std::optional<fs::file_time_type> {
+        std::error_code ec;
+        const auto t = fs::last_write_time(latest, ec);
+        return ec ? std::nullopt : std::optional<fs::file_time_type>(t);
+      };
+      const auto at_launch = latest_mtime();
+      const std::vector<std::string> run_argv = lo.child_argv;
+      lo.restart_argv = [run_argv, resume, latest_mtime, at_launch](int) {
+        std::vector<std::string> argv = run_argv;
+        const auto now = latest_mtime();
+        const bool saved = now && now != at_launch;
+        if (saved || !resume.empty()) {
+          argv.push_back("--resume");
+          argv.push_back(saved ? "auto" : resume);
+        }
+        return argv;
+      };
       if (!resume.empty()) {
         lo.child_argv.push_back("--resume");
         lo.child_argv.push_back(resume);

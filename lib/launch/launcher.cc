@@ -329,32 +329,20 @@ void print_log_tail(const std::string& path, int rank) {
   std::fflush(stderr);
 }
 
-}  // namespace
+// How one attempt (one start of all ranks) ended.
+struct AttemptResult {
+  bool failed = false;          // a rank exited non-zero or by a signal on its own
+  bool any_user_error = false;  // some rank exited with status 2 (bad config, data, checkpoint)
+  bool abandoned = false;       // ranks survived SIGKILL and were left behind
+  int stop_signal = 0;          // the signal received here that stopped the ranks, 0: none
+  int first_failed_rank = -1;   // the rank that failed first, and its wait status: the cause
+  int first_failed_status = 0;
+};
 
-int launch_local(const LaunchOptions& o) {
-  if (o.nproc < 1 || o.nproc > 1024)
-    throw UserError("--nproc " + std::to_string(o.nproc) + ": must be in 1..1024");
-  if (o.master_port < 0 || o.master_port > 65535)
-    throw UserError("--master-port " + std::to_string(o.master_port) +
-                    ": not a TCP port (1..65535, or 0 for a free one)");
-  if (o.child_argv.empty() || o.child_argv[0].empty())
-    throw UserError("launch: no command to run for the ranks");
-  if (o.log_dir.empty()) throw UserError("launch: no log folder");
-  if (!(o.grace_s >= 0) || !std::isfinite(o.grace_s))
-    throw UserError("launch: the grace period must be >= 0 seconds");
-  bool expected = false;
-  DT_CHECK_MSG(g_active.compare_exchange_strong(expected, true),
-               "launch_local is already running in this process");
-  struct ActiveReset {
-    ~ActiveReset() { g_active = false; }
-  } active_reset;
-
-  const int port = o.master_port != 0 ? o.master_port : pick_free_port();
-  const std::string token = o.token.empty() ? random_token() : o.token;
-  std::error_code ec;
-  std::filesystem::create_directories(o.log_dir, ec);
-  if (ec) throw UserError("cannot create log folder '" + o.log_dir + "': " + ec.message());
-
+// Starts every rank with `argv` and supervises them until all have exited (launch_local's
+// contract, for one attempt).
+AttemptResult run_attempt(const LaunchOptions& o, const std::vector<std::string>& argv, int attempt,
+                          int port, const std::string& token, SignalGuard& signals) {
   // Logs are appended, so a relaunch (e.g. with --resume auto) keeps the earlier attempts.
   std::vector<Fd> logs;
   for (int r = 0; r < o.nproc; ++r) {
@@ -362,7 +350,11 @@ int launch_local(const LaunchOptions& o) {
     Fd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644));
     if (!fd.open()) throw UserError("cannot open '" + path + "': " + strerror(errno));
     const std::string sep = "==== dtrain launch " + now_text() + ": rank " + std::to_string(r) +
-                            " of " + std::to_string(o.nproc) + " ====\n";
+                            " of " + std::to_string(o.nproc) +
+                            (attempt > 0 ? ", restart " + std::to_string(attempt) + " of " +
+                                               std::to_string(o.max_restarts)
+                                         : std::string()) +
+                            " ====\n";
     if (!write_fully(fd.get(), sep.data(), sep.size())) throw sys_error("write '" + path + "'");
     logs.push_back(std::move(fd));
   }
@@ -374,7 +366,7 @@ int launch_local(const LaunchOptions& o) {
   base["MASTER_ADDR"] = "127.0.0.1";
   base["MASTER_PORT"] = std::to_string(port);
   base["DTRAIN_JOB_TOKEN"] = token;
-
+  base["DTRAIN_RESTART_COUNT"] = std::to_string(attempt);
   spdlog::info(
       "launching {} rank(s): master 127.0.0.1:{}, logs in {}/rank-<r>.log (rank 0 also "
       "shown here)",
@@ -395,8 +387,7 @@ int launch_local(const LaunchOptions& o) {
     tees[i].console = i == 0 ? STDOUT_FILENO : STDERR_FILENO;
   }
 
-  // Declared after the handlers so that on an exception the ranks are killed and reaped first.
-  SignalGuard signals;
+  // Declared after the pipes so that on an exception the ranks are killed and reaped first.
   ChildSet kids;
   for (int r = 0; r < o.nproc; ++r) {
     std::map<std::string, std::string> env = base;
@@ -407,8 +398,8 @@ int launch_local(const LaunchOptions& o) {
     const int out_fd = r == 0 ? tee_w[0].get() : logs[static_cast<size_t>(r)].get();
     const int err_fd = r == 0 ? tee_w[1].get() : logs[static_cast<size_t>(r)].get();
     pid_t pid = -1;
-    if (const int rc = spawn_rank(o.child_argv, env_s, out_fd, err_fd, &pid); rc != 0)
-      throw std::runtime_error("cannot start rank " + std::to_string(r) + " ('" + o.child_argv[0] +
+    if (const int rc = spawn_rank(argv, env_s, out_fd, err_fd, &pid); rc != 0)
+      throw std::runtime_error("cannot start rank " + std::to_string(r) + " ('" + argv[0] +
                                "'): " + strerror(rc));
     kids.add(r, pid);
     if (r == 0) {
@@ -419,10 +410,9 @@ int launch_local(const LaunchOptions& o) {
     }
   }
 
-  bool shutting_down = false, failed = false, kill_sent = false, abandoned = false;
+  AttemptResult res;
+  bool shutting_down = false, kill_sent = false;
   std::optional<Clock::time_point> term_at;  // when the ranks still running get SIGTERM
-  bool any_user_error = false;  // some rank exited with status 2 (bad config, data, checkpoint)
-  int stop_signal = 0;
   std::optional<Clock::time_point> kill_at, give_up_at;
   const auto grace =
       std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(o.grace_s));
@@ -457,7 +447,7 @@ int launch_local(const LaunchOptions& o) {
       if (sig == SIGCHLD || sig == SIGPIPE) continue;
       if (!shutting_down) {
         spdlog::warn("received {}: forwarding it to the ranks", signal_name(sig));
-        stop_signal = sig;
+        res.stop_signal = sig;
         terminate_all(sig);
       } else if (!kill_sent) {
         spdlog::warn("received {} while stopping: killing the ranks now", signal_name(sig));
@@ -481,14 +471,18 @@ int launch_local(const LaunchOptions& o) {
       }
       c.running = false;
       const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-      if (WIFEXITED(status) && WEXITSTATUS(status) == 2) any_user_error = true;
+      if (WIFEXITED(status) && WEXITSTATUS(status) == 2) res.any_user_error = true;
       if (shutting_down) {
         spdlog::info("rank {} stopped: {}", c.rank, describe_wait_status(status));
       } else if (ok) {
         spdlog::info("rank {} finished", c.rank);
       } else {
         spdlog::error("rank {} failed: {}", c.rank, describe_wait_status(status));
-        failed = true;
+        if (!res.failed) {
+          res.first_failed_rank = c.rank;
+          res.first_failed_status = status;
+        }
+        res.failed = true;
         // Rank 0's output is already on the console; show the end of any other rank's log.
         if (c.rank != 0)
           print_log_tail(o.log_dir + "/rank-" + std::to_string(c.rank) + ".log", c.rank);
@@ -509,27 +503,108 @@ int launch_local(const LaunchOptions& o) {
     const auto now = Clock::now();
     if (kids.any_running() && kill_at && !kill_sent && now >= *kill_at) {
       spdlog::warn("rank(s) {} still running {} s after {}: sending SIGKILL", kids.running_ranks(),
-                   o.grace_s, signal_name(stop_signal != 0 ? stop_signal : SIGTERM));
+                   o.grace_s, signal_name(res.stop_signal != 0 ? res.stop_signal : SIGTERM));
       kill_all();
     }
     if (kids.any_running() && give_up_at && now >= *give_up_at) {
       spdlog::error("rank(s) {} did not exit after SIGKILL; leaving them behind",
                     kids.running_ranks());
       kids.abandon();
-      abandoned = true;
+      res.abandoned = true;
     }
   }
 
   // Whatever rank 0 wrote before exiting is still in the pipes.
   for (Tee& t : tees) t.pump(4096);
+  return res;
+}
 
-  if (stop_signal != 0 && !failed) return 128 + stop_signal;
-  // A rank that failed on bad input (exit 2: config, data or checkpoint) makes the launch a
-  // user error too, whatever the other ranks died of after it; otherwise a runtime failure.
-  if (failed && any_user_error) return 2;
-  if (failed || abandoned) return 1;
-  spdlog::info("all {} rank(s) finished", o.nproc);
-  return 0;
+}  // namespace
+
+int launch_local(const LaunchOptions& o) {
+  if (o.nproc < 1 || o.nproc > 1024)
+    throw UserError("--nproc " + std::to_string(o.nproc) + ": must be in 1..1024");
+  if (o.master_port < 0 || o.master_port > 65535)
+    throw UserError("--master-port " + std::to_string(o.master_port) +
+                    ": not a TCP port (1..65535, or 0 for a free one)");
+  if (o.child_argv.empty() || o.child_argv[0].empty())
+    throw UserError("launch: no command to run for the ranks");
+  if (o.log_dir.empty()) throw UserError("launch: no log folder");
+  if (!(o.grace_s >= 0) || !std::isfinite(o.grace_s))
+    throw UserError("launch: the grace period must be >= 0 seconds");
+  if (o.max_restarts < 0)
+    throw UserError("--max-restarts " + std::to_string(o.max_restarts) + ": must be >= 0");
+  bool expected = false;
+  DT_CHECK_MSG(g_active.compare_exchange_strong(expected, true),
+               "launch_local is already running in this process");
+  struct ActiveReset {
+    ~ActiveReset() { g_active = false; }
+  } active_reset;
+
+  const std::string token = o.token.empty() ? random_token() : o.token;
+  std::error_code ec;
+  std::filesystem::create_directories(o.log_dir, ec);
+  if (ec) throw UserError("cannot create log folder '" + o.log_dir + "': " + ec.message());
+
+  // One set of handlers for every attempt: a signal between two attempts is not lost.
+  SignalGuard signals;
+  int port = 0;
+  for (int attempt = 0;; ++attempt) {
+    if (o.master_port != 0) {
+      port = o.master_port;
+    } else {
+      // A fresh port per attempt: the failed attempt's may linger (TIME_WAIT, a rank that
+      // survived SIGKILL).
+      const int old = port;
+      for (int tries = 0; tries < 10 && port == old; ++tries) port = pick_free_port();
+    }
+    std::vector<std::string> argv = o.child_argv;
+    if (attempt > 0 && o.restart_argv) argv = o.restart_argv(attempt);
+    if (argv.empty() || argv[0].empty())
+      throw std::runtime_error("launch: no command to run for restart " + std::to_string(attempt));
+    const AttemptResult r = run_attempt(o, argv, attempt, port, token, signals);
+
+    if (r.stop_signal != 0 && !r.failed) return 128 + r.stop_signal;
+    if (!r.failed && !r.abandoned) {
+      if (attempt > 0)
+        spdlog::info("all {} rank(s) finished after {} restart(s)", o.nproc, attempt);
+      else
+        spdlog::info("all {} rank(s) finished", o.nproc);
+      return 0;
+    }
+    // A rank that failed on bad input (exit 2: config, data or checkpoint) makes the launch a
+    // user error too, whatever the other ranks died of after it; otherwise a runtime failure.
+    const int rc = r.failed && r.any_user_error ? 2 : 1;
+    const std::string cause = r.first_failed_rank >= 0
+                                  ? "rank " + std::to_string(r.first_failed_rank) + " failed (" +
+                                        describe_wait_status(r.first_failed_status) + ")"
+                                  : "ranks did not exit after SIGKILL";
+    if (o.max_restarts == 0) return rc;
+    if (r.stop_signal != 0) {
+      spdlog::warn("not restarting: stopped by {}", signal_name(r.stop_signal));
+      return rc;
+    }
+    if (rc == 2) {
+      spdlog::error(
+          "not restarting: a rank failed on bad input (exit status 2), which a restart "
+          "would repeat; {}",
+          cause);
+      return rc;
+    }
+    if (attempt >= o.max_restarts) {
+      spdlog::error("giving up: {} in attempt {}, and all {} restart(s) are used", cause,
+                    attempt + 1, o.max_restarts);
+      return rc;
+    }
+    // Ctrl-C or SIGTERM while the failed attempt wound down: stop here.
+    for (int sig : signals.take()) {
+      if (sig == SIGCHLD || sig == SIGPIPE) continue;
+      spdlog::warn("received {}: not restarting", signal_name(sig));
+      return rc;
+    }
+    spdlog::warn("restart {} of {}: {}; starting all {} rank(s) again", attempt + 1, o.max_restarts,
+                 cause, o.nproc);
+  }
 }
 
 }  // namespace dtrain

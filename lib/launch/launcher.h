@@ -1,6 +1,7 @@
 // `dtrain launch`: runs the ranks of a job as child processes on this machine, torchrun-style.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -12,16 +13,20 @@ struct LaunchOptions {
   // The command every rank runs, argv[0] first (looked up in PATH when it has no '/'), e.g.
   // {"/abs/path/dtrain", "run", "cfg.yaml", "--set", "a=b", "--out", "runs/x"}.
   std::vector<std::string> child_argv;
-  std::string log_dir;  // created if missing; rank r's output goes to log_dir/rank-<r>.log
-  std::string token;    // DTRAIN_JOB_TOKEN for the ranks; "": a fresh random_token()
-  double grace_s = 10;  // after SIGTERM, how long ranks get before SIGKILL
+  std::string log_dir;   // created if missing; rank r's output goes to log_dir/rank-<r>.log
+  std::string token;     // DTRAIN_JOB_TOKEN for the ranks; "": a fresh random_token()
+  double grace_s = 10;   // after SIGTERM, how long ranks get before SIGKILL
+  int max_restarts = 0;  // after a rank failed, start all ranks again at most this many times
+  // The command of restart `attempt` (1..max_restarts), asked for just before it starts, so it
+  // can depend on what the failed attempts left behind (their checkpoints); unset: child_argv.
+  std::function<std::vector<std::string>(int attempt)> restart_argv;
 };
 
 // Starts o.nproc ranks and supervises them until all have exited. Each rank gets this process's
 // environment plus RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE (= nproc), MASTER_ADDR
-// (127.0.0.1), MASTER_PORT and DTRAIN_JOB_TOKEN; stdin is /dev/null. Each rank's stdout and
-// stderr are appended to log_dir/rank-<r>.log (after a "==== ... ====" separator line); rank 0's
-// are also copied to this process's stdout and stderr respectively.
+// (127.0.0.1), MASTER_PORT, DTRAIN_JOB_TOKEN and DTRAIN_RESTART_COUNT; stdin is /dev/null. Each
+// rank's stdout and stderr are appended to log_dir/rank-<r>.log (after a "==== ... ====" separator
+// line); rank 0's are also copied to this process's stdout and stderr respectively.
 //
 // Each rank runs in its own process group, and every signal to a rank goes to its whole group,
 // so helpers a rank spawned go with it. SIGINT, SIGTERM and SIGHUP received here (unless they were
@@ -32,12 +37,19 @@ struct LaunchOptions {
 // reaped) and then returns regardless, so it never hangs. Whatever remains of a rank's group when
 // the rank exits is SIGKILLed. Status lines go through spdlog.
 //
-// Returns 0 when every rank exited 0, 2 when a rank failed and some rank exited with status 2
-// (a user error: bad config, data or checkpoint), 1 when a rank failed otherwise, 128 + the signal
-// number when stopped by a received signal (130 for SIGINT, 143 for SIGTERM) and no rank had failed
-// before it. Throws UserError for bad options, std::runtime_error when a rank cannot be started
-// (after killing the ranks already started). Installs signal handlers for its duration and restores
-// them; one launch_local at a time per process.
+// Restarts: once every rank of a failed attempt has exited, and unless the launcher received a
+// signal or a rank exited with status 2 (bad input fails again), all ranks are started again, at
+// most max_restarts times, each restart logged with its cause (the rank that failed first, its
+// exit status or signal) and its number. Every attempt gets the same token, a fresh free port
+// (unless master_port is set), DTRAIN_RESTART_COUNT=<attempt> (0 for the first) in the ranks'
+// environment and a separator line in the logs.
+//
+// Returns, for the last attempt: 0 when every rank exited 0, 2 when a rank failed and some rank
+// exited with status 2 (a user error: bad config, data or checkpoint), 1 when a rank failed
+// otherwise, 128 + the signal number when stopped by a received signal (130 for SIGINT, 143 for
+// SIGTERM) and no rank had failed before it. Throws UserError for bad options, std::runtime_error
+// when a rank cannot be started (after killing the ranks already started). Installs signal handlers
+// for its duration and restores them; one launch_local at a time per process.
 int launch_local(const LaunchOptions& o);
 
 // A TCP port that was free on 127.0.0.1 a moment ago (bound to port 0, read back, closed). Another

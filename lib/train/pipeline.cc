@@ -16,6 +16,7 @@
 #include "data/sampler.h"
 #include "optim/optimizer.h"
 #include "train/batch.h"
+#include "train/step_faults.h"
 #include "util/check.h"
 #include "util/fs.h"
 #include "util/rng.h"
@@ -535,12 +536,11 @@ nlohmann::json train_pipeline(const Config& cfg, const RunOptions& opts, Communi
     }
     ++step;
     batch += n_micro;
+    apply_step_faults(opts.faults, rank, step, comm);  // DTRAIN_FAULT; a delay is step time
     train_s += seconds_since(step_t0);
     samples_trained += step_samples;
     interval_loss += loss_sum;
     interval_samples += step_samples;
-    if (fault_due(opts.faults, "kill", rank, step))
-      die_by_fault("rank " + std::to_string(rank) + " reached step " + std::to_string(step));
     const bool epoch_done = batch >= bpe;
     if (epoch_done) {
       ++epoch;

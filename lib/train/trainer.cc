@@ -27,6 +27,7 @@
 #include "train/compression.h"
 #include "train/pipeline.h"
 #include "train/sharding.h"
+#include "train/step_faults.h"
 #include "util/check.h"
 #include "util/fs.h"
 #include "util/rng.h"
@@ -817,10 +818,9 @@ nlohmann::json train_data_parallel(const Config& cfg, const RunOptions& opts, Co
       local_sync();
       exposed_comm_s += seconds_since(s0);
     }
+    apply_step_faults(opts.faults, rank, step, comm);  // DTRAIN_FAULT; a delay is step time
     train_s += seconds_since(step_t0);
     samples_trained += step_samples;
-    if (fault_due(opts.faults, "kill", rank, step))
-      die_by_fault("rank " + std::to_string(rank) + " reached step " + std::to_string(step));
     interval_loss += loss_sum;
     interval_samples += loss_samples;
 

@@ -23,51 +23,81 @@ std::vector<std::string> split_on(const std::string& s, char sep) {
   }
 }
 
+// The value of a whole non-negative decimal integer (digits only), else -1.
+int64_t non_negative(const std::string& s) {
+  try {
+    size_t used = 0;
+    const long long v = std::stoll(s, &used);
+    if (used == s.size() && v >= 0 && s.find_first_not_of("0123456789") == std::string::npos)
+      return v;
+  } catch (const std::exception&) {
+  }
+  return -1;
+}
+
 }  // namespace
 
-std::vector<Fault> parse_faults(const std::string& spec) {
+std::vector<Fault> parse_faults(const std::string& spec, int64_t attempt) {
   std::vector<Fault> out;
   if (spec.empty()) return out;
   for (const std::string& entry : split_on(spec, ',')) {
     const auto fields = split_on(entry, ':');
     Fault f;
     f.kind = fields[0];
-    if (f.kind != "kill" && f.kind != "kill_in_save" && f.kind != "nan")
+    const bool timed = f.kind == "delay";
+    if (f.kind != "kill" && f.kind != "kill_in_save" && f.kind != "drop" && f.kind != "nan" &&
+        !timed)
       throw UserError("DTRAIN_FAULT: unknown fault '" + f.kind + "' in '" + entry +
-                      "' (expected kill, kill_in_save or nan)");
+                      "' (expected kill, kill_in_save, drop, delay or nan)");
+    const char* fields_wanted = timed ? "rank and ms" : "rank and step";
     for (size_t i = 1; i < fields.size(); ++i) {
       const size_t eq = fields[i].find('=');
       const std::string key = fields[i].substr(0, eq);
       const std::string val = eq == std::string::npos ? "" : fields[i].substr(eq + 1);
-      int64_t v = 0;
-      try {
-        size_t used = 0;
-        v = std::stoll(val, &used);
-        if (used != val.size() || v < 0) throw std::invalid_argument("bad");
-      } catch (const std::exception&) {
+      const int64_t v = non_negative(val);
+      if (v < 0)
         throw UserError("DTRAIN_FAULT: '" + fields[i] + "' in '" + entry +
                         "' needs a non-negative integer value");
-      }
       if (key == "rank") {
         f.rank = v;
-      } else if (key == "step") {
+      } else if (key == "step" && !timed) {
         f.step = v;
+      } else if (key == "ms" && timed) {
+        f.ms = v;
       } else {
-        throw UserError("DTRAIN_FAULT: unknown field '" + key + "' in '" + entry +
-                        "' (expected rank and step)");
+        throw UserError("DTRAIN_FAULT: unknown field '" + key + "' in '" + entry + "' (expected " +
+                        fields_wanted + ")");
       }
     }
-    if (f.rank < 0 || f.step < 0)
-      throw UserError("DTRAIN_FAULT: '" + entry + "' needs rank=R and step=S");
+    if (f.rank < 0 || (timed ? f.ms < 0 : f.step < 0))
+      throw UserError("DTRAIN_FAULT: '" + entry + "' needs " +
+                      (timed ? "rank=R and ms=M" : "rank=R and step=S"));
     out.push_back(f);
   }
+  if (attempt > 0) out.clear();  // checked, but a restart runs without them
   return out;
+}
+
+int64_t parse_restart_count(const char* value) {
+  if (value == nullptr) return 0;
+  const int64_t v = non_negative(value);
+  if (v < 0)
+    throw UserError(std::string("DTRAIN_RESTART_COUNT='") + value +
+                    "': expected a non-negative integer (the launcher's restart attempt)");
+  return v;
 }
 
 bool fault_due(const std::vector<Fault>& faults, const std::string& kind, int rank, int64_t step) {
   for (const auto& f : faults)
     if (f.kind == kind && f.rank == rank && f.step == step) return true;
   return false;
+}
+
+int64_t fault_delay_ms(const std::vector<Fault>& faults, int rank) {
+  int64_t ms = 0;
+  for (const auto& f : faults)
+    if (f.kind == "delay" && f.rank == rank) ms += f.ms;
+  return ms;
 }
 
 void die_by_fault(const std::string& what) {

@@ -4,7 +4,13 @@
 //   kill_in_save:rank=R:step=S  rank R dies by SIGKILL after writing its shard of the sharded
 //                               checkpoint of step S, before the manifest (a crash mid-save)
 //   nan:rank=R:step=S           a NaN enters rank R's gradient while it computes step S
-// A malformed value is a UserError naming the entry.
+//   drop:rank=R:step=S          rank R closes its connections when it completes step S (aborts
+//                               its communicator, so peers see a closed peer) and exits non-zero
+//   delay:rank=R:ms=M           rank R sleeps M ms after every step (a straggler)
+// Faults fire only in a job's first attempt: `dtrain launch --max-restarts` sets
+// DTRAIN_RESTART_COUNT, and a restarted attempt parses the same spec to no faults, so a drill
+// that kills a rank cannot kill every restart too. A malformed value is a UserError naming the
+// entry, in every attempt.
 #pragma once
 
 #include <cstdint>
@@ -14,15 +20,25 @@
 namespace dtrain {
 
 struct Fault {
-  std::string kind;   // kill | kill_in_save | nan
+  std::string kind;   // kill | kill_in_save | drop | delay | nan
   int64_t rank = -1;  // which rank (required)
-  int64_t step = -1;  // at which step (required)
+  int64_t step = -1;  // at which step (kill, kill_in_save, drop: required)
+  int64_t ms = -1;    // how long (delay: required)
 };
 
-std::vector<Fault> parse_faults(const std::string& spec);
+// The faults of `spec` (DTRAIN_FAULT's value) for restart attempt `attempt` (0: the first):
+// empty for attempt > 0, after checking the spec all the same.
+std::vector<Fault> parse_faults(const std::string& spec, int64_t attempt);
+
+// DTRAIN_RESTART_COUNT's value (nullptr when unset: 0). Throws UserError unless it is a
+// non-negative integer.
+int64_t parse_restart_count(const char* value);
 
 // True when `faults` holds `kind` for this rank and step.
 bool fault_due(const std::vector<Fault>& faults, const std::string& kind, int rank, int64_t step);
+
+// The milliseconds this rank sleeps after every step (the sum of its delay faults; 0: none).
+int64_t fault_delay_ms(const std::vector<Fault>& faults, int rank);
 
 // Kills this process with SIGKILL (no cleanup, like a machine failure), after logging why.
 [[noreturn]] void die_by_fault(const std::string& what);

@@ -6,6 +6,8 @@
 #include <filesystem>
 #include <map>
 #include <set>
+#include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -308,4 +310,173 @@ TEST_CASE("--trace writes one Chrome trace with events from every rank") {
   }
   // The per-rank files were merged and removed.
   CHECK_FALSE(std::filesystem::exists(dir / "t.rank-1.json"));
+}
+
+namespace {
+
+// Adam and dropout: a resume must restore the optimizer state and every rank's RNG to be exact.
+const char* kRestartCfg = R"(seed: 5
+model: {hidden: [16, 8], dropout: 0.1}
+data:
+  format: synthetic
+  synthetic: {samples: 500, features: 9, classes: 3}
+  batch_size: 10
+optimizer: {type: adam, lr: 0.01}
+train: {epochs: 0, max_steps: 30, checkpoint: {every_steps: 10, keep_last: 3}}
+distributed: {timeout_s: 20, ddp: {bucket_mb: 0.0005}}
+runtime: {threads: 1}
+)";
+
+// The final parameters and optimizer state of a run folder, as one checkpoint file.
+// (A sharded checkpoint is consolidated first.)
+dtrain::StFile final_state(const std::string& run) {
+  std::string latest = read_text(run + "/checkpoints/latest");
+  while (!latest.empty() && latest.back() == '\n') latest.pop_back();
+  REQUIRE(latest.rfind("step-30", 0) == 0);
+  if (latest.size() > 12 && latest.substr(latest.size() - 12) == ".safetensors")
+    return dtrain::read_safetensors(run + "/checkpoints/" + latest);
+  const std::string file = run + "/final.safetensors";
+  const auto r = run_cmd(kBin + " checkpoint consolidate " + run + " -o " + file);
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  return dtrain::read_safetensors(file);
+}
+
+size_t count_of(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t p = text.find(what); p != std::string::npos; p = text.find(what, p + 1)) ++n;
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "a rank that dies mid-run is restarted from the last checkpoint and ends as if it had not") {
+  TempDir dir;
+  const std::string cfg = dir.write("c.yaml", kRestartCfg);
+  struct Case {
+    std::string strategy, fault;
+    int max_restarts;
+  };
+  // Step 15 lies between the checkpoints of steps 10 and 20: the restart redoes steps 11..15.
+  const std::vector<Case> cases = {{"ddp", "kill:rank=1:step=15", 1},
+                                   {"fsdp", "kill:rank=1:step=15", 3},
+                                   {"ddp", "drop:rank=1:step=15", 1}};
+  std::map<std::string, dtrain::StFile> straight;
+  for (const auto& c : cases) {
+    const std::string set = " --set distributed.strategy=" + c.strategy;
+    if (!straight.count(c.strategy)) {
+      const auto r = run_cmd(kBin + " launch --nproc 2 " + cfg + set + " --out " +
+                             dir / ("straight-" + c.strategy) + " --log-level warn");
+      REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+      straight[c.strategy] = final_state(dir / ("straight-" + c.strategy));
+    }
+    const std::string run = dir / (c.strategy + "-" + c.fault.substr(0, 4));
+    const auto r = run_cmd("DTRAIN_FAULT=" + c.fault + " " + kBin + " launch --nproc 2 " +
+                           "--max-restarts " + std::to_string(c.max_restarts) + " " + cfg + set +
+                           " --out " + run + " --log-level info");
+    const std::string log1 = read_text(run + "/logs/rank-1.log");
+    INFO(c.strategy, " ", c.fault, "\n", r.output, "\nrank 1:\n", log1);
+    REQUIRE(r.exit_code == 0);
+    // The restart names the rank that failed first: rank 1, or rank 0 when it noticed the closed
+    // peer at about the same moment. The fault fired in the first attempt only: one restart,
+    // however many were allowed.
+    CHECK(contains(r.output, "restart 1 of " + std::to_string(c.max_restarts) + ": rank "));
+    CHECK(count_of(r.output, "; starting all 2 rank(s) again") == 1);
+    if (c.fault[0] == 'k') {
+      CHECK(contains(r.output, "rank 1 failed: killed by signal SIGKILL"));
+    }
+    CHECK(contains(r.output, "all 2 rank(s) finished after 1 restart(s)"));
+    CHECK(contains(log1, "DTRAIN_FAULT"));
+    CHECK(contains(log1, "rank 1 reached step 15"));
+    CHECK(contains(log1, "restart attempt 1: DTRAIN_FAULT is ignored"));
+    CHECK(contains(r.output, "resumed from " + run + "/checkpoints/step-10"));
+    const auto s = nlohmann::json::parse(read_text(run + "/summary.json"));
+    CHECK(s["steps"] == 30);
+    const auto a = final_state(run);
+    const auto& b = straight[c.strategy];
+    REQUIRE(a.tensors.size() == b.tensors.size());
+    CHECK(a.tensors.size() > 4);  // parameters and Adam's state
+    for (const auto& [name, t] : a.tensors)
+      CHECK_MESSAGE(t.data == b.tensors.at(name).data, c.strategy, " ", c.fault, " ", name);
+  }
+}
+
+TEST_CASE("without --max-restarts a killed or dropped rank fails the launch, named") {
+  TempDir dir;
+  const std::string cfg = dir.write("c.yaml", kRestartCfg);
+  auto r = run_cmd("DTRAIN_FAULT=kill:rank=1:step=15 " + kBin + " launch --nproc 2 " + cfg +
+                   " --out " + dir / "kill");
+  INFO(r.output);
+  CHECK(r.exit_code == 1);
+  CHECK(contains(r.output, "rank 1 failed: killed by signal SIGKILL"));
+  CHECK_FALSE(contains(r.output, "restart 1"));
+  CHECK(read_text(dir / "kill/checkpoints/latest") == "step-10.safetensors\n");
+
+  // drop: rank 1 closes its connections; rank 0 hears of it from the transport, not a timeout.
+  const auto t0 = std::chrono::steady_clock::now();
+  r = run_cmd("DTRAIN_FAULT=drop:rank=1:step=5 " + kBin + " launch --nproc 2 " + cfg + " --out " +
+              dir / "drop");
+  const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const std::string log1 = read_text(dir / "drop/logs/rank-1.log");
+  INFO(r.output, "\nrank 1:\n", log1);
+  CHECK(r.exit_code == 1);
+  CHECK(contains(r.output, "failed: exit status 1"));
+  // Rank 0 (on the console) names the peer it lost.
+  CHECK((contains(r.output, "connection to rank 1 lost") ||
+         contains(r.output, "rank 1 aborted: DTRAIN_FAULT: drop")));
+  CHECK(contains(log1, "DTRAIN_FAULT: drop: rank 1 reached step 5: closing its connections"));
+  CHECK(el < 15.0);  // timeout_s is 20
+}
+
+TEST_CASE("DTRAIN_FAULT delay slows its rank at every step, in the first attempt only") {
+  TempDir dir;
+  const std::string cfg = dir.write("c.yaml", R"(seed: 5
+model: {hidden: [8]}
+data:
+  format: synthetic
+  synthetic: {samples: 200, features: 4, classes: 2}
+  batch_size: 10
+optimizer: {type: sgd, lr: 0.1}
+train: {epochs: 0, max_steps: 10}
+runtime: {threads: 1}
+)");
+  auto train_s = [&](const std::string& env, const std::string& out) {
+    const auto r = run_cmd(env + " " + kBin + " run " + cfg + " --out " + dir / out);
+    INFO(r.output);
+    REQUIRE(r.exit_code == 0);
+    return std::make_pair(
+        nlohmann::json::parse(read_text(dir / (out + "/summary.json")))["train_s"].get<double>(),
+        r.output);
+  };
+  // 10 steps x 200 ms: at least 2 s of training, which these 10 tiny steps never need alone.
+  const auto slow = train_s("DTRAIN_FAULT=delay:rank=0:ms=200", "slow");
+  CHECK(slow.first >= 2.0);
+  const auto again = train_s("DTRAIN_FAULT=delay:rank=0:ms=200 DTRAIN_RESTART_COUNT=1", "again");
+  CHECK(again.first < 2.0);
+  CHECK(contains(again.second, "DTRAIN_FAULT is ignored"));
+  const auto r = run_cmd("DTRAIN_RESTART_COUNT=x " + kBin + " run " + cfg + " --out " + dir / "x");
+  CHECK(r.exit_code == 2);
+  CHECK(contains(r.output, "DTRAIN_RESTART_COUNT"));
+}
+
+TEST_CASE("a restart before the job's first checkpoint starts fresh, not from an older job's") {
+  TempDir dir;
+  const std::string cfg = dir.write("c.yaml", kRestartCfg);
+  const std::string run = dir / "run";
+  auto r = run_cmd(kBin + " launch --nproc 2 " + cfg + " --out " + run + " --log-level warn");
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  const auto straight = final_state(run);
+  // The same folder again, without --resume: rank 1 dies at step 5, before this job's first
+  // checkpoint, while the older job's step-30 is still `latest`.
+  r = run_cmd("DTRAIN_FAULT=kill:rank=1:step=5 " + kBin + " launch --nproc 2 --max-restarts 1 " +
+              cfg + " --out " + run + " --log-level info");
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK(contains(r.output, "restart 1 of 1: rank "));
+  CHECK_FALSE(contains(r.output, "resumed from"));
+  const auto s = nlohmann::json::parse(read_text(run + "/summary.json"));
+  CHECK(s["steps_this_run"] == 30);
+  const auto a = final_state(run);
+  for (const auto& [name, t] : a.tensors)
+    CHECK_MESSAGE(t.data == straight.tensors.at(name).data, name);
 }

@@ -299,10 +299,15 @@ TEST_CASE("mismatched collectives fail at once with both sides named") {
         2,
         [&](Communicator& c) {
           std::vector<float> d(64, 1.0f);
-          if (c.rank() == 0)
+          if (c.rank() == 0) {
             c.allreduce(d.data(), 64);
-          else
+          } else {
+            // The broadcast's root only sends, so it cannot see the mismatch and returns; it
+            // stays up while its message reaches rank 0, which must name both ops (a root that
+            // exits at once may take its connection down first: rank 0 then sees a closed peer).
             c.broadcast(d.data(), 64, 1);
+            std::this_thread::sleep_for(std::chrono::milliseconds(500));
+          }
         },
         opts, backend);
     const std::string all2 = errors2[0] + " | " + errors2[1];

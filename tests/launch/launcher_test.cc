@@ -379,3 +379,145 @@ TEST_CASE("describe_wait_status and pick_free_port") {
   CHECK(port > 0);
   CHECK(port <= 65535);
 }
+
+namespace {
+
+// Each attempt of each rank records its environment in $D/env-<rank>-<attempt>; rank 1 exits 3
+// in attempts below $FAILS (every attempt when FAILS is unset), the others wait to be stopped.
+// $1 is the command's tag: "first" for child_argv, "restart-<a>" for restart_argv(a).
+LaunchOptions restart_options(const TempDir& dir, int nproc, int fails) {
+  LaunchOptions o = sh_options(dir, nproc,
+                               "N=$DTRAIN_RESTART_COUNT\n"
+                               "echo \"TAG=$1 PORT=$MASTER_PORT TOKEN=$DTRAIN_JOB_TOKEN\" > "
+                               "$D/env-$RANK-$N\n"
+                               "echo $$ > $D/pid-$RANK\n"
+                               "if [ \"$RANK\" = 1 ] && [ \"$N\" -lt " +
+                                   std::to_string(fails) +
+                                   " ]; then exit 3; fi\n"
+                                   "if [ \"$RANK\" = 1 ]; then exit 0; fi\n"
+                                   "sleep 0.5 & echo $! > $D/sleep-$RANK\n"
+                                   "wait\n");
+  o.child_argv.push_back("sh");
+  o.child_argv.push_back("first");
+  const std::vector<std::string> base = o.child_argv;
+  o.restart_argv = [base](int attempt) {
+    std::vector<std::string> argv = base;
+    argv.back() = "restart-" + std::to_string(attempt);
+    return argv;
+  };
+  return o;
+}
+
+std::map<std::string, std::string> kv_of(const std::string& line) {
+  std::map<std::string, std::string> kv;
+  std::istringstream words(line);
+  std::string w;
+  while (words >> w) {
+    const size_t eq = w.find('=');
+    if (eq != std::string::npos) kv[w.substr(0, eq)] = w.substr(eq + 1);
+  }
+  return kv;
+}
+
+}  // namespace
+
+TEST_CASE("a failed attempt is restarted with a fresh port, the same token and the restart count") {
+  TempDir dir;
+  LaunchOptions o = restart_options(dir, 3, /*fails=*/2);
+  o.max_restarts = 3;
+  const Launched r = run_launcher(o, dir);
+  INFO("launcher stdout:\n", r.out, "\nlauncher stderr:\n", r.err);
+  CHECK(r.exit_code == 0);
+  // Attempts 0 and 1 failed, attempt 2 succeeded, attempt 3 never ran.
+  CHECK(contains(r.out + r.err, "restart 1 of 3: rank 1 failed (exit status 3); starting all 3"));
+  CHECK(contains(r.out + r.err, "restart 2 of 3: rank 1 failed (exit status 3)"));
+  CHECK_FALSE(contains(r.out + r.err, "restart 3 of 3"));
+  CHECK(contains(r.out + r.err, "all 3 rank(s) finished after 2 restart(s)"));
+  std::vector<std::string> ports;
+  std::string token;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    for (int rank = 0; rank < 3; ++rank) {
+      const auto kv =
+          kv_of(read_text(dir / ("env-" + std::to_string(rank) + "-" + std::to_string(attempt))));
+      INFO("rank ", rank, " attempt ", attempt);
+      REQUIRE(kv.count("PORT") == 1);
+      CHECK(kv.at("TAG") == (attempt == 0 ? "first" : "restart-" + std::to_string(attempt)));
+      if (rank == 0) ports.push_back(kv.at("PORT"));
+      CHECK(kv.at("PORT") == ports.back());
+      if (token.empty()) token = kv.at("TOKEN");
+      CHECK(kv.at("TOKEN") == token);
+    }
+  }
+  CHECK(token.size() == 32);
+  CHECK(ports[0] != ports[1]);
+  CHECK(ports[1] != ports[2]);
+  CHECK_FALSE(std::filesystem::exists(dir / "env-0-3"));
+  // One separator per attempt in every log, the restarts numbered.
+  const std::string log = read_text(dir / "logs/rank-2.log");
+  CHECK(contains(log, "rank 2 of 3 ===="));
+  CHECK(contains(log, "rank 2 of 3, restart 1 of 3 ===="));
+  CHECK(contains(log, "rank 2 of 3, restart 2 of 3 ===="));
+  check_all_gone(dir, 3);
+}
+
+TEST_CASE("restarts stop when they are used up, and are off by default") {
+  for (int max_restarts : {0, 2}) {
+    TempDir dir;
+    LaunchOptions o = restart_options(dir, 2, /*fails=*/100);
+    o.max_restarts = max_restarts;
+    const Launched r = run_launcher(o, dir);
+    INFO("max_restarts ", max_restarts, "\nlauncher stdout:\n", r.out, "\nlauncher stderr:\n",
+         r.err);
+    CHECK(r.exit_code == 1);
+    for (int attempt = 0; attempt <= max_restarts; ++attempt)
+      CHECK(std::filesystem::exists(dir / ("env-1-" + std::to_string(attempt))));
+    CHECK_FALSE(std::filesystem::exists(dir / ("env-1-" + std::to_string(max_restarts + 1))));
+    CHECK(contains(r.out + r.err, "rank 1 failed: exit status 3"));
+    if (max_restarts == 0) {
+      CHECK_FALSE(contains(r.out + r.err, "restart"));
+    } else {
+      CHECK(contains(r.out + r.err, "restart 2 of 2"));
+      CHECK(contains(r.out + r.err,
+                     "giving up: rank 1 failed (exit status 3) in attempt 3, and all 2 restart(s) "
+                     "are used"));
+    }
+    check_all_gone(dir, 2);
+  }
+}
+
+TEST_CASE("a rank failing on bad input (exit 2) is not restarted") {
+  TempDir dir;
+  LaunchOptions o = sh_options(dir, 2,
+                               "echo x > $D/env-$RANK-$DTRAIN_RESTART_COUNT\n"
+                               "if [ \"$RANK\" = 1 ]; then exit 2; fi\n"
+                               "sleep 30 & wait\n");
+  o.max_restarts = 3;
+  const Launched r = run_launcher(o, dir);
+  INFO("launcher stdout:\n", r.out, "\nlauncher stderr:\n", r.err);
+  CHECK(r.exit_code == 2);
+  CHECK(contains(r.out + r.err, "not restarting: a rank failed on bad input"));
+  CHECK(std::filesystem::exists(dir / "env-1-0"));
+  CHECK_FALSE(std::filesystem::exists(dir / "env-1-1"));
+}
+
+TEST_CASE("SIGTERM to a launcher with restarts left stops everything without restarting") {
+  TempDir dir;
+  LaunchOptions o = sh_options(dir, 2,
+                               "echo $$ > $D/pid-$RANK\n"
+                               "echo x > $D/env-$RANK-$DTRAIN_RESTART_COUNT\n"
+                               "sleep 30 & echo $! > $D/sleep-$RANK\n"
+                               "touch $D/ready-$RANK\n"
+                               "wait\n");
+  o.max_restarts = 5;
+  const Launched r = run_launcher(o, dir, [&](pid_t launcher) {
+    CHECK(wait_for_files({dir / "ready-0", dir / "ready-1"}));
+    ::kill(launcher, SIGTERM);
+  });
+  INFO("launcher stdout:\n", r.out, "\nlauncher stderr:\n", r.err);
+  CHECK(r.exit_code == 128 + SIGTERM);
+  CHECK(r.seconds < 20);
+  CHECK_FALSE(contains(r.out + r.err, "restart 1"));
+  CHECK_FALSE(std::filesystem::exists(dir / "env-0-1"));
+  CHECK_FALSE(std::filesystem::exists(dir / "env-1-1"));
+  check_all_gone(dir, 2);
+}

@@ -421,7 +421,7 @@ runtime: {threads: 1}
     CAPTURE(c.sets.back());
     RunOptions o;
     o.out_dir = dir / ("abort" + std::to_string(k));
-    o.faults = parse_faults("nan:rank=" + std::to_string(c.rank) + ":step=5");
+    o.faults = parse_faults("nan:rank=" + std::to_string(c.rank) + ":step=5", 0);
     const Config abort_cfg = parse_config(base, "n.yaml", c.sets);
     CHECK_THROWS_WITH(run_training(abort_cfg, o),
                       doctest::Contains("is not finite at step 5 (train.nonfinite: abort"));
@@ -439,4 +439,18 @@ runtime: {threads: 1}
   o.out_dir = dir / "clean";
   CHECK(run_training(parse_config(base, "n.yaml", {"distributed.world_size=2"}),
                      o)["skipped_steps"] == 0);
+}
+
+TEST_CASE("a rank that is slower at every step is named as a straggler") {
+  spdlog::set_level(spdlog::level::err);
+  TempDir dir;
+  RunOptions o;
+  o.out_dir = dir / "slow";
+  o.faults = parse_faults("delay:rank=1:ms=15", 0);
+  const auto s = run_training(parse_config(kSynthetic, "s.yaml",
+                                           {"distributed.world_size=3", "train.epochs=0",
+                                            "train.max_steps=20", "train.log_every=4"}),
+                              o);
+  // Records at steps 4, 8, ..., 20: the second one running warns, and every one after.
+  CHECK(s["straggler_warnings"].get<int64_t>() >= 3);
 }
