@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Soak benchmark (README "Benchmarks", issue 7): 4 ranks over gRPC for 2000 steps
-# (configs/smoke.yaml's model and data, `dtrain launch --nproc 4`), sampling every rank's
+# (configs/smoke.yaml with a 512-1024-1024-4 MLP so a step takes a few ms, `dtrain launch --nproc
+# 4`), sampling every rank's
 # resident memory, thread count and open file descriptors once a second from /proc. Prints the
 # samples at 20% of the run (after warm-up) and at the end, per rank, and the growth.
 # Environment: STEPS (default 2000), NPROC (default 4), SET (extra --set arguments).
@@ -13,7 +14,8 @@ out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 "$BIN" launch --nproc "$NPROC" configs/smoke.yaml --out "$out/run" --log-level warn \
   --set train.epochs=0 --set train.max_steps="$STEPS" --set train.log_every=100 \
-  --set data.synthetic.samples=200000 ${SET:-} >"$out/launch.log" 2>&1 &
+  --set model.hidden=[1024,1024] --set data.synthetic.features=512 \
+  --set data.synthetic.samples=50000 ${SET:-} >"$out/launch.log" 2>&1 &
 launcher=$!
 : >"$out/samples"
 while kill -0 "$launcher" 2>/dev/null; do
