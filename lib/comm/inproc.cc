@@ -155,9 +155,8 @@ class InprocTransport final : public Transport {
         got.op = same->second.op;
         got.part = same->first.part;
         got.bytes = same->second.bytes;
-        throw CommError("mismatched calls: rank " + std::to_string(src) + " sent " +
-                        describe(got) + ", rank " + std::to_string(rank_) + " expected " +
-                        describe(h));
+        throw CommError("mismatched calls: rank " + std::to_string(src) + " sent " + describe(got) +
+                        ", rank " + std::to_string(rank_) + " expected " + describe(h));
       }
       if (box.cv.wait_until(lk, deadline) == std::cv_status::timeout &&
           box.messages.find(key) == box.messages.end() && !hub_->failed.load()) {
