@@ -76,6 +76,7 @@ class CommError : public std::runtime_error {
 
 class Transport {
  public:
+  Transport() { position_.since = std::chrono::steady_clock::now(); }
   virtual ~Transport() = default;
   virtual int rank() const = 0;
   virtual int size() const = 0;
