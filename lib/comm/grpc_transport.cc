@@ -1056,6 +1056,7 @@ class GrpcTransport final : public Transport {
   // held while peers are judged, so shutdown never races fail_peer's use of out_.
   std::mutex hb_check_mu_;
   bool hb_armed_ = false;
+  Clock::time_point hb_armed_at_;  // when it was armed: silence counts from then at the earliest
   std::thread hb_thread_;
 };
 
@@ -1899,6 +1900,7 @@ void GrpcTransport::wait_for_peers() {
   }
   std::lock_guard<std::mutex> lk(hb_check_mu_);
   hb_armed_ = true;
+  hb_armed_at_ = Clock::now();
 }
 
 void GrpcTransport::connect() {
@@ -2013,6 +2015,10 @@ void GrpcTransport::stop_heartbeats() {
 
 void GrpcTransport::heartbeat_loop() {
   const Clock::duration interval = secs_dur(o_.heartbeat_s / 3);
+  // Peers are judged 4 times per beat interval, so a silence is noticed at most heartbeat_s / 12
+  // after it exceeds heartbeat_s (judging once per interval made that up to heartbeat_s / 3).
+  const Clock::duration tick = interval / 4;
+  Clock::time_point next_beat = Clock::now();
   // Checking starts once every peer is connected; it restarts from scratch when this thread
   // got no CPU for much longer than it asked (this process was stopped, or starved): the
   // silence was ours, and peers' beats may still be queued in our sockets.
@@ -2023,11 +2029,14 @@ void GrpcTransport::heartbeat_loop() {
     lk.unlock();
     const auto now = Clock::now();
     if (!aborted_.load()) {
-      send_beats();
+      if (now >= next_beat) {
+        send_beats();
+        next_beat = now + interval;
+      }
       std::lock_guard<std::mutex> ck(hb_check_mu_);
       if (hb_armed_) {
         if (!baseline) {
-          baseline = now;
+          baseline = hb_armed_at_;
         } else if (now - last > 2 * interval + std::chrono::seconds(1)) {
           spdlog::warn(
               "rank {}: the heartbeat thread got no CPU for {:.1f} s (process stopped or "
@@ -2040,7 +2049,7 @@ void GrpcTransport::heartbeat_loop() {
     }
     last = now;
     lk.lock();
-    hb_cv_.wait_for(lk, interval, [&] { return hb_stop_; });
+    hb_cv_.wait_for(lk, tick, [&] { return hb_stop_; });
   }
 }
 
