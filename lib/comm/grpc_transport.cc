@@ -994,6 +994,10 @@ class GrpcTransport final : public Transport {
   // Maps the segments of the peers that advertised one, before our streams open.
   void attach_shm();
   void send_shm(int dst, const MsgHeader& h, const void* data);
+  void send_stream(int dst, const MsgHeader& h, const void* data);
+  // "" or the mismatch between h and a message src sent on the same channel with another op
+  // (src's calls disagreed with ours). Drains src's shared-memory ring first.
+  std::string mismatch_from(int src, const MsgHeader& h);
   // recv / recv_reduce (red != null) of a message src writes through shared memory. The
   // calling thread drains src's ring itself; it sleeps on our segment's bell, which senders,
   // other draining threads and failures (in_stream_ended, abort) ring.
@@ -1447,10 +1451,36 @@ void GrpcTransport::send(int dst, const MsgHeader& h, const void* data) {
     bytes_sent_ += h.bytes;
     return;
   }
-  if (shm_out_[dst]) {
-    send_shm(dst, h, data);
-    return;
+  try {
+    if (shm_out_[dst])
+      send_shm(dst, h, data);
+    else
+      send_stream(dst, h, data);
+  } catch (const CommError&) {
+    // A peer that left after sending us another collective at this sequence number disagreed
+    // with us before it went: say so, rather than only that it closed.
+    if (std::string m = mismatch_from(dst, h); !m.empty()) throw CommError(m);
+    throw;
   }
+}
+
+std::string GrpcTransport::mismatch_from(int src, const MsgHeader& h) {
+  if (shm_src_[src]) {
+    try {
+      drain_shm(src);  // its last messages may still be in the ring
+    } catch (const CommError&) {
+    }
+  }
+  Inbox& ib = *inboxes_[src];
+  std::lock_guard<std::mutex> lk(ib.mu);
+  for (auto it = ib.msgs.lower_bound(Key{h.channel, 0});
+       it != ib.msgs.end() && it->first.channel == h.channel; ++it)
+    if (!it->second.empty() && it->second.front()->h.op != h.op)
+      return mismatch_msg(src, rank_, it->second.front()->h, h);
+  return "";
+}
+
+void GrpcTransport::send_stream(int dst, const MsgHeader& h, const void* data) {
   auto m = std::make_shared<OutMsg>();
   m->h = h;
   m->data = static_cast<const char*>(data);
@@ -2105,8 +2135,8 @@ void GrpcTransport::check_peers(Clock::time_point now, Clock::time_point baselin
     }
     const double silent = std::chrono::duration<double>(now - heard).count();
     if (silent > limit)
-      fail_peer(r, fmt::format("no heartbeat from rank {} for {:.1f} s: frozen or unreachable", r,
-                               silent));
+      fail_peer(r, fmt::format("no heartbeat from rank {} for {} s: frozen or unreachable", r,
+                               seconds_str(silent)));
   }
 }
 
@@ -2208,6 +2238,11 @@ std::unique_ptr<Transport> connect_grpc(const GrpcOptions& o, const GrpcTuning& 
     throw UserError("rendezvous and connect timeouts must be positive");
   if (!(o.heartbeat_s >= 0) || !std::isfinite(o.heartbeat_s))
     throw UserError(fmt::format("heartbeat interval {} s is not >= 0", o.heartbeat_s));
+  if (o.heartbeat_s > 0 && o.heartbeat_s < 1 && o.rank == 0)
+    spdlog::warn(
+        "heartbeat_s {} s: a healthy rank that gets no CPU for that long (a loaded machine) is "
+        "taken for frozen and fails the job",
+        o.heartbeat_s);
   if (tuning.chunk_bytes == 0 || tuning.chunk_bytes > (64u << 20))
     throw UserError(fmt::format("chunk size {} is not in 1..64 MiB", tuning.chunk_bytes));
   if (tuning.tune_malloc) tune_malloc_once();

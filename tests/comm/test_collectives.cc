@@ -313,7 +313,7 @@ TEST_CASE("a desync (ranks issuing different numbers of collectives) is reported
             throw;
           }
         },
-        opts, backend, /*heartbeat_s=*/0.3);
+        opts, backend, /*heartbeat_s=*/1.0);
     INFO("rank 0: ", errors[0], "\nrank 2: ", errors[2], "\nreport:\n", report);
     CHECK(errors[1].empty());
     // Every waiting rank says what it waited for: op, sequence number, bytes and (on a

@@ -847,21 +847,29 @@ BOTH_PATHS_TEST_CASE("grpc: a frozen peer (SIGSTOP) is detected by its missing h
 }
 
 TEST_CASE("grpc: ranks with different heartbeat_s do not take each other for frozen") {
-  // Rank 0 expects a beat every 0.1 s, rank 1 sends one every second: rank 0 must wait for 3 of
-  // rank 1's intervals instead of failing it after 0.3 s.
+  // Rank 0 expects a beat every 0.33 s, rank 1 sends one every 2 s: rank 0 must wait for 3 of
+  // rank 1's intervals instead of failing it after 1 s of silence.
   const int port = free_port();
   Job job = connect_job(2, [&](int r) {
     GrpcOptions o = options(r, 2, port);
-    o.heartbeat_s = r == 0 ? 0.3 : 3.0;
+    o.heartbeat_s = r == 0 ? 1.0 : 6.0;
     return o;
   });
   require_ok(job);
-  std::this_thread::sleep_for(std::chrono::milliseconds(2000));
-  std::vector<uint8_t> buf(100);
-  const auto data = make_payload(1, 0, 100);
+  std::this_thread::sleep_for(std::chrono::milliseconds(3000));
+  // Both directions still work: rank 0 has not failed rank 1.
+  std::vector<uint8_t> buf(100), back(100);
+  const auto data = make_payload(1, 0, 100), data_back = make_payload(0, 1, 100);
+  Worker waiter(
+      [&] { job.t[0]->recv(1, header(1, 0, CommOp::kBroadcast, 100), buf.data(), in(20)); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
   job.t[1]->send(0, header(1, 0, CommOp::kBroadcast, 100), data.data());
-  job.t[0]->recv(1, header(1, 0, CommOp::kBroadcast, 100), buf.data(), in(20));
+  waiter.join();
+  CHECK_MESSAGE(waiter.error.empty(), waiter.error);
   CHECK(verify(1, 0, buf) == "");
+  job.t[0]->send(1, header(2, 0, CommOp::kBroadcast, 100), data_back.data());
+  job.t[1]->recv(0, header(2, 0, CommOp::kBroadcast, 100), back.data(), in(20));
+  CHECK(verify(0, 1, back) == "");
 }
 
 BOTH_PATHS_TEST_CASE("grpc: abort fails pending and later calls here and on the peers",
