@@ -5,6 +5,9 @@
 #include <cstring>
 #include <numeric>
 
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
 #include "util/check.h"
 
 namespace dtrain {
@@ -26,7 +29,7 @@ void Work::wait(double timeout_s) {
     const std::string msg =
         "wait for " + what_ + " timed out after " + std::to_string(timeout_s) + " s";
     lk.unlock();
-    if (owner_) owner_->abort(msg);
+    if (owner_) owner_->fail(msg);
     throw CommError(msg);
   }
   if (error_) std::rethrow_exception(error_);
@@ -40,6 +43,9 @@ bool Work::done() const {
 Communicator::Communicator(std::unique_ptr<Transport> transport, CommOptions opts)
     : transport_(std::move(transport)), opts_(opts) {
   DT_CHECK(transport_ != nullptr);
+  CommPosition start;
+  start.since = Clock::now();
+  transport_->publish_position(start);
   worker_ = std::thread([this] { worker_loop(); });
 }
 
@@ -70,6 +76,48 @@ void Communicator::abort(const std::string& why) {
   transport_->abort(why);
 }
 
+void Communicator::fail(const std::string& msg) {
+  abort(msg);
+  if (rank() != 0 || reported_.exchange(true)) return;
+  const std::string report = desync_report();
+  if (!report.empty()) spdlog::error("{}", report);
+}
+
+namespace {
+std::string secs(double s) {
+  return fmt::format("{:.1f} s", std::max(0.0, s));
+}
+}  // namespace
+
+std::string Communicator::desync_report() const {
+  const std::vector<RankPosition> all = transport_->positions();
+  if (all.size() < 2) return "";
+  const auto now = Clock::now();
+  auto since = [&](Clock::time_point t) { return std::chrono::duration<double>(now - t).count(); };
+  std::string out = fmt::format(
+      "where each rank is (rank {}'s view, from the latest reports):\n"
+      "  {:>4}  {:>9}  {:<40}  {:>8}  {}",
+      rank(), "rank", "last done", "now in", "for", "reported");
+  for (size_t r = 0; r < all.size(); ++r) {
+    const RankPosition& p = all[r];
+    if (!p.known) {
+      out += fmt::format("\n  {:>4}  {:>9}  {:<40}", r, "?", "no report");
+      continue;
+    }
+    const std::string done =
+        p.pos.completed == 0 ? "-" : fmt::format("seq {}", p.pos.completed - 1);
+    const std::string in =
+        p.pos.active
+            ? fmt::format("{} seq {} ({} floats)", comm_op_name(p.pos.op), p.pos.seq, p.pos.count)
+            : std::string("(no collective)");
+    const std::string heard =
+        static_cast<int>(r) == rank() ? std::string("this rank") : secs(since(p.heard)) + " ago";
+    out += fmt::format("\n  {:>4}  {:>9}  {:<40}  {:>8}  {}", r, done, in, secs(since(p.pos.since)),
+                       heard);
+  }
+  return out;
+}
+
 WorkPtr Communicator::enqueue(CommOp op, size_t count, std::function<void(const CollCtx&)> fn) {
   auto work = std::make_shared<Work>();
   work->owner_ = this;
@@ -78,7 +126,7 @@ WorkPtr Communicator::enqueue(CommOp op, size_t count, std::function<void(const 
                 std::to_string(count) + " floats)";
   {
     std::lock_guard<std::mutex> lk(mu_);
-    queue_.push_back(Task{op, seq, work, std::move(fn)});
+    queue_.push_back(Task{op, count, seq, work, std::move(fn)});
   }
   cv_.notify_all();
   return work;
@@ -102,6 +150,14 @@ void Communicator::worker_loop() {
           CommError("rank " + std::to_string(rank()) + ": " + task.work->what_ +
                     " not run: the communicator failed earlier: " + earlier));
     } else {
+      CommPosition pos;
+      pos.completed = completed_;
+      pos.active = true;
+      pos.op = task.op;
+      pos.seq = task.seq;
+      pos.count = task.count;
+      pos.since = t0;
+      transport_->publish_position(pos);
       try {
         CollCtx ctx;
         ctx.t = transport_.get();
@@ -120,10 +176,17 @@ void Communicator::worker_loop() {
         } else {
           task.fn(ctx);
         }
+        completed_ = task.seq + 1;
+        pos.completed = completed_;
+        pos.active = false;
+        pos.since = Clock::now();
+        transport_->publish_position(pos);
       } catch (const std::exception& e) {
+        // The position stays "in this collective": that is where this rank stopped.
         const std::string msg =
-            "rank " + std::to_string(rank()) + ": " + task.work->what_ + " failed: " + e.what();
-        abort(msg);
+            fmt::format("rank {}: {} failed after {}: {}", rank(), task.work->what_,
+                        secs(std::chrono::duration<double>(Clock::now() - t0).count()), e.what());
+        fail(msg);
         err = std::make_exception_ptr(CommError(msg));
       }
     }
@@ -209,7 +272,7 @@ void Communicator::send(int dst, uint64_t tag, const float* data, size_t n) {
   } catch (const std::exception& e) {
     const std::string msg = "rank " + std::to_string(rank()) + ": send of " + describe(h) +
                             " to rank " + std::to_string(dst) + " failed: " + e.what();
-    abort(msg);
+    fail(msg);
     throw CommError(msg);
   }
 }
@@ -226,7 +289,7 @@ void Communicator::recv(int src, uint64_t tag, float* data, size_t n) {
   } catch (const std::exception& e) {
     const std::string msg = "rank " + std::to_string(rank()) + ": recv of " + describe(h) +
                             " from rank " + std::to_string(src) + " failed: " + e.what();
-    abort(msg);
+    fail(msg);
     throw CommError(msg);
   }
 }

@@ -11,6 +11,10 @@
 //    or closed peer or a mismatch throws CommError naming the op, its sequence number, the
 //    element count and the peer; after a failure the communicator is unusable (every later call
 //    fails with the first error) and the transport is aborted so peers fail fast too.
+//  - Every rank publishes its position in the collective sequence (last completed seq, the
+//    collective it is in and since when) to its transport. When a collective or receive fails,
+//    rank 0 logs one table of every rank's latest position (desync_report), so ranks that
+//    issued different collectives are visible at a glance.
 //  - send()/recv() (point-to-point, for pipeline stages) run on the calling thread, outside the
 //    collective sequence; messages between a pair with the same tag arrive in order, different
 //    tags never mix.
@@ -112,11 +116,18 @@ class Communicator {
   // Fails everything now (this rank is giving up); peers notice.
   void abort(const std::string& why);
 
+  // One table of every rank's latest known position (rank, last completed seq, the collective
+  // it is in, since when, when its report arrived); "" if the transport cannot tell (world size
+  // 1, subgroups). Never waits for peers.
+  std::string desync_report() const;
+
  private:
   friend class Work;
   WorkPtr enqueue(CommOp op, size_t count, std::function<void(const CollCtx&)> fn);
   void worker_loop();
   std::string failure() const;
+  // abort(msg), and on rank 0 log the desync report (once).
+  void fail(const std::string& msg);
 
   std::unique_ptr<Transport> transport_;
   CommOptions opts_;
@@ -126,6 +137,7 @@ class Communicator {
   std::atomic<Tracer*> tracer_{nullptr};
   struct Task {
     CommOp op;
+    size_t count;
     uint64_t seq;
     WorkPtr work;
     std::function<void(const CollCtx&)> fn;
@@ -136,6 +148,8 @@ class Communicator {
   bool stopping_ = false;
   std::string failed_;  // first failure, "" while healthy
   double comm_s_ = 0.0;
+  uint64_t completed_ = 0;  // collectives completed (worker thread only)
+  std::atomic<bool> reported_{false};
   std::thread worker_;
 };
 

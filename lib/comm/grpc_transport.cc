@@ -15,6 +15,13 @@
 // buffer if the recv is already waiting (or, arriving mid-message, takes over the rest), else
 // into a pooled mailbox buffer that recv copies out of (recv_reduce reduces straight from it).
 //
+// Heartbeats. From the rendezvous on, a thread of its own sends a unary Health.Beat (with this
+// rank's position for the desync report) to every peer each heartbeat_s / 3, at most one in
+// flight per peer, and checks when each peer was last heard of. A peer silent for longer than
+// heartbeat_s (or 3 of its own intervals) is failed as if its stream had ended: a frozen
+// process (SIGSTOP) keeps its sockets open, so nothing else would notice before the collective
+// deadline. Beats never enter the mailboxes, and stop when the transport aborts or shuts down.
+//
 // Failure. A peer's incoming stream ending (clean half-close, cancellation, or its process
 // dying, which closes the socket) fails every pending and future recv from it that has no
 // complete message waiting; a failed outgoing stream fails sends to it. A malformed frame, or
@@ -33,6 +40,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <compare>
 #include <condition_variable>
 #include <cstdlib>
@@ -472,6 +480,32 @@ struct Partial {
   std::shared_ptr<Posted> post;  // direct path
 };
 
+// ---- heartbeats -------------------------------------------------------------------------------
+
+// One outgoing beat.
+struct BeatCall {
+  grpc::ClientContext ctx;
+  wire::Heartbeat req;
+  wire::HeartbeatAck ack;
+};
+
+// Beats in flight, shared with their completion callbacks so that those never touch the
+// transport. calls[r] is the beat to rank r still in flight, if any.
+struct BeatsInFlight {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::shared_ptr<BeatCall>> calls;
+  int n = 0;
+};
+
+// What this rank last heard from a peer's heartbeats.
+struct PeerHealth {
+  bool beat = false;  // a beat arrived
+  Clock::time_point heard;
+  double interval_s = 0;  // the peer's beat interval, as it says
+  CommPosition pos;       // `since` converted to this process's clock
+};
+
 // ---- send-side state ---------------------------------------------------------------------------
 
 // Completion of one send(): done when every chunk has been handed to gRPC and gRPC released
@@ -837,6 +871,7 @@ class GrpcTransport final : public Transport {
         rank_(o.rank),
         world_(o.world_size),
         data_service_(this),
+        health_service_(this),
         rendezvous_service_(this) {
     for (int r = 0; r < world_; ++r) {
       inboxes_.push_back(std::make_unique<Inbox>());
@@ -847,6 +882,8 @@ class GrpcTransport final : public Transport {
     shm_names_.resize(world_);
     shm_src_.assign(world_, 0);
     shm_partial_.resize(world_);
+    health_.resize(world_);
+    beats_->calls.resize(world_);
   }
 
   ~GrpcTransport() override { shutdown(); }
@@ -878,6 +915,8 @@ class GrpcTransport final : public Transport {
                                                             grpc::ByteBuffer* response);
   grpc::ServerUnaryReactor* on_join(grpc::CallbackServerContext* ctx, const wire::JoinRequest* req,
                                     wire::JoinReply* reply);
+  grpc::ServerUnaryReactor* on_beat(grpc::CallbackServerContext* ctx, const wire::Heartbeat* req);
+  std::vector<RankPosition> positions() const override;
   grpc::Status on_frame(InStream& s, const grpc::ByteBuffer& bb);
   void in_stream_ended(InStream& s, bool cancelled);
   void in_stream_done(InStream* s) {
@@ -892,6 +931,17 @@ class GrpcTransport final : public Transport {
     grpc::ServerReadReactor<grpc::ByteBuffer>* Stream(grpc::CallbackServerContext* ctx,
                                                       grpc::ByteBuffer* response) override {
       return t_->open_in_stream(ctx, response);
+    }
+
+   private:
+    GrpcTransport* const t_;
+  };
+  class HealthService final : public wire::Health::CallbackService {
+   public:
+    explicit HealthService(GrpcTransport* t) : t_(t) {}
+    grpc::ServerUnaryReactor* Beat(grpc::CallbackServerContext* ctx, const wire::Heartbeat* req,
+                                   wire::HeartbeatAck* /*ack*/) override {
+      return t_->on_beat(ctx, req);
     }
 
    private:
@@ -916,6 +966,17 @@ class GrpcTransport final : public Transport {
   void open_streams();
   void wait_for_peers();
   void shutdown();
+  // ---- heartbeats ----
+  void start_heartbeats();  // once channels_ exist
+  void stop_heartbeats();
+  void heartbeat_loop();
+  void send_beats();
+  // Fails every peer not heard from for too long, judged from `baseline` on (when checking
+  // started, or when this rank last got the CPU back after a stall).
+  void check_peers(Clock::time_point now, Clock::time_point baseline);
+  // Fails every pending and future recv from and send to `peer` with `why`, as if its stream
+  // had ended (unless it already had).
+  void fail_peer(int peer, const std::string& why);
   void finish_in_streams(const grpc::Status& s);
   // Logs, aborts the transport and returns the status for a malformed `kind` ("frame" on a
   // stream, "shared-memory record") from src.
@@ -933,6 +994,10 @@ class GrpcTransport final : public Transport {
   // Maps the segments of the peers that advertised one, before our streams open.
   void attach_shm();
   void send_shm(int dst, const MsgHeader& h, const void* data);
+  void send_stream(int dst, const MsgHeader& h, const void* data);
+  // "" or the mismatch between h and a message src sent on the same channel with another op
+  // (src's calls disagreed with ours). Drains src's shared-memory ring first.
+  std::string mismatch_from(int src, const MsgHeader& h);
   // recv / recv_reduce (red != null) of a message src writes through shared memory. The
   // calling thread drains src's ring itself; it sleeps on our segment's bell, which senders,
   // other draining threads and failures (in_stream_ended, abort) ring.
@@ -954,6 +1019,7 @@ class GrpcTransport final : public Transport {
   std::shared_ptr<grpc::ServerCredentials> server_creds_;
   std::shared_ptr<grpc::ChannelCredentials> channel_creds_;
   DataService data_service_;
+  HealthService health_service_;
   RendezvousService rendezvous_service_;
   std::unique_ptr<Coordinator> coordinator_;
   std::unique_ptr<grpc::Server> server_;
@@ -982,6 +1048,20 @@ class GrpcTransport final : public Transport {
   std::mutex abort_mu_;
   std::string abort_reason_;
   std::atomic<bool> aborted_{false};
+
+  std::vector<std::unique_ptr<wire::Health::Stub>> health_stubs_;  // null for self
+  std::shared_ptr<BeatsInFlight> beats_ = std::make_shared<BeatsInFlight>();
+  mutable std::mutex health_mu_;
+  std::vector<PeerHealth> health_;  // guarded by health_mu_
+  std::mutex hb_mu_;                // guards hb_stop_
+  std::condition_variable hb_cv_;
+  bool hb_stop_ = false;
+  // Every peer connected: silence counts (until shutdown). Guarded by hb_check_mu_, which is
+  // held while peers are judged, so shutdown never races fail_peer's use of out_.
+  std::mutex hb_check_mu_;
+  bool hb_armed_ = false;
+  Clock::time_point hb_armed_at_;  // when it was armed: silence counts from then at the earliest
+  std::thread hb_thread_;
 };
 
 void InStream::finish(const grpc::Status& s) {
@@ -1371,10 +1451,36 @@ void GrpcTransport::send(int dst, const MsgHeader& h, const void* data) {
     bytes_sent_ += h.bytes;
     return;
   }
-  if (shm_out_[dst]) {
-    send_shm(dst, h, data);
-    return;
+  try {
+    if (shm_out_[dst])
+      send_shm(dst, h, data);
+    else
+      send_stream(dst, h, data);
+  } catch (const CommError&) {
+    // A peer that left after sending us another collective at this sequence number disagreed
+    // with us before it went: say so, rather than only that it closed.
+    if (std::string m = mismatch_from(dst, h); !m.empty()) throw CommError(m);
+    throw;
   }
+}
+
+std::string GrpcTransport::mismatch_from(int src, const MsgHeader& h) {
+  if (shm_src_[src]) {
+    try {
+      drain_shm(src);  // its last messages may still be in the ring
+    } catch (const CommError&) {
+    }
+  }
+  Inbox& ib = *inboxes_[src];
+  std::lock_guard<std::mutex> lk(ib.mu);
+  for (auto it = ib.msgs.lower_bound(Key{h.channel, 0});
+       it != ib.msgs.end() && it->first.channel == h.channel; ++it)
+    if (!it->second.empty() && it->second.front()->h.op != h.op)
+      return mismatch_msg(src, rank_, it->second.front()->h, h);
+  return "";
+}
+
+void GrpcTransport::send_stream(int dst, const MsgHeader& h, const void* data) {
   auto m = std::make_shared<OutMsg>();
   m->h = h;
   m->data = static_cast<const char*>(data);
@@ -1683,6 +1789,7 @@ void GrpcTransport::start_server() {
     b.RegisterService(&rendezvous_service_);
   }
   b.RegisterService(&data_service_);
+  b.RegisterService(&health_service_);
   b.SetMaxReceiveMessageSize(kGrpcMaxFrameBytes);
   b.SetMaxSendMessageSize(-1);
   // A port held by another process must fail here, not be shared (gRPC sets SO_REUSEPORT).
@@ -1789,6 +1896,9 @@ void GrpcTransport::open_streams() {
     if (r == rank_) continue;
     channels_[r] = grpc::CreateCustomChannel(peers_[r], channel_creds_, channel_args());
   }
+  // Beat from now on: a peer starts judging our silence once all its streams are up, and this
+  // rank may still be connecting to others then.
+  start_heartbeats();
   for (int r = 0; r < world_; ++r) {
     if (r == rank_) continue;
     if (!channels_[r]->WaitForConnected(wall(deadline)))
@@ -1831,6 +1941,9 @@ void GrpcTransport::wait_for_peers() {
     spdlog::debug("rank {}: shared memory from rank(s) [{}], to rank(s) [{}]", rank_, srcs,
                   fmt::join(shm_peers(), ", "));
   }
+  std::lock_guard<std::mutex> lk(hb_check_mu_);
+  hb_armed_ = true;
+  hb_armed_at_ = Clock::now();
 }
 
 void GrpcTransport::connect() {
@@ -1876,6 +1989,11 @@ void GrpcTransport::shutdown() {
     std::lock_guard<std::mutex> lk(in_mu_);
     closing_ = true;
   }
+  {
+    // Keep beating while the streams close, but judge no peer any more.
+    std::lock_guard<std::mutex> lk(hb_check_mu_);
+    hb_armed_ = false;
+  }
   // 1. Half-close our streams so peers see a clean close; cancel the ones that do not finish.
   const auto grace = Clock::now() + kCloseGrace;
   for (auto& o : out_)
@@ -1888,6 +2006,9 @@ void GrpcTransport::shutdown() {
       (void)o.release();  // gRPC still references it: freeing it would be worse
     }
   }
+  // Peers have seen our streams close (or will not wait for them): a silence from now on is
+  // not taken for a freeze.
+  stop_heartbeats();
   // 2. Answer pending joins and incoming streams, then stop the server.
   if (coordinator_) coordinator_->shutdown(fmt::format("rank {} shut down", rank_));
   finish_in_streams(
@@ -1895,6 +2016,206 @@ void GrpcTransport::shutdown() {
   if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   server_.reset();
   coordinator_.reset();
+}
+
+// ---- heartbeats ----------------------------------------------------------------------------
+
+namespace {
+Clock::duration secs_dur(double s) {
+  return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
+}
+}  // namespace
+
+void GrpcTransport::start_heartbeats() {
+  if (!(o_.heartbeat_s > 0) || world_ < 2) return;
+  health_stubs_.resize(world_);
+  for (int r = 0; r < world_; ++r)
+    if (r != rank_) health_stubs_[r] = wire::Health::NewStub(channels_[r]);
+  hb_thread_ = std::thread([this] { heartbeat_loop(); });
+}
+
+void GrpcTransport::stop_heartbeats() {
+  {
+    std::lock_guard<std::mutex> lk(hb_mu_);
+    hb_stop_ = true;
+  }
+  hb_cv_.notify_all();
+  if (hb_thread_.joinable()) hb_thread_.join();
+  std::vector<std::shared_ptr<BeatCall>> calls;
+  {
+    std::lock_guard<std::mutex> lk(beats_->mu);
+    calls = beats_->calls;
+  }
+  for (auto& c : calls)  // unlocked: a cancelled call's callback may run inline
+    if (c) c->ctx.TryCancel();
+  calls.clear();
+  // Cancelled calls complete promptly; their callbacks only touch beats_, so not waiting for
+  // a stuck one would be safe too.
+  std::unique_lock<std::mutex> lk(beats_->mu);
+  if (!beats_->cv.wait_for(lk, std::chrono::seconds(5), [&] { return beats_->n == 0; }))
+    spdlog::warn("rank {}: {} heartbeat call(s) still in flight at shutdown", rank_, beats_->n);
+}
+
+void GrpcTransport::heartbeat_loop() {
+  const Clock::duration interval = secs_dur(o_.heartbeat_s / 3);
+  // Peers are judged 4 times per beat interval, so a silence is noticed at most heartbeat_s / 12
+  // after it exceeds heartbeat_s (judging once per interval made that up to heartbeat_s / 3).
+  const Clock::duration tick = interval / 4;
+  Clock::time_point next_beat = Clock::now();
+  // Checking starts once every peer is connected; it restarts from scratch when this thread
+  // got no CPU for much longer than it asked (this process was stopped, or starved): the
+  // silence was ours, and peers' beats may still be queued in our sockets.
+  std::optional<Clock::time_point> baseline;
+  Clock::time_point last = Clock::now();
+  std::unique_lock<std::mutex> lk(hb_mu_);
+  while (!hb_stop_) {
+    lk.unlock();
+    const auto now = Clock::now();
+    if (!aborted_.load()) {
+      if (now >= next_beat) {
+        send_beats();
+        next_beat = now + interval;
+      }
+      std::lock_guard<std::mutex> ck(hb_check_mu_);
+      if (hb_armed_) {
+        if (!baseline) {
+          baseline = hb_armed_at_;
+        } else if (now - last > 2 * interval + std::chrono::seconds(1)) {
+          spdlog::warn(
+              "rank {}: the heartbeat thread got no CPU for {:.1f} s (process stopped or "
+              "starved); judging peers' heartbeats afresh",
+              rank_, std::chrono::duration<double>(now - last).count());
+          baseline = now;
+        }
+        check_peers(now, *baseline);
+      }
+    }
+    last = now;
+    lk.lock();
+    hb_cv_.wait_for(lk, tick, [&] { return hb_stop_; });
+  }
+}
+
+void GrpcTransport::send_beats() {
+  const auto now = Clock::now();
+  const CommPosition pos = own_position();
+  wire::Heartbeat beat;
+  beat.set_src_rank(rank_);
+  beat.set_interval_s(o_.heartbeat_s / 3);
+  wire::Position* p = beat.mutable_position();
+  p->set_completed(pos.completed);
+  p->set_active(pos.active);
+  p->set_op(static_cast<uint32_t>(pos.op));
+  p->set_seq(pos.seq);
+  p->set_count(pos.count);
+  p->set_since_ms(static_cast<uint64_t>(std::max<int64_t>(
+      0, std::chrono::duration_cast<std::chrono::milliseconds>(now - pos.since).count())));
+  for (int r = 0; r < world_; ++r) {
+    if (r == rank_) continue;
+    auto call = std::make_shared<BeatCall>();
+    {
+      std::lock_guard<std::mutex> lk(beats_->mu);
+      if (beats_->calls[r]) continue;  // the last one is still on its way (peer slow or frozen)
+      beats_->calls[r] = call;
+      ++beats_->n;
+    }
+    call->req = beat;
+    call->ctx.AddMetadata(kGrpcTokenKey, o_.token);
+    // A beat older than heartbeat_s is worthless to the peer.
+    call->ctx.set_deadline(wall(now + secs_dur(o_.heartbeat_s)));
+    // The callback may run inline: nothing is locked here.
+    health_stubs_[r]->async()->Beat(&call->ctx, &call->req, &call->ack,
+                                    [state = beats_, r](const grpc::Status&) {
+                                      std::shared_ptr<BeatCall> done;
+                                      std::lock_guard<std::mutex> lk(state->mu);
+                                      done = std::move(state->calls[r]);
+                                      --state->n;
+                                      state->cv.notify_all();
+                                    });
+  }
+}
+
+void GrpcTransport::check_peers(Clock::time_point now, Clock::time_point baseline) {
+  for (int r = 0; r < world_; ++r) {
+    if (r == rank_ || inboxes_[r]->down.load()) continue;
+    Clock::time_point heard;
+    double limit = o_.heartbeat_s;
+    {
+      std::lock_guard<std::mutex> lk(health_mu_);
+      const PeerHealth& h = health_[r];
+      heard = h.beat ? std::max(h.heard, baseline) : baseline;
+      limit = std::max(limit, 3 * h.interval_s);
+    }
+    const double silent = std::chrono::duration<double>(now - heard).count();
+    if (silent > limit)
+      fail_peer(r, fmt::format("no heartbeat from rank {} for {} s: frozen or unreachable", r,
+                               seconds_str(silent)));
+  }
+}
+
+void GrpcTransport::fail_peer(int peer, const std::string& why) {
+  {
+    Inbox& ib = *inboxes_[peer];
+    std::lock_guard<std::mutex> lk(ib.mu);
+    if (!ib.failed.empty() || !ib.aborted.empty()) return;
+    ib.failed = why;
+    ib.down = true;
+    ib.cv.notify_all();
+  }
+  spdlog::error("rank {}: {}", rank_, why);
+  ring_shm_waiters();
+  if (out_[peer]) out_[peer]->fail(why);  // a send blocked on the peer's flow control fails too
+}
+
+grpc::ServerUnaryReactor* GrpcTransport::on_beat(grpc::CallbackServerContext* ctx,
+                                                 const wire::Heartbeat* req) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  if (!authorized(ctx, "a heartbeat")) {
+    reactor->Finish(grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "wrong or missing job token"));
+    return reactor;
+  }
+  const int src = req->src_rank();
+  if (src < 0 || src >= world_ || src == rank_) {
+    reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                 fmt::format("heartbeat from invalid rank {}", src)));
+    return reactor;
+  }
+  const auto now = Clock::now();
+  const wire::Position& p = req->position();
+  {
+    std::lock_guard<std::mutex> lk(health_mu_);
+    PeerHealth& h = health_[src];
+    h.beat = true;
+    h.heard = now;
+    // Only ever lengthens how long we wait for the peer; bounded so that a bogus value cannot
+    // switch detection off.
+    const double iv = req->interval_s();
+    h.interval_s = std::isfinite(iv) && iv > 0 ? std::min(iv, 3600.0) : 0.0;
+    h.pos.completed = p.completed();
+    h.pos.active = p.active();
+    h.pos.op = static_cast<CommOp>(p.op());
+    h.pos.seq = p.seq();
+    h.pos.count = p.count();
+    // Capped (a day) so that a bogus value cannot overflow the clock arithmetic.
+    h.pos.since = now - std::chrono::milliseconds(std::min<uint64_t>(p.since_ms(), 86400000));
+  }
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+std::vector<RankPosition> GrpcTransport::positions() const {
+  std::vector<RankPosition> out(world_);
+  const auto now = Clock::now();
+  {
+    std::lock_guard<std::mutex> lk(health_mu_);
+    for (int r = 0; r < world_; ++r) {
+      out[r].known = health_[r].beat;
+      out[r].pos = health_[r].pos;
+      out[r].heard = health_[r].heard;
+    }
+  }
+  out[rank_] = RankPosition{true, own_position(), now};
+  return out;
 }
 
 // gRPC allocates its TCP read buffers (up to a few MiB) with malloc on its own threads and frees
@@ -1928,6 +2249,13 @@ std::unique_ptr<Transport> connect_grpc(const GrpcOptions& o, const GrpcTuning& 
     if (c < 0x20 || c > 0x7e) throw UserError("the job token must be printable ASCII");
   if (!(o.rendezvous_timeout_s > 0) || !(o.connect_timeout_s > 0))
     throw UserError("rendezvous and connect timeouts must be positive");
+  if (!(o.heartbeat_s >= 0) || !std::isfinite(o.heartbeat_s))
+    throw UserError(fmt::format("heartbeat interval {} s is not >= 0", o.heartbeat_s));
+  if (o.heartbeat_s > 0 && o.heartbeat_s < 1 && o.rank == 0)
+    spdlog::warn(
+        "heartbeat_s {} s: a healthy rank that gets no CPU for that long (a loaded machine) is "
+        "taken for frozen and fails the job",
+        o.heartbeat_s);
   if (tuning.chunk_bytes == 0 || tuning.chunk_bytes > (64u << 20))
     throw UserError(fmt::format("chunk size {} is not in 1..64 MiB", tuning.chunk_bytes));
   if (tuning.tune_malloc) tune_malloc_once();

@@ -5,6 +5,7 @@
 // ordered peer pair, in chunks; the receiving server drains frames into per-peer mailboxes.
 // Between ranks on one host (and with GrpcOptions::shm on both) data moves through
 // shared-memory rings instead, negotiated at the rendezvous; the streams still carry failures.
+// Heartbeats (unary Health.Beat calls on their own thread) detect frozen or unreachable peers.
 #pragma once
 
 #include <memory>
@@ -32,6 +33,13 @@ struct GrpcOptions {
   // (lib/comm/shm_ring.h) instead of gRPC streams, which stay up for failure detection. Both
   // sides must have it on; false = gRPC streams only (distributed.shm).
   bool shm = true;
+  // Failure detection: every rank sends a small heartbeat to every peer each heartbeat_s / 3 on
+  // a thread of its own; a peer not heard from for heartbeat_s (or 3 of its own intervals, if it
+  // beats more slowly) is declared frozen or unreachable, and every receive from and send to it
+  // fails naming it. Beats carry this rank's position for the desync report. 0 = no heartbeats
+  // (only the collective deadline and closed connections detect failures).
+  // distributed.heartbeat_s.
+  double heartbeat_s = 10;
 };
 
 // True for "localhost", "::1" / "[::1]" and 127.0.0.0/8: the job stays on this machine, so

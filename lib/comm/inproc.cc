@@ -35,7 +35,8 @@ struct Mailbox {
 
 // Shared by all ranks of one group.
 struct Hub {
-  explicit Hub(int world) : boxes(static_cast<size_t>(world)) {}
+  explicit Hub(int world)
+      : boxes(static_cast<size_t>(world)), positions(static_cast<size_t>(world)) {}
   std::vector<Mailbox> boxes;
   std::mutex fail_mu;
   std::atomic<bool> failed{false};
@@ -44,6 +45,10 @@ struct Hub {
   // costs more than the copy itself.
   std::mutex pool_mu;
   std::vector<std::vector<char>> pool;
+  // Every rank's position for the desync report: ranks are threads, so no heartbeats are
+  // needed (they cannot freeze separately) and every rank reads the others' directly.
+  std::mutex pos_mu;
+  std::vector<RankPosition> positions;
 
   std::vector<char> get_buffer(size_t bytes) {
     {
@@ -121,6 +126,25 @@ class InprocTransport final : public Transport {
   }
 
   void abort(const std::string& why) override { hub_->fail(why); }
+
+  void publish_position(const CommPosition& p) override {
+    Transport::publish_position(p);
+    std::lock_guard<std::mutex> lk(hub_->pos_mu);
+    RankPosition& mine = hub_->positions[static_cast<size_t>(rank_)];
+    mine.known = true;
+    mine.pos = p;
+  }
+  std::vector<RankPosition> positions() const override {
+    std::vector<RankPosition> out;
+    {
+      std::lock_guard<std::mutex> lk(hub_->pos_mu);
+      out = hub_->positions;
+    }
+    const auto now = std::chrono::steady_clock::now();
+    for (RankPosition& p : out) p.heard = now;  // shared memory: always current
+    out[static_cast<size_t>(rank_)].known = true;
+    return out;
+  }
 
  private:
   Message take(int src, const MsgHeader& h, Deadline deadline) {

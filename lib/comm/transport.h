@@ -19,6 +19,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -48,6 +49,24 @@ struct MsgHeader {
   uint64_t bytes = 0;  // payload size
 };
 
+// Where a rank is in its communicator's collective sequence, for the desync report. Set by the
+// Communicator through Transport::publish_position.
+struct CommPosition {
+  uint64_t completed = 0;  // collectives completed: the last completed seq is completed - 1
+  bool active = false;     // inside the collective below (else idle since `since`)
+  CommOp op = CommOp::kAllReduce;
+  uint64_t seq = 0;
+  uint64_t count = 0;                           // elements of the active collective
+  std::chrono::steady_clock::time_point since;  // entered the collective, or finished the last
+};
+
+// A rank's latest position as this rank knows it.
+struct RankPosition {
+  bool known = false;  // a report from that rank has arrived (always true for this rank)
+  CommPosition pos;    // `since` is on this process's clock
+  std::chrono::steady_clock::time_point heard;  // when the report arrived (this rank: now)
+};
+
 // A communication failure: timeout, dead or closed peer, mismatched calls, malformed frames.
 // Reaches main() as exit code 1 with this message.
 class CommError : public std::runtime_error {
@@ -57,6 +76,7 @@ class CommError : public std::runtime_error {
 
 class Transport {
  public:
+  Transport() { position_.since = std::chrono::steady_clock::now(); }
   virtual ~Transport() = default;
   virtual int rank() const = 0;
   virtual int size() const = 0;
@@ -77,12 +97,31 @@ class Transport {
   // Fails every pending and future call with `why` (used when this rank or a peer dies).
   virtual void abort(const std::string& why) = 0;
 
+  // Desync report. The communicator states where this rank is; positions() returns every
+  // rank's latest known position, in rank order, or nothing if this transport cannot learn the
+  // others' (the default). gRPC learns them from heartbeats, inproc from the shared hub. Both
+  // are cheap and never block on peers: they run on the failure path.
+  virtual void publish_position(const CommPosition& p) {
+    std::lock_guard<std::mutex> lk(position_mu_);
+    position_ = p;
+  }
+  virtual std::vector<RankPosition> positions() const { return {}; }
+
   uint64_t bytes_sent() const { return bytes_sent_.load(std::memory_order_relaxed); }
   uint64_t bytes_recv() const { return bytes_recv_.load(std::memory_order_relaxed); }
 
  protected:
   std::atomic<uint64_t> bytes_sent_{0};
   std::atomic<uint64_t> bytes_recv_{0};
+
+  CommPosition own_position() const {
+    std::lock_guard<std::mutex> lk(position_mu_);
+    return position_;
+  }
+
+ private:
+  mutable std::mutex position_mu_;
+  CommPosition position_;
 };
 
 // dst[i] = reduce(dst[i], src[i]) for n floats.

@@ -59,8 +59,8 @@ const std::map<std::string, KeyList, std::less<>>& schema() {
         "checkpoint"}},
       {"train.checkpoint", {"every_steps", "keep_last"}},
       {"distributed",
-       {"backend", "world_size", "strategy", "timeout_s", "rendezvous_timeout_s", "token_file",
-        "bind", "shm", "tls", "ddp", "local_sgd", "compression", "fsdp", "pipeline"}},
+       {"backend", "world_size", "strategy", "timeout_s", "heartbeat_s", "rendezvous_timeout_s",
+        "token_file", "bind", "shm", "tls", "ddp", "local_sgd", "compression", "fsdp", "pipeline"}},
       {"distributed.pipeline",
        {"stages", "micro_batches", "schedule", "partition", "activation_checkpointing"}},
       {"distributed.fsdp", {"unit", "layers_per_unit", "reshard_after_forward"}},
@@ -577,6 +577,7 @@ class Reader {
     read("distributed.world_size", c.distributed.world_size);
     read("distributed.strategy", c.distributed.strategy);
     read("distributed.timeout_s", c.distributed.timeout_s);
+    read("distributed.heartbeat_s", c.distributed.heartbeat_s);
     read("distributed.rendezvous_timeout_s", c.distributed.rendezvous_timeout_s);
     read("distributed.token_file", c.distributed.token_file);
     read("distributed.bind", c.distributed.bind);
@@ -688,6 +689,7 @@ class Reader {
             "must be a multiple of distributed.local_sgd.sync_every (" + show(ls.sync_every) +
                 ") with strategy local_sgd: checkpoints are taken at synchronisation points");
     check_positive("distributed.timeout_s", c.distributed.timeout_s);
+    check_positive("distributed.heartbeat_s", c.distributed.heartbeat_s);
     check_positive("distributed.rendezvous_timeout_s", c.distributed.rendezvous_timeout_s);
     check_positive("distributed.ddp.bucket_mb", c.distributed.ddp.bucket_mb);
     const TlsConfig& tls = c.distributed.tls;
@@ -944,6 +946,7 @@ nlohmann::json config_to_json(const Config& c) {
                       {"world_size", dc.world_size},
                       {"strategy", dc.strategy},
                       {"timeout_s", dc.timeout_s},
+                      {"heartbeat_s", dc.heartbeat_s},
                       {"rendezvous_timeout_s", dc.rendezvous_timeout_s},
                       {"token_file", dc.token_file},
                       {"bind", dc.bind},
@@ -980,7 +983,11 @@ std::string config_hash(const Config& c) {
     j["train"].erase(k);
   }
   j["runtime"].erase("threads");
-  for (const char* k : {"timeout_s", "rendezvous_timeout_s", "token_file", "bind", "shm", "tls"})
+  // Failure-detection timings are per host, like the timeouts: they never change what is
+  // computed, and a resumed or relaunched job may tune them (ranks with different heartbeat_s
+  // still agree: each waits for the longer of its own limit and 3 of the peer's intervals).
+  for (const char* k :
+       {"timeout_s", "heartbeat_s", "rendezvous_timeout_s", "token_file", "bind", "shm", "tls"})
     j["distributed"].erase(k);
   return fnv1a_hex(j.dump());
 }

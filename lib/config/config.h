@@ -162,7 +162,10 @@ struct DistributedConfig {
   int64_t world_size = 1;  // >= 1
   // ddp | local_sgd | zero1 | zero2 | fsdp ("zero3" is read as fsdp) | pipeline
   std::string strategy = "ddp";
-  double timeout_s = 300.0;             // deadline of every collective and receive, > 0
+  double timeout_s = 300.0;  // deadline of every collective and receive, > 0
+  // gRPC: a peer not heard from for this long (heartbeats every heartbeat_s / 3) is declared
+  // frozen or unreachable, > 0. Per host: not in the config hash.
+  double heartbeat_s = 10.0;
   double rendezvous_timeout_s = 120.0;  // how long rank 0 waits for every rank to join, > 0
   std::string token_file;               // job token file (DTRAIN_JOB_TOKEN takes precedence)
   // Listen address of this rank's gRPC server: "" = loopback when MASTER_ADDR is a loopback

@@ -53,6 +53,7 @@ nlohmann::json run_grpc_rank(const Config& cfg, const RunOptions& opts,
   g.tls_key = cfg.distributed.tls.key;
   g.tls_ca = cfg.distributed.tls.ca;
   g.shm = cfg.distributed.shm;
+  g.heartbeat_s = cfg.distributed.heartbeat_s;
   spdlog::info("rank {} of {} (local {} of {}, from {}): joining {}:{}, listening on {}", de.rank,
                de.world_size, de.local_rank, de.local_world_size, de.source, de.master_addr,
                de.master_port, g.bind);

@@ -115,6 +115,35 @@ TEST_CASE("a SIGKILLed rank makes the other rank exit non-zero promptly") {
   CHECK(contains(read_text(dir / "r0.log"), "rank 1"));
 }
 
+TEST_CASE("a frozen (SIGSTOPped) rank is detected within heartbeat_s, not at the deadline") {
+  TempDir dir;
+  const std::string cfg = dir.write("long.yaml", kLong);
+  const int port = dtrain::pick_free_port();
+  const std::string set = " --set distributed.heartbeat_s=1 --set distributed.timeout_s=300";
+  // Rank 1 is stopped once training is under way; its process and sockets stay, so only the
+  // missing heartbeats tell rank 0. Rank 1 is killed after rank 0 has exited.
+  const std::string script =
+      "set -u; " + rank_env(0, 2, port, "tok") + kBin + " run " + cfg + set + " --out " +
+      dir / "run" + " > " + dir / "r0.log 2>&1 & p0=$!; " + rank_env(1, 2, port, "tok") + kBin +
+      " run " + cfg + set + " --out " + dir / "run" + " > " + dir / "r1.log 2>&1 & p1=$!; " +
+      "for i in $(seq 600); do [ -s " + dir / "run/metrics.jsonl" +
+      " ] && break; sleep 0.1; done; kill -STOP $p1; start=$(date +%s%N); wait $p0; rc=$?; " +
+      "echo rank0_exit=$rc elapsed_ms=$(( ($(date +%s%N) - start) / 1000000 )); kill -9 $p1; " +
+      "wait $p1";
+  const auto r = run_cmd("bash -c '" + script + "'");
+  const std::string log = read_text(dir / "r0.log");
+  INFO(r.output, log);
+  CHECK(contains(r.output, "rank0_exit=1"));
+  const size_t at = r.output.find("elapsed_ms=");
+  REQUIRE(at != std::string::npos);
+  const long ms = std::stol(r.output.substr(at + 11));
+  CHECK(ms < 6000);  // heartbeat_s 1 plus slack and shutdown, against timeout_s 300
+  CHECK(contains(log, "no heartbeat from rank 1 for "));
+  CHECK(contains(log, "frozen or unreachable"));
+  // Rank 0's desync table, with rank 1's last reported position.
+  CHECK(contains(log, "where each rank is"));
+}
+
 TEST_CASE("a rank with another config or a wrong token is refused at rendezvous") {
   TempDir dir;
   const std::string cfg = dir.write("long.yaml", kLong);

@@ -30,7 +30,8 @@ using dtrain::testing::free_port;
 // the gRPC streams only, "shm" through the same-host shared-memory path. Returns each rank's
 // error text ("" when it succeeded).
 std::vector<std::string> run_ranks(int world, const std::function<void(Communicator&)>& fn,
-                                   CommOptions opts = {}, const std::string& backend = "inproc") {
+                                   CommOptions opts = {}, const std::string& backend = "inproc",
+                                   double heartbeat_s = 10) {
   std::vector<std::unique_ptr<Transport>> transports;
   if (backend == "inproc") transports = make_inproc_group(world);
   transports.resize(static_cast<size_t>(world));
@@ -50,6 +51,7 @@ std::vector<std::string> run_ranks(int world, const std::function<void(Communica
           g.token = "collectives-test";
           g.config_hash = "c0ffee";
           g.rendezvous_timeout_s = 60;
+          g.heartbeat_s = heartbeat_s;
           transports[static_cast<size_t>(r)] = connect_grpc(g);
         }
       } catch (const std::exception& e) {
@@ -269,6 +271,69 @@ TEST_CASE("a missing rank makes the others time out with the op, sequence and pe
     CHECK(e0.find("allreduce seq 1") != std::string::npos);
     CHECK(e0.find("rank") != std::string::npos);
     CHECK(!errors[2].empty());
+  }
+}
+
+// The line of a desync report for `rank` ("" if none): rows start with the right-aligned rank.
+std::string report_row(const std::string& report, int rank) {
+  size_t start = 0;
+  while (start < report.size()) {
+    size_t end = report.find('\n', start);
+    if (end == std::string::npos) end = report.size();
+    const std::string line = report.substr(start, end - start);
+    const size_t first = line.find_first_not_of(' ');
+    if (first != std::string::npos &&
+        line.compare(first, std::to_string(rank).size() + 1, std::to_string(rank) + " ") == 0)
+      return line;
+    start = end + 1;
+  }
+  return "";
+}
+
+TEST_CASE("a desync (ranks issuing different numbers of collectives) is reported by position") {
+  for (const std::string backend : {"inproc", "grpc", "shm"}) {
+    INFO("backend ", backend);
+    CommOptions opts;
+    opts.timeout_s = 1.0;
+    std::string report;
+    const auto errors = run_ranks(
+        3,
+        [&](Communicator& c) {
+          std::vector<float> d(100, 1.0f);
+          c.allreduce(d.data(), d.size());  // seq 0: everyone
+          if (c.rank() == 1) {
+            // Rank 1 skips seq 1 but stays alive (and beating) while the others give up.
+            std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+            return;
+          }
+          try {
+            c.allreduce(d.data(), d.size());
+          } catch (const CommError&) {
+            if (c.rank() == 0) report = c.desync_report();
+            throw;
+          }
+        },
+        opts, backend, /*heartbeat_s=*/1.0);
+    INFO("rank 0: ", errors[0], "\nrank 2: ", errors[2], "\nreport:\n", report);
+    CHECK(errors[1].empty());
+    // Every waiting rank says what it waited for: op, sequence number, bytes and (on a
+    // timeout) the peer; a rank that another's failure reached first carries that message.
+    for (int r : {0, 2}) {
+      const std::string& e = errors[static_cast<size_t>(r)];
+      CHECK(e.find("rank " + std::to_string(r) + ": allreduce seq 1 (100 floats) failed after") !=
+            std::string::npos);
+      CHECK(e.find("waiting for allreduce seq 1") != std::string::npos);
+      CHECK(e.find("bytes)") != std::string::npos);
+    }
+    CHECK((errors[0] + errors[2]).find("timed out") != std::string::npos);
+    // Rank 0's table: ranks 0 and 2 inside allreduce seq 1, rank 1 done with seq 0 and idle.
+    const std::string r0 = report_row(report, 0), r1 = report_row(report, 1),
+                      r2 = report_row(report, 2);
+    CHECK(r0.find("seq 0") != std::string::npos);
+    CHECK(r0.find("allreduce seq 1 (100 floats)") != std::string::npos);
+    CHECK(r1.find("seq 0") != std::string::npos);
+    CHECK(r1.find("(no collective)") != std::string::npos);
+    CHECK(r2.find("allreduce seq 1 (100 floats)") != std::string::npos);
   }
 }
 

@@ -778,6 +778,100 @@ BOTH_PATHS_TEST_CASE("grpc: a killed peer process fails pending recvs and sends 
   CHECK_MESSAGE(contains(send_error, "rank 1"), send_error);
 }
 
+// Rank 1 of the frozen-peer test below, in its own process. Sends message 1, stays idle (but
+// alive: its heartbeat thread runs) for 2.5 heartbeat intervals' worth of detection time, sends
+// message 2, then waits to be stopped. Does nothing when run on its own.
+TEST_CASE("grpc: helper rank for the frozen-peer test" * doctest::skip()) {
+  const char* port = std::getenv("DTRAIN_GRPC_HELPER_PORT");
+  if (!port) return;
+  const char* shm = std::getenv("DTRAIN_GRPC_HELPER_SHM");
+  g_shm = shm && std::string(shm) == "1";
+  GrpcOptions o = options(1, 2, std::atoi(port));
+  o.heartbeat_s = 1;
+  auto t = connect_grpc(o);
+  const auto data = make_payload(1, 0, 1000);
+  t->send(0, header(1, 0, CommOp::kBroadcast, data.size()), data.data());
+  std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+  t->send(0, header(2, 0, CommOp::kBroadcast, data.size()), data.data());
+  std::this_thread::sleep_for(std::chrono::seconds(60));  // until stopped and killed
+}
+
+BOTH_PATHS_TEST_CASE("grpc: a frozen peer (SIGSTOP) is detected by its missing heartbeats",
+                     test_a_frozen_peer_is_detected) {
+  const int port = free_port();
+  const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
+  const std::string env_port = "DTRAIN_GRPC_HELPER_PORT=" + std::to_string(port);
+  const char* argv[] = {self.c_str(), "-tc=grpc: helper rank for the frozen-peer test", "--no-skip",
+                        "--no-version", nullptr};
+  const std::string env_shm = std::string("DTRAIN_GRPC_HELPER_SHM=") + (g_shm ? "1" : "0");
+  const char* envp[] = {env_port.c_str(), env_shm.c_str(), nullptr};
+  const pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    execve(self.c_str(), const_cast<char* const*>(argv), const_cast<char* const*>(envp));
+    _exit(127);
+  }
+  struct Reaper {
+    pid_t pid;
+    ~Reaper() {
+      kill(pid, SIGKILL);  // also ends a stopped process
+      waitpid(pid, nullptr, 0);
+    }
+  } reaper{pid};
+  GrpcOptions o = options(0, 2, port);
+  o.heartbeat_s = 1;
+  std::unique_ptr<Transport> t = connect_grpc(o);
+  std::vector<uint8_t> buf(1000);
+  t->recv(1, header(1, 0, CommOp::kBroadcast, buf.size()), buf.data(), in(30));
+  CHECK(verify(1, 0, buf) == "");
+  // An idle but running peer keeps beating: 2.5 s of silence on the data path is no failure.
+  t->recv(1, header(2, 0, CommOp::kBroadcast, buf.size()), buf.data(), in(30));
+  CHECK(verify(1, 0, buf) == "");
+  REQUIRE(kill(pid, SIGSTOP) == 0);
+  const auto t0 = Clock::now();
+  std::string error;
+  try {
+    t->recv(1, header(3, 0, CommOp::kBroadcast, buf.size()), buf.data(), in(300));
+  } catch (const CommError& e) {
+    error = e.what();
+  }
+  const double took = std::chrono::duration<double>(Clock::now() - t0).count();
+  INFO("detected after ", took, " s: ", error);
+  CHECK(took < 5.0);  // heartbeat_s 1 plus slack, against a 300 s deadline
+  CHECK(contains(error, "no heartbeat from rank 1 for "));
+  CHECK(contains(error, "frozen or unreachable"));
+  CHECK(contains(error, "waiting for broadcast seq 3"));
+  // Sends to the frozen peer fail too instead of blocking on its full socket.
+  const std::string send_error = send_fails_soon(*t, 1);
+  CHECK_MESSAGE(contains(send_error, "no heartbeat from rank 1"), send_error);
+}
+
+TEST_CASE("grpc: ranks with different heartbeat_s do not take each other for frozen") {
+  // Rank 0 expects a beat every 0.33 s, rank 1 sends one every 2 s: rank 0 must wait for 3 of
+  // rank 1's intervals instead of failing it after 1 s of silence.
+  const int port = free_port();
+  Job job = connect_job(2, [&](int r) {
+    GrpcOptions o = options(r, 2, port);
+    o.heartbeat_s = r == 0 ? 1.0 : 6.0;
+    return o;
+  });
+  require_ok(job);
+  std::this_thread::sleep_for(std::chrono::milliseconds(3000));
+  // Both directions still work: rank 0 has not failed rank 1.
+  std::vector<uint8_t> buf(100), back(100);
+  const auto data = make_payload(1, 0, 100), data_back = make_payload(0, 1, 100);
+  Worker waiter(
+      [&] { job.t[0]->recv(1, header(1, 0, CommOp::kBroadcast, 100), buf.data(), in(20)); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  job.t[1]->send(0, header(1, 0, CommOp::kBroadcast, 100), data.data());
+  waiter.join();
+  CHECK_MESSAGE(waiter.error.empty(), waiter.error);
+  CHECK(verify(1, 0, buf) == "");
+  job.t[0]->send(1, header(2, 0, CommOp::kBroadcast, 100), data_back.data());
+  job.t[1]->recv(0, header(2, 0, CommOp::kBroadcast, 100), back.data(), in(20));
+  CHECK(verify(0, 1, back) == "");
+}
+
 BOTH_PATHS_TEST_CASE("grpc: abort fails pending and later calls here and on the peers",
                      test_abort_fails_pending_and_later) {
   Job job = connect_job(2);
@@ -808,6 +902,9 @@ BOTH_PATHS_TEST_CASE("grpc: bad options are user errors", test_bad_options_are_u
   o = options(0, 1, 1234);
   o.tls_cert = "/nonexistent.pem";
   CHECK_THROWS_AS(connect_grpc(o), UserError);  // half the TLS files
+  o = options(0, 1, 1234);
+  o.heartbeat_s = -1;
+  CHECK_THROWS_AS(connect_grpc(o), UserError);
 }
 
 // One-way throughput and CPU cost of 64 MiB messages between two processes (forked before gRPC

@@ -657,7 +657,7 @@ TEST_CASE("config_to_json writes every field and loads back to the same config")
     CHECK(j["optimizer"]["schedule"].size() == 5);
     CHECK(j["train"].size() == 7);
     CHECK(j["train"]["checkpoint"].size() == 2);
-    CHECK(j["distributed"].size() == 14);
+    CHECK(j["distributed"].size() == 15);
     CHECK(j["distributed"]["compression"].size() == 4);
     CHECK(j["runtime"].size() == 1);
     // JSON is YAML: the dump parses back to an identical config.
@@ -707,15 +707,22 @@ TEST_CASE("distributed keys: timeouts, tls all-or-none, per-host keys outside th
   CHECK(c.distributed.timeout_s == 5.0);
   CHECK(c.distributed.bind == "0.0.0.0");
   CHECK(c.distributed.rendezvous_timeout_s == 120.0);
+  CHECK(c.distributed.heartbeat_s == 10.0);
   CHECK_THROWS_WITH_AS(parse_config(base, "d.yaml", {"distributed.timeout_s=0"}),
                        doctest::Contains("distributed.timeout_s"), UserError);
+  CHECK_THROWS_WITH_AS(parse_config(base, "d.yaml", {"distributed.heartbeat_s=0"}),
+                       doctest::Contains("distributed.heartbeat_s"), UserError);
+  CHECK_THROWS_WITH_AS(parse_config(base, "d.yaml", {"distributed.heartbeat_s=-1"}),
+                       doctest::Contains("distributed.heartbeat_s"), UserError);
   CHECK_THROWS_WITH_AS(parse_config(base, "d.yaml", {"distributed.tls.cert=a.pem"}),
                        doctest::Contains("needs all of cert, key and ca"), UserError);
   CHECK_THROWS_WITH_AS(parse_config(base, "d.yaml", {"distributed.tsl.cert=a.pem"}),
                        doctest::Contains("did you mean 'tls'"), UserError);
-  const Config d = parse_config(base, "d.yaml",
-                                {"distributed.bind=10.0.0.2", "distributed.timeout_s=7",
-                                 "distributed.backend=grpc", "distributed.shm=false"});
+  const Config d = parse_config(
+      base, "d.yaml",
+      {"distributed.bind=10.0.0.2", "distributed.timeout_s=7", "distributed.backend=grpc",
+       "distributed.shm=false", "distributed.heartbeat_s=2.5"});
+  CHECK(d.distributed.heartbeat_s == 2.5);
   CHECK(c.distributed.shm);
   CHECK(!d.distributed.shm);
   CHECK(config_hash(c) == config_hash(d));
