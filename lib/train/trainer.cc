@@ -31,6 +31,7 @@
 #include "util/check.h"
 #include "util/fs.h"
 #include "util/rng.h"
+#include "util/strings.h"
 
 namespace dtrain {
 
@@ -140,17 +141,6 @@ std::vector<int64_t> unpack_i64(const std::vector<float>& f) {
   std::vector<int64_t> out(f.size() / 2);
   std::memcpy(out.data(), f.data(), out.size() * sizeof(int64_t));
   return out;
-}
-
-std::vector<std::string> split(const std::string& s, char sep) {
-  std::vector<std::string> out;
-  size_t pos = 0;
-  for (;;) {
-    const size_t e = s.find(sep, pos);
-    out.push_back(s.substr(pos, e == std::string::npos ? std::string::npos : e - pos));
-    if (e == std::string::npos) return out;
-    pos = e + 1;
-  }
 }
 
 }  // namespace

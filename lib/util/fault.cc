@@ -7,21 +7,11 @@
 #include <unistd.h>
 
 #include "util/check.h"
+#include "util/strings.h"
 
 namespace dtrain {
 
 namespace {
-
-std::vector<std::string> split_on(const std::string& s, char sep) {
-  std::vector<std::string> out;
-  size_t pos = 0;
-  for (;;) {
-    const size_t e = s.find(sep, pos);
-    out.push_back(s.substr(pos, e == std::string::npos ? std::string::npos : e - pos));
-    if (e == std::string::npos) return out;
-    pos = e + 1;
-  }
-}
 
 // The value of a whole non-negative decimal integer (digits only), else -1.
 int64_t non_negative(const std::string& s) {
@@ -40,8 +30,8 @@ int64_t non_negative(const std::string& s) {
 std::vector<Fault> parse_faults(const std::string& spec, int64_t attempt) {
   std::vector<Fault> out;
   if (spec.empty()) return out;
-  for (const std::string& entry : split_on(spec, ',')) {
-    const auto fields = split_on(entry, ':');
+  for (const std::string& entry : split(spec, ',')) {
+    const auto fields = split(entry, ':');
     Fault f;
     f.kind = fields[0];
     const bool timed = f.kind == "delay";
