@@ -201,44 +201,26 @@ nlohmann::json train_pipeline(const Config& cfg, const RunOptions& opts, Communi
   const double base_lr = cfg.optimizer.lr * (cfg.optimizer.scale_lr == "linear" ? D : 1);
   Rng rng(static_cast<uint64_t>(cfg.seed), 0xD7A1000ULL + static_cast<uint64_t>(rank));
 
-  // Resume: rank 0 reads the full checkpoint, broadcasts it; each stage keeps its range.
+  // Resume: the full state is read by rank 0 and broadcast; each stage keeps its range.
   int64_t step = 0, epoch = 0, batch = 0;
   std::string resumed_from;
   if (!opts.resume.empty()) {
-    std::vector<float> meta(4, 0.0f);  // loaded?, and the counters as exact small floats below
     std::vector<float> full_p(static_cast<size_t>(P));
     std::vector<std::vector<float>> full_s(state_bufs.size(),
                                            std::vector<float>(static_cast<size_t>(P)));
-    std::vector<int64_t> counters(5, 0);
-    if (lead) {
-      const std::string path =
-          resolve_checkpoint(opts.resume == "auto" ? ckpt_dir : opts.resume, opts.resume == "auto");
-      if (!path.empty()) {
-        std::vector<StateBuffer> sb = state_bufs;
-        for (size_t i = 0; i < sb.size(); ++i) sb[i].data = full_s[i].data();
-        const CheckpointMeta m = load_checkpoint(path, model, full_p.data(), sb);
-        if (m.optimizer != cfg.optimizer.type)
-          throw UserError("checkpoint '" + path + "' was written by optimizer '" + m.optimizer +
-                          "', this run uses '" + cfg.optimizer.type + "'");
-        counters = {1, m.step, m.epoch, m.batch, m.optimizer_steps};
-        resumed_from = path;
-      }
-    }
-    std::vector<float> packed(counters.size() * 2);
-    std::memcpy(packed.data(), counters.data(), counters.size() * 8);
-    comm.broadcast(packed.data(), packed.size(), 0);
-    std::memcpy(counters.data(), packed.data(), counters.size() * 8);
-    if (counters[0] == 1) {
-      comm.broadcast(full_p.data(), full_p.size(), 0);
-      for (auto& v : full_s) comm.broadcast(v.data(), v.size(), 0);
+    std::vector<StateBuffer> sb = state_bufs;
+    for (size_t i = 0; i < sb.size(); ++i) sb[i].data = full_s[i].data();
+    const ResumePoint rp =
+        resume_full_state(cfg, opts, comm, model, ckpt_dir, hash, full_p.data(), sb, rng);
+    if (rp.loaded) {
       std::copy(full_p.begin() + pb, full_p.begin() + pe, params.begin());
       for (size_t i = 0; i < full_s.size(); ++i)
         std::copy(full_s[i].begin() + pb, full_s[i].begin() + pe, opt->state(i).begin());
-      step = counters[1];
-      epoch = counters[2];
-      batch = counters[3];
-      opt->set_step_count(counters[4]);
-      if (lead) spdlog::info("resumed from {} at step {}", resumed_from, step);
+      step = rp.step;
+      epoch = rp.epoch;
+      batch = rp.batch;
+      opt->set_step_count(rp.optimizer_steps);
+      resumed_from = rp.from;
     }
   }
 

@@ -177,6 +177,80 @@ void finish_trace(const RunOptions& opts, Communicator& comm, const Tracer& trac
   spdlog::info("trace: {} (open in ui.perfetto.dev)", opts.trace);
 }
 
+ResumePoint resume_full_state(const Config& cfg, const RunOptions& opts, Communicator& comm,
+                              const Model& model, const std::string& ckpt_dir,
+                              const std::string& hash, float* params,
+                              const std::vector<StateBuffer>& state, Rng& rng) {
+  const int world = comm.size(), rank = comm.rank();
+  const bool lead = rank == 0;
+  const int64_t P = model.param_count();
+  ResumePoint rp;
+  std::vector<int64_t> meta_i(5, 0);  // loaded?, step, epoch, batch, optimizer steps
+  std::string rng_states;
+  if (lead) {
+    const std::string path =
+        resolve_checkpoint(opts.resume == "auto" ? ckpt_dir : opts.resume, opts.resume == "auto");
+    if (!path.empty()) {
+      const CheckpointMeta m = load_checkpoint(path, model, params, state);
+      if (m.optimizer != cfg.optimizer.type)
+        throw UserError("checkpoint '" + path + "' was written by optimizer '" + m.optimizer +
+                        "', this run uses '" + cfg.optimizer.type + "'");
+      if (m.config_hash != hash)
+        spdlog::warn("resuming from {} written with config hash {}, this run has {}", path,
+                     m.config_hash, hash);
+      meta_i = {1, m.step, m.epoch, m.batch, m.optimizer_steps};
+      rng_states = m.rng;
+      rp.from = path;
+    } else {
+      spdlog::info("--resume auto: no checkpoint in {}, starting fresh", ckpt_dir);
+    }
+  }
+  std::vector<float> packed = pack_i64(meta_i);
+  comm.broadcast(packed.data(), packed.size(), 0);
+  meta_i = unpack_i64(packed);
+  if (meta_i[0] != 1) return rp;
+  comm.broadcast(params, static_cast<size_t>(P), 0);
+  for (const auto& sb : state) comm.broadcast(sb.data, static_cast<size_t>(P), 0);
+  // RNG states: one per rank of the saving run, as 4 words each.
+  std::vector<int64_t> words(static_cast<size_t>(world) * 4, 0);
+  if (lead) {
+    const auto parts = split(rng_states, ';');
+    for (int r = 0; r < world && r < static_cast<int>(parts.size()); ++r) {
+      Rng tmp;
+      tmp.from_string(parts[static_cast<size_t>(r)]);
+      const auto st = tmp.state();
+      for (int k = 0; k < 4; ++k)
+        words[static_cast<size_t>(r) * 4 + static_cast<size_t>(k)] =
+            static_cast<int64_t>(st[static_cast<size_t>(k)]);
+    }
+    if (static_cast<int>(parts.size()) != world)
+      spdlog::warn(
+          "checkpoint has RNG states for {} rank(s), this run has {}: ranks without one start a "
+          "fresh dropout stream",
+          parts.size(), world);
+  }
+  std::vector<float> wp = pack_i64(words);
+  comm.broadcast(wp.data(), wp.size(), 0);
+  words = unpack_i64(wp);
+  std::array<uint64_t, 4> st{};
+  bool any = false;
+  for (int k = 0; k < 4; ++k) {
+    st[static_cast<size_t>(k)] =
+        static_cast<uint64_t>(words[static_cast<size_t>(rank) * 4 + static_cast<size_t>(k)]);
+    any = any || st[static_cast<size_t>(k)] != 0;
+  }
+  if (any) rng.set_state(st);
+  rp.loaded = true;
+  rp.step = meta_i[1];
+  rp.epoch = meta_i[2];
+  rp.batch = meta_i[3];
+  rp.optimizer_steps = meta_i[4];
+  if (lead)
+    spdlog::info("resumed from {} at step {} (epoch {}, batch {})", rp.from, rp.step, rp.epoch,
+                 rp.batch);
+  return rp;
+}
+
 namespace {
 
 // Stops the communicator recording into a tracer that is about to go away, on every exit path.
@@ -303,14 +377,11 @@ nlohmann::json train_data_parallel(const Config& cfg, const RunOptions& opts, Co
   const double base_lr = cfg.optimizer.lr * (cfg.optimizer.scale_lr == "linear" ? world : 1);
   Rng rng(static_cast<uint64_t>(cfg.seed), 0xD7A1000ULL + static_cast<uint64_t>(rank));
 
-  // Resume: rank 0 reads the checkpoint and broadcasts it, so other hosts need no copy.
+  // Resume: the full state is read by rank 0 and broadcast; sharded strategies keep their chunks
+  // of it (the full buffers are temporary).
   int64_t step = 0, epoch = 0, batch = 0;
   std::string resumed_from;
   if (!opts.resume.empty()) {
-    std::vector<int64_t> meta_i(5, 0);  // loaded?, step, epoch, batch, optimizer steps
-    std::string rng_states;
-    // Checkpoints load into the full layout, whatever strategy and world size wrote them;
-    // sharded strategies then keep their chunks (the full buffers are temporary).
     std::vector<float> full_params_tmp;
     std::vector<std::vector<float>> full_state_tmp;
     float* load_params = store.values.data();
@@ -323,72 +394,20 @@ nlohmann::json train_data_parallel(const Config& cfg, const RunOptions& opts, Co
       full_state_tmp.assign(state_bufs.size(), std::vector<float>(static_cast<size_t>(P), 0.0f));
       for (size_t i = 0; i < state_bufs.size(); ++i) load_state[i].data = full_state_tmp[i].data();
     }
-    if (lead) {
-      const std::string path =
-          resolve_checkpoint(opts.resume == "auto" ? ckpt_dir : opts.resume, opts.resume == "auto");
-      if (!path.empty()) {
-        CheckpointMeta m = load_checkpoint(path, model, load_params, load_state);
-        if (m.optimizer != cfg.optimizer.type)
-          throw UserError("checkpoint '" + path + "' was written by optimizer '" + m.optimizer +
-                          "', this run uses '" + cfg.optimizer.type + "'");
-        if (m.config_hash != hash)
-          spdlog::warn("resuming from {} written with config hash {}, this run has {}", path,
-                       m.config_hash, hash);
-        meta_i = {1, m.step, m.epoch, m.batch, m.optimizer_steps};
-        rng_states = m.rng;
-        resumed_from = path;
-      } else {
-        spdlog::info("--resume auto: no checkpoint in {}, starting fresh", ckpt_dir);
-      }
-    }
-    std::vector<float> packed = pack_i64(meta_i);
-    comm.broadcast(packed.data(), packed.size(), 0);
-    meta_i = unpack_i64(packed);
-    if (meta_i[0] == 1) {
-      comm.broadcast(load_params, static_cast<size_t>(P), 0);
-      for (auto& sb : load_state) comm.broadcast(sb.data, static_cast<size_t>(P), 0);
+    const ResumePoint rp =
+        resume_full_state(cfg, opts, comm, model, ckpt_dir, hash, load_params, load_state, rng);
+    if (rp.loaded) {
       if (sharded) {
         const ShardLayout& L = engine->layout();
         if (fsdp) L.full_to_shard(rank, load_params, engine->param_shard().data());
         for (size_t i = 0; i < state_bufs.size(); ++i)
           L.full_to_shard(rank, load_state[i].data, state_bufs[i].data);
       }
-      // RNG states: one per rank of the saving run, as 4 words each.
-      std::vector<int64_t> words(static_cast<size_t>(world) * 4, 0);
-      if (lead) {
-        const auto parts = split(rng_states, ';');
-        for (int r = 0; r < world && r < static_cast<int>(parts.size()); ++r) {
-          Rng tmp;
-          tmp.from_string(parts[static_cast<size_t>(r)]);
-          const auto st = tmp.state();
-          for (int k = 0; k < 4; ++k)
-            words[static_cast<size_t>(r) * 4 + static_cast<size_t>(k)] =
-                static_cast<int64_t>(st[static_cast<size_t>(k)]);
-        }
-        if (static_cast<int>(parts.size()) != world)
-          spdlog::warn(
-              "checkpoint has RNG states for {} rank(s), this run has {}: ranks without "
-              "one start a fresh dropout stream",
-              parts.size(), world);
-      }
-      std::vector<float> wp = pack_i64(words);
-      comm.broadcast(wp.data(), wp.size(), 0);
-      words = unpack_i64(wp);
-      std::array<uint64_t, 4> st{};
-      bool any = false;
-      for (int k = 0; k < 4; ++k) {
-        st[static_cast<size_t>(k)] =
-            static_cast<uint64_t>(words[static_cast<size_t>(rank) * 4 + static_cast<size_t>(k)]);
-        any = any || st[static_cast<size_t>(k)] != 0;
-      }
-      if (any) rng.set_state(st);
-      step = meta_i[1];
-      epoch = meta_i[2];
-      batch = meta_i[3];
-      opt->set_step_count(meta_i[4]);
-      if (lead)
-        spdlog::info("resumed from {} at step {} (epoch {}, batch {})", resumed_from, step, epoch,
-                     batch);
+      step = rp.step;
+      epoch = rp.epoch;
+      batch = rp.batch;
+      opt->set_step_count(rp.optimizer_steps);
+      resumed_from = rp.from;
     }
   }
 

@@ -9,11 +9,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/checkpoint.h"
 #include "comm/communicator.h"
 #include "config/config.h"
 #include "data/dataset.h"
 #include "nn/model.h"
 #include "util/fault.h"
+#include "util/rng.h"
 #include "util/trace.h"
 
 namespace dtrain {
@@ -32,6 +34,21 @@ struct RunOptions {
 // and returns summary.json's content (also written to out_dir). Throws UserError for bad
 // data/checkpoints and std::exception for runtime failures (the first failing rank's error).
 nlohmann::json run_training(const Config& cfg, const RunOptions& opts);
+
+// Where a resumed run continues. resume_full_state resolves opts.resume (relative to
+// ckpt_dir for "auto"); rank 0 reads the checkpoint -- a file or a sharded folder, any strategy
+// and world size -- into the full-layout buffers `params` and `state` (param_count floats each)
+// and broadcasts them, with the counters and every rank's training RNG state (set into `rng`).
+// Collective. Not loaded: nothing changed, start fresh.
+struct ResumePoint {
+  bool loaded = false;
+  std::string from;  // the checkpoint's path (rank 0)
+  int64_t step = 0, epoch = 0, batch = 0, optimizer_steps = 0;
+};
+ResumePoint resume_full_state(const Config& cfg, const RunOptions& opts, Communicator& comm,
+                              const Model& model, const std::string& ckpt_dir,
+                              const std::string& hash, float* params,
+                              const std::vector<StateBuffer>& state, Rng& rng);
 
 // The --trace epilogue of a rank: writes its own trace file, waits for every rank (barrier), and
 // rank 0 merges the per-rank files into opts.trace. No-op without --trace. Collective.

@@ -138,9 +138,10 @@ TEST_CASE("1f1b stores fewer activations than gpipe, and checkpointing fewer aga
 TEST_CASE("a resumed pipeline run ends where the uninterrupted one does") {
   spdlog::set_level(spdlog::level::warn);
   TempDir dir;
+  // Dropout: every stage's RNG state must be restored too.
   const std::vector<std::string> p = {"distributed.strategy=pipeline", "distributed.world_size=2",
                                       "train.checkpoint.every_steps=10",
-                                      "train.checkpoint.keep_last=3"};
+                                      "train.checkpoint.keep_last=3", "model.dropout=0.2"};
   train(dir / "full", p);
   RunOptions o;
   o.out_dir = dir / "res";
