@@ -188,17 +188,10 @@ nlohmann::json train_pipeline(const Config& cfg, const RunOptions& opts, Communi
   const int64_t b = cfg.data.batch_size;
   Sampler sampler(data.train.rows, b, D, replica, cfg.data.shuffle, cfg.data.drop_last,
                   static_cast<uint64_t>(cfg.seed));
-  const int64_t bpe = sampler.batches_per_epoch();
-  if (bpe == 0)
-    throw UserError("the training set (" + std::to_string(data.train.rows) +
-                    " samples) is smaller than one global batch of " + std::to_string(b * D) +
-                    " and data.drop_last is true");
-  const int64_t K = cfg.train.grad_accum_steps;
-  const int64_t steps_per_epoch = (bpe + K - 1) / K;
-  int64_t total_steps = cfg.train.epochs > 0 ? cfg.train.epochs * steps_per_epoch
-                                             : std::numeric_limits<int64_t>::max();
-  if (cfg.train.max_steps > 0) total_steps = std::min(total_steps, cfg.train.max_steps);
-  const double base_lr = cfg.optimizer.lr * (cfg.optimizer.scale_lr == "linear" ? D : 1);
+  const StepPlan steps = plan_steps(cfg, sampler.batches_per_epoch(), data.train.rows, D);
+  const int64_t bpe = steps.batches_per_epoch, K = steps.accum;
+  const int64_t steps_per_epoch = steps.steps_per_epoch, total_steps = steps.total_steps;
+  const double base_lr = steps.base_lr;
   Rng rng(static_cast<uint64_t>(cfg.seed), 0xD7A1000ULL + static_cast<uint64_t>(rank));
 
   // Resume: the full state is read by rank 0 and broadcast; each stage keeps its range.

@@ -177,6 +177,23 @@ void finish_trace(const RunOptions& opts, Communicator& comm, const Tracer& trac
   spdlog::info("trace: {} (open in ui.perfetto.dev)", opts.trace);
 }
 
+StepPlan plan_steps(const Config& cfg, int64_t batches_per_epoch, int64_t train_rows,
+                    int replicas) {
+  StepPlan p;
+  p.batches_per_epoch = batches_per_epoch;
+  if (p.batches_per_epoch == 0)
+    throw UserError("the training set (" + std::to_string(train_rows) +
+                    " samples) is smaller than one global batch of " +
+                    std::to_string(cfg.data.batch_size * replicas) + " and data.drop_last is true");
+  p.accum = cfg.train.grad_accum_steps;
+  p.steps_per_epoch = (p.batches_per_epoch + p.accum - 1) / p.accum;
+  p.total_steps = cfg.train.epochs > 0 ? cfg.train.epochs * p.steps_per_epoch
+                                       : std::numeric_limits<int64_t>::max();
+  if (cfg.train.max_steps > 0) p.total_steps = std::min(p.total_steps, cfg.train.max_steps);
+  p.base_lr = cfg.optimizer.lr * (cfg.optimizer.scale_lr == "linear" ? replicas : 1);
+  return p;
+}
+
 ResumePoint resume_full_state(const Config& cfg, const RunOptions& opts, Communicator& comm,
                               const Model& model, const std::string& ckpt_dir,
                               const std::string& hash, float* params,
@@ -364,17 +381,10 @@ nlohmann::json train_data_parallel(const Config& cfg, const RunOptions& opts, Co
   const int64_t b = cfg.data.batch_size;
   Sampler sampler(data.train.rows, b, world, rank, cfg.data.shuffle, cfg.data.drop_last,
                   static_cast<uint64_t>(cfg.seed));
-  const int64_t bpe = sampler.batches_per_epoch();
-  if (bpe == 0)
-    throw UserError("the training set (" + std::to_string(data.train.rows) +
-                    " samples) is smaller than one global batch of " + std::to_string(b * world) +
-                    " and data.drop_last is true");
-  const int64_t K = cfg.train.grad_accum_steps;
-  const int64_t steps_per_epoch = (bpe + K - 1) / K;
-  int64_t total_steps = cfg.train.epochs > 0 ? cfg.train.epochs * steps_per_epoch
-                                             : std::numeric_limits<int64_t>::max();
-  if (cfg.train.max_steps > 0) total_steps = std::min(total_steps, cfg.train.max_steps);
-  const double base_lr = cfg.optimizer.lr * (cfg.optimizer.scale_lr == "linear" ? world : 1);
+  const StepPlan plan = plan_steps(cfg, sampler.batches_per_epoch(), data.train.rows, world);
+  const int64_t bpe = plan.batches_per_epoch, K = plan.accum;
+  const int64_t steps_per_epoch = plan.steps_per_epoch, total_steps = plan.total_steps;
+  const double base_lr = plan.base_lr;
   Rng rng(static_cast<uint64_t>(cfg.seed), 0xD7A1000ULL + static_cast<uint64_t>(rank));
 
   // Resume: the full state is read by rank 0 and broadcast; sharded strategies keep their chunks

@@ -35,6 +35,17 @@ struct RunOptions {
 // data/checkpoints and std::exception for runtime failures (the first failing rank's error).
 nlohmann::json run_training(const Config& cfg, const RunOptions& opts);
 
+// The step schedule shared by every training loop, for `replicas` data-parallel replicas of
+// batch data.batch_size each: global batches per epoch (UserError when there are none),
+// micro-batches per optimizer step (train.grad_accum_steps), steps per epoch, total steps
+// (INT64_MAX when neither epochs nor max_steps bound them) and the base learning rate after
+// optimizer.scale_lr.
+struct StepPlan {
+  int64_t batches_per_epoch = 0, accum = 1, steps_per_epoch = 0, total_steps = 0;
+  double base_lr = 0.0;
+};
+StepPlan plan_steps(const Config& cfg, int64_t batches_per_epoch, int64_t train_rows, int replicas);
+
 // Where a resumed run continues. resume_full_state resolves opts.resume (relative to
 // ckpt_dir for "auto"); rank 0 reads the checkpoint -- a file or a sharded folder, any strategy
 // and world size -- into the full-layout buffers `params` and `state` (param_count floats each)
