@@ -45,6 +45,28 @@ distributed: {backend: grpc, world_size: 2, timeout_s: 20, rendezvous_timeout_s:
 runtime: {threads: 1}
 )";
 
+// The newest checkpoint of a run folder as one file's tensors: a checkpoint file is read as it
+// is, a sharded folder through `dtrain checkpoint consolidate`.
+dtrain::StFile latest_state(const std::string& run) {
+  std::string latest = read_text(run + "/checkpoints/latest");
+  while (!latest.empty() && latest.back() == '\n') latest.pop_back();
+  if (latest.size() > 12 && latest.substr(latest.size() - 12) == ".safetensors")
+    return dtrain::read_safetensors(run + "/checkpoints/" + latest);
+  const std::string file = run + "/final.safetensors";
+  const auto r = run_cmd(kBin + " checkpoint consolidate " + run + " -o " + file);
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  return dtrain::read_safetensors(file);
+}
+
+// Both hold the same tensors, bit for bit.
+void check_same_tensors(const dtrain::StFile& a, const dtrain::StFile& b, const std::string& what) {
+  REQUIRE(a.tensors.size() == b.tensors.size());
+  for (const auto& [name, t] : a.tensors) {
+    REQUIRE_MESSAGE(b.tensors.count(name) == 1, what, " ", name);
+    CHECK_MESSAGE(t.data == b.tensors.at(name).data, what, " ", name);
+  }
+}
+
 }  // namespace
 
 TEST_CASE("dtrain launch --nproc 2 trains the smoke config over gRPC as CI runs it") {
@@ -217,16 +239,8 @@ runtime: {threads: 1}
       r = run_cmd(kBin + " run " + cfg + set + " --set distributed.world_size=" + w + " --out " +
                   dir / ("inproc" + tag) + " --log-level warn");
       REQUIRE_MESSAGE(r.exit_code == 0, r.output);
-      for (const char* kind : {"grpc", "inproc"}) {
-        r = run_cmd(kBin + " checkpoint consolidate " + dir / (kind + tag) + " -o " +
-                    dir / (kind + tag + ".safetensors"));
-        REQUIRE_MESSAGE(r.exit_code == 0, r.output);
-      }
-      const auto a = dtrain::read_safetensors(dir / ("grpc" + tag + ".safetensors"));
-      const auto b = dtrain::read_safetensors(dir / ("inproc" + tag + ".safetensors"));
-      REQUIRE(a.tensors.size() == b.tensors.size());
-      for (const auto& [name, t] : a.tensors)
-        CHECK_MESSAGE(t.data == b.tensors.at(name).data, tag, " ", name);
+      check_same_tensors(latest_state(dir / ("grpc" + tag)), latest_state(dir / ("inproc" + tag)),
+                         tag);
     }
   }
 }
@@ -263,13 +277,7 @@ runtime: {threads: 1}
   CHECK(contains(r.output, "resumed from " + run + "/checkpoints/step-10 at step 10"));
   r = run_cmd(kBin + " run " + cfg + " --out " + dir / "straight" + " --log-level warn");
   REQUIRE_MESSAGE(r.exit_code == 0, r.output);
-  for (const std::string& d : {run, dir / "straight"}) {
-    r = run_cmd(kBin + " checkpoint consolidate " + d + " -o " + d + "/final.safetensors");
-    REQUIRE_MESSAGE(r.exit_code == 0, r.output);
-  }
-  const auto a = dtrain::read_safetensors(run + "/final.safetensors");
-  const auto b = dtrain::read_safetensors(dir / "straight/final.safetensors");
-  for (const auto& [name, t] : a.tensors) CHECK_MESSAGE(t.data == b.tensors.at(name).data, name);
+  check_same_tensors(latest_state(run), latest_state(dir / "straight"), "resumed vs straight");
   // A malformed fault spec is a user error.
   r = run_cmd("DTRAIN_FAULT=kill:rank=x " + kBin + " run " + cfg + " --out " + dir / "bad");
   CHECK(r.exit_code == 2);
@@ -303,16 +311,8 @@ runtime: {threads: 1}
     r = run_cmd(kBin + " run " + cfg + extra + " --set distributed.world_size=" + w + " --out " +
                 dir / ("inproc" + w) + " --log-level warn");
     REQUIRE_MESSAGE(r.exit_code == 0, r.output);
-    for (const char* kind : {"grpc", "inproc"}) {
-      r = run_cmd(kBin + " checkpoint consolidate " + dir / (kind + w) + " -o " +
-                  dir / (kind + w + ".safetensors"));
-      REQUIRE_MESSAGE(r.exit_code == 0, r.output);
-    }
-    const auto a = dtrain::read_safetensors(dir / ("grpc" + w + ".safetensors"));
-    const auto b = dtrain::read_safetensors(dir / ("inproc" + w + ".safetensors"));
-    REQUIRE(a.tensors.size() == b.tensors.size());
-    for (const auto& [name, t] : a.tensors)
-      CHECK_MESSAGE(t.data == b.tensors.at(name).data, "world ", world, " ", name);
+    check_same_tensors(latest_state(dir / ("grpc" + w)), latest_state(dir / ("inproc" + w)),
+                       "world " + w);
   }
   // A launch whose world size the stages do not divide is refused, not hung.
   const auto r =
@@ -359,15 +359,8 @@ runtime: {threads: 1}
 // The final parameters and optimizer state of a run folder, as one checkpoint file.
 // (A sharded checkpoint is consolidated first.)
 dtrain::StFile final_state(const std::string& run) {
-  std::string latest = read_text(run + "/checkpoints/latest");
-  while (!latest.empty() && latest.back() == '\n') latest.pop_back();
-  REQUIRE(latest.rfind("step-30", 0) == 0);
-  if (latest.size() > 12 && latest.substr(latest.size() - 12) == ".safetensors")
-    return dtrain::read_safetensors(run + "/checkpoints/" + latest);
-  const std::string file = run + "/final.safetensors";
-  const auto r = run_cmd(kBin + " checkpoint consolidate " + run + " -o " + file);
-  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
-  return dtrain::read_safetensors(file);
+  REQUIRE(read_text(run + "/checkpoints/latest").rfind("step-30", 0) == 0);
+  return latest_state(run);
 }
 
 size_t count_of(const std::string& text, const std::string& what) {
