@@ -24,9 +24,11 @@
 #include "report/plot.h"
 #include "tensor/blas.h"
 #include "train/distributed.h"
+#include "train/run_dir.h"
 #include "train/trainer.h"
 #include "util/check.h"
 #include "util/fs.h"
+#include "util/interrupt.h"
 
 namespace dtrain {
 
@@ -66,13 +68,54 @@ LoadedModel load_model(const Config& cfg, const DataSplits& data, const std::str
   return m;
 }
 
+// The line a run ends with, for people (summary.json has the rest): the result, the time and
+// where the files are.
+std::string result_line(const nlohmann::json& s, const std::string& out_dir) {
+  std::string res;
+  if (s.contains("test_accuracy") && s["test_accuracy"].is_number())
+    res = fmt::format("test accuracy {:.2f}%", 100.0 * s["test_accuracy"].get<double>());
+  if (s.contains("test_loss") && s["test_loss"].is_number())
+    res += fmt::format("{}test loss {:.4f}", res.empty() ? "" : ", ", s["test_loss"].get<double>());
+  if (res.empty() && s.contains("final_train_loss") && s["final_train_loss"].is_number())
+    res = fmt::format("train loss {:.4f}", s["final_train_loss"].get<double>());
+  if (res.empty()) res = "no loss recorded";
+  return fmt::format(
+      "done: {} after {} steps ({:.2f} epochs) in {:.1f} s; results in {}/ "
+      "(summary.json, metrics.jsonl, checkpoints/)",
+      res, s.value("steps", int64_t{0}), s.value("epochs", 0.0), s.value("wall_s", 0.0), out_dir);
+}
+
+// What `run` prints at its end and the exit code: 0, or 128 + the signal for an interrupted run.
+int finish_run(const nlohmann::json& s, const std::string& out_dir) {
+  const std::string status = s.value("status", std::string("completed"));
+  if (status == "nothing_to_do") {
+    std::cout << s.value("reason", std::string("nothing to train")) << std::endl;
+    return kExitOk;
+  }
+  if (status == "interrupted") {
+    const int sig = s.value("interrupt_signal", 0);
+    std::cout << "interrupted at step " << s.value("steps", int64_t{0}) << " ("
+              << interrupt_signal_name(sig) << "); checkpoint " << s.value("checkpoint", "")
+              << "; continue with --resume auto" << std::endl;
+    return 128 + sig;
+  }
+  std::cout << result_line(s, out_dir) << std::endl;
+  return kExitOk;
+}
+
 int cmd_run(const Config& cfg, const std::string& config_path, std::string out,
-            const std::string& resume, const std::string& trace, bool no_progress,
+            const std::string& resume, bool overwrite, const std::string& trace, bool no_progress,
             const DistOverrides& flags) {
   RunOptions opts;
   opts.trace = trace;
   opts.out_dir = out.empty() ? default_out_dir(config_path) : std::move(out);
   opts.resume = resume;
+  // Under `dtrain launch` (which sets DTRAIN_RESTART_COUNT) logs/ is the launcher's, open now.
+  prepare_out_dir(opts.out_dir, !resume.empty(), overwrite,
+                  /*clear_logs=*/std::getenv("DTRAIN_RESTART_COUNT") == nullptr);
+  StopRequest stop;
+  InterruptGuard interrupts(stop);
+  opts.stop = &stop;
   const int64_t attempt = parse_restart_count(std::getenv("DTRAIN_RESTART_COUNT"));
   if (const char* f = std::getenv("DTRAIN_FAULT")) {
     opts.faults = parse_faults(f, attempt);
@@ -84,15 +127,15 @@ int cmd_run(const Config& cfg, const std::string& config_path, std::string out,
       !no_progress && ::isatty(STDERR_FILENO) && spdlog::get_level() <= spdlog::level::info;
   const auto env = current_environment();
   if (is_multiprocess(cfg, env, flags)) {
-    run_grpc_rank(cfg, opts, env, flags);
+    const nlohmann::json s = run_grpc_rank(cfg, opts, env, flags);
     const DistEnv de = resolve_dist_env(env, static_cast<int>(cfg.distributed.world_size), flags);
-    if (de.rank != 0) return kExitOk;  // only rank 0 reports where the results are
-  } else {
-    run_training(cfg, opts);
+    if (de.rank != 0) {  // only rank 0 reports; every rank exits with the same code
+      const std::string status = s.value("status", std::string("completed"));
+      return status == "interrupted" ? 128 + s.value("interrupt_signal", 0) : kExitOk;
+    }
+    return finish_run(s, opts.out_dir);
   }
-  std::cout << "results: " << opts.out_dir << "/summary.json, metrics.jsonl, checkpoints/"
-            << std::endl;
-  return kExitOk;
+  return finish_run(run_training(cfg, opts), opts.out_dir);
 }
 
 // The path of this executable, so `launch` starts the same dtrain.
@@ -169,7 +212,7 @@ int cli_main(int argc, char** argv) {
 
   std::string config_path, out, resume, checkpoint, input, output;
   std::vector<std::string> sets;
-  bool no_progress = false;
+  bool no_progress = false, overwrite = false;
   auto add_config = [&](CLI::App* c) {
     c->add_option("config", config_path, "YAML config file")->required();
     c->add_option("--set", sets,
@@ -185,6 +228,9 @@ int cli_main(int argc, char** argv) {
                   "continue from a checkpoint: a .safetensors file, a checkpoints folder, a run "
                   "folder, or 'auto' (the output folder's latest checkpoint, if any)");
   run->add_flag("--no-progress", no_progress, "never draw the progress bar");
+  run->add_flag("--overwrite", overwrite,
+                "the output folder may hold an earlier run: delete its summary, metrics, config "
+                "and checkpoints first (without it, such a folder is refused unless --resume)");
   std::string trace;
   run->add_option("--trace", trace,
                   "write a Chrome trace-event timeline of every rank (forward, backward, each "
@@ -206,6 +252,8 @@ int cli_main(int argc, char** argv) {
   add_config(launch);
   launch->add_option("--out", out, "output folder (default runs/<config file stem>)");
   launch->add_option("--resume", resume, "passed to every rank's `dtrain run --resume`");
+  launch->add_flag("--overwrite", overwrite,
+                   "the output folder may hold an earlier run: delete it (logs included) first");
   launch->add_option("--trace", trace, "passed to every rank's `dtrain run --trace`");
   int max_restarts = 0;
   launch
@@ -356,13 +404,16 @@ int cli_main(int argc, char** argv) {
       std::cout << config_path << ": ok (config hash " << config_hash(cfg) << ")" << std::endl;
       return kExitOk;
     }
-    if (run->parsed()) return cmd_run(cfg, config_path, out, resume, trace, no_progress, flags);
+    if (run->parsed())
+      return cmd_run(cfg, config_path, out, resume, overwrite, trace, no_progress, flags);
     if (launch->parsed()) {
       if (nproc < 1 || nproc > 1024) throw UserError("--nproc must be in [1, 1024]");
       LaunchOptions lo;
       lo.nproc = nproc;
       lo.master_port = launch_port;
       const std::string out_dir = out.empty() ? default_out_dir(config_path) : out;
+      // Checked (or cleared) once here, before any rank starts or the logs open.
+      prepare_out_dir(out_dir, !resume.empty(), overwrite, /*clear_logs=*/true);
       lo.log_dir = (fs::path(out_dir) / "logs").string();
       lo.child_argv = {self_exe(argv[0]), "run",           config_path,   "--out",
                        out_dir,           "--no-progress", "--log-level", log_level};
@@ -387,13 +438,16 @@ int cli_main(int argc, char** argv) {
       };
       const auto at_launch = latest_mtime();
       const std::vector<std::string> run_argv = lo.child_argv;
-      lo.restart_argv = [run_argv, resume, latest_mtime, at_launch](int) {
+      lo.restart_argv = [run_argv, resume, latest_mtime, at_launch, out_dir](int) {
         std::vector<std::string> argv = run_argv;
         const auto now = latest_mtime();
         const bool saved = now && now != at_launch;
         if (saved || !resume.empty()) {
           argv.push_back("--resume");
           argv.push_back(saved ? "auto" : resume);
+        } else {
+          // A fresh start again: the failed attempt's metrics and config go (its logs stay).
+          prepare_out_dir(out_dir, false, /*overwrite=*/true, /*clear_logs=*/false);
         }
         return argv;
       };
@@ -403,10 +457,11 @@ int cli_main(int argc, char** argv) {
       }
       const int rc = launch_local(lo);
       if (rc == 0)
-        std::cout << "results: " << out_dir << "/summary.json, metrics.jsonl, checkpoints/, logs/"
-                  << std::endl;
-      // A rank's user error (bad data or checkpoint) is the launch's user error.
-      return rc == 0 ? kExitOk : (rc == kExitUser ? kExitUser : kExitRuntime);
+        std::cout << "every rank's log: " << out_dir << "/logs/rank-<r>.log" << std::endl;
+      // A rank's user error (bad data or checkpoint) is the launch's user error; an interrupt
+      // (the ranks checkpointed) keeps its 128 + signal code.
+      if (rc == 0 || rc == kExitUser || rc == 128 + SIGINT || rc == 128 + SIGTERM) return rc;
+      return kExitRuntime;
     }
     if (eval->parsed()) return cmd_eval(cfg, checkpoint);
     if (predict->parsed()) return cmd_predict(cfg, checkpoint, input, output);

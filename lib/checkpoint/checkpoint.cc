@@ -80,6 +80,8 @@ CheckpointMeta load_file_checkpoint(const std::string& path, const Model& model,
   meta.config_hash = meta_str(f, "config_hash", path);
   meta.strategy = meta_str(f, "strategy", path);
   meta.world_size = meta_int(f, "world_size", path);
+  if (auto it = f.metadata.find("config"); it != f.metadata.end()) meta.config_json = it->second;
+  if (f.metadata.count("schedule_steps")) meta.schedule_steps = meta_int(f, "schedule_steps", path);
   if (meta.step < 0 || meta.epoch < 0 || meta.batch < 0 || meta.optimizer_steps < 0)
     throw UserError("checkpoint '" + path + "': negative step or position in metadata");
 
@@ -180,6 +182,8 @@ ShardedRead read_sharded(const std::string& dir, bool with_state) {
     meta.config_hash = m.at("config_hash").get<std::string>();
     meta.strategy = m.at("strategy").get<std::string>();
     meta.world_size = m.at("world_size").get<int64_t>();
+    if (m.contains("config")) meta.config_json = m.at("config").dump();
+    if (m.contains("schedule_steps")) meta.schedule_steps = m.at("schedule_steps").get<int64_t>();
     out.state_names = m.at("optimizer_state").get<std::vector<std::string>>();
     out.param_count = m.at("param_count").get<int64_t>();
     int64_t next = 0;
@@ -306,7 +310,7 @@ CheckpointMeta load_sharded_checkpoint(const std::string& dir, const Model& mode
 }
 
 std::map<std::string, std::string> file_metadata(const CheckpointMeta& meta, int64_t param_count) {
-  return {
+  std::map<std::string, std::string> md = {
       {"format", kFormatName},
       {"format_version", std::to_string(kCheckpointFormatVersion)},
       {"step", std::to_string(meta.step)},
@@ -320,6 +324,9 @@ std::map<std::string, std::string> file_metadata(const CheckpointMeta& meta, int
       {"world_size", std::to_string(meta.world_size)},
       {"param_count", std::to_string(param_count)},
   };
+  if (!meta.config_json.empty()) md["config"] = meta.config_json;
+  if (meta.schedule_steps > 0) md["schedule_steps"] = std::to_string(meta.schedule_steps);
+  return md;
 }
 
 bool is_sharded_dir(const fs::path& p) {
@@ -402,7 +409,10 @@ void write_manifest(const std::string& dir, const Model& model, const Checkpoint
                             {"param_count", model.param_count()},
                             {"params", table},
                             {"shards", shards}};
-  write_file_atomic((fs::path(dir) / kManifest).string(), m.dump(1) + "\n");
+  nlohmann::json out = m;  // optional fields (checkpoint.h)
+  if (!meta.config_json.empty()) out["config"] = nlohmann::json::parse(meta.config_json);
+  if (meta.schedule_steps > 0) out["schedule_steps"] = meta.schedule_steps;
+  write_file_atomic((fs::path(dir) / kManifest).string(), out.dump(1) + "\n");
 }
 
 std::string checkpoint_file_name(int64_t step) {

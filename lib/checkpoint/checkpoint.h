@@ -31,6 +31,12 @@ struct CheckpointMeta {
   std::string config_hash;
   std::string strategy = "ddp";
   int64_t world_size = 1;
+  // Optional (absent in older files of the same format version: "" and 0). The resolved config
+  // that wrote it (config.json's content, compact), so a resume can name the keys that changed;
+  // and the step count the learning-rate schedule was laid out over, so a resume with another
+  // train.max_steps / epochs keeps the schedule it started (README "Resuming").
+  std::string config_json;
+  int64_t schedule_steps = 0;
 };
 
 // A named optimizer state buffer in the full flat layout (size = model.param_count()).

@@ -416,10 +416,10 @@ AttemptResult run_attempt(const LaunchOptions& o, const std::vector<std::string>
   std::optional<Clock::time_point> kill_at, give_up_at;
   const auto grace =
       std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(o.grace_s));
-  auto terminate_all = [&](int sig) {
+  auto terminate_all = [&](int sig, Clock::duration wait) {
     shutting_down = true;
     kids.signal_running(sig);
-    kill_at = Clock::now() + grace;
+    kill_at = Clock::now() + wait;
   };
   auto kill_all = [&] {
     if (kill_sent) return;
@@ -448,7 +448,8 @@ AttemptResult run_attempt(const LaunchOptions& o, const std::vector<std::string>
       if (!shutting_down) {
         spdlog::warn("received {}: forwarding it to the ranks", signal_name(sig));
         res.stop_signal = sig;
-        terminate_all(sig);
+        terminate_all(sig, std::chrono::duration_cast<Clock::duration>(
+                               std::chrono::duration<double>(o.interrupt_grace_s)));
       } else if (!kill_sent) {
         spdlog::warn("received {} while stopping: killing the ranks now", signal_name(sig));
         kill_all();
@@ -497,13 +498,14 @@ AttemptResult run_attempt(const LaunchOptions& o, const std::vector<std::string>
     if (term_at && !shutting_down && kids.any_running() && Clock::now() >= *term_at) {
       spdlog::warn("stopping rank(s) {}: SIGTERM, then SIGKILL after {} s", kids.running_ranks(),
                    o.grace_s);
-      terminate_all(SIGTERM);
+      terminate_all(SIGTERM, grace);
     }
 
     const auto now = Clock::now();
     if (kids.any_running() && kill_at && !kill_sent && now >= *kill_at) {
       spdlog::warn("rank(s) {} still running {} s after {}: sending SIGKILL", kids.running_ranks(),
-                   o.grace_s, signal_name(res.stop_signal != 0 ? res.stop_signal : SIGTERM));
+                   res.stop_signal != 0 ? o.interrupt_grace_s : o.grace_s,
+                   signal_name(res.stop_signal != 0 ? res.stop_signal : SIGTERM));
       kill_all();
     }
     if (kids.any_running() && give_up_at && now >= *give_up_at) {

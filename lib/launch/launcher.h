@@ -13,9 +13,13 @@ struct LaunchOptions {
   // The command every rank runs, argv[0] first (looked up in PATH when it has no '/'), e.g.
   // {"/abs/path/dtrain", "run", "cfg.yaml", "--set", "a=b", "--out", "runs/x"}.
   std::vector<std::string> child_argv;
-  std::string log_dir;   // created if missing; rank r's output goes to log_dir/rank-<r>.log
-  std::string token;     // DTRAIN_JOB_TOKEN for the ranks; "": a fresh random_token()
-  double grace_s = 10;   // after SIGTERM, how long ranks get before SIGKILL
+  std::string log_dir;  // created if missing; rank r's output goes to log_dir/rank-<r>.log
+  std::string token;    // DTRAIN_JOB_TOKEN for the ranks; "": a fresh random_token()
+  double grace_s = 10;  // after SIGTERM to stop the rest of a failed job: time before SIGKILL
+  // After a SIGINT/SIGTERM received here is forwarded, how long the ranks get to finish their step
+  // and write their checkpoint (dtrain run's safe interrupt) before SIGKILL; a second signal
+  // kills them at once.
+  double interrupt_grace_s = 120;
   int max_restarts = 0;  // after a rank failed, start all ranks again at most this many times
   // The command of restart `attempt` (1..max_restarts), asked for just before it starts, so it
   // can depend on what the failed attempts left behind (their checkpoints); unset: child_argv.
@@ -30,7 +34,8 @@ struct LaunchOptions {
 //
 // Each rank runs in its own process group, and every signal to a rank goes to its whole group,
 // so helpers a rank spawned go with it. SIGINT, SIGTERM and SIGHUP received here (unless they were
-// ignored on entry) are forwarded to every rank; a second one sends SIGKILL at once. When a rank
+// ignored on entry) are forwarded to every rank, which get interrupt_grace_s to stop on their own
+// (dtrain run checkpoints first); a second one sends SIGKILL at once. When a rank
 // exits non-zero or by a signal, "rank R failed: exit status S" (or "killed by signal SIGKILL") is
 // logged and the others get SIGTERM. Ranks still alive grace_s after a SIGTERM get SIGKILL; after
 // SIGKILL the launcher waits at most 5 more seconds (a process stuck in the kernel cannot be

@@ -17,6 +17,7 @@
 #include "optim/optimizer.h"
 #include "train/batch.h"
 #include "train/step_faults.h"
+#include "train/stop.h"
 #include "util/check.h"
 #include "util/fs.h"
 #include "util/rng.h"
@@ -197,14 +198,14 @@ nlohmann::json train_pipeline(const Config& cfg, const RunOptions& opts, Communi
   // Resume: the full state is read by rank 0 and broadcast; each stage keeps its range.
   int64_t step = 0, epoch = 0, batch = 0;
   std::string resumed_from;
+  ResumePoint rp;
   if (!opts.resume.empty()) {
     std::vector<float> full_p(static_cast<size_t>(P));
     std::vector<std::vector<float>> full_s(state_bufs.size(),
                                            std::vector<float>(static_cast<size_t>(P)));
     std::vector<StateBuffer> sb = state_bufs;
     for (size_t i = 0; i < sb.size(); ++i) sb[i].data = full_s[i].data();
-    const ResumePoint rp =
-        resume_full_state(cfg, opts, comm, model, ckpt_dir, hash, full_p.data(), sb, rng);
+    rp = resume_full_state(cfg, opts, comm, model, ckpt_dir, hash, full_p.data(), sb, rng);
     if (rp.loaded) {
       std::copy(full_p.begin() + pb, full_p.begin() + pe, params.begin());
       for (size_t i = 0; i < full_s.size(); ++i)
@@ -216,6 +217,12 @@ nlohmann::json train_pipeline(const Config& cfg, const RunOptions& opts, Communi
       resumed_from = rp.from;
     }
   }
+
+  if (const std::string why = nothing_left_reason(cfg, rp, steps); !why.empty()) {
+    if (lead) spdlog::warn("{}", why);
+    return nothing_to_do_summary(why, rp);
+  }
+  const int64_t schedule_steps = schedule_horizon(rp, steps, lead);
 
   std::unique_ptr<LineWriter> metrics;
   if (lead)
@@ -426,6 +433,8 @@ nlohmann::json train_pipeline(const Config& cfg, const RunOptions& opts, Communi
       m.config_hash = hash;
       m.world_size = world;
       m.strategy = "pipeline";
+      m.config_json = config_to_json(cfg).dump();
+      m.schedule_steps = schedule_steps;
       std::vector<std::vector<ShardRange>> ranges;
       for (int s = 0; s < S; ++s) {
         const auto [a, c] = plan[static_cast<size_t>(s)];
@@ -449,6 +458,10 @@ nlohmann::json train_pipeline(const Config& cfg, const RunOptions& opts, Communi
   auto interval_t0 = Clock::now();
   bool eval_due = false;
   int64_t skipped_steps = 0;  // train.nonfinite: skip
+  // Safe interrupts (stop.h): one vote per step, at its end; the schedule's point-to-point
+  // traffic has drained by then.
+  StopAgreement stop_vote(opts.stop, comm);
+  int stop_signal = 0;
   while (step < total_steps) {
     if (batch >= bpe) {
       ++epoch;
@@ -504,7 +517,7 @@ nlohmann::json train_pipeline(const Config& cfg, const RunOptions& opts, Communi
           clip_factor(std::sqrt(static_cast<double>(ss) / D), cfg.optimizer.clip_grad_norm);
       if (fct < 1.0f) scale_inplace(grads.data(), n, fct);
     }
-    const double lr = lr_at(cfg.optimizer.schedule, base_lr, step, total_steps);
+    const double lr = lr_at(cfg.optimizer.schedule, base_lr, step, schedule_steps);
     {
       TraceScope ts(tracer, "optimizer", "compute");
       opt->step(params.data(), grads.data(), lr);
@@ -555,8 +568,16 @@ nlohmann::json train_pipeline(const Config& cfg, const RunOptions& opts, Communi
     }
     if (cfg.train.checkpoint.every_steps > 0 && step % cfg.train.checkpoint.every_steps == 0)
       save();
+    stop_vote.begin_step();
+    if ((stop_signal = stop_vote.end_step()) != 0) {
+      if (lead)
+        spdlog::warn("{}: stopping after step {}, then writing a checkpoint (again: stop at once)",
+                     interrupt_signal_name(stop_signal), step);
+      break;
+    }
   }
-  if (last_eval_step != step) run_eval();
+  const bool interrupted = stop_signal != 0;
+  if (last_eval_step != step && !interrupted) run_eval();  // an interrupt wants out quickly
   if (last_ckpt_step != step) save();
 
   // Per-stage figures, gathered to rank 0 (replica 0's stages).
@@ -582,7 +603,10 @@ nlohmann::json train_pipeline(const Config& cfg, const RunOptions& opts, Communi
                       {"peak_activation_bytes", static_cast<int64_t>(v[4])}});
   }
   nlohmann::json summary = {
-      {"status", "completed"},
+      {"status", interrupted ? "interrupted" : "completed"},
+      {"interrupted_by",
+       interrupted ? nlohmann::json(interrupt_signal_name(stop_signal)) : nlohmann::json(nullptr)},
+      {"interrupt_signal", stop_signal},
       {"steps", step},
       {"epochs", epoch + static_cast<double>(batch) / bpe},
       {"world_size", world},
@@ -608,9 +632,9 @@ nlohmann::json train_pipeline(const Config& cfg, const RunOptions& opts, Communi
   };
   if (lead) {
     write_file_atomic((fs::path(opts.out_dir) / "summary.json").string(), summary.dump(2) + "\n");
-    spdlog::info("done: {} steps, test_accuracy {}, {:.1f} s, results in {}", step,
-                 have_eval ? fmt::format("{:.4f}", last_eval.accuracy) : std::string("n/a"),
-                 seconds_since(t_start), opts.out_dir);
+    spdlog::debug("done: {} steps, test_accuracy {}, {:.1f} s, results in {}", step,
+                  have_eval ? fmt::format("{:.4f}", last_eval.accuracy) : std::string("n/a"),
+                  seconds_since(t_start), opts.out_dir);
   }
   return summary;
 }

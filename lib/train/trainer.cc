@@ -19,6 +19,7 @@
 
 #include "checkpoint/checkpoint.h"
 #include "comm/inproc.h"
+#include "config/config_diff.h"
 #include "data/sampler.h"
 #include "nn/loss.h"
 #include "optim/optimizer.h"
@@ -28,6 +29,7 @@
 #include "train/pipeline.h"
 #include "train/sharding.h"
 #include "train/step_faults.h"
+#include "train/stop.h"
 #include "util/check.h"
 #include "util/fs.h"
 #include "util/rng.h"
@@ -44,23 +46,44 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-// A one-line progress bar on stderr, redrawn at most 10 times a second.
+// "1:02:03" or "2:03" for a duration in seconds.
+std::string clock_text(double s) {
+  const auto t = static_cast<long long>(std::max(0.0, s) + 0.5);
+  char buf[32];
+  if (t >= 3600)
+    std::snprintf(buf, sizeof buf, "%lld:%02lld:%02lld", t / 3600, t / 60 % 60, t % 60);
+  else
+    std::snprintf(buf, sizeof buf, "%lld:%02lld", t / 60, t % 60);
+  return buf;
+}
+
+// A one-line progress bar on stderr, redrawn at most 10 times a second: step, epoch, loss,
+// samples/s (over the current log interval), elapsed time and the remaining time at the rate
+// of the steps this process has run so far (a resumed run counts from its first step).
 class ProgressBar {
  public:
-  explicit ProgressBar(bool on) : on_(on) {}
+  explicit ProgressBar(bool on) : on_(on), start_(Clock::now()) {}
   void update(int64_t step, int64_t total, double epoch, double loss, double sps) {
     if (!on_) return;
     const auto now = Clock::now();
+    if (first_step_ < 0) first_step_ = step - 1;
     if (step != total && now - last_ < std::chrono::milliseconds(100)) return;
     last_ = now;
-    const int width = 30;
+    const int width = 24;
     const double frac = total > 0 ? static_cast<double>(step) / static_cast<double>(total) : 0.0;
     const int filled = static_cast<int>(frac * width);
     std::string bar(static_cast<size_t>(filled), '#');
     bar.resize(width, '.');
-    std::fprintf(stderr, "\r\033[K[%s] step %lld/%lld  epoch %.2f  loss %.4f  %.0f samples/s",
+    const double elapsed = std::chrono::duration<double>(now - start_).count();
+    const int64_t done = step - first_step_;
+    std::string eta = "?";
+    if (total > 0 && done > 0)
+      eta = clock_text(elapsed / static_cast<double>(done) * static_cast<double>(total - step));
+    std::fprintf(stderr,
+                 "\r\033[K[%s] step %lld/%lld  epoch %.2f  loss %.4f  %.0f samples/s  %s elapsed, "
+                 "%s left",
                  bar.c_str(), static_cast<long long>(step), static_cast<long long>(total), epoch,
-                 loss, sps);
+                 loss, sps, clock_text(elapsed).c_str(), eta.c_str());
     std::fflush(stderr);
     drawn_ = true;
   }
@@ -77,7 +100,8 @@ class ProgressBar {
  private:
   bool on_;
   bool drawn_ = false;
-  Clock::time_point last_{};
+  Clock::time_point start_, last_{};
+  int64_t first_step_ = -1;  // the step before the first one drawn
 };
 
 nlohmann::json nan_to_null(double v) {
@@ -194,6 +218,74 @@ StepPlan plan_steps(const Config& cfg, int64_t batches_per_epoch, int64_t train_
   return p;
 }
 
+namespace {
+
+// A resume under another config: name the keys that changed -- a warning when they change what
+// is computed (the config hash), else one info line (epochs, logging, checkpointing, timeouts).
+// Checkpoints from before the config was stored in them only have the hash.
+void report_config_changes(const std::string& path, const CheckpointMeta& m, const Config& cfg,
+                           const std::string& hash) {
+  if (m.config_json.empty()) {
+    if (m.config_hash != hash)
+      spdlog::warn("resuming from {} written with config hash {}, this run has {}", path,
+                   m.config_hash, hash);
+    return;
+  }
+  nlohmann::json before;
+  try {
+    before = nlohmann::json::parse(m.config_json);
+  } catch (const nlohmann::json::exception&) {
+    throw UserError("checkpoint '" + path + "': its stored config is not valid JSON");
+  }
+  const std::vector<std::string> diff = config_differences(before, config_to_json(cfg));
+  std::string lines;
+  for (const auto& d : diff) lines += "\n  " + d;
+  if (m.config_hash != hash)
+    spdlog::warn("resuming from {} under a changed config (hash {} -> {}); {} key(s) differ:{}",
+                 path, m.config_hash, hash, diff.size(),
+                 diff.empty() ? " (none in the resolved config)" : lines);
+  else if (!diff.empty())
+    spdlog::info("resuming from {}; changed since it was written (not what is computed):{}", path,
+                 lines);
+}
+
+}  // namespace
+
+int64_t schedule_horizon(const ResumePoint& rp, const StepPlan& plan, bool lead) {
+  if (!rp.loaded || rp.schedule_steps <= 0 || rp.schedule_steps == plan.total_steps)
+    return plan.total_steps;
+  if (lead)
+    spdlog::warn(
+        "this run ends at step {}, its checkpoint's learning-rate schedule at step {}: the "
+        "schedule continues as it started (train.max_steps / train.epochs changed; a schedule "
+        "that decays to its end stays at its final rate past step {}). To lay out a new schedule, "
+        "start a fresh run.",
+        plan.total_steps, rp.schedule_steps, rp.schedule_steps);
+  return rp.schedule_steps;
+}
+
+std::string nothing_left_reason(const Config& cfg, const ResumePoint& rp, const StepPlan& plan) {
+  if (!rp.loaded) return "";
+  const int64_t epoch = rp.epoch + (rp.batch >= plan.batches_per_epoch ? 1 : 0);
+  const bool steps_done = rp.step >= plan.total_steps;
+  const bool epochs_done = cfg.train.epochs > 0 && epoch >= cfg.train.epochs;
+  if (!steps_done && !epochs_done) return "";
+  return "nothing to train: the checkpoint " + rp.from + " is at step " + std::to_string(rp.step) +
+         " (epoch " + std::to_string(epoch) + "), where this config " + "stops (" +
+         (steps_done
+              ? "train.max_steps / epochs give " + std::to_string(plan.total_steps) + " steps"
+              : "train.epochs = " + std::to_string(cfg.train.epochs)) +
+         "); raise train.max_steps or train.epochs to train further";
+}
+
+nlohmann::json nothing_to_do_summary(const std::string& why, const ResumePoint& rp) {
+  return {{"status", "nothing_to_do"},
+          {"reason", why},
+          {"steps", rp.step},
+          {"steps_this_run", 0},
+          {"resumed_from", rp.from}};
+}
+
 ResumePoint resume_full_state(const Config& cfg, const RunOptions& opts, Communicator& comm,
                               const Model& model, const std::string& ckpt_dir,
                               const std::string& hash, float* params,
@@ -202,7 +294,7 @@ ResumePoint resume_full_state(const Config& cfg, const RunOptions& opts, Communi
   const bool lead = rank == 0;
   const int64_t P = model.param_count();
   ResumePoint rp;
-  std::vector<int64_t> meta_i(5, 0);  // loaded?, step, epoch, batch, optimizer steps
+  std::vector<int64_t> meta_i(6, 0);  // loaded?, step, epoch, batch, optimizer steps, horizon
   std::string rng_states;
   if (lead) {
     const std::string path =
@@ -212,10 +304,8 @@ ResumePoint resume_full_state(const Config& cfg, const RunOptions& opts, Communi
       if (m.optimizer != cfg.optimizer.type)
         throw UserError("checkpoint '" + path + "' was written by optimizer '" + m.optimizer +
                         "', this run uses '" + cfg.optimizer.type + "'");
-      if (m.config_hash != hash)
-        spdlog::warn("resuming from {} written with config hash {}, this run has {}", path,
-                     m.config_hash, hash);
-      meta_i = {1, m.step, m.epoch, m.batch, m.optimizer_steps};
+      report_config_changes(path, m, cfg, hash);
+      meta_i = {1, m.step, m.epoch, m.batch, m.optimizer_steps, m.schedule_steps};
       rng_states = m.rng;
       rp.from = path;
     } else {
@@ -262,6 +352,7 @@ ResumePoint resume_full_state(const Config& cfg, const RunOptions& opts, Communi
   rp.epoch = meta_i[2];
   rp.batch = meta_i[3];
   rp.optimizer_steps = meta_i[4];
+  rp.schedule_steps = meta_i[5];
   if (lead)
     spdlog::info("resumed from {} at step {} (epoch {}, batch {})", rp.from, rp.step, rp.epoch,
                  rp.batch);
@@ -391,6 +482,7 @@ nlohmann::json train_data_parallel(const Config& cfg, const RunOptions& opts, Co
   // of it (the full buffers are temporary).
   int64_t step = 0, epoch = 0, batch = 0;
   std::string resumed_from;
+  ResumePoint rp;
   if (!opts.resume.empty()) {
     std::vector<float> full_params_tmp;
     std::vector<std::vector<float>> full_state_tmp;
@@ -404,8 +496,7 @@ nlohmann::json train_data_parallel(const Config& cfg, const RunOptions& opts, Co
       full_state_tmp.assign(state_bufs.size(), std::vector<float>(static_cast<size_t>(P), 0.0f));
       for (size_t i = 0; i < state_bufs.size(); ++i) load_state[i].data = full_state_tmp[i].data();
     }
-    const ResumePoint rp =
-        resume_full_state(cfg, opts, comm, model, ckpt_dir, hash, load_params, load_state, rng);
+    rp = resume_full_state(cfg, opts, comm, model, ckpt_dir, hash, load_params, load_state, rng);
     if (rp.loaded) {
       if (sharded) {
         const ShardLayout& L = engine->layout();
@@ -420,6 +511,12 @@ nlohmann::json train_data_parallel(const Config& cfg, const RunOptions& opts, Co
       resumed_from = rp.from;
     }
   }
+
+  if (const std::string why = nothing_left_reason(cfg, rp, plan); !why.empty()) {
+    if (lead) spdlog::warn("{}", why);
+    return nothing_to_do_summary(why, rp);
+  }
+  const int64_t schedule_steps = schedule_horizon(rp, plan, lead);
 
   // Checkpoints are taken at synchronisation points, where every rank holds the anchor.
   if (outer || (local_sgd && world > 1 && cfg.distributed.compression.type != "none"))
@@ -600,6 +697,8 @@ nlohmann::json train_data_parallel(const Config& cfg, const RunOptions& opts, Co
       m.config_hash = hash;
       m.world_size = world;
       m.strategy = cfg.distributed.strategy;
+      m.config_json = config_to_json(cfg).dump();
+      m.schedule_steps = schedule_steps;
     }
     if (sharded) {
       save_sharded(m);
@@ -646,6 +745,10 @@ nlohmann::json train_data_parallel(const Config& cfg, const RunOptions& opts, Co
   bool eval_due = false;
   double exposed_comm_s = 0.0;
   int64_t skipped_steps = 0;  // train.nonfinite: skip
+  // Safe interrupts: the step after which every rank stops (stop.h); Local SGD stops at the
+  // first synchronisation at or after it, where the ranks hold the same parameters.
+  StopAgreement stop_vote(opts.stop, comm);
+  int stop_pending = 0, stop_signal = 0;
   // Stragglers: at every train record the ranks all-gather their compute time since the last
   // one (synchronous steps give every rank the same wall time, so compute time is what tells a
   // slow rank); rank 0 warns, naming the rank, when the same rank is 25% (and 1 ms per step)
@@ -690,6 +793,7 @@ nlohmann::json train_data_parallel(const Config& cfg, const RunOptions& opts, Co
       batch = 0;
     }
     if (cfg.train.epochs > 0 && epoch >= cfg.train.epochs) break;
+    stop_vote.begin_step();
     const auto step_t0 = Clock::now();
     TraceScope step_scope(tracer, "step", "train");
     const int64_t n_micro = std::min(K, bpe - batch);
@@ -822,7 +926,7 @@ nlohmann::json train_data_parallel(const Config& cfg, const RunOptions& opts, Co
         if (f < 1.0f) scale_inplace(store.grads.data(), P, f);
       }
     }
-    const double lr = lr_at(cfg.optimizer.schedule, base_lr, step, total_steps);
+    const double lr = lr_at(cfg.optimizer.schedule, base_lr, step, schedule_steps);
     std::optional<TraceScope> opt_scope(std::in_place, tracer, "optimizer", "compute");
     if (engine) {
       engine->optimizer_step(*opt, lr, store.values.data(), store.grads.data());
@@ -888,7 +992,10 @@ nlohmann::json train_data_parallel(const Config& cfg, const RunOptions& opts, Co
       interval_t0 = Clock::now();
       bar.update(step, bar_total, epoch_progress(), mean_loss, sps);
     } else {
-      bar.update(step, bar_total, epoch_progress(), step_loss, last_sps);
+      // Between records: the rate of the interval so far, so the bar shows one from step 1.
+      const double el = seconds_since(interval_t0);
+      bar.update(step, bar_total, epoch_progress(), step_loss,
+                 el > 0 ? static_cast<double>(interval_samples) / el : last_sps);
     }
     if (epoch_done || (cfg.train.eval_every > 0 && step % cfg.train.eval_every == 0))
       eval_due = true;
@@ -902,8 +1009,23 @@ nlohmann::json train_data_parallel(const Config& cfg, const RunOptions& opts, Co
     }
     if (cfg.train.checkpoint.every_steps > 0 && step % cfg.train.checkpoint.every_steps == 0)
       save();
+    if (const int s = stop_vote.end_step(); s != 0 && stop_pending == 0) {
+      stop_pending = s;
+      if (lead) {
+        bar.clear();
+        spdlog::warn(
+            "{}: stopping after step {}{}, then writing a checkpoint (again: stop at once)",
+            interrupt_signal_name(s), step,
+            in_sync ? "" : " at the next Local SGD synchronisation");
+      }
+    }
+    if (stop_pending != 0 && in_sync) {
+      stop_signal = stop_pending;
+      break;
+    }
   }
-  if (last_eval_step != step) run_eval();
+  const bool interrupted = stop_signal != 0;
+  if (last_eval_step != step && !interrupted) run_eval();  // an interrupt wants out quickly
   if (last_ckpt_step != step) save();
   bar.clear();
 
@@ -923,7 +1045,10 @@ nlohmann::json train_data_parallel(const Config& cfg, const RunOptions& opts, Co
       rank, mem.param_bytes / 1048576.0, mem.grad_bytes / 1048576.0, mem.optim_bytes / 1048576.0,
       mem.peak_gathered_bytes / 1048576.0, mem.peak_unit_grad_bytes / 1048576.0, peak_rss_mb());
   nlohmann::json summary = {
-      {"status", "completed"},
+      {"status", interrupted ? "interrupted" : "completed"},
+      {"interrupted_by",
+       interrupted ? nlohmann::json(interrupt_signal_name(stop_signal)) : nlohmann::json(nullptr)},
+      {"interrupt_signal", stop_signal},
       {"steps", step},
       {"epochs", epoch_progress()},
       {"world_size", world},
@@ -959,9 +1084,9 @@ nlohmann::json train_data_parallel(const Config& cfg, const RunOptions& opts, Co
   };
   if (lead) {
     write_file_atomic((fs::path(opts.out_dir) / "summary.json").string(), summary.dump(2) + "\n");
-    spdlog::info("done: {} steps, test_accuracy {}, {:.1f} s, results in {}", step,
-                 have_eval ? fmt::format("{:.4f}", last_eval.accuracy) : std::string("n/a"),
-                 seconds_since(t_start), opts.out_dir);
+    spdlog::debug("done: {} steps, test_accuracy {}, {:.1f} s, results in {}", step,
+                  have_eval ? fmt::format("{:.4f}", last_eval.accuracy) : std::string("n/a"),
+                  seconds_since(t_start), opts.out_dir);
   }
   return summary;
 }

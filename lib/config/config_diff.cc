@@ -1,0 +1,47 @@
+#include "config/config_diff.h"
+
+#include <map>
+
+namespace dtrain {
+
+namespace {
+
+void flatten(const nlohmann::json& j, const std::string& prefix,
+             std::map<std::string, std::string>& out) {
+  if (j.is_object()) {
+    for (auto it = j.begin(); it != j.end(); ++it)
+      flatten(it.value(), prefix.empty() ? it.key() : prefix + "." + it.key(), out);
+    return;
+  }
+  out[prefix] = j.dump();
+}
+
+}  // namespace
+
+std::vector<std::string> config_differences(const nlohmann::json& before,
+                                            const nlohmann::json& after) {
+  std::map<std::string, std::string> a, b;
+  flatten(before, "", a);
+  flatten(after, "", b);
+  std::vector<std::string> out;
+  auto ia = a.begin();
+  auto ib = b.begin();
+  // Both maps are sorted by key: one merge pass.
+  while (ia != a.end() || ib != b.end()) {
+    if (ib == b.end() || (ia != a.end() && ia->first < ib->first)) {
+      out.push_back(ia->first + ": " + ia->second + " -> (absent)");
+      ++ia;
+    } else if (ia == a.end() || ib->first < ia->first) {
+      out.push_back(ib->first + ": (absent) -> " + ib->second);
+      ++ib;
+    } else {
+      if (ia->second != ib->second)
+        out.push_back(ia->first + ": " + ia->second + " -> " + ib->second);
+      ++ia;
+      ++ib;
+    }
+  }
+  return out;
+}
+
+}  // namespace dtrain

@@ -1,0 +1,63 @@
+// Agreeing on where to stop after an interrupt (util/interrupt.h): every rank must leave the
+// training loop after the same step, or the next collective of the ranks that went on would
+// wait for the ones that left. Each step, every rank contributes whether it has seen a stop
+// request, and the maximum over ranks -- the same on every rank -- decides.
+//
+// Collective contract: all ranks construct it with the same `req == nullptr`-ness (RunOptions is
+// the same on every rank of a job) and call begin_step/end_step at the same points of every step.
+// With a request and more than one rank, begin_step starts a one-float all-reduce (max) on the
+// communication thread, so its latency hides behind the step's compute; end_step waits for it.
+// Without a request (library callers and tests that do not interrupt) neither does anything.
+#pragma once
+
+#include "comm/communicator.h"
+#include "util/interrupt.h"
+
+namespace dtrain {
+
+class StopAgreement {
+ public:
+  StopAgreement(const StopRequest* req, Communicator& comm) : req_(req), comm_(comm) {}
+  // Normal flow always ends a vote it began; one still in flight means the loop is unwinding from
+  // an error, so the communicator is aborted (peers fail fast, as they would anyway) before the
+  // vote's buffer goes away under the communication thread.
+  ~StopAgreement() {
+    if (!work_) return;
+    comm_.abort("a rank left training while its stop vote was in flight");
+    try {
+      work_->wait();
+    } catch (...) {  // the abort's failure: already reported by whoever failed first
+    }
+  }
+  StopAgreement(const StopAgreement&) = delete;
+  StopAgreement& operator=(const StopAgreement&) = delete;
+
+  // Starts this step's vote, with this rank's view of the request now. Idempotent until end_step
+  // (a step that ends early still leaves exactly one vote in flight).
+  void begin_step() {
+    if (req_ == nullptr || pending_) return;
+    vote_ = static_cast<float>(req_->signal.load());
+    if (comm_.size() > 1) work_ = comm_.allreduce_async(&vote_, 1, ReduceOp::kMax);
+    pending_ = true;
+  }
+  // Waits for the vote begun by begin_step and returns the agreed signal: 0 to go on, else the
+  // signal (the largest number among the ranks' requests) after which every rank stops.
+  int end_step() {
+    if (!pending_) return 0;
+    pending_ = false;
+    if (work_) {
+      work_->wait();
+      work_.reset();
+    }
+    return static_cast<int>(vote_);
+  }
+
+ private:
+  const StopRequest* req_;
+  Communicator& comm_;
+  float vote_ = 0.0f;  // written by the all-reduce until work_ completes
+  WorkPtr work_;
+  bool pending_ = false;
+};
+
+}  // namespace dtrain

@@ -1,0 +1,213 @@
+// Safe interrupts through the real binary: the first SIGINT/SIGTERM makes every rank finish its
+// step, agree on it, checkpoint, write summary.json "interrupted" and exit 130/143; a second
+// signal ends the process at once; `--resume auto` then ends bitwise equal to a run that was
+// never interrupted. Also the protected output folder (refused, --overwrite, --resume auto).
+#include <doctest/doctest.h>
+
+#include <signal.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <sstream>
+#include <string>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/cli_util.h"
+#include "test_util.h"
+
+using dtrain::testing::Child;
+using dtrain::testing::contains;
+using dtrain::testing::read_text;
+using dtrain::testing::run_cmd;
+using dtrain::testing::TempDir;
+using dtrain::testing::wait_until;
+
+namespace {
+
+const std::string kBin = DTRAIN_BIN;
+
+// 3000 short steps with dropout (the RNG must resume too) and momentum; every_steps 0, so the
+// only checkpoints are the interrupt's and the final one.
+const char* kCfg = R"(seed: 5
+model: {hidden: [32, 32], dropout: 0.1}
+data:
+  format: synthetic
+  synthetic: {samples: 3000, features: 12, classes: 4, noise: 0.6}
+  batch_size: 16
+optimizer: {type: sgd, lr: 0.05, momentum: 0.9, schedule: {type: cosine}}
+train: {epochs: 0, max_steps: 3000, log_every: 10, checkpoint: {every_steps: 0, keep_last: 2}}
+runtime: {threads: 1}
+)";
+
+size_t lines_in(const std::string& path) {
+  const std::string t = read_text(path);
+  return static_cast<size_t>(std::count(t.begin(), t.end(), '\n'));
+}
+
+// Interrupts `dtrain <verb> CFG <args> --out DIR` with `sig` once it has logged a few records,
+// checks what it left, resumes it, and compares with the uninterrupted run.
+void interrupt_and_resume(const std::string& verb, const std::string& args, int sig) {
+  TempDir dir;
+  const std::string cfg = dir.write("cfg.yaml", kCfg);
+  const std::string ref = dir / "ref", cut = dir / "cut";
+  const auto r0 =
+      run_cmd(kBin + " " + verb + " " + cfg + " " + args + " --out " + ref + " --log-level warn");
+  REQUIRE_MESSAGE(r0.exit_code == 0, r0.output);
+
+  // The interrupted run sleeps 3 ms a step (DTRAIN_FAULT delay: timing only, same numbers), so
+  // it is surely mid-run when the signal comes.
+  Child c("DTRAIN_FAULT=delay:rank=0:ms=3 exec " + kBin + " " + verb + " " + cfg + " " + args +
+              " --out " + cut + (verb == "run" ? " --no-progress" : ""),
+          dir / "cut.log");
+  REQUIRE(wait_until([&] { return lines_in(cut + "/metrics.jsonl") >= 3; }, 60));
+  const auto t0 = std::chrono::steady_clock::now();
+  c.signal(sig);
+  const int rc = c.wait(60);
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const std::string log = read_text(dir / "cut.log");
+  REQUIRE_MESSAGE(rc == 128 + sig, log);
+  CHECK_FALSE(c.signaled());  // it exited on its own, with the signal's code
+  CHECK_MESSAGE(took < 20.0, took);
+
+  const auto s = nlohmann::json::parse(read_text(cut + "/summary.json"));
+  CHECK(s["status"] == "interrupted");
+  CHECK(s["interrupted_by"] == (sig == SIGINT ? "SIGINT" : "SIGTERM"));
+  const int64_t step = s["steps"].get<int64_t>();
+  CHECK(step > 0);
+  CHECK(step < 3000);
+  std::string latest = read_text(cut + "/checkpoints/latest");
+  CHECK_MESSAGE(contains(latest, "step-" + std::to_string(step)), latest);
+  CHECK_MESSAGE(contains(log, "interrupted at step " + std::to_string(step)), log);
+  CHECK(contains(log, "continue with --resume auto"));
+
+  const auto r1 = run_cmd(kBin + " " + verb + " " + cfg + " " + args + " --out " + cut +
+                          " --resume auto --log-level warn");
+  REQUIRE_MESSAGE(r1.exit_code == 0, r1.output);
+  const auto s1 = nlohmann::json::parse(read_text(cut + "/summary.json"));
+  CHECK(s1["status"] == "completed");
+  CHECK(s1["steps"] == 3000);
+  CHECK(s1["steps_this_run"] == 3000 - step);
+  dtrain::testing::check_same_state(dtrain::testing::latest_run_state(kBin, ref),
+                                    dtrain::testing::latest_run_state(kBin, cut),
+                                    verb + " " + args);
+}
+
+}  // namespace
+
+TEST_CASE("SIGINT to a 1-rank run checkpoints at the current step, exits 130, resumes bitwise") {
+  interrupt_and_resume("run", "", SIGINT);
+}
+
+TEST_CASE("SIGTERM to 3 in-process ddp ranks: one agreed step, exit 143, bitwise resume") {
+  interrupt_and_resume("run", "--set distributed.world_size=3", SIGTERM);
+}
+
+TEST_CASE("SIGINT to 3 in-process fsdp ranks writes a sharded checkpoint, bitwise resume") {
+  interrupt_and_resume("run", "--set distributed.world_size=3 --set distributed.strategy=fsdp",
+                       SIGINT);
+}
+
+TEST_CASE("SIGTERM to a 2-stage pipeline of in-process ranks: exit 143, bitwise resume") {
+  interrupt_and_resume("run",
+                       "--set distributed.world_size=2 --set distributed.strategy=pipeline "
+                       "--set distributed.pipeline.stages=2",
+                       SIGTERM);
+}
+
+TEST_CASE("SIGINT to dtrain launch (2 ranks over gRPC): the ranks checkpoint, launch exits 130") {
+  interrupt_and_resume("launch", "--nproc 2", SIGINT);
+}
+
+TEST_CASE("SIGTERM to dtrain launch (2 fsdp ranks over gRPC) exits 143, bitwise resume") {
+  interrupt_and_resume("launch", "--nproc 2 --set distributed.strategy=fsdp", SIGTERM);
+}
+
+TEST_CASE("a second SIGINT ends the run at once, by the signal") {
+  TempDir dir;
+  const std::string cfg = dir.write("cfg.yaml", kCfg);
+  Child c("DTRAIN_FAULT=delay:rank=0:ms=200 exec " + kBin + " run " + cfg + " --out " +
+              dir / "run" + " --no-progress --set train.log_every=1",
+          dir / "log");
+  REQUIRE(wait_until([&] { return lines_in(dir / "run/metrics.jsonl") >= 1; }, 60));
+  c.signal(SIGINT);  // the step in progress sleeps 200 ms: the second comes well before its end
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  c.signal(SIGINT);
+  const int rc = c.wait(20);
+  CHECK(rc == 128 + SIGINT);
+  CHECK(c.signaled());
+  CHECK_FALSE(std::filesystem::exists(dir / "run/summary.json"));
+}
+
+TEST_CASE("an output folder holding a run is refused without --resume or --overwrite") {
+  TempDir dir;
+  const std::string cfg = dir.write("cfg.yaml", kCfg);
+  const std::string out = dir / "out";
+  const std::string base = kBin + " run " + cfg + " --set train.max_steps=40 --out " + out;
+  auto r = run_cmd(base + " --log-level warn");
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  const std::string summary1 = read_text(out + "/summary.json");
+
+  r = run_cmd(base);
+  CHECK(r.exit_code == 2);
+  CHECK_MESSAGE(contains(r.output, "error: output folder '" + out + "' already holds a run"),
+                r.output);
+  CHECK(contains(r.output, "summary.json, metrics.jsonl, checkpoints/"));
+  CHECK(contains(r.output, "--resume auto"));
+  CHECK(contains(r.output, "--overwrite"));
+  CHECK(read_text(out + "/summary.json") == summary1);  // untouched
+
+  // The same refusal from the launcher, before any rank starts.
+  r = run_cmd(kBin + " launch --nproc 2 " + cfg + " --out " + out);
+  CHECK(r.exit_code == 2);
+  CHECK(contains(r.output, "already holds a run"));
+  CHECK_FALSE(std::filesystem::exists(out + "/logs"));
+
+  // --overwrite: the old run's files go first; a shorter run leaves no stale checkpoint behind.
+  r = run_cmd(base + " --overwrite --set train.max_steps=20 --set train.checkpoint.every_steps=10");
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  size_t ckpts = 0;
+  for (const auto& e : std::filesystem::directory_iterator(out + "/checkpoints"))
+    if (e.path().extension() == ".safetensors") {
+      ++ckpts;
+      CHECK(e.path().filename() != "step-40.safetensors");
+    }
+  CHECK(ckpts == 2);
+  CHECK(lines_in(out + "/metrics.jsonl") > 0);
+
+  // --resume auto continues it; a resume with nothing left says so and exits 0.
+  r = run_cmd(base + " --resume auto");
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  CHECK(nlohmann::json::parse(read_text(out + "/summary.json"))["steps"] == 40);
+  r = run_cmd(base + " --resume auto");
+  CHECK(r.exit_code == 0);
+  CHECK_MESSAGE(contains(r.output, "nothing to train"), r.output);
+  CHECK(contains(r.output, "raise train.max_steps"));
+}
+
+TEST_CASE("resume names the config keys that changed and keeps the schedule's horizon") {
+  TempDir dir;
+  const std::string cfg = dir.write("cfg.yaml", kCfg);
+  const std::string out = dir / "out";
+  auto r = run_cmd(kBin + " run " + cfg + " --set train.max_steps=30 --out " + out +
+                   " --log-level warn");
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  r = run_cmd(kBin + " run " + cfg + " --set train.max_steps=60 --set optimizer.lr=0.02 --out " +
+              out + " --resume auto");
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  CHECK_MESSAGE(contains(r.output, "optimizer.lr: 0.05 -> 0.02"), r.output);
+  CHECK(contains(r.output, "train.max_steps: 30 -> 60"));
+  CHECK(contains(r.output, "schedule continues as it started"));
+  // Past the old horizon the cosine schedule stays at its final rate (min_lr 0), not restarted.
+  nlohmann::json rec;
+  std::istringstream lines(read_text(out + "/metrics.jsonl"));
+  for (std::string line; std::getline(lines, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j["kind"] == "train") rec = j;
+  }
+  REQUIRE(rec.is_object());
+  CHECK(rec["step"] == 60);
+  CHECK(rec["lr"].get<double>() < 1e-6);
+}
