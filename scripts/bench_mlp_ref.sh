@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # mlp-ref benchmark (README "Benchmarks"): dtrain (configs/mlp_ref.yaml, 1 thread) against
-# PyTorch (../shared/peers/torch_ddp_mlp.py 1, 1 thread) in the same run, alternating, REPS
+# PyTorch (bench/peers/torch_ddp_mlp.py 1, 1 thread) in the same run, alternating, REPS
 # times each; prints each sample, the medians, the ratio, and the GEMM bound.
 # Needs python3-torch for the peer (apt-get install python3-torch), run with /usr/bin/python3.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPS=${REPS:-5}
-PEERS=${PEERS:-../shared/peers}
+PEERS=${PEERS:-bench/peers}
 BIN=build/bin/dtrain
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT

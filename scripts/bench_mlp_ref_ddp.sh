@@ -2,7 +2,7 @@
 # 2-rank mlp-ref benchmark (README "Benchmarks", issue 4): alternates, REPS times each,
 #   dtrain 1 rank   (dtrain run configs/mlp_ref.yaml)
 #   dtrain 2 ranks  (dtrain launch --nproc 2 configs/mlp_ref.yaml [$DDP_SET ...]; gRPC backend)
-#   PyTorch DDP 2 ranks (../shared/peers/torch_ddp_mlp.py 2, gloo)
+#   PyTorch DDP 2 ranks (bench/peers/torch_ddp_mlp.py 2, gloo)
 # and prints each sample, the medians and the ratios: 2 ranks / 1 rank, dtrain / PyTorch, and
 # exposed communication as a share of the 2-rank step time (summary.json).
 # DDP_SET: extra --set arguments for the 2-rank run, e.g.
@@ -11,7 +11,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPS=${REPS:-5}
-PEERS=${PEERS:-../shared/peers}
+PEERS=${PEERS:-bench/peers}
 BIN=build/bin/dtrain
 read -r -a extra <<<"${DDP_SET:-}"
 out=$(mktemp -d)
