@@ -13,7 +13,7 @@ trap 'rm -rf "$out"' EXIT
 median() { sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
 : >"$out/d"; : >"$out/t"
 for i in $(seq "$REPS"); do
-  "$BIN" run configs/mlp_ref.yaml --out "$out/run" --log-level warn --no-progress >/dev/null
+  "$BIN" run configs/mlp_ref.yaml --out "$out/run" --overwrite --log-level warn --no-progress >/dev/null
   d=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["train_samples_per_s"])' "$out/run/summary.json")
   t=$(/usr/bin/python3 "$PEERS/torch_ddp_mlp.py" 1 600 | sed -n 's/.*samples\/s=\([0-9.]*\).*/\1/p')
   echo "rep $i: dtrain $d samples/s, torch $t samples/s"

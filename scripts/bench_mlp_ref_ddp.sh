@@ -20,10 +20,10 @@ median() { sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a
 field() { python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$1" "$2"; }
 : >"$out/one"; : >"$out/two"; : >"$out/exp"; : >"$out/t"
 for i in $(seq "$REPS"); do
-  "$BIN" run configs/mlp_ref.yaml --out "$out/one_run" --log-level warn --no-progress >/dev/null
+  "$BIN" run configs/mlp_ref.yaml --out "$out/one_run" --overwrite --log-level warn --no-progress >/dev/null
   one=$(field "$out/one_run/summary.json" train_samples_per_s)
   rm -rf "$out/two_run"
-  "$BIN" --log-level warn launch --nproc 2 configs/mlp_ref.yaml --out "$out/two_run" \
+  "$BIN" --log-level warn launch --nproc 2 configs/mlp_ref.yaml --out "$out/two_run" --overwrite \
     ${extra[@]+"${extra[@]}"} >/dev/null 2>&1
   two=$(field "$out/two_run/summary.json" train_samples_per_s)
   exp=$(python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); print(s["exposed_comm_s"]/s["train_s"])' \

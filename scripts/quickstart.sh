@@ -5,7 +5,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 OUT=runs/quickstart
-build/bin/dtrain launch --nproc 2 configs/quickstart.yaml --out "$OUT" "$@"
+# The quickstart's folder is its own: a new quickstart replaces the last one (--overwrite),
+# unless you continue it (scripts/quickstart.sh --resume auto).
+FRESH=(--overwrite)
+for a in "$@"; do [[ $a == --resume* ]] && FRESH=(); done
+build/bin/dtrain launch --nproc 2 configs/quickstart.yaml --out "$OUT" "${FRESH[@]}" "$@"
 echo
 echo "quickstart: done. Summary: $OUT/summary.json  metrics: $OUT/metrics.jsonl  checkpoints: $OUT/checkpoints/  logs: $OUT/logs/"
 cat "$OUT/summary.json"

@@ -110,9 +110,9 @@ int cmd_run(const Config& cfg, const std::string& config_path, std::string out,
   opts.trace = trace;
   opts.out_dir = out.empty() ? default_out_dir(config_path) : std::move(out);
   opts.resume = resume;
-  // Under `dtrain launch` (which sets DTRAIN_RESTART_COUNT) logs/ is the launcher's, open now.
-  prepare_out_dir(opts.out_dir, !resume.empty(), overwrite,
-                  /*clear_logs=*/std::getenv("DTRAIN_RESTART_COUNT") == nullptr);
+  // logs/ belongs to whatever launcher started this rank (dtrain launch, scripts/slurm.sbatch,
+  // launch_local.sh), which may be writing to it now: only `dtrain launch --overwrite` clears it.
+  prepare_out_dir(opts.out_dir, !resume.empty(), overwrite, /*clear_logs=*/false);
   StopRequest stop;
   InterruptGuard interrupts(stop);
   opts.stop = &stop;
@@ -404,6 +404,9 @@ int cli_main(int argc, char** argv) {
       std::cout << config_path << ": ok (config hash " << config_hash(cfg) << ")" << std::endl;
       return kExitOk;
     }
+    if (overwrite && !resume.empty())
+      throw UserError("--overwrite deletes the checkpoints that --resume would continue from: "
+                      "give one of them");
     if (run->parsed())
       return cmd_run(cfg, config_path, out, resume, overwrite, trace, no_progress, flags);
     if (launch->parsed()) {
