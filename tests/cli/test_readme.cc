@@ -128,8 +128,8 @@ TEST_CASE("README's dtrain command lines use real options and their configs vali
     CHECK_MESSAGE(r.exit_code == 0, line, "\n", r.output);
     ++validated;
   }
-  CHECK(commands >= 15);
-  CHECK(validated >= 10);
+  CHECK(commands >= 12);  // the extractor found the README's commands
+  CHECK(validated >= 10);  // and their configs
 }
 
 TEST_CASE("README points at nothing outside the repository") {

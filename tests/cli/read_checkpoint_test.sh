@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# README's by-hand numpy reader (scripts/read_checkpoint.py) reads what dtrain writes: the tensor
+# table and metadata of a checkpoint, and one tensor's values. Skipped (77) without numpy.
+set -euo pipefail
+BIN=$1 SRC=$2
+/usr/bin/python3 -c 'import numpy' 2>/dev/null || { echo "skip: python3-numpy is not installed"; exit 77; }
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+"$BIN" run "$SRC/configs/smoke.yaml" --set train.max_steps=5 --out "$dir/run" --log-level warn >/dev/null
+file="$dir/run/checkpoints/$(cat "$dir/run/checkpoints/latest")"
+out=$(/usr/bin/python3 "$SRC/scripts/read_checkpoint.py" "$file")
+echo "$out"
+grep -qP '^layers\.0\.weight\tfloat32\t\[64, 16\]$' <<<"$out"
+grep -qP '^optim\.exp_avg_sq\.layers\.4\.bias\tfloat32\t\[4\]$' <<<"$out"
+grep -qP '^__metadata__\.step\t5$' <<<"$out"
+grep -qP '^__metadata__\.format\tdtrain-checkpoint$' <<<"$out"
+vals=$(/usr/bin/python3 "$SRC/scripts/read_checkpoint.py" "$file" layers.4.bias)
+echo "$vals"
+grep -qE '^\[ *-?[0-9.e+-]+( +-?[0-9.e+-]+){3} *\]$' <<<"$vals"
+echo ok
