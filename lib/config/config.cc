@@ -696,6 +696,78 @@ class Reader {
     check(!tls.enabled() || (!tls.cert.empty() && !tls.key.empty() && !tls.ca.empty()),
           "distributed.tls", "needs all of cert, key and ca (or none)");
     check_range("runtime.threads", c.runtime.threads, 0, 1024);
+    validate_choices(c);
+  }
+
+  // Keys that belong to another choice of an option -- another optimizer, schedule, compression
+  // type or strategy, fsdp.unit model, Local SGD without its outer optimizer -- are refused, as
+  // keys of another data format are (validate_data): a config cannot silently run without a
+  // setting it names. A key left at its default is harmless (config_to_json writes every key,
+  // and a run's config.json must load back), so only a value other than the default is refused.
+  // distributed.ddp is accepted with every strategy: ddp is the default strategy, zero1/zero2
+  // shard along its buckets, and configs tuned for it are switched to others with --set.
+  void validate_choices(const Config& c) const {
+    const Config d;  // the defaults
+    auto only = [&](bool used, bool at_default, const std::string& path, const std::string& owner,
+                    const std::string& choice_key, const std::string& choice) {
+      check(used || at_default, path,
+            "only used " + owner + " (" + choice_key + " is " + choice + ")");
+    };
+    const OptimizerConfig &o = c.optimizer, &od = d.optimizer;
+    const bool sgd = o.type == "sgd";
+    const std::string ot = "optimizer.type", adam = "by optimizers adam and adamw";
+    only(sgd, o.momentum == od.momentum, "optimizer.momentum", "by optimizer sgd", ot, o.type);
+    only(sgd, o.nesterov == od.nesterov, "optimizer.nesterov", "by optimizer sgd", ot, o.type);
+    only(!sgd, o.beta1 == od.beta1, "optimizer.beta1", adam, ot, o.type);
+    only(!sgd, o.beta2 == od.beta2, "optimizer.beta2", adam, ot, o.type);
+    only(!sgd, o.eps == od.eps, "optimizer.eps", adam, ot, o.type);
+    const ScheduleConfig &sc = o.schedule, &sd = od.schedule;
+    const std::string sk = "optimizer.schedule.type";
+    only(sc.type == "step", sc.step_size == sd.step_size, "optimizer.schedule.step_size",
+         "by schedule step", sk, sc.type);
+    only(sc.type == "step", sc.gamma == sd.gamma, "optimizer.schedule.gamma", "by schedule step",
+         sk, sc.type);
+    only(sc.type == "cosine", sc.min_lr == sd.min_lr, "optimizer.schedule.min_lr",
+         "by schedule cosine", sk, sc.type);
+
+    const DistributedConfig &dc = c.distributed, &dd = d.distributed;
+    const CompressionConfig &cc = dc.compression, &cd = dd.compression;
+    const std::string ck = "distributed.compression.type";
+    only(cc.type == "topk", cc.ratio == cd.ratio, "distributed.compression.ratio",
+         "by compression topk", ck, cc.type);
+    only(cc.type == "powersgd", cc.rank == cd.rank, "distributed.compression.rank",
+         "by compression powersgd", ck, cc.type);
+    only(cc.type != "none", cc.error_feedback == cd.error_feedback,
+         "distributed.compression.error_feedback", "with compression", ck, cc.type);
+    auto by_strategy = [&](const char* strategy, const char* key, bool at_default) {
+      only(dc.strategy == strategy, at_default, std::string("distributed.") + strategy + "." + key,
+           std::string("by strategy ") + strategy, "distributed.strategy", dc.strategy);
+    };
+    const LocalSgdConfig &ls = dc.local_sgd, &lsd = dd.local_sgd;
+    by_strategy("local_sgd", "sync_every", ls.sync_every == lsd.sync_every);
+    by_strategy("local_sgd", "sync_optimizer_state",
+                ls.sync_optimizer_state == lsd.sync_optimizer_state);
+    by_strategy("local_sgd", "outer_lr", ls.outer_lr == lsd.outer_lr);
+    by_strategy("local_sgd", "outer_momentum", ls.outer_momentum == lsd.outer_momentum);
+    check(ls.outer_lr > 0 || ls.outer_momentum == lsd.outer_momentum,
+          "distributed.local_sgd.outer_momentum",
+          "only used with distributed.local_sgd.outer_lr > 0 (the outer optimizer; outer_lr is "
+          "0)");
+    const FsdpConfig &fc = dc.fsdp, &fd = dd.fsdp;
+    by_strategy("fsdp", "unit", fc.unit == fd.unit);
+    by_strategy("fsdp", "layers_per_unit", fc.layers_per_unit == fd.layers_per_unit);
+    by_strategy("fsdp", "reshard_after_forward",
+                fc.reshard_after_forward == fd.reshard_after_forward);
+    check(fc.unit == "layer" || fc.layers_per_unit == fd.layers_per_unit,
+          "distributed.fsdp.layers_per_unit",
+          "only used with distributed.fsdp.unit layer (unit is " + fc.unit + ")");
+    const PipelineConfig &pc = dc.pipeline, &pd = dd.pipeline;
+    by_strategy("pipeline", "stages", pc.stages == pd.stages);
+    by_strategy("pipeline", "micro_batches", pc.micro_batches == pd.micro_batches);
+    by_strategy("pipeline", "schedule", pc.schedule == pd.schedule);
+    by_strategy("pipeline", "partition", pc.partition == pd.partition);
+    by_strategy("pipeline", "activation_checkpointing",
+                pc.activation_checkpointing == pd.activation_checkpointing);
   }
 
   void validate_model(ModelConfig& m) const {
@@ -790,7 +862,8 @@ class Reader {
     check_enum("optimizer.type", o.type, {"sgd", "adam", "adamw"});
     check_positive("optimizer.lr", o.lr);
     check_unit("optimizer.momentum", o.momentum);
-    check(!o.nesterov || o.momentum > 0, "optimizer.nesterov",
+    // (nesterov with another optimizer is refused by validate_choices, naming sgd)
+    check(o.type != "sgd" || !o.nesterov || o.momentum > 0, "optimizer.nesterov",
           "needs optimizer.momentum > 0 (got momentum " + show(o.momentum) + ")");
     check_non_negative("optimizer.weight_decay", o.weight_decay);
     check_unit("optimizer.beta1", o.beta1);

@@ -69,7 +69,8 @@ distributed: {backend: inproc, world_size: 1, strategy: ddp}
 runtime: {threads: 0}
 )";
 
-// Every key of the schema except those that exclude each other, all with non-default values.
+// Every key of the schema except those of other option choices (SGD's and the step schedule's:
+// this has adamw and cosine), all with non-default values.
 const char* const kEveryKey = R"(seed: 7
 model:
   type: mlp
@@ -95,15 +96,13 @@ data:
 optimizer:
   type: adamw
   lr: 0.003
-  momentum: 0.5
-  nesterov: true
   weight_decay: 0.01
   beta1: 0.8
   beta2: 0.99
   eps: 1.0e-6
   scale_lr: linear
   clip_grad_norm: 1.5
-  schedule: {type: cosine, warmup_steps: 100, step_size: 50, gamma: 0.5, min_lr: 0.0001}
+  schedule: {type: cosine, warmup_steps: 100, min_lr: 0.0001}
 train:
   epochs: 3
   max_steps: 1000
@@ -165,8 +164,6 @@ TEST_CASE("every key is read into its field") {
   CHECK(c.data.csv.delimiter == ';');
   CHECK(c.optimizer.type == "adamw");
   CHECK(c.optimizer.lr == 0.003);
-  CHECK(c.optimizer.momentum == 0.5);
-  CHECK(c.optimizer.nesterov);
   CHECK(c.optimizer.weight_decay == 0.01);
   CHECK(c.optimizer.beta1 == 0.8);
   CHECK(c.optimizer.beta2 == 0.99);
@@ -175,8 +172,6 @@ TEST_CASE("every key is read into its field") {
   CHECK(c.optimizer.clip_grad_norm == 1.5);
   CHECK(c.optimizer.schedule.type == "cosine");
   CHECK(c.optimizer.schedule.warmup_steps == 100);
-  CHECK(c.optimizer.schedule.step_size == 50);
-  CHECK(c.optimizer.schedule.gamma == 0.5);
   CHECK(c.optimizer.schedule.min_lr == 0.0001);
   CHECK(c.train.epochs == 3);
   CHECK(c.train.max_steps == 1000);
@@ -189,6 +184,17 @@ TEST_CASE("every key is read into its field") {
   CHECK(c.distributed.world_size == 4);
   CHECK(c.distributed.strategy == "ddp");
   CHECK(c.runtime.threads == 2);
+
+  // The keys of SGD and of the step schedule (kEveryKey has adamw and cosine).
+  const Config o = parse_config(
+      "data: {format: synthetic}\n"
+      "optimizer: {type: sgd, momentum: 0.5, nesterov: true,\n"
+      "            schedule: {type: step, step_size: 50, gamma: 0.5}}\n",
+      "x.yaml");
+  CHECK(o.optimizer.momentum == 0.5);
+  CHECK(o.optimizer.nesterov);
+  CHECK(o.optimizer.schedule.step_size == 50);
+  CHECK(o.optimizer.schedule.gamma == 0.5);
 
   const Config s = parse_config(
       "data: {format: synthetic, test_fraction: 0.1,\n"
@@ -426,9 +432,10 @@ TEST_CASE("every range and enum rule, via --set") {
   // The boundary values themselves are accepted.
   for (const char* ok :
        {"optimizer.momentum=0", "model.dropout=0", "data.test_fraction=0", "seed=0",
-        "optimizer.schedule.gamma=1", "distributed.world_size=1024", "runtime.threads=1024",
-        "train.max_steps=5", "data.synthetic.seed=-1", "model.hidden=[1]",
-        "distributed.compression.rank=1", "distributed.compression.type=powersgd"}) {
+        "optimizer.schedule={type: step, gamma: 1}", "distributed.world_size=1024",
+        "runtime.threads=1024", "train.max_steps=5", "data.synthetic.seed=-1", "model.hidden=[1]",
+        "distributed.compression={type: powersgd, rank: 1}",
+        "distributed.compression.type=powersgd"}) {
     CAPTURE(ok);
     CHECK(set_error(ok) == "(no error)");
   }
