@@ -4,6 +4,8 @@
 #include <chrono>
 #include <cmath>
 
+#include <fmt/format.h>
+
 #include "optim/optimizer.h"
 #include "train/batch.h"
 #include "util/check.h"
@@ -39,19 +41,36 @@ std::vector<Bucket> make_buckets(const Model& m, int64_t bucket_floats) {
   bool open = false;
   for (size_t i = m.num_layers(); i-- > 0;) {
     if (m.layer_end(i) == m.layer_begin(i)) continue;  // no parameters
+    // Close the open bucket rather than let this layer take it over the cap.
+    if (open && cur.end - m.layer_begin(i) > bucket_floats) {
+      out.push_back(cur);
+      open = false;
+    }
     if (!open) {
       cur = Bucket{m.layer_begin(i), m.layer_end(i), i};
       open = true;
     }
     cur.begin = m.layer_begin(i);
     cur.first_layer = i;
-    if (cur.end - cur.begin >= bucket_floats) {
+    if (cur.end - cur.begin >= bucket_floats) {  // full (or one layer over the cap alone)
       out.push_back(cur);
       open = false;
     }
   }
   if (open) out.push_back(cur);
   return out;
+}
+
+std::string bucket_sizes_mib(const std::vector<Bucket>& buckets) {
+  auto mib = [](const Bucket& b) { return static_cast<double>(b.end - b.begin) * 4 / 1048576.0; };
+  if (buckets.size() > 8) {
+    double largest = 0.0;
+    for (const Bucket& b : buckets) largest = std::max(largest, mib(b));
+    return fmt::format("the largest {:.2f} MiB", largest);
+  }
+  std::string out;
+  for (const Bucket& b : buckets) out += fmt::format("{}{:.2f}", out.empty() ? "" : ", ", mib(b));
+  return out + " MiB";
 }
 
 std::vector<LayerRange> units_from_buckets(const Model& m, const std::vector<Bucket>& buckets) {

@@ -29,13 +29,17 @@
 namespace dtrain {
 
 // DDP gradient buckets: ranges of the flat gradient buffer in the order backward completes them
-// (last layers first), each closed at a layer boundary once it holds at least bucket_floats.
+// (last layers first), cut at layer boundaries. Each holds at most bucket_floats, unless one
+// layer alone is larger (that layer is then a bucket of its own), and as many layers as fit: a
+// bucket closes when the next layer would take it over bucket_floats.
 // A bucket is ready when backward has finished its lowest layer, `first_layer`.
 struct Bucket {
   int64_t begin = 0, end = 0;
   size_t first_layer = 0;
 };
 std::vector<Bucket> make_buckets(const Model& m, int64_t bucket_floats);
+// "0.02, 1.00, 1.53 MiB" (more than 8 buckets: "the largest 1.53 MiB"), for the log.
+std::string bucket_sizes_mib(const std::vector<Bucket>& buckets);
 
 using LayerRange = std::pair<size_t, size_t>;  // layers [first, last)
 // Units covering all layers, in forward order. Layers without parameters join the unit before

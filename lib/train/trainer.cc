@@ -724,8 +724,10 @@ nlohmann::json train_data_parallel(const Config& cfg, const RunOptions& opts, Co
   const uint64_t bytes_sent0 = comm.bytes_sent(), bytes_recv0 = comm.bytes_recv();
   const double comm_s0 = comm.comm_seconds();
   if (lead && world > 1 && (strategy == "ddp" || strategy == "zero1"))
-    spdlog::info("ddp: {} gradient bucket(s) of up to {} MiB", buckets.size(),
-                 cfg.distributed.ddp.bucket_mb);
+    spdlog::info(
+        "ddp: {} gradient bucket(s) of at most {} MiB (a layer larger than that is "
+        "a bucket of its own): {}",
+        buckets.size(), cfg.distributed.ddp.bucket_mb, bucket_sizes_mib(buckets));
   if (lead && world > 1 && local_sgd)
     spdlog::info(
         "local_sgd: parameters averaged every {} step(s){}{}", lsc.sync_every,
