@@ -754,7 +754,9 @@ nlohmann::json train_data_parallel(const Config& cfg, const RunOptions& opts, Co
   // Stragglers: at every train record the ranks all-gather their compute time since the last
   // one (synchronous steps give every rank the same wall time, so compute time is what tells a
   // slow rank); rank 0 warns, naming the rank, when the same rank is 25% (and 1 ms per step)
-  // above the median in two records running.
+  // above the median of the other ranks in two records running. The slowest rank is left out
+  // of the median it is compared with: with it, W = 2 would compare it with itself (the upper
+  // median) or with its own mean with the other rank (a 67% threshold instead of 25%).
   int64_t interval_first_step = step;
   double compute_at_record = 0.0;
   int slow_rank = -1, slow_streak = 0;
@@ -766,12 +768,15 @@ nlohmann::json train_data_parallel(const Config& cfg, const RunOptions& opts, Co
     std::vector<float> all(static_cast<size_t>(world));
     comm.allgather(&mine, all.data(), std::vector<size_t>(static_cast<size_t>(world), 1));
     if (steps <= 0) return;
-    std::vector<float> sorted = all;
-    std::sort(sorted.begin(), sorted.end());
-    const double median = sorted[sorted.size() / 2] / static_cast<double>(steps);
     const auto it = std::max_element(all.begin(), all.end());
     const int r = static_cast<int>(it - all.begin());
     const double worst = *it / static_cast<double>(steps);
+    std::vector<float> others = all;
+    others.erase(others.begin() + r);
+    std::sort(others.begin(), others.end());
+    const size_t m = others.size() / 2;  // even sizes: the mean of the two middle values
+    const double median = (others.size() % 2 == 1 ? others[m] : 0.5 * (others[m - 1] + others[m])) /
+                          static_cast<double>(steps);
     if (worst > 1.25 * median && worst - median > 1e-3) {
       slow_streak = r == slow_rank ? slow_streak + 1 : 1;
       slow_rank = r;
@@ -783,8 +788,8 @@ nlohmann::json train_data_parallel(const Config& cfg, const RunOptions& opts, Co
       ++straggler_warnings;
       if (lead)
         spdlog::warn(
-            "straggler: rank {} computes {:.1f} ms per step against a median of {:.1f} ms over "
-            "the last {} steps (every rank waits for it)",
+            "straggler: rank {} computes {:.1f} ms per step against a median of {:.1f} ms of "
+            "the other ranks over the last {} steps (every rank waits for it)",
             r, worst * 1e3, median * 1e3, steps);
     }
   };
@@ -1096,6 +1101,7 @@ nlohmann::json train_data_parallel(const Config& cfg, const RunOptions& opts, Co
 nlohmann::json run_training(const Config& cfg, const RunOptions& opts) {
   const int world = static_cast<int>(cfg.distributed.world_size);
   CommOptions copts;
+  copts.timeout_s = cfg.distributed.timeout_s;  // as for gRPC ranks (distributed.cc)
   if (cfg.distributed.backend == "grpc")
     throw UserError(
         "distributed.backend grpc: start the ranks with `dtrain launch` or set RANK/WORLD_SIZE");
