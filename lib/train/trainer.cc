@@ -891,6 +891,10 @@ nlohmann::json train_data_parallel(const Config& cfg, const RunOptions& opts, Co
     // Non-finite guard. DDP (with or without compression) and zero1 hold identical reduced
     // gradients and loss on every rank, so every rank reaches the same verdict alone; Local SGD
     // and the unit-wise strategies hold their own, so the verdict is all-reduced (min code).
+    // A skipped step drops its update (and its loss and samples from the record) only: the
+    // step still counts, and its record, evaluation, checkpoint and Local SGD synchronisation
+    // happen as for any other step.
+    bool skip = false;
     {
       float code = kFiniteCode;
       if (!std::isfinite(step_loss)) {
@@ -913,16 +917,10 @@ nlohmann::json train_data_parallel(const Config& cfg, const RunOptions& opts, Co
         if (lead)
           spdlog::warn("step {} skipped on every rank: {} is not finite ({} skipped so far)",
                        step + 1, what, skipped_steps);
-        ++step;
-        train_s += seconds_since(step_t0);
-        if (batch >= bpe) {
-          ++epoch;
-          batch = 0;
-        }
-        continue;
+        skip = true;
       }
     }
-    if (cfg.optimizer.clip_grad_norm > 0) {
+    if (!skip && cfg.optimizer.clip_grad_norm > 0) {
       if (engine) {
         const float f =
             clip_factor(engine->grad_norm(store.grads.data()), cfg.optimizer.clip_grad_norm);
@@ -934,14 +932,15 @@ nlohmann::json train_data_parallel(const Config& cfg, const RunOptions& opts, Co
       }
     }
     const double lr = lr_at(cfg.optimizer.schedule, base_lr, step, schedule_steps);
-    std::optional<TraceScope> opt_scope(std::in_place, tracer, "optimizer", "compute");
-    if (engine) {
-      engine->optimizer_step(*opt, lr, store.values.data(), store.grads.data());
-      exposed_comm_s += engine->wait_seconds() - engine_wait0;
-    } else {
-      opt->step(store.values.data(), store.grads.data(), lr);
+    if (!skip) {
+      TraceScope opt_scope(tracer, "optimizer", "compute");
+      if (engine) {
+        engine->optimizer_step(*opt, lr, store.values.data(), store.grads.data());
+      } else {
+        opt->step(store.values.data(), store.grads.data(), lr);
+      }
     }
-    opt_scope.reset();
+    if (engine) exposed_comm_s += engine->wait_seconds() - engine_wait0;
     ++step;
     if (local_sgd && world > 1 && (step % lsc.sync_every == 0 || step == total_steps)) {
       const auto s0 = Clock::now();
@@ -950,9 +949,11 @@ nlohmann::json train_data_parallel(const Config& cfg, const RunOptions& opts, Co
     }
     apply_step_faults(opts.faults, rank, step, comm);  // DTRAIN_FAULT; a delay is step time
     train_s += seconds_since(step_t0);
-    samples_trained += step_samples;
-    interval_loss += loss_sum;
-    interval_samples += loss_samples;
+    if (!skip) {
+      samples_trained += step_samples;
+      interval_loss += loss_sum;
+      interval_samples += loss_samples;
+    }
 
     const bool epoch_done = batch >= bpe;
     if (epoch_done) {
@@ -972,16 +973,18 @@ nlohmann::json train_data_parallel(const Config& cfg, const RunOptions& opts, Co
         interval_loss = v[0];
         interval_samples = static_cast<int64_t>(std::llround(v[1]));
       }
-      const double mean_loss =
-          interval_loss / static_cast<double>(std::max<int64_t>(1, interval_samples));
-      final_train_loss = mean_loss;
+      // NaN (null in the record) when every step since the last record was skipped.
+      const double mean_loss = interval_samples > 0
+                                   ? interval_loss / static_cast<double>(interval_samples)
+                                   : std::nan("");
+      if (interval_samples > 0) final_train_loss = mean_loss;
       const double sps = el > 0 ? static_cast<double>(interval_samples) / el : 0.0;
       last_sps = sps;
       if (lead && (step % cfg.train.log_every == 0 || step == total_steps)) {
         nlohmann::json rec = {{"kind", "train"},
                               {"step", step},
                               {"epoch", epoch_progress()},
-                              {"loss", mean_loss},
+                              {"loss", nan_to_null(mean_loss)},
                               {"lr", lr},
                               {"samples_per_s", sps},
                               {"comm_bytes_sent", comm.bytes_sent() - bytes_sent0},
