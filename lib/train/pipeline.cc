@@ -243,7 +243,7 @@ nlohmann::json train_pipeline(const Config& cfg, const RunOptions& opts, Communi
   std::vector<Micro> micro;
   Tensor dx, dy_recv, xb;
   std::vector<int32_t> yb;
-  double compute_s = 0.0, idle_s = 0.0, schedule_s = 0.0;
+  double compute_s = 0.0, idle_s = 0.0, schedule_s = 0.0, eval_recv_s = 0.0;
   int64_t stored_now = 0, peak_stored = 0;
   double loss_sum = 0.0;  // last stage: over this step's micro-batches
 
@@ -360,7 +360,9 @@ nlohmann::json train_pipeline(const Config& cfg, const RunOptions& opts, Communi
         gather_rows(data.test, idx, in, yb);
       } else {
         in.resize({rows, in_width});
+        const auto r0 = Clock::now();
         comm.recv(rank - 1, kTagActivation, in.data(), static_cast<size_t>(rows * in_width));
+        eval_recv_s += seconds_since(r0);
       }
       const Tensor& out = model.forward(params.data(), in, acts, ectx, f, l, pb);
       if (last_stage) {
@@ -452,6 +454,16 @@ nlohmann::json train_pipeline(const Config& cfg, const RunOptions& opts, Communi
         total_steps == std::numeric_limits<int64_t>::max() ? -1 : total_steps, steps_per_epoch, b,
         D, P, comm.backend());
   const uint64_t sent0 = comm.bytes_sent(), recv0 = comm.bytes_recv();
+  // comm_s: seconds in the world's and the replica group's collectives, and in point-to-point
+  // receives (training and evaluation). exposed_comm_s: what the training steps wait for --
+  // the replica all-reduce (synchronous) and the receives from neighbouring stages (idle_s:
+  // bubbles included, since a stage waiting for its neighbour is waiting for communication).
+  // compute_s = train_s - exposed_comm_s, as in the data-parallel loop.
+  auto comm_seconds = [&] {
+    return comm.comm_seconds() + (dp ? dp->comm_seconds() : 0.0) + idle_s + eval_recv_s;
+  };
+  const double comm_s0 = comm_seconds();
+  double exposed_comm_s = 0.0;
   double interval_loss = 0.0, train_s = 0.0, final_loss = std::nan("");
   int64_t interval_samples = 0, samples_trained = 0;
   const int64_t first_step = step;
@@ -475,11 +487,20 @@ nlohmann::json train_pipeline(const Config& cfg, const RunOptions& opts, Communi
     const float scale = 1.0f / static_cast<float>(step_samples);
     std::fill(grads.begin(), grads.end(), 0.0f);
     loss_sum = 0.0;
+    const double idle0 = idle_s;
     for (int64_t i = 0; i < n_micro; ++i) run_schedule(sampler.batch(epoch, batch + i), scale);
     if (fault_due(opts.faults, "nan", rank, step + 1) && n > 0)
       grads[0] = std::nanf("");  // DTRAIN_FAULT: a NaN enters this stage's gradient
-    if (dp) dp->allreduce(grads.data(), grads.size(), ReduceOp::kSum);
+    if (dp) {
+      const auto a0 = Clock::now();
+      dp->allreduce(grads.data(), grads.size(), ReduceOp::kSum);
+      exposed_comm_s += seconds_since(a0);
+    }
+    exposed_comm_s += idle_s - idle0;  // waits for the neighbouring stages
     // Non-finite guard: stages hold different tensors, so the verdict is all-reduced (min code).
+    // A skipped step drops its update (and its loss and samples from the record) only, as in
+    // the data-parallel loop.
+    bool skip = false;
     {
       float code = kFiniteCode;
       if (last_stage && !std::isfinite(loss_sum)) {
@@ -500,16 +521,10 @@ nlohmann::json train_pipeline(const Config& cfg, const RunOptions& opts, Communi
         if (lead)
           spdlog::warn("step {} skipped on every rank: {} is not finite ({} skipped so far)",
                        step + 1, what, skipped_steps);
-        ++step;
-        batch += n_micro;
-        if (batch >= bpe) {
-          ++epoch;
-          batch = 0;
-        }
-        continue;
+        skip = true;
       }
     }
-    if (cfg.optimizer.clip_grad_norm > 0) {
+    if (!skip && cfg.optimizer.clip_grad_norm > 0) {
       // Stages hold disjoint parameters; replicas hold equal copies: divide by D.
       float ss = static_cast<float>(sum_squares(grads.data(), n));
       comm.allreduce(&ss, 1, ReduceOp::kSum);
@@ -518,7 +533,7 @@ nlohmann::json train_pipeline(const Config& cfg, const RunOptions& opts, Communi
       if (fct < 1.0f) scale_inplace(grads.data(), n, fct);
     }
     const double lr = lr_at(cfg.optimizer.schedule, base_lr, step, schedule_steps);
-    {
+    if (!skip) {
       TraceScope ts(tracer, "optimizer", "compute");
       opt->step(params.data(), grads.data(), lr);
     }
@@ -526,9 +541,11 @@ nlohmann::json train_pipeline(const Config& cfg, const RunOptions& opts, Communi
     batch += n_micro;
     apply_step_faults(opts.faults, rank, step, comm);  // DTRAIN_FAULT; a delay is step time
     train_s += seconds_since(step_t0);
-    samples_trained += step_samples;
-    interval_loss += loss_sum;
-    interval_samples += step_samples;
+    if (!skip) {
+      samples_trained += step_samples;
+      interval_loss += loss_sum;
+      interval_samples += step_samples;
+    }
     const bool epoch_done = batch >= bpe;
     if (epoch_done) {
       ++epoch;
@@ -539,21 +556,26 @@ nlohmann::json train_pipeline(const Config& cfg, const RunOptions& opts, Communi
       float v = last_stage ? static_cast<float>(interval_loss) : 0.0f;
       comm.allreduce(&v, 1, ReduceOp::kSum);
       const double el = seconds_since(interval_t0);
-      const double mean = v / static_cast<double>(std::max<int64_t>(1, interval_samples));
-      final_loss = mean;
+      // NaN (null in the record) when every step since the last record was skipped.
+      const double mean =
+          interval_samples > 0 ? v / static_cast<double>(interval_samples) : std::nan("");
+      if (interval_samples > 0) final_loss = mean;
       if (lead && (step % cfg.train.log_every == 0 || step == total_steps)) {
         const double sps = el > 0 ? interval_samples / el : 0.0;
-        metrics->write_line(nlohmann::json({{"kind", "train"},
-                                            {"step", step},
-                                            {"epoch", epoch + static_cast<double>(batch) / bpe},
-                                            {"loss", mean},
-                                            {"lr", lr},
-                                            {"samples_per_s", sps},
-                                            {"comm_bytes_sent", comm.bytes_sent() - sent0},
-                                            {"comm_bytes_recv", comm.bytes_recv() - recv0},
-                                            {"compute_s", compute_s},
-                                            {"idle_s", idle_s}})
-                                .dump());
+        metrics->write_line(
+            nlohmann::json({{"kind", "train"},
+                            {"step", step},
+                            {"epoch", epoch + static_cast<double>(batch) / bpe},
+                            {"loss", std::isfinite(mean) ? nlohmann::json(mean) : nlohmann::json()},
+                            {"lr", lr},
+                            {"samples_per_s", sps},
+                            {"comm_bytes_sent", comm.bytes_sent() - sent0},
+                            {"comm_bytes_recv", comm.bytes_recv() - recv0},
+                            {"comm_s", comm_seconds() - comm_s0},
+                            {"compute_s", train_s - exposed_comm_s},
+                            {"exposed_comm_s", exposed_comm_s},
+                            {"idle_s", idle_s}})
+                .dump());
         spdlog::info("step {} loss {:.4f} lr {:.4g} {:.0f} samples/s", step, mean, lr, sps);
       }
       interval_loss = 0.0;
@@ -622,12 +644,25 @@ nlohmann::json train_pipeline(const Config& cfg, const RunOptions& opts, Communi
       {"peak_rss_mb", peak_rss_mb()},
       {"comm_bytes_sent", comm.bytes_sent() - sent0},
       {"comm_bytes_recv", comm.bytes_recv() - recv0},
+      {"comm_s", comm_seconds() - comm_s0},
+      {"compute_s", train_s - exposed_comm_s},
+      {"exposed_comm_s", exposed_comm_s},
       {"skipped_steps", skipped_steps},
+      // Not tracked for pipelines: stages do different work by design (their compute and idle
+      // time are in `stages`), and a slow replica shows as idle time of the others.
+      {"straggler_warnings", 0},
       {"config_hash", hash},
       {"param_count", P},
       {"steps_this_run", step - first_step},
       {"resumed_from", resumed_from.empty() ? nlohmann::json() : nlohmann::json(resumed_from)},
       {"checkpoint", (fs::path(ckpt_dir) / sharded_checkpoint_name(step)).string()},
+      // Rank 0's training state: its stage's parameters, gradients and optimizer state (no
+      // gathered parameters or unit gradient buffers: those are the sharded strategies').
+      {"param_bytes", n * 4},
+      {"grad_bytes", n * 4},
+      {"optim_bytes", opt->state_bytes()},
+      {"peak_gathered_bytes", 0},
+      {"peak_unit_grad_bytes", 0},
       {"stages", stages},
   };
   if (lead) {
