@@ -1,0 +1,169 @@
+// Failure handling as users see it through the binary (issue 19): in-process deadlines,
+// straggler warnings at two ranks, the default heartbeat, and a rank killed mid-save.
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/safetensors.h"
+#include "launch/launcher.h"
+#include "test_util.h"
+
+using dtrain::testing::contains;
+using dtrain::testing::read_text;
+using dtrain::testing::run_cmd;
+using dtrain::testing::TempDir;
+
+namespace {
+
+const std::string kBin = DTRAIN_BIN;
+
+const char* kSmall = R"(seed: 5
+model: {hidden: [16]}
+data:
+  format: synthetic
+  synthetic: {samples: 500, features: 8, classes: 3}
+  batch_size: 10
+optimizer: {type: adam, lr: 0.01}
+train: {epochs: 0, max_steps: 20, log_every: 4}
+runtime: {threads: 1}
+)";
+
+nlohmann::json summary_of(const std::string& run) {
+  return nlohmann::json::parse(read_text(run + "/summary.json"));
+}
+
+// The newest checkpoint of a run folder as one file's tensors (a sharded one consolidated).
+dtrain::StFile latest_state(const std::string& run) {
+  std::string latest = read_text(run + "/checkpoints/latest");
+  while (!latest.empty() && latest.back() == '\n') latest.pop_back();
+  const std::string file = run + "/final.safetensors";
+  const auto r =
+      run_cmd(kBin + " checkpoint consolidate " + run + "/checkpoints/" + latest + " -o " + file);
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  return dtrain::read_safetensors(file);
+}
+
+}  // namespace
+
+TEST_CASE("dtrain run: distributed.timeout_s holds for in-process ranks as under launch") {
+  TempDir dir;
+  const std::string cfg = dir.write("c.yaml", kSmall);
+  const auto r = run_cmd("DTRAIN_FAULT=delay:rank=1:ms=1500 " + kBin + " run " + cfg +
+                         " --set distributed.world_size=2 --set distributed.timeout_s=0.2" +
+                         " --set train.max_steps=4 --out " + dir / "run");
+  INFO(r.output);
+  CHECK(r.exit_code == 1);
+  CHECK(contains(r.output, "timed out"));
+  CHECK_FALSE(std::filesystem::exists(dir / "run/summary.json"));
+}
+
+TEST_CASE("with 2 ranks the slower one is warned about as a straggler, by its rank") {
+  TempDir dir;
+  const std::string cfg = dir.write("c.yaml", kSmall);
+  for (int slow : {1, 0}) {
+    const std::string run = dir / ("slow" + std::to_string(slow));
+    const auto r =
+        run_cmd("DTRAIN_FAULT=delay:rank=" + std::to_string(slow) + ":ms=15 " + kBin + " run " +
+                cfg + " --set distributed.world_size=2 --out " + run + " --log-level warn");
+    INFO(r.output);
+    REQUIRE(r.exit_code == 0);
+    // Records at steps 4, 8, ..., 20: the second running warns, and every one after it.
+    CHECK(summary_of(run)["straggler_warnings"].get<int64_t>() >= 3);
+    CHECK(contains(r.output, "straggler: rank " + std::to_string(slow) + " computes"));
+    CHECK_FALSE(contains(r.output, "straggler: rank " + std::to_string(1 - slow) + " computes"));
+  }
+  // Without a delay nobody is named.
+  const auto r = run_cmd(kBin + " run " + cfg + " --set distributed.world_size=2 --out " +
+                         dir / "even" + " --log-level warn");
+  REQUIRE(r.exit_code == 0);
+  CHECK(summary_of(dir / "even")["straggler_warnings"] == 0);
+}
+
+TEST_CASE("with the default heartbeat_s (10) a frozen rank is detected in about 10 s") {
+  TempDir dir;
+  const std::string cfg = dir.write("long.yaml", R"(seed: 3
+model: {hidden: [64]}
+data:
+  format: synthetic
+  synthetic: {samples: 20000, features: 16, classes: 4}
+  batch_size: 16
+optimizer: {type: sgd, lr: 0.05}
+train: {epochs: 50, log_every: 50}
+distributed: {backend: grpc, world_size: 2, timeout_s: 120, rendezvous_timeout_s: 6}
+runtime: {threads: 1}
+)");
+  const int port = dtrain::pick_free_port();
+  auto env = [&](int r) {
+    return "RANK=" + std::to_string(r) + " WORLD_SIZE=2 LOCAL_RANK=" + std::to_string(r) +
+           " LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port) +
+           " DTRAIN_JOB_TOKEN=tok ";
+  };
+  // Rank 1 is stopped once training is under way; only its missing heartbeats tell rank 0.
+  const std::string script =
+      "set -u; " + env(0) + kBin + " run " + cfg + " --out " + dir / "run" + " > " +
+      dir / "r0.log" + " 2>&1 & p0=$!; " + env(1) + kBin + " run " + cfg + " --out " + dir / "run" +
+      " > " + dir / "r1.log" + " 2>&1 & p1=$!; for i in $(seq 600); do [ -s " +
+      dir / "run/metrics.jsonl" +
+      " ] && break; sleep 0.1; done; kill -STOP $p1; start=$(date +%s%N); wait $p0; rc=$?; " +
+      "echo rank0_exit=$rc elapsed_ms=$(( ($(date +%s%N) - start) / 1000000 )); kill -9 $p1; " +
+      "wait $p1";
+  const auto r = run_cmd("bash -c '" + script + "'");
+  const std::string log = read_text(dir / "r0.log");
+  INFO(r.output, log);
+  CHECK(contains(r.output, "rank0_exit=1"));
+  const size_t at = r.output.find("elapsed_ms=");
+  REQUIRE(at != std::string::npos);
+  const long ms = std::stol(r.output.substr(at + 11));
+  // The last heartbeat came 0 to heartbeat_s / 3 before the stop; the silence is judged 10 s
+  // after it: between about 6.7 and 11 s, plus shutdown. Far from timeout_s 120 either way.
+  CHECK(ms >= 6000);
+  CHECK(ms <= 18000);
+  CHECK(contains(log, "no heartbeat from rank 1 for 1"));
+  CHECK(contains(log, "frozen or unreachable"));
+}
+
+TEST_CASE(
+    "dtrain launch: a rank killed between its shard and the manifest leaves the previous "
+    "checkpoint latest, and resume ends bitwise as an uninterrupted run") {
+  TempDir dir;
+  const std::string cfg = dir.write("c.yaml", R"(seed: 5
+model: {hidden: [16]}
+data:
+  format: synthetic
+  synthetic: {samples: 500, features: 8, classes: 3}
+  batch_size: 10
+optimizer: {type: adam, lr: 0.01}
+train: {epochs: 0, max_steps: 30, checkpoint: {every_steps: 10, keep_last: 3}}
+distributed: {strategy: fsdp, timeout_s: 20}
+runtime: {threads: 1}
+)");
+  const std::string run = dir / "run";
+  // Rank 1 (not the manifest writer) dies after writing its shard of step 20.
+  auto r = run_cmd("DTRAIN_FAULT=kill_in_save:rank=1:step=20 " + kBin + " launch --nproc 2 " + cfg +
+                   " --out " + run + " --log-level warn");
+  INFO(r.output);
+  REQUIRE(r.exit_code != 0);
+  CHECK(contains(r.output, "rank 1 failed: killed by signal SIGKILL"));
+  CHECK(read_text(run + "/checkpoints/latest") == "step-10\n");
+  CHECK(std::filesystem::exists(run + "/checkpoints/step-20/rank-1.safetensors"));
+  CHECK_FALSE(std::filesystem::exists(run + "/checkpoints/step-20/manifest.json"));
+  CHECK(contains(read_text(run + "/logs/rank-1.log"), "DTRAIN_FAULT"));
+  r = run_cmd(kBin + " launch --nproc 2 " + cfg + " --out " + run +
+              " --resume auto --log-level info");
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  CHECK(contains(r.output, "resumed from " + run + "/checkpoints/step-10 at step 10"));
+  CHECK(summary_of(run)["steps_this_run"] == 20);
+  r = run_cmd(kBin + " launch --nproc 2 " + cfg + " --out " + dir / "straight" +
+              " --log-level warn");
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  const auto a = latest_state(run), b = latest_state(dir / "straight");
+  REQUIRE(a.tensors.size() == b.tensors.size());
+  CHECK(a.tensors.size() > 2);  // parameters and Adam's moments
+  for (const auto& [name, t] : a.tensors) {
+    REQUIRE_MESSAGE(b.tensors.count(name) == 1, name);
+    CHECK_MESSAGE(t.data == b.tensors.at(name).data, name);
+  }
+}

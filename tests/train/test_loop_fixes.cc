@@ -1,0 +1,215 @@
+// The training loops keep their documented promises (issue 19): distributed.timeout_s bounds
+// in-process waits, a skipped non-finite step skips only its update, pipelines write every
+// documented output, and DDP buckets respect their cap.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include <spdlog/spdlog.h>
+
+#include "nn/model.h"
+#include "test_util.h"
+#include "train/sharding.h"
+#include "train/trainer.h"
+#include "util/check.h"
+
+using namespace dtrain;
+using dtrain::testing::TempDir;
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// 200 samples: 160 train rows, so 2 ranks with batch 8 (or 1 pipeline replica with batch 16)
+// finish an epoch at step 10.
+const char* kSmall = R"(
+seed: 3
+model: {hidden: [12, 8]}
+data:
+  format: synthetic
+  synthetic: {samples: 200, features: 6, classes: 3}
+  batch_size: 8
+optimizer: {type: adam, lr: 0.01}
+train: {epochs: 0, max_steps: 12, log_every: 5}
+runtime: {threads: 1}
+)";
+
+std::vector<nlohmann::json> read_jsonl(const std::string& path) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+
+const nlohmann::json* record(const std::vector<nlohmann::json>& recs, const std::string& kind,
+                             int64_t step) {
+  for (const auto& r : recs)
+    if (r["kind"] == kind && r["step"] == step) return &r;
+  return nullptr;
+}
+
+std::set<std::string> keys_of(const nlohmann::json& j) {
+  std::set<std::string> k;
+  for (const auto& [key, v] : j.items()) k.insert(key);
+  return k;
+}
+
+}  // namespace
+
+TEST_CASE("distributed.timeout_s bounds the waits of in-process ranks, ddp and pipeline") {
+  spdlog::set_level(spdlog::level::off);
+  for (const char* strategy : {"ddp", "pipeline"}) {
+    CAPTURE(strategy);
+    TempDir dir;
+    RunOptions o;
+    o.out_dir = dir / "run";
+    // Rank 1 sleeps 1 s after every step: rank 0 waits for it longer than timeout_s 0.2.
+    o.faults = parse_faults("delay:rank=1:ms=1000", 0);
+    const Config c = parse_config(
+        kSmall, "t.yaml",
+        {"distributed.world_size=2", "train.max_steps=4",
+         std::string("distributed.strategy=") + strategy, "distributed.timeout_s=0.2"});
+    CHECK_THROWS_WITH(run_training(c, o), doctest::Contains("timed out"));
+    // With the default timeout the same run completes.
+    o.out_dir = dir / "patient";
+    o.faults = parse_faults("delay:rank=1:ms=100", 0);
+    CHECK(run_training(parse_config(kSmall, "t.yaml",
+                                    {"distributed.world_size=2", "train.max_steps=2",
+                                     std::string("distributed.strategy=") + strategy}),
+                       o)["steps"] == 2);
+  }
+}
+
+TEST_CASE("train.nonfinite skip drops only the update: the step's record, eval, checkpoint, sync") {
+  spdlog::set_level(spdlog::level::off);
+  struct Case {
+    std::vector<std::string> sets;
+    bool same_collectives;  // a skipped step runs exactly the collectives of a normal one
+  };
+  // Every case finishes an epoch at step 10 (160 rows, global batch 16).
+  const std::vector<Case> cases = {
+      {{"distributed.world_size=2"}, true},
+      {{"distributed.world_size=2", "distributed.strategy=zero2"}, false},  // no all-gather
+      {{"distributed.world_size=2", "distributed.strategy=local_sgd",
+        "distributed.local_sgd.sync_every=5"},
+       true},
+      {{"distributed.world_size=2", "distributed.strategy=pipeline", "data.batch_size=16"}, true},
+  };
+  for (const auto& c : cases) {
+    const std::string tag = c.sets.size() > 1 ? c.sets[1] : "ddp";
+    CAPTURE(tag);
+    TempDir dir;
+    auto sets = c.sets;
+    sets.insert(sets.end(), {"train.nonfinite=skip", "train.checkpoint.every_steps=10",
+                             "train.checkpoint.keep_last=5"});
+    RunOptions o;
+    o.out_dir = dir / "skip";
+    o.faults = parse_faults("nan:rank=0:step=10", 0);
+    const auto s = run_training(parse_config(kSmall, "n.yaml", sets), o);
+    CHECK(s["skipped_steps"] == 1);
+    CHECK(s["steps"] == 12);
+    const fs::path ck = fs::path(o.out_dir) / "checkpoints";
+    CHECK((fs::exists(ck / "step-10.safetensors") || fs::exists(ck / "step-10/manifest.json")));
+    const auto recs = read_jsonl(o.out_dir + "/metrics.jsonl");
+    const nlohmann::json* train10 = record(recs, "train", 10);
+    REQUIRE(train10 != nullptr);
+    // Steps 6..9 trained: the record's loss is theirs, finite.
+    REQUIRE((*train10)["loss"].is_number());
+    CHECK(std::isfinite((*train10)["loss"].get<double>()));
+    CHECK(record(recs, "eval", 10) != nullptr);  // the epoch ended at step 10
+    CHECK(record(recs, "train", 5) != nullptr);
+    CHECK(record(recs, "eval", 12) != nullptr);
+    if (c.same_collectives) {
+      RunOptions clean;
+      clean.out_dir = dir / "clean";
+      const auto t = run_training(parse_config(kSmall, "n.yaml", sets), clean);
+      CHECK(t["skipped_steps"] == 0);
+      CHECK(s["comm_bytes_sent"] == t["comm_bytes_sent"]);
+    }
+  }
+}
+
+TEST_CASE("pipeline and data-parallel runs write the same summary keys and record keys") {
+  spdlog::set_level(spdlog::level::off);
+  TempDir dir;
+  RunOptions o;
+  o.out_dir = dir / "ddp";
+  const auto d = run_training(parse_config(kSmall, "k.yaml", {"distributed.world_size=2"}), o);
+  o.out_dir = dir / "pipe";
+  const auto p = run_training(
+      parse_config(kSmall, "k.yaml", {"distributed.world_size=4", "distributed.strategy=pipeline"}),
+      o);
+  std::set<std::string> pk = keys_of(p);
+  CHECK(pk.erase("stages") == 1);
+  CHECK(pk == keys_of(d));
+  // Values: rank 0 is stage 0 (layers 0 and 1: 6*12+12 = 84 parameters); Adam keeps two moments.
+  CHECK(p["param_bytes"] == 84 * 4);
+  CHECK(p["grad_bytes"] == 84 * 4);
+  CHECK(p["optim_bytes"] == 2 * 84 * 4);
+  CHECK(p["peak_gathered_bytes"] == 0);
+  CHECK(p["peak_unit_grad_bytes"] == 0);
+  CHECK(p["straggler_warnings"] == 0);
+  CHECK(p["comm_s"].get<double>() > 0.0);
+  CHECK(p["exposed_comm_s"].get<double>() > 0.0);  // 2 replicas all-reduce, stages wait
+  CHECK(p["compute_s"].get<double>() > 0.0);
+  CHECK(p["compute_s"].get<double>() + p["exposed_comm_s"].get<double>() ==
+        doctest::Approx(p["train_s"].get<double>()));
+  // Train records: the data-parallel keys, plus the pipeline's idle_s.
+  const auto dr = read_jsonl(dir / "ddp/metrics.jsonl");
+  const auto pr = read_jsonl(dir / "pipe/metrics.jsonl");
+  const nlohmann::json* a = record(dr, "train", 5);
+  const nlohmann::json* b = record(pr, "train", 5);
+  REQUIRE(a != nullptr);
+  REQUIRE(b != nullptr);
+  std::set<std::string> bk = keys_of(*b);
+  CHECK(bk.erase("idle_s") == 1);
+  CHECK(bk == keys_of(*a));
+  CHECK((*b)["comm_s"].get<double>() > 0.0);
+}
+
+TEST_CASE("DDP buckets never exceed bucket_mb unless one layer alone does") {
+  ModelConfig mc;
+  mc.hidden = {512, 512};
+  const Model m = build_mlp(mc, 784, 10);  // Fashion-MNIST: layers of 401,920, 262,656, 5,130
+  auto sizes = [&](int64_t cap) {
+    std::vector<int64_t> out;
+    for (const Bucket& b : make_buckets(m, cap)) out.push_back(b.end - b.begin);
+    return out;
+  };
+  // 1 MiB = 262,144 floats: the two big layers are each over it alone, the last is not merged
+  // with the one before (that would make 267,786 floats).
+  CHECK(sizes(262144) == std::vector<int64_t>{5130, 262656, 401920});
+  CHECK(sizes(267786) == std::vector<int64_t>{267786, 401920});
+  CHECK(sizes(1 << 30) == std::vector<int64_t>{669706});
+  CHECK(sizes(1) == std::vector<int64_t>{5130, 262656, 401920});
+  // Any model and cap: buckets tile the layout from the end, each within the cap or a single
+  // layer, and each as large as the cap allows (adding the next layer would exceed it).
+  ModelConfig deep;
+  deep.hidden = {24, 16, 40, 8, 30};
+  deep.layer_norm = true;
+  const Model d = build_mlp(deep, 10, 3);
+  for (int64_t cap : {1, 50, 200, 300, 500, 700, 1000, 1500, 5000}) {
+    CAPTURE(cap);
+    const std::vector<Bucket> bs = make_buckets(d, cap);
+    int64_t expect_end = d.param_count();
+    for (size_t k = 0; k < bs.size(); ++k) {
+      const Bucket& b = bs[k];
+      CHECK(b.end == expect_end);
+      CHECK(b.begin == d.layer_begin(b.first_layer));
+      const bool one_layer = b.end == d.layer_end(b.first_layer);
+      CHECK((b.end - b.begin <= cap || one_layer));
+      if (k + 1 < bs.size()) {
+        size_t top = b.first_layer;
+        while (top-- > 0 && d.layer_end(top) == d.layer_begin(top)) {
+        }
+        CHECK(b.end - d.layer_begin(top) > cap);
+      }
+      expect_end = b.begin;
+    }
+    CHECK(expect_end == 0);
+  }
+}
