@@ -8,6 +8,8 @@
 #include <spdlog/spdlog.h>
 
 #include "checkpoint/safetensors.h"
+#include "data/dataset.h"
+#include "data/sampler.h"
 #include "test_util.h"
 #include "train/train_test_util.h"
 #include "train/trainer.h"
@@ -178,16 +180,16 @@ TEST_CASE("a model shape that contradicts the data is a user error") {
 
 TEST_CASE("W in-process ranks with batch b equal one process with batch W*b") {
   spdlog::set_level(spdlog::level::warn);
-  // 500 training samples: with W = 3, b = 8 the epoch ends in a short global batch (split
-  // unevenly across ranks) before step 20, so uneven batches are covered too.
+  // 301 training samples, b = 8: for W = 2, 3 and 4 the epoch ends in a short global batch of
+  // 13 samples (7/6, 5/4/4, 4/3/3/3 across the ranks) before step 25, checked below.
   const std::string base = R"(
 seed: 21
 model: {hidden: [24, 16], activation: tanh}
 data:
   format: synthetic
-  synthetic: {samples: 625, features: 10, classes: 3, noise: 0.8}
+  synthetic: {samples: 376, features: 10, classes: 3, noise: 0.8}
   batch_size: 8
-train: {epochs: 0, max_steps: 20, log_every: 5}
+train: {epochs: 0, max_steps: 25, log_every: 5}
 runtime: {threads: 1}
 )";
   for (const char* optim : {"{type: sgd, lr: 0.05, momentum: 0.9}", "{type: adam, lr: 0.003}"}) {
@@ -199,6 +201,13 @@ runtime: {threads: 1}
       const Config multi = parse_config(
           base, "fid.yaml",
           {std::string("optimizer=") + optim, "distributed.world_size=" + std::to_string(world)});
+      {
+        // The run passes the epoch's last global batch, and the ranks split it unevenly.
+        const DataSplits data = load_data(multi.data, multi.seed);
+        const Sampler sm(data.train.rows, 8, world, 0, true, false, 21);
+        CHECK(sm.batches_per_epoch() <= 25);
+        CHECK(sm.global_batch_size(sm.batches_per_epoch() - 1) % world != 0);
+      }
       RunOptions o1, o2;
       o1.out_dir = dir / "single";
       o2.out_dir = dir / "multi";
@@ -206,8 +215,8 @@ runtime: {threads: 1}
       const auto s = run_training(multi, o2);
       CHECK(s["world_size"] == world);
       CHECK(s["comm_bytes_sent"].get<uint64_t>() > 0);
-      const double rel = checkpoint_rel_diff(dir / "single/checkpoints/step-20.safetensors",
-                                             dir / "multi/checkpoints/step-20.safetensors");
+      const double rel = checkpoint_rel_diff(dir / "single/checkpoints/step-25.safetensors",
+                                             dir / "multi/checkpoints/step-25.safetensors");
       INFO("optimizer ", std::string(optim), " world ", world, " relative difference ", rel);
       CHECK(rel < 1e-5);
       if (world == 3) {
@@ -217,8 +226,8 @@ runtime: {threads: 1}
         RunOptions ob;
         ob.out_dir = dir / "bucketed";
         run_training(bucketed, ob);
-        CHECK(checkpoint_rel_diff(dir / "single/checkpoints/step-20.safetensors",
-                                  dir / "bucketed/checkpoints/step-20.safetensors") < 1e-5);
+        CHECK(checkpoint_rel_diff(dir / "single/checkpoints/step-25.safetensors",
+                                  dir / "bucketed/checkpoints/step-25.safetensors") < 1e-5);
       }
       // And the comparison can fail: a different learning rate is far off.
       if (world == 2) {
@@ -227,8 +236,8 @@ runtime: {threads: 1}
         RunOptions o3;
         o3.out_dir = dir / "other";
         run_training(other, o3);
-        CHECK(checkpoint_rel_diff(dir / "single/checkpoints/step-20.safetensors",
-                                  dir / "other/checkpoints/step-20.safetensors") > 1e-3);
+        CHECK(checkpoint_rel_diff(dir / "single/checkpoints/step-25.safetensors",
+                                  dir / "other/checkpoints/step-25.safetensors") > 1e-3);
       }
     }
   }
