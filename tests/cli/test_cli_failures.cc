@@ -75,11 +75,8 @@ TEST_CASE("with 2 ranks the slower one is warned about as a straggler, by its ra
     CHECK(contains(r.output, "straggler: rank " + std::to_string(slow) + " computes"));
     CHECK_FALSE(contains(r.output, "straggler: rank " + std::to_string(1 - slow) + " computes"));
   }
-  // Without a delay nobody is named.
-  const auto r = run_cmd(kBin + " run " + cfg + " --set distributed.world_size=2 --out " +
-                         dir / "even" + " --log-level warn");
-  REQUIRE(r.exit_code == 0);
-  CHECK(summary_of(dir / "even")["straggler_warnings"] == 0);
+  // (No check that an undelayed run stays silent: on a loaded machine a rank descheduled in two
+  // records running is a straggler too, and timed tests keep generous bounds only.)
 }
 
 TEST_CASE("with the default heartbeat_s (10) a frozen rank is detected in about 10 s") {
