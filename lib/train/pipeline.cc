@@ -649,7 +649,8 @@ nlohmann::json train_pipeline(const Config& cfg, const RunOptions& opts, Communi
       {"exposed_comm_s", exposed_comm_s},
       {"skipped_steps", skipped_steps},
       // Not tracked for pipelines: stages do different work by design (their compute and idle
-      // time are in `stages`), and a slow replica shows as idle time of the others.
+      // time are in `stages`), and the other replicas wait for a slow one in the replica
+      // all-reduce (their exposed_comm_s).
       {"straggler_warnings", 0},
       {"config_hash", hash},
       {"param_count", P},

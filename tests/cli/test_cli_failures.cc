@@ -79,6 +79,30 @@ TEST_CASE("with 2 ranks the slower one is warned about as a straggler, by its ra
   // records running is a straggler too, and timed tests keep generous bounds only.)
 }
 
+TEST_CASE("the DDP bucket log lists buckets within bucket_mb, or one layer over it alone") {
+  TempDir dir;
+  // mlp-ref's shape (784-512-512-10): layers of 1.53, 1.00 and 0.02 MiB; one step is enough.
+  const std::string cfg = dir.write("c.yaml", R"(model: {hidden: [512, 512]}
+data:
+  format: synthetic
+  synthetic: {samples: 100, features: 784, classes: 10}
+  batch_size: 8
+train: {epochs: 0, max_steps: 1}
+distributed: {world_size: 2}
+runtime: {threads: 1}
+)");
+  auto r = run_cmd(kBin + " run " + cfg + " --out " + dir / "a");
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  CHECK(contains(r.output,
+                 "ddp: 3 gradient bucket(s) of at most 1 MiB (a layer larger than "
+                 "that is a bucket of its own): 0.02, 1.00, 1.53 MiB"));
+  r = run_cmd(kBin + " run " + cfg + " --set distributed.ddp.bucket_mb=2 --out " + dir / "b");
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  CHECK(contains(r.output,
+                 "ddp: 2 gradient bucket(s) of at most 2 MiB (a layer larger than "
+                 "that is a bucket of its own): 1.02, 1.53 MiB"));
+}
+
 TEST_CASE("with the default heartbeat_s (10) a frozen rank is detected in about 10 s") {
   TempDir dir;
   const std::string cfg = dir.write("long.yaml", R"(seed: 3
