@@ -1,5 +1,6 @@
 // Failure handling as users see it through the binary (issue 19): in-process deadlines,
-// straggler warnings at two ranks, the default heartbeat, and a rank killed mid-save.
+// straggler warnings at two ranks, the bucket log, the default heartbeat, and a rank killed
+// mid-save.
 #include <doctest/doctest.h>
 
 #include <filesystem>
@@ -7,11 +8,13 @@
 
 #include <nlohmann/json.hpp>
 
-#include "checkpoint/safetensors.h"
+#include "cli/cli_util.h"
 #include "launch/launcher.h"
 #include "test_util.h"
 
+using dtrain::testing::check_same_state;
 using dtrain::testing::contains;
+using dtrain::testing::latest_run_state;
 using dtrain::testing::read_text;
 using dtrain::testing::run_cmd;
 using dtrain::testing::TempDir;
@@ -33,17 +36,6 @@ runtime: {threads: 1}
 
 nlohmann::json summary_of(const std::string& run) {
   return nlohmann::json::parse(read_text(run + "/summary.json"));
-}
-
-// The newest checkpoint of a run folder as one file's tensors (a sharded one consolidated).
-dtrain::StFile latest_state(const std::string& run) {
-  std::string latest = read_text(run + "/checkpoints/latest");
-  while (!latest.empty() && latest.back() == '\n') latest.pop_back();
-  const std::string file = run + "/final.safetensors";
-  const auto r =
-      run_cmd(kBin + " checkpoint consolidate " + run + "/checkpoints/" + latest + " -o " + file);
-  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
-  return dtrain::read_safetensors(file);
 }
 
 }  // namespace
@@ -180,11 +172,7 @@ runtime: {threads: 1}
   r = run_cmd(kBin + " launch --nproc 2 " + cfg + " --out " + dir / "straight" +
               " --log-level warn");
   REQUIRE_MESSAGE(r.exit_code == 0, r.output);
-  const auto a = latest_state(run), b = latest_state(dir / "straight");
-  REQUIRE(a.tensors.size() == b.tensors.size());
+  const auto a = latest_run_state(kBin, run);
   CHECK(a.tensors.size() > 2);  // parameters and Adam's moments
-  for (const auto& [name, t] : a.tensors) {
-    REQUIRE_MESSAGE(b.tensors.count(name) == 1, name);
-    CHECK_MESSAGE(t.data == b.tensors.at(name).data, name);
-  }
+  check_same_state(a, latest_run_state(kBin, dir / "straight"), "resumed vs uninterrupted");
 }
