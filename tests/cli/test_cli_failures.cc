@@ -130,9 +130,10 @@ runtime: {threads: 1}
   const size_t at = r.output.find("elapsed_ms=");
   REQUIRE(at != std::string::npos);
   const long ms = std::stol(r.output.substr(at + 11));
-  // The last heartbeat came 0 to heartbeat_s / 3 before the stop; the silence is judged 10 s
-  // after it: between about 6.7 and 11 s, plus shutdown. Far from timeout_s 120 either way.
-  CHECK(ms >= 6000);
+  // Rank 1's last heartbeat left 0 to heartbeat_s / 3 before the stop (a little more if it got
+  // no CPU just before); the silence is judged 10 s after it: about 6.7 to 11 s after the
+  // stop, plus shutdown. Far from timeout_s 120 either way.
+  CHECK(ms >= 5500);
   CHECK(ms <= 18000);
   CHECK(contains(log, "no heartbeat from rank 1 for 1"));
   CHECK(contains(log, "frozen or unreachable"));
