@@ -40,35 +40,90 @@ std::string meta_str(const StFile& f, const std::string& key, const std::string&
   return it->second;
 }
 
-std::map<std::string, std::string> file_metadata(const CheckpointMeta& meta, int64_t param_count);
+std::map<std::string, std::string> file_metadata(const CheckpointMeta& meta, int64_t param_count,
+                                                 const CompressionState& comp);
+
+std::string residual_tensor_name(int64_t rank) {
+  return "comp.residual.rank" + std::to_string(rank);
+}
+const char* kQTensor = "comp.q";
+
+// Refuses a version this dtrain cannot read (older than the oldest it still loads, or newer).
+void check_format_version(int64_t version, const std::string& path) {
+  if (version < kOldestCheckpointFormatVersion || version > kCheckpointFormatVersion)
+    throw UserError("checkpoint '" + path + "': format version " + std::to_string(version) +
+                    ", this dtrain reads versions " +
+                    std::to_string(kOldestCheckpointFormatVersion) + " to " +
+                    std::to_string(kCheckpointFormatVersion));
+}
 
 }  // namespace
 
 void save_checkpoint(const std::string& path, const Model& model, const float* params,
-                     const std::vector<StateBuffer>& state, const CheckpointMeta& meta) {
+                     const std::vector<StateBuffer>& state, const CheckpointMeta& meta,
+                     const CompressionState& comp) {
   std::vector<StTensorRef> refs;
-  refs.reserve(model.params().size() * (1 + state.size()));
+  refs.reserve(model.params().size() * (1 + state.size()) + comp.residuals.size() + 1);
   for (const auto& e : model.params()) refs.push_back({e.name, e.shape, params + e.offset});
   for (const auto& s : state)
     for (const auto& e : model.params())
       refs.push_back({"optim." + s.name + "." + e.name, e.shape, s.data + e.offset});
-  const auto md = file_metadata(meta, model.param_count());
+  DT_CHECK(comp.residuals.empty() ||
+           static_cast<int64_t>(comp.residuals.size()) == comp.world_size);
+  // Empty vectors are not stored (file_metadata records 0 floats).
+  for (size_t r = 0; r < comp.residuals.size(); ++r) {
+    DT_CHECK_EQ(comp.residuals[r].size(), comp.residuals[0].size());
+    if (!comp.residuals[r].empty())
+      refs.push_back({residual_tensor_name(static_cast<int64_t>(r)),
+                      {static_cast<int64_t>(comp.residuals[r].size())},
+                      comp.residuals[r].data()});
+  }
+  if (!comp.q.empty())
+    refs.push_back({kQTensor, {static_cast<int64_t>(comp.q.size())}, comp.q.data()});
+  const auto md = file_metadata(meta, model.param_count(), comp);
   write_safetensors(path, refs, md);
 }
 
 namespace {
 
+// The compression record of a version-2 file, checked against its tensors: type, sizes and the
+// names of the tensors it owns (copied into the result only when `with_data`).
+CompressionState read_compression(const StFile& f, const std::string& path,
+                                  std::vector<std::string>& owned, bool with_data) {
+  CompressionState c;
+  c.type = meta_str(f, "compression", path);
+  c.world_size = meta_int(f, "compression_world_size", path);
+  const int64_t rf = meta_int(f, "compression_residual_floats", path);
+  const int64_t qf = meta_int(f, "compression_q_floats", path);
+  c.rng = meta_str(f, "compression_rng", path);
+  if (c.world_size < 0 || c.world_size > (int64_t{1} << 20) || rf < 0 || qf < 0)
+    throw UserError("checkpoint '" + path + "': bad compression sizes in metadata");
+  auto take = [&](const std::string& name, int64_t n, std::vector<float>* out) {
+    auto it = f.tensors.find(name);
+    if (it == f.tensors.end() || it->second.shape != Shape{n})
+      throw UserError("checkpoint '" + path + "': compression state needs tensor '" + name +
+                      "' of shape [" + std::to_string(n) + "]");
+    owned.push_back(name);
+    if (with_data) *out = it->second.data;
+  };
+  if (rf > 0) {
+    c.residuals.resize(static_cast<size_t>(c.world_size));
+    for (int64_t r = 0; r < c.world_size; ++r)
+      take(residual_tensor_name(r), rf, &c.residuals[static_cast<size_t>(r)]);
+  }
+  if (qf > 0) take(kQTensor, qf, &c.q);
+  return c;
+}
+
 CheckpointMeta load_file_checkpoint(const std::string& path, const Model& model, float* params,
-                                    const std::vector<StateBuffer>& state) {
+                                    const std::vector<StateBuffer>& state, CompressionState* comp) {
   const StFile f = read_safetensors(path);
   auto fmt = f.metadata.find("format");
   if (fmt == f.metadata.end() || fmt->second != kFormatName)
     throw UserError("checkpoint '" + path + "': not a dtrain checkpoint (no format=" +
                     std::string(kFormatName) + " in __metadata__)");
   const int64_t version = meta_int(f, "format_version", path);
-  if (version != kCheckpointFormatVersion)
-    throw UserError("checkpoint '" + path + "': format version " + std::to_string(version) +
-                    ", this dtrain reads version " + std::to_string(kCheckpointFormatVersion));
+  check_format_version(version, path);
 
   CheckpointMeta meta;
   meta.step = meta_int(f, "step", path);
@@ -97,22 +152,26 @@ CheckpointMeta load_file_checkpoint(const std::string& path, const Model& model,
                       shape_str(shape));
     return it->second;
   };
-  size_t expected_tensors = model.params().size() * (1 + state.size());
+  std::vector<std::string> comp_tensors;
+  CompressionState cs;
+  if (version >= 2) cs = read_compression(f, path, comp_tensors, comp != nullptr);
+  size_t expected_tensors = model.params().size() * (1 + state.size()) + comp_tensors.size();
   for (const auto& e : model.params()) expect(e.name, e.shape);
   for (const auto& s : state)
     for (const auto& e : model.params()) expect("optim." + s.name + "." + e.name, e.shape);
   if (state.empty()) {
-    // Weights only: ignore optimizer tensors, but reject unknown model tensors.
+    // Weights only: ignore optimizer and compression tensors, but reject unknown model tensors.
     expected_tensors = 0;
     for (const auto& [name, t] : f.tensors)
-      if (name.rfind("optim.", 0) != 0) ++expected_tensors;
+      if (name.rfind("optim.", 0) != 0 && name.rfind("comp.", 0) != 0) ++expected_tensors;
     if (expected_tensors != model.params().size())
       throw UserError("checkpoint '" + path + "' does not match the model: it has " +
                       std::to_string(expected_tensors) + " parameter tensors, the model " +
                       std::to_string(model.params().size()));
   } else if (f.tensors.size() != expected_tensors) {
     for (const auto& [name, t] : f.tensors) {
-      bool known = model.find(name) != nullptr;
+      bool known = model.find(name) != nullptr ||
+                   std::find(comp_tensors.begin(), comp_tensors.end(), name) != comp_tensors.end();
       for (const auto& s : state)
         if (name.rfind("optim." + s.name + ".", 0) == 0) known = true;
       if (!known)
@@ -133,6 +192,8 @@ CheckpointMeta load_file_checkpoint(const std::string& path, const Model& model,
       const auto& t = f.tensors.at("optim." + s.name + "." + e.name);
       std::copy(t.data.begin(), t.data.end(), s.data + e.offset);
     }
+  cs.strategy = meta.strategy;
+  if (comp) *comp = std::move(cs);
   return meta;
 }
 
@@ -169,10 +230,7 @@ ShardedRead read_sharded(const std::string& dir, bool with_state) {
     const nlohmann::json m = nlohmann::json::parse(read_file(mpath));
     if (m.at("format").get<std::string>() != kFormatName)
       throw UserError("checkpoint '" + dir + "': manifest.json is not a dtrain manifest");
-    const int64_t version = m.at("format_version").get<int64_t>();
-    if (version != kCheckpointFormatVersion)
-      throw UserError("checkpoint '" + dir + "': format version " + std::to_string(version) +
-                      ", this dtrain reads version " + std::to_string(kCheckpointFormatVersion));
+    check_format_version(m.at("format_version").get<int64_t>(), dir);
     meta.step = m.at("step").get<int64_t>();
     meta.epoch = m.at("epoch").get<int64_t>();
     meta.batch = m.at("batch").get<int64_t>();
@@ -309,7 +367,9 @@ CheckpointMeta load_sharded_checkpoint(const std::string& dir, const Model& mode
   return rd.meta;
 }
 
-std::map<std::string, std::string> file_metadata(const CheckpointMeta& meta, int64_t param_count) {
+std::map<std::string, std::string> file_metadata(const CheckpointMeta& meta, int64_t param_count,
+                                                 const CompressionState& comp) {
+  const size_t rf = comp.residuals.empty() ? 0 : comp.residuals[0].size();
   std::map<std::string, std::string> md = {
       {"format", kFormatName},
       {"format_version", std::to_string(kCheckpointFormatVersion)},
@@ -323,6 +383,11 @@ std::map<std::string, std::string> file_metadata(const CheckpointMeta& meta, int
       {"strategy", meta.strategy},
       {"world_size", std::to_string(meta.world_size)},
       {"param_count", std::to_string(param_count)},
+      {"compression", comp.type},
+      {"compression_world_size", std::to_string(comp.world_size)},
+      {"compression_residual_floats", std::to_string(rf)},
+      {"compression_q_floats", std::to_string(comp.q.size())},
+      {"compression_rng", comp.rng},
   };
   if (!meta.config_json.empty()) md["config"] = meta.config_json;
   if (meta.schedule_steps > 0) md["schedule_steps"] = std::to_string(meta.schedule_steps);
@@ -337,15 +402,16 @@ bool is_sharded_dir(const fs::path& p) {
 }  // namespace
 
 CheckpointMeta load_checkpoint(const std::string& path, const Model& model, float* params,
-                               const std::vector<StateBuffer>& state) {
+                               const std::vector<StateBuffer>& state, CompressionState* comp) {
   std::error_code ec;
   if (fs::is_directory(path, ec)) {
     if (!is_sharded_dir(path))
       throw UserError("checkpoint '" + path +
                       "' is a folder without manifest.json (an incomplete sharded checkpoint?)");
+    if (comp) *comp = CompressionState{};
     return load_sharded_checkpoint(path, model, params, state);
   }
-  return load_file_checkpoint(path, model, params, state);
+  return load_file_checkpoint(path, model, params, state, comp);
 }
 
 CheckpointMeta consolidate_checkpoint(const std::string& dir, const std::string& out_path) {
@@ -358,7 +424,7 @@ CheckpointMeta consolidate_checkpoint(const std::string& dir, const std::string&
     for (const auto& e : rd.table)
       refs.push_back(
           {"optim." + rd.state_names[k] + "." + e.name, e.shape, rd.state[k].data() + e.offset});
-  write_safetensors(out_path, refs, file_metadata(rd.meta, rd.param_count));
+  write_safetensors(out_path, refs, file_metadata(rd.meta, rd.param_count, CompressionState{}));
   return rd.meta;
 }
 

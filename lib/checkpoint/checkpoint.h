@@ -1,7 +1,8 @@
-// Training checkpoints (format version 1): one safetensors file holding the full flat parameter
+// Training checkpoints (format version 2): one safetensors file holding the full flat parameter
 // buffer split by the model's parameter table, the optimizer state under
-// "optim.<state>.<param name>", and __metadata__ with everything else a bitwise-exact resume
-// needs. Layout in README "Output files".
+// "optim.<state>.<param name>", the gradient-compression state under "comp.*"
+// (CompressionState), and __metadata__ with everything else a bitwise-exact resume needs.
+// Layout in README "Output files". Version 1 (no compression state) still loads.
 //
 // Files live in RUN/checkpoints/step-<N>.safetensors; RUN/checkpoints/latest names the newest
 // complete one. Each file is written atomically, `latest` is updated only after the file is on
@@ -18,7 +19,8 @@
 
 namespace dtrain {
 
-inline constexpr int kCheckpointFormatVersion = 1;
+inline constexpr int kCheckpointFormatVersion = 2;
+inline constexpr int kOldestCheckpointFormatVersion = 1;  // the oldest version that still loads
 
 // Everything besides tensors. Stored as strings in __metadata__.
 struct CheckpointMeta {
@@ -37,6 +39,21 @@ struct CheckpointMeta {
   // train.max_steps / epochs keeps the schedule it started (README "Resuming").
   std::string config_json;
   int64_t schedule_steps = 0;
+};
+
+// The state distributed.compression carries from step to step (train/compression.h), as the
+// run that wrote the file had it. Tensors "comp.residual.rank<r>" [residual_floats] for every rank
+// r < world_size (error feedback on; the residuals are per rank) and "comp.q" [q_floats]
+// (powersgd's warm start, global); metadata "compression" (the type), "compression_world_size",
+// "compression_residual_floats", "compression_q_floats", "compression_rng" (powersgd's RNG). A
+// version-1 file, or one written without compression, reads as type "none" and nothing else.
+struct CompressionState {
+  std::string type = "none";
+  int64_t world_size = 0;                     // ranks of the writing run
+  std::vector<std::vector<float>> residuals;  // [world_size], or empty (no error feedback)
+  std::vector<float> q;                       // empty unless powersgd
+  std::string rng;                            // "" unless powersgd
+  std::string strategy;  // when read: the writing run's strategy (metadata "strategy")
 };
 
 // A named optimizer state buffer in the full flat layout (size = model.param_count()).
@@ -72,17 +89,22 @@ void write_manifest(const std::string& dir, const Model& model, const Checkpoint
 CheckpointMeta consolidate_checkpoint(const std::string& dir, const std::string& out_path);
 
 // Writes `path` atomically. Throws std::runtime_error on I/O errors (old file untouched).
+// comp must be consistent: residuals empty or world_size vectors of one size.
 void save_checkpoint(const std::string& path, const Model& model, const float* params,
-                     const std::vector<StateBuffer>& state, const CheckpointMeta& meta);
+                     const std::vector<StateBuffer>& state, const CheckpointMeta& meta,
+                     const CompressionState& comp = {});
 
 // Reads `path` -- a checkpoint file or a sharded checkpoint folder, whatever world size wrote it
 // -- into params (and state buffers in the full layout, when given; pass {} to load weights
 // only).
 // Refuses with UserError, leaving params untouched: unreadable/corrupt/truncated files, another
 // format or version, a parameter table that differs from `model` (missing, extra or reshaped
-// tensors: the first difference is named), a different optimizer or missing state.
+// tensors: the first difference is named), a different optimizer or missing state. comp (when
+// given) receives the file's compression state (type "none" for sharded folders: their
+// strategies do not compress).
 CheckpointMeta load_checkpoint(const std::string& path, const Model& model, float* params,
-                               const std::vector<StateBuffer>& state);
+                               const std::vector<StateBuffer>& state,
+                               CompressionState* comp = nullptr);
 
 // RUN/checkpoints helpers.
 std::string checkpoint_file_name(int64_t step);  // "step-<N>.safetensors"

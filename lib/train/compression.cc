@@ -171,6 +171,17 @@ std::string GradCompressor::describe() const {
                      msg_bytes_, n_ * 4, cfg_.error_feedback ? "on" : "off");
 }
 
+GradReducer::State GradCompressor::export_state() const {
+  return {.residual = residual_, .q = {}, .rng = {}};
+}
+
+void GradCompressor::import_state(const State& s) {
+  DT_CHECK_MSG(s.q.empty() && s.rng.empty(), cfg_.type << " has no PowerSGD state to import");
+  if (s.residual.empty()) return;
+  DT_CHECK_EQ(s.residual.size(), residual_.size());
+  residual_ = s.residual;
+}
+
 std::unique_ptr<GradReducer> make_grad_reducer(const CompressionConfig& cfg,
                                                const std::vector<ParamEntry>& params, int64_t n,
                                                uint64_t seed) {
@@ -278,6 +289,22 @@ std::string PowerSgd::describe() const {
       r_, sent, sent * 4, n_, n_ * 4,
       sent > 0 ? static_cast<double>(n_) / static_cast<double>(sent) : 1.0, mats_.size(),
       dense_total_, cfg_.error_feedback ? "on" : "off");
+}
+
+GradReducer::State PowerSgd::export_state() const {
+  return {.residual = residual_, .q = q_, .rng = rng_.to_string()};
+}
+
+void PowerSgd::import_state(const State& s) {
+  if (!s.residual.empty()) {
+    DT_CHECK_EQ(s.residual.size(), residual_.size());
+    residual_ = s.residual;
+  }
+  if (!s.q.empty()) {
+    DT_CHECK_EQ(s.q.size(), q_.size());
+    q_ = s.q;
+  }
+  if (!s.rng.empty()) rng_.from_string(s.rng);
 }
 
 double PowerSgd::residual_sq() const {

@@ -44,6 +44,21 @@ class GradReducer {
   virtual void allreduce_sum(Communicator& comm, float* grad) = 0;
   // One line for the log: what one step sends.
   virtual std::string describe() const = 0;
+
+  // What a reducer carries from one step to the next, for checkpoints (a resumed run continues
+  // bitwise where the saved one stopped only with it). residual: this rank's error-feedback
+  // residual (per rank; empty without error feedback). q: PowerSGD's warm start, every Q^T
+  // (global: bitwise the same on every rank). rng: PowerSGD's replacement-direction RNG state
+  // (global; "" for the others).
+  struct State {
+    std::vector<float> residual, q;
+    std::string rng;
+  };
+  // The current state; export_state() of a fresh reducer gives the sizes import_state() takes.
+  virtual State export_state() const = 0;
+  // Replaces the parts of the state that `s` holds: an empty residual or q (or rng "") keeps
+  // this reducer's own; a non-empty one must have exactly export_state()'s size (DT_CHECK).
+  virtual void import_state(const State& s) = 0;
 };
 
 // cfg.type powersgd gives a PowerSgd over the model's 2-D parameters, any other a GradCompressor;
@@ -58,6 +73,8 @@ class GradCompressor : public GradReducer {
 
   void allreduce_sum(Communicator& comm, float* grad) override;
   std::string describe() const override;
+  State export_state() const override;
+  void import_state(const State& s) override;
 
   // Encoded message size in bytes (a multiple of 4).
   size_t message_bytes() const { return msg_bytes_; }
@@ -88,6 +105,8 @@ class PowerSgd : public GradReducer {
   // ranks' gradients into this rank's residual).
   void allreduce_sum(Communicator& comm, float* grad) override;
   std::string describe() const override;
+  State export_state() const override;
+  void import_state(const State& s) override;
 
   struct Matrix {
     int64_t offset = 0, rows = 0, cols = 0;  // M = grad[offset, offset + rows * cols), row-major

@@ -26,6 +26,7 @@
 #include "tensor/blas.h"
 #include "train/batch.h"
 #include "train/compression.h"
+#include "train/compression_state.h"
 #include "train/pipeline.h"
 #include "train/sharding.h"
 #include "train/step_faults.h"
@@ -289,7 +290,8 @@ nlohmann::json nothing_to_do_summary(const std::string& why, const ResumePoint& 
 ResumePoint resume_full_state(const Config& cfg, const RunOptions& opts, Communicator& comm,
                               const Model& model, const std::string& ckpt_dir,
                               const std::string& hash, float* params,
-                              const std::vector<StateBuffer>& state, Rng& rng) {
+                              const std::vector<StateBuffer>& state, Rng& rng,
+                              CompressionState* comp) {
   const int world = comm.size(), rank = comm.rank();
   const bool lead = rank == 0;
   const int64_t P = model.param_count();
@@ -300,7 +302,7 @@ ResumePoint resume_full_state(const Config& cfg, const RunOptions& opts, Communi
     const std::string path =
         resolve_checkpoint(opts.resume == "auto" ? ckpt_dir : opts.resume, opts.resume == "auto");
     if (!path.empty()) {
-      const CheckpointMeta m = load_checkpoint(path, model, params, state);
+      const CheckpointMeta m = load_checkpoint(path, model, params, state, comp);
       if (m.optimizer != cfg.optimizer.type)
         throw UserError("checkpoint '" + path + "' was written by optimizer '" + m.optimizer +
                         "', this run uses '" + cfg.optimizer.type + "'");
@@ -483,6 +485,7 @@ nlohmann::json train_data_parallel(const Config& cfg, const RunOptions& opts, Co
   int64_t step = 0, epoch = 0, batch = 0;
   std::string resumed_from;
   ResumePoint rp;
+  CompressionState saved_comp;  // rank 0: the checkpoint's compression state
   if (!opts.resume.empty()) {
     std::vector<float> full_params_tmp;
     std::vector<std::vector<float>> full_state_tmp;
@@ -496,7 +499,8 @@ nlohmann::json train_data_parallel(const Config& cfg, const RunOptions& opts, Co
       full_state_tmp.assign(state_bufs.size(), std::vector<float>(static_cast<size_t>(P), 0.0f));
       for (size_t i = 0; i < state_bufs.size(); ++i) load_state[i].data = full_state_tmp[i].data();
     }
-    rp = resume_full_state(cfg, opts, comm, model, ckpt_dir, hash, load_params, load_state, rng);
+    rp = resume_full_state(cfg, opts, comm, model, ckpt_dir, hash, load_params, load_state, rng,
+                           &saved_comp);
     if (rp.loaded) {
       if (sharded) {
         const ShardLayout& L = engine->layout();
@@ -553,6 +557,24 @@ nlohmann::json train_data_parallel(const Config& cfg, const RunOptions& opts, Co
     delta.assign(static_cast<size_t>(P), 0.0f);
     if (lead) spdlog::info("local_sgd compression {}", delta_reducer->describe());
   }
+  // DDP with compression: the whole gradient is compressed after backward and exchanged
+  // (all-gathered messages, or PowerSGD's all-reduced factors). At world size 1 too: the
+  // encode/decode round trip alone (with error feedback), to study its cost in one process.
+  std::unique_ptr<GradReducer> compressor;
+  if (!local_sgd && cfg.distributed.compression.type != "none") {
+    compressor = make_grad_reducer(cfg.distributed.compression, model.params(), P,
+                                   static_cast<uint64_t>(cfg.seed));
+    if (lead) spdlog::info("compression {}", compressor->describe());
+  }
+  if (lead && local_sgd && world == 1 && cfg.distributed.compression.type != "none")
+    spdlog::warn("distributed.compression {} is unused: local_sgd at world size 1 never "
+                 "synchronises, so there is nothing to compress",
+                 cfg.distributed.compression.type);
+  // The reducer whose state (error-feedback residuals, PowerSGD's Q) checkpoints carry.
+  GradReducer* const reducer = compressor ? compressor.get() : delta_reducer.get();
+  if (reducer && rp.loaded)
+    restore_compression_state(comm, *reducer, cfg.distributed.compression.type, strategy,
+                              saved_comp);
   auto local_sync = [&] {
     std::vector<WorkPtr> w;
     if (!delta_reducer)
@@ -700,12 +722,16 @@ nlohmann::json train_data_parallel(const Config& cfg, const RunOptions& opts, Co
       m.config_json = config_to_json(cfg).dump();
       m.schedule_steps = schedule_steps;
     }
+    // Every rank's compression state goes to rank 0 (compression_state.h).
+    const CompressionState comp =
+        reducer ? gather_compression_state(comm, *reducer, cfg.distributed.compression.type)
+                : CompressionState{};
     if (sharded) {
       save_sharded(m);
     } else if (lead) {
       const std::string name = checkpoint_file_name(step);
       save_checkpoint((fs::path(ckpt_dir) / name).string(), model, store.values.data(), state_bufs,
-                      m);
+                      m, comp);
       commit_checkpoint(ckpt_dir, name, cfg.train.checkpoint.keep_last);
       spdlog::debug("checkpoint {}", name);
     }
@@ -734,14 +760,6 @@ nlohmann::json train_data_parallel(const Config& cfg, const RunOptions& opts, Co
         lsc.sync_optimizer_state ? ", optimizer state too" : "",
         outer ? fmt::format(", outer Nesterov lr {} momentum {}", lsc.outer_lr, lsc.outer_momentum)
               : std::string());
-  // DDP with compression: the whole gradient is compressed after backward and exchanged
-  // (all-gathered messages, or PowerSGD's all-reduced factors).
-  std::unique_ptr<GradReducer> compressor;
-  if (world > 1 && !local_sgd && cfg.distributed.compression.type != "none") {
-    compressor = make_grad_reducer(cfg.distributed.compression, model.params(), P,
-                                   static_cast<uint64_t>(cfg.seed));
-    if (lead) spdlog::info("compression {}", compressor->describe());
-  }
   std::vector<WorkPtr> works;
   std::vector<std::vector<int64_t>> micro_idx;
   bool eval_due = false;
@@ -883,6 +901,8 @@ nlohmann::json train_data_parallel(const Config& cfg, const RunOptions& opts, Co
       for (auto& w : works) w->wait();
       exposed_comm_s += seconds_since(w0);
       loss_sum = step_loss_sum;
+    } else if (compressor) {
+      compressor->allreduce_sum(comm, store.grads.data());  // world size 1: the round trip
     }
     batch += n_micro;
     // The samples loss_sum covers: the global batch for DDP, this rank's share for Local SGD.

@@ -56,7 +56,8 @@ StepPlan plan_steps(const Config& cfg, int64_t batches_per_epoch, int64_t train_
 // ckpt_dir for "auto"); rank 0 reads the checkpoint -- a file or a sharded folder, any strategy
 // and world size -- into the full-layout buffers `params` and `state` (param_count floats each)
 // and broadcasts them, with the counters and every rank's training RNG state (set into `rng`).
-// Collective. Not loaded: nothing changed, start fresh.
+// Collective. Not loaded: nothing changed, start fresh. comp (rank 0, when given) receives the
+// checkpoint's compression state (compression_state.h restores it once the reducer exists).
 struct ResumePoint {
   bool loaded = false;
   std::string from;  // the checkpoint's path (rank 0)
@@ -66,7 +67,8 @@ struct ResumePoint {
 ResumePoint resume_full_state(const Config& cfg, const RunOptions& opts, Communicator& comm,
                               const Model& model, const std::string& ckpt_dir,
                               const std::string& hash, float* params,
-                              const std::vector<StateBuffer>& state, Rng& rng);
+                              const std::vector<StateBuffer>& state, Rng& rng,
+                              CompressionState* comp = nullptr);
 
 // The step count the learning-rate schedule is laid out over: this run's total steps, or for a
 // resumed run the horizon its checkpoint recorded, so that changing train.max_steps or
