@@ -1,0 +1,150 @@
+// Checkpoint format version 2: the compression state (CompressionState) next to parameters and
+// optimizer state; version-1 files still load.
+#include <doctest/doctest.h>
+
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/safetensors.h"
+#include "test_util.h"
+#include "util/check.h"
+
+using namespace dtrain;
+using dtrain::testing::TempDir;
+
+namespace {
+
+Model small_model() {
+  ModelConfig mc;
+  mc.hidden = {4};
+  return build_mlp(mc, 5, 3);
+}
+
+CheckpointMeta sgd_meta() {
+  CheckpointMeta meta;
+  meta.step = 3;
+  meta.optimizer = "sgd";
+  meta.rng = Rng(3).to_string();
+  meta.strategy = "ddp";
+  meta.world_size = 2;
+  return meta;
+}
+
+// The file at `path` rewritten with `edit` applied to its tensors and metadata.
+template <typename Edit>
+void rewrite(const std::string& path, Edit edit) {
+  StFile f = read_safetensors(path);
+  edit(f);
+  std::vector<StTensorRef> refs;
+  for (const auto& [name, t] : f.tensors) refs.push_back({name, t.shape, t.data.data()});
+  write_safetensors(path, refs, f.metadata);
+}
+
+}  // namespace
+
+TEST_CASE("checkpoint v2 stores every rank's residual and PowerSGD's Q, and reads them back") {
+  TempDir dir;
+  const Model m = small_model();
+  const int64_t P = m.param_count();
+  std::vector<float> p(P), mom(P, 0.5f), p2(P), mom2(P);
+  m.init(p.data(), 1);
+  CompressionState cs;
+  cs.type = "powersgd";
+  cs.world_size = 2;
+  cs.residuals = {std::vector<float>(7, 1.5f), std::vector<float>(7, -2.0f)};
+  cs.q = {1, 2, 3};
+  cs.rng = Rng(9).to_string();
+  const std::string path = dir / "c.safetensors";
+  save_checkpoint(path, m, p.data(), {{"momentum", mom.data()}}, sgd_meta(), cs);
+  // The layout as documented: per-rank tensors, sizes in the metadata.
+  const StFile f = read_safetensors(path);
+  CHECK(f.metadata.at("format_version") == "2");
+  CHECK(f.metadata.at("compression") == "powersgd");
+  CHECK(f.metadata.at("compression_world_size") == "2");
+  CHECK(f.metadata.at("compression_residual_floats") == "7");
+  CHECK(f.metadata.at("compression_q_floats") == "3");
+  CHECK(f.tensors.at("comp.residual.rank1").data == cs.residuals[1]);
+  CHECK(f.tensors.at("comp.q").shape == Shape{3});
+
+  CompressionState got;
+  load_checkpoint(path, m, p2.data(), {{"momentum", mom2.data()}}, &got);
+  CHECK(p2 == p);
+  CHECK(mom2 == mom);
+  CHECK(got.type == "powersgd");
+  CHECK(got.world_size == 2);
+  CHECK(got.residuals == cs.residuals);
+  CHECK(got.q == cs.q);
+  CHECK(got.rng == cs.rng);
+  CHECK(got.strategy == "ddp");
+  // Weights only and without asking for the compression state: loads.
+  std::vector<float> p3(P);
+  load_checkpoint(path, m, p3.data(), {});
+  CHECK(p3 == p);
+  load_checkpoint(path, m, p3.data(), {{"momentum", mom2.data()}});
+
+  // Error feedback off: no residual tensors, 0 floats recorded.
+  CompressionState noef;
+  noef.type = "int8";
+  noef.world_size = 2;
+  save_checkpoint(path, m, p.data(), {{"momentum", mom.data()}}, sgd_meta(), noef);
+  CHECK(read_safetensors(path).tensors.count("comp.residual.rank0") == 0);
+  load_checkpoint(path, m, p2.data(), {{"momentum", mom2.data()}}, &got);
+  CHECK(got.type == "int8");
+  CHECK(got.residuals.empty());
+}
+
+TEST_CASE("checkpoint v1 files still load; a missing compression tensor or version 3 is refused") {
+  TempDir dir;
+  const Model m = small_model();
+  const int64_t P = m.param_count();
+  std::vector<float> p(P), mom(P, 0.25f), p2(P), mom2(P);
+  m.init(p.data(), 2);
+  const std::string path = dir / "c.safetensors";
+  CompressionState cs;
+  cs.type = "int8";
+  cs.world_size = 2;
+  cs.residuals = {std::vector<float>(5, 1.0f), std::vector<float>(5, 2.0f)};
+  save_checkpoint(path, m, p.data(), {{"momentum", mom.data()}}, sgd_meta(), cs);
+
+  // As dtrain wrote version 1: no compression keys or tensors.
+  const std::string v1 = dir / "v1.safetensors";
+  std::filesystem::copy_file(path, v1);
+  rewrite(v1, [](StFile& f) {
+    f.metadata.insert_or_assign("format_version", std::string(1, '1'));
+    for (auto it = f.tensors.begin(); it != f.tensors.end();)
+      it = it->first.rfind("comp.", 0) == 0 ? f.tensors.erase(it) : std::next(it);
+    for (const char* k : {"compression", "compression_world_size", "compression_residual_floats",
+                          "compression_q_floats", "compression_rng"})
+      f.metadata.erase(k);
+  });
+  CompressionState got;
+  got.type = "x";
+  load_checkpoint(v1, m, p2.data(), {{"momentum", mom2.data()}}, &got);
+  CHECK(p2 == p);
+  CHECK(mom2 == mom);
+  CHECK(got.type == "none");
+  CHECK(got.residuals.empty());
+
+  // A version-1 file with compression tensors is not what version 1 wrote: refused.
+  const std::string odd = dir / "odd.safetensors";
+  std::filesystem::copy_file(path, odd);
+  rewrite(odd,
+          [](StFile& f) { f.metadata.insert_or_assign("format_version", std::string(1, '1')); });
+  CHECK_THROWS_WITH_AS(load_checkpoint(odd, m, p2.data(), {{"momentum", mom2.data()}}),
+                       doctest::Contains("unexpected tensor 'comp.residual.rank0'"), UserError);
+
+  // Version 2 with a residual missing: refused by name, nothing changed.
+  const std::string broken = dir / "broken.safetensors";
+  std::filesystem::copy_file(path, broken);
+  rewrite(broken, [](StFile& f) { f.tensors.erase("comp.residual.rank1"); });
+  std::vector<float> untouched(P, 7.0f);
+  CHECK_THROWS_WITH_AS(load_checkpoint(broken, m, untouched.data(), {{"momentum", mom2.data()}}),
+                       doctest::Contains("needs tensor 'comp.residual.rank1' of shape [5]"),
+                       UserError);
+  CHECK(untouched == std::vector<float>(P, 7.0f));
+
+  // A future version: refused, naming the versions this dtrain reads.
+  rewrite(path,
+          [](StFile& f) { f.metadata.insert_or_assign("format_version", std::string(1, '3')); });
+  CHECK_THROWS_WITH_AS(load_checkpoint(path, m, p2.data(), {}),
+                       doctest::Contains("format version 3, this dtrain reads versions 1 to 2"),
+                       UserError);
+}
