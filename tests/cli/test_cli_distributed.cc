@@ -12,9 +12,11 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/safetensors.h"
+#include "cli/cli_test_util.h"
 #include "launch/launcher.h"
 #include "test_util.h"
 
+using dtrain::testing::check_same_tensors;
 using dtrain::testing::contains;
 using dtrain::testing::read_text;
 using dtrain::testing::run_cmd;
@@ -45,26 +47,9 @@ distributed: {backend: grpc, world_size: 2, timeout_s: 20, rendezvous_timeout_s:
 runtime: {threads: 1}
 )";
 
-// The newest checkpoint of a run folder as one file's tensors: a checkpoint file is read as it
-// is, a sharded folder through `dtrain checkpoint consolidate`.
+// The newest checkpoint of a run folder as one file's tensors (cli_test_util.h).
 dtrain::StFile latest_state(const std::string& run) {
-  std::string latest = read_text(run + "/checkpoints/latest");
-  while (!latest.empty() && latest.back() == '\n') latest.pop_back();
-  if (latest.size() > 12 && latest.substr(latest.size() - 12) == ".safetensors")
-    return dtrain::read_safetensors(run + "/checkpoints/" + latest);
-  const std::string file = run + "/final.safetensors";
-  const auto r = run_cmd(kBin + " checkpoint consolidate " + run + " -o " + file);
-  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
-  return dtrain::read_safetensors(file);
-}
-
-// Both hold the same tensors, bit for bit.
-void check_same_tensors(const dtrain::StFile& a, const dtrain::StFile& b, const std::string& what) {
-  REQUIRE(a.tensors.size() == b.tensors.size());
-  for (const auto& [name, t] : a.tensors) {
-    REQUIRE_MESSAGE(b.tensors.count(name) == 1, what, " ", name);
-    CHECK_MESSAGE(t.data == b.tensors.at(name).data, what, " ", name);
-  }
+  return dtrain::testing::latest_state(kBin, run);
 }
 
 }  // namespace
