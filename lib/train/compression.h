@@ -1,7 +1,10 @@
 // Gradient compression for data-parallel training (distributed.compression). Every compressor
 // replaces the flat gradient by the sum over ranks of what each rank's compressed gradient
 // decodes to, bitwise the same on every rank; with error feedback, what compression dropped this
-// step is added to the next step's gradient (so over many steps nothing is lost).
+// step is added to the next step's gradient (so over many steps nothing is lost). At world size
+// 1 the reducer still runs (encode, decode, error feedback; nothing is sent), so one process
+// shows what compression costs in accuracy. The state a reducer carries between steps
+// (export_state) goes into checkpoints: train/compression_state.h.
 //
 // GradCompressor (fp16, bf16, int8, topk): each rank encodes its gradient (plus the residual)
 // into a compact byte message; the messages of all ranks are all-gathered (as opaque bytes: the

@@ -14,6 +14,7 @@
 
 using dtrain::testing::check_same_tensors;
 using dtrain::testing::contains;
+using dtrain::testing::kRestartCfg;
 using dtrain::testing::read_text;
 using dtrain::testing::run_cmd;
 using dtrain::testing::TempDir;
@@ -84,24 +85,6 @@ runtime: {threads: 1}
     if (contains(c.sets, "compression")) CHECK(a.tensors.count("comp.residual.rank1") == 1);
   }
 }
-
-namespace {
-
-// Adam and dropout: a resume must restore the optimizer state, every rank's RNG and the
-// compression state to be exact.
-const char* kRestartCfg = R"(seed: 5
-model: {hidden: [16, 8], dropout: 0.1}
-data:
-  format: synthetic
-  synthetic: {samples: 500, features: 9, classes: 3}
-  batch_size: 10
-optimizer: {type: adam, lr: 0.01}
-train: {epochs: 0, max_steps: 30, checkpoint: {every_steps: 10, keep_last: 3}}
-distributed: {timeout_s: 20}
-runtime: {threads: 1}
-)";
-
-}  // namespace
 
 TEST_CASE("a rank killed mid-run with compression restarts and ends as if it had not") {
   TempDir dir;

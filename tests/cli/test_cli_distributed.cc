@@ -332,18 +332,7 @@ TEST_CASE("--trace writes one Chrome trace with events from every rank") {
 
 namespace {
 
-// Adam and dropout: a resume must restore the optimizer state and every rank's RNG to be exact.
-const char* kRestartCfg = R"(seed: 5
-model: {hidden: [16, 8], dropout: 0.1}
-data:
-  format: synthetic
-  synthetic: {samples: 500, features: 9, classes: 3}
-  batch_size: 10
-optimizer: {type: adam, lr: 0.01}
-train: {epochs: 0, max_steps: 30, checkpoint: {every_steps: 10, keep_last: 3}}
-distributed: {timeout_s: 20, ddp: {bucket_mb: 0.0005}}
-runtime: {threads: 1}
-)";
+using dtrain::testing::kRestartCfg;
 
 // The final parameters and optimizer state of a run folder, as one checkpoint file.
 // (A sharded checkpoint is consolidated first.)
