@@ -9,6 +9,7 @@
 #include "checkpoint/safetensors.h"
 #include "util/check.h"
 #include "util/fs.h"
+#include "util/rng.h"
 
 namespace dtrain {
 
@@ -98,6 +99,13 @@ CompressionState read_compression(const StFile& f, const std::string& path,
   c.rng = meta_str(f, "compression_rng", path);
   if (c.world_size < 0 || c.world_size > (int64_t{1} << 20) || rf < 0 || qf < 0)
     throw UserError("checkpoint '" + path + "': bad compression sizes in metadata");
+  if (!c.rng.empty()) {
+    try {
+      Rng().from_string(c.rng);
+    } catch (const UserError& e) {
+      throw UserError("checkpoint '" + path + "': metadata 'compression_rng': " + e.what());
+    }
+  }
   auto take = [&](const std::string& name, int64_t n, std::vector<float>* out) {
     auto it = f.tensors.find(name);
     if (it == f.tensors.end() || it->second.shape != Shape{n})

@@ -91,7 +91,8 @@ TEST_CASE("checkpoint v2 stores every rank's residual and PowerSGD's Q, and read
   CHECK(got.residuals.empty());
 }
 
-TEST_CASE("checkpoint v1 files still load; a missing compression tensor or version 3 is refused") {
+TEST_CASE(
+    "checkpoint v1 files still load, and a missing compression tensor or version 3 is refused") {
   TempDir dir;
   const Model m = small_model();
   const int64_t P = m.param_count();
@@ -140,6 +141,14 @@ TEST_CASE("checkpoint v1 files still load; a missing compression tensor or versi
                        doctest::Contains("needs tensor 'comp.residual.rank1' of shape [5]"),
                        UserError);
   CHECK(untouched == std::vector<float>(P, 7.0f));
+
+  // A compression RNG state that is not one: refused when read, not at the first resume.
+  const std::string bad_rng = dir / "bad_rng.safetensors";
+  std::filesystem::copy_file(path, bad_rng);
+  rewrite(bad_rng,
+          [](StFile& f) { f.metadata.insert_or_assign("compression_rng", std::string("zz")); });
+  CHECK_THROWS_WITH_AS(load_checkpoint(bad_rng, m, p2.data(), {}),
+                       doctest::Contains("metadata 'compression_rng'"), UserError);
 
   // A future version: refused, naming the versions this dtrain reads.
   rewrite(path,

@@ -351,7 +351,7 @@ TEST_CASE("local_sgd with H = 4 sends about a quarter of DDP's bytes and still l
   }
 }
 
-TEST_CASE("compression none is DDP's exact all-reduce; every compressed type is not") {
+TEST_CASE("compression none is DDP's exact all-reduce, and every compressed type is not") {
   spdlog::set_level(spdlog::level::warn);
   // The claim: with type none the gradients travel as float32 through the bucketed all-reduce,
   // so the run is DDP -- bitwise equal to DDP with other buckets (for 2 ranks the ring's sums
