@@ -55,7 +55,8 @@ RestorePlan plan_restore(const GradReducer::State& fresh, int world, const std::
     const bool same = saved.type == type && saved.strategy == strategy &&
                       saved.world_size == world &&
                       saved.residuals.size() == static_cast<size_t>(world) &&
-                      saved.residuals[0].size() == fresh.residual.size();
+                      saved.residuals[0].size() == fresh.residual.size() &&
+                      saved.q.size() == fresh.q.size();  // powersgd: the same factor layout
     if (same) {
       p.residuals = true;
     } else if (saved.residuals.empty()) {

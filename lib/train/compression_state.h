@@ -8,9 +8,10 @@
 // Resume rule (README "Checkpoint format"):
 // - residuals are per rank and mean "what this rank's messages have not delivered yet" for one
 //   compression type, one strategy (DDP gradients or Local SGD parameter moves) and one global
-//   batch: they are restored only when type, strategy, world size and size all match the saving
-//   run; otherwise they are dropped with a warning and error feedback starts from zero (what the
-//   saved run had not yet delivered is lost, as when error feedback is switched on mid-run);
+//   batch: they are restored only when type, strategy, world size and sizes (residual, and
+//   PowerSGD's Q: the same factor layout) all match the saving run; otherwise they are dropped with
+//   a warning and error feedback starts from zero (what the saved run had not yet delivered is
+//   lost, as when error feedback is switched on mid-run);
 // - PowerSGD's Q (the power iteration's warm start) and its RNG are global: they are restored
 //   whenever both runs use powersgd and Q has the same size (same model and rank), whatever the
 //   world size or strategy; otherwise Q starts from the run seed, with a warning;

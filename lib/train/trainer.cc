@@ -564,12 +564,15 @@ nlohmann::json train_data_parallel(const Config& cfg, const RunOptions& opts, Co
   if (!local_sgd && cfg.distributed.compression.type != "none") {
     compressor = make_grad_reducer(cfg.distributed.compression, model.params(), P,
                                    static_cast<uint64_t>(cfg.seed));
-    if (lead) spdlog::info("compression {}", compressor->describe());
+    if (lead)
+      spdlog::info("compression {}{}", compressor->describe(),
+                   world == 1 ? " (world size 1: the round trip only, nothing is sent)" : "");
   }
   if (lead && local_sgd && world == 1 && cfg.distributed.compression.type != "none")
-    spdlog::warn("distributed.compression {} is unused: local_sgd at world size 1 never "
-                 "synchronises, so there is nothing to compress",
-                 cfg.distributed.compression.type);
+    spdlog::warn(
+        "distributed.compression {} is unused: local_sgd at world size 1 never "
+        "synchronises, so there is nothing to compress",
+        cfg.distributed.compression.type);
   // The reducer whose state (error-feedback residuals, PowerSGD's Q) checkpoints carry.
   GradReducer* const reducer = compressor ? compressor.get() : delta_reducer.get();
   if (reducer && rp.loaded)

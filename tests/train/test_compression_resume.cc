@@ -270,13 +270,16 @@ TEST_CASE("compression state: PowerSGD's Q is kept at another world size, residu
       CHECK(st.residual == fresh.residual);
     }
   }
-  // Another rank (another Q size): Q starts from the seed.
+  // Another rank (another Q size, another factor layout): Q starts from the seed and the
+  // residuals are dropped, though the world size and the residual size match.
   cc.rank = 3;
-  on_ranks(1, [&](Communicator& comm) {
+  on_ranks(2, [&](Communicator& comm) {
     PowerSgd p(cc, params, 252, 1);
     const auto before = p.export_state();
+    CHECK(before.residual.size() == 240);
     restore_compression_state(comm, p, "powersgd", "ddp", saved);
     CHECK(p.export_state().q == before.q);
+    CHECK(p.export_state().residual == before.residual);
   });
 }
 
