@@ -35,6 +35,20 @@ inline StFile latest_run_state(const std::string& bin, const std::string& run) {
   return read_safetensors(file);
 }
 
+// Adam and dropout: a resume must restore the optimizer state and every rank's RNG (and the
+// compression state, when set) to be exact. Checkpoints at steps 10, 20, 30.
+inline const char* kRestartCfg = R"(seed: 5
+model: {hidden: [16, 8], dropout: 0.1}
+data:
+  format: synthetic
+  synthetic: {samples: 500, features: 9, classes: 3}
+  batch_size: 10
+optimizer: {type: adam, lr: 0.01}
+train: {epochs: 0, max_steps: 30, checkpoint: {every_steps: 10, keep_last: 3}}
+distributed: {timeout_s: 20, ddp: {bucket_mb: 0.0005}}
+runtime: {threads: 1}
+)";
+
 // Both hold the same tensors, bit for bit.
 inline void check_same_state(const StFile& a, const StFile& b, const std::string& what) {
   REQUIRE(a.tensors.size() == b.tensors.size());

@@ -9,10 +9,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "cli/cli_test_util.h"
+#include "cli/cli_util.h"
 #include "test_util.h"
 
-using dtrain::testing::check_same_tensors;
+using dtrain::testing::check_same_state;
 using dtrain::testing::contains;
 using dtrain::testing::kRestartCfg;
 using dtrain::testing::read_text;
@@ -24,7 +24,7 @@ namespace {
 const std::string kBin = DTRAIN_BIN;
 
 dtrain::StFile latest_state(const std::string& run) {
-  return dtrain::testing::latest_state(kBin, run);
+  return dtrain::testing::latest_run_state(kBin, run);
 }
 
 std::string compression_sets(const std::string& type) {
@@ -80,7 +80,7 @@ runtime: {threads: 1}
                 inproc + " --log-level warn");
     REQUIRE_MESSAGE(r.exit_code == 0, r.output);
     const auto a = latest_state(grpc), b = latest_state(inproc);
-    check_same_tensors(a, b, tag);
+    check_same_state(a, b, tag);
     // The compression state (per-rank residuals) is part of what was compared.
     if (contains(c.sets, "compression")) CHECK(a.tensors.count("comp.residual.rank1") == 1);
   }
@@ -114,6 +114,6 @@ TEST_CASE("a rank killed mid-run with compression restarts and ends as if it had
     if (contains(sets, "powersgd")) CHECK(contains(r.output, "PowerSGD's Q and RNG"));
     CHECK(nlohmann::json::parse(read_text(run + "/summary.json"))["steps"] == 30);
     REQUIRE(read_text(run + "/checkpoints/latest") == "step-30.safetensors\n");
-    check_same_tensors(latest_state(run), latest_state(straight), sets);
+    check_same_state(latest_state(run), latest_state(straight), sets);
   }
 }

@@ -12,11 +12,11 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/safetensors.h"
-#include "cli/cli_test_util.h"
+#include "cli/cli_util.h"
 #include "launch/launcher.h"
 #include "test_util.h"
 
-using dtrain::testing::check_same_tensors;
+using dtrain::testing::check_same_state;
 using dtrain::testing::contains;
 using dtrain::testing::read_text;
 using dtrain::testing::run_cmd;
@@ -47,9 +47,9 @@ distributed: {backend: grpc, world_size: 2, timeout_s: 20, rendezvous_timeout_s:
 runtime: {threads: 1}
 )";
 
-// The newest checkpoint of a run folder as one file's tensors (cli_test_util.h).
+// The newest checkpoint of a run folder as one file's tensors (cli_util.h).
 dtrain::StFile latest_state(const std::string& run) {
-  return dtrain::testing::latest_state(kBin, run);
+  return dtrain::testing::latest_run_state(kBin, run);
 }
 
 }  // namespace
@@ -228,8 +228,8 @@ runtime: {threads: 1}
       r = run_cmd(kBin + " run " + cfg + set + " --set distributed.world_size=" + w + " --out " +
                   dir / ("inproc" + tag) + " --log-level warn");
       REQUIRE_MESSAGE(r.exit_code == 0, r.output);
-      check_same_tensors(latest_state(dir / ("grpc" + tag)), latest_state(dir / ("inproc" + tag)),
-                         tag);
+      check_same_state(latest_state(dir / ("grpc" + tag)), latest_state(dir / ("inproc" + tag)),
+                       tag);
     }
   }
 }
@@ -266,7 +266,7 @@ runtime: {threads: 1}
   CHECK(contains(r.output, "resumed from " + run + "/checkpoints/step-10 at step 10"));
   r = run_cmd(kBin + " run " + cfg + " --out " + dir / "straight" + " --log-level warn");
   REQUIRE_MESSAGE(r.exit_code == 0, r.output);
-  check_same_tensors(latest_state(run), latest_state(dir / "straight"), "resumed vs straight");
+  check_same_state(latest_state(run), latest_state(dir / "straight"), "resumed vs straight");
   // A malformed fault spec is a user error.
   r = run_cmd("DTRAIN_FAULT=kill:rank=x " + kBin + " run " + cfg + " --out " + dir / "bad");
   CHECK(r.exit_code == 2);
@@ -300,8 +300,8 @@ runtime: {threads: 1}
     r = run_cmd(kBin + " run " + cfg + extra + " --set distributed.world_size=" + w + " --out " +
                 dir / ("inproc" + w) + " --log-level warn");
     REQUIRE_MESSAGE(r.exit_code == 0, r.output);
-    check_same_tensors(latest_state(dir / ("grpc" + w)), latest_state(dir / ("inproc" + w)),
-                       "world " + w);
+    check_same_state(latest_state(dir / ("grpc" + w)), latest_state(dir / ("inproc" + w)),
+                     "world " + w);
   }
   // A launch whose world size the stages do not divide is refused, not hung.
   const auto r =
