@@ -14,6 +14,7 @@
 #include <CLI/CLI.hpp>
 
 #include "checkpoint/checkpoint.h"
+#include "comm/grpc_transport.h"
 #include "config/config.h"
 #include "data/dataset.h"
 #include "dtrain/bench.h"
@@ -45,6 +46,43 @@ void setup_logging(const std::string& level) {
   spdlog::set_default_logger(logger);
   spdlog::set_pattern("[%H:%M:%S.%e] [%^%l%$] %v");
   spdlog::set_level(spdlog::level::from_str(level));
+  route_grpc_logs_to_spdlog();  // raw gRPC lines only with --log-level debug
+}
+
+// A command-line error as one line, "error: WHAT", and where to read the options: the deepest
+// subcommand the parse reached ("dtrain run --help").
+void print_parse_error(const CLI::App& app, const CLI::ParseError& e) {
+  std::string cmd = "dtrain";
+  for (const CLI::App* a = &app;;) {
+    const auto subs = a->get_subcommands();
+    if (subs.empty()) break;
+    a = subs.front();
+    cmd += " " + a->get_name();
+  }
+  std::string what = e.what();
+  for (char& c : what)
+    if (c == '\n') c = ' ';
+  while (!what.empty() && what.back() == ' ') what.pop_back();
+  std::cerr << "error: " << what << "\nrun '" << cmd << " --help' for the options" << std::endl;
+}
+
+// The warning for ranks without training samples, when the data set's size is known without
+// reading it (validate, before a run loads the data; the run warns again with the exact count).
+void warn_idle_ranks(const Config& cfg) {
+  const int64_t rows = train_rows_without_loading(cfg.data);
+  if (rows < 0) return;
+  const std::string w = idle_ranks_warning(rows, cfg.distributed.world_size, cfg.distributed);
+  if (!w.empty()) spdlog::warn("{}", w);
+}
+
+// --resume: its checkpoint is checked (headers only) before any data is loaded; "auto" may find
+// none. Only the rank that reads it checks (rank 0: other hosts may not see the folder).
+void check_resume_target(const std::string& resume, const std::string& out_dir) {
+  if (resume.empty()) return;
+  if (resume == "auto")
+    check_checkpoint((fs::path(out_dir) / "checkpoints").string(), true);
+  else
+    check_checkpoint(resume, false);
 }
 
 std::string default_out_dir(const std::string& config_path) {
@@ -110,6 +148,11 @@ int cmd_run(const Config& cfg, const std::string& config_path, std::string out,
   opts.trace = trace;
   opts.out_dir = out.empty() ? default_out_dir(config_path) : std::move(out);
   opts.resume = resume;
+  const auto env = current_environment();
+  const bool multiprocess = is_multiprocess(cfg, env, flags);
+  if (!multiprocess ||
+      resolve_dist_env(env, static_cast<int>(cfg.distributed.world_size), flags).rank == 0)
+    check_resume_target(resume, opts.out_dir);
   // logs/ belongs to whatever launcher started this rank (dtrain launch, scripts/slurm.sbatch,
   // launch_local.sh), which may be writing to it now: only `dtrain launch --overwrite` clears it.
   prepare_out_dir(opts.out_dir, !resume.empty(), overwrite, /*clear_logs=*/false);
@@ -125,8 +168,7 @@ int cmd_run(const Config& cfg, const std::string& config_path, std::string out,
   }
   opts.progress =
       !no_progress && ::isatty(STDERR_FILENO) && spdlog::get_level() <= spdlog::level::info;
-  const auto env = current_environment();
-  if (is_multiprocess(cfg, env, flags)) {
+  if (multiprocess) {
     const nlohmann::json s = run_grpc_rank(cfg, opts, env, flags);
     const DistEnv de = resolve_dist_env(env, static_cast<int>(cfg.distributed.world_size), flags);
     if (de.rank != 0) {  // only rank 0 reports; every rank exits with the same code
@@ -146,6 +188,7 @@ std::string self_exe(const char* argv0) {
 }
 
 int cmd_eval(const Config& cfg, const std::string& ckpt) {
+  check_checkpoint(ckpt, false);
   set_blas_threads(static_cast<int>(cfg.runtime.threads));
   const DataSplits data = load_data(cfg.data, cfg.seed);
   if (data.test.rows == 0)
@@ -161,6 +204,9 @@ int cmd_eval(const Config& cfg, const std::string& ckpt) {
 
 int cmd_predict(const Config& cfg, const std::string& ckpt, const std::string& input,
                 const std::string& output) {
+  check_checkpoint(ckpt, false);
+  if (const std::string why = input_file_problem(input); !why.empty())
+    throw UserError("--input '" + input + "' " + why);
   set_blas_threads(static_cast<int>(cfg.runtime.threads));
   const DataSplits data = load_data(cfg.data, cfg.seed);  // for the normaliser and the shape
   const LoadedModel m = load_model(cfg, data, ckpt);
@@ -350,7 +396,7 @@ int cli_main(int argc, char** argv) {
   } catch (const CLI::Success& e) {
     return app.exit(e);  // --help, --version
   } catch (const CLI::ParseError& e) {
-    app.exit(e);
+    print_parse_error(app, e);
     return kExitUser;
   }
 
@@ -400,13 +446,16 @@ int cli_main(int argc, char** argv) {
       return kExitOk;
     }
     const Config cfg = load_config(config_path, sets);
+    check_input_files(cfg);
     if (validate->parsed()) {
+      warn_idle_ranks(cfg);
       std::cout << config_path << ": ok (config hash " << config_hash(cfg) << ")" << std::endl;
       return kExitOk;
     }
     if (overwrite && !resume.empty())
-      throw UserError("--overwrite deletes the checkpoints that --resume would continue from: "
-                      "give one of them");
+      throw UserError(
+          "--overwrite deletes the checkpoints that --resume would continue from: "
+          "give one of them");
     if (run->parsed())
       return cmd_run(cfg, config_path, out, resume, overwrite, trace, no_progress, flags);
     if (launch->parsed()) {
@@ -415,6 +464,7 @@ int cli_main(int argc, char** argv) {
       lo.nproc = nproc;
       lo.master_port = launch_port;
       const std::string out_dir = out.empty() ? default_out_dir(config_path) : out;
+      check_resume_target(resume, out_dir);  // once here, not as a rank log
       // Checked (or cleared) once here, before any rank starts or the logs open.
       prepare_out_dir(out_dir, !resume.empty(), overwrite, /*clear_logs=*/true);
       lo.log_dir = (fs::path(out_dir) / "logs").string();

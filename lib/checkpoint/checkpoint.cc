@@ -19,10 +19,11 @@ namespace {
 
 const char* kFormatName = "dtrain-checkpoint";
 
-int64_t meta_int(const StFile& f, const std::string& key, const std::string& path) {
-  auto it = f.metadata.find(key);
-  if (it == f.metadata.end())
-    throw UserError("checkpoint '" + path + "': metadata has no '" + key + "'");
+using Metadata = std::map<std::string, std::string>;
+
+int64_t meta_int(const Metadata& md, const std::string& key, const std::string& path) {
+  auto it = md.find(key);
+  if (it == md.end()) throw UserError("checkpoint '" + path + "': metadata has no '" + key + "'");
   try {
     size_t used = 0;
     const long long v = std::stoll(it->second, &used);
@@ -34,10 +35,9 @@ int64_t meta_int(const StFile& f, const std::string& key, const std::string& pat
   }
 }
 
-std::string meta_str(const StFile& f, const std::string& key, const std::string& path) {
-  auto it = f.metadata.find(key);
-  if (it == f.metadata.end())
-    throw UserError("checkpoint '" + path + "': metadata has no '" + key + "'");
+std::string meta_str(const Metadata& md, const std::string& key, const std::string& path) {
+  auto it = md.find(key);
+  if (it == md.end()) throw UserError("checkpoint '" + path + "': metadata has no '" + key + "'");
   return it->second;
 }
 
@@ -56,6 +56,24 @@ void check_format_version(int64_t version, const std::string& path) {
                     ", this dtrain reads versions " +
                     std::to_string(kOldestCheckpointFormatVersion) + " to " +
                     std::to_string(kCheckpointFormatVersion));
+}
+
+// A checkpoint file's format and version (returned), from its safetensors metadata.
+int64_t check_file_format(const Metadata& metadata, const std::string& path) {
+  auto fmt = metadata.find("format");
+  if (fmt == metadata.end() || fmt->second != kFormatName)
+    throw UserError("checkpoint '" + path + "': not a dtrain checkpoint (no format=" +
+                    std::string(kFormatName) + " in __metadata__)");
+  const int64_t version = meta_int(metadata, "format_version", path);
+  check_format_version(version, path);
+  return version;
+}
+
+// A sharded checkpoint's format and version, from its manifest (json::exception when malformed).
+void check_manifest_format(const nlohmann::json& m, const std::string& dir) {
+  if (m.at("format").get<std::string>() != kFormatName)
+    throw UserError("checkpoint '" + dir + "': manifest.json is not a dtrain manifest");
+  check_format_version(m.at("format_version").get<int64_t>(), dir);
 }
 
 }  // namespace
@@ -92,11 +110,11 @@ namespace {
 CompressionState read_compression(const StFile& f, const std::string& path,
                                   std::vector<std::string>& owned, bool with_data) {
   CompressionState c;
-  c.type = meta_str(f, "compression", path);
-  c.world_size = meta_int(f, "compression_world_size", path);
-  const int64_t rf = meta_int(f, "compression_residual_floats", path);
-  const int64_t qf = meta_int(f, "compression_q_floats", path);
-  c.rng = meta_str(f, "compression_rng", path);
+  c.type = meta_str(f.metadata, "compression", path);
+  c.world_size = meta_int(f.metadata, "compression_world_size", path);
+  const int64_t rf = meta_int(f.metadata, "compression_residual_floats", path);
+  const int64_t qf = meta_int(f.metadata, "compression_q_floats", path);
+  c.rng = meta_str(f.metadata, "compression_rng", path);
   if (c.world_size < 0 || c.world_size > (int64_t{1} << 20) || rf < 0 || qf < 0)
     throw UserError("checkpoint '" + path + "': bad compression sizes in metadata");
   if (!c.rng.empty()) {
@@ -126,25 +144,21 @@ CompressionState read_compression(const StFile& f, const std::string& path,
 CheckpointMeta load_file_checkpoint(const std::string& path, const Model& model, float* params,
                                     const std::vector<StateBuffer>& state, CompressionState* comp) {
   const StFile f = read_safetensors(path);
-  auto fmt = f.metadata.find("format");
-  if (fmt == f.metadata.end() || fmt->second != kFormatName)
-    throw UserError("checkpoint '" + path + "': not a dtrain checkpoint (no format=" +
-                    std::string(kFormatName) + " in __metadata__)");
-  const int64_t version = meta_int(f, "format_version", path);
-  check_format_version(version, path);
+  const int64_t version = check_file_format(f.metadata, path);
 
   CheckpointMeta meta;
-  meta.step = meta_int(f, "step", path);
-  meta.epoch = meta_int(f, "epoch", path);
-  meta.batch = meta_int(f, "batch", path);
-  meta.optimizer_steps = meta_int(f, "optimizer_steps", path);
-  meta.optimizer = meta_str(f, "optimizer", path);
-  meta.rng = meta_str(f, "rng", path);
-  meta.config_hash = meta_str(f, "config_hash", path);
-  meta.strategy = meta_str(f, "strategy", path);
-  meta.world_size = meta_int(f, "world_size", path);
+  meta.step = meta_int(f.metadata, "step", path);
+  meta.epoch = meta_int(f.metadata, "epoch", path);
+  meta.batch = meta_int(f.metadata, "batch", path);
+  meta.optimizer_steps = meta_int(f.metadata, "optimizer_steps", path);
+  meta.optimizer = meta_str(f.metadata, "optimizer", path);
+  meta.rng = meta_str(f.metadata, "rng", path);
+  meta.config_hash = meta_str(f.metadata, "config_hash", path);
+  meta.strategy = meta_str(f.metadata, "strategy", path);
+  meta.world_size = meta_int(f.metadata, "world_size", path);
   if (auto it = f.metadata.find("config"); it != f.metadata.end()) meta.config_json = it->second;
-  if (f.metadata.count("schedule_steps")) meta.schedule_steps = meta_int(f, "schedule_steps", path);
+  if (f.metadata.count("schedule_steps"))
+    meta.schedule_steps = meta_int(f.metadata, "schedule_steps", path);
   if (meta.step < 0 || meta.epoch < 0 || meta.batch < 0 || meta.optimizer_steps < 0)
     throw UserError("checkpoint '" + path + "': negative step or position in metadata");
 
@@ -236,9 +250,7 @@ ShardedRead read_sharded(const std::string& dir, bool with_state) {
   std::vector<std::string> files;
   try {
     const nlohmann::json m = nlohmann::json::parse(read_file(mpath));
-    if (m.at("format").get<std::string>() != kFormatName)
-      throw UserError("checkpoint '" + dir + "': manifest.json is not a dtrain manifest");
-    check_format_version(m.at("format_version").get<int64_t>(), dir);
+    check_manifest_format(m, dir);
     meta.step = m.at("step").get<int64_t>();
     meta.epoch = m.at("epoch").get<int64_t>();
     meta.batch = m.at("batch").get<int64_t>();
@@ -540,6 +552,22 @@ std::string resolve_checkpoint(const std::string& path, bool allow_missing) {
   }
   if (allow_missing) return "";
   throw UserError("checkpoint '" + path + "' does not exist");
+}
+
+std::string check_checkpoint(const std::string& path, bool allow_missing) {
+  const std::string resolved = resolve_checkpoint(path, allow_missing);
+  if (resolved.empty()) return resolved;
+  if (!is_sharded_dir(resolved)) {
+    check_file_format(read_safetensors_metadata(resolved), resolved);
+    return resolved;
+  }
+  try {
+    check_manifest_format(
+        nlohmann::json::parse(read_file((fs::path(resolved) / kManifest).string())), resolved);
+  } catch (const nlohmann::json::exception& e) {
+    throw UserError("checkpoint '" + resolved + "': manifest.json is malformed: " + e.what());
+  }
+  return resolved;
 }
 
 }  // namespace dtrain

@@ -115,5 +115,9 @@ void commit_checkpoint(const std::string& dir, const std::string& file_name, int
 // manifest.json), a checkpoints folder (its `latest`), or a run folder (its checkpoints/latest).
 // Returns "" when nothing is there and allow_missing is true; otherwise throws UserError.
 std::string resolve_checkpoint(const std::string& path, bool allow_missing);
+// resolve_checkpoint, then a check that reads only headers (a file's safetensors header, a sharded
+// folder's manifest.json): it is a dtrain checkpoint of this format version. For --resume and
+// --checkpoint before any data is loaded, so "'X' is not a safetensors file (...)" comes first.
+std::string check_checkpoint(const std::string& path, bool allow_missing);
 
 }  // namespace dtrain

@@ -84,6 +84,7 @@ class Fd {
   ~Fd() {
     if (fd_ >= 0) ::close(fd_);
   }
+  Fd(Fd&& o) noexcept : fd_(o.fd_) { o.fd_ = -1; }
   Fd(const Fd&) = delete;
   Fd& operator=(const Fd&) = delete;
   int get() const { return fd_; }
@@ -162,7 +163,62 @@ void write_safetensors(const std::string& path, const std::vector<StTensorRef>& 
   });
 }
 
-StFile read_safetensors(const std::string& path) {
+namespace {
+
+[[noreturn]] void not_safetensors(const std::string& path, const std::string& why) {
+  throw UserError("'" + path + "' is not a safetensors file (" + why + ")");
+}
+
+// Steps 1 and 2 of reading: the header length field and the header JSON object. A file failing
+// here does not begin as a safetensors file does (a YAML file's first 8 bytes read as a length
+// of ~10^18), so the message says that first, then the detail. Sets *header_len.
+nlohmann::json read_header(int fd, const std::string& path, uint64_t file_size,
+                           uint64_t* header_len_out) {
+  if (file_size < 8) {
+    not_safetensors(path, "truncated: " + std::to_string(file_size) +
+                              " bytes, shorter than the 8-byte header length field");
+  }
+  uint64_t header_len = 0;
+  {
+    unsigned char b[8];
+    pread_all(fd, b, 8, 0, path);
+    std::memcpy(&header_len, b, 8);
+  }
+  if (header_len > kMaxHeaderBytes) {
+    not_safetensors(path, "corrupt header length " + std::to_string(header_len) +
+                              " in its first 8 bytes, over the limit of " +
+                              std::to_string(kMaxHeaderBytes));
+  }
+  if (header_len > file_size - 8) {
+    not_safetensors(path, "truncated: header length " + std::to_string(header_len) + " but only " +
+                              std::to_string(file_size - 8) + " bytes follow");
+  }
+  std::string text(header_len, '\0');
+  pread_all(fd, text.data(), text.size(), 8, path);
+  if (json_depth(text) > kMaxJsonDepth) fail(path, "corrupt header: JSON nested too deeply");
+  nlohmann::json header;
+  try {
+    header = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    not_safetensors(path, std::string("corrupt header: ") + e.what());
+  }
+  if (!header.is_object()) not_safetensors(path, "corrupt header: not a JSON object");
+  *header_len_out = header_len;
+  return header;
+}
+
+void read_metadata(const nlohmann::json& value, const std::string& path,
+                   std::map<std::string, std::string>& out) {
+  if (value.is_null()) return;
+  if (!value.is_object()) fail(path, "corrupt header: __metadata__ is not an object");
+  for (const auto& [mk, mv] : value.items()) {
+    if (!mv.is_string()) fail(path, "corrupt header: metadata value '" + mk + "' is not a string");
+    out[mk] = mv.get<std::string>();
+  }
+}
+
+// The open file and its size; UserError when it cannot be opened or is not a regular file.
+Fd open_regular(const std::string& path, uint64_t* size) {
   Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (fd.get() < 0) {
     throw UserError("cannot open safetensors file '" + path + "': " + std::strerror(errno));
@@ -170,55 +226,35 @@ StFile read_safetensors(const std::string& path) {
   struct stat st;
   if (::fstat(fd.get(), &st) != 0) fail(path, std::string("stat failed: ") + std::strerror(errno));
   if (!S_ISREG(st.st_mode)) fail(path, "not a regular file");
-  const uint64_t file_size = static_cast<uint64_t>(st.st_size);
+  *size = static_cast<uint64_t>(st.st_size);
+  return fd;
+}
 
-  // 1. Header length.
-  if (file_size < 8) {
-    fail(path, "truncated: " + std::to_string(file_size) +
-                   " bytes, shorter than the 8-byte header length field");
-  }
-  uint64_t header_len = 0;
-  {
-    unsigned char b[8];
-    pread_all(fd.get(), b, 8, 0, path);
-    std::memcpy(&header_len, b, 8);
-  }
-  if (header_len > kMaxHeaderBytes) {
-    fail(path, "corrupt header length " + std::to_string(header_len) + " (limit " +
-                   std::to_string(kMaxHeaderBytes) + ")");
-  }
-  if (header_len > file_size - 8) {
-    fail(path, "truncated: header length " + std::to_string(header_len) + " but only " +
-                   std::to_string(file_size - 8) + " bytes follow");
-  }
+}  // namespace
+
+std::map<std::string, std::string> read_safetensors_metadata(const std::string& path) {
+  uint64_t file_size = 0, header_len = 0;
+  const Fd fd = open_regular(path, &file_size);
+  const nlohmann::json header = read_header(fd.get(), path, file_size, &header_len);
+  std::map<std::string, std::string> out;
+  if (const auto it = header.find("__metadata__"); it != header.end())
+    read_metadata(*it, path, out);
+  return out;
+}
+
+StFile read_safetensors(const std::string& path) {
+  uint64_t file_size = 0, header_len = 0;
+  const Fd fd = open_regular(path, &file_size);
+  const nlohmann::json header = read_header(fd.get(), path, file_size, &header_len);
   const int64_t data_start = 8 + static_cast<int64_t>(header_len);
   const int64_t data_size = static_cast<int64_t>(file_size) - data_start;
-
-  // 2. Header JSON.
-  std::string text(header_len, '\0');
-  pread_all(fd.get(), text.data(), text.size(), 8, path);
-  if (json_depth(text) > kMaxJsonDepth) fail(path, "corrupt header: JSON nested too deeply");
-  nlohmann::json header;
-  try {
-    header = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    fail(path, std::string("corrupt header: ") + e.what());
-  }
-  if (!header.is_object()) fail(path, "corrupt header: not a JSON object");
 
   // 3. Entries: types, ranges, sizes.
   StFile out;
   std::vector<Entry> entries;
   for (const auto& [key, value] : header.items()) {
     if (key == "__metadata__") {
-      if (value.is_null()) continue;
-      if (!value.is_object()) fail(path, "corrupt header: __metadata__ is not an object");
-      for (const auto& [mk, mv] : value.items()) {
-        if (!mv.is_string()) {
-          fail(path, "corrupt header: metadata value '" + mk + "' is not a string");
-        }
-        out.metadata[mk] = mv.get<std::string>();
-      }
+      read_metadata(value, path, out.metadata);
       continue;
     }
     const std::string what = "tensor '" + key + "'";

@@ -37,6 +37,12 @@ void write_safetensors(const std::string& path, const std::vector<StTensorRef>& 
 // Reads and validates the whole file: header length within the file, JSON well-formed, offsets in
 // range, contiguous and non-overlapping, byte counts equal to shape * 4. Throws UserError naming
 // the file and what is wrong (truncated, corrupt header, bad dtype, ...).
+// A file that does not begin as a safetensors file (too short, an impossible header length, a
+// header that is not a JSON object) is refused as "'PATH' is not a safetensors file (...)".
 StFile read_safetensors(const std::string& path);
+
+// Only the header's __metadata__ (reads the 8-byte length and the header, no tensor data), with
+// the same checks and messages as read_safetensors for those parts.
+std::map<std::string, std::string> read_safetensors_metadata(const std::string& path);
 
 }  // namespace dtrain

@@ -15,6 +15,11 @@
 
 namespace dtrain {
 
+// Sends gRPC's own log lines (gpr_log; which severities is GRPC_VERBOSITY's choice, errors by
+// default) to spdlog at debug level, so they reach the console only with --log-level debug.
+// Process-wide; call once, before the first gRPC use.
+void route_grpc_logs_to_spdlog();
+
 struct GrpcOptions {
   int rank = 0;
   int world_size = 1;

@@ -227,6 +227,7 @@ class Reader {
     read_all(c);
     validate(c);
     resolve_paths(c);
+    for (const auto& [key, node] : leaves_) c.origins[key] = location(key, marks_.at(key));
     return c;
   }
 
@@ -342,10 +343,18 @@ class Reader {
     }
 
     YAML::Node value;
-    try {
-      value.reset(YAML::Load(text.substr(eq + 1)));
-    } catch (const YAML::Exception& e) {
-      throw UserError(where + ": the value is not valid YAML: " + e.msg);
+    const std::string raw = text.substr(eq + 1);
+    const bool quoted =
+        raw.size() >= 2 && (raw[0] == '"' || raw[0] == '\'') && raw.back() == raw[0];
+    if (path == "data.csv.delimiter" && !quoted) {
+      // A character, taken as typed: as YAML, "," is flow syntax (null) and "#" a comment.
+      value.reset(YAML::Node(raw));
+    } else {
+      try {
+        value.reset(YAML::Load(raw));
+      } catch (const YAML::Exception& e) {
+        throw UserError(where + ": the value is not valid YAML: " + e.msg);
+      }
     }
 
     expect_section(root, "");
@@ -478,14 +487,20 @@ class Reader {
     out = n->Scalar();
   }
 
+  // One character; the two-character text \t (unquoted in the file, or from --set) is a tab.
   void read(const std::string& path, char& out) const {
     const YAML::Node* n = leaf(path);
     if (!n) return;
+    if (n->IsNull())
+      fail_node(path, *n, "must be one character, got no value (quote it, e.g. ',' or \"\\t\")");
     std::string s;
     read(path, s);
+    if (s == "\\t") s = "\t";
     if (s.size() != 1) {
-      fail_node(path, *n,
-                "must be exactly one character (got '" + s + "'; quote it, e.g. \"\\t\")");
+      const std::string hint = override_for(path)
+                                   ? "e.g. --set " + path + "=';', or '\\t' for a tab"
+                                   : std::string("quote it, e.g. \"\\t\"");
+      fail_node(path, *n, "must be exactly one character (got '" + s + "'; " + hint + ")");
     }
     out = s[0];
   }
@@ -936,7 +951,17 @@ nlohmann::json split_json(const SplitFiles& s) {
 }  // namespace
 
 Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  // A directory or an empty file would otherwise parse as an empty config and fail on the first
+  // required key, which names neither the real problem nor the file.
+  if (const std::string why = input_file_problem(path); !why.empty())
+    throw UserError(
+        "config '" + path + "' " + why +
+        (why.starts_with("is a dir") ? " (give a YAML file, e.g. configs/smoke.yaml)" : ""));
   const std::string text = read_file(path);
+  if (text.find_first_not_of(" \t\r\n") == std::string::npos)
+    throw UserError("config '" + path + "' is empty" +
+                    (text.empty() ? std::string() : " (only whitespace)") +
+                    ": a config is a YAML mapping of sections (see configs/ for examples)");
   Config c = Reader(path, fs::path(path).parent_path()).run(text, overrides);
   c.source_path = path;
   return c;
@@ -1063,6 +1088,36 @@ std::string config_hash(const Config& c) {
        {"timeout_s", "heartbeat_s", "rendezvous_timeout_s", "token_file", "bind", "shm", "tls"})
     j["distributed"].erase(k);
   return fnv1a_hex(j.dump());
+}
+
+std::vector<std::pair<std::string, std::string>> config_input_files(const Config& c) {
+  std::vector<std::pair<std::string, std::string>> out;
+  const auto add = [&out](const char* key, const std::string& path) {
+    if (!path.empty()) out.emplace_back(key, path);
+  };
+  add("data.train.images", c.data.train.images);
+  add("data.train.labels", c.data.train.labels);
+  add("data.train.path", c.data.train.path);
+  add("data.test.images", c.data.test.images);
+  add("data.test.labels", c.data.test.labels);
+  add("data.test.path", c.data.test.path);
+  add("distributed.token_file", c.distributed.token_file);
+  add("distributed.tls.cert", c.distributed.tls.cert);
+  add("distributed.tls.key", c.distributed.tls.key);
+  add("distributed.tls.ca", c.distributed.tls.ca);
+  return out;
+}
+
+void check_input_files(const Config& c) {
+  for (const auto& [key, path] : config_input_files(c)) {
+    const std::string why = input_file_problem(path);
+    if (why.empty()) continue;
+    const auto it = c.origins.find(key);
+    const std::string where = it != c.origins.end()    ? it->second
+                              : !c.source_path.empty() ? c.source_path
+                                                       : std::string("config");
+    throw UserError(where + ": " + key + ": '" + path + "' " + why);
+  }
 }
 
 }  // namespace dtrain

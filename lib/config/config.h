@@ -4,8 +4,10 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -196,6 +198,9 @@ struct Config {
   RuntimeConfig runtime;
 
   std::string source_path;  // the YAML file it came from ("" for in-memory)
+  // Where each key given was set, by dotted path: "FILE:LINE:COL" of its value in the file, or
+  // "--set TEXT" for an override. Keys left at their defaults are absent. For messages only.
+  std::map<std::string, std::string> origins;
 };
 
 // Parses and validates. `overrides` are "key.path=value" strings (CLI --set); each value is parsed
@@ -214,5 +219,14 @@ nlohmann::json config_to_json(const Config& c);
 // changing the math (train.epochs, train.max_steps, logging and checkpoint cadence, threads,
 // and the per-host distributed settings: timeouts, token_file, bind, tls).
 std::string config_hash(const Config& c);
+
+// The input files a config names (data files, token file, TLS files): each non-empty path key
+// with its (resolved) path, in config order.
+std::vector<std::pair<std::string, std::string>> config_input_files(const Config& c);
+
+// Checks, without reading them, that every input file of config_input_files exists and is a
+// readable regular file. Throws UserError "WHERE: KEY: 'PATH' does not exist" (WHERE as in
+// Config::origins) for the first that is not.
+void check_input_files(const Config& c);
 
 }  // namespace dtrain

@@ -34,7 +34,7 @@ Dataset take_rows(const Dataset& d, const std::vector<int64_t>& idx) {
 // the test set. Both parts keep the original row order. At least one training row remains.
 void hold_out(Dataset& train, Dataset& test, double fraction, int64_t seed) {
   const int64_t n = train.rows;
-  const int64_t n_test = std::min<int64_t>(std::llround(fraction * static_cast<double>(n)), n - 1);
+  const int64_t n_test = held_out_rows(n, fraction);
   if (n_test <= 0) return;
   std::vector<int64_t> perm(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) perm[i] = i;
@@ -128,6 +128,40 @@ void Normalizer::apply(Dataset& d) const {
   apply_rows(d.x.data(), d.rows, d.features);
 }
 
+int64_t held_out_rows(int64_t n, double fraction) {
+  return std::max<int64_t>(
+      0, std::min<int64_t>(std::llround(fraction * static_cast<double>(n)), n - 1));
+}
+
+namespace {
+double resolved_test_fraction(const DataConfig& cfg) {
+  return cfg.test_fraction < 0 ? (cfg.format == "synthetic" ? 0.2 : 0.0) : cfg.test_fraction;
+}
+}  // namespace
+
+int64_t train_rows_without_loading(const DataConfig& cfg) {
+  int64_t n = -1;
+  if (cfg.format == "synthetic") n = cfg.synthetic.samples;
+  if (cfg.format == "idx") n = idx_label_count(cfg.train.labels);
+  if (n < 0) return -1;
+  return cfg.test.empty() ? n - held_out_rows(n, resolved_test_fraction(cfg)) : n;
+}
+
+std::string idle_ranks_warning(int64_t train_rows, int64_t world_size,
+                               const DistributedConfig& dist) {
+  const bool pipeline = dist.strategy == "pipeline";
+  const int64_t replicas =
+      pipeline ? world_size / std::max<int64_t>(1, dist.pipeline.stages) : world_size;
+  if (train_rows >= replicas) return "";
+  const int64_t idle = replicas - train_rows;
+  const char* verbs = idle == 1 ? " gets none and only waits" : " get none and only wait";
+  std::string msg = std::to_string(world_size) + " ranks";
+  if (pipeline) msg += " (" + std::to_string(replicas) + " pipeline replicas)";
+  msg += " share " + std::to_string(train_rows) + " training samples: " + std::to_string(idle);
+  msg += pipeline ? (idle == 1 ? " replica" : " replicas") : (idle == 1 ? " rank" : " ranks");
+  return msg + verbs + " for the others (use fewer ranks or more data)";
+}
+
 DataSplits load_data(const DataConfig& cfg, int64_t seed) {
   const std::string& fmt = cfg.format;
   if (fmt != "idx" && fmt != "csv" && fmt != "synthetic") {
@@ -139,8 +173,7 @@ DataSplits load_data(const DataConfig& cfg, int64_t seed) {
     throw UserError("data.normalize: unknown method '" + cfg.normalize +
                     "' (expected auto, none, scale or standardize)");
   }
-  const double fraction =
-      cfg.test_fraction < 0 ? (fmt == "synthetic" ? 0.2 : 0.0) : cfg.test_fraction;
+  const double fraction = resolved_test_fraction(cfg);
   if (!(fraction >= 0 && fraction < 1)) {
     throw UserError("data.test_fraction must be in [0, 1), got " + std::to_string(fraction));
   }

@@ -47,7 +47,27 @@ Dataset load_csv(const std::string& path, const CsvOptions& opts);
 // Parses CSV of features only (no label column): predict inputs. Header per opts.header.
 std::vector<float> load_csv_features(const std::string& path, const CsvOptions& opts,
                                      int64_t expected_features, int64_t* rows_out);
+// The item count in an unsigned-byte IDX labels file's header (magic 0x00000801), gzip or not,
+// reading only the first 8 (decompressed) bytes; -1 when the file cannot be read or is not one.
+int64_t idx_label_count(const std::string& labels_path);
 Dataset make_synthetic(const SyntheticOptions& opts, int64_t seed);
+
+// Test rows load_data holds out of `n` training rows for `fraction` (data.test_fraction, resolved):
+// round(fraction * n), keeping at least one training row.
+int64_t held_out_rows(int64_t n, double fraction);
+
+// The training set's sample count when it is known without reading the data: synthetic
+// (data.synthetic.samples minus the held-out part) and IDX (the count in the labels file's 8-byte
+// header, gzip or not, minus the held-out part); -1 for CSV or an unreadable IDX header (the
+// loader then reports what is wrong).
+int64_t train_rows_without_loading(const DataConfig& cfg);
+
+// "" when every data-parallel replica gets training samples; else a one-line warning that
+// `world_size` ranks share `train_rows` samples and how many replicas get none (fewer samples
+// than replicas: the sampler gives the extra replicas empty slices). Pipeline replicas are
+// world_size / pipeline.stages ranks each.
+std::string idle_ranks_warning(int64_t train_rows, int64_t world_size,
+                               const DistributedConfig& dist);
 
 // Reads a whole file, gunzipping when it starts with the gzip magic. UserError when missing or
 // corrupt.

@@ -240,6 +240,17 @@ std::string read_maybe_gzip(const std::string& path) {
   return gunzip(bytes, path);
 }
 
+int64_t idx_label_count(const std::string& labels_path) {
+  // gzread reads a file without the gzip magic as it is.
+  gzFile f = gzopen(labels_path.c_str(), "rb");
+  if (f == nullptr) return -1;
+  std::string head(8, '\0');
+  const int got = gzread(f, head.data(), 8);
+  gzclose(f);
+  if (got != 8 || read_be32(head, 0) != kLabelsMagic) return -1;
+  return static_cast<int64_t>(read_be32(head, 4));
+}
+
 Dataset load_idx(const std::string& images_path, const std::string& labels_path) {
   const IdxFile img = read_idx(images_path, kImagesMagic, "images");
   const uint64_t n = img.dims[0];

@@ -25,6 +25,20 @@ std::string read_file(const std::string& path) {
   return os.str();
 }
 
+std::string input_file_problem(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT || errno == ENOTDIR) return "does not exist";
+    return std::string("cannot be accessed: ") + std::strerror(errno);
+  }
+  if (S_ISDIR(st.st_mode)) return "is a directory, not a file";
+  if (!S_ISREG(st.st_mode)) return "is not a regular file";
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return std::string("cannot be opened: ") + std::strerror(errno);
+  ::close(fd);
+  return "";
+}
+
 void write_all(int fd, const void* data, size_t len, const std::string& what) {
   const char* p = static_cast<const char*>(data);
   while (len > 0) {

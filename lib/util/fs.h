@@ -13,6 +13,12 @@ namespace dtrain {
 // Throws UserError (naming the path and errno text) when the file cannot be read.
 std::string read_file(const std::string& path);
 
+// Why `path` cannot be read as an input file, or "" when it is a regular file this process can
+// open for reading: "does not exist", "is a directory, not a file", "is not a regular file",
+// "cannot be opened: Permission denied". Opens (and closes) the file, so the answer holds for
+// this process's privileges, root included. Reads nothing.
+std::string input_file_problem(const std::string& path);
+
 // Atomic replace of `path` with `data`. Throws std::runtime_error on I/O failure; the old file,
 // if any, is left untouched and the temp file removed.
 void write_file_atomic(const std::string& path, std::string_view data);

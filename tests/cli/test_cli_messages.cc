@@ -1,0 +1,376 @@
+// The messages of a newcomer's first hour, through the real binary: what `validate` (and `run`,
+// before anything heavy) checks without reading data, and the one-line errors for a port in
+// use, a missing config, a bad CSV delimiter and a file that is not a checkpoint.
+#include <doctest/doctest.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <string>
+
+#include "test_util.h"
+
+using dtrain::testing::CmdResult;
+using dtrain::testing::contains;
+using dtrain::testing::run_cmd;
+using dtrain::testing::TempDir;
+
+namespace {
+
+const std::string kBin = DTRAIN_BIN;
+
+CmdResult run_dtrain(const std::string& args) {
+  return run_cmd(kBin + " " + args);
+}
+
+size_t lines(const std::string& s) {
+  return static_cast<size_t>(std::count(s.begin(), s.end(), '\n'));
+}
+
+const char* kTiny = R"(seed: 3
+model: {hidden: [16]}
+data:
+  format: synthetic
+  synthetic: {samples: 600, features: 5, classes: 3, noise: 0.3}
+  batch_size: 20
+optimizer: {type: sgd, lr: 0.1}
+train: {epochs: 1, log_every: 10}
+runtime: {threads: 1}
+)";
+
+// Big-endian 32-bit words, as IDX headers store them.
+std::string be32(uint32_t v) {
+  return {static_cast<char>(v >> 24), static_cast<char>(v >> 16), static_cast<char>(v >> 8),
+          static_cast<char>(v)};
+}
+
+// n images of 2x2 pixels and their labels (0, 1, 0, 1, ...), as IDX files in `dir`.
+void write_idx(const TempDir& dir, uint32_t n) {
+  dir.write("img.idx", be32(0x803) + be32(n) + be32(2) + be32(2) + std::string(n * 4, '\x7f'));
+  std::string labels;
+  for (uint32_t i = 0; i < n; ++i) labels += static_cast<char>(i % 2);
+  dir.write("lab.idx", be32(0x801) + be32(n) + labels);
+}
+
+// A TCP socket listening on a free loopback port, closed at scope exit.
+struct Listener {
+  int fd = -1;
+  int port = 0;
+  Listener() {
+    fd = socket(AF_INET, SOCK_STREAM, 0);
+    REQUIRE(fd >= 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(a);
+    REQUIRE(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
+    REQUIRE(listen(fd, 1) == 0);
+    REQUIRE(getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0);
+    port = ntohs(a.sin_port);
+  }
+  ~Listener() { close(fd); }
+};
+
+}  // namespace
+
+TEST_CASE("a directory or an empty file as the config: one clear error, exit 2") {
+  TempDir dir;
+  const std::string empty = dir.write("empty.yaml", "");
+  const std::string blank = dir.write("blank.yaml", "\n  \n");
+  for (const char* cmd : {"validate", "run"}) {
+    CAPTURE(cmd);
+    auto r = run_dtrain(std::string(cmd) + " " + dir.path());
+    CHECK(r.exit_code == 2);
+    CHECK(r.output == "error: config '" + dir.path() +
+                          "' is a directory, not a file (give a YAML file, e.g. "
+                          "configs/smoke.yaml)\n");
+    for (const std::string& f : {empty, blank}) {
+      r = run_dtrain(std::string(cmd) + " " + f);
+      CHECK(r.exit_code == 2);
+      CHECK(r.output.starts_with("error: config '" + f + "' is empty"));
+      CHECK(lines(r.output) == 1);
+      CHECK_FALSE(contains(r.output, "data.train.images"));
+    }
+  }
+  const auto r = run_dtrain("validate " + dir / "nothere.yaml");
+  CHECK(r.exit_code == 2);
+  CHECK(r.output == "error: config '" + dir / "nothere.yaml" + "' does not exist\n");
+}
+
+TEST_CASE("validate and run name the key, line:col and path of a missing input file") {
+  TempDir dir;
+  write_idx(dir, 10);
+  const std::string cfg = dir.write("idx.yaml",
+                                    "data:\n"
+                                    "  format: idx\n"
+                                    "  train:\n"
+                                    "    images: img.idx\n"
+                                    "    labels: missing.idx\n"
+                                    "train: {epochs: 1}\n");
+  const std::string want =
+      "error: " + cfg + ":5:13: data.train.labels: '" + dir / "missing.idx" + "' does not exist\n";
+  auto r = run_dtrain("validate " + cfg);
+  CHECK(r.exit_code == 2);
+  CHECK(r.output == want);
+  // run refuses the same way before anything else (no rank, data or model line).
+  r = run_dtrain("run " + cfg + " --out " + dir / "run");
+  CHECK(r.exit_code == 2);
+  CHECK(r.output == want);
+  CHECK_FALSE(std::filesystem::exists(dir / "run"));
+
+  // A value from --set is located there; a directory is not a data file.
+  r = run_dtrain("validate " + cfg + " --set data.train.labels=" + dir.path());
+  CHECK(r.exit_code == 2);
+  CHECK(r.output == "error: --set data.train.labels=" + dir.path() + ": data.train.labels: '" +
+                        dir.path() + "' is a directory, not a file\n");
+  r = run_dtrain("validate " + cfg + " --set data.train.labels=lab.idx");
+  CHECK(r.exit_code == 2);  // relative to the working directory, as any command-line path
+  CHECK(contains(r.output, "data.train.labels: 'lab.idx' does not exist"));
+  r = run_dtrain("validate " + cfg + " --set data.train.labels=" + dir / "lab.idx");
+  CHECK_MESSAGE(r.exit_code == 0, r.output);
+
+  // Test set, CSV path, token and TLS files are input files too.
+  r = run_dtrain("validate " + cfg + " --set data.train.labels=" + dir / "lab.idx" +
+                 " --set 'data.test={images: " + dir / "img.idx" + ", labels: " + dir / "nope.idx" +
+                 "}'");
+  CHECK(r.exit_code == 2);
+  CHECK(contains(r.output, "data.test.labels: '" + dir / "nope.idx" + "' does not exist"));
+  const std::string csv = dir.write("csv.yaml", "data:\n  format: csv\n  train: {path: no.csv}\n");
+  r = run_dtrain("validate " + csv);
+  CHECK(r.exit_code == 2);
+  CHECK(r.output ==
+        "error: " + csv + ":3:17: data.train.path: '" + dir / "no.csv" + "' does not exist\n");
+  const std::string syn = dir.write("syn.yaml", std::string(kTiny) +
+                                                    "distributed:\n"
+                                                    "  token_file: token.txt\n");
+  r = run_dtrain("validate " + syn);
+  CHECK(r.exit_code == 2);
+  CHECK(r.output == "error: " + syn + ":11:15: distributed.token_file: '" + dir / "token.txt" +
+                        "' does not exist\n");
+  dir.write("token.txt", "secret\n");
+  r = run_dtrain("validate " + syn);
+  CHECK_MESSAGE(r.exit_code == 0, r.output);
+  r = run_dtrain("validate " + syn +
+                 " --set 'distributed.tls={cert: token.txt, key: token.txt, ca: ca.pem}'");
+  CHECK(r.exit_code == 2);
+  CHECK(contains(r.output, "distributed.tls.cert: 'token.txt' does not exist"));
+}
+
+TEST_CASE("validate and run warn when some ranks would get no training samples") {
+  TempDir dir;
+  const std::string cfg = dir.write("tiny.yaml", kTiny);
+  // Synthetic: 5 samples, 1 held out (test_fraction 0.2): 4 training samples for 16 ranks.
+  const std::string few = " --set data.synthetic.samples=5 --set distributed.world_size=16";
+  const std::string warning =
+      "16 ranks share 4 training samples: 12 ranks get none and only wait for the others (use "
+      "fewer ranks or more data)";
+  auto r = run_dtrain("validate " + cfg + few);
+  CHECK(r.exit_code == 0);
+  CHECK(contains(r.output, warning));
+  CHECK(contains(r.output, ": ok (config hash"));
+  r = run_dtrain("validate " + cfg +
+                 " --set data.synthetic.samples=5 --set "
+                 "distributed.world_size=4");
+  CHECK(r.exit_code == 0);
+  CHECK_FALSE(contains(r.output, "training samples"));
+  r = run_dtrain("run " + cfg + few + " --out " + dir / "run --log-level warn");
+  CHECK_MESSAGE(r.exit_code == 0, r.output);
+  CHECK(contains(r.output, warning));
+
+  // IDX: the count comes from the labels file's header, gzip or not.
+  write_idx(dir, 3);
+  const std::string idx =
+      dir.write("idx.yaml",
+                "data:\n  format: idx\n  train: {images: img.idx, labels: lab.idx}\n"
+                "train: {epochs: 1}\ndistributed: {world_size: 5}\n");
+  r = run_dtrain("validate " + idx);
+  CHECK(r.exit_code == 0);
+  CHECK(contains(r.output, "5 ranks share 3 training samples: 2 ranks get none and only wait"));
+  REQUIRE(run_cmd("gzip -k " + dir / "lab.idx").exit_code == 0);
+  r = run_dtrain("validate " + idx + " --set data.train.labels=" + dir / "lab.idx.gz");
+  CHECK(r.exit_code == 0);
+  CHECK(contains(r.output, "5 ranks share 3 training samples: 2 ranks get none and only wait"));
+  // Pipelines count replicas (world_size / stages).
+  r = run_dtrain("validate " + cfg +
+                 " --set data.synthetic.samples=4 --set distributed.world_size=8 --set "
+                 "distributed.strategy=pipeline --set distributed.pipeline.stages=2 --set "
+                 "data.batch_size=4");
+  CHECK_MESSAGE(r.exit_code == 0, r.output);
+  CHECK(contains(r.output,
+                 "8 ranks (4 pipeline replicas) share 3 training samples: 1 replica gets none"));
+
+  // CSV: the size is not known without reading; the run warns once it has loaded the data.
+  dir.write("d.csv", "a,b,label\n1,2,0\n3,4,1\n5,6,0\n");
+  const std::string csv = dir.write("csv.yaml",
+                                    "model: {hidden: [4]}\ndata:\n  format: csv\n  train: {path: "
+                                    "d.csv}\n  batch_size: 2\ntrain: {epochs: 1}\n"
+                                    "distributed: {world_size: 4}\nruntime: {threads: 1}\n");
+  r = run_dtrain("validate " + csv);
+  CHECK(r.exit_code == 0);
+  CHECK_FALSE(contains(r.output, "training samples"));
+  r = run_dtrain("run " + csv + " --out " + dir / "csvrun --log-level warn");
+  CHECK_MESSAGE(r.exit_code == 0, r.output);
+  CHECK(contains(r.output, "4 ranks share 3 training samples: 1 rank gets none and only waits"));
+}
+
+TEST_CASE("a rank 0 whose master port is taken: dtrain's one line, no raw gRPC log line") {
+  TempDir dir;
+  const std::string cfg = dir.write("tiny.yaml", kTiny);
+  const Listener taken;
+  const std::string env =
+      "RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(taken.port) +
+      " DTRAIN_JOB_TOKEN=t ";
+  const std::string args = " run " + cfg + " --out " + dir / "run";
+  const std::string want =
+      "error: rank 0 cannot listen on 127.0.0.1:" + std::to_string(taken.port) +
+      " for the rendezvous (port in use or address not local?)\n";
+  auto r = run_cmd(env + kBin + args + " --log-level warn");
+  CHECK(r.exit_code == 1);
+  CHECK(r.output == want);
+  r = run_cmd(env + kBin + args);  // at info: the joining line, then the error
+  CHECK(r.exit_code == 1);
+  CHECK(r.output.ends_with(want));
+  CHECK_FALSE(contains(r.output, "chttp2"));
+  CHECK_FALSE(contains(r.output, "Address already in use"));
+  // With --log-level debug gRPC's own lines are there, through dtrain's logger.
+  r = run_cmd(env + kBin + args + " --log-level debug");
+  CHECK(r.exit_code == 1);
+  CHECK(contains(r.output, "[debug] grpc error "));
+  CHECK(contains(r.output, "Address already in use"));
+}
+
+TEST_CASE("command-line errors: 'error: ...' and where the options are, exit 2") {
+  auto r = run_dtrain("run");
+  CHECK(r.exit_code == 2);
+  CHECK(r.output == "error: config is required\nrun 'dtrain run --help' for the options\n");
+  r = run_dtrain("");
+  CHECK(r.exit_code == 2);
+  CHECK(r.output == "error: A subcommand is required\nrun 'dtrain --help' for the options\n");
+  r = run_dtrain("eval x.yaml");
+  CHECK(r.exit_code == 2);
+  CHECK(r.output == "error: --checkpoint is required\nrun 'dtrain eval --help' for the options\n");
+  r = run_dtrain("checkpoint consolidate");
+  CHECK(r.exit_code == 2);
+  CHECK(r.output.ends_with("\nrun 'dtrain checkpoint consolidate --help' for the options\n"));
+  for (const char* args : {"run --bogus x.yaml", "--log-level loud run x.yaml", "frobnicate"}) {
+    r = run_dtrain(args);
+    CAPTURE(args);
+    CHECK(r.exit_code == 2);
+    CHECK(r.output.starts_with("error: "));
+    CHECK(lines(r.output) == 2);
+  }
+}
+
+TEST_CASE("CSV delimiter from --set: one character as typed, \\t a tab, a clear error else") {
+  TempDir dir;
+  dir.write("comma.csv", "a,b,label\n1,2,0\n3,4,1\n5,6,0\n7,8,1\n");
+  dir.write("tab.csv", "a\tb\tlabel\n1\t2\t0\n3\t4\t1\n5\t6\t0\n7\t8\t1\n");
+  dir.write("semi.csv", "a;b;label\n1;2;0\n3;4;1\n5;6;0\n7;8;1\n");
+  const auto cfg_for = [&](const std::string& csv) {
+    return dir.write(csv + ".yaml",
+                     "model: {hidden: [4]}\ndata:\n  format: csv\n  train: {path: " + csv +
+                         "}\n  batch_size: 2\ntrain: {epochs: 1}\n"
+                         "runtime: {threads: 1}\n");
+  };
+  const std::string comma = cfg_for("comma.csv"), tab = cfg_for("tab.csv"),
+                    semi = cfg_for("semi.csv");
+  for (const auto& [cfg, delim] : {std::pair{comma, std::string(",")},
+                                   {tab, std::string("'\\t'")},
+                                   {semi, "';'"},
+                                   {semi, "\"';'\""},
+                                   {tab, "'\"\\t\"'"}}) {
+    CAPTURE(delim);
+    const auto r = run_dtrain("run " + cfg + " --set data.csv.delimiter=" + delim + " --out " +
+                              dir / "run --log-level warn");
+    CHECK_MESSAGE(r.exit_code == 0, r.output);
+  }
+  // The wrong delimiter for the file: the loader says so (one column, not three).
+  auto r = run_dtrain("run " + tab + " --set data.csv.delimiter=, --out " + dir / "run");
+  CHECK(r.exit_code == 2);
+  // An unquoted \t in the file is a tab too.
+  const std::string in_file =
+      dir.write("tab2.yaml",
+                "model: {hidden: [4]}\ndata:\n  format: csv\n  train: {path: tab.csv}\n  csv: "
+                "{delimiter: \\t}\n  batch_size: 2\ntrain: {epochs: 1}\n");
+  r = run_dtrain("validate " + in_file);
+  CHECK_MESSAGE(r.exit_code == 0, r.output);
+
+  r = run_dtrain("validate " + comma + " --set data.csv.delimiter=ab");
+  CHECK(r.exit_code == 2);
+  CHECK(r.output ==
+        "error: --set data.csv.delimiter=ab: data.csv.delimiter: must be exactly one character "
+        "(got 'ab'; e.g. --set data.csv.delimiter=';', or '\\t' for a tab)\n");
+  r = run_dtrain("validate " + comma + " --set data.csv.delimiter=");
+  CHECK(r.exit_code == 2);
+  CHECK(contains(r.output, "must be exactly one character (got ''"));
+  r = run_dtrain("validate " + comma + " --set 'data.csv.delimiter=\"'");
+  CHECK(r.exit_code == 2);
+  CHECK(contains(r.output, "data.csv.delimiter: cannot be a newline or a double quote"));
+  const std::string bare = dir.write(
+      "bare.yaml", "data:\n  format: csv\n  train: {path: comma.csv}\n  csv:\n    delimiter:\n");
+  r = run_dtrain("validate " + bare);
+  CHECK(r.exit_code == 2);
+  CHECK(contains(r.output, "data.csv.delimiter: must be one character, got no value"));
+}
+
+TEST_CASE("--resume and --checkpoint on a non-checkpoint: one line, before the data is loaded") {
+  TempDir dir;
+  // The data would fail to load (line 3), so an error about the checkpoint shows that it was
+  // checked first.
+  dir.write("bad.csv", "a,b,label\n1,2,0\n3,x,1\n");
+  const std::string cfg =
+      dir.write("csv.yaml",
+                "data:\n  format: csv\n  train: {path: bad.csv}\n  csv: {label_column: label}\n"
+                "train: {epochs: 1}\n");
+  const std::string yaml = cfg;  // a YAML file is not a checkpoint
+  const std::string not_st =
+      "error: '" + yaml + "' is not a safetensors file (corrupt header length ";
+  auto r = run_dtrain("run " + cfg + " --resume " + yaml + " --out " + dir / "run");
+  CHECK(r.exit_code == 2);
+  CHECK(r.output.starts_with(not_st));
+  CHECK(lines(r.output) == 1);
+  for (const char* cmd : {"eval", "predict --input " __FILE__}) {
+    CAPTURE(cmd);
+    r = run_dtrain(std::string(cmd) + " " + cfg + " --checkpoint " + yaml);
+    CHECK(r.exit_code == 2);
+    CHECK(r.output.starts_with(not_st));
+    CHECK(lines(r.output) == 1);
+  }
+  // Short files, and files that are safetensors but not dtrain checkpoints.
+  const std::string tiny = dir.write("tiny.bin", "abc");
+  r = run_dtrain("eval " + cfg + " --checkpoint " + tiny);
+  CHECK(r.output == "error: '" + tiny +
+                        "' is not a safetensors file (truncated: 3 bytes, shorter than the 8-byte "
+                        "header length field)\n");
+  const std::string header = "{\"__metadata__\":{\"format\":\"other\"}}";
+  std::string st(8, '\0');
+  st[0] = static_cast<char>(header.size());
+  const std::string other = dir.write("other.safetensors", st + header);
+  r = run_dtrain("run " + cfg + " --resume " + other + " --out " + dir / "run");
+  CHECK(r.exit_code == 2);
+  CHECK(r.output == "error: checkpoint '" + other +
+                        "': not a dtrain checkpoint (no format=dtrain-checkpoint in "
+                        "__metadata__)\n");
+  r = run_dtrain("run " + cfg + " --resume " + dir / "nothere" + " --out " + dir / "run");
+  CHECK(r.output == "error: checkpoint '" + dir / "nothere" + "' does not exist\n");
+  // launch checks once, before starting ranks: no rank logs.
+  r = run_dtrain("launch --nproc 2 " + cfg + " --resume " + yaml + " --out " + dir / "launched");
+  CHECK(r.exit_code == 2);
+  CHECK(r.output.starts_with(not_st));
+  CHECK_FALSE(std::filesystem::exists(dir / "launched"));
+  // --resume auto without checkpoints is a fresh start: the data error comes.
+  r = run_dtrain("run " + cfg + " --resume auto --out " + dir / "run");
+  CHECK(r.exit_code == 2);
+  CHECK(contains(r.output, "bad.csv"));
+  // predict checks its --input before loading too.
+  const std::string good = dir.write("syn.yaml", kTiny);
+  r = run_dtrain("run " + good + " --out " + dir / "good --log-level warn");
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  r = run_dtrain("predict " + good + " --checkpoint " + dir / "good --input " + dir / "in.csv");
+  CHECK(r.exit_code == 2);
+  CHECK(r.output == "error: --input '" + dir / "in.csv" + "' does not exist\n");
+}
