@@ -285,7 +285,7 @@ TEST_CASE("CSV delimiter from --set: one character as typed, \\t a tab, a clear 
                                    {tab, "'\"\\t\"'"}}) {
     CAPTURE(delim);
     const auto r = run_dtrain("run " + cfg + " --set data.csv.delimiter=" + delim + " --out " +
-                              dir / "run --log-level warn");
+                              dir / "run --overwrite --log-level warn");
     CHECK_MESSAGE(r.exit_code == 0, r.output);
   }
   // The wrong delimiter for the file: the loader says so (one column, not three).
