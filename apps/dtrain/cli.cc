@@ -51,7 +51,21 @@ void setup_logging(const std::string& level) {
 
 // A command-line error as one line, "error: WHAT", and where to read the options: the deepest
 // subcommand the parse reached ("dtrain run --help").
-void print_parse_error(const CLI::App& app, const CLI::ParseError& e) {
+void print_parse_error(const CLI::App& app, const CLI::ParseError& e, int argc, char** argv) {
+  if (app.get_subcommands().empty()) {
+    // No command recognised: CLI11 says "A subcommand is required" even for a misspelt one.
+    std::string names;
+    for (const CLI::App* c : app.get_subcommands([](const CLI::App*) { return true; }))
+      names += (names.empty() ? "" : ", ") + c->get_name();
+    for (int i = 1; i < argc; ++i) {
+      const std::string a = argv[i];
+      if (a == "--log-level") ++i;  // and its value
+      if (a.starts_with("-")) continue;
+      std::cerr << "error: unknown command '" << a << "' (commands: " << names
+                << ")\nrun 'dtrain --help' for the options" << std::endl;
+      return;
+    }
+  }
   std::string cmd = "dtrain";
   for (const CLI::App* a = &app;;) {
     const auto subs = a->get_subcommands();
@@ -396,7 +410,7 @@ int cli_main(int argc, char** argv) {
   } catch (const CLI::Success& e) {
     return app.exit(e);  // --help, --version
   } catch (const CLI::ParseError& e) {
-    print_parse_error(app, e);
+    print_parse_error(app, e, argc, argv);
     return kExitUser;
   }
 

@@ -193,14 +193,16 @@ TEST_CASE("dtrain run with backend grpc but no launcher says how to start it") {
 
 TEST_CASE("dtrain launch exits 2 naming the rank when the ranks fail on bad data") {
   TempDir dir;
-  const std::string cfg =
-      dir.write("bad.yaml", "data:\n  format: csv\n  train: {path: missing.csv}\n");
+  // A data file that exists (a missing one is refused by the launcher before any rank starts)
+  // but does not parse (line 3).
+  dir.write("bad.csv", "a,b,label\n1,2,0\n3,x,1\n");
+  const std::string cfg = dir.write("bad.yaml", "data:\n  format: csv\n  train: {path: bad.csv}\n");
   const auto r = run_cmd(kBin + " launch --nproc 2 " + cfg + " --out " + dir / "run");
   INFO(r.output);
   CHECK(r.exit_code == 2);
   // Whichever rank failed first, its error reaches the console (rank 0's output is shown, the
   // end of another rank's log is printed when it fails).
-  CHECK(contains(r.output, "missing.csv"));
+  CHECK(contains(r.output, "bad.csv"));
   CHECK(contains(r.output, "failed: exit status 2"));
 }
 

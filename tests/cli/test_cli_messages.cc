@@ -121,6 +121,11 @@ TEST_CASE("validate and run name the key, line:col and path of a missing input f
   CHECK(r.exit_code == 2);
   CHECK(r.output == want);
   CHECK_FALSE(std::filesystem::exists(dir / "run"));
+  // launch, once, before any rank starts (no rank logs).
+  r = run_dtrain("launch --nproc 2 " + cfg + " --out " + dir / "launched");
+  CHECK(r.exit_code == 2);
+  CHECK(r.output == want);
+  CHECK_FALSE(std::filesystem::exists(dir / "launched"));
 
   // A value from --set is located there; a directory is not a data file.
   r = run_dtrain("validate " + cfg + " --set data.train.labels=" + dir.path());
@@ -250,6 +255,10 @@ TEST_CASE("command-line errors: 'error: ...' and where the options are, exit 2")
   r = run_dtrain("");
   CHECK(r.exit_code == 2);
   CHECK(r.output == "error: A subcommand is required\nrun 'dtrain --help' for the options\n");
+  r = run_dtrain("--log-level warn frobnicate x.yaml");
+  CHECK(r.exit_code == 2);
+  CHECK(r.output.starts_with("error: unknown command 'frobnicate' (commands: run, launch, "));
+  CHECK(r.output.ends_with(")\nrun 'dtrain --help' for the options\n"));
   r = run_dtrain("eval x.yaml");
   CHECK(r.exit_code == 2);
   CHECK(r.output == "error: --checkpoint is required\nrun 'dtrain eval --help' for the options\n");
