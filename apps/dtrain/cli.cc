@@ -85,7 +85,9 @@ void print_parse_error(const CLI::App& app, const CLI::ParseError& e, int argc, 
 void warn_idle_ranks(const Config& cfg) {
   const int64_t rows = train_rows_without_loading(cfg.data);
   if (rows < 0) return;
-  const std::string w = idle_ranks_warning(rows, cfg.distributed.world_size, cfg.distributed);
+  const DistributedConfig& d = cfg.distributed;
+  const std::string w =
+      idle_ranks_warning(rows, d.world_size, d.strategy == "pipeline" ? d.pipeline.stages : 1);
   if (!w.empty()) spdlog::warn("{}", w);
 }
 

@@ -147,11 +147,9 @@ int64_t train_rows_without_loading(const DataConfig& cfg) {
   return cfg.test.empty() ? n - held_out_rows(n, resolved_test_fraction(cfg)) : n;
 }
 
-std::string idle_ranks_warning(int64_t train_rows, int64_t world_size,
-                               const DistributedConfig& dist) {
-  const bool pipeline = dist.strategy == "pipeline";
-  const int64_t replicas =
-      pipeline ? world_size / std::max<int64_t>(1, dist.pipeline.stages) : world_size;
+std::string idle_ranks_warning(int64_t train_rows, int64_t world_size, int64_t pipeline_stages) {
+  const bool pipeline = pipeline_stages > 1;
+  const int64_t replicas = world_size / std::max<int64_t>(1, pipeline_stages);
   if (train_rows >= replicas) return "";
   const int64_t idle = replicas - train_rows;
   const char* verbs = idle == 1 ? " gets none and only waits" : " get none and only wait";

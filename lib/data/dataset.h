@@ -64,10 +64,9 @@ int64_t train_rows_without_loading(const DataConfig& cfg);
 
 // "" when every data-parallel replica gets training samples; else a one-line warning that
 // `world_size` ranks share `train_rows` samples and how many replicas get none (fewer samples
-// than replicas: the sampler gives the extra replicas empty slices). Pipeline replicas are
-// world_size / pipeline.stages ranks each.
-std::string idle_ranks_warning(int64_t train_rows, int64_t world_size,
-                               const DistributedConfig& dist);
+// than replicas: the sampler gives the extra replicas empty slices). A replica is
+// `pipeline_stages` ranks (1: no pipeline).
+std::string idle_ranks_warning(int64_t train_rows, int64_t world_size, int64_t pipeline_stages);
 
 // Reads a whole file, gunzipping when it starts with the gzip magic. UserError when missing or
 // corrupt.

@@ -148,8 +148,7 @@ nlohmann::json train_pipeline(const Config& cfg, const RunOptions& opts, Communi
 
   DataSplits data = load_data(cfg.data, cfg.seed);
   const ModelShape shape = resolve_model_shape(cfg, data);
-  if (const auto w = idle_ranks_warning(data.train.rows, world, cfg.distributed);
-      lead && !w.empty())
+  if (const auto w = idle_ranks_warning(data.train.rows, world, S); lead && !w.empty())
     spdlog::warn("{}", w);
   const Model model = build_mlp(cfg.model, shape.in_features, shape.num_classes);
   const int64_t P = model.param_count();

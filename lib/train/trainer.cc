@@ -406,8 +406,7 @@ nlohmann::json train_data_parallel(const Config& cfg, const RunOptions& opts, Co
   auto t0 = Clock::now();
   DataSplits data = load_data(cfg.data, cfg.seed);
   const ModelShape shape = resolve_model_shape(cfg, data);
-  if (const auto w = idle_ranks_warning(data.train.rows, world, cfg.distributed);
-      lead && !w.empty())
+  if (const auto w = idle_ranks_warning(data.train.rows, world, 1); lead && !w.empty())
     spdlog::warn("{}", w);
   if (lead)
     spdlog::info(

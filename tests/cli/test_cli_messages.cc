@@ -200,13 +200,17 @@ TEST_CASE("validate and run warn when some ranks would get no training samples")
   CHECK(r.exit_code == 0);
   CHECK(contains(r.output, "5 ranks share 3 training samples: 2 ranks get none and only wait"));
   // Pipelines count replicas (world_size / stages).
-  r = run_dtrain("validate " + cfg +
-                 " --set data.synthetic.samples=4 --set distributed.world_size=8 --set "
-                 "distributed.strategy=pipeline --set distributed.pipeline.stages=2 --set "
-                 "data.batch_size=4");
+  const std::string pipe =
+      " --set data.synthetic.samples=4 --set distributed.world_size=8 --set "
+      "distributed.strategy=pipeline --set distributed.pipeline.stages=2 --set data.batch_size=4";
+  const std::string pipe_warning =
+      "8 ranks (4 pipeline replicas) share 3 training samples: 1 replica gets none";
+  r = run_dtrain("validate " + cfg + pipe);
   CHECK_MESSAGE(r.exit_code == 0, r.output);
-  CHECK(contains(r.output,
-                 "8 ranks (4 pipeline replicas) share 3 training samples: 1 replica gets none"));
+  CHECK(contains(r.output, pipe_warning));
+  r = run_dtrain("run " + cfg + pipe + " --out " + dir / "piperun --log-level warn");
+  CHECK_MESSAGE(r.exit_code == 0, r.output);
+  CHECK(contains(r.output, pipe_warning));
 
   // CSV: the size is not known without reading; the run warns once it has loaded the data.
   dir.write("d.csv", "a,b,label\n1,2,0\n3,4,1\n5,6,0\n");
