@@ -72,7 +72,8 @@ TEST_CASE("check_checkpoint: not a safetensors file, not a dtrain checkpoint, ba
   std::filesystem::create_directories(sharded);
   dir.write("step-3/manifest.json", R"({"format": "dtrain-checkpoint", "format_version": 99})");
   CHECK(error_of(sharded) == "checkpoint '" + sharded +
-                                 "': format version 99, this dtrain reads version " +
+                                 "': format version 99, this dtrain reads versions " +
+                                 std::to_string(kOldestCheckpointFormatVersion) + " to " +
                                  std::to_string(kCheckpointFormatVersion));
   dir.write("step-3/manifest.json", "{");
   CHECK(error_of(sharded).starts_with("checkpoint '" + sharded + "': manifest.json is malformed"));
