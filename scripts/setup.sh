@@ -17,6 +17,7 @@ PACKAGES=(
   doctest-dev zlib1g-dev nlohmann-json3-dev
   pkg-config libcairo2-dev
   dataset-fashion-mnist
+  python3-numpy  # scripts/read_checkpoint.py and its test
 )
 
 missing=()
