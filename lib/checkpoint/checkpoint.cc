@@ -505,9 +505,31 @@ std::string checkpoint_file_name(int64_t step) {
   return "step-" + std::to_string(step) + ".safetensors";
 }
 
+int64_t remove_orphaned_temp_files(const std::string& dir, bool include_step_folders) {
+  static const std::regex tmp_re(R"(\..+\.tmp\.[A-Za-z0-9]{6})");
+  static const std::regex step_re(R"(step-\d+)");
+  int64_t removed = 0;
+  std::error_code ec;
+  auto sweep = [&](const fs::path& d) {
+    for (const auto& ent : fs::directory_iterator(d, ec)) {
+      const std::string name = ent.path().filename().string();
+      std::error_code rec;
+      if (std::regex_match(name, tmp_re) && ent.is_regular_file(rec) && fs::remove(ent.path(), rec))
+        ++removed;
+    }
+  };
+  sweep(dir);
+  if (include_step_folders)
+    for (const auto& ent : fs::directory_iterator(dir, ec))
+      if (ent.is_directory(ec) && std::regex_match(ent.path().filename().string(), step_re))
+        sweep(ent.path());
+  return removed;
+}
+
 void commit_checkpoint(const std::string& dir, const std::string& file_name, int64_t keep_last) {
   DT_CHECK_GE(keep_last, 1);
   write_file_atomic((fs::path(dir) / "latest").string(), file_name + "\n");
+  remove_orphaned_temp_files(dir, /*include_step_folders=*/false);
   static const std::regex re(R"(step-(\d+)(\.safetensors)?)");
   std::vector<std::pair<int64_t, fs::path>> found;
   for (const auto& ent : fs::directory_iterator(dir)) {

@@ -111,6 +111,13 @@ std::string checkpoint_file_name(int64_t step);  // "step-<N>.safetensors"
 // Records `file_name` (a file or a sharded folder name) as the newest checkpoint in dir/latest
 // (atomic), then deletes the oldest step-* files and folders beyond keep_last.
 void commit_checkpoint(const std::string& dir, const std::string& file_name, int64_t keep_last);
+
+// Removes what interrupted writes left in a checkpoints folder `dir`: temp files of atomic writes
+// (".<name>.tmp.XXXXXX", util/fs.h) in it and in its sharded step-<N>/ folders. Only call it where
+// nothing is being written there: rank 0 at the start of a run (before any rank saves), and
+// commit_checkpoint, which does (rank 0 is the only writer of `dir` itself, and every shard of
+// the checkpoint it commits is complete). Returns the number of files removed.
+int64_t remove_orphaned_temp_files(const std::string& dir, bool include_step_folders);
 // Resolves what --resume names: a checkpoint file, a sharded checkpoint folder (with
 // manifest.json), a checkpoints folder (its `latest`), or a run folder (its checkpoints/latest).
 // Returns "" when nothing is there and allow_missing is true; otherwise throws UserError.

@@ -398,6 +398,9 @@ nlohmann::json train_data_parallel(const Config& cfg, const RunOptions& opts, Co
   const std::string hash = config_hash(cfg);
   if (lead) {
     fs::create_directories(ckpt_dir);
+    if (const int64_t n = remove_orphaned_temp_files(ckpt_dir, /*include_step_folders=*/true))
+      spdlog::info("removed {} temp file(s) that interrupted checkpoint writes left in {}", n,
+                   ckpt_dir);
     write_file_atomic((fs::path(opts.out_dir) / "config.json").string(),
                       config_to_json(cfg).dump(2) + "\n");
   }

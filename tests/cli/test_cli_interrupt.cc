@@ -211,3 +211,21 @@ TEST_CASE("resume names the config keys that changed and keeps the schedule's ho
   CHECK(rec["step"] == 60);
   CHECK(rec["lr"].get<double>() < 1e-6);
 }
+
+TEST_CASE("a run removes the temp files an interrupted checkpoint write left, and says so") {
+  TempDir dir;
+  const std::string cfg = dir.write("cfg.yaml", kCfg);
+  const std::string out = dir / "out";
+  auto r = run_cmd(kBin + " run " + cfg + " --set train.max_steps=20 --out " + out +
+                   " --log-level warn");
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  // What a SIGKILL during a save leaves: the temp file of the atomic write, never renamed.
+  const std::string orphan = out + "/checkpoints/.step-30.safetensors.tmp.Xy12Zw";
+  std::filesystem::copy_file(out + "/checkpoints/step-20.safetensors", orphan);
+  r = run_cmd(kBin + " run " + cfg + " --set train.max_steps=40 --out " + out + " --resume auto");
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  CHECK_FALSE(std::filesystem::exists(orphan));
+  CHECK_MESSAGE(
+      contains(r.output, "removed 1 temp file(s) that interrupted checkpoint writes left"),
+      r.output);
+}
