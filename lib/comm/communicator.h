@@ -102,9 +102,9 @@ class Communicator {
   // RNG words, step numbers, encoded messages). Same contracts as the float forms; the element
   // type travels in every message header, so a rank calling the float form against another's
   // int64 form of the same byte size fails as a mismatch. The int64 all-reduce is exact and
-  // bitwise the same on every rank: sum (DT_CHECK on int64 overflow), min or max (kAvg, kProd:
-  // DT_CHECK); it is an all-gather followed by the reduction in rank order, meant for small n
-  // (cost in collectives.h: allgather_reduce_i64).
+  // bitwise the same on every rank: sum (DT_CHECK when it overflows int64), min or max (kAvg,
+  // kProd: DT_CHECK); it is an all-gather followed by the reduction in rank order, meant for small
+  // n (cost in collectives.h: allgather_reduce_i64).
   WorkPtr allreduce_async(int64_t* data, size_t n, ReduceOp op = ReduceOp::kSum);
   void allreduce(int64_t* data, size_t n, ReduceOp op = ReduceOp::kSum) {
     allreduce_async(data, n, op)->wait();
