@@ -79,7 +79,8 @@ class GridLayout {
 // CommOptions and no communication at construction (every rank builds its own, in any order):
 //  - an axis whose group is the whole world (the other two axes have size 1) is the world
 //    communicator itself: no second transport, no second sequence, so a plain data-parallel
-//    run sends exactly what it sent before the grid existed;
+//    run sends exactly what it sent before the grid existed (a collective on that axis is one
+//    of the world's sequence, on every rank alike);
 //  - an axis of size 1 is a one-rank communicator over a local stub that never carries a
 //    message (every collective on one rank returns at once, point-to-point to oneself is a
 //    DT_CHECK), so callers never branch on an axis's size; it costs an idle worker thread and
@@ -88,7 +89,8 @@ class GridLayout {
 //    share at most one axis group, so grid groups could not mix messages even with equal ids;
 //    the ids are unique anyway, as subgroup.h asks, and stay clear of other subgroup users,
 //    whose groups may share rank pairs with the grid's.)
-// Lifetime: `world` must outlive the grid. Thread-safety: as Communicator (the rank's thread).
+// Lifetime: `world` must outlive the grid; one grid per world communicator at a time (two would
+// build subgroups with the same ids). Thread-safety: as Communicator (the rank's thread).
 class RankGrid {
  public:
   // Throws UserError as GridLayout does.
