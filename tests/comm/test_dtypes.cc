@@ -323,26 +323,36 @@ TEST_CASE("float and int64 broadcasts of the same bytes do not mix") {
 }
 
 TEST_CASE("a stuck int64 collective names its element type in the error and desync report") {
-  CommOptions opts;
-  opts.timeout_s = 1.0;
-  std::string report;
-  const auto errors = run_ranks(
-      2,
-      [&](Communicator& c) {
-        if (c.rank() == 1) {
-          std::this_thread::sleep_for(std::chrono::milliseconds(1500));
-          return;
-        }
-        std::vector<int64_t> d(5, 1);
-        try {
-          c.allreduce(d.data(), d.size());
-        } catch (const CommError&) {
-          report = c.desync_report();
-          throw;
-        }
-      },
-      opts);
-  INFO(errors[0], "\n", report);
-  CHECK(errors[0].find("int64 allreduce seq 0 (5 int64s) failed after") != std::string::npos);
-  CHECK(report.find("int64 allreduce seq 0 (5 int64s)") != std::string::npos);
+  for (const std::string backend : {"inproc", "grpc"}) {
+    INFO("backend ", backend);
+    CommOptions opts;
+    opts.timeout_s = 1.0;
+    std::string report;
+    const auto errors = run_ranks(
+        3,
+        [&](Communicator& c) {
+          if (c.rank() == 1) {
+            // Rank 1 skips the collective but stays alive (and beating) while the others give up.
+            std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+            return;
+          }
+          std::vector<int64_t> d(5, 1);
+          try {
+            c.allreduce(d.data(), d.size());
+          } catch (const CommError&) {
+            if (c.rank() == 0) report = c.desync_report();
+            throw;
+          }
+        },
+        opts, backend, /*heartbeat_s=*/1.0);
+    INFO(errors[0], "\n", report);
+    CHECK(errors[0].find("int64 allreduce seq 0 (5 int64s) failed after") != std::string::npos);
+    // Rank 2's row: over gRPC its position (with the element type) came in its heartbeats.
+    size_t rows = 0;
+    for (size_t at = report.find("int64 allreduce seq 0 (5 int64s)"); at != std::string::npos;
+         at = report.find("int64 allreduce seq 0 (5 int64s)", at + 1))
+      ++rows;
+    CHECK(rows == 2);  // ranks 0 and 2; rank 1 is in no collective
+    CHECK(report.find("(no collective)") != std::string::npos);
+  }
 }
