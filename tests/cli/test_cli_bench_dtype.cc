@@ -13,7 +13,7 @@ namespace {
 const std::string kBin = DTRAIN_BIN;
 }  // namespace
 
-TEST_CASE("bench comm --dtype int64 times int64 collectives; reduce_scatter is refused") {
+TEST_CASE("bench comm --dtype int64 times int64 collectives and refuses reduce_scatter") {
   for (const std::string op : {"allreduce", "allgather", "broadcast"}) {
     INFO(op);
     const auto r = run_cmd(kBin + " bench comm --nproc 3 --dtype int64 --op " + op +
