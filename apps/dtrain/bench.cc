@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <string>
 #include <thread>
+#include <type_traits>
 
 #include "comm/communicator.h"
 #include "comm/grpc_transport.h"
@@ -104,30 +105,52 @@ std::vector<int64_t> parse_sizes(const std::string& text) {
   return out;
 }
 
+namespace {
+
+// One collective of o.op over buffers of T (float or int64_t).
+template <typename T>
+void run_comm_op(Communicator& comm, const std::string& op, std::vector<T>& buf,
+                 std::vector<T>& out, const std::vector<size_t>& counts) {
+  if (op == "allreduce") {
+    // int64: max, which costs what sum does (the same all-gather and loop) but cannot overflow
+    // when the bench repeats it in place; float sums of ones only grow.
+    comm.allreduce(buf.data(), buf.size(),
+                   std::is_same_v<T, float> ? ReduceOp::kSum : ReduceOp::kMax);
+  } else if (op == "reduce_scatter") {
+    if constexpr (std::is_same_v<T, float>)
+      comm.reduce_scatter(buf.data(), buf.size(), out.data(), ReduceOp::kSum, counts);
+    else
+      DT_CHECK_MSG(false, "no int64 reduce_scatter (the CLI refuses it)");
+  } else if (op == "allgather") {
+    comm.allgather(buf.data(), out.data(), counts);
+  } else {
+    comm.broadcast(buf.data(), buf.size(), 0);
+  }
+}
+
+}  // namespace
+
 void bench_comm_rank(Communicator& comm, const CommBenchOptions& o) {
   const int w = comm.size();
   const bool lead = comm.rank() == 0;
+  const bool i64 = o.dtype == "int64";
   if (lead && !o.json)
-    std::printf("# dtrain bench comm: op %s, backend %s, %d ranks\n%14s %12s %12s %12s\n",
-                o.op.c_str(), comm.backend().c_str(), w, "size(B)", "time(us)", "algbw(GB/s)",
-                "busbw(GB/s)");
+    std::printf("# dtrain bench comm: op %s, dtype %s, backend %s, %d ranks\n%14s %12s %12s %12s\n",
+                o.op.c_str(), o.dtype.c_str(), comm.backend().c_str(), w, "size(B)", "time(us)",
+                "algbw(GB/s)", "busbw(GB/s)");
   for (const int64_t bytes : o.sizes_bytes) {
-    const size_t n = static_cast<size_t>(bytes / 4);
+    const size_t n = static_cast<size_t>(bytes) / (i64 ? 8 : 4);
     // allgather / reduce_scatter: `bytes` is the full (gathered) buffer, as nccl-tests count it.
-    std::vector<float> buf(n, 1.0f), out(n);
+    std::vector<float> buf(i64 ? 0 : n, 1.0f), out(i64 ? 0 : n);
+    std::vector<int64_t> buf64(i64 ? n : 0, 1), out64(i64 ? n : 0);
     const std::vector<size_t> counts = even_counts(n, w);
     const int iters =
         o.iters > 0 ? o.iters : (bytes <= (4 << 20) ? 20 : (bytes <= (16 << 20) ? 10 : 5));
     auto run = [&] {
-      if (o.op == "allreduce") {
-        comm.allreduce(buf.data(), n, ReduceOp::kSum);
-      } else if (o.op == "reduce_scatter") {
-        comm.reduce_scatter(buf.data(), n, out.data(), ReduceOp::kSum, counts);
-      } else if (o.op == "allgather") {
-        comm.allgather(buf.data(), out.data(), counts);
-      } else {
-        comm.broadcast(buf.data(), n, 0);
-      }
+      if (i64)
+        run_comm_op(comm, o.op, buf64, out64, counts);
+      else
+        run_comm_op(comm, o.op, buf, out, counts);
     };
     run();  // warm-up (connections, buffers)
     std::vector<float> times;
@@ -148,10 +171,10 @@ void bench_comm_rank(Communicator& comm, const CommBenchOptions& o) {
     if (!lead) continue;
     if (o.json)
       std::printf(
-          "{\"op\": \"%s\", \"backend\": \"%s\", \"world_size\": %d, \"bytes\": %lld, "
-          "\"time_s\": %.6g, \"algbw_gbps\": %.4g, \"busbw_gbps\": %.4g}\n",
-          o.op.c_str(), comm.backend().c_str(), w, static_cast<long long>(bytes), t, algbw,
-          algbw * factor);
+          "{\"op\": \"%s\", \"dtype\": \"%s\", \"backend\": \"%s\", \"world_size\": %d, "
+          "\"bytes\": %lld, \"time_s\": %.6g, \"algbw_gbps\": %.4g, \"busbw_gbps\": %.4g}\n",
+          o.op.c_str(), o.dtype.c_str(), comm.backend().c_str(), w, static_cast<long long>(bytes),
+          t, algbw, algbw * factor);
     else
       std::printf("%14lld %12.1f %12.3f %12.3f\n", static_cast<long long>(bytes), t * 1e6, algbw,
                   algbw * factor);

@@ -20,7 +20,8 @@ namespace dtrain {
 class Communicator;
 
 struct CommBenchOptions {
-  std::string op = "allreduce";  // allreduce | reduce_scatter | allgather | broadcast
+  std::string op = "allreduce";   // allreduce | reduce_scatter | allgather | broadcast
+  std::string dtype = "float32";  // float32 | int64 (no reduce_scatter)
   std::vector<int64_t> sizes_bytes = {1 << 20, 4 << 20, 16 << 20, 64 << 20};
   int iters = 0;  // 0: by size (more for small messages)
   bool json = false;

@@ -396,6 +396,10 @@ int cli_main(int argc, char** argv) {
   bench_comm_cmd->add_option("--op", comm_op, "allreduce | reduce_scatter | allgather | broadcast")
       ->check(CLI::IsMember({"allreduce", "reduce_scatter", "allgather", "broadcast"}))
       ->capture_default_str();
+  std::string comm_dtype = "float32";
+  bench_comm_cmd->add_option("--dtype", comm_dtype, "float32 | int64 (int64: no reduce_scatter)")
+      ->check(CLI::IsMember({"float32", "int64"}))
+      ->capture_default_str();
   bench_comm_cmd->add_option("--sizes", comm_sizes, "message sizes, e.g. 1M,4M,16M,64M")
       ->capture_default_str();
   bench_comm_cmd->add_option("--iters", comm_iters, "timed iterations per size (0: by size)");
@@ -421,6 +425,9 @@ int cli_main(int argc, char** argv) {
     if (bench_comm_cmd->parsed()) {
       CommBenchOptions o;
       o.op = comm_op;
+      o.dtype = comm_dtype;
+      if (o.dtype == "int64" && o.op == "reduce_scatter")
+        throw UserError("bench comm: --dtype int64 has no reduce_scatter");
       o.sizes_bytes = parse_sizes(comm_sizes);
       o.iters = comm_iters;
       o.json = comm_json;
@@ -436,7 +443,7 @@ int cli_main(int argc, char** argv) {
       lo.child_argv = {self_exe(argv[0]), "bench",    "comm",    "--worker",
                        "--backend",       "grpc",     "--op",    comm_op,
                        "--sizes",         comm_sizes, "--iters", std::to_string(comm_iters),
-                       "--log-level",     log_level};
+                       "--log-level",     log_level,  "--dtype", comm_dtype};
       if (comm_json) lo.child_argv.push_back("--json");
       if (comm_no_shm) lo.child_argv.push_back("--no-shm");
       const int rc = launch_local(lo);

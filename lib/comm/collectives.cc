@@ -42,17 +42,26 @@ int mod(int a, int w) {
   return ((a % w) + w) % w;
 }
 
-// One ring pass: at each step s, send block send_block(s) to the right neighbour and receive
-// block recv_block(s) from the left, segment by segment, reducing or copying.
+// Segment length in elements of op's type: the context's segment bytes, at least one element.
+// Float32 gives segment_floats, as before dtypes existed.
+size_t segment_elems(const CollCtx& c, CommOp op) {
+  return std::max<size_t>(1, c.segment_floats * sizeof(float) / dtype_size(op_dtype(op)));
+}
+
+// One ring pass over a buffer of elements of op's type (counts in elements): at each step s,
+// send block send_block(s) to the right neighbour and receive block recv_block(s) from the
+// left, segment by segment, reducing (float32 only) or copying.
 template <typename SendBlock, typename RecvBlock>
-void ring_pass(const CollCtx& c, float* data, const std::vector<size_t>& counts, CommOp op,
+void ring_pass(const CollCtx& c, char* data, const std::vector<size_t>& counts, CommOp op,
                uint64_t phase, SendBlock send_block, RecvBlock recv_block, bool reduce,
                Transport::Reduce r) {
   Transport& t = *c.t;
   const int w = t.size(), rank = t.rank();
   const int right = mod(rank + 1, w), left = mod(rank - 1, w);
   const std::vector<size_t> off = offsets_of(counts);
-  const size_t seg = std::max<size_t>(1, c.segment_floats);
+  const size_t es = dtype_size(op_dtype(op));
+  DT_CHECK(!reduce || op_dtype(op) == DType::kF32);
+  const size_t seg = segment_elems(c, op);
   for (int s = 0; s < w - 1; ++s) {
     const int sb = send_block(s), rb = recv_block(s);
     const size_t ns = segments_of(counts[static_cast<size_t>(sb)], seg);
@@ -62,18 +71,16 @@ void ring_pass(const CollCtx& c, float* data, const std::vector<size_t>& counts,
       if (k < ns) {
         const size_t b = std::min(seg * k, counts[static_cast<size_t>(sb)]);
         const size_t e = std::min(seg * (k + 1), counts[static_cast<size_t>(sb)]);
-        MsgHeader h{c.seq, part_id(phase, static_cast<uint64_t>(s), k), op,
-                    (e - b) * sizeof(float)};
-        t.send(right, h, data + off[static_cast<size_t>(sb)] + b);
+        MsgHeader h{c.seq, part_id(phase, static_cast<uint64_t>(s), k), op, (e - b) * es};
+        t.send(right, h, data + (off[static_cast<size_t>(sb)] + b) * es);
       }
       if (k < nr) {
         const size_t b = std::min(seg * k, counts[static_cast<size_t>(rb)]);
         const size_t e = std::min(seg * (k + 1), counts[static_cast<size_t>(rb)]);
-        MsgHeader h{c.seq, part_id(phase, static_cast<uint64_t>(s), k), op,
-                    (e - b) * sizeof(float)};
-        float* dst = data + off[static_cast<size_t>(rb)] + b;
+        MsgHeader h{c.seq, part_id(phase, static_cast<uint64_t>(s), k), op, (e - b) * es};
+        char* dst = data + (off[static_cast<size_t>(rb)] + b) * es;
         if (reduce)
-          t.recv_reduce(left, h, dst, r, c.deadline);
+          t.recv_reduce(left, h, reinterpret_cast<float*>(dst), r, c.deadline);
         else
           t.recv(left, h, dst, c.deadline);
       }
@@ -119,8 +126,9 @@ void ring_reduce_scatter_inplace(const CollCtx& c, float* data, const std::vecto
     // Step s: send block r-s-1, receive and reduce block r-s-2; after w-1 steps block r is
     // complete on rank r.
     ring_pass(
-        c, data, counts, wire_op, 1, [&](int s) { return mod(r - s - 1, w); },
-        [&](int s) { return mod(r - s - 2, w); }, true, to_transport(op));
+        c, reinterpret_cast<char*>(data), counts, wire_op, 1,
+        [&](int s) { return mod(r - s - 1, w); }, [&](int s) { return mod(r - s - 2, w); }, true,
+        to_transport(op));
   }
   if (op == ReduceOp::kAvg && w > 1) {
     const std::vector<size_t> off = offsets_of(counts);
@@ -130,7 +138,7 @@ void ring_reduce_scatter_inplace(const CollCtx& c, float* data, const std::vecto
   }
 }
 
-void ring_allgather_inplace(const CollCtx& c, float* data, const std::vector<size_t>& counts,
+void ring_allgather_inplace(const CollCtx& c, void* data, const std::vector<size_t>& counts,
                             CommOp op) {
   Transport& t = *c.t;
   check_counts(t, counts);
@@ -138,8 +146,14 @@ void ring_allgather_inplace(const CollCtx& c, float* data, const std::vector<siz
   if (w == 1) return;
   // Step s: send block r-s, receive block r-s-1.
   ring_pass(
-      c, data, counts, op, 2, [&](int s) { return mod(r - s, w); },
+      c, static_cast<char*>(data), counts, op, 2, [&](int s) { return mod(r - s, w); },
       [&](int s) { return mod(r - s - 1, w); }, false, Transport::Reduce::kSum);
+}
+
+void ring_allgather_inplace(const CollCtx& c, float* data, const std::vector<size_t>& counts,
+                            CommOp op) {
+  DT_CHECK(op_dtype(op) == DType::kF32);
+  ring_allgather_inplace(c, static_cast<void*>(data), counts, op);
 }
 
 void ring_allreduce(const CollCtx& c, float* data, size_t n, ReduceOp op) {
@@ -151,19 +165,58 @@ void ring_allreduce(const CollCtx& c, float* data, size_t n, ReduceOp op) {
   ring_allgather_inplace(c, data, counts, CommOp::kAllReduce);
 }
 
-void ring_broadcast(const CollCtx& c, float* data, size_t n, int root) {
-  Transport& t = *c.t;
-  const int w = t.size(), r = t.rank();
+void ring_broadcast(const CollCtx& c, void* data, size_t n, int root, DType t) {
+  Transport& tr = *c.t;
+  const int w = tr.size(), r = tr.rank();
   DT_CHECK(root >= 0 && root < w);
   if (w == 1) return;
   const int right = mod(r + 1, w), left = mod(r - 1, w);
-  const size_t seg = std::max<size_t>(1, c.segment_floats);
+  const CommOp op = typed_op(CommOp::kBroadcast, t);
+  const size_t es = dtype_size(t), seg = segment_elems(c, op);
   const size_t ns = segments_of(n, seg);
+  char* bytes = static_cast<char*>(data);
   for (size_t k = 0; k < ns; ++k) {
     const size_t b = std::min(seg * k, n), e = std::min(seg * (k + 1), n);
-    MsgHeader h{c.seq, part_id(3, 0, k), CommOp::kBroadcast, (e - b) * sizeof(float)};
-    if (r != root) t.recv(left, h, data + b, c.deadline);
-    if (right != root) t.send(right, h, data + b);
+    MsgHeader h{c.seq, part_id(3, 0, k), op, (e - b) * es};
+    if (r != root) tr.recv(left, h, bytes + b * es, c.deadline);
+    if (right != root) tr.send(right, h, bytes + b * es);
+  }
+}
+
+void ring_broadcast(const CollCtx& c, float* data, size_t n, int root) {
+  ring_broadcast(c, static_cast<void*>(data), n, root, DType::kF32);
+}
+
+void allgather_reduce_i64(const CollCtx& c, int64_t* data, size_t n, ReduceOp op) {
+  DT_CHECK_MSG(op == ReduceOp::kSum || op == ReduceOp::kMin || op == ReduceOp::kMax,
+               "int64 allreduce supports sum, min and max, not " << reduce_op_name(op));
+  const int w = c.t->size(), r = c.t->rank();
+  if (w == 1) return;
+  const size_t W = static_cast<size_t>(w);
+  // One scratch per thread (the communicator's worker), kept between calls: a fresh buffer
+  // faults in its pages every time, which measured as much as the gather itself at 1 MiB.
+  thread_local std::vector<int64_t> all;
+  all.resize(n * W);
+  std::copy(data, data + n, all.begin() + static_cast<std::ptrdiff_t>(n * static_cast<size_t>(r)));
+  ring_allgather_inplace(c, static_cast<void*>(all.data()), std::vector<size_t>(W, n),
+                         typed_op(CommOp::kAllReduce, DType::kI64));
+  // Rank order, the same loops on every rank: every element is ((v0 . v1) . v2) ..., so every
+  // rank ends with bitwise the same result.
+  std::copy(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(n), data);
+  for (size_t q = 1; q < W; ++q) {
+    const int64_t* v = all.data() + q * n;
+    if (op == ReduceOp::kSum) {
+      for (size_t i = 0; i < n; ++i) {
+        int64_t sum = 0;
+        const bool overflow = __builtin_add_overflow(data[i], v[i], &sum);
+        DT_CHECK_MSG(!overflow, "int64 allreduce sum overflows at element " << i);
+        data[i] = sum;
+      }
+    } else if (op == ReduceOp::kMin) {
+      for (size_t i = 0; i < n; ++i) data[i] = std::min(data[i], v[i]);
+    } else {
+      for (size_t i = 0; i < n; ++i) data[i] = std::max(data[i], v[i]);
+    }
   }
 }
 

@@ -106,10 +106,9 @@ std::string Communicator::desync_report() const {
     }
     const std::string done =
         p.pos.completed == 0 ? "-" : fmt::format("seq {}", p.pos.completed - 1);
-    const std::string in =
-        p.pos.active
-            ? fmt::format("{} seq {} ({} floats)", comm_op_name(p.pos.op), p.pos.seq, p.pos.count)
-            : std::string("(no collective)");
+    const std::string in = p.pos.active ? fmt::format("{} seq {} ({} {})", comm_op_name(p.pos.op),
+                                                      p.pos.seq, p.pos.count, count_unit(p.pos.op))
+                                        : std::string("(no collective)");
     const std::string heard =
         static_cast<int>(r) == rank() ? std::string("this rank") : secs(since(p.heard)) + " ago";
     out += fmt::format("\n  {:>4}  {:>9}  {:<40}  {:>8}  {}", r, done, in, secs(since(p.pos.since)),
@@ -122,8 +121,8 @@ WorkPtr Communicator::enqueue(CommOp op, size_t count, std::function<void(const 
   auto work = std::make_shared<Work>();
   work->owner_ = this;
   const uint64_t seq = next_seq_++;
-  work->what_ = std::string(comm_op_name(op)) + " seq " + std::to_string(seq) + " (" +
-                std::to_string(count) + " floats)";
+  work->what_ = comm_op_name(op) + " seq " + std::to_string(seq) + " (" + std::to_string(count) +
+                " " + count_unit(op) + ")";
   {
     std::lock_guard<std::mutex> lk(mu_);
     queue_.push_back(Task{op, count, seq, work, std::move(fn)});
@@ -233,26 +232,71 @@ WorkPtr Communicator::reduce_scatter_inplace_async(float* data, std::vector<size
 }
 
 void Communicator::allgather(const float* in, float* out, std::vector<size_t> counts) {
-  DT_CHECK_EQ(counts.size(), static_cast<size_t>(size()));
-  size_t offset = 0;
-  for (int r = 0; r < rank(); ++r) offset += counts[static_cast<size_t>(r)];
-  std::copy(in, in + counts[static_cast<size_t>(rank())], out + offset);
-  allgather_inplace_async(out, std::move(counts))->wait();
+  allgather_typed(in, out, std::move(counts), DType::kF32);
 }
 
 WorkPtr Communicator::allgather_inplace_async(float* data, std::vector<size_t> counts) {
+  return allgather_inplace_typed(data, std::move(counts), DType::kF32);
+}
+
+void Communicator::broadcast(float* data, size_t n, int root) {
+  broadcast_typed(data, n, root, DType::kF32);
+}
+
+WorkPtr Communicator::allreduce_async(int64_t* data, size_t n, ReduceOp op) {
+  DT_CHECK_MSG(op == ReduceOp::kSum || op == ReduceOp::kMin || op == ReduceOp::kMax,
+               "int64 allreduce supports sum, min and max, not " << reduce_op_name(op));
+  return enqueue(typed_op(CommOp::kAllReduce, DType::kI64), n,
+                 [=](const CollCtx& c) { allgather_reduce_i64(c, data, n, op); });
+}
+
+void Communicator::allgather(const int64_t* in, int64_t* out, std::vector<size_t> counts) {
+  allgather_typed(in, out, std::move(counts), DType::kI64);
+}
+
+void Communicator::allgather(const uint8_t* in, uint8_t* out, std::vector<size_t> counts) {
+  allgather_typed(in, out, std::move(counts), DType::kBytes);
+}
+
+WorkPtr Communicator::allgather_inplace_async(int64_t* data, std::vector<size_t> counts) {
+  return allgather_inplace_typed(data, std::move(counts), DType::kI64);
+}
+
+WorkPtr Communicator::allgather_inplace_async(uint8_t* data, std::vector<size_t> counts) {
+  return allgather_inplace_typed(data, std::move(counts), DType::kBytes);
+}
+
+void Communicator::broadcast(int64_t* data, size_t n, int root) {
+  broadcast_typed(data, n, root, DType::kI64);
+}
+
+void Communicator::broadcast(uint8_t* data, size_t n, int root) {
+  broadcast_typed(data, n, root, DType::kBytes);
+}
+
+void Communicator::allgather_typed(const void* in, void* out, std::vector<size_t> counts, DType t) {
+  DT_CHECK_EQ(counts.size(), static_cast<size_t>(size()));
+  const size_t es = dtype_size(t);
+  size_t offset = 0;
+  for (int r = 0; r < rank(); ++r) offset += counts[static_cast<size_t>(r)];
+  const size_t mine = counts[static_cast<size_t>(rank())];
+  if (mine) std::memmove(static_cast<char*>(out) + offset * es, in, mine * es);
+  allgather_inplace_typed(out, std::move(counts), t)->wait();
+}
+
+WorkPtr Communicator::allgather_inplace_typed(void* data, std::vector<size_t> counts, DType t) {
   DT_CHECK_EQ(counts.size(), static_cast<size_t>(size()));
   const bool equal =
       std::adjacent_find(counts.begin(), counts.end(), std::not_equal_to<>()) == counts.end();
-  const CommOp op = equal ? CommOp::kAllGather : CommOp::kAllGatherV;
+  const CommOp op = typed_op(equal ? CommOp::kAllGather : CommOp::kAllGatherV, t);
   const size_t n = std::accumulate(counts.begin(), counts.end(), size_t{0});
   return enqueue(op, n, [=](const CollCtx& c) { ring_allgather_inplace(c, data, counts, op); });
 }
 
-void Communicator::broadcast(float* data, size_t n, int root) {
+void Communicator::broadcast_typed(void* data, size_t n, int root, DType t) {
   DT_CHECK(root >= 0 && root < size());
-  enqueue(CommOp::kBroadcast, n, [=](const CollCtx& c) {
-    ring_broadcast(c, data, n, root);
+  enqueue(typed_op(CommOp::kBroadcast, t), n, [=](const CollCtx& c) {
+    ring_broadcast(c, data, n, root, t);
   })->wait();
 }
 

@@ -98,6 +98,24 @@ class Communicator {
   void broadcast(float* data, size_t n, int root);
   void barrier();
 
+  // int64 and raw bytes, for values that must not pass through float (sample counts, flags,
+  // RNG words, step numbers, encoded messages). Same contracts as the float forms; the element
+  // type travels in every message header, so a rank calling the float form against another's
+  // int64 form of the same byte size fails as a mismatch. The int64 all-reduce is exact and
+  // bitwise the same on every rank: sum (DT_CHECK when it overflows int64), min or max (kAvg,
+  // kProd: DT_CHECK); it is an all-gather followed by the reduction in rank order, meant for small
+  // n (cost in collectives.h: allgather_reduce_i64).
+  WorkPtr allreduce_async(int64_t* data, size_t n, ReduceOp op = ReduceOp::kSum);
+  void allreduce(int64_t* data, size_t n, ReduceOp op = ReduceOp::kSum) {
+    allreduce_async(data, n, op)->wait();
+  }
+  void allgather(const int64_t* in, int64_t* out, std::vector<size_t> counts);
+  void allgather(const uint8_t* in, uint8_t* out, std::vector<size_t> counts);
+  WorkPtr allgather_inplace_async(int64_t* data, std::vector<size_t> counts);
+  WorkPtr allgather_inplace_async(uint8_t* data, std::vector<size_t> counts);
+  void broadcast(int64_t* data, size_t n, int root);
+  void broadcast(uint8_t* data, size_t n, int root);
+
   // Point-to-point (pipeline activations): n floats to/from one peer under a user tag.
   void send(int dst, uint64_t tag, const float* data, size_t n);
   void recv(int src, uint64_t tag, float* data, size_t n);
@@ -123,7 +141,12 @@ class Communicator {
 
  private:
   friend class Work;
+  // op is typed (typed_op): its element type names the count's unit in messages.
   WorkPtr enqueue(CommOp op, size_t count, std::function<void(const CollCtx&)> fn);
+  // The element-type-independent bodies of the public forms; counts in elements of t.
+  void allgather_typed(const void* in, void* out, std::vector<size_t> counts, DType t);
+  WorkPtr allgather_inplace_typed(void* data, std::vector<size_t> counts, DType t);
+  void broadcast_typed(void* data, size_t n, int root, DType t);
   void worker_loop();
   std::string failure() const;
   // abort(msg), and on rank 0 log the desync report (once).

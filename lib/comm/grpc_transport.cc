@@ -1170,9 +1170,7 @@ std::string GrpcTransport::check_frame(int src, const ParsedFrame& f,
                                        const std::map<Key, Partial>& partial) const {
   if (f.src != src)
     return fmt::format("it claims to come from rank {} on rank {}'s stream", f.src, src);
-  if (f.op_raw < static_cast<uint32_t>(CommOp::kAllReduce) ||
-      f.op_raw > static_cast<uint32_t>(CommOp::kAllGatherV))
-    return fmt::format("unknown op {}", f.op_raw);
+  if (!valid_op(f.op_raw)) return fmt::format("unknown op {}", f.op_raw);
   if (f.h.bytes > kGrpcMaxMessageBytes)
     return fmt::format("total bytes {} exceed the limit of {}", f.h.bytes, kGrpcMaxMessageBytes);
   if (f.len > f.h.bytes || f.offset > f.h.bytes - f.len)

@@ -7,7 +7,8 @@
 
 namespace dtrain {
 
-const char* comm_op_name(CommOp op) {
+namespace {
+const char* base_op_name(CommOp op) {
   switch (op) {
     case CommOp::kAllReduce:
       return "allreduce";
@@ -25,6 +26,56 @@ const char* comm_op_name(CommOp op) {
       return "allgatherv";
   }
   return "unknown-op";
+}
+}  // namespace
+
+const char* dtype_name(DType t) {
+  switch (t) {
+    case DType::kF32:
+      return "float32";
+    case DType::kI64:
+      return "int64";
+    case DType::kBytes:
+      return "bytes";
+  }
+  return "unknown-dtype";
+}
+
+size_t dtype_size(DType t) {
+  switch (t) {
+    case DType::kF32:
+      return sizeof(float);
+    case DType::kI64:
+      return sizeof(int64_t);
+    case DType::kBytes:
+      return 1;
+  }
+  DT_CHECK_MSG(false, "unknown dtype " << static_cast<uint32_t>(t));
+  return 1;
+}
+
+bool valid_op(uint32_t raw) {
+  const uint32_t op = raw & 0xffu, t = raw >> 8;
+  return op >= static_cast<uint32_t>(CommOp::kAllReduce) &&
+         op <= static_cast<uint32_t>(CommOp::kAllGatherV) && t <= static_cast<uint32_t>(kLastDType);
+}
+
+std::string comm_op_name(CommOp op) {
+  const DType t = op_dtype(op);
+  if (t == DType::kF32) return base_op_name(base_op(op));
+  return std::string(dtype_name(t)) + " " + base_op_name(base_op(op));
+}
+
+const char* count_unit(CommOp op) {
+  switch (op_dtype(op)) {
+    case DType::kF32:
+      return "floats";
+    case DType::kI64:
+      return "int64s";
+    case DType::kBytes:
+      return "bytes";
+  }
+  return "elements";
 }
 
 std::string describe(const MsgHeader& h) {

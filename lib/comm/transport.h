@@ -40,13 +40,39 @@ enum class CommOp : uint32_t {
   kSendRecv = 6,
   kAllGatherV = 7,
 };
-const char* comm_op_name(CommOp op);
+
+// Element type of a collective's payload. It travels in bits 8..15 of the op code (typed_op),
+// so every check that compares ops -- mailbox matching and the mismatch reports of every
+// transport, the gRPC frame and shared-memory record headers, the desync positions -- compares
+// element types too: a float32 allreduce against an int64 one of the same byte size fails at
+// once with both sides named. kF32 is 0, so float32 op codes (and the wire) are what they were.
+enum class DType : uint32_t { kF32 = 0, kI64 = 1, kBytes = 2 };
+inline constexpr DType kLastDType = DType::kBytes;
+const char* dtype_name(DType t);  // "float32" | "int64" | "bytes"
+size_t dtype_size(DType t);       // 4 | 8 | 1
+
+inline constexpr CommOp typed_op(CommOp base, DType t) {
+  return static_cast<CommOp>(static_cast<uint32_t>(base) | (static_cast<uint32_t>(t) << 8));
+}
+inline constexpr CommOp base_op(CommOp op) {
+  return static_cast<CommOp>(static_cast<uint32_t>(op) & 0xffu);
+}
+inline constexpr DType op_dtype(CommOp op) {
+  return static_cast<DType>((static_cast<uint32_t>(op) >> 8) & 0xffu);
+}
+// True for the op codes this build sends: a known operation and element type, no other bits.
+bool valid_op(uint32_t raw);
+
+// "allreduce" for float32 ops (as before dtypes existed), "int64 allreduce", "bytes allgather".
+std::string comm_op_name(CommOp op);
+// Unit of a count of elements of op's type in messages: "floats" | "int64s" | "bytes".
+const char* count_unit(CommOp op);
 
 struct MsgHeader {
-  uint64_t channel = 0;  // collective sequence number, or kP2PBit | user tag
-  uint64_t part = 0;     // chunk / step index within the operation
-  CommOp op = CommOp::kAllReduce;
-  uint64_t bytes = 0;  // payload size
+  uint64_t channel = 0;            // collective sequence number, or kP2PBit | user tag
+  uint64_t part = 0;               // chunk / step index within the operation
+  CommOp op = CommOp::kAllReduce;  // typed: carries the element type (typed_op)
+  uint64_t bytes = 0;              // payload size
 };
 
 // Where a rank is in its communicator's collective sequence, for the desync report. Set by the
@@ -127,7 +153,7 @@ class Transport {
 // dst[i] = reduce(dst[i], src[i]) for n floats.
 void reduce_into(float* dst, const float* src, size_t n, Transport::Reduce r);
 
-// "allreduce seq 12 part 3 (4096 bytes)" for messages.
+// "allreduce seq 12 part 3 (4096 bytes)", "int64 allreduce seq 3 ..." for messages.
 std::string describe(const MsgHeader& h);
 
 }  // namespace dtrain

@@ -1,0 +1,33 @@
+// `dtrain bench comm --dtype int64` times the int64 collectives (allreduce, allgather,
+// broadcast) and refuses the reduce-scatter it does not have.
+#include <doctest/doctest.h>
+
+#include <string>
+
+#include "test_util.h"
+
+using dtrain::testing::contains;
+using dtrain::testing::run_cmd;
+
+namespace {
+const std::string kBin = DTRAIN_BIN;
+}  // namespace
+
+TEST_CASE("bench comm --dtype int64 times int64 collectives and refuses reduce_scatter") {
+  for (const std::string op : {"allreduce", "allgather", "broadcast"}) {
+    INFO(op);
+    const auto r = run_cmd(kBin + " bench comm --nproc 3 --dtype int64 --op " + op +
+                           " --sizes 8,1K --iters 3 --json");
+    INFO(r.output);
+    CHECK(r.exit_code == 0);
+    CHECK(contains(r.output, "\"op\": \"" + op + "\", \"dtype\": \"int64\""));
+    CHECK(contains(r.output, "\"bytes\": 1024"));
+  }
+  const auto f = run_cmd(kBin + " bench comm --nproc 2 --sizes 8 --iters 3 --json");
+  CHECK(f.exit_code == 0);
+  CHECK(contains(f.output, "\"dtype\": \"float32\""));
+  const auto bad = run_cmd(kBin + " bench comm --dtype int64 --op reduce_scatter");
+  INFO(bad.output);
+  CHECK(bad.exit_code == 2);
+  CHECK(contains(bad.output, "--dtype int64 has no reduce_scatter"));
+}
