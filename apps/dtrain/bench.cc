@@ -65,13 +65,16 @@ int bench_gemm(const std::vector<int64_t>& widths, int64_t batch, int threads, i
   }
   std::sort(t.begin(), t.end());
   const double med = t[t.size() / 2];
+  const std::string core = blas_core();
   std::printf(
-      "gemm-only step (batch %lld, %d BLAS thread(s)): median %.3f ms, %.1f GFLOP/s, "
-      "bound %.0f samples/s\n",
-      static_cast<long long>(batch), blas_threads(), med * 1e3, flops / med * 1e-9,
+      "gemm-only step (batch %lld, %d BLAS thread(s), OpenBLAS kernels %s): median %.3f ms, "
+      "%.1f GFLOP/s, bound %.0f samples/s\n",
+      static_cast<long long>(batch), blas_threads(), core.c_str(), med * 1e3, flops / med * 1e-9,
       static_cast<double>(batch) / med);
-  std::printf("{\"gemm_step_ms\": %.4f, \"gflops\": %.2f, \"bound_samples_per_s\": %.1f}\n",
-              med * 1e3, flops / med * 1e-9, static_cast<double>(batch) / med);
+  std::printf(
+      "{\"gemm_step_ms\": %.4f, \"gflops\": %.2f, \"bound_samples_per_s\": %.1f, "
+      "\"blas_core\": \"%s\"}\n",
+      med * 1e3, flops / med * 1e-9, static_cast<double>(batch) / med, core.c_str());
   return 0;
 }
 

@@ -1,7 +1,12 @@
 #include "tensor/blas.h"
 
 #include <cblas.h>
+#include <unistd.h>
 
+#include <cstdlib>
+
+#include <algorithm>
+#include <cctype>
 #include <thread>
 
 #include "util/check.h"
@@ -32,6 +37,59 @@ void set_blas_threads(int threads) {
 
 int blas_threads() {
   return openblas_get_num_threads();
+}
+
+std::string blas_core() {
+  const char* c = openblas_get_corename();
+  return c != nullptr ? std::string(c) : std::string("unknown");
+}
+
+namespace {
+
+// Vector level of a kernel set or CPU: 0 SSE, 1 AVX, 2 AVX2 + FMA, 3 AVX-512.
+int core_level(std::string name) {
+  std::transform(name.begin(), name.end(), name.begin(),
+                 [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
+  for (const char* n : {"skylakex", "cooperlake", "sapphirerapids"})
+    if (name == n) return 3;
+  for (const char* n : {"haswell", "zen", "skylake"})
+    if (name == n) return 2;
+  if (name == "sandybridge") return 1;
+  return 0;
+}
+
+int cpu_level() {
+#if defined(__x86_64__) && defined(__GNUC__)
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
+      __builtin_cpu_supports("avx512cd"))
+    return 3;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return 2;
+  if (__builtin_cpu_supports("avx")) return 1;
+#endif
+  return 0;
+}
+
+}  // namespace
+
+std::string better_blas_coretype() {
+  const int have = cpu_level();
+  if (have <= core_level(blas_core())) return "";
+  static const char* const kNames[] = {"", "Sandybridge", "Haswell", "SkylakeX"};
+  return kNames[have];
+}
+
+}  // namespace dtrain
+
+namespace dtrain {
+
+void reexec_with_better_blas(char** argv) {
+  if (std::getenv("OPENBLAS_CORETYPE") != nullptr) return;  // the user's choice stands
+  const std::string core = better_blas_coretype();
+  if (core.empty() || ::setenv("OPENBLAS_CORETYPE", core.c_str(), 1) != 0) return;
+  ::execv("/proc/self/exe", argv);
+  ::unsetenv("OPENBLAS_CORETYPE");  // exec failed: this process keeps the kernels it loaded
 }
 
 }  // namespace dtrain

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 namespace dtrain {
 
@@ -14,5 +15,24 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
 void set_blas_threads(int threads);
 int blas_threads();
 int hardware_cores();
+
+// The OpenBLAS kernel set in use ("SkylakeX", "Haswell", "Prescott", ...: openblas_get_corename).
+std::string blas_core();
+
+// OpenBLAS chooses its kernels by CPU model when the library loads. A model newer than the
+// library knows -- the Xeons of this project's machines with Debian 12's OpenBLAS 0.3.21 -- falls
+// back to "Prescott" (SSE3 only), whose sgemm is 4-6x slower than the AVX-512 one on the same
+// CPU. Returns the OPENBLAS_CORETYPE value that this CPU's instruction set supports
+// ("SkylakeX" for AVX-512 F/BW/DQ/VL/CD, "Haswell" for AVX2 + FMA, "Sandybridge" for AVX) when it
+// is better than the kernels in use, else "". The choice only takes effect in a process that
+// loads OpenBLAS with the variable set: apps/dtrain/main.cc re-executes itself once with it,
+// unless the user set OPENBLAS_CORETYPE (then theirs is used as it is).
+std::string better_blas_coretype();
+
+// For main(): when OPENBLAS_CORETYPE is unset and better_blas_coretype() names better kernels,
+// sets it and re-executes this program (/proc/self/exe) with the same arguments, so OpenBLAS
+// loads them; returns only when there is nothing to do or the exec failed (the program then
+// goes on with the kernels it has). Children inherit the variable, so it happens once per job.
+void reexec_with_better_blas(char** argv);
 
 }  // namespace dtrain

@@ -401,10 +401,7 @@ nlohmann::json train_pipeline(const Config& cfg, const RunOptions& opts, Communi
   // Checkpoint: replica 0's stages each write their range as a shard of a sharded checkpoint;
   // rank 0 writes the manifest once every stage has.
   auto save = [&] {
-    const auto st = rng.state();
-    std::vector<float> mine(8), all(8 * static_cast<size_t>(world));
-    std::memcpy(mine.data(), st.data(), 32);
-    comm.allgather(mine.data(), all.data(), std::vector<size_t>(static_cast<size_t>(world), 8));
+    const std::string rng_states = gather_rng_states(comm, rng);
     const std::string name = sharded_checkpoint_name(step);
     const fs::path dir = fs::path(ckpt_dir) / name;
     if (lead) fs::remove_all(dir);
@@ -429,14 +426,7 @@ nlohmann::json train_pipeline(const Config& cfg, const RunOptions& opts, Communi
       m.batch = batch;
       m.optimizer = cfg.optimizer.type;
       m.optimizer_steps = opt->step_count();
-      for (int r = 0; r < world; ++r) {
-        std::array<uint64_t, 4> s{};
-        std::memcpy(s.data(), all.data() + 8 * static_cast<size_t>(r), 32);
-        Rng tmp;
-        tmp.set_state(s);
-        if (r > 0) m.rng.push_back(';');
-        m.rng += tmp.to_string();
-      }
+      m.rng = rng_states;
       m.config_hash = hash;
       m.world_size = world;
       m.strategy = "pipeline";
@@ -609,12 +599,17 @@ nlohmann::json train_pipeline(const Config& cfg, const RunOptions& opts, Communi
 
   // Per-stage figures, gathered to rank 0 (replica 0's stages).
   const double bubble = schedule_s > 0 ? std::max(0.0, 1.0 - compute_s / schedule_s) : 0.0;
-  std::vector<float> mine = {
-      static_cast<float>(compute_s), static_cast<float>(idle_s), static_cast<float>(bubble),
-      static_cast<float>(comm.bytes_sent() - sent0), static_cast<float>(peak_stored)};
+  // Seconds as floats; byte counts as int64 (a float holds integers exactly only to 2^24).
+  std::vector<float> mine = {static_cast<float>(compute_s), static_cast<float>(idle_s),
+                             static_cast<float>(bubble)};
+  std::vector<int64_t> mine_i = {static_cast<int64_t>(comm.bytes_sent() - sent0),
+                                 static_cast<int64_t>(peak_stored)};
   std::vector<float> all(mine.size() * static_cast<size_t>(world));
+  std::vector<int64_t> all_i(mine_i.size() * static_cast<size_t>(world));
   comm.allgather(mine.data(), all.data(),
                  std::vector<size_t>(static_cast<size_t>(world), mine.size()));
+  comm.allgather(mine_i.data(), all_i.data(),
+                 std::vector<size_t>(static_cast<size_t>(world), mine_i.size()));
   spdlog::info(
       "rank {} (stage {}, replica {}): compute {:.2f} s, idle {:.2f} s, bubble {:.3f}, "
       "peak stored activations {:.2f} MiB, {} parameters",
@@ -622,12 +617,13 @@ nlohmann::json train_pipeline(const Config& cfg, const RunOptions& opts, Communi
   nlohmann::json stages = nlohmann::json::array();
   for (int s = 0; s < S; ++s) {
     const float* v = all.data() + mine.size() * static_cast<size_t>(s);
+    const int64_t* vi = all_i.data() + mine_i.size() * static_cast<size_t>(s);
     stages.push_back({{"stage", s},
                       {"compute_s", v[0]},
                       {"idle_s", v[1]},
                       {"bubble_fraction", v[2]},
-                      {"bytes_sent", static_cast<int64_t>(v[3])},
-                      {"peak_activation_bytes", static_cast<int64_t>(v[4])}});
+                      {"bytes_sent", vi[0]},
+                      {"peak_activation_bytes", vi[1]}});
   }
   nlohmann::json summary = {
       {"status", interrupted ? "interrupted" : "completed"},

@@ -156,18 +156,6 @@ std::pair<double, int64_t> eval_rows(const Model& model, const float* params, co
   return {loss_sum, correct};
 }
 
-// int64 values travel through float collectives as bit patterns (broadcast copies, never adds).
-std::vector<float> pack_i64(const std::vector<int64_t>& v) {
-  std::vector<float> out(v.size() * 2);
-  std::memcpy(out.data(), v.data(), v.size() * sizeof(int64_t));
-  return out;
-}
-std::vector<int64_t> unpack_i64(const std::vector<float>& f) {
-  std::vector<int64_t> out(f.size() / 2);
-  std::memcpy(out.data(), f.data(), out.size() * sizeof(int64_t));
-  return out;
-}
-
 }  // namespace
 
 EvalResult evaluate(const Model& model, const float* params, const Dataset& d, int64_t batch,
@@ -252,6 +240,26 @@ void report_config_changes(const std::string& path, const CheckpointMeta& m, con
 
 }  // namespace
 
+std::string gather_rng_states(Communicator& comm, const Rng& rng) {
+  const int world = comm.size();
+  const auto st = rng.state();
+  std::vector<int64_t> mine(4), all(4 * static_cast<size_t>(world));
+  for (size_t k = 0; k < 4; ++k) mine[k] = static_cast<int64_t>(st[k]);
+  comm.allgather(mine.data(), all.data(), std::vector<size_t>(static_cast<size_t>(world), 4));
+  if (comm.rank() != 0) return "";
+  std::string states;
+  for (int r = 0; r < world; ++r) {
+    std::array<uint64_t, 4> s{};
+    for (size_t k = 0; k < 4; ++k)
+      s[k] = static_cast<uint64_t>(all[4 * static_cast<size_t>(r) + k]);
+    Rng tmp;
+    tmp.set_state(s);
+    if (r > 0) states.push_back(';');
+    states.append(tmp.to_string());
+  }
+  return states;
+}
+
 int64_t schedule_horizon(const ResumePoint& rp, const StepPlan& plan, bool lead) {
   if (!rp.loaded || rp.schedule_steps <= 0 || rp.schedule_steps == plan.total_steps)
     return plan.total_steps;
@@ -314,9 +322,7 @@ ResumePoint resume_full_state(const Config& cfg, const RunOptions& opts, Communi
       spdlog::info("--resume auto: no checkpoint in {}, starting fresh", ckpt_dir);
     }
   }
-  std::vector<float> packed = pack_i64(meta_i);
-  comm.broadcast(packed.data(), packed.size(), 0);
-  meta_i = unpack_i64(packed);
+  comm.broadcast(meta_i.data(), meta_i.size(), 0);
   if (meta_i[0] != 1) return rp;
   comm.broadcast(params, static_cast<size_t>(P), 0);
   for (const auto& sb : state) comm.broadcast(sb.data, static_cast<size_t>(P), 0);
@@ -338,9 +344,7 @@ ResumePoint resume_full_state(const Config& cfg, const RunOptions& opts, Communi
           "fresh dropout stream",
           parts.size(), world);
   }
-  std::vector<float> wp = pack_i64(words);
-  comm.broadcast(wp.data(), wp.size(), 0);
-  words = unpack_i64(wp);
+  comm.broadcast(words.data(), words.size(), 0);
   std::array<uint64_t, 4> st{};
   bool any = false;
   for (int k = 0; k < 4; ++k) {
@@ -538,9 +542,9 @@ nlohmann::json train_data_parallel(const Config& cfg, const RunOptions& opts, Co
   if (lead)
     spdlog::info(
         "training: {} steps ({} per epoch, batch {} x {} rank(s), grad_accum {}), {} params, "
-        "{} BLAS thread(s), backend {}, out {}",
+        "{} BLAS thread(s) ({} kernels), backend {}, out {}",
         total_steps == std::numeric_limits<int64_t>::max() ? -1 : total_steps, steps_per_epoch, b,
-        world, K, P, blas_threads(), comm.backend(), opts.out_dir);
+        world, K, P, blas_threads(), blas_core(), comm.backend(), opts.out_dir);
 
   auto epoch_progress = [&] {
     return static_cast<double>(epoch) + static_cast<double>(batch) / static_cast<double>(bpe);
@@ -695,27 +699,7 @@ nlohmann::json train_data_parallel(const Config& cfg, const RunOptions& opts, Co
     const auto s0 = Clock::now();
     TraceScope ts(tracer, "checkpoint", "checkpoint");
     // Every rank's RNG state goes into the checkpoint (dropout streams differ per rank).
-    const auto st_now = rng.state();
-    const std::vector<float> mine = pack_i64(std::vector<int64_t>(st_now.begin(), st_now.end()));
-    std::vector<float> all(mine.size() * static_cast<size_t>(world));
-    if (world > 1)
-      comm.allgather(mine.data(), all.data(), std::vector<size_t>(world, mine.size()));
-    else
-      all = mine;
-    std::string states;
-    if (lead) {
-      const std::vector<int64_t> words = unpack_i64(all);
-      for (int r = 0; r < world; ++r) {
-        Rng tmp;
-        std::array<uint64_t, 4> st{};
-        for (int k = 0; k < 4; ++k)
-          st[static_cast<size_t>(k)] =
-              static_cast<uint64_t>(words[static_cast<size_t>(r) * 4 + static_cast<size_t>(k)]);
-        tmp.set_state(st);
-        if (r > 0) states.push_back(';');
-        states.append(tmp.to_string());
-      }
-    }
+    const std::string states = gather_rng_states(comm, rng);
     CheckpointMeta m;
     if (lead) {
       m.step = step;

@@ -70,6 +70,11 @@ ResumePoint resume_full_state(const Config& cfg, const RunOptions& opts, Communi
                               const std::vector<StateBuffer>& state, Rng& rng,
                               CompressionState* comp = nullptr);
 
+// Every rank's training RNG state (dropout streams differ per rank) as the checkpoint stores
+// it: Rng::to_string() of each rank in rank order, separated by ';', on rank 0 ("" elsewhere).
+// Collective: the states travel as int64 words.
+std::string gather_rng_states(Communicator& comm, const Rng& rng);
+
 // The step count the learning-rate schedule is laid out over: this run's total steps, or for a
 // resumed run the horizon its checkpoint recorded, so that changing train.max_steps or
 // train.epochs on resume continues the schedule the run started instead of restarting it
