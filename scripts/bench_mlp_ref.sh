@@ -8,6 +8,11 @@ cd "$(dirname "$0")/.."
 REPS=${REPS:-5}
 PEERS=${PEERS:-bench/peers}
 BIN=build/bin/dtrain
+# The peer runs on the OpenBLAS kernels dtrain runs (Debian's PyTorch uses the system OpenBLAS,
+# which falls back to SSE3 kernels on CPUs it does not know; dtrain re-executes itself with the
+# right ones: tensor/blas.h). PEER_CORE overrides.
+PEER_CORE=${PEER_CORE:-$("$BIN" bench gemm --iters 3 | sed -n 's/.*"blas_core": "\([A-Za-z0-9]*\)".*/\1/p')}
+echo "OpenBLAS kernels for both sides: $PEER_CORE"
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 median() { sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
@@ -15,7 +20,7 @@ median() { sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a
 for i in $(seq "$REPS"); do
   "$BIN" run configs/mlp_ref.yaml --out "$out/run" --overwrite --log-level warn --no-progress >/dev/null
   d=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["train_samples_per_s"])' "$out/run/summary.json")
-  t=$(/usr/bin/python3 "$PEERS/torch_ddp_mlp.py" 1 600 | sed -n 's/.*samples\/s=\([0-9.]*\).*/\1/p')
+  t=$(OPENBLAS_CORETYPE=$PEER_CORE /usr/bin/python3 "$PEERS/torch_ddp_mlp.py" 1 600 | sed -n 's/.*samples\/s=\([0-9.]*\).*/\1/p')
   echo "rep $i: dtrain $d samples/s, torch $t samples/s"
   echo "$d" >>"$out/d"; echo "$t" >>"$out/t"
 done

@@ -13,6 +13,11 @@ cd "$(dirname "$0")/.."
 REPS=${REPS:-5}
 PEERS=${PEERS:-bench/peers}
 BIN=build/bin/dtrain
+# The peer runs on the OpenBLAS kernels dtrain runs (Debian's PyTorch uses the system OpenBLAS,
+# which falls back to SSE3 kernels on CPUs it does not know; dtrain re-executes itself with the
+# right ones: tensor/blas.h). PEER_CORE overrides.
+PEER_CORE=${PEER_CORE:-$("$BIN" bench gemm --iters 3 | sed -n 's/.*"blas_core": "\([A-Za-z0-9]*\)".*/\1/p')}
+echo "OpenBLAS kernels for both sides: $PEER_CORE"
 read -r -a extra <<<"${DDP_SET:-}"
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
@@ -28,7 +33,7 @@ for i in $(seq "$REPS"); do
   two=$(field "$out/two_run/summary.json" train_samples_per_s)
   exp=$(python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); print(s["exposed_comm_s"]/s["train_s"])' \
     "$out/two_run/summary.json")
-  t=$(/usr/bin/python3 "$PEERS/torch_ddp_mlp.py" 2 600 | sed -n 's/.*samples\/s=\([0-9.]*\).*/\1/p')
+  t=$(OPENBLAS_CORETYPE=$PEER_CORE /usr/bin/python3 "$PEERS/torch_ddp_mlp.py" 2 600 | sed -n 's/.*samples\/s=\([0-9.]*\).*/\1/p')
   echo "rep $i: dtrain 1 rank $one, dtrain 2 ranks $two samples/s (exposed comm $exp of step), torch 2 ranks $t samples/s"
   echo "$one" >>"$out/one"; echo "$two" >>"$out/two"; echo "$exp" >>"$out/exp"; echo "$t" >>"$out/t"
 done
