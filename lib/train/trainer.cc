@@ -810,7 +810,9 @@ nlohmann::json train_data_parallel(const Config& cfg, const RunOptions& opts, Co
       batch = 0;
     }
     if (cfg.train.epochs > 0 && epoch >= cfg.train.epochs) break;
-    stop_vote.begin_step();
+    // Local SGD ranks can stop only at a synchronisation, so they vote only in the steps that
+    // end in one: no collective of its own between synchronisations.
+    if (!local_sgd || world == 1 || (step + 1) % lsc.sync_every == 0) stop_vote.begin_step();
     const auto step_t0 = Clock::now();
     TraceScope step_scope(tracer, "step", "train");
     const int64_t n_micro = std::min(K, bpe - batch);

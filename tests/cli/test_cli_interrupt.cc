@@ -49,7 +49,8 @@ size_t lines_in(const std::string& path) {
 
 // Interrupts `dtrain <verb> CFG <args> --out DIR` with `sig` once it has logged a few records,
 // checks what it left, resumes it, and compares with the uninterrupted run.
-void interrupt_and_resume(const std::string& verb, const std::string& args, int sig) {
+void interrupt_and_resume(const std::string& verb, const std::string& args, int sig,
+                          int64_t step_multiple = 1) {
   TempDir dir;
   const std::string cfg = dir.write("cfg.yaml", kCfg);
   const std::string ref = dir / "ref", cut = dir / "cut";
@@ -78,6 +79,7 @@ void interrupt_and_resume(const std::string& verb, const std::string& args, int 
   const int64_t step = s["steps"].get<int64_t>();
   CHECK(step > 0);
   CHECK(step < 3000);
+  CHECK(step % step_multiple == 0);
   std::string latest = read_text(cut + "/checkpoints/latest");
   CHECK_MESSAGE(contains(latest, "step-" + std::to_string(step)), latest);
   CHECK_MESSAGE(contains(log, "interrupted at step " + std::to_string(step)), log);
@@ -115,6 +117,14 @@ TEST_CASE("SIGTERM to a 2-stage pipeline of in-process ranks: exit 143, bitwise 
                        "--set distributed.world_size=2 --set distributed.strategy=pipeline "
                        "--set distributed.pipeline.stages=2",
                        SIGTERM);
+}
+
+TEST_CASE("SIGTERM to 2 in-process Local SGD ranks stops at a synchronisation, bitwise resume") {
+  interrupt_and_resume("run",
+                       "--set distributed.world_size=2 --set distributed.strategy=local_sgd "
+                       "--set distributed.local_sgd.sync_every=8 "
+                       "--set distributed.local_sgd.sync_optimizer_state=true",
+                       SIGTERM, 8);
 }
 
 TEST_CASE("SIGINT to dtrain launch (2 ranks over gRPC): the ranks checkpoint, launch exits 130") {
