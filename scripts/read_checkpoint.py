@@ -1,5 +1,6 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """Reads a dtrain checkpoint (a safetensors file) with numpy alone: no safetensors package.
+(Run by Debian's /usr/bin/python3, for which scripts/setup.sh installs python3-numpy.)
 
 Usage: scripts/read_checkpoint.py FILE.safetensors [TENSOR]
   lists every tensor (name, dtype, shape) and the metadata, or prints one tensor's values.
