@@ -1,9 +1,11 @@
 #include "checkpoint/checkpoint.h"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <regex>
 
+#include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/safetensors.h"
@@ -76,6 +78,27 @@ void check_manifest_format(const nlohmann::json& m, const std::string& dir) {
   check_format_version(m.at("format_version").get<int64_t>(), dir);
 }
 
+// Refuses NaN or Inf in a loaded parameter or optimizer-state tensor: evaluating such weights
+// prints a null loss, and training from them fails later with a message about the learning
+// rate, far from the cause. `index` is the first bad element's index within the tensor.
+void check_finite(const float* v, int64_t n, const std::string& path, const std::string& name) {
+  for (int64_t i = 0; i < n; ++i) {
+    if (std::isfinite(v[i])) continue;
+    const char* what = std::isnan(v[i]) ? "nan" : v[i] > 0 ? "inf" : "-inf";
+    throw UserError("checkpoint '" + path + "': tensor '" + name + "' holds a non-finite value (" +
+                    what + ") at index " + std::to_string(i) +
+                    ": the file is corrupt or was saved from a diverged run");
+  }
+}
+
+// Files written before checksums existed (format versions 1 and 2) still load, unverified.
+void warn_unchecksummed(const std::string& path, const std::string& which) {
+  spdlog::warn(
+      "checkpoint '{}': {} no CRC-32 checksums (written by an older dtrain); loading it "
+      "unverified",
+      path, which);
+}
+
 }  // namespace
 
 void save_checkpoint(const std::string& path, const Model& model, const float* params,
@@ -143,8 +166,9 @@ CompressionState read_compression(const StFile& f, const std::string& path,
 
 CheckpointMeta load_file_checkpoint(const std::string& path, const Model& model, float* params,
                                     const std::vector<StateBuffer>& state, CompressionState* comp) {
-  const StFile f = read_safetensors(path);
+  const StFile f = read_safetensors(path);  // verifies the checksums the file carries
   const int64_t version = check_file_format(f.metadata, path);
+  if (!f.checksummed) warn_unchecksummed(path, "the file has");
 
   CheckpointMeta meta;
   meta.step = meta_int(f.metadata, "step", path);
@@ -205,6 +229,13 @@ CheckpointMeta load_file_checkpoint(const std::string& path, const Model& model,
                     " tensors, expected " + std::to_string(expected_tensors));
   }
 
+  for (const auto& e : model.params())
+    check_finite(f.tensors.at(e.name).data.data(), e.numel, path, e.name);
+  for (const auto& s : state)
+    for (const auto& e : model.params()) {
+      const std::string name = "optim." + s.name + "." + e.name;
+      check_finite(f.tensors.at(name).data.data(), e.numel, path, name);
+    }
   for (const auto& e : model.params()) {
     const auto& t = f.tensors.at(e.name);
     std::copy(t.data.begin(), t.data.end(), params + e.offset);
@@ -323,10 +354,12 @@ ShardedRead read_sharded(const std::string& dir, bool with_state) {
   out.params.assign(static_cast<size_t>(P), 0.0f);
   if (with_state)
     out.state.assign(out.state_names.size(), std::vector<float>(static_cast<size_t>(P), 0.0f));
+  int64_t unchecksummed = 0;
   for (size_t r = 0; r < files.size(); ++r) {
     if (files[r].find('/') != std::string::npos)
       throw UserError("checkpoint '" + dir + "': shard file name '" + files[r] + "' has a '/'");
-    const StFile f = read_safetensors((fs::path(dir) / files[r]).string());
+    const StFile f = read_safetensors((fs::path(dir) / files[r]).string());  // verifies CRCs
+    if (!f.checksummed) ++unchecksummed;
     auto need = [&](const std::string& name) -> const std::vector<float>& {
       auto it = f.tensors.find(name);
       if (it == f.tensors.end())
@@ -354,6 +387,15 @@ ShardedRead read_sharded(const std::string& dir, bool with_state) {
         std::copy(sv.begin() + rg.offset, sv.begin() + rg.offset + (rg.end - rg.begin),
                   out.state[k].begin() + rg.begin);
     }
+  }
+  if (unchecksummed > 0)
+    warn_unchecksummed(dir, std::to_string(unchecksummed) + " of its " +
+                                std::to_string(files.size()) + " shard files have");
+  for (const auto& e : out.table) {
+    check_finite(out.params.data() + e.offset, e.numel, dir, e.name);
+    for (size_t k = 0; k < out.state.size(); ++k)
+      check_finite(out.state[k].data() + e.offset, e.numel, dir,
+                   "optim." + out.state_names[k] + "." + e.name);
   }
   return out;
 }

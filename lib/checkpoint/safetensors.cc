@@ -10,11 +10,13 @@
 #include <algorithm>
 #include <bit>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <set>
 #include <stdexcept>
 
+#include <zlib.h>
 #include <nlohmann/json.hpp>
 
 #include "util/check.h"
@@ -110,6 +112,19 @@ void pread_all(int fd, void* dst, size_t len, int64_t offset, const std::string&
   }
 }
 
+// zlib's CRC-32 of n bytes (crc32_z takes a size_t length, so tensors over 4 GiB work).
+uint32_t crc_of(const void* data, size_t n) {
+  if (n == 0) return 0;  // the CRC-32 of no bytes
+  return static_cast<uint32_t>(
+      crc32_z(crc32_z(0L, Z_NULL, 0), static_cast<const Bytef*>(data), static_cast<z_size_t>(n)));
+}
+
+std::string crc_hex(uint32_t crc) {
+  char buf[9];
+  std::snprintf(buf, sizeof buf, "%08x", crc);
+  return buf;
+}
+
 struct Entry {
   std::string name;
   std::vector<int64_t> shape;
@@ -123,10 +138,23 @@ void write_safetensors(const std::string& path, const std::vector<StTensorRef>& 
                        const std::map<std::string, std::string>& metadata) {
   // Header first (it holds every offset), in the order given; the tensor bytes are then streamed
   // from the callers' buffers without an intermediate copy.
+  // The checksums cost one extra pass over the bytes: zlib's crc32 runs at ~2 GB/s here, 0.1 s
+  // per 200 MB tensor (README "Checkpoint integrity").
+  nlohmann::ordered_json crcs = nlohmann::ordered_json::object();
+  for (const auto& t : tensors) {
+    const int64_t numel = checked_numel(t.shape);
+    crcs[t.name] = crc_hex(crc_of(t.data, static_cast<size_t>(numel) * 4));
+  }
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
-  if (!metadata.empty()) {
+  {
     nlohmann::ordered_json meta = nlohmann::ordered_json::object();
-    for (const auto& [k, v] : metadata) meta[k] = v;
+    for (const auto& [k, v] : metadata)
+      if (k != kStCrcKey) meta[k] = v;
+    try {
+      meta[kStCrcKey] = crcs.dump();
+    } catch (const nlohmann::json::exception& e) {  // invalid UTF-8 in a tensor name
+      throw UserError("cannot write safetensors file '" + path + "': " + e.what());
+    }
     header["__metadata__"] = std::move(meta);
   }
   std::set<std::string> seen;
@@ -217,6 +245,27 @@ void read_metadata(const nlohmann::json& value, const std::string& path,
   }
 }
 
+// The checksums of a "crc32" metadata value, by tensor name; fail()s when it is malformed.
+std::map<std::string, uint32_t> parse_crcs(const std::string& value, const std::string& path) {
+  const std::string bad = "corrupt header: metadata 'crc32' ";
+  if (json_depth(value) > kMaxJsonDepth) fail(path, bad + "is nested too deeply");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(value);
+  } catch (const nlohmann::json::exception&) {
+    fail(path, bad + "is not JSON");
+  }
+  if (!j.is_object()) fail(path, bad + "is not an object");
+  std::map<std::string, uint32_t> out;
+  for (const auto& [name, v] : j.items()) {
+    const std::string hex = v.is_string() ? v.get<std::string>() : "";
+    if (hex.size() != 8 || hex.find_first_not_of("0123456789abcdef") != std::string::npos)
+      fail(path, bad + "entry '" + name + "' is not 8 hex digits");
+    out[name] = static_cast<uint32_t>(std::stoul(hex, nullptr, 16));
+  }
+  return out;
+}
+
 // The open file and its size; UserError when it cannot be opened or is not a regular file.
 Fd open_regular(const std::string& path, uint64_t* size) {
   Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
@@ -239,6 +288,7 @@ std::map<std::string, std::string> read_safetensors_metadata(const std::string& 
   std::map<std::string, std::string> out;
   if (const auto it = header.find("__metadata__"); it != header.end())
     read_metadata(*it, path, out);
+  out.erase(kStCrcKey);
   return out;
 }
 
@@ -301,6 +351,20 @@ StFile read_safetensors(const std::string& path) {
     }
     entries.push_back(std::move(e));
   }
+  std::map<std::string, uint32_t> crcs;
+  if (const auto it = out.metadata.find(kStCrcKey); it != out.metadata.end()) {
+    crcs = parse_crcs(it->second, path);
+    out.metadata.erase(it);
+    out.checksummed = true;
+    for (const auto& e : entries)
+      if (!crcs.count(e.name)) fail(path, "corrupt header: no CRC-32 for tensor '" + e.name + "'");
+    if (crcs.size() != entries.size()) {
+      for (const auto& [name, c] : crcs)
+        if (!header.contains(name) || name == "__metadata__")
+          fail(path,
+               "corrupt header: a CRC-32 for tensor '" + name + "', which is not in the file");
+    }
+  }
 
   // 4. Layout: the tensors tile [0, end) without gaps or overlap, and end is the data size.
   std::vector<const Entry*> order;
@@ -334,6 +398,13 @@ StFile read_safetensors(const std::string& path) {
     if (e.numel > 0) {
       pread_all(fd.get(), t.data.data(), static_cast<size_t>(e.numel) * 4, data_start + e.begin,
                 path);
+    }
+    if (out.checksummed) {
+      const uint32_t stored = crcs.at(e.name);
+      const uint32_t computed = crc_of(t.data.data(), t.data.size() * 4);
+      if (stored != computed)
+        fail(path, "tensor '" + e.name + "' fails its CRC-32 check (stored " + crc_hex(stored) +
+                       ", computed " + crc_hex(computed) + "): the file is corrupt");
     }
     out.tensors.emplace(e.name, std::move(t));
   }

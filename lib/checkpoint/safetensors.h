@@ -3,6 +3,12 @@
 //  "__metadata__": {"key": "string value", ...}}, then the raw little-endian tensor bytes.
 // Python's safetensors and numpy read what write_safetensors writes. Only F32 is written; F32
 // is the only dtype read (anything else is refused with a message).
+//
+// Integrity: write_safetensors stores a CRC-32 (zlib's polynomial) of every tensor's bytes in
+// __metadata__ key "crc32", a compact JSON object {"name": "8 lowercase hex digits", ...}; the
+// readers never return that key in `metadata`. read_safetensors verifies every checksum when the
+// key is present; files written before checksums existed lack it and read with checksummed false
+// (the caller decides whether to warn).
 #pragma once
 
 #include <cstdint>
@@ -24,19 +30,26 @@ struct StTensor {  // a tensor read back
 };
 
 struct StFile {
-  std::map<std::string, std::string> metadata;
+  std::map<std::string, std::string> metadata;  // without the reserved "crc32" key
   std::map<std::string, StTensor> tensors;
+  bool checksummed = false;  // the file carried "crc32" (and every tensor matched it)
 };
+
+inline constexpr const char* kStCrcKey = "crc32";  // reserved __metadata__ key
 
 // Writes atomically (temp file, fsync, rename; see util/fs.h). Tensors are laid out in the order
 // given, 8-byte aligned header (padded with spaces, as the reference implementation does).
-// Throws std::runtime_error on I/O failure, leaving any old file intact.
+// Throws std::runtime_error on I/O failure, leaving any old file intact. A "crc32" entry in
+// `metadata` is ignored: the checksums of the tensors written replace it.
 void write_safetensors(const std::string& path, const std::vector<StTensorRef>& tensors,
                        const std::map<std::string, std::string>& metadata);
 
 // Reads and validates the whole file: header length within the file, JSON well-formed, offsets in
 // range, contiguous and non-overlapping, byte counts equal to shape * 4. Throws UserError naming
-// the file and what is wrong (truncated, corrupt header, bad dtype, ...).
+// the file and what is wrong (truncated, corrupt header, bad dtype, ...). With checksums: a
+// "crc32" value that is not an object of 8-hex-digit strings, one naming no tensor or missing a
+// tensor is a corrupt header; a tensor whose bytes do not match is refused as "safetensors file
+// 'PATH': tensor 'NAME' fails its CRC-32 check (stored X, computed Y): the file is corrupt".
 // A file that does not begin as a safetensors file (too short, an impossible header length, a
 // header that is not a JSON object) is refused as "'PATH' is not a safetensors file (...)".
 StFile read_safetensors(const std::string& path);

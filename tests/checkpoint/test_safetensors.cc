@@ -95,12 +95,12 @@ TEST_CASE("round trip: names, shapes, bits and metadata") {
   CHECK(f.tensors.at("empty").data.empty());
   CHECK(same_bits(f.tensors.at("layers.0.bias").data, b));
 
-  // No tensors, no metadata: still a valid file ("{}" padded to 8).
+  // No tensors, no metadata: still a valid file, whose checksum table is empty.
   write_safetensors(path, {}, {});
   const StFile e = read_safetensors(path);
   CHECK(e.tensors.empty());
   CHECK(e.metadata.empty());
-  CHECK(read_file(path) == le64(8) + "{}      ");
+  CHECK(read_file(path) == le64(32) + R"({"__metadata__":{"crc32":"{}"}})" + " ");
 }
 
 TEST_CASE("exact byte layout of a tiny file") {
@@ -108,16 +108,18 @@ TEST_CASE("exact byte layout of a tiny file") {
   const std::string path = (tmp / "tiny.safetensors");
   const std::vector<float> w = {1.5f, -2.0f}, s = {0.25f};
   write_safetensors(path, {{"w", {2}, w.data()}, {"s", {}, s.data()}}, {{"k", "v"}});
-  // Tensors in the order given, offsets relative to the data section; 132 JSON bytes padded
-  // with 4 spaces to 136, a multiple of 8.
+  // Tensors in the order given, offsets relative to the data section, zlib CRC-32s of each
+  // tensor's bytes after the metadata; 182 JSON bytes padded with 2 spaces to 184, a multiple
+  // of 8.
   const std::string json =
-      R"({"__metadata__":{"k":"v"},"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+      R"({"__metadata__":{"k":"v","crc32":"{\"w\":\"ccdf2c3a\",\"s\":\"dba65afc\"}"},)"
+      R"("w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
       R"("s":{"dtype":"F32","shape":[],"data_offsets":[8,12]}})";
-  REQUIRE(json.size() == 132);
+  REQUIRE(json.size() == 182);
   const std::string want =
-      std::string("\x88\0\0\0\0\0\0\0", 8) + json + "    " + floats({1.5f, -2.0f, 0.25f});
+      std::string("\xb8\0\0\0\0\0\0\0", 8) + json + "  " + floats({1.5f, -2.0f, 0.25f});
   const std::string got = read_file(path);
-  CHECK(got.size() == 8 + 136 + 12);
+  CHECK(got.size() == 8 + 184 + 12);
   CHECK(got == want);
 }
 
