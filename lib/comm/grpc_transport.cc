@@ -2004,12 +2004,6 @@ void GrpcTransport::shutdown() {
       (void)o.release();  // gRPC still references it: freeing it would be worse
     }
   }
-  // Even after OnDone, gRPC 1.51 may still be finishing the call on its callback thread when
-  // done_ is seen here: destroying the stream (its ClientContext unrefs the call) then raced
-  // with it and ended in "pure virtual method called" (about 1 in 25 runs of the malformed-frame
-  // test under load). The streams are left to the process's end instead: a few hundred bytes
-  // per peer, once per transport.
-  for (auto& o : out_) (void)o.release();
   // Peers have seen our streams close (or will not wait for them): a silence from now on is
   // not taken for a freeze.
   stop_heartbeats();
