@@ -139,7 +139,13 @@ std::string result_line(const nlohmann::json& s, const std::string& out_dir) {
       res, s.value("steps", int64_t{0}), s.value("epochs", 0.0), s.value("wall_s", 0.0), out_dir);
 }
 
-// What `run` prints at its end and the exit code: 0, or 128 + the signal for an interrupted run.
+// A run's exit code from its summary: 128 + the signal for an interrupted run, else 0.
+int run_exit_code(const nlohmann::json& s) {
+  return s.value("status", std::string()) == "interrupted" ? 128 + s.value("interrupt_signal", 0)
+                                                           : kExitOk;
+}
+
+// What `run` prints at its end; returns run_exit_code.
 int finish_run(const nlohmann::json& s, const std::string& out_dir) {
   const std::string status = s.value("status", std::string("completed"));
   if (status == "nothing_to_do") {
@@ -151,7 +157,7 @@ int finish_run(const nlohmann::json& s, const std::string& out_dir) {
     std::cout << "interrupted at step " << s.value("steps", int64_t{0}) << " ("
               << interrupt_signal_name(sig) << "); checkpoint " << s.value("checkpoint", "")
               << "; continue with --resume auto" << std::endl;
-    return 128 + sig;
+    return run_exit_code(s);
   }
   std::cout << result_line(s, out_dir) << std::endl;
   return kExitOk;
@@ -187,10 +193,7 @@ int cmd_run(const Config& cfg, const std::string& config_path, std::string out,
   if (multiprocess) {
     const nlohmann::json s = run_grpc_rank(cfg, opts, env, flags);
     const DistEnv de = resolve_dist_env(env, static_cast<int>(cfg.distributed.world_size), flags);
-    if (de.rank != 0) {  // only rank 0 reports; every rank exits with the same code
-      const std::string status = s.value("status", std::string("completed"));
-      return status == "interrupted" ? 128 + s.value("interrupt_signal", 0) : kExitOk;
-    }
+    if (de.rank != 0) return run_exit_code(s);  // only rank 0 reports; same exit code
     return finish_run(s, opts.out_dir);
   }
   return finish_run(run_training(cfg, opts), opts.out_dir);

@@ -140,13 +140,9 @@ nlohmann::json train_pipeline(const Config& cfg, const RunOptions& opts, Communi
   const bool first_stage = stage == 0, last_stage = stage == S - 1;
   const std::string ckpt_dir = (fs::path(opts.out_dir) / "checkpoints").string();
   const std::string hash = config_hash(cfg);
+  const std::string config_json = config_to_json(cfg).dump();  // stored in checkpoints
   if (lead) {
-    fs::create_directories(ckpt_dir);
-    if (const int64_t n = remove_orphaned_temp_files(ckpt_dir, /*include_step_folders=*/true))
-      spdlog::info("removed {} temp file(s) that interrupted checkpoint writes left in {}", n,
-                   ckpt_dir);
-    write_file_atomic((fs::path(opts.out_dir) / "config.json").string(),
-                      config_to_json(cfg).dump(2) + "\n");
+    start_run_dir(cfg, opts, ckpt_dir);
   }
 
   DataSplits data = load_data(cfg.data, cfg.seed);
@@ -430,7 +426,7 @@ nlohmann::json train_pipeline(const Config& cfg, const RunOptions& opts, Communi
       m.config_hash = hash;
       m.world_size = world;
       m.strategy = "pipeline";
-      m.config_json = config_to_json(cfg).dump();
+      m.config_json = config_json;
       m.schedule_steps = schedule_steps;
       std::vector<std::vector<ShardRange>> ranges;
       for (int s = 0; s < S; ++s) {
@@ -625,11 +621,8 @@ nlohmann::json train_pipeline(const Config& cfg, const RunOptions& opts, Communi
                       {"bytes_sent", vi[0]},
                       {"peak_activation_bytes", vi[1]}});
   }
-  nlohmann::json summary = {
-      {"status", interrupted ? "interrupted" : "completed"},
-      {"interrupted_by",
-       interrupted ? nlohmann::json(interrupt_signal_name(stop_signal)) : nlohmann::json(nullptr)},
-      {"interrupt_signal", stop_signal},
+  nlohmann::json summary = interrupt_summary(stop_signal);
+  summary.update({
       {"steps", step},
       {"epochs", epoch + static_cast<double>(batch) / bpe},
       {"world_size", world},
@@ -666,7 +659,7 @@ nlohmann::json train_pipeline(const Config& cfg, const RunOptions& opts, Communi
       {"peak_gathered_bytes", 0},
       {"peak_unit_grad_bytes", 0},
       {"stages", stages},
-  };
+  });
   if (lead) {
     write_file_atomic((fs::path(opts.out_dir) / "summary.json").string(), summary.dump(2) + "\n");
     spdlog::debug("done: {} steps, test_accuracy {}, {:.1f} s, results in {}", step,

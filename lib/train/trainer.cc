@@ -260,6 +260,23 @@ std::string gather_rng_states(Communicator& comm, const Rng& rng) {
   return states;
 }
 
+void start_run_dir(const Config& cfg, const RunOptions& opts, const std::string& ckpt_dir) {
+  fs::create_directories(ckpt_dir);
+  if (const int64_t n = remove_orphaned_temp_files(ckpt_dir, /*include_step_folders=*/true))
+    spdlog::info("removed {} temp file(s) that interrupted checkpoint writes left in {}", n,
+                 ckpt_dir);
+  write_file_atomic((fs::path(opts.out_dir) / "config.json").string(),
+                    config_to_json(cfg).dump(2) + "\n");
+}
+
+nlohmann::json interrupt_summary(int stop_signal) {
+  const bool interrupted = stop_signal != 0;
+  return {{"status", interrupted ? "interrupted" : "completed"},
+          {"interrupted_by", interrupted ? nlohmann::json(interrupt_signal_name(stop_signal))
+                                         : nlohmann::json(nullptr)},
+          {"interrupt_signal", stop_signal}};
+}
+
 int64_t schedule_horizon(const ResumePoint& rp, const StepPlan& plan, bool lead) {
   if (!rp.loaded || rp.schedule_steps <= 0 || rp.schedule_steps == plan.total_steps)
     return plan.total_steps;
@@ -400,13 +417,9 @@ nlohmann::json train_data_parallel(const Config& cfg, const RunOptions& opts, Co
 
   const std::string ckpt_dir = (fs::path(opts.out_dir) / "checkpoints").string();
   const std::string hash = config_hash(cfg);
+  const std::string config_json = config_to_json(cfg).dump();  // stored in checkpoints
   if (lead) {
-    fs::create_directories(ckpt_dir);
-    if (const int64_t n = remove_orphaned_temp_files(ckpt_dir, /*include_step_folders=*/true))
-      spdlog::info("removed {} temp file(s) that interrupted checkpoint writes left in {}", n,
-                   ckpt_dir);
-    write_file_atomic((fs::path(opts.out_dir) / "config.json").string(),
-                      config_to_json(cfg).dump(2) + "\n");
+    start_run_dir(cfg, opts, ckpt_dir);
   }
 
   // Data and model. Every rank loads the whole data set and takes its slices (sampler.h).
@@ -711,7 +724,7 @@ nlohmann::json train_data_parallel(const Config& cfg, const RunOptions& opts, Co
       m.config_hash = hash;
       m.world_size = world;
       m.strategy = cfg.distributed.strategy;
-      m.config_json = config_to_json(cfg).dump();
+      m.config_json = config_json;
       m.schedule_steps = schedule_steps;
     }
     // Every rank's compression state goes to rank 0 (compression_state.h).
@@ -1068,11 +1081,8 @@ nlohmann::json train_data_parallel(const Config& cfg, const RunOptions& opts, Co
       "gathered params {:.1f} MiB, peak unit grads {:.1f} MiB; peak RSS {:.0f} MiB",
       rank, mem.param_bytes / 1048576.0, mem.grad_bytes / 1048576.0, mem.optim_bytes / 1048576.0,
       mem.peak_gathered_bytes / 1048576.0, mem.peak_unit_grad_bytes / 1048576.0, peak_rss_mb());
-  nlohmann::json summary = {
-      {"status", interrupted ? "interrupted" : "completed"},
-      {"interrupted_by",
-       interrupted ? nlohmann::json(interrupt_signal_name(stop_signal)) : nlohmann::json(nullptr)},
-      {"interrupt_signal", stop_signal},
+  nlohmann::json summary = interrupt_summary(stop_signal);
+  summary.update({
       {"steps", step},
       {"epochs", epoch_progress()},
       {"world_size", world},
@@ -1105,7 +1115,7 @@ nlohmann::json train_data_parallel(const Config& cfg, const RunOptions& opts, Co
       {"optim_bytes", mem.optim_bytes},
       {"peak_gathered_bytes", mem.peak_gathered_bytes},
       {"peak_unit_grad_bytes", mem.peak_unit_grad_bytes},
-  };
+  });
   if (lead) {
     write_file_atomic((fs::path(opts.out_dir) / "summary.json").string(), summary.dump(2) + "\n");
     spdlog::debug("done: {} steps, test_accuracy {}, {:.1f} s, results in {}", step,

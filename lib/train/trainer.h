@@ -75,6 +75,14 @@ ResumePoint resume_full_state(const Config& cfg, const RunOptions& opts, Communi
 // Collective: the states travel as int64 words.
 std::string gather_rng_states(Communicator& comm, const Rng& rng);
 
+// Rank 0's start of a run in out_dir: creates ckpt_dir, removes the temp files interrupted
+// checkpoint writes left there (logged), writes config.json. Both training loops call it.
+void start_run_dir(const Config& cfg, const RunOptions& opts, const std::string& ckpt_dir);
+
+// summary.json's interrupt keys for a run that ended after `stop_signal` (0: not interrupted):
+// status, interrupted_by, interrupt_signal. Both training loops start their summary with them.
+nlohmann::json interrupt_summary(int stop_signal);
+
 // The step count the learning-rate schedule is laid out over: this run's total steps, or for a
 // resumed run the horizon its checkpoint recorded, so that changing train.max_steps or
 // train.epochs on resume continues the schedule the run started instead of restarting it
