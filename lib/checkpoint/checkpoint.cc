@@ -513,14 +513,25 @@ void save_shard(const std::string& dir, int rank, const std::vector<ShardRange>&
 void write_manifest(const std::string& dir, const Model& model, const CheckpointMeta& meta,
                     const std::vector<std::vector<ShardRange>>& ranges,
                     const std::vector<std::string>& state_names) {
+  std::vector<ManifestShard> shards;
+  for (size_t r = 0; r < ranges.size(); ++r)
+    shards.push_back({static_cast<int>(r), ranges[r], nlohmann::json::object()});
+  write_manifest(dir, model, meta, shards, state_names);
+}
+
+void write_manifest(const std::string& dir, const Model& model, const CheckpointMeta& meta,
+                    const std::vector<ManifestShard>& shard_list,
+                    const std::vector<std::string>& state_names, const nlohmann::json& layout) {
   nlohmann::json table = nlohmann::json::array();
   for (const auto& e : model.params())
     table.push_back({{"name", e.name}, {"shape", e.shape}, {"offset", e.offset}});
   nlohmann::json shards = nlohmann::json::array();
-  for (size_t r = 0; r < ranges.size(); ++r) {
+  for (const ManifestShard& sh : shard_list) {
     nlohmann::json rj = nlohmann::json::array();
-    for (const auto& g : ranges[r]) rj.push_back({g.begin, g.end, g.offset});
-    shards.push_back({{"rank", r}, {"file", shard_file_name(static_cast<int>(r))}, {"ranges", rj}});
+    for (const auto& g : sh.ranges) rj.push_back({g.begin, g.end, g.offset});
+    nlohmann::json e = {{"rank", sh.rank}, {"file", shard_file_name(sh.rank)}, {"ranges", rj}};
+    for (const auto& [k, v] : sh.where.items()) e[k] = v;
+    shards.push_back(std::move(e));
   }
   const nlohmann::json m = {{"format", kFormatName},
                             {"format_version", kCheckpointFormatVersion},
@@ -540,6 +551,7 @@ void write_manifest(const std::string& dir, const Model& model, const Checkpoint
   nlohmann::json out = m;  // optional fields (checkpoint.h)
   if (!meta.config_json.empty()) out["config"] = nlohmann::json::parse(meta.config_json);
   if (meta.schedule_steps > 0) out["schedule_steps"] = meta.schedule_steps;
+  if (!layout.is_null()) out["layout"] = layout;
   write_file_atomic((fs::path(dir) / kManifest).string(), out.dump(1) + "\n");
 }
 

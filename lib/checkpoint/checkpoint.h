@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "nn/model.h"
 
 namespace dtrain {
@@ -78,8 +80,21 @@ std::string shard_file_name(int rank);              // "rank-<r>.safetensors"
 // floats (padding included) laid out per `ranges`.
 void save_shard(const std::string& dir, int rank, const std::vector<ShardRange>& ranges,
                 int64_t shard_size, const float* params, const std::vector<StateBuffer>& state);
-// Writes dir/manifest.json atomically; ranges[r] are rank r's ranges, which together must cover
-// the flat layout exactly once.
+// One shard of a manifest: the rank that wrote rank-<rank>.safetensors, its ranges, and where the
+// rank sits in the writing run's layout (e.g. {"tp": 0, "dp": 1, "pp": 0}; informational: loads
+// use the ranges only).
+struct ManifestShard {
+  int rank = 0;
+  std::vector<ShardRange> ranges;
+  nlohmann::json where = nlohmann::json::object();
+};
+// Writes dir/manifest.json atomically; the shards' ranges together must cover the flat layout
+// exactly once. layout: the writing run's grid ({"tp", "dp", "pp"}), or null.
+void write_manifest(const std::string& dir, const Model& model, const CheckpointMeta& meta,
+                    const std::vector<ManifestShard>& shards,
+                    const std::vector<std::string>& state_names,
+                    const nlohmann::json& layout = nullptr);
+// The same with shard r written by rank r.
 void write_manifest(const std::string& dir, const Model& model, const CheckpointMeta& meta,
                     const std::vector<std::vector<ShardRange>>& ranges,
                     const std::vector<std::string>& state_names);

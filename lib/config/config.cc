@@ -618,6 +618,8 @@ class Reader {
     if (c.distributed.strategy == "zero3") c.distributed.strategy = "fsdp";  // alias
     PipelineConfig& pc = c.distributed.pipeline;
     read("distributed.pipeline.stages", pc.stages);
+    // strategy pipeline (ddp with a pipeline) keeps its old default of two stages.
+    if (c.distributed.strategy == "pipeline" && !has("distributed.pipeline.stages")) pc.stages = 2;
     read("distributed.pipeline.micro_batches", pc.micro_batches);
     read("distributed.pipeline.schedule", pc.schedule);
     read("distributed.pipeline.partition", pc.partition);
@@ -672,7 +674,7 @@ class Reader {
     check_min("distributed.pipeline.micro_batches", pc.micro_batches, 1);
     check_enum("distributed.pipeline.schedule", pc.schedule, {"gpipe", "1f1b"});
     check_enum("distributed.pipeline.partition", pc.partition, {"uniform", "balanced"});
-    if (c.distributed.strategy == "pipeline") {
+    if (c.distributed.strategy == "pipeline" || pc.stages > 1) {
       // validate_model resolved a complexity preset into model.hidden.
       const int64_t linears = static_cast<int64_t>(c.model.hidden.size()) + 1;
       check(pc.stages <= linears, "distributed.pipeline.stages",
@@ -776,12 +778,18 @@ class Reader {
     check(fc.unit == "layer" || fc.layers_per_unit == fd.layers_per_unit,
           "distributed.fsdp.layers_per_unit",
           "only used with distributed.fsdp.unit layer (unit is " + fc.unit + ")");
+    // The pipeline's keys belong to a pipeline: stages > 1, or strategy pipeline.
     const PipelineConfig &pc = dc.pipeline, &pd = dd.pipeline;
-    by_strategy("pipeline", "stages", pc.stages == pd.stages);
-    by_strategy("pipeline", "micro_batches", pc.micro_batches == pd.micro_batches);
-    by_strategy("pipeline", "schedule", pc.schedule == pd.schedule);
-    by_strategy("pipeline", "partition", pc.partition == pd.partition);
-    by_strategy("pipeline", "activation_checkpointing",
+    const bool pipelined = dc.strategy == "pipeline" || pc.stages > 1;
+    auto by_pipeline = [&](const char* key, bool at_default) {
+      only(pipelined, at_default, std::string("distributed.pipeline.") + key,
+           "with a pipeline", "distributed.pipeline.stages",
+           std::to_string(pc.stages));
+    };
+    by_pipeline("micro_batches", pc.micro_batches == pd.micro_batches);
+    by_pipeline("schedule", pc.schedule == pd.schedule);
+    by_pipeline("partition", pc.partition == pd.partition);
+    by_pipeline("activation_checkpointing",
                 pc.activation_checkpointing == pd.activation_checkpointing);
   }
 

@@ -142,9 +142,11 @@ struct FsdpConfig {
   bool reshard_after_forward = true;  // free gathered parameters after forward, gather again
 };
 
-// Pipeline parallel, strategy pipeline: world_size = stages x data-parallel replicas.
+// Pipeline parallel: stages > 1 (or strategy pipeline, an alias of ddp with a pipeline whose
+// stages default to 2) splits the model into stages; world_size = stages x data-parallel
+// replicas, and distributed.strategy runs on the data axis of each stage.
 struct PipelineConfig {
-  int64_t stages = 2;             // S >= 1, at most the model's Linear layers
+  int64_t stages = 1;             // S >= 1 (1: no pipeline), at most the model's Linear layers
   int64_t micro_batches = 4;      // M >= 1 per optimizer step (fewer when a batch has fewer rows)
   std::string schedule = "1f1b";  // gpipe | 1f1b
   std::string partition = "balanced";     // uniform (layer count) | balanced (estimated FLOPs)
@@ -162,7 +164,8 @@ struct DistributedConfig {
   std::string backend = "inproc";  // inproc | grpc
   // Ranks. With backend grpc the launcher's environment (RANK, WORLD_SIZE, ...) overrides it.
   int64_t world_size = 1;  // >= 1
-  // ddp | local_sgd | zero1 | zero2 | fsdp ("zero3" is read as fsdp) | pipeline
+  // ddp | local_sgd | zero1 | zero2 | fsdp ("zero3" is read as fsdp) | pipeline (ddp with
+  // distributed.pipeline, stages 2 unless given)
   std::string strategy = "ddp";
   double timeout_s = 300.0;  // deadline of every collective and receive, > 0
   // gRPC: a peer not heard from for this long (heartbeats every heartbeat_s / 3) is declared

@@ -1,28 +1,31 @@
-// Pipeline parallelism (distributed.strategy: pipeline). The model's layers are split into S
-// contiguous stages; W = S x D ranks run D pipeline replicas. Rank r is stage r % S of replica
-// r / S (replica-major: a replica's stages are neighbouring ranks, which on a multi-GPU-style
-// launch keeps each pipeline's point-to-point traffic on one host when hosts hold whole
-// replicas). Each stage owns only its layers' parameters, gradients and optimizer state: the
-// range [layer_begin(first), layer_end(last - 1)) of the flat layout.
+// Pipeline parallelism: the executor of one stage (train/executor.h). The model's layers are split
+// into S = distributed.pipeline.stages contiguous stages; the rank grid (comm/rank_grid.h) puts
+// stage pp of data-parallel replica dp at rank dp + DP * pp (tensor axis of size 1). Each stage's
+// strategy (any of train/strategy.h) owns only its layers' parameters, gradients and optimizer
+// state -- the range [layer_begin(first), layer_end(last - 1)) of the flat layout -- and runs its
+// collectives on the data axis, among the same stage of every replica.
 //
-// A step splits each replica's batch into M micro-batches by samples (fewer when the batch has
-// fewer rows). Activations go forward and activation gradients backward by point-to-point
-// send/recv between neighbouring stages; the last stage computes the loss. Schedules: gpipe (all
-// forwards, then all backwards) and 1f1b (stage s runs S - 1 - s warm-up forwards, then
-// alternates one forward and one backward, then drains: at most S - s micro-batches in flight).
-// With activation checkpointing a stage keeps only each micro-batch's input and recomputes its
-// forward during backward. Gradients of a stage are summed over its D replicas by an all-reduce
-// within the stage's group; everything else (clipping, schedules, accumulation, optimizers)
-// works as in DDP, and the parameters equal single-process training on the same global batch.
+// A step splits each accumulation micro-batch of the replica into M micro-batches by samples
+// (fewer when it has fewer rows). Activations go forward and activation gradients backward by
+// point-to-point send/recv between neighbouring stages; the last stage computes the loss.
+// Schedules: gpipe (all forwards, then all backwards) and 1f1b (stage s runs S - 1 - s warm-up
+// forwards, then alternates one forward and one backward, then drains: at most S - s
+// micro-batches in flight). With activation checkpointing a stage keeps only each micro-batch's
+// input and recomputes its forward during backward. The step's last backward is the strategy's
+// `last` (ddp's bucket all-reduces overlap it), so every strategy trains the parameters one
+// process would on the same global batch.
 #pragma once
 
-#include <nlohmann/json.hpp>
+#include <memory>
+#include <string>
+#include <vector>
 
 #include "comm/communicator.h"
+#include "comm/rank_grid.h"
 #include "config/config.h"
 #include "nn/model.h"
+#include "train/executor.h"
 #include "train/sharding.h"
-#include "train/trainer.h"
 
 namespace dtrain {
 
@@ -31,10 +34,15 @@ namespace dtrain {
 // largest stage's estimated cost (multiply-adds per sample: a Linear's weights, plus the widths
 // of the elementwise layers). Layers without parameters stay with the layer before them.
 std::vector<LayerRange> partition_stages(const Model& m, int stages, const std::string& how);
+// Estimated multiply-adds per sample of layers [first, last) (the cost `balanced` balances).
+double stage_cost(const Model& m, size_t first, size_t last);
 
-// Trains one rank of a pipeline job (called by train_rank for strategy pipeline).
-// Events go to `tracer` (disabled unless --trace).
-nlohmann::json train_pipeline(const Config& cfg, const RunOptions& opts, Communicator& comm,
-                              Tracer& tracer);
+// The executor of this rank's stage, grid.coord().pp, whose layers are stages[pp]. world: the
+// job's communicator (point-to-point to the neighbouring stages of the same replica).
+std::unique_ptr<Executor> make_pipeline_executor(const Config& cfg, const Model& model,
+                                                 const Dataset& train, Strategy& strategy, Rng& rng,
+                                                 Tracer& tracer, Communicator& world,
+                                                 const GridLayout& grid,
+                                                 const std::vector<LayerRange>& stages);
 
 }  // namespace dtrain

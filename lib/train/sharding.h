@@ -15,6 +15,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -22,7 +24,6 @@
 #include "checkpoint/checkpoint.h"
 #include "comm/communicator.h"
 #include "config/config.h"
-#include "data/dataset.h"
 #include "nn/model.h"
 #include "optim/optimizer.h"
 
@@ -37,15 +38,19 @@ struct Bucket {
   int64_t begin = 0, end = 0;
   size_t first_layer = 0;
 };
-std::vector<Bucket> make_buckets(const Model& m, int64_t bucket_floats);
+// Layers [first, last) only (a pipeline stage's); offsets stay those of the whole model.
+std::vector<Bucket> make_buckets(const Model& m, int64_t bucket_floats, size_t first = 0,
+                                 size_t last = SIZE_MAX);
 // "0.02, 1.00, 1.53 MiB" (more than 8 buckets: "the largest 1.53 MiB"), for the log.
 std::string bucket_sizes_mib(const std::vector<Bucket>& buckets);
 
 using LayerRange = std::pair<size_t, size_t>;  // layers [first, last)
-// Units covering all layers, in forward order. Layers without parameters join the unit before
-// them (leading ones the first unit).
-std::vector<LayerRange> units_from_buckets(const Model& m, const std::vector<Bucket>& buckets);
-std::vector<LayerRange> units_for_fsdp(const Model& m, const FsdpConfig& cfg);
+// Units covering layers [first, last) (all layers by default; a pipeline stage's), in forward
+// order. Layers without parameters join the unit before them (leading ones the first unit).
+std::vector<LayerRange> units_from_buckets(const Model& m, const std::vector<Bucket>& buckets,
+                                           size_t first = 0, size_t last = SIZE_MAX);
+std::vector<LayerRange> units_for_fsdp(const Model& m, const FsdpConfig& cfg, size_t first = 0,
+                                       size_t last = SIZE_MAX);
 
 struct ShardUnit {
   size_t first_layer = 0, last_layer = 0;
@@ -59,6 +64,7 @@ struct ShardUnit {
 
 class ShardLayout {
  public:
+  // units: consecutive layer ranges (of the whole model or of a pipeline stage).
   ShardLayout(const Model& m, const std::vector<LayerRange>& units, int world);
   const std::vector<ShardUnit>& units() const { return units_; }
   int world() const { return world_; }
@@ -67,9 +73,10 @@ class ShardLayout {
   std::vector<size_t> counts(size_t u) const;
   // Rank r's ranges of the flat layout and where they sit in its shard buffer.
   std::vector<ShardRange> ranges(int r) const;
-  // Copies rank r's chunks from a full-layout buffer into a shard buffer, and back.
-  void full_to_shard(int r, const float* full, float* shard) const;
-  void shard_to_full(int r, const float* shard, float* full) const;
+  // Copies rank r's chunks from a full-layout buffer into a shard buffer, and back. `full`
+  // holds the flat layout from element `base` on (a stage's buffer: its first offset).
+  void full_to_shard(int r, const float* full, float* shard, int64_t base = 0) const;
+  void shard_to_full(int r, const float* shard, float* full, int64_t base = 0) const;
 
  private:
   std::vector<ShardUnit> units_;
@@ -89,10 +96,6 @@ inline constexpr float kFiniteCode = 1e9f;
 // "the loss" | "the gradient of layers.0.weight" for a verdict code.
 std::string nonfinite_what(const Model& m, float code);
 
-enum class ShardMode { kZero1, kZero2, kFsdp };
-ShardMode shard_mode(const std::string& strategy);  // zero1 | zero2 | fsdp
-bool is_sharded_strategy(const std::string& strategy);
-
 // Bytes this rank holds for training state (exact, from the buffers) and the peaks of transient
 // buffers: gathered fsdp parameters and in-flight unit gradients.
 struct StateMemory {
@@ -100,71 +103,62 @@ struct StateMemory {
   int64_t peak_gathered_bytes = 0, peak_unit_grad_bytes = 0;
 };
 
-// One rank's sharded training: the shard buffers and the collectives of each strategy.
-//  zero1: parameters and gradients full (the caller's buffers); gradients all-reduced by the
-//         caller as in DDP; the optimizer owns the shard; updated chunks are all-gathered.
-//  zero2: parameters full; forward_backward reduce-scatters each unit's gradient as soon as
-//         backward produced it and keeps only this rank's gradient shard.
-//  fsdp:  parameters sharded too: each unit is all-gathered before its forward (the next one is
-//         prefetched while the current computes), freed after forward when
-//         reshard_after_forward, gathered again for backward; gradients as zero2.
-// Collective: every rank calls every method in the same order (communicator.h's contract).
-// Not thread-safe; one engine per rank.
-class ShardedEngine {
+// The parts zero1, zero2 and fsdp share (train/zero1.cc, zero2.cc, fsdp.cc): the optimizer over
+// this rank's shard and the reduce-scatter of each unit's gradient into the gradient shard.
+// `dp` is the data axis's communicator; its size is the layout's world. Collective: every rank
+// of the axis calls every method in the same order. Not thread-safe; one per rank.
+class ShardedState {
  public:
-  ShardedEngine(const Model& model, ShardLayout layout, ShardMode mode, Communicator& comm,
-                bool reshard_after_forward);
-
+  ShardedState(ShardLayout layout, Communicator& dp, const OptimizerConfig& ocfg, bool grad_shard);
   const ShardLayout& layout() const { return layout_; }
-  ShardMode mode() const { return mode_; }
-  // fsdp: this rank's parameter shard (the master copy). Empty for zero1/zero2.
-  std::vector<float>& param_shard() { return param_shard_; }
-  // zero2/fsdp: this rank's gradient shard. Empty for zero1.
-  std::vector<float>& grad_shard() { return grad_shard_; }
+  Communicator& dp() { return dp_; }
+  int rank() const { return rank_; }
+  Optimizer& optimizer() { return *opt_; }
+  const Optimizer& optimizer() const { return *opt_; }
+  std::vector<float>& grad_shard() { return grad_shard_; }  // empty without one (zero1)
+  const std::vector<float>& grad_shard() const { return grad_shard_; }
 
-  // zero2/fsdp: one micro-batch. Forward and backward unit by unit; each unit's gradient is
-  // reduce-scattered (summed) and this rank's chunk added to grad_shard(). full_params: the
-  // replicated parameters (zero2), null for fsdp. Returns the loss sum over x's rows, whose
-  // gradient is scaled by `scale`.
-  double forward_backward(const float* full_params, const Tensor& x, const int32_t* labels,
-                          const std::string& loss, float scale, Activations& acts,
-                          const ForwardCtx& ctx);
-  // Sum over ranks of the squared gradient norm, this rank's part taken from full_grads (zero1)
-  // or grad_shard(). Collective.
-  double grad_norm(const float* full_grads);
-  void scale_grads(float* full_grads, float f);
-  // One optimizer step over this rank's shard (opt must cover shard_size() elements), then for
-  // zero1/zero2 the updated chunks are all-gathered into full_params.
-  void optimizer_step(Optimizer& opt, double lr, float* full_params, const float* full_grads);
-  // fsdp evaluation: this rank evaluates rows [n r / W, n (r + 1) / W) of d in batches of
-  // `batch`, the units gathered in lockstep with the other ranks (ranks with fewer batches still
-  // join every gather). Returns (loss sum, correct count) of this rank's rows.
-  std::pair<double, int64_t> eval_rows(const Dataset& d, int64_t batch, const std::string& loss);
-  // Gathers the full parameters into out (param_count floats). Collective; for fsdp checkpoints
-  // that need the whole model (consolidation) -- not used in training.
-  void gather_full(float* out);
+  // Unit u's gradient `g` (the unit's size, flat layout from units()[u].begin) is summed over
+  // the axis; the call returns at once (after finishing unit u's previous one, if still in
+  // flight), collect_unit_grads() waits for all and adds this rank's chunks into grad_shard().
+  void reduce_scatter_unit(size_t u, std::vector<float> g);
+  void collect_unit_grads();
+  // Squared L2 norm of the shard's gradient summed over the axis, this rank's part taken from
+  // `full_grads` (zero1: the replicated gradient, flat layout from element `base`) or from
+  // grad_shard(). Collective.
+  double grad_sq_sum(const float* full_grads, int64_t base);
+  void scale_grads(float* full_grads, int64_t base, float f);
+  // One optimizer step over this rank's chunks: gradients from full_grads (zero1) or
+  // grad_shard(), parameters in `params` (full layout from `base`, zero1/zero2) or in the
+  // parameter shard `param_shard` (fsdp, then params is null). zero1/zero2 then all-gather the
+  // updated chunks into params.
+  void optimizer_step(double lr, float* params, int64_t base, const float* full_grads,
+                      float* param_shard);
 
-  StateMemory memory(const Optimizer& opt, int64_t full_param_count) const;
-  double wait_seconds() const { return wait_s_; }  // time blocked on collectives
+  // zero2/fsdp's backward through the range [x's layer, dy's layer] unit by unit in reverse: unit
+  // u's gradient goes to reduce_scatter_unit as soon as its backward ends. params_of(u) gives
+  // unit u's parameters (flat layout from units()[u].begin); before(u) runs before unit u's
+  // backward (fsdp prefetches u - 1) and after(u) after it (fsdp frees u). dx as Model::backward.
+  void backward(const Model& m, const std::function<const float*(size_t)>& params_of,
+                const std::function<void(size_t)>& before, const std::function<void(size_t)>& after,
+                const Tensor& x, Activations& acts, const Tensor& dy, Tensor* dx);
+
+  double wait_seconds() const { return wait_s_; }
+  void add_wait(double s) { wait_s_ += s; }
+  int64_t peak_unit_grad_bytes() const { return peak_unit_grads_; }
 
  private:
-  void start_gather(size_t u);
-  const float* wait_gather(size_t u);
-  void release(size_t u);
+  void finish_unit(size_t u);
 
-  const Model& model_;
   ShardLayout layout_;
-  ShardMode mode_;
-  Communicator& comm_;
-  bool reshard_;
+  Communicator& dp_;
   int rank_ = 0;
-  std::vector<float> param_shard_, grad_shard_;
-  std::vector<std::vector<float>> gathered_;  // per unit, empty when released
-  std::vector<WorkPtr> gather_work_;
-  std::vector<std::vector<float>> unit_grads_;
+  std::unique_ptr<Optimizer> opt_;
+  std::vector<float> grad_shard_;
+  std::vector<std::vector<float>> unit_grads_;  // in flight, per unit
   std::vector<WorkPtr> rs_work_;
-  Tensor dx_[2];
-  int64_t gathered_now_ = 0, peak_gathered_ = 0, unit_grads_now_ = 0, peak_unit_grads_ = 0;
+  Tensor dx_[2];  // activation gradients between units
+  int64_t unit_grads_now_ = 0, peak_unit_grads_ = 0;
   double wait_s_ = 0.0;
 };
 

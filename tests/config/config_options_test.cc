@@ -117,12 +117,9 @@ TEST_CASE("compression and strategy keys of another choice are refused") {
       {{"distributed.fsdp.reshard_after_forward=false"},
        "distributed.fsdp.reshard_after_forward: only used by strategy fsdp "
        "(distributed.strategy is ddp)"},
-      {{"distributed.world_size=2", "distributed.pipeline.stages=3"},
-       "distributed.pipeline.stages: only used by strategy pipeline (distributed.strategy is "
-       "ddp)"},
       {{"distributed.strategy=fsdp", "distributed.pipeline.activation_checkpointing=true"},
-       "distributed.pipeline.activation_checkpointing: only used by strategy pipeline "
-       "(distributed.strategy is fsdp)"},
+       "distributed.pipeline.activation_checkpointing: only used with a pipeline "
+       "(distributed.pipeline.stages is 1)"},
       {{"distributed.strategy=fsdp", "distributed.fsdp={unit: model, layers_per_unit: 2}"},
        "distributed.fsdp.layers_per_unit: only used with distributed.fsdp.unit layer (unit is "
        "model)"},
@@ -138,9 +135,9 @@ TEST_CASE("compression and strategy keys of another choice are refused") {
   CHECK(error_of("data: {format: synthetic}\n"
                  "distributed:\n"
                  "  strategy: ddp\n"
-                 "  pipeline: {stages: 3}\n") ==
-        "x.yaml:4:22: distributed.pipeline.stages: only used by strategy pipeline "
-        "(distributed.strategy is ddp)");
+                 "  pipeline: {micro_batches: 3}\n") ==
+        "x.yaml:4:29: distributed.pipeline.micro_batches: only used with a pipeline "
+        "(distributed.pipeline.stages is 1)");
   // Each with its own choice is fine.
   for (const std::vector<std::string>& ok : std::vector<std::vector<std::string>>{
            {"distributed.compression={type: topk, ratio: 0.1, error_feedback: false}"},
@@ -152,6 +149,9 @@ TEST_CASE("compression and strategy keys of another choice are refused") {
             "distributed.fsdp={unit: layer, layers_per_unit: 2, reshard_after_forward: false}"},
            {"distributed.strategy=pipeline", "distributed.world_size=2",
             "distributed.pipeline={stages: 2, micro_batches: 2, schedule: gpipe}"},
+           // A pipeline under any data-parallel strategy.
+           {"distributed.strategy=fsdp", "distributed.world_size=4",
+            "distributed.pipeline={stages: 2, micro_batches: 2, activation_checkpointing: true}"},
        }) {
     CAPTURE(ok.back());
     CHECK(set_error(ok) == "(no error)");

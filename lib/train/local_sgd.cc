@@ -1,0 +1,187 @@
+// local_sgd: every rank steps on its own batches (gradients are its own batch's mean) and the
+// ranks of the data axis average their parameters every H = distributed.local_sgd.sync_every
+// steps and at the run's last step, optionally their optimizer state too. With an outer
+// optimizer (DiLoCo, outer_lr > 0) the averaged change since the last synchronisation is a
+// pseudo-gradient applied with Nesterov momentum to `anchor`, the parameters of the last
+// synchronisation (its momentum is checkpointed as state "outer_momentum"). With
+// distributed.compression, what each rank moved since the last synchronisation (anchor - params)
+// goes through the compressing reducer, with error feedback on it, instead of the parameters
+// through a dense average. Ranks hold equal parameters only right after a synchronisation:
+// in_sync() tells the loop when it may evaluate, checkpoint or stop.
+#include <chrono>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "train/strategy.h"
+#include "util/check.h"
+
+namespace dtrain {
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+class LocalSgd final : public Strategy {
+ public:
+  LocalSgd(const Config& cfg, ModelRange range, Communicator& dp)
+      : r_(range),
+        dp_(dp),
+        c_(cfg.distributed.local_sgd),
+        compression_(cfg.distributed.compression.type),
+        values_(static_cast<size_t>(range.size())),
+        grads_(static_cast<size_t>(range.size())),
+        opt_(make_optimizer(cfg.optimizer, 0, range.size())),
+        outer_(c_.outer_lr > 0) {
+    if (outer_) outer_momentum_.assign(values_.size(), 0.0f);
+    if (dp.size() == 1 && compression_ != "none" && dp.rank() == 0)
+      spdlog::warn(
+          "distributed.compression {} is unused: local_sgd at world size 1 never synchronises, so "
+          "there is nothing to compress",
+          compression_);
+    if (dp.size() > 1 && compression_ != "none") {
+      reducer_ = make_grad_reducer(cfg.distributed.compression, range_params(range), range.size(),
+                                   static_cast<uint64_t>(cfg.seed));
+      delta_.assign(values_.size(), 0.0f);
+    }
+  }
+
+  const char* name() const override { return "local_sgd"; }
+  std::string describe() const override {
+    if (dp_.size() == 1) return "";
+    std::string s = fmt::format(
+        "local_sgd: parameters averaged every {} step(s){}{}", c_.sync_every,
+        c_.sync_optimizer_state ? ", optimizer state too" : "",
+        outer_ ? fmt::format(", outer Nesterov lr {} momentum {}", c_.outer_lr, c_.outer_momentum)
+               : std::string());
+    if (reducer_) s += "; compression " + reducer_->describe();
+    return s;
+  }
+
+  void init_params(uint64_t seed) override {
+    r_.model->init(values_.data(), seed, r_.first, r_.last, r_.begin);
+    dp_.broadcast(values_.data(), values_.size(), 0);
+    set_anchor();
+  }
+  void load_full(const float* params, const std::vector<const float*>& state) override {
+    std::copy(params + r_.begin, params + r_.end, values_.begin());
+    const size_t k = opt_->state_names().size();
+    DT_CHECK_EQ(state.size(), k + (outer_ ? 1 : 0));
+    for (size_t i = 0; i < k; ++i)
+      std::copy(state[i] + r_.begin, state[i] + r_.end, opt_->state(i).begin());
+    if (outer_) std::copy(state[k] + r_.begin, state[k] + r_.end, outer_momentum_.begin());
+    set_anchor();
+  }
+  std::vector<std::string> state_names() const override {
+    std::vector<std::string> n = opt_->state_names();
+    if (outer_) n.push_back("outer_momentum");
+    return n;
+  }
+  bool sharded() const override { return false; }
+  CheckpointShard checkpoint_shard() override {
+    CheckpointShard s{{{r_.begin, r_.end, 0}}, r_.size(), values_.data(), {}};
+    for (size_t i = 0; i < opt_->state_names().size(); ++i)
+      s.state.push_back(opt_->state(i).data());
+    if (outer_) s.state.push_back(outer_momentum_.data());
+    return s;
+  }
+  Optimizer& optimizer() override { return *opt_; }
+  GradReducer* reducer() override { return reducer_.get(); }
+  StateMemory memory() const override {
+    StateMemory m;
+    m.param_bytes = r_.size() * 4;
+    m.grad_bytes = r_.size() * 4;
+    m.optim_bytes = opt_->state_bytes() + static_cast<int64_t>(outer_momentum_.size()) * 4 +
+                    static_cast<int64_t>(anchor_.size()) * 4;
+    return m;
+  }
+  double wait_seconds() const override { return wait_s_; }
+
+  bool global_mean() const override { return false; }
+  void begin_step() override { std::fill(grads_.begin(), grads_.end(), 0.0f); }
+  const Tensor& forward(const Tensor& x, Activations& acts, const ForwardCtx& ctx) override {
+    return r_.model->forward(values_.data(), x, acts, ctx, r_.first, r_.last, r_.begin);
+  }
+  void backward(const Tensor& x, Activations& acts, const Tensor& dy, Tensor* dx,
+                bool /*last*/) override {
+    r_.model->backward(values_.data(), grads_.data(), x, acts, dy, dx, r_.first, r_.last, {},
+                       r_.begin);
+  }
+  void finish_backward() override {}
+  bool replicated_grads() const override { return false; }
+  int64_t first_nonfinite_grad() const override {
+    return first_nonfinite_param(*r_.model, grads_.data(), {{r_.begin, r_.end, 0}});
+  }
+  double grad_sq_sum() override { return sum_squares(grads_.data(), r_.size()); }
+  void scale_grads(float f) override { scale_inplace(grads_.data(), r_.size(), f); }
+  void optimizer_step(double lr) override { opt_->step(values_.data(), grads_.data(), lr); }
+  void end_step(int64_t step, bool last) override {
+    if (dp_.size() == 1 || (step % c_.sync_every != 0 && !last)) return;
+    const auto t0 = std::chrono::steady_clock::now();
+    sync();
+    wait_s_ += seconds_since(t0);
+  }
+  bool in_sync(int64_t step) const override { return dp_.size() == 1 || step % c_.sync_every == 0; }
+
+ private:
+  // Checkpoints are taken at synchronisation points, where every rank holds the anchor.
+  void set_anchor() {
+    if (outer_ || reducer_) anchor_ = values_;
+  }
+  void sync();
+
+  ModelRange r_;
+  Communicator& dp_;
+  LocalSgdConfig c_;
+  std::string compression_;
+  std::vector<float> values_, grads_;
+  std::unique_ptr<Optimizer> opt_;
+  bool outer_;
+  std::vector<float> anchor_, outer_momentum_, delta_;
+  std::unique_ptr<GradReducer> reducer_;
+  double wait_s_ = 0.0;
+};
+
+void LocalSgd::sync() {
+  const int64_t P = r_.size();
+  std::vector<WorkPtr> w;
+  if (!reducer_) w.push_back(dp_.allreduce_async(values_.data(), values_.size(), ReduceOp::kAvg));
+  if (c_.sync_optimizer_state)
+    for (size_t i = 0; i < opt_->state_names().size(); ++i)
+      w.push_back(
+          dp_.allreduce_async(opt_->state(i).data(), static_cast<size_t>(P), ReduceOp::kAvg));
+  if (reducer_) {
+    for (int64_t j = 0; j < P; ++j) delta_[j] = anchor_[j] - values_[j];
+    reducer_->allreduce_sum(dp_, delta_.data());
+  }
+  for (auto& x : w) x->wait();
+  if (reducer_) {
+    // The averaged move, applied to the anchor (the outer step below then sees it as its
+    // pseudo-gradient).
+    const float inv = 1.0f / static_cast<float>(dp_.size());
+    for (int64_t j = 0; j < P; ++j) values_[j] = anchor_[j] - delta_[j] * inv;
+    if (!outer_) {
+      anchor_ = values_;
+      return;
+    }
+  }
+  if (!outer_) return;
+  const float mu = static_cast<float>(c_.outer_momentum);
+  const float olr = static_cast<float>(c_.outer_lr);
+  for (int64_t j = 0; j < P; ++j) {
+    const float d = anchor_[j] - values_[j];  // pseudo-gradient
+    outer_momentum_[j] = mu * outer_momentum_[j] + d;
+    anchor_[j] -= olr * (d + mu * outer_momentum_[j]);
+    values_[j] = anchor_[j];
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<Strategy> make_local_sgd(const Config& cfg, ModelRange range, Communicator& dp) {
+  return std::make_unique<LocalSgd>(cfg, range, dp);
+}
+
+}  // namespace dtrain

@@ -1,0 +1,686 @@
+#include "train/loop.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <limits>
+#include <memory>
+#include <optional>
+
+#include <spdlog/spdlog.h>
+
+#include "checkpoint/checkpoint.h"
+#include "comm/rank_grid.h"
+#include "data/sampler.h"
+#include "nn/loss.h"
+#include "optim/optimizer.h"
+#include "tensor/blas.h"
+#include "train/compression_state.h"
+#include "train/executor.h"
+#include "train/pipeline.h"
+#include "train/progress.h"
+#include "train/step_faults.h"
+#include "train/stop.h"
+#include "train/straggler.h"
+#include "train/strategy.h"
+#include "util/check.h"
+#include "util/fs.h"
+
+namespace dtrain {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+nlohmann::json nan_to_null(double v) {
+  return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr);
+}
+
+// One rank's training run. Construction sets everything up (collective); run() trains.
+// Collectives run on three communicators: the world (stop votes, the non-finite verdict when
+// ranks hold different gradients, records, evaluation sums, checkpoints), the data axis (the
+// strategy's, the loss all-reduce, straggler checks) and the pipeline axis (the clipping norm).
+// Every rank issues them in the same order (communicator.h).
+class TrainLoop {
+ public:
+  TrainLoop(const Config& cfg, const RunOptions& opts, Communicator& comm, Tracer& tracer);
+  nlohmann::json run();
+
+ private:
+  void setup_model();
+  bool resume();  // false: nothing left to train (summary_ holds the answer)
+  void log_start() const;
+  bool step();  // one optimizer step; false when skipped (non-finite)
+  bool nonfinite_guard(double loss_sum);
+  void clip();
+  void record(bool epoch_done);
+  void evaluate();
+  void save();
+  void save_sharded(const CheckpointMeta& m);
+  nlohmann::json summary(int stop_signal);
+  double comm_seconds() const;
+  double epoch_progress() const {
+    return static_cast<double>(epoch_) + static_cast<double>(batch_) / static_cast<double>(bpe_);
+  }
+
+  const Config& cfg_;
+  const RunOptions& opts_;
+  Communicator& world_;
+  Tracer& tracer_;
+  const Clock::time_point t_start_ = Clock::now();
+  const int rank_;
+  const bool lead_;
+  const int S_;  // pipeline stages
+  RankGrid grid_;
+  Communicator& dp_;
+  Communicator& pp_;
+  const int DP_, dpr_, stage_;
+  std::string ckpt_dir_, hash_, config_json_;
+
+  DataSplits data_;
+  Model model_;
+  std::vector<LayerRange> stages_;  // per stage (one: the whole model)
+  std::unique_ptr<Strategy> strategy_;
+  std::unique_ptr<Executor> exec_;
+  std::optional<Sampler> sampler_;
+  StepPlan plan_;
+  int64_t bpe_ = 1, schedule_steps_ = 0;
+  Rng rng_;
+  bool loss_global_ = false;  // the step loss is all-reduced over the data axis every step
+  CompressionState saved_comp_;
+
+  // Progress.
+  int64_t step_ = 0, epoch_ = 0, batch_ = 0, first_step_ = 0;
+  ResumePoint rp_;
+  nlohmann::json early_summary_;
+  std::unique_ptr<LineWriter> metrics_;
+  std::optional<ProgressBar> bar_;
+  std::optional<StragglerCheck> stragglers_;
+  std::vector<std::vector<int64_t>> micro_idx_;
+  Clock::time_point interval_t0_;
+  double interval_loss_ = 0.0, final_train_loss_ = std::nan(""), train_s_ = 0.0, last_sps_ = 0.0;
+  double last_record_loss_ = std::nan(""), last_lr_ = 0.0, last_step_loss_ = std::nan("");
+  bool pipelined_ = false;  // the pipeline executor (strategy pipeline, or stages > 1)
+  int64_t interval_samples_ = 0, samples_trained_ = 0, interval_first_step_ = 0;
+  double exposed_comm_s_ = 0.0;
+  int64_t skipped_steps_ = 0;
+  uint64_t bytes_sent0_ = 0, bytes_recv0_ = 0;
+  double comm_s0_ = 0.0;
+  EvalResult last_eval_;
+  bool have_eval_ = false;
+  int64_t last_eval_step_ = -1, last_ckpt_step_ = -1;
+};
+
+TrainLoop::TrainLoop(const Config& cfg, const RunOptions& opts, Communicator& comm, Tracer& tracer)
+    : cfg_(cfg),
+      opts_(opts),
+      world_(comm),
+      tracer_(tracer),
+      rank_(comm.rank()),
+      lead_(comm.rank() == 0),
+      S_(pipeline_stages(cfg)),
+      grid_(comm, 1, S_),
+      dp_(grid_.comm(GridAxis::kData)),
+      pp_(grid_.comm(GridAxis::kPipeline)),
+      DP_(grid_.layout().dp()),
+      dpr_(grid_.coord().dp),
+      stage_(grid_.coord().pp),
+      rng_(static_cast<uint64_t>(cfg.seed), 0xD7A1000ULL + static_cast<uint64_t>(comm.rank())) {
+  DT_CHECK_EQ(static_cast<int64_t>(comm.size()), cfg.distributed.world_size);
+  ckpt_dir_ = (fs::path(opts.out_dir) / "checkpoints").string();
+  hash_ = config_hash(cfg);
+  config_json_ = config_to_json(cfg).dump();  // stored in checkpoints
+  if (lead_) start_run_dir(cfg, opts, ckpt_dir_);
+  setup_model();
+}
+
+void TrainLoop::setup_model() {
+  auto t0 = Clock::now();
+  data_ = load_data(cfg_.data, cfg_.seed);
+  const ModelShape shape = resolve_model_shape(cfg_, data_);
+  if (const auto w = idle_ranks_warning(data_.train.rows, world_.size(), S_); lead_ && !w.empty())
+    spdlog::warn("{}", w);
+  if (lead_)
+    spdlog::info(
+        "data: {} train / {} test samples, {} features, {} classes, normalize {} ({:.2f} s)",
+        data_.train.rows, data_.test.rows, shape.in_features, shape.num_classes,
+        data_.normalizer.method, seconds_since(t0));
+  model_ = build_mlp(cfg_.model, shape.in_features, shape.num_classes);
+  if (lead_) spdlog::info("model:\n{}", model_.describe());
+  const bool pipelined = pipelined_ = S_ > 1 || cfg_.distributed.strategy == "pipeline";
+  if (pipelined && cfg_.distributed.compression.type != "none")
+    throw UserError(
+        "distributed.compression is not supported with a pipeline (distributed.pipeline.stages "
+        "> 1): compress the data axis of a plain data-parallel run instead");
+  stages_ = pipelined ? partition_stages(model_, S_, cfg_.distributed.pipeline.partition)
+                      : std::vector<LayerRange>{{0, model_.num_layers()}};
+  const auto [f, l] = stages_[static_cast<size_t>(stage_)];
+  strategy_ = make_strategy(cfg_, ModelRange::layers(model_, f, l), dp_);
+  strategy_->init_params(static_cast<uint64_t>(cfg_.seed));
+  exec_ = pipelined ? make_pipeline_executor(cfg_, model_, data_.train, *strategy_, rng_, tracer_,
+                                             world_, grid_.layout(), stages_)
+                    : make_single_stage_executor(cfg_, data_.train, *strategy_, rng_, tracer_);
+  sampler_.emplace(data_.train.rows, cfg_.data.batch_size, DP_, dpr_, cfg_.data.shuffle,
+                   cfg_.data.drop_last, static_cast<uint64_t>(cfg_.seed));
+  plan_ = plan_steps(cfg_, sampler_->batches_per_epoch(), data_.train.rows, DP_);
+  bpe_ = plan_.batches_per_epoch;
+  loss_global_ = !pipelined && DP_ > 1 && strategy_->replicated_grads();
+}
+
+bool TrainLoop::resume() {
+  if (!opts_.resume.empty()) {
+    // The full state is read by rank 0 and broadcast; each strategy keeps its part.
+    const int64_t P = model_.param_count();
+    const std::vector<std::string> names = strategy_->state_names();
+    std::vector<float> full_p(static_cast<size_t>(P));
+    std::vector<std::vector<float>> full_s(names.size(),
+                                           std::vector<float>(static_cast<size_t>(P)));
+    std::vector<StateBuffer> sb;
+    std::vector<const float*> ptrs;
+    for (size_t i = 0; i < names.size(); ++i) {
+      sb.push_back({names[i], full_s[i].data()});
+      ptrs.push_back(full_s[i].data());
+    }
+    rp_ = resume_full_state(cfg_, opts_, world_, model_, ckpt_dir_, hash_, full_p.data(), sb, rng_,
+                            &saved_comp_);
+    if (rp_.loaded) {
+      strategy_->load_full(full_p.data(), ptrs);
+      step_ = rp_.step;
+      epoch_ = rp_.epoch;
+      batch_ = rp_.batch;
+      strategy_->optimizer().set_step_count(rp_.optimizer_steps);
+      last_ckpt_step_ = step_;
+      if (GradReducer* r = strategy_->reducer())
+        restore_compression_state(world_, *r, cfg_.distributed.compression.type,
+                                  cfg_.distributed.strategy, saved_comp_);
+    }
+  }
+  if (const std::string why = nothing_left_reason(cfg_, rp_, plan_); !why.empty()) {
+    if (lead_) spdlog::warn("{}", why);
+    early_summary_ = nothing_to_do_summary(why, rp_);
+    return false;
+  }
+  schedule_steps_ = schedule_horizon(rp_, plan_, lead_);
+  return true;
+}
+
+void TrainLoop::log_start() const {
+  if (!lead_) return;
+  if (pipelined_) {
+    const PipelineConfig& pc = cfg_.distributed.pipeline;
+    spdlog::info(
+        "pipeline: {} stage(s) x {} replica(s), schedule {}, {} micro-batches, partition "
+        "{}{}; stage pp of replica dp is rank dp + {} * pp",
+        S_, DP_, pc.schedule, pc.micro_batches, pc.partition,
+        pc.activation_checkpointing ? ", activation checkpointing" : "", DP_);
+    for (int s = 0; s < S_; ++s) {
+      const auto [a, b] = stages_[static_cast<size_t>(s)];
+      spdlog::info("  stage {}: layers [{}, {}), {} parameters, est. cost {:.0f} per sample", s, a,
+                   b, model_.layer_end(b - 1) - model_.layer_begin(a), stage_cost(model_, a, b));
+    }
+  }
+  if (const std::string d = strategy_->describe(); !d.empty()) spdlog::info("{}", d);
+  const int64_t total = plan_.total_steps;
+  spdlog::info(
+      "training: {} steps ({} per epoch, batch {} x {} replica(s), grad_accum {}), {} params, "
+      "layout {}, {} BLAS thread(s) ({} kernels), backend {}, out {}",
+      total == std::numeric_limits<int64_t>::max() ? -1 : total, plan_.steps_per_epoch,
+      cfg_.data.batch_size, DP_, plan_.accum, model_.param_count(), grid_.layout().shape(),
+      blas_threads(), blas_core(), world_.backend(), opts_.out_dir);
+}
+
+double TrainLoop::comm_seconds() const {
+  double s = world_.comm_seconds() + exec_->recv_seconds();
+  if (&dp_ != &world_) s += dp_.comm_seconds();
+  if (&pp_ != &world_ && pp_.size() > 1) s += pp_.comm_seconds();
+  return s;
+}
+
+bool TrainLoop::nonfinite_guard(double loss_sum) {
+  // DDP and zero1 without a pipeline hold identical reduced gradients and loss on every rank,
+  // so every rank reaches the same verdict alone; otherwise ranks hold their own (their stage's,
+  // their shard's, their own Local SGD model) and the verdict is all-reduced (min code). A
+  // skipped step drops its update (and its loss and samples from the record) only.
+  float code = kFiniteCode;
+  if (exec_->computes_loss() && !std::isfinite(loss_sum)) {
+    code = kLossCode;
+  } else if (const int64_t e = strategy_->first_nonfinite_grad(); e >= 0) {
+    code = static_cast<float>(e + 1);
+  }
+  if (!loss_global_ && world_.size() > 1) world_.allreduce(&code, 1, ReduceOp::kMin);
+  if (code == kFiniteCode) return true;
+  const std::string what = nonfinite_what(model_, code);
+  if (cfg_.train.nonfinite == "abort")
+    throw std::runtime_error(
+        what + " is not finite at step " + std::to_string(step_ + 1) +
+        " (train.nonfinite: abort; lower optimizer.lr, set optimizer.clip_grad_norm, or set "
+        "train.nonfinite: skip)");
+  ++skipped_steps_;
+  if (lead_)
+    spdlog::warn("step {} skipped on every rank: {} is not finite ({} skipped so far)", step_ + 1,
+                 what, skipped_steps_);
+  return false;
+}
+
+void TrainLoop::clip() {
+  // The global norm: each stage's squared norm (each element counted once over the data axis),
+  // summed over the stages.
+  double ss = strategy_->grad_sq_sum();
+  if (pp_.size() > 1) {
+    float v = static_cast<float>(ss);
+    pp_.allreduce(&v, 1, ReduceOp::kSum);
+    ss = v;
+  }
+  const float f = clip_factor(std::sqrt(ss), cfg_.optimizer.clip_grad_norm);
+  if (f < 1.0f) strategy_->scale_grads(f);
+}
+
+bool TrainLoop::step() {
+  TraceScope step_scope(tracer_, "step", "train");
+  const int64_t K = plan_.accum;
+  const int64_t n_micro = std::min(K, bpe_ - batch_);
+  int64_t step_samples = 0, local_samples = 0;
+  micro_idx_.resize(static_cast<size_t>(n_micro));
+  for (int64_t i = 0; i < n_micro; ++i) {
+    step_samples += sampler_->global_batch_size(batch_ + i);
+    micro_idx_[static_cast<size_t>(i)] = sampler_->batch(epoch_, batch_ + i);
+    local_samples += static_cast<int64_t>(micro_idx_[static_cast<size_t>(i)].size());
+  }
+  // Gradients are sums scaled by 1 / (samples of the step over the data axis), so summing them
+  // over the axis gives the gradient of the global batch's mean loss; Local SGD: its own mean.
+  const int64_t scale_samples =
+      strategy_->global_mean() ? step_samples : std::max<int64_t>(1, local_samples);
+  const double wait0 = strategy_->wait_seconds() + exec_->wait_seconds();
+  strategy_->begin_step();
+  // The step's loss (loss_global_) is known after the last forward; its all-reduce runs during
+  // backward, ahead of the gradient buckets, so it adds no round trip after backward.
+  float step_loss = 0.0f;
+  WorkPtr loss_work;
+  StepWork w;
+  w.batches = &micro_idx_;
+  w.scale = 1.0f / static_cast<float>(scale_samples);
+  w.poison = fault_due(opts_.faults, "nan", rank_, step_ + 1);
+  if (loss_global_)
+    w.on_loss = [&](double l) {
+      step_loss = static_cast<float>(l);
+      loss_work = dp_.allreduce_async(&step_loss, 1, ReduceOp::kSum);
+    };
+  double loss_sum = exec_->run_step(w);
+  strategy_->finish_backward();
+  if (loss_work) {
+    TraceScope ts(tracer_, "wait for communication", "wait");
+    const auto t0 = Clock::now();
+    loss_work->wait();
+    exposed_comm_s_ += seconds_since(t0);
+    loss_sum = step_loss;
+  }
+  batch_ += n_micro;
+  const bool ok = nonfinite_guard(loss_sum);
+  if (ok && cfg_.optimizer.clip_grad_norm > 0) clip();
+  const double lr = lr_at(cfg_.optimizer.schedule, plan_.base_lr, step_, schedule_steps_);
+  if (ok) {
+    TraceScope ts(tracer_, "optimizer", "compute");
+    strategy_->optimizer_step(lr);
+  }
+  ++step_;
+  strategy_->end_step(step_, step_ == plan_.total_steps);
+  exposed_comm_s_ += strategy_->wait_seconds() + exec_->wait_seconds() - wait0;
+  if (ok) {
+    samples_trained_ += step_samples;
+    // The loss sum covers the global batch (loss_global_) or this rank's own samples (added up
+    // over the ranks that compute a loss at each record).
+    const bool mine = loss_global_ || exec_->computes_loss();
+    interval_loss_ += mine ? loss_sum : 0.0;
+    interval_samples_ += loss_global_ ? step_samples : (mine ? local_samples : 0);
+  }
+  last_lr_ = lr;
+  last_step_loss_ =
+      loss_global_ ? loss_sum / std::max<int64_t>(1, step_samples) : last_record_loss_;
+  return ok;
+}
+
+void TrainLoop::record(bool epoch_done) {
+  const int64_t total = plan_.total_steps;
+  const int64_t bar_total = total == std::numeric_limits<int64_t>::max() ? 0 : total;
+  if (step_ % cfg_.train.log_every != 0 && step_ != total && !epoch_done) {
+    // Between records: the rate of the interval so far, so the bar shows one from step 1.
+    const double el = seconds_since(interval_t0_);
+    const double sps =
+        el > 0 && loss_global_ ? static_cast<double>(interval_samples_) / el : last_sps_;
+    if (bar_) bar_->update(step_, bar_total, epoch_progress(), last_step_loss_, sps);
+    return;
+  }
+  const double el = seconds_since(interval_t0_);
+  if (stragglers_) stragglers_->check(train_s_ - exposed_comm_s_, step_ - interval_first_step_);
+  interval_first_step_ = step_;
+  if (!loss_global_ && world_.size() > 1) {
+    // Each rank that computes a loss holds its own samples' sum: the record reports the mean
+    // over all of them.
+    float l = static_cast<float>(interval_loss_);
+    world_.allreduce(&l, 1, ReduceOp::kSum);
+    world_.allreduce(&interval_samples_, 1, ReduceOp::kSum);
+    interval_loss_ = l;
+  }
+  // NaN (null in the record) when every step since the last record was skipped.
+  const double mean_loss = interval_samples_ > 0
+                               ? interval_loss_ / static_cast<double>(interval_samples_)
+                               : std::nan("");
+  if (interval_samples_ > 0) final_train_loss_ = last_record_loss_ = mean_loss;
+  const double sps = el > 0 ? static_cast<double>(interval_samples_) / el : 0.0;
+  last_sps_ = sps;
+  if (lead_ && (step_ % cfg_.train.log_every == 0 || step_ == total)) {
+    nlohmann::json rec = {{"kind", "train"},
+                          {"step", step_},
+                          {"epoch", epoch_progress()},
+                          {"loss", nan_to_null(mean_loss)},
+                          {"lr", last_lr_},
+                          {"samples_per_s", sps},
+                          {"comm_bytes_sent", world_.bytes_sent() - bytes_sent0_},
+                          {"comm_bytes_recv", world_.bytes_recv() - bytes_recv0_},
+                          {"comm_s", comm_seconds() - comm_s0_},
+                          {"compute_s", train_s_ - exposed_comm_s_},
+                          {"exposed_comm_s", exposed_comm_s_},
+                          {"idle_s", exec_->wait_seconds()}};
+    metrics_->write_line(rec.dump());
+    if (!opts_.progress)
+      spdlog::info("step {} epoch {:.2f} loss {:.4f} lr {:.4g} {:.0f} samples/s", step_,
+                   epoch_progress(), mean_loss, last_lr_, sps);
+  }
+  interval_loss_ = 0.0;
+  interval_samples_ = 0;
+  interval_t0_ = Clock::now();
+  if (bar_) bar_->update(step_, bar_total, epoch_progress(), mean_loss, sps);
+}
+
+void TrainLoop::evaluate() {
+  if (data_.test.rows == 0) return;
+  TraceScope ts(tracer_, "eval", "eval");
+  const auto e0 = Clock::now();
+  // Each replica evaluates a contiguous share of the test set; the sums of the ranks that
+  // compute the loss are all-reduced.
+  const int64_t n = data_.test.rows;
+  const auto [loss_sum, correct] =
+      exec_->evaluate(data_.test, cfg_.data.eval_batch_size, dpr_, DP_);
+  std::vector<float> sums = {static_cast<float>(loss_sum), static_cast<float>(correct)};
+  if (world_.size() > 1) world_.allreduce(sums.data(), sums.size(), ReduceOp::kSum);
+  last_eval_.samples = n;
+  last_eval_.loss = sums[0] / static_cast<double>(n);
+  last_eval_.accuracy = std::round(sums[1]) / static_cast<double>(n);
+  have_eval_ = true;
+  last_eval_step_ = step_;
+  if (lead_) {
+    nlohmann::json rec = {{"kind", "eval"},
+                          {"step", step_},
+                          {"epoch", epoch_progress()},
+                          {"test_loss", nan_to_null(last_eval_.loss)},
+                          {"test_accuracy", last_eval_.accuracy}};
+    metrics_->write_line(rec.dump());
+    if (bar_) bar_->clear();
+    spdlog::info("eval step {} epoch {:.2f}: test_loss {:.4f} test_accuracy {:.4f}", step_,
+                 epoch_progress(), last_eval_.loss, last_eval_.accuracy);
+  }
+  interval_t0_ += Clock::now() - e0;
+}
+
+void TrainLoop::save() {
+  const auto s0 = Clock::now();
+  TraceScope ts(tracer_, "checkpoint", "checkpoint");
+  // Every rank's RNG state goes into the checkpoint (dropout streams differ per rank).
+  const std::string states = gather_rng_states(world_, rng_);
+  CheckpointMeta m;
+  if (lead_) {
+    m.step = step_;
+    m.epoch = epoch_;
+    m.batch = batch_;
+    m.optimizer = cfg_.optimizer.type;
+    m.optimizer_steps = strategy_->optimizer().step_count();
+    m.rng = states;
+    m.config_hash = hash_;
+    m.world_size = world_.size();
+    m.strategy = cfg_.distributed.strategy;
+    m.config_json = config_json_;
+    m.schedule_steps = schedule_steps_;
+  }
+  // Every rank's compression state goes to rank 0 (compression_state.h).
+  GradReducer* reducer = strategy_->reducer();
+  const CompressionState comp =
+      reducer ? gather_compression_state(world_, *reducer, cfg_.distributed.compression.type)
+              : CompressionState{};
+  if (pipelined_ || strategy_->sharded()) {
+    save_sharded(m);
+  } else if (lead_) {
+    // One rank holds the whole model: one file.
+    const CheckpointShard sh = strategy_->checkpoint_shard();
+    const std::vector<std::string> names = strategy_->state_names();
+    std::vector<StateBuffer> sb;
+    for (size_t i = 0; i < names.size(); ++i) sb.push_back({names[i], sh.state[i]});
+    const std::string name = checkpoint_file_name(step_);
+    save_checkpoint((fs::path(ckpt_dir_) / name).string(), model_, sh.params, sb, m, comp);
+    commit_checkpoint(ckpt_dir_, name, cfg_.train.checkpoint.keep_last);
+    spdlog::debug("checkpoint {}", name);
+  }
+  last_ckpt_step_ = step_;
+  interval_t0_ += Clock::now() - s0;
+}
+
+// Sharded checkpoint: every rank that holds a distinct part (every rank of a sharded strategy,
+// the data axis's rank 0 of a replicated one) writes its shard; once all have (an all-reduce of
+// success flags), rank 0 writes the manifest -- every shard's ranges and grid coordinates -- and
+// moves `latest`. A crash before that leaves the previous checkpoint the newest complete one.
+void TrainLoop::save_sharded(const CheckpointMeta& m) {
+  const std::string name = sharded_checkpoint_name(step_);
+  const fs::path dir = fs::path(ckpt_dir_) / name;
+  if (lead_) fs::remove_all(dir);  // leftovers of a crashed attempt at this step
+  world_.barrier();
+  const bool writer = strategy_->sharded() || dpr_ == 0;
+  const std::vector<std::string> names = strategy_->state_names();
+  std::vector<int64_t> mine;  // (begin, end, offset) of each range this rank writes
+  std::string err;
+  if (writer) {
+    try {
+      const CheckpointShard sh = strategy_->checkpoint_shard();
+      for (const ShardRange& r : sh.ranges) mine.insert(mine.end(), {r.begin, r.end, r.offset});
+      std::vector<StateBuffer> sb;
+      for (size_t i = 0; i < names.size(); ++i) sb.push_back({names[i], sh.state[i]});
+      fs::create_directories(dir);
+      save_shard(dir.string(), rank_, sh.ranges, sh.size, sh.params, sb);
+    } catch (const std::exception& e) {
+      err = e.what();
+    }
+  }
+  if (fault_due(opts_.faults, "kill_in_save", rank_, step_))
+    die_by_fault(grid_.describe() + " wrote its shard of step " + std::to_string(step_));
+  float ok = err.empty() ? 1.0f : 0.0f;
+  world_.allreduce(&ok, 1, ReduceOp::kMin);
+  // Every rank's ranges to rank 0 (counts first: ranks write different numbers of ranges).
+  const size_t W = static_cast<size_t>(world_.size());
+  std::vector<int64_t> counts(W);
+  const int64_t n_mine = static_cast<int64_t>(mine.size());
+  world_.allgather(&n_mine, counts.data(), std::vector<size_t>(W, 1));
+  std::vector<size_t> sizes(counts.begin(), counts.end());
+  int64_t total = 0;
+  for (int64_t c : counts) total += c;
+  std::vector<int64_t> all(static_cast<size_t>(total));
+  world_.allgather(mine.data(), all.data(), sizes);
+  if (!err.empty()) throw std::runtime_error("writing checkpoint shard: " + err);
+  if (ok < 1.0f)
+    throw std::runtime_error("another rank failed to write its shard of checkpoint " + name);
+  if (!lead_) return;
+  std::vector<ManifestShard> shards;
+  size_t at = 0;
+  for (size_t r = 0; r < W; ++r) {
+    const GridCoord g = grid_.layout().coord(static_cast<int>(r));
+    if (strategy_->sharded() || g.dp == 0) {
+      ManifestShard sh;
+      sh.rank = static_cast<int>(r);
+      for (size_t k = 0; k + 3 <= sizes[r]; k += 3)
+        sh.ranges.push_back({all[at + k], all[at + k + 1], all[at + k + 2]});
+      sh.where = {{"tp", g.tp}, {"dp", g.dp}, {"pp", g.pp}};
+      shards.push_back(std::move(sh));
+    }
+    at += sizes[r];
+  }
+  const nlohmann::json layout = {
+      {"tp", grid_.layout().tp()}, {"dp", grid_.layout().dp()}, {"pp", grid_.layout().pp()}};
+  write_manifest(dir.string(), model_, m, shards, names, layout);
+  commit_checkpoint(ckpt_dir_, name, cfg_.train.checkpoint.keep_last);
+  spdlog::debug("checkpoint {}", name);
+}
+
+nlohmann::json TrainLoop::summary(int stop_signal) {
+  const int64_t P = model_.param_count();
+  // Training-state memory of this rank, exact from the buffers (sharding.h's StateMemory).
+  const StateMemory mem = strategy_->memory();
+  spdlog::info(
+      "{} memory: params {:.1f} MiB, grads {:.1f} MiB, optimizer {:.1f} MiB, peak gathered "
+      "params {:.1f} MiB, peak unit grads {:.1f} MiB; peak RSS {:.0f} MiB",
+      grid_.describe(), mem.param_bytes / 1048576.0, mem.grad_bytes / 1048576.0,
+      mem.optim_bytes / 1048576.0, mem.peak_gathered_bytes / 1048576.0,
+      mem.peak_unit_grad_bytes / 1048576.0, peak_rss_mb());
+  const nlohmann::json extra = exec_->summary(world_);  // collective
+  const bool one_file = !pipelined_ && !strategy_->sharded();
+  nlohmann::json s = interrupt_summary(stop_signal);
+  s.update({
+      {"steps", step_},
+      {"epochs", epoch_progress()},
+      {"world_size", world_.size()},
+      {"strategy", cfg_.distributed.strategy},
+      {"layout",
+       {{"dp", grid_.layout().dp()}, {"pp", grid_.layout().pp()}, {"tp", grid_.layout().tp()}}},
+      {"backend", world_.backend()},
+      {"final_train_loss", nan_to_null(final_train_loss_)},
+      {"test_loss", have_eval_ ? nan_to_null(last_eval_.loss) : nlohmann::json(nullptr)},
+      {"test_accuracy", have_eval_ ? nlohmann::json(last_eval_.accuracy) : nlohmann::json(nullptr)},
+      {"wall_s", seconds_since(t_start_)},
+      {"train_s", train_s_},
+      {"train_samples_per_s",
+       train_s_ > 0 ? static_cast<double>(samples_trained_) / train_s_ : 0.0},
+      {"peak_rss_mb", peak_rss_mb()},
+      {"comm_bytes_sent", world_.bytes_sent() - bytes_sent0_},
+      {"comm_bytes_recv", world_.bytes_recv() - bytes_recv0_},
+      {"comm_s", comm_seconds() - comm_s0_},
+      {"compute_s", train_s_ - exposed_comm_s_},
+      {"exposed_comm_s", exposed_comm_s_},
+      {"idle_s", exec_->wait_seconds()},
+      {"skipped_steps", skipped_steps_},
+      {"straggler_warnings", stragglers_ ? stragglers_->warnings() : 0},
+      {"config_hash", hash_},
+      {"param_count", P},
+      {"steps_this_run", step_ - first_step_},
+      {"resumed_from", rp_.from.empty() ? nlohmann::json(nullptr) : nlohmann::json(rp_.from)},
+      {"checkpoint", (fs::path(ckpt_dir_) /
+                      (one_file ? checkpoint_file_name(step_) : sharded_checkpoint_name(step_)))
+                         .string()},
+      {"param_bytes", mem.param_bytes},
+      {"grad_bytes", mem.grad_bytes},
+      {"optim_bytes", mem.optim_bytes},
+      {"peak_gathered_bytes", mem.peak_gathered_bytes},
+      {"peak_unit_grad_bytes", mem.peak_unit_grad_bytes},
+  });
+  s.update(extra);
+  return s;
+}
+
+nlohmann::json TrainLoop::run() {
+  if (!resume()) return early_summary_;
+  if (lead_)
+    metrics_ = std::make_unique<LineWriter>((fs::path(opts_.out_dir) / "metrics.jsonl").string(),
+                                            rp_.loaded);
+  log_start();
+  if (lead_) bar_.emplace(opts_.progress);
+  if (DP_ > 1) stragglers_.emplace(dp_, grid_.layout(), grid_.coord(), dpr_ == 0);
+  first_step_ = interval_first_step_ = step_;
+  bytes_sent0_ = world_.bytes_sent();
+  bytes_recv0_ = world_.bytes_recv();
+  comm_s0_ = comm_seconds();
+  interval_t0_ = Clock::now();
+  // Safe interrupts: the step after which every rank stops (stop.h). A run without a pipeline
+  // votes at the start of a step (the vote's latency hides behind it; Local SGD votes only in
+  // the steps that end in a synchronisation, where it can stop); a pipeline votes at the end of
+  // a step, when its point-to-point traffic has drained.
+  StopAgreement stop_vote(opts_.stop, world_);
+  int stop_pending = 0, stop_signal = 0;
+  bool eval_due = false;
+  while (step_ < plan_.total_steps) {
+    if (batch_ >= bpe_) {
+      ++epoch_;
+      batch_ = 0;
+    }
+    if (cfg_.train.epochs > 0 && epoch_ >= cfg_.train.epochs) break;
+    if (!pipelined_ && strategy_->in_sync(step_ + 1)) stop_vote.begin_step();
+    const auto step_t0 = Clock::now();
+    step();
+    apply_step_faults(opts_.faults, rank_, step_, world_);  // DTRAIN_FAULT; a delay is step time
+    train_s_ += seconds_since(step_t0);
+    const bool epoch_done = batch_ >= bpe_;
+    if (epoch_done) {
+      ++epoch_;
+      batch_ = 0;
+    }
+    record(epoch_done);
+    if (epoch_done || (cfg_.train.eval_every > 0 && step_ % cfg_.train.eval_every == 0))
+      eval_due = true;
+    // Local SGD ranks hold the same parameters only right after a synchronisation: an
+    // evaluation falls due at the first synchronisation at or after the epoch end.
+    const bool in_sync = strategy_->in_sync(step_);
+    if (eval_due && in_sync) {
+      evaluate();
+      eval_due = false;
+    }
+    if (cfg_.train.checkpoint.every_steps > 0 && step_ % cfg_.train.checkpoint.every_steps == 0)
+      save();
+    if (pipelined_) stop_vote.begin_step();
+    if (const int sig = stop_vote.end_step(); sig != 0 && stop_pending == 0) {
+      stop_pending = sig;
+      if (lead_) {
+        if (bar_) bar_->clear();
+        spdlog::warn(
+            "{}: stopping after step {}{}, then writing a checkpoint (again: stop at once)",
+            interrupt_signal_name(sig), step_,
+            in_sync ? "" : " at the next Local SGD synchronisation");
+      }
+    }
+    if (stop_pending != 0 && in_sync) {
+      stop_signal = stop_pending;
+      break;
+    }
+  }
+  const bool interrupted = stop_signal != 0;
+  if (last_eval_step_ != step_ && !interrupted) evaluate();  // an interrupt wants out quickly
+  if (last_ckpt_step_ != step_) save();
+  if (bar_) bar_->clear();
+  nlohmann::json s = summary(stop_signal);
+  if (lead_) {
+    write_file_atomic((fs::path(opts_.out_dir) / "summary.json").string(), s.dump(2) + "\n");
+    spdlog::debug("done: {} steps, test_accuracy {}, {:.1f} s, results in {}", step_,
+                  have_eval_ ? fmt::format("{:.4f}", last_eval_.accuracy) : std::string("n/a"),
+                  seconds_since(t_start_), opts_.out_dir);
+  }
+  return s;
+}
+
+}  // namespace
+
+int pipeline_stages(const Config& cfg) {
+  const int64_t s = cfg.distributed.pipeline.stages;
+  return cfg.distributed.strategy == "pipeline" || s > 1 ? static_cast<int>(s) : 1;
+}
+
+nlohmann::json run_loop(const Config& cfg, const RunOptions& opts, Communicator& comm,
+                        Tracer& tracer) {
+  const int S = pipeline_stages(cfg);
+  if (comm.size() % S != 0)
+    throw UserError("world size " + std::to_string(comm.size()) +
+                    " is not a multiple of distributed.pipeline.stages (" + std::to_string(S) +
+                    "): ranks form stages x replicas");
+  TrainLoop loop(cfg, opts, comm, tracer);
+  return loop.run();
+}
+
+}  // namespace dtrain

@@ -1,0 +1,86 @@
+// The one-stage executor (train/executor.h): no pipeline, the strategy's range is the model.
+#include <cmath>
+#include <optional>
+
+#include "train/batch.h"
+#include "train/executor.h"
+#include "util/check.h"
+
+namespace dtrain {
+
+namespace {
+
+class SingleStage final : public Executor {
+ public:
+  SingleStage(const Config& cfg, const Dataset& train, Strategy& s, Rng& rng, Tracer& tracer)
+      : loss_(cfg.model.loss), train_(train), s_(s), rng_(rng), tracer_(tracer) {}
+
+  double run_step(const StepWork& w) override {
+    const auto& batches = *w.batches;
+    ForwardCtx ctx{.training = true, .rng = &rng_};
+    double loss_sum = 0.0;
+    for (size_t i = 0; i < batches.size(); ++i) {
+      const bool last = i + 1 == batches.size();
+      gather_rows(train_, batches[i], x_, y_);
+      std::optional<TraceScope> fw(std::in_place, tracer_, "forward", "compute");
+      const Tensor& out = s_.forward(x_, acts_, ctx);
+      loss_sum += loss_and_grad(loss_, out, y_.data(), &dlogits_, w.scale);
+      fw.reset();
+      if (last && w.poison && dlogits_.numel() > 0)
+        dlogits_.data()[0] = std::nanf("");  // DTRAIN_FAULT: a NaN enters this rank's gradients
+      if (last && w.on_loss) w.on_loss(loss_sum);
+      TraceScope bw(tracer_, "backward", "compute");
+      s_.backward(x_, acts_, dlogits_, nullptr, last);
+    }
+    return loss_sum;
+  }
+
+  std::pair<double, int64_t> evaluate(const Dataset& d, int64_t batch, int dp, int DP) override {
+    DT_CHECK_GT(batch, 0);
+    const int64_t n = d.rows;
+    const auto [lo, hi, max_batches] = eval_share(n, batch, dp, DP);
+    Activations acts;
+    Tensor x;
+    std::vector<int32_t> y;
+    std::vector<int64_t> idx;
+    ForwardCtx ctx{.training = false, .rng = nullptr};
+    double loss_sum = 0.0;
+    int64_t correct = 0;
+    for (int64_t j = 0; j < max_batches; ++j) {
+      const int64_t start = lo + j * batch;
+      if (start >= hi) {
+        s_.forward_without_data();
+        continue;
+      }
+      const int64_t m = std::min(batch, hi - start);
+      idx.resize(static_cast<size_t>(m));
+      for (int64_t i = 0; i < m; ++i) idx[static_cast<size_t>(i)] = start + i;
+      gather_rows(d, idx, x, y);
+      const Tensor& out = s_.forward(x, acts, ctx);
+      loss_sum += loss_and_grad(loss_, out, y.data(), nullptr, 1.0f);
+      correct += count_correct(out, y.data());
+    }
+    return {loss_sum, correct};
+  }
+
+  bool computes_loss() const override { return true; }
+
+ private:
+  std::string loss_;
+  const Dataset& train_;
+  Strategy& s_;
+  Rng& rng_;
+  Tracer& tracer_;
+  Activations acts_;
+  Tensor x_, dlogits_;
+  std::vector<int32_t> y_;
+};
+
+}  // namespace
+
+std::unique_ptr<Executor> make_single_stage_executor(const Config& cfg, const Dataset& train,
+                                                     Strategy& strategy, Rng& rng, Tracer& tracer) {
+  return std::make_unique<SingleStage>(cfg, train, strategy, rng, tracer);
+}
+
+}  // namespace dtrain

@@ -1,0 +1,84 @@
+#include "train/strategy.h"
+
+#include <chrono>
+
+#include <fmt/format.h>
+
+#include "util/check.h"
+
+namespace dtrain {
+
+ModelRange ModelRange::whole(const Model& m) {
+  return layers(m, 0, m.num_layers());
+}
+
+ModelRange ModelRange::layers(const Model& m, size_t first, size_t last) {
+  DT_CHECK_LE(first, last);
+  DT_CHECK_LE(last, m.num_layers());
+  ModelRange r;
+  r.model = &m;
+  r.first = first;
+  r.last = last;
+  r.begin = first < last ? m.layer_begin(first) : 0;
+  r.end = first < last ? m.layer_end(last - 1) : 0;
+  return r;
+}
+
+std::vector<ParamEntry> range_params(const ModelRange& r) {
+  std::vector<ParamEntry> out;
+  for (ParamEntry e : r.model->params()) {
+    if (e.offset < r.begin || e.offset >= r.end) continue;
+    e.offset -= r.begin;
+    out.push_back(std::move(e));
+  }
+  return out;
+}
+
+std::unique_ptr<Strategy> make_strategy(const Config& cfg, ModelRange range, Communicator& dp) {
+  const std::string& s = cfg.distributed.strategy;
+  if (s == "ddp" || s == "pipeline") return make_ddp(cfg, range, dp);
+  if (s == "local_sgd") return make_local_sgd(cfg, range, dp);
+  if (s == "zero1") return make_zero1(cfg, range, dp);
+  if (s == "zero2") return make_zero2(cfg, range, dp);
+  DT_CHECK_MSG(s == "fsdp", "unknown strategy " << s);
+  return make_fsdp(cfg, range, dp);
+}
+
+BucketAllReduce::BucketAllReduce(const Config& cfg, ModelRange range, Communicator& dp)
+    : range_(range), dp_(dp), bucket_mb_(cfg.distributed.ddp.bucket_mb) {
+  buckets_ = make_buckets(
+      *range.model,
+      std::max<int64_t>(1, static_cast<int64_t>(cfg.distributed.ddp.bucket_mb * 262144.0)),
+      range.first, range.last);
+}
+
+std::function<void(size_t)> BucketAllReduce::on_layer_done(float* grads) {
+  next_ = 0;
+  works_.clear();
+  if (dp_.size() == 1) return {};
+  return [this, grads](size_t layer) {
+    while (next_ < buckets_.size() && buckets_[next_].first_layer == layer) {
+      const Bucket& b = buckets_[next_++];
+      works_.push_back(dp_.allreduce_async(grads + (b.begin - range_.begin),
+                                           static_cast<size_t>(b.end - b.begin), ReduceOp::kSum));
+    }
+  };
+}
+
+double BucketAllReduce::wait() {
+  if (dp_.size() == 1) return 0.0;
+  DT_CHECK_EQ(next_, buckets_.size());
+  const auto t0 = std::chrono::steady_clock::now();
+  for (auto& w : works_) w->wait();
+  works_.clear();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+std::string BucketAllReduce::describe() const {
+  return fmt::format(
+      "{} gradient bucket(s) of at most {} MiB (a layer larger than that is a bucket of its "
+      "own): {}",
+      buckets_.size(), bucket_mb_, bucket_sizes_mib(buckets_));
+}
+
+}  // namespace dtrain

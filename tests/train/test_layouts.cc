@@ -1,0 +1,223 @@
+// Layouts of the rank grid: a pipeline's replicas under every data-parallel strategy trains
+// what one process trains on the same global batch; a checkpoint saved at one layout resumes
+// at another; the per-rank state of pp2 x dp2 fsdp is a quarter of one process's.
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <spdlog/spdlog.h>
+
+#include "checkpoint/checkpoint.h"
+#include "data/dataset.h"
+#include "test_util.h"
+#include "train/loop.h"
+#include "train/train_test_util.h"
+#include "train/trainer.h"
+
+using namespace dtrain;
+using dtrain::testing::as_file;
+using dtrain::testing::checkpoint_rel_diff;
+using dtrain::testing::TempDir;
+
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string kFmnist = "/usr/share/datasets/fashion-mnist/";
+
+void put_be32(std::ofstream& f, uint32_t v) {
+  const unsigned char b[4] = {static_cast<unsigned char>(v >> 24),
+                              static_cast<unsigned char>(v >> 16),
+                              static_cast<unsigned char>(v >> 8), static_cast<unsigned char>(v)};
+  f.write(reinterpret_cast<const char*>(b), 4);
+}
+
+// The first n Fashion-MNIST training images as uncompressed IDX files in dir (real data, small
+// enough that every rank of every run loads it quickly). False when the package is missing.
+bool write_fmnist_subset(const std::string& dir, int64_t n) {
+  if (!fs::exists(kFmnist + "train-images-idx3-ubyte.gz")) return false;
+  const Dataset d =
+      load_idx(kFmnist + "train-images-idx3-ubyte.gz", kFmnist + "train-labels-idx1-ubyte.gz");
+  std::ofstream img(dir + "/images.idx", std::ios::binary),
+      lab(dir + "/labels.idx", std::ios::binary);
+  put_be32(img, 0x00000803);
+  put_be32(img, static_cast<uint32_t>(n));
+  put_be32(img, 28);
+  put_be32(img, 28);
+  for (int64_t i = 0; i < n * d.features; ++i)
+    img.put(static_cast<char>(d.x[static_cast<size_t>(i)]));
+  put_be32(lab, 0x00000801);
+  put_be32(lab, static_cast<uint32_t>(n));
+  for (int64_t i = 0; i < n; ++i) lab.put(static_cast<char>(d.y[static_cast<size_t>(i)]));
+  return true;
+}
+
+// Four Linear layers, tanh (smooth: no kinks that float32-vs-float32 summation order could flip),
+// SGD with momentum (principle 10: Adam amplifies summation-order noise).
+std::string fmnist_cfg(const std::string& dir) {
+  return R"(
+seed: 4
+model: {hidden: [48, 32, 24], activation: tanh}
+data:
+  format: idx
+  train: {images: )" +
+         dir + R"(/images.idx, labels: )" + dir + R"(/labels.idx}
+  batch_size: 32
+optimizer: {type: sgd, lr: 0.05, momentum: 0.9}
+train: {epochs: 0, max_steps: 20, log_every: 10}
+distributed: {ddp: {bucket_mb: 0.01}}
+runtime: {threads: 1}
+)";
+}
+
+nlohmann::json train(const std::string& yaml, const std::string& out,
+                     const std::vector<std::string>& sets, const std::string& resume = "") {
+  RunOptions o;
+  o.out_dir = out;
+  o.resume = resume;
+  return run_training(parse_config(yaml, "layout.yaml", sets), o);
+}
+
+}  // namespace
+
+TEST_CASE("pipeline stages x data-parallel replicas under every strategy equal one process") {
+  spdlog::set_level(spdlog::level::warn);
+  TempDir dir;
+  if (!write_fmnist_subset(dir.path(), 1280)) {
+    MESSAGE("Fashion-MNIST not installed; skipped");
+    return;
+  }
+  const std::string cfg = fmnist_cfg(dir.path());
+  // One process with the global batch: 2 replicas x 32.
+  train(cfg, dir / "ref", {"data.batch_size=64"});
+  const std::string ref = as_file(dir / "ref", 20);
+  struct Case {
+    std::string strategy;
+    int stages, replicas;
+  };
+  for (const Case& c : {Case{"ddp", 2, 2}, Case{"zero1", 2, 2}, Case{"zero2", 2, 2},
+                        Case{"fsdp", 2, 2}, Case{"zero2", 3, 2}, Case{"local_sgd", 2, 2}}) {
+    const std::string name = c.strategy + "-pp" + std::to_string(c.stages);
+    CAPTURE(name);
+    std::vector<std::string> sets = {
+        "distributed.strategy=" + c.strategy,
+        "distributed.world_size=" + std::to_string(c.stages * c.replicas),
+        "distributed.pipeline.stages=" + std::to_string(c.stages),
+        "distributed.pipeline.micro_batches=4"};
+    // Local SGD with H = 1 and plain averaging averages the parameters after every SGD step:
+    // without momentum that is DDP's update.
+    if (c.strategy == "local_sgd")
+      sets.insert(sets.end(), {"distributed.local_sgd.sync_every=1", "optimizer.momentum=0"});
+    const auto s = train(cfg, dir / name, sets);
+    CHECK(s["layout"] == nlohmann::json({{"dp", c.replicas}, {"pp", c.stages}, {"tp", 1}}));
+    CHECK(s["stages"].size() == static_cast<size_t>(c.stages));
+    std::string against = ref;
+    if (c.strategy == "local_sgd") {
+      train(cfg, dir / "ref-nomomentum", {"data.batch_size=64", "optimizer.momentum=0"});
+      against = as_file(dir / "ref-nomomentum", 20);
+    }
+    const double rel = checkpoint_rel_diff(as_file(dir / name, 20), against);
+    MESSAGE(name << ": " << rel << " from one process with the global batch");
+    CHECK(rel < 1e-5);
+  }
+}
+
+TEST_CASE(
+    "a checkpoint of one layout resumes at another: pp2 x dp2 fsdp <-> dp4 ddp, 1 rank, "
+    "pp2 x dp1") {
+  spdlog::set_level(spdlog::level::warn);
+  TempDir dir;
+  // Synthetic data (fast); SGD with momentum, smooth activations: layouts differ only in
+  // float32 summation order.
+  const std::string cfg = R"(
+seed: 11
+model: {hidden: [20, 16, 12], activation: tanh}
+data:
+  format: synthetic
+  synthetic: {samples: 800, features: 10, classes: 4}
+  batch_size: 8
+optimizer: {type: sgd, lr: 0.05, momentum: 0.9}
+train: {epochs: 0, max_steps: 16, checkpoint: {every_steps: 8}}
+runtime: {threads: 1}
+)";
+  const std::vector<std::string> pp2dp2 = {"distributed.world_size=4", "data.batch_size=16",
+                                           "distributed.strategy=fsdp",
+                                           "distributed.pipeline.stages=2"};
+  const std::vector<std::string> dp4 = {"distributed.world_size=4"};
+  // Global batch 32 in every layout: dp4 4 x 8, pp2 x dp2 two replicas of 16, 1 rank and
+  // pp2 x dp1 one of 32.
+  const std::vector<std::string> one = {"data.batch_size=32"};
+  const std::vector<std::string> pp2dp1 = {"distributed.world_size=2", "data.batch_size=32",
+                                           "distributed.pipeline.stages=2"};
+  struct Case {
+    std::string name;
+    std::vector<std::string> from, to;
+  };
+  const std::vector<Case> cases = {
+      {"pp2dp2-fsdp to dp4-ddp", pp2dp2, dp4},   {"pp2dp2-fsdp to 1 rank", pp2dp2, one},
+      {"pp2dp2-fsdp to pp2dp1", pp2dp2, pp2dp1}, {"dp4-ddp to pp2dp2-fsdp", dp4, pp2dp2},
+      {"1 rank to pp2dp2-fsdp", one, pp2dp2},    {"pp2dp1 to pp2dp2-fsdp", pp2dp1, pp2dp2}};
+  int k = 0;
+  for (const Case& c : cases) {
+    CAPTURE(c.name);
+    const std::string tag = std::to_string(k++);
+    const std::string a = dir / ("a" + tag), b = dir / ("b" + tag), ac = dir / ("c" + tag);
+    // The saving layout trains 8 steps and stops; its step-8 checkpoint is resumed at the other
+    // layout for 8 more, and at its own.
+    auto from = c.from;
+    from.push_back("train.max_steps=8");
+    train(cfg, a, from);
+    const auto s = train(cfg, b, c.to, a + "/checkpoints");
+    CHECK(s["steps"] == 16);
+    CHECK(s["steps_this_run"] == 8);
+    train(cfg, ac, c.from, a + "/checkpoints");
+    const double rel = checkpoint_rel_diff(as_file(b, 16), as_file(ac, 16));
+    MESSAGE(c.name << ": " << rel << " from the saving layout's own continuation");
+    CHECK(rel < 1e-5);
+  }
+  // Where two layouts do the same arithmetic -- zero1 shards only the optimizer state of ddp's
+  // all-reduced gradients -- the resumed run is bitwise the saving layout's continuation: what
+  // one layout wrote is loaded exactly by another.
+  train(cfg, dir / "ddp8", {"distributed.world_size=4", "train.max_steps=8"});
+  train(cfg, dir / "zero1", {"distributed.world_size=4", "distributed.strategy=zero1"},
+        dir / "ddp8/checkpoints");
+  train(cfg, dir / "ddp16", {"distributed.world_size=4"}, dir / "ddp8/checkpoints");
+  CHECK(checkpoint_rel_diff(as_file(dir / "zero1", 16), as_file(dir / "ddp16", 16)) == 0.0);
+}
+
+TEST_CASE(
+    "pp2 x dp2 fsdp holds a quarter of one process's parameter, gradient and optimizer "
+    "bytes per rank") {
+  spdlog::set_level(spdlog::level::warn);
+  TempDir dir;
+  // Eight equal Linear layers (so two balanced stages hold equal halves), Adam (two moments).
+  const std::string cfg = R"(
+seed: 2
+model: {hidden: [64, 64, 64, 64, 64, 64, 64], activation: tanh}
+data:
+  format: synthetic
+  synthetic: {samples: 256, features: 64, classes: 64}
+  batch_size: 16
+optimizer: {type: adam, lr: 0.001}
+train: {epochs: 0, max_steps: 2}
+runtime: {threads: 1}
+)";
+  const auto one = train(cfg, dir / "one", {});
+  const auto four =
+      train(cfg, dir / "four",
+            {"distributed.world_size=4", "distributed.strategy=fsdp",
+             "distributed.pipeline.stages=2", "distributed.pipeline.partition=uniform"});
+  for (const char* key : {"param_bytes", "grad_bytes", "optim_bytes"}) {
+    CAPTURE(key);
+    const double ratio = four[key].get<double>() / one[key].get<double>();
+    MESSAGE(std::string(key) << ": " << four[key] << " of " << one[key] << " bytes (" << ratio
+                             << ")");
+    // Exactly a quarter up to the padding of each unit's chunks (at most 1 float per unit).
+    CHECK(ratio == doctest::Approx(0.25).epsilon(0.01));
+  }
+}
