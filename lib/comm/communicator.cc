@@ -89,6 +89,20 @@ std::string secs(double s) {
 }
 }  // namespace
 
+void Communicator::set_rank_namer(std::function<std::string(int)> namer) {
+  std::lock_guard<std::mutex> lk(mu_);
+  namer_ = std::move(namer);
+}
+
+std::string Communicator::rank_name(int r) const {
+  std::function<std::string(int)> f;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    f = namer_;
+  }
+  return f ? f(r) : "rank " + std::to_string(r);
+}
+
 std::string Communicator::desync_report() const {
   const std::vector<RankPosition> all = transport_->positions();
   if (all.size() < 2) return "";
@@ -113,6 +127,9 @@ std::string Communicator::desync_report() const {
         static_cast<int>(r) == rank() ? std::string("this rank") : secs(since(p.heard)) + " ago";
     out += fmt::format("\n  {:>4}  {:>9}  {:<40}  {:>8}  {}", r, done, in, secs(since(p.pos.since)),
                        heard);
+    if (const std::string name = rank_name(static_cast<int>(r));
+        name != "rank " + std::to_string(r))
+      out += "  " + name;  // grid coordinates
   }
   return out;
 }
@@ -146,7 +163,7 @@ void Communicator::worker_loop() {
     const auto t0 = Clock::now();
     if (!earlier.empty()) {
       err = std::make_exception_ptr(
-          CommError("rank " + std::to_string(rank()) + ": " + task.work->what_ +
+          CommError(rank_name(rank()) + ": " + task.work->what_ +
                     " not run: the communicator failed earlier: " + earlier));
     } else {
       CommPosition pos;
@@ -183,7 +200,7 @@ void Communicator::worker_loop() {
       } catch (const std::exception& e) {
         // The position stays "in this collective": that is where this rank stopped.
         const std::string msg =
-            fmt::format("rank {}: {} failed after {}: {}", rank(), task.work->what_,
+            fmt::format("{}: {} failed after {}: {}", rank_name(rank()), task.work->what_,
                         secs(std::chrono::duration<double>(Clock::now() - t0).count()), e.what());
         fail(msg);
         err = std::make_exception_ptr(CommError(msg));
@@ -314,8 +331,8 @@ void Communicator::send(int dst, uint64_t tag, const float* data, size_t n) {
   try {
     transport_->send(dst, h, data);
   } catch (const std::exception& e) {
-    const std::string msg = "rank " + std::to_string(rank()) + ": send of " + describe(h) +
-                            " to rank " + std::to_string(dst) + " failed: " + e.what();
+    const std::string msg = rank_name(rank()) + ": send of " + describe(h) + " to " +
+                            rank_name(dst) + " failed: " + e.what();
     fail(msg);
     throw CommError(msg);
   }
@@ -331,8 +348,8 @@ void Communicator::recv(int src, uint64_t tag, float* data, size_t n) {
   try {
     transport_->recv(src, h, data, deadline_after(opts_.timeout_s));
   } catch (const std::exception& e) {
-    const std::string msg = "rank " + std::to_string(rank()) + ": recv of " + describe(h) +
-                            " from rank " + std::to_string(src) + " failed: " + e.what();
+    const std::string msg = rank_name(rank()) + ": recv of " + describe(h) + " from " +
+                            rank_name(src) + " failed: " + e.what();
     fail(msg);
     throw CommError(msg);
   }

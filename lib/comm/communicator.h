@@ -134,6 +134,12 @@ class Communicator {
   // Fails everything now (this rank is giving up); peers notice.
   void abort(const std::string& why);
 
+  // How this communicator's errors and desync report name rank r of it: "rank 3" by default;
+  // the rank grid (rank_grid.h) names world ranks with their grid coordinates, and an axis
+  // communicator's ranks by their world rank ("rank 5 (tp 0, dp 1, pp 1)"). Thread-safe.
+  void set_rank_namer(std::function<std::string(int)> namer);
+  std::string rank_name(int r) const;
+
   // One table of every rank's latest known position (rank, last completed seq, the collective
   // it is in, since when, when its report arrived); "" if the transport cannot tell (world size
   // 1, subgroups). Never waits for peers.
@@ -170,6 +176,7 @@ class Communicator {
   std::deque<Task> queue_;
   bool stopping_ = false;
   std::string failed_;  // first failure, "" while healthy
+  std::function<std::string(int)> namer_;  // set_rank_namer; guarded by mu_
   double comm_s_ = 0.0;
   uint64_t completed_ = 0;  // collectives completed (worker thread only)
   std::atomic<bool> reported_{false};

@@ -135,11 +135,17 @@ RankGrid::RankGrid(Communicator& world, int tp, int pp)
                                             world.options());
       continue;
     }
+    const std::vector<int> members = layout_.group(world.rank(), a);
     slot = std::make_unique<Communicator>(
-        make_subgroup_transport(world.transport(), layout_.group(world.rank(), a),
-                                layout_.group_id(world.rank(), a)),
+        make_subgroup_transport(world.transport(), members, layout_.group_id(world.rank(), a)),
         world.options());
+    // Errors on an axis name the world rank (and its coordinates), not the index in the group.
+    slot->set_rank_namer([layout = layout_, members](int g) {
+      return layout.describe(members[static_cast<size_t>(g)]);
+    });
   }
+  if (layout_.axes_in_use() > 1)
+    world.set_rank_namer([layout = layout_](int r) { return layout.describe(r); });
 }
 
 Communicator& RankGrid::comm(GridAxis a) {

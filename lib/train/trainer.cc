@@ -367,7 +367,7 @@ nlohmann::json run_training(const Config& cfg, const RunOptions& opts) {
         errors[static_cast<size_t>(r)] = std::current_exception();
         int expected = -1;
         first_failed.compare_exchange_strong(expected, r);
-        comm.abort("rank " + std::to_string(r) + " failed: " + e.what());
+        comm.abort(comm.rank_name(r) + " failed: " + e.what());
       }
     });
   }

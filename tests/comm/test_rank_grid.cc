@@ -245,3 +245,26 @@ TEST_CASE("a failed rank fails its grid partners on every axis") {
     CHECK(errors[r].find("rank 3 crashed") != std::string::npos);
   }
 }
+
+TEST_CASE("errors on an axis communicator name the world rank and its grid coordinates") {
+  CommOptions opts;
+  opts.timeout_s = 30;
+  const auto errors = run_ranks(
+      4,
+      [&](Communicator& world) {
+        RankGrid grid(world, 1, 2);  // dp 2 x pp 2: rank = dp + 2 pp
+        Communicator& dp = grid.comm(GridAxis::kData);
+        // The data axis's group index 1 of pipeline stage 1 is world rank 3.
+        if (grid.coord().pp == 1) CHECK(dp.rank_name(1) == "rank 3 (tp 0, dp 1, pp 1)");
+        CHECK(world.rank_name(2) == "rank 2 (tp 0, dp 0, pp 1)");
+        if (world.rank() == 3) throw std::runtime_error("rank 3 crashed");
+        std::vector<float> x(4, 1.0f);
+        if (world.rank() == 2) dp.allreduce(x.data(), x.size());
+        world.barrier();
+      },
+      opts);
+  // Rank 2's own failure on its data axis names it by world rank and coordinates, not as the
+  // axis's "rank 0".
+  INFO(errors[2]);
+  CHECK(errors[2].find("rank 2 (tp 0, dp 0, pp 1)") != std::string::npos);
+}
