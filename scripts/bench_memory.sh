@@ -30,3 +30,21 @@ print(f"{W:<3} {s:<6} {d['param_bytes']/M:12.1f} {d['grad_bytes']/M:12.1f} "
 PY
   done
 done
+# A pipeline whose replicas run fsdp (pp2 x dp2, 4 ranks) against one process, on the same
+# 53M-parameter budget split into eight Linear layers (784-2896x7-10) so that two stages can
+# hold equal halves: rank 0 (stage 0) holds its stage's quarter of a replica's state.
+if [ "${PIPELINE:-1}" = 1 ]; then
+  deep=(--set 'model.hidden=[2896, 2896, 2896, 2896, 2896, 2896, 2896]')
+  "$BIN" run configs/bench_50m.yaml "${deep[@]}" --set distributed.backend=inproc \
+    --set distributed.world_size=1 --out "$out/one" --log-level warn >/dev/null
+  "$BIN" launch --nproc 4 configs/bench_50m.yaml "${deep[@]}" --set distributed.strategy=fsdp \
+    --set distributed.pipeline.stages=2 --out "$out/ppfsdp" --log-level warn >/dev/null
+  python3 - "$out/one/summary.json" "$out/ppfsdp/summary.json" <<'PY'
+import json, sys
+one, pp = (json.load(open(p)) for p in sys.argv[1:3]); M = 1 << 20
+st = lambda d: d["param_bytes"] + d["grad_bytes"] + d["optim_bytes"]
+print(f"pp2 x dp2 fsdp, 784-2896x7-10 ({one['param_count']/1e6:.1f}M parameters): rank 0 holds "
+      f"{st(pp)/M:.1f} of one process's {st(one)/M:.1f} MiB ({st(pp)/st(one):.3f}); "
+      f"peak RSS {pp['peak_rss_mb']:.0f} vs {one['peak_rss_mb']:.0f} MiB")
+PY
+fi
