@@ -3,8 +3,10 @@
 // is prefetched while the current computes), freed after forward when reshard_after_forward
 // (the range's last unit stays for the backward that follows), gathered again for backward (the
 // previous unit prefetched) and freed after it; each unit's gradient is reduce-scattered as soon
-// as its backward ends. In a pipeline every micro-batch's forward and backward gather the units
-// they need, so with M micro-batches a unit is gathered up to 2M times per step.
+// as its backward ends. With M micro-batches in a step (gradient accumulation, a pipeline's
+// schedule) a unit is so gathered 2M times per step; without reshard_after_forward it is
+// gathered once and kept until the step's last backward (the whole range's parameters held
+// for the step: memory for traffic).
 #include <chrono>
 
 #include <fmt/format.h>
@@ -109,13 +111,18 @@ class Fsdp final : public Strategy {
     }
   }
   void backward(const Tensor& x, Activations& acts, const Tensor& dy, Tensor* dx,
-                bool /*last*/) override {
+                bool last) override {
     ss_.backward(
         *r_.model, [&](size_t u) { return wait_gather(u); },
         [&](size_t u) {
           if (u > 0) start_gather(u - 1);
         },
-        [&](size_t u) { release(u); }, x, acts, dy, dx);
+        [&](size_t u) {
+          // Without resharding a unit stays gathered until the step's last backward: the step's
+          // other micro-batches (accumulation, a pipeline's schedule) reuse it.
+          if (reshard_ || last) release(u);
+        },
+        x, acts, dy, dx);
   }
   void finish_backward() override { ss_.collect_unit_grads(); }
   bool replicated_grads() const override { return false; }
