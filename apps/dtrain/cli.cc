@@ -551,6 +551,14 @@ int cli_main(int argc, char** argv) {
   } catch (const InternalError& e) {
     std::cerr << "internal error (a dtrain bug; please report): " << e.what() << std::endl;
     return kExitRuntime;
+  } catch (const std::bad_alloc&) {
+    // Sizes dtrain can predict (the model's state) are checked before training; this is what
+    // it cannot (data, activations, another process taking the memory).
+    std::cerr << "error: out of memory (an allocation failed): the model, data or batch does "
+                 "not fit in this machine's memory or the process's address-space limit "
+                 "(ulimit -v); use a smaller model or data.batch_size, or more ranks"
+              << std::endl;
+    return kExitUser;
   } catch (const std::exception& e) {
     std::cerr << "error: " << e.what() << std::endl;
     return kExitRuntime;

@@ -54,6 +54,7 @@ class TrainLoop {
 
  private:
   void setup_model();
+  void check_memory(const ModelRange& range) const;
   bool resume();  // false: nothing left to train (summary_ holds the answer)
   void log_start() const;
   bool step();  // one optimizer step; false when skipped (non-finite)
@@ -161,6 +162,7 @@ void TrainLoop::setup_model() {
   stages_ = pipelined ? partition_stages(model_, S_, cfg_.distributed.pipeline.partition)
                       : std::vector<LayerRange>{{0, model_.num_layers()}};
   const auto [f, l] = stages_[static_cast<size_t>(stage_)];
+  check_memory(ModelRange::layers(model_, f, l));
   strategy_ = make_strategy(cfg_, ModelRange::layers(model_, f, l), dp_);
   strategy_->init_params(static_cast<uint64_t>(cfg_.seed));
   exec_ = pipelined ? make_pipeline_executor(cfg_, model_, data_.train, *strategy_, rng_, tracer_,
@@ -171,6 +173,36 @@ void TrainLoop::setup_model() {
   plan_ = plan_steps(cfg_, sampler_->batches_per_epoch(), data_.train.rows, DP_);
   bpe_ = plan_.batches_per_epoch;
   loss_global_ = !pipelined && DP_ > 1 && strategy_->replicated_grads();
+}
+
+// Refuses, before allocating it, a model whose training state does not fit: the fp32 parameters,
+// gradients and optimizer state this rank's strategy holds (strategy.h's table) for every
+// in-process rank, plus the full-model copies a resume reads. Activations and data are not
+// counted (the CLI turns a failed allocation there into a clear message).
+void TrainLoop::check_memory(const ModelRange& range) const {
+  const int64_t avail = available_memory_bytes();
+  if (avail < 0) return;
+  const double n = static_cast<double>(range.size()), W = DP_;
+  double k = static_cast<double>(make_optimizer(cfg_.optimizer, 0, 0)->state_names().size());
+  const std::string& s = cfg_.distributed.strategy;
+  if (s == "local_sgd" && cfg_.distributed.local_sgd.outer_lr > 0) k += 2;  // anchor, momentum
+  const double floats = s == "zero1"   ? 2 * n + k * n / W
+                        : s == "zero2" ? n + (1 + k) * n / W
+                        : s == "fsdp"  ? (2 + k) * n / W
+                                       : (2 + k) * n;
+  const int here = cfg_.distributed.backend == "inproc" ? world_.size() : 1;
+  double need = 4.0 * floats * here;
+  if (!opts_.resume.empty())
+    need += 4.0 * (1 + k) * static_cast<double>(model_.param_count()) * here;
+  if (need <= static_cast<double>(avail)) return;
+  const double gib = 1024.0 * 1024.0 * 1024.0;
+  throw UserError(fmt::format(
+      "the model has {} parameters (model.hidden): training needs about {:.1f} GiB for "
+      "parameters, gradients and optimizer state ({} {} rank(s) in this process, strategy {}), "
+      "more than the {:.1f} GiB this process can allocate; use a smaller model, or more ranks "
+      "with a sharded strategy (fsdp) or a pipeline",
+      model_.param_count(), need / gib, here, cfg_.distributed.backend, s,
+      static_cast<double>(avail) / gib));
 }
 
 bool TrainLoop::resume() {

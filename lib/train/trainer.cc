@@ -13,6 +13,7 @@
 #include <functional>
 #include <limits>
 #include <optional>
+#include <system_error>
 #include <thread>
 
 #include <spdlog/spdlog.h>
@@ -357,19 +358,43 @@ nlohmann::json run_training(const Config& cfg, const RunOptions& opts) {
   std::vector<nlohmann::json> summaries(static_cast<size_t>(world));
   std::vector<std::exception_ptr> errors(static_cast<size_t>(world));
   std::atomic<int> first_failed{-1};
+  // Communicators first (each starts a worker thread), then the rank threads: a thread that
+  // cannot be created (too many ranks for the address space or the thread limit) is a clear
+  // error, the ranks already started are aborted and joined, nothing hangs.
+  std::vector<std::unique_ptr<Communicator>> comms;
   std::vector<std::thread> threads_v;
+  auto cannot_start = [&](int r, const std::exception& e) {
+    for (auto& c : comms) c->abort("could not start rank " + std::to_string(r));
+    for (auto& t : threads_v) t.join();
+    return UserError("cannot start " + std::to_string(world) + " in-process ranks: rank " +
+                     std::to_string(r) + "'s thread could not be created (" + e.what() +
+                     "); lower distributed.world_size or run the ranks as processes (dtrain "
+                     "launch)");
+  };
   for (int r = 0; r < world; ++r) {
-    threads_v.emplace_back([&, r] {
-      Communicator comm(std::move(transports[static_cast<size_t>(r)]), copts);
-      try {
-        summaries[static_cast<size_t>(r)] = train_rank(cfg, opts, comm);
-      } catch (const std::exception& e) {
-        errors[static_cast<size_t>(r)] = std::current_exception();
-        int expected = -1;
-        first_failed.compare_exchange_strong(expected, r);
-        comm.abort(comm.rank_name(r) + " failed: " + e.what());
-      }
-    });
+    try {
+      comms.push_back(
+          std::make_unique<Communicator>(std::move(transports[static_cast<size_t>(r)]), copts));
+    } catch (const std::system_error& e) {
+      throw cannot_start(r, e);
+    }
+  }
+  for (int r = 0; r < world; ++r) {
+    try {
+      threads_v.emplace_back([&, r] {
+        Communicator& comm = *comms[static_cast<size_t>(r)];
+        try {
+          summaries[static_cast<size_t>(r)] = train_rank(cfg, opts, comm);
+        } catch (const std::exception& e) {
+          errors[static_cast<size_t>(r)] = std::current_exception();
+          int expected = -1;
+          first_failed.compare_exchange_strong(expected, r);
+          comm.abort(comm.rank_name(r) + " failed: " + e.what());
+        }
+      });
+    } catch (const std::system_error& e) {
+      throw cannot_start(r, e);
+    }
   }
   for (auto& t : threads_v) t.join();
   // Report the rank that failed first: the others only saw its abort.

@@ -1,9 +1,11 @@
 #include "util/fs.h"
 
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -125,6 +127,32 @@ std::string fnv1a_hex(std::string_view data) {
   char buf[17];
   std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
   return buf;
+}
+
+}  // namespace dtrain
+
+namespace dtrain {
+
+int64_t available_memory_bytes() {
+  int64_t best = -1;
+  auto take = [&](int64_t v) {
+    if (v >= 0 && (best < 0 || v < best)) best = v;
+  };
+  auto kb_field = [](const char* file, const char* key) -> int64_t {
+    std::ifstream in(file);
+    std::string line;
+    const std::string k = key;
+    while (std::getline(in, line))
+      if (line.rfind(k, 0) == 0) return std::stoll(line.substr(k.size())) * 1024;
+    return -1;
+  };
+  take(kb_field("/proc/meminfo", "MemAvailable:"));
+  struct rlimit rl {};
+  if (getrlimit(RLIMIT_AS, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) {
+    const int64_t used = kb_field("/proc/self/status", "VmSize:");
+    take(static_cast<int64_t>(rl.rlim_cur) - std::max<int64_t>(0, used));
+  }
+  return best;
 }
 
 }  // namespace dtrain

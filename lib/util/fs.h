@@ -48,6 +48,11 @@ class LineWriter {
 // Peak resident set size of this process in MiB (VmHWM), 0 when unknown.
 double peak_rss_mb();
 
+// Bytes this process can still allocate: the smaller of the machine's MemAvailable
+// (/proc/meminfo) and the address-space limit (RLIMIT_AS) minus the process's current size;
+// -1 when neither is known.
+int64_t available_memory_bytes();
+
 // 64-bit FNV-1a, as 16 hex digits: content hashes (config_hash).
 std::string fnv1a_hex(std::string_view data);
 
