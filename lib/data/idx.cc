@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <new>
 #include <string>
 #include <vector>
@@ -22,6 +23,8 @@
 #include "util/check.h"
 
 namespace dtrain {
+
+namespace fs = std::filesystem;
 namespace {
 
 // Asks Linux to back [p, p + bytes) with transparent huge pages before it is first touched. On
@@ -93,7 +96,9 @@ bool has_gzip_magic(const std::string& s, size_t pos) {
 
 // Inflates every gzip member of `in` (gzip allows concatenated members; zero padding after the
 // last member is tolerated like gzip(1) does). Anything else is a UserError naming `path`.
-std::string gunzip(const std::string& in, const std::string& path) {
+// max_out: stop with a UserError as soon as the output would exceed it (an IDX header's size).
+std::string gunzip(const std::string& in, const std::string& path, size_t max_out = SIZE_MAX,
+                   const std::string& shape = "") {
   z_stream zs{};
   if (inflateInit2(&zs, 16 + MAX_WBITS) != Z_OK) throw std::bad_alloc();
   struct Guard {
@@ -132,6 +137,11 @@ std::string gunzip(const std::string& in, const std::string& path) {
     zs.avail_out = static_cast<uInt>(room);
     const int ret = inflate(&zs, Z_NO_FLUSH);
     out_len += room - zs.avail_out;
+    if (out_len > max_out)
+      throw UserError("IDX file '" + path + "' size mismatch: header says " + shape + " (" +
+                      std::to_string(max_out) +
+                      " bytes with the header) but the compressed data "
+                      "holds more");
     if (ret == Z_STREAM_END) {
       const size_t consumed = in_pos - zs.avail_in;
       if (consumed == in.size()) break;
@@ -182,10 +192,57 @@ struct IdxFile {
   size_t data_offset = 0;      // first payload byte
 };
 
+// The total size an IDX file's header promises (header + product of dims), read from its first
+// bytes only (gzip or not); SIZE_MAX when they cannot tell (too short, another magic, a product
+// past 2^40): read_idx's checks of the whole file then name the problem.
+struct Promise {
+  size_t total = SIZE_MAX;
+  std::string shape;  // "100x2x3"
+};
+Promise idx_promised_size(const std::string& path, uint32_t magic) {
+  const size_t ndims = magic & 0xff, head_len = 4 + 4 * ndims;
+  gzFile g = gzopen(path.c_str(), "rb");  // reads a file without the gzip magic as it is
+  if (g == nullptr) return {};
+  std::string head(head_len, '\0');
+  const int got = gzread(g, head.data(), static_cast<unsigned>(head_len));
+  gzclose(g);
+  if (got != static_cast<int>(head_len) || read_be32(head, 0) != magic) return {};
+  uint64_t product = 1;
+  Promise p;
+  for (size_t i = 0; i < ndims; ++i) {
+    const uint64_t d = read_be32(head, 4 + 4 * i);
+    if (i > 0) p.shape.push_back('x');
+    p.shape.append(std::to_string(d));
+    product *= d;
+    if (product > (uint64_t{1} << 40)) return {};
+  }
+  p.total = static_cast<size_t>(head_len + product);
+  return p;
+}
+
 // Reads and validates an IDX file: magic, header length and payload size == product of dims.
+// A header whose size disagrees with the file is caught before the file is read: from the file
+// size (uncompressed), or as soon as inflating passes the promised size (gzip).
 IdxFile read_idx(const std::string& path, uint32_t magic, const char* what) {
   IdxFile f;
-  f.bytes = read_maybe_gzip(path);
+  const Promise promise = idx_promised_size(path, magic);
+  const size_t promised = promise.total;
+  {
+    std::error_code ec;
+    const auto size = fs::file_size(path, ec);
+    std::string two(2, '\0');
+    if (std::FILE* fp = std::fopen(path.c_str(), "rb")) {
+      two.resize(std::fread(two.data(), 1, 2, fp));
+      std::fclose(fp);
+    }
+    const bool gz = has_gzip_magic(two, 0);
+    if (!gz && !ec && promised != SIZE_MAX && size != promised)
+      throw UserError("IDX file '" + path + "' size mismatch: header says " + promise.shape + " (" +
+                      std::to_string(promised) + " bytes with the header) but the file has " +
+                      std::to_string(size) + " bytes");
+    f.bytes =
+        gz ? gunzip(read_whole_file(path), path, promised, promise.shape) : read_whole_file(path);
+  }
   const std::string& b = f.bytes;
   if (b.size() < 4) {
     throw UserError("IDX " + std::string(what) + " file '" + path + "' is too short (" +
