@@ -41,7 +41,8 @@ KeyDecl key(std::string path, F f, std::string doc) {
   return d;
 }
 
-std::vector<KeyDecl> declare_keys() {
+// The choices keys belong to (BelongsTo), shared by the section tables.
+struct Owners {
   const BelongsTo sgd{"optimizer.type", {"sgd"}, "by optimizer sgd", {}};
   const BelongsTo adam{"optimizer.type", {"adam", "adamw"}, "by optimizers adam and adamw", {}};
   const BelongsTo step{"optimizer.schedule.type", {"step"}, "by schedule step", {}};
@@ -59,7 +60,10 @@ std::vector<KeyDecl> declare_keys() {
   const BelongsTo pipeline{strategy, {"pipeline"}, "by strategy pipeline", {}};
   const BelongsTo unit_layer{
       "distributed.fsdp.unit", {"layer"}, "with distributed.fsdp.unit layer", "unit"};
+};
 
+// The keys of seed and model, in the order of config.h.
+std::vector<KeyDecl> model_keys([[maybe_unused]] const Owners& o) {
   return {
       key(
           "seed", [](auto& c) -> auto& { return c.seed; },
@@ -99,6 +103,12 @@ std::vector<KeyDecl> declare_keys() {
           "model.num_classes", [](auto& c) -> auto& { return c.model.num_classes; },
           R"doc(≥ 0; 0 = inferred from the data (max label + 1); else labels must be below it)doc")
           .min(0),
+  };
+}
+
+// The keys of data, in the order of config.h.
+std::vector<KeyDecl> data_keys(const Owners& o) {
+  return {
       key(
           "data.format", [](auto& c) -> auto& { return c.data.format; },
           R"doc(`idx` | `csv` | `synthetic`)doc"),
@@ -149,40 +159,46 @@ std::vector<KeyDecl> declare_keys() {
       key(
           "data.csv.header", [](auto& c) -> auto& { return c.data.csv.header; },
           R"doc(`auto` (a first row with any non-numeric cell is a header) | `true` | `false`)doc")
-          .by(csv),
+          .by(o.csv),
       key(
           "data.csv.label_column", [](auto& c) -> auto& { return c.data.csv.label_column; },
           R"doc(Header name or 0-based index; `""` = last column)doc")
-          .by(csv),
+          .by(o.csv),
       key(
           "data.csv.delimiter", [](auto& c) -> auto& { return c.data.csv.delimiter; },
           R"doc(Exactly one character. In the file quote `,` and `#` (`','`); a tab is `"\t"`, or `\t` unquoted. With `--set` the value is taken as typed: `--set data.csv.delimiter=,`, `--set 'data.csv.delimiter=\t'` (a tab), `--set 'data.csv.delimiter=;'`)doc")
-          .by(csv),
+          .by(o.csv),
       key(
           "data.synthetic.samples", [](auto& c) -> auto& { return c.data.synthetic.samples; },
           R"doc(Total samples, ≥ 2)doc")
           .min(2)
-          .by(synthetic),
+          .by(o.synthetic),
       key(
           "data.synthetic.features", [](auto& c) -> auto& { return c.data.synthetic.features; },
           R"doc(≥ 1)doc")
           .min(1)
-          .by(synthetic),
+          .by(o.synthetic),
       key(
           "data.synthetic.classes", [](auto& c) -> auto& { return c.data.synthetic.classes; },
           R"doc(≥ 2)doc")
           .min(2)
-          .by(synthetic),
+          .by(o.synthetic),
       key(
           "data.synthetic.noise", [](auto& c) -> auto& { return c.data.synthetic.noise; },
           R"doc(Std-dev around each class centre, ≥ 0)doc")
           .non_negative()
-          .by(synthetic),
+          .by(o.synthetic),
       key(
           "data.synthetic.seed", [](auto& c) -> auto& { return c.data.synthetic.seed; },
           R"doc(≥ -1; -1 = the top-level `seed`)doc")
           .min(-1)
-          .by(synthetic),
+          .by(o.synthetic),
+  };
+}
+
+// The keys of optimizer, in the order of config.h.
+std::vector<KeyDecl> optimizer_keys(const Owners& o) {
+  return {
       key(
           "optimizer.type", [](auto& c) -> auto& { return c.optimizer.type; },
           R"doc(`sgd` | `adam` | `adamw` (PyTorch semantics))doc"),
@@ -194,11 +210,11 @@ std::vector<KeyDecl> declare_keys() {
           "optimizer.momentum", [](auto& c) -> auto& { return c.optimizer.momentum; },
           R"doc(sgd, in [0, 1) (sgd only))doc")
           .unit()
-          .by(sgd),
+          .by(o.sgd),
       key(
           "optimizer.nesterov", [](auto& c) -> auto& { return c.optimizer.nesterov; },
           R"doc(sgd Nesterov momentum; needs momentum > 0 (sgd only))doc")
-          .by(sgd),
+          .by(o.sgd),
       key(
           "optimizer.weight_decay", [](auto& c) -> auto& { return c.optimizer.weight_decay; },
           R"doc(≥ 0; sgd/adam: L2 added to the gradient; adamw: decoupled)doc")
@@ -207,17 +223,17 @@ std::vector<KeyDecl> declare_keys() {
           "optimizer.beta1", [](auto& c) -> auto& { return c.optimizer.beta1; },
           R"doc(adam/adamw first-moment decay, in [0, 1) (adam/adamw only))doc")
           .unit()
-          .by(adam),
+          .by(o.adam),
       key(
           "optimizer.beta2", [](auto& c) -> auto& { return c.optimizer.beta2; },
           R"doc(adam/adamw second-moment decay, in [0, 1) (adam/adamw only))doc")
           .unit()
-          .by(adam),
+          .by(o.adam),
       key(
           "optimizer.eps", [](auto& c) -> auto& { return c.optimizer.eps; },
           R"doc(adam/adamw, > 0 (adam/adamw only))doc")
           .positive()
-          .by(adam),
+          .by(o.adam),
       key(
           "optimizer.scale_lr", [](auto& c) -> auto& { return c.optimizer.scale_lr; },
           R"doc(`none` | `linear` (lr *= world_size, the linear scaling rule))doc"),
@@ -238,17 +254,23 @@ std::vector<KeyDecl> declare_keys() {
           [](auto& c) -> auto& { return c.optimizer.schedule.step_size; },
           R"doc(step: multiply lr by gamma every N steps after warmup, ≥ 1 (step schedule only))doc")
           .min(1)
-          .by(step),
+          .by(o.step),
       key(
           "optimizer.schedule.gamma", [](auto& c) -> auto& { return c.optimizer.schedule.gamma; },
           R"doc(step decay factor, in (0, 1] (step schedule only))doc")
           .unit_open_low()
-          .by(step),
+          .by(o.step),
       key(
           "optimizer.schedule.min_lr", [](auto& c) -> auto& { return c.optimizer.schedule.min_lr; },
           R"doc(cosine final lr, ≥ 0 and < `optimizer.lr` (cosine only))doc")
           .non_negative()
-          .by(cosine),
+          .by(o.cosine),
+  };
+}
+
+// The keys of train, in the order of config.h.
+std::vector<KeyDecl> train_keys([[maybe_unused]] const Owners& o) {
+  return {
       key(
           "train.epochs", [](auto& c) -> auto& { return c.train.epochs; },
           R"doc(≥ 0; 0 = no epoch limit (then `max_steps` is required))doc")
@@ -288,6 +310,12 @@ std::vector<KeyDecl> declare_keys() {
           R"doc(Newest step checkpoints kept, ≥ 1)doc")
           .min(1)
           .not_hashed(),
+  };
+}
+
+// The keys of distributed up to its transport settings, in the order of config.h.
+std::vector<KeyDecl> distributed_keys([[maybe_unused]] const Owners& o) {
+  return {
       key(
           "distributed.backend", [](auto& c) -> auto& { return c.distributed.backend; },
           R"doc(`inproc` | `grpc`)doc"),
@@ -342,6 +370,12 @@ std::vector<KeyDecl> declare_keys() {
           R"doc(Mutual TLS: the PEM CA that signed every rank's certificate)doc")
           .file()
           .not_hashed(),
+  };
+}
+
+// The keys of the data-parallel strategies, compression, the pipeline and runtime.
+std::vector<KeyDecl> strategy_keys(const Owners& o) {
+  return {
       key(
           "distributed.ddp.bucket_mb", [](auto& c) -> auto& { return c.distributed.ddp.bucket_mb; },
           R"doc(DDP gradient bucket cap in MiB, > 0: each bucket's all-reduce starts as soon as backward has produced its gradients; a bucket never exceeds the cap unless one layer alone does. zero1 and zero2 shard along these buckets. Accepted with every strategy (ignored by fsdp, local_sgd, pipeline and compression). Measured: see "Benchmarks")doc")
@@ -351,24 +385,24 @@ std::vector<KeyDecl> declare_keys() {
           [](auto& c) -> auto& { return c.distributed.local_sgd.sync_every; },
           R"doc(Local SGD: optimizer steps each rank takes on its own data between parameter averages, ≥ 1 (strategy local_sgd only))doc")
           .min(1)
-          .by(local_sgd),
+          .by(o.local_sgd),
       key(
           "distributed.local_sgd.sync_optimizer_state",
           [](auto& c) -> auto& { return c.distributed.local_sgd.sync_optimizer_state; },
           R"doc(Also average the optimizer state (momentum, Adam moments) at each synchronisation (strategy local_sgd only))doc")
-          .by(local_sgd),
+          .by(o.local_sgd),
       key(
           "distributed.local_sgd.outer_lr",
           [](auto& c) -> auto& { return c.distributed.local_sgd.outer_lr; },
           R"doc(≥ 0; > 0 enables the DiLoCo outer optimizer: the averaged change since the last synchronisation is a pseudo-gradient applied with Nesterov momentum at this rate; 0 = plain averaging (strategy local_sgd only))doc")
           .non_negative()
-          .by(local_sgd),
+          .by(o.local_sgd),
       key(
           "distributed.local_sgd.outer_momentum",
           [](auto& c) -> auto& { return c.distributed.local_sgd.outer_momentum; },
           R"doc(Outer Nesterov momentum, in [0, 1) (strategy local_sgd only))doc")
           .unit()
-          .by(local_sgd),
+          .by(o.local_sgd),
       key(
           "distributed.compression.type",
           [](auto& c) -> auto& { return c.distributed.compression.type; },
@@ -378,67 +412,78 @@ std::vector<KeyDecl> declare_keys() {
           [](auto& c) -> auto& { return c.distributed.compression.ratio; },
           R"doc(topk: fraction of entries sent, in (0, 1] (topk only))doc")
           .unit_open_low()
-          .by(topk),
+          .by(o.topk),
       key(
           "distributed.compression.rank",
           [](auto& c) -> auto& { return c.distributed.compression.rank; },
           R"doc(powersgd: rank of the factors P and Q, ≥ 1; a matrix with `rank`·(n + m) ≥ n·m is sent uncompressed (powersgd only))doc")
           .min(1, "the number of columns of the PowerSGD factors")
-          .by(powersgd),
+          .by(o.powersgd),
       key(
           "distributed.compression.error_feedback",
           [](auto& c) -> auto& { return c.distributed.compression.error_feedback; },
           R"doc(Add what compression dropped to the next step's gradient (not with type none))doc")
-          .by(compressed),
+          .by(o.compressed),
       key(
           "distributed.fsdp.unit", [](auto& c) -> auto& { return c.distributed.fsdp.unit; },
           R"doc(fsdp's unit of gathering: `layer` (`layers_per_unit` layers with parameters, with the activation/norm/dropout layers after them) | `model` (one unit: the whole model is gathered) (strategy fsdp only))doc")
-          .by(fsdp),
+          .by(o.fsdp),
       key(
           "distributed.fsdp.layers_per_unit",
           [](auto& c) -> auto& { return c.distributed.fsdp.layers_per_unit; },
           R"doc(≥ 1, with `unit: layer` (strategy fsdp only))doc")
           .min(1)
-          .by(fsdp)
-          .by(unit_layer),
+          .by(o.fsdp)
+          .by(o.unit_layer),
       key(
           "distributed.fsdp.reshard_after_forward",
           [](auto& c) -> auto& { return c.distributed.fsdp.reshard_after_forward; },
           R"doc(Free a unit's gathered parameters after its forward and gather them again for backward (less memory, more traffic); `false` keeps them until its backward (strategy fsdp only))doc")
-          .by(fsdp),
+          .by(o.fsdp),
       key(
           "distributed.pipeline.stages",
           [](auto& c) -> auto& { return c.distributed.pipeline.stages; },
           R"doc(Pipeline stages S, 1..1024, at most the model's layers with parameters; `world_size` must be a multiple (W / S replicas) (strategy pipeline only))doc")
           .range(1, 1024)
-          .by(pipeline),
+          .by(o.pipeline),
       key(
           "distributed.pipeline.micro_batches",
           [](auto& c) -> auto& { return c.distributed.pipeline.micro_batches; },
           R"doc(Micro-batches per batch, 1..`data.batch_size` (strategy pipeline only))doc")
           .min(1)
-          .by(pipeline),
+          .by(o.pipeline),
       key(
           "distributed.pipeline.schedule",
           [](auto& c) -> auto& { return c.distributed.pipeline.schedule; },
           R"doc(`gpipe` | `1f1b` (strategy pipeline only))doc")
-          .by(pipeline),
+          .by(o.pipeline),
       key(
           "distributed.pipeline.partition",
           [](auto& c) -> auto& { return c.distributed.pipeline.partition; },
           R"doc(`uniform` (layer count) | `balanced` (estimated cost) (strategy pipeline only))doc")
-          .by(pipeline),
+          .by(o.pipeline),
       key(
           "distributed.pipeline.activation_checkpointing",
           [](auto& c) -> auto& { return c.distributed.pipeline.activation_checkpointing; },
           R"doc(Keep only stage inputs per micro-batch and recompute the forward in backward (strategy pipeline only))doc")
-          .by(pipeline),
+          .by(o.pipeline),
       key(
           "runtime.threads", [](auto& c) -> auto& { return c.runtime.threads; },
           R"doc(OpenBLAS threads per rank, 0..1024; 0 = this machine's cores divided by the ranks on it (at least 1; see "Threads"))doc")
           .range(0, 1024)
           .not_hashed(),
   };
+}
+
+std::vector<KeyDecl> declare_keys() {
+  const Owners o;
+  std::vector<KeyDecl> keys;
+  for (auto section :
+       {model_keys, data_keys, optimizer_keys, train_keys, distributed_keys, strategy_keys}) {
+    std::vector<KeyDecl> k = section(o);
+    keys.insert(keys.end(), std::make_move_iterator(k.begin()), std::make_move_iterator(k.end()));
+  }
+  return keys;
 }
 
 std::string show_float(double v) {
