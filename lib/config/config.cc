@@ -2,10 +2,10 @@
 //
 // Passes, so that each error can name its key and point at the node that caused it:
 //  1. --set overrides are grafted into the YAML tree (after checking their key paths).
-//  2. The tree is walked against the key schema (unknown or duplicate keys, sections that are not
-//     mappings) and flattened into leaves by dotted key path.
-//  3. Leaves are converted with strict YAML typing into the struct, which is then range- and
-//     consistency-checked.
+//  2. The tree is walked against the key declarations (schema.h: unknown or duplicate keys,
+//     sections that are not mappings) and flattened into leaves by dotted key path.
+//  3. Leaves are converted with strict YAML typing into the struct (enums from their names),
+//     which is then range- and consistency-checked (validate.cc).
 // Locations: FILE:LINE:COL (1-based) for file content; "--set TEXT" for anything an override put
 // there, since marks inside an override's value are relative to that value, not to the file.
 #include "config/config.h"
@@ -25,8 +25,8 @@
 #include <string_view>
 #include <utility>
 
+#include "config/internal.h"
 #include "config/schema.h"
-#include "config/text.h"
 #include "util/check.h"
 #include "util/fs.h"
 

@@ -1,4 +1,5 @@
-#include "config/text.h"
+// Text helpers of lib/config: "did you mean" suggestions and message pieces.
+#include "config/internal.h"
 
 #include <algorithm>
 #include <cctype>

@@ -2,8 +2,8 @@
 // checks that relate keys, and the keys that belong to another choice of an option.
 #include <string>
 
+#include "config/internal.h"
 #include "config/schema.h"
-#include "config/text.h"
 
 namespace dtrain::config_detail {
 namespace {
