@@ -57,9 +57,14 @@ struct Owners {
   const char* const strategy = "distributed.strategy";
   const BelongsTo local_sgd{strategy, {"local_sgd"}, "by strategy local_sgd", {}};
   const BelongsTo fsdp{strategy, {"fsdp"}, "by strategy fsdp", {}};
-  const BelongsTo pipeline{strategy, {"pipeline"}, "by strategy pipeline", {}};
   const BelongsTo unit_layer{
       "distributed.fsdp.unit", {"layer"}, "with distributed.fsdp.unit layer", "unit"};
+  // A pipeline: stages > 1, or strategy pipeline (ddp with a pipeline).
+  const BelongsTo pipeline{
+      "distributed.pipeline.stages", {}, "with a pipeline", {}, [](const Config& c) {
+        return c.distributed.strategy == StrategyKind::kPipeline ||
+               c.distributed.pipeline.stages > 1;
+      }};
 };
 
 // The keys of seed and model, in the order of config.h.
@@ -325,7 +330,7 @@ std::vector<KeyDecl> distributed_keys([[maybe_unused]] const Owners& o) {
           .range(1, 1024),
       key(
           "distributed.strategy", [](auto& c) -> auto& { return c.distributed.strategy; },
-          R"doc(`ddp` (gradients averaged every step) | `local_sgd` (parameters averaged every `sync_every` steps) | `zero1` (optimizer state sharded) | `zero2` (and gradients) | `fsdp` (and parameters; `zero3` is the same) | `pipeline` (layers split into stages))doc"),
+          R"doc(`ddp` (gradients averaged every step) | `local_sgd` (parameters averaged every `sync_every` steps) | `zero1` (optimizer state sharded) | `zero2` (and gradients) | `fsdp` (and parameters; `zero3` is the same) | `pipeline` (ddp with a pipeline whose `distributed.pipeline.stages` default to 2; kept for older configs))doc"),
       key(
           "distributed.timeout_s", [](auto& c) -> auto& { return c.distributed.timeout_s; },
           R"doc(Deadline of every collective and receive, > 0)doc")
@@ -443,29 +448,28 @@ std::vector<KeyDecl> strategy_keys(const Owners& o) {
       key(
           "distributed.pipeline.stages",
           [](auto& c) -> auto& { return c.distributed.pipeline.stages; },
-          R"doc(Pipeline stages S, 1..1024, at most the model's layers with parameters; `world_size` must be a multiple (W / S replicas) (strategy pipeline only))doc")
-          .range(1, 1024)
-          .by(o.pipeline),
+          R"doc(Pipeline stages S, 1..1024, at most the model's layers with parameters; 1 = no pipeline (2 by default with strategy pipeline); `world_size` must be a multiple: W / S data-parallel replicas of each stage, which run `distributed.strategy` on their data axis)doc")
+          .range(1, 1024),
       key(
           "distributed.pipeline.micro_batches",
           [](auto& c) -> auto& { return c.distributed.pipeline.micro_batches; },
-          R"doc(Micro-batches per batch, 1..`data.batch_size` (strategy pipeline only))doc")
+          R"doc(Micro-batches per batch, 1..`data.batch_size` (with a pipeline only))doc")
           .min(1)
           .by(o.pipeline),
       key(
           "distributed.pipeline.schedule",
           [](auto& c) -> auto& { return c.distributed.pipeline.schedule; },
-          R"doc(`gpipe` | `1f1b` (strategy pipeline only))doc")
+          R"doc(`gpipe` | `1f1b` (with a pipeline only))doc")
           .by(o.pipeline),
       key(
           "distributed.pipeline.partition",
           [](auto& c) -> auto& { return c.distributed.pipeline.partition; },
-          R"doc(`uniform` (layer count) | `balanced` (estimated cost) (strategy pipeline only))doc")
+          R"doc(`uniform` (layer count) | `balanced` (estimated cost) (with a pipeline only))doc")
           .by(o.pipeline),
       key(
           "distributed.pipeline.activation_checkpointing",
           [](auto& c) -> auto& { return c.distributed.pipeline.activation_checkpointing; },
-          R"doc(Keep only stage inputs per micro-batch and recompute the forward in backward (strategy pipeline only))doc")
+          R"doc(Keep only stage inputs per micro-batch and recompute the forward in backward (with a pipeline only))doc")
           .by(o.pipeline),
       key(
           "runtime.threads", [](auto& c) -> auto& { return c.runtime.threads; },
