@@ -1,6 +1,8 @@
 // The run configuration: plain structs with documented defaults. A YAML file is parsed and
-// validated once (load_config) into a Config; nothing else in dtrain reads YAML. Every key is
-// documented in README.md "Config reference"; keep the two in step.
+// validated once (load_config) into a Config; nothing else in dtrain reads YAML or compares
+// config strings: every choice is an enum (config/enums.h and the option headers of nn, optim
+// and data). Every key is declared once in config/schema.cc (type, default, check, hash, doc),
+// which drives parsing, validation, config.json, the hash and README's "Config reference".
 #pragma once
 
 #include <cstdint>
@@ -12,88 +14,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include "config/enums.h"
+#include "data/options.h"
+#include "nn/options.h"
+#include "optim/options.h"
+
 namespace dtrain {
-
-struct ModelConfig {
-  std::string type = "mlp";  // only "mlp"
-  // Preset that sets `hidden` (and nothing else): "" (none) | simple | medium | complex.
-  //   simple: [128]   medium: [512, 512]   complex: [1024, 1024, 512, 256]
-  // Giving both `complexity` and `hidden` is an error.
-  std::string complexity;
-  std::vector<int64_t> hidden = {512, 512};  // hidden layer widths, each >= 1; may be empty
-  std::string activation = "relu";           // relu | gelu | tanh | sigmoid
-  double dropout = 0.0;                      // after each hidden activation, in [0, 1)
-  bool layer_norm = false;             // LayerNorm after each hidden Linear (before activation)
-  std::string init = "auto";           // auto | kaiming | xavier (auto: kaiming for relu/gelu)
-  std::string loss = "cross_entropy";  // cross_entropy | mse (mse on one-hot targets)
-  int64_t input_features = 0;          // 0: inferred from the data
-  int64_t num_classes = 0;             // 0: inferred from the data (max label + 1)
-};
-
-// One split's files. idx: images + labels. csv: path.
-struct SplitFiles {
-  std::string images;
-  std::string labels;
-  std::string path;
-  bool empty() const { return images.empty() && labels.empty() && path.empty(); }
-};
-
-struct CsvOptions {
-  // "auto": a first row with any non-numeric cell is a header. "true" | "false" force it.
-  std::string header = "auto";
-  // Label column: a header name, or a 0-based index as text; "" means the last column.
-  std::string label_column;
-  char delimiter = ',';
-};
-
-struct SyntheticOptions {
-  int64_t samples = 10000;  // total, split by data.test_fraction (default 0.2 for synthetic)
-  int64_t features = 32;
-  int64_t classes = 4;
-  double noise = 0.5;  // std-dev of the Gaussian around each class centre (centres ~ N(0,1))
-  int64_t seed = -1;   // -1: the top-level seed
-};
-
-struct DataConfig {
-  std::string format = "idx";  // idx | csv | synthetic
-  SplitFiles train;
-  SplitFiles test;  // optional: without it, test_fraction of train is held out
-  // Fraction of the training data held out as the test set when `test` is not given. -1 means
-  // the default: 0 for idx/csv (no test set), 0.2 for synthetic.
-  double test_fraction = -1.0;
-  int64_t batch_size = 128;  // per rank
-  int64_t eval_batch_size = 1000;
-  bool shuffle = true;
-  bool drop_last = false;  // drop the last short global batch of each epoch
-  // auto: scale for idx, standardize for csv/synthetic. scale: idx divides by 255; csv/synthetic
-  // map each feature's train min..max to 0..1. standardize: (x - mean) / std per feature, train
-  // statistics. none: raw values.
-  std::string normalize = "auto";
-  CsvOptions csv;
-  SyntheticOptions synthetic;
-};
-
-struct ScheduleConfig {
-  std::string type = "constant";  // constant | step | cosine
-  int64_t warmup_steps = 0;       // linear warmup from lr/warmup_steps to lr over these steps
-  int64_t step_size = 1000;       // step: multiply by gamma every step_size steps
-  double gamma = 0.1;
-  double min_lr = 0.0;  // cosine: final lr
-};
-
-struct OptimizerConfig {
-  std::string type = "sgd";       // sgd | adam | adamw
-  double lr = 0.01;               // > 0
-  double momentum = 0.0;          // sgd, in [0, 1)
-  bool nesterov = false;          // sgd, needs momentum > 0
-  double weight_decay = 0.0;      // sgd/adam: L2 added to the gradient; adamw: decoupled
-  double beta1 = 0.9;             // adam/adamw, in [0, 1)
-  double beta2 = 0.999;           // adam/adamw, in [0, 1)
-  double eps = 1e-8;              // adam/adamw, > 0
-  std::string scale_lr = "none";  // none | linear (lr *= world_size)
-  double clip_grad_norm = 0.0;    // 0: off; else clip the global gradient L2 norm to this
-  ScheduleConfig schedule;
-};
 
 struct CheckpointConfig {
   int64_t every_steps = 0;  // 0: only at the end of training
@@ -108,7 +34,7 @@ struct TrainConfig {
   int64_t grad_accum_steps = 1;  // micro-batches per optimizer step (>= 1)
   // A non-finite loss or gradient: abort (name the step and the first tensor) | skip (drop the
   // step on every rank, count it).
-  std::string nonfinite = "abort";
+  Nonfinite nonfinite = Nonfinite::kAbort;
   CheckpointConfig checkpoint;
 };
 
@@ -137,8 +63,8 @@ struct LocalSgdConfig {
 // Sharded data parallel, strategy fsdp (zero3): parameters are sharded per unit, a unit being a
 // group of consecutive layers that is all-gathered before its forward and backward.
 struct FsdpConfig {
-  std::string unit = "layer";   // layer: layers_per_unit layers with parameters | model: one unit
-  int64_t layers_per_unit = 1;  // >= 1, with unit: layer
+  FsdpUnit unit = FsdpUnit::kLayer;   // layer: layers_per_unit layers with parameters | model: one
+  int64_t layers_per_unit = 1;        // >= 1, with unit: layer
   bool reshard_after_forward = true;  // free gathered parameters after forward, gather again
 };
 
@@ -146,27 +72,26 @@ struct FsdpConfig {
 // stages default to 2) splits the model into stages; world_size = stages x data-parallel
 // replicas, and distributed.strategy runs on the data axis of each stage.
 struct PipelineConfig {
-  int64_t stages = 1;             // S >= 1 (1: no pipeline), at most the model's Linear layers
-  int64_t micro_batches = 4;      // M >= 1 per optimizer step (fewer when a batch has fewer rows)
-  std::string schedule = "1f1b";  // gpipe | 1f1b
-  std::string partition = "balanced";     // uniform (layer count) | balanced (estimated FLOPs)
+  int64_t stages = 1;         // S >= 1 (1: no pipeline), at most the model's Linear layers
+  int64_t micro_batches = 4;  // M >= 1 per optimizer step (fewer when a batch has fewer rows)
+  PipelineSchedule schedule = PipelineSchedule::k1f1b;
+  PipelinePartition partition = PipelinePartition::kBalanced;  // uniform: layer count
   bool activation_checkpointing = false;  // keep stage inputs only, recompute in backward
 };
 
 struct CompressionConfig {
-  std::string type = "none";   // none | fp16 | bf16 | int8 | topk | powersgd
+  CompressionType type = CompressionType::kNone;
   double ratio = 0.01;         // topk: fraction of gradient entries sent, in (0, 1]
   int64_t rank = 4;            // powersgd: rank of the low-rank factors, >= 1
   bool error_feedback = true;  // add what compression dropped to the next step's gradient
 };
 
 struct DistributedConfig {
-  std::string backend = "inproc";  // inproc | grpc
+  Backend backend = Backend::kInproc;
   // Ranks. With backend grpc the launcher's environment (RANK, WORLD_SIZE, ...) overrides it.
   int64_t world_size = 1;  // >= 1
-  // ddp | local_sgd | zero1 | zero2 | fsdp ("zero3" is read as fsdp) | pipeline (ddp with
-  // distributed.pipeline, stages 2 unless given)
-  std::string strategy = "ddp";
+  // "zero3" is read as fsdp; pipeline is ddp with distributed.pipeline, stages 2 unless given
+  StrategyKind strategy = StrategyKind::kDdp;
   double timeout_s = 300.0;  // deadline of every collective and receive, > 0
   // gRPC: a peer not heard from for this long (heartbeats every heartbeat_s / 3) is declared
   // frozen or unreachable, > 0. Per host: not in the config hash.

@@ -62,20 +62,16 @@ class CsvReader {
     if (delim_ == '"' || delim_ == '\n' || delim_ == '\r' || delim_ == '\0') {
       throw UserError("bad CSV delimiter for '" + path + "'");
     }
-    if (opts.header != "auto" && opts.header != "true" && opts.header != "false") {
-      throw UserError("bad CSV header option '" + opts.header + "' for '" + path +
-                      "': expected auto, true or false");
-    }
     if (!next_line(&first_, &first_line_)) return;  // no rows at all: has_rows() is false
     cols_ = static_cast<int64_t>(first_.size());
-    if (opts.header == "auto") {
+    if (opts.header == CsvHeader::kAuto) {
       // An empty cell does not make a header: a data row with a hole must be reported as such.
       float v;
       for (std::string_view c : first_) {
         if (!c.empty() && !parse_float(c, &v)) has_header_ = true;
       }
     } else {
-      has_header_ = opts.header == "true";
+      has_header_ = opts.header == CsvHeader::kTrue;
     }
     if (has_header_) {
       header_.assign(first_.begin(), first_.end());

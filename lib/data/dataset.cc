@@ -56,20 +56,19 @@ int64_t max_label_plus_one(const Dataset& d) {
   return m + 1;
 }
 
-Normalizer fit_normalizer(const std::string& method, const std::string& format,
-                          const Dataset& train) {
+Normalizer fit_normalizer(Normalize method, DataFormat format, const Dataset& train) {
   Normalizer nz;
   nz.method = method;
-  if (method == "none") return nz;
+  if (method == Normalize::kNone) return nz;
   const auto f = static_cast<size_t>(train.features);
   nz.shift.assign(f, 0.0f);
   nz.scale.assign(f, 1.0f);
-  if (method == "scale" && format == "idx") {
+  if (method == Normalize::kScale && format == DataFormat::kIdx) {
     // Pixels are bytes: a fixed 0..255 -> 0..1 map, independent of which values occur.
     nz.scale.assign(f, 1.0f / 255.0f);
     return nz;
   }
-  if (method == "scale") {
+  if (method == Normalize::kScale) {
     std::vector<float> lo(train.row(0), train.row(0) + f), hi = lo;
     for (int64_t i = 1; i < train.rows; ++i) {
       const float* x = train.row(i);
@@ -85,7 +84,7 @@ Normalizer fit_normalizer(const std::string& method, const std::string& format,
     }
     return nz;
   }
-  DT_CHECK_EQ(method, std::string("standardize"));
+  DT_CHECK_MSG(method == Normalize::kStandardize, "normalize " << to_string(method));
   // Two passes in double: mean, then the population variance around it.
   std::vector<double> mean(f, 0.0), var(f, 0.0);
   for (int64_t i = 0; i < train.rows; ++i) {
@@ -113,7 +112,7 @@ Normalizer fit_normalizer(const std::string& method, const std::string& format,
 }  // namespace
 
 void Normalizer::apply_rows(float* x, int64_t rows, int64_t features) const {
-  if (method == "none") return;
+  if (method == Normalize::kNone) return;
   DT_CHECK_EQ(static_cast<int64_t>(shift.size()), features);
   DT_CHECK_EQ(static_cast<int64_t>(scale.size()), features);
   const float* sh = shift.data();
@@ -135,14 +134,15 @@ int64_t held_out_rows(int64_t n, double fraction) {
 
 namespace {
 double resolved_test_fraction(const DataConfig& cfg) {
-  return cfg.test_fraction < 0 ? (cfg.format == "synthetic" ? 0.2 : 0.0) : cfg.test_fraction;
+  return cfg.test_fraction < 0 ? (cfg.format == DataFormat::kSynthetic ? 0.2 : 0.0)
+                               : cfg.test_fraction;
 }
 }  // namespace
 
 int64_t train_rows_without_loading(const DataConfig& cfg) {
   int64_t n = -1;
-  if (cfg.format == "synthetic") n = cfg.synthetic.samples;
-  if (cfg.format == "idx") n = idx_label_count(cfg.train.labels);
+  if (cfg.format == DataFormat::kSynthetic) n = cfg.synthetic.samples;
+  if (cfg.format == DataFormat::kIdx) n = idx_label_count(cfg.train.labels);
   if (n < 0) return -1;
   return cfg.test.empty() ? n - held_out_rows(n, resolved_test_fraction(cfg)) : n;
 }
@@ -161,16 +161,10 @@ std::string idle_ranks_warning(int64_t train_rows, int64_t world_size, int64_t p
 }
 
 DataSplits load_data(const DataConfig& cfg, int64_t seed) {
-  const std::string& fmt = cfg.format;
-  if (fmt != "idx" && fmt != "csv" && fmt != "synthetic") {
-    throw UserError("data.format: unknown format '" + fmt + "' (expected idx, csv or synthetic)");
-  }
-  std::string method = cfg.normalize;
-  if (method == "auto") method = fmt == "idx" ? "scale" : "standardize";
-  if (method != "none" && method != "scale" && method != "standardize") {
-    throw UserError("data.normalize: unknown method '" + cfg.normalize +
-                    "' (expected auto, none, scale or standardize)");
-  }
+  const DataFormat fmt = cfg.format;
+  Normalize method = cfg.normalize;
+  if (method == Normalize::kAuto)
+    method = fmt == DataFormat::kIdx ? Normalize::kScale : Normalize::kStandardize;
   const double fraction = resolved_test_fraction(cfg);
   if (!(fraction >= 0 && fraction < 1)) {
     throw UserError("data.test_fraction must be in [0, 1), got " + std::to_string(fraction));
@@ -178,7 +172,7 @@ DataSplits load_data(const DataConfig& cfg, int64_t seed) {
 
   DataSplits s;
   auto load = [&](const SplitFiles& files, const char* key) {
-    if (fmt == "idx") {
+    if (fmt == DataFormat::kIdx) {
       if (files.images.empty() || files.labels.empty()) {
         throw UserError(std::string(key) + ".images and " + key +
                         ".labels are required for format idx");
@@ -188,7 +182,7 @@ DataSplits load_data(const DataConfig& cfg, int64_t seed) {
     if (files.path.empty()) throw UserError(std::string(key) + ".path is required for format csv");
     return load_csv(files.path, cfg.csv);
   };
-  if (fmt == "synthetic") {
+  if (fmt == DataFormat::kSynthetic) {
     if (!cfg.test.empty()) {
       throw UserError("data.test is not used with format synthetic (use data.test_fraction)");
     }
@@ -199,7 +193,7 @@ DataSplits load_data(const DataConfig& cfg, int64_t seed) {
   if (!cfg.test.empty()) {
     s.test = load(cfg.test, "data.test");
     if (s.test.features != s.train.features) {
-      const std::string& name = fmt == "idx" ? cfg.test.images : cfg.test.path;
+      const std::string& name = fmt == DataFormat::kIdx ? cfg.test.images : cfg.test.path;
       throw UserError("test set '" + name + "' has " + std::to_string(s.test.features) +
                       " features but the training set has " + std::to_string(s.train.features));
     }

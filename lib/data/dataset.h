@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "config/config.h"
+#include "data/options.h"
 
 namespace dtrain {
 
@@ -24,8 +24,8 @@ struct Dataset {
 // Per-feature affine normalisation x' = (x - shift) * scale, fitted on the training set and
 // applied to every split (and to predict inputs) so they share statistics.
 struct Normalizer {
-  std::string method = "none";  // none | scale | standardize (resolved, never "auto")
-  std::vector<float> shift;     // per feature (empty for none)
+  Normalize method = Normalize::kNone;  // none | scale | standardize (resolved, never auto)
+  std::vector<float> shift;             // per feature (empty for none)
   std::vector<float> scale;
   void apply(Dataset& d) const;
   void apply_rows(float* x, int64_t rows, int64_t features) const;

@@ -158,12 +158,18 @@ class Elementwise final : public Layer {
 
 }  // namespace
 
-std::unique_ptr<Layer> make_activation(const std::string& kind, int64_t features) {
-  if (kind == "relu") return std::make_unique<Elementwise<Relu>>(features);
-  if (kind == "gelu") return std::make_unique<Elementwise<Gelu>>(features);
-  if (kind == "tanh") return std::make_unique<Elementwise<Tanh>>(features);
-  if (kind == "sigmoid") return std::make_unique<Elementwise<Sigmoid>>(features);
-  DT_CHECK_MSG(false, "unknown activation '" << kind << "'");
+std::unique_ptr<Layer> make_activation(Activation kind, int64_t features) {
+  switch (kind) {
+    case Activation::kRelu:
+      return std::make_unique<Elementwise<Relu>>(features);
+    case Activation::kGelu:
+      return std::make_unique<Elementwise<Gelu>>(features);
+    case Activation::kTanh:
+      return std::make_unique<Elementwise<Tanh>>(features);
+    case Activation::kSigmoid:
+      return std::make_unique<Elementwise<Sigmoid>>(features);
+  }
+  DT_CHECK_MSG(false, "unknown activation " << static_cast<int>(kind));
   return nullptr;
 }
 

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "nn/options.h"
 #include "tensor/tensor.h"
 #include "util/rng.h"
 
@@ -55,8 +56,8 @@ enum class Init { kKaiming, kXavier };
 // y = x W^T + b, W [out, in], b [out]. Kaiming-uniform (bound sqrt(6/in)) or Xavier-uniform
 // (bound sqrt(6/(in+out))) weights, zero bias.
 std::unique_ptr<Layer> make_linear(int64_t in, int64_t out, Init init);
-// Elementwise activations: "relu", "gelu" (tanh approximation), "tanh", "sigmoid".
-std::unique_ptr<Layer> make_activation(const std::string& kind, int64_t features);
+// Elementwise activations: relu, gelu (tanh approximation), tanh, sigmoid.
+std::unique_ptr<Layer> make_activation(Activation kind, int64_t features);
 // Inverted dropout with probability `p` (training only; identity in eval). saved holds the mask.
 std::unique_ptr<Layer> make_dropout(int64_t features, double p);
 // LayerNorm over the feature dimension with learned gamma (ones) and beta (zeros), eps 1e-5.

@@ -125,37 +125,27 @@ void Model::backward(const float* params, float* grads, const Tensor& x, Activat
   }
 }
 
-std::vector<int64_t> complexity_preset(const std::string& name) {
-  if (name == "simple") return {128};
-  if (name == "medium") return {512, 512};
-  if (name == "complex") return {1024, 1024, 512, 256};
-  throw UserError("unknown model complexity '" + name + "' (expected simple, medium or complex)");
-}
-
 Model build_mlp(const ModelConfig& cfg, int64_t in_features, int64_t num_classes) {
   DT_CHECK_GT(in_features, 0);
   DT_CHECK_GT(num_classes, 0);
-  const std::string& act = cfg.activation;
-  if (act != "relu" && act != "gelu" && act != "tanh" && act != "sigmoid") {
-    throw UserError("model.activation: unknown activation '" + act +
-                    "' (expected relu, gelu, tanh or sigmoid)");
-  }
-  Init init;
-  if (cfg.init == "kaiming") {
-    init = Init::kKaiming;
-  } else if (cfg.init == "xavier") {
-    init = Init::kXavier;
-  } else if (cfg.init == "auto") {
-    init = act == "relu" || act == "gelu" ? Init::kKaiming : Init::kXavier;
-  } else {
-    throw UserError("model.init: unknown init '" + cfg.init +
-                    "' (expected auto, kaiming or xavier)");
+  const Activation act = cfg.activation;
+  Init init = Init::kXavier;
+  switch (cfg.init) {
+    case WeightInit::kKaiming:
+      init = Init::kKaiming;
+      break;
+    case WeightInit::kXavier:
+      init = Init::kXavier;
+      break;
+    case WeightInit::kAuto:
+      init = act == Activation::kRelu || act == Activation::kGelu ? Init::kKaiming : Init::kXavier;
+      break;
   }
   if (!(cfg.dropout >= 0.0 && cfg.dropout < 1.0)) {
     throw UserError("model.dropout: " + std::to_string(cfg.dropout) + " is not in [0, 1)");
   }
   const std::vector<int64_t> hidden =
-      cfg.complexity.empty() ? cfg.hidden : complexity_preset(cfg.complexity);
+      cfg.complexity == Complexity::kNone ? cfg.hidden : complexity_preset(cfg.complexity);
   std::vector<std::unique_ptr<Layer>> layers;
   int64_t prev = in_features;
   for (int64_t h : hidden) {

@@ -15,8 +15,8 @@
 #include <string>
 #include <vector>
 
-#include "config/config.h"
 #include "nn/layer.h"
+#include "nn/options.h"
 #include "tensor/tensor.h"
 
 namespace dtrain {
@@ -86,14 +86,10 @@ class Model {
   int64_t total_ = 0;
 };
 
-// Builds the MLP described by `cfg` (hidden widths from cfg.hidden or the complexity preset):
+// Builds the MLP described by `cfg` (hidden widths from the complexity preset, else cfg.hidden):
 // for each hidden width h: Linear(prev, h), [LayerNorm(h)], activation, [Dropout(p)]; then
 // Linear(prev, num_classes). in_features and num_classes must be resolved (> 0).
 Model build_mlp(const ModelConfig& cfg, int64_t in_features, int64_t num_classes);
-
-// Hidden widths of a complexity preset ("simple" | "medium" | "complex"); throws UserError on an
-// unknown name.
-std::vector<int64_t> complexity_preset(const std::string& name);
 
 // Owns the flat buffers for one model replica: values and gradients, same layout.
 struct ParamStore {

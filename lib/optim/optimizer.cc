@@ -211,10 +211,15 @@ void Optimizer::update_slice(float* params, const float* grads, int64_t state_of
 std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& cfg, int64_t begin, int64_t n) {
   DT_CHECK_GE(begin, 0);
   DT_CHECK_GE(n, 0);
-  if (cfg.type == "sgd") return std::make_unique<Sgd>(cfg, begin, n);
-  if (cfg.type == "adam") return std::make_unique<Adam>(cfg, begin, n, /*decoupled=*/false);
-  if (cfg.type == "adamw") return std::make_unique<Adam>(cfg, begin, n, /*decoupled=*/true);
-  DT_CHECK_MSG(false, "unknown optimizer type '" << cfg.type << "' (config validation missed it)");
+  switch (cfg.type) {
+    case OptimizerType::kSgd:
+      return std::make_unique<Sgd>(cfg, begin, n);
+    case OptimizerType::kAdam:
+      return std::make_unique<Adam>(cfg, begin, n, /*decoupled=*/false);
+    case OptimizerType::kAdamw:
+      return std::make_unique<Adam>(cfg, begin, n, /*decoupled=*/true);
+  }
+  DT_CHECK_MSG(false, "unknown optimizer type " << static_cast<int>(cfg.type));
 }
 
 // The post-warmup schedule's clock starts at the end of warmup for both step and cosine (as
@@ -227,17 +232,19 @@ double lr_at(const ScheduleConfig& s, double base_lr, int64_t step, int64_t tota
   }
   const int64_t warmup = std::max<int64_t>(s.warmup_steps, 0);
   const int64_t since = step - warmup;
-  if (s.type == "constant") return base_lr;
-  if (s.type == "step") {
-    DT_CHECK_GT(s.step_size, 0);
-    return base_lr * std::pow(s.gamma, static_cast<double>(since / s.step_size));
+  switch (s.type) {
+    case ScheduleType::kConstant:
+      return base_lr;
+    case ScheduleType::kStep:
+      DT_CHECK_GT(s.step_size, 0);
+      return base_lr * std::pow(s.gamma, static_cast<double>(since / s.step_size));
+    case ScheduleType::kCosine: {
+      const double span = static_cast<double>(std::max<int64_t>(1, total_steps - warmup));
+      const double t = std::clamp(static_cast<double>(since) / span, 0.0, 1.0);
+      return s.min_lr + (base_lr - s.min_lr) * (1.0 + std::cos(std::numbers::pi * t)) / 2.0;
+    }
   }
-  if (s.type == "cosine") {
-    const double span = static_cast<double>(std::max<int64_t>(1, total_steps - warmup));
-    const double t = std::clamp(static_cast<double>(since) / span, 0.0, 1.0);
-    return s.min_lr + (base_lr - s.min_lr) * (1.0 + std::cos(std::numbers::pi * t)) / 2.0;
-  }
-  DT_CHECK_MSG(false, "unknown schedule type '" << s.type << "' (config validation missed it)");
+  DT_CHECK_MSG(false, "unknown schedule type " << static_cast<int>(s.type));
 }
 
 // Four independent accumulators: the compiler may not reassociate a single double sum, and one

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "config/config.h"
+#include "optim/options.h"
 
 namespace dtrain {
 

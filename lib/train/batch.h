@@ -8,6 +8,7 @@
 
 #include "data/dataset.h"
 #include "nn/loss.h"
+#include "nn/options.h"
 #include "tensor/tensor.h"
 
 namespace dtrain {
@@ -25,11 +26,11 @@ inline void gather_rows(const Dataset& d, const std::vector<int64_t>& idx, Tenso
   }
 }
 
-// Loss sum over out's rows (model.loss: "mse" or cross entropy); when grad != null, also the
-// gradient with respect to out, scaled by `scale`.
-inline double loss_and_grad(const std::string& loss, const Tensor& out, const int32_t* labels,
-                            Tensor* grad, float scale) {
-  if (loss == "mse") return mse_onehot(out, labels, grad, scale);
+// Loss sum over out's rows (model.loss: mse on one-hot targets, or cross entropy); when
+// grad != null, also the gradient with respect to out, scaled by `scale`.
+inline double loss_and_grad(Loss loss, const Tensor& out, const int32_t* labels, Tensor* grad,
+                            float scale) {
+  if (loss == Loss::kMse) return mse_onehot(out, labels, grad, scale);
   return softmax_cross_entropy(out, labels, grad, scale);
 }
 

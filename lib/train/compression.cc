@@ -38,16 +38,16 @@ size_t round4(size_t b) {
 
 GradCompressor::GradCompressor(const CompressionConfig& cfg, int64_t n) : cfg_(cfg), n_(n) {
   DT_CHECK_GE(n, 0);
-  if (cfg.type == "fp16" || cfg.type == "bf16") {
+  if (cfg.type == CompressionType::kFp16 || cfg.type == CompressionType::kBf16) {
     msg_bytes_ = round4(static_cast<size_t>(n) * 2);
-  } else if (cfg.type == "int8") {
+  } else if (cfg.type == CompressionType::kInt8) {
     const int64_t blocks = (n + kInt8Block - 1) / kInt8Block;
     msg_bytes_ = static_cast<size_t>(blocks) * 4 + round4(static_cast<size_t>(n));
-  } else if (cfg.type == "topk") {
+  } else if (cfg.type == CompressionType::kTopk) {
     k_ = std::min<int64_t>(n, static_cast<int64_t>(std::ceil(cfg.ratio * static_cast<double>(n))));
     msg_bytes_ = static_cast<size_t>(k_) * 8;
   } else {
-    DT_CHECK_MSG(false, "unknown compression type " << cfg.type);
+    DT_CHECK_MSG(false, "unknown compression type " << to_string(cfg.type));
   }
   if (cfg.error_feedback) residual_.assign(static_cast<size_t>(n), 0.0f);
   work_.resize(static_cast<size_t>(n));
@@ -56,17 +56,17 @@ GradCompressor::GradCompressor(const CompressionConfig& cfg, int64_t n) : cfg_(c
 
 void GradCompressor::encode(const float* v, uint8_t* msg) const {
   std::memset(msg, 0, msg_bytes_);
-  if (cfg_.type == "fp16") {
+  if (cfg_.type == CompressionType::kFp16) {
     for (int64_t i = 0; i < n_; ++i) {
       const _Float16 h = static_cast<_Float16>(v[i]);
       std::memcpy(msg + 2 * i, &h, 2);
     }
-  } else if (cfg_.type == "bf16") {
+  } else if (cfg_.type == CompressionType::kBf16) {
     for (int64_t i = 0; i < n_; ++i) {
       const uint16_t h = to_bf16(v[i]);
       std::memcpy(msg + 2 * i, &h, 2);
     }
-  } else if (cfg_.type == "int8") {
+  } else if (cfg_.type == CompressionType::kInt8) {
     // Layout: all block scales (float), then the int8 values.
     const int64_t blocks = (n_ + kInt8Block - 1) / kInt8Block;
     float* scales = reinterpret_cast<float*>(msg);
@@ -99,19 +99,19 @@ void GradCompressor::encode(const float* v, uint8_t* msg) const {
 }
 
 void GradCompressor::decode_add(const uint8_t* msg, float* out) const {
-  if (cfg_.type == "fp16") {
+  if (cfg_.type == CompressionType::kFp16) {
     for (int64_t i = 0; i < n_; ++i) {
       _Float16 h;
       std::memcpy(&h, msg + 2 * i, 2);
       out[i] += static_cast<float>(h);
     }
-  } else if (cfg_.type == "bf16") {
+  } else if (cfg_.type == CompressionType::kBf16) {
     for (int64_t i = 0; i < n_; ++i) {
       uint16_t h;
       std::memcpy(&h, msg + 2 * i, 2);
       out[i] += from_bf16(h);
     }
-  } else if (cfg_.type == "int8") {
+  } else if (cfg_.type == CompressionType::kInt8) {
     const int64_t blocks = (n_ + kInt8Block - 1) / kInt8Block;
     const float* scales = reinterpret_cast<const float*>(msg);
     const int8_t* q = reinterpret_cast<const int8_t*>(msg + blocks * 4);
@@ -167,8 +167,8 @@ void GradCompressor::allreduce_sum(Communicator& comm, float* grad) {
 namespace dtrain {
 
 std::string GradCompressor::describe() const {
-  return fmt::format("{}: {} bytes per rank per step instead of {} (error feedback {})", cfg_.type,
-                     msg_bytes_, n_ * 4, cfg_.error_feedback ? "on" : "off");
+  return fmt::format("{}: {} bytes per rank per step instead of {} (error feedback {})",
+                     to_string(cfg_.type), msg_bytes_, n_ * 4, cfg_.error_feedback ? "on" : "off");
 }
 
 GradReducer::State GradCompressor::export_state() const {
@@ -176,7 +176,8 @@ GradReducer::State GradCompressor::export_state() const {
 }
 
 void GradCompressor::import_state(const State& s) {
-  DT_CHECK_MSG(s.q.empty() && s.rng.empty(), cfg_.type << " has no PowerSGD state to import");
+  DT_CHECK_MSG(s.q.empty() && s.rng.empty(), to_string(cfg_.type)
+                                                 << " has no PowerSGD state to import");
   if (s.residual.empty()) return;
   DT_CHECK_EQ(s.residual.size(), residual_.size());
   residual_ = s.residual;
@@ -185,7 +186,8 @@ void GradCompressor::import_state(const State& s) {
 std::unique_ptr<GradReducer> make_grad_reducer(const CompressionConfig& cfg,
                                                const std::vector<ParamEntry>& params, int64_t n,
                                                uint64_t seed) {
-  if (cfg.type == "powersgd") return std::make_unique<PowerSgd>(cfg, params, n, seed);
+  if (cfg.type == CompressionType::kPowersgd)
+    return std::make_unique<PowerSgd>(cfg, params, n, seed);
   return std::make_unique<GradCompressor>(cfg, n);
 }
 

@@ -39,12 +39,15 @@ struct RestorePlan {
   bool residuals = false, q = false;
 };
 
-RestorePlan plan_restore(const GradReducer::State& fresh, int world, const std::string& type,
-                         const std::string& strategy, const CompressionState& saved) {
+// The checkpoint stores the type and strategy as their config names; an unknown name (a newer
+// dtrain's) matches nothing.
+RestorePlan plan_restore(const GradReducer::State& fresh, int world, CompressionType type,
+                         StrategyKind strategy, const CompressionState& saved) {
   RestorePlan p;
+  const std::optional<CompressionType> saved_type = parse_enum<CompressionType>(saved.type);
   const bool wants_q = !fresh.q.empty();
   const std::string q_note = wants_q ? ", PowerSGD's Q starts from the run seed" : "";
-  if (saved.type == "none") {
+  if (saved_type == CompressionType::kNone) {
     spdlog::warn(
         "the checkpoint holds no compression state (written without distributed.compression, "
         "or in checkpoint format 1): error-feedback residuals start at zero{}",
@@ -52,7 +55,7 @@ RestorePlan plan_restore(const GradReducer::State& fresh, int world, const std::
     return p;
   }
   if (!fresh.residual.empty()) {
-    const bool same = saved.type == type && saved.strategy == strategy &&
+    const bool same = saved_type == type && parse_enum<StrategyKind>(saved.strategy) == strategy &&
                       saved.world_size == world &&
                       saved.residuals.size() == static_cast<size_t>(world) &&
                       saved.residuals[0].size() == fresh.residual.size() &&
@@ -70,12 +73,13 @@ RestorePlan plan_restore(const GradReducer::State& fresh, int world, const std::
           "world size {} ({} floats per rank); this run uses {} with {} at world size {} ({} "
           "floats): residuals dropped, error feedback starts at zero",
           saved.type, saved.strategy, saved.world_size,
-          saved.residuals.empty() ? 0 : saved.residuals[0].size(), type, strategy, world,
-          fresh.residual.size());
+          saved.residuals.empty() ? 0 : saved.residuals[0].size(), to_string(type),
+          to_string(strategy), world, fresh.residual.size());
     }
   }
   if (wants_q) {
-    p.q = saved.type == "powersgd" && saved.q.size() == fresh.q.size() && !saved.rng.empty();
+    p.q = saved_type == CompressionType::kPowersgd && saved.q.size() == fresh.q.size() &&
+          !saved.rng.empty();
     if (!p.q)
       spdlog::warn(
           "the checkpoint's compression state has no PowerSGD Q of {} floats (it has {} of {} "
@@ -88,7 +92,7 @@ RestorePlan plan_restore(const GradReducer::State& fresh, int world, const std::
 }  // namespace
 
 CompressionState gather_compression_state(Communicator& comm, const GradReducer& reducer,
-                                          const std::string& type) {
+                                          CompressionType type) {
   const int world = comm.size(), rank = comm.rank();
   GradReducer::State mine = reducer.export_state();
   CompressionState out;
@@ -97,7 +101,7 @@ CompressionState gather_compression_state(Communicator& comm, const GradReducer&
       comm.send(0, kTagResidual, mine.residual.data(), mine.residual.size());
     return out;
   }
-  out.type = type;
+  out.type = to_string(type);
   out.world_size = world;
   out.q = std::move(mine.q);
   out.rng = std::move(mine.rng);
@@ -113,8 +117,8 @@ CompressionState gather_compression_state(Communicator& comm, const GradReducer&
   return out;
 }
 
-void restore_compression_state(Communicator& comm, GradReducer& reducer, const std::string& type,
-                               const std::string& strategy, const CompressionState& saved) {
+void restore_compression_state(Communicator& comm, GradReducer& reducer, CompressionType type,
+                               StrategyKind strategy, const CompressionState& saved) {
   const int world = comm.size(), rank = comm.rank();
   const GradReducer::State fresh = reducer.export_state();
   // Rank 0 decides; the others follow its flags.

@@ -30,12 +30,12 @@ namespace dtrain {
 // Collective. The state of every rank's reducer on rank 0 (other ranks get type "none");
 // `type` is distributed.compression.type.
 CompressionState gather_compression_state(Communicator& comm, const GradReducer& reducer,
-                                          const std::string& type);
+                                          CompressionType type);
 
 // Collective. Sets every rank's reducer state from `saved`, what rank 0 read from the
 // checkpoint (ignored on the other ranks), by the resume rule above; `type` and `strategy` are
 // this run's. Rank 0 logs what was restored and warns about what was dropped.
-void restore_compression_state(Communicator& comm, GradReducer& reducer, const std::string& type,
-                               const std::string& strategy, const CompressionState& saved);
+void restore_compression_state(Communicator& comm, GradReducer& reducer, CompressionType type,
+                               StrategyKind strategy, const CompressionState& saved);
 
 }  // namespace dtrain

@@ -23,7 +23,7 @@ class Ddp final : public Strategy {
         grads_(static_cast<size_t>(range.size())),
         opt_(make_optimizer(cfg.optimizer, 0, range.size())),
         buckets_(cfg, range, dp) {
-    if (cfg.distributed.compression.type != "none")
+    if (cfg.distributed.compression.type != CompressionType::kNone)
       compressor_ = make_grad_reducer(cfg.distributed.compression, range_params(range),
                                       range.size(), static_cast<uint64_t>(cfg.seed));
   }

@@ -11,7 +11,7 @@ namespace dtrain {
 
 bool is_multiprocess(const Config& cfg, const std::map<std::string, std::string>& env,
                      const DistOverrides& flags) {
-  if (cfg.distributed.backend == "grpc" || flags.any()) return true;
+  if (cfg.distributed.backend == Backend::kGrpc || flags.any()) return true;
   for (const char* v :
        {"RANK", "WORLD_SIZE", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"})
     if (env.count(v)) return true;
@@ -21,7 +21,7 @@ bool is_multiprocess(const Config& cfg, const std::map<std::string, std::string>
 Config effective_config(const Config& cfg, const DistEnv& de) {
   Config eff = cfg;
   eff.distributed.world_size = de.world_size;
-  eff.distributed.backend = "grpc";
+  eff.distributed.backend = Backend::kGrpc;
   return eff;
 }
 

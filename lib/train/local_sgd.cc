@@ -36,12 +36,12 @@ class LocalSgd final : public Strategy {
         opt_(make_optimizer(cfg.optimizer, 0, range.size())),
         outer_(c_.outer_lr > 0) {
     if (outer_) outer_momentum_.assign(values_.size(), 0.0f);
-    if (dp.size() == 1 && compression_ != "none" && dp.rank() == 0)
+    if (dp.size() == 1 && compression_ != CompressionType::kNone && dp.rank() == 0)
       spdlog::warn(
           "distributed.compression {} is unused: local_sgd at world size 1 never synchronises, so "
           "there is nothing to compress",
-          compression_);
-    if (dp.size() > 1 && compression_ != "none") {
+          to_string(compression_));
+    if (dp.size() > 1 && compression_ != CompressionType::kNone) {
       reducer_ = make_grad_reducer(cfg.distributed.compression, range_params(range), range.size(),
                                    static_cast<uint64_t>(cfg.seed));
       delta_.assign(values_.size(), 0.0f);
@@ -135,7 +135,7 @@ class LocalSgd final : public Strategy {
   ModelRange r_;
   Communicator& dp_;
   LocalSgdConfig c_;
-  std::string compression_;
+  CompressionType compression_;
   std::vector<float> values_, grads_;
   std::unique_ptr<Optimizer> opt_;
   bool outer_;

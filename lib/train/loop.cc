@@ -151,11 +151,12 @@ void TrainLoop::setup_model() {
     spdlog::info(
         "data: {} train / {} test samples, {} features, {} classes, normalize {} ({:.2f} s)",
         data_.train.rows, data_.test.rows, shape.in_features, shape.num_classes,
-        data_.normalizer.method, seconds_since(t0));
+        to_string(data_.normalizer.method), seconds_since(t0));
   model_ = build_mlp(cfg_.model, shape.in_features, shape.num_classes);
   if (lead_) spdlog::info("model:\n{}", model_.describe());
-  const bool pipelined = pipelined_ = S_ > 1 || cfg_.distributed.strategy == "pipeline";
-  if (pipelined && cfg_.distributed.compression.type != "none")
+  const bool pipelined = pipelined_ =
+      S_ > 1 || cfg_.distributed.strategy == StrategyKind::kPipeline;
+  if (pipelined && cfg_.distributed.compression.type != CompressionType::kNone)
     throw UserError(
         "distributed.compression is not supported with a pipeline (distributed.pipeline.stages "
         "> 1): compress the data axis of a plain data-parallel run instead");
@@ -249,7 +250,7 @@ void TrainLoop::log_start() const {
     spdlog::info(
         "pipeline: {} stage(s) x {} replica(s), schedule {}, {} micro-batches, partition "
         "{}{}; stage pp of replica dp is rank dp + {} * pp",
-        S_, DP_, pc.schedule, pc.micro_batches, pc.partition,
+        S_, DP_, to_string(pc.schedule), pc.micro_batches, to_string(pc.partition),
         pc.activation_checkpointing ? ", activation checkpointing" : "", DP_);
     for (int s = 0; s < S_; ++s) {
       const auto [a, b] = stages_[static_cast<size_t>(s)];
@@ -288,7 +289,7 @@ bool TrainLoop::nonfinite_guard(double loss_sum) {
   if (!loss_global_ && world_.size() > 1) world_.allreduce(&code, 1, ReduceOp::kMin);
   if (code == kFiniteCode) return true;
   const std::string what = nonfinite_what(model_, code);
-  if (cfg_.train.nonfinite == "abort")
+  if (cfg_.train.nonfinite == Nonfinite::kAbort)
     throw std::runtime_error(
         what + " is not finite at step " + std::to_string(step_ + 1) +
         " (train.nonfinite: abort; lower optimizer.lr, set optimizer.clip_grad_norm, or set "
@@ -470,12 +471,12 @@ void TrainLoop::save() {
     m.step = step_;
     m.epoch = epoch_;
     m.batch = batch_;
-    m.optimizer = cfg_.optimizer.type;
+    m.optimizer = to_string(cfg_.optimizer.type);
     m.optimizer_steps = strategy_->optimizer().step_count();
     m.rng = states;
     m.config_hash = hash_;
     m.world_size = world_.size();
-    m.strategy = cfg_.distributed.strategy;
+    m.strategy = to_string(cfg_.distributed.strategy);
     m.config_json = config_json_;
     m.schedule_steps = schedule_steps_;
   }
@@ -582,7 +583,7 @@ nlohmann::json TrainLoop::summary(int stop_signal) {
       {"steps", step_},
       {"epochs", epoch_progress()},
       {"world_size", world_.size()},
-      {"strategy", cfg_.distributed.strategy},
+      {"strategy", to_string(cfg_.distributed.strategy)},
       {"layout",
        {{"dp", grid_.layout().dp()}, {"pp", grid_.layout().pp()}, {"tp", grid_.layout().tp()}}},
       {"backend", world_.backend()},
@@ -701,7 +702,7 @@ nlohmann::json TrainLoop::run() {
 
 int pipeline_stages(const Config& cfg) {
   const int64_t s = cfg.distributed.pipeline.stages;
-  return cfg.distributed.strategy == "pipeline" || s > 1 ? static_cast<int>(s) : 1;
+  return cfg.distributed.strategy == StrategyKind::kPipeline || s > 1 ? static_cast<int>(s) : 1;
 }
 
 nlohmann::json run_loop(const Config& cfg, const RunOptions& opts, Communicator& comm,

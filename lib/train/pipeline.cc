@@ -57,21 +57,21 @@ double stage_cost(const Model& m, size_t first, size_t last) {
   return block_cost(m, first, last);
 }
 
-std::vector<LayerRange> partition_stages(const Model& m, int stages, const std::string& how) {
+std::vector<LayerRange> partition_stages(const Model& m, int stages, PipelinePartition how) {
   FsdpConfig one;  // one block per layer with parameters, followers attached
   const std::vector<LayerRange> blocks = units_for_fsdp(m, one);
   const int B = static_cast<int>(blocks.size());
   DT_CHECK_GE(stages, 1);
   DT_CHECK_LE(stages, B);
   std::vector<int> cut;  // first block of each stage
-  if (how == "uniform") {
+  if (how == PipelinePartition::kUniform) {
     int b = 0;
     for (int s = 0; s < stages; ++s) {
       cut.push_back(b);
       b += B / stages + (s < B % stages ? 1 : 0);
     }
   } else {
-    DT_CHECK_MSG(how == "balanced", "unknown partition " << how);
+    DT_CHECK_MSG(how == PipelinePartition::kBalanced, "unknown partition " << to_string(how));
     // Minimise the largest stage cost over contiguous splits (dynamic programming).
     std::vector<double> cost(static_cast<size_t>(B));
     for (int b = 0; b < B; ++b)
@@ -179,7 +179,7 @@ class PipelineStage final : public Executor {
   void run_schedule(const std::vector<int64_t>& idx, float scale, bool last_of_step, bool poison);
 
   const PipelineConfig pc_;
-  const std::string loss_;
+  const Loss loss_;
   const Model& model_;
   const Dataset& train_;
   Strategy& s_;
@@ -276,7 +276,7 @@ void PipelineStage::run_schedule(const std::vector<int64_t>& idx, float scale, b
     backward(micro_[static_cast<size_t>(m)], last_of_step && m == M - 1, poison);
   };
   const auto t0 = Clock::now();
-  if (pc_.schedule == "gpipe") {
+  if (pc_.schedule == PipelineSchedule::kGpipe) {
     for (int64_t m = 0; m < M; ++m) forward(micro_[static_cast<size_t>(m)], scale);
     for (int64_t m = 0; m < M; ++m) bwd(m);
   } else {

@@ -86,7 +86,7 @@ std::vector<LayerRange> units_from_buckets(const Model& m, const std::vector<Buc
 std::vector<LayerRange> units_for_fsdp(const Model& m, const FsdpConfig& cfg, size_t first,
                                        size_t last) {
   last = std::min(last, m.num_layers());
-  if (cfg.unit == "model") return cover_layers({first}, first, last);
+  if (cfg.unit == FsdpUnit::kModel) return cover_layers({first}, first, last);
   DT_CHECK_GE(cfg.layers_per_unit, 1);
   std::vector<size_t> starts;
   int64_t in_unit = 0;

@@ -66,7 +66,7 @@ class SingleStage final : public Executor {
   bool computes_loss() const override { return true; }
 
  private:
-  std::string loss_;
+  Loss loss_;
   const Dataset& train_;
   Strategy& s_;
   Rng& rng_;

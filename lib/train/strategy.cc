@@ -35,12 +35,12 @@ std::vector<ParamEntry> range_params(const ModelRange& r) {
 }
 
 std::unique_ptr<Strategy> make_strategy(const Config& cfg, ModelRange range, Communicator& dp) {
-  const std::string& s = cfg.distributed.strategy;
-  if (s == "ddp" || s == "pipeline") return make_ddp(cfg, range, dp);
-  if (s == "local_sgd") return make_local_sgd(cfg, range, dp);
-  if (s == "zero1") return make_zero1(cfg, range, dp);
-  if (s == "zero2") return make_zero2(cfg, range, dp);
-  DT_CHECK_MSG(s == "fsdp", "unknown strategy " << s);
+  const StrategyKind s = cfg.distributed.strategy;
+  if (s == StrategyKind::kDdp || s == StrategyKind::kPipeline) return make_ddp(cfg, range, dp);
+  if (s == StrategyKind::kLocalSgd) return make_local_sgd(cfg, range, dp);
+  if (s == StrategyKind::kZero1) return make_zero1(cfg, range, dp);
+  if (s == StrategyKind::kZero2) return make_zero2(cfg, range, dp);
+  DT_CHECK_MSG(s == StrategyKind::kFsdp, "unknown strategy " << to_string(s));
   return make_fsdp(cfg, range, dp);
 }
 

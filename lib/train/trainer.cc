@@ -64,8 +64,7 @@ namespace {
 
 // Sums over rows [begin, end) of d: (loss sum, correct count).
 std::pair<double, int64_t> eval_rows(const Model& model, const float* params, const Dataset& d,
-                                     int64_t begin, int64_t end, int64_t batch,
-                                     const std::string& loss) {
+                                     int64_t begin, int64_t end, int64_t batch, Loss loss) {
   DT_CHECK_GT(batch, 0);
   Activations acts;
   Tensor x;
@@ -89,7 +88,7 @@ std::pair<double, int64_t> eval_rows(const Model& model, const float* params, co
 }  // namespace
 
 EvalResult evaluate(const Model& model, const float* params, const Dataset& d, int64_t batch,
-                    const std::string& loss) {
+                    Loss loss) {
   EvalResult r;
   const auto [loss_sum, correct] = eval_rows(model, params, d, 0, d.rows, batch, loss);
   r.samples = d.rows;
@@ -133,7 +132,7 @@ StepPlan plan_steps(const Config& cfg, int64_t batches_per_epoch, int64_t train_
   p.total_steps = cfg.train.epochs > 0 ? cfg.train.epochs * p.steps_per_epoch
                                        : std::numeric_limits<int64_t>::max();
   if (cfg.train.max_steps > 0) p.total_steps = std::min(p.total_steps, cfg.train.max_steps);
-  p.base_lr = cfg.optimizer.lr * (cfg.optimizer.scale_lr == "linear" ? replicas : 1);
+  p.base_lr = cfg.optimizer.lr * (cfg.optimizer.scale_lr == ScaleLr::kLinear ? replicas : 1);
   return p;
 }
 
@@ -258,9 +257,9 @@ ResumePoint resume_full_state(const Config& cfg, const RunOptions& opts, Communi
         resolve_checkpoint(opts.resume == "auto" ? ckpt_dir : opts.resume, opts.resume == "auto");
     if (!path.empty()) {
       const CheckpointMeta m = load_checkpoint(path, model, params, state, comp);
-      if (m.optimizer != cfg.optimizer.type)
+      if (parse_enum<OptimizerType>(m.optimizer) != cfg.optimizer.type)
         throw UserError("checkpoint '" + path + "' was written by optimizer '" + m.optimizer +
-                        "', this run uses '" + cfg.optimizer.type + "'");
+                        "', this run uses '" + to_string(cfg.optimizer.type) + "'");
       report_config_changes(path, m, cfg, hash);
       meta_i = {1, m.step, m.epoch, m.batch, m.optimizer_steps, m.schedule_steps};
       rng_states = m.rng;
@@ -336,7 +335,7 @@ nlohmann::json run_training(const Config& cfg, const RunOptions& opts) {
   const int world = static_cast<int>(cfg.distributed.world_size);
   CommOptions copts;
   copts.timeout_s = cfg.distributed.timeout_s;  // as for gRPC ranks (distributed.cc)
-  if (cfg.distributed.backend == "grpc")
+  if (cfg.distributed.backend == Backend::kGrpc)
     throw UserError(
         "distributed.backend grpc: start the ranks with `dtrain launch` or set RANK/WORLD_SIZE");
   // In-process ranks share one process: OpenBLAS gets cores / ranks threads each (1 on a 2-core

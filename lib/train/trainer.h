@@ -118,6 +118,6 @@ struct EvalResult {
 };
 // Evaluates params on all rows of `d` in eval mode, in batches of `batch` rows.
 EvalResult evaluate(const Model& model, const float* params, const Dataset& d, int64_t batch,
-                    const std::string& loss);
+                    Loss loss);
 
 }  // namespace dtrain

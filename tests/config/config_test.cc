@@ -119,22 +119,22 @@ runtime: {threads: 2}
 TEST_CASE("a typical idx config parses to the values written") {
   const Config c = parse_config(kFmnist, "fmnist.yaml");
   CHECK(c.seed == 42);
-  CHECK(c.model.type == "mlp");
+  CHECK(c.model.type == ModelType::kMlp);
   CHECK(c.model.hidden == std::vector<int64_t>{512, 512});
-  CHECK(c.model.activation == "relu");
-  CHECK(c.data.format == "idx");
+  CHECK(c.model.activation == Activation::kRelu);
+  CHECK(c.data.format == DataFormat::kIdx);
   CHECK(c.data.train.images == "/ds/train-images.gz");
   CHECK(c.data.train.labels == "/ds/train-labels.gz");
   CHECK(c.data.test.images == "/ds/t10k-images.gz");
   CHECK(c.data.test.labels == "/ds/t10k-labels.gz");
   CHECK(c.data.batch_size == 128);
   CHECK(c.data.shuffle);
-  CHECK(c.optimizer.type == "sgd");
+  CHECK(c.optimizer.type == OptimizerType::kSgd);
   CHECK(c.optimizer.lr == 0.05);
   CHECK(c.optimizer.momentum == 0.9);
   CHECK(c.train.epochs == 10);
   CHECK(c.train.checkpoint.keep_last == 3);
-  CHECK(c.distributed.backend == "inproc");
+  CHECK(c.distributed.backend == Backend::kInproc);
   CHECK(c.runtime.threads == 0);
   CHECK(c.source_path.empty());
 }
@@ -142,35 +142,35 @@ TEST_CASE("a typical idx config parses to the values written") {
 TEST_CASE("every key is read into its field") {
   const Config c = parse_config(kEveryKey, "x.yaml");
   CHECK(c.seed == 7);
-  CHECK(c.model.complexity.empty());
+  CHECK(c.model.complexity == Complexity::kNone);
   CHECK(c.model.hidden == std::vector<int64_t>{64, 32});
-  CHECK(c.model.activation == "gelu");
+  CHECK(c.model.activation == Activation::kGelu);
   CHECK(c.model.dropout == 0.25);
   CHECK(c.model.layer_norm);
-  CHECK(c.model.init == "xavier");
-  CHECK(c.model.loss == "mse");
+  CHECK(c.model.init == WeightInit::kXavier);
+  CHECK(c.model.loss == Loss::kMse);
   CHECK(c.model.input_features == 20);
   CHECK(c.model.num_classes == 3);
-  CHECK(c.data.format == "csv");
+  CHECK(c.data.format == DataFormat::kCsv);
   CHECK(c.data.train.path == "/d/train.csv");
   CHECK(c.data.test.path == "/d/test.csv");
   CHECK(c.data.batch_size == 64);
   CHECK(c.data.eval_batch_size == 500);
   CHECK_FALSE(c.data.shuffle);
   CHECK(c.data.drop_last);
-  CHECK(c.data.normalize == "scale");
-  CHECK(c.data.csv.header == "true");
+  CHECK(c.data.normalize == Normalize::kScale);
+  CHECK(c.data.csv.header == CsvHeader::kTrue);
   CHECK(c.data.csv.label_column == "label");
   CHECK(c.data.csv.delimiter == ';');
-  CHECK(c.optimizer.type == "adamw");
+  CHECK(c.optimizer.type == OptimizerType::kAdamw);
   CHECK(c.optimizer.lr == 0.003);
   CHECK(c.optimizer.weight_decay == 0.01);
   CHECK(c.optimizer.beta1 == 0.8);
   CHECK(c.optimizer.beta2 == 0.99);
   CHECK(c.optimizer.eps == 1e-6);
-  CHECK(c.optimizer.scale_lr == "linear");
+  CHECK(c.optimizer.scale_lr == ScaleLr::kLinear);
   CHECK(c.optimizer.clip_grad_norm == 1.5);
-  CHECK(c.optimizer.schedule.type == "cosine");
+  CHECK(c.optimizer.schedule.type == ScheduleType::kCosine);
   CHECK(c.optimizer.schedule.warmup_steps == 100);
   CHECK(c.optimizer.schedule.min_lr == 0.0001);
   CHECK(c.train.epochs == 3);
@@ -180,9 +180,9 @@ TEST_CASE("every key is read into its field") {
   CHECK(c.train.grad_accum_steps == 2);
   CHECK(c.train.checkpoint.every_steps == 500);
   CHECK(c.train.checkpoint.keep_last == 2);
-  CHECK(c.distributed.backend == "grpc");
+  CHECK(c.distributed.backend == Backend::kGrpc);
   CHECK(c.distributed.world_size == 4);
-  CHECK(c.distributed.strategy == "ddp");
+  CHECK(c.distributed.strategy == StrategyKind::kDdp);
   CHECK(c.runtime.threads == 2);
 
   // The keys of SGD and of the step schedule (kEveryKey has adamw and cosine).
@@ -211,7 +211,7 @@ TEST_CASE("every key is read into its field") {
 TEST_CASE("omitted keys keep the struct defaults") {
   const Config c = parse_config(kSynthetic, "x.yaml");
   Config expected;
-  expected.data.format = "synthetic";
+  expected.data.format = DataFormat::kSynthetic;
   CHECK(config_to_json(c) == config_to_json(expected));
   CHECK(c.seed == 42);
   CHECK(c.model.hidden == std::vector<int64_t>{512, 512});
@@ -452,12 +452,12 @@ TEST_CASE("every range and enum rule, via --set") {
                   "split a batch by samples") != std::string::npos);
   // zero3 is read as fsdp.
   CHECK(parse_config(kSynthetic, "x.yaml", {"distributed.strategy=zero3"}).distributed.strategy ==
-        "fsdp");
+        StrategyKind::kFsdp);
 }
 
 TEST_CASE("powersgd compression: rank defaults to 4, is an integer and reaches config.json") {
   const Config d = parse_config(kSynthetic, "x.yaml", {"distributed.compression.type=powersgd"});
-  CHECK(d.distributed.compression.type == "powersgd");
+  CHECK(d.distributed.compression.type == CompressionType::kPowersgd);
   CHECK(d.distributed.compression.rank == 4);
   const Config c = parse_config(
       "data: {format: synthetic}\n"
@@ -530,7 +530,7 @@ TEST_CASE("complexity presets set hidden, giving both is a contradiction") {
   CHECK(parse_config("model: {complexity: medium}\n" + data, "x").model.hidden ==
         std::vector<int64_t>{512, 512});
   const Config c = parse_config("model: {complexity: complex}\n" + data, "x");
-  CHECK(c.model.complexity == "complex");
+  CHECK(c.model.complexity == Complexity::kComplex);
   CHECK(c.model.hidden == std::vector<int64_t>{1024, 1024, 512, 256});
   CHECK(parse_config("model: {complexity: '', hidden: [3]}\n" + data, "x").model.hidden ==
         std::vector<int64_t>{3});
@@ -560,7 +560,7 @@ TEST_CASE("--set overrides replace values before validation") {
         base, "x", {"optimizer.lr=0.1", "model.hidden=[256,256]", "data.shuffle=false"});
     CHECK(c.optimizer.lr == 0.1);
     CHECK(c.model.hidden == std::vector<int64_t>{256, 256});
-    CHECK(c.model.activation == "tanh");  // siblings untouched
+    CHECK(c.model.activation == Activation::kTanh);  // siblings untouched
     CHECK_FALSE(c.data.shuffle);
     CHECK(parse_config(base, "x", {"model.hidden=[]"}).model.hidden.empty());
   }
@@ -568,12 +568,12 @@ TEST_CASE("--set overrides replace values before validation") {
     const Config c = parse_config(base, "x",
                                   {"optimizer.schedule.type=step", "optimizer.schedule.gamma=0.5",
                                    "train.checkpoint.keep_last=7"});
-    CHECK(c.optimizer.schedule.type == "step");
+    CHECK(c.optimizer.schedule.type == ScheduleType::kStep);
     CHECK(c.optimizer.schedule.gamma == 0.5);
     CHECK(c.optimizer.lr == 0.5);
     CHECK(c.train.checkpoint.keep_last == 7);
     const Config e = parse_config("", "x", {"data.format=synthetic", "optimizer.lr=0.2"});
-    CHECK(e.data.format == "synthetic");
+    CHECK(e.data.format == DataFormat::kSynthetic);
     CHECK(e.optimizer.lr == 0.2);
     CHECK(parse_config("optimizer:\n" + std::string(kSynthetic), "x", {"optimizer.lr=0.3"})
               .optimizer.lr == 0.3);
@@ -582,7 +582,7 @@ TEST_CASE("--set overrides replace values before validation") {
     const Config c =
         parse_config(base, "x", {"model={hidden: [8]}", "optimizer.lr=0.1", " optimizer.lr = 0.2"});
     CHECK(c.model.hidden == std::vector<int64_t>{8});
-    CHECK(c.model.activation == "relu");
+    CHECK(c.model.activation == Activation::kRelu);
     CHECK(c.optimizer.lr == 0.2);
   }
   SUBCASE("the parsed file is not left with a duplicate key") {

@@ -143,7 +143,7 @@ TEST_CASE("gradcheck: linear, inputs and parameters") {
 
 TEST_CASE("gradcheck: activations") {
   for (const char* kind : {"relu", "gelu", "tanh", "sigmoid"}) {
-    auto l = make_activation(kind, 6);
+    auto l = make_activation(parse_enum<Activation>(kind).value(), 6);
     check_layer(*l, 1, /*avoid_zero=*/true);
     check_layer(*l, 3, /*avoid_zero=*/true);
   }
@@ -199,9 +199,9 @@ Model small_model() {
   std::vector<std::unique_ptr<Layer>> layers;
   layers.push_back(make_linear(6, 8, Init::kKaiming));
   layers.push_back(make_layer_norm(8));
-  layers.push_back(make_activation("gelu", 8));
+  layers.push_back(make_activation(Activation::kGelu, 8));
   layers.push_back(make_linear(8, 7, Init::kXavier));
-  layers.push_back(make_activation("tanh", 7));
+  layers.push_back(make_activation(Activation::kTanh, 7));
   layers.push_back(make_linear(7, 4, Init::kXavier));
   return Model(std::move(layers));
 }
@@ -279,7 +279,7 @@ TEST_CASE("gradcheck: rejects wrong gradients") {
     CHECK(grad_error(gr.num_x, wrong.data()) > kTol);
   }
   SUBCASE("gelu: derivative without the x * tanh' term") {
-    auto l = make_activation("gelu", 6);
+    auto l = make_activation(Activation::kGelu, 6);
     const Tensor x = random_input(2, 6, 8, true);
     LayerGrads gr = layer_grads(*l, x, {}, nullptr, 9);
     Rng rng(9, 99);

@@ -37,7 +37,7 @@ TEST_CASE("layers: activations match double-precision references") {
   for (float v = -12.0f; v <= 12.0f; v += 0.01f) xs.push_back(v);
   const Tensor x = row_tensor(xs);
   for (const char* kind : {"relu", "gelu", "tanh", "sigmoid"}) {
-    auto l = make_activation(kind, x.numel());
+    auto l = make_activation(parse_enum<Activation>(kind).value(), x.numel());
     Tensor y, saved;
     l->forward(nullptr, x, y, saved, ForwardCtx{});
     REQUIRE(y.shape() == x.shape());
@@ -58,14 +58,14 @@ TEST_CASE("layers: activations match double-precision references") {
 TEST_CASE("layers: activations propagate NaN") {
   const Tensor x = row_tensor({std::numeric_limits<float>::quiet_NaN(), 1.0f});
   for (const char* kind : {"relu", "gelu", "tanh", "sigmoid"}) {
-    auto l = make_activation(kind, 2);
+    auto l = make_activation(parse_enum<Activation>(kind).value(), 2);
     Tensor y, saved;
     l->forward(nullptr, x, y, saved, ForwardCtx{});
     INFO(kind);
     CHECK(std::isnan(y[0]));
     CHECK(std::isfinite(y[1]));
   }
-  CHECK_THROWS_AS(make_activation("swish", 3), InternalError);
+  CHECK_THROWS_AS(make_activation(static_cast<Activation>(99), 3), InternalError);
 }
 
 TEST_CASE("layers: linear forward equals the naive product, init bounds") {
@@ -110,7 +110,7 @@ TEST_CASE("layers: linear forward equals the naive product, init bounds") {
 TEST_CASE("layers: B = 0 through every layer kind") {
   std::vector<std::unique_ptr<Layer>> layers;
   layers.push_back(make_linear(4, 4, Init::kKaiming));
-  layers.push_back(make_activation("gelu", 4));
+  layers.push_back(make_activation(Activation::kGelu, 4));
   layers.push_back(make_dropout(4, 0.5));
   layers.push_back(make_layer_norm(4));
   for (const auto& l : layers) {

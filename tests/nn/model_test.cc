@@ -53,7 +53,7 @@ ModelConfig mlp_config(std::vector<int64_t> hidden, const std::string& act, bool
                        double dropout) {
   ModelConfig cfg;
   cfg.hidden = std::move(hidden);
-  cfg.activation = act;
+  cfg.activation = parse_enum<Activation>(act).value();
   cfg.layer_norm = layer_norm;
   cfg.dropout = dropout;
   return cfg;
@@ -110,14 +110,13 @@ TEST_CASE("model: reference MLP 784-512-512-10 and presets") {
   CHECK(m.param_count() == 784 * 512 + 512 + 512 * 512 + 512 + 512 * 10 + 10);
   CHECK(m.layer(0).flops_per_sample() == 784.0 * 512);
 
-  CHECK(complexity_preset("simple") == std::vector<int64_t>{128});
-  CHECK(complexity_preset("medium") == std::vector<int64_t>{512, 512});
-  CHECK(complexity_preset("complex") == std::vector<int64_t>{1024, 1024, 512, 256});
-  CHECK_THROWS_AS(complexity_preset("huge"), UserError);
-  CHECK_THROWS_AS(complexity_preset(""), UserError);
+  CHECK(complexity_preset(Complexity::kSimple) == std::vector<int64_t>{128});
+  CHECK(complexity_preset(Complexity::kMedium) == std::vector<int64_t>{512, 512});
+  CHECK(complexity_preset(Complexity::kComplex) == std::vector<int64_t>{1024, 1024, 512, 256});
+  CHECK_THROWS_AS(complexity_preset(Complexity::kNone), InternalError);
 
   ModelConfig cfg;
-  cfg.complexity = "complex";
+  cfg.complexity = Complexity::kComplex;
   const Model c = build_mlp(cfg, 20, 4);
   CHECK(c.num_layers() == 9);
   CHECK(c.layer(0).out_features() == 1024);
@@ -129,10 +128,6 @@ TEST_CASE("model: reference MLP 784-512-512-10 and presets") {
 }
 
 TEST_CASE("model: build_mlp rejects bad user settings") {
-  CHECK_THROWS_AS(build_mlp(mlp_config({4}, "swish", false, 0.0), 3, 2), UserError);
-  ModelConfig bad_init = mlp_config({4}, "relu", false, 0.0);
-  bad_init.init = "orthogonal";
-  CHECK_THROWS_AS(build_mlp(bad_init, 3, 2), UserError);
   CHECK_THROWS_AS(build_mlp(mlp_config({4}, "relu", false, 1.0), 3, 2), UserError);
   CHECK_THROWS_AS(build_mlp(mlp_config({0}, "relu", false, 0.0), 3, 2), UserError);
 }
@@ -168,7 +163,7 @@ TEST_CASE("model: init bounds, auto init choice, zero biases, LayerNorm ones and
     for (int64_t i = 0; i < gamma->numel; ++i) CHECK(p[gamma->offset + i] == 1.0f);
   }
   ModelConfig xavier_relu = mlp_config({300}, "relu", false, 0.0);
-  xavier_relu.init = "xavier";
+  xavier_relu.init = WeightInit::kXavier;
   const Model m = build_mlp(xavier_relu, 200, 100);
   std::vector<float> p(m.param_count());
   m.init(p.data(), 1);
@@ -316,7 +311,7 @@ TEST_CASE("model: layer 0 gets no dx unless asked, on_layer_done follows each la
   std::vector<std::string> log;
   std::vector<std::unique_ptr<Layer>> layers;
   layers.push_back(std::make_unique<SpyLayer>(make_linear(5, 6, Init::kKaiming), 0, &log));
-  layers.push_back(std::make_unique<SpyLayer>(make_activation("relu", 6), 1, &log));
+  layers.push_back(std::make_unique<SpyLayer>(make_activation(Activation::kRelu, 6), 1, &log));
   layers.push_back(std::make_unique<SpyLayer>(make_linear(6, 3, Init::kKaiming), 2, &log));
   const Model m(std::move(layers));
   ParamStore store(m.param_count());

@@ -19,7 +19,7 @@ doctest::Approx near(double x) {
 
 OptimizerConfig sgd(double lr, double momentum = 0, bool nesterov = false, double wd = 0) {
   OptimizerConfig c;
-  c.type = "sgd";
+  c.type = OptimizerType::kSgd;
   c.lr = lr;
   c.momentum = momentum;
   c.nesterov = nesterov;
@@ -29,7 +29,7 @@ OptimizerConfig sgd(double lr, double momentum = 0, bool nesterov = false, doubl
 
 OptimizerConfig adam(const std::string& type, double wd = 0) {
   OptimizerConfig c;
-  c.type = type;
+  c.type = parse_enum<OptimizerType>(type).value();
   c.lr = 0.1;
   c.beta1 = 0.9;
   c.beta2 = 0.999;
@@ -256,7 +256,7 @@ TEST_CASE("zero-size range and argument checks") {
   CHECK(opt->state_bytes() == 0);
   CHECK_THROWS_AS(make_optimizer(sgd(0.1), 0, -1), InternalError);
   OptimizerConfig bad = sgd(0.1);
-  bad.type = "lion";
+  bad.type = static_cast<OptimizerType>(99);
   CHECK_THROWS_AS(make_optimizer(bad, 0, 1), InternalError);
 }
 
@@ -265,7 +265,7 @@ TEST_CASE("zero-size range and argument checks") {
 
 ScheduleConfig sched(const std::string& type, int64_t warmup = 0) {
   ScheduleConfig s;
-  s.type = type;
+  s.type = parse_enum<ScheduleType>(type).value();
   s.warmup_steps = warmup;
   return s;
 }

@@ -22,7 +22,7 @@ std::vector<float> random_vec(int64_t n, uint64_t seed, float scale = 1.0f) {
 
 CompressionConfig cfg(const std::string& type, double ratio = 0.01, bool ef = true) {
   CompressionConfig c;
-  c.type = type;
+  c.type = parse_enum<CompressionType>(type).value();
   c.ratio = ratio;
   c.error_feedback = ef;
   return c;
@@ -151,7 +151,7 @@ namespace {
 
 CompressionConfig psgd_cfg(int64_t rank, bool ef = true) {
   CompressionConfig c;
-  c.type = "powersgd";
+  c.type = CompressionType::kPowersgd;
   c.rank = rank;
   c.error_feedback = ef;
   return c;

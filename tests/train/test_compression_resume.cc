@@ -216,7 +216,7 @@ TEST_CASE("compression state: PowerSGD's Q is kept at another world size, residu
   // 20 x 12 weight and 12 biases: the weight is compressed at rank 2.
   const std::vector<ParamEntry> params = {{"w", {20, 12}, 0, 240}, {"b", {12}, 240, 12}};
   CompressionConfig cc;
-  cc.type = "powersgd";
+  cc.type = CompressionType::kPowersgd;
   cc.rank = 2;
   // A state as a 2-rank run saves it, with recognisable values.
   CompressionState saved;
@@ -234,7 +234,7 @@ TEST_CASE("compression state: PowerSGD's Q is kept at another world size, residu
   std::vector<GradReducer::State> got(2);
   on_ranks(2, [&](Communicator& comm) {
     PowerSgd p(cc, params, 252, 1);
-    restore_compression_state(comm, p, "powersgd", "ddp", saved);
+    restore_compression_state(comm, p, CompressionType::kPowersgd, StrategyKind::kDdp, saved);
     got[static_cast<size_t>(comm.rank())] = p.export_state();
   });
   for (int r = 0; r < 2; ++r) {
@@ -248,7 +248,7 @@ TEST_CASE("compression state: PowerSGD's Q is kept at another world size, residu
   on_ranks(2, [&](Communicator& comm) {
     PowerSgd p(cc, params, 252, 1);
     p.import_state(got[static_cast<size_t>(comm.rank())]);
-    CompressionState s = gather_compression_state(comm, p, "powersgd");
+    CompressionState s = gather_compression_state(comm, p, CompressionType::kPowersgd);
     if (comm.rank() == 0) again = std::move(s);
   });
   CHECK(again.residuals == saved.residuals);
@@ -261,7 +261,7 @@ TEST_CASE("compression state: PowerSGD's Q is kept at another world size, residu
     std::vector<GradReducer::State> g(static_cast<size_t>(world));
     on_ranks(world, [&](Communicator& comm) {
       PowerSgd p(cc, params, 252, 1);
-      restore_compression_state(comm, p, "powersgd", "ddp", saved);
+      restore_compression_state(comm, p, CompressionType::kPowersgd, StrategyKind::kDdp, saved);
       g[static_cast<size_t>(comm.rank())] = p.export_state();
     });
     for (const auto& st : g) {
@@ -277,7 +277,7 @@ TEST_CASE("compression state: PowerSGD's Q is kept at another world size, residu
     PowerSgd p(cc, params, 252, 1);
     const auto before = p.export_state();
     CHECK(before.residual.size() == 240);
-    restore_compression_state(comm, p, "powersgd", "ddp", saved);
+    restore_compression_state(comm, p, CompressionType::kPowersgd, StrategyKind::kDdp, saved);
     CHECK(p.export_state().q == before.q);
     CHECK(p.export_state().residual == before.residual);
   });

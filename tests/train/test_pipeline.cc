@@ -50,7 +50,7 @@ TEST_CASE("stage partitions: uniform by layer count, balanced by cost, contiguou
     for (const char* how : {"uniform", "balanced"}) {
       CAPTURE(S);
       CAPTURE(how);
-      const auto p = partition_stages(m, S, how);
+      const auto p = partition_stages(m, S, parse_enum<PipelinePartition>(how).value());
       REQUIRE(p.size() == static_cast<size_t>(S));
       CHECK(p.front().first == 0);
       CHECK(p.back().second == m.num_layers());
@@ -60,9 +60,9 @@ TEST_CASE("stage partitions: uniform by layer count, balanced by cost, contiguou
   }
   // uniform: 6 layers with parameters over 4 stages -> 2, 2, 1, 1; balanced puts the big first
   // layer alone.
-  const auto u = partition_stages(m, 4, "uniform");
+  const auto u = partition_stages(m, 4, PipelinePartition::kUniform);
   CHECK(u[0] == LayerRange{0, 4});
-  const auto b = partition_stages(m, 2, "balanced");
+  const auto b = partition_stages(m, 2, PipelinePartition::kBalanced);
   CHECK(b[0] == LayerRange{0, 2});
 }
 

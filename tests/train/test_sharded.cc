@@ -50,7 +50,7 @@ nlohmann::json train(const std::string& out, const std::vector<std::string>& set
 TEST_CASE("shard layout: chunks cover every unit exactly once, uneven sizes padded") {
   ModelConfig mc;
   mc.hidden = {24, 16};
-  mc.activation = "tanh";
+  mc.activation = Activation::kTanh;
   const Model m = build_mlp(mc, 10, 3);
   FsdpConfig fc;
   const auto units = units_for_fsdp(m, fc);
@@ -59,7 +59,7 @@ TEST_CASE("shard layout: chunks cover every unit exactly once, uneven sizes padd
   CHECK(units[2] == LayerRange{4, 5});
   fc.layers_per_unit = 2;
   CHECK(units_for_fsdp(m, fc).size() == 2);
-  fc.unit = "model";
+  fc.unit = FsdpUnit::kModel;
   CHECK(units_for_fsdp(m, fc) == std::vector<LayerRange>{{0, 5}});
   CHECK(units_from_buckets(m, make_buckets(m, 1)).size() == 3);
   CHECK(units_from_buckets(m, make_buckets(m, 1 << 20)).size() == 1);

@@ -1,0 +1,106 @@
+// Text helpers of lib/config: "did you mean" suggestions and message pieces.
+#include "config/internal.h"
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <limits>
+
+#include "config/schema.h"
+
+namespace dtrain::config_detail {
+namespace {
+
+std::string to_lower(std::string_view s) {
+  std::string out(s);
+  for (char& ch : out) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  return out;
+}
+
+// Optimal string alignment distance: Levenshtein plus adjacent transpositions ("wieght").
+size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<std::vector<size_t>> d(a.size() + 1, std::vector<size_t>(b.size() + 1));
+  for (size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
+  for (size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t cost = a[i - 1] == b[j - 1] ? 0 : 1;
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1]) {
+        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+      }
+    }
+  }
+  return d[a.size()][b.size()];
+}
+
+}  // namespace
+
+std::string join_key(std::string_view prefix, std::string_view key) {
+  std::string out(prefix);
+  if (!out.empty()) out += '.';
+  out += key;
+  return out;
+}
+
+std::string join_list(const KeyList& list, std::string_view sep) {
+  std::string out;
+  for (std::string_view s : list) {
+    if (!out.empty()) out += sep;
+    out += s;
+  }
+  return out;
+}
+
+std::string show(int64_t v) {
+  return std::to_string(v);
+}
+
+std::string show(double v) {
+  char buf[64];
+  const auto r = std::to_chars(buf, buf + sizeof buf, v);
+  return std::string(buf, r.ptr);
+}
+
+std::string closest(std::string_view word, const KeyList& candidates) {
+  const std::string w = to_lower(word);
+  std::string best;
+  size_t best_d = std::numeric_limits<size_t>::max();
+  for (std::string_view c : candidates) {
+    if (c.empty()) continue;
+    const std::string lc = to_lower(c);
+    const size_t d = edit_distance(w, lc);
+    const size_t limit = std::max<size_t>(1, std::min<size_t>(3, lc.size() / 3));
+    const bool prefix = w.size() >= 3 && lc.starts_with(w);
+    if ((d <= limit || prefix) && d < best_d) {
+      best = std::string(c);
+      best_d = d;
+    }
+  }
+  return best;
+}
+
+std::string key_suggestion(std::string_view section, std::string_view key) {
+  const auto& sections = config_sections();
+  std::string s = closest(key, sections.find(section)->second);
+  if (s.empty()) {
+    const std::string lk = to_lower(key);
+    std::vector<std::string> found;
+    for (const auto& [sec, keys] : sections) {
+      for (std::string_view k : keys) {
+        if (sec != section && to_lower(k) == lk) found.push_back(join_key(sec, k));
+      }
+    }
+    if (found.size() == 1) s = found[0];
+  }
+  return s.empty() ? std::string() : " (did you mean '" + s + "'?)";
+}
+
+std::string enum_problem(const std::string& got, const KeyList& choices) {
+  std::string msg = "must be one of " + join_list(choices, ", ") + " (got '" + got + "'";
+  const std::string s = closest(got, choices);
+  if (!s.empty()) msg += "; did you mean '" + s + "'?";
+  return msg + ")";
+}
+
+}  // namespace dtrain::config_detail

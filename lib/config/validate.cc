@@ -1,0 +1,211 @@
+// Validation of a parsed config: each key's own check from its declaration (schema.cc), the
+// checks that relate keys, and the keys that belong to another choice of an option.
+#include <string>
+
+#include "config/internal.h"
+#include "config/schema.h"
+
+namespace dtrain::config_detail {
+namespace {
+
+// "must be >= 1 (got 0)" when `v` fails `check`, else "". `is_int` shows the bounds as integers.
+template <class T>
+std::string check_problem(const KeyCheck& check, T v, bool is_int) {
+  const auto bound = [is_int](double b) {
+    return is_int ? show(static_cast<int64_t>(b)) : show(b);
+  };
+  const double x = static_cast<double>(v);
+  bool ok = true;
+  std::string rule;
+  switch (check.kind) {
+    case KeyCheck::kNone:
+      return {};
+    case KeyCheck::kMin:
+      ok = x >= check.lo;
+      rule = "must be >= " + bound(check.lo);
+      break;
+    case KeyCheck::kRange:
+      ok = x >= check.lo && x <= check.hi;
+      rule = "must be in [" + bound(check.lo) + ", " + bound(check.hi) + "]";
+      break;
+    case KeyCheck::kPositive:
+      ok = x > 0;
+      rule = "must be > 0";
+      break;
+    case KeyCheck::kNonNegative:
+      ok = x >= 0;
+      rule = "must be >= 0";
+      break;
+    case KeyCheck::kUnit:
+      ok = x >= 0 && x < 1;
+      rule = "must be in [0, 1)";
+      break;
+    case KeyCheck::kUnitOpenLow:
+      ok = x > 0 && x <= 1;
+      rule = "must be in (0, 1]";
+      break;
+  }
+  if (ok) return {};
+  if (!check.note.empty()) rule += ": " + std::string(check.note);
+  return rule + " (got " + show(v) + ")";
+}
+
+void check_key(const KeyDecl& d, Config& c, const KeyErrors& errors) {
+  if (d.check.kind == KeyCheck::kNone) return;
+  std::visit(
+      [&](const auto& ref) {
+        using R = std::decay_t<decltype(ref)>;
+        if constexpr (std::is_same_v<R, int64_t& (*)(Config&)>) {
+          const std::string p = check_problem(d.check, ref(c), true);
+          errors.check(p.empty(), d.path, p);
+        } else if constexpr (std::is_same_v<R, double& (*)(Config&)>) {
+          const std::string p = check_problem(d.check, ref(c), false);
+          errors.check(p.empty(), d.path, p);
+        } else if constexpr (std::is_same_v<R, std::vector<int64_t>& (*)(Config&)>) {
+          const std::vector<int64_t>& v = ref(c);
+          for (size_t i = 0; i < v.size(); ++i) {
+            const std::string p = check_problem(d.check, v[i], true);
+            errors.check(p.empty(), d.path + "[" + std::to_string(i) + "]", p);
+          }
+        } else {
+          DT_CHECK_MSG(false, "config key " << d.path << " has a check its type cannot have");
+        }
+      },
+      d.ref);
+}
+
+// A key that belongs to another choice of an option -- another optimizer, schedule, data format,
+// compression type or strategy, fsdp.unit model -- is refused, naming what it belongs to: a
+// config cannot silently run without a setting it names. A key left at its default is harmless
+// (config_to_json writes every key, and a run's config.json must load back), so only a value
+// other than the default is refused. distributed.ddp is accepted with every strategy: ddp is the
+// default strategy, zero1/zero2 shard along its buckets, and configs tuned for it are switched
+// to others with --set.
+void check_belongs(const KeyDecl& d, const Config& c, const Config& defaults,
+                   const KeyErrors& errors) {
+  if (d.belongs.empty() || d.get(c) == d.get(defaults)) return;
+  for (const BelongsTo& b : d.belongs) {
+    const nlohmann::json value = find_key(b.key)->get(c);
+    const std::string choice = value.is_string() ? value.get<std::string>() : value.dump();
+    bool used = b.when && b.when(c);
+    for (std::string_view v : b.values) used = used || v == choice;
+    const std::string shown(b.shown.empty() ? b.key : b.shown);
+    errors.check(used, d.path,
+                 "only used " + std::string(b.phrase) + " (" + shown + " is " + choice + ")");
+  }
+}
+
+// Which file keys each format reads: a file key of another format is an error, not ignored,
+// so a config cannot silently train on something other than what it names.
+void validate_data_files(const DataConfig& d, const KeyErrors& errors) {
+  const auto check = [&errors](bool ok, const std::string& path, const std::string& msg) {
+    errors.check(ok, path, msg);
+  };
+  const std::pair<const char*, const SplitFiles*> splits[] = {{"data.train", &d.train},
+                                                              {"data.test", &d.test}};
+  for (const auto& [name, s] : splits) {
+    const std::string p = name;
+    if (d.format == DataFormat::kIdx) {
+      check(s->path.empty(), p + ".path", "not used by format idx (it reads images and labels)");
+    } else if (d.format == DataFormat::kCsv) {
+      check(s->images.empty(), p + ".images", "not used by format csv (it reads path)");
+      check(s->labels.empty(), p + ".labels", "not used by format csv (it reads path)");
+    } else {
+      const char* why = "not used by format synthetic (it generates its data from no files)";
+      check(s->images.empty(), p + ".images", why);
+      check(s->labels.empty(), p + ".labels", why);
+      check(s->path.empty(), p + ".path", why);
+    }
+  }
+  if (d.format == DataFormat::kIdx) {
+    check(!d.train.images.empty(), "data.train.images", "required for format idx");
+    check(!d.train.labels.empty(), "data.train.labels", "required for format idx");
+    check(!d.test.images.empty() || d.test.labels.empty(), "data.test.images",
+          "required when data.test.labels is given (give both or neither)");
+    check(!d.test.labels.empty() || d.test.images.empty(), "data.test.labels",
+          "required when data.test.images is given (give both or neither)");
+  } else if (d.format == DataFormat::kCsv) {
+    check(!d.train.path.empty(), "data.train.path", "required for format csv");
+  }
+}
+
+// Checks that relate keys of model, data, optimizer and train.
+void validate_relations(const Config& c, const KeyErrors& errors) {
+  const DataConfig& d = c.data;
+  validate_data_files(d, errors);
+  errors.check(d.test_fraction == -1.0 || (d.test_fraction >= 0 && d.test_fraction < 1),
+               "data.test_fraction",
+               "must be -1 (the default) or in [0, 1) (got " + show(d.test_fraction) + ")");
+  errors.check(d.test.empty() || d.test_fraction <= 0, "data.test_fraction",
+               "contradicts data.test: a test set is given, so nothing is held out (remove one)");
+  errors.check(d.csv.delimiter != '\n' && d.csv.delimiter != '\r' && d.csv.delimiter != '"',
+               "data.csv.delimiter", "cannot be a newline or a double quote");
+
+  const OptimizerConfig& o = c.optimizer;
+  // (nesterov with another optimizer is refused by check_belongs, naming sgd)
+  errors.check(o.type != OptimizerType::kSgd || !o.nesterov || o.momentum > 0, "optimizer.nesterov",
+               "needs optimizer.momentum > 0 (got momentum " + show(o.momentum) + ")");
+  errors.check(o.schedule.type != ScheduleType::kCosine || o.schedule.min_lr < o.lr,
+               "optimizer.schedule.min_lr",
+               "must be < optimizer.lr for a cosine schedule (got " + show(o.schedule.min_lr) +
+                   ", lr " + show(o.lr) + ")");
+
+  const TrainConfig& t = c.train;
+  errors.check(t.epochs > 0 || t.max_steps > 0, "train.epochs",
+               "nothing to train: epochs and max_steps are both 0 (set one of them > 0)");
+}
+
+// Checks that relate the distributed keys to each other and to the model and data.
+void validate_distributed(const Config& c, const KeyErrors& errors) {
+  const DistributedConfig& dc = c.distributed;
+  const PipelineConfig& pc = dc.pipeline;
+  if (dc.strategy == StrategyKind::kPipeline || pc.stages > 1) {
+    // validate_config resolved a complexity preset into model.hidden.
+    const int64_t linears = static_cast<int64_t>(c.model.hidden.size()) + 1;
+    errors.check(pc.stages <= linears, "distributed.pipeline.stages",
+                 "the model has " + show(linears) + " layers with parameters, fewer than " +
+                     show(pc.stages) + " stages");
+    errors.check(c.data.batch_size >= pc.micro_batches, "distributed.pipeline.micro_batches",
+                 "must be at most data.batch_size (" + show(c.data.batch_size) +
+                     "): micro-batches split a batch by samples");
+  }
+  errors.check(dc.compression.type == CompressionType::kNone || dc.strategy == StrategyKind::kDdp ||
+                   dc.strategy == StrategyKind::kLocalSgd,
+               "distributed.compression.type",
+               "compression applies to strategies ddp and local_sgd (got strategy '" +
+                   to_string(dc.strategy) + "')");
+  const LocalSgdConfig& ls = dc.local_sgd;
+  const int64_t every = c.train.checkpoint.every_steps;
+  if (dc.strategy == StrategyKind::kLocalSgd && every > 0)
+    errors.check(every % ls.sync_every == 0, "train.checkpoint.every_steps",
+                 "must be a multiple of distributed.local_sgd.sync_every (" + show(ls.sync_every) +
+                     ") with strategy local_sgd: checkpoints are taken at synchronisation points");
+  const TlsConfig& tls = dc.tls;
+  errors.check(!tls.enabled() || (!tls.cert.empty() && !tls.key.empty() && !tls.ca.empty()),
+               "distributed.tls", "needs all of cert, key and ca (or none)");
+}
+
+}  // namespace
+
+void validate_config(Config& c, const KeyErrors& errors) {
+  ModelConfig& m = c.model;
+  if (m.complexity != Complexity::kNone) {
+    errors.check(!errors.given("model.hidden"), "model.hidden",
+                 "contradicts model.complexity '" + to_string(m.complexity) +
+                     "' (the preset sets hidden); give only one of them");
+    m.hidden = complexity_preset(m.complexity);
+  }
+  for (const KeyDecl& d : config_keys()) check_key(d, c, errors);
+  validate_relations(c, errors);
+  validate_distributed(c, errors);
+  const Config defaults;
+  for (const KeyDecl& d : config_keys()) check_belongs(d, c, defaults, errors);
+  const LocalSgdConfig& ls = c.distributed.local_sgd;
+  errors.check(
+      ls.outer_lr > 0 || ls.outer_momentum == defaults.distributed.local_sgd.outer_momentum,
+      "distributed.local_sgd.outer_momentum",
+      "only used with distributed.local_sgd.outer_lr > 0 (the outer optimizer; outer_lr "
+      "is 0)");
+}
+
+}  // namespace dtrain::config_detail
