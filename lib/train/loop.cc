@@ -185,13 +185,14 @@ void TrainLoop::check_memory(const ModelRange& range) const {
   if (avail < 0) return;
   const double n = static_cast<double>(range.size()), W = DP_;
   double k = static_cast<double>(make_optimizer(cfg_.optimizer, 0, 0)->state_names().size());
-  const std::string& s = cfg_.distributed.strategy;
-  if (s == "local_sgd" && cfg_.distributed.local_sgd.outer_lr > 0) k += 2;  // anchor, momentum
-  const double floats = s == "zero1"   ? 2 * n + k * n / W
-                        : s == "zero2" ? n + (1 + k) * n / W
-                        : s == "fsdp"  ? (2 + k) * n / W
-                                       : (2 + k) * n;
-  const int here = cfg_.distributed.backend == "inproc" ? world_.size() : 1;
+  const StrategyKind s = cfg_.distributed.strategy;
+  if (s == StrategyKind::kLocalSgd && cfg_.distributed.local_sgd.outer_lr > 0)
+    k += 2;  // anchor, momentum
+  const double floats = s == StrategyKind::kZero1   ? 2 * n + k * n / W
+                        : s == StrategyKind::kZero2 ? n + (1 + k) * n / W
+                        : s == StrategyKind::kFsdp  ? (2 + k) * n / W
+                                                    : (2 + k) * n;
+  const int here = cfg_.distributed.backend == Backend::kInproc ? world_.size() : 1;
   double need = 4.0 * floats * here;
   if (!opts_.resume.empty())
     need += 4.0 * (1 + k) * static_cast<double>(model_.param_count()) * here;
@@ -202,7 +203,7 @@ void TrainLoop::check_memory(const ModelRange& range) const {
       "parameters, gradients and optimizer state ({} {} rank(s) in this process, strategy {}), "
       "more than the {:.1f} GiB this process can allocate; use a smaller model, or more ranks "
       "with a sharded strategy (fsdp) or a pipeline",
-      model_.param_count(), need / gib, here, cfg_.distributed.backend, s,
+      model_.param_count(), need / gib, here, to_string(cfg_.distributed.backend), to_string(s),
       static_cast<double>(avail) / gib));
 }
 
