@@ -174,6 +174,10 @@ void validate_distributed(const Config& c, const KeyErrors& errors) {
                "distributed.compression.type",
                "compression applies to strategies ddp and local_sgd (got strategy '" +
                    to_string(dc.strategy) + "')");
+  errors.check(dc.compression.type == CompressionType::kNone || pc.stages == 1,
+               "distributed.compression.type",
+               "compression does not apply with a pipeline (distributed.pipeline.stages is " +
+                   show(pc.stages) + "): compress a plain data-parallel run instead");
   const LocalSgdConfig& ls = dc.local_sgd;
   const int64_t every = c.train.checkpoint.every_steps;
   if (dc.strategy == StrategyKind::kLocalSgd && every > 0)

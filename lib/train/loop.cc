@@ -156,10 +156,7 @@ void TrainLoop::setup_model() {
   if (lead_) spdlog::info("model:\n{}", model_.describe());
   const bool pipelined = pipelined_ =
       S_ > 1 || cfg_.distributed.strategy == StrategyKind::kPipeline;
-  if (pipelined && cfg_.distributed.compression.type != CompressionType::kNone)
-    throw UserError(
-        "distributed.compression is not supported with a pipeline (distributed.pipeline.stages "
-        "> 1): compress the data axis of a plain data-parallel run instead");
+  // (distributed.compression with a pipeline is refused by the config's validation.)
   stages_ = pipelined ? partition_stages(model_, S_, cfg_.distributed.pipeline.partition)
                       : std::vector<LayerRange>{{0, model_.num_layers()}};
   const auto [f, l] = stages_[static_cast<size_t>(stage_)];

@@ -117,6 +117,10 @@ TEST_CASE("compression and strategy keys of another choice are refused") {
       {{"distributed.fsdp.reshard_after_forward=false"},
        "distributed.fsdp.reshard_after_forward: only used by strategy fsdp "
        "(distributed.strategy is ddp)"},
+      {{"distributed.world_size=2", "distributed.pipeline.stages=2",
+        "distributed.compression.type=fp16"},
+       "distributed.compression.type: compression does not apply with a pipeline "
+       "(distributed.pipeline.stages is 2): compress a plain data-parallel run instead"},
       {{"distributed.strategy=fsdp", "distributed.pipeline.activation_checkpointing=true"},
        "distributed.pipeline.activation_checkpointing: only used with a pipeline "
        "(distributed.pipeline.stages is 1)"},
