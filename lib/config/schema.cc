@@ -443,7 +443,7 @@ std::vector<KeyDecl> strategy_keys(const Owners& o) {
       key(
           "distributed.fsdp.reshard_after_forward",
           [](auto& c) -> auto& { return c.distributed.fsdp.reshard_after_forward; },
-          R"doc(Free a unit's gathered parameters after its forward and gather them again for backward (less memory, more traffic); `false` keeps them until its backward (strategy fsdp only))doc")
+          R"doc(Free a unit's gathered parameters after its forward and gather them again for backward (less memory, more traffic); `false` keeps them until the step's last backward: one gather per unit and step, shared by accumulation and pipeline micro-batches (strategy fsdp only))doc")
           .by(o.fsdp),
       key(
           "distributed.pipeline.stages",
