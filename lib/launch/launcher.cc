@@ -178,9 +178,12 @@ class ChildSet {
     return s;
   }
 
-  // To the rank's whole process group; to the rank alone if it left its group.
+  // To the rank's whole process group; to the rank alone if it left its group. A stopped rank
+  // (SIGSTOP, a debugger's ^Z) acts on SIGTERM or SIGINT only once continued, so it gets
+  // SIGCONT after them: otherwise it would sit out the whole grace period.
   static void signal_rank(pid_t pid, int sig) {
     if (::kill(-pid, sig) != 0) ::kill(pid, sig);
+    if (sig != SIGKILL && sig != SIGCONT && ::kill(-pid, SIGCONT) != 0) ::kill(pid, SIGCONT);
   }
 
   void signal_running(int sig) {

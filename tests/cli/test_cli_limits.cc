@@ -38,3 +38,36 @@ TEST_CASE("more in-process ranks than threads fit in the address space: exit 2, 
   CHECK(contains(r.output, "cannot start 1024 in-process ranks"));
   CHECK_FALSE(contains(r.output, "terminate called"));
 }
+
+TEST_CASE("dtrain launch stops a SIGSTOPped rank without waiting out its grace period") {
+  TempDir dir;
+  const std::string cfg = dir.write("long.yaml", R"(seed: 3
+model: {hidden: [64]}
+data:
+  format: synthetic
+  synthetic: {samples: 20000, features: 16, classes: 4}
+  batch_size: 16
+optimizer: {type: sgd, lr: 0.05}
+train: {epochs: 50, log_every: 50}
+distributed: {backend: grpc, world_size: 2, timeout_s: 60, heartbeat_s: 1}
+runtime: {threads: 1}
+)");
+  // Rank 1 (found by its RANK in /proc) is stopped once training is under way. Rank 0 notices
+  // the missing heartbeats and fails; the launcher then stops rank 1: SIGTERM, which a stopped
+  // process acts on only when continued, so the launcher continues it too. Before, the stopped
+  // rank sat out the launcher's whole 10 s grace and was SIGKILLed.
+  const std::string script =
+      "set -u; " + kBin + " launch --nproc 2 " + cfg + " --out " + dir / "run" + " > " +
+      dir / "launch.log 2>&1 & L=$!; for i in $(seq 600); do [ -s " + dir / "run/metrics.jsonl" +
+      " ] && break; sleep 0.1; done; for p in $(pgrep -P $L); do "
+      "tr \"\\0\" \"\\n\" < /proc/$p/environ | grep -qx RANK=1 && kill -STOP $p; done; "
+      "start=$(date +%s%N); wait $L; rc=$?; "
+      "echo launch_exit=$rc elapsed_ms=$(( ($(date +%s%N) - start) / 1000000 ))";
+  const auto r = run_cmd("bash -c '" + script + "'");
+  INFO(r.output, read_text(dir / "launch.log"));
+  CHECK_FALSE(contains(r.output, "launch_exit=0"));
+  const size_t at = r.output.find("elapsed_ms=");
+  REQUIRE(at != std::string::npos);
+  CHECK(std::stol(r.output.substr(at + 11)) < 8000);  // heartbeat 1 s + shutdown; grace is 10 s
+  CHECK_FALSE(contains(read_text(dir / "launch.log"), "sending SIGKILL"));
+}
