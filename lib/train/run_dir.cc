@@ -1,9 +1,12 @@
 #include "train/run_dir.h"
 
+#include "util/strings.h"
+
 #include <filesystem>
 #include <system_error>
 
 #include "util/check.h"
+#include "util/strings.h"
 
 namespace dtrain {
 
@@ -20,6 +23,12 @@ std::vector<std::string> run_files_in(const std::string& out_dir) {
 }
 
 void prepare_out_dir(const std::string& out_dir, bool resuming, bool overwrite, bool clear_logs) {
+  // The folder's path is written into summary.json and manifests, which are JSON: UTF-8 only.
+  // Refused here, before training, not when the summary is written.
+  if (!valid_utf8(out_dir))
+    throw UserError("--out '" + out_dir +
+                    "': the path is not valid UTF-8 (summary.json and checkpoint manifests "
+                    "record it as JSON text); choose a UTF-8 folder name");
   if (overwrite) {
     std::error_code ec;
     std::vector<std::string> names = {"summary.json", "metrics.jsonl", "config.json",

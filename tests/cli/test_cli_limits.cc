@@ -3,6 +3,7 @@
 // exit 2 before anything is trained, never std::bad_alloc or std::terminate.
 #include <doctest/doctest.h>
 
+#include <filesystem>
 #include <string>
 
 #include "cli/cli_util.h"
@@ -70,4 +71,15 @@ runtime: {threads: 1}
   REQUIRE(at != std::string::npos);
   CHECK(std::stol(r.output.substr(at + 11)) < 8000);  // heartbeat 1 s + shutdown; grace is 10 s
   CHECK_FALSE(contains(read_text(dir / "launch.log"), "sending SIGKILL"));
+}
+
+TEST_CASE("an --out path that is not UTF-8 is refused before training") {
+  TempDir dir;
+  // $'\xff' in bash: a byte that is never valid UTF-8.
+  const auto r = run_cmd("bash -c \"" + kBin + " run " + kSrc + "/configs/smoke.yaml --out " +
+                         dir.path() + "/bad\\$'\\xff'\" 2>&1");
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK(contains(r.output, "the path is not valid UTF-8"));
+  CHECK_FALSE(std::filesystem::exists(dir / "bad\xff"));
 }
