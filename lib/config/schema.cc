@@ -146,12 +146,12 @@ std::vector<KeyDecl> data_keys(const Owners& o) {
           R"doc(Fraction of train held out as the test set when `data.test` is not given: -1 = default (0 for idx/csv, 0.2 for synthetic), else in [0, 1); > 0 together with `data.test` is an error)doc"),
       key(
           "data.batch_size", [](auto& c) -> auto& { return c.data.batch_size; },
-          R"doc(Per-rank batch size, ≥ 1)doc")
-          .min(1),
+          R"doc(Per-rank batch size, 1..16777216 (2^24))doc")
+          .range(1, int64_t{1} << 24),
       key(
           "data.eval_batch_size", [](auto& c) -> auto& { return c.data.eval_batch_size; },
-          R"doc(Evaluation batch size, ≥ 1)doc")
-          .min(1),
+          R"doc(Evaluation batch size, 1..16777216 (2^24))doc")
+          .range(1, int64_t{1} << 24),
       key(
           "data.shuffle", [](auto& c) -> auto& { return c.data.shuffle; },
           R"doc(Shuffle the training data each epoch (permutation from seed and epoch))doc"),
