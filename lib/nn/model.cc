@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <sstream>
 
+#include "tensor/fp_mode.h"
 #include "util/check.h"
 
 namespace dtrain {
@@ -88,6 +89,7 @@ const Tensor& Model::forward(const float* params, const Tensor& x, Activations& 
   const Tensor* in = &x;
   for (size_t i = first; i < last; ++i) {
     DT_CHECK_GE(layer_begin(i), base);
+    const FlushSubnormals flush;  // tensor/fp_mode.h: subnormals cost ~100 cycles each
     layers_[i]->forward(params + (layer_begin(i) - base), *in, acts.out[i], acts.saved[i], ctx);
     in = &acts.out[i];
   }
@@ -118,8 +120,13 @@ void Model::backward(const float* params, float* grads, const Tensor& x, Activat
     // model that skips a whole gemm).
     Tensor* grad_in = i == first ? dx : &acts.grad[i];
     DT_CHECK_GE(layer_begin(i), base);
-    layers_[i]->backward(params + (layer_begin(i) - base), grads + (layer_begin(i) - base), in,
-                         acts.out[i], acts.saved[i], *grad_out, grad_in);
+    {
+      // Only the layer computes with subnormals flushed (tensor/fp_mode.h); on_layer_done
+      // starts reductions, which stay in the caller's mode.
+      const FlushSubnormals flush;
+      layers_[i]->backward(params + (layer_begin(i) - base), grads + (layer_begin(i) - base), in,
+                           acts.out[i], acts.saved[i], *grad_out, grad_in);
+    }
     if (on_layer_done) on_layer_done(i);
     grad_out = grad_in;
   }

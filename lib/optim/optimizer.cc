@@ -208,6 +208,18 @@ void Optimizer::update_slice(float* params, const float* grads, int64_t state_of
   update(params, grads, state_offset, n, lr);
 }
 
+void Optimizer::step_and_zero_grads(float* params, float* grads, double lr) {
+  ++steps_;
+  // 4096 floats: the slice of each buffer (params, grads, up to two states) stays in cache from
+  // the update to the zeroing. Every update rule is elementwise, so slicing changes no result.
+  constexpr int64_t kSlice = 4096;
+  for (int64_t off = 0; off < n_; off += kSlice) {
+    const int64_t len = std::min(kSlice, n_ - off);
+    update(params + off, grads + off, off, len, lr);
+    std::fill(grads + off, grads + off + len, 0.0f);
+  }
+}
+
 std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& cfg, int64_t begin, int64_t n) {
   DT_CHECK_GE(begin, 0);
   DT_CHECK_GE(n, 0);

@@ -22,6 +22,10 @@ class Optimizer {
     ++steps_;
     update_slice(params, grads, 0, n_, lr);
   }
+  // step() that also zeroes grads[0, n), in the same pass (slice by slice while each is in
+  // cache): the next step's gradients then accumulate from zero without a separate pass over
+  // them (2.7 MB on mlp-ref: 0.1 ms a step). Parameters and state as with step(), bitwise.
+  void step_and_zero_grads(float* params, float* grads, double lr);
   // The same step split into slices (sharded strategies own several ranges of the flat layout):
   // begin_step() once, then update_slice() for disjoint slices [state_offset, state_offset + n)
   // of the state, params and grads pointing at the slice's first element.
