@@ -23,7 +23,7 @@ summary() { # tag, summary.json -> one line of figures
 import json, sys
 s = json.load(open(sys.argv[2]))
 st = s.get("stages") or []
-b = " ".join(f"{x[\"bubble_fraction\"]:.4f}" for x in st) or "-"
+b = ",".join("%.4f" % x["bubble_fraction"] for x in st) or "-"
 mem = (s["param_bytes"] + s["grad_bytes"] + s["optim_bytes"]) / 2**20
 print(sys.argv[1], 1e3 * s["train_s"] / s["steps"], s["train_samples_per_s"], b, mem)' \
     "$1" "$2" | tee -a "$out/all"
