@@ -2,6 +2,7 @@
 // knobs, and a view of the peer table. Production code uses grpc_transport.h only.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -59,5 +60,17 @@ std::vector<int> grpc_shm_peers(const Transport& t);
 // The peer table a gRPC transport joined with: element r is rank r's "host:port". Throws
 // std::invalid_argument if t is not a gRPC transport.
 std::vector<std::string> grpc_peer_addresses(const Transport& t);
+
+// How long a peer may stay silent before it is declared frozen or unreachable: this rank's
+// heartbeat_s, lengthened for a peer that says it beats less often (hosts may set heartbeat_s
+// differently) to three of its intervals, but never past twice heartbeat_s: the interval comes
+// from the peer, and a forged or broken one (1e308, NaN, negative) must not switch detection
+// off or stretch it.
+inline double peer_silence_limit(double heartbeat_s, double claimed_interval_s) {
+  // Nonsense is ignored (NaN fails both comparisons).
+  const bool sane = claimed_interval_s > 0 && claimed_interval_s < 1e9;
+  const double iv = sane ? claimed_interval_s : 0.0;
+  return std::min(2 * heartbeat_s, std::max(heartbeat_s, 3 * iv));
+}
 
 }  // namespace dtrain

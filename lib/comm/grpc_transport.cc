@@ -2142,7 +2142,7 @@ void GrpcTransport::check_peers(Clock::time_point now, Clock::time_point baselin
       std::lock_guard<std::mutex> lk(health_mu_);
       const PeerHealth& h = health_[r];
       heard = h.beat ? std::max(h.heard, baseline) : baseline;
-      limit = std::max(limit, 3 * h.interval_s);
+      limit = peer_silence_limit(o_.heartbeat_s, h.interval_s);
     }
     const double silent = std::chrono::duration<double>(now - heard).count();
     if (silent > limit)
@@ -2185,10 +2185,8 @@ grpc::ServerUnaryReactor* GrpcTransport::on_beat(grpc::CallbackServerContext* ct
     PeerHealth& h = health_[src];
     h.beat = true;
     h.heard = now;
-    // Only ever lengthens how long we wait for the peer; bounded so that a bogus value cannot
-    // switch detection off.
-    const double iv = req->interval_s();
-    h.interval_s = std::isfinite(iv) && iv > 0 ? std::min(iv, 3600.0) : 0.0;
+    // As the peer says; check_peers bounds what it does (peer_silence_limit).
+    h.interval_s = req->interval_s();
     h.pos.completed = p.completed();
     h.pos.active = p.active();
     h.pos.op = static_cast<CommOp>(p.op());

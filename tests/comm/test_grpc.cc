@@ -15,12 +15,14 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -1046,4 +1048,18 @@ TEST_CASE("grpc: throughput" * doctest::skip()) {
   waitpid(pid, &status, 0);
   close(pipefd[0]);
   close(pipefd[1]);
+}
+
+TEST_CASE("grpc: a peer's claimed heartbeat interval lengthens freeze detection at most 2x") {
+  // heartbeat_s 2: a peer beating every 0.67 s (heartbeat_s 2 too) or faster changes nothing;
+  // one with heartbeat_s 3 (beats every 1 s) is given 3 s; nothing a peer claims -- forged or
+  // broken -- takes it past 4 s (it was up to 3 x 3600 s); nonsense (1e308, infinity, NaN,
+  // negative, zero) is ignored.
+  CHECK(peer_silence_limit(2.0, 2.0 / 3) == doctest::Approx(2.0));
+  CHECK(peer_silence_limit(2.0, 0.1) == doctest::Approx(2.0));
+  CHECK(peer_silence_limit(2.0, 1.0) == doctest::Approx(3.0));
+  CHECK(peer_silence_limit(2.0, 3600.0) == doctest::Approx(4.0));
+  for (double bogus :
+       {1e308, std::numeric_limits<double>::infinity(), std::nan(""), -1.0, -1e308, 0.0})
+    CHECK(peer_silence_limit(2.0, bogus) == doctest::Approx(2.0));
 }
