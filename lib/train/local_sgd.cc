@@ -100,7 +100,10 @@ class LocalSgd final : public Strategy {
   double wait_seconds() const override { return wait_s_; }
 
   bool global_mean() const override { return false; }
-  void begin_step() override { std::fill(grads_.begin(), grads_.end(), 0.0f); }
+  void begin_step() override {
+    if (!grads_zeroed_) std::fill(grads_.begin(), grads_.end(), 0.0f);
+    grads_zeroed_ = false;
+  }
   const Tensor& forward(const Tensor& x, Activations& acts, const ForwardCtx& ctx) override {
     return r_.model->forward(values_.data(), x, acts, ctx, r_.first, r_.last, r_.begin);
   }
@@ -116,7 +119,11 @@ class LocalSgd final : public Strategy {
   }
   double grad_sq_sum() override { return sum_squares(grads_.data(), r_.size()); }
   void scale_grads(float f) override { scale_inplace(grads_.data(), r_.size(), f); }
-  void optimizer_step(double lr) override { opt_->step(values_.data(), grads_.data(), lr); }
+  // Zeroes the gradients in the update's pass (as ddp does), so begin_step skips its fill.
+  void optimizer_step(double lr) override {
+    opt_->step_and_zero_grads(values_.data(), grads_.data(), lr);
+    grads_zeroed_ = true;
+  }
   void end_step(int64_t step, bool last) override {
     if (dp_.size() == 1 || (step % c_.sync_every != 0 && !last)) return;
     const auto t0 = std::chrono::steady_clock::now();
@@ -142,6 +149,7 @@ class LocalSgd final : public Strategy {
   std::vector<float> anchor_, outer_momentum_, delta_;
   std::unique_ptr<GradReducer> reducer_;
   double wait_s_ = 0.0;
+  bool grads_zeroed_ = false;  // the last optimizer_step left grads_ zero
 };
 
 void LocalSgd::sync() {
