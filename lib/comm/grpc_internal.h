@@ -23,6 +23,10 @@ inline constexpr char kGrpcStreamMethod[] = "/dtrain.wire.Data/Stream";
 // Largest message a receiver accepts (total_bytes of a frame): a corrupt or hostile header
 // must not make it allocate without bound.
 inline constexpr uint64_t kGrpcMaxMessageBytes = uint64_t{4} << 30;
+// Distinct messages a rank buffers from one peer ahead of its own receives. A correct peer is at
+// most a few collectives (their segments) and a pipeline schedule's sends ahead; a frame that
+// would open one more is malformed (forged far-future sequence numbers), so buffering is bounded.
+inline constexpr size_t kGrpcMaxBufferedMessages = 65536;
 // Largest single frame a server accepts; chunk_bytes must stay below it.
 inline constexpr int kGrpcMaxFrameBytes = (64 << 20) + 4096;
 

@@ -1220,23 +1220,36 @@ grpc::Status GrpcTransport::deliver(int src, std::map<Key, Partial>& partial, co
   if (it == partial.end()) {  // a new message: deliver directly if its recv is posted
     Partial p;
     p.h = f.h;
-    std::lock_guard<std::mutex> lk(ib.mu);
-    if (!ib.aborted.empty()) return grpc::Status(grpc::StatusCode::ABORTED, ib.aborted);
-    const auto q = ib.msgs.find(key);
-    const auto post = ib.posted.find(key);
-    if ((q == ib.msgs.end() || q->second.empty()) && post != ib.posted.end() &&
-        !post->second->taken && post->second->h.op == f.h.op &&
-        post->second->h.bytes == f.h.bytes && (flat || !post->second->reduce)) {
-      post->second->taken = true;
-      p.post = post->second;
-      ++n_direct_;
-    } else {
-      p.msg = std::make_shared<InMsg>();
-      p.msg->h = f.h;
-      p.msg->buf = pool_.get(f.h.bytes);
-      ib.msgs[key].push_back(p.msg);
-      ib.cv.notify_all();  // a waiting recv may have to report a mismatch now
+    bool overflow = false;
+    {
+      std::lock_guard<std::mutex> lk(ib.mu);
+      if (!ib.aborted.empty()) return grpc::Status(grpc::StatusCode::ABORTED, ib.aborted);
+      const auto q = ib.msgs.find(key);
+      const auto post = ib.posted.find(key);
+      if ((q == ib.msgs.end() || q->second.empty()) && post != ib.posted.end() &&
+          !post->second->taken && post->second->h.op == f.h.op &&
+          post->second->h.bytes == f.h.bytes && (flat || !post->second->reduce)) {
+        post->second->taken = true;
+        p.post = post->second;
+        ++n_direct_;
+      } else if (q == ib.msgs.end() && ib.msgs.size() >= kGrpcMaxBufferedMessages) {
+        overflow = true;
+      } else {
+        p.msg = std::make_shared<InMsg>();
+        p.msg->h = f.h;
+        p.msg->buf = pool_.get(f.h.bytes);
+        ib.msgs[key].push_back(p.msg);
+        ib.cv.notify_all();  // a waiting recv may have to report a mismatch now
+      }
     }
+    if (overflow)
+      return malformed(
+          src,
+          fmt::format("{} would be message {} buffered ahead of this rank's "
+                      "receives, over the limit of {} (sequence numbers far ahead "
+                      "of this rank's: a forged or broken peer)",
+                      describe(f.h), kGrpcMaxBufferedMessages + 1, kGrpcMaxBufferedMessages),
+          "frame");
     it = partial.emplace(key, std::move(p)).first;
   }
   Partial& p = it->second;

@@ -1063,3 +1063,23 @@ TEST_CASE("grpc: a peer's claimed heartbeat interval lengthens freeze detection 
        {1e308, std::numeric_limits<double>::infinity(), std::nan(""), -1.0, -1e308, 0.0})
     CHECK(peer_silence_limit(2.0, bogus) == doctest::Approx(2.0));
 }
+
+TEST_CASE("grpc: frames with ever newer sequence numbers are refused once too many wait") {
+  // A token holder streams frames of distinct far-future channels that no receive will ever
+  // take: each would be buffered. Past kGrpcMaxBufferedMessages the frame is malformed and the
+  // rank fails (before: buffered without bound).
+  Job job = connect_job(2);
+  require_ok(job);
+  std::vector<uint8_t> buf(10);
+  Worker waiter(
+      [&] { job.t[0]->recv(1, header(1, 0, CommOp::kAllReduce, 10), buf.data(), in(120)); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  RawStream raw(grpc_peer_addresses(*job.t[0])[0], "s3cret-token", 1);
+  for (size_t i = 0; i <= kGrpcMaxBufferedMessages; ++i)
+    if (!raw.w->Write(frame(1, (uint64_t{1} << 40) + i, 4, 0, 4))) break;  // the rank hung up
+  const grpc::Status s = raw.finish();
+  waiter.join();
+  CHECK(!s.ok());
+  CHECK_MESSAGE(contains(waiter.error, "malformed frame from rank 1"), waiter.error);
+  CHECK_MESSAGE(contains(waiter.error, "buffered ahead of this rank's receives"), waiter.error);
+}
