@@ -1984,6 +1984,11 @@ void GrpcTransport::connect() {
   }
   start_server();
   if (o_.shm && world_ > 1) {
+    if (const int n = sweep_orphaned_segments())
+      spdlog::info(
+          "rank {}: removed {} shared-memory segment(s) of dtrain processes that no "
+          "longer exist",
+          rank_, n);
     try {
       shm_in_ = ShmSegment::create(rank_, world_, kShmRingBytes);
     } catch (const CommError& e) {

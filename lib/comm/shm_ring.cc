@@ -8,9 +8,12 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <signal.h>
+
 #include <cerrno>
 #include <climits>
 #include <cstring>
+#include <filesystem>
 #include <random>
 
 #include "comm/transport.h"
@@ -78,6 +81,27 @@ ShmSegment::Ctl& ShmSegment::ctl(int src) const {
 char* ShmSegment::ring(int src) const {
   return static_cast<char*>(base_) + sizeof(Layout) + sizeof(Ctl) * static_cast<size_t>(world_) +
          ring_bytes_ * static_cast<uint64_t>(src);
+}
+
+int sweep_orphaned_segments(const std::string& dir) {
+  int removed = 0;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    // dtrain-<pid>-<nonce>
+    if (name.rfind("dtrain-", 0) != 0) continue;
+    const size_t dash = name.find('-', 7);
+    if (dash == std::string::npos || dash == 7) continue;
+    const std::string digits = name.substr(7, dash - 7);
+    if (digits.find_first_not_of("0123456789") != std::string::npos || digits.size() > 9) continue;
+    const pid_t pid = static_cast<pid_t>(std::stol(digits));
+    if (pid <= 0 || ::kill(pid, 0) == 0 || errno != ESRCH) continue;  // alive, or not ours
+    std::error_code rec;
+    if (dir == "/dev/shm" ? shm_unlink(("/" + name).c_str()) == 0
+                          : std::filesystem::remove(e.path(), rec))
+      ++removed;
+  }
+  return removed;
 }
 
 std::unique_ptr<ShmSegment> ShmSegment::create(int owner, int world, uint64_t ring_bytes) {

@@ -39,6 +39,12 @@ struct ShmRecord {
 };
 static_assert(sizeof(ShmRecord) == 64);
 
+// Removes the shared-memory segments (/dev/shm/dtrain-<pid>-<nonce>) whose creating process no
+// longer exists: segments of ranks killed before their peers attached and the name was unlinked.
+// A segment whose pid is alive (this process's, or another job's) is never touched, nor one of
+// another user (shm_unlink refuses). Returns how many were removed. `dir` is for tests.
+int sweep_orphaned_segments(const std::string& dir = "/dev/shm");
+
 class ShmSegment {
  public:
   // Creates this rank's inbound segment with one ring of ring_bytes (a multiple of 64) per
