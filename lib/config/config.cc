@@ -10,6 +10,7 @@
 // there, since marks inside an override's value are relative to that value, not to the file.
 #include "config/config.h"
 
+#include <yaml-cpp/depthguard.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -156,10 +157,18 @@ class Reader final : public config_detail::KeyErrors {
 
   // ---- pass 1: YAML text and overrides ----
 
+  static std::string too_deep(int depth) {
+    return "collections nested " + std::to_string(depth) +
+           " levels deep, past the YAML reader's limit (a dtrain config nests at most 4)";
+  }
+
   YAML::Node load(const std::string& text) const {
     std::vector<YAML::Node> docs;
     try {
       docs = YAML::LoadAll(text);
+    } catch (const YAML::DeepRecursion& e) {
+      // yaml-cpp's own message is "bad file".
+      throw UserError(location("", e.mark) + ": " + too_deep(e.depth()));
     } catch (const YAML::Exception& e) {
       throw UserError(location("", e.mark) + ": " + e.msg);
     }
@@ -226,6 +235,8 @@ class Reader final : public config_detail::KeyErrors {
     } else {
       try {
         value.reset(YAML::Load(raw));
+      } catch (const YAML::DeepRecursion& e) {
+        throw UserError(where + ": the value is not valid YAML: " + too_deep(e.depth()));
       } catch (const YAML::Exception& e) {
         throw UserError(where + ": the value is not valid YAML: " + e.msg);
       }
