@@ -1052,6 +1052,14 @@ class GrpcTransport final : public Transport {
   std::vector<std::unique_ptr<wire::Health::Stub>> health_stubs_;  // null for self
   std::shared_ptr<BeatsInFlight> beats_ = std::make_shared<BeatsInFlight>();
   mutable std::mutex health_mu_;
+  // The first peer this rank saw go down and when (-1: none yet), so that an error about a
+  // later one -- a neighbour that failed because of it -- can name it. Taken after an inbox's
+  // mu, never before.
+  mutable std::mutex first_down_mu_;
+  int first_down_ = -1;
+  Clock::time_point first_down_at_{};
+  void note_down(int peer);
+  std::string first_down_note(int peer) const;
   std::vector<PeerHealth> health_;  // guarded by health_mu_
   std::mutex hb_mu_;                // guards hb_stop_
   std::condition_variable hb_cv_;
@@ -1155,8 +1163,24 @@ void GrpcTransport::in_stream_ended(InStream& s, bool cancelled) {
                   ? fmt::format("connection to rank {} lost (its stream was cancelled)", s.src())
                   : fmt::format("rank {} closed its connection", s.src());
   ib.down = true;
+  note_down(s.src());
   ib.cv.notify_all();
   ring_shm_waiters();
+}
+
+void GrpcTransport::note_down(int peer) {
+  std::lock_guard<std::mutex> lk(first_down_mu_);
+  if (first_down_ >= 0) return;
+  first_down_ = peer;
+  first_down_at_ = Clock::now();
+}
+
+std::string GrpcTransport::first_down_note(int peer) const {
+  std::lock_guard<std::mutex> lk(first_down_mu_);
+  if (first_down_ < 0 || first_down_ == peer) return "";
+  return fmt::format(
+      "; rank {} went down first, {} earlier: rank {} probably failed because of it", first_down_,
+      seconds_str(std::chrono::duration<double>(Clock::now() - first_down_at_).count()), peer);
 }
 
 grpc::Status GrpcTransport::malformed(int src, const std::string& what, const char* kind) {
@@ -1383,7 +1407,8 @@ void GrpcTransport::recv(int src, const MsgHeader& h, void* data, Deadline deadl
     }
     if (!ib.failed.empty()) {
       unpost();
-      throw CommError(ib.failed + " (this rank was waiting for " + describe(h) + ")");
+      throw CommError(ib.failed + " (this rank was waiting for " + describe(h) + ")" +
+                      first_down_note(src));
     }
     if (Clock::now() >= deadline) {
       unpost();
@@ -1683,7 +1708,8 @@ void GrpcTransport::recv_shm(int src, const MsgHeader& h, void* data, const Redu
         } else if (!ib.failed.empty()) {
           // The peer's last messages may have landed after our drain: look once more.
           if (drained_after_failure)
-            error = ib.failed + " (this rank was waiting for " + describe(h) + ")";
+            error = ib.failed + " (this rank was waiting for " + describe(h) + ")" +
+                    first_down_note(src);
           drained_after_failure = true;
           spins = 0;
         } else if (Clock::now() >= deadline) {
@@ -2176,6 +2202,7 @@ void GrpcTransport::fail_peer(int peer, const std::string& why) {
     if (!ib.failed.empty() || !ib.aborted.empty()) return;
     ib.failed = why;
     ib.down = true;
+    note_down(peer);
     ib.cv.notify_all();
   }
   spdlog::error("rank {}: {}", rank_, why);

@@ -1083,3 +1083,21 @@ TEST_CASE("grpc: frames with ever newer sequence numbers are refused once too ma
   CHECK_MESSAGE(contains(waiter.error, "malformed frame from rank 1"), waiter.error);
   CHECK_MESSAGE(contains(waiter.error, "buffered ahead of this rank's receives"), waiter.error);
 }
+
+TEST_CASE("grpc: an error about a neighbour names the rank that went down first") {
+  // 3 ranks: rank 0 waits for rank 2; rank 1 goes down, then rank 2 (as a ring neighbour does
+  // when rank 1 dies). Rank 0's error is about rank 2 but names rank 1 as the first to go.
+  Job job = connect_job(3);
+  require_ok(job);
+  std::vector<uint8_t> b(100);
+  Worker waiter(
+      [&] { job.t[0]->recv(2, header(7, 0, CommOp::kBroadcast, 100), b.data(), in(60)); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  job.t[1].reset();
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  job.t[2].reset();
+  waiter.join();
+  INFO(waiter.error);
+  CHECK(contains(waiter.error, "rank 2 closed its connection"));
+  CHECK(contains(waiter.error, "rank 1 went down first"));
+}
