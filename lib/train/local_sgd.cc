@@ -13,7 +13,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
-#include "train/strategy.h"
+#include "train/replicated.h"
 #include "util/check.h"
 
 namespace dtrain {
@@ -24,16 +24,12 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-class LocalSgd final : public Strategy {
+class LocalSgd final : public ReplicatedBase {
  public:
   LocalSgd(const Config& cfg, ModelRange range, Communicator& dp)
-      : r_(range),
-        dp_(dp),
+      : ReplicatedBase(cfg, range, dp),
         c_(cfg.distributed.local_sgd),
         compression_(cfg.distributed.compression.type),
-        values_(static_cast<size_t>(range.size())),
-        grads_(static_cast<size_t>(range.size())),
-        opt_(make_optimizer(cfg.optimizer, 0, range.size())),
         outer_(c_.outer_lr > 0) {
     if (outer_) outer_momentum_.assign(values_.size(), 0.0f);
     if (dp.size() == 1 && compression_ != CompressionType::kNone && dp.rank() == 0)
@@ -60,53 +56,15 @@ class LocalSgd final : public Strategy {
     return s;
   }
 
-  void init_params(uint64_t seed) override {
-    r_.model->init(values_.data(), seed, r_.first, r_.last, r_.begin);
-    dp_.broadcast(values_.data(), values_.size(), 0);
-    set_anchor();
-  }
-  void load_full(const float* params, const std::vector<const float*>& state) override {
-    std::copy(params + r_.begin, params + r_.end, values_.begin());
-    const size_t k = opt_->state_names().size();
-    DT_CHECK_EQ(state.size(), k + (outer_ ? 1 : 0));
-    for (size_t i = 0; i < k; ++i)
-      std::copy(state[i] + r_.begin, state[i] + r_.end, opt_->state(i).begin());
-    if (outer_) std::copy(state[k] + r_.begin, state[k] + r_.end, outer_momentum_.begin());
-    set_anchor();
-  }
-  std::vector<std::string> state_names() const override {
-    std::vector<std::string> n = opt_->state_names();
-    if (outer_) n.push_back("outer_momentum");
-    return n;
-  }
-  bool sharded() const override { return false; }
-  CheckpointShard checkpoint_shard() override {
-    CheckpointShard s{{{r_.begin, r_.end, 0}}, r_.size(), values_.data(), {}};
-    for (size_t i = 0; i < opt_->state_names().size(); ++i)
-      s.state.push_back(opt_->state(i).data());
-    if (outer_) s.state.push_back(outer_momentum_.data());
-    return s;
-  }
-  Optimizer& optimizer() override { return *opt_; }
   GradReducer* reducer() override { return reducer_.get(); }
   StateMemory memory() const override {
-    StateMemory m;
-    m.param_bytes = r_.size() * 4;
-    m.grad_bytes = r_.size() * 4;
-    m.optim_bytes = opt_->state_bytes() + static_cast<int64_t>(outer_momentum_.size()) * 4 +
-                    static_cast<int64_t>(anchor_.size()) * 4;
+    StateMemory m = replicated_memory();
+    m.optim_bytes += static_cast<int64_t>(outer_momentum_.size() + anchor_.size()) * 4;
     return m;
   }
   double wait_seconds() const override { return wait_s_; }
 
   bool global_mean() const override { return false; }
-  void begin_step() override {
-    if (!grads_zeroed_) std::fill(grads_.begin(), grads_.end(), 0.0f);
-    grads_zeroed_ = false;
-  }
-  const Tensor& forward(const Tensor& x, Activations& acts, const ForwardCtx& ctx) override {
-    return r_.model->forward(values_.data(), x, acts, ctx, r_.first, r_.last, r_.begin);
-  }
   void backward(const Tensor& x, Activations& acts, const Tensor& dy, Tensor* dx,
                 bool /*last*/) override {
     r_.model->backward(values_.data(), grads_.data(), x, acts, dy, dx, r_.first, r_.last, {},
@@ -114,16 +72,6 @@ class LocalSgd final : public Strategy {
   }
   void finish_backward() override {}
   bool replicated_grads() const override { return false; }
-  int64_t first_nonfinite_grad() const override {
-    return first_nonfinite_param(*r_.model, grads_.data(), {{r_.begin, r_.end, 0}});
-  }
-  double grad_sq_sum() override { return sum_squares(grads_.data(), r_.size()); }
-  void scale_grads(float f) override { scale_inplace(grads_.data(), r_.size(), f); }
-  // Zeroes the gradients in the update's pass (as ddp does), so begin_step skips its fill.
-  void optimizer_step(double lr) override {
-    opt_->step_and_zero_grads(values_.data(), grads_.data(), lr);
-    grads_zeroed_ = true;
-  }
   void end_step(int64_t step, bool last) override {
     if (dp_.size() == 1 || (step % c_.sync_every != 0 && !last)) return;
     const auto t0 = std::chrono::steady_clock::now();
@@ -132,24 +80,27 @@ class LocalSgd final : public Strategy {
   }
   bool in_sync(int64_t step) const override { return dp_.size() == 1 || step % c_.sync_every == 0; }
 
- private:
+ protected:
+  std::vector<std::string> extra_state_names() const override {
+    return outer_ ? std::vector<std::string>{"outer_momentum"} : std::vector<std::string>{};
+  }
+  std::vector<float*> extra_state() override {
+    return outer_ ? std::vector<float*>{outer_momentum_.data()} : std::vector<float*>{};
+  }
   // Checkpoints are taken at synchronisation points, where every rank holds the anchor.
-  void set_anchor() {
+  void after_load() override {
     if (outer_ || reducer_) anchor_ = values_;
   }
+
+ private:
   void sync();
 
-  ModelRange r_;
-  Communicator& dp_;
   LocalSgdConfig c_;
   CompressionType compression_;
-  std::vector<float> values_, grads_;
-  std::unique_ptr<Optimizer> opt_;
   bool outer_;
   std::vector<float> anchor_, outer_momentum_, delta_;
   std::unique_ptr<GradReducer> reducer_;
   double wait_s_ = 0.0;
-  bool grads_zeroed_ = false;  // the last optimizer_step left grads_ zero
 };
 
 void LocalSgd::sync() {
