@@ -198,6 +198,7 @@ struct IdxFile {
 struct Promise {
   size_t total = SIZE_MAX;
   std::string shape;  // "100x2x3"
+  bool gzip = false;  // the file is gzip-compressed (zlib's gzdirect, known after a read)
 };
 Promise idx_promised_size(const std::string& path, uint32_t magic) {
   const size_t ndims = magic & 0xff, head_len = 4 + 4 * ndims;
@@ -205,16 +206,20 @@ Promise idx_promised_size(const std::string& path, uint32_t magic) {
   if (g == nullptr) return {};
   std::string head(head_len, '\0');
   const int got = gzread(g, head.data(), static_cast<unsigned>(head_len));
-  gzclose(g);
-  if (got != static_cast<int>(head_len) || read_be32(head, 0) != magic) return {};
-  uint64_t product = 1;
   Promise p;
+  p.gzip = gzdirect(g) == 0;
+  gzclose(g);
+  if (got != static_cast<int>(head_len) || read_be32(head, 0) != magic) return p;  // total unknown
+  uint64_t product = 1;
   for (size_t i = 0; i < ndims; ++i) {
     const uint64_t d = read_be32(head, 4 + 4 * i);
     if (i > 0) p.shape.push_back('x');
     p.shape.append(std::to_string(d));
     product *= d;
-    if (product > (uint64_t{1} << 40)) return {};
+    if (product > (uint64_t{1} << 40)) {
+      p.shape.clear();
+      return p;  // total unknown
+    }
   }
   p.total = static_cast<size_t>(head_len + product);
   return p;
@@ -230,12 +235,7 @@ IdxFile read_idx(const std::string& path, uint32_t magic, const char* what) {
   {
     std::error_code ec;
     const auto size = fs::file_size(path, ec);
-    std::string two(2, '\0');
-    if (std::FILE* fp = std::fopen(path.c_str(), "rb")) {
-      two.resize(std::fread(two.data(), 1, 2, fp));
-      std::fclose(fp);
-    }
-    const bool gz = has_gzip_magic(two, 0);
+    const bool gz = promise.gzip;
     if (!gz && !ec && promised != SIZE_MAX && size != promised)
       throw UserError("IDX file '" + path + "' size mismatch: header says " + promise.shape + " (" +
                       std::to_string(promised) + " bytes with the header) but the file has " +

@@ -38,6 +38,14 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
+// A checkpoint shard's state buffers with their names.
+std::vector<StateBuffer> state_buffers(const std::vector<std::string>& names,
+                                       const CheckpointShard& sh) {
+  std::vector<StateBuffer> sb;
+  for (size_t i = 0; i < names.size(); ++i) sb.push_back({names[i], sh.state[i]});
+  return sb;
+}
+
 nlohmann::json nan_to_null(double v) {
   return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr);
 }
@@ -66,6 +74,9 @@ class TrainLoop {
   void save_sharded(const CheckpointMeta& m);
   nlohmann::json summary(int stop_signal);
   double comm_seconds() const;
+  // One rank holds the whole model (no pipeline, a replicated strategy): checkpoints are one
+  // file; otherwise sharded folders.
+  bool one_file() const { return !pipelined_ && !strategy_->sharded(); }
   double epoch_progress() const {
     return static_cast<double>(epoch_) + static_cast<double>(batch_) / static_cast<double>(bpe_);
   }
@@ -483,16 +494,14 @@ void TrainLoop::save() {
   const CompressionState comp =
       reducer ? gather_compression_state(world_, *reducer, cfg_.distributed.compression.type)
               : CompressionState{};
-  if (pipelined_ || strategy_->sharded()) {
+  if (!one_file()) {
     save_sharded(m);
   } else if (lead_) {
     // One rank holds the whole model: one file.
     const CheckpointShard sh = strategy_->checkpoint_shard();
-    const std::vector<std::string> names = strategy_->state_names();
-    std::vector<StateBuffer> sb;
-    for (size_t i = 0; i < names.size(); ++i) sb.push_back({names[i], sh.state[i]});
     const std::string name = checkpoint_file_name(step_);
-    save_checkpoint((fs::path(ckpt_dir_) / name).string(), model_, sh.params, sb, m, comp);
+    save_checkpoint((fs::path(ckpt_dir_) / name).string(), model_, sh.params,
+                    state_buffers(strategy_->state_names(), sh), m, comp);
     commit_checkpoint(ckpt_dir_, name, cfg_.train.checkpoint.keep_last);
     spdlog::debug("checkpoint {}", name);
   }
@@ -517,10 +526,8 @@ void TrainLoop::save_sharded(const CheckpointMeta& m) {
     try {
       const CheckpointShard sh = strategy_->checkpoint_shard();
       for (const ShardRange& r : sh.ranges) mine.insert(mine.end(), {r.begin, r.end, r.offset});
-      std::vector<StateBuffer> sb;
-      for (size_t i = 0; i < names.size(); ++i) sb.push_back({names[i], sh.state[i]});
       fs::create_directories(dir);
-      save_shard(dir.string(), rank_, sh.ranges, sh.size, sh.params, sb);
+      save_shard(dir.string(), rank_, sh.ranges, sh.size, sh.params, state_buffers(names, sh));
     } catch (const std::exception& e) {
       err = e.what();
     }
@@ -575,7 +582,6 @@ nlohmann::json TrainLoop::summary(int stop_signal) {
       mem.optim_bytes / 1048576.0, mem.peak_gathered_bytes / 1048576.0,
       mem.peak_unit_grad_bytes / 1048576.0, peak_rss_mb());
   const nlohmann::json extra = exec_->summary(world_);  // collective
-  const bool one_file = !pipelined_ && !strategy_->sharded();
   nlohmann::json s = interrupt_summary(stop_signal);
   s.update({
       {"steps", step_},
@@ -606,7 +612,7 @@ nlohmann::json TrainLoop::summary(int stop_signal) {
       {"steps_this_run", step_ - first_step_},
       {"resumed_from", rp_.from.empty() ? nlohmann::json(nullptr) : nlohmann::json(rp_.from)},
       {"checkpoint", (fs::path(ckpt_dir_) /
-                      (one_file ? checkpoint_file_name(step_) : sharded_checkpoint_name(step_)))
+                      (one_file() ? checkpoint_file_name(step_) : sharded_checkpoint_name(step_)))
                          .string()},
       {"param_bytes", mem.param_bytes},
       {"grad_bytes", mem.grad_bytes},
