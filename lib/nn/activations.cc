@@ -12,9 +12,8 @@
 namespace dtrain {
 namespace {
 
-using nn_detail::batch_rows;
-using nn_detail::clear;
-using nn_detail::resize_2d;
+using nn_detail::batch_of;
+using nn_detail::resize_batch;
 
 // Clamps |x| to c (c > 0) with integer operations: a float compare-and-select followed by a
 // division is not if-converted under -ftrapping-math, which would keep the loops scalar. NaN
@@ -126,29 +125,28 @@ DT_ELEMENTWISE_CLONES void map_backward(const float* x, const float* y, const fl
 template <typename Op>
 class Elementwise final : public Layer {
  public:
-  explicit Elementwise(int64_t features) : features_(features) { DT_CHECK_GT(features, 0); }
+  explicit Elementwise(const Shape& shape) : Layer(shape, shape), features_(shape_numel(shape)) {
+    DT_CHECK_GT(features_, 0);
+  }
 
   std::string kind() const override { return Op::kName; }
-  int64_t in_features() const override { return features_; }
-  int64_t out_features() const override { return features_; }
 
-  void forward(const float* p, const Tensor& x, Tensor& y, Tensor& saved,
-               const ForwardCtx& ctx) const override {
-    (void)p, (void)ctx;
-    const int64_t batch = batch_rows(x, features_);
-    resize_2d(y, batch, features_);
-    clear(saved);
+  void forward(const float* p, const Tensor& x, Tensor& y, LayerState& st,
+               const LayerCtx& ctx) const override {
+    (void)p, (void)ctx, (void)st;
+    const int64_t batch = batch_of(x, features_);
+    resize_batch(y, batch, out_shape());
     map_forward<Op>(x.data(), y.data(), x.numel());
   }
 
-  void backward(const float* p, float* g, const Tensor& x, const Tensor& y, const Tensor& saved,
-                const Tensor& dy, Tensor* dx) const override {
-    (void)p, (void)g, (void)saved;
-    const int64_t batch = batch_rows(x, features_);
+  void backward(const float* p, float* g, const Tensor& x, const Tensor& y, const LayerState& st,
+                const Tensor& dy, Tensor* dx, const LayerCtx& ctx) const override {
+    (void)p, (void)g, (void)st, (void)ctx;
+    const int64_t batch = batch_of(x, features_);
     DT_CHECK_EQ(y.numel(), x.numel());
     DT_CHECK_EQ(dy.numel(), x.numel());
     if (dx == nullptr) return;  // no parameters: nothing else to do
-    resize_2d(*dx, batch, features_);
+    resize_batch(*dx, batch, in_shape());
     map_backward<Op>(x.data(), y.data(), dy.data(), dx->data(), x.numel());
   }
 
@@ -158,7 +156,7 @@ class Elementwise final : public Layer {
 
 }  // namespace
 
-std::unique_ptr<Layer> make_activation(Activation kind, int64_t features) {
+std::unique_ptr<Layer> make_activation(Activation kind, const Shape& features) {
   switch (kind) {
     case Activation::kRelu:
       return std::make_unique<Elementwise<Relu>>(features);

@@ -1,6 +1,6 @@
 // Inverted dropout: in training, y = x * m with m in {0, 1 / (1 - p)} drawn per element and kept in
-// `saved`, so evaluation needs no rescaling. In eval mode or with p == 0 it is the identity, draws
-// nothing, and leaves `saved` empty (backward then passes dy through).
+// the state's saved[0], so evaluation needs no rescaling. In eval mode or with p == 0 it is the
+// identity, draws nothing, and leaves the state empty (backward then passes dy through).
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -12,14 +12,15 @@
 namespace dtrain {
 namespace {
 
-using nn_detail::batch_rows;
-using nn_detail::clear;
-using nn_detail::resize_2d;
+using nn_detail::batch_of;
+using nn_detail::resize_batch;
+using nn_detail::saved_slot;
 
 class Dropout final : public Layer {
  public:
-  Dropout(int64_t features, double p) : features_(features), p_(p) {
-    DT_CHECK_GT(features, 0);
+  Dropout(const Shape& shape, double p)
+      : Layer(shape, shape), features_(shape_numel(shape)), p_(p) {
+    DT_CHECK_GT(features_, 0);
     DT_CHECK_MSG(p >= 0.0 && p < 1.0, "dropout probability " << p << " not in [0, 1)");
     // An element is dropped when a uniform 32-bit draw is below threshold_ = p * 2^32.
     threshold_ = static_cast<uint32_t>(p * 4294967296.0);
@@ -27,22 +28,21 @@ class Dropout final : public Layer {
   }
 
   std::string kind() const override { return "dropout"; }
-  int64_t in_features() const override { return features_; }
-  int64_t out_features() const override { return features_; }
 
-  void forward(const float* p, const Tensor& x, Tensor& y, Tensor& saved,
-               const ForwardCtx& ctx) const override {
+  void forward(const float* p, const Tensor& x, Tensor& y, LayerState& st,
+               const LayerCtx& ctx) const override {
     (void)p;
-    const int64_t batch = batch_rows(x, features_);
+    const int64_t batch = batch_of(x, features_);
     const int64_t n = x.numel();
-    resize_2d(y, batch, features_);
+    resize_batch(y, batch, out_shape());
     if (!ctx.training || p_ == 0.0) {
-      clear(saved);
+      if (!st.saved.empty()) nn_detail::clear(st.saved[0]);
       if (n > 0) std::memcpy(y.data(), x.data(), static_cast<size_t>(n) * sizeof(float));
       return;
     }
-    DT_CHECK_MSG(ctx.rng != nullptr, "dropout in training mode needs ForwardCtx::rng");
-    resize_2d(saved, batch, features_);
+    DT_CHECK_MSG(ctx.rng != nullptr, "dropout in training mode needs LayerCtx::rng");
+    Tensor& saved = saved_slot(st, 0);
+    resize_batch(saved, batch, in_shape());
     float* m = saved.data();
     // Draws go to a small buffer first, then the mask is computed in a branch-free loop: drops are
     // random, so a per-element branch would mispredict often. Two 32-bit draws per 64-bit word.
@@ -66,20 +66,21 @@ class Dropout final : public Layer {
     for (int64_t j = 0; j < n; ++j) yd[j] = xd[j] * m[j];
   }
 
-  void backward(const float* p, float* g, const Tensor& x, const Tensor& y, const Tensor& saved,
-                const Tensor& dy, Tensor* dx) const override {
-    (void)p, (void)g, (void)y;
-    const int64_t batch = batch_rows(x, features_);
+  void backward(const float* p, float* g, const Tensor& x, const Tensor& y, const LayerState& st,
+                const Tensor& dy, Tensor* dx, const LayerCtx& ctx) const override {
+    (void)p, (void)g, (void)y, (void)ctx;
+    const int64_t batch = batch_of(x, features_);
     const int64_t n = x.numel();
     DT_CHECK_EQ(dy.numel(), n);
     if (dx == nullptr) return;
-    resize_2d(*dx, batch, features_);
-    if (saved.numel() == 0) {  // identity forward (eval, p == 0, or B == 0)
+    resize_batch(*dx, batch, in_shape());
+    if (st.saved.empty() ||
+        st.saved[0].numel() == 0) {  // identity forward (eval, p == 0, or B == 0)
       if (n > 0) std::memcpy(dx->data(), dy.data(), static_cast<size_t>(n) * sizeof(float));
       return;
     }
-    DT_CHECK_EQ(saved.numel(), n);
-    const float* m = saved.data();
+    DT_CHECK_EQ(st.saved[0].numel(), n);
+    const float* m = st.saved[0].data();
     const float* dyd = dy.data();
     float* dxd = dx->data();
     for (int64_t j = 0; j < n; ++j) dxd[j] = dyd[j] * m[j];
@@ -94,8 +95,8 @@ class Dropout final : public Layer {
 
 }  // namespace
 
-std::unique_ptr<Layer> make_dropout(int64_t features, double p) {
-  return std::make_unique<Dropout>(features, p);
+std::unique_ptr<Layer> make_dropout(const Shape& shape, double p) {
+  return std::make_unique<Dropout>(shape, p);
 }
 
 }  // namespace dtrain

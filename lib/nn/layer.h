@@ -2,11 +2,15 @@
 // no parameters and no activations, so one model can serve several micro-batches (pipeline) or
 // ranks (threads) at once. Its parameters are a contiguous range of the model's flat buffer,
 // passed in as `p` (values) and `g` (gradients), in the order of params(); activations and the
-// per-call state backward needs (`saved`) belong to the caller.
+// per-call state backward needs (LayerState) belong to the caller.
 //
-// Shapes: x is [B, in_features()], y is [B, out_features()], B >= 0.
+// Shapes are per sample: a layer is built for one input shape (in_shape(), e.g. [784], [1, 28,
+// 28] or [T, C]) and maps x [B, in_shape...] to y [B, out_shape...], B >= 0. A layer checks only
+// that x holds B * numel(in_shape) elements and reads it in its own per-sample layout, so a flat
+// [B, 784] batch feeds a layer built for [1, 28, 28] unchanged; y is resized to [B, out_shape...].
+//
 // Gradients are ACCUMULATED (+=) into g, so micro-batches and gradient accumulation add up;
-// the caller zeroes g once per optimizer step.
+// the caller zeroes g once per optimizer step. Input gradients (dx) are overwritten.
 #pragma once
 
 #include <cstdint>
@@ -21,46 +25,73 @@
 namespace dtrain {
 
 struct ParamSpec {
-  std::string name;  // relative to the layer: "weight", "bias"
+  // Relative to the layer: "weight", "bias"; a composite layer prefixes its children's names
+  // ("attn.c_attn.weight").
+  std::string name;
   Shape shape;
 };
 
-struct ForwardCtx {
+// What a forward (and the matching backward) runs under. Copied by value; backward receives the
+// same context as its forward, with rng cleared (nothing may draw during backward).
+struct LayerCtx {
   bool training = true;
   Rng* rng = nullptr;  // needed by Dropout in training mode
+};
+using ForwardCtx = LayerCtx;
+
+// The state one forward call leaves for its backward: saved float tensors, integer state (max
+// pooling's argmax) and, for composite layers, one state per child. Layers size it themselves
+// and reuse its capacity across calls, so steady-state steps do not allocate.
+struct LayerState {
+  std::vector<Tensor> saved;
+  std::vector<int32_t> index;
+  std::vector<LayerState> children;
+  int64_t bytes() const;  // bytes held by saved, index and children, recursively
 };
 
 class Layer {
  public:
   virtual ~Layer() = default;
-  virtual std::string kind()
-      const = 0;  // "linear", "relu", "gelu", "tanh", "sigmoid", "dropout", "layer_norm"
-  virtual int64_t in_features() const = 0;
-  virtual int64_t out_features() const = 0;
+  // "linear", "relu", "gelu", "tanh", "sigmoid", "dropout", "layer_norm", ...
+  virtual std::string kind() const = 0;
+  const Shape& in_shape() const { return in_shape_; }
+  const Shape& out_shape() const { return out_shape_; }
+  int64_t in_features() const { return shape_numel(in_shape_); }  // elements per sample
+  int64_t out_features() const { return shape_numel(out_shape_); }
   virtual std::vector<ParamSpec> params() const { return {}; }
   int64_t param_count() const;
   // Deterministic initialisation of this layer's parameters from `rng`.
   virtual void init(float* p, Rng& rng) const { (void)p, (void)rng; }
-  // y is resized by the layer (y and saved are owning tensors, reused across calls).
-  virtual void forward(const float* p, const Tensor& x, Tensor& y, Tensor& saved,
-                       const ForwardCtx& ctx) const = 0;
-  // dx may be null (first layer: no input gradient needed). dx is resized by the layer.
+  // y is resized by the layer (y and st are caller-owned, reused across calls).
+  virtual void forward(const float* p, const Tensor& x, Tensor& y, LayerState& st,
+                       const LayerCtx& ctx) const = 0;
+  // dx may be null (first layer: no input gradient needed). dx is resized by the layer. ctx is
+  // the forward's context.
   virtual void backward(const float* p, float* g, const Tensor& x, const Tensor& y,
-                        const Tensor& saved, const Tensor& dy, Tensor* dx) const = 0;
+                        const LayerState& st, const Tensor& dy, Tensor* dx,
+                        const LayerCtx& ctx) const = 0;
   // Forward multiply-adds per sample (for cost-balanced pipeline partitions).
   virtual double flops_per_sample() const { return static_cast<double>(out_features()); }
+
+ protected:
+  Layer(Shape in_shape, Shape out_shape);
+
+ private:
+  Shape in_shape_;
+  Shape out_shape_;
 };
 
 enum class Init { kKaiming, kXavier };
 
-// y = x W^T + b, W [out, in], b [out]. Kaiming-uniform (bound sqrt(6/in)) or Xavier-uniform
-// (bound sqrt(6/(in+out))) weights, zero bias.
-std::unique_ptr<Layer> make_linear(int64_t in, int64_t out, Init init);
-// Elementwise activations: relu, gelu (tanh approximation), tanh, sigmoid.
-std::unique_ptr<Layer> make_activation(Activation kind, int64_t features);
-// Inverted dropout with probability `p` (training only; identity in eval). saved holds the mask.
-std::unique_ptr<Layer> make_dropout(int64_t features, double p);
-// LayerNorm over the feature dimension with learned gamma (ones) and beta (zeros), eps 1e-5.
-std::unique_ptr<Layer> make_layer_norm(int64_t features);
+// y = x W^T + b over the last dimension, W [out, in], b [out]; in_shape [..., in] gives out_shape
+// [..., out] (leading per-sample dimensions, such as positions, are batch-like). Kaiming-uniform
+// (bound sqrt(6/in)) or Xavier-uniform (bound sqrt(6/(in+out))) weights, zero bias.
+std::unique_ptr<Layer> make_linear(const Shape& in_shape, int64_t out, Init init);
+// Elementwise activations: relu, gelu (tanh approximation), tanh, sigmoid. Any shape.
+std::unique_ptr<Layer> make_activation(Activation kind, const Shape& shape);
+// Inverted dropout with probability `p` (training only; identity in eval). Any shape.
+std::unique_ptr<Layer> make_dropout(const Shape& shape, double p);
+// LayerNorm over the last dimension with learned gamma (ones) and beta (zeros), eps 1e-5.
+std::unique_ptr<Layer> make_layer_norm(const Shape& shape);
 
 }  // namespace dtrain

@@ -1,6 +1,7 @@
-// LayerNorm over the feature dimension: y = (x - mean) * rstd * gamma + beta per row, with the
-// biased variance and eps = 1e-5 (PyTorch's nn.LayerNorm defaults). Parameters: weight = gamma
-// [F], bias = beta [F]. saved is [B, 2]: each row's mean and rstd = 1 / sqrt(var + eps).
+// LayerNorm over the last dimension (a sample [..., F] is rows of F): y = (x - mean) * rstd * gamma
+// + beta per row, with the biased variance and eps = 1e-5 (PyTorch's nn.LayerNorm defaults).
+// Parameters: weight = gamma [F], bias = beta [F]. saved[0] is [rows, 2]: each row's mean and rstd
+// = 1 / sqrt(var + eps).
 #include <cmath>
 #include <cstdint>
 
@@ -11,9 +12,10 @@
 namespace dtrain {
 namespace {
 
-using nn_detail::batch_rows;
-using nn_detail::clear;
+using nn_detail::batch_of;
 using nn_detail::resize_2d;
+using nn_detail::resize_batch;
+using nn_detail::saved_slot;
 
 constexpr float kEps = 1e-5f;
 constexpr int kLanes = 8;
@@ -35,14 +37,17 @@ inline float lane_sum(int64_t n, Term term) {
 
 class LayerNorm final : public Layer {
  public:
-  explicit LayerNorm(int64_t features) : f_(features) { DT_CHECK_GT(features, 0); }
+  explicit LayerNorm(const Shape& shape)
+      : Layer(shape, shape), f_(shape.back()), rows_per_sample_(shape_numel(shape) / f_) {
+    DT_CHECK_GT(f_, 0);
+  }
 
   std::string kind() const override { return "layer_norm"; }
-  int64_t in_features() const override { return f_; }
-  int64_t out_features() const override { return f_; }
   std::vector<ParamSpec> params() const override { return {{"weight", {f_}}, {"bias", {f_}}}; }
   // About eight flops per element (two reduction passes, normalise, affine).
-  double flops_per_sample() const override { return 8.0 * static_cast<double>(f_); }
+  double flops_per_sample() const override {
+    return 8.0 * static_cast<double>(f_ * rows_per_sample_);
+  }
 
   void init(float* p, Rng& rng) const override {
     (void)rng;
@@ -50,11 +55,13 @@ class LayerNorm final : public Layer {
     for (int64_t j = 0; j < f_; ++j) p[f_ + j] = 0.0f;
   }
 
-  void forward(const float* p, const Tensor& x, Tensor& y, Tensor& saved,
-               const ForwardCtx& ctx) const override {
+  void forward(const float* p, const Tensor& x, Tensor& y, LayerState& st,
+               const LayerCtx& ctx) const override {
     (void)ctx;
-    const int64_t batch = batch_rows(x, f_);
-    resize_2d(y, batch, f_);
+    const int64_t samples = batch_of(x, f_ * rows_per_sample_);
+    const int64_t batch = samples * rows_per_sample_;  // rows normalised
+    resize_batch(y, samples, out_shape());
+    Tensor& saved = saved_slot(st, 0);
     resize_2d(saved, batch, 2);
     const float* gamma = p;
     const float* beta = p + f_;
@@ -80,13 +87,16 @@ class LayerNorm final : public Layer {
   // With xhat = (x - mean) * rstd and dxhat = dy * gamma:
   //   dgamma += sum_rows dy * xhat, dbeta += sum_rows dy,
   //   dx = rstd * (dxhat - mean_j(dxhat) - xhat * mean_j(dxhat * xhat)).
-  void backward(const float* p, float* g, const Tensor& x, const Tensor& y, const Tensor& saved,
-                const Tensor& dy, Tensor* dx) const override {
-    (void)y;
-    const int64_t batch = batch_rows(x, f_);
+  void backward(const float* p, float* g, const Tensor& x, const Tensor& y, const LayerState& st,
+                const Tensor& dy, Tensor* dx, const LayerCtx& ctx) const override {
+    (void)y, (void)ctx;
+    const int64_t samples = batch_of(x, f_ * rows_per_sample_);
+    const int64_t batch = samples * rows_per_sample_;
     DT_CHECK_EQ(dy.numel(), batch * f_);
+    DT_CHECK_EQ(st.saved.size(), 1u);
+    const Tensor& saved = st.saved[0];
     DT_CHECK_EQ(saved.numel(), batch * 2);
-    if (dx != nullptr) resize_2d(*dx, batch, f_);
+    if (dx != nullptr) resize_batch(*dx, samples, in_shape());
     const float* gamma = p;
     float* dgamma = g;
     float* dbeta = g + f_;
@@ -116,12 +126,13 @@ class LayerNorm final : public Layer {
 
  private:
   int64_t f_;
+  int64_t rows_per_sample_;
 };
 
 }  // namespace
 
-std::unique_ptr<Layer> make_layer_norm(int64_t features) {
-  return std::make_unique<LayerNorm>(features);
+std::unique_ptr<Layer> make_layer_norm(const Shape& shape) {
+  return std::make_unique<LayerNorm>(shape);
 }
 
 }  // namespace dtrain

@@ -3,13 +3,25 @@
 
 #include <cstdint>
 
+#include "nn/layer.h"
 #include "tensor/tensor.h"
 #include "util/check.h"
 
 namespace dtrain::nn_detail {
 
-// Tensor::resize takes a Shape, a heap-allocated vector; skipping it when the shape is already
-// right keeps steady-state steps free of allocations.
+// Resizes t to [batch, sample...]. Tensor::resize takes a Shape, a heap-allocated vector;
+// skipping it when the shape is already right keeps steady-state steps free of allocations.
+inline void resize_batch(Tensor& t, int64_t batch, const Shape& sample) {
+  bool same = t.ndim() == sample.size() + 1 && t.dim(0) == batch;
+  for (size_t i = 0; same && i < sample.size(); ++i) same = t.dim(i + 1) == sample[i];
+  if (same) return;
+  Shape s;
+  s.reserve(sample.size() + 1);
+  s.push_back(batch);
+  s.insert(s.end(), sample.begin(), sample.end());
+  t.resize(std::move(s));
+}
+
 inline void resize_2d(Tensor& t, int64_t rows, int64_t cols) {
   if (t.ndim() == 2 && t.dim(0) == rows && t.dim(1) == cols) return;
   t.resize({rows, cols});
@@ -20,12 +32,19 @@ inline void clear(Tensor& t) {
   if (t.numel() != 0) t.resize({0});
 }
 
-// Rows of x viewed as [B, features]; B may be 0 (Tensor::cols() is 0 then, so check numel).
-inline int64_t batch_rows(const Tensor& x, int64_t features) {
+// The batch size B of x, read as [B, per_sample elements]; B may be 0 (then x may be [0] or
+// [0, ...]). x.dim(0) is B; the rest of x's shape only has to hold per_sample elements.
+inline int64_t batch_of(const Tensor& x, int64_t per_sample) {
   DT_CHECK_GE(x.ndim(), 1u);
-  const int64_t b = x.rows();
-  DT_CHECK_EQ(x.numel(), b * features);
+  const int64_t b = x.dim(0);
+  DT_CHECK_EQ(x.numel(), b * per_sample);
   return b;
+}
+
+// State slot k of st.saved, growing the list on first use (later calls do not allocate).
+inline Tensor& saved_slot(LayerState& st, size_t k) {
+  if (st.saved.size() <= k) st.saved.resize(k + 1);
+  return st.saved[k];
 }
 
 }  // namespace dtrain::nn_detail

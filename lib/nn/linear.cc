@@ -9,24 +9,35 @@
 namespace dtrain {
 namespace {
 
-using nn_detail::batch_rows;
-using nn_detail::clear;
-using nn_detail::resize_2d;
+using nn_detail::batch_of;
+using nn_detail::resize_batch;
 
+Shape with_last(Shape s, int64_t last) {
+  DT_CHECK(!s.empty());
+  s.back() = last;
+  return s;
+}
+
+// Works on the last dimension: a sample of shape [..., in] is rows_per_sample rows of `in`.
 class Linear final : public Layer {
  public:
-  Linear(int64_t in, int64_t out, Init init) : in_(in), out_(out), init_(init) {
-    DT_CHECK_GT(in, 0);
+  Linear(const Shape& in_shape, int64_t out, Init init)
+      : Layer(in_shape, with_last(in_shape, out)),
+        in_(in_shape.back()),
+        out_(out),
+        rows_per_sample_(shape_numel(in_shape) / in_shape.back()),
+        init_(init) {
+    DT_CHECK_GT(in_, 0);
     DT_CHECK_GT(out, 0);
   }
 
   std::string kind() const override { return "linear"; }
-  int64_t in_features() const override { return in_; }
-  int64_t out_features() const override { return out_; }
   std::vector<ParamSpec> params() const override {
     return {{"weight", {out_, in_}}, {"bias", {out_}}};
   }
-  double flops_per_sample() const override { return static_cast<double>(in_) * out_; }
+  double flops_per_sample() const override {
+    return static_cast<double>(rows_per_sample_) * static_cast<double>(in_) * out_;
+  }
 
   void init(float* p, Rng& rng) const override {
     // Uniform bounds: Kaiming with the ReLU gain sqrt(2) gives sqrt(6 / fan_in); Xavier (gain 1)
@@ -41,12 +52,12 @@ class Linear final : public Layer {
     for (int64_t j = 0; j < out_; ++j) b[j] = 0.0f;
   }
 
-  void forward(const float* p, const Tensor& x, Tensor& y, Tensor& saved,
-               const ForwardCtx& ctx) const override {
-    (void)ctx;
-    const int64_t batch = batch_rows(x, in_);
-    resize_2d(y, batch, out_);
-    clear(saved);
+  void forward(const float* p, const Tensor& x, Tensor& y, LayerState& st,
+               const LayerCtx& ctx) const override {
+    (void)ctx, (void)st;
+    const int64_t samples = batch_of(x, in_ * rows_per_sample_);
+    resize_batch(y, samples, out_shape());
+    const int64_t batch = samples * rows_per_sample_;  // rows of the gemm
     if (batch == 0) return;
     const float* w = p;
     const float* b = p + in_ * out_;
@@ -59,12 +70,13 @@ class Linear final : public Layer {
     gemm(false, true, batch, out_, in_, 1.0f, x.data(), in_, w, in_, 1.0f, yd, out_);
   }
 
-  void backward(const float* p, float* g, const Tensor& x, const Tensor& y, const Tensor& saved,
-                const Tensor& dy, Tensor* dx) const override {
-    (void)y, (void)saved;
-    const int64_t batch = batch_rows(x, in_);
+  void backward(const float* p, float* g, const Tensor& x, const Tensor& y, const LayerState& st,
+                const Tensor& dy, Tensor* dx, const LayerCtx& ctx) const override {
+    (void)y, (void)st, (void)ctx;
+    const int64_t samples = batch_of(x, in_ * rows_per_sample_);
+    const int64_t batch = samples * rows_per_sample_;
     DT_CHECK_EQ(dy.numel(), batch * out_);
-    if (dx != nullptr) resize_2d(*dx, batch, in_);
+    if (dx != nullptr) resize_batch(*dx, samples, in_shape());
     if (batch == 0) return;
     const float* dyd = dy.data();
     float* gw = g;
@@ -84,13 +96,14 @@ class Linear final : public Layer {
 
  private:
   int64_t in_, out_;
+  int64_t rows_per_sample_;
   Init init_;
 };
 
 }  // namespace
 
-std::unique_ptr<Layer> make_linear(int64_t in, int64_t out, Init init) {
-  return std::make_unique<Linear>(in, out, init);
+std::unique_ptr<Layer> make_linear(const Shape& in_shape, int64_t out, Init init) {
+  return std::make_unique<Linear>(in_shape, out, init);
 }
 
 }  // namespace dtrain

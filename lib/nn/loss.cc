@@ -11,28 +11,36 @@
 namespace dtrain {
 namespace {
 
-using nn_detail::batch_rows;
-using nn_detail::clear;
-using nn_detail::resize_2d;
-
 void check_label(int32_t label, int64_t classes) {
   DT_CHECK_MSG(label >= 0 && label < classes,
                "label " << label << " out of range [0, " << classes << ")");
 }
 
+// Scores are rows of the last dimension: [B, C] or [B, T, C] (one row, and one label, per
+// position).
 int64_t class_count(const Tensor& t) {
-  DT_CHECK_EQ(t.ndim(), 2u);
-  return t.dim(1);
+  DT_CHECK_GE(t.ndim(), 2u);
+  return t.shape().back();
+}
+
+int64_t row_count(const Tensor& t) {
+  const int64_t c = class_count(t);
+  return c == 0 ? 0 : t.numel() / c;
+}
+
+// Gives out t's shape, without allocating when it already has it.
+void resize_like(Tensor& out, const Tensor& t) {
+  if (out.shape() != t.shape()) out.resize(t.shape());
 }
 
 }  // namespace
 
 double softmax_cross_entropy(const Tensor& logits, const int32_t* labels, Tensor* grad,
                              float grad_scale) {
-  const int64_t batch = logits.rows();
+  const int64_t batch = row_count(logits);
   const int64_t c = class_count(logits);
   DT_CHECK_GT(c, 0);
-  if (grad != nullptr) resize_2d(*grad, batch, c);
+  if (grad != nullptr) resize_like(*grad, logits);
   double total = 0.0;
   for (int64_t r = 0; r < batch; ++r) {
     const float* z = logits.data() + r * c;
@@ -61,10 +69,10 @@ double softmax_cross_entropy(const Tensor& logits, const int32_t* labels, Tensor
 }
 
 double mse_onehot(const Tensor& pred, const int32_t* labels, Tensor* grad, float grad_scale) {
-  const int64_t batch = pred.rows();
+  const int64_t batch = row_count(pred);
   const int64_t c = class_count(pred);
   DT_CHECK_GT(c, 0);
-  if (grad != nullptr) resize_2d(*grad, batch, c);
+  if (grad != nullptr) resize_like(*grad, pred);
   const double inv_c = 1.0 / static_cast<double>(c);
   double total = 0.0;
   for (int64_t r = 0; r < batch; ++r) {
@@ -89,7 +97,7 @@ double mse_onehot(const Tensor& pred, const int32_t* labels, Tensor* grad, float
 }
 
 int64_t count_correct(const Tensor& logits, const int32_t* labels) {
-  const int64_t batch = logits.rows();
+  const int64_t batch = row_count(logits);
   const int64_t c = class_count(logits);
   int64_t correct = 0;
   for (int64_t r = 0; r < batch; ++r) {
@@ -105,9 +113,9 @@ int64_t count_correct(const Tensor& logits, const int32_t* labels) {
 }
 
 void softmax_rows(const Tensor& logits, Tensor& probs) {
-  const int64_t batch = logits.rows();
+  const int64_t batch = row_count(logits);
   const int64_t c = class_count(logits);
-  resize_2d(probs, batch, c);
+  resize_like(probs, logits);
   for (int64_t r = 0; r < batch; ++r) {
     const float* z = logits.data() + r * c;
     float* pr = probs.data() + r * c;

@@ -12,20 +12,40 @@ namespace dtrain {
 int64_t Activations::bytes() const {
   int64_t n = 0;
   for (const Tensor& t : out) n += t.numel();
-  for (const Tensor& t : saved) n += t.numel();
-  return n * static_cast<int64_t>(sizeof(float));
+  n *= static_cast<int64_t>(sizeof(float));
+  for (const LayerState& s : state) n += s.bytes();
+  return n;
 }
 
-Model::Model(std::vector<std::unique_ptr<Layer>> layers) : layers_(std::move(layers)) {
+namespace {
+
+std::vector<ModelElement> sequential_names(std::vector<std::unique_ptr<Layer>> layers) {
+  std::vector<ModelElement> e;
+  e.reserve(layers.size());
+  for (size_t i = 0; i < layers.size(); ++i) {
+    e.push_back({"layers." + std::to_string(i), std::move(layers[i])});
+  }
+  return e;
+}
+
+}  // namespace
+
+Model::Model(std::vector<std::unique_ptr<Layer>> layers)
+    : Model(sequential_names(std::move(layers))) {}
+
+Model::Model(std::vector<ModelElement> elements) : layers_(std::move(elements)) {
   layer_offset_.reserve(layers_.size() + 1);
   layer_offset_.push_back(0);
   for (size_t i = 0; i < layers_.size(); ++i) {
-    DT_CHECK(layers_[i] != nullptr);
-    const Layer& l = *layers_[i];
-    if (i > 0) DT_CHECK_EQ(l.in_features(), layers_[i - 1]->out_features());
+    DT_CHECK(layers_[i].layer != nullptr);
+    const Layer& l = *layers_[i].layer;
+    // Elements hand over whole samples: the element count must agree, the shape may be
+    // reinterpreted (a flat [784] image feeds a [1, 28, 28] convolution).
+    if (i > 0) DT_CHECK_EQ(l.in_features(), layers_[i - 1].layer->out_features());
+    const std::string& prefix = layers_[i].prefix;
     for (const ParamSpec& s : l.params()) {
       ParamEntry e;
-      e.name = "layers." + std::to_string(i) + "." + s.name;
+      e.name = prefix.empty() ? s.name : prefix + "." + s.name;
       e.shape = s.shape;
       e.offset = total_;
       e.numel = shape_numel(s.shape);
@@ -38,12 +58,28 @@ Model::Model(std::vector<std::unique_ptr<Layer>> layers) : layers_(std::move(lay
   }
 }
 
+const Shape& Model::in_shape() const {
+  DT_CHECK(!layers_.empty());
+  return layers_.front().layer->in_shape();
+}
+
+const Shape& Model::out_shape() const {
+  DT_CHECK(!layers_.empty());
+  return layers_.back().layer->out_shape();
+}
+
 int64_t Model::in_features() const {
-  return layers_.empty() ? 0 : layers_.front()->in_features();
+  return layers_.empty() ? 0 : layers_.front().layer->in_features();
 }
 
 int64_t Model::out_features() const {
-  return layers_.empty() ? 0 : layers_.back()->out_features();
+  return layers_.empty() ? 0 : layers_.back().layer->out_features();
+}
+
+int64_t Model::targets_per_sample() const {
+  if (layers_.empty()) return 1;
+  const Shape& s = out_shape();
+  return s.empty() ? 1 : shape_numel(s) / s.back();
 }
 
 const ParamEntry* Model::find(const std::string& name) const {
@@ -56,14 +92,15 @@ const ParamEntry* Model::find(const std::string& name) const {
 std::string Model::describe() const {
   std::ostringstream os;
   char line[160];
-  std::snprintf(line, sizeof line, "%5s  %-10s  %17s  %12s\n", "layer", "kind", "in -> out",
+  std::snprintf(line, sizeof line, "%5s  %-10s  %26s  %12s\n", "layer", "kind", "in -> out",
                 "params");
   os << line;
+  // A flat shape prints as its width ("784 -> 512"), others as shapes ("[1, 28, 28] -> ...").
+  auto str = [](const Shape& s) { return s.size() == 1 ? std::to_string(s[0]) : shape_str(s); };
   for (size_t i = 0; i < layers_.size(); ++i) {
-    const Layer& l = *layers_[i];
-    const std::string io =
-        std::to_string(l.in_features()) + " -> " + std::to_string(l.out_features());
-    std::snprintf(line, sizeof line, "%5zu  %-10s  %17s  %12lld\n", i, l.kind().c_str(), io.c_str(),
+    const Layer& l = *layers_[i].layer;
+    const std::string io = str(l.in_shape()) + " -> " + str(l.out_shape());
+    std::snprintf(line, sizeof line, "%5zu  %-10s  %26s  %12lld\n", i, l.kind().c_str(), io.c_str(),
                   static_cast<long long>(l.param_count()));
     os << line;
   }
@@ -76,7 +113,7 @@ void Model::init(float* params, uint64_t seed, size_t first, size_t last, int64_
   for (size_t i = first; i < last; ++i) {
     DT_CHECK_GE(layer_begin(i), base);
     Rng rng(seed, static_cast<uint64_t>(i));
-    layers_[i]->init(params + (layer_begin(i) - base), rng);
+    layers_[i].layer->init(params + (layer_begin(i) - base), rng);
   }
 }
 
@@ -85,12 +122,15 @@ const Tensor& Model::forward(const float* params, const Tensor& x, Activations& 
   last = std::min(last, layers_.size());
   DT_CHECK_LE(first, last);
   if (acts.out.size() < layers_.size()) acts.out.resize(layers_.size());
-  if (acts.saved.size() < layers_.size()) acts.saved.resize(layers_.size());
+  if (acts.state.size() < layers_.size()) acts.state.resize(layers_.size());
+  acts.ctx = ctx;
+  acts.ctx.rng = nullptr;
   const Tensor* in = &x;
   for (size_t i = first; i < last; ++i) {
     DT_CHECK_GE(layer_begin(i), base);
     const FlushSubnormals flush;  // tensor/fp_mode.h: subnormals cost ~100 cycles each
-    layers_[i]->forward(params + (layer_begin(i) - base), *in, acts.out[i], acts.saved[i], ctx);
+    layers_[i].layer->forward(params + (layer_begin(i) - base), *in, acts.out[i], acts.state[i],
+                              ctx);
     in = &acts.out[i];
   }
   return *in;
@@ -124,8 +164,8 @@ void Model::backward(const float* params, float* grads, const Tensor& x, Activat
       // Only the layer computes with subnormals flushed (tensor/fp_mode.h); on_layer_done
       // starts reductions, which stay in the caller's mode.
       const FlushSubnormals flush;
-      layers_[i]->backward(params + (layer_begin(i) - base), grads + (layer_begin(i) - base), in,
-                           acts.out[i], acts.saved[i], *grad_out, grad_in);
+      layers_[i].layer->backward(params + (layer_begin(i) - base), grads + (layer_begin(i) - base),
+                                 in, acts.out[i], acts.state[i], *grad_out, grad_in, acts.ctx);
     }
     if (on_layer_done) on_layer_done(i);
     grad_out = grad_in;
@@ -157,13 +197,13 @@ Model build_mlp(const ModelConfig& cfg, int64_t in_features, int64_t num_classes
   int64_t prev = in_features;
   for (int64_t h : hidden) {
     if (h < 1) throw UserError("model.hidden: width " + std::to_string(h) + " must be >= 1");
-    layers.push_back(make_linear(prev, h, init));
-    if (cfg.layer_norm) layers.push_back(make_layer_norm(h));
-    layers.push_back(make_activation(act, h));
-    if (cfg.dropout > 0.0) layers.push_back(make_dropout(h, cfg.dropout));
+    layers.push_back(make_linear({prev}, h, init));
+    if (cfg.layer_norm) layers.push_back(make_layer_norm({h}));
+    layers.push_back(make_activation(act, {h}));
+    if (cfg.dropout > 0.0) layers.push_back(make_dropout({h}, cfg.dropout));
     prev = h;
   }
-  layers.push_back(make_linear(prev, num_classes, init));
+  layers.push_back(make_linear({prev}, num_classes, init));
   return Model(std::move(layers));
 }
 

@@ -1,9 +1,13 @@
 // A model is a sequence of layers plus the table that places their parameters in one flat float
 // buffer (llm.c / FSDP flat-parameter style). Gradients and every optimizer state buffer use the
 // same layout, so buckets, shards, pipeline stages and checkpoints are ranges of these buffers.
+// The elements of the sequence are the units that buckets, FSDP units and pipeline stages cut
+// along; an element may be a composite layer (a transformer block) with child layers inside.
 //
-// Parameter names follow the layer index in the sequence: "layers.<i>.<param>", e.g.
-// layers.0.weight [512, 784]. Layer i's parameters occupy [layer_begin(i), layer_end(i)).
+// Parameter names are the element's prefix plus the layer's own names: "layers.<i>.<param>" by
+// default (PyTorch's nn.Sequential: layers.0.weight [512, 784]), or a prefix given per element
+// ("transformer.h.3" + "attn.c_attn.weight"). Element i's parameters occupy
+// [layer_begin(i), layer_end(i)).
 //
 // The model holds no parameter values itself (ParamStore does) and no activations
 // (Activations does), so it may be shared read-only across threads.
@@ -29,28 +33,44 @@ struct ParamEntry {
   int layer = 0;  // index of the owning layer
 };
 
-// Per-forward storage: out[i] is layer i's output, saved[i] its backward state. Reused across
-// steps (no allocation once sizes settle).
+// Per-forward storage: out[i] is layer i's output, state[i] its backward state, ctx the forward's
+// context (backward runs under it). Reused across steps (no allocation once sizes settle).
 struct Activations {
   std::vector<Tensor> out;
-  std::vector<Tensor> saved;
+  std::vector<LayerState> state;
   std::vector<Tensor> grad;  // scratch for activation gradients during backward
-  int64_t bytes() const;     // bytes currently held in out + saved
+  LayerCtx ctx;              // of the last forward, rng cleared
+  int64_t bytes() const;     // bytes currently held in out + state
+};
+
+// One element of a model's top-level sequence: its parameter-name prefix and its layer.
+struct ModelElement {
+  std::string prefix;  // "layers.3", "transformer.h.0"; "" for names without a prefix
+  std::unique_ptr<Layer> layer;
 };
 
 class Model {
  public:
   Model() = default;
+  // Elements named "layers.<i>" (nn.Sequential's names).
   explicit Model(std::vector<std::unique_ptr<Layer>> layers);
+  explicit Model(std::vector<ModelElement> elements);
 
   size_t num_layers() const { return layers_.size(); }
-  const Layer& layer(size_t i) const { return *layers_[i]; }
+  const Layer& layer(size_t i) const { return *layers_[i].layer; }
+  const std::string& layer_prefix(size_t i) const { return layers_[i].prefix; }
   const std::vector<ParamEntry>& params() const { return table_; }
   int64_t param_count() const { return total_; }
   int64_t layer_begin(size_t i) const { return layer_offset_[i]; }
   int64_t layer_end(size_t i) const { return layer_offset_[i + 1]; }
-  int64_t in_features() const;
-  int64_t out_features() const;
+  // Per-sample input and output shapes ([784] -> [10]; [T] tokens -> [T, 256] logits).
+  const Shape& in_shape() const;
+  const Shape& out_shape() const;
+  int64_t in_features() const;   // elements per input sample
+  int64_t out_features() const;  // elements per output sample
+  // Outputs are rows of out_shape().back() scores: 1 per sample for a classifier, T for a
+  // language model (each row has its own target).
+  int64_t targets_per_sample() const;
   const ParamEntry* find(const std::string& name) const;  // null when absent
   std::string describe() const;  // one line per layer: index, kind, in -> out, params
 
@@ -71,16 +91,16 @@ class Model {
                         int64_t base = 0) const;
 
   // Backward through layers [first, last) in reverse, given dy = gradient w.r.t. the output of
-  // layer last-1. Accumulates into grads (flat buffer, full layout). Writes dx (the gradient with
-  // respect to x) only when dx != null. After each layer's gradients are final, calls
-  // on_layer_done(i) if set (DDP starts bucket reductions from there). params and grads hold the
-  // flat layout from element `base` on, as in forward.
+  // layer last-1, under the context of the forward that filled acts. Accumulates into grads (flat
+  // buffer, full layout). Writes dx (the gradient with respect to x) only when dx != null. After
+  // each layer's gradients are final, calls on_layer_done(i) if set (DDP starts bucket reductions
+  // from there). params and grads hold the flat layout from element `base` on, as in forward.
   void backward(const float* params, float* grads, const Tensor& x, Activations& acts,
                 const Tensor& dy, Tensor* dx, size_t first = 0, size_t last = SIZE_MAX,
                 const std::function<void(size_t)>& on_layer_done = {}, int64_t base = 0) const;
 
  private:
-  std::vector<std::unique_ptr<Layer>> layers_;
+  std::vector<ModelElement> layers_;
   std::vector<ParamEntry> table_;
   std::vector<int64_t> layer_offset_;  // size num_layers + 1
   int64_t total_ = 0;

@@ -28,6 +28,12 @@
 namespace dtrain {
 namespace {
 
+// The tensor a layer saved first (dropout's mask, layer norm's mean/rstd); empty if none.
+const Tensor& mask_of(const LayerState& s) {
+  static const Tensor kEmpty;
+  return s.saved.empty() ? kEmpty : s.saved[0];
+}
+
 constexpr float kEps = 1e-2f;
 constexpr double kTol = 1e-3;
 
@@ -82,7 +88,8 @@ LayerGrads layer_grads(const Layer& layer, Tensor x, std::vector<float> p, Rng* 
   const int64_t batch = x.rows();
   Tensor r({batch, layer.out_features()});
   fill_uniform(r.data(), r.numel(), rng, -1.0f, 1.0f);
-  Tensor y, saved;
+  Tensor y;
+  LayerState saved;
   auto run = [&]() {
     ForwardCtx ctx;
     Rng copy = dropout_rng != nullptr ? *dropout_rng : Rng(0);
@@ -95,7 +102,7 @@ LayerGrads layer_grads(const Layer& layer, Tensor x, std::vector<float> p, Rng* 
   run();
   std::vector<float> g(p.size(), 0.0f);
   Tensor dx;
-  layer.backward(p.data(), g.data(), x, y, saved, r, &dx);
+  layer.backward(p.data(), g.data(), x, y, saved, r, &dx, LayerCtx{});
   out.ana_x.assign(dx.data(), dx.data() + dx.numel());
   out.ana_p = g;
   out.num_x = numeric_grad(x.data(), x.numel(), run);
@@ -119,7 +126,8 @@ std::vector<float> random_params(const Layer& layer, uint64_t seed) {
   // Random values rather than init(): zero biases and unit gammas would hide mistakes.
   fill_uniform(p.data(), static_cast<int64_t>(p.size()), rng, -1.0f, 1.0f);
   if (layer.kind() == "layer_norm") {
-    for (int64_t j = 0; j < layer.in_features(); ++j) p[static_cast<size_t>(j)] += 1.0f;
+    const int64_t gammas = layer.params()[0].shape[0];
+    for (int64_t j = 0; j < gammas; ++j) p[static_cast<size_t>(j)] += 1.0f;
   }
   return p;
 }
@@ -135,37 +143,52 @@ void check_layer(const Layer& layer, int64_t batch, bool avoid_zero = false,
 
 TEST_CASE("gradcheck: linear, inputs and parameters") {
   for (Init init : {Init::kKaiming, Init::kXavier}) {
-    auto l = make_linear(5, 4, init);
+    auto l = make_linear({5}, 4, init);
     check_layer(*l, 1);
     check_layer(*l, 3);
   }
 }
 
+TEST_CASE("gradcheck: linear and layer norm over the last of several per-sample dimensions") {
+  // A [T, C] sample (a language model's positions): T rows per sample share the parameters.
+  auto lin = make_linear({3, 5}, 4, Init::kKaiming);
+  CHECK(lin->out_shape() == Shape{3, 4});
+  CHECK(lin->params()[0].shape == Shape{4, 5});
+  CHECK(lin->flops_per_sample() == 3.0 * 5 * 4);
+  check_layer(*lin, 1);
+  check_layer(*lin, 2);
+  auto ln = make_layer_norm({2, 3, 7});
+  CHECK(ln->out_shape() == Shape{2, 3, 7});
+  CHECK(ln->param_count() == 14);
+  check_layer(*ln, 2);
+}
+
 TEST_CASE("gradcheck: activations") {
   for (const char* kind : {"relu", "gelu", "tanh", "sigmoid"}) {
-    auto l = make_activation(parse_enum<Activation>(kind).value(), 6);
+    auto l = make_activation(parse_enum<Activation>(kind).value(), {6});
     check_layer(*l, 1, /*avoid_zero=*/true);
     check_layer(*l, 3, /*avoid_zero=*/true);
   }
 }
 
 TEST_CASE("gradcheck: dropout with a fixed mask in training mode") {
-  auto l = make_dropout(8, 0.4);
+  auto l = make_dropout({8}, 0.4);
   Rng mask_rng(5);
   check_layer(*l, 3, false, &mask_rng);
   // The mask really drops something here, so the check covers zeros and 1 / (1 - p) entries.
-  Tensor x = random_input(3, 8, 1), y, saved;
+  Tensor x = random_input(3, 8, 1), y;
+  LayerState saved;
   Rng copy = mask_rng;
   ForwardCtx ctx{true, &copy};
   l->forward(nullptr, x, y, saved, ctx);
   int zeros = 0;
-  for (int64_t i = 0; i < saved.numel(); ++i) zeros += saved[i] == 0.0f;
+  for (int64_t i = 0; i < mask_of(saved).numel(); ++i) zeros += mask_of(saved)[i] == 0.0f;
   CHECK(zeros > 0);
-  CHECK(zeros < saved.numel());
+  CHECK(zeros < mask_of(saved).numel());
 }
 
 TEST_CASE("gradcheck: layer norm, inputs, gamma and beta") {
-  auto l = make_layer_norm(7);
+  auto l = make_layer_norm({7});
   check_layer(*l, 1);
   check_layer(*l, 4);
 }
@@ -197,12 +220,12 @@ TEST_CASE("gradcheck: losses, with and without grad_scale") {
 
 Model small_model() {
   std::vector<std::unique_ptr<Layer>> layers;
-  layers.push_back(make_linear(6, 8, Init::kKaiming));
-  layers.push_back(make_layer_norm(8));
-  layers.push_back(make_activation(Activation::kGelu, 8));
-  layers.push_back(make_linear(8, 7, Init::kXavier));
-  layers.push_back(make_activation(Activation::kTanh, 7));
-  layers.push_back(make_linear(7, 4, Init::kXavier));
+  layers.push_back(make_linear({6}, 8, Init::kKaiming));
+  layers.push_back(make_layer_norm({8}));
+  layers.push_back(make_activation(Activation::kGelu, {8}));
+  layers.push_back(make_linear({8}, 7, Init::kXavier));
+  layers.push_back(make_activation(Activation::kTanh, {7}));
+  layers.push_back(make_linear({7}, 4, Init::kXavier));
   return Model(std::move(layers));
 }
 
@@ -243,7 +266,7 @@ TEST_CASE("gradcheck: whole model (Linear-LayerNorm-GELU-Linear-Tanh-Linear + cr
 
 TEST_CASE("gradcheck: rejects wrong gradients") {
   SUBCASE("linear: sign flip of the largest weight gradient, and a 5% error in dx") {
-    auto l = make_linear(5, 4, Init::kKaiming);
+    auto l = make_linear({5}, 4, Init::kKaiming);
     LayerGrads gr = layer_grads(*l, random_input(3, 5, 1), random_params(*l, 2), nullptr, 3);
     REQUIRE(grad_error(gr.num_p, gr.ana_p.data()) < kTol);
     size_t big = 0;
@@ -256,7 +279,7 @@ TEST_CASE("gradcheck: rejects wrong gradients") {
     CHECK(grad_error(gr.num_x, gr.ana_x.data()) > kTol);
   }
   SUBCASE("layer norm: dx without the xhat * mean(dxhat * xhat) term") {
-    auto l = make_layer_norm(7);
+    auto l = make_layer_norm({7});
     const Tensor x = random_input(2, 7, 4);
     const std::vector<float> p = random_params(*l, 5);
     LayerGrads gr = layer_grads(*l, x, p, nullptr, 6);
@@ -279,7 +302,7 @@ TEST_CASE("gradcheck: rejects wrong gradients") {
     CHECK(grad_error(gr.num_x, wrong.data()) > kTol);
   }
   SUBCASE("gelu: derivative without the x * tanh' term") {
-    auto l = make_activation(Activation::kGelu, 6);
+    auto l = make_activation(Activation::kGelu, {6});
     const Tensor x = random_input(2, 6, 8, true);
     LayerGrads gr = layer_grads(*l, x, {}, nullptr, 9);
     Rng rng(9, 99);

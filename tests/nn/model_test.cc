@@ -285,20 +285,21 @@ TEST_CASE("model: gradients accumulate across backward calls") {
 class SpyLayer final : public Layer {
  public:
   SpyLayer(std::unique_ptr<Layer> inner, size_t index, std::vector<std::string>* log)
-      : inner_(std::move(inner)), index_(index), log_(log) {}
+      : Layer(inner->in_shape(), inner->out_shape()),
+        inner_(std::move(inner)),
+        index_(index),
+        log_(log) {}
   std::string kind() const override { return inner_->kind(); }
-  int64_t in_features() const override { return inner_->in_features(); }
-  int64_t out_features() const override { return inner_->out_features(); }
   std::vector<ParamSpec> params() const override { return inner_->params(); }
   void init(float* p, Rng& rng) const override { inner_->init(p, rng); }
-  void forward(const float* p, const Tensor& x, Tensor& y, Tensor& saved,
-               const ForwardCtx& ctx) const override {
+  void forward(const float* p, const Tensor& x, Tensor& y, LayerState& saved,
+               const LayerCtx& ctx) const override {
     inner_->forward(p, x, y, saved, ctx);
   }
-  void backward(const float* p, float* g, const Tensor& x, const Tensor& y, const Tensor& saved,
-                const Tensor& dy, Tensor* dx) const override {
+  void backward(const float* p, float* g, const Tensor& x, const Tensor& y, const LayerState& saved,
+                const Tensor& dy, Tensor* dx, const LayerCtx& ctx) const override {
     log_->push_back("backward " + std::to_string(index_) + (dx ? " dx" : " no-dx"));
-    inner_->backward(p, g, x, y, saved, dy, dx);
+    inner_->backward(p, g, x, y, saved, dy, dx, ctx);
   }
 
  private:
@@ -310,9 +311,9 @@ class SpyLayer final : public Layer {
 TEST_CASE("model: layer 0 gets no dx unless asked, on_layer_done follows each layer") {
   std::vector<std::string> log;
   std::vector<std::unique_ptr<Layer>> layers;
-  layers.push_back(std::make_unique<SpyLayer>(make_linear(5, 6, Init::kKaiming), 0, &log));
-  layers.push_back(std::make_unique<SpyLayer>(make_activation(Activation::kRelu, 6), 1, &log));
-  layers.push_back(std::make_unique<SpyLayer>(make_linear(6, 3, Init::kKaiming), 2, &log));
+  layers.push_back(std::make_unique<SpyLayer>(make_linear({5}, 6, Init::kKaiming), 0, &log));
+  layers.push_back(std::make_unique<SpyLayer>(make_activation(Activation::kRelu, {6}), 1, &log));
+  layers.push_back(std::make_unique<SpyLayer>(make_linear({6}, 3, Init::kKaiming), 2, &log));
   const Model m(std::move(layers));
   ParamStore store(m.param_count());
   m.init(store.values.data(), 1);
@@ -335,11 +336,12 @@ TEST_CASE("model: layer 0 gets no dx unless asked, on_layer_done follows each la
   Tensor d_relu, d_lin2;
   std::vector<float> scratch(m.param_count(), 0.0f);
   m.layer(2).backward(store.values.data() + m.layer_begin(2), scratch.data() + m.layer_begin(2),
-                      acts.out[1], acts.out[2], acts.saved[2], dy, &d_lin2);
-  m.layer(1).backward(nullptr, nullptr, acts.out[0], acts.out[1], acts.saved[1], d_lin2, &d_relu);
+                      acts.out[1], acts.out[2], acts.state[2], dy, &d_lin2, acts.ctx);
+  m.layer(1).backward(nullptr, nullptr, acts.out[0], acts.out[1], acts.state[1], d_lin2, &d_relu,
+                      acts.ctx);
   Tensor expect;
-  m.layer(0).backward(store.values.data(), scratch.data(), x, acts.out[0], acts.saved[0], d_relu,
-                      &expect);
+  m.layer(0).backward(store.values.data(), scratch.data(), x, acts.out[0], acts.state[0], d_relu,
+                      &expect, acts.ctx);
   CHECK(same(dx.data(), expect.data(), dx.numel()));
 }
 

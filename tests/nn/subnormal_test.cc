@@ -26,7 +26,7 @@ float opaque(float x) {
 
 Model one_linear(int64_t in, int64_t out) {
   std::vector<std::unique_ptr<Layer>> layers;
-  layers.push_back(make_linear(in, out, Init::kXavier));
+  layers.push_back(make_linear({in}, out, Init::kXavier));
   return Model(std::move(layers));
 }
 
