@@ -11,14 +11,26 @@
 
 namespace dtrain {
 
+// What a row holds. kFeatures: a sample's features, with its label in y. kTokenWindow: T + 1
+// consecutive token ids (exact integers stored as floats; features = T + 1, y empty): the input
+// is the first T, the targets are the last T (each position predicts the next token).
+enum class SampleKind { kFeatures, kTokenWindow };
+
 struct Dataset {
   int64_t rows = 0;
   int64_t features = 0;
   std::vector<float> x;     // rows * features, row-major
-  std::vector<int32_t> y;   // rows, each in [0, num_classes)
-  int64_t num_classes = 0;  // max label + 1 over train (and test) as loaded
+  std::vector<int32_t> y;   // rows, each in [0, num_classes) (kFeatures only)
+  int64_t num_classes = 0;  // max label + 1 over train (and test) as loaded; the vocabulary
+  SampleKind kind = SampleKind::kFeatures;
 
   const float* row(int64_t i) const { return x.data() + i * features; }
+  // Elements of one model input: the features, or the T input tokens of a window.
+  int64_t input_features() const {
+    return kind == SampleKind::kTokenWindow ? features - 1 : features;
+  }
+  // Targets per row: 1 label, or T next tokens.
+  int64_t targets_per_row() const { return kind == SampleKind::kTokenWindow ? features - 1 : 1; }
 };
 
 // Per-feature affine normalisation x' = (x - shift) * scale, fitted on the training set and

@@ -13,17 +13,51 @@
 
 namespace dtrain {
 
-// Copies rows `idx` of d into x [n, F] and their labels into y.
-inline void gather_rows(const Dataset& d, const std::vector<int64_t>& idx, Tensor& x,
-                        std::vector<int32_t>& y) {
+// Copies the model inputs of rows `idx` of d into x [n, d.input_features()]: the features, or a
+// window's first T tokens.
+inline void gather_inputs(const Dataset& d, const std::vector<int64_t>& idx, Tensor& x) {
   const int64_t n = static_cast<int64_t>(idx.size());
-  x.resize({n, d.features});
-  y.resize(static_cast<size_t>(n));
+  const int64_t f = d.input_features();
+  if (x.ndim() != 2 || x.dim(0) != n || x.dim(1) != f) x.resize({n, f});
+  for (int64_t i = 0; i < n; ++i) {
+    const float* r = d.row(idx[static_cast<size_t>(i)]);
+    std::copy(r, r + f, x.data() + i * f);
+  }
+}
+
+// The targets of rows `idx`, n * d.targets_per_row() of them in row order: the labels, or each
+// window's last T tokens (the next token of every input position).
+inline void gather_targets(const Dataset& d, const std::vector<int64_t>& idx,
+                           std::vector<int32_t>& y) {
+  const int64_t n = static_cast<int64_t>(idx.size());
+  const int64_t t = d.targets_per_row();
+  y.resize(static_cast<size_t>(n * t));
   for (int64_t i = 0; i < n; ++i) {
     const int64_t r = idx[static_cast<size_t>(i)];
-    std::copy(d.row(r), d.row(r) + d.features, x.data() + i * d.features);
-    y[static_cast<size_t>(i)] = d.y[static_cast<size_t>(r)];
+    if (d.kind == SampleKind::kFeatures) {
+      y[static_cast<size_t>(i)] = d.y[static_cast<size_t>(r)];
+      continue;
+    }
+    const float* w = d.row(r) + 1;
+    for (int64_t j = 0; j < t; ++j) y[static_cast<size_t>(i * t + j)] = static_cast<int32_t>(w[j]);
   }
+}
+
+// A micro-batch: model inputs [n, input features] and n * targets-per-row targets.
+struct Batch {
+  Tensor x;
+  std::vector<int32_t> targets;
+};
+
+inline void gather_batch(const Dataset& d, const std::vector<int64_t>& idx, Batch& b) {
+  gather_inputs(d, idx, b.x);
+  gather_targets(d, idx, b.targets);
+}
+
+// idx = [start, start + n): evaluation reads consecutive rows.
+inline void consecutive_rows(int64_t start, int64_t n, std::vector<int64_t>& idx) {
+  idx.resize(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) idx[static_cast<size_t>(i)] = start + i;
 }
 
 // Loss sum over out's rows (model.loss: mse on one-hot targets, or cross entropy); when

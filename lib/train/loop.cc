@@ -104,6 +104,7 @@ class TrainLoop {
   StepPlan plan_;
   int64_t bpe_ = 1, schedule_steps_ = 0;
   Rng rng_;
+  int64_t tps_ = 1;           // targets per sample: 1 label, or T next tokens
   bool loss_global_ = false;  // the step loss is all-reduced over the data axis every step
   CompressionState saved_comp_;
 
@@ -164,6 +165,8 @@ void TrainLoop::setup_model() {
         data_.train.rows, data_.test.rows, shape.in_features, shape.num_classes,
         to_string(data_.normalizer.method), seconds_since(t0));
   model_ = build_mlp(cfg_.model, shape.in_features, shape.num_classes);
+  tps_ = data_.train.targets_per_row();
+  DT_CHECK_EQ(model_.targets_per_sample(), tps_);
   if (lead_) spdlog::info("model:\n{}", model_.describe());
   const bool pipelined = pipelined_ =
       S_ > 1 || cfg_.distributed.strategy == StrategyKind::kPipeline;
@@ -334,10 +337,11 @@ bool TrainLoop::step() {
     micro_idx_[static_cast<size_t>(i)] = sampler_->batch(epoch_, batch_ + i);
     local_samples += static_cast<int64_t>(micro_idx_[static_cast<size_t>(i)].size());
   }
-  // Gradients are sums scaled by 1 / (samples of the step over the data axis), so summing them
-  // over the axis gives the gradient of the global batch's mean loss; Local SGD: its own mean.
+  // Gradients are sums scaled by 1 / (targets of the step over the data axis: samples times
+  // targets per sample), so summing them over the axis gives the gradient of the global batch's
+  // mean loss over all its target positions; Local SGD: its own mean.
   const int64_t scale_samples =
-      strategy_->global_mean() ? step_samples : std::max<int64_t>(1, local_samples);
+      (strategy_->global_mean() ? step_samples : std::max<int64_t>(1, local_samples)) * tps_;
   const double wait0 = strategy_->wait_seconds() + exec_->wait_seconds();
   strategy_->begin_step();
   // The step's loss (loss_global_) is known after the last forward; its all-reduce runs during
@@ -382,8 +386,9 @@ bool TrainLoop::step() {
     interval_samples_ += loss_global_ ? step_samples : (mine ? local_samples : 0);
   }
   last_lr_ = lr;
-  last_step_loss_ =
-      loss_global_ ? loss_sum / std::max<int64_t>(1, step_samples) : last_record_loss_;
+  last_step_loss_ = loss_global_
+                        ? loss_sum / static_cast<double>(std::max<int64_t>(1, step_samples) * tps_)
+                        : last_record_loss_;
   return ok;
 }
 
@@ -411,7 +416,7 @@ void TrainLoop::record(bool epoch_done) {
   }
   // NaN (null in the record) when every step since the last record was skipped.
   const double mean_loss = interval_samples_ > 0
-                               ? interval_loss_ / static_cast<double>(interval_samples_)
+                               ? interval_loss_ / static_cast<double>(interval_samples_ * tps_)
                                : std::nan("");
   if (interval_samples_ > 0) final_train_loss_ = last_record_loss_ = mean_loss;
   const double sps = el > 0 ? static_cast<double>(interval_samples_) / el : 0.0;
@@ -452,8 +457,8 @@ void TrainLoop::evaluate() {
   std::vector<float> sums = {static_cast<float>(loss_sum), static_cast<float>(correct)};
   if (world_.size() > 1) world_.allreduce(sums.data(), sums.size(), ReduceOp::kSum);
   last_eval_.samples = n;
-  last_eval_.loss = sums[0] / static_cast<double>(n);
-  last_eval_.accuracy = std::round(sums[1]) / static_cast<double>(n);
+  last_eval_.loss = sums[0] / static_cast<double>(n * tps_);
+  last_eval_.accuracy = std::round(sums[1]) / static_cast<double>(n * tps_);
   have_eval_ = true;
   last_eval_step_ = step_;
   if (lead_) {

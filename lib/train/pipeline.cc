@@ -140,7 +140,7 @@ class PipelineStage final : public Executor {
     if (!first_) prev_ = grid.rank_of({c.tp, c.dp, c.pp - 1});
     if (!last_) next_ = grid.rank_of({c.tp, c.dp, c.pp + 1});
     const auto [f, l] = plan[static_cast<size_t>(stage_)];
-    in_width_ = first_ ? train.features : model.layer(f - 1).out_features();
+    in_width_ = first_ ? train.input_features() : model.layer(f - 1).out_features();
     out_width_ = model.layer(l - 1).out_features();
     for (int st = 0; st < S_; ++st) replica0_.push_back(grid.rank_of({0, 0, st}));
   }
@@ -204,7 +204,7 @@ class PipelineStage final : public Executor {
 void PipelineStage::forward(Micro& mb, float scale) {
   const int64_t rows = static_cast<int64_t>(mb.idx.size());
   if (first_) {
-    gather_rows(train_, mb.idx, mb.input, yb_);
+    gather_inputs(train_, mb.idx, mb.input);
   } else {
     recv_tensor(prev_, kTagActivation, mb.input, rows, in_width_, &idle_s_);
   }
@@ -215,10 +215,7 @@ void PipelineStage::forward(Micro& mb, float scale) {
   ForwardCtx ctx{.training = true, .rng = &rng_};
   const Tensor& out = s_.forward(mb.input, *mb.acts, ctx);
   if (last_) {
-    mb.labels.resize(static_cast<size_t>(rows));
-    for (int64_t i = 0; i < rows; ++i)
-      mb.labels[static_cast<size_t>(i)] =
-          train_.y[static_cast<size_t>(mb.idx[static_cast<size_t>(i)])];
+    gather_targets(train_, mb.idx, mb.labels);
     loss_sum_ += loss_and_grad(loss_, out, mb.labels.data(), &mb.dy, scale);
   }
   compute_s_ += seconds_since(t0);
@@ -310,18 +307,15 @@ std::pair<double, int64_t> PipelineStage::evaluate(const Dataset& d, int64_t bat
       continue;
     }
     const int64_t rows = std::min(batch, hi - start);
-    idx.resize(static_cast<size_t>(rows));
-    for (int64_t i = 0; i < rows; ++i) idx[static_cast<size_t>(i)] = start + i;
+    consecutive_rows(start, rows, idx);
     if (first_) {
-      gather_rows(d, idx, in, yb_);
+      gather_inputs(d, idx, in);
     } else {
       recv_tensor(prev_, kTagActivation, in, rows, in_width_, &eval_recv_s_);
     }
     const Tensor& out = s_.forward(in, acts, ctx);
     if (last_) {
-      yb_.resize(static_cast<size_t>(rows));
-      for (int64_t i = 0; i < rows; ++i)
-        yb_[static_cast<size_t>(i)] = d.y[static_cast<size_t>(start + i)];
+      gather_targets(d, idx, yb_);
       ls += loss_and_grad(loss_, out, yb_.data(), nullptr, 1.0f);
       correct += count_correct(out, yb_.data());
     } else {

@@ -21,16 +21,16 @@ class SingleStage final : public Executor {
     double loss_sum = 0.0;
     for (size_t i = 0; i < batches.size(); ++i) {
       const bool last = i + 1 == batches.size();
-      gather_rows(train_, batches[i], x_, y_);
+      gather_batch(train_, batches[i], b_);
       std::optional<TraceScope> fw(std::in_place, tracer_, "forward", "compute");
-      const Tensor& out = s_.forward(x_, acts_, ctx);
-      loss_sum += loss_and_grad(loss_, out, y_.data(), &dlogits_, w.scale);
+      const Tensor& out = s_.forward(b_.x, acts_, ctx);
+      loss_sum += loss_and_grad(loss_, out, b_.targets.data(), &dlogits_, w.scale);
       fw.reset();
       if (last && w.poison && dlogits_.numel() > 0)
         dlogits_.data()[0] = std::nanf("");  // DTRAIN_FAULT: a NaN enters this rank's gradients
       if (last && w.on_loss) w.on_loss(loss_sum);
       TraceScope bw(tracer_, "backward", "compute");
-      s_.backward(x_, acts_, dlogits_, nullptr, last);
+      s_.backward(b_.x, acts_, dlogits_, nullptr, last);
     }
     return loss_sum;
   }
@@ -40,8 +40,7 @@ class SingleStage final : public Executor {
     const int64_t n = d.rows;
     const auto [lo, hi, max_batches] = eval_share(n, batch, dp, DP);
     Activations acts;
-    Tensor x;
-    std::vector<int32_t> y;
+    Batch b;
     std::vector<int64_t> idx;
     ForwardCtx ctx{.training = false, .rng = nullptr};
     double loss_sum = 0.0;
@@ -52,13 +51,11 @@ class SingleStage final : public Executor {
         s_.forward_without_data();
         continue;
       }
-      const int64_t m = std::min(batch, hi - start);
-      idx.resize(static_cast<size_t>(m));
-      for (int64_t i = 0; i < m; ++i) idx[static_cast<size_t>(i)] = start + i;
-      gather_rows(d, idx, x, y);
-      const Tensor& out = s_.forward(x, acts, ctx);
-      loss_sum += loss_and_grad(loss_, out, y.data(), nullptr, 1.0f);
-      correct += count_correct(out, y.data());
+      consecutive_rows(start, std::min(batch, hi - start), idx);
+      gather_batch(d, idx, b);
+      const Tensor& out = s_.forward(b.x, acts, ctx);
+      loss_sum += loss_and_grad(loss_, out, b.targets.data(), nullptr, 1.0f);
+      correct += count_correct(out, b.targets.data());
     }
     return {loss_sum, correct};
   }
@@ -72,8 +69,8 @@ class SingleStage final : public Executor {
   Rng& rng_;
   Tracer& tracer_;
   Activations acts_;
-  Tensor x_, dlogits_;
-  std::vector<int32_t> y_;
+  Batch b_;
+  Tensor dlogits_;
 };
 
 }  // namespace

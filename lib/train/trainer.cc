@@ -43,7 +43,7 @@ namespace {}  // namespace
 
 ModelShape resolve_model_shape(const Config& cfg, const DataSplits& data) {
   ModelShape s;
-  s.in_features = data.train.features;
+  s.in_features = data.train.input_features();
   if (cfg.model.input_features > 0 && cfg.model.input_features != s.in_features)
     throw UserError("model.input_features is " + std::to_string(cfg.model.input_features) +
                     " but the data has " + std::to_string(s.in_features) + " features");
@@ -67,20 +67,17 @@ std::pair<double, int64_t> eval_rows(const Model& model, const float* params, co
                                      int64_t begin, int64_t end, int64_t batch, Loss loss) {
   DT_CHECK_GT(batch, 0);
   Activations acts;
-  Tensor x;
-  std::vector<int32_t> y;
+  Batch b;
   std::vector<int64_t> idx;
   ForwardCtx ctx{.training = false, .rng = nullptr};
   double loss_sum = 0.0;
   int64_t correct = 0;
   for (int64_t start = begin; start < end; start += batch) {
-    const int64_t n = std::min(batch, end - start);
-    idx.resize(static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i) idx[static_cast<size_t>(i)] = start + i;
-    gather_rows(d, idx, x, y);
-    const Tensor& out = model.forward(params, x, acts, ctx);
-    loss_sum += loss_and_grad(loss, out, y.data(), nullptr, 1.0f);
-    correct += count_correct(out, y.data());
+    consecutive_rows(start, std::min(batch, end - start), idx);
+    gather_batch(d, idx, b);
+    const Tensor& out = model.forward(params, b.x, acts, ctx);
+    loss_sum += loss_and_grad(loss, out, b.targets.data(), nullptr, 1.0f);
+    correct += count_correct(out, b.targets.data());
   }
   return {loss_sum, correct};
 }
@@ -92,9 +89,10 @@ EvalResult evaluate(const Model& model, const float* params, const Dataset& d, i
   EvalResult r;
   const auto [loss_sum, correct] = eval_rows(model, params, d, 0, d.rows, batch, loss);
   r.samples = d.rows;
-  if (d.rows > 0) {
-    r.loss = loss_sum / static_cast<double>(d.rows);
-    r.accuracy = static_cast<double>(correct) / static_cast<double>(d.rows);
+  if (d.rows > 0) {  // means over target positions (one per sample for a classifier)
+    const double targets = static_cast<double>(d.rows * d.targets_per_row());
+    r.loss = loss_sum / targets;
+    r.accuracy = static_cast<double>(correct) / targets;
   }
   return r;
 }
