@@ -42,6 +42,7 @@ using config_detail::join_key;
 using config_detail::join_list;
 using config_detail::key_suggestion;
 using config_detail::KeyList;
+using config_detail::show;
 
 const KeyList& section_keys(std::string_view path) {
   return config_sections().find(path)->second;
@@ -403,6 +404,133 @@ class Reader final : public config_detail::KeyErrors {
       const std::string ep = path + "[" + std::to_string(i++) + "]";
       marks_[ep] = e.Mark();
       out.push_back(to_int(e, ep));
+    }
+  }
+
+  // ---- model.layers: a list of kind names or one-key maps {kind: value} ----
+
+  // The fields of one map-valued layer entry: each key must be one of `allowed`.
+  void read_layer_fields(
+      const YAML::Node& m, const std::string& path, const std::vector<std::string_view>& allowed,
+      const std::function<void(const std::string&, const YAML::Node&, const std::string&)>& field)
+      const {
+    for (const auto& kv : m) {
+      const std::string k = kv.first.Scalar();
+      const std::string kp = path + "." + k;
+      if (std::find(allowed.begin(), allowed.end(), k) == allowed.end()) {
+        const std::string near = closest(k, allowed);
+        fail_at(kp, kv.first.Mark(),
+                kp + ": unknown field '" + k + "'" +
+                    (near.empty() ? "" : " (did you mean '" + near + "'?)") + "; expected " +
+                    join_list(allowed, ", "));
+      }
+      field(k, kv.second, kp);
+    }
+  }
+
+  int64_t layer_int(const YAML::Node& n, const std::string& path, int64_t lo) const {
+    const int64_t v = to_int(n, path);
+    if (v < lo) fail_node(path, n, "must be >= " + std::to_string(lo) + " (got " + show(v) + ")");
+    if (v > (int64_t{1} << 24)) fail_node(path, n, "must be <= 16777216 (got " + show(v) + ")");
+    return v;
+  }
+
+  LayerSpec read_layer(const YAML::Node& e, const std::string& path) const {
+    LayerSpec l;
+    const YAML::Node* value = nullptr;
+    std::string kind_text;
+    YAML::Node v;
+    if (e.IsScalar()) {
+      kind_text = e.Scalar();
+    } else if (e.IsMap() && e.size() == 1) {
+      kind_text = e.begin()->first.Scalar();
+      v = e.begin()->second;
+      value = &v;
+    } else {
+      fail_node(path, e,
+                "expected a layer: a name such as relu, or a one-key map such as {linear: 128}; "
+                "got " +
+                    describe(e));
+    }
+    const std::optional<LayerKind> kind = parse_enum<LayerKind>(kind_text);
+    if (!kind)
+      fail_node(path, e, "unknown layer " + enum_problem(kind_text, enum_choices<LayerKind>()));
+    l.kind = *kind;
+    const std::string vp = path + "." + kind_text;
+    const bool has_value = value != nullptr && !value->IsNull();
+    auto need = [&](bool ok, const char* form) {
+      if (!ok) fail_node(path, e, kind_text + " needs " + form);
+    };
+    switch (l.kind) {
+      case LayerKind::kLinear:
+        need(has_value, "its output width, e.g. {linear: 128}");
+        if (value->IsMap()) {
+          read_layer_fields(*value, vp, {"out_features"},
+                            [&](auto&, auto& n, auto& fp) { l.out = layer_int(n, fp, 1); });
+          need(l.out > 0, "out_features, e.g. {linear: {out_features: 128}}");
+        } else {
+          l.out = layer_int(*value, vp, 1);
+        }
+        break;
+      case LayerKind::kConv2d:
+        need(has_value && value->IsMap(),
+             "a map, e.g. {conv2d: {out_channels: 32, kernel: 3, stride: 1, padding: 1}}");
+        l.stride = 1;
+        read_layer_fields(*value, vp, {"out_channels", "kernel", "stride", "padding"},
+                          [&](const std::string& k, auto& n, auto& fp) {
+                            if (k == "out_channels") l.out = layer_int(n, fp, 1);
+                            if (k == "kernel") l.kernel = layer_int(n, fp, 1);
+                            if (k == "stride") l.stride = layer_int(n, fp, 1);
+                            if (k == "padding") l.padding = layer_int(n, fp, 0);
+                          });
+        need(l.out > 0 && l.kernel > 0, "out_channels and kernel");
+        break;
+      case LayerKind::kMaxPool2d:
+      case LayerKind::kAvgPool2d:
+        need(has_value, "its kernel, e.g. {max_pool2d: 2} or {max_pool2d: {kernel: 3, stride: 2}}");
+        if (value->IsMap()) {
+          read_layer_fields(*value, vp, {"kernel", "stride"},
+                            [&](const std::string& k, auto& n, auto& fp) {
+                              if (k == "kernel") l.kernel = layer_int(n, fp, 1);
+                              if (k == "stride") l.stride = layer_int(n, fp, 1);
+                            });
+          need(l.kernel > 0, "kernel");
+        } else {
+          l.kernel = layer_int(*value, vp, 1);
+        }
+        if (l.stride == 0) l.stride = l.kernel;  // PyTorch's default
+        break;
+      case LayerKind::kDropout:
+        if (has_value && value->IsMap()) {
+          read_layer_fields(*value, vp, {"p"},
+                            [&](auto&, auto& n, auto& fp) { l.p = to_double(n, fp); });
+        } else if (has_value) {
+          l.p = to_double(*value, vp);
+        }
+        if (!(l.p >= 0.0 && l.p < 1.0))
+          fail_node(path, e, "dropout probability must be in [0, 1) (got " + show(l.p) + ")");
+        break;
+      default:  // no parameters: `relu` or {relu: null} / {relu: {}}
+        if (has_value && !(value->IsMap() && value->size() == 0))
+          fail_node(path, e,
+                    kind_text + " takes no value (write it as a plain '" + kind_text + "')");
+        break;
+    }
+    return l;
+  }
+
+  void read(const std::string& path, std::vector<LayerSpec>& out) {
+    const YAML::Node* n = leaf(path);
+    if (!n) return;
+    if (!n->IsSequence())
+      fail_node(path, *n,
+                "expected a list of layers such as [{linear: 128}, relu], got " + describe(*n));
+    out.clear();
+    size_t i = 0;
+    for (const YAML::Node& e : *n) {
+      const std::string ep = path + "[" + std::to_string(i++) + "]";
+      marks_[ep] = e.Mark();
+      out.push_back(read_layer(e, ep));
     }
   }
 

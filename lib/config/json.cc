@@ -39,8 +39,11 @@ void erase_leaf(nlohmann::json& j, const std::string& dotted) {
 nlohmann::json config_to_json(const Config& c) {
   const Config defaults;
   nlohmann::json j = nlohmann::json::object();
-  for (const KeyDecl& d : config_keys())
-    j[pointer(d.path)] = d.get(d.json_as_default ? defaults : c);
+  for (const KeyDecl& d : config_keys()) {
+    nlohmann::json v = d.get(d.json_as_default ? defaults : c);
+    if (d.omitted_at_default && v == d.get(defaults)) continue;
+    j[pointer(d.path)] = std::move(v);
+  }
   return j;
 }
 

@@ -37,6 +37,7 @@ KeyDecl key(std::string path, F f, std::string doc) {
     if constexpr (std::is_same_v<T, bool>) d.type = KeyType::kBool;
     if constexpr (std::is_same_v<T, char>) d.type = KeyType::kChar;
     if constexpr (std::is_same_v<T, std::vector<int64_t>>) d.type = KeyType::kIntList;
+    if constexpr (std::is_same_v<T, std::vector<LayerSpec>>) d.type = KeyType::kLayerList;
   }
   return d;
 }
@@ -44,6 +45,8 @@ KeyDecl key(std::string path, F f, std::string doc) {
 // The choices keys belong to (BelongsTo), shared by the section tables.
 struct Owners {
   const BelongsTo sgd{"optimizer.type", {"sgd"}, "by optimizer sgd", {}};
+  const BelongsTo mlp{"model.type", {"mlp"}, "by model type mlp", {}};
+  const BelongsTo sequential{"model.type", {"sequential"}, "by model type sequential", {}};
   const BelongsTo adam{"optimizer.type", {"adam", "adamw"}, "by optimizers adam and adamw", {}};
   const BelongsTo step{"optimizer.schedule.type", {"step"}, "by schedule step", {}};
   const BelongsTo cosine{"optimizer.schedule.type", {"cosine"}, "by schedule cosine", {}};
@@ -68,35 +71,47 @@ struct Owners {
 };
 
 // The keys of seed and model, in the order of config.h.
-std::vector<KeyDecl> model_keys([[maybe_unused]] const Owners& o) {
+std::vector<KeyDecl> model_keys(const Owners& o) {
   return {
       key(
           "seed", [](auto& c) -> auto& { return c.seed; },
           R"doc(Global RNG seed, ≥ 0: initialisation, shuffling, dropout, synthetic data, held-out split)doc")
           .min(0),
       key(
-          "model.type", [](auto& c) -> auto& { return c.model.type; }, R"doc(Only `mlp`)doc"),
+          "model.type", [](auto& c) -> auto& { return c.model.type; },
+          R"doc(`mlp` (built from `hidden`, `activation`, ...) | `sequential` (built from `layers`))doc"),
+      key(
+          "model.layers", [](auto& c) -> auto& { return c.model.layers; },
+          R"doc(The layer list of `sequential`, as PyTorch's nn.Sequential (see "Models"): `{linear: N}`, `{conv2d: {out_channels, kernel, stride, padding}}`, `{max_pool2d: {kernel, stride}}` or `{max_pool2d: K}`, `avg_pool2d` alike, `flatten`, `relu`, `gelu`, `tanh`, `sigmoid`, `{dropout: P}`, `layer_norm`)doc")
+          .by(o.sequential)
+          .omitted_at_default_value(),
       key(
           "model.complexity", [](auto& c) -> auto& { return c.model.complexity; },
           R"doc(Preset for `hidden`: `""` (none) | `simple` [128] | `medium` [512, 512] | `complex` [1024, 1024, 512, 256]; an error if `hidden` is also given)doc")
-          .written_as_default(),
+          .written_as_default()
+          .by(o.mlp),
       key(
           "model.hidden", [](auto& c) -> auto& { return c.model.hidden; },
           R"doc(Hidden layer widths, each ≥ 1; `[]` = no hidden layer (softmax regression))doc")
-          .min(1),
+          .min(1)
+          .by(o.mlp),
       key(
           "model.activation", [](auto& c) -> auto& { return c.model.activation; },
-          R"doc(`relu` | `gelu` (tanh approximation) | `tanh` | `sigmoid`)doc"),
+          R"doc(`relu` | `gelu` (tanh approximation) | `tanh` | `sigmoid`)doc")
+          .by(o.mlp),
       key(
           "model.dropout", [](auto& c) -> auto& { return c.model.dropout; },
           R"doc(Inverted dropout after each hidden activation, in [0, 1))doc")
-          .unit(),
+          .unit()
+          .by(o.mlp),
       key(
           "model.layer_norm", [](auto& c) -> auto& { return c.model.layer_norm; },
-          R"doc(LayerNorm after each hidden Linear (before the activation))doc"),
+          R"doc(LayerNorm after each hidden Linear (before the activation))doc")
+          .by(o.mlp),
       key(
           "model.init", [](auto& c) -> auto& { return c.model.init; },
-          R"doc(`auto` | `kaiming` | `xavier` (auto: kaiming for relu/gelu, xavier for tanh/sigmoid))doc"),
+          R"doc(`auto` | `kaiming` | `xavier` (auto: kaiming for relu/gelu, xavier for tanh/sigmoid); `sequential` always initialises as PyTorch does)doc")
+          .by(o.mlp),
       key(
           "model.loss", [](auto& c) -> auto& { return c.model.loss; },
           R"doc(`cross_entropy` (fused softmax) | `mse` (on one-hot targets))doc"),
@@ -519,6 +534,8 @@ const char* type_name(KeyType t) {
       return "char";
     case KeyType::kIntList:
       return "list of int";
+    case KeyType::kLayerList:
+      return "list of layers";
   }
   return "?";
 }
@@ -528,6 +545,8 @@ std::string show_default(const KeyDecl& d, const nlohmann::json& v) {
   switch (d.type) {
     case KeyType::kFloat:
       return show_float(v.get<double>());
+    case KeyType::kLayerList:
+      return v.empty() ? "[]" : v.dump();
     case KeyType::kIntList: {
       std::string s = "[";
       for (const auto& e : v) s += (s.size() > 1 ? ", " : "") + std::to_string(e.get<int64_t>());
@@ -555,6 +574,31 @@ std::string escape_cell(const std::string& s) {
 }
 
 }  // namespace
+
+void to_json(nlohmann::json& j, const LayerSpec& l) {
+  const std::string kind(to_string(l.kind));
+  switch (l.kind) {
+    case LayerKind::kLinear:
+      j = {{kind, l.out}};
+      return;
+    case LayerKind::kConv2d:
+      j = {{kind,
+            {{"out_channels", l.out},
+             {"kernel", l.kernel},
+             {"stride", l.stride},
+             {"padding", l.padding}}}};
+      return;
+    case LayerKind::kMaxPool2d:
+    case LayerKind::kAvgPool2d:
+      j = {{kind, {{"kernel", l.kernel}, {"stride", l.stride}}}};
+      return;
+    case LayerKind::kDropout:
+      j = {{kind, l.p}};
+      return;
+    default:
+      j = kind;
+  }
+}
 
 nlohmann::json KeyDecl::get(const Config& c) const {
   return std::visit(

@@ -19,7 +19,7 @@
 
 namespace dtrain {
 
-enum class KeyType { kInt, kFloat, kBool, kString, kPath, kChar, kIntList, kEnum };
+enum class KeyType { kInt, kFloat, kBool, kString, kPath, kChar, kIntList, kEnum, kLayerList };
 
 // A check of one key's own value, applied after parsing: "PATH: must be >= 1 (got 0)".
 struct KeyCheck {
@@ -57,9 +57,15 @@ struct EnumRef {
 };
 
 // Where a key's value lives in a Config.
-using KeyRef = std::variant<int64_t& (*)(Config&), double& (*)(Config&), bool& (*)(Config&),
-                            std::string& (*)(Config&), char& (*)(Config&),
-                            std::vector<int64_t>& (*)(Config&), EnumRef>;
+using KeyRef =
+    std::variant<int64_t& (*)(Config&), double& (*)(Config&), bool& (*)(Config&),
+                 std::string& (*)(Config&), char& (*)(Config&), std::vector<int64_t>& (*)(Config&),
+                 std::vector<LayerSpec>& (*)(Config&), EnumRef>;
+
+// model.layers as config.json writes it: each entry a kind name ("relu") or a one-key map of the
+// kind to its value ({"linear": 128}, {"conv2d": {"out_channels": 32, "kernel": 3, ...}}),
+// reading back through the YAML parser to the same list.
+void to_json(nlohmann::json& j, const LayerSpec& l);
 
 struct KeyDecl {
   std::string path;  // "optimizer.schedule.type"
@@ -72,6 +78,10 @@ struct KeyDecl {
   // config.json writes the default instead of the value (model.complexity: load_config resolves
   // the preset into model.hidden, and giving both is an error).
   bool json_as_default = false;
+  // config.json (and so config_hash) leaves the key out while it has its default: keys added
+  // after config.json's format was pinned (tests/config/test_config_schema.cc), so configs that
+  // do not use them keep their JSON and hash, and old checkpoints still resume.
+  bool omitted_at_default = false;
 
   nlohmann::json get(const Config& c) const;  // the value as config.json writes it
 
@@ -93,6 +103,10 @@ struct KeyDecl {
   }
   KeyDecl&& by(BelongsTo b) && {
     belongs.push_back(std::move(b));
+    return std::move(*this);
+  }
+  KeyDecl&& omitted_at_default_value() && {
+    omitted_at_default = true;
     return std::move(*this);
   }
   KeyDecl&& written_as_default() && {

@@ -21,6 +21,8 @@ Dataset take_rows(const Dataset& d, const std::vector<int64_t>& idx) {
   out.rows = static_cast<int64_t>(idx.size());
   out.features = d.features;
   out.num_classes = d.num_classes;
+  out.kind = d.kind;
+  out.sample = d.sample;
   out.x.resize(idx.size() * static_cast<size_t>(d.features));
   out.y.resize(idx.size());
   for (size_t i = 0; i < idx.size(); ++i) {
@@ -201,6 +203,7 @@ DataSplits load_data(const DataConfig& cfg, int64_t seed) {
     hold_out(s.train, s.test, fraction, seed);
   }
   s.test.features = s.train.features;  // also for an empty test set, so shapes always agree
+  s.test.sample = s.train.sample;
 
   const int64_t classes = std::max(max_label_plus_one(s.train), max_label_plus_one(s.test));
   s.train.num_classes = classes;

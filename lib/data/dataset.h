@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "data/options.h"
+#include "tensor/tensor.h"
 
 namespace dtrain {
 
@@ -23,12 +24,16 @@ struct Dataset {
   std::vector<int32_t> y;   // rows, each in [0, num_classes) (kFeatures only)
   int64_t num_classes = 0;  // max label + 1 over train (and test) as loaded; the vocabulary
   SampleKind kind = SampleKind::kFeatures;
+  // The shape of one model input when it is not flat: IDX images are [1, H, W] (one channel).
+  // Empty: [input_features()].
+  Shape sample;
 
   const float* row(int64_t i) const { return x.data() + i * features; }
   // Elements of one model input: the features, or the T input tokens of a window.
   int64_t input_features() const {
     return kind == SampleKind::kTokenWindow ? features - 1 : features;
   }
+  Shape input_shape() const { return sample.empty() ? Shape{input_features()} : sample; }
   // Targets per row: 1 label, or T next tokens.
   int64_t targets_per_row() const { return kind == SampleKind::kTokenWindow ? features - 1 : 1; }
 };

@@ -327,6 +327,7 @@ Dataset load_idx(const std::string& images_path, const std::string& labels_path)
   Dataset d;
   d.rows = static_cast<int64_t>(n);
   d.features = static_cast<int64_t>(features);
+  d.sample = {1, static_cast<int64_t>(img.dims[1]), static_cast<int64_t>(img.dims[2])};
   resize_fresh(d.x, n * features);
   const auto* px = reinterpret_cast<const unsigned char*>(img.bytes.data() + img.data_offset);
   float* out = d.x.data();

@@ -11,13 +11,56 @@
 
 namespace dtrain {
 
-enum class ModelType { kMlp };
+enum class ModelType { kMlp, kSequential };
 enum class Complexity { kNone, kSimple, kMedium, kComplex };
 enum class Activation { kRelu, kGelu, kTanh, kSigmoid };
 enum class WeightInit { kAuto, kKaiming, kXavier };
 enum class Loss { kCrossEntropy, kMse };
 
-inline constexpr EnumName<ModelType> kModelTypeNames[] = {{ModelType::kMlp, "mlp"}};
+inline constexpr EnumName<ModelType> kModelTypeNames[] = {{ModelType::kMlp, "mlp"},
+                                                          {ModelType::kSequential, "sequential"}};
+
+// The layers of `model.type: sequential` (PyTorch's nn.Sequential over the same list).
+enum class LayerKind {
+  kLinear,
+  kConv2d,
+  kMaxPool2d,
+  kAvgPool2d,
+  kFlatten,
+  kRelu,
+  kGelu,
+  kTanh,
+  kSigmoid,
+  kDropout,
+  kLayerNorm
+};
+inline constexpr EnumName<LayerKind> kLayerKindNames[] = {{LayerKind::kLinear, "linear"},
+                                                          {LayerKind::kConv2d, "conv2d"},
+                                                          {LayerKind::kMaxPool2d, "max_pool2d"},
+                                                          {LayerKind::kAvgPool2d, "avg_pool2d"},
+                                                          {LayerKind::kFlatten, "flatten"},
+                                                          {LayerKind::kRelu, "relu"},
+                                                          {LayerKind::kGelu, "gelu"},
+                                                          {LayerKind::kTanh, "tanh"},
+                                                          {LayerKind::kSigmoid, "sigmoid"},
+                                                          {LayerKind::kDropout, "dropout"},
+                                                          {LayerKind::kLayerNorm, "layer_norm"}};
+constexpr std::span<const EnumName<LayerKind>> enum_names(LayerKind) {
+  return kLayerKindNames;
+}
+
+// One entry of model.layers. Which fields apply depends on the kind:
+//   linear: out (features);  conv2d: out (channels), kernel, stride (default 1), padding;
+//   max_pool2d, avg_pool2d: kernel, stride (default: kernel);  dropout: p.
+struct LayerSpec {
+  LayerKind kind = LayerKind::kRelu;
+  int64_t out = 0;
+  int64_t kernel = 0;
+  int64_t stride = 0;  // 0: the kind's default
+  int64_t padding = 0;
+  double p = 0.5;
+  bool operator==(const LayerSpec&) const = default;
+};
 // kNone is "" (no preset, the default): config.json writes it; not offered as a choice.
 inline constexpr EnumName<Complexity> kComplexityNames[] = {{Complexity::kNone, ""},
                                                             {Complexity::kSimple, "simple"},
@@ -68,6 +111,7 @@ inline std::vector<int64_t> complexity_preset(Complexity c) {
 
 struct ModelConfig {
   ModelType type = ModelType::kMlp;
+  std::vector<LayerSpec> layers;  // type sequential: the layer list, in order
   // Preset that sets `hidden` (and nothing else); giving both `complexity` and `hidden` is an
   // error. load_config resolves it into `hidden`.
   Complexity complexity = Complexity::kNone;

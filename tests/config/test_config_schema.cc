@@ -67,6 +67,8 @@ std::vector<std::string> candidates(const KeyDecl& d, const nlohmann::json& def)
       return {";"};
     case KeyType::kIntList:
       return {"[7, 5]"};
+    case KeyType::kLayerList:
+      return {"[{linear: 8}, relu, {linear: 4}]", "[flatten, {dropout: 0.25}, {linear: 3}]"};
     case KeyType::kEnum: {
       std::vector<std::string> out;
       for (std::string_view c : std::get<EnumRef>(d.ref).choices) out.emplace_back(c);
