@@ -17,6 +17,7 @@
 
 #include "nn/kernels/attention.h"
 #include "nn/kernels/embedding.h"
+#include "nn/kernels/fast_math.h"
 #include "util/rng.h"
 
 namespace dtrain_test {
@@ -156,6 +157,34 @@ TEST_CASE("gpt kernels: attention forward and backward do not allocate; null dqk
   attention_backward(run.d, run.qkv.data(), run.saved.data(), dy.data(), nullptr,
                      run.scratch.data());
   CHECK(run.scratch == scratch_before);
+}
+
+TEST_CASE("gpt kernels: row_max is the exact maximum and row_dot the sum, at every length") {
+  const float inf = std::numeric_limits<float>::infinity();
+  std::vector<float> v = {-3.5f, -0.0f, -7.25f, -1e-30f, -2.0f, -1e30f, -9.0f, -0.5f, -4.0f, -8.0f};
+  CHECK(row_max(v.data(), 1) == -3.5f);
+  CHECK(row_max(v.data(), 3) == 0.0f);
+  CHECK(row_max(v.data() + 2, 8) == -1e-30f);  // negatives only: the one closest to zero
+  CHECK(row_max(v.data() + 4, 6) == -0.5f);
+  v[9] = 5.0f;
+  CHECK(row_max(v.data(), 10) == 5.0f);  // beyond the first lane block
+  v[8] = inf;
+  CHECK(row_max(v.data(), 10) == inf);
+  v[8] = -inf;
+  CHECK(row_max(v.data() + 8, 1) == -inf);
+  CHECK(std::isnan(row_max(std::vector<float>{1.0f, kNaN, 2.0f}.data(), 3)));
+  for (int64_t n = 1; n <= 19; ++n) {
+    std::vector<float> x(static_cast<size_t>(n)), y(static_cast<size_t>(n));
+    double sum = 0, dot = 0;
+    for (int64_t j = 0; j < n; ++j) {
+      x[static_cast<size_t>(j)] = static_cast<float>(j + 1);
+      y[static_cast<size_t>(j)] = static_cast<float>(2 * j - 5);
+      sum += j + 1;
+      dot += (j + 1.0) * (2 * j - 5);
+    }
+    CHECK(row_dot(x.data(), nullptr, n) == sum);  // small integers: exact in any order
+    CHECK(row_dot(x.data(), y.data(), n) == dot);
+  }
 }
 
 struct EmbeddingRun {
