@@ -53,7 +53,7 @@ std::string pattern_text(int64_t n) {
   return s;
 }
 
-TEST_CASE("text: windows of block_size + 1 bytes at stride block_size; the tail is unused") {
+TEST_CASE("text: windows of block_size + 1 bytes at stride block_size, the tail unused") {
   CHECK(text_window_count(10, 3) == 3);
   CHECK(text_window_count(10, 4) == 2);
   CHECK(text_window_count(5, 4) == 1);
@@ -80,7 +80,7 @@ TEST_CASE("text: bytes are tokens 0..255, high bytes included (unsigned)") {
   for (int64_t j = 0; j < 256; ++j) CHECK(d.row(0)[j] == static_cast<float>(j));
 }
 
-TEST_CASE("text: gzip is detected by its magic, not its name; plain and gzip read the same") {
+TEST_CASE("text: gzip is detected by its magic, not its name: plain and gzip read the same") {
   TempDir dir;
   const std::string text = pattern_text(3000);
   const std::string plain = dir.write("plain.txt", text);

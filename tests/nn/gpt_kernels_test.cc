@@ -141,7 +141,7 @@ TEST_CASE("gpt kernels: attention is causal, its rows are distributions, T = 1 c
   }
 }
 
-TEST_CASE("gpt kernels: attention forward and backward do not allocate; null dqkv is a no-op") {
+TEST_CASE("gpt kernels: attention forward and backward do not allocate, null dqkv is a no-op") {
   AttentionRun run({2, 8, 2, 8}, 4);
   const std::vector<float> dy = uniform(static_cast<int64_t>(run.y.size()), 8);
   std::vector<float> dqkv(run.qkv.size());
@@ -209,7 +209,7 @@ TEST_CASE("gpt kernels: embedding forward adds the token's and the position's ro
   }
 }
 
-TEST_CASE("gpt kernels: embedding gradient check with repeated tokens; gradients accumulate") {
+TEST_CASE("gpt kernels: embedding gradient check with repeated tokens, gradients accumulate") {
   EmbeddingRun e;
   const std::vector<float> r = uniform(static_cast<int64_t>(e.out.size()), 7);
   const auto objective = [&] {
