@@ -72,6 +72,7 @@ Dataset windows_of(const char* bytes, int64_t n, int64_t block_size) {
   d.rows = text_window_count(n, block_size);
   d.features = block_size + 1;
   d.num_classes = kTextVocab;
+  d.kind = SampleKind::kTokenWindow;
   d.x.resize(static_cast<size_t>(d.rows * d.features));
   const auto* u = reinterpret_cast<const unsigned char*>(bytes);
   for (int64_t i = 0; i < d.rows; ++i) {
@@ -171,6 +172,7 @@ DataSplits load_text(const TextOptions& opts) {
   }
   s.test.features = T + 1;  // also for an empty test set, so shapes always agree
   s.test.num_classes = kTextVocab;
+  s.test.kind = SampleKind::kTokenWindow;
   return s;
 }
 

@@ -17,10 +17,11 @@
 // and evaluation both use these windows, so the sampler, shuffling and rank slicing treat a window
 // as one sample exactly as they treat an image.
 //
-// As a Dataset: one row per window, features = block_size + 1, x holding the byte values as
-// floats (0..255, exact), y EMPTY (a row carries its own targets), num_classes = 256. Floats keep
-// Dataset, the sampler and the row gathering as they are; the batch builder converts a window's
-// B * (block_size + 1) values to int32 token ids once per batch.
+// As a Dataset: kind SampleKind::kTokenWindow, one row per window, features = block_size + 1, x
+// holding the byte values as floats (0..255, exact), y EMPTY (a row carries its own targets),
+// num_classes = 256. Floats keep Dataset, the sampler and the row gathering as they are; the
+// batch gather (train/batch.h) takes a row's first block_size values as the input and its last
+// block_size as int32 targets.
 //
 // Errors are UserError, one line, naming the key and the file: a missing or unreadable file, a
 // pattern that matches no file, an empty text, a split shorter than one window.

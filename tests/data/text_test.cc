@@ -64,6 +64,9 @@ TEST_CASE("text: windows of block_size + 1 bytes at stride block_size, the tail 
   CHECK(d.features == 4);
   CHECK(d.num_classes == 256);
   CHECK(d.y.empty());  // a window carries its own targets
+  CHECK(d.kind == SampleKind::kTokenWindow);
+  CHECK(d.input_features() == 3);
+  CHECK(d.targets_per_row() == 3);
   CHECK(row_bytes(d, 0) == "abcd");
   CHECK(row_bytes(d, 1) == "defg");
   CHECK(row_bytes(d, 2) == "ghij");
@@ -100,6 +103,8 @@ TEST_CASE("text: gzip is detected by its magic, not its name: plain and gzip rea
   CHECK(a.train.x == b.train.x);
   CHECK(a.test.rows == 0);
   CHECK(a.test.features == 17);
+  CHECK(a.test.kind == SampleKind::kTokenWindow);  // also the empty test set
+  CHECK(a.train.kind == SampleKind::kTokenWindow);
   CHECK(a.normalizer.method == Normalize::kNone);
 }
 
