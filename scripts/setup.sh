@@ -17,6 +17,7 @@ PACKAGES=(
   doctest-dev zlib1g-dev nlohmann-json3-dev
   pkg-config libcairo2-dev
   dataset-fashion-mnist
+  jargon-text  # the Jargon File: configs/lm_jargon.yaml's text and the text loader's test
   python3-numpy  # scripts/read_checkpoint.py and its test
 )
 

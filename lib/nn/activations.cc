@@ -5,6 +5,7 @@
 #include <bit>
 #include <cstdint>
 
+#include "nn/kernels/fast_math.h"
 #include "nn/layer.h"
 #include "nn/layer_util.h"
 #include "util/check.h"
@@ -14,34 +15,6 @@ namespace {
 
 using nn_detail::batch_of;
 using nn_detail::resize_batch;
-
-// Clamps |x| to c (c > 0) with integer operations: a float compare-and-select followed by a
-// division is not if-converted under -ftrapping-math, which would keep the loops scalar. NaN
-// passes through unchanged; +-inf becomes +-c.
-inline float clamp_abs(float x, float c) {
-  const int32_t bits = std::bit_cast<int32_t>(x);
-  const int32_t mag = bits & 0x7fffffff;
-  const int32_t cb = std::bit_cast<int32_t>(c);
-  const int32_t m = (mag > cb && mag <= 0x7f800000) ? cb : mag;
-  return std::bit_cast<float>(m | (bits & static_cast<int32_t>(0x80000000u)));
-}
-
-// e^x, relative error < 1e-7 for |x| <= 87; |x| is clamped to 87, so the result is always a
-// finite normal float (1 + e^x never overflows). Cephes expf polynomial with Cody-Waite range
-// reduction; round-to-nearest via the 1.5 * 2^23 trick.
-inline float exp_approx(float x) {
-  x = clamp_abs(x, 87.0f);
-  const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-  const float r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  return p * std::bit_cast<float>((static_cast<int32_t>(n) + 127) << 23);
-}
 
 // tanh(x), relative error < 5e-7 everywhere (including near 0, unlike 1 - 2 / (e^2x + 1)).
 // The [13/6] rational approximation of Eigen's generic_fast_tanh_float; |x| > 7.9 gives +-1.

@@ -1,0 +1,179 @@
+// Text data: path expansion (files, lists, globs), reading (gzip by magic), the held-out split and
+// the windows. See text.h for the contract.
+#include "data/text.h"
+
+#include <glob.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "util/check.h"
+
+namespace dtrain {
+namespace {
+
+bool is_regular_file(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+bool has_glob_chars(const std::string& s) {
+  return s.find_first_of("*?[") != std::string::npos;
+}
+
+// The regular files matching `pattern`, in byte order of their paths.
+std::vector<std::string> glob_files(const std::string& pattern, const std::string& key) {
+  glob_t g{};
+  const int rc = ::glob(pattern.c_str(), GLOB_NOSORT, nullptr, &g);
+  struct Freer {
+    glob_t* g;
+    ~Freer() { ::globfree(g); }
+  } freer{&g};
+  if (rc != 0 && rc != GLOB_NOMATCH) {
+    throw UserError(key + ": cannot expand the pattern '" + pattern + "'");
+  }
+  std::vector<std::string> out;
+  for (size_t i = 0; i < g.gl_pathc; ++i) {
+    if (is_regular_file(g.gl_pathv[i])) out.emplace_back(g.gl_pathv[i]);
+  }
+  if (out.empty()) throw UserError(key + ": the pattern '" + pattern + "' matches no file");
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// "'a'" or "'a' and 2 more files": the files an error is about.
+std::string describe(const std::vector<std::string>& files) {
+  std::string s = "'" + files.front() + "'";
+  if (files.size() > 1) {
+    const size_t more = files.size() - 1;
+    s += " and " + std::to_string(more) + (more == 1 ? " more file" : " more files");
+  }
+  return s;
+}
+
+std::string window_text(int64_t block_size) {
+  return "one window of block_size + 1 = " + std::to_string(block_size + 1) + " bytes";
+}
+
+// "0.1", not std::to_string's "0.100000".
+std::string show(double v) {
+  std::ostringstream o;
+  o << v;
+  return o.str();
+}
+
+// The windows of the n bytes at `bytes` as a Dataset (text.h's layout).
+Dataset windows_of(const char* bytes, int64_t n, int64_t block_size) {
+  Dataset d;
+  d.rows = text_window_count(n, block_size);
+  d.features = block_size + 1;
+  d.num_classes = kTextVocab;
+  d.kind = SampleKind::kTokenWindow;
+  d.x.resize(static_cast<size_t>(d.rows * d.features));
+  const auto* u = reinterpret_cast<const unsigned char*>(bytes);
+  for (int64_t i = 0; i < d.rows; ++i) {
+    float* row = d.x.data() + i * d.features;
+    const unsigned char* src = u + i * block_size;
+    for (int64_t j = 0; j < d.features; ++j) row[j] = static_cast<float>(src[j]);
+  }
+  return d;
+}
+
+}  // namespace
+
+std::vector<std::string> expand_text_paths(const std::vector<std::string>& specs,
+                                           const std::string& key) {
+  if (specs.empty()) throw UserError(key + " is required for format text (a file, list or glob)");
+  std::vector<std::string> files;
+  for (const std::string& s : specs) {
+    if (s.empty()) throw UserError(key + ": an empty path");
+    if (has_glob_chars(s) && !is_regular_file(s)) {
+      const std::vector<std::string> m = glob_files(s, key);
+      files.insert(files.end(), m.begin(), m.end());
+    } else {
+      files.push_back(s);  // read_text_files reports a missing file
+    }
+  }
+  return files;
+}
+
+std::string read_text_files(const std::vector<std::string>& files, const std::string& key) {
+  DT_CHECK(!files.empty());
+  std::string text;
+  for (const std::string& f : files) {
+    try {
+      text += read_maybe_gzip(f);
+    } catch (const UserError& e) {
+      throw UserError(key + ": " + e.what());
+    }
+  }
+  if (text.empty()) {
+    throw UserError(key + (files.size() == 1 ? ": the text " : ": the texts ") + describe(files) +
+                    (files.size() == 1 ? " is empty" : " are empty"));
+  }
+  return text;
+}
+
+int64_t text_window_count(int64_t n, int64_t block_size) {
+  DT_CHECK_GE(block_size, 1);
+  return n <= block_size ? 0 : (n - 1) / block_size;
+}
+
+Dataset text_windows(const std::string& bytes, int64_t block_size) {
+  return windows_of(bytes.data(), static_cast<int64_t>(bytes.size()), block_size);
+}
+
+DataSplits load_text(const TextOptions& opts) {
+  if (opts.block_size < 1) {
+    throw UserError("model.block_size must be >= 1 for text data, got " +
+                    std::to_string(opts.block_size));
+  }
+  if (!(opts.test_fraction >= 0 && opts.test_fraction < 1)) {
+    throw UserError("data.test_fraction must be in [0, 1), got " + show(opts.test_fraction));
+  }
+  const int64_t T = opts.block_size;
+  const std::vector<std::string> train_files = expand_text_paths(opts.train, "data.train.path");
+  const std::string train = read_text_files(train_files, "data.train.path");
+  const int64_t n = static_cast<int64_t>(train.size());
+  DataSplits s;
+  s.normalizer.method = Normalize::kNone;  // token ids are used as they are
+  if (!opts.test.empty()) {
+    const std::vector<std::string> test_files = expand_text_paths(opts.test, "data.test.path");
+    const std::string test = read_text_files(test_files, "data.test.path");
+    if (text_window_count(static_cast<int64_t>(test.size()), T) == 0) {
+      throw UserError("data.test.path: the text " + describe(test_files) + " has " +
+                      std::to_string(test.size()) + " bytes, fewer than " + window_text(T));
+    }
+    s.test = text_windows(test, T);
+  }
+  const int64_t n_test =
+      opts.test.empty() ? std::llround(opts.test_fraction * static_cast<double>(n)) : 0;
+  const int64_t n_train = n - n_test;
+  if (text_window_count(n_train, T) == 0) {
+    const std::string held =
+        n_test > 0 ? " after holding out " + std::to_string(n_test) + " for validation" : "";
+    throw UserError("data.train.path: the text " + describe(train_files) + " has " +
+                    std::to_string(n_train) + " bytes for training" + held + ", fewer than " +
+                    window_text(T));
+  }
+  s.train = windows_of(train.data(), n_train, T);
+  if (n_test > 0) {
+    if (text_window_count(n_test, T) == 0) {
+      throw UserError("data.test_fraction " + show(opts.test_fraction) + " holds out " +
+                      std::to_string(n_test) + " bytes of " + describe(train_files) +
+                      ", fewer than " + window_text(T) +
+                      " (use a larger fraction or a smaller model.block_size)");
+    }
+    s.test = windows_of(train.data() + n_train, n_test, T);
+  }
+  s.test.features = T + 1;  // also for an empty test set, so shapes always agree
+  s.test.num_classes = kTextVocab;
+  s.test.kind = SampleKind::kTokenWindow;
+  return s;
+}
+
+}  // namespace dtrain

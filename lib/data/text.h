@@ -1,0 +1,65 @@
+// Text data for language models (`data.format: text`): bytes are tokens (vocabulary 256).
+//
+// Files: `data.train.path` (and the optional `data.test.path`) is a file, a list of files or glob
+// patterns. A list is read in the order given; a pattern's matches in byte order of their paths
+// (so a run reads the same text on every machine); an entry that names an existing file is that
+// file even if it contains glob characters. Each file is gunzipped when it starts with the gzip
+// magic, whatever its name. The files' bytes are concatenated as they are (no separator).
+//
+// Splits: with no test files, the last `test_fraction` of the training bytes (rounded to whole
+// bytes) is the validation split and the rest is the training split; test_fraction 0 means no
+// validation set.
+//
+// Samples: a window is block_size + 1 consecutive bytes; a split of n bytes gives (n - 1) /
+// block_size windows, window i starting at byte i * block_size (non-overlapping inputs: the last
+// byte of one window is the first of the next; a tail shorter than a window is not used). Input
+// positions are the window's bytes [0, block_size), targets its bytes [1, block_size + 1). Training
+// and evaluation both use these windows, so the sampler, shuffling and rank slicing treat a window
+// as one sample exactly as they treat an image.
+//
+// As a Dataset: kind SampleKind::kTokenWindow, one row per window, features = block_size + 1, x
+// holding the byte values as floats (0..255, exact), y EMPTY (a row carries its own targets),
+// num_classes = 256. Floats keep Dataset, the sampler and the row gathering as they are; the
+// batch gather (train/batch.h) takes a row's first block_size values as the input and its last
+// block_size as int32 targets.
+//
+// Errors are UserError, one line, naming the key and the file: a missing or unreadable file, a
+// pattern that matches no file, an empty text, a split shorter than one window.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "data/dataset.h"
+
+namespace dtrain {
+
+inline constexpr int64_t kTextVocab = 256;
+
+struct TextOptions {
+  std::vector<std::string> train;  // data.train.path: files and/or glob patterns, >= 1 entry
+  std::vector<std::string> test;   // data.test.path: same, empty = hold out test_fraction
+  double test_fraction = 0.1;      // in [0, 1); only used without test files
+  int64_t block_size = 0;          // model.block_size, >= 1
+};
+
+// The files `specs` name, in reading order (see above). `key` ("data.train.path") prefixes errors.
+std::vector<std::string> expand_text_paths(const std::vector<std::string>& specs,
+                                           const std::string& key);
+
+// The concatenated bytes of `files` (each gunzipped if it is gzip). UserError prefixed by `key`.
+std::string read_text_files(const std::vector<std::string>& files, const std::string& key);
+
+// Number of windows of block_size + 1 bytes at stride block_size in `n` bytes: (n - 1) / block_size
+// (0 for n <= block_size).
+int64_t text_window_count(int64_t n, int64_t block_size);
+
+// `bytes` as a Dataset of its windows (layout above).
+Dataset text_windows(const std::string& bytes, int64_t block_size);
+
+// Reads, splits and windows the text per `opts`: train and test windows; normalizer none; test
+// has 0 rows when test_fraction is 0 and no test files are given.
+DataSplits load_text(const TextOptions& opts);
+
+}  // namespace dtrain

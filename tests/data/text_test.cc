@@ -1,0 +1,250 @@
+// Text data (data/text.h): windows, gzip by magic, files, lists and globs, the held-out split,
+// errors, and the Jargon File when the jargon-text package is installed.
+#include <zlib.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <doctest/doctest.h>
+
+#include "data/text.h"
+#include "test_util.h"
+#include "util/check.h"
+
+namespace dtrain {
+namespace {
+
+using testing::TempDir;
+
+template <typename F>
+std::string user_error(F fn) {
+  try {
+    fn();
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  FAIL("expected a UserError");
+  return "";
+}
+
+// Writes `text` gzip-compressed to `path` (any name: detection is by the magic).
+std::string write_gzip(const std::string& path, const std::string& text) {
+  gzFile f = gzopen(path.c_str(), "wb");
+  REQUIRE(f != nullptr);
+  if (!text.empty()) REQUIRE(gzwrite(f, text.data(), static_cast<unsigned>(text.size())) > 0);
+  REQUIRE(gzclose(f) == Z_OK);
+  return path;
+}
+
+// Row i of d as the bytes it holds.
+std::string row_bytes(const Dataset& d, int64_t i) {
+  std::string s;
+  for (int64_t j = 0; j < d.features; ++j) s += static_cast<char>(static_cast<int>(d.row(i)[j]));
+  return s;
+}
+
+// n bytes of varied, deterministic text (every byte value, in a scrambled order).
+std::string pattern_text(int64_t n) {
+  std::string s;
+  for (int64_t i = 0; i < n; ++i) s += static_cast<char>((i * 37 + i / 256) % 256);
+  return s;
+}
+
+TEST_CASE("text: windows of block_size + 1 bytes at stride block_size, the tail unused") {
+  CHECK(text_window_count(10, 3) == 3);
+  CHECK(text_window_count(10, 4) == 2);
+  CHECK(text_window_count(5, 4) == 1);
+  CHECK(text_window_count(4, 4) == 0);
+  CHECK(text_window_count(0, 4) == 0);
+  const Dataset d = text_windows("abcdefghij", 3);
+  CHECK(d.rows == 3);
+  CHECK(d.features == 4);
+  CHECK(d.num_classes == 256);
+  CHECK(d.y.empty());  // a window carries its own targets
+  CHECK(d.kind == SampleKind::kTokenWindow);
+  CHECK(d.input_features() == 3);
+  CHECK(d.targets_per_row() == 3);
+  CHECK(row_bytes(d, 0) == "abcd");
+  CHECK(row_bytes(d, 1) == "defg");
+  CHECK(row_bytes(d, 2) == "ghij");
+  const Dataset e = text_windows("abcdefghij", 4);
+  CHECK(e.rows == 2);
+  CHECK(row_bytes(e, 1) == "efghi");  // 'j' would need a third window
+}
+
+TEST_CASE("text: bytes are tokens 0..255, high bytes included (unsigned)") {
+  std::string all;
+  for (int b = 0; b < 256; ++b) all += static_cast<char>(b);
+  const Dataset d = text_windows(all, 255);
+  REQUIRE(d.rows == 1);
+  for (int64_t j = 0; j < 256; ++j) CHECK(d.row(0)[j] == static_cast<float>(j));
+}
+
+TEST_CASE("text: gzip is detected by its magic, not its name: plain and gzip read the same") {
+  TempDir dir;
+  const std::string text = pattern_text(3000);
+  const std::string plain = dir.write("plain.txt", text);
+  const std::string gz = write_gzip(dir / "compressed.txt", text);  // no .gz suffix
+  const std::string gz2 = write_gzip(dir / "also.gz", text);
+  CHECK(read_text_files({plain}, "k") == text);
+  CHECK(read_text_files({gz}, "k") == text);
+  CHECK(read_text_files({gz2, plain}, "k") == text + text);
+  TextOptions o;
+  o.block_size = 16;
+  o.test_fraction = 0;
+  o.train = {plain};
+  const DataSplits a = load_text(o);
+  o.train = {gz};
+  const DataSplits b = load_text(o);
+  CHECK(a.train.rows == (3000 - 1) / 16);
+  CHECK(a.train.x == b.train.x);
+  CHECK(a.test.rows == 0);
+  CHECK(a.test.features == 17);
+  CHECK(a.test.kind == SampleKind::kTokenWindow);  // also the empty test set
+  CHECK(a.train.kind == SampleKind::kTokenWindow);
+  CHECK(a.normalizer.method == Normalize::kNone);
+}
+
+TEST_CASE("text: a list keeps its order, a glob is sorted and skips directories") {
+  TempDir dir;
+  dir.write("b.txt", "BBBB");
+  dir.write("c.txt", "CCCC");
+  dir.write("a.txt", "AAAA");
+  dir.write("a.dat", "DDDD");
+  std::filesystem::create_directory(dir / "z.txt");  // matches *.txt but is no file
+  CHECK(expand_text_paths({dir / "*.txt"}, "k") ==
+        std::vector<std::string>{dir / "a.txt", dir / "b.txt", dir / "c.txt"});
+  CHECK(read_text_files(expand_text_paths({dir / "*.txt"}, "k"), "k") == "AAAABBBBCCCC");
+  CHECK(read_text_files(expand_text_paths({dir / "c.txt", dir / "a.txt"}, "k"), "k") == "CCCCAAAA");
+  CHECK(read_text_files(expand_text_paths({dir / "a.dat", dir / "[bc].txt"}, "k"), "k") ==
+        "DDDDBBBBCCCC");
+  TextOptions o;
+  o.train = {dir / "*.txt"};
+  o.block_size = 3;
+  o.test_fraction = 0;
+  const DataSplits s = load_text(o);
+  CHECK(s.train.rows == (12 - 1) / 3);
+  CHECK(row_bytes(s.train, 1) == "ABBB");  // windows run across file boundaries
+  // A name that exists is that file, even with glob characters in it.
+  dir.write("odd[1].txt", "OOOO");
+  CHECK(expand_text_paths({dir / "odd[1].txt"}, "k") ==
+        std::vector<std::string>{dir / "odd[1].txt"});
+}
+
+TEST_CASE("text: the last test_fraction of the bytes is the validation split") {
+  TempDir dir;
+  const std::string text = pattern_text(1000);
+  const std::string path = dir.write("t.txt", text);
+  TextOptions o;
+  o.train = {path};
+  o.block_size = 8;
+  o.test_fraction = 0.1;  // the default
+  const DataSplits s = load_text(o);
+  CHECK(s.train.rows == (900 - 1) / 8);
+  CHECK(s.test.rows == (100 - 1) / 8);
+  CHECK(s.test.features == 9);
+  CHECK(row_bytes(s.train, 0) == text.substr(0, 9));
+  CHECK(row_bytes(s.test, 0) == text.substr(900, 9));
+  CHECK(row_bytes(s.test, s.test.rows - 1) == text.substr(900 + 8 * (s.test.rows - 1), 9));
+  // The training split ends before the validation split: no window reads past byte 900.
+  CHECK(8 * (s.train.rows - 1) + 9 <= 900);
+
+  o.test_fraction = 0.25;
+  const DataSplits q = load_text(o);
+  CHECK(q.train.rows == (750 - 1) / 8);
+  CHECK(q.test.rows == (250 - 1) / 8);
+
+  // With test files nothing is held out: all of train is training data.
+  const std::string other = pattern_text(50).substr(10);
+  o.test = {dir.write("v.txt", other)};
+  const DataSplits t = load_text(o);
+  CHECK(t.train.rows == (1000 - 1) / 8);
+  CHECK(t.test.rows == (40 - 1) / 8);
+  CHECK(row_bytes(t.test, 0) == other.substr(0, 9));
+}
+
+TEST_CASE("text: bad input is one UserError naming the key and the file") {
+  TempDir dir;
+  TextOptions o;
+  o.block_size = 8;
+  o.train = {dir / "missing.txt"};
+  std::string e = user_error([&] { load_text(o); });
+  CHECK(e.find("data.train.path") != std::string::npos);
+  CHECK(e.find("missing.txt") != std::string::npos);
+
+  o.train = {dir.write("empty.txt", "")};
+  e = user_error([&] { load_text(o); });
+  CHECK(e.find("empty.txt' is empty") != std::string::npos);
+  o.train = {write_gzip(dir / "empty.gz", "")};
+  CHECK(user_error([&] { load_text(o); }).find("empty.gz' is empty") != std::string::npos);
+
+  o.test_fraction = 0;
+  o.train = {dir.write("short.txt", "12345678")};  // 8 bytes: a window needs 9
+  e = user_error([&] { load_text(o); });
+  CHECK(e.find("short.txt") != std::string::npos);
+  CHECK(e.find("fewer than one window of block_size + 1 = 9 bytes") != std::string::npos);
+
+  o.train = {dir / "*.none"};
+  e = user_error([&] { load_text(o); });
+  CHECK(e.find("the pattern '" + dir.path() + "/*.none' matches no file") != std::string::npos);
+
+  // 100 bytes, 10% held out = 10 bytes: fewer than a window of 17.
+  o.train = {dir.write("hundred.txt", pattern_text(100))};
+  o.block_size = 16;
+  o.test_fraction = 0.1;
+  e = user_error([&] { load_text(o); });
+  CHECK(e.find("data.test_fraction 0.1 holds out 10 bytes of '") != std::string::npos);
+  // ... and the held-out part is counted when training is too short.
+  o.test_fraction = 0.9;
+  e = user_error([&] { load_text(o); });
+  CHECK(e.find("has 10 bytes for training after holding out 90 for validation") !=
+        std::string::npos);
+
+  o.test_fraction = 0;
+  o.test = {dir.write("tiny.txt", "abc")};
+  e = user_error([&] { load_text(o); });
+  CHECK(e.find("data.test.path") != std::string::npos);
+  CHECK(e.find("tiny.txt") != std::string::npos);
+
+  o.test = {};
+  o.block_size = 0;
+  CHECK(user_error([&] { load_text(o); }).find("model.block_size") != std::string::npos);
+  o.block_size = 4;
+  o.test_fraction = 1.0;
+  CHECK(user_error([&] { load_text(o); }).find("data.test_fraction") != std::string::npos);
+  o.test_fraction = 0;
+  o.train = {};
+  CHECK(user_error([&] { load_text(o); }).find("data.train.path is required") != std::string::npos);
+}
+
+TEST_CASE("text: the Jargon File (jargon-text) as configs/lm_jargon.yaml reads it") {
+  const std::string path = "/usr/share/doc/jargon-text/jargon.txt.gz";
+  if (!std::filesystem::exists(path)) {
+    MESSAGE("jargon-text not installed; skipped");
+    return;
+  }
+  const std::string text = read_maybe_gzip(path);
+  const int64_t n = static_cast<int64_t>(text.size());
+  CHECK(n > 1000000);  // 1.68 MB of English (4.4.7: 1681817 bytes)
+  CHECK(text.find("The Jargon File") != std::string::npos);
+  TextOptions o;
+  o.train = {path};
+  o.block_size = 64;
+  const DataSplits s = load_text(o);
+  const int64_t n_test = std::llround(0.1 * static_cast<double>(n));
+  CHECK(s.train.rows == (n - n_test - 1) / 64);
+  CHECK(s.test.rows == (n_test - 1) / 64);
+  CHECK(row_bytes(s.train, 0) == text.substr(0, 65));
+  CHECK(row_bytes(s.test, 0) == text.substr(static_cast<size_t>(n - n_test), 65));
+  // The text has UTF-8 (box drawing, accents): bytes above 127 arrive as tokens 128..255.
+  float hi = 0;
+  for (float v : s.train.x) hi = std::max(hi, v);
+  CHECK(hi >= 128.0f);
+  CHECK(hi <= 255.0f);
+}
+
+}  // namespace
+}  // namespace dtrain
