@@ -70,9 +70,4 @@ void conv2d_backward(const Conv2dGeometry& g, const float* x, const float* w, co
                      float* dw, float* db, float* dx, std::vector<float>& scratch,
                      int64_t chunk = kConv2dChunk);
 
-// The unrolling itself, exposed for the benchmark and tests: samples [s0, s0 + n) of x into col
-// [C kh kw, n OH OW] (overwritten), and its adjoint, dcol ADDED into those samples of dx.
-void im2col(const Conv2dGeometry& g, const float* x, int64_t s0, int64_t n, float* col);
-void col2im_add(const Conv2dGeometry& g, const float* dcol, int64_t s0, int64_t n, float* dx);
-
 }  // namespace dtrain

@@ -42,80 +42,115 @@ void check(const Pool2dGeometry& g) {
   DT_CHECK_MSG(err.empty(), err);
 }
 
-// Calls f(plane, out, top, left): for every plane (sample and channel) and output position, with
-// `plane` the plane's index, `out` the output element's offset in y and (top, left) the window's
-// first input row and column.
+// Calls f(in, out, top) for every output row: `in` is the offset of the row's input plane in x,
+// `out` the offset of the row's OW outputs in y, `top` the first input row its windows cover.
 template <typename F>
-void for_each_window(const Pool2dGeometry& g, F&& f) {
+void for_each_out_row(const Pool2dGeometry& g, F&& f) {
   const int64_t oh = g.out_height(), ow = g.out_width(), planes = g.batch * g.channels;
+  const int64_t hw = g.height * g.width;
   for (int64_t pl = 0; pl < planes; ++pl) {
-    for (int64_t p = 0; p < oh; ++p) {
-      for (int64_t q = 0; q < ow; ++q)
-        f(pl, (pl * oh + p) * ow + q, p * g.stride_h, q * g.stride_w);
+    for (int64_t p = 0; p < oh; ++p) f(pl * hw, (pl * oh + p) * ow, p * g.stride_h);
+  }
+}
+
+}  // namespace
+
+namespace {
+
+// PyTorch's loop over one window: start below everything, take a strictly larger element or any
+// NaN (so the last NaN wins).
+void max_window_with_nan(const float* plane, int32_t first, int64_t w, int64_t kh, int64_t kw,
+                         float* y, int32_t* argmax) {
+  float v = -std::numeric_limits<float>::infinity();
+  int32_t best = first;
+  for (int64_t i = 0; i < kh; ++i) {
+    for (int64_t j = 0; j < kw; ++j) {
+      const int32_t at = first + static_cast<int32_t>(i * w + j);
+      const float e = plane[at];
+      if (e > v || std::isnan(e)) {
+        v = e;
+        best = at;
+      }
     }
   }
+  *y = v;
+  *argmax = best;
 }
 
 }  // namespace
 
 void max_pool2d_forward(const Pool2dGeometry& g, const float* x, float* y, int32_t* argmax) {
   check(g);
-  const int64_t hw = g.height * g.width;
-  for_each_window(g, [&](int64_t pl, int64_t out, int64_t top, int64_t left) {
-    const float* in = x + pl * hw;
-    // PyTorch's loop: start below everything, take a strictly larger element or any NaN.
-    int64_t best = top * g.width + left;
-    float v = -std::numeric_limits<float>::infinity();
-    for (int64_t i = top; i < top + g.kernel_h; ++i) {
-      for (int64_t j = left; j < left + g.kernel_w; ++j) {
-        const float e = in[i * g.width + j];
-        if (e > v || std::isnan(e)) {
-          v = e;
-          best = i * g.width + j;
+  const int64_t ow = g.out_width(), sw = g.stride_w, w = g.width, kh = g.kernel_h, kw = g.kernel_w;
+  for_each_out_row(g, [&](int64_t in, int64_t out, int64_t top) {
+    const float* plane = x + in;
+    for (int64_t q = 0; q < ow; ++q) {
+      // Without NaN, PyTorch's rule is "the first strict maximum", which compiles to selects
+      // (maxss, cmov) rather than branches: on real activations the comparison is unpredictable,
+      // and the NaN test inside the loop made GCC branch. A window with a NaN is redone PyTorch's
+      // way.
+      const int32_t first = static_cast<int32_t>(top * w + q * sw);
+      float v = -std::numeric_limits<float>::infinity();
+      int32_t best = first;
+      bool nan = false;
+      for (int64_t i = 0; i < kh; ++i) {
+        for (int64_t j = 0; j < kw; ++j) {
+          const int32_t at = first + static_cast<int32_t>(i * w + j);
+          const float e = plane[at];
+          best = e > v ? at : best;
+          v = e > v ? e : v;
+          nan |= e != e;
         }
       }
+      y[out + q] = v;
+      argmax[out + q] = best;
+      if (nan) max_window_with_nan(plane, first, w, kh, kw, y + out + q, argmax + out + q);
     }
-    y[out] = v;
-    argmax[out] = static_cast<int32_t>(best);
   });
 }
 
 void max_pool2d_backward(const Pool2dGeometry& g, const float* dy, const int32_t* argmax,
                          float* dx) {
   check(g);
-  const int64_t hw = g.height * g.width;
+  const int64_t hw = g.height * g.width, ow = g.out_width();
   std::fill(dx, dx + g.batch * g.in_sample(), 0.0f);
-  for_each_window(g, [&](int64_t pl, int64_t out, int64_t, int64_t) {
-    const int32_t a = argmax[out];
-    DT_CHECK(a >= 0 && a < hw);
-    dx[pl * hw + a] += dy[out];
+  for_each_out_row(g, [&](int64_t in, int64_t out, int64_t) {
+    for (int64_t q = 0; q < ow; ++q) {
+      const int32_t a = argmax[out + q];
+      DT_CHECK(a >= 0 && a < hw);
+      dx[in + a] += dy[out + q];
+    }
   });
 }
 
 void avg_pool2d_forward(const Pool2dGeometry& g, const float* x, float* y) {
   check(g);
-  const int64_t hw = g.height * g.width;
-  const float count = static_cast<float>(g.kernel_h * g.kernel_w);
-  for_each_window(g, [&](int64_t pl, int64_t out, int64_t top, int64_t left) {
-    const float* in = x + pl * hw;
-    float sum = 0.0f;
-    for (int64_t i = top; i < top + g.kernel_h; ++i) {
-      for (int64_t j = left; j < left + g.kernel_w; ++j) sum += in[i * g.width + j];
+  const int64_t ow = g.out_width(), sw = g.stride_w, w = g.width, kh = g.kernel_h, kw = g.kernel_w;
+  const float count = static_cast<float>(kh * kw);
+  for_each_out_row(g, [&](int64_t in, int64_t out, int64_t top) {
+    float* sum = y + out;
+    std::fill(sum, sum + ow, 0.0f);
+    for (int64_t i = top; i < top + kh; ++i) {
+      for (int64_t j = 0; j < kw; ++j) {
+        const float* row = x + in + i * w + j;
+        for (int64_t q = 0; q < ow; ++q) sum[q] += row[q * sw];
+      }
     }
-    y[out] = sum / count;  // a division, as PyTorch rounds it
+    for (int64_t q = 0; q < ow; ++q) sum[q] /= count;  // a division, as PyTorch rounds it
   });
 }
 
 void avg_pool2d_backward(const Pool2dGeometry& g, const float* dy, float* dx) {
   check(g);
-  const int64_t hw = g.height * g.width;
-  const float count = static_cast<float>(g.kernel_h * g.kernel_w);
+  const int64_t ow = g.out_width(), sw = g.stride_w, w = g.width, kh = g.kernel_h, kw = g.kernel_w;
+  const float count = static_cast<float>(kh * kw);
   std::fill(dx, dx + g.batch * g.in_sample(), 0.0f);
-  for_each_window(g, [&](int64_t pl, int64_t out, int64_t top, int64_t left) {
-    float* d = dx + pl * hw;
-    const float v = dy[out] / count;
-    for (int64_t i = top; i < top + g.kernel_h; ++i) {
-      for (int64_t j = left; j < left + g.kernel_w; ++j) d[i * g.width + j] += v;
+  for_each_out_row(g, [&](int64_t in, int64_t out, int64_t top) {
+    for (int64_t i = top; i < top + kh; ++i) {
+      for (int64_t j = 0; j < kw; ++j) {
+        float* row = dx + in + i * w + j;
+        for (int64_t q = 0; q < ow; ++q) row[q * sw] += dy[out + q] / count;
+      }
     }
   });
 }
