@@ -17,6 +17,10 @@
 #include "util/check.h"
 #include "util/rng.h"
 
+namespace dtrain_test {
+long allocations();  // heap allocations so far (alloc_counter.cc)
+}  // namespace dtrain_test
+
 namespace dtrain {
 namespace {
 
@@ -221,6 +225,35 @@ TEST_CASE("image layers: a small CNN through Model (conv-tanh-avgpool-conv-flatt
                                  store.grads.begin() + model.layer_end(i));
     CHECK(grad_error(num, ana) < kTol);
   }
+}
+
+TEST_CASE("image layers: cnn-ref's layers allocate nothing per step once sizes settle") {
+  std::vector<std::unique_ptr<Layer>> layers;
+  layers.push_back(make_conv2d({1, 28, 28}, {32, 3, 1, 1}));
+  layers.push_back(make_activation(Activation::kRelu, layers.back()->out_shape()));
+  layers.push_back(make_max_pool2d(layers.back()->out_shape(), {2, std::nullopt}));
+  layers.push_back(make_conv2d(layers.back()->out_shape(), {64, 3, 1, 1}));
+  layers.push_back(make_activation(Activation::kRelu, layers.back()->out_shape()));
+  layers.push_back(make_avg_pool2d(layers.back()->out_shape(), {2, std::nullopt}));
+  layers.push_back(make_flatten(layers.back()->out_shape()));
+  layers.push_back(make_linear(layers.back()->out_shape(), 10, Init::kKaiming));
+  const Model model(std::move(layers));
+  ParamStore store(model.param_count());
+  model.init(store.values.data(), 1);
+  const Tensor x = random_images(4, {1, 28, 28}, 2);
+  const std::vector<int32_t> labels = {1, 7, 3, 9};
+  Activations acts;
+  Tensor dlogits;
+  for (int step = 0; step < 3; ++step) {
+    const long before = dtrain_test::allocations();
+    const Tensor& out = model.forward(store.values.data(), x, acts, ForwardCtx{true, nullptr});
+    softmax_cross_entropy(out, labels.data(), &dlogits, 0.25f);
+    model.backward(store.values.data(), store.grads.data(), x, acts, dlogits, nullptr);
+    INFO("step ", step);
+    if (step > 0) CHECK(dtrain_test::allocations() - before == 0);
+  }
+  // The max-pool state: one int32 argmax per output element, 4 x 32 x 14 x 14.
+  CHECK(acts.state[2].index.size() == 4u * 32 * 14 * 14);
 }
 
 }  // namespace
