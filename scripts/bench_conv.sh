@@ -4,7 +4,8 @@
 # forward + backward on the same shapes (when python3-torch is installed; PyTorch runs its own
 # oneDNN kernels). Both sides time thread CPU time, so other jobs on a shared machine slow the
 # figures less than wall time would (they still share caches and cores). Alternates REPS times and
-# prints each sample, then the medians.
+# prints each sample, then the medians and PyTorch's time over dtrain's as the median of the
+# per-repetition ratios with their range.
 #
 #   scripts/bench_conv.sh            # REPS=3 PEER=1
 #   REPS=5 PEER=0 scripts/bench_conv.sh
@@ -45,7 +46,7 @@ print(f"{median_ms(convs):.2f} {median_ms(pools):.2f}")
 PY
 json() { python3 -c 'import json,sys; d=json.loads(sys.stdin.read().splitlines()[-1]); print(eval(sys.argv[1]))' "$1"; }
 echo "$(date -u +%FT%TZ) $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg), $REPS repetitions"
-: >"$out/d"; : >"$out/g"; : >"$out/p"; : >"$out/t"; : >"$out/tp"
+: >"$out/d"; : >"$out/g"; : >"$out/p"; : >"$out/t"; : >"$out/tp"; : >"$out/r"; : >"$out/rp"
 for i in $(seq "$REPS"); do
   j=$("$BIN" --rounds 1 --iters 10 --chunks 1,128)
   d=$(json 'd["chunks"][0]["kernels_ms"]' <<<"$j")
@@ -58,6 +59,7 @@ for i in $(seq "$REPS"); do
     read -r t tp < <(/usr/bin/python3 "$out/peer_convs.py")
     line="$line; torch convs $t ms, max-pools $tp ms"
     echo "$t" >>"$out/t"; echo "$tp" >>"$out/tp"
+    python3 -c "print($t / $d)" >>"$out/r"; python3 -c "print($tp / $p)" >>"$out/rp"
   fi
   echo "$line"
 done
@@ -66,6 +68,7 @@ d=$(med "$out/d"); g=$(med "$out/g"); p=$(med "$out/p")
 summary="median: dtrain convs $d ms, GEMMs alone $g ms ($(python3 -c "print(round(100*$g/$d))")% of the convs' time), max-pools $p ms"
 if [ "$PEER" = 1 ]; then
   t=$(med "$out/t"); tp=$(med "$out/tp")
-  summary="$summary; torch convs $t ms ($(python3 -c "print(round($t/$d,2))")x dtrain's time), max-pools $tp ms ($(python3 -c "print(round($tp/$p,2))")x)"
+  r=$(med "$out/r"); rp=$(med "$out/rp")
+  summary="$summary; torch convs $t ms, max-pools $tp ms; torch / dtrain time (median of the per-repetition ratios, so a load change between repetitions cancels): convs $(python3 -c "print(round($r, 2))")x (from $(sort -g "$out/r" | head -1 | cut -c1-4) to $(sort -g "$out/r" | tail -1 | cut -c1-4)), max-pools $(python3 -c "print(round($rp, 2))")x"
 fi
 echo "$summary"
