@@ -168,5 +168,63 @@ TEST_CASE("avg_pool2d kernel: window means and finite-difference gradients") {
   }
 }
 
+TEST_CASE("pool2d kernels: 300 random small geometries equal the definitions") {
+  Rng rng(2027);
+  const auto pick = [&](int64_t lo, int64_t hi) {
+    return lo + static_cast<int64_t>(rng.below(static_cast<uint64_t>(hi - lo + 1)));
+  };
+  int tested = 0;
+  while (tested < 300) {
+    const Pool2dGeometry g = geom(pick(0, 3), pick(1, 3), pick(1, 8), pick(1, 8), pick(1, 4),
+                                  pick(1, 4), pick(1, 4), pick(1, 4));
+    if (!pool2d_geometry_error(g).empty()) continue;
+    ++tested;
+    INFO(name(g));
+    const std::vector<float> x =
+        distinct_input(g.batch * g.in_sample(), static_cast<uint64_t>(tested));
+    const int64_t oh = g.out_height(), ow = g.out_width(), ny = g.batch * g.out_sample();
+    std::vector<float> ymax(static_cast<size_t>(ny)), yavg(ymax.size()), dy(ymax.size());
+    std::vector<int32_t> idx(ymax.size());
+    Rng r(static_cast<uint64_t>(tested), 9);
+    fill_uniform(dy, r, -1.0f, 1.0f);
+    max_pool2d_forward(g, x.data(), ymax.data(), idx.data());
+    avg_pool2d_forward(g, x.data(), yavg.data());
+    std::vector<float> dmax(x.size(), 1.0f), davg(x.size(), 1.0f);
+    max_pool2d_backward(g, dy.data(), idx.data(), dmax.data());
+    avg_pool2d_backward(g, dy.data(), davg.data());
+    // The definitions, window by window, with the gradients scattered in double.
+    std::vector<double> ref_dmax(x.size(), 0.0), ref_davg(x.size(), 0.0);
+    for (int64_t pl = 0; pl < g.batch * g.channels; ++pl)
+      for (int64_t p = 0; p < oh; ++p)
+        for (int64_t q = 0; q < ow; ++q) {
+          const size_t o = static_cast<size_t>((pl * oh + p) * ow + q);
+          float best = -1e30f;
+          int64_t at = -1;
+          double sum = 0.0;
+          for (int64_t i = 0; i < g.kernel_h; ++i)
+            for (int64_t j = 0; j < g.kernel_w; ++j) {
+              const int64_t k = (p * g.stride_h + i) * g.width + q * g.stride_w + j;
+              const float v = x[static_cast<size_t>(pl * g.height * g.width + k)];
+              sum += v;
+              if (v > best) best = v, at = k;
+            }
+          REQUIRE(ymax[o] == best);
+          REQUIRE(idx[o] == at);
+          REQUIRE(yavg[o] == doctest::Approx(sum / static_cast<double>(g.kernel_h * g.kernel_w)));
+          const double n = static_cast<double>(g.kernel_h * g.kernel_w);
+          ref_dmax[static_cast<size_t>(pl * g.height * g.width + at)] += dy[o];
+          for (int64_t i = 0; i < g.kernel_h; ++i)
+            for (int64_t j = 0; j < g.kernel_w; ++j)
+              ref_davg[static_cast<size_t>(pl * g.height * g.width +
+                                           (p * g.stride_h + i) * g.width + q * g.stride_w + j)] +=
+                  dy[o] / n;
+        }
+    for (size_t i = 0; i < x.size(); ++i) {
+      REQUIRE(std::fabs(dmax[i] - ref_dmax[i]) < 1e-6);
+      REQUIRE(std::fabs(davg[i] - ref_davg[i]) < 1e-6);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace dtrain
