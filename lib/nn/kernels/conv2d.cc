@@ -184,6 +184,28 @@ void col2im_add(const Conv2dGeometry& g, float* dcol, int64_t s0, int64_t n, flo
 
 }  // namespace
 
+namespace {
+
+// The chunk loop both directions share: checks g, grows scratch, and for each chunk of n samples
+// from s0 unrolls them into col and calls f(s0, n, col, tmp) (tmp: the [O, n OH OW] buffer, used
+// when n > 1).
+template <typename F>
+void for_each_chunk(const Conv2dGeometry& g, const float* x, std::vector<float>& scratch,
+                    int64_t chunk, F&& f) {
+  check(g);
+  if (g.batch == 0) return;
+  const int64_t cn = chunk_for(g, chunk);
+  float* col = grow(scratch, conv2d_scratch_floats(g, cn));
+  float* tmp = col + g.patch() * cn * g.out_height() * g.out_width();
+  for (int64_t s0 = 0; s0 < g.batch; s0 += cn) {
+    const int64_t n = std::min(cn, g.batch - s0);
+    im2col(g, x, s0, n, col);
+    f(s0, n, col, tmp);
+  }
+}
+
+}  // namespace
+
 int64_t conv2d_scratch_floats(const Conv2dGeometry& g, int64_t chunk) {
   const int64_t n = chunk_for(g, chunk);
   const int64_t len = n * g.out_height() * g.out_width();
@@ -193,15 +215,9 @@ int64_t conv2d_scratch_floats(const Conv2dGeometry& g, int64_t chunk) {
 
 void conv2d_forward(const Conv2dGeometry& g, const float* x, const float* w, const float* b,
                     float* y, std::vector<float>& scratch, int64_t chunk) {
-  check(g);
-  if (g.batch == 0) return;
-  const int64_t cn = chunk_for(g, chunk);
-  float* col = grow(scratch, conv2d_scratch_floats(g, cn));
   const int64_t o_ch = g.out_channels, k = g.patch(), ohw = g.out_height() * g.out_width();
-  float* tmp = col + k * cn * ohw;
-  for (int64_t s0 = 0; s0 < g.batch; s0 += cn) {
-    const int64_t n = std::min(cn, g.batch - s0), len = n * ohw;
-    im2col(g, x, s0, n, col);
+  for_each_chunk(g, x, scratch, chunk, [&](int64_t s0, int64_t n, float* col, float* tmp) {
+    const int64_t len = n * ohw;
     float* ys = y + s0 * g.out_sample();
     if (n == 1) {
       // Broadcast the bias, then y = W col + y: one write pass for the bias, no extra read.
@@ -209,7 +225,7 @@ void conv2d_forward(const Conv2dGeometry& g, const float* x, const float* w, con
         for (int64_t o = 0; o < o_ch; ++o) std::fill(ys + o * ohw, ys + (o + 1) * ohw, b[o]);
       }
       gemm(false, false, o_ch, len, k, 1.0f, w, k, col, len, b != nullptr ? 1.0f : 0.0f, ys, len);
-      continue;
+      return;
     }
     gemm(false, false, o_ch, len, k, 1.0f, w, k, col, len, 0.0f, tmp, len);
     for (int64_t s = 0; s < n; ++s) {
@@ -220,20 +236,14 @@ void conv2d_forward(const Conv2dGeometry& g, const float* x, const float* w, con
         for (int64_t t = 0; t < ohw; ++t) dst[t] = src[t] + bias;
       }
     }
-  }
+  });
 }
 
 void conv2d_backward(const Conv2dGeometry& g, const float* x, const float* w, const float* dy,
                      float* dw, float* db, float* dx, std::vector<float>& scratch, int64_t chunk) {
-  check(g);
-  if (g.batch == 0) return;
-  const int64_t cn = chunk_for(g, chunk);
-  float* col = grow(scratch, conv2d_scratch_floats(g, cn));
   const int64_t o_ch = g.out_channels, k = g.patch(), ohw = g.out_height() * g.out_width();
-  float* tmp = col + k * cn * ohw;
-  for (int64_t s0 = 0; s0 < g.batch; s0 += cn) {
-    const int64_t n = std::min(cn, g.batch - s0), len = n * ohw;
-    im2col(g, x, s0, n, col);
+  for_each_chunk(g, x, scratch, chunk, [&](int64_t s0, int64_t n, float* col, float* tmp) {
+    const int64_t len = n * ohw;
     // dy of the chunk as [O, len]: in place for one sample, gathered otherwise.
     const float* dyc = dy + s0 * g.out_sample();
     if (n > 1) {
@@ -251,12 +261,12 @@ void conv2d_backward(const Conv2dGeometry& g, const float* x, const float* w, co
         db[o] += row_sum(dyc + o * len, len);
       }
     }
-    if (dx == nullptr) continue;
+    if (dx == nullptr) return;
     gemm(true, false, k, len, o_ch, 1.0f, w, k, dyc, len, 0.0f, col, len);  // dcol = W^T dy
     float* dxs = dx + s0 * g.in_sample();
     std::fill(dxs, dxs + n * g.in_sample(), 0.0f);
     col2im_add(g, col, s0, n, dx);
-  }
+  });
 }
 
 }  // namespace dtrain
