@@ -9,6 +9,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <limits>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -46,6 +47,7 @@ std::vector<Conv2dGeometry> geometries() {
       geom(2, 3, 5, 6, 2, 1, 1, 2, 2, 0, 0),  // 1x1 kernel, stride 2 drops the last row
       geom(1, 2, 3, 4, 2, 5, 5, 1, 1, 2, 2),  // kernel larger than the input, padded to fit
       geom(2, 1, 9, 8, 2, 4, 4, 3, 3, 1, 1),  // stride 3 with floor: 10 -> 3 rows, 9 -> 2 cols
+      geom(2, 2, 3, 3, 2, 3, 3, int64_t{1} << 30, int64_t{1} << 30, 2, 2),  // one output per map
   };
 }
 
@@ -197,6 +199,16 @@ TEST_CASE("conv2d kernel: a geometry that does not fit gets one clear line") {
   CHECK(err(conv2d_geometry(1, 4096, 1024, 1024, 4, 3, 1, 1)) ==
         "too large: 4096x1024x1024 input, 4 output channels and kernel 3x3 need 2^31 or more "
         "elements per sample");
+  // Padding a user could type, far beyond memory: a message, not an overflow.
+  CHECK(err(conv2d_geometry(1, 1, 3, 3, 1, 3, 1, (int64_t{1} << 31) - 1))
+            .rfind("too large: 1x3x3 input, 1 output channels", 0) == 0);
+  CHECK(
+      err(conv2d_geometry(1, 1, 3, 3, 1, 3, 1, int64_t{1} << 31)).rfind("sizes must be below", 0) ==
+      0);
+  CHECK(err(conv2d_geometry(1, 1, 3, 3, 1, 3, std::numeric_limits<int64_t>::max(), 5)) ==
+        "sizes must be below 2^31 (input 3x3, kernel 3x3, stride 9223372036854775807x"
+        "9223372036854775807, padding 5x5)");
+  CHECK(err(conv2d_geometry(1, 1, 3, 3, 1, 3, (int64_t{1} << 31) - 1, 5)).empty());  // 1x1 out
   // The kernels refuse what the check refuses: a broken invariant, not a crash.
   std::vector<float> scratch, buf(64);
   CHECK_THROWS_AS(conv2d_forward(conv2d_geometry(1, 1, 3, 3, 1, 5), buf.data(), buf.data(), nullptr,

@@ -29,10 +29,11 @@ std::string conv2d_geometry_error(const Conv2dGeometry& g) {
   if (g.pad_h < 0 || g.pad_w < 0)
     return "padding must be >= 0 (got " + dims(g.pad_h, g.pad_w) + ")";
   // Each factor below is checked to fit 32 bits first, so the sums and products cannot overflow.
-  if (!fits_int32({g.height, g.width, g.kernel_h, g.kernel_w, g.pad_h, g.pad_w, g.channels,
-                   g.out_channels}))
+  if (!fits_int32({g.height, g.width, g.kernel_h, g.kernel_w, g.stride_h, g.stride_w, g.pad_h,
+                   g.pad_w, g.channels, g.out_channels}))
     return "sizes must be below 2^31 (input " + dims(g.height, g.width) + ", kernel " +
-           dims(g.kernel_h, g.kernel_w) + ", padding " + dims(g.pad_h, g.pad_w) + ")";
+           dims(g.kernel_h, g.kernel_w) + ", stride " + dims(g.stride_h, g.stride_w) +
+           ", padding " + dims(g.pad_h, g.pad_w) + ")";
   const int64_t ph = g.height + 2 * g.pad_h, pw = g.width + 2 * g.pad_w;
   if (g.kernel_h > ph || g.kernel_w > pw)
     return "kernel " + dims(g.kernel_h, g.kernel_w) + " is larger than the padded input " +
