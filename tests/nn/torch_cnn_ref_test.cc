@@ -171,7 +171,7 @@ TEST_CASE("torch reference: cnn-ref's first layers match PyTorch forward and bac
   CHECK(rel_error(dw1, ref.tensors.at("grad.conv1.weight")) < kTol);
   CHECK(rel_error(db1, ref.tensors.at("grad.conv1.bias")) < kTol);
   CHECK(rel_error(dx, ref.tensors.at("grad.x")) < kTol);
-  // For the record (visible with -s): the measured errors.
+  // For the record (doctest prints it with the results): the measured errors.
   MESSAGE("errors: pool1 ", rel_error(p1, ref.tensors.at("pool1")), ", pool2_max ",
           rel_error(pmax, ref.tensors.at("pool2_max")), ", grad.conv2.weight ",
           rel_error(dw2, ref.tensors.at("grad.conv2.weight")), ", grad.conv1.weight ",

@@ -3,9 +3,9 @@
 // Semantics are PyTorch's nn.Conv2d (dilation 1, groups 1, zero padding): input x [N, C, H, W],
 // weight [O, C, kh, kw], bias [O], output y [N, O, OH, OW] with
 //   OH = floor((H + 2 pad_h - kh) / stride_h) + 1 (OW likewise),
-//   y[n, o, p, q] = b[o] + sum_{c,i,j} w[o, c, i, j] x[n, c, p stride_h - pad_h + i, q stride_w -
-//   pad_w + j]
-// where x outside [0, H) x [0, W) is 0. All buffers are contiguous, row-major, caller-owned.
+//   y[n, o, p, q] = b[o] + sum_{c,i,j} w[o, c, i, j] x[n, c, p sh - ph + i, q sw - pw + j]
+// (sh, sw the strides, ph, pw the paddings) where x outside [0, H) x [0, W) is 0. All buffers are
+// contiguous, row-major, caller-owned.
 //
 // im2col: `chunk` samples at a time are unrolled into col [C kh kw, chunk OH OW] (column index
 // s * OH OW + p * OW + q), and one GEMM per chunk does the work: y = W col (forward),
