@@ -22,6 +22,7 @@
 #include "launch/launcher.h"
 #include "nn/loss.h"
 #include "nn/model.h"
+#include "nn/registry.h"
 #include "report/plot.h"
 #include "tensor/blas.h"
 #include "train/distributed.h"
@@ -114,7 +115,7 @@ struct LoadedModel {
 
 LoadedModel load_model(const Config& cfg, const DataSplits& data, const std::string& ckpt) {
   const ModelShape shape = resolve_model_shape(cfg, data);
-  LoadedModel m{build_mlp(cfg.model, shape.in_features, shape.num_classes), {}};
+  LoadedModel m{build_model(cfg.model, {shape.sample, shape.num_classes}), {}};
   m.params.resize(static_cast<size_t>(m.model.param_count()));
   const std::string path = resolve_checkpoint(ckpt, false);
   const CheckpointMeta meta = load_checkpoint(path, m.model, m.params.data(), {});

@@ -81,11 +81,13 @@ class Layer {
   Shape out_shape_;
 };
 
-enum class Init { kKaiming, kXavier };
+// kTorch: PyTorch's nn.Linear default, U(-1/sqrt(in), 1/sqrt(in)) for weight and bias.
+enum class Init { kKaiming, kXavier, kTorch };
 
 // y = x W^T + b over the last dimension, W [out, in], b [out]; in_shape [..., in] gives out_shape
 // [..., out] (leading per-sample dimensions, such as positions, are batch-like). Kaiming-uniform
-// (bound sqrt(6/in)) or Xavier-uniform (bound sqrt(6/(in+out))) weights, zero bias.
+// (bound sqrt(6/in)) or Xavier-uniform (bound sqrt(6/(in+out))) weights with zero bias, or
+// PyTorch's default (kTorch).
 std::unique_ptr<Layer> make_linear(const Shape& in_shape, int64_t out, Init init);
 // Elementwise activations: relu, gelu (tanh approximation), tanh, sigmoid. Any shape.
 std::unique_ptr<Layer> make_activation(Activation kind, const Shape& shape);

@@ -1,6 +1,7 @@
 // Linear layer: every matrix product is one gemm; the rest are single passes over contiguous rows.
 #include <cmath>
 
+#include "nn/kernels/torch_init.h"
 #include "nn/layer.h"
 #include "nn/layer_util.h"
 #include "tensor/blas.h"
@@ -40,6 +41,10 @@ class Linear final : public Layer {
   }
 
   void init(float* p, Rng& rng) const override {
+    if (init_ == Init::kTorch) {  // nn.Linear's reset_parameters (nn/kernels/torch_init.h)
+      torch_default_init(p, in_ * out_, p + in_ * out_, out_, in_, rng);
+      return;
+    }
     // Uniform bounds: Kaiming with the ReLU gain sqrt(2) gives sqrt(6 / fan_in); Xavier (gain 1)
     // gives sqrt(6 / (fan_in + fan_out)).
     const double bound = init_ == Init::kKaiming ? std::sqrt(6.0 / static_cast<double>(in_))

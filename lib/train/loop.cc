@@ -14,6 +14,7 @@
 #include "comm/rank_grid.h"
 #include "data/sampler.h"
 #include "nn/loss.h"
+#include "nn/registry.h"
 #include "optim/optimizer.h"
 #include "tensor/blas.h"
 #include "train/compression_state.h"
@@ -164,7 +165,7 @@ void TrainLoop::setup_model() {
         "data: {} train / {} test samples, {} features, {} classes, normalize {} ({:.2f} s)",
         data_.train.rows, data_.test.rows, shape.in_features, shape.num_classes,
         to_string(data_.normalizer.method), seconds_since(t0));
-  model_ = build_mlp(cfg_.model, shape.in_features, shape.num_classes);
+  model_ = build_model(cfg_.model, {shape.sample, shape.num_classes});
   tps_ = data_.train.targets_per_row();
   DT_CHECK_EQ(model_.targets_per_sample(), tps_);
   if (lead_) spdlog::info("model:\n{}", model_.describe());

@@ -44,6 +44,7 @@ namespace {}  // namespace
 ModelShape resolve_model_shape(const Config& cfg, const DataSplits& data) {
   ModelShape s;
   s.in_features = data.train.input_features();
+  s.sample = data.train.input_shape();
   if (cfg.model.input_features > 0 && cfg.model.input_features != s.in_features)
     throw UserError("model.input_features is " + std::to_string(cfg.model.input_features) +
                     " but the data has " + std::to_string(s.in_features) + " features");

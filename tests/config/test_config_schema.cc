@@ -192,7 +192,7 @@ TEST_CASE("schema: a preset is written as its widths (model.complexity is writte
   CHECK(j["model"]["hidden"] == nlohmann::json::array({512, 512}));
 }
 
-TEST_CASE("schema: every enum value parses and prints back; zero3 reads as fsdp") {
+TEST_CASE("schema: every enum value parses and prints back, and zero3 reads as fsdp") {
   for (const KeyDecl& d : config_keys()) {
     if (d.type != KeyType::kEnum) continue;
     CAPTURE(d.path);

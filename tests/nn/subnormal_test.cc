@@ -46,7 +46,7 @@ TEST_CASE("FlushSubnormals: flushes inside its scope, restores the mode after it
   CHECK(opaque(FLT_MIN) * opaque(0.5f) == FLT_MIN / 2);
 }
 
-TEST_CASE("Model: layers flush subnormal inputs and results; the caller's mode is kept") {
+TEST_CASE("Model: layers flush subnormal inputs and results, and the caller's mode is kept") {
   const Model m = one_linear(2, 1);
   std::vector<float> p = {1.0f, 0.5f, 0.0f};  // W [1, 2], b [1]
   Tensor x({1, 2});
