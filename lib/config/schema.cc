@@ -47,6 +47,8 @@ struct Owners {
   const BelongsTo sgd{"optimizer.type", {"sgd"}, "by optimizer sgd", {}};
   const BelongsTo mlp{"model.type", {"mlp"}, "by model type mlp", {}};
   const BelongsTo sequential{"model.type", {"sequential"}, "by model type sequential", {}};
+  const BelongsTo gpt{"model.type", {"gpt"}, "by model type gpt", {}};
+  const BelongsTo mlp_gpt{"model.type", {"mlp", "gpt"}, "by model types mlp and gpt", {}};
   const BelongsTo adam{"optimizer.type", {"adam", "adamw"}, "by optimizers adam and adamw", {}};
   const BelongsTo step{"optimizer.schedule.type", {"step"}, "by schedule step", {}};
   const BelongsTo cosine{"optimizer.schedule.type", {"cosine"}, "by schedule cosine", {}};
@@ -79,11 +81,40 @@ std::vector<KeyDecl> model_keys(const Owners& o) {
           .min(0),
       key(
           "model.type", [](auto& c) -> auto& { return c.model.type; },
-          R"doc(`mlp` (built from `hidden`, `activation`, ...) | `sequential` (built from `layers`))doc"),
+          R"doc(`mlp` (built from `hidden`, `activation`, ...) | `sequential` (built from `layers`) | `gpt` (nanoGPT's GPT over bytes, `data.format: text`))doc"),
       key(
           "model.layers", [](auto& c) -> auto& { return c.model.layers; },
           R"doc(The layer list of `sequential`, as PyTorch's nn.Sequential (see "Models"): `{linear: N}`, `{conv2d: {out_channels, kernel, stride, padding}}`, `{max_pool2d: {kernel, stride}}` or `{max_pool2d: K}`, `avg_pool2d` alike, `flatten`, `relu`, `gelu`, `tanh`, `sigmoid`, `{dropout: P}`, `layer_norm`)doc")
           .by(o.sequential)
+          .omitted_at_default_value(),
+      key(
+          "model.n_layer", [](auto& c) -> auto& { return c.model.n_layer; },
+          R"doc(gpt: transformer blocks, ≥ 1)doc")
+          .min(1)
+          .by(o.gpt)
+          .omitted_at_default_value(),
+      key(
+          "model.n_head", [](auto& c) -> auto& { return c.model.n_head; },
+          R"doc(gpt: attention heads per block, ≥ 1, dividing `n_embd`)doc")
+          .min(1)
+          .by(o.gpt)
+          .omitted_at_default_value(),
+      key(
+          "model.n_embd", [](auto& c) -> auto& { return c.model.n_embd; },
+          R"doc(gpt: embedding width C, ≥ 1)doc")
+          .min(1)
+          .by(o.gpt)
+          .omitted_at_default_value(),
+      key(
+          "model.block_size", [](auto& c) -> auto& { return c.model.block_size; },
+          R"doc(gpt: context length T (positions), ≥ 1; text samples are windows of T + 1 bytes)doc")
+          .min(1)
+          .by(o.gpt)
+          .omitted_at_default_value(),
+      key(
+          "model.tie_embeddings", [](auto& c) -> auto& { return c.model.tie_embeddings; },
+          R"doc(gpt: the output head is the token embedding `transformer.wte.weight` (nanoGPT's weight tying); false: a separate `lm_head.weight`)doc")
+          .by(o.gpt)
           .omitted_at_default_value(),
       key(
           "model.complexity", [](auto& c) -> auto& { return c.model.complexity; },
@@ -101,9 +132,9 @@ std::vector<KeyDecl> model_keys(const Owners& o) {
           .by(o.mlp),
       key(
           "model.dropout", [](auto& c) -> auto& { return c.model.dropout; },
-          R"doc(Inverted dropout after each hidden activation, in [0, 1))doc")
+          R"doc(Inverted dropout, in [0, 1): mlp: after each hidden activation; gpt: nanoGPT's (embeddings, attention weights, residual branches))doc")
           .unit()
-          .by(o.mlp),
+          .by(o.mlp_gpt),
       key(
           "model.layer_norm", [](auto& c) -> auto& { return c.model.layer_norm; },
           R"doc(LayerNorm after each hidden Linear (before the activation))doc")

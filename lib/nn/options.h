@@ -11,14 +11,14 @@
 
 namespace dtrain {
 
-enum class ModelType { kMlp, kSequential };
+enum class ModelType { kMlp, kSequential, kGpt };
 enum class Complexity { kNone, kSimple, kMedium, kComplex };
 enum class Activation { kRelu, kGelu, kTanh, kSigmoid };
 enum class WeightInit { kAuto, kKaiming, kXavier };
 enum class Loss { kCrossEntropy, kMse };
 
-inline constexpr EnumName<ModelType> kModelTypeNames[] = {{ModelType::kMlp, "mlp"},
-                                                          {ModelType::kSequential, "sequential"}};
+inline constexpr EnumName<ModelType> kModelTypeNames[] = {
+    {ModelType::kMlp, "mlp"}, {ModelType::kSequential, "sequential"}, {ModelType::kGpt, "gpt"}};
 
 // The layers of `model.type: sequential` (PyTorch's nn.Sequential over the same list).
 enum class LayerKind {
@@ -112,6 +112,13 @@ inline std::vector<int64_t> complexity_preset(Complexity c) {
 struct ModelConfig {
   ModelType type = ModelType::kMlp;
   std::vector<LayerSpec> layers;  // type sequential: the layer list, in order
+  // type gpt (nanoGPT's names): blocks, heads (dividing n_embd), width, context length, and
+  // whether the output head is the token embedding (tied).
+  int64_t n_layer = 4;
+  int64_t n_head = 4;
+  int64_t n_embd = 128;
+  int64_t block_size = 64;
+  bool tie_embeddings = true;
   // Preset that sets `hidden` (and nothing else); giving both `complexity` and `hidden` is an
   // error. load_config resolves it into `hidden`.
   Complexity complexity = Complexity::kNone;

@@ -315,9 +315,9 @@ TEST_CASE("wrong types name the key and what was found") {
   CHECK(error_of("model: {hidden: [64, 1.5]}\n") ==
         "x.yaml:1:22: model.hidden[1]: expected an integer, got '1.5'");
   CHECK(error_of("model: mlp\n") ==
-        "x.yaml:1:8: model: expected a mapping of keys (type, layers, complexity, hidden, "
-        "activation, "
-        "dropout, layer_norm, init, loss, input_features, num_classes), got 'mlp'");
+        "x.yaml:1:8: model: expected a mapping of keys (type, layers, n_layer, n_head, n_embd, "
+        "block_size, tie_embeddings, complexity, hidden, activation, dropout, layer_norm, init, "
+        "loss, input_features, num_classes), got 'mlp'");
   CHECK(error_of("data: [1, 2]\n").starts_with("x.yaml:1:7: data: expected a mapping of keys ("));
   CHECK(error_of("data: {format: csv, train: {path: x}, csv: {delimiter: ';;'}}\n") ==
         "x.yaml:1:56: data.csv.delimiter: must be exactly one character (got ';;'; quote it, "
@@ -338,7 +338,7 @@ TEST_CASE("every range and enum rule, via --set") {
   };
   const std::vector<Case> cases = {
       {"seed=-1", "seed: must be >= 0 (got -1)"},
-      {"model.type=cnn", "model.type: must be one of mlp, sequential (got 'cnn')"},
+      {"model.type=cnn", "model.type: must be one of mlp, sequential, gpt (got 'cnn')"},
       {"model.complexity=huge",
        "model.complexity: must be one of simple, medium, complex (got 'huge')"},
       {"model.complexity=medum",
