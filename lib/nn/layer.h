@@ -46,6 +46,10 @@ struct LayerState {
   std::vector<Tensor> saved;
   std::vector<int32_t> index;
   std::vector<LayerState> children;
+  // Backward's workspace (attention's T x T scratch, a block's gradient buffers): sized by
+  // forward or on first use, contents unspecified between calls, written by backward even
+  // though the state is otherwise read-only there. Not counted as saved state.
+  mutable std::vector<Tensor> work;
   int64_t bytes() const;  // bytes held by saved, index and children, recursively
 };
 
@@ -82,13 +86,16 @@ class Layer {
 };
 
 // kTorch: PyTorch's nn.Linear default, U(-1/sqrt(in), 1/sqrt(in)) for weight and bias.
-enum class Init { kKaiming, kXavier, kTorch };
+// kNormal: normal(0, normal_std) weights, zero bias (nanoGPT's).
+enum class Init { kKaiming, kXavier, kTorch, kNormal };
 
 // y = x W^T + b over the last dimension, W [out, in], b [out]; in_shape [..., in] gives out_shape
 // [..., out] (leading per-sample dimensions, such as positions, are batch-like). Kaiming-uniform
 // (bound sqrt(6/in)) or Xavier-uniform (bound sqrt(6/(in+out))) weights with zero bias, or
 // PyTorch's default (kTorch).
-std::unique_ptr<Layer> make_linear(const Shape& in_shape, int64_t out, Init init);
+// bias = false: no bias parameter (y = x W^T).
+std::unique_ptr<Layer> make_linear(const Shape& in_shape, int64_t out, Init init, bool bias = true,
+                                   double normal_std = 0.02);
 // Elementwise activations: relu, gelu (tanh approximation), tanh, sigmoid. Any shape.
 std::unique_ptr<Layer> make_activation(Activation kind, const Shape& shape);
 // Inverted dropout with probability `p` (training only; identity in eval). Any shape.

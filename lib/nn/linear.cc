@@ -1,4 +1,5 @@
 // Linear layer: every matrix product is one gemm; the rest are single passes over contiguous rows.
+#include <algorithm>
 #include <cmath>
 
 #include "nn/kernels/torch_init.h"
@@ -22,18 +23,21 @@ Shape with_last(Shape s, int64_t last) {
 // Works on the last dimension: a sample of shape [..., in] is rows_per_sample rows of `in`.
 class Linear final : public Layer {
  public:
-  Linear(const Shape& in_shape, int64_t out, Init init)
+  Linear(const Shape& in_shape, int64_t out, Init init, bool bias, double normal_std)
       : Layer(in_shape, with_last(in_shape, out)),
         in_(in_shape.back()),
         out_(out),
         rows_per_sample_(shape_numel(in_shape) / in_shape.back()),
-        init_(init) {
+        init_(init),
+        bias_(bias),
+        std_(normal_std) {
     DT_CHECK_GT(in_, 0);
     DT_CHECK_GT(out, 0);
   }
 
   std::string kind() const override { return "linear"; }
   std::vector<ParamSpec> params() const override {
+    if (!bias_) return {{"weight", {out_, in_}}};
     return {{"weight", {out_, in_}}, {"bias", {out_}}};
   }
   double flops_per_sample() const override {
@@ -42,7 +46,14 @@ class Linear final : public Layer {
 
   void init(float* p, Rng& rng) const override {
     if (init_ == Init::kTorch) {  // nn.Linear's reset_parameters (nn/kernels/torch_init.h)
-      torch_default_init(p, in_ * out_, p + in_ * out_, out_, in_, rng);
+      torch_default_init(p, in_ * out_, bias_ ? p + in_ * out_ : nullptr, bias_ ? out_ : 0, in_,
+                         rng);
+      return;
+    }
+    if (init_ == Init::kNormal) {  // nanoGPT: normal(0, std) weights, zero bias
+      const float sd = static_cast<float>(std_);
+      for (int64_t i = 0; i < in_ * out_; ++i) p[i] = sd * rng.normal();
+      if (bias_) std::fill(p + in_ * out_, p + in_ * out_ + out_, 0.0f);
       return;
     }
     // Uniform bounds: Kaiming with the ReLU gain sqrt(2) gives sqrt(6 / fan_in); Xavier (gain 1)
@@ -53,8 +64,7 @@ class Linear final : public Layer {
     const float width = static_cast<float>(2.0 * bound);
     const int64_t nw = in_ * out_;
     for (int64_t i = 0; i < nw; ++i) p[i] = lo + width * rng.uniform();
-    float* b = p + nw;
-    for (int64_t j = 0; j < out_; ++j) b[j] = 0.0f;
+    if (bias_) std::fill(p + nw, p + nw + out_, 0.0f);
   }
 
   void forward(const float* p, const Tensor& x, Tensor& y, LayerState& st,
@@ -65,14 +75,16 @@ class Linear final : public Layer {
     const int64_t batch = samples * rows_per_sample_;  // rows of the gemm
     if (batch == 0) return;
     const float* w = p;
-    const float* b = p + in_ * out_;
     // Broadcast the bias, then y = 1 * x W^T + 1 * y: the bias costs one write pass, no extra read.
     float* yd = y.data();
-    for (int64_t r = 0; r < batch; ++r) {
-      float* row = yd + r * out_;
-      for (int64_t j = 0; j < out_; ++j) row[j] = b[j];
+    if (bias_) {
+      const float* b = p + in_ * out_;
+      for (int64_t r = 0; r < batch; ++r) {
+        float* row = yd + r * out_;
+        for (int64_t j = 0; j < out_; ++j) row[j] = b[j];
+      }
     }
-    gemm(false, true, batch, out_, in_, 1.0f, x.data(), in_, w, in_, 1.0f, yd, out_);
+    gemm(false, true, batch, out_, in_, 1.0f, x.data(), in_, w, in_, bias_ ? 1.0f : 0.0f, yd, out_);
   }
 
   void backward(const float* p, float* g, const Tensor& x, const Tensor& y, const LayerState& st,
@@ -85,13 +97,15 @@ class Linear final : public Layer {
     if (batch == 0) return;
     const float* dyd = dy.data();
     float* gw = g;
-    float* gb = g + in_ * out_;
     // dW[out, in] += dy^T x.
     gemm(true, false, out_, in_, batch, 1.0f, dyd, out_, x.data(), in_, 1.0f, gw, in_);
     // db += column sums of dy (row-wise accumulation keeps the inner loop contiguous).
-    for (int64_t r = 0; r < batch; ++r) {
-      const float* row = dyd + r * out_;
-      for (int64_t j = 0; j < out_; ++j) gb[j] += row[j];
+    if (bias_) {
+      float* gb = g + in_ * out_;
+      for (int64_t r = 0; r < batch; ++r) {
+        const float* row = dyd + r * out_;
+        for (int64_t j = 0; j < out_; ++j) gb[j] += row[j];
+      }
     }
     // dx = dy W, skipped when nobody needs it.
     if (dx != nullptr) {
@@ -103,12 +117,15 @@ class Linear final : public Layer {
   int64_t in_, out_;
   int64_t rows_per_sample_;
   Init init_;
+  bool bias_;
+  double std_;  // kNormal's standard deviation
 };
 
 }  // namespace
 
-std::unique_ptr<Layer> make_linear(const Shape& in_shape, int64_t out, Init init) {
-  return std::make_unique<Linear>(in_shape, out, init);
+std::unique_ptr<Layer> make_linear(const Shape& in_shape, int64_t out, Init init, bool bias,
+                                   double normal_std) {
+  return std::make_unique<Linear>(in_shape, out, init, bias, normal_std);
 }
 
 }  // namespace dtrain

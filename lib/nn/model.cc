@@ -33,7 +33,9 @@ std::vector<ModelElement> sequential_names(std::vector<std::unique_ptr<Layer>> l
 Model::Model(std::vector<std::unique_ptr<Layer>> layers)
     : Model(sequential_names(std::move(layers))) {}
 
-Model::Model(std::vector<ModelElement> elements) : layers_(std::move(elements)) {
+Model::Model(std::vector<ModelElement> elements,
+             const std::vector<std::pair<std::string, std::string>>& ties)
+    : layers_(std::move(elements)) {
   layer_offset_.reserve(layers_.size() + 1);
   layer_offset_.push_back(0);
   for (size_t i = 0; i < layers_.size(); ++i) {
@@ -55,6 +57,14 @@ Model::Model(std::vector<ModelElement> elements) : layers_(std::move(elements)) 
     }
     layer_offset_.push_back(total_);
     DT_CHECK_EQ(layer_end(i) - layer_begin(i), l.param_count());
+  }
+  for (const auto& [primary, mirror] : ties) {
+    const ParamEntry* p = find(primary);
+    const ParamEntry* m = find(mirror);
+    DT_CHECK_MSG(p != nullptr && m != nullptr, "tied parameters " << primary << ", " << mirror);
+    DT_CHECK(p->shape == m->shape);
+    ties_.push_back(
+        {static_cast<size_t>(p - table_.data()), static_cast<size_t>(m - table_.data())});
   }
 }
 
@@ -112,7 +122,8 @@ void Model::init(float* params, uint64_t seed, size_t first, size_t last, int64_
   last = std::min(last, layers_.size());
   for (size_t i = first; i < last; ++i) {
     DT_CHECK_GE(layer_begin(i), base);
-    Rng rng(seed, static_cast<uint64_t>(i));
+    const int64_t stream = layers_[i].init_stream;
+    Rng rng(seed, static_cast<uint64_t>(stream >= 0 ? stream : static_cast<int64_t>(i)));
     layers_[i].layer->init(params + (layer_begin(i) - base), rng);
   }
 }
@@ -205,6 +216,14 @@ Model build_mlp(const ModelConfig& cfg, int64_t in_features, int64_t num_classes
   }
   layers.push_back(make_linear({prev}, num_classes, init));
   return Model(std::move(layers));
+}
+
+void sum_tied_grads(const Model& m, float* grads) {
+  for (const TiedParam& t : m.ties()) {
+    float* a = grads + m.params()[t.primary].offset;
+    float* b = grads + m.params()[t.mirror].offset;
+    for (int64_t i = 0; i < m.params()[t.primary].numel; ++i) b[i] = a[i] += b[i];
+  }
 }
 
 }  // namespace dtrain

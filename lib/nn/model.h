@@ -47,6 +47,16 @@ struct Activations {
 struct ModelElement {
   std::string prefix;  // "layers.3", "transformer.h.0"; "" for names without a prefix
   std::unique_ptr<Layer> layer;
+  // The stream (seed, init_stream) the element initialises from; -1: its index. A tied copy's
+  // element draws from its primary's stream, so both start equal wherever each is initialised.
+  int64_t init_stream = -1;
+};
+
+// Two copies of one parameter (weight tying): `mirror` is kept equal to `primary` (indices into
+// Model::params()). Both live in the flat layout, each inside its own element, so units, shards
+// and stages stay ranges; the training loop sums their gradients every step.
+struct TiedParam {
+  size_t primary = 0, mirror = 0;
 };
 
 class Model {
@@ -54,7 +64,9 @@ class Model {
   Model() = default;
   // Elements named "layers.<i>" (nn.Sequential's names).
   explicit Model(std::vector<std::unique_ptr<Layer>> layers);
-  explicit Model(std::vector<ModelElement> elements);
+  // ties: (primary name, mirror name) pairs of equal-shaped parameters.
+  explicit Model(std::vector<ModelElement> elements,
+                 const std::vector<std::pair<std::string, std::string>>& ties = {});
 
   size_t num_layers() const { return layers_.size(); }
   const Layer& layer(size_t i) const { return *layers_[i].layer; }
@@ -72,6 +84,7 @@ class Model {
   // language model (each row has its own target).
   int64_t targets_per_sample() const;
   const ParamEntry* find(const std::string& name) const;  // null when absent
+  const std::vector<TiedParam>& ties() const { return ties_; }
   std::string describe() const;  // one line per layer: index, kind, in -> out, params
 
   // Deterministic initialisation of the whole flat buffer (size param_count()) from `seed`:
@@ -101,6 +114,7 @@ class Model {
 
  private:
   std::vector<ModelElement> layers_;
+  std::vector<TiedParam> ties_;
   std::vector<ParamEntry> table_;
   std::vector<int64_t> layer_offset_;  // size num_layers + 1
   int64_t total_ = 0;
@@ -110,6 +124,10 @@ class Model {
 // for each hidden width h: Linear(prev, h), [LayerNorm(h)], activation, [Dropout(p)]; then
 // Linear(prev, num_classes). in_features and num_classes must be resolved (> 0).
 Model build_mlp(const ModelConfig& cfg, int64_t in_features, int64_t num_classes);
+
+// Gives both copies of every tied parameter the sum of their gradients, in a buffer holding the
+// whole flat layout (one process, or replicated gradients after their all-reduce).
+void sum_tied_grads(const Model& m, float* grads);
 
 // Owns the flat buffers for one model replica: values and gradients, same layout.
 struct ParamStore {

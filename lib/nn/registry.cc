@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "nn/gpt.h"
 #include "nn/image_layers.h"
 #include "nn/layer.h"
 #include "util/check.h"
@@ -83,6 +84,9 @@ Model build_model(const ModelConfig& cfg, const ModelInput& in) {
       return build_mlp(cfg, shape_numel(in.sample), in.num_classes);
     case ModelType::kSequential:
       return build_sequential(cfg.layers, in);
+    case ModelType::kGpt:
+      // The input is [T] token ids; the vocabulary is the class count (256 bytes).
+      return build_gpt(cfg, in.num_classes, in.sample.empty() ? cfg.block_size : in.sample[0]);
   }
   DT_CHECK_MSG(false, "unknown model type " << static_cast<int>(cfg.type));
   return Model();

@@ -176,6 +176,13 @@ void TrainLoop::setup_model() {
                       : std::vector<LayerRange>{{0, model_.num_layers()}};
   const auto [f, l] = stages_[static_cast<size_t>(stage_)];
   check_memory(ModelRange::layers(model_, f, l));
+  if (!model_.ties().empty() && (pipelined || cfg_.distributed.strategy == StrategyKind::kZero2 ||
+                                 cfg_.distributed.strategy == StrategyKind::kFsdp))
+    throw UserError(
+        "model.tie_embeddings with " +
+        std::string(pipelined ? "a pipeline" : to_string(cfg_.distributed.strategy)) +
+        " is not supported yet (the tied copies' gradients are summed where one rank holds "
+        "both whole: ddp, local_sgd, zero1); set model.tie_embeddings: false");
   strategy_ = make_strategy(cfg_, ModelRange::layers(model_, f, l), dp_);
   strategy_->init_params(static_cast<uint64_t>(cfg_.seed));
   exec_ = pipelined ? make_pipeline_executor(cfg_, model_, data_.train, *strategy_, rng_, tracer_,
@@ -318,6 +325,12 @@ void TrainLoop::clip() {
   // The global norm: each stage's squared norm (each element counted once over the data axis),
   // summed over the stages.
   double ss = strategy_->grad_sq_sum();
+  // A tied parameter's two copies hold the same summed gradient: count it once (PyTorch's norm
+  // of nanoGPT's tied GPT sees one tensor).
+  for (const TiedParam& t : model_.ties()) {
+    const ParamEntry& e = model_.params()[t.mirror];
+    ss -= sum_squares(strategy_->full_grads() + e.offset, e.numel);
+  }
   if (pp_.size() > 1) {
     float v = static_cast<float>(ss);
     pp_.allreduce(&v, 1, ReduceOp::kSum);
@@ -360,6 +373,8 @@ bool TrainLoop::step() {
     };
   double loss_sum = exec_->run_step(w);
   strategy_->finish_backward();
+  // Tied copies (the GPT's wte and lm_head) get the sum of their gradients, so they stay equal.
+  if (!model_.ties().empty()) sum_tied_grads(model_, strategy_->full_grads());
   if (loss_work) {
     TraceScope ts(tracer_, "wait for communication", "wait");
     const auto t0 = Clock::now();

@@ -1,0 +1,222 @@
+// nanoGPT's GPT (nn/gpt.h): the embedding and block layers and the builder.
+#include "nn/gpt.h"
+
+#include <cmath>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "nn/kernels/attention.h"
+#include "nn/kernels/embedding.h"
+#include "nn/layer.h"
+#include "nn/layer_util.h"
+#include "util/check.h"
+
+namespace dtrain {
+namespace {
+
+using nn_detail::batch_of;
+using nn_detail::resize_batch;
+using nn_detail::saved_slot;
+
+constexpr double kInitStd = 0.02;
+
+// Token + position embedding: x [B, T] token ids (exact floats) -> [B, T, C]. State: the ids as
+// int32 (index), which backward scatters the gradient by.
+class Embedding final : public Layer {
+ public:
+  Embedding(int64_t vocab, int64_t block, int64_t seq, int64_t embd)
+      : Layer({seq}, {seq, embd}), vocab_(vocab), block_(block), seq_(seq), embd_(embd) {}
+
+  std::string kind() const override { return "embedding"; }
+  std::vector<ParamSpec> params() const override {
+    return {{"wte.weight", {vocab_, embd_}}, {"wpe.weight", {block_, embd_}}};
+  }
+  double flops_per_sample() const override { return static_cast<double>(seq_ * embd_); }
+  void init(float* p, Rng& rng) const override {
+    const float sd = static_cast<float>(kInitStd);
+    for (int64_t i = 0; i < (vocab_ + block_) * embd_; ++i) p[i] = sd * rng.normal();
+  }
+
+  void forward(const float* p, const Tensor& x, Tensor& y, LayerState& st,
+               const LayerCtx& ctx) const override {
+    (void)ctx;
+    const int64_t batch = batch_of(x, seq_);
+    resize_batch(y, batch, out_shape());
+    st.index.resize(static_cast<size_t>(batch * seq_));
+    for (int64_t i = 0; i < batch * seq_; ++i) {
+      const float v = x.data()[i];
+      DT_CHECK_MSG(v >= 0 && v < static_cast<float>(vocab_) && v == std::floor(v),
+                   "token " << v << " is not an id below " << vocab_);
+      st.index[static_cast<size_t>(i)] = static_cast<int32_t>(v);
+    }
+    embedding_forward(dims(batch), st.index.data(), p, p + vocab_ * embd_, y.data());
+  }
+
+  void backward(const float* p, float* g, const Tensor& x, const Tensor& y, const LayerState& st,
+                const Tensor& dy, Tensor* dx, const LayerCtx& ctx) const override {
+    (void)p, (void)y, (void)ctx;
+    const int64_t batch = batch_of(x, seq_);
+    DT_CHECK_EQ(dy.numel(), batch * seq_ * embd_);
+    embedding_backward(dims(batch), st.index.data(), dy.data(), g, g + vocab_ * embd_);
+    if (dx != nullptr) {  // token ids have no gradient
+      resize_batch(*dx, batch, in_shape());
+      dx->zero();
+    }
+  }
+
+ private:
+  EmbeddingDims dims(int64_t batch) const { return {batch, seq_, vocab_, block_, embd_}; }
+  int64_t vocab_, block_, seq_, embd_;
+};
+
+// One pre-LayerNorm transformer block over [T, C]: x += attn(ln_1(x)); x += mlp(ln_2(x)).
+// Children (in parameter order): ln_1, attn.c_attn, attn.c_proj, ln_2, mlp.c_fc, gelu, mlp.c_proj.
+class Block final : public Layer {
+ public:
+  enum Child { kLn1, kAttn, kAttnProj, kLn2, kFc, kGelu, kMlpProj, kChildren };
+  // Saved tensors: the children's inputs and outputs that backward reads.
+  enum Saved { kH1, kQkv, kProbs, kAttnOut, kProjOut, kX1, kH2, kFcOut, kGeluOut, kSaved };
+  // Backward's buffers.
+  enum Work { kDGelu, kDFc, kDH2, kDX1, kDAttn, kDQkv, kDH1, kDTmp, kScratch, kWork };
+
+  Block(int64_t seq, int64_t embd, int64_t n_head, int64_t n_layer)
+      : Layer({seq, embd}, {seq, embd}), seq_(seq), embd_(embd), n_head_(n_head) {
+    const Shape tc{seq, embd};
+    const double proj_std = kInitStd / std::sqrt(2.0 * static_cast<double>(n_layer));
+    add("ln_1", make_layer_norm(tc));
+    add("attn.c_attn", make_linear(tc, 3 * embd, Init::kNormal, true, kInitStd));
+    add("attn.c_proj", make_linear(tc, embd, Init::kNormal, true, proj_std));
+    add("ln_2", make_layer_norm(tc));
+    add("mlp.c_fc", make_linear(tc, 4 * embd, Init::kNormal, true, kInitStd));
+    add("gelu", make_activation(Activation::kGelu, {seq, 4 * embd}));
+    add("mlp.c_proj", make_linear({seq, 4 * embd}, embd, Init::kNormal, true, proj_std));
+  }
+
+  std::string kind() const override { return "block"; }
+  std::vector<ParamSpec> params() const override {
+    std::vector<ParamSpec> out;
+    for (size_t k = 0; k < kids_.size(); ++k)
+      for (ParamSpec s : kids_[k]->params()) out.push_back({names_[k] + "." + s.name, s.shape});
+    return out;
+  }
+  double flops_per_sample() const override {
+    double f = 2.0 * static_cast<double>(seq_ * seq_ * embd_);  // q k^T and P v
+    for (const auto& k : kids_) f += k->flops_per_sample();
+    return f;
+  }
+  void init(float* p, Rng& rng) const override {
+    for (size_t k = 0; k < kids_.size(); ++k) kids_[k]->init(p + off_[k], rng);
+  }
+
+  void forward(const float* p, const Tensor& x, Tensor& y, LayerState& st,
+               const LayerCtx& ctx) const override {
+    const int64_t batch = batch_of(x, seq_ * embd_);
+    st.children.resize(kChildren);
+    st.saved.resize(kSaved);
+    std::vector<Tensor>& s = st.saved;
+    run(kLn1, p, x, s[kH1], st, ctx);
+    run(kAttn, p, s[kH1], s[kQkv], st, ctx);
+    const AttentionDims d = dims(batch);
+    resize_batch(s[kAttnOut], batch, {seq_, embd_});
+    s[kProbs].resize({attention_saved_floats(d)});
+    attention_forward(d, s[kQkv].data(), s[kAttnOut].data(), s[kProbs].data());
+    run(kAttnProj, p, s[kAttnOut], s[kProjOut], st, ctx);
+    resize_batch(s[kX1], batch, {seq_, embd_});
+    add_into(x, s[kProjOut], s[kX1]);
+    run(kLn2, p, s[kX1], s[kH2], st, ctx);
+    run(kFc, p, s[kH2], s[kFcOut], st, ctx);
+    run(kGelu, p, s[kFcOut], s[kGeluOut], st, ctx);
+    run(kMlpProj, p, s[kGeluOut], y, st, ctx);
+    add_into(y, s[kX1], y);
+  }
+
+  void backward(const float* p, float* g, const Tensor& x, const Tensor& y, const LayerState& st,
+                const Tensor& dy, Tensor* dx, const LayerCtx& ctx) const override {
+    const int64_t batch = batch_of(x, seq_ * embd_);
+    DT_CHECK_EQ(st.saved.size(), static_cast<size_t>(kSaved));
+    const std::vector<Tensor>& s = st.saved;
+    std::vector<Tensor>& w = st.work;
+    w.resize(kWork);
+    // The MLP half: y = x1 + c_proj(gelu(c_fc(ln_2(x1)))).
+    back(kMlpProj, p, g, s[kGeluOut], y, dy, &w[kDGelu], st, ctx);
+    back(kGelu, p, g, s[kFcOut], s[kGeluOut], w[kDGelu], &w[kDFc], st, ctx);
+    back(kFc, p, g, s[kH2], s[kFcOut], w[kDFc], &w[kDH2], st, ctx);
+    back(kLn2, p, g, s[kX1], s[kH2], w[kDH2], &w[kDTmp], st, ctx);
+    resize_batch(w[kDX1], batch, {seq_, embd_});
+    add_into(dy, w[kDTmp], w[kDX1]);
+    // The attention half: x1 = x + c_proj(attn(c_attn(ln_1(x)))).
+    back(kAttnProj, p, g, s[kAttnOut], s[kProjOut], w[kDX1], &w[kDAttn], st, ctx);
+    const AttentionDims d = dims(batch);
+    resize_batch(w[kDQkv], batch, {seq_, 3 * embd_});
+    w[kScratch].resize({attention_scratch_floats(d)});
+    attention_backward(d, s[kQkv].data(), s[kProbs].data(), w[kDAttn].data(), w[kDQkv].data(),
+                       w[kScratch].data());
+    back(kAttn, p, g, s[kH1], s[kQkv], w[kDQkv], &w[kDH1], st, ctx);
+    back(kLn1, p, g, x, s[kH1], w[kDH1], dx != nullptr ? &w[kDTmp] : nullptr, st, ctx);
+    if (dx == nullptr) return;
+    resize_batch(*dx, batch, in_shape());
+    add_into(w[kDX1], w[kDTmp], *dx);
+  }
+
+ private:
+  void add(std::string name, std::unique_ptr<Layer> l) {
+    off_.push_back(total_);
+    total_ += l->param_count();
+    names_.push_back(std::move(name));
+    kids_.push_back(std::move(l));
+  }
+  void run(Child k, const float* p, const Tensor& in, Tensor& out, LayerState& st,
+           const LayerCtx& ctx) const {
+    kids_[k]->forward(p + off_[k], in, out, st.children[k], ctx);
+  }
+  void back(Child k, const float* p, float* g, const Tensor& in, const Tensor& out,
+            const Tensor& dout, Tensor* din, const LayerState& st, const LayerCtx& ctx) const {
+    kids_[k]->backward(p + off_[k], g + off_[k], in, out, st.children[k], dout, din, ctx);
+  }
+  // out = a + b, elementwise (out may alias a or b).
+  static void add_into(const Tensor& a, const Tensor& b, Tensor& out) {
+    DT_CHECK_EQ(a.numel(), b.numel());
+    DT_CHECK_EQ(out.numel(), a.numel());
+    const float* pa = a.data();
+    const float* pb = b.data();
+    float* po = out.data();
+    for (int64_t i = 0; i < a.numel(); ++i) po[i] = pa[i] + pb[i];
+  }
+  AttentionDims dims(int64_t batch) const { return {batch, seq_, n_head_, embd_}; }
+
+  int64_t seq_, embd_, n_head_;
+  std::vector<std::unique_ptr<Layer>> kids_;
+  std::vector<std::string> names_;
+  std::vector<int64_t> off_;
+  int64_t total_ = 0;
+};
+
+}  // namespace
+
+Model build_gpt(const ModelConfig& cfg, int64_t vocab, int64_t seq) {
+  const int64_t C = cfg.n_embd, L = cfg.n_layer, H = cfg.n_head;
+  if (C % H != 0)
+    throw UserError("model.n_head " + std::to_string(H) + " does not divide model.n_embd " +
+                    std::to_string(C) + " (each head gets n_embd / n_head columns)");
+  if (seq < 1 || seq > cfg.block_size)
+    throw UserError("a context of " + std::to_string(seq) + " positions does not fit " +
+                    "model.block_size " + std::to_string(cfg.block_size));
+  if (cfg.dropout > 0)
+    throw UserError("model.dropout " + std::to_string(cfg.dropout) +
+                    ": dropout is not supported for model.type gpt yet (use 0)");
+  std::vector<ModelElement> e;
+  e.push_back({"transformer", std::make_unique<Embedding>(vocab, cfg.block_size, seq, C)});
+  for (int64_t i = 0; i < L; ++i)
+    e.push_back({"transformer.h." + std::to_string(i), std::make_unique<Block>(seq, C, H, L)});
+  e.push_back({"transformer.ln_f", make_layer_norm({seq, C})});
+  // The tied head draws from the embedding's stream (element 0), whose first draws are wte's:
+  // the two copies start bitwise equal.
+  e.push_back({"lm_head", make_linear({seq, C}, vocab, Init::kNormal, false, kInitStd),
+               cfg.tie_embeddings ? 0 : -1});
+  std::vector<std::pair<std::string, std::string>> ties;
+  if (cfg.tie_embeddings) ties.emplace_back("transformer.wte.weight", "lm_head.weight");
+  return Model(std::move(e), ties);
+}
+
+}  // namespace dtrain
