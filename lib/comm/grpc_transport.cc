@@ -56,6 +56,7 @@
 #include "dtrain.grpc.pb.h"
 #include "dtrain.pb.h"
 #include "util/check.h"
+#include "util/fault.h"
 
 namespace dtrain {
 namespace grpc_detail {
@@ -66,6 +67,8 @@ constexpr auto kCloseGrace = std::chrono::seconds(2);
 // After a stream failed, how long send() waits for gRPC to drop its references to the
 // caller's memory before giving up (only relevant to zero-copy sends; normally milliseconds).
 constexpr auto kReleaseGrace = std::chrono::seconds(30);
+// How often connecting rechecks whether a peer went down meanwhile.
+constexpr auto kSetupSlice = std::chrono::milliseconds(50);
 // Keepalive: notices a peer whose host vanished without closing the socket.
 constexpr int kKeepaliveTimeMs = 10000;
 constexpr int kKeepaliveTimeoutMs = 10000;
@@ -162,8 +165,15 @@ class GrpcTransport final : public Transport, private InStreamSink {
   grpc::ChannelArguments channel_args() const;
   void set_credentials();
   void start_server();
-  void open_streams();
-  void wait_for_peers();
+  // Connects to every peer and opens this rank's streams; then waits for theirs. Both fail at
+  // once when a peer is found down (setup_failure), else at `deadline`.
+  void open_streams(Clock::time_point deadline);
+  void wait_for_peers(Clock::time_point deadline);
+  // "" or why connecting cannot succeed: this transport aborted, or a peer went down (the
+  // first one: a rank that failed because of it comes later).
+  std::string setup_failure();
+  // Dies here if a kill_in_connect fault names this rank and point (DTRAIN_FAULT).
+  void fault_point(const char* at);
   void shutdown();
   void send_stream(int dst, const MsgHeader& h, const void* data);
   // Fails every pending and future recv from and send to `peer` with `why`, as if its stream
@@ -476,39 +486,67 @@ void GrpcTransport::start_server() {
                 rank_ == 0 ? ", rendezvous on " + master_addr : "");
 }
 
-void GrpcTransport::open_streams() {
-  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                           std::chrono::duration<double>(o_.connect_timeout_s));
+std::string GrpcTransport::setup_failure() {
+  if (aborted_.load()) {
+    std::lock_guard<std::mutex> lk(abort_mu_);
+    return abort_reason_;
+  }
+  // The peer that went down first: a rank that failed because of it comes later.
+  const int first = down_log_.first();
+  if (first < 0) return "";
+  const std::string a = mailbox(first).aborted_reason();
+  return a.empty() ? mailbox(first).failed_reason() : a;
+}
+
+void GrpcTransport::fault_point(const char* at) {
+  if (fault_due_at(o_.faults, "kill_in_connect", rank_, at))
+    die_by_fault(fmt::format("rank {} at '{}' while connecting", rank_, at));
+}
+
+void GrpcTransport::open_streams(Clock::time_point deadline) {
   out_.resize(world_);
   channels_.resize(world_);
   for (int r = 0; r < world_; ++r) {
     if (r == rank_) continue;
     channels_[r] = grpc::CreateCustomChannel(peers_[r], channel_creds_, channel_args());
+    // Made before the heartbeats start, which may fail a peer (and its stream) at any moment.
+    out_[r] = std::make_unique<OutStream>(rank_, r, tune_.chunk_bytes, tune_.copy_send);
   }
-  // Beat from now on: a peer starts judging our silence once all its streams are up, and this
-  // rank may still be connecting to others then.
+  // Beat from now on: peers judge our silence from the rendezvous on, and this rank may still
+  // be connecting to others.
   heartbeats_.start(channels_);
+  fault_point("channels");
   for (int r = 0; r < world_; ++r) {
     if (r == rank_) continue;
-    if (!channels_[r]->WaitForConnected(wall(deadline)))
-      throw CommError(fmt::format("cannot connect to rank {} at {} within {} s", r, peers_[r],
-                                  seconds_str(o_.connect_timeout_s)));
-    out_[r] = std::make_unique<OutStream>(rank_, r, tune_.chunk_bytes, tune_.copy_send);
+    // In short slices, so that a peer found dead meanwhile (its heartbeats stopped: it died
+    // after the rendezvous) ends the wait at once instead of the deadline.
+    for (;;) {
+      if (std::string why = setup_failure(); !why.empty()) throw CommError(why);
+      const auto now = Clock::now();
+      if (now >= deadline)
+        throw CommError(fmt::format("cannot connect to rank {} at {} within {} s", r, peers_[r],
+                                    seconds_str(o_.connect_timeout_s)));
+      if (channels_[r]->WaitForConnected(wall(std::min(deadline, now + kSetupSlice)))) break;
+    }
     out_[r]->start(channels_[r], o_.token);
   }
 }
 
-void GrpcTransport::wait_for_peers() {
-  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                           std::chrono::duration<double>(o_.connect_timeout_s));
+void GrpcTransport::wait_for_peers(Clock::time_point deadline) {
   std::vector<int> missing;
   for (int r = 0; r < world_; ++r) {
     if (r == rank_) continue;
-    const std::string why = mailbox(r).wait_connected(deadline);
-    if (why == "timeout")
-      missing.push_back(r);
-    else if (!why.empty())
-      throw CommError(why);
+    for (;;) {
+      if (std::string why = setup_failure(); !why.empty()) throw CommError(why);
+      const auto now = Clock::now();
+      const std::string why = mailbox(r).wait_connected(std::min(deadline, now + kSetupSlice));
+      if (why.empty()) break;
+      if (why != "timeout") throw CommError(why);
+      if (now >= deadline) {
+        missing.push_back(r);
+        break;
+      }
+    }
   }
   if (!missing.empty())
     throw CommError(fmt::format("{} did not open their streams to rank {} within {} s",
@@ -524,7 +562,6 @@ void GrpcTransport::wait_for_peers() {
       if (shm_->receives_from(r)) in_path_[r] = shm_.get();
     }
   }
-  heartbeats_.arm();
 }
 
 void GrpcTransport::set_credentials() {
@@ -574,10 +611,23 @@ void GrpcTransport::connect() {
     peers_.push_back(p.address);
     shm_names.push_back(p.shm_name);
   }
-  // Before our streams open: a peer that sees our stream sees the attachment.
-  if (shm_) shm_->attach(shm_names);
-  open_streams();
-  wait_for_peers();
+  // Liveness from the rendezvous on: a peer silent for heartbeat_s from here is failed, also
+  // while this rank still waits for its connection or its streams.
+  heartbeats_.arm();
+  fault_point("joined");
+  const auto deadline = Clock::now() + secs_dur(o_.connect_timeout_s);
+  try {
+    // Before our streams open: a peer that sees our stream sees the attachment.
+    if (shm_) shm_->attach(shm_names);
+    open_streams(deadline);
+    fault_point("streams");
+    wait_for_peers(deadline);
+  } catch (const CommError& e) {
+    // Peers still connecting hear why (naming the rank that failed), not only that this rank
+    // closed.
+    abort(e.what());
+    throw;
+  }
 }
 
 void GrpcTransport::shutdown() {
