@@ -36,6 +36,7 @@
 #include <fstream>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <stdexcept>
@@ -169,8 +170,8 @@ class GrpcTransport final : public Transport, private InStreamSink {
   // once when a peer is found down (setup_failure), else at `deadline`.
   void open_streams(Clock::time_point deadline);
   void wait_for_peers(Clock::time_point deadline);
-  // "" or why connecting cannot succeed: this transport aborted, or a peer went down (the
-  // first one: a rank that failed because of it comes later).
+  // "" or why connecting cannot succeed: this transport aborted, or a peer went down (one
+  // found silent first: a rank that gave up because of it comes later).
   std::string setup_failure();
   // Dies here if a kill_in_connect fault names this rank and point (DTRAIN_FAULT).
   void fault_point(const char* at);
@@ -222,6 +223,13 @@ class GrpcTransport final : public Transport, private InStreamSink {
   std::mutex in_mu_;  // guards in_streams_ and closing_; ordered before InStream::mu_ and mailboxes
   std::set<InStream*> in_streams_;
   bool closing_ = false;
+
+  // What setup_failure has seen: peers failed for silence, in order, and the first one whose
+  // connection closed, with when.
+  std::mutex setup_mu_;
+  std::vector<int> silent_;
+  std::optional<int> closed_;
+  Clock::time_point closed_at_;
 
   std::mutex abort_mu_;
   std::string abort_reason_;
@@ -491,11 +499,24 @@ std::string GrpcTransport::setup_failure() {
     std::lock_guard<std::mutex> lk(abort_mu_);
     return abort_reason_;
   }
-  // The peer that went down first: a rank that failed because of it comes later.
-  const int first = down_log_.first();
-  if (first < 0) return "";
-  const std::string a = mailbox(first).aborted_reason();
-  return a.empty() ? mailbox(first).failed_reason() : a;
+  std::lock_guard<std::mutex> lk(setup_mu_);
+  // A peer found silent is the one that failed. One whose connection closed may only have
+  // given up because of a silent one -- which every rank finds at about the same moment
+  // (silence counts from the rendezvous for all of them) -- so it is reported only after a
+  // short grace in which this rank may find the silent one itself.
+  if (!silent_.empty()) return mailbox(silent_.front()).failed_reason();
+  for (int r = 0; r < world_ && !closed_; ++r) {
+    if (r != rank_ && mailbox(r).down()) {
+      closed_ = r;
+      closed_at_ = Clock::now();
+    }
+  }
+  if (!closed_) return "";
+  const auto grace = heartbeats_.enabled() ? secs_dur(o_.heartbeat_s / 12) + kSetupSlice * 4
+                                           : Clock::duration::zero();
+  if (Clock::now() - closed_at_ < grace) return "";
+  const std::string a = mailbox(*closed_).aborted_reason();
+  return a.empty() ? mailbox(*closed_).failed_reason() : a;
 }
 
 void GrpcTransport::fault_point(const char* at) {
@@ -541,7 +562,8 @@ void GrpcTransport::wait_for_peers(Clock::time_point deadline) {
       const auto now = Clock::now();
       const std::string why = mailbox(r).wait_connected(std::min(deadline, now + kSetupSlice));
       if (why.empty()) break;
-      if (why != "timeout") throw CommError(why);
+      // Down: setup_failure reports it (perhaps after a grace).
+      if (why != "timeout") std::this_thread::sleep_for(kSetupSlice);
       if (now >= deadline) {
         missing.push_back(r);
         break;
@@ -663,6 +685,10 @@ void GrpcTransport::shutdown() {
 
 void GrpcTransport::fail_peer(int peer, const std::string& why) {
   if (!mailbox(peer).fail(why)) return;
+  {
+    std::lock_guard<std::mutex> lk(setup_mu_);
+    silent_.push_back(peer);
+  }
   spdlog::error("rank {}: {}", rank_, why);
   ring_shm_waiters();
   if (out_[peer]) out_[peer]->fail(why);  // a send blocked on the peer's flow control fails too
