@@ -49,7 +49,12 @@ void OutStream::start(const std::shared_ptr<grpc::Channel>& channel, const std::
   ctx_.AddMetadata(kGrpcTokenKey, token);
   ctx_.AddMetadata(kGrpcRankKey, std::to_string(self_));
   grpc::GenericStub stub(channel);
+  // Under mu_ from before the call exists: no reaction may see the hold missing. gRPC runs no
+  // reaction inline from StartCall (its callbacks are never inlined).
+  std::lock_guard<std::mutex> lk(mu_);
   stub.PrepareBidiStreamingCall(&ctx_, kGrpcStreamMethod, grpc::StubOptions(), this);
+  AddHold();
+  held_ = true;
   StartRead(&ack_);
   StartCall();
   started_ = true;
@@ -59,13 +64,31 @@ void OutStream::OnWriteDone(bool ok) {
   std::lock_guard<std::mutex> lk(mu_);
   grpc::ByteBuffer().Swap(&cur_);  // drop our reference to the chunk's slices
   writing_ = false;
-  if (!ok) return;  // the call failed; OnDone reports the status
-  if (!queue_.empty()) {
-    write_next_locked();
-  } else if (closing_ && !writes_done_) {
-    writes_done_ = true;
-    StartWritesDone();
+  if (!ok) {
+    ended_ = true;  // the call failed; OnDone reports the status
+  } else if (held_ && error_.empty() && !ended_) {
+    if (!queue_.empty()) {
+      write_next_locked();
+    } else if (closing_ && !writes_done_) {
+      writes_done_ = true;
+      StartWritesDone();
+    }
   }
+  release_hold_locked();
+}
+
+void OutStream::OnReadDone(bool /*ok*/) {
+  // The receiver answers (or the call breaks) only when the call ends: nothing more to write.
+  std::lock_guard<std::mutex> lk(mu_);
+  ended_ = true;
+  release_hold_locked();
+}
+
+void OutStream::release_hold_locked() {
+  if (!held_ || writing_) return;
+  if (!(writes_done_ || ended_ || cancelled_ || !error_.empty())) return;
+  held_ = false;
+  RemoveHold();
 }
 
 void OutStream::OnDone(const grpc::Status& s) {

@@ -108,6 +108,14 @@ class RefuseStream final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
 };
 
 // Client side of our stream to one peer.
+//
+// Lifetime. gRPC ends the call -- and frees the state that StartWrite and StartWritesDone use
+// -- as soon as no operation is outstanding, possibly while another thread is about to start
+// one (send() queueing a message, close() half-closing at shutdown): that race was the rare
+// "pure virtual method called" / SIGSEGV at shutdown. So the stream holds the call open
+// (AddHold) from start() until it will never start another operation -- it half-closed, the
+// call ended, failed or was cancelled -- and only then removes the hold (release_hold_locked),
+// with no write in flight. Every Start* happens under mu_ while the hold is held.
 class OutStream final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   OutStream(int self, int dst, size_t chunk_bytes, bool copy_send)
@@ -119,7 +127,8 @@ class OutStream final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::B
   void enqueue(const std::shared_ptr<OutMsg>& m) {
     std::lock_guard<std::mutex> lk(mu_);
     if (!error_.empty()) throw CommError(error_);
-    if (done_ || closing_) throw CommError(fmt::format("connection to rank {} is closed", dst_));
+    if (!held_ || closing_ || ended_)
+      throw CommError(fmt::format("connection to rank {} is closed", dst_));
     queue_.push_back(m);
     if (!writing_) write_next_locked();
   }
@@ -131,19 +140,23 @@ class OutStream final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::B
       if (error_.empty()) error_ = why;
       fail_queue_locked();
     }
-    if (started_) ctx_.TryCancel();
+    cancel();
   }
   // Half-closes once the queue is drained.
   void close() {
     std::lock_guard<std::mutex> lk(mu_);
     closing_ = true;
-    if (started_ && !writing_ && !done_ && !writes_done_) {
+    if (held_ && !writing_ && !writes_done_ && !ended_ && error_.empty()) {
       writes_done_ = true;
       StartWritesDone();
     }
+    release_hold_locked();
   }
   void cancel() {
     if (started_) ctx_.TryCancel();
+    std::lock_guard<std::mutex> lk(mu_);
+    cancelled_ = true;
+    release_hold_locked();
   }
   // True once OnDone ran (or the call never started).
   bool wait_done(Clock::time_point until) {
@@ -157,14 +170,17 @@ class OutStream final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::B
   }
 
   void OnWriteDone(bool ok) override;
-  void OnReadDone(bool /*ok*/) override {}  // the StreamAck, or the call ending
+  void OnReadDone(bool ok) override;  // the StreamAck, or the call ending
   void OnDone(const grpc::Status& s) override;
 
  private:
   // Makes the next chunk of the front message (round-robin across queued messages) and writes
-  // it. Requires mu_ and no write in flight.
+  // it. Requires mu_, the hold and no write in flight.
   void write_next_locked();
   void fail_queue_locked();
+  // Removes the hold once no operation will be started any more and none is in flight (gRPC
+  // then finishes the call and runs OnDone on its own thread, never inline). Requires mu_.
+  void release_hold_locked();
 
   const int self_, dst_;
   const size_t chunk_;
@@ -176,6 +192,9 @@ class OutStream final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::B
   std::condition_variable cv_;
   std::deque<std::shared_ptr<OutMsg>> queue_;
   bool writing_ = false, closing_ = false, writes_done_ = false, done_ = false;
+  bool held_ = false;       // our hold on the call (see above)
+  bool ended_ = false;      // a write failed or the read completed: the call is over
+  bool cancelled_ = false;  // cancel() was called
   std::string error_;
 };
 
