@@ -56,22 +56,11 @@ class Coordinator {
     } else if (done_) {
       r->Finish(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                              fmt::format("rank {} joined after the rendezvous completed", rank)));
-    } else if (req->protocol_version() != kGrpcProtocolVersion) {
-      fail_locked(r, fmt::format("rank {} speaks wire protocol {}, rank 0 speaks {}", rank,
-                                 req->protocol_version(), kGrpcProtocolVersion));
-    } else if (req->world_size() != world_) {
-      fail_locked(r, fmt::format("rank {} says the world size is {}, rank 0 says {}", rank,
-                                 req->world_size(), world_));
-    } else if (rank < 0 || rank >= world_) {
-      fail_locked(r, fmt::format("rank {} is out of range for world size {}", rank, world_));
-    } else if (req->config_hash() != hash_) {
-      fail_locked(r, fmt::format("rank {} has config hash {}, rank 0 has {}", rank,
-                                 req->config_hash(), hash_));
+    } else if (std::string why = join_refusal(*req, world_, hash_); !why.empty()) {
+      fail_locked(r, why);
     } else if (pending_.count(rank)) {
       fail_locked(r, fmt::format("rank {} joined twice (from {} and {})", rank, pending_[rank].peer,
                                  ctx->peer()));
-    } else if (req->listen_address().empty()) {
-      fail_locked(r, fmt::format("rank {} sent no listen address", rank));
     } else {
       pending_[rank] = Pending{r, req->listen_address(), ctx->peer(), req->shm_name()};
       spdlog::debug("rendezvous: rank {} joined from {} ({}/{})", rank, ctx->peer(),
@@ -158,6 +147,32 @@ class Coordinator {
   std::optional<grpc::Status> failure_;
   std::thread timer_;
 };
+
+wire::JoinRequest decode_join_request(std::span<const char> bytes) {
+  wire::JoinRequest req;
+  if (bytes.size() > kMaxJoinRequestBytes)
+    throw WireError(
+        fmt::format("a join request of {} bytes (at most {})", bytes.size(), kMaxJoinRequestBytes));
+  if (!req.ParseFromArray(bytes.data(), static_cast<int>(bytes.size())))
+    throw WireError("not a JoinRequest");
+  return req;
+}
+
+std::string join_refusal(const wire::JoinRequest& req, int world, const std::string& hash) {
+  const int rank = req.rank();
+  if (req.protocol_version() != kGrpcProtocolVersion)
+    return fmt::format("rank {} speaks wire protocol {}, rank 0 speaks {}", rank,
+                       req.protocol_version(), kGrpcProtocolVersion);
+  if (req.world_size() != world)
+    return fmt::format("rank {} says the world size is {}, rank 0 says {}", rank, req.world_size(),
+                       world);
+  if (rank < 0 || rank >= world)
+    return fmt::format("rank {} is out of range for world size {}", rank, world);
+  if (req.config_hash() != hash)
+    return fmt::format("rank {} has config hash {}, rank 0 has {}", rank, req.config_hash(), hash);
+  if (req.listen_address().empty()) return fmt::format("rank {} sent no listen address", rank);
+  return "";
+}
 
 void JoinReactor::OnCancel() {
   c_->cancelled(this);

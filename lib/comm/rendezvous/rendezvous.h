@@ -8,15 +8,31 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <cstddef>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "comm/grpc/common.h"
+#include "comm/grpc/wire.h"
 #include "comm/grpc_transport.h"
 #include "dtrain.grpc.pb.h"
 
 namespace dtrain::grpc_detail {
+
+// Largest join request decode_join_request accepts (a real one is well under 1 KiB).
+inline constexpr size_t kMaxJoinRequestBytes = 64 << 10;
+
+// Decodes a serialized JoinRequest (what Rendezvous.Join carries). Pure; throws WireError if the
+// bytes are not one. What it says is judged by join_refusal.
+wire::JoinRequest decode_join_request(std::span<const char> bytes);
+
+// "" or why rank 0 refuses a join, from the request alone against the job (world size, config
+// hash): another wire protocol, world size or config hash, a rank out of range, no listen
+// address. The refusal fails the rendezvous for every rank. (Two joins for one rank are the
+// coordinator's to see.) Pure.
+std::string join_refusal(const wire::JoinRequest& req, int world, const std::string& hash);
 
 class Coordinator;
 
