@@ -14,9 +14,9 @@
 
 namespace dtrain {
 
-// Bumped whenever proto/dtrain.proto or the metadata below change incompatibly; Join refuses a
+// Bumped whenever proto/dtrain.proto or the metadata below change incompatibly; the rendezvous refuses a
 // rank that speaks another version.
-inline constexpr uint32_t kGrpcProtocolVersion = 2;  // 2: heartbeats (Health service)
+inline constexpr uint32_t kGrpcProtocolVersion = 3;  // 2: heartbeats; 3: the rendezvous store
 // Metadata on every RPC: the job token, and on Data.Stream the sender's rank.
 inline constexpr char kGrpcTokenKey[] = "x-dtrain-token";
 inline constexpr char kGrpcRankKey[] = "x-dtrain-rank";

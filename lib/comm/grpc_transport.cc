@@ -6,7 +6,7 @@
 //   grpc/streams.h      the stream reactors (one client stream per ordered rank pair)
 //   grpc/shm_path.h     the same-host shared-memory path
 //   grpc/heartbeat.h    heartbeats: frozen and lost peers
-//   rendezvous/         the rendezvous hosted by rank 0
+//   rendezvous/         the store rank 0 hosts (set, get, wait, add) and the rendezvous on it
 //
 // Thread model. Every rank runs one grpc::Server with callback-API services only, so incoming
 // frames are handled on gRPC's own executor threads: InStream::OnReadDone hands a frame to

@@ -3,150 +3,22 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
-#include <condition_variable>
-#include <map>
-#include <mutex>
-#include <optional>
-#include <thread>
+#include <string_view>
 
 #include "comm/grpc_internal.h"
+#include "comm/rendezvous/store_service.h"
 
 namespace dtrain::grpc_detail {
 namespace {
 // Extra time a joining rank waits beyond its rendezvous timeout, so that rank 0's own timeout
 // (which names the missing ranks) reaches it first when both started together.
 constexpr auto kJoinSlack = std::chrono::seconds(5);
+constexpr char kPrefix[] = "rdzv";
+constexpr std::string_view kJoinKey = "rdzv/join/";
+constexpr std::string_view kOk = "ok", kFail = "fail";
+// How long rank 0, shutting down, waits for the ranks that joined to fetch the result.
+constexpr auto kAckGrace = std::chrono::seconds(2);
 }  // namespace
-
-class Coordinator;
-
-class JoinReactor final : public grpc::ServerUnaryReactor {
- public:
-  JoinReactor(Coordinator* c, wire::JoinReply* reply) : c_(c), reply_(reply) {}
-  void OnCancel() override;
-  void OnDone() override { delete this; }
-  wire::JoinReply* reply() { return reply_; }
-
- private:
-  Coordinator* const c_;
-  wire::JoinReply* const reply_;
-};
-
-// Collects the joins; answers all of them once every rank joined, or fails them all (timeout
-// naming the missing ranks, or the first disagreement). Every JoinReactor it accepts is
-// finished exactly once, under mu_.
-class Coordinator {
- public:
-  Coordinator(const GrpcOptions& o, Clock::time_point deadline)
-      : world_(o.world_size),
-        hash_(o.config_hash),
-        timeout_s_(o.rendezvous_timeout_s),
-        deadline_(deadline) {
-    timer_ = std::thread([this] { timer_loop(); });
-  }
-  ~Coordinator() { shutdown("rank 0 shut down"); }
-
-  grpc::ServerUnaryReactor* join(grpc::CallbackServerContext* ctx, const wire::JoinRequest* req,
-                                 wire::JoinReply* reply) {
-    auto* r = new JoinReactor(this, reply);
-    std::lock_guard<std::mutex> lk(mu_);
-    const int rank = req->rank();
-    if (failure_) {
-      r->Finish(*failure_);
-    } else if (done_) {
-      r->Finish(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                             fmt::format("rank {} joined after the rendezvous completed", rank)));
-    } else if (std::string why = join_refusal(*req, world_, hash_); !why.empty()) {
-      fail_locked(r, why);
-    } else if (pending_.count(rank)) {
-      fail_locked(r, fmt::format("rank {} joined twice (from {} and {})", rank, pending_[rank].peer,
-                                 ctx->peer()));
-    } else {
-      pending_[rank] = Pending{r, req->listen_address(), ctx->peer(), req->shm_name()};
-      spdlog::debug("rendezvous: rank {} joined from {} ({}/{})", rank, ctx->peer(),
-                    pending_.size(), world_);
-      if (static_cast<int>(pending_.size()) == world_) complete_locked();
-    }
-    return r;
-  }
-
-  void cancelled(JoinReactor* r) {
-    std::lock_guard<std::mutex> lk(mu_);
-    for (auto it = pending_.begin(); it != pending_.end(); ++it) {
-      if (it->second.r == r) {  // the joiner gave up (it will retry or fail on its own)
-        pending_.erase(it);
-        r->Finish(grpc::Status::CANCELLED);
-        return;
-      }
-    }
-  }
-
-  void shutdown(const std::string& why) {
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      if (!done_ && !failure_) fail_locked(nullptr, why);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    if (timer_.joinable()) timer_.join();
-  }
-
- private:
-  struct Pending {
-    JoinReactor* r = nullptr;
-    std::string address, peer, shm_name;
-  };
-
-  void complete_locked() {
-    wire::JoinReply table;
-    for (const auto& [rank, p] : pending_) {
-      wire::Peer* peer = table.add_peers();
-      peer->set_rank(rank);
-      peer->set_address(p.address);
-      peer->set_shm_name(p.shm_name);
-    }
-    for (auto& [rank, p] : pending_) {
-      *p.r->reply() = table;
-      p.r->Finish(grpc::Status::OK);
-    }
-    pending_.clear();
-    done_ = true;
-    cv_.notify_all();
-  }
-
-  // Fails the rendezvous for everyone: pending joins, `r` (the join that revealed the problem)
-  // and all later joins get the message.
-  void fail_locked(JoinReactor* r, const std::string& why) {
-    spdlog::debug("rendezvous failed: {}", why);
-    failure_ = grpc::Status(grpc::StatusCode::ABORTED, why);
-    for (auto& [rank, p] : pending_) p.r->Finish(*failure_);
-    pending_.clear();
-    if (r) r->Finish(*failure_);
-    cv_.notify_all();
-  }
-
-  void timer_loop() {
-    std::unique_lock<std::mutex> lk(mu_);
-    cv_.wait_until(lk, deadline_, [&] { return stop_ || done_ || failure_; });
-    if (stop_ || done_ || failure_) return;
-    std::vector<int> missing;
-    for (int r = 0; r < world_; ++r)
-      if (!pending_.count(r)) missing.push_back(r);
-    fail_locked(nullptr, fmt::format("rendezvous timed out after {} s: {} never joined",
-                                     seconds_str(timeout_s_), ranks_str(missing)));
-  }
-
-  const int world_;
-  const std::string hash_;
-  const double timeout_s_;
-  const Clock::time_point deadline_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::map<int, Pending> pending_;
-  bool done_ = false, stop_ = false;
-  std::optional<grpc::Status> failure_;
-  std::thread timer_;
-};
 
 wire::JoinRequest decode_join_request(std::span<const char> bytes) {
   wire::JoinRequest req;
@@ -174,31 +46,109 @@ std::string join_refusal(const wire::JoinRequest& req, int world, const std::str
   return "";
 }
 
-void JoinReactor::OnCancel() {
-  c_->cancelled(this);
+RendezvousHost::RendezvousHost(const GrpcOptions& o, Clock::time_point deadline)
+    : world_(o.world_size),
+      hash_(o.config_hash),
+      timeout_s_(o.rendezvous_timeout_s),
+      deadline_(deadline),
+      store_([this](const std::string& k, const std::string& v) { on_set(k, v); }),
+      service_(std::make_unique<StoreService>(&store_, o.token, o.rank)) {
+  timer_ = std::thread([this] { timer_loop(); });
 }
 
-RendezvousHost::RendezvousHost(const GrpcOptions& o, Clock::time_point deadline)
-    : token_(o.token),
-      rank_(o.rank),
-      coordinator_(std::make_unique<Coordinator>(o, deadline)),
-      service_(this) {}
+RendezvousHost::~RendezvousHost() {
+  shutdown("rank 0 shut down");
+}
 
-RendezvousHost::~RendezvousHost() = default;
+grpc::Service* RendezvousHost::service() {
+  return service_.get();
+}
+
+void RendezvousHost::on_set(const std::string& key, const std::string& value) {
+  if (key.rfind(kJoinKey, 0) != 0) return;
+  std::string failure, table;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (decided_) return;  // a join after the result: the joiner finds itself missing
+    wire::JoinRequest req;
+    try {
+      req = decode_join_request(value);
+      failure = join_refusal(req, world_, hash_);
+    } catch (const WireError& e) {
+      failure = fmt::format("a malformed join: {}", e.what());
+    }
+    const int rank = req.rank();
+    if (failure.empty() && joined_.count(rank))
+      failure = fmt::format("rank {} joined twice (from {} and {})", rank, joined_[rank].address,
+                            req.listen_address());
+    if (failure.empty()) {
+      joined_[rank] = Joined{req.listen_address(), req.shm_name()};
+      spdlog::debug("rendezvous: rank {} joined from {} ({}/{})", rank, req.listen_address(),
+                    joined_.size(), world_);
+      if (static_cast<int>(joined_.size()) == world_) {
+        wire::JoinReply reply;
+        for (const auto& [r, j] : joined_) {
+          wire::Peer* peer = reply.add_peers();
+          peer->set_rank(r);
+          peer->set_address(j.address);
+          peer->set_shm_name(j.shm_name);
+        }
+        table = std::string(kOk) + reply.SerializeAsString();
+      }
+    }
+  }
+  if (!failure.empty()) {
+    spdlog::debug("rendezvous failed: {}", failure);
+    finish(std::string(kFail) + failure);
+  } else if (!table.empty()) {
+    finish(table);
+  }
+}
+
+void RendezvousHost::finish(const std::string& result) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (decided_) return;
+    decided_ = true;
+  }
+  cv_.notify_all();
+  try {
+    store_.set(std::string(kPrefix) + "/result", result);
+  } catch (const CommError&) {  // the store shut down meanwhile: its waiters heard why
+  }
+}
+
+void RendezvousHost::timer_loop() {
+  std::unique_lock<std::mutex> lk(mu_);
+  cv_.wait_until(lk, deadline_, [&] { return stop_ || decided_; });
+  if (stop_ || decided_) return;
+  std::vector<int> missing;
+  for (int r = 0; r < world_; ++r)
+    if (!joined_.count(r)) missing.push_back(r);
+  lk.unlock();
+  finish(std::string(kFail) + fmt::format("rendezvous timed out after {} s: {} never joined",
+                                          seconds_str(timeout_s_), ranks_str(missing)));
+}
 
 void RendezvousHost::shutdown(const std::string& why) {
-  coordinator_->shutdown(why);
-}
-
-grpc::ServerUnaryReactor* RendezvousHost::Service::Join(grpc::CallbackServerContext* ctx,
-                                                        const wire::JoinRequest* req,
-                                                        wire::JoinReply* reply) {
-  if (!authorized(ctx, h_->token_, h_->rank_, "a rendezvous join")) {
-    grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
-    r->Finish(grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "wrong or missing job token"));
-    return r;
+  finish(std::string(kFail) + why);  // no-op once decided
+  // Every rank that joined asks for the result right after its join: give the ones whose ask is
+  // still on its way a moment to get it (they acknowledge), rather than the timeout.
+  const auto until = Clock::now() + kAckGrace;
+  try {
+    while (store_.add(std::string(kPrefix) + "/acks", 0) <
+               store_.add(std::string(kPrefix) + "/joins", 0) &&
+           Clock::now() < until)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  } catch (const CommError&) {  // shut down already
   }
-  return h_->coordinator_->join(ctx, req, reply);
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (timer_.joinable()) timer_.join();
+  store_.shutdown(why);
 }
 
 std::vector<PeerEntry> join_rendezvous(const GrpcOptions& o, const std::string& listen_address,
@@ -212,7 +162,24 @@ std::vector<PeerEntry> join_rendezvous(const GrpcOptions& o, const std::string& 
   const auto deadline = start + timeout + kJoinSlack;
   const std::string master = host_port(o.master_addr, o.master_port);
   auto channel = grpc::CreateCustomChannel(master, creds, args);
-  auto stub = wire::Rendezvous::NewStub(channel);
+  // What a failed store call means for the rendezvous.
+  auto error = [&](const grpc::Status& st) {
+    switch (st.error_code()) {
+      case grpc::StatusCode::ABORTED:  // rank 0 shut down, or its store did
+        return CommError(st.error_message());
+      case grpc::StatusCode::UNAUTHENTICATED:
+        return CommError(
+            fmt::format("rank 0 at {} refused this rank's job token (rank {})", master, rank_));
+      case grpc::StatusCode::DEADLINE_EXCEEDED:
+        return CommError(fmt::format("rendezvous with rank 0 at {} timed out after {} s", master,
+                                     seconds_str(o.rendezvous_timeout_s)));
+      default:
+        return CommError(
+            fmt::format("rendezvous with rank 0 at {} failed: {}", master, status_str(st)));
+    }
+  };
+  GrpcStore store(channel, o.token, deadline, error);
+  PrefixStore rdzv(kPrefix, store);
   wire::JoinRequest req;
   req.set_protocol_version(kGrpcProtocolVersion);
   req.set_rank(rank_);
@@ -220,38 +187,18 @@ std::vector<PeerEntry> join_rendezvous(const GrpcOptions& o, const std::string& 
   req.set_listen_address(listen_address);
   req.set_config_hash(o.config_hash);
   req.set_shm_name(shm_name);
-  wire::JoinReply reply;
-  auto backoff = std::chrono::milliseconds(100);
-  for (;;) {
-    grpc::ClientContext ctx;
-    ctx.AddMetadata(kGrpcTokenKey, o.token);
-    ctx.set_wait_for_ready(true);  // rank 0 may not be up yet: gRPC reconnects with backoff
-    ctx.set_deadline(wall(deadline));
-    const grpc::Status s = stub->Join(&ctx, req, &reply);
-    if (s.ok()) break;
-    switch (s.error_code()) {
-      case grpc::StatusCode::ABORTED:
-      case grpc::StatusCode::FAILED_PRECONDITION:
-        throw CommError(s.error_message());
-      case grpc::StatusCode::UNAUTHENTICATED:
-        throw CommError(
-            fmt::format("rank 0 at {} refused this rank's job token (rank {})", master, rank_));
-      case grpc::StatusCode::DEADLINE_EXCEEDED:
-        throw CommError(fmt::format("rendezvous with rank 0 at {} timed out after {} s", master,
-                                    seconds_str(o.rendezvous_timeout_s)));
-      case grpc::StatusCode::UNAVAILABLE:  // connection lost mid-call: rank 0 restarting?
-      case grpc::StatusCode::CANCELLED:
-        if (Clock::now() + backoff < deadline) {
-          std::this_thread::sleep_for(backoff);
-          backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
-          continue;
-        }
-        [[fallthrough]];
-      default:
-        throw CommError(
-            fmt::format("rendezvous with rank 0 at {} failed: {}", master, status_str(s)));
-    }
+  const int64_t n = rdzv.add("joins", 1);
+  rdzv.set(fmt::format("join/{}", n), req.SerializeAsString());
+  const std::string result = rdzv.get("result", deadline);
+  try {  // rank 0 may shut down now (a failed rendezvous); never wait long for it
+    GrpcStore quick(channel, o.token, Clock::now() + std::chrono::seconds(1), error);
+    PrefixStore(kPrefix, quick).add("acks", 1);
+  } catch (const CommError&) {
   }
+  if (result.rfind(kFail, 0) == 0) throw CommError(result.substr(kFail.size()));
+  wire::JoinReply reply;
+  if (result.rfind(kOk, 0) != 0 || !reply.ParseFromString(result.substr(kOk.size())))
+    throw CommError("rendezvous returned a malformed result");
   if (reply.peers_size() != world_)
     throw CommError(
         fmt::format("rendezvous returned {} peers for world size {}", reply.peers_size(), world_));
@@ -262,6 +209,9 @@ std::vector<PeerEntry> join_rendezvous(const GrpcOptions& o, const std::string& 
       throw CommError(fmt::format("rendezvous returned a bad peer table (entry {})", r));
     peers.push_back(PeerEntry{p.address(), p.shm_name()});
   }
+  // Joined after the last rank did (a restarted or duplicate process): not in the table.
+  if (peers[rank_].address != listen_address)
+    throw CommError(fmt::format("rank {} joined after the rendezvous completed", rank_));
   std::string table;
   for (int r = 0; r < world_; ++r)
     table += fmt::format("{}{}={}", r ? ", " : "", r, peers[r].address);
