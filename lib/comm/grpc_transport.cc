@@ -505,13 +505,19 @@ std::string GrpcTransport::setup_failure() {
   // (silence counts from the rendezvous for all of them) -- so it is reported only after a
   // short grace in which this rank may find the silent one itself.
   if (!silent_.empty()) return mailbox(silent_.front()).failed_reason();
-  for (int r = 0; r < world_ && !closed_; ++r) {
-    if (r != rank_ && mailbox(r).down()) {
-      closed_ = r;
-      closed_at_ = Clock::now();
-    }
+  // The first peer that went down (mailboxes note it as they fail), not the lowest-numbered.
+  if (!closed_ && down_log_.first() >= 0) {
+    closed_ = down_log_.first();
+    closed_at_ = Clock::now();
   }
   if (!closed_) return "";
+  // A peer that gave up says why on our stream to it ("rank 0 aborted: connection to rank 1
+  // lost ..."): that names the rank that failed.
+  const int c = *closed_;
+  if (static_cast<size_t>(c) < out_.size() && out_[c]) {
+    std::string e = out_[c]->error();
+    if (e.rfind(fmt::format("rank {} aborted: ", c), 0) == 0) return e;
+  }
   const auto grace = heartbeats_.enabled() ? secs_dur(o_.heartbeat_s / 12) + kSetupSlice * 4
                                            : Clock::duration::zero();
   if (Clock::now() - closed_at_ < grace) return "";

@@ -78,6 +78,11 @@ void DownLog::note(int peer) {
   at_ = Clock::now();
 }
 
+int DownLog::first() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return first_;
+}
+
 std::string DownLog::note_for(int peer) const {
   std::lock_guard<std::mutex> lk(mu_);
   if (first_ < 0 || first_ == peer) return "";

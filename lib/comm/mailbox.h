@@ -111,6 +111,8 @@ class DownLog {
   void note(int peer);
   // "" or "; rank 2 went down first, 0.3 s earlier: rank 1 probably failed because of it".
   std::string note_for(int peer) const;
+  // The first peer noted, or -1.
+  int first() const;
 
  private:
   mutable std::mutex mu_;

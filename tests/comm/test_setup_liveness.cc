@@ -11,6 +11,7 @@
 #include <csignal>
 #include <cstdlib>
 #include <filesystem>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -93,10 +94,11 @@ TEST_CASE("grpc setup: a rank that dies between rendezvous and streams is report
         ranks.emplace_back([&, r] {
           GrpcOptions o = liveness_options(r, port);
           o.shm = shm;
+          std::unique_ptr<Transport> t;
           try {
             // Rank 1 dies before this rank connects, or (at=streams) possibly just after:
             // then the first receive from it must fail as promptly.
-            auto t = connect_grpc(o);
+            t = connect_grpc(o);
             std::vector<char> b(8);
             MsgHeader h;
             h.channel = 1;
@@ -106,6 +108,8 @@ TEST_CASE("grpc setup: a rank that dies between rendezvous and streams is report
             errors[r] = "received";
           } catch (const std::exception& e) {
             errors[r] = e.what();
+            // As a trainer does (Communicator::abort): tell the peers why.
+            if (t) t->abort(e.what());
           }
           failed_at[r] = Clock::now();
         });
