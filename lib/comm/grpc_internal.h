@@ -9,20 +9,18 @@
 #include <string>
 #include <vector>
 
+#include "comm/grpc/wire.h"  // kGrpcMaxMessageBytes
 #include "comm/grpc_transport.h"
 
 namespace dtrain {
 
-// Bumped whenever proto/dtrain.proto or the metadata below change incompatibly; Join refuses a
+// Bumped whenever proto/dtrain.proto or the metadata below change incompatibly; the rendezvous refuses a
 // rank that speaks another version.
-inline constexpr uint32_t kGrpcProtocolVersion = 2;  // 2: heartbeats (Health service)
+inline constexpr uint32_t kGrpcProtocolVersion = 3;  // 2: heartbeats; 3: the rendezvous store
 // Metadata on every RPC: the job token, and on Data.Stream the sender's rank.
 inline constexpr char kGrpcTokenKey[] = "x-dtrain-token";
 inline constexpr char kGrpcRankKey[] = "x-dtrain-rank";
 inline constexpr char kGrpcStreamMethod[] = "/dtrain.wire.Data/Stream";
-// Largest message a receiver accepts (total_bytes of a frame): a corrupt or hostile header
-// must not make it allocate without bound.
-inline constexpr uint64_t kGrpcMaxMessageBytes = uint64_t{4} << 30;
 // Distinct messages a rank buffers from one peer ahead of its own receives. A correct peer is at
 // most a few collectives (their segments) and a pipeline schedule's sends ahead; a frame that
 // would open one more is malformed (forged far-future sequence numbers), so buffering is bounded.

@@ -10,8 +10,10 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "comm/transport.h"
+#include "util/fault.h"
 
 namespace dtrain {
 
@@ -31,7 +33,10 @@ struct GrpcOptions {
   std::string token;                      // job token, checked on every RPC; "" = none
   std::string config_hash;                // must agree across ranks
   double rendezvous_timeout_s = 120;      // fail naming the ranks that never joined
-  double connect_timeout_s = 30;
+  // After the rendezvous: how long connecting to the peers and waiting for their streams may
+  // take at most (distributed.timeout_s). A peer that dies meanwhile is found sooner, by its
+  // missing heartbeats (within heartbeat_s) or its closed connection.
+  double connect_timeout_s = 300;
   // Optional TLS: PEM file paths; all three set or none.
   std::string tls_cert, tls_key, tls_ca;
   // Same-host data path: messages to ranks on this machine go through shared memory
@@ -42,9 +47,12 @@ struct GrpcOptions {
   // a thread of its own; a peer not heard from for heartbeat_s (or 3 of its own intervals, if it
   // beats more slowly) is declared frozen or unreachable, and every receive from and send to it
   // fails naming it. Beats carry this rank's position for the desync report. 0 = no heartbeats
-  // (only the collective deadline and closed connections detect failures).
-  // distributed.heartbeat_s.
+  // (only the collective deadline and closed connections detect failures). Silence counts from
+  // the rendezvous on, so a peer lost before its streams open is reported within heartbeat_s
+  // too. distributed.heartbeat_s.
   double heartbeat_s = 10;
+  // Fault injection (DTRAIN_FAULT kill_in_connect, util/fault.h); empty in production.
+  std::vector<Fault> faults;
 };
 
 // True for "localhost", "::1" / "[::1]" and 127.0.0.0/8: the job stays on this machine, so

@@ -1,73 +1,52 @@
 #include "comm/inproc.h"
 
-#include <condition_variable>
-#include <cstring>
-#include <map>
+#include <atomic>
+#include <cstdint>
 #include <mutex>
-#include <tuple>
+#include <string>
 
+#include "comm/mailbox.h"
 #include "util/check.h"
 
 namespace dtrain {
 
 namespace {
 
-struct Key {
-  int src;
-  uint64_t channel;
-  uint64_t part;
-  bool operator<(const Key& o) const {
-    return std::tie(src, channel, part) < std::tie(o.src, o.channel, o.part);
-  }
-};
-
-struct Message {
-  CommOp op;
-  size_t bytes = 0;
-  std::vector<char> payload;  // size >= bytes (pooled buffer)
-};
-
-struct Mailbox {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::map<Key, Message> messages;
-};
-
 // Shared by all ranks of one group.
 struct Hub {
   explicit Hub(int world)
-      : boxes(static_cast<size_t>(world)), positions(static_cast<size_t>(world)) {}
-  std::vector<Mailbox> boxes;
+      : world(world), rows(static_cast<size_t>(world)), positions(static_cast<size_t>(world)) {}
+
+  // The mailboxes of one receiving rank, one per sender, made on first use: a job of 1024
+  // in-process ranks must not allocate a million of them up front.
+  struct Row {
+    std::mutex mu;
+    std::vector<std::unique_ptr<Mailbox>> from;
+  };
+
+  const int world;
+  std::vector<Row> rows;
   std::mutex fail_mu;
   std::atomic<bool> failed{false};
   std::string reason;
-  // Recycled payload buffers: fresh large allocations fault in new pages on every message, which
-  // costs more than the copy itself.
-  std::mutex pool_mu;
-  std::vector<std::vector<char>> pool;
+  BufferPool pool;
   // Every rank's position for the desync report: ranks are threads, so no heartbeats are
   // needed (they cannot freeze separately) and every rank reads the others' directly.
   std::mutex pos_mu;
   std::vector<RankPosition> positions;
 
-  std::vector<char> get_buffer(size_t bytes) {
-    {
-      std::lock_guard<std::mutex> lk(pool_mu);
-      for (size_t i = 0; i < pool.size(); ++i) {
-        if (pool[i].size() >= bytes) {
-          std::vector<char> b = std::move(pool[i]);
-          pool[i] = std::move(pool.back());
-          pool.pop_back();
-          return b;
-        }
-      }
+  // What `dst` receives from `src`.
+  Mailbox& box(int dst, int src) {
+    Row& row = rows[static_cast<size_t>(dst)];
+    std::lock_guard<std::mutex> lk(row.mu);
+    if (row.from.empty()) row.from.resize(static_cast<size_t>(world));
+    auto& b = row.from[static_cast<size_t>(src)];
+    if (!b) {
+      // Senders are threads of this process: nothing to bound against.
+      b = std::make_unique<Mailbox>(dst, src, &pool, nullptr, nullptr, SIZE_MAX);
+      if (failed.load()) b->abort(why());
     }
-    return std::vector<char>(bytes);
-  }
-  void put_buffer(std::vector<char>&& b) {
-    if (b.empty()) return;
-    std::lock_guard<std::mutex> lk(pool_mu);
-    if (pool.size() < 64) pool.push_back(std::move(b));
+    return *b;
   }
 
   void fail(const std::string& why) {
@@ -77,9 +56,10 @@ struct Hub {
       reason = why;
       failed.store(true);
     }
-    for (auto& b : boxes) {
-      std::lock_guard<std::mutex> lk(b.mu);
-      b.cv.notify_all();
+    for (Row& row : rows) {
+      std::lock_guard<std::mutex> lk(row.mu);
+      for (auto& b : row.from)
+        if (b) b->abort(why);
     }
   }
   std::string why() {
@@ -100,29 +80,21 @@ class InprocTransport final : public Transport {
   void send(int dst, const MsgHeader& h, const void* data) override {
     DT_CHECK(dst >= 0 && dst < world_);
     if (hub_->failed.load()) throw CommError(hub_->why());
-    Message m{h.op, h.bytes, hub_->get_buffer(h.bytes)};
-    if (h.bytes) std::memcpy(m.payload.data(), data, h.bytes);
-    Mailbox& box = hub_->boxes[static_cast<size_t>(dst)];
-    {
-      std::lock_guard<std::mutex> lk(box.mu);
-      const bool fresh = box.messages.emplace(Key{rank_, h.channel, h.part}, std::move(m)).second;
-      DT_CHECK_MSG(fresh,
-                   "rank " << rank_ << " sent " << describe(h) << " to rank " << dst << " twice");
-    }
-    box.cv.notify_all();
+    hub_->box(dst, rank_).deliver_whole(h, data);
     bytes_sent_ += h.bytes;
   }
 
   void recv(int src, const MsgHeader& h, void* data, Deadline deadline) override {
-    Message m = take(src, h, deadline);
-    if (h.bytes) std::memcpy(data, m.payload.data(), h.bytes);
-    hub_->put_buffer(std::move(m.payload));
+    DT_CHECK(src >= 0 && src < world_);
+    hub_->box(rank_, src).recv(h, data, nullptr, deadline);
+    bytes_recv_ += h.bytes;
   }
 
   void recv_reduce(int src, const MsgHeader& h, float* data, Reduce r, Deadline deadline) override {
-    Message m = take(src, h, deadline);
-    reduce_into(data, reinterpret_cast<const float*>(m.payload.data()), h.bytes / sizeof(float), r);
-    hub_->put_buffer(std::move(m.payload));
+    DT_CHECK(src >= 0 && src < world_);
+    DT_CHECK_EQ(h.bytes % sizeof(float), 0u);
+    hub_->box(rank_, src).recv(h, data, &r, deadline);
+    bytes_recv_ += h.bytes;
   }
 
   void abort(const std::string& why) override { hub_->fail(why); }
@@ -147,49 +119,6 @@ class InprocTransport final : public Transport {
   }
 
  private:
-  Message take(int src, const MsgHeader& h, Deadline deadline) {
-    DT_CHECK(src >= 0 && src < world_);
-    Mailbox& box = hub_->boxes[static_cast<size_t>(rank_)];
-    std::unique_lock<std::mutex> lk(box.mu);
-    const Key key{src, h.channel, h.part};
-    for (;;) {
-      if (hub_->failed.load()) throw CommError(hub_->why());
-      auto it = box.messages.find(key);
-      if (it != box.messages.end()) {
-        Message m = std::move(it->second);
-        box.messages.erase(it);
-        lk.unlock();
-        if (m.op != h.op || m.bytes != h.bytes) {
-          MsgHeader got = h;
-          got.op = m.op;
-          got.bytes = m.bytes;
-          throw CommError("mismatched calls: rank " + std::to_string(src) + " sent " +
-                          describe(got) + ", rank " + std::to_string(rank_) + " expected " +
-                          describe(h));
-        }
-        bytes_recv_ += h.bytes;
-        return m;
-      }
-      // A message of the same collective (same sender and channel) with another op means the
-      // ranks called different collectives at this sequence number: fail now, not at the deadline.
-      auto same = box.messages.lower_bound(Key{src, h.channel, 0});
-      if (same != box.messages.end() && same->first.src == src &&
-          same->first.channel == h.channel && same->second.op != h.op) {
-        MsgHeader got = h;
-        got.op = same->second.op;
-        got.part = same->first.part;
-        got.bytes = same->second.bytes;
-        throw CommError("mismatched calls: rank " + std::to_string(src) + " sent " + describe(got) +
-                        ", rank " + std::to_string(rank_) + " expected " + describe(h));
-      }
-      if (box.cv.wait_until(lk, deadline) == std::cv_status::timeout &&
-          box.messages.find(key) == box.messages.end() && !hub_->failed.load()) {
-        throw CommError("timed out waiting for " + describe(h) + " from rank " +
-                        std::to_string(src));
-      }
-    }
-  }
-
   std::shared_ptr<Hub> hub_;
   int rank_, world_;
 };

@@ -1,7 +1,8 @@
 // The in-process transport: the ranks of a job are threads of one process (AiDotNet's
-// InMemoryCommunicationBackend). A shared hub holds one mailbox per rank; send() copies the
-// payload into the destination's mailbox and returns, recv() waits for the keyed message and
-// copies it out (recv_reduce reduces straight from the mailbox: one copy per hop, not two).
+// InMemoryCommunicationBackend). A shared hub holds one mailbox (comm/mailbox.h) per ordered
+// rank pair; send() copies the payload into the destination's mailbox, or straight into its
+// posted receive, and returns; recv() waits for the keyed message and copies it out
+// (recv_reduce reduces straight from the mailbox: one copy per hop, not two).
 #pragma once
 
 #include <memory>

@@ -54,6 +54,9 @@ nlohmann::json run_grpc_rank(const Config& cfg, const RunOptions& opts,
   g.tls_ca = cfg.distributed.tls.ca;
   g.shm = cfg.distributed.shm;
   g.heartbeat_s = cfg.distributed.heartbeat_s;
+  // Connecting waits at most as long as a receive (a lost peer is found by its heartbeats).
+  g.connect_timeout_s = cfg.distributed.timeout_s;
+  g.faults = opts.faults;
   spdlog::info("rank {} of {} (local {} of {}, from {}): joining {}:{}, listening on {}", de.rank,
                de.world_size, de.local_rank, de.local_world_size, de.source, de.master_addr,
                de.master_port, g.bind);

@@ -35,22 +35,30 @@ std::vector<Fault> parse_faults(const std::string& spec, int64_t attempt) {
     Fault f;
     f.kind = fields[0];
     const bool timed = f.kind == "delay";
+    const bool placed = f.kind == "kill_in_connect";
     if (f.kind != "kill" && f.kind != "kill_in_save" && f.kind != "drop" && f.kind != "nan" &&
-        !timed)
+        !timed && !placed)
       throw UserError("DTRAIN_FAULT: unknown fault '" + f.kind + "' in '" + entry +
-                      "' (expected kill, kill_in_save, drop, delay or nan)");
-    const char* fields_wanted = timed ? "rank and ms" : "rank and step";
+                      "' (expected kill, kill_in_save, drop, delay, nan or kill_in_connect)");
+    const char* fields_wanted = timed ? "rank and ms" : placed ? "rank and at" : "rank and step";
     for (size_t i = 1; i < fields.size(); ++i) {
       const size_t eq = fields[i].find('=');
       const std::string key = fields[i].substr(0, eq);
       const std::string val = eq == std::string::npos ? "" : fields[i].substr(eq + 1);
+      if (key == "at" && placed) {
+        if (val != "joined" && val != "channels" && val != "streams")
+          throw UserError("DTRAIN_FAULT: '" + fields[i] + "' in '" + entry +
+                          "': expected at=joined, at=channels or at=streams");
+        f.at = val;
+        continue;
+      }
       const int64_t v = non_negative(val);
       if (v < 0)
         throw UserError("DTRAIN_FAULT: '" + fields[i] + "' in '" + entry +
                         "' needs a non-negative integer value");
       if (key == "rank") {
         f.rank = v;
-      } else if (key == "step" && !timed) {
+      } else if (key == "step" && !timed && !placed) {
         f.step = v;
       } else if (key == "ms" && timed) {
         f.ms = v;
@@ -59,9 +67,11 @@ std::vector<Fault> parse_faults(const std::string& spec, int64_t attempt) {
                         fields_wanted + ")");
       }
     }
-    if (f.rank < 0 || (timed ? f.ms < 0 : f.step < 0))
+    if (f.rank < 0 || (timed ? f.ms < 0 : placed ? f.at.empty() : f.step < 0))
       throw UserError("DTRAIN_FAULT: '" + entry + "' needs " +
-                      (timed ? "rank=R and ms=M" : "rank=R and step=S"));
+                      (timed    ? "rank=R and ms=M"
+                       : placed ? "rank=R and at=joined|channels|streams"
+                                : "rank=R and step=S"));
     out.push_back(f);
   }
   if (attempt > 0) out.clear();  // checked, but a restart runs without them
@@ -80,6 +90,13 @@ int64_t parse_restart_count(const char* value) {
 bool fault_due(const std::vector<Fault>& faults, const std::string& kind, int rank, int64_t step) {
   for (const auto& f : faults)
     if (f.kind == kind && f.rank == rank && f.step == step) return true;
+  return false;
+}
+
+bool fault_due_at(const std::vector<Fault>& faults, const std::string& kind, int rank,
+                  const std::string& at) {
+  for (const auto& f : faults)
+    if (f.kind == kind && f.rank == rank && f.at == at) return true;
   return false;
 }
 

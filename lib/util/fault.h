@@ -7,6 +7,10 @@
 //   drop:rank=R:step=S          rank R closes its connections when it completes step S (aborts
 //                               its communicator, so peers see a closed peer) and exits non-zero
 //   delay:rank=R:ms=M           rank R sleeps M ms after every step (a straggler)
+//   kill_in_connect:rank=R:at=P rank R dies by SIGKILL while it connects to its peers (gRPC), at
+//                               point P: joined (the rendezvous answered, nothing else done),
+//                               channels (heartbeats started, no stream open) or streams (its
+//                               streams open, before it waits for its peers')
 // Faults fire only in a job's first attempt: `dtrain launch --max-restarts` sets
 // DTRAIN_RESTART_COUNT, and a restarted attempt parses the same spec to no faults, so a drill
 // that kills a rank cannot kill every restart too. A malformed value is a UserError naming the
@@ -20,8 +24,9 @@
 namespace dtrain {
 
 struct Fault {
-  std::string kind;   // kill | kill_in_save | drop | delay | nan
+  std::string kind;   // kill | kill_in_save | drop | delay | nan | kill_in_connect
   int64_t rank = -1;  // which rank (required)
+  std::string at;     // where (kill_in_connect: required)
   int64_t step = -1;  // at which step (kill, kill_in_save, drop: required)
   int64_t ms = -1;    // how long (delay: required)
 };
@@ -36,6 +41,10 @@ int64_t parse_restart_count(const char* value);
 
 // True when `faults` holds `kind` for this rank and step.
 bool fault_due(const std::vector<Fault>& faults, const std::string& kind, int rank, int64_t step);
+
+// True when `faults` holds `kind` for this rank at the named point (kill_in_connect).
+bool fault_due_at(const std::vector<Fault>& faults, const std::string& kind, int rank,
+                  const std::string& at);
 
 // The milliseconds this rank sleeps after every step (the sum of its delay faults; 0: none).
 int64_t fault_delay_ms(const std::vector<Fault>& faults, int rank);

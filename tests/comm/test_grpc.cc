@@ -604,21 +604,35 @@ BOTH_PATHS_TEST_CASE("grpc: rendezvous refuses disagreeing ranks with a clear me
   }
   SUBCASE("out-of-range rank") {
     Worker rank0([&] { connect_grpc(options(0, 2, port)); });
-    // connect_grpc checks its own options, so use the generated stub directly.
-    auto stub = wire::Rendezvous::NewStub(grpc::CreateChannel("127.0.0.1:" + std::to_string(port),
-                                                              grpc::InsecureChannelCredentials()));
-    wire::JoinRequest req;
-    req.set_protocol_version(kGrpcProtocolVersion);
-    req.set_rank(5);
-    req.set_world_size(2);
-    req.set_listen_address("127.0.0.1:1");
-    req.set_config_hash("cafe01");
-    wire::JoinReply reply;
-    grpc::ClientContext ctx;
-    ctx.AddMetadata(kGrpcTokenKey, "s3cret-token");
-    ctx.set_wait_for_ready(true);
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
-    const grpc::Status s = stub->Join(&ctx, req, &reply);
+    // connect_grpc checks its own options, so join through the generated store stub directly,
+    // as a hostile or buggy client would.
+    auto stub = wire::Store::NewStub(grpc::CreateChannel("127.0.0.1:" + std::to_string(port),
+                                                         grpc::InsecureChannelCredentials()));
+    auto call = [&](auto method, const wire::StoreRequest& req, wire::StoreReply* reply) {
+      grpc::ClientContext ctx;
+      ctx.AddMetadata(kGrpcTokenKey, "s3cret-token");
+      ctx.set_wait_for_ready(true);
+      ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+      return (stub.get()->*method)(&ctx, req, reply);
+    };
+    wire::JoinRequest join;
+    join.set_protocol_version(kGrpcProtocolVersion);
+    join.set_rank(5);
+    join.set_world_size(2);
+    join.set_listen_address("127.0.0.1:1");
+    join.set_config_hash("cafe01");
+    wire::StoreRequest add, set, get;
+    wire::StoreReply added, reply;
+    add.set_key("rdzv/joins");
+    add.set_delta(1);
+    REQUIRE(call(&wire::Store::Stub::Add, add, &added).ok());
+    set.set_key("rdzv/join/" + std::to_string(added.count()));
+    set.set_value(join.SerializeAsString());
+    REQUIRE(call(&wire::Store::Stub::Set, set, &reply).ok());
+    get.set_key("rdzv/result");
+    get.set_timeout_ms(20000);
+    REQUIRE(call(&wire::Store::Stub::Get, get, &reply).ok());
+    const grpc::Status s(grpc::StatusCode::ABORTED, reply.value());
     rank0.join();
     CHECK_MESSAGE(contains(s.error_message(), "rank 5 is out of range for world size 2"),
                   s.error_message());

@@ -1,0 +1,210 @@
+#include "comm/grpc/heartbeat.h"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+
+#include "comm/grpc_internal.h"
+
+namespace dtrain::grpc_detail {
+
+Heartbeats::Heartbeats(int rank, int world, double heartbeat_s, std::string token, Hooks hooks)
+    : rank_(rank),
+      world_(world),
+      heartbeat_s_(heartbeat_s),
+      token_(std::move(token)),
+      hooks_(std::move(hooks)),
+      service_(this),
+      health_(static_cast<size_t>(world)) {
+  beats_->calls.resize(static_cast<size_t>(world));
+}
+
+void Heartbeats::start(const std::vector<std::shared_ptr<grpc::Channel>>& channels) {
+  if (!enabled() || thread_.joinable()) return;
+  stubs_.resize(static_cast<size_t>(world_));
+  for (int r = 0; r < world_; ++r)
+    if (r != rank_) stubs_[r] = wire::Health::NewStub(channels[r]);
+  thread_ = std::thread([this] { loop(); });
+}
+
+void Heartbeats::arm() {
+  std::lock_guard<std::mutex> lk(check_mu_);
+  armed_ = true;
+  armed_at_ = Clock::now();
+}
+
+void Heartbeats::disarm() {
+  std::lock_guard<std::mutex> lk(check_mu_);
+  armed_ = false;
+}
+
+void Heartbeats::stop() {
+  {
+    std::lock_guard<std::mutex> lk(stop_mu_);
+    stop_ = true;
+  }
+  stop_cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  std::vector<std::shared_ptr<BeatCall>> calls;
+  {
+    std::lock_guard<std::mutex> lk(beats_->mu);
+    calls = beats_->calls;
+  }
+  for (auto& c : calls)  // unlocked: a cancelled call's callback may run inline
+    if (c) c->ctx.TryCancel();
+  calls.clear();
+  // Cancelled calls complete promptly; their callbacks only touch beats_, so not waiting for
+  // a stuck one would be safe too.
+  std::unique_lock<std::mutex> lk(beats_->mu);
+  if (!beats_->cv.wait_for(lk, std::chrono::seconds(5), [&] { return beats_->n == 0; }))
+    spdlog::warn("rank {}: {} heartbeat call(s) still in flight at shutdown", rank_, beats_->n);
+}
+
+void Heartbeats::loop() {
+  const Clock::duration interval = secs_dur(heartbeat_s_ / 3);
+  // Peers are judged 4 times per beat interval, so a silence is noticed at most heartbeat_s / 12
+  // after it exceeds heartbeat_s (judging once per interval made that up to heartbeat_s / 3).
+  const Clock::duration tick = interval / 4;
+  Clock::time_point next_beat = Clock::now();
+  // Checking starts once armed; it restarts from scratch when this thread got no CPU for much
+  // longer than it asked (this process was stopped, or starved): the silence was ours, and
+  // peers' beats may still be queued in our sockets.
+  std::optional<Clock::time_point> baseline;
+  Clock::time_point last = Clock::now();
+  std::unique_lock<std::mutex> lk(stop_mu_);
+  while (!stop_) {
+    lk.unlock();
+    const auto now = Clock::now();
+    if (!hooks_.aborted()) {
+      if (now >= next_beat) {
+        send_beats();
+        next_beat = now + interval;
+      }
+      std::lock_guard<std::mutex> ck(check_mu_);
+      if (armed_) {
+        if (!baseline) {
+          baseline = armed_at_;
+        } else if (now - last > 2 * interval + std::chrono::seconds(1)) {
+          spdlog::warn(
+              "rank {}: the heartbeat thread got no CPU for {:.1f} s (process stopped or "
+              "starved); judging peers' heartbeats afresh",
+              rank_, std::chrono::duration<double>(now - last).count());
+          baseline = now;
+        }
+        check_peers(now, *baseline);
+      }
+    }
+    last = now;
+    lk.lock();
+    stop_cv_.wait_for(lk, tick, [&] { return stop_; });
+  }
+}
+
+void Heartbeats::send_beats() {
+  const auto now = Clock::now();
+  const CommPosition pos = hooks_.own_position();
+  wire::Heartbeat beat;
+  beat.set_src_rank(rank_);
+  beat.set_interval_s(heartbeat_s_ / 3);
+  wire::Position* p = beat.mutable_position();
+  p->set_completed(pos.completed);
+  p->set_active(pos.active);
+  p->set_op(static_cast<uint32_t>(pos.op));
+  p->set_seq(pos.seq);
+  p->set_count(pos.count);
+  p->set_since_ms(static_cast<uint64_t>(std::max<int64_t>(
+      0, std::chrono::duration_cast<std::chrono::milliseconds>(now - pos.since).count())));
+  for (int r = 0; r < world_; ++r) {
+    if (r == rank_) continue;
+    auto call = std::make_shared<BeatCall>();
+    {
+      std::lock_guard<std::mutex> lk(beats_->mu);
+      if (beats_->calls[r]) continue;  // the last one is still on its way (peer slow or frozen)
+      beats_->calls[r] = call;
+      ++beats_->n;
+    }
+    call->req = beat;
+    call->ctx.AddMetadata(kGrpcTokenKey, token_);
+    // A beat older than heartbeat_s is worthless to the peer.
+    call->ctx.set_deadline(wall(now + secs_dur(heartbeat_s_)));
+    // The callback may run inline: nothing is locked here.
+    stubs_[r]->async()->Beat(&call->ctx, &call->req, &call->ack,
+                             [state = beats_, r](const grpc::Status&) {
+                               std::shared_ptr<BeatCall> done;
+                               std::lock_guard<std::mutex> lk(state->mu);
+                               done = std::move(state->calls[r]);
+                               --state->n;
+                               state->cv.notify_all();
+                             });
+  }
+}
+
+void Heartbeats::check_peers(Clock::time_point now, Clock::time_point baseline) {
+  for (int r = 0; r < world_; ++r) {
+    if (r == rank_ || hooks_.peer_down(r)) continue;
+    Clock::time_point heard;
+    double limit = heartbeat_s_;
+    {
+      std::lock_guard<std::mutex> lk(health_mu_);
+      const PeerHealth& h = health_[r];
+      heard = h.beat ? std::max(h.heard, baseline) : baseline;
+      limit = peer_silence_limit(heartbeat_s_, h.interval_s);
+    }
+    const double silent = std::chrono::duration<double>(now - heard).count();
+    if (silent > limit)
+      hooks_.fail_peer(r, fmt::format("no heartbeat from rank {} for {} s: frozen or unreachable",
+                                      r, seconds_str(silent)));
+  }
+}
+
+grpc::ServerUnaryReactor* Heartbeats::on_beat(grpc::CallbackServerContext* ctx,
+                                              const wire::Heartbeat* req) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  if (!authorized(ctx, token_, rank_, "a heartbeat")) {
+    reactor->Finish(grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "wrong or missing job token"));
+    return reactor;
+  }
+  const int src = req->src_rank();
+  if (src < 0 || src >= world_ || src == rank_) {
+    reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                 fmt::format("heartbeat from invalid rank {}", src)));
+    return reactor;
+  }
+  const auto now = Clock::now();
+  const wire::Position& p = req->position();
+  {
+    std::lock_guard<std::mutex> lk(health_mu_);
+    PeerHealth& h = health_[src];
+    h.beat = true;
+    h.heard = now;
+    // As the peer says; check_peers bounds what it does (peer_silence_limit).
+    h.interval_s = req->interval_s();
+    h.pos.completed = p.completed();
+    h.pos.active = p.active();
+    h.pos.op = static_cast<CommOp>(p.op());
+    h.pos.seq = p.seq();
+    h.pos.count = p.count();
+    // Capped (a day) so that a bogus value cannot overflow the clock arithmetic.
+    h.pos.since = now - std::chrono::milliseconds(std::min<uint64_t>(p.since_ms(), 86400000));
+  }
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+std::vector<RankPosition> Heartbeats::positions(const CommPosition& own) const {
+  std::vector<RankPosition> out(static_cast<size_t>(world_));
+  const auto now = Clock::now();
+  {
+    std::lock_guard<std::mutex> lk(health_mu_);
+    for (int r = 0; r < world_; ++r) {
+      out[r].known = health_[r].beat;
+      out[r].pos = health_[r].pos;
+      out[r].heard = health_[r].heard;
+    }
+  }
+  out[rank_] = RankPosition{true, own, now};
+  return out;
+}
+
+}  // namespace dtrain::grpc_detail

@@ -1,0 +1,116 @@
+// Heartbeats of the gRPC transport. From the moment the peer table is known, a thread of its
+// own sends a unary Health.Beat (with this rank's position for the desync report) to every
+// peer each heartbeat_s / 3, at most one in flight per peer, and -- once armed -- checks when
+// each peer was last heard of. A peer silent for longer than heartbeat_s (or 3 of its own
+// intervals, at most 2 x heartbeat_s: peer_silence_limit) is failed through the owner's hook
+// as if its stream had ended: a frozen process (SIGSTOP) keeps its sockets open, and a rank that
+// died before its streams opened has none, so nothing else would notice before a deadline.
+// Beats never enter the mailboxes.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm/grpc/common.h"
+#include "comm/transport.h"
+#include "dtrain.grpc.pb.h"
+
+namespace dtrain::grpc_detail {
+
+class Heartbeats {
+ public:
+  // What the heartbeats need of their transport. Called from the heartbeat thread.
+  struct Hooks {
+    std::function<bool(int)> peer_down;  // the peer is already known to be down
+    std::function<void(int, const std::string&)> fail_peer;
+    std::function<CommPosition()> own_position;
+    std::function<bool()> aborted;  // the transport aborted: beat and judge no more
+  };
+  Heartbeats(int rank, int world, double heartbeat_s, std::string token, Hooks hooks);
+  ~Heartbeats() { stop(); }
+  Heartbeats(const Heartbeats&) = delete;
+  Heartbeats& operator=(const Heartbeats&) = delete;
+
+  bool enabled() const { return heartbeat_s_ > 0 && world_ > 1; }
+  // The Health service answering peers' beats; registered on this rank's server.
+  grpc::Service* service() { return &service_; }
+  // Starts beating to every peer over channels (element r: to rank r; null for self).
+  void start(const std::vector<std::shared_ptr<grpc::Channel>>& channels);
+  // Silence counts from now on (from the rendezvous). Peers are judged under a lock that
+  // disarm() takes too, so once disarm() returns no hook runs any more.
+  void arm();
+  void disarm();
+  // Stops beating and cancels beats in flight. Idempotent.
+  void stop();
+  // Every rank's latest position as heard from its beats; own is this rank's.
+  std::vector<RankPosition> positions(const CommPosition& own) const;
+
+ private:
+  // One outgoing beat.
+  struct BeatCall {
+    grpc::ClientContext ctx;
+    wire::Heartbeat req;
+    wire::HeartbeatAck ack;
+  };
+  // Beats in flight, shared with their completion callbacks so that those never touch
+  // *this. calls[r] is the beat to rank r still in flight, if any.
+  struct InFlight {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::vector<std::shared_ptr<BeatCall>> calls;
+    int n = 0;
+  };
+  // What this rank last heard from a peer's beats.
+  struct PeerHealth {
+    bool beat = false;  // a beat arrived
+    Clock::time_point heard;
+    double interval_s = 0;  // the peer's beat interval, as it says
+    CommPosition pos;       // `since` converted to this process's clock
+  };
+  class Service final : public wire::Health::CallbackService {
+   public:
+    explicit Service(Heartbeats* h) : h_(h) {}
+    grpc::ServerUnaryReactor* Beat(grpc::CallbackServerContext* ctx, const wire::Heartbeat* req,
+                                   wire::HeartbeatAck* /*ack*/) override {
+      return h_->on_beat(ctx, req);
+    }
+
+   private:
+    Heartbeats* const h_;
+  };
+
+  grpc::ServerUnaryReactor* on_beat(grpc::CallbackServerContext* ctx, const wire::Heartbeat* req);
+  void loop();
+  void send_beats();
+  // Fails every peer not heard from for too long, judged from `baseline` on (when checking
+  // started, or when this rank last got the CPU back after a stall).
+  void check_peers(Clock::time_point now, Clock::time_point baseline);
+
+  const int rank_, world_;
+  const double heartbeat_s_;
+  const std::string token_;
+  const Hooks hooks_;
+  Service service_;
+  std::vector<std::unique_ptr<wire::Health::Stub>> stubs_;  // null for self
+  std::shared_ptr<InFlight> beats_ = std::make_shared<InFlight>();
+  mutable std::mutex health_mu_;
+  std::vector<PeerHealth> health_;  // guarded by health_mu_
+  std::mutex stop_mu_;              // guards stop_
+  std::condition_variable stop_cv_;
+  bool stop_ = false;
+  // Guarded by check_mu_, which is held while peers are judged.
+  std::mutex check_mu_;
+  bool armed_ = false;
+  Clock::time_point armed_at_;  // silence counts from then at the earliest
+  std::thread thread_;
+};
+
+}  // namespace dtrain::grpc_detail

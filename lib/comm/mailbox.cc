@@ -1,0 +1,433 @@
+#include "comm/mailbox.h"
+
+#include <fmt/format.h>
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+#include "util/check.h"
+
+namespace dtrain {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+
+// Three significant digits: a deadline computed a moment before the call reads "0.5", not
+// "0.499993".
+std::string seconds_str(double s) {
+  return fmt::format("{:.3g}", s);
+}
+}  // namespace
+
+std::string mismatch_msg(int src, int self, const MsgHeader& got, const MsgHeader& want) {
+  return fmt::format("mismatched calls: rank {} sent {}, rank {} expected {}", src, describe(got),
+                     self, describe(want));
+}
+
+// ---- BufferPool ------------------------------------------------------------------------------
+
+void BufferPool::Free::operator()(char* p) const {
+  std::free(p);
+}
+
+BufferPool::Buf BufferPool::get(uint64_t n) {
+  if (n >= kMinPooled) {
+    std::lock_guard<std::mutex> lk(mu_);
+    // The smallest free buffer that fits, unless it is more than twice too big.
+    const auto it = free_.lower_bound(n);
+    if (it != free_.end() && it->first <= 2 * n) {
+      Buf b{std::move(it->second), it->first};
+      free_.erase(it);
+      held_ -= b.cap;
+      return b;
+    }
+  }
+  Buf b;
+  if (n >= kHugeMin) {
+    b.cap = (n + kHuge - 1) / kHuge * kHuge;
+    b.p.reset(static_cast<char*>(std::aligned_alloc(kHuge, b.cap)));
+    if (b.p) madvise(b.p.get(), b.cap, MADV_HUGEPAGE);  // a hint: failure is harmless
+  } else {
+    b.cap = n;
+    b.p.reset(static_cast<char*>(std::malloc(std::max<uint64_t>(n, 1))));
+  }
+  if (!b.p) throw std::bad_alloc();
+  return b;
+}
+
+void BufferPool::put(Buf b) {
+  if (b.cap < kMinPooled) return;
+  std::lock_guard<std::mutex> lk(mu_);
+  while (held_ + b.cap > kMaxHeld && !free_.empty()) {  // drop the smallest first
+    held_ -= free_.begin()->first;
+    free_.erase(free_.begin());
+  }
+  if (held_ + b.cap > kMaxHeld) return;
+  held_ += b.cap;
+  free_.emplace(b.cap, std::move(b.p));
+}
+
+// ---- DownLog -----------------------------------------------------------------------------------
+
+void DownLog::note(int peer) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (first_ >= 0) return;
+  first_ = peer;
+  at_ = Clock::now();
+}
+
+int DownLog::first() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return first_;
+}
+
+std::string DownLog::note_for(int peer) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (first_ < 0 || first_ == peer) return "";
+  return fmt::format("; rank {} went down first, {} earlier: rank {} probably failed because of it",
+                     first_, seconds_str(std::chrono::duration<double>(Clock::now() - at_).count()),
+                     peer);
+}
+
+// ---- Mailbox -----------------------------------------------------------------------------------
+
+Mailbox::Mailbox(int self, int src, BufferPool* pool, RecvCounters* counters, DownLog* down,
+                 size_t max_buffered)
+    : self_(self),
+      src_(src),
+      pool_(pool),
+      counters_(counters),
+      down_log_(down),
+      max_buffered_(max_buffered) {}
+
+std::string Mailbox::check_chunk(const WireFrame& f, const Partials& partial) const {
+  if (f.src != src_)
+    return fmt::format("it claims to come from rank {} on rank {}'s stream", f.src, src_);
+  const auto it = partial.find(MsgKey{f.h.channel, f.h.part});
+  if (it == partial.end()) {
+    if (f.offset != 0)
+      return fmt::format("chunk at offset {} of {} whose start never arrived", f.offset,
+                         describe(f.h));
+    return "";
+  }
+  const Partial& p = it->second;
+  if (f.h.op != p.h.op || f.h.bytes != p.h.bytes)
+    return fmt::format("a chunk of {} says {}", describe(p.h), describe(f.h));
+  if (f.offset != p.received)
+    return fmt::format("chunk at offset {} of {}, expected offset {}", f.offset, describe(p.h),
+                       p.received);
+  return "";
+}
+
+std::shared_ptr<InMsg> Mailbox::new_msg_locked(const MsgHeader& h) {
+  auto m = std::make_shared<InMsg>();
+  m->h = h;
+  m->buf = pool_->get(h.bytes);
+  msgs_[MsgKey{h.channel, h.part}].push_back(m);
+  return m;
+}
+
+Mailbox::Delivery Mailbox::deliver(Partials& partial, const WireFrame& f,
+                                   const std::function<void(char*)>& copy, const char* flat) {
+  const MsgKey key{f.h.channel, f.h.part};
+  auto it = partial.find(key);
+  if (it == partial.end()) {  // a new message: deliver directly if its recv is posted
+    Partial p;
+    p.h = f.h;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (!aborted_.empty()) return Delivery{Delivery::kAborted, aborted_};
+      const auto q = msgs_.find(key);
+      const auto post = posted_.find(key);
+      if ((q == msgs_.end() || q->second.empty()) && post != posted_.end() &&
+          !post->second->taken && post->second->h.op == f.h.op &&
+          post->second->h.bytes == f.h.bytes && (flat || !post->second->reduce)) {
+        post->second->taken = true;
+        p.post = post->second;
+        if (counters_) ++counters_->direct;
+      } else if (q == msgs_.end() && msgs_.size() >= max_buffered_) {
+        return Delivery{Delivery::kOverflow,
+                        fmt::format("{} would be message {} buffered ahead of this rank's "
+                                    "receives, over the limit of {} (sequence numbers far ahead "
+                                    "of this rank's: a forged or broken peer)",
+                                    describe(f.h), max_buffered_ + 1, max_buffered_)};
+      } else {
+        p.msg = new_msg_locked(f.h);
+        cv_.notify_all();  // a waiting recv may have to report a mismatch now
+      }
+    }
+    it = partial.emplace(key, std::move(p)).first;
+  }
+  Partial& p = it->second;
+  const bool complete = p.received + f.len == p.h.bytes;
+  {
+    // Copies happen under the lock: recv may redirect the message into its own buffer or
+    // abandon that buffer (timeout) at any moment, and must see whole chunks.
+    std::lock_guard<std::mutex> lk(mu_);
+    if (p.post) {
+      if (!p.post->abandoned) {
+        if (p.post->reduce)
+          reduce_into(reinterpret_cast<float*>(p.post->dest + f.offset),
+                      reinterpret_cast<const float*>(flat), f.len / sizeof(float), p.post->op);
+        else
+          copy(p.post->dest + f.offset);
+      }
+      if (complete) {
+        p.post->done = true;
+        const auto post = posted_.find(key);
+        if (post != posted_.end() && post->second == p.post) posted_.erase(post);
+      }
+    } else if (p.msg->redirect) {
+      Posted& post = *p.msg->redirect;
+      if (!post.abandoned) copy(post.dest + f.offset);
+      if (complete) {
+        post.done = true;
+        if (const auto q = msgs_.find(key); q != msgs_.end()) {
+          const auto m = std::find(q->second.begin(), q->second.end(), p.msg);
+          if (m != q->second.end()) q->second.erase(m);
+          if (q->second.empty()) msgs_.erase(q);
+        }
+      }
+    } else {
+      copy(p.msg->buf.p.get() + f.offset);
+      p.msg->complete = complete;
+    }
+    if (p.msg) p.msg->received = p.received + f.len;
+    if (complete) cv_.notify_all();
+  }
+  p.received += f.len;
+  if (complete) partial.erase(it);
+  return Delivery{};
+}
+
+void Mailbox::deliver_whole(const MsgHeader& h, const void* data) {
+  const MsgKey key{h.channel, h.part};
+  std::lock_guard<std::mutex> lk(mu_);
+  const auto q = msgs_.find(key);
+  const auto post = posted_.find(key);
+  if ((q == msgs_.end() || q->second.empty()) && post != posted_.end() && !post->second->taken &&
+      post->second->h.op == h.op && post->second->h.bytes == h.bytes) {
+    Posted& p = *post->second;
+    if (p.reduce)
+      reduce_into(reinterpret_cast<float*>(p.dest), static_cast<const float*>(data),
+                  h.bytes / sizeof(float), p.op);
+    else if (h.bytes)
+      std::memcpy(p.dest, data, h.bytes);
+    p.taken = p.done = true;
+    if (counters_) ++counters_->direct;
+    posted_.erase(post);
+  } else {
+    std::shared_ptr<InMsg> m = new_msg_locked(h);
+    if (h.bytes) std::memcpy(m->buf.p.get(), data, h.bytes);
+    m->received = h.bytes;
+    m->complete = true;
+  }
+  cv_.notify_all();
+}
+
+std::string Mailbox::mismatch_locked(const MsgHeader& h) const {
+  // Any message from src on the same channel with another op means the ranks called different
+  // collectives at this sequence number; the same key with another size is a mismatch too.
+  for (auto it = msgs_.lower_bound(MsgKey{h.channel, 0});
+       it != msgs_.end() && it->first.channel == h.channel; ++it) {
+    if (it->second.empty()) continue;
+    const MsgHeader& got = it->second.front()->h;
+    if (got.op != h.op || (it->first.part == h.part && got.bytes != h.bytes))
+      return mismatch_msg(src_, self_, got, h);
+  }
+  return "";
+}
+
+std::string Mailbox::mismatch_on_channel(const MsgHeader& h) {
+  std::lock_guard<std::mutex> lk(mu_);
+  for (auto it = msgs_.lower_bound(MsgKey{h.channel, 0});
+       it != msgs_.end() && it->first.channel == h.channel; ++it)
+    if (!it->second.empty() && it->second.front()->h.op != h.op)
+      return mismatch_msg(src_, self_, it->second.front()->h, h);
+  return "";
+}
+
+void Mailbox::redirect_locked(InMsg& front, std::shared_ptr<Posted>& post, const MsgHeader& h,
+                              void* data) {
+  const MsgKey key{h.channel, h.part};
+  if (post) {
+    const auto it = posted_.find(key);
+    if (it != posted_.end() && it->second == post) posted_.erase(it);
+  } else {
+    post = std::make_shared<Posted>();
+    post->h = h;
+    post->dest = static_cast<char*>(data);
+  }
+  post->taken = true;
+  front.redirect = post;
+  if (counters_) ++counters_->redirected;
+  if (front.received) std::memcpy(data, front.buf.p.get(), front.received);
+  pool_->put(std::move(front.buf));
+}
+
+void Mailbox::recv(const MsgHeader& h, void* data, const Transport::Reduce* red, Deadline deadline,
+                   RecvPump* pump) {
+  const auto start = Clock::now();
+  const MsgKey key{h.channel, h.part};
+  std::shared_ptr<Posted> post;
+  std::unique_lock<std::mutex> lk(mu_, std::defer_lock);
+  // On every exit but success: make sure no producer writes into data after we return.
+  auto unpost_locked = [&] {
+    if (!post) return;
+    post->abandoned = true;
+    const auto it = posted_.find(key);
+    if (it != posted_.end() && it->second == post) posted_.erase(it);
+  };
+  bool pumped_after_failure = false;
+  for (;;) {
+    if (pump) {
+      try {
+        pump->pump();
+      } catch (...) {
+        lk.lock();
+        unpost_locked();
+        throw;
+      }
+    }
+    lk.lock();
+    if (post && post->done) break;  // delivered straight into data
+    std::string error;
+    std::shared_ptr<InMsg> ready;
+    if (!post || !post->taken) {
+      error = mismatch_locked(h);
+      const auto q = msgs_.find(key);
+      if (!error.empty()) {
+      } else if (q != msgs_.end() && !q->second.empty()) {
+        InMsg& front = *q->second.front();
+        if (front.complete) {
+          ready = std::move(q->second.front());
+          q->second.pop_front();
+          if (q->second.empty()) msgs_.erase(q);
+        } else if (!front.redirect && !red) {
+          // Partly received: copy what is there and have the producer write the rest into
+          // data (otherwise the whole message would be copied twice).
+          redirect_locked(front, post, h, data);
+          lk.unlock();
+          continue;
+        }
+        // else: still arriving (a reduce waits for all of it), or redirected by a recv that
+        // gave up: it disappears once its last chunk arrives.
+      } else if (!post) {
+        post = std::make_shared<Posted>();
+        post->h = h;
+        post->dest = static_cast<char*>(data);
+        if (red) {
+          post->reduce = true;
+          post->op = *red;
+        }
+        DT_CHECK_MSG(posted_.emplace(key, post).second,
+                     "two concurrent recvs of " << describe(h) << " from rank " << src_);
+      }
+    }
+    if (!ready && error.empty()) {
+      if (!aborted_.empty()) {
+        error = aborted_;
+      } else if (!failed_.empty()) {
+        // A pumped source may still hold the peer's last messages: look once more.
+        if (!pump || pumped_after_failure)
+          error = failed_ + " (this rank was waiting for " + describe(h) + ")" +
+                  (down_log_ ? down_log_->note_for(src_) : "");
+        pumped_after_failure = true;
+        if (error.empty()) {
+          lk.unlock();
+          continue;
+        }
+      } else if (Clock::now() >= deadline) {
+        const double s = std::chrono::duration<double>(deadline - start).count();
+        error = fmt::format("recv timed out after {} s waiting for {} from rank {}",
+                            seconds_str(std::max(s, 0.0)), describe(h), src_);
+      }
+    }
+    if (ready) {
+      unpost_locked();
+      lk.unlock();
+      if (red)
+        reduce_into(static_cast<float*>(data), reinterpret_cast<const float*>(ready->buf.p.get()),
+                    h.bytes / sizeof(float), *red);
+      else if (h.bytes)
+        std::memcpy(data, ready->buf.p.get(), h.bytes);
+      pool_->put(std::move(ready->buf));
+      if (counters_) ++counters_->mailbox;
+      return;
+    }
+    if (!error.empty()) {
+      unpost_locked();
+      throw CommError(error);
+    }
+    if (pump) {
+      lk.unlock();
+      pump->wait(deadline);
+    } else {
+      cv_.wait_until(lk, deadline);
+      lk.unlock();
+    }
+  }
+}
+
+bool Mailbox::fail(const std::string& why) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (!failed_.empty() || !aborted_.empty()) return false;
+    failed_ = why;
+    down_ = true;
+    if (down_log_) down_log_->note(src_);
+  }
+  cv_.notify_all();
+  return true;
+}
+
+void Mailbox::abort(const std::string& why) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    aborted_ = why;
+    down_ = true;
+  }
+  cv_.notify_all();
+}
+
+std::string Mailbox::aborted_reason() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return aborted_;
+}
+
+std::string Mailbox::failed_reason() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return failed_;
+}
+
+void Mailbox::stream_opened() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    ++live_streams_;
+    connected_ = true;
+  }
+  cv_.notify_all();
+}
+
+void Mailbox::stream_ended(const std::string& why) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (--live_streams_ > 0 || !failed_.empty()) return;
+    failed_ = why;
+    down_ = true;
+    if (down_log_) down_log_->note(src_);
+  }
+  cv_.notify_all();
+}
+
+std::string Mailbox::wait_connected(Deadline deadline) {
+  std::unique_lock<std::mutex> lk(mu_);
+  cv_.wait_until(lk, deadline, [&] { return connected_ || !failed_.empty() || !aborted_.empty(); });
+  if (!aborted_.empty()) return aborted_;
+  if (!failed_.empty()) return failed_;
+  return connected_ ? "" : "timeout";
+}
+
+}  // namespace dtrain

@@ -1,0 +1,222 @@
+#include "comm/rendezvous/rendezvous.h"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <string_view>
+
+#include "comm/grpc_internal.h"
+#include "comm/rendezvous/store_service.h"
+
+namespace dtrain::grpc_detail {
+namespace {
+// Extra time a joining rank waits beyond its rendezvous timeout, so that rank 0's own timeout
+// (which names the missing ranks) reaches it first when both started together.
+constexpr auto kJoinSlack = std::chrono::seconds(5);
+constexpr char kPrefix[] = "rdzv";
+constexpr std::string_view kJoinKey = "rdzv/join/";
+constexpr std::string_view kOk = "ok", kFail = "fail";
+// How long rank 0, shutting down, waits for the ranks that joined to fetch the result.
+constexpr auto kAckGrace = std::chrono::seconds(2);
+}  // namespace
+
+wire::JoinRequest decode_join_request(std::span<const char> bytes) {
+  wire::JoinRequest req;
+  if (bytes.size() > kMaxJoinRequestBytes)
+    throw WireError(
+        fmt::format("a join request of {} bytes (at most {})", bytes.size(), kMaxJoinRequestBytes));
+  if (!req.ParseFromArray(bytes.data(), static_cast<int>(bytes.size())))
+    throw WireError("not a JoinRequest");
+  return req;
+}
+
+std::string join_refusal(const wire::JoinRequest& req, int world, const std::string& hash) {
+  const int rank = req.rank();
+  if (req.protocol_version() != kGrpcProtocolVersion)
+    return fmt::format("rank {} speaks wire protocol {}, rank 0 speaks {}", rank,
+                       req.protocol_version(), kGrpcProtocolVersion);
+  if (req.world_size() != world)
+    return fmt::format("rank {} says the world size is {}, rank 0 says {}", rank, req.world_size(),
+                       world);
+  if (rank < 0 || rank >= world)
+    return fmt::format("rank {} is out of range for world size {}", rank, world);
+  if (req.config_hash() != hash)
+    return fmt::format("rank {} has config hash {}, rank 0 has {}", rank, req.config_hash(), hash);
+  if (req.listen_address().empty()) return fmt::format("rank {} sent no listen address", rank);
+  return "";
+}
+
+RendezvousHost::RendezvousHost(const GrpcOptions& o, Clock::time_point deadline)
+    : world_(o.world_size),
+      hash_(o.config_hash),
+      timeout_s_(o.rendezvous_timeout_s),
+      deadline_(deadline),
+      store_([this](const std::string& k, const std::string& v) { on_set(k, v); }),
+      service_(std::make_unique<StoreService>(&store_, o.token, o.rank)) {
+  timer_ = std::thread([this] { timer_loop(); });
+}
+
+RendezvousHost::~RendezvousHost() {
+  shutdown("rank 0 shut down");
+}
+
+grpc::Service* RendezvousHost::service() {
+  return service_.get();
+}
+
+void RendezvousHost::on_set(const std::string& key, const std::string& value) {
+  if (key.rfind(kJoinKey, 0) != 0) return;
+  std::string failure, table;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (decided_) return;  // a join after the result: the joiner finds itself missing
+    wire::JoinRequest req;
+    try {
+      req = decode_join_request(value);
+      failure = join_refusal(req, world_, hash_);
+    } catch (const WireError& e) {
+      failure = fmt::format("a malformed join: {}", e.what());
+    }
+    const int rank = req.rank();
+    if (failure.empty() && joined_.count(rank))
+      failure = fmt::format("rank {} joined twice (from {} and {})", rank, joined_[rank].address,
+                            req.listen_address());
+    if (failure.empty()) {
+      joined_[rank] = Joined{req.listen_address(), req.shm_name()};
+      spdlog::debug("rendezvous: rank {} joined from {} ({}/{})", rank, req.listen_address(),
+                    joined_.size(), world_);
+      if (static_cast<int>(joined_.size()) == world_) {
+        wire::JoinReply reply;
+        for (const auto& [r, j] : joined_) {
+          wire::Peer* peer = reply.add_peers();
+          peer->set_rank(r);
+          peer->set_address(j.address);
+          peer->set_shm_name(j.shm_name);
+        }
+        table = std::string(kOk) + reply.SerializeAsString();
+      }
+    }
+  }
+  if (!failure.empty()) {
+    spdlog::debug("rendezvous failed: {}", failure);
+    finish(std::string(kFail) + failure);
+  } else if (!table.empty()) {
+    finish(table);
+  }
+}
+
+void RendezvousHost::finish(const std::string& result) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (decided_) return;
+    decided_ = true;
+  }
+  cv_.notify_all();
+  try {
+    store_.set(std::string(kPrefix) + "/result", result);
+  } catch (const CommError&) {  // the store shut down meanwhile: its waiters heard why
+  }
+}
+
+void RendezvousHost::timer_loop() {
+  std::unique_lock<std::mutex> lk(mu_);
+  cv_.wait_until(lk, deadline_, [&] { return stop_ || decided_; });
+  if (stop_ || decided_) return;
+  std::vector<int> missing;
+  for (int r = 0; r < world_; ++r)
+    if (!joined_.count(r)) missing.push_back(r);
+  lk.unlock();
+  finish(std::string(kFail) + fmt::format("rendezvous timed out after {} s: {} never joined",
+                                          seconds_str(timeout_s_), ranks_str(missing)));
+}
+
+void RendezvousHost::shutdown(const std::string& why) {
+  finish(std::string(kFail) + why);  // no-op once decided
+  // Every rank that joined asks for the result right after its join: give the ones whose ask is
+  // still on its way a moment to get it (they acknowledge), rather than the timeout.
+  const auto until = Clock::now() + kAckGrace;
+  try {
+    while (store_.add(std::string(kPrefix) + "/acks", 0) <
+               store_.add(std::string(kPrefix) + "/joins", 0) &&
+           Clock::now() < until)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  } catch (const CommError&) {  // shut down already
+  }
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (timer_.joinable()) timer_.join();
+  store_.shutdown(why);
+}
+
+std::vector<PeerEntry> join_rendezvous(const GrpcOptions& o, const std::string& listen_address,
+                                       const std::string& shm_name,
+                                       const std::shared_ptr<grpc::ChannelCredentials>& creds,
+                                       const grpc::ChannelArguments& args) {
+  const int rank_ = o.rank, world_ = o.world_size;
+  const auto start = Clock::now();
+  const auto timeout = std::chrono::duration_cast<Clock::duration>(
+      std::chrono::duration<double>(o.rendezvous_timeout_s));
+  const auto deadline = start + timeout + kJoinSlack;
+  const std::string master = host_port(o.master_addr, o.master_port);
+  auto channel = grpc::CreateCustomChannel(master, creds, args);
+  // What a failed store call means for the rendezvous.
+  auto error = [&](const grpc::Status& st) {
+    switch (st.error_code()) {
+      case grpc::StatusCode::ABORTED:  // rank 0 shut down, or its store did
+        return CommError(st.error_message());
+      case grpc::StatusCode::UNAUTHENTICATED:
+        return CommError(
+            fmt::format("rank 0 at {} refused this rank's job token (rank {})", master, rank_));
+      case grpc::StatusCode::DEADLINE_EXCEEDED:
+        return CommError(fmt::format("rendezvous with rank 0 at {} timed out after {} s", master,
+                                     seconds_str(o.rendezvous_timeout_s)));
+      default:
+        return CommError(
+            fmt::format("rendezvous with rank 0 at {} failed: {}", master, status_str(st)));
+    }
+  };
+  GrpcStore store(channel, o.token, deadline, error);
+  PrefixStore rdzv(kPrefix, store);
+  wire::JoinRequest req;
+  req.set_protocol_version(kGrpcProtocolVersion);
+  req.set_rank(rank_);
+  req.set_world_size(world_);
+  req.set_listen_address(listen_address);
+  req.set_config_hash(o.config_hash);
+  req.set_shm_name(shm_name);
+  const int64_t n = rdzv.add("joins", 1);
+  rdzv.set(fmt::format("join/{}", n), req.SerializeAsString());
+  const std::string result = rdzv.get("result", deadline);
+  try {  // rank 0 may shut down now (a failed rendezvous); never wait long for it
+    GrpcStore quick(channel, o.token, Clock::now() + std::chrono::seconds(1), error);
+    PrefixStore(kPrefix, quick).add("acks", 1);
+  } catch (const CommError&) {
+  }
+  if (result.rfind(kFail, 0) == 0) throw CommError(result.substr(kFail.size()));
+  wire::JoinReply reply;
+  if (result.rfind(kOk, 0) != 0 || !reply.ParseFromString(result.substr(kOk.size())))
+    throw CommError("rendezvous returned a malformed result");
+  if (reply.peers_size() != world_)
+    throw CommError(
+        fmt::format("rendezvous returned {} peers for world size {}", reply.peers_size(), world_));
+  std::vector<PeerEntry> peers;
+  for (int r = 0; r < world_; ++r) {
+    const wire::Peer& p = reply.peers(r);
+    if (p.rank() != r || p.address().empty())
+      throw CommError(fmt::format("rendezvous returned a bad peer table (entry {})", r));
+    peers.push_back(PeerEntry{p.address(), p.shm_name()});
+  }
+  // Joined after the last rank did (a restarted or duplicate process): not in the table.
+  if (peers[rank_].address != listen_address)
+    throw CommError(fmt::format("rank {} joined after the rendezvous completed", rank_));
+  std::string table;
+  for (int r = 0; r < world_; ++r)
+    table += fmt::format("{}{}={}", r ? ", " : "", r, peers[r].address);
+  spdlog::debug("rank {}: peer table: {}", rank_, table);
+  return peers;
+}
+
+}  // namespace dtrain::grpc_detail

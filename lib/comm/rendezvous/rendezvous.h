@@ -1,0 +1,96 @@
+// The rendezvous, on the store (rendezvous/store.h) that rank 0 hosts at MASTER_ADDR:MASTER_PORT.
+// Every rank (rank 0 included) joins with (rank, world size, listen address, shared-memory
+// segment name, config hash) under the job token and receives the peer table once all ranks have
+// joined:
+//
+//   every rank:  n = add("rdzv/joins", 1); set("rdzv/join/<n>", JoinRequest);
+//                get("rdzv/result")  -> "ok" + JoinReply | "fail" + the message
+//   rank 0:      the Coordinator watches every join as it is set, refuses disagreements at once
+//                (protocol version, world size, config hash, a duplicate or out-of-range rank),
+//                and sets the result when the last rank joined, at the first refusal, or at its
+//                rendezvous timeout (naming the ranks that never joined).
+//
+// So every rank reports the same message, and a rank never waits past its deadline.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <condition_variable>
+#include <cstddef>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm/grpc/common.h"
+#include "comm/grpc/wire.h"
+#include "comm/grpc_transport.h"
+#include "comm/rendezvous/store.h"
+#include "dtrain.pb.h"
+
+namespace dtrain::grpc_detail {
+
+// Largest join request decode_join_request accepts (a real one is well under 1 KiB).
+inline constexpr size_t kMaxJoinRequestBytes = 64 << 10;
+
+// Decodes a serialized JoinRequest (the value of a join key). Pure; throws WireError if the
+// bytes are not one. What it says is judged by join_refusal.
+wire::JoinRequest decode_join_request(std::span<const char> bytes);
+
+// "" or why rank 0 refuses a join, from the request alone against the job (world size, config
+// hash): another wire protocol, world size or config hash, a rank out of range, no listen
+// address. The refusal fails the rendezvous for every rank. (Two joins for one rank are the
+// coordinator's to see.) Pure.
+std::string join_refusal(const wire::JoinRequest& req, int world, const std::string& hash);
+
+class StoreService;
+
+// Rank 0's side: the store, its service, and the coordinator that watches the joins.
+class RendezvousHost {
+ public:
+  // Fails the rendezvous, naming the ranks that never joined, at `deadline`.
+  RendezvousHost(const GrpcOptions& o, Clock::time_point deadline);
+  ~RendezvousHost();
+  grpc::Service* service();
+  // Fails the rendezvous with `why` (unless it completed) and the store's waits, and stops.
+  void shutdown(const std::string& why);
+
+ private:
+  struct Joined {
+    std::string address, shm_name;
+  };
+  void on_set(const std::string& key, const std::string& value);
+  // Sets the result once (the first call wins), outside mu_.
+  void finish(const std::string& result);
+  void timer_loop();
+
+  const int world_;
+  const std::string hash_;
+  const double timeout_s_;
+  const Clock::time_point deadline_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<int, Joined> joined_;
+  bool decided_ = false, stop_ = false;
+  MemoryStore store_;
+  std::unique_ptr<StoreService> service_;
+  std::thread timer_;
+};
+
+// One entry of the peer table.
+struct PeerEntry {
+  std::string address;   // "host:port" of the rank's Data service
+  std::string shm_name;  // its shared-memory segment, "" = none
+};
+
+// Joins the rendezvous at o.master_addr:o.master_port (waiting for rank 0 to come up) and
+// returns the peer table, in rank order. Throws CommError with what rank 0 or the network said.
+std::vector<PeerEntry> join_rendezvous(const GrpcOptions& o, const std::string& listen_address,
+                                       const std::string& shm_name,
+                                       const std::shared_ptr<grpc::ChannelCredentials>& creds,
+                                       const grpc::ChannelArguments& args);
+
+}  // namespace dtrain::grpc_detail

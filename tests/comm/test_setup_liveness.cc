@@ -1,0 +1,135 @@
+// A rank that dies between the rendezvous and stream setup is reported by its peers within
+// heartbeat_s + 1 s (not after a fixed connect timeout), naming it. Rank 1 of a 3-rank job runs
+// in a process of its own and dies by the kill_in_connect fault (util/fault.h) at each point of
+// the setup; ranks 0 and 2 are threads of this process.
+#include <doctest/doctest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm/grpc_transport.h"
+#include "test_util.h"
+
+using namespace dtrain;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using dtrain::testing::contains;
+using dtrain::testing::free_port;
+
+constexpr double kHeartbeatS = 2;
+
+GrpcOptions liveness_options(int rank, int port) {
+  GrpcOptions o;
+  o.rank = rank;
+  o.world_size = 3;
+  o.master_port = port;
+  o.token = "liveness";
+  o.config_hash = "11fe";
+  o.rendezvous_timeout_s = 30;
+  // Far beyond the bound below: only liveness can end the wait in time.
+  o.connect_timeout_s = 120;
+  o.heartbeat_s = kHeartbeatS;
+  return o;
+}
+
+}  // namespace
+
+// Rank 1 of the test below, in its own process; dies at DTRAIN_LIVENESS_AT. Does nothing when
+// run on its own.
+TEST_CASE("grpc setup: helper rank that dies while connecting" * doctest::skip()) {
+  const char* port = std::getenv("DTRAIN_LIVENESS_PORT");
+  const char* at = std::getenv("DTRAIN_LIVENESS_AT");
+  if (!port || !at) return;
+  GrpcOptions o = liveness_options(1, std::atoi(port));
+  o.shm = std::getenv("DTRAIN_LIVENESS_SHM") != nullptr;
+  o.faults = parse_faults(std::string("kill_in_connect:rank=1:at=") + at, 0);
+  auto t = connect_grpc(o);  // only at=... past the last point would get here
+  std::this_thread::sleep_for(std::chrono::seconds(60));
+}
+
+TEST_CASE("grpc setup: a rank that dies between rendezvous and streams is reported in time") {
+  const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
+  for (const std::string at : {"joined", "channels", "streams"}) {
+    for (const bool shm : {false, true}) {
+      CAPTURE(at);
+      CAPTURE(shm);
+      const int port = free_port();
+      const std::string env_port = "DTRAIN_LIVENESS_PORT=" + std::to_string(port);
+      const std::string env_at = "DTRAIN_LIVENESS_AT=" + at;
+      const char* argv[] = {self.c_str(), "-tc=grpc setup: helper rank that dies while connecting",
+                            "--no-skip", "--no-version", nullptr};
+      const char* envp[] = {env_port.c_str(), env_at.c_str(),
+                            shm ? "DTRAIN_LIVENESS_SHM=1" : nullptr, nullptr};
+      const pid_t pid = fork();
+      REQUIRE(pid >= 0);
+      if (pid == 0) {
+        execve(self.c_str(), const_cast<char* const*>(argv), const_cast<char* const*>(envp));
+        _exit(127);
+      }
+      // Reaps the helper and notes when it died (a little late at worst: the bound below only
+      // gets easier).
+      Clock::time_point died{};
+      std::atomic<bool> dead{false};
+      int status = 0;
+      std::thread reaper([&] {
+        waitpid(pid, &status, 0);
+        died = Clock::now();
+        dead = true;
+      });
+      std::vector<std::string> errors(3);
+      std::vector<Clock::time_point> failed_at(3);
+      std::vector<std::thread> ranks;
+      for (const int r : {0, 2}) {
+        ranks.emplace_back([&, r] {
+          GrpcOptions o = liveness_options(r, port);
+          o.shm = shm;
+          std::unique_ptr<Transport> t;
+          try {
+            // Rank 1 dies before this rank connects, or (at=streams) possibly just after:
+            // then the first receive from it must fail as promptly.
+            t = connect_grpc(o);
+            std::vector<char> b(8);
+            MsgHeader h;
+            h.channel = 1;
+            h.op = CommOp::kBroadcast;
+            h.bytes = b.size();
+            t->recv(1, h, b.data(), Clock::now() + std::chrono::seconds(120));
+            errors[r] = "received";
+          } catch (const std::exception& e) {
+            errors[r] = e.what();
+            // As a trainer does (Communicator::abort): tell the peers why.
+            if (t) t->abort(e.what());
+          }
+          failed_at[r] = Clock::now();
+        });
+      }
+      for (auto& t : ranks) t.join();
+      const auto deadline = Clock::now() + std::chrono::seconds(10);
+      while (!dead && Clock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      if (!dead) kill(pid, SIGKILL);  // never got to its fault
+      reaper.join();
+      REQUIRE(WIFSIGNALED(status));
+      CHECK(WTERMSIG(status) == SIGKILL);
+      for (const int r : {0, 2}) {
+        CAPTURE(r);
+        const double took = std::chrono::duration<double>(failed_at[r] - died).count();
+        INFO("rank ", r, " failed ", took, " s after rank 1 died: ", errors[r]);
+        CHECK(took < kHeartbeatS + 1);
+        CHECK(contains(errors[r], "rank 1"));
+        CHECK_FALSE(contains(errors[r], "within"));  // not a connect timeout
+      }
+    }
+  }
+}

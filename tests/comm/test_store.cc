@@ -1,0 +1,138 @@
+// The rendezvous store (comm/rendezvous/store.h): in memory, with prefixes, and over gRPC as rank
+// 0 serves it (comm/rendezvous/store_service.h).
+#include <doctest/doctest.h>
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm/rendezvous/store.h"
+#include "comm/rendezvous/store_service.h"
+#include "test_util.h"
+
+using namespace dtrain;
+using dtrain::grpc_detail::GrpcStore;
+using dtrain::grpc_detail::StoreService;
+
+namespace {
+using Clock = std::chrono::steady_clock;
+Deadline in_ms(int ms) {
+  return Clock::now() + std::chrono::milliseconds(ms);
+}
+}  // namespace
+
+TEST_CASE("store: set, get, wait and add in memory, and a prefix per group") {
+  MemoryStore m;
+  m.set("a", "1");
+  CHECK(m.get("a", in_ms(10)) == "1");
+  CHECK(m.add("n", 2) == 2);
+  CHECK(m.add("n", 3) == 5);
+  CHECK(m.add("n", 0) == 5);
+  CHECK(m.add("a", 1) == 2);  // "1" reads as a counter
+  m.set("s", "text");
+  CHECK_THROWS_WITH_AS(m.add("s", 1), doctest::Contains("does not hold a counter"), CommError);
+  // get and wait block until the key is set, by another thread.
+  std::thread setter([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    m.set("late", "x");
+    m.set("later", "y");
+  });
+  CHECK(m.get("late", in_ms(10000)) == "x");
+  m.wait({"late", "later"}, in_ms(10000));
+  setter.join();
+  const auto t0 = Clock::now();
+  CHECK_THROWS_WITH_AS(m.get("never", in_ms(100)), doctest::Contains("timed out"), CommError);
+  CHECK(Clock::now() - t0 >= std::chrono::milliseconds(100));
+
+  PrefixStore g1("g1", m), g2("g2", m);
+  g1.set("k", "one");
+  g2.set("k", "two");
+  CHECK(g1.get("k", in_ms(10)) == "one");
+  CHECK(g2.get("k", in_ms(10)) == "two");
+  CHECK(m.get("g1/k", in_ms(10)) == "one");
+  CHECK(g1.add("c", 1) == 1);
+  CHECK(g2.add("c", 1) == 1);
+  g1.wait({"k", "c"}, in_ms(10));
+}
+
+TEST_CASE("store: asynchronous waits end once, by the keys, the deadline or shutdown") {
+  std::vector<std::string> seen;
+  std::atomic<int> calls{0};
+  MemoryStore m([&](const std::string& k, const std::string&) { seen.push_back(k); });
+  std::string got_error = "unset";
+  std::vector<std::string> got;
+  m.when_set({"a", "b"}, in_ms(10000),
+             [&](const std::string& e, const std::vector<std::string>& v) {
+               ++calls;
+               got_error = e;
+               got = v;
+             });
+  m.set("a", "1");
+  CHECK(calls == 0);
+  m.set("b", "2");
+  CHECK(calls == 1);
+  CHECK(got_error == "");
+  CHECK(got == std::vector<std::string>{"1", "2"});
+  CHECK(seen == std::vector<std::string>{"a", "b"});
+
+  std::string late_error;
+  m.when_set({"z"}, in_ms(0),
+             [&](const std::string& e, const std::vector<std::string>&) { late_error = e; });
+  m.expire();
+  CHECK(late_error == "timeout");
+
+  std::string closed_error;
+  m.when_set({"z"}, in_ms(10000),
+             [&](const std::string& e, const std::vector<std::string>&) { closed_error = e; });
+  std::thread waiter(
+      [&] { CHECK_THROWS_WITH_AS(m.get("z", in_ms(10000)), "rank 0 shut down", CommError); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  m.shutdown("rank 0 shut down");
+  waiter.join();
+  CHECK(closed_error == "rank 0 shut down");
+  CHECK_THROWS_WITH_AS(m.set("q", "1"), "rank 0 shut down", CommError);
+}
+
+TEST_CASE("store: over gRPC, clients wait for keys others set; a wrong token is refused") {
+  MemoryStore m;
+  StoreService service(&m, "tok", 0);
+  grpc::ServerBuilder b;
+  int port = 0;
+  b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  b.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = b.BuildAndStart();
+  REQUIRE(port > 0);
+  auto channel =
+      grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials());
+  auto error = [](const grpc::Status& s) {
+    if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) return CommError("deadline");
+    if (s.error_code() == grpc::StatusCode::UNAUTHENTICATED) return CommError("unauthenticated");
+    return CommError(s.error_message());
+  };
+  GrpcStore a(channel, "tok", in_ms(10000), error), c(channel, "tok", in_ms(10000), error);
+  std::thread setter([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    c.set("job/x", "payload");
+  });
+  CHECK(a.get("job/x", in_ms(10000)) == "payload");
+  setter.join();
+  a.wait({"job/x"}, in_ms(1000));
+  CHECK(a.add("joins", 1) == 1);
+  CHECK(c.add("joins", 1) == 2);
+  CHECK(m.get("job/x", in_ms(10)) == "payload");
+  // A wait the server gives up on is a deadline error; a shut-down store answers with its reason.
+  CHECK_THROWS_WITH_AS(a.get("none", in_ms(200)), "deadline", CommError);
+  GrpcStore wrong(channel, "nope", in_ms(5000), error);
+  CHECK_THROWS_WITH_AS(wrong.set("k", "v"), "unauthenticated", CommError);
+  std::thread closer([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    m.shutdown("rank 0 shut down");
+  });
+  CHECK_THROWS_WITH_AS(a.get("never", in_ms(10000)), doctest::Contains("rank 0 shut down"),
+                       CommError);
+  closer.join();
+  server->Shutdown();
+}

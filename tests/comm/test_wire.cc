@@ -1,0 +1,143 @@
+// The pure decoders a fuzzer drives: gRPC data frames (comm/grpc/wire.h) and rendezvous join
+// requests (comm/rendezvous/rendezvous.h). No transport involved.
+#include <doctest/doctest.h>
+
+#include <span>
+#include <string>
+#include <vector>
+
+#include "comm/grpc/wire.h"
+#include "comm/grpc_internal.h"
+#include "comm/rendezvous/rendezvous.h"
+#include "dtrain.pb.h"
+
+using namespace dtrain;
+using dtrain::grpc_detail::decode_join_request;
+using dtrain::grpc_detail::join_refusal;
+using dtrain::grpc_detail::kMaxJoinRequestBytes;
+
+namespace {
+
+// A frame as the sender writes it: header, then payload.
+std::string encode(int src, const MsgHeader& h, uint64_t offset, const std::string& payload) {
+  char hdr[kMaxFrameHeaderBytes];
+  const size_t n = encode_frame_header(hdr, src, h, offset, payload.size());
+  return std::string(hdr, n) + payload;
+}
+
+std::string payload_of(std::span<const std::span<const char>> pieces, const WireFrame& f) {
+  std::string out(f.len, '\0');
+  copy_frame_payload(pieces, f, out.data());
+  return out;
+}
+
+std::string error_of(const std::string& bytes) {
+  try {
+    decode_frame(std::span<const char>(bytes.data(), bytes.size()));
+  } catch (const WireError& e) {
+    return e.what();
+  }
+  return "decoded";
+}
+
+}  // namespace
+
+TEST_CASE("wire: a frame decodes to what was encoded, however it is split into slices") {
+  const MsgHeader h = MsgHeader{kP2PBit | 7, (uint64_t{2} << 56) | 5,
+                                typed_op(CommOp::kAllGather, DType::kI64), 40};
+  const std::string payload = "0123456789abcdef";
+  const std::string bytes = encode(3, h, 24, payload);
+  for (size_t cut1 = 0; cut1 <= bytes.size(); ++cut1) {
+    for (size_t cut2 = cut1; cut2 <= bytes.size(); cut2 += 3) {
+      CAPTURE(cut1);
+      CAPTURE(cut2);
+      const std::vector<std::span<const char>> pieces = {
+          std::span<const char>(bytes.data(), cut1),
+          std::span<const char>(bytes.data() + cut1, cut2 - cut1),
+          std::span<const char>(bytes.data() + cut2, bytes.size() - cut2)};
+      const WireFrame f = decode_frame(pieces);
+      CHECK(f.src == 3);
+      CHECK(f.h.channel == h.channel);
+      CHECK(f.h.part == h.part);
+      CHECK(f.h.op == h.op);
+      CHECK(f.h.bytes == 40);
+      CHECK(f.offset == 24);
+      CHECK(f.len == payload.size());
+      CHECK(payload_of(pieces, f) == payload);
+    }
+  }
+}
+
+TEST_CASE("wire: frames from the generated protobuf encoder decode the same") {
+  wire::Frame pf;
+  pf.set_src_rank(1);
+  pf.set_channel(9);
+  pf.set_part(2);
+  pf.set_op(static_cast<uint32_t>(CommOp::kBroadcast));
+  pf.set_total_bytes(5);
+  pf.set_offset(0);
+  pf.set_payload("hello");
+  const std::string bytes = pf.SerializeAsString();
+  const WireFrame f = decode_frame(std::span<const char>(bytes.data(), bytes.size()));
+  CHECK(f.src == 1);
+  CHECK(f.h.channel == 9);
+  CHECK(f.h.part == 2);
+  CHECK(f.h.op == CommOp::kBroadcast);
+  const std::span<const char> one[1] = {std::span<const char>(bytes.data(), bytes.size())};
+  CHECK(payload_of(one, f) == "hello");
+}
+
+TEST_CASE("wire: every prefix of a frame decodes or throws WireError, and bad frames say why") {
+  const std::string bytes = encode(1, MsgHeader{4, 0, CommOp::kAllReduce, 8}, 0, "abcdefgh");
+  for (size_t n = 0; n < bytes.size(); ++n) {
+    CAPTURE(n);
+    const std::string e = error_of(bytes.substr(0, n));
+    CHECK(!e.empty());  // "decoded" (a header without payload is a valid frame) or a reason
+  }
+  CHECK(error_of(bytes) == "decoded");
+  CHECK(error_of(encode(1, MsgHeader{4, 0, static_cast<CommOp>(77), 8}, 0, "abcdefgh")) ==
+        "unknown op 77");
+  CHECK(error_of(encode(1, MsgHeader{4, 0, CommOp::kAllReduce, kGrpcMaxMessageBytes + 1}, 0, "x"))
+            .find("exceed the limit") != std::string::npos);
+  CHECK(error_of(encode(1, MsgHeader{4, 0, CommOp::kAllReduce, 8}, 4, "abcdefgh")) ==
+        "offset 4 + payload 8 exceeds the total of 8 bytes");
+  CHECK(error_of(bytes + bytes.substr(bytes.size() - 10)) == "payload appears twice");
+  CHECK(error_of(std::string("\x3b", 1)) == "unsupported wire type 3");
+  CHECK(error_of(std::string(11, '\xff')) == "truncated field tag");
+  CHECK(error_of(std::string("\x08", 1)) == "bad header field 1");
+  CHECK(error_of(std::string("\x7a\x05"
+                             "ab",
+                             4)) == "field 15 is longer than the frame");
+}
+
+TEST_CASE("rendezvous: join requests decode, and refusals name the rank and both sides") {
+  wire::JoinRequest req;
+  req.set_protocol_version(kGrpcProtocolVersion);
+  req.set_rank(1);
+  req.set_world_size(2);
+  req.set_listen_address("127.0.0.1:4000");
+  req.set_config_hash("cafe");
+  const std::string bytes = req.SerializeAsString();
+  const wire::JoinRequest got =
+      decode_join_request(std::span<const char>(bytes.data(), bytes.size()));
+  CHECK(got.rank() == 1);
+  CHECK(got.listen_address() == "127.0.0.1:4000");
+  CHECK(join_refusal(got, 2, "cafe") == "");
+  CHECK(join_refusal(got, 3, "cafe") == "rank 1 says the world size is 2, rank 0 says 3");
+  CHECK(join_refusal(got, 2, "beef") == "rank 1 has config hash cafe, rank 0 has beef");
+  wire::JoinRequest out = got;
+  out.set_rank(5);
+  out.set_world_size(2);
+  CHECK(join_refusal(out, 2, "cafe") == "rank 5 is out of range for world size 2");
+  out = got;
+  out.set_protocol_version(kGrpcProtocolVersion + 1);
+  CHECK(join_refusal(out, 2, "cafe").find("speaks wire protocol") != std::string::npos);
+  out = got;
+  out.clear_listen_address();
+  CHECK(join_refusal(out, 2, "cafe") == "rank 1 sent no listen address");
+  const std::string garbage = "\xff\xff\xff\xff";
+  CHECK_THROWS_AS(decode_join_request(std::span<const char>(garbage.data(), garbage.size())),
+                  WireError);
+  const std::string huge(kMaxJoinRequestBytes + 1, '\0');
+  CHECK_THROWS_AS(decode_join_request(std::span<const char>(huge.data(), huge.size())), WireError);
+}
