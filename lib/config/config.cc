@@ -22,6 +22,7 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <optional>
 #include <set>
 #include <string_view>
 #include <utility>
@@ -30,6 +31,7 @@
 #include "config/schema.h"
 #include "util/check.h"
 #include "util/fs.h"
+#include "util/strings.h"
 
 namespace dtrain {
 namespace {
@@ -65,6 +67,24 @@ std::string trim(std::string_view s) {
   while (!s.empty() && is_space(s.front())) s.remove_prefix(1);
   while (!s.empty() && is_space(s.back())) s.remove_suffix(1);
   return std::string(s);
+}
+
+// Where the first scalar of `n` (itself, or one inside a sequence or mapping, keys included)
+// that is not well-formed UTF-8 is; nullopt when all are. YAML text is Unicode, but yaml-cpp
+// passes other bytes through, which JSON (config.json, the config hash) cannot hold.
+std::optional<YAML::Mark> non_utf8_at(const YAML::Node& n) {
+  if (n.IsScalar()) {
+    if (!valid_utf8(n.Scalar())) return n.Mark();
+  } else if (n.IsSequence()) {
+    for (const auto& e : n)
+      if (auto m = non_utf8_at(e)) return m;
+  } else if (n.IsMap()) {
+    for (const auto& kv : n) {
+      if (auto m = non_utf8_at(kv.first)) return m;
+      if (auto m = non_utf8_at(kv.second)) return m;
+    }
+  }
+  return std::nullopt;
 }
 
 std::string describe(const YAML::Node& n) {
@@ -289,6 +309,11 @@ class Reader final : public config_detail::KeyErrors {
       if (is_section(full)) {
         walk(kv.second, full, where);
       } else {
+        if (const auto bad = non_utf8_at(kv.second))
+          fail_at(full, *bad,
+                  full +
+                      ": the value is not valid UTF-8 text (a config is UTF-8, as YAML is, "
+                      "and config.json records every value)");
         leaves_.emplace(full, kv.second);
         marks_[full] = where;
       }
@@ -576,6 +601,13 @@ class Reader final : public config_detail::KeyErrors {
     const fs::path p(value);
     if (p.is_absolute()) return;
     value = (base_dir_ / p).lexically_normal().string();
+    if (!valid_utf8(value)) {
+      const auto m = marks_.find(path);
+      fail_at(path, m != marks_.end() ? m->second : YAML::Mark::null_mark(),
+              path + ": relative to the config's folder this is '" + value +
+                  "', which is not valid UTF-8 (config.json records it): give an absolute path, "
+                  "or keep the config in a folder whose name is UTF-8");
+    }
   }
 
   void resolve_paths(Config& c) const {
