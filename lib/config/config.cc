@@ -11,6 +11,7 @@
 #include "config/config.h"
 
 #include <yaml-cpp/depthguard.h>
+#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -24,6 +25,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <sstream>
 #include <string_view>
 #include <utility>
 
@@ -86,6 +88,43 @@ std::optional<YAML::Mark> non_utf8_at(const YAML::Node& n) {
   }
   return std::nullopt;
 }
+
+// Where the last document handed to it began, and its first node (positions in the text, -1
+// when unknown): what Reader::refuse_stuck_documents compares between documents.
+class DocumentStarts : public YAML::EventHandler {
+ public:
+  std::pair<int, int> at{-1, -1};
+  YAML::Mark first_mark = YAML::Mark::null_mark();
+
+  void OnDocumentStart(const YAML::Mark& m) override {
+    at = {m.pos, -1};
+    first_mark = m;
+  }
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark& m, YAML::anchor_t) override { first(m); }
+  void OnAlias(const YAML::Mark& m, YAML::anchor_t) override { first(m); }
+  void OnScalar(const YAML::Mark& m, const std::string&, YAML::anchor_t,
+                const std::string&) override {
+    first(m);
+  }
+  void OnSequenceStart(const YAML::Mark& m, const std::string&, YAML::anchor_t,
+                       YAML::EmitterStyle::value) override {
+    first(m);
+  }
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark& m, const std::string&, YAML::anchor_t,
+                  YAML::EmitterStyle::value) override {
+    first(m);
+  }
+  void OnMapEnd() override {}
+
+ private:
+  void first(const YAML::Mark& m) {
+    if (at.second != -1) return;
+    at.second = m.pos;
+    first_mark = m;
+  }
+};
 
 std::string describe(const YAML::Node& n) {
   switch (n.Type()) {
@@ -178,6 +217,29 @@ class Reader final : public config_detail::KeyErrors {
 
   // ---- pass 1: YAML text and overrides ----
 
+  // yaml-cpp 0.7's LoadAll never ends when a document starts with a token no node begins with
+  // (a ',' at the top level: ",\n", "---\n,"): it yields empty documents without consuming the
+  // token, allocating until memory runs out (a 2-byte config took 19 s and 3.6 GB before
+  // bad_alloc; found by fuzz/config.cc). Walking the documents first, a document that starts
+  // where the previous one did, with its first event at the same place, made no progress:
+  // refused there, naming the character.
+  void refuse_stuck_documents(const std::string& text) const {
+    std::istringstream in(text);
+    YAML::Parser parser(in);
+    DocumentStarts starts;
+    std::pair<int, int> last{-2, -2};
+    while (parser.HandleNextDocument(starts)) {
+      if (starts.at == last) {
+        const int pos = starts.at.second;
+        const char ch = pos >= 0 && static_cast<size_t>(pos) < text.size() ? text[pos] : '?';
+        fail_at("", starts.first_mark,
+                std::string("unexpected '") + ch + "': the YAML reader cannot go past it" +
+                    (ch == ',' ? " (',' separates items only inside [ ] or { })" : ""));
+      }
+      last = starts.at;
+    }
+  }
+
   static std::string too_deep(int depth) {
     return "collections nested " + std::to_string(depth) +
            " levels deep, past the YAML reader's limit (a dtrain config nests at most 4)";
@@ -186,6 +248,7 @@ class Reader final : public config_detail::KeyErrors {
   YAML::Node load(const std::string& text) const {
     std::vector<YAML::Node> docs;
     try {
+      refuse_stuck_documents(text);
       docs = YAML::LoadAll(text);
     } catch (const YAML::DeepRecursion& e) {
       // yaml-cpp's own message is "bad file".

@@ -1,8 +1,11 @@
-// Config values that are not UTF-8 are refused when the config is read, naming the key and the
-// line, instead of passing validation and failing later as a raw JSON exception when config.json
-// or the config hash is written (found by fuzz/config.cc; the input is committed).
+// What fuzz/config.cc found, with its inputs committed in fuzz/regressions/config/:
+// - config values that are not UTF-8 passed validation and failed later as a raw JSON exception
+//   when config.json or the config hash was written; now refused naming the key and the line;
+// - a ',' at the top level made yaml-cpp's LoadAll yield empty documents forever, allocating
+//   until memory ran out; now refused at once, naming the position.
 #include <doctest/doctest.h>
 
+#include <chrono>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -82,4 +85,23 @@ TEST_CASE(
   CHECK_FALSE(valid_utf8("\xf5\x80\x80\x80"));
   CHECK_FALSE(valid_utf8("\xe2\x82"));
   CHECK_FALSE(valid_utf8("\xe2\x28\xa1"));  // a bad continuation byte
+}
+
+TEST_CASE("fuzz regression: a top-level ',' is refused at once, not parsed until memory runs out") {
+  const auto start = std::chrono::steady_clock::now();
+  const std::string e = error_of(read_input("fuzz/regressions/config/top_level_comma_never_ends"));
+  CHECK(e ==
+        "x.yaml:1:1: unexpected ',': the YAML reader cannot go past it (',' separates "
+        "items only inside [ ] or { })");
+  for (const std::string& text :
+       {std::string(",\n"), std::string("---\n,\n"), std::string("seed: 1\n...\n,\n")}) {
+    INFO(text);
+    CHECK(error_of(text).find("unexpected ','") != std::string::npos);
+  }
+  CHECK(error_of("---\n,\n").find("x.yaml:2:1: ") == 0);
+  // Documents that do make progress are still read: empty ones, and a second one is refused.
+  CHECK(error_of("---\n---\n").find("unexpected") == std::string::npos);
+  CHECK(error_of("seed: 1\n---\nseed: 2\n").find("found more after '---'") != std::string::npos);
+  // Generous: the loop took 19 s and 3.6 GB; refusing takes microseconds.
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(10));
 }
