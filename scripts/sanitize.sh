@@ -9,7 +9,7 @@
 #
 # Environment: SAN_TESTS (ctest -R regex, default '^(comm|checkpoint|train):'), SAN_TARGETS
 # (CMake targets, default test_comm test_checkpoint test_train), SAN_CXX / SAN_CC (default
-# clang++ / clang), JOBS (default nproc). Suppressions (third-party code only) are in
+# clang++-16 / clang-16), JOBS (default nproc). Suppressions (third-party code only) are in
 # scripts/sanitizers/*.supp; reports are kept in build-<variant>/san-logs/.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -9,12 +9,13 @@
 #
 # Variants: asan = ASan + UBSan (with clang also libFuzzer's coverage, DTRAIN_FUZZ=ON, so one
 # build folder serves the tests and fuzz/); tsan = TSan. Both -O1 with line tables.
-# Environment: SAN_CXX / SAN_CC (default clang++ / clang; g++ / gcc work for asan and tsan, not
-# for fuzzing), JOBS (default nproc).
+# Environment: SAN_CXX / SAN_CC (default clang++-16 / clang-16, Debian 12's newest: clang 14
+# lacks C++20 pieces dtrain uses, such as lambdas capturing structured bindings and _Float16 on
+# x86-64; g++ / gcc work for asan and tsan, not for fuzzing), JOBS (default nproc).
 
 SAN_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-SAN_CXX=${SAN_CXX:-clang++}
-SAN_CC=${SAN_CC:-clang}
+SAN_CXX=${SAN_CXX:-clang++-16}
+SAN_CC=${SAN_CC:-clang-16}
 
 san_build() {
   local variant=$1
@@ -25,10 +26,10 @@ san_build() {
     tsan) sanitize=thread ;;
     *) echo "san_build: unknown variant '$variant' (asan or tsan)" >&2 && return 2 ;;
   esac
-  # Debian's clang and its runtimes (the sanitizers, libFuzzer); llvm-14 for llvm-symbolizer,
+  # Debian's clang and its runtimes (the sanitizers, libFuzzer); llvm-16 for llvm-symbolizer,
   # which turns report addresses into file:line. gcc's runtimes come with build-essential.
   local pkgs=(build-essential cmake)
-  [[ $SAN_CXX == clang* ]] && pkgs+=(clang libclang-rt-14-dev llvm-14)
+  [[ $SAN_CXX == clang* ]] && pkgs+=(clang-16 libclang-rt-16-dev llvm-16)
   "$SAN_ROOT/scripts/install_packages.sh" "${pkgs[@]}"
   if [[ $variant == asan && $SAN_CXX == clang* ]]; then fuzz=ON; fi
   local dir=$SAN_ROOT/build-$variant
@@ -42,7 +43,7 @@ san_env() {
   local variant=$1 dir=$2 supp=$SAN_ROOT/scripts/sanitizers
   mkdir -p "$dir"
   local sym
-  sym=$(command -v llvm-symbolizer || command -v llvm-symbolizer-14 || true)
+  sym=$(command -v llvm-symbolizer-16 || command -v llvm-symbolizer || true)
   local common="log_path=$dir/report:print_suppressions=0${sym:+:external_symbolizer_path=$sym}"
   case $variant in
     asan)

@@ -129,11 +129,8 @@ TEST_CASE("layouts whose tensor x pipeline size does not divide the world are re
   CHECK(m.find("pipeline stages 2") != std::string::npos);
   CHECK(m.find("world size 8") != std::string::npos);
   CHECK(m.find("does not divide") != std::string::npos);
-  for (const auto& wtp : {std::array{6, 4, 1}, std::array{6, 1, 4}, std::array{4, 2, 4},
-                          std::array{7, 7, 7}, std::array{1, 2, 1}}) {
-    // Plain variables, not a structured binding: INFO's lambda captures them, which clang < 16
-    // refuses for bindings (the sanitizer and fuzz builds use clang 14).
-    const int w = wtp[0], t = wtp[1], p = wtp[2];
+  for (auto [w, t, p] : {std::array{6, 4, 1}, std::array{6, 1, 4}, std::array{4, 2, 4},
+                         std::array{7, 7, 7}, std::array{1, 2, 1}}) {
     INFO(w, " ", t, " ", p);
     const std::string e = refusal(w, t, p);
     CHECK(e.find("world size " + std::to_string(w)) != std::string::npos);
