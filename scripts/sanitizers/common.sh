@@ -61,6 +61,12 @@ san_reports() {
   local dir=$1 n=0 f
   for f in "$dir"/report.*; do
     [[ -e $f ]] || continue
+    # LeakSanitizer also leaves notes that are no report ("Unable to get registers from thread
+    # N": a thread exited during its scan at exit); they are shown, not counted.
+    if ! grep -qE '(ERROR|WARNING): [A-Za-z]+Sanitizer|runtime error:|SUMMARY: [A-Za-z]+Sanitizer' "$f"; then
+      echo "sanitize: note (not a report) in $f: $(head -c 300 "$f")"
+      continue
+    fi
     ((++n))
     echo "===== sanitizer report $f"
     cat "$f"

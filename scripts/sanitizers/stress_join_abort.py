@@ -53,6 +53,10 @@ PHASES = [  # (phase entered, marker that enters it), in order
 ]
 
 
+# What makes a log_path file a report: LeakSanitizer also writes notes there that are none (such
+# as "Unable to get registers from thread N" when a thread exits during its scan at exit).
+REPORT = re.compile(r"(ERROR|WARNING): \w+Sanitizer|runtime error:|SUMMARY: \w+Sanitizer")
+
 PHASE_NAMES = ["startup"] + [name for name, _ in PHASES]
 
 
@@ -170,7 +174,7 @@ class Job:
             if r != v and ends[r] is not None and self.phase != "ended":
                 self.detect.append(max(0.0, ends[r] - t_sig))
         for f in sorted(os.listdir(self.dir)):
-            if f.startswith("report."):
+            if f.startswith("report.") and REPORT.search(read(os.path.join(self.dir, f))):
                 self.problems.append(f"sanitizer report {os.path.join(self.dir, f)}")
         if not self.problems and not a.keep:
             subprocess.run(["rm", "-rf", self.dir])
