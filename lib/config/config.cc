@@ -11,6 +11,7 @@
 #include "config/config.h"
 
 #include <yaml-cpp/depthguard.h>
+#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -22,7 +23,9 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <optional>
 #include <set>
+#include <sstream>
 #include <string_view>
 #include <utility>
 
@@ -30,6 +33,7 @@
 #include "config/schema.h"
 #include "util/check.h"
 #include "util/fs.h"
+#include "util/strings.h"
 
 namespace dtrain {
 namespace {
@@ -66,6 +70,61 @@ std::string trim(std::string_view s) {
   while (!s.empty() && is_space(s.back())) s.remove_suffix(1);
   return std::string(s);
 }
+
+// Where the first scalar of `n` (itself, or one inside a sequence or mapping, keys included)
+// that is not well-formed UTF-8 is; nullopt when all are. YAML text is Unicode, but yaml-cpp
+// passes other bytes through, which JSON (config.json, the config hash) cannot hold.
+std::optional<YAML::Mark> non_utf8_at(const YAML::Node& n) {
+  if (n.IsScalar()) {
+    if (!valid_utf8(n.Scalar())) return n.Mark();
+  } else if (n.IsSequence()) {
+    for (const auto& e : n)
+      if (auto m = non_utf8_at(e)) return m;
+  } else if (n.IsMap()) {
+    for (const auto& kv : n) {
+      if (auto m = non_utf8_at(kv.first)) return m;
+      if (auto m = non_utf8_at(kv.second)) return m;
+    }
+  }
+  return std::nullopt;
+}
+
+// Where the last document handed to it began, and its first node (positions in the text, -1
+// when unknown): what Reader::refuse_stuck_documents compares between documents.
+class DocumentStarts : public YAML::EventHandler {
+ public:
+  std::pair<int, int> at{-1, -1};
+  YAML::Mark first_mark = YAML::Mark::null_mark();
+
+  void OnDocumentStart(const YAML::Mark& m) override {
+    at = {m.pos, -1};
+    first_mark = m;
+  }
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark& m, YAML::anchor_t) override { first(m); }
+  void OnAlias(const YAML::Mark& m, YAML::anchor_t) override { first(m); }
+  void OnScalar(const YAML::Mark& m, const std::string&, YAML::anchor_t,
+                const std::string&) override {
+    first(m);
+  }
+  void OnSequenceStart(const YAML::Mark& m, const std::string&, YAML::anchor_t,
+                       YAML::EmitterStyle::value) override {
+    first(m);
+  }
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark& m, const std::string&, YAML::anchor_t,
+                  YAML::EmitterStyle::value) override {
+    first(m);
+  }
+  void OnMapEnd() override {}
+
+ private:
+  void first(const YAML::Mark& m) {
+    if (at.second != -1) return;
+    at.second = m.pos;
+    first_mark = m;
+  }
+};
 
 std::string describe(const YAML::Node& n) {
   switch (n.Type()) {
@@ -158,6 +217,29 @@ class Reader final : public config_detail::KeyErrors {
 
   // ---- pass 1: YAML text and overrides ----
 
+  // yaml-cpp 0.7's LoadAll never ends when a document starts with a token no node begins with
+  // (a ',' at the top level: ",\n", "---\n,"): it yields empty documents without consuming the
+  // token, allocating until memory runs out (a 2-byte config took 19 s and 3.6 GB before
+  // bad_alloc; found by fuzz/config.cc). Walking the documents first, a document that starts
+  // where the previous one did, with its first event at the same place, made no progress:
+  // refused there, naming the character.
+  void refuse_stuck_documents(const std::string& text) const {
+    std::istringstream in(text);
+    YAML::Parser parser(in);
+    DocumentStarts starts;
+    std::pair<int, int> last{-2, -2};
+    while (parser.HandleNextDocument(starts)) {
+      if (starts.at == last) {
+        const int pos = starts.at.second;
+        const char ch = pos >= 0 && static_cast<size_t>(pos) < text.size() ? text[pos] : '?';
+        fail_at("", starts.first_mark,
+                std::string("unexpected '") + ch + "': the YAML reader cannot go past it" +
+                    (ch == ',' ? " (',' separates items only inside [ ] or { })" : ""));
+      }
+      last = starts.at;
+    }
+  }
+
   static std::string too_deep(int depth) {
     return "collections nested " + std::to_string(depth) +
            " levels deep, past the YAML reader's limit (a dtrain config nests at most 4)";
@@ -166,6 +248,7 @@ class Reader final : public config_detail::KeyErrors {
   YAML::Node load(const std::string& text) const {
     std::vector<YAML::Node> docs;
     try {
+      refuse_stuck_documents(text);
       docs = YAML::LoadAll(text);
     } catch (const YAML::DeepRecursion& e) {
       // yaml-cpp's own message is "bad file".
@@ -289,6 +372,11 @@ class Reader final : public config_detail::KeyErrors {
       if (is_section(full)) {
         walk(kv.second, full, where);
       } else {
+        if (const auto bad = non_utf8_at(kv.second))
+          fail_at(full, *bad,
+                  full +
+                      ": the value is not valid UTF-8 text (a config is UTF-8, as YAML is, "
+                      "and config.json records every value)");
         leaves_.emplace(full, kv.second);
         marks_[full] = where;
       }
@@ -576,6 +664,13 @@ class Reader final : public config_detail::KeyErrors {
     const fs::path p(value);
     if (p.is_absolute()) return;
     value = (base_dir_ / p).lexically_normal().string();
+    if (!valid_utf8(value)) {
+      const auto m = marks_.find(path);
+      fail_at(path, m != marks_.end() ? m->second : YAML::Mark::null_mark(),
+              path + ": relative to the config's folder this is '" + value +
+                  "', which is not valid UTF-8 (config.json records it): give an absolute path, "
+                  "or keep the config in a folder whose name is UTF-8");
+    }
   }
 
   void resolve_paths(Config& c) const {

@@ -1,0 +1,107 @@
+// What fuzz/config.cc found, with its inputs committed in fuzz/regressions/config/:
+// - config values that are not UTF-8 passed validation and failed later as a raw JSON exception
+//   when config.json or the config hash was written; now refused naming the key and the line;
+// - a ',' at the top level made yaml-cpp's LoadAll yield empty documents forever, allocating
+//   until memory ran out; now refused at once, naming the position.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "config/config.h"
+#include "util/check.h"
+#include "util/strings.h"
+
+using namespace dtrain;
+
+namespace {
+
+std::string error_of(const std::string& yaml, const std::vector<std::string>& sets = {}) {
+  try {
+    const Config c = parse_config(yaml, "x.yaml", sets);
+    (void)config_to_json(c).dump();  // what run writes as config.json: must not throw
+    (void)config_hash(c);
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+std::string read_input(const std::string& rel) {
+  std::ifstream in(std::string(DTRAIN_SOURCE_DIR) + "/" + rel, std::ios::binary);
+  REQUIRE(in);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+}  // namespace
+
+TEST_CASE("fuzz regression: a path value with bytes that are not UTF-8 is a user error") {
+  const std::string e = error_of(read_input("fuzz/regressions/config/non_utf8_path_value"));
+  CHECK(e.find("x.yaml:11:") == 0);
+  CHECK(e.find("data.train.labels: the value is not valid UTF-8 text") != std::string::npos);
+}
+
+TEST_CASE("config strings that are not UTF-8 are refused in the file and in --set") {
+  const std::string base =
+      "seed: 1\nmodel: {type: mlp, hidden: [8]}\n"
+      "data: {format: synthetic, synthetic: {samples: 100, features: 4, classes: 2}}\n";
+  // A raw Latin-1 byte, quoted and plain.
+  for (const std::string& bad : {std::string("\"caf\xe9.bin\""), std::string("caf\xe9.bin")}) {
+    INFO(bad);
+    const std::string in_file = error_of(base + "distributed: {token_file: " + bad + "}\n");
+    CHECK(in_file.find("x.yaml:4:") == 0);
+    CHECK(in_file.find("distributed.token_file: the value is not valid UTF-8") !=
+          std::string::npos);
+    const std::string in_set = error_of(base, {"distributed.token_file=" + bad});
+    CHECK(in_set.find("--set distributed.token_file=") == 0);
+    CHECK(in_set.find("not valid UTF-8") != std::string::npos);
+  }
+  CHECK(error_of(base + "distributed: {token_file: \"caf\xc3\xa9 \\u00e9.bin\"}\n") ==
+        "(no error)");
+  // An escaped UTF-16 surrogate: yaml-cpp refuses it itself, as a user error.
+  CHECK(error_of(base + "distributed: {token_file: \"\\uD800\"}\n").find("x.yaml:4:") == 0);
+}
+
+TEST_CASE(
+    "valid_utf8 follows JSON's rule: no overlong forms, surrogates or code points past U+10FFFF") {
+  CHECK(valid_utf8(""));
+  CHECK(valid_utf8("plain ascii"));
+  CHECK(
+      valid_utf8("caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80 \xf4\x8f\xbf\xbf"));  // up to U+10FFFF
+  CHECK(valid_utf8("\xed\x9f\xbf \xee\x80\x80"));  // U+D7FF and U+E000, either side of surrogates
+  CHECK_FALSE(valid_utf8("\xff"));
+  CHECK_FALSE(valid_utf8("\x80"));              // a stray continuation byte
+  CHECK_FALSE(valid_utf8("caf\xc3"));           // truncated
+  CHECK_FALSE(valid_utf8("\xc0\x80"));          // overlong NUL
+  CHECK_FALSE(valid_utf8("\xc1\xbf"));          // overlong
+  CHECK_FALSE(valid_utf8("\xe0\x9f\xbf"));      // overlong 3-byte
+  CHECK_FALSE(valid_utf8("\xf0\x8f\xbf\xbf"));  // overlong 4-byte
+  CHECK_FALSE(valid_utf8("\xed\xa0\x80"));      // U+D800, a surrogate
+  CHECK_FALSE(valid_utf8("\xf4\x90\x80\x80"));  // U+110000
+  CHECK_FALSE(valid_utf8("\xf5\x80\x80\x80"));
+  CHECK_FALSE(valid_utf8("\xe2\x82"));
+  CHECK_FALSE(valid_utf8("\xe2\x28\xa1"));  // a bad continuation byte
+}
+
+TEST_CASE("fuzz regression: a top-level ',' is refused at once, not parsed until memory runs out") {
+  const auto start = std::chrono::steady_clock::now();
+  const std::string e = error_of(read_input("fuzz/regressions/config/top_level_comma_never_ends"));
+  CHECK(e ==
+        "x.yaml:1:1: unexpected ',': the YAML reader cannot go past it (',' separates "
+        "items only inside [ ] or { })");
+  for (const std::string& text :
+       {std::string(",\n"), std::string("---\n,\n"), std::string("seed: 1\n...\n,\n")}) {
+    INFO(text);
+    CHECK(error_of(text).find("unexpected ','") != std::string::npos);
+  }
+  CHECK(error_of("---\n,\n").find("x.yaml:2:1: ") == 0);
+  // Documents that do make progress are still read: empty ones, and a second one is refused.
+  CHECK(error_of("---\n---\n").find("unexpected") == std::string::npos);
+  CHECK(error_of("seed: 1\n---\nseed: 2\n").find("found more after '---'") != std::string::npos);
+  // Generous: the loop took 19 s and 3.6 GB; refusing takes microseconds.
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(10));
+}
