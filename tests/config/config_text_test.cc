@@ -28,11 +28,13 @@ TEST_CASE("config: a path list is one string or a list of strings") {
   const Config one = parse_config("data: {format: csv, train: {path: a.csv}}\n", "x");
   CHECK(one.data.train.path == Paths{"a.csv"});
   CHECK(one.data.test.path.empty());
-  const Config many =
-      parse_config("data: {format: text, train: {path: [a.txt, 'c/*.txt', \"d e.gz\"]}}\n", "x");
+  const Config many = parse_config(
+      "model: {type: gpt}\ndata: {format: text, train: {path: [a.txt, 'c/*.txt', \"d e.gz\"]}}\n",
+      "x");
   CHECK(many.data.train.path == Paths{"a.txt", "c/*.txt", "d e.gz"});
-  const Config set = parse_config("data: {format: text, train: {path: a.txt}}\n", "x",
-                                  {"data.test.path=[t1.txt, t2.txt]"});
+  const Config set =
+      parse_config("model: {type: gpt}\ndata: {format: text, train: {path: a.txt}}\n", "x",
+                   {"data.test.path=[t1.txt, t2.txt]"});
   CHECK(set.data.test.path == Paths{"t1.txt", "t2.txt"});
   // "" and [] are no path (the default).
   CHECK(parse_config("data: {format: csv, train: {path: a.csv}, test: {path: ''}}\n", "x")
@@ -42,33 +44,47 @@ TEST_CASE("config: a path list is one string or a list of strings") {
 }
 
 TEST_CASE("config: path list errors name the entry") {
-  CHECK(error_of("data: {format: text, train: {path: {a: 1}}}\n") ==
-        "x.yaml:1:36: data.train.path: expected a path or a list of paths such as [a.txt, "
+  CHECK(error_of("model: {type: gpt}\ndata: {format: text, train: {path: {a: 1}}}\n") ==
+        "x.yaml:2:36: data.train.path: expected a path or a list of paths such as [a.txt, "
         "'corpus/*.txt'], got a mapping");
-  CHECK(error_of("data: {format: text, train: {path: [a.txt, [b]]}}\n") ==
-        "x.yaml:1:44: data.train.path[1]: expected a path, got a sequence");
-  CHECK(error_of("data: {format: text, train: {path: [a.txt, '']}}\n") ==
-        "x.yaml:1:44: data.train.path[1]: expected a path, got an empty string");
+  CHECK(error_of("model: {type: gpt}\ndata: {format: text, train: {path: [a.txt, [b]]}}\n") ==
+        "x.yaml:2:44: data.train.path[1]: expected a path, got a sequence");
+  CHECK(error_of("model: {type: gpt}\ndata: {format: text, train: {path: [a.txt, '']}}\n") ==
+        "x.yaml:2:44: data.train.path[1]: expected a path, got an empty string");
   CHECK(error_of("data: {format: csv, train: {path: [a.csv, b.csv]}}\n") ==
         "x.yaml:1:35: data.train.path: format csv reads one file (got a list of 2; a list of "
         "files or patterns is for format text)");
 }
 
 TEST_CASE("config: format text reads path only and requires data.train.path") {
-  CHECK(error_of("data: {format: text}\n") ==
-        "x.yaml:1:7: data.train.path: required for format text");
-  CHECK(error_of("data: {format: text, train: {path: a.txt, images: i.gz}}\n") ==
-        "x.yaml:1:51: data.train.images: not used by format text (it reads path)");
-  CHECK(error_of("data: {format: text, train: {path: a.txt}, test: {labels: l.gz}}\n") ==
-        "x.yaml:1:59: data.test.labels: not used by format text (it reads path)");
+  CHECK(error_of("data: {format: text, train: {path: a.txt}}\n") ==
+        "x.yaml:1:1: model.type: data.format text needs model.type gpt (got mlp)");
+  CHECK(error_of("model: {type: gpt}\ndata: {format: csv, train: {path: a.csv}}\n") ==
+        "x.yaml:2:16: data.format: model.type gpt reads text: needs data.format text (got csv)");
+  CHECK(error_of(
+            "model: {type: gpt}\ndata: {format: text, train: {path: a.txt}, normalize: none}\n") ==
+        "x.yaml:2:55: data.normalize: not used by format text (token ids are used as they are)");
+  // The window length comes from model.block_size.
+  CHECK(parse_config("model: {type: gpt, block_size: 16}\ndata: {format: text, train: {path: a}}\n",
+                     "x")
+            .data.block_size == 16);
+  CHECK(error_of("model: {type: gpt}\ndata: {format: text}\n") ==
+        "x.yaml:2:7: data.train.path: required for format text");
+  CHECK(
+      error_of("model: {type: gpt}\ndata: {format: text, train: {path: a.txt, images: i.gz}}\n") ==
+      "x.yaml:2:51: data.train.images: not used by format text (it reads path)");
+  CHECK(error_of("model: {type: gpt}\ndata: {format: text, train: {path: a.txt}, test: {labels: "
+                 "l.gz}}\n") ==
+        "x.yaml:2:59: data.test.labels: not used by format text (it reads path)");
   CHECK(error_of("data: {format: idx, train: {images: a, labels: b, path: [c, d]}}\n") ==
         "x.yaml:1:57: data.train.path: not used by format idx (it reads images and labels)");
 }
 
 TEST_CASE("config: path list entries resolve against the config's folder, --set against cwd") {
   testing::TempDir t;
-  const std::string cfg = t.write(
-      "c.yaml", "data: {format: text, train: {path: [a.txt, 'sub/*.txt', /abs/b.txt]}}\n");
+  const std::string cfg = t.write("c.yaml",
+                                  "model: {type: gpt}\ndata: {format: text, train: {path: [a.txt, "
+                                  "'sub/*.txt', /abs/b.txt]}}\n");
   const Config c = load_config(cfg);
   CHECK(c.data.train.path == Paths{t / "a.txt", t / "sub/*.txt", "/abs/b.txt"});
   const Config s = load_config(cfg, {"data.train.path=[x.txt, y.txt]"});
@@ -96,7 +112,9 @@ TEST_CASE("config: config.json writes one path as a string, several as a list, a
   CHECK(config_hash(listed) == config_hash(one));
 
   const Config many = parse_config(
-      "data: {format: text, train: {path: [a.txt, 'c/*.txt']}, test: {path: t.txt}}\n", "x");
+      "model: {type: gpt}\ndata: {format: text, train: {path: [a.txt, 'c/*.txt']}, test: {path: "
+      "t.txt}}\n",
+      "x");
   const nlohmann::json j = config_to_json(many);
   CHECK(j["data"]["train"]["path"] == nlohmann::json::array({"a.txt", "c/*.txt"}));
   CHECK(j["data"]["test"]["path"] == "t.txt");
@@ -106,10 +124,11 @@ TEST_CASE("config: config.json writes one path as a string, several as a list, a
   CHECK(back.data.test.path == many.data.test.path);
   CHECK(config_to_json(back) == j);
   CHECK(config_hash(back) == config_hash(many));
-  CHECK(config_hash(many) != config_hash(parse_config(
-                                 "data: {format: text, train: {path: [c/*.txt, a.txt]}, test: "
-                                 "{path: t.txt}}\n",
-                                 "x")));  // the order is part of the text
+  CHECK(config_hash(many) !=
+        config_hash(parse_config(
+            "model: {type: gpt}\ndata: {format: text, train: {path: [c/*.txt, a.txt]}, test: "
+            "{path: t.txt}}\n",
+            "x")));  // the order is part of the text
 }
 
 }  // namespace
