@@ -27,9 +27,10 @@ int64_t sample_next(const float* logits, int64_t vocab, double temperature, int6
   std::vector<int64_t> kept(static_cast<size_t>(vocab));
   std::iota(kept.begin(), kept.end(), int64_t{0});
   if (top_k > 0 && top_k < vocab) {
-    std::partial_sort(kept.begin(), kept.begin() + top_k, kept.end(), [logits](int64_t a, int64_t b) {
-      return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
-    });
+    std::partial_sort(kept.begin(), kept.begin() + top_k, kept.end(),
+                      [logits](int64_t a, int64_t b) {
+                        return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+                      });
     kept.resize(static_cast<size_t>(top_k));
     std::sort(kept.begin(), kept.end());  // draw in index order, independent of the sort
   }
