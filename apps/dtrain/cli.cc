@@ -18,6 +18,7 @@
 #include "config/config.h"
 #include "data/dataset.h"
 #include "dtrain/bench.h"
+#include "dtrain/generate.h"
 #include "launch/dist_env.h"
 #include "launch/launcher.h"
 #include "nn/loss.h"
@@ -131,6 +132,8 @@ std::string result_line(const nlohmann::json& s, const std::string& out_dir) {
     res = fmt::format("test accuracy {:.2f}%", 100.0 * s["test_accuracy"].get<double>());
   if (s.contains("test_loss") && s["test_loss"].is_number())
     res += fmt::format("{}test loss {:.4f}", res.empty() ? "" : ", ", s["test_loss"].get<double>());
+  if (s.contains("test_bpb") && s["test_bpb"].is_number())
+    res += fmt::format(", test bpb {:.4f}", s["test_bpb"].get<double>());
   if (res.empty() && s.contains("final_train_loss") && s["final_train_loss"].is_number())
     res = fmt::format("train loss {:.4f}", s["final_train_loss"].get<double>());
   if (res.empty()) res = "no loss recorded";
@@ -218,6 +221,7 @@ int cmd_eval(const Config& cfg, const std::string& ckpt) {
       evaluate(m.model, m.params.data(), data.test, cfg.data.eval_batch_size, cfg.model.loss);
   nlohmann::json out = {
       {"test_loss", r.loss}, {"test_accuracy", r.accuracy}, {"samples", r.samples}};
+  if (cfg.data.format == DataFormat::kText) out["test_bpb"] = r.loss / std::log(2.0);
   std::cout << out.dump() << std::endl;
   return kExitOk;
 }
@@ -347,6 +351,24 @@ int cli_main(int argc, char** argv) {
   predict->add_option("--input", input, "CSV of feature rows (no label column)")->required();
   predict->add_option("--output", output, "CSV to write (default: standard output)");
 
+  CLI::App* generate =
+      app.add_subcommand("generate", "continue a prompt with text sampled from a gpt checkpoint");
+  add_config(generate);
+  GenerateOptions gen;
+  generate
+      ->add_option("--checkpoint", gen.checkpoint,
+                   "checkpoint file, sharded checkpoint folder, or run/checkpoints folder")
+      ->required();
+  generate->add_option("--prompt", gen.prompt, "text to continue (default: none, from a newline)");
+  generate->add_option("--tokens", gen.tokens, "bytes to generate")->capture_default_str();
+  generate
+      ->add_option("--temperature", gen.temperature,
+                   "divides the logits; 0 = always the most likely byte")
+      ->capture_default_str();
+  generate->add_option("--top-k", gen.top_k, "sample among the K most likely bytes; 0 = all")
+      ->capture_default_str();
+  generate->add_option("--seed", gen.seed, "sampling seed (default: the config's seed)");
+
   CLI::App* ckpt_cmd = app.add_subcommand("checkpoint", "convert checkpoints");
   ckpt_cmd->require_subcommand(1);
   CLI::App* consolidate = ckpt_cmd->add_subcommand(
@@ -473,6 +495,11 @@ int cli_main(int argc, char** argv) {
       return kExitOk;
     }
     const Config cfg = load_config(config_path, sets);
+    if (generate->parsed()) {  // reads no data: the data files need not be here
+      set_blas_threads(static_cast<int>(cfg.runtime.threads));
+      std::cout << escape_for_terminal(generate_text(cfg, gen)) << std::endl;
+      return kExitOk;
+    }
     check_input_files(cfg);
     if (validate->parsed()) {
       warn_idle_ranks(cfg);

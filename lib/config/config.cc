@@ -495,6 +495,30 @@ class Reader final : public config_detail::KeyErrors {
     }
   }
 
+  // A path list (KeyType::kPathList): one string, or a sequence of non-empty strings. "" and []
+  // are the empty list (the default).
+  void read(const std::string& path, std::vector<std::string>& out) {
+    const YAML::Node* n = leaf(path);
+    if (!n) return;
+    out.clear();
+    if (n->IsScalar()) {
+      if (!n->Scalar().empty()) out.push_back(n->Scalar());
+      return;
+    }
+    if (!n->IsSequence())
+      fail_node(path, *n,
+                "expected a path or a list of paths such as [a.txt, 'corpus/*.txt'], got " +
+                    describe(*n));
+    size_t i = 0;
+    for (const YAML::Node& e : *n) {
+      const std::string ep = path + "[" + std::to_string(i++) + "]";
+      marks_[ep] = e.Mark();
+      if (!e.IsScalar()) fail_node(ep, e, "expected a path, got " + describe(e));
+      if (e.Scalar().empty()) fail_node(ep, e, "expected a path, got an empty string");
+      out.push_back(e.Scalar());
+    }
+  }
+
   // ---- model.layers: a list of kind names or one-key maps {kind: value} ----
 
   // The fields of one map-valued layer entry: each key must be one of `allowed`.
@@ -677,6 +701,10 @@ class Reader final : public config_detail::KeyErrors {
     for (const KeyDecl& d : config_keys()) {
       if (d.type == KeyType::kPath)
         resolve(d.path, (*std::get<std::string& (*)(Config&)>(d.ref))(c));
+      if (d.type == KeyType::kPathList) {
+        for (std::string& p : (*std::get<std::vector<std::string>& (*)(Config&)>(d.ref))(c))
+          resolve(d.path, p);
+      }
     }
   }
 

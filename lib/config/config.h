@@ -149,7 +149,8 @@ nlohmann::json config_to_json(const Config& c);
 std::string config_hash(const Config& c);
 
 // The input files a config names (data files, token file, TLS files): each non-empty path key
-// with its (resolved) path, in config order.
+// with its (resolved) path, in config order; of a path list each entry but the glob patterns
+// (the data loader expands those and reports a pattern that matches nothing).
 std::vector<std::pair<std::string, std::string>> config_input_files(const Config& c);
 
 // Checks, without reading them, that every input file of config_input_files exists and is a

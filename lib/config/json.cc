@@ -62,6 +62,15 @@ std::string config_hash(const Config& c) {
 std::vector<std::pair<std::string, std::string>> config_input_files(const Config& c) {
   std::vector<std::pair<std::string, std::string>> out;
   for (const KeyDecl& d : config_keys()) {
+    if (d.type == KeyType::kPathList) {
+      // Glob patterns are expanded (and a pattern matching nothing reported) by the loader.
+      const nlohmann::json v = d.get(c);
+      for (const auto& e : v.is_array() ? v : nlohmann::json::array({v})) {
+        std::string path = e.get<std::string>();
+        if (!path.empty() && path.find_first_of("*?[") == std::string::npos)
+          out.emplace_back(d.path, std::move(path));
+      }
+    }
     if (d.type != KeyType::kPath) continue;
     std::string path = d.get(c).get<std::string>();
     if (!path.empty()) out.emplace_back(d.path, std::move(path));

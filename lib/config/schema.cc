@@ -38,6 +38,7 @@ KeyDecl key(std::string path, F f, std::string doc) {
     if constexpr (std::is_same_v<T, char>) d.type = KeyType::kChar;
     if constexpr (std::is_same_v<T, std::vector<int64_t>>) d.type = KeyType::kIntList;
     if constexpr (std::is_same_v<T, std::vector<LayerSpec>>) d.type = KeyType::kLayerList;
+    if constexpr (std::is_same_v<T, std::vector<std::string>>) d.type = KeyType::kPathList;
   }
   return d;
 }
@@ -162,7 +163,7 @@ std::vector<KeyDecl> data_keys(const Owners& o) {
   return {
       key(
           "data.format", [](auto& c) -> auto& { return c.data.format; },
-          R"doc(`idx` | `csv` | `synthetic`)doc"),
+          R"doc(`idx` | `csv` | `synthetic` | `text` (bytes as tokens for `model.type: gpt`, see "Text data"))doc"),
       key(
           "data.train.images", [](auto& c) -> auto& { return c.data.train.images; },
           R"doc(idx: training images file (required))doc")
@@ -173,8 +174,7 @@ std::vector<KeyDecl> data_keys(const Owners& o) {
           .file(),
       key(
           "data.train.path", [](auto& c) -> auto& { return c.data.train.path; },
-          R"doc(csv: training CSV file (required))doc")
-          .file(),
+          R"doc(csv: training CSV file (required). text: a file, a list of files, or glob patterns (sorted), gzip detected (required))doc"),
       key(
           "data.test.images", [](auto& c) -> auto& { return c.data.test.images; },
           R"doc(idx: test images file; give both images and labels or neither)doc")
@@ -185,11 +185,10 @@ std::vector<KeyDecl> data_keys(const Owners& o) {
           .file(),
       key(
           "data.test.path", [](auto& c) -> auto& { return c.data.test.path; },
-          R"doc(csv: test CSV file (optional))doc")
-          .file(),
+          R"doc(csv: test CSV file (optional). text: the validation text, same forms as `data.train.path` (optional))doc"),
       key(
           "data.test_fraction", [](auto& c) -> auto& { return c.data.test_fraction; },
-          R"doc(Fraction of train held out as the test set when `data.test` is not given: -1 = default (0 for idx/csv, 0.2 for synthetic), else in [0, 1); > 0 together with `data.test` is an error)doc"),
+          R"doc(Fraction of train held out as the test set when `data.test` is not given: -1 = default (0 for idx/csv, 0.2 for synthetic, 0.1 for text: the last 10% of the bytes), else in [0, 1); > 0 together with `data.test` is an error)doc"),
       key(
           "data.batch_size", [](auto& c) -> auto& { return c.data.batch_size; },
           R"doc(Per-rank batch size, 1..16777216 (2^24))doc")
@@ -567,6 +566,8 @@ const char* type_name(KeyType t) {
       return "list of int";
     case KeyType::kLayerList:
       return "list of layers";
+    case KeyType::kPathList:
+      return "path or list of paths";
   }
   return "?";
 }
@@ -578,6 +579,9 @@ std::string show_default(const KeyDecl& d, const nlohmann::json& v) {
       return show_float(v.get<double>());
     case KeyType::kLayerList:
       return v.empty() ? "[]" : v.dump();
+    case KeyType::kPathList:
+      if (v.is_array()) return v.dump();
+      return v.get<std::string>().empty() ? "\"\"" : v.get<std::string>();
     case KeyType::kIntList: {
       std::string s = "[";
       for (const auto& e : v) s += (s.size() > 1 ? ", " : "") + std::to_string(e.get<int64_t>());
@@ -641,6 +645,11 @@ nlohmann::json KeyDecl::get(const Config& c) const {
           const auto& v = r(const_cast<Config&>(c));
           if constexpr (std::is_same_v<std::decay_t<decltype(v)>, char>) {
             return std::string(1, v);
+          } else if constexpr (std::is_same_v<std::decay_t<decltype(v)>,
+                                              std::vector<std::string>>) {
+            // A path list: "" for none and a plain string for one, as kPath writes them.
+            if (v.size() <= 1) return v.empty() ? std::string() : v[0];
+            return v;
           } else {
             return v;
           }

@@ -19,7 +19,22 @@
 
 namespace dtrain {
 
-enum class KeyType { kInt, kFloat, kBool, kString, kPath, kChar, kIntList, kEnum, kLayerList };
+// kPathList: one path or a list of paths (files or glob patterns), as data.train.path of format
+// text; YAML gives a string or a sequence of strings, config.json writes "" for none, a string for
+// one (so single-file configs keep their JSON and hash) and an array for more. Relative entries
+// resolve like kPath.
+enum class KeyType {
+  kInt,
+  kFloat,
+  kBool,
+  kString,
+  kPath,
+  kChar,
+  kIntList,
+  kEnum,
+  kLayerList,
+  kPathList
+};
 
 // A check of one key's own value, applied after parsing: "PATH: must be >= 1 (got 0)".
 struct KeyCheck {
@@ -60,7 +75,8 @@ struct EnumRef {
 using KeyRef =
     std::variant<int64_t& (*)(Config&), double& (*)(Config&), bool& (*)(Config&),
                  std::string& (*)(Config&), char& (*)(Config&), std::vector<int64_t>& (*)(Config&),
-                 std::vector<LayerSpec>& (*)(Config&), EnumRef>;
+                 std::vector<LayerSpec>& (*)(Config&), std::vector<std::string>& (*)(Config&),
+                 EnumRef>;
 
 // model.layers as config.json writes it: each entry a kind name ("relu") or a one-key map of the
 // kind to its value ({"linear": 128}, {"conv2d": {"out_channels": 32, "kernel": 3, ...}}),

@@ -110,6 +110,12 @@ void validate_data_files(const DataConfig& d, const KeyErrors& errors) {
     } else if (d.format == DataFormat::kCsv) {
       check(s->images.empty(), p + ".images", "not used by format csv (it reads path)");
       check(s->labels.empty(), p + ".labels", "not used by format csv (it reads path)");
+      check(s->path.size() <= 1, p + ".path",
+            "format csv reads one file (got a list of " + show(int64_t(s->path.size())) +
+                "; a list of files or patterns is for format text)");
+    } else if (d.format == DataFormat::kText) {
+      check(s->images.empty(), p + ".images", "not used by format text (it reads path)");
+      check(s->labels.empty(), p + ".labels", "not used by format text (it reads path)");
     } else {
       const char* why = "not used by format synthetic (it generates its data from no files)";
       check(s->images.empty(), p + ".images", why);
@@ -126,6 +132,8 @@ void validate_data_files(const DataConfig& d, const KeyErrors& errors) {
           "required when data.test.images is given (give both or neither)");
   } else if (d.format == DataFormat::kCsv) {
     check(!d.train.path.empty(), "data.train.path", "required for format csv");
+  } else if (d.format == DataFormat::kText) {
+    check(!d.train.path.empty(), "data.train.path", "required for format text");
   }
 }
 
@@ -138,6 +146,14 @@ void validate_relations(const Config& c, const KeyErrors& errors) {
                "must be -1 (the default) or in [0, 1) (got " + show(d.test_fraction) + ")");
   errors.check(d.test.empty() || d.test_fraction <= 0, "data.test_fraction",
                "contradicts data.test: a test set is given, so nothing is held out (remove one)");
+  // A language model reads bytes, and bytes are only read by a language model.
+  errors.check(d.format != DataFormat::kText || c.model.type == ModelType::kGpt, "model.type",
+               "data.format text needs model.type gpt (got " + to_string(c.model.type) + ")");
+  errors.check(
+      c.model.type != ModelType::kGpt || d.format == DataFormat::kText, "data.format",
+      "model.type gpt reads text: needs data.format text (got " + to_string(d.format) + ")");
+  errors.check(d.format != DataFormat::kText || d.normalize == Normalize::kAuto, "data.normalize",
+               "not used by format text (token ids are used as they are)");
   errors.check(d.csv.delimiter != '\n' && d.csv.delimiter != '\r' && d.csv.delimiter != '"',
                "data.csv.delimiter", "cannot be a newline or a double quote");
 
@@ -199,6 +215,8 @@ void validate_config(Config& c, const KeyErrors& errors) {
                      "' (the preset sets hidden); give only one of them");
     m.hidden = complexity_preset(m.complexity);
   }
+  // Text windows are model.block_size + 1 bytes; lib/data takes the length from DataConfig.
+  c.data.block_size = c.data.format == DataFormat::kText ? m.block_size : 0;
   for (const KeyDecl& d : config_keys()) check_key(d, c, errors);
   validate_relations(c, errors);
   validate_distributed(c, errors);

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "data/dataset.h"
+#include "data/text.h"
 #include "util/check.h"
 #include "util/rng.h"
 
@@ -136,8 +137,8 @@ int64_t held_out_rows(int64_t n, double fraction) {
 
 namespace {
 double resolved_test_fraction(const DataConfig& cfg) {
-  return cfg.test_fraction < 0 ? (cfg.format == DataFormat::kSynthetic ? 0.2 : 0.0)
-                               : cfg.test_fraction;
+  if (cfg.test_fraction >= 0) return cfg.test_fraction;
+  return cfg.format == DataFormat::kSynthetic ? 0.2 : cfg.format == DataFormat::kText ? 0.1 : 0.0;
 }
 }  // namespace
 
@@ -164,6 +165,10 @@ std::string idle_ranks_warning(int64_t train_rows, int64_t world_size, int64_t p
 
 DataSplits load_data(const DataConfig& cfg, int64_t seed) {
   const DataFormat fmt = cfg.format;
+  if (fmt == DataFormat::kText) {
+    // Token ids are not normalised; the split is the text's tail, not a seeded sample.
+    return load_text({cfg.train.path, cfg.test.path, resolved_test_fraction(cfg), cfg.block_size});
+  }
   Normalize method = cfg.normalize;
   if (method == Normalize::kAuto)
     method = fmt == DataFormat::kIdx ? Normalize::kScale : Normalize::kStandardize;
@@ -181,8 +186,10 @@ DataSplits load_data(const DataConfig& cfg, int64_t seed) {
       }
       return load_idx(files.images, files.labels);
     }
-    if (files.path.empty()) throw UserError(std::string(key) + ".path is required for format csv");
-    return load_csv(files.path, cfg.csv);
+    if (files.path.size() != 1)
+      throw UserError(std::string(key) + ".path: format csv reads exactly one file (got " +
+                      std::to_string(files.path.size()) + ")");
+    return load_csv(files.path[0], cfg.csv);
   };
   if (fmt == DataFormat::kSynthetic) {
     if (!cfg.test.empty()) {
@@ -195,7 +202,7 @@ DataSplits load_data(const DataConfig& cfg, int64_t seed) {
   if (!cfg.test.empty()) {
     s.test = load(cfg.test, "data.test");
     if (s.test.features != s.train.features) {
-      const std::string& name = fmt == DataFormat::kIdx ? cfg.test.images : cfg.test.path;
+      const std::string& name = fmt == DataFormat::kIdx ? cfg.test.images : cfg.test.path[0];
       throw UserError("test set '" + name + "' has " + std::to_string(s.test.features) +
                       " features but the training set has " + std::to_string(s.train.features));
     }

@@ -5,12 +5,14 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "util/enum_names.h"
 
 namespace dtrain {
 
-enum class DataFormat { kIdx, kCsv, kSynthetic };
+// text: bytes as tokens (data/text.h), for language models.
+enum class DataFormat { kIdx, kCsv, kSynthetic, kText };
 // auto: scale for idx, standardize for csv/synthetic. scale: idx divides by 255; csv/synthetic
 // map each feature's train min..max to 0..1. standardize: (x - mean) / std per feature, train
 // statistics. none: raw values.
@@ -18,8 +20,10 @@ enum class Normalize { kAuto, kScale, kStandardize, kNone };
 // auto: a first row with any non-numeric cell is a header; true | false force it.
 enum class CsvHeader { kAuto, kTrue, kFalse };
 
-inline constexpr EnumName<DataFormat> kDataFormatNames[] = {
-    {DataFormat::kIdx, "idx"}, {DataFormat::kCsv, "csv"}, {DataFormat::kSynthetic, "synthetic"}};
+inline constexpr EnumName<DataFormat> kDataFormatNames[] = {{DataFormat::kIdx, "idx"},
+                                                            {DataFormat::kCsv, "csv"},
+                                                            {DataFormat::kSynthetic, "synthetic"},
+                                                            {DataFormat::kText, "text"}};
 inline constexpr EnumName<Normalize> kNormalizeNames[] = {{Normalize::kAuto, "auto"},
                                                           {Normalize::kScale, "scale"},
                                                           {Normalize::kStandardize, "standardize"},
@@ -37,11 +41,12 @@ constexpr std::span<const EnumName<CsvHeader>> enum_names(CsvHeader) {
   return kCsvHeaderNames;
 }
 
-// One split's files. idx: images + labels. csv: path.
+// One split's files. idx: images + labels. csv: path, exactly one file. text: path, files and
+// glob patterns (data/text.h).
 struct SplitFiles {
   std::string images;
   std::string labels;
-  std::string path;
+  std::vector<std::string> path;
   bool empty() const { return images.empty() && labels.empty() && path.empty(); }
 };
 
@@ -65,8 +70,11 @@ struct DataConfig {
   SplitFiles train;
   SplitFiles test;  // optional: without it, test_fraction of train is held out
   // Fraction of the training data held out as the test set when `test` is not given. -1 means
-  // the default: 0 for idx/csv (no test set), 0.2 for synthetic.
+  // the default: 0 for idx/csv (no test set), 0.2 for synthetic, 0.1 for text.
   double test_fraction = -1.0;
+  // text: the window length T (a sample is T + 1 bytes). Not a key of its own: load_config sets
+  // it from model.block_size, so lib/data needs nothing from lib/nn.
+  int64_t block_size = 0;
   int64_t batch_size = 128;  // per rank
   int64_t eval_batch_size = 1000;
   bool shuffle = true;

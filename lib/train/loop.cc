@@ -483,6 +483,8 @@ void TrainLoop::evaluate() {
                           {"epoch", epoch_progress()},
                           {"test_loss", nan_to_null(last_eval_.loss)},
                           {"test_accuracy", last_eval_.accuracy}};
+    if (cfg_.data.format == DataFormat::kText)  // bits per byte: nats / ln 2
+      rec["test_bpb"] = nan_to_null(last_eval_.loss / std::log(2.0));
     metrics_->write_line(rec.dump());
     if (bar_) bar_->clear();
     spdlog::info("eval step {} epoch {:.2f}: test_loss {:.4f} test_accuracy {:.4f}", step_,
@@ -641,6 +643,9 @@ nlohmann::json TrainLoop::summary(int stop_signal) {
       {"peak_gathered_bytes", mem.peak_gathered_bytes},
       {"peak_unit_grad_bytes", mem.peak_unit_grad_bytes},
   });
+  if (cfg_.data.format == DataFormat::kText)  // bits per byte
+    s["test_bpb"] =
+        have_eval_ ? nan_to_null(last_eval_.loss / std::log(2.0)) : nlohmann::json(nullptr);
   s.update(extra);
   return s;
 }

@@ -152,8 +152,8 @@ TEST_CASE("every key is read into its field") {
   CHECK(c.model.input_features == 20);
   CHECK(c.model.num_classes == 3);
   CHECK(c.data.format == DataFormat::kCsv);
-  CHECK(c.data.train.path == "/d/train.csv");
-  CHECK(c.data.test.path == "/d/test.csv");
+  CHECK(c.data.train.path == std::vector<std::string>{"/d/train.csv"});
+  CHECK(c.data.test.path == std::vector<std::string>{"/d/test.csv"});
   CHECK(c.data.batch_size == 64);
   CHECK(c.data.eval_batch_size == 500);
   CHECK_FALSE(c.data.shuffle);
@@ -231,7 +231,7 @@ TEST_CASE("scalar typing: quoted strings, bools, numbers") {
       "data: {format: csv, train: {path: 1}, csv: {label_column: 0, delimiter: \"\\t\"}}\n"
       "optimizer: {lr: +1e-2, momentum: .5}\nseed: +3\n",
       "x.yaml");
-  CHECK(c.data.train.path == "1");
+  CHECK(c.data.train.path == std::vector<std::string>{"1"});
   CHECK(c.data.csv.label_column == "0");
   CHECK(c.data.csv.delimiter == '\t');
   CHECK(c.optimizer.lr == 0.01);
@@ -355,7 +355,7 @@ TEST_CASE("every range and enum rule, via --set") {
       {"model.input_features=-1", "model.input_features: must be >= 0 (got -1)"},
       {"model.num_classes=-2", "model.num_classes: must be >= 0 (got -2)"},
       {"data.format=cvs",
-       "data.format: must be one of idx, csv, synthetic (got 'cvs'; did you mean 'csv'?)"},
+       "data.format: must be one of idx, csv, synthetic, text (got 'cvs'; did you mean 'csv'?)"},
       {"data.test_fraction=1", "data.test_fraction: must be -1 (the default) or in [0, 1) (got 1)"},
       {"data.test_fraction=-0.5",
        "data.test_fraction: must be -1 (the default) or in [0, 1) (got -0.5)"},
@@ -642,7 +642,7 @@ TEST_CASE("relative data paths resolve against the config file's folder, --set o
 
   // parse_config: relative to the working directory, i.e. as written.
   const Config p = parse_config("data: {format: csv, train: {path: d/train.csv}}\n", "x");
-  CHECK(p.data.train.path == "d/train.csv");
+  CHECK(p.data.train.path == std::vector<std::string>{"d/train.csv"});
 
   // File errors are located in that file.
   const fs::path bad = tmp.write("bad.yaml", "data: {format: synthetic}\noptimizer: {lr: -1}\n");

@@ -69,6 +69,8 @@ std::vector<std::string> candidates(const KeyDecl& d, const nlohmann::json& def)
       return {"[7, 5]"};
     case KeyType::kLayerList:
       return {"[{linear: 8}, relu, {linear: 4}]", "[flatten, {dropout: 0.25}, {linear: 3}]"};
+    case KeyType::kPathList:
+      return {"some/file.csv"};
     case KeyType::kEnum: {
       std::vector<std::string> out;
       for (std::string_view c : std::get<EnumRef>(d.ref).choices) out.emplace_back(c);
@@ -83,6 +85,7 @@ const char* const kBases[] = {
     "data: {format: synthetic}\n",
     "data: {format: idx, train: {images: a, labels: b}}\n",
     "data: {format: csv, train: {path: a.csv}}\n",
+    "model: {type: gpt}\ndata: {format: text, train: {path: a.txt}}\n",
 };
 
 // A config with key `d` set to a non-default value, or nullopt if no candidate is accepted.

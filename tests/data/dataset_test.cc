@@ -196,8 +196,8 @@ TEST_CASE("load_data: csv scale uses train min/max, test shares them") {
   cfg.format = DataFormat::kCsv;
   cfg.normalize = Normalize::kScale;
   // Feature a spans 0..4, b is constant 7, c spans -2..2.
-  cfg.train.path = t.write("train.csv", "a,b,c,y\n0,7,-2,0\n4,7,2,1\n2,7,0,1\n");
-  cfg.test.path = t.write("test.csv", "a,b,c,y\n8,9,1,4\n");
+  cfg.train.path = {t.write("train.csv", "a,b,c,y\n0,7,-2,0\n4,7,2,1\n2,7,0,1\n")};
+  cfg.test.path = {t.write("test.csv", "a,b,c,y\n8,9,1,4\n")};
   const DataSplits s = load_data(cfg, 1);
   CHECK(s.normalizer.method == Normalize::kScale);
   CHECK(s.normalizer.shift == std::vector<float>{0, 7, -2});
@@ -222,7 +222,7 @@ TEST_CASE("load_data: csv scale uses train min/max, test shares them") {
 
   cfg.normalize = Normalize::kNone;
   const DataSplits none = load_data(cfg, 1);
-  CHECK(none.train.x == load_csv(cfg.train.path, cfg.csv).x);
+  CHECK(none.train.x == load_csv(cfg.train.path[0], cfg.csv).x);
 }
 
 TEST_CASE("load_data: csv held-out split and test/train mismatch") {
@@ -234,7 +234,7 @@ TEST_CASE("load_data: csv held-out split and test/train mismatch") {
   DataConfig cfg;
   cfg.format = DataFormat::kCsv;
   cfg.normalize = Normalize::kNone;
-  cfg.train.path = t.write("train.csv", text);
+  cfg.train.path = {t.write("train.csv", text)};
   const DataSplits no_split = load_data(cfg, 3);  // default fraction 0 for csv
   CHECK(no_split.train.rows == 100);
   CHECK(no_split.test.rows == 0);
@@ -261,9 +261,9 @@ TEST_CASE("load_data: csv held-out split and test/train mismatch") {
   cfg.test_fraction = 1.5;
   CHECK(user_error([&] { load_data(cfg, 3); }).find("test_fraction") != std::string::npos);
   cfg.test_fraction = -1;
-  cfg.test.path = t.write("test.csv", "x1,y\n1,0\n");
+  cfg.test.path = {t.write("test.csv", "x1,y\n1,0\n")};
   const std::string msg = user_error([&] { load_data(cfg, 3); });
-  CHECK(msg.find(cfg.test.path) != std::string::npos);
+  CHECK(msg.find(cfg.test.path[0]) != std::string::npos);
   CHECK(msg.find("1 features") != std::string::npos);
 }
 
