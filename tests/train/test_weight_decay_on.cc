@@ -75,10 +75,10 @@ TEST_CASE("weight_decay_on matrices: zero2 and fsdp on 2 ranks equal one process
   // One process with the global batch: 2 ranks x 16.
   train(dir / "ref", {"data.batch_size=32"});
   const std::string ref = as_file(dir / "ref", 20);
-  for (const char* strategy : {"zero2", "fsdp"}) {
+  for (const std::string strategy : {"zero2", "fsdp"}) {
     CAPTURE(strategy);
     const std::string run = dir / strategy;
-    train(run, {std::string("distributed.strategy=") + strategy, "distributed.world_size=2"});
+    train(run, {"distributed.strategy=" + strategy, "distributed.world_size=2"});
     const double rel = checkpoint_rel_diff(ref, as_file(run, 20));
     MESSAGE(strategy << ": " << rel << " from one process");
     CHECK(rel < 1e-5);
