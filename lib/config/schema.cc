@@ -270,6 +270,10 @@ std::vector<KeyDecl> optimizer_keys(const Owners& o) {
           R"doc(≥ 0; sgd/adam: L2 added to the gradient; adamw: decoupled)doc")
           .non_negative(),
       key(
+          "optimizer.weight_decay_on", [](auto& c) -> auto& { return c.optimizer.weight_decay_on; },
+          R"doc(`all` | `matrices`: the parameters `weight_decay` applies to; `matrices` = tensors of ≥ 2 dimensions only (linear and conv weights, embeddings), not biases or LayerNorm weights, as nanoGPT's parameter groups)doc")
+          .omitted_at_default_value(),
+      key(
           "optimizer.beta1", [](auto& c) -> auto& { return c.optimizer.beta1; },
           R"doc(adam/adamw first-moment decay, in [0, 1) (adam/adamw only))doc")
           .unit()

@@ -65,10 +65,11 @@ class Sgd final : public Optimizer {
         momentum_(static_cast<float>(cfg.momentum)),
         nesterov_(cfg.nesterov) {}
 
-  void update(float* params, const float* grads, int64_t off, int64_t n, double lr) override {
+  void update(float* params, const float* grads, int64_t off, int64_t n, double lr,
+              bool decay_here) override {
     if (n == 0) return;
     const float lrf = static_cast<float>(lr);
-    const bool decay = wd_ != 0.0f;
+    const bool decay = decay_here && wd_ != 0.0f;
     if (momentum_ > 0.0f) {
       float* buf = state_[0].data() + off;
       if (nesterov_) {
@@ -167,7 +168,8 @@ class Adam final : public Optimizer {
         wd_(cfg.weight_decay),
         decoupled_(decoupled) {}
 
-  void update(float* params, const float* grads, int64_t off, int64_t n, double lr) override {
+  void update(float* params, const float* grads, int64_t off, int64_t n, double lr,
+              bool decay) override {
     if (n == 0) return;
     const double t = static_cast<double>(steps_);
     const double bc1 = 1.0 - std::pow(beta1_, t);
@@ -184,9 +186,11 @@ class Adam final : public Optimizer {
     c.decay = static_cast<float>(1.0 - lr * wd_);
     float* m = state_[0].data() + off;
     float* v = state_[1].data() + off;
-    if (decoupled_) {
+    // AdamW without decay here multiplies by nothing (not by 1.0f: the same result, one
+    // multiplication less).
+    if (decoupled_ && decay) {
       adam_update<false, true>(params, grads, m, v, n, c);
-    } else if (wd_ != 0.0) {
+    } else if (!decoupled_ && decay && wd_ != 0.0) {
       adam_update<true, false>(params, grads, m, v, n, c);
     } else {
       adam_update<false, false>(params, grads, m, v, n, c);
@@ -205,7 +209,65 @@ void Optimizer::update_slice(float* params, const float* grads, int64_t state_of
   DT_CHECK_GE(state_offset, 0);
   DT_CHECK_GE(n, 0);
   DT_CHECK_LE(state_offset + n, n_);
-  update(params, grads, state_offset, n, lr);
+  update_split(params, grads, state_offset, n, lr);
+}
+
+void Optimizer::update_split(float* params, const float* grads, int64_t off, int64_t n, double lr) {
+  if (decay_all_) {  // today's path: one call, no search
+    update(params, grads, off, n, lr, true);
+    return;
+  }
+  const int64_t end = off + n;
+  // The first decayed range that ends after off.
+  auto it = std::upper_bound(decayed_.begin(), decayed_.end(), off,
+                             [](int64_t v, const FlatRange& r) { return v < r.end; });
+  int64_t pos = off;
+  while (pos < end) {
+    const int64_t lo = it == decayed_.end() ? end : std::clamp(it->begin, pos, end);
+    if (lo > pos) {  // the gap before the next decayed range
+      update(params + (pos - off), grads + (pos - off), pos, lo - pos, lr, false);
+      pos = lo;
+    }
+    if (pos == end) break;
+    const int64_t hi = std::min(end, it->end);
+    update(params + (pos - off), grads + (pos - off), pos, hi - pos, lr, true);
+    pos = hi;
+    ++it;
+  }
+}
+
+void Optimizer::set_decayed(const std::vector<StatePiece>& pieces,
+                            const std::vector<FlatRange>& decayed) {
+  for (size_t i = 1; i < decayed.size(); ++i) DT_CHECK_LE(decayed[i - 1].end, decayed[i].begin);
+  std::vector<FlatRange> out;
+  int64_t owned = 0, covered = 0;
+  for (const StatePiece& p : pieces) {
+    DT_CHECK_LE(p.begin, p.end);
+    DT_CHECK_GE(p.offset, 0);
+    DT_CHECK_LE(p.offset + (p.end - p.begin), n_);
+    owned += p.end - p.begin;
+    for (const FlatRange& d : decayed) {
+      const int64_t lo = std::max(p.begin, d.begin), hi = std::min(p.end, d.end);
+      if (lo >= hi) continue;
+      out.push_back({p.offset + (lo - p.begin), p.offset + (hi - p.begin)});
+      covered += hi - lo;
+    }
+  }
+  std::sort(out.begin(), out.end(),
+            [](const FlatRange& a, const FlatRange& b) { return a.begin < b.begin; });
+  decayed_.clear();
+  for (const FlatRange& r : out) {  // merge ranges that touch (adjacent tensors, pieces)
+    DT_CHECK(decayed_.empty() || decayed_.back().end <= r.begin);
+    if (!decayed_.empty() && decayed_.back().end == r.begin) {
+      decayed_.back().end = r.end;
+    } else {
+      decayed_.push_back(r);
+    }
+  }
+  // Every owned element decays: keep the unsplit path (state outside the pieces, a shard's
+  // padding, is never read as a parameter, so decaying it too changes nothing).
+  decay_all_ = covered == owned;
+  if (decay_all_) decayed_.clear();
 }
 
 void Optimizer::step_and_zero_grads(float* params, float* grads, double lr) {
@@ -215,7 +277,7 @@ void Optimizer::step_and_zero_grads(float* params, float* grads, double lr) {
   constexpr int64_t kSlice = 4096;
   for (int64_t off = 0; off < n_; off += kSlice) {
     const int64_t len = std::min(kSlice, n_ - off);
-    update(params + off, grads + off, off, len, lr);
+    update_split(params + off, grads + off, off, len, lr);
     std::fill(grads + off, grads + off + len, 0.0f);
   }
 }
@@ -232,6 +294,14 @@ std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& cfg, int64_t be
       return std::make_unique<Adam>(cfg, begin, n, /*decoupled=*/true);
   }
   DT_CHECK_MSG(false, "unknown optimizer type " << static_cast<int>(cfg.type));
+}
+
+std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& cfg, int64_t n,
+                                          const std::vector<StatePiece>& pieces,
+                                          const std::vector<FlatRange>& decayed) {
+  std::unique_ptr<Optimizer> opt = make_optimizer(cfg, 0, n);
+  opt->set_decayed(pieces, decayed);
+  return opt;
 }
 
 // The post-warmup schedule's clock starts at the end of warmup for both step and cosine (as

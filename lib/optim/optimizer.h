@@ -2,6 +2,11 @@
 // [begin, begin + n) owns state buffers of n floats each, in the same layout (state element j
 // belongs to parameter begin + j), so ZeRO can give each rank a shard and checkpoints can slice
 // the state by the parameter table. Semantics follow PyTorch's SGD, Adam and AdamW.
+//
+// Weight decay applies to the elements of the decayed ranges the optimizer was built with
+// (optimizer.weight_decay_on: matrices decays only tensors of 2 or more dimensions): every update
+// splits its slice at their boundaries and runs each piece with or without decay, so the update
+// loops stay branch-free and any slicing of a step gives bitwise the same result.
 #pragma once
 
 #include <cstdint>
@@ -12,6 +17,17 @@
 #include "optim/options.h"
 
 namespace dtrain {
+
+// [begin, end) of the whole model's flat layout.
+struct FlatRange {
+  int64_t begin = 0, end = 0;
+  bool operator==(const FlatRange&) const = default;
+};
+// A piece of the flat layout that an optimizer's state holds: flat [begin, end) at state offset
+// `offset` (sharded strategies own several pieces, packed into one shard).
+struct StatePiece {
+  int64_t begin = 0, end = 0, offset = 0;
+};
 
 class Optimizer {
  public:
@@ -42,19 +58,41 @@ class Optimizer {
   void set_step_count(int64_t s) { steps_ = s; }
   // Bytes held in optimizer state (for memory accounting).
   int64_t state_bytes() const;
+  // The state ranges [begin, end) (state offsets, sorted, disjoint) that weight decay applies to,
+  // when it does not apply to the whole state.
+  const std::vector<FlatRange>& decayed_state() const { return decayed_; }
+  bool decays_all() const { return decay_all_; }
 
  protected:
   Optimizer(int64_t begin, int64_t n, std::vector<std::string> names);
-  // The update rule over n elements with state from `state_offset`, at step count steps_.
-  virtual void update(float* params, const float* grads, int64_t state_offset, int64_t n,
-                      double lr) = 0;
+  // The update rule over n elements with state from `state_offset`, at step count steps_, with
+  // weight decay when `decay` (and the configured weight_decay is not 0).
+  virtual void update(float* params, const float* grads, int64_t state_offset, int64_t n, double lr,
+                      bool decay) = 0;
+  friend std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig&, int64_t,
+                                                   const std::vector<StatePiece>&,
+                                                   const std::vector<FlatRange>&);
+  // Restricts weight decay to the flat ranges `decayed` (whole-model offsets, sorted, disjoint)
+  // for the state laid out as `pieces`; at construction (make_optimizer's second form).
+  void set_decayed(const std::vector<StatePiece>& pieces, const std::vector<FlatRange>& decayed);
+  // update() over [state_offset, state_offset + n), split at the decayed ranges' boundaries.
+  void update_split(float* params, const float* grads, int64_t state_offset, int64_t n, double lr);
   int64_t begin_ = 0, n_ = 0, steps_ = 0;
+  bool decay_all_ = true;           // decayed_ is unused: every element decays
+  std::vector<FlatRange> decayed_;  // state ranges that decay when !decay_all_
   std::vector<std::string> names_;
   std::vector<std::vector<float>> state_;
 };
 
-// Builds sgd | adam | adamw for the range [begin, begin + n) of the layout.
+// Builds sgd | adam | adamw for the range [begin, begin + n) of the layout, weight decay on every
+// element.
 std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& cfg, int64_t begin, int64_t n);
+// Builds the optimizer for state [0, n) holding the flat pieces `pieces` (within [0, n), disjoint),
+// with weight decay only on the flat ranges `decayed` (whole-model offsets, sorted, disjoint: a
+// strategy passes decayed_ranges(model, cfg.weight_decay_on), see train/strategy.h).
+std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& cfg, int64_t n,
+                                          const std::vector<StatePiece>& pieces,
+                                          const std::vector<FlatRange>& decayed);
 
 // Learning rate at optimizer step `step` (0-based: the lr used for the update that makes step
 // step+1), for a run of `total_steps` steps, base lr `base_lr` (already scaled by scale_lr).

@@ -12,6 +12,10 @@ namespace dtrain {
 enum class OptimizerType { kSgd, kAdam, kAdamw };
 enum class ScheduleType { kConstant, kStep, kCosine };
 enum class ScaleLr { kNone, kLinear };
+// Which parameters weight decay applies to: every element, or only tensors of 2 or more
+// dimensions (nanoGPT's configure_optimizers, PyTorch parameter groups: weights of linear and
+// convolution layers and embeddings decay; biases, LayerNorm weights and other 1-D tensors do not).
+enum class WeightDecayOn { kAll, kMatrices };
 
 inline constexpr EnumName<OptimizerType> kOptimizerTypeNames[] = {
     {OptimizerType::kSgd, "sgd"}, {OptimizerType::kAdam, "adam"}, {OptimizerType::kAdamw, "adamw"}};
@@ -22,6 +26,9 @@ inline constexpr EnumName<ScheduleType> kScheduleTypeNames[] = {
 inline constexpr EnumName<ScaleLr> kScaleLrNames[] = {{ScaleLr::kNone, "none"},
                                                       {ScaleLr::kLinear, "linear"}};
 
+inline constexpr EnumName<WeightDecayOn> kWeightDecayOnNames[] = {
+    {WeightDecayOn::kAll, "all"}, {WeightDecayOn::kMatrices, "matrices"}};
+
 constexpr std::span<const EnumName<OptimizerType>> enum_names(OptimizerType) {
   return kOptimizerTypeNames;
 }
@@ -30,6 +37,9 @@ constexpr std::span<const EnumName<ScheduleType>> enum_names(ScheduleType) {
 }
 constexpr std::span<const EnumName<ScaleLr>> enum_names(ScaleLr) {
   return kScaleLrNames;
+}
+constexpr std::span<const EnumName<WeightDecayOn>> enum_names(WeightDecayOn) {
+  return kWeightDecayOnNames;
 }
 
 struct ScheduleConfig {
@@ -51,6 +61,9 @@ struct OptimizerConfig {
   double eps = 1e-8;                  // adam/adamw, > 0
   ScaleLr scale_lr = ScaleLr::kNone;  // linear: lr *= world_size
   double clip_grad_norm = 0.0;        // 0: off; else clip the global gradient L2 norm to this
+  // The parameters weight_decay applies to (the strategies pass them to the optimizer as flat
+  // ranges: decayed_ranges in train/strategy.h).
+  WeightDecayOn weight_decay_on = WeightDecayOn::kAll;
   ScheduleConfig schedule;
 };
 

@@ -27,7 +27,8 @@ class Fsdp final : public Strategy {
         ss_(ShardLayout(*range.model,
                         units_for_fsdp(*range.model, cfg.distributed.fsdp, range.first, range.last),
                         dp.size()),
-            dp, cfg.optimizer, /*grad_shard=*/true) {
+            dp, cfg.optimizer, /*grad_shard=*/true,
+            decayed_ranges(*range.model, cfg.optimizer.weight_decay_on)) {
     const size_t U = ss_.layout().units().size();
     param_shard_.assign(static_cast<size_t>(ss_.layout().shard_size()), 0.0f);
     gathered_.resize(U);

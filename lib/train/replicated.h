@@ -21,7 +21,8 @@ class ReplicatedBase : public Strategy {
         dp_(dp),
         values_(static_cast<size_t>(range.size())),
         grads_(static_cast<size_t>(range.size())),
-        opt_(make_optimizer(cfg.optimizer, 0, range.size())) {}
+        opt_(make_optimizer(cfg.optimizer, range.size(), {{range.begin, range.end, 0}},
+                            decayed_ranges(*range.model, cfg.optimizer.weight_decay_on))) {}
 
   void init_params(uint64_t seed) override {
     r_.model->init(values_.data(), seed, r_.first, r_.last, r_.begin);

@@ -189,10 +189,12 @@ std::string nonfinite_what(const Model& m, float code) {
 }
 
 ShardedState::ShardedState(ShardLayout layout, Communicator& dp, const OptimizerConfig& ocfg,
-                           bool grad_shard)
+                           bool grad_shard, const std::vector<FlatRange>& decayed)
     : layout_(std::move(layout)), dp_(dp), rank_(dp.rank()) {
   DT_CHECK_EQ(layout_.world(), dp.size());
-  opt_ = make_optimizer(ocfg, 0, layout_.shard_size());
+  std::vector<StatePiece> pieces;
+  for (const ShardRange& r : layout_.ranges(rank_)) pieces.push_back({r.begin, r.end, r.offset});
+  opt_ = make_optimizer(ocfg, layout_.shard_size(), pieces, decayed);
   if (grad_shard) grad_shard_.assign(static_cast<size_t>(layout_.shard_size()), 0.0f);
   unit_grads_.resize(layout_.units().size());
   rs_work_.resize(layout_.units().size());

@@ -109,7 +109,9 @@ struct StateMemory {
 // of the axis calls every method in the same order. Not thread-safe; one per rank.
 class ShardedState {
  public:
-  ShardedState(ShardLayout layout, Communicator& dp, const OptimizerConfig& ocfg, bool grad_shard);
+  // `decayed`: the flat ranges weight decay applies to (decayed_ranges in train/strategy.h).
+  ShardedState(ShardLayout layout, Communicator& dp, const OptimizerConfig& ocfg, bool grad_shard,
+               const std::vector<FlatRange>& decayed);
   const ShardLayout& layout() const { return layout_; }
   Communicator& dp() { return dp_; }
   int rank() const { return rank_; }

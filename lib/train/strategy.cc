@@ -1,5 +1,6 @@
 #include "train/strategy.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include <fmt/format.h>
@@ -32,6 +33,26 @@ std::vector<ParamEntry> range_params(const ModelRange& r) {
     out.push_back(std::move(e));
   }
   return out;
+}
+
+std::vector<FlatRange> decayed_ranges(const Model& m, WeightDecayOn on) {
+  if (on == WeightDecayOn::kAll) return {{0, m.param_count()}};
+  std::vector<FlatRange> out;
+  for (const ParamEntry& e : m.params()) {
+    if (e.shape.size() < 2 || e.numel == 0) continue;
+    out.push_back({e.offset, e.offset + e.numel});
+  }
+  std::sort(out.begin(), out.end(),
+            [](const FlatRange& a, const FlatRange& b) { return a.begin < b.begin; });
+  std::vector<FlatRange> merged;
+  for (const FlatRange& r : out) {
+    if (!merged.empty() && merged.back().end >= r.begin) {
+      merged.back().end = std::max(merged.back().end, r.end);
+    } else {
+      merged.push_back(r);
+    }
+  }
+  return merged;
 }
 
 std::unique_ptr<Strategy> make_strategy(const Config& cfg, ModelRange range, Communicator& dp) {

@@ -160,4 +160,10 @@ class BucketAllReduce {
 // A range's parameter table with offsets relative to its first element (for GradReducer).
 std::vector<ParamEntry> range_params(const ModelRange& r);
 
+// The flat ranges (whole-model offsets, sorted, disjoint, adjacent tensors merged) that weight
+// decay applies to: the whole layout for `all`; for `matrices` the tensors of 2 or more
+// dimensions (linear and convolution weights, embeddings), not biases or LayerNorm weights.
+// Every strategy builds its optimizer with these (make_optimizer's second form).
+std::vector<FlatRange> decayed_ranges(const Model& m, WeightDecayOn on);
+
 }  // namespace dtrain

@@ -23,7 +23,8 @@ class ZeroBase : public Strategy {
                         units_from_buckets(*range.model, BucketAllReduce(cfg, range, dp).buckets(),
                                            range.first, range.last),
                         dp.size()),
-            dp, cfg.optimizer, grad_shard) {}
+            dp, cfg.optimizer, grad_shard,
+            decayed_ranges(*range.model, cfg.optimizer.weight_decay_on)) {}
 
   std::string describe() const override {
     return fmt::format("{}: {} unit(s), {} of {} parameters per rank (shard, padding included)",
