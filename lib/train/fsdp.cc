@@ -126,6 +126,7 @@ class Fsdp final : public Strategy {
         x, acts, dy, dx);
   }
   void finish_backward() override { ss_.collect_unit_grads(); }
+  HeldGrads held_grads() override { return ss_.held_grad_shard(); }
   bool replicated_grads() const override { return false; }
   int64_t first_nonfinite_grad() const override {
     return first_nonfinite_param(*r_.model, ss_.grad_shard().data(),

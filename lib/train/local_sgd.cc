@@ -14,6 +14,7 @@
 #include <spdlog/spdlog.h>
 
 #include "train/replicated.h"
+#include "train/tied_grads.h"
 #include "util/check.h"
 
 namespace dtrain {
@@ -30,7 +31,8 @@ class LocalSgd final : public ReplicatedBase {
       : ReplicatedBase(cfg, range, dp),
         c_(cfg.distributed.local_sgd),
         compression_(cfg.distributed.compression.type),
-        outer_(c_.outer_lr > 0) {
+        outer_(c_.outer_lr > 0),
+        pieces_(tie_aligned_pieces(*range.model, range.begin, range.end)) {
     if (outer_) outer_momentum_.assign(values_.size(), 0.0f);
     if (dp.size() == 1 && compression_ != CompressionType::kNone && dp.rank() == 0)
       spdlog::warn(
@@ -99,6 +101,9 @@ class LocalSgd final : public ReplicatedBase {
   CompressionType compression_;
   bool outer_;
   std::vector<float> anchor_, outer_momentum_, delta_;
+  // sync() averages these pieces of the range one by one (train/tied_grads.h): both copies of a
+  // tie, here or on another stage, are summed in the same order and stay bitwise equal.
+  std::vector<FlatRange> pieces_;
   std::unique_ptr<GradReducer> reducer_;
   double wait_s_ = 0.0;
 };
@@ -106,14 +111,27 @@ class LocalSgd final : public ReplicatedBase {
 void LocalSgd::sync() {
   const int64_t P = r_.size();
   std::vector<WorkPtr> w;
-  if (!reducer_) w.push_back(dp_.allreduce_async(values_.data(), values_.size(), ReduceOp::kAvg));
-  if (c_.sync_optimizer_state)
-    for (size_t i = 0; i < opt_->state_names().size(); ++i)
+  auto average = [&](float* buf) {
+    for (const FlatRange& p : pieces_)
       w.push_back(
-          dp_.allreduce_async(opt_->state(i).data(), static_cast<size_t>(P), ReduceOp::kAvg));
+          dp_.allreduce_async(buf + p.begin, static_cast<size_t>(p.end - p.begin), ReduceOp::kAvg));
+  };
+  if (!reducer_) average(values_.data());
+  if (c_.sync_optimizer_state)
+    for (size_t i = 0; i < opt_->state_names().size(); ++i) average(opt_->state(i).data());
   if (reducer_) {
     for (int64_t j = 0; j < P; ++j) delta_[j] = anchor_[j] - values_[j];
     reducer_->allreduce_sum(dp_, delta_.data());
+    // The compressor treats the two copies of a tie as two tensors (its own sampling, residuals):
+    // the tie moves by the primary's average. Compression refuses pipelines, so both are here.
+    for (const TiedParam& t : r_.model->ties()) {
+      const ParamEntry& a = r_.model->params()[t.primary];
+      const ParamEntry& b = r_.model->params()[t.mirror];
+      DT_CHECK(a.offset >= r_.begin && b.offset + b.numel <= r_.end);
+      std::copy(delta_.begin() + (a.offset - r_.begin),
+                delta_.begin() + (a.offset + a.numel - r_.begin),
+                delta_.begin() + (b.offset - r_.begin));
+    }
   }
   for (auto& x : w) x->wait();
   if (reducer_) {

@@ -25,6 +25,7 @@
 #include "train/stop.h"
 #include "train/straggler.h"
 #include "train/strategy.h"
+#include "train/tied_grads.h"
 #include "util/check.h"
 #include "util/fs.h"
 
@@ -100,6 +101,8 @@ class TrainLoop {
   Model model_;
   std::vector<LayerRange> stages_;  // per stage (one: the whole model)
   std::unique_ptr<Strategy> strategy_;
+  std::optional<TiedGrads> tied_;  // the GPT's tied embeddings (train/tied_grads.h)
+  double tied_sq_ = 0.0;           // the step's TiedGrads::sum, subtracted by clip()
   std::unique_ptr<Executor> exec_;
   std::optional<Sampler> sampler_;
   StepPlan plan_;
@@ -176,14 +179,8 @@ void TrainLoop::setup_model() {
                       : std::vector<LayerRange>{{0, model_.num_layers()}};
   const auto [f, l] = stages_[static_cast<size_t>(stage_)];
   check_memory(ModelRange::layers(model_, f, l));
-  if (!model_.ties().empty() && (pipelined || cfg_.distributed.strategy == StrategyKind::kZero2 ||
-                                 cfg_.distributed.strategy == StrategyKind::kFsdp))
-    throw UserError(
-        "model.tie_embeddings with " +
-        std::string(pipelined ? "a pipeline" : to_string(cfg_.distributed.strategy)) +
-        " is not supported yet (the tied copies' gradients are summed where one rank holds "
-        "both whole: ddp, local_sgd, zero1); set model.tie_embeddings: false");
   strategy_ = make_strategy(cfg_, ModelRange::layers(model_, f, l), dp_);
+  tied_.emplace(model_, stages_, stage_, dp_, pp_);
   strategy_->init_params(static_cast<uint64_t>(cfg_.seed));
   exec_ = pipelined ? make_pipeline_executor(cfg_, model_, data_.train, *strategy_, rng_, tracer_,
                                              world_, grid_.layout(), stages_)
@@ -243,6 +240,7 @@ bool TrainLoop::resume() {
     rp_ = resume_full_state(cfg_, opts_, world_, model_, ckpt_dir_, hash_, full_p.data(), sb, rng_,
                             &saved_comp_);
     if (rp_.loaded) {
+      check_tied_copies(model_, full_p.data(), ptrs, rp_.from.empty() ? opts_.resume : rp_.from);
       strategy_->load_full(full_p.data(), ptrs);
       step_ = rp_.step;
       epoch_ = rp_.epoch;
@@ -324,13 +322,9 @@ bool TrainLoop::nonfinite_guard(double loss_sum) {
 void TrainLoop::clip() {
   // The global norm: each stage's squared norm (each element counted once over the data axis),
   // summed over the stages.
-  double ss = strategy_->grad_sq_sum();
-  // A tied parameter's two copies hold the same summed gradient: count it once (PyTorch's norm
-  // of nanoGPT's tied GPT sees one tensor).
-  for (const TiedParam& t : model_.ties()) {
-    const ParamEntry& e = model_.params()[t.mirror];
-    ss -= sum_squares(strategy_->full_grads() + e.offset, e.numel);
-  }
+  // A tied parameter's two copies hold the same summed gradient: the stage holding the mirror
+  // subtracts it, so it counts once (PyTorch's norm of nanoGPT's tied GPT sees one tensor).
+  double ss = strategy_->grad_sq_sum() - tied_sq_;
   if (pp_.size() > 1) {
     float v = static_cast<float>(ss);
     pp_.allreduce(&v, 1, ReduceOp::kSum);
@@ -374,7 +368,7 @@ bool TrainLoop::step() {
   double loss_sum = exec_->run_step(w);
   strategy_->finish_backward();
   // Tied copies (the GPT's wte and lm_head) get the sum of their gradients, so they stay equal.
-  if (!model_.ties().empty()) sum_tied_grads(model_, strategy_->full_grads());
+  tied_sq_ = tied_->sum(strategy_->held_grads());
   if (loss_work) {
     TraceScope ts(tracer_, "wait for communication", "wait");
     const auto t0 = Clock::now();

@@ -60,7 +60,7 @@ class ReplicatedBase : public Strategy {
     return first_nonfinite_param(*r_.model, grads_.data(), {{r_.begin, r_.end, 0}});
   }
   double grad_sq_sum() override { return sum_squares(grads_.data(), r_.size()); }
-  float* full_grads() override { return grads_.data(); }
+  HeldGrads held_grads() override { return {{{r_.begin, r_.end, grads_.data()}}, false}; }
   void scale_grads(float f) override { scale_inplace(grads_.data(), r_.size(), f); }
   // Zeroes the gradients in the update's pass, so the next begin_step skips its fill (a pass
   // over the gradients: 0.1 ms of mlp-ref's step).

@@ -254,6 +254,17 @@ void ShardedState::collect_unit_grads() {
   wait_s_ += seconds_since(t0);
 }
 
+HeldGrads ShardedState::held_grad_shard() {
+  DT_CHECK(!grad_shard_.empty() || layout_.shard_size() == 0);
+  HeldGrads h;
+  h.shards = true;
+  for (const ShardUnit& u : layout_.units())
+    if (u.own_end(rank_) > u.own_begin(rank_))
+      h.spans.push_back(
+          {u.own_begin(rank_), u.own_end(rank_), grad_shard_.data() + u.shard_offset});
+  return h;
+}
+
 double ShardedState::grad_sq_sum(const float* full_grads, int64_t base) {
   double ss = 0.0;
   if (grad_shard_.empty()) {

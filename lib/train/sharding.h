@@ -103,6 +103,20 @@ struct StateMemory {
   int64_t peak_gathered_bytes = 0, peak_unit_grad_bytes = 0;
 };
 
+// Gradient a rank holds: span k is the gradient of flat elements [begin, end) of the whole
+// model's layout, element begin at data[0]. Valid until the strategy's next call.
+struct GradSpan {
+  int64_t begin = 0, end = 0;
+  float* data = nullptr;
+};
+struct HeldGrads {
+  std::vector<GradSpan> spans;  // ascending, disjoint
+  // True: the spans of the data axis's ranks partition the range, each element held by exactly
+  // one rank (zero2, fsdp: their gradient shards); false: every rank of the axis holds the whole
+  // range (ddp, zero1 and local_sgd: one span, the range).
+  bool shards = false;
+};
+
 // The parts zero1, zero2 and fsdp share (train/zero1.cc, zero2.cc, fsdp.cc): the optimizer over
 // this rank's shard and the reduce-scatter of each unit's gradient into the gradient shard.
 // `dp` is the data axis's communicator; its size is the layout's world. Collective: every rank
@@ -119,6 +133,8 @@ class ShardedState {
   const Optimizer& optimizer() const { return *opt_; }
   std::vector<float>& grad_shard() { return grad_shard_; }  // empty without one (zero1)
   const std::vector<float>& grad_shard() const { return grad_shard_; }
+  // The gradient shard's non-empty chunks as spans of the flat layout (zero2, fsdp).
+  HeldGrads held_grad_shard();
 
   // Unit u's gradient `g` (the unit's size, flat layout from units()[u].begin) is summed over
   // the axis; the call returns at once (after finishing unit u's previous one, if still in

@@ -103,10 +103,9 @@ class Strategy {
   virtual void backward(const Tensor& x, Activations& acts, const Tensor& dy, Tensor* dx,
                         bool last) = 0;
   virtual void finish_backward() = 0;
-  // The range's whole gradient buffer (flat layout from ModelRange::begin) when this rank holds
-  // all of it after finish_backward (ddp, local_sgd, zero1); null for gradient shards (zero2,
-  // fsdp). Tied parameters are summed there (nn/model.h sum_tied_grads).
-  virtual float* full_grads() { return nullptr; }
+  // The gradient this rank holds after finish_backward (train/tied_grads.h sums tied copies
+  // there): the whole range (ddp, local_sgd, zero1) or this rank's shard (zero2, fsdp).
+  virtual HeldGrads held_grads() = 0;
   // True when, after finish_backward, every rank of the axis holds the same reduced gradient
   // (ddp, zero1): the non-finite verdict then needs no collective of its own.
   virtual bool replicated_grads() const = 0;

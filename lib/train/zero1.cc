@@ -28,7 +28,7 @@ class Zero1 final : public ZeroBase {
   double wait_seconds() const override { return wait_s_ + ss_.wait_seconds(); }
 
   void begin_step() override { std::fill(grads_.begin(), grads_.end(), 0.0f); }
-  float* full_grads() override { return grads_.data(); }
+  HeldGrads held_grads() override { return {{{r_.begin, r_.end, grads_.data()}}, false}; }
   void backward(const Tensor& x, Activations& acts, const Tensor& dy, Tensor* dx,
                 bool last) override {
     r_.model->backward(values_.data(), grads_.data(), x, acts, dy, dx, r_.first, r_.last,

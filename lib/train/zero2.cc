@@ -32,6 +32,7 @@ class Zero2 final : public ZeroBase {
         x, acts, dy, dx);
   }
   void finish_backward() override { ss_.collect_unit_grads(); }
+  HeldGrads held_grads() override { return ss_.held_grad_shard(); }
   bool replicated_grads() const override { return false; }
   int64_t first_nonfinite_grad() const override {
     return first_nonfinite_param(*r_.model, ss_.grad_shard().data(),
