@@ -55,7 +55,8 @@ nlohmann::json nan_to_null(double v) {
 // One rank's training run. Construction sets everything up (collective); run() trains.
 // Collectives run on three communicators: the world (stop votes, the non-finite verdict when
 // ranks hold different gradients, records, evaluation sums, checkpoints), the data axis (the
-// strategy's, the loss all-reduce, straggler checks) and the pipeline axis (the clipping norm).
+// strategy's, the loss all-reduce, straggler checks, a tie's sharded gradient) and the pipeline
+// axis (the clipping norm, a tie whose copies are on different stages: train/tied_grads.h).
 // Every rank issues them in the same order (communicator.h).
 class TrainLoop {
  public:

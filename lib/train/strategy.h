@@ -19,6 +19,7 @@
 //   { forward(x) ... backward(x, dy, last) }   per micro-batch, in the executor's order; the
 //                                              step's last backward has last = true
 //   finish_backward()                          gradients reduced as the strategy defines
+//   held_grads()                               the loop sums tied copies there (tied_grads.h)
 //   first_nonfinite_grad(), grad_sq_sum() / scale_grads()   the guard and clipping
 //   optimizer_step(lr)
 //   end_step(step)                             local_sgd's synchronisation
