@@ -351,7 +351,7 @@ bool TrainLoop::step() {
   // mean loss over all its target positions; Local SGD: its own mean.
   const int64_t scale_samples =
       (strategy_->global_mean() ? step_samples : std::max<int64_t>(1, local_samples)) * tps_;
-  const double wait0 = strategy_->wait_seconds() + exec_->wait_seconds();
+  const double wait0 = strategy_->wait_seconds() + exec_->wait_seconds() + tied_->wait_seconds();
   strategy_->begin_step();
   // The step's loss (loss_global_) is known after the last forward; its all-reduce runs during
   // backward, ahead of the gradient buckets, so it adds no round trip after backward.
@@ -387,7 +387,8 @@ bool TrainLoop::step() {
   }
   ++step_;
   strategy_->end_step(step_, step_ == plan_.total_steps);
-  exposed_comm_s_ += strategy_->wait_seconds() + exec_->wait_seconds() - wait0;
+  exposed_comm_s_ +=
+      strategy_->wait_seconds() + exec_->wait_seconds() + tied_->wait_seconds() - wait0;
   if (ok) {
     samples_trained_ += step_samples;
     // The loss sum covers the global batch (loss_global_) or this rank's own samples (added up

@@ -1,6 +1,7 @@
 #include "train/tied_grads.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
 #include "util/check.h"
@@ -51,6 +52,12 @@ TiedGrads::TiedGrads(const Model& m, const std::vector<LayerRange>& stages, int 
   }
 }
 
+void TiedGrads::allreduce(Communicator& c, std::vector<float>& b) {
+  const auto t0 = std::chrono::steady_clock::now();
+  c.allreduce(b.data(), b.size(), ReduceOp::kSum);
+  wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
 double TiedGrads::sum(const HeldGrads& held) {
   double mirror_sq = 0.0;
   for (Tie& t : ties_) {
@@ -65,11 +72,11 @@ double TiedGrads::sum(const HeldGrads& held) {
       if (t.has_primary) for_held_parts(held, *t.primary, add);
       if (t.has_mirror) for_held_parts(held, *t.mirror, add);
       // Shards: each element of each copy is held by one rank of the axis.
-      if (held.shards && dp_.size() > 1) dp_.allreduce(B, t.buf.size(), ReduceOp::kSum);
+      if (held.shards && dp_.size() > 1) allreduce(dp_, t.buf);
     }
     // Every stage of the replica joins (communicator.h: the same collectives in the same order
     // on every rank); the stages between contribute zeros.
-    if (t.across_stages) pp_.allreduce(B, t.buf.size(), ReduceOp::kSum);
+    if (t.across_stages) allreduce(pp_, t.buf);
     if (!mine) continue;
     auto put = [B](int64_t at, float* g, int64_t n) {
       std::memcpy(g, B + at, static_cast<size_t>(n) * sizeof(float));

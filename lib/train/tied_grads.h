@@ -43,6 +43,8 @@ class TiedGrads {
   // counts once in the global norm (as in PyTorch's norm over nanoGPT's parameters): the summed
   // gradient's squared L2 norm for each tie whose mirror this stage holds, else 0.
   double sum(const HeldGrads& held);
+  // Seconds in sum()'s collectives so far (exposed communication).
+  double wait_seconds() const { return wait_s_; }
 
  private:
   struct Tie {
@@ -52,9 +54,12 @@ class TiedGrads {
     bool across_stages = false;                    // the copies on different stages
     std::vector<float> buf;                        // B
   };
+  void allreduce(Communicator& c, std::vector<float>& b);  // sum, timed
+
   std::vector<Tie> ties_;
   Communicator& dp_;
   Communicator& pp_;
+  double wait_s_ = 0.0;
 };
 
 // The pieces [begin, end) (offsets relative to `begin`) that split the flat range [begin, end)
