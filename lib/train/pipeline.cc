@@ -62,7 +62,10 @@ std::vector<LayerRange> partition_stages(const Model& m, int stages, PipelinePar
   const std::vector<LayerRange> blocks = units_for_fsdp(m, one);
   const int B = static_cast<int>(blocks.size());
   DT_CHECK_GE(stages, 1);
-  DT_CHECK_LE(stages, B);
+  // The config's validation counts an mlp's layers; other model types are known only here.
+  if (stages > B)
+    throw UserError("distributed.pipeline.stages: the model has " + std::to_string(B) +
+                    " layer(s) with parameters, fewer than " + std::to_string(stages) + " stages");
   std::vector<int> cut;  // first block of each stage
   if (how == PipelinePartition::kUniform) {
     int b = 0;

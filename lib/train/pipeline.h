@@ -33,6 +33,7 @@ namespace dtrain {
 // parameters (the first stages one more when S does not divide them), `balanced` minimises the
 // largest stage's estimated cost (multiply-adds per sample: a Linear's weights, plus the widths
 // of the elementwise layers). Layers without parameters stay with the layer before them.
+// Throws UserError when the model has fewer layers with parameters than `stages`.
 std::vector<LayerRange> partition_stages(const Model& m, int stages, PipelinePartition how);
 // Estimated multiply-adds per sample of layers [first, last) (the cost `balanced` balances).
 double stage_cost(const Model& m, size_t first, size_t last);
