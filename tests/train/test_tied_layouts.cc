@@ -266,6 +266,7 @@ TEST_CASE("tied GPT: checkpoints resume across layouts; an untied checkpoint is 
       {"zero2 dp2 to pp2 x dp1", layout("zero2", 1, 2),
        with(layout("ddp", 2, 1), {"data.batch_size=8"})},
       {"fsdp pp2 x dp2 to 1 rank", layout("fsdp", 2, 2), {"data.batch_size=8"}},
+      {"1 rank to zero2 pp2 x dp2", {"data.batch_size=8"}, layout("zero2", 2, 2)},
   };
   int k = 0;
   for (const Resume& c : cases) {
