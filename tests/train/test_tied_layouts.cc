@@ -140,7 +140,7 @@ TEST_CASE(
   }
 }
 
-TEST_CASE("tied GPT: local_sgd keeps the copies equal; H = 1 on pp2 x dp2 is ddp's update") {
+TEST_CASE("tied GPT: local_sgd keeps the copies equal, and H = 1 on pp2 x dp2 is ddp's update") {
   spdlog::set_level(spdlog::level::warn);
   TempDir dir;
   const std::string cfg = gpt_cfg(dir);
@@ -251,7 +251,7 @@ TEST_CASE("tied GPT: clipping counts the tied tensor once under pipelines and sh
   }
 }
 
-TEST_CASE("tied GPT: checkpoints resume across layouts; an untied checkpoint is refused") {
+TEST_CASE("tied GPT: checkpoints resume across layouts, and an untied checkpoint is refused") {
   spdlog::set_level(spdlog::level::warn);
   TempDir dir;
   const std::string cfg = gpt_cfg(dir);
