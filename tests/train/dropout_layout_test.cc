@@ -1,7 +1,7 @@
 // Dropout under data parallelism: masks are keyed on the sample and the step (nn/layer.h
-// LayerCtx), so W ranks, gradient accumulation and a pipeline draw the masks one process draws
-// and train the same model (up to float32 summation order), for the GPT (model.dropout: nanoGPT's
-// placement) and the MLP's dropout layers alike.
+// LayerCtx), so W ranks (ddp, fsdp), gradient accumulation and a pipeline draw the masks one
+// process draws and train the same model (up to float32 summation order), for the GPT
+// (model.dropout: nanoGPT's placement) and the MLP's dropout layers alike.
 #include <doctest/doctest.h>
 
 #include <string>
@@ -69,6 +69,10 @@ Case ddp2(const std::string& half) {
 Case accum2(const std::string& half) {
   return {"accum2", {"data.batch_size=" + half, "train.grad_accum_steps=2"}};
 }
+Case fsdp2(const std::string& half) {
+  return {"fsdp2",
+          {"distributed.strategy=fsdp", "distributed.world_size=2", "data.batch_size=" + half}};
+}
 const Case kPipeline2 = {"pipeline2",
                          {"distributed.strategy=pipeline", "distributed.world_size=2",
                           "distributed.pipeline.micro_batches=2"}};
@@ -97,9 +101,9 @@ TEST_CASE("gpt dropout: 2 ddp ranks, accumulation and a 2-stage pipeline equal o
     TempDir dir;
     check_layouts(gpt_yaml(dir, true), dir, {ddp2("4"), accum2("4")}, "model.dropout=0");
   }
-  SUBCASE("untied: the pipeline (tied copies are not supported across stages yet)") {
+  SUBCASE("untied: fsdp and the pipeline (tied copies are not supported there yet)") {
     TempDir dir;
-    check_layouts(gpt_yaml(dir, false), dir, {ddp2("4"), kPipeline2}, "model.dropout=0");
+    check_layouts(gpt_yaml(dir, false), dir, {fsdp2("4"), kPipeline2}, "model.dropout=0");
   }
 }
 
