@@ -15,7 +15,7 @@
 // Whole GPT: J = the mean next-token cross-entropy, as training computes it. Its gradients are
 // smaller than a layer's (each logit's share is 1 / (B T)), so float rounding in J (~1e-7 |J|,
 // divided by 2 eps) weighs more: measured errors <= 7e-4 (wpe, wte), so tol = 1e-2. A wrong
-// gradient is still far outside it: leaving out the head's share of the tied gradient gives ~0.5, a
+// gradient is still far outside it: leaving out the head's share of the tied gradient gives 1.0, a
 // 5% error 0.05 (both asserted below). Elements are sampled (8 per tensor, always including the one
 // with the largest analytic gradient, so the scale cannot vanish), which keeps the check under a
 // second.
