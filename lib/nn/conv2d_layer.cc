@@ -1,10 +1,9 @@
 // Conv2d as a Layer: conv2d_forward / conv2d_backward (nn/kernels/conv2d.h) on the batch.
 //
 // Scratch: the im2col buffer (C k k x OH OW floats per sample: 225 KB for cnn-ref's second conv)
-// lives in a thread_local vector that grows once and is reused. Not in LayerState, because
-// backward gets that state const and the buffer is scratch for the call, not state between
-// forward and backward; thread_local rather than a member, because one layer object serves
-// several ranks and pipeline micro-batches at once, each call on one thread.
+// lives in the call's LayerState::scratch, grown once and reused: not saved state (backward
+// recomputes the columns), and not a member, because one layer object serves several ranks and
+// pipeline micro-batches at once, each with its own state.
 #include <vector>
 
 #include "nn/image_layers.h"
@@ -22,11 +21,6 @@ using nn_detail::resize_batch;
 Conv2dGeometry geometry(const Shape& in_shape, const Conv2dSpec& s, int64_t batch) {
   return conv2d_geometry(batch, in_shape[0], in_shape[1], in_shape[2], s.out_channels, s.kernel,
                          s.stride, s.padding);
-}
-
-std::vector<float>& scratch() {
-  thread_local std::vector<float> buffer;
-  return buffer;
 }
 
 class Conv2d final : public Layer {
@@ -50,22 +44,22 @@ class Conv2d final : public Layer {
 
   void forward(const float* p, const Tensor& x, Tensor& y, LayerState& st,
                const LayerCtx& ctx) const override {
-    (void)st, (void)ctx;
+    (void)ctx;
     const int64_t batch = batch_of(x, in_features());
     resize_batch(y, batch, out_shape());
     const Conv2dGeometry g = geometry(in_shape(), spec_, batch);
-    conv2d_forward(g, x.data(), p, p + g.weight_count(), y.data(), scratch());
+    conv2d_forward(g, x.data(), p, p + g.weight_count(), y.data(), st.scratch);
   }
 
   void backward(const float* p, float* g, const Tensor& x, const Tensor& y, const LayerState& st,
                 const Tensor& dy, Tensor* dx, const LayerCtx& ctx) const override {
-    (void)y, (void)st, (void)ctx;
+    (void)y, (void)ctx;
     const int64_t batch = batch_of(x, in_features());
     DT_CHECK_EQ(dy.numel(), batch * out_features());
     if (dx != nullptr) resize_batch(*dx, batch, in_shape());
     const Conv2dGeometry geo = geometry(in_shape(), spec_, batch);
     conv2d_backward(geo, x.data(), p, dy.data(), g, g + geo.weight_count(),
-                    dx != nullptr ? dx->data() : nullptr, scratch());
+                    dx != nullptr ? dx->data() : nullptr, st.scratch);
   }
 
  private:

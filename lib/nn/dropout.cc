@@ -1,5 +1,6 @@
-// Inverted dropout: in training, y = x * m with m in {0, 1 / (1 - p)} drawn per element and kept in
-// the state's saved[0], so evaluation needs no rescaling. In eval mode or with p == 0 it is the
+// Inverted dropout: in training, y = x * m with m in {0, 1 / (1 - p)} drawn per element
+// (nn_detail::dropout_mask: keyed on the sample, or sequential) and kept in the state's saved[0],
+// so evaluation needs no rescaling. In eval mode or with p == 0 it is the
 // identity, draws nothing, and leaves the state empty (backward then passes dy through).
 #include <algorithm>
 #include <cstdint>
@@ -10,6 +11,54 @@
 #include "util/check.h"
 
 namespace dtrain {
+
+uint64_t dropout_step_key(uint64_t seed, int64_t step) {
+  return mix64(mix64(seed ^ 0xd50f0a7eULL) + static_cast<uint64_t>(step));
+}
+
+namespace nn_detail {
+namespace {
+
+// n mask entries from rng: an element is dropped when a uniform 32-bit draw is below p * 2^32.
+// Draws go to a small buffer first, then the mask is computed in a branch-free loop: drops are
+// random, so a per-element branch would mispredict often. Two 32-bit draws per 64-bit word.
+void fill_mask(Rng& rng, double p, int64_t n, float* m) {
+  const auto threshold = static_cast<uint32_t>(p * 4294967296.0);
+  const auto scale = static_cast<float>(1.0 / (1.0 - p));
+  constexpr int64_t kChunk = 256;  // even: the pair loop may fill draws[len] when len is odd
+  uint32_t draws[kChunk];
+  for (int64_t begin = 0; begin < n; begin += kChunk) {
+    const int64_t len = std::min(kChunk, n - begin);
+    for (int64_t k = 0; k < len; k += 2) {
+      const uint64_t r = rng.next_u64();
+      draws[k] = static_cast<uint32_t>(r);
+      draws[k + 1] = static_cast<uint32_t>(r >> 32);
+    }
+    float* mc = m + begin;
+    for (int64_t k = 0; k < len; ++k) mc[k] = draws[k] < threshold ? 0.0f : scale;
+  }
+}
+
+}  // namespace
+
+void dropout_mask(const LayerCtx& ctx, int sub, double p, int64_t batch, int64_t per_row,
+                  float* m) {
+  DT_CHECK_MSG(p >= 0.0 && p < 1.0, "dropout probability " << p << " not in [0, 1)");
+  DT_CHECK_MSG(sub >= 0 && sub < 256, "dropout sub-site " << sub);
+  if (ctx.rows == nullptr) {
+    DT_CHECK_MSG(ctx.rng != nullptr, "dropout in training mode needs LayerCtx::rng or rows");
+    fill_mask(*ctx.rng, p, batch * per_row, m);
+    return;
+  }
+  const uint64_t site = static_cast<uint64_t>(ctx.site) << 8 | static_cast<uint64_t>(sub);
+  for (int64_t b = 0; b < batch; ++b) {
+    Rng rng(mix64(ctx.mask_key ^ mix64(static_cast<uint64_t>(ctx.rows[b]))), site);
+    fill_mask(rng, p, per_row, m + b * per_row);
+  }
+}
+
+}  // namespace nn_detail
+
 namespace {
 
 using nn_detail::batch_of;
@@ -22,9 +71,6 @@ class Dropout final : public Layer {
       : Layer(shape, shape), features_(shape_numel(shape)), p_(p) {
     DT_CHECK_GT(features_, 0);
     DT_CHECK_MSG(p >= 0.0 && p < 1.0, "dropout probability " << p << " not in [0, 1)");
-    // An element is dropped when a uniform 32-bit draw is below threshold_ = p * 2^32.
-    threshold_ = static_cast<uint32_t>(p * 4294967296.0);
-    scale_ = static_cast<float>(1.0 / (1.0 - p));
   }
 
   std::string kind() const override { return "dropout"; }
@@ -40,27 +86,10 @@ class Dropout final : public Layer {
       if (n > 0) std::memcpy(y.data(), x.data(), static_cast<size_t>(n) * sizeof(float));
       return;
     }
-    DT_CHECK_MSG(ctx.rng != nullptr, "dropout in training mode needs LayerCtx::rng");
     Tensor& saved = saved_slot(st, 0);
     resize_batch(saved, batch, in_shape());
     float* m = saved.data();
-    // Draws go to a small buffer first, then the mask is computed in a branch-free loop: drops are
-    // random, so a per-element branch would mispredict often. Two 32-bit draws per 64-bit word.
-    Rng& rng = *ctx.rng;
-    const uint32_t threshold = threshold_;  // locals: stores to m cannot alias them
-    const float scale = scale_;
-    constexpr int64_t kChunk = 256;  // even: the pair loop may fill draws[len] when len is odd
-    uint32_t draws[kChunk];
-    for (int64_t begin = 0; begin < n; begin += kChunk) {
-      const int64_t len = std::min(kChunk, n - begin);
-      for (int64_t k = 0; k < len; k += 2) {
-        const uint64_t r = rng.next_u64();
-        draws[k] = static_cast<uint32_t>(r);
-        draws[k + 1] = static_cast<uint32_t>(r >> 32);
-      }
-      float* mc = m + begin;
-      for (int64_t k = 0; k < len; ++k) mc[k] = draws[k] < threshold ? 0.0f : scale;
-    }
+    nn_detail::dropout_mask(ctx, 0, p_, batch, features_, m);
     const float* xd = x.data();
     float* yd = y.data();
     for (int64_t j = 0; j < n; ++j) yd[j] = xd[j] * m[j];
@@ -89,8 +118,6 @@ class Dropout final : public Layer {
  private:
   int64_t features_;
   double p_;
-  uint32_t threshold_ = 0;
-  float scale_ = 1.0f;
 };
 
 }  // namespace

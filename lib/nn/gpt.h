@@ -19,6 +19,13 @@
 // step, so they stay equal under any elementwise optimizer, and each element is counted once in
 // the gradient norm. (A state dict of nanoGPT's tied GPT also lists both names.)
 //
+// Dropout (model.dropout = p, nanoGPT's placement): after the token + position embedding
+// (transformer.drop), on the attention probabilities (attn_dropout), after attn.c_proj
+// (resid_dropout) and after mlp.c_proj (the MLP's dropout); inverted (kept values scaled by
+// 1 / (1 - p)), in training only: evaluation and generation run the p = 0 model, bitwise. Masks
+// come from nn_detail::dropout_mask (keyed on the sample in training: W ranks draw what one
+// process draws).
+//
 // Input: x [B, T] token ids as exact floats (data/dataset.h's token windows); output: logits
 // [B, T, V].
 #pragma once
@@ -32,7 +39,7 @@ namespace dtrain {
 
 // cfg's gpt keys; `seq` positions per sample (T <= block_size: generate runs shorter contexts on
 // the same parameters, whose shapes do not depend on T). UserError for n_head not dividing
-// n_embd, seq above block_size, or dropout > 0 (not supported yet).
+// n_embd, seq above block_size, or dropout outside [0, 1).
 Model build_gpt(const ModelConfig& cfg, int64_t vocab, int64_t seq);
 
 }  // namespace dtrain

@@ -33,7 +33,7 @@ struct Pool2dSpec {
 
 std::string conv2d_error(const Shape& in_shape, const Conv2dSpec& spec);
 // Weights and bias initialised as PyTorch's nn.Conv2d (nn/kernels/torch_init.h). Saves nothing:
-// backward recomputes the im2col buffer, in a scratch buffer per thread (see conv2d_layer.cc).
+// backward recomputes the im2col buffer, in the state's scratch (see conv2d_layer.cc).
 std::unique_ptr<Layer> make_conv2d(const Shape& in_shape, const Conv2dSpec& spec);
 
 std::string pool2d_error(const Shape& in_shape, const Pool2dSpec& spec);

@@ -32,12 +32,27 @@ struct ParamSpec {
 };
 
 // What a forward (and the matching backward) runs under. Copied by value; backward receives the
-// same context as its forward, with rng cleared (nothing may draw during backward).
+// same context as its forward, with rng and rows cleared (nothing may draw during backward).
+//
+// Dropout masks (nn_detail::dropout_mask) come from one of two sources in training mode:
+//  - keyed, when rows is set (the training loop): batch row b's masks are drawn from a stream of
+//    their own, keyed on (mask_key, rows[b], site, the layer's sub-site), so a sample gets the
+//    same masks whichever rank, micro-batch or batch position it lands in: W ranks, any
+//    accumulation and any pipeline split draw what one process draws;
+//  - sequential, from *rng, otherwise (tests, tools).
 struct LayerCtx {
   bool training = true;
-  Rng* rng = nullptr;  // needed by Dropout in training mode
+  Rng* rng = nullptr;  // dropout's sequential source in training mode (when rows is null)
+  // Per batch row: the sample's index in the training set (rows of x, in order).
+  const int64_t* rows = nullptr;
+  uint64_t mask_key = 0;  // the step's key: dropout_step_key(seed, step)
+  int64_t site = 0;       // the element's index in the model (set by Model::forward)
 };
 using ForwardCtx = LayerCtx;
+
+// The key of optimizer step `step` (0-based) of a run seeded `seed`: masks differ from step to
+// step (and so from epoch to epoch for the same sample), and a resumed run draws the same ones.
+uint64_t dropout_step_key(uint64_t seed, int64_t step);
 
 // The state one forward call leaves for its backward: saved float tensors, integer state (max
 // pooling's argmax) and, for composite layers, one state per child. Layers size it themselves
@@ -50,6 +65,9 @@ struct LayerState {
   // forward or on first use, contents unspecified between calls, written by backward even
   // though the state is otherwise read-only there. Not counted as saved state.
   mutable std::vector<Tensor> work;
+  // The same for kernels that grow a float vector themselves (conv2d's im2col buffer): one per
+  // state rather than per thread, so no layer keeps hidden global state.
+  mutable std::vector<float> scratch;
   int64_t bytes() const;  // bytes held by saved, index and children, recursively
 };
 

@@ -27,6 +27,11 @@ inline void resize_2d(Tensor& t, int64_t rows, int64_t cols) {
   t.resize({rows, cols});
 }
 
+inline void resize_1d(Tensor& t, int64_t n) {
+  if (t.ndim() == 1 && t.dim(0) == n) return;
+  t.resize({n});
+}
+
 // Marks "nothing saved" (numel 0) without allocating when already empty.
 inline void clear(Tensor& t) {
   if (t.numel() != 0) t.resize({0});
@@ -39,6 +44,17 @@ inline int64_t batch_of(const Tensor& x, int64_t per_sample) {
   const int64_t b = x.dim(0);
   DT_CHECK_EQ(x.numel(), b * per_sample);
   return b;
+}
+
+// Fills m [batch * per_row] with an inverted-dropout mask: 0 with probability p, else
+// 1 / (1 - p), p in [0, 1). Training mode only. Keyed (ctx.rows set): row b's mask comes from
+// the stream of (ctx.mask_key, ctx.rows[b], ctx.site, sub); a layer with several dropout sites
+// gives each its own sub (0..255). Sequential otherwise: batch * per_row draws from *ctx.rng.
+void dropout_mask(const LayerCtx& ctx, int sub, double p, int64_t batch, int64_t per_row, float* m);
+
+// x[i] *= m[i] for i < n (applying a mask, forward and backward alike).
+inline void mul_into(float* x, const float* m, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] *= m[i];
 }
 
 // State slot k of st.saved, growing the list on first use (later calls do not allocate).

@@ -136,12 +136,16 @@ const Tensor& Model::forward(const float* params, const Tensor& x, Activations& 
   if (acts.state.size() < layers_.size()) acts.state.resize(layers_.size());
   acts.ctx = ctx;
   acts.ctx.rng = nullptr;
+  acts.ctx.rows = nullptr;
+  LayerCtx lctx = ctx;
   const Tensor* in = &x;
   for (size_t i = first; i < last; ++i) {
     DT_CHECK_GE(layer_begin(i), base);
     const FlushSubnormals flush;  // tensor/fp_mode.h: subnormals cost ~100 cycles each
+    // Keyed dropout masks: one site per element.
+    lctx.site = static_cast<int64_t>(i);
     layers_[i].layer->forward(params + (layer_begin(i) - base), *in, acts.out[i], acts.state[i],
-                              ctx);
+                              lctx);
     in = &acts.out[i];
   }
   return *in;

@@ -39,7 +39,7 @@ struct Activations {
   std::vector<Tensor> out;
   std::vector<LayerState> state;
   std::vector<Tensor> grad;  // scratch for activation gradients during backward
-  LayerCtx ctx;              // of the last forward, rng cleared
+  LayerCtx ctx;              // of the last forward, rng and rows cleared
   int64_t bytes() const;     // bytes currently held in out + state
 };
 
@@ -98,7 +98,7 @@ class Model {
   // Runs layers [first, last) on x (last = num_layers() for all). acts.out[i] receives layer i's
   // output; returns a reference to the final output. `params` holds the flat layout from element
   // `base` on (FSDP passes a gathered unit: base = layer_begin(first)); layer i reads
-  // params + layer_begin(i) - base.
+  // params + layer_begin(i) - base. Layer i runs under ctx with ctx.site = i.
   const Tensor& forward(const float* params, const Tensor& x, Activations& acts,
                         const ForwardCtx& ctx, size_t first = 0, size_t last = SIZE_MAX,
                         int64_t base = 0) const;

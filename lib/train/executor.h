@@ -29,6 +29,9 @@ struct StepWork {
   const std::vector<std::vector<int64_t>>* batches = nullptr;
   float scale = 1.0f;   // gradients are of the loss sum times scale
   bool poison = false;  // DTRAIN_FAULT nan: a NaN enters this rank's last backward
+  // The step's dropout key (nn/layer.h LayerCtx): with the rows of each batch, it keys the masks
+  // on the sample, so every layout draws the masks one process draws.
+  uint64_t mask_key = 0;
   // Called once with this rank's loss sum after the step's last forward, before its backward
   // (the loop overlaps the loss all-reduce with backward). One-stage executor only.
   std::function<void(double)> on_loss;

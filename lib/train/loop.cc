@@ -361,6 +361,7 @@ bool TrainLoop::step() {
   w.batches = &micro_idx_;
   w.scale = 1.0f / static_cast<float>(scale_samples);
   w.poison = fault_due(opts_.faults, "nan", rank_, step_ + 1);
+  w.mask_key = dropout_step_key(static_cast<uint64_t>(cfg_.seed), step_);
   if (loss_global_)
     w.on_loss = [&](double l) {
       step_loss = static_cast<float>(l);

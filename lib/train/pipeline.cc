@@ -152,6 +152,7 @@ class PipelineStage final : public Executor {
     const double idle0 = idle_s_;
     loss_sum_ = 0.0;
     const auto& batches = *w.batches;
+    mask_key_ = w.mask_key;
     for (size_t i = 0; i < batches.size(); ++i)
       run_schedule(batches[i], w.scale, i + 1 == batches.size(), w.poison);
     step_idle_ = idle_s_ - idle0;
@@ -201,6 +202,7 @@ class PipelineStage final : public Executor {
   double compute_s_ = 0.0, idle_s_ = 0.0, schedule_s_ = 0.0, eval_recv_s_ = 0.0, step_idle_ = 0.0;
   int64_t stored_now_ = 0, peak_stored_ = 0;
   double loss_sum_ = 0.0;  // last stage: over this step's micro-batches
+  uint64_t mask_key_ = 0;  // this step's dropout key (StepWork::mask_key)
   uint64_t sent_at_summary_ = 0;
 };
 
@@ -215,7 +217,7 @@ void PipelineStage::forward(Micro& mb, float scale) {
   const auto t0 = Clock::now();
   mb.rng_state = rng_.state();
   mb.acts = acquire();
-  ForwardCtx ctx{.training = true, .rng = &rng_};
+  ForwardCtx ctx{.training = true, .rng = &rng_, .rows = mb.idx.data(), .mask_key = mask_key_};
   const Tensor& out = s_.forward(mb.input, *mb.acts, ctx);
   if (last_) {
     gather_targets(train_, mb.idx, mb.labels);
@@ -248,7 +250,7 @@ void PipelineStage::backward(Micro& mb, bool last, bool poison) {
   if (!mb.acts) {  // recompute the forward with the same dropout stream
     Rng replay;
     replay.set_state(mb.rng_state);
-    ForwardCtx rctx{.training = true, .rng = &replay};
+    ForwardCtx rctx{.training = true, .rng = &replay, .rows = mb.idx.data(), .mask_key = mask_key_};
     mb.acts = acquire();
     s_.forward(mb.input, *mb.acts, rctx);
     peak_stored_ = std::max(peak_stored_, stored_now_ + mb.acts->bytes());

@@ -17,11 +17,12 @@ class SingleStage final : public Executor {
 
   double run_step(const StepWork& w) override {
     const auto& batches = *w.batches;
-    ForwardCtx ctx{.training = true, .rng = &rng_};
+    ForwardCtx ctx{.training = true, .rng = &rng_, .mask_key = w.mask_key};
     double loss_sum = 0.0;
     for (size_t i = 0; i < batches.size(); ++i) {
       const bool last = i + 1 == batches.size();
       gather_batch(train_, batches[i], b_);
+      ctx.rows = batches[i].data();  // dropout masks keyed on the samples
       std::optional<TraceScope> fw(std::in_place, tracer_, "forward", "compute");
       const Tensor& out = s_.forward(b_.x, acts_, ctx);
       loss_sum += loss_and_grad(loss_, out, b_.targets.data(), &dlogits_, w.scale);

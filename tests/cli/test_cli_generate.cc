@@ -1,14 +1,23 @@
-// dtrain generate: the output escaping, the one-line errors for bad options and models, and (with
-// a tiny GPT trained for a few steps) determinism for a seed.
+// dtrain generate: the output escaping, the one-line errors for bad options and models, and, with
+// a tiny GPT trained for a few steps, the contract end to end: the prompt followed by --tokens
+// bytes, the same bytes for the same seed, greedy (temperature 0 or top-k 1) independent of the
+// seed and equal to the argmax continuation computed here; and checkpoints that do not fit the
+// config (another model, another width, fewer positions) as one-line errors naming what differs,
+// in generate, eval and resume alike.
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <string>
+#include <vector>
 
+#include "checkpoint/checkpoint.h"
+#include "config/config.h"
 #include "dtrain/generate.h"
+#include "nn/registry.h"
 #include "test_util.h"
 
 using dtrain::testing::CmdResult;
+using dtrain::testing::contains;
 using dtrain::testing::run_cmd;
 using dtrain::testing::TempDir;
 
@@ -32,6 +41,40 @@ data: {format: text, train: {path: corpus.txt}, batch_size: 8, eval_batch_size: 
 optimizer: {type: adamw, lr: 0.003}
 train: {epochs: 0, max_steps: 5, log_every: 5}
 )");
+}
+
+// Trains the tiny GPT for `steps` steps into dir/run; returns its last checkpoint.
+std::string train_tiny_gpt(const TempDir& t, const std::string& cfg, int steps) {
+  const CmdResult r = run_dtrain("run " + cfg + " --out " + t / "run" + " --log-level warn" +
+                                 " --set train.max_steps=" + std::to_string(steps));
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  return t / "run/checkpoints";
+}
+
+// generate's standard output alone (the warnings on stderr dropped), the trailing newline off.
+std::string generate_out(const std::string& cfg, const std::string& ck, const std::string& args) {
+  const CmdResult r = run_cmd("(" + kBin + " generate " + cfg + " --checkpoint " + ck + " " + args +
+                              " 2>/dev/null)");
+  INFO(args << "\n" << r.output);
+  REQUIRE(r.exit_code == 0);
+  REQUIRE(r.output.ends_with("\n"));
+  return r.output.substr(0, r.output.size() - 1);
+}
+
+// The bytes escape_for_terminal printed: \xNN back to the byte (the corpus has no backslash, and
+// a trained model puts next to no weight on one).
+std::string unescape(const std::string& s) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '\\' && i + 3 < s.size() && s[i + 1] == 'x') {
+      out += static_cast<char>(std::stoi(s.substr(i + 2, 2), nullptr, 16));
+      i += 3;
+    } else {
+      out += s[i];
+    }
+  }
+  return out;
 }
 
 }  // namespace
@@ -78,6 +121,115 @@ TEST_CASE("generate: bad options and a model that is not gpt exit 2 with one lin
     CHECK(r.exit_code == 2);
     CHECK(r.output.starts_with(c.message));
     CHECK(std::count(r.output.begin(), r.output.end(), '\n') == 1);
+  }
+}
+
+}  // namespace dtrain
+
+namespace dtrain {
+
+// The greedy continuation computed here: the model built for exactly the context's length (no
+// padding), argmax of the last position, context cut to the last block_size bytes.
+std::string greedy_reference(const std::string& cfg_path, const std::string& ck,
+                             const std::string& prompt, int64_t tokens) {
+  const Config cfg = load_config(cfg_path, {});
+  const int64_t T = cfg.model.block_size;
+  std::string seq = prompt, out = prompt;
+  for (int64_t step = 0; step < tokens; ++step) {
+    const int64_t len = std::min<int64_t>(T, static_cast<int64_t>(seq.size()));
+    const Model m = build_model(cfg.model, {{len}, 256});
+    std::vector<float> p(static_cast<size_t>(m.param_count()));
+    load_checkpoint(resolve_checkpoint(ck, false), m, p.data(), {});
+    Tensor x({1, len});
+    for (int64_t t = 0; t < len; ++t)
+      x[t] = static_cast<float>(static_cast<unsigned char>(seq[seq.size() - len + t]));
+    Activations acts;
+    const Tensor& y = m.forward(p.data(), x, acts, LayerCtx{false, nullptr});
+    const float* last = y.data() + (len - 1) * 256;
+    const int64_t next = std::max_element(last, last + 256) - last;
+    seq += static_cast<char>(next);
+    out += static_cast<char>(next);
+  }
+  return out;
+}
+
+TEST_CASE("generate: the prompt then --tokens bytes, reproducible per seed, greedy ignores it") {
+  TempDir t;
+  const std::string cfg = tiny_gpt(t);
+  const std::string ck = train_tiny_gpt(t, cfg, 120);
+  const std::string prompt = "the quick ";
+  const std::string args = "--prompt '" + prompt + "' --tokens 40 --temperature 1.0 --top-k 20";
+  const std::string a = generate_out(cfg, ck, args + " --seed 1");
+  CHECK(a.starts_with(prompt));
+  CHECK(unescape(a).size() == prompt.size() + 40);  // --tokens counts bytes, not characters
+  CHECK(generate_out(cfg, ck, args + " --seed 1") == a);
+  CHECK(generate_out(cfg, ck, args + " --seed 2") != a);
+  // The config's seed when --seed is not given: seed 5.
+  CHECK(generate_out(cfg, ck, args) == generate_out(cfg, ck, args + " --seed 5"));
+  CHECK(unescape(generate_out(cfg, ck, "--prompt 'ab' --tokens 7 --seed 3")).size() == 9);
+  CHECK(generate_out(cfg, ck, "--prompt '" + prompt + "' --tokens 0") == prompt);
+  // Greedy: temperature 0 (any top-k) and top-k 1 (any temperature) are the argmax, whatever
+  // the seed, and equal the continuation computed without generate's padding.
+  const std::string g =
+      generate_out(cfg, ck, "--prompt '" + prompt + "' --tokens 24 --temperature 0");
+  CHECK(generate_out(cfg, ck, "--prompt '" + prompt + "' --tokens 24 --temperature 0 --seed 9") ==
+        g);
+  CHECK(generate_out(cfg, ck, "--prompt '" + prompt + "' --tokens 24 --top-k 1 --temperature 2") ==
+        g);
+  CHECK(unescape(g) == greedy_reference(cfg, ck, prompt, 24));
+  // A prompt longer than block_size (16): the model sees its tail; the output starts with all of
+  // it, and the context the model sees is the reference's.
+  const std::string long_prompt = "the lazy dog. the quick brown fox ";
+  const std::string lg =
+      generate_out(cfg, ck, "--prompt '" + long_prompt + "' --tokens 5 --top-k 1");
+  CHECK(unescape(lg) == greedy_reference(cfg, ck, long_prompt, 5));
+  const CmdResult w = run_dtrain("generate " + cfg + " --checkpoint " + ck + " --prompt '" +
+                                 long_prompt + "' --tokens 1");
+  CHECK(contains(w.output, "the prompt has 34 bytes, more than model.block_size = 16"));
+}
+
+TEST_CASE(
+    "a checkpoint that does not fit the config: generate, eval and resume name what differs") {
+  TempDir t;
+  const std::string cfg = tiny_gpt(t);
+  const std::string ck = train_tiny_gpt(t, cfg, 2);
+  const std::string mlp_cfg = t.write(
+      "mlp.yaml", "model: {hidden: [4]}\ndata: {format: synthetic}\ntrain: {max_steps: 1}\n");
+  {
+    const CmdResult r = run_dtrain("run " + mlp_cfg + " --out " + t / "mlp --log-level warn");
+    REQUIRE(r.exit_code == 0);
+  }
+  const std::string mlp_ck = t / "mlp/checkpoints";
+  struct Case {
+    std::string cmd;
+    std::vector<std::string> parts;  // each in the one line
+  };
+  const std::string gen = "generate " + cfg + " --checkpoint ";
+  const std::string eval = "eval " + cfg + " --checkpoint ";
+  const Case cases[] = {
+      // An MLP's checkpoint under the GPT config.
+      {gen + mlp_ck, {"does not match the model", "transformer.wte.weight", "another model"}},
+      // A GPT of another width.
+      {gen + ck + " --set model.n_embd=32",
+       {"does not match the model", "'transformer.wte.weight' has shape [256, 16]",
+        "expects [256, 32]"}},
+      // block_size above the positions the checkpoint has (its wpe rows).
+      {gen + ck + " --set model.block_size=32",
+       {"'transformer.wpe.weight' has shape [16, 16]", "expects [32, 16]"}},
+      {gen + ck + " --set model.n_layer=2", {"does not match the model", "transformer.h.1"}},
+      {eval + ck + " --set model.block_size=32",
+       {"'transformer.wpe.weight' has shape [16, 16]", "expects [32, 16]"}},
+      {"run " + cfg + " --out " + t / "run" +
+           " --resume auto --log-level warn --set model.block_size=32",
+       {"'transformer.wpe.weight' has shape [16, 16]", "expects [32, 16]"}},
+  };
+  for (const Case& c : cases) {
+    const CmdResult r = run_dtrain(c.cmd);
+    INFO(c.cmd << "\n" << r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(r.output.starts_with("error: "));
+    CHECK(std::count(r.output.begin(), r.output.end(), '\n') == 1);
+    for (const std::string& part : c.parts) CHECK(contains(r.output, part));
   }
 }
 

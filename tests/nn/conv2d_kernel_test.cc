@@ -27,8 +27,8 @@ using testing::grad_error;
 using testing::numeric_grad;
 using testing::weighted_sum;
 
-constexpr float kEps = 1e-2f;
-constexpr double kTol = 1e-3;
+using testing::kEps;
+using testing::kTol;
 
 Conv2dGeometry geom(int64_t n, int64_t c, int64_t h, int64_t w, int64_t o, int64_t kh, int64_t kw,
                     int64_t sh, int64_t sw, int64_t ph, int64_t pw) {

@@ -15,6 +15,7 @@
 #include <limits>
 #include <vector>
 
+#include "fd_util.h"
 #include "nn/kernels/attention.h"
 #include "nn/kernels/embedding.h"
 #include "nn/kernels/fast_math.h"
@@ -27,44 +28,12 @@ long allocations();
 namespace dtrain {
 namespace {
 
-constexpr float kEps = 1e-2f;
-constexpr double kTol = 1e-3;
+using testing::fd_error;
+using testing::kTol;
+using testing::uniform;
+using testing::weighted_sum;
+
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
-
-std::vector<float> uniform(int64_t n, uint64_t seed, float lo = -1.0f, float hi = 1.0f) {
-  Rng rng(seed, 3);
-  std::vector<float> v(static_cast<size_t>(n));
-  for (float& x : v) x = lo + (hi - lo) * rng.uniform();
-  return v;
-}
-
-double weighted_sum(const std::vector<float>& y, const std::vector<float>& r) {
-  double s = 0.0;
-  for (size_t i = 0; i < y.size(); ++i) s += static_cast<double>(y[i]) * r[i];
-  return s;
-}
-
-// max |numeric - analytic| / max |numeric| over v's elements, perturbing v in place.
-double fd_error(std::vector<float>& v, const std::vector<float>& analytic,
-                const std::function<double()>& objective) {
-  REQUIRE(analytic.size() == v.size());
-  double err = 0.0, scale = 0.0;
-  for (size_t i = 0; i < v.size(); ++i) {
-    const float orig = v[i];
-    v[i] = orig + kEps;
-    const float hi = v[i];
-    const double jp = objective();
-    v[i] = orig - kEps;
-    const float lo = v[i];
-    const double jm = objective();
-    v[i] = orig;
-    const double num = (jp - jm) / (static_cast<double>(hi) - lo);
-    err = std::max(err, std::fabs(num - analytic[i]));
-    scale = std::max(scale, std::fabs(num));
-  }
-  REQUIRE(scale > 0.0);  // a vanishing gradient would make the check vacuous
-  return err / scale;
-}
 
 struct AttentionRun {
   AttentionDims d;

@@ -1,7 +1,7 @@
 // Finite-difference gradient checks for every layer, both losses and a small whole model.
 //
-// Method: a scalar objective J (sum(y * r) with a fixed random r for layers, the loss times
-// grad_scale for losses) is evaluated with the float forward and accumulated in double. The
+// Method (fd_util.h): a scalar objective J (sum(y * r) with a fixed random r for layers, the loss
+// times grad_scale for losses) is evaluated with the float forward and accumulated in double. The
 // numeric derivative of each input and parameter element is the central difference
 // (J(v + eps) - J(v - eps)) / (v_hi - v_lo), dividing by the perturbation actually stored in
 // float. eps = 1e-2: truncation error is ~eps^2 |J'''| / 6 ~ 1e-5 of the gradient scale for these
@@ -20,6 +20,7 @@
 #include <memory>
 #include <vector>
 
+#include "fd_util.h"
 #include "nn/layer.h"
 #include "nn/loss.h"
 #include "nn/model.h"
@@ -34,45 +35,14 @@ const Tensor& mask_of(const LayerState& s) {
   return s.saved.empty() ? kEmpty : s.saved[0];
 }
 
-constexpr float kEps = 1e-2f;
-constexpr double kTol = 1e-3;
+using testing::fill_uniform;
+using testing::grad_error;
+using testing::kEps;
+using testing::kTol;
+using testing::weighted_sum;
 
-void fill_uniform(float* v, int64_t n, Rng& rng, float lo, float hi) {
-  for (int64_t i = 0; i < n; ++i) v[i] = lo + (hi - lo) * rng.uniform();
-}
-
-// Central differences of f() w.r.t. v[0, n), perturbing v in place.
 std::vector<double> numeric_grad(float* v, int64_t n, const std::function<double()>& f) {
-  std::vector<double> out(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) {
-    const float orig = v[i];
-    v[i] = orig + kEps;
-    const float hi = v[i];
-    const double fp = f();
-    v[i] = orig - kEps;
-    const float lo = v[i];
-    const double fm = f();
-    v[i] = orig;
-    out[static_cast<size_t>(i)] = (fp - fm) / (static_cast<double>(hi) - lo);
-  }
-  return out;
-}
-
-// max |numeric - analytic| / max |numeric|: the quantity compared with kTol.
-double grad_error(const std::vector<double>& numeric, const float* analytic) {
-  double err = 0.0, scale = 0.0;
-  for (size_t i = 0; i < numeric.size(); ++i) {
-    err = std::max(err, std::fabs(numeric[i] - analytic[i]));
-    scale = std::max(scale, std::fabs(numeric[i]));
-  }
-  REQUIRE(scale > 0.0);  // a vanishing gradient would make the check vacuous
-  return err / scale;
-}
-
-double dot(const Tensor& y, const Tensor& r) {
-  double s = 0.0;
-  for (int64_t i = 0; i < y.numel(); ++i) s += static_cast<double>(y[i]) * r[i];
-  return s;
+  return testing::numeric_grad(v, n, kEps, f);
 }
 
 // Analytic and numeric gradients of J = sum(y * r) for one layer.
@@ -96,7 +66,7 @@ LayerGrads layer_grads(const Layer& layer, Tensor x, std::vector<float> p, Rng* 
     ctx.training = true;
     ctx.rng = dropout_rng != nullptr ? &copy : nullptr;
     layer.forward(p.data(), x, y, saved, ctx);
-    return dot(y, r);
+    return weighted_sum(y, r);
   };
   LayerGrads out;
   run();

@@ -28,8 +28,8 @@ using testing::fill_uniform;
 using testing::grad_error;
 using testing::numeric_grad;
 
-constexpr float kEps = 1e-2f;
-constexpr double kTol = 1e-3;
+using testing::kEps;
+using testing::kTol;
 
 Shape batched(int64_t batch, const Shape& sample) {
   Shape s = {batch};

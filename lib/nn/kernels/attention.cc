@@ -49,6 +49,20 @@ void softmax_backward(const float* p, float* dp, int64_t seq) {
   }
 }
 
+// The same through attention dropout, with D = P * mask saved: dP = dD * mask, so
+// P * dP = D * dD and rowsum(P * dP) = rowsum(D * dD); in place on dd (dL/dD).
+void dropout_softmax_backward(const float* p, const float* dropped, float* dd, int64_t seq) {
+  for (int64_t t = 0; t < seq; ++t) {
+    const float* prow = p + t * seq;
+    const float* drow = dropped + t * seq;
+    float* row = dd + t * seq;
+    const int64_t n = t + 1;
+    const float dot = row_dot(drow, row, n);
+    for (int64_t j = 0; j < n; ++j) row[j] = drow[j] * row[j] - prow[j] * dot;
+    std::fill(row + n, row + seq, 0.0f);
+  }
+}
+
 }  // namespace
 
 int64_t attention_saved_floats(const AttentionDims& d) {
@@ -59,7 +73,8 @@ int64_t attention_scratch_floats(const AttentionDims& d) {
   return d.seq * d.seq;
 }
 
-void attention_forward(const AttentionDims& d, const float* qkv, float* y, float* saved) {
+void attention_forward(const AttentionDims& d, const float* qkv, float* y, float* saved,
+                       float* dropped) {
   check_dims(d);
   const int64_t T = d.seq, C = d.embd, hs = d.head_size(), ld = 3 * C;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
@@ -74,13 +89,19 @@ void attention_forward(const AttentionDims& d, const float* qkv, float* y, float
       // than T short dot-product loops).
       gemm(false, true, T, T, hs, scale, q, ld, k, ld, 0.0f, p, T);
       causal_softmax(p, T);
-      gemm(false, false, T, hs, T, 1.0f, p, T, v, ld, 0.0f, y + b * T * C + h * hs, C);
+      const float* used = p;
+      if (dropped != nullptr) {
+        float* dr = dropped + (b * d.n_head + h) * T * T;
+        for (int64_t i = 0; i < T * T; ++i) dr[i] *= p[i];
+        used = dr;
+      }
+      gemm(false, false, T, hs, T, 1.0f, used, T, v, ld, 0.0f, y + b * T * C + h * hs, C);
     }
   }
 }
 
 void attention_backward(const AttentionDims& d, const float* qkv, const float* saved,
-                        const float* dy, float* dqkv, float* scratch) {
+                        const float* dy, float* dqkv, float* scratch, const float* dropped) {
   check_dims(d);
   if (dqkv == nullptr) return;
   const int64_t T = d.seq, C = d.embd, hs = d.head_size(), ld = 3 * C;
@@ -98,10 +119,15 @@ void attention_backward(const AttentionDims& d, const float* qkv, const float* s
       float* dv = dq + 2 * C;
       const float* p = saved + (b * d.n_head + h) * T * T;
       const float* dyh = dyb + h * hs;
-      // dv = P^T dy; dP = dy v^T.
-      gemm(true, false, T, hs, T, 1.0f, p, T, dyh, C, 0.0f, dv, ld);
+      const float* dr = dropped != nullptr ? dropped + (b * d.n_head + h) * T * T : nullptr;
+      // dv = P^T dy (D^T dy); dP = dy v^T (dD).
+      gemm(true, false, T, hs, T, 1.0f, dr != nullptr ? dr : p, T, dyh, C, 0.0f, dv, ld);
       gemm(false, true, T, T, hs, 1.0f, dyh, C, v, ld, 0.0f, scratch, T);
-      softmax_backward(p, scratch, T);
+      if (dr != nullptr) {
+        dropout_softmax_backward(p, dr, scratch, T);
+      } else {
+        softmax_backward(p, scratch, T);
+      }
       // S = scale * q k^T: dq = scale * dS k; dk = scale * dS^T q.
       gemm(false, false, T, hs, T, scale, scratch, T, k, ld, 0.0f, dq, ld);
       gemm(true, false, T, hs, T, scale, scratch, T, q, ld, 0.0f, dk, ld);

@@ -36,12 +36,19 @@ int64_t attention_scratch_floats(const AttentionDims& d);
 
 // y [B, T, C] = attention(qkv [B, T, 3C]); writes the probabilities into saved
 // [attention_saved_floats(d)]. y and saved are overwritten and must not alias qkv.
-void attention_forward(const AttentionDims& d, const float* qkv, float* y, float* saved);
+// Attention dropout (nanoGPT's attn_dropout): `dropped`, when not null, holds a mask of
+// attention_saved_floats(d) entries (0 or 1 / (1 - p)) on entry and is overwritten with the
+// dropped probabilities D = P * mask; then y = D v, and saved still holds P.
+void attention_forward(const AttentionDims& d, const float* qkv, float* y, float* saved,
+                       float* dropped = nullptr);
 
 // dqkv [B, T, 3C] = d(loss)/d(qkv) from dy [B, T, C], qkv and forward's saved probabilities;
 // overwritten (the core has no parameters, so nothing accumulates). dqkv == nullptr computes
 // nothing. scratch holds attention_scratch_floats(d) floats; contents on entry do not matter.
+// `dropped`: forward's D when it ran with dropout (else null): dv = D^T dy and, with
+// dD = dy v^T, dS = D * dD - P * rowsum(D * dD) (the softmax backward of dP = dD * mask).
 void attention_backward(const AttentionDims& d, const float* qkv, const float* saved,
-                        const float* dy, float* dqkv, float* scratch);
+                        const float* dy, float* dqkv, float* scratch,
+                        const float* dropped = nullptr);
 
 }  // namespace dtrain

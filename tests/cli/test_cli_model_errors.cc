@@ -1,0 +1,66 @@
+// Models and data that do not fit each other, through the real binary: a layer list that does
+// not fit the input, a text file that is empty or shorter than one window, n_head not dividing
+// n_embd, a dropout outside [0, 1). Each is exit 2 with one line naming the key and what does not
+// fit (the checkpoint mismatches are in test_cli_generate.cc, next to the GPT they train).
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "test_util.h"
+
+using dtrain::testing::CmdResult;
+using dtrain::testing::contains;
+using dtrain::testing::run_cmd;
+using dtrain::testing::TempDir;
+
+namespace {
+
+const std::string kBin = DTRAIN_BIN;
+
+std::string gpt_yaml(const std::string& corpus, int heads = 2, const std::string& extra = "") {
+  return "model: {type: gpt, n_layer: 1, n_head: " + std::to_string(heads) +
+         ", n_embd: 8, block_size: 16" + extra + "}\ndata: {format: text, train: {path: " + corpus +
+         "}, batch_size: 4}\ntrain: {epochs: 0, max_steps: 1}\n";
+}
+
+}  // namespace
+
+TEST_CASE("a model or text data that does not fit: run exits 2 with one line naming it") {
+  TempDir t;
+  std::string text;
+  for (int i = 0; i < 40; ++i) text += "enough text for a few windows of sixteen bytes.\n";
+  const std::string corpus = t.write("corpus.txt", text);
+  const std::string empty = t.write("empty.txt", "");
+  const std::string short_text = t.write("short.txt", "sixteen bytes!!");  // 15 < 17
+  struct Case {
+    std::string name, yaml;
+    std::vector<std::string> parts;
+  };
+  const Case cases[] = {
+      {"layers.yaml",
+       "model: {type: sequential, layers: [{conv2d: {out_channels: 4, kernel: 3}}, flatten, "
+       "{linear: 3}]}\ndata: {format: synthetic, synthetic: {features: 6, classes: 3}}\n"
+       "train: {max_steps: 1}\n",
+       {"model.layers[0] (conv2d)", "expects a [C, H, W] input, got [6]"}},
+      {"layers_end.yaml",
+       "model: {type: sequential, layers: [{linear: 8}, relu, {linear: 5}]}\n"
+       "data: {format: synthetic, synthetic: {features: 6, classes: 3}}\ntrain: {max_steps: 1}\n",
+       {"model.layers", "gives [5]", "3 classes"}},
+      {"empty.yaml", gpt_yaml(empty), {"empty.txt' is empty"}},
+      {"short.yaml", gpt_yaml(short_text), {"fewer than one window of block_size + 1 = 17 bytes"}},
+      {"heads.yaml", gpt_yaml(corpus, 3), {"model.n_head 3 does not divide model.n_embd 8"}},
+      {"dropout.yaml", gpt_yaml(corpus, 2, ", dropout: 1.0"), {"dropout"}},
+  };
+  for (const Case& c : cases) {
+    const std::string cfg = t.write(c.name, c.yaml);
+    const CmdResult r =
+        run_cmd(kBin + " run " + cfg + " --out " + t / ("out-" + c.name) + " --log-level warn");
+    INFO(c.name << "\n" << r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(r.output.starts_with("error: "));
+    CHECK(std::count(r.output.begin(), r.output.end(), '\n') == 1);
+    for (const std::string& part : c.parts) CHECK(contains(r.output, part));
+  }
+}
