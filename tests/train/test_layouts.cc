@@ -16,6 +16,7 @@
 #include "data/dataset.h"
 #include "test_util.h"
 #include "train/loop.h"
+#include "train/real_data.h"
 #include "train/train_test_util.h"
 #include "train/trainer.h"
 
@@ -23,39 +24,11 @@ using namespace dtrain;
 using dtrain::testing::as_file;
 using dtrain::testing::checkpoint_rel_diff;
 using dtrain::testing::TempDir;
+using dtrain::testing::write_fmnist_subset;
 
 namespace fs = std::filesystem;
 
 namespace {
-
-const std::string kFmnist = "/usr/share/datasets/fashion-mnist/";
-
-void put_be32(std::ofstream& f, uint32_t v) {
-  const unsigned char b[4] = {static_cast<unsigned char>(v >> 24),
-                              static_cast<unsigned char>(v >> 16),
-                              static_cast<unsigned char>(v >> 8), static_cast<unsigned char>(v)};
-  f.write(reinterpret_cast<const char*>(b), 4);
-}
-
-// The first n Fashion-MNIST training images as uncompressed IDX files in dir (real data, small
-// enough that every rank of every run loads it quickly). False when the package is missing.
-bool write_fmnist_subset(const std::string& dir, int64_t n) {
-  if (!fs::exists(kFmnist + "train-images-idx3-ubyte.gz")) return false;
-  const Dataset d =
-      load_idx(kFmnist + "train-images-idx3-ubyte.gz", kFmnist + "train-labels-idx1-ubyte.gz");
-  std::ofstream img(dir + "/images.idx", std::ios::binary),
-      lab(dir + "/labels.idx", std::ios::binary);
-  put_be32(img, 0x00000803);
-  put_be32(img, static_cast<uint32_t>(n));
-  put_be32(img, 28);
-  put_be32(img, 28);
-  for (int64_t i = 0; i < n * d.features; ++i)
-    img.put(static_cast<char>(d.x[static_cast<size_t>(i)]));
-  put_be32(lab, 0x00000801);
-  put_be32(lab, static_cast<uint32_t>(n));
-  for (int64_t i = 0; i < n; ++i) lab.put(static_cast<char>(d.y[static_cast<size_t>(i)]));
-  return true;
-}
 
 // Four Linear layers, tanh (smooth: no kinks that float32-vs-float32 summation order could flip),
 // SGD with momentum (principle 10: Adam amplifies summation-order noise).
