@@ -55,7 +55,7 @@ TEST_CASE("cnn ddp on 2 ranks over gRPC equals the same layout in-process, bitwi
 
 TEST_CASE("gpt pp2 x dp2 fsdp over gRPC equals the same layout in-process, bitwise") {
   TempDir dir;
-  if (!write_jargon_slice(dir / "jargon.txt", 12288)) {
+  if (!write_jargon_slice(dir / "jargon.txt", kJargonSliceBytes)) {
     MESSAGE("jargon-text not installed; skipped");
     return;
   }

@@ -16,6 +16,10 @@ namespace dtrain::testing {
 
 inline const std::string kFmnistDir = "/usr/share/datasets/fashion-mnist/";
 inline const std::string kJargonFile = "/usr/share/doc/jargon-text/jargon.txt.gz";
+// The fidelity tests' text: 90% of 12 KB is 691 training windows of 17 bytes, so 20 steps of 24
+// stay inside one epoch -- no short last batch, which Local SGD's ranks would weight as equals
+// (each steps on its own mean) rather than by their samples.
+inline constexpr int64_t kJargonSliceBytes = 12288;
 
 inline void put_be32(std::ofstream& f, uint32_t v) {
   const unsigned char b[4] = {static_cast<unsigned char>(v >> 24),

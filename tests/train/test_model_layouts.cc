@@ -28,10 +28,6 @@ namespace {
 
 constexpr int kSteps = 20;
 constexpr int kGlobalBatch = 24;  // divides by 2, 3 and 4 replicas' micro-batches
-// Text: 90% of 12 KB is 691 training windows of 17 bytes, so the 20 steps of 24 stay inside one
-// epoch: no short last batch, which Local SGD's ranks would weight as equals (each steps on its
-// own mean) rather than by their samples.
-constexpr int64_t kTextBytes = 12288;
 
 nlohmann::json train(const std::string& yaml, const std::string& out,
                      const std::vector<std::string>& sets) {
@@ -120,7 +116,7 @@ bool images(const TempDir& dir) {
 // Writes the Jargon File slice as dir/jargon.txt; false, with a message, when it is missing.
 bool text(const TempDir& dir) {
   spdlog::set_level(spdlog::level::warn);
-  if (write_jargon_slice(dir / "jargon.txt", kTextBytes)) return true;
+  if (write_jargon_slice(dir / "jargon.txt", kJargonSliceBytes)) return true;
   MESSAGE("jargon-text not installed; skipped");
   return false;
 }
