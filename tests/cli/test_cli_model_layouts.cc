@@ -1,5 +1,5 @@
 // The real binary with the two real models over gRPC: bitwise equal to the same layout's
-// in-process ranks (a CNN under ddp on 2 ranks; a GPT on two pipeline stages x two fsdp
+// in-process ranks (a CNN under ddp on 2 ranks; a tied GPT on two pipeline stages x two fsdp
 // replicas), so the in-process fidelity figures of tests/train/test_model_layouts.cc hold for
 // launched runs too.
 #include <doctest/doctest.h>
@@ -53,16 +53,16 @@ TEST_CASE("cnn ddp on 2 ranks over gRPC equals the same layout in-process, bitwi
                            "cnn ddp W=2");
 }
 
-TEST_CASE("gpt pp2 x dp2 fsdp over gRPC equals the same layout in-process, bitwise") {
+TEST_CASE("gpt (tied) pp2 x dp2 fsdp over gRPC equals the same layout in-process, bitwise") {
   TempDir dir;
   if (!write_jargon_slice(dir / "jargon.txt", kJargonSliceBytes)) {
     MESSAGE("jargon-text not installed; skipped");
     return;
   }
-  const std::string cfg = dir.write("gpt.yaml", tiny_gpt_cfg(dir / "jargon.txt", false));
+  const std::string cfg = dir.write("gpt.yaml", tiny_gpt_cfg(dir / "jargon.txt", true));
   check_grpc_equals_inproc(
       dir, cfg, 4,
       {"data.batch_size=12", "distributed.strategy=fsdp", "distributed.pipeline.stages=2",
        "distributed.pipeline.micro_batches=3"},
-      {{"dp", 2}, {"pp", 2}, {"tp", 1}}, "gpt pp2 x dp2 fsdp");
+      {{"dp", 2}, {"pp", 2}, {"tp", 1}}, "gpt (tied) pp2 x dp2 fsdp");
 }
