@@ -29,6 +29,7 @@
 #include "train/distributed.h"
 #include "train/run_dir.h"
 #include "train/trainer.h"
+#include "train/verify.h"
 #include "util/check.h"
 #include "util/fs.h"
 #include "util/interrupt.h"
@@ -169,9 +170,10 @@ int finish_run(const nlohmann::json& s, const std::string& out_dir) {
 
 int cmd_run(const Config& cfg, const std::string& config_path, std::string out,
             const std::string& resume, bool overwrite, const std::string& trace, bool no_progress,
-            const DistOverrides& flags) {
+            bool no_eval, const DistOverrides& flags) {
   RunOptions opts;
   opts.trace = trace;
+  opts.evaluate = !no_eval;
   opts.out_dir = out.empty() ? default_out_dir(config_path) : std::move(out);
   opts.resume = resume;
   const auto env = current_environment();
@@ -298,6 +300,9 @@ int cli_main(int argc, char** argv) {
                   "continue from a checkpoint: a .safetensors file, a checkpoints folder, a run "
                   "folder, or 'auto' (the output folder's latest checkpoint, if any)");
   run->add_flag("--no-progress", no_progress, "never draw the progress bar");
+  bool no_eval = false;
+  run->add_flag("--no-eval", no_eval,
+                "never evaluate (the summary has no test figures; dtrain verify's runs use it)");
   run->add_flag("--overwrite", overwrite,
                 "the output folder may hold an earlier run: delete its summary, metrics, config "
                 "and checkpoints first (without it, such a folder is refused unless --resume)");
@@ -331,6 +336,27 @@ int cli_main(int argc, char** argv) {
                    "when a rank fails, start all ranks again from the newest complete checkpoint "
                    "(--resume auto), at most this many times")
       ->capture_default_str();
+
+  CLI::App* verify = app.add_subcommand(
+      "verify", "check that the config's layout trains what one process trains (exit 1 if not)");
+  add_config(verify);
+  VerifyOptions vopt;
+  verify->add_option("--steps", vopt.steps, "optimizer steps compared")->capture_default_str();
+  verify->add_option("--tolerance", vopt.tolerance,
+                     "largest relative difference accepted (default: 1e-4 with SGD, 5e-2 with "
+                     "Adam/AdamW; README \"dtrain verify\")");
+  std::string verify_backend = "inproc";
+  verify
+      ->add_option("--backend", verify_backend,
+                   "the layout's ranks: threads of this process "
+                   "(inproc) or processes over gRPC (grpc)")
+      ->check(CLI::IsMember({"inproc", "grpc"}))
+      ->capture_default_str();
+  verify->add_option("--out", vopt.work_dir,
+                     "keep every run (checkpoints, metrics, logs) in this folder (default: a "
+                     "temporary folder, removed)");
+  bool verify_json = false;
+  verify->add_flag("--json", verify_json, "print the report as one JSON object");
 
   CLI::App* validate = app.add_subcommand("validate", "parse and check a config, then exit");
   add_config(validate);
@@ -494,6 +520,19 @@ int cli_main(int argc, char** argv) {
       std::cout << "wrote " << plot_out << std::endl;
       return kExitOk;
     }
+    if (verify->parsed()) {
+      vopt.config_path = config_path;
+      vopt.sets = sets;
+      vopt.grpc = verify_backend == "grpc";
+      vopt.self_exe = self_exe(argv[0]);
+      if (const char* f = std::getenv("DTRAIN_FAULT")) vopt.faults = parse_faults(f, 0);
+      const VerifyReport rep = run_verify(vopt);
+      if (verify_json)
+        std::cout << report_json(rep).dump(2) << std::endl;
+      else
+        std::cout << report_text(rep) << std::flush;
+      return rep.failed() ? kExitRuntime : kExitOk;
+    }
     const Config cfg = load_config(config_path, sets);
     if (generate->parsed()) {  // reads no data: the data files need not be here
       set_blas_threads(static_cast<int>(cfg.runtime.threads));
@@ -511,7 +550,7 @@ int cli_main(int argc, char** argv) {
           "--overwrite deletes the checkpoints that --resume would continue from: "
           "give one of them");
     if (run->parsed())
-      return cmd_run(cfg, config_path, out, resume, overwrite, trace, no_progress, flags);
+      return cmd_run(cfg, config_path, out, resume, overwrite, trace, no_progress, no_eval, flags);
     if (launch->parsed()) {
       if (nproc < 1 || nproc > 1024) throw UserError("--nproc must be in [1, 1024]");
       LaunchOptions lo;

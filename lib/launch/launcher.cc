@@ -388,6 +388,7 @@ AttemptResult run_attempt(const LaunchOptions& o, const std::vector<std::string>
     if (::fcntl(p[0], F_SETFL, O_NONBLOCK) != 0) throw sys_error("fcntl");
     tees[i].log_fd = logs[0].get();
     tees[i].console = i == 0 ? STDOUT_FILENO : STDERR_FILENO;
+    tees[i].console_ok = o.echo_rank0;
   }
 
   // Declared after the pipes so that on an exception the ranks are killed and reaped first.

@@ -24,6 +24,9 @@ struct LaunchOptions {
   // The command of restart `attempt` (1..max_restarts), asked for just before it starts, so it
   // can depend on what the failed attempts left behind (their checkpoints); unset: child_argv.
   std::function<std::vector<std::string>(int attempt)> restart_argv;
+  // Copy rank 0's output to this process's stdout and stderr too (false: only to its log; for
+  // callers that print their own report, such as dtrain verify).
+  bool echo_rank0 = true;
 };
 
 // Starts o.nproc ranks and supervises them until all have exited. Each rank gets this process's

@@ -1,5 +1,7 @@
 #include "train/loop.h"
 
+#include "train/fault_strategy.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -19,6 +21,7 @@
 #include "tensor/blas.h"
 #include "train/compression_state.h"
 #include "train/executor.h"
+#include "train/fault_strategy.h"
 #include "train/pipeline.h"
 #include "train/progress.h"
 #include "train/step_faults.h"
@@ -180,7 +183,8 @@ void TrainLoop::setup_model() {
                       : std::vector<LayerRange>{{0, model_.num_layers()}};
   const auto [f, l] = stages_[static_cast<size_t>(stage_)];
   check_memory(ModelRange::layers(model_, f, l));
-  strategy_ = make_strategy(cfg_, ModelRange::layers(model_, f, l), dp_);
+  strategy_ = with_gradient_faults(make_strategy(cfg_, ModelRange::layers(model_, f, l), dp_),
+                                   opts_.faults, rank_, step_);
   tied_.emplace(model_, stages_, stage_, dp_, pp_);
   strategy_->init_params(static_cast<uint64_t>(cfg_.seed));
   exec_ = pipelined ? make_pipeline_executor(cfg_, model_, data_.train, *strategy_, rng_, tracer_,
@@ -689,7 +693,7 @@ nlohmann::json TrainLoop::run() {
     // Local SGD ranks hold the same parameters only right after a synchronisation: an
     // evaluation falls due at the first synchronisation at or after the epoch end.
     const bool in_sync = strategy_->in_sync(step_);
-    if (eval_due && in_sync) {
+    if (eval_due && in_sync && opts_.evaluate) {
       evaluate();
       eval_due = false;
     }
@@ -712,7 +716,8 @@ nlohmann::json TrainLoop::run() {
     }
   }
   const bool interrupted = stop_signal != 0;
-  if (last_eval_step_ != step_ && !interrupted) evaluate();  // an interrupt wants out quickly
+  if (opts_.evaluate && last_eval_step_ != step_ && !interrupted)
+    evaluate();  // an interrupt wants out quickly
   if (last_ckpt_step_ != step_) save();
   if (bar_) bar_->clear();
   nlohmann::json s = summary(stop_signal);

@@ -34,6 +34,9 @@ struct RunOptions {
   // and return a summary with status "interrupted" and "interrupt_signal". nullptr: never stop
   // early. Not owned; must outlive the run.
   const StopRequest* stop = nullptr;
+  // false: no evaluation at all (dtrain verify compares parameters; the summary then has no test
+  // figures).
+  bool evaluate = true;
 };
 
 // Trains per `cfg` with the in-process backend (world_size ranks as threads of this process)

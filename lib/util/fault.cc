@@ -37,9 +37,10 @@ std::vector<Fault> parse_faults(const std::string& spec, int64_t attempt) {
     const bool timed = f.kind == "delay";
     const bool placed = f.kind == "kill_in_connect";
     if (f.kind != "kill" && f.kind != "kill_in_save" && f.kind != "drop" && f.kind != "nan" &&
-        !timed && !placed)
-      throw UserError("DTRAIN_FAULT: unknown fault '" + f.kind + "' in '" + entry +
-                      "' (expected kill, kill_in_save, drop, delay, nan or kill_in_connect)");
+        f.kind != "grad_scale" && !timed && !placed)
+      throw UserError(
+          "DTRAIN_FAULT: unknown fault '" + f.kind + "' in '" + entry +
+          "' (expected kill, kill_in_save, drop, delay, nan, grad_scale or kill_in_connect)");
     const char* fields_wanted = timed ? "rank and ms" : placed ? "rank and at" : "rank and step";
     for (size_t i = 1; i < fields.size(); ++i) {
       const size_t eq = fields[i].find('=');

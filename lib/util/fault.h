@@ -4,6 +4,8 @@
 //   kill_in_save:rank=R:step=S  rank R dies by SIGKILL after writing its shard of the sharded
 //                               checkpoint of step S, before the manifest (a crash mid-save)
 //   nan:rank=R:step=S           a NaN enters rank R's gradient while it computes step S
+//   grad_scale:rank=R:step=S    rank R's gradient contribution to step S is doubled before it
+//                               is reduced (a silent numerical bug, for `dtrain verify`'s tests)
 //   drop:rank=R:step=S          rank R closes its connections when it completes step S (aborts
 //                               its communicator, so peers see a closed peer) and exits non-zero
 //   delay:rank=R:ms=M           rank R sleeps M ms after every step (a straggler)
@@ -24,7 +26,7 @@
 namespace dtrain {
 
 struct Fault {
-  std::string kind;   // kill | kill_in_save | drop | delay | nan | kill_in_connect
+  std::string kind;   // kill | kill_in_save | drop | delay | nan | grad_scale | kill_in_connect
   int64_t rank = -1;  // which rank (required)
   std::string at;     // where (kill_in_connect: required)
   int64_t step = -1;  // at which step (kill, kill_in_save, drop: required)

@@ -1,0 +1,180 @@
+#include "checkpoint/compare.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <string>
+#include <system_error>
+
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/safetensors.h"
+#include "util/check.h"
+
+namespace dtrain {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+bool is_compression_state(const std::string& name) {
+  return name.rfind("comp.", 0) == 0;
+}
+
+TensorMap from_stfile(StFile&& f) {
+  TensorMap m;
+  for (auto& [name, t] : f.tensors) m[name] = NamedTensor{std::move(t.shape), std::move(t.data)};
+  return m;
+}
+
+const NamedTensor& counterpart(const TensorMap& got, const std::string& name,
+                               const NamedTensor& want) {
+  const auto it = got.find(name);
+  if (it == got.end()) throw UserError("tensor '" + name + "' is missing from the compared state");
+  if (it->second.shape != want.shape)
+    throw UserError("tensor '" + name + "' has shape " + format_index(it->second.shape, -1) +
+                    " in the compared state, " + format_index(want.shape, -1) +
+                    " in the reference");
+  return it->second;
+}
+
+}  // namespace
+
+TensorMap read_checkpoint_tensors(const std::string& path) {
+  std::error_code ec;
+  if (!fs::is_directory(path, ec)) return from_stfile(read_safetensors(path));
+  // A sharded folder: consolidated into a temporary file beside it (the same file system, so the
+  // space is where the checkpoint already is), read, removed.
+  std::string name = ".";  // (appended piecewise: GCC 12's -Wrestrict misfires on "." + s)
+  name += fs::path(path).filename().string();
+  name += ".compare." + std::to_string(::getpid()) + ".safetensors";
+  const fs::path tmp = fs::path(path).parent_path() / name;
+  try {
+    consolidate_checkpoint(path, tmp.string());
+    TensorMap m = from_stfile(read_safetensors(tmp.string()));
+    fs::remove(tmp, ec);
+    return m;
+  } catch (...) {
+    fs::remove(tmp, ec);
+    throw;
+  }
+}
+
+std::string format_index(const std::vector<int64_t>& shape, int64_t flat) {
+  std::vector<int64_t> idx(shape.size());
+  if (flat < 0) {
+    idx = shape;  // the shape itself
+  } else {
+    for (size_t d = shape.size(); d-- > 0;) {
+      const int64_t n = std::max<int64_t>(1, shape[d]);
+      idx[d] = flat % n;
+      flat /= n;
+    }
+  }
+  std::string s = "[";
+  for (size_t d = 0; d < idx.size(); ++d) s += (d ? ", " : "") + std::to_string(idx[d]);
+  return s + "]";
+}
+
+namespace {
+
+// Accumulates one tensor's comparison of got against want (both already offset by the common
+// starting value for updates); `value` is want's own value, the fallback scale.
+struct DiffAcc {
+  TensorDiff d;
+  double diff2 = 0.0, want2 = 0.0, value2 = 0.0, max_diff = 0.0, max_want = 0.0, max_value = 0.0;
+
+  void add(size_t i, double want, double got, double value) {
+    const double e = std::fabs(got - want);
+    diff2 += e * e;
+    want2 += want * want;
+    value2 += value * value;
+    max_want = std::max(max_want, std::fabs(want));
+    max_value = std::max(max_value, std::fabs(value));
+    if (e > max_diff || (std::isnan(e) && d.index < 0) || (d.index < 0 && e > 0)) {
+      max_diff = std::isnan(e) ? INFINITY : e;
+      d.index = static_cast<int64_t>(i);
+      d.want = want;
+      d.got = got;
+    }
+  }
+  static double ratio(double num, double den) {
+    return num == 0.0 ? 0.0 : den > 0.0 ? num / den : INFINITY;
+  }
+  TensorDiff finish() {
+    const bool fallback = want2 == 0.0;
+    if (std::isnan(diff2)) diff2 = INFINITY;
+    d.scale = std::sqrt(fallback ? value2 : want2);
+    d.rel = ratio(std::sqrt(diff2), d.scale);
+    d.max_rel = ratio(max_diff, fallback ? max_value : max_want);
+    return std::move(d);
+  }
+};
+
+}  // namespace
+
+std::vector<TensorDiff> tensor_diffs(const TensorMap& want, const TensorMap& got) {
+  std::vector<TensorDiff> out;
+  for (const auto& [name, w] : want) {
+    if (is_compression_state(name)) continue;
+    const NamedTensor& g = counterpart(got, name, w);
+    DiffAcc acc;
+    acc.d.name = name;
+    acc.d.shape = w.shape;
+    for (size_t i = 0; i < w.data.size(); ++i) acc.add(i, w.data[i], g.data[i], w.data[i]);
+    out.push_back(acc.finish());
+  }
+  return out;
+}
+
+std::vector<TensorDiff> update_diffs(const TensorMap& from, const TensorMap& want,
+                                     const TensorMap& got) {
+  std::vector<TensorDiff> out;
+  for (const auto& [name, w] : want) {
+    if (is_compression_state(name)) continue;
+    const NamedTensor& g = counterpart(got, name, w);
+    const auto f = from.find(name);
+    const NamedTensor* base = f == from.end() ? nullptr : &counterpart(from, name, w);
+    DiffAcc acc;
+    acc.d.name = name;
+    acc.d.shape = w.shape;
+    for (size_t i = 0; i < w.data.size(); ++i) {
+      const double b = base ? base->data[i] : 0.0;
+      acc.add(i, w.data[i] - b, g.data[i] - b, w.data[i]);
+    }
+    out.push_back(acc.finish());
+  }
+  return out;
+}
+
+TensorDiff worst(const std::vector<TensorDiff>& diffs) {
+  TensorDiff w;
+  for (const TensorDiff& d : diffs)
+    if (d.rel > w.rel || (w.name.empty() && !d.name.empty())) w = d;
+  return w;
+}
+
+double max_rel_diff(const TensorMap& a, const TensorMap& b) {
+  const auto compared = [](const TensorMap& m) {
+    size_t n = 0;
+    for (const auto& kv : m) n += !is_compression_state(kv.first);
+    return n;
+  };
+  if (compared(a) != compared(b))
+    throw UserError("the compared states hold " + std::to_string(compared(b)) + " tensors, the " +
+                    "reference " + std::to_string(compared(a)));
+  double max_diff = 0.0, max_abs = 0.0;
+  for (const auto& [name, t] : a) {
+    if (is_compression_state(name)) continue;
+    const NamedTensor& u = counterpart(b, name, t);
+    for (size_t i = 0; i < t.data.size(); ++i) {
+      const double e = std::fabs(static_cast<double>(t.data[i]) - u.data[i]);
+      max_diff = std::max(max_diff, std::isnan(e) ? INFINITY : e);
+      max_abs = std::max(max_abs, static_cast<double>(std::fabs(t.data[i])));
+    }
+  }
+  return max_diff == 0.0 ? 0.0 : max_diff / max_abs;
+}
+
+}  // namespace dtrain

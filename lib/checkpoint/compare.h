@@ -1,0 +1,66 @@
+// Comparing training states: the tensors of two checkpoints (files or sharded folders), whole or
+// as the updates of one step from a common starting state. `dtrain verify` and the fidelity tests
+// use these; what "relative" means is defined once here.
+//
+// Scale: a difference is relative to the reference tensor's norm, not element-wise: float32
+// summation-order noise is proportional to a tensor's scale, while element-wise ratios explode
+// at values that happen to be near zero.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace dtrain {
+
+struct NamedTensor {
+  std::vector<int64_t> shape;
+  std::vector<float> data;
+};
+// Every tensor of a checkpoint by name: parameters ("transformer.wte.weight"), optimizer state
+// ("optim.momentum.<name>") and compression state ("comp.*").
+using TensorMap = std::map<std::string, NamedTensor>;
+
+// Reads a checkpoint file, or a sharded checkpoint folder (consolidated in memory through a
+// temporary file next to it, removed again), verifying checksums. UserError as load_checkpoint.
+TensorMap read_checkpoint_tensors(const std::string& path);
+
+// One tensor's comparison. `rel` is the L2 measure, ||got - want|| / ||want||: it weighs every
+// element, so the few elements that Adam's division by sqrt(v) + eps turns from noise into a
+// visible difference (gradients near eps) do not dominate it, while a real error -- a gradient off
+// by a factor, a bucket not reduced -- moves a whole tensor. `max_rel` and the element locate the
+// worst single value.
+struct TensorDiff {
+  std::string name;
+  std::vector<int64_t> shape;    // the tensor's
+  double rel = 0.0;              // ||got - want||_2 / ||want||_2
+  double max_rel = 0.0;          // max |got - want| / max |want|
+  double scale = 0.0;            // ||want||_2 (of the update, for update_diffs)
+  int64_t index = -1;            // flat index of the worst element; -1 when all are equal
+  double want = 0.0, got = 0.0;  // the worst element's reference and compared values
+};
+
+// "[3, 17]" for flat index i of a tensor of shape `shape` (row-major).
+std::string format_index(const std::vector<int64_t>& shape, int64_t flat);
+
+// Per tensor of `want` (sorted by name, tensors named "comp.*" skipped: the state of a
+// compressor is not part of the model), got against want. UserError when a tensor is missing
+// from `got` or has another shape.
+std::vector<TensorDiff> tensor_diffs(const TensorMap& want, const TensorMap& got);
+
+// One step's updates from the common state `from`: per tensor, (got - from) against
+// (want - from). Where the reference update is all zero the scale falls back to the values of
+// `want` (so an update where none was due is still measured). Tensors of `want` absent from
+// `from` (optimizer state a fresh start does not have yet) start from zero.
+std::vector<TensorDiff> update_diffs(const TensorMap& from, const TensorMap& want,
+                                     const TensorMap& got);
+
+// The largest rel of a list (the entry itself; a default TensorDiff when empty).
+TensorDiff worst(const std::vector<TensorDiff>& diffs);
+
+// max |a - b| over every tensor / max |a| over every tensor, "comp.*" skipped: one figure for a
+// whole state (the fidelity tests' measure). UserError when the two hold different tensors.
+double max_rel_diff(const TensorMap& a, const TensorMap& b);
+
+}  // namespace dtrain

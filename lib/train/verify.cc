@@ -1,0 +1,337 @@
+#include "train/verify.h"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <system_error>
+
+#include "launch/launcher.h"
+#include "train/trainer.h"
+#include "util/check.h"
+#include "util/enum_names.h"
+#include "util/fault.h"
+
+namespace dtrain {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string lr_text(double lr) {
+  return fmt::format("{:g}", lr);
+}
+
+// The train.* cadence both sides run with: N steps (epochs unbounded), a loss record and a
+// checkpoint every `every` steps, all kept.
+void set_cadence(TrainConfig& t, int64_t steps, int64_t every) {
+  t.epochs = 0;
+  t.max_steps = steps;
+  t.log_every = 1;
+  t.eval_every = 0;
+  t.checkpoint.every_steps = every;
+  t.checkpoint.keep_last = steps + 1;
+}
+
+std::vector<std::string> cadence_sets(int64_t steps, int64_t every) {
+  return {"train.epochs=0",
+          "train.max_steps=" + std::to_string(steps),
+          "train.log_every=1",
+          "train.eval_every=0",
+          "train.checkpoint.every_steps=" + std::to_string(every),
+          "train.checkpoint.keep_last=" + std::to_string(steps + 1)};
+}
+
+// Step -> loss of a run's train records.
+std::map<int64_t, double> read_losses(const fs::path& run) {
+  std::map<int64_t, double> out;
+  std::ifstream in(run / "metrics.jsonl");
+  std::string line;
+  while (std::getline(in, line)) {
+    const auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_object() && j.value("kind", "") == "train" && j.contains("loss") &&
+        j["loss"].is_number())
+      out[j["step"].get<int64_t>()] = j["loss"].get<double>();
+  }
+  return out;
+}
+
+// A run's checkpoint of `step`: the file, or the sharded folder.
+std::string checkpoint_of(const fs::path& run, int64_t step) {
+  const fs::path dir = run / "checkpoints";
+  const fs::path file = dir / checkpoint_file_name(step);
+  std::error_code ec;
+  if (fs::exists(file, ec)) return file.string();
+  const fs::path folder = dir / sharded_checkpoint_name(step);
+  if (fs::exists(folder / "manifest.json", ec)) return folder.string();
+  throw std::runtime_error("verify: the run in " + run.string() + " wrote no checkpoint of step " +
+                           std::to_string(step));
+}
+
+TensorMap params_only(TensorMap m) {
+  for (auto it = m.begin(); it != m.end();)
+    it = it->first.rfind("optim.", 0) == 0 || it->first.rfind("comp.", 0) == 0 ? m.erase(it)
+                                                                               : std::next(it);
+  return m;
+}
+
+// Runs one side. The reference always runs in this process (it is one rank); the layout runs
+// in-process or as gRPC ranks started the way dtrain launch starts them.
+class Runner {
+ public:
+  Runner(const VerifyOptions& o, const Config& layout, std::vector<Fault> faults)
+      : o_(o), world_(layout.distributed.world_size), faults_(std::move(faults)) {}
+
+  void reference(const Config& cfg, const fs::path& out) const {
+    fresh(out);
+    RunOptions ro;
+    ro.out_dir = out.string();
+    ro.evaluate = false;
+    run_training(cfg, ro);
+  }
+
+  void layout(const fs::path& out, int64_t steps, int64_t every, const std::string& resume) const {
+    fresh(out);
+    std::vector<std::string> sets = o_.sets;
+    for (auto& s : cadence_sets(steps, every)) sets.push_back(std::move(s));
+    if (!o_.grpc) {
+      Config cfg = load_config(o_.config_path, sets);
+      cfg.distributed.backend = Backend::kInproc;
+      RunOptions ro;
+      ro.out_dir = out.string();
+      ro.resume = resume;
+      ro.evaluate = false;
+      ro.faults = faults_;
+      run_training(cfg, ro);
+      return;
+    }
+    LaunchOptions lo;
+    lo.nproc = static_cast<int>(world_);
+    lo.log_dir = (out / "logs").string();
+    lo.echo_rank0 = false;
+    lo.child_argv = {o_.self_exe,
+                     "run",
+                     o_.config_path,
+                     "--out",
+                     out.string(),
+                     "--no-progress",
+                     "--no-eval",
+                     "--log-level",
+                     "warn",
+                     "--set",
+                     "distributed.backend=grpc"};
+    for (const auto& s : sets) {
+      lo.child_argv.push_back("--set");
+      lo.child_argv.push_back(s);
+    }
+    if (!resume.empty()) {
+      lo.child_argv.push_back("--resume");
+      lo.child_argv.push_back(resume);
+    }
+    const int rc = launch_local(lo);
+    if (rc == 2)
+      throw UserError("verify: the layout's ranks refused their input; see " + lo.log_dir);
+    if (rc != 0)
+      throw std::runtime_error("verify: a layout run failed (exit " + std::to_string(rc) +
+                               "); rank logs in " + lo.log_dir);
+  }
+
+ private:
+  static void fresh(const fs::path& out) {
+    std::error_code ec;
+    fs::remove_all(out, ec);
+    fs::create_directories(out);
+  }
+
+  const VerifyOptions& o_;
+  const int64_t world_;
+  const std::vector<Fault> faults_;
+};
+
+// Restores the log level on every exit path (the runs log at warn and above only).
+struct QuietLogs {
+  spdlog::level::level_enum saved = spdlog::get_level();
+  QuietLogs() {
+    if (saved < spdlog::level::err) spdlog::set_level(spdlog::level::err);
+  }
+  ~QuietLogs() { spdlog::set_level(saved); }
+};
+
+struct WorkDir {
+  fs::path path;
+  bool temporary = false;
+  explicit WorkDir(const std::string& given) {
+    if (!given.empty()) {
+      path = given;
+      std::error_code ec;
+      fs::create_directories(path, ec);
+      if (ec) throw UserError("verify: cannot create --out '" + given + "': " + ec.message());
+      return;
+    }
+    std::string t = (fs::temp_directory_path() / "dtrain-verify-XXXXXX").string();
+    if (::mkdtemp(t.data()) == nullptr) throw std::runtime_error("verify: mkdtemp failed");
+    path = t;
+    temporary = true;
+  }
+  ~WorkDir() {
+    std::error_code ec;
+    if (temporary) fs::remove_all(path, ec);
+  }
+};
+
+// The teacher-forced steps: step 1 from the initial state (a reference run whose learning rate is
+// too small to move a float32 parameter), step k + 1 from the reference's checkpoint of step k.
+void teacher_force(const Runner& run, const ReferencePlan& plan, const fs::path& dir, int64_t steps,
+                   bool keep, VerifyReport& r) {
+  const auto ref_losses = read_losses(dir / "reference");
+  const auto free_losses = read_losses(dir / "layout");
+  Config init = plan.reference;
+  init.optimizer.lr = 1e-300;  // a zero update in float32: the parameters stay the initial ones
+  set_cadence(init.train, 1, 1);
+  run.reference(init, dir / "init");
+  TensorMap from = params_only(read_checkpoint_tensors(checkpoint_of(dir / "init", 1)));
+  for (int64_t k = 1; k <= steps; ++k) {
+    TensorMap want = read_checkpoint_tensors(checkpoint_of(dir / "reference", k));
+    ForcedStep fs_row;
+    fs_row.step = k;
+    fs_row.loss_reference = ref_losses.count(k) ? ref_losses.at(k) : NAN;
+    TensorMap got;
+    if (k == 1) {  // the free run's first step starts from the same initial state
+      got = read_checkpoint_tensors(checkpoint_of(dir / "layout", 1));
+      fs_row.loss_layout = free_losses.count(1) ? free_losses.at(1) : NAN;
+    } else {
+      const fs::path out = dir / ("forced-" + std::to_string(k));
+      run.layout(out, k, 1, checkpoint_of(dir / "reference", k - 1));
+      got = read_checkpoint_tensors(checkpoint_of(out, k));
+      const auto l = read_losses(out);
+      fs_row.loss_layout = l.count(k) ? l.at(k) : NAN;
+      std::error_code ec;
+      if (!keep) fs::remove_all(out, ec);
+    }
+    fs_row.worst = worst(update_diffs(from, want, got));
+    if (r.first_bad_step == 0 && !(fs_row.worst.rel <= r.tolerance)) r.first_bad_step = k;
+    r.forced.push_back(std::move(fs_row));
+    from = std::move(want);
+  }
+}
+
+}  // namespace
+
+ReferencePlan plan_reference(const Config& layout) {
+  ReferencePlan p;
+  const DistributedConfig& d = layout.distributed;
+  const int64_t stages = std::max<int64_t>(1, d.pipeline.stages);
+  if (d.world_size % stages != 0)
+    throw UserError(
+        fmt::format("verify: distributed.world_size {} is not a multiple of "
+                    "distributed.pipeline.stages {}",
+                    d.world_size, stages));
+  p.replicas = d.world_size / stages;
+  Config& ref = p.reference = layout;
+  ref.distributed.world_size = 1;
+  ref.distributed.backend = Backend::kInproc;
+  ref.distributed.strategy = StrategyKind::kDdp;
+  ref.distributed.pipeline.stages = 1;
+  ref.distributed.compression.type = CompressionType::kNone;
+  ref.data.batch_size = layout.data.batch_size * p.replicas;
+  const bool linear = layout.optimizer.scale_lr == ScaleLr::kLinear;
+  ref.optimizer.lr = layout.optimizer.lr * (linear ? static_cast<double>(p.replicas) : 1.0);
+  ref.optimizer.scale_lr = ScaleLr::kNone;
+
+  std::string strategy = to_string(d.strategy);
+  if (d.strategy == StrategyKind::kPipeline) strategy = "ddp";
+  if (d.strategy == StrategyKind::kLocalSgd) {
+    const auto& l = d.local_sgd;
+    const bool sgd = layout.optimizer.type == OptimizerType::kSgd;
+    if (l.sync_every > 1) {
+      p.exact = false;
+      p.teacher_forcing = false;
+      p.step_multiple = l.sync_every;
+      p.divergence = fmt::format(
+          "Local SGD with H = {} averages parameters every {} steps: in between, each replica "
+          "follows its own gradients, so the model differs from one process's by design (less "
+          "communication for that)",
+          l.sync_every, l.sync_every);
+    } else if (l.outer_lr > 0.0 || !sgd) {
+      p.exact = false;
+      p.divergence =
+          l.outer_lr > 0.0
+              ? "Local SGD with an outer optimizer (DiLoCo, outer_lr > 0) applies the averaged "
+                "change through Nesterov momentum, which one process does not do"
+              : "Local SGD averages the parameters after each replica's own " +
+                    to_string(layout.optimizer.type) +
+                    " step; that optimizer is not linear in the gradient, so the average is not "
+                    "the step of the averaged gradient";
+    }
+  }
+  if (d.compression.type != CompressionType::kNone) {
+    p.exact = false;
+    p.divergence = (p.divergence.empty() ? "" : p.divergence + "; ") +
+                   fmt::format(
+                       "distributed.compression {} is lossy: the difference from the "
+                       "uncompressed reference is the cost of compression{}",
+                       to_string(d.compression.type),
+                       d.compression.error_feedback
+                           ? " (error feedback carries what was dropped to later steps)"
+                           : "");
+  }
+  p.layout_text = fmt::format("{}, {} rank(s): {} data-parallel replica(s) x batch {}{}{}, lr {}{}",
+                              strategy, d.world_size, p.replicas, layout.data.batch_size,
+                              stages > 1 ? fmt::format(", {} pipeline stages", stages) : "",
+                              d.compression.type != CompressionType::kNone
+                                  ? ", compression " + to_string(d.compression.type)
+                                  : "",
+                              lr_text(layout.optimizer.lr), linear ? " (scale_lr linear)" : "");
+  p.reference_text =
+      fmt::format("1 rank, ddp, batch {}, lr {}, {}, same model, data, seed and schedule",
+                  ref.data.batch_size, lr_text(ref.optimizer.lr), to_string(layout.optimizer.type));
+  return p;
+}
+
+double default_tolerance(const Config& layout) {
+  return layout.optimizer.type == OptimizerType::kSgd ? 1e-4 : 5e-2;
+}
+
+VerifyReport run_verify(const VerifyOptions& o) {
+  if (o.steps < 1 || o.steps > 100000) throw UserError("verify: --steps must be in [1, 100000]");
+  if (o.tolerance < 0.0 || !std::isfinite(o.tolerance))
+    throw UserError("verify: --tolerance must be a finite number >= 0");
+  const Config layout = load_config(o.config_path, o.sets);
+  check_input_files(layout);
+  VerifyReport r;
+  r.plan = plan_reference(layout);
+  const ReferencePlan& plan = r.plan;
+  r.tolerance = o.tolerance > 0.0 ? o.tolerance : default_tolerance(layout);
+  const int64_t m = plan.step_multiple;
+  r.steps = (o.steps + m - 1) / m * m;
+
+  const WorkDir work(o.work_dir);
+  const QuietLogs quiet;
+  const Runner run(o, layout, o.faults);
+  Config ref = plan.reference;
+  set_cadence(ref.train, r.steps, 1);
+  run.reference(ref, work.path / "reference");
+  run.layout(work.path / "layout", r.steps, m, "");
+  if (plan.teacher_forcing) teacher_force(run, plan, work.path, r.steps, !work.temporary, r);
+
+  r.end_state =
+      tensor_diffs(read_checkpoint_tensors(checkpoint_of(work.path / "reference", r.steps)),
+                   read_checkpoint_tensors(checkpoint_of(work.path / "layout", r.steps)));
+  const auto lr = read_losses(work.path / "reference"), ll = read_losses(work.path / "layout");
+  for (const auto& [step, loss] : lr)
+    r.losses.push_back({step, loss, ll.count(step) ? ll.at(step) : NAN});
+  const bool end_ok = worst(r.end_state).rel <= r.tolerance;
+  if (!plan.exact)
+    r.verdict = "diverges as expected";
+  else
+    r.verdict = r.first_bad_step == 0 && end_ok ? "pass" : "fail";
+  return r;
+}
+
+}  // namespace dtrain

@@ -1,0 +1,100 @@
+// `dtrain verify`: does a distributed configuration train the same model as one process?
+//
+// The reference is derived from the layout (plan_reference): one rank, the same model, data,
+// seed and optimizer, and the layout's global batch (data-parallel replicas x data.batch_size,
+// gradient accumulation unchanged), the learning rate after optimizer.scale_lr. Two checks:
+//   1. teacher forcing: for each step k = 1..N, both sides start from the reference's state
+//      after k - 1 steps (parameters, optimizer state, sampler position: the reference's
+//      checkpoint, which the layout resumes from, resharding it) and take one step on the same
+//      global batch; the difference of the two updates relative to the reference update's size
+//      isolates each step's error, so float32 noise cannot compound, and names the first step,
+//      tensor and element that disagree;
+//   2. free running: the layout's own N steps against the reference's, per-tensor relative
+//      difference of the end states and both loss curves.
+// Both sides run the real training code (run_training, or dtrain run ranks over gRPC started as
+// dtrain launch starts them), writing a checkpoint every step into the work folder.
+//
+// What a layout claims decides the verdict: ddp, zero1, zero2, fsdp and pipelines claim
+// equality (within `tolerance`); Local SGD with H = 1, plain averaging and SGD claims it too
+// (averaging SGD steps from equal parameters is DDP's step: the update is linear in the
+// gradient); Local SGD otherwise and any compression are lossy by design: their divergence is
+// measured and reported as expected, never as a failure.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/compare.h"
+#include "config/config.h"
+#include "util/fault.h"
+
+namespace dtrain {
+
+struct ReferencePlan {
+  Config reference;        // the single-process config (train.* cadence set by run_verify)
+  int64_t replicas = 1;    // the layout's data-parallel replicas
+  bool exact = true;       // the layout claims equality with the reference
+  std::string divergence;  // !exact: why it diverges by design
+  // Teacher forcing needs a checkpoint after every step; Local SGD with H > 1 holds different
+  // parameters on its replicas between synchronisations, so it is free-running only.
+  bool teacher_forcing = true;
+  int64_t step_multiple = 1;                // N is rounded up to a multiple of this (Local SGD's H)
+  std::string layout_text, reference_text;  // one line each, for the report
+};
+// UserError for a layout with no single-process equivalent.
+ReferencePlan plan_reference(const Config& layout);
+
+// The default tolerance on relative differences, by optimizer. SGD: float32 summation order
+// differs between layouts, measured at ~1e-7..1e-6 of an update; 1e-4 leaves two orders of
+// margin yet catches a gradient off by any factor that matters. Adam/AdamW divide by sqrt(v) + eps:
+// near eps, summation-order noise in a gradient is amplified (measured on Fashion-MNIST: 7e-3
+// relative between two reduction orders where SGD gives 3e-7), so 5e-2.
+double default_tolerance(const Config& layout);
+
+struct VerifyOptions {
+  std::string config_path;
+  std::vector<std::string> sets;  // the user's --set overrides of the layout
+  int64_t steps = 8;              // N >= 1
+  double tolerance = 0.0;         // 0: default_tolerance
+  bool grpc = false;              // layout ranks as processes over gRPC (dtrain launch's way)
+  std::string self_exe;           // grpc: the dtrain binary
+  std::string work_dir;           // the runs; "" = a temporary folder, removed at the end
+  // DTRAIN_FAULT for the layout's in-process runs (gRPC ranks read the variable themselves); the
+  // reference never gets faults.
+  std::vector<Fault> faults;
+};
+
+struct ForcedStep {
+  int64_t step = 0;
+  double loss_reference = 0.0, loss_layout = 0.0;
+  TensorDiff worst;  // the worst tensor of the step's update difference
+};
+struct LossPoint {
+  int64_t step = 0;
+  double reference = 0.0, layout = 0.0;
+};
+
+struct VerifyReport {
+  ReferencePlan plan;
+  int64_t steps = 0;
+  double tolerance = 0.0;
+  std::vector<ForcedStep> forced;     // empty when !plan.teacher_forcing
+  std::vector<TensorDiff> end_state;  // per tensor, after N free-running steps
+  std::vector<LossPoint> losses;      // free running
+  int64_t first_bad_step = 0;         // first forced step over tolerance; 0: none
+  std::string verdict;                // "pass" | "fail" | "diverges as expected"
+  bool failed() const { return verdict == "fail"; }
+};
+
+// Runs both sides and compares. Throws UserError for bad input (config, options), and
+// std::runtime_error when a run fails (its logs are kept and named).
+VerifyReport run_verify(const VerifyOptions& o);
+
+nlohmann::json report_json(const VerifyReport& r);
+// The table and verdict as printed by dtrain verify.
+std::string report_text(const VerifyReport& r);
+
+}  // namespace dtrain

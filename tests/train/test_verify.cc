@@ -1,0 +1,185 @@
+// dtrain verify's library: the single-process reference derived from a layout, the comparison
+// of states and updates, and whole verifications on small synthetic problems -- exact layouts
+// pass, a gradient doubled on one rank fails at exactly the faulty step, lossy layouts are
+// reported as diverging by design.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include <spdlog/spdlog.h>
+
+#include "checkpoint/compare.h"
+#include "test_util.h"
+#include "train/verify.h"
+
+using namespace dtrain;
+using dtrain::testing::TempDir;
+
+namespace {
+
+// Synthetic clusters, smooth activations (no kinks for summation order to flip), SGD with
+// momentum (principle 10), a small bucket so ddp really overlaps buckets.
+const char* kLayout = R"(seed: 3
+model: {hidden: [24, 16], activation: tanh}
+data:
+  format: synthetic
+  synthetic: {samples: 600, features: 10, classes: 4}
+  batch_size: 16
+optimizer: {type: sgd, lr: 0.05, momentum: 0.9, scale_lr: linear}
+train: {epochs: 2}
+distributed: {world_size: 2, strategy: ddp, ddp: {bucket_mb: 0.001}}
+runtime: {threads: 1}
+)";
+
+VerifyReport verify(const TempDir& t, const std::vector<std::string>& sets, int64_t steps = 4,
+                    std::vector<Fault> faults = {}) {
+  VerifyOptions o;
+  o.config_path = t.write("layout.yaml", kLayout);
+  o.sets = sets;
+  o.steps = steps;
+  o.faults = std::move(faults);
+  return run_verify(o);
+}
+
+NamedTensor t1(std::vector<float> v) {
+  const auto n = static_cast<int64_t>(v.size());
+  return NamedTensor{{n}, std::move(v)};
+}
+
+}  // namespace
+
+TEST_CASE("verify: the reference has one rank, the global batch and the scaled learning rate") {
+  TempDir t;
+  const std::string path = t.write("layout.yaml", kLayout);
+  {
+    const ReferencePlan p = plan_reference(
+        load_config(path, {"distributed.world_size=4", "distributed.strategy=fsdp"}));
+    CHECK(p.replicas == 4);
+    CHECK(p.exact);
+    CHECK(p.teacher_forcing);
+    CHECK(p.reference.distributed.world_size == 1);
+    CHECK(p.reference.distributed.strategy == StrategyKind::kDdp);
+    CHECK(p.reference.data.batch_size == 64);
+    CHECK(p.reference.optimizer.lr == doctest::Approx(0.2));
+    CHECK(p.reference.optimizer.scale_lr == ScaleLr::kNone);
+  }
+  {  // pp2 x dp2: two replicas of 16, accumulation kept
+    const ReferencePlan p = plan_reference(
+        load_config(path, {"distributed.world_size=4", "distributed.pipeline.stages=2",
+                           "train.grad_accum_steps=2", "optimizer.scale_lr=none"}));
+    CHECK(p.replicas == 2);
+    CHECK(p.reference.data.batch_size == 32);
+    CHECK(p.reference.train.grad_accum_steps == 2);
+    CHECK(p.reference.distributed.pipeline.stages == 1);
+    CHECK(p.reference.optimizer.lr == doctest::Approx(0.05));
+  }
+  {  // Local SGD H = 8: free running only, steps in whole rounds, diverging by design
+    const ReferencePlan p = plan_reference(load_config(
+        path, {"distributed.strategy=local_sgd", "distributed.local_sgd.sync_every=8"}));
+    CHECK_FALSE(p.exact);
+    CHECK_FALSE(p.teacher_forcing);
+    CHECK(p.step_multiple == 8);
+    CHECK(p.divergence.find("H = 8") != std::string::npos);
+  }
+  {  // H = 1 with SGD is DDP's update; with Adam it is not
+    CHECK(plan_reference(load_config(path, {"distributed.strategy=local_sgd",
+                                            "distributed.local_sgd.sync_every=1"}))
+              .exact);
+    const ReferencePlan p = plan_reference(
+        load_config(path, {"distributed.strategy=local_sgd", "distributed.local_sgd.sync_every=1",
+                           "optimizer.type=adam", "optimizer.momentum=0"}));
+    CHECK_FALSE(p.exact);
+    CHECK(p.divergence.find("not linear") != std::string::npos);
+  }
+  {
+    const ReferencePlan p =
+        plan_reference(load_config(path, {"distributed.compression.type=topk"}));
+    CHECK_FALSE(p.exact);
+    CHECK(p.reference.distributed.compression.type == CompressionType::kNone);
+    CHECK(p.divergence.find("cost of compression") != std::string::npos);
+  }
+}
+
+TEST_CASE("verify: tensor and update differences are relative to the reference's scale") {
+  TensorMap from{{"w", t1({1.0f, 2.0f, 3.0f})}};
+  TensorMap want{{"w", t1({1.1f, 2.0f, 2.8f})}, {"optim.momentum.w", t1({0.5f, 0.0f, -1.0f})}};
+  TensorMap got = want;
+  got["w"].data[2] = 2.7f;  // update -0.3 where -0.2 was due: 0.1 off a largest update of 0.2
+  const auto u = update_diffs(from, want, got);
+  REQUIRE(u.size() == 2);
+  const TensorDiff& w = u[1].name == "w" ? u[1] : u[0];
+  CHECK(w.max_rel == doctest::Approx(0.5).epsilon(1e-5));
+  CHECK(w.rel == doctest::Approx(0.1 / std::sqrt(0.05)).epsilon(1e-5));
+  CHECK(w.index == 2);
+  CHECK(format_index({3}, w.index) == "[2]");
+  CHECK(worst(u).name == "w");
+  // The optimizer state absent from `from` starts at zero: exact here.
+  CHECK((u[0].name == "optim.momentum.w" ? u[0] : u[1]).rel == 0.0);
+  const auto d = tensor_diffs(want, got);
+  CHECK(worst(d).max_rel == doctest::Approx(0.1 / 2.8).epsilon(1e-5));
+  CHECK(worst(d).rel == doctest::Approx(0.1 / std::sqrt(1.21 + 4.0 + 7.84)).epsilon(1e-5));
+  got["w"].data[0] = NAN;
+  CHECK(std::isinf(worst(tensor_diffs(want, got)).rel));
+  CHECK(format_index({2, 3, 4}, 23) == "[1, 2, 3]");
+  got.erase("w");
+  CHECK_THROWS_WITH_AS(tensor_diffs(want, got), doctest::Contains("'w' is missing"), UserError);
+}
+
+TEST_CASE(
+    "verify: ddp, zero2, fsdp and pp2 x dp2 fsdp pass; a doubled gradient fails at its step") {
+  spdlog::set_level(spdlog::level::warn);
+  TempDir t;
+  for (const std::vector<std::string>& sets :
+       {std::vector<std::string>{},
+        {"distributed.strategy=zero2", "distributed.world_size=3"},
+        {"distributed.strategy=fsdp"},
+        {"distributed.strategy=fsdp", "distributed.world_size=4", "distributed.pipeline.stages=2",
+         "data.batch_size=8"}}) {
+    const VerifyReport r = verify(t, sets);
+    CAPTURE(report_text(r));
+    CHECK(r.verdict == "pass");
+    REQUIRE(r.forced.size() == 4);
+    for (const ForcedStep& f : r.forced) {
+      CHECK(f.worst.rel < 1e-5);
+      CHECK(f.loss_layout == doctest::Approx(f.loss_reference).epsilon(1e-5));
+    }
+    CHECK(worst(r.end_state).rel < 1e-5);
+  }
+  // Rank 1's gradient doubled at step 3 only: steps 1-2 agree, step 3 is named, and step 4
+  // (from the reference's own state again) agrees: teacher forcing isolates the faulty step.
+  Fault f;
+  f.kind = "grad_scale";
+  f.rank = 1;
+  f.step = 3;
+  const VerifyReport r = verify(t, {"distributed.strategy=zero2"}, 4, {f});
+  CAPTURE(report_text(r));
+  CHECK(r.verdict == "fail");
+  CHECK(r.first_bad_step == 3);
+  CHECK(r.forced[0].worst.rel < 1e-5);
+  CHECK(r.forced[1].worst.rel < 1e-5);
+  CHECK(r.forced[2].worst.rel > 1e-2);
+  CHECK(r.forced[3].worst.rel < 1e-5);
+  CHECK(worst(r.end_state).rel > 1e-4);  // the free run carries the fault on
+  CHECK(report_text(r).find("FAIL at step 3") != std::string::npos);
+}
+
+TEST_CASE("verify: top-k compression and Local SGD H = 8 diverge as expected, not as bugs") {
+  spdlog::set_level(spdlog::level::warn);
+  TempDir t;
+  const VerifyReport topk =
+      verify(t, {"distributed.compression.type=topk", "distributed.compression.ratio=0.05"});
+  CAPTURE(report_text(topk));
+  CHECK(topk.verdict == "diverges as expected");
+  CHECK(topk.forced.size() == 4);
+  CHECK(topk.forced[0].worst.rel > 1e-3);  // really compressed
+  CHECK(report_text(topk).find("cost of compression") != std::string::npos);
+  const VerifyReport lsgd =
+      verify(t, {"distributed.strategy=local_sgd", "distributed.local_sgd.sync_every=8"}, 5);
+  CAPTURE(report_text(lsgd));
+  CHECK(lsgd.verdict == "diverges as expected");
+  CHECK(lsgd.steps == 8);  // rounded up to a whole round
+  CHECK(lsgd.forced.empty());
+  CHECK(worst(lsgd.end_state).rel > 1e-4);
+}
