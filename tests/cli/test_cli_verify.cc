@@ -28,7 +28,7 @@ nlohmann::json verify_json(const std::string& args, int want_exit) {
 
 }  // namespace
 
-TEST_CASE("cli: dtrain verify passes the shipped ddp, fsdp and pipeline x fsdp configs") {
+TEST_CASE("dtrain verify passes the shipped ddp, fsdp and pipeline x fsdp configs") {
   if (!std::filesystem::exists(kFmnist)) {
     MESSAGE("Fashion-MNIST not installed; skipped");
     return;
@@ -43,7 +43,7 @@ TEST_CASE("cli: dtrain verify passes the shipped ddp, fsdp and pipeline x fsdp c
   }
 }
 
-TEST_CASE("cli: dtrain verify over gRPC, a doubled gradient caught at its step, bad input") {
+TEST_CASE("dtrain verify over gRPC, a doubled gradient caught at its step, bad input") {
   TempDir t;
   const std::string cfg = t.write("c.yaml", R"(seed: 2
 model: {hidden: [12], activation: tanh}
