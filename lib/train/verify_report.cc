@@ -72,7 +72,7 @@ std::string report_text(const VerifyReport& r) {
     s += "teacher forcing: each step from the reference's state, the update's difference relative "
          "to the reference update\n";
     s += fmt::format("{:>6}  {:>14}  {:>14}  {:>10}  {}\n", "step", "loss reference", "loss layout",
-                     "rel. diff", "worst tensor [element]");
+                     "rel. diff", "worst tensor [worst element]: its max rel. diff");
     for (const ForcedStep& f : r.forced)
       s += fmt::format(
           "{:>6}  {:>14}  {:>14}  {:>10}  {} {}{}\n", f.step, loss_text(f.loss_reference),
