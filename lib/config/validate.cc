@@ -176,11 +176,15 @@ void validate_distributed(const Config& c, const KeyErrors& errors) {
   const DistributedConfig& dc = c.distributed;
   const PipelineConfig& pc = dc.pipeline;
   if (dc.strategy == StrategyKind::kPipeline || pc.stages > 1) {
-    // validate_config resolved a complexity preset into model.hidden.
-    const int64_t linears = static_cast<int64_t>(c.model.hidden.size()) + 1;
-    errors.check(pc.stages <= linears, "distributed.pipeline.stages",
-                 "the model has " + show(linears) + " layers with parameters, fewer than " +
-                     show(pc.stages) + " stages");
+    // validate_config resolved a complexity preset into model.hidden. Only an mlp's layer count
+    // is known from the config alone; sequential and gpt models are counted once built (the
+    // loop's partition_stages refuses too many stages with the same message).
+    if (c.model.type == ModelType::kMlp) {
+      const int64_t linears = static_cast<int64_t>(c.model.hidden.size()) + 1;
+      errors.check(pc.stages <= linears, "distributed.pipeline.stages",
+                   "the model has " + show(linears) + " layers with parameters, fewer than " +
+                       show(pc.stages) + " stages");
+    }
     errors.check(c.data.batch_size >= pc.micro_batches, "distributed.pipeline.micro_batches",
                  "must be at most data.batch_size (" + show(c.data.batch_size) +
                      "): micro-batches split a batch by samples");
