@@ -755,6 +755,15 @@ TEST_CASE("grpc: helper rank for the killed-peer test" * doctest::skip()) {
   std::this_thread::sleep_for(std::chrono::seconds(60));  // until killed
 }
 
+// A helper process's environment: its own variables and the sanitizers' options (the
+// suppressions and log path scripts/sanitize.sh sets), so that a sanitized helper reports as its
+// parent does.
+std::vector<std::string> helper_env(std::vector<std::string> vars) {
+  for (const char* k : {"ASAN_OPTIONS", "UBSAN_OPTIONS", "LSAN_OPTIONS", "TSAN_OPTIONS"})
+    if (const char* v = std::getenv(k)) vars.push_back(std::string(k) + "=" + v);
+  return vars;
+}
+
 BOTH_PATHS_TEST_CASE("grpc: a killed peer process fails pending recvs and sends promptly",
                      test_a_killed_peer_process_fails) {
   const int port = free_port();
@@ -764,11 +773,14 @@ BOTH_PATHS_TEST_CASE("grpc: a killed peer process fails pending recvs and sends 
   const char* argv[] = {self.c_str(), "-tc=grpc: helper rank for the killed-peer test", "--no-skip",
                         "--no-version", nullptr};
   const std::string env_shm = std::string("DTRAIN_GRPC_HELPER_SHM=") + (g_shm ? "1" : "0");
-  const char* envp[] = {env_port.c_str(), env_shm.c_str(), nullptr};
+  const std::vector<std::string> env = helper_env({env_port, env_shm});
+  std::vector<const char*> envp;
+  for (const std::string& e : env) envp.push_back(e.c_str());
+  envp.push_back(nullptr);
   const pid_t pid = fork();
   REQUIRE(pid >= 0);
   if (pid == 0) {
-    execve(self.c_str(), const_cast<char* const*>(argv), const_cast<char* const*>(envp));
+    execve(self.c_str(), const_cast<char* const*>(argv), const_cast<char* const*>(envp.data()));
     _exit(127);
   }
   struct Reaper {  // whatever happens below, the child does not outlive the test
@@ -820,11 +832,14 @@ BOTH_PATHS_TEST_CASE("grpc: a frozen peer (SIGSTOP) is detected by its missing h
   const char* argv[] = {self.c_str(), "-tc=grpc: helper rank for the frozen-peer test", "--no-skip",
                         "--no-version", nullptr};
   const std::string env_shm = std::string("DTRAIN_GRPC_HELPER_SHM=") + (g_shm ? "1" : "0");
-  const char* envp[] = {env_port.c_str(), env_shm.c_str(), nullptr};
+  const std::vector<std::string> env = helper_env({env_port, env_shm});
+  std::vector<const char*> envp;
+  for (const std::string& e : env) envp.push_back(e.c_str());
+  envp.push_back(nullptr);
   const pid_t pid = fork();
   REQUIRE(pid >= 0);
   if (pid == 0) {
-    execve(self.c_str(), const_cast<char* const*>(argv), const_cast<char* const*>(envp));
+    execve(self.c_str(), const_cast<char* const*>(argv), const_cast<char* const*>(envp.data()));
     _exit(127);
   }
   struct Reaper {

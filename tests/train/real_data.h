@@ -42,7 +42,7 @@ inline bool write_fmnist_subset(const std::string& dir, int64_t n) {
   put_be32(img, 28);
   put_be32(img, 28);
   for (int64_t i = 0; i < n * d.features; ++i)
-    img.put(static_cast<char>(d.x[static_cast<size_t>(i)]));
+    img.put(static_cast<char>(static_cast<unsigned char>(d.x[static_cast<size_t>(i)])));  // 0..255
   put_be32(lab, 0x00000801);
   put_be32(lab, static_cast<uint32_t>(n));
   for (int64_t i = 0; i < n; ++i) lab.put(static_cast<char>(d.y[static_cast<size_t>(i)]));

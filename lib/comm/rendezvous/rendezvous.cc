@@ -7,6 +7,7 @@
 
 #include "comm/grpc_internal.h"
 #include "comm/rendezvous/store_service.h"
+#include "util/check.h"
 
 namespace dtrain::grpc_detail {
 namespace {
@@ -46,11 +47,57 @@ std::string join_refusal(const wire::JoinRequest& req, int world, const std::str
   return "";
 }
 
+std::string JoinCoordinator::on_set(const std::string& key, const std::string& value) {
+  if (decided_ || key.rfind(kJoinKey, 0) != 0) return "";  // a late joiner finds itself missing
+  wire::JoinRequest req;
+  std::string failure;
+  try {
+    req = decode_join_request(value);
+    failure = join_refusal(req, world_, hash_);
+  } catch (const WireError& e) {
+    failure = fmt::format("a malformed join: {}", e.what());
+  }
+  const int rank = req.rank();
+  if (failure.empty() && joined_.count(rank))
+    failure = fmt::format("rank {} joined twice (from {} and {})", rank, joined_[rank].address,
+                          req.listen_address());
+  if (!failure.empty()) {
+    spdlog::debug("rendezvous failed: {}", failure);
+    decided_ = true;
+    return std::string(kFail) + failure;
+  }
+  joined_[rank] = Joined{req.listen_address(), req.shm_name()};
+  spdlog::debug("rendezvous: rank {} joined from {} ({}/{})", rank, req.listen_address(),
+                joined_.size(), world_);
+  if (static_cast<int>(joined_.size()) < world_) return "";
+  wire::JoinReply reply;
+  for (const auto& [r, j] : joined_) {
+    wire::Peer* peer = reply.add_peers();
+    peer->set_rank(r);
+    peer->set_address(j.address);
+    peer->set_shm_name(j.shm_name);
+  }
+  decided_ = true;
+  return std::string(kOk) + reply.SerializeAsString();
+}
+
+bool JoinCoordinator::decide() {
+  if (decided_) return false;
+  decided_ = true;
+  return true;
+}
+
+std::vector<int> JoinCoordinator::missing() const {
+  std::vector<int> out;
+  for (int r = 0; r < world_; ++r)
+    if (!joined_.count(r)) out.push_back(r);
+  return out;
+}
+
 RendezvousHost::RendezvousHost(const GrpcOptions& o, Clock::time_point deadline)
-    : world_(o.world_size),
-      hash_(o.config_hash),
-      timeout_s_(o.rendezvous_timeout_s),
+    : timeout_s_(o.rendezvous_timeout_s),
       deadline_(deadline),
+      coord_(o.world_size, o.config_hash),
       store_([this](const std::string& k, const std::string& v) { on_set(k, v); }),
       service_(std::make_unique<StoreService>(&store_, o.token, o.rank)) {
   timer_ = std::thread([this] { timer_loop(); });
@@ -65,66 +112,35 @@ grpc::Service* RendezvousHost::service() {
 }
 
 void RendezvousHost::on_set(const std::string& key, const std::string& value) {
-  if (key.rfind(kJoinKey, 0) != 0) return;
-  std::string failure, table;
+  std::string result;
   {
     std::lock_guard<std::mutex> lk(mu_);
-    if (decided_) return;  // a join after the result: the joiner finds itself missing
-    wire::JoinRequest req;
-    try {
-      req = decode_join_request(value);
-      failure = join_refusal(req, world_, hash_);
-    } catch (const WireError& e) {
-      failure = fmt::format("a malformed join: {}", e.what());
-    }
-    const int rank = req.rank();
-    if (failure.empty() && joined_.count(rank))
-      failure = fmt::format("rank {} joined twice (from {} and {})", rank, joined_[rank].address,
-                            req.listen_address());
-    if (failure.empty()) {
-      joined_[rank] = Joined{req.listen_address(), req.shm_name()};
-      spdlog::debug("rendezvous: rank {} joined from {} ({}/{})", rank, req.listen_address(),
-                    joined_.size(), world_);
-      if (static_cast<int>(joined_.size()) == world_) {
-        wire::JoinReply reply;
-        for (const auto& [r, j] : joined_) {
-          wire::Peer* peer = reply.add_peers();
-          peer->set_rank(r);
-          peer->set_address(j.address);
-          peer->set_shm_name(j.shm_name);
-        }
-        table = std::string(kOk) + reply.SerializeAsString();
-      }
-    }
+    result = coord_.on_set(key, value);
   }
-  if (!failure.empty()) {
-    spdlog::debug("rendezvous failed: {}", failure);
-    finish(std::string(kFail) + failure);
-  } else if (!table.empty()) {
-    finish(table);
-  }
+  if (!result.empty()) publish(result);
 }
 
 void RendezvousHost::finish(const std::string& result) {
   {
     std::lock_guard<std::mutex> lk(mu_);
-    if (decided_) return;
-    decided_ = true;
+    if (!coord_.decide()) return;
   }
+  publish(result);
+}
+
+void RendezvousHost::publish(const std::string& result) {
   cv_.notify_all();
   try {
-    store_.set(std::string(kPrefix) + "/result", result);
+    store_.set(kRendezvousResultKey, result);
   } catch (const CommError&) {  // the store shut down meanwhile: its waiters heard why
   }
 }
 
 void RendezvousHost::timer_loop() {
   std::unique_lock<std::mutex> lk(mu_);
-  cv_.wait_until(lk, deadline_, [&] { return stop_ || decided_; });
-  if (stop_ || decided_) return;
-  std::vector<int> missing;
-  for (int r = 0; r < world_; ++r)
-    if (!joined_.count(r)) missing.push_back(r);
+  cv_.wait_until(lk, deadline_, [&] { return stop_ || coord_.decided(); });
+  if (stop_ || coord_.decided()) return;
+  const std::vector<int> missing = coord_.missing();
   lk.unlock();
   finish(std::string(kFail) + fmt::format("rendezvous timed out after {} s: {} never joined",
                                           seconds_str(timeout_s_), ranks_str(missing)));
@@ -149,6 +165,29 @@ void RendezvousHost::shutdown(const std::string& why) {
   cv_.notify_all();
   if (timer_.joinable()) timer_.join();
   store_.shutdown(why);
+}
+
+std::vector<PeerEntry> decode_join_result(const std::string& result, int rank, int world,
+                                          const std::string& listen_address) {
+  DT_CHECK(rank >= 0 && rank < world);
+  if (result.rfind(kFail, 0) == 0) throw CommError(result.substr(kFail.size()));
+  wire::JoinReply reply;
+  if (result.rfind(kOk, 0) != 0 || !reply.ParseFromString(result.substr(kOk.size())))
+    throw CommError("rendezvous returned a malformed result");
+  if (reply.peers_size() != world)
+    throw CommError(
+        fmt::format("rendezvous returned {} peers for world size {}", reply.peers_size(), world));
+  std::vector<PeerEntry> peers;
+  for (int r = 0; r < world; ++r) {
+    const wire::Peer& p = reply.peers(r);
+    if (p.rank() != r || p.address().empty())
+      throw CommError(fmt::format("rendezvous returned a bad peer table (entry {})", r));
+    peers.push_back(PeerEntry{p.address(), p.shm_name()});
+  }
+  // Joined after the last rank did (a restarted or duplicate process): not in the table.
+  if (peers[rank].address != listen_address)
+    throw CommError(fmt::format("rank {} joined after the rendezvous completed", rank));
+  return peers;
 }
 
 std::vector<PeerEntry> join_rendezvous(const GrpcOptions& o, const std::string& listen_address,
@@ -195,23 +234,7 @@ std::vector<PeerEntry> join_rendezvous(const GrpcOptions& o, const std::string& 
     PrefixStore(kPrefix, quick).add("acks", 1);
   } catch (const CommError&) {
   }
-  if (result.rfind(kFail, 0) == 0) throw CommError(result.substr(kFail.size()));
-  wire::JoinReply reply;
-  if (result.rfind(kOk, 0) != 0 || !reply.ParseFromString(result.substr(kOk.size())))
-    throw CommError("rendezvous returned a malformed result");
-  if (reply.peers_size() != world_)
-    throw CommError(
-        fmt::format("rendezvous returned {} peers for world size {}", reply.peers_size(), world_));
-  std::vector<PeerEntry> peers;
-  for (int r = 0; r < world_; ++r) {
-    const wire::Peer& p = reply.peers(r);
-    if (p.rank() != r || p.address().empty())
-      throw CommError(fmt::format("rendezvous returned a bad peer table (entry {})", r));
-    peers.push_back(PeerEntry{p.address(), p.shm_name()});
-  }
-  // Joined after the last rank did (a restarted or duplicate process): not in the table.
-  if (peers[rank_].address != listen_address)
-    throw CommError(fmt::format("rank {} joined after the rendezvous completed", rank_));
+  std::vector<PeerEntry> peers = decode_join_result(result, rank_, world_, listen_address);
   std::string table;
   for (int r = 0; r < world_; ++r)
     table += fmt::format("{}{}={}", r ? ", " : "", r, peers[r].address);

@@ -46,6 +46,35 @@ wire::JoinRequest decode_join_request(std::span<const char> bytes);
 // coordinator's to see.) Pure.
 std::string join_refusal(const wire::JoinRequest& req, int world, const std::string& hash);
 
+// Where rank 0 publishes the rendezvous result ("ok" + JoinReply | "fail" + why).
+inline constexpr char kRendezvousResultKey[] = "rdzv/result";
+
+// The coordinator's decisions, without threads, store or clock: it sees every set of the store
+// in order and decides the rendezvous once (see the top of this file). Not thread-safe (the
+// host calls it under its lock); what fuzz/rendezvous.cc drives.
+class JoinCoordinator {
+ public:
+  JoinCoordinator(int world, std::string hash) : world_(world), hash_(std::move(hash)) {}
+  // Judges a set of the store: returns the result a join key's value decides ("ok" + the peer
+  // table once the last rank joined, "fail" + why at the first refusal), and "" while
+  // undecided, for other keys and for everything once decided.
+  std::string on_set(const std::string& key, const std::string& value);
+  // Decides the rendezvous (a timeout, a shutdown) unless it was decided; whether this call did.
+  bool decide();
+  bool decided() const { return decided_; }
+  // The ranks that have not joined, in order.
+  std::vector<int> missing() const;
+
+ private:
+  struct Joined {
+    std::string address, shm_name;
+  };
+  const int world_;
+  const std::string hash_;
+  std::map<int, Joined> joined_;
+  bool decided_ = false;
+};
+
 class StoreService;
 
 // Rank 0's side: the store, its service, and the coordinator that watches the joins.
@@ -59,22 +88,18 @@ class RendezvousHost {
   void shutdown(const std::string& why);
 
  private:
-  struct Joined {
-    std::string address, shm_name;
-  };
   void on_set(const std::string& key, const std::string& value);
-  // Sets the result once (the first call wins), outside mu_.
+  // Sets the result unless the rendezvous was decided (the first call wins), outside mu_.
   void finish(const std::string& result);
+  void publish(const std::string& result);
   void timer_loop();
 
-  const int world_;
-  const std::string hash_;
   const double timeout_s_;
   const Clock::time_point deadline_;
   std::mutex mu_;
   std::condition_variable cv_;
-  std::map<int, Joined> joined_;
-  bool decided_ = false, stop_ = false;
+  JoinCoordinator coord_;  // guarded by mu_
+  bool stop_ = false;
   MemoryStore store_;
   std::unique_ptr<StoreService> service_;
   std::thread timer_;
@@ -85,6 +110,14 @@ struct PeerEntry {
   std::string address;   // "host:port" of the rank's Data service
   std::string shm_name;  // its shared-memory segment, "" = none
 };
+
+// The peer table in a rendezvous result (the value rank 0 sets under "rdzv/result": "ok" + a
+// JoinReply, or "fail" + why) for `rank` of `world` (0 <= rank < world), which joined from
+// listen_address. Pure; throws CommError with rank 0's message, when the result is malformed
+// (not one peer per rank in rank order, an empty address), or when it lists another address
+// for this rank (it joined after the rendezvous completed).
+std::vector<PeerEntry> decode_join_result(const std::string& result, int rank, int world,
+                                          const std::string& listen_address);
 
 // Joins the rendezvous at o.master_addr:o.master_port (waiting for rank 0 to come up) and
 // returns the peer table, in rank order. Throws CommError with what rank 0 or the network said.

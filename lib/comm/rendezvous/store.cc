@@ -67,13 +67,17 @@ int64_t MemoryStore::add(const std::string& key, int64_t delta) {
     if (!closed_.empty()) throw CommError(closed_);
     const auto it = kv_.find(key);
     if (it != kv_.end()) {
+      size_t used = 0;
       try {
-        v = std::stoll(it->second);
+        v = std::stoll(it->second, &used);
       } catch (const std::exception&) {
-        throw CommError(fmt::format("store: key '{}' does not hold a counter", key));
       }
+      if (used == 0 || used != it->second.size())
+        throw CommError(fmt::format("store: key '{}' does not hold a counter", key));
     }
-    v += delta;
+    // Any token holder sends deltas: a sum past int64 is refused, not undefined behaviour.
+    if (__builtin_add_overflow(v, delta, &v))
+      throw CommError(fmt::format("store: adding {} to counter '{}' overflows", delta, key));
     kv_[key] = std::to_string(v);
   }
   cv_.notify_all();

@@ -29,7 +29,8 @@ class Store {
   virtual std::string get(const std::string& key, Deadline deadline) = 0;
   // Returns once every key is set; throws CommError at `deadline`.
   virtual void wait(const std::vector<std::string>& keys, Deadline deadline) = 0;
-  // Adds delta to the counter under key (0 when unset) and returns the new value.
+  // Adds delta to the counter under key (0 when unset) and returns the new value; throws
+  // CommError when the key holds no integer or the sum leaves int64.
   virtual int64_t add(const std::string& key, int64_t delta) = 0;
 };
 
