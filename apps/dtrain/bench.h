@@ -32,8 +32,9 @@ StepGemms record_step_gemms(const Config& cfg);
 // recorded operands were (calls that shared memory share it), and prints a line and the JSON
 // {"gemm_step_ms", "gflops", "bound_samples_per_s", "blas_core", "gemm_calls", "gemm_flops",
 // "batch", "unit", "bound_per_s"[, "tokens_per_sample", "bound_tokens_per_s"]}; unit is
-// "samples/s", or "tokens/s" for a text model (bound_per_s is in it).
-int bench_gemm(const StepGemms& s, int threads, int iters);
+// "samples/s", or "tokens/s" for a text model (bound_per_s is in it). shapes: first a table of
+// the step's GEMM time by shape (each call timed alone over up to 30 more steps).
+int bench_gemm(const StepGemms& s, int threads, int iters, bool shapes = false);
 
 }  // namespace dtrain
 

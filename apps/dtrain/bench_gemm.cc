@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <string>
 
 #include "dtrain/bench.h"
@@ -146,6 +147,7 @@ class GemmReplay {
     Rng rng(1);
     for (float& v : arena_) v = 0.05f * rng.normal();
     start_ = arena_;
+    recorded_ = calls;
     for (const GemmCall& c : calls) {
       const std::vector<Span> sp = spans_of(c);
       calls_.push_back({c, at_(sp[0]), at_(sp[1]), at_(sp[2])});
@@ -153,12 +155,19 @@ class GemmReplay {
   }
 
   size_t bytes() const { return arena_.size() * sizeof(float); }
+  const std::vector<GemmCall>& calls() const { return recorded_; }
   void reset() { std::memcpy(arena_.data(), start_.data(), bytes()); }
-  void run() const {
-    for (const Call& x : calls_) {
+  // All calls in order; with `seconds`, adds each call's time to seconds[call].
+  void run(std::vector<double>* seconds = nullptr) const {
+    for (size_t i = 0; i < calls_.size(); ++i) {
+      const Call& x = calls_[i];
       const GemmCall& c = x.g;
+      const auto t0 = std::chrono::steady_clock::now();
       gemm(c.trans_a, c.trans_b, c.m, c.n, c.k, c.alpha, x.a, c.lda, x.b, c.ldb, c.beta, x.c,
            c.ldc);
+      if (seconds != nullptr)
+        (*seconds)[i] +=
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     }
   }
 
@@ -184,6 +193,7 @@ class GemmReplay {
     return reinterpret_cast<float*>(base_ + it->offset + (s.lo - it->span.lo));
   }
 
+  std::vector<GemmCall> recorded_;
   std::vector<Region> regions_;
   std::vector<float> arena_, start_;
   char* base_ = nullptr;
@@ -194,9 +204,44 @@ double seconds(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// --shapes: `iters` more steps with every call timed on its own, summed by shape (transposes,
+// M, N, K, beta), largest first: where a step's GEMM time goes.
+void print_shapes(GemmReplay& replay, int iters) {
+  const std::vector<GemmCall>& calls = replay.calls();
+  std::vector<double> sec(calls.size(), 0.0);
+  for (int i = 0; i < iters; ++i) {
+    replay.reset();
+    replay.run(&sec);
+  }
+  struct Row {
+    int count = 0;
+    double seconds = 0.0, flops = 0.0;
+  };
+  std::map<std::string, Row> rows;
+  for (size_t i = 0; i < calls.size(); ++i) {
+    const GemmCall& c = calls[i];
+    char key[96];
+    std::snprintf(key, sizeof key, "%c%c %lldx%lldx%lld beta %g", c.trans_a ? 'T' : 'N',
+                  c.trans_b ? 'T' : 'N', static_cast<long long>(c.m), static_cast<long long>(c.n),
+                  static_cast<long long>(c.k), static_cast<double>(c.beta));
+    Row& r = rows[key];
+    ++r.count;
+    r.seconds += sec[i] / iters;
+    r.flops += c.flops();
+  }
+  std::vector<std::pair<std::string, Row>> sorted(rows.begin(), rows.end());
+  std::sort(sorted.begin(), sorted.end(),
+            [](const auto& a, const auto& b) { return a.second.seconds > b.second.seconds; });
+  std::printf("%-28s %6s %10s %8s %9s\n", "shape (op(A) op(B) MxNxK)", "calls", "ms/step",
+              "GFLOP/s", "us/call");
+  for (const auto& [key, r] : sorted)
+    std::printf("%-28s %6d %10.3f %8.1f %9.2f\n", key.c_str(), r.count, r.seconds * 1e3,
+                r.flops / std::max(r.seconds, 1e-12) * 1e-9, r.seconds / r.count * 1e6);
+}
+
 }  // namespace
 
-int bench_gemm(const StepGemms& s, int threads, int iters) {
+int bench_gemm(const StepGemms& s, int threads, int iters, bool shapes) {
   if (iters < 0 || iters > 100000) throw UserError("bench gemm: --iters must be in [0, 100000]");
   if (threads < 0 || threads > 1024) throw UserError("bench gemm: --threads must be in [0, 1024]");
   set_blas_threads(threads);
@@ -224,6 +269,7 @@ int bench_gemm(const StepGemms& s, int threads, int iters) {
   const bool text = s.tokens_per_sample > 0;
   const double per_s = text ? samples * static_cast<double>(s.tokens_per_sample) : samples;
   const char* unit = text ? "tokens/s" : "samples/s";
+  if (shapes) print_shapes(replay, std::min(iters, 30));
   const std::string core = blas_core();
   std::printf(
       "gemm-only step (%zu GEMMs, %.3f GFLOP, batch %lld, %d BLAS thread(s), OpenBLAS kernels "

@@ -451,6 +451,8 @@ int cli_main(int argc, char** argv) {
   bench_gemm_cmd
       ->add_option("--iters", bench_iters, "timed steps (0: as many as fit in ~5 s, 10 to 300)")
       ->capture_default_str();
+  bool gemm_shapes = false;
+  bench_gemm_cmd->add_flag("--shapes", gemm_shapes, "also print the step's GEMM time by shape");
 
   CLI::App* bench_comm_cmd = bench->add_subcommand(
       "comm", "collective bandwidth table (nccl-tests style: size, time, algbw, busbw)");
@@ -532,11 +534,12 @@ int cli_main(int argc, char** argv) {
     if (bench_gemm_cmd->parsed()) {
       if (gemm_config.empty()) {
         if (!gemm_sets.empty()) throw UserError("bench gemm: --set needs --config");
-        return bench_gemm(mlp_step_gemms(widths, bench_batch), bench_threads, bench_iters);
+        return bench_gemm(mlp_step_gemms(widths, bench_batch), bench_threads, bench_iters,
+                          gemm_shapes);
       }
       const Config gcfg = load_config(gemm_config, gemm_sets);
       set_blas_threads(bench_threads);
-      return bench_gemm(record_step_gemms(gcfg), bench_threads, bench_iters);
+      return bench_gemm(record_step_gemms(gcfg), bench_threads, bench_iters, gemm_shapes);
     }
     if (plot->parsed()) {
       report::plot_runs(plot_dirs, plot_labels, plot_out, plot_opts);
