@@ -1,11 +1,9 @@
 #include "nn/kernels/pool2d.h"
 
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <limits>
 
-#include "nn/kernels/fast_math.h"
 #include "nn/kernels/geometry_util.h"
 #include "util/check.h"
 
@@ -81,75 +79,32 @@ void max_window_with_nan(const float* plane, int32_t first, int64_t w, int64_t k
 
 }  // namespace
 
-namespace {
-
-// A float's bits as an int32 that orders exactly as `>` orders non-NaN floats: ordered_bits
-// (fast_math.h) with -0 moved up to +0's key (the two compare equal as floats, so the first of
-// them stays the maximum). NaN keys are wrong, but windows with a NaN are redone.
-inline int32_t max_key(int32_t b) {
-  return ordered_bits(b) + static_cast<int32_t>(b == std::numeric_limits<int32_t>::min());
-}
-
-inline int32_t is_nan_bits(int32_t b) {
-  return static_cast<int32_t>((b & 0x7fffffff) > 0x7f800000);
-}
-
-constexpr int64_t kPoolTile = 64;  // outputs of one row per pass: the state stays in L1
-
-// Outputs q in [0, n) of one output row, whose windows start at plane[first + q sw]: the first
-// strict maximum in row-major window order. Window element by window element, with all n outputs
-// in the inner loop; integer keys and bitmask selects, because a float compare-and-select is
-// not if-converted under -ftrapping-math and the loop would stay scalar (and branchy: the
-// comparison is unpredictable on real activations). Returns whether any element was NaN.
-DT_SIMD_CLONES bool max_row_tile(const float* plane, int32_t first, int64_t n, int64_t sw,
-                                 int64_t w, int64_t kh, int64_t kw, float* y, int32_t* argmax) {
-  int32_t key[kPoolTile], val[kPoolTile], arg[kPoolTile];
-  int32_t nan = 0;
-  for (int64_t q = 0; q < n; ++q) {
-    const int32_t at = first + static_cast<int32_t>(q * sw);
-    const int32_t b = std::bit_cast<int32_t>(plane[at]);
-    key[q] = max_key(b);
-    val[q] = b;
-    arg[q] = at;
-    nan |= is_nan_bits(b);
-  }
-  for (int64_t i = 0; i < kh; ++i) {
-    for (int64_t j = i == 0 ? 1 : 0; j < kw; ++j) {
-      const int32_t off = first + static_cast<int32_t>(i * w + j);
-      const float* src = plane + off;
-      for (int64_t q = 0; q < n; ++q) {
-        const int32_t b = std::bit_cast<int32_t>(src[q * sw]);
-        const int32_t k = max_key(b);
-        const int32_t m = -static_cast<int32_t>(k > key[q]);
-        key[q] = (m & k) | (~m & key[q]);
-        val[q] = (m & b) | (~m & val[q]);
-        arg[q] = (m & (off + static_cast<int32_t>(q * sw))) | (~m & arg[q]);
-        nan |= is_nan_bits(b);
-      }
-    }
-  }
-  for (int64_t q = 0; q < n; ++q) {
-    y[q] = std::bit_cast<float>(val[q]);
-    argmax[q] = arg[q];
-  }
-  return nan != 0;
-}
-
-}  // namespace
-
 void max_pool2d_forward(const Pool2dGeometry& g, const float* x, float* y, int32_t* argmax) {
   check(g);
   const int64_t ow = g.out_width(), sw = g.stride_w, w = g.width, kh = g.kernel_h, kw = g.kernel_w;
   for_each_out_row(g, [&](int64_t in, int64_t out, int64_t top) {
     const float* plane = x + in;
-    for (int64_t q0 = 0; q0 < ow; q0 += kPoolTile) {
-      const int64_t n = std::min(kPoolTile, ow - q0);
-      const int32_t first = static_cast<int32_t>(top * w + q0 * sw);
-      if (!max_row_tile(plane, first, n, sw, w, kh, kw, y + out + q0, argmax + out + q0)) continue;
-      // A NaN in the tile: its windows are redone PyTorch's way (NaN propagates).
-      for (int64_t q = 0; q < n; ++q)
-        max_window_with_nan(plane, first + static_cast<int32_t>(q * sw), w, kh, kw,
-                            y + out + q0 + q, argmax + out + q0 + q);
+    for (int64_t q = 0; q < ow; ++q) {
+      // Without NaN, PyTorch's rule is "the first strict maximum", which compiles to selects
+      // (maxss, cmov) rather than branches: on real activations the comparison is unpredictable,
+      // and the NaN test inside the loop made GCC branch. A window with a NaN is redone PyTorch's
+      // way.
+      const int32_t first = static_cast<int32_t>(top * w + q * sw);
+      float v = -std::numeric_limits<float>::infinity();
+      int32_t best = first;
+      bool nan = false;
+      for (int64_t i = 0; i < kh; ++i) {
+        for (int64_t j = 0; j < kw; ++j) {
+          const int32_t at = first + static_cast<int32_t>(i * w + j);
+          const float e = plane[at];
+          best = e > v ? at : best;
+          v = e > v ? e : v;
+          nan |= e != e;
+        }
+      }
+      y[out + q] = v;
+      argmax[out + q] = best;
+      if (nan) max_window_with_nan(plane, first, w, kh, kw, y + out + q, argmax + out + q);
     }
   });
 }
