@@ -4,12 +4,37 @@
 #include <cstdint>
 #include <vector>
 
+#include "config/config.h"
+#include "tensor/blas.h"
+
 namespace dtrain {
 
-// Times the GEMMs of one training step of an MLP (forward y = x W^T; backward dW = dy^T x and
-// dx = dy W, skipping the first layer's dx, exactly as the Linear layer issues them) with
-// `threads` BLAS threads, and prints the median step time, GFLOP/s and the samples/s bound.
-int bench_gemm(const std::vector<int64_t>& widths, int64_t batch, int threads, int iters);
+// The GEMMs of one training step, in the order it issues them, and what the step processes.
+struct StepGemms {
+  std::vector<GemmCall> calls;
+  int64_t batch = 0;              // samples per step
+  int64_t tokens_per_sample = 0;  // a language model's positions per sample; 0: not a text model
+  double flops() const;           // sum of the calls' 2 M N K
+};
+
+// The GEMMs of one MLP step over `widths` (input first), as the Linear layer issues them:
+// forward y = x W^T; backward dW += dy^T x and dx = dy W, skipping the first layer's dx.
+// UserError for fewer than two widths, a width or batch below 1.
+StepGemms mlp_step_gemms(const std::vector<int64_t>& widths, int64_t batch);
+
+// The GEMMs that one training step of `cfg`'s model actually issues (lib/tensor/blas.h's
+// GemmRecorder around forward, loss and backward of the first data.batch_size training rows,
+// after one unrecorded step has sized every buffer). Loads the config's data.
+StepGemms record_step_gemms(const Config& cfg);
+
+// Times `s.calls` back to back with nothing around them (`threads` BLAS threads, the median of
+// `iters` steps; 0: as many as fit in about 5 s, 10 to 300), on one arena laid out as the
+// recorded operands were (calls that shared memory share it), and prints a line and the JSON
+// {"gemm_step_ms", "gflops", "bound_samples_per_s", "blas_core", "gemm_calls", "gemm_flops",
+// "batch", "unit", "bound_per_s"[, "tokens_per_sample", "bound_tokens_per_s"]}; unit is
+// "samples/s", or "tokens/s" for a text model (bound_per_s is in it). shapes: first a table of
+// the step's GEMM time by shape (each call timed alone over up to 30 more steps).
+int bench_gemm(const StepGemms& s, int threads, int iters, bool shapes = false);
 
 }  // namespace dtrain
 

@@ -424,17 +424,35 @@ int cli_main(int argc, char** argv) {
   CLI::App* bench = app.add_subcommand("bench", "micro-benchmarks");
   bench->require_subcommand(1);
   CLI::App* bench_gemm_cmd = bench->add_subcommand(
-      "gemm", "time the GEMMs of one MLP training step: the bound on step time");
+      "gemm",
+      "time the GEMMs of one training step (an MLP's by --widths, or a config's model as a step "
+      "issues them): the bound on step time");
   std::vector<int64_t> widths = {784, 512, 512, 10};
   int64_t bench_batch = 128;
-  int bench_threads = 1, bench_iters = 300;
-  bench_gemm_cmd->add_option("--widths", widths, "layer widths, input first")
-      ->delimiter(',')
-      ->capture_default_str();
-  bench_gemm_cmd->add_option("--batch", bench_batch, "rows per step")->capture_default_str();
+  int bench_threads = 1, bench_iters = 0;
+  std::string gemm_config;
+  std::vector<std::string> gemm_sets;
+  CLI::Option* widths_opt =
+      bench_gemm_cmd->add_option("--widths", widths, "MLP layer widths, input first")
+          ->delimiter(',')
+          ->capture_default_str();
+  CLI::Option* batch_opt =
+      bench_gemm_cmd->add_option("--batch", bench_batch, "rows per step (--widths)")
+          ->capture_default_str();
+  bench_gemm_cmd
+      ->add_option("--config", gemm_config,
+                   "YAML config: its model's step on a batch of data.batch_size training rows")
+      ->excludes(widths_opt)
+      ->excludes(batch_opt);
+  bench_gemm_cmd->add_option("--set", gemm_sets, "override a config key (as for run); repeatable")
+      ->type_name("KEY=VALUE");
   bench_gemm_cmd->add_option("--threads", bench_threads, "BLAS threads (0: all cores)")
       ->capture_default_str();
-  bench_gemm_cmd->add_option("--iters", bench_iters, "timed steps")->capture_default_str();
+  bench_gemm_cmd
+      ->add_option("--iters", bench_iters, "timed steps (0: as many as fit in ~5 s, 10 to 300)")
+      ->capture_default_str();
+  bool gemm_shapes = false;
+  bench_gemm_cmd->add_flag("--shapes", gemm_shapes, "also print the step's GEMM time by shape");
 
   CLI::App* bench_comm_cmd = bench->add_subcommand(
       "comm", "collective bandwidth table (nccl-tests style: size, time, algbw, busbw)");
@@ -513,8 +531,16 @@ int cli_main(int argc, char** argv) {
                 << " checkpoint of " << meta.world_size << " rank(s)" << std::endl;
       return kExitOk;
     }
-    if (bench_gemm_cmd->parsed())
-      return bench_gemm(widths, bench_batch, bench_threads, bench_iters);
+    if (bench_gemm_cmd->parsed()) {
+      if (gemm_config.empty()) {
+        if (!gemm_sets.empty()) throw UserError("bench gemm: --set needs --config");
+        return bench_gemm(mlp_step_gemms(widths, bench_batch), bench_threads, bench_iters,
+                          gemm_shapes);
+      }
+      const Config gcfg = load_config(gemm_config, gemm_sets);
+      set_blas_threads(bench_threads);
+      return bench_gemm(record_step_gemms(gcfg), bench_threads, bench_iters, gemm_shapes);
+    }
     if (plot->parsed()) {
       report::plot_runs(plot_dirs, plot_labels, plot_out, plot_opts);
       std::cout << "wrote " << plot_out << std::endl;

@@ -13,12 +13,29 @@
 
 namespace dtrain {
 
+namespace {
+thread_local GemmRecorder* t_recorder = nullptr;  // this thread's innermost recorder
+}  // namespace
+
+GemmRecorder::GemmRecorder() : outer_(t_recorder) {
+  t_recorder = this;
+}
+
+GemmRecorder::~GemmRecorder() {
+  DT_CHECK_MSG(t_recorder == this, "GemmRecorder destroyed out of order or on another thread");
+  t_recorder = outer_;
+}
+
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
           int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   DT_CHECK_GE(m, 0);
   DT_CHECK_GE(n, 0);
   DT_CHECK_GE(k, 0);
   if (m == 0 || n == 0) return;
+  if (t_recorder != nullptr)
+    t_recorder->add({trans_a, trans_b, m, n, k, alpha, beta, reinterpret_cast<uintptr_t>(a),
+                     reinterpret_cast<uintptr_t>(b), reinterpret_cast<uintptr_t>(c), lda, ldb,
+                     ldc});
   cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
               trans_b ? CblasTrans : CblasNoTrans, static_cast<blasint>(m), static_cast<blasint>(n),
               static_cast<blasint>(k), alpha, a, static_cast<blasint>(lda), b,

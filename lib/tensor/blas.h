@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace dtrain {
 
@@ -10,6 +11,35 @@ namespace dtrain {
 // matrices as stored. M, N or K of 0 is a no-op on C scaled by beta (BLAS semantics).
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
           int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+
+// One gemm() call as issued: its arguments, with the operands' addresses as numbers (where they
+// were, so a replay can reproduce which calls share memory; never dereferenced).
+struct GemmCall {
+  bool trans_a = false, trans_b = false;
+  int64_t m = 0, n = 0, k = 0;
+  float alpha = 1.0f, beta = 0.0f;
+  uintptr_t a = 0, b = 0, c = 0;
+  int64_t lda = 0, ldb = 0, ldc = 0;
+  double flops() const { return 2.0 * static_cast<double>(m) * static_cast<double>(n) * k; }
+};
+
+// Records every gemm() the constructing thread issues while the recorder lives (the calls still
+// run). Thread-local, not process-wide: N ranks run as threads, and each records only its own
+// calls. Recorders nest (the innermost records); destroy them in reverse order of creation, on
+// the thread that made them (a scope object).
+class GemmRecorder {
+ public:
+  GemmRecorder();
+  ~GemmRecorder();
+  GemmRecorder(const GemmRecorder&) = delete;
+  GemmRecorder& operator=(const GemmRecorder&) = delete;
+  const std::vector<GemmCall>& calls() const { return calls_; }
+  void add(const GemmCall& c) { calls_.push_back(c); }
+
+ private:
+  GemmRecorder* outer_;
+  std::vector<GemmCall> calls_;
+};
 
 // OpenBLAS threads for this process. 0 means all cores. Process-wide: OpenBLAS has one pool.
 void set_blas_threads(int threads);

@@ -52,6 +52,16 @@ inline float row_max(const float* x, int64_t n) {
   return std::bit_cast<float>(ordered_bits(m));
 }
 
+// Compute-bound loops are also compiled for x86-64-v3 (AVX2 + FMA, 8 lanes) and picked at load
+// time (GCC function multiversioning), as nn/activations.cc does: the default build targets
+// baseline x86-64 (SSE2). The v3 clone may contract to FMA, so results can differ in the last bit
+// between CPUs (as OpenBLAS kernels already do); a given machine always runs the same clone.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define DT_SIMD_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define DT_SIMD_CLONES
+#endif
+
 constexpr int kFastLanes = 8;
 
 // sum_{j < n} x[j] * y[j] (y == nullptr: sum of x) with kFastLanes float accumulators:

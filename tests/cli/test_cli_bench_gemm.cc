@@ -1,0 +1,139 @@
+// `dtrain bench gemm --config`: the GEMMs one training step issues, recorded through
+// tensor/blas.h's GemmRecorder, against the --widths form's analytic MLP and a GPT's analytic
+// count; and the command's JSON and its refusals.
+#include <doctest/doctest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "config/config.h"
+#include "dtrain/bench.h"
+#include "test_util.h"
+
+using dtrain::testing::contains;
+using dtrain::testing::run_cmd;
+using dtrain::testing::TempDir;
+
+namespace {
+
+const std::string kBin = DTRAIN_BIN;
+
+nlohmann::json last_json(const std::string& out) {
+  return nlohmann::json::parse(out.substr(out.rfind('{')));
+}
+
+// Some English, long enough for a few dozen windows of 8 bytes.
+std::string some_text() {
+  std::string t;
+  for (int i = 0; i < 40; ++i)
+    t += "The quick brown fox jumps over the lazy dog, line " + std::to_string(i) + ".\n";
+  return t;
+}
+
+const char* kMlpCfg = R"(seed: 3
+model: {type: mlp, hidden: [16, 8], activation: relu}
+data:
+  format: synthetic
+  synthetic: {samples: 200, features: 20, classes: 5}
+  batch_size: 7
+runtime: {threads: 1}
+)";
+
+std::string gpt_cfg(const std::string& text_path, bool tie) {
+  return "seed: 3\nmodel: {type: gpt, n_layer: 2, n_head: 2, n_embd: 16, block_size: 8, "
+         "tie_embeddings: " +
+         std::string(tie ? "true" : "false") +
+         "}\ndata: {format: text, train: {path: " + text_path +
+         "}, batch_size: 3}\nruntime: {threads: 1}\n";
+}
+
+// A GPT step's GEMM FLOPs from its shapes (B samples of T positions, width C, L blocks, vocabulary
+// V, H heads of C / H): per block the four linear layers (c_attn C -> 3C, c_proj C -> C, c_fc
+// C -> 4C, mlp.c_proj 4C -> C) cost 2 B T in out each in forward, dW and dx (every block's input
+// needs its gradient); attention costs, per (sample, head), 2 T T hs for q k^T and for P v in
+// forward and four such products in backward. The head (C -> V) costs the same three products
+// (ln_f needs its dx). The embedding issues none.
+double gpt_flops(double B, double T, double C, double L, double V) {
+  const double rows = B * T;
+  const double linear = 2.0 * rows * (3 * C * C + C * C + 4 * C * C + 4 * C * C);
+  const double attention = 6.0 * 2.0 * B * T * T * C;  // summed over heads: H hs = C
+  return L * (3.0 * linear + attention) + 3.0 * 2.0 * rows * C * V;
+}
+
+}  // namespace
+
+TEST_CASE("bench gemm: a config's MLP step issues exactly the --widths form's GEMMs") {
+  const dtrain::StepGemms rec = dtrain::record_step_gemms(dtrain::parse_config(kMlpCfg, "mlp", {}));
+  const dtrain::StepGemms ref = dtrain::mlp_step_gemms({20, 16, 8, 5}, 7);
+  CHECK(rec.batch == 7);
+  CHECK(rec.tokens_per_sample == 0);
+  REQUIRE(rec.calls.size() == ref.calls.size());
+  REQUIRE(rec.calls.size() == 8);  // 3 forward, 3 dW, 2 dx (the first layer's is skipped)
+  for (size_t i = 0; i < rec.calls.size(); ++i) {
+    const dtrain::GemmCall &a = rec.calls[i], &b = ref.calls[i];
+    INFO("call ", i);
+    CHECK(a.trans_a == b.trans_a);
+    CHECK(a.trans_b == b.trans_b);
+    CHECK(a.m == b.m);
+    CHECK(a.n == b.n);
+    CHECK(a.k == b.k);
+  }
+  CHECK(rec.flops() == ref.flops());
+  CHECK(ref.flops() == 2.0 * 7 * (20 * 16 * 2 + 16 * 8 * 3 + 8 * 5 * 3));
+}
+
+TEST_CASE("bench gemm: a tiny GPT step's recorded GEMM FLOPs are the analytic count") {
+  TempDir dir;
+  const std::string text = dir.write("t.txt", some_text());
+  for (const bool tie : {true, false}) {
+    INFO("tie_embeddings ", tie);
+    const dtrain::StepGemms s =
+        dtrain::record_step_gemms(dtrain::parse_config(gpt_cfg(text, tie), "gpt", {}));
+    CHECK(s.batch == 3);
+    CHECK(s.tokens_per_sample == 8);
+    CHECK(s.flops() == gpt_flops(3, 8, 16, 2, 256));
+    // Per block 4 linear layers x 3 products and 6 per (sample, head); the head's 3.
+    CHECK(s.calls.size() == static_cast<size_t>(2 * (4 * 3 + 6 * 3 * 2) + 3));
+  }
+}
+
+TEST_CASE("bench gemm --config prints the bound in the model's units; --widths stays as it was") {
+  TempDir dir;
+  const std::string text = dir.write("t.txt", some_text());
+  const std::string cfg = dir.write("gpt.yaml", gpt_cfg(text, true));
+  auto r = run_cmd(kBin + " bench gemm --config " + cfg + " --set data.batch_size=2 --iters 3");
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  auto j = last_json(r.output);
+  CHECK(j["unit"] == "tokens/s");
+  CHECK(j["batch"] == 2);
+  CHECK(j["tokens_per_sample"] == 8);
+  CHECK(j["gemm_flops"].get<double>() == gpt_flops(2, 8, 16, 2, 256));
+  const double samples = j["bound_samples_per_s"].get<double>();
+  CHECK(samples > 0);
+  CHECK(j["bound_tokens_per_s"].get<double>() == doctest::Approx(8 * samples).epsilon(1e-3));
+  CHECK(j["bound_per_s"] == j["bound_tokens_per_s"]);
+
+  r = run_cmd(kBin + " bench gemm --widths 20,16,8,5 --batch 7 --iters 3");
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  j = last_json(r.output);
+  CHECK(j["unit"] == "samples/s");
+  CHECK(j["gemm_calls"] == 8);
+  CHECK(j["gemm_flops"].get<double>() == 2.0 * 7 * (20 * 16 * 2 + 16 * 8 * 3 + 8 * 5 * 3));
+  for (const char* k : {"gemm_step_ms", "gflops", "bound_samples_per_s", "blas_core"})
+    CHECK_MESSAGE(j.contains(k), k);
+}
+
+TEST_CASE("bench gemm refuses what does not fit, with exit 2") {
+  TempDir dir;
+  const std::string cfg = dir.write("mlp.yaml", kMlpCfg);
+  for (const std::string& args :
+       {"--config " + cfg + " --widths 4,3", "--config " + cfg + " --batch 4",
+        std::string("--set data.batch_size=3"), std::string("--widths 4"),
+        std::string("--widths 4,0,3"), std::string("--widths 4,3 --batch 0"),
+        std::string("--widths 4,3 --iters -1"), "--config " + cfg + " --set model.type=nope",
+        std::string("--config ") + dir.path() + "/missing.yaml"}) {
+    INFO(args);
+    const auto r = run_cmd(kBin + " bench gemm " + args);
+    CHECK(r.exit_code == 2);
+    CHECK(contains(r.output, "error"));
+  }
+}
