@@ -286,7 +286,7 @@ ResumePoint resume_full_state(const Config& cfg, const RunOptions& opts, Communi
     if (static_cast<int>(parts.size()) != world)
       spdlog::warn(
           "checkpoint has RNG states for {} rank(s), this run has {}: ranks without one start a "
-          "fresh dropout stream",
+          "fresh RNG stream (dropout masks do not depend on it: they are keyed on the sample)",
           parts.size(), world);
   }
   comm.broadcast(words.data(), words.size(), 0);

@@ -96,7 +96,7 @@ TEST_CASE("bench gemm: a tiny GPT step's recorded GEMM FLOPs are the analytic co
   }
 }
 
-TEST_CASE("bench gemm --config prints the bound in the model's units; --widths stays as it was") {
+TEST_CASE("bench gemm --config prints the bound in the model's units, --widths stays as it was") {
   TempDir dir;
   const std::string text = dir.write("t.txt", some_text());
   const std::string cfg = dir.write("gpt.yaml", gpt_cfg(text, true));

@@ -96,7 +96,7 @@ TEST_CASE("store: asynchronous waits end once, by the keys, the deadline or shut
   CHECK_THROWS_WITH_AS(m.set("q", "1"), "rank 0 shut down", CommError);
 }
 
-TEST_CASE("store: over gRPC, clients wait for keys others set; a wrong token is refused") {
+TEST_CASE("store: over gRPC, clients wait for keys others set, a wrong token is refused") {
   MemoryStore m;
   StoreService service(&m, "tok", 0);
   grpc::ServerBuilder b;

@@ -75,7 +75,7 @@ TEST_CASE("sample_next: top_k keeps the k largest logits, ties towards lower ind
   check_frequencies(flat, 1.0, 2, {0.5, 0.5, 0.0}, 20000);
 }
 
-TEST_CASE("sample_next: the same rng state gives the same tokens; another seed others") {
+TEST_CASE("sample_next: the same rng state gives the same tokens, another seed others") {
   auto draw = [](uint64_t seed) {
     Rng rng(seed);
     std::vector<int64_t> out;
