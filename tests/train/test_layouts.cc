@@ -24,6 +24,7 @@ using namespace dtrain;
 using dtrain::testing::as_file;
 using dtrain::testing::checkpoint_rel_diff;
 using dtrain::testing::TempDir;
+using dtrain::testing::train_yaml;
 using dtrain::testing::write_fmnist_subset;
 
 namespace fs = std::filesystem;
@@ -48,14 +49,6 @@ runtime: {threads: 1}
 )";
 }
 
-nlohmann::json train(const std::string& yaml, const std::string& out,
-                     const std::vector<std::string>& sets, const std::string& resume = "") {
-  RunOptions o;
-  o.out_dir = out;
-  o.resume = resume;
-  return run_training(parse_config(yaml, "layout.yaml", sets), o);
-}
-
 }  // namespace
 
 TEST_CASE("pipeline stages x data-parallel replicas under every strategy equal one process") {
@@ -67,7 +60,7 @@ TEST_CASE("pipeline stages x data-parallel replicas under every strategy equal o
   }
   const std::string cfg = fmnist_cfg(dir.path());
   // One process with the global batch: 2 replicas x 32.
-  train(cfg, dir / "ref", {"data.batch_size=64"});
+  train_yaml(cfg, dir / "ref", {"data.batch_size=64"});
   const std::string ref = as_file(dir / "ref", 20);
   struct Case {
     std::string strategy;
@@ -86,12 +79,12 @@ TEST_CASE("pipeline stages x data-parallel replicas under every strategy equal o
     // without momentum that is DDP's update.
     if (c.strategy == "local_sgd")
       sets.insert(sets.end(), {"distributed.local_sgd.sync_every=1", "optimizer.momentum=0"});
-    const auto s = train(cfg, dir / name, sets);
+    const auto s = train_yaml(cfg, dir / name, sets);
     CHECK(s["layout"] == nlohmann::json({{"dp", c.replicas}, {"pp", c.stages}, {"tp", 1}}));
     CHECK(s["stages"].size() == static_cast<size_t>(c.stages));
     std::string against = ref;
     if (c.strategy == "local_sgd") {
-      train(cfg, dir / "ref-nomomentum", {"data.batch_size=64", "optimizer.momentum=0"});
+      train_yaml(cfg, dir / "ref-nomomentum", {"data.batch_size=64", "optimizer.momentum=0"});
       against = as_file(dir / "ref-nomomentum", 20);
     }
     const double rel = checkpoint_rel_diff(as_file(dir / name, 20), against);
@@ -144,11 +137,11 @@ runtime: {threads: 1}
     // layout for 8 more, and at its own.
     auto from = c.from;
     from.push_back("train.max_steps=8");
-    train(cfg, a, from);
-    const auto s = train(cfg, b, c.to, a + "/checkpoints");
+    train_yaml(cfg, a, from);
+    const auto s = train_yaml(cfg, b, c.to, a + "/checkpoints");
     CHECK(s["steps"] == 16);
     CHECK(s["steps_this_run"] == 8);
-    train(cfg, ac, c.from, a + "/checkpoints");
+    train_yaml(cfg, ac, c.from, a + "/checkpoints");
     const double rel = checkpoint_rel_diff(as_file(b, 16), as_file(ac, 16));
     MESSAGE(c.name << ": " << rel << " from the saving layout's own continuation");
     CHECK(rel < 1e-5);
@@ -156,10 +149,10 @@ runtime: {threads: 1}
   // Where two layouts do the same arithmetic -- zero1 shards only the optimizer state of ddp's
   // all-reduced gradients -- the resumed run is bitwise the saving layout's continuation: what
   // one layout wrote is loaded exactly by another.
-  train(cfg, dir / "ddp8", {"distributed.world_size=4", "train.max_steps=8"});
-  train(cfg, dir / "zero1", {"distributed.world_size=4", "distributed.strategy=zero1"},
-        dir / "ddp8/checkpoints");
-  train(cfg, dir / "ddp16", {"distributed.world_size=4"}, dir / "ddp8/checkpoints");
+  train_yaml(cfg, dir / "ddp8", {"distributed.world_size=4", "train.max_steps=8"});
+  train_yaml(cfg, dir / "zero1", {"distributed.world_size=4", "distributed.strategy=zero1"},
+             dir / "ddp8/checkpoints");
+  train_yaml(cfg, dir / "ddp16", {"distributed.world_size=4"}, dir / "ddp8/checkpoints");
   CHECK(checkpoint_rel_diff(as_file(dir / "zero1", 16), as_file(dir / "ddp16", 16)) == 0.0);
 }
 
@@ -180,11 +173,11 @@ optimizer: {type: adam, lr: 0.001}
 train: {epochs: 0, max_steps: 2}
 runtime: {threads: 1}
 )";
-  const auto one = train(cfg, dir / "one", {});
+  const auto one = train_yaml(cfg, dir / "one", {});
   const auto four =
-      train(cfg, dir / "four",
-            {"distributed.world_size=4", "distributed.strategy=fsdp",
-             "distributed.pipeline.stages=2", "distributed.pipeline.partition=uniform"});
+      train_yaml(cfg, dir / "four",
+                 {"distributed.world_size=4", "distributed.strategy=fsdp",
+                  "distributed.pipeline.stages=2", "distributed.pipeline.partition=uniform"});
   for (const char* key : {"param_bytes", "grad_bytes", "optim_bytes"}) {
     CAPTURE(key);
     const double ratio = four[key].get<double>() / one[key].get<double>();
@@ -221,9 +214,9 @@ runtime: {threads: 1}
               "distributed.pipeline.micro_batches=4", "train.grad_accum_steps=4"};
     const std::string a = dir / (layout.substr(0, 3) + "-re"),
                       b = dir / (layout.substr(0, 3) + "-keep");
-    const auto re = train(cfg, a, sets);
+    const auto re = train_yaml(cfg, a, sets);
     sets.push_back("distributed.fsdp.reshard_after_forward=false");
-    const auto keep = train(cfg, b, sets);
+    const auto keep = train_yaml(cfg, b, sets);
     CHECK(checkpoint_rel_diff(as_file(a, 10), as_file(b, 10)) == 0.0);
     const double ratio =
         keep["comm_bytes_sent"].get<double>() / re["comm_bytes_sent"].get<double>();

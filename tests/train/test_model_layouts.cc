@@ -29,13 +29,6 @@ namespace {
 constexpr int kSteps = 20;
 constexpr int kGlobalBatch = 24;  // divides by 2, 3 and 4 replicas' micro-batches
 
-nlohmann::json train(const std::string& yaml, const std::string& out,
-                     const std::vector<std::string>& sets) {
-  RunOptions o;
-  o.out_dir = out;
-  return run_training(parse_config(yaml, "model_layout.yaml", sets), o);
-}
-
 // One layout of the rank grid: a data-parallel strategy over `replicas`, each replica a pipeline
 // of `stages` (1 = none).
 struct Layout {
@@ -69,7 +62,7 @@ void check_layouts(const TempDir& dir, const std::string& tag, const std::string
                    const std::vector<Layout>& layouts, double tol,
                    const std::vector<std::string>& extra = {},
                    const std::vector<std::string>& layout_extra = {}) {
-  train(cfg, dir / (tag + "-one"), extra);
+  train_yaml(cfg, dir / (tag + "-one"), extra);
   const std::string ref = as_file(dir / (tag + "-one"), kSteps);
   for (const Layout& l : layouts) {
     const std::string name = tag + " " + l.name();
@@ -77,7 +70,7 @@ void check_layouts(const TempDir& dir, const std::string& tag, const std::string
     std::vector<std::string> sets = l.sets();
     sets.insert(sets.end(), extra.begin(), extra.end());
     sets.insert(sets.end(), layout_extra.begin(), layout_extra.end());
-    const auto s = train(cfg, dir / (tag + "-" + l.name()), sets);
+    const auto s = train_yaml(cfg, dir / (tag + "-" + l.name()), sets);
     REQUIRE(s["steps"] == kSteps);
     CHECK(s["layout"] == nlohmann::json({{"dp", l.replicas}, {"pp", l.stages}, {"tp", 1}}));
     const double rel = checkpoint_rel_diff(as_file(dir / (tag + "-" + l.name()), kSteps), ref);
@@ -193,11 +186,11 @@ TEST_CASE("compressed ddp trains both models: the loss falls as without, int8 st
     const std::string cfg =
         c.model == "cnn" ? small_cnn_cfg(dir.path()) : tiny_gpt_cfg(dir / "jargon.txt", false);
     const std::string plain = dir / (c.model + "-plain");
-    if (!std::filesystem::exists(plain)) train(cfg, plain, {});
+    if (!std::filesystem::exists(plain)) train_yaml(cfg, plain, {});
     std::vector<std::string> sets = Layout{"ddp", 2, 1}.sets();
     sets.push_back("distributed.compression.type=" + c.type);
     if (c.type == "topk") sets.push_back("distributed.compression.ratio=0.1");
-    train(cfg, dir / name, sets);
+    train_yaml(cfg, dir / name, sets);
     const double rel = checkpoint_rel_diff(as_file(dir / name, kSteps), as_file(plain, kSteps));
     const auto lc = step_losses(dir / name), lp = step_losses(plain);
     REQUIRE(lc.size() == static_cast<size_t>(kSteps));

@@ -25,6 +25,7 @@ using namespace dtrain;
 using dtrain::testing::as_file;
 using dtrain::testing::checkpoint_rel_diff;
 using dtrain::testing::TempDir;
+using dtrain::testing::train_yaml;
 
 namespace {
 
@@ -44,14 +45,6 @@ train: {epochs: 0, max_steps: 20, log_every: 20}
 distributed: {ddp: {bucket_mb: 0.01}}
 runtime: {threads: 1}
 )";
-}
-
-nlohmann::json train(const std::string& yaml, const std::string& out,
-                     const std::vector<std::string>& sets, const std::string& resume = "") {
-  RunOptions o;
-  o.out_dir = out;
-  o.resume = resume;
-  return run_training(parse_config(yaml, "tied.yaml", sets), o);
 }
 
 // The number of tensors of checkpoint file `path` (parameters and every optimizer state) whose
@@ -108,7 +101,7 @@ double train_case(const std::string& cfg, const TempDir& dir, const Case& c,
   const std::string name = case_name(c);
   std::vector<std::string> sets = with(layout(c.strategy, c.stages, c.replicas), extra);
   if (c.replicas == 1) sets.push_back("data.batch_size=8");
-  const auto s = train(cfg, dir / name, sets);
+  const auto s = train_yaml(cfg, dir / name, sets);
   CHECK(s["layout"] == nlohmann::json({{"dp", c.replicas}, {"pp", c.stages}, {"tp", 1}}));
   const std::string got = as_file(dir / name, 20);
   check_copies_equal(got);
@@ -124,8 +117,8 @@ TEST_CASE(
   const std::string cfg = gpt_cfg(dir);
   // One process with each global batch: 2 or 3 replicas of 4. Three stages have one between
   // the embedding's and the head's, which joins the tie's all-reduce with zeros.
-  train(cfg, dir / "ref8", {"data.batch_size=8"});
-  train(cfg, dir / "ref12", {"data.batch_size=12"});
+  train_yaml(cfg, dir / "ref8", {"data.batch_size=8"});
+  train_yaml(cfg, dir / "ref12", {"data.batch_size=12"});
   const std::string ref8 = as_file(dir / "ref8", 20), ref12 = as_file(dir / "ref12", 20);
   CHECK(check_copies_equal(ref8) == 3);  // the parameters, exp_avg, exp_avg_sq
   for (const Case& c :
@@ -147,9 +140,9 @@ TEST_CASE("tied GPT: local_sgd keeps the copies equal, and H = 1 on pp2 x dp2 is
   // Plain SGD: averaging the parameters after every step is averaging the gradients.
   const std::vector<std::string> sgd = {"optimizer.type=sgd", "optimizer.lr=0.5",
                                         "optimizer.weight_decay=0"};
-  train(cfg, dir / "ddp", with(layout("ddp", 2, 2), sgd));
-  train(cfg, dir / "local",
-        with(with(layout("local_sgd", 2, 2), sgd), {"distributed.local_sgd.sync_every=1"}));
+  train_yaml(cfg, dir / "ddp", with(layout("ddp", 2, 2), sgd));
+  train_yaml(cfg, dir / "local",
+             with(with(layout("local_sgd", 2, 2), sgd), {"distributed.local_sgd.sync_every=1"}));
   const std::string local = as_file(dir / "local", 20);
   check_copies_equal(local);
   const double rel = checkpoint_rel_diff(local, as_file(dir / "ddp", 20));
@@ -158,17 +151,18 @@ TEST_CASE("tied GPT: local_sgd keeps the copies equal, and H = 1 on pp2 x dp2 is
   // Three replicas average in the ring, where an element's summation order depends on its
   // position: the copies stay equal only because each is averaged as a piece of its own. Then
   // AdamW with its state averaged too, and compression (the tie moves by the primary's average).
-  train(cfg, dir / "w3",
-        {"distributed.strategy=local_sgd", "distributed.world_size=3",
-         "distributed.local_sgd.sync_every=2", "distributed.local_sgd.sync_optimizer_state=true"});
+  train_yaml(
+      cfg, dir / "w3",
+      {"distributed.strategy=local_sgd", "distributed.world_size=3",
+       "distributed.local_sgd.sync_every=2", "distributed.local_sgd.sync_optimizer_state=true"});
   check_copies_equal(as_file(dir / "w3", 20));
-  train(cfg, dir / "pp2dp3",
-        with(layout("local_sgd", 2, 3),
-             {"distributed.local_sgd.sync_every=3", "distributed.local_sgd.outer_lr=0.7"}));
+  train_yaml(cfg, dir / "pp2dp3",
+             with(layout("local_sgd", 2, 3),
+                  {"distributed.local_sgd.sync_every=3", "distributed.local_sgd.outer_lr=0.7"}));
   check_copies_equal(as_file(dir / "pp2dp3", 20));
-  train(cfg, dir / "topk",
-        {"distributed.strategy=local_sgd", "distributed.world_size=2",
-         "distributed.local_sgd.sync_every=2", "distributed.compression.type=topk"});
+  train_yaml(cfg, dir / "topk",
+             {"distributed.strategy=local_sgd", "distributed.world_size=2",
+              "distributed.local_sgd.sync_every=2", "distributed.compression.type=topk"});
   check_copies_equal(as_file(dir / "topk", 20));
 }
 
@@ -178,7 +172,7 @@ std::map<std::string, std::vector<float>> params_after_one_step(const std::strin
                                                                 std::vector<std::string> sets) {
   sets.insert(sets.end(), {"train.max_steps=1", "optimizer.type=sgd", "optimizer.momentum=0",
                            "optimizer.weight_decay=0", "data.batch_size=8"});
-  train(cfg, out, sets);
+  train_yaml(cfg, out, sets);
   std::map<std::string, std::vector<float>> p;
   for (auto& [name, t] : read_safetensors(as_file(out, 1)).tensors)
     if (name.rfind("optim.", 0) != 0) p[name] = t.data;
@@ -236,11 +230,12 @@ TEST_CASE("tied GPT: clipping counts the tied tensor once under pipelines and sh
   const std::vector<std::string> clip = {"optimizer.type=sgd", "optimizer.lr=0.5",
                                          "optimizer.momentum=0.9", "optimizer.weight_decay=0",
                                          "optimizer.clip_grad_norm=0.2"};
-  train(cfg, dir / "ref8", with(clip, {"data.batch_size=8"}));
-  train(cfg, dir / "ref12", with(clip, {"data.batch_size=12"}));
+  train_yaml(cfg, dir / "ref8", with(clip, {"data.batch_size=8"}));
+  train_yaml(cfg, dir / "ref12", with(clip, {"data.batch_size=12"}));
   const std::string ref8 = as_file(dir / "ref8", 20), ref12 = as_file(dir / "ref12", 20);
   // Clipping is active: without it one process trains something else.
-  train(cfg, dir / "unclipped", with(clip, {"data.batch_size=8", "optimizer.clip_grad_norm=0"}));
+  train_yaml(cfg, dir / "unclipped",
+             with(clip, {"data.batch_size=8", "optimizer.clip_grad_norm=0"}));
   CHECK(checkpoint_rel_diff(as_file(dir / "unclipped", 20), ref8) > 1e-2);
   for (const Case& c : {Case{"ddp", 2, 1}, Case{"zero2", 2, 2}, Case{"fsdp", 1, 3}}) {
     const std::string name = case_name(c);
@@ -257,7 +252,7 @@ TEST_CASE("tied GPT: checkpoints resume across layouts, and an untied checkpoint
   const std::string cfg = gpt_cfg(dir);
   const std::vector<std::string> every8 = {"train.checkpoint.every_steps=8"};
   // Global batch 8 everywhere: one process uninterrupted is the reference.
-  train(cfg, dir / "ref", with({"data.batch_size=8"}, every8));
+  train_yaml(cfg, dir / "ref", with({"data.batch_size=8"}, every8));
   struct Resume {
     std::string name;
     std::vector<std::string> from, to;
@@ -273,9 +268,9 @@ TEST_CASE("tied GPT: checkpoints resume across layouts, and an untied checkpoint
     CAPTURE(c.name);
     const std::string a = dir / ("a" + std::to_string(k)), b = dir / ("b" + std::to_string(k));
     ++k;
-    train(cfg, a, with(with(c.from, every8), {"train.max_steps=8"}));
+    train_yaml(cfg, a, with(with(c.from, every8), {"train.max_steps=8"}));
     check_copies_equal(as_file(a, 8));
-    const auto s = train(cfg, b, with(c.to, every8), a + "/checkpoints");
+    const auto s = train_yaml(cfg, b, with(c.to, every8), a + "/checkpoints");
     CHECK(s["steps_this_run"] == 12);
     const std::string got = as_file(b, 20);
     check_copies_equal(got);
@@ -284,8 +279,8 @@ TEST_CASE("tied GPT: checkpoints resume across layouts, and an untied checkpoint
     CHECK(rel < 1e-5);
   }
   // An untied model's checkpoint has two different tensors: a tied run refuses to resume it.
-  train(cfg, dir / "untied", {"model.tie_embeddings=false", "train.max_steps=2"});
-  CHECK_THROWS_WITH_AS(train(cfg, dir / "tied", {}, dir / "untied/checkpoints"),
+  train_yaml(cfg, dir / "untied", {"model.tie_embeddings=false", "train.max_steps=2"});
+  CHECK_THROWS_WITH_AS(train_yaml(cfg, dir / "tied", {}, dir / "untied/checkpoints"),
                        doctest::Contains("lm_head.weight differs from transformer.wte.weight"),
                        UserError);
 }

@@ -12,6 +12,8 @@
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/compare.h"
 #include "checkpoint/safetensors.h"
+#include "config/config.h"
+#include "train/trainer.h"
 
 namespace dtrain::testing {
 
@@ -20,6 +22,17 @@ namespace dtrain::testing {
 // The measure is dtrain verify's (checkpoint/compare.h).
 inline double checkpoint_rel_diff(const std::string& a_path, const std::string& b_path) {
   return max_rel_diff(read_checkpoint_tensors(a_path), read_checkpoint_tensors(b_path));
+}
+
+// Trains the YAML text `yaml` with `sets` overrides in-process into `out` (resuming from
+// `resume` when given) and returns the summary: the layout tests' one way to run a case.
+inline nlohmann::json train_yaml(const std::string& yaml, const std::string& out,
+                                 const std::vector<std::string>& sets,
+                                 const std::string& resume = "") {
+  RunOptions o;
+  o.out_dir = out;
+  o.resume = resume;
+  return run_training(parse_config(yaml, "test.yaml", sets), o);
 }
 
 // A run's checkpoint at `step` as one file: a sharded folder is consolidated next to the run.
