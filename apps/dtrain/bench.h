@@ -36,6 +36,23 @@ StepGemms record_step_gemms(const Config& cfg);
 // the step's GEMM time by shape (each call timed alone over up to 30 more steps).
 int bench_gemm(const StepGemms& s, int threads, int iters, bool shapes = false);
 
+struct StepBenchOptions {
+  int64_t steps = 600;  // optimizer steps of the run (>= 2 x block)
+  int block = 20;       // steps between bursts of as many GEMM replays
+};
+
+// The config's real training run (one rank, in-process, as `dtrain run` trains it, without
+// evaluation; a temp output folder) with its step's recorded GEMMs (record_step_gemms) replayed
+// `block` times after every `block` steps, on the same thread. Machine speed on a shared VM swings
+// by up to 2x over seconds; within one block (tens of milliseconds) step and replay see the same
+// machine, so the median of the per-block ratios (replay / step) is the step's fraction of its
+// GEMM bound. The first block is a warm-up. A step of `train.grad_accum_steps` micro-batches
+// counts that many replays. Prints a line and JSON {"step_ms", "gemm_step_ms",
+// "fraction_of_bound", "fraction_p25", "fraction_p75", "blocks", "block", "unit", "per_s",
+// "bound_per_s", "train_samples_per_s", "blas_core", "gemm_calls"}. UserError for a config of
+// more than one rank or bad options.
+int bench_step(const Config& cfg, const StepBenchOptions& o);
+
 }  // namespace dtrain
 
 #include <string>

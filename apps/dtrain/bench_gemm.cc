@@ -8,6 +8,7 @@
 #include <string>
 
 #include "dtrain/bench.h"
+#include "dtrain/gemm_replay.h"
 #include "nn/registry.h"
 #include "tensor/fp_mode.h"
 #include "train/batch.h"
@@ -97,113 +98,6 @@ StepGemms record_step_gemms(const Config& cfg) {
 
 namespace {
 
-// The bytes [lo, hi) an operand spans: `rows` rows of `cols` floats at a stride of `ld` floats.
-struct Span {
-  uintptr_t lo = 0, hi = 0;
-};
-
-Span operand(uintptr_t p, int64_t rows, int64_t cols, int64_t ld) {
-  DT_CHECK_EQ(p % sizeof(float), 0u);
-  if (rows == 0 || cols == 0) return {p, p};
-  return {p, p + static_cast<uintptr_t>((rows - 1) * ld + cols) * sizeof(float)};
-}
-
-std::vector<Span> spans_of(const GemmCall& c) {
-  return {operand(c.a, c.trans_a ? c.k : c.m, c.trans_a ? c.m : c.k, c.lda),
-          operand(c.b, c.trans_b ? c.n : c.k, c.trans_b ? c.k : c.n, c.ldb),
-          operand(c.c, c.m, c.n, c.ldc)};
-}
-
-// The recorded calls on memory of their own. Every maximal run of overlapping operands becomes one
-// region of an arena, at the same offset modulo 64 bytes as it was (the same cache-line
-// alignment), so calls that shared memory in the step share it here (a layer's output read by the
-// next GEMM, the heads' slices of one q/k/v buffer) and the replay touches as much memory as the
-// step's GEMMs did.
-class GemmReplay {
- public:
-  explicit GemmReplay(const std::vector<GemmCall>& calls) {
-    std::vector<Span> all;
-    for (const GemmCall& c : calls)
-      for (const Span& s : spans_of(c))
-        if (s.hi > s.lo) all.push_back(s);
-    std::sort(all.begin(), all.end(), [](const Span& x, const Span& y) { return x.lo < y.lo; });
-    for (const Span& s : all) {
-      if (!regions_.empty() && s.lo < regions_.back().span.hi)
-        regions_.back().span.hi = std::max(regions_.back().span.hi, s.hi);
-      else
-        regions_.push_back({s, 0});
-    }
-    size_t at = 0;
-    for (Region& r : regions_) {
-      at = (at + 63) / 64 * 64 + r.span.lo % 64;
-      r.offset = at;
-      at += r.span.hi - r.span.lo;
-    }
-    arena_.resize(at / sizeof(float) + 16);
-    base_ = reinterpret_cast<char*>(arena_.data());
-    base_ += (64 - reinterpret_cast<uintptr_t>(base_) % 64) % 64;
-    // Small normal values: finite, no subnormals, and reset before each timed step, so values
-    // cannot grow over the repetitions of accumulating (beta = 1) calls.
-    Rng rng(1);
-    for (float& v : arena_) v = 0.05f * rng.normal();
-    start_ = arena_;
-    recorded_ = calls;
-    for (const GemmCall& c : calls) {
-      const std::vector<Span> sp = spans_of(c);
-      calls_.push_back({c, at_(sp[0]), at_(sp[1]), at_(sp[2])});
-    }
-  }
-
-  size_t bytes() const { return arena_.size() * sizeof(float); }
-  const std::vector<GemmCall>& calls() const { return recorded_; }
-  void reset() { std::memcpy(arena_.data(), start_.data(), bytes()); }
-  // All calls in order; with `seconds`, adds each call's time to seconds[call].
-  void run(std::vector<double>* seconds = nullptr) const {
-    for (size_t i = 0; i < calls_.size(); ++i) {
-      const Call& x = calls_[i];
-      const GemmCall& c = x.g;
-      const auto t0 = std::chrono::steady_clock::now();
-      gemm(c.trans_a, c.trans_b, c.m, c.n, c.k, c.alpha, x.a, c.lda, x.b, c.ldb, c.beta, x.c,
-           c.ldc);
-      if (seconds != nullptr)
-        (*seconds)[i] +=
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    }
-  }
-
- private:
-  struct Region {
-    Span span;
-    size_t offset = 0;  // bytes from base_
-  };
-  struct Call {
-    GemmCall g;
-    float* a;
-    float* b;
-    float* c;
-  };
-  // Where operand span s lives in the arena (an empty one, K = 0: anywhere, it is not read).
-  float* at_(const Span& s) const {
-    if (s.hi == s.lo) return reinterpret_cast<float*>(base_);
-    auto it = std::upper_bound(regions_.begin(), regions_.end(), s.lo,
-                               [](uintptr_t v, const Region& r) { return v < r.span.lo; });
-    DT_CHECK(it != regions_.begin());
-    --it;
-    DT_CHECK(s.hi <= it->span.hi);
-    return reinterpret_cast<float*>(base_ + it->offset + (s.lo - it->span.lo));
-  }
-
-  std::vector<GemmCall> recorded_;
-  std::vector<Region> regions_;
-  std::vector<float> arena_, start_;
-  char* base_ = nullptr;
-  std::vector<Call> calls_;
-};
-
-double seconds(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
 // --shapes: `iters` more steps with every call timed on its own, summed by shape (transposes,
 // M, N, K, beta), largest first: where a step's GEMM time goes.
 void print_shapes(GemmReplay& replay, int iters) {
@@ -248,20 +142,10 @@ int bench_gemm(const StepGemms& s, int threads, int iters, bool shapes) {
   GemmReplay replay(s.calls);
   FlushSubnormals ftz;  // as Model::forward and backward run their layers (tensor/fp_mode.h)
   double warm = 0.0;
-  for (int i = 0; i < 3; ++i) {
-    replay.reset();
-    const auto t0 = std::chrono::steady_clock::now();
-    replay.run();
-    warm = seconds(t0);
-  }
+  for (int i = 0; i < 3; ++i) warm = replay.timed_step();
   if (iters == 0) iters = static_cast<int>(std::clamp(5.0 / std::max(warm, 1e-6), 10.0, 300.0));
   std::vector<double> t;
-  for (int i = 0; i < iters; ++i) {
-    replay.reset();
-    const auto t0 = std::chrono::steady_clock::now();
-    replay.run();
-    t.push_back(seconds(t0));
-  }
+  for (int i = 0; i < iters; ++i) t.push_back(replay.timed_step());
   std::sort(t.begin(), t.end());
   const double med = std::max(t[t.size() / 2], 1e-9);
   const double flops = s.flops();

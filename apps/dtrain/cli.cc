@@ -454,6 +454,20 @@ int cli_main(int argc, char** argv) {
   bool gemm_shapes = false;
   bench_gemm_cmd->add_flag("--shapes", gemm_shapes, "also print the step's GEMM time by shape");
 
+  CLI::App* bench_step_cmd = bench->add_subcommand(
+      "step",
+      "a config's real 1-rank training run with its step's GEMMs replayed between blocks of "
+      "steps: the step's fraction of its GEMM bound, measured side by side");
+  std::string step_config;
+  std::vector<std::string> step_sets;
+  StepBenchOptions step_opts;
+  bench_step_cmd->add_option("config", step_config, "YAML config (one rank)")->required();
+  bench_step_cmd->add_option("--set", step_sets, "override a config key (as for run); repeatable")
+      ->type_name("KEY=VALUE");
+  bench_step_cmd->add_option("--steps", step_opts.steps, "optimizer steps")->capture_default_str();
+  bench_step_cmd->add_option("--block", step_opts.block, "steps per block (and replays after it)")
+      ->capture_default_str();
+
   CLI::App* bench_comm_cmd = bench->add_subcommand(
       "comm", "collective bandwidth table (nccl-tests style: size, time, algbw, busbw)");
   std::string comm_backend = "inproc", comm_op = "allreduce", comm_sizes = "1M,4M,16M,64M";
@@ -541,6 +555,7 @@ int cli_main(int argc, char** argv) {
       set_blas_threads(bench_threads);
       return bench_gemm(record_step_gemms(gcfg), bench_threads, bench_iters, gemm_shapes);
     }
+    if (bench_step_cmd->parsed()) return bench_step(load_config(step_config, step_sets), step_opts);
     if (plot->parsed()) {
       report::plot_runs(plot_dirs, plot_labels, plot_out, plot_opts);
       std::cout << "wrote " << plot_out << std::endl;

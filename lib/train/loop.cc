@@ -681,7 +681,9 @@ nlohmann::json TrainLoop::run() {
     const auto step_t0 = Clock::now();
     step();
     apply_step_faults(opts_.faults, rank_, step_, world_);  // DTRAIN_FAULT; a delay is step time
-    train_s_ += seconds_since(step_t0);
+    const double step_s = seconds_since(step_t0);
+    train_s_ += step_s;
+    if (opts_.after_step) opts_.after_step(rank_, step_, step_s);  // outside the step's time
     const bool epoch_done = batch_ >= bpe_;
     if (epoch_done) {
       ++epoch_;

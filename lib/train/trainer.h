@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -37,6 +38,10 @@ struct RunOptions {
   // false: no evaluation at all (dtrain verify compares parameters; the summary then has no test
   // figures).
   bool evaluate = true;
+  // Benchmarks (`dtrain bench step`): called by every rank on its own thread after each optimizer
+  // step with (rank, step, the step's seconds as train_s counts them); its own time is not counted
+  // in train_s. Must be thread-safe when several in-process ranks run. Empty: not called.
+  std::function<void(int rank, int64_t step, double step_s)> after_step;
 };
 
 // Trains per `cfg` with the in-process backend (world_size ranks as threads of this process)

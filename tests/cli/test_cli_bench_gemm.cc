@@ -1,6 +1,8 @@
 // `dtrain bench gemm --config`: the GEMMs one training step issues, recorded through
 // tensor/blas.h's GemmRecorder, against the --widths form's analytic MLP and a GPT's analytic
-// count; and the command's JSON and its refusals.
+// count; and the command's JSON and its refusals. `dtrain bench step`: a real 1-rank run with its
+// step's GEMMs replayed between blocks of steps, and the loop's after_step hook it is built on
+// (train/trainer.h RunOptions::after_step).
 #include <doctest/doctest.h>
 
 #include <nlohmann/json.hpp>
@@ -8,6 +10,7 @@
 #include "config/config.h"
 #include "dtrain/bench.h"
 #include "test_util.h"
+#include "train/trainer.h"
 
 using dtrain::testing::contains;
 using dtrain::testing::run_cmd;
@@ -133,6 +136,56 @@ TEST_CASE("bench gemm refuses what does not fit, with exit 2") {
         std::string("--config ") + dir.path() + "/missing.yaml"}) {
     INFO(args);
     const auto r = run_cmd(kBin + " bench gemm " + args);
+    CHECK(r.exit_code == 2);
+    CHECK(contains(r.output, "error"));
+  }
+}
+
+TEST_CASE("after_step is called once per optimizer step with the time train_s counts") {
+  TempDir dir;
+  dtrain::Config cfg = dtrain::parse_config(kMlpCfg, "mlp", {"train.max_steps=13"});
+  dtrain::RunOptions ro;
+  ro.out_dir = dir / "run";
+  std::vector<int64_t> steps;
+  double sum = 0.0;
+  ro.after_step = [&](int rank, int64_t step, double step_s) {
+    CHECK(rank == 0);
+    CHECK(step_s > 0.0);
+    steps.push_back(step);
+    sum += step_s;
+  };
+  const nlohmann::json s = dtrain::run_training(cfg, ro);
+  REQUIRE(steps.size() == 13);
+  for (size_t i = 0; i < steps.size(); ++i) CHECK(steps[i] == static_cast<int64_t>(i) + 1);
+  CHECK(s["train_s"].get<double>() == doctest::Approx(sum).epsilon(1e-9));
+}
+
+TEST_CASE("bench step times blocks of real steps against their GEMMs") {
+  TempDir dir;
+  const std::string cfg = dir.write("mlp.yaml", kMlpCfg);
+  const auto r = run_cmd(kBin + " --log-level warn bench step " + cfg + " --steps 40 --block 10");
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  const auto j = nlohmann::json::parse(r.output.substr(r.output.rfind('{')));
+  CHECK(j["blocks"] == 3);  // 4 blocks of 10, the first a warm-up
+  CHECK(j["block"] == 10);
+  CHECK(j["gemm_calls"] == 8);
+  CHECK(j["unit"] == "samples/s");
+  const double step = j["step_ms"], gemm = j["gemm_step_ms"];
+  CHECK(step > 0.0);
+  CHECK(gemm > 0.0);
+  CHECK(j["per_s"].get<double>() == doctest::Approx(7.0 / (step * 1e-3)).epsilon(1e-6));
+  CHECK(j["bound_per_s"].get<double>() == doctest::Approx(7.0 / (gemm * 1e-3)).epsilon(1e-6));
+  CHECK(j["fraction_p25"].get<double>() <= j["fraction_of_bound"].get<double>());
+  CHECK(j["fraction_of_bound"].get<double>() <= j["fraction_p75"].get<double>());
+}
+
+TEST_CASE("bench step refuses more than one rank and bad block counts, with exit 2") {
+  TempDir dir;
+  const std::string cfg = dir.write("mlp.yaml", kMlpCfg);
+  for (const std::string& args : {cfg + " --set distributed.world_size=2", cfg + " --block 0",
+                                  cfg + " --steps 10 --block 10", dir / "missing.yaml"}) {
+    INFO(args);
+    const auto r = run_cmd(kBin + " bench step " + args);
     CHECK(r.exit_code == 2);
     CHECK(contains(r.output, "error"));
   }

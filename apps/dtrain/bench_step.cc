@@ -1,0 +1,135 @@
+// `dtrain bench step`: a config's real training run against its own GEMM bound, interleaved in one
+// process (bench.h).
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <spdlog/spdlog.h>
+
+#include "dtrain/bench.h"
+#include "dtrain/gemm_replay.h"
+#include "tensor/fp_mode.h"
+#include "train/trainer.h"
+#include "util/check.h"
+
+namespace fs = std::filesystem;
+
+namespace dtrain {
+
+namespace {
+
+double median(std::vector<double> v) {
+  DT_CHECK(!v.empty());
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+double quantile(std::vector<double> v, double q) {
+  DT_CHECK(!v.empty());
+  std::sort(v.begin(), v.end());
+  return v[static_cast<size_t>(q * static_cast<double>(v.size() - 1) + 0.5)];
+}
+
+// The hook's state: steps of the current block, then as many replays; one ratio per block.
+struct Interleave {
+  GemmReplay* replay;
+  int block;
+  int64_t accum;  // micro-batches per step: the step's GEMMs are `accum` replays
+  std::vector<double> steps_now, all_steps, all_gemm, ratios;
+  int blocks_seen = 0;
+
+  void after_step(double step_s) {
+    steps_now.push_back(step_s);
+    if (static_cast<int>(steps_now.size()) < block) return;
+    std::vector<double> g;
+    {
+      FlushSubnormals ftz;  // as Model::forward and backward run their layers
+      for (int i = 0; i < block; ++i) {
+        double t = 0.0;
+        for (int64_t a = 0; a < accum; ++a) t += replay->timed_step();
+        g.push_back(t);
+      }
+    }
+    // The first block pays for first touches of every buffer and the data: a warm-up.
+    if (blocks_seen++ > 0) {
+      ratios.push_back(median(g) / median(steps_now));
+      all_steps.insert(all_steps.end(), steps_now.begin(), steps_now.end());
+      all_gemm.insert(all_gemm.end(), g.begin(), g.end());
+    }
+    steps_now.clear();
+  }
+};
+
+}  // namespace
+
+int bench_step(const Config& cfg_in, const StepBenchOptions& o) {
+  if (o.block < 1 || o.block > 10000) throw UserError("bench step: --block must be in [1, 10000]");
+  if (o.steps < 2 * o.block || o.steps > 10000000)
+    throw UserError("bench step: --steps must be at least 2 x --block (the first block warms up)");
+  if (cfg_in.distributed.world_size != 1)
+    throw UserError("bench step: times one rank; the config has distributed.world_size " +
+                    std::to_string(cfg_in.distributed.world_size) +
+                    " (--set distributed.world_size=1)");
+  Config cfg = cfg_in;
+  cfg.train.epochs = 0;  // max_steps alone bounds the run (epochs repeat)
+  cfg.train.max_steps = o.steps;
+  cfg.train.checkpoint.every_steps = 0;
+  StepGemms s = record_step_gemms(cfg);
+  GemmReplay replay(s.calls);
+  Interleave il{&replay, o.block, cfg.train.grad_accum_steps, {}, {}, {}, {}, 0};
+
+  char tmpl[] = "/tmp/dtrain-bench-step-XXXXXX";
+  if (!::mkdtemp(tmpl)) throw std::runtime_error("cannot create a temp folder for the run");
+  RunOptions ro;
+  ro.out_dir = tmpl;
+  ro.evaluate = false;
+  ro.after_step = [&](int, int64_t, double step_s) { il.after_step(step_s); };
+  nlohmann::json summary;
+  try {
+    summary = run_training(cfg, ro);
+  } catch (...) {
+    std::error_code ec;
+    fs::remove_all(tmpl, ec);
+    throw;
+  }
+  std::error_code ec;
+  fs::remove_all(tmpl, ec);
+  if (il.ratios.empty()) throw UserError("bench step: the run ended before its second block");
+
+  const double per_step = static_cast<double>(s.batch * cfg.train.grad_accum_steps);
+  const double unit_per_sample = s.tokens_per_sample > 0 ? s.tokens_per_sample : 1.0;
+  const char* unit = s.tokens_per_sample > 0 ? "tokens/s" : "samples/s";
+  const double step_ms = median(il.all_steps) * 1e3, gemm_ms = median(il.all_gemm) * 1e3;
+  const double frac = median(il.ratios);
+  const double rate = per_step * unit_per_sample / (step_ms * 1e-3);
+  const double bound = per_step * unit_per_sample / (gemm_ms * 1e-3);
+  std::printf(
+      "%zu blocks of %d steps, each followed by %d replays of the step's %zu GEMMs (%s kernels, "
+      "%d BLAS thread(s)): step %.3f ms (%.0f %s), GEMMs alone %.3f ms (bound %.0f %s); "
+      "the step runs at %.1f%% of its GEMM bound (median of per-block ratios; quartiles "
+      "%.1f%%-%.1f%%)\n",
+      il.ratios.size(), o.block, o.block, s.calls.size(), blas_core().c_str(), blas_threads(),
+      step_ms, rate, unit, gemm_ms, bound, unit, frac * 100, quantile(il.ratios, 0.25) * 100,
+      quantile(il.ratios, 0.75) * 100);
+  nlohmann::json j = {{"step_ms", step_ms},
+                      {"gemm_step_ms", gemm_ms},
+                      {"fraction_of_bound", frac},
+                      {"fraction_p25", quantile(il.ratios, 0.25)},
+                      {"fraction_p75", quantile(il.ratios, 0.75)},
+                      {"blocks", il.ratios.size()},
+                      {"block", o.block},
+                      {"unit", unit},
+                      {"per_s", rate},
+                      {"bound_per_s", bound},
+                      {"train_samples_per_s", summary.value("train_samples_per_s", 0.0)},
+                      {"blas_core", blas_core()},
+                      {"gemm_calls", s.calls.size()}};
+  std::printf("%s\n", j.dump().c_str());
+  return 0;
+}
+
+}  // namespace dtrain
