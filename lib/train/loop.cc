@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <limits>
 #include <memory>
@@ -471,11 +472,29 @@ void TrainLoop::evaluate() {
   const int64_t n = data_.test.rows;
   const auto [loss_sum, correct] =
       exec_->evaluate(data_.test, cfg_.data.eval_batch_size, dpr_, DP_);
-  std::vector<float> sums = {static_cast<float>(loss_sum), static_cast<float>(correct)};
-  if (world_.size() > 1) world_.allreduce(sums.data(), sums.size(), ReduceOp::kSum);
+  // Every rank's (double loss sum, int64 count) gathered as int64 words and summed in rank order:
+  // exact counts (a float stops counting at 2^24 correct targets), the loss with a double's
+  // precision, and the same figures on every rank and backend.
+  double total = loss_sum;
+  int64_t right = correct;
+  if (world_.size() > 1) {
+    const size_t W = static_cast<size_t>(world_.size());
+    int64_t mine[2] = {0, correct};
+    std::memcpy(&mine[0], &loss_sum, sizeof(double));
+    std::vector<int64_t> all(2 * W);
+    world_.allgather(mine, all.data(), std::vector<size_t>(W, 2));
+    total = 0.0;
+    right = 0;
+    for (size_t r = 0; r < W; ++r) {
+      double v;
+      std::memcpy(&v, &all[2 * r], sizeof(double));
+      total += v;
+      right += all[2 * r + 1];
+    }
+  }
   last_eval_.samples = n;
-  last_eval_.loss = sums[0] / static_cast<double>(n * tps_);
-  last_eval_.accuracy = std::round(sums[1]) / static_cast<double>(n * tps_);
+  last_eval_.loss = total / static_cast<double>(n * tps_);
+  last_eval_.accuracy = static_cast<double>(right) / static_cast<double>(n * tps_);
   have_eval_ = true;
   last_eval_step_ = step_;
   if (lead_) {
