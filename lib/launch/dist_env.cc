@@ -195,9 +195,12 @@ DistEnv resolve_dist_env(const std::map<std::string, std::string>& env, int conf
     local_world = from_env(env, "OMPI_COMM_WORLD_LOCAL_SIZE");
   }
 
+  const bool from_openmpi = source == "openmpi";
+  bool addr_given = false;  // by MASTER_ADDR or --master-addr
   if (const std::string* v = find(env, "MASTER_ADDR")) {
     addr = *v;
     addr_name = "MASTER_ADDR";
+    addr_given = true;
   }
   if (env.count("MASTER_PORT")) port = from_env(env, "MASTER_PORT");
 
@@ -208,6 +211,7 @@ DistEnv resolve_dist_env(const std::map<std::string, std::string>& env, int conf
   if (flags.master_addr) {
     addr = *flags.master_addr;
     addr_name = "--master-addr";
+    addr_given = true;
   }
   if (flags.master_port) port = {*flags.master_port, "--master-port", true};
 
@@ -226,6 +230,13 @@ DistEnv resolve_dist_env(const std::map<std::string, std::string>& env, int conf
   if (port.set && (port.value < 1 || port.value > 65535))
     throw UserError(show(port) + " is not a TCP port (1..65535)");
   if (addr.empty()) throw UserError(addr_name + " is empty");
+  // Open MPI says nothing about rank 0's host; 127.0.0.1 would be wrong on every other host
+  // (their ranks would wait on their own loopback until the rendezvous timeout).
+  if (from_openmpi && world.value > 1 && !addr_given)
+    throw UserError("MASTER_ADDR is not set: Open MPI does not tell the " +
+                    std::to_string(world.value) +
+                    " processes where rank 0 runs; pass -x MASTER_ADDR=<rank 0's host> -x "
+                    "MASTER_PORT=<port> to mpirun (127.0.0.1 when all run on this machine)");
   if (source != "config" && world.value > 1 && !port.set)
     throw UserError("MASTER_PORT is not set: the " + std::to_string(world.value) +
                     " processes of this job need rank 0's rendezvous port (MASTER_PORT or "

@@ -49,7 +49,8 @@ struct DistOverrides {
 //    scripts/slurm.sbatch sets them), so every rank of the job agrees without coordination.
 //  - Open MPI, when OMPI_COMM_WORLD_RANK or OMPI_COMM_WORLD_SIZE is set: OMPI_COMM_WORLD_RANK,
 //    OMPI_COMM_WORLD_SIZE (both required), OMPI_COMM_WORLD_LOCAL_RANK,
-//    OMPI_COMM_WORLD_LOCAL_SIZE.
+//    OMPI_COMM_WORLD_LOCAL_SIZE. Open MPI names no master, so a job of more than one process
+//    needs MASTER_ADDR (or --master-addr): no 127.0.0.1 default, which is wrong on other hosts.
 // MASTER_ADDR and MASTER_PORT are read from the environment whatever the source.
 // Config only: rank 0 of `config_world_size`, all ranks in this process (local world = world).
 // A missing local world is taken as "every rank on this machine" (local world = world), a missing
@@ -59,7 +60,8 @@ struct DistOverrides {
 // Throws UserError naming the variable or flag for: a value that is not a whole integer, a
 // partial set (RANK without WORLD_SIZE, ...), world < 1, rank outside [0, world), local rank
 // outside [0, local world), local world > world, a port outside 1..65535, an empty address, and
-// a job of more than one process (source other than "config") with no master port.
+// a job of more than one process (source other than "config") with no master port, an Open MPI
+// job of more than one process with no master address.
 DistEnv resolve_dist_env(const std::map<std::string, std::string>& env, int config_world_size,
                          const DistOverrides& flags = {});
 

@@ -227,6 +227,7 @@ TEST_CASE("resolve_dist_env: torchrun beats Slurm beats Open MPI") {
   Env env = {{"RANK", "1"},          {"WORLD_SIZE", "2"},           {"SLURM_PROCID", "3"},
              {"SLURM_NTASKS", "4"},  {"OMPI_COMM_WORLD_RANK", "5"}, {"OMPI_COMM_WORLD_SIZE", "6"},
              {"MASTER_PORT", "7000"}};
+  env["MASTER_ADDR"] = "head";  // an Open MPI job has no default master
   DistEnv d = resolve_dist_env(env, 1, {});
   CHECK(d.source == "torchrun");
   CHECK(d.rank == 1);
