@@ -10,6 +10,22 @@ cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build}
 JOBS=${JOBS:-$(nproc)}
 
+# The tests make their clusters under DTRAIN_ENGINES_TMP; whatever a test killed by its timeout
+# left running there is stopped on the way out.
+DTRAIN_ENGINES_TMP=$(mktemp -d /tmp/dtrain-engines.XXXXXX)
+export DTRAIN_ENGINES_TMP
+sweep() {
+  local d
+  for d in "$DTRAIN_ENGINES_TMP"/dtrain_slurm_*; do
+    if [ -d "$d" ]; then
+      echo "ci_engines: stopping the cluster a test left in $d" >&2
+      scripts/engines/slurm.sh stop "$d" || true
+    fi
+  done
+  rm -rf "$DTRAIN_ENGINES_TMP"
+}
+trap sweep EXIT
+
 t0=$SECONDS
 # One apt-get run for both engines (each script's own `install` would make two).
 scripts/engines/apt_install.sh slurmctld slurmd slurm-client munge openmpi-bin

@@ -66,9 +66,14 @@ free_port() {
   die "no free TCP port found"
 }
 
-# Whether pid $1 is alive and runs program $2 (so a recycled pid is never signalled).
+# Whether pid $1 is alive and runs program $2 (so a recycled pid is never signalled). A zombie
+# counts as ended: the daemons are reparented once `start` returns, and whoever reaps them may
+# take its time.
 runs() {
-  [ -n "$1" ] && [ -r "/proc/$1/comm" ] && [[ $(cat "/proc/$1/comm" 2>/dev/null) == "$2"* ]]
+  local stat
+  [ -n "$1" ] && stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+  local state=${stat##*) }
+  [[ ${state%% *} != Z && $(cat "/proc/$1/comm" 2>/dev/null) == "$2"* ]]
 }
 
 write_conf() {

@@ -62,8 +62,12 @@ class SlurmCluster {
  public:
   SlurmCluster() {
     if (geteuid() != 0) skip_test("a private Slurm cluster needs root (SlurmdUser=root)");
-    char tmpl[] = "/tmp/dtrain_slurm_XXXXXX";
-    REQUIRE(mkdtemp(tmpl) != nullptr);
+    // Under DTRAIN_ENGINES_TMP when set: scripts/ci_engines.sh stops whatever cluster is left
+    // there (a test killed by its timeout never runs its destructor).
+    const char* base = std::getenv("DTRAIN_ENGINES_TMP");
+    std::string tmpl = std::string(base != nullptr && *base != 0 ? base : "/tmp") +
+                       "/dtrain_slurm_XXXXXX";
+    REQUIRE(mkdtemp(tmpl.data()) != nullptr);
     dir_ = tmpl;
     const CmdResult r = run_cmd(kSlurmSh + " start --no-install " + dir_);
     if (r.exit_code != 0) {
@@ -127,8 +131,7 @@ class SlurmCluster {
     CHECK(pids.size() == 3);  // munged, slurmctld, slurmd
     stop_quietly();
     for (int pid : pids)
-      CHECK_MESSAGE(!std::filesystem::exists("/proc/" + std::to_string(pid)), "daemon pid ", pid,
-                    " still runs after slurm.sh stop");
+      CHECK_MESSAGE(!running(pid), "daemon pid ", pid, " still runs after slurm.sh stop");
   }
 
  private:
@@ -137,6 +140,13 @@ class SlurmCluster {
     if (at == std::string::npos) return "";
     const size_t b = at + key.size();
     return text.substr(b, text.find_first_of(" \n", b) - b);
+  }
+
+  // Alive and not a zombie (the stopped daemons were reparented; their reaper may be slow).
+  static bool running(int pid) {
+    const std::string stat = read_text("/proc/" + std::to_string(pid) + "/stat");
+    const size_t paren = stat.rfind(')');
+    return paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] != 'Z';
   }
 
   std::vector<int> daemon_pids() const {

@@ -39,17 +39,8 @@ std::string mpirun(int world, const std::string& vars) {
 TEST_CASE("mpirun -np 2 and -np 3: ranks over gRPC equal in-process ranks bitwise") {
   const std::string head = mpirun(2, "");  // skips before anything is made without Open MPI
   TempDir dir;
-  // Adam and an uneven last batch (500 = 16 * 31 + 4 samples at W = 2).
-  const std::string cfg = dir.write("c.yaml", R"(seed: 5
-model: {hidden: [16]}
-data:
-  format: synthetic
-  synthetic: {samples: 500, features: 8, classes: 3}
-  batch_size: 8
-optimizer: {type: adam, lr: 0.01}
-train: {epochs: 0, max_steps: 40}
-runtime: {threads: 1}
-)");
+  // Adam and dropout (every rank's RNG), checkpoints at steps 10, 20, 30.
+  const std::string cfg = dir.write("c.yaml", dtrain::testing::kRestartCfg);
   for (int world : {2, 3}) {
     const std::string w = std::to_string(world);
     const std::string mpi = dir / ("mpi" + w), inproc = dir / ("inproc" + w);
@@ -67,13 +58,13 @@ runtime: {threads: 1}
     const auto s = nlohmann::json::parse(read_text(mpi + "/summary.json"));
     CHECK(s["world_size"] == world);
     CHECK(s["backend"] == "grpc");
-    CHECK(s["steps"] == 40);
+    CHECK(s["steps"] == 30);
 
     const auto r2 = run_cmd(kBin + " run " + cfg + " --set distributed.world_size=" + w +
                             " --out " + inproc + " --log-level warn");
     REQUIRE_MESSAGE(r2.exit_code == 0, r2.output);
-    check_same_state(dtrain::read_safetensors(mpi + "/checkpoints/step-40.safetensors"),
-                     dtrain::read_safetensors(inproc + "/checkpoints/step-40.safetensors"),
+    check_same_state(dtrain::read_safetensors(mpi + "/checkpoints/step-30.safetensors"),
+                     dtrain::read_safetensors(inproc + "/checkpoints/step-30.safetensors"),
                      "mpirun -np " + w);
   }
 }

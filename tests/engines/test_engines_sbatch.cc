@@ -117,18 +117,11 @@ runtime: {threads: 1}
 TEST_CASE("sbatch + scancel --signal=TERM: the ranks checkpoint, --resume auto ends bitwise") {
   SlurmCluster slurm;
   TempDir dir;
-  // Dropout (every rank's RNG must resume) and momentum; the only checkpoints are the
-  // interrupt's and the final one.
-  const std::string cfg = dir.write("cfg.yaml", R"(seed: 5
-model: {hidden: [32, 32], dropout: 0.1}
-data:
-  format: synthetic
-  synthetic: {samples: 3000, features: 12, classes: 4, noise: 0.6}
-  batch_size: 16
-optimizer: {type: sgd, lr: 0.05, momentum: 0.9, schedule: {type: cosine}}
-train: {epochs: 0, max_steps: 3000, log_every: 10, checkpoint: {every_steps: 0, keep_last: 2}}
-runtime: {threads: 1}
-)");
+  // Adam and dropout (every rank's RNG must resume), made long: 3000 steps, and the only
+  // checkpoints are the interrupt's and the final one.
+  const std::string cfg = dir.write("cfg.yaml", dtrain::testing::kRestartCfg) +
+                          " --set train.max_steps=3000 --set train.log_every=10"
+                          " --set train.checkpoint.every_steps=0";
   const std::string out = dir / "run", ref = dir / "ref";
   // The interrupted job sleeps 3 ms a step (timing only, the same numbers): surely mid-run when
   // the signal comes.
