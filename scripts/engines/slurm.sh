@@ -6,7 +6,7 @@
 #   scripts/engines/slurm.sh start [--no-install] DIR
 #                                                 start a cluster whose files all live in DIR
 #                                                 (created if missing); returns once sinfo shows
-#                                                 the node idle. Use it with SLURM_CONF=DIR/slurm.conf
+#                                                 the node idle. Use SLURM_CONF=DIR/slurm.conf
 #   scripts/engines/slurm.sh stop DIR             cancel its jobs, stop its daemons (by pid)
 #   scripts/engines/slurm.sh run [--no-install] CMD [ARGS...]
 #                                                 start a cluster in a fresh folder, run CMD with
@@ -19,9 +19,10 @@
 # Nothing outside DIR is touched: the munge key, munged's socket, slurm.conf, the state and spool
 # folders, the logs and the pid files are all in DIR, and the two Slurm ports are picked free, so
 # it neither reads nor changes /etc/slurm or /etc/munge and may run beside a real Slurm or another
-# private cluster. The daemons run in the foreground (munged -F, slurmctld -D, slurmd -D) as
-# children started here, so their pids are known; stop kills only those pids (after checking the
-# pid still runs that program) and any slurmstepd left holding a file in DIR.
+# private cluster. The daemons run in the foreground (munged -F, slurmctld -D, slurmd -D),
+# started here in the background, so their pids are known (DIR/<daemon>.ours); stop ends only
+# those pids (after checking the pid still runs that program) and any slurmstepd left holding a
+# file in DIR.
 #
 # Needs root (slurmd starts job steps as any user). Exit status of install/start/run's own
 # failures: 77 (a test's "skipped") when Slurm is not installed and --no-install was given, when
@@ -150,7 +151,9 @@ spawn() {
 }
 
 node_idle() { [[ $(sinfo -h -N -o %T 2>/dev/null) == idle ]]; }
-munge_works() { munge -n -S "$1/munge.socket" 2>/dev/null | unmunge -S "$1/munge.socket" >/dev/null 2>&1; }
+munge_works() {
+  munge -n -S "$1/munge.socket" 2>/dev/null | unmunge -S "$1/munge.socket" >/dev/null 2>&1
+}
 
 start() {
   local no_install=0
@@ -171,10 +174,11 @@ start() {
   write_conf "$dir" "$host"
   export SLURM_CONF=$dir/slurm.conf
 
-  mungekey --create --keyfile="$dir/munge.key" >/dev/null 2>&1 ||
-    { dd if=/dev/urandom of="$dir/munge.key" bs=1024 count=1 status=none && chmod 600 "$dir/munge.key"; }
-  spawn "$dir" munged --foreground --force --key-file="$dir/munge.key" --socket="$dir/munge.socket" \
-    --pid-file="$dir/munged.pid" --log-file="$dir/munged.log" --seed-file="$dir/munged.seed"
+  # A key of this cluster's own (mungekey writes it mode 0600).
+  mungekey --create --keyfile="$dir/munge.key" >/dev/null 2>&1 || die "mungekey failed"
+  spawn "$dir" munged --foreground --force --key-file="$dir/munge.key" \
+    --socket="$dir/munge.socket" --pid-file="$dir/munged.pid" --log-file="$dir/munged.log" \
+    --seed-file="$dir/munged.seed"
   wait_for 10 munge_works "$dir" || { tail_logs "$dir"; stop "$dir"; die "munged did not start"; }
   spawn "$dir" slurmctld -D -f "$SLURM_CONF"
   spawn "$dir" slurmd -D -f "$SLURM_CONF" -N "$host"
@@ -250,7 +254,7 @@ case ${1:-} in
   stop) shift; stop "$@" ;;
   run) shift; run "$@" ;;
   *)
-    sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//' >&2
     exit 2
     ;;
 esac
