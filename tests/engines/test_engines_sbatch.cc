@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engines/engines_util.h"
+#include "launch/launcher.h"
 
 using dtrain::testing::check_same_state;
 using dtrain::testing::contains;
@@ -36,6 +37,12 @@ std::string job_logs(const std::string& submit_dir, long job, const std::string&
     s += "--- rank " + std::to_string(r) + "\n" +
          read_text(out + "/logs/rank-" + std::to_string(r) + ".log");
   return s;
+}
+
+// DTRAIN_BIN, and MASTER_PORT set to a free port (the script's own choice, 20000 + job id %
+// 20000, is what the first test checks; here a port another program may hold cannot interfere).
+std::string free_port_env() {
+  return "DTRAIN_BIN=" + kBin + " MASTER_PORT=" + std::to_string(dtrain::pick_free_port()) + " ";
 }
 
 size_t lines_in(const std::string& path) {
@@ -74,6 +81,11 @@ TEST_CASE("sbatch scripts/slurm.sbatch: 2 tasks train 2 ranks over gRPC, summary
       logs);
   CHECK_MESSAGE(contains(logs, "dtrain: job " + std::to_string(job) + ", 2 rank(s) on 1 node(s)"),
                 logs);
+  // The port the script derives from the job id (as `dtrain run` would itself), where rank 1
+  // joined.
+  const std::string port = ":" + std::to_string(20000 + job % 20000);
+  CHECK_MESSAGE(contains(logs, port + ", logs in "), logs);
+  CHECK_MESSAGE(contains(read_text(out + "/logs/rank-1.log"), port + ", listening on"), logs);
   slurm.stop();
 }
 
@@ -95,7 +107,7 @@ runtime: {threads: 1}
   const std::string out = dir / "run";
   const auto t0 = std::chrono::steady_clock::now();
   const long job = slurm.submit(kShape + kSbatch + " " + cfg + " --out " + out, dir.path(),
-                                "DTRAIN_BIN=" + kBin + " DTRAIN_FAULT=kill:rank=1:step=40");
+                                free_port_env() + "DTRAIN_FAULT=kill:rank=1:step=40");
   const JobEnd end = slurm.wait(job, 90);
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const std::string logs = job_logs(dir.path(), job, out);
@@ -126,7 +138,7 @@ TEST_CASE("sbatch + scancel --signal=TERM: the ranks checkpoint, --resume auto e
   // The interrupted job sleeps 3 ms a step (timing only, the same numbers): surely mid-run when
   // the signal comes.
   const long job = slurm.submit(kShape + kSbatch + " " + cfg + " --out " + out, dir.path(),
-                                "DTRAIN_BIN=" + kBin + " DTRAIN_FAULT=delay:rank=0:ms=3");
+                                free_port_env() + "DTRAIN_FAULT=delay:rank=0:ms=3");
   const bool running = wait_until([&] { return lines_in(out + "/metrics.jsonl") >= 3; }, 90);
   REQUIRE_MESSAGE(running, job_logs(dir.path(), job, out));
   // Without --batch/--full scancel signals the job's steps (the ranks), not the batch shell.
@@ -154,7 +166,7 @@ TEST_CASE("sbatch + scancel --signal=TERM: the ranks checkpoint, --resume auto e
 
   // The same command again with --resume auto continues from that checkpoint to the end.
   const long job2 = slurm.submit(kShape + kSbatch + " " + cfg + " --out " + out + " --resume auto",
-                                 dir.path(), "DTRAIN_BIN=" + kBin);
+                                 dir.path(), free_port_env());
   const JobEnd end2 = slurm.wait(job2, 120);
   logs = job_logs(dir.path(), job2, out);
   REQUIRE_MESSAGE(end2.state == "COMPLETED", end2.state, "\n", logs);
