@@ -27,6 +27,7 @@
 #include <spdlog/spdlog.h>
 
 #include "launch/dist_env.h"
+#include "launch/job_agent.h"
 #include "util/check.h"
 
 namespace dtrain {
@@ -104,7 +105,7 @@ class SignalGuard {
     write_ = Fd(p[1]);
     g_signal_pipe = p[1];
     install(SIGCHLD, on_signal, /*even_if_ignored=*/true);  // ignored SIGCHLD would auto-reap
-    for (int sig : {SIGINT, SIGTERM, SIGHUP}) install(sig, on_signal, false);
+    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGUSR1}) install(sig, on_signal, false);
     install(SIGPIPE, on_sigpipe, false);
   }
   ~SignalGuard() {
@@ -337,23 +338,53 @@ struct AttemptResult {
   bool failed = false;          // a rank exited non-zero or by a signal on its own
   bool any_user_error = false;  // some rank exited with status 2 (bad config, data, checkpoint)
   bool abandoned = false;       // ranks survived SIGKILL and were left behind
-  int stop_signal = 0;          // the signal received here that stopped the ranks, 0: none
+  int stop_signal = 0;          // the signal received here (or by another node) that stopped
+                                // the ranks, 0: none
   int first_failed_rank = -1;   // the rank that failed first, and its wait status: the cause
   int first_failed_status = 0;
+  int64_t first_failed_ms = 0;    // its wall-clock time (ms since the epoch)
+  std::vector<int> failed_ranks;  // every rank that failed on its own, in order
+  std::vector<int> killed_ranks;  // those of them killed by a signal not sent from here
+  std::string remote_failure;     // multi-node: the first failure another node reported
+  int common_exit = -1;  // the exit status every rank exited with (-1: none yet, -2: mixed or
+                         // killed by a signal)
+};
+
+std::string fmt_ranks(const std::vector<int>& ranks) {
+  std::string s;
+  for (int r : ranks) s += (s.empty() ? "" : ", ") + std::to_string(r);
+  return s;
+}
+
+int64_t wall_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// How one attempt runs on this node: its ranks and the other nodes' agent.
+struct AttemptPlan {
+  int nproc = 1;       // ranks on this node
+  int first_rank = 0;  // this node's first global rank
+  int world = 1;       // ranks in the job
+  std::string master_addr = "127.0.0.1";
+  JobAgent* agent = nullptr;  // multi-node only
 };
 
 // Starts every rank with `argv` and supervises them until all have exited (launch_local's
 // contract, for one attempt).
-AttemptResult run_attempt(const LaunchOptions& o, const std::vector<std::string>& argv, int attempt,
-                          int port, const std::string& token, SignalGuard& signals) {
+AttemptResult run_attempt(const LaunchOptions& o, const AttemptPlan& plan,
+                          const std::vector<std::string>& argv, int attempt, int port,
+                          const std::string& token, SignalGuard& signals) {
   // Logs are appended, so a relaunch (e.g. with --resume auto) keeps the earlier attempts.
   std::vector<Fd> logs;
-  for (int r = 0; r < o.nproc; ++r) {
+  for (int l = 0; l < plan.nproc; ++l) {
+    const int r = plan.first_rank + l;
     const std::string path = o.log_dir + "/rank-" + std::to_string(r) + ".log";
     Fd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644));
     if (!fd.open()) throw UserError("cannot open '" + path + "': " + strerror(errno));
     const std::string sep = "==== dtrain launch " + now_text() + ": rank " + std::to_string(r) +
-                            " of " + std::to_string(o.nproc) +
+                            " of " + std::to_string(plan.world) +
                             (attempt > 0 ? ", restart " + std::to_string(attempt) + " of " +
                                                std::to_string(o.max_restarts)
                                          : std::string()) +
@@ -364,16 +395,23 @@ AttemptResult run_attempt(const LaunchOptions& o, const std::vector<std::string>
 
   // The ranks' environment: ours plus the torchrun contract (resolve_dist_env reads it).
   std::map<std::string, std::string> base = current_environment();
-  base["WORLD_SIZE"] = std::to_string(o.nproc);
-  base["LOCAL_WORLD_SIZE"] = std::to_string(o.nproc);
-  base["MASTER_ADDR"] = "127.0.0.1";
+  base["WORLD_SIZE"] = std::to_string(plan.world);
+  base["LOCAL_WORLD_SIZE"] = std::to_string(plan.nproc);
+  base["MASTER_ADDR"] = plan.master_addr;
   base["MASTER_PORT"] = std::to_string(port);
   base["DTRAIN_JOB_TOKEN"] = token;
   base["DTRAIN_RESTART_COUNT"] = std::to_string(attempt);
-  spdlog::info(
-      "launching {} rank(s): master 127.0.0.1:{}, logs in {}/rank-<r>.log (rank 0 also "
-      "shown here)",
-      o.nproc, port, o.log_dir);
+  if (plan.agent == nullptr)
+    spdlog::info(
+        "launching {} rank(s): master 127.0.0.1:{}, logs in {}/rank-<r>.log (rank 0 also "
+        "shown here)",
+        plan.nproc, port, o.log_dir);
+  else
+    spdlog::info(
+        "node {} of {}: launching ranks {}..{} of {}: master {}:{}, logs in {}/rank-<r>.log "
+        "(rank {} also shown here)",
+        o.node_rank, o.nnodes, plan.first_rank, plan.first_rank + plan.nproc - 1, plan.world,
+        plan.master_addr, port, o.log_dir, plan.first_rank);
   std::fflush(stdout);  // the tee writes rank 0's bytes straight to the descriptors
   std::fflush(stderr);
 
@@ -393,24 +431,25 @@ AttemptResult run_attempt(const LaunchOptions& o, const std::vector<std::string>
 
   // Declared after the pipes so that on an exception the ranks are killed and reaped first.
   ChildSet kids;
-  for (int r = 0; r < o.nproc; ++r) {
+  for (int l = 0; l < plan.nproc; ++l) {
+    const int r = plan.first_rank + l;
     std::map<std::string, std::string> env = base;
     env["RANK"] = std::to_string(r);
-    env["LOCAL_RANK"] = std::to_string(r);
+    env["LOCAL_RANK"] = std::to_string(l);
     std::vector<std::string> env_s;
     for (const auto& [k, v] : env) env_s.push_back(k + "=" + v);
-    const int out_fd = r == 0 ? tee_w[0].get() : logs[static_cast<size_t>(r)].get();
-    const int err_fd = r == 0 ? tee_w[1].get() : logs[static_cast<size_t>(r)].get();
+    const int out_fd = l == 0 ? tee_w[0].get() : logs[static_cast<size_t>(l)].get();
+    const int err_fd = l == 0 ? tee_w[1].get() : logs[static_cast<size_t>(l)].get();
     pid_t pid = -1;
     if (const int rc = spawn_rank(argv, env_s, out_fd, err_fd, &pid); rc != 0)
       throw std::runtime_error("cannot start rank " + std::to_string(r) + " ('" + argv[0] +
                                "'): " + strerror(rc));
     kids.add(r, pid);
-    if (r == 0) {
+    if (l == 0) {
       tee_w[0].reset();  // so the tee sees EOF when rank 0 is gone
       tee_w[1].reset();
     } else {
-      logs[static_cast<size_t>(r)].reset();
+      logs[static_cast<size_t>(l)].reset();
     }
   }
 
@@ -432,10 +471,19 @@ AttemptResult run_attempt(const LaunchOptions& o, const std::vector<std::string>
     give_up_at = Clock::now() + kAfterKill;
   };
 
+  // Multi-node: how often the other nodes' news is read (a failure there stops the ranks here
+  // within this much of its report, well before the ranks' heartbeats would notice).
+  constexpr auto kPollEvery = std::chrono::milliseconds(500);
+  std::optional<Clock::time_point> next_poll;
+  if (plan.agent != nullptr) next_poll = Clock::now() + kPollEvery;
+  const std::string node_text = plan.agent != nullptr ? " on node " + std::to_string(o.node_rank) +
+                                                            " (" + plan.agent->host_name() + ")"
+                                                      : std::string();
+
   while (kids.any_running()) {
     int timeout_ms = 1000;  // a safety net only: SIGCHLD wakes the loop through the self-pipe
-    for (const auto& t :
-         {kill_sent ? std::nullopt : kill_at, give_up_at, shutting_down ? std::nullopt : term_at}) {
+    for (const auto& t : {kill_sent ? std::nullopt : kill_at, give_up_at,
+                          shutting_down ? std::nullopt : term_at, next_poll}) {
       if (!t) continue;
       const auto left = std::chrono::ceil<std::chrono::milliseconds>(*t - Clock::now()).count();
       timeout_ms = static_cast<int>(std::clamp<int64_t>(left, 0, timeout_ms));
@@ -451,6 +499,7 @@ AttemptResult run_attempt(const LaunchOptions& o, const std::vector<std::string>
       if (sig == SIGCHLD || sig == SIGPIPE) continue;
       if (!shutting_down) {
         spdlog::warn("received {}: forwarding it to the ranks", signal_name(sig));
+        if (plan.agent != nullptr) plan.agent->report_stop(attempt, sig);
         res.stop_signal = sig;
         terminate_all(sig, std::chrono::duration_cast<Clock::duration>(
                                std::chrono::duration<double>(o.interrupt_grace_s)));
@@ -461,6 +510,28 @@ AttemptResult run_attempt(const LaunchOptions& o, const std::vector<std::string>
     }
 
     for (Tee& t : tees) t.pump(16);
+
+    if (next_poll && Clock::now() >= *next_poll) {
+      const RemoteNews news = plan.agent->poll(attempt);
+      next_poll = Clock::now() + kPollEvery;
+      std::vector<std::string> failures = news.failures;
+      if (!news.lost.empty()) {
+        next_poll.reset();  // once is enough
+        failures.push_back("lost node 0's launcher: " + news.lost);
+      }
+      for (const std::string& f : failures) {
+        spdlog::error("{}", f);
+        if (res.remote_failure.empty()) res.remote_failure = f;
+      }
+      if (!failures.empty() && !shutting_down && !term_at) term_at = Clock::now();
+      if (news.stop_signal != 0 && !shutting_down) {
+        spdlog::warn("another node's launcher received {}: forwarding it to the ranks",
+                     signal_name(news.stop_signal));
+        res.stop_signal = news.stop_signal;
+        terminate_all(news.stop_signal, std::chrono::duration_cast<Clock::duration>(
+                                            std::chrono::duration<double>(o.interrupt_grace_s)));
+      }
+    }
 
     for (Child& c : kids.all()) {
       if (!c.running) continue;
@@ -475,6 +546,8 @@ AttemptResult run_attempt(const LaunchOptions& o, const std::vector<std::string>
       while (::waitpid(c.pid, &status, 0) < 0 && errno == EINTR) {
       }
       c.running = false;
+      const int code = WIFEXITED(status) ? WEXITSTATUS(status) : -2;
+      res.common_exit = res.common_exit == -1 || res.common_exit == code ? code : -2;
       const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
       if (WIFEXITED(status) && WEXITSTATUS(status) == 2) res.any_user_error = true;
       if (shutting_down) {
@@ -486,10 +559,16 @@ AttemptResult run_attempt(const LaunchOptions& o, const std::vector<std::string>
         if (!res.failed) {
           res.first_failed_rank = c.rank;
           res.first_failed_status = status;
+          res.first_failed_ms = wall_ms();
+          if (plan.agent != nullptr)
+            plan.agent->report_failure(attempt, "rank " + std::to_string(c.rank) + node_text +
+                                                    " failed: " + describe_wait_status(status));
         }
         res.failed = true;
+        res.failed_ranks.push_back(c.rank);
+        if (WIFSIGNALED(status)) res.killed_ranks.push_back(c.rank);
         // Rank 0's output is already on the console; show the end of any other rank's log.
-        if (c.rank != 0)
+        if (c.rank != plan.first_rank)
           print_log_tail(o.log_dir + "/rank-" + std::to_string(c.rank) + ".log", c.rank);
 
         // Ranks that fail for their own reason usually do so within moments of each other
@@ -527,7 +606,9 @@ AttemptResult run_attempt(const LaunchOptions& o, const std::vector<std::string>
 
 }  // namespace
 
-int launch_local(const LaunchOptions& o) {
+namespace {
+
+void check_options(const LaunchOptions& o) {
   if (o.nproc < 1 || o.nproc > 1024)
     throw UserError("--nproc " + std::to_string(o.nproc) + ": must be in 1..1024");
   if (o.master_port < 0 || o.master_port > 65535)
@@ -540,6 +621,106 @@ int launch_local(const LaunchOptions& o) {
     throw UserError("launch: the grace period must be >= 0 seconds");
   if (o.max_restarts < 0)
     throw UserError("--max-restarts " + std::to_string(o.max_restarts) + ": must be >= 0");
+  if (o.nnodes < 1 || o.nnodes > 1024 || o.node_rank < 0 || o.node_rank >= o.nnodes)
+    throw UserError("--node-rank " + std::to_string(o.node_rank) + " of --nnodes " +
+                    std::to_string(o.nnodes) + ": need 0 <= node rank < nodes <= 1024");
+  if (o.min_nproc < 0 || o.min_nproc > o.nproc)
+    throw UserError("--nproc " + std::to_string(o.min_nproc) + ":" + std::to_string(o.nproc) +
+                    ": need 1 <= MIN <= MAX");
+  if (o.nnodes > 1) {
+    if (o.master_port < 1 || o.master_port > 65534)
+      throw UserError(
+          "a multi-node launch needs --master-port (1..65534; the launchers use the "
+          "next port too)");
+    if (o.master_addr.empty()) throw UserError("a multi-node launch needs --master-addr");
+    if (o.token.empty())
+      throw UserError(
+          "a multi-node launch needs the job token, the same on every node: set "
+          "DTRAIN_JOB_TOKEN or give --token-file (it is never generated per node)");
+    if (o.min_nproc > 0 && o.min_nproc < o.nproc)
+      throw UserError("elastic ranks (--nproc MIN:MAX) are for one node");
+  }
+}
+
+// How an attempt ended on this node, for the job agent.
+NodeOutcome node_outcome(const AttemptResult& r, int stop_rc, const std::string& node_text) {
+  NodeOutcome n;
+  if (r.stop_signal != 0 && !r.failed) {
+    n.kind = NodeOutcome::kStopped;
+    n.rc = stop_rc;
+    n.cause = "stopped by " + signal_name(r.stop_signal);
+  } else if (r.failed) {
+    n.kind = r.any_user_error ? NodeOutcome::kUserError : NodeOutcome::kFailed;
+    n.rc = r.any_user_error ? 2 : 1;
+    n.killed = WIFSIGNALED(r.first_failed_status);
+    n.when_ms = r.first_failed_ms;
+    n.cause = "rank " + std::to_string(r.first_failed_rank) + node_text +
+              " failed: " + describe_wait_status(r.first_failed_status);
+  } else if (!r.remote_failure.empty()) {
+    n.kind = NodeOutcome::kFailed;  // stopped here for another node's failure: that is the cause
+    n.rc = 1;
+    n.when_ms = INT64_MAX - 1;
+    n.cause = r.remote_failure;
+  } else if (r.abandoned) {
+    n.kind = NodeOutcome::kFailed;
+    n.rc = 1;
+    n.when_ms = INT64_MAX - 1;
+    n.cause = "ranks" + node_text + " did not exit after SIGKILL";
+  }
+  return n;
+}
+
+// Single node: the launcher's own restart decision after attempt `attempt` ended as `r`
+// (launch_local's contract). Returns the exit code, or nullopt to restart.
+std::optional<int> local_decision(const LaunchOptions& o, const AttemptResult& r, int attempt,
+                                  int nproc, int stop_rc, SignalGuard& signals) {
+  if (r.stop_signal != 0 && !r.failed) return stop_rc;
+  if (!r.failed && !r.abandoned) {
+    if (attempt > 0)
+      spdlog::info("all {} rank(s) finished after {} restart(s)", nproc, attempt);
+    else
+      spdlog::info("all {} rank(s) finished", nproc);
+    return 0;
+  }
+  // A rank that failed on bad input (exit 2: config, data or checkpoint) makes the launch a
+  // user error too, whatever the other ranks died of after it; otherwise a runtime failure.
+  const int rc = r.failed && r.any_user_error ? 2 : 1;
+  const std::string cause = r.first_failed_rank >= 0
+                                ? "rank " + std::to_string(r.first_failed_rank) + " failed (" +
+                                      describe_wait_status(r.first_failed_status) + ")"
+                                : "ranks did not exit after SIGKILL";
+  if (o.max_restarts == 0) return rc;
+  if (r.stop_signal != 0) {
+    spdlog::warn("not restarting: stopped by {}", signal_name(r.stop_signal));
+    return rc;
+  }
+  if (rc == 2) {
+    spdlog::error(
+        "not restarting: a rank failed on bad input (exit status 2), which a restart "
+        "would repeat; {}",
+        cause);
+    return rc;
+  }
+  if (attempt >= o.max_restarts) {
+    spdlog::error("giving up: {} in attempt {}, and all {} restart(s) are used", cause, attempt + 1,
+                  o.max_restarts);
+    return rc;
+  }
+  // Ctrl-C or SIGTERM while the failed attempt wound down: stop here.
+  for (int sig : signals.take()) {
+    if (sig == SIGCHLD || sig == SIGPIPE) continue;
+    spdlog::warn("received {}: not restarting", signal_name(sig));
+    return rc;
+  }
+  spdlog::warn("restart {} of {}: {}; starting all {} rank(s) again", attempt + 1, o.max_restarts,
+               cause, nproc);
+  return std::nullopt;
+}
+
+}  // namespace
+
+int launch_local(const LaunchOptions& o, LaunchReport* report) {
+  check_options(o);
   bool expected = false;
   DT_CHECK_MSG(g_active.compare_exchange_strong(expected, true),
                "launch_local is already running in this process");
@@ -554,7 +735,29 @@ int launch_local(const LaunchOptions& o) {
 
   // One set of handlers for every attempt: a signal between two attempts is not lost.
   SignalGuard signals;
+  std::unique_ptr<JobAgent> agent;
+  if (o.nnodes > 1) {
+    AgentOptions ao;
+    ao.nnodes = o.nnodes;
+    ao.node_rank = o.node_rank;
+    ao.master_addr = o.master_addr;
+    ao.port = o.master_port + 1;
+    ao.token = token;
+    ao.join_timeout_s = o.join_timeout_s;
+    ao.report_timeout_s = std::max(o.grace_s, o.interrupt_grace_s) + 30;
+    agent = std::make_unique<JobAgent>(ao);
+    spdlog::info("node {} of {}: waiting for every node's launcher at {}:{}", o.node_rank, o.nnodes,
+                 o.master_addr, ao.port);
+    const std::vector<std::string> hosts = agent->join(o.nproc);
+    std::string list;
+    for (size_t n = 0; n < hosts.size(); ++n)
+      list += (n ? ", " : "") + std::to_string(n) + "=" + hosts[n];
+    spdlog::info("all {} nodes checked in: {}", o.nnodes, list);
+  }
+  const std::string node_text =
+      agent ? " on node " + std::to_string(o.node_rank) + " (" + agent->host_name() + ")" : "";
   int port = 0;
+  int nproc = o.nproc;
   for (int attempt = 0;; ++attempt) {
     if (o.master_port != 0) {
       port = o.master_port;
@@ -565,51 +768,56 @@ int launch_local(const LaunchOptions& o) {
       for (int tries = 0; tries < 10 && port == old; ++tries) port = pick_free_port();
     }
     std::vector<std::string> argv = o.child_argv;
-    if (attempt > 0 && o.restart_argv) argv = o.restart_argv(attempt);
+    if (attempt > 0 && nproc != o.nproc && o.resize_argv)
+      argv = o.resize_argv(attempt, nproc);
+    else if (attempt > 0 && o.restart_argv)
+      argv = o.restart_argv(attempt);
     if (argv.empty() || argv[0].empty())
       throw std::runtime_error("launch: no command to run for restart " + std::to_string(attempt));
-    const AttemptResult r = run_attempt(o, argv, attempt, port, token, signals);
+    AttemptPlan plan;
+    plan.nproc = nproc;
+    plan.first_rank = o.node_rank * nproc;
+    plan.world = o.nnodes * nproc;
+    plan.master_addr = agent ? o.master_addr : "127.0.0.1";
+    plan.agent = agent.get();
+    const AttemptResult r = run_attempt(o, plan, argv, attempt, port, token, signals);
+    if (report != nullptr) {
+      report->stop_signal = r.stop_signal;
+      report->world_size = plan.world;
+    }
+    // Stopped by a signal: the ranks' own exit code passes through when they agree on one.
+    const int stop_rc = r.common_exit >= 0 ? r.common_exit : 128 + r.stop_signal;
 
-    if (r.stop_signal != 0 && !r.failed) return 128 + r.stop_signal;
-    if (!r.failed && !r.abandoned) {
-      if (attempt > 0)
-        spdlog::info("all {} rank(s) finished after {} restart(s)", o.nproc, attempt);
-      else
-        spdlog::info("all {} rank(s) finished", o.nproc);
-      return 0;
+    if (agent) {
+      const JobDecision d =
+          agent->finish(attempt, node_outcome(r, stop_rc, node_text), o.max_restarts);
+      if (d.restart) {
+        spdlog::warn("restart {} of {} (node 0's count): {}; starting this node's {} rank(s) again",
+                     attempt + 1, o.max_restarts, d.reason, nproc);
+        continue;
+      }
+      if (d.rc == 0)
+        spdlog::info("all {} rank(s) on {} nodes finished{}", plan.world, o.nnodes,
+                     attempt > 0 ? " after " + std::to_string(attempt) + " restart(s)" : "");
+      else if (!d.reason.empty())
+        spdlog::error("the job ended in attempt {} (exit {}): {}", attempt + 1, d.rc, d.reason);
+      return d.rc;
     }
-    // A rank that failed on bad input (exit 2: config, data or checkpoint) makes the launch a
-    // user error too, whatever the other ranks died of after it; otherwise a runtime failure.
-    const int rc = r.failed && r.any_user_error ? 2 : 1;
-    const std::string cause = r.first_failed_rank >= 0
-                                  ? "rank " + std::to_string(r.first_failed_rank) + " failed (" +
-                                        describe_wait_status(r.first_failed_status) + ")"
-                                  : "ranks did not exit after SIGKILL";
-    if (o.max_restarts == 0) return rc;
-    if (r.stop_signal != 0) {
-      spdlog::warn("not restarting: stopped by {}", signal_name(r.stop_signal));
-      return rc;
+
+    if (const std::optional<int> rc = local_decision(o, r, attempt, nproc, stop_rc, signals))
+      return *rc;
+    if (o.min_nproc > 0 && !r.killed_ranks.empty()) {
+      // Elastic: a rank killed from outside (an OOM kill, a lost device) gives up its slot.
+      const int left = nproc - static_cast<int>(r.killed_ranks.size());
+      if (left < o.min_nproc) {
+        spdlog::error("giving up: {} rank(s) left after losing rank(s) {}, below the minimum {}",
+                      left, fmt_ranks(r.killed_ranks), o.min_nproc);
+        return 1;
+      }
+      spdlog::warn("elastic restart: rank(s) {} were killed; continuing with {} rank(s) (was {})",
+                   fmt_ranks(r.killed_ranks), left, nproc);
+      nproc = left;
     }
-    if (rc == 2) {
-      spdlog::error(
-          "not restarting: a rank failed on bad input (exit status 2), which a restart "
-          "would repeat; {}",
-          cause);
-      return rc;
-    }
-    if (attempt >= o.max_restarts) {
-      spdlog::error("giving up: {} in attempt {}, and all {} restart(s) are used", cause,
-                    attempt + 1, o.max_restarts);
-      return rc;
-    }
-    // Ctrl-C or SIGTERM while the failed attempt wound down: stop here.
-    for (int sig : signals.take()) {
-      if (sig == SIGCHLD || sig == SIGPIPE) continue;
-      spdlog::warn("received {}: not restarting", signal_name(sig));
-      return rc;
-    }
-    spdlog::warn("restart {} of {}: {}; starting all {} rank(s) again", attempt + 1, o.max_restarts,
-                 cause, o.nproc);
   }
 }
 
