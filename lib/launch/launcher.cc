@@ -804,20 +804,20 @@ int launch_local(const LaunchOptions& o, LaunchReport* report) {
       return d.rc;
     }
 
-    if (const std::optional<int> rc = local_decision(o, r, attempt, nproc, stop_rc, signals))
+    // Elastic: a rank killed from outside (an OOM kill, a lost device) gives up its slot.
+    const bool shrink = o.min_nproc > 0 && !r.killed_ranks.empty() && r.stop_signal == 0;
+    const int left = shrink ? nproc - static_cast<int>(r.killed_ranks.size()) : nproc;
+    if (shrink && left < o.min_nproc) {
+      spdlog::error("giving up: rank(s) {} were killed, {} left, below the minimum {}",
+                    fmt_ranks(r.killed_ranks), left, o.min_nproc);
+      return 1;
+    }
+    if (const std::optional<int> rc = local_decision(o, r, attempt, left, stop_rc, signals))
       return *rc;
-    if (o.min_nproc > 0 && !r.killed_ranks.empty()) {
-      // Elastic: a rank killed from outside (an OOM kill, a lost device) gives up its slot.
-      const int left = nproc - static_cast<int>(r.killed_ranks.size());
-      if (left < o.min_nproc) {
-        spdlog::error("giving up: {} rank(s) left after losing rank(s) {}, below the minimum {}",
-                      left, fmt_ranks(r.killed_ranks), o.min_nproc);
-        return 1;
-      }
+    if (shrink)
       spdlog::warn("elastic restart: rank(s) {} were killed; continuing with {} rank(s) (was {})",
                    fmt_ranks(r.killed_ranks), left, nproc);
-      nproc = left;
-    }
+    nproc = left;
   }
 }
 
