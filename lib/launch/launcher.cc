@@ -356,6 +356,13 @@ std::string fmt_ranks(const std::vector<int>& ranks) {
   return s;
 }
 
+// Exit codes of `dtrain run` stopped by a signal (128 + SIGINT, SIGTERM, SIGHUP, SIGUSR1) or for
+// a preemption (75, EX_TEMPFAIL: checkpointed, run again).
+bool is_stop_code(int code) {
+  return code == 75 || code == 128 + SIGINT || code == 128 + SIGTERM || code == 128 + SIGHUP ||
+         code == 128 + SIGUSR1;
+}
+
 int64_t wall_ms() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
              std::chrono::system_clock::now().time_since_epoch())
@@ -371,12 +378,8 @@ struct AttemptPlan {
   JobAgent* agent = nullptr;  // multi-node only
 };
 
-// Starts every rank with `argv` and supervises them until all have exited (launch_local's
-// contract, for one attempt).
-AttemptResult run_attempt(const LaunchOptions& o, const AttemptPlan& plan,
-                          const std::vector<std::string>& argv, int attempt, int port,
-                          const std::string& token, SignalGuard& signals) {
-  // Logs are appended, so a relaunch (e.g. with --resume auto) keeps the earlier attempts.
+// Opens (appending, so a relaunch keeps the earlier attempts) and heads this node's rank logs.
+std::vector<Fd> open_rank_logs(const LaunchOptions& o, const AttemptPlan& plan, int attempt) {
   std::vector<Fd> logs;
   for (int l = 0; l < plan.nproc; ++l) {
     const int r = plan.first_rank + l;
@@ -392,8 +395,14 @@ AttemptResult run_attempt(const LaunchOptions& o, const AttemptPlan& plan,
     if (!write_fully(fd.get(), sep.data(), sep.size())) throw sys_error("write '" + path + "'");
     logs.push_back(std::move(fd));
   }
+  return logs;
+}
 
-  // The ranks' environment: ours plus the torchrun contract (resolve_dist_env reads it).
+// The ranks' environment: ours plus the torchrun contract (resolve_dist_env reads it), less
+// RANK and LOCAL_RANK (per rank). Logs where the ranks go.
+std::map<std::string, std::string> rank_environment(const LaunchOptions& o, const AttemptPlan& plan,
+                                                    int attempt, int port,
+                                                    const std::string& token) {
   std::map<std::string, std::string> base = current_environment();
   base["WORLD_SIZE"] = std::to_string(plan.world);
   base["LOCAL_WORLD_SIZE"] = std::to_string(plan.nproc);
@@ -412,6 +421,16 @@ AttemptResult run_attempt(const LaunchOptions& o, const AttemptPlan& plan,
         "(rank {} also shown here)",
         o.node_rank, o.nnodes, plan.first_rank, plan.first_rank + plan.nproc - 1, plan.world,
         plan.master_addr, port, o.log_dir, plan.first_rank);
+  return base;
+}
+
+// Starts every rank with `argv` and supervises them until all have exited (launch_local's
+// contract, for one attempt).
+AttemptResult run_attempt(const LaunchOptions& o, const AttemptPlan& plan,
+                          const std::vector<std::string>& argv, int attempt, int port,
+                          const std::string& token, SignalGuard& signals) {
+  std::vector<Fd> logs = open_rank_logs(o, plan, attempt);
+  const std::map<std::string, std::string> base = rank_environment(o, plan, attempt, port, token);
   std::fflush(stdout);  // the tee writes rank 0's bytes straight to the descriptors
   std::fflush(stderr);
 
@@ -480,6 +499,30 @@ AttemptResult run_attempt(const LaunchOptions& o, const AttemptPlan& plan,
                                                             " (" + plan.agent->host_name() + ")"
                                                       : std::string();
 
+  // Reads the other nodes' news: a failure there stops the ranks here (SIGTERM), a signal
+  // there is forwarded here as the same signal.
+  auto poll_agent = [&] {
+    const RemoteNews news = plan.agent->poll(attempt);
+    next_poll = Clock::now() + kPollEvery;
+    std::vector<std::string> failures = news.failures;
+    if (!news.lost.empty()) {
+      next_poll.reset();  // once is enough
+      failures.push_back("lost node 0's launcher: " + news.lost);
+    }
+    for (const std::string& f : failures) {
+      spdlog::error("{}", f);
+      if (res.remote_failure.empty()) res.remote_failure = f;
+    }
+    if (!failures.empty() && !shutting_down && !term_at) term_at = Clock::now();
+    if (news.stop_signal != 0 && !shutting_down) {
+      spdlog::warn("another node's launcher received {}: forwarding it to the ranks",
+                   signal_name(news.stop_signal));
+      res.stop_signal = news.stop_signal;
+      terminate_all(news.stop_signal, std::chrono::duration_cast<Clock::duration>(
+                                          std::chrono::duration<double>(o.interrupt_grace_s)));
+    }
+  };
+
   while (kids.any_running()) {
     int timeout_ms = 1000;  // a safety net only: SIGCHLD wakes the loop through the self-pipe
     for (const auto& t : {kill_sent ? std::nullopt : kill_at, give_up_at,
@@ -511,27 +554,7 @@ AttemptResult run_attempt(const LaunchOptions& o, const AttemptPlan& plan,
 
     for (Tee& t : tees) t.pump(16);
 
-    if (next_poll && Clock::now() >= *next_poll) {
-      const RemoteNews news = plan.agent->poll(attempt);
-      next_poll = Clock::now() + kPollEvery;
-      std::vector<std::string> failures = news.failures;
-      if (!news.lost.empty()) {
-        next_poll.reset();  // once is enough
-        failures.push_back("lost node 0's launcher: " + news.lost);
-      }
-      for (const std::string& f : failures) {
-        spdlog::error("{}", f);
-        if (res.remote_failure.empty()) res.remote_failure = f;
-      }
-      if (!failures.empty() && !shutting_down && !term_at) term_at = Clock::now();
-      if (news.stop_signal != 0 && !shutting_down) {
-        spdlog::warn("another node's launcher received {}: forwarding it to the ranks",
-                     signal_name(news.stop_signal));
-        res.stop_signal = news.stop_signal;
-        terminate_all(news.stop_signal, std::chrono::duration_cast<Clock::duration>(
-                                            std::chrono::duration<double>(o.interrupt_grace_s)));
-      }
-    }
+    if (next_poll && Clock::now() >= *next_poll) poll_agent();
 
     for (Child& c : kids.all()) {
       if (!c.running) continue;
@@ -550,6 +573,10 @@ AttemptResult run_attempt(const LaunchOptions& o, const AttemptPlan& plan,
       res.common_exit = res.common_exit == -1 || res.common_exit == code ? code : -2;
       const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
       if (WIFEXITED(status) && WEXITSTATUS(status) == 2) res.any_user_error = true;
+      // A rank that exits with an interrupt's code although no signal came here was stopped
+      // by its peers' agreement, for a signal another node's launcher received (and reported
+      // before forwarding it): read that news now, so this is a stop, not a failure.
+      if (!shutting_down && next_poll && is_stop_code(code)) poll_agent();
       if (shutting_down) {
         spdlog::info("rank {} stopped: {}", c.rank, describe_wait_status(status));
       } else if (ok) {

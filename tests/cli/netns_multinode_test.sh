@@ -5,7 +5,10 @@
 #   2. a rank killed on node 1 (DTRAIN_FAULT) makes node 0's launcher exit non-zero within
 #      heartbeat_s + a few seconds (not the 60 s collective deadline), naming rank 3 and node 1;
 #   3. with --max-restarts 1 the job recovers from its checkpoint on both nodes together (node
-#      0 counts the restart) and ends bitwise equal to the uninterrupted run.
+#      0 counts the restart) and ends bitwise equal to the uninterrupted run;
+#   4. SIGTERM to node 0's launcher alone stops the ranks of both nodes (node 1's launcher
+#      forwards it too), both launchers exit with the ranks' code, and `--resume auto` on both
+#      nodes ends bitwise equal to the uninterrupted run.
 # The output folder is shared by the two nodes (one file system, as a PVC or NFS would be).
 # Needs root and iproute2; exits 77 (CTest: skipped) with the reason where namespaces cannot be
 # made. Usage: netns_multinode_test.sh DTRAIN_BIN CONFIG
@@ -69,6 +72,7 @@ sets=(--set train.checkpoint.every_steps=10 --set distributed.rendezvous_timeout
   --set distributed.heartbeat_s=5 --set distributed.timeout_s=60 --log-level info)
 # Runs one job: launcher 0 in ns0, launcher 1 in ns1, in the background; waits for both.
 # Usage: job NAME PORT [extra launch args...]; sets rc0, rc1, secs0 (launcher 0's run time).
+# With WHILE_RUNNING set, runs that command (with $p0 and $p1 set) before waiting.
 job() {
   local name=$1 port=$2
   shift 2
@@ -77,12 +81,13 @@ job() {
   local start=$(date +%s%N)
   ip netns exec "$ns0" env DTRAIN_JOB_TOKEN="mn-$tag" ${FAULT:+DTRAIN_FAULT=$FAULT} \
     "$bin" launch "$config" --node-rank 0 --set distributed.bind="$addr0" "${common[@]}" \
-    >"$out/$name-node0.log" 2>&1 &
+    >"$out/$name-$port-node0.log" 2>&1 &
   local p0=$!
   ip netns exec "$ns1" env DTRAIN_JOB_TOKEN="mn-$tag" ${FAULT:+DTRAIN_FAULT=$FAULT} \
     "$bin" launch "$config" --node-rank 1 --set distributed.bind="$addr1" "${common[@]}" \
-    >"$out/$name-node1.log" 2>&1 &
+    >"$out/$name-$port-node1.log" 2>&1 &
   local p1=$!
+  [ -n "${WHILE_RUNNING:-}" ] && eval "$WHILE_RUNNING"
   wait $p0
   rc0=$?
   secs0=$((($(date +%s%N) - start) / 1000000000))
@@ -108,17 +113,32 @@ echo "PASS 1: 2 nodes x 2 ranks trained together, $final bitwise equal to in-pro
 FAULT='kill:rank=3:step=25,delay:rank=0:ms=100' job killed 29510
 [ $rc0 -ne 0 ] || fail "killed: node 0's launcher exited 0"
 [ $rc1 -ne 0 ] || fail "killed: node 1's launcher exited 0"
-grep -q 'rank 3 on node 1 .* failed: killed by signal SIGKILL' "$out/killed-node0.log" ||
+grep -q 'rank 3 on node 1 .* failed: killed by signal SIGKILL' "$out/killed-29510-node0.log" ||
   fail "killed: node 0's launcher does not name rank 3 on node 1"
 # Start-up and 25 steps take about 4 s; heartbeat_s is 5.
 [ "$secs0" -lt 20 ] || fail "killed: node 0's launcher took $secs0 s"
-echo "PASS 2: node 0's launcher exited $rc0 after $secs0 s naming: $(grep -o 'rank 3 on node 1[^;]*SIGKILL' "$out/killed-node0.log" | head -n1)"
+echo "PASS 2: node 0's launcher exited $rc0 after $secs0 s naming: $(grep -o 'rank 3 on node 1[^;]*SIGKILL' "$out/killed-29510-node0.log" | head -n1)"
 
 # 3. The same kill with a restart: both nodes restart together and finish equal.
 FAULT='kill:rank=3:step=25' job restarted 29520 --max-restarts 1
 [ $rc0 -eq 0 ] && [ $rc1 -eq 0 ] || fail "restarted: launcher exits $rc0 and $rc1"
-grep -q "restart 1 of 1 (node 0's count)" "$out/restarted-node0.log" || fail "restarted: node 0 did not restart"
-grep -q "restart 1 of 1 (node 0's count)" "$out/restarted-node1.log" || fail "restarted: node 1 did not restart"
+grep -q "restart 1 of 1 (node 0's count)" "$out/restarted-29520-node0.log" || fail "restarted: node 0 did not restart"
+grep -q "restart 1 of 1 (node 0's count)" "$out/restarted-29520-node1.log" || fail "restarted: node 1 did not restart"
 same_tensors "$out/restarted/checkpoints/$final" "$out/inproc/checkpoints/$final" ||
   fail "restarted: parameters differ from the uninterrupted run"
 echo "PASS 3: restarted once on both nodes, $final bitwise equal to the uninterrupted run"
+
+# 4. SIGTERM to node 0's launcher once training is under way (0.1 s per step).
+metrics=$out/stopped/metrics.jsonl
+FAULT='delay:rank=0:ms=100' WHILE_RUNNING='for i in $(seq 300); do [ -s "$metrics" ] && break; sleep 0.1; done; kill -TERM $p0' \
+  job stopped 29530
+[ $rc0 -ne 0 ] && [ $rc0 -eq $rc1 ] || fail "stopped: launcher exits $rc0 and $rc1 (want the ranks' code on both)"
+grep -q "another node's launcher received SIGTERM: forwarding it to the ranks" "$out/stopped-29530-node1.log" ||
+  fail "stopped: node 1 did not hear of node 0's signal"
+[ -e "$out/stopped/checkpoints/latest" ] || fail "stopped: no checkpoint"
+stop_rc=$rc0
+FAULT='' job stopped 29540 --resume auto
+[ $rc0 -eq 0 ] && [ $rc1 -eq 0 ] || fail "resumed: launcher exits $rc0 and $rc1"
+same_tensors "$out/stopped/checkpoints/$final" "$out/inproc/checkpoints/$final" ||
+  fail "resumed: parameters differ from the uninterrupted run"
+echo "PASS 4: SIGTERM to node 0's launcher stopped both nodes (each exited $stop_rc, the ranks' code); resumed, $final bitwise equal"
