@@ -424,211 +424,247 @@ std::map<std::string, std::string> rank_environment(const LaunchOptions& o, cons
   return base;
 }
 
-// Starts every rank with `argv` and supervises them until all have exited (launch_local's
-// contract, for one attempt).
-AttemptResult run_attempt(const LaunchOptions& o, const AttemptPlan& plan,
-                          const std::vector<std::string>& argv, int attempt, int port,
-                          const std::string& token, SignalGuard& signals) {
-  std::vector<Fd> logs = open_rank_logs(o, plan, attempt);
-  const std::map<std::string, std::string> base = rank_environment(o, plan, attempt, port, token);
-  std::fflush(stdout);  // the tee writes rank 0's bytes straight to the descriptors
-  std::fflush(stderr);
-
-  // Rank 0's two pipes, read here; the write ends are only in rank 0 (CLOEXEC elsewhere).
-  Tee tees[2];
-  Fd tee_w[2];
-  for (int i = 0; i < 2; ++i) {
-    int p[2];
-    if (::pipe2(p, O_CLOEXEC) != 0) throw sys_error("pipe2");
-    tees[i].src = Fd(p[0]);
-    tee_w[i] = Fd(p[1]);
-    if (::fcntl(p[0], F_SETFL, O_NONBLOCK) != 0) throw sys_error("fcntl");
-    tees[i].log_fd = logs[0].get();
-    tees[i].console = i == 0 ? STDOUT_FILENO : STDERR_FILENO;
-    tees[i].console_ok = o.echo_rank0;
-  }
-
-  // Declared after the pipes so that on an exception the ranks are killed and reaped first.
-  ChildSet kids;
-  for (int l = 0; l < plan.nproc; ++l) {
-    const int r = plan.first_rank + l;
-    std::map<std::string, std::string> env = base;
-    env["RANK"] = std::to_string(r);
-    env["LOCAL_RANK"] = std::to_string(l);
-    std::vector<std::string> env_s;
-    for (const auto& [k, v] : env) env_s.push_back(k + "=" + v);
-    const int out_fd = l == 0 ? tee_w[0].get() : logs[static_cast<size_t>(l)].get();
-    const int err_fd = l == 0 ? tee_w[1].get() : logs[static_cast<size_t>(l)].get();
-    pid_t pid = -1;
-    if (const int rc = spawn_rank(argv, env_s, out_fd, err_fd, &pid); rc != 0)
-      throw std::runtime_error("cannot start rank " + std::to_string(r) + " ('" + argv[0] +
-                               "'): " + strerror(rc));
-    kids.add(r, pid);
-    if (l == 0) {
-      tee_w[0].reset();  // so the tee sees EOF when rank 0 is gone
-      tee_w[1].reset();
-    } else {
-      logs[static_cast<size_t>(l)].reset();
+// One attempt (one start of this node's ranks), supervised until every rank has exited
+// (launch_local's contract, for one attempt).
+class Attempt {
+ public:
+  Attempt(const LaunchOptions& o, const AttemptPlan& plan, int attempt, SignalGuard& signals)
+      : o_(o), plan_(plan), attempt_(attempt), signals_(signals) {
+    if (plan.agent != nullptr) {
+      next_poll_ = Clock::now() + kPollEvery;
+      node_text_ = " on node " + std::to_string(o.node_rank) + " (" + plan.agent->host_name() + ")";
     }
   }
 
-  AttemptResult res;
-  bool shutting_down = false, kill_sent = false;
-  std::optional<Clock::time_point> term_at;  // when the ranks still running get SIGTERM
-  std::optional<Clock::time_point> kill_at, give_up_at;
-  const auto grace =
-      std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(o.grace_s));
-  auto terminate_all = [&](int sig, Clock::duration wait) {
-    shutting_down = true;
-    kids.signal_running(sig);
-    kill_at = Clock::now() + wait;
-  };
-  auto kill_all = [&] {
-    if (kill_sent) return;
-    kill_sent = true;
-    kids.signal_running(SIGKILL);
-    give_up_at = Clock::now() + kAfterKill;
-  };
+  // Opens the logs and starts every rank with `argv`.
+  void start(const std::vector<std::string>& argv, int port, const std::string& token) {
+    std::vector<Fd> logs = open_rank_logs(o_, plan_, attempt_);
+    const std::map<std::string, std::string> base =
+        rank_environment(o_, plan_, attempt_, port, token);
+    std::fflush(stdout);  // the tee writes rank 0's bytes straight to the descriptors
+    std::fflush(stderr);
 
+    // Rank 0's two pipes, read here; the write ends are only in rank 0 (CLOEXEC elsewhere).
+    log0_ = std::move(logs[0]);
+    Fd tee_w[2];
+    for (int i = 0; i < 2; ++i) {
+      int p[2];
+      if (::pipe2(p, O_CLOEXEC) != 0) throw sys_error("pipe2");
+      tees_[i].src = Fd(p[0]);
+      tee_w[i] = Fd(p[1]);
+      if (::fcntl(p[0], F_SETFL, O_NONBLOCK) != 0) throw sys_error("fcntl");
+      tees_[i].log_fd = log0_.get();
+      tees_[i].console = i == 0 ? STDOUT_FILENO : STDERR_FILENO;
+      tees_[i].console_ok = o_.echo_rank0;
+    }
+    for (int l = 0; l < plan_.nproc; ++l) {
+      const int r = plan_.first_rank + l;
+      std::map<std::string, std::string> env = base;
+      env["RANK"] = std::to_string(r);
+      env["LOCAL_RANK"] = std::to_string(l);
+      std::vector<std::string> env_s;
+      for (const auto& [k, v] : env) env_s.push_back(k + "=" + v);
+      const int out_fd = l == 0 ? tee_w[0].get() : logs[static_cast<size_t>(l)].get();
+      const int err_fd = l == 0 ? tee_w[1].get() : logs[static_cast<size_t>(l)].get();
+      pid_t pid = -1;
+      if (const int rc = spawn_rank(argv, env_s, out_fd, err_fd, &pid); rc != 0)
+        throw std::runtime_error("cannot start rank " + std::to_string(r) + " ('" + argv[0] +
+                                 "'): " + strerror(rc));
+      kids_.add(r, pid);
+      if (l == 0) {
+        tee_w[0].reset();  // so the tee sees EOF when rank 0 is gone
+        tee_w[1].reset();
+      } else {
+        logs[static_cast<size_t>(l)].reset();
+      }
+    }
+  }
+
+  AttemptResult supervise() {
+    while (kids_.any_running()) {
+      wait_for_events();
+      take_signals();
+      for (Tee& t : tees_) t.pump(16);
+      if (next_poll_ && Clock::now() >= *next_poll_) poll_agent();
+      for (Child& c : kids_.all())
+        if (c.running) reap(c);
+      check_timers();
+    }
+    // Whatever rank 0 wrote before exiting is still in the pipes.
+    for (Tee& t : tees_) t.pump(4096);
+    return res_;
+  }
+
+ private:
   // Multi-node: how often the other nodes' news is read (a failure there stops the ranks here
   // within this much of its report, well before the ranks' heartbeats would notice).
-  constexpr auto kPollEvery = std::chrono::milliseconds(500);
-  std::optional<Clock::time_point> next_poll;
-  if (plan.agent != nullptr) next_poll = Clock::now() + kPollEvery;
-  const std::string node_text = plan.agent != nullptr ? " on node " + std::to_string(o.node_rank) +
-                                                            " (" + plan.agent->host_name() + ")"
-                                                      : std::string();
+  static constexpr auto kPollEvery = std::chrono::milliseconds(500);
 
-  // Reads the other nodes' news: a failure there stops the ranks here (SIGTERM), a signal
-  // there is forwarded here as the same signal.
-  auto poll_agent = [&] {
-    const RemoteNews news = plan.agent->poll(attempt);
-    next_poll = Clock::now() + kPollEvery;
-    std::vector<std::string> failures = news.failures;
-    if (!news.lost.empty()) {
-      next_poll.reset();  // once is enough
-      failures.push_back("lost node 0's launcher: " + news.lost);
-    }
-    for (const std::string& f : failures) {
-      spdlog::error("{}", f);
-      if (res.remote_failure.empty()) res.remote_failure = f;
-    }
-    if (!failures.empty() && !shutting_down && !term_at) term_at = Clock::now();
-    if (news.stop_signal != 0 && !shutting_down) {
-      spdlog::warn("another node's launcher received {}: forwarding it to the ranks",
-                   signal_name(news.stop_signal));
-      res.stop_signal = news.stop_signal;
-      terminate_all(news.stop_signal, std::chrono::duration_cast<Clock::duration>(
-                                          std::chrono::duration<double>(o.interrupt_grace_s)));
-    }
-  };
+  static Clock::duration seconds(double s) {
+    return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
+  }
 
-  while (kids.any_running()) {
-    int timeout_ms = 1000;  // a safety net only: SIGCHLD wakes the loop through the self-pipe
-    for (const auto& t : {kill_sent ? std::nullopt : kill_at, give_up_at,
-                          shutting_down ? std::nullopt : term_at, next_poll}) {
+  void terminate_all(int sig, Clock::duration wait) {
+    shutting_down_ = true;
+    kids_.signal_running(sig);
+    kill_at_ = Clock::now() + wait;
+  }
+
+  void kill_all() {
+    if (kill_sent_) return;
+    kill_sent_ = true;
+    kids_.signal_running(SIGKILL);
+    give_up_at_ = Clock::now() + kAfterKill;
+  }
+
+  // Until a signal, rank 0's output, or the next timer; SIGCHLD wakes it through the self-pipe.
+  void wait_for_events() {
+    int timeout_ms = 1000;  // a safety net only
+    for (const auto& t : {kill_sent_ ? std::nullopt : kill_at_, give_up_at_,
+                          shutting_down_ ? std::nullopt : term_at_, next_poll_}) {
       if (!t) continue;
       const auto left = std::chrono::ceil<std::chrono::milliseconds>(*t - Clock::now()).count();
       timeout_ms = static_cast<int>(std::clamp<int64_t>(left, 0, timeout_ms));
     }
     pollfd fds[3];
     nfds_t n = 0;
-    fds[n++] = {signals.fd(), POLLIN, 0};
-    for (Tee& t : tees)
+    fds[n++] = {signals_.fd(), POLLIN, 0};
+    for (Tee& t : tees_)
       if (t.src.open()) fds[n++] = {t.src.get(), POLLIN, 0};
     if (::poll(fds, n, timeout_ms) < 0 && errno != EINTR) throw sys_error("poll");
+  }
 
-    for (int sig : signals.take()) {
+  void take_signals() {
+    for (int sig : signals_.take()) {
       if (sig == SIGCHLD || sig == SIGPIPE) continue;
-      if (!shutting_down) {
+      if (!shutting_down_) {
         spdlog::warn("received {}: forwarding it to the ranks", signal_name(sig));
-        if (plan.agent != nullptr) plan.agent->report_stop(attempt, sig);
-        res.stop_signal = sig;
-        terminate_all(sig, std::chrono::duration_cast<Clock::duration>(
-                               std::chrono::duration<double>(o.interrupt_grace_s)));
-      } else if (!kill_sent) {
+        if (plan_.agent != nullptr) plan_.agent->report_stop(attempt_, sig);
+        res_.stop_signal = sig;
+        terminate_all(sig, seconds(o_.interrupt_grace_s));
+      } else if (!kill_sent_) {
         spdlog::warn("received {} while stopping: killing the ranks now", signal_name(sig));
         kill_all();
       }
     }
+  }
 
-    for (Tee& t : tees) t.pump(16);
-
-    if (next_poll && Clock::now() >= *next_poll) poll_agent();
-
-    for (Child& c : kids.all()) {
-      if (!c.running) continue;
-      siginfo_t info{};
-      // WNOWAIT: the exited rank stays a zombie, so its pid (= its group id) cannot be reused
-      // while what is left of its group is killed.
-      if (::waitid(P_PID, static_cast<id_t>(c.pid), &info, WEXITED | WNOHANG | WNOWAIT) != 0 ||
-          info.si_pid == 0)
-        continue;
-      ::kill(-c.pid, SIGKILL);
-      int status = 0;
-      while (::waitpid(c.pid, &status, 0) < 0 && errno == EINTR) {
-      }
-      c.running = false;
-      const int code = WIFEXITED(status) ? WEXITSTATUS(status) : -2;
-      res.common_exit = res.common_exit == -1 || res.common_exit == code ? code : -2;
-      const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-      if (WIFEXITED(status) && WEXITSTATUS(status) == 2) res.any_user_error = true;
-      // A rank that exits with an interrupt's code although no signal came here was stopped
-      // by its peers' agreement, for a signal another node's launcher received (and reported
-      // before forwarding it): read that news now, so this is a stop, not a failure.
-      if (!shutting_down && next_poll && is_stop_code(code)) poll_agent();
-      if (shutting_down) {
-        spdlog::info("rank {} stopped: {}", c.rank, describe_wait_status(status));
-      } else if (ok) {
-        spdlog::info("rank {} finished", c.rank);
-      } else {
-        spdlog::error("rank {} failed: {}", c.rank, describe_wait_status(status));
-        if (!res.failed) {
-          res.first_failed_rank = c.rank;
-          res.first_failed_status = status;
-          res.first_failed_ms = wall_ms();
-          if (plan.agent != nullptr)
-            plan.agent->report_failure(attempt, "rank " + std::to_string(c.rank) + node_text +
-                                                    " failed: " + describe_wait_status(status));
-        }
-        res.failed = true;
-        res.failed_ranks.push_back(c.rank);
-        if (WIFSIGNALED(status)) res.killed_ranks.push_back(c.rank);
-        // Rank 0's output is already on the console; show the end of any other rank's log.
-        if (c.rank != plan.first_rank)
-          print_log_tail(o.log_dir + "/rank-" + std::to_string(c.rank) + ".log", c.rank);
-
-        // Ranks that fail for their own reason usually do so within moments of each other
-        // (bad data on every rank, or a peer noticing the first one's exit): give them a short
-        // settling window to exit and be reported with their real status before stopping the
-        // rest.
-        if (!term_at) term_at = Clock::now() + std::chrono::milliseconds(1000);
-      }
+  // Reads the other nodes' news: a failure there stops the ranks here (SIGTERM), a signal
+  // there is forwarded here as the same signal.
+  void poll_agent() {
+    const RemoteNews news = plan_.agent->poll(attempt_);
+    next_poll_ = Clock::now() + kPollEvery;
+    std::vector<std::string> failures = news.failures;
+    if (!news.lost.empty()) {
+      next_poll_.reset();  // once is enough
+      failures.push_back("lost node 0's launcher: " + news.lost);
     }
-    if (term_at && !shutting_down && kids.any_running() && Clock::now() >= *term_at) {
-      spdlog::warn("stopping rank(s) {}: SIGTERM, then SIGKILL after {} s", kids.running_ranks(),
-                   o.grace_s);
-      terminate_all(SIGTERM, grace);
+    for (const std::string& f : failures) {
+      spdlog::error("{}", f);
+      if (res_.remote_failure.empty()) res_.remote_failure = f;
     }
-
-    const auto now = Clock::now();
-    if (kids.any_running() && kill_at && !kill_sent && now >= *kill_at) {
-      spdlog::warn("rank(s) {} still running {} s after {}: sending SIGKILL", kids.running_ranks(),
-                   res.stop_signal != 0 ? o.interrupt_grace_s : o.grace_s,
-                   signal_name(res.stop_signal != 0 ? res.stop_signal : SIGTERM));
-      kill_all();
-    }
-    if (kids.any_running() && give_up_at && now >= *give_up_at) {
-      spdlog::error("rank(s) {} did not exit after SIGKILL; leaving them behind",
-                    kids.running_ranks());
-      kids.abandon();
-      res.abandoned = true;
+    if (!failures.empty() && !shutting_down_ && !term_at_) term_at_ = Clock::now();
+    if (news.stop_signal != 0 && !shutting_down_) {
+      spdlog::warn("another node's launcher received {}: forwarding it to the ranks",
+                   signal_name(news.stop_signal));
+      res_.stop_signal = news.stop_signal;
+      terminate_all(news.stop_signal, seconds(o_.interrupt_grace_s));
     }
   }
 
-  // Whatever rank 0 wrote before exiting is still in the pipes.
-  for (Tee& t : tees) t.pump(4096);
-  return res;
+  // Collects rank c if it exited, and judges how.
+  void reap(Child& c) {
+    siginfo_t info{};
+    // WNOWAIT: the exited rank stays a zombie, so its pid (= its group id) cannot be reused
+    // while what is left of its group is killed.
+    if (::waitid(P_PID, static_cast<id_t>(c.pid), &info, WEXITED | WNOHANG | WNOWAIT) != 0 ||
+        info.si_pid == 0)
+      return;
+    ::kill(-c.pid, SIGKILL);
+    int status = 0;
+    while (::waitpid(c.pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    c.running = false;
+    const int code = WIFEXITED(status) ? WEXITSTATUS(status) : -2;
+    res_.common_exit = res_.common_exit == -1 || res_.common_exit == code ? code : -2;
+    if (code == 2) res_.any_user_error = true;
+    // A rank that exits with an interrupt's code although no signal came here was stopped by
+    // its peers' agreement, for a signal another node's launcher received (and reported before
+    // forwarding it): read that news now, so this is a stop, not a failure.
+    if (!shutting_down_ && next_poll_ && is_stop_code(code)) poll_agent();
+    if (shutting_down_) {
+      spdlog::info("rank {} stopped: {}", c.rank, describe_wait_status(status));
+    } else if (code == 0) {
+      spdlog::info("rank {} finished", c.rank);
+    } else {
+      on_failure(c.rank, status);
+    }
+  }
+
+  void on_failure(int rank, int status) {
+    spdlog::error("rank {} failed: {}", rank, describe_wait_status(status));
+    if (!res_.failed) {
+      res_.first_failed_rank = rank;
+      res_.first_failed_status = status;
+      res_.first_failed_ms = wall_ms();
+      if (plan_.agent != nullptr)
+        plan_.agent->report_failure(attempt_, "rank " + std::to_string(rank) + node_text_ +
+                                                  " failed: " + describe_wait_status(status));
+    }
+    res_.failed = true;
+    res_.failed_ranks.push_back(rank);
+    if (WIFSIGNALED(status)) res_.killed_ranks.push_back(rank);
+    // Rank 0's output is already on the console; show the end of any other rank's log.
+    if (rank != plan_.first_rank)
+      print_log_tail(o_.log_dir + "/rank-" + std::to_string(rank) + ".log", rank);
+    // Ranks that fail for their own reason usually do so within moments of each other (bad
+    // data on every rank, or a peer noticing the first one's exit): give them a short settling
+    // window to exit and be reported with their real status before stopping the rest.
+    if (!term_at_) term_at_ = Clock::now() + std::chrono::milliseconds(1000);
+  }
+
+  void check_timers() {
+    if (term_at_ && !shutting_down_ && kids_.any_running() && Clock::now() >= *term_at_) {
+      spdlog::warn("stopping rank(s) {}: SIGTERM, then SIGKILL after {} s", kids_.running_ranks(),
+                   o_.grace_s);
+      terminate_all(SIGTERM, seconds(o_.grace_s));
+    }
+    const auto now = Clock::now();
+    if (kids_.any_running() && kill_at_ && !kill_sent_ && now >= *kill_at_) {
+      spdlog::warn("rank(s) {} still running {} s after {}: sending SIGKILL", kids_.running_ranks(),
+                   res_.stop_signal != 0 ? o_.interrupt_grace_s : o_.grace_s,
+                   signal_name(res_.stop_signal != 0 ? res_.stop_signal : SIGTERM));
+      kill_all();
+    }
+    if (kids_.any_running() && give_up_at_ && now >= *give_up_at_) {
+      spdlog::error("rank(s) {} did not exit after SIGKILL; leaving them behind",
+                    kids_.running_ranks());
+      kids_.abandon();
+      res_.abandoned = true;
+    }
+  }
+
+  const LaunchOptions& o_;
+  const AttemptPlan& plan_;
+  const int attempt_;
+  SignalGuard& signals_;
+  std::string node_text_;  // " on node R (host)" with several nodes
+  Fd log0_;                // the first rank's log, written by the tees
+  Tee tees_[2];
+  // Declared after the pipes so that on an exception the ranks are killed and reaped first.
+  ChildSet kids_;
+  AttemptResult res_;
+  bool shutting_down_ = false, kill_sent_ = false;
+  std::optional<Clock::time_point> term_at_;  // when the ranks still running get SIGTERM
+  std::optional<Clock::time_point> kill_at_, give_up_at_, next_poll_;
+};
+
+AttemptResult run_attempt(const LaunchOptions& o, const AttemptPlan& plan,
+                          const std::vector<std::string>& argv, int attempt, int port,
+                          const std::string& token, SignalGuard& signals) {
+  Attempt a(o, plan, attempt, signals);
+  a.start(argv, port, token);
+  return a.supervise();
 }
 
 }  // namespace
