@@ -22,7 +22,9 @@ struct LaunchOptions {
   // {"/abs/path/dtrain", "run", "cfg.yaml", "--set", "a=b", "--out", "runs/x"}.
   std::vector<std::string> child_argv;
   std::string log_dir;  // created if missing; rank r's output goes to log_dir/rank-<r>.log
-  std::string token;    // DTRAIN_JOB_TOKEN for the ranks; "": a fresh random_token()
+  // DTRAIN_JOB_TOKEN for the ranks; "": a fresh random_token() (one node only: several nodes
+  // need the same token on every node, so it must be given)
+  std::string token;
   double grace_s = 10;  // after SIGTERM to stop the rest of a failed job: time before SIGKILL
   // After a SIGINT/SIGTERM received here is forwarded, how long the ranks get to finish their step
   // and write their checkpoint (dtrain run's safe interrupt) before SIGKILL; a second signal

@@ -78,7 +78,8 @@ job() {
   shift 2
   local common=(--nnodes 2 --nproc-per-node 2 --master-addr "$addr0" --master-port "$port"
     --out "$out/$name" "${sets[@]}" "$@")
-  local start=$(date +%s%N)
+  local start
+  start=$(date +%s%N)
   ip netns exec "$ns0" env DTRAIN_JOB_TOKEN="mn-$tag" ${FAULT:+DTRAIN_FAULT=$FAULT} \
     "$bin" launch "$config" --node-rank 0 --set distributed.bind="$addr0" "${common[@]}" \
     >"$out/$name-$port-node0.log" 2>&1 &
@@ -129,6 +130,7 @@ same_tensors "$out/restarted/checkpoints/$final" "$out/inproc/checkpoints/$final
 echo "PASS 3: restarted once on both nodes, $final bitwise equal to the uninterrupted run"
 
 # 4. SIGTERM to node 0's launcher once training is under way (0.1 s per step).
+# shellcheck disable=SC2034  # read by WHILE_RUNNING, eval-ed in job
 metrics=$out/stopped/metrics.jsonl
 FAULT='delay:rank=0:ms=100' WHILE_RUNNING='for i in $(seq 300); do [ -s "$metrics" ] && break; sleep 0.1; done; kill -TERM $p0' \
   job stopped 29530
