@@ -19,6 +19,7 @@
 #include "data/dataset.h"
 #include "dtrain/bench.h"
 #include "dtrain/generate.h"
+#include "dtrain/launch_cmd.h"
 #include "launch/dist_env.h"
 #include "launch/launcher.h"
 #include "nn/loss.h"
@@ -320,10 +321,28 @@ int cli_main(int argc, char** argv) {
                   "rank 0's rendezvous port (overrides MASTER_PORT)");
 
   CLI::App* launch = app.add_subcommand(
-      "launch", "start N local ranks of `dtrain run` over gRPC (torchrun's environment)");
-  int nproc = 2, launch_port = 0;
-  launch->add_option("--nproc", nproc, "ranks to start")->capture_default_str();
-  launch->add_option("--master-port", launch_port, "rendezvous port (default: a free one)");
+      "launch", "start the ranks of `dtrain run` over gRPC on this node (torchrun's environment)");
+  LaunchCmd lcmd;
+  launch
+      ->add_option("--nproc", lcmd.nproc,
+                   "ranks to start on this machine, or MIN:MAX (elastic: a restart continues "
+                   "with the ranks left, at least MIN)")
+      ->capture_default_str();
+  launch->add_option("--nnodes", lcmd.nodes.nnodes,
+                     "nodes in the job, one `dtrain launch` each (overrides PET_NNODES)");
+  launch->add_option("--node-rank", lcmd.nodes.node_rank,
+                     "this node's index (overrides PET_NODE_RANK, JOB_COMPLETION_INDEX)");
+  launch->add_option("--nproc-per-node", lcmd.nodes.nproc_per_node,
+                     "ranks per node (overrides PET_NPROC_PER_NODE)");
+  launch->add_option("--master-addr", lcmd.nodes.master_addr,
+                     "node 0's host as every node reaches it (overrides PET_MASTER_ADDR, "
+                     "MASTER_ADDR)");
+  launch->add_option("--master-port", lcmd.nodes.master_port,
+                     "rank 0's rendezvous port; the launchers use the next one (default on one "
+                     "node: a free one)");
+  launch->add_option("--token-file", lcmd.token_file,
+                     "file holding the job token (DTRAIN_JOB_TOKEN takes precedence); required "
+                     "with several nodes");
   add_config(launch);
   launch->add_option("--out", out, "output folder (default runs/<config file stem>)");
   launch->add_option("--resume", resume, "passed to every rank's `dtrain run --resume`");
@@ -593,62 +612,24 @@ int cli_main(int argc, char** argv) {
     if (run->parsed())
       return cmd_run(cfg, config_path, out, resume, overwrite, trace, no_progress, no_eval, flags);
     if (launch->parsed()) {
-      if (nproc < 1 || nproc > 1024) throw UserError("--nproc must be in [1, 1024]");
-      LaunchOptions lo;
-      lo.nproc = nproc;
-      lo.master_port = launch_port;
+      lcmd.nproc_given = launch->count("--nproc") > 0;
       const std::string out_dir = out.empty() ? default_out_dir(config_path) : out;
       check_resume_target(resume, out_dir);  // once here, not as a rank log
-      // Checked (or cleared) once here, before any rank starts or the logs open.
-      prepare_out_dir(out_dir, !resume.empty(), overwrite, /*clear_logs=*/true);
-      lo.log_dir = (fs::path(out_dir) / "logs").string();
-      lo.child_argv = {self_exe(argv[0]), "run",           config_path,   "--out",
+      lcmd.out_dir = out_dir;
+      lcmd.resume = resume;
+      lcmd.overwrite = overwrite;
+      lcmd.max_restarts = max_restarts;
+      lcmd.run_argv = {self_exe(argv[0]), "run",           config_path,   "--out",
                        out_dir,           "--no-progress", "--log-level", log_level};
       for (const auto& s : sets) {
-        lo.child_argv.push_back("--set");
-        lo.child_argv.push_back(s);
+        lcmd.run_argv.push_back("--set");
+        lcmd.run_argv.push_back(s);
       }
       if (!trace.empty()) {
-        lo.child_argv.push_back("--trace");
-        lo.child_argv.push_back(fs::absolute(trace).string());
+        lcmd.run_argv.push_back("--trace");
+        lcmd.run_argv.push_back(fs::absolute(trace).string());
       }
-      lo.max_restarts = max_restarts;
-      // A restart continues from the newest complete checkpoint this job's attempts wrote
-      // (`--resume auto`), or, when they wrote none yet, starts as the first attempt did: a
-      // checkpoint an earlier job left in the output folder is not this job's progress.
-      // `latest` is replaced by a rename at every checkpoint, so its mtime tells.
-      const fs::path latest = fs::path(out_dir) / "checkpoints" / "latest";
-      const auto latest_mtime = [latest]() -> std::optional<fs::file_time_type> {
-        std::error_code ec;
-        const auto t = fs::last_write_time(latest, ec);
-        return ec ? std::nullopt : std::optional<fs::file_time_type>(t);
-      };
-      const auto at_launch = latest_mtime();
-      const std::vector<std::string> run_argv = lo.child_argv;
-      lo.restart_argv = [run_argv, resume, latest_mtime, at_launch, out_dir](int) {
-        std::vector<std::string> argv = run_argv;
-        const auto now = latest_mtime();
-        const bool saved = now && now != at_launch;
-        if (saved || !resume.empty()) {
-          argv.push_back("--resume");
-          argv.push_back(saved ? "auto" : resume);
-        } else {
-          // A fresh start again: the failed attempt's metrics and config go (its logs stay).
-          prepare_out_dir(out_dir, false, /*overwrite=*/true, /*clear_logs=*/false);
-        }
-        return argv;
-      };
-      if (!resume.empty()) {
-        lo.child_argv.push_back("--resume");
-        lo.child_argv.push_back(resume);
-      }
-      const int rc = launch_local(lo);
-      if (rc == 0)
-        std::cout << "every rank's log: " << out_dir << "/logs/rank-<r>.log" << std::endl;
-      // A rank's user error (bad data or checkpoint) is the launch's user error; an interrupt
-      // (the ranks checkpointed) keeps its 128 + signal code.
-      if (rc == 0 || rc == kExitUser || rc == 128 + SIGINT || rc == 128 + SIGTERM) return rc;
-      return kExitRuntime;
+      return cmd_launch(cfg, lcmd);
     }
     if (eval->parsed()) return cmd_eval(cfg, checkpoint);
     if (predict->parsed()) return cmd_predict(cfg, checkpoint, input, output);

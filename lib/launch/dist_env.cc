@@ -193,6 +193,32 @@ DistEnv resolve_dist_env(const std::map<std::string, std::string>& env, int conf
     world = from_env(env, "OMPI_COMM_WORLD_SIZE");
     local_rank = from_env(env, "OMPI_COMM_WORLD_LOCAL_RANK");
     local_world = from_env(env, "OMPI_COMM_WORLD_LOCAL_SIZE");
+  } else if (env.count("PET_NODE_RANK") || env.count("PET_NNODES")) {
+    // Kubeflow Trainer describes nodes (pods) for torchrun: one rank per pod here.
+    source = "kubeflow";
+    require_pair(env, "PET_NODE_RANK", "PET_NNODES", "Kubeflow Trainer");
+    if (const Field per = from_env(env, "PET_NPROC_PER_NODE"); per.set && per.value != 1)
+      throw UserError(show(per) +
+                      ": each pod runs several ranks, which `dtrain run` cannot start; "
+                      "make `dtrain launch` the pod's command (it reads the PET_ variables)");
+    rank = from_env(env, "PET_NODE_RANK");
+    world = from_env(env, "PET_NNODES");
+    local_rank = {0, "local rank", true};
+    local_world = {1, "local world size (one rank per pod)", true};
+  } else if (env.count("JOB_COMPLETION_INDEX")) {
+    // A Kubernetes Indexed Job: the pod's index is the rank; the world is the config's
+    // distributed.world_size (or --world-size), which the manifest keeps equal to completions.
+    source = "k8s-indexed";
+    rank = from_env(env, "JOB_COMPLETION_INDEX");
+    local_rank = {0, "local rank", true};
+    local_world = {1, "local world size (one rank per pod)", true};
+  }
+  if (source == "kubeflow") {
+    if (const std::string* v = find(env, "PET_MASTER_ADDR")) {
+      addr = *v;
+      addr_name = "PET_MASTER_ADDR";
+    }
+    if (env.count("PET_MASTER_PORT")) port = from_env(env, "PET_MASTER_PORT");
   }
 
   const bool from_openmpi = source == "openmpi";

@@ -20,7 +20,8 @@ struct DistEnv {
   int local_world_size = 1;  // the job's processes on this machine (divides the cores)
   std::string master_addr = "127.0.0.1";  // where rank 0's rendezvous service listens
   int master_port = 0;                    // 0: not set (fine for a single process)
-  // Which source decided rank/world: "config" | "torchrun" | "slurm" | "openmpi" | "flags"
+  // Which source decided rank/world: "config" | "torchrun" | "slurm" | "openmpi" | "kubeflow" |
+  // "k8s-indexed" | "flags"
   // ("flags" as soon as any flag was given, whatever filled the other fields).
   std::string source = "config";
 };
@@ -51,7 +52,14 @@ struct DistOverrides {
 //    OMPI_COMM_WORLD_SIZE (both required), OMPI_COMM_WORLD_LOCAL_RANK,
 //    OMPI_COMM_WORLD_LOCAL_SIZE. Open MPI names no master, so a job of more than one process
 //    needs MASTER_ADDR (or --master-addr): no 127.0.0.1 default, which is wrong on other hosts.
-// MASTER_ADDR and MASTER_PORT are read from the environment whatever the source.
+//  - Kubeflow Trainer, when PET_NODE_RANK or PET_NNODES is set (one rank per pod):
+//    PET_NODE_RANK, PET_NNODES (both required), PET_NPROC_PER_NODE (must be 1: a pod of several
+//    ranks runs `dtrain launch`), PET_MASTER_ADDR, PET_MASTER_PORT; local world 1.
+//  - a Kubernetes Indexed Job, when JOB_COMPLETION_INDEX is set: the index is the rank, the
+//    world the config's (or --world-size); local world 1. (It alone does not make `dtrain run`
+//    a multi-process job -- an Indexed Job may be a sweep -- the config's backend: grpc does.)
+// MASTER_ADDR and MASTER_PORT are read from the environment whatever the source (over the PET_
+// ones).
 // Config only: rank 0 of `config_world_size`, all ranks in this process (local world = world).
 // A missing local world is taken as "every rank on this machine" (local world = world), a missing
 // local rank as rank % local world: dividing the cores too finely is cheaper than

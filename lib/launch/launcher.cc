@@ -27,6 +27,7 @@
 #include <spdlog/spdlog.h>
 
 #include "launch/dist_env.h"
+#include "launch/job_agent.h"
 #include "util/check.h"
 
 namespace dtrain {
@@ -104,7 +105,7 @@ class SignalGuard {
     write_ = Fd(p[1]);
     g_signal_pipe = p[1];
     install(SIGCHLD, on_signal, /*even_if_ignored=*/true);  // ignored SIGCHLD would auto-reap
-    for (int sig : {SIGINT, SIGTERM, SIGHUP}) install(sig, on_signal, false);
+    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGUSR1}) install(sig, on_signal, false);
     install(SIGPIPE, on_sigpipe, false);
   }
   ~SignalGuard() {
@@ -337,23 +338,56 @@ struct AttemptResult {
   bool failed = false;          // a rank exited non-zero or by a signal on its own
   bool any_user_error = false;  // some rank exited with status 2 (bad config, data, checkpoint)
   bool abandoned = false;       // ranks survived SIGKILL and were left behind
-  int stop_signal = 0;          // the signal received here that stopped the ranks, 0: none
+  int stop_signal = 0;          // the signal received here (or by another node) that stopped
+                                // the ranks, 0: none
   int first_failed_rank = -1;   // the rank that failed first, and its wait status: the cause
   int first_failed_status = 0;
+  int64_t first_failed_ms = 0;    // its wall-clock time (ms since the epoch)
+  std::vector<int> failed_ranks;  // every rank that failed on its own, in order
+  std::vector<int> killed_ranks;  // those of them killed by a signal not sent from here
+  std::string remote_failure;     // multi-node: the first failure another node reported
+  int common_exit = -1;  // the exit status every rank exited with (-1: none yet, -2: mixed or
+                         // killed by a signal)
 };
 
-// Starts every rank with `argv` and supervises them until all have exited (launch_local's
-// contract, for one attempt).
-AttemptResult run_attempt(const LaunchOptions& o, const std::vector<std::string>& argv, int attempt,
-                          int port, const std::string& token, SignalGuard& signals) {
-  // Logs are appended, so a relaunch (e.g. with --resume auto) keeps the earlier attempts.
+std::string fmt_ranks(const std::vector<int>& ranks) {
+  std::string s;
+  for (int r : ranks) s += (s.empty() ? "" : ", ") + std::to_string(r);
+  return s;
+}
+
+// Exit codes of `dtrain run` stopped by a signal (128 + SIGINT, SIGTERM, SIGHUP, SIGUSR1) or for
+// a preemption (75, EX_TEMPFAIL: checkpointed, run again).
+bool is_stop_code(int code) {
+  return code == 75 || code == 128 + SIGINT || code == 128 + SIGTERM || code == 128 + SIGHUP ||
+         code == 128 + SIGUSR1;
+}
+
+int64_t wall_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// How one attempt runs on this node: its ranks and the other nodes' agent.
+struct AttemptPlan {
+  int nproc = 1;       // ranks on this node
+  int first_rank = 0;  // this node's first global rank
+  int world = 1;       // ranks in the job
+  std::string master_addr = "127.0.0.1";
+  JobAgent* agent = nullptr;  // multi-node only
+};
+
+// Opens (appending, so a relaunch keeps the earlier attempts) and heads this node's rank logs.
+std::vector<Fd> open_rank_logs(const LaunchOptions& o, const AttemptPlan& plan, int attempt) {
   std::vector<Fd> logs;
-  for (int r = 0; r < o.nproc; ++r) {
+  for (int l = 0; l < plan.nproc; ++l) {
+    const int r = plan.first_rank + l;
     const std::string path = o.log_dir + "/rank-" + std::to_string(r) + ".log";
     Fd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644));
     if (!fd.open()) throw UserError("cannot open '" + path + "': " + strerror(errno));
     const std::string sep = "==== dtrain launch " + now_text() + ": rank " + std::to_string(r) +
-                            " of " + std::to_string(o.nproc) +
+                            " of " + std::to_string(plan.world) +
                             (attempt > 0 ? ", restart " + std::to_string(attempt) + " of " +
                                                std::to_string(o.max_restarts)
                                          : std::string()) +
@@ -361,173 +395,283 @@ AttemptResult run_attempt(const LaunchOptions& o, const std::vector<std::string>
     if (!write_fully(fd.get(), sep.data(), sep.size())) throw sys_error("write '" + path + "'");
     logs.push_back(std::move(fd));
   }
+  return logs;
+}
 
-  // The ranks' environment: ours plus the torchrun contract (resolve_dist_env reads it).
+// The ranks' environment: ours plus the torchrun contract (resolve_dist_env reads it), less
+// RANK and LOCAL_RANK (per rank). Logs where the ranks go.
+std::map<std::string, std::string> rank_environment(const LaunchOptions& o, const AttemptPlan& plan,
+                                                    int attempt, int port,
+                                                    const std::string& token) {
   std::map<std::string, std::string> base = current_environment();
-  base["WORLD_SIZE"] = std::to_string(o.nproc);
-  base["LOCAL_WORLD_SIZE"] = std::to_string(o.nproc);
-  base["MASTER_ADDR"] = "127.0.0.1";
+  base["WORLD_SIZE"] = std::to_string(plan.world);
+  base["LOCAL_WORLD_SIZE"] = std::to_string(plan.nproc);
+  base["MASTER_ADDR"] = plan.master_addr;
   base["MASTER_PORT"] = std::to_string(port);
   base["DTRAIN_JOB_TOKEN"] = token;
   base["DTRAIN_RESTART_COUNT"] = std::to_string(attempt);
-  spdlog::info(
-      "launching {} rank(s): master 127.0.0.1:{}, logs in {}/rank-<r>.log (rank 0 also "
-      "shown here)",
-      o.nproc, port, o.log_dir);
-  std::fflush(stdout);  // the tee writes rank 0's bytes straight to the descriptors
-  std::fflush(stderr);
+  if (plan.agent == nullptr)
+    spdlog::info(
+        "launching {} rank(s): master 127.0.0.1:{}, logs in {}/rank-<r>.log (rank 0 also "
+        "shown here)",
+        plan.nproc, port, o.log_dir);
+  else
+    spdlog::info(
+        "node {} of {}: launching ranks {}..{} of {}: master {}:{}, logs in {}/rank-<r>.log "
+        "(rank {} also shown here)",
+        o.node_rank, o.nnodes, plan.first_rank, plan.first_rank + plan.nproc - 1, plan.world,
+        plan.master_addr, port, o.log_dir, plan.first_rank);
+  return base;
+}
 
-  // Rank 0's two pipes, read here; the write ends are only in rank 0 (CLOEXEC elsewhere).
-  Tee tees[2];
-  Fd tee_w[2];
-  for (int i = 0; i < 2; ++i) {
-    int p[2];
-    if (::pipe2(p, O_CLOEXEC) != 0) throw sys_error("pipe2");
-    tees[i].src = Fd(p[0]);
-    tee_w[i] = Fd(p[1]);
-    if (::fcntl(p[0], F_SETFL, O_NONBLOCK) != 0) throw sys_error("fcntl");
-    tees[i].log_fd = logs[0].get();
-    tees[i].console = i == 0 ? STDOUT_FILENO : STDERR_FILENO;
-    tees[i].console_ok = o.echo_rank0;
-  }
-
-  // Declared after the pipes so that on an exception the ranks are killed and reaped first.
-  ChildSet kids;
-  for (int r = 0; r < o.nproc; ++r) {
-    std::map<std::string, std::string> env = base;
-    env["RANK"] = std::to_string(r);
-    env["LOCAL_RANK"] = std::to_string(r);
-    std::vector<std::string> env_s;
-    for (const auto& [k, v] : env) env_s.push_back(k + "=" + v);
-    const int out_fd = r == 0 ? tee_w[0].get() : logs[static_cast<size_t>(r)].get();
-    const int err_fd = r == 0 ? tee_w[1].get() : logs[static_cast<size_t>(r)].get();
-    pid_t pid = -1;
-    if (const int rc = spawn_rank(argv, env_s, out_fd, err_fd, &pid); rc != 0)
-      throw std::runtime_error("cannot start rank " + std::to_string(r) + " ('" + argv[0] +
-                               "'): " + strerror(rc));
-    kids.add(r, pid);
-    if (r == 0) {
-      tee_w[0].reset();  // so the tee sees EOF when rank 0 is gone
-      tee_w[1].reset();
-    } else {
-      logs[static_cast<size_t>(r)].reset();
+// One attempt (one start of this node's ranks), supervised until every rank has exited
+// (launch_local's contract, for one attempt).
+class Attempt {
+ public:
+  Attempt(const LaunchOptions& o, const AttemptPlan& plan, int attempt, SignalGuard& signals)
+      : o_(o), plan_(plan), attempt_(attempt), signals_(signals) {
+    if (plan.agent != nullptr) {
+      next_poll_ = Clock::now() + kPollEvery;
+      node_text_ = " on node " + std::to_string(o.node_rank) + " (" + plan.agent->host_name() + ")";
     }
   }
 
-  AttemptResult res;
-  bool shutting_down = false, kill_sent = false;
-  std::optional<Clock::time_point> term_at;  // when the ranks still running get SIGTERM
-  std::optional<Clock::time_point> kill_at, give_up_at;
-  const auto grace =
-      std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(o.grace_s));
-  auto terminate_all = [&](int sig, Clock::duration wait) {
-    shutting_down = true;
-    kids.signal_running(sig);
-    kill_at = Clock::now() + wait;
-  };
-  auto kill_all = [&] {
-    if (kill_sent) return;
-    kill_sent = true;
-    kids.signal_running(SIGKILL);
-    give_up_at = Clock::now() + kAfterKill;
-  };
+  // Opens the logs and starts every rank with `argv`.
+  void start(const std::vector<std::string>& argv, int port, const std::string& token) {
+    std::vector<Fd> logs = open_rank_logs(o_, plan_, attempt_);
+    const std::map<std::string, std::string> base =
+        rank_environment(o_, plan_, attempt_, port, token);
+    std::fflush(stdout);  // the tee writes rank 0's bytes straight to the descriptors
+    std::fflush(stderr);
 
-  while (kids.any_running()) {
-    int timeout_ms = 1000;  // a safety net only: SIGCHLD wakes the loop through the self-pipe
-    for (const auto& t :
-         {kill_sent ? std::nullopt : kill_at, give_up_at, shutting_down ? std::nullopt : term_at}) {
+    // Rank 0's two pipes, read here; the write ends are only in rank 0 (CLOEXEC elsewhere).
+    log0_ = std::move(logs[0]);
+    Fd tee_w[2];
+    for (int i = 0; i < 2; ++i) {
+      int p[2];
+      if (::pipe2(p, O_CLOEXEC) != 0) throw sys_error("pipe2");
+      tees_[i].src = Fd(p[0]);
+      tee_w[i] = Fd(p[1]);
+      if (::fcntl(p[0], F_SETFL, O_NONBLOCK) != 0) throw sys_error("fcntl");
+      tees_[i].log_fd = log0_.get();
+      tees_[i].console = i == 0 ? STDOUT_FILENO : STDERR_FILENO;
+      tees_[i].console_ok = o_.echo_rank0;
+    }
+    for (int l = 0; l < plan_.nproc; ++l) {
+      const int r = plan_.first_rank + l;
+      std::map<std::string, std::string> env = base;
+      env["RANK"] = std::to_string(r);
+      env["LOCAL_RANK"] = std::to_string(l);
+      std::vector<std::string> env_s;
+      for (const auto& [k, v] : env) env_s.push_back(k + "=" + v);
+      const int out_fd = l == 0 ? tee_w[0].get() : logs[static_cast<size_t>(l)].get();
+      const int err_fd = l == 0 ? tee_w[1].get() : logs[static_cast<size_t>(l)].get();
+      pid_t pid = -1;
+      if (const int rc = spawn_rank(argv, env_s, out_fd, err_fd, &pid); rc != 0)
+        throw std::runtime_error("cannot start rank " + std::to_string(r) + " ('" + argv[0] +
+                                 "'): " + strerror(rc));
+      kids_.add(r, pid);
+      if (l == 0) {
+        tee_w[0].reset();  // so the tee sees EOF when rank 0 is gone
+        tee_w[1].reset();
+      } else {
+        logs[static_cast<size_t>(l)].reset();
+      }
+    }
+  }
+
+  AttemptResult supervise() {
+    while (kids_.any_running()) {
+      wait_for_events();
+      take_signals();
+      for (Tee& t : tees_) t.pump(16);
+      if (next_poll_ && Clock::now() >= *next_poll_) poll_agent();
+      for (Child& c : kids_.all())
+        if (c.running) reap(c);
+      check_timers();
+    }
+    // Whatever rank 0 wrote before exiting is still in the pipes.
+    for (Tee& t : tees_) t.pump(4096);
+    return res_;
+  }
+
+ private:
+  // Multi-node: how often the other nodes' news is read (a failure there stops the ranks here
+  // within this much of its report, well before the ranks' heartbeats would notice).
+  static constexpr auto kPollEvery = std::chrono::milliseconds(500);
+
+  static Clock::duration seconds(double s) {
+    return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
+  }
+
+  void terminate_all(int sig, Clock::duration wait) {
+    shutting_down_ = true;
+    kids_.signal_running(sig);
+    kill_at_ = Clock::now() + wait;
+  }
+
+  void kill_all() {
+    if (kill_sent_) return;
+    kill_sent_ = true;
+    kids_.signal_running(SIGKILL);
+    give_up_at_ = Clock::now() + kAfterKill;
+  }
+
+  // Until a signal, rank 0's output, or the next timer; SIGCHLD wakes it through the self-pipe.
+  void wait_for_events() {
+    int timeout_ms = 1000;  // a safety net only
+    for (const auto& t : {kill_sent_ ? std::nullopt : kill_at_, give_up_at_,
+                          shutting_down_ ? std::nullopt : term_at_, next_poll_}) {
       if (!t) continue;
       const auto left = std::chrono::ceil<std::chrono::milliseconds>(*t - Clock::now()).count();
       timeout_ms = static_cast<int>(std::clamp<int64_t>(left, 0, timeout_ms));
     }
     pollfd fds[3];
     nfds_t n = 0;
-    fds[n++] = {signals.fd(), POLLIN, 0};
-    for (Tee& t : tees)
+    fds[n++] = {signals_.fd(), POLLIN, 0};
+    for (Tee& t : tees_)
       if (t.src.open()) fds[n++] = {t.src.get(), POLLIN, 0};
     if (::poll(fds, n, timeout_ms) < 0 && errno != EINTR) throw sys_error("poll");
+  }
 
-    for (int sig : signals.take()) {
+  void take_signals() {
+    for (int sig : signals_.take()) {
       if (sig == SIGCHLD || sig == SIGPIPE) continue;
-      if (!shutting_down) {
+      if (!shutting_down_) {
         spdlog::warn("received {}: forwarding it to the ranks", signal_name(sig));
-        res.stop_signal = sig;
-        terminate_all(sig, std::chrono::duration_cast<Clock::duration>(
-                               std::chrono::duration<double>(o.interrupt_grace_s)));
-      } else if (!kill_sent) {
+        if (plan_.agent != nullptr) plan_.agent->report_stop(attempt_, sig);
+        res_.stop_signal = sig;
+        terminate_all(sig, seconds(o_.interrupt_grace_s));
+      } else if (!kill_sent_) {
         spdlog::warn("received {} while stopping: killing the ranks now", signal_name(sig));
         kill_all();
       }
     }
+  }
 
-    for (Tee& t : tees) t.pump(16);
-
-    for (Child& c : kids.all()) {
-      if (!c.running) continue;
-      siginfo_t info{};
-      // WNOWAIT: the exited rank stays a zombie, so its pid (= its group id) cannot be reused
-      // while what is left of its group is killed.
-      if (::waitid(P_PID, static_cast<id_t>(c.pid), &info, WEXITED | WNOHANG | WNOWAIT) != 0 ||
-          info.si_pid == 0)
-        continue;
-      ::kill(-c.pid, SIGKILL);
-      int status = 0;
-      while (::waitpid(c.pid, &status, 0) < 0 && errno == EINTR) {
-      }
-      c.running = false;
-      const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-      if (WIFEXITED(status) && WEXITSTATUS(status) == 2) res.any_user_error = true;
-      if (shutting_down) {
-        spdlog::info("rank {} stopped: {}", c.rank, describe_wait_status(status));
-      } else if (ok) {
-        spdlog::info("rank {} finished", c.rank);
-      } else {
-        spdlog::error("rank {} failed: {}", c.rank, describe_wait_status(status));
-        if (!res.failed) {
-          res.first_failed_rank = c.rank;
-          res.first_failed_status = status;
-        }
-        res.failed = true;
-        // Rank 0's output is already on the console; show the end of any other rank's log.
-        if (c.rank != 0)
-          print_log_tail(o.log_dir + "/rank-" + std::to_string(c.rank) + ".log", c.rank);
-
-        // Ranks that fail for their own reason usually do so within moments of each other
-        // (bad data on every rank, or a peer noticing the first one's exit): give them a short
-        // settling window to exit and be reported with their real status before stopping the
-        // rest.
-        if (!term_at) term_at = Clock::now() + std::chrono::milliseconds(1000);
-      }
+  // Reads the other nodes' news: a failure there stops the ranks here (SIGTERM), a signal
+  // there is forwarded here as the same signal.
+  void poll_agent() {
+    const RemoteNews news = plan_.agent->poll(attempt_);
+    next_poll_ = Clock::now() + kPollEvery;
+    std::vector<std::string> failures = news.failures;
+    if (!news.lost.empty()) {
+      next_poll_.reset();  // once is enough
+      failures.push_back("lost node 0's launcher: " + news.lost);
     }
-    if (term_at && !shutting_down && kids.any_running() && Clock::now() >= *term_at) {
-      spdlog::warn("stopping rank(s) {}: SIGTERM, then SIGKILL after {} s", kids.running_ranks(),
-                   o.grace_s);
-      terminate_all(SIGTERM, grace);
+    for (const std::string& f : failures) {
+      spdlog::error("{}", f);
+      if (res_.remote_failure.empty()) res_.remote_failure = f;
     }
-
-    const auto now = Clock::now();
-    if (kids.any_running() && kill_at && !kill_sent && now >= *kill_at) {
-      spdlog::warn("rank(s) {} still running {} s after {}: sending SIGKILL", kids.running_ranks(),
-                   res.stop_signal != 0 ? o.interrupt_grace_s : o.grace_s,
-                   signal_name(res.stop_signal != 0 ? res.stop_signal : SIGTERM));
-      kill_all();
-    }
-    if (kids.any_running() && give_up_at && now >= *give_up_at) {
-      spdlog::error("rank(s) {} did not exit after SIGKILL; leaving them behind",
-                    kids.running_ranks());
-      kids.abandon();
-      res.abandoned = true;
+    if (!failures.empty() && !shutting_down_ && !term_at_) term_at_ = Clock::now();
+    if (news.stop_signal != 0 && !shutting_down_) {
+      spdlog::warn("another node's launcher received {}: forwarding it to the ranks",
+                   signal_name(news.stop_signal));
+      res_.stop_signal = news.stop_signal;
+      terminate_all(news.stop_signal, seconds(o_.interrupt_grace_s));
     }
   }
 
-  // Whatever rank 0 wrote before exiting is still in the pipes.
-  for (Tee& t : tees) t.pump(4096);
-  return res;
+  // Collects rank c if it exited, and judges how.
+  void reap(Child& c) {
+    siginfo_t info{};
+    // WNOWAIT: the exited rank stays a zombie, so its pid (= its group id) cannot be reused
+    // while what is left of its group is killed.
+    if (::waitid(P_PID, static_cast<id_t>(c.pid), &info, WEXITED | WNOHANG | WNOWAIT) != 0 ||
+        info.si_pid == 0)
+      return;
+    ::kill(-c.pid, SIGKILL);
+    int status = 0;
+    while (::waitpid(c.pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    c.running = false;
+    const int code = WIFEXITED(status) ? WEXITSTATUS(status) : -2;
+    res_.common_exit = res_.common_exit == -1 || res_.common_exit == code ? code : -2;
+    if (code == 2) res_.any_user_error = true;
+    // A rank that exits with an interrupt's code although no signal came here was stopped by
+    // its peers' agreement, for a signal another node's launcher received (and reported before
+    // forwarding it): read that news now, so this is a stop, not a failure.
+    if (!shutting_down_ && next_poll_ && is_stop_code(code)) poll_agent();
+    if (shutting_down_) {
+      spdlog::info("rank {} stopped: {}", c.rank, describe_wait_status(status));
+    } else if (code == 0) {
+      spdlog::info("rank {} finished", c.rank);
+    } else {
+      on_failure(c.rank, status);
+    }
+  }
+
+  void on_failure(int rank, int status) {
+    spdlog::error("rank {} failed: {}", rank, describe_wait_status(status));
+    if (!res_.failed) {
+      res_.first_failed_rank = rank;
+      res_.first_failed_status = status;
+      res_.first_failed_ms = wall_ms();
+      if (plan_.agent != nullptr)
+        plan_.agent->report_failure(attempt_, "rank " + std::to_string(rank) + node_text_ +
+                                                  " failed: " + describe_wait_status(status));
+    }
+    res_.failed = true;
+    res_.failed_ranks.push_back(rank);
+    if (WIFSIGNALED(status)) res_.killed_ranks.push_back(rank);
+    // Rank 0's output is already on the console; show the end of any other rank's log.
+    if (rank != plan_.first_rank)
+      print_log_tail(o_.log_dir + "/rank-" + std::to_string(rank) + ".log", rank);
+    // Ranks that fail for their own reason usually do so within moments of each other (bad
+    // data on every rank, or a peer noticing the first one's exit): give them a short settling
+    // window to exit and be reported with their real status before stopping the rest.
+    if (!term_at_) term_at_ = Clock::now() + std::chrono::milliseconds(1000);
+  }
+
+  void check_timers() {
+    if (term_at_ && !shutting_down_ && kids_.any_running() && Clock::now() >= *term_at_) {
+      spdlog::warn("stopping rank(s) {}: SIGTERM, then SIGKILL after {} s", kids_.running_ranks(),
+                   o_.grace_s);
+      terminate_all(SIGTERM, seconds(o_.grace_s));
+    }
+    const auto now = Clock::now();
+    if (kids_.any_running() && kill_at_ && !kill_sent_ && now >= *kill_at_) {
+      spdlog::warn("rank(s) {} still running {} s after {}: sending SIGKILL", kids_.running_ranks(),
+                   res_.stop_signal != 0 ? o_.interrupt_grace_s : o_.grace_s,
+                   signal_name(res_.stop_signal != 0 ? res_.stop_signal : SIGTERM));
+      kill_all();
+    }
+    if (kids_.any_running() && give_up_at_ && now >= *give_up_at_) {
+      spdlog::error("rank(s) {} did not exit after SIGKILL; leaving them behind",
+                    kids_.running_ranks());
+      kids_.abandon();
+      res_.abandoned = true;
+    }
+  }
+
+  const LaunchOptions& o_;
+  const AttemptPlan& plan_;
+  const int attempt_;
+  SignalGuard& signals_;
+  std::string node_text_;  // " on node R (host)" with several nodes
+  Fd log0_;                // the first rank's log, written by the tees
+  Tee tees_[2];
+  // Declared after the pipes so that on an exception the ranks are killed and reaped first.
+  ChildSet kids_;
+  AttemptResult res_;
+  bool shutting_down_ = false, kill_sent_ = false;
+  std::optional<Clock::time_point> term_at_;  // when the ranks still running get SIGTERM
+  std::optional<Clock::time_point> kill_at_, give_up_at_, next_poll_;
+};
+
+AttemptResult run_attempt(const LaunchOptions& o, const AttemptPlan& plan,
+                          const std::vector<std::string>& argv, int attempt, int port,
+                          const std::string& token, SignalGuard& signals) {
+  Attempt a(o, plan, attempt, signals);
+  a.start(argv, port, token);
+  return a.supervise();
 }
 
 }  // namespace
 
-int launch_local(const LaunchOptions& o) {
+namespace {
+
+void check_options(const LaunchOptions& o) {
   if (o.nproc < 1 || o.nproc > 1024)
     throw UserError("--nproc " + std::to_string(o.nproc) + ": must be in 1..1024");
   if (o.master_port < 0 || o.master_port > 65535)
@@ -540,6 +684,106 @@ int launch_local(const LaunchOptions& o) {
     throw UserError("launch: the grace period must be >= 0 seconds");
   if (o.max_restarts < 0)
     throw UserError("--max-restarts " + std::to_string(o.max_restarts) + ": must be >= 0");
+  if (o.nnodes < 1 || o.nnodes > 1024 || o.node_rank < 0 || o.node_rank >= o.nnodes)
+    throw UserError("--node-rank " + std::to_string(o.node_rank) + " of --nnodes " +
+                    std::to_string(o.nnodes) + ": need 0 <= node rank < nodes <= 1024");
+  if (o.min_nproc < 0 || o.min_nproc > o.nproc)
+    throw UserError("--nproc " + std::to_string(o.min_nproc) + ":" + std::to_string(o.nproc) +
+                    ": need 1 <= MIN <= MAX");
+  if (o.nnodes > 1) {
+    if (o.master_port < 1 || o.master_port > 65534)
+      throw UserError(
+          "a multi-node launch needs --master-port (1..65534; the launchers use the "
+          "next port too)");
+    if (o.master_addr.empty()) throw UserError("a multi-node launch needs --master-addr");
+    if (o.token.empty())
+      throw UserError(
+          "a multi-node launch needs the job token, the same on every node: set "
+          "DTRAIN_JOB_TOKEN or give --token-file (it is never generated per node)");
+    if (o.min_nproc > 0 && o.min_nproc < o.nproc)
+      throw UserError("elastic ranks (--nproc MIN:MAX) are for one node");
+  }
+}
+
+// How an attempt ended on this node, for the job agent.
+NodeOutcome node_outcome(const AttemptResult& r, int stop_rc, const std::string& node_text) {
+  NodeOutcome n;
+  if (r.stop_signal != 0 && !r.failed) {
+    n.kind = NodeOutcome::kStopped;
+    n.rc = stop_rc;
+    n.cause = "stopped by " + signal_name(r.stop_signal);
+  } else if (r.failed) {
+    n.kind = r.any_user_error ? NodeOutcome::kUserError : NodeOutcome::kFailed;
+    n.rc = r.any_user_error ? 2 : 1;
+    n.killed = WIFSIGNALED(r.first_failed_status);
+    n.when_ms = r.first_failed_ms;
+    n.cause = "rank " + std::to_string(r.first_failed_rank) + node_text +
+              " failed: " + describe_wait_status(r.first_failed_status);
+  } else if (!r.remote_failure.empty()) {
+    n.kind = NodeOutcome::kFailed;  // stopped here for another node's failure: that is the cause
+    n.rc = 1;
+    n.when_ms = INT64_MAX - 1;
+    n.cause = r.remote_failure;
+  } else if (r.abandoned) {
+    n.kind = NodeOutcome::kFailed;
+    n.rc = 1;
+    n.when_ms = INT64_MAX - 1;
+    n.cause = "ranks" + node_text + " did not exit after SIGKILL";
+  }
+  return n;
+}
+
+// Single node: the launcher's own restart decision after attempt `attempt` ended as `r`
+// (launch_local's contract). Returns the exit code, or nullopt to restart.
+std::optional<int> local_decision(const LaunchOptions& o, const AttemptResult& r, int attempt,
+                                  int nproc, int stop_rc, SignalGuard& signals) {
+  if (r.stop_signal != 0 && !r.failed) return stop_rc;
+  if (!r.failed && !r.abandoned) {
+    if (attempt > 0)
+      spdlog::info("all {} rank(s) finished after {} restart(s)", nproc, attempt);
+    else
+      spdlog::info("all {} rank(s) finished", nproc);
+    return 0;
+  }
+  // A rank that failed on bad input (exit 2: config, data or checkpoint) makes the launch a
+  // user error too, whatever the other ranks died of after it; otherwise a runtime failure.
+  const int rc = r.failed && r.any_user_error ? 2 : 1;
+  const std::string cause = r.first_failed_rank >= 0
+                                ? "rank " + std::to_string(r.first_failed_rank) + " failed (" +
+                                      describe_wait_status(r.first_failed_status) + ")"
+                                : "ranks did not exit after SIGKILL";
+  if (o.max_restarts == 0) return rc;
+  if (r.stop_signal != 0) {
+    spdlog::warn("not restarting: stopped by {}", signal_name(r.stop_signal));
+    return rc;
+  }
+  if (rc == 2) {
+    spdlog::error(
+        "not restarting: a rank failed on bad input (exit status 2), which a restart "
+        "would repeat; {}",
+        cause);
+    return rc;
+  }
+  if (attempt >= o.max_restarts) {
+    spdlog::error("giving up: {} in attempt {}, and all {} restart(s) are used", cause, attempt + 1,
+                  o.max_restarts);
+    return rc;
+  }
+  // Ctrl-C or SIGTERM while the failed attempt wound down: stop here.
+  for (int sig : signals.take()) {
+    if (sig == SIGCHLD || sig == SIGPIPE) continue;
+    spdlog::warn("received {}: not restarting", signal_name(sig));
+    return rc;
+  }
+  spdlog::warn("restart {} of {}: {}; starting all {} rank(s) again", attempt + 1, o.max_restarts,
+               cause, nproc);
+  return std::nullopt;
+}
+
+}  // namespace
+
+int launch_local(const LaunchOptions& o, LaunchReport* report) {
+  check_options(o);
   bool expected = false;
   DT_CHECK_MSG(g_active.compare_exchange_strong(expected, true),
                "launch_local is already running in this process");
@@ -554,7 +798,29 @@ int launch_local(const LaunchOptions& o) {
 
   // One set of handlers for every attempt: a signal between two attempts is not lost.
   SignalGuard signals;
+  std::unique_ptr<JobAgent> agent;
+  if (o.nnodes > 1) {
+    AgentOptions ao;
+    ao.nnodes = o.nnodes;
+    ao.node_rank = o.node_rank;
+    ao.master_addr = o.master_addr;
+    ao.port = o.master_port + 1;
+    ao.token = token;
+    ao.join_timeout_s = o.join_timeout_s;
+    ao.report_timeout_s = std::max(o.grace_s, o.interrupt_grace_s) + 30;
+    agent = std::make_unique<JobAgent>(ao);
+    spdlog::info("node {} of {}: waiting for every node's launcher at {}:{}", o.node_rank, o.nnodes,
+                 o.master_addr, ao.port);
+    const std::vector<std::string> hosts = agent->join(o.nproc);
+    std::string list;
+    for (size_t n = 0; n < hosts.size(); ++n)
+      list += (n ? ", " : "") + std::to_string(n) + "=" + hosts[n];
+    spdlog::info("all {} nodes checked in: {}", o.nnodes, list);
+  }
+  const std::string node_text =
+      agent ? " on node " + std::to_string(o.node_rank) + " (" + agent->host_name() + ")" : "";
   int port = 0;
+  int nproc = o.nproc;
   for (int attempt = 0;; ++attempt) {
     if (o.master_port != 0) {
       port = o.master_port;
@@ -565,51 +831,56 @@ int launch_local(const LaunchOptions& o) {
       for (int tries = 0; tries < 10 && port == old; ++tries) port = pick_free_port();
     }
     std::vector<std::string> argv = o.child_argv;
-    if (attempt > 0 && o.restart_argv) argv = o.restart_argv(attempt);
+    if (attempt > 0 && nproc != o.nproc && o.resize_argv)
+      argv = o.resize_argv(attempt, nproc);
+    else if (attempt > 0 && o.restart_argv)
+      argv = o.restart_argv(attempt);
     if (argv.empty() || argv[0].empty())
       throw std::runtime_error("launch: no command to run for restart " + std::to_string(attempt));
-    const AttemptResult r = run_attempt(o, argv, attempt, port, token, signals);
+    AttemptPlan plan;
+    plan.nproc = nproc;
+    plan.first_rank = o.node_rank * nproc;
+    plan.world = o.nnodes * nproc;
+    plan.master_addr = agent ? o.master_addr : "127.0.0.1";
+    plan.agent = agent.get();
+    const AttemptResult r = run_attempt(o, plan, argv, attempt, port, token, signals);
+    if (report != nullptr) {
+      report->stop_signal = r.stop_signal;
+      report->world_size = plan.world;
+    }
+    // Stopped by a signal: the ranks' own exit code passes through when they agree on one.
+    const int stop_rc = r.common_exit >= 0 ? r.common_exit : 128 + r.stop_signal;
 
-    if (r.stop_signal != 0 && !r.failed) return 128 + r.stop_signal;
-    if (!r.failed && !r.abandoned) {
-      if (attempt > 0)
-        spdlog::info("all {} rank(s) finished after {} restart(s)", o.nproc, attempt);
-      else
-        spdlog::info("all {} rank(s) finished", o.nproc);
-      return 0;
+    if (agent) {
+      const JobDecision d =
+          agent->finish(attempt, node_outcome(r, stop_rc, node_text), o.max_restarts);
+      if (d.restart) {
+        spdlog::warn("restart {} of {} (node 0's count): {}; starting this node's {} rank(s) again",
+                     attempt + 1, o.max_restarts, d.reason, nproc);
+        continue;
+      }
+      if (d.rc == 0)
+        spdlog::info("all {} rank(s) on {} nodes finished{}", plan.world, o.nnodes,
+                     attempt > 0 ? " after " + std::to_string(attempt) + " restart(s)" : "");
+      else if (!d.reason.empty())
+        spdlog::error("the job ended in attempt {} (exit {}): {}", attempt + 1, d.rc, d.reason);
+      return d.rc;
     }
-    // A rank that failed on bad input (exit 2: config, data or checkpoint) makes the launch a
-    // user error too, whatever the other ranks died of after it; otherwise a runtime failure.
-    const int rc = r.failed && r.any_user_error ? 2 : 1;
-    const std::string cause = r.first_failed_rank >= 0
-                                  ? "rank " + std::to_string(r.first_failed_rank) + " failed (" +
-                                        describe_wait_status(r.first_failed_status) + ")"
-                                  : "ranks did not exit after SIGKILL";
-    if (o.max_restarts == 0) return rc;
-    if (r.stop_signal != 0) {
-      spdlog::warn("not restarting: stopped by {}", signal_name(r.stop_signal));
-      return rc;
+
+    // Elastic: a rank killed from outside (an OOM kill, a lost device) gives up its slot.
+    const bool shrink = o.min_nproc > 0 && !r.killed_ranks.empty() && r.stop_signal == 0;
+    const int left = shrink ? nproc - static_cast<int>(r.killed_ranks.size()) : nproc;
+    if (shrink && left < o.min_nproc) {
+      spdlog::error("giving up: rank(s) {} were killed, {} left, below the minimum {}",
+                    fmt_ranks(r.killed_ranks), left, o.min_nproc);
+      return 1;
     }
-    if (rc == 2) {
-      spdlog::error(
-          "not restarting: a rank failed on bad input (exit status 2), which a restart "
-          "would repeat; {}",
-          cause);
-      return rc;
-    }
-    if (attempt >= o.max_restarts) {
-      spdlog::error("giving up: {} in attempt {}, and all {} restart(s) are used", cause,
-                    attempt + 1, o.max_restarts);
-      return rc;
-    }
-    // Ctrl-C or SIGTERM while the failed attempt wound down: stop here.
-    for (int sig : signals.take()) {
-      if (sig == SIGCHLD || sig == SIGPIPE) continue;
-      spdlog::warn("received {}: not restarting", signal_name(sig));
-      return rc;
-    }
-    spdlog::warn("restart {} of {}: {}; starting all {} rank(s) again", attempt + 1, o.max_restarts,
-                 cause, o.nproc);
+    if (const std::optional<int> rc = local_decision(o, r, attempt, left, stop_rc, signals))
+      return *rc;
+    if (shrink)
+      spdlog::warn("elastic restart: rank(s) {} were killed; continuing with {} rank(s) (was {})",
+                   fmt_ranks(r.killed_ranks), left, nproc);
+    nproc = left;
   }
 }
 

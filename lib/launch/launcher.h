@@ -8,13 +8,23 @@
 namespace dtrain {
 
 struct LaunchOptions {
-  int nproc = 1;        // ranks to start, >= 1
-  int master_port = 0;  // rank 0's rendezvous port; 0: a free one (pick_free_port)
+  int nproc = 1;        // ranks to start on this node, >= 1
+  int master_port = 0;  // rank 0's rendezvous port; 0: a free one (pick_free_port, one node only)
+  // Multi-node: this node's ranks are node_rank * nproc + 0..nproc-1 of nnodes * nproc, rank 0's
+  // rendezvous is at master_addr:master_port and the launchers agree through node 0's
+  // (job_agent.h) at master_port + 1. nnodes > 1 needs a master port, a non-loopback master
+  // address and the token (the same on every node).
+  int nnodes = 1;
+  int node_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  double join_timeout_s = 300;  // multi-node: how long to wait for every node's launcher
   // The command every rank runs, argv[0] first (looked up in PATH when it has no '/'), e.g.
   // {"/abs/path/dtrain", "run", "cfg.yaml", "--set", "a=b", "--out", "runs/x"}.
   std::vector<std::string> child_argv;
   std::string log_dir;  // created if missing; rank r's output goes to log_dir/rank-<r>.log
-  std::string token;    // DTRAIN_JOB_TOKEN for the ranks; "": a fresh random_token()
+  // DTRAIN_JOB_TOKEN for the ranks; "": a fresh random_token() (one node only: several nodes
+  // need the same token on every node, so it must be given)
+  std::string token;
   double grace_s = 10;  // after SIGTERM to stop the rest of a failed job: time before SIGKILL
   // After a SIGINT/SIGTERM received here is forwarded, how long the ranks get to finish their step
   // and write their checkpoint (dtrain run's safe interrupt) before SIGKILL; a second signal
@@ -24,6 +34,12 @@ struct LaunchOptions {
   // The command of restart `attempt` (1..max_restarts), asked for just before it starts, so it
   // can depend on what the failed attempts left behind (their checkpoints); unset: child_argv.
   std::function<std::vector<std::string>(int attempt)> restart_argv;
+  // Elastic (one node): when > 0 and < nproc, a restart drops the slots of the ranks that failed
+  // (as a cluster loses a node) and runs with the ranks left, never fewer than min_nproc; below
+  // it the launcher gives up. resize_argv(attempt, world) gives the command at a new world size
+  // (it may refuse with UserError, e.g. when the global batch cannot be kept); unset: as above.
+  int min_nproc = 0;
+  std::function<std::vector<std::string>(int attempt, int world)> resize_argv;
   // Copy rank 0's output to this process's stdout and stderr too (false: only to its log; for
   // callers that print their own report, such as dtrain verify).
   bool echo_rank0 = true;
@@ -31,19 +47,21 @@ struct LaunchOptions {
 
 // Starts o.nproc ranks and supervises them until all have exited. Each rank gets this process's
 // environment plus RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE (= nproc), MASTER_ADDR
-// (127.0.0.1), MASTER_PORT, DTRAIN_JOB_TOKEN and DTRAIN_RESTART_COUNT; stdin is /dev/null. Each
+// (127.0.0.1, or o.master_addr with several nodes), MASTER_PORT, DTRAIN_JOB_TOKEN and
+// DTRAIN_RESTART_COUNT; stdin is /dev/null. (RANK is the global rank; logs are named by it and
+// "rank 0" below is this node's first rank.) Each
 // rank's stdout and stderr are appended to log_dir/rank-<r>.log (after a "==== ... ====" separator
 // line); rank 0's are also copied to this process's stdout and stderr respectively.
 //
 // Each rank runs in its own process group, and every signal to a rank goes to its whole group,
-// so helpers a rank spawned go with it. SIGINT, SIGTERM and SIGHUP received here (unless they were
-// ignored on entry) are forwarded to every rank, which get interrupt_grace_s to stop on their own
-// (dtrain run checkpoints first); a second one sends SIGKILL at once. When a rank
-// exits non-zero or by a signal, "rank R failed: exit status S" (or "killed by signal SIGKILL") is
-// logged and the others get SIGTERM. Ranks still alive grace_s after a SIGTERM get SIGKILL; after
-// SIGKILL the launcher waits at most 5 more seconds (a process stuck in the kernel cannot be
-// reaped) and then returns regardless, so it never hangs. Whatever remains of a rank's group when
-// the rank exits is SIGKILLed. Status lines go through spdlog.
+// so helpers a rank spawned go with it. SIGINT, SIGTERM, SIGHUP and SIGUSR1 received here (unless
+// they were ignored on entry) are forwarded to every rank, which get interrupt_grace_s to stop on
+// their own (dtrain run checkpoints first); a second one sends SIGKILL at once. When a rank exits
+// non-zero or by a signal, "rank R failed: exit status S" (or "killed by signal SIGKILL") is logged
+// and the others get SIGTERM. Ranks still alive grace_s after a SIGTERM get SIGKILL; after SIGKILL
+// the launcher waits at most 5 more seconds (a process stuck in the kernel cannot be reaped) and
+// then returns regardless, so it never hangs. Whatever remains of a rank's group when the rank
+// exits is SIGKILLed. Status lines go through spdlog.
 //
 // Restarts: once every rank of a failed attempt has exited, and unless the launcher received a
 // signal or a rank exited with status 2 (bad input fails again), all ranks are started again, at
@@ -52,13 +70,24 @@ struct LaunchOptions {
 // (unless master_port is set), DTRAIN_RESTART_COUNT=<attempt> (0 for the first) in the ranks'
 // environment and a separator line in the logs.
 //
+// Multi-node: a rank failure or a received signal on any node stops every node's ranks (the
+// signal is forwarded as the same signal on every node, a failure as SIGTERM), every launcher
+// names the cause with its rank and node, and node 0's launcher decides restarts for all
+// (attempt numbers and the restart budget are node 0's).
+//
 // Returns, for the last attempt: 0 when every rank exited 0, 2 when a rank failed and some rank
 // exited with status 2 (a user error: bad config, data or checkpoint), 1 when a rank failed
-// otherwise, 128 + the signal number when stopped by a received signal (130 for SIGINT, 143 for
-// SIGTERM) and no rank had failed before it. Throws UserError for bad options, std::runtime_error
+// otherwise; when stopped by a signal (received here, or by another node's launcher) and no
+// rank had failed before it: the ranks' own exit status when they all exited with the same one
+// (dtrain run's interrupt or requeue code passes through), else 128 + the signal number (130
+// for SIGINT, 143 for SIGTERM). Throws UserError for bad options, std::runtime_error
 // when a rank cannot be started (after killing the ranks already started). Installs signal handlers
 // for its duration and restores them; one launch_local at a time per process.
-int launch_local(const LaunchOptions& o);
+struct LaunchReport {
+  int stop_signal = 0;  // the signal that stopped the job (received here or by another node)
+  int world_size = 0;   // of the last attempt
+};
+int launch_local(const LaunchOptions& o, LaunchReport* report = nullptr);
 
 // A TCP port that was free on 127.0.0.1 a moment ago (bound to port 0, read back, closed). Another
 // process may take it before rank 0 binds it; the rendezvous then fails loudly, not silently.

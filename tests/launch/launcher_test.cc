@@ -332,7 +332,9 @@ TEST_CASE("SIGINT to the launcher is forwarded and leftovers of the ranks are ki
     ::kill(launcher, SIGINT);
   });
   INFO("launcher stdout:\n", r.out, "\nlauncher stderr:\n", r.err);
-  CHECK(r.exit_code == 128 + SIGINT);
+  // Stopped by a signal: the ranks' common exit status passes through (dtrain run's interrupt
+  // or requeue code); 128 + SIGINT only when they disagree or die by a signal.
+  CHECK(r.exit_code == 5);
   CHECK(r.seconds < 20);
   CHECK(contains(r.out + r.err, "rank 0 stopped: exit status 5"));
   CHECK(contains(read_text(dir / "int-0"), "got"));

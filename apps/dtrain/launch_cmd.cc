@@ -1,0 +1,124 @@
+#include "dtrain/launch_cmd.h"
+
+#include <filesystem>
+#include <iostream>
+#include <optional>
+
+#include <spdlog/spdlog.h>
+
+#include "launch/dist_env.h"
+#include "launch/elastic.h"
+#include "launch/launcher.h"
+#include "train/run_dir.h"
+#include "util/check.h"
+
+namespace dtrain {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// Data-parallel strategies only: their global batch is ranks x batch x accumulation.
+void check_elastic_config(const Config& cfg) {
+  const StrategyKind s = cfg.distributed.strategy;
+  if (s == StrategyKind::kPipeline || cfg.distributed.pipeline.stages > 1 ||
+      s == StrategyKind::kLocalSgd)
+    throw UserError(
+        "--nproc MIN:MAX (elastic restarts) needs a data-parallel strategy (ddp, zero1, zero2, "
+        "fsdp) without a pipeline: its global batch is ranks x data.batch_size x "
+        "train.grad_accum_steps");
+}
+
+}  // namespace
+
+int cmd_launch(const Config& cfg, const LaunchCmd& c) {
+  if (c.nproc_given && c.nodes.nproc_per_node)
+    throw UserError("--nproc and --nproc-per-node: give one (--nproc on one node)");
+  const RankRange range = parse_rank_range(c.nproc, "--nproc");
+  const auto env = current_environment();
+  const NodeEnv ne = resolve_node_env(env, c.nodes, range.max);
+  if (ne.nnodes > 1 && c.nproc_given)
+    throw UserError("--nproc is the single-node form: with " + ne.nnodes_from +
+                    " give --nproc-per-node");
+  LaunchOptions lo;
+  lo.nproc = ne.nproc_per_node;
+  lo.nnodes = ne.nnodes;
+  lo.node_rank = ne.node_rank;
+  lo.master_addr = ne.master_addr;
+  lo.master_port = ne.master_port;
+  lo.max_restarts = c.max_restarts;
+  if (range.min < range.max) {
+    check_elastic_config(cfg);
+    if (c.max_restarts == 0)
+      throw UserError("--nproc " + c.nproc +
+                      ": elastic ranks act on restarts; give --max-restarts");
+    lo.min_nproc = range.min;
+  }
+  const std::string token_file = c.token_file.empty() ? cfg.distributed.token_file : c.token_file;
+  if (ne.nnodes > 1 || !c.token_file.empty()) lo.token = resolve_job_token(env, token_file);
+  const bool node0 = ne.node_rank == 0;
+  // One node prepares the output folder (shared by the nodes when checkpoints are to be
+  // resumed): node 0, before its launcher checks in, so the others' ranks start after it.
+  if (node0) prepare_out_dir(c.out_dir, !c.resume.empty(), c.overwrite, /*clear_logs=*/true);
+  lo.log_dir = (fs::path(c.out_dir) / "logs").string();
+  lo.child_argv = c.run_argv;
+
+  // A restart continues from the newest complete checkpoint this job's attempts wrote
+  // (`--resume auto`), or, when they wrote none yet, starts as the first attempt did: a
+  // checkpoint an earlier job left in the output folder is not this job's progress.
+  // `latest` is replaced by a rename at every checkpoint, so its mtime tells.
+  const fs::path latest = fs::path(c.out_dir) / "checkpoints" / "latest";
+  const auto latest_mtime = [latest]() -> std::optional<fs::file_time_type> {
+    std::error_code ec;
+    const auto t = fs::last_write_time(latest, ec);
+    return ec ? std::nullopt : std::optional<fs::file_time_type>(t);
+  };
+  const auto at_launch = latest_mtime();
+  const std::vector<std::string> run_argv = c.run_argv;
+  const std::string resume = c.resume, out_dir = c.out_dir;
+  lo.restart_argv = [run_argv, resume, latest_mtime, at_launch, out_dir, node0](int) {
+    std::vector<std::string> argv = run_argv;
+    const auto now = latest_mtime();
+    const bool saved = now && now != at_launch;
+    if (saved || !resume.empty()) {
+      argv.push_back("--resume");
+      argv.push_back(saved ? "auto" : resume);
+    } else if (node0) {
+      // A fresh start again: the failed attempt's metrics and config go (its logs stay).
+      prepare_out_dir(out_dir, false, /*overwrite=*/true, /*clear_logs=*/false);
+    }
+    return argv;
+  };
+  const BatchPlan original{cfg.data.batch_size, cfg.train.grad_accum_steps};
+  const int first_world = lo.nproc;
+  const auto restart = lo.restart_argv;
+  lo.resize_argv = [restart, original, first_world](int attempt, int world) {
+    // Throws UserError when the global batch cannot be kept: the launch ends with it.
+    const BatchPlan p =
+        keep_global_batch(original.batch_size, original.grad_accum, first_world, world);
+    const std::string change = describe_batch_change(original, p);
+    spdlog::warn("elastic restart {}: {} rank(s) instead of {}; global batch {} kept{}{}", attempt,
+                 world, first_world, original.batch_size * first_world * original.grad_accum,
+                 change.empty() ? "" : ": ", change);
+    std::vector<std::string> argv = restart(attempt);
+    for (const std::string& s : {"data.batch_size=" + std::to_string(p.batch_size),
+                                 "train.grad_accum_steps=" + std::to_string(p.grad_accum)}) {
+      argv.push_back("--set");
+      argv.push_back(s);
+    }
+    return argv;
+  };
+  if (!c.resume.empty()) {
+    lo.child_argv.push_back("--resume");
+    lo.child_argv.push_back(c.resume);
+  }
+  LaunchReport report;
+  const int rc = launch_local(lo, &report);
+  if (rc == 0) std::cout << "every rank's log: " << c.out_dir << "/logs/rank-<r>.log" << std::endl;
+  // A rank's user error (bad data or checkpoint) is the launch's user error; a job stopped by a
+  // signal (the ranks checkpointed) exits with the ranks' code (128 + signal, or a requeue code).
+  if (rc == 0 || rc == 2 || report.stop_signal != 0) return rc;
+  return 1;
+}
+
+}  // namespace dtrain

@@ -1,0 +1,26 @@
+// Elastic restarts: keeping the global batch when the number of data-parallel ranks changes.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace dtrain {
+
+struct BatchPlan {
+  int64_t batch_size = 1;  // data.batch_size: per rank
+  int64_t grad_accum = 1;  // train.grad_accum_steps
+};
+
+// The per-rank batch and gradient accumulation that keep the global batch
+// G = batch_size * world * grad_accum when `world` ranks become `new_world`. The rule, in order:
+//   1. the same accumulation, per-rank batch G / (new_world * grad_accum), when that is whole;
+//   2. else the smallest accumulation a > grad_accum with G / (new_world * a) whole (more
+//      micro-batches of a smaller per-rank batch: never more memory per rank than before).
+// Throws UserError, one line naming G and new_world, when neither keeps G exactly.
+BatchPlan keep_global_batch(int64_t batch_size, int64_t grad_accum, int world, int new_world);
+
+// "data.batch_size 24 -> 32" / "train.grad_accum_steps 1 -> 2", the changes as the log says them
+// ("" when nothing changed).
+std::string describe_batch_change(const BatchPlan& from, const BatchPlan& to);
+
+}  // namespace dtrain

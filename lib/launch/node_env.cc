@@ -1,0 +1,128 @@
+#include "launch/node_env.h"
+
+#include <charconv>
+
+#include "util/check.h"
+
+namespace dtrain {
+
+namespace {
+
+using Env = std::map<std::string, std::string>;
+
+int whole_int(const std::string& text, const std::string& name) {
+  int v = 0;
+  const char* b = text.data();
+  const char* e = b + text.size();
+  const auto [p, ec] = std::from_chars(b, e, v);
+  if (text.empty() || ec != std::errc() || p != e)
+    throw UserError(name + "='" + text + "' is not an integer");
+  return v;
+}
+
+// A value and where it came from.
+struct Src {
+  int value = 0;
+  std::string from;
+};
+
+// flag > each variable in order > fallback.
+Src pick(const std::optional<int>& flag, const std::string& flag_name, const Env& env,
+         std::initializer_list<const char*> vars, Src fallback) {
+  if (flag) return {*flag, flag_name};
+  for (const char* v : vars)
+    if (const auto it = env.find(v); it != env.end()) return {whole_int(it->second, v), v};
+  return fallback;
+}
+
+std::string show(const Src& s) {
+  return s.from + "=" + std::to_string(s.value);
+}
+
+bool loopback(const std::string& host) {
+  return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1" || host == "[::1]";
+}
+
+}  // namespace
+
+NodeEnv resolve_node_env(const Env& env, const NodeOverrides& flags, int default_nproc) {
+  const Src nnodes = pick(flags.nnodes, "--nnodes", env, {"PET_NNODES"}, {1, "default"});
+  const Src node_rank = pick(flags.node_rank, "--node-rank", env,
+                             {"PET_NODE_RANK", "JOB_COMPLETION_INDEX"}, {0, "default"});
+  const Src per = pick(flags.nproc_per_node, "--nproc-per-node", env, {"PET_NPROC_PER_NODE"},
+                       {default_nproc, "--nproc"});
+  Src port = pick(flags.master_port, "--master-port", env, {"PET_MASTER_PORT", "MASTER_PORT"},
+                  {0, "default"});
+  std::string addr = "127.0.0.1", addr_from = "default";
+  if (flags.master_addr) {
+    addr = *flags.master_addr;
+    addr_from = "--master-addr";
+  } else {
+    for (const char* v : {"PET_MASTER_ADDR", "MASTER_ADDR"})
+      if (const auto it = env.find(v); it != env.end()) {
+        addr = it->second;
+        addr_from = v;
+        break;
+      }
+  }
+
+  if (nnodes.value < 1 || nnodes.value > 1024)
+    throw UserError(show(nnodes) + ": the node count must be in 1..1024");
+  if (node_rank.value < 0 || node_rank.value >= nnodes.value)
+    throw UserError(show(node_rank) + " is out of range for " + show(nnodes) +
+                    " (0 <= node rank < nodes)");
+  if (per.value < 1 || per.value > 1024)
+    throw UserError(show(per) + ": the ranks per node must be in 1..1024");
+  if (port.from != "default" && (port.value < 1 || port.value > 65535))
+    throw UserError(show(port) + " is not a TCP port (1..65535)");
+  if (addr.empty()) throw UserError(addr_from + " is empty");
+  if (nnodes.value > 1) {
+    if (addr_from == "default" || loopback(addr))
+      throw UserError(
+          show(nnodes) + ": give --master-addr, the host of node 0 as every node " + "reaches it" +
+          (addr_from == "default" ? ""
+                                  : " (" + addr_from + "='" + addr + "' is a loopback address)"));
+    if (port.from == "default")
+      throw UserError(show(nnodes) +
+                      ": give --master-port, the port of rank 0's rendezvous on node 0 (the "
+                      "launchers use it and the next one)");
+    if (port.value > 65534)
+      throw UserError(show(port) + ": the launchers use the next port too; give one below 65535");
+  }
+
+  NodeEnv n;
+  if (nnodes.value == 1) {
+    // One node: the ranks meet on loopback, as before multi-node existed; a MASTER_PORT left in
+    // the environment (inside an srun, say) does not pin the port, only the flag does.
+    addr = "127.0.0.1";
+    if (!flags.master_port) port = {0, "default"};
+  }
+  n.nnodes = nnodes.value;
+  n.node_rank = node_rank.value;
+  n.nproc_per_node = per.value;
+  n.master_addr = addr;
+  n.master_port = port.from == "default" ? 0 : port.value;
+  n.nnodes_from = nnodes.from;
+  n.node_rank_from = node_rank.from;
+  return n;
+}
+
+RankRange parse_rank_range(const std::string& text, const std::string& flag) {
+  auto bad = [&](const std::string& why) { return UserError(flag + " '" + text + "': " + why); };
+  const size_t colon = text.find(':');
+  RankRange r;
+  try {
+    if (colon == std::string::npos) {
+      r.min = r.max = whole_int(text, flag);
+    } else {
+      r.min = whole_int(text.substr(0, colon), flag + " (the minimum)");
+      r.max = whole_int(text.substr(colon + 1), flag + " (the maximum)");
+    }
+  } catch (const UserError& e) {
+    throw bad("not N or MIN:MAX (" + std::string(e.what()) + ")");
+  }
+  if (r.min < 1 || r.max > 1024 || r.min > r.max) throw bad("need 1 <= MIN <= MAX <= 1024");
+  return r;
+}
+
+}  // namespace dtrain

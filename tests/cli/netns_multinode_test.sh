@@ -1,0 +1,146 @@
+#!/usr/bin/env bash
+# Two "nodes" as two network namespaces joined by a veth pair, each running
+# `dtrain launch --nnodes 2 --nproc-per-node 2` (4 ranks), as on two machines:
+#   1. the job trains together and its parameters equal an in-process 4-rank run's, bitwise;
+#   2. a rank killed on node 1 (DTRAIN_FAULT) makes node 0's launcher exit non-zero within
+#      heartbeat_s + a few seconds (not the 60 s collective deadline), naming rank 3 and node 1;
+#   3. with --max-restarts 1 the job recovers from its checkpoint on both nodes together (node
+#      0 counts the restart) and ends bitwise equal to the uninterrupted run;
+#   4. SIGTERM to node 0's launcher alone stops the ranks of both nodes (node 1's launcher
+#      forwards it too), both launchers exit with the ranks' code, and `--resume auto` on both
+#      nodes ends bitwise equal to the uninterrupted run.
+# The output folder is shared by the two nodes (one file system, as a PVC or NFS would be).
+# Needs root and iproute2; exits 77 (CTest: skipped) with the reason where namespaces cannot be
+# made. Usage: netns_multinode_test.sh DTRAIN_BIN CONFIG
+set -uo pipefail
+bin=$1
+config=$2
+skip() {
+  echo "SKIP: $*"
+  exit 77
+}
+fail() {
+  echo "FAIL: $*"
+  for f in "$out"/*.log; do
+    echo "--- $f"
+    tail -n 40 "$f"
+  done
+  exit 1
+}
+[ "$(id -u)" -eq 0 ] || skip "needs root to create network namespaces (ip netns add)"
+command -v ip >/dev/null || skip "iproute2 (the ip command) is not installed"
+
+tag=$$
+ns0=dtrain-mn0-$tag
+ns1=dtrain-mn1-$tag
+veth0=dma$tag
+veth1=dmb$tag
+# Addresses inside our own namespaces only; nothing outside them is ever contacted.
+sub=$((tag % 200 + 20))
+addr0=10.214.$sub.1
+addr1=10.214.$sub.2
+out=$(mktemp -d)
+echo "work folder: $out"
+cleanup() {
+  ip netns del "$ns0" 2>/dev/null
+  ip netns del "$ns1" 2>/dev/null
+  [ -n "${DTRAIN_TEST_KEEP:-}" ] || rm -rf "$out"
+}
+trap cleanup EXIT
+ip netns add "$ns0" 2>/dev/null || skip "ip netns add is not permitted here (no CAP_SYS_ADMIN or no netns support)"
+ip netns add "$ns1" || skip "ip netns add failed for the second namespace"
+ip link add "$veth0" type veth peer name "$veth1" || skip "cannot create a veth pair"
+ip link set "$veth0" netns "$ns0" && ip link set "$veth1" netns "$ns1" || exit 1
+ip -n "$ns0" addr add "$addr0/24" dev "$veth0" && ip -n "$ns1" addr add "$addr1/24" dev "$veth1" || exit 1
+for ns in "$ns0" "$ns1"; do ip -n "$ns" link set lo up || exit 1; done
+ip -n "$ns0" link set "$veth0" up && ip -n "$ns1" link set "$veth1" up || exit 1
+
+# The tensor bytes of a safetensors file: everything after the 8-byte header length and the
+# JSON header (whose metadata names the backend, so the files differ there).
+tensor_bytes() {
+  local n
+  n=$(od -An -t u8 -N8 "$1" | tr -d ' ')
+  tail -c +$((8 + n + 1)) "$1"
+}
+same_tensors() {
+  [ -f "$1" ] || fail "no checkpoint $1"
+  [ -f "$2" ] || fail "no checkpoint $2"
+  cmp -s <(tensor_bytes "$1") <(tensor_bytes "$2")
+}
+
+sets=(--set train.checkpoint.every_steps=10 --set distributed.rendezvous_timeout_s=30
+  --set distributed.heartbeat_s=5 --set distributed.timeout_s=60 --log-level info)
+# Runs one job: launcher 0 in ns0, launcher 1 in ns1, in the background; waits for both.
+# Usage: job NAME PORT [extra launch args...]; sets rc0, rc1, secs0 (launcher 0's run time).
+# With WHILE_RUNNING set, runs that command (with $p0 and $p1 set) before waiting.
+job() {
+  local name=$1 port=$2
+  shift 2
+  local common=(--nnodes 2 --nproc-per-node 2 --master-addr "$addr0" --master-port "$port"
+    --out "$out/$name" "${sets[@]}" "$@")
+  local start
+  start=$(date +%s%N)
+  ip netns exec "$ns0" env DTRAIN_JOB_TOKEN="mn-$tag" ${FAULT:+DTRAIN_FAULT=$FAULT} \
+    "$bin" launch "$config" --node-rank 0 --set distributed.bind="$addr0" "${common[@]}" \
+    >"$out/$name-$port-node0.log" 2>&1 &
+  local p0=$!
+  ip netns exec "$ns1" env DTRAIN_JOB_TOKEN="mn-$tag" ${FAULT:+DTRAIN_FAULT=$FAULT} \
+    "$bin" launch "$config" --node-rank 1 --set distributed.bind="$addr1" "${common[@]}" \
+    >"$out/$name-$port-node1.log" 2>&1 &
+  local p1=$!
+  [ -n "${WHILE_RUNNING:-}" ] && eval "$WHILE_RUNNING"
+  wait $p0
+  rc0=$?
+  secs0=$((($(date +%s%N) - start) / 1000000000))
+  wait $p1
+  rc1=$?
+}
+
+# The reference: 4 ranks as threads in one process.
+"$bin" run "$config" --set distributed.world_size=4 --set train.checkpoint.every_steps=10 \
+  --out "$out/inproc" --log-level warn >"$out/inproc.log" 2>&1 || fail "in-process run failed"
+final=$(basename "$(ls "$out"/inproc/checkpoints/step-*.safetensors | sort -t- -k2 -n | tail -n1)")
+
+# 1. Together.
+FAULT='' job together 29500
+[ $rc0 -eq 0 ] && [ $rc1 -eq 0 ] || fail "together: launcher exits $rc0 and $rc1"
+grep -q '"world_size": 4' "$out/together/summary.json" || fail "together: no 4-rank summary"
+same_tensors "$out/together/checkpoints/$final" "$out/inproc/checkpoints/$final" ||
+  fail "together: parameters differ from the in-process 4-rank run"
+echo "PASS 1: 2 nodes x 2 ranks trained together, $final bitwise equal to in-process 4 ranks"
+
+# 2. Rank 3 (node 1) killed at step 25; training slowed to 0.1 s per step so that the job is
+# still running then, and a hang would show as the 60 s deadline.
+FAULT='kill:rank=3:step=25,delay:rank=0:ms=100' job killed 29510
+[ $rc0 -ne 0 ] || fail "killed: node 0's launcher exited 0"
+[ $rc1 -ne 0 ] || fail "killed: node 1's launcher exited 0"
+grep -q 'rank 3 on node 1 .* failed: killed by signal SIGKILL' "$out/killed-29510-node0.log" ||
+  fail "killed: node 0's launcher does not name rank 3 on node 1"
+# Start-up and 25 steps take about 4 s; heartbeat_s is 5.
+[ "$secs0" -lt 20 ] || fail "killed: node 0's launcher took $secs0 s"
+echo "PASS 2: node 0's launcher exited $rc0 after $secs0 s naming: $(grep -o 'rank 3 on node 1[^;]*SIGKILL' "$out/killed-29510-node0.log" | head -n1)"
+
+# 3. The same kill with a restart: both nodes restart together and finish equal.
+FAULT='kill:rank=3:step=25' job restarted 29520 --max-restarts 1
+[ $rc0 -eq 0 ] && [ $rc1 -eq 0 ] || fail "restarted: launcher exits $rc0 and $rc1"
+grep -q "restart 1 of 1 (node 0's count)" "$out/restarted-29520-node0.log" || fail "restarted: node 0 did not restart"
+grep -q "restart 1 of 1 (node 0's count)" "$out/restarted-29520-node1.log" || fail "restarted: node 1 did not restart"
+same_tensors "$out/restarted/checkpoints/$final" "$out/inproc/checkpoints/$final" ||
+  fail "restarted: parameters differ from the uninterrupted run"
+echo "PASS 3: restarted once on both nodes, $final bitwise equal to the uninterrupted run"
+
+# 4. SIGTERM to node 0's launcher once training is under way (0.1 s per step).
+# shellcheck disable=SC2034  # read by WHILE_RUNNING, eval-ed in job
+metrics=$out/stopped/metrics.jsonl
+FAULT='delay:rank=0:ms=100' WHILE_RUNNING='for i in $(seq 300); do [ -s "$metrics" ] && break; sleep 0.1; done; kill -TERM $p0' \
+  job stopped 29530
+[ $rc0 -ne 0 ] && [ $rc0 -eq $rc1 ] || fail "stopped: launcher exits $rc0 and $rc1 (want the ranks' code on both)"
+grep -q "another node's launcher received SIGTERM: forwarding it to the ranks" "$out/stopped-29530-node1.log" ||
+  fail "stopped: node 1 did not hear of node 0's signal"
+[ -e "$out/stopped/checkpoints/latest" ] || fail "stopped: no checkpoint"
+stop_rc=$rc0
+FAULT='' job stopped 29540 --resume auto
+[ $rc0 -eq 0 ] && [ $rc1 -eq 0 ] || fail "resumed: launcher exits $rc0 and $rc1"
+same_tensors "$out/stopped/checkpoints/$final" "$out/inproc/checkpoints/$final" ||
+  fail "resumed: parameters differ from the uninterrupted run"
+echo "PASS 4: SIGTERM to node 0's launcher stopped both nodes (each exited $stop_rc, the ranks' code); resumed, $final bitwise equal"

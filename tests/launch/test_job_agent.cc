@@ -1,0 +1,195 @@
+// The launchers' agreement (job_agent.h): two agents of one job on loopback, as threads.
+#include <doctest/doctest.h>
+
+#include <future>
+#include <string>
+#include <thread>
+
+#include "launch/job_agent.h"
+#include "launch/launcher.h"
+#include "test_util.h"
+#include "util/check.h"
+
+using namespace dtrain;
+using dtrain::testing::contains;
+
+namespace {
+
+AgentOptions agent_options(int node, int port, const std::string& token = "agent-test") {
+  AgentOptions o;
+  o.nnodes = 2;
+  o.node_rank = node;
+  o.master_addr = "127.0.0.1";
+  o.port = port;
+  o.token = token;
+  o.join_timeout_s = 10;
+  o.report_timeout_s = 10;
+  return o;
+}
+
+NodeOutcome failed(const std::string& cause, bool killed, int64_t when) {
+  NodeOutcome o;
+  o.kind = NodeOutcome::kFailed;
+  o.rc = 1;
+  o.killed = killed;
+  o.when_ms = when;
+  o.cause = cause;
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("decide_attempt: one decision for the whole job from every node's outcome") {
+  const NodeOutcome ok;
+  CHECK(decide_attempt({ok, ok}, 0, 3).rc == 0);
+  CHECK_FALSE(decide_attempt({ok, ok}, 0, 3).restart);
+
+  // The rank killed by a signal is named as the cause, even if a peer's failure came first.
+  const NodeOutcome peer = failed("rank 0 on node 0 failed: exit status 1", false, 100);
+  const NodeOutcome killed = failed("rank 3 on node 1 failed: killed by signal SIGKILL", true, 200);
+  JobDecision d = decide_attempt({peer, killed}, 0, 1);
+  CHECK(d.restart);
+  CHECK(d.reason == killed.cause);
+  // Restarts run out: exit 1 with the cause.
+  d = decide_attempt({peer, killed}, 1, 1);
+  CHECK_FALSE(d.restart);
+  CHECK(d.rc == 1);
+  CHECK(d.reason == killed.cause);
+  // Otherwise the earliest failure.
+  d = decide_attempt({failed("late", false, 300), failed("early", false, 50)}, 0, 0);
+  CHECK(d.reason == "early");
+  CHECK(d.rc == 1);
+
+  // A user error anywhere: no restart, exit 2.
+  NodeOutcome user = failed("rank 2 on node 1 failed: exit status 2", false, 10);
+  user.kind = NodeOutcome::kUserError;
+  user.rc = 2;
+  d = decide_attempt({ok, user}, 0, 5);
+  CHECK_FALSE(d.restart);
+  CHECK(d.rc == 2);
+
+  // A signal: no restart, the stopped node's code (the ranks' code) passes through.
+  NodeOutcome stopped;
+  stopped.kind = NodeOutcome::kStopped;
+  stopped.rc = 143;
+  stopped.cause = "stopped by SIGTERM";
+  d = decide_attempt({ok, stopped, killed}, 0, 5);
+  CHECK_FALSE(d.restart);
+  CHECK(d.rc == 143);
+}
+
+TEST_CASE("JobAgent: two nodes check in, hear each other's failures and agree on restarts") {
+  const int port = pick_free_port();
+  JobAgent a0(agent_options(0, port));
+  // Node 1 starts after node 0 in real life or before; here it joins from another thread.
+  auto f1 = std::async(std::launch::async, [&] {
+    JobAgent a1(agent_options(1, port));
+    const auto hosts = a1.join(2);
+    REQUIRE(hosts.size() == 2);
+    // Attempt 0: node 1 reports its rank's failure; node 0 hears it (node 1 does not hear its
+    // own).
+    a1.report_failure(0, "rank 3 on node 1 (h1) failed: killed by signal SIGKILL");
+    a1.report_failure(0, "rank 2 on node 1 (h1) failed: exit status 1");  // not the first
+    CHECK(a1.poll(0).failures.empty());
+    const JobDecision d0 =
+        a1.finish(0, failed("rank 3 on node 1 (h1) failed: killed by signal SIGKILL", true, 1), 0);
+    // Attempt 1: node 0 received a signal.
+    RemoteNews n;
+    for (int i = 0; i < 100 && n.stop_signal == 0; ++i) {
+      n = a1.poll(1);
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    CHECK(n.stop_signal == 15);
+    NodeOutcome stopped;
+    stopped.kind = NodeOutcome::kStopped;
+    stopped.rc = 75;
+    const JobDecision d1 = a1.finish(1, stopped, 0);
+    return std::make_pair(d0, d1);
+  });
+  const auto hosts = a0.join(2);
+  CHECK(hosts.size() == 2);
+  RemoteNews n;
+  for (int i = 0; i < 100 && n.failures.empty(); ++i) {
+    n = a0.poll(0);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  REQUIRE(n.failures.size() == 1);
+  CHECK(n.failures[0] == "rank 3 on node 1 (h1) failed: killed by signal SIGKILL");
+  CHECK(n.lost.empty());
+  CHECK(a0.poll(0).failures.empty());  // each news once
+  // Node 0's budget (1 restart) decides, not node 1's (0).
+  const JobDecision d0 =
+      a0.finish(0, failed("rank 0 on node 0 (h0) failed: exit status 1", false, 2), 1);
+  CHECK(d0.restart);
+  CHECK(d0.reason == "rank 3 on node 1 (h1) failed: killed by signal SIGKILL");
+  a0.report_stop(1, 15);
+  NodeOutcome stopped;
+  stopped.kind = NodeOutcome::kStopped;
+  stopped.rc = 75;
+  const JobDecision d1 = a0.finish(1, stopped, 1);
+  CHECK_FALSE(d1.restart);
+  CHECK(d1.rc == 75);
+  const auto [r0, r1] = f1.get();
+  CHECK(r0.restart);
+  CHECK(r0.reason == d0.reason);
+  CHECK_FALSE(r1.restart);
+  CHECK(r1.rc == 75);
+}
+
+TEST_CASE("JobAgent: a disagreeing node, a wrong token and a missing node are refused in time") {
+  const int port = pick_free_port();
+  {
+    JobAgent a0(agent_options(0, port));
+    auto f1 = std::async(std::launch::async, [&] {
+      JobAgent a1(agent_options(1, port));
+      try {
+        a1.join(3);
+      } catch (const UserError& e) {
+        return std::string(e.what());
+      }
+      return std::string("<no error>");
+    });
+    std::string e0 = "<no error>";
+    try {
+      a0.join(2);
+    } catch (const UserError& e) {
+      e0 = e.what();
+    }
+    CHECK(contains(e0, "runs 3 rank(s) per node, this node 2"));
+    CHECK(contains(f1.get(), "runs 2 rank(s) per node, this node 3"));
+  }
+  {
+    const int port2 = pick_free_port();
+    JobAgent a0(agent_options(0, port2));
+    AgentOptions wrong = agent_options(1, port2, "another-token");
+    wrong.join_timeout_s = 2;
+    JobAgent a1(wrong);
+    std::string e = "<no error>";
+    try {
+      a1.join(2);
+    } catch (const std::runtime_error& x) {
+      e = x.what();
+    }
+    CHECK(contains(e, "refused this node's job token"));
+  }
+  {
+    const int port3 = pick_free_port();
+    AgentOptions o = agent_options(0, port3);
+    o.join_timeout_s = 1;
+    JobAgent a0(o);
+    std::string e = "<no error>";
+    try {
+      a0.join(2);
+    } catch (const std::runtime_error& x) {
+      e = x.what();
+    }
+    CHECK(contains(e, "node(s) 1 did not check in within 1 s"));
+  }
+  {
+    // Node 0's launcher is gone: node 1's poll reports it instead of hanging.
+    const int port4 = pick_free_port();
+    JobAgent a1(agent_options(1, port4));
+    const RemoteNews n = a1.poll(0);
+    CHECK_FALSE(n.lost.empty());
+  }
+}
