@@ -68,6 +68,13 @@ struct FsdpConfig {
   bool reshard_after_forward = true;  // free gathered parameters after forward, gather again
 };
 
+// Tensor parallel (Megatron-LM, model.type gpt only): size T > 1 splits every transformer
+// block's attention heads and MLP columns over T ranks (nn/tp_gpt.h); world_size = T x
+// data-parallel replicas x pipeline stages, tensor ranks fastest (comm/rank_grid.h).
+struct TensorParallelConfig {
+  int64_t size = 1;  // T >= 1 (1: none); divides n_head, 4 n_embd and the vocabulary 256
+};
+
 // Pipeline parallel: stages > 1 (or strategy pipeline, an alias of ddp with a pipeline whose
 // stages default to 2) splits the model into stages; world_size = stages x data-parallel
 // replicas, and distributed.strategy runs on the data axis of each stage.
@@ -110,6 +117,7 @@ struct DistributedConfig {
   CompressionConfig compression;  // ddp only
   FsdpConfig fsdp;
   PipelineConfig pipeline;
+  TensorParallelConfig tensor_parallel;
 };
 
 struct RuntimeConfig {

@@ -171,6 +171,39 @@ void validate_relations(const Config& c, const KeyErrors& errors) {
                "nothing to train: epochs and max_steps are both 0 (set one of them > 0)");
 }
 
+// distributed.tensor_parallel.size against the model and the world (the one place these are
+// checked: the layers and the loop DT_CHECK them).
+void validate_tensor_parallel(const Config& c, const KeyErrors& errors) {
+  const DistributedConfig& dc = c.distributed;
+  const int64_t T = dc.tensor_parallel.size;
+  if (T <= 1) return;
+  const char* key = "distributed.tensor_parallel.size";
+  if (c.model.type != ModelType::kGpt) {
+    errors.check(false, key,
+                 "model.type " + to_string(c.model.type) +
+                     " has no tensor-parallel layers (only model.type gpt does): use "
+                     "data-parallel or pipeline ranks instead");
+    return;
+  }
+  const ModelConfig& m = c.model;
+  errors.check(m.n_head % T == 0, key,
+               show(T) + " does not divide model.n_head " + show(m.n_head) +
+                   " (each tensor rank owns whole heads)");
+  errors.check(4 * m.n_embd % T == 0, key,
+               show(T) + " does not divide the MLP width 4 x model.n_embd = " + show(4 * m.n_embd));
+  errors.check(256 % T == 0, key, show(T) + " does not divide the vocabulary of 256 bytes");
+  const int64_t S =
+      dc.strategy == StrategyKind::kPipeline || dc.pipeline.stages > 1 ? dc.pipeline.stages : 1;
+  errors.check(dc.world_size % (T * S) == 0, key,
+               show(T) + " tensor ranks x " + show(S) + " stage(s) does not divide world_size " +
+                   show(dc.world_size));
+  errors.check(dc.compression.type == CompressionType::kNone, key,
+               "distributed.compression does not apply with tensor parallelism");
+  errors.check(dc.strategy != StrategyKind::kLocalSgd, key,
+               "strategy local_sgd does not apply with tensor parallelism (tensor ranks must "
+               "step together)");
+}
+
 // Checks that relate the distributed keys to each other and to the model and data.
 void validate_distributed(const Config& c, const KeyErrors& errors) {
   const DistributedConfig& dc = c.distributed;
@@ -198,6 +231,7 @@ void validate_distributed(const Config& c, const KeyErrors& errors) {
                "distributed.compression.type",
                "compression does not apply with a pipeline (distributed.pipeline.stages is " +
                    show(pc.stages) + "): compress a plain data-parallel run instead");
+  validate_tensor_parallel(c, errors);
   const LocalSgdConfig& ls = dc.local_sgd;
   const int64_t every = c.train.checkpoint.every_steps;
   if (dc.strategy == StrategyKind::kLocalSgd && every > 0)

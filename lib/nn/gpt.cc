@@ -10,6 +10,7 @@
 #include "nn/kernels/embedding.h"
 #include "nn/layer.h"
 #include "nn/layer_util.h"
+#include "nn/tp_gpt.h"
 #include "util/check.h"
 
 namespace dtrain {
@@ -284,7 +285,12 @@ class Block final : public Layer {
 
 }  // namespace
 
-Model build_gpt(const ModelConfig& cfg, int64_t vocab, int64_t seq) {
+std::unique_ptr<Layer> make_gpt_block(int64_t seq, int64_t embd, int64_t n_head, int64_t n_layer,
+                                      double dropout) {
+  return std::make_unique<Block>(seq, embd, n_head, n_layer, dropout);
+}
+
+Model build_gpt(const ModelConfig& cfg, int64_t vocab, int64_t seq, int tp_rank, int tp_size) {
   const int64_t C = cfg.n_embd, L = cfg.n_layer, H = cfg.n_head;
   if (C % H != 0)
     throw UserError("model.n_head " + std::to_string(H) + " does not divide model.n_embd " +
@@ -298,8 +304,9 @@ Model build_gpt(const ModelConfig& cfg, int64_t vocab, int64_t seq) {
   e.push_back(
       {"transformer", std::make_unique<Embedding>(vocab, cfg.block_size, seq, C, cfg.dropout)});
   for (int64_t i = 0; i < L; ++i)
-    e.push_back(
-        {"transformer.h." + std::to_string(i), std::make_unique<Block>(seq, C, H, L, cfg.dropout)});
+    e.push_back({"transformer.h." + std::to_string(i),
+                 tp_size > 1 ? make_tp_block(seq, C, H, L, cfg.dropout, tp_rank, tp_size)
+                             : std::make_unique<Block>(seq, C, H, L, cfg.dropout)});
   e.push_back({"transformer.ln_f", make_layer_norm({seq, C})});
   // The tied head draws from the embedding's stream (element 0), whose first draws are wte's:
   // the two copies start bitwise equal.

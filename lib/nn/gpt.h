@@ -31,6 +31,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 
 #include "nn/model.h"
 #include "nn/options.h"
@@ -40,6 +41,14 @@ namespace dtrain {
 // cfg's gpt keys; `seq` positions per sample (T <= block_size: generate runs shorter contexts on
 // the same parameters, whose shapes do not depend on T). UserError for n_head not dividing
 // n_embd, seq above block_size, or dropout outside [0, 1).
-Model build_gpt(const ModelConfig& cfg, int64_t vocab, int64_t seq);
+// tp_size > 1: the same model with tensor-parallel blocks (nn/tp_gpt.h), tensor rank tp_rank's
+// shards; element list, names and initial values (sliced) as the tp_size 1 model's.
+Model build_gpt(const ModelConfig& cfg, int64_t vocab, int64_t seq, int tp_rank = 0,
+                int tp_size = 1);
+
+// One transformer block as build_gpt builds it (the tensor-parallel block draws its initial
+// values from one, then keeps its shards).
+std::unique_ptr<Layer> make_gpt_block(int64_t seq, int64_t embd, int64_t n_head, int64_t n_layer,
+                                      double dropout);
 
 }  // namespace dtrain

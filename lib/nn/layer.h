@@ -40,6 +40,8 @@ struct ParamSpec {
 //    same masks whichever rank, micro-batch or batch position it lands in: W ranks, any
 //    accumulation and any pipeline split draw what one process draws;
 //  - sequential, from *rng, otherwise (tests, tools).
+class TensorGroup;  // nn/tp_gpt.h
+
 struct LayerCtx {
   bool training = true;
   Rng* rng = nullptr;  // dropout's sequential source in training mode (when rows is null)
@@ -47,6 +49,9 @@ struct LayerCtx {
   const int64_t* rows = nullptr;
   uint64_t mask_key = 0;  // the step's key: dropout_step_key(seed, step)
   int64_t site = 0;       // the element's index in the model (set by Model::forward)
+  // The tensor-parallel group a tensor-parallel layer all-reduces over (its f and g, nn/tp_gpt.h);
+  // null when the model has no such layers. Kept for backward.
+  TensorGroup* tensor = nullptr;
 };
 using ForwardCtx = LayerCtx;
 

@@ -23,6 +23,8 @@
 
 namespace dtrain {
 
+class TensorGroup;  // nn/tp_gpt.h
+
 // One optimizer step's work on this rank.
 struct StepWork {
   // This replica's accumulation micro-batches: indices into the training set.
@@ -52,10 +54,19 @@ class Executor {
   virtual bool computes_loss() const = 0;
   // Seconds waiting for neighbouring stages so far (training steps; bubbles included).
   virtual double wait_seconds() const { return 0.0; }
+  // Peak bytes of the activations a training step kept for backward on this rank (layer
+  // outputs and saved state; a pipeline: of every micro-batch in flight).
+  virtual int64_t peak_activation_bytes() const { return 0; }
   // Seconds in point-to-point receives (training and evaluation), for comm_s.
   virtual double recv_seconds() const { return 0.0; }
   // Extra summary.json content ({"stages": [...]} for a pipeline); collective over the world.
   virtual nlohmann::json summary(Communicator& /*world*/) { return nlohmann::json::object(); }
+  // The tensor-parallel group every forward and backward runs with (LayerCtx::tensor); null
+  // without tensor parallelism. Must outlive the executor.
+  void set_tensor_group(TensorGroup* g) { tensor_ = g; }
+
+ protected:
+  TensorGroup* tensor_ = nullptr;
 };
 
 // Evaluation shares: replica dp of DP takes rows [lo, hi) of n, and every replica runs `batches`

@@ -16,6 +16,7 @@
 #include "checkpoint/checkpoint.h"
 #include "comm/rank_grid.h"
 #include "data/sampler.h"
+#include "nn/gpt.h"
 #include "nn/loss.h"
 #include "nn/registry.h"
 #include "optim/optimizer.h"
@@ -30,6 +31,7 @@
 #include "train/straggler.h"
 #include "train/strategy.h"
 #include "train/tied_grads.h"
+#include "train/tp_train.h"
 #include "util/check.h"
 #include "util/fs.h"
 
@@ -80,10 +82,11 @@ class TrainLoop {
   void save();
   void save_sharded(const CheckpointMeta& m);
   nlohmann::json summary(int stop_signal);
+  nlohmann::json memory_per_rank(const StateMemory& mem);
   double comm_seconds() const;
   // One rank holds the whole model (no pipeline, a replicated strategy): checkpoints are one
   // file; otherwise sharded folders.
-  bool one_file() const { return !pipelined_ && !strategy_->sharded(); }
+  bool one_file() const { return !pipelined_ && !strategy_->sharded() && !tp_; }
   double epoch_progress() const {
     return static_cast<double>(epoch_) + static_cast<double>(batch_) / static_cast<double>(bpe_);
   }
@@ -106,8 +109,9 @@ class TrainLoop {
   Model model_;
   std::vector<LayerRange> stages_;  // per stage (one: the whole model)
   std::unique_ptr<Strategy> strategy_;
-  std::optional<TiedGrads> tied_;  // the GPT's tied embeddings (train/tied_grads.h)
-  double tied_sq_ = 0.0;           // the step's TiedGrads::sum, subtracted by clip()
+  std::optional<TiedGrads> tied_;       // the GPT's tied embeddings (train/tied_grads.h)
+  std::unique_ptr<TensorParallel> tp_;  // distributed.tensor_parallel.size > 1 (train/tp_train.h)
+  double tied_sq_ = 0.0;                // the step's TiedGrads::sum, subtracted by clip()
   std::unique_ptr<Executor> exec_;
   std::optional<Sampler> sampler_;
   StepPlan plan_;
@@ -147,7 +151,7 @@ TrainLoop::TrainLoop(const Config& cfg, const RunOptions& opts, Communicator& co
       rank_(comm.rank()),
       lead_(comm.rank() == 0),
       S_(pipeline_stages(cfg)),
-      grid_(comm, 1, S_),
+      grid_(comm, static_cast<int>(cfg.distributed.tensor_parallel.size), S_),
       dp_(grid_.comm(GridAxis::kData)),
       pp_(grid_.comm(GridAxis::kPipeline)),
       DP_(grid_.layout().dp()),
@@ -174,6 +178,13 @@ void TrainLoop::setup_model() {
         data_.train.rows, data_.test.rows, shape.in_features, shape.num_classes,
         to_string(data_.normalizer.method), seconds_since(t0));
   model_ = build_model(cfg_.model, {shape.sample, shape.num_classes});
+  if (grid_.layout().tp() > 1) {
+    // This tensor rank's shards; model_ so far is the whole model checkpoints are written in.
+    Model whole = std::move(model_);
+    model_ = build_gpt(cfg_.model, shape.num_classes, shape.sample.at(0), grid_.coord().tp,
+                       grid_.layout().tp());
+    tp_ = std::make_unique<TensorParallel>(model_, std::move(whole), grid_.comm(GridAxis::kTensor));
+  }
   tps_ = data_.train.targets_per_row();
   DT_CHECK_EQ(model_.targets_per_sample(), tps_);
   if (lead_) spdlog::info("model:\n{}", model_.describe());
@@ -191,6 +202,7 @@ void TrainLoop::setup_model() {
   exec_ = pipelined ? make_pipeline_executor(cfg_, model_, data_.train, *strategy_, rng_, tracer_,
                                              world_, grid_.layout(), stages_)
                     : make_single_stage_executor(cfg_, data_.train, *strategy_, rng_, tracer_);
+  if (tp_) exec_->set_tensor_group(tp_->group());
   sampler_.emplace(data_.train.rows, cfg_.data.batch_size, DP_, dpr_, cfg_.data.shuffle,
                    cfg_.data.drop_last, static_cast<uint64_t>(cfg_.seed));
   plan_ = plan_steps(cfg_, sampler_->batches_per_epoch(), data_.train.rows, DP_);
@@ -231,8 +243,10 @@ void TrainLoop::check_memory(const ModelRange& range) const {
 
 bool TrainLoop::resume() {
   if (!opts_.resume.empty()) {
-    // The full state is read by rank 0 and broadcast; each strategy keeps its part.
-    const int64_t P = model_.param_count();
+    // The full state is read by rank 0 and broadcast; each strategy keeps its part (of the
+    // whole model's layout, sliced to this tensor rank's shards first).
+    const Model& whole = tp_ ? tp_->global() : model_;
+    const int64_t P = whole.param_count();
     const std::vector<std::string> names = strategy_->state_names();
     std::vector<float> full_p(static_cast<size_t>(P));
     std::vector<std::vector<float>> full_s(names.size(),
@@ -243,10 +257,14 @@ bool TrainLoop::resume() {
       sb.push_back({names[i], full_s[i].data()});
       ptrs.push_back(full_s[i].data());
     }
-    rp_ = resume_full_state(cfg_, opts_, world_, model_, ckpt_dir_, hash_, full_p.data(), sb, rng_,
+    rp_ = resume_full_state(cfg_, opts_, world_, whole, ckpt_dir_, hash_, full_p.data(), sb, rng_,
                             &saved_comp_);
     if (rp_.loaded) {
-      check_tied_copies(model_, full_p.data(), ptrs, rp_.from.empty() ? opts_.resume : rp_.from);
+      check_tied_copies(whole, full_p.data(), ptrs, rp_.from.empty() ? opts_.resume : rp_.from);
+      if (tp_) {  // this tensor rank's shards, in place (a local layout is no larger)
+        tp_->slice(full_p.data(), full_p.data());
+        for (std::vector<float>& b : full_s) tp_->slice(b.data(), b.data());
+      }
       strategy_->load_full(full_p.data(), ptrs);
       step_ = rp_.step;
       epoch_ = rp_.epoch;
@@ -310,7 +328,8 @@ bool TrainLoop::nonfinite_guard(double loss_sum) {
   } else if (const int64_t e = strategy_->first_nonfinite_grad(); e >= 0) {
     code = static_cast<float>(e + 1);
   }
-  if (!loss_global_ && world_.size() > 1) world_.allreduce(&code, 1, ReduceOp::kMin);
+  // Tensor ranks hold different shards' gradients: the verdict is all-reduced there too.
+  if ((!loss_global_ || tp_) && world_.size() > 1) world_.allreduce(&code, 1, ReduceOp::kMin);
   if (code == kFiniteCode) return true;
   const std::string what = nonfinite_what(model_, code);
   if (cfg_.train.nonfinite == Nonfinite::kAbort)
@@ -331,6 +350,7 @@ void TrainLoop::clip() {
   // A tied parameter's two copies hold the same summed gradient: the stage holding the mirror
   // subtracts it, so it counts once (PyTorch's norm of nanoGPT's tied GPT sees one tensor).
   double ss = strategy_->grad_sq_sum() - tied_sq_;
+  if (tp_) ss = tp_->global_sq(ss, strategy_->held_grads(), dp_);  // each shard counted once
   if (pp_.size() > 1) {
     float v = static_cast<float>(ss);
     pp_.allreduce(&v, 1, ReduceOp::kSum);
@@ -399,7 +419,8 @@ bool TrainLoop::step() {
     samples_trained_ += step_samples;
     // The loss sum covers the global batch (loss_global_) or this rank's own samples (added up
     // over the ranks that compute a loss at each record).
-    const bool mine = loss_global_ || exec_->computes_loss();
+    // (Tensor ranks compute the same loss: tensor rank 0's counts.)
+    const bool mine = loss_global_ || (exec_->computes_loss() && grid_.coord().tp == 0);
     interval_loss_ += mine ? loss_sum : 0.0;
     interval_samples_ += loss_global_ ? step_samples : (mine ? local_samples : 0);
   }
@@ -479,8 +500,11 @@ void TrainLoop::evaluate() {
   int64_t right = correct;
   if (world_.size() > 1) {
     const size_t W = static_cast<size_t>(world_.size());
-    int64_t mine[2] = {0, correct};
-    std::memcpy(&mine[0], &loss_sum, sizeof(double));
+    // Tensor ranks compute the same sums: tensor rank 0's count.
+    const bool counts = grid_.coord().tp == 0;
+    const double my_loss = counts ? loss_sum : 0.0;
+    int64_t mine[2] = {0, counts ? correct : 0};
+    std::memcpy(&mine[0], &my_loss, sizeof(double));
     std::vector<int64_t> all(2 * W);
     world_.allgather(mine, all.data(), std::vector<size_t>(W, 2));
     total = 0.0;
@@ -568,7 +592,9 @@ void TrainLoop::save_sharded(const CheckpointMeta& m) {
   if (writer) {
     try {
       const CheckpointShard sh = strategy_->checkpoint_shard();
-      for (const ShardRange& r : sh.ranges) mine.insert(mine.end(), {r.begin, r.end, r.offset});
+      // A tensor rank lists the whole layout's ranges its local shard fills (train/tp_train.h).
+      for (const ShardRange& r : tp_ ? tp_->global_ranges(sh.ranges) : sh.ranges)
+        mine.insert(mine.end(), {r.begin, r.end, r.offset});
       fs::create_directories(dir);
       save_shard(dir.string(), rank_, sh.ranges, sh.size, sh.params, state_buffers(names, sh));
     } catch (const std::exception& e) {
@@ -603,15 +629,39 @@ void TrainLoop::save_sharded(const CheckpointMeta& m) {
       for (size_t k = 0; k + 3 <= sizes[r]; k += 3)
         sh.ranges.push_back({all[at + k], all[at + k + 1], all[at + k + 2]});
       sh.where = {{"tp", g.tp}, {"dp", g.dp}, {"pp", g.pp}};
+      if (tp_) sh.where["tensor_shards"] = tp_->describe_shards(g.tp);
       shards.push_back(std::move(sh));
     }
     at += sizes[r];
   }
   const nlohmann::json layout = {
       {"tp", grid_.layout().tp()}, {"dp", grid_.layout().dp()}, {"pp", grid_.layout().pp()}};
-  write_manifest(dir.string(), model_, m, shards, names, layout);
+  write_manifest(dir.string(), tp_ ? tp_->global() : model_, m, shards, names, layout);
   commit_checkpoint(ckpt_dir_, name, cfg_.train.checkpoint.keep_last);
   spdlog::debug("checkpoint {}", name);
+}
+
+// Every rank's training memory (bytes of parameters, gradients, optimizer state and the peak
+// of activations kept for backward) with its grid coordinates, for summary.json. Collective.
+nlohmann::json TrainLoop::memory_per_rank(const StateMemory& mem) {
+  const std::vector<int64_t> mine = {mem.param_bytes, mem.grad_bytes, mem.optim_bytes,
+                                     exec_->peak_activation_bytes()};
+  const size_t W = static_cast<size_t>(world_.size()), k = mine.size();
+  std::vector<int64_t> all(W * k);
+  world_.allgather(mine.data(), all.data(), std::vector<size_t>(W, k));
+  nlohmann::json out = nlohmann::json::array();
+  for (size_t r = 0; r < W; ++r) {
+    const GridCoord g = grid_.layout().coord(static_cast<int>(r));
+    out.push_back({{"rank", r},
+                   {"tp", g.tp},
+                   {"dp", g.dp},
+                   {"pp", g.pp},
+                   {"param_bytes", all[r * k]},
+                   {"grad_bytes", all[r * k + 1]},
+                   {"optim_bytes", all[r * k + 2]},
+                   {"activation_bytes", all[r * k + 3]}});
+  }
+  return out;
 }
 
 nlohmann::json TrainLoop::summary(int stop_signal) {
@@ -624,7 +674,8 @@ nlohmann::json TrainLoop::summary(int stop_signal) {
       grid_.describe(), mem.param_bytes / 1048576.0, mem.grad_bytes / 1048576.0,
       mem.optim_bytes / 1048576.0, mem.peak_gathered_bytes / 1048576.0,
       mem.peak_unit_grad_bytes / 1048576.0, peak_rss_mb());
-  const nlohmann::json extra = exec_->summary(world_);  // collective
+  const nlohmann::json extra = exec_->summary(world_);   // collective
+  const nlohmann::json per_rank = memory_per_rank(mem);  // collective
   nlohmann::json s = interrupt_summary(stop_signal);
   s.update({
       {"steps", step_},
@@ -662,6 +713,8 @@ nlohmann::json TrainLoop::summary(int stop_signal) {
       {"optim_bytes", mem.optim_bytes},
       {"peak_gathered_bytes", mem.peak_gathered_bytes},
       {"peak_unit_grad_bytes", mem.peak_unit_grad_bytes},
+      {"activation_bytes", exec_->peak_activation_bytes()},
+      {"memory_per_rank", per_rank},
   });
   if (cfg_.data.format == DataFormat::kText)  // bits per byte
     s["test_bpb"] =

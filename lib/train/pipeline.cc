@@ -161,6 +161,7 @@ class PipelineStage final : public Executor {
   std::pair<double, int64_t> evaluate(const Dataset& d, int64_t batch, int dp, int DP) override;
   bool computes_loss() const override { return last_; }
   double wait_seconds() const override { return idle_s_; }
+  int64_t peak_activation_bytes() const override { return peak_stored_; }
   double recv_seconds() const override { return idle_s_ + eval_recv_s_; }
   nlohmann::json summary(Communicator& world) override;
 
@@ -217,7 +218,11 @@ void PipelineStage::forward(Micro& mb, float scale) {
   const auto t0 = Clock::now();
   mb.rng_state = rng_.state();
   mb.acts = acquire();
-  ForwardCtx ctx{.training = true, .rng = &rng_, .rows = mb.idx.data(), .mask_key = mask_key_};
+  ForwardCtx ctx{.training = true,
+                 .rng = &rng_,
+                 .rows = mb.idx.data(),
+                 .mask_key = mask_key_,
+                 .tensor = tensor_};
   const Tensor& out = s_.forward(mb.input, *mb.acts, ctx);
   if (last_) {
     gather_targets(train_, mb.idx, mb.labels);
@@ -250,7 +255,11 @@ void PipelineStage::backward(Micro& mb, bool last, bool poison) {
   if (!mb.acts) {  // recompute the forward with the same dropout stream
     Rng replay;
     replay.set_state(mb.rng_state);
-    ForwardCtx rctx{.training = true, .rng = &replay, .rows = mb.idx.data(), .mask_key = mask_key_};
+    ForwardCtx rctx{.training = true,
+                    .rng = &replay,
+                    .rows = mb.idx.data(),
+                    .mask_key = mask_key_,
+                    .tensor = tensor_};
     mb.acts = acquire();
     s_.forward(mb.input, *mb.acts, rctx);
     peak_stored_ = std::max(peak_stored_, stored_now_ + mb.acts->bytes());
@@ -300,7 +309,7 @@ std::pair<double, int64_t> PipelineStage::evaluate(const Dataset& d, int64_t bat
   const int64_t nt = d.rows;
   const auto [lo, hi, max_batches] = eval_share(nt, batch, dp, DP);
   Activations acts;
-  ForwardCtx ctx{.training = false, .rng = nullptr};
+  ForwardCtx ctx{.training = false, .rng = nullptr, .tensor = tensor_};
   std::vector<int64_t> idx;
   Tensor in;
   double ls = 0.0;

@@ -1,4 +1,5 @@
 // The one-stage executor (train/executor.h): no pipeline, the strategy's range is the model.
+#include <algorithm>
 #include <cmath>
 #include <optional>
 
@@ -17,7 +18,7 @@ class SingleStage final : public Executor {
 
   double run_step(const StepWork& w) override {
     const auto& batches = *w.batches;
-    ForwardCtx ctx{.training = true, .rng = &rng_, .mask_key = w.mask_key};
+    ForwardCtx ctx{.training = true, .rng = &rng_, .mask_key = w.mask_key, .tensor = tensor_};
     double loss_sum = 0.0;
     for (size_t i = 0; i < batches.size(); ++i) {
       const bool last = i + 1 == batches.size();
@@ -25,6 +26,7 @@ class SingleStage final : public Executor {
       ctx.rows = batches[i].data();  // dropout masks keyed on the samples
       std::optional<TraceScope> fw(std::in_place, tracer_, "forward", "compute");
       const Tensor& out = s_.forward(b_.x, acts_, ctx);
+      peak_act_ = std::max(peak_act_, acts_.bytes());
       loss_sum += loss_and_grad(loss_, out, b_.targets.data(), &dlogits_, w.scale);
       fw.reset();
       if (last && w.poison && dlogits_.numel() > 0)
@@ -43,7 +45,7 @@ class SingleStage final : public Executor {
     Activations acts;
     Batch b;
     std::vector<int64_t> idx;
-    ForwardCtx ctx{.training = false, .rng = nullptr};
+    ForwardCtx ctx{.training = false, .rng = nullptr, .tensor = tensor_};
     double loss_sum = 0.0;
     int64_t correct = 0;
     for (int64_t j = 0; j < max_batches; ++j) {
@@ -62,6 +64,7 @@ class SingleStage final : public Executor {
   }
 
   bool computes_loss() const override { return true; }
+  int64_t peak_activation_bytes() const override { return peak_act_; }
 
  private:
   Loss loss_;
@@ -72,6 +75,7 @@ class SingleStage final : public Executor {
   Activations acts_;
   Batch b_;
   Tensor dlogits_;
+  int64_t peak_act_ = 0;
 };
 
 }  // namespace

@@ -1,0 +1,197 @@
+// Tensor parallelism in training (distributed.tensor_parallel): 20 steps of a tiny tied GPT on a
+// slice of the Jargon File at TP 2 and TP 4 alone, TP 2 x DP 2 under ddp, zero1, zero2 and fsdp,
+// TP 2 x PP 2 and TP 2 x DP 2 x PP 2 end where one process with the same global batch ends
+// (1e-5 of the weights; SGD with momentum, gradient clipping that binds, dropout); checkpoints
+// written at one layout resume at another; and the configurations that cannot run are refused.
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <spdlog/spdlog.h>
+
+#include "checkpoint/checkpoint.h"
+#include "config/config.h"
+#include "test_util.h"
+#include "train/real_data.h"
+#include "train/train_test_util.h"
+#include "util/check.h"
+
+using namespace dtrain;
+using dtrain::testing::as_file;
+using dtrain::testing::checkpoint_rel_diff;
+using dtrain::testing::TempDir;
+using dtrain::testing::train_yaml;
+
+namespace {
+
+// tiny_gpt_cfg with 4 heads (TP 4 owns one each), SGD with momentum (Adam would amplify the
+// summation-order noise), dropout 0.1 and a clipping norm that binds at every step (the
+// gradient norm of this model starts near 1.3).
+std::string tp_cfg(const std::string& text) {
+  return testing::tiny_gpt_cfg(text, true);
+}
+const std::vector<std::string> kBase = {"model.n_head=4",
+                                        "model.dropout=0.1",
+                                        "optimizer.type=sgd",
+                                        "optimizer.lr=0.05",
+                                        "optimizer.momentum=0.9",
+                                        "optimizer.weight_decay=0",
+                                        "optimizer.clip_grad_norm=0.5",
+                                        "train.log_every=20"};
+
+std::vector<std::string> layout(int tp, int dp, int pp, const std::string& strategy = "ddp") {
+  std::vector<std::string> s = kBase;
+  s.insert(s.end(),
+           {"distributed.tensor_parallel.size=" + std::to_string(tp),
+            "distributed.world_size=" + std::to_string(tp * dp * pp),
+            "distributed.strategy=" + strategy, "data.batch_size=" + std::to_string(24 / dp)});
+  if (pp > 1)
+    s.insert(s.end(), {"distributed.pipeline.stages=" + std::to_string(pp),
+                       "distributed.pipeline.micro_batches=2"});
+  return s;
+}
+
+std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+struct Fixture {
+  TempDir dir;
+  std::string cfg, ref;
+  bool ok = false;
+  Fixture() {
+    spdlog::set_level(spdlog::level::warn);
+    const std::string text = dir / "jargon.txt";
+    ok = testing::write_jargon_slice(text, testing::kJargonSliceBytes);
+    if (!ok) return;
+    cfg = tp_cfg(text);
+    train_yaml(cfg, dir / "ref", layout(1, 1, 1));
+    ref = as_file(dir / "ref", 20);
+  }
+  // Trains the layout into dir/name; returns its checkpoint's difference from the reference.
+  double diff(const std::string& name, int tp, int dp, int pp, const std::string& strategy) {
+    const auto s = train_yaml(cfg, dir / name, layout(tp, dp, pp, strategy));
+    CHECK(s["layout"] == nlohmann::json({{"dp", dp}, {"pp", pp}, {"tp", tp}}));
+    CHECK(s["steps"] == 20);
+    const double d = checkpoint_rel_diff(as_file(dir / name, 20), ref);
+    MESSAGE(name << " rel diff " << d);
+    return d;
+  }
+};
+
+}  // namespace
+
+TEST_CASE(
+    "tensor parallel: TP 2 and TP 4 alone, and TP 2 x DP 2 under every strategy, equal one "
+    "process") {
+  Fixture f;
+  if (!f.ok) {
+    MESSAGE("jargon-text not installed: skipped");
+    return;
+  }
+  // The reference's loss record, to check the tensor-parallel runs report the same loss.
+  for (const auto& [name, tp, dp, strategy] :
+       std::vector<std::tuple<std::string, int, int, std::string>>{
+           {"tp2", 2, 1, "ddp"},
+           {"tp4", 4, 1, "ddp"},
+           {"tp2-dp2-ddp", 2, 2, "ddp"},
+           {"tp2-dp2-zero1", 2, 2, "zero1"},
+           {"tp2-dp2-zero2", 2, 2, "zero2"},
+           {"tp2-dp2-fsdp", 2, 2, "fsdp"}}) {
+    CAPTURE(name);
+    CHECK(f.diff(name, tp, dp, 1, strategy) < 1e-5);
+  }
+}
+
+TEST_CASE("tensor parallel: TP 2 x PP 2 and TP 2 x DP 2 x PP 2 (8 ranks) equal one process") {
+  Fixture f;
+  if (!f.ok) return;
+  CHECK(f.diff("tp2-pp2", 2, 1, 2, "ddp") < 1e-5);
+  CHECK(f.diff("tp2-dp2-pp2", 2, 2, 2, "ddp") < 1e-5);
+}
+
+TEST_CASE("tensor parallel: the loss and evaluation are the one process's") {
+  Fixture f;
+  if (!f.ok) return;
+  const auto ref = train_yaml(f.cfg, f.dir / "ref-eval", layout(1, 1, 1));
+  const auto tp = train_yaml(f.cfg, f.dir / "tp2-eval", layout(2, 1, 1));
+  const auto tpdp = train_yaml(f.cfg, f.dir / "tp2-dp2-eval", layout(2, 2, 1, "fsdp"));
+  for (const auto* s : {&tp, &tpdp}) {
+    CHECK((*s)["final_train_loss"].get<double>() ==
+          doctest::Approx(ref["final_train_loss"].get<double>()).epsilon(1e-5));
+    CHECK((*s)["test_loss"].get<double>() ==
+          doctest::Approx(ref["test_loss"].get<double>()).epsilon(1e-5));
+  }
+}
+
+TEST_CASE("tensor parallel: a checkpoint saved at TP 2 x PP 2 resumes at TP 1 and TP 4") {
+  Fixture f;
+  if (!f.ok) return;
+  // The run that continues at the saved layout; checkpoints at step 10 and 20.
+  const auto every10 = std::vector<std::string>{"train.checkpoint.every_steps=10"};
+  train_yaml(f.cfg, f.dir / "saved", with(layout(2, 1, 2), every10));
+  const std::filesystem::path ckpts = std::filesystem::path(f.dir / "saved") / "checkpoints";
+  const std::string mid = (ckpts / sharded_checkpoint_name(10)).string();
+  REQUIRE(std::filesystem::exists(mid + "/manifest.json"));
+  // The manifest describes the shards by dimension and offset.
+  const auto manifest = nlohmann::json::parse(std::ifstream(mid + "/manifest.json"));
+  CHECK(manifest.dump().find("\"kind\":\"row\"") != std::string::npos);
+  const std::string cont = as_file(f.dir / "saved", 20);
+  CHECK(checkpoint_rel_diff(cont, f.ref) < 1e-5);
+  for (const auto& [name, tp] : std::vector<std::pair<std::string, int>>{{"tp1", 1}, {"tp4", 4}}) {
+    CAPTURE(name);
+    train_yaml(f.cfg, f.dir / name, layout(tp, 1, 1), mid);
+    CHECK(checkpoint_rel_diff(as_file(f.dir / name, 20), cont) < 1e-5);
+  }
+  // The consolidated file is the ordinary nanoGPT-named one, equal to one process's.
+  const std::string out = f.dir / "consolidated.safetensors";
+  consolidate_checkpoint((ckpts / sharded_checkpoint_name(20)).string(), out);
+  CHECK(checkpoint_rel_diff(out, f.ref) < 1e-5);
+}
+
+TEST_CASE("tensor parallel: configurations that cannot run are refused with one clear line") {
+  const auto refused = [](const std::string& yaml, const std::vector<std::string>& sets,
+                          const std::string& what) {
+    CAPTURE(what);
+    try {
+      parse_config(yaml, "test.yaml", sets);
+      FAIL("accepted");
+    } catch (const UserError& e) {
+      const std::string m = e.what();
+      CAPTURE(m);
+      CHECK(m.find("distributed.tensor_parallel.size") != std::string::npos);
+      CHECK(m.find(what) != std::string::npos);
+    }
+  };
+  const std::string gpt = testing::tiny_gpt_cfg("/dev/null", true);  // n_head 2, n_embd 16
+  refused(gpt, {"distributed.tensor_parallel.size=4", "distributed.world_size=4"},
+          "does not divide model.n_head 2");
+  refused(gpt,
+          {"model.n_head=1", "model.n_embd=24", "distributed.tensor_parallel.size=3",
+           "distributed.world_size=3"},
+          "does not divide model.n_head 1");
+  refused(gpt,
+          {"model.n_head=6", "model.n_embd=24", "distributed.tensor_parallel.size=3",
+           "distributed.world_size=3"},
+          "does not divide the vocabulary of 256");
+  refused(gpt, {"distributed.tensor_parallel.size=2", "distributed.world_size=3"},
+          "does not divide world_size 3");
+  refused(gpt,
+          {"distributed.tensor_parallel.size=2", "distributed.world_size=2",
+           "distributed.pipeline.stages=2"},
+          "does not divide world_size 2");
+  const std::string mlp = R"(
+model: {type: mlp, hidden: [8]}
+data: {format: synthetic}
+distributed: {world_size: 2, tensor_parallel: {size: 2}}
+)";
+  refused(mlp, {}, "has no tensor-parallel layers");
+  TempDir t;
+  const std::string cnn = testing::small_cnn_cfg(t.path());
+  refused(cnn, {"distributed.tensor_parallel.size=2", "distributed.world_size=2"},
+          "model.type sequential has no tensor-parallel layers");
+}
