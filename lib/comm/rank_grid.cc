@@ -41,7 +41,8 @@ GridLayout::GridLayout(int world, int tp, int pp) : world_(world), tp_(tp), dp_(
   if (world % (static_cast<int64_t>(tp) * pp) != 0)
     throw UserError(fmt::format(
         "rank grid: tensor-parallel size {} x pipeline stages {} = {} does not divide the world "
-        "size {} (world = tensor x data x pipeline)",
+        "size {} (world = tensor x data x pipeline; distributed.tensor_parallel.size, "
+        "distributed.pipeline.stages)",
         tp, pp, static_cast<int64_t>(tp) * pp, world));
   dp_ = world / (tp * pp);
 }

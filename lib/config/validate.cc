@@ -171,8 +171,8 @@ void validate_relations(const Config& c, const KeyErrors& errors) {
                "nothing to train: epochs and max_steps are both 0 (set one of them > 0)");
 }
 
-// distributed.tensor_parallel.size against the model and the world (the one place these are
-// checked: the layers and the loop DT_CHECK them).
+// distributed.tensor_parallel.size against the model (the one place this is checked: the
+// layers DT_CHECK it).
 void validate_tensor_parallel(const Config& c, const KeyErrors& errors) {
   const DistributedConfig& dc = c.distributed;
   const int64_t T = dc.tensor_parallel.size;
@@ -192,11 +192,8 @@ void validate_tensor_parallel(const Config& c, const KeyErrors& errors) {
   errors.check(4 * m.n_embd % T == 0, key,
                show(T) + " does not divide the MLP width 4 x model.n_embd = " + show(4 * m.n_embd));
   errors.check(256 % T == 0, key, show(T) + " does not divide the vocabulary of 256 bytes");
-  const int64_t S =
-      dc.strategy == StrategyKind::kPipeline || dc.pipeline.stages > 1 ? dc.pipeline.stages : 1;
-  errors.check(dc.world_size % (T * S) == 0, key,
-               show(T) + " tensor ranks x " + show(S) + " stage(s) does not divide world_size " +
-                   show(dc.world_size));
+  // T x stages dividing the world is the rank grid's check (comm/rank_grid.h): a launcher's
+  // environment sets the world after the config is read, and eval and generate ignore it.
   errors.check(dc.compression.type == CompressionType::kNone, key,
                "distributed.compression does not apply with tensor parallelism");
   errors.check(dc.strategy != StrategyKind::kLocalSgd, key,

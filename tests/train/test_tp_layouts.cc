@@ -18,6 +18,7 @@
 #include "train/real_data.h"
 #include "train/train_test_util.h"
 #include "util/check.h"
+#include "util/fault.h"
 
 using namespace dtrain;
 using dtrain::testing::as_file;
@@ -178,12 +179,6 @@ TEST_CASE("tensor parallel: configurations that cannot run are refused with one 
           {"model.n_head=6", "model.n_embd=24", "distributed.tensor_parallel.size=3",
            "distributed.world_size=3"},
           "does not divide the vocabulary of 256");
-  refused(gpt, {"distributed.tensor_parallel.size=2", "distributed.world_size=3"},
-          "does not divide world_size 3");
-  refused(gpt,
-          {"distributed.tensor_parallel.size=2", "distributed.world_size=2",
-           "distributed.pipeline.stages=2"},
-          "does not divide world_size 2");
   const std::string mlp = R"(
 model: {type: mlp, hidden: [8]}
 data: {format: synthetic}
@@ -194,4 +189,40 @@ distributed: {world_size: 2, tensor_parallel: {size: 2}}
   const std::string cnn = testing::small_cnn_cfg(t.path());
   refused(cnn, {"distributed.tensor_parallel.size=2", "distributed.world_size=2"},
           "model.type sequential has no tensor-parallel layers");
+  // T x stages must divide the world: the rank grid's check, when the world is known.
+  for (const auto& sets : std::vector<std::vector<std::string>>{
+           {"distributed.tensor_parallel.size=2", "distributed.world_size=3"},
+           {"distributed.tensor_parallel.size=2", "distributed.world_size=2",
+            "distributed.pipeline.stages=2"}}) {
+    try {
+      train_yaml(testing::tiny_gpt_cfg(t.write("c.txt", std::string(4000, 'a')), true),
+                 t / "bad-world", sets);
+      FAIL("accepted");
+    } catch (const UserError& e) {
+      const std::string m = e.what();
+      CAPTURE(m);
+      CHECK(m.find("does not divide the world size") != std::string::npos);
+      CHECK(m.find("distributed.tensor_parallel.size") != std::string::npos);
+    }
+  }
+}
+
+TEST_CASE("tensor parallel: a non-finite gradient on one tensor rank skips the step everywhere") {
+  Fixture f;
+  if (!f.ok) return;
+  // The same step skipped in one process and at TP 2 x DP 2 (the NaN on tensor rank 1 of
+  // replica 1): both end equal, and every rank of the layout skipped it (or the run would hang
+  // or the replicas differ).
+  const auto run = [&](const std::string& name, int tp, int dp, const std::string& fault) {
+    RunOptions o;
+    o.out_dir = f.dir / name;
+    o.faults = parse_faults(fault, 0);
+    const auto s = run_training(
+        parse_config(f.cfg, "test.yaml", with(layout(tp, dp, 1), {"train.nonfinite=skip"})), o);
+    CHECK(s["skipped_steps"] == 1);
+    return as_file(f.dir / name, 20);
+  };
+  const std::string ref = run("nan-ref", 1, 1, "nan:rank=0:step=7");
+  CHECK(checkpoint_rel_diff(run("nan-tp2-dp2", 2, 2, "nan:rank=3:step=7"), ref) < 1e-5);
+  CHECK(checkpoint_rel_diff(ref, f.ref) > 1e-3);  // the skip changed the run
 }
