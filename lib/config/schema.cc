@@ -524,7 +524,8 @@ std::vector<KeyDecl> strategy_keys(const Owners& o) {
           "distributed.tensor_parallel.size",
           [](auto& c) -> auto& { return c.distributed.tensor_parallel.size; },
           R"doc(Tensor-parallel ranks T, 1..1024 (model.type gpt only; 1 = none): each block's attention heads and MLP columns are split over T neighbouring ranks (Megatron-LM's layers); T must divide `model.n_head`, 4 `model.n_embd` and the vocabulary 256, and T x `distributed.pipeline.stages` must divide `world_size` (the rest are data-parallel replicas))doc")
-          .range(1, 1024),
+          .range(1, 1024)
+          .omitted_at_default_value(),
       key(
           "runtime.threads", [](auto& c) -> auto& { return c.runtime.threads; },
           R"doc(OpenBLAS threads per rank, 0..1024; 0 = this machine's cores divided by the ranks on it (at least 1; see "Threads"))doc")

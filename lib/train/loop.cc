@@ -306,8 +306,8 @@ void TrainLoop::log_start() const {
       "training: {} steps ({} per epoch, batch {} x {} replica(s), grad_accum {}), {} params, "
       "layout {}, {} BLAS thread(s) ({} kernels), backend {}, out {}",
       total == std::numeric_limits<int64_t>::max() ? -1 : total, plan_.steps_per_epoch,
-      cfg_.data.batch_size, DP_, plan_.accum, model_.param_count(), grid_.layout().shape(),
-      blas_threads(), blas_core(), world_.backend(), opts_.out_dir);
+      cfg_.data.batch_size, DP_, plan_.accum, (tp_ ? tp_->global() : model_).param_count(),
+      grid_.layout().shape(), blas_threads(), blas_core(), world_.backend(), opts_.out_dir);
 }
 
 double TrainLoop::comm_seconds() const {
@@ -665,7 +665,7 @@ nlohmann::json TrainLoop::memory_per_rank(const StateMemory& mem) {
 }
 
 nlohmann::json TrainLoop::summary(int stop_signal) {
-  const int64_t P = model_.param_count();
+  const int64_t P = (tp_ ? tp_->global() : model_).param_count();  // the whole model's
   // Training-state memory of this rank, exact from the buffers (sharding.h's StateMemory).
   const StateMemory mem = strategy_->memory();
   spdlog::info(

@@ -121,6 +121,15 @@ TEST_CASE("tensor parallel: the loss and evaluation are the one process's") {
   const auto ref = train_yaml(f.cfg, f.dir / "ref-eval", layout(1, 1, 1));
   const auto tp = train_yaml(f.cfg, f.dir / "tp2-eval", layout(2, 1, 1));
   const auto tpdp = train_yaml(f.cfg, f.dir / "tp2-dp2-eval", layout(2, 2, 1, "fsdp"));
+  // Per-rank memory: 4 ranks, each holding half of the blocks' sharded tensors (fsdp: and a
+  // half of that); the whole model's parameter count.
+  CHECK(tp["param_count"] == ref["param_count"]);
+  REQUIRE(tpdp["memory_per_rank"].size() == 4);
+  for (const auto& m : tpdp["memory_per_rank"]) {
+    CHECK(m["param_bytes"].get<int64_t>() < ref["param_bytes"].get<int64_t>() / 2);
+    CHECK(m["activation_bytes"].get<int64_t>() > 0);
+    CHECK(m["activation_bytes"].get<int64_t>() < ref["activation_bytes"].get<int64_t>());
+  }
   for (const auto* s : {&tp, &tpdp}) {
     CHECK((*s)["final_train_loss"].get<double>() ==
           doctest::Approx(ref["final_train_loss"].get<double>()).epsilon(1e-5));
