@@ -73,7 +73,7 @@ bool decode_checked(std::string_view msg, size_t cut, WireFrame* f, std::string*
   require(ok_whole == ok_pieces, "pieces and one buffer decode alike");
   if (!ok_pieces) return false;
   *pay = payload(pieces, *f);
-  if (f->len % sizeof(float) == 0) {  // what a posted recv_reduce takes from the same pieces
+  if (f->len > 0 && f->len % sizeof(float) == 0) {  // what a posted recv_reduce takes
     const size_t n = f->len / sizeof(float);
     std::vector<float> from_pieces(n, 1.0f), flat(n, 1.0f), contiguous(n);
     std::memcpy(contiguous.data(), pay->data(), f->len);
