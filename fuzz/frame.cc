@@ -11,6 +11,8 @@
 // Checked besides "no crash, no sanitizer report":
 //  - a frame decodes the same from pieces and from one buffer, and re-encoded with
 //    encode_frame_header it decodes to the same fields and payload;
+//  - reducing its payload straight from the pieces (reduce_frame_payload, what a posted
+//    recv_reduce does) gives the same floats as reducing the contiguous payload;
 //  - recv returns exactly the bytes delivered for its message, and fails (CommError) exactly
 //    when the message is incomplete or another message on its channel disagrees about the op.
 // Messages above kHarnessMaxBytes (total_bytes) are decoded and checked but not delivered: the
@@ -71,6 +73,15 @@ bool decode_checked(std::string_view msg, size_t cut, WireFrame* f, std::string*
   require(ok_whole == ok_pieces, "pieces and one buffer decode alike");
   if (!ok_pieces) return false;
   *pay = payload(pieces, *f);
+  if (f->len > 0 && f->len % sizeof(float) == 0) {  // what a posted recv_reduce takes
+    const size_t n = f->len / sizeof(float);
+    std::vector<float> from_pieces(n, 1.0f), flat(n, 1.0f), contiguous(n);
+    std::memcpy(contiguous.data(), pay->data(), f->len);
+    reduce_frame_payload(pieces, *f, from_pieces.data(), Transport::Reduce::kSum);
+    reduce_into(flat.data(), contiguous.data(), n, Transport::Reduce::kSum);
+    require(std::memcmp(from_pieces.data(), flat.data(), f->len) == 0,
+            "reducing from pieces equals reducing the contiguous payload");
+  }
   const std::span<const char> one[1] = {std::span<const char>(msg.data(), msg.size())};
   require(same(whole, *f) && payload(one, whole) == *pay,
           "pieces and one buffer give the same frame");

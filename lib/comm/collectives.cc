@@ -68,22 +68,30 @@ void ring_pass(const CollCtx& c, char* data, const std::vector<size_t>& counts, 
     const size_t nr = segments_of(counts[static_cast<size_t>(rb)], seg);
     const size_t nmax = std::max(ns, nr);
     for (size_t k = 0; k < nmax; ++k) {
-      if (k < ns) {
+      const bool sending = k < ns, receiving = k < nr;
+      MsgHeader sh, rh;
+      const char* src = nullptr;
+      char* dst = nullptr;
+      if (sending) {
         const size_t b = std::min(seg * k, counts[static_cast<size_t>(sb)]);
         const size_t e = std::min(seg * (k + 1), counts[static_cast<size_t>(sb)]);
-        MsgHeader h{c.seq, part_id(phase, static_cast<uint64_t>(s), k), op, (e - b) * es};
-        t.send(right, h, data + (off[static_cast<size_t>(sb)] + b) * es);
+        sh = MsgHeader{c.seq, part_id(phase, static_cast<uint64_t>(s), k), op, (e - b) * es};
+        src = data + (off[static_cast<size_t>(sb)] + b) * es;
       }
-      if (k < nr) {
+      if (receiving) {
         const size_t b = std::min(seg * k, counts[static_cast<size_t>(rb)]);
         const size_t e = std::min(seg * (k + 1), counts[static_cast<size_t>(rb)]);
-        MsgHeader h{c.seq, part_id(phase, static_cast<uint64_t>(s), k), op, (e - b) * es};
-        char* dst = data + (off[static_cast<size_t>(rb)] + b) * es;
-        if (reduce)
-          t.recv_reduce(left, h, reinterpret_cast<float*>(dst), r, c.deadline);
-        else
-          t.recv(left, h, dst, c.deadline);
+        rh = MsgHeader{c.seq, part_id(phase, static_cast<uint64_t>(s), k), op, (e - b) * es};
+        dst = data + (off[static_cast<size_t>(rb)] + b) * es;
       }
+      if (sending && receiving)  // one call, so a transport can post the receive during the send
+        t.send_recv(right, sh, src, left, rh, dst, reduce ? &r : nullptr, c.deadline);
+      else if (sending)
+        t.send(right, sh, src);
+      else if (reduce)
+        t.recv_reduce(left, rh, reinterpret_cast<float*>(dst), r, c.deadline);
+      else
+        t.recv(left, rh, dst, c.deadline);
     }
   }
 }

@@ -14,16 +14,17 @@
 
 namespace dtrain {
 
-// Bumped whenever proto/dtrain.proto or the metadata below change incompatibly; the rendezvous refuses a
-// rank that speaks another version.
+// Bumped whenever proto/dtrain.proto or the metadata below change incompatibly; the rendezvous
+// refuses a rank that speaks another version.
 inline constexpr uint32_t kGrpcProtocolVersion = 3;  // 2: heartbeats; 3: the rendezvous store
 // Metadata on every RPC: the job token, and on Data.Stream the sender's rank.
 inline constexpr char kGrpcTokenKey[] = "x-dtrain-token";
 inline constexpr char kGrpcRankKey[] = "x-dtrain-rank";
 inline constexpr char kGrpcStreamMethod[] = "/dtrain.wire.Data/Stream";
-// Distinct messages a rank buffers from one peer ahead of its own receives. A correct peer is at
-// most a few collectives (their segments) and a pipeline schedule's sends ahead; a frame that
-// would open one more is malformed (forged far-future sequence numbers), so buffering is bounded.
+// Messages a rank buffers from one peer ahead of its own receives, under distinct keys or the
+// same one. A correct peer is at most a few collectives (their segments) and a pipeline
+// schedule's sends ahead; a frame that would open one more is malformed (forged far-future
+// sequence numbers, or one key sent over and over), so buffering is bounded.
 inline constexpr size_t kGrpcMaxBufferedMessages = 65536;
 // Largest single frame a server accepts; chunk_bytes must stay below it.
 inline constexpr int kGrpcMaxFrameBytes = (64 << 20) + 4096;

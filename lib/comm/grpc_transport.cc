@@ -114,6 +114,8 @@ class GrpcTransport final : public Transport, private InStreamSink {
   void send(int dst, const MsgHeader& h, const void* data) override;
   void recv(int src, const MsgHeader& h, void* data, Deadline deadline) override;
   void recv_reduce(int src, const MsgHeader& h, float* data, Reduce r, Deadline deadline) override;
+  void send_recv(int dst, const MsgHeader& sh, const void* sdata, int src, const MsgHeader& rh,
+                 void* rdata, const Reduce* red, Deadline deadline) override;
   void abort(const std::string& why) override;
   std::vector<RankPosition> positions() const override {
     return heartbeats_.positions(own_position());
@@ -176,7 +178,18 @@ class GrpcTransport final : public Transport, private InStreamSink {
   // Dies here if a kill_in_connect fault names this rank and point (DTRAIN_FAULT).
   void fault_point(const char* at);
   void shutdown();
-  void send_stream(int dst, const MsgHeader& h, const void* data);
+  void send_stream(int dst, const MsgHeader& h, const void* data) {
+    wait_stream_send(dst, *start_stream_send(dst, h, data));
+  }
+  // Queues h on dst's stream (throws CommError if it is down); the ticket completes once gRPC
+  // no longer references data.
+  std::shared_ptr<SendTicket> start_stream_send(int dst, const MsgHeader& h, const void* data);
+  // Waits for t; throws CommError if the send failed (once gRPC released data).
+  void wait_stream_send(int dst, SendTicket& t);
+  // Throws CommError if this transport aborted or h is above the message limit.
+  void check_sendable(const MsgHeader& h);
+  // After sending h to dst failed (in a catch block): throws the error to report.
+  [[noreturn]] void rethrow_send_error(int dst, const MsgHeader& h);
   // Fails every pending and future recv from and send to `peer` with `why`, as if its stream
   // had ended (unless it already had).
   void fail_peer(int peer, const std::string& why);
@@ -320,8 +333,12 @@ grpc::Status GrpcTransport::on_frame(InStream& s, const grpc::ByteBuffer& bb) tr
   // Validate everything before touching any buffer.
   Mailbox& box = mailbox(s.src());
   if (std::string err = box.check_chunk(f, s.partial); !err.empty()) return bad(err);
+  // A posted recv_reduce reduces straight from gRPC's slices (no copy into a mailbox buffer).
+  const Mailbox::ReduceFn reduce = [&](float* dst, Reduce op) {
+    reduce_frame_payload(pieces, f, dst, op);
+  };
   const Mailbox::Delivery d = box.deliver(
-      s.partial, f, [&](char* dst) { copy_frame_payload(pieces, f, dst); }, nullptr);
+      s.partial, f, [&](char* dst) { copy_frame_payload(pieces, f, dst); }, &reduce);
   if (d.kind == Mailbox::Delivery::kOverflow) return bad(d.why);
   if (d.kind == Mailbox::Delivery::kAborted) return grpc::Status(grpc::StatusCode::ABORTED, d.why);
   ++s.frames;
@@ -345,8 +362,7 @@ void GrpcTransport::recv_reduce(int src, const MsgHeader& h, float* data, Reduce
   bytes_recv_ += h.bytes;
 }
 
-void GrpcTransport::send(int dst, const MsgHeader& h, const void* data) {
-  DT_CHECK(dst >= 0 && dst < world_);
+void GrpcTransport::check_sendable(const MsgHeader& h) {
   if (aborted_.load()) {
     std::lock_guard<std::mutex> lk(abort_mu_);
     throw CommError(abort_reason_);
@@ -354,25 +370,71 @@ void GrpcTransport::send(int dst, const MsgHeader& h, const void* data) {
   if (h.bytes > kGrpcMaxMessageBytes)
     throw CommError(fmt::format("cannot send {}: larger than the {}-byte message limit",
                                 describe(h), kGrpcMaxMessageBytes));
+}
+
+void GrpcTransport::rethrow_send_error(int dst, const MsgHeader& h) {
+  // A peer that left after sending us another collective at this sequence number disagreed
+  // with us before it went: say so, rather than only that it closed.
+  in_path_[dst]->flush(dst);
+  if (std::string m = mailbox(dst).mismatch_on_channel(h); !m.empty()) throw CommError(m);
+  throw;
+}
+
+void GrpcTransport::send(int dst, const MsgHeader& h, const void* data) {
+  DT_CHECK(dst >= 0 && dst < world_);
+  check_sendable(h);
   try {
     out_path_[dst]->send(dst, h, data);
   } catch (const CommError&) {
-    // A peer that left after sending us another collective at this sequence number disagreed
-    // with us before it went: say so, rather than only that it closed.
-    in_path_[dst]->flush(dst);
-    if (std::string m = mailbox(dst).mismatch_on_channel(h); !m.empty()) throw CommError(m);
-    throw;
+    rethrow_send_error(dst, h);
   }
   bytes_sent_ += h.bytes;
 }
 
-void GrpcTransport::send_stream(int dst, const MsgHeader& h, const void* data) {
+void GrpcTransport::send_recv(int dst, const MsgHeader& sh, const void* sdata, int src,
+                              const MsgHeader& rh, void* rdata, const Reduce* red,
+                              Deadline deadline) {
+  DT_CHECK(dst >= 0 && dst < world_ && src >= 0 && src < world_);
+  if (out_path_[dst] != &stream_path_)  // shared memory and self: nothing to overlap
+    return Transport::send_recv(dst, sh, sdata, src, rh, rdata, red, deadline);
+  DT_CHECK(!red || rh.bytes % sizeof(float) == 0);
+  check_sendable(sh);
+  std::shared_ptr<SendTicket> ticket;
+  try {
+    ticket = start_stream_send(dst, sh, sdata);
+  } catch (const CommError&) {
+    rethrow_send_error(dst, sh);
+  }
+  // Posted while our chunks go out: the peer's message (sent at the same moment in a ring step)
+  // is delivered straight into rdata, reduced from gRPC's slices when red is set.
+  std::exception_ptr recv_error;
+  try {
+    in_path_[src]->recv(src, rh, rdata, red, deadline);
+  } catch (...) {
+    recv_error = std::current_exception();
+  }
+  // Always waited for, also after a failed receive: the caller may free sdata once we return.
+  try {
+    wait_stream_send(dst, *ticket);
+  } catch (const CommError&) {
+    if (!recv_error) rethrow_send_error(dst, sh);
+  }
+  if (recv_error) std::rethrow_exception(recv_error);
+  bytes_sent_ += sh.bytes;
+  bytes_recv_ += rh.bytes;
+}
+
+std::shared_ptr<SendTicket> GrpcTransport::start_stream_send(int dst, const MsgHeader& h,
+                                                             const void* data) {
   auto m = std::make_shared<OutMsg>();
   m->h = h;
   m->data = static_cast<const char*>(data);
   m->ticket = std::make_shared<SendTicket>();
   out_[dst]->enqueue(m);
-  SendTicket& t = *m->ticket;
+  return m->ticket;
+}
+
+void GrpcTransport::wait_stream_send(int dst, SendTicket& t) {
   std::unique_lock<std::mutex> lk(t.mu);
   // Wake up now and then: a stream that fails after our last chunk went out leaves the ticket
   // without an error (it is no longer queued), so the stream's own state and this transport's

@@ -126,11 +126,12 @@ std::shared_ptr<InMsg> Mailbox::new_msg_locked(const MsgHeader& h) {
   m->h = h;
   m->buf = pool_->get(h.bytes);
   msgs_[MsgKey{h.channel, h.part}].push_back(m);
+  ++buffered_;
   return m;
 }
 
 Mailbox::Delivery Mailbox::deliver(Partials& partial, const WireFrame& f,
-                                   const std::function<void(char*)>& copy, const char* flat) {
+                                   const std::function<void(char*)>& copy, const ReduceFn* reduce) {
   const MsgKey key{f.h.channel, f.h.part};
   auto it = partial.find(key);
   if (it == partial.end()) {  // a new message: deliver directly if its recv is posted
@@ -143,11 +144,11 @@ Mailbox::Delivery Mailbox::deliver(Partials& partial, const WireFrame& f,
       const auto post = posted_.find(key);
       if ((q == msgs_.end() || q->second.empty()) && post != posted_.end() &&
           !post->second->taken && post->second->h.op == f.h.op &&
-          post->second->h.bytes == f.h.bytes && (flat || !post->second->reduce)) {
+          post->second->h.bytes == f.h.bytes && (reduce || !post->second->reduce)) {
         post->second->taken = true;
         p.post = post->second;
         if (counters_) ++counters_->direct;
-      } else if (q == msgs_.end() && msgs_.size() >= max_buffered_) {
+      } else if (buffered_ >= max_buffered_) {
         return Delivery{Delivery::kOverflow,
                         fmt::format("{} would be message {} buffered ahead of this rank's "
                                     "receives, over the limit of {} (sequence numbers far ahead "
@@ -162,6 +163,11 @@ Mailbox::Delivery Mailbox::deliver(Partials& partial, const WireFrame& f,
   }
   Partial& p = it->second;
   const bool complete = p.received + f.len == p.h.bytes;
+  if (p.post && p.post->reduce &&
+      (f.offset % sizeof(float) || (!complete && f.len % sizeof(float))))
+    return Delivery{Delivery::kOverflow,
+                    fmt::format("chunk at offset {} of {} bytes of {} is not float-aligned",
+                                f.offset, f.len, describe(f.h))};
   {
     // Copies happen under the lock: recv may redirect the message into its own buffer or
     // abandon that buffer (timeout) at any moment, and must see whole chunks.
@@ -169,8 +175,7 @@ Mailbox::Delivery Mailbox::deliver(Partials& partial, const WireFrame& f,
     if (p.post) {
       if (!p.post->abandoned) {
         if (p.post->reduce)
-          reduce_into(reinterpret_cast<float*>(p.post->dest + f.offset),
-                      reinterpret_cast<const float*>(flat), f.len / sizeof(float), p.post->op);
+          (*reduce)(reinterpret_cast<float*>(p.post->dest + f.offset), p.post->op);
         else
           copy(p.post->dest + f.offset);
       }
@@ -186,7 +191,10 @@ Mailbox::Delivery Mailbox::deliver(Partials& partial, const WireFrame& f,
         post.done = true;
         if (const auto q = msgs_.find(key); q != msgs_.end()) {
           const auto m = std::find(q->second.begin(), q->second.end(), p.msg);
-          if (m != q->second.end()) q->second.erase(m);
+          if (m != q->second.end()) {
+            q->second.erase(m);
+            --buffered_;
+          }
           if (q->second.empty()) msgs_.erase(q);
         }
       }
@@ -304,6 +312,7 @@ void Mailbox::recv(const MsgHeader& h, void* data, const Transport::Reduce* red,
         if (front.complete) {
           ready = std::move(q->second.front());
           q->second.pop_front();
+          --buffered_;
           if (q->second.empty()) msgs_.erase(q);
         } else if (!front.redirect && !red) {
           // Partly received: copy what is there and have the producer write the rest into

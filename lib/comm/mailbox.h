@@ -75,8 +75,8 @@ struct Posted {
   bool taken = false;      // a producer is writing into dest
   bool done = false;       // dest holds the whole message
   bool abandoned = false;  // recv gave up (timeout, failure): drop the rest, never touch dest
-  // Reduce the payload into dest (recv_reduce) instead of copying; only producers whose chunks
-  // are contiguous (deliver's `flat`) take such a post.
+  // Reduce the payload into dest (recv_reduce) instead of copying; only producers that can
+  // reduce (deliver's `reduce`) take such a post.
   bool reduce = false;
   Transport::Reduce op = Transport::Reduce::kSum;
 };
@@ -134,8 +134,9 @@ class RecvPump {
 
 class Mailbox {
  public:
-  // self receives from src. max_buffered bounds the distinct messages waiting ahead of the
-  // receives (a producer past it is malformed). down may be null.
+  // self receives from src. max_buffered bounds the messages waiting ahead of the receives,
+  // under distinct keys or the same one (a producer past it is malformed: deliver returns
+  // kOverflow). down may be null.
   Mailbox(int self, int src, BufferPool* pool, RecvCounters* counters, DownLog* down,
           size_t max_buffered);
 
@@ -147,11 +148,15 @@ class Mailbox {
     enum Kind { kOk, kAborted, kOverflow } kind = kOk;
     std::string why;  // kAborted: the abort reason; kOverflow: what would have overflowed
   };
+  // Reduces a chunk's payload (f.len / 4 floats) elementwise into dst.
+  using ReduceFn = std::function<void(float* dst, Transport::Reduce op)>;
   // Delivers one checked chunk into a posted recv's buffer, a redirected one or the mailbox.
-  // copy(dst) writes the chunk's payload to dst; flat, when not null, is the same payload
-  // contiguous in memory, from which a posted recv_reduce reduces directly.
+  // copy(dst) writes the chunk's payload to dst; reduce, when not null, reduces the same
+  // payload into dst, so that a posted recv_reduce takes the message without a copy. A chunk for
+  // a posted recv_reduce must start at a float boundary (and end at one unless it is the last):
+  // else kOverflow, saying so (only a broken or forged peer sends that).
   Delivery deliver(Partials& partial, const WireFrame& f, const std::function<void(char*)>& copy,
-                   const char* flat);
+                   const ReduceFn* reduce);
   // Delivers a whole message at once (a rank to itself, the in-process hub).
   void deliver_whole(const MsgHeader& h, const void* data);
 
@@ -196,6 +201,7 @@ class Mailbox {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::map<MsgKey, std::deque<std::shared_ptr<InMsg>>> msgs_;  // per key in arrival order
+  size_t buffered_ = 0;                                        // messages in msgs_, all keys
   std::map<MsgKey, std::shared_ptr<Posted>> posted_;
   int live_streams_ = 0;
   bool connected_ = false;         // a stream from src was opened

@@ -37,6 +37,12 @@ class SubgroupTransport final : public Transport {
     parent_.recv_reduce(world(src), tagged(h), data, r, deadline);
     bytes_recv_.fetch_add(h.bytes, std::memory_order_relaxed);
   }
+  void send_recv(int dst, const MsgHeader& sh, const void* sdata, int src, const MsgHeader& rh,
+                 void* rdata, const Reduce* red, Deadline deadline) override {
+    parent_.send_recv(world(dst), tagged(sh), sdata, world(src), tagged(rh), rdata, red, deadline);
+    bytes_sent_.fetch_add(sh.bytes, std::memory_order_relaxed);
+    bytes_recv_.fetch_add(rh.bytes, std::memory_order_relaxed);
+  }
   void abort(const std::string& why) override { parent_.abort(why); }
 
  private:

@@ -117,4 +117,13 @@ void Transport::recv_reduce(int src, const MsgHeader& h, float* data, Reduce r, 
   reduce_into(data, scratch.data(), n, r);
 }
 
+void Transport::send_recv(int dst, const MsgHeader& sh, const void* sdata, int src,
+                          const MsgHeader& rh, void* rdata, const Reduce* red, Deadline deadline) {
+  send(dst, sh, sdata);
+  if (red)
+    recv_reduce(src, rh, static_cast<float*>(rdata), *red, deadline);
+  else
+    recv(src, rh, rdata, deadline);
+}
+
 }  // namespace dtrain

@@ -119,6 +119,13 @@ class Transport {
   // it to save a copy.
   enum class Reduce { kSum, kMin, kMax, kProd };
   virtual void recv_reduce(int src, const MsgHeader& h, float* data, Reduce r, Deadline deadline);
+  // send(dst, sh, sdata), then recv (red null) or recv_reduce (*red) of rh from src into
+  // rdata: one ring step. Same contract and errors as the two calls; returns when both are done.
+  // Transports that can overlap them override it: the receive is posted while the send is
+  // under way, so the incoming message lands straight in rdata instead of in a mailbox buffer
+  // first (one copy less per byte on the receiver).
+  virtual void send_recv(int dst, const MsgHeader& sh, const void* sdata, int src,
+                         const MsgHeader& rh, void* rdata, const Reduce* red, Deadline deadline);
 
   // Fails every pending and future call with `why` (used when this rank or a peer dies).
   virtual void abort(const std::string& why) = 0;

@@ -176,12 +176,15 @@ void ShmPath::drain(int src) {
     }
     if (std::string e = box.check_chunk(f, partial_[src]); !e.empty())
       throw CommError(env_.malformed(src, e));
+    const Mailbox::ReduceFn reduce = [&](float* dst, Transport::Reduce op) {
+      reduce_into(dst, reinterpret_cast<const float*>(payload), f.len / sizeof(float), op);
+    };
     const Mailbox::Delivery d = box.deliver(
         partial_[src], f,
         [&](char* dst) {
           if (f.len) std::memcpy(dst, payload, f.len);
         },
-        payload);
+        &reduce);
     if (d.kind == Mailbox::Delivery::kOverflow) throw CommError(env_.malformed(src, d.why));
     in_->pop(src, rec);
     any = true;

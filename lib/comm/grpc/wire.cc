@@ -193,4 +193,62 @@ void copy_frame_payload(std::span<const std::span<const char>> pieces, const Wir
   }
 }
 
+namespace {
+
+// dst[i] = op(dst[i], src[i]) for n floats read from unaligned memory (memcpy loads: compiled to
+// plain unaligned vector loads).
+template <typename Op>
+void reduce_unaligned(float* dst, const char* src, size_t n, Op op) {
+  for (size_t i = 0; i < n; ++i) {
+    float v;
+    std::memcpy(&v, src + i * sizeof(float), sizeof(float));
+    dst[i] = op(dst[i], v);
+  }
+}
+
+void reduce_span(float* dst, const char* src, size_t n, Transport::Reduce op) {
+  switch (op) {
+    case Transport::Reduce::kSum:
+      return reduce_unaligned(dst, src, n, [](float a, float b) { return a + b; });
+    case Transport::Reduce::kProd:
+      return reduce_unaligned(dst, src, n, [](float a, float b) { return a * b; });
+    case Transport::Reduce::kMin:
+      return reduce_unaligned(dst, src, n, [](float a, float b) { return std::min(a, b); });
+    case Transport::Reduce::kMax:
+      return reduce_unaligned(dst, src, n, [](float a, float b) { return std::max(a, b); });
+  }
+}
+
+}  // namespace
+
+void reduce_frame_payload(std::span<const std::span<const char>> pieces, const WireFrame& f,
+                          float* dst, Transport::Reduce op) {
+  uint64_t left = f.len;
+  size_t i = f.pay_piece, off = f.pay_off;
+  char carry[sizeof(float)];
+  size_t have = 0;  // bytes of a float split across pieces, gathered in carry
+  while (left > 0) {
+    const char* p = pieces[i].data() + off;
+    size_t take = std::min<uint64_t>(left, pieces[i].size() - off);
+    left -= take;
+    ++i;
+    off = 0;
+    if (have > 0) {  // complete the split float first
+      const size_t k = std::min(sizeof(float) - have, take);
+      std::memcpy(carry + have, p, k);
+      have += k;
+      p += k;
+      take -= k;
+      if (have < sizeof(float)) continue;
+      reduce_span(dst++, carry, 1, op);
+      have = 0;
+    }
+    const size_t n = take / sizeof(float);
+    reduce_span(dst, p, n, op);
+    dst += n;
+    have = take - n * sizeof(float);
+    std::memcpy(carry, p + n * sizeof(float), have);
+  }
+}
+
 }  // namespace dtrain

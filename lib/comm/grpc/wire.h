@@ -62,5 +62,10 @@ void check_frame_fields(const WireFrame& f);
 // Copies f's payload out of the pieces it was decoded from into dst (f.len bytes).
 void copy_frame_payload(std::span<const std::span<const char>> pieces, const WireFrame& f,
                         char* dst);
+// Reduces f's payload (f.len / 4 float32s, f.len a multiple of 4) out of the pieces it was
+// decoded from elementwise into dst, without copying it first. The pieces need no alignment and
+// may split a float.
+void reduce_frame_payload(std::span<const std::span<const char>> pieces, const WireFrame& f,
+                          float* dst, Transport::Reduce op);
 
 }  // namespace dtrain

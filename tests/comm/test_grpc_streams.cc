@@ -1,0 +1,239 @@
+// The faster gRPC streams: a ring step's send and receive overlap (Transport::send_recv), a
+// posted recv_reduce reduces straight from gRPC's slices (reduce_frame_payload), and what a
+// forged peer can do to that path. Ranks are threads of this process on the gRPC streams only.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm/grpc/wire.h"
+#include "comm/grpc_internal.h"
+#include "comm/grpc_transport.h"
+#include "comm/mailbox.h"
+#include "test_util.h"
+
+using namespace dtrain;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using dtrain::testing::contains;
+
+Deadline in(double s) {
+  return Clock::now() +
+         std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
+}
+
+// Two ranks over gRPC streams only (no shared memory), connected concurrently.
+std::vector<std::unique_ptr<Transport>> connect_pair() {
+  const int port = dtrain::testing::free_port();
+  std::vector<std::unique_ptr<Transport>> t(2);
+  std::vector<std::string> err(2);
+  std::vector<std::thread> th;
+  for (int r = 0; r < 2; ++r)
+    th.emplace_back([&, r] {
+      GrpcOptions o;
+      o.shm = false;
+      o.rank = r;
+      o.world_size = 2;
+      o.master_port = port;
+      o.token = "tok";
+      o.rendezvous_timeout_s = 20;
+      o.connect_timeout_s = 20;
+      try {
+        t[r] = connect_grpc(o);
+      } catch (const std::exception& e) {
+        err[r] = e.what();
+      }
+    });
+  for (auto& x : th) x.join();
+  for (int r = 0; r < 2; ++r) REQUIRE_MESSAGE(err[r].empty(), "rank ", r, ": ", err[r]);
+  return t;
+}
+
+float value(int rank, size_t i) {
+  return static_cast<float>(rank + 1) * 0.5f + static_cast<float>(i % 977) * 0.25f;
+}
+
+float reduce_ref(Transport::Reduce op, float a, float b) {
+  switch (op) {
+    case Transport::Reduce::kSum:
+      return a + b;
+    case Transport::Reduce::kProd:
+      return a * b;
+    case Transport::Reduce::kMin:
+      return std::min(a, b);
+    case Transport::Reduce::kMax:
+      return std::max(a, b);
+  }
+  return 0;
+}
+
+}  // namespace
+
+TEST_CASE("wire: reducing a frame's payload from its slices equals reducing it contiguously") {
+  // The payload follows a header of odd length, so it is unaligned; gRPC's slices may cut it
+  // anywhere, also inside a float.
+  const size_t n = 1000;
+  std::vector<float> src(n);
+  for (size_t i = 0; i < n; ++i) src[i] = value(1, i) - 100.0f;
+  MsgHeader h{7, 3, CommOp::kAllReduce, n * sizeof(float)};
+  std::string msg(kMaxFrameHeaderBytes, '\0');
+  msg.resize(encode_frame_header(msg.data(), 1, h, 0, h.bytes));
+  msg.append(reinterpret_cast<const char*>(src.data()), h.bytes);
+  for (const Transport::Reduce op : {Transport::Reduce::kSum, Transport::Reduce::kProd,
+                                     Transport::Reduce::kMin, Transport::Reduce::kMax}) {
+    for (const size_t cut :
+         {size_t{1}, size_t{2}, size_t{3}, size_t{5}, size_t{7}, size_t{4096}, msg.size()}) {
+      CAPTURE(cut);
+      std::vector<std::span<const char>> pieces;
+      for (size_t at = 0; at < msg.size(); at += cut)
+        pieces.emplace_back(msg.data() + at, std::min(cut, msg.size() - at));
+      const WireFrame f = decode_frame(pieces);
+      REQUIRE(f.len == h.bytes);
+      std::vector<float> got(n), want(n);
+      for (size_t i = 0; i < n; ++i) got[i] = want[i] = value(0, i);
+      reduce_frame_payload(pieces, f, got.data(), op);
+      for (size_t i = 0; i < n; ++i) want[i] = reduce_ref(op, want[i], src[i]);
+      CHECK(std::memcmp(got.data(), want.data(), h.bytes) == 0);
+    }
+  }
+}
+
+TEST_CASE("grpc streams: send_recv reduces into a posted buffer or from the mailbox alike") {
+  // Rank 0 posts at once; rank 1 only after 300 ms, when rank 0's message has long arrived. So
+  // rank 0 takes rank 1's message straight from the slices (direct) and rank 1 takes rank 0's
+  // from its mailbox; both get the same reduction. 3 MiB + 12 bytes: several 1 MiB chunks and a
+  // short last one.
+  auto t = connect_pair();
+  const size_t n = (size_t{3} << 18) + 3;
+  for (const Transport::Reduce op : {Transport::Reduce::kSum, Transport::Reduce::kMax}) {
+    const uint64_t ch = op == Transport::Reduce::kSum ? 1 : 2;
+    std::vector<std::vector<float>> send(2, std::vector<float>(n)), got(2, std::vector<float>(n));
+    for (int r = 0; r < 2; ++r)
+      for (size_t i = 0; i < n; ++i) send[r][i] = value(r, i), got[r][i] = value(r, i) * 2;
+    const GrpcRecvStats before0 = grpc_recv_stats(*t[0]), before1 = grpc_recv_stats(*t[1]);
+    std::vector<std::string> err(2);
+    std::vector<std::thread> th;
+    for (int r = 0; r < 2; ++r)
+      th.emplace_back([&, r] {
+        if (r == 1) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        const MsgHeader h{ch, 0, CommOp::kAllReduce, n * sizeof(float)};
+        try {
+          t[r]->send_recv(1 - r, h, send[r].data(), 1 - r, h, got[r].data(), &op, in(60));
+        } catch (const std::exception& e) {
+          err[r] = e.what();
+        }
+      });
+    for (auto& x : th) x.join();
+    for (int r = 0; r < 2; ++r) {
+      REQUIRE_MESSAGE(err[r].empty(), "rank ", r, ": ", err[r]);
+      size_t bad = 0;
+      for (size_t i = 0; i < n; ++i)
+        bad += got[r][i] != reduce_ref(op, value(r, i) * 2, send[1 - r][i]);
+      CHECK_MESSAGE(bad == 0, "rank ", r, ": ", bad, " wrong floats");
+    }
+    CHECK(grpc_recv_stats(*t[0]).direct == before0.direct + 1);
+    CHECK(grpc_recv_stats(*t[0]).mailbox == before0.mailbox);
+    CHECK(grpc_recv_stats(*t[1]).mailbox == before1.mailbox + 1);
+  }
+}
+
+TEST_CASE("grpc streams: send_recv fails naming the peer that went away, without hanging") {
+  auto t = connect_pair();
+  const size_t n = size_t{4} << 20;  // bytes; more than one chunk
+  std::vector<char> s(n, 1), r(n);
+  const MsgHeader h{5, 0, CommOp::kAllGather, n};
+  std::string err;
+  std::thread th([&] {
+    try {
+      t[0]->send_recv(1, h, s.data(), 1, h, r.data(), nullptr, in(60));
+    } catch (const CommError& e) {
+      err = e.what();
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  const auto t0 = Clock::now();
+  t[1].reset();  // rank 1 leaves without receiving or sending
+  th.join();
+  CHECK_MESSAGE(contains(err, "rank 1"), err);
+  CHECK(Clock::now() - t0 < std::chrono::seconds(30));
+}
+
+TEST_CASE("mailbox: a chunk that is not float-aligned is refused by a posted recv_reduce") {
+  // Only a forged peer cuts a float32 message at a byte offset that is not a multiple of 4;
+  // reducing from such a chunk would misalign every float after it.
+  BufferPool pool;
+  Mailbox box(0, 1, &pool, nullptr, nullptr, 16);
+  const MsgHeader h{9, 0, CommOp::kAllReduce, 16};
+  std::vector<float> dst(4, 1.0f);
+  std::string err;
+  std::thread waiter([&] {
+    const Transport::Reduce op = Transport::Reduce::kSum;
+    try {
+      box.recv(h, dst.data(), &op, in(60));
+    } catch (const CommError& e) {
+      err = e.what();
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the recv is posted
+  WireFrame f;
+  f.src = 1;
+  f.h = h;
+  f.op_raw = static_cast<uint32_t>(h.op);
+  f.offset = 0;
+  f.len = 6;
+  Partials partial;
+  REQUIRE(box.check_chunk(f, partial).empty());
+  int reduced = 0;
+  const Mailbox::ReduceFn reduce = [&](float*, Transport::Reduce) { ++reduced; };
+  const Mailbox::Delivery d = box.deliver(
+      partial, f, [](char*) {}, &reduce);
+  CHECK(d.kind == Mailbox::Delivery::kOverflow);
+  CHECK_MESSAGE(contains(d.why, "not float-aligned"), d.why);
+  CHECK(reduced == 0);
+  box.abort("test over");
+  waiter.join();
+  CHECK(contains(err, "test over"));
+  CHECK(dst == std::vector<float>(4, 1.0f));  // untouched
+}
+
+TEST_CASE("mailbox: complete messages under one key are bounded like distinct ones") {
+  // A peer that sends the same (channel, part) over and over, never received, made the receiver
+  // buffer without bound (only distinct keys were counted). Past max_buffered the frame is
+  // refused (the transport fails the stream and says why), whatever the keys.
+  BufferPool pool;
+  const size_t kMax = 16;
+  Mailbox box(0, 1, &pool, nullptr, nullptr, kMax);
+  Partials partial;
+  auto chunk = [](uint64_t channel) {
+    WireFrame f;
+    f.src = 1;
+    f.h = MsgHeader{channel, 0, CommOp::kSendRecv, 4};
+    f.op_raw = static_cast<uint32_t>(f.h.op);
+    f.len = 4;
+    return f;
+  };
+  const char payload[4] = {1, 2, 3, 4};
+  auto deliver = [&](const WireFrame& f) {
+    REQUIRE(box.check_chunk(f, partial).empty());
+    return box.deliver(
+        partial, f, [&](char* d) { std::memcpy(d, payload, 4); }, nullptr);
+  };
+  for (size_t i = 0; i < kMax; ++i)
+    REQUIRE(deliver(chunk(kP2PBit | 5)).kind == Mailbox::Delivery::kOk);
+  const Mailbox::Delivery d = deliver(chunk(kP2PBit | 5));
+  CHECK(d.kind == Mailbox::Delivery::kOverflow);
+  CHECK_MESSAGE(contains(d.why, "over the limit of 16"), d.why);
+  // Same for a new key while the budget is spent; receiving one frees a place.
+  CHECK(deliver(chunk(kP2PBit | 6)).kind == Mailbox::Delivery::kOverflow);
+  char got[4] = {};
+  box.recv(MsgHeader{kP2PBit | 5, 0, CommOp::kSendRecv, 4}, got, nullptr, in(5));
+  CHECK(std::memcmp(got, payload, 4) == 0);
+  CHECK(deliver(chunk(kP2PBit | 6)).kind == Mailbox::Delivery::kOk);
+  CHECK(deliver(chunk(kP2PBit | 7)).kind == Mailbox::Delivery::kOverflow);
+}
