@@ -38,7 +38,7 @@ namespace {
 
 const std::string kBin = DTRAIN_BIN;
 
-// 2000 short steps with dropout and momentum; a checkpoint every 20 steps, 2 kept.
+// 1000 short steps with dropout and momentum; a checkpoint every 20 steps, 2 kept.
 const char* kCfg = R"(seed: 9
 model: {hidden: [32, 16], dropout: 0.1}
 data:
@@ -46,7 +46,7 @@ data:
   synthetic: {samples: 2000, features: 12, classes: 4, noise: 0.6}
   batch_size: 16
 optimizer: {type: sgd, lr: 0.05, momentum: 0.9, schedule: {type: cosine}}
-train: {epochs: 0, max_steps: 2000, log_every: 10, checkpoint: {every_steps: 20, keep_last: 2}}
+train: {epochs: 0, max_steps: 1000, log_every: 10, checkpoint: {every_steps: 20, keep_last: 2}}
 distributed: {timeout_s: 30}
 runtime: {threads: 1}
 )";
@@ -95,8 +95,8 @@ void resume_matches(const std::string& cmd_tail, const std::string& ref, const s
   REQUIRE_MESSAGE(r.exit_code == 0, r.output);
   const auto s = nlohmann::json::parse(read_text(cut + "/summary.json"));
   CHECK(s["status"] == "completed");
-  CHECK(s["steps"] == 2000);
-  CHECK(s["steps_this_run"] == 2000 - from_step);
+  CHECK(s["steps"] == 1000);
+  CHECK(s["steps_this_run"] == 1000 - from_step);
   check_same_state(latest_run_state(kBin, ref), latest_run_state(kBin, cut), cmd_tail);
 }
 
@@ -219,11 +219,11 @@ TEST_CASE("train.preempt_save_timeout_s: a save that overruns exits 75, the prev
     const std::string ref = dir / "ref", cut = dir / "cut";
     const auto r0 = run_cmd(kBin + " " + args + " --out " + ref + " --log-level warn");
     REQUIRE_MESSAGE(r0.exit_code == 0, r0.output);
-    // Every save of rank 0 takes 3 s: the one at step 20 holds training (synchronous saves);
-    // the preemption's, right after it, cannot be done within the 1 s deadline.
+    // Every save of rank 0 takes 2 s: the one at step 20 holds training (synchronous saves);
+    // the preemption's, right after it, cannot be done within the 0.5 s deadline.
     // 10 ms steps: the signal surely comes before the next save, at step 40.
-    Child c("DTRAIN_FAULT=slow_save:rank=0:ms=3000,delay:rank=0:ms=10 exec " + kBin + " " + args +
-                " --set train.preempt_save_timeout_s=1 --no-progress --out " + cut,
+    Child c("DTRAIN_FAULT=slow_save:rank=0:ms=2000,delay:rank=0:ms=10 exec " + kBin + " " + args +
+                " --set train.preempt_save_timeout_s=0.5 --no-progress --out " + cut,
             dir / "cut.log");
     REQUIRE(wait_until([&] { return fs::exists(cut + "/checkpoints/latest"); }, 60));
     const auto t0 = std::chrono::steady_clock::now();
@@ -234,8 +234,8 @@ TEST_CASE("train.preempt_save_timeout_s: a save that overruns exits 75, the prev
     const std::string log = read_text(dir / "cut.log");
     REQUIRE_MESSAGE(rc == kExitPreempted, log);
     CHECK_FALSE(c.signaled());
-    CHECK_MESSAGE(took < 2.9, took);  // the deadline, not the 3 s save, ended it
-    CHECK_MESSAGE(contains(log, "was not on disk within train.preempt_save_timeout_s = 1 s"), log);
+    CHECK_MESSAGE(took < 1.9, took);  // the deadline, not the 2 s save, ended it
+    CHECK_MESSAGE(contains(log, "was not on disk within train.preempt_save_timeout_s = 0.5 s"), log);
     CHECK_MESSAGE(contains(log, "the newest complete checkpoint is step-20"), log);
     CHECK_FALSE(fs::exists(cut + "/summary.json"));
     CHECK(contains(latest_of(cut), "step-20"));
