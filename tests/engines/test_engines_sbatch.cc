@@ -13,6 +13,7 @@
 
 #include "engines/engines_util.h"
 #include "launch/launcher.h"
+#include "util/interrupt.h"
 
 using dtrain::testing::check_same_state;
 using dtrain::testing::contains;
@@ -158,26 +159,28 @@ TEST_CASE("sbatch + scancel --signal=TERM: the ranks checkpoint, --resume auto e
   REQUIRE_MESSAGE(r.exit_code == 0, r.output);
   const JobEnd end = slurm.wait(job, 60);
   std::string logs = job_logs(dir.path(), job, out);
-  // Every rank exits 143 after checkpointing; srun and the script pass that on.
+  // SIGTERM is train.preempt_signal's default: every rank exits 75 (kExitPreempted, the requeue
+  // code) after checkpointing; srun and the script pass that on.
   REQUIRE_MESSAGE(end.state == "FAILED", end.state, "\n", logs);
-  CHECK(end.exit_code == 143);
+  CHECK(end.exit_code == dtrain::kExitPreempted);
 
   const auto s = nlohmann::json::parse(read_text(out + "/summary.json"));
   CHECK(s["status"] == "interrupted");
   CHECK(s["interrupted_by"] == "SIGTERM");
+  CHECK(s["preempted"] == true);
   const int64_t step = s["steps"].get<int64_t>();
   CHECK(step > 0);
   CHECK(step < 3000);
   CHECK_MESSAGE(contains(read_text(out + "/checkpoints/latest"), "step-" + std::to_string(step)),
                 logs);
   CHECK_MESSAGE(
-      contains(read_text(out + "/logs/rank-0.log"), "interrupted at step " + std::to_string(step)),
+      contains(read_text(out + "/logs/rank-0.log"), "preempted at step " + std::to_string(step)),
       logs);
-  // Both ranks stopped on their own with the signal's code: every exit srun reports ("tasks 0-1:
-  // Exited with exit code 143", or one line per task) is 143, none was killed.
+  // Both ranks stopped on their own with the preemption code: every exit srun reports ("tasks
+  // 0-1: Exited with exit code 75", or one line per task) is 75, none was killed.
   const std::vector<int> codes = exit_codes(logs);
   CHECK_MESSAGE(!codes.empty(), logs);
-  for (int code : codes) CHECK_MESSAGE(code == 143, logs);
+  for (int code : codes) CHECK_MESSAGE(code == dtrain::kExitPreempted, logs);
   CHECK_MESSAGE(!contains(logs, "Killed"), logs);
 
   // The same command again with --resume auto continues from that checkpoint to the end.
