@@ -13,7 +13,6 @@
 
 #include "engines/engines_util.h"
 #include "launch/launcher.h"
-#include "util/interrupt.h"
 
 using dtrain::testing::check_same_state;
 using dtrain::testing::contains;
@@ -146,7 +145,11 @@ TEST_CASE("sbatch + scancel --signal=TERM: the ranks checkpoint, --resume auto e
   // checkpoints are the interrupt's and the final one.
   const std::string cfg = dir.write("cfg.yaml", dtrain::testing::kRestartCfg) +
                           " --set train.max_steps=3000 --set train.log_every=10"
-                          " --set train.checkpoint.every_steps=0";
+                          " --set train.checkpoint.every_steps=0"
+                          // SIGTERM is then a plain interrupt (exit 143, not requeued by
+                          // scripts/slurm.sbatch), as a user's scancel should be; with the
+                          // default (TERM) it would be a preemption: exit 75 and a requeue.
+                          " --set train.preempt_signal=USR1";
   const std::string out = dir / "run", ref = dir / "ref";
   // The interrupted job sleeps 3 ms a step (timing only, the same numbers): surely mid-run when
   // the signal comes.
@@ -159,28 +162,26 @@ TEST_CASE("sbatch + scancel --signal=TERM: the ranks checkpoint, --resume auto e
   REQUIRE_MESSAGE(r.exit_code == 0, r.output);
   const JobEnd end = slurm.wait(job, 60);
   std::string logs = job_logs(dir.path(), job, out);
-  // SIGTERM is train.preempt_signal's default: every rank exits 75 (kExitPreempted, the requeue
-  // code) after checkpointing; srun and the script pass that on.
+  // Every rank exits 143 after checkpointing; srun and the script pass that on.
   REQUIRE_MESSAGE(end.state == "FAILED", end.state, "\n", logs);
-  CHECK(end.exit_code == dtrain::kExitPreempted);
+  CHECK(end.exit_code == 143);
 
   const auto s = nlohmann::json::parse(read_text(out + "/summary.json"));
   CHECK(s["status"] == "interrupted");
   CHECK(s["interrupted_by"] == "SIGTERM");
-  CHECK(s["preempted"] == true);
   const int64_t step = s["steps"].get<int64_t>();
   CHECK(step > 0);
   CHECK(step < 3000);
   CHECK_MESSAGE(contains(read_text(out + "/checkpoints/latest"), "step-" + std::to_string(step)),
                 logs);
   CHECK_MESSAGE(
-      contains(read_text(out + "/logs/rank-0.log"), "preempted at step " + std::to_string(step)),
+      contains(read_text(out + "/logs/rank-0.log"), "interrupted at step " + std::to_string(step)),
       logs);
-  // Both ranks stopped on their own with the preemption code: every exit srun reports ("tasks
-  // 0-1: Exited with exit code 75", or one line per task) is 75, none was killed.
+  // Both ranks stopped on their own with the signal's code: every exit srun reports ("tasks 0-1:
+  // Exited with exit code 143", or one line per task) is 143, none was killed.
   const std::vector<int> codes = exit_codes(logs);
   CHECK_MESSAGE(!codes.empty(), logs);
-  for (int code : codes) CHECK_MESSAGE(code == dtrain::kExitPreempted, logs);
+  for (int code : codes) CHECK_MESSAGE(code == 143, logs);
   CHECK_MESSAGE(!contains(logs, "Killed"), logs);
 
   // The same command again with --resume auto continues from that checkpoint to the end.
