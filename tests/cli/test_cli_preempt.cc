@@ -235,7 +235,8 @@ TEST_CASE("train.preempt_save_timeout_s: a save that overruns exits 75, the prev
     REQUIRE_MESSAGE(rc == kExitPreempted, log);
     CHECK_FALSE(c.signaled());
     CHECK_MESSAGE(took < 1.9, took);  // the deadline, not the 2 s save, ended it
-    CHECK_MESSAGE(contains(log, "was not on disk within train.preempt_save_timeout_s = 0.5 s"), log);
+    CHECK_MESSAGE(contains(log, "was not on disk within train.preempt_save_timeout_s = 0.5 s"),
+                  log);
     CHECK_MESSAGE(contains(log, "the newest complete checkpoint is step-20"), log);
     CHECK_FALSE(fs::exists(cut + "/summary.json"));
     CHECK(contains(latest_of(cut), "step-20"));
