@@ -29,6 +29,7 @@
 #include "tensor/blas.h"
 #include "train/distributed.h"
 #include "train/run_dir.h"
+#include "train/stop.h"
 #include "train/trainer.h"
 #include "train/verify.h"
 #include "util/check.h"
@@ -145,10 +146,12 @@ std::string result_line(const nlohmann::json& s, const std::string& out_dir) {
       res, s.value("steps", int64_t{0}), s.value("epochs", 0.0), s.value("wall_s", 0.0), out_dir);
 }
 
-// A run's exit code from its summary: 128 + the signal for an interrupted run, else 0.
+// A run's exit code from its summary: kExitPreempted for a run stopped by its preemption signal
+// (train.preempt_signal), 128 + the signal for another interrupted run, else 0.
 int run_exit_code(const nlohmann::json& s) {
-  return s.value("status", std::string()) == "interrupted" ? 128 + s.value("interrupt_signal", 0)
-                                                           : kExitOk;
+  if (s.value("status", std::string()) != "interrupted") return kExitOk;
+  if (s.value("preempted", false)) return kExitPreempted;
+  return 128 + s.value("interrupt_signal", 0);
 }
 
 // What `run` prints at its end; returns run_exit_code.
@@ -160,9 +163,10 @@ int finish_run(const nlohmann::json& s, const std::string& out_dir) {
   }
   if (status == "interrupted") {
     const int sig = s.value("interrupt_signal", 0);
-    std::cout << "interrupted at step " << s.value("steps", int64_t{0}) << " ("
-              << interrupt_signal_name(sig) << "); checkpoint " << s.value("checkpoint", "")
-              << "; continue with --resume auto" << std::endl;
+    std::cout << (s.value("preempted", false) ? "preempted" : "interrupted") << " at step "
+              << s.value("steps", int64_t{0}) << " (" << interrupt_signal_name(sig)
+              << "); checkpoint " << s.value("checkpoint", "") << "; continue with --resume auto"
+              << std::endl;
     return run_exit_code(s);
   }
   std::cout << result_line(s, out_dir) << std::endl;
@@ -186,7 +190,7 @@ int cmd_run(const Config& cfg, const std::string& config_path, std::string out,
   // launch_local.sh), which may be writing to it now: only `dtrain launch --overwrite` clears it.
   prepare_out_dir(opts.out_dir, !resume.empty(), overwrite, /*clear_logs=*/false);
   StopRequest stop;
-  InterruptGuard interrupts(stop);
+  InterruptGuard interrupts(stop, preempt_signal_number(cfg.train.preempt_signal));
   opts.stop = &stop;
   const int64_t attempt = parse_restart_count(std::getenv("DTRAIN_RESTART_COUNT"));
   if (const char* f = std::getenv("DTRAIN_FAULT")) {

@@ -24,6 +24,7 @@ namespace dtrain {
 struct CheckpointConfig {
   int64_t every_steps = 0;  // 0: only at the end of training
   int64_t keep_last = 3;    // newest step-<N>.safetensors files kept; >= 1
+  bool async = false;       // copy the state, write it on a background thread (async_checkpoint.h)
 };
 
 struct TrainConfig {
@@ -35,6 +36,13 @@ struct TrainConfig {
   // A non-finite loss or gradient: abort (name the step and the first tensor) | skip (drop the
   // step on every rank, count it).
   Nonfinite nonfinite = Nonfinite::kAbort;
+  // Preemption (README "Preemption"): this signal stops training like an interrupt, and the run
+  // exits kExitPreempted (util/interrupt.h) once its checkpoint is written; SIGINT (and SIGTERM
+  // when the signal is USR1) stay plain interrupts. The deadline bounds the stop after the
+  // signal: 0 = none; else a rank still not done after that many seconds exits
+  // (kExitPreempted, the previous checkpoint the newest complete one).
+  PreemptSignal preempt_signal = PreemptSignal::kTerm;
+  double preempt_save_timeout_s = 0.0;
   CheckpointConfig checkpoint;
 };
 

@@ -10,6 +10,8 @@
 namespace dtrain {
 
 enum class Nonfinite { kAbort, kSkip };
+// train.preempt_signal: the signal a scheduler sends before it preempts (Slurm's --signal).
+enum class PreemptSignal { kTerm, kUsr1 };
 enum class Backend { kInproc, kGrpc };
 enum class StrategyKind { kDdp, kLocalSgd, kZero1, kZero2, kFsdp, kPipeline };
 enum class FsdpUnit { kLayer, kModel };
@@ -21,6 +23,11 @@ enum class CompressionType { kNone, kFp16, kBf16, kInt8, kTopk, kPowersgd };
 
 inline constexpr EnumName<Nonfinite> kNonfiniteNames[] = {{Nonfinite::kAbort, "abort"},
                                                           {Nonfinite::kSkip, "skip"}};
+inline constexpr EnumName<PreemptSignal> kPreemptSignalNames[] = {
+    {PreemptSignal::kTerm, "TERM"},
+    {PreemptSignal::kUsr1, "USR1"},
+    {PreemptSignal::kTerm, "SIGTERM", true},
+    {PreemptSignal::kUsr1, "SIGUSR1", true}};
 inline constexpr EnumName<Backend> kBackendNames[] = {{Backend::kInproc, "inproc"},
                                                       {Backend::kGrpc, "grpc"}};
 inline constexpr EnumName<StrategyKind> kStrategyNames[] = {
@@ -41,6 +48,9 @@ inline constexpr EnumName<CompressionType> kCompressionTypeNames[] = {
 
 constexpr std::span<const EnumName<Nonfinite>> enum_names(Nonfinite) {
   return kNonfiniteNames;
+}
+constexpr std::span<const EnumName<PreemptSignal>> enum_names(PreemptSignal) {
+  return kPreemptSignalNames;
 }
 constexpr std::span<const EnumName<Backend>> enum_names(Backend) {
   return kBackendNames;

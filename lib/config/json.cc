@@ -22,6 +22,7 @@ nlohmann::json::json_pointer pointer(const std::string& dotted) {
 // rendezvous compare hashes across versions.
 void erase_leaf(nlohmann::json& j, const std::string& dotted) {
   nlohmann::json::json_pointer p = pointer(dotted);
+  if (!j.contains(p)) return;  // omitted at its default value (KeyDecl::omitted_at_default)
   while (!p.parent_pointer().empty()) {
     nlohmann::json& parent = j[p.parent_pointer()];
     parent.erase(p.back());

@@ -353,6 +353,18 @@ std::vector<KeyDecl> train_keys([[maybe_unused]] const Owners& o) {
           "train.nonfinite", [](auto& c) -> auto& { return c.train.nonfinite; },
           R"doc(A NaN or infinite loss or gradient: `abort` (exit 1 naming the step and the loss or the first parameter whose gradient went non-finite) | `skip` (drop that step's update on every rank: the step still counts and keeps its train record, evaluation, checkpoint and Local SGD synchronisation; its loss and samples are left out of the record, whose `loss` is null if every step since the previous record was skipped; counted in summary.json `skipped_steps` and logged). Every rank reaches the same verdict (reduced gradients are identical; strategies with per-rank gradients all-reduce it))doc"),
       key(
+          "train.preempt_signal", [](auto& c) -> auto& { return c.train.preempt_signal; },
+          R"doc(`TERM` | `USR1`: the signal a scheduler sends before it preempts the job (Slurm's `--signal`). Every rank stops after one agreed step, writes a checkpoint and exits 75 (requeue; README "Preemption"). SIGINT stays a plain interrupt (exit 130), and so does SIGTERM (exit 143) when this is `USR1`)doc")
+          .not_hashed()
+          .omitted_at_default_value(),
+      key(
+          "train.preempt_save_timeout_s",
+          [](auto& c) -> auto& { return c.train.preempt_save_timeout_s; },
+          R"doc(≥ 0; 0 = no deadline. Seconds from the agreed stop after a preemption signal to the checkpoint on disk: a rank not done by then exits 75 saying so, the previous checkpoint stays the newest complete one)doc")
+          .non_negative()
+          .not_hashed()
+          .omitted_at_default_value(),
+      key(
           "train.checkpoint.every_steps",
           [](auto& c) -> auto& { return c.train.checkpoint.every_steps; },
           R"doc(≥ 0; 0 = only at the end of training)doc")
@@ -364,6 +376,11 @@ std::vector<KeyDecl> train_keys([[maybe_unused]] const Owners& o) {
           R"doc(Newest step checkpoints kept, ≥ 1)doc")
           .min(1)
           .not_hashed(),
+      key(
+          "train.checkpoint.async", [](auto& c) -> auto& { return c.train.checkpoint.async; },
+          R"doc(`true`: a save copies the state (every rank its own part) and writes it on a background thread while training goes on; at most one write in flight (the next save waits), its error fails the run at the next step or at the end, `latest` moves only once every part is on disk. Same files and results as `false`)doc")
+          .not_hashed()
+          .omitted_at_default_value(),
   };
 }
 

@@ -8,16 +8,28 @@
 // With a request and more than one rank, begin_step starts a one-float all-reduce (max) on the
 // communication thread, so its latency hides behind the step's compute; end_step waits for it.
 // Without a request (library callers and tests that do not interrupt) neither does anything.
+//
+// A preemption outranks an interrupt: when any rank has seen the preemption signal
+// (train.preempt_signal), every rank agrees on that signal, so the run exits kExitPreempted and
+// is requeued even if another rank saw a Ctrl-C first.
 #pragma once
 
+#include <csignal>
+
 #include "comm/communicator.h"
+#include "config/enums.h"
 #include "util/interrupt.h"
 
 namespace dtrain {
 
+inline int preempt_signal_number(PreemptSignal s) {
+  return s == PreemptSignal::kUsr1 ? SIGUSR1 : SIGTERM;
+}
+
 class StopAgreement {
  public:
-  StopAgreement(const StopRequest* req, Communicator& comm) : req_(req), comm_(comm) {}
+  StopAgreement(const StopRequest* req, Communicator& comm, int preempt_signal = SIGTERM)
+      : req_(req), comm_(comm), preempt_(preempt_signal) {}
   // Normal flow always ends a vote it began; one still in flight means the loop is unwinding from
   // an error, so the communicator is aborted (peers fail fast, as they would anyway) before the
   // vote's buffer goes away under the communication thread.
@@ -36,12 +48,14 @@ class StopAgreement {
   // (a step that ends early still leaves exactly one vote in flight).
   void begin_step() {
     if (req_ == nullptr || pending_) return;
-    vote_ = static_cast<float>(req_->signal.load());
+    const int sig = req_->signal.load();
+    vote_ = static_cast<float>(sig == preempt_ && sig != 0 ? sig + kPreemptRank : sig);
     if (comm_.size() > 1) work_ = comm_.allreduce_async(&vote_, 1, ReduceOp::kMax);
     pending_ = true;
   }
   // Waits for the vote begun by begin_step and returns the agreed signal: 0 to go on, else the
-  // signal (the largest number among the ranks' requests) after which every rank stops.
+  // signal after which every rank stops: the preemption signal when any rank saw it, else the
+  // largest number among the ranks' requests.
   int end_step() {
     if (!pending_) return 0;
     pending_ = false;
@@ -49,12 +63,15 @@ class StopAgreement {
       work_->wait();
       work_.reset();
     }
-    return static_cast<int>(vote_);
+    const int v = static_cast<int>(vote_);
+    return v > kPreemptRank ? v - kPreemptRank : v;
   }
 
  private:
+  static constexpr int kPreemptRank = 1000;  // above every signal number (small integers)
   const StopRequest* req_;
   Communicator& comm_;
+  const int preempt_;
   float vote_ = 0.0f;  // written by the all-reduce until work_ completes
   WorkPtr work_;
   bool pending_ = false;

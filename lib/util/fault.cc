@@ -34,13 +34,14 @@ std::vector<Fault> parse_faults(const std::string& spec, int64_t attempt) {
     const auto fields = split(entry, ':');
     Fault f;
     f.kind = fields[0];
-    const bool timed = f.kind == "delay";
+    const bool timed = f.kind == "delay" || f.kind == "slow_save";
     const bool placed = f.kind == "kill_in_connect";
     if (f.kind != "kill" && f.kind != "kill_in_save" && f.kind != "drop" && f.kind != "nan" &&
-        f.kind != "grad_scale" && !timed && !placed)
+        f.kind != "grad_scale" && f.kind != "fail_in_save" && !timed && !placed)
       throw UserError(
           "DTRAIN_FAULT: unknown fault '" + f.kind + "' in '" + entry +
-          "' (expected kill, kill_in_save, drop, delay, nan, grad_scale or kill_in_connect)");
+          "' (expected kill, kill_in_save, fail_in_save, slow_save, drop, delay, nan, grad_scale "
+          "or kill_in_connect)");
     const char* fields_wanted = timed ? "rank and ms" : placed ? "rank and at" : "rank and step";
     for (size_t i = 1; i < fields.size(); ++i) {
       const size_t eq = fields[i].find('=');
@@ -105,6 +106,13 @@ int64_t fault_delay_ms(const std::vector<Fault>& faults, int rank) {
   int64_t ms = 0;
   for (const auto& f : faults)
     if (f.kind == "delay" && f.rank == rank) ms += f.ms;
+  return ms;
+}
+
+int64_t fault_save_delay_ms(const std::vector<Fault>& faults, int rank) {
+  int64_t ms = 0;
+  for (const auto& f : faults)
+    if (f.kind == "slow_save" && f.rank == rank) ms += f.ms;
   return ms;
 }
 

@@ -9,6 +9,10 @@
 //   drop:rank=R:step=S          rank R closes its connections when it completes step S (aborts
 //                               its communicator, so peers see a closed peer) and exits non-zero
 //   delay:rank=R:ms=M           rank R sleeps M ms after every step (a straggler)
+//   slow_save:rank=R:ms=M       rank R sleeps M ms in every checkpoint write, after its file or
+//                               shard is written and before the checkpoint is committed (a slow
+//                               filesystem: the window for a signal or a kill mid-save)
+//   fail_in_save:rank=R:step=S  rank R's write of the checkpoint of step S fails (an I/O error)
 //   kill_in_connect:rank=R:at=P rank R dies by SIGKILL while it connects to its peers (gRPC), at
 //                               point P: joined (the rendezvous answered, nothing else done),
 //                               channels (heartbeats started, no stream open) or streams (its
@@ -27,6 +31,7 @@ namespace dtrain {
 
 struct Fault {
   std::string kind;   // kill | kill_in_save | drop | delay | nan | grad_scale | kill_in_connect
+                      // | slow_save | fail_in_save
   int64_t rank = -1;  // which rank (required)
   std::string at;     // where (kill_in_connect: required)
   int64_t step = -1;  // at which step (kill, kill_in_save, drop: required)
@@ -50,6 +55,8 @@ bool fault_due_at(const std::vector<Fault>& faults, const std::string& kind, int
 
 // The milliseconds this rank sleeps after every step (the sum of its delay faults; 0: none).
 int64_t fault_delay_ms(const std::vector<Fault>& faults, int rank);
+// The milliseconds this rank sleeps in every checkpoint write (its slow_save faults; 0: none).
+int64_t fault_save_delay_ms(const std::vector<Fault>& faults, int rank);
 
 // Kills this process with SIGKILL (no cleanup, like a machine failure), after logging why.
 [[noreturn]] void die_by_fault(const std::string& what);

@@ -40,17 +40,21 @@ bool install(int sig, struct sigaction* old) {
 
 }  // namespace
 
-InterruptGuard::InterruptGuard(StopRequest& req) {
+InterruptGuard::InterruptGuard(StopRequest& req, int preempt_signal) {
+  DT_CHECK_MSG(preempt_signal == SIGTERM || preempt_signal == SIGUSR1,
+               "the preemption signal is SIGTERM or SIGUSR1");
   StopRequest* expected = nullptr;
   DT_CHECK_MSG(g_request.compare_exchange_strong(expected, &req),
                "only one InterruptGuard may be alive at a time");
   int_installed_ = install(SIGINT, &old_int_);
   term_installed_ = install(SIGTERM, &old_term_);
+  if (preempt_signal == SIGUSR1) usr1_installed_ = install(SIGUSR1, &old_usr1_);
 }
 
 InterruptGuard::~InterruptGuard() {
   if (int_installed_) ::sigaction(SIGINT, &old_int_, nullptr);
   if (term_installed_) ::sigaction(SIGTERM, &old_term_, nullptr);
+  if (usr1_installed_) ::sigaction(SIGUSR1, &old_usr1_, nullptr);
   g_request.store(nullptr);
 }
 
@@ -60,6 +64,8 @@ const char* interrupt_signal_name(int sig) {
       return "SIGINT";
     case SIGTERM:
       return "SIGTERM";
+    case SIGUSR1:
+      return "SIGUSR1";
     default:
       return "a signal";
   }

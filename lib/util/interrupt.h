@@ -6,12 +6,27 @@
 // training code is given a pointer to it (RunOptions::stop), so tests can request a stop without
 // signals and in-process ranks share one request. Signals are per process, so at most one
 // InterruptGuard may be alive at a time (checked).
+//
+// Preemption (train.preempt_signal): one of these signals, SIGTERM (the default; what Slurm,
+// Kubernetes and `dtrain launch` send to stop a job) or SIGUSR1 (Slurm's `--signal=USR1@T`),
+// is the scheduler's notice. It stops training the same way, and the run then exits
+// kExitPreempted instead of 128 + the signal.
 #pragma once
 
 #include <atomic>
 #include <csignal>
 
 namespace dtrain {
+
+// The exit code of a run stopped by its preemption signal: every rank finished the same step and
+// the checkpoint of that step is the newest complete one (or, when train.preempt_save_timeout_s
+// ran out, the previous checkpoint is). 75 is EX_TEMPFAIL of sysexits.h, "a temporary failure:
+// retry later", which is what a preempted job is. Slurm requeues a batch job by its exit code
+// only where slurm.conf names it (RequeueExit=75), and a batch script can test for it and run
+// `scontrol requeue`; Kubernetes' podFailurePolicy matches it with onExitCodes. A code of its
+// own keeps a preemption apart from a failure (1), a bad input (2) and a plain interrupt
+// (128 + signal: Ctrl-C, `scancel`), which must not be requeued. Launchers pass it through.
+inline constexpr int kExitPreempted = 75;
 
 // 0: no stop requested; else the signal number that asked for it (SIGINT, SIGTERM).
 // Lock-free, so the signal handler may store into it.
@@ -20,24 +35,25 @@ struct StopRequest {
   static_assert(std::atomic<int>::is_always_lock_free);
 };
 
-// Installs the handlers for SIGINT and SIGTERM for its lifetime (the previous dispositions are
+// Installs the handlers for SIGINT, SIGTERM and `preempt_signal` (SIGTERM or SIGUSR1) for its
+// lifetime (the previous dispositions are
 // restored on destruction; signals ignored on entry, e.g. by nohup, stay ignored). The first
 // signal sets `req` and is logged by the training loop; the second restores the default action
 // and re-raises, so the process ends at once with the usual status (killed by SIGINT/SIGTERM).
 class InterruptGuard {
  public:
-  explicit InterruptGuard(StopRequest& req);
+  explicit InterruptGuard(StopRequest& req, int preempt_signal = SIGTERM);
   ~InterruptGuard();
   InterruptGuard(const InterruptGuard&) = delete;
   InterruptGuard& operator=(const InterruptGuard&) = delete;
 
  private:
   struct sigaction old_int_ {
-  }, old_term_{};
-  bool int_installed_ = false, term_installed_ = false;
+  }, old_term_{}, old_usr1_{};
+  bool int_installed_ = false, term_installed_ = false, usr1_installed_ = false;
 };
 
-// "SIGINT", "SIGTERM", or "signal N".
+// "SIGINT", "SIGTERM", "SIGUSR1", or "a signal".
 const char* interrupt_signal_name(int sig);
 
 }  // namespace dtrain

@@ -3,7 +3,7 @@
 fails (SIGKILL or SIGTERM) at a random moment of its connect, rendezvous and stream setup (or
 early training). Every job must end promptly and cleanly:
 
-  * the failing rank ends (SIGKILL; SIGTERM: the interrupt exit 143, the signal itself before
+  * the failing rank ends (SIGKILL; SIGTERM: the preemption exit 75, the signal itself before
     dtrain installs its handler, or 0/1 when it finished or failed first);
   * every other rank ends within --bound seconds of the failure with exit 0 (it had finished)
     or exit 1 and a one-line "error: ..." as its last line;
@@ -25,6 +25,8 @@ import subprocess
 import sys
 import threading
 import time
+
+PREEMPTED = 75  # a rank stopped by train.preempt_signal: kExitPreempted (util/interrupt.h)
 
 CONFIG = """seed: {seed}
 model: {{type: mlp, hidden: [16], activation: relu}}
@@ -182,10 +184,11 @@ class Job:
     def check_rank(self, r, rc, text):
         if r == self.victim:
             ok = {0, 1, -signal.SIGKILL} if self.sig == signal.SIGKILL else \
-                {0, 1, 128 + signal.SIGTERM, -signal.SIGTERM}
+                {0, 1, PREEMPTED, -signal.SIGTERM}
         else:
-            # SIGTERM asks the whole job to stop at a step all ranks agree on: 143 everywhere.
-            ok = {0, 1} if self.sig == signal.SIGKILL else {0, 1, 128 + signal.SIGTERM}
+            # SIGTERM (train.preempt_signal's default) asks the whole job to stop at a step all
+            # ranks agree on: 75 (kExitPreempted, util/interrupt.h) everywhere.
+            ok = {0, 1} if self.sig == signal.SIGKILL else {0, 1, PREEMPTED}
         if rc not in ok:
             how = f"signal {signal.Signals(-rc).name}" if rc < 0 else f"exit {rc}"
             self.problems.append(f"rank {r} ended by {how}; last line: {last_line(text)!r}")

@@ -93,6 +93,7 @@ class Child {
   Child& operator=(const Child&) = delete;
 
   void signal(int sig) { ::kill(pid_, sig); }
+  pid_t pid() const { return pid_; }
   // After wait(): whether the child ended by a signal rather than by exiting.
   bool signaled() const { return signaled_; }
   // Waits at most timeout_s for the child; returns its exit code, 128 + N when killed by signal

@@ -7,8 +7,9 @@
 #   3. with --max-restarts 1 the job recovers from its checkpoint on both nodes together (node
 #      0 counts the restart) and ends bitwise equal to the uninterrupted run;
 #   4. SIGTERM to node 0's launcher alone stops the ranks of both nodes (node 1's launcher
-#      forwards it too), both launchers exit with the ranks' code, and `--resume auto` on both
-#      nodes ends bitwise equal to the uninterrupted run.
+#      forwards it too), both launchers exit with the ranks' code (75, a preemption), and
+#      `--resume auto` on both nodes ends bitwise equal to the uninterrupted run;
+#   5. the same with the signal during a checkpoint save (DTRAIN_FAULT slow_save).
 # The output folder is shared by the two nodes (one file system, as a PVC or NFS would be).
 # Needs root and iproute2; exits 77 (CTest: skipped) with the reason where namespaces cannot be
 # made. Usage: netns_multinode_test.sh DTRAIN_BIN CONFIG
@@ -134,7 +135,8 @@ echo "PASS 3: restarted once on both nodes, $final bitwise equal to the uninterr
 metrics=$out/stopped/metrics.jsonl
 FAULT='delay:rank=0:ms=100' WHILE_RUNNING='for i in $(seq 300); do [ -s "$metrics" ] && break; sleep 0.1; done; kill -TERM $p0' \
   job stopped 29530
-[ $rc0 -ne 0 ] && [ $rc0 -eq $rc1 ] || fail "stopped: launcher exits $rc0 and $rc1 (want the ranks' code on both)"
+[ $rc0 -eq 75 ] && [ $rc1 -eq 75 ] ||
+  fail "stopped: launcher exits $rc0 and $rc1 (want 75 on both: the ranks' preemption code)"
 grep -q "another node's launcher received SIGTERM: forwarding it to the ranks" "$out/stopped-29530-node1.log" ||
   fail "stopped: node 1 did not hear of node 0's signal"
 [ -e "$out/stopped/checkpoints/latest" ] || fail "stopped: no checkpoint"
@@ -144,3 +146,20 @@ FAULT='' job stopped 29540 --resume auto
 same_tensors "$out/stopped/checkpoints/$final" "$out/inproc/checkpoints/$final" ||
   fail "resumed: parameters differ from the uninterrupted run"
 echo "PASS 4: SIGTERM to node 0's launcher stopped both nodes (each exited $stop_rc, the ranks' code); resumed, $final bitwise equal"
+
+# 5. SIGTERM to node 0's launcher while a checkpoint is being written: rank 0 holds every
+# checkpoint write 2 s (DTRAIN_FAULT slow_save) and the signal comes during the save of step 10.
+# That save completes, every rank of both nodes stops after step 11 and exits 75, the checkpoint
+# of step 11 is the newest, and `--resume auto` on both nodes ends bitwise equal.
+# shellcheck disable=SC2034  # read by WHILE_RUNNING, eval-ed in job
+saving_log=$out/saving/logs/rank-0.log
+FAULT='slow_save:rank=0:ms=2000' WHILE_RUNNING='for i in $(seq 300); do grep -qs "in the checkpoint of step 10" "$saving_log" && break; sleep 0.1; done; kill -TERM $p0' \
+  job saving 29550
+[ $rc0 -eq 75 ] && [ $rc1 -eq 75 ] || fail "saving: launcher exits $rc0 and $rc1 (want 75 on both)"
+grep -q "preempted at step 11 " "$out/saving-29550-node0.log" || fail "saving: the job did not stop after step 11"
+grep -q "step-11" "$out/saving/checkpoints/latest" || fail "saving: latest is $(cat "$out/saving/checkpoints/latest")"
+FAULT='' job saving 29560 --resume auto
+[ $rc0 -eq 0 ] && [ $rc1 -eq 0 ] || fail "saving resumed: launcher exits $rc0 and $rc1"
+same_tensors "$out/saving/checkpoints/$final" "$out/inproc/checkpoints/$final" ||
+  fail "saving resumed: parameters differ from the uninterrupted run"
+echo "PASS 5: SIGTERM to node 0's launcher during a checkpoint save: both nodes stopped after step 11 (exit 75), resumed, $final bitwise equal"

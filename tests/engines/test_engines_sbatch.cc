@@ -145,7 +145,11 @@ TEST_CASE("sbatch + scancel --signal=TERM: the ranks checkpoint, --resume auto e
   // checkpoints are the interrupt's and the final one.
   const std::string cfg = dir.write("cfg.yaml", dtrain::testing::kRestartCfg) +
                           " --set train.max_steps=3000 --set train.log_every=10"
-                          " --set train.checkpoint.every_steps=0";
+                          " --set train.checkpoint.every_steps=0"
+                          // SIGTERM is then a plain interrupt (exit 143, not requeued by
+                          // scripts/slurm.sbatch), as a user's scancel should be; with the
+                          // default (TERM) it would be a preemption: exit 75 and a requeue.
+                          " --set train.preempt_signal=USR1";
   const std::string out = dir / "run", ref = dir / "ref";
   // The interrupted job sleeps 3 ms a step (timing only, the same numbers): surely mid-run when
   // the signal comes.

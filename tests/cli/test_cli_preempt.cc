@@ -1,0 +1,270 @@
+// Preemption through the real binary (train.preempt_signal, train.preempt_save_timeout_s, exit
+// kExitPreempted = 75) and crashes in the middle of an asynchronous checkpoint write: the
+// signal to one rank of `dtrain launch` stops every rank at one step; a signal during a save;
+// the save deadline; SIGKILL mid-write leaves the previous checkpoint the newest complete one.
+// Every case resumes with `--resume auto` and ends bitwise equal to an uninterrupted run.
+#include <doctest/doctest.h>
+
+#include <signal.h>
+#include <sys/types.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/cli_util.h"
+#include "test_util.h"
+#include "util/interrupt.h"
+
+using dtrain::kExitPreempted;
+using dtrain::testing::check_same_state;
+using dtrain::testing::Child;
+using dtrain::testing::contains;
+using dtrain::testing::latest_run_state;
+using dtrain::testing::read_text;
+using dtrain::testing::run_cmd;
+using dtrain::testing::TempDir;
+using dtrain::testing::wait_until;
+
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string kBin = DTRAIN_BIN;
+
+// 1000 short steps with dropout and momentum; a checkpoint every 20 steps, 2 kept.
+const char* kCfg = R"(seed: 9
+model: {hidden: [32, 16], dropout: 0.1}
+data:
+  format: synthetic
+  synthetic: {samples: 2000, features: 12, classes: 4, noise: 0.6}
+  batch_size: 16
+optimizer: {type: sgd, lr: 0.05, momentum: 0.9, schedule: {type: cosine}}
+train: {epochs: 0, max_steps: 1000, log_every: 10, checkpoint: {every_steps: 20, keep_last: 2}}
+distributed: {timeout_s: 30}
+runtime: {threads: 1}
+)";
+
+std::string latest_of(const std::string& run) {
+  std::string l = read_text(run + "/checkpoints/latest");
+  while (!l.empty() && l.back() == '\n') l.pop_back();
+  return l;
+}
+
+size_t lines_in(const std::string& path) {
+  const std::string t = read_text(path);
+  return static_cast<size_t>(std::count(t.begin(), t.end(), '\n'));
+}
+
+// The pid of the child of `parent` whose environment has RANK=<rank>, or -1.
+pid_t rank_pid(pid_t parent, int rank) {
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const std::string name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream st(e.path() / "stat");
+    std::string stat((std::istreambuf_iterator<char>(st)), std::istreambuf_iterator<char>());
+    const size_t close = stat.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream rest(stat.substr(close + 2));
+    char state = 0;
+    pid_t ppid = -1;
+    rest >> state >> ppid;
+    if (ppid != parent) continue;
+    std::ifstream env(e.path() / "environ");
+    std::string var;
+    bool found = false;
+    while (std::getline(env, var, '\0'))
+      if (var == "RANK=" + std::to_string(rank)) found = true;
+    if (found) return static_cast<pid_t>(std::stoi(name));
+  }
+  return -1;
+}
+
+// Resumes `cut` with `cmd_tail` (verb, config, flags) and checks that it ends bitwise equal to
+// `ref`.
+void resume_matches(const std::string& cmd_tail, const std::string& ref, const std::string& cut,
+                    int64_t from_step) {
+  const auto r =
+      run_cmd(kBin + " " + cmd_tail + " --out " + cut + " --resume auto --log-level warn");
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  const auto s = nlohmann::json::parse(read_text(cut + "/summary.json"));
+  CHECK(s["status"] == "completed");
+  CHECK(s["steps"] == 1000);
+  CHECK(s["steps_this_run"] == 1000 - from_step);
+  check_same_state(latest_run_state(kBin, ref), latest_run_state(kBin, cut), cmd_tail);
+}
+
+}  // namespace
+
+TEST_CASE("SIGTERM to one rank of dtrain launch (2 fsdp ranks, gRPC): both stop at one step") {
+  TempDir dir;
+  const std::string cfg = dir.write("cfg.yaml", kCfg);
+  const std::string args = "launch --nproc 2 " + cfg + " --set distributed.strategy=fsdp";
+  const std::string ref = dir / "ref", cut = dir / "cut";
+  const auto r0 = run_cmd(kBin + " " + args + " --out " + ref + " --log-level warn");
+  REQUIRE_MESSAGE(r0.exit_code == 0, r0.output);
+
+  Child c("DTRAIN_FAULT=delay:rank=0:ms=3 exec " + kBin + " " + args + " --out " + cut,
+          dir / "cut.log");
+  REQUIRE(wait_until([&] { return lines_in(cut + "/metrics.jsonl") >= 3; }, 60));
+  pid_t pid = -1;
+  REQUIRE(wait_until([&] { return (pid = rank_pid(c.pid(), 1)) > 0; }, 10));
+  ::kill(pid, SIGTERM);  // rank 1 alone: rank 0 learns of it through the stop vote
+  const int rc = c.wait(60);
+  const std::string log = read_text(dir / "cut.log");
+  CHECK_MESSAGE(rc != 0, log);  // (how `dtrain launch` reports its ranks' 75 is the launcher's)
+  CHECK_MESSAGE(contains(log, "SIGTERM (preemption): stopping after step"), log);
+  const bool rank1_75 = contains(log, "rank 1 failed: exit status 75") ||
+                        contains(log, "rank 1 stopped: exit status 75");
+  CHECK_MESSAGE(rank1_75, log);
+  const auto s = nlohmann::json::parse(read_text(cut + "/summary.json"));
+  CHECK(s["status"] == "interrupted");
+  CHECK(s["preempted"] == true);
+  const int64_t step = s["steps"].get<int64_t>();
+  CHECK_MESSAGE(contains(log, "preempted at step " + std::to_string(step)), log);
+  // Rank 0 wrote the manifest: both shards of that step are there and it is `latest`.
+  CHECK(latest_of(cut) == "step-" + std::to_string(step));
+  CHECK(fs::exists(cut + "/checkpoints/step-" + std::to_string(step) + "/manifest.json"));
+  resume_matches(args, ref, cut, step);
+}
+
+TEST_CASE("train.preempt_signal USR1: USR1 preempts (exit 75), SIGTERM stays an interrupt") {
+  TempDir dir;
+  const std::string cfg = dir.write("cfg.yaml", kCfg);
+  const std::string args =
+      "run " + cfg + " --set distributed.world_size=2 --set train.preempt_signal=USR1";
+  const std::string ref = dir / "ref";
+  const auto r0 = run_cmd(kBin + " " + args + " --out " + ref + " --log-level warn");
+  REQUIRE_MESSAGE(r0.exit_code == 0, r0.output);
+  for (const int sig : {SIGUSR1, SIGTERM}) {
+    CAPTURE(sig);
+    const std::string cut = dir / ("cut" + std::to_string(sig));
+    Child c(
+        "DTRAIN_FAULT=delay:rank=0:ms=3 exec " + kBin + " " + args + " --no-progress --out " + cut,
+        dir / "cut.log");
+    REQUIRE(wait_until([&] { return lines_in(cut + "/metrics.jsonl") >= 3; }, 60));
+    c.signal(sig);
+    const int rc = c.wait(60);
+    const std::string log = read_text(dir / "cut.log");
+    CHECK_FALSE(c.signaled());
+    const auto s = nlohmann::json::parse(read_text(cut + "/summary.json"));
+    const int64_t step = s["steps"].get<int64_t>();
+    if (sig == SIGUSR1) {
+      CHECK_MESSAGE(rc == kExitPreempted, log);
+      CHECK(s["preempted"] == true);
+      CHECK(s["interrupted_by"] == "SIGUSR1");
+      CHECK_MESSAGE(contains(log, "preempted at step " + std::to_string(step)), log);
+    } else {
+      CHECK_MESSAGE(rc == 128 + SIGTERM, log);
+      CHECK(s["preempted"] == false);
+      CHECK_MESSAGE(contains(log, "interrupted at step " + std::to_string(step)), log);
+    }
+    CHECK(contains(latest_of(cut), "step-" + std::to_string(step)));
+    resume_matches(args, ref, cut, step);
+  }
+}
+
+// The signal arrives while a checkpoint is being written (DTRAIN_FAULT slow_save holds every
+// write 2.5 s after its shard is on disk): the save completes, the next step is the agreed one,
+// its checkpoint is written too.
+void signal_during_save(bool async) {
+  TempDir dir;
+  const std::string cfg = dir.write("cfg.yaml", kCfg);
+  const std::string args = "run " + cfg +
+                           " --set distributed.world_size=2 --set distributed.strategy=fsdp" +
+                           (async ? " --set train.checkpoint.async=true" : "");
+  const std::string ref = dir / "ref", cut = dir / "cut";
+  const auto r0 = run_cmd(kBin + " " + args + " --out " + ref + " --log-level warn");
+  REQUIRE_MESSAGE(r0.exit_code == 0, r0.output);
+  Child c("DTRAIN_FAULT=slow_save:rank=1:ms=2500 exec " + kBin + " " + args +
+              " --set train.checkpoint.keep_last=4 --no-progress --out " + cut,
+          dir / "cut.log");
+  REQUIRE(wait_until(
+      [&] { return contains(read_text(dir / "cut.log"), "in the checkpoint of step 20"); }, 60));
+  c.signal(SIGTERM);
+  const int rc = c.wait(60);
+  const std::string log = read_text(dir / "cut.log");
+  REQUIRE_MESSAGE(rc == kExitPreempted, log);
+  const auto s = nlohmann::json::parse(read_text(cut + "/summary.json"));
+  const int64_t step = s["steps"].get<int64_t>();
+  CHECK(s["preempted"] == true);
+  CHECK(step > 20);
+  if (!async) CHECK(step == 21);  // the save held training: the stop is the next step
+  CHECK(latest_of(cut) == "step-" + std::to_string(step));
+  CHECK(fs::exists(cut + "/checkpoints/step-20/manifest.json"));  // the one being written
+  resume_matches(args, ref, cut, step);
+}
+
+TEST_CASE("SIGTERM during a synchronous checkpoint save: both saves complete, bitwise resume") {
+  signal_during_save(false);
+}
+
+TEST_CASE("SIGTERM during an asynchronous checkpoint write: both complete, bitwise resume") {
+  signal_during_save(true);
+}
+
+TEST_CASE("train.preempt_save_timeout_s: a save that overruns exits 75, the previous stays") {
+  for (const std::string strategy : {"ddp", "fsdp"}) {
+    CAPTURE(strategy);
+    TempDir dir;
+    const std::string cfg = dir.write("cfg.yaml", kCfg);
+    const std::string args = "run " + cfg + " --set distributed.world_size=2 " +
+                             "--set distributed.strategy=" + strategy;
+    const std::string ref = dir / "ref", cut = dir / "cut";
+    const auto r0 = run_cmd(kBin + " " + args + " --out " + ref + " --log-level warn");
+    REQUIRE_MESSAGE(r0.exit_code == 0, r0.output);
+    // Every save of rank 0 takes 2 s: the one at step 20 holds training (synchronous saves);
+    // the preemption's, right after it, cannot be done within the 0.5 s deadline.
+    // 10 ms steps: the signal surely comes before the next save, at step 40.
+    Child c("DTRAIN_FAULT=slow_save:rank=0:ms=2000,delay:rank=0:ms=10 exec " + kBin + " " + args +
+                " --set train.preempt_save_timeout_s=0.5 --no-progress --out " + cut,
+            dir / "cut.log");
+    REQUIRE(wait_until([&] { return fs::exists(cut + "/checkpoints/latest"); }, 60));
+    const auto t0 = std::chrono::steady_clock::now();
+    c.signal(SIGTERM);
+    const int rc = c.wait(60);
+    const double took =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const std::string log = read_text(dir / "cut.log");
+    REQUIRE_MESSAGE(rc == kExitPreempted, log);
+    CHECK_FALSE(c.signaled());
+    CHECK_MESSAGE(took < 1.9, took);  // the deadline, not the 2 s save, ended it
+    CHECK_MESSAGE(contains(log, "was not on disk within train.preempt_save_timeout_s = 0.5 s"),
+                  log);
+    CHECK_MESSAGE(contains(log, "the newest complete checkpoint is step-20"), log);
+    CHECK_FALSE(fs::exists(cut + "/summary.json"));
+    CHECK(contains(latest_of(cut), "step-20"));
+    resume_matches(args, ref, cut, 20);
+  }
+}
+
+TEST_CASE("SIGKILL in the middle of an asynchronous write: the previous checkpoint is latest") {
+  for (const std::string strategy : {"ddp", "fsdp"}) {
+    CAPTURE(strategy);
+    TempDir dir;
+    const std::string cfg = dir.write("cfg.yaml", kCfg);
+    const std::string args = "run " + cfg + " --set distributed.world_size=2 " +
+                             "--set distributed.strategy=" + strategy +
+                             " --set train.checkpoint.async=true";
+    const std::string ref = dir / "ref", cut = dir / "cut";
+    const auto r0 = run_cmd(kBin + " " + args + " --out " + ref + " --log-level warn");
+    REQUIRE_MESSAGE(r0.exit_code == 0, r0.output);
+    // Rank 0 (ddp: the only writer) or rank 1 (an fsdp shard) dies by SIGKILL on the writer
+    // thread once its part of step 40 is on disk, before the checkpoint is committed.
+    const std::string victim = strategy == "fsdp" ? "1" : "0";
+    const auto r = run_cmd("DTRAIN_FAULT=kill_in_save:rank=" + victim + ":step=40 " + kBin + " " +
+                           args + " --no-progress --out " + cut);
+    const bool killed = r.signal == SIGKILL || r.exit_code == 128 + SIGKILL;
+    CHECK_MESSAGE(killed, r.output);
+    CHECK_MESSAGE(contains(r.output, "wrote its part of the checkpoint of step 40"), r.output);
+    CHECK(contains(latest_of(cut), "step-20"));
+    CHECK_FALSE(fs::exists(cut + "/checkpoints/step-40/manifest.json"));
+    resume_matches(args, ref, cut, 20);
+  }
+}
