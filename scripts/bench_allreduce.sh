@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 REPS=${REPS:-3}
 SIZES=${SIZES:-64K,1M,4M,16M,64M}
 PEERS=${PEERS:-bench/peers}
-BIN=build/bin/dtrain
+BIN=${BIN:-build/bin/dtrain}
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 for i in $(seq "$REPS"); do
