@@ -31,18 +31,6 @@ const std::string* find(const Env& env, const std::string& key) {
   return it == env.end() ? nullptr : &it->second;
 }
 
-// The whole text must be a base-10 int: "4 ", "+4", "4x" and "" are refused, so a typo in a
-// launcher's variable fails loudly instead of silently becoming rank 0.
-int parse_int(const std::string& text, const std::string& name) {
-  int v = 0;
-  const char* b = text.data();
-  const char* e = b + text.size();
-  const auto [p, ec] = std::from_chars(b, e, v);
-  if (text.empty() || ec != std::errc() || p != e)
-    throw UserError(name + "='" + text + "' is not an integer");
-  return v;
-}
-
 // A resolved value and the variable, flag or config key it came from (for messages).
 struct Field {
   int value = 0;
@@ -53,7 +41,7 @@ struct Field {
 Field from_env(const Env& env, const std::string& key) {
   const std::string* v = find(env, key);
   if (v == nullptr) return {};
-  return {parse_int(*v, key), key, true};
+  return {parse_env_int(*v, key), key, true};
 }
 
 std::string show(const Field& f) {
@@ -81,6 +69,16 @@ std::string trim(const std::string& s) {
 }
 
 }  // namespace
+
+int parse_env_int(const std::string& text, const std::string& name) {
+  int v = 0;
+  const char* b = text.data();
+  const char* e = b + text.size();
+  const auto [p, ec] = std::from_chars(b, e, v);
+  if (text.empty() || ec != std::errc() || p != e)
+    throw UserError(name + "='" + text + "' is not an integer");
+  return v;
+}
 
 std::vector<int> parse_slurm_tasks_per_node(const std::string& text, const std::string& var) {
   // Grammar: item ("," item)*, item = count ["(x" repeat ")"].

@@ -95,6 +95,11 @@ std::string resolve_job_token(const std::map<std::string, std::string>& env,
 // 32 lowercase hex digits from /dev/urandom. Throws std::runtime_error if it cannot be read.
 std::string random_token();
 
+// An environment variable's (or flag's) value as an int: the whole text must be base-10 digits
+// with an optional '-' ("4 ", "+4", "4x" and "" are refused), so a typo in a launcher's variable
+// fails loudly instead of silently becoming rank 0. UserError naming `name` otherwise.
+int parse_env_int(const std::string& text, const std::string& name);
+
 // Slurm's compressed per-node task counts, "2(x3),1" -> {2, 2, 2, 1}. `var` names the variable
 // in the UserError thrown for malformed text.
 std::vector<int> parse_slurm_tasks_per_node(const std::string& text, const std::string& var);

@@ -1,7 +1,6 @@
 #include "launch/node_env.h"
 
-#include <charconv>
-
+#include "launch/dist_env.h"
 #include "util/check.h"
 
 namespace dtrain {
@@ -9,16 +8,6 @@ namespace dtrain {
 namespace {
 
 using Env = std::map<std::string, std::string>;
-
-int whole_int(const std::string& text, const std::string& name) {
-  int v = 0;
-  const char* b = text.data();
-  const char* e = b + text.size();
-  const auto [p, ec] = std::from_chars(b, e, v);
-  if (text.empty() || ec != std::errc() || p != e)
-    throw UserError(name + "='" + text + "' is not an integer");
-  return v;
-}
 
 // A value and where it came from.
 struct Src {
@@ -31,7 +20,7 @@ Src pick(const std::optional<int>& flag, const std::string& flag_name, const Env
          std::initializer_list<const char*> vars, Src fallback) {
   if (flag) return {*flag, flag_name};
   for (const char* v : vars)
-    if (const auto it = env.find(v); it != env.end()) return {whole_int(it->second, v), v};
+    if (const auto it = env.find(v); it != env.end()) return {parse_env_int(it->second, v), v};
   return fallback;
 }
 
@@ -113,10 +102,10 @@ RankRange parse_rank_range(const std::string& text, const std::string& flag) {
   RankRange r;
   try {
     if (colon == std::string::npos) {
-      r.min = r.max = whole_int(text, flag);
+      r.min = r.max = parse_env_int(text, flag);
     } else {
-      r.min = whole_int(text.substr(0, colon), flag + " (the minimum)");
-      r.max = whole_int(text.substr(colon + 1), flag + " (the maximum)");
+      r.min = parse_env_int(text.substr(0, colon), flag + " (the minimum)");
+      r.max = parse_env_int(text.substr(colon + 1), flag + " (the maximum)");
     }
   } catch (const UserError& e) {
     throw bad("not N or MIN:MAX (" + std::string(e.what()) + ")");
