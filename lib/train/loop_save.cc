@@ -1,0 +1,241 @@
+// TrainLoop's checkpoint writes (train_loop.h): synchronous and asynchronous saves, sharded
+// commits, and the deadline after a preemption signal.
+#include "train/train_loop.h"
+
+namespace dtrain {
+namespace loop_detail {
+
+void TrainLoop::save() {
+  finish_save();  // at most one write in flight: the previous one is complete before this one
+  const auto s0 = Clock::now();
+  TraceScope ts(tracer_, "checkpoint", "checkpoint");
+  // Every rank's RNG state goes into the checkpoint (dropout streams differ per rank).
+  const std::string states = gather_rng_states(world_, rng_);
+  CheckpointMeta m;
+  if (lead_) {
+    m.step = step_;
+    m.epoch = epoch_;
+    m.batch = batch_;
+    m.optimizer = to_string(cfg_.optimizer.type);
+    m.optimizer_steps = strategy_->optimizer().step_count();
+    m.rng = states;
+    m.config_hash = hash_;
+    m.world_size = world_.size();
+    m.strategy = to_string(cfg_.distributed.strategy);
+    m.config_json = config_json_;
+    m.schedule_steps = schedule_steps_;
+  }
+  // Every rank's compression state goes to rank 0 (compression_state.h).
+  GradReducer* reducer = strategy_->reducer();
+  CompressionState comp =
+      reducer ? gather_compression_state(world_, *reducer, cfg_.distributed.compression.type)
+              : CompressionState{};
+  if (!one_file()) {
+    save_sharded(m);
+  } else if (lead_) {
+    // One rank holds the whole model: one file, which the write commits itself.
+    const CheckpointShard sh = snapshot(strategy_->checkpoint_shard());
+    const std::string name = checkpoint_file_name(step_);
+    run_write([this, name, m, comp = std::move(comp), params = sh.params,
+               sb = state_buffers(strategy_->state_names(), sh), step = step_] {
+      save_checkpoint((fs::path(ckpt_dir_) / name).string(), model_, params, sb, m, comp);
+      save_faults(step);
+      commit_checkpoint(ckpt_dir_, name, cfg_.train.checkpoint.keep_last);
+      spdlog::debug("checkpoint {}", name);
+    });
+  }
+  last_ckpt_step_ = step_;
+  interval_t0_ += Clock::now() - s0;
+}
+
+// What a write reads: the strategy's own buffers for a synchronous save; for an asynchronous
+// one, copies (reused from save to save: the previous write is done by now), because training
+// changes the buffers while the write goes on.
+CheckpointShard TrainLoop::snapshot(const CheckpointShard& sh) {
+  if (!cfg_.train.checkpoint.async) return sh;
+  TraceScope ts(tracer_, "checkpoint copy", "checkpoint");
+  const size_t n = static_cast<size_t>(sh.size);
+  snap_params_.assign(sh.params, sh.params + n);
+  snap_state_.resize(sh.state.size());
+  CheckpointShard c{sh.ranges, sh.size, snap_params_.data(), {}};
+  for (size_t i = 0; i < sh.state.size(); ++i) {
+    snap_state_[i].assign(sh.state[i], sh.state[i] + n);
+    c.state.push_back(snap_state_[i].data());
+  }
+  return c;
+}
+
+void TrainLoop::run_write(std::function<void()> job) {
+  if (cfg_.train.checkpoint.async)
+    writer_.start(std::move(job));
+  else
+    job();
+}
+
+// DTRAIN_FAULT's save faults (util/fault.h), after this rank's file or shard is written and
+// before anything commits it.
+void TrainLoop::save_faults(int64_t step) const {
+  if (const int64_t ms = fault_save_delay_ms(opts_.faults, rank_); ms > 0) {
+    spdlog::warn("DTRAIN_FAULT slow_save: rank {} sleeps {} ms in the checkpoint of step {}", rank_,
+                 ms, step);
+    std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+  }
+  if (fault_due(opts_.faults, "fail_in_save", rank_, step))
+    throw std::runtime_error("DTRAIN_FAULT fail_in_save: rank " + std::to_string(rank_) +
+                             "'s write of the checkpoint of step " + std::to_string(step));
+  if (fault_due(opts_.faults, "kill_in_save", rank_, step))
+    die_by_fault(grid_.describe() + " wrote its part of the checkpoint of step " +
+                 std::to_string(step));
+}
+
+// Sharded checkpoint: every rank that holds a distinct part (every rank of a sharded strategy,
+// the data axis's rank 0 of a replicated one) writes its shard; once all have (commit_sharded:
+// an all-reduce of success flags), rank 0 writes the manifest -- every shard's ranges and grid
+// coordinates -- and moves `latest`. A crash before that leaves the previous checkpoint the newest
+// complete one. The ranges travel to rank 0 before the writes start, so an asynchronous write
+// needs no collective until its completion.
+void TrainLoop::save_sharded(const CheckpointMeta& m) {
+  const std::string name = sharded_checkpoint_name(step_);
+  const fs::path dir = fs::path(ckpt_dir_) / name;
+  if (lead_) fs::remove_all(dir);  // leftovers of a crashed attempt at this step
+  world_.barrier();
+  const bool writer = strategy_->sharded() || dpr_ == 0;
+  const std::vector<std::string> names = strategy_->state_names();
+  std::vector<int64_t> mine;  // (begin, end, offset) of each range this rank writes
+  CheckpointShard sh;
+  if (writer) {
+    sh = snapshot(strategy_->checkpoint_shard());
+    // A tensor rank lists the whole layout's ranges its local shard fills (train/tp_train.h).
+    for (const ShardRange& r : tp_ ? tp_->global_ranges(sh.ranges) : sh.ranges)
+      mine.insert(mine.end(), {r.begin, r.end, r.offset});
+  }
+  // Every rank's ranges to rank 0 (counts first: ranks write different numbers of ranges).
+  const size_t W = static_cast<size_t>(world_.size());
+  std::vector<int64_t> counts(W);
+  const int64_t n_mine = static_cast<int64_t>(mine.size());
+  world_.allgather(&n_mine, counts.data(), std::vector<size_t>(W, 1));
+  std::vector<size_t> sizes(counts.begin(), counts.end());
+  int64_t total = 0;
+  for (int64_t c : counts) total += c;
+  std::vector<int64_t> all(static_cast<size_t>(total));
+  world_.allgather(mine.data(), all.data(), sizes);
+  pending_ = PendingSharded{true, name, m, {}};
+  if (lead_) {
+    size_t at = 0;
+    for (size_t r = 0; r < W; ++r) {
+      const GridCoord g = grid_.layout().coord(static_cast<int>(r));
+      if (strategy_->sharded() || g.dp == 0) {
+        ManifestShard ms;
+        ms.rank = static_cast<int>(r);
+        for (size_t k = 0; k + 3 <= sizes[r]; k += 3)
+          ms.ranges.push_back({all[at + k], all[at + k + 1], all[at + k + 2]});
+        ms.where = {{"tp", g.tp}, {"dp", g.dp}, {"pp", g.pp}};
+        if (tp_) ms.where["tensor_shards"] = tp_->describe_shards(g.tp);
+        pending_.shards.push_back(std::move(ms));
+      }
+      at += sizes[r];
+    }
+  }
+  std::string err;
+  try {
+    std::vector<StateBuffer> sb;
+    if (writer) sb = state_buffers(names, sh);
+    run_write([this, writer, dir, sh, sb = std::move(sb), step = step_] {
+      if (writer) {
+        fs::create_directories(dir);
+        save_shard(dir.string(), rank_, sh.ranges, sh.size, sh.params, sb);
+      }
+      save_faults(step);
+    });
+  } catch (const std::exception& e) {  // a synchronous write's error
+    err = e.what();
+  }
+  if (!cfg_.train.checkpoint.async) commit_sharded(err);
+}
+
+// Completes pending_ (collective): every rank says whether its write succeeded (err empty); if
+// all did, rank 0 writes the manifest and moves `latest`, else every rank throws.
+void TrainLoop::commit_sharded(const std::string& err) {
+  DT_CHECK(pending_.active);
+  const PendingSharded p = std::move(pending_);
+  pending_ = PendingSharded{};
+  float ok = err.empty() ? 1.0f : 0.0f;
+  world_.allreduce(&ok, 1, ReduceOp::kMin);
+  if (!err.empty()) throw std::runtime_error("writing checkpoint shard: " + err);
+  if (ok < 1.0f)
+    throw std::runtime_error("another rank failed to write its shard of checkpoint " + p.name);
+  if (!lead_) return;
+  const nlohmann::json layout = {
+      {"tp", grid_.layout().tp()}, {"dp", grid_.layout().dp()}, {"pp", grid_.layout().pp()}};
+  write_manifest((fs::path(ckpt_dir_) / p.name).string(), tp_ ? tp_->global() : model_, p.meta,
+                 p.shards, strategy_->state_names(), layout);
+  commit_checkpoint(ckpt_dir_, p.name, cfg_.train.checkpoint.keep_last);
+  spdlog::debug("checkpoint {}", p.name);
+}
+
+// Between steps, with an asynchronous write in flight: a checkpoint file's write is done when
+// rank 0's writer has finished (its error is rethrown here, at the next step); a sharded one
+// when every rank's has, which a one-float all-reduce (min of -1 failed, 0 busy, 1 done) tells
+// every rank alike, so all of them complete it (or fail) at the same step.
+void TrainLoop::poll_save() {
+  if (!cfg_.train.checkpoint.async) return;
+  if (!pending_.active) {
+    if (writer_.finished()) writer_.wait();  // rank 0's checkpoint file
+    return;
+  }
+  float state = 1.0f;
+  std::string err;
+  if (writer_.busy()) {
+    state = writer_.finished() ? 1.0f : 0.0f;
+    if (state == 1.0f) {
+      try {
+        writer_.wait();
+      } catch (const std::exception& e) {
+        err = e.what();
+        state = -1.0f;
+      }
+    }
+  }
+  world_.allreduce(&state, 1, ReduceOp::kMin);
+  if (state == 0.0f) return;  // some rank still writes (none failed: that would be -1)
+  commit_sharded(err);        // all done, or one failed: every rank throws
+}
+
+// Waits for the write in flight and completes it (collective for a sharded checkpoint).
+void TrainLoop::finish_save() {
+  if (!cfg_.train.checkpoint.async) return;
+  std::string err;
+  try {
+    writer_.wait();
+  } catch (const std::exception& e) {
+    if (!pending_.active) throw;  // rank 0's checkpoint file
+    err = e.what();
+  }
+  if (pending_.active) commit_sharded(err);
+}
+
+// train.preempt_save_timeout_s: from the agreed stop after a preemption signal to the checkpoint
+// on disk (SaveDeadline).
+void TrainLoop::start_deadline(int sig) {
+  const double t = cfg_.train.preempt_save_timeout_s;
+  if (t <= 0 || deadline_.armed()) return;
+  deadline_.start(t, [this, t, sig, step = step_] {
+    std::string latest = "none";
+    try {
+      latest = read_file((fs::path(ckpt_dir_) / "latest").string());
+      while (!latest.empty() && (latest.back() == '\n' || latest.back() == ' ')) latest.pop_back();
+    } catch (const std::exception&) {
+    }
+    return fmt::format(
+        "{} after {}: the checkpoint of step {} was not on disk within "
+        "train.preempt_save_timeout_s = {} s; exiting with {} (preempted): the newest complete "
+        "checkpoint is {} (--resume auto continues from it)",
+        grid_.describe(), interrupt_signal_name(sig), step, t, kExitPreempted, latest);
+  });
+}
+
+// Every rank's training memory (bytes of parameters, gradients, optimizer state and the peak
+// of activations kept for backward) with its grid coordinates, for summary.json. Collective.
+
+}  // namespace loop_detail
+}  // namespace dtrain

@@ -1,0 +1,174 @@
+// The training loop's rank object, shared by the files that implement it (loop.cc: setup, steps,
+// records, evaluation, the summary and run(); loop_save.cc: checkpoint writes, synchronous and
+// asynchronous, and the preemption deadline). Internal to lib/train: the interface is loop.h.
+#pragma once
+
+#include "train/loop.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <thread>
+
+#include <spdlog/spdlog.h>
+
+#include "checkpoint/checkpoint.h"
+#include "comm/rank_grid.h"
+#include "data/sampler.h"
+#include "nn/gpt.h"
+#include "nn/loss.h"
+#include "nn/registry.h"
+#include "optim/optimizer.h"
+#include "tensor/blas.h"
+#include "train/async_checkpoint.h"
+#include "train/compression_state.h"
+#include "train/executor.h"
+#include "train/fault_strategy.h"
+#include "train/pipeline.h"
+#include "train/progress.h"
+#include "train/step_faults.h"
+#include "train/stop.h"
+#include "train/straggler.h"
+#include "train/strategy.h"
+#include "train/tied_grads.h"
+#include "train/tp_train.h"
+#include "util/check.h"
+#include "util/fs.h"
+
+namespace dtrain {
+namespace loop_detail {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+inline double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// A checkpoint shard's state buffers with their names.
+inline std::vector<StateBuffer> state_buffers(const std::vector<std::string>& names,
+                                              const CheckpointShard& sh) {
+  std::vector<StateBuffer> sb;
+  for (size_t i = 0; i < names.size(); ++i) sb.push_back({names[i], sh.state[i]});
+  return sb;
+}
+
+inline nlohmann::json nan_to_null(double v) {
+  return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr);
+}
+
+// One rank's training run. Construction sets everything up (collective); run() trains.
+// Collectives run on three communicators: the world (stop votes, the non-finite verdict when
+// ranks hold different gradients, records, evaluation sums, checkpoints), the data axis (the
+// strategy's, the loss all-reduce, straggler checks, a tie's sharded gradient) and the pipeline
+// axis (the clipping norm, a tie whose copies are on different stages: train/tied_grads.h).
+// Every rank issues them in the same order (communicator.h).
+class TrainLoop {
+ public:
+  TrainLoop(const Config& cfg, const RunOptions& opts, Communicator& comm, Tracer& tracer);
+  nlohmann::json run();
+
+ private:
+  void setup_model();
+  void check_memory(const ModelRange& range) const;
+  bool resume();  // false: nothing left to train (summary_ holds the answer)
+  void log_start() const;
+  bool step();  // one optimizer step; false when skipped (non-finite)
+  bool nonfinite_guard(double loss_sum);
+  void clip();
+  void record(bool epoch_done);
+  void evaluate();
+  void save();
+  void save_sharded(const CheckpointMeta& m);
+  // The checkpoint path's pieces (train/async_checkpoint.h): the state to write (copied when
+  // async), running a write (now, or on the writer), a save's DTRAIN_FAULT hooks, completing the
+  // sharded checkpoint, and polling / finishing the write in flight.
+  CheckpointShard snapshot(const CheckpointShard& sh);
+  void run_write(std::function<void()> job);
+  void save_faults(int64_t step) const;
+  void commit_sharded(const std::string& err);
+  void poll_save();
+  void finish_save();
+  void start_deadline(int sig);
+  nlohmann::json summary(int stop_signal);
+  nlohmann::json memory_per_rank(const StateMemory& mem);
+  double comm_seconds() const;
+  // One rank holds the whole model (no pipeline, a replicated strategy): checkpoints are one
+  // file; otherwise sharded folders.
+  bool one_file() const { return !pipelined_ && !strategy_->sharded() && !tp_; }
+  double epoch_progress() const {
+    return static_cast<double>(epoch_) + static_cast<double>(batch_) / static_cast<double>(bpe_);
+  }
+
+  const Config& cfg_;
+  const RunOptions& opts_;
+  Communicator& world_;
+  Tracer& tracer_;
+  const Clock::time_point t_start_ = Clock::now();
+  const int rank_;
+  const bool lead_;
+  const int S_;  // pipeline stages
+  RankGrid grid_;
+  Communicator& dp_;
+  Communicator& pp_;
+  const int DP_, dpr_, stage_;
+  std::string ckpt_dir_, hash_, config_json_;
+
+  DataSplits data_;
+  Model model_;
+  std::vector<LayerRange> stages_;  // per stage (one: the whole model)
+  std::unique_ptr<Strategy> strategy_;
+  std::optional<TiedGrads> tied_;       // the GPT's tied embeddings (train/tied_grads.h)
+  std::unique_ptr<TensorParallel> tp_;  // distributed.tensor_parallel.size > 1 (train/tp_train.h)
+  double tied_sq_ = 0.0;                // the step's TiedGrads::sum, subtracted by clip()
+  std::unique_ptr<Executor> exec_;
+  std::optional<Sampler> sampler_;
+  StepPlan plan_;
+  int64_t bpe_ = 1, schedule_steps_ = 0;
+  Rng rng_;
+  int64_t tps_ = 1;           // targets per sample: 1 label, or T next tokens
+  bool loss_global_ = false;  // the step loss is all-reduced over the data axis every step
+  CompressionState saved_comp_;
+
+  // Progress.
+  int64_t step_ = 0, epoch_ = 0, batch_ = 0, first_step_ = 0;
+  ResumePoint rp_;
+  nlohmann::json early_summary_;
+  std::unique_ptr<LineWriter> metrics_;
+  std::optional<ProgressBar> bar_;
+  std::optional<StragglerCheck> stragglers_;
+  std::vector<std::vector<int64_t>> micro_idx_;
+  Clock::time_point interval_t0_;
+  double interval_loss_ = 0.0, final_train_loss_ = std::nan(""), train_s_ = 0.0, last_sps_ = 0.0;
+  double last_record_loss_ = std::nan(""), last_lr_ = 0.0, last_step_loss_ = std::nan("");
+  bool pipelined_ = false;  // the pipeline executor (strategy pipeline, or stages > 1)
+  int64_t interval_samples_ = 0, samples_trained_ = 0, interval_first_step_ = 0;
+  double exposed_comm_s_ = 0.0;
+  int64_t skipped_steps_ = 0;
+  uint64_t bytes_sent0_ = 0, bytes_recv0_ = 0;
+  double comm_s0_ = 0.0;
+  EvalResult last_eval_;
+  bool have_eval_ = false;
+  int64_t last_eval_step_ = -1, last_ckpt_step_ = -1;
+  // Checkpoint writes. pending_: a sharded checkpoint whose shards are being written in the
+  // background (the same on every rank), to be completed by commit_sharded; one_file_pending_:
+  // rank 0's write of a checkpoint file (it commits itself).
+  struct PendingSharded {
+    bool active = false;
+    std::string name;
+    CheckpointMeta meta;
+    std::vector<ManifestShard> shards;  // rank 0
+  } pending_;
+  std::vector<float> snap_params_;  // the copies an asynchronous write reads
+  std::vector<std::vector<float>> snap_state_;
+  BackgroundWriter writer_;  // after what its job reads: destroyed (joined) first
+  SaveDeadline deadline_;
+};
+
+}  // namespace loop_detail
+}  // namespace dtrain
