@@ -295,8 +295,10 @@ TEST_CASE("ranks that ignore SIGTERM are SIGKILLed after the grace period") {
 
 TEST_CASE("SIGTERM to the launcher is forwarded to the ranks") {
   TempDir dir;
+  // The trap exits explicitly: a SIGTERM that lands between `touch` and `wait` would otherwise
+  // make the argument-less `wait` return 0 (its children are gone), and every rank exit 0.
   const LaunchOptions o = sh_options(dir, 2,
-                                     "trap 'echo got > $D/term-$RANK' TERM\n"
+                                     "trap 'echo got > $D/term-$RANK; exit 143' TERM\n"
                                      "echo $$ > $D/pid-$RANK\n"
                                      "sleep 30 & echo $! > $D/sleep-$RANK\n"
                                      "touch $D/ready-$RANK\n"
