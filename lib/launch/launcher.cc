@@ -374,6 +374,8 @@ struct AttemptPlan {
   int nproc = 1;       // ranks on this node
   int first_rank = 0;  // this node's first global rank
   int world = 1;       // ranks in the job
+  int node_rank = 0;   // this node's place among the attempt's nodes, and their count
+  int nnodes = 1;
   std::string master_addr = "127.0.0.1";
   JobAgent* agent = nullptr;  // multi-node only
 };
@@ -419,7 +421,7 @@ std::map<std::string, std::string> rank_environment(const LaunchOptions& o, cons
     spdlog::info(
         "node {} of {}: launching ranks {}..{} of {}: master {}:{}, logs in {}/rank-<r>.log "
         "(rank {} also shown here)",
-        o.node_rank, o.nnodes, plan.first_rank, plan.first_rank + plan.nproc - 1, plan.world,
+        plan.node_rank, plan.nnodes, plan.first_rank, plan.first_rank + plan.nproc - 1, plan.world,
         plan.master_addr, port, o.log_dir, plan.first_rank);
   return base;
 }
@@ -703,6 +705,11 @@ void check_options(const LaunchOptions& o) {
     if (o.min_nproc > 0 && o.min_nproc < o.nproc)
       throw UserError("elastic ranks (--nproc MIN:MAX) are for one node");
   }
+  if (o.min_nnodes < 0 || o.min_nnodes > o.nnodes)
+    throw UserError("--nnodes " + std::to_string(o.min_nnodes) + ":" + std::to_string(o.nnodes) +
+                    ": need 1 <= MIN <= MAX");
+  if (!(o.last_call_s >= 0) || !std::isfinite(o.last_call_s))
+    throw UserError("launch: the last call must be >= 0 seconds");
 }
 
 // How an attempt ended on this node, for the job agent.
@@ -780,6 +787,40 @@ std::optional<int> local_decision(const LaunchOptions& o, const AttemptResult& r
   return std::nullopt;
 }
 
+// Elastic nodes: checks in for `attempt` and logs which nodes run it and what changed since
+// `before` (the previous attempt's nodes).
+Membership elastic_check_in(JobAgent& agent, const LaunchOptions& o, int attempt,
+                            const Membership& before) {
+  spdlog::info("node {}: checking in for attempt {} at {}:{} ({} to {} nodes)", o.node_rank,
+               attempt + 1, o.master_addr, o.master_port + 1, o.min_nnodes, o.nnodes);
+  Membership m = agent.rendezvous(attempt, o.nproc);
+  std::string list;
+  for (size_t i = 0; i < m.nodes.size(); ++i)
+    list += (i ? ", " : "") + std::to_string(m.nodes[i]) + "=" + m.hosts[i];
+  if (attempt == 0) {
+    spdlog::info("{} of at most {} nodes checked in: {}; this node is node rank {}", m.nodes.size(),
+                 o.nnodes, list, m.node_rank);
+    return m;
+  }
+  std::vector<int> gone, added;
+  for (int n : before.nodes)
+    if (std::find(m.nodes.begin(), m.nodes.end(), n) == m.nodes.end()) gone.push_back(n);
+  for (int n : m.nodes)
+    if (std::find(before.nodes.begin(), before.nodes.end(), n) == before.nodes.end())
+      added.push_back(n);
+  if (gone.empty() && added.empty()) return m;
+  spdlog::warn(
+      "elastic restart {}: {} node(s) instead of {} ({}{}{}), {} rank(s) instead of {}; "
+      "nodes {}; this node is node rank {}",
+      attempt, m.nodes.size(), before.nodes.size(),
+      gone.empty() ? "" : "node(s) " + fmt_ranks(gone) + " left",
+      gone.empty() || added.empty() ? "" : ", ",
+      added.empty() ? "" : "node(s) " + fmt_ranks(added) + " joined",
+      m.nodes.size() * static_cast<size_t>(o.nproc),
+      before.nodes.size() * static_cast<size_t>(o.nproc), list, m.node_rank);
+  return m;
+}
+
 }  // namespace
 
 int launch_local(const LaunchOptions& o, LaunchReport* report) {
@@ -808,9 +849,14 @@ int launch_local(const LaunchOptions& o, LaunchReport* report) {
     ao.token = token;
     ao.join_timeout_s = o.join_timeout_s;
     ao.report_timeout_s = std::max(o.grace_s, o.interrupt_grace_s) + 30;
+    ao.min_nodes = o.min_nnodes < o.nnodes ? o.min_nnodes : 0;
+    ao.last_call_s = o.last_call_s;
     agent = std::make_unique<JobAgent>(ao);
+  }
+  const bool elastic_nodes = agent && o.min_nnodes > 0 && o.min_nnodes < o.nnodes;
+  if (agent && !elastic_nodes) {
     spdlog::info("node {} of {}: waiting for every node's launcher at {}:{}", o.node_rank, o.nnodes,
-                 o.master_addr, ao.port);
+                 o.master_addr, o.master_port + 1);
     const std::vector<std::string> hosts = agent->join(o.nproc);
     std::string list;
     for (size_t n = 0; n < hosts.size(); ++n)
@@ -821,6 +867,7 @@ int launch_local(const LaunchOptions& o, LaunchReport* report) {
       agent ? " on node " + std::to_string(o.node_rank) + " (" + agent->host_name() + ")" : "";
   int port = 0;
   int nproc = o.nproc;
+  Membership members;  // elastic nodes: the attempt's
   for (int attempt = 0;; ++attempt) {
     if (o.master_port != 0) {
       port = o.master_port;
@@ -830,17 +877,27 @@ int launch_local(const LaunchOptions& o, LaunchReport* report) {
       const int old = port;
       for (int tries = 0; tries < 10 && port == old; ++tries) port = pick_free_port();
     }
+    AttemptPlan plan;
+    plan.node_rank = o.node_rank;
+    plan.nnodes = o.nnodes;
+    if (elastic_nodes) {
+      members = elastic_check_in(*agent, o, attempt, members);
+      plan.node_rank = members.node_rank;
+      plan.nnodes = static_cast<int>(members.nodes.size());
+    }
+    const int full_world = o.nnodes * o.nproc;
     std::vector<std::string> argv = o.child_argv;
-    if (attempt > 0 && nproc != o.nproc && o.resize_argv)
+    if (elastic_nodes && plan.nnodes * nproc != full_world && o.resize_argv)
+      argv = o.resize_argv(attempt, plan.nnodes * nproc);
+    else if (attempt > 0 && nproc != o.nproc && o.resize_argv)
       argv = o.resize_argv(attempt, nproc);
     else if (attempt > 0 && o.restart_argv)
       argv = o.restart_argv(attempt);
     if (argv.empty() || argv[0].empty())
       throw std::runtime_error("launch: no command to run for restart " + std::to_string(attempt));
-    AttemptPlan plan;
     plan.nproc = nproc;
-    plan.first_rank = o.node_rank * nproc;
-    plan.world = o.nnodes * nproc;
+    plan.first_rank = plan.node_rank * nproc;
+    plan.world = plan.nnodes * nproc;
     plan.master_addr = agent ? o.master_addr : "127.0.0.1";
     plan.agent = agent.get();
     const AttemptResult r = run_attempt(o, plan, argv, attempt, port, token, signals);
@@ -860,7 +917,7 @@ int launch_local(const LaunchOptions& o, LaunchReport* report) {
         continue;
       }
       if (d.rc == 0)
-        spdlog::info("all {} rank(s) on {} nodes finished{}", plan.world, o.nnodes,
+        spdlog::info("all {} rank(s) on {} nodes finished{}", plan.world, plan.nnodes,
                      attempt > 0 ? " after " + std::to_string(attempt) + " restart(s)" : "");
       else if (!d.reason.empty())
         spdlog::error("the job ended in attempt {} (exit {}): {}", attempt + 1, d.rc, d.reason);

@@ -18,6 +18,15 @@ struct LaunchOptions {
   int node_rank = 0;
   std::string master_addr = "127.0.0.1";
   double join_timeout_s = 300;  // multi-node: how long to wait for every node's launcher
+  // Elastic node count (--nnodes MIN:MAX): 0, or MIN with nnodes = MAX. Every attempt then runs on
+  // the nodes that checked in at node 0's launcher (at least MIN; once MIN are in, node 0 waits
+  // last_call_s for the rest), numbered anew in the order of their node_rank (node 0 first), and
+  // a node whose launcher is lost, or whose ranks were killed by a signal not sent by a
+  // launcher, is dropped for the restart; the job ends when fewer than MIN are left. node_rank
+  // is then the node's id, 0 <= id < MAX. resize_argv gives the command whenever the world is
+  // not nnodes * nproc (the first attempt's too), with that as the original world.
+  int min_nnodes = 0;
+  double last_call_s = 30;
   // The command every rank runs, argv[0] first (looked up in PATH when it has no '/'), e.g.
   // {"/abs/path/dtrain", "run", "cfg.yaml", "--set", "a=b", "--out", "runs/x"}.
   std::vector<std::string> child_argv;
