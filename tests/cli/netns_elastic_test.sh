@@ -3,9 +3,11 @@
 # running `dtrain launch --nnodes 1:2 --nproc-per-node 2 --max-restarts 1` (4 ranks):
 #   1. node 1's launcher is SIGKILLed mid-run (its machine is lost); node 0's launcher notices
 #      (not heard from for 10 s), stops its ranks, and restarts alone: 2 ranks, node rank 0,
-#      resumed from the sharded checkpoint, the global batch kept (4 x 32 = 2 x 64);
-#   2. it finishes (exit 0), its summary says world_size 2, its config keeps the global batch,
-#      and the log says what changed.
+#      resumed from the sharded checkpoint (fsdp), the global batch kept (4 x 32 = 2 x 64);
+#   2. a rank of node 1 is killed from outside (an OOM kill): node 0 drops node 1 (its launcher
+#      exits 1, saying so) and restarts alone the same way.
+# Each time node 0 finishes (exit 0), its summary says world_size 2, its config keeps the global
+# batch, and the log says what changed.
 # The output folder is shared by the two nodes. Needs root and iproute2; exits 77 (CTest:
 # skipped) with the reason where namespaces cannot be made.
 # Usage: netns_elastic_test.sh DTRAIN_BIN CONFIG
@@ -18,7 +20,7 @@ skip() {
 }
 fail() {
   echo "FAIL: $*"
-  for f in "$out"/*.log "$out"/job/logs/*.log; do
+  for f in "$out"/*.log "$out"/*/logs/*.log; do
     [ -f "$f" ] || continue
     echo "--- $f"
     tail -n 40 "$f"
@@ -62,47 +64,83 @@ ip -n "$ns0" addr add "$addr0/24" dev "$veth0" && ip -n "$ns1" addr add "$addr1/
 for ns in "$ns0" "$ns1"; do ip -n "$ns" link set lo up || exit 1; done
 ip -n "$ns0" link set "$veth0" up && ip -n "$ns1" link set "$veth1" up || exit 1
 
-# 6 epochs of 0.15 s steps (first attempt only: faults do not fire in restarts) keep the job
-# running well past the kill and the 10 s it takes to notice it.
-port=29600
-common=(--nnodes 1:2 --nproc-per-node 2 --master-addr "$addr0" --master-port "$port"
-  --max-restarts 1 --last-call 3 --out "$out/job" --set train.epochs=6
-  --set train.checkpoint.every_steps=10 --set distributed.rendezvous_timeout_s=30
-  --set distributed.heartbeat_s=5 --set distributed.timeout_s=60 --log-level info)
-ip netns exec "$ns0" env DTRAIN_JOB_TOKEN="el-$tag" DTRAIN_FAULT='delay:rank=0:ms=150' \
-  "$bin" launch "$config" --node-rank 0 --set distributed.bind="$addr0" "${common[@]}" \
-  >"$out/node0.log" 2>&1 &
-p0=$!
-ip netns exec "$ns1" env DTRAIN_JOB_TOKEN="el-$tag" \
-  "$bin" launch "$config" --node-rank 1 --set distributed.bind="$addr1" "${common[@]}" \
-  >"$out/node1.log" 2>&1 &
-p1=$!
-# Node 1's launcher dies once training is under way (metrics written).
-for _ in $(seq 300); do [ -s "$out/job/metrics.jsonl" ] && break; sleep 0.1; done
-[ -s "$out/job/metrics.jsonl" ] || fail "the job did not start training"
-grep -q "2 of at most 2 nodes checked in" "$out/node0.log" || fail "node 0 did not start with both nodes"
-kill -KILL $p1
-wait $p1 2>/dev/null
-wait $p0
-rc0=$?
-[ $rc0 -eq 0 ] || fail "node 0's launcher exited $rc0 after node 1 was lost (want 0: restarted alone)"
-grep -q "node 1's launcher was lost" "$out/node0.log" || fail "node 0 does not say node 1 was lost"
-grep -q "restart 1 of 1 (node 0's count)" "$out/node0.log" || fail "node 0 did not restart"
-grep -q "elastic restart 1: 1 node(s) instead of 2 (node(s) 1 left), 2 rank(s) instead of 4" \
-  "$out/node0.log" || fail "the log does not say which node left"
-grep -q "global batch 128 kept: data.batch_size 32 -> 64" "$out/node0.log" ||
-  fail "the log does not say how the global batch was kept"
-python3 - "$out/job" <<'EOF' || fail "summary or config wrong"
+# Starts one job's two launchers (node 0 in ns0, node 1 in ns1) in the background: sets p0, p1.
+# Usage: start NAME PORT NODE0_FAULT NODE1_FAULT.
+start() {
+  local name=$1 port=$2
+  local common=(--nnodes 1:2 --nproc-per-node 2 --master-addr "$addr0" --master-port "$port"
+    --max-restarts 1 --last-call 3 --out "$out/$name" --set train.epochs=6
+    --set distributed.strategy=fsdp
+    --set train.checkpoint.every_steps=10 --set distributed.rendezvous_timeout_s=30
+    --set distributed.heartbeat_s=5 --set distributed.timeout_s=60 --log-level info)
+  ip netns exec "$ns0" env DTRAIN_JOB_TOKEN="el-$tag" ${3:+DTRAIN_FAULT=$3} \
+    "$bin" launch "$config" --node-rank 0 --set distributed.bind="$addr0" "${common[@]}" \
+    >"$out/$name-node0.log" 2>&1 &
+  p0=$!
+  ip netns exec "$ns1" env DTRAIN_JOB_TOKEN="el-$tag" ${4:+DTRAIN_FAULT=$4} \
+    "$bin" launch "$config" --node-rank 1 --set distributed.bind="$addr1" "${common[@]}" \
+    >"$out/$name-node1.log" 2>&1 &
+  p1=$!
+}
+# Node 0 finished alone after a restart: the log says what changed, the summary and the config
+# show 2 ranks with the global batch kept. Usage: check_alone NAME.
+check_alone() {
+  local log=$out/$1-node0.log
+  grep -q "restart 1 of 1 (node 0's count)" "$log" || fail "$1: node 0 did not restart"
+  grep -q "elastic restart 1: 1 node(s) instead of 2 (node(s) 1 left), 2 rank(s) instead of 4" \
+    "$log" || fail "$1: the log does not say which node left"
+  grep -q "global batch 128 kept: data.batch_size 32 -> 64" "$log" ||
+    fail "$1: the log does not say how the global batch was kept"
+  python3 - "$out/$1" <<'EOF' || fail "$1: summary or config wrong"
 import json, sys
 d = sys.argv[1]
 s = json.load(open(d + "/summary.json"))
 c = json.load(open(d + "/config.json"))
 assert s["status"] == "completed", s["status"]
 assert s["world_size"] == 2, s["world_size"]
-assert "resumed_from" in s and s["resumed_from"], "not resumed"
+assert s.get("resumed_from"), "not resumed"
 g = c["data"]["batch_size"] * c["distributed"]["world_size"] * c["train"]["grad_accum_steps"]
 assert c["data"]["batch_size"] == 64 and g == 128, (c["data"]["batch_size"], g)
 print("summary: world_size", s["world_size"], "resumed from", s["resumed_from"],
       "global batch", g)
 EOF
-echo "PASS: node 1's launcher lost; node 0 restarted alone on 2 ranks, global batch 128 kept, finished"
+}
+# The lost launcher's ranks outlive it (own process groups); they must not meet the next job.
+kill_ns1_processes() {
+  local pids
+  pids=$(ip netns pids "$ns1")
+  # shellcheck disable=SC2086  # a list of pids
+  [ -n "$pids" ] && kill -KILL $pids 2>/dev/null
+}
+
+# 1. Node 1's launcher dies once training is under way (metrics written). 6 epochs of 0.15 s
+# steps (first attempt only: faults do not fire in restarts) keep the job running well past the
+# kill and the 10 s it takes to notice it.
+start lost 29600 'delay:rank=0:ms=150' ''
+for _ in $(seq 300); do [ -s "$out/lost/metrics.jsonl" ] && break; sleep 0.1; done
+[ -s "$out/lost/metrics.jsonl" ] || fail "lost: the job did not start training"
+grep -q "2 of at most 2 nodes checked in" "$out/lost-node0.log" ||
+  fail "lost: node 0 did not start with both nodes"
+kill -KILL $p1
+wait $p1 2>/dev/null
+wait $p0
+rc0=$?
+[ $rc0 -eq 0 ] || fail "lost: node 0's launcher exited $rc0 after node 1 was lost (want 0: restarted alone)"
+grep -q "node 1's launcher was lost" "$out/lost-node0.log" || fail "lost: node 0 does not say node 1 was lost"
+check_alone lost
+kill_ns1_processes
+echo "PASS 1: node 1's launcher lost; node 0 restarted alone on 2 ranks, global batch 128 kept, finished"
+
+# 2. Rank 3 (on node 1) is killed from outside (SIGKILL) at step 25: node 1 is dropped and told
+# so (exit 1), node 0 restarts alone from step 20's checkpoint and finishes.
+start killed 29610 '' 'kill:rank=3:step=25'
+wait $p0
+rc0=$?
+wait $p1
+rc1=$?
+[ $rc0 -eq 0 ] || fail "killed: node 0's launcher exited $rc0 (want 0: restarted alone)"
+[ $rc1 -eq 1 ] || fail "killed: node 1's launcher exited $rc1 (want 1: dropped)"
+grep -q "node 0 dropped this node from the job" "$out/killed-node1.log" ||
+  fail "killed: node 1 does not say it was dropped"
+check_alone killed
+echo "PASS 2: rank 3 killed on node 1; node 1 dropped (exit 1), node 0 restarted alone, finished"
