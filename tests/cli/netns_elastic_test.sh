@@ -5,7 +5,8 @@
 #      (not heard from for 10 s), stops its ranks, and restarts alone: 2 ranks, node rank 0,
 #      resumed from the sharded checkpoint (fsdp), the global batch kept (4 x 32 = 2 x 64);
 #   2. a rank of node 1 is killed from outside (an OOM kill): node 0 drops node 1 (its launcher
-#      exits 1, saying so) and restarts alone the same way.
+#      exits 1, saying so) and restarts alone the same way;
+#   3. node 0 alone: after the last call it starts on its 2 ranks, the global batch kept.
 # Each time node 0 finishes (exit 0), its summary says world_size 2, its config keeps the global
 # batch, and the log says what changed.
 # The output folder is shared by the two nodes. Needs root and iproute2; exits 77 (CTest:
@@ -144,3 +145,16 @@ grep -q "node 0 dropped this node from the job" "$out/killed-node1.log" ||
   fail "killed: node 1 does not say it was dropped"
 check_alone killed
 echo "PASS 2: rank 3 killed on node 1; node 1 dropped (exit 1), node 0 restarted alone, finished"
+
+# 3. Only node 0 comes: after the last call (3 s) it starts alone, on 2 ranks with the global
+# batch of 2 nodes kept from the first attempt (an elastic start, not a restart).
+ip netns exec "$ns0" env DTRAIN_JOB_TOKEN="el-$tag" "$bin" launch "$config" --node-rank 0 \
+  --nnodes 1:2 --nproc-per-node 2 --master-addr "$addr0" --master-port 29620 --last-call 3 \
+  --out "$out/alone" --set distributed.bind="$addr0" --set distributed.strategy=fsdp \
+  >"$out/alone-node0.log" 2>&1 || fail "alone: node 0's launcher exited $?"
+grep -q "1 of at most 2 nodes checked in" "$out/alone-node0.log" || fail "alone: not started alone"
+grep -q "elastic start: 2 rank(s) instead of 4; global batch 128 kept: data.batch_size 32 -> 64" \
+  "$out/alone-node0.log" || fail "alone: the log does not say how the global batch was kept"
+python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); assert s["world_size"] == 2, s' \
+  "$out/alone/summary.json" || fail "alone: summary world_size is not 2"
+echo "PASS 3: node 0 alone after the last call: 2 ranks, data.batch_size 64, global batch 128"
