@@ -476,7 +476,7 @@ void check_options(const LaunchOptions& o) {
     throw UserError("--nnodes " + std::to_string(o.min_nnodes) + ":" + std::to_string(o.nnodes) +
                     ": need 1 <= MIN <= MAX");
   if (!(o.last_call_s >= 0) || !std::isfinite(o.last_call_s))
-    throw UserError("launch: the last call must be >= 0 seconds");
+    throw UserError("--last-call: must be >= 0 seconds");
 }
 
 // How an attempt ended on this node, for the job agent.

@@ -82,7 +82,10 @@ struct LaunchOptions {
 // Multi-node: a rank failure or a received signal on any node stops every node's ranks (the
 // signal is forwarded as the same signal on every node, a failure as SIGTERM), every launcher
 // names the cause with its rank and node, and node 0's launcher decides restarts for all
-// (attempt numbers and the restart budget are node 0's).
+// (attempt numbers and the restart budget are node 0's). Elastic nodes (min_nnodes): every
+// attempt first checks in (JobAgent::rendezvous), its ranks are node_rank * nproc + local of
+// that attempt's nodes, a node that was lost or dropped is left out of the restart (a dropped
+// node's launcher returns 1), and "elastic restart N: ..." logs which nodes left or joined.
 //
 // Returns, for the last attempt: 0 when every rank exited 0, 2 when a rank failed and some rank
 // exited with status 2 (a user error: bad config, data or checkpoint), 1 when a rank failed
