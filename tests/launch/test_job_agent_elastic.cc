@@ -166,7 +166,7 @@ TEST_CASE("JobAgent elastic: a lost launcher is noticed, dropped, and the rest r
   CHECK(again1.node_rank == 1);
 }
 
-TEST_CASE("JobAgent elastic: a node whose rank was killed leaves, and below the minimum there is no restart") {
+TEST_CASE("JobAgent elastic: a killed rank's node leaves, and no restart below the minimum") {
   {
     // Node 1's own rank was killed from outside: node 0 restarts without it, node 1 is told to go.
     const int port = pick_free_port();
