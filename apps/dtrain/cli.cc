@@ -332,8 +332,14 @@ int cli_main(int argc, char** argv) {
                    "ranks to start on this machine, or MIN:MAX (elastic: a restart continues "
                    "with the ranks left, at least MIN)")
       ->capture_default_str();
-  launch->add_option("--nnodes", lcmd.nodes.nnodes,
-                     "nodes in the job, one `dtrain launch` each (overrides PET_NNODES)");
+  launch->add_option("--nnodes", lcmd.nnodes,
+                     "nodes in the job, one `dtrain launch` each (overrides PET_NNODES), or "
+                     "MIN:MAX (elastic: each attempt runs on the nodes that checked in)");
+  launch
+      ->add_option("--last-call", lcmd.last_call_s,
+                   "with --nnodes MIN:MAX: once MIN nodes checked in, seconds node 0 waits for "
+                   "more")
+      ->capture_default_str();
   launch->add_option("--node-rank", lcmd.nodes.node_rank,
                      "this node's index (overrides PET_NODE_RANK, JOB_COMPLETION_INDEX)");
   launch->add_option("--nproc-per-node", lcmd.nodes.nproc_per_node,

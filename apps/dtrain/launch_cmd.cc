@@ -19,14 +19,14 @@ namespace fs = std::filesystem;
 namespace {
 
 // Data-parallel strategies only: their global batch is ranks x batch x accumulation.
-void check_elastic_config(const Config& cfg) {
+void check_elastic_config(const Config& cfg, const std::string& flag) {
   const StrategyKind s = cfg.distributed.strategy;
   if (s == StrategyKind::kPipeline || cfg.distributed.pipeline.stages > 1 ||
       s == StrategyKind::kLocalSgd)
-    throw UserError(
-        "--nproc MIN:MAX (elastic restarts) needs a data-parallel strategy (ddp, zero1, zero2, "
-        "fsdp) without a pipeline: its global batch is ranks x data.batch_size x "
-        "train.grad_accum_steps");
+    throw UserError(flag +
+                    " (elastic restarts) needs a data-parallel strategy (ddp, zero1, zero2, "
+                    "fsdp) without a pipeline: its global batch is ranks x data.batch_size x "
+                    "train.grad_accum_steps");
 }
 
 }  // namespace
@@ -35,8 +35,20 @@ int cmd_launch(const Config& cfg, const LaunchCmd& c) {
   if (c.nproc_given && c.nodes.nproc_per_node)
     throw UserError("--nproc and --nproc-per-node: give one (--nproc on one node)");
   const RankRange range = parse_rank_range(c.nproc, "--nproc");
+  // --nnodes N or MIN:MAX (elastic: each attempt runs on the nodes there, at least MIN).
+  NodeOverrides nodes = c.nodes;
+  RankRange node_range;
+  if (!c.nnodes.empty()) {
+    node_range = parse_rank_range(c.nnodes, "--nnodes");
+    nodes.nnodes = node_range.max;
+    if (node_range.min < node_range.max && nodes.node_rank && *nodes.node_rank >= node_range.max)
+      throw UserError("--node-rank " + std::to_string(*nodes.node_rank) + " with --nnodes " +
+                      c.nnodes + ": a node's id must be below the maximum node count " +
+                      std::to_string(node_range.max));
+  }
   const auto env = current_environment();
-  const NodeEnv ne = resolve_node_env(env, c.nodes, range.max);
+  const NodeEnv ne = resolve_node_env(env, nodes, range.max);
+  const bool elastic_nodes = node_range.min < node_range.max;
   if (ne.nnodes > 1 && c.nproc_given)
     throw UserError("--nproc is the single-node form: with " + ne.nnodes_from +
                     " give --nproc-per-node");
@@ -47,8 +59,13 @@ int cmd_launch(const Config& cfg, const LaunchCmd& c) {
   lo.master_addr = ne.master_addr;
   lo.master_port = ne.master_port;
   lo.max_restarts = c.max_restarts;
+  if (elastic_nodes) {
+    check_elastic_config(cfg, "--nnodes " + c.nnodes);
+    lo.min_nnodes = node_range.min;
+    lo.last_call_s = c.last_call_s;
+  }
   if (range.min < range.max) {
-    check_elastic_config(cfg);
+    check_elastic_config(cfg, "--nproc MIN:MAX");
     if (c.max_restarts == 0)
       throw UserError("--nproc " + c.nproc +
                       ": elastic ranks act on restarts; give --max-restarts");
@@ -89,18 +106,26 @@ int cmd_launch(const Config& cfg, const LaunchCmd& c) {
     }
     return argv;
   };
+  if (!c.resume.empty()) {
+    lo.child_argv.push_back("--resume");
+    lo.child_argv.push_back(c.resume);
+  }
+  // The global batch is the full job's: all ranks of one node, or of the most nodes.
   const BatchPlan original{cfg.data.batch_size, cfg.train.grad_accum_steps};
-  const int first_world = lo.nproc;
+  const int first_world = lo.nproc * lo.nnodes;
   const auto restart = lo.restart_argv;
-  lo.resize_argv = [restart, original, first_world](int attempt, int world) {
+  const std::vector<std::string> first_argv = lo.child_argv;
+  lo.resize_argv = [restart, original, first_world, first_argv](int attempt, int world) {
     // Throws UserError when the global batch cannot be kept: the launch ends with it.
     const BatchPlan p =
         keep_global_batch(original.batch_size, original.grad_accum, first_world, world);
     const std::string change = describe_batch_change(original, p);
-    spdlog::warn("elastic restart {}: {} rank(s) instead of {}; global batch {} kept{}{}", attempt,
-                 world, first_world, original.batch_size * first_world * original.grad_accum,
+    spdlog::warn("elastic {}: {} rank(s) instead of {}; global batch {} kept{}{}",
+                 attempt > 0 ? "restart " + std::to_string(attempt) : std::string("start"), world,
+                 first_world, original.batch_size * first_world * original.grad_accum,
                  change.empty() ? "" : ": ", change);
-    std::vector<std::string> argv = restart(attempt);
+    // The first attempt (elastic nodes, fewer than the most) runs the launch's own command.
+    std::vector<std::string> argv = attempt > 0 ? restart(attempt) : first_argv;
     for (const std::string& s : {"data.batch_size=" + std::to_string(p.batch_size),
                                  "train.grad_accum_steps=" + std::to_string(p.grad_accum)}) {
       argv.push_back("--set");
@@ -108,10 +133,6 @@ int cmd_launch(const Config& cfg, const LaunchCmd& c) {
     }
     return argv;
   };
-  if (!c.resume.empty()) {
-    lo.child_argv.push_back("--resume");
-    lo.child_argv.push_back(c.resume);
-  }
   LaunchReport report;
   const int rc = launch_local(lo, &report);
   if (rc == 0) std::cout << "every rank's log: " << c.out_dir << "/logs/rank-<r>.log" << std::endl;

@@ -13,8 +13,12 @@ namespace dtrain {
 struct LaunchCmd {
   std::string nproc = "2";  // --nproc: N or MIN:MAX
   bool nproc_given = false;
-  NodeOverrides nodes;     // --nnodes, --node-rank, --nproc-per-node, --master-addr, --master-port
-  std::string token_file;  // --token-file
+  // --node-rank, --nproc-per-node, --master-addr, --master-port; nodes.nnodes stays unset
+  // (cmd_launch sets it from `nnodes`)
+  NodeOverrides nodes;
+  std::string nnodes;       // --nnodes: N or MIN:MAX (elastic), "" when not given
+  double last_call_s = 30;  // --last-call: elastic nodes, node 0's wait for more than MIN
+  std::string token_file;   // --token-file
   int max_restarts = 0;
   std::string out_dir;  // resolved (--out or runs/<stem>)
   std::string resume;

@@ -6,7 +6,10 @@
 #include <chrono>
 #include <functional>
 #include <map>
+#include <optional>
+#include <set>
 #include <sstream>
+#include <thread>
 
 #include <grpcpp/grpcpp.h>
 #include <spdlog/spdlog.h>
@@ -94,6 +97,17 @@ JobDecision decide_attempt(const std::vector<NodeOutcome>& outcomes, int attempt
   return d;
 }
 
+bool close_check_in(const std::vector<int>& joined, const std::vector<int>& expected, int min_nodes,
+                    int max_nodes, double since_min_s, double last_call_s, double lost_after_s) {
+  const int n = static_cast<int>(joined.size());
+  if (n >= max_nodes) return true;
+  if (n < min_nodes || since_min_s < last_call_s) return false;
+  const bool all_back = std::all_of(expected.begin(), expected.end(), [&](int e) {
+    return std::find(joined.begin(), joined.end(), e) != joined.end();
+  });
+  return all_back || since_min_s >= last_call_s + lost_after_s;
+}
+
 struct JobAgent::Impl {
   AgentOptions o;
   // Node 0: the store and its server. Others: a channel to it.
@@ -104,6 +118,113 @@ struct JobAgent::Impl {
   std::map<int, int64_t> seen_failures, seen_stops;  // per attempt, entries already returned
   bool reported_failure = false;
   int reported_attempt = -1;
+  // Elastic: the current attempt's member ids (fixed: every node), and node 0's watch on them.
+  std::vector<int> members;
+  struct Beat {
+    int64_t count = -1;
+    Clock::time_point changed;
+  };
+  std::map<int, Beat> beats;   // node 0: per member, the last alive/<id> count and when it moved
+  std::set<int> lost;          // node 0: members of the current attempt found lost
+  std::vector<int> survivors;  // node 0: the last attempt's members that were not lost
+
+  bool elastic() const { return o.min_nodes > 0; }
+
+  std::string lost_text(int n) const {
+    return "node " + std::to_string(n) + "'s launcher was lost: not heard from for " +
+           grpc_detail::seconds_str(o.lost_after_s) + " s";
+  }
+
+  // Node 0: every member's outcome of `attempt`. A member that never reports (its machine
+  // died; elastic: or its launcher was lost) failed there.
+  std::vector<NodeOutcome> collect_outcomes(Store& s, int attempt, Clock::time_point deadline) {
+    std::vector<NodeOutcome> all;
+    for (int n : members) {
+      const std::string k = key(attempt, "outcome/" + std::to_string(n));
+      std::optional<std::string> v;
+      while (!v) {
+        // Fixed node count: one wait to the deadline; elastic: in slices, watching the launcher.
+        const auto until = elastic()
+                               ? std::min(deadline, Clock::now() + std::chrono::milliseconds(200))
+                               : deadline;
+        try {
+          v = s.get(k, until);
+        } catch (const CommError&) {
+          if (elastic() && n != 0 && (lost.count(n) || silent(s, n))) {
+            lost.insert(n);
+            break;
+          }
+          if (!elastic() || Clock::now() >= deadline) break;
+        }
+      }
+      if (v) {
+        all.push_back(decode_outcome(*v, n));
+        continue;
+      }
+      NodeOutcome gone;
+      gone.kind = NodeOutcome::kFailed;
+      gone.rc = 1;
+      gone.when_ms = INT64_MAX;
+      gone.cause = "node " + std::to_string(n) + "'s launcher did not report within " +
+                   grpc_detail::seconds_str(o.report_timeout_s) + " s";
+      const bool was_lost = lost.count(n) > 0;
+      if (elastic()) lost.insert(n);  // no report in time: not a member any more either
+      if (was_lost) {
+        gone.killed = true;  // the likeliest cause: the rest failed for want of its ranks
+        gone.when_ms = 0;
+        gone.cause = lost_text(n);
+      }
+      all.push_back(gone);
+    }
+    return all;
+  }
+
+  // Node 0, elastic: the members left after `d` (outcomes by member): not the lost ones, nor
+  // another node whose own rank was killed by a signal from outside (as a cluster loses a
+  // node); no restart below min_nodes. Publishes the dropped ones before the decision.
+  void settle_survivors(Store& s, int attempt, const std::vector<NodeOutcome>& all,
+                        JobDecision& d) {
+    survivors.clear();
+    std::string dropped;
+    for (size_t i = 0; i < members.size(); ++i) {
+      const int n = members[i];
+      const bool killed_here = n != 0 && all[i].kind == NodeOutcome::kFailed && all[i].killed;
+      if (lost.count(n) || killed_here)
+        dropped += std::to_string(n) + " ";
+      else
+        survivors.push_back(n);
+    }
+    s.set(key(attempt, "dropped"), dropped);
+    if (d.restart && static_cast<int>(survivors.size()) < o.min_nodes) {
+      d.restart = false;
+      d.rc = 1;
+      d.reason += "; " + std::to_string(survivors.size()) + " node(s) left, below the minimum " +
+                  std::to_string(o.min_nodes);
+    }
+  }
+
+  // Node 0, elastic: a member gone silent is lost; it is reported to the others as a failure.
+  void watch_members(Store& s, int attempt, RemoteNews& news) {
+    for (int n : members) {
+      if (n == 0 || lost.count(n) || !silent(s, n)) continue;
+      lost.insert(n);
+      const std::string what = lost_text(n);
+      const int64_t k = s.add(key(attempt, "failures"), 1);
+      s.set(key(attempt, "failure/" + std::to_string(k)), "0 " + what);
+      news.failures.push_back(what);
+    }
+  }
+
+  // Node 0: whether member n's launcher has been silent for lost_after_s (reads alive/<n>).
+  bool silent(Store& s, int n) {
+    Beat& b = beats[n];
+    const int64_t c = s.add(std::string(kPrefix) + "alive/" + std::to_string(n), 0);
+    if (c != b.count) {
+      b.count = c;
+      b.changed = Clock::now();
+    }
+    return Clock::now() - b.changed > secs_dur(o.lost_after_s);
+  }
 
   std::string where() const { return host_port(o.master_addr, o.port); }
 
@@ -122,8 +243,10 @@ struct JobAgent::Impl {
 
 JobAgent::JobAgent(const AgentOptions& o) : impl_(std::make_unique<Impl>()), host_(this_host()) {
   DT_CHECK(o.nnodes >= 1 && o.node_rank >= 0 && o.node_rank < o.nnodes);
+  DT_CHECK(o.min_nodes >= 0 && o.min_nodes <= o.nnodes);
   if (o.token.empty()) throw UserError("a multi-node launch needs the job token");
   impl_->o = o;
+  for (int n = 0; n < o.nnodes; ++n) impl_->members.push_back(n);
   if (o.node_rank == 0) {
     impl_->mem = std::make_unique<MemoryStore>();
     impl_->service =
@@ -199,6 +322,105 @@ std::vector<std::string> JobAgent::join(int nproc_per_node) {
   return hosts;
 }
 
+namespace {
+
+std::string fmt_ids(const std::vector<int>& ids) {
+  std::string s;
+  for (int n : ids) s += (s.empty() ? "" : ", ") + std::to_string(n);
+  return s;
+}
+
+// Node 0's side of an elastic check-in: waits for the nodes by close_check_in's rule and returns
+// their "<id> <ranks per node> <host>" values by id.
+std::map<int, std::string> gather_check_ins(Store& s, const AgentOptions& o, int attempt,
+                                            const std::vector<int>& expected,
+                                            Clock::time_point deadline) {
+  std::map<int, std::string> joined;
+  std::optional<Clock::time_point> min_at;
+  for (;;) {
+    for (int n = 0; n < o.nnodes; ++n)
+      if (!joined.count(n)) try {
+          joined[n] = s.get(key(attempt, "join/" + std::to_string(n)), Clock::now());
+        } catch (const CommError&) {
+        }
+    std::vector<int> ids;
+    for (const auto& kv : joined) ids.push_back(kv.first);
+    const auto now = Clock::now();
+    if (!min_at && static_cast<int>(ids.size()) >= o.min_nodes) min_at = now;
+    const double since_min = min_at ? std::chrono::duration<double>(now - *min_at).count() : -1.0;
+    if (close_check_in(ids, expected, o.min_nodes, o.nnodes, since_min, o.last_call_s,
+                       o.lost_after_s))
+      return joined;
+    if (now >= deadline) {
+      std::vector<int> missing;
+      for (int n = 0; n < o.nnodes; ++n)
+        if (!joined.count(n)) missing.push_back(n);
+      throw std::runtime_error("only " + std::to_string(ids.size()) + " node(s) (" + fmt_ids(ids) +
+                               ") checked in for attempt " + std::to_string(attempt + 1) +
+                               " within " + grpc_detail::seconds_str(o.join_timeout_s) +
+                               " s, at least " + std::to_string(o.min_nodes) +
+                               " needed (missing: " + fmt_ids(missing) + ")");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
+}  // namespace
+
+Membership JobAgent::rendezvous(int attempt, int nproc_per_node) {
+  Impl& m = *impl_;
+  DT_CHECK(m.elastic());
+  const auto deadline = Clock::now() + secs_dur(m.o.join_timeout_s);
+  const std::string mine = std::to_string(nproc_per_node) + " " + host_;
+  std::string members;
+  try {
+    members = m.with_store(m.o.join_timeout_s + m.o.last_call_s + 10, [&](Store& s) {
+      s.set(key(attempt, "join/" + std::to_string(m.o.node_rank)), mine);
+      if (m.o.node_rank == 0) {
+        const std::vector<int> expected = attempt == 0 ? std::vector<int>{} : m.survivors;
+        std::string list;
+        for (const auto& [n, v] : gather_check_ins(s, m.o, attempt, expected, deadline)) {
+          std::istringstream in(v);
+          int per = 0;
+          std::string host;
+          in >> per >> std::ws;
+          std::getline(in, host);
+          if (per != nproc_per_node)
+            throw UserError("node " + std::to_string(n) + " (" + host + ") runs " +
+                            std::to_string(per) + " rank(s) per node, node 0 " +
+                            std::to_string(nproc_per_node) +
+                            ": give every node the same --nproc-per-node");
+          list += std::to_string(n) + " " + host + "\n";
+        }
+        s.set(key(attempt, "members"), list);
+      }
+      return s.get(key(attempt, "members"),
+                   deadline + secs_dur(m.o.last_call_s + m.o.lost_after_s + 5));
+    });
+  } catch (const CommError& e) {
+    throw std::runtime_error("checking in for attempt " + std::to_string(attempt + 1) + ": " +
+                             e.what());
+  }
+  Membership r;
+  std::istringstream in(members);
+  int id = 0;
+  std::string host;
+  while (in >> id >> host) {
+    if (id == m.o.node_rank) r.node_rank = static_cast<int>(r.nodes.size());
+    r.nodes.push_back(id);
+    r.hosts.push_back(host);
+  }
+  DT_CHECK(!r.nodes.empty() && r.nodes[0] == 0);
+  if (std::find(r.nodes.begin(), r.nodes.end(), m.o.node_rank) == r.nodes.end())
+    throw std::runtime_error(
+        "node " + std::to_string(m.o.node_rank) + " checked in after node 0 had closed attempt " +
+        std::to_string(attempt + 1) + "'s check-in (nodes " + fmt_ids(r.nodes) + " run it)");
+  m.members = r.nodes;
+  m.lost.clear();
+  m.beats.clear();
+  return r;
+}
+
 void JobAgent::report_failure(int attempt, const std::string& what) {
   Impl& m = *impl_;
   if (m.reported_attempt != attempt) m.reported_failure = false;
@@ -256,6 +478,9 @@ RemoteNews JobAgent::poll(int attempt) {
       read_new(s, "stops", "stop", m.seen_stops[attempt], [&](const std::string& t) {
         if (news.stop_signal == 0) news.stop_signal = std::atoi(t.c_str());
       });
+      if (m.elastic() && m.o.node_rank != 0)
+        s.add(kPrefix + ("alive/" + std::to_string(m.o.node_rank)), 1);
+      if (m.elastic() && m.o.node_rank == 0) m.watch_members(s, attempt, news);
       return 0;
     });
   } catch (const CommError& e) {
@@ -272,32 +497,16 @@ JobDecision JobAgent::finish(int attempt, const NodeOutcome& mine, int max_resta
       s.set(key(attempt, "outcome/" + std::to_string(m.o.node_rank)), encode(mine));
       JobDecision d;
       if (m.o.node_rank == 0) {
-        std::vector<NodeOutcome> all;
-        for (int n = 0; n < m.o.nnodes; ++n) {
-          std::string v;
-          try {
-            v = s.get(key(attempt, "outcome/" + std::to_string(n)), deadline);
-          } catch (const CommError&) {
-            // A node that never reports (its machine died): the attempt failed there.
-            NodeOutcome lost;
-            lost.kind = NodeOutcome::kFailed;
-            lost.rc = 1;
-            lost.when_ms = INT64_MAX;
-            lost.cause = "node " + std::to_string(n) + "'s launcher did not report within " +
-                         grpc_detail::seconds_str(m.o.report_timeout_s) + " s";
-            all.push_back(lost);
-            continue;
-          }
-          all.push_back(decode_outcome(v, n));
-        }
+        const std::vector<NodeOutcome> all = m.collect_outcomes(s, attempt, deadline);
         d = decide_attempt(all, attempt, max_restarts);
+        if (m.elastic()) m.settle_survivors(s, attempt, all, d);
         s.set(key(attempt, "decision"),
               std::string(d.restart ? "1 " : "0 ") + std::to_string(d.rc) + " " + d.reason);
         // Keep serving until every node has the decision (or a short while passed): a node
         // that exits next must not leave the others unable to read it.
         std::vector<std::string> acks;
-        for (int n = 1; n < m.o.nnodes; ++n)
-          acks.push_back(key(attempt, "ack/" + std::to_string(n)));
+        for (int n : m.members)
+          if (n != 0 && !m.lost.count(n)) acks.push_back(key(attempt, "ack/" + std::to_string(n)));
         if (!d.restart && !acks.empty()) {
           try {
             s.wait(acks, Clock::now() + std::chrono::seconds(10));
@@ -313,6 +522,17 @@ JobDecision JobAgent::finish(int attempt, const NodeOutcome& mine, int max_resta
       in >> restart >> d.rc >> std::ws;
       std::getline(in, d.reason);
       d.restart = restart != 0;
+      if (m.elastic() && d.restart) {
+        std::istringstream dropped(s.get(key(attempt, "dropped"), deadline));
+        int n = -1;
+        while (dropped >> n)
+          if (n == m.o.node_rank) {
+            d.restart = false;
+            d.rc = 1;
+            d.reason = "node 0 dropped this node from the job, which goes on without it (" +
+                       d.reason + ")";
+          }
+      }
       return d;
     });
   } catch (const CommError& e) {

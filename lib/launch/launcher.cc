@@ -5,7 +5,6 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
-#include <spawn.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -22,235 +21,32 @@
 #include <fstream>
 #include <optional>
 #include <stdexcept>
-#include <thread>
 
 #include <spdlog/spdlog.h>
 
 #include "launch/dist_env.h"
 #include "launch/job_agent.h"
+#include "launch/process.h"
 #include "util/check.h"
 
 namespace dtrain {
 
+using launch_detail::Child;
+using launch_detail::ChildSet;
+using launch_detail::Clock;
+using launch_detail::Fd;
+using launch_detail::kAfterKill;
+using launch_detail::signal_name;
+using launch_detail::SignalGuard;
+using launch_detail::spawn_rank;
+using launch_detail::sys_error;
+using launch_detail::Tee;
+using launch_detail::write_fully;
+
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-// How long to wait for ranks to disappear after SIGKILL before giving up on them: only a process
-// stuck in uninterruptible kernel sleep survives SIGKILL, and the launcher must not hang on it.
-constexpr auto kAfterKill = std::chrono::seconds(5);
-
-// Write end of the self-pipe: the signal handler's only way to talk to the supervisor loop, and
-// it works whichever thread (e.g. an OpenBLAS worker) the kernel picks to run the handler.
-volatile sig_atomic_t g_signal_pipe = -1;
+// One launch_local at a time per process (the signal handlers are per process).
 std::atomic<bool> g_active{false};
-
-void on_signal(int sig) {
-  const int saved = errno;
-  const unsigned char b = static_cast<unsigned char>(sig);
-  if (g_signal_pipe >= 0) {
-    const ssize_t r = ::write(g_signal_pipe, &b, 1);  // full pipe: a wakeup is already pending
-    (void)r;
-  }
-  errno = saved;
-}
-
-// Caught (not ignored) so a closed console makes write() return EPIPE instead of killing the
-// launcher, while exec still resets it to the default for the ranks.
-void on_sigpipe(int) {}
-
-std::string signal_name(int sig) {
-  const char* abbrev = sigabbrev_np(sig);
-  return abbrev != nullptr ? std::string("SIG") + abbrev : "signal " + std::to_string(sig);
-}
-
-std::runtime_error sys_error(const std::string& what) {
-  return std::runtime_error(what + ": " + strerror(errno));
-}
-
-// Owns a file descriptor.
-class Fd {
- public:
-  Fd() = default;
-  explicit Fd(int fd) : fd_(fd) {}
-  ~Fd() { reset(); }
-  Fd(Fd&& o) noexcept : fd_(o.fd_) { o.fd_ = -1; }
-  Fd& operator=(Fd&& o) noexcept {
-    if (this != &o) {
-      reset();
-      fd_ = o.fd_;
-      o.fd_ = -1;
-    }
-    return *this;
-  }
-  int get() const { return fd_; }
-  bool open() const { return fd_ >= 0; }
-  void reset() {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = -1;
-  }
-
- private:
-  int fd_ = -1;
-};
-
-// Installs the handlers for the launcher's lifetime and restores the previous ones. Signals that
-// were ignored on entry (nohup, `cmd &` in a script) stay ignored, here and in the ranks.
-class SignalGuard {
- public:
-  SignalGuard() {
-    int p[2];
-    if (::pipe2(p, O_CLOEXEC | O_NONBLOCK) != 0) throw sys_error("pipe2");
-    read_ = Fd(p[0]);
-    write_ = Fd(p[1]);
-    g_signal_pipe = p[1];
-    install(SIGCHLD, on_signal, /*even_if_ignored=*/true);  // ignored SIGCHLD would auto-reap
-    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGUSR1}) install(sig, on_signal, false);
-    install(SIGPIPE, on_sigpipe, false);
-  }
-  ~SignalGuard() {
-    for (auto it = saved_.rbegin(); it != saved_.rend(); ++it)
-      ::sigaction(it->first, &it->second, nullptr);
-    g_signal_pipe = -1;
-  }
-  SignalGuard(const SignalGuard&) = delete;
-  SignalGuard& operator=(const SignalGuard&) = delete;
-
-  int fd() const { return read_.get(); }
-
-  // The signals received since the last call, in order.
-  std::vector<int> take() {
-    std::vector<int> out;
-    unsigned char buf[64];
-    ssize_t n;
-    while ((n = ::read(read_.get(), buf, sizeof buf)) > 0 || (n < 0 && errno == EINTR))
-      for (ssize_t i = 0; i < n; ++i) out.push_back(buf[i]);
-    return out;
-  }
-
- private:
-  void install(int sig, void (*handler)(int), bool even_if_ignored) {
-    struct sigaction old {};
-    if (::sigaction(sig, nullptr, &old) != 0) throw sys_error("sigaction");
-    if (old.sa_handler == SIG_IGN && !even_if_ignored) return;
-    struct sigaction sa {};
-    sa.sa_handler = handler;
-    sigemptyset(&sa.sa_mask);
-    sa.sa_flags = SA_RESTART | (sig == SIGCHLD ? SA_NOCLDSTOP : 0);
-    if (::sigaction(sig, &sa, nullptr) != 0) throw sys_error("sigaction");
-    saved_.emplace_back(sig, old);
-  }
-
-  Fd read_, write_;
-  std::vector<std::pair<int, struct sigaction>> saved_;
-};
-
-struct Child {
-  int rank = 0;
-  pid_t pid = -1;
-  bool running = false;
-};
-
-// The started ranks. Its destructor is the safety net for early exits (exceptions): whatever is
-// still running is SIGKILLed and reaped, waiting at most kAfterKill.
-class ChildSet {
- public:
-  ~ChildSet() {
-    signal_running(SIGKILL);
-    const auto deadline = Clock::now() + kAfterKill;
-    while (any_running() && Clock::now() < deadline) {
-      for (Child& c : kids_)
-        if (c.running && ::waitpid(c.pid, nullptr, WNOHANG) == c.pid) c.running = false;
-      if (any_running()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-  }
-
-  void add(int rank, pid_t pid) { kids_.push_back({rank, pid, true}); }
-  std::vector<Child>& all() { return kids_; }
-
-  bool any_running() const {
-    return std::any_of(kids_.begin(), kids_.end(), [](const Child& c) { return c.running; });
-  }
-
-  std::string running_ranks() const {
-    std::string s;
-    for (const Child& c : kids_)
-      if (c.running) s += (s.empty() ? "" : ", ") + std::to_string(c.rank);
-    return s;
-  }
-
-  // To the rank's whole process group; to the rank alone if it left its group. A stopped rank
-  // (SIGSTOP, a debugger's ^Z) acts on SIGTERM or SIGINT only once continued, so it gets
-  // SIGCONT after them: otherwise it would sit out the whole grace period.
-  static void signal_rank(pid_t pid, int sig) {
-    if (::kill(-pid, sig) != 0) ::kill(pid, sig);
-    if (sig != SIGKILL && sig != SIGCONT && ::kill(-pid, SIGCONT) != 0) ::kill(pid, SIGCONT);
-  }
-
-  void signal_running(int sig) {
-    for (const Child& c : kids_)
-      if (c.running) signal_rank(c.pid, sig);
-  }
-
-  // Stops tracking ranks that did not die: the launcher returns and init inherits them.
-  void abandon() {
-    for (Child& c : kids_) c.running = false;
-  }
-
- private:
-  std::vector<Child> kids_;
-};
-
-// write(2) everything, tolerating EINTR and a briefly full non-blocking console. Returns false on
-// any other failure (the caller stops writing there).
-bool write_fully(int fd, const char* p, size_t n) {
-  while (n > 0) {
-    const ssize_t w = ::write(fd, p, n);
-    if (w > 0) {
-      p += w;
-      n -= static_cast<size_t>(w);
-    } else if (w < 0 && errno == EINTR) {
-      continue;
-    } else if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      pollfd pf{fd, POLLOUT, 0};
-      if (::poll(&pf, 1, 1000) <= 0) return false;
-    } else {
-      return false;
-    }
-  }
-  return true;
-}
-
-// Copies one of rank 0's pipes to its log file and to the launcher's console.
-struct Tee {
-  Fd src;            // read end, non-blocking
-  int log_fd = -1;   // rank-0.log
-  int console = -1;  // STDOUT_FILENO or STDERR_FILENO
-  bool log_ok = true, console_ok = true;
-
-  // Reads what is available, at most max_reads chunks so a chatty rank cannot starve the
-  // supervisor loop. Closes the source at EOF.
-  void pump(int max_reads) {
-    char buf[65536];
-    for (int i = 0; src.open() && i < max_reads; ++i) {
-      const ssize_t n = ::read(src.get(), buf, sizeof buf);
-      if (n == 0) {
-        src.reset();
-      } else if (n < 0) {
-        if (errno == EINTR) continue;
-        return;  // EAGAIN: nothing more for now
-      } else {
-        const size_t len = static_cast<size_t>(n);
-        if (log_ok && !write_fully(log_fd, buf, len)) {
-          log_ok = false;
-          spdlog::warn("writing rank 0's log failed ({}); its output is no longer logged",
-                       strerror(errno));
-        }
-        if (console_ok && !write_fully(console, buf, len)) console_ok = false;
-      }
-    }
-  }
-};
 
 std::string now_text() {
   const std::time_t t = std::time(nullptr);
@@ -259,35 +55,6 @@ std::string now_text() {
   char buf[64];
   std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S", &tm);
   return buf;
-}
-
-// Starts one rank in its own process group with stdin from /dev/null and the given stdout and
-// stderr; every other descriptor is closed. Returns errno on failure (posix_spawn reports exec
-// failures too).
-int spawn_rank(const std::vector<std::string>& argv_s, std::vector<std::string>& env_s, int out_fd,
-               int err_fd, pid_t* pid) {
-  std::vector<char*> argv, envp;
-  for (const std::string& a : argv_s) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  for (std::string& e : env_s) envp.push_back(e.data());
-  envp.push_back(nullptr);
-
-  posix_spawn_file_actions_t fa;
-  posix_spawnattr_t attr;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawnattr_init(&attr);
-  posix_spawn_file_actions_addopen(&fa, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_adddup2(&fa, out_fd, STDOUT_FILENO);
-  posix_spawn_file_actions_adddup2(&fa, err_fd, STDERR_FILENO);
-  posix_spawn_file_actions_addclosefrom_np(&fa, 3);
-  // Own group: signals reach the rank's helpers too, and a terminal's Ctrl-C reaches only the
-  // launcher, which forwards it exactly once.
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
-  posix_spawnattr_setpgroup(&attr, 0);
-  const int rc = ::posix_spawnp(pid, argv[0], &fa, &attr, argv.data(), envp.data());
-  posix_spawn_file_actions_destroy(&fa);
-  posix_spawnattr_destroy(&attr);
-  return rc;
 }
 
 }  // namespace
@@ -374,6 +141,8 @@ struct AttemptPlan {
   int nproc = 1;       // ranks on this node
   int first_rank = 0;  // this node's first global rank
   int world = 1;       // ranks in the job
+  int node_rank = 0;   // this node's place among the attempt's nodes, and their count
+  int nnodes = 1;
   std::string master_addr = "127.0.0.1";
   JobAgent* agent = nullptr;  // multi-node only
 };
@@ -419,7 +188,7 @@ std::map<std::string, std::string> rank_environment(const LaunchOptions& o, cons
     spdlog::info(
         "node {} of {}: launching ranks {}..{} of {}: master {}:{}, logs in {}/rank-<r>.log "
         "(rank {} also shown here)",
-        o.node_rank, o.nnodes, plan.first_rank, plan.first_rank + plan.nproc - 1, plan.world,
+        plan.node_rank, plan.nnodes, plan.first_rank, plan.first_rank + plan.nproc - 1, plan.world,
         plan.master_addr, port, o.log_dir, plan.first_rank);
   return base;
 }
@@ -703,6 +472,11 @@ void check_options(const LaunchOptions& o) {
     if (o.min_nproc > 0 && o.min_nproc < o.nproc)
       throw UserError("elastic ranks (--nproc MIN:MAX) are for one node");
   }
+  if (o.min_nnodes < 0 || o.min_nnodes > o.nnodes)
+    throw UserError("--nnodes " + std::to_string(o.min_nnodes) + ":" + std::to_string(o.nnodes) +
+                    ": need 1 <= MIN <= MAX");
+  if (!(o.last_call_s >= 0) || !std::isfinite(o.last_call_s))
+    throw UserError("--last-call: must be >= 0 seconds");
 }
 
 // How an attempt ended on this node, for the job agent.
@@ -780,6 +554,40 @@ std::optional<int> local_decision(const LaunchOptions& o, const AttemptResult& r
   return std::nullopt;
 }
 
+// Elastic nodes: checks in for `attempt` and logs which nodes run it and what changed since
+// `before` (the previous attempt's nodes).
+Membership elastic_check_in(JobAgent& agent, const LaunchOptions& o, int attempt,
+                            const Membership& before) {
+  spdlog::info("node {}: checking in for attempt {} at {}:{} ({} to {} nodes)", o.node_rank,
+               attempt + 1, o.master_addr, o.master_port + 1, o.min_nnodes, o.nnodes);
+  Membership m = agent.rendezvous(attempt, o.nproc);
+  std::string list;
+  for (size_t i = 0; i < m.nodes.size(); ++i)
+    list += (i ? ", " : "") + std::to_string(m.nodes[i]) + "=" + m.hosts[i];
+  if (attempt == 0) {
+    spdlog::info("{} of at most {} nodes checked in: {}; this node is node rank {}", m.nodes.size(),
+                 o.nnodes, list, m.node_rank);
+    return m;
+  }
+  std::vector<int> gone, added;
+  for (int n : before.nodes)
+    if (std::find(m.nodes.begin(), m.nodes.end(), n) == m.nodes.end()) gone.push_back(n);
+  for (int n : m.nodes)
+    if (std::find(before.nodes.begin(), before.nodes.end(), n) == before.nodes.end())
+      added.push_back(n);
+  if (gone.empty() && added.empty()) return m;
+  spdlog::warn(
+      "elastic restart {}: {} node(s) instead of {} ({}{}{}), {} rank(s) instead of {}; "
+      "nodes {}; this node is node rank {}",
+      attempt, m.nodes.size(), before.nodes.size(),
+      gone.empty() ? "" : "node(s) " + fmt_ranks(gone) + " left",
+      gone.empty() || added.empty() ? "" : ", ",
+      added.empty() ? "" : "node(s) " + fmt_ranks(added) + " joined",
+      m.nodes.size() * static_cast<size_t>(o.nproc),
+      before.nodes.size() * static_cast<size_t>(o.nproc), list, m.node_rank);
+  return m;
+}
+
 }  // namespace
 
 int launch_local(const LaunchOptions& o, LaunchReport* report) {
@@ -808,9 +616,14 @@ int launch_local(const LaunchOptions& o, LaunchReport* report) {
     ao.token = token;
     ao.join_timeout_s = o.join_timeout_s;
     ao.report_timeout_s = std::max(o.grace_s, o.interrupt_grace_s) + 30;
+    ao.min_nodes = o.min_nnodes < o.nnodes ? o.min_nnodes : 0;
+    ao.last_call_s = o.last_call_s;
     agent = std::make_unique<JobAgent>(ao);
+  }
+  const bool elastic_nodes = agent && o.min_nnodes > 0 && o.min_nnodes < o.nnodes;
+  if (agent && !elastic_nodes) {
     spdlog::info("node {} of {}: waiting for every node's launcher at {}:{}", o.node_rank, o.nnodes,
-                 o.master_addr, ao.port);
+                 o.master_addr, o.master_port + 1);
     const std::vector<std::string> hosts = agent->join(o.nproc);
     std::string list;
     for (size_t n = 0; n < hosts.size(); ++n)
@@ -821,6 +634,7 @@ int launch_local(const LaunchOptions& o, LaunchReport* report) {
       agent ? " on node " + std::to_string(o.node_rank) + " (" + agent->host_name() + ")" : "";
   int port = 0;
   int nproc = o.nproc;
+  Membership members;  // elastic nodes: the attempt's
   for (int attempt = 0;; ++attempt) {
     if (o.master_port != 0) {
       port = o.master_port;
@@ -830,17 +644,27 @@ int launch_local(const LaunchOptions& o, LaunchReport* report) {
       const int old = port;
       for (int tries = 0; tries < 10 && port == old; ++tries) port = pick_free_port();
     }
+    AttemptPlan plan;
+    plan.node_rank = o.node_rank;
+    plan.nnodes = o.nnodes;
+    if (elastic_nodes) {
+      members = elastic_check_in(*agent, o, attempt, members);
+      plan.node_rank = members.node_rank;
+      plan.nnodes = static_cast<int>(members.nodes.size());
+    }
+    const int full_world = o.nnodes * o.nproc;
     std::vector<std::string> argv = o.child_argv;
-    if (attempt > 0 && nproc != o.nproc && o.resize_argv)
+    if (elastic_nodes && plan.nnodes * nproc != full_world && o.resize_argv)
+      argv = o.resize_argv(attempt, plan.nnodes * nproc);
+    else if (attempt > 0 && nproc != o.nproc && o.resize_argv)
       argv = o.resize_argv(attempt, nproc);
     else if (attempt > 0 && o.restart_argv)
       argv = o.restart_argv(attempt);
     if (argv.empty() || argv[0].empty())
       throw std::runtime_error("launch: no command to run for restart " + std::to_string(attempt));
-    AttemptPlan plan;
     plan.nproc = nproc;
-    plan.first_rank = o.node_rank * nproc;
-    plan.world = o.nnodes * nproc;
+    plan.first_rank = plan.node_rank * nproc;
+    plan.world = plan.nnodes * nproc;
     plan.master_addr = agent ? o.master_addr : "127.0.0.1";
     plan.agent = agent.get();
     const AttemptResult r = run_attempt(o, plan, argv, attempt, port, token, signals);
@@ -860,7 +684,7 @@ int launch_local(const LaunchOptions& o, LaunchReport* report) {
         continue;
       }
       if (d.rc == 0)
-        spdlog::info("all {} rank(s) on {} nodes finished{}", plan.world, o.nnodes,
+        spdlog::info("all {} rank(s) on {} nodes finished{}", plan.world, plan.nnodes,
                      attempt > 0 ? " after " + std::to_string(attempt) + " restart(s)" : "");
       else if (!d.reason.empty())
         spdlog::error("the job ended in attempt {} (exit {}): {}", attempt + 1, d.rc, d.reason);

@@ -18,6 +18,15 @@ struct LaunchOptions {
   int node_rank = 0;
   std::string master_addr = "127.0.0.1";
   double join_timeout_s = 300;  // multi-node: how long to wait for every node's launcher
+  // Elastic node count (--nnodes MIN:MAX): 0, or MIN with nnodes = MAX. Every attempt then runs on
+  // the nodes that checked in at node 0's launcher (at least MIN; once MIN are in, node 0 waits
+  // last_call_s for the rest), numbered anew in the order of their node_rank (node 0 first), and
+  // a node whose launcher is lost, or whose ranks were killed by a signal not sent by a
+  // launcher, is dropped for the restart; the job ends when fewer than MIN are left. node_rank
+  // is then the node's id, 0 <= id < MAX. resize_argv gives the command whenever the world is
+  // not nnodes * nproc (the first attempt's too), with that as the original world.
+  int min_nnodes = 0;
+  double last_call_s = 30;
   // The command every rank runs, argv[0] first (looked up in PATH when it has no '/'), e.g.
   // {"/abs/path/dtrain", "run", "cfg.yaml", "--set", "a=b", "--out", "runs/x"}.
   std::vector<std::string> child_argv;
@@ -73,7 +82,10 @@ struct LaunchOptions {
 // Multi-node: a rank failure or a received signal on any node stops every node's ranks (the
 // signal is forwarded as the same signal on every node, a failure as SIGTERM), every launcher
 // names the cause with its rank and node, and node 0's launcher decides restarts for all
-// (attempt numbers and the restart budget are node 0's).
+// (attempt numbers and the restart budget are node 0's). Elastic nodes (min_nnodes): every
+// attempt first checks in (JobAgent::rendezvous), its ranks are node_rank * nproc + local of
+// that attempt's nodes, a node that was lost or dropped is left out of the restart (a dropped
+// node's launcher returns 1), and "elastic restart N: ..." logs which nodes left or joined.
 //
 // Returns, for the last attempt: 0 when every rank exited 0, 2 when a rank failed and some rank
 // exited with status 2 (a user error: bad config, data or checkpoint), 1 when a rank failed

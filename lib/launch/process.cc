@@ -1,0 +1,190 @@
+#include "launch/process.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <spawn.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <thread>
+
+#include <spdlog/spdlog.h>
+
+namespace dtrain::launch_detail {
+
+namespace {
+
+// Write end of the self-pipe: the signal handler's only way to talk to the supervisor loop, and
+// it works whichever thread (e.g. an OpenBLAS worker) the kernel picks to run the handler.
+volatile sig_atomic_t g_signal_pipe = -1;
+
+void on_signal(int sig) {
+  const int saved = errno;
+  const unsigned char b = static_cast<unsigned char>(sig);
+  if (g_signal_pipe >= 0) {
+    const ssize_t r = ::write(g_signal_pipe, &b, 1);  // full pipe: a wakeup is already pending
+    (void)r;
+  }
+  errno = saved;
+}
+
+// Caught (not ignored) so a closed console makes write() return EPIPE instead of killing the
+// launcher, while exec still resets it to the default for the ranks.
+void on_sigpipe(int) {}
+
+}  // namespace
+
+std::string signal_name(int sig) {
+  const char* abbrev = sigabbrev_np(sig);
+  return abbrev != nullptr ? std::string("SIG") + abbrev : "signal " + std::to_string(sig);
+}
+
+std::runtime_error sys_error(const std::string& what) {
+  return std::runtime_error(what + ": " + strerror(errno));
+}
+
+void Fd::reset() {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+}
+
+SignalGuard::SignalGuard() {
+  int p[2];
+  if (::pipe2(p, O_CLOEXEC | O_NONBLOCK) != 0) throw sys_error("pipe2");
+  read_ = Fd(p[0]);
+  write_ = Fd(p[1]);
+  g_signal_pipe = p[1];
+  install(SIGCHLD, on_signal, /*even_if_ignored=*/true);  // ignored SIGCHLD would auto-reap
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGUSR1}) install(sig, on_signal, false);
+  install(SIGPIPE, on_sigpipe, false);
+}
+
+SignalGuard::~SignalGuard() {
+  for (auto it = saved_.rbegin(); it != saved_.rend(); ++it)
+    ::sigaction(it->first, &it->second, nullptr);
+  g_signal_pipe = -1;
+}
+
+std::vector<int> SignalGuard::take() {
+  std::vector<int> out;
+  unsigned char buf[64];
+  ssize_t n;
+  while ((n = ::read(read_.get(), buf, sizeof buf)) > 0 || (n < 0 && errno == EINTR))
+    for (ssize_t i = 0; i < n; ++i) out.push_back(buf[i]);
+  return out;
+}
+
+void SignalGuard::install(int sig, void (*handler)(int), bool even_if_ignored) {
+  struct sigaction old {};
+  if (::sigaction(sig, nullptr, &old) != 0) throw sys_error("sigaction");
+  if (old.sa_handler == SIG_IGN && !even_if_ignored) return;
+  struct sigaction sa {};
+  sa.sa_handler = handler;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART | (sig == SIGCHLD ? SA_NOCLDSTOP : 0);
+  if (::sigaction(sig, &sa, nullptr) != 0) throw sys_error("sigaction");
+  saved_.emplace_back(sig, old);
+}
+
+ChildSet::~ChildSet() {
+  signal_running(SIGKILL);
+  const auto deadline = Clock::now() + kAfterKill;
+  while (any_running() && Clock::now() < deadline) {
+    for (Child& c : kids_)
+      if (c.running && ::waitpid(c.pid, nullptr, WNOHANG) == c.pid) c.running = false;
+    if (any_running()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+bool ChildSet::any_running() const {
+  return std::any_of(kids_.begin(), kids_.end(), [](const Child& c) { return c.running; });
+}
+
+std::string ChildSet::running_ranks() const {
+  std::string s;
+  for (const Child& c : kids_)
+    if (c.running) s += (s.empty() ? "" : ", ") + std::to_string(c.rank);
+  return s;
+}
+
+void ChildSet::signal_rank(pid_t pid, int sig) {
+  if (::kill(-pid, sig) != 0) ::kill(pid, sig);
+  if (sig != SIGKILL && sig != SIGCONT && ::kill(-pid, SIGCONT) != 0) ::kill(pid, SIGCONT);
+}
+
+void ChildSet::signal_running(int sig) {
+  for (const Child& c : kids_)
+    if (c.running) signal_rank(c.pid, sig);
+}
+
+// write(2) everything, tolerating EINTR and a briefly full non-blocking console. Returns false on
+// any other failure (the caller stops writing there).
+bool write_fully(int fd, const char* p, size_t n) {
+  while (n > 0) {
+    const ssize_t w = ::write(fd, p, n);
+    if (w > 0) {
+      p += w;
+      n -= static_cast<size_t>(w);
+    } else if (w < 0 && errno == EINTR) {
+      continue;
+    } else if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      pollfd pf{fd, POLLOUT, 0};
+      if (::poll(&pf, 1, 1000) <= 0) return false;
+    } else {
+      return false;
+    }
+  }
+  return true;
+}
+
+void Tee::pump(int max_reads) {
+  char buf[65536];
+  for (int i = 0; src.open() && i < max_reads; ++i) {
+    const ssize_t n = ::read(src.get(), buf, sizeof buf);
+    if (n == 0) {
+      src.reset();
+    } else if (n < 0) {
+      if (errno == EINTR) continue;
+      return;  // EAGAIN: nothing more for now
+    } else {
+      const size_t len = static_cast<size_t>(n);
+      if (log_ok && !write_fully(log_fd, buf, len)) {
+        log_ok = false;
+        spdlog::warn("writing rank 0's log failed ({}); its output is no longer logged",
+                     strerror(errno));
+      }
+      if (console_ok && !write_fully(console, buf, len)) console_ok = false;
+    }
+  }
+}
+
+int spawn_rank(const std::vector<std::string>& argv_s, std::vector<std::string>& env_s, int out_fd,
+               int err_fd, pid_t* pid) {
+  std::vector<char*> argv, envp;
+  for (const std::string& a : argv_s) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  for (std::string& e : env_s) envp.push_back(e.data());
+  envp.push_back(nullptr);
+
+  posix_spawn_file_actions_t fa;
+  posix_spawnattr_t attr;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawnattr_init(&attr);
+  posix_spawn_file_actions_addopen(&fa, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_adddup2(&fa, out_fd, STDOUT_FILENO);
+  posix_spawn_file_actions_adddup2(&fa, err_fd, STDERR_FILENO);
+  posix_spawn_file_actions_addclosefrom_np(&fa, 3);
+  // Own group: signals reach the rank's helpers too, and a terminal's Ctrl-C reaches only the
+  // launcher, which forwards it exactly once.
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
+  posix_spawnattr_setpgroup(&attr, 0);
+  const int rc = ::posix_spawnp(pid, argv[0], &fa, &attr, argv.data(), envp.data());
+  posix_spawn_file_actions_destroy(&fa);
+  posix_spawnattr_destroy(&attr);
+  return rc;
+}
+
+}  // namespace dtrain::launch_detail

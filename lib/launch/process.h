@@ -1,0 +1,134 @@
+// The launcher's process plumbing (launcher.cc's helpers): an owned descriptor, the signal
+// handlers and their self-pipe, the set of started ranks, rank 0's output tee, and starting one
+// rank. Internal to lib/launch.
+#pragma once
+
+#include <signal.h>
+#include <sys/types.h>
+
+#include <chrono>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace dtrain::launch_detail {
+
+using Clock = std::chrono::steady_clock;
+
+// How long to wait for ranks to disappear after SIGKILL before giving up on them: only a process
+// stuck in uninterruptible kernel sleep survives SIGKILL, and the launcher must not hang on it.
+constexpr auto kAfterKill = std::chrono::seconds(5);
+
+// "SIGKILL", or "signal N" for a number without a name.
+std::string signal_name(int sig);
+
+// std::runtime_error "what: strerror(errno)".
+std::runtime_error sys_error(const std::string& what);
+
+// Owns a file descriptor.
+class Fd {
+ public:
+  Fd() = default;
+  explicit Fd(int fd) : fd_(fd) {}
+  ~Fd() { reset(); }
+  Fd(Fd&& o) noexcept : fd_(o.fd_) { o.fd_ = -1; }
+  Fd& operator=(Fd&& o) noexcept {
+    if (this != &o) {
+      reset();
+      fd_ = o.fd_;
+      o.fd_ = -1;
+    }
+    return *this;
+  }
+  int get() const { return fd_; }
+  bool open() const { return fd_ >= 0; }
+  void reset();
+
+ private:
+  int fd_ = -1;
+};
+
+// Installs the handlers for the launcher's lifetime and restores the previous ones. Signals that
+// were ignored on entry (nohup, `cmd &` in a script) stay ignored, here and in the ranks. The
+// handlers write each signal's number to a self-pipe (whichever thread the kernel picks to run
+// them); SIGCHLD is caught too, so a rank's exit wakes a poll on fd(). One at a time per process.
+class SignalGuard {
+ public:
+  SignalGuard();
+  ~SignalGuard();
+  SignalGuard(const SignalGuard&) = delete;
+  SignalGuard& operator=(const SignalGuard&) = delete;
+
+  int fd() const { return read_.get(); }
+
+  // The signals received since the last call, in order.
+  std::vector<int> take();
+
+ private:
+  void install(int sig, void (*handler)(int), bool even_if_ignored);
+
+  Fd read_, write_;
+  std::vector<std::pair<int, struct sigaction>> saved_;
+};
+
+struct Child {
+  int rank = 0;
+  pid_t pid = -1;
+  bool running = false;
+};
+
+// The started ranks. Its destructor is the safety net for early exits (exceptions): whatever is
+// still running is SIGKILLed and reaped, waiting at most kAfterKill.
+class ChildSet {
+ public:
+  ChildSet() = default;
+  ~ChildSet();
+  ChildSet(const ChildSet&) = delete;
+  ChildSet& operator=(const ChildSet&) = delete;
+
+  void add(int rank, pid_t pid) { kids_.push_back({rank, pid, true}); }
+  std::vector<Child>& all() { return kids_; }
+
+  bool any_running() const;
+  std::string running_ranks() const;  // "0, 2": the ranks still running
+
+  // To the rank's whole process group; to the rank alone if it left its group. A stopped rank
+  // (SIGSTOP, a debugger's ^Z) acts on SIGTERM or SIGINT only once continued, so it gets
+  // SIGCONT after them: otherwise it would sit out the whole grace period.
+  static void signal_rank(pid_t pid, int sig);
+
+  void signal_running(int sig);
+
+  // Stops tracking ranks that did not die: the launcher returns and init inherits them.
+  void abandon() {
+    for (Child& c : kids_) c.running = false;
+  }
+
+ private:
+  std::vector<Child> kids_;
+};
+
+// write(2) everything, tolerating EINTR and a briefly full non-blocking console. Returns false on
+// any other failure (the caller stops writing there).
+bool write_fully(int fd, const char* p, size_t n);
+
+// Copies one of rank 0's pipes to its log file and to the launcher's console.
+struct Tee {
+  Fd src;            // read end, non-blocking
+  int log_fd = -1;   // rank-0.log
+  int console = -1;  // STDOUT_FILENO or STDERR_FILENO
+  bool log_ok = true, console_ok = true;
+
+  // Reads what is available, at most max_reads chunks so a chatty rank cannot starve the
+  // supervisor loop. Closes the source at EOF.
+  void pump(int max_reads);
+};
+
+// Starts one rank in its own process group with stdin from /dev/null and the given stdout and
+// stderr; every other descriptor is closed. Returns errno on failure (posix_spawn reports exec
+// failures too).
+int spawn_rank(const std::vector<std::string>& argv_s, std::vector<std::string>& env_s, int out_fd,
+               int err_fd, pid_t* pid);
+
+}  // namespace dtrain::launch_detail

@@ -1,0 +1,48 @@
+// `dtrain launch --nnodes MIN:MAX`: bad ranges and node ids are one clear line, exit 2, before
+// anything starts (the elastic run itself: tests/cli/netns_elastic_test.sh).
+#include <doctest/doctest.h>
+
+#include <string>
+
+#include "test_util.h"
+
+using dtrain::testing::contains;
+using dtrain::testing::run_cmd;
+using dtrain::testing::TempDir;
+
+namespace {
+
+const std::string kBin = DTRAIN_BIN;
+
+}  // namespace
+
+TEST_CASE("elastic nodes: bad --nnodes ranges and node ids are refused with exit 2") {
+  TempDir dir;
+  const std::string cfg = std::string(DTRAIN_SOURCE_DIR) + "/configs/smoke.yaml";
+  const std::string rest = " --nproc-per-node 1 --master-addr 10.0.0.1 --master-port 29500 " + cfg +
+                           " --out " + dir / "x";
+  auto r = run_cmd("DTRAIN_JOB_TOKEN=t " + kBin + " launch --nnodes 3:2 --node-rank 0" + rest);
+  CHECK(r.exit_code == 2);
+  CHECK(contains(r.output, "--nnodes '3:2': need 1 <= MIN <= MAX <= 1024"));
+  r = run_cmd("DTRAIN_JOB_TOKEN=t " + kBin + " launch --nnodes 0:2 --node-rank 0" + rest);
+  CHECK(r.exit_code == 2);
+  CHECK(contains(r.output, "--nnodes '0:2': need 1 <= MIN <= MAX <= 1024"));
+  r = run_cmd("DTRAIN_JOB_TOKEN=t " + kBin + " launch --nnodes 1:2 --node-rank 2" + rest);
+  CHECK(r.exit_code == 2);
+  CHECK(contains(r.output,
+                 "--node-rank 2 with --nnodes 1:2: a node's id must be below the "
+                 "maximum node count 2"));
+  r = run_cmd("DTRAIN_JOB_TOKEN=t " + kBin + " launch --nnodes 1:x --node-rank 0" + rest);
+  CHECK(r.exit_code == 2);
+  CHECK(contains(r.output, "--nnodes '1:x'"));
+  // A pipeline's global batch is not ranks x batch: refused as for --nproc MIN:MAX.
+  r = run_cmd("DTRAIN_JOB_TOKEN=t " + kBin + " launch --nnodes 1:2 --node-rank 0" + rest +
+              " --set distributed.strategy=pipeline");
+  CHECK(r.exit_code == 2);
+  CHECK(contains(r.output, "--nnodes 1:2 (elastic restarts) needs a data-parallel strategy"));
+  // The multi-node rules hold for the elastic form too: the master address is needed.
+  r = run_cmd("DTRAIN_JOB_TOKEN=t " + kBin + " launch --nnodes 1:2 --node-rank 0 " +
+              "--nproc-per-node 1 --master-port 29500 " + cfg + " --out " + dir / "y");
+  CHECK(r.exit_code == 2);
+  CHECK(contains(r.output, "give --master-addr"));
+}

@@ -1,0 +1,235 @@
+// The launchers' elastic membership (job_agent.h, --nnodes MIN:MAX): agents of one job on
+// loopback as threads: who takes part in an attempt, node ranks given anew, a lost launcher
+// noticed and left out of the restart, the minimum.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <future>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "launch/job_agent.h"
+#include "launch/launcher.h"
+#include "test_util.h"
+#include "util/check.h"
+
+using namespace dtrain;
+using dtrain::testing::contains;
+
+namespace {
+
+AgentOptions elastic_options(int node, int port, int min_nodes, int max_nodes) {
+  AgentOptions o;
+  o.nnodes = max_nodes;
+  o.min_nodes = min_nodes;
+  o.node_rank = node;
+  o.master_addr = "127.0.0.1";
+  o.port = port;
+  o.token = "elastic-agent-test";
+  o.join_timeout_s = 10;
+  o.report_timeout_s = 10;
+  o.last_call_s = 0.5;
+  o.lost_after_s = 1;
+  return o;
+}
+
+NodeOutcome killed_outcome(const std::string& cause) {
+  NodeOutcome o;
+  o.kind = NodeOutcome::kFailed;
+  o.rc = 1;
+  o.killed = true;
+  o.when_ms = 5;
+  o.cause = cause;
+  return o;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+}  // namespace
+
+TEST_CASE("close_check_in: the most nodes at once, else the minimum after the last call") {
+  // All three of at most 3: close at once, last call or not.
+  CHECK(close_check_in({0, 1, 2}, {}, 2, 3, 0, 30, 10));
+  // Below the minimum: never, however long.
+  CHECK_FALSE(close_check_in({0}, {}, 2, 3, 1e9, 30, 10));
+  // The minimum: only once the last call is over.
+  CHECK_FALSE(close_check_in({0, 2}, {}, 2, 3, 29.9, 30, 10));
+  CHECK(close_check_in({0, 2}, {}, 2, 3, 30, 30, 10));
+  // A survivor of the last attempt that has not rejoined yet is waited for past the last call,
+  // but not longer than lost_after_s beyond it.
+  CHECK_FALSE(close_check_in({0, 2}, {0, 1, 2}, 2, 3, 35, 30, 10));
+  CHECK(close_check_in({0, 1, 2}, {0, 1, 2}, 2, 4, 30, 30, 10));
+  CHECK(close_check_in({0, 2}, {0, 1, 2}, 2, 3, 40, 30, 10));
+}
+
+TEST_CASE("JobAgent elastic: two of at most three nodes run the attempt, numbered anew") {
+  const int port = pick_free_port();
+  JobAgent a0(elastic_options(0, port, 2, 3));
+  // Node 2 (id 2) comes; node 1 never does: after the last call nodes 0 and 2 run attempt 0,
+  // node 2 as node rank 1.
+  auto f2 = std::async(std::launch::async, [&] {
+    JobAgent a2(elastic_options(2, port, 2, 3));
+    return a2.rendezvous(0, 2);
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  const Membership m0 = a0.rendezvous(0, 2);
+  CHECK(seconds_since(t0) >= 0.5);  // the last call was waited for
+  CHECK(m0.nodes == std::vector<int>{0, 2});
+  CHECK(m0.node_rank == 0);
+  const Membership m2 = f2.get();
+  CHECK(m2.nodes == std::vector<int>{0, 2});
+  CHECK(m2.hosts.size() == 2);
+  CHECK(m2.node_rank == 1);
+}
+
+TEST_CASE("JobAgent elastic: all of at most three close the check-in at once") {
+  const int port = pick_free_port();
+  AgentOptions o0 = elastic_options(0, port, 1, 3);
+  o0.last_call_s = 30;  // would be noticed
+  JobAgent a0(o0);
+  auto f1 = std::async(std::launch::async, [&] {
+    JobAgent a(elastic_options(1, port, 1, 3));
+    return a.rendezvous(0, 1).node_rank;
+  });
+  auto f2 = std::async(std::launch::async, [&] {
+    JobAgent a(elastic_options(2, port, 1, 3));
+    return a.rendezvous(0, 1).node_rank;
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  const Membership m = a0.rendezvous(0, 1);
+  CHECK(seconds_since(t0) < 10);
+  CHECK(m.nodes == std::vector<int>{0, 1, 2});
+  CHECK(f1.get() == 1);
+  CHECK(f2.get() == 2);
+}
+
+TEST_CASE("JobAgent elastic: a lost launcher is noticed, dropped, and the rest restart smaller") {
+  const int port = pick_free_port();
+  JobAgent a0(elastic_options(0, port, 2, 3));
+  // Node 1 runs both attempts; node 2's launcher disappears during attempt 0 (it polls a few
+  // times, then its agent is gone without a report).
+  auto f1 = std::async(std::launch::async, [&] {
+    JobAgent a1(elastic_options(1, port, 2, 3));
+    const Membership m = a1.rendezvous(0, 1);
+    RemoteNews n;
+    for (int i = 0; i < 200 && n.failures.empty(); ++i) {
+      n = a1.poll(0);
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    NodeOutcome remote;
+    remote.kind = NodeOutcome::kFailed;
+    remote.rc = 1;
+    remote.when_ms = INT64_MAX - 1;
+    remote.cause = n.failures.empty() ? "" : n.failures[0];
+    const JobDecision d = a1.finish(0, remote, 0);
+    const Membership again = d.restart ? a1.rendezvous(1, 1) : Membership{};
+    return std::make_tuple(m, n, d, again);
+  });
+  auto f2 = std::async(std::launch::async, [&] {
+    JobAgent a2(elastic_options(2, port, 2, 3));
+    a2.rendezvous(0, 1);
+    for (int i = 0; i < 3; ++i) a2.poll(0);
+  });
+  const Membership m = a0.rendezvous(0, 1);
+  REQUIRE(m.nodes == std::vector<int>{0, 1, 2});
+  f2.get();
+  // Node 0 polls as its launcher does; node 2 is silent from now on.
+  RemoteNews n;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < 300 && n.failures.empty(); ++i) {
+    n = a0.poll(0);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  REQUIRE(n.failures.size() == 1);
+  CHECK(contains(n.failures[0], "node 2's launcher was lost"));
+  CHECK(seconds_since(t0) < 5);
+  NodeOutcome remote;
+  remote.kind = NodeOutcome::kFailed;
+  remote.rc = 1;
+  remote.when_ms = INT64_MAX - 1;
+  remote.cause = n.failures[0];
+  const JobDecision d = a0.finish(0, remote, 1);
+  CHECK(d.restart);
+  CHECK(contains(d.reason, "node 2's launcher was lost"));
+  // Attempt 1: nodes 0 and 1 only (node 2 is not waited for beyond the last call).
+  const Membership again = a0.rendezvous(1, 1);
+  CHECK(again.nodes == std::vector<int>{0, 1});
+  const auto [m1, n1, d1, again1] = f1.get();
+  CHECK(m1.node_rank == 1);
+  REQUIRE(n1.failures.size() == 1);
+  CHECK(contains(n1.failures[0], "node 2's launcher was lost"));  // node 0 told node 1
+  CHECK(d1.restart);
+  CHECK(again1.nodes == std::vector<int>{0, 1});
+  CHECK(again1.node_rank == 1);
+}
+
+TEST_CASE("JobAgent elastic: a killed rank's node leaves, and no restart below the minimum") {
+  {
+    // Node 1's own rank was killed from outside: node 0 restarts without it, node 1 is told to go.
+    const int port = pick_free_port();
+    JobAgent a0(elastic_options(0, port, 1, 2));
+    auto f1 = std::async(std::launch::async, [&] {
+      JobAgent a1(elastic_options(1, port, 1, 2));
+      a1.rendezvous(0, 1);
+      return a1.finish(0, killed_outcome("rank 1 on node 1 (h) failed: killed by signal SIGKILL"),
+                       0);
+    });
+    REQUIRE(a0.rendezvous(0, 1).nodes.size() == 2);
+    const JobDecision d = a0.finish(0, NodeOutcome{}, 2);
+    CHECK(d.restart);
+    const JobDecision d1 = f1.get();
+    CHECK_FALSE(d1.restart);
+    CHECK(d1.rc == 1);
+    CHECK(contains(d1.reason, "node 0 dropped this node from the job"));
+    CHECK(a0.rendezvous(1, 1).nodes == std::vector<int>{0});
+  }
+  {
+    // With a minimum of 2 the same loss ends the job, saying why.
+    const int port = pick_free_port();
+    JobAgent a0(elastic_options(0, port, 2, 2));
+    auto f1 = std::async(std::launch::async, [&] {
+      JobAgent a1(elastic_options(1, port, 2, 2));
+      a1.rendezvous(0, 1);
+      return a1.finish(0, killed_outcome("rank 1 on node 1 (h) failed: killed by signal SIGKILL"),
+                       0);
+    });
+    a0.rendezvous(0, 1);
+    const JobDecision d = a0.finish(0, NodeOutcome{}, 2);
+    CHECK_FALSE(d.restart);
+    CHECK(d.rc == 1);
+    CHECK(contains(d.reason, "1 node(s) left, below the minimum 2"));
+    CHECK_FALSE(f1.get().restart);
+  }
+}
+
+TEST_CASE("JobAgent elastic: too few nodes by the join timeout, and a node too late") {
+  const int port = pick_free_port();
+  AgentOptions o = elastic_options(0, port, 2, 3);
+  o.join_timeout_s = 1;
+  JobAgent a0(o);
+  std::string e = "<no error>";
+  try {
+    a0.rendezvous(0, 1);
+  } catch (const std::runtime_error& x) {
+    e = x.what();
+  }
+  CHECK(contains(e, "only 1 node(s) (0) checked in for attempt 1 within 1 s, at least 2 needed"));
+  // Attempt 1 closes with nodes 0 and 1; node 2 checks in after that and is told so.
+  auto f1 = std::async(std::launch::async, [&] {
+    JobAgent a1(elastic_options(1, port, 2, 3));
+    return a1.rendezvous(1, 1).nodes;
+  });
+  CHECK(a0.rendezvous(1, 1).nodes == std::vector<int>{0, 1});
+  CHECK(f1.get() == std::vector<int>{0, 1});
+  JobAgent late(elastic_options(2, port, 2, 3));
+  e = "<no error>";
+  try {
+    late.rendezvous(1, 1);
+  } catch (const std::runtime_error& x) {
+    e = x.what();
+  }
+  CHECK(contains(e, "node 2 checked in after node 0 had closed attempt 2's check-in"));
+}
