@@ -199,6 +199,7 @@ void run_rank(const Config& cfg, Communicator& comm, int iters, TpRegions& r) {
     m.backward(p, g, x, acts, dlogits, nullptr);
     sum_tied_grads(m, g);
   });
+  DT_CHECK_EQ(group.calls % (iters + 1), 0);  // every step (and the warm-up) issues the same
   r.step_allreduces = group.calls / (iters + 1);
   r.step_allreduce_floats = group.floats / (iters + 1);
   r.act_bytes = acts.bytes();
