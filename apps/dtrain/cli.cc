@@ -18,6 +18,7 @@
 #include "config/config.h"
 #include "data/dataset.h"
 #include "dtrain/bench.h"
+#include "dtrain/bench_tp.h"
 #include "dtrain/generate.h"
 #include "dtrain/launch_cmd.h"
 #include "launch/dist_env.h"
@@ -524,6 +525,23 @@ int cli_main(int argc, char** argv) {
   bench_comm_cmd->add_flag("--worker", comm_worker, "internal: run as one launched rank")
       ->group("");
 
+  CLI::App* bench_tp_cmd = bench->add_subcommand(
+      "tp",
+      "a tensor-parallel GPT step's regions timed on T in-process ranks: what sequence "
+      "parallelism and a vocabulary-parallel head could save (README \"Tensor parallelism\")");
+  std::string tp_config;
+  std::vector<std::string> tp_sets;
+  TpBenchOptions tp_opts;
+  bench_tp_cmd->add_option("config", tp_config, "YAML config of a gpt")->required();
+  bench_tp_cmd->add_option("--set", tp_sets, "override a config key (as for run); repeatable")
+      ->type_name("KEY=VALUE");
+  bench_tp_cmd->add_option("--tp", tp_opts.tp, "tensor-parallel sizes")
+      ->delimiter(',')
+      ->capture_default_str();
+  bench_tp_cmd->add_option("--iters", tp_opts.iters, "timed repetitions per region")
+      ->capture_default_str();
+  bench_tp_cmd->add_flag("--json", tp_opts.json, "one JSON object per size instead of the table");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {
@@ -585,6 +603,7 @@ int cli_main(int argc, char** argv) {
       return bench_gemm(record_step_gemms(gcfg), bench_threads, bench_iters, gemm_shapes);
     }
     if (bench_step_cmd->parsed()) return bench_step(load_config(step_config, step_sets), step_opts);
+    if (bench_tp_cmd->parsed()) return bench_tp(load_config(tp_config, tp_sets), tp_opts);
     if (plot->parsed()) {
       report::plot_runs(plot_dirs, plot_labels, plot_out, plot_opts);
       std::cout << "wrote " << plot_out << std::endl;

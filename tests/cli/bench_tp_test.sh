@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# `dtrain bench tp` on a tiny GPT (2 blocks of width 32, 8 heads, 16 positions, batch 2, dropout
+# 0.1) at T = 2 and 4: one well-formed JSON object per size; the measured regions add up to no
+# more than the step they are part of (not a timing assertion: they are a subset of its work);
+# the step issues 4 all-reduces of [B S, C] per block (none for the tied head's gradient); the
+# replicated activation bytes sequence parallelism would split, found from two tensor sizes,
+# equal what the layers save (per block 4 [B S, C] tensors, its output and 2 dropout masks, 2
+# LayerNorms' [B S, 2]; the embedding's output, mask and [B S] token ids; ln_f's output and
+# [B S, 2]). Bad --tp: exit 2. Skipped (77) without python3.
+set -euo pipefail
+BIN=$1 SRC=$2
+command -v python3 >/dev/null || { echo "skip: python3 is not installed"; exit 77; }
+sets=(--set model.n_layer=2 --set model.n_head=8 --set model.n_embd=32 --set model.block_size=16
+      --set data.batch_size=2 --set model.dropout=0.1)
+out=$("$BIN" bench tp "$SRC/configs/gpt_tp_bench.yaml" "${sets[@]}" --tp 2,4 --iters 9 --json)
+echo "$out"
+python3 - "$out" <<'PY'
+import json, math, sys
+lines = [l for l in sys.argv[1].splitlines() if l.strip()]
+assert len(lines) == 2, lines
+B, S, C, L = 2, 16, 32, 2
+want_repl = 4 * (L * (7 * B * S * C + 4 * B * S) + (2 * B * S * C + B * S) + (B * S * C + 2 * B * S))
+for line, t in zip(lines, (2, 4)):
+    r = json.loads(line)
+    assert r["tp"] == t and (r["batch"], r["seq"], r["embd"], r["layers"]) == (B, S, C, L), r
+    for k in ("step_ms", "ln_ms", "resid_ms", "dropout_ms", "head_gemm_ms", "ce_ms", "emb_ms",
+              "ar_ms", "rs_ms", "ag_ms", "ar_rows_ms"):
+        assert math.isfinite(r[k]) and r[k] > 0, (k, r[k])
+    parts = r["ln_ms"] + r["resid_ms"] + r["dropout_ms"] + r["head_gemm_ms"] + r["ce_ms"] + r["emb_ms"]
+    assert abs(parts - r["parts_ms"]) <= 1e-3 * parts + 1e-3, (parts, r["parts_ms"])
+    assert r["parts_ms"] <= r["step_ms"], ("parts exceed the step", r["parts_ms"], r["step_ms"])
+    assert r["step_allreduces"] == 4 * L, r["step_allreduces"]
+    assert r["step_allreduce_floats"] == 4 * L * B * S * C, r["step_allreduce_floats"]
+    assert r["sp_split_bytes"] == want_repl, (r["sp_split_bytes"], want_repl)
+    assert 0 < r["sp_split_bytes"] < r["act_bytes"], r
+    assert r["head_act_bytes"] == B * S * 256 * 4, r["head_act_bytes"]
+    assert abs(r["sp_act_bytes_saved"] - (t - 1) / t * want_repl) < 1, r["sp_act_bytes_saved"]
+print("ok")
+PY
+set +e
+"$BIN" bench tp "$SRC/configs/gpt_tp_bench.yaml" "${sets[@]}" --tp 3 --iters 1 2>"${TMPDIR:-/tmp}/bench_tp_err.$$"
+code=$?
+set -e
+err=$(cat "${TMPDIR:-/tmp}/bench_tp_err.$$")
+rm -f "${TMPDIR:-/tmp}/bench_tp_err.$$"
+echo "$err"
+[ "$code" = 2 ] || { echo "--tp 3: exit $code, want 2"; exit 1; }
+grep -q -- "--tp 3" <<<"$err"
+echo ok
