@@ -17,8 +17,7 @@
 #include "comm/grpc_transport.h"
 #include "config/config.h"
 #include "data/dataset.h"
-#include "dtrain/bench.h"
-#include "dtrain/bench_tp.h"
+#include "dtrain/bench_cli.h"
 #include "dtrain/generate.h"
 #include "dtrain/launch_cmd.h"
 #include "launch/dist_env.h"
@@ -42,10 +41,6 @@ namespace dtrain {
 namespace fs = std::filesystem;
 
 namespace {
-
-constexpr int kExitOk = 0;
-constexpr int kExitRuntime = 1;
-constexpr int kExitUser = 2;
 
 void setup_logging(const std::string& level) {
   auto logger = spdlog::stderr_color_mt("dtrain");
@@ -211,13 +206,6 @@ int cmd_run(const Config& cfg, const std::string& config_path, std::string out,
   return finish_run(run_training(cfg, opts), opts.out_dir);
 }
 
-// The path of this executable, so `launch` starts the same dtrain.
-std::string self_exe(const char* argv0) {
-  std::error_code ec;
-  const fs::path p = fs::read_symlink("/proc/self/exe", ec);
-  return ec ? std::string(argv0) : p.string();
-}
-
 int cmd_eval(const Config& cfg, const std::string& ckpt) {
   check_checkpoint(ckpt, false);
   set_blas_threads(static_cast<int>(cfg.runtime.threads));
@@ -277,6 +265,13 @@ int cmd_predict(const Config& cfg, const std::string& ckpt, const std::string& i
 }
 
 }  // namespace
+
+// cli.h: /proc/self/exe, else argv0.
+std::string self_exe(const char* argv0) {
+  std::error_code ec;
+  const fs::path p = fs::read_symlink("/proc/self/exe", ec);
+  return ec ? std::string(argv0) : p.string();
+}
 
 int cli_main(int argc, char** argv) {
   CLI::App app{"dtrain: train models from one YAML file, alone or data-parallel across ranks"};
@@ -451,96 +446,8 @@ int cli_main(int argc, char** argv) {
   plot->add_option("--width", plot_opts.width, "pixels")->capture_default_str();
   plot->add_option("--height", plot_opts.height, "pixels")->capture_default_str();
 
-  CLI::App* bench = app.add_subcommand("bench", "micro-benchmarks");
-  bench->require_subcommand(1);
-  CLI::App* bench_gemm_cmd = bench->add_subcommand(
-      "gemm",
-      "time the GEMMs of one training step (an MLP's by --widths, or a config's model as a step "
-      "issues them): the bound on step time");
-  std::vector<int64_t> widths = {784, 512, 512, 10};
-  int64_t bench_batch = 128;
-  int bench_threads = 1, bench_iters = 0;
-  std::string gemm_config;
-  std::vector<std::string> gemm_sets;
-  CLI::Option* widths_opt =
-      bench_gemm_cmd->add_option("--widths", widths, "MLP layer widths, input first")
-          ->delimiter(',')
-          ->capture_default_str();
-  CLI::Option* batch_opt =
-      bench_gemm_cmd->add_option("--batch", bench_batch, "rows per step (--widths)")
-          ->capture_default_str();
-  bench_gemm_cmd
-      ->add_option("--config", gemm_config,
-                   "YAML config: its model's step on a batch of data.batch_size training rows")
-      ->excludes(widths_opt)
-      ->excludes(batch_opt);
-  bench_gemm_cmd->add_option("--set", gemm_sets, "override a config key (as for run); repeatable")
-      ->type_name("KEY=VALUE");
-  bench_gemm_cmd->add_option("--threads", bench_threads, "BLAS threads (0: all cores)")
-      ->capture_default_str();
-  bench_gemm_cmd
-      ->add_option("--iters", bench_iters, "timed steps (0: as many as fit in ~5 s, 10 to 300)")
-      ->capture_default_str();
-  bool gemm_shapes = false;
-  bench_gemm_cmd->add_flag("--shapes", gemm_shapes, "also print the step's GEMM time by shape");
-
-  CLI::App* bench_step_cmd = bench->add_subcommand(
-      "step",
-      "a config's real 1-rank training run with its step's GEMMs replayed between blocks of "
-      "steps: the step's fraction of its GEMM bound, measured side by side");
-  std::string step_config;
-  std::vector<std::string> step_sets;
-  StepBenchOptions step_opts;
-  bench_step_cmd->add_option("config", step_config, "YAML config (one rank)")->required();
-  bench_step_cmd->add_option("--set", step_sets, "override a config key (as for run); repeatable")
-      ->type_name("KEY=VALUE");
-  bench_step_cmd->add_option("--steps", step_opts.steps, "optimizer steps")->capture_default_str();
-  bench_step_cmd->add_option("--block", step_opts.block, "steps per block (and replays after it)")
-      ->capture_default_str();
-
-  CLI::App* bench_comm_cmd = bench->add_subcommand(
-      "comm", "collective bandwidth table (nccl-tests style: size, time, algbw, busbw)");
-  std::string comm_backend = "inproc", comm_op = "allreduce", comm_sizes = "1M,4M,16M,64M";
-  int comm_nproc = 2, comm_iters = 0;
-  bool comm_json = false;
-  bench_comm_cmd->add_option("--backend", comm_backend, "inproc | grpc")
-      ->check(CLI::IsMember({"inproc", "grpc"}))
-      ->capture_default_str();
-  bench_comm_cmd->add_option("--nproc", comm_nproc, "ranks")->capture_default_str();
-  bench_comm_cmd->add_option("--op", comm_op, "allreduce | reduce_scatter | allgather | broadcast")
-      ->check(CLI::IsMember({"allreduce", "reduce_scatter", "allgather", "broadcast"}))
-      ->capture_default_str();
-  std::string comm_dtype = "float32";
-  bench_comm_cmd->add_option("--dtype", comm_dtype, "float32 | int64 (int64: no reduce_scatter)")
-      ->check(CLI::IsMember({"float32", "int64"}))
-      ->capture_default_str();
-  bench_comm_cmd->add_option("--sizes", comm_sizes, "message sizes, e.g. 1M,4M,16M,64M")
-      ->capture_default_str();
-  bench_comm_cmd->add_option("--iters", comm_iters, "timed iterations per size (0: by size)");
-  bench_comm_cmd->add_flag("--json", comm_json, "one JSON object per size instead of the table");
-  bool comm_no_shm = false;
-  bench_comm_cmd->add_flag("--no-shm", comm_no_shm,
-                           "grpc: gRPC streams only, no same-host shared memory");
-  bool comm_worker = false;
-  bench_comm_cmd->add_flag("--worker", comm_worker, "internal: run as one launched rank")
-      ->group("");
-
-  CLI::App* bench_tp_cmd = bench->add_subcommand(
-      "tp",
-      "a tensor-parallel GPT step's regions timed on T in-process ranks: what sequence "
-      "parallelism and a vocabulary-parallel head could save (README \"Tensor parallelism\")");
-  std::string tp_config;
-  std::vector<std::string> tp_sets;
-  TpBenchOptions tp_opts;
-  bench_tp_cmd->add_option("config", tp_config, "YAML config of a gpt")->required();
-  bench_tp_cmd->add_option("--set", tp_sets, "override a config key (as for run); repeatable")
-      ->type_name("KEY=VALUE");
-  bench_tp_cmd->add_option("--tp", tp_opts.tp, "tensor-parallel sizes")
-      ->delimiter(',')
-      ->capture_default_str();
-  bench_tp_cmd->add_option("--iters", tp_opts.iters, "timed repetitions per region")
-      ->capture_default_str();
-  bench_tp_cmd->add_flag("--json", tp_opts.json, "one JSON object per size instead of the table");
+  BenchCli bench;
+  bench.add(app);
 
   try {
     app.parse(argc, argv);
@@ -553,38 +460,7 @@ int cli_main(int argc, char** argv) {
 
   try {
     setup_logging(log_level);
-    if (bench_comm_cmd->parsed()) {
-      CommBenchOptions o;
-      o.op = comm_op;
-      o.dtype = comm_dtype;
-      if (o.dtype == "int64" && o.op == "reduce_scatter")
-        throw UserError("bench comm: --dtype int64 has no reduce_scatter");
-      o.sizes_bytes = parse_sizes(comm_sizes);
-      o.iters = comm_iters;
-      o.json = comm_json;
-      o.shm = !comm_no_shm;
-      if (comm_backend == "inproc") return bench_comm_inproc(comm_nproc, o);
-      if (comm_worker) return bench_comm_grpc_worker(o);
-      if (comm_nproc < 1 || comm_nproc > 1024) throw UserError("--nproc must be in [1, 1024]");
-      char tmpl[] = "/tmp/dtrain-bench-XXXXXX";
-      if (!::mkdtemp(tmpl)) throw std::runtime_error("cannot create a temp folder for rank logs");
-      LaunchOptions lo;
-      lo.nproc = comm_nproc;
-      lo.log_dir = tmpl;
-      lo.child_argv = {self_exe(argv[0]), "bench",    "comm",    "--worker",
-                       "--backend",       "grpc",     "--op",    comm_op,
-                       "--sizes",         comm_sizes, "--iters", std::to_string(comm_iters),
-                       "--log-level",     log_level,  "--dtype", comm_dtype};
-      if (comm_json) lo.child_argv.push_back("--json");
-      if (comm_no_shm) lo.child_argv.push_back("--no-shm");
-      const int rc = launch_local(lo);
-      std::error_code ec;
-      if (rc == 0)
-        fs::remove_all(tmpl, ec);
-      else
-        std::cerr << "rank logs kept in " << tmpl << std::endl;
-      return rc == 0 ? kExitOk : kExitRuntime;
-    }
+    if (const std::optional<int> rc = bench.run(argv[0], log_level)) return *rc;
     if (consolidate->parsed()) {
       const std::string path = resolve_checkpoint(ckpt_in, false);
       const CheckpointMeta meta = consolidate_checkpoint(path, output);
@@ -592,18 +468,6 @@ int cli_main(int argc, char** argv) {
                 << " checkpoint of " << meta.world_size << " rank(s)" << std::endl;
       return kExitOk;
     }
-    if (bench_gemm_cmd->parsed()) {
-      if (gemm_config.empty()) {
-        if (!gemm_sets.empty()) throw UserError("bench gemm: --set needs --config");
-        return bench_gemm(mlp_step_gemms(widths, bench_batch), bench_threads, bench_iters,
-                          gemm_shapes);
-      }
-      const Config gcfg = load_config(gemm_config, gemm_sets);
-      set_blas_threads(bench_threads);
-      return bench_gemm(record_step_gemms(gcfg), bench_threads, bench_iters, gemm_shapes);
-    }
-    if (bench_step_cmd->parsed()) return bench_step(load_config(step_config, step_sets), step_opts);
-    if (bench_tp_cmd->parsed()) return bench_tp(load_config(tp_config, tp_sets), tp_opts);
     if (plot->parsed()) {
       report::plot_runs(plot_dirs, plot_labels, plot_out, plot_opts);
       std::cout << "wrote " << plot_out << std::endl;

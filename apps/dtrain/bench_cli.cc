@@ -1,0 +1,162 @@
+// The `dtrain bench` subcommands on the command line (bench_cli.h).
+#include "dtrain/bench_cli.h"
+
+#include <stdlib.h>
+
+#include <filesystem>
+#include <iostream>
+#include <stdexcept>
+#include <system_error>
+
+#include "config/config.h"
+#include "dtrain/cli.h"
+#include "launch/launcher.h"
+#include "tensor/blas.h"
+#include "util/check.h"
+#include "util/interrupt.h"
+
+namespace dtrain {
+
+namespace fs = std::filesystem;
+
+void BenchCli::add(CLI::App& app) {
+  CLI::App* bench = app.add_subcommand("bench", "micro-benchmarks");
+  bench->require_subcommand(1);
+  add_gemm(bench);
+  add_step(bench);
+  add_comm(bench);
+  add_tp(bench);
+}
+
+void BenchCli::add_gemm(CLI::App* bench) {
+  gemm_cmd_ = bench->add_subcommand(
+      "gemm",
+      "time the GEMMs of one training step (an MLP's by --widths, or a config's model as a step "
+      "issues them): the bound on step time");
+  CLI::Option* widths_opt =
+      gemm_cmd_->add_option("--widths", widths_, "MLP layer widths, input first")
+          ->delimiter(',')
+          ->capture_default_str();
+  CLI::Option* batch_opt = gemm_cmd_->add_option("--batch", gemm_batch_, "rows per step (--widths)")
+                               ->capture_default_str();
+  gemm_cmd_
+      ->add_option("--config", gemm_config_,
+                   "YAML config: its model's step on a batch of data.batch_size training rows")
+      ->excludes(widths_opt)
+      ->excludes(batch_opt);
+  gemm_cmd_->add_option("--set", gemm_sets_, "override a config key (as for run); repeatable")
+      ->type_name("KEY=VALUE");
+  gemm_cmd_->add_option("--threads", gemm_threads_, "BLAS threads (0: all cores)")
+      ->capture_default_str();
+  gemm_cmd_
+      ->add_option("--iters", gemm_iters_, "timed steps (0: as many as fit in ~5 s, 10 to 300)")
+      ->capture_default_str();
+  gemm_cmd_->add_flag("--shapes", gemm_shapes_, "also print the step's GEMM time by shape");
+}
+
+void BenchCli::add_step(CLI::App* bench) {
+  step_cmd_ = bench->add_subcommand(
+      "step",
+      "a config's real 1-rank training run with its step's GEMMs replayed between blocks of "
+      "steps: the step's fraction of its GEMM bound, measured side by side");
+  step_cmd_->add_option("config", step_config_, "YAML config (one rank)")->required();
+  step_cmd_->add_option("--set", step_sets_, "override a config key (as for run); repeatable")
+      ->type_name("KEY=VALUE");
+  step_cmd_->add_option("--steps", step_opts_.steps, "optimizer steps")->capture_default_str();
+  step_cmd_->add_option("--block", step_opts_.block, "steps per block (and replays after it)")
+      ->capture_default_str();
+}
+
+void BenchCli::add_comm(CLI::App* bench) {
+  comm_cmd_ = bench->add_subcommand(
+      "comm", "collective bandwidth table (nccl-tests style: size, time, algbw, busbw)");
+  comm_cmd_->add_option("--backend", comm_backend_, "inproc | grpc")
+      ->check(CLI::IsMember({"inproc", "grpc"}))
+      ->capture_default_str();
+  comm_cmd_->add_option("--nproc", comm_nproc_, "ranks")->capture_default_str();
+  comm_cmd_->add_option("--op", comm_op_, "allreduce | reduce_scatter | allgather | broadcast")
+      ->check(CLI::IsMember({"allreduce", "reduce_scatter", "allgather", "broadcast"}))
+      ->capture_default_str();
+  comm_cmd_->add_option("--dtype", comm_dtype_, "float32 | int64 (int64: no reduce_scatter)")
+      ->check(CLI::IsMember({"float32", "int64"}))
+      ->capture_default_str();
+  comm_cmd_->add_option("--sizes", comm_sizes_, "message sizes, e.g. 1M,4M,16M,64M")
+      ->capture_default_str();
+  comm_cmd_->add_option("--iters", comm_iters_, "timed iterations per size (0: by size)");
+  comm_cmd_->add_flag("--json", comm_json_, "one JSON object per size instead of the table");
+  comm_cmd_->add_flag("--no-shm", comm_no_shm_,
+                      "grpc: gRPC streams only, no same-host shared memory");
+  comm_cmd_->add_flag("--worker", comm_worker_, "internal: run as one launched rank")->group("");
+}
+
+void BenchCli::add_tp(CLI::App* bench) {
+  tp_cmd_ = bench->add_subcommand(
+      "tp",
+      "a tensor-parallel GPT step's regions timed on T in-process ranks: what sequence "
+      "parallelism and a vocabulary-parallel head could save (README \"Tensor parallelism\")");
+  tp_cmd_->add_option("config", tp_config_, "YAML config of a gpt")->required();
+  tp_cmd_->add_option("--set", tp_sets_, "override a config key (as for run); repeatable")
+      ->type_name("KEY=VALUE");
+  tp_cmd_->add_option("--tp", tp_opts_.tp, "tensor-parallel sizes")
+      ->delimiter(',')
+      ->capture_default_str();
+  tp_cmd_->add_option("--iters", tp_opts_.iters, "timed repetitions per region")
+      ->capture_default_str();
+  tp_cmd_->add_flag("--json", tp_opts_.json, "one JSON object per size instead of the table");
+}
+
+std::optional<int> BenchCli::run(const char* argv0, const std::string& log_level) const {
+  if (comm_cmd_->parsed()) return run_comm(argv0, log_level);
+  if (gemm_cmd_->parsed()) return run_gemm();
+  if (step_cmd_->parsed()) return bench_step(load_config(step_config_, step_sets_), step_opts_);
+  if (tp_cmd_->parsed()) return bench_tp(load_config(tp_config_, tp_sets_), tp_opts_);
+  return std::nullopt;
+}
+
+int BenchCli::run_gemm() const {
+  if (gemm_config_.empty()) {
+    if (!gemm_sets_.empty()) throw UserError("bench gemm: --set needs --config");
+    return bench_gemm(mlp_step_gemms(widths_, gemm_batch_), gemm_threads_, gemm_iters_,
+                      gemm_shapes_);
+  }
+  const Config cfg = load_config(gemm_config_, gemm_sets_);
+  set_blas_threads(gemm_threads_);
+  return bench_gemm(record_step_gemms(cfg), gemm_threads_, gemm_iters_, gemm_shapes_);
+}
+
+// inproc: threads of this process. grpc: this process launches --nproc copies of itself as
+// `bench comm --worker` ranks (their logs in a temporary folder, kept on failure).
+int BenchCli::run_comm(const char* argv0, const std::string& log_level) const {
+  CommBenchOptions o;
+  o.op = comm_op_;
+  o.dtype = comm_dtype_;
+  if (o.dtype == "int64" && o.op == "reduce_scatter")
+    throw UserError("bench comm: --dtype int64 has no reduce_scatter");
+  o.sizes_bytes = parse_sizes(comm_sizes_);
+  o.iters = comm_iters_;
+  o.json = comm_json_;
+  o.shm = !comm_no_shm_;
+  if (comm_backend_ == "inproc") return bench_comm_inproc(comm_nproc_, o);
+  if (comm_worker_) return bench_comm_grpc_worker(o);
+  if (comm_nproc_ < 1 || comm_nproc_ > 1024) throw UserError("--nproc must be in [1, 1024]");
+  char tmpl[] = "/tmp/dtrain-bench-XXXXXX";
+  if (!::mkdtemp(tmpl)) throw std::runtime_error("cannot create a temp folder for rank logs");
+  LaunchOptions lo;
+  lo.nproc = comm_nproc_;
+  lo.log_dir = tmpl;
+  lo.child_argv = {self_exe(argv0), "bench",     "comm",    "--worker",
+                   "--backend",     "grpc",      "--op",    comm_op_,
+                   "--sizes",       comm_sizes_, "--iters", std::to_string(comm_iters_),
+                   "--log-level",   log_level,   "--dtype", comm_dtype_};
+  if (comm_json_) lo.child_argv.push_back("--json");
+  if (comm_no_shm_) lo.child_argv.push_back("--no-shm");
+  const int rc = launch_local(lo);
+  std::error_code ec;
+  if (rc == 0)
+    fs::remove_all(tmpl, ec);
+  else
+    std::cerr << "rank logs kept in " << tmpl << std::endl;
+  return rc == 0 ? kExitOk : kExitRuntime;
+}
+
+}  // namespace dtrain
