@@ -16,8 +16,8 @@ TEST_CASE("any_nonfinite finds a NaN or infinity at every position and no finite
   using L = std::numeric_limits<float>;
   const float bad[] = {L::quiet_NaN(), -L::quiet_NaN(), L::signaling_NaN(), L::infinity(),
                        -L::infinity()};
-  const float good[] = {L::max(), -L::max(), L::denorm_min(), -L::denorm_min(), L::min(),
-                        0.0f,     -0.0f,     1.0f,            -1.0e38f};
+  const float good[] = {L::max(), -L::max(), L::denorm_min(), -L::denorm_min(), L::min(), 0.0f,
+                        -0.0f,    1.0f,      -1.0e38f};
   for (int64_t n : {0, 1, 3, 15, 16, 17, 31, 32, 33, 70}) {
     std::vector<float> v(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = good[i % 9];
