@@ -104,6 +104,8 @@ double lr_at(const ScheduleConfig& s, double base_lr, int64_t step, int64_t tota
 
 // Sum of squares of g[0, n) in double precision (for the global gradient norm).
 double sum_squares(const float* g, int64_t n);
+// True when g[0, n) holds a NaN or an infinity (the non-finite guard's test, one pass).
+bool any_nonfinite(const float* g, int64_t n);
 // Multiplies g[0, n) by s.
 void scale_inplace(float* g, int64_t n, float s);
 // Clip factor for a global norm: min(1, max_norm / (norm + 1e-6)); 1 when max_norm <= 0.

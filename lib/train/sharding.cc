@@ -146,23 +146,7 @@ void ShardLayout::shard_to_full(int r, const float* shard, float* full, int64_t 
               full + (u.own_begin(r) - base));
 }
 
-namespace {
-
-// True when buf[0, n) holds a NaN or infinity: x * 0 is 0 for finite x and NaN otherwise; eight
-// independent lanes so the loop vectorises without reassociating.
-bool any_nonfinite(const float* buf, int64_t n) {
-  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    for (int k = 0; k < 8; ++k) acc[k] += buf[i + k] * 0.0f;
-  for (; i < n; ++i) acc[0] += buf[i] * 0.0f;
-  float t = 0.0f;
-  for (float a : acc) t += a;
-  return std::isnan(t);
-}
-
-}  // namespace
-
+// any_nonfinite: optim/optimizer.h.
 int64_t first_nonfinite_param(const Model& m, const float* buf,
                               const std::vector<ShardRange>& ranges) {
   int64_t best = -1;
