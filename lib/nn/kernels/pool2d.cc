@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "nn/kernels/geometry_util.h"
+#include "nn/kernels/pool2d_2x2.h"
 #include "util/check.h"
 
 namespace dtrain {
@@ -81,6 +82,8 @@ void max_window_with_nan(const float* plane, int32_t first, int64_t w, int64_t k
 
 void max_pool2d_forward(const Pool2dGeometry& g, const float* x, float* y, int32_t* argmax) {
   check(g);
+  if (kernels_detail::is_max_pool_2x2(g))
+    return kernels_detail::max_pool2d_2x2_forward(g, x, y, argmax);
   const int64_t ow = g.out_width(), sw = g.stride_w, w = g.width, kh = g.kernel_h, kw = g.kernel_w;
   for_each_out_row(g, [&](int64_t in, int64_t out, int64_t top) {
     const float* plane = x + in;
@@ -112,6 +115,8 @@ void max_pool2d_forward(const Pool2dGeometry& g, const float* x, float* y, int32
 void max_pool2d_backward(const Pool2dGeometry& g, const float* dy, const int32_t* argmax,
                          float* dx) {
   check(g);
+  if (kernels_detail::is_max_pool_2x2(g))
+    return kernels_detail::max_pool2d_2x2_backward(g, dy, argmax, dx);
   const int64_t hw = g.height * g.width, ow = g.out_width();
   std::fill(dx, dx + g.batch * g.in_sample(), 0.0f);
   for_each_out_row(g, [&](int64_t in, int64_t out, int64_t) {
