@@ -95,7 +95,7 @@ GrpcTransport::GrpcTransport(const GrpcOptions& o, const GrpcTuning& tune)
 
 grpc::ServerReadReactor<grpc::ByteBuffer>* GrpcTransport::open_in_stream(
     grpc::CallbackServerContext* ctx, grpc::ByteBuffer* response) {
-  if (!authorized(ctx, o_.token, rank_, "a data stream"))
+  if (!authorized(ctx, o_.token, fmt::format("rank {}", rank_), "a data stream"))
     return new RefuseStream(
         grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "wrong or missing job token"));
   const auto& md = ctx->client_metadata();

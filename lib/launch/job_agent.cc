@@ -250,7 +250,7 @@ JobAgent::JobAgent(const AgentOptions& o) : impl_(std::make_unique<Impl>()), hos
   if (o.node_rank == 0) {
     impl_->mem = std::make_unique<MemoryStore>();
     impl_->service =
-        std::make_unique<grpc_detail::StoreService>(impl_->mem.get(), o.token, /*self=*/0);
+        std::make_unique<grpc_detail::StoreService>(impl_->mem.get(), o.token, "node 0's launcher");
     grpc::ServerBuilder b;
     int bound = 0;
     const std::string any = o.master_addr.find(':') != std::string::npos ? "::" : "0.0.0.0";

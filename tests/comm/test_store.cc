@@ -98,7 +98,7 @@ TEST_CASE("store: asynchronous waits end once, by the keys, the deadline or shut
 
 TEST_CASE("store: over gRPC, clients wait for keys others set, a wrong token is refused") {
   MemoryStore m;
-  StoreService service(&m, "tok", 0);
+  StoreService service(&m, "tok", "rank 0");
   grpc::ServerBuilder b;
   int port = 0;
   b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);

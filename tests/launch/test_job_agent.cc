@@ -1,7 +1,13 @@
 // The launchers' agreement (job_agent.h): two agents of one job on loopback, as threads.
 #include <doctest/doctest.h>
 
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
 #include <future>
+#include <memory>
+#include <sstream>
 #include <string>
 #include <thread>
 
@@ -164,13 +170,22 @@ TEST_CASE("JobAgent: a disagreeing node, a wrong token and a missing node are re
     AgentOptions wrong = agent_options(1, port2, "another-token");
     wrong.join_timeout_s = 2;
     JobAgent a1(wrong);
+    std::ostringstream log;
+    auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(log);
+    spdlog::default_logger()->sinks().push_back(sink);
     std::string e = "<no error>";
     try {
       a1.join(2);
     } catch (const std::runtime_error& x) {
       e = x.what();
     }
+    auto& sinks = spdlog::default_logger()->sinks();
+    sinks.erase(std::remove(sinks.begin(), sinks.end(), sink), sinks.end());
     CHECK(contains(e, "refused this node's job token"));
+    // Node 0's side names the launcher, not a rank that does not exist yet.
+    INFO("log: ", log.str());
+    CHECK(contains(log.str(), "node 0's launcher: refused a rendezvous call"));
+    CHECK(!contains(log.str(), "rank 0: refused"));
   }
   {
     const int port3 = pick_free_port();

@@ -34,14 +34,14 @@ bool token_equal(std::string_view expected, std::string_view got) {
   return diff == 0;
 }
 
-bool authorized(const grpc::CallbackServerContext* ctx, const std::string& token, int self,
-                const char* what) {
+bool authorized(const grpc::CallbackServerContext* ctx, const std::string& token,
+                std::string_view who, const char* what) {
   const auto& md = ctx->client_metadata();
   const auto it = md.find(kGrpcTokenKey);
   const std::string_view got =
       it == md.end() ? std::string_view() : std::string_view(it->second.data(), it->second.size());
   if (token_equal(token, got)) return true;
-  spdlog::warn("rank {}: refused {} from {}: {} job token", self, what, ctx->peer(),
+  spdlog::warn("{}: refused {} from {}: {} job token", who, what, ctx->peer(),
                it == md.end() ? "missing" : "wrong");
   return false;
 }

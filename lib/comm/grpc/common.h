@@ -19,9 +19,10 @@ bool is_wildcard(const std::string& host);
 // Constant-time in the content of `got` (the time depends only on the lengths), so a client
 // cannot find the token byte by byte.
 bool token_equal(std::string_view expected, std::string_view got);
-// True when ctx carries the job token (logged as a warning naming `what` otherwise).
-bool authorized(const grpc::CallbackServerContext* ctx, const std::string& token, int self,
-                const char* what);
+// True when ctx carries the job token; otherwise logs a warning "<who>: refused <what> from
+// <peer>" (who: "rank 3", "node 0's launcher").
+bool authorized(const grpc::CallbackServerContext* ctx, const std::string& token,
+                std::string_view who, const char* what);
 // gRPC takes system_clock deadlines only.
 std::chrono::system_clock::time_point wall(Clock::time_point t);
 Clock::duration secs_dur(double s);

@@ -161,7 +161,7 @@ void Heartbeats::check_peers(Clock::time_point now, Clock::time_point baseline) 
 grpc::ServerUnaryReactor* Heartbeats::on_beat(grpc::CallbackServerContext* ctx,
                                               const wire::Heartbeat* req) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  if (!authorized(ctx, token_, rank_, "a heartbeat")) {
+  if (!authorized(ctx, token_, fmt::format("rank {}", rank_), "a heartbeat")) {
     reactor->Finish(grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "wrong or missing job token"));
     return reactor;
   }

@@ -99,7 +99,7 @@ RendezvousHost::RendezvousHost(const GrpcOptions& o, Clock::time_point deadline)
       deadline_(deadline),
       coord_(o.world_size, o.config_hash),
       store_([this](const std::string& k, const std::string& v) { on_set(k, v); }),
-      service_(std::make_unique<StoreService>(&store_, o.token, o.rank)) {
+      service_(std::make_unique<StoreService>(&store_, o.token, fmt::format("rank {}", o.rank))) {
   timer_ = std::thread([this] { timer_loop(); });
 }
 

@@ -20,8 +20,8 @@ Deadline after_ms(uint64_t ms) {
 }
 }  // namespace
 
-StoreService::StoreService(MemoryStore* store, std::string token, int self)
-    : store_(store), token_(std::move(token)), self_(self) {
+StoreService::StoreService(MemoryStore* store, std::string token, std::string who)
+    : store_(store), token_(std::move(token)), who_(std::move(who)) {
   expirer_ = std::thread([this] {
     std::unique_lock<std::mutex> lk(mu_);
     while (!cv_.wait_for(lk, kExpireEvery, [&] { return stop_; })) {
@@ -42,7 +42,7 @@ StoreService::~StoreService() {
 }
 
 bool StoreService::refused(grpc::CallbackServerContext* ctx, grpc::ServerUnaryReactor* r) {
-  if (authorized(ctx, token_, self_, "a rendezvous call")) return false;
+  if (authorized(ctx, token_, who_, "a rendezvous call")) return false;
   r->Finish(grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "wrong or missing job token"));
   return true;
 }

@@ -21,9 +21,11 @@ namespace dtrain::grpc_detail {
 
 class StoreService final : public wire::Store::CallbackService {
  public:
-  // Serves `store` to clients with `token` (rank `self` logs refusals). Runs a thread that
-  // expires waits past their deadline.
-  StoreService(MemoryStore* store, std::string token, int self);
+  // Serves `store` to clients with `token` (refusals are logged as "<who>: refused ..."). Runs a
+  // thread that expires waits past their deadline.
+  StoreService(MemoryStore* store, std::string token, std::string who);
+  // A rank number is no name: 0 would convert to a null std::string.
+  StoreService(MemoryStore* store, std::string token, int rank) = delete;
   ~StoreService() override;
 
   grpc::ServerUnaryReactor* Set(grpc::CallbackServerContext* ctx, const wire::StoreRequest* req,
@@ -46,7 +48,7 @@ class StoreService final : public wire::Store::CallbackService {
 
   MemoryStore* const store_;
   const std::string token_;
-  const int self_;
+  const std::string who_;  // names the host in refusal warnings
   std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;
