@@ -97,18 +97,10 @@ bool tp_fits(const ModelConfig& mc, int t) {
   return t > 1 && mc.n_head % t == 0 && (4 * mc.n_embd) % t == 0 && kVocab % t == 0;
 }
 
-// The TP block's elementwise loops (nn/tp_gpt.cc): out = a + b; y[r, :] += b; gb += column sums.
-void add_into(const Tensor& a, const Tensor& b, Tensor& out) {
-  for (int64_t i = 0; i < a.numel(); ++i) out.data()[i] = a.data()[i] + b.data()[i];
-}
-void add_rows(float* y, const float* b, int64_t rows, int64_t n) {
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t j = 0; j < n; ++j) y[r * n + j] += b[j];
-}
-void sum_rows(const float* d, float* gb, int64_t rows, int64_t n) {
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t j = 0; j < n; ++j) gb[j] += d[r * n + j];
-}
+// The TP block's elementwise loops, the same code (nn/layer_util.h).
+using nn_detail::add_into;
+using nn_detail::add_rows;
+using nn_detail::sum_rows;
 
 // (a): the replicated regions of one step, on [B, S, C] tensors of this rank.
 void time_replicated(Communicator& comm, int iters, const ModelConfig& mc, int64_t batch,

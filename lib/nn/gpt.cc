@@ -16,6 +16,7 @@
 namespace dtrain {
 namespace {
 
+using nn_detail::add_into;
 using nn_detail::batch_of;
 using nn_detail::resize_batch;
 using nn_detail::saved_slot;
@@ -262,15 +263,6 @@ class Block final : public Layer {
     if (m.numel() == 0) return d;
     masked(d, m, buf, batch, tc_);
     return buf;
-  }
-  // out = a + b, elementwise (out may alias a or b).
-  static void add_into(const Tensor& a, const Tensor& b, Tensor& out) {
-    DT_CHECK_EQ(a.numel(), b.numel());
-    DT_CHECK_EQ(out.numel(), a.numel());
-    const float* pa = a.data();
-    const float* pb = b.data();
-    float* po = out.data();
-    for (int64_t i = 0; i < a.numel(); ++i) po[i] = pa[i] + pb[i];
   }
   AttentionDims dims(int64_t batch) const { return {batch, seq_, n_head_, embd_}; }
 

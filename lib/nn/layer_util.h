@@ -63,4 +63,26 @@ inline Tensor& saved_slot(LayerState& st, size_t k) {
   return st.saved[k];
 }
 
+// out = a + b, elementwise (out may alias a or b): a block's residual adds.
+inline void add_into(const Tensor& a, const Tensor& b, Tensor& out) {
+  DT_CHECK_EQ(a.numel(), b.numel());
+  DT_CHECK_EQ(out.numel(), a.numel());
+  const float* pa = a.data();
+  const float* pb = b.data();
+  float* po = out.data();
+  for (int64_t i = 0; i < a.numel(); ++i) po[i] = pa[i] + pb[i];
+}
+
+// y[r, :] += b for every row r of y [rows, n] (a bias added after a row-parallel all-reduce).
+inline void add_rows(float* y, const float* b, int64_t rows, int64_t n) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < n; ++j) y[r * n + j] += b[j];
+}
+
+// gb += the column sums of d [rows, n] (that bias's gradient).
+inline void sum_rows(const float* d, float* gb, int64_t rows, int64_t n) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < n; ++j) gb[j] += d[r * n + j];
+}
+
 }  // namespace dtrain::nn_detail

@@ -13,8 +13,11 @@
 namespace dtrain {
 namespace {
 
+using nn_detail::add_into;
+using nn_detail::add_rows;
 using nn_detail::batch_of;
 using nn_detail::resize_batch;
+using nn_detail::sum_rows;
 
 constexpr double kInitStd = 0.02;  // nanoGPT's (nn/gpt.cc)
 
@@ -84,17 +87,6 @@ std::vector<TpPiece> pieces_of(const std::vector<ParamSpec>& local,
     go += shape_numel(global[i].shape);
   }
   return out;
-}
-
-// y[r, :] += b for every row r of y [rows, n].
-void add_rows(float* y, const float* b, int64_t rows, int64_t n) {
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t j = 0; j < n; ++j) y[r * n + j] += b[j];
-}
-// gb += the column sums of d [rows, n].
-void sum_rows(const float* d, float* gb, int64_t rows, int64_t n) {
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t j = 0; j < n; ++j) gb[j] += d[r * n + j];
 }
 
 // Block forward/backward as nn/gpt.cc's Block, with c_attn and mlp.c_fc column-parallel and the
@@ -302,11 +294,6 @@ class TpBlock final : public Layer {
     resize_batch(buf, batch, tc_);
     for (int64_t i = 0; i < d.numel(); ++i) buf.data()[i] = d.data()[i] * m.data()[i];
     return buf;
-  }
-  static void add_into(const Tensor& a, const Tensor& b, Tensor& out) {
-    DT_CHECK_EQ(a.numel(), b.numel());
-    DT_CHECK_EQ(out.numel(), a.numel());
-    for (int64_t i = 0; i < a.numel(); ++i) out.data()[i] = a.data()[i] + b.data()[i];
   }
   AttentionDims dims(int64_t batch) const { return {batch, seq_, hl_, cl_}; }
 
