@@ -2,6 +2,11 @@
 // so N ranks report what one process reports for the same parameters, and both what `dtrain
 // eval` computes (a float all-reduce kept 24 bits: about 1e-8 relative on the loss and, past 2^24
 // correct targets, a wrong count).
+//
+// The loss is compared to 1e-9 relative, not closer: a rank's shard ends in a shorter last batch
+// than one process's, and some OpenBLAS kernels (Zen's, measured 2026-12-02) round rows of a
+// partial GEMM tile differently in the last bit, which moves a mean over 20,000 samples by about
+// 2e-10. A float all-reduce of the sums would be off by ~1e-8, so the check still tells them apart.
 #include <doctest/doctest.h>
 
 #include "data/dataset.h"
@@ -53,7 +58,7 @@ TEST_CASE("eval over 1, 2, 3 and 5 ranks reports one process's test loss and acc
                                 {std::string("distributed.world_size=") + w,
                                  std::string("distributed.strategy=") + strategy});
       CHECK(s["test_accuracy"].get<double>() == acc);
-      CHECK(std::abs(s["test_loss"].get<double>() - loss) <= 1e-12 * loss);
+      CHECK(std::abs(s["test_loss"].get<double>() - loss) <= 1e-9 * loss);
     }
   }
 }
