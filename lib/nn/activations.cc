@@ -39,8 +39,7 @@ inline float tanh_approx(float x) {
 // Each op: f(x) -> y and df(x, y, dy) -> dx, using whichever of x or y is cheaper.
 struct Relu {
   static constexpr const char* kName = "relu";
-  // x < 0 ? 0 : x keeps NaN visible downstream (as PyTorch does).
-  static float f(float x) { return x < 0.0f ? 0.0f : x; }
+  static float f(float x) { return nn_detail::relu(x); }
   static float df(float, float y, float dy) { return y > 0.0f ? dy : 0.0f; }
 };
 

@@ -41,6 +41,15 @@ std::string pool2d_error(const Shape& in_shape, const Pool2dSpec& spec);
 std::unique_ptr<Layer> make_max_pool2d(const Shape& in_shape, const Pool2dSpec& spec);
 std::unique_ptr<Layer> make_avg_pool2d(const Shape& in_shape, const Pool2dSpec& spec);
 
+// conv2d, then ReLU, then (when max_pool is set) max_pool2d, as one layer: the sequential model
+// builder (nn/registry.h) fuses a conv2d followed by relu, and a max_pool2d after those, into
+// one element. Each sample's convolution output is rectified and pooled while it is in cache,
+// and only the element's output (and the pool's argmax) is kept, so the big intermediate
+// tensors and their memory-bound passes are gone. Parameters, names, init, outputs and
+// gradients are bitwise those of the separate layers (see conv_relu_layer.cc).
+std::unique_ptr<Layer> make_conv2d_relu(const Shape& in_shape, const Conv2dSpec& conv,
+                                        const std::optional<Pool2dSpec>& max_pool);
+
 // [d1, d2, ...] -> [d1 d2 ...] (nn.Flatten: every per-sample dimension into one). Any shape.
 std::unique_ptr<Layer> make_flatten(const Shape& in_shape);
 

@@ -32,6 +32,11 @@ inline void resize_1d(Tensor& t, int64_t n) {
   t.resize({n});
 }
 
+// The ReLU rule: x < 0 ? 0 : x, which keeps NaN visible downstream (as PyTorch does).
+inline float relu(float x) {
+  return x < 0.0f ? 0.0f : x;
+}
+
 // Marks "nothing saved" (numel 0) without allocating when already empty.
 inline void clear(Tensor& t) {
   if (t.numel() != 0) t.resize({0});

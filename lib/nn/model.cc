@@ -101,16 +101,20 @@ const ParamEntry* Model::find(const std::string& name) const {
 
 std::string Model::describe() const {
   std::ostringstream os;
-  char line[160];
-  std::snprintf(line, sizeof line, "%5s  %-10s  %26s  %12s\n", "layer", "kind", "in -> out",
-                "params");
+  char line[200];
+  // The element's index (what pipeline stages and FSDP units count), its parameter-name prefix
+  // (a fused element keeps its first list entry's: the next element may be "layers.3"), and
+  // kinds up to 22 characters ("conv2d+relu+max_pool2d") without breaking the columns.
+  std::snprintf(line, sizeof line, "%5s  %-16s  %-22s  %26s  %12s\n", "layer", "name", "kind",
+                "in -> out", "params");
   os << line;
   // A flat shape prints as its width ("784 -> 512"), others as shapes ("[1, 28, 28] -> ...").
   auto str = [](const Shape& s) { return s.size() == 1 ? std::to_string(s[0]) : shape_str(s); };
   for (size_t i = 0; i < layers_.size(); ++i) {
     const Layer& l = *layers_[i].layer;
     const std::string io = str(l.in_shape()) + " -> " + str(l.out_shape());
-    std::snprintf(line, sizeof line, "%5zu  %-10s  %26s  %12lld\n", i, l.kind().c_str(), io.c_str(),
+    std::snprintf(line, sizeof line, "%5zu  %-16s  %-22s  %26s  %12lld\n", i,
+                  layers_[i].prefix.c_str(), l.kind().c_str(), io.c_str(),
                   static_cast<long long>(l.param_count()));
     os << line;
   }
@@ -143,7 +147,7 @@ const Tensor& Model::forward(const float* params, const Tensor& x, Activations& 
     DT_CHECK_GE(layer_begin(i), base);
     const FlushSubnormals flush;  // tensor/fp_mode.h: subnormals cost ~100 cycles each
     // Keyed dropout masks: one site per element.
-    lctx.site = static_cast<int64_t>(i);
+    lctx.site = layers_[i].site >= 0 ? layers_[i].site : static_cast<int64_t>(i);
     layers_[i].layer->forward(params + (layer_begin(i) - base), *in, acts.out[i], acts.state[i],
                               lctx);
     in = &acts.out[i];

@@ -50,6 +50,9 @@ struct ModelElement {
   // The stream (seed, init_stream) the element initialises from; -1: its index. A tied copy's
   // element draws from its primary's stream, so both start equal wherever each is initialised.
   int64_t init_stream = -1;
+  // The element's dropout site (LayerCtx::site); -1: its index. A fused element keeps its first
+  // list entry's (nn/registry.cc), so masks do not depend on fusion.
+  int64_t site = -1;
 };
 
 // Two copies of one parameter (weight tying): `mirror` is kept equal to `primary` (indices into

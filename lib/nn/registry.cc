@@ -1,6 +1,7 @@
 #include "nn/registry.h"
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -11,6 +12,31 @@
 
 namespace dtrain {
 namespace {
+
+Conv2dSpec conv_spec(const LayerSpec& spec) {
+  return {spec.out, spec.kernel, spec.stride > 0 ? spec.stride : 1, spec.padding};
+}
+
+Pool2dSpec pool_spec(const LayerSpec& spec) {
+  Pool2dSpec p;
+  p.kernel = spec.kernel;
+  if (spec.stride > 0) p.stride = spec.stride;
+  return p;
+}
+
+std::string where_of(const std::vector<LayerSpec>& specs, size_t i) {
+  return "model.layers[" + std::to_string(i) + "] (" + std::string(to_string(specs[i].kind)) + ")";
+}
+
+// How many list entries from i form one fused element: 3 for conv2d, relu, max_pool2d; 2 for
+// conv2d, relu; else 1 (make_conv2d_relu, nn/image_layers.h).
+size_t fused_span(const std::vector<LayerSpec>& specs, size_t i) {
+  const auto kind_at = [&](size_t j, LayerKind k) {
+    return j < specs.size() && specs[j].kind == k;
+  };
+  if (!kind_at(i, LayerKind::kConv2d) || !kind_at(i + 1, LayerKind::kRelu)) return 1;
+  return kind_at(i + 2, LayerKind::kMaxPool2d) ? 3 : 2;
+}
 
 // Layer i of `spec` built for input shape `in`; "" from the *_error checks means it fits.
 std::unique_ptr<Layer> make_sequential_layer(const LayerSpec& spec, const Shape& in,
@@ -23,15 +49,13 @@ std::unique_ptr<Layer> make_sequential_layer(const LayerSpec& spec, const Shape&
       fits(in.empty() ? "needs an input with at least one dimension" : "");
       return make_linear(in, spec.out, Init::kTorch);
     case LayerKind::kConv2d: {
-      const Conv2dSpec c{spec.out, spec.kernel, spec.stride > 0 ? spec.stride : 1, spec.padding};
+      const Conv2dSpec c = conv_spec(spec);
       fits(conv2d_error(in, c));
       return make_conv2d(in, c);
     }
     case LayerKind::kMaxPool2d:
     case LayerKind::kAvgPool2d: {
-      Pool2dSpec p;
-      p.kernel = spec.kernel;
-      if (spec.stride > 0) p.stride = spec.stride;
+      const Pool2dSpec p = pool_spec(spec);
       fits(pool2d_error(in, p));
       return spec.kind == LayerKind::kMaxPool2d ? make_max_pool2d(in, p) : make_avg_pool2d(in, p);
     }
@@ -62,12 +86,14 @@ Model build_sequential(const std::vector<LayerSpec>& specs, const ModelInput& in
         "model.layers is empty: model.type sequential needs a layer list, e.g. "
         "[{linear: 128}, relu, {linear: " +
         std::to_string(in.num_classes) + "}]");
+  // Every list entry is built (and checked, with its own index in errors) as its own layer
+  // first; fused runs then replace theirs. An element keeps its first entry's name
+  // ("layers.<i>"), init stream and dropout site, so parameters, their init and dropout masks
+  // do not depend on fusion.
   std::vector<std::unique_ptr<Layer>> layers;
   Shape shape = in.sample;
   for (size_t i = 0; i < specs.size(); ++i) {
-    const std::string where =
-        "model.layers[" + std::to_string(i) + "] (" + std::string(to_string(specs[i].kind)) + ")";
-    layers.push_back(make_sequential_layer(specs[i], shape, where));
+    layers.push_back(make_sequential_layer(specs[i], shape, where_of(specs, i)));
     shape = layers.back()->out_shape();
   }
   if (shape != Shape{in.num_classes})
@@ -75,7 +101,23 @@ Model build_sequential(const std::vector<LayerSpec>& specs, const ModelInput& in
                     " per sample, but the data has " + std::to_string(in.num_classes) +
                     " classes: end the list with {linear: " + std::to_string(in.num_classes) +
                     "} (after a flatten for image shapes)");
-  return Model(std::move(layers));
+  std::vector<ModelElement> elements;
+  for (size_t i = 0; i < specs.size();) {
+    const size_t n = fused_span(specs, i);
+    ModelElement e;
+    e.prefix = "layers." + std::to_string(i);
+    e.init_stream = e.site = static_cast<int64_t>(i);
+    if (n == 1) {
+      e.layer = std::move(layers[i]);
+    } else {
+      std::optional<Pool2dSpec> pool;
+      if (n == 3) pool = pool_spec(specs[i + 2]);
+      e.layer = make_conv2d_relu(layers[i]->in_shape(), conv_spec(specs[i]), pool);
+    }
+    elements.push_back(std::move(e));
+    i += n;
+  }
+  return Model(std::move(elements));
 }
 
 Model build_model(const ModelConfig& cfg, const ModelInput& in) {

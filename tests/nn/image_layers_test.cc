@@ -170,6 +170,12 @@ TEST_CASE("image layers: finite-difference gradients through the Layer interface
   check_layer(*make_avg_pool2d({3, 6, 7}, {2, std::nullopt}), random_images(2, {3, 6, 7}, 6), 16);
   check_layer(*make_avg_pool2d({2, 5, 5}, {3, 1}), random_images(1, {2, 5, 5}, 7), 17);
   check_layer(*make_flatten({3, 2, 2}), random_images(2, {3, 2, 2}, 8), 18);
+  // The fused conv2d + relu (+ max_pool2d) element; distinct inputs keep ReLU and max kinks
+  // away from the finite-difference steps.
+  check_layer(*make_conv2d_relu({2, 6, 6}, {3, 3, 1, 1}, Pool2dSpec{2, std::nullopt}),
+              distinct_images(2, {2, 6, 6}, 9), 19);
+  check_layer(*make_conv2d_relu({1, 5, 5}, {2, 3, 2, 1}, std::nullopt),
+              distinct_images(2, {1, 5, 5}, 10), 20);
 }
 
 // Average pooling here: perturbing the first conv's weights moves every activation, and max

@@ -1,0 +1,172 @@
+// conv2d -> ReLU [-> max_pool2d] as one element (make_conv2d_relu, nn/image_layers.h).
+//
+// Why: run as three layers, cnn-ref's first block writes its [B, 32, 28, 28] convolution
+// output (12.8 MB at batch 128), reads it back for the ReLU, writes the ReLU's output, reads
+// that for the pool, and backward makes the same passes the other way: memory-bound passes that
+// cost ~16% of a step (perf, 2026-12-02). Here each sample's convolution output [O, OH OW]
+// (100 KB for cnn-ref's first conv) stays in a per-call scratch, in cache, while it is
+// rectified and pooled; only the element's output (the pooled one, or the rectified one without
+// a pool) and the pool's argmax are kept.
+//
+// Exactness: the same kernels run in the same order as the three layers do -- conv2d_forward
+// and conv2d_backward one sample at a time, which is what their default chunk of 1 does over a
+// batch -- so outputs and gradients are bitwise those of the unfused layers (tested). Backward
+// masks with the rule of the ReLU layer, dx = (y > 0 ? dy : 0) on its output y: with a pool,
+// gradient reaches only argmax positions, where the ReLU's output is the pooled value, so the
+// mask is applied to the pooled gradient before it is routed back (windows that share an argmax
+// share its value, so they mask alike).
+//
+// State: index holds the argmax (pool only); work[0] the sample's convolution output or
+// gradient, work[1] the sample's masked pooled gradient; scratch conv2d's im2col buffer.
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "nn/image_layers.h"
+#include "nn/kernels/conv2d.h"
+#include "nn/kernels/pool2d.h"
+#include "nn/kernels/torch_init.h"
+#include "nn/layer_util.h"
+#include "util/check.h"
+
+namespace dtrain {
+namespace {
+
+using nn_detail::batch_of;
+using nn_detail::relu;
+using nn_detail::resize_1d;
+using nn_detail::resize_batch;
+
+Conv2dGeometry conv_geometry(const Shape& in, const Conv2dSpec& s) {
+  return conv2d_geometry(1, in[0], in[1], in[2], s.out_channels, s.kernel, s.stride, s.padding);
+}
+
+Pool2dGeometry pool_geometry(const Conv2dGeometry& c, const Pool2dSpec& p) {
+  return pool2d_geometry(1, c.out_channels, c.out_height(), c.out_width(), p.kernel, p.stride);
+}
+
+Shape out_shape_of(const Conv2dGeometry& c, const std::optional<Pool2dSpec>& pool) {
+  if (!pool) return {c.out_channels, c.out_height(), c.out_width()};
+  const Pool2dGeometry p = pool_geometry(c, *pool);
+  return {p.channels, p.out_height(), p.out_width()};
+}
+
+// y[i] = relu(y[i]) in place, the ReLU layer's forward rule.
+void rectify(float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = relu(y[i]);
+}
+
+// d[i] = y[i] > 0 ? dy[i] : 0, the ReLU layer's backward rule on its output y.
+void relu_mask(const float* y, const float* dy, float* d, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) d[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+}
+
+class Conv2dRelu final : public Layer {
+ public:
+  Conv2dRelu(const Shape& in_shape, const Conv2dSpec& c, const std::optional<Pool2dSpec>& pool)
+      : Layer(in_shape, out_shape_of(conv_geometry(in_shape, c), pool)),
+        g_(conv_geometry(in_shape, c)),
+        pool_(pool) {
+    if (pool_) pg_ = pool_geometry(g_, *pool_);
+  }
+
+  std::string kind() const override { return pool_ ? "conv2d+relu+max_pool2d" : "conv2d+relu"; }
+  std::vector<ParamSpec> params() const override {
+    return {{"weight", {g_.out_channels, g_.channels, g_.kernel_h, g_.kernel_w}},
+            {"bias", {g_.out_channels}}};
+  }
+  // The three layers' figures (nn/conv2d_layer.cc, activations, pool2d_layer.cc) summed.
+  double flops_per_sample() const override {
+    double f = static_cast<double>(g_.out_sample()) * static_cast<double>(g_.patch() + 1);
+    if (pool_) f += static_cast<double>(pg_.out_sample() * pg_.kernel_h * pg_.kernel_w);
+    return f;
+  }
+
+  void init(float* p, Rng& rng) const override {
+    torch_default_init(p, g_.weight_count(), p + g_.weight_count(), g_.out_channels, g_.patch(),
+                       rng);
+  }
+
+  void forward(const float* p, const Tensor& x, Tensor& y, LayerState& st,
+               const LayerCtx& ctx) const override;
+  void backward(const float* p, float* g, const Tensor& x, const Tensor& y, const LayerState& st,
+                const Tensor& dy, Tensor* dx, const LayerCtx& ctx) const override;
+
+ private:
+  Conv2dGeometry g_;  // batch 1: the kernels run one sample at a time
+  std::optional<Pool2dSpec> pool_;
+  Pool2dGeometry pg_;  // batch 1; set when pool_ is
+};
+
+void Conv2dRelu::forward(const float* p, const Tensor& x, Tensor& y, LayerState& st,
+                         const LayerCtx& ctx) const {
+  (void)ctx;
+  const int64_t batch = batch_of(x, in_features());
+  resize_batch(y, batch, out_shape());
+  const float* w = p;
+  const float* b = p + g_.weight_count();
+  const int64_t in = g_.in_sample(), conv = g_.out_sample(), out = out_features();
+  if (!pool_) {
+    for (int64_t s = 0; s < batch; ++s) {
+      float* ys = y.data() + s * out;
+      conv2d_forward(g_, x.data() + s * in, w, b, ys, st.scratch);
+      rectify(ys, conv);
+    }
+    return;
+  }
+  if (st.work.empty()) st.work.resize(2);
+  resize_1d(st.work[0], conv);
+  float* c = st.work[0].data();
+  // resize() within the capacity of earlier calls does not allocate.
+  st.index.resize(static_cast<size_t>(batch * out));
+  for (int64_t s = 0; s < batch; ++s) {
+    conv2d_forward(g_, x.data() + s * in, w, b, c, st.scratch);
+    rectify(c, conv);
+    max_pool2d_forward(pg_, c, y.data() + s * out, st.index.data() + s * out);
+  }
+}
+
+void Conv2dRelu::backward(const float* p, float* g, const Tensor& x, const Tensor& y,
+                          const LayerState& st, const Tensor& dy, Tensor* dx,
+                          const LayerCtx& ctx) const {
+  (void)ctx;
+  const int64_t batch = batch_of(x, in_features());
+  DT_CHECK_EQ(dy.numel(), batch * out_features());
+  DT_CHECK_EQ(y.numel(), dy.numel());
+  if (dx != nullptr) resize_batch(*dx, batch, in_shape());
+  const int64_t in = g_.in_sample(), conv = g_.out_sample(), out = out_features();
+  if (pool_) DT_CHECK_EQ(static_cast<int64_t>(st.index.size()), dy.numel());  // this forward's
+  if (st.work.size() < 2) st.work.resize(2);
+  resize_1d(st.work[0], conv);
+  if (pool_) resize_1d(st.work[1], out);
+  float* dc = st.work[0].data();
+  for (int64_t s = 0; s < batch; ++s) {
+    const float* ys = y.data() + s * out;
+    const float* dys = dy.data() + s * out;
+    if (pool_) {
+      float* dp = st.work[1].data();
+      relu_mask(ys, dys, dp, out);
+      max_pool2d_backward(pg_, dp, st.index.data() + s * out, dc);
+    } else {
+      relu_mask(ys, dys, dc, conv);
+    }
+    conv2d_backward(g_, x.data() + s * in, p, dc, g, g + g_.weight_count(),
+                    dx != nullptr ? dx->data() + s * in : nullptr, st.scratch);
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<Layer> make_conv2d_relu(const Shape& in_shape, const Conv2dSpec& conv,
+                                        const std::optional<Pool2dSpec>& max_pool) {
+  const std::string e = conv2d_error(in_shape, conv);
+  DT_CHECK_MSG(e.empty(), e);
+  if (max_pool) {
+    const Conv2dGeometry g = conv_geometry(in_shape, conv);
+    const std::string pe = pool2d_error({g.out_channels, g.out_height(), g.out_width()}, *max_pool);
+    DT_CHECK_MSG(pe.empty(), pe);
+  }
+  return std::make_unique<Conv2dRelu>(in_shape, conv, max_pool);
+}
+
+}  // namespace dtrain
