@@ -122,6 +122,16 @@ void bench_comm_rank(Communicator& comm, const CommBenchOptions& o) {
   }
 }
 
+namespace {
+
+CommOptions comm_options(const CommBenchOptions& o) {
+  CommOptions c;
+  c.segment_bytes = o.segment_bytes;
+  return c;
+}
+
+}  // namespace
+
 int bench_comm_inproc(int nproc, const CommBenchOptions& o) {
   if (nproc < 1) throw UserError("bench comm: --nproc must be >= 1");
   auto transports = make_inproc_group(nproc);
@@ -129,7 +139,7 @@ int bench_comm_inproc(int nproc, const CommBenchOptions& o) {
   std::vector<std::string> errors(static_cast<size_t>(nproc));
   for (int r = 0; r < nproc; ++r)
     threads.emplace_back([&, r] {
-      Communicator comm(std::move(transports[static_cast<size_t>(r)]));
+      Communicator comm(std::move(transports[static_cast<size_t>(r)]), comm_options(o));
       try {
         bench_comm_rank(comm, o);
       } catch (const std::exception& e) {
@@ -155,7 +165,7 @@ int bench_comm_grpc_worker(const CommBenchOptions& o) {
   g.token = resolve_job_token(env, "");
   g.config_hash = "bench-comm";
   g.shm = o.shm;
-  Communicator comm(connect_grpc(g));
+  Communicator comm(connect_grpc(g), comm_options(o));
   bench_comm_rank(comm, o);
   return 0;
 }

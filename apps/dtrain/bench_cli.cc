@@ -84,6 +84,9 @@ void BenchCli::add_comm(CLI::App* bench) {
       ->capture_default_str();
   comm_cmd_->add_option("--iters", comm_iters_, "timed iterations per size (0: by size)");
   comm_cmd_->add_flag("--json", comm_json_, "one JSON object per size instead of the table");
+  comm_cmd_->add_option("--segment", comm_segment_,
+                        "ring segment: bytes per message of a ring step (K/M suffixes)")
+      ->capture_default_str();
   comm_cmd_->add_flag("--no-shm", comm_no_shm_,
                       "grpc: gRPC streams only, no same-host shared memory");
   comm_cmd_->add_flag("--worker", comm_worker_, "internal: run as one launched rank")->group("");
@@ -136,6 +139,11 @@ int BenchCli::run_comm(const char* argv0, const std::string& log_level) const {
   o.iters = comm_iters_;
   o.json = comm_json_;
   o.shm = !comm_no_shm_;
+  const std::vector<int64_t> seg = parse_sizes(comm_segment_);
+  if (seg.size() != 1 || seg[0] < 4 || seg[0] > (int64_t{64} << 20))
+    throw UserError("bench comm: --segment must be one size from 4 bytes to 64M, got '" +
+                    comm_segment_ + "'");
+  o.segment_bytes = static_cast<size_t>(seg[0]);
   if (comm_backend_ == "inproc") return bench_comm_inproc(comm_nproc_, o);
   if (comm_worker_) return bench_comm_grpc_worker(o);
   if (comm_nproc_ < 1 || comm_nproc_ > 1024) throw UserError("--nproc must be in [1, 1024]");
@@ -147,7 +155,8 @@ int BenchCli::run_comm(const char* argv0, const std::string& log_level) const {
   lo.child_argv = {self_exe(argv0), "bench",     "comm",    "--worker",
                    "--backend",     "grpc",      "--op",    comm_op_,
                    "--sizes",       comm_sizes_, "--iters", std::to_string(comm_iters_),
-                   "--log-level",   log_level,   "--dtype", comm_dtype_};
+                   "--log-level",   log_level,   "--dtype", comm_dtype_,
+                   "--segment",     comm_segment_};
   if (comm_json_) lo.child_argv.push_back("--json");
   if (comm_no_shm_) lo.child_argv.push_back("--no-shm");
   const int rc = launch_local(lo);

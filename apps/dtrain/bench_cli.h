@@ -49,7 +49,8 @@ class BenchCli {
   StepBenchOptions step_opts_;
 
   CLI::App* comm_cmd_ = nullptr;
-  std::string comm_backend_ = "inproc", comm_op_ = "allreduce", comm_sizes_ = "1M,4M,16M,64M";
+  std::string comm_backend_ = "inproc", comm_op_ = "allreduce", comm_sizes_ = "1M,4M,16M,64M",
+              comm_segment_ = "1M";
   std::string comm_dtype_ = "float32";
   int comm_nproc_ = 2, comm_iters_ = 0;
   bool comm_json_ = false, comm_no_shm_ = false, comm_worker_ = false;
