@@ -101,8 +101,11 @@ struct LaunchReport {
 };
 int launch_local(const LaunchOptions& o, LaunchReport* report = nullptr);
 
-// A TCP port that was free on 127.0.0.1 a moment ago (bound to port 0, read back, closed). Another
-// process may take it before rank 0 binds it; the rendezvous then fails loudly, not silently.
+// A TCP port that was free on 127.0.0.1 a moment ago (bound, then closed), chosen at random outside
+// the kernel's ephemeral port range (ip_local_port_range) so that no bind(0) or outgoing
+// connection of another process can take it before rank 0 binds it; only a program naming that
+// port can (the rendezvous then fails loudly, not silently). Falls back to a kernel-chosen port
+// when no port outside the range is free.
 int pick_free_port();
 
 // A waitpid status in words: "exit status 3", "killed by signal SIGKILL" (" (core dumped)").

@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -13,6 +14,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <sstream>
@@ -382,6 +384,26 @@ TEST_CASE("describe_wait_status and pick_free_port") {
   const int port = pick_free_port();
   CHECK(port > 0);
   CHECK(port <= 65535);
+}
+
+TEST_CASE("pick_free_port: outside the ephemeral range, and free") {
+  int lo = 32768, hi = 60999;
+  std::ifstream("/proc/sys/net/ipv4/ip_local_port_range") >> lo >> hi;
+  for (int i = 0; i < 20; ++i) {
+    const int port = pick_free_port();
+    INFO("port ", port, ", ephemeral range ", lo, "-", hi);
+    if (lo > 10000 || hi < 65535) CHECK((port < lo || port > hi));
+    // Free: a listening socket can take it at once.
+    const int s = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    REQUIRE(s >= 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    CHECK(::bind(s, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+    CHECK(::listen(s, 1) == 0);
+    ::close(s);
+  }
 }
 
 namespace {
