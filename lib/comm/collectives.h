@@ -21,6 +21,9 @@ struct CollCtx {
   uint64_t seq = 0;
   Deadline deadline;
   size_t segment_floats = 256 * 1024;  // 1 MiB segments
+  // Ring sends kept in flight per direction (Transport::send_start). 1: lock-step, each
+  // segment's send and receive finish before the next segment starts (send_recv).
+  size_t sends_in_flight = 2;
 };
 
 // Block partition of n elements over w ranks: sizes differ by at most one, lower ranks larger.

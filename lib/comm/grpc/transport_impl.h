@@ -48,6 +48,9 @@ class GrpcTransport final : public Transport, private InStreamSink {
   void connect();
 
   void send(int dst, const MsgHeader& h, const void* data) override;
+  // Stream peers: queues the message on dst's OutStream and returns (StreamSend). Shared memory
+  // and self: the synchronous default.
+  std::unique_ptr<PendingSend> send_start(int dst, const MsgHeader& h, const void* data) override;
   void recv(int src, const MsgHeader& h, void* data, Deadline deadline) override;
   void recv_reduce(int src, const MsgHeader& h, float* data, Reduce r, Deadline deadline) override;
   void send_recv(int dst, const MsgHeader& sh, const void* sdata, int src, const MsgHeader& rh,
@@ -99,6 +102,9 @@ class GrpcTransport final : public Transport, private InStreamSink {
    private:
     GrpcTransport* const t_;
   };
+
+  // A send queued on a stream: waits on its ticket (see send_start).
+  class StreamSend;
 
   Mailbox& mailbox(int src) { return *inboxes_[src]; }
   grpc::ChannelArguments channel_args() const;
