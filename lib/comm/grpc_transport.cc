@@ -253,14 +253,17 @@ std::unique_ptr<PendingSend> GrpcTransport::send_start(int dst, const MsgHeader&
                                                        const void* data) {
   DT_CHECK(dst >= 0 && dst < world_);
   if (out_path_[dst] != &stream_path_) return Transport::send_start(dst, h, data);
+  return std::make_unique<StreamSend>(this, dst, h, start_checked_stream_send(dst, h, data));
+}
+
+std::shared_ptr<SendTicket> GrpcTransport::start_checked_stream_send(int dst, const MsgHeader& h,
+                                                                     const void* data) {
   check_sendable(h);
-  std::shared_ptr<SendTicket> ticket;
   try {
-    ticket = start_stream_send(dst, h, data);
+    return start_stream_send(dst, h, data);
   } catch (const CommError&) {
     rethrow_send_error(dst, h);
   }
-  return std::make_unique<StreamSend>(this, dst, h, std::move(ticket));
 }
 
 void GrpcTransport::send_recv(int dst, const MsgHeader& sh, const void* sdata, int src,
@@ -270,13 +273,7 @@ void GrpcTransport::send_recv(int dst, const MsgHeader& sh, const void* sdata, i
   if (out_path_[dst] != &stream_path_)  // shared memory and self: nothing to overlap
     return Transport::send_recv(dst, sh, sdata, src, rh, rdata, red, deadline);
   DT_CHECK(!red || rh.bytes % sizeof(float) == 0);
-  check_sendable(sh);
-  std::shared_ptr<SendTicket> ticket;
-  try {
-    ticket = start_stream_send(dst, sh, sdata);
-  } catch (const CommError&) {
-    rethrow_send_error(dst, sh);
-  }
+  const std::shared_ptr<SendTicket> ticket = start_checked_stream_send(dst, sh, sdata);
   // Posted while our chunks go out: the peer's message (sent at the same moment in a ring step)
   // is delivered straight into rdata, reduced from gRPC's slices when red is set.
   std::exception_ptr recv_error;

@@ -126,6 +126,9 @@ class GrpcTransport final : public Transport, private InStreamSink {
   // Queues h on dst's stream (throws CommError if it is down); the ticket completes once gRPC
   // no longer references data.
   std::shared_ptr<SendTicket> start_stream_send(int dst, const MsgHeader& h, const void* data);
+  // check_sendable, then start_stream_send; a failure is reported as rethrow_send_error does.
+  std::shared_ptr<SendTicket> start_checked_stream_send(int dst, const MsgHeader& h,
+                                                        const void* data);
   // Waits for t; throws CommError if the send failed (once gRPC released data).
   void wait_stream_send(int dst, SendTicket& t);
   // Throws CommError if this transport aborted or h is above the message limit.
