@@ -127,6 +127,7 @@ namespace {
 CommOptions comm_options(const CommBenchOptions& o) {
   CommOptions c;
   c.segment_bytes = o.segment_bytes;
+  c.sends_in_flight = o.sends_in_flight;
   return c;
 }
 

@@ -84,8 +84,13 @@ void BenchCli::add_comm(CLI::App* bench) {
       ->capture_default_str();
   comm_cmd_->add_option("--iters", comm_iters_, "timed iterations per size (0: by size)");
   comm_cmd_->add_flag("--json", comm_json_, "one JSON object per size instead of the table");
-  comm_cmd_->add_option("--segment", comm_segment_,
-                        "ring segment: bytes per message of a ring step (K/M suffixes)")
+  comm_cmd_
+      ->add_option("--segment", comm_segment_,
+                   "ring segment: bytes per message of a ring step (K/M suffixes)")
+      ->capture_default_str();
+  comm_cmd_
+      ->add_option("--in-flight", comm_in_flight_,
+                   "ring sends in flight per direction, 1..16 (1: lock-step segments)")
       ->capture_default_str();
   comm_cmd_->add_flag("--no-shm", comm_no_shm_,
                       "grpc: gRPC streams only, no same-host shared memory");
@@ -144,6 +149,10 @@ int BenchCli::run_comm(const char* argv0, const std::string& log_level) const {
     throw UserError("bench comm: --segment must be one size from 4 bytes to 64M, got '" +
                     comm_segment_ + "'");
   o.segment_bytes = static_cast<size_t>(seg[0]);
+  if (comm_in_flight_ < 1 || comm_in_flight_ > 16)
+    throw UserError("bench comm: --in-flight must be in 1..16, got " +
+                    std::to_string(comm_in_flight_));
+  o.sends_in_flight = static_cast<size_t>(comm_in_flight_);
   if (comm_backend_ == "inproc") return bench_comm_inproc(comm_nproc_, o);
   if (comm_worker_) return bench_comm_grpc_worker(o);
   if (comm_nproc_ < 1 || comm_nproc_ > 1024) throw UserError("--nproc must be in [1, 1024]");
@@ -152,11 +161,11 @@ int BenchCli::run_comm(const char* argv0, const std::string& log_level) const {
   LaunchOptions lo;
   lo.nproc = comm_nproc_;
   lo.log_dir = tmpl;
-  lo.child_argv = {self_exe(argv0), "bench",     "comm",    "--worker",
-                   "--backend",     "grpc",      "--op",    comm_op_,
-                   "--sizes",       comm_sizes_, "--iters", std::to_string(comm_iters_),
-                   "--log-level",   log_level,   "--dtype", comm_dtype_,
-                   "--segment",     comm_segment_};
+  lo.child_argv = {self_exe(argv0), "bench",       "comm",        "--worker",
+                   "--backend",     "grpc",        "--op",        comm_op_,
+                   "--sizes",       comm_sizes_,   "--iters",     std::to_string(comm_iters_),
+                   "--log-level",   log_level,     "--dtype",     comm_dtype_,
+                   "--segment",     comm_segment_, "--in-flight", std::to_string(comm_in_flight_)};
   if (comm_json_) lo.child_argv.push_back("--json");
   if (comm_no_shm_) lo.child_argv.push_back("--no-shm");
   const int rc = launch_local(lo);

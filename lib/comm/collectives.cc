@@ -1,6 +1,8 @@
 #include "comm/collectives.h"
 
 #include <algorithm>
+#include <deque>
+#include <memory>
 
 #include "util/check.h"
 
@@ -48,9 +50,34 @@ size_t segment_elems(const CollCtx& c, CommOp op) {
   return std::max<size_t>(1, c.segment_floats * sizeof(float) / dtype_size(op_dtype(op)));
 }
 
+// Segment k of block b (counts in elements of es bytes): its message header and address.
+struct SegMsg {
+  MsgHeader h;
+  char* p = nullptr;
+};
+SegMsg seg_msg(const CollCtx& c, char* data, const std::vector<size_t>& counts,
+               const std::vector<size_t>& off, size_t es, size_t seg, CommOp op, uint64_t phase,
+               int s, int b, size_t k) {
+  const size_t n = counts[static_cast<size_t>(b)];
+  const size_t lo = std::min(seg * k, n), hi = std::min(seg * (k + 1), n);
+  return SegMsg{MsgHeader{c.seq, part_id(phase, static_cast<uint64_t>(s), k), op, (hi - lo) * es},
+                data + (off[static_cast<size_t>(b)] + lo) * es};
+}
+
 // One ring pass over a buffer of elements of op's type (counts in elements): at each step s,
 // send block send_block(s) to the right neighbour and receive block recv_block(s) from the
 // left, segment by segment, reducing (float32 only) or copying.
+//
+// c.sends_in_flight == 1: segment k's send and receive are one send_recv, so segment k+1 starts
+// only once both are done (lock-step). Above 1: up to that many sends are in flight (send_start)
+// while later segments are received, so the link to the right never drains between segments.
+// All in-flight sends are waited for at the end of the pass, not of each step: within a pass
+// the block received at step s is recv_block(s) = send_block(s) - 1 (mod w), and the block sent
+// at step s+j is send_block(s) - j, so a block still being sent is received into again only
+// w-1 steps later, after the pass (no write-after-read); and the block sent at step s+1 is the
+// one received (completely, synchronously) at step s. Across passes (reduce-scatter, then
+// all-gather on the same buffer) there is such a hazard, hence the wait at the end. On an
+// exception the deque's handles wait in their destructors before the buffer is given back.
 template <typename SendBlock, typename RecvBlock>
 void ring_pass(const CollCtx& c, char* data, const std::vector<size_t>& counts, CommOp op,
                uint64_t phase, SendBlock send_block, RecvBlock recv_block, bool reduce,
@@ -62,6 +89,14 @@ void ring_pass(const CollCtx& c, char* data, const std::vector<size_t>& counts, 
   const size_t es = dtype_size(op_dtype(op));
   DT_CHECK(!reduce || op_dtype(op) == DType::kF32);
   const size_t seg = segment_elems(c, op);
+  const size_t depth = std::max<size_t>(1, c.sends_in_flight);
+  std::deque<std::unique_ptr<PendingSend>> in_flight;
+  auto receive = [&](const SegMsg& m) {
+    if (reduce)
+      t.recv_reduce(left, m.h, reinterpret_cast<float*>(m.p), r, c.deadline);
+    else
+      t.recv(left, m.h, m.p, c.deadline);
+  };
   for (int s = 0; s < w - 1; ++s) {
     const int sb = send_block(s), rb = recv_block(s);
     const size_t ns = segments_of(counts[static_cast<size_t>(sb)], seg);
@@ -69,31 +104,26 @@ void ring_pass(const CollCtx& c, char* data, const std::vector<size_t>& counts, 
     const size_t nmax = std::max(ns, nr);
     for (size_t k = 0; k < nmax; ++k) {
       const bool sending = k < ns, receiving = k < nr;
-      MsgHeader sh, rh;
-      const char* src = nullptr;
-      char* dst = nullptr;
-      if (sending) {
-        const size_t b = std::min(seg * k, counts[static_cast<size_t>(sb)]);
-        const size_t e = std::min(seg * (k + 1), counts[static_cast<size_t>(sb)]);
-        sh = MsgHeader{c.seq, part_id(phase, static_cast<uint64_t>(s), k), op, (e - b) * es};
-        src = data + (off[static_cast<size_t>(sb)] + b) * es;
+      SegMsg sm, rm;
+      if (sending) sm = seg_msg(c, data, counts, off, es, seg, op, phase, s, sb, k);
+      if (receiving) rm = seg_msg(c, data, counts, off, es, seg, op, phase, s, rb, k);
+      if (depth > 1) {
+        if (sending) in_flight.push_back(t.send_start(right, sm.h, sm.p));
+        if (receiving) receive(rm);  // posted while this and the earlier sends are under way
+        while (in_flight.size() >= depth) {
+          in_flight.front()->wait();
+          in_flight.pop_front();
+        }
+      } else if (sending && receiving) {  // one call: the receive is posted during the send
+        t.send_recv(right, sm.h, sm.p, left, rm.h, rm.p, reduce ? &r : nullptr, c.deadline);
+      } else if (sending) {
+        t.send(right, sm.h, sm.p);
+      } else {
+        receive(rm);
       }
-      if (receiving) {
-        const size_t b = std::min(seg * k, counts[static_cast<size_t>(rb)]);
-        const size_t e = std::min(seg * (k + 1), counts[static_cast<size_t>(rb)]);
-        rh = MsgHeader{c.seq, part_id(phase, static_cast<uint64_t>(s), k), op, (e - b) * es};
-        dst = data + (off[static_cast<size_t>(rb)] + b) * es;
-      }
-      if (sending && receiving)  // one call, so a transport can post the receive during the send
-        t.send_recv(right, sh, src, left, rh, dst, reduce ? &r : nullptr, c.deadline);
-      else if (sending)
-        t.send(right, sh, src);
-      else if (reduce)
-        t.recv_reduce(left, rh, reinterpret_cast<float*>(dst), r, c.deadline);
-      else
-        t.recv(left, rh, dst, c.deadline);
     }
   }
+  for (; !in_flight.empty(); in_flight.pop_front()) in_flight.front()->wait();
 }
 
 void check_counts(const Transport& t, const std::vector<size_t>& counts) {

@@ -21,6 +21,11 @@ struct CollCtx {
   uint64_t seq = 0;
   Deadline deadline;
   size_t segment_floats = 256 * 1024;  // 1 MiB segments
+  // Ring sends kept in flight per direction (Transport::send_start). 1: lock-step, each
+  // segment's send and receive finish before the next segment starts (send_recv). The default
+  // stays 1: 2 and 4 measured within noise of it (2 ranks, gRPC streams, loaded 2 cores, issue
+  // 16); bigger segments helped more.
+  size_t sends_in_flight = 1;
 };
 
 // Block partition of n elements over w ranks: sizes differ by at most one, lower ranks larger.

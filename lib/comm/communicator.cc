@@ -180,6 +180,7 @@ void Communicator::worker_loop() {
         ctx.seq = task.seq;
         ctx.deadline = deadline_after(opts_.timeout_s);
         ctx.segment_floats = std::max<size_t>(1, opts_.segment_bytes / sizeof(float));
+        ctx.sends_in_flight = std::max<size_t>(1, opts_.sends_in_flight);
         Tracer* tr = tracer_.load();
         if (tr != nullptr && tr->enabled()) {
           thread_local bool named = false;

@@ -44,6 +44,7 @@ namespace dtrain {
 struct CommOptions {
   double timeout_s = 300.0;        // per collective and per recv (distributed.timeout_s)
   size_t segment_bytes = 1 << 20;  // ring pipelining segment
+  size_t sends_in_flight = 1;      // ring sends in flight per direction (CollCtx::sends_in_flight)
 };
 
 // Completion handle of an async collective.
@@ -175,7 +176,7 @@ class Communicator {
   std::condition_variable cv_;
   std::deque<Task> queue_;
   bool stopping_ = false;
-  std::string failed_;  // first failure, "" while healthy
+  std::string failed_;                     // first failure, "" while healthy
   std::function<std::string(int)> namer_;  // set_rank_namer; guarded by mu_
   double comm_s_ = 0.0;
   uint64_t completed_ = 0;  // collectives completed (worker thread only)

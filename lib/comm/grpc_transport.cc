@@ -214,6 +214,58 @@ void GrpcTransport::send(int dst, const MsgHeader& h, const void* data) {
   bytes_sent_ += h.bytes;
 }
 
+// Errors and accounting are send()'s: check_sendable and a failed enqueue throw from
+// send_start, a failed stream from wait() (through rethrow_send_error), and bytes_sent_ counts
+// the message once it completed. Several messages queued on one OutStream are written chunk by
+// chunk round-robin; with the default 1 MiB segments and 1 MiB chunks every message is one
+// chunk, so they go out in FIFO order, the order the receiver posts its receives in.
+class GrpcTransport::StreamSend final : public PendingSend {
+ public:
+  StreamSend(GrpcTransport* t, int dst, const MsgHeader& h, std::shared_ptr<SendTicket> ticket)
+      : t_(t), dst_(dst), h_(h), ticket_(std::move(ticket)) {}
+  ~StreamSend() override {
+    if (waited_) return;
+    try {
+      t_->wait_stream_send(dst_, *ticket_);
+    } catch (...) {  // reported (if at all) by whatever made the caller drop this handle
+    }
+  }
+  void wait() override {
+    DT_CHECK(!waited_);
+    waited_ = true;
+    try {
+      t_->wait_stream_send(dst_, *ticket_);
+    } catch (const CommError&) {
+      t_->rethrow_send_error(dst_, h_);
+    }
+    t_->bytes_sent_ += h_.bytes;
+  }
+
+ private:
+  GrpcTransport* const t_;
+  const int dst_;
+  const MsgHeader h_;
+  const std::shared_ptr<SendTicket> ticket_;
+  bool waited_ = false;
+};
+
+std::unique_ptr<PendingSend> GrpcTransport::send_start(int dst, const MsgHeader& h,
+                                                       const void* data) {
+  DT_CHECK(dst >= 0 && dst < world_);
+  if (out_path_[dst] != &stream_path_) return Transport::send_start(dst, h, data);
+  return std::make_unique<StreamSend>(this, dst, h, start_checked_stream_send(dst, h, data));
+}
+
+std::shared_ptr<SendTicket> GrpcTransport::start_checked_stream_send(int dst, const MsgHeader& h,
+                                                                     const void* data) {
+  check_sendable(h);
+  try {
+    return start_stream_send(dst, h, data);
+  } catch (const CommError&) {
+    rethrow_send_error(dst, h);
+  }
+}
+
 void GrpcTransport::send_recv(int dst, const MsgHeader& sh, const void* sdata, int src,
                               const MsgHeader& rh, void* rdata, const Reduce* red,
                               Deadline deadline) {
@@ -221,13 +273,7 @@ void GrpcTransport::send_recv(int dst, const MsgHeader& sh, const void* sdata, i
   if (out_path_[dst] != &stream_path_)  // shared memory and self: nothing to overlap
     return Transport::send_recv(dst, sh, sdata, src, rh, rdata, red, deadline);
   DT_CHECK(!red || rh.bytes % sizeof(float) == 0);
-  check_sendable(sh);
-  std::shared_ptr<SendTicket> ticket;
-  try {
-    ticket = start_stream_send(dst, sh, sdata);
-  } catch (const CommError&) {
-    rethrow_send_error(dst, sh);
-  }
+  const std::shared_ptr<SendTicket> ticket = start_checked_stream_send(dst, sh, sdata);
   // Posted while our chunks go out: the peer's message (sent at the same moment in a ring step)
   // is delivered straight into rdata, reduced from gRPC's slices when red is set.
   std::exception_ptr recv_error;

@@ -19,6 +19,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -100,6 +101,17 @@ class CommError : public std::runtime_error {
   explicit CommError(const std::string& what) : std::runtime_error(what) {}
 };
 
+// An asynchronous send started by Transport::send_start.
+class PendingSend {
+ public:
+  // Waits like wait() but swallows its error: a handle dropped on an exception path (the caller
+  // may free the buffer right after) still never leaves the transport referencing freed memory.
+  virtual ~PendingSend() = default;
+  // Returns once the transport no longer references the data; rethrows the send's CommError.
+  // Call at most once.
+  virtual void wait() = 0;
+};
+
 class Transport {
  public:
   Transport() { position_.since = std::chrono::steady_clock::now(); }
@@ -110,6 +122,13 @@ class Transport {
 
   // Sends h.bytes bytes from data to dst. Returns when data may be reused.
   virtual void send(int dst, const MsgHeader& h, const void* data) = 0;
+  // Starts sending h.bytes bytes from data to dst and returns at once with a handle. The caller
+  // must not modify or free data until the handle's wait() returned (or the handle was
+  // destroyed, which waits too). Ordering is send()'s: messages to one dst are matched by key,
+  // so several may be in flight. Errors: CommError from send_start (e.g. after abort) or from
+  // wait(). The default sends synchronously and returns a completed handle; transports that
+  // can overlap sends (gRPC streams) override it.
+  virtual std::unique_ptr<PendingSend> send_start(int dst, const MsgHeader& h, const void* data);
   // Receives the message (h.channel, h.part) from src into data (h.bytes bytes). Throws
   // CommError if it does not arrive by `deadline`, if src failed, or if its op or byte count
   // differ from h.

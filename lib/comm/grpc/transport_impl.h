@@ -48,6 +48,9 @@ class GrpcTransport final : public Transport, private InStreamSink {
   void connect();
 
   void send(int dst, const MsgHeader& h, const void* data) override;
+  // Stream peers: queues the message on dst's OutStream and returns (StreamSend). Shared memory
+  // and self: the synchronous default.
+  std::unique_ptr<PendingSend> send_start(int dst, const MsgHeader& h, const void* data) override;
   void recv(int src, const MsgHeader& h, void* data, Deadline deadline) override;
   void recv_reduce(int src, const MsgHeader& h, float* data, Reduce r, Deadline deadline) override;
   void send_recv(int dst, const MsgHeader& sh, const void* sdata, int src, const MsgHeader& rh,
@@ -100,6 +103,9 @@ class GrpcTransport final : public Transport, private InStreamSink {
     GrpcTransport* const t_;
   };
 
+  // A send queued on a stream: waits on its ticket (see send_start).
+  class StreamSend;
+
   Mailbox& mailbox(int src) { return *inboxes_[src]; }
   grpc::ChannelArguments channel_args() const;
   void set_credentials();
@@ -120,6 +126,9 @@ class GrpcTransport final : public Transport, private InStreamSink {
   // Queues h on dst's stream (throws CommError if it is down); the ticket completes once gRPC
   // no longer references data.
   std::shared_ptr<SendTicket> start_stream_send(int dst, const MsgHeader& h, const void* data);
+  // check_sendable, then start_stream_send; a failure is reported as rethrow_send_error does.
+  std::shared_ptr<SendTicket> start_checked_stream_send(int dst, const MsgHeader& h,
+                                                        const void* data);
   // Waits for t; throws CommError if the send failed (once gRPC released data).
   void wait_stream_send(int dst, SendTicket& t);
   // Throws CommError if this transport aborted or h is above the message limit.
