@@ -69,7 +69,7 @@ struct CommBenchOptions {
   bool json = false;
   bool shm = true;  // grpc backend: same-host shared memory (false: gRPC streams only)
   size_t segment_bytes = 1 << 20;  // the rings' segment (CommOptions::segment_bytes)
-  size_t sends_in_flight = 1;      // CommOptions::sends_in_flight
+  size_t sends_in_flight = 2;      // CommOptions::sends_in_flight
 };
 
 // Parses "1M,4M,16M,64M" (K/M/G suffixes, powers of 1024) into byte counts. UserError on junk.

@@ -52,7 +52,7 @@ class BenchCli {
   std::string comm_backend_ = "inproc", comm_op_ = "allreduce", comm_sizes_ = "1M,4M,16M,64M",
               comm_segment_ = "1M";
   std::string comm_dtype_ = "float32";
-  int comm_nproc_ = 2, comm_iters_ = 0, comm_in_flight_ = 1;
+  int comm_nproc_ = 2, comm_iters_ = 0, comm_in_flight_ = 2;
   bool comm_json_ = false, comm_no_shm_ = false, comm_worker_ = false;
 
   CLI::App* tp_cmd_ = nullptr;

@@ -22,10 +22,12 @@ struct CollCtx {
   Deadline deadline;
   size_t segment_floats = 256 * 1024;  // 1 MiB segments
   // Ring sends kept in flight per direction (Transport::send_start). 1: lock-step, each
-  // segment's send and receive finish before the next segment starts (send_recv). The default
-  // stays 1: 2 and 4 measured within noise of it (2 ranks, gRPC streams, loaded 2 cores, issue
-  // 16); bigger segments helped more.
-  size_t sends_in_flight = 1;
+  // segment's send and receive finish before the next segment starts (send_recv). Default 2:
+  // on a quiet machine (2 ranks over gRPC streams, 4 alternated repetitions, 2026-12-02) it
+  // was 1.09-1.14x lock-step's busbw at 4, 16 and 64 MiB, and 4 in flight no better. Only the
+  // gRPC streams send asynchronously; shared memory, inproc and self send synchronously, for
+  // which both settings run the same calls.
+  size_t sends_in_flight = 2;
 };
 
 // Block partition of n elements over w ranks: sizes differ by at most one, lower ranks larger.

@@ -44,7 +44,7 @@ namespace dtrain {
 struct CommOptions {
   double timeout_s = 300.0;        // per collective and per recv (distributed.timeout_s)
   size_t segment_bytes = 1 << 20;  // ring pipelining segment
-  size_t sends_in_flight = 1;      // ring sends in flight per direction (CollCtx::sends_in_flight)
+  size_t sends_in_flight = 2;      // ring sends in flight per direction (CollCtx::sends_in_flight)
 };
 
 // Completion handle of an async collective.

@@ -1,6 +1,7 @@
 #include "comm/subgroup.h"
 
 #include <algorithm>
+#include <memory>
 
 #include "util/check.h"
 
@@ -42,6 +43,13 @@ class SubgroupTransport final : public Transport {
     parent_.send_recv(world(dst), tagged(sh), sdata, world(src), tagged(rh), rdata, red, deadline);
     bytes_sent_.fetch_add(sh.bytes, std::memory_order_relaxed);
     bytes_recv_.fetch_add(rh.bytes, std::memory_order_relaxed);
+  }
+  // Forwarded, so a group's pipelined ring keeps the parent's asynchronous sends (a gRPC
+  // stream's) instead of the default's synchronous one.
+  std::unique_ptr<PendingSend> send_start(int dst, const MsgHeader& h, const void* data) override {
+    auto pending = parent_.send_start(world(dst), tagged(h), data);
+    bytes_sent_.fetch_add(h.bytes, std::memory_order_relaxed);
+    return pending;
   }
   void abort(const std::string& why) override { parent_.abort(why); }
 
