@@ -14,6 +14,7 @@
 #include <optional>
 #include <vector>
 
+#include "layer_spec_util.h"
 #include "nn/image_layers.h"
 #include "nn/layer.h"
 #include "nn/model.h"
@@ -143,27 +144,20 @@ TEST_CASE("conv2d+relu(+max_pool2d): all-negative windows get no gradient") {
   for (int64_t i = 0; i < dx.numel(); ++i) CHECK(dx.data()[i] == 0.0f);
 }
 
-LayerSpec spec(LayerKind k, int64_t out = 0, int64_t kernel = 0, int64_t padding = 0) {
-  LayerSpec s;
-  s.kind = k;
-  s.out = out;
-  s.kernel = kernel;
-  s.padding = padding;
-  return s;
-}
-
 TEST_CASE("sequential builder: fuses conv2d, relu[, max_pool2d]; names, init, sites unchanged") {
   // cnn-ref's list, plus a conv2d + relu without a pool and a dropout after it.
-  const std::vector<LayerSpec> specs = {spec(LayerKind::kConv2d, 8, 3, 1),
-                                        spec(LayerKind::kRelu),
-                                        spec(LayerKind::kMaxPool2d, 0, 2),
-                                        spec(LayerKind::kConv2d, 6, 3, 1),
-                                        spec(LayerKind::kRelu),
-                                        spec(LayerKind::kDropout),
-                                        spec(LayerKind::kConv2d, 4, 3, 1),
-                                        spec(LayerKind::kAvgPool2d, 0, 2),
-                                        spec(LayerKind::kFlatten),
-                                        spec(LayerKind::kLinear, 10)};
+  using K = LayerKind;
+  using testing::L;
+  const std::vector<LayerSpec> specs = {L(K::kConv2d, 8, 3, 1, 1),
+                                        L(K::kRelu),
+                                        L(K::kMaxPool2d, 0, 2),
+                                        L(K::kConv2d, 6, 3, 1, 1),
+                                        L(K::kRelu),
+                                        L(K::kDropout),
+                                        L(K::kConv2d, 4, 3, 1, 1),
+                                        L(K::kAvgPool2d, 0, 2),
+                                        L(K::kFlatten),
+                                        L(K::kLinear, 10)};
   const Model m = build_sequential(specs, ModelInput{{1, 12, 12}, 10});
   REQUIRE(m.num_layers() == 7);
   CHECK(m.layer(0).kind() == "conv2d+relu+max_pool2d");

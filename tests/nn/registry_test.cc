@@ -6,22 +6,14 @@
 #include <string>
 #include <vector>
 
+#include "layer_spec_util.h"
 #include "nn/registry.h"
 #include "util/check.h"
 
 namespace dtrain {
 namespace {
 
-LayerSpec L(LayerKind k, int64_t out = 0, int64_t kernel = 0, int64_t stride = 0,
-            int64_t padding = 0) {
-  LayerSpec s;
-  s.kind = k;
-  s.out = out;
-  s.kernel = kernel;
-  s.stride = stride;
-  s.padding = padding;
-  return s;
-}
+using testing::L;
 
 std::vector<LayerSpec> cnn_ref() {
   using K = LayerKind;
