@@ -1,7 +1,8 @@
-// Writes the seed corpora of fuzz/frame.cc and fuzz/rendezvous.cc with dtrain's own encoders
-// (encode_frame_header, the generated protobuf classes), so the seeds are what real ranks send:
+// Writes the seed corpora of fuzz/frame.cc, fuzz/rendezvous.cc and fuzz/tcp.cc with dtrain's own
+// encoders (encode_frame_header, encode_tcp_*, the generated protobuf classes), so the seeds are
+// what real ranks send:
 //
-//   build-asan/bin/fuzz_gen_corpus fuzz/corpus      (rewrites fuzz/corpus/{frame,rendezvous}/)
+//   build-asan/bin/fuzz_gen_corpus fuzz/corpus   (rewrites fuzz/corpus/{frame,rendezvous,tcp}/)
 //
 // Each seed is one scenario, named after it; the input formats are the targets' (see their
 // opening comments). Deterministic: running it again gives the same bytes.
@@ -12,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/grpc/tcp_wire.h"
 #include "comm/grpc/wire.h"
 #include "comm/grpc_internal.h"
 #include "dtrain.pb.h"
@@ -110,6 +112,7 @@ std::string join(int n, int rank, int world, const std::string& hash = "cafe") {
   j.set_listen_address("127.0.0.1:" + std::to_string(40000 + rank));
   j.set_config_hash(hash);
   j.set_shm_name(rank % 2 ? "" : "/dtrain-" + std::to_string(rank));
+  j.set_tcp_port(rank % 2 ? 0 : 40100 + rank);
   return add("rdzv/joins", 1) + set("rdzv/join/" + std::to_string(n), j.SerializeAsString()) +
          get("rdzv/result");
 }
@@ -127,6 +130,42 @@ void rendezvous_seeds(const std::filesystem::path& dir) {
   write(dir / "one_rank", world(1) + join(1, 0, 1));
 }
 
+// ---- tcp: one connection's bytes: a hello, then chunks ----
+
+std::string tcp_hello(int src = 1) {
+  return grpc_detail::encode_tcp_hello(grpc_detail::TcpHello{src, 0, 2, "job-token", "cafe"});
+}
+
+// The chunks of a message of `total` bytes in chunks of `chunk` bytes (one for an empty one).
+std::string tcp_chunks(uint64_t channel, uint64_t part, CommOp op, uint64_t total, uint64_t chunk,
+                       uint64_t upto = ~uint64_t{0}) {
+  const MsgHeader h{channel, part, op, total};
+  std::string out;
+  uint64_t off = 0;
+  do {
+    const uint64_t len = std::min(chunk, total - off);
+    std::string hdr(grpc_detail::kTcpChunkHeaderBytes, '\0');
+    grpc_detail::encode_tcp_chunk_header(hdr.data(), h, off, len);
+    out += hdr;
+    for (uint64_t i = 0; i < len; ++i) out += static_cast<char>('a' + (off + i) % 26);
+    off += len;
+  } while (off < total && off < upto);
+  return out;
+}
+
+void tcp_seeds(const std::filesystem::path& dir) {
+  const CommOp ar = CommOp::kAllReduce;
+  write(dir / "hello_only", tcp_hello());
+  write(dir / "one_chunk", tcp_hello() + tcp_chunks(0, 0, ar, 16, 16));
+  write(dir / "three_chunks", tcp_hello() + tcp_chunks(3, 1, ar, 24, 8));
+  write(dir / "empty_and_p2p", tcp_hello() + tcp_chunks(1, 0, CommOp::kBarrier, 0, 1) +
+                                   tcp_chunks(kP2PBit | 7, 0, CommOp::kSendRecv, 10, 4));
+  write(dir / "incomplete_then_mismatch",
+        tcp_hello() + tcp_chunks(5, 0, typed_op(CommOp::kAllGather, DType::kI64), 32, 16, 16) +
+            tcp_chunks(9, 0, ar, 8, 8) + tcp_chunks(9, 1, CommOp::kBroadcast, 8, 8));
+  write(dir / "cut_in_a_payload", tcp_hello() + tcp_chunks(2, 0, ar, 64, 64).substr(0, 70));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -137,5 +176,6 @@ int main(int argc, char** argv) {
   const std::filesystem::path root = argv[1];
   frame_seeds(root / "frame");
   rendezvous_seeds(root / "rendezvous");
+  tcp_seeds(root / "tcp");
   return 0;
 }

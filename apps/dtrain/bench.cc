@@ -166,6 +166,7 @@ int bench_comm_grpc_worker(const CommBenchOptions& o) {
   g.token = resolve_job_token(env, "");
   g.config_hash = "bench-comm";
   g.shm = o.shm;
+  g.tcp = o.tcp;
   Communicator comm(connect_grpc(g), comm_options(o));
   bench_comm_rank(comm, o);
   return 0;

@@ -68,6 +68,7 @@ struct CommBenchOptions {
   int iters = 0;  // 0: by size (more for small messages)
   bool json = false;
   bool shm = true;  // grpc backend: same-host shared memory (false: gRPC streams only)
+  bool tcp = true;  // grpc backend: the TCP data path for peers not on shared memory
   size_t segment_bytes = 1 << 20;  // the rings' segment (CommOptions::segment_bytes)
   size_t sends_in_flight = 2;      // CommOptions::sends_in_flight
 };

@@ -92,8 +92,9 @@ void BenchCli::add_comm(CLI::App* bench) {
       ->add_option("--in-flight", comm_in_flight_,
                    "ring sends in flight per direction, 1..16 (1: lock-step segments)")
       ->capture_default_str();
-  comm_cmd_->add_flag("--no-shm", comm_no_shm_,
-                      "grpc: gRPC streams only, no same-host shared memory");
+  comm_cmd_->add_flag("--no-shm", comm_no_shm_, "grpc: no same-host shared memory");
+  comm_cmd_->add_flag("--no-tcp", comm_no_tcp_,
+                      "grpc: no TCP data path (with --no-shm: gRPC streams only)");
   comm_cmd_->add_flag("--worker", comm_worker_, "internal: run as one launched rank")->group("");
 }
 
@@ -144,6 +145,7 @@ int BenchCli::run_comm(const char* argv0, const std::string& log_level) const {
   o.iters = comm_iters_;
   o.json = comm_json_;
   o.shm = !comm_no_shm_;
+  o.tcp = !comm_no_tcp_;
   const std::vector<int64_t> seg = parse_sizes(comm_segment_);
   if (seg.size() != 1 || seg[0] < 4 || seg[0] > (int64_t{64} << 20))
     throw UserError("bench comm: --segment must be one size from 4 bytes to 64M, got '" +
@@ -168,6 +170,7 @@ int BenchCli::run_comm(const char* argv0, const std::string& log_level) const {
                    "--segment",     comm_segment_, "--in-flight", std::to_string(comm_in_flight_)};
   if (comm_json_) lo.child_argv.push_back("--json");
   if (comm_no_shm_) lo.child_argv.push_back("--no-shm");
+  if (comm_no_tcp_) lo.child_argv.push_back("--no-tcp");
   const int rc = launch_local(lo);
   std::error_code ec;
   if (rc == 0)

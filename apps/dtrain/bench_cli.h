@@ -53,7 +53,7 @@ class BenchCli {
               comm_segment_ = "1M";
   std::string comm_dtype_ = "float32";
   int comm_nproc_ = 2, comm_iters_ = 0, comm_in_flight_ = 2;
-  bool comm_json_ = false, comm_no_shm_ = false, comm_worker_ = false;
+  bool comm_json_ = false, comm_no_shm_ = false, comm_no_tcp_ = false, comm_worker_ = false;
 
   CLI::App* tp_cmd_ = nullptr;
   std::string tp_config_;

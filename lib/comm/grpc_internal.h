@@ -16,7 +16,8 @@ namespace dtrain {
 
 // Bumped whenever proto/dtrain.proto or the metadata below change incompatibly; the rendezvous
 // refuses a rank that speaks another version.
-inline constexpr uint32_t kGrpcProtocolVersion = 3;  // 2: heartbeats; 3: the rendezvous store
+// 2: heartbeats; 3: the rendezvous store; 4: the TCP data path (tcp_port, grpc/tcp_wire.h)
+inline constexpr uint32_t kGrpcProtocolVersion = 4;
 // Metadata on every RPC: the job token, and on Data.Stream the sender's rank.
 inline constexpr char kGrpcTokenKey[] = "x-dtrain-token";
 inline constexpr char kGrpcRankKey[] = "x-dtrain-rank";
@@ -59,6 +60,9 @@ GrpcRecvStats grpc_recv_stats(const Transport& t);
 
 // The ranks this gRPC transport sends to through shared memory (same host, both sides on).
 std::vector<int> grpc_shm_peers(const Transport& t);
+// The ranks it sends to over its TCP data path, and the port that path listens on (0 = none).
+std::vector<int> grpc_tcp_peers(const Transport& t);
+int grpc_tcp_port(const Transport& t);
 
 // The peer table a gRPC transport joined with: element r is rank r's "host:port". Throws
 // std::invalid_argument if t is not a gRPC transport.

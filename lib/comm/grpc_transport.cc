@@ -6,6 +6,7 @@
 //   comm/mailbox.h      mailboxes: matching, mismatch reports, direct delivery
 //   grpc/streams.h      the stream reactors (one client stream per ordered rank pair)
 //   grpc/shm_path.h     the same-host shared-memory path
+//   grpc/tcp_path.h     the plain TCP data path (grpc/tcp_wire.h: its byte layout)
 //   grpc/heartbeat.h    heartbeats: frozen and lost peers
 //   rendezvous/         the store rank 0 hosts (set, get, wait, add) and the rendezvous on it
 //
@@ -13,8 +14,9 @@
 // frames are handled on gRPC's own executor threads: InStream::OnReadDone hands a frame to
 // on_frame, which decodes and validates it and copies its payload once, either into a buffer
 // the receiver already posted with recv() or into the sender's mailbox. That progress never
-// depends on recv() being called. send() goes through the peer's path (PeerPath): itself, its
-// OutStream, or shared memory.
+// depends on recv() being called (nor does the TCP path's, whose reader threads deliver the same
+// way). send() goes through the peer's path (PeerPath): itself, its OutStream, a TCP
+// connection, or shared memory.
 //
 // Failure. A peer's incoming stream ending (clean half-close, cancellation, or its process
 // dying, which closes the socket) fails every pending and future recv from it that has no
@@ -49,6 +51,7 @@
 #include "comm/grpc/peer_path.h"
 #include "comm/grpc/shm_path.h"
 #include "comm/grpc/streams.h"
+#include "comm/grpc/tcp_path.h"
 #include "comm/grpc/wire.h"
 #include "comm/grpc_internal.h"
 #include "comm/grpc_transport.h"
@@ -214,15 +217,14 @@ void GrpcTransport::send(int dst, const MsgHeader& h, const void* data) {
   bytes_sent_ += h.bytes;
 }
 
-// Errors and accounting are send()'s: check_sendable and a failed enqueue throw from
-// send_start, a failed stream from wait() (through rethrow_send_error), and bytes_sent_ counts
-// the message once it completed. Several messages queued on one OutStream are written chunk by
-// chunk round-robin; with the default 1 MiB segments and 1 MiB chunks every message is one
-// chunk, so they go out in FIFO order, the order the receiver posts its receives in.
+// A stream send's ticket as a PendingSend: wait() throws the stream's CommError as is (PathSend
+// reports it). Several messages queued on one OutStream are written chunk by chunk round-robin;
+// with the default 1 MiB segments and 1 MiB chunks every message is one chunk, so they go out in
+// FIFO order, the order the receiver posts its receives in.
 class GrpcTransport::StreamSend final : public PendingSend {
  public:
-  StreamSend(GrpcTransport* t, int dst, const MsgHeader& h, std::shared_ptr<SendTicket> ticket)
-      : t_(t), dst_(dst), h_(h), ticket_(std::move(ticket)) {}
+  StreamSend(GrpcTransport* t, int dst, std::shared_ptr<SendTicket> ticket)
+      : t_(t), dst_(dst), ticket_(std::move(ticket)) {}
   ~StreamSend() override {
     if (waited_) return;
     try {
@@ -233,8 +235,32 @@ class GrpcTransport::StreamSend final : public PendingSend {
   void wait() override {
     DT_CHECK(!waited_);
     waited_ = true;
+    t_->wait_stream_send(dst_, *ticket_);
+  }
+
+ private:
+  GrpcTransport* const t_;
+  const int dst_;
+  const std::shared_ptr<SendTicket> ticket_;
+  bool waited_ = false;
+};
+
+std::unique_ptr<PendingSend> GrpcTransport::StreamPath::send_start(int dst, const MsgHeader& h,
+                                                                   const void* data) {
+  return std::make_unique<StreamSend>(t_, dst, t_->start_stream_send(dst, h, data));
+}
+
+// Errors and accounting are send()'s: check_sendable and a failed start throw from send_start,
+// a failed send from wait() (through rethrow_send_error), and bytes_sent_ counts the message
+// once it completed. The inner handle's destructor waits (swallowing errors) if wait() was not
+// called.
+class GrpcTransport::PathSend final : public PendingSend {
+ public:
+  PathSend(GrpcTransport* t, int dst, const MsgHeader& h, std::unique_ptr<PendingSend> inner)
+      : t_(t), dst_(dst), h_(h), inner_(std::move(inner)) {}
+  void wait() override {
     try {
-      t_->wait_stream_send(dst_, *ticket_);
+      inner_->wait();
     } catch (const CommError&) {
       t_->rethrow_send_error(dst_, h_);
     }
@@ -245,22 +271,17 @@ class GrpcTransport::StreamSend final : public PendingSend {
   GrpcTransport* const t_;
   const int dst_;
   const MsgHeader h_;
-  const std::shared_ptr<SendTicket> ticket_;
-  bool waited_ = false;
+  const std::unique_ptr<PendingSend> inner_;
 };
 
 std::unique_ptr<PendingSend> GrpcTransport::send_start(int dst, const MsgHeader& h,
                                                        const void* data) {
   DT_CHECK(dst >= 0 && dst < world_);
-  if (out_path_[dst] != &stream_path_) return Transport::send_start(dst, h, data);
-  return std::make_unique<StreamSend>(this, dst, h, start_checked_stream_send(dst, h, data));
-}
-
-std::shared_ptr<SendTicket> GrpcTransport::start_checked_stream_send(int dst, const MsgHeader& h,
-                                                                     const void* data) {
+  PeerPath* const path = out_path_[dst];
+  if (!path->overlaps()) return Transport::send_start(dst, h, data);
   check_sendable(h);
   try {
-    return start_stream_send(dst, h, data);
+    return std::make_unique<PathSend>(this, dst, h, path->send_start(dst, h, data));
   } catch (const CommError&) {
     rethrow_send_error(dst, h);
   }
@@ -270,12 +291,12 @@ void GrpcTransport::send_recv(int dst, const MsgHeader& sh, const void* sdata, i
                               const MsgHeader& rh, void* rdata, const Reduce* red,
                               Deadline deadline) {
   DT_CHECK(dst >= 0 && dst < world_ && src >= 0 && src < world_);
-  if (out_path_[dst] != &stream_path_)  // shared memory and self: nothing to overlap
+  if (!out_path_[dst]->overlaps())  // shared memory and self: nothing to overlap
     return Transport::send_recv(dst, sh, sdata, src, rh, rdata, red, deadline);
   DT_CHECK(!red || rh.bytes % sizeof(float) == 0);
-  const std::shared_ptr<SendTicket> ticket = start_checked_stream_send(dst, sh, sdata);
+  const std::unique_ptr<PendingSend> send = send_start(dst, sh, sdata);
   // Posted while our chunks go out: the peer's message (sent at the same moment in a ring step)
-  // is delivered straight into rdata, reduced from gRPC's slices when red is set.
+  // is delivered straight into rdata, reduced on arrival when red is set.
   std::exception_ptr recv_error;
   try {
     in_path_[src]->recv(src, rh, rdata, red, deadline);
@@ -284,12 +305,11 @@ void GrpcTransport::send_recv(int dst, const MsgHeader& sh, const void* sdata, i
   }
   // Always waited for, also after a failed receive: the caller may free sdata once we return.
   try {
-    wait_stream_send(dst, *ticket);
+    send->wait();
   } catch (const CommError&) {
-    if (!recv_error) rethrow_send_error(dst, sh);
+    if (!recv_error) throw;
   }
   if (recv_error) std::rethrow_exception(recv_error);
-  bytes_sent_ += sh.bytes;
   bytes_recv_ += rh.bytes;
 }
 
@@ -339,6 +359,7 @@ void GrpcTransport::abort(const std::string& why) {
   spdlog::debug("rank {}: transport aborted: {}", rank_, abort_reason_);
   for (auto& ib : inboxes_) ib->abort(abort_reason_);
   ring_shm_waiters();
+  if (tcp_) tcp_->abort(abort_reason_);
   for (auto& o : out_)
     if (o) o->fail(abort_reason_);
   finish_in_streams(grpc::Status(grpc::StatusCode::ABORTED,
@@ -359,6 +380,7 @@ void GrpcTransport::fail_peer(int peer, const std::string& why) {
   spdlog::error("rank {}: {}", rank_, why);
   ring_shm_waiters();
   if (out_[peer]) out_[peer]->fail(why);  // a send blocked on the peer's flow control fails too
+  if (tcp_) tcp_->fail(peer, why);
 }
 
 namespace {
@@ -427,6 +449,18 @@ std::vector<int> grpc_shm_peers(const Transport& t) {
   const auto* g = dynamic_cast<const GrpcTransport*>(&t);
   if (!g) throw std::invalid_argument("not a gRPC transport");
   return g->shm_peers();
+}
+
+std::vector<int> grpc_tcp_peers(const Transport& t) {
+  const auto* g = dynamic_cast<const GrpcTransport*>(&t);
+  if (!g) throw std::invalid_argument("not a gRPC transport");
+  return g->tcp_peers();
+}
+
+int grpc_tcp_port(const Transport& t) {
+  const auto* g = dynamic_cast<const GrpcTransport*>(&t);
+  if (!g) throw std::invalid_argument("not a gRPC transport");
+  return g->tcp_port();
 }
 
 std::vector<std::string> grpc_peer_addresses(const Transport& t) {

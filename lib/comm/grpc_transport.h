@@ -4,7 +4,8 @@
 // once all ranks have joined. Tensor data then moves over long-lived client streams, one per
 // ordered peer pair, in chunks; the receiving server drains frames into per-peer mailboxes.
 // Between ranks on one host (and with GrpcOptions::shm on both) data moves through
-// shared-memory rings instead, negotiated at the rendezvous; the streams still carry failures.
+// shared-memory rings instead, and to the other peers over plain TCP connections
+// (GrpcOptions::tcp), both negotiated at the rendezvous; the streams still carry failures.
 // Heartbeats (unary Health.Beat calls on their own thread) detect frozen or unreachable peers.
 #pragma once
 
@@ -43,6 +44,10 @@ struct GrpcOptions {
   // (lib/comm/shm_ring.h) instead of gRPC streams, which stay up for failure detection. Both
   // sides must have it on; false = gRPC streams only (distributed.shm).
   bool shm = true;
+  // Data path to the other peers: plain TCP connections (lib/comm/grpc/tcp_path.h), one per
+  // ordered rank pair, authenticated by the job token like the gRPC calls; false = the gRPC
+  // streams. Off whenever TLS is on, so data stays encrypted (distributed.tcp).
+  bool tcp = true;
   // Failure detection: every rank sends a small heartbeat to every peer each heartbeat_s / 3 on
   // a thread of its own; a peer not heard from for heartbeat_s (or 3 of its own intervals, if it
   // beats more slowly) is declared frozen or unreachable, and every receive from and send to it

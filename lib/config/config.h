@@ -119,7 +119,8 @@ struct DistributedConfig {
   // Same-host ranks of a gRPC job exchange tensors through shared memory (the gRPC streams stay
   // up for failure detection); false = gRPC streams only. Per host: not in the config hash.
   bool shm = true;
-  TlsConfig tls;  // optional: all three files, or none
+  bool tcp = true;  // data to peers not on shared memory over plain TCP (GrpcOptions::tcp)
+  TlsConfig tls;    // optional: all three files, or none
   DdpConfig ddp;
   LocalSgdConfig local_sgd;
   CompressionConfig compression;  // ddp only

@@ -427,6 +427,11 @@ std::vector<KeyDecl> distributed_keys([[maybe_unused]] const Owners& o) {
           R"doc(Ranks of a gRPC job on the same machine exchange tensors through shared memory (`/dev/shm`) instead of their gRPC streams, which stay up for failure detection; `false` = gRPC streams only. Per host)doc")
           .not_hashed(),
       key(
+          "distributed.tcp", [](auto& c) -> auto& { return c.distributed.tcp; },
+          R"doc(Ranks of a gRPC job that do not share memory (other hosts, or `shm: false`) exchange tensors over plain TCP connections, one per rank pair, authenticated by the job token, instead of their gRPC streams, which stay up for failure detection; about 1.5x the streams' bandwidth. Off whenever TLS is on, so data stays encrypted; `false` = gRPC streams. Per host)doc")
+          .not_hashed()
+          .omitted_at_default_value(),
+      key(
           "distributed.tls.cert", [](auto& c) -> auto& { return c.distributed.tls.cert; },
           R"doc(Mutual TLS between ranks: this rank's PEM certificate; all three of cert, key and ca or none)doc")
           .file()

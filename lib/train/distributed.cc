@@ -53,6 +53,7 @@ nlohmann::json run_grpc_rank(const Config& cfg, const RunOptions& opts,
   g.tls_key = cfg.distributed.tls.key;
   g.tls_ca = cfg.distributed.tls.ca;
   g.shm = cfg.distributed.shm;
+  g.tcp = cfg.distributed.tcp;
   g.heartbeat_s = cfg.distributed.heartbeat_s;
   // Connecting waits at most as long as a receive (a lost peer is found by its heartbeats).
   g.connect_timeout_s = cfg.distributed.timeout_s;

@@ -19,7 +19,8 @@ namespace dtrain::testing {
 
 // Runs fn(comm) on `world` threads, one rank each, over the in-process or the gRPC backend
 // (every rank its own server on loopback, joined through a rendezvous): "grpc" moves data on
-// the gRPC streams only, "shm" through the same-host shared-memory path. Returns each rank's
+// the gRPC streams only, "tcp" on the TCP data path, "shm" through the same-host shared-memory
+// path. Returns each rank's
 // error text ("" when it succeeded).
 inline std::vector<std::string> run_ranks(int world, const std::function<void(Communicator&)>& fn,
                                           CommOptions opts = {},
@@ -28,7 +29,7 @@ inline std::vector<std::string> run_ranks(int world, const std::function<void(Co
   std::vector<std::unique_ptr<Transport>> transports;
   if (backend == "inproc") transports = make_inproc_group(world);
   transports.resize(static_cast<size_t>(world));
-  const bool grpc = backend == "grpc" || backend == "shm";
+  const bool grpc = backend == "grpc" || backend == "tcp" || backend == "shm";
   const int port = grpc ? free_port() : 0;
   std::vector<std::string> errors(static_cast<size_t>(world));
   std::vector<std::thread> threads;
@@ -38,6 +39,7 @@ inline std::vector<std::string> run_ranks(int world, const std::function<void(Co
         if (grpc) {
           GrpcOptions g;
           g.shm = backend == "shm";
+          g.tcp = backend == "tcp";
           g.rank = r;
           g.world_size = world;
           g.master_port = port;

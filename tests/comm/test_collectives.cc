@@ -124,8 +124,8 @@ TEST_CASE("every collective matches a serial reference: inproc, world sizes 1 to
   }
 }
 
-TEST_CASE("every collective matches a serial reference: grpc and shm, world sizes 1 to 4") {
-  for (const std::string backend : {"grpc", "shm"}) {
+TEST_CASE("every collective matches a serial reference: grpc, tcp and shm, world sizes 1 to 4") {
+  for (const std::string backend : {"grpc", "tcp", "shm"}) {
     for (int world = 1; world <= 4; ++world) {
       CommOptions o;
       o.timeout_s = 120;
@@ -180,7 +180,7 @@ std::vector<std::vector<float>> ring_results(int world, const std::string& backe
 }  // namespace
 
 TEST_CASE("pipelined rings (2 and 4 sends in flight) are bitwise the lock-step ring") {
-  for (const std::string backend : {"inproc", "grpc"}) {  // "grpc": streams only, shm off
+  for (const std::string backend : {"inproc", "grpc", "tcp"}) {  // "grpc": streams only
     for (int world : {2, 3}) {
       const size_t w = static_cast<size_t>(world), seg = 16;
       // Blocks of 1, 2 and 3 segments (the last one partial), and many.
@@ -272,7 +272,7 @@ TEST_CASE("barrier waits for the slowest rank") {
 }
 
 TEST_CASE("async allreduces complete in order and report bytes") {
-  for (const std::string backend : {"inproc", "grpc", "shm"}) {
+  for (const std::string backend : {"inproc", "grpc", "tcp", "shm"}) {
     INFO("backend ", backend);
     const auto errors = run_ranks(
         3,
@@ -299,7 +299,7 @@ TEST_CASE("async allreduces complete in order and report bytes") {
 }
 
 TEST_CASE("point-to-point messages are kept apart by tag and arrive in order") {
-  for (const std::string backend : {"inproc", "grpc", "shm"}) {
+  for (const std::string backend : {"inproc", "grpc", "tcp", "shm"}) {
     INFO("backend ", backend);
     const auto errors = run_ranks(
         2,
@@ -328,7 +328,7 @@ TEST_CASE("point-to-point messages are kept apart by tag and arrive in order") {
 }
 
 TEST_CASE("a missing rank makes the others time out with the op, sequence and peer named") {
-  for (const std::string backend : {"inproc", "grpc", "shm"}) {
+  for (const std::string backend : {"inproc", "grpc", "tcp", "shm"}) {
     INFO("backend ", backend);
     CommOptions fast;
     fast.timeout_s = 0.5;
@@ -366,7 +366,7 @@ std::string report_row(const std::string& report, int rank) {
 }
 
 TEST_CASE("a desync (ranks issuing different numbers of collectives) is reported by position") {
-  for (const std::string backend : {"inproc", "grpc", "shm"}) {
+  for (const std::string backend : {"inproc", "grpc", "tcp", "shm"}) {
     INFO("backend ", backend);
     CommOptions opts;
     opts.timeout_s = 1.0;
@@ -413,7 +413,7 @@ TEST_CASE("a desync (ranks issuing different numbers of collectives) is reported
 }
 
 TEST_CASE("mismatched collectives fail at once with both sides named") {
-  for (const std::string backend : {"inproc", "grpc", "shm"}) {
+  for (const std::string backend : {"inproc", "grpc", "tcp", "shm"}) {
     INFO("backend ", backend);
     CommOptions opts;
     opts.timeout_s = 30;  // a mismatch must not wait for the deadline
@@ -457,7 +457,7 @@ TEST_CASE("mismatched collectives fail at once with both sides named") {
 }
 
 TEST_CASE("a failed rank fails the others promptly and later calls fail too") {
-  for (const std::string backend : {"inproc", "grpc", "shm"}) {
+  for (const std::string backend : {"inproc", "grpc", "tcp", "shm"}) {
     INFO("backend ", backend);
     CommOptions opts;
     opts.timeout_s = 60;

@@ -195,8 +195,8 @@ TEST_CASE("int64 and byte collectives with small segments (many messages per blo
       opts));
 }
 
-TEST_CASE("int64 and byte collectives over gRPC streams and shared memory") {
-  for (const std::string backend : {"grpc", "shm"}) {
+TEST_CASE("int64 and byte collectives over gRPC streams, TCP and shared memory") {
+  for (const std::string backend : {"grpc", "tcp", "shm"}) {
     INFO("backend ", backend);
     require_ok(run_ranks(
         3,
@@ -270,7 +270,7 @@ TEST_CASE("ranks that disagree on the element type of the same bytes fail at onc
        },
        "int64 allgather seq 0", "bytes allgather seq 0"},
   };
-  for (const std::string backend : {"inproc", "grpc", "shm"}) {
+  for (const std::string backend : {"inproc", "grpc", "tcp", "shm"}) {
     for (const Case& k : cases) {
       INFO("backend ", backend, ", ", k.name);
       const auto t0 = std::chrono::steady_clock::now();

@@ -1,8 +1,9 @@
 // The gRPC transport: rendezvous (token, config hash, timeouts), all-pairs data exchange,
 // deadlines, mismatch detection, malformed frames and peer failure. Ranks are threads of this
 // process, each with its own transport, server and streams; ports are always chosen free.
-// Every test runs twice: data on the gRPC streams only, then on the same-host shared-memory
-// path (GrpcOptions::shm), which must behave the same.
+// Most tests run three times: data on the gRPC streams only, on the TCP data path
+// (GrpcOptions::tcp), then on the same-host shared-memory path (GrpcOptions::shm), which must all
+// behave the same.
 #include <doctest/doctest.h>
 #include <grpcpp/grpcpp.h>
 #include <netinet/in.h>
@@ -34,6 +35,7 @@
 #include "comm/grpc_internal.h"
 #include "comm/grpc_transport.h"
 #include "dtrain.grpc.pb.h"
+#include "msg_header_util.h"
 #include "test_util.h"
 #include "util/check.h"
 
@@ -45,32 +47,47 @@ using Clock = std::chrono::steady_clock;
 
 using dtrain::testing::contains;
 using dtrain::testing::free_port;
+using dtrain::testing::header;
 
-// The data path of the running test (see BOTH_PATHS_TEST_CASE); options() follows it.
-bool g_shm = false;
+// The data path of the running test (see EVERY_PATH_TEST_CASE); options() follows it.
+enum class Path { kStreams = 0, kTcp = 1, kShm = 2 };
+Path g_path = Path::kStreams;
+const char* path_name(Path p) {
+  return p == Path::kShm ? "shared memory" : p == Path::kTcp ? "TCP" : "gRPC streams";
+}
 
-void run_both_paths(void (*body)()) {
-  for (const bool shm : {false, true}) {
-    g_shm = shm;
+void run_every_path(void (*body)()) {
+  for (const Path p : {Path::kStreams, Path::kTcp, Path::kShm}) {
+    g_path = p;
     struct Reset {
-      ~Reset() { g_shm = false; }
+      ~Reset() { g_path = Path::kStreams; }
     } reset;
-    INFO("data path: ", shm ? "shared memory" : "gRPC streams");
+    INFO("data path: ", path_name(p));
     body();
   }
 }
 
-// A test case whose body runs over the gRPC streams, then over shared memory.
-#define BOTH_PATHS_TEST_CASE(name, fn) \
+// A test case whose body runs over the gRPC streams, over TCP, then over shared memory.
+#define EVERY_PATH_TEST_CASE(name, fn) \
   static void fn();                    \
   TEST_CASE(name) {                    \
-    run_both_paths(fn);                \
+    run_every_path(fn);                \
   }                                    \
   static void fn()
 
+// The path a helper process was told to use (DTRAIN_GRPC_HELPER_PATH), and the variable.
+Path helper_path() {
+  const char* v = std::getenv("DTRAIN_GRPC_HELPER_PATH");
+  return v ? static_cast<Path>(std::atoi(v)) : Path::kStreams;
+}
+std::string helper_path_env() {
+  return "DTRAIN_GRPC_HELPER_PATH=" + std::to_string(static_cast<int>(g_path));
+}
+
 GrpcOptions options(int rank, int world, int port) {
   GrpcOptions o;
-  o.shm = g_shm;
+  o.shm = g_path == Path::kShm;
+  o.tcp = g_path == Path::kTcp;
   o.rank = rank;
   o.world_size = world;
   o.master_port = port;
@@ -183,15 +200,6 @@ std::string verify(int src, int dst, const std::vector<uint8_t>& data) {
   return "";
 }
 
-MsgHeader header(uint64_t channel, uint64_t part, CommOp op, uint64_t bytes) {
-  MsgHeader h;
-  h.channel = channel;
-  h.part = part;
-  h.op = op;
-  h.bytes = bytes;
-  return h;
-}
-
 // Sends to a peer that went away: the failure reaches the sender asynchronously, so allow a
 // few attempts. Returns the error ("" if every send succeeded).
 std::string send_fails_soon(Transport& t, int dst) {
@@ -241,7 +249,7 @@ wire::Frame frame(int src, uint64_t channel, uint64_t total, uint64_t offset, si
 
 }  // namespace
 
-BOTH_PATHS_TEST_CASE("grpc: rendezvous and all-pairs exchange for world sizes 1 to 4",
+EVERY_PATH_TEST_CASE("grpc: rendezvous and all-pairs exchange for world sizes 1 to 4",
                      test_rendezvous_and_all_pairs_exchange) {
   for (int world = 1; world <= 4; ++world) {
     CAPTURE(world);
@@ -253,7 +261,10 @@ BOTH_PATHS_TEST_CASE("grpc: rendezvous and all-pairs exchange for world sizes 1 
       CHECK(job.t[r]->backend() == "grpc");
       CHECK(grpc_peer_addresses(*job.t[r]).size() == static_cast<size_t>(world));
       // All ranks are on this host: with shm on, every peer is reached through shared memory.
-      CHECK(grpc_shm_peers(*job.t[r]).size() == (g_shm ? static_cast<size_t>(world - 1) : 0u));
+      CHECK(grpc_shm_peers(*job.t[r]).size() ==
+            (g_path == Path::kShm ? static_cast<size_t>(world - 1) : 0u));
+      CHECK(grpc_tcp_peers(*job.t[r]).size() ==
+            (g_path == Path::kTcp ? static_cast<size_t>(world - 1) : 0u));
     }
     // Every rank sends every size to every rank (itself included), all sends before any recv.
     const auto errors = run_ranks(world, [&](int r) {
@@ -311,7 +322,7 @@ TEST_CASE("grpc: ranks that disagree on shared memory use the streams between th
   for (int r = 0; r < kWorld; ++r) CHECK_MESSAGE(errors[r].empty(), "rank ", r, ": ", errors[r]);
 }
 
-BOTH_PATHS_TEST_CASE("grpc: concurrent sends to all peers then recvs do not deadlock",
+EVERY_PATH_TEST_CASE("grpc: concurrent sends to all peers then recvs do not deadlock",
                      test_concurrent_sends_to_all_peers) {
   constexpr int kWorld = 3;
   constexpr size_t kBig = size_t{12} << 20;  // above the HTTP/2 windows: needs draining
@@ -361,7 +372,7 @@ BOTH_PATHS_TEST_CASE("grpc: concurrent sends to all peers then recvs do not dead
   for (int r = 0; r < kWorld; ++r) CHECK_MESSAGE(errors[r].empty(), "rank ", r, ": ", errors[r]);
 }
 
-BOTH_PATHS_TEST_CASE("grpc: recv posted before the message arrives and recv_reduce",
+EVERY_PATH_TEST_CASE("grpc: recv posted before the message arrives and recv_reduce",
                      test_recv_posted_before_the_message) {
   Job job = connect_job(2);
   require_ok(job);
@@ -391,7 +402,7 @@ BOTH_PATHS_TEST_CASE("grpc: recv posted before the message arrives and recv_redu
   for (size_t i = 0; i < kN; i += 997) CHECK(c[i] == std::max(3.0f, a[i]));
 }
 
-BOTH_PATHS_TEST_CASE("grpc: a recv posted while its message is arriving gets every byte",
+EVERY_PATH_TEST_CASE("grpc: a recv posted while its message is arriving gets every byte",
                      test_a_recv_posted_while_its) {
   Job job = connect_job(2);
   require_ok(job);
@@ -416,7 +427,7 @@ BOTH_PATHS_TEST_CASE("grpc: a recv posted while its message is arriving gets eve
   CHECK(st.direct + st.redirected + st.mailbox == 8);  // which path each took depends on timing
 }
 
-BOTH_PATHS_TEST_CASE("grpc: mutual TLS", test_mutual_tls) {
+EVERY_PATH_TEST_CASE("grpc: mutual TLS", test_mutual_tls) {
   testing::TempDir dir;
   const std::string d = dir.path();
   const std::string cmd =
@@ -450,7 +461,7 @@ BOTH_PATHS_TEST_CASE("grpc: mutual TLS", test_mutual_tls) {
   CHECK(verify(0, 1, got) == "");
 }
 
-BOTH_PATHS_TEST_CASE("grpc: collectives run over the gRPC transport",
+EVERY_PATH_TEST_CASE("grpc: collectives run over the gRPC transport",
                      test_collectives_run_over_the_grpc) {
   constexpr int kWorld = 3;
   Job job = connect_job(kWorld);
@@ -474,7 +485,7 @@ BOTH_PATHS_TEST_CASE("grpc: collectives run over the gRPC transport",
   for (int r = 0; r < kWorld; ++r) CHECK_MESSAGE(errors[r].empty(), "rank ", r, ": ", errors[r]);
 }
 
-BOTH_PATHS_TEST_CASE("grpc: a recv timeout names the peer and the message",
+EVERY_PATH_TEST_CASE("grpc: a recv timeout names the peer and the message",
                      test_a_recv_timeout_names_the) {
   Job job = connect_job(2);
   require_ok(job);
@@ -497,7 +508,7 @@ BOTH_PATHS_TEST_CASE("grpc: a recv timeout names the peer and the message",
   CHECK(verify(1, 0, buf) == "");
 }
 
-BOTH_PATHS_TEST_CASE("grpc: op and byte-count mismatches fail at once with both sides named",
+EVERY_PATH_TEST_CASE("grpc: op and byte-count mismatches fail at once with both sides named",
                      test_op_and_byte_count_mismatches) {
   Job job = connect_job(2);
   require_ok(job);
@@ -539,7 +550,7 @@ BOTH_PATHS_TEST_CASE("grpc: op and byte-count mismatches fail at once with both 
   }
 }
 
-BOTH_PATHS_TEST_CASE("grpc: a wrong job token is refused and delivers nothing",
+EVERY_PATH_TEST_CASE("grpc: a wrong job token is refused and delivers nothing",
                      test_a_wrong_job_token_is) {
   SUBCASE("at the rendezvous") {
     const int port = free_port();
@@ -574,7 +585,7 @@ BOTH_PATHS_TEST_CASE("grpc: a wrong job token is refused and delivers nothing",
   }
 }
 
-BOTH_PATHS_TEST_CASE("grpc: rendezvous refuses disagreeing ranks with a clear message",
+EVERY_PATH_TEST_CASE("grpc: rendezvous refuses disagreeing ranks with a clear message",
                      test_rendezvous_refuses_disagreeing_ranks_with) {
   const int port = free_port();
   SUBCASE("config hash") {
@@ -640,7 +651,7 @@ BOTH_PATHS_TEST_CASE("grpc: rendezvous refuses disagreeing ranks with a clear me
   }
 }
 
-BOTH_PATHS_TEST_CASE("grpc: a rendezvous timeout names the ranks that never joined",
+EVERY_PATH_TEST_CASE("grpc: a rendezvous timeout names the ranks that never joined",
                      test_a_rendezvous_timeout_names_the) {
   const int port = free_port();
   const auto t0 = Clock::now();
@@ -659,7 +670,7 @@ BOTH_PATHS_TEST_CASE("grpc: a rendezvous timeout names the ranks that never join
   }
 }
 
-BOTH_PATHS_TEST_CASE("grpc: a rank that comes up before rank 0 waits for it",
+EVERY_PATH_TEST_CASE("grpc: a rank that comes up before rank 0 waits for it",
                      test_a_rank_that_comes_up) {
   const int port = free_port();
   Job job;
@@ -682,7 +693,7 @@ BOTH_PATHS_TEST_CASE("grpc: a rank that comes up before rank 0 waits for it",
   require_ok(job);
 }
 
-BOTH_PATHS_TEST_CASE("grpc: malformed frames are rejected and fail the receiver's pending recv",
+EVERY_PATH_TEST_CASE("grpc: malformed frames are rejected and fail the receiver's pending recv",
                      test_malformed_frames_are_rejected_and) {
   struct Bad {
     const char* name;
@@ -716,7 +727,7 @@ BOTH_PATHS_TEST_CASE("grpc: malformed frames are rejected and fail the receiver'
   }
 }
 
-BOTH_PATHS_TEST_CASE("grpc: a peer that closes fails the other rank's pending recv promptly",
+EVERY_PATH_TEST_CASE("grpc: a peer that closes fails the other rank's pending recv promptly",
                      test_a_peer_that_closes_fails) {
   Job job = connect_job(3);
   require_ok(job);
@@ -747,8 +758,7 @@ BOTH_PATHS_TEST_CASE("grpc: a peer that closes fails the other rank's pending re
 TEST_CASE("grpc: helper rank for the killed-peer test" * doctest::skip()) {
   const char* port = std::getenv("DTRAIN_GRPC_HELPER_PORT");
   if (!port) return;
-  const char* shm = std::getenv("DTRAIN_GRPC_HELPER_SHM");
-  g_shm = shm && std::string(shm) == "1";
+  g_path = helper_path();
   auto t = connect_grpc(options(1, 2, std::atoi(port)));
   const auto data = make_payload(1, 0, 1000);
   t->send(0, header(1, 0, CommOp::kBroadcast, data.size()), data.data());
@@ -764,7 +774,7 @@ std::vector<std::string> helper_env(std::vector<std::string> vars) {
   return vars;
 }
 
-BOTH_PATHS_TEST_CASE("grpc: a killed peer process fails pending recvs and sends promptly",
+EVERY_PATH_TEST_CASE("grpc: a killed peer process fails pending recvs and sends promptly",
                      test_a_killed_peer_process_fails) {
   const int port = free_port();
   // Everything the child needs is prepared before fork: only exec runs in between.
@@ -772,7 +782,7 @@ BOTH_PATHS_TEST_CASE("grpc: a killed peer process fails pending recvs and sends 
   const std::string env_port = "DTRAIN_GRPC_HELPER_PORT=" + std::to_string(port);
   const char* argv[] = {self.c_str(), "-tc=grpc: helper rank for the killed-peer test", "--no-skip",
                         "--no-version", nullptr};
-  const std::string env_shm = std::string("DTRAIN_GRPC_HELPER_SHM=") + (g_shm ? "1" : "0");
+  const std::string env_shm = helper_path_env();
   const std::vector<std::string> env = helper_env({env_port, env_shm});
   std::vector<const char*> envp;
   for (const std::string& e : env) envp.push_back(e.c_str());
@@ -812,8 +822,7 @@ BOTH_PATHS_TEST_CASE("grpc: a killed peer process fails pending recvs and sends 
 TEST_CASE("grpc: helper rank for the frozen-peer test" * doctest::skip()) {
   const char* port = std::getenv("DTRAIN_GRPC_HELPER_PORT");
   if (!port) return;
-  const char* shm = std::getenv("DTRAIN_GRPC_HELPER_SHM");
-  g_shm = shm && std::string(shm) == "1";
+  g_path = helper_path();
   GrpcOptions o = options(1, 2, std::atoi(port));
   o.heartbeat_s = 1;
   auto t = connect_grpc(o);
@@ -824,14 +833,14 @@ TEST_CASE("grpc: helper rank for the frozen-peer test" * doctest::skip()) {
   std::this_thread::sleep_for(std::chrono::seconds(60));  // until stopped and killed
 }
 
-BOTH_PATHS_TEST_CASE("grpc: a frozen peer (SIGSTOP) is detected by its missing heartbeats",
+EVERY_PATH_TEST_CASE("grpc: a frozen peer (SIGSTOP) is detected by its missing heartbeats",
                      test_a_frozen_peer_is_detected) {
   const int port = free_port();
   const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
   const std::string env_port = "DTRAIN_GRPC_HELPER_PORT=" + std::to_string(port);
   const char* argv[] = {self.c_str(), "-tc=grpc: helper rank for the frozen-peer test", "--no-skip",
                         "--no-version", nullptr};
-  const std::string env_shm = std::string("DTRAIN_GRPC_HELPER_SHM=") + (g_shm ? "1" : "0");
+  const std::string env_shm = helper_path_env();
   const std::vector<std::string> env = helper_env({env_port, env_shm});
   std::vector<const char*> envp;
   for (const std::string& e : env) envp.push_back(e.c_str());
@@ -903,7 +912,7 @@ TEST_CASE("grpc: ranks with different heartbeat_s do not take each other for fro
   CHECK(verify(0, 1, back) == "");
 }
 
-BOTH_PATHS_TEST_CASE("grpc: abort fails pending and later calls here and on the peers",
+EVERY_PATH_TEST_CASE("grpc: abort fails pending and later calls here and on the peers",
                      test_abort_fails_pending_and_later) {
   Job job = connect_job(2);
   require_ok(job);
@@ -925,7 +934,7 @@ BOTH_PATHS_TEST_CASE("grpc: abort fails pending and later calls here and on the 
   CHECK_MESSAGE(contains(send_error, "rank 0"), send_error);
 }
 
-BOTH_PATHS_TEST_CASE("grpc: bad options are user errors", test_bad_options_are_user_errors) {
+EVERY_PATH_TEST_CASE("grpc: bad options are user errors", test_bad_options_are_user_errors) {
   GrpcOptions o = options(0, 2, 0);
   CHECK_THROWS_AS(connect_grpc(o), UserError);  // port 0
   o = options(2, 2, 1234);

@@ -38,6 +38,7 @@ std::vector<std::unique_ptr<Transport>> connect_pair() {
     th.emplace_back([&, r] {
       GrpcOptions o;
       o.shm = false;
+      o.tcp = false;
       o.rank = r;
       o.world_size = 2;
       o.master_port = port;

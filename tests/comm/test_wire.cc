@@ -1,11 +1,13 @@
-// The pure decoders a fuzzer drives: gRPC data frames (comm/grpc/wire.h) and rendezvous join
-// requests (comm/rendezvous/rendezvous.h). No transport involved.
+// The pure decoders a fuzzer drives: gRPC data frames (comm/grpc/wire.h), the TCP data path's
+// hello and chunk headers (comm/grpc/tcp_wire.h) and rendezvous join requests
+// (comm/rendezvous/rendezvous.h). No transport involved.
 #include <doctest/doctest.h>
 
 #include <span>
 #include <string>
 #include <vector>
 
+#include "comm/grpc/tcp_wire.h"
 #include "comm/grpc/wire.h"
 #include "comm/grpc_internal.h"
 #include "comm/rendezvous/rendezvous.h"
@@ -140,4 +142,76 @@ TEST_CASE("rendezvous: join requests decode, and refusals name the rank and both
                   WireError);
   const std::string huge(kMaxJoinRequestBytes + 1, '\0');
   CHECK_THROWS_AS(decode_join_request(std::span<const char>(huge.data(), huge.size())), WireError);
+}
+
+TEST_CASE("tcp wire: hello, answer and chunk header decode to what was encoded") {
+  using namespace dtrain::grpc_detail;
+  const TcpHello h{3, 1, 8,
+                   std::string("tok\x01"
+                               "en"),
+                   "hash"};
+  const std::string b = encode_tcp_hello(h);
+  CHECK(b.size() == kTcpHelloFixedBytes + 6 + 4);
+  const TcpHello d = decode_tcp_hello(b);
+  CHECK(d.src == 3);
+  CHECK(d.dst == 1);
+  CHECK(d.world == 8);
+  CHECK(d.token == h.token);
+  CHECK(d.session == "hash");
+  char a[kTcpAnswerBytes];
+  encode_tcp_answer(a, 0);
+  CHECK(decode_tcp_answer(a) == 0);
+  encode_tcp_answer(a, 7);
+  CHECK(decode_tcp_answer(a) == 7);
+  MsgHeader m;
+  m.channel = kP2PBit | 0x123456789ull;
+  m.part = 41;
+  m.op = typed_op(CommOp::kAllGather, DType::kI64);
+  m.bytes = uint64_t{5} << 30 >> 2;
+  char c[kTcpChunkHeaderBytes];
+  encode_tcp_chunk_header(c, m, 1024, kTcpChunkBytes);
+  const WireFrame f = decode_tcp_chunk_header(c, 5);
+  CHECK(f.src == 5);
+  CHECK(f.h.channel == m.channel);
+  CHECK(f.h.part == 41);
+  CHECK(f.h.op == m.op);
+  CHECK(f.h.bytes == m.bytes);
+  CHECK(f.offset == 1024);
+  CHECK(f.len == kTcpChunkBytes);
+}
+
+TEST_CASE("tcp wire: every prefix and bad field is refused with WireError saying why") {
+  using namespace dtrain::grpc_detail;
+  const std::string b = encode_tcp_hello(TcpHello{1, 0, 2, "token", "hash"});
+  for (size_t n = 0; n < b.size(); ++n)
+    CHECK_THROWS_AS(decode_tcp_hello(std::span<const char>(b.data(), n)), WireError);
+  CHECK_THROWS_WITH_AS(decode_tcp_hello(b + "x"), doctest::Contains("after the"), WireError);
+  std::string v = b;
+  v[4] = 9;
+  CHECK_THROWS_WITH_AS(decode_tcp_hello(v), doctest::Contains("version 9"), WireError);
+  v = b;
+  v[0] = 'X';
+  CHECK_THROWS_WITH_AS(decode_tcp_hello(v), doctest::Contains("bad magic"), WireError);
+  v = b;
+  v[26] = 1;  // session length 65536 + 4
+  CHECK_THROWS_WITH_AS(decode_tcp_hello(v), doctest::Contains("at most"), WireError);
+  char a[kTcpAnswerBytes] = "DTRX";
+  CHECK_THROWS_AS(decode_tcp_answer(a), WireError);
+  MsgHeader m;
+  m.bytes = 100;
+  char c[kTcpChunkHeaderBytes];
+  encode_tcp_chunk_header(c, m, 0, 100);
+  for (size_t n = 0; n < sizeof c; ++n)
+    CHECK_THROWS_AS(decode_tcp_chunk_header(std::span<const char>(c, n), 1), WireError);
+  encode_tcp_chunk_header(c, m, 60, 41);
+  CHECK_THROWS_WITH_AS(decode_tcp_chunk_header(c, 1), doctest::Contains("exceeds"), WireError);
+  m.bytes = kGrpcMaxMessageBytes + 1;
+  encode_tcp_chunk_header(c, m, 0, 1);
+  CHECK_THROWS_WITH_AS(decode_tcp_chunk_header(c, 1), doctest::Contains("limit"), WireError);
+  m.bytes = 8 << 20;
+  encode_tcp_chunk_header(c, m, 0, kTcpMaxChunkBytes + 4);
+  CHECK_THROWS_WITH_AS(decode_tcp_chunk_header(c, 1), doctest::Contains("at most"), WireError);
+  m.op = static_cast<CommOp>(0x77);
+  encode_tcp_chunk_header(c, m, 0, 4);
+  CHECK_THROWS_WITH_AS(decode_tcp_chunk_header(c, 1), doctest::Contains("unknown op"), WireError);
 }

@@ -731,10 +731,12 @@ TEST_CASE("distributed keys: timeouts, tls all-or-none, per-host keys outside th
   const Config d = parse_config(
       base, "d.yaml",
       {"distributed.bind=10.0.0.2", "distributed.timeout_s=7", "distributed.backend=grpc",
-       "distributed.shm=false", "distributed.heartbeat_s=2.5"});
+       "distributed.shm=false", "distributed.tcp=false", "distributed.heartbeat_s=2.5"});
   CHECK(d.distributed.heartbeat_s == 2.5);
   CHECK(c.distributed.shm);
   CHECK(!d.distributed.shm);
+  CHECK(c.distributed.tcp);
+  CHECK(!d.distributed.tcp);
   CHECK(config_hash(c) == config_hash(d));
   CHECK(config_hash(c) != config_hash(parse_config(base, "d.yaml")));  // backend differs
 }

@@ -20,6 +20,7 @@
 #include "comm/grpc/peer_path.h"
 #include "comm/grpc/shm_path.h"
 #include "comm/grpc/streams.h"
+#include "comm/grpc/tcp_path.h"
 #include "comm/grpc_internal.h"
 #include "comm/grpc_transport.h"
 #include "comm/mailbox.h"
@@ -39,6 +40,13 @@ class GrpcTransport final : public Transport, private InStreamSink {
   std::string backend() const override { return "grpc"; }
   const std::vector<std::string>& peers() const { return peers_; }
   std::vector<int> shm_peers() const { return shm_ ? shm_->peers() : std::vector<int>{}; }
+  std::vector<int> tcp_peers() const {
+    std::vector<int> v;
+    for (int r = 0; r < world_; ++r)
+      if (tcp_ && out_path_[r] == tcp_.get()) v.push_back(r);
+    return v;
+  }
+  int tcp_port() const { return tcp_ ? tcp_->port() : 0; }
   GrpcRecvStats recv_stats() const {
     return GrpcRecvStats{counters_.direct.load(), counters_.redirected.load(),
                          counters_.mailbox.load()};
@@ -48,8 +56,8 @@ class GrpcTransport final : public Transport, private InStreamSink {
   void connect();
 
   void send(int dst, const MsgHeader& h, const void* data) override;
-  // Stream peers: queues the message on dst's OutStream and returns (StreamSend). Shared memory
-  // and self: the synchronous default.
+  // Paths that overlap (gRPC streams: queued on dst's OutStream; TCP: on dst's writer thread)
+  // return at once (PathSend); shared memory and self: the synchronous default.
   std::unique_ptr<PendingSend> send_start(int dst, const MsgHeader& h, const void* data) override;
   void recv(int src, const MsgHeader& h, void* data, Deadline deadline) override;
   void recv_reduce(int src, const MsgHeader& h, float* data, Reduce r, Deadline deadline) override;
@@ -94,6 +102,8 @@ class GrpcTransport final : public Transport, private InStreamSink {
     void send(int dst, const MsgHeader& h, const void* data) override {
       t_->send_stream(dst, h, data);
     }
+    bool overlaps() const override { return true; }
+    std::unique_ptr<PendingSend> send_start(int dst, const MsgHeader& h, const void* data) override;
     void recv(int src, const MsgHeader& h, void* data, const Reduce* red,
               Deadline deadline) override {
       t_->mailbox(src).recv(h, data, red, deadline);
@@ -103,8 +113,10 @@ class GrpcTransport final : public Transport, private InStreamSink {
     GrpcTransport* const t_;
   };
 
-  // A send queued on a stream: waits on its ticket (see send_start).
+  // A send queued on a stream: waits on its ticket (StreamPath::send_start).
   class StreamSend;
+  // A path's asynchronous send, with send()'s error report and accounting (send_start).
+  class PathSend;
 
   Mailbox& mailbox(int src) { return *inboxes_[src]; }
   grpc::ChannelArguments channel_args() const;
@@ -114,6 +126,9 @@ class GrpcTransport final : public Transport, private InStreamSink {
   // once when a peer is found down (setup_failure), else at `deadline`.
   void open_streams(Clock::time_point deadline);
   void wait_for_peers(Clock::time_point deadline);
+  // Opens the TCP data connection to r when both sides have the path and r is not reached
+  // through shared memory; on failure (logged) r's data stays on the gRPC stream.
+  void connect_tcp(int r, Clock::time_point deadline);
   // "" or why connecting cannot succeed: this transport aborted, or a peer went down (one
   // found silent first: a rank that gave up because of it comes later).
   std::string setup_failure();
@@ -126,9 +141,6 @@ class GrpcTransport final : public Transport, private InStreamSink {
   // Queues h on dst's stream (throws CommError if it is down); the ticket completes once gRPC
   // no longer references data.
   std::shared_ptr<SendTicket> start_stream_send(int dst, const MsgHeader& h, const void* data);
-  // check_sendable, then start_stream_send; a failure is reported as rethrow_send_error does.
-  std::shared_ptr<SendTicket> start_checked_stream_send(int dst, const MsgHeader& h,
-                                                        const void* data);
   // Waits for t; throws CommError if the send failed (once gRPC released data).
   void wait_stream_send(int dst, SendTicket& t);
   // Throws CommError if this transport aborted or h is above the message limit.
@@ -167,6 +179,7 @@ class GrpcTransport final : public Transport, private InStreamSink {
   std::unique_ptr<grpc::Server> server_;
   std::string listen_address_;
   std::vector<std::string> peers_;
+  std::vector<int> tcp_ports_;  // per peer: its TCP data port, 0 = none
   BufferPool pool_;
   RecvCounters counters_;
   DownLog down_log_;
@@ -174,6 +187,7 @@ class GrpcTransport final : public Transport, private InStreamSink {
   std::vector<std::unique_ptr<OutStream>> out_;  // null for self
   std::vector<std::shared_ptr<grpc::Channel>> channels_;
   std::unique_ptr<ShmPath> shm_;  // null: shared memory off or unavailable
+  std::unique_ptr<TcpPath> tcp_;  // null: TCP data path off (TLS, distributed.tcp) or unavailable
   SelfPath self_path_{this};
   StreamPath stream_path_{this};
   std::vector<PeerPath*> out_path_, in_path_;  // per peer: how data goes to / comes from it

@@ -52,6 +52,9 @@ constexpr auto kSetupSlice = std::chrono::milliseconds(50);
 // Keepalive: notices a peer whose host vanished without closing the socket.
 constexpr int kKeepaliveTimeMs = 10000;
 constexpr int kKeepaliveTimeoutMs = 10000;
+// How long a rank tries to open a TCP data connection before it keeps the gRPC stream instead
+// (a peer's data port is up before the rendezvous, so only a firewall or a broken route waits).
+constexpr auto kTcpConnectLimit = std::chrono::seconds(10);
 
 std::string read_pem(const std::string& path, const char* what) {
   std::ifstream in(path, std::ios::binary);
@@ -210,8 +213,26 @@ void GrpcTransport::open_streams(Clock::time_point deadline) {
                                     seconds_str(o_.connect_timeout_s)));
       if (channels_[r]->WaitForConnected(wall(std::min(deadline, now + kSetupSlice)))) break;
     }
+    connect_tcp(r, deadline);
     out_[r]->start(channels_[r], o_.token);
   }
+}
+
+void GrpcTransport::connect_tcp(int r, Clock::time_point deadline) {
+  if (!tcp_ || tcp_ports_[r] <= 0 || (shm_ && shm_->sends_to(r))) return;
+  // Before our stream to r opens: r counts the connection among our streams first.
+  const std::string host = peers_[r].substr(0, peers_[r].rfind(':'));
+  const std::string why =
+      tcp_->connect(r, host, tcp_ports_[r], std::min(deadline, Clock::now() + kTcpConnectLimit),
+                    [this] { return setup_failure(); });
+  if (why.empty()) {
+    out_path_[r] = tcp_.get();
+    return;
+  }
+  spdlog::warn(
+      "rank {}: no TCP data connection to rank {} at {} ({}); its data goes over the "
+      "gRPC stream",
+      rank_, r, host_port(host, tcp_ports_[r]), why);
 }
 
 void GrpcTransport::wait_for_peers(Clock::time_point deadline) {
@@ -287,12 +308,26 @@ void GrpcTransport::connect() {
                                           return malformed(src, what, "shared-memory record");
                                         }});
   }
-  const std::vector<PeerEntry> table = join_rendezvous(
-      o_, listen_address_, shm_ ? shm_->name() : "", channel_creds_, channel_args());
+  if (o_.tcp && world_ > 1) {
+    if (!o_.tls_cert.empty())
+      spdlog::debug("rank {}: TLS is on, so data stays on the gRPC streams", rank_);
+    else
+      tcp_ =
+          TcpPath::create(TcpPath::Env{rank_, world_, o_.token, o_.config_hash,
+                                       [this](int r) -> Mailbox& { return mailbox(r); },
+                                       [this](int src, const std::string& what) {
+                                         return malformed(src, what, "chunk on the TCP connection");
+                                       }},
+                          o_.bind);
+  }
+  const std::vector<PeerEntry> table =
+      join_rendezvous(o_, listen_address_, shm_ ? shm_->name() : "", tcp_ ? tcp_->port() : 0,
+                      channel_creds_, channel_args());
   std::vector<std::string> shm_names;
   for (const PeerEntry& p : table) {
     peers_.push_back(p.address);
     shm_names.push_back(p.shm_name);
+    tcp_ports_.push_back(p.tcp_port);
   }
   // Liveness from the rendezvous on: a peer silent for heartbeat_s from here is failed, also
   // while this rank still waits for its connection or its streams.
@@ -320,6 +355,9 @@ void GrpcTransport::shutdown() {
   }
   // Keep beating while the streams close, but judge no peer any more.
   heartbeats_.disarm();
+  // 0. The TCP connections end after their last byte; their readers stop (before the streams
+  // close, so that a peer's mailbox never fails ahead of data still on its connection).
+  if (tcp_) tcp_->close();
   // 1. Half-close our streams so peers see a clean close; cancel the ones that do not finish.
   const auto grace = Clock::now() + kCloseGrace;
   for (auto& o : out_)

@@ -44,6 +44,8 @@ std::string join_refusal(const wire::JoinRequest& req, int world, const std::str
   if (req.config_hash() != hash)
     return fmt::format("rank {} has config hash {}, rank 0 has {}", rank, req.config_hash(), hash);
   if (req.listen_address().empty()) return fmt::format("rank {} sent no listen address", rank);
+  if (req.tcp_port() < 0 || req.tcp_port() > 65535)
+    return fmt::format("rank {} sent TCP data port {}", rank, req.tcp_port());
   return "";
 }
 
@@ -66,7 +68,7 @@ std::string JoinCoordinator::on_set(const std::string& key, const std::string& v
     decided_ = true;
     return std::string(kFail) + failure;
   }
-  joined_[rank] = Joined{req.listen_address(), req.shm_name()};
+  joined_[rank] = Joined{req.listen_address(), req.shm_name(), req.tcp_port()};
   spdlog::debug("rendezvous: rank {} joined from {} ({}/{})", rank, req.listen_address(),
                 joined_.size(), world_);
   if (static_cast<int>(joined_.size()) < world_) return "";
@@ -76,6 +78,7 @@ std::string JoinCoordinator::on_set(const std::string& key, const std::string& v
     peer->set_rank(r);
     peer->set_address(j.address);
     peer->set_shm_name(j.shm_name);
+    peer->set_tcp_port(j.tcp_port);
   }
   decided_ = true;
   return std::string(kOk) + reply.SerializeAsString();
@@ -180,9 +183,9 @@ std::vector<PeerEntry> decode_join_result(const std::string& result, int rank, i
   std::vector<PeerEntry> peers;
   for (int r = 0; r < world; ++r) {
     const wire::Peer& p = reply.peers(r);
-    if (p.rank() != r || p.address().empty())
+    if (p.rank() != r || p.address().empty() || p.tcp_port() < 0 || p.tcp_port() > 65535)
       throw CommError(fmt::format("rendezvous returned a bad peer table (entry {})", r));
-    peers.push_back(PeerEntry{p.address(), p.shm_name()});
+    peers.push_back(PeerEntry{p.address(), p.shm_name(), p.tcp_port()});
   }
   // Joined after the last rank did (a restarted or duplicate process): not in the table.
   if (peers[rank].address != listen_address)
@@ -191,7 +194,7 @@ std::vector<PeerEntry> decode_join_result(const std::string& result, int rank, i
 }
 
 std::vector<PeerEntry> join_rendezvous(const GrpcOptions& o, const std::string& listen_address,
-                                       const std::string& shm_name,
+                                       const std::string& shm_name, int tcp_port,
                                        const std::shared_ptr<grpc::ChannelCredentials>& creds,
                                        const grpc::ChannelArguments& args) {
   const int rank_ = o.rank, world_ = o.world_size;
@@ -226,6 +229,7 @@ std::vector<PeerEntry> join_rendezvous(const GrpcOptions& o, const std::string& 
   req.set_listen_address(listen_address);
   req.set_config_hash(o.config_hash);
   req.set_shm_name(shm_name);
+  req.set_tcp_port(tcp_port);
   const int64_t n = rdzv.add("joins", 1);
   rdzv.set(fmt::format("join/{}", n), req.SerializeAsString());
   const std::string result = rdzv.get("result", deadline);

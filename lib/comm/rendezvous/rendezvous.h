@@ -1,7 +1,7 @@
 // The rendezvous, on the store (rendezvous/store.h) that rank 0 hosts at MASTER_ADDR:MASTER_PORT.
 // Every rank (rank 0 included) joins with (rank, world size, listen address, shared-memory
-// segment name, config hash) under the job token and receives the peer table once all ranks have
-// joined:
+// segment name, TCP data port, config hash) under the job token and receives the peer table once
+// all ranks have joined:
 //
 //   every rank:  n = add("rdzv/joins", 1); set("rdzv/join/<n>", JoinRequest);
 //                get("rdzv/result")  -> "ok" + JoinReply | "fail" + the message
@@ -68,6 +68,7 @@ class JoinCoordinator {
  private:
   struct Joined {
     std::string address, shm_name;
+    int tcp_port = 0;
   };
   const int world_;
   const std::string hash_;
@@ -109,6 +110,7 @@ class RendezvousHost {
 struct PeerEntry {
   std::string address;   // "host:port" of the rank's Data service
   std::string shm_name;  // its shared-memory segment, "" = none
+  int tcp_port = 0;      // its TCP data port on the host of `address`, 0 = none
 };
 
 // The peer table in a rendezvous result (the value rank 0 sets under "rdzv/result": "ok" + a
@@ -122,7 +124,7 @@ std::vector<PeerEntry> decode_join_result(const std::string& result, int rank, i
 // Joins the rendezvous at o.master_addr:o.master_port (waiting for rank 0 to come up) and
 // returns the peer table, in rank order. Throws CommError with what rank 0 or the network said.
 std::vector<PeerEntry> join_rendezvous(const GrpcOptions& o, const std::string& listen_address,
-                                       const std::string& shm_name,
+                                       const std::string& shm_name, int tcp_port,
                                        const std::shared_ptr<grpc::ChannelCredentials>& creds,
                                        const grpc::ChannelArguments& args);
 

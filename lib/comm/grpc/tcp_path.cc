@@ -1,0 +1,380 @@
+#include "comm/grpc/tcp_path.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <netdb.h>
+#include <poll.h>
+#include <spdlog/spdlog.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "comm/grpc/tcp_wire.h"
+#include "util/check.h"
+
+namespace dtrain::grpc_detail {
+namespace {
+
+// How long an accepted connection may take to say who it is, and a sender to be answered.
+constexpr auto kHelloTimeout = std::chrono::seconds(5);
+
+void set_recv_timeout(int fd, std::chrono::milliseconds t) {
+  timeval tv{};
+  tv.tv_sec = static_cast<time_t>(t.count() / 1000);
+  tv.tv_usec = static_cast<suseconds_t>((t.count() % 1000) * 1000);
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+}
+
+std::string peer_name(int fd) {
+  sockaddr_storage ss{};
+  socklen_t len = sizeof ss;
+  char host[64] = "?";
+  if (getpeername(fd, reinterpret_cast<sockaddr*>(&ss), &len) == 0)
+    getnameinfo(reinterpret_cast<sockaddr*>(&ss), len, host, sizeof host, nullptr, 0,
+                NI_NUMERICHOST);
+  return host;
+}
+
+}  // namespace
+
+// One message queued on a writer thread.
+struct TcpJob {
+  MsgHeader h;
+  const char* data = nullptr;
+  bool done = false;
+  std::string error;  // set when done: the send failed
+};
+
+struct TcpPath::Out {
+  int dst = 0;
+  Fd fd;
+  std::mutex write_mu;  // one message at a time on the socket
+  std::mutex mu;        // guards the rest; cv signals queue changes and completed jobs
+  std::condition_variable cv;
+  std::deque<std::shared_ptr<TcpJob>> queue;
+  std::string error;  // the connection failed: every send fails with it
+  bool stop = false;
+  std::thread writer;
+
+  // Fails the connection with why (the first reason stays) and shuts the socket down so a
+  // blocked write returns; returns the reason that stays.
+  std::string fail(const std::string& why) {
+    std::lock_guard<std::mutex> lk(mu);
+    if (error.empty()) {
+      error = why;
+      ::shutdown(fd.get(), SHUT_RDWR);
+    }
+    cv.notify_all();
+    return error;
+  }
+};
+
+struct TcpPath::In {
+  int src = -1;
+  Fd fd;
+  std::thread reader;
+};
+
+class TcpPath::Send final : public PendingSend {
+ public:
+  Send(std::shared_ptr<Out> o, std::shared_ptr<TcpJob> j) : o_(std::move(o)), j_(std::move(j)) {}
+  ~Send() override {
+    if (!waited_) wait_done();
+  }
+  void wait() override {
+    DT_CHECK(!waited_);
+    waited_ = true;
+    wait_done();
+    if (!j_->error.empty()) throw CommError(j_->error);
+  }
+
+ private:
+  // The writer always finishes a job: its write completes or fails (fail/abort shut the
+  // socket down).
+  void wait_done() {
+    std::unique_lock<std::mutex> lk(o_->mu);
+    o_->cv.wait(lk, [&] { return j_->done; });
+  }
+  const std::shared_ptr<Out> o_;
+  const std::shared_ptr<TcpJob> j_;
+  bool waited_ = false;
+};
+
+std::unique_ptr<TcpPath> TcpPath::create(Env env, const std::string& bind_host) {
+  try {
+    int port = 0;
+    Fd l = tcp_listen(bind_host, &port);
+    return std::unique_ptr<TcpPath>(new TcpPath(std::move(env), std::move(l), port));
+  } catch (const CommError& e) {
+    spdlog::warn("rank {}: no TCP data path ({}); data goes over the gRPC streams", env.rank,
+                 e.what());
+    return nullptr;
+  }
+}
+
+TcpPath::TcpPath(Env env, Fd listener, int port)
+    : env_(std::move(env)), listener_(std::move(listener)), port_(port) {
+  out_.resize(static_cast<size_t>(env_.world));
+  if (pipe2(wake_, O_CLOEXEC) != 0) throw CommError("pipe2 failed");
+  acceptor_ = std::thread([this] { accept_loop(); });
+}
+
+TcpPath::~TcpPath() {
+  close();
+}
+
+void TcpPath::accept_loop() {
+  for (;;) {
+    pollfd p[2] = {{listener_.get(), POLLIN, 0}, {wake_[0], POLLIN, 0}};
+    if (poll(p, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      return;
+    }
+    if (p[1].revents || closing_.load()) return;
+    Fd fd(accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC));
+    if (!fd) continue;
+    const std::string from = peer_name(fd.get());
+    const int src = admit(fd.get(), from);
+    char answer[kTcpAnswerBytes];
+    std::lock_guard<std::mutex> lk(in_mu_);
+    if (src < 0 || closing_.load()) {
+      encode_tcp_answer(answer, 1);
+      (void)::send(fd.get(), answer, sizeof answer, MSG_NOSIGNAL);
+      continue;
+    }
+    // Counted as one of src's streams before src hears it was accepted, and so before src
+    // opens its gRPC stream: the mailbox cannot fail in between.
+    env_.mailbox(src).stream_opened();
+    auto in = std::make_unique<In>();
+    in->src = src;
+    in->fd = std::move(fd);
+    set_recv_timeout(in->fd.get(), std::chrono::milliseconds(0));
+    encode_tcp_answer(answer, 0);
+    (void)::send(in->fd.get(), answer, sizeof answer, MSG_NOSIGNAL);  // a failure ends the reader
+    In* raw = in.get();
+    in->reader = std::thread([this, raw] { read_loop(raw); });
+    in_.push_back(std::move(in));
+  }
+}
+
+int TcpPath::admit(int fd, const std::string& from) {
+  set_recv_timeout(fd, std::chrono::duration_cast<std::chrono::milliseconds>(kHelloTimeout));
+  std::string why;
+  TcpHello h;
+  try {
+    char fixed[kTcpHelloFixedBytes];
+    if (!read_exact(fd, fixed, sizeof fixed)) throw WireError("closed before its hello");
+    const TcpHelloLengths n = decode_tcp_hello_fixed(fixed, &h);
+    h.token.resize(n.token);
+    h.session.resize(n.session);
+    if (!read_exact(fd, h.token.data(), n.token) || !read_exact(fd, h.session.data(), n.session))
+      throw WireError("closed during its hello");
+    if (!token_equal(env_.token, h.token))
+      why = "wrong or missing job token";
+    else if (h.session != env_.session)
+      why = "another job (config hash differs)";
+    else if (h.world != env_.world || h.dst != env_.rank || h.src < 0 || h.src >= env_.world ||
+             h.src == env_.rank)
+      why = fmt::format("it claims rank {} of {} sending to rank {}", h.src, h.world, h.dst);
+  } catch (const std::exception& e) {  // WireError, CommError (a timeout or reset)
+    why = e.what();
+  }
+  if (why.empty()) {
+    std::lock_guard<std::mutex> lk(in_mu_);
+    for (const auto& in : in_)
+      if (in->src == h.src) why = fmt::format("rank {} is connected already", h.src);
+  }
+  if (!why.empty()) {
+    spdlog::warn("rank {}: refused a data connection from {}: {}", env_.rank, from, why);
+    return -1;
+  }
+  return h.src;
+}
+
+void TcpPath::read_loop(In* in) {
+  const int src = in->src;
+  Mailbox& box = env_.mailbox(src);
+  // The chunk being read; float-typed so that reductions read it aligned.
+  std::vector<float> buf(kTcpMaxChunkBytes / sizeof(float));
+  Partials partial;
+  std::string why = fmt::format("rank {} closed its connection", src);
+  try {
+    for (;;) {
+      char hdr[kTcpChunkHeaderBytes];
+      if (!read_exact(in->fd.get(), hdr, sizeof hdr)) break;
+      WireFrame f;
+      try {
+        f = decode_tcp_chunk_header(hdr, src);
+      } catch (const WireError& e) {
+        why = env_.malformed(src, e.what());
+        break;
+      }
+      if (std::string err = box.check_chunk(f, partial); !err.empty()) {
+        why = env_.malformed(src, err);
+        break;
+      }
+      if (!read_exact(in->fd.get(), buf.data(), f.len)) {
+        why = fmt::format("rank {} closed its connection in the middle of {}", src, describe(f.h));
+        break;
+      }
+      const Mailbox::ReduceFn reduce = [&](float* dst, Transport::Reduce op) {
+        reduce_into(dst, buf.data(), f.len / sizeof(float), op);
+      };
+      const Mailbox::Delivery d = box.deliver(
+          partial, f, [&](char* dst) { std::memcpy(dst, buf.data(), f.len); }, &reduce);
+      if (d.kind == Mailbox::Delivery::kOverflow) {
+        why = env_.malformed(src, d.why);
+        break;
+      }
+      if (d.kind == Mailbox::Delivery::kAborted) break;
+    }
+  } catch (const std::exception& e) {  // CommError from a read (a reset), bad_alloc
+    why = fmt::format("connection to rank {} lost ({})", src, e.what());
+  }
+  box.stream_ended(why);
+}
+
+std::string TcpPath::connect(int dst, const std::string& host, int port, Clock::time_point deadline,
+                             const std::function<std::string()>& stop) {
+  DT_CHECK(dst >= 0 && dst < env_.world && dst != env_.rank);
+  DT_CHECK(!out_[dst]);
+  Fd fd;
+  try {
+    fd = tcp_connect(host, port, deadline, stop);
+  } catch (const CommError& e) {
+    if (std::string s = stop ? stop() : ""; !s.empty()) throw CommError(s);
+    return e.what();
+  }
+  try {
+    const std::string hello =
+        encode_tcp_hello(TcpHello{env_.rank, dst, env_.world, env_.token, env_.session});
+    write_all(fd.get(), hello.data(), hello.size(), nullptr, 0);
+    for (;;) {
+      if (wait_readable(fd.get(), std::min(deadline, Clock::now() + std::chrono::milliseconds(50))))
+        break;
+      if (std::string s = stop ? stop() : ""; !s.empty()) throw CommError(s);
+      if (Clock::now() >= deadline) return "no answer to its hello";
+    }
+    char answer[kTcpAnswerBytes];
+    if (!read_exact(fd.get(), answer, sizeof answer)) return "closed before answering its hello";
+    if (const uint32_t st = decode_tcp_answer(answer); st != 0)
+      return fmt::format("refused (status {}; its log says why)", st);
+  } catch (const WireError& e) {
+    return e.what();
+  } catch (const CommError& e) {
+    if (std::string s = stop ? stop() : ""; !s.empty()) throw CommError(s);
+    return e.what();
+  }
+  auto o = std::make_shared<Out>();
+  o->dst = dst;
+  o->fd = std::move(fd);
+  Out* raw = o.get();
+  o->writer = std::thread([this, raw] { write_loop(raw); });
+  out_[dst] = std::move(o);
+  return "";
+}
+
+void TcpPath::write_message(Out& o, const MsgHeader& h, const char* data) {
+  std::lock_guard<std::mutex> wl(o.write_mu);
+  {
+    std::lock_guard<std::mutex> lk(o.mu);
+    if (!o.error.empty()) throw CommError(o.error);
+  }
+  uint64_t off = 0;
+  do {  // a message of 0 bytes is one empty chunk
+    const uint64_t len = std::min(kTcpChunkBytes, h.bytes - off);
+    char hdr[kTcpChunkHeaderBytes];
+    encode_tcp_chunk_header(hdr, h, off, len);
+    try {
+      write_all(o.fd.get(), hdr, sizeof hdr, data + off, len);
+    } catch (const CommError& e) {
+      throw CommError(o.fail(fmt::format("connection to rank {} lost ({})", o.dst, e.what())));
+    }
+    off += len;
+  } while (off < h.bytes);
+}
+
+void TcpPath::write_loop(Out* o) {
+  for (;;) {
+    std::shared_ptr<TcpJob> j;
+    {
+      std::unique_lock<std::mutex> lk(o->mu);
+      o->cv.wait(lk, [&] { return o->stop || !o->queue.empty(); });
+      if (o->queue.empty()) return;
+      j = o->queue.front();
+    }
+    std::string err;
+    try {
+      write_message(*o, j->h, j->data);
+    } catch (const CommError& e) {
+      err = e.what();
+    }
+    std::lock_guard<std::mutex> lk(o->mu);
+    o->queue.pop_front();
+    j->error = err;
+    j->done = true;
+    o->cv.notify_all();
+  }
+}
+
+void TcpPath::send(int dst, const MsgHeader& h, const void* data) {
+  DT_CHECK(out_[dst]);
+  write_message(*out_[dst], h, static_cast<const char*>(data));
+}
+
+std::unique_ptr<PendingSend> TcpPath::send_start(int dst, const MsgHeader& h, const void* data) {
+  DT_CHECK(out_[dst]);
+  const std::shared_ptr<Out>& o = out_[dst];
+  auto j = std::make_shared<TcpJob>();
+  j->h = h;
+  j->data = static_cast<const char*>(data);
+  {
+    std::lock_guard<std::mutex> lk(o->mu);
+    if (!o->error.empty()) throw CommError(o->error);
+    o->queue.push_back(j);
+  }
+  o->cv.notify_all();
+  return std::make_unique<Send>(o, std::move(j));
+}
+
+void TcpPath::fail(int peer, const std::string& why) {
+  if (out_[peer]) out_[peer]->fail(why);
+}
+
+void TcpPath::abort(const std::string& why) {
+  for (auto& o : out_)
+    if (o) o->fail(why);
+  std::lock_guard<std::mutex> lk(in_mu_);
+  for (auto& in : in_) ::shutdown(in->fd.get(), SHUT_RDWR);
+}
+
+void TcpPath::close() {
+  std::lock_guard<std::mutex> cl(close_mu_);
+  if (closed_) return;
+  closed_ = true;
+  closing_ = true;
+  // Outgoing: the writers finish what is queued (every send has been waited for by now, or its
+  // connection failed), then a FIN after the last byte.
+  for (auto& o : out_) {
+    if (!o) continue;
+    {
+      std::lock_guard<std::mutex> lk(o->mu);
+      o->stop = true;
+    }
+    o->cv.notify_all();
+    o->writer.join();
+    ::shutdown(o->fd.get(), SHUT_WR);
+  }
+  (void)!::write(wake_[1], "x", 1);
+  acceptor_.join();
+  {
+    std::lock_guard<std::mutex> lk(in_mu_);
+    for (auto& in : in_) ::shutdown(in->fd.get(), SHUT_RDWR);
+  }
+  for (auto& in : in_) in->reader.join();
+  ::close(wake_[0]);
+  ::close(wake_[1]);
+}
+
+}  // namespace dtrain::grpc_detail
