@@ -6,7 +6,8 @@
 # and prints each sample, the medians and the ratios: 2 ranks / 1 rank, dtrain / PyTorch, and
 # exposed communication as a share of the 2-rank step time (summary.json).
 # DDP_SET: extra --set arguments for the 2-rank run, e.g.
-#   DDP_SET="--set distributed.shm=false" scripts/bench_mlp_ref_ddp.sh   (gRPC streams only)
+#   DDP_SET="--set distributed.shm=false" scripts/bench_mlp_ref_ddp.sh   (the TCP data path)
+#   DDP_SET="--set distributed.shm=false --set distributed.tcp=false" ...  (gRPC streams only)
 # Needs python3-torch for the peer (apt-get install python3-torch), run with /usr/bin/python3.
 set -euo pipefail
 cd "$(dirname "$0")/.."

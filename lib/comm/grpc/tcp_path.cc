@@ -222,7 +222,11 @@ void TcpPath::read_loop(In* in) {
         reduce_into(dst, buf.data(), f.len / sizeof(float), op);
       };
       const Mailbox::Delivery d = box.deliver(
-          partial, f, [&](char* dst) { std::memcpy(dst, buf.data(), f.len); }, &reduce);
+          partial, f,
+          [&](char* dst) {
+            if (f.len > 0) std::memcpy(dst, buf.data(), f.len);  // dst is null for empty tensors
+          },
+          &reduce);
       if (d.kind == Mailbox::Delivery::kOverflow) {
         why = env_.malformed(src, d.why);
         break;
