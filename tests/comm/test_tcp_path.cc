@@ -274,3 +274,32 @@ TEST_CASE("tcp: a malformed chunk from an authenticated peer fails the receiver,
     CHECK(c.read_to_end().find("timeout") == std::string::npos);
   }
 }
+
+TEST_CASE("tcp: clients that connect and say nothing hold up no one") {
+  // Rank 2 keeps the streams, so this test may speak for it on rank 0's TCP port.
+  auto t = connect_job(3, [](int r, GrpcOptions& o) { o.tcp = r != 2; });
+  const int port = grpc_tcp_port(*t[0]);
+  // 70 silent clients: more than the 64 hellos the acceptor reads at once, so the oldest 6 are
+  // dropped to make room; none of them delays a hello that arrives after them.
+  std::vector<std::unique_ptr<RawConn>> silent;
+  for (int i = 0; i < 70; ++i) silent.push_back(std::make_unique<RawConn>(port));
+  const auto start = TClock::now();
+  RawConn c(port);
+  c.write(hello(2, 0, 3));
+  const std::string a = c.read_answer();
+  const double waited = std::chrono::duration<double>(TClock::now() - start).count();
+  REQUIRE(a.size() == kTcpAnswerBytes);
+  CHECK(decode_tcp_answer(a) == 0);
+  CHECK_MESSAGE(waited < 3.0, "answered after ", waited, " s");  // one client's 5 s would fail
+  // The oldest were closed to make room, the newest stay until their 5 s run out.
+  CHECK(silent.front()->read_to_end().find("timeout") == std::string::npos);
+  const auto before_close = TClock::now();
+  CHECK(silent.back()->read_to_end().find("timeout") == std::string::npos);
+  CHECK(std::chrono::duration<double>(TClock::now() - before_close).count() > 0.5);
+  const MsgHeader h = header(kP2PBit | 9, 0, CommOp::kSendRecv, 4);
+  c.write(chunk(h, 0, "abcd"));
+  std::vector<char> got(4);
+  t[0]->recv(2, h, got.data(), in(10));
+  CHECK(std::string(got.data(), 4) == "abcd");
+  exchange(t);
+}

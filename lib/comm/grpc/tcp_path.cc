@@ -18,13 +18,8 @@ namespace {
 
 // How long an accepted connection may take to say who it is, and a sender to be answered.
 constexpr auto kHelloTimeout = std::chrono::seconds(5);
-
-void set_recv_timeout(int fd, std::chrono::milliseconds t) {
-  timeval tv{};
-  tv.tv_sec = static_cast<time_t>(t.count() / 1000);
-  tv.tv_usec = static_cast<suseconds_t>((t.count() % 1000) * 1000);
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-}
+// Connections read at once while their hellos arrive; a new one beyond drops the oldest.
+constexpr size_t kMaxPendingHellos = 64;
 
 std::string peer_name(int fd) {
   sockaddr_storage ss{};
@@ -124,72 +119,146 @@ TcpPath::~TcpPath() {
   close();
 }
 
+// A connection whose hello is still arriving. The acceptor reads every pending hello as its
+// bytes come (the socket is non-blocking), so a client that connects and says nothing holds
+// one slot until its deadline, never the other ranks' connections.
+struct TcpPath::PendingHello {
+  Fd fd;
+  std::string from;  // the client's address, for the log
+  Clock::time_point deadline;
+  std::string bytes;                  // received so far
+  size_t need = kTcpHelloFixedBytes;  // the hello's size once its lengths are known
+  bool sized = false;
+  TcpHelloLengths n;  // once sized
+  TcpHello h;
+
+  // Reads what has arrived. Returns false while the hello is incomplete; true once it is
+  // complete (why empty) or the connection cannot be a hello (why says so).
+  bool read(std::string* why) {
+    try {
+      for (;;) {
+        if (bytes.size() == need) {
+          if (sized) return true;
+          n = decode_tcp_hello_fixed(bytes, &h);
+          need += n.token + n.session;
+          sized = true;
+          continue;
+        }
+        char b[1024];
+        const ssize_t k = ::recv(fd.get(), b, std::min(sizeof b, need - bytes.size()), 0);
+        if (k > 0) {
+          bytes.append(b, static_cast<size_t>(k));
+        } else if (k == 0) {
+          *why = sized ? "closed during its hello" : "closed before its hello";
+          return true;
+        } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+          return false;
+        } else if (errno != EINTR) {
+          *why = std::strerror(errno);
+          return true;
+        }
+      }
+    } catch (const WireError& e) {
+      *why = e.what();
+      return true;
+    }
+  }
+  void finish_hello() {
+    h.token = bytes.substr(kTcpHelloFixedBytes, n.token);
+    h.session = bytes.substr(kTcpHelloFixedBytes + n.token, n.session);
+  }
+};
+
 void TcpPath::accept_loop() {
+  std::deque<PendingHello> pending;  // by arrival
   for (;;) {
-    pollfd p[2] = {{listener_.get(), POLLIN, 0}, {wake_[0], POLLIN, 0}};
-    if (poll(p, 2, -1) < 0) {
+    std::vector<pollfd> p = {{listener_.get(), POLLIN, 0}, {wake_[0], POLLIN, 0}};
+    int timeout_ms = -1;
+    const auto now = Clock::now();
+    for (const PendingHello& ph : pending) {
+      p.push_back({ph.fd.get(), POLLIN, 0});
+      const auto left = std::chrono::ceil<std::chrono::milliseconds>(ph.deadline - now).count();
+      const int ms = static_cast<int>(std::max<decltype(left)>(left, 0));
+      timeout_ms = timeout_ms < 0 ? ms : std::min(timeout_ms, ms);
+    }
+    if (poll(p.data(), p.size(), timeout_ms) < 0) {
       if (errno == EINTR) continue;
       return;
     }
     if (p[1].revents || closing_.load()) return;
-    Fd fd(accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC));
-    if (!fd) continue;
-    const std::string from = peer_name(fd.get());
-    const int src = admit(fd.get(), from);
-    char answer[kTcpAnswerBytes];
-    std::lock_guard<std::mutex> lk(in_mu_);
-    if (src < 0 || closing_.load()) {
-      encode_tcp_answer(answer, 1);
-      (void)::send(fd.get(), answer, sizeof answer, MSG_NOSIGNAL);
-      continue;
+    // Hellos that progressed, or ran out of time.
+    const auto t = Clock::now();
+    for (size_t i = 0; i < pending.size();) {
+      PendingHello& ph = pending[i];
+      std::string why;
+      bool done = p[2 + i].revents != 0 && ph.read(&why);
+      if (!done && t >= ph.deadline) {
+        why = fmt::format("no hello within {} s", kHelloTimeout.count());
+        done = true;
+      }
+      if (!done) {
+        ++i;
+        continue;
+      }
+      if (why.empty()) {
+        ph.finish_hello();
+        why = refusal(ph.h);
+      }
+      if (!why.empty())
+        spdlog::warn("rank {}: refused a data connection from {}: {}", env_.rank, ph.from, why);
+      answer(std::move(ph.fd), why.empty() ? ph.h.src : -1);
+      pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(i));
+      p.erase(p.begin() + static_cast<std::ptrdiff_t>(2 + i));
     }
-    // Counted as one of src's streams before src hears it was accepted, and so before src
-    // opens its gRPC stream: the mailbox cannot fail in between.
-    env_.mailbox(src).stream_opened();
-    auto in = std::make_unique<In>();
-    in->src = src;
-    in->fd = std::move(fd);
-    set_recv_timeout(in->fd.get(), std::chrono::milliseconds(0));
-    encode_tcp_answer(answer, 0);
-    (void)::send(in->fd.get(), answer, sizeof answer, MSG_NOSIGNAL);  // a failure ends the reader
-    In* raw = in.get();
-    in->reader = std::thread([this, raw] { read_loop(raw); });
-    in_.push_back(std::move(in));
+    if (!p[0].revents) continue;
+    Fd fd(accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
+    if (!fd) continue;
+    if (pending.size() >= kMaxPendingHellos) {  // the oldest silent client makes room
+      spdlog::warn("rank {}: refused a data connection from {}: {} connections are saying hello",
+                   env_.rank, pending.front().from, kMaxPendingHellos);
+      pending.pop_front();
+    }
+    PendingHello ph;
+    ph.from = peer_name(fd.get());
+    ph.fd = std::move(fd);
+    ph.deadline = t + kHelloTimeout;
+    pending.push_back(std::move(ph));
   }
 }
 
-int TcpPath::admit(int fd, const std::string& from) {
-  set_recv_timeout(fd, std::chrono::duration_cast<std::chrono::milliseconds>(kHelloTimeout));
-  std::string why;
-  TcpHello h;
-  try {
-    char fixed[kTcpHelloFixedBytes];
-    if (!read_exact(fd, fixed, sizeof fixed)) throw WireError("closed before its hello");
-    const TcpHelloLengths n = decode_tcp_hello_fixed(fixed, &h);
-    h.token.resize(n.token);
-    h.session.resize(n.session);
-    if (!read_exact(fd, h.token.data(), n.token) || !read_exact(fd, h.session.data(), n.session))
-      throw WireError("closed during its hello");
-    if (!token_equal(env_.token, h.token))
-      why = "wrong or missing job token";
-    else if (h.session != env_.session)
-      why = "another job (config hash differs)";
-    else if (h.world != env_.world || h.dst != env_.rank || h.src < 0 || h.src >= env_.world ||
-             h.src == env_.rank)
-      why = fmt::format("it claims rank {} of {} sending to rank {}", h.src, h.world, h.dst);
-  } catch (const std::exception& e) {  // WireError, CommError (a timeout or reset)
-    why = e.what();
+std::string TcpPath::refusal(const TcpHello& h) {
+  if (!token_equal(env_.token, h.token)) return "wrong or missing job token";
+  if (h.session != env_.session) return "another job (config hash differs)";
+  if (h.world != env_.world || h.dst != env_.rank || h.src < 0 || h.src >= env_.world ||
+      h.src == env_.rank)
+    return fmt::format("it claims rank {} of {} sending to rank {}", h.src, h.world, h.dst);
+  std::lock_guard<std::mutex> lk(in_mu_);
+  for (const auto& in : in_)
+    if (in->src == h.src) return fmt::format("rank {} is connected already", h.src);
+  return "";
+}
+
+void TcpPath::answer(Fd fd, int src) {
+  char answer[kTcpAnswerBytes];
+  std::lock_guard<std::mutex> lk(in_mu_);
+  if (src < 0 || closing_.load()) {
+    encode_tcp_answer(answer, 1);
+    (void)::send(fd.get(), answer, sizeof answer, MSG_NOSIGNAL);  // fits: nothing else was sent
+    return;
   }
-  if (why.empty()) {
-    std::lock_guard<std::mutex> lk(in_mu_);
-    for (const auto& in : in_)
-      if (in->src == h.src) why = fmt::format("rank {} is connected already", h.src);
-  }
-  if (!why.empty()) {
-    spdlog::warn("rank {}: refused a data connection from {}: {}", env_.rank, from, why);
-    return -1;
-  }
-  return h.src;
+  // Counted as one of src's streams before src hears it was accepted, and so before src opens
+  // its gRPC stream: the mailbox cannot fail in between.
+  env_.mailbox(src).stream_opened();
+  const int flags = fcntl(fd.get(), F_GETFL);
+  fcntl(fd.get(), F_SETFL, flags & ~O_NONBLOCK);  // the reader blocks in recv
+  auto in = std::make_unique<In>();
+  in->src = src;
+  in->fd = std::move(fd);
+  encode_tcp_answer(answer, 0);
+  (void)::send(in->fd.get(), answer, sizeof answer, MSG_NOSIGNAL);  // a failure ends the reader
+  In* raw = in.get();
+  in->reader = std::thread([this, raw] { read_loop(raw); });
+  in_.push_back(std::move(in));
 }
 
 void TcpPath::read_loop(In* in) {

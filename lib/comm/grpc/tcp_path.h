@@ -14,11 +14,13 @@
 // stream, after a warning: receivers need no decision, every path delivers into the mailbox.
 // With TLS configured this path is off, so data stays encrypted.
 //
-// Threads: one acceptor; per incoming connection a reader that validates every chunk header
-// (decode_tcp_chunk_header, Mailbox::check_chunk) before reading its payload into a buffer of
-// its own and delivering it into src's mailbox -- so progress never depends on recv() being
-// called, as the Transport contract requires; per outgoing connection a writer thread for
-// send_start. send() writes on the caller's thread. One message at a time per connection.
+// Threads: one acceptor, which reads up to 64 hellos at once as their bytes arrive (each within
+// 5 s; a client that connects and says nothing delays no one); per incoming connection a reader
+// that validates every chunk header (decode_tcp_chunk_header, Mailbox::check_chunk) before reading
+// its payload into a buffer of its own and delivering it into src's mailbox -- so progress never
+// depends on recv() being called, as the Transport contract requires; per outgoing connection a
+// writer thread for send_start. send() writes on the caller's thread. One message at a time per
+// connection.
 //
 // Failure: a connection that ends (peer closed, reset, shut down) ends one of the peer's
 // streams (Mailbox::stream_ended), so its mailbox fails once the gRPC stream has ended too and
@@ -38,6 +40,7 @@
 
 #include "comm/grpc/peer_path.h"
 #include "comm/grpc/tcp_socket.h"
+#include "comm/grpc/tcp_wire.h"
 #include "comm/mailbox.h"
 
 namespace dtrain::grpc_detail {
@@ -86,10 +89,13 @@ class TcpPath final : public PeerPath {
   struct In;
   class Send;
   TcpPath(Env env, Fd listener, int port);
+  struct PendingHello;
+  // Accepts connections and reads their hellos, all at once (poll), each within 5 s.
   void accept_loop();
-  // The hello on a new connection, read by `deadline`: the sender's rank, or -1 (refused,
-  // logged).
-  int admit(int fd, const std::string& from);
+  // Why a complete hello is refused, or "".
+  std::string refusal(const TcpHello& h);
+  // Answers a connection: refused (src < 0), or accepted from src and given a reader.
+  void answer(Fd fd, int src);
   void read_loop(In* in);
   void write_loop(Out* o);
   // Writes one message on o's connection; throws CommError (and fails o) on error.
