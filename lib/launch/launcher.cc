@@ -302,8 +302,7 @@ class Attempt {
       take_signals();
       for (Tee& t : tees_) t.pump(16);
       if (next_poll_ && Clock::now() >= *next_poll_) poll_agent();
-      for (Child& c : kids_.all())
-        if (c.running) reap(c);
+      reap_exited();
       check_timers();
     }
     // Whatever rank 0 wrote before exiting is still in the pipes.
@@ -388,14 +387,28 @@ class Attempt {
     }
   }
 
-  // Collects rank c if it exited, and judges how.
+  // Collects every rank that has exited and judges how. Ranks found dead in one sweep are
+  // judged those killed by a signal first: a rank killed from outside (an OOM kill, a fault)
+  // is what its peers noticed and exited for, and under load the launcher may see both at once
+  // -- rank order would then blame the peer that noticed.
+  void reap_exited() {
+    std::vector<Child*> killed, exited;
+    for (Child& c : kids_.all()) {
+      if (!c.running) continue;
+      siginfo_t info{};
+      // WNOWAIT: the exited rank stays a zombie, so its pid (= its group id) cannot be reused
+      // while what is left of its group is killed.
+      if (::waitid(P_PID, static_cast<id_t>(c.pid), &info, WEXITED | WNOHANG | WNOWAIT) != 0 ||
+          info.si_pid == 0)
+        continue;
+      (info.si_code == CLD_EXITED ? exited : killed).push_back(&c);
+    }
+    for (Child* c : killed) reap(*c);
+    for (Child* c : exited) reap(*c);
+  }
+
+  // Collects rank c, which has exited (reap_exited saw it), and judges how.
   void reap(Child& c) {
-    siginfo_t info{};
-    // WNOWAIT: the exited rank stays a zombie, so its pid (= its group id) cannot be reused
-    // while what is left of its group is killed.
-    if (::waitid(P_PID, static_cast<id_t>(c.pid), &info, WEXITED | WNOHANG | WNOWAIT) != 0 ||
-        info.si_pid == 0)
-      return;
     ::kill(-c.pid, SIGKILL);
     int status = 0;
     while (::waitpid(c.pid, &status, 0) < 0 && errno == EINTR) {
