@@ -364,10 +364,12 @@ nlohmann::json run_training(const Config& cfg, const RunOptions& opts) {
   auto cannot_start = [&](int r, const std::exception& e) {
     for (auto& c : comms) c->abort("could not start rank " + std::to_string(r));
     for (auto& t : threads_v) t.join();
-    return UserError("cannot start " + std::to_string(world) + " in-process ranks: rank " +
-                     std::to_string(r) + "'s thread could not be created (" + e.what() +
-                     "); lower distributed.world_size or run the ranks as processes (dtrain "
-                     "launch)");
+    // A runtime failure (exit 1), not bad input: the same config runs where more threads fit.
+    return std::runtime_error(
+        "cannot start " + std::to_string(world) + " in-process ranks: rank " + std::to_string(r) +
+        "'s thread could not be created (" + e.what() +
+        "); lower distributed.world_size or run the ranks as processes (dtrain "
+        "launch)");
   };
   for (int r = 0; r < world; ++r) {
     try {
