@@ -869,6 +869,21 @@ EVERY_PATH_TEST_CASE("grpc: a frozen peer (SIGSTOP) is detected by its missing h
   CHECK(verify(1, 0, buf) == "");
   REQUIRE(kill(pid, SIGSTOP) == 0);
   const auto t0 = Clock::now();
+  // A token holder forges rank 1's beat over the wire as it freezes, claiming it beats every
+  // 1e308 s: rank 0 must still give rank 1 at most 2 x heartbeat_s (before: 3 x the claim).
+  {
+    auto health = wire::Health::NewStub(
+        grpc::CreateChannel(grpc_peer_addresses(*t)[0], grpc::InsecureChannelCredentials()));
+    grpc::ClientContext ctx;
+    ctx.AddMetadata(kGrpcTokenKey, "s3cret-token");
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    wire::Heartbeat forged;
+    forged.set_src_rank(1);
+    forged.set_interval_s(1e308);
+    wire::HeartbeatAck ack;
+    const grpc::Status st = health->Beat(&ctx, forged, &ack);
+    REQUIRE_MESSAGE(st.ok(), st.error_message());  // accepted: the token is right
+  }
   std::string error;
   try {
     t->recv(1, header(3, 0, CommOp::kBroadcast, buf.size()), buf.data(), in(300));
@@ -877,7 +892,7 @@ EVERY_PATH_TEST_CASE("grpc: a frozen peer (SIGSTOP) is detected by its missing h
   }
   const double took = std::chrono::duration<double>(Clock::now() - t0).count();
   INFO("detected after ", took, " s: ", error);
-  CHECK(took < 5.0);  // heartbeat_s 1 plus slack, against a 300 s deadline
+  CHECK(took < 5.0);  // 2 x heartbeat_s 1 plus slack, against a 300 s deadline
   CHECK(contains(error, "no heartbeat from rank 1 for "));
   CHECK(contains(error, "frozen or unreachable"));
   CHECK(contains(error, "waiting for broadcast seq 3"));
