@@ -83,25 +83,46 @@ char* ShmSegment::ring(int src) const {
          ring_bytes_ * static_cast<uint64_t>(src);
 }
 
-int sweep_orphaned_segments(const std::string& dir) {
-  int removed = 0;
+namespace {
+
+// The creator's pid of a segment named dtrain-<pid>-<nonce>, or -1 for any other name.
+pid_t segment_pid(const std::string& name) {
+  if (name.rfind("dtrain-", 0) != 0) return -1;
+  const size_t dash = name.find('-', 7);
+  if (dash == std::string::npos || dash == 7) return -1;
+  const std::string digits = name.substr(7, dash - 7);
+  if (digits.find_first_not_of("0123456789") != std::string::npos || digits.size() > 9) return -1;
+  const pid_t pid = static_cast<pid_t>(std::stol(digits));
+  return pid > 0 ? pid : -1;
+}
+
+// Removes every segment in dir whose creator's pid satisfies `gone`; returns their names.
+template <class Gone>
+std::vector<std::string> remove_segments(const std::string& dir, Gone gone) {
+  std::vector<std::string> removed;
   std::error_code ec;
   for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
     const std::string name = e.path().filename().string();
-    // dtrain-<pid>-<nonce>
-    if (name.rfind("dtrain-", 0) != 0) continue;
-    const size_t dash = name.find('-', 7);
-    if (dash == std::string::npos || dash == 7) continue;
-    const std::string digits = name.substr(7, dash - 7);
-    if (digits.find_first_not_of("0123456789") != std::string::npos || digits.size() > 9) continue;
-    const pid_t pid = static_cast<pid_t>(std::stol(digits));
-    if (pid <= 0 || ::kill(pid, 0) == 0 || errno != ESRCH) continue;  // alive, or not ours
+    const pid_t pid = segment_pid(name);
+    if (pid < 0 || !gone(pid)) continue;
     // On Linux a POSIX shared-memory name is the file /dev/shm/<name>: removing the file is
     // shm_unlink (and lets tests use another folder).
     std::error_code rec;
-    if (std::filesystem::remove(e.path(), rec)) ++removed;
+    if (std::filesystem::remove(e.path(), rec)) removed.push_back(e.path().string());
   }
   return removed;
+}
+
+}  // namespace
+
+int sweep_orphaned_segments(const std::string& dir) {
+  // Alive, or not ours (EPERM): left alone.
+  return static_cast<int>(
+      remove_segments(dir, [](pid_t pid) { return ::kill(pid, 0) != 0 && errno == ESRCH; }).size());
+}
+
+std::vector<std::string> remove_segments_of(pid_t pid, const std::string& dir) {
+  return remove_segments(dir, [pid](pid_t p) { return p == pid; });
 }
 
 std::unique_ptr<ShmSegment> ShmSegment::create(int owner, int world, uint64_t ring_bytes) {

@@ -19,11 +19,14 @@
 // from shared memory: a corrupt ring is reported, never followed out of bounds.
 #pragma once
 
+#include <sys/types.h>
+
 #include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace dtrain {
 
@@ -44,6 +47,12 @@ static_assert(sizeof(ShmRecord) == 64);
 // A segment whose pid is alive (this process's, or another job's) is never touched, nor one of
 // another user (shm_unlink refuses). Returns how many were removed. `dir` is for tests.
 int sweep_orphaned_segments(const std::string& dir = "/dev/shm");
+
+// Removes the segments of process `pid` (dtrain-<pid>-<nonce>), which must have exited and not
+// yet been reaped: a zombie's pid cannot be reused by a new process meanwhile. For a launcher
+// that saw its rank die, so that nothing is left in /dev/shm after it returns, whoever starts
+// next. Returns the names removed.
+std::vector<std::string> remove_segments_of(pid_t pid, const std::string& dir = "/dev/shm");
 
 class ShmSegment {
  public:

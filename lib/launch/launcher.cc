@@ -27,6 +27,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "comm/shm_ring.h"
 #include "launch/dist_env.h"
 #include "launch/job_agent.h"
 #include "launch/process.h"
@@ -410,6 +411,10 @@ class Attempt {
   // Collects rank c, which has exited (reap_exited saw it), and judges how.
   void reap(Child& c) {
     ::kill(-c.pid, SIGKILL);
+    // A rank that died before its local peers attached to its shared memory leaves the segment
+    // named after its pid (nobody unlinks it). It is still a zombie, so the pid is its own.
+    for (const std::string& seg : remove_segments_of(c.pid))
+      spdlog::info("rank {}: removed the shared memory it left ({})", c.rank, seg);
     int status = 0;
     while (::waitpid(c.pid, &status, 0) < 0 && errno == EINTR) {
     }

@@ -177,3 +177,22 @@ runtime: {threads: 1}
   CHECK(a.tensors.size() > 2);  // parameters and Adam's moments
   check_same_state(a, latest_run_state(kBin, dir / "straight"), "resumed vs uninterrupted");
 }
+
+TEST_CASE("dtrain launch removes the shared memory of a rank killed before its peers attached") {
+  // Rank 1 dies right after the rendezvous: its segment is created and advertised, but no peer
+  // has attached, so nobody unlinks it. The launcher removes it as it reaps the rank.
+  TempDir dir;
+  const std::string cfg = dir.write("c.yaml", kSmall);
+  const auto r =
+      run_cmd("DTRAIN_FAULT=kill_in_connect:rank=1:at=joined " + kBin + " launch --nproc 2 " + cfg +
+              " --set distributed.heartbeat_s=2 --out " + dir / "k" + " 2>&1");
+  INFO(r.output);
+  CHECK(r.exit_code == 1);
+  const std::string key = "rank 1: removed the shared memory it left (";
+  const size_t at = r.output.find(key);
+  REQUIRE(at != std::string::npos);
+  const size_t begin = at + key.size();
+  const std::string seg = r.output.substr(begin, r.output.find(')', begin) - begin);
+  CHECK(seg.rfind("/dev/shm/dtrain-", 0) == 0);
+  CHECK_FALSE(std::filesystem::exists(seg));
+}
