@@ -1,6 +1,9 @@
 // IDX loader and read_maybe_gzip: round trips (raw and gzip), the real Fashion-MNIST files, and
 // every malformed-input class.
 #include <stdlib.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include <chrono>
@@ -353,6 +356,39 @@ TEST_CASE("idx: a header that lies about the size is refused before the file is 
   INFO(msg);
   CHECK(msg.find("header says 10x28x28 (7856 bytes with the header) but the compressed data "
                  "holds more") != std::string::npos);
+}
+
+TEST_CASE("idx: a 2 GB file whose header lies is refused without reading it") {
+  // Issue 16's case: 2 GB behind a header promising 10 images (a sparse file: no disk used).
+  // Loaded in a child process, whose peak RSS the parent reads: it stays far below the file
+  // (before the size check it was 2.1 GB).
+  TempDir dir;
+  const std::string img = dir / "huge-images.idx";
+  {
+    std::ofstream f(img, std::ios::binary);
+    const unsigned char head[16] = {0, 0, 8, 3, 0, 0, 0, 10, 0, 0, 0, 28, 0, 0, 0, 28};
+    f.write(reinterpret_cast<const char*>(head), 16);
+  }
+  std::filesystem::resize_file(img, uint64_t{2} << 30);
+  const pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    try {
+      load_idx(img, img);
+    } catch (const UserError& e) {
+      _exit(std::string(e.what()).find("size mismatch") != std::string::npos ? 0 : 3);
+    } catch (...) {
+      _exit(4);
+    }
+    _exit(5);  // loaded: not refused
+  }
+  int status = 0;
+  rusage ru{};
+  REQUIRE(wait4(pid, &status, 0, &ru) == pid);
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  INFO("child peak RSS ", ru.ru_maxrss, " KiB");
+  CHECK(ru.ru_maxrss < 256 * 1024);  // KiB: under 256 MiB against the file's 2 GiB
 }
 
 }  // namespace
