@@ -1,7 +1,7 @@
 // The real binary with the two real models over gRPC: bitwise equal to the same layout's
 // in-process ranks (a CNN under ddp on 2 ranks; a tied GPT on two pipeline stages x two fsdp
-// replicas), so the in-process fidelity figures of tests/train/test_model_layouts.cc hold for
-// launched runs too.
+// replicas; both with compressed gradients), so the in-process fidelity figures of
+// tests/train/test_model_layouts.cc hold for launched runs too.
 #include <doctest/doctest.h>
 
 #include <string>
@@ -65,4 +65,34 @@ TEST_CASE("gpt (tied) pp2 x dp2 fsdp over gRPC equals the same layout in-process
       {"data.batch_size=12", "distributed.strategy=fsdp", "distributed.pipeline.stages=2",
        "distributed.pipeline.micro_batches=3"},
       {{"dp", 2}, {"pp", 2}, {"tp", 1}}, "gpt (tied) pp2 x dp2 fsdp");
+}
+
+TEST_CASE("cnn and gpt with compressed gradients over gRPC equal the same layout in-process") {
+  // Compression (with error feedback: per-rank state carried across steps) on both real models:
+  // PowerSGD's factors on the CNN's convolution and linear weights, int8 on the tied GPT.
+  SUBCASE("cnn, powersgd rank 2") {
+    TempDir dir;
+    if (!write_fmnist_subset(dir.path(), 1280)) {
+      MESSAGE("Fashion-MNIST not installed; skipped");
+      return;
+    }
+    const std::string cfg = dir.write("cnn.yaml", small_cnn_cfg(dir.path()));
+    check_grpc_equals_inproc(
+        dir, cfg, 2,
+        {"data.batch_size=12", "distributed.compression.type=powersgd",
+         "distributed.compression.rank=2", "distributed.compression.error_feedback=true"},
+        {{"dp", 2}, {"pp", 1}, {"tp", 1}}, "cnn ddp W=2 powersgd");
+  }
+  SUBCASE("gpt (tied), int8") {
+    TempDir dir;
+    if (!write_jargon_slice(dir / "jargon.txt", kJargonSliceBytes)) {
+      MESSAGE("jargon-text not installed; skipped");
+      return;
+    }
+    const std::string cfg = dir.write("gpt.yaml", tiny_gpt_cfg(dir / "jargon.txt", true));
+    check_grpc_equals_inproc(dir, cfg, 2,
+                             {"data.batch_size=12", "distributed.compression.type=int8",
+                              "distributed.compression.error_feedback=true"},
+                             {{"dp", 2}, {"pp", 1}, {"tp", 1}}, "gpt (tied) ddp W=2 int8");
+  }
 }
