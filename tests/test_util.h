@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
 
 namespace dtrain::testing {
 
@@ -87,6 +88,16 @@ inline bool contains(const std::string& text, const std::string& part) {
 inline std::string read_text(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// A helper process's environment: its own variables and the sanitizers' options (the
+// suppressions and log path scripts/sanitize.sh sets), so that a sanitized helper reports, and
+// suppresses, as its parent does (without them TSan's reports on uninstrumented gRPC slow a
+// helper past the timing its test expects).
+inline std::vector<std::string> with_sanitizer_options(std::vector<std::string> vars) {
+  for (const char* k : {"ASAN_OPTIONS", "UBSAN_OPTIONS", "LSAN_OPTIONS", "TSAN_OPTIONS"})
+    if (const char* v = std::getenv(k)) vars.push_back(std::string(k) + "=" + v);
+  return vars;
 }
 
 }  // namespace dtrain::testing

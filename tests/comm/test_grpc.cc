@@ -765,13 +765,8 @@ TEST_CASE("grpc: helper rank for the killed-peer test" * doctest::skip()) {
   std::this_thread::sleep_for(std::chrono::seconds(60));  // until killed
 }
 
-// A helper process's environment: its own variables and the sanitizers' options (the
-// suppressions and log path scripts/sanitize.sh sets), so that a sanitized helper reports as its
-// parent does.
 std::vector<std::string> helper_env(std::vector<std::string> vars) {
-  for (const char* k : {"ASAN_OPTIONS", "UBSAN_OPTIONS", "LSAN_OPTIONS", "TSAN_OPTIONS"})
-    if (const char* v = std::getenv(k)) vars.push_back(std::string(k) + "=" + v);
-  return vars;
+  return dtrain::testing::with_sanitizer_options(std::move(vars));
 }
 
 EVERY_PATH_TEST_CASE("grpc: a killed peer process fails pending recvs and sends promptly",

@@ -69,12 +69,16 @@ TEST_CASE("grpc setup: a rank that dies between rendezvous and streams is report
       const std::string env_at = "DTRAIN_LIVENESS_AT=" + at;
       const char* argv[] = {self.c_str(), "-tc=grpc setup: helper rank that dies while connecting",
                             "--no-skip", "--no-version", nullptr};
-      const char* envp[] = {env_port.c_str(), env_at.c_str(),
-                            shm ? "DTRAIN_LIVENESS_SHM=1" : nullptr, nullptr};
+      std::vector<std::string> vars = {env_port, env_at};
+      if (shm) vars.push_back("DTRAIN_LIVENESS_SHM=1");
+      const std::vector<std::string> env = dtrain::testing::with_sanitizer_options(vars);
+      std::vector<const char*> envp;
+      for (const std::string& e : env) envp.push_back(e.c_str());
+      envp.push_back(nullptr);
       const pid_t pid = fork();
       REQUIRE(pid >= 0);
       if (pid == 0) {
-        execve(self.c_str(), const_cast<char* const*>(argv), const_cast<char* const*>(envp));
+        execve(self.c_str(), const_cast<char* const*>(argv), const_cast<char* const*>(envp.data()));
         _exit(127);
       }
       // Reaps the helper and notes when it died (a little late at worst: the bound below only
