@@ -35,16 +35,19 @@ print(f"  equal: test_loss {rel:.2g} relative, test_accuracy {a['test_accuracy']
 PY
 }
 
-cat >"$dir/mlp.yaml" <<EOF
-seed: 5
-model: {complexity: simple, layer_norm: true, dropout: 0.1, activation: gelu}
-data:
+# Fashion-MNIST, SGD with momentum, 1 thread: the two image models' common part.
+FMDATA="data:
   format: idx
   train: {images: $FM/train-images-idx3-ubyte.gz, labels: $FM/train-labels-idx1-ubyte.gz}
   test: {images: $FM/t10k-images-idx3-ubyte.gz, labels: $FM/t10k-labels-idx1-ubyte.gz}
   batch_size: 64
 optimizer: {type: sgd, lr: 0.05, momentum: 0.9}
-runtime: {threads: 1}
+runtime: {threads: 1}"
+
+cat >"$dir/mlp.yaml" <<EOF
+seed: 5
+model: {complexity: simple, layer_norm: true, dropout: 0.1, activation: gelu}
+$FMDATA
 EOF
 compare mlp "$dir/mlp.yaml"
 
@@ -65,13 +68,7 @@ model:
     - layer_norm
     - sigmoid
     - {linear: 10}
-data:
-  format: idx
-  train: {images: $FM/train-images-idx3-ubyte.gz, labels: $FM/train-labels-idx1-ubyte.gz}
-  test: {images: $FM/t10k-images-idx3-ubyte.gz, labels: $FM/t10k-labels-idx1-ubyte.gz}
-  batch_size: 64
-optimizer: {type: sgd, lr: 0.05, momentum: 0.9}
-runtime: {threads: 1}
+$FMDATA
 EOF
 compare cnn "$dir/cnn.yaml"
 

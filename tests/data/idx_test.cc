@@ -315,6 +315,17 @@ TEST_CASE("idx: label 255 is a valid class index") {
   CHECK(d.num_classes == 256);
 }
 
+// An IDX images file whose header promises 10 images of 28x28, followed by `size` bytes in all
+// (zeros; beyond what is written the file is sparse).
+void write_lying_images(const std::string& path, uint64_t size) {
+  {
+    std::ofstream f(path, std::ios::binary);
+    const unsigned char head[16] = {0, 0, 8, 3, 0, 0, 0, 10, 0, 0, 0, 28, 0, 0, 0, 28};
+    f.write(reinterpret_cast<const char*>(head), 16);
+  }
+  std::filesystem::resize_file(path, size);
+}
+
 TEST_CASE("idx: a header that lies about the size is refused before the file is read") {
   TempDir dir;
   // 1 MiB of images behind a header promising 10 images of 28x28: refused from the file size
@@ -322,13 +333,7 @@ TEST_CASE("idx: a header that lies about the size is refused before the file is 
   // the whole file first would reach the later check's message instead). A 2 GB file was read
   // whole before (9 s, 2.1 GB RSS).
   const std::string img = dir / "big-images.idx";
-  {
-    std::ofstream f(img, std::ios::binary);
-    const unsigned char head[16] = {0, 0, 8, 3, 0, 0, 0, 10, 0, 0, 0, 28, 0, 0, 0, 28};
-    f.write(reinterpret_cast<const char*>(head), 16);
-    std::vector<char> zeros(1 << 20, 0);
-    f.write(zeros.data(), static_cast<std::streamsize>(zeros.size()));
-  }
+  write_lying_images(img, 16 + (1 << 20));
   std::string msg;
   try {
     load_idx(img, img);
@@ -364,12 +369,7 @@ TEST_CASE("idx: a 2 GB file whose header lies is refused without reading it") {
   // (before the size check it was 2.1 GB).
   TempDir dir;
   const std::string img = dir / "huge-images.idx";
-  {
-    std::ofstream f(img, std::ios::binary);
-    const unsigned char head[16] = {0, 0, 8, 3, 0, 0, 0, 10, 0, 0, 0, 28, 0, 0, 0, 28};
-    f.write(reinterpret_cast<const char*>(head), 16);
-  }
-  std::filesystem::resize_file(img, uint64_t{2} << 30);
+  write_lying_images(img, uint64_t{2} << 30);
   const pid_t pid = fork();
   REQUIRE(pid >= 0);
   if (pid == 0) {
