@@ -428,7 +428,7 @@ std::vector<KeyDecl> distributed_keys([[maybe_unused]] const Owners& o) {
           .not_hashed(),
       key(
           "distributed.tcp", [](auto& c) -> auto& { return c.distributed.tcp; },
-          R"doc(Ranks of a gRPC job that do not share memory (other hosts, or `shm: false`) exchange tensors over plain TCP connections, one per rank pair, authenticated by the job token, instead of their gRPC streams, which stay up for failure detection; about 1.5x the streams' bandwidth. Off whenever TLS is on, so data stays encrypted; `false` = gRPC streams. Per host)doc")
+          R"doc(Ranks of a gRPC job that do not share memory (other hosts, or `shm: false`) exchange tensors over plain TCP connections, one per rank pair, authenticated by the job token, instead of their gRPC streams, which stay up for failure detection; 1.3-2.5x the streams' bandwidth (README "The TCP data path"). Off whenever TLS is on, so data stays encrypted; `false` = gRPC streams. Per host)doc")
           .not_hashed()
           .omitted_at_default_value(),
       key(
