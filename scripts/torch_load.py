@@ -152,13 +152,18 @@ def build_mlp(m, tensors):
     return nn.Sequential(*mods)
 
 
-def build_sequential(m, tensors, in_shape):
-    """in_shape: the per-sample input shape ([C, H, W] or [F]), read from the first layer with
-    parameters where the checkpoint alone tells it; nn.LazyLinear-free."""
+def layer_kind(entry):
+    """A model.layers entry, "relu" or {"linear": 128}, as (kind, value or None)."""
+    return (entry, None) if isinstance(entry, str) else next(iter(entry.items()))
+
+
+def build_sequential(m, in_shape):
+    """in_shape: the per-sample input shape ([C, H, W] or [F]); each layer is sized for the shape
+    the one before it gives, as dtrain builds the list."""
     mods = []
     shape = list(in_shape)
     for i, e in enumerate(m["layers"]):
-        kind, v = (e, None) if isinstance(e, str) else next(iter(e.items()))
+        kind, v = layer_kind(e)
         if kind == "linear":
             mods.append(nn.Linear(shape[-1], v))
             shape[-1] = v
@@ -185,7 +190,7 @@ def build_sequential(m, tensors, in_shape):
 
 
 def has_conv(m):
-    return any((e if isinstance(e, str) else next(iter(e))) == "conv2d" for e in m["layers"])
+    return any(layer_kind(e)[0] == "conv2d" for e in m["layers"])
 
 
 def sequential_input_shape(config, tensors):
@@ -193,9 +198,7 @@ def sequential_input_shape(config, tensors):
     conv2d (H, W from the training images' header), else the flat width of the first Linear."""
     m = config["model"]
     if has_conv(m):
-        with gzip.open(config["data"]["train"]["images"]) if read_is_gzip(
-                config["data"]["train"]["images"]) else open(config["data"]["train"]["images"],
-                                                              "rb") as f:
+        with open_maybe_gzip(config["data"]["train"]["images"]) as f:
             head = f.read(16)
         return [1] + list(struct.unpack(">II", head[8:16]))
     w = next(tensors[k] for k in sorted(tensors, key=lambda k: int(k.split(".")[1]))
@@ -203,9 +206,11 @@ def sequential_input_shape(config, tensors):
     return [w.shape[1]]
 
 
-def read_is_gzip(path):
+def open_maybe_gzip(path):
+    """The file's bytes, inflated if it starts with gzip's magic (as dtrain detects it)."""
     with open(path, "rb") as f:
-        return f.read(2) == b"\x1f\x8b"
+        gz = f.read(2) == b"\x1f\x8b"
+    return gzip.open(path) if gz else open(path, "rb")
 
 
 def build(config, tensors):
@@ -216,7 +221,7 @@ def build(config, tensors):
     if kind == "mlp":
         return nn.Sequential(OrderedDict(layers=build_mlp(m, tensors)))
     if kind == "sequential":
-        seq = build_sequential(m, tensors, sequential_input_shape(config, tensors))
+        seq = build_sequential(m, sequential_input_shape(config, tensors))
         return nn.Sequential(OrderedDict(layers=seq))
     if kind == "gpt":
         g = {k: m.get(k, d) for k, d in GPT_DEFAULTS.items()}
@@ -242,9 +247,8 @@ def load(path, strict=True):
 # ---- evaluation on the config's test data, as `dtrain eval` ----
 
 def read_maybe_gzip(path):
-    with open(path, "rb") as f:
-        data = f.read()
-    return gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data
+    with open_maybe_gzip(path) as f:
+        return f.read()
 
 
 def paths(spec):

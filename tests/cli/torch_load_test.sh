@@ -76,7 +76,7 @@ compare cnn "$dir/cnn.yaml"
 /usr/bin/python3 - "$dir" <<'PY'
 import random, sys
 r = random.Random(7)
-words = "the a hacker kludge byte frob grok cruft wizard daemon kernel hack foo bar".split()
+words = "the a hacker kludge byte frob grok cruft wizard daemon kernel hack bogus hairy".split()
 for name, n in (("train.txt", 4000), ("test.txt", 400)):
     with open(f"{sys.argv[1]}/{name}", "w") as f:
         for _ in range(n // 10):
