@@ -134,7 +134,7 @@ void receive_all(Mailbox& box, std::map<MsgKey, std::deque<Sent>>& sent) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   BufferPool pool;
-  Mailbox box(/*self=*/0, /*src=*/1, &pool, nullptr, nullptr, kMaxBuffered);
+  Mailbox box(/*self=*/0, /*src=*/1, &pool, nullptr, nullptr, MailboxLimits{kMaxBuffered});
   Partials partial;
   std::map<MsgKey, std::deque<Sent>> sent;
   std::string_view in = fuzz::as_view(data, size);

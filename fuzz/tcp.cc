@@ -59,7 +59,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   in.remove_prefix(hello_bytes);
   const int src = 1;
   BufferPool pool;
-  Mailbox box(0, src, &pool, nullptr, nullptr, kMaxBuffered);
+  Mailbox box(0, src, &pool, nullptr, nullptr, MailboxLimits{kMaxBuffered});
   box.stream_opened();
   Partials partial;
   std::map<MsgKey, Sent> sent;  // the first message under each key

@@ -27,6 +27,12 @@ inline constexpr char kGrpcStreamMethod[] = "/dtrain.wire.Data/Stream";
 // schedule's sends ahead; a frame that would open one more is malformed (forged far-future
 // sequence numbers, or one key sent over and over), so buffering is bounded.
 inline constexpr size_t kGrpcMaxBufferedMessages = 65536;
+// Bytes a rank buffers from one peer ahead of its own receives (one waiting message of up to
+// kGrpcMaxMessageBytes is always admitted). A correct peer is ahead by a few collectives'
+// segments or a pipeline's activations: far below this, even for a model of a billion
+// parameters (whose gradients are 4 GiB, sent in W segments); without it, 65,536 forged 4 GiB
+// headers could ask for 256 TiB.
+inline constexpr uint64_t kGrpcMaxBufferedBytes = uint64_t{8} << 30;
 // Largest single frame a server accepts; chunk_bytes must stay below it.
 inline constexpr int kGrpcMaxFrameBytes = (64 << 20) + 4096;
 

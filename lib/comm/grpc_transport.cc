@@ -89,8 +89,9 @@ GrpcTransport::GrpcTransport(const GrpcOptions& o, const GrpcTuning& tune)
                       [this] { return aborted_.load(); },
                   }) {
   for (int r = 0; r < world_; ++r)
-    inboxes_.push_back(std::make_unique<Mailbox>(rank_, r, &pool_, &counters_, &down_log_,
-                                                 kGrpcMaxBufferedMessages));
+    inboxes_.push_back(std::make_unique<Mailbox>(
+        rank_, r, &pool_, &counters_, &down_log_,
+        MailboxLimits{kGrpcMaxBufferedMessages, kGrpcMaxBufferedBytes, &seq_window_}));
   out_path_.assign(world_, &stream_path_);
   in_path_.assign(world_, &stream_path_);
   out_path_[rank_] = in_path_[rank_] = &self_path_;
@@ -189,6 +190,7 @@ void GrpcTransport::recv_reduce(int src, const MsgHeader& h, float* data, Reduce
 }
 
 void GrpcTransport::check_sendable(const MsgHeader& h) {
+  seq_window_.note(h.channel);
   if (aborted_.load()) {
     std::lock_guard<std::mutex> lk(abort_mu_);
     throw CommError(abort_reason_);

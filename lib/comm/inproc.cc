@@ -43,7 +43,7 @@ struct Hub {
     auto& b = row.from[static_cast<size_t>(src)];
     if (!b) {
       // Senders are threads of this process: nothing to bound against.
-      b = std::make_unique<Mailbox>(dst, src, &pool, nullptr, nullptr, SIZE_MAX);
+      b = std::make_unique<Mailbox>(dst, src, &pool, nullptr, nullptr, MailboxLimits{});
       if (failed.load()) b->abort(why());
     }
     return *b;

@@ -94,13 +94,8 @@ std::string DownLog::note_for(int peer) const {
 // ---- Mailbox -----------------------------------------------------------------------------------
 
 Mailbox::Mailbox(int self, int src, BufferPool* pool, RecvCounters* counters, DownLog* down,
-                 size_t max_buffered)
-    : self_(self),
-      src_(src),
-      pool_(pool),
-      counters_(counters),
-      down_log_(down),
-      max_buffered_(max_buffered) {}
+                 MailboxLimits limits)
+    : self_(self), src_(src), pool_(pool), counters_(counters), down_log_(down), limits_(limits) {}
 
 std::string Mailbox::check_chunk(const WireFrame& f, const Partials& partial) const {
   if (f.src != src_)
@@ -127,7 +122,26 @@ std::shared_ptr<InMsg> Mailbox::new_msg_locked(const MsgHeader& h) {
   m->buf = pool_->get(h.bytes);
   msgs_[MsgKey{h.channel, h.part}].push_back(m);
   ++buffered_;
+  buffered_bytes_ += h.bytes;
   return m;
+}
+
+std::string Mailbox::over_limits_locked(const MsgHeader& h) const {
+  if (buffered_ >= limits_.max_messages)
+    return fmt::format(
+        "{} would be message {} buffered ahead of this rank's receives, over the limit of {} "
+        "(sequence numbers far ahead of this rank's: a forged or broken peer)",
+        describe(h), limits_.max_messages + 1, limits_.max_messages);
+  if (buffered_ > 0 && h.bytes > limits_.max_bytes - std::min(limits_.max_bytes, buffered_bytes_))
+    return fmt::format(
+        "{} would make {} bytes buffered ahead of this rank's receives, over the limit of {} (a "
+        "forged or broken peer)",
+        describe(h), buffered_bytes_ + h.bytes, limits_.max_bytes);
+  if (limits_.window) {
+    if (std::string why = limits_.window->check(h.channel); !why.empty())
+      return fmt::format("{}: {}", describe(h), why);
+  }
+  return "";
 }
 
 Mailbox::Delivery Mailbox::deliver(Partials& partial, const WireFrame& f,
@@ -148,12 +162,8 @@ Mailbox::Delivery Mailbox::deliver(Partials& partial, const WireFrame& f,
         post->second->taken = true;
         p.post = post->second;
         if (counters_) ++counters_->direct;
-      } else if (buffered_ >= max_buffered_) {
-        return Delivery{Delivery::kOverflow,
-                        fmt::format("{} would be message {} buffered ahead of this rank's "
-                                    "receives, over the limit of {} (sequence numbers far ahead "
-                                    "of this rank's: a forged or broken peer)",
-                                    describe(f.h), max_buffered_ + 1, max_buffered_)};
+      } else if (std::string why = over_limits_locked(f.h); !why.empty()) {
+        return Delivery{Delivery::kOverflow, std::move(why)};
       } else {
         p.msg = new_msg_locked(f.h);
         cv_.notify_all();  // a waiting recv may have to report a mismatch now
@@ -194,6 +204,7 @@ Mailbox::Delivery Mailbox::deliver(Partials& partial, const WireFrame& f,
           if (m != q->second.end()) {
             q->second.erase(m);
             --buffered_;
+            buffered_bytes_ -= p.h.bytes;
           }
           if (q->second.empty()) msgs_.erase(q);
         }
@@ -279,6 +290,7 @@ void Mailbox::recv(const MsgHeader& h, void* data, const Transport::Reduce* red,
                    RecvPump* pump) {
   const auto start = Clock::now();
   const MsgKey key{h.channel, h.part};
+  if (limits_.window) limits_.window->note(h.channel);
   std::shared_ptr<Posted> post;
   std::unique_lock<std::mutex> lk(mu_, std::defer_lock);
   // On every exit but success: make sure no producer writes into data after we return.
@@ -313,6 +325,7 @@ void Mailbox::recv(const MsgHeader& h, void* data, const Transport::Reduce* red,
           ready = std::move(q->second.front());
           q->second.pop_front();
           --buffered_;
+          buffered_bytes_ -= ready->h.bytes;
           if (q->second.empty()) msgs_.erase(q);
         } else if (!front.redirect && !red) {
           // Partly received: copy what is there and have the producer write the rest into

@@ -27,6 +27,7 @@
 #include <string>
 
 #include "comm/grpc/wire.h"
+#include "comm/seq_window.h"
 #include "comm/transport.h"
 
 namespace dtrain {
@@ -132,13 +133,24 @@ class RecvPump {
   virtual void wait(Deadline deadline) = 0;
 };
 
+// What a producer may make a mailbox hold ahead of its receives; a message past a limit is
+// malformed (deliver returns kOverflow), so a forged or broken peer cannot make the receiver
+// buffer without bound. The in-process hub (trusted) has none.
+struct MailboxLimits {
+  size_t max_messages = SIZE_MAX;  // messages waiting, under distinct keys or the same one
+  // Bytes of those messages; the first waiting message is always admitted (a message is at
+  // most wire.h's kGrpcMaxMessageBytes).
+  uint64_t max_bytes = UINT64_MAX;
+  // The transport's, shared by its mailboxes: receives note their channel in it, and collective
+  // sequence numbers too far ahead of this rank's are refused. Null: not judged.
+  SeqWindow* window = nullptr;
+};
+
 class Mailbox {
  public:
-  // self receives from src. max_buffered bounds the messages waiting ahead of the receives,
-  // under distinct keys or the same one (a producer past it is malformed: deliver returns
-  // kOverflow). down may be null.
+  // self receives from src. down may be null.
   Mailbox(int self, int src, BufferPool* pool, RecvCounters* counters, DownLog* down,
-          size_t max_buffered);
+          MailboxLimits limits);
 
   // ---- producer side ----
   // "" or what is wrong with chunk f, given the messages still arriving from this producer:
@@ -189,6 +201,8 @@ class Mailbox {
 
  private:
   std::string mismatch_locked(const MsgHeader& h) const;
+  // "" or which of limits_ a new waiting message h would break.
+  std::string over_limits_locked(const MsgHeader& h) const;
   // Requires mu_. Takes over the partly received front message into post's buffer.
   void redirect_locked(InMsg& front, std::shared_ptr<Posted>& post, const MsgHeader& h, void* data);
   std::shared_ptr<InMsg> new_msg_locked(const MsgHeader& h);
@@ -197,11 +211,12 @@ class Mailbox {
   BufferPool* const pool_;
   RecvCounters* const counters_;
   DownLog* const down_log_;
-  const size_t max_buffered_;
+  const MailboxLimits limits_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::map<MsgKey, std::deque<std::shared_ptr<InMsg>>> msgs_;  // per key in arrival order
   size_t buffered_ = 0;                                        // messages in msgs_, all keys
+  uint64_t buffered_bytes_ = 0;                                // their announced sizes
   std::map<MsgKey, std::shared_ptr<Posted>> posted_;
   int live_streams_ = 0;
   bool connected_ = false;         // a stream from src was opened

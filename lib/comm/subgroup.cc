@@ -9,8 +9,7 @@ namespace dtrain {
 
 namespace {
 
-// Collective channels are sequence numbers (far below 2^40); bits 40..62 carry the group.
-constexpr int kGroupShift = 40;
+constexpr int kGroupShift = kChannelGroupShift;  // transport.h
 
 class SubgroupTransport final : public Transport {
  public:

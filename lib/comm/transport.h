@@ -30,6 +30,9 @@ namespace dtrain {
 using Deadline = std::chrono::steady_clock::time_point;
 
 inline constexpr uint64_t kP2PBit = uint64_t{1} << 63;
+// A collective channel: its sequence number within its group in bits 0..39, the group's tag
+// (subgroup.h: group id + 1; 0 = the whole job) in bits 40..62.
+inline constexpr int kChannelGroupShift = 40;
 
 // Operation codes carried in every message header, so mismatched calls are detected.
 enum class CommOp : uint32_t {

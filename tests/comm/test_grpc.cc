@@ -1112,10 +1112,10 @@ TEST_CASE("grpc: a peer's claimed heartbeat interval lengthens freeze detection 
     CHECK(peer_silence_limit(2.0, bogus) == doctest::Approx(2.0));
 }
 
-TEST_CASE("grpc: frames with ever newer sequence numbers are refused once too many wait") {
-  // A token holder streams frames of distinct far-future channels that no receive will ever
-  // take: each would be buffered. Past kGrpcMaxBufferedMessages the frame is malformed and the
-  // rank fails (before: buffered without bound).
+// Rank 0 of a 2-rank job waits for a message from rank 1 while a token holder, claiming to be
+// rank 1, writes frames over a raw stream (write returns false once the rank hung up). Returns
+// rank 0's error, after checking that the stream was refused.
+std::string error_after_forged_frames(const std::function<void(RawStream&)>& write) {
   Job job = connect_job(2);
   require_ok(job);
   std::vector<uint8_t> buf(10);
@@ -1123,13 +1123,31 @@ TEST_CASE("grpc: frames with ever newer sequence numbers are refused once too ma
       [&] { job.t[0]->recv(1, header(1, 0, CommOp::kAllReduce, 10), buf.data(), in(120)); });
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
   RawStream raw(grpc_peer_addresses(*job.t[0])[0], "s3cret-token", 1);
-  for (size_t i = 0; i <= kGrpcMaxBufferedMessages; ++i)
-    if (!raw.w->Write(frame(1, (uint64_t{1} << 40) + i, 4, 0, 4))) break;  // the rank hung up
+  write(raw);
   const grpc::Status s = raw.finish();
   waiter.join();
   CHECK(!s.ok());
   CHECK_MESSAGE(contains(waiter.error, "malformed frame from rank 1"), waiter.error);
-  CHECK_MESSAGE(contains(waiter.error, "buffered ahead of this rank's receives"), waiter.error);
+  return waiter.error;
+}
+
+TEST_CASE("grpc: frames with ever newer sequence numbers are refused once too many wait") {
+  // Frames of distinct future channels (within SeqWindow's window) that no receive will ever
+  // take: each would be buffered. Past kGrpcMaxBufferedMessages the frame is malformed and the
+  // rank fails (before: buffered without bound).
+  const std::string error = error_after_forged_frames([](RawStream& raw) {
+    for (size_t i = 0; i <= kGrpcMaxBufferedMessages; ++i)
+      if (!raw.w->Write(frame(1, (uint64_t{1} << 40) + i, 4, 0, 4))) break;
+  });
+  CHECK_MESSAGE(contains(error, "buffered ahead of this rank's receives"), error);
+}
+
+TEST_CASE("grpc: one frame with a far-future sequence number is refused at once") {
+  // Before: buffered, like up to 65,535 more. Now past SeqWindow::kSeqWindow of this rank's
+  // latest sequence number the first such frame is malformed and the sender is failed.
+  const std::string error = error_after_forged_frames(
+      [](RawStream& raw) { raw.w->Write(frame(1, uint64_t{1} << 39, 4, 0, 4)); });
+  CHECK_MESSAGE(contains(error, "beyond the window"), error);
 }
 
 TEST_CASE("grpc: an error about a neighbour names the rank that went down first") {

@@ -169,7 +169,7 @@ TEST_CASE("mailbox: a chunk that is not float-aligned is refused by a posted rec
   // Only a forged peer cuts a float32 message at a byte offset that is not a multiple of 4;
   // reducing from such a chunk would misalign every float after it.
   BufferPool pool;
-  Mailbox box(0, 1, &pool, nullptr, nullptr, 16);
+  Mailbox box(0, 1, &pool, nullptr, nullptr, MailboxLimits{16});
   const MsgHeader h{9, 0, CommOp::kAllReduce, 16};
   std::vector<float> dst(4, 1.0f);
   std::string err;
@@ -209,7 +209,7 @@ TEST_CASE("mailbox: complete messages under one key are bounded like distinct on
   // refused (the transport fails the stream and says why), whatever the keys.
   BufferPool pool;
   const size_t kMax = 16;
-  Mailbox box(0, 1, &pool, nullptr, nullptr, kMax);
+  Mailbox box(0, 1, &pool, nullptr, nullptr, MailboxLimits{kMax});
   Partials partial;
   auto chunk = [](uint64_t channel) {
     WireFrame f;
@@ -237,4 +237,65 @@ TEST_CASE("mailbox: complete messages under one key are bounded like distinct on
   CHECK(std::memcmp(got, payload, 4) == 0);
   CHECK(deliver(chunk(kP2PBit | 6)).kind == Mailbox::Delivery::kOk);
   CHECK(deliver(chunk(kP2PBit | 7)).kind == Mailbox::Delivery::kOverflow);
+}
+
+TEST_CASE("seq window: a collective far ahead of this rank's sequence numbers is refused") {
+  // Per group: what this rank sent or received last, plus SeqWindow::kSeqWindow. Point-to-point
+  // channels are user tags and never judged; groups are judged apart.
+  SeqWindow w;
+  const uint64_t group2 = uint64_t{3} << kChannelGroupShift;
+  CHECK(w.check(SeqWindow::kSeqWindow).empty());
+  CHECK(contains(w.check(SeqWindow::kSeqWindow + 1), "beyond the window"));
+  w.note(1000);
+  CHECK(w.check(1000 + SeqWindow::kSeqWindow).empty());
+  const std::string why = w.check(1001 + SeqWindow::kSeqWindow);
+  CHECK_MESSAGE(contains(why, "ahead of this rank's 1000"), why);
+  w.note(10);  // going back never lowers the horizon
+  CHECK(w.check(1000 + SeqWindow::kSeqWindow).empty());
+  CHECK(!w.check(group2 | (SeqWindow::kSeqWindow + 5)).empty());  // group 2 is still at 0
+  w.note(group2 | 7);
+  CHECK(w.check(group2 | (SeqWindow::kSeqWindow + 7)).empty());
+  CHECK(w.check(kP2PBit | (uint64_t{1} << 62)).empty());
+  w.note(kP2PBit | (uint64_t{1} << 50));  // ignored
+  CHECK(!w.check(uint64_t{1} << 39).empty());
+}
+
+TEST_CASE("mailbox: frames over the byte budget or out of the sequence window are refused") {
+  BufferPool pool;
+  SeqWindow window;
+  Mailbox box(0, 1, &pool, nullptr, nullptr, MailboxLimits{100, 1000, &window});
+  Partials partial;
+  auto frame = [](uint64_t channel, uint64_t bytes) {
+    WireFrame f;
+    f.src = 1;
+    f.h = MsgHeader{channel, 0, CommOp::kAllReduce, bytes};
+    f.op_raw = static_cast<uint32_t>(f.h.op);
+    f.len = bytes;
+    return f;
+  };
+  std::vector<char> payload(4000, 7);
+  auto deliver = [&](const WireFrame& f) {
+    REQUIRE(box.check_chunk(f, partial).empty());
+    return box.deliver(
+        partial, f, [&](char* d) { std::memcpy(d, payload.data(), f.len); }, nullptr);
+  };
+  // The first waiting message is admitted whatever its size; then the budget counts.
+  REQUIRE(deliver(frame(1, 4000)).kind == Mailbox::Delivery::kOk);
+  Mailbox::Delivery d = deliver(frame(2, 1));
+  CHECK(d.kind == Mailbox::Delivery::kOverflow);
+  CHECK_MESSAGE(contains(d.why, "4001 bytes buffered ahead"), d.why);
+  std::vector<char> got(4000);
+  box.recv(MsgHeader{1, 0, CommOp::kAllReduce, 4000}, got.data(), nullptr, in(5));
+  CHECK(got == payload);
+  for (uint64_t c = 2; c < 6; ++c) REQUIRE(deliver(frame(c, 250)).kind == Mailbox::Delivery::kOk);
+  d = deliver(frame(6, 1));
+  CHECK_MESSAGE(contains(d.why, "1001 bytes buffered ahead"), d.why);
+  // Receives note their sequence numbers (here up to 5): a frame past 5 + kSeqWindow is
+  // refused at once, with room in the budget.
+  for (uint64_t c = 2; c < 6; ++c)
+    box.recv(MsgHeader{c, 0, CommOp::kAllReduce, 250}, got.data(), nullptr, in(5));
+  d = deliver(frame(6 + SeqWindow::kSeqWindow, 4));
+  CHECK(d.kind == Mailbox::Delivery::kOverflow);
+  CHECK_MESSAGE(contains(d.why, "beyond the window"), d.why);
+  CHECK(deliver(frame(5 + SeqWindow::kSeqWindow, 4)).kind == Mailbox::Delivery::kOk);
 }

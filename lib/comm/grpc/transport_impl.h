@@ -181,6 +181,7 @@ class GrpcTransport final : public Transport, private InStreamSink {
   std::vector<std::string> peers_;
   std::vector<int> tcp_ports_;  // per peer: its TCP data port, 0 = none
   BufferPool pool_;
+  SeqWindow seq_window_;  // this rank's collective sequence numbers; its mailboxes check peers'
   RecvCounters counters_;
   DownLog down_log_;
   std::vector<std::unique_ptr<Mailbox>> inboxes_;
