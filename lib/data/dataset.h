@@ -85,8 +85,9 @@ int64_t train_rows_without_loading(const DataConfig& cfg);
 // `pipeline_stages` ranks (1: no pipeline).
 std::string idle_ranks_warning(int64_t train_rows, int64_t world_size, int64_t pipeline_stages);
 
-// Reads a whole file, gunzipping when it starts with the gzip magic. UserError when missing or
-// corrupt.
+// Reads a whole file, gunzipping when it starts with the gzip magic. UserError when missing,
+// corrupt, or larger (or inflating to more) than this process can allocate
+// (available_memory_bytes), the last checked before reading.
 std::string read_maybe_gzip(const std::string& path);
 
 }  // namespace dtrain

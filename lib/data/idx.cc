@@ -15,12 +15,16 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <new>
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "data/dataset.h"
 #include "util/check.h"
+#include "util/fs.h"
 
 namespace dtrain {
 
@@ -97,8 +101,9 @@ bool has_gzip_magic(const std::string& s, size_t pos) {
 // Inflates every gzip member of `in` (gzip allows concatenated members; zero padding after the
 // last member is tolerated like gzip(1) does). Anything else is a UserError naming `path`.
 // max_out: stop with a UserError as soon as the output would exceed it (an IDX header's size).
-std::string gunzip(const std::string& in, const std::string& path, size_t max_out = SIZE_MAX,
-                   const std::string& shape = "") {
+// Inflates `in`; past max_out bytes of output it throws UserError(over_limit()).
+std::string gunzip(const std::string& in, const std::string& path, size_t max_out,
+                   const std::function<std::string()>& over_limit) {
   z_stream zs{};
   if (inflateInit2(&zs, 16 + MAX_WBITS) != Z_OK) throw std::bad_alloc();
   struct Guard {
@@ -116,7 +121,7 @@ std::string gunzip(const std::string& in, const std::string& path, size_t max_ou
       hint = static_cast<size_t>(t[0]) | static_cast<size_t>(t[1]) << 8 |
              static_cast<size_t>(t[2]) << 16 | static_cast<size_t>(t[3]) << 24;
     }
-    hint = std::min(hint, in.size() * 1032 + 1024);
+    hint = std::min({hint, in.size() * 1032 + 1024, max_out == SIZE_MAX ? SIZE_MAX : max_out + 1});
     resize_fresh(out, std::max<size_t>(hint, 4096));
   }
 
@@ -131,17 +136,16 @@ std::string gunzip(const std::string& in, const std::string& path, size_t max_ou
   feed();
   for (;;) {
     if (zs.avail_in == 0 && in_pos < in.size()) feed();
-    if (out_len == out.size()) out.resize(out.size() * 2);
+    // Never grown past max_out + 1: one byte over is enough to know the limit is broken.
+    if (out_len == out.size())
+      out.resize(std::max(out_len + 1,
+                          std::min(out.size() * 2, max_out == SIZE_MAX ? SIZE_MAX : max_out + 1)));
     const size_t room = std::min<size_t>(out.size() - out_len, UINT_MAX);
     zs.next_out = reinterpret_cast<Bytef*>(out.data() + out_len);
     zs.avail_out = static_cast<uInt>(room);
     const int ret = inflate(&zs, Z_NO_FLUSH);
     out_len += room - zs.avail_out;
-    if (out_len > max_out)
-      throw UserError("IDX file '" + path + "' size mismatch: header says " + shape + " (" +
-                      std::to_string(max_out) +
-                      " bytes with the header) but the compressed data "
-                      "holds more");
+    if (out_len > max_out) throw UserError(over_limit());
     if (ret == Z_STREAM_END) {
       const size_t consumed = in_pos - zs.avail_in;
       if (consumed == in.size()) break;
@@ -240,8 +244,13 @@ IdxFile read_idx(const std::string& path, uint32_t magic, const char* what) {
       throw UserError("IDX file '" + path + "' size mismatch: header says " + promise.shape + " (" +
                       std::to_string(promised) + " bytes with the header) but the file has " +
                       std::to_string(size) + " bytes");
-    f.bytes =
-        gz ? gunzip(read_whole_file(path), path, promised, promise.shape) : read_whole_file(path);
+    f.bytes = gz ? gunzip(read_whole_file(path), path, promised,
+                          [&] {
+                            return "IDX file '" + path + "' size mismatch: header says " +
+                                   promise.shape + " (" + std::to_string(promised) +
+                                   " bytes with the header) but the compressed data holds more";
+                          })
+                 : read_whole_file(path);
   }
   const std::string& b = f.bytes;
   if (b.size() < 4) {
@@ -292,9 +301,32 @@ IdxFile read_idx(const std::string& path, uint32_t magic, const char* what) {
 }  // namespace
 
 std::string read_maybe_gzip(const std::string& path) {
+  // What this process can allocate bounds the file (checked from its size, before reading) and
+  // its decompressed contents (checked while inflating): a file past it is a clear user error,
+  // not a std::bad_alloc from somewhere in the reader.
+  const int64_t avail = available_memory_bytes();
+  const size_t budget = avail < 0 ? SIZE_MAX : static_cast<size_t>(avail);
+  auto too_big = [&](const std::string& what) {
+    constexpr double kMiB = 1024.0 * 1024.0;
+    return fmt::format(
+        "cannot read '{}': {} more than the {:.0f} MiB this process can allocate (available "
+        "memory, or the address-space limit ulimit -v); use a smaller file or free memory",
+        path, what, static_cast<double>(budget) / kMiB);
+  };
+  std::error_code ec;
+  if (const auto size = fs::file_size(path, ec); !ec && size > budget)
+    throw UserError(too_big(fmt::format("its {} bytes are", size)));
   std::string bytes = read_whole_file(path);
   if (!has_gzip_magic(bytes, 0)) return bytes;
-  return gunzip(bytes, path);
+  const size_t left = budget == SIZE_MAX ? SIZE_MAX : budget - std::min(budget, bytes.size());
+  auto over = [&] {
+    return too_big(fmt::format("its {} compressed bytes inflate to", bytes.size()));
+  };
+  try {
+    return gunzip(bytes, path, left, over);
+  } catch (const std::bad_alloc&) {  // the budget is an estimate; the allocator has the last word
+    throw UserError(over());
+  }
 }
 
 int64_t idx_label_count(const std::string& labels_path) {

@@ -1,10 +1,15 @@
 // CSV loaders: header detection, label column selection, line endings, quoting, and every
 // malformed-input class (messages must name FILE:LINE and the column).
 #include <stdlib.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <zlib.h>
 
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <doctest/doctest.h>
@@ -209,6 +214,71 @@ TEST_CASE("csv: load_csv_features") {
   CHECK(contains(msg, "column 2"));
   CHECK(contains(user_error([&] { load_csv_features(t.write("e.csv", ""), opts(), 2, &rows); }),
                  "no rows"));
+}
+
+// Runs load_csv on path in a child process whose address space may grow by at most `room`
+// bytes; returns the child's exit code (0: refused with a message containing `want`) and its
+// peak RSS in KiB.
+std::pair<int, long> load_csv_limited(const std::string& path, uint64_t room,
+                                      const std::string& want) {
+  const pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    std::ifstream status("/proc/self/status");
+    std::string line;
+    uint64_t vm_kib = 0;
+    while (std::getline(status, line))
+      if (line.rfind("VmSize:", 0) == 0) vm_kib = std::stoull(line.substr(7));
+    const rlimit rl{vm_kib * 1024 + room, vm_kib * 1024 + room};
+    if (vm_kib == 0 || setrlimit(RLIMIT_AS, &rl) != 0) _exit(6);
+    try {
+      load_csv(path, CsvOptions{});
+    } catch (const UserError& e) {
+      _exit(std::string(e.what()).find(want) != std::string::npos ? 0 : 3);
+    } catch (...) {
+      _exit(4);  // std::bad_alloc, mostly: what the check is there to prevent
+    }
+    _exit(5);  // loaded: not refused
+  }
+  int status = 0;
+  rusage ru{};
+  REQUIRE(wait4(pid, &status, 0, &ru) == pid);
+  REQUIRE(WIFEXITED(status));
+  return {WEXITSTATUS(status), ru.ru_maxrss};
+}
+
+TEST_CASE("csv: a file larger than this process can allocate is refused before it is read") {
+  // A sparse 2 GiB file (no disk used) against 256 MiB of address space: refused from its size,
+  // with the numbers, before a byte is read (before: std::bad_alloc, or 2 GiB of RSS).
+  TempDir t;
+  const std::string big = t.path() + "/big.csv";
+  {
+    std::ofstream f(big);
+    f << "a,b\n1,2\n";
+  }
+  std::filesystem::resize_file(big, uint64_t{2} << 30);
+  const auto [code, rss_kib] = load_csv_limited(big, uint64_t{256} << 20, "2147483648 bytes are");
+  CHECK(code == 0);
+  INFO("child peak RSS ", rss_kib, " KiB");
+  CHECK(rss_kib < 128 * 1024);
+}
+
+TEST_CASE("csv: a gzip file that inflates past what can be allocated is refused") {
+  // 512 MiB of zeros compress to about 0.5 MB; with 256 MiB of room, inflating stops at the
+  // budget with a clear message instead of ending in std::bad_alloc.
+  TempDir t;
+  const std::string gz = t.path() + "/bomb.csv.gz";
+  {
+    gzFile f = gzopen(gz.c_str(), "wb1");
+    REQUIRE(f != nullptr);
+    const std::vector<char> zeros(1 << 20, 0);
+    for (int i = 0; i < 512; ++i) REQUIRE(gzwrite(f, zeros.data(), zeros.size()) > 0);
+    REQUIRE(gzclose(f) == Z_OK);
+  }
+  const auto [code, rss_kib] =
+      load_csv_limited(gz, uint64_t{256} << 20, "compressed bytes inflate to");
+  CHECK(code == 0);
+  INFO("child peak RSS ", rss_kib, " KiB");
 }
 
 }  // namespace
