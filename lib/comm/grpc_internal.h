@@ -61,6 +61,7 @@ std::unique_ptr<Transport> connect_grpc(const GrpcOptions& opts, const GrpcTunin
 // the received prefix is copied once more), or copied out of a complete mailbox message.
 struct GrpcRecvStats {
   uint64_t direct = 0, redirected = 0, mailbox = 0;
+  uint64_t chunks_read_direct = 0;  // TCP chunks read from the socket into the posted buffer
 };
 GrpcRecvStats grpc_recv_stats(const Transport& t);
 

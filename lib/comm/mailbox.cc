@@ -189,36 +189,89 @@ Mailbox::Delivery Mailbox::deliver(Partials& partial, const WireFrame& f,
         else
           copy(p.post->dest + f.offset);
       }
-      if (complete) {
-        p.post->done = true;
-        const auto post = posted_.find(key);
-        if (post != posted_.end() && post->second == p.post) posted_.erase(post);
-      }
     } else if (p.msg->redirect) {
-      Posted& post = *p.msg->redirect;
-      if (!post.abandoned) copy(post.dest + f.offset);
-      if (complete) {
-        post.done = true;
-        if (const auto q = msgs_.find(key); q != msgs_.end()) {
-          const auto m = std::find(q->second.begin(), q->second.end(), p.msg);
-          if (m != q->second.end()) {
-            q->second.erase(m);
-            --buffered_;
-            buffered_bytes_ -= p.h.bytes;
-          }
-          if (q->second.empty()) msgs_.erase(q);
-        }
-      }
+      if (!p.msg->redirect->abandoned) copy(p.msg->redirect->dest + f.offset);
     } else {
       copy(p.msg->buf.p.get() + f.offset);
       p.msg->complete = complete;
     }
-    if (p.msg) p.msg->received = p.received + f.len;
-    if (complete) cv_.notify_all();
+    account_locked(key, p, f.len);
   }
   p.received += f.len;
   if (complete) partial.erase(it);
   return Delivery{};
+}
+
+void Mailbox::account_locked(const MsgKey& key, Partial& p, uint64_t len) {
+  const bool complete = p.received + len == p.h.bytes;
+  if (p.post && complete) {
+    p.post->done = true;
+    const auto post = posted_.find(key);
+    if (post != posted_.end() && post->second == p.post) posted_.erase(post);
+  } else if (p.msg && p.msg->redirect && complete) {
+    p.msg->redirect->done = true;
+    if (const auto q = msgs_.find(key); q != msgs_.end()) {
+      const auto m = std::find(q->second.begin(), q->second.end(), p.msg);
+      if (m != q->second.end()) {
+        q->second.erase(m);
+        --buffered_;
+        buffered_bytes_ -= p.h.bytes;
+      }
+      if (q->second.empty()) msgs_.erase(q);
+    }
+  }
+  if (p.msg) p.msg->received = p.received + len;
+  if (complete) cv_.notify_all();
+}
+
+char* Mailbox::pin_direct(Partials& partial, const WireFrame& f, std::function<void()> interrupt) {
+  const MsgKey key{f.h.channel, f.h.part};
+  std::lock_guard<std::mutex> lk(mu_);
+  if (!aborted_.empty()) return nullptr;  // deliver() says so
+  auto it = partial.find(key);
+  std::shared_ptr<Posted> target;
+  if (it == partial.end()) {  // a new message: only straight into a posted plain recv
+    const auto q = msgs_.find(key);
+    const auto post = posted_.find(key);
+    if ((q != msgs_.end() && !q->second.empty()) || post == posted_.end()) return nullptr;
+    Posted& ps = *post->second;
+    if (ps.taken || ps.reduce || ps.h.op != f.h.op || ps.h.bytes != f.h.bytes) return nullptr;
+    ps.taken = true;
+    if (counters_) ++counters_->direct;
+    Partial np;
+    np.h = f.h;
+    np.post = post->second;
+    it = partial.emplace(key, std::move(np)).first;
+  }
+  const Partial& p = it->second;
+  if (p.post && !p.post->reduce)
+    target = p.post;
+  else if (p.msg && p.msg->redirect)
+    target = p.msg->redirect;
+  // An empty message (dest may be null) has nothing to read: deliver() takes it.
+  if (!target || target->abandoned || f.len == 0) return nullptr;
+  ++target->writers;
+  target->interrupt = std::move(interrupt);
+  if (counters_) ++counters_->chunks_read_direct;
+  return target->dest + f.offset;
+}
+
+void Mailbox::unpin_direct(Partials& partial, const WireFrame& f, bool written) {
+  const MsgKey key{f.h.channel, f.h.part};
+  const auto it = partial.find(key);
+  DT_CHECK(it != partial.end());
+  Partial& p = it->second;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    Posted& target = p.post ? *p.post : *p.msg->redirect;
+    DT_CHECK_GT(target.writers, 0);
+    --target.writers;
+    if (written) account_locked(key, p, f.len);
+    cv_.notify_all();  // an abandoning recv may be waiting for the writer to leave
+  }
+  if (!written) return;
+  p.received += f.len;
+  if (p.received == p.h.bytes) partial.erase(it);
 }
 
 void Mailbox::deliver_whole(const MsgHeader& h, const void* data) {
@@ -299,6 +352,12 @@ void Mailbox::recv(const MsgHeader& h, void* data, const Transport::Reduce* red,
     post->abandoned = true;
     const auto it = posted_.find(key);
     if (it != posted_.end() && it->second == post) posted_.erase(it);
+    // A producer reading a chunk straight into data (pin_direct) may be blocked on a peer that
+    // stalled: interrupt it (its connection ends) and wait until it has left data.
+    if (post->writers > 0) {
+      if (post->interrupt) post->interrupt();
+      cv_.wait(lk, [&] { return post->writers == 0; });
+    }
   };
   bool pumped_after_failure = false;
   for (;;) {

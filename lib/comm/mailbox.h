@@ -76,6 +76,11 @@ struct Posted {
   bool taken = false;      // a producer is writing into dest
   bool done = false;       // dest holds the whole message
   bool abandoned = false;  // recv gave up (timeout, failure): drop the rest, never touch dest
+  // Producers writing a chunk into dest without the mailbox's lock (pin_direct); recv does not
+  // return while there are any. interrupt (the last pinning producer's) makes a blocked one
+  // return, ending its connection.
+  int writers = 0;
+  std::function<void()> interrupt;
   // Reduce the payload into dest (recv_reduce) instead of copying; only producers that can
   // reduce (deliver's `reduce`) take such a post.
   bool reduce = false;
@@ -100,9 +105,11 @@ struct Partial {
 };
 using Partials = std::map<MsgKey, Partial>;  // one per producer, touched only by it
 
-// How received messages reached the caller's buffer (GrpcRecvStats).
+// How received messages reached the caller's buffer (GrpcRecvStats): messages delivered
+// straight into a posted buffer, redirected there part-way, or copied from the mailbox; and
+// chunks a producer read from its socket straight into a posted buffer (pin_direct).
 struct RecvCounters {
-  std::atomic<uint64_t> direct{0}, redirected{0}, mailbox{0};
+  std::atomic<uint64_t> direct{0}, redirected{0}, mailbox{0}, chunks_read_direct{0};
 };
 
 // The first peer this rank saw go down and when, so that an error about a later one -- a
@@ -169,6 +176,16 @@ class Mailbox {
   // else kOverflow, saying so (only a broken or forged peer sends that).
   Delivery deliver(Partials& partial, const WireFrame& f, const std::function<void(char*)>& copy,
                    const ReduceFn* reduce);
+  // For a producer that can read a chunk's payload straight from its source (TCP) instead of
+  // staging it: where f's payload belongs in a posted plain recv's buffer (not a recv_reduce),
+  // or null when it must be staged and passed to deliver(). f must have passed check_chunk.
+  // A non-null result pins that recv: it cannot return (done, timed out or failed) until
+  // unpin_direct; a recv that gives up meanwhile calls `interrupt`, which must make the
+  // producer's read return soon (shut its socket down).
+  char* pin_direct(Partials& partial, const WireFrame& f, std::function<void()> interrupt);
+  // After pin_direct: the payload was written (written) or the read failed (the producer then
+  // ends its stream, which fails the mailbox).
+  void unpin_direct(Partials& partial, const WireFrame& f, bool written);
   // Delivers a whole message at once (a rank to itself, the in-process hub).
   void deliver_whole(const MsgHeader& h, const void* data);
 
@@ -201,6 +218,9 @@ class Mailbox {
 
  private:
   std::string mismatch_locked(const MsgHeader& h) const;
+  // Requires mu_. Records len more bytes of p (under key) as received: a completed message is
+  // marked done for its recv, or leaves msgs_ when it was redirected.
+  void account_locked(const MsgKey& key, Partial& p, uint64_t len);
   // "" or which of limits_ a new waiting message h would break.
   std::string over_limits_locked(const MsgHeader& h) const;
   // Requires mu_. Takes over the partly received front message into post's buffer.

@@ -3,9 +3,11 @@
 // forged peer can do to that path. Ranks are threads of this process on the gRPC streams only.
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -298,4 +300,103 @@ TEST_CASE("mailbox: frames over the byte budget or out of the sequence window ar
   CHECK(d.kind == Mailbox::Delivery::kOverflow);
   CHECK_MESSAGE(contains(d.why, "beyond the window"), d.why);
   CHECK(deliver(frame(5 + SeqWindow::kSeqWindow, 4)).kind == Mailbox::Delivery::kOk);
+}
+
+// A 2-chunk message of 8 bytes on channel 3 from rank 1, as a TCP reader sees its chunks.
+static WireFrame direct_chunk(uint64_t offset) {
+  WireFrame f;
+  f.src = 1;
+  f.h = MsgHeader{3, 0, CommOp::kAllGather, 8};
+  f.op_raw = static_cast<uint32_t>(f.h.op);
+  f.offset = offset;
+  f.len = 4;
+  return f;
+}
+
+// pin_direct for chunk f, polled until the recv is posted (null before); fails after 10 s.
+static char* pin_when_posted(Mailbox& box, Partials& partial, const WireFrame& f,
+                             std::function<void()> interrupt) {
+  const auto give_up = Clock::now() + std::chrono::seconds(10);
+  for (;;) {
+    REQUIRE(box.check_chunk(f, partial).empty());
+    if (char* d = box.pin_direct(partial, f, interrupt)) return d;
+    REQUIRE(Clock::now() < give_up);
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+TEST_CASE("mailbox: chunks read straight into a posted recv's buffer (pin_direct)") {
+  BufferPool pool;
+  RecvCounters counters;
+  Mailbox box(0, 1, &pool, &counters, nullptr, MailboxLimits{16});
+  char got[8] = {};
+  std::thread receiver([&] {
+    box.recv(MsgHeader{3, 0, CommOp::kAllGather, 8}, got, nullptr, in(10));
+  });
+  Partials partial;
+  for (uint64_t off : {0, 4}) {
+    const WireFrame f = direct_chunk(off);
+    char* dst = pin_when_posted(box, partial, f, [] {});
+    CHECK(dst == got + off);
+    std::memcpy(dst, off ? "5678" : "1234", 4);  // the socket read
+    box.unpin_direct(partial, f, true);
+  }
+  receiver.join();
+  CHECK(std::string(got, 8) == "12345678");
+  CHECK(partial.empty());
+  CHECK(counters.chunks_read_direct == 2);
+  CHECK(counters.direct == 1);
+  // A recv_reduce is never pinned: its chunks are reduced from a staging buffer.
+  std::vector<float> acc(2, 1.0f);
+  std::thread reducer([&] {
+    const Transport::Reduce op = Transport::Reduce::kSum;
+    try {
+      box.recv(MsgHeader{4, 0, CommOp::kAllReduce, 8}, acc.data(), &op, in(0.5));
+    } catch (const CommError&) {
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  WireFrame f = direct_chunk(0);
+  f.h = MsgHeader{4, 0, CommOp::kAllReduce, 8};
+  f.op_raw = static_cast<uint32_t>(f.h.op);
+  CHECK(box.pin_direct(partial, f, [] {}) == nullptr);
+  reducer.join();
+}
+
+TEST_CASE("mailbox: a recv giving up while a producer reads into its buffer waits for it") {
+  // The receive times out while chunk 1 is being read into its buffer: it interrupts the
+  // producer (a TCP reader shuts its socket down) and returns only after the producer has left
+  // the buffer, which the caller may free at once.
+  BufferPool pool;
+  Mailbox box(0, 1, &pool, nullptr, nullptr, MailboxLimits{16});
+  std::vector<char> got(8);
+  std::atomic<bool> interrupted{false};
+  std::atomic<int64_t> unpinned_at{0}, returned_at{0};
+  std::string error;
+  auto now_ns = [] { return Clock::now().time_since_epoch().count(); };
+  std::thread receiver([&] {
+    try {
+      box.recv(MsgHeader{3, 0, CommOp::kAllGather, 8}, got.data(), nullptr, in(0.3));
+    } catch (const CommError& e) {
+      error = e.what();
+    }
+    returned_at = now_ns();
+  });
+  Partials partial;
+  const WireFrame f = direct_chunk(0);
+  char* dst = pin_when_posted(box, partial, f, [&] { interrupted = true; });
+  const auto give_up = Clock::now() + std::chrono::seconds(10);
+  while (!interrupted && Clock::now() < give_up)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  CHECK(interrupted);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // a read that takes a while
+  CHECK(returned_at == 0);                                      // still waiting for it
+  std::memcpy(dst, "1234", 4);
+  unpinned_at = now_ns();
+  box.unpin_direct(partial, f, false);
+  receiver.join();
+  CHECK_MESSAGE(contains(error, "timed out"), error);
+  CHECK(returned_at >= unpinned_at);
+  // Chunk 2 finds the recv gone: staged and dropped by deliver(), never written to the buffer.
+  CHECK(box.pin_direct(partial, direct_chunk(4), [] {}) == nullptr);
 }

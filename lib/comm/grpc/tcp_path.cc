@@ -283,6 +283,26 @@ void TcpPath::read_loop(In* in) {
         why = env_.malformed(src, err);
         break;
       }
+      // A chunk of a posted plain recv (an all-gather's, a broadcast's) is read straight into
+      // the receiver's buffer: no staging copy. A recv that gives up meanwhile shuts the socket
+      // down for reading, so that a stalled peer cannot keep it waiting.
+      const int fd = in->fd.get();
+      if (char* dst = box.pin_direct(partial, f, [fd] { ::shutdown(fd, SHUT_RD); })) {
+        bool written = false;
+        try {
+          written = read_exact(fd, dst, f.len);
+        } catch (...) {
+          box.unpin_direct(partial, f, false);
+          throw;
+        }
+        box.unpin_direct(partial, f, written);
+        if (!written) {
+          why =
+              fmt::format("rank {} closed its connection in the middle of {}", src, describe(f.h));
+          break;
+        }
+        continue;
+      }
       if (!read_exact(in->fd.get(), buf.data(), f.len)) {
         why = fmt::format("rank {} closed its connection in the middle of {}", src, describe(f.h));
         break;

@@ -49,7 +49,7 @@ class GrpcTransport final : public Transport, private InStreamSink {
   int tcp_port() const { return tcp_ ? tcp_->port() : 0; }
   GrpcRecvStats recv_stats() const {
     return GrpcRecvStats{counters_.direct.load(), counters_.redirected.load(),
-                         counters_.mailbox.load()};
+                         counters_.mailbox.load(), counters_.chunks_read_direct.load()};
   }
 
   // Starts the server, joins, opens the streams; throws CommError.
