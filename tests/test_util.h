@@ -12,6 +12,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <random>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -63,22 +65,38 @@ inline CmdResult run_cmd(const std::string& cmd) {
   return r;
 }
 
-// A loopback port nobody listens on right now: bind port 0, read it back, close. (Tests pick
-// ports this way, never fixed ones.)
+// A loopback port nobody listens on right now, for a test's rendezvous. Picked at random below
+// the kernel's ephemeral range (net.ipv4.ip_local_port_range, default 32768-60999) and checked
+// by binding it: a port from bind(0) comes from that range, which every outgoing connection of
+// the tests running in parallel also draws from, so one of them could take it before the test
+// listens on it ("Address already in use", seen in CI). Falls back to bind(0) when the range
+// starts too low to leave room below it. Tests never use fixed ports.
 inline int free_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) throw std::runtime_error("socket() failed");
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(a);
-  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+  auto try_bind = [](int port) {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) throw std::runtime_error("socket() failed");
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    socklen_t len = sizeof(a);
+    const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
+                    getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0;
     close(fd);
-    throw std::runtime_error("cannot bind a loopback port");
+    return ok ? ntohs(a.sin_port) : -1;
+  };
+  int low = 32768;
+  if (std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range"); range) range >> low;
+  constexpr int kSpan = 12000;
+  if (low > kSpan + 1024) {
+    static thread_local std::mt19937 rng(std::random_device{}() ^ static_cast<unsigned>(getpid()));
+    std::uniform_int_distribution<int> pick(low - kSpan, low - 1);
+    for (int i = 0; i < 64; ++i)
+      if (const int p = try_bind(pick(rng)); p > 0) return p;
   }
-  close(fd);
-  return ntohs(a.sin_port);
+  const int p = try_bind(0);
+  if (p < 0) throw std::runtime_error("cannot bind a loopback port");
+  return p;
 }
 
 inline bool contains(const std::string& text, const std::string& part) {
