@@ -126,6 +126,20 @@ std::shared_ptr<InMsg> Mailbox::new_msg_locked(const MsgHeader& h) {
   return m;
 }
 
+std::shared_ptr<Posted> Mailbox::claim_post_locked(const MsgKey& key, const MsgHeader& h,
+                                                   bool can_reduce) {
+  const auto q = msgs_.find(key);
+  if (q != msgs_.end() && !q->second.empty()) return nullptr;  // earlier messages go first
+  const auto post = posted_.find(key);
+  if (post == posted_.end()) return nullptr;
+  Posted& p = *post->second;
+  if (p.taken || p.h.op != h.op || p.h.bytes != h.bytes || (p.reduce && !can_reduce))
+    return nullptr;
+  p.taken = true;
+  if (counters_) ++counters_->direct;
+  return post->second;
+}
+
 std::string Mailbox::over_limits_locked(const MsgHeader& h) const {
   if (buffered_ >= limits_.max_messages)
     return fmt::format(
@@ -154,17 +168,10 @@ Mailbox::Delivery Mailbox::deliver(Partials& partial, const WireFrame& f,
     {
       std::lock_guard<std::mutex> lk(mu_);
       if (!aborted_.empty()) return Delivery{Delivery::kAborted, aborted_};
-      const auto q = msgs_.find(key);
-      const auto post = posted_.find(key);
-      if ((q == msgs_.end() || q->second.empty()) && post != posted_.end() &&
-          !post->second->taken && post->second->h.op == f.h.op &&
-          post->second->h.bytes == f.h.bytes && (reduce || !post->second->reduce)) {
-        post->second->taken = true;
-        p.post = post->second;
-        if (counters_) ++counters_->direct;
-      } else if (std::string why = over_limits_locked(f.h); !why.empty()) {
-        return Delivery{Delivery::kOverflow, std::move(why)};
-      } else {
+      p.post = claim_post_locked(key, f.h, reduce != nullptr);
+      if (!p.post) {
+        if (std::string why = over_limits_locked(f.h); !why.empty())
+          return Delivery{Delivery::kOverflow, std::move(why)};
         p.msg = new_msg_locked(f.h);
         cv_.notify_all();  // a waiting recv may have to report a mismatch now
       }
@@ -231,16 +238,10 @@ char* Mailbox::pin_direct(Partials& partial, const WireFrame& f, std::function<v
   auto it = partial.find(key);
   std::shared_ptr<Posted> target;
   if (it == partial.end()) {  // a new message: only straight into a posted plain recv
-    const auto q = msgs_.find(key);
-    const auto post = posted_.find(key);
-    if ((q != msgs_.end() && !q->second.empty()) || post == posted_.end()) return nullptr;
-    Posted& ps = *post->second;
-    if (ps.taken || ps.reduce || ps.h.op != f.h.op || ps.h.bytes != f.h.bytes) return nullptr;
-    ps.taken = true;
-    if (counters_) ++counters_->direct;
     Partial np;
     np.h = f.h;
-    np.post = post->second;
+    np.post = claim_post_locked(key, f.h, false);
+    if (!np.post) return nullptr;
     it = partial.emplace(key, std::move(np)).first;
   }
   const Partial& p = it->second;
@@ -277,19 +278,15 @@ void Mailbox::unpin_direct(Partials& partial, const WireFrame& f, bool written) 
 void Mailbox::deliver_whole(const MsgHeader& h, const void* data) {
   const MsgKey key{h.channel, h.part};
   std::lock_guard<std::mutex> lk(mu_);
-  const auto q = msgs_.find(key);
-  const auto post = posted_.find(key);
-  if ((q == msgs_.end() || q->second.empty()) && post != posted_.end() && !post->second->taken &&
-      post->second->h.op == h.op && post->second->h.bytes == h.bytes) {
-    Posted& p = *post->second;
+  if (const std::shared_ptr<Posted> post = claim_post_locked(key, h, true)) {
+    Posted& p = *post;
     if (p.reduce)
       reduce_into(reinterpret_cast<float*>(p.dest), static_cast<const float*>(data),
                   h.bytes / sizeof(float), p.op);
     else if (h.bytes)
       std::memcpy(p.dest, data, h.bytes);
-    p.taken = p.done = true;
-    if (counters_) ++counters_->direct;
-    posted_.erase(post);
+    p.done = true;
+    posted_.erase(key);
   } else {
     std::shared_ptr<InMsg> m = new_msg_locked(h);
     if (h.bytes) std::memcpy(m->buf.p.get(), data, h.bytes);

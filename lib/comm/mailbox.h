@@ -221,6 +221,10 @@ class Mailbox {
   // Requires mu_. Records len more bytes of p (under key) as received: a completed message is
   // marked done for its recv, or leaves msgs_ when it was redirected.
   void account_locked(const MsgKey& key, Partial& p, uint64_t len);
+  // Requires mu_. The recv posted for a new message h under key, marked taken, when h may go
+  // straight into its buffer: nothing is waiting under key, op and size match, and the producer
+  // can reduce if the recv is a recv_reduce (can_reduce). Else null.
+  std::shared_ptr<Posted> claim_post_locked(const MsgKey& key, const MsgHeader& h, bool can_reduce);
   // "" or which of limits_ a new waiting message h would break.
   std::string over_limits_locked(const MsgHeader& h) const;
   // Requires mu_. Takes over the partly received front message into post's buffer.
