@@ -100,10 +100,11 @@ bool has_gzip_magic(const std::string& s, size_t pos) {
 
 // Inflates every gzip member of `in` (gzip allows concatenated members; zero padding after the
 // last member is tolerated like gzip(1) does). Anything else is a UserError naming `path`.
-// max_out: stop with a UserError as soon as the output would exceed it (an IDX header's size).
-// Inflates `in`; past max_out bytes of output it throws UserError(over_limit()).
+// max_out: as soon as the output exceeds it (an IDX header's size, what can be allocated), it
+// stops with UserError(over_limit()); the output buffer never grows past max_out + 1 bytes.
 std::string gunzip(const std::string& in, const std::string& path, size_t max_out,
                    const std::function<std::string()>& over_limit) {
+  const size_t cap = max_out == SIZE_MAX ? SIZE_MAX : max_out + 1;  // the output buffer's
   z_stream zs{};
   if (inflateInit2(&zs, 16 + MAX_WBITS) != Z_OK) throw std::bad_alloc();
   struct Guard {
@@ -121,7 +122,7 @@ std::string gunzip(const std::string& in, const std::string& path, size_t max_ou
       hint = static_cast<size_t>(t[0]) | static_cast<size_t>(t[1]) << 8 |
              static_cast<size_t>(t[2]) << 16 | static_cast<size_t>(t[3]) << 24;
     }
-    hint = std::min({hint, in.size() * 1032 + 1024, max_out == SIZE_MAX ? SIZE_MAX : max_out + 1});
+    hint = std::min({hint, in.size() * 1032 + 1024, cap});
     resize_fresh(out, std::max<size_t>(hint, 4096));
   }
 
@@ -136,10 +137,8 @@ std::string gunzip(const std::string& in, const std::string& path, size_t max_ou
   feed();
   for (;;) {
     if (zs.avail_in == 0 && in_pos < in.size()) feed();
-    // Never grown past max_out + 1: one byte over is enough to know the limit is broken.
-    if (out_len == out.size())
-      out.resize(std::max(out_len + 1,
-                          std::min(out.size() * 2, max_out == SIZE_MAX ? SIZE_MAX : max_out + 1)));
+    // One byte over max_out is enough to know the limit is broken.
+    if (out_len == out.size()) out.resize(std::max(out_len + 1, std::min(out.size() * 2, cap)));
     const size_t room = std::min<size_t>(out.size() - out_len, UINT_MAX);
     zs.next_out = reinterpret_cast<Bytef*>(out.data() + out_len);
     zs.avail_out = static_cast<uInt>(room);
