@@ -600,25 +600,36 @@ void commit_checkpoint(const std::string& dir, const std::string& file_name, int
   }
 }
 
+namespace {
+
+// The checkpoint a `latest` pointer file names, in the same folder.
+std::string follow_latest(const fs::path& latest) {
+  std::error_code ec;
+  std::string name = read_file(latest.string());
+  while (!name.empty() && (name.back() == '\n' || name.back() == '\r' || name.back() == ' '))
+    name.pop_back();
+  if (name.empty() || name.find('/') != std::string::npos)
+    throw UserError("'" + latest.string() + "' does not name a checkpoint file");
+  const fs::path file = latest.parent_path() / name;
+  if (!fs::is_regular_file(file, ec) && !is_sharded_dir(file))
+    throw UserError("'" + latest.string() + "' names '" + name + "', which does not exist");
+  return file.string();
+}
+
+}  // namespace
+
 std::string resolve_checkpoint(const std::string& path, bool allow_missing) {
   std::error_code ec;
   fs::path p(path);
+  // A `latest` file given by hand (tab completion offers it) is followed, not parsed as
+  // safetensors: it holds a file name, never a checkpoint.
+  if (p.filename() == "latest" && fs::is_regular_file(p, ec)) return follow_latest(p);
   if (fs::is_regular_file(p, ec) || is_sharded_dir(p)) return p.string();
   if (fs::is_directory(p, ec)) {
     fs::path latest = p / "latest";
     if (!fs::exists(latest, ec) && fs::is_directory(p / "checkpoints", ec))
       latest = p / "checkpoints" / "latest";
-    if (fs::exists(latest, ec)) {
-      std::string name = read_file(latest.string());
-      while (!name.empty() && (name.back() == '\n' || name.back() == '\r' || name.back() == ' '))
-        name.pop_back();
-      if (name.empty() || name.find('/') != std::string::npos)
-        throw UserError("'" + latest.string() + "' does not name a checkpoint file");
-      const fs::path file = latest.parent_path() / name;
-      if (!fs::is_regular_file(file, ec) && !is_sharded_dir(file))
-        throw UserError("'" + latest.string() + "' names '" + name + "', which does not exist");
-      return file.string();
-    }
+    if (fs::exists(latest, ec)) return follow_latest(latest);
     if (fs::exists(p / shard_file_name(0), ec))
       throw UserError("checkpoint '" + path +
                       "' is a folder without manifest.json (an incomplete sharded checkpoint: "

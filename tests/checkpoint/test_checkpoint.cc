@@ -97,8 +97,11 @@ TEST_CASE("commit_checkpoint names the newest and keeps the last N") {
   CHECK(dtrain::testing::read_text(dir / "latest") == "step-40.safetensors\n");
   CHECK(resolve_checkpoint(dir.path(), false) == dir / "step-40.safetensors");
   CHECK(resolve_checkpoint(dir / "step-30.safetensors", false) == dir / "step-30.safetensors");
+  // The `latest` file itself is followed (it holds a name, not tensors).
+  CHECK(resolve_checkpoint(dir / "latest", false) == dir / "step-40.safetensors");
   CHECK(resolve_checkpoint(dir / "nothing", true).empty());
   CHECK_THROWS_AS(resolve_checkpoint(dir / "nothing", false), UserError);
   dir.write("latest", "step-99.safetensors\n");
   CHECK_THROWS_AS(resolve_checkpoint(dir.path(), false), UserError);
+  CHECK_THROWS_AS(resolve_checkpoint(dir / "latest", false), UserError);
 }
