@@ -60,6 +60,21 @@ TRAINING_STATE_PREFIXES = ("optim.", "comp.")
 # ---- nanoGPT's GPT (github.com/karpathy/nanoGPT model.py, bias on, written out again since
 # nanoGPT is not a package); attention as its "manual" path, no causal-mask buffer ----
 
+def causal_attention(qkv, n_head, attn_dropout=None):
+    """The attention core between c_attn and c_proj: qkv [B, T, 3C] (q, k, v in that order) ->
+    y [B, T, C], heads side by side. scripts/ref/torch_gpt_ref.py tests dtrain's against it."""
+    B, T, C3 = qkv.size()
+    C = C3 // 3
+    hs = C // n_head
+    q, k, v = (t.view(B, T, n_head, hs).transpose(1, 2) for t in qkv.split(C, dim=2))
+    att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))
+    mask = torch.tril(torch.ones(T, T, dtype=torch.bool, device=qkv.device))
+    att = F.softmax(att.masked_fill(~mask, float("-inf")), dim=-1)
+    if attn_dropout is not None:
+        att = attn_dropout(att)
+    return (att @ v).transpose(1, 2).contiguous().view(B, T, C)
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, n_embd, n_head, dropout):
         super().__init__()
@@ -70,14 +85,7 @@ class CausalSelfAttention(nn.Module):
         self.resid_dropout = nn.Dropout(dropout)
 
     def forward(self, x):
-        B, T, C = x.size()
-        q, k, v = self.c_attn(x).split(C, dim=2)
-        hs = C // self.n_head
-        q, k, v = (t.view(B, T, self.n_head, hs).transpose(1, 2) for t in (q, k, v))
-        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))
-        mask = torch.tril(torch.ones(T, T, dtype=torch.bool, device=x.device))
-        att = self.attn_dropout(F.softmax(att.masked_fill(~mask, float("-inf")), dim=-1))
-        y = (att @ v).transpose(1, 2).contiguous().view(B, T, C)
+        y = causal_attention(self.c_attn(x), self.n_head, self.attn_dropout)
         return self.resid_dropout(self.c_proj(y))
 
 

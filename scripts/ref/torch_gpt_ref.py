@@ -8,13 +8,13 @@ and c_proj), for nn/kernels/attention.h.
 Usage (only where python3-torch is installed; Debian's /usr/bin/python3 here has it):
   scripts/ref/torch_gpt_ref.py [OUT]        # OUT defaults to tests/nn/data/torch_gpt_ref.txt
 
-The model is nanoGPT's model.py (github.com/karpathy/nanoGPT), written out again here because
-nanoGPT is not a package: pre-LayerNorm blocks x = x + attn(ln_1(x)); x = x + mlp(ln_2(x)); fused
+The model is scripts/torch_load.py's GPT, the one dtrain's checkpoints load into: nanoGPT's
+model.py (github.com/karpathy/nanoGPT), written out there because nanoGPT is not a package: pre-LayerNorm blocks x = x + attn(ln_1(x)); x = x + mlp(ln_2(x)); fused
 c_attn [3C, C] (q, k, v in that order, head h at rows h*C/n_head ... of each), c_proj, a 4x MLP
 (c_fc, GELU, c_proj), ln_f, lm_head tied to transformer.wte, biases on, LayerNorm eps 1e-5, the
 "manual" causal attention (masked_fill -inf, softmax), dropout 0. One deliberate difference:
 nanoGPT's MLP uses nn.GELU() (exact, erf); dtrain's GPT uses the tanh approximation (issue 13,
-llm.c, GPT-2), so this script uses nn.GELU(approximate="tanh").
+llm.c, GPT-2), so the model uses nn.GELU(approximate="tanh").
 
 Precision: weights and inputs are float32 values (so dtrain holds them exactly), the reference is
 computed in float64 from them, and the results are written with 10 significant digits. A float32
@@ -54,13 +54,14 @@ Tensor names:
   attnK/dy [B, T, C]                       a fixed upstream gradient
   attnK/dqkv [B, T, 3C]                    d(sum(y * dy))/d(qkv)
 """
-import math
 import os
 import sys
 
 import torch
-import torch.nn as nn
 from torch.nn import functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import torch_load  # noqa: E402  (scripts/torch_load.py: the GPT dtrain's checkpoints load into)
 
 VERSION = 1
 GPT = dict(vocab_size=256, n_layer=2, n_head=2, n_embd=16, block_size=8, batch=2, seq=8)
@@ -68,86 +69,10 @@ ATTN = {"attn1": dict(batch=2, seq=5, n_head=2, n_embd=8),
         "attn2": dict(batch=1, seq=8, n_head=4, n_embd=16)}
 
 
-class LayerNorm(nn.Module):
-    def __init__(self, n):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(n))
-        self.bias = nn.Parameter(torch.zeros(n))
-
-    def forward(self, x):
-        return F.layer_norm(x, self.weight.shape, self.weight, self.bias, 1e-5)
-
-
-def causal_attention(qkv, n_head):
-    """nanoGPT's manual attention path: qkv [B, T, 3C] -> y [B, T, C]."""
-    B, T, C3 = qkv.size()
-    C = C3 // 3
-    q, k, v = qkv.split(C, dim=2)
-    q = q.view(B, T, n_head, C // n_head).transpose(1, 2)  # (B, nh, T, hs)
-    k = k.view(B, T, n_head, C // n_head).transpose(1, 2)
-    v = v.view(B, T, n_head, C // n_head).transpose(1, 2)
-    att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
-    mask = torch.tril(torch.ones(T, T, dtype=torch.bool))
-    att = F.softmax(att.masked_fill(~mask, float("-inf")), dim=-1)
-    return (att @ v).transpose(1, 2).contiguous().view(B, T, C)
-
-
-class CausalSelfAttention(nn.Module):
-    def __init__(self, n_embd, n_head):
-        super().__init__()
-        self.c_attn = nn.Linear(n_embd, 3 * n_embd)
-        self.c_proj = nn.Linear(n_embd, n_embd)
-        self.n_head = n_head
-
-    def forward(self, x):
-        return self.c_proj(causal_attention(self.c_attn(x), self.n_head))
-
-
-class MLP(nn.Module):
-    def __init__(self, n_embd):
-        super().__init__()
-        self.c_fc = nn.Linear(n_embd, 4 * n_embd)
-        self.gelu = nn.GELU(approximate="tanh")
-        self.c_proj = nn.Linear(4 * n_embd, n_embd)
-
-    def forward(self, x):
-        return self.c_proj(self.gelu(self.c_fc(x)))
-
-
-class Block(nn.Module):
-    def __init__(self, n_embd, n_head):
-        super().__init__()
-        self.ln_1 = LayerNorm(n_embd)
-        self.attn = CausalSelfAttention(n_embd, n_head)
-        self.ln_2 = LayerNorm(n_embd)
-        self.mlp = MLP(n_embd)
-
-    def forward(self, x):
-        x = x + self.attn(self.ln_1(x))
-        return x + self.mlp(self.ln_2(x))
-
-
-class TinyGPT(nn.Module):
-    def __init__(self, c):
-        super().__init__()
-        self.transformer = nn.ModuleDict(dict(
-            wte=nn.Embedding(c["vocab_size"], c["n_embd"]),
-            wpe=nn.Embedding(c["block_size"], c["n_embd"]),
-            h=nn.ModuleList([Block(c["n_embd"], c["n_head"]) for _ in range(c["n_layer"])]),
-            ln_f=LayerNorm(c["n_embd"]),
-        ))
-        self.lm_head = nn.Linear(c["n_embd"], c["vocab_size"], bias=False)
-        self.transformer.wte.weight = self.lm_head.weight  # tied, as nanoGPT
-
-    def forward(self, idx, targets):
-        t = idx.size(1)
-        pos = torch.arange(0, t, dtype=torch.long)
-        x = self.transformer.wte(idx) + self.transformer.wpe(pos)
-        for block in self.transformer.h:
-            x = block(x)
-        logits = self.lm_head(self.transformer.ln_f(x))
-        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
-        return logits, loss
+def tiny_gpt(c):
+    """torch_load.py's nanoGPT (the model dtrain's checkpoints load into), tied, dropout 0."""
+    return torch_load.GPT(c["n_layer"], c["n_head"], c["n_embd"], c["block_size"],
+                          tie_embeddings=True, dropout=0.0, vocab_size=c["vocab_size"])
 
 
 def fixed_weights(model, gen):
@@ -188,7 +113,7 @@ def config_line(section, c):
 def gpt_records(out, gen):
     c = GPT
     out.append(config_line("gpt", c))
-    model = TinyGPT(c)
+    model = tiny_gpt(c)
     fixed_weights(model, gen)
     model = model.double()
     tokens = torch.randint(0, c["vocab_size"], (c["batch"], c["seq"]), generator=gen)
@@ -201,7 +126,8 @@ def gpt_records(out, gen):
     params = list(model.named_parameters())
     for name, p in params:
         record(out, "gpt/param/" + name, p, exact=True)
-    logits, loss = model(tokens, targets)
+    logits = model(tokens)
+    loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
     loss.backward()
     record(out, "gpt/logits", logits)
     record(out, "gpt/loss", loss)
@@ -215,7 +141,7 @@ def attention_records(out, gen, section, c):
     qkv = torch.randn(B, T, 3 * C, generator=gen, dtype=torch.float32).double()
     dy = torch.randn(B, T, C, generator=gen, dtype=torch.float32).double()
     qkv.requires_grad_(True)
-    y = causal_attention(qkv, c["n_head"])
+    y = torch_load.causal_attention(qkv, c["n_head"])
     (y * dy).sum().backward()
     record(out, section + "/qkv", qkv, exact=True)
     record(out, section + "/y", y)
