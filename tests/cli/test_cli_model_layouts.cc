@@ -40,26 +40,38 @@ void check_grpc_equals_inproc(const TempDir& dir, const std::string& cfg, int np
                    what);
 }
 
+// The small CNN's config over a Fashion-MNIST subset in `dir`, or "" (with a skip message) when
+// the dataset is not installed. The same for the tied GPT over a slice of the Jargon File.
+std::string cnn_cfg_or_skip(const TempDir& dir) {
+  if (!write_fmnist_subset(dir.path(), 1280)) {
+    MESSAGE("Fashion-MNIST not installed; skipped");
+    return "";
+  }
+  return dir.write("cnn.yaml", small_cnn_cfg(dir.path()));
+}
+
+std::string gpt_cfg_or_skip(const TempDir& dir) {
+  if (!write_jargon_slice(dir / "jargon.txt", kJargonSliceBytes)) {
+    MESSAGE("jargon-text not installed; skipped");
+    return "";
+  }
+  return dir.write("gpt.yaml", tiny_gpt_cfg(dir / "jargon.txt", true));
+}
+
 }  // namespace
 
 TEST_CASE("cnn ddp on 2 ranks over gRPC equals the same layout in-process, bitwise") {
   TempDir dir;
-  if (!write_fmnist_subset(dir.path(), 1280)) {
-    MESSAGE("Fashion-MNIST not installed; skipped");
-    return;
-  }
-  const std::string cfg = dir.write("cnn.yaml", small_cnn_cfg(dir.path()));
+  const std::string cfg = cnn_cfg_or_skip(dir);
+  if (cfg.empty()) return;
   check_grpc_equals_inproc(dir, cfg, 2, {"data.batch_size=12"}, {{"dp", 2}, {"pp", 1}, {"tp", 1}},
                            "cnn ddp W=2");
 }
 
 TEST_CASE("gpt (tied) pp2 x dp2 fsdp over gRPC equals the same layout in-process, bitwise") {
   TempDir dir;
-  if (!write_jargon_slice(dir / "jargon.txt", kJargonSliceBytes)) {
-    MESSAGE("jargon-text not installed; skipped");
-    return;
-  }
-  const std::string cfg = dir.write("gpt.yaml", tiny_gpt_cfg(dir / "jargon.txt", true));
+  const std::string cfg = gpt_cfg_or_skip(dir);
+  if (cfg.empty()) return;
   check_grpc_equals_inproc(
       dir, cfg, 4,
       {"data.batch_size=12", "distributed.strategy=fsdp", "distributed.pipeline.stages=2",
@@ -72,11 +84,8 @@ TEST_CASE("cnn and gpt with compressed gradients over gRPC equal the same layout
   // PowerSGD's factors on the CNN's convolution and linear weights, int8 on the tied GPT.
   SUBCASE("cnn, powersgd rank 2") {
     TempDir dir;
-    if (!write_fmnist_subset(dir.path(), 1280)) {
-      MESSAGE("Fashion-MNIST not installed; skipped");
-      return;
-    }
-    const std::string cfg = dir.write("cnn.yaml", small_cnn_cfg(dir.path()));
+    const std::string cfg = cnn_cfg_or_skip(dir);
+    if (cfg.empty()) return;
     check_grpc_equals_inproc(
         dir, cfg, 2,
         {"data.batch_size=12", "distributed.compression.type=powersgd",
@@ -85,11 +94,8 @@ TEST_CASE("cnn and gpt with compressed gradients over gRPC equal the same layout
   }
   SUBCASE("gpt (tied), int8") {
     TempDir dir;
-    if (!write_jargon_slice(dir / "jargon.txt", kJargonSliceBytes)) {
-      MESSAGE("jargon-text not installed; skipped");
-      return;
-    }
-    const std::string cfg = dir.write("gpt.yaml", tiny_gpt_cfg(dir / "jargon.txt", true));
+    const std::string cfg = gpt_cfg_or_skip(dir);
+    if (cfg.empty()) return;
     check_grpc_equals_inproc(dir, cfg, 2,
                              {"data.batch_size=12", "distributed.compression.type=int8",
                               "distributed.compression.error_feedback=true"},
