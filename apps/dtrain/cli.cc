@@ -35,6 +35,7 @@
 #include "util/check.h"
 #include "util/fs.h"
 #include "util/interrupt.h"
+#include "util/strings.h"
 
 namespace dtrain {
 
@@ -94,12 +95,21 @@ void warn_idle_ranks(const Config& cfg) {
 
 // --resume: its checkpoint is checked (headers only) before any data is loaded; "auto" may find
 // none. Only the rank that reads it checks (rank 0: other hosts may not see the folder).
+// A folder that holds a run takes only that run's own checkpoints: resuming another run's
+// checkpoint into it would interleave two runs' metrics and let keep_last delete its checkpoints.
 void check_resume_target(const std::string& resume, const std::string& out_dir) {
   if (resume.empty()) return;
-  if (resume == "auto")
+  if (resume == "auto") {
     check_checkpoint((fs::path(out_dir) / "checkpoints").string(), true);
-  else
-    check_checkpoint(resume, false);
+    return;
+  }
+  const std::string path = check_checkpoint(resume, false);
+  const std::vector<std::string> found = run_files_in(out_dir);
+  if (found.empty() || path_is_within(path, (fs::path(out_dir) / "checkpoints").string())) return;
+  throw UserError("output folder '" + out_dir + "' already holds a run (" + join(found, ", ") +
+                  ") and --resume names a checkpoint of another folder ('" + path +
+                  "'): continue that folder's own run with --resume auto, or resume into "
+                  "another --out");
 }
 
 std::string default_out_dir(const std::string& config_path) {

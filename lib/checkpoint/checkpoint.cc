@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <filesystem>
 #include <regex>
 
@@ -591,7 +592,14 @@ void commit_checkpoint(const std::string& dir, const std::string& file_name, int
     const std::string name = ent.path().filename().string();
     if (std::regex_match(name, m, re)) found.emplace_back(std::stoll(m[1].str()), ent.path());
   }
-  std::sort(found.begin(), found.end());
+  // Oldest first. Steps above the one committed now are from a timeline this run abandoned (it
+  // resumed from an earlier checkpoint): they count as older than every step of this one, so
+  // keep_last removes them first instead of keeping them forever.
+  std::smatch cur;
+  const int64_t now = std::regex_match(file_name, cur, re) ? std::stoll(cur[1].str()) : INT64_MAX;
+  std::sort(found.begin(), found.end(), [now](const auto& a, const auto& b) {
+    return std::make_pair(a.first <= now, a.first) < std::make_pair(b.first <= now, b.first);
+  });
   const int64_t excess = static_cast<int64_t>(found.size()) - keep_last;
   for (int64_t i = 0; i < excess; ++i) {
     if (found[static_cast<size_t>(i)].second.filename() == file_name) continue;
@@ -616,6 +624,29 @@ std::string follow_latest(const fs::path& latest) {
   return file.string();
 }
 
+// The highest-numbered complete checkpoint in `dir` (a step-<N>.safetensors file, written
+// atomically, or a step-<N> folder with its manifest, written last), or "". For a folder whose
+// `latest` was lost: the checkpoints are still there and --resume auto must not start over.
+std::string newest_complete_step(const fs::path& dir) {
+  static const std::regex re(R"(step-(\d{1,18})(\.safetensors)?)");
+  std::error_code ec;
+  int64_t best = -1;
+  std::string found;
+  for (const auto& ent : fs::directory_iterator(dir, ec)) {
+    std::smatch m;
+    const std::string name = ent.path().filename().string();
+    if (!std::regex_match(name, m, re)) continue;
+    const bool complete =
+        m[2].matched ? fs::is_regular_file(ent.path(), ec) : is_sharded_dir(ent.path());
+    const int64_t step = std::stoll(m[1].str());
+    if (complete && step > best) {
+      best = step;
+      found = ent.path().string();
+    }
+  }
+  return found;
+}
+
 }  // namespace
 
 std::string resolve_checkpoint(const std::string& path, bool allow_missing) {
@@ -630,6 +661,11 @@ std::string resolve_checkpoint(const std::string& path, bool allow_missing) {
     if (!fs::exists(latest, ec) && fs::is_directory(p / "checkpoints", ec))
       latest = p / "checkpoints" / "latest";
     if (fs::exists(latest, ec)) return follow_latest(latest);
+    if (const std::string newest = newest_complete_step(latest.parent_path()); !newest.empty()) {
+      spdlog::warn("no 'latest' file in '{}': using its newest complete checkpoint '{}'",
+                   latest.parent_path().string(), newest);
+      return newest;
+    }
     if (fs::exists(p / shard_file_name(0), ec))
       throw UserError("checkpoint '" + path +
                       "' is a folder without manifest.json (an incomplete sharded checkpoint: "

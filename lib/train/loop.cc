@@ -119,6 +119,7 @@ bool TrainLoop::resume() {
     }
     rp_ = resume_full_state(cfg_, opts_, world_, whole, ckpt_dir_, hash_, full_p.data(), sb, rng_,
                             &saved_comp_);
+    if (lead_) write_run_config(cfg_, opts_.out_dir);  // deferred by start_run_dir
     if (rp_.loaded) {
       check_tied_copies(whole, full_p.data(), ptrs, rp_.from.empty() ? opts_.resume : rp_.from);
       if (tp_) {  // this tensor rank's shards, in place (a local layout is no larger)

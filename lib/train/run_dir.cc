@@ -45,9 +45,7 @@ void prepare_out_dir(const std::string& out_dir, bool resuming, bool overwrite, 
   if (resuming) return;
   const std::vector<std::string> found = run_files_in(out_dir);
   if (found.empty()) return;
-  std::string list;
-  for (const auto& f : found) list += (list.empty() ? "" : ", ") + f;
-  throw UserError("output folder '" + out_dir + "' already holds a run (" + list +
+  throw UserError("output folder '" + out_dir + "' already holds a run (" + join(found, ", ") +
                   "): continue it with --resume auto, start over with --overwrite (deletes "
                   "them first), or choose another --out");
 }

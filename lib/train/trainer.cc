@@ -193,7 +193,13 @@ void start_run_dir(const Config& cfg, const RunOptions& opts, const std::string&
   if (const int64_t n = remove_orphaned_temp_files(ckpt_dir, /*include_step_folders=*/true))
     spdlog::info("removed {} temp file(s) that interrupted checkpoint writes left in {}", n,
                  ckpt_dir);
-  write_file_atomic((fs::path(opts.out_dir) / "config.json").string(),
+  // A resumed run writes it once its checkpoint has loaded: a resume that fails (another model,
+  // another optimizer) leaves the folder's config.json describing the checkpoints it holds.
+  if (opts.resume.empty()) write_run_config(cfg, opts.out_dir);
+}
+
+void write_run_config(const Config& cfg, const std::string& out_dir) {
+  write_file_atomic((fs::path(out_dir) / "config.json").string(),
                     config_to_json(cfg).dump(2) + "\n");
 }
 

@@ -84,8 +84,11 @@ ResumePoint resume_full_state(const Config& cfg, const RunOptions& opts, Communi
 std::string gather_rng_states(Communicator& comm, const Rng& rng);
 
 // Rank 0's start of a run in out_dir: creates ckpt_dir, removes the temp files interrupted
-// checkpoint writes left there (logged), writes config.json. Both training loops call it.
+// checkpoint writes left there (logged), writes config.json (a resumed run: after its checkpoint
+// has loaded, write_run_config).
 void start_run_dir(const Config& cfg, const RunOptions& opts, const std::string& ckpt_dir);
+// Writes the resolved config as out_dir/config.json (atomic).
+void write_run_config(const Config& cfg, const std::string& out_dir);
 
 // summary.json's interrupt keys for a run that ended after `stop_signal` (0: not interrupted):
 // status, interrupted_by, interrupt_signal. Both training loops start their summary with them.

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 #include <stdexcept>
 
@@ -116,6 +117,19 @@ double peak_rss_mb() {
     if (line.rfind("VmHWM:", 0) == 0) return std::stod(line.substr(6)) / 1024.0;
   }
   return 0.0;
+}
+
+bool path_is_within(const std::string& path, const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path p = fs::weakly_canonical(fs::absolute(path, ec), ec);
+  const fs::path d = fs::weakly_canonical(fs::absolute(dir, ec), ec);
+  auto pi = p.begin();
+  for (auto di = d.begin(); di != d.end(); ++di, ++pi) {
+    if (di->empty() && std::next(di) == d.end()) break;  // a trailing separator
+    if (pi == p.end() || *pi != *di) return false;
+  }
+  return true;
 }
 
 std::string fnv1a_hex(std::string_view data) {

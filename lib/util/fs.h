@@ -53,6 +53,11 @@ double peak_rss_mb();
 // -1 when neither is known.
 int64_t available_memory_bytes();
 
+// Whether `path` is `dir` or inside it, comparing absolute paths with symlinks resolved as far as
+// they exist (std::filesystem::weakly_canonical): "runs/a/checkpoints/step-4.safetensors" is
+// within "./runs/a/checkpoints".
+bool path_is_within(const std::string& path, const std::string& dir);
+
 // 64-bit FNV-1a, as 16 hex digits: content hashes (config_hash).
 std::string fnv1a_hex(std::string_view data);
 

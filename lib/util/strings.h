@@ -57,4 +57,11 @@ inline std::vector<std::string> split(const std::string& s, char sep) {
   }
 }
 
+// The pieces joined with sep between them: {"a", "b"}, ", " -> "a, b".
+inline std::string join(const std::vector<std::string>& pieces, const std::string& sep) {
+  std::string out;
+  for (size_t i = 0; i < pieces.size(); ++i) out += (i == 0 ? "" : sep) + pieces[i];
+  return out;
+}
+
 }  // namespace dtrain

@@ -104,4 +104,25 @@ TEST_CASE("commit_checkpoint names the newest and keeps the last N") {
   dir.write("latest", "step-99.safetensors\n");
   CHECK_THROWS_AS(resolve_checkpoint(dir.path(), false), UserError);
   CHECK_THROWS_AS(resolve_checkpoint(dir / "latest", false), UserError);
+  // No latest at all: the newest complete step (a folder without its manifest is incomplete).
+  std::filesystem::remove(dir / "latest");
+  std::filesystem::create_directory(dir / "step-50");
+  dir.write("step-50/rank-0.safetensors", "x");
+  CHECK(resolve_checkpoint(dir.path(), false) == dir / "step-40.safetensors");
+}
+
+TEST_CASE("keep_last removes an abandoned timeline's later checkpoints first") {
+  // Steps 10..40 saved, then the run resumed from step 10 and saved 20 again: 30 and 40 belong
+  // to the timeline it left, and keep_last 2 keeps 10 and the new 20.
+  TempDir dir;
+  for (int s : {10, 20, 30, 40}) {
+    dir.write(checkpoint_file_name(s), "x");
+    commit_checkpoint(dir.path(), checkpoint_file_name(s), 4);
+  }
+  dir.write(checkpoint_file_name(20), "y");
+  commit_checkpoint(dir.path(), checkpoint_file_name(20), 2);
+  CHECK(std::filesystem::exists(dir / "step-10.safetensors"));
+  CHECK(std::filesystem::exists(dir / "step-20.safetensors"));
+  CHECK_FALSE(std::filesystem::exists(dir / "step-30.safetensors"));
+  CHECK_FALSE(std::filesystem::exists(dir / "step-40.safetensors"));
 }

@@ -204,6 +204,41 @@ TEST_CASE("an output folder holding a run is refused without --resume or --overw
   CHECK(contains(r.output, "raise train.max_steps"));
 }
 
+TEST_CASE("resume keeps one run per folder and survives a lost latest file") {
+  TempDir dir;
+  const std::string cfg = dir.write("cfg.yaml", kCfg);
+  const std::string a = dir / "a", b = dir / "b";
+  const std::string run = kBin + " run " + cfg + " --log-level warn --set train.max_steps=";
+  REQUIRE(run_cmd(run + "20 --set train.checkpoint.every_steps=10 --out " + a).exit_code == 0);
+  REQUIRE(run_cmd(run + "30 --set optimizer.lr=0.5 --out " + b).exit_code == 0);
+  const std::string metrics_b = read_text(b + "/metrics.jsonl");
+
+  // Another folder's checkpoint into a folder that holds a run: refused, the folder untouched.
+  auto r = run_cmd(run + "40 --out " + b + " --resume " + a + "/checkpoints/step-20.safetensors");
+  CHECK(r.exit_code == 2);
+  CHECK_MESSAGE(contains(r.output, "already holds a run"), r.output);
+  CHECK(contains(r.output, "names a checkpoint of another folder"));
+  CHECK(read_text(b + "/metrics.jsonl") == metrics_b);
+  // Its own checkpoint, named by path (relative or not), is fine.
+  r = run_cmd(run + "30 --out " + b + " --resume " + b + "/checkpoints/../checkpoints");
+  CHECK_MESSAGE(r.exit_code == 0, r.output);
+
+  // A resume that fails (another model) leaves the folder's config.json as it was.
+  const std::string config_b = read_text(b + "/config.json");
+  r = run_cmd(run + "40 --out " + b + " --resume auto --set 'model.hidden=[8]'");
+  CHECK(r.exit_code == 2);
+  CHECK(read_text(b + "/config.json") == config_b);
+
+  // `latest` lost: --resume auto continues from the newest complete checkpoint, not from step 0.
+  std::filesystem::remove(a + "/checkpoints/latest");
+  r = run_cmd(kBin + " run " + cfg + " --set train.max_steps=25 --out " + a + " --resume auto");
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  CHECK_MESSAGE(contains(r.output, "using its newest complete checkpoint"), r.output);
+  const auto s = nlohmann::json::parse(read_text(a + "/summary.json"));
+  CHECK(s["steps"] == 25);
+  CHECK(s["steps_this_run"] == 5);
+}
+
 TEST_CASE("resume names the config keys that changed and keeps the schedule's horizon") {
   TempDir dir;
   const std::string cfg = dir.write("cfg.yaml", kCfg);
