@@ -112,6 +112,28 @@ void check_resume_target(const std::string& resume, const std::string& out_dir) 
                   "another --out");
 }
 
+// An output option's file can be written (checked before the work that produces it).
+void check_output_file(const std::string& option, const std::string& path) {
+  if (const std::string why = output_file_problem(path); !why.empty())
+    throw UserError(option + " '" + path + "' " + why);
+}
+
+// consolidate's -o must not replace a file of a checkpoint: the checkpoint it reads (a shard or
+// its manifest) or, next to it in the checkpoints folder, `latest` and the step-<N> entries.
+void check_consolidate_output(const std::string& input, const std::string& output) {
+  check_output_file("-o", output);
+  std::error_code ec;
+  const fs::path out = fs::weakly_canonical(fs::absolute(output), ec);
+  const fs::path in = fs::weakly_canonical(fs::absolute(input), ec);
+  const std::string name = out.filename().string();
+  const bool checkpoint_entry =
+      out.parent_path() == in.parent_path() && (name == "latest" || name.rfind("step-", 0) == 0);
+  if (checkpoint_entry || path_is_within(out.string(), in.string()))
+    throw UserError("-o '" + output + "' would replace the checkpoint being read ('" + input +
+                    "') or an entry of its checkpoints folder (latest, step-<N>): write the "
+                    "consolidated checkpoint elsewhere");
+}
+
 std::string default_out_dir(const std::string& config_path) {
   return (fs::path("runs") / fs::path(config_path).stem()).string();
 }
@@ -234,6 +256,10 @@ int cmd_eval(const Config& cfg, const std::string& ckpt) {
 
 int cmd_predict(const Config& cfg, const std::string& ckpt, const std::string& input,
                 const std::string& output) {
+  if (cfg.model.type == ModelType::kGpt)
+    throw UserError(
+        "predict classifies the rows of a CSV file with an mlp or sequential model; a gpt model "
+        "continues text: use `dtrain generate` (or `dtrain eval` for its validation loss)");
   check_checkpoint(ckpt, false);
   if (const std::string why = input_file_problem(input); !why.empty())
     throw UserError("--input '" + input + "' " + why);
@@ -283,7 +309,9 @@ std::string self_exe(const char* argv0) {
   return ec ? std::string(argv0) : p.string();
 }
 
-int cli_main(int argc, char** argv) {
+namespace {
+
+int cli_main_impl(int argc, char** argv) {
   CLI::App app{"dtrain: train models from one YAML file, alone or data-parallel across ranks"};
   app.set_version_flag("--version", "dtrain 0.1.0");
   app.require_subcommand(1);
@@ -473,12 +501,14 @@ int cli_main(int argc, char** argv) {
     if (const std::optional<int> rc = bench.run(argv[0], log_level)) return *rc;
     if (consolidate->parsed()) {
       const std::string path = resolve_checkpoint(ckpt_in, false);
+      check_consolidate_output(path, output);
       const CheckpointMeta meta = consolidate_checkpoint(path, output);
       std::cout << "wrote " << output << ": step " << meta.step << ", " << meta.strategy
                 << " checkpoint of " << meta.world_size << " rank(s)" << std::endl;
       return kExitOk;
     }
     if (plot->parsed()) {
+      check_output_file("-o", plot_out);
       report::plot_runs(plot_dirs, plot_labels, plot_out, plot_opts);
       std::cout << "wrote " << plot_out << std::endl;
       return kExitOk;
@@ -508,6 +538,8 @@ int cli_main(int argc, char** argv) {
       std::cout << config_path << ": ok (config hash " << config_hash(cfg) << ")" << std::endl;
       return kExitOk;
     }
+    if (!trace.empty()) check_output_file("--trace", trace);
+    if (predict->parsed() && !output.empty()) check_output_file("--output", output);
     if (overwrite && !resume.empty())
       throw UserError(
           "--overwrite deletes the checkpoints that --resume would continue from: "
@@ -555,6 +587,22 @@ int cli_main(int argc, char** argv) {
     std::cerr << "error: " << e.what() << std::endl;
     return kExitRuntime;
   }
+}
+
+}  // namespace
+
+int cli_main(int argc, char** argv) {
+  const int rc = cli_main_impl(argc, argv);
+  // Results go to standard output (eval's JSON, predict's CSV, generate's text): a write that
+  // failed there (a full disk, a closed pipe) must not end in success.
+  std::cout.flush();
+  const bool failed = !std::cout || std::fflush(stdout) != 0 || std::ferror(stdout) != 0;
+  if (rc == kExitOk && failed) {
+    std::cerr << "error: writing to standard output failed (disk full or the output closed)"
+              << std::endl;
+    return kExitRuntime;
+  }
+  return rc;
 }
 
 }  // namespace dtrain

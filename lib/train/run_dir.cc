@@ -29,8 +29,10 @@ void prepare_out_dir(const std::string& out_dir, bool resuming, bool overwrite, 
     throw UserError("--out '" + out_dir +
                     "': the path is not valid UTF-8 (summary.json and checkpoint manifests "
                     "record it as JSON text); choose a UTF-8 folder name");
+  std::error_code ec;
+  if (fs::exists(out_dir, ec) && !fs::is_directory(out_dir, ec))
+    throw UserError("--out '" + out_dir + "' is a file, not a folder: choose another --out");
   if (overwrite) {
-    std::error_code ec;
     std::vector<std::string> names = {"summary.json", "metrics.jsonl", "config.json",
                                       "checkpoints"};
     if (clear_logs) names.emplace_back("logs");

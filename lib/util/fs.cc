@@ -42,6 +42,21 @@ std::string input_file_problem(const std::string& path) {
   return "";
 }
 
+std::string output_file_problem(const std::string& path) {
+  if (path.empty()) return "is empty";
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
+    return "is a directory (give a file name)";
+  const std::string parent = std::filesystem::path(path).has_parent_path()
+                                 ? std::filesystem::path(path).parent_path().string()
+                                 : ".";
+  if (::stat(parent.c_str(), &st) != 0) return "is in '" + parent + "', which does not exist";
+  if (!S_ISDIR(st.st_mode)) return "is in '" + parent + "', which is not a directory";
+  if (::access(parent.c_str(), W_OK | X_OK) != 0)
+    return "is in '" + parent + "', which this user cannot write to";
+  return "";
+}
+
 void write_all(int fd, const void* data, size_t len, const std::string& what) {
   const char* p = static_cast<const char*>(data);
   while (len > 0) {

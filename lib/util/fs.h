@@ -53,6 +53,12 @@ double peak_rss_mb();
 // -1 when neither is known.
 int64_t available_memory_bytes();
 
+// "" when a file can be written at `path` (created or replaced, as write_file_atomic does: its
+// folder must exist and take new files), else why not: "is empty", "is a directory", "is in
+// '/x', which does not exist", ... For output options, checked before the work that produces the
+// file.
+std::string output_file_problem(const std::string& path);
+
 // Whether `path` is `dir` or inside it, comparing absolute paths with symlinks resolved as far as
 // they exist (std::filesystem::weakly_canonical): "runs/a/checkpoints/step-4.safetensors" is
 // within "./runs/a/checkpoints".

@@ -387,3 +387,41 @@ TEST_CASE("--resume and --checkpoint on a non-checkpoint: one line, before the d
   CHECK(r.exit_code == 2);
   CHECK(r.output == "error: --input '" + dir / "in.csv" + "' does not exist\n");
 }
+
+TEST_CASE("output options are checked before the work, and never replace the checkpoint read") {
+  TempDir dir;
+  const std::string cfg = dir.write("cfg.yaml", kTiny);
+  const std::string sharded = dir / "sharded";
+  auto r = run_dtrain("run " + cfg + " --out " + sharded +
+                      " --set train.epochs=0 --set train.max_steps=3 --set distributed.world_size=2"
+                      " --set distributed.strategy=fsdp --log-level warn");
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  const std::string ck = sharded + "/checkpoints";
+  // consolidate -o onto the checkpoint it reads, or onto the folder's latest / step entries.
+  for (const std::string& o : {ck + "/step-3/rank-0.safetensors", ck + "/step-3/manifest.json",
+                               ck + "/latest", ck + "/step-2.safetensors"}) {
+    r = run_dtrain("checkpoint consolidate " + sharded + " -o " + o);
+    INFO(o << ": " << r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(contains(r.output, "would replace the checkpoint being read"));
+  }
+  r = run_dtrain("eval " + cfg + " --checkpoint " + sharded);
+  CHECK_MESSAGE(r.exit_code == 0, r.output);  // still intact
+  // Folders and missing parents: exit 2 before anything runs.
+  r = run_dtrain("checkpoint consolidate " + sharded + " -o " + dir.path());
+  CHECK(r.exit_code == 2);
+  CHECK(contains(r.output, "is a directory"));
+  r = run_dtrain("checkpoint consolidate " + sharded + " -o " + dir / "no/such/x.safetensors");
+  CHECK(r.exit_code == 2);
+  CHECK(contains(r.output, "which does not exist"));
+  r = run_dtrain("run " + cfg + " --out " + dir / "t" + " --trace " + dir / "no/trace.json");
+  CHECK(r.exit_code == 2);
+  CHECK_FALSE(std::filesystem::exists(dir / "t/summary.json"));  // refused before training
+  r = run_dtrain("run " + cfg + " --out " + cfg);
+  CHECK(r.exit_code == 2);
+  CHECK_MESSAGE(contains(r.output, "is a file, not a folder"), r.output);
+  // A result that cannot be written to standard output is a failure, not exit 0.
+  r = run_cmd("{ " + kBin + " validate " + cfg + " > /dev/full; }");
+  CHECK(r.exit_code == 1);
+  CHECK(contains(r.output, "writing to standard output failed"));
+}

@@ -64,3 +64,16 @@ TEST_CASE("a model or text data that does not fit: run exits 2 with one line nam
     for (const std::string& part : c.parts) CHECK(contains(r.output, part));
   }
 }
+
+TEST_CASE("predict refuses a gpt model: it classifies CSV rows, generate continues text") {
+  TempDir t;
+  std::string text;
+  for (int i = 0; i < 40; ++i) text += "enough text for a few windows of sixteen bytes.\n";
+  const std::string cfg = t.write("gpt.yaml", gpt_yaml(t.write("corpus.txt", text)));
+  const std::string rows = t.write("rows.csv", "300,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15\n");
+  const CmdResult r = run_cmd(kBin + " predict " + cfg + " --checkpoint " + t.path() + " --input " +
+                              rows + " --log-level warn");
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK(contains(r.output, "use `dtrain generate`"));
+}
