@@ -317,14 +317,14 @@ double default_tolerance(const Config& layout) {
 
 VerifyReport run_verify(const VerifyOptions& o) {
   if (o.steps < 1 || o.steps > 100000) throw UserError("verify: --steps must be in [1, 100000]");
-  if (o.tolerance < 0.0 || !std::isfinite(o.tolerance))
+  if (o.tolerance && (*o.tolerance < 0.0 || !std::isfinite(*o.tolerance)))
     throw UserError("verify: --tolerance must be a finite number >= 0");
   const Config layout = load_config(o.config_path, o.sets);
   check_input_files(layout);
   VerifyReport r;
   r.plan = plan_reference(layout);
   const ReferencePlan& plan = r.plan;
-  r.tolerance = o.tolerance > 0.0 ? o.tolerance : default_tolerance(layout);
+  r.tolerance = o.tolerance ? *o.tolerance : default_tolerance(layout);
   const int64_t m = plan.step_multiple;
   r.steps = (o.steps + m - 1) / m * m;
 

@@ -22,6 +22,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -61,12 +62,12 @@ inline constexpr double kDriftFactor = 10.0;
 
 struct VerifyOptions {
   std::string config_path;
-  std::vector<std::string> sets;  // the user's --set overrides of the layout
-  int64_t steps = 8;              // N >= 1
-  double tolerance = 0.0;         // 0: default_tolerance
-  bool grpc = false;              // layout ranks as processes over gRPC (dtrain launch's way)
-  std::string self_exe;           // grpc: the dtrain binary
-  std::string work_dir;           // the runs; "" = a temporary folder, removed at the end
+  std::vector<std::string> sets;    // the user's --set overrides of the layout
+  int64_t steps = 8;                // N >= 1
+  std::optional<double> tolerance;  // unset: default_tolerance; 0 asks for exact equality
+  bool grpc = false;                // layout ranks as processes over gRPC (dtrain launch's way)
+  std::string self_exe;             // grpc: the dtrain binary
+  std::string work_dir;             // the runs; "" = a temporary folder, removed at the end
   // DTRAIN_FAULT for the layout's in-process runs (gRPC ranks read the variable themselves); the
   // reference never gets faults.
   std::vector<Fault> faults;

@@ -65,6 +65,14 @@ runtime: {threads: 1}
       run_cmd("DTRAIN_FAULT=grad_scale:rank=0:step=2 " + kBin + " verify " + cfg + " --steps 3");
   CHECK_MESSAGE(bad.exit_code == 1, bad.output);
   CHECK_MESSAGE(bad.output.find("verdict: FAIL at step 2") != std::string::npos, bad.output);
+  // --tolerance 0 asks for exact equality: it is kept, not replaced by the default.
+  {
+    const CmdResult r = run_cmd(kBin + " verify " + cfg + " --steps 1 --tolerance 0 --json");
+    const size_t brace = r.output.find('{');
+    REQUIRE_MESSAGE(brace != std::string::npos, r.output);
+    const auto j = nlohmann::json::parse(r.output.substr(brace));
+    CHECK(j["tolerance"].get<double>() == 0.0);
+  }
   // Bad input: one line, exit 2.
   for (const std::string& args :
        {cfg + " --steps 0", cfg + " --tolerance -1", t.path() + "/missing.yaml",
