@@ -36,6 +36,7 @@ void BenchCli::add_gemm(CLI::App* bench) {
   CLI::Option* widths_opt =
       gemm_cmd_->add_option("--widths", widths_, "MLP layer widths, input first")
           ->delimiter(',')
+          ->allow_extra_args(false)
           ->capture_default_str();
   CLI::Option* batch_opt = gemm_cmd_->add_option("--batch", gemm_batch_, "rows per step (--widths)")
                                ->capture_default_str();
@@ -45,7 +46,8 @@ void BenchCli::add_gemm(CLI::App* bench) {
       ->excludes(widths_opt)
       ->excludes(batch_opt);
   gemm_cmd_->add_option("--set", gemm_sets_, "override a config key (as for run); repeatable")
-      ->type_name("KEY=VALUE");
+      ->type_name("KEY=VALUE")
+      ->allow_extra_args(false);  // one KEY=VALUE per --set: a config may follow it
   gemm_cmd_->add_option("--threads", gemm_threads_, "BLAS threads (0: all cores)")
       ->capture_default_str();
   gemm_cmd_
@@ -61,7 +63,8 @@ void BenchCli::add_step(CLI::App* bench) {
       "steps: the step's fraction of its GEMM bound, measured side by side");
   step_cmd_->add_option("config", step_config_, "YAML config (one rank)")->required();
   step_cmd_->add_option("--set", step_sets_, "override a config key (as for run); repeatable")
-      ->type_name("KEY=VALUE");
+      ->type_name("KEY=VALUE")
+      ->allow_extra_args(false);  // one KEY=VALUE per --set: a config may follow it
   step_cmd_->add_option("--steps", step_opts_.steps, "optimizer steps")->capture_default_str();
   step_cmd_->add_option("--block", step_opts_.block, "steps per block (and replays after it)")
       ->capture_default_str();
@@ -105,9 +108,11 @@ void BenchCli::add_tp(CLI::App* bench) {
       "parallelism and a vocabulary-parallel head could save (README \"Tensor parallelism\")");
   tp_cmd_->add_option("config", tp_config_, "YAML config of a gpt")->required();
   tp_cmd_->add_option("--set", tp_sets_, "override a config key (as for run); repeatable")
-      ->type_name("KEY=VALUE");
-  tp_cmd_->add_option("--tp", tp_opts_.tp, "tensor-parallel sizes")
+      ->type_name("KEY=VALUE")
+      ->allow_extra_args(false);  // one KEY=VALUE per --set: a config may follow it
+  tp_cmd_->add_option("--tp", tp_opts_.tp, "tensor-parallel sizes, comma-separated")
       ->delimiter(',')
+      ->allow_extra_args(false)
       ->capture_default_str();
   tp_cmd_->add_option("--iters", tp_opts_.iters, "timed repetitions per region")
       ->capture_default_str();

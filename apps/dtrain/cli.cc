@@ -329,7 +329,8 @@ int cli_main_impl(int argc, char** argv) {
     c->add_option("--set", sets,
                   "override a config key before validation: key.path=value (value is YAML, e.g. "
                   "model.hidden=[256,256]); repeatable")
-        ->type_name("KEY=VALUE");
+        ->type_name("KEY=VALUE")
+        ->allow_extra_args(false);  // one KEY=VALUE per --set: a config may follow it
   };
 
   CLI::App* run = app.add_subcommand("run", "train a model as the config describes");

@@ -425,3 +425,11 @@ TEST_CASE("output options are checked before the work, and never replace the che
   CHECK(r.exit_code == 1);
   CHECK(contains(r.output, "writing to standard output failed"));
 }
+
+TEST_CASE("--set takes one KEY=VALUE: the config may come after it") {
+  TempDir dir;
+  const std::string cfg = dir.write("cfg.yaml", kTiny);
+  const auto r = run_dtrain("validate --set seed=4 " + cfg + " --set train.epochs=2");
+  CHECK_MESSAGE(r.exit_code == 0, r.output);
+  CHECK(contains(r.output, ": ok"));
+}
