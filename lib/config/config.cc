@@ -150,7 +150,7 @@ struct Override {
 class Reader final : public config_detail::KeyErrors {
  public:
   // `name` appears in messages; relative data paths from the file are joined to `base_dir`
-  // (empty: left as written, i.e. relative to the working directory).
+  // (absolute; empty: left as written, i.e. relative to the working directory).
   Reader(std::string name, fs::path base_dir)
       : name_(name.empty() ? "config" : std::move(name)), base_dir_(std::move(base_dir)) {}
 
@@ -682,12 +682,15 @@ class Reader final : public config_detail::KeyErrors {
   // ---- relative data paths ----
 
   // A relative path written in the file is relative to the file's folder; one from --set is
-  // relative to the working directory, as any command-line path.
+  // relative to the working directory, as any command-line path. Both become absolute, so the
+  // config.json a run writes (in its own folder) loads back from anywhere.
   void resolve(const std::string& path, std::string& value) const {
-    if (value.empty() || base_dir_.empty() || override_for(path)) return;
+    if (value.empty() || base_dir_.empty()) return;
     const fs::path p(value);
     if (p.is_absolute()) return;
-    value = (base_dir_ / p).lexically_normal().string();
+    std::error_code ec;
+    const fs::path base = override_for(path) ? fs::current_path(ec) : base_dir_;
+    value = (base / p).lexically_normal().string();
     if (!valid_utf8(value)) {
       const auto m = marks_.find(path);
       fail_at(path, m != marks_.end() ? m->second : YAML::Mark::null_mark(),
@@ -729,7 +732,7 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
     throw UserError("config '" + path + "' is empty" +
                     (text.empty() ? std::string() : " (only whitespace)") +
                     ": a config is a YAML mapping of sections (see configs/ for examples)");
-  Config c = Reader(path, fs::path(path).parent_path()).run(text, overrides);
+  Config c = Reader(path, fs::absolute(fs::path(path)).parent_path()).run(text, overrides);
   c.source_path = path;
   return c;
 }

@@ -625,7 +625,7 @@ TEST_CASE("--set overrides replace values before validation") {
   }
 }
 
-TEST_CASE("relative data paths resolve against the config file's folder, --set ones do not") {
+TEST_CASE("relative data paths resolve against the config file's folder, --set ones against cwd") {
   TempDir tmp;
   const fs::path cfg = tmp.write("sub/c.yaml",
                                  "data:\n"
@@ -637,8 +637,15 @@ TEST_CASE("relative data paths resolve against the config file's folder, --set o
   CHECK(c.data.train.images == (tmp.path() / "sub/imgs/train.gz").string());
   CHECK(c.data.train.labels == (tmp.path() / "labels.gz").string());
   CHECK(c.data.test.images == "/abs/t.gz");
-  CHECK(c.data.test.labels == "rel/x.gz");
+  CHECK(c.data.test.labels == (fs::current_path() / "rel/x.gz").string());
   CHECK_FALSE(config_to_json(c).contains("source_path"));
+  // A config in the working directory, named without a folder: absolute paths too, so the
+  // config.json a run writes into its own folder loads back from there.
+  const fs::path here = fs::current_path();
+  fs::current_path(tmp.path() / "sub");
+  const Config w = load_config("c.yaml");
+  fs::current_path(here);
+  CHECK(w.data.train.images == (tmp.path() / "sub/imgs/train.gz").string());
 
   // parse_config: relative to the working directory, i.e. as written.
   const Config p = parse_config("data: {format: csv, train: {path: d/train.csv}}\n", "x");
