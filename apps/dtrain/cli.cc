@@ -151,6 +151,7 @@ LoadedModel load_model(const Config& cfg, const DataSplits& data, const std::str
   m.params.resize(static_cast<size_t>(m.model.param_count()));
   const std::string path = resolve_checkpoint(ckpt, false);
   const CheckpointMeta meta = load_checkpoint(path, m.model, m.params.data(), {});
+  check_model_config(path, meta, cfg);
   spdlog::info("loaded {} (step {})", path, meta.step);
   return m;
 }

@@ -10,6 +10,7 @@
 #include "nn/model.h"
 #include "nn/registry.h"
 #include "nn/sampling.h"
+#include "train/trainer.h"
 #include "util/check.h"
 #include "util/rng.h"
 
@@ -87,13 +88,15 @@ std::string generate_text(const Config& cfg, const GenerateOptions& o) {
   const Model model = build_model(cfg.model, {{T}, kTextVocab});
   std::vector<float> params(static_cast<size_t>(model.param_count()));
   const std::string path = resolve_checkpoint(o.checkpoint, false);
+  CheckpointMeta meta;
   try {
-    load_checkpoint(path, model, params.data(), {});
+    meta = load_checkpoint(path, model, params.data(), {});
   } catch (const UserError& e) {
     throw UserError(std::string(e.what()) +
                     " (generate builds the model from the config: give the one it was trained "
                     "with)");
   }
+  check_model_config(path, meta, cfg);
   spdlog::debug("generate: loaded {}", path);
   if (static_cast<int64_t>(o.prompt.size()) > T)
     spdlog::warn(

@@ -21,6 +21,7 @@
 #include "checkpoint/checkpoint.h"
 #include "comm/inproc.h"
 #include "config/config_diff.h"
+#include "config/schema.h"
 #include "data/sampler.h"
 #include "nn/loss.h"
 #include "optim/optimizer.h"
@@ -167,6 +168,34 @@ void report_config_changes(const std::string& path, const CheckpointMeta& m, con
 }
 
 }  // namespace
+
+void check_model_config(const std::string& path, const CheckpointMeta& m, const Config& cfg) {
+  if (m.config_json.empty()) return;  // older checkpoints: the shapes are all there is to check
+  Config before;
+  try {
+    before = parse_config(m.config_json, path);  // JSON is YAML; keys it omits take defaults
+  } catch (const UserError& e) {
+    spdlog::warn("checkpoint '{}': its stored config does not load ({}); not compared", path,
+                 e.what());
+    return;
+  }
+  // Keys that do not change the function the weights compute: dropout is off outside training,
+  // init is overwritten by the weights, the loss is what eval reports, not what the model is.
+  static const std::vector<std::string> kInert = {"model.dropout", "model.init", "model.loss"};
+  std::string lines;
+  for (const KeyDecl& d : config_keys()) {
+    if (!d.path.starts_with("model.") || d.json_as_default ||  // complexity: hidden has it
+        std::find(kInert.begin(), kInert.end(), d.path) != kInert.end())
+      continue;
+    const nlohmann::json was = d.get(before), now = d.get(cfg);
+    if (was != now) lines += "\n  " + d.path + ": " + was.dump() + " -> " + now.dump();
+  }
+  if (!lines.empty())
+    throw UserError("checkpoint '" + path +
+                    "' was trained with another model config (checkpoint -> this config):" + lines +
+                    "\nthe weights would compute something else: give the config it was trained "
+                    "with (its run folder's config.json)");
+}
 
 std::string gather_rng_states(Communicator& comm, const Rng& rng) {
   const int world = comm.size();

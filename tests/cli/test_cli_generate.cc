@@ -231,6 +231,18 @@ TEST_CASE(
     CHECK(std::count(r.output.begin(), r.output.end(), '\n') == 1);
     for (const std::string& part : c.parts) CHECK(contains(r.output, part));
   }
+  // Same shapes, another function: the stored config catches what the shapes cannot (n_head,
+  // the GELU's place); dropout does not change what the weights compute and is accepted.
+  for (const std::string& cmd :
+       {gen + ck + " --set model.n_head=1 --tokens 4", eval + ck + " --set model.n_head=1"}) {
+    const CmdResult r = run_dtrain(cmd);
+    INFO(cmd << "\n" << r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(contains(r.output, "was trained with another model config"));
+    CHECK(contains(r.output, "model.n_head: 2 -> 1"));
+  }
+  const CmdResult ok = run_dtrain(eval + ck + " --set model.dropout=0.3");
+  CHECK_MESSAGE(ok.exit_code == 0, ok.output);
 }
 
 }  // namespace dtrain
