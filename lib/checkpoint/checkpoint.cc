@@ -4,7 +4,9 @@
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <regex>
+#include <set>
 
 #include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
@@ -274,12 +276,37 @@ struct ShardedRead {
   std::vector<std::vector<float>> state;  // per state_names entry, when read with state
 };
 
+// Ranks above this in a manifest are damage, not a run (the transports stop at 1024 ranks).
+constexpr int64_t kMaxCheckpointWorld = int64_t{1} << 20;
+
+// A shard file is the one the manifest means: its own header names the rank and (shards written
+// since 2026-12-03; older ones lack it) the step it was written for, so a shard swapped with
+// another rank's or copied in from another step is refused instead of mixing parameters. (Its
+// "ranges" are in the writer's local layout under tensor parallelism, so they are not compared.)
+void check_shard_identity(const std::string& dir, const std::string& file, const StFile& f,
+                          int64_t rank, int64_t step) {
+  const auto meta = [&](const char* key) {
+    const auto it = f.metadata.find(key);
+    return it == f.metadata.end() ? std::optional<std::string>() : it->second;
+  };
+  const auto bad = [&](const std::string& what) {
+    return UserError("checkpoint '" + dir + "': shard '" + file + "' " + what +
+                     " (a shard file swapped or copied in from another checkpoint)");
+  };
+  if (const auto r = meta("rank"); r && *r != std::to_string(rank))
+    throw bad("was written by rank " + *r + ", the manifest lists it for rank " +
+              std::to_string(rank));
+  if (const auto st = meta("step"); st && *st != std::to_string(step))
+    throw bad("was written at step " + *st + ", the manifest is step " + std::to_string(step));
+}
+
 ShardedRead read_sharded(const std::string& dir, bool with_state) {
   const std::string mpath = (fs::path(dir) / kManifest).string();
   ShardedRead out;
   CheckpointMeta& meta = out.meta;
   std::vector<std::vector<ShardRange>> ranges;
   std::vector<std::string> files;
+  std::vector<int64_t> shard_ranks;
   try {
     const nlohmann::json m = nlohmann::json::parse(read_file(mpath));
     check_manifest_format(m, dir);
@@ -297,9 +324,13 @@ ShardedRead read_sharded(const std::string& dir, bool with_state) {
     out.state_names = m.at("optimizer_state").get<std::vector<std::string>>();
     out.param_count = m.at("param_count").get<int64_t>();
     int64_t next = 0;
+    std::set<std::string> names;
     for (const auto& e : m.at("params")) {
       ShardedRead::Entry en;
       en.name = e.at("name").get<std::string>();
+      if (!names.insert(en.name).second)
+        throw UserError("checkpoint '" + dir + "': the manifest lists tensor '" + en.name +
+                        "' twice");
       en.shape = e.at("shape").get<Shape>();
       en.offset = e.at("offset").get<int64_t>();
       en.numel = 1;
@@ -320,6 +351,7 @@ ShardedRead read_sharded(const std::string& dir, bool with_state) {
                       std::to_string(out.param_count));
     for (const auto& sh : m.at("shards")) {
       files.push_back(sh.at("file").get<std::string>());
+      shard_ranks.push_back(sh.at("rank").get<int64_t>());
       std::vector<ShardRange> rs;
       for (const auto& r : sh.at("ranges"))
         rs.push_back({r.at(0).get<int64_t>(), r.at(1).get<int64_t>(), r.at(2).get<int64_t>()});
@@ -332,6 +364,9 @@ ShardedRead read_sharded(const std::string& dir, bool with_state) {
     throw UserError("checkpoint '" + dir + "': negative step or position in the manifest");
   // One shard per rank that holds a distinct part (every rank for zero/fsdp, replica 0's stages
   // for a pipeline): at least one, at most world size.
+  if (meta.world_size > kMaxCheckpointWorld)
+    throw UserError("checkpoint '" + dir + "': world size " + std::to_string(meta.world_size) +
+                    " in the manifest is above " + std::to_string(kMaxCheckpointWorld));
   if (files.empty() || static_cast<int64_t>(files.size()) > meta.world_size)
     throw UserError("checkpoint '" + dir + "': manifest lists " + std::to_string(files.size()) +
                     " shards for world size " + std::to_string(meta.world_size));
@@ -361,6 +396,7 @@ ShardedRead read_sharded(const std::string& dir, bool with_state) {
       throw UserError("checkpoint '" + dir + "': shard file name '" + files[r] + "' has a '/'");
     const StFile f = read_safetensors((fs::path(dir) / files[r]).string());  // verifies CRCs
     if (!f.checksummed) ++unchecksummed;
+    check_shard_identity(dir, files[r], f, shard_ranks[r], meta.step);
     auto need = [&](const std::string& name) -> const std::vector<float>& {
       auto it = f.tensors.find(name);
       if (it == f.tensors.end())
@@ -498,8 +534,9 @@ std::string shard_file_name(int rank) {
   return "rank-" + std::to_string(rank) + ".safetensors";
 }
 
-void save_shard(const std::string& dir, int rank, const std::vector<ShardRange>& ranges,
-                int64_t shard_size, const float* params, const std::vector<StateBuffer>& state) {
+void save_shard(const std::string& dir, int rank, int64_t step,
+                const std::vector<ShardRange>& ranges, int64_t shard_size, const float* params,
+                const std::vector<StateBuffer>& state) {
   std::vector<StTensorRef> refs = {{"params", {shard_size}, params}};
   for (const auto& s : state) refs.push_back({"optim." + s.name, {shard_size}, s.data});
   nlohmann::json rj = nlohmann::json::array();
@@ -508,6 +545,7 @@ void save_shard(const std::string& dir, int rank, const std::vector<ShardRange>&
                     {{"format", "dtrain-checkpoint-shard"},
                      {"format_version", std::to_string(kCheckpointFormatVersion)},
                      {"rank", std::to_string(rank)},
+                     {"step", std::to_string(step)},
                      {"ranges", rj.dump()}});
 }
 

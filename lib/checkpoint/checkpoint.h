@@ -77,9 +77,11 @@ struct ShardRange {
 std::string sharded_checkpoint_name(int64_t step);  // "step-<N>"
 std::string shard_file_name(int rank);              // "rank-<r>.safetensors"
 // Writes dir/rank-<rank>.safetensors atomically: params and each state buffer hold shard_size
-// floats (padding included) laid out per `ranges`.
-void save_shard(const std::string& dir, int rank, const std::vector<ShardRange>& ranges,
-                int64_t shard_size, const float* params, const std::vector<StateBuffer>& state);
+// floats (padding included) laid out per `ranges`. Its header records rank, step and ranges,
+// which a load checks against the manifest.
+void save_shard(const std::string& dir, int rank, int64_t step,
+                const std::vector<ShardRange>& ranges, int64_t shard_size, const float* params,
+                const std::vector<StateBuffer>& state);
 // One shard of a manifest: the rank that wrote rank-<rank>.safetensors, its ranges, and where the
 // rank sits in the writing run's layout (e.g. {"tp": 0, "dp": 1, "pp": 0}; informational: loads
 // use the ranges only).

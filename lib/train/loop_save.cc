@@ -143,7 +143,7 @@ void TrainLoop::save_sharded(const CheckpointMeta& m) {
     run_write([this, writer, dir, sh, sb = std::move(sb), step = step_] {
       if (writer) {
         fs::create_directories(dir);
-        save_shard(dir.string(), rank_, sh.ranges, sh.size, sh.params, sb);
+        save_shard(dir.string(), rank_, step, sh.ranges, sh.size, sh.params, sb);
       }
       save_faults(step);
     });

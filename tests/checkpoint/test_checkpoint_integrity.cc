@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <limits>
 #include <sstream>
 
@@ -19,6 +20,7 @@
 using namespace dtrain;
 using dtrain::testing::contains;
 using dtrain::testing::flip_tensor_bit;
+using dtrain::testing::read_text;
 using dtrain::testing::set_tensor_value;
 using dtrain::testing::strip_checksums;
 using dtrain::testing::TempDir;
@@ -85,7 +87,7 @@ void save_two_shards(const std::string& dir, const Model& m, const std::vector<f
     const int64_t b = ranges[r][0].begin, e = ranges[r][0].end;
     std::copy(p.begin() + b, p.begin() + e, ps.begin());
     std::copy(mom.begin() + b, mom.begin() + e, ms.begin());
-    save_shard(dir, r, ranges[r], shard, ps.data(), {{"momentum", ms.data()}});
+    save_shard(dir, r, sgd_meta().step, ranges[r], shard, ps.data(), {{"momentum", ms.data()}});
   }
   CheckpointMeta meta = sgd_meta();
   meta.strategy = "zero1";
@@ -159,6 +161,39 @@ TEST_CASE("a flipped bit in one shard of a sharded checkpoint is refused naming 
                    load_checkpoint(ck, m, got.data(), {{"momentum", got_mom.data()}});
                  }),
                  "tensor 'optim.momentum' fails its CRC-32 check"));
+}
+
+TEST_CASE("a swapped or stale shard file is refused, and so is a manifest naming a tensor twice") {
+  TempDir dir;
+  const Model m = small_model();
+  const int64_t P = m.param_count();
+  std::vector<float> p(P), mom(P, -0.5f), got(P, 0.0f);
+  m.init(p.data(), 12);
+  const std::string ck = dir / "step-3";
+  save_two_shards(ck, m, p, mom);
+  // Rank 0's and rank 1's files swapped: each header names its writer.
+  std::filesystem::rename(ck + "/rank-0.safetensors", ck + "/tmp");
+  std::filesystem::rename(ck + "/rank-1.safetensors", ck + "/rank-0.safetensors");
+  std::filesystem::rename(ck + "/tmp", ck + "/rank-1.safetensors");
+  std::string msg = user_error([&] { load_checkpoint(ck, m, got.data(), {}); });
+  CHECK_MESSAGE(contains(msg, "shard 'rank-0.safetensors' was written by rank 1"), msg);
+  // A shard of another step copied in.
+  save_two_shards(ck, m, p, mom);
+  const std::vector<std::vector<ShardRange>> ranges = {{{0, P / 2, 0}}};
+  std::vector<float> ps(static_cast<size_t>(P - P / 2), 0.0f);
+  save_shard(ck, 0, 2, ranges[0], P - P / 2, ps.data(), {{"momentum", ps.data()}});
+  msg = user_error([&] { load_checkpoint(ck, m, got.data(), {}); });
+  CHECK_MESSAGE(contains(msg, "was written at step 2, the manifest is step 3"), msg);
+  // A manifest listing one tensor twice (was an internal error when consolidated).
+  save_two_shards(ck, m, p, mom);
+  std::string man = read_text(ck + "/manifest.json");
+  const std::string second = "\"name\": \"" + m.params()[1].name + "\"";
+  const size_t at = man.find(second);
+  REQUIRE(at != std::string::npos);
+  man.replace(at, second.size(), "\"name\": \"" + m.params()[0].name + "\"");
+  std::ofstream(ck + "/manifest.json", std::ios::trunc) << man;
+  msg = user_error([&] { consolidate_checkpoint(ck, dir / "one.safetensors"); });
+  CHECK_MESSAGE(contains(msg, "lists tensor '" + m.params()[0].name + "' twice"), msg);
 }
 
 TEST_CASE("a NaN or Inf in a loaded parameter is refused naming the tensor and the index") {
