@@ -50,9 +50,20 @@ Model::Model(std::vector<ModelElement> elements,
       e.name = prefix.empty() ? s.name : prefix + "." + s.name;
       e.shape = s.shape;
       e.offset = total_;
-      e.numel = shape_numel(s.shape);
+      e.numel = 1;
+      for (int64_t d : s.shape) {
+        DT_CHECK_GE(d, 0);
+        // A width a user can type (model.hidden: [4000000000, 4000000000]) must not wrap the
+        // table's offsets: refused here, before anything is sized from them.
+        if (__builtin_mul_overflow(e.numel, d, &e.numel) || e.numel > kMaxParamValues)
+          throw UserError("the model's parameter '" + e.name + "' " + shape_str(s.shape) +
+                          " has more than 2^40 values: use smaller layers");
+      }
       e.layer = static_cast<int>(i);
       total_ += e.numel;
+      if (total_ > kMaxParamValues)
+        throw UserError("the model has more than 2^40 parameter values (at '" + e.name +
+                        "'): use smaller layers");
       table_.push_back(std::move(e));
     }
     layer_offset_.push_back(total_);

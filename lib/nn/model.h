@@ -25,6 +25,10 @@
 
 namespace dtrain {
 
+// More parameter values than any machine holds (4 TiB of float32): model construction refuses
+// models above it, so offsets and counts never overflow int64.
+inline constexpr int64_t kMaxParamValues = int64_t{1} << 40;
+
 struct ParamEntry {
   std::string name;  // "layers.0.weight"
   Shape shape;

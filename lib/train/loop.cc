@@ -166,9 +166,11 @@ void TrainLoop::log_start() const {
   spdlog::info(
       "training: {} steps ({} per epoch, batch {} x {} replica(s), grad_accum {}), {} params, "
       "layout {}, {} BLAS thread(s) ({} kernels), backend {}, out {}",
-      total == std::numeric_limits<int64_t>::max() ? -1 : total, plan_.steps_per_epoch,
-      cfg_.data.batch_size, DP_, plan_.accum, (tp_ ? tp_->global() : model_).param_count(),
-      grid_.layout().shape(), blas_threads(), blas_core(), world_.backend(), opts_.out_dir);
+      total == std::numeric_limits<int64_t>::max() ? std::string("unlimited")
+                                                   : std::to_string(total),
+      plan_.steps_per_epoch, cfg_.data.batch_size, DP_, plan_.accum,
+      (tp_ ? tp_->global() : model_).param_count(), grid_.layout().shape(), blas_threads(),
+      blas_core(), world_.backend(), opts_.out_dir);
 }
 
 double TrainLoop::comm_seconds() const {

@@ -129,8 +129,11 @@ StepPlan plan_steps(const Config& cfg, int64_t batches_per_epoch, int64_t train_
                     std::to_string(cfg.data.batch_size * replicas) + " and data.drop_last is true");
   p.accum = cfg.train.grad_accum_steps;
   p.steps_per_epoch = (p.batches_per_epoch + p.accum - 1) / p.accum;
-  p.total_steps = cfg.train.epochs > 0 ? cfg.train.epochs * p.steps_per_epoch
-                                       : std::numeric_limits<int64_t>::max();
+  // epochs x steps saturates: 10^18 epochs means "until max_steps", not a negative count.
+  p.total_steps = std::numeric_limits<int64_t>::max();
+  if (cfg.train.epochs > 0 &&
+      __builtin_mul_overflow(cfg.train.epochs, p.steps_per_epoch, &p.total_steps))
+    p.total_steps = std::numeric_limits<int64_t>::max();
   if (cfg.train.max_steps > 0) p.total_steps = std::min(p.total_steps, cfg.train.max_steps);
   p.base_lr = cfg.optimizer.lr * (cfg.optimizer.scale_lr == ScaleLr::kLinear ? replicas : 1);
   return p;

@@ -28,6 +28,18 @@ TEST_CASE("a model too large for this machine's memory is refused before it is a
   CHECK_FALSE(contains(r.output, "bad_alloc"));
 }
 
+TEST_CASE("widths whose parameter count overflows int64 are refused, not wrapped negative") {
+  TempDir dir;
+  const auto r = run_cmd(kBin + " run " + kSrc +
+                         "/configs/smoke.yaml --set 'model.hidden=[4000000000, 4000000000]' "
+                         "--out " +
+                         dir / "huge");
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK(contains(r.output, "[4000000000, 4000000000] has more than 2^40 values"));
+  CHECK_FALSE(contains(r.output, "max_size"));
+}
+
 TEST_CASE("more in-process ranks than threads fit in the address space: exit 1, no abort") {
   TempDir dir;
   // 4 GB of address space hold a few hundred 8 MiB thread stacks, not 1024.
