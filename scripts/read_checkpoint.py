@@ -13,6 +13,7 @@ A sharded checkpoint (a folder) is first made one file with `dtrain checkpoint c
 import json
 import struct
 import sys
+import zlib
 
 import numpy as np
 
@@ -20,15 +21,26 @@ DTYPES = {"F32": "<f4", "F64": "<f8", "F16": "<f2", "I64": "<i8", "I32": "<i4", 
           "I8": "i1", "U64": "<u8", "U32": "<u4"}
 
 
-def load(path):
+class CorruptCheckpoint(Exception):
+    """A tensor whose bytes fail the CRC-32 dtrain stored for it."""
+
+
+def load(path, verify=True):
+    """(tensors, metadata). verify: check every tensor against the CRC-32 table dtrain writes in
+    __metadata__["crc32"] (zlib's CRC-32 of its bytes, 8 hex digits), as dtrain's own loads do;
+    files without the table (written before it existed, or by other tools) load unverified."""
     with open(path, "rb") as f:
         (n,) = struct.unpack("<Q", f.read(8))
         header = json.loads(f.read(n))
         data = f.read()
     metadata = header.pop("__metadata__", {})
+    crcs = json.loads(metadata["crc32"]) if verify and "crc32" in metadata else {}
     tensors = {}
     for name, t in header.items():
         begin, end = t["data_offsets"]
+        if name in crcs and "%08x" % zlib.crc32(data[begin:end]) != crcs[name].lower():
+            raise CorruptCheckpoint(f"{path}: tensor '{name}' fails its CRC-32 check "
+                                    f"(stored {crcs[name]}): the file is corrupt")
         tensors[name] = np.frombuffer(data[begin:end], dtype=DTYPES[t["dtype"]]).reshape(t["shape"])
     return tensors, metadata
 
@@ -36,7 +48,10 @@ def load(path):
 def main():
     if len(sys.argv) not in (2, 3):
         sys.exit(__doc__)
-    tensors, metadata = load(sys.argv[1])
+    try:
+        tensors, metadata = load(sys.argv[1])
+    except CorruptCheckpoint as e:
+        sys.exit(f"error: {e}")
     if len(sys.argv) == 3:
         np.set_printoptions(threshold=20)
         print(tensors[sys.argv[2]])

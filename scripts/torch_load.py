@@ -275,6 +275,9 @@ def read_idx(path):
 
 def eval_images(model, config):
     d = config["data"]
+    if config["model"].get("loss", "cross_entropy") != "cross_entropy":
+        raise SystemExit("--eval reports cross-entropy; this model was trained with loss "
+                         f"{config['model']['loss']}: use `dtrain eval` for its loss")
     if d.get("normalize", "auto") not in ("auto", "scale"):
         raise SystemExit("--eval reads IDX images scaled to 0..1 (data.normalize auto or scale)")
     x = torch.from_numpy(read_idx(d["test"]["images"]).astype(np.float32) / 255.0)
@@ -300,7 +303,10 @@ def eval_text(model, config):
         text = b"".join(read_maybe_gzip(p) for p in paths(test_path))
     else:
         train = b"".join(read_maybe_gzip(p) for p in paths(d["train"]["path"]))
-        n_test = int(math.floor(d["test_fraction"] * len(train) + 0.5))  # llround
+        fraction = d.get("test_fraction", -1.0)
+        if fraction < 0:
+            fraction = 0.1  # dtrain's default for text (-1 in config.json means "default")
+        n_test = int(math.floor(fraction * len(train) + 0.5))  # llround
         text = train[len(train) - n_test:]
     rows = (len(text) - 1) // T if len(text) > T else 0
     u = np.frombuffer(text, dtype=np.uint8).astype(np.int64)
@@ -322,7 +328,10 @@ def main():
     args = sys.argv[1:]
     if not args or len(args) > 2 or (len(args) == 2 and args[1] != "--eval"):
         sys.exit(__doc__)
-    model, config = load(args[0])
+    try:
+        model, config = load(args[0])
+    except read_checkpoint.CorruptCheckpoint as e:
+        sys.exit(f"error: {e}")
     if len(args) == 1:
         for name, p in model.state_dict().items():
             print(f"{name}\t{list(p.shape)}")

@@ -17,4 +17,19 @@ grep -qP '^__metadata__\.format\tdtrain-checkpoint$' <<<"$out"
 vals=$(/usr/bin/python3 "$SRC/scripts/read_checkpoint.py" "$file" layers.4.bias)
 echo "$vals"
 grep -qE '^\[ *-?[0-9.e+-]+( +-?[0-9.e+-]+){3} *\]$' <<<"$vals"
+# One flipped bit in the last tensor's data: the reader verifies dtrain's CRC-32 table, as
+# dtrain's loads do, and refuses the file with exit 1.
+cp "$file" "$dir/bad.safetensors"
+size=$(stat -c %s "$dir/bad.safetensors")
+/usr/bin/python3 - "$dir/bad.safetensors" $((size - 3)) <<'PY'
+import sys
+path, at = sys.argv[1], int(sys.argv[2])
+with open(path, "r+b") as f:
+    f.seek(at); b = f.read(1); f.seek(at); f.write(bytes([b[0] ^ 0x10]))
+PY
+if bad=$(/usr/bin/python3 "$SRC/scripts/read_checkpoint.py" "$dir/bad.safetensors" 2>&1); then
+  echo "a corrupt file was read: $bad"; exit 1
+fi
+echo "$bad"
+grep -q "fails its CRC-32 check" <<<"$bad"
 echo ok

@@ -93,6 +93,9 @@ compare gpt_tied "$dir/gpt.yaml"
 sed -e "s|test_fraction: 0.15|test: {path: $dir/test.txt}|" "$dir/gpt.yaml" >"$dir/gpt_test_file.yaml"
 compare gpt_untied "$dir/gpt_test_file.yaml" --set model.tie_embeddings=false --set model.n_head=2 \
   --set model.dropout=0.1
+# The default test_fraction (config.json records -1: "the format's default", 0.1 for text).
+sed -e "s|, test_fraction: 0.15||" "$dir/gpt.yaml" >"$dir/gpt_default_split.yaml"
+compare gpt_default_split "$dir/gpt_default_split.yaml"
 
 # The listing names every tensor and says the load was strict.
 out=$(/usr/bin/python3 "$SRC/scripts/torch_load.py" "$dir/gpt_untied/checkpoints/$(cat "$dir/gpt_untied/checkpoints/latest")")
