@@ -129,7 +129,19 @@ std::string Model::describe() const {
                   static_cast<long long>(l.param_count()));
     os << line;
   }
-  os << "total parameters: " << total_ << "\n";
+  // PyTorch counts a tied tensor once (model.parameters() yields it once); the flat buffer holds
+  // the mirror as a copy, which the memory figures count.
+  int64_t copies = 0;
+  std::string tied;
+  for (const TiedParam& t : ties_) {
+    copies += table_[t.mirror].numel;
+    tied += (tied.empty() ? "" : ", ") + table_[t.mirror].name + " = " + table_[t.primary].name;
+  }
+  os << "total parameters: " << total_ - copies;
+  if (copies > 0)
+    os << " (distinct, as PyTorch counts them; the flat buffer holds " << total_
+       << " values with the tied copy " << tied << ")";
+  os << "\n";
   return os.str();
 }
 

@@ -110,6 +110,11 @@ TEST_CASE("gpt: nanoGPT's names and shapes, the tie starts equal, builder errors
   ModelConfig untied = gpt_config(1, 2, 8, 4);
   untied.tie_embeddings = false;
   CHECK(build_gpt(untied, 256, 4).ties().empty());
+  // describe() totals distinct parameters as PyTorch does: the tied head once.
+  const Model tied = build_gpt(gpt_config(1, 2, 8, 4), 256, 4);
+  const int64_t copy = tied.find("lm_head.weight")->numel;
+  CHECK(tied.describe().find("total parameters: " + std::to_string(tied.param_count() - copy) +
+                             " (distinct") != std::string::npos);
   CHECK_THROWS_WITH_AS(build_gpt(gpt_config(1, 3, 8, 4), 256, 4),
                        "model.n_head 3 does not divide model.n_embd 8 (each head gets n_embd / "
                        "n_head columns)",
