@@ -39,7 +39,10 @@ std::vector<int64_t> parse_sizes(const std::string& text) {
       throw UserError("bad size '" + tok + "' (use e.g. 4M, 512K, 1G)");
     if (tok.empty() || stop == tok.c_str() || v < 0 || v * static_cast<double>(mult) > 8e9)
       throw UserError("bad size '" + tok + "' (use e.g. 4M, 512K, 1G; at most 8G)");
-    out.push_back(static_cast<int64_t>(v * static_cast<double>(mult)) / 4 * 4);
+    const int64_t bytes = static_cast<int64_t>(v * static_cast<double>(mult)) / 4 * 4;
+    if (bytes == 0)
+      throw UserError("bad size '" + tok + "': at least 4 bytes (one float; sizes are bytes)");
+    out.push_back(bytes);
     pos = end + 1;
   }
   return out;
@@ -134,7 +137,7 @@ CommOptions comm_options(const CommBenchOptions& o) {
 }  // namespace
 
 int bench_comm_inproc(int nproc, const CommBenchOptions& o) {
-  if (nproc < 1) throw UserError("bench comm: --nproc must be >= 1");
+  if (nproc < 1 || nproc > 1024) throw UserError("--nproc must be in [1, 1024]");
   auto transports = make_inproc_group(nproc);
   std::vector<std::thread> threads;
   std::vector<std::string> errors(static_cast<size_t>(nproc));

@@ -160,6 +160,7 @@ int BenchCli::run_comm(const char* argv0, const std::string& log_level) const {
     throw UserError("bench comm: --in-flight must be in 1..16, got " +
                     std::to_string(comm_in_flight_));
   o.sends_in_flight = static_cast<size_t>(comm_in_flight_);
+  if (comm_iters_ < 0) throw UserError("--iters must be >= 0 (0: by size)");
   if (comm_backend_ == "inproc") return bench_comm_inproc(comm_nproc_, o);
   if (comm_worker_) return bench_comm_grpc_worker(o);
   if (comm_nproc_ < 1 || comm_nproc_ > 1024) throw UserError("--nproc must be in [1, 1024]");
