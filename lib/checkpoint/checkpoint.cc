@@ -693,6 +693,11 @@ std::string resolve_checkpoint(const std::string& path, bool allow_missing) {
   // A `latest` file given by hand (tab completion offers it) is followed, not parsed as
   // safetensors: it holds a file name, never a checkpoint.
   if (p.filename() == "latest" && fs::is_regular_file(p, ec)) return follow_latest(p);
+  // A file inside a sharded checkpoint (its manifest or a rank's shard) means that checkpoint.
+  static const std::regex shard_re(R"(rank-\d+\.safetensors)");
+  const std::string fname = p.filename().string();
+  if ((fname == kManifest || std::regex_match(fname, shard_re)) && is_sharded_dir(p.parent_path()))
+    return p.parent_path().string();
   if (fs::is_regular_file(p, ec) || is_sharded_dir(p)) return p.string();
   if (fs::is_directory(p, ec)) {
     fs::path latest = p / "latest";
@@ -711,6 +716,8 @@ std::string resolve_checkpoint(const std::string& path, bool allow_missing) {
     if (allow_missing) return "";
     throw UserError("no checkpoint in '" + path + "' (no latest file)");
   }
+  if (fs::exists(p, ec))
+    throw UserError("checkpoint '" + path + "' is not a regular file or a checkpoint folder");
   if (allow_missing) return "";
   throw UserError("checkpoint '" + path + "' does not exist");
 }

@@ -137,8 +137,9 @@ void commit_checkpoint(const std::string& dir, const std::string& file_name, int
 int64_t remove_orphaned_temp_files(const std::string& dir, bool include_step_folders);
 // Resolves what --resume names: a checkpoint file, a sharded checkpoint folder (with
 // manifest.json), a checkpoints folder (its `latest`), a run folder (its checkpoints/latest), or a
-// `latest` file itself. A folder whose `latest` is missing resolves to its highest-numbered
-// complete step-<N> checkpoint, with a warning.
+// `latest` file itself; a sharded checkpoint's manifest.json or rank-<r>.safetensors means its
+// folder. A folder whose `latest` is missing resolves to its highest-numbered complete
+// step-<N> checkpoint, with a warning.
 // Returns "" when nothing is there and allow_missing is true; otherwise throws UserError.
 std::string resolve_checkpoint(const std::string& path, bool allow_missing);
 // resolve_checkpoint, then a check that reads only headers (a file's safetensors header, a sharded

@@ -109,6 +109,13 @@ TEST_CASE("commit_checkpoint names the newest and keeps the last N") {
   std::filesystem::create_directory(dir / "step-50");
   dir.write("step-50/rank-0.safetensors", "x");
   CHECK(resolve_checkpoint(dir.path(), false) == dir / "step-40.safetensors");
+  // A sharded checkpoint's manifest or shard file means its folder; a device is no checkpoint.
+  dir.write("step-50/manifest.json", "{}");
+  CHECK(resolve_checkpoint(dir / "step-50/manifest.json", false) == dir / "step-50");
+  CHECK(resolve_checkpoint(dir / "step-50/rank-0.safetensors", false) == dir / "step-50");
+  CHECK_THROWS_WITH_AS(resolve_checkpoint("/dev/null", false),
+                       "checkpoint '/dev/null' is not a regular file or a checkpoint folder",
+                       UserError);
 }
 
 TEST_CASE("keep_last removes an abandoned timeline's later checkpoints first") {
