@@ -129,7 +129,7 @@ bool TrainLoop::resume() {
       strategy_->load_full(full_p.data(), ptrs);
       step_ = rp_.step;
       epoch_ = rp_.epoch;
-      batch_ = rp_.batch;
+      batch_ = resumed_batch_index();
       strategy_->optimizer().set_step_count(rp_.optimizer_steps);
       last_ckpt_step_ = step_;
       if (GradReducer* r = strategy_->reducer())
@@ -144,6 +144,27 @@ bool TrainLoop::resume() {
   }
   schedule_steps_ = schedule_horizon(rp_, plan_, lead_);
   return true;
+}
+
+// The checkpoint counts its place in the epoch in global batches of the run that wrote it. Under
+// another global batch (data.batch_size or the number of replicas changed) the same index would
+// skip or repeat samples: it is converted through the samples already seen, rounded down (the
+// few samples of a partial batch are seen again rather than skipped).
+int64_t TrainLoop::resumed_batch_index() const {
+  const int64_t now = cfg_.data.batch_size * DP_, before = rp_.global_batch;
+  if (before <= 0 || before == now || rp_.batch == 0) return rp_.batch;
+  const int64_t n = data_.train.rows;
+  const int64_t seen = std::min(n, rp_.batch * before);  // the last batch of an epoch may be short
+  const int64_t k = seen == n ? bpe_ : seen / now;
+  if (lead_)
+    spdlog::warn(
+        "the global batch changed from {} to {} samples since the checkpoint: its epoch "
+        "continues after the {} samples seen, at batch {} of {}{}",
+        before, now, seen, k, bpe_,
+        seen == n || seen % now == 0
+            ? std::string()
+            : fmt::format(" ({} samples of the partial batch are seen again)", seen % now));
+  return k;
 }
 
 void TrainLoop::log_start() const {

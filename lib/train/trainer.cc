@@ -19,6 +19,7 @@
 #include <spdlog/spdlog.h>
 
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/safetensors.h"
 #include "comm/inproc.h"
 #include "config/config_diff.h"
 #include "config/schema.h"
@@ -278,6 +279,37 @@ nlohmann::json nothing_to_do_summary(const std::string& why, const ResumePoint& 
           {"resumed_from", rp.from}};
 }
 
+namespace {
+
+// The optimizer a checkpoint's header names ("" when it cannot be read).
+std::string saved_optimizer(const std::string& path) {
+  try {
+    if (fs::is_directory(path))  // a sharded checkpoint: its manifest
+      return nlohmann::json::parse(read_file((fs::path(path) / "manifest.json").string()))
+          .value("optimizer", std::string());
+    const auto meta = read_safetensors_metadata(path);
+    const auto it = meta.find("optimizer");
+    return it == meta.end() ? std::string() : it->second;
+  } catch (const std::exception&) {
+    return "";
+  }
+}
+
+// Samples per global batch of the run that wrote the checkpoint: its data.batch_size times its
+// data-parallel replicas (world / (tensor x pipeline)); 0 when its config is not stored.
+int64_t saved_global_batch(const CheckpointMeta& m, const std::string& path) {
+  if (m.config_json.empty() || m.world_size <= 0) return 0;
+  try {
+    const Config before = parse_config(m.config_json, path);
+    const int64_t cells = before.distributed.tensor_parallel.size * pipeline_stages(before);
+    return cells > 0 ? before.data.batch_size * (m.world_size / cells) : 0;
+  } catch (const UserError&) {
+    return 0;
+  }
+}
+
+}  // namespace
+
 ResumePoint resume_full_state(const Config& cfg, const RunOptions& opts, Communicator& comm,
                               const Model& model, const std::string& ckpt_dir,
                               const std::string& hash, float* params,
@@ -287,18 +319,38 @@ ResumePoint resume_full_state(const Config& cfg, const RunOptions& opts, Communi
   const bool lead = rank == 0;
   const int64_t P = model.param_count();
   ResumePoint rp;
-  std::vector<int64_t> meta_i(6, 0);  // loaded?, step, epoch, batch, optimizer steps, horizon
+  // loaded?, step, epoch, batch, optimizer steps, horizon, the saving run's global batch
+  std::vector<int64_t> meta_i(7, 0);
   std::string rng_states;
   if (lead) {
     const std::string path =
         resolve_checkpoint(opts.resume == "auto" ? ckpt_dir : opts.resume, opts.resume == "auto");
     if (!path.empty()) {
-      const CheckpointMeta m = load_checkpoint(path, model, params, state, comp);
+      const auto another_optimizer = [&](const std::string& saved) {
+        return UserError("checkpoint '" + path + "' was written by optimizer '" + saved +
+                         "', this run uses '" + to_string(cfg.optimizer.type) + "'");
+      };
+      CheckpointMeta m;
+      try {
+        m = load_checkpoint(path, model, params, state, comp);
+      } catch (const UserError&) {
+        // Another optimizer's state is missing tensors ("no tensor 'optim.exp_avg...'"): name
+        // the cause, read from the header, rather than the first tensor it lacks.
+        const std::string saved = saved_optimizer(path);
+        if (!saved.empty() && saved != to_string(cfg.optimizer.type))
+          throw another_optimizer(saved);
+        throw;
+      }
       if (parse_enum<OptimizerType>(m.optimizer) != cfg.optimizer.type)
-        throw UserError("checkpoint '" + path + "' was written by optimizer '" + m.optimizer +
-                        "', this run uses '" + to_string(cfg.optimizer.type) + "'");
+        throw another_optimizer(m.optimizer);
       report_config_changes(path, m, cfg, hash);
-      meta_i = {1, m.step, m.epoch, m.batch, m.optimizer_steps, m.schedule_steps};
+      meta_i = {1,
+                m.step,
+                m.epoch,
+                m.batch,
+                m.optimizer_steps,
+                m.schedule_steps,
+                saved_global_batch(m, path)};
       rng_states = m.rng;
       rp.from = path;
     } else {
@@ -342,6 +394,7 @@ ResumePoint resume_full_state(const Config& cfg, const RunOptions& opts, Communi
   rp.batch = meta_i[3];
   rp.optimizer_steps = meta_i[4];
   rp.schedule_steps = meta_i[5];
+  rp.global_batch = meta_i[6];
   if (lead)
     spdlog::info("resumed from {} at step {} (epoch {}, batch {})", rp.from, rp.step, rp.epoch,
                  rp.batch);

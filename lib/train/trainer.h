@@ -71,6 +71,7 @@ struct ResumePoint {
   std::string from;  // the checkpoint's path (rank 0)
   int64_t step = 0, epoch = 0, batch = 0, optimizer_steps = 0;
   int64_t schedule_steps = 0;  // the checkpoint's schedule horizon; 0: not recorded
+  int64_t global_batch = 0;    // samples per global batch of the saving run; 0: not known
 };
 ResumePoint resume_full_state(const Config& cfg, const RunOptions& opts, Communicator& comm,
                               const Model& model, const std::string& ckpt_dir,

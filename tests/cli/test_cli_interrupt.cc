@@ -239,6 +239,26 @@ TEST_CASE("resume keeps one run per folder and survives a lost latest file") {
   CHECK(s["steps_this_run"] == 5);
 }
 
+TEST_CASE(
+    "resume under another global batch continues after the samples seen; another "
+    "optimizer is named") {
+  TempDir dir;
+  const std::string cfg = dir.write("cfg.yaml", kCfg);
+  const std::string out = dir / "out";
+  const std::string run = kBin + " run " + cfg + " --out " + out + " --set train.max_steps=";
+  REQUIRE(run_cmd(run + "20 --log-level warn").exit_code == 0);  // 20 x 16 = 320 samples
+  auto r = run_cmd(run + "22 --resume auto --set data.batch_size=24");
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  CHECK_MESSAGE(contains(r.output, "the global batch changed from 16 to 24 samples"), r.output);
+  CHECK(contains(r.output, "continues after the 320 samples seen, at batch 13 of 100"));
+  CHECK(contains(r.output, "(8 samples of the partial batch are seen again)"));
+  // SGD's checkpoint under Adam: the optimizer is named, not the first tensor Adam lacks.
+  r = run_cmd(run + "30 --resume auto --set 'optimizer={type: adam, lr: 0.01}'");
+  CHECK(r.exit_code == 2);
+  CHECK_MESSAGE(contains(r.output, "was written by optimizer 'sgd', this run uses 'adam'"),
+                r.output);
+}
+
 TEST_CASE("resume names the config keys that changed and keeps the schedule's horizon") {
   TempDir dir;
   const std::string cfg = dir.write("cfg.yaml", kCfg);
