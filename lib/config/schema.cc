@@ -208,7 +208,7 @@ std::vector<KeyDecl> data_keys(const Owners& o) {
           R"doc(`auto` (scale for idx, standardize otherwise) | `scale` (idx: ÷255; else train min..max → 0..1) | `standardize` (train mean/std per feature) | `none`)doc"),
       key(
           "data.csv.header", [](auto& c) -> auto& { return c.data.csv.header; },
-          R"doc(`auto` (a first row with any non-numeric cell is a header) | `true` | `false`)doc")
+          R"doc(`auto` (a first row of text cells is a header, of numbers data; a mix is an error) | `true` | `false`)doc")
           .by(o.csv),
       key(
           "data.csv.label_column", [](auto& c) -> auto& { return c.data.csv.label_column; },

@@ -65,11 +65,28 @@ class CsvReader {
     if (!next_line(&first_, &first_line_)) return;  // no rows at all: has_rows() is false
     cols_ = static_cast<int64_t>(first_.size());
     if (opts.header == CsvHeader::kAuto) {
-      // An empty cell does not make a header: a data row with a hole must be reported as such.
+      // A header is a row of names: every non-empty cell is text. A row that mixes numbers and
+      // text is ambiguous -- a header with numeric names, or a data row with a bad cell, which
+      // taking it as a header would drop silently -- so it is refused, naming both readings.
+      // (An empty cell does not decide: a data row with a hole is reported as such.)
       float v;
-      for (std::string_view c : first_) {
-        if (!c.empty() && !parse_float(c, &v)) has_header_ = true;
+      int64_t text = 0, numbers = 0, first_text = -1;
+      for (size_t i = 0; i < first_.size(); ++i) {
+        if (first_[i].empty()) continue;
+        if (parse_float(first_[i], &v)) {
+          ++numbers;
+        } else if (text++ == 0) {
+          first_text = static_cast<int64_t>(i);
+        }
       }
+      if (text > 0 && numbers > 0)
+        throw UserError(path + ":" + std::to_string(first_line_) + ": the first row mixes " +
+                        std::to_string(numbers) + " number(s) and " + std::to_string(text) +
+                        " text cell(s) (column " + std::to_string(first_text) + ": \"" +
+                        std::string(first_[static_cast<size_t>(first_text)]) +
+                        "\" is not a number): if it is a header, set data.csv.header: true; "
+                        "if it is data, fix that cell");
+      has_header_ = text > 0;
     } else {
       has_header_ = opts.header == CsvHeader::kTrue;
     }
