@@ -27,13 +27,23 @@ class CorruptCheckpoint(Exception):
 
 def load(path, verify=True):
     """(tensors, metadata). verify: check every tensor against the CRC-32 table dtrain writes in
-    __metadata__["crc32"] (zlib's CRC-32 of its bytes, 8 hex digits), as dtrain's own loads do;
-    files without the table (written before it existed, or by other tools) load unverified."""
+    __metadata__["crc32"] (zlib's CRC-32 of its bytes, 8 hex digits) and the header against
+    __metadata__["crc32_header"], as dtrain's own loads do; files without them (written before
+    they existed, or by other tools) load unverified."""
     with open(path, "rb") as f:
         (n,) = struct.unpack("<Q", f.read(8))
         header = json.loads(f.read(n))
         data = f.read()
+    if verify and "crc32_header" in header.get("__metadata__", {}):
+        # The header's own CRC-32, over its canonical form: keys sorted, compact, without itself.
+        canon = json.loads(json.dumps(header))
+        stored = canon["__metadata__"].pop("crc32_header")
+        text = json.dumps(canon, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        if "%08x" % zlib.crc32(text.encode()) != stored.lower():
+            raise CorruptCheckpoint(f"{path}: its header fails its CRC-32 check (stored {stored}): "
+                                    "the file is corrupt")
     metadata = header.pop("__metadata__", {})
+    metadata.pop("crc32_header", None)
     crcs = json.loads(metadata["crc32"]) if verify and "crc32" in metadata else {}
     tensors = {}
     for name, t in header.items():

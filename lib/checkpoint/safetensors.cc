@@ -119,6 +119,16 @@ uint32_t crc_of(const void* data, size_t n) {
       crc32_z(crc32_z(0L, Z_NULL, 0), static_cast<const Bytef*>(data), static_cast<z_size_t>(n)));
 }
 
+// CRC-32 of a header in canonical form: keys sorted (nlohmann::json's order), compact, without
+// the kStHeaderCrcKey entry itself. Writer and reader both derive it from the parsed header, so
+// it does not depend on the key order or spacing of the text.
+uint32_t header_crc(nlohmann::json header) {
+  if (auto m = header.find("__metadata__"); m != header.end() && m->is_object())
+    m->erase(kStHeaderCrcKey);
+  const std::string text = header.dump();
+  return crc_of(text.data(), text.size());
+}
+
 std::string crc_hex(uint32_t crc) {
   char buf[9];
   std::snprintf(buf, sizeof buf, "%08x", crc);
@@ -172,6 +182,10 @@ void write_safetensors(const std::string& path, const std::vector<StTensorRef>& 
   }
   std::string text;
   try {
+    // The header's own checksum (metadata such as step and batch, shapes, offsets), over its
+    // canonical form: see header_crc.
+    header["__metadata__"][kStHeaderCrcKey] =
+        crc_hex(header_crc(nlohmann::json::parse(header.dump())));
     text = header.dump();
   } catch (const nlohmann::json::exception& e) {  // invalid UTF-8 in a name or metadata value
     throw UserError("cannot write safetensors file '" + path + "': " + e.what());
@@ -195,6 +209,19 @@ namespace {
 
 [[noreturn]] void not_safetensors(const std::string& path, const std::string& why) {
   throw UserError("'" + path + "' is not a safetensors file (" + why + ")");
+}
+
+// Files written since the header checksum existed carry it; older ones load without it.
+void verify_header_crc(const nlohmann::json& header, const std::string& path) {
+  const auto m = header.find("__metadata__");
+  if (m == header.end() || !m->is_object()) return;
+  const auto c = m->find(kStHeaderCrcKey);
+  if (c == m->end()) return;
+  const std::string stored = c->is_string() ? c->get<std::string>() : c->dump();
+  const std::string computed = crc_hex(header_crc(header));
+  if (stored != computed)
+    fail(path, "corrupt header: it fails its CRC-32 check (stored " + stored + ", computed " +
+                   computed + "): the file is corrupt");
 }
 
 // Steps 1 and 2 of reading: the header length field and the header JSON object. A file failing
@@ -231,6 +258,7 @@ nlohmann::json read_header(int fd, const std::string& path, uint64_t file_size,
     not_safetensors(path, std::string("corrupt header: ") + e.what());
   }
   if (!header.is_object()) not_safetensors(path, "corrupt header: not a JSON object");
+  verify_header_crc(header, path);
   *header_len_out = header_len;
   return header;
 }
@@ -289,6 +317,7 @@ std::map<std::string, std::string> read_safetensors_metadata(const std::string& 
   if (const auto it = header.find("__metadata__"); it != header.end())
     read_metadata(*it, path, out);
   out.erase(kStCrcKey);
+  out.erase(kStHeaderCrcKey);
   return out;
 }
 
@@ -305,6 +334,7 @@ StFile read_safetensors(const std::string& path) {
   for (const auto& [key, value] : header.items()) {
     if (key == "__metadata__") {
       read_metadata(value, path, out.metadata);
+      out.metadata.erase(kStHeaderCrcKey);  // verified by read_header
       continue;
     }
     const std::string what = "tensor '" + key + "'";

@@ -36,6 +36,9 @@ struct StFile {
 };
 
 inline constexpr const char* kStCrcKey = "crc32";  // reserved __metadata__ key
+// Reserved too: the CRC-32 of the header itself (metadata, shapes, offsets) in canonical form,
+// verified by every read that finds it.
+inline constexpr const char* kStHeaderCrcKey = "crc32_header";
 
 // Writes atomically (temp file, fsync, rename; see util/fs.h). Tensors are laid out in the order
 // given, 8-byte aligned header (padded with spaces, as the reference implementation does).

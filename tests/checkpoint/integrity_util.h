@@ -58,13 +58,14 @@ inline void set_tensor_value(const std::string& path, const std::string& name, i
   write_safetensors(path, refs, f.metadata);
 }
 
-// Rewrites the file without its "crc32" metadata, tensor bytes unchanged: a file as dtrain wrote
-// it before checksums.
+// Rewrites the file without its "crc32" and "crc32_header" metadata, tensor bytes unchanged: a
+// file as dtrain wrote it before checksums.
 inline void strip_checksums(const std::string& path) {
   uint64_t header_len = 0;
   nlohmann::json h = st_header(path, &header_len);
   REQUIRE(h.at("__metadata__").contains(kStCrcKey));
   h.at("__metadata__").erase(kStCrcKey);
+  h.at("__metadata__").erase(kStHeaderCrcKey);
   std::string text = h.dump();
   text.append((8 - text.size() % 8) % 8, ' ');
   const uint64_t len = text.size();

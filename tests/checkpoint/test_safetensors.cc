@@ -100,7 +100,8 @@ TEST_CASE("round trip: names, shapes, bits and metadata") {
   const StFile e = read_safetensors(path);
   CHECK(e.tensors.empty());
   CHECK(e.metadata.empty());
-  CHECK(read_file(path) == le64(32) + R"({"__metadata__":{"crc32":"{}"}})" + " ");
+  CHECK(read_file(path) ==
+        le64(64) + R"({"__metadata__":{"crc32":"{}","crc32_header":"078051c7"}})" + "       ");
 }
 
 TEST_CASE("exact byte layout of a tiny file") {
@@ -109,18 +110,42 @@ TEST_CASE("exact byte layout of a tiny file") {
   const std::vector<float> w = {1.5f, -2.0f}, s = {0.25f};
   write_safetensors(path, {{"w", {2}, w.data()}, {"s", {}, s.data()}}, {{"k", "v"}});
   // Tensors in the order given, offsets relative to the data section, zlib CRC-32s of each
-  // tensor's bytes after the metadata; 182 JSON bytes padded with 2 spaces to 184, a multiple
-  // of 8.
+  // tensor's bytes after the metadata, then the header's own CRC-32: of its canonical form
+  // (keys sorted, compact, without crc32_header), which Python reproduces as
+  // zlib.crc32(json.dumps(h, sort_keys=True, separators=(',', ':')).encode()). 208 JSON bytes,
+  // a multiple of 8: no padding.
   const std::string json =
-      R"({"__metadata__":{"k":"v","crc32":"{\"w\":\"ccdf2c3a\",\"s\":\"dba65afc\"}"},)"
+      R"({"__metadata__":{"k":"v","crc32":"{\"w\":\"ccdf2c3a\",\"s\":\"dba65afc\"}",)"
+      R"("crc32_header":"aa3b0b8b"},)"
       R"("w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
       R"("s":{"dtype":"F32","shape":[],"data_offsets":[8,12]}})";
-  REQUIRE(json.size() == 182);
+  REQUIRE(json.size() == 208);
   const std::string want =
-      std::string("\xb8\0\0\0\0\0\0\0", 8) + json + "  " + floats({1.5f, -2.0f, 0.25f});
+      std::string("\xd0\0\0\0\0\0\0\0", 8) + json + floats({1.5f, -2.0f, 0.25f});
   const std::string got = read_file(path);
-  CHECK(got.size() == 8 + 184 + 12);
+  CHECK(got.size() == 8 + 208 + 12);
   CHECK(got == want);
+}
+
+TEST_CASE("the header carries its own CRC-32: an edited step or shape is refused") {
+  TempDir tmp;
+  const std::string path = (tmp / "h.safetensors");
+  const std::vector<float> w = {1.5f, -2.0f};
+  write_safetensors(path, {{"w", {2}, w.data()}}, {{"step", "4"}});
+  CHECK(read_safetensors(path).metadata.at("step") == "4");
+  CHECK_FALSE(read_safetensors(path).metadata.contains("crc32_header"));  // reserved, not data
+  for (const auto& [from, to] : std::vector<std::pair<std::string, std::string>>{
+           {R"("step":"4")", R"("step":"5")"}, {R"("shape":[2])", R"("shape":[1])"}}) {
+    std::string bytes = read_file(path);
+    const size_t at = bytes.find(from);
+    REQUIRE(at != std::string::npos);
+    bytes.replace(at, from.size(), to);
+    const std::string bad = (tmp / "bad.safetensors");
+    std::ofstream(bad, std::ios::binary | std::ios::trunc) << bytes;
+    CHECK_THROWS_WITH_AS(read_safetensors(bad),
+                         doctest::Contains("corrupt header: it fails its CRC-32 check"), UserError);
+    CHECK_THROWS_AS(read_safetensors_metadata(bad), UserError);
+  }
 }
 
 TEST_CASE("writer rejects inconsistent input as internal errors") {

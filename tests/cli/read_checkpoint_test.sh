@@ -32,4 +32,11 @@ if bad=$(/usr/bin/python3 "$SRC/scripts/read_checkpoint.py" "$dir/bad.safetensor
 fi
 echo "$bad"
 grep -q "fails its CRC-32 check" <<<"$bad"
+# The step in the header edited (same length): the header's own CRC-32 refuses it.
+sed 's/"step":"5"/"step":"6"/' "$file" >"$dir/edited.safetensors"
+cmp -s "$file" "$dir/edited.safetensors" && { echo "the edit did not apply"; exit 1; }
+if bad=$(/usr/bin/python3 "$SRC/scripts/read_checkpoint.py" "$dir/edited.safetensors" 2>&1); then
+  echo "an edited header was read: $bad"; exit 1
+fi
+grep -q "header fails its CRC-32 check" <<<"$bad"
 echo ok
