@@ -68,7 +68,10 @@ std::string escape_for_terminal(const std::string& bytes) {
     const auto c = static_cast<unsigned char>(bytes[i]);
     const bool control = (c < 0x20 && c != '\t' && c != '\n' && c != '\r') || c == 0x7F;
     const size_t n = control ? 0 : utf8_length(bytes, i);
-    if (n == 0) {
+    if (c == '\\') {  // so that \xNN in the output always means an escaped byte
+      out += "\\\\";
+      ++i;
+    } else if (n == 0) {
       out += "\\x";
       out += kHex[c >> 4];
       out += kHex[c & 15];

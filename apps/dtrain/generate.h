@@ -29,7 +29,8 @@ struct GenerateOptions {
 std::string generate_text(const Config& cfg, const GenerateOptions& o);
 
 // `bytes` for a terminal: valid UTF-8 as it is, every other byte as \xNN (two lower-case hex
-// digits); control characters other than \t, \n and \r, and DEL, are escaped the same way.
+// digits); control characters other than \t, \n and \r, and DEL, are escaped the same way, and a
+// backslash is doubled, so the output reads back unambiguously.
 std::string escape_for_terminal(const std::string& bytes);
 
 }  // namespace dtrain

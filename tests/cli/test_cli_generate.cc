@@ -62,12 +62,14 @@ std::string generate_out(const std::string& cfg, const std::string& ck, const st
   return r.output.substr(0, r.output.size() - 1);
 }
 
-// The bytes escape_for_terminal printed: \xNN back to the byte (the corpus has no backslash, and
-// a trained model puts next to no weight on one).
+// The bytes escape_for_terminal printed: \xNN back to the byte, \\ to a backslash.
 std::string unescape(const std::string& s) {
   std::string out;
   for (size_t i = 0; i < s.size(); ++i) {
-    if (s[i] == '\\' && i + 3 < s.size() && s[i + 1] == 'x') {
+    if (s[i] == '\\' && i + 1 < s.size() && s[i + 1] == '\\') {
+      out += '\\';
+      ++i;
+    } else if (s[i] == '\\' && i + 3 < s.size() && s[i + 1] == 'x') {
       out += static_cast<char>(std::stoi(s.substr(i + 2, 2), nullptr, 16));
       i += 3;
     } else {
@@ -86,6 +88,9 @@ TEST_CASE("generate: escape_for_terminal keeps valid UTF-8 and escapes every oth
   CHECK(escape_for_terminal("caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80") ==
         "caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80");
   CHECK(escape_for_terminal(std::string("a\0b", 3)) == "a\\x00b");
+  // A typed "\x01" and the byte 0x01 print differently: the backslash is doubled.
+  CHECK(escape_for_terminal("\\x01") == "\\\\x01");
+  CHECK(escape_for_terminal("\x01") == "\\x01");
   CHECK(escape_for_terminal("\x1b[31m\x7f") == "\\x1b[31m\\x7f");
   // A lone continuation byte, a truncated sequence, overlong forms, a surrogate, > U+10FFFF.
   CHECK(escape_for_terminal("\x80") == "\\x80");
