@@ -619,11 +619,22 @@ int64_t remove_orphaned_temp_files(const std::string& dir, bool include_step_fol
   return removed;
 }
 
+namespace {
+
+// A checkpoints folder's step entries: step-<N>.safetensors files and step-<N> sharded folders;
+// group 1 is N (at most 18 digits, so std::stoll cannot overflow), group 2 the file extension.
+const std::regex& step_entry_re() {
+  static const std::regex re(R"(step-(\d{1,18})(\.safetensors)?)");
+  return re;
+}
+
+}  // namespace
+
 void commit_checkpoint(const std::string& dir, const std::string& file_name, int64_t keep_last) {
   DT_CHECK_GE(keep_last, 1);
   write_file_atomic((fs::path(dir) / "latest").string(), file_name + "\n");
   remove_orphaned_temp_files(dir, /*include_step_folders=*/false);
-  static const std::regex re(R"(step-(\d+)(\.safetensors)?)");
+  const std::regex& re = step_entry_re();
   std::vector<std::pair<int64_t, fs::path>> found;
   for (const auto& ent : fs::directory_iterator(dir)) {
     std::smatch m;
@@ -666,7 +677,7 @@ std::string follow_latest(const fs::path& latest) {
 // atomically, or a step-<N> folder with its manifest, written last), or "". For a folder whose
 // `latest` was lost: the checkpoints are still there and --resume auto must not start over.
 std::string newest_complete_step(const fs::path& dir) {
-  static const std::regex re(R"(step-(\d{1,18})(\.safetensors)?)");
+  const std::regex& re = step_entry_re();
   std::error_code ec;
   int64_t best = -1;
   std::string found;
@@ -720,6 +731,19 @@ std::string resolve_checkpoint(const std::string& path, bool allow_missing) {
     throw UserError("checkpoint '" + path + "' is not a regular file or a checkpoint folder");
   if (allow_missing) return "";
   throw UserError("checkpoint '" + path + "' does not exist");
+}
+
+std::string checkpoint_optimizer(const std::string& resolved) {
+  try {
+    if (is_sharded_dir(resolved))
+      return nlohmann::json::parse(read_file((fs::path(resolved) / kManifest).string()))
+          .value("optimizer", std::string());
+    const auto meta = read_safetensors_metadata(resolved);
+    const auto it = meta.find("optimizer");
+    return it == meta.end() ? std::string() : it->second;
+  } catch (const std::exception&) {
+    return "";
+  }
 }
 
 std::string check_checkpoint(const std::string& path, bool allow_missing) {

@@ -142,6 +142,9 @@ int64_t remove_orphaned_temp_files(const std::string& dir, bool include_step_fol
 // step-<N> checkpoint, with a warning.
 // Returns "" when nothing is there and allow_missing is true; otherwise throws UserError.
 std::string resolve_checkpoint(const std::string& path, bool allow_missing);
+// The optimizer a resolved checkpoint's header (or manifest) names; "" when it cannot be read.
+// Reads headers only: for naming the cause when a load fails on another optimizer's state.
+std::string checkpoint_optimizer(const std::string& resolved);
 // resolve_checkpoint, then a check that reads only headers (a file's safetensors header, a sharded
 // folder's manifest.json): it is a dtrain checkpoint of this format version. For --resume and
 // --checkpoint before any data is loaded, so "'X' is not a safetensors file (...)" comes first.

@@ -184,8 +184,7 @@ void write_safetensors(const std::string& path, const std::vector<StTensorRef>& 
   try {
     // The header's own checksum (metadata such as step and batch, shapes, offsets), over its
     // canonical form: see header_crc.
-    header["__metadata__"][kStHeaderCrcKey] =
-        crc_hex(header_crc(nlohmann::json::parse(header.dump())));
+    header["__metadata__"][kStHeaderCrcKey] = crc_hex(header_crc(nlohmann::json(header)));
     text = header.dump();
   } catch (const nlohmann::json::exception& e) {  // invalid UTF-8 in a name or metadata value
     throw UserError("cannot write safetensors file '" + path + "': " + e.what());
@@ -269,7 +268,7 @@ void read_metadata(const nlohmann::json& value, const std::string& path,
   if (!value.is_object()) fail(path, "corrupt header: __metadata__ is not an object");
   for (const auto& [mk, mv] : value.items()) {
     if (!mv.is_string()) fail(path, "corrupt header: metadata value '" + mk + "' is not a string");
-    out[mk] = mv.get<std::string>();
+    if (mk != kStHeaderCrcKey) out[mk] = mv.get<std::string>();  // verified by read_header
   }
 }
 
@@ -317,7 +316,6 @@ std::map<std::string, std::string> read_safetensors_metadata(const std::string& 
   if (const auto it = header.find("__metadata__"); it != header.end())
     read_metadata(*it, path, out);
   out.erase(kStCrcKey);
-  out.erase(kStHeaderCrcKey);
   return out;
 }
 
@@ -334,7 +332,6 @@ StFile read_safetensors(const std::string& path) {
   for (const auto& [key, value] : header.items()) {
     if (key == "__metadata__") {
       read_metadata(value, path, out.metadata);
-      out.metadata.erase(kStHeaderCrcKey);  // verified by read_header
       continue;
     }
     const std::string what = "tensor '" + key + "'";

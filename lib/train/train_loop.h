@@ -76,9 +76,8 @@ class TrainLoop {
  private:
   void setup_model();
   void check_memory(const ModelRange& range) const;
-  bool resume();
+  bool resume();                        // false: nothing left to train (summary_ holds the answer)
   int64_t resumed_batch_index() const;  // rp_.batch in this run's global batches
-                                        // false: nothing left to train (summary_ holds the answer)
   void log_start() const;
   bool step();  // one optimizer step; false when skipped (non-finite)
   bool nonfinite_guard(double loss_sum);

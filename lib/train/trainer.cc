@@ -173,16 +173,33 @@ void report_config_changes(const std::string& path, const CheckpointMeta& m, con
 
 }  // namespace
 
-void check_model_config(const std::string& path, const CheckpointMeta& m, const Config& cfg) {
-  if (m.config_json.empty()) return;  // older checkpoints: the shapes are all there is to check
-  Config before;
+namespace {
+
+// The config a checkpoint stores, as a Config (JSON is YAML; keys it omits take defaults), or
+// nullopt: none stored (older checkpoints) or it does not load (`why` says why, when given).
+std::optional<Config> stored_config(const CheckpointMeta& m, const std::string& path,
+                                    std::string* why = nullptr) {
+  if (m.config_json.empty()) return std::nullopt;
   try {
-    before = parse_config(m.config_json, path);  // JSON is YAML; keys it omits take defaults
+    return parse_config(m.config_json, path);
   } catch (const UserError& e) {
-    spdlog::warn("checkpoint '{}': its stored config does not load ({}); not compared", path,
-                 e.what());
+    if (why) *why = e.what();
+    return std::nullopt;
+  }
+}
+
+}  // namespace
+
+void check_model_config(const std::string& path, const CheckpointMeta& m, const Config& cfg) {
+  std::string why;
+  const std::optional<Config> stored = stored_config(m, path, &why);
+  if (!stored) {  // older checkpoints: the shapes are all there is to check
+    if (!why.empty())
+      spdlog::warn("checkpoint '{}': its stored config does not load ({}); not compared", path,
+                   why);
     return;
   }
+  const Config& before = *stored;
   // Keys that do not change the function the weights compute: dropout is off outside training,
   // init is overwritten by the weights, the loss is what eval reports, not what the model is.
   static const std::vector<std::string> kInert = {"model.dropout", "model.init", "model.loss"};
@@ -281,31 +298,13 @@ nlohmann::json nothing_to_do_summary(const std::string& why, const ResumePoint& 
 
 namespace {
 
-// The optimizer a checkpoint's header names ("" when it cannot be read).
-std::string saved_optimizer(const std::string& path) {
-  try {
-    if (fs::is_directory(path))  // a sharded checkpoint: its manifest
-      return nlohmann::json::parse(read_file((fs::path(path) / "manifest.json").string()))
-          .value("optimizer", std::string());
-    const auto meta = read_safetensors_metadata(path);
-    const auto it = meta.find("optimizer");
-    return it == meta.end() ? std::string() : it->second;
-  } catch (const std::exception&) {
-    return "";
-  }
-}
-
 // Samples per global batch of the run that wrote the checkpoint: its data.batch_size times its
 // data-parallel replicas (world / (tensor x pipeline)); 0 when its config is not stored.
 int64_t saved_global_batch(const CheckpointMeta& m, const std::string& path) {
-  if (m.config_json.empty() || m.world_size <= 0) return 0;
-  try {
-    const Config before = parse_config(m.config_json, path);
-    const int64_t cells = before.distributed.tensor_parallel.size * pipeline_stages(before);
-    return cells > 0 ? before.data.batch_size * (m.world_size / cells) : 0;
-  } catch (const UserError&) {
-    return 0;
-  }
+  const std::optional<Config> before = stored_config(m, path);
+  if (!before || m.world_size <= 0) return 0;
+  const int64_t cells = before->distributed.tensor_parallel.size * pipeline_stages(*before);
+  return cells > 0 ? before->data.batch_size * (m.world_size / cells) : 0;
 }
 
 }  // namespace
@@ -336,7 +335,7 @@ ResumePoint resume_full_state(const Config& cfg, const RunOptions& opts, Communi
       } catch (const UserError&) {
         // Another optimizer's state is missing tensors ("no tensor 'optim.exp_avg...'"): name
         // the cause, read from the header, rather than the first tensor it lacks.
-        const std::string saved = saved_optimizer(path);
+        const std::string saved = checkpoint_optimizer(path);
         if (!saved.empty() && saved != to_string(cfg.optimizer.type))
           throw another_optimizer(saved);
         throw;
