@@ -3,6 +3,7 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -33,6 +34,11 @@ inline constexpr size_t kGrpcMaxBufferedMessages = 65536;
 // parameters (whose gradients are 4 GiB, sent in W segments); without it, 65,536 forged 4 GiB
 // headers could ask for 256 TiB.
 inline constexpr uint64_t kGrpcMaxBufferedBytes = uint64_t{8} << 30;
+// A peer's abort reason (Heartbeat.aborted) is cut to this many bytes: it is only printed.
+inline constexpr size_t kMaxAbortNoticeBytes = 1024;
+// How long an aborting rank waits for its peers to acknowledge its abort notice before it
+// closes its connections (a dead or unreachable peer never acknowledges; this bounds the cost).
+inline constexpr auto kAbortNoticeWait = std::chrono::milliseconds(250);
 // Largest single frame a server accepts; chunk_bytes must stay below it.
 inline constexpr int kGrpcMaxFrameBytes = (64 << 20) + 4096;
 

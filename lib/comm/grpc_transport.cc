@@ -87,6 +87,7 @@ GrpcTransport::GrpcTransport(const GrpcOptions& o, const GrpcTuning& tune)
                       [this](int r, const std::string& why) { fail_peer(r, why); },
                       [this] { return own_position(); },
                       [this] { return aborted_.load(); },
+                      [this](int r, const std::string& why) { peer_aborted(r, why); },
                   }) {
   for (int r = 0; r < world_; ++r)
     inboxes_.push_back(std::make_unique<Mailbox>(
@@ -359,8 +360,14 @@ void GrpcTransport::abort(const std::string& why) {
     aborted_ = true;
   }
   spdlog::debug("rank {}: transport aborted: {}", rank_, abort_reason_);
+  std::vector<int> listening;  // peers not known to be down: they hear why
+  for (int r = 0; r < world_; ++r)
+    if (r != rank_ && !inboxes_[r]->down()) listening.push_back(r);
   for (auto& ib : inboxes_) ib->abort(abort_reason_);
   ring_shm_waiters();
+  // Peers hear why before they see our connections close (which could otherwise make them
+  // blame this rank, not the one it names).
+  heartbeats_.announce_abort(abort_reason_, listening, kAbortNoticeWait);
   if (tcp_) tcp_->abort(abort_reason_);
   for (auto& o : out_)
     if (o) o->fail(abort_reason_);
@@ -371,6 +378,19 @@ void GrpcTransport::abort(const std::string& why) {
 void GrpcTransport::finish_in_streams(const grpc::Status& s) {
   std::lock_guard<std::mutex> lk(in_mu_);
   for (InStream* is : in_streams_) is->finish(s);
+}
+
+void GrpcTransport::peer_aborted(int peer, const std::string& why) {
+  const std::string reason = fmt::format("rank {} aborted: {}", peer, why);
+  down_log_.excuse(peer);
+  {
+    std::lock_guard<std::mutex> lk(setup_mu_);
+    if (peer_abort_.empty()) peer_abort_ = reason;
+  }
+  // Its streams and connection close next; sends to it fail then, with its reason from the
+  // stream's status. Only receives are failed here (out_ may not exist yet during setup).
+  if (mailbox(peer).fail(reason)) spdlog::debug("rank {}: {}", rank_, reason);
+  ring_shm_waiters();
 }
 
 void GrpcTransport::fail_peer(int peer, const std::string& why) {

@@ -73,22 +73,41 @@ void BufferPool::put(Buf b) {
 
 void DownLog::note(int peer) {
   std::lock_guard<std::mutex> lk(mu_);
-  if (first_ >= 0) return;
-  first_ = peer;
-  at_ = Clock::now();
+  for (const Entry& e : down_)
+    if (e.peer == peer) return;
+  down_.push_back(Entry{peer, Clock::now()});
+}
+
+void DownLog::excuse(int peer) {
+  std::lock_guard<std::mutex> lk(mu_);
+  excused_.insert(peer);
+}
+
+const DownLog::Entry* DownLog::first_locked(int except) const {
+  for (const Entry& e : down_)
+    if (e.peer != except && !excused_.count(e.peer)) return &e;
+  return nullptr;
 }
 
 int DownLog::first() const {
   std::lock_guard<std::mutex> lk(mu_);
-  return first_;
+  const Entry* e = first_locked(-1);
+  return e ? e->peer : -1;
 }
 
 std::string DownLog::note_for(int peer) const {
   std::lock_guard<std::mutex> lk(mu_);
-  if (first_ < 0 || first_ == peer) return "";
-  return fmt::format("; rank {} went down first, {} earlier: rank {} probably failed because of it",
-                     first_, seconds_str(std::chrono::duration<double>(Clock::now() - at_).count()),
-                     peer);
+  if (excused_.count(peer)) return "";  // it said why
+  const Entry* e = first_locked(peer);
+  if (!e) return "";
+  // Only a peer that went down before this one (or this one is not noted yet) came first.
+  for (const Entry& x : down_) {
+    if (&x == e) break;
+    if (x.peer == peer) return "";
+  }
+  return fmt::format(
+      "; rank {} went down first, {} earlier: rank {} probably failed because of it", e->peer,
+      seconds_str(std::chrono::duration<double>(Clock::now() - e->at).count()), peer);
 }
 
 // ---- Mailbox -----------------------------------------------------------------------------------

@@ -24,7 +24,9 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
+#include <vector>
 
 #include "comm/grpc/wire.h"
 #include "comm/seq_window.h"
@@ -112,20 +114,29 @@ struct RecvCounters {
   std::atomic<uint64_t> direct{0}, redirected{0}, mailbox{0}, chunks_read_direct{0};
 };
 
-// The first peer this rank saw go down and when, so that an error about a later one -- a
-// neighbour that failed because of it -- can name it. Thread-safe.
+// The peers this rank saw go down and when, so that an error about a later one -- a neighbour
+// that failed because of the first -- can name the first. A peer that said why it went down
+// (its abort notice, excuse()) is never the first: its reason names the rank that failed, and
+// its closed connections may reach this rank before the failed rank's do. Thread-safe.
 class DownLog {
  public:
   void note(int peer);
+  void excuse(int peer);
   // "" or "; rank 2 went down first, 0.3 s earlier: rank 1 probably failed because of it".
   std::string note_for(int peer) const;
-  // The first peer noted, or -1.
+  // The first peer noted and not excused, or -1.
   int first() const;
 
  private:
+  struct Entry {
+    int peer;
+    std::chrono::steady_clock::time_point at;
+  };
+  // Unlocked helper: the first entry not excused and not `except`, or null.
+  const Entry* first_locked(int except) const;
   mutable std::mutex mu_;
-  int first_ = -1;
-  std::chrono::steady_clock::time_point at_{};
+  std::vector<Entry> down_;  // in the order noted, a peer at most once
+  std::set<int> excused_;
 };
 
 // How a receiving thread moves messages in and waits, when a producer is not a thread of its

@@ -34,15 +34,19 @@ std::vector<Fault> parse_faults(const std::string& spec, int64_t attempt) {
     const auto fields = split(entry, ':');
     Fault f;
     f.kind = fields[0];
-    const bool timed = f.kind == "delay" || f.kind == "slow_save";
-    const bool placed = f.kind == "kill_in_connect";
+    const bool stall = f.kind == "stall_in_connect";
+    const bool timed = f.kind == "delay" || f.kind == "slow_save" || stall;
+    const bool placed = f.kind == "kill_in_connect" || stall;
     if (f.kind != "kill" && f.kind != "kill_in_save" && f.kind != "drop" && f.kind != "nan" &&
         f.kind != "grad_scale" && f.kind != "fail_in_save" && !timed && !placed)
       throw UserError(
           "DTRAIN_FAULT: unknown fault '" + f.kind + "' in '" + entry +
-          "' (expected kill, kill_in_save, fail_in_save, slow_save, drop, delay, nan, grad_scale "
-          "or kill_in_connect)");
-    const char* fields_wanted = timed ? "rank and ms" : placed ? "rank and at" : "rank and step";
+          "' (expected kill, kill_in_save, fail_in_save, slow_save, drop, delay, nan, grad_scale, "
+          "kill_in_connect or stall_in_connect)");
+    const char* fields_wanted = stall    ? "rank, at and ms"
+                                : timed  ? "rank and ms"
+                                : placed ? "rank and at"
+                                         : "rank and step";
     for (size_t i = 1; i < fields.size(); ++i) {
       const size_t eq = fields[i].find('=');
       const std::string key = fields[i].substr(0, eq);
@@ -69,9 +73,11 @@ std::vector<Fault> parse_faults(const std::string& spec, int64_t attempt) {
                         fields_wanted + ")");
       }
     }
-    if (f.rank < 0 || (timed ? f.ms < 0 : placed ? f.at.empty() : f.step < 0))
+    if (f.rank < 0 || (timed && f.ms < 0) || (placed && f.at.empty()) ||
+        (!timed && !placed && f.step < 0))
       throw UserError("DTRAIN_FAULT: '" + entry + "' needs " +
-                      (timed    ? "rank=R and ms=M"
+                      (stall    ? "rank=R, at=joined|channels|streams and ms=M"
+                       : timed  ? "rank=R and ms=M"
                        : placed ? "rank=R and at=joined|channels|streams"
                                 : "rank=R and step=S"));
     out.push_back(f);
@@ -100,6 +106,13 @@ bool fault_due_at(const std::vector<Fault>& faults, const std::string& kind, int
   for (const auto& f : faults)
     if (f.kind == kind && f.rank == rank && f.at == at) return true;
   return false;
+}
+
+int64_t fault_stall_ms(const std::vector<Fault>& faults, int rank, const std::string& at) {
+  int64_t ms = 0;
+  for (const auto& f : faults)
+    if (f.kind == "stall_in_connect" && f.rank == rank && f.at == at) ms += f.ms;
+  return ms;
 }
 
 int64_t fault_delay_ms(const std::vector<Fault>& faults, int rank) {

@@ -17,6 +17,8 @@
 //                               point P: joined (the rendezvous answered, nothing else done),
 //                               channels (heartbeats started, no stream open) or streams (its
 //                               streams open, before it waits for its peers')
+//   stall_in_connect:rank=R:at=P:ms=M  rank R sleeps M ms at point P of its gRPC setup (a slow
+//                               or descheduled rank while its peers connect)
 // Faults fire only in a job's first attempt: `dtrain launch --max-restarts` sets
 // DTRAIN_RESTART_COUNT, and a restarted attempt parses the same spec to no faults, so a drill
 // that kills a rank cannot kill every restart too. A malformed value is a UserError naming the
@@ -31,11 +33,11 @@ namespace dtrain {
 
 struct Fault {
   std::string kind;   // kill | kill_in_save | drop | delay | nan | grad_scale | kill_in_connect
-                      // | slow_save | fail_in_save
+                      // | stall_in_connect | slow_save | fail_in_save
   int64_t rank = -1;  // which rank (required)
-  std::string at;     // where (kill_in_connect: required)
+  std::string at;     // where (kill_in_connect, stall_in_connect: required)
   int64_t step = -1;  // at which step (kill, kill_in_save, drop: required)
-  int64_t ms = -1;    // how long (delay: required)
+  int64_t ms = -1;    // how long (delay, slow_save, stall_in_connect: required)
 };
 
 // The faults of `spec` (DTRAIN_FAULT's value) for restart attempt `attempt` (0: the first):
@@ -52,6 +54,9 @@ bool fault_due(const std::vector<Fault>& faults, const std::string& kind, int ra
 // True when `faults` holds `kind` for this rank at the named point (kill_in_connect).
 bool fault_due_at(const std::vector<Fault>& faults, const std::string& kind, int rank,
                   const std::string& at);
+
+// The milliseconds this rank sleeps at the named point of its setup (stall_in_connect; 0: none).
+int64_t fault_stall_ms(const std::vector<Fault>& faults, int rank, const std::string& at);
 
 // The milliseconds this rank sleeps after every step (the sum of its delay faults; 0: none).
 int64_t fault_delay_ms(const std::vector<Fault>& faults, int rank);

@@ -936,7 +936,8 @@ EVERY_PATH_TEST_CASE("grpc: abort fails pending and later calls here and on the 
   peer.join();
   CHECK(Clock::now() - t0 < std::chrono::seconds(30));
   CHECK(waiter.error == "rank 0 ran out of patience");
-  CHECK_MESSAGE(contains(peer.error, "rank 0"), peer.error);
+  // The peer hears why (the abort notice), not only that rank 0's connections closed.
+  CHECK(peer.error.rfind("rank 0 aborted: rank 0 ran out of patience (", 0) == 0);
   std::vector<uint8_t> b(8);
   CHECK_THROWS_WITH_AS(job.t[0]->send(1, header(2, 0, CommOp::kBarrier, 8), b.data()),
                        "rank 0 ran out of patience", CommError);
@@ -1148,6 +1149,51 @@ TEST_CASE("grpc: one frame with a far-future sequence number is refused at once"
   const std::string error = error_after_forged_frames(
       [](RawStream& raw) { raw.w->Write(frame(1, uint64_t{1} << 39, 4, 0, 4)); });
   CHECK_MESSAGE(contains(error, "beyond the window"), error);
+}
+
+EVERY_PATH_TEST_CASE("grpc: a rank that aborts tells its peers why before its connections close",
+                     test_abort_notice) {
+  // Rank 0 gives up because of rank 1 and aborts; its closed connections reach rank 2 at about
+  // the time its reason does. Rank 2 must name rank 1 (rank 0's reason), never rank 0 alone.
+  // Rank 1 then shuts down without a word: rank 2's error about it must not call rank 0 the
+  // first to go down (rank 0 said why it went).
+  for (int round = 0; round < 5; ++round) {
+    CAPTURE(round);
+    Job job = connect_job(3);
+    require_ok(job);
+    std::vector<uint8_t> b0(8), b1(8);
+    Worker from0(
+        [&] { job.t[2]->recv(0, header(3, 0, CommOp::kBroadcast, 8), b0.data(), in(60)); });
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    job.t[0]->abort("connection to rank 1 lost (a test)");
+    from0.join();
+    INFO(from0.error);
+    CHECK(from0.error.rfind("rank 0 aborted: connection to rank 1 lost (a test) (", 0) == 0);
+    Worker from1(
+        [&] { job.t[2]->recv(1, header(4, 0, CommOp::kBroadcast, 8), b1.data(), in(60)); });
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    job.t[1].reset();
+    from1.join();
+    INFO(from1.error);
+    CHECK(contains(from1.error, "rank 1 closed its connection"));
+    CHECK_FALSE(contains(from1.error, "went down first"));
+  }
+}
+
+TEST_CASE("grpc: an abort reason from a peer is cut and made printable") {
+  Job job = connect_job(2);
+  require_ok(job);
+  std::vector<uint8_t> b(8);
+  Worker waiter([&] { job.t[1]->recv(0, header(3, 0, CommOp::kBroadcast, 8), b.data(), in(60)); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  job.t[0]->abort("bad\n\x01\xff" + std::string(5000, 'x'));
+  waiter.join();
+  const std::string want_start = "rank 0 aborted: bad???xxx";
+  CHECK(waiter.error.substr(0, want_start.size()) == want_start);
+  INFO(waiter.error);
+  CHECK(contains(waiter.error, "rank 0 aborted: bad???" +
+                                   std::string(kMaxAbortNoticeBytes - 6, 'x') +
+                                   " (this rank was waiting for"));
 }
 
 TEST_CASE("grpc: an error about a neighbour names the rank that went down first") {

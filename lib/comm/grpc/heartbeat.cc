@@ -6,8 +6,26 @@
 #include <algorithm>
 
 #include "comm/grpc_internal.h"
+#include "util/strings.h"
 
 namespace dtrain::grpc_detail {
+
+namespace {
+
+// A peer's abort reason as it may be printed: at most kMaxAbortNoticeBytes, control characters
+// shown as '?', and if that is not valid UTF-8, bytes outside ASCII too (it ends up in logs and
+// summary.json).
+std::string printable_notice(const std::string& s) {
+  std::string out = s.substr(0, kMaxAbortNoticeBytes);
+  for (char& c : out)
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = '?';
+  if (!valid_utf8(out))
+    for (char& c : out)
+      if (static_cast<unsigned char>(c) >= 0x80) c = '?';
+  return out;
+}
+
+}  // namespace
 
 Heartbeats::Heartbeats(int rank, int world, double heartbeat_s, std::string token, Hooks hooks)
     : rank_(rank),
@@ -25,6 +43,7 @@ void Heartbeats::start(const std::vector<std::shared_ptr<grpc::Channel>>& channe
   stubs_.resize(static_cast<size_t>(world_));
   for (int r = 0; r < world_; ++r)
     if (r != rank_) stubs_[r] = wire::Health::NewStub(channels[r]);
+  started_ = true;
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -49,7 +68,9 @@ void Heartbeats::stop() {
   std::vector<std::shared_ptr<BeatCall>> calls;
   {
     std::lock_guard<std::mutex> lk(beats_->mu);
+    beats_->closed = true;
     calls = beats_->calls;
+    calls.insert(calls.end(), beats_->notices.begin(), beats_->notices.end());
   }
   for (auto& c : calls)  // unlocked: a cancelled call's callback may run inline
     if (c) c->ctx.TryCancel();
@@ -101,7 +122,7 @@ void Heartbeats::loop() {
   }
 }
 
-void Heartbeats::send_beats() {
+wire::Heartbeat Heartbeats::make_beat() const {
   const auto now = Clock::now();
   const CommPosition pos = hooks_.own_position();
   wire::Heartbeat beat;
@@ -115,12 +136,18 @@ void Heartbeats::send_beats() {
   p->set_count(pos.count);
   p->set_since_ms(static_cast<uint64_t>(std::max<int64_t>(
       0, std::chrono::duration_cast<std::chrono::milliseconds>(now - pos.since).count())));
+  return beat;
+}
+
+void Heartbeats::send_beats() {
+  const auto now = Clock::now();
+  const wire::Heartbeat beat = make_beat();
   for (int r = 0; r < world_; ++r) {
     if (r == rank_) continue;
     auto call = std::make_shared<BeatCall>();
     {
       std::lock_guard<std::mutex> lk(beats_->mu);
-      if (beats_->calls[r]) continue;  // the last one is still on its way (peer slow or frozen)
+      if (beats_->closed || beats_->calls[r]) continue;  // the last one is still on its way
       beats_->calls[r] = call;
       ++beats_->n;
     }
@@ -138,6 +165,38 @@ void Heartbeats::send_beats() {
                                state->cv.notify_all();
                              });
   }
+}
+
+void Heartbeats::announce_abort(const std::string& why, const std::vector<int>& peers,
+                                Clock::duration wait) {
+  if (!enabled() || !started_) return;
+  const auto now = Clock::now();
+  wire::Heartbeat beat = make_beat();
+  beat.set_aborted(why.empty() ? "aborted" : why.substr(0, kMaxAbortNoticeBytes));
+  for (const int r : peers) {
+    if (r == rank_ || r < 0 || r >= world_) continue;
+    auto call = std::make_shared<BeatCall>();
+    {
+      std::lock_guard<std::mutex> lk(beats_->mu);
+      if (beats_->closed) return;
+      beats_->notices.push_back(call);
+      ++beats_->n;
+      ++beats_->notices_n;
+    }
+    call->req = beat;
+    call->ctx.AddMetadata(kGrpcTokenKey, token_);
+    call->ctx.set_deadline(wall(now + wait));
+    stubs_[r]->async()->Beat(&call->ctx, &call->req, &call->ack,
+                             [state = beats_](const grpc::Status&) {
+                               std::lock_guard<std::mutex> lk(state->mu);
+                               --state->n;
+                               --state->notices_n;
+                               state->cv.notify_all();
+                             });
+  }
+  // The notices' calls stay referenced by beats_->notices (stop() cancels any left).
+  std::unique_lock<std::mutex> lk(beats_->mu);
+  beats_->cv.wait_until(lk, now + wait, [&] { return beats_->notices_n == 0; });
 }
 
 void Heartbeats::check_peers(Clock::time_point now, Clock::time_point baseline) {
@@ -188,6 +247,9 @@ grpc::ServerUnaryReactor* Heartbeats::on_beat(grpc::CallbackServerContext* ctx,
     // Capped (a day) so that a bogus value cannot overflow the clock arithmetic.
     h.pos.since = now - std::chrono::milliseconds(std::min<uint64_t>(p.since_ms(), 86400000));
   }
+  // Before the acknowledgement: the aborting peer waits for it before closing its connections.
+  if (!req->aborted().empty() && hooks_.peer_aborted)
+    hooks_.peer_aborted(src, printable_notice(req->aborted()));
   reactor->Finish(grpc::Status::OK);
   return reactor;
 }

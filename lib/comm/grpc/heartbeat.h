@@ -6,10 +6,15 @@
 // as if its stream had ended: a frozen process (SIGSTOP) keeps its sockets open, and a rank that
 // died before its streams opened has none, so nothing else would notice before a deadline.
 // Beats never enter the mailboxes.
+//
+// A rank that aborts sends one last beat carrying why (announce_abort) and waits briefly for
+// the acknowledgements before its connections close: a peer then hears "rank 0 aborted:
+// connection to rank 1 lost" before rank 0's closed sockets, and names rank 1, not rank 0.
 #pragma once
 
 #include <grpcpp/grpcpp.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <functional>
 #include <memory>
@@ -33,6 +38,9 @@ class Heartbeats {
     std::function<void(int, const std::string&)> fail_peer;
     std::function<CommPosition()> own_position;
     std::function<bool()> aborted;  // the transport aborted: beat and judge no more
+    // A peer's last beat said it aborted, and why (bounded and printable). Runs on a gRPC
+    // server thread, before the beat is acknowledged.
+    std::function<void(int, const std::string&)> peer_aborted;
   };
   Heartbeats(int rank, int world, double heartbeat_s, std::string token, Hooks hooks);
   ~Heartbeats() { stop(); }
@@ -48,6 +56,10 @@ class Heartbeats {
   // disarm() takes too, so once disarm() returns no hook runs any more.
   void arm();
   void disarm();
+  // Sends `peers` one beat each saying this rank aborted and why, and waits up to `wait` for
+  // them to be acknowledged (a dead peer's never is). Nothing before start() or after stop().
+  // Thread-safe; meant to be called once, from the transport's abort.
+  void announce_abort(const std::string& why, const std::vector<int>& peers, Clock::duration wait);
   // Stops beating and cancels beats in flight. Idempotent.
   void stop();
   // Every rank's latest position as heard from its beats; own is this rank's.
@@ -62,11 +74,15 @@ class Heartbeats {
   };
   // Beats in flight, shared with their completion callbacks so that those never touch
   // *this. calls[r] is the beat to rank r still in flight, if any.
+  // notices are the abort announcements, outside the one-per-peer slots.
   struct InFlight {
     std::mutex mu;
     std::condition_variable cv;
     std::vector<std::shared_ptr<BeatCall>> calls;
-    int n = 0;
+    std::vector<std::shared_ptr<BeatCall>> notices;
+    int n = 0;            // calls and notices in flight
+    int notices_n = 0;    // notices in flight
+    bool closed = false;  // stop() ran: no new calls
   };
   // What this rank last heard from a peer's beats.
   struct PeerHealth {
@@ -90,6 +106,8 @@ class Heartbeats {
   grpc::ServerUnaryReactor* on_beat(grpc::CallbackServerContext* ctx, const wire::Heartbeat* req);
   void loop();
   void send_beats();
+  // This rank's beat (position and interval), as sent now.
+  wire::Heartbeat make_beat() const;
   // Fails every peer not heard from for too long, judged from `baseline` on (when checking
   // started, or when this rank last got the CPU back after a stall).
   void check_peers(Clock::time_point now, Clock::time_point baseline);
@@ -99,7 +117,8 @@ class Heartbeats {
   const std::string token_;
   const Hooks hooks_;
   Service service_;
-  std::vector<std::unique_ptr<wire::Health::Stub>> stubs_;  // null for self
+  std::vector<std::unique_ptr<wire::Health::Stub>> stubs_;  // null for self; set before started_
+  std::atomic<bool> started_{false};
   std::shared_ptr<InFlight> beats_ = std::make_shared<InFlight>();
   mutable std::mutex health_mu_;
   std::vector<PeerHealth> health_;  // guarded by health_mu_

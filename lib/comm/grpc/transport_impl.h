@@ -150,6 +150,9 @@ class GrpcTransport final : public Transport, private InStreamSink {
   // Fails every pending and future recv from and send to `peer` with `why`, as if its stream
   // had ended (unless it already had).
   void fail_peer(int peer, const std::string& why);
+  // A peer's abort notice (Heartbeats): fails receives from it with "rank P aborted: why", and
+  // setup reports that reason (it names the rank that failed). gRPC server thread.
+  void peer_aborted(int peer, const std::string& why);
   void finish_in_streams(const grpc::Status& s);
   // Logs and aborts the transport for a malformed `kind` ("frame" on a stream,
   // "shared-memory record") from src; returns the message.
@@ -197,10 +200,11 @@ class GrpcTransport final : public Transport, private InStreamSink {
   std::set<InStream*> in_streams_;
   bool closing_ = false;
 
-  // What setup_failure has seen: peers failed for silence, in order, and the first one whose
-  // connection closed, with when.
+  // What setup_failure has seen: peers failed for silence, in order, the first peer's abort
+  // notice ("rank P aborted: ..."), and the first one whose connection closed, with when.
   std::mutex setup_mu_;
   std::vector<int> silent_;
+  std::string peer_abort_;
   std::optional<int> closed_;
   Clock::time_point closed_at_;
 

@@ -163,6 +163,8 @@ std::string GrpcTransport::setup_failure() {
   // (silence counts from the rendezvous for all of them) -- so it is reported only after a
   // short grace in which this rank may find the silent one itself.
   if (!silent_.empty()) return mailbox(silent_.front()).failed_reason();
+  // A peer that aborted said why, naming the rank that failed.
+  if (!peer_abort_.empty()) return peer_abort_;
   // The first peer that went down (mailboxes note it as they fail), not the lowest-numbered.
   if (!closed_ && down_log_.first() >= 0) {
     closed_ = down_log_.first();
@@ -186,6 +188,10 @@ std::string GrpcTransport::setup_failure() {
 void GrpcTransport::fault_point(const char* at) {
   if (fault_due_at(o_.faults, "kill_in_connect", rank_, at))
     die_by_fault(fmt::format("rank {} at '{}' while connecting", rank_, at));
+  if (const int64_t ms = fault_stall_ms(o_.faults, rank_, at)) {
+    spdlog::warn("rank {}: DTRAIN_FAULT: stalling {} ms at '{}' while connecting", rank_, ms, at);
+    std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+  }
 }
 
 void GrpcTransport::open_streams(Clock::time_point deadline) {
