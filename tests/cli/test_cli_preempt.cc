@@ -221,8 +221,8 @@ TEST_CASE("train.preempt_save_timeout_s: a save that overruns exits 75, the prev
     REQUIRE_MESSAGE(r0.exit_code == 0, r0.output);
     // Every save of rank 0 takes 2 s: the one at step 20 holds training (synchronous saves);
     // the preemption's, right after it, cannot be done within the 0.5 s deadline.
-    // 10 ms steps: the signal surely comes before the next save, at step 40.
-    Child c("DTRAIN_FAULT=slow_save:rank=0:ms=2000,delay:rank=0:ms=10 exec " + kBin + " " + args +
+    // 50 ms steps: the signal surely comes before the next save, at step 40 (1 s later).
+    Child c("DTRAIN_FAULT=slow_save:rank=0:ms=2000,delay:rank=0:ms=50 exec " + kBin + " " + args +
                 " --set train.preempt_save_timeout_s=0.5 --no-progress --out " + cut,
             dir / "cut.log");
     REQUIRE(wait_until([&] { return fs::exists(cut + "/checkpoints/latest"); }, 60));

@@ -1,5 +1,5 @@
 // A rank that dies between the rendezvous and stream setup is reported by its peers within
-// heartbeat_s + 1 s (not after a fixed connect timeout), naming it. Rank 1 of a 3-rank job runs
+// heartbeat_s + 1.5 s (not after a fixed connect timeout), naming it. Rank 1 of a 3-rank job runs
 // in a process of its own and dies by the kill_in_connect fault (util/fault.h) at each point of
 // the setup; ranks 0 and 2 are threads of this process.
 #include <doctest/doctest.h>
@@ -148,7 +148,9 @@ TEST_CASE("grpc setup: a rank that dies between rendezvous and streams is report
         CAPTURE(r);
         const double took = std::chrono::duration<double>(failed_at[r] - died).count();
         INFO("rank ", r, " failed ", took, " s after rank 1 died: ", errors[r]);
-        CHECK(took < kHeartbeatS + 1);
+        // heartbeat_s of silence, a check every heartbeat_s / 12, the 50 ms setup polls, and
+        // slack for a loaded machine or a sanitizer: far below the 120 s connect timeout.
+        CHECK(took < kHeartbeatS + 1.5);
         CHECK(contains(errors[r], "rank 1"));
         CHECK_FALSE(contains(errors[r], "connection to rank 0 lost"));
         CHECK_FALSE(contains(errors[r], "rank 0 closed"));
