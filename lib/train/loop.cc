@@ -309,9 +309,10 @@ bool TrainLoop::step() {
     interval_samples_ += loss_global_ ? step_samples : (mine ? local_samples : 0);
   }
   last_lr_ = lr;
-  last_step_loss_ = loss_global_
-                        ? loss_sum / static_cast<double>(std::max<int64_t>(1, step_samples) * tps_)
-                        : last_record_loss_;
+  if (loss_global_)
+    last_step_loss_ = loss_sum / static_cast<double>(std::max<int64_t>(1, step_samples) * tps_);
+  else if (!std::isnan(last_record_loss_))
+    last_step_loss_ = last_record_loss_;
   return ok;
 }
 
@@ -443,7 +444,8 @@ nlohmann::json TrainLoop::memory_per_rank(const StateMemory& mem) {
 }
 
 nlohmann::json TrainLoop::summary(int stop_signal) {
-  const int64_t P = (tp_ ? tp_->global() : model_).param_count();  // the whole model's
+  // The whole model's, as PyTorch counts them (a tied tensor once).
+  const int64_t P = (tp_ ? tp_->global() : model_).distinct_param_count();
   // Training-state memory of this rank, exact from the buffers (sharding.h's StateMemory).
   const StateMemory mem = strategy_->memory();
   spdlog::info(

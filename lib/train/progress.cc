@@ -23,7 +23,8 @@ std::string clock_text(double s) {
 
 ProgressBar::ProgressBar(bool on) : on_(on), start_(Clock::now()) {}
 
-void ProgressBar::update(int64_t step, int64_t total, double epoch, double loss, double sps) {
+void ProgressBar::update(int64_t step, int64_t total, double epoch, std::optional<double> loss,
+                         double sps) {
   if (!on_) return;
   const auto now = Clock::now();
   if (first_step_ < 0) first_step_ = step - 1;
@@ -39,11 +40,13 @@ void ProgressBar::update(int64_t step, int64_t total, double epoch, double loss,
   std::string eta = "?";
   if (total > 0 && done > 0)
     eta = clock_text(elapsed / static_cast<double>(done) * static_cast<double>(total - step));
+  char loss_text[32] = "-";
+  if (loss) std::snprintf(loss_text, sizeof loss_text, "%.4f", *loss);
   std::fprintf(stderr,
-               "\r\033[K[%s] step %lld/%lld  epoch %.2f  loss %.4f  %.0f samples/s  %s elapsed, "
+               "\r\033[K[%s] step %lld/%lld  epoch %.2f  loss %s  %.0f samples/s  %s elapsed, "
                "%s left",
                bar.c_str(), static_cast<long long>(step), static_cast<long long>(total), epoch,
-               loss, sps, clock_text(elapsed).c_str(), eta.c_str());
+               loss_text, sps, clock_text(elapsed).c_str(), eta.c_str());
   std::fflush(stderr);
   drawn_ = true;
 }

@@ -3,6 +3,8 @@
 
 #include <chrono>
 #include <cstdint>
+#include <optional>
+#include <string>
 
 namespace dtrain {
 
@@ -16,8 +18,8 @@ class ProgressBar {
   ~ProgressBar() { clear(); }
   ProgressBar(const ProgressBar&) = delete;
   ProgressBar& operator=(const ProgressBar&) = delete;
-  // total 0: unknown (no ETA).
-  void update(int64_t step, int64_t total, double epoch, double loss, double sps);
+  // total 0: unknown (no ETA). loss: none yet ("loss -").
+  void update(int64_t step, int64_t total, double epoch, std::optional<double> loss, double sps);
   // Clears the bar so a log line can be printed cleanly.
   void clear();
 

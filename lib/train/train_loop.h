@@ -146,7 +146,10 @@ class TrainLoop {
   std::vector<std::vector<int64_t>> micro_idx_;
   Clock::time_point interval_t0_;
   double interval_loss_ = 0.0, final_train_loss_ = std::nan(""), train_s_ = 0.0, last_sps_ = 0.0;
-  double last_record_loss_ = std::nan(""), last_lr_ = 0.0, last_step_loss_ = std::nan("");
+  double last_record_loss_ = std::nan(""), last_lr_ = 0.0;
+  // The loss the progress bar shows; none before this rank has one (a rank that computes no loss
+  // shows the last record's, and there is none before the first).
+  std::optional<double> last_step_loss_;
   bool pipelined_ = false;  // the pipeline executor (strategy pipeline, or stages > 1)
   int64_t interval_samples_ = 0, samples_trained_ = 0, interval_first_step_ = 0;
   double exposed_comm_s_ = 0.0;
