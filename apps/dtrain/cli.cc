@@ -312,6 +312,14 @@ std::string self_exe(const char* argv0) {
 
 namespace {
 
+// Refuses an empty value (`--out ""`): an option that names a file or folder would otherwise
+// fall back to its default, or to nothing, without a word.
+CLI::Option* non_empty(CLI::Option* o) {
+  return o->check(CLI::Validator(
+      [](std::string& v) { return v.empty() ? std::string("must not be empty") : std::string(); },
+      "", "non-empty"));
+}
+
 int cli_main_impl(int argc, char** argv) {
   CLI::App app{"dtrain: train models from one YAML file, alone or data-parallel across ranks"};
   app.set_version_flag("--version", "dtrain 0.1.0");
@@ -336,10 +344,11 @@ int cli_main_impl(int argc, char** argv) {
 
   CLI::App* run = app.add_subcommand("run", "train a model as the config describes");
   add_config(run);
-  run->add_option("--out", out, "output folder (default runs/<config file stem>)");
-  run->add_option("--resume", resume,
-                  "continue from a checkpoint: a .safetensors file, a checkpoints folder, a run "
-                  "folder, or 'auto' (the output folder's latest checkpoint, if any)");
+  non_empty(run->add_option("--out", out, "output folder (default runs/<config file stem>)"));
+  non_empty(run->add_option(
+      "--resume", resume,
+      "continue from a checkpoint: a .safetensors file, a checkpoints folder, a run "
+      "folder, or 'auto' (the output folder's latest checkpoint, if any)"));
   run->add_flag("--no-progress", no_progress, "never draw the progress bar");
   bool no_eval = false;
   run->add_flag("--no-eval", no_eval,
@@ -348,9 +357,10 @@ int cli_main_impl(int argc, char** argv) {
                 "the output folder may hold an earlier run: delete its summary, metrics, config "
                 "and checkpoints first (without it, such a folder is refused unless --resume)");
   std::string trace;
-  run->add_option("--trace", trace,
-                  "write a Chrome trace-event timeline of every rank (forward, backward, each "
-                  "collective, optimizer, waits) to this JSON file; open it in ui.perfetto.dev");
+  non_empty(run->add_option(
+      "--trace", trace,
+      "write a Chrome trace-event timeline of every rank (forward, backward, each "
+      "collective, optimizer, waits) to this JSON file; open it in ui.perfetto.dev"));
   DistOverrides flags;
   run->add_option("--rank", flags.rank, "this process's rank (overrides RANK)");
   run->add_option("--world-size", flags.world_size, "ranks in the job (overrides WORLD_SIZE)");
@@ -386,15 +396,16 @@ int cli_main_impl(int argc, char** argv) {
   launch->add_option("--master-port", lcmd.nodes.master_port,
                      "rank 0's rendezvous port; the launchers use the next one (default on one "
                      "node: a free one)");
-  launch->add_option("--token-file", lcmd.token_file,
-                     "file holding the job token (DTRAIN_JOB_TOKEN takes precedence); required "
-                     "with several nodes");
+  non_empty(
+      launch->add_option("--token-file", lcmd.token_file,
+                         "file holding the job token (DTRAIN_JOB_TOKEN takes precedence); required "
+                         "with several nodes"));
   add_config(launch);
-  launch->add_option("--out", out, "output folder (default runs/<config file stem>)");
-  launch->add_option("--resume", resume, "passed to every rank's `dtrain run --resume`");
+  non_empty(launch->add_option("--out", out, "output folder (default runs/<config file stem>)"));
+  non_empty(launch->add_option("--resume", resume, "passed to every rank's `dtrain run --resume`"));
   launch->add_flag("--overwrite", overwrite,
                    "the output folder may hold an earlier run: delete it (logs included) first");
-  launch->add_option("--trace", trace, "passed to every rank's `dtrain run --trace`");
+  non_empty(launch->add_option("--trace", trace, "passed to every rank's `dtrain run --trace`"));
   int max_restarts = 0;
   launch
       ->add_option("--max-restarts", max_restarts,
@@ -417,9 +428,10 @@ int cli_main_impl(int argc, char** argv) {
                    "(inproc) or processes over gRPC (grpc)")
       ->check(CLI::IsMember({"inproc", "grpc"}))
       ->capture_default_str();
-  verify->add_option("--out", vopt.work_dir,
-                     "keep every run (checkpoints, metrics, logs) in this folder (default: a "
-                     "temporary folder, removed)");
+  non_empty(
+      verify->add_option("--out", vopt.work_dir,
+                         "keep every run (checkpoints, metrics, logs) in this folder (default: a "
+                         "temporary folder, removed)"));
   bool verify_json = false;
   verify->add_flag("--json", verify_json, "print the report as one JSON object");
 
@@ -428,27 +440,29 @@ int cli_main_impl(int argc, char** argv) {
 
   CLI::App* eval = app.add_subcommand("eval", "test loss and accuracy of a checkpoint");
   add_config(eval);
-  eval->add_option("--checkpoint", checkpoint,
-                   "checkpoint file, sharded checkpoint folder, or run/checkpoints folder")
+  non_empty(
+      eval->add_option("--checkpoint", checkpoint,
+                       "checkpoint file, sharded checkpoint folder, or run/checkpoints folder"))
       ->required();
 
   CLI::App* predict =
       app.add_subcommand("predict", "class predictions and probabilities for CSV rows");
   add_config(predict);
-  predict
-      ->add_option("--checkpoint", checkpoint,
-                   "checkpoint file, sharded checkpoint folder, or run/checkpoints folder")
+  non_empty(
+      predict->add_option("--checkpoint", checkpoint,
+                          "checkpoint file, sharded checkpoint folder, or run/checkpoints folder"))
       ->required();
-  predict->add_option("--input", input, "CSV of feature rows (no label column)")->required();
-  predict->add_option("--output", output, "CSV to write (default: standard output)");
+  non_empty(predict->add_option("--input", input, "CSV of feature rows (no label column)"))
+      ->required();
+  non_empty(predict->add_option("--output", output, "CSV to write (default: standard output)"));
 
   CLI::App* generate =
       app.add_subcommand("generate", "continue a prompt with text sampled from a gpt checkpoint");
   add_config(generate);
   GenerateOptions gen;
-  generate
-      ->add_option("--checkpoint", gen.checkpoint,
-                   "checkpoint file, sharded checkpoint folder, or run/checkpoints folder")
+  non_empty(
+      generate->add_option("--checkpoint", gen.checkpoint,
+                           "checkpoint file, sharded checkpoint folder, or run/checkpoints folder"))
       ->required();
   generate->add_option("--prompt", gen.prompt, "text to continue (default: none, from a newline)");
   generate->add_option("--tokens", gen.tokens, "bytes to generate")->capture_default_str();
@@ -470,7 +484,8 @@ int cli_main_impl(int argc, char** argv) {
                    "sharded checkpoint folder (checkpoints/step-<N>), or a run or checkpoints "
                    "folder (its latest)")
       ->required();
-  consolidate->add_option("-o,--output", output, "file to write (.safetensors)")->required();
+  non_empty(consolidate->add_option("-o,--output", output, "file to write (.safetensors)"))
+      ->required();
 
   CLI::App* plot = app.add_subcommand(
       "plot", "training loss and test accuracy against step for run folders, as SVG or PNG");
@@ -478,7 +493,8 @@ int cli_main_impl(int argc, char** argv) {
   std::string plot_out;
   report::PlotOptions plot_opts;
   plot->add_option("runs", plot_dirs, "run folders (the --out of dtrain run)")->required();
-  plot->add_option("-o,--output", plot_out, "image to write: FILE.svg or FILE.png")->required();
+  non_empty(plot->add_option("-o,--output", plot_out, "image to write: FILE.svg or FILE.png"))
+      ->required();
   plot->add_option("--title", plot_opts.title, "title above the panels");
   plot->add_option("--labels", plot_labels, "legend names, one per run (default: folder names)")
       ->delimiter(',')
@@ -531,7 +547,11 @@ int cli_main_impl(int argc, char** argv) {
     const Config cfg = load_config(config_path, sets);
     if (generate->parsed()) {  // reads no data: the data files need not be here
       set_blas_threads(static_cast<int>(cfg.runtime.threads));
-      std::cout << escape_for_terminal(generate_text(cfg, gen)) << std::endl;
+      // Printed as it is sampled: a long continuation shows its first words at once.
+      TerminalEscaper esc;
+      generate_text(cfg, gen,
+                    [&](const std::string& b) { std::cout << esc.push(b) << std::flush; });
+      std::cout << esc.finish() << std::endl;
       return kExitOk;
     }
     check_input_files(cfg);

@@ -1,6 +1,8 @@
 #include "dtrain/generate.h"
 
+#include <algorithm>
 #include <cmath>
+#include <functional>
 #include <vector>
 
 #include <spdlog/spdlog.h>
@@ -31,60 +33,91 @@ void check_options(const Config& cfg, const GenerateOptions& o) {
   if (o.seed < -1) throw UserError("--seed must be >= 0 (got " + std::to_string(o.seed) + ")");
 }
 
-// Length of the valid UTF-8 sequence starting at s[i] (1..4), or 0 when it is not one.
-size_t utf8_length(const std::string& s, size_t i) {
-  const auto b = [&s](size_t j) { return static_cast<unsigned char>(s[j]); };
-  const unsigned char c = b(i);
-  if (c < 0x80) return 1;
+// What a UTF-8 lead byte promises: the sequence length n (1..4; 0: not a lead byte) and the
+// allowed range of the second byte (no overlong forms, no surrogates, nothing above U+10FFFF).
+struct Utf8Lead {
   size_t n = 0;
-  unsigned char lo = 0x80, hi = 0xBF;  // the allowed range of the second byte
-  if (c >= 0xC2 && c <= 0xDF) {
-    n = 2;
+  unsigned char lo = 0x80, hi = 0xBF;
+};
+
+Utf8Lead utf8_lead(unsigned char c) {
+  Utf8Lead l;
+  if (c < 0x80) {
+    l.n = 1;
+  } else if (c >= 0xC2 && c <= 0xDF) {
+    l.n = 2;
   } else if (c >= 0xE0 && c <= 0xEF) {
-    n = 3;
-    if (c == 0xE0) lo = 0xA0;  // no overlong forms
-    if (c == 0xED) hi = 0x9F;  // no surrogates
+    l.n = 3;
+    if (c == 0xE0) l.lo = 0xA0;
+    if (c == 0xED) l.hi = 0x9F;
   } else if (c >= 0xF0 && c <= 0xF4) {
-    n = 4;
-    if (c == 0xF0) lo = 0x90;
-    if (c == 0xF4) hi = 0x8F;  // nothing above U+10FFFF
-  } else {
-    return 0;
+    l.n = 4;
+    if (c == 0xF0) l.lo = 0x90;
+    if (c == 0xF4) l.hi = 0x8F;
   }
-  if (i + n > s.size()) return 0;
-  if (b(i + 1) < lo || b(i + 1) > hi) return 0;
-  for (size_t j = 2; j < n; ++j)
-    if (b(i + j) < 0x80 || b(i + j) > 0xBF) return 0;
-  return n;
+  return l;
+}
+
+// The bytes s[i + 1, i + n) present so far are valid continuations of the lead s[i]; returns
+// how many the sequence still lacks (0: complete), or -1 when it cannot be valid UTF-8.
+int utf8_missing(const std::string& s, size_t i) {
+  const Utf8Lead l = utf8_lead(static_cast<unsigned char>(s[i]));
+  if (l.n == 0) return -1;
+  for (size_t j = 1; j < l.n && i + j < s.size(); ++j) {
+    const auto b = static_cast<unsigned char>(s[i + j]);
+    if (j == 1 ? (b < l.lo || b > l.hi) : (b < 0x80 || b > 0xBF)) return -1;
+  }
+  const size_t have = std::min(l.n, s.size() - i);
+  return static_cast<int>(l.n - have);
 }
 
 }  // namespace
 
-std::string escape_for_terminal(const std::string& bytes) {
+std::string TerminalEscaper::push(const std::string& bytes) {
+  pending_ += bytes;
+  return drain(false);
+}
+
+std::string TerminalEscaper::finish() {
+  return drain(true);
+}
+
+std::string TerminalEscaper::drain(bool final) {
   static const char* const kHex = "0123456789abcdef";
   std::string out;
-  out.reserve(bytes.size());
-  for (size_t i = 0; i < bytes.size();) {
-    const auto c = static_cast<unsigned char>(bytes[i]);
+  size_t i = 0;
+  while (i < pending_.size()) {
+    const auto c = static_cast<unsigned char>(pending_[i]);
     const bool control = (c < 0x20 && c != '\t' && c != '\n' && c != '\r') || c == 0x7F;
-    const size_t n = control ? 0 : utf8_length(bytes, i);
+    const int missing = control ? -1 : utf8_missing(pending_, i);
     if (c == '\\') {  // so that \xNN in the output always means an escaped byte
       out += "\\\\";
       ++i;
-    } else if (n == 0) {
+    } else if (missing == 0) {
+      const size_t n = utf8_lead(c).n;
+      out.append(pending_, i, n);
+      i += n;
+    } else if (missing > 0 && !final) {
+      break;  // a character still arriving
+    } else {
       out += "\\x";
       out += kHex[c >> 4];
       out += kHex[c & 15];
       ++i;
-    } else {
-      out.append(bytes, i, n);
-      i += n;
     }
   }
+  pending_.erase(0, i);
   return out;
 }
 
-std::string generate_text(const Config& cfg, const GenerateOptions& o) {
+std::string escape_for_terminal(const std::string& bytes) {
+  TerminalEscaper e;
+  std::string out = e.push(bytes);  // before finish(): the operands of + are unsequenced
+  return out + e.finish();
+}
+
+std::string generate_text(const Config& cfg, const GenerateOptions& o,
+                          const std::function<void(const std::string&)>& emit) {
   check_options(cfg, o);
   check_checkpoint(o.checkpoint, false);
   const int64_t T = cfg.model.block_size;
@@ -113,6 +146,7 @@ std::string generate_text(const Config& cfg, const GenerateOptions& o) {
   Rng rng(static_cast<uint64_t>(o.seed < 0 ? cfg.seed : o.seed));
   Tensor x({1, T});
   Activations acts;
+  if (emit) emit(o.prompt);
   for (int64_t step = 0; step < o.tokens; ++step) {
     const int64_t len = std::min<int64_t>(T, static_cast<int64_t>(seq.size()));
     const size_t start = seq.size() - static_cast<size_t>(len);
@@ -125,6 +159,7 @@ std::string generate_text(const Config& cfg, const GenerateOptions& o) {
                                      o.temperature, o.top_k, rng);
     seq += static_cast<char>(next);
     out += static_cast<char>(next);
+    if (emit) emit(std::string(1, static_cast<char>(next)));
   }
   return out;
 }

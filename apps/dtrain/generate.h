@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "config/config.h"
@@ -26,7 +27,23 @@ struct GenerateOptions {
 // UserError (one line) for a model that is not gpt, a checkpoint of another model (its first
 // differing tensor named), tokens < 0, temperature < 0 or not finite, top_k outside [0, 256],
 // seed < -1. A prompt longer than block_size is noted once on stderr (the model sees its tail).
-std::string generate_text(const Config& cfg, const GenerateOptions& o);
+// emit, when given, receives the prompt once the checkpoint has loaded, then each byte as it is
+// sampled (for printing as it goes).
+std::string generate_text(const Config& cfg, const GenerateOptions& o,
+                          const std::function<void(const std::string&)>& emit = {});
+
+// escape_for_terminal for bytes that arrive a few at a time: push returns what can be printed
+// so far (a UTF-8 character still arriving waits for its last byte), finish the rest. The
+// concatenated output equals escape_for_terminal of all the bytes at once.
+class TerminalEscaper {
+ public:
+  std::string push(const std::string& bytes);
+  std::string finish();
+
+ private:
+  std::string drain(bool final);
+  std::string pending_;  // bytes of an incomplete character
+};
 
 // `bytes` for a terminal: valid UTF-8 as it is, every other byte as \xNN (two lower-case hex
 // digits); control characters other than \t, \n and \r, and DEL, are escaped the same way, and a

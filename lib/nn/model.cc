@@ -131,18 +131,21 @@ std::string Model::describe() const {
   }
   // PyTorch counts a tied tensor once (model.parameters() yields it once); the flat buffer holds
   // the mirror as a copy, which the memory figures count.
-  int64_t copies = 0;
   std::string tied;
-  for (const TiedParam& t : ties_) {
-    copies += table_[t.mirror].numel;
+  for (const TiedParam& t : ties_)
     tied += (tied.empty() ? "" : ", ") + table_[t.mirror].name + " = " + table_[t.primary].name;
-  }
-  os << "total parameters: " << total_ - copies;
-  if (copies > 0)
+  os << "total parameters: " << distinct_param_count();
+  if (!ties_.empty())
     os << " (distinct, as PyTorch counts them; the flat buffer holds " << total_
        << " values with the tied copy " << tied << ")";
   os << "\n";
   return os.str();
+}
+
+int64_t Model::distinct_param_count() const {
+  int64_t copies = 0;
+  for (const TiedParam& t : ties_) copies += table_[t.mirror].numel;
+  return total_ - copies;
 }
 
 void Model::init(float* params, uint64_t seed, size_t first, size_t last, int64_t base) const {

@@ -80,6 +80,9 @@ class Model {
   const std::string& layer_prefix(size_t i) const { return layers_[i].prefix; }
   const std::vector<ParamEntry>& params() const { return table_; }
   int64_t param_count() const { return total_; }
+  // Parameters as PyTorch counts them (model.parameters() yields a tied tensor once): the
+  // flat count without the tied copies.
+  int64_t distinct_param_count() const;
   int64_t layer_begin(size_t i) const { return layer_offset_[i]; }
   int64_t layer_end(size_t i) const { return layer_offset_[i + 1]; }
   // Per-sample input and output shapes ([784] -> [10]; [T] tokens -> [T, 256] logits).

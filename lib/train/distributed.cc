@@ -4,6 +4,7 @@
 
 #include "comm/communicator.h"
 #include "comm/grpc_transport.h"
+#include "launch/launcher.h"
 #include "tensor/blas.h"
 #include "util/check.h"
 
@@ -42,7 +43,8 @@ nlohmann::json run_grpc_rank(const Config& cfg, const RunOptions& opts,
   g.rank = de.rank;
   g.world_size = de.world_size;
   g.master_addr = de.master_addr;
-  g.master_port = de.master_port;
+  // One rank alone needs a port for its own rendezvous only: any free one will do.
+  g.master_port = de.master_port != 0 ? de.master_port : pick_free_port();
   g.bind = !cfg.distributed.bind.empty()
                ? cfg.distributed.bind
                : (is_loopback_host(de.master_addr) ? "127.0.0.1" : "0.0.0.0");
@@ -60,7 +62,7 @@ nlohmann::json run_grpc_rank(const Config& cfg, const RunOptions& opts,
   g.faults = opts.faults;
   spdlog::info("rank {} of {} (local {} of {}, from {}): joining {}:{}, listening on {}", de.rank,
                de.world_size, de.local_rank, de.local_world_size, de.source, de.master_addr,
-               de.master_port, g.bind);
+               g.master_port, g.bind);
   if (g.token.empty())
     spdlog::warn(
         "no job token (DTRAIN_JOB_TOKEN or distributed.token_file): any process that "

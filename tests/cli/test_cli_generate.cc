@@ -7,6 +7,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -101,6 +102,40 @@ TEST_CASE("generate: escape_for_terminal keeps valid UTF-8 and escapes every oth
   CHECK(escape_for_terminal("\xed\xa0\x80") == "\\xed\\xa0\\x80");
   CHECK(escape_for_terminal("\xf4\x90\x80\x80") == "\\xf4\\x90\\x80\\x80");
   CHECK(escape_for_terminal("\xff\xfe") == "\\xff\\xfe");
+}
+
+TEST_CASE("generate: bytes escaped as they arrive print what escaping them at once prints") {
+  // Random byte strings rich in UTF-8 lead and continuation bytes, fed one byte at a time (as
+  // generate prints while it samples) and in random pieces.
+  std::mt19937 gen(7);
+  const unsigned char alphabet[] = {'a',  '\\', '\n', 0x01, 0x7f, 0x80, 0x82, 0xa9, 0xbf, 0xc0,
+                                    0xc3, 0xe0, 0xe2, 0xed, 0xf0, 0xf4, 0x9f, 0x90, 0xa0, 0xff};
+  for (int round = 0; round < 2000; ++round) {
+    std::string bytes;
+    const int len = static_cast<int>(gen() % 12);
+    for (int i = 0; i < len; ++i) bytes += static_cast<char>(alphabet[gen() % sizeof alphabet]);
+    const std::string whole = escape_for_terminal(bytes);
+    TerminalEscaper one;
+    std::string by_byte;
+    for (const char c : bytes) by_byte += one.push(std::string(1, c));
+    by_byte += one.finish();
+    CHECK(by_byte == whole);
+    TerminalEscaper some;
+    std::string by_piece;
+    for (size_t i = 0; i < bytes.size();) {
+      const size_t n = 1 + gen() % 3;
+      by_piece += some.push(bytes.substr(i, n));
+      i += n;
+    }
+    by_piece += some.finish();
+    CHECK(by_piece == whole);
+  }
+  // A character split over two pushes waits for its last byte.
+  TerminalEscaper e;
+  CHECK(e.push("caf\xc3") == "caf");
+  CHECK(e.push("\xa9!") == "\xc3\xa9!");
+  CHECK(e.push("\xe2\x82") == "");
+  CHECK(e.finish() == "\\xe2\\x82");
 }
 
 TEST_CASE("generate: bad options and a model that is not gpt exit 2 with one line") {

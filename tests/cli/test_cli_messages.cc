@@ -434,3 +434,32 @@ TEST_CASE("--set takes one KEY=VALUE: the config may come after it") {
   CHECK_MESSAGE(r.exit_code == 0, r.output);
   CHECK(contains(r.output, ": ok"));
 }
+
+TEST_CASE("an empty file or folder option is refused, not replaced by its default") {
+  TempDir dir;
+  const std::string cfg = dir.write("cfg.yaml", kTiny);
+  const std::string ck = dir / "x.safetensors";
+  for (const std::string& args :
+       {"run " + cfg + " --out ''", "run " + cfg + " --trace ''", "run " + cfg + " --resume ''",
+        "launch --nproc 1 " + cfg + " --out ''", "verify " + cfg + " --out ''",
+        "eval " + cfg + " --checkpoint ''",
+        "predict " + cfg + " --checkpoint " + ck + " --input ''",
+        "predict " + cfg + " --checkpoint " + ck + " --input x.csv --output ''",
+        "generate " + cfg + " --checkpoint ''", "checkpoint consolidate " + dir.path() + " -o ''",
+        "plot " + dir.path() + " -o ''"}) {
+    const auto r = run_dtrain(args);
+    INFO(args << ": " << r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(contains(r.output, "must not be empty"));
+  }
+}
+
+TEST_CASE("one gRPC rank without a MASTER_PORT picks a free port for its own rendezvous") {
+  TempDir dir;
+  const std::string cfg = dir.write("cfg.yaml", kTiny);
+  const auto r = run_cmd("env -u MASTER_PORT -u MASTER_ADDR -u RANK -u WORLD_SIZE " + kBin +
+                         " run " + cfg + " --rank 0 --world-size 1 --no-progress" +
+                         " --set distributed.backend=grpc --out " + dir / "one");
+  CHECK_MESSAGE(r.exit_code == 0, r.output);  // was: "master port 0 is not in 1..65535"
+  CHECK(std::filesystem::exists(dir / "one/summary.json"));
+}

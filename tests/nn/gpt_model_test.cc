@@ -115,6 +115,10 @@ TEST_CASE("gpt: nanoGPT's names and shapes, the tie starts equal, builder errors
   const int64_t copy = tied.find("lm_head.weight")->numel;
   CHECK(tied.describe().find("total parameters: " + std::to_string(tied.param_count() - copy) +
                              " (distinct") != std::string::npos);
+  // summary.json's param_count is this count too.
+  CHECK(tied.distinct_param_count() == tied.param_count() - copy);
+  CHECK(build_gpt(untied, 256, 4).distinct_param_count() ==
+        build_gpt(untied, 256, 4).param_count());
   CHECK_THROWS_WITH_AS(build_gpt(gpt_config(1, 3, 8, 4), 256, 4),
                        "model.n_head 3 does not divide model.n_embd 8 (each head gets n_embd / "
                        "n_head columns)",
