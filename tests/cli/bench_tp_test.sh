@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `dtrain bench tp` on a tiny GPT (2 blocks of width 32, 8 heads, 16 positions, batch 2, dropout
 # 0.1) at T = 2 and 4: one well-formed JSON object per size; the measured regions add up to no
-# more than the step they are part of (not a timing assertion: they are a subset of its work);
+# more than the step they are part of, within scheduling noise (each is the median of its own
+# timed loop);
 # the step issues 4 all-reduces of [B S, C] per block (none for the tied head's gradient); the
 # replicated activation bytes sequence parallelism would split, found from two tensor sizes,
 # equal what the layers save (per block 4 [B S, C] tensors, its output and 2 dropout masks, 2
@@ -28,7 +29,9 @@ for line, t in zip(lines, (2, 4)):
         assert math.isfinite(r[k]) and r[k] > 0, (k, r[k])
     parts = r["ln_ms"] + r["resid_ms"] + r["dropout_ms"] + r["head_gemm_ms"] + r["ce_ms"] + r["emb_ms"]
     assert abs(parts - r["parts_ms"]) <= 1e-3 * parts + 1e-3, (parts, r["parts_ms"])
-    assert r["parts_ms"] <= r["step_ms"], ("parts exceed the step", r["parts_ms"], r["step_ms"])
+    # Each region is a median of its own timed loop: their sum may exceed the step's median by
+    # scheduling noise (tp ranks as threads on 2 cores), not by a whole step.
+    assert r["parts_ms"] <= 1.25 * r["step_ms"] + 0.05, ("parts exceed the step", r["parts_ms"], r["step_ms"])
     assert r["step_allreduces"] == 4 * L, r["step_allreduces"]
     assert r["step_allreduce_floats"] == 4 * L * B * S * C, r["step_allreduce_floats"]
     assert r["sp_split_bytes"] == want_repl, (r["sp_split_bytes"], want_repl)

@@ -249,8 +249,10 @@ TEST_CASE("rings over tcp read all-gather chunks straight into the posted buffer
     CHECK(same);
     MESSAGE("rank ", r, ": chunks read straight into the posted buffer ",
             st[static_cast<size_t>(r)].chunks_read_direct);
-    CHECK(st[static_cast<size_t>(r)].chunks_read_direct > 0);
   }
+  // A rank that posts a receive after its chunks arrived stages them: on a loaded machine one
+  // rank may do so every time, never both.
+  CHECK(st[0].chunks_read_direct + st[1].chunks_read_direct > 0);
 }
 
 TEST_CASE("a rank failing during a pipelined ring step fails the others with CommError") {

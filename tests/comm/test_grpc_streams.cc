@@ -108,7 +108,7 @@ TEST_CASE("wire: reducing a frame's payload from its slices equals reducing it c
 }
 
 TEST_CASE("grpc streams: send_recv reduces into a posted buffer or from the mailbox alike") {
-  // Rank 0 posts at once; rank 1 only after 300 ms, when rank 0's message has long arrived. So
+  // Rank 0 posts at once; rank 1 only after 1 s, when rank 0's message has long arrived. So
   // rank 0 takes rank 1's message straight from the slices (direct) and rank 1 takes rank 0's
   // from its mailbox; both get the same reduction. 3 MiB + 12 bytes: several 1 MiB chunks and a
   // short last one.
@@ -124,7 +124,7 @@ TEST_CASE("grpc streams: send_recv reduces into a posted buffer or from the mail
     std::vector<std::thread> th;
     for (int r = 0; r < 2; ++r)
       th.emplace_back([&, r] {
-        if (r == 1) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        if (r == 1) std::this_thread::sleep_for(std::chrono::milliseconds(1000));
         const MsgHeader h{ch, 0, CommOp::kAllReduce, n * sizeof(float)};
         try {
           t[r]->send_recv(1 - r, h, send[r].data(), 1 - r, h, got[r].data(), &op, in(60));
@@ -183,7 +183,7 @@ TEST_CASE("mailbox: a chunk that is not float-aligned is refused by a posted rec
       err = e.what();
     }
   });
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the recv is posted
+  std::this_thread::sleep_for(std::chrono::milliseconds(1000));  // the recv is posted
   WireFrame f;
   f.src = 1;
   f.h = h;
@@ -376,7 +376,8 @@ TEST_CASE("mailbox: a recv giving up while a producer reads into its buffer wait
   auto now_ns = [] { return Clock::now().time_since_epoch().count(); };
   std::thread receiver([&] {
     try {
-      box.recv(MsgHeader{3, 0, CommOp::kAllGather, 8}, got.data(), nullptr, in(0.3));
+      // 2 s: the main thread must pin chunk 1 before the deadline, also on a loaded machine.
+      box.recv(MsgHeader{3, 0, CommOp::kAllGather, 8}, got.data(), nullptr, in(2));
     } catch (const CommError& e) {
       error = e.what();
     }

@@ -92,7 +92,9 @@ Fd tcp_listen(const std::string& host, int* port) {
       last = errno;
       continue;
     }
-    if (bind(fd.get(), a->ai_addr, a->ai_addrlen) != 0 || listen(fd.get(), 64) != 0) {
+    // The system's largest backlog: every peer connects at about the same moment (a 64-entry
+    // queue would drop SYNs of a large job, costing the dropped ones 1-3 s of retransmits).
+    if (bind(fd.get(), a->ai_addr, a->ai_addrlen) != 0 || listen(fd.get(), SOMAXCONN) != 0) {
       last = errno;
       continue;
     }
