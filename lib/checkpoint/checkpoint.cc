@@ -598,9 +598,19 @@ std::string checkpoint_file_name(int64_t step) {
   return "step-" + std::to_string(step) + ".safetensors";
 }
 
+namespace {
+
+// A checkpoints folder's step entries: step-<N>.safetensors files and step-<N> sharded folders;
+// group 1 is N (at most 18 digits, so std::stoll cannot overflow), group 2 the file extension.
+const std::regex& step_entry_re() {
+  static const std::regex re(R"(step-(\d{1,18})(\.safetensors)?)");
+  return re;
+}
+
+}  // namespace
+
 int64_t remove_orphaned_temp_files(const std::string& dir, bool include_step_folders) {
   static const std::regex tmp_re(R"(\..+\.tmp\.[A-Za-z0-9]{6})");
-  static const std::regex step_re(R"(step-\d+)");
   int64_t removed = 0;
   std::error_code ec;
   auto sweep = [&](const fs::path& d) {
@@ -614,21 +624,12 @@ int64_t remove_orphaned_temp_files(const std::string& dir, bool include_step_fol
   sweep(dir);
   if (include_step_folders)
     for (const auto& ent : fs::directory_iterator(dir, ec))
-      if (ent.is_directory(ec) && std::regex_match(ent.path().filename().string(), step_re))
-        sweep(ent.path());
+      if (const std::string name = ent.path().filename().string(); ent.is_directory(ec)) {
+        std::smatch m;
+        if (std::regex_match(name, m, step_entry_re()) && !m[2].matched) sweep(ent.path());
+      }
   return removed;
 }
-
-namespace {
-
-// A checkpoints folder's step entries: step-<N>.safetensors files and step-<N> sharded folders;
-// group 1 is N (at most 18 digits, so std::stoll cannot overflow), group 2 the file extension.
-const std::regex& step_entry_re() {
-  static const std::regex re(R"(step-(\d{1,18})(\.safetensors)?)");
-  return re;
-}
-
-}  // namespace
 
 void commit_checkpoint(const std::string& dir, const std::string& file_name, int64_t keep_last) {
   DT_CHECK_GE(keep_last, 1);
