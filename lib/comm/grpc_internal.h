@@ -37,8 +37,10 @@ inline constexpr uint64_t kGrpcMaxBufferedBytes = uint64_t{8} << 30;
 // A peer's abort reason (Heartbeat.aborted) is cut to this many bytes: it is only printed.
 inline constexpr size_t kMaxAbortNoticeBytes = 1024;
 // How long an aborting rank waits for its peers to acknowledge its abort notice before it
-// closes its connections (a dead or unreachable peer never acknowledges; this bounds the cost).
-inline constexpr auto kAbortNoticeWait = std::chrono::milliseconds(250);
+// closes its connections. Acknowledgements take about a millisecond; a dead peer's call fails
+// at once; only an unreachable one (a partition) costs the whole wait. Generous, so that a peer
+// slowed by a sanitizer or a loaded machine still hears why before it sees the closed sockets.
+inline constexpr auto kAbortNoticeWait = std::chrono::seconds(1);
 // Largest single frame a server accepts; chunk_bytes must stay below it.
 inline constexpr int kGrpcMaxFrameBytes = (64 << 20) + 4096;
 
