@@ -15,6 +15,7 @@
 #include "train/trainer.h"
 #include "util/check.h"
 #include "util/rng.h"
+#include "util/strings.h"
 
 namespace dtrain {
 namespace {
@@ -31,31 +32,6 @@ void check_options(const Config& cfg, const GenerateOptions& o) {
     throw UserError("--top-k must be in [0, 256] (0 = all bytes; got " + std::to_string(o.top_k) +
                     ")");
   if (o.seed < -1) throw UserError("--seed must be >= 0 (got " + std::to_string(o.seed) + ")");
-}
-
-// What a UTF-8 lead byte promises: the sequence length n (1..4; 0: not a lead byte) and the
-// allowed range of the second byte (no overlong forms, no surrogates, nothing above U+10FFFF).
-struct Utf8Lead {
-  size_t n = 0;
-  unsigned char lo = 0x80, hi = 0xBF;
-};
-
-Utf8Lead utf8_lead(unsigned char c) {
-  Utf8Lead l;
-  if (c < 0x80) {
-    l.n = 1;
-  } else if (c >= 0xC2 && c <= 0xDF) {
-    l.n = 2;
-  } else if (c >= 0xE0 && c <= 0xEF) {
-    l.n = 3;
-    if (c == 0xE0) l.lo = 0xA0;
-    if (c == 0xED) l.hi = 0x9F;
-  } else if (c >= 0xF0 && c <= 0xF4) {
-    l.n = 4;
-    if (c == 0xF0) l.lo = 0x90;
-    if (c == 0xF4) l.hi = 0x8F;
-  }
-  return l;
 }
 
 // The bytes s[i + 1, i + n) present so far are valid continuations of the lead s[i]; returns

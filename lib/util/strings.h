@@ -6,6 +6,32 @@
 
 namespace dtrain {
 
+// What a UTF-8 lead byte promises: the sequence length n (1 for ASCII, 2..4, or 0 when c cannot
+// start a sequence) and the allowed range [lo, hi] of the second byte, which excludes overlong
+// forms, UTF-16 surrogates and code points past U+10FFFF; later bytes are 0x80..0xBF.
+struct Utf8Lead {
+  size_t n = 0;
+  unsigned char lo = 0x80, hi = 0xbf;
+};
+
+inline Utf8Lead utf8_lead(unsigned char c) {
+  Utf8Lead l;
+  if (c < 0x80) {
+    l.n = 1;
+  } else if (c >= 0xc2 && c <= 0xdf) {
+    l.n = 2;
+  } else if (c >= 0xe0 && c <= 0xef) {
+    l.n = 3;
+    if (c == 0xe0) l.lo = 0xa0;
+    if (c == 0xed) l.hi = 0x9f;
+  } else if (c >= 0xf0 && c <= 0xf4) {
+    l.n = 4;
+    if (c == 0xf0) l.lo = 0x90;
+    if (c == 0xf4) l.hi = 0x8f;
+  }
+  return l;
+}
+
 // True when s is well-formed UTF-8 (what JSON text may hold: summary.json, metrics.jsonl and
 // manifests name paths, config.json holds config values): no stray or truncated sequences, no
 // overlong forms, no UTF-16 surrogates (U+D800..U+DFFF), nothing past U+10FFFF. The same rule as
@@ -18,29 +44,13 @@ inline bool valid_utf8(const std::string& s) {
       ++i;
       continue;
     }
-    // The sequence length, and the range of the second byte (which excludes overlong forms,
-    // surrogates and code points past U+10FFFF); later bytes are 0x80..0xBF.
-    size_t n = 0;
-    unsigned char lo = 0x80, hi = 0xbf;
-    if (c >= 0xc2 && c <= 0xdf) {
-      n = 2;
-    } else if (c >= 0xe0 && c <= 0xef) {
-      n = 3;
-      if (c == 0xe0) lo = 0xa0;
-      if (c == 0xed) hi = 0x9f;
-    } else if (c >= 0xf0 && c <= 0xf4) {
-      n = 4;
-      if (c == 0xf0) lo = 0x90;
-      if (c == 0xf4) hi = 0x8f;
-    } else {
-      return false;
-    }
-    if (i + n > s.size()) return false;
+    const Utf8Lead l = utf8_lead(c);
+    if (l.n == 0 || i + l.n > s.size()) return false;
     const auto c1 = static_cast<unsigned char>(s[i + 1]);
-    if (c1 < lo || c1 > hi) return false;
-    for (size_t k = 2; k < n; ++k)
+    if (c1 < l.lo || c1 > l.hi) return false;
+    for (size_t k = 2; k < l.n; ++k)
       if ((static_cast<unsigned char>(s[i + k]) >> 6) != 0x2) return false;
-    i += n;
+    i += l.n;
   }
   return true;
 }
