@@ -25,6 +25,15 @@ int64_t non_negative(const std::string& s) {
   return -1;
 }
 
+// The milliseconds of every `kind` fault of this rank (at point *at, when given), summed.
+int64_t sum_ms(const std::vector<Fault>& faults, const char* kind, int rank,
+               const std::string* at) {
+  int64_t ms = 0;
+  for (const auto& f : faults)
+    if (f.kind == kind && f.rank == rank && (at == nullptr || f.at == *at)) ms += f.ms;
+  return ms;
+}
+
 }  // namespace
 
 std::vector<Fault> parse_faults(const std::string& spec, int64_t attempt) {
@@ -109,24 +118,15 @@ bool fault_due_at(const std::vector<Fault>& faults, const std::string& kind, int
 }
 
 int64_t fault_stall_ms(const std::vector<Fault>& faults, int rank, const std::string& at) {
-  int64_t ms = 0;
-  for (const auto& f : faults)
-    if (f.kind == "stall_in_connect" && f.rank == rank && f.at == at) ms += f.ms;
-  return ms;
+  return sum_ms(faults, "stall_in_connect", rank, &at);
 }
 
 int64_t fault_delay_ms(const std::vector<Fault>& faults, int rank) {
-  int64_t ms = 0;
-  for (const auto& f : faults)
-    if (f.kind == "delay" && f.rank == rank) ms += f.ms;
-  return ms;
+  return sum_ms(faults, "delay", rank, nullptr);
 }
 
 int64_t fault_save_delay_ms(const std::vector<Fault>& faults, int rank) {
-  int64_t ms = 0;
-  for (const auto& f : faults)
-    if (f.kind == "slow_save" && f.rank == rank) ms += f.ms;
-  return ms;
+  return sum_ms(faults, "slow_save", rank, nullptr);
 }
 
 void die_by_fault(const std::string& what) {
