@@ -139,6 +139,16 @@ wire::Heartbeat Heartbeats::make_beat() const {
   return beat;
 }
 
+void Heartbeats::launch(int r, BeatCall& call, const wire::Heartbeat& beat,
+                        Clock::time_point deadline, std::function<void()> done) {
+  call.req = beat;
+  call.ctx.AddMetadata(kGrpcTokenKey, token_);
+  call.ctx.set_deadline(wall(deadline));
+  // The callback may run inline: nothing is locked here.
+  stubs_[r]->async()->Beat(&call.ctx, &call.req, &call.ack,
+                           [done = std::move(done)](const grpc::Status&) { done(); });
+}
+
 void Heartbeats::send_beats() {
   const auto now = Clock::now();
   const wire::Heartbeat beat = make_beat();
@@ -151,19 +161,14 @@ void Heartbeats::send_beats() {
       beats_->calls[r] = call;
       ++beats_->n;
     }
-    call->req = beat;
-    call->ctx.AddMetadata(kGrpcTokenKey, token_);
     // A beat older than heartbeat_s is worthless to the peer.
-    call->ctx.set_deadline(wall(now + secs_dur(heartbeat_s_)));
-    // The callback may run inline: nothing is locked here.
-    stubs_[r]->async()->Beat(&call->ctx, &call->req, &call->ack,
-                             [state = beats_, r](const grpc::Status&) {
-                               std::shared_ptr<BeatCall> done;
-                               std::lock_guard<std::mutex> lk(state->mu);
-                               done = std::move(state->calls[r]);
-                               --state->n;
-                               state->cv.notify_all();
-                             });
+    launch(r, *call, beat, now + secs_dur(heartbeat_s_), [state = beats_, r] {
+      std::shared_ptr<BeatCall> done;
+      std::lock_guard<std::mutex> lk(state->mu);
+      done = std::move(state->calls[r]);
+      --state->n;
+      state->cv.notify_all();
+    });
   }
 }
 
@@ -183,16 +188,12 @@ void Heartbeats::announce_abort(const std::string& why, const std::vector<int>& 
       ++beats_->n;
       ++beats_->notices_n;
     }
-    call->req = beat;
-    call->ctx.AddMetadata(kGrpcTokenKey, token_);
-    call->ctx.set_deadline(wall(now + wait));
-    stubs_[r]->async()->Beat(&call->ctx, &call->req, &call->ack,
-                             [state = beats_](const grpc::Status&) {
-                               std::lock_guard<std::mutex> lk(state->mu);
-                               --state->n;
-                               --state->notices_n;
-                               state->cv.notify_all();
-                             });
+    launch(r, *call, beat, now + wait, [state = beats_] {
+      std::lock_guard<std::mutex> lk(state->mu);
+      --state->n;
+      --state->notices_n;
+      state->cv.notify_all();
+    });
   }
   // The notices' calls stay referenced by beats_->notices (stop() cancels any left).
   std::unique_lock<std::mutex> lk(beats_->mu);

@@ -108,6 +108,10 @@ class Heartbeats {
   void send_beats();
   // This rank's beat (position and interval), as sent now.
   wire::Heartbeat make_beat() const;
+  // Sends `beat` to rank r as `call` (kept alive by the caller until done runs), with the job
+  // token and `deadline`; done runs once the call completes, perhaps inline, on any thread.
+  void launch(int r, BeatCall& call, const wire::Heartbeat& beat, Clock::time_point deadline,
+              std::function<void()> done);
   // Fails every peer not heard from for too long, judged from `baseline` on (when checking
   // started, or when this rank last got the CPU back after a stall).
   void check_peers(Clock::time_point now, Clock::time_point baseline);
