@@ -221,6 +221,7 @@ int cmd_run(const Config& cfg, const std::string& config_path, std::string out,
   StopRequest stop;
   InterruptGuard interrupts(stop, preempt_signal_number(cfg.train.preempt_signal));
   opts.stop = &stop;
+  end_with_launcher(env);  // after the guard: the launcher's death is a stop it handles
   const int64_t attempt = parse_restart_count(std::getenv("DTRAIN_RESTART_COUNT"));
   if (const char* f = std::getenv("DTRAIN_FAULT")) {
     opts.faults = parse_faults(f, attempt);

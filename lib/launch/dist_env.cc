@@ -2,12 +2,14 @@
 
 #include <fcntl.h>
 #include <sched.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <stdexcept>
@@ -17,6 +19,7 @@
 
 #include "util/check.h"
 #include "util/fs.h"
+#include "util/interrupt.h"
 
 extern char** environ;
 
@@ -275,6 +278,28 @@ DistEnv resolve_dist_env(const std::map<std::string, std::string>& env, int conf
   d.master_port = port.set ? port.value : 0;
   d.source = source;
   return d;
+}
+
+void end_with_launcher(const std::map<std::string, std::string>& env) {
+  const auto it = env.find(kLauncherPidEnv);
+  if (it == env.end()) return;
+  pid_t launcher = 0;
+  const char* end = it->second.data() + it->second.size();
+  if (std::from_chars(it->second.data(), end, launcher).ptr != end || launcher <= 1) {
+    spdlog::warn("{}='{}' is not a process id: this rank does not follow its launcher",
+                 kLauncherPidEnv, it->second);
+    return;
+  }
+  // Our stdout and stderr may be pipes the launcher reads: once it is gone, a write must fail
+  // (EPIPE) rather than kill this rank (SIGPIPE) before it stops cleanly.
+  std::signal(SIGPIPE, SIG_IGN);
+  if (::prctl(PR_SET_PDEATHSIG, launcher_gone_signal()) != 0) return;
+  if (::getppid() == launcher) return;  // from now on the kernel tells us
+  ::prctl(PR_SET_PDEATHSIG, 0);         // our parent is a wrapper, not the launcher
+  if (::kill(launcher, 0) != 0 && errno == ESRCH) {
+    spdlog::warn("the launcher (pid {}) is gone: stopping", launcher);
+    ::raise(launcher_gone_signal());
+  }
 }
 
 std::map<std::string, std::string> current_environment() {

@@ -77,6 +77,19 @@ DistEnv resolve_dist_env(const std::map<std::string, std::string>& env, int conf
 // getenv does.
 std::map<std::string, std::string> current_environment();
 
+// The variable through which `dtrain launch` tells its ranks its process id.
+inline constexpr char kLauncherPidEnv[] = "DTRAIN_LAUNCHER_PID";
+
+// A rank that `dtrain launch` started (kLauncherPidEnv names its parent) ends with it: the kernel
+// sends it launcher_gone_signal() (util/interrupt.h) if the launcher dies (SIGKILL, the OOM
+// killer), which InterruptGuard takes as the preemption signal (a checkpoint if configured, exit
+// 75), instead of training on, orphaned, into the launcher's output folder; SIGPIPE is ignored
+// (its console pipes may lead to the dead launcher). A launcher already gone before this call:
+// the same stop at once. Under a wrapper between launcher and rank (another parent, still
+// alive): nothing. Call while an InterruptGuard is alive (its destructor cancels the request).
+// Linux only; never throws.
+void end_with_launcher(const std::map<std::string, std::string>& env);
+
 // OpenBLAS threads for one rank when runtime.threads is 0: the cores shared by the ranks on this
 // machine, at least 1.
 int default_blas_threads(int cores, int local_world_size);

@@ -227,6 +227,7 @@ std::map<std::string, std::string> rank_environment(const LaunchOptions& o, cons
   base["MASTER_PORT"] = std::to_string(port);
   base["DTRAIN_JOB_TOKEN"] = token;
   base["DTRAIN_RESTART_COUNT"] = std::to_string(attempt);
+  base[kLauncherPidEnv] = std::to_string(::getpid());  // end_with_launcher
   if (plan.agent == nullptr)
     spdlog::info(
         "launching {} rank(s): master 127.0.0.1:{}, logs in {}/rank-<r>.log (rank 0 also "

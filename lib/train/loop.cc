@@ -561,9 +561,11 @@ nlohmann::json TrainLoop::run() {
       if (sig == preempt_sig) start_deadline(sig);
       if (lead_) {
         if (bar_) bar_->clear();
+        const bool orphaned = opts_.stop != nullptr && opts_.stop->launcher_gone.load();
         spdlog::warn(
-            "{}{}: stopping after step {}{}, then writing a checkpoint (again: stop at once)",
-            interrupt_signal_name(sig), sig == preempt_sig ? " (preemption)" : "", step_,
+            "{}{}{}: stopping after step {}{}, then writing a checkpoint (again: stop at once)",
+            orphaned ? "the launcher is gone, taken as " : "", interrupt_signal_name(sig),
+            sig == preempt_sig ? " (preemption)" : "", step_,
             in_sync ? "" : " at the next Local SGD synchronisation");
       }
     }

@@ -1,5 +1,6 @@
 #include "util/interrupt.h"
 
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -13,12 +14,16 @@ namespace {
 // The request the handler writes to: a process-wide slot because signal handlers take no
 // context. Only InterruptGuard sets it, one at a time.
 std::atomic<StopRequest*> g_request{nullptr};
+// The signal launcher_gone_signal() stands for; set with g_request.
+std::atomic<int> g_preempt_signal{SIGTERM};
 
 void on_interrupt(int sig) {
   StopRequest* req = g_request.load();
   if (req == nullptr) return;
   int expected = 0;
   if (req->signal.compare_exchange_strong(expected, sig)) return;  // first signal: stop softly
+  // The stop so far is the launcher's death: a person's first signal still stops softly.
+  if (req->launcher_gone.load() && !req->asked_after_launcher.exchange(true)) return;
   // A second signal: stop at once, with the status the signal's default action gives.
   struct sigaction dfl {};
   dfl.sa_handler = SIG_DFL;
@@ -27,11 +32,20 @@ void on_interrupt(int sig) {
   ::raise(sig);
 }
 
-bool install(int sig, struct sigaction* old) {
+// The launcher is gone, once or again: a stop by the preemption signal, never escalated.
+void on_launcher_gone(int) {
+  StopRequest* req = g_request.load();
+  if (req == nullptr) return;
+  int expected = 0;
+  if (req->signal.compare_exchange_strong(expected, g_preempt_signal.load()))
+    req->launcher_gone.store(true);
+}
+
+bool install(int sig, struct sigaction* old, void (*handler)(int) = on_interrupt) {
   DT_CHECK_EQ(::sigaction(sig, nullptr, old), 0);
   if (old->sa_handler == SIG_IGN) return false;  // nohup and friends: stay ignored
   struct sigaction sa {};
-  sa.sa_handler = on_interrupt;
+  sa.sa_handler = handler;
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = SA_RESTART;  // reads, writes and waits go on; the loop polls the request
   DT_CHECK_EQ(::sigaction(sig, &sa, nullptr), 0);
@@ -46,16 +60,28 @@ InterruptGuard::InterruptGuard(StopRequest& req, int preempt_signal) {
   StopRequest* expected = nullptr;
   DT_CHECK_MSG(g_request.compare_exchange_strong(expected, &req),
                "only one InterruptGuard may be alive at a time");
+  g_preempt_signal.store(preempt_signal);
   int_installed_ = install(SIGINT, &old_int_);
   term_installed_ = install(SIGTERM, &old_term_);
   if (preempt_signal == SIGUSR1) usr1_installed_ = install(SIGUSR1, &old_usr1_);
+  gone_installed_ = install(launcher_gone_signal(), &old_gone_, on_launcher_gone);
 }
 
 InterruptGuard::~InterruptGuard() {
   if (int_installed_) ::sigaction(SIGINT, &old_int_, nullptr);
   if (term_installed_) ::sigaction(SIGTERM, &old_term_, nullptr);
   if (usr1_installed_) ::sigaction(SIGUSR1, &old_usr1_, nullptr);
+  if (gone_installed_) {
+    // A launcher that dies from now on must not end the process by the signal's default action
+    // while it finishes: the kernel is told to send nothing (a no-op where nothing was asked).
+    ::prctl(PR_SET_PDEATHSIG, 0);
+    ::sigaction(launcher_gone_signal(), &old_gone_, nullptr);
+  }
   g_request.store(nullptr);
+}
+
+int launcher_gone_signal() {
+  return SIGRTMIN + 4;
 }
 
 const char* interrupt_signal_name(int sig) {

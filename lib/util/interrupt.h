@@ -32,14 +32,29 @@ inline constexpr int kExitPreempted = 75;
 // Lock-free, so the signal handler may store into it.
 struct StopRequest {
   std::atomic<int> signal{0};
+  // The stop came from launcher_gone_signal(): no person asked, so the next SIGINT or SIGTERM
+  // counts as a first request (it does not end the process at once).
+  std::atomic<bool> launcher_gone{false};
+  std::atomic<bool> asked_after_launcher{false};
   static_assert(std::atomic<int>::is_always_lock_free);
+  static_assert(std::atomic<bool>::is_always_lock_free);
 };
+
+// The signal the kernel sends a rank of `dtrain launch` when its launcher dies (PR_SET_PDEATHSIG,
+// lib/launch/dist_env.h end_with_launcher): SIGRTMIN + 4, which no library dtrain links uses.
+// Not SIGTERM itself: the kernel sends the parent-death signal each time it re-parents the rank,
+// first to the dying launcher's next live thread, then to init, so a multi-threaded launcher's
+// SIGKILL delivers it two or more times within a millisecond, and a second SIGTERM would end the
+// rank at once, without its checkpoint and summary. InterruptGuard takes this signal as the
+// preemption signal, however often it comes.
+int launcher_gone_signal();
 
 // Installs the handlers for SIGINT, SIGTERM and `preempt_signal` (SIGTERM or SIGUSR1) for its
 // lifetime (the previous dispositions are
 // restored on destruction; signals ignored on entry, e.g. by nohup, stay ignored). The first
 // signal sets `req` and is logged by the training loop; the second restores the default action
 // and re-raises, so the process ends at once with the usual status (killed by SIGINT/SIGTERM).
+// launcher_gone_signal() is handled too, as a request by `preempt_signal` that never escalates.
 class InterruptGuard {
  public:
   explicit InterruptGuard(StopRequest& req, int preempt_signal = SIGTERM);
@@ -49,8 +64,9 @@ class InterruptGuard {
 
  private:
   struct sigaction old_int_ {
-  }, old_term_{}, old_usr1_{};
-  bool int_installed_ = false, term_installed_ = false, usr1_installed_ = false;
+  }, old_term_{}, old_usr1_{}, old_gone_{};
+  bool int_installed_ = false, term_installed_ = false, usr1_installed_ = false,
+       gone_installed_ = false;
 };
 
 // "SIGINT", "SIGTERM", "SIGUSR1", or "a signal".

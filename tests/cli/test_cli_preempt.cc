@@ -15,6 +15,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -267,4 +268,46 @@ TEST_CASE("SIGKILL in the middle of an asynchronous write: the previous checkpoi
     CHECK_FALSE(fs::exists(cut + "/checkpoints/step-40/manifest.json"));
     resume_matches(args, ref, cut, 20);
   }
+}
+
+namespace {
+
+// Processes whose environment names `launcher` as their launcher (DTRAIN_LAUNCHER_PID).
+std::vector<int> ranks_of_launcher(int launcher) {
+  std::vector<int> pids;
+  const std::string want = std::string("DTRAIN_LAUNCHER_PID=") + std::to_string(launcher);
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const std::string name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream f(e.path() / "environ", std::ios::binary);
+    std::string var;
+    while (std::getline(f, var, '\0'))
+      if (var == want) pids.push_back(std::stoi(name));
+  }
+  return pids;
+}
+
+}  // namespace
+
+TEST_CASE("ranks whose dtrain launch is SIGKILLed stop instead of training on orphaned") {
+  TempDir dir;
+  const std::string cfg = dir.write("cfg.yaml", kCfg);
+  const std::string out = dir / "run";
+  // 50 ms steps: 1000 steps would take 50 s.
+  Child c("DTRAIN_FAULT=delay:rank=0:ms=50,delay:rank=1:ms=50 exec " + kBin + " launch --nproc 2 " +
+              cfg + " --set distributed.world_size=2 --out " + out,
+          dir / "launch.log");
+  REQUIRE(wait_until([&] { return fs::exists(out + "/checkpoints/latest"); }, 60));
+  const std::vector<int> ranks = ranks_of_launcher(c.pid());
+  REQUIRE_MESSAGE(ranks.size() == 2, read_text(dir / "launch.log"));
+  c.signal(SIGKILL);
+  CHECK(c.wait(10) == 128 + SIGKILL);
+  // The kernel's SIGTERM stops both ranks as a preemption would: at one step, soon.
+  CHECK_MESSAGE(wait_until([&] { return ranks_of_launcher(c.pid()).empty(); }, 20),
+                read_text(out + "/logs/rank-1.log"));
+  // Rank 0 (its console pipes led to the dead launcher) wrote its summary and checkpoint.
+  REQUIRE(fs::exists(out + "/summary.json"));
+  const auto s = nlohmann::json::parse(read_text(out + "/summary.json"));
+  CHECK(s["interrupted_by"] == "SIGTERM");
+  CHECK(latest_of(out) == "step-" + std::to_string(s["steps"].get<int64_t>()) + ".safetensors");
 }

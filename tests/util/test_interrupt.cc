@@ -1,0 +1,61 @@
+// InterruptGuard's rules, with real signals raised in this process: the first SIGTERM asks for a
+// soft stop; the launcher's death signal is a preemption request however often it comes (the
+// kernel sends it once per re-parenting); a person's signal after it still stops softly.
+#include <doctest/doctest.h>
+#include <sys/prctl.h>
+
+#include <csignal>
+
+#include "util/interrupt.h"
+
+using namespace dtrain;
+
+TEST_CASE("interrupts: the first SIGTERM asks for a soft stop and is remembered") {
+  StopRequest req;
+  InterruptGuard g(req);
+  CHECK(req.signal.load() == 0);
+  REQUIRE(::raise(SIGTERM) == 0);
+  CHECK(req.signal.load() == SIGTERM);
+  CHECK_FALSE(req.launcher_gone.load());
+}
+
+TEST_CASE("interrupts: the launcher's death signal, sent again and again, never escalates") {
+  for (const int preempt : {SIGTERM, SIGUSR1}) {
+    CAPTURE(preempt);
+    StopRequest req;
+    InterruptGuard g(req, preempt);
+    // Three deliveries, as a launcher with several threads causes: still alive, one request.
+    for (int i = 0; i < 3; ++i) REQUIRE(::raise(launcher_gone_signal()) == 0);
+    CHECK(req.signal.load() == preempt);
+    CHECK(req.launcher_gone.load());
+    // Someone then sends SIGINT: the first a person sent, so a soft stop too (no re-raise, or
+    // this test would be killed here).
+    REQUIRE(::raise(SIGINT) == 0);
+    CHECK(req.signal.load() == preempt);
+    CHECK(req.asked_after_launcher.load());
+  }
+}
+
+TEST_CASE("interrupts: the launcher's death signal after a person's stop changes nothing") {
+  StopRequest req;
+  InterruptGuard g(req);
+  REQUIRE(::raise(SIGINT) == 0);
+  REQUIRE(::raise(launcher_gone_signal()) == 0);
+  CHECK(req.signal.load() == SIGINT);
+  CHECK_FALSE(req.launcher_gone.load());
+}
+
+TEST_CASE("interrupts: a guard's end asks the kernel for no parent-death signal") {
+  {
+    StopRequest req;
+    InterruptGuard g(req);
+    REQUIRE(::prctl(PR_SET_PDEATHSIG, launcher_gone_signal()) == 0);
+  }
+  int sig = -1;
+  REQUIRE(::prctl(PR_GET_PDEATHSIG, &sig) == 0);
+  CHECK(sig == 0);
+  // Its handler is gone too: the disposition is what it was (the default) before the guard.
+  struct sigaction now {};
+  REQUIRE(::sigaction(launcher_gone_signal(), nullptr, &now) == 0);
+  CHECK((now.sa_handler == SIG_DFL));
+}
