@@ -140,19 +140,45 @@ std::vector<double> nice_ticks(double lo, double hi, int target) {
 std::string tick_label(double v, double step, double scale) {
   v *= scale;
   step = std::fabs(step * scale);
-  const char* suffix = "";
-  if (step >= 1000) {
+  if (step > 0 && std::fabs(v) < step * 1e-9) return "0";
+  char buf[64];
+  // Steps of 10^15 and above or below 10^-4 (losses that diverged, tiny learning rates): a
+  // mantissa with the digits the step needs and a short exponent, e.g. "2.5e15", "3e-7".
+  if (step >= 1e15 || (step > 0 && step < 1e-4)) {
+    // Significant digits: from v's leading digit down to the step's last one (2.5e17 has two).
+    const double step_exp = std::floor(std::log10(step) + 1e-9);
+    int step_digits = 0;
+    for (double m = step / std::pow(10.0, step_exp);
+         step_digits < 6 && std::fabs(m - std::round(m)) > 1e-6 * m; m *= 10)
+      ++step_digits;
+    const int digits =
+        static_cast<int>(std::floor(std::log10(std::fabs(v)) + 1e-9) - step_exp) + 1 + step_digits;
+    std::snprintf(buf, sizeof buf, "%.*e", std::clamp(digits, 1, 9) - 1, v);
+    std::string t = buf;  // "2.50e+15": drop the mantissa's trailing zeros and the exponent's '+'
+    const size_t e = t.find('e');
+    std::string m = t.substr(0, e), x = t.substr(e + 1);
+    if (m.find('.') != std::string::npos) {
+      while (m.back() == '0') m.pop_back();
+      if (m.back() == '.') m.pop_back();
+    }
+    const bool neg = x[0] == '-';
+    x = x.substr(1);
+    while (x.size() > 1 && x[0] == '0') x.erase(0, 1);
+    return m + "e" + (neg ? "-" : "") + x;
+  }
+  // Thousands, millions, ...: the suffix of the step's magnitude.
+  static const char* const kSuffix[] = {"", "k", "M", "G", "T"};
+  int power = 0;
+  while (power < 4 && step >= 1000) {
     v /= 1000;
     step /= 1000;
-    suffix = "k";
+    ++power;
   }
-  if (step > 0 && std::fabs(v) < step * 1e-9) return "0";
   int decimals = 0;
   for (double s = step; decimals < 9 && std::fabs(s - std::round(s)) > 1e-6 * std::max(1.0, s);
        s *= 10)
     ++decimals;
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.*f%s", decimals, v, suffix);
+  std::snprintf(buf, sizeof buf, "%.*f%s", decimals, v, kSuffix[power]);
   return buf;
 }
 

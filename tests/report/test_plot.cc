@@ -169,6 +169,22 @@ TEST_CASE("tick labels use the decimals the step needs") {
   CHECK(tick_label(12500, 2500) == "12.5k");
   CHECK(tick_label(0, 2500) == "0");
   CHECK(tick_label(-1e-17, 0.1) == "0");
+  // Large and tiny magnitudes stay short: SI suffixes up to T, then a short exponent.
+  CHECK(tick_label(2.5e6, 5e5) == "2500k");  // the step's magnitude picks the suffix
+  CHECK(tick_label(1.5e7, 5e6) == "15M");
+  CHECK(tick_label(3e9, 1e9) == "3G");
+  CHECK(tick_label(6e12, 2e12) == "6T");
+  CHECK(tick_label(2.5e15, 5e14) == "2500T");
+  CHECK(tick_label(1.5e16, 5e15) == "1.5e16");
+  CHECK(tick_label(3e20, 1e20) == "3e20");
+  CHECK(tick_label(-1.25e18, 2.5e17) == "-1.25e18");
+  CHECK(tick_label(1e18, 2.5e17) == "1e18");
+  CHECK(tick_label(3e-7, 1e-7) == "3e-7");
+  CHECK(tick_label(1.5e-5, 5e-6) == "1.5e-5");
+  CHECK(tick_label(0.0002, 1e-4) == "0.0002");
+  for (double step : {1e-12, 1e-6, 0.001, 1.0, 1e4, 1e9, 1e16, 1e300})
+    for (int k : {-7, 1, 3, 9})
+      CHECK_MESSAGE(tick_label(k * step, step).size() <= 9, k * step, " ", step);
 }
 
 TEST_CASE("read_run reads train and eval records, skips nulls and keeps a resume in order") {
