@@ -202,6 +202,16 @@ int finish_run(const nlohmann::json& s, const std::string& out_dir) {
   return kExitOk;
 }
 
+// A resume with nothing to train into an --out folder this run created leaves no folder behind:
+// removes what the run wrote there (config.json, an empty checkpoints/) and the folder, and only
+// those, so anything else found in it stays.
+void remove_unused_out_dir(const std::string& dir) {
+  std::error_code ec;
+  fs::remove(fs::path(dir) / "config.json", ec);
+  fs::remove(fs::path(dir) / "checkpoints", ec);  // only if empty
+  fs::remove(dir, ec);                            // only if empty
+}
+
 int cmd_run(const Config& cfg, const std::string& config_path, std::string out,
             const std::string& resume, bool overwrite, const std::string& trace, bool no_progress,
             bool no_eval, const DistOverrides& flags) {
@@ -217,6 +227,7 @@ int cmd_run(const Config& cfg, const std::string& config_path, std::string out,
     check_resume_target(resume, opts.out_dir);
   // logs/ belongs to whatever launcher started this rank (dtrain launch, scripts/slurm.sbatch,
   // launch_local.sh), which may be writing to it now: only `dtrain launch --overwrite` clears it.
+  const bool new_out_dir = !fs::exists(opts.out_dir);
   prepare_out_dir(opts.out_dir, !resume.empty(), overwrite, /*clear_logs=*/false);
   StopRequest stop;
   InterruptGuard interrupts(stop, preempt_signal_number(cfg.train.preempt_signal));
@@ -237,7 +248,10 @@ int cmd_run(const Config& cfg, const std::string& config_path, std::string out,
     if (de.rank != 0) return run_exit_code(s);  // only rank 0 reports; same exit code
     return finish_run(s, opts.out_dir);
   }
-  return finish_run(run_training(cfg, opts), opts.out_dir);
+  const nlohmann::json s = run_training(cfg, opts);
+  if (new_out_dir && s.value("status", std::string()) == "nothing_to_do")
+    remove_unused_out_dir(opts.out_dir);
+  return finish_run(s, opts.out_dir);
 }
 
 int cmd_eval(const Config& cfg, const std::string& ckpt) {

@@ -202,6 +202,19 @@ TEST_CASE("an output folder holding a run is refused without --resume or --overw
   CHECK(r.exit_code == 0);
   CHECK_MESSAGE(contains(r.output, "nothing to train"), r.output);
   CHECK(contains(r.output, "raise train.max_steps"));
+  // The same into a new folder: nothing is trained, so no folder is left behind; a folder that
+  // already held something keeps it.
+  const std::string fresh = dir / "fresh", held = dir / "held";
+  const std::string resume = kBin + " run " + cfg + " --set train.max_steps=40 --resume " + out;
+  r = run_cmd(resume + "/checkpoints/latest --out " + fresh);
+  CHECK_MESSAGE(r.exit_code == 0, r.output);
+  CHECK(contains(r.output, "nothing to train"));
+  CHECK_FALSE(std::filesystem::exists(fresh));
+  std::filesystem::create_directories(held);
+  dir.write("held/notes.txt", "mine");
+  r = run_cmd(resume + "/checkpoints/latest --out " + held);
+  CHECK_MESSAGE(r.exit_code == 0, r.output);
+  CHECK(read_text(held + "/notes.txt") == "mine");
 }
 
 TEST_CASE("resume keeps one run per folder and survives a lost latest file") {
