@@ -60,7 +60,9 @@ inline void check_same_state(const StFile& a, const StFile& b, const std::string
 
 // `sh -c cmd` as a child with stdout and stderr to `log` and SIGINT/SIGTERM at their default
 // actions (a test runner may have them ignored), so the test can signal it as a terminal or a
-// cluster scheduler would. `exec` in cmd makes the signalled process dtrain itself.
+// cluster scheduler would. `exec` in cmd makes the signalled process dtrain itself. The child
+// leads a process group of its own, and the destructor kills that whole group, so a test that
+// fails midway leaves no launcher's ranks behind.
 class Child {
  public:
   Child(const std::string& cmd, const std::string& log) {
@@ -75,7 +77,8 @@ class Child {
     sigaddset(&def, SIGINT);
     sigaddset(&def, SIGTERM);
     posix_spawnattr_setsigdefault(&at, &def);
-    posix_spawnattr_setflags(&at, POSIX_SPAWN_SETSIGDEF);
+    posix_spawnattr_setpgroup(&at, 0);
+    posix_spawnattr_setflags(&at, POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETPGROUP);
     const char* argv[] = {"/bin/sh", "-c", cmd.c_str(), nullptr};
     const int rc = posix_spawn(&pid_, "/bin/sh", &fa, &at, const_cast<char* const*>(argv), environ);
     posix_spawn_file_actions_destroy(&fa);
@@ -83,6 +86,7 @@ class Child {
     REQUIRE_MESSAGE(rc == 0, "posix_spawn failed");
   }
   ~Child() {
+    if (pid_ > 0) ::kill(-pid_, SIGKILL);  // the group outlives its leader while members live
     if (pid_ > 0 && !reaped_) {
       ::kill(pid_, SIGKILL);
       int st = 0;
