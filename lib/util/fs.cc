@@ -19,6 +19,48 @@
 
 namespace dtrain {
 
+namespace {
+
+// Where write_file_atomic puts `path`'s bytes. A symlink is followed (the file it names is
+// replaced, as a shell's `>` would; renaming over the link would replace the link itself), and
+// a path that names something other than a regular file or folder (a character device such as
+// /dev/null or a terminal, a FIFO, a socket) is written into in place: renaming a temp file over
+// it would replace the device node itself (as root, /dev/null).
+struct OutputTarget {
+  std::string path;
+  bool in_place = false;
+};
+
+OutputTarget output_target(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode))
+    return {path, true};
+  // Follows links one by one (a dangling one names the file to create), at most 40 as the kernel.
+  namespace fs = std::filesystem;
+  fs::path p(path);
+  std::error_code ec;
+  for (int hops = 0; hops < 40 && fs::is_symlink(fs::symlink_status(p, ec)); ++hops) {
+    const fs::path next = fs::read_symlink(p, ec);
+    if (ec) break;
+    p = next.is_absolute() ? next : p.parent_path() / next;
+  }
+  return {p.string(), false};
+}
+
+void write_in_place(const std::string& path, const std::function<void(int fd)>& writer) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+  if (fd < 0) throw std::runtime_error("cannot open '" + path + "': " + std::strerror(errno));
+  try {
+    writer(fd);
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+  if (::close(fd) != 0) throw std::runtime_error("close '" + path + "': " + std::strerror(errno));
+}
+
+}  // namespace
+
 std::string read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw UserError("cannot read '" + path + "': " + std::strerror(errno));
@@ -47,9 +89,13 @@ std::string output_file_problem(const std::string& path) {
   struct stat st {};
   if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
     return "is a directory (give a file name)";
-  const std::string parent = std::filesystem::path(path).has_parent_path()
-                                 ? std::filesystem::path(path).parent_path().string()
-                                 : ".";
+  const OutputTarget out = output_target(path);
+  if (out.in_place)  // a device, FIFO or socket: written into, so it must take writes
+    return ::access(out.path.c_str(), W_OK) == 0
+               ? ""
+               : std::string("cannot be written: ") + std::strerror(errno);
+  const std::filesystem::path real(out.path);
+  const std::string parent = real.has_parent_path() ? real.parent_path().string() : ".";
   if (::stat(parent.c_str(), &st) != 0) return "is in '" + parent + "', which does not exist";
   if (!S_ISDIR(st.st_mode)) return "is in '" + parent + "', which is not a directory";
   if (::access(parent.c_str(), W_OK | X_OK) != 0)
@@ -70,8 +116,12 @@ void write_all(int fd, const void* data, size_t len, const std::string& what) {
   }
 }
 
-void write_file_atomic_with(const std::string& path, const std::function<void(int fd)>& writer) {
+void write_file_atomic_with(const std::string& requested,
+                            const std::function<void(int fd)>& writer) {
   namespace fs = std::filesystem;
+  const OutputTarget out = output_target(requested);
+  if (out.in_place) return write_in_place(out.path, writer);
+  const std::string& path = out.path;
   const fs::path target(path);
   const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
   std::string base = ".";

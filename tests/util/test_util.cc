@@ -1,10 +1,13 @@
 #include <doctest/doctest.h>
 
 #include <stdlib.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <set>
+#include <thread>
 
 #include "util/check.h"
 #include "util/fs.h"
@@ -80,6 +83,49 @@ TEST_CASE("write_file_atomic replaces whole files and keeps the old one on failu
   CHECK(files == 1);
   CHECK_THROWS_AS(read_file(std::string(tmpl) + "/missing"), UserError);
   std::filesystem::remove_all(tmpl);
+}
+
+TEST_CASE("write_file_atomic writes through symlinks and into devices and FIFOs, never over them") {
+  namespace fs = std::filesystem;
+  char tmpl[] = "/tmp/dtrain_util_XXXXXX";
+  REQUIRE(mkdtemp(tmpl) != nullptr);
+  const fs::path d(tmpl);
+  // A symlink: the file it names gets the bytes, the link stays a link.
+  write_file_atomic((d / "real.txt").string(), "old");
+  fs::create_symlink("real.txt", d / "link.txt");
+  CHECK(output_file_problem((d / "link.txt").string()).empty());
+  write_file_atomic((d / "link.txt").string(), "new");
+  CHECK(fs::is_symlink(d / "link.txt"));
+  CHECK(read_file((d / "real.txt").string()) == "new");
+  // A dangling symlink: its target is created.
+  fs::create_symlink("made.txt", d / "dangling.txt");
+  write_file_atomic((d / "dangling.txt").string(), "made");
+  CHECK(fs::is_symlink(d / "dangling.txt"));
+  CHECK(read_file((d / "made.txt").string()) == "made");
+  // A FIFO: its reader receives the bytes; it stays a FIFO.
+  const std::string fifo = (d / "fifo").string();
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  CHECK(output_file_problem(fifo).empty());
+  std::string got;
+  std::thread reader([&] { got = read_file(fifo); });
+  write_file_atomic(fifo, "through the pipe");
+  reader.join();
+  CHECK(got == "through the pipe");
+  CHECK(fs::is_fifo(fifo));
+  // A character device node (the null device, made here; needs root, as CI runs): written into,
+  // still a device afterwards. Renaming over it is how `--trace /dev/null` destroyed /dev/null.
+  const std::string dev = (d / "null").string();
+  if (::mknod(dev.c_str(), S_IFCHR | 0666, makedev(1, 3)) == 0) {
+    write_file_atomic(dev, "discarded");
+    CHECK(fs::is_character_file(dev));
+  } else {
+    MESSAGE("mknod not permitted here: the device case is skipped");
+  }
+  // Nothing else was left in the folder (no temp files).
+  std::set<std::string> names;
+  for (const auto& e : fs::directory_iterator(d)) names.insert(e.path().filename().string());
+  CHECK(names.size() == (fs::exists(dev) ? 6u : 5u));
+  fs::remove_all(d);
 }
 
 TEST_CASE("fnv1a_hex is the 64-bit FNV-1a") {
