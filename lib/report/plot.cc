@@ -66,7 +66,7 @@ RunSeries read_run(const std::string& run_dir) {
     nlohmann::json j;
     try {
       j = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::parse_error& e) {
+    } catch (const nlohmann::json::exception& e) {  // a syntax error, a number overflow (1e999)
       std::string msg = e.what();
       const size_t cut = msg.find("] ");  // drop nlohmann's "[json.exception.parse_error.101] "
       if (cut != std::string::npos) msg = msg.substr(cut + 2);
@@ -95,11 +95,20 @@ RunSeries read_run(const std::string& run_dir) {
 // ---------------------------------------------------------------------------------------------
 // Axes
 
+// The largest magnitude an axis reaches (see nice_ticks).
+constexpr double kMaxAxis = 1e300;
+
 std::vector<double> nice_ticks(double lo, double hi, int target) {
   DT_CHECK_MSG(std::isfinite(lo) && std::isfinite(hi), "axis range " << lo << ".." << hi);
   if (hi < lo) std::swap(lo, hi);
+  // Extreme data (a hand-edited file, a loss near DBL_MAX) still gets an axis: the range stays
+  // within +-kMaxAxis, where its arithmetic cannot overflow (the panels clamp what they draw to
+  // it), and a degenerate range too small to widen by a tenth (subnormals) widens by 1.
+  lo = std::clamp(lo, -kMaxAxis, kMaxAxis);
+  hi = std::clamp(hi, -kMaxAxis, kMaxAxis);
   if (hi - lo <= 1e-12 * std::max(1.0, std::fabs(hi))) {
-    const double d = lo == 0 ? 1.0 : std::fabs(lo) * 0.1;
+    double d = lo == 0 ? 1.0 : std::fabs(lo) * 0.1;
+    if (d < 1e-290) d = 1.0;
     lo -= d;
     hi += d;
   }
@@ -109,9 +118,9 @@ std::vector<double> nice_ticks(double lo, double hi, int target) {
   const double range = hi - lo;
   const double e0 = std::floor(std::log10(range / target));
   double step = 0, first = 0, last = 0, best = INFINITY;
-  for (double e = e0 - 1; e <= e0 + 1; ++e)
+  for (int de = -1; de <= 1; ++de)
     for (double m : {1.0, 2.0, 2.5, 5.0}) {
-      const double st = m * std::pow(10.0, e);
+      const double st = m * std::pow(10.0, e0 + de);
       // The small slack keeps a bound that is a multiple of st (up to rounding) from adding a
       // tick.
       const double f = std::floor(lo / st + 1e-9) * st, l = std::ceil(hi / st - 1e-9) * st;
@@ -142,6 +151,10 @@ std::string tick_label(double v, double step, double scale) {
   step = std::fabs(step * scale);
   if (step > 0 && std::fabs(v) < step * 1e-9) return "0";
   char buf[64];
+  if (!std::isfinite(v) || !std::isfinite(step) || step == 0) {  // scaled beyond DBL_MAX
+    std::snprintf(buf, sizeof buf, "%.3g", v);
+    return buf;
+  }
   // Steps of 10^15 and above or below 10^-4 (losses that diverged, tiny learning rates): a
   // mantissa with the digits the step needs and a short exponent, e.g. "2.5e15", "3e-7".
   if (step >= 1e15 || (step > 0 && step < 1e-4)) {
@@ -316,8 +329,13 @@ void draw_panel(Scene& sc, double x0, double y0, double w, double h, const Panel
   const double px0 = x0 + kLabelFont + 10 + label_w + 8;
   const double px1 = x0 + w - 12;
   const double pw = px1 - px0, ph = py1 - py0;
-  const auto X = [&](double v) { return px0 + (v - xa.lo) / (xa.hi - xa.lo) * pw; };
-  const auto Y = [&](double v) { return py1 - (v - ya.lo) / (ya.hi - ya.lo) * ph; };
+  // Clamped to the axes, which hold every value below kMaxAxis (and clip those above).
+  const auto X = [&](double v) {
+    return px0 + (std::clamp(v, xa.lo, xa.hi) - xa.lo) / (xa.hi - xa.lo) * pw;
+  };
+  const auto Y = [&](double v) {
+    return py1 - (std::clamp(v, ya.lo, ya.hi) - ya.lo) / (ya.hi - ya.lo) * ph;
+  };
 
   sc.text(px0, y0 + 16, spec.title, 14, kInk, Anchor::kStart, true);  // over the plot area
 

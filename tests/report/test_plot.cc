@@ -240,6 +240,36 @@ TEST_CASE("read_run errors name the folder or FILE:LINE") {
   CHECK(contains(message(dir / "bad"), "no data points"));
   dir.write("bad/metrics.jsonl", "");
   CHECK(contains(message(dir / "bad"), "no data points"));
+  dir.write("bad/metrics.jsonl", train_line(1, "1") + train_line(2, "1e999") + "\n");
+  CHECK(contains(message(dir / "bad"), "metrics.jsonl:2: malformed JSON: number overflow"));
+}
+
+TEST_CASE("extreme values (subnormal, near DBL_MAX) give an axis and a plot, never a hang") {
+  // Each of these spun forever in the axis code.
+  for (const auto& [lo, hi] : std::vector<std::pair<double, double>>{{5e-324, 5e-324},
+                                                                     {1.7e308, 1.7e308},
+                                                                     {-1.7e308, -1.7e308},
+                                                                     {-1.7e308, 1.7e308},
+                                                                     {0, 1.7e308},
+                                                                     {1e-310, 2e-310},
+                                                                     {-1e308, 1}}) {
+    CAPTURE(lo);
+    CAPTURE(hi);
+    const auto t = nice_ticks(lo, hi, 6);
+    REQUIRE(t.size() >= 2);
+    REQUIRE(t.size() <= 17);
+    for (double v : t) CHECK(std::isfinite(v));
+  }
+  TempDir dir;
+  std::filesystem::create_directories(dir / "x");
+  for (const std::string v : {"5e-324", "1.7e308", "-1.7e308"}) {
+    dir.write("x/metrics.jsonl", "{\"kind\":\"train\",\"step\":1,\"loss\":" + v +
+                                     "}\n{\"kind\":\"eval\",\"step\":" + v +
+                                     ",\"test_accuracy\":1e308}\n");
+    const std::string svg = render_svg({read_run(dir / "x")}, PlotOptions{});
+    CHECK_MESSAGE(xml_problem(svg) == "", v);
+    CHECK(render_png({read_run(dir / "x")}, PlotOptions{}).size() > 0);
+  }
 }
 
 TEST_CASE("SVG is well-formed with one curve per run per panel, labels escaped") {
