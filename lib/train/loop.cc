@@ -130,6 +130,7 @@ bool TrainLoop::resume() {
       step_ = rp_.step;
       epoch_ = rp_.epoch;
       batch_ = resumed_batch_index();
+      plan_.total_steps = resumed_total_steps();
       strategy_->optimizer().set_step_count(rp_.optimizer_steps);
       last_ckpt_step_ = step_;
       if (GradReducer* r = strategy_->reducer())
@@ -165,6 +166,32 @@ int64_t TrainLoop::resumed_batch_index() const {
             ? std::string()
             : fmt::format(" ({} samples of the partial batch are seen again)", seen % now));
   return k;
+}
+
+// train.epochs counts from where the checkpoint stands: the rest of its epoch, then whole epochs,
+// in this run's steps. epochs x steps per epoch would count the steps already taken at the
+// checkpoint's global batch as if they were this run's: a larger batch (fewer steps per epoch)
+// ended the run epochs early, a smaller one ran past train.epochs. The same as epochs x steps
+// per epoch when the global batch and grad_accum_steps are unchanged. train.max_steps still caps
+// the absolute step.
+int64_t TrainLoop::resumed_total_steps() const {
+  if (cfg_.train.epochs <= 0) return plan_.total_steps;
+  // The checkpoint's place in train.epochs: epoch e, with b of its batches done.
+  int64_t e = epoch_, b = batch_;
+  if (b >= bpe_) {
+    ++e;
+    b = 0;
+  }
+  int64_t end = step_;
+  if (e < cfg_.train.epochs) {
+    const int64_t rest_of_epoch = (bpe_ - b + plan_.accum - 1) / plan_.accum;
+    int64_t whole = 0;
+    if (__builtin_mul_overflow(cfg_.train.epochs - e - 1, plan_.steps_per_epoch, &whole) ||
+        __builtin_add_overflow(end, rest_of_epoch, &end) ||
+        __builtin_add_overflow(end, whole, &end))
+      end = std::numeric_limits<int64_t>::max();
+  }
+  return cfg_.train.max_steps > 0 ? std::min(end, cfg_.train.max_steps) : end;
 }
 
 void TrainLoop::log_start() const {

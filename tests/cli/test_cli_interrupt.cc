@@ -14,6 +14,8 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <tuple>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -270,6 +272,30 @@ TEST_CASE(
   CHECK(r.exit_code == 2);
   CHECK_MESSAGE(contains(r.output, "was written by optimizer 'sgd', this run uses 'adam'"),
                 r.output);
+}
+
+TEST_CASE("resume under another global batch still trains exactly train.epochs") {
+  // 2,400 training samples: 150 batches of 16 per epoch, 75 of 32. One epoch first, then the
+  // other two under the other batch size: epochs x (this run's steps per epoch) counted the
+  // steps already taken as this run's, ending a larger batch's run an epoch early (300 -> 225
+  // "steps" already reached at step 150 + 75) and running a smaller one half an epoch past.
+  TempDir dir;
+  const std::string cfg = dir.write("cfg.yaml", kCfg);
+  for (const auto& [first, then, end] :
+       std::vector<std::tuple<int, int, int>>{{16, 32, 150 + 2 * 75}, {32, 16, 75 + 2 * 150}}) {
+    CAPTURE(first);
+    const std::string out = dir / ("b" + std::to_string(first));
+    const std::string run = kBin + " run " + cfg + " --out " + out + " --set train.epochs=3";
+    REQUIRE(run_cmd(run + " --set train.max_steps=" + std::to_string(2400 / first) +
+                    " --set data.batch_size=" + std::to_string(first) + " --log-level warn")
+                .exit_code == 0);
+    const auto r = run_cmd(run + " --set train.max_steps=0 --resume auto --set data.batch_size=" +
+                           std::to_string(then) + " --log-level warn");
+    REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+    const auto s = nlohmann::json::parse(read_text(out + "/summary.json"));
+    CHECK(s["steps"] == end);
+    CHECK(s["epochs"].get<double>() == doctest::Approx(3.0));
+  }
 }
 
 TEST_CASE("resume names the config keys that changed and keeps the schedule's horizon") {
