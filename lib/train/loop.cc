@@ -532,9 +532,14 @@ nlohmann::json TrainLoop::summary(int stop_signal) {
 
 nlohmann::json TrainLoop::run() {
   if (!resume()) return early_summary_;
-  if (lead_)
-    metrics_ = std::make_unique<LineWriter>((fs::path(opts_.out_dir) / "metrics.jsonl").string(),
-                                            rp_.loaded);
+  if (lead_) {
+    const std::string path = (fs::path(opts_.out_dir) / "metrics.jsonl").string();
+    metrics_ = std::make_unique<LineWriter>(path, rp_.loaded);
+    if (metrics_->dropped_bytes() > 0)
+      spdlog::warn(
+          "{}: its last line was unfinished (a write cut short); its {} bytes were dropped", path,
+          metrics_->dropped_bytes());
+  }
   log_start();
   if (lead_) bar_.emplace(opts_.progress);
   if (DP_ > 1) stragglers_.emplace(dp_, grid_.layout(), grid_.coord(), dpr_ == 0);

@@ -158,7 +158,35 @@ void write_file_atomic(const std::string& path, std::string_view data) {
   write_file_atomic_with(path, [&](int fd) { write_all(fd, data.data(), data.size(), path); });
 }
 
+namespace {
+
+// Truncates `path` after its last '\n' when its last byte is not one (reading backwards from the
+// end in blocks, not the whole file); returns the bytes cut. A missing or empty file: 0.
+size_t cut_unfinished_line(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) return 0;  // created by the append below
+  const off_t size = ::lseek(fd, 0, SEEK_END);
+  off_t keep = size;
+  char block[4096];
+  for (off_t end = size; end > 0 && keep == size;) {
+    const off_t begin = std::max<off_t>(0, end - static_cast<off_t>(sizeof block));
+    const ssize_t n = ::pread(fd, block, static_cast<size_t>(end - begin), begin);
+    if (n != end - begin) break;  // unreadable: leave the file as it is
+    if (end == size && block[n - 1] == '\n') break;
+    for (ssize_t i = n - 1; i >= 0 && keep == size; --i)
+      if (block[i] == '\n') keep = begin + i + 1;
+    if (keep == size && begin == 0) keep = 0;  // no newline at all: one unfinished line
+    end = begin;
+  }
+  const bool cut = keep < size && ::ftruncate(fd, keep) == 0;
+  ::close(fd);
+  return cut ? static_cast<size_t>(size - keep) : 0;
+}
+
+}  // namespace
+
 LineWriter::LineWriter(const std::string& path, bool append) {
+  if (append) dropped_ = cut_unfinished_line(path);
   f_ = std::fopen(path.c_str(), append ? "a" : "w");
   if (!f_) throw std::runtime_error("cannot open '" + path + "': " + std::strerror(errno));
 }

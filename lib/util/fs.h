@@ -30,11 +30,14 @@ void write_file_atomic_with(const std::string& path, const std::function<void(in
 void write_all(int fd, const void* data, size_t len, const std::string& what);
 
 // Appends a line to a file (metrics.jsonl); opened and closed per call is too slow, so this is a
-// small owning wrapper around a FILE* that flushes each line.
+// small owning wrapper around a FILE* that flushes each line. Appending to a file whose last line
+// is unfinished (a crash in the middle of a write) first cuts that partial line off, so the next
+// record starts a line of its own; dropped_bytes() says how much was cut.
 class LineWriter {
  public:
   LineWriter() = default;
   explicit LineWriter(const std::string& path, bool append);
+  size_t dropped_bytes() const { return dropped_; }
   ~LineWriter();
   LineWriter(const LineWriter&) = delete;
   LineWriter& operator=(const LineWriter&) = delete;
@@ -43,6 +46,7 @@ class LineWriter {
 
  private:
   void* f_ = nullptr;
+  size_t dropped_ = 0;
 };
 
 // Peak resident set size of this process in MiB (VmHWM), 0 when unknown.

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <set>
 #include <thread>
+#include <vector>
 
 #include "util/check.h"
 #include "util/fs.h"
@@ -126,6 +127,43 @@ TEST_CASE("write_file_atomic writes through symlinks and into devices and FIFOs,
   for (const auto& e : fs::directory_iterator(d)) names.insert(e.path().filename().string());
   CHECK(names.size() == (fs::exists(dev) ? 6u : 5u));
   fs::remove_all(d);
+}
+
+TEST_CASE("LineWriter appending cuts an unfinished last line, and only that") {
+  char tmpl[] = "/tmp/dtrain_util_XXXXXX";
+  REQUIRE(mkdtemp(tmpl) != nullptr);
+  const std::string path = std::string(tmpl) + "/m.jsonl";
+  const std::string long_line(10000, 'x');  // spans blocks of the backwards search
+  struct Case {
+    std::string before, after;
+    size_t dropped;
+  };
+  for (const Case& c : std::vector<Case>{{"", "", 0},
+                                         {"a\nb\n", "a\nb\n", 0},
+                                         {"a\nb\n{\"lo", "a\nb\n", 4},
+                                         {"{\"kind", "", 6},
+                                         {"a\n" + long_line, "a\n", 10000},
+                                         {long_line + "\n" + long_line, long_line + "\n", 10000},
+                                         {long_line + "\n", long_line + "\n", 0}}) {
+    CAPTURE(c.before.size());
+    write_file_atomic(path, c.before);
+    {
+      LineWriter w(path, /*append=*/true);
+      CHECK(w.dropped_bytes() == c.dropped);
+      w.write_line("{\"step\":2}");
+    }
+    CHECK(read_file(path) == c.after + "{\"step\":2}\n");
+  }
+  // Not appending: the file starts over; a missing file is created.
+  { LineWriter w(path, false); }
+  CHECK(read_file(path).empty());
+  std::filesystem::remove(path);
+  {
+    LineWriter w(path, true);
+    CHECK(w.dropped_bytes() == 0);
+  }
+  CHECK(std::filesystem::exists(path));
+  std::filesystem::remove_all(tmpl);
 }
 
 TEST_CASE("fnv1a_hex is the 64-bit FNV-1a") {
