@@ -300,6 +300,47 @@ void check_shard_identity(const std::string& dir, const std::string& file, const
     throw bad("was written at step " + *st + ", the manifest is step " + std::to_string(step));
 }
 
+// Without tensor parallelism a shard's own header records the ranges the manifest gives it (the
+// header's are local under tensor parallelism): a manifest edited, or from another checkpoint,
+// would otherwise place the right values at the wrong offsets without any error.
+void check_shard_ranges(const std::string& dir, const std::string& file, const StFile& f,
+                        const std::vector<ShardRange>& manifest) {
+  const auto it = f.metadata.find("ranges");
+  if (it == f.metadata.end()) return;
+  std::vector<ShardRange> own;
+  try {
+    for (const auto& r : nlohmann::json::parse(it->second))
+      own.push_back({r.at(0).get<int64_t>(), r.at(1).get<int64_t>(), r.at(2).get<int64_t>()});
+  } catch (const nlohmann::json::exception&) {
+    throw UserError("checkpoint '" + dir + "': shard '" + file + "' has malformed ranges");
+  }
+  const auto text = [](const std::vector<ShardRange>& rs) {
+    std::string t;
+    for (const auto& r : rs) t += (t.empty() ? "" : " ") + shard_range_str(r);
+    return t;
+  };
+  const auto same = [](const ShardRange& a, const ShardRange& b) {
+    return a.begin == b.begin && a.end == b.end && a.offset == b.offset;
+  };
+  if (!std::equal(own.begin(), own.end(), manifest.begin(), manifest.end(), same))
+    throw UserError("checkpoint '" + dir + "': shard '" + file + "' holds the ranges " + text(own) +
+                    ", the manifest says " + text(manifest) +
+                    " (an edited manifest, or one of another checkpoint)");
+}
+
+// Optimizer state names become tensor names (optim.<state>.<param>): distinct, non-empty words.
+void check_state_names(const std::vector<std::string>& names, const std::string& dir) {
+  std::set<std::string> seen;
+  for (const auto& n : names) {
+    const bool word = !n.empty() && std::all_of(n.begin(), n.end(), [](char c) {
+      return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_';
+    });
+    if (!word || !seen.insert(n).second)
+      throw UserError("checkpoint '" + dir + "': the manifest's optimizer_state lists '" + n + "'" +
+                      (word ? " twice" : ", not a state name"));
+  }
+}
+
 ShardedRead read_sharded(const std::string& dir, bool with_state) {
   const std::string mpath = (fs::path(dir) / kManifest).string();
   ShardedRead out;
@@ -307,6 +348,7 @@ ShardedRead read_sharded(const std::string& dir, bool with_state) {
   std::vector<std::vector<ShardRange>> ranges;
   std::vector<std::string> files;
   std::vector<int64_t> shard_ranks;
+  int64_t tp = 1;  // the writer's tensor-parallel size (layout.tp; older manifests: 1)
   try {
     const nlohmann::json m = nlohmann::json::parse(read_file(mpath));
     check_manifest_format(m, dir);
@@ -322,7 +364,9 @@ ShardedRead read_sharded(const std::string& dir, bool with_state) {
     if (m.contains("config")) meta.config_json = m.at("config").dump();
     if (m.contains("schedule_steps")) meta.schedule_steps = m.at("schedule_steps").get<int64_t>();
     out.state_names = m.at("optimizer_state").get<std::vector<std::string>>();
+    check_state_names(out.state_names, dir);
     out.param_count = m.at("param_count").get<int64_t>();
+    if (m.contains("layout")) tp = m.at("layout").value("tp", int64_t{1});
     int64_t next = 0;
     std::set<std::string> names;
     for (const auto& e : m.at("params")) {
@@ -331,6 +375,11 @@ ShardedRead read_sharded(const std::string& dir, bool with_state) {
       if (!names.insert(en.name).second)
         throw UserError("checkpoint '" + dir + "': the manifest lists tensor '" + en.name +
                         "' twice");
+      // Names a full checkpoint (consolidate) could not hold: safetensors' reserved key, and
+      // the optimizer state's prefix.
+      if (en.name == "__metadata__" || en.name.rfind("optim.", 0) == 0)
+        throw UserError("checkpoint '" + dir + "': the manifest lists a tensor named '" + en.name +
+                        "', a name parameters cannot have");
       en.shape = e.at("shape").get<Shape>();
       en.offset = e.at("offset").get<int64_t>();
       en.numel = 1;
@@ -397,6 +446,7 @@ ShardedRead read_sharded(const std::string& dir, bool with_state) {
     const StFile f = read_safetensors((fs::path(dir) / files[r]).string());  // verifies CRCs
     if (!f.checksummed) ++unchecksummed;
     check_shard_identity(dir, files[r], f, shard_ranks[r], meta.step);
+    if (tp == 1) check_shard_ranges(dir, files[r], f, ranges[r]);
     auto need = [&](const std::string& name) -> const std::vector<float>& {
       auto it = f.tensors.find(name);
       if (it == f.tensors.end())

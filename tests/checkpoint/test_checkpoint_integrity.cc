@@ -6,11 +6,13 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <sstream>
 
 #include <spdlog/sinks/ostream_sink.h>
 #include <spdlog/spdlog.h>
+#include <nlohmann/json.hpp>
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/integrity_util.h"
@@ -194,6 +196,48 @@ TEST_CASE("a swapped or stale shard file is refused, and so is a manifest naming
   std::ofstream(ck + "/manifest.json", std::ios::trunc) << man;
   msg = user_error([&] { consolidate_checkpoint(ck, dir / "one.safetensors"); });
   CHECK_MESSAGE(contains(msg, "lists tensor '" + m.params()[0].name + "' twice"), msg);
+}
+
+TEST_CASE(
+    "a manifest edited to shift a shard's range, repeat a state or rename a tensor is refused") {
+  TempDir dir;
+  const Model m = small_model();
+  const int64_t P = m.param_count();
+  std::vector<float> p(P), mom(P, -0.5f), got(P, 0.0f), got_mom(P);
+  m.init(p.data(), 14);
+  const std::string ck = dir / "step-3";
+  const auto edit = [&](const std::function<void(nlohmann::json&)>& f) {
+    save_two_shards(ck, m, p, mom);
+    nlohmann::json man = nlohmann::json::parse(read_text(ck + "/manifest.json"));
+    f(man);
+    std::ofstream(ck + "/manifest.json", std::ios::trunc) << man.dump(1);
+  };
+  // An offset moved by one value: loaded silently, every weight shifted, before.
+  edit([](nlohmann::json& man) { man["shards"][0]["ranges"][0][2] = 1; });
+  std::string msg = user_error([&] { load_checkpoint(ck, m, got.data(), {}); });
+  CHECK_MESSAGE(contains(msg, "shard 'rank-0.safetensors' holds the ranges"), msg);
+  CHECK(contains(msg, "an edited manifest"));
+  CHECK(contains(user_error([&] { consolidate_checkpoint(ck, dir / "one.safetensors"); }),
+                 "the manifest says"));
+  CHECK_FALSE(std::filesystem::exists(dir / "one.safetensors"));
+  // The optimizer state listed twice (an internal error when consolidated, before), or a name
+  // that is not one.
+  edit([](nlohmann::json& man) { man["optimizer_state"] = {"momentum", "momentum"}; });
+  msg = user_error([&] { consolidate_checkpoint(ck, dir / "one.safetensors"); });
+  CHECK_MESSAGE(contains(msg, "optimizer_state lists 'momentum' twice"), msg);
+  edit([](nlohmann::json& man) { man["optimizer_state"] = {"mom.entum"}; });
+  CHECK(contains(user_error([&] { consolidate_checkpoint(ck, dir / "one.safetensors"); }),
+                 "'mom.entum', not a state name"));
+  // Tensor names a full checkpoint cannot hold.
+  for (const std::string name : {"__metadata__", "optim.momentum.x"}) {
+    edit([&](nlohmann::json& man) { man["params"][0]["name"] = name; });
+    msg = user_error([&] { consolidate_checkpoint(ck, dir / "one.safetensors"); });
+    CHECK_MESSAGE(contains(msg, "a tensor named '" + name + "'"), msg);
+  }
+  // Untouched, it still loads.
+  save_two_shards(ck, m, p, mom);
+  load_checkpoint(ck, m, got.data(), {{"momentum", got_mom.data()}});
+  CHECK(got == p);
 }
 
 TEST_CASE("a NaN or Inf in a loaded parameter is refused naming the tensor and the index") {
