@@ -244,7 +244,7 @@ bool TrainLoop::nonfinite_guard(double loss_sum) {
   if (code == kFiniteCode) return true;
   const std::string what = nonfinite_what(model_, code);
   if (cfg_.train.nonfinite == Nonfinite::kAbort)
-    throw std::runtime_error(
+    throw AgreedError(
         what + " is not finite at step " + std::to_string(step_ + 1) +
         " (train.nonfinite: abort; lower optimizer.lr, set optimizer.clip_grad_norm, or set "
         "train.nonfinite: skip)");
@@ -564,7 +564,12 @@ nlohmann::json TrainLoop::run() {
     if (cfg_.train.epochs > 0 && epoch_ >= cfg_.train.epochs) break;
     if (!pipelined_ && strategy_->in_sync(step_ + 1)) stop_vote.begin_step();
     const auto step_t0 = Clock::now();
-    step();
+    try {
+      step();
+    } catch (const AgreedError&) {
+      stop_vote.settle();
+      throw;
+    }
     apply_step_faults(opts_.faults, rank_, step_, world_);  // DTRAIN_FAULT; a delay is step time
     const double step_s = seconds_since(step_t0);
     train_s_ += step_s;

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <csignal>
+#include <stdexcept>
 
 #include "comm/communicator.h"
 #include "config/enums.h"
@@ -25,6 +26,15 @@ namespace dtrain {
 inline int preempt_signal_number(PreemptSignal s) {
   return s == PreemptSignal::kUsr1 ? SIGUSR1 : SIGTERM;
 }
+
+// An error every rank raises at the same step by a verdict they share (a non-finite loss or
+// gradient under train.nonfinite: abort). The loop completes the step's stop vote before passing
+// it on (StopAgreement::settle), so no rank aborts the group on its way out: every rank reports
+// this error, not a peer's abort.
+class AgreedError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
 
 class StopAgreement {
  public:
@@ -56,6 +66,15 @@ class StopAgreement {
   // Waits for the vote begun by begin_step and returns the agreed signal: 0 to go on, else the
   // signal after which every rank stops: the preemption signal when any rank saw it, else the
   // largest number among the ranks' requests.
+  // On the way out of an AgreedError (every rank is here, at the same step, with the same vote
+  // in flight): waits for the vote so the destructor need not abort the group. Never throws.
+  void settle() noexcept {
+    try {
+      end_step();
+    } catch (...) {  // the group failed meanwhile: the destructor has nothing left to do
+      work_.reset();
+    }
+  }
   int end_step() {
     if (!pending_) return 0;
     pending_ = false;

@@ -31,6 +31,7 @@
 #include "train/compression.h"
 #include "train/compression_state.h"
 #include "train/loop.h"
+#include "train/stop.h"
 #include "util/check.h"
 #include "util/fs.h"
 #include "util/rng.h"
@@ -475,6 +476,12 @@ nlohmann::json run_training(const Config& cfg, const RunOptions& opts) {
         Communicator& comm = *comms[static_cast<size_t>(r)];
         try {
           summaries[static_cast<size_t>(r)] = train_rank(cfg, opts, comm);
+        } catch (const AgreedError&) {
+          // Every rank stops here at the same step (train/stop.h): no abort, no peer's
+          // CommError (or desync table) in front of the one error they share.
+          errors[static_cast<size_t>(r)] = std::current_exception();
+          int expected = -1;
+          first_failed.compare_exchange_strong(expected, r);
         } catch (const std::exception& e) {
           errors[static_cast<size_t>(r)] = std::current_exception();
           int expected = -1;
@@ -487,9 +494,23 @@ nlohmann::json run_training(const Config& cfg, const RunOptions& opts) {
     }
   }
   for (auto& t : threads_v) t.join();
-  // Report the rank that failed first: the others only saw its abort.
-  if (first_failed.load() >= 0)
+  // Report the rank that failed first: the others only saw its abort. Except that a rank failing
+  // for its own reason (a non-finite loss every rank agreed on, bad data) may abort the group on
+  // its way out (an in-flight stop vote: train/stop.h) before its error is recorded here, so a
+  // peer's CommError from that abort can come first: an error that is not a CommError is the
+  // cause and is preferred.
+  if (first_failed.load() >= 0) {
+    for (const std::exception_ptr& e : errors) {
+      if (!e) continue;
+      try {
+        std::rethrow_exception(e);
+      } catch (const CommError&) {
+      } catch (...) {
+        throw;
+      }
+    }
     std::rethrow_exception(errors[static_cast<size_t>(first_failed.load())]);
+  }
   return summaries[0];
 }
 
