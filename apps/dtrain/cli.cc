@@ -222,13 +222,19 @@ int cmd_run(const Config& cfg, const std::string& config_path, std::string out,
   opts.resume = resume;
   const auto env = current_environment();
   const bool multiprocess = is_multiprocess(cfg, env, flags);
-  if (!multiprocess ||
-      resolve_dist_env(env, static_cast<int>(cfg.distributed.world_size), flags).rank == 0)
-    check_resume_target(resume, opts.out_dir);
+  const bool rank0 =
+      !multiprocess ||
+      resolve_dist_env(env, static_cast<int>(cfg.distributed.world_size), flags).rank == 0;
+  if (rank0) check_resume_target(resume, opts.out_dir);
   // logs/ belongs to whatever launcher started this rank (dtrain launch, scripts/slurm.sbatch,
   // launch_local.sh), which may be writing to it now: only `dtrain launch --overwrite` clears it.
   const bool new_out_dir = !fs::exists(opts.out_dir);
-  prepare_out_dir(opts.out_dir, !resume.empty(), overwrite, /*clear_logs=*/false);
+  // The process that owns the run locks its folder: a single process, or rank 0 of a job whose
+  // launcher (torchrun, Slurm) is not `dtrain launch`, which holds the lock for its ranks.
+  OutDirLock out_lock;
+  const bool owner = rank0 && env.count(kLauncherPidEnv) == 0;
+  prepare_out_dir(opts.out_dir, !resume.empty(), overwrite, /*clear_logs=*/false,
+                  owner ? &out_lock : nullptr);
   StopRequest stop;
   InterruptGuard interrupts(stop, preempt_signal_number(cfg.train.preempt_signal));
   opts.stop = &stop;

@@ -76,7 +76,10 @@ int cmd_launch(const Config& cfg, const LaunchCmd& c) {
   const bool node0 = ne.node_rank == 0;
   // One node prepares the output folder (shared by the nodes when checkpoints are to be
   // resumed): node 0, before its launcher checks in, so the others' ranks start after it.
-  if (node0) prepare_out_dir(c.out_dir, !c.resume.empty(), c.overwrite, /*clear_logs=*/true);
+  // The launcher holds the folder's lock for its ranks and their restarts (they do not lock).
+  OutDirLock out_lock;
+  if (node0)
+    prepare_out_dir(c.out_dir, !c.resume.empty(), c.overwrite, /*clear_logs=*/true, &out_lock);
   lo.log_dir = (fs::path(c.out_dir) / "logs").string();
   lo.child_argv = c.run_argv;
 

@@ -1,9 +1,15 @@
 #include "train/run_dir.h"
 
-#include "util/strings.h"
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <system_error>
+
+#include <spdlog/spdlog.h>
 
 #include "util/check.h"
 #include "util/strings.h"
@@ -22,7 +28,42 @@ std::vector<std::string> run_files_in(const std::string& out_dir) {
   return found;
 }
 
-void prepare_out_dir(const std::string& out_dir, bool resuming, bool overwrite, bool clear_logs) {
+OutDirLock::OutDirLock(const std::string& out_dir) {
+  std::error_code ec;
+  fs::create_directories(out_dir, ec);
+  if (ec) throw UserError("--out '" + out_dir + "': cannot create the folder: " + ec.message());
+  fd_ = ::open(out_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd_ < 0)
+    throw UserError("--out '" + out_dir + "': cannot open the folder: " + std::strerror(errno));
+  if (::flock(fd_, LOCK_EX | LOCK_NB) == 0) return;
+  const int err = errno;
+  ::close(fd_);
+  fd_ = -1;
+  if (err == EWOULDBLOCK)
+    throw UserError("output folder '" + out_dir +
+                    "' is in use by another dtrain run that is writing to it now: wait for it "
+                    "to end, or choose another --out");
+  spdlog::warn(
+      "--out '{}': the folder cannot be locked ({}): nothing stops another run from "
+      "writing to it at the same time",
+      out_dir, std::strerror(err));
+}
+
+OutDirLock::~OutDirLock() {
+  if (fd_ >= 0) ::close(fd_);  // releases the lock
+}
+
+OutDirLock& OutDirLock::operator=(OutDirLock&& o) noexcept {
+  if (this != &o) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = o.fd_;
+    o.fd_ = -1;
+  }
+  return *this;
+}
+
+void prepare_out_dir(const std::string& out_dir, bool resuming, bool overwrite, bool clear_logs,
+                     OutDirLock* lock) {
   // The folder's path is written into summary.json and manifests, which are JSON: UTF-8 only.
   // Refused here, before training, not when the summary is written.
   if (!valid_utf8(out_dir))
@@ -32,6 +73,7 @@ void prepare_out_dir(const std::string& out_dir, bool resuming, bool overwrite, 
   std::error_code ec;
   if (fs::exists(out_dir, ec) && !fs::is_directory(out_dir, ec))
     throw UserError("--out '" + out_dir + "' is a file, not a folder: choose another --out");
+  if (lock != nullptr) *lock = OutDirLock(out_dir);
   if (overwrite) {
     std::vector<std::string> names = {"summary.json", "metrics.jsonl", "config.json",
                                       "checkpoints"};

@@ -13,11 +13,36 @@ namespace dtrain {
 // failed before training) and logs/ (launcher logs, appended per launch) do not count.
 std::vector<std::string> run_files_in(const std::string& out_dir);
 
+// An exclusive advisory lock (flock) on an output folder, held while one run (or launcher)
+// writes to it: a second run started into the same folder before the first has written
+// anything would pass the "holds a run" check, and the two would overwrite each other's
+// checkpoints and metrics. The kernel releases it when the holder ends, even by SIGKILL, so a
+// crashed run never leaves the folder locked. Move-only; the empty state holds nothing.
+class OutDirLock {
+ public:
+  OutDirLock() = default;
+  // Creates out_dir if needed and locks it; throws UserError when another process holds it. A
+  // file system without flock support: a warning, and no lock.
+  explicit OutDirLock(const std::string& out_dir);
+  ~OutDirLock();
+  OutDirLock(OutDirLock&& o) noexcept : fd_(o.fd_) { o.fd_ = -1; }
+  OutDirLock& operator=(OutDirLock&& o) noexcept;
+  OutDirLock(const OutDirLock&) = delete;
+  OutDirLock& operator=(const OutDirLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
 // Prepares out_dir for a run before anything is written: with `overwrite`, removes an earlier
 // run's summary.json, metrics.jsonl, config.json and checkpoints/ (and logs/ when clear_logs);
 // otherwise, unless `resuming`, throws UserError naming the folder, what it holds and the two
-// ways out when run_files_in(out_dir) is not empty. Several ranks of one job may call it at
-// start (they all see the same answer on a shared folder).
-void prepare_out_dir(const std::string& out_dir, bool resuming, bool overwrite, bool clear_logs);
+// ways out when run_files_in(out_dir) is not empty. With `lock`, first takes the folder's
+// OutDirLock into *lock (the one process that owns the run: a single process, rank 0 of a job
+// started without `dtrain launch`, or the launcher of node 0), so the check and the clearing
+// cannot race another run. Several ranks of one job may call it at start (they all see the same
+// answer on a shared folder).
+void prepare_out_dir(const std::string& out_dir, bool resuming, bool overwrite, bool clear_logs,
+                     OutDirLock* lock = nullptr);
 
 }  // namespace dtrain

@@ -219,6 +219,33 @@ TEST_CASE("an output folder holding a run is refused without --resume or --overw
   CHECK(read_text(held + "/notes.txt") == "mine");
 }
 
+TEST_CASE("a folder a run is writing to is refused to a second run, even with --overwrite") {
+  TempDir dir;
+  const std::string cfg = dir.write("cfg.yaml", kCfg);
+  const std::string out = dir / "out";
+  // 3000 steps of 20 ms: the first run writes for a minute unless stopped.
+  Child first("DTRAIN_FAULT=delay:rank=0:ms=20 exec " + kBin + " run " + cfg + " --out " + out,
+              dir / "first.log");
+  REQUIRE(wait_until([&] { return lines_in(out + "/metrics.jsonl") > 0; }, 60));
+  // --overwrite would have deleted the first run's files under it, and --resume trained on
+  // beside it; a launcher's ranks likewise.
+  for (const std::string& how : {" run " + cfg + " --overwrite", " run " + cfg + " --resume auto",
+                                 " launch --nproc 2 " + cfg + " --overwrite"}) {
+    CAPTURE(how);
+    const auto r = run_cmd(kBin + how + " --out " + out + " --set train.max_steps=5");
+    CHECK(r.exit_code == 2);
+    CHECK_MESSAGE(contains(r.output, "is in use by another dtrain run that is writing to it now"),
+                  r.output);
+  }
+  CHECK(std::filesystem::exists(out + "/metrics.jsonl"));  // nothing of the first run removed
+  first.signal(SIGINT);
+  CHECK(first.wait(30) == 128 + SIGINT);
+  // Once it has ended (a SIGKILL releases the lock just as well), the folder is free again.
+  const auto r = run_cmd(kBin + " run " + cfg + " --out " + out +
+                         " --resume auto --set train.max_steps=2000 --log-level warn");
+  CHECK_MESSAGE(r.exit_code == 0, r.output);
+}
+
 TEST_CASE("resume keeps one run per folder and survives a lost latest file") {
   TempDir dir;
   const std::string cfg = dir.write("cfg.yaml", kCfg);
