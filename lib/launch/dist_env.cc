@@ -12,6 +12,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <stdexcept>
 #include <thread>
 
@@ -336,6 +337,8 @@ std::string resolve_job_token(const std::map<std::string, std::string>& env,
     return *v;
   }
   if (token_file_path.empty()) return "";
+  if (std::error_code ec; std::filesystem::is_directory(token_file_path, ec))
+    throw UserError("token file '" + token_file_path + "' is a directory, not a file");
   const std::string token = trim(read_file(token_file_path));  // UserError if unreadable
   if (token.empty()) throw UserError("token file '" + token_file_path + "' is empty");
   if (!valid_token(token))

@@ -58,8 +58,10 @@ NodeEnv resolve_node_env(const Env& env, const NodeOverrides& flags, int default
   if (nnodes.value < 1 || nnodes.value > 1024)
     throw UserError(show(nnodes) + ": the node count must be in 1..1024");
   if (node_rank.value < 0 || node_rank.value >= nnodes.value)
-    throw UserError(show(node_rank) + " is out of range for " + show(nnodes) +
-                    " (0 <= node rank < nodes)");
+    throw UserError(show(node_rank) + " is out of range: node ranks are 0.." +
+                    std::to_string(nnodes.value - 1) + " for " +
+                    (nnodes.from == "default" ? std::string("one node (the default; give --nnodes)")
+                                              : show(nnodes)));
   if (per.value < 1 || per.value > 1024)
     throw UserError(show(per) + ": the ranks per node must be in 1..1024");
   if (port.from != "default" && (port.value < 1 || port.value > 65535))

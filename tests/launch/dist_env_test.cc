@@ -327,6 +327,8 @@ TEST_CASE("job token from the environment, a file, or none") {
   CHECK(contains(user_error([&] { resolve_job_token({}, missing); }), missing));
   const std::string empty = dir.write("empty", " \n\n");
   CHECK(contains(user_error([&] { resolve_job_token({}, empty); }), "is empty"));
+  CHECK(contains(user_error([&] { resolve_job_token({}, dir.path()); }),
+                 "is a directory, not a file"));
   const std::string spaced = dir.write("spaced", "two words\n");
   CHECK(contains(user_error([&] { resolve_job_token({}, spaced); }), spaced));
   CHECK(contains(user_error([&] {

@@ -172,7 +172,15 @@ TEST_CASE("resolve_node_env: refusals name the flag or variable") {
   f.node_rank = 2;
   f.master_addr = "h0";
   f.master_port = 100;
-  CHECK(contains(err({}, f), "--node-rank=2 is out of range for --nnodes=2"));
+  CHECK(contains(err({}, f), "--node-rank=2 is out of range: node ranks are 0..1 for --nnodes=2"));
+  // Without --nnodes: the default is named as such, not as "default=1".
+  NodeOverrides one;
+  one.node_rank = 5;
+  const std::string msg = err({}, one);
+  CHECK_MESSAGE(contains(msg,
+                         "--node-rank=5 is out of range: node ranks are 0..0 for one node "
+                         "(the default; give --nnodes)"),
+                msg);
   f.node_rank = 1;
   CHECK(err({}, f) == "<no error>");
   NodeOverrides g = f;
