@@ -720,7 +720,11 @@ std::string follow_latest(const fs::path& latest) {
     throw UserError("'" + latest.string() + "' does not name a checkpoint file");
   const fs::path file = latest.parent_path() / name;
   if (!fs::is_regular_file(file, ec) && !is_sharded_dir(file))
-    throw UserError("'" + latest.string() + "' names '" + name + "', which does not exist");
+    throw UserError("'" + latest.string() + "' names '" + name + "', " +
+                    (fs::is_directory(file, ec)
+                         ? "a folder without manifest.json (an incomplete sharded checkpoint: the "
+                           "save was interrupted)"
+                         : "which does not exist"));
   return file.string();
 }
 
@@ -771,7 +775,8 @@ std::string resolve_checkpoint(const std::string& path, bool allow_missing) {
                    latest.parent_path().string(), newest);
       return newest;
     }
-    if (fs::exists(p / shard_file_name(0), ec))
+    if (fs::exists(p / shard_file_name(0), ec) ||
+        std::regex_match(p.filename().string(), step_entry_re()))
       throw UserError("checkpoint '" + path +
                       "' is a folder without manifest.json (an incomplete sharded checkpoint: "
                       "the save was interrupted)");

@@ -2,6 +2,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 
 #include "checkpoint/checkpoint.h"
 #include "test_util.h"
@@ -109,6 +110,25 @@ TEST_CASE("commit_checkpoint names the newest and keeps the last N") {
   std::filesystem::create_directory(dir / "step-50");
   dir.write("step-50/rank-0.safetensors", "x");
   CHECK(resolve_checkpoint(dir.path(), false) == dir / "step-40.safetensors");
+  // A step folder with no manifest (even no shard), named directly or by latest, says so.
+  std::filesystem::create_directory(dir / "step-60");
+  const auto msg = [](const std::function<void()>& f) {
+    try {
+      f();
+    } catch (const UserError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  CHECK(msg([&] {
+          resolve_checkpoint(dir / "step-60", false);
+        }).find("is a folder without manifest.json") != std::string::npos);
+  dir.write("latest", "step-60\n");
+  CHECK(msg([&] {
+          resolve_checkpoint(dir.path(), false);
+        }).find("names 'step-60', a folder without manifest.json") != std::string::npos);
+  std::filesystem::remove(dir / "latest");
+  std::filesystem::remove(dir / "step-60");
   // A sharded checkpoint's manifest or shard file means its folder; a device is no checkpoint.
   dir.write("step-50/manifest.json", "{}");
   CHECK(resolve_checkpoint(dir / "step-50/manifest.json", false) == dir / "step-50");
