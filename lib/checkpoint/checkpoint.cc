@@ -11,6 +11,7 @@
 #include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/checkpoint_internal.h"
 #include "checkpoint/safetensors.h"
 #include "util/check.h"
 #include "util/fs.h"
@@ -21,8 +22,6 @@ namespace dtrain {
 namespace fs = std::filesystem;
 
 namespace {
-
-const char* kFormatName = "dtrain-checkpoint";
 
 using Metadata = std::map<std::string, std::string>;
 
@@ -54,7 +53,10 @@ std::string residual_tensor_name(int64_t rank) {
 }
 const char* kQTensor = "comp.q";
 
-// Refuses a version this dtrain cannot read (older than the oldest it still loads, or newer).
+}  // namespace
+
+namespace checkpoint_internal {
+
 void check_format_version(int64_t version, const std::string& path) {
   if (version < kOldestCheckpointFormatVersion || version > kCheckpointFormatVersion)
     throw UserError("checkpoint '" + path + "': format version " + std::to_string(version) +
@@ -63,27 +65,12 @@ void check_format_version(int64_t version, const std::string& path) {
                     std::to_string(kCheckpointFormatVersion));
 }
 
-// A checkpoint file's format and version (returned), from its safetensors metadata.
-int64_t check_file_format(const Metadata& metadata, const std::string& path) {
-  auto fmt = metadata.find("format");
-  if (fmt == metadata.end() || fmt->second != kFormatName)
-    throw UserError("checkpoint '" + path + "': not a dtrain checkpoint (no format=" +
-                    std::string(kFormatName) + " in __metadata__)");
-  const int64_t version = meta_int(metadata, "format_version", path);
-  check_format_version(version, path);
-  return version;
-}
-
-// A sharded checkpoint's format and version, from its manifest (json::exception when malformed).
 void check_manifest_format(const nlohmann::json& m, const std::string& dir) {
   if (m.at("format").get<std::string>() != kFormatName)
     throw UserError("checkpoint '" + dir + "': manifest.json is not a dtrain manifest");
   check_format_version(m.at("format_version").get<int64_t>(), dir);
 }
 
-// Refuses NaN or Inf in a loaded parameter or optimizer-state tensor: evaluating such weights
-// prints a null loss, and training from them fails later with a message about the learning
-// rate, far from the cause. `index` is the first bad element's index within the tensor.
 void check_finite(const float* v, int64_t n, const std::string& path, const std::string& name) {
   for (int64_t i = 0; i < n; ++i) {
     if (std::isfinite(v[i])) continue;
@@ -94,12 +81,39 @@ void check_finite(const float* v, int64_t n, const std::string& path, const std:
   }
 }
 
-// Files written before checksums existed (format versions 1 and 2) still load, unverified.
 void warn_unchecksummed(const std::string& path, const std::string& which) {
   spdlog::warn(
       "checkpoint '{}': {} no CRC-32 checksums (written by an older dtrain); loading it "
       "unverified",
       path, which);
+}
+
+std::string shard_range_str(const ShardRange& r) {
+  // Appended piece by piece: GCC 12 warns falsely (-Wrestrict) on "literal" + std::string here.
+  std::string s = "[";
+  s += std::to_string(r.begin);
+  s += ", ";
+  s += std::to_string(r.end);
+  s += ") at ";
+  s += std::to_string(r.offset);
+  return s;
+}
+
+}  // namespace checkpoint_internal
+
+using namespace checkpoint_internal;
+
+namespace {
+
+// A checkpoint file's format and version (returned), from its safetensors metadata.
+int64_t check_file_format(const Metadata& metadata, const std::string& path) {
+  auto fmt = metadata.find("format");
+  if (fmt == metadata.end() || fmt->second != kFormatName)
+    throw UserError("checkpoint '" + path + "': not a dtrain checkpoint (no format=" +
+                    std::string(kFormatName) + " in __metadata__)");
+  const int64_t version = meta_int(metadata, "format_version", path);
+  check_format_version(version, path);
+  return version;
 }
 
 }  // namespace
@@ -251,240 +265,6 @@ CheckpointMeta load_file_checkpoint(const std::string& path, const Model& model,
   cs.strategy = meta.strategy;
   if (comp) *comp = std::move(cs);
   return meta;
-}
-
-const char* kManifest = "manifest.json";
-
-std::string shard_range_str(const ShardRange& r) {
-  return "[" + std::to_string(r.begin) + ", " + std::to_string(r.end) + ") at " +
-         std::to_string(r.offset);
-}
-
-// A sharded checkpoint read back into the full flat layout, without a model: the manifest's
-// parameter table describes it.
-struct ShardedRead {
-  CheckpointMeta meta;
-  struct Entry {
-    std::string name;
-    Shape shape;
-    int64_t offset = 0, numel = 0;
-  };
-  std::vector<Entry> table;
-  std::vector<std::string> state_names;
-  int64_t param_count = 0;
-  std::vector<float> params;
-  std::vector<std::vector<float>> state;  // per state_names entry, when read with state
-};
-
-// Ranks above this in a manifest are damage, not a run (the transports stop at 1024 ranks).
-constexpr int64_t kMaxCheckpointWorld = int64_t{1} << 20;
-
-// A shard file is the one the manifest means: its own header names the rank and (shards written
-// since 2026-12-03; older ones lack it) the step it was written for, so a shard swapped with
-// another rank's or copied in from another step is refused instead of mixing parameters. (Its
-// "ranges" are in the writer's local layout under tensor parallelism, so they are not compared.)
-void check_shard_identity(const std::string& dir, const std::string& file, const StFile& f,
-                          int64_t rank, int64_t step) {
-  const auto meta = [&](const char* key) {
-    const auto it = f.metadata.find(key);
-    return it == f.metadata.end() ? std::optional<std::string>() : it->second;
-  };
-  const auto bad = [&](const std::string& what) {
-    return UserError("checkpoint '" + dir + "': shard '" + file + "' " + what +
-                     " (a shard file swapped or copied in from another checkpoint)");
-  };
-  if (const auto r = meta("rank"); r && *r != std::to_string(rank))
-    throw bad("was written by rank " + *r + ", the manifest lists it for rank " +
-              std::to_string(rank));
-  if (const auto st = meta("step"); st && *st != std::to_string(step))
-    throw bad("was written at step " + *st + ", the manifest is step " + std::to_string(step));
-}
-
-// Without tensor parallelism a shard's own header records the ranges the manifest gives it (the
-// header's are local under tensor parallelism): a manifest edited, or from another checkpoint,
-// would otherwise place the right values at the wrong offsets without any error.
-void check_shard_ranges(const std::string& dir, const std::string& file, const StFile& f,
-                        const std::vector<ShardRange>& manifest) {
-  const auto it = f.metadata.find("ranges");
-  if (it == f.metadata.end()) return;
-  std::vector<ShardRange> own;
-  try {
-    for (const auto& r : nlohmann::json::parse(it->second))
-      own.push_back({r.at(0).get<int64_t>(), r.at(1).get<int64_t>(), r.at(2).get<int64_t>()});
-  } catch (const nlohmann::json::exception&) {
-    throw UserError("checkpoint '" + dir + "': shard '" + file + "' has malformed ranges");
-  }
-  const auto text = [](const std::vector<ShardRange>& rs) {
-    std::string t;
-    for (const auto& r : rs) t += (t.empty() ? "" : " ") + shard_range_str(r);
-    return t;
-  };
-  const auto same = [](const ShardRange& a, const ShardRange& b) {
-    return a.begin == b.begin && a.end == b.end && a.offset == b.offset;
-  };
-  if (!std::equal(own.begin(), own.end(), manifest.begin(), manifest.end(), same))
-    throw UserError("checkpoint '" + dir + "': shard '" + file + "' holds the ranges " + text(own) +
-                    ", the manifest says " + text(manifest) +
-                    " (an edited manifest, or one of another checkpoint)");
-}
-
-// Optimizer state names become tensor names (optim.<state>.<param>): distinct, non-empty words.
-void check_state_names(const std::vector<std::string>& names, const std::string& dir) {
-  std::set<std::string> seen;
-  for (const auto& n : names) {
-    const bool word = !n.empty() && std::all_of(n.begin(), n.end(), [](char c) {
-      return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_';
-    });
-    if (!word || !seen.insert(n).second)
-      throw UserError("checkpoint '" + dir + "': the manifest's optimizer_state lists '" + n + "'" +
-                      (word ? " twice" : ", not a state name"));
-  }
-}
-
-ShardedRead read_sharded(const std::string& dir, bool with_state) {
-  const std::string mpath = (fs::path(dir) / kManifest).string();
-  ShardedRead out;
-  CheckpointMeta& meta = out.meta;
-  std::vector<std::vector<ShardRange>> ranges;
-  std::vector<std::string> files;
-  std::vector<int64_t> shard_ranks;
-  int64_t tp = 1;  // the writer's tensor-parallel size (layout.tp; older manifests: 1)
-  try {
-    const nlohmann::json m = nlohmann::json::parse(read_file(mpath));
-    check_manifest_format(m, dir);
-    meta.step = m.at("step").get<int64_t>();
-    meta.epoch = m.at("epoch").get<int64_t>();
-    meta.batch = m.at("batch").get<int64_t>();
-    meta.optimizer_steps = m.at("optimizer_steps").get<int64_t>();
-    meta.optimizer = m.at("optimizer").get<std::string>();
-    meta.rng = m.at("rng").get<std::string>();
-    meta.config_hash = m.at("config_hash").get<std::string>();
-    meta.strategy = m.at("strategy").get<std::string>();
-    meta.world_size = m.at("world_size").get<int64_t>();
-    if (m.contains("config")) meta.config_json = m.at("config").dump();
-    if (m.contains("schedule_steps")) meta.schedule_steps = m.at("schedule_steps").get<int64_t>();
-    out.state_names = m.at("optimizer_state").get<std::vector<std::string>>();
-    check_state_names(out.state_names, dir);
-    out.param_count = m.at("param_count").get<int64_t>();
-    if (m.contains("layout")) tp = m.at("layout").value("tp", int64_t{1});
-    int64_t next = 0;
-    std::set<std::string> names;
-    for (const auto& e : m.at("params")) {
-      ShardedRead::Entry en;
-      en.name = e.at("name").get<std::string>();
-      if (!names.insert(en.name).second)
-        throw UserError("checkpoint '" + dir + "': the manifest lists tensor '" + en.name +
-                        "' twice");
-      // Names a full checkpoint (consolidate) could not hold: safetensors' reserved key, and
-      // the optimizer state's prefix.
-      if (en.name == "__metadata__" || en.name.rfind("optim.", 0) == 0)
-        throw UserError("checkpoint '" + dir + "': the manifest lists a tensor named '" + en.name +
-                        "', a name parameters cannot have");
-      en.shape = e.at("shape").get<Shape>();
-      en.offset = e.at("offset").get<int64_t>();
-      en.numel = 1;
-      for (int64_t d : en.shape) {
-        if (d < 0 || d > (int64_t{1} << 40))
-          throw UserError("checkpoint '" + dir + "': tensor '" + en.name + "' has a bad shape");
-        en.numel *= d;
-      }
-      if (en.offset != next)
-        throw UserError("checkpoint '" + dir + "': tensor '" + en.name + "' is at offset " +
-                        std::to_string(en.offset) + ", expected " + std::to_string(next));
-      next += en.numel;
-      out.table.push_back(std::move(en));
-    }
-    if (next != out.param_count)
-      throw UserError("checkpoint '" + dir + "': the parameter table holds " +
-                      std::to_string(next) + " values, param_count says " +
-                      std::to_string(out.param_count));
-    for (const auto& sh : m.at("shards")) {
-      files.push_back(sh.at("file").get<std::string>());
-      shard_ranks.push_back(sh.at("rank").get<int64_t>());
-      std::vector<ShardRange> rs;
-      for (const auto& r : sh.at("ranges"))
-        rs.push_back({r.at(0).get<int64_t>(), r.at(1).get<int64_t>(), r.at(2).get<int64_t>()});
-      ranges.push_back(std::move(rs));
-    }
-  } catch (const nlohmann::json::exception& e) {
-    throw UserError("checkpoint '" + dir + "': manifest.json is malformed: " + e.what());
-  }
-  if (meta.step < 0 || meta.epoch < 0 || meta.batch < 0 || meta.optimizer_steps < 0)
-    throw UserError("checkpoint '" + dir + "': negative step or position in the manifest");
-  // One shard per rank that holds a distinct part (every rank for zero/fsdp, replica 0's stages
-  // for a pipeline): at least one, at most world size.
-  if (meta.world_size > kMaxCheckpointWorld)
-    throw UserError("checkpoint '" + dir + "': world size " + std::to_string(meta.world_size) +
-                    " in the manifest is above " + std::to_string(kMaxCheckpointWorld));
-  if (files.empty() || static_cast<int64_t>(files.size()) > meta.world_size)
-    throw UserError("checkpoint '" + dir + "': manifest lists " + std::to_string(files.size()) +
-                    " shards for world size " + std::to_string(meta.world_size));
-  // Every element of the flat layout exactly once.
-  const int64_t P = out.param_count;
-  std::vector<ShardRange> all;
-  for (const auto& rs : ranges) all.insert(all.end(), rs.begin(), rs.end());
-  std::sort(all.begin(), all.end(),
-            [](const ShardRange& a, const ShardRange& b) { return a.begin < b.begin; });
-  int64_t covered = 0;
-  for (const auto& r : all) {
-    if (r.begin != covered || r.end < r.begin || r.offset < 0)
-      throw UserError("checkpoint '" + dir +
-                      "': shard ranges do not cover the parameters exactly once (range " +
-                      shard_range_str(r) + ", expected start " + std::to_string(covered) + ")");
-    covered = r.end;
-  }
-  if (covered != P)
-    throw UserError("checkpoint '" + dir + "': shard ranges cover " + std::to_string(covered) +
-                    " of " + std::to_string(P) + " parameters");
-  out.params.assign(static_cast<size_t>(P), 0.0f);
-  if (with_state)
-    out.state.assign(out.state_names.size(), std::vector<float>(static_cast<size_t>(P), 0.0f));
-  int64_t unchecksummed = 0;
-  for (size_t r = 0; r < files.size(); ++r) {
-    if (files[r].find('/') != std::string::npos)
-      throw UserError("checkpoint '" + dir + "': shard file name '" + files[r] + "' has a '/'");
-    const StFile f = read_safetensors((fs::path(dir) / files[r]).string());  // verifies CRCs
-    if (!f.checksummed) ++unchecksummed;
-    check_shard_identity(dir, files[r], f, shard_ranks[r], meta.step);
-    if (tp == 1) check_shard_ranges(dir, files[r], f, ranges[r]);
-    auto need = [&](const std::string& name) -> const std::vector<float>& {
-      auto it = f.tensors.find(name);
-      if (it == f.tensors.end())
-        throw UserError("checkpoint '" + dir + "': shard '" + files[r] + "' has no tensor '" +
-                        name + "'");
-      return it->second.data;
-    };
-    const std::vector<float>& pv = need("params");
-    const int64_t n = static_cast<int64_t>(pv.size());
-    for (const auto& rg : ranges[r])
-      if (rg.offset + (rg.end - rg.begin) > n)
-        throw UserError("checkpoint '" + dir + "': shard '" + files[r] + "' holds " +
-                        std::to_string(n) + " values, too few for its range " +
-                        shard_range_str(rg));
-    for (const auto& rg : ranges[r])
-      std::copy(pv.begin() + rg.offset, pv.begin() + rg.offset + (rg.end - rg.begin),
-                out.params.begin() + rg.begin);
-    if (!with_state) continue;
-    for (size_t k = 0; k < out.state_names.size(); ++k) {
-      const std::vector<float>& sv = need("optim." + out.state_names[k]);
-      if (static_cast<int64_t>(sv.size()) != n)
-        throw UserError("checkpoint '" + dir + "': shard '" + files[r] + "' optim." +
-                        out.state_names[k] + " has another size than its params");
-      for (const auto& rg : ranges[r])
-        std::copy(sv.begin() + rg.offset, sv.begin() + rg.offset + (rg.end - rg.begin),
-                  out.state[k].begin() + rg.begin);
-    }
-  }
-  if (unchecksummed > 0)
-    warn_unchecksummed(dir, std::to_string(unchecksummed) + " of its " +
-                                std::to_string(files.size()) + " shard files have");
-  for (const auto& e : out.table) {
-    check_finite(out.params.data() + e.offset, e.numel, dir, e.name);
-    for (size_t k = 0; k < out.state.size(); ++k)
-      check_finite(out.state[k].data() + e.offset, e.numel, dir,
-                   "optim." + out.state_names[k] + "." + e.name);
-  }
-  return out;
 }
 
 CheckpointMeta load_sharded_checkpoint(const std::string& dir, const Model& model, float* params,

@@ -1,0 +1,56 @@
+// Internal to lib/checkpoint: what checkpoint.cc (files, manifests, resolution) and
+// sharded_read.cc (reading a sharded folder back) share. Not part of the library's interface.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "checkpoint/checkpoint.h"
+#include "nn/model.h"
+
+namespace dtrain::checkpoint_internal {
+
+inline constexpr const char* kFormatName = "dtrain-checkpoint";  // metadata / manifest "format"
+inline constexpr const char* kManifest = "manifest.json";
+
+// Refuses (UserError) a format version this dtrain cannot read: older than the oldest it still
+// loads, or newer.
+void check_format_version(int64_t version, const std::string& path);
+// A sharded checkpoint's format and version, from its manifest (json::exception when malformed).
+void check_manifest_format(const nlohmann::json& m, const std::string& dir);
+// Refuses NaN or Inf in a loaded parameter or optimizer-state tensor of n floats: evaluating such
+// weights prints a null loss, and training from them fails later with a message about the
+// learning rate, far from the cause. The message names the tensor and the first bad index.
+void check_finite(const float* v, int64_t n, const std::string& path, const std::string& name);
+// Files written before checksums existed (format versions 1 and 2) still load, unverified:
+// warns "checkpoint 'path': <which> no CRC-32 checksums ...".
+void warn_unchecksummed(const std::string& path, const std::string& which);
+// "[begin, end) at offset", for messages.
+std::string shard_range_str(const ShardRange& r);
+
+// A sharded checkpoint read back into the full flat layout, without a model: the manifest's
+// parameter table describes it.
+struct ShardedRead {
+  CheckpointMeta meta;
+  struct Entry {
+    std::string name;
+    Shape shape;
+    int64_t offset = 0, numel = 0;
+  };
+  std::vector<Entry> table;
+  std::vector<std::string> state_names;
+  int64_t param_count = 0;
+  std::vector<float> params;
+  std::vector<std::vector<float>> state;  // per state_names entry, when read with state
+};
+
+// Reads the sharded checkpoint folder `dir`: the manifest, then every shard (CRCs verified),
+// checked against the manifest (identity, ranges, exact cover of the flat layout) and for finite
+// values. with_state: also the optimizer state the manifest lists. Throws UserError naming the
+// first problem.
+ShardedRead read_sharded(const std::string& dir, bool with_state);
+
+}  // namespace dtrain::checkpoint_internal
