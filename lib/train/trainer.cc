@@ -476,17 +476,14 @@ nlohmann::json run_training(const Config& cfg, const RunOptions& opts) {
         Communicator& comm = *comms[static_cast<size_t>(r)];
         try {
           summaries[static_cast<size_t>(r)] = train_rank(cfg, opts, comm);
-        } catch (const AgreedError&) {
-          // Every rank stops here at the same step (train/stop.h): no abort, no peer's
-          // CommError (or desync table) in front of the one error they share.
-          errors[static_cast<size_t>(r)] = std::current_exception();
-          int expected = -1;
-          first_failed.compare_exchange_strong(expected, r);
         } catch (const std::exception& e) {
           errors[static_cast<size_t>(r)] = std::current_exception();
           int expected = -1;
           first_failed.compare_exchange_strong(expected, r);
-          comm.abort(comm.rank_name(r) + " failed: " + e.what());
+          // An AgreedError stops every rank at the same step (train/stop.h): no abort, so no
+          // peer's CommError (or desync table) lands in front of the one error they share.
+          if (dynamic_cast<const AgreedError*>(&e) == nullptr)
+            comm.abort(comm.rank_name(r) + " failed: " + e.what());
         }
       });
     } catch (const std::system_error& e) {
