@@ -474,6 +474,16 @@ class Reader final : public config_detail::KeyErrors {
       const std::string hint = override_for(path)
                                    ? "e.g. --set " + path + "=';', or '\\t' for a tab"
                                    : std::string("quote it, e.g. \"\\t\"");
+      // A multibyte UTF-8 character looks like one character but is several bytes: the CSV
+      // reader splits on one byte, so only ASCII can be a delimiter.
+      const bool one_utf8_char =
+          s.size() > 1 && (static_cast<unsigned char>(s[0]) & 0xC0) == 0xC0 &&
+          std::all_of(s.begin() + 1, s.end(),
+                      [](char c) { return (static_cast<unsigned char>(c) & 0xC0) == 0x80; });
+      if (one_utf8_char)
+        fail_node(path, *n,
+                  "must be one ASCII character ('" + s + "' is " + std::to_string(s.size()) +
+                      " bytes in UTF-8; " + hint + ")");
       fail_node(path, *n, "must be exactly one character (got '" + s + "'; " + hint + ")");
     }
     out = s[0];

@@ -318,6 +318,13 @@ TEST_CASE("CSV delimiter from --set: one character as typed, \\t a tab, a clear 
   CHECK(r.output ==
         "error: --set data.csv.delimiter=ab: data.csv.delimiter: must be exactly one character "
         "(got 'ab'; e.g. --set data.csv.delimiter=';', or '\\t' for a tab)\n");
+  // One character on screen, two bytes: the reader splits on bytes, so it must be ASCII.
+  r = run_dtrain("validate " + comma + " --set 'data.csv.delimiter=\xc3\xa9'");
+  CHECK(r.exit_code == 2);
+  CHECK(r.output ==
+        "error: --set data.csv.delimiter=\xc3\xa9: data.csv.delimiter: must be one ASCII "
+        "character ('\xc3\xa9' is 2 bytes in UTF-8; e.g. --set data.csv.delimiter=';', or '\\t' "
+        "for a tab)\n");
   r = run_dtrain("validate " + comma + " --set data.csv.delimiter=");
   CHECK(r.exit_code == 2);
   CHECK(contains(r.output, "must be exactly one character (got ''"));
