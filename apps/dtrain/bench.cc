@@ -37,7 +37,8 @@ std::vector<int64_t> parse_sizes(const std::string& text) {
       mult = int64_t{1} << 30;
     else if (!suffix.empty() && suffix != "B")
       throw UserError("bad size '" + tok + "' (use e.g. 4M, 512K, 1G)");
-    if (tok.empty() || stop == tok.c_str() || v < 0 || v * static_cast<double>(mult) > 8e9)
+    // Written so that NaN ("nan", "nanK": strtod reads them) fails too.
+    if (tok.empty() || stop == tok.c_str() || !(v >= 0) || !(v * static_cast<double>(mult) <= 8e9))
       throw UserError("bad size '" + tok + "' (use e.g. 4M, 512K, 1G; at most 8G)");
     const int64_t bytes = static_cast<int64_t>(v * static_cast<double>(mult)) / 4 * 4;
     if (bytes == 0)

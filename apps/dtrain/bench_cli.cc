@@ -128,6 +128,9 @@ std::optional<int> BenchCli::run(const char* argv0, const std::string& log_level
 }
 
 int BenchCli::run_gemm() const {
+  // Checked here too: with --config the threads are set before bench_gemm's own check.
+  if (gemm_threads_ < 0 || gemm_threads_ > 1024)
+    throw UserError("bench gemm: --threads must be in [0, 1024]");
   if (gemm_config_.empty()) {
     if (!gemm_sets_.empty()) throw UserError("bench gemm: --set needs --config");
     return bench_gemm(mlp_step_gemms(widths_, gemm_batch_), gemm_threads_, gemm_iters_,

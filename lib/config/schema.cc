@@ -297,7 +297,7 @@ std::vector<KeyDecl> optimizer_keys(const Owners& o) {
           .non_negative(),
       key(
           "optimizer.schedule.type", [](auto& c) -> auto& { return c.optimizer.schedule.type; },
-          R"doc(`constant` | `step` | `cosine` (to `min_lr` at the last step))doc"),
+          R"doc(`constant` | `step` | `cosine` (half a cosine from lr after warmup down towards `min_lr`, reached the step after the last, as PyTorch's CosineAnnealingLR with T_max = the steps after warmup))doc"),
       key(
           "optimizer.schedule.warmup_steps",
           [](auto& c) -> auto& { return c.optimizer.schedule.warmup_steps; },
@@ -316,7 +316,7 @@ std::vector<KeyDecl> optimizer_keys(const Owners& o) {
           .by(o.step),
       key(
           "optimizer.schedule.min_lr", [](auto& c) -> auto& { return c.optimizer.schedule.min_lr; },
-          R"doc(cosine final lr, ≥ 0 and < `optimizer.lr` (cosine only))doc")
+          R"doc(cosine's floor (the lr one step after the last; the last step's is slightly above it), ≥ 0 and < `optimizer.lr` (cosine only))doc")
           .non_negative()
           .by(o.cosine),
   };

@@ -133,11 +133,13 @@ TEST_CASE("bench gemm refuses what does not fit, with exit 2") {
         std::string("--set data.batch_size=3"), std::string("--widths 4"),
         std::string("--widths 4,0,3"), std::string("--widths 4,3 --batch 0"),
         std::string("--widths 4,3 --iters -1"), "--config " + cfg + " --set model.type=nope",
+        "--config " + cfg + " --threads -1", std::string("--widths 4,3 --threads -1"),
         std::string("--config ") + dir.path() + "/missing.yaml"}) {
     INFO(args);
     const auto r = run_cmd(kBin + " bench gemm " + args);
     CHECK(r.exit_code == 2);
     CHECK(contains(r.output, "error"));
+    CHECK_FALSE(contains(r.output, "internal error"));
   }
 }
 
