@@ -92,13 +92,19 @@ void TrainLoop::check_memory(const ModelRange& range) const {
     need += 4.0 * (1 + k) * static_cast<double>(model_.param_count()) * here;
   if (need <= static_cast<double>(avail)) return;
   const double gib = 1024.0 * 1024.0 * 1024.0;
+  // The keys that set the size, by model type.
+  const ModelType type = cfg_.model.type;
+  const char* keys = type == ModelType::kGpt                      ? "model.n_layer, n_embd"
+                     : type == ModelType::kSequential             ? "model.layers"
+                     : cfg_.model.complexity != Complexity::kNone ? "model.complexity"
+                                                                  : "model.hidden";
   throw UserError(fmt::format(
-      "the model has {} parameters (model.hidden): training needs about {:.1f} GiB for "
+      "the model has {} parameters ({}): training needs about {:.1f} GiB for "
       "parameters, gradients and optimizer state ({} {} rank(s) in this process, strategy {}), "
       "more than the {:.1f} GiB this process can allocate; use a smaller model, or more ranks "
       "with a sharded strategy (fsdp) or a pipeline",
-      model_.param_count(), need / gib, here, to_string(cfg_.distributed.backend), to_string(s),
-      static_cast<double>(avail) / gib));
+      model_.param_count(), keys, need / gib, here, to_string(cfg_.distributed.backend),
+      to_string(s), static_cast<double>(avail) / gib));
 }
 
 bool TrainLoop::resume() {
