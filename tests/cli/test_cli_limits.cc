@@ -18,29 +18,25 @@ const std::string kSrc = DTRAIN_SOURCE_DIR;
 
 TEST_CASE("a model too large for this machine's memory is refused before it is allocated") {
   TempDir dir;
-  const auto r = run_cmd(kBin + " run " + kSrc +
-                         "/configs/smoke.yaml --set 'model.hidden=[1000000000]' --out " +
-                         dir / "big" + " 2>&1");
-  INFO(r.output);
-  CHECK(r.exit_code == 2);
-  CHECK(contains(r.output, "parameters (model.hidden): training needs about"));
-  CHECK(contains(r.output, "GiB this process can allocate"));
-  CHECK_FALSE(contains(r.output, "bad_alloc"));
   // The message names the keys that set the size, by model type.
-  const auto gpt = run_cmd(kBin + " run " + kSrc +
-                           "/configs/lm_jargon.yaml --set model.n_embd=60000 --set model.n_head=1 "
-                           "--out " +
-                           dir / "gpt" + " 2>&1");
-  INFO(gpt.output);
-  CHECK(gpt.exit_code == 2);
-  CHECK(contains(gpt.output, "parameters (model.n_layer, n_embd): training needs about"));
-  const auto seq = run_cmd(kBin + " run " + kSrc +
-                           "/configs/fmnist_cnn.yaml --set 'model.layers=[flatten, {linear: "
-                           "16777216}, {linear: 10}]' --out " +
-                           dir / "seq" + " 2>&1");
-  INFO(seq.output);
-  CHECK(seq.exit_code == 2);
-  CHECK(contains(seq.output, "parameters (model.layers): training needs about"));
+  struct Case {
+    std::string config, sets, keys;
+  };
+  for (const Case& c : {
+           Case{"smoke.yaml", "--set 'model.hidden=[1000000000]'", "model.hidden"},
+           Case{"lm_jargon.yaml", "--set model.n_embd=60000 --set model.n_head=1",
+                "model.n_layer, n_embd"},
+           Case{"fmnist_cnn.yaml",
+                "--set 'model.layers=[flatten, {linear: 16777216}, {linear: 10}]'", "model.layers"},
+       }) {
+    const auto r = run_cmd(kBin + " run " + kSrc + "/configs/" + c.config + " " + c.sets +
+                           " --out " + dir / "big" + " 2>&1");
+    INFO(r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(contains(r.output, "parameters (" + c.keys + "): training needs about"));
+    CHECK(contains(r.output, "GiB this process can allocate"));
+    CHECK_FALSE(contains(r.output, "bad_alloc"));
+  }
 }
 
 TEST_CASE("widths whose parameter count overflows int64 are refused, not wrapped negative") {
