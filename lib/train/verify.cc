@@ -81,6 +81,11 @@ TensorMap params_only(TensorMap m) {
   return m;
 }
 
+// The tensors of a state the verdict compares: all, or the parameters only (unchecked_state).
+TensorMap compared(const ReferencePlan& plan, TensorMap m) {
+  return plan.unchecked_state.empty() ? m : params_only(std::move(m));
+}
+
 // Runs one side. The reference always runs in this process (it is one rank); the layout runs
 // in-process or as gRPC ranks started the way dtrain launch starts them.
 class Runner {
@@ -197,18 +202,18 @@ void teacher_force(const Runner& run, const ReferencePlan& plan, const fs::path&
   run.reference(init, dir / "init");
   TensorMap from = params_only(read_checkpoint_tensors(checkpoint_of(dir / "init", 1)));
   for (int64_t k = 1; k <= steps; ++k) {
-    TensorMap want = read_checkpoint_tensors(checkpoint_of(dir / "reference", k));
+    TensorMap want = compared(plan, read_checkpoint_tensors(checkpoint_of(dir / "reference", k)));
     ForcedStep fs_row;
     fs_row.step = k;
     fs_row.loss_reference = ref_losses.count(k) ? ref_losses.at(k) : NAN;
     TensorMap got;
     if (k == 1) {  // the free run's first step starts from the same initial state
-      got = read_checkpoint_tensors(checkpoint_of(dir / "layout", 1));
+      got = compared(plan, read_checkpoint_tensors(checkpoint_of(dir / "layout", 1)));
       fs_row.loss_layout = free_losses.count(1) ? free_losses.at(1) : NAN;
     } else {
       const fs::path out = dir / ("forced-" + std::to_string(k));
       run.layout(out, k, 1, checkpoint_of(dir / "reference", k - 1));
-      got = read_checkpoint_tensors(checkpoint_of(out, k));
+      got = compared(plan, read_checkpoint_tensors(checkpoint_of(out, k)));
       const auto l = read_losses(out);
       fs_row.loss_layout = l.count(k) ? l.at(k) : NAN;
       std::error_code ec;
@@ -244,17 +249,21 @@ ReferencePlan plan_reference(const Config& layout) {
   ReferencePlan p;
   const DistributedConfig& d = layout.distributed;
   const int64_t stages = std::max<int64_t>(1, d.pipeline.stages);
-  if (d.world_size % stages != 0)
-    throw UserError(
-        fmt::format("verify: distributed.world_size {} is not a multiple of "
-                    "distributed.pipeline.stages {}",
-                    d.world_size, stages));
-  p.replicas = d.world_size / stages;
+  const int64_t tp = std::max<int64_t>(1, d.tensor_parallel.size);
+  if (d.world_size % (stages * tp) != 0)
+    throw UserError(fmt::format(
+        "verify: distributed.world_size {} is not a multiple of distributed.pipeline.stages {} x "
+        "distributed.tensor_parallel.size {}",
+        d.world_size, stages, tp));
+  // Pipeline stages and tensor-parallel ranks split one replica's model; only the data axis
+  // splits the batch.
+  p.replicas = d.world_size / (stages * tp);
   Config& ref = p.reference = layout;
   ref.distributed.world_size = 1;
   ref.distributed.backend = Backend::kInproc;
   ref.distributed.strategy = StrategyKind::kDdp;
   ref.distributed.pipeline.stages = 1;
+  ref.distributed.tensor_parallel.size = 1;
   ref.distributed.compression.type = CompressionType::kNone;
   ref.data.batch_size = layout.data.batch_size * p.replicas;
   const bool linear = layout.optimizer.scale_lr == ScaleLr::kLinear;
@@ -275,6 +284,13 @@ ReferencePlan plan_reference(const Config& layout) {
           "follows its own gradients, so the model differs from one process's by design (less "
           "communication for that)",
           l.sync_every, l.sync_every);
+    } else if (sgd && l.outer_lr == 0.0 && layout.optimizer.momentum > 0.0 &&
+               !l.sync_optimizer_state) {
+      // Averaging after every step is linear in each replica's momentum, so the mean momentum
+      // follows one process's and the parameters stay equal; each replica's own buffer does not.
+      p.unchecked_state =
+          "Local SGD keeps each replica's momentum (local_sgd.sync_optimizer_state false), so "
+          "the optimizer state differs from one process's by design; parameters are compared";
     } else if (l.outer_lr > 0.0 || !sgd) {
       p.exact = false;
       p.divergence =
@@ -298,13 +314,15 @@ ReferencePlan plan_reference(const Config& layout) {
                            ? " (error feedback carries what was dropped to later steps)"
                            : "");
   }
-  p.layout_text = fmt::format("{}, {} rank(s): {} data-parallel replica(s) x batch {}{}{}, lr {}{}",
-                              strategy, d.world_size, p.replicas, layout.data.batch_size,
-                              stages > 1 ? fmt::format(", {} pipeline stages", stages) : "",
-                              d.compression.type != CompressionType::kNone
-                                  ? ", compression " + to_string(d.compression.type)
-                                  : "",
-                              lr_text(layout.optimizer.lr), linear ? " (scale_lr linear)" : "");
+  p.layout_text =
+      fmt::format("{}, {} rank(s): {} data-parallel replica(s) x batch {}{}{}{}, lr {}{}", strategy,
+                  d.world_size, p.replicas, layout.data.batch_size,
+                  stages > 1 ? fmt::format(", {} pipeline stages", stages) : "",
+                  tp > 1 ? fmt::format(", tensor-parallel size {}", tp) : "",
+                  d.compression.type != CompressionType::kNone
+                      ? ", compression " + to_string(d.compression.type)
+                      : "",
+                  lr_text(layout.optimizer.lr), linear ? " (scale_lr linear)" : "");
   p.reference_text =
       fmt::format("1 rank, ddp, batch {}, lr {}, {}, same model, data, seed and schedule",
                   ref.data.batch_size, lr_text(ref.optimizer.lr), to_string(layout.optimizer.type));
@@ -337,9 +355,9 @@ VerifyReport run_verify(const VerifyOptions& o) {
   run.layout(work.path / "layout", r.steps, m, "");
   if (plan.teacher_forcing) teacher_force(run, plan, work.path, r.steps, !work.temporary, r);
 
-  r.end_state =
-      tensor_diffs(read_checkpoint_tensors(checkpoint_of(work.path / "reference", r.steps)),
-                   read_checkpoint_tensors(checkpoint_of(work.path / "layout", r.steps)));
+  r.end_state = tensor_diffs(
+      compared(plan, read_checkpoint_tensors(checkpoint_of(work.path / "reference", r.steps))),
+      compared(plan, read_checkpoint_tensors(checkpoint_of(work.path / "layout", r.steps))));
   const auto lr = read_losses(work.path / "reference"), ll = read_losses(work.path / "layout");
   for (const auto& [step, loss] : lr)
     r.losses.push_back({step, loss, ll.count(step) ? ll.at(step) : NAN});

@@ -42,7 +42,11 @@ struct ReferencePlan {
   // Teacher forcing needs a checkpoint after every step; Local SGD with H > 1 holds different
   // parameters on its replicas between synchronisations, so it is free-running only.
   bool teacher_forcing = true;
-  int64_t step_multiple = 1;                // N is rounded up to a multiple of this (Local SGD's H)
+  int64_t step_multiple = 1;  // N is rounded up to a multiple of this (Local SGD's H)
+  // Non-empty: the layout's optimizer state differs from one process's by design while its
+  // parameters do not (Local SGD H = 1 with per-replica momentum): only parameters are compared,
+  // and this says why.
+  std::string unchecked_state;
   std::string layout_text, reference_text;  // one line each, for the report
 };
 // UserError for a layout with no single-process equivalent.

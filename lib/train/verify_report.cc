@@ -48,27 +48,32 @@ nlohmann::json report_json(const VerifyReport& r) {
   for (const LossPoint& p : r.losses)
     losses.push_back(
         {{"step", p.step}, {"reference", number(p.reference)}, {"layout", number(p.layout)}});
-  return {{"verdict", r.verdict},
-          {"layout", r.plan.layout_text},
-          {"reference", r.plan.reference_text},
-          {"exact", r.plan.exact},
-          {"divergence", r.plan.divergence},
-          {"steps", r.steps},
-          {"tolerance", r.tolerance},
-          {"teacher_forcing", forced},
-          {"noise_floor", r.noise_floor != 0.0 ? number(r.noise_floor) : nlohmann::json(nullptr)},
-          {"first_failing_step",
-           r.first_bad_step > 0 ? nlohmann::json(r.first_bad_step) : nlohmann::json(nullptr)},
-          {"end_state", end},
-          {"end_state_worst", diff_json(worst(r.end_state))},
-          {"losses", losses}};
+  return {
+      {"verdict", r.verdict},
+      {"layout", r.plan.layout_text},
+      {"reference", r.plan.reference_text},
+      {"exact", r.plan.exact},
+      {"divergence", r.plan.divergence},
+      {"unchecked_state", r.plan.unchecked_state.empty() ? nlohmann::json(nullptr)
+                                                         : nlohmann::json(r.plan.unchecked_state)},
+      {"steps", r.steps},
+      {"tolerance", r.tolerance},
+      {"teacher_forcing", forced},
+      {"noise_floor", r.noise_floor != 0.0 ? number(r.noise_floor) : nlohmann::json(nullptr)},
+      {"first_failing_step",
+       r.first_bad_step > 0 ? nlohmann::json(r.first_bad_step) : nlohmann::json(nullptr)},
+      {"end_state", end},
+      {"end_state_worst", diff_json(worst(r.end_state))},
+      {"losses", losses}};
 }
 
 std::string report_text(const VerifyReport& r) {
   std::string s;
-  s += fmt::format("layout:     {}\nreference:  {}\ntolerance:  {} relative{}\n\n",
-                   r.plan.layout_text, r.plan.reference_text, sci(r.tolerance),
-                   r.plan.exact ? "" : " (not applied: the layout diverges by design)");
+  s += fmt::format(
+      "layout:     {}\nreference:  {}\ntolerance:  {} relative{}\n{}\n", r.plan.layout_text,
+      r.plan.reference_text, sci(r.tolerance),
+      r.plan.exact ? "" : " (not applied: the layout diverges by design)",
+      r.plan.unchecked_state.empty() ? "" : "compared:   " + r.plan.unchecked_state + "\n");
   if (!r.forced.empty()) {
     s += "teacher forcing: each step from the reference's state, the update's difference relative "
          "to the reference update\n";

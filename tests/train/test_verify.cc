@@ -93,6 +93,17 @@ TEST_CASE("verify: the reference has one rank, the global batch and the scaled l
     CHECK_FALSE(p.exact);
     CHECK(p.divergence.find("not linear") != std::string::npos);
   }
+  {  // H = 1 with SGD momentum: each replica keeps its own momentum, so parameters only, unless
+     // the state is averaged too (or there is none)
+    CHECK(plan_reference(load_config(path, {"distributed.strategy=local_sgd",
+                                            "distributed.local_sgd.sync_every=1"}))
+              .unchecked_state.find("parameters are compared") != std::string::npos);
+    for (const char* s :
+         {"distributed.local_sgd.sync_optimizer_state=true", "optimizer.momentum=0"})
+      CHECK(plan_reference(load_config(path, {"distributed.strategy=local_sgd",
+                                              "distributed.local_sgd.sync_every=1", s}))
+                .unchecked_state.empty());
+  }
   {
     const ReferencePlan p =
         plan_reference(load_config(path, {"distributed.compression.type=topk"}));
@@ -163,6 +174,53 @@ TEST_CASE(
   CHECK(r.forced[3].worst.rel < 1e-5);
   CHECK(worst(r.end_state).rel > 1e-4);  // the free run carries the fault on
   CHECK(report_text(r).find("FAIL at step 3") != std::string::npos);
+}
+
+TEST_CASE("verify: Local SGD H = 1 with per-replica momentum passes on its parameters") {
+  spdlog::set_level(spdlog::level::warn);
+  TempDir t;
+  const VerifyReport r =
+      verify(t, {"distributed.strategy=local_sgd", "distributed.local_sgd.sync_every=1"});
+  CAPTURE(report_text(r));
+  CHECK(r.verdict == "pass");
+  for (const TensorDiff& d : r.end_state) CHECK(d.name.rfind("optim.", 0) != 0);
+  CHECK(report_text(r).find("compared:   Local SGD keeps each replica's momentum") !=
+        std::string::npos);
+}
+
+TEST_CASE("verify: tensor parallelism is verified against one process without it") {
+  spdlog::set_level(spdlog::level::warn);
+  TempDir t;
+  std::string text;
+  for (int i = 0; i < 60; ++i)
+    text += "the quick brown fox jumps over the lazy dog " + std::to_string(i) + "\n";
+  const std::string data = t.write("text.txt", text);
+  VerifyOptions o;
+  o.config_path = t.write("gpt.yaml", R"(seed: 5
+model: {type: gpt, n_layer: 1, n_head: 2, n_embd: 16, block_size: 16}
+data: {format: text, train: {path: )" + data +
+                                          R"(}, batch_size: 4}
+optimizer: {type: sgd, lr: 0.1, momentum: 0.9}
+train: {epochs: 10}
+distributed: {world_size: 4, strategy: zero2, tensor_parallel: {size: 2}}
+runtime: {threads: 1}
+)");
+  o.steps = 3;
+  {
+    const ReferencePlan p = plan_reference(load_config(o.config_path, {}));
+    CHECK(p.replicas == 2);
+    CHECK(p.reference.distributed.tensor_parallel.size == 1);
+    CHECK(p.reference.data.batch_size == 8);
+    CHECK(p.layout_text.find("tensor-parallel size 2") != std::string::npos);
+  }
+  const VerifyReport r = run_verify(o);
+  CAPTURE(report_text(r));
+  CHECK(r.verdict == "pass");
+  REQUIRE(r.forced.size() == 3);
+  for (const ForcedStep& f : r.forced) CHECK(f.worst.rel < 1e-4);
+  // A tensor-parallel size that leaves no whole replica is named as such.
+  o.sets = {"distributed.world_size=6", "distributed.pipeline.stages=2"};
+  CHECK_THROWS_AS(run_verify(o), UserError);
 }
 
 TEST_CASE("verify: top-k compression and Local SGD H = 8 diverge as expected, not as bugs") {
