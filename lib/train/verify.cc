@@ -17,6 +17,7 @@
 #include "util/check.h"
 #include "util/enum_names.h"
 #include "util/fault.h"
+#include "util/fs.h"
 
 namespace dtrain {
 
@@ -169,14 +170,23 @@ struct QuietLogs {
 };
 
 struct WorkDir {
+  static constexpr const char* kMarker = ".dtrain-verify";
   fs::path path;
   bool temporary = false;
   explicit WorkDir(const std::string& given) {
     if (!given.empty()) {
       path = given;
       std::error_code ec;
+      // verify replaces its runs' subfolders (layout, reference, ...) in --out: only in a folder
+      // that is new, empty or verify's own (it holds the marker), never in a user's folder.
+      if (fs::exists(path, ec) && !fs::is_empty(path, ec) && !fs::exists(path / kMarker, ec))
+        throw UserError("verify: --out '" + given +
+                        "' is a folder that holds files verify did not write; verify replaces "
+                        "its subfolders, so choose a new or empty folder");
       fs::create_directories(path, ec);
       if (ec) throw UserError("verify: cannot create --out '" + given + "': " + ec.message());
+      write_file_atomic((path / kMarker).string(),
+                        "dtrain verify's work folder: its runs are replaced by the next verify\n");
       return;
     }
     std::string t = (fs::temp_directory_path() / "dtrain-verify-XXXXXX").string();

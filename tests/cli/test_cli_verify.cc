@@ -82,4 +82,16 @@ runtime: {threads: 1}
     CHECK_MESSAGE(r.exit_code == 2, r.output);
     CHECK(r.output.find("error") != std::string::npos);
   }
+  // --out: verify replaces its subfolders, so a folder of the user's is refused and left as it
+  // was; a new folder, and the same one again, are verify's own.
+  std::filesystem::create_directories(t / "mine/layout");
+  t.write("mine/layout/notes.txt", "precious");
+  const CmdResult mine = run_cmd(kBin + " verify " + cfg + " --steps 1 --out " + t / "mine");
+  CHECK_MESSAGE(mine.exit_code == 2, mine.output);
+  CHECK(mine.output.find("holds files verify did not write") != std::string::npos);
+  CHECK(std::filesystem::file_size(t / "mine/layout/notes.txt") == 8);
+  for (int i = 0; i < 2; ++i) {
+    const CmdResult r = run_cmd(kBin + " verify " + cfg + " --steps 1 --out " + t / "work");
+    CHECK_MESSAGE(r.exit_code == 0, r.output);
+  }
 }
