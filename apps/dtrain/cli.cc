@@ -269,6 +269,12 @@ int cmd_eval(const Config& cfg, const std::string& ckpt) {
   const LoadedModel m = load_model(cfg, data, ckpt);
   const EvalResult r =
       evaluate(m.model, m.params.data(), data.test, cfg.data.eval_batch_size, cfg.model.loss);
+  if (r.first_nonfinite >= 0)
+    throw UserError(fmt::format(
+        "test sample {} (0-based, of {}) gives a non-finite output or loss: its values overflow "
+        "the model's float32 arithmetic, or the checkpoint's weights have diverged; no test loss "
+        "or accuracy to report",
+        r.first_nonfinite, r.samples));
   nlohmann::json out = {
       {"test_loss", r.loss}, {"test_accuracy", r.accuracy}, {"samples", r.samples}};
   if (cfg.data.format == DataFormat::kText) out["test_bpb"] = r.loss / std::log(2.0);
@@ -288,30 +294,45 @@ int cmd_predict(const Config& cfg, const std::string& ckpt, const std::string& i
   set_blas_threads(static_cast<int>(cfg.runtime.threads));
   const DataSplits data = load_data(cfg.data, cfg.seed);  // for the normaliser and the shape
   const LoadedModel m = load_model(cfg, data, ckpt);
+  // data.csv.header describes the training files; --input is detected on its own (a first row of
+  // names is skipped, one of numbers is data), so `header: true` cannot drop a row of input.
+  CsvOptions in_opts = cfg.data.csv;
+  if (in_opts.header == CsvHeader::kTrue) in_opts.header = CsvHeader::kAuto;
   int64_t rows = 0;
-  std::vector<float> x = load_csv_features(input, cfg.data.csv, m.model.in_features(), &rows);
-  data.normalizer.apply_rows(x.data(), rows, m.model.in_features());
-  Tensor xt = Tensor::view(x.data(), {rows, m.model.in_features()});
-  Activations acts;
-  const Tensor& logits = m.model.forward(m.params.data(), xt, acts, ForwardCtx{false, nullptr});
-  Tensor probs;
-  softmax_rows(logits, probs);
+  const int64_t F = m.model.in_features();
+  std::vector<float> x = load_csv_features(input, in_opts, F, &rows);
+  data.normalizer.apply_rows(x.data(), rows, F);
   std::ostringstream os;
-  const int64_t C = probs.cols();
   os << "predicted";
-  for (int64_t c = 0; c < C; ++c) os << ",prob_" << c;
+  for (int64_t c = 0; c < m.model.out_features(); ++c) os << ",prob_" << c;
   os << "\n";
+  // In batches of data.eval_batch_size rows, as eval: activations stay bounded however long the
+  // input is.
+  Activations acts;
+  Tensor probs;
   char buf[32];
-  for (int64_t r = 0; r < rows; ++r) {
-    int64_t best = 0;
-    for (int64_t c = 1; c < C; ++c)
-      if (probs.at(r, c) > probs.at(r, best)) best = c;
-    os << best;
-    for (int64_t c = 0; c < C; ++c) {
-      std::snprintf(buf, sizeof buf, ",%.6g", static_cast<double>(probs.at(r, c)));
-      os << buf;
+  for (int64_t r0 = 0; r0 < rows; r0 += cfg.data.eval_batch_size) {
+    const int64_t n = std::min(cfg.data.eval_batch_size, rows - r0);
+    Tensor xt = Tensor::view(x.data() + r0 * F, {n, F});
+    softmax_rows(m.model.forward(m.params.data(), xt, acts, ForwardCtx{false, nullptr}), probs);
+    for (int64_t r = 0; r < n; ++r) {
+      int64_t best = 0;
+      for (int64_t c = 0; c < probs.cols(); ++c) {
+        if (!std::isfinite(probs.at(r, c)))
+          throw UserError(fmt::format(
+              "--input '{}': row {} (1-based, of {} data rows) gives non-finite outputs: its "
+              "values overflow the model's float32 arithmetic, or the checkpoint's weights have "
+              "diverged",
+              input, r0 + r + 1, rows));
+        if (probs.at(r, c) > probs.at(r, best)) best = c;
+      }
+      os << best;
+      for (int64_t c = 0; c < probs.cols(); ++c) {
+        std::snprintf(buf, sizeof buf, ",%.6g", static_cast<double>(probs.at(r, c)));
+        os << buf;
+      }
+      os << "\n";
     }
-    os << "\n";
   }
   if (output.empty()) {
     std::cout << os.str() << std::flush;

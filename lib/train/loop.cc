@@ -437,6 +437,17 @@ void TrainLoop::evaluate() {
   last_eval_.samples = n;
   last_eval_.loss = total / static_cast<double>(n * tps_);
   last_eval_.accuracy = static_cast<double>(right) / static_cast<double>(n * tps_);
+  // Non-finite outputs make the accuracy meaningless (NaN logits never win argmax): neither is
+  // reported, and the cause is named once per evaluation.
+  if (!std::isfinite(last_eval_.loss)) {
+    last_eval_.accuracy = std::nan("");
+    if (lead_)
+      spdlog::warn(
+          "eval step {}: the test loss is not finite: the model's outputs overflow on some test "
+          "samples (values too large for float32), or its weights have diverged; no test loss "
+          "or accuracy is reported (dtrain eval names the first such sample)",
+          step_);
+  }
   have_eval_ = true;
   last_eval_step_ = step_;
   if (lead_) {
@@ -444,7 +455,7 @@ void TrainLoop::evaluate() {
                           {"step", step_},
                           {"epoch", epoch_progress()},
                           {"test_loss", nan_to_null(last_eval_.loss)},
-                          {"test_accuracy", last_eval_.accuracy}};
+                          {"test_accuracy", nan_to_null(last_eval_.accuracy)}};
     if (cfg_.data.format == DataFormat::kText)  // bits per byte: nats / ln 2
       rec["test_bpb"] = nan_to_null(last_eval_.loss / std::log(2.0));
     metrics_->write_line(rec.dump());
@@ -500,7 +511,7 @@ nlohmann::json TrainLoop::summary(int stop_signal) {
       {"backend", world_.backend()},
       {"final_train_loss", nan_to_null(final_train_loss_)},
       {"test_loss", have_eval_ ? nan_to_null(last_eval_.loss) : nlohmann::json(nullptr)},
-      {"test_accuracy", have_eval_ ? nlohmann::json(last_eval_.accuracy) : nlohmann::json(nullptr)},
+      {"test_accuracy", have_eval_ ? nan_to_null(last_eval_.accuracy) : nlohmann::json(nullptr)},
       {"wall_s", seconds_since(t_start_)},
       {"train_s", train_s_},
       {"train_samples_per_s",

@@ -66,9 +66,22 @@ ModelShape resolve_model_shape(const Config& cfg, const DataSplits& data) {
 
 namespace {
 
-// Sums over rows [begin, end) of d: (loss sum, correct count).
+// The first row of a batch of `samples` whose outputs hold a non-finite value, as a sample index
+// within the batch (a GPT's output has targets_per_row rows per sample); 0 when every output is
+// finite yet the loss is not (a finite logit gap too large for the loss's float32 arithmetic).
+int64_t first_nonfinite_sample(const Tensor& out, int64_t samples) {
+  const int64_t per = std::max<int64_t>(1, out.rows() / std::max<int64_t>(1, samples));
+  for (int64_t r = 0; r < out.rows(); ++r)
+    for (int64_t c = 0; c < out.cols(); ++c)
+      if (!std::isfinite(out.at(r, c))) return r / per;
+  return 0;
+}
+
+// Sums over rows [begin, end) of d: (loss sum, correct count); the first sample whose output or
+// loss is not finite into *bad (left alone when none is).
 std::pair<double, int64_t> eval_rows(const Model& model, const float* params, const Dataset& d,
-                                     int64_t begin, int64_t end, int64_t batch, Loss loss) {
+                                     int64_t begin, int64_t end, int64_t batch, Loss loss,
+                                     int64_t* bad) {
   DT_CHECK_GT(batch, 0);
   Activations acts;
   Batch b;
@@ -80,7 +93,10 @@ std::pair<double, int64_t> eval_rows(const Model& model, const float* params, co
     consecutive_rows(start, std::min(batch, end - start), idx);
     gather_batch(d, idx, b);
     const Tensor& out = model.forward(params, b.x, acts, ctx);
-    loss_sum += loss_and_grad(loss, out, b.targets.data(), nullptr, 1.0f);
+    const double l = loss_and_grad(loss, out, b.targets.data(), nullptr, 1.0f);
+    if (!std::isfinite(l) && *bad < 0)
+      *bad = start + first_nonfinite_sample(out, static_cast<int64_t>(idx.size()));
+    loss_sum += l;
     correct += count_correct(out, b.targets.data());
   }
   return {loss_sum, correct};
@@ -91,7 +107,8 @@ std::pair<double, int64_t> eval_rows(const Model& model, const float* params, co
 EvalResult evaluate(const Model& model, const float* params, const Dataset& d, int64_t batch,
                     Loss loss) {
   EvalResult r;
-  const auto [loss_sum, correct] = eval_rows(model, params, d, 0, d.rows, batch, loss);
+  const auto [loss_sum, correct] =
+      eval_rows(model, params, d, 0, d.rows, batch, loss, &r.first_nonfinite);
   r.samples = d.rows;
   if (d.rows > 0) {  // means over target positions (one per sample for a classifier)
     const double targets = static_cast<double>(d.rows * d.targets_per_row());

@@ -133,6 +133,9 @@ struct EvalResult {
   double loss = 0.0;      // mean per sample
   double accuracy = 0.0;  // fraction in [0, 1]
   int64_t samples = 0;
+  // The first sample (row of d) whose output or loss is not finite, -1 when none: loss is then
+  // not finite either.
+  int64_t first_nonfinite = -1;
 };
 // Evaluates params on all rows of `d` in eval mode, in batches of `batch` rows.
 EvalResult evaluate(const Model& model, const float* params, const Dataset& d, int64_t batch,

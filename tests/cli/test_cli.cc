@@ -159,3 +159,60 @@ TEST_CASE("the smoke config trains as CI runs it") {
   const auto s = nlohmann::json::parse(read_text(dir / "smoke/summary.json"));
   CHECK(s["test_accuracy"].get<double>() > 0.9);
 }
+
+TEST_CASE("predict and eval: non-finite outputs are refused, input rows are all predicted") {
+  TempDir dir;
+  // Three well-separated classes of 2 features; a header line, as training files often have.
+  std::string train = "a,b,label\n", test = "a,b,label\n";
+  for (int i = 0; i < 90; ++i) {
+    const int c = i % 3;
+    const std::string row = std::to_string(2 * c + 0.01 * (i % 7)) + "," +
+                            std::to_string(-c + 0.02 * (i % 5)) + "," + std::to_string(c) + "\n";
+    (i < 60 ? train : test) += row;
+  }
+  dir.write("train.csv", train);
+  dir.write("test.csv", test);
+  const std::string cfg = dir.write("csv.yaml", R"(seed: 1
+model: {hidden: [8]}
+data: {format: csv, train: {path: train.csv}, test: {path: test.csv}, batch_size: 10,
+       csv: {header: true}}
+optimizer: {type: sgd, lr: 0.1}
+train: {epochs: 2}
+runtime: {threads: 1}
+)");
+  const std::string run = dir / "run";
+  auto r = run_dtrain("run " + cfg + " --out " + run + " --log-level warn");
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  const std::string ckpt = " --checkpoint " + run + " --log-level warn";
+
+  // header: true describes the training files: predict's input rows are all predicted (a first
+  // row of numbers is data), in batches of eval_batch_size with the same results.
+  const std::string in = dir.write("in.csv", "0,0\n4,-2\n2,-1\n");
+  r = run_dtrain("predict " + cfg + ckpt + " --input " + in);
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  CHECK(std::count(r.output.begin(), r.output.end(), '\n') == 4);
+  const auto batched =
+      run_dtrain("predict " + cfg + ckpt + " --input " + in + " --set data.eval_batch_size=2");
+  CHECK(batched.output == r.output);
+
+  // Finite input whose outputs overflow: the row is named, exit 2, no NaN prediction.
+  const std::string huge = dir.write("huge.csv", "1,1\n3e38,-3e38\n");
+  r = run_dtrain("predict " + cfg + ckpt + " --input " + huge);
+  CHECK(r.exit_code == 2);
+  CHECK_MESSAGE(contains(r.output, "row 2 (1-based, of 2 data rows) gives non-finite outputs"),
+                r.output);
+  CHECK_FALSE(contains(r.output, "nan"));
+  const std::string test_huge = dir.write("test_huge.csv", "a,b,label\n1,1,0\n3e38,-3e38,1\n");
+  r = run_dtrain("eval " + cfg + ckpt + " --set data.test.path=" + test_huge);
+  CHECK(r.exit_code == 2);
+  CHECK_MESSAGE(contains(r.output, "test sample 1 (0-based, of 2) gives a non-finite output"),
+                r.output);
+  // In a run, the evaluation reports neither loss nor accuracy, and says why.
+  r = run_dtrain("run " + cfg + " --out " + dir / "run2" + " --set data.test.path=" + test_huge +
+                 " --set train.max_steps=2");
+  CHECK_MESSAGE(r.exit_code == 0, r.output);
+  CHECK(contains(r.output, "the test loss is not finite"));
+  const auto s = nlohmann::json::parse(read_text(dir / "run2/summary.json"));
+  CHECK(s["test_loss"].is_null());
+  CHECK(s["test_accuracy"].is_null());
+}
