@@ -352,7 +352,8 @@ bool TrainLoop::step() {
 void TrainLoop::record(bool epoch_done) {
   const int64_t total = plan_.total_steps;
   const int64_t bar_total = total == std::numeric_limits<int64_t>::max() ? 0 : total;
-  if (step_ % cfg_.train.log_every != 0 && step_ != total && !epoch_done) {
+  const bool write = step_ % cfg_.train.log_every == 0 || step_ == total;
+  if (!write && !epoch_done) {
     // Between records: the rate of the interval so far, so the bar shows one from step 1.
     const double el = seconds_since(interval_t0_);
     const double sps =
@@ -360,7 +361,6 @@ void TrainLoop::record(bool epoch_done) {
     if (bar_) bar_->update(step_, bar_total, epoch_progress(), last_step_loss_, sps);
     return;
   }
-  const double el = seconds_since(interval_t0_);
   if (stragglers_) stragglers_->check(train_s_ - exposed_comm_s_, step_ - interval_first_step_);
   interval_first_step_ = step_;
   if (!loss_global_ && world_.size() > 1) {
@@ -371,14 +371,29 @@ void TrainLoop::record(bool epoch_done) {
     world_.allreduce(&interval_samples_, 1, ReduceOp::kSum);
     interval_loss_ = l;
   }
+  // final_train_loss: the mean over the steps since the last record or epoch end, whichever is
+  // later (so a resumed run's agrees with an uninterrupted one's at the same step).
+  if (interval_samples_ > 0)
+    final_train_loss_ = interval_loss_ / static_cast<double>(interval_samples_ * tps_);
+  // The record itself covers every step since the previous record: an epoch end between two
+  // records carries its steps (their all-ranks sums) over into the next one.
+  record_loss_ += interval_loss_;
+  record_samples_ += interval_samples_;
+  interval_loss_ = 0.0;
+  interval_samples_ = 0;
+  if (!write) {
+    if (bar_) bar_->update(step_, bar_total, epoch_progress(), last_step_loss_, last_sps_);
+    return;
+  }
+  const double el = seconds_since(interval_t0_);
   // NaN (null in the record) when every step since the last record was skipped.
-  const double mean_loss = interval_samples_ > 0
-                               ? interval_loss_ / static_cast<double>(interval_samples_ * tps_)
+  const double mean_loss = record_samples_ > 0
+                               ? record_loss_ / static_cast<double>(record_samples_ * tps_)
                                : std::nan("");
-  if (interval_samples_ > 0) final_train_loss_ = last_record_loss_ = mean_loss;
-  const double sps = el > 0 ? static_cast<double>(interval_samples_) / el : 0.0;
+  if (record_samples_ > 0) last_record_loss_ = mean_loss;
+  const double sps = el > 0 ? static_cast<double>(record_samples_) / el : 0.0;
   last_sps_ = sps;
-  if (lead_ && (step_ % cfg_.train.log_every == 0 || step_ == total)) {
+  if (lead_) {
     nlohmann::json rec = {{"kind", "train"},
                           {"step", step_},
                           {"epoch", epoch_progress()},
@@ -396,8 +411,8 @@ void TrainLoop::record(bool epoch_done) {
       spdlog::info("step {} epoch {:.2f} loss {:.4f} lr {:.4g} {:.0f} samples/s", step_,
                    epoch_progress(), mean_loss, last_lr_, sps);
   }
-  interval_loss_ = 0.0;
-  interval_samples_ = 0;
+  record_loss_ = 0.0;
+  record_samples_ = 0;
   interval_t0_ = Clock::now();
   if (bar_) bar_->update(step_, bar_total, epoch_progress(), mean_loss, sps);
 }

@@ -83,6 +83,8 @@ class TrainLoop {
   bool step();  // one optimizer step; false when skipped (non-finite)
   bool nonfinite_guard(double loss_sum);
   void clip();
+  // After each step: every log_every steps and at the last step a train record covering every
+  // step since the previous one; at an epoch end final_train_loss's interval closes too.
   void record(bool epoch_done);
   void evaluate();
   void save();
@@ -153,6 +155,9 @@ class TrainLoop {
   std::optional<double> last_step_loss_;
   bool pipelined_ = false;  // the pipeline executor (strategy pipeline, or stages > 1)
   int64_t interval_samples_ = 0, samples_trained_ = 0, interval_first_step_ = 0;
+  // Since the last train record, all ranks' sums: the intervals an epoch end closed in between.
+  double record_loss_ = 0.0;
+  int64_t record_samples_ = 0;
   double exposed_comm_s_ = 0.0;
   int64_t skipped_steps_ = 0;
   uint64_t bytes_sent0_ = 0, bytes_recv0_ = 0;

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <map>
+#include <sstream>
 
 #include <nlohmann/json.hpp>
 
@@ -215,4 +217,36 @@ runtime: {threads: 1}
   const auto s = nlohmann::json::parse(read_text(dir / "run2/summary.json"));
   CHECK(s["test_loss"].is_null());
   CHECK(s["test_accuracy"].is_null());
+}
+
+TEST_CASE("a train record's loss covers every step since the previous record, epoch ends too") {
+  TempDir dir;
+  // 480 training samples (the rest is the test split): 24 steps of 20 per epoch.
+  const std::string cfg = dir.write("tiny.yaml", kTiny);
+  auto losses = [&](int every) {
+    const std::string out = dir / ("every" + std::to_string(every));
+    const auto r =
+        run_dtrain("run " + cfg + " --out " + out + " --set train.epochs=2" +
+                   " --set train.log_every=" + std::to_string(every) + " --log-level warn");
+    REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+    std::map<int64_t, double> m;
+    std::istringstream in(read_text(out + "/metrics.jsonl"));
+    for (std::string line; std::getline(in, line);) {
+      const auto j = nlohmann::json::parse(line);
+      if (j["kind"] == "train") m[j["step"].get<int64_t>()] = j["loss"].get<double>();
+    }
+    return m;
+  };
+  const auto each = losses(1), seven = losses(7);
+  REQUIRE(each.size() == 48);
+  // Records at 7, 14, ..., 42 and the last step 48; the one at 28 spans the epoch end at 24.
+  int64_t prev = 0;
+  for (const auto& [step, loss] : seven) {
+    double sum = 0.0;
+    for (int64_t s = prev + 1; s <= step; ++s) sum += each.at(s);
+    CAPTURE(step);
+    CHECK(loss == doctest::Approx(sum / static_cast<double>(step - prev)).epsilon(1e-5));
+    prev = step;
+  }
+  CHECK(prev == 48);
 }
