@@ -233,8 +233,12 @@ int cmd_run(const Config& cfg, const std::string& config_path, std::string out,
   // launcher (torchrun, Slurm) is not `dtrain launch`, which holds the lock for its ranks.
   OutDirLock out_lock;
   const bool owner = rank0 && env.count(kLauncherPidEnv) == 0;
-  prepare_out_dir(opts.out_dir, !resume.empty(), overwrite, /*clear_logs=*/false,
-                  owner ? &out_lock : nullptr);
+  // Only the owner clears the folder for --overwrite, after taking its lock: another rank doing
+  // it could delete what rank 0 already wrote, or the files of a job still running there (which
+  // its rank 0 refuses to disturb). Whether the folder holds a run is the owner's check too.
+  const bool others_overwrite = overwrite && !owner;
+  prepare_out_dir(opts.out_dir, !resume.empty() || others_overwrite, overwrite && owner,
+                  /*clear_logs=*/false, owner ? &out_lock : nullptr);
   StopRequest stop;
   InterruptGuard interrupts(stop, preempt_signal_number(cfg.train.preempt_signal));
   opts.stop = &stop;

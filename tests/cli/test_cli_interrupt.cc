@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/cli_util.h"
+#include "launch/launcher.h"
 #include "test_util.h"
 
 using dtrain::testing::Child;
@@ -237,7 +238,17 @@ TEST_CASE("a folder a run is writing to is refused to a second run, even with --
     CHECK_MESSAGE(contains(r.output, "is in use by another dtrain run that is writing to it now"),
                   r.output);
   }
+  // Rank 1 of a job started by hand (torchrun's contract) does not take the lock, its rank 0
+  // does: it must not clear the folder either. Its rank 0 never comes, so it ends at the
+  // rendezvous deadline.
+  const auto r1 = run_cmd(
+      "RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
+      std::to_string(dtrain::pick_free_port()) + " " + kBin + " run " + cfg + " --out " + out +
+      " --overwrite --set distributed.backend=grpc --set distributed.world_size=2" +
+      " --set distributed.rendezvous_timeout_s=1 --log-level warn");
+  CHECK(r1.exit_code != 0);
   CHECK(std::filesystem::exists(out + "/metrics.jsonl"));  // nothing of the first run removed
+  CHECK(std::filesystem::exists(out + "/config.json"));
   first.signal(SIGINT);
   CHECK(first.wait(30) == 128 + SIGINT);
   // Once it has ended (a SIGKILL releases the lock just as well), the folder is free again.
