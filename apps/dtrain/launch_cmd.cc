@@ -141,7 +141,7 @@ int cmd_launch(const Config& cfg, const LaunchCmd& c) {
   if (rc == 0) std::cout << "every rank's log: " << c.out_dir << "/logs/rank-<r>.log" << std::endl;
   // A rank's user error (bad data or checkpoint) is the launch's user error; a job stopped by a
   // signal (the ranks checkpointed) exits with the ranks' code (128 + signal, or a requeue code).
-  if (rc == 0 || rc == 2 || report.stop_signal != 0) return rc;
+  if (rc == 0 || rc == 2 || report.stopped) return rc;
   return 1;
 }
 

@@ -163,6 +163,21 @@ struct AttemptResult {
   std::string remote_failure;     // multi-node: the first failure another node reported
   int common_exit = -1;  // the exit status every rank exited with (-1: none yet, -2: mixed or
                          // killed by a signal)
+  // A rank stopped by a signal sent to it alone (not to a launcher): it exited with an
+  // interrupt's or the preemption's code, and its peers follow at the step they agreed on.
+  int rank_stop_rank = -1, rank_stop_code = 0;
+
+  bool stopped() const { return stop_signal != 0 || rank_stop_code != 0; }
+  // The launch's exit code for a stop: the ranks' own when they agree on one.
+  int stop_rc() const {
+    if (common_exit >= 0) return common_exit;
+    return stop_signal != 0 ? 128 + stop_signal : rank_stop_code;
+  }
+  std::string stop_cause(const std::string& node_text = "") const {
+    if (stop_signal != 0) return "stopped by " + signal_name(stop_signal);
+    return "rank " + std::to_string(rank_stop_rank) + node_text + " stopped: exit status " +
+           std::to_string(rank_stop_code);
+  }
 };
 
 std::string fmt_ranks(const std::vector<int>& ranks) {
@@ -431,9 +446,25 @@ class Attempt {
       spdlog::info("rank {} stopped: {}", c.rank, describe_wait_status(status));
     } else if (code == 0) {
       spdlog::info("rank {} finished", c.rank);
+    } else if (is_stop_code(code) && !res_.failed) {
+      on_rank_stop(c.rank, code);
     } else {
       on_failure(c.rank, status);
     }
+  }
+
+  // A rank exited with a stop code though no signal came here: someone signalled that rank
+  // (kill, a scheduler that signals ranks rather than the launcher). It checkpointed a step its
+  // peers agreed on, so they follow with the same code: a stop to pass through, not a failure to
+  // restart. Ranks still running after interrupt_grace_s are stopped as for a failure.
+  void on_rank_stop(int rank, int code) {
+    spdlog::warn("rank {} stopped: exit status {}{} (a signal sent to the rank itself)", rank, code,
+                 code == 75 ? ", preempted" : "");
+    if (res_.rank_stop_code == 0) {
+      res_.rank_stop_rank = rank;
+      res_.rank_stop_code = code;
+    }
+    if (!term_at_) term_at_ = Clock::now() + seconds(o_.interrupt_grace_s);
   }
 
   void on_failure(int rank, int status) {
@@ -548,10 +579,10 @@ void check_options(const LaunchOptions& o) {
 // How an attempt ended on this node, for the job agent.
 NodeOutcome node_outcome(const AttemptResult& r, int stop_rc, const std::string& node_text) {
   NodeOutcome n;
-  if (r.stop_signal != 0 && !r.failed) {
+  if (r.stopped() && !r.failed) {
     n.kind = NodeOutcome::kStopped;
     n.rc = stop_rc;
-    n.cause = "stopped by " + signal_name(r.stop_signal);
+    n.cause = r.stop_cause(node_text);
   } else if (r.failed) {
     n.kind = r.any_user_error ? NodeOutcome::kUserError : NodeOutcome::kFailed;
     n.rc = r.any_user_error ? 2 : 1;
@@ -577,7 +608,10 @@ NodeOutcome node_outcome(const AttemptResult& r, int stop_rc, const std::string&
 // (launch_local's contract). Returns the exit code, or nullopt to restart.
 std::optional<int> local_decision(const LaunchOptions& o, const AttemptResult& r, int attempt,
                                   int nproc, int stop_rc, SignalGuard& signals) {
-  if (r.stop_signal != 0 && !r.failed) return stop_rc;
+  if (r.stopped() && !r.failed) {
+    if (r.stop_signal == 0) spdlog::warn("not restarting: {}", r.stop_cause());
+    return stop_rc;
+  }
   if (!r.failed && !r.abandoned) {
     if (attempt > 0)
       spdlog::info("all {} rank(s) finished after {} restart(s)", nproc, attempt);
@@ -736,10 +770,11 @@ int launch_local(const LaunchOptions& o, LaunchReport* report) {
     const AttemptResult r = run_attempt(o, plan, argv, attempt, port, token, signals);
     if (report != nullptr) {
       report->stop_signal = r.stop_signal;
+      report->stopped = r.stopped();
       report->world_size = plan.world;
     }
     // Stopped by a signal: the ranks' own exit code passes through when they agree on one.
-    const int stop_rc = r.common_exit >= 0 ? r.common_exit : 128 + r.stop_signal;
+    const int stop_rc = r.stop_rc();
 
     if (agent) {
       const JobDecision d =
@@ -758,7 +793,7 @@ int launch_local(const LaunchOptions& o, LaunchReport* report) {
     }
 
     // Elastic: a rank killed from outside (an OOM kill, a lost device) gives up its slot.
-    const bool shrink = o.min_nproc > 0 && !r.killed_ranks.empty() && r.stop_signal == 0;
+    const bool shrink = o.min_nproc > 0 && !r.killed_ranks.empty() && !r.stopped();
     const int left = shrink ? nproc - static_cast<int>(r.killed_ranks.size()) : nproc;
     if (shrink && left < o.min_nproc) {
       spdlog::error("giving up: rank(s) {} were killed, {} left, below the minimum {}",

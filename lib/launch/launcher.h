@@ -89,15 +89,18 @@ struct LaunchOptions {
 //
 // Returns, for the last attempt: 0 when every rank exited 0, 2 when a rank failed and some rank
 // exited with status 2 (a user error: bad config, data or checkpoint), 1 when a rank failed
-// otherwise; when stopped by a signal (received here, or by another node's launcher) and no
+// otherwise; when stopped by a signal (received here, by another node's launcher, or by a rank
+// itself: it exited 75 or 128 + a signal, which its peers follow, and no restart is made) and no
 // rank had failed before it: the ranks' own exit status when they all exited with the same one
 // (dtrain run's interrupt or requeue code passes through), else 128 + the signal number (130
 // for SIGINT, 143 for SIGTERM). Throws UserError for bad options, std::runtime_error
 // when a rank cannot be started (after killing the ranks already started). Installs signal handlers
 // for its duration and restores them; one launch_local at a time per process.
 struct LaunchReport {
-  int stop_signal = 0;  // the signal that stopped the job (received here or by another node)
-  int world_size = 0;   // of the last attempt
+  int stop_signal = 0;   // the signal that stopped the job (received here or by another node)
+  bool stopped = false;  // by that signal, or a rank's own (a signal sent to a rank): the ranks
+                         // checkpointed and the return value is their exit code
+  int world_size = 0;    // of the last attempt
 };
 int launch_local(const LaunchOptions& o, LaunchReport* report = nullptr);
 

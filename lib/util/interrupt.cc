@@ -63,13 +63,18 @@ InterruptGuard::InterruptGuard(StopRequest& req, int preempt_signal) {
   g_preempt_signal.store(preempt_signal);
   int_installed_ = install(SIGINT, &old_int_);
   term_installed_ = install(SIGTERM, &old_term_);
-  if (preempt_signal == SIGUSR1) usr1_installed_ = install(SIGUSR1, &old_usr1_);
+  // SIGHUP (the terminal or ssh session went away) and SIGUSR1 (when it is not the preemption
+  // signal) are stops too: `dtrain launch` forwards both, and their default action would kill
+  // the rank without its checkpoint.
+  hup_installed_ = install(SIGHUP, &old_hup_);
+  usr1_installed_ = install(SIGUSR1, &old_usr1_);
   gone_installed_ = install(launcher_gone_signal(), &old_gone_, on_launcher_gone);
 }
 
 InterruptGuard::~InterruptGuard() {
   if (int_installed_) ::sigaction(SIGINT, &old_int_, nullptr);
   if (term_installed_) ::sigaction(SIGTERM, &old_term_, nullptr);
+  if (hup_installed_) ::sigaction(SIGHUP, &old_hup_, nullptr);
   if (usr1_installed_) ::sigaction(SIGUSR1, &old_usr1_, nullptr);
   if (gone_installed_) {
     // A launcher that dies from now on must not end the process by the signal's default action
@@ -90,6 +95,8 @@ const char* interrupt_signal_name(int sig) {
       return "SIGINT";
     case SIGTERM:
       return "SIGTERM";
+    case SIGHUP:
+      return "SIGHUP";
     case SIGUSR1:
       return "SIGUSR1";
     default:

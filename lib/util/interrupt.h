@@ -1,6 +1,6 @@
-// Safe interrupts: the first SIGINT or SIGTERM asks training to stop at a step every rank agrees
-// on (train/stop.h), write a checkpoint and a summary, and exit 128 + the signal number; a second
-// one ends the process at once, as the default action of that signal would.
+// Safe interrupts: the first SIGINT, SIGTERM, SIGHUP or SIGUSR1 asks training to stop at a step
+// every rank agrees on (train/stop.h), write a checkpoint and a summary, and exit 128 + the signal
+// number; a second one ends the process at once, as the default action of that signal would.
 //
 // The handler only stores the signal number into an atomic the caller owns (a StopRequest); the
 // training code is given a pointer to it (RunOptions::stop), so tests can request a stop without
@@ -28,7 +28,8 @@ namespace dtrain {
 // (128 + signal: Ctrl-C, `scancel`), which must not be requeued. Launchers pass it through.
 inline constexpr int kExitPreempted = 75;
 
-// 0: no stop requested; else the signal number that asked for it (SIGINT, SIGTERM).
+// 0: no stop requested; else the signal number that asked for it (SIGINT, SIGTERM, SIGHUP,
+// SIGUSR1).
 // Lock-free, so the signal handler may store into it.
 struct StopRequest {
   std::atomic<int> signal{0};
@@ -49,12 +50,13 @@ struct StopRequest {
 // preemption signal, however often it comes.
 int launcher_gone_signal();
 
-// Installs the handlers for SIGINT, SIGTERM and `preempt_signal` (SIGTERM or SIGUSR1) for its
-// lifetime (the previous dispositions are
-// restored on destruction; signals ignored on entry, e.g. by nohup, stay ignored). The first
-// signal sets `req` and is logged by the training loop; the second restores the default action
-// and re-raises, so the process ends at once with the usual status (killed by SIGINT/SIGTERM).
-// launcher_gone_signal() is handled too, as a request by `preempt_signal` that never escalates.
+// Installs the handlers for SIGINT, SIGTERM, SIGHUP and SIGUSR1 for its lifetime (`preempt_signal`,
+// SIGTERM or SIGUSR1, is one of them: the run then exits kExitPreempted; the others give
+// 128 + the signal). The previous dispositions are restored on destruction; signals ignored on
+// entry, e.g. by nohup, stay ignored). The first signal sets `req` and is logged by the training
+// loop; the second restores the default action and re-raises, so the process ends at once with the
+// usual status (killed by SIGINT/SIGTERM). launcher_gone_signal() is handled too, as a request by
+// `preempt_signal` that never escalates.
 class InterruptGuard {
  public:
   explicit InterruptGuard(StopRequest& req, int preempt_signal = SIGTERM);
@@ -64,12 +66,12 @@ class InterruptGuard {
 
  private:
   struct sigaction old_int_ {
-  }, old_term_{}, old_usr1_{}, old_gone_{};
-  bool int_installed_ = false, term_installed_ = false, usr1_installed_ = false,
-       gone_installed_ = false;
+  }, old_term_{}, old_hup_{}, old_usr1_{}, old_gone_{};
+  bool int_installed_ = false, term_installed_ = false, hup_installed_ = false,
+       usr1_installed_ = false, gone_installed_ = false;
 };
 
-// "SIGINT", "SIGTERM", "SIGUSR1", or "a signal".
+// "SIGINT", "SIGTERM", "SIGHUP", "SIGUSR1", or "a signal".
 const char* interrupt_signal_name(int sig);
 
 }  // namespace dtrain

@@ -5,6 +5,7 @@
 #include <sys/prctl.h>
 
 #include <csignal>
+#include <string>
 
 #include "util/interrupt.h"
 
@@ -17,6 +18,20 @@ TEST_CASE("interrupts: the first SIGTERM asks for a soft stop and is remembered"
   REQUIRE(::raise(SIGTERM) == 0);
   CHECK(req.signal.load() == SIGTERM);
   CHECK_FALSE(req.launcher_gone.load());
+}
+
+TEST_CASE("interrupts: SIGHUP and SIGUSR1 ask for a soft stop whatever the preemption signal") {
+  for (const int preempt : {SIGTERM, SIGUSR1}) {
+    for (const int sig : {SIGHUP, SIGUSR1}) {
+      CAPTURE(preempt);
+      CAPTURE(sig);
+      StopRequest req;
+      InterruptGuard g(req, preempt);
+      REQUIRE(::raise(sig) == 0);  // the default action would end this test here
+      CHECK(req.signal.load() == sig);
+    }
+  }
+  CHECK(std::string(interrupt_signal_name(SIGHUP)) == "SIGHUP");
 }
 
 TEST_CASE("interrupts: the launcher's death signal, sent again and again, never escalates") {
