@@ -101,6 +101,20 @@ void resume_matches(const std::string& cmd_tail, const std::string& ref, const s
   check_same_state(latest_run_state(kBin, ref), latest_run_state(kBin, cut), cmd_tail);
 }
 
+// Starts `dtrain ARGS --out CUT` (rank 0 slowed to 3 ms a step), sends SIG once 3 records are
+// written, and returns its exit code and output; it must exit, not be killed by the signal.
+std::pair<int, std::string> signal_mid_run(const TempDir& dir, const std::string& args,
+                                           const std::string& cut, int sig) {
+  Child c(
+      "DTRAIN_FAULT=delay:rank=0:ms=3 exec " + kBin + " " + args + " --no-progress --out " + cut,
+      dir / "cut.log");
+  REQUIRE(wait_until([&] { return lines_in(cut + "/metrics.jsonl") >= 3; }, 60));
+  c.signal(sig);
+  const int rc = c.wait(60);
+  CHECK_FALSE(c.signaled());
+  return {rc, read_text(dir / "cut.log")};
+}
+
 }  // namespace
 
 TEST_CASE("SIGTERM to one rank of dtrain launch (2 fsdp ranks, gRPC): both stop at one step") {
@@ -148,14 +162,7 @@ TEST_CASE("train.preempt_signal USR1: USR1 preempts (exit 75), SIGTERM stays an 
   for (const int sig : {SIGUSR1, SIGTERM}) {
     CAPTURE(sig);
     const std::string cut = dir / ("cut" + std::to_string(sig));
-    Child c(
-        "DTRAIN_FAULT=delay:rank=0:ms=3 exec " + kBin + " " + args + " --no-progress --out " + cut,
-        dir / "cut.log");
-    REQUIRE(wait_until([&] { return lines_in(cut + "/metrics.jsonl") >= 3; }, 60));
-    c.signal(sig);
-    const int rc = c.wait(60);
-    const std::string log = read_text(dir / "cut.log");
-    CHECK_FALSE(c.signaled());
+    const auto [rc, log] = signal_mid_run(dir, args, cut, sig);
     const auto s = nlohmann::json::parse(read_text(cut + "/summary.json"));
     const int64_t step = s["steps"].get<int64_t>();
     if (sig == SIGUSR1) {
@@ -181,14 +188,8 @@ TEST_CASE("SIGHUP and SIGUSR1 (not the preemption signal) stop a run with a chec
   for (const int sig : {SIGHUP, SIGUSR1}) {
     CAPTURE(sig);
     const std::string cut = dir / ("cut" + std::to_string(sig));
-    Child c("DTRAIN_FAULT=delay:rank=0:ms=3 exec " + kBin + " run " + cfg +
-                " --set distributed.world_size=2 --no-progress --out " + cut,
-            dir / "cut.log");
-    REQUIRE(wait_until([&] { return lines_in(cut + "/metrics.jsonl") >= 3; }, 60));
-    c.signal(sig);
-    const int rc = c.wait(60);
-    const std::string log = read_text(dir / "cut.log");
-    CHECK_FALSE(c.signaled());
+    const auto [rc, log] =
+        signal_mid_run(dir, "run " + cfg + " --set distributed.world_size=2", cut, sig);
     CHECK_MESSAGE(rc == 128 + sig, log);
     const auto s = nlohmann::json::parse(read_text(cut + "/summary.json"));
     CHECK(s["status"] == "interrupted");
