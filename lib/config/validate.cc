@@ -1,5 +1,6 @@
 // Validation of a parsed config: each key's own check from its declaration (schema.cc), the
 // checks that relate keys, and the keys that belong to another choice of an option.
+#include <algorithm>
 #include <string>
 
 #include "config/internal.h"
@@ -152,6 +153,13 @@ void validate_relations(const Config& c, const KeyErrors& errors) {
   errors.check(
       c.model.type != ModelType::kGpt || d.format == DataFormat::kText, "data.format",
       "model.type gpt reads text: needs data.format text (got " + to_string(d.format) + ")");
+  // Checked here too (build_gpt refuses it again), so `dtrain validate` catches it.
+  // (n_head < 1 is check_key's error; the modulo must not run then)
+  errors.check(
+      c.model.type != ModelType::kGpt || c.model.n_head < 1 || c.model.n_embd % c.model.n_head == 0,
+      "model.n_head",
+      show(c.model.n_head) + " does not divide model.n_embd " + show(c.model.n_embd) +
+          " (each head gets n_embd / n_head columns)");
   errors.check(d.format != DataFormat::kText || d.normalize == Normalize::kAuto, "data.normalize",
                "not used by format text (token ids are used as they are)");
   errors.check(d.csv.delimiter != '\n' && d.csv.delimiter != '\r' && d.csv.delimiter != '"',
@@ -206,11 +214,19 @@ void validate_distributed(const Config& c, const KeyErrors& errors) {
   const DistributedConfig& dc = c.distributed;
   const PipelineConfig& pc = dc.pipeline;
   if (dc.strategy == StrategyKind::kPipeline || pc.stages > 1) {
-    // validate_config resolved a complexity preset into model.hidden. Only an mlp's layer count
-    // is known from the config alone; sequential and gpt models are counted once built (the
-    // loop's partition_stages refuses too many stages with the same message).
-    if (c.model.type == ModelType::kMlp) {
-      const int64_t linears = static_cast<int64_t>(c.model.hidden.size()) + 1;
+    // validate_config resolved a complexity preset into model.hidden. An mlp's and a sequential
+    // model's layers with parameters are known from the config alone (a sequential model's
+    // linear, conv2d and layer_norm entries); a gpt is counted once built (the loop's
+    // partition_stages refuses too many stages with the same message).
+    if (c.model.type == ModelType::kMlp || c.model.type == ModelType::kSequential) {
+      const auto has_params = [](const LayerSpec& l) {
+        return l.kind == LayerKind::kLinear || l.kind == LayerKind::kConv2d ||
+               l.kind == LayerKind::kLayerNorm;
+      };
+      const int64_t linears =
+          c.model.type == ModelType::kMlp
+              ? static_cast<int64_t>(c.model.hidden.size()) + 1
+              : std::count_if(c.model.layers.begin(), c.model.layers.end(), has_params);
       errors.check(pc.stages <= linears, "distributed.pipeline.stages",
                    "the model has " + show(linears) + " layers with parameters, fewer than " +
                        show(pc.stages) + " stages");

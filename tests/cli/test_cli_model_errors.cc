@@ -50,7 +50,7 @@ TEST_CASE("a model or text data that does not fit: run exits 2 with one line nam
        {"model.layers", "gives [5]", "3 classes"}},
       {"empty.yaml", gpt_yaml(empty), {"empty.txt' is empty"}},
       {"short.yaml", gpt_yaml(short_text), {"fewer than one window of block_size + 1 = 17 bytes"}},
-      {"heads.yaml", gpt_yaml(corpus, 3), {"model.n_head 3 does not divide model.n_embd 8"}},
+      {"heads.yaml", gpt_yaml(corpus, 3), {"model.n_head: 3 does not divide model.n_embd 8"}},
       {"dropout.yaml", gpt_yaml(corpus, 2, ", dropout: 1.0"), {"dropout"}},
   };
   for (const Case& c : cases) {
@@ -63,6 +63,10 @@ TEST_CASE("a model or text data that does not fit: run exits 2 with one line nam
     CHECK(std::count(r.output.begin(), r.output.end(), '\n') == 1);
     for (const std::string& part : c.parts) CHECK(contains(r.output, part));
   }
+  // What the config alone decides, `dtrain validate` refuses as well.
+  const CmdResult v = run_cmd(kBin + " validate " + t / "heads.yaml");
+  CHECK_MESSAGE(v.exit_code == 2, v.output);
+  CHECK(contains(v.output, "model.n_head: 3 does not divide model.n_embd 8"));
 }
 
 TEST_CASE("predict refuses a gpt model: it classifies CSV rows, generate continues text") {
