@@ -88,8 +88,8 @@ void warn_idle_ranks(const Config& cfg) {
   const int64_t rows = train_rows_without_loading(cfg.data);
   if (rows < 0) return;
   const DistributedConfig& d = cfg.distributed;
-  const std::string w = idle_ranks_warning(
-      rows, d.world_size, d.strategy == StrategyKind::kPipeline ? d.pipeline.stages : 1);
+  const std::string w =
+      idle_ranks_warning(rows, d.world_size, d.pipeline.stages, d.tensor_parallel.size);
   if (!w.empty()) spdlog::warn("{}", w);
 }
 

@@ -150,14 +150,19 @@ int64_t train_rows_without_loading(const DataConfig& cfg) {
   return cfg.test.empty() ? n - held_out_rows(n, resolved_test_fraction(cfg)) : n;
 }
 
-std::string idle_ranks_warning(int64_t train_rows, int64_t world_size, int64_t pipeline_stages) {
-  const bool pipeline = pipeline_stages > 1;
-  const int64_t replicas = world_size / std::max<int64_t>(1, pipeline_stages);
+std::string idle_ranks_warning(int64_t train_rows, int64_t world_size, int64_t pipeline_stages,
+                               int64_t tensor_ranks) {
+  const int64_t S = std::max<int64_t>(1, pipeline_stages), T = std::max<int64_t>(1, tensor_ranks);
+  const bool pipeline = S * T > 1;  // a replica is several ranks
+  const int64_t replicas = world_size / (S * T);
   if (train_rows >= replicas) return "";
   const int64_t idle = replicas - train_rows;
   const char* verbs = idle == 1 ? " gets none and only waits" : " get none and only wait";
   std::string msg = std::to_string(world_size) + " ranks";
-  if (pipeline) msg += " (" + std::to_string(replicas) + " pipeline replicas)";
+  if (pipeline)
+    msg += " (" + std::to_string(replicas) +
+           (T == 1 ? " pipeline replicas)"
+                   : " replicas of " + std::to_string(S * T) + " tensor/pipeline ranks)");
   msg += " share " + std::to_string(train_rows) + " training samples: " + std::to_string(idle);
   msg += pipeline ? (idle == 1 ? " replica" : " replicas") : (idle == 1 ? " rank" : " ranks");
   return msg + verbs + " for the others (use fewer ranks or more data)";

@@ -82,8 +82,9 @@ int64_t train_rows_without_loading(const DataConfig& cfg);
 // "" when every data-parallel replica gets training samples; else a one-line warning that
 // `world_size` ranks share `train_rows` samples and how many replicas get none (fewer samples
 // than replicas: the sampler gives the extra replicas empty slices). A replica is
-// `pipeline_stages` ranks (1: no pipeline).
-std::string idle_ranks_warning(int64_t train_rows, int64_t world_size, int64_t pipeline_stages);
+// `pipeline_stages` x `tensor_ranks` ranks (1 x 1: each rank is one).
+std::string idle_ranks_warning(int64_t train_rows, int64_t world_size, int64_t pipeline_stages,
+                               int64_t tensor_ranks = 1);
 
 // Reads a whole file, gunzipping when it starts with the gzip magic. UserError when missing,
 // corrupt, or larger (or inflating to more) than this process can allocate

@@ -30,7 +30,8 @@ void TrainLoop::setup_model() {
   auto t0 = Clock::now();
   data_ = load_data(cfg_.data, cfg_.seed);
   const ModelShape shape = resolve_model_shape(cfg_, data_);
-  if (const auto w = idle_ranks_warning(data_.train.rows, world_.size(), S_); lead_ && !w.empty())
+  if (const auto w = idle_ranks_warning(data_.train.rows, world_.size(), S_, grid_.layout().tp());
+      lead_ && !w.empty())
     spdlog::warn("{}", w);
   if (lead_)
     spdlog::info(

@@ -304,5 +304,19 @@ TEST_CASE("load_data: real Fashion-MNIST with scale") {
   CHECK(*std::min_element(s.test.x.begin(), s.test.x.end()) == 0.0f);
 }
 
+TEST_CASE("idle_ranks_warning counts replicas of stages x tensor ranks") {
+  CHECK(idle_ranks_warning(4, 4, 1) == "");
+  CHECK(idle_ranks_warning(3, 4, 1) ==
+        "4 ranks share 3 training samples: 1 rank gets none and only waits for the others (use "
+        "fewer ranks or more data)");
+  CHECK(idle_ranks_warning(2, 8, 2, 2) == "");  // 2 replicas of 4 ranks, 2 samples: all busy
+  CHECK(idle_ranks_warning(1, 8, 1, 2) ==
+        "8 ranks (4 replicas of 2 tensor/pipeline ranks) share 1 training samples: 3 replicas "
+        "get none and only wait for the others (use fewer ranks or more data)");
+  CHECK(idle_ranks_warning(3, 8, 2) ==
+        "8 ranks (4 pipeline replicas) share 3 training samples: 1 replica gets none and only "
+        "waits for the others (use fewer ranks or more data)");
+}
+
 }  // namespace
 }  // namespace dtrain
