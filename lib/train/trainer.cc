@@ -222,8 +222,10 @@ void check_model_config(const std::string& path, const CheckpointMeta& m, const 
   // init is overwritten by the weights, the loss is what eval reports, not what the model is.
   static const std::vector<std::string> kInert = {"model.dropout", "model.init", "model.loss"};
   std::string lines;
+  // data.normalize is part of the function too: the weights expect inputs scaled as in training.
   for (const KeyDecl& d : config_keys()) {
-    if (!d.path.starts_with("model.") || d.json_as_default ||  // complexity: hidden has it
+    const bool computes = d.path.starts_with("model.") || d.path == "data.normalize";
+    if (!computes || d.json_as_default ||  // complexity: hidden has it
         std::find(kInert.begin(), kInert.end(), d.path) != kInert.end())
       continue;
     const nlohmann::json was = d.get(before), now = d.get(cfg);

@@ -86,7 +86,8 @@ std::string gather_rng_states(Communicator& comm, const Rng& rng);
 
 // For eval, predict and generate: the checkpoint's stored config (when it has one) and `cfg`
 // agree on every model key that changes what the weights compute (n_head, activation, layers,
-// ...; not dropout, init or loss). Shapes alone do not catch these. Throws UserError listing them.
+// ...; not dropout, init or loss) and on data.normalize (how inputs are scaled). Shapes alone do
+// not catch these. Throws UserError listing them.
 void check_model_config(const std::string& path, const CheckpointMeta& m, const Config& cfg);
 
 // Rank 0's start of a run in out_dir: creates ckpt_dir, removes the temp files interrupted

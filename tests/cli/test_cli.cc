@@ -122,6 +122,11 @@ TEST_CASE("run, eval and predict on a tiny synthetic config") {
                  "/checkpoints --log-level warn");
   CHECK(r.exit_code == 2);
   CHECK(contains(r.output, "does not match"));
+  // Same shapes, inputs scaled otherwise than in training: refused too.
+  r = run_dtrain("eval " + cfg + " --set data.normalize=none --checkpoint " + out +
+                 "/checkpoints --log-level warn");
+  CHECK(r.exit_code == 2);
+  CHECK_MESSAGE(contains(r.output, "data.normalize: \"auto\" -> \"none\""), r.output);
 
   // A corrupt checkpoint file: refused, exit 2, never a crash.
   const std::string junk =
