@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <functional>
 #include <map>
 #include <optional>
@@ -30,6 +31,9 @@ using grpc_detail::secs_dur;
 using grpc_detail::status_str;
 
 constexpr char kPrefix[] = "launch/";
+
+// A members list that starts with this is node 0's refusal of the attempt, the reason after it.
+constexpr char kRefused[] = "refused: ";
 
 std::string key(int attempt, const std::string& rest) {
   return std::string(kPrefix) + "a" + std::to_string(attempt) + "/" + rest;
@@ -280,11 +284,28 @@ JobAgent::~JobAgent() {
   }
 }
 
+namespace {
+
+// Node 0 refuses a node that checked in (its key `read_key` is what that node sets once it has
+// read node 0's answer): the store lives in node 0's process, so node 0 waits for that node to
+// have read the answer, at most 3 s, before it exits with the refusal -- else the node's next
+// call finds no store and waits out its whole join timeout for a node 0 that is gone.
+[[noreturn]] void refuse_after_read(Store& s, const std::string& read_key, const UserError& e) {
+  try {
+    s.wait({read_key}, Clock::now() + std::chrono::seconds(3));
+  } catch (const CommError&) {  // it reads it later, or never: the refusal stands either way
+  }
+  throw e;
+}
+
+}  // namespace
+
 std::vector<std::string> JobAgent::join(int nproc_per_node) {
   Impl& m = *impl_;
   const auto deadline = Clock::now() + secs_dur(m.o.join_timeout_s);
   std::vector<std::string> keys;
   for (int n = 0; n < m.o.nnodes; ++n) keys.push_back(kPrefix + ("join/" + std::to_string(n)));
+  const auto read_key = [](int n) { return kPrefix + ("join-read/" + std::to_string(n)); };
   std::vector<std::string> hosts(static_cast<size_t>(m.o.nnodes));
   try {
     m.with_store(m.o.join_timeout_s, [&](Store& s) {
@@ -304,15 +325,20 @@ std::vector<std::string> JobAgent::join(int nproc_per_node) {
                                    grpc_detail::seconds_str(m.o.join_timeout_s) + " s (" +
                                    e.what() + ")");
         }
+        // Node 0's entry read: node 0 may exit now (refuse_after_read).
+        if (n == 0 && m.o.node_rank != 0) s.set(read_key(m.o.node_rank), "1");
         std::istringstream in(v);
         int per = 0;
         in >> per >> std::ws;
         std::getline(in, hosts[static_cast<size_t>(n)]);
-        if (per != nproc_per_node)
-          throw UserError("node " + std::to_string(n) + " (" + hosts[static_cast<size_t>(n)] +
-                          ") runs " + std::to_string(per) + " rank(s) per node, this node " +
-                          std::to_string(nproc_per_node) + ": give every node the same " +
-                          "--nproc-per-node");
+        if (per != nproc_per_node) {
+          const UserError e("node " + std::to_string(n) + " (" + hosts[static_cast<size_t>(n)] +
+                            ") runs " + std::to_string(per) + " rank(s) per node, this node " +
+                            std::to_string(nproc_per_node) + ": give every node the same " +
+                            "--nproc-per-node");
+          if (m.o.node_rank == 0) refuse_after_read(s, read_key(n), e);
+          throw e;
+        }
       }
       return 0;
     });
@@ -385,22 +411,31 @@ Membership JobAgent::rendezvous(int attempt, int nproc_per_node) {
           std::string host;
           in >> per >> std::ws;
           std::getline(in, host);
-          if (per != nproc_per_node)
-            throw UserError("node " + std::to_string(n) + " (" + host + ") runs " +
-                            std::to_string(per) + " rank(s) per node, node 0 " +
-                            std::to_string(nproc_per_node) +
-                            ": give every node the same --nproc-per-node");
+          if (per != nproc_per_node) {
+            const UserError e("node " + std::to_string(n) + " (" + host + ") runs " +
+                              std::to_string(per) + " rank(s) per node, node 0 " +
+                              std::to_string(nproc_per_node) +
+                              ": give every node the same --nproc-per-node");
+            // The members list carries the refusal to every node (kRefused, then the reason).
+            s.set(key(attempt, "members"), kRefused + std::string(e.what()));
+            refuse_after_read(s, key(attempt, "members-read/" + std::to_string(n)), e);
+          }
           list += std::to_string(n) + " " + host + "\n";
         }
         s.set(key(attempt, "members"), list);
       }
-      return s.get(key(attempt, "members"),
-                   deadline + secs_dur(m.o.last_call_s + m.o.lost_after_s + 5));
+      std::string v = s.get(key(attempt, "members"),
+                            deadline + secs_dur(m.o.last_call_s + m.o.lost_after_s + 5));
+      if (m.o.node_rank != 0)
+        s.set(key(attempt, "members-read/" + std::to_string(m.o.node_rank)), "1");
+      return v;
     });
   } catch (const CommError& e) {
     throw std::runtime_error("checking in for attempt " + std::to_string(attempt + 1) + ": " +
                              e.what());
   }
+  if (members.starts_with(kRefused))
+    throw UserError("node 0 refused this job: " + members.substr(std::strlen(kRefused)));
   Membership r;
   std::istringstream in(members);
   int id = 0;

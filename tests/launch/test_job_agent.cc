@@ -208,3 +208,33 @@ TEST_CASE("JobAgent: a disagreeing node, a wrong token and a missing node are re
     CHECK_FALSE(n.lost.empty());
   }
 }
+
+TEST_CASE("JobAgent: a node refused by node 0, which then exits, learns why at once") {
+  // Node 1 checks in first; node 0 refuses it and its process (the store's host) ends right
+  // after: node 1 must have read the refusal before, not wait out its join timeout.
+  const int port = pick_free_port();
+  AgentOptions o1 = agent_options(1, port);
+  o1.join_timeout_s = 60;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto f1 = std::async(std::launch::async, [&] {
+    JobAgent a1(o1);
+    try {
+      a1.join(3);
+    } catch (const UserError& e) {
+      return std::string(e.what());
+    }
+    return std::string("<no error>");
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  std::string e0 = "<no error>";
+  try {
+    JobAgent a0(agent_options(0, port));
+    a0.join(2);
+  } catch (const UserError& e) {
+    e0 = e.what();
+  }
+  CHECK(contains(e0, "runs 3 rank(s) per node, this node 2"));
+  REQUIRE(f1.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
+  CHECK(contains(f1.get(), "runs 2 rank(s) per node, this node 3"));
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10));
+}

@@ -237,3 +237,33 @@ TEST_CASE("JobAgent elastic: too few nodes by the join timeout, and a node too l
   }
   CHECK(contains(e, "node 2 checked in after node 0 had closed attempt 2's check-in"));
 }
+
+TEST_CASE("JobAgent elastic: a node refused by node 0, which then exits, learns why at once") {
+  const int port = pick_free_port();
+  AgentOptions o1 = elastic_options(1, port, 1, 2);
+  o1.join_timeout_s = 60;
+  auto f1 = std::async(std::launch::async, [&] {
+    JobAgent a1(o1);
+    try {
+      a1.rendezvous(0, 3);
+    } catch (const UserError& e) {
+      return std::string(e.what());
+    }
+    return std::string("<no error>");
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  AgentOptions o0 = elastic_options(0, port, 1, 2);
+  o0.last_call_s = 5;  // node 1 is there before the last call: the check-in closes at once
+  std::string e0 = "<no error>";
+  try {
+    JobAgent a0(o0);
+    a0.rendezvous(0, 2);
+  } catch (const UserError& e) {
+    e0 = e.what();
+  }
+  CHECK(contains(e0, "runs 3 rank(s) per node, node 0 2"));
+  REQUIRE(f1.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
+  const std::string e1 = f1.get();
+  CHECK_MESSAGE(contains(e1, "node 0 refused this job: node 1"), e1);
+  CHECK(contains(e1, "give every node the same --nproc-per-node"));
+}
