@@ -446,7 +446,7 @@ class Attempt {
       spdlog::info("rank {} stopped: {}", c.rank, describe_wait_status(status));
     } else if (code == 0) {
       spdlog::info("rank {} finished", c.rank);
-    } else if (is_stop_code(code) && !res_.failed) {
+    } else if (is_stop_code(code) && !res_.failed && plan_.agent == nullptr) {
       on_rank_stop(c.rank, code);
     } else {
       on_failure(c.rank, status);
@@ -457,6 +457,8 @@ class Attempt {
   // (kill, a scheduler that signals ranks rather than the launcher). It checkpointed a step its
   // peers agreed on, so they follow with the same code: a stop to pass through, not a failure to
   // restart. Ranks still running after interrupt_grace_s are stopped as for a failure.
+  // One node only: across nodes, ranks also stop so (75) when another node's launcher is lost
+  // (its ranks take their launcher's death as a preemption), and node 0 restarts without it.
   void on_rank_stop(int rank, int code) {
     spdlog::warn("rank {} stopped: exit status {}{} (a signal sent to the rank itself)", rank, code,
                  code == 75 ? ", preempted" : "");
@@ -654,6 +656,18 @@ std::optional<int> local_decision(const LaunchOptions& o, const AttemptResult& r
   return std::nullopt;
 }
 
+// While the launcher waits for the other nodes, no rank runs: a stop signal then ends it at once
+// (SignalGuard::default_stop_signals), instead of waiting out the check-in's timeout.
+struct DefaultStopSignals {
+  explicit DefaultStopSignals(SignalGuard& g) : g_(g) { g_.default_stop_signals(); }
+  ~DefaultStopSignals() { g_.catch_stop_signals(); }
+  DefaultStopSignals(const DefaultStopSignals&) = delete;
+  DefaultStopSignals& operator=(const DefaultStopSignals&) = delete;
+
+ private:
+  SignalGuard& g_;
+};
+
 // Elastic nodes: checks in for `attempt` and logs which nodes run it and what changed since
 // `before` (the previous attempt's nodes).
 Membership elastic_check_in(JobAgent& agent, const LaunchOptions& o, int attempt,
@@ -724,7 +738,10 @@ int launch_local(const LaunchOptions& o, LaunchReport* report) {
   if (agent && !elastic_nodes) {
     spdlog::info("node {} of {}: waiting for every node's launcher at {}:{}", o.node_rank, o.nnodes,
                  o.master_addr, o.master_port + 1);
-    const std::vector<std::string> hosts = agent->join(o.nproc);
+    const std::vector<std::string> hosts = [&] {
+      const DefaultStopSignals interruptible(signals);
+      return agent->join(o.nproc);
+    }();
     std::string list;
     for (size_t n = 0; n < hosts.size(); ++n)
       list += (n ? ", " : "") + std::to_string(n) + "=" + hosts[n];
@@ -748,7 +765,10 @@ int launch_local(const LaunchOptions& o, LaunchReport* report) {
     plan.node_rank = o.node_rank;
     plan.nnodes = o.nnodes;
     if (elastic_nodes) {
-      members = elastic_check_in(*agent, o, attempt, members);
+      {
+        const DefaultStopSignals interruptible(signals);
+        members = elastic_check_in(*agent, o, attempt, members);
+      }
       plan.node_rank = members.node_rank;
       plan.nnodes = static_cast<int>(members.nodes.size());
     }

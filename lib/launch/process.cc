@@ -35,6 +35,12 @@ void on_signal(int sig) {
 // launcher, while exec still resets it to the default for the ranks.
 void on_sigpipe(int) {}
 
+// The signals that stop a job (forwarded to the ranks).
+constexpr int kStopSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGUSR1};
+bool is_stop_signal(int sig) {
+  return std::find(std::begin(kStopSignals), std::end(kStopSignals), sig) != std::end(kStopSignals);
+}
+
 }  // namespace
 
 std::string signal_name(int sig) {
@@ -58,7 +64,7 @@ SignalGuard::SignalGuard() {
   write_ = Fd(p[1]);
   g_signal_pipe = p[1];
   install(SIGCHLD, on_signal, /*even_if_ignored=*/true);  // ignored SIGCHLD would auto-reap
-  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGUSR1}) install(sig, on_signal, false);
+  for (int sig : kStopSignals) install(sig, on_signal, false);
   install(SIGPIPE, on_sigpipe, false);
 }
 
@@ -75,6 +81,22 @@ std::vector<int> SignalGuard::take() {
   while ((n = ::read(read_.get(), buf, sizeof buf)) > 0 || (n < 0 && errno == EINTR))
     for (ssize_t i = 0; i < n; ++i) out.push_back(buf[i]);
   return out;
+}
+
+void SignalGuard::default_stop_signals() {
+  for (const auto& [sig, old] : saved_)
+    if (is_stop_signal(sig)) ::sigaction(sig, &old, nullptr);
+  for (int sig : take())
+    if (is_stop_signal(sig)) ::raise(sig);  // the default action: ends the process here
+}
+
+void SignalGuard::catch_stop_signals() {
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  for (const auto& [sig, old] : saved_)
+    if (is_stop_signal(sig)) ::sigaction(sig, &sa, nullptr);
 }
 
 void SignalGuard::install(int sig, void (*handler)(int), bool even_if_ignored) {

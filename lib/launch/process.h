@@ -65,6 +65,14 @@ class SignalGuard {
   // The signals received since the last call, in order.
   std::vector<int> take();
 
+  // For a blocking wait while no rank runs (the nodes' check-in): SIGINT, SIGTERM, SIGHUP and
+  // SIGUSR1 get the dispositions they had before the guard back, so one of them ends the
+  // launcher at once, by the signal's default action, as nothing runs to stop softly; one such
+  // signal received before (still in the pipe) is raised again now. catch_stop_signals() puts
+  // the handlers back. Signals ignored on entry stay ignored throughout.
+  void default_stop_signals();
+  void catch_stop_signals();
+
  private:
   void install(int sig, void (*handler)(int), bool even_if_ignored);
 

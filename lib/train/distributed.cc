@@ -69,7 +69,23 @@ nlohmann::json run_grpc_rank(const Config& cfg, const RunOptions& opts,
         "reaches the rendezvous port can join this job");
   CommOptions copts;
   copts.timeout_s = cfg.distributed.timeout_s;
-  Communicator comm(connect_grpc(g), copts);
+  // Joining can wait for peers up to rendezvous_timeout_s: a signal meanwhile ends the rank at
+  // once (nothing to save yet) instead of after the wait.
+  struct AtOnce {
+    const StopRequest* r;
+    explicit AtOnce(const StopRequest* req) : r(req) {
+      if (r) r->at_once.store(true);
+    }
+    ~AtOnce() {
+      if (r) r->at_once.store(false);
+    }
+  };
+  std::unique_ptr<Transport> transport;
+  {
+    const AtOnce joining(opts.stop);
+    transport = connect_grpc(g);
+  }
+  Communicator comm(std::move(transport), copts);
   try {
     return train_rank(eff, opts, comm);
   } catch (const std::exception& e) {

@@ -20,6 +20,15 @@ std::atomic<int> g_preempt_signal{SIGTERM};
 void on_interrupt(int sig) {
   StopRequest* req = g_request.load();
   if (req == nullptr) return;
+  if (req->at_once.load()) {
+    if (sig == g_preempt_signal.load()) ::_exit(kExitPreempted);
+    struct sigaction dfl {};
+    dfl.sa_handler = SIG_DFL;
+    sigemptyset(&dfl.sa_mask);
+    ::sigaction(sig, &dfl, nullptr);
+    ::raise(sig);
+    return;
+  }
   int expected = 0;
   if (req->signal.compare_exchange_strong(expected, sig)) return;  // first signal: stop softly
   // The stop so far is the launcher's death: a person's first signal still stops softly.

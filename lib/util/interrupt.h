@@ -37,6 +37,11 @@ struct StopRequest {
   // counts as a first request (it does not end the process at once).
   std::atomic<bool> launcher_gone{false};
   std::atomic<bool> asked_after_launcher{false};
+  // Set while there is nothing to save yet (a rank joining its job: the rendezvous may wait
+  // minutes for peers): a signal then ends the process at once -- the preemption signal with
+  // kExitPreempted (the newest checkpoint is as it was), another by its default action. Mutable:
+  // the training side sets it through RunOptions' read-only pointer to the request.
+  mutable std::atomic<bool> at_once{false};
   static_assert(std::atomic<int>::is_always_lock_free);
   static_assert(std::atomic<bool>::is_always_lock_free);
 };

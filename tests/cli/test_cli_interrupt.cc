@@ -22,6 +22,7 @@
 #include "cli/cli_util.h"
 #include "launch/launcher.h"
 #include "test_util.h"
+#include "util/interrupt.h"
 
 using dtrain::testing::Child;
 using dtrain::testing::contains;
@@ -377,4 +378,38 @@ TEST_CASE("a run removes the temp files an interrupted checkpoint write left, an
   CHECK_MESSAGE(
       contains(r.output, "removed 1 temp file(s) that interrupted checkpoint writes left"),
       r.output);
+}
+
+TEST_CASE("a signal ends a launcher waiting for its nodes and a rank waiting for its peers at once") {
+  // Both waits can last minutes (node 0 or rank 0 never comes); nothing is trained yet, so a
+  // signal ends them at once: by the signal, or 75 for a rank's preemption signal.
+  TempDir dir;
+  const std::string cfg = dir.write("cfg.yaml", kCfg);
+  const std::string port = std::to_string(dtrain::pick_free_port());
+  const std::string launcher =
+      "DTRAIN_JOB_TOKEN=tok exec " + kBin + " launch " + cfg +
+      " --nnodes 2 --node-rank 0 --nproc-per-node 1 --master-addr 192.0.2.1 --master-port " +
+      port + " --out " + dir / "l";
+  const std::string rank = "RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 LOCAL_WORLD_SIZE=2 MASTER_ADDR=" +
+                           std::string("127.0.0.1 MASTER_PORT=") + port + " exec " + kBin +
+                           " run " + cfg + " --out " + dir / "r" +
+                           " --set distributed.backend=grpc --set distributed.world_size=2";
+  struct Case {
+    std::string cmd, waiting;
+    int sig, want;
+  };
+  for (const Case& c : {Case{launcher, "waiting for every node's launcher", SIGINT, 128 + SIGINT},
+                        Case{rank, "joining", SIGINT, 128 + SIGINT},
+                        Case{rank, "joining", SIGTERM, dtrain::kExitPreempted}}) {
+    CAPTURE(c.cmd);
+    CAPTURE(c.sig);
+    Child p(c.cmd, dir / "p.log");
+    REQUIRE(wait_until([&] { return contains(read_text(dir / "p.log"), c.waiting); }, 30));
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    const auto t0 = std::chrono::steady_clock::now();
+    p.signal(c.sig);
+    const int rc = p.wait(10);
+    CHECK_MESSAGE(rc == c.want, read_text(dir / "p.log"));
+    CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(3));
+  }
 }
