@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <charconv>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -146,12 +148,26 @@ struct LoadedModel {
 };
 
 LoadedModel load_model(const Config& cfg, const DataSplits& data, const std::string& ckpt) {
+  const std::string path = resolve_checkpoint(ckpt, false);
+  check_config_before_build(path, cfg);
   const ModelShape shape = resolve_model_shape(cfg, data);
   LoadedModel m{build_model(cfg.model, {shape.sample, shape.num_classes}), {}};
   m.params.resize(static_cast<size_t>(m.model.param_count()));
-  const std::string path = resolve_checkpoint(ckpt, false);
-  const CheckpointMeta meta = load_checkpoint(path, m.model, m.params.data(), {});
-  check_model_config(path, meta, cfg);
+  CheckpointMeta meta;
+  try {
+    meta = load_checkpoint(path, m.model, m.params.data(), {});
+  } catch (const UserError& e) {
+    // The output width follows the labels found (model.num_classes 0): a label only the test
+    // data has widens it, and the checkpoint then seems to be the wrong one.
+    const auto& y = data.train.y;
+    const int64_t train_classes = y.empty() ? 0 : *std::max_element(y.begin(), y.end()) + 1;
+    if (cfg.model.num_classes > 0 || shape.num_classes <= train_classes) throw;
+    throw UserError(std::string(e.what()) + " -- the test data has label " +
+                    std::to_string(shape.num_classes - 1) +
+                    ", above the training data's labels (0.." + std::to_string(train_classes - 1) +
+                    "), so the model was built with " + std::to_string(shape.num_classes) +
+                    " outputs: check the test labels, or set model.num_classes");
+  }
   spdlog::info("loaded {} (step {})", path, meta.step);
   return m;
 }
@@ -366,6 +382,20 @@ CLI::Option* non_empty(CLI::Option* o) {
       "", "non-empty"));
 }
 
+// Refuses an integer beyond int64's range: CLI11 clamps it to the limit without a word (an
+// `int` option it refuses by itself).
+CLI::Option* int64_range(CLI::Option* o) {
+  return o->check(CLI::Validator(
+      [](std::string& v) {
+        int64_t x = 0;
+        const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
+        return ec == std::errc::result_out_of_range
+                   ? std::string("is out of the integer range [-2^63, 2^63 - 1]")
+                   : std::string();
+      },
+      "", "int64"));
+}
+
 int cli_main_impl(int argc, char** argv) {
   CLI::App app{"dtrain: train models from one YAML file, alone or data-parallel across ranks"};
   app.set_version_flag("--version", "dtrain 0.1.0");
@@ -511,14 +541,17 @@ int cli_main_impl(int argc, char** argv) {
                            "checkpoint file, sharded checkpoint folder, or run/checkpoints folder"))
       ->required();
   generate->add_option("--prompt", gen.prompt, "text to continue (default: none, from a newline)");
-  generate->add_option("--tokens", gen.tokens, "bytes to generate")->capture_default_str();
+  int64_range(generate->add_option("--tokens", gen.tokens, "bytes to generate"))
+      ->capture_default_str();
   generate
       ->add_option("--temperature", gen.temperature,
                    "divides the logits; 0 = always the most likely byte")
       ->capture_default_str();
-  generate->add_option("--top-k", gen.top_k, "sample among the K most likely bytes; 0 = all")
+  int64_range(
+      generate->add_option("--top-k", gen.top_k, "sample among the K most likely bytes; 0 = all"))
       ->capture_default_str();
-  generate->add_option("--seed", gen.seed, "sampling seed (default: the config's seed)");
+  int64_range(
+      generate->add_option("--seed", gen.seed, "sampling seed (default: the config's seed)"));
 
   CLI::App* ckpt_cmd = app.add_subcommand("checkpoint", "convert checkpoints");
   ckpt_cmd->require_subcommand(1);

@@ -96,19 +96,18 @@ std::string generate_text(const Config& cfg, const GenerateOptions& o,
                           const std::function<void(const std::string&)>& emit) {
   check_options(cfg, o);
   check_checkpoint(o.checkpoint, false);
+  const std::string path = resolve_checkpoint(o.checkpoint, false);
+  check_config_before_build(path, cfg);
   const int64_t T = cfg.model.block_size;
   const Model model = build_model(cfg.model, {{T}, kTextVocab});
   std::vector<float> params(static_cast<size_t>(model.param_count()));
-  const std::string path = resolve_checkpoint(o.checkpoint, false);
-  CheckpointMeta meta;
   try {
-    meta = load_checkpoint(path, model, params.data(), {});
+    load_checkpoint(path, model, params.data(), {});
   } catch (const UserError& e) {
     throw UserError(std::string(e.what()) +
                     " (generate builds the model from the config: give the one it was trained "
                     "with)");
   }
-  check_model_config(path, meta, cfg);
   spdlog::debug("generate: loaded {}", path);
   if (static_cast<int64_t>(o.prompt.size()) > T)
     spdlog::warn(

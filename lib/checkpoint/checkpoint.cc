@@ -582,6 +582,21 @@ std::string checkpoint_optimizer(const std::string& resolved) {
   }
 }
 
+std::string checkpoint_config_json(const std::string& resolved) {
+  try {
+    if (is_sharded_dir(resolved)) {
+      const nlohmann::json m =
+          nlohmann::json::parse(read_file((fs::path(resolved) / kManifest).string()));
+      return m.contains("config") ? m.at("config").dump() : std::string();
+    }
+    const auto meta = read_safetensors_metadata(resolved);
+    const auto it = meta.find("config");
+    return it == meta.end() ? std::string() : it->second;
+  } catch (const std::exception&) {
+    return "";
+  }
+}
+
 std::string check_checkpoint(const std::string& path, bool allow_missing) {
   const std::string resolved = resolve_checkpoint(path, allow_missing);
   if (resolved.empty()) return resolved;

@@ -145,6 +145,10 @@ std::string resolve_checkpoint(const std::string& path, bool allow_missing);
 // The optimizer a resolved checkpoint's header (or manifest) names; "" when it cannot be read.
 // Reads headers only: for naming the cause when a load fails on another optimizer's state.
 std::string checkpoint_optimizer(const std::string& resolved);
+// The config a resolved checkpoint stores (config.json's content), read from its header or
+// manifest only; "" when it has none (older files) or cannot be read (the load then says why).
+// For checking a config against a checkpoint before the model is built and allocated.
+std::string checkpoint_config_json(const std::string& resolved);
 // resolve_checkpoint, then a check that reads only headers (a file's safetensors header, a sharded
 // folder's manifest.json): it is a dtrain checkpoint of this format version. For --resume and
 // --checkpoint before any data is loaded, so "'X' is not a safetensors file (...)" comes first.

@@ -238,6 +238,12 @@ void check_model_config(const std::string& path, const CheckpointMeta& m, const 
                     "with (its run folder's config.json)");
 }
 
+void check_config_before_build(const std::string& resolved, const Config& cfg) {
+  CheckpointMeta header;
+  header.config_json = checkpoint_config_json(resolved);
+  check_model_config(resolved, header, cfg);
+}
+
 std::string gather_rng_states(Communicator& comm, const Rng& rng) {
   const int world = comm.size();
   const auto st = rng.state();

@@ -117,11 +117,16 @@ TEST_CASE("run, eval and predict on a tiny synthetic config") {
   r = run_dtrain("predict " + cfg + " --checkpoint " + out + "/checkpoints --input " + bad);
   CHECK(r.exit_code == 2);
 
-  // The checkpoint belongs to another model shape: refused, exit 2.
+  // The checkpoint belongs to another model shape: refused, exit 2, naming the key -- before
+  // the model is built, so even one too large for memory is named, not allocated.
   r = run_dtrain("eval " + cfg + " --set 'model.hidden=[8]' --checkpoint " + out +
                  "/checkpoints --log-level warn");
   CHECK(r.exit_code == 2);
-  CHECK(contains(r.output, "does not match"));
+  CHECK_MESSAGE(contains(r.output, "model.hidden: [16] -> [8]"), r.output);
+  r = run_dtrain("eval " + cfg + " --set 'model.hidden=[100000000000]' --checkpoint " + out +
+                 "/checkpoints --log-level warn");
+  CHECK(r.exit_code == 2);
+  CHECK_MESSAGE(contains(r.output, "model.hidden: [16] -> [100000000000]"), r.output);
   // Same shapes, inputs scaled otherwise than in training: refused too.
   r = run_dtrain("eval " + cfg + " --set data.normalize=none --checkpoint " + out +
                  "/checkpoints --log-level warn");
@@ -213,6 +218,15 @@ runtime: {threads: 1}
   r = run_dtrain("eval " + cfg + ckpt + " --set data.test.path=" + test_huge);
   CHECK(r.exit_code == 2);
   CHECK_MESSAGE(contains(r.output, "test sample 1 (0-based, of 2) gives a non-finite output"),
+                r.output);
+  // A label only the test data has (3; training has 0..2) widens the model: that is named,
+  // not just the checkpoint's mismatching shapes.
+  const std::string test_new = dir.write("test_new.csv", "a,b,label\n1,1,0\n2,2,3\n");
+  r = run_dtrain("eval " + cfg + ckpt + " --set data.test.path=" + test_new);
+  CHECK(r.exit_code == 2);
+  CHECK_MESSAGE(contains(r.output,
+                         "the test data has label 3, above the training data's labels "
+                         "(0..2), so the model was built with 4 outputs"),
                 r.output);
   // In a run, the evaluation reports neither loss nor accuracy, and says why.
   r = run_dtrain("run " + cfg + " --out " + dir / "run2" + " --set data.test.path=" + test_huge +
