@@ -48,7 +48,13 @@ void TrainLoop::setup_model() {
   }
   tps_ = data_.train.targets_per_row();
   DT_CHECK_EQ(model_.targets_per_sample(), tps_);
-  if (lead_) spdlog::info("model:\n{}", model_.describe());
+  // The whole model, as checkpoints hold it; under tensor parallelism each rank then holds a
+  // 1/T shard of every block's weights.
+  if (lead_)
+    spdlog::info("model:\n{}{}", (tp_ ? tp_->global() : model_).describe(),
+                 tp_ ? fmt::format("\n(each of the {} tensor ranks holds {} of these parameters)",
+                                   grid_.layout().tp(), model_.param_count())
+                     : std::string());
   const bool pipelined = pipelined_ =
       S_ > 1 || cfg_.distributed.strategy == StrategyKind::kPipeline;
   // (distributed.compression with a pipeline is refused by the config's validation.)

@@ -10,6 +10,7 @@
 #include "test_util.h"
 
 using dtrain::testing::check_same_state;
+using dtrain::testing::contains;
 using dtrain::testing::run_cmd;
 using dtrain::testing::TempDir;
 
@@ -57,8 +58,20 @@ TEST_CASE("eval, generate and consolidate read a TP 2 checkpoint as one process'
   TempDir dir;
   const std::string cfg = tp_cfg(dir);
   auto r = run_cmd(kBin + " run " + cfg + " --set distributed.world_size=2 --out " + dir / "tp" +
-                   " --log-level warn");
+                   " --no-progress");
   REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  // The model table is the whole model's, as the checkpoint holds it, and says what a rank holds.
+  const auto one =
+      run_cmd(kBin + " run " + cfg +
+              " --set distributed.tensor_parallel.size=1 --set distributed.world_size=1 --out " +
+              dir / "one" + " --no-progress");
+  REQUIRE_MESSAGE(one.exit_code == 0, one.output);
+  const auto total = [](const std::string& log) {
+    const size_t at = log.find("total parameters: ");
+    return at == std::string::npos ? std::string("?") : log.substr(at, log.find('\n', at) - at);
+  };
+  CHECK(total(r.output) == total(one.output));
+  CHECK_MESSAGE(contains(r.output, "(each of the 2 tensor ranks holds "), r.output);
   const std::string ck = dir / "tp/checkpoints/step-10";
   // The same weights in one file; eval and generate on the folder and on the file agree.
   r = run_cmd(kBin + " checkpoint consolidate " + ck + " -o " + dir / "one.safetensors");
