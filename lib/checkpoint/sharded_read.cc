@@ -59,7 +59,10 @@ void check_shard_ranges(const std::string& dir, const std::string& file, const S
   }
   const auto text = [](const std::vector<ShardRange>& rs) {
     std::string t;
-    for (const auto& r : rs) t += (t.empty() ? "" : " ") + shard_range_str(r);
+    for (const auto& r : rs) {
+      if (!t.empty()) t += ' ';  // (not "..." + string: GCC 12 warns falsely, -Wrestrict)
+      t += shard_range_str(r);
+    }
     return t;
   };
   const auto same = [](const ShardRange& a, const ShardRange& b) {
