@@ -396,194 +396,315 @@ CLI::Option* int64_range(CLI::Option* o) {
       "", "int64"));
 }
 
-int cli_main_impl(int argc, char** argv) {
-  CLI::App app{"dtrain: train models from one YAML file, alone or data-parallel across ranks"};
-  app.set_version_flag("--version", "dtrain 0.1.0");
-  app.require_subcommand(1);
-  app.fallthrough();  // global options (--log-level) may follow the subcommand
-  std::string log_level = "info";
-  app.add_option("--log-level", log_level, "trace|debug|info|warn|error|off")
-      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}))
-      ->capture_default_str();
+// The command line: every subcommand's options, which CLI11's parse fills in, and the dispatch
+// to the command that was given. One per process (cli_main); not copyable (CLI11 keeps pointers
+// to the members).
+class Cli {
+ public:
+  explicit Cli(CLI::App& app) {
+    app.set_version_flag("--version", "dtrain 0.1.0");
+    app.require_subcommand(1);
+    app.fallthrough();  // global options (--log-level) may follow the subcommand
+    app.add_option("--log-level", log_level_, "trace|debug|info|warn|error|off")
+        ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}))
+        ->capture_default_str();
+    add_run(app);
+    add_launch(app);
+    add_verify(app);
+    add_model_commands(app);
+    add_file_commands(app);
+    bench_.add(app);
+  }
+  Cli(const Cli&) = delete;
+  Cli& operator=(const Cli&) = delete;
 
-  std::string config_path, out, resume, checkpoint, input, output;
-  std::vector<std::string> sets;
-  bool no_progress = false, overwrite = false;
-  auto add_config = [&](CLI::App* c) {
-    c->add_option("config", config_path, "YAML config file")->required();
-    c->add_option("--set", sets,
+  // After a successful parse: runs the command given and returns its exit code. Throws what
+  // the commands throw (UserError for bad input), which cli_main_impl maps to exit codes.
+  int dispatch(const char* argv0);
+
+ private:
+  void add_config(CLI::App* c) {
+    c->add_option("config", config_path_, "YAML config file")->required();
+    c->add_option("--set", sets_,
                   "override a config key before validation: key.path=value (value is YAML, e.g. "
                   "model.hidden=[256,256]); repeatable")
         ->type_name("KEY=VALUE")
         ->allow_extra_args(false);  // one KEY=VALUE per --set: a config may follow it
-  };
+  }
+  void add_run(CLI::App& app);
+  void add_launch(CLI::App& app);
+  void add_verify(CLI::App& app);
+  void add_model_commands(CLI::App& app);  // validate, eval, predict, generate
+  void add_file_commands(CLI::App& app);   // checkpoint consolidate, plot
+  int dispatch_launch(const Config& cfg, const char* argv0);
 
-  CLI::App* run = app.add_subcommand("run", "train a model as the config describes");
-  add_config(run);
-  non_empty(run->add_option("--out", out, "output folder (default runs/<config file stem>)"));
-  non_empty(run->add_option(
-      "--resume", resume,
+  std::string log_level_ = "info";
+  std::string config_path_, out_, resume_, checkpoint_, input_, output_, trace_;
+  std::vector<std::string> sets_;
+  bool no_progress_ = false, overwrite_ = false, no_eval_ = false;
+  DistOverrides flags_;
+  LaunchCmd lcmd_;
+  int max_restarts_ = 0;
+  VerifyOptions vopt_;
+  std::string verify_backend_ = "inproc";
+  bool verify_json_ = false;
+  GenerateOptions gen_;
+  std::string ckpt_in_;
+  std::vector<std::string> plot_dirs_, plot_labels_;
+  std::string plot_out_;
+  report::PlotOptions plot_opts_;
+  BenchCli bench_;
+  CLI::App *run_ = nullptr, *launch_ = nullptr, *verify_ = nullptr, *validate_ = nullptr,
+           *eval_ = nullptr, *predict_ = nullptr, *generate_ = nullptr, *consolidate_ = nullptr,
+           *plot_ = nullptr;
+};
+
+void Cli::add_run(CLI::App& app) {
+  run_ = app.add_subcommand("run", "train a model as the config describes");
+  add_config(run_);
+  non_empty(run_->add_option("--out", out_, "output folder (default runs/<config file stem>)"));
+  non_empty(run_->add_option(
+      "--resume", resume_,
       "continue from a checkpoint: a .safetensors file, a checkpoints folder, a run "
       "folder, or 'auto' (the output folder's latest checkpoint, if any)"));
-  run->add_flag("--no-progress", no_progress, "never draw the progress bar");
-  bool no_eval = false;
-  run->add_flag("--no-eval", no_eval,
-                "never evaluate (the summary has no test figures; dtrain verify's runs use it)");
-  run->add_flag("--overwrite", overwrite,
-                "the output folder may hold an earlier run: delete its summary, metrics, config "
-                "and checkpoints first (without it, such a folder is refused unless --resume)");
-  std::string trace;
-  non_empty(run->add_option(
-      "--trace", trace,
+  run_->add_flag("--no-progress", no_progress_, "never draw the progress bar");
+  run_->add_flag("--no-eval", no_eval_,
+                 "never evaluate (the summary has no test figures; dtrain verify's runs use it)");
+  run_->add_flag("--overwrite", overwrite_,
+                 "the output folder may hold an earlier run: delete its summary, metrics, config "
+                 "and checkpoints first (without it, such a folder is refused unless --resume)");
+  non_empty(run_->add_option(
+      "--trace", trace_,
       "write a Chrome trace-event timeline of every rank (forward, backward, each "
       "collective, optimizer, waits) to this JSON file; open it in ui.perfetto.dev"));
-  DistOverrides flags;
-  run->add_option("--rank", flags.rank, "this process's rank (overrides RANK)");
-  run->add_option("--world-size", flags.world_size, "ranks in the job (overrides WORLD_SIZE)");
-  run->add_option("--local-rank", flags.local_rank, "rank on this machine (overrides LOCAL_RANK)");
-  run->add_option("--master-addr", flags.master_addr,
-                  "rank 0's rendezvous host (overrides MASTER_ADDR)");
-  run->add_option("--master-port", flags.master_port,
-                  "rank 0's rendezvous port (overrides MASTER_PORT)");
+  run_->add_option("--rank", flags_.rank, "this process's rank (overrides RANK)");
+  run_->add_option("--world-size", flags_.world_size, "ranks in the job (overrides WORLD_SIZE)");
+  run_->add_option("--local-rank", flags_.local_rank,
+                   "rank on this machine (overrides LOCAL_RANK)");
+  run_->add_option("--master-addr", flags_.master_addr,
+                   "rank 0's rendezvous host (overrides MASTER_ADDR)");
+  run_->add_option("--master-port", flags_.master_port,
+                   "rank 0's rendezvous port (overrides MASTER_PORT)");
+}
 
-  CLI::App* launch = app.add_subcommand(
+void Cli::add_launch(CLI::App& app) {
+  launch_ = app.add_subcommand(
       "launch", "start the ranks of `dtrain run` over gRPC on this node (torchrun's environment)");
-  LaunchCmd lcmd;
-  launch
-      ->add_option("--nproc", lcmd.nproc,
+  launch_
+      ->add_option("--nproc", lcmd_.nproc,
                    "ranks to start on this machine, or MIN:MAX (elastic: a restart continues "
                    "with the ranks left, at least MIN)")
       ->capture_default_str();
-  launch->add_option("--nnodes", lcmd.nnodes,
-                     "nodes in the job, one `dtrain launch` each (overrides PET_NNODES), or "
-                     "MIN:MAX (elastic: each attempt runs on the nodes that checked in)");
-  launch
-      ->add_option("--last-call", lcmd.last_call_s,
+  launch_->add_option("--nnodes", lcmd_.nnodes,
+                      "nodes in the job, one `dtrain launch` each (overrides PET_NNODES), or "
+                      "MIN:MAX (elastic: each attempt runs on the nodes that checked in)");
+  launch_
+      ->add_option("--last-call", lcmd_.last_call_s,
                    "with --nnodes MIN:MAX: once MIN nodes checked in, seconds node 0 waits for "
                    "more")
       ->capture_default_str();
-  launch->add_option("--node-rank", lcmd.nodes.node_rank,
-                     "this node's index (overrides PET_NODE_RANK, JOB_COMPLETION_INDEX)");
-  launch->add_option("--nproc-per-node", lcmd.nodes.nproc_per_node,
-                     "ranks per node (overrides PET_NPROC_PER_NODE)");
-  launch->add_option("--master-addr", lcmd.nodes.master_addr,
-                     "node 0's host as every node reaches it (overrides PET_MASTER_ADDR, "
-                     "MASTER_ADDR)");
-  launch->add_option("--master-port", lcmd.nodes.master_port,
-                     "rank 0's rendezvous port; the launchers use the next one (default on one "
-                     "node: a free one)");
+  launch_->add_option("--node-rank", lcmd_.nodes.node_rank,
+                      "this node's index (overrides PET_NODE_RANK, JOB_COMPLETION_INDEX)");
+  launch_->add_option("--nproc-per-node", lcmd_.nodes.nproc_per_node,
+                      "ranks per node (overrides PET_NPROC_PER_NODE)");
+  launch_->add_option("--master-addr", lcmd_.nodes.master_addr,
+                      "node 0's host as every node reaches it (overrides PET_MASTER_ADDR, "
+                      "MASTER_ADDR)");
+  launch_->add_option("--master-port", lcmd_.nodes.master_port,
+                      "rank 0's rendezvous port; the launchers use the next one (default on one "
+                      "node: a free one)");
+  non_empty(launch_->add_option(
+      "--token-file", lcmd_.token_file,
+      "file holding the job token (DTRAIN_JOB_TOKEN takes precedence); required "
+      "with several nodes"));
+  add_config(launch_);
+  non_empty(launch_->add_option("--out", out_, "output folder (default runs/<config file stem>)"));
   non_empty(
-      launch->add_option("--token-file", lcmd.token_file,
-                         "file holding the job token (DTRAIN_JOB_TOKEN takes precedence); required "
-                         "with several nodes"));
-  add_config(launch);
-  non_empty(launch->add_option("--out", out, "output folder (default runs/<config file stem>)"));
-  non_empty(launch->add_option("--resume", resume, "passed to every rank's `dtrain run --resume`"));
-  launch->add_flag("--overwrite", overwrite,
-                   "the output folder may hold an earlier run: delete it (logs included) first");
-  non_empty(launch->add_option("--trace", trace, "passed to every rank's `dtrain run --trace`"));
-  int max_restarts = 0;
-  launch
-      ->add_option("--max-restarts", max_restarts,
+      launch_->add_option("--resume", resume_, "passed to every rank's `dtrain run --resume`"));
+  launch_->add_flag("--overwrite", overwrite_,
+                    "the output folder may hold an earlier run: delete it (logs included) first");
+  non_empty(launch_->add_option("--trace", trace_, "passed to every rank's `dtrain run --trace`"));
+  launch_
+      ->add_option("--max-restarts", max_restarts_,
                    "when a rank fails, start all ranks again from the newest complete checkpoint "
                    "(--resume auto), at most this many times")
       ->capture_default_str();
+}
 
-  CLI::App* verify = app.add_subcommand(
+void Cli::add_verify(CLI::App& app) {
+  verify_ = app.add_subcommand(
       "verify", "check that the config's layout trains what one process trains (exit 1 if not)");
-  add_config(verify);
-  VerifyOptions vopt;
-  verify->add_option("--steps", vopt.steps, "optimizer steps compared")->capture_default_str();
-  verify->add_option("--tolerance", vopt.tolerance,
-                     "largest relative difference accepted (default: 1e-4 with SGD, 5e-2 with "
-                     "Adam/AdamW; README \"dtrain verify\")");
-  std::string verify_backend = "inproc";
-  verify
-      ->add_option("--backend", verify_backend,
+  add_config(verify_);
+  verify_->add_option("--steps", vopt_.steps, "optimizer steps compared")->capture_default_str();
+  verify_->add_option("--tolerance", vopt_.tolerance,
+                      "largest relative difference accepted (default: 1e-4 with SGD, 5e-2 with "
+                      "Adam/AdamW; README \"dtrain verify\")");
+  verify_
+      ->add_option("--backend", verify_backend_,
                    "the layout's ranks: threads of this process "
                    "(inproc) or processes over gRPC (grpc)")
       ->check(CLI::IsMember({"inproc", "grpc"}))
       ->capture_default_str();
   non_empty(
-      verify->add_option("--out", vopt.work_dir,
-                         "keep every run (checkpoints, metrics, logs) in this folder (default: a "
-                         "temporary folder, removed)"));
-  bool verify_json = false;
-  verify->add_flag("--json", verify_json, "print the report as one JSON object");
+      verify_->add_option("--out", vopt_.work_dir,
+                          "keep every run (checkpoints, metrics, logs) in this folder (default: a "
+                          "temporary folder, removed)"));
+  verify_->add_flag("--json", verify_json_, "print the report as one JSON object");
+}
 
-  CLI::App* validate = app.add_subcommand("validate", "parse and check a config, then exit");
-  add_config(validate);
+void Cli::add_model_commands(CLI::App& app) {
+  validate_ = app.add_subcommand("validate", "parse and check a config, then exit");
+  add_config(validate_);
 
-  CLI::App* eval = app.add_subcommand("eval", "test loss and accuracy of a checkpoint");
-  add_config(eval);
+  eval_ = app.add_subcommand("eval", "test loss and accuracy of a checkpoint");
+  add_config(eval_);
   non_empty(
-      eval->add_option("--checkpoint", checkpoint,
-                       "checkpoint file, sharded checkpoint folder, or run/checkpoints folder"))
+      eval_->add_option("--checkpoint", checkpoint_,
+                        "checkpoint file, sharded checkpoint folder, or run/checkpoints folder"))
       ->required();
 
-  CLI::App* predict =
-      app.add_subcommand("predict", "class predictions and probabilities for CSV rows");
-  add_config(predict);
+  predict_ = app.add_subcommand("predict", "class predictions and probabilities for CSV rows");
+  add_config(predict_);
   non_empty(
-      predict->add_option("--checkpoint", checkpoint,
-                          "checkpoint file, sharded checkpoint folder, or run/checkpoints folder"))
-      ->required();
-  non_empty(predict->add_option("--input", input, "CSV of feature rows (no label column)"))
-      ->required();
-  non_empty(predict->add_option("--output", output, "CSV to write (default: standard output)"));
-
-  CLI::App* generate =
-      app.add_subcommand("generate", "continue a prompt with text sampled from a gpt checkpoint");
-  add_config(generate);
-  GenerateOptions gen;
-  non_empty(
-      generate->add_option("--checkpoint", gen.checkpoint,
+      predict_->add_option("--checkpoint", checkpoint_,
                            "checkpoint file, sharded checkpoint folder, or run/checkpoints folder"))
       ->required();
-  generate->add_option("--prompt", gen.prompt, "text to continue (default: none, from a newline)");
-  int64_range(generate->add_option("--tokens", gen.tokens, "bytes to generate"))
+  non_empty(predict_->add_option("--input", input_, "CSV of feature rows (no label column)"))
+      ->required();
+  non_empty(predict_->add_option("--output", output_, "CSV to write (default: standard output)"));
+
+  generate_ =
+      app.add_subcommand("generate", "continue a prompt with text sampled from a gpt checkpoint");
+  add_config(generate_);
+  non_empty(generate_->add_option(
+                "--checkpoint", gen_.checkpoint,
+                "checkpoint file, sharded checkpoint folder, or run/checkpoints folder"))
+      ->required();
+  generate_->add_option("--prompt", gen_.prompt,
+                        "text to continue (default: none, from a newline)");
+  int64_range(generate_->add_option("--tokens", gen_.tokens, "bytes to generate"))
       ->capture_default_str();
-  generate
-      ->add_option("--temperature", gen.temperature,
+  generate_
+      ->add_option("--temperature", gen_.temperature,
                    "divides the logits; 0 = always the most likely byte")
       ->capture_default_str();
   int64_range(
-      generate->add_option("--top-k", gen.top_k, "sample among the K most likely bytes; 0 = all"))
+      generate_->add_option("--top-k", gen_.top_k, "sample among the K most likely bytes; 0 = all"))
       ->capture_default_str();
   int64_range(
-      generate->add_option("--seed", gen.seed, "sampling seed (default: the config's seed)"));
+      generate_->add_option("--seed", gen_.seed, "sampling seed (default: the config's seed)"));
+}
 
+void Cli::add_file_commands(CLI::App& app) {
   CLI::App* ckpt_cmd = app.add_subcommand("checkpoint", "convert checkpoints");
   ckpt_cmd->require_subcommand(1);
-  CLI::App* consolidate = ckpt_cmd->add_subcommand(
+  consolidate_ = ckpt_cmd->add_subcommand(
       "consolidate", "write a sharded checkpoint (zero1/zero2/fsdp) as one safetensors file");
-  std::string ckpt_in;
-  consolidate
-      ->add_option("dir", ckpt_in,
+  consolidate_
+      ->add_option("dir", ckpt_in_,
                    "sharded checkpoint folder (checkpoints/step-<N>), or a run or checkpoints "
                    "folder (its latest)")
       ->required();
-  non_empty(consolidate->add_option("-o,--output", output, "file to write (.safetensors)"))
+  non_empty(consolidate_->add_option("-o,--output", output_, "file to write (.safetensors)"))
       ->required();
 
-  CLI::App* plot = app.add_subcommand(
+  plot_ = app.add_subcommand(
       "plot", "training loss and test accuracy against step for run folders, as SVG or PNG");
-  std::vector<std::string> plot_dirs, plot_labels;
-  std::string plot_out;
-  report::PlotOptions plot_opts;
-  plot->add_option("runs", plot_dirs, "run folders (the --out of dtrain run)")->required();
-  non_empty(plot->add_option("-o,--output", plot_out, "image to write: FILE.svg or FILE.png"))
+  plot_->add_option("runs", plot_dirs_, "run folders (the --out of dtrain run)")->required();
+  non_empty(plot_->add_option("-o,--output", plot_out_, "image to write: FILE.svg or FILE.png"))
       ->required();
-  plot->add_option("--title", plot_opts.title, "title above the panels");
-  plot->add_option("--labels", plot_labels, "legend names, one per run (default: folder names)")
+  plot_->add_option("--title", plot_opts_.title, "title above the panels");
+  plot_->add_option("--labels", plot_labels_, "legend names, one per run (default: folder names)")
       ->delimiter(',')
       ->allow_extra_args(false);  // one comma-separated argument: run folders may follow it
-  plot->add_option("--width", plot_opts.width, "pixels")->capture_default_str();
-  plot->add_option("--height", plot_opts.height, "pixels")->capture_default_str();
+  plot_->add_option("--width", plot_opts_.width, "pixels")->capture_default_str();
+  plot_->add_option("--height", plot_opts_.height, "pixels")->capture_default_str();
+}
 
-  BenchCli bench;
-  bench.add(app);
+int Cli::dispatch(const char* argv0) {
+  setup_logging(log_level_);
+  if (const std::optional<int> rc = bench_.run(argv0, log_level_)) return *rc;
+  if (consolidate_->parsed()) {
+    const std::string path = resolve_checkpoint(ckpt_in_, false);
+    check_consolidate_output(path, output_);
+    const CheckpointMeta meta = consolidate_checkpoint(path, output_);
+    std::cout << "wrote " << output_ << ": step " << meta.step << ", " << meta.strategy
+              << " checkpoint of " << meta.world_size << " rank(s)" << std::endl;
+    return kExitOk;
+  }
+  if (plot_->parsed()) {
+    check_output_file("-o", plot_out_);
+    report::plot_runs(plot_dirs_, plot_labels_, plot_out_, plot_opts_);
+    std::cout << "wrote " << plot_out_ << std::endl;
+    return kExitOk;
+  }
+  if (verify_->parsed()) {
+    vopt_.config_path = config_path_;
+    vopt_.sets = sets_;
+    vopt_.grpc = verify_backend_ == "grpc";
+    vopt_.self_exe = self_exe(argv0);
+    if (const char* f = std::getenv("DTRAIN_FAULT")) vopt_.faults = parse_faults(f, 0);
+    const VerifyReport rep = run_verify(vopt_);
+    if (verify_json_)
+      std::cout << report_json(rep).dump(2) << std::endl;
+    else
+      std::cout << report_text(rep) << std::flush;
+    return rep.failed() ? kExitRuntime : kExitOk;
+  }
+  const Config cfg = load_config(config_path_, sets_);
+  if (generate_->parsed()) {  // reads no data: the data files need not be here
+    set_blas_threads(static_cast<int>(cfg.runtime.threads));
+    // Printed as it is sampled: a long continuation shows its first words at once.
+    TerminalEscaper esc;
+    generate_text(cfg, gen_, [&](const std::string& b) { std::cout << esc.push(b) << std::flush; });
+    std::cout << esc.finish() << std::endl;
+    return kExitOk;
+  }
+  check_input_files(cfg);
+  if (validate_->parsed()) {
+    warn_idle_ranks(cfg);
+    std::cout << config_path_ << ": ok (config hash " << config_hash(cfg) << ")" << std::endl;
+    return kExitOk;
+  }
+  if (!trace_.empty()) check_output_file("--trace", trace_);
+  if (predict_->parsed() && !output_.empty()) check_output_file("--output", output_);
+  if (overwrite_ && !resume_.empty())
+    throw UserError(
+        "--overwrite deletes the checkpoints that --resume would continue from: "
+        "give one of them");
+  if (run_->parsed())
+    return cmd_run(cfg, config_path_, out_, resume_, overwrite_, trace_, no_progress_, no_eval_,
+                   flags_);
+  if (launch_->parsed()) return dispatch_launch(cfg, argv0);
+  if (eval_->parsed()) return cmd_eval(cfg, checkpoint_);
+  if (predict_->parsed()) return cmd_predict(cfg, checkpoint_, input_, output_);
+  return kExitUser;
+}
 
+int Cli::dispatch_launch(const Config& cfg, const char* argv0) {
+  lcmd_.nproc_given = launch_->count("--nproc") > 0;
+  const std::string out_dir = out_.empty() ? default_out_dir(config_path_) : out_;
+  check_resume_target(resume_, out_dir);  // once here, not as a rank log
+  lcmd_.out_dir = out_dir;
+  lcmd_.resume = resume_;
+  lcmd_.overwrite = overwrite_;
+  lcmd_.max_restarts = max_restarts_;
+  lcmd_.run_argv = {self_exe(argv0), "run",           config_path_,  "--out",
+                    out_dir,         "--no-progress", "--log-level", log_level_};
+  for (const auto& s : sets_) {
+    lcmd_.run_argv.push_back("--set");
+    lcmd_.run_argv.push_back(s);
+  }
+  if (!trace_.empty()) {
+    lcmd_.run_argv.push_back("--trace");
+    lcmd_.run_argv.push_back(fs::absolute(trace_).string());
+  }
+  return cmd_launch(cfg, lcmd_);
+}
+
+int cli_main_impl(int argc, char** argv) {
+  CLI::App app{"dtrain: train models from one YAML file, alone or data-parallel across ranks"};
+  Cli cli(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {
@@ -594,82 +715,7 @@ int cli_main_impl(int argc, char** argv) {
   }
 
   try {
-    setup_logging(log_level);
-    if (const std::optional<int> rc = bench.run(argv[0], log_level)) return *rc;
-    if (consolidate->parsed()) {
-      const std::string path = resolve_checkpoint(ckpt_in, false);
-      check_consolidate_output(path, output);
-      const CheckpointMeta meta = consolidate_checkpoint(path, output);
-      std::cout << "wrote " << output << ": step " << meta.step << ", " << meta.strategy
-                << " checkpoint of " << meta.world_size << " rank(s)" << std::endl;
-      return kExitOk;
-    }
-    if (plot->parsed()) {
-      check_output_file("-o", plot_out);
-      report::plot_runs(plot_dirs, plot_labels, plot_out, plot_opts);
-      std::cout << "wrote " << plot_out << std::endl;
-      return kExitOk;
-    }
-    if (verify->parsed()) {
-      vopt.config_path = config_path;
-      vopt.sets = sets;
-      vopt.grpc = verify_backend == "grpc";
-      vopt.self_exe = self_exe(argv[0]);
-      if (const char* f = std::getenv("DTRAIN_FAULT")) vopt.faults = parse_faults(f, 0);
-      const VerifyReport rep = run_verify(vopt);
-      if (verify_json)
-        std::cout << report_json(rep).dump(2) << std::endl;
-      else
-        std::cout << report_text(rep) << std::flush;
-      return rep.failed() ? kExitRuntime : kExitOk;
-    }
-    const Config cfg = load_config(config_path, sets);
-    if (generate->parsed()) {  // reads no data: the data files need not be here
-      set_blas_threads(static_cast<int>(cfg.runtime.threads));
-      // Printed as it is sampled: a long continuation shows its first words at once.
-      TerminalEscaper esc;
-      generate_text(cfg, gen,
-                    [&](const std::string& b) { std::cout << esc.push(b) << std::flush; });
-      std::cout << esc.finish() << std::endl;
-      return kExitOk;
-    }
-    check_input_files(cfg);
-    if (validate->parsed()) {
-      warn_idle_ranks(cfg);
-      std::cout << config_path << ": ok (config hash " << config_hash(cfg) << ")" << std::endl;
-      return kExitOk;
-    }
-    if (!trace.empty()) check_output_file("--trace", trace);
-    if (predict->parsed() && !output.empty()) check_output_file("--output", output);
-    if (overwrite && !resume.empty())
-      throw UserError(
-          "--overwrite deletes the checkpoints that --resume would continue from: "
-          "give one of them");
-    if (run->parsed())
-      return cmd_run(cfg, config_path, out, resume, overwrite, trace, no_progress, no_eval, flags);
-    if (launch->parsed()) {
-      lcmd.nproc_given = launch->count("--nproc") > 0;
-      const std::string out_dir = out.empty() ? default_out_dir(config_path) : out;
-      check_resume_target(resume, out_dir);  // once here, not as a rank log
-      lcmd.out_dir = out_dir;
-      lcmd.resume = resume;
-      lcmd.overwrite = overwrite;
-      lcmd.max_restarts = max_restarts;
-      lcmd.run_argv = {self_exe(argv[0]), "run",           config_path,   "--out",
-                       out_dir,           "--no-progress", "--log-level", log_level};
-      for (const auto& s : sets) {
-        lcmd.run_argv.push_back("--set");
-        lcmd.run_argv.push_back(s);
-      }
-      if (!trace.empty()) {
-        lcmd.run_argv.push_back("--trace");
-        lcmd.run_argv.push_back(fs::absolute(trace).string());
-      }
-      return cmd_launch(cfg, lcmd);
-    }
-    if (eval->parsed()) return cmd_eval(cfg, checkpoint);
-    if (predict->parsed()) return cmd_predict(cfg, checkpoint, input, output);
-    return kExitUser;
+    return cli.dispatch(argv[0]);
   } catch (const UserError& e) {
     std::cerr << "error: " << e.what() << std::endl;
     return kExitUser;
