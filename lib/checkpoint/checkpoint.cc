@@ -432,6 +432,9 @@ namespace {
 
 // A checkpoints folder's step entries: step-<N>.safetensors files and step-<N> sharded folders;
 // group 1 is N (at most 18 digits, so std::stoll cannot overflow), group 2 the file extension.
+// What a `latest` file may hold at most: one checkpoint's name and a newline.
+constexpr uintmax_t kMaxLatestBytes = 4096;
+
 const std::regex& step_entry_re() {
   static const std::regex re(R"(step-(\d{1,18})(\.safetensors)?)");
   return re;
@@ -459,6 +462,36 @@ int64_t remove_orphaned_temp_files(const std::string& dir, bool include_step_fol
         if (std::regex_match(name, m, step_entry_re()) && !m[2].matched) sweep(ent.path());
       }
   return removed;
+}
+
+void release_latest(const std::string& dir, const std::string& name) {
+  const fs::path latest = fs::path(dir) / "latest";
+  std::error_code ec;
+  if (!fs::is_regular_file(latest, ec) || fs::file_size(latest, ec) > kMaxLatestBytes) return;
+  std::string named = read_file(latest.string());
+  while (!named.empty() && (named.back() == '\n' || named.back() == '\r' || named.back() == ' '))
+    named.pop_back();
+  if (named != name) return;
+  std::smatch m;
+  const std::regex& re = step_entry_re();
+  const int64_t step = std::regex_match(name, m, re) ? std::stoll(m[1].str()) : INT64_MAX;
+  int64_t best = -1;
+  std::string best_name;
+  for (const auto& ent : fs::directory_iterator(dir, ec)) {
+    const std::string n = ent.path().filename().string();
+    if (!std::regex_match(n, m, re)) continue;
+    const int64_t s = std::stoll(m[1].str());
+    const bool complete =
+        m[2].matched ? fs::is_regular_file(ent.path(), ec) : is_sharded_dir(ent.path());
+    if (s < step && s > best && complete) {
+      best = s;
+      best_name = n;
+    }
+  }
+  if (best >= 0)
+    write_file_atomic(latest.string(), best_name + "\n");
+  else
+    fs::remove(latest, ec);
 }
 
 void commit_checkpoint(const std::string& dir, const std::string& file_name, int64_t keep_last) {
@@ -493,6 +526,13 @@ namespace {
 // The checkpoint a `latest` pointer file names, in the same folder.
 std::string follow_latest(const fs::path& latest) {
   std::error_code ec;
+  // A FIFO or device would block or never end: only a small regular file is read.
+  if (const std::string why = input_file_problem(latest.string()); !why.empty())
+    throw UserError("'" + latest.string() + "' " + why +
+                    " (a checkpoints folder's latest file names its newest checkpoint)");
+  if (fs::file_size(latest, ec) > kMaxLatestBytes)
+    throw UserError("'" + latest.string() + "' is " + std::to_string(fs::file_size(latest, ec)) +
+                    " bytes: not a latest file, which names one checkpoint");
   std::string name = read_file(latest.string());
   while (!name.empty() && (name.back() == '\n' || name.back() == '\r' || name.back() == ' '))
     name.pop_back();

@@ -124,6 +124,11 @@ CheckpointMeta load_checkpoint(const std::string& path, const Model& model, floa
                                CompressionState* comp = nullptr);
 
 // RUN/checkpoints helpers.
+// Before the checkpoint `name` in dir is replaced in place (a sharded folder is removed, then
+// written anew): when dir/latest names it, latest is moved (atomic) to the newest complete
+// checkpoint below its step, or removed when there is none, so a crash during the rewrite
+// leaves `latest` on a complete checkpoint, never on the half-written one.
+void release_latest(const std::string& dir, const std::string& name);
 std::string checkpoint_file_name(int64_t step);  // "step-<N>.safetensors"
 // Records `file_name` (a file or a sharded folder name) as the newest checkpoint in dir/latest
 // (atomic), then deletes the oldest step-* files and folders beyond keep_last.

@@ -132,9 +132,11 @@ ShardedRead read_sharded(const std::string& dir, bool with_state) {
       en.offset = e.at("offset").get<int64_t>();
       en.numel = 1;
       for (int64_t d : en.shape) {
-        if (d < 0 || d > (int64_t{1} << 40))
+        // (a product past 2^40 values -- 4 TiB of floats -- is no checkpoint of this program,
+        // and wrapping around would let a bad shape pass the offset checks)
+        if (d < 0 || d > (int64_t{1} << 40) || __builtin_mul_overflow(en.numel, d, &en.numel) ||
+            en.numel > (int64_t{1} << 40))
           throw UserError("checkpoint '" + dir + "': tensor '" + en.name + "' has a bad shape");
-        en.numel *= d;
       }
       if (en.offset != next)
         throw UserError("checkpoint '" + dir + "': tensor '" + en.name + "' is at offset " +

@@ -97,7 +97,12 @@ void TrainLoop::save_faults(int64_t step) const {
 void TrainLoop::save_sharded(const CheckpointMeta& m) {
   const std::string name = sharded_checkpoint_name(step_);
   const fs::path dir = fs::path(ckpt_dir_) / name;
-  if (lead_) fs::remove_all(dir);  // leftovers of a crashed attempt at this step
+  if (lead_) {
+    // Leftovers of a crashed attempt at this step, or the step of a timeline this run left (it
+    // resumed from an earlier checkpoint): `latest` must not name it while it is rewritten.
+    release_latest(ckpt_dir_, name);
+    fs::remove_all(dir);
+  }
   world_.barrier();
   const bool writer = strategy_->sharded() || dpr_ == 0;
   const std::vector<std::string> names = strategy_->state_names();

@@ -1,6 +1,7 @@
 // check_checkpoint: the up-front check of --resume / --checkpoint reads headers only, and says
 // when a file is not a safetensors file or not a dtrain checkpoint.
 #include <doctest/doctest.h>
+#include <sys/stat.h>
 
 #include <filesystem>
 #include <fstream>
@@ -55,6 +56,15 @@ TEST_CASE("check_checkpoint accepts a checkpoint from its header alone") {
   commit_checkpoint(dir.path(), "step-1.safetensors", 3);
   CHECK(check_checkpoint(dir.path(), false) == path);
   CHECK(check_checkpoint(dir / "nothing", true).empty());
+  // A latest that is no small regular file (a FIFO would block the read forever) is refused.
+  std::filesystem::remove(dir / "latest");
+  REQUIRE(::mkfifo((dir / "latest").c_str(), 0600) == 0);
+  CHECK_THROWS_WITH_AS(check_checkpoint(dir.path(), false),
+                       doctest::Contains("latest' is not a regular file"), UserError);
+  std::filesystem::remove(dir / "latest");
+  std::ofstream(dir / "latest") << std::string(10000, 'x');
+  CHECK_THROWS_WITH_AS(check_checkpoint(dir.path(), false), doctest::Contains("not a latest file"),
+                       UserError);
 }
 
 TEST_CASE("check_checkpoint: not a safetensors file, not a dtrain checkpoint, bad manifest") {

@@ -228,6 +228,13 @@ TEST_CASE(
   edit([](nlohmann::json& man) { man["optimizer_state"] = {"mom.entum"}; });
   CHECK(contains(user_error([&] { consolidate_checkpoint(ck, dir / "one.safetensors"); }),
                  "'mom.entum', not a state name"));
+  // A shape whose product wraps around int64 (each dimension plausible): refused as a bad shape,
+  // not an internal error later.
+  edit([](nlohmann::json& man) {
+    man["params"][0]["shape"] = {int64_t{1} << 32, int64_t{1} << 32};
+  });
+  msg = user_error([&] { consolidate_checkpoint(ck, dir / "one.safetensors"); });
+  CHECK_MESSAGE(contains(msg, "has a bad shape"), msg);
   // Tensor names a full checkpoint cannot hold.
   for (const std::string name : {"__metadata__", "optim.momentum.x"}) {
     edit([&](nlohmann::json& man) { man["params"][0]["name"] = name; });

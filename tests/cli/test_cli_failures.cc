@@ -178,6 +178,38 @@ runtime: {threads: 1}
   check_same_state(a, latest_run_state(kBin, dir / "straight"), "resumed vs uninterrupted");
 }
 
+TEST_CASE(
+    "rewriting a sharded checkpoint of an abandoned timeline keeps latest on a complete one") {
+  // A run to step 20 (latest step-20), resumed from step-10: its step 20 replaces the folder
+  // latest names. A crash in the middle of that rewrite must leave latest on a complete
+  // checkpoint (step-10), not on the half-written folder.
+  TempDir dir;
+  const std::string cfg = dir.write("c.yaml", R"(seed: 5
+model: {hidden: [16]}
+data:
+  format: synthetic
+  synthetic: {samples: 500, features: 8, classes: 3}
+  batch_size: 10
+optimizer: {type: sgd, lr: 0.05, momentum: 0.9}
+train: {epochs: 0, max_steps: 20, checkpoint: {every_steps: 10, keep_last: 5}}
+distributed: {strategy: fsdp, world_size: 2}
+runtime: {threads: 1}
+)");
+  const std::string run = dir / "run", ck = run + "/checkpoints";
+  auto r = run_cmd(kBin + " run " + cfg + " --out " + run + " --log-level warn");
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  REQUIRE(read_text(ck + "/latest") == "step-20\n");
+  r = run_cmd("DTRAIN_FAULT=kill_in_save:rank=1:step=20 " + kBin + " run " + cfg + " --out " + run +
+              " --resume " + ck + "/step-10 --log-level warn");
+  REQUIRE(r.exit_code != 0);
+  CHECK(read_text(ck + "/latest") == "step-10\n");
+  r = run_cmd(kBin + " eval " + cfg + " --checkpoint " + run + " --log-level warn");
+  CHECK_MESSAGE(r.exit_code == 0, r.output);
+  r = run_cmd(kBin + " run " + cfg + " --out " + run + " --resume auto --log-level warn");
+  CHECK_MESSAGE(r.exit_code == 0, r.output);
+  CHECK(read_text(ck + "/latest") == "step-20\n");
+}
+
 TEST_CASE("dtrain launch removes the shared memory of a rank killed before its peers attached") {
   // Rank 1 dies right after the rendezvous: its segment is created and advertised, but no peer
   // has attached, so nobody unlinks it. The launcher removes it as it reaps the rank.
