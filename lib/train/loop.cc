@@ -132,7 +132,6 @@ bool TrainLoop::resume() {
     }
     rp_ = resume_full_state(cfg_, opts_, world_, whole, ckpt_dir_, hash_, full_p.data(), sb, rng_,
                             &saved_comp_);
-    if (lead_) write_run_config(cfg_, opts_.out_dir);  // deferred by start_run_dir
     if (rp_.loaded) {
       check_tied_copies(whole, full_p.data(), ptrs, rp_.from.empty() ? opts_.resume : rp_.from);
       if (tp_) {  // this tensor rank's shards, in place (a local layout is no larger)
@@ -154,8 +153,11 @@ bool TrainLoop::resume() {
   if (const std::string why = nothing_left_reason(cfg_, rp_, plan_); !why.empty()) {
     if (lead_) spdlog::warn("{}", why);
     early_summary_ = nothing_to_do_summary(why, rp_);
-    return false;
+    return false;  // the folder stays as it was: config.json describes its checkpoints
   }
+  // Deferred by start_run_dir for a resumed run: written once the checkpoint has loaded and
+  // there is something to train.
+  if (!opts_.resume.empty() && lead_) write_run_config(cfg_, opts_.out_dir);
   schedule_steps_ = schedule_horizon(rp_, plan_, lead_);
   return true;
 }

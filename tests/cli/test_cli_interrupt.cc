@@ -202,10 +202,13 @@ TEST_CASE("an output folder holding a run is refused without --resume or --overw
   r = run_cmd(base + " --resume auto");
   REQUIRE_MESSAGE(r.exit_code == 0, r.output);
   CHECK(nlohmann::json::parse(read_text(out + "/summary.json"))["steps"] == 40);
-  r = run_cmd(base + " --resume auto");
+  const std::string config_before = read_text(out + "/config.json");
+  r = run_cmd(base + " --resume auto --set optimizer.lr=0.5");
   CHECK(r.exit_code == 0);
   CHECK_MESSAGE(contains(r.output, "nothing to train"), r.output);
   CHECK(contains(r.output, "raise train.max_steps"));
+  // The folder is left as it was: its config.json still describes its checkpoints.
+  CHECK(read_text(out + "/config.json") == config_before);
   // The same into a new folder: nothing is trained, so no folder is left behind; a folder that
   // already held something keeps it.
   const std::string fresh = dir / "fresh", held = dir / "held";
@@ -380,7 +383,8 @@ TEST_CASE("a run removes the temp files an interrupted checkpoint write left, an
       r.output);
 }
 
-TEST_CASE("a signal ends a launcher waiting for its nodes and a rank waiting for its peers at once") {
+TEST_CASE(
+    "a signal ends a launcher waiting for its nodes and a rank waiting for its peers at once") {
   // Both waits can last minutes (node 0 or rank 0 never comes); nothing is trained yet, so a
   // signal ends them at once: by the signal, or 75 for a rank's preemption signal.
   TempDir dir;
@@ -388,8 +392,8 @@ TEST_CASE("a signal ends a launcher waiting for its nodes and a rank waiting for
   const std::string port = std::to_string(dtrain::pick_free_port());
   const std::string launcher =
       "DTRAIN_JOB_TOKEN=tok exec " + kBin + " launch " + cfg +
-      " --nnodes 2 --node-rank 0 --nproc-per-node 1 --master-addr 192.0.2.1 --master-port " +
-      port + " --out " + dir / "l";
+      " --nnodes 2 --node-rank 0 --nproc-per-node 1 --master-addr 192.0.2.1 --master-port " + port +
+      " --out " + dir / "l";
   const std::string rank = "RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 LOCAL_WORLD_SIZE=2 MASTER_ADDR=" +
                            std::string("127.0.0.1 MASTER_PORT=") + port + " exec " + kBin +
                            " run " + cfg + " --out " + dir / "r" +
