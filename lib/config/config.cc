@@ -262,7 +262,47 @@ class Reader final : public config_detail::KeyErrors {
         fail_at("", docs[i].Mark(), "expected one YAML document, found more after '---'");
       }
     }
-    return docs.empty() ? YAML::Node() : docs[0];
+    if (docs.empty()) return YAML::Node();
+    // Aliases repeated within aliases expand exponentially (a "billion laughs" of a few hundred
+    // bytes), and every pass over the tree would follow them: bounded once here.
+    int64_t budget = kMaxValues;
+    if (!within_budget(docs[0], budget))
+      fail_at("", docs[0].Mark(),
+              "the config expands to more than " + std::to_string(kMaxValues) +
+                  " values once its YAML aliases are followed: not a training config");
+    return docs[0];
+  }
+
+  static constexpr int64_t kMaxValues = 100000;
+  // Counts n's nodes (aliases followed each time) down from `budget`; false once it runs out.
+  static bool within_budget(const YAML::Node& n, int64_t& budget) {
+    if (--budget < 0) return false;
+    if (n.IsSequence()) {
+      for (const auto& e : n)
+        if (!within_budget(e, budget)) return false;
+    } else if (n.IsMap()) {
+      for (const auto& kv : n)
+        if (!within_budget(kv.first, budget) || !within_budget(kv.second, budget)) return false;
+    }
+    return true;
+  }
+
+  // How often `target` (the node itself, not an equal one) occurs in the tree under n: more
+  // than once when YAML aliases (`&a` ... `*a`) share it. The tree is bounded (load).
+  static int64_t occurrences(const YAML::Node& n, const YAML::Node& target) {
+    int64_t k = n.is(target) ? 1 : 0;
+    if (n.IsSequence()) {
+      for (const auto& e : n) k += occurrences(e, target);
+    } else if (n.IsMap()) {
+      for (const auto& kv : n) k += occurrences(kv.second, target);
+    }
+    return k;
+  }
+  // Replaces map `cur`'s entry `key` by `value` in cur itself: yaml-cpp's cur[key] = value would
+  // rewrite the entry's node, which an alias elsewhere may share.
+  static void replace_entry(YAML::Node& cur, const std::string& key, const YAML::Node& value) {
+    cur.remove(key);
+    cur[key] = value;
   }
 
   // `node` must be the value of section `path`: a mapping, or null (an empty section).
@@ -328,20 +368,30 @@ class Reader final : public config_detail::KeyErrors {
 
     expect_section(root, "");
     if (root.IsNull()) root.reset(YAML::Node(YAML::NodeType::Map));
+    // A section on the way that YAML aliases share (`train: &t {...}`, `test: *t`) is first
+    // copied (YAML::Clone; its positions in the file are lost), and the value replaces its
+    // entry (replace_entry): the override reaches this key path only.
     YAML::Node cur = root;
     prefix.clear();
     for (size_t i = 0; i + 1 < segs.size(); ++i) {
       prefix = join_key(prefix, segs[i]);
-      YAML::Node child = cur[segs[i]];
-      if (!child.IsDefined() || child.IsNull()) {
-        cur[segs[i]] = YAML::Node(YAML::NodeType::Map);
-        child.reset(cur[segs[i]]);
+      const YAML::Node& look = cur;  // const: a lookup that adds no entry
+      const YAML::Node found = look[segs[i]];
+      YAML::Node child(YAML::NodeType::Map);
+      if (!found.IsDefined() || found.IsNull()) {
+        replace_entry(cur, segs[i], child);
       } else {
-        expect_section(child, prefix);
+        expect_section(found, prefix);
+        if (occurrences(root, found) > 1) {
+          child = YAML::Clone(found);
+          replace_entry(cur, segs[i], child);
+        } else {
+          child.reset(found);
+        }
       }
       cur.reset(child);
     }
-    cur[segs.back()] = value;
+    replace_entry(cur, segs.back(), value);
     overrides_.push_back({path, text});
   }
 

@@ -616,6 +616,35 @@ TEST_CASE("--set overrides replace values before validation") {
     CHECK(bad.starts_with("--set model.hidden=[1,: the value is not valid YAML: "));
     CHECK(bad.size() > std::string("--set model.hidden=[1,: the value is not valid YAML: ").size());
   }
+  SUBCASE("an override reaches only its key, not others that alias the same YAML node") {
+    // lr and momentum share one node (&x / *x): overriding lr leaves momentum as written.
+    const std::string v =
+        "optimizer: {type: sgd, lr: &x 0.5, momentum: *x}\n" + std::string(kSynthetic);
+    Config c = parse_config(v, "x", {"optimizer.lr=0.01"});
+    CHECK(c.optimizer.lr == 0.01);
+    CHECK(c.optimizer.momentum == 0.5);
+    // A whole section aliased (test: *tr): the override goes into data.test only -- training
+    // on the test file would follow otherwise.
+    c = parse_config("data: {format: csv, train: &tr {path: /a.csv}, test: *tr}\n", "x",
+                     {"data.test.path=/b.csv"});
+    CHECK(c.data.test.path == std::vector<std::string>{"/b.csv"});
+    CHECK(c.data.train.path == std::vector<std::string>{"/a.csv"});
+    // Aliased sections (as data.train and data.test could be) stay apart.
+    c = parse_config("data: {format: synthetic, batch_size: &n 8}\ntrain: {max_steps: *n}\n", "x",
+                     {"data.batch_size=4"});
+    CHECK(c.data.batch_size == 4);
+    CHECK(c.train.max_steps == 8);
+  }
+  SUBCASE("aliases nested in aliases (a billion laughs) are refused at once") {
+    std::string bomb = "model:\n  hidden: [&a0 [1,1,1,1,1,1,1,1,1,1]";
+    for (int i = 1; i < 12; ++i) {
+      bomb += ", &a" + std::to_string(i) + " [";
+      for (int k = 0; k < 10; ++k) bomb += (k ? ",*a" : "*a") + std::to_string(i - 1);
+      bomb += "]";
+    }
+    bomb += "]\n";
+    CHECK(error_of(bomb, {}).find("expands to more than 100000 values") != std::string::npos);
+  }
   SUBCASE("an override below a file value that is not a mapping reports the file") {
     CHECK(error_of("model: mlp\n", {"model.hidden=[1]"})
               .starts_with("x.yaml:1:8: model: expected a mapping of keys"));
