@@ -115,15 +115,22 @@ void check_resume_target(const std::string& resume, const std::string& out_dir) 
 }
 
 // An output option's file can be written (checked before the work that produces it).
+// Nor may it land in a checkpoint: a checkpoints folder (it holds `latest`) or a sharded
+// checkpoint's folder (manifest.json), where it would replace a checkpoint's file or be taken
+// for one.
 void check_output_file(const std::string& option, const std::string& path) {
   if (const std::string why = output_file_problem(path); !why.empty())
     throw UserError(option + " '" + path + "' " + why);
+  std::error_code ec;
+  const fs::path parent = fs::absolute(path, ec).parent_path();
+  if (fs::exists(parent / "latest", ec) || fs::exists(parent / "manifest.json", ec))
+    throw UserError(option + " '" + path + "' is inside a checkpoint folder ('" + parent.string() +
+                    "'), whose files it could replace: write it elsewhere");
 }
 
 // consolidate's -o must not replace a file of a checkpoint: the checkpoint it reads (a shard or
 // its manifest) or, next to it in the checkpoints folder, `latest` and the step-<N> entries.
 void check_consolidate_output(const std::string& input, const std::string& output) {
-  check_output_file("-o", output);
   std::error_code ec;
   const fs::path out = fs::weakly_canonical(fs::absolute(output), ec);
   const fs::path in = fs::weakly_canonical(fs::absolute(input), ec);
@@ -134,6 +141,7 @@ void check_consolidate_output(const std::string& input, const std::string& outpu
     throw UserError("-o '" + output + "' would replace the checkpoint being read ('" + input +
                     "') or an entry of its checkpoints folder (latest, step-<N>): write the "
                     "consolidated checkpoint elsewhere");
+  check_output_file("-o", output);  // (after: the message above is the more precise one)
 }
 
 std::string default_out_dir(const std::string& config_path) {

@@ -231,6 +231,15 @@ void check_model_config(const std::string& path, const CheckpointMeta& m, const 
     const nlohmann::json was = d.get(before), now = d.get(cfg);
     if (was != now) lines += "\n  " + d.path + ": " + was.dump() + " -> " + now.dump();
   }
+  // An mlp's dropout is a layer of its own once > 0, which renumbers the `layers.<i>` names
+  // after it (as in PyTorch's nn.Sequential): 0 against > 0 is another parameter table.
+  const double d0 = before.model.dropout, d1 = cfg.model.dropout;
+  if (cfg.model.type == ModelType::kMlp && before.model.type == ModelType::kMlp &&
+      (d0 > 0) != (d1 > 0))
+    lines += "\n  model.dropout: " + nlohmann::json(d0).dump() + " -> " +
+             nlohmann::json(d1).dump() +
+             " (an mlp's dropout layers, present only when > 0, number its layers; any value > 0 "
+             "loads)";
   if (!lines.empty())
     throw UserError("checkpoint '" + path +
                     "' was trained with another model config (checkpoint -> this config):" + lines +

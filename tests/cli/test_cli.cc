@@ -112,6 +112,13 @@ TEST_CASE("run, eval and predict on a tiny synthetic config") {
   CHECK(pred.rfind("predicted,prob_0,prob_1,prob_2\n", 0) == 0);
   CHECK(std::count(pred.begin(), pred.end(), '\n') == 3);
 
+  // An output inside a checkpoints folder could replace a checkpoint: refused, nothing written.
+  r = run_dtrain("predict " + cfg + " --checkpoint " + out + "/checkpoints --input " + in +
+                 " --output " + out + "/checkpoints/step-1.safetensors");
+  CHECK(r.exit_code == 2);
+  CHECK_MESSAGE(contains(r.output, "is inside a checkpoint folder"), r.output);
+  CHECK_FALSE(std::filesystem::exists(out + "/checkpoints/step-1.safetensors"));
+
   // Wrong feature count in the predict input: user error naming the line.
   const std::string bad = dir.write("bad.csv", "1,2,3\n");
   r = run_dtrain("predict " + cfg + " --checkpoint " + out + "/checkpoints --input " + bad);
@@ -132,6 +139,11 @@ TEST_CASE("run, eval and predict on a tiny synthetic config") {
                  "/checkpoints --log-level warn");
   CHECK(r.exit_code == 2);
   CHECK_MESSAGE(contains(r.output, "data.normalize: \"auto\" -> \"none\""), r.output);
+  // An mlp's dropout > 0 adds layers that renumber the parameters: named, not "no tensor".
+  r = run_dtrain("eval " + cfg + " --set model.dropout=0.2 --checkpoint " + out +
+                 "/checkpoints --log-level warn");
+  CHECK(r.exit_code == 2);
+  CHECK_MESSAGE(contains(r.output, "model.dropout: 0.0 -> 0.2"), r.output);
 
   // A corrupt checkpoint file: refused, exit 2, never a crash.
   const std::string junk =
