@@ -6,6 +6,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -32,6 +33,15 @@ bool parse_float(std::string_view s, float* out) {
   if (b == e) return false;
   float v = 0;
   const auto [p, ec] = std::from_chars(b, e, v, std::chars_format::general);
+  if (ec == std::errc::result_out_of_range && p == e) {
+    // Out of float's range: a magnitude below its smallest (1e-50) rounds to 0 as any reader
+    // of numbers rounds it; one above its largest stays refused (it would be infinite).
+    const std::string text(b, e);
+    const double d = std::strtod(text.c_str(), nullptr);
+    if (!(std::fabs(d) < 1.0)) return false;
+    *out = static_cast<float>(d);
+    return true;
+  }
   if (ec != std::errc() || p != e || !std::isfinite(v)) return false;
   *out = v;
   return true;

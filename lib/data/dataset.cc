@@ -8,6 +8,7 @@
 
 #include "data/dataset.h"
 #include "data/text.h"
+#include "tensor/tensor.h"
 #include "util/check.h"
 #include "util/rng.h"
 
@@ -122,7 +123,14 @@ void Normalizer::apply_rows(float* x, int64_t rows, int64_t features) const {
   const float* sc = scale.data();
   for (int64_t i = 0; i < rows; ++i) {
     float* r = x + i * features;
-    for (int64_t j = 0; j < features; ++j) r[j] = (r[j] - sh[j]) * sc[j];
+    for (int64_t j = 0; j < features; ++j) {
+      const float v = (r[j] - sh[j]) * sc[j];
+      // x - shift may pass float's range (2e38 - -2e38) though the result is in it: then in
+      // double (only then, so every other value stays bitwise what it was).
+      r[j] = std::isfinite(v) || !std::isfinite(r[j])
+                 ? v
+                 : static_cast<float>((static_cast<double>(r[j]) - sh[j]) * sc[j]);
+    }
   }
 }
 
@@ -211,6 +219,10 @@ DataSplits load_data(const DataConfig& cfg, int64_t seed) {
       throw UserError("test set '" + name + "' has " + std::to_string(s.test.features) +
                       " features but the training set has " + std::to_string(s.train.features));
     }
+    // Same size, other shape (2x8 against 4x4 images): a convolution would read it wrongly.
+    if (fmt == DataFormat::kIdx && s.test.sample != s.train.sample)
+      throw UserError("test images '" + cfg.test.images + "' are " + shape_str(s.test.sample) +
+                      ", the training images " + shape_str(s.train.sample));
   } else if (fraction > 0) {
     hold_out(s.train, s.test, fraction, seed);
   }

@@ -56,6 +56,13 @@ TEST_CASE("csv: auto header, label defaults to the last column") {
   CHECK(d.num_classes == 3);
 }
 
+TEST_CASE("csv: numbers below float's smallest round to 0, above its largest are refused") {
+  TempDir t;
+  const Dataset d = load_csv(t.write("u.csv", "a,y\n1e-50,0\n-1e-300,1\n2,0\n"), opts());
+  CHECK(d.x == std::vector<float>{0.0f, -0.0f, 2.0f});
+  CHECK_THROWS_AS(load_csv(t.write("o.csv", "a,y\n1e39,0\n2,1\n"), opts()), UserError);
+}
+
 TEST_CASE("csv: auto without header keeps the first row as data") {
   TempDir t;
   const Dataset d = load_csv(t.write("a.csv", "1,2,1\n3,4,0"), opts());  // no final newline

@@ -211,6 +211,15 @@ TEST_CASE("load_data: csv scale uses train min/max, test shares them") {
   std::vector<float> p = {4, 8, 2};
   s.normalizer.apply_rows(p.data(), 1, 3);
   CHECK(p == std::vector<float>{1, 1, 1});
+  // A range wider than float's largest value (-2e38..2e38) still maps into 0..1.
+  DataConfig wide = cfg;
+  wide.train.path = {t.write("wide.csv", "a,y\n2e38,0\n-2e38,1\n0,1\n")};
+  wide.test.path.clear();
+  const DataSplits w = load_data(wide, 1);
+  REQUIRE(w.train.x.size() == 3);
+  CHECK(w.train.x[0] == doctest::Approx(1.0));
+  CHECK(w.train.x[1] == doctest::Approx(0.0));
+  CHECK(w.train.x[2] == doctest::Approx(0.5));
 
   cfg.normalize = Normalize::kAuto;  // standardize for csv
   const DataSplits st = load_data(cfg, 1);
@@ -287,6 +296,14 @@ TEST_CASE("load_data: idx auto scale divides by 255") {
 
   DataConfig missing;
   CHECK(user_error([&] { load_data(missing, 1); }).find("data.train.images") != std::string::npos);
+
+  // Test images of the same size but another shape (2x1 against 1x2): refused, not reshaped.
+  std::string tall("\0\0\x08\x03\0\0\0\x01\0\0\0\x02\0\0\0\x01", 16);
+  tall += std::string("\x10\x20", 2);
+  cfg.test.images = t.write("tall", tall);
+  cfg.test.labels = t.write("tlab", std::string("\0\0\x08\x01\0\0\0\x01\x01", 9));
+  const std::string msg = user_error([&] { load_data(cfg, 1); });
+  CHECK_MESSAGE(msg.find("are [1, 2, 1], the training images [1, 1, 2]") != std::string::npos, msg);
 }
 
 TEST_CASE("load_data: real Fashion-MNIST with scale") {
