@@ -1,7 +1,9 @@
 // Validation of a parsed config: each key's own check from its declaration (schema.cc), the
 // checks that relate keys, and the keys that belong to another choice of an option.
 #include <algorithm>
+#include <limits>
 #include <string>
+#include <utility>
 
 #include "config/internal.h"
 #include "config/schema.h"
@@ -166,6 +168,13 @@ void validate_relations(const Config& c, const KeyErrors& errors) {
                "data.csv.delimiter", "cannot be a newline or a double quote");
 
   const OptimizerConfig& o = c.optimizer;
+  // The update runs in float32: a positive value below its smallest normal number rounds to 0
+  // there (an lr that never trains, an eps that divides by 0).
+  for (const auto& [key, v] : {std::pair<const char*, double>{"optimizer.lr", o.lr},
+                               std::pair<const char*, double>{"optimizer.eps", o.eps}})
+    errors.check(!(v > 0) || v >= std::numeric_limits<float>::min(), key,
+                 "must be at least 1.2e-38, float32's smallest normal number (got " + show(v) +
+                     ": the float32 update would round it to 0)");
   // (nesterov with another optimizer is refused by check_belongs, naming sgd)
   errors.check(o.type != OptimizerType::kSgd || !o.nesterov || o.momentum > 0, "optimizer.nesterov",
                "needs optimizer.momentum > 0 (got momentum " + show(o.momentum) + ")");

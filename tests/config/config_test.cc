@@ -373,6 +373,9 @@ TEST_CASE("every range and enum rule, via --set") {
       {"optimizer.type=sgdd",
        "optimizer.type: must be one of sgd, adam, adamw (got 'sgdd'; did you mean 'sgd'?)"},
       {"optimizer.lr=0", "optimizer.lr: must be > 0 (got 0)"},
+      {"optimizer.lr=1e-50",
+       "optimizer.lr: must be at least 1.2e-38, float32's smallest normal number (got 1e-50: the "
+       "float32 update would round it to 0)"},
       {"optimizer.momentum=1", "optimizer.momentum: must be in [0, 1) (got 1)"},
       {"optimizer.nesterov=true",
        "optimizer.nesterov: needs optimizer.momentum > 0 (got momentum 0)"},
