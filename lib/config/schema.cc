@@ -50,6 +50,8 @@ struct Owners {
   const BelongsTo sequential{"model.type", {"sequential"}, "by model type sequential", {}};
   const BelongsTo gpt{"model.type", {"gpt"}, "by model type gpt", {}};
   const BelongsTo mlp_gpt{"model.type", {"mlp", "gpt"}, "by model types mlp and gpt", {}};
+  const BelongsTo classifier{
+      "model.type", {"mlp", "sequential"}, "by model types mlp and sequential", {}};
   const BelongsTo adam{"optimizer.type", {"adam", "adamw"}, "by optimizers adam and adamw", {}};
   const BelongsTo step{"optimizer.schedule.type", {"step"}, "by schedule step", {}};
   const BelongsTo cosine{"optimizer.schedule.type", {"cosine"}, "by schedule cosine", {}};
@@ -146,15 +148,18 @@ std::vector<KeyDecl> model_keys(const Owners& o) {
           .by(o.mlp),
       key(
           "model.loss", [](auto& c) -> auto& { return c.model.loss; },
-          R"doc(`cross_entropy` (fused softmax) | `mse` (on one-hot targets))doc"),
+          R"doc(`cross_entropy` (fused softmax) | `mse` (on one-hot targets))doc")
+          .by(o.classifier),
       key(
           "model.input_features", [](auto& c) -> auto& { return c.model.input_features; },
           R"doc(≥ 0; 0 = inferred from the data; else must equal it)doc")
-          .min(0),
+          .min(0)
+          .by(o.classifier),
       key(
           "model.num_classes", [](auto& c) -> auto& { return c.model.num_classes; },
           R"doc(≥ 0; 0 = inferred from the data (max label + 1); else labels must be below it)doc")
-          .min(0),
+          .min(0)
+          .by(o.classifier),
   };
 }
 

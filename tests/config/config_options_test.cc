@@ -72,6 +72,19 @@ TEST_CASE("optimizer keys of another optimizer type are refused, with file and l
           "(no error)");
 }
 
+TEST_CASE("a gpt takes no class count, input width or loss: its vocabulary is 256 bytes") {
+  const std::string gpt = "model: {type: gpt}\ndata: {format: text, train: {path: /t.txt}}\n";
+  for (const std::string key :
+       {"model.num_classes=300", "model.input_features=4", "model.loss=mse"}) {
+    CAPTURE(key);
+    const std::string e = error_of(gpt, {key});
+    CHECK_MESSAGE(e.find("only used by model types mlp and sequential (model.type is gpt)") !=
+                      std::string::npos,
+                  e);
+  }
+  CHECK(error_of(gpt) == "(no error)");
+}
+
 TEST_CASE("schedule keys of another schedule type are refused") {
   CHECK(set_error({"optimizer.schedule={type: cosine, step_size: 50}"}) ==
         "--set optimizer.schedule={type: cosine, step_size: 50}: optimizer.schedule.step_size: "
