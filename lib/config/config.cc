@@ -586,9 +586,12 @@ class Reader final : public config_detail::KeyErrors {
       const YAML::Node& m, const std::string& path, const std::vector<std::string_view>& allowed,
       const std::function<void(const std::string&, const YAML::Node&, const std::string&)>& field)
       const {
+    std::set<std::string> seen;
     for (const auto& kv : m) {
       const std::string k = kv.first.Scalar();
       const std::string kp = path + "." + k;
+      if (!seen.insert(k).second)
+        fail_at(kp, kv.first.Mark(), kp + ": duplicate field '" + k + "'");
       if (std::find(allowed.begin(), allowed.end(), k) == allowed.end()) {
         const std::string near = closest(k, allowed);
         fail_at(kp, kv.first.Mark(),

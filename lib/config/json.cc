@@ -64,11 +64,13 @@ std::vector<std::pair<std::string, std::string>> config_input_files(const Config
   std::vector<std::pair<std::string, std::string>> out;
   for (const KeyDecl& d : config_keys()) {
     if (d.type == KeyType::kPathList) {
-      // Glob patterns are expanded (and a pattern matching nothing reported) by the loader.
+      // Glob patterns (format text only: CSV paths are literal) are expanded, and a pattern
+      // matching nothing reported, by the loader.
+      const bool globs = c.data.format == DataFormat::kText;
       const nlohmann::json v = d.get(c);
       for (const auto& e : v.is_array() ? v : nlohmann::json::array({v})) {
         std::string path = e.get<std::string>();
-        if (!path.empty() && path.find_first_of("*?[") == std::string::npos)
+        if (!path.empty() && (!globs || path.find_first_of("*?[") == std::string::npos))
           out.emplace_back(d.path, std::move(path));
       }
     }

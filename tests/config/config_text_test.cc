@@ -101,6 +101,11 @@ TEST_CASE("config: path list entries resolve against the config's folder, --set 
   CHECK_THROWS_WITH_AS(check_input_files(c),
                        doctest::Contains("data.train.path: '/abs/b.txt' does not exist"),
                        UserError);
+  // A CSV path is literal, brackets and all: checked like any file.
+  const Config csv =
+      load_config(t.write("csv.yaml", "data: {format: csv, train: {path: 'm[1].csv'}}\n"));
+  CHECK_THROWS_WITH_AS(check_input_files(csv), doctest::Contains("m[1].csv' does not exist"),
+                       UserError);
 }
 
 TEST_CASE("config: config.json writes one path as a string, several as a list, and loads back") {

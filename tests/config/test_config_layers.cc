@@ -77,6 +77,9 @@ TEST_CASE("config: model.layers errors name the entry") {
             .find("model.layers[0].conv2d.kernal: unknown field 'kernal' (did you mean "
                   "'kernel'?); expected out_channels, kernel, stride, padding") !=
         std::string::npos);
+  CHECK(error_of("[{linear: {out_features: 4, out_features: 8}}]")
+            .find("model.layers[0].linear.out_features: duplicate field 'out_features'") !=
+        std::string::npos);
   CHECK(error_of("[{conv2d: {out_channels: 8}}]").find("conv2d needs out_channels and kernel") !=
         std::string::npos);
   CHECK(error_of("[max_pool2d]").find("model.layers[0]: max_pool2d needs its kernel") !=
