@@ -168,7 +168,7 @@ void TrainLoop::commit_sharded(const std::string& err) {
   world_.allreduce(&ok, 1, ReduceOp::kMin);
   if (!err.empty()) throw std::runtime_error("writing checkpoint shard: " + err);
   if (ok < 1.0f)
-    throw std::runtime_error("another rank failed to write its shard of checkpoint " + p.name);
+    throw PeerFailedError("another rank failed to write its shard of checkpoint " + p.name);
   if (!lead_) return;
   const nlohmann::json layout = {
       {"tp", grid_.layout().tp()}, {"dp", grid_.layout().dp()}, {"pp", grid_.layout().pp()}};

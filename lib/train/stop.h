@@ -36,6 +36,13 @@ class AgreedError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// What a rank raises because a peer failed on its own (a shard write another rank could not
+// make): the peer's error names the cause, so in-process runs report that one first.
+class PeerFailedError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 class StopAgreement {
  public:
   StopAgreement(const StopRequest* req, Communicator& comm, int preempt_signal = SIGTERM)

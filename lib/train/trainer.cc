@@ -529,13 +529,15 @@ nlohmann::json run_training(const Config& cfg, const RunOptions& opts) {
   // for its own reason (a non-finite loss every rank agreed on, bad data) may abort the group on
   // its way out (an in-flight stop vote: train/stop.h) before its error is recorded here, so a
   // peer's CommError from that abort can come first: an error that is not a CommError is the
-  // cause and is preferred.
+  // cause and is preferred -- and so is it over a PeerFailedError, which only says that a peer
+  // failed.
   if (first_failed.load() >= 0) {
     for (const std::exception_ptr& e : errors) {
       if (!e) continue;
       try {
         std::rethrow_exception(e);
       } catch (const CommError&) {
+      } catch (const PeerFailedError&) {
       } catch (...) {
         throw;
       }
