@@ -622,6 +622,26 @@ std::string checkpoint_optimizer(const std::string& resolved) {
   }
 }
 
+std::optional<std::vector<std::string>> checkpoint_state_names(const std::string& resolved) {
+  std::set<std::string> names;
+  try {
+    if (is_sharded_dir(resolved)) {
+      const nlohmann::json m =
+          nlohmann::json::parse(read_file((fs::path(resolved) / kManifest).string()));
+      for (const auto& n : m.at("optimizer_state")) names.insert(n.get<std::string>());
+    } else {
+      for (const auto& [name, t] : read_safetensors(resolved).tensors)
+        if (name.rfind("optim.", 0) == 0) {
+          const size_t dot = name.find('.', 6);
+          names.insert(name.substr(6, dot == std::string::npos ? dot : dot - 6));
+        }
+    }
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+  return std::vector<std::string>(names.begin(), names.end());
+}
+
 std::string checkpoint_config_json(const std::string& resolved) {
   try {
     if (is_sharded_dir(resolved)) {

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -150,6 +151,10 @@ std::string resolve_checkpoint(const std::string& path, bool allow_missing);
 // The optimizer a resolved checkpoint's header (or manifest) names; "" when it cannot be read.
 // Reads headers only: for naming the cause when a load fails on another optimizer's state.
 std::string checkpoint_optimizer(const std::string& resolved);
+// The optimizer state buffers a resolved checkpoint holds ("momentum", "outer_momentum", ...),
+// sorted (empty: none); nullopt when it cannot be read. Reads a file whole: for naming the
+// cause of a failed load.
+std::optional<std::vector<std::string>> checkpoint_state_names(const std::string& resolved);
 // The config a resolved checkpoint stores (config.json's content), read from its header or
 // manifest only; "" when it has none (older files) or cannot be read (the load then says why).
 // For checking a config against a checkpoint before the model is built and allocated.

@@ -373,6 +373,18 @@ ResumePoint resume_full_state(const Config& cfg, const RunOptions& opts, Communi
         const std::string saved = checkpoint_optimizer(path);
         if (!saved.empty() && saved != to_string(cfg.optimizer.type))
           throw another_optimizer(saved);
+        // The same optimizer keeping other buffers: momentum on or off, Local SGD's outer
+        // optimizer (DiLoCo) on or off.
+        std::vector<std::string> mine;
+        for (const StateBuffer& b : state) mine.push_back(b.name);
+        std::sort(mine.begin(), mine.end());
+        const auto theirs = checkpoint_state_names(path);
+        if (!state.empty() && theirs && *theirs != mine)
+          throw UserError("checkpoint '" + path + "' holds the optimizer state [" +
+                          join(*theirs, ", ") + "], this run keeps [" + join(mine, ", ") +
+                          "]: optimizer.momentum or distributed.local_sgd.outer_lr (DiLoCo) went "
+                          "from 0 to > 0 or back, which a resume does not carry over; resume "
+                          "with the settings the checkpoint was written with");
         throw;
       }
       if (parse_enum<OptimizerType>(m.optimizer) != cfg.optimizer.type)

@@ -281,3 +281,16 @@ TEST_CASE("a train record's loss covers every step since the previous record, ep
   }
   CHECK(prev == 48);
 }
+
+TEST_CASE("a resume that would need optimizer state the checkpoint lacks names both states") {
+  TempDir dir;
+  const std::string cfg = dir.write("tiny.yaml", kTiny);
+  auto r = run_dtrain("run " + cfg + " --out " + dir / "plain" +
+                      " --set optimizer.momentum=0 --set train.max_steps=5 --log-level warn");
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  r = run_dtrain("run " + cfg + " --out " + dir / "mom" + " --resume " + dir / "plain" +
+                 " --set train.max_steps=10 --log-level warn");
+  CHECK(r.exit_code == 2);
+  CHECK_MESSAGE(contains(r.output, "holds the optimizer state [], this run keeps [momentum]"),
+                r.output);
+}
