@@ -31,6 +31,7 @@
 
 #include "config/internal.h"
 #include "config/schema.h"
+#include "config/yaml_tree.h"
 #include "util/check.h"
 #include "util/fs.h"
 #include "util/strings.h"
@@ -69,24 +70,6 @@ std::string trim(std::string_view s) {
   while (!s.empty() && is_space(s.front())) s.remove_prefix(1);
   while (!s.empty() && is_space(s.back())) s.remove_suffix(1);
   return std::string(s);
-}
-
-// Where the first scalar of `n` (itself, or one inside a sequence or mapping, keys included)
-// that is not well-formed UTF-8 is; nullopt when all are. YAML text is Unicode, but yaml-cpp
-// passes other bytes through, which JSON (config.json, the config hash) cannot hold.
-std::optional<YAML::Mark> non_utf8_at(const YAML::Node& n) {
-  if (n.IsScalar()) {
-    if (!valid_utf8(n.Scalar())) return n.Mark();
-  } else if (n.IsSequence()) {
-    for (const auto& e : n)
-      if (auto m = non_utf8_at(e)) return m;
-  } else if (n.IsMap()) {
-    for (const auto& kv : n) {
-      if (auto m = non_utf8_at(kv.first)) return m;
-      if (auto m = non_utf8_at(kv.second)) return m;
-    }
-  }
-  return std::nullopt;
 }
 
 // Where the last document handed to it began, and its first node (positions in the text, -1
@@ -265,39 +248,13 @@ class Reader final : public config_detail::KeyErrors {
     if (docs.empty()) return YAML::Node();
     // Aliases repeated within aliases expand exponentially (a "billion laughs" of a few hundred
     // bytes), and every pass over the tree would follow them: bounded once here.
-    int64_t budget = kMaxValues;
-    if (!within_budget(docs[0], budget))
+    if (!within_values(docs[0], kMaxConfigValues))
       fail_at("", docs[0].Mark(),
-              "the config expands to more than " + std::to_string(kMaxValues) +
+              "the config expands to more than " + std::to_string(kMaxConfigValues) +
                   " values once its YAML aliases are followed: not a training config");
     return docs[0];
   }
 
-  static constexpr int64_t kMaxValues = 100000;
-  // Counts n's nodes (aliases followed each time) down from `budget`; false once it runs out.
-  static bool within_budget(const YAML::Node& n, int64_t& budget) {
-    if (--budget < 0) return false;
-    if (n.IsSequence()) {
-      for (const auto& e : n)
-        if (!within_budget(e, budget)) return false;
-    } else if (n.IsMap()) {
-      for (const auto& kv : n)
-        if (!within_budget(kv.first, budget) || !within_budget(kv.second, budget)) return false;
-    }
-    return true;
-  }
-
-  // How often `target` (the node itself, not an equal one) occurs in the tree under n: more
-  // than once when YAML aliases (`&a` ... `*a`) share it. The tree is bounded (load).
-  static int64_t occurrences(const YAML::Node& n, const YAML::Node& target) {
-    int64_t k = n.is(target) ? 1 : 0;
-    if (n.IsSequence()) {
-      for (const auto& e : n) k += occurrences(e, target);
-    } else if (n.IsMap()) {
-      for (const auto& kv : n) k += occurrences(kv.second, target);
-    }
-    return k;
-  }
   // Replaces map `cur`'s entry `key` by `value` in cur itself: yaml-cpp's cur[key] = value would
   // rewrite the entry's node, which an alias elsewhere may share.
   static void replace_entry(YAML::Node& cur, const std::string& key, const YAML::Node& value) {

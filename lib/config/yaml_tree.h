@@ -1,0 +1,31 @@
+// Walks over a loaded YAML tree (yaml-cpp), for the config reader. Aliases (`*a`) are followed
+// each time they occur, so a tree may be much larger than its text: callers bound it first
+// (within_values) and only then walk it whole.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+
+#include <yaml-cpp/yaml.h>
+
+namespace dtrain {
+
+// The most values (nodes, aliases followed) a config may expand to: a training config has a
+// few hundred; aliases nested in aliases (a "billion laughs" of a few hundred bytes) have more
+// than any walk could visit.
+inline constexpr int64_t kMaxConfigValues = 100000;
+
+// Whether the tree under n has at most `limit` nodes, aliases followed each time; stops
+// counting past the limit, so it is cheap on any tree.
+bool within_values(const YAML::Node& n, int64_t limit);
+
+// How often `target` (the node itself, not an equal one) occurs in the tree under n: more than
+// once when YAML aliases (`&a` ... `*a`) share it. Map keys are not counted.
+int64_t occurrences(const YAML::Node& n, const YAML::Node& target);
+
+// Where the first scalar of `n` (itself, or one inside a sequence or mapping, keys included)
+// that is not well-formed UTF-8 is; nullopt when all are. YAML text is Unicode, but yaml-cpp
+// passes other bytes through, which JSON (config.json, the config hash) cannot hold.
+std::optional<YAML::Mark> non_utf8_at(const YAML::Node& n);
+
+}  // namespace dtrain
