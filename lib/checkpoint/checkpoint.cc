@@ -435,6 +435,14 @@ namespace {
 // What a `latest` file may hold at most: one checkpoint's name and a newline.
 constexpr uintmax_t kMaxLatestBytes = 4096;
 
+// The checkpoint name a `latest` file holds, without its trailing newline (or spaces).
+std::string read_latest_name(const fs::path& latest) {
+  std::string name = read_file(latest.string());
+  while (!name.empty() && (name.back() == '\n' || name.back() == '\r' || name.back() == ' '))
+    name.pop_back();
+  return name;
+}
+
 const std::regex& step_entry_re() {
   static const std::regex re(R"(step-(\d{1,18})(\.safetensors)?)");
   return re;
@@ -468,10 +476,7 @@ void release_latest(const std::string& dir, const std::string& name) {
   const fs::path latest = fs::path(dir) / "latest";
   std::error_code ec;
   if (!fs::is_regular_file(latest, ec) || fs::file_size(latest, ec) > kMaxLatestBytes) return;
-  std::string named = read_file(latest.string());
-  while (!named.empty() && (named.back() == '\n' || named.back() == '\r' || named.back() == ' '))
-    named.pop_back();
-  if (named != name) return;
+  if (read_latest_name(latest) != name) return;
   std::smatch m;
   const std::regex& re = step_entry_re();
   const int64_t step = std::regex_match(name, m, re) ? std::stoll(m[1].str()) : INT64_MAX;
@@ -533,9 +538,7 @@ std::string follow_latest(const fs::path& latest) {
   if (fs::file_size(latest, ec) > kMaxLatestBytes)
     throw UserError("'" + latest.string() + "' is " + std::to_string(fs::file_size(latest, ec)) +
                     " bytes: not a latest file, which names one checkpoint");
-  std::string name = read_file(latest.string());
-  while (!name.empty() && (name.back() == '\n' || name.back() == '\r' || name.back() == ' '))
-    name.pop_back();
+  const std::string name = read_latest_name(latest);
   if (name.empty() || name.find('/') != std::string::npos)
     throw UserError("'" + latest.string() + "' does not name a checkpoint file");
   const fs::path file = latest.parent_path() / name;
