@@ -38,6 +38,19 @@ nlohmann::json summary_of(const std::string& run) {
   return nlohmann::json::parse(read_text(run + "/summary.json"));
 }
 
+// A small fsdp run with a checkpoint every 10 steps (world size from the launcher or --set).
+const char* kShardedCfg = R"(seed: 5
+model: {hidden: [16]}
+data:
+  format: synthetic
+  synthetic: {samples: 500, features: 8, classes: 3}
+  batch_size: 10
+optimizer: {type: adam, lr: 0.01}
+train: {epochs: 0, max_steps: 30, checkpoint: {every_steps: 10, keep_last: 3}}
+distributed: {strategy: fsdp, timeout_s: 20}
+runtime: {threads: 1}
+)";
+
 }  // namespace
 
 TEST_CASE("dtrain run: distributed.timeout_s holds for in-process ranks as under launch") {
@@ -143,17 +156,7 @@ TEST_CASE(
     "dtrain launch: a rank killed between its shard and the manifest leaves the previous "
     "checkpoint latest, and resume ends bitwise as an uninterrupted run") {
   TempDir dir;
-  const std::string cfg = dir.write("c.yaml", R"(seed: 5
-model: {hidden: [16]}
-data:
-  format: synthetic
-  synthetic: {samples: 500, features: 8, classes: 3}
-  batch_size: 10
-optimizer: {type: adam, lr: 0.01}
-train: {epochs: 0, max_steps: 30, checkpoint: {every_steps: 10, keep_last: 3}}
-distributed: {strategy: fsdp, timeout_s: 20}
-runtime: {threads: 1}
-)");
+  const std::string cfg = dir.write("c.yaml", kShardedCfg);
   const std::string run = dir / "run";
   // Rank 1 (not the manifest writer) dies after writing its shard of step 20.
   auto r = run_cmd("DTRAIN_FAULT=kill_in_save:rank=1:step=20 " + kBin + " launch --nproc 2 " + cfg +
@@ -184,17 +187,10 @@ TEST_CASE(
   // latest names. A crash in the middle of that rewrite must leave latest on a complete
   // checkpoint (step-10), not on the half-written folder.
   TempDir dir;
-  const std::string cfg = dir.write("c.yaml", R"(seed: 5
-model: {hidden: [16]}
-data:
-  format: synthetic
-  synthetic: {samples: 500, features: 8, classes: 3}
-  batch_size: 10
-optimizer: {type: sgd, lr: 0.05, momentum: 0.9}
-train: {epochs: 0, max_steps: 20, checkpoint: {every_steps: 10, keep_last: 5}}
-distributed: {strategy: fsdp, world_size: 2}
-runtime: {threads: 1}
-)");
+  // Two in-process ranks, to step 20: the config file and its --set overrides, for every command.
+  const std::string cfg =
+      dir.write("c.yaml", kShardedCfg) +
+      " --set distributed.world_size=2 --set train.max_steps=20 --set train.checkpoint.keep_last=5";
   const std::string run = dir / "run", ck = run + "/checkpoints";
   auto r = run_cmd(kBin + " run " + cfg + " --out " + run + " --log-level warn");
   REQUIRE_MESSAGE(r.exit_code == 0, r.output);
