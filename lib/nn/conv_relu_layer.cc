@@ -3,21 +3,22 @@
 // Why: run as three layers, cnn-ref's first block writes its [B, 32, 28, 28] convolution
 // output (12.8 MB at batch 128), reads it back for the ReLU, writes the ReLU's output, reads
 // that for the pool, and backward makes the same passes the other way: memory-bound passes that
-// cost ~16% of a step (perf, 2026-12-02). Here each sample's convolution output [O, OH OW]
-// (100 KB for cnn-ref's first conv) stays in a per-call scratch, in cache, while it is
-// rectified and pooled; only the element's output (the pooled one, or the rectified one without
-// a pool) and the pool's argmax are kept.
+// cost ~16% of a step (perf, 2026-12-02). Here the convolution output of kConv2dChunk samples at
+// a time stays in a scratch block, in cache, in the GEMM's own layout [O, n OH OW] (no pass to
+// reorder it into NCHW), while the bias is added, it is rectified and pooled; only the element's
+// output (the pooled one, or the rectified one without a pool) and the pool's argmax are kept.
 //
-// Exactness: the same kernels run in the same order as the three layers do -- conv2d_forward
-// and conv2d_backward one sample at a time, which is what their default chunk of 1 does over a
-// batch -- so outputs and gradients are bitwise those of the unfused layers (tested). Backward
-// masks with the rule of the ReLU layer, dx = (y > 0 ? dy : 0) on its output y: with a pool,
-// gradient reaches only argmax positions, where the ReLU's output is the pooled value, so the
-// mask is applied to the pooled gradient before it is routed back (windows that share an argmax
-// share its value, so they mask alike).
+// Exactness: the same arithmetic in the same order as the three layers -- conv2d_forward and
+// conv2d_backward run the same blocks of kConv2dChunk samples through the same GEMMs and add the
+// bias to the same block values -- so outputs and gradients are bitwise those of the unfused
+// layers (tested). Backward masks with the rule of the ReLU layer, dx = (y > 0 ? dy : 0) on its
+// output y: with a pool, gradient reaches only argmax positions, where the ReLU's output is the
+// pooled value, so the mask is applied to the pooled gradient before it is routed back (windows
+// that share an argmax share its value, so they mask alike).
 //
-// State: index holds the argmax (pool only); work[0] the sample's convolution output or
-// gradient, work[1] the sample's masked pooled gradient; scratch conv2d's im2col buffer.
+// State: index holds the argmax (pool only); work[0] the block of convolution outputs or their
+// gradients, work[1] one plane's masked pooled gradient; scratch conv2d's im2col buffer.
+#include <algorithm>
 #include <optional>
 #include <string>
 #include <vector>
@@ -41,19 +42,20 @@ Conv2dGeometry conv_geometry(const Shape& in, const Conv2dSpec& s) {
   return conv2d_geometry(1, in[0], in[1], in[2], s.out_channels, s.kernel, s.stride, s.padding);
 }
 
+// One channel plane of one sample: the pool runs plane by plane over the [O, n OH OW] block.
 Pool2dGeometry pool_geometry(const Conv2dGeometry& c, const Pool2dSpec& p) {
-  return pool2d_geometry(1, c.out_channels, c.out_height(), c.out_width(), p.kernel, p.stride);
+  return pool2d_geometry(1, 1, c.out_height(), c.out_width(), p.kernel, p.stride);
 }
 
 Shape out_shape_of(const Conv2dGeometry& c, const std::optional<Pool2dSpec>& pool) {
   if (!pool) return {c.out_channels, c.out_height(), c.out_width()};
   const Pool2dGeometry p = pool_geometry(c, *pool);
-  return {p.channels, p.out_height(), p.out_width()};
+  return {c.out_channels, p.out_height(), p.out_width()};
 }
 
-// y[i] = relu(y[i]) in place, the ReLU layer's forward rule.
-void rectify(float* y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) y[i] = relu(y[i]);
+// y[i] = relu(c[i] + b), the conv2d layer's bias then the ReLU layer's rule (y may be c).
+void bias_relu(const float* c, float b, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = relu(c[i] + b);
 }
 
 // d[i] = y[i] > 0 ? dy[i] : 0, the ReLU layer's backward rule on its output y.
@@ -78,7 +80,9 @@ class Conv2dRelu final : public Layer {
   // The three layers' figures (nn/conv2d_layer.cc, activations, pool2d_layer.cc) summed.
   double flops_per_sample() const override {
     double f = static_cast<double>(g_.out_sample()) * static_cast<double>(g_.patch() + 1);
-    if (pool_) f += static_cast<double>(pg_.out_sample() * pg_.kernel_h * pg_.kernel_w);
+    if (pool_) {
+      f += static_cast<double>(g_.out_channels * pg_.out_sample() * pg_.kernel_h * pg_.kernel_w);
+    }
     return f;
   }
 
@@ -95,7 +99,7 @@ class Conv2dRelu final : public Layer {
  private:
   Conv2dGeometry g_;  // batch 1: the kernels run one sample at a time
   std::optional<Pool2dSpec> pool_;
-  Pool2dGeometry pg_;  // batch 1; set when pool_ is
+  Pool2dGeometry pg_;  // one plane (batch 1, channels 1); set when pool_ is
 };
 
 void Conv2dRelu::forward(const float* p, const Tensor& x, Tensor& y, LayerState& st,
@@ -103,26 +107,34 @@ void Conv2dRelu::forward(const float* p, const Tensor& x, Tensor& y, LayerState&
   (void)ctx;
   const int64_t batch = batch_of(x, in_features());
   resize_batch(y, batch, out_shape());
+  if (batch == 0) return;
   const float* w = p;
   const float* b = p + g_.weight_count();
-  const int64_t in = g_.in_sample(), conv = g_.out_sample(), out = out_features();
-  if (!pool_) {
-    for (int64_t s = 0; s < batch; ++s) {
-      float* ys = y.data() + s * out;
-      conv2d_forward(g_, x.data() + s * in, w, b, ys, st.scratch);
-      rectify(ys, conv);
-    }
-    return;
-  }
+  const int64_t in = g_.in_sample(), out = out_features(), chunk = std::min(kConv2dChunk, batch);
+  const int64_t o_ch = g_.out_channels, ohw = g_.out_height() * g_.out_width();
+  const int64_t plane_out = pool_ ? pg_.out_sample() : ohw;  // per channel
   if (st.work.empty()) st.work.resize(2);
-  resize_1d(st.work[0], conv);
+  resize_1d(st.work[0], o_ch * chunk * ohw);
   float* c = st.work[0].data();
+  if (static_cast<int64_t>(st.scratch.size()) < conv2d_col_floats(g_, chunk))
+    st.scratch.resize(static_cast<size_t>(conv2d_col_floats(g_, chunk)));
   // resize() within the capacity of earlier calls does not allocate.
-  st.index.resize(static_cast<size_t>(batch * out));
-  for (int64_t s = 0; s < batch; ++s) {
-    conv2d_forward(g_, x.data() + s * in, w, b, c, st.scratch);
-    rectify(c, conv);
-    max_pool2d_forward(pg_, c, y.data() + s * out, st.index.data() + s * out);
+  if (pool_) st.index.resize(static_cast<size_t>(batch * out));
+  for (int64_t s0 = 0; s0 < batch; s0 += chunk) {
+    const int64_t n = std::min(chunk, batch - s0), len = n * ohw;
+    conv2d_forward_block(g_, x.data() + s0 * in, n, w, c, st.scratch.data());
+    for (int64_t s = 0; s < n; ++s) {
+      for (int64_t o = 0; o < o_ch; ++o) {
+        float* plane = c + o * len + s * ohw;
+        const int64_t at = (s0 + s) * out + o * plane_out;
+        if (!pool_) {
+          bias_relu(plane, b[o], y.data() + at, ohw);
+          continue;
+        }
+        bias_relu(plane, b[o], plane, ohw);
+        max_pool2d_forward(pg_, plane, y.data() + at, st.index.data() + at);
+      }
+    }
   }
 }
 
@@ -134,24 +146,34 @@ void Conv2dRelu::backward(const float* p, float* g, const Tensor& x, const Tenso
   DT_CHECK_EQ(dy.numel(), batch * out_features());
   DT_CHECK_EQ(y.numel(), dy.numel());
   if (dx != nullptr) resize_batch(*dx, batch, in_shape());
-  const int64_t in = g_.in_sample(), conv = g_.out_sample(), out = out_features();
+  if (batch == 0) return;
+  const int64_t in = g_.in_sample(), out = out_features(), chunk = std::min(kConv2dChunk, batch);
+  const int64_t o_ch = g_.out_channels, ohw = g_.out_height() * g_.out_width();
+  const int64_t plane_out = pool_ ? pg_.out_sample() : ohw;
   if (pool_) DT_CHECK_EQ(static_cast<int64_t>(st.index.size()), dy.numel());  // this forward's
   if (st.work.size() < 2) st.work.resize(2);
-  resize_1d(st.work[0], conv);
-  if (pool_) resize_1d(st.work[1], out);
+  resize_1d(st.work[0], o_ch * chunk * ohw);
+  if (pool_) resize_1d(st.work[1], plane_out);
   float* dc = st.work[0].data();
-  for (int64_t s = 0; s < batch; ++s) {
-    const float* ys = y.data() + s * out;
-    const float* dys = dy.data() + s * out;
-    if (pool_) {
-      float* dp = st.work[1].data();
-      relu_mask(ys, dys, dp, out);
-      max_pool2d_backward(pg_, dp, st.index.data() + s * out, dc);
-    } else {
-      relu_mask(ys, dys, dc, conv);
+  if (static_cast<int64_t>(st.scratch.size()) < conv2d_col_floats(g_, chunk))
+    st.scratch.resize(static_cast<size_t>(conv2d_col_floats(g_, chunk)));
+  for (int64_t s0 = 0; s0 < batch; s0 += chunk) {
+    const int64_t n = std::min(chunk, batch - s0), len = n * ohw;
+    for (int64_t s = 0; s < n; ++s) {
+      for (int64_t o = 0; o < o_ch; ++o) {
+        float* plane = dc + o * len + s * ohw;
+        const int64_t at = (s0 + s) * out + o * plane_out;
+        if (!pool_) {
+          relu_mask(y.data() + at, dy.data() + at, plane, ohw);
+          continue;
+        }
+        float* dp = st.work[1].data();
+        relu_mask(y.data() + at, dy.data() + at, dp, plane_out);
+        max_pool2d_backward(pg_, dp, st.index.data() + at, plane);
+      }
     }
-    conv2d_backward(g_, x.data() + s * in, p, dc, g, g + g_.weight_count(),
-                    dx != nullptr ? dx->data() + s * in : nullptr, st.scratch);
+    conv2d_backward_block(g_, x.data() + s0 * in, n, p, dc, g, g + g_.weight_count(),
+                          dx != nullptr ? dx->data() + s0 * in : nullptr, st.scratch.data());
   }
 }
 

@@ -1,7 +1,8 @@
 // The fused conv2d -> ReLU [-> max_pool2d] element (make_conv2d_relu, lib/nn/conv_relu_layer.cc)
 // against the three separate layers it replaces, bit for bit: output, weight and bias gradients
 // and the input gradient, over strides, paddings, overlapping and non-overlapping pools, no pool,
-// inputs with many ReLU zeros (ties in the pool windows), a NaN, and batches 0 to 3; then the
+// inputs with many ReLU zeros (ties in the pool windows), a NaN, and batches 0 to 9 (full and
+// partial blocks of kConv2dChunk samples); then the
 // sequential builder: which list entries it fuses, and that names, init and dropout sites are
 // those of the unfused list.
 #include <doctest/doctest.h>
@@ -111,7 +112,8 @@ void check_fused(const Shape& in, const Conv2dSpec& c, const std::optional<Pool2
 
 TEST_CASE("conv2d+relu(+max_pool2d): bitwise the separate layers") {
   uint64_t seed = 10;
-  for (int64_t batch : {0, 1, 3}) {
+  // 9: two full blocks of kConv2dChunk (4) samples and a block of one.
+  for (int64_t batch : {0, 1, 3, 9}) {
     check_fused({1, 28, 28}, {8, 3, 1, 1}, Pool2dSpec{2, std::nullopt}, batch, -1, ++seed);
     check_fused({3, 9, 7}, {4, 3, 2, 1}, Pool2dSpec{2, std::nullopt}, batch, -1, ++seed);
     check_fused({2, 10, 10}, {5, 3, 1, 0}, Pool2dSpec{3, 2}, batch, -1, ++seed);  // overlapping

@@ -185,54 +185,64 @@ void col2im_add(const Conv2dGeometry& g, float* dcol, int64_t s0, int64_t n, flo
 
 }  // namespace
 
+int64_t conv2d_col_floats(const Conv2dGeometry& g, int64_t n) {
+  return g.patch() * n * g.out_height() * g.out_width();
+}
+
+void conv2d_forward_block(const Conv2dGeometry& g, const float* x, int64_t n, const float* w,
+                          float* out, float* col) {
+  const int64_t k = g.patch(), len = n * g.out_height() * g.out_width();
+  im2col(g, x, 0, n, col);
+  gemm(false, false, g.out_channels, len, k, 1.0f, w, k, col, len, 0.0f, out, len);
+}
+
+void conv2d_backward_block(const Conv2dGeometry& g, const float* x, int64_t n, const float* w,
+                           const float* dout, float* dw, float* db, float* dx, float* col) {
+  const int64_t o_ch = g.out_channels, k = g.patch(), len = n * g.out_height() * g.out_width();
+  im2col(g, x, 0, n, col);
+  gemm(false, true, o_ch, k, len, 1.0f, dout, len, col, len, 1.0f, dw, k);  // dW += dout col^T
+  if (db != nullptr) {
+    for (int64_t o = 0; o < o_ch; ++o) db[o] += row_sum(dout + o * len, len);
+  }
+  if (dx == nullptr) return;
+  gemm(true, false, k, len, o_ch, 1.0f, w, k, dout, len, 0.0f, col, len);  // dcol = W^T dout
+  std::fill(dx, dx + n * g.in_sample(), 0.0f);
+  col2im_add(g, col, 0, n, dx);
+}
+
 namespace {
 
-// The chunk loop both directions share: checks g, grows scratch, and for each chunk of n samples
-// from s0 unrolls them into col and calls f(s0, n, col, tmp) (tmp: the [O, n OH OW] buffer, used
-// when n > 1).
+// The chunk loop both directions share: checks g, grows scratch, and calls f(s0, n, col, tmp)
+// for each chunk of n samples from s0 (col: conv2d_col_floats(g, n) floats; tmp: the [O, n OH OW]
+// block).
 template <typename F>
-void for_each_chunk(const Conv2dGeometry& g, const float* x, std::vector<float>& scratch,
-                    int64_t chunk, F&& f) {
+void for_each_chunk(const Conv2dGeometry& g, std::vector<float>& scratch, int64_t chunk, F&& f) {
   check(g);
   if (g.batch == 0) return;
   const int64_t cn = chunk_for(g, chunk);
   float* col = grow(scratch, conv2d_scratch_floats(g, cn));
-  float* tmp = col + g.patch() * cn * g.out_height() * g.out_width();
-  for (int64_t s0 = 0; s0 < g.batch; s0 += cn) {
-    const int64_t n = std::min(cn, g.batch - s0);
-    im2col(g, x, s0, n, col);
-    f(s0, n, col, tmp);
-  }
+  float* tmp = col + conv2d_col_floats(g, cn);
+  for (int64_t s0 = 0; s0 < g.batch; s0 += cn) f(s0, std::min(cn, g.batch - s0), col, tmp);
 }
 
 }  // namespace
 
 int64_t conv2d_scratch_floats(const Conv2dGeometry& g, int64_t chunk) {
   const int64_t n = chunk_for(g, chunk);
-  const int64_t len = n * g.out_height() * g.out_width();
-  // col [C kh kw, len] (reused for dcol), plus the [O, len] GEMM result/gather when n > 1.
-  return g.patch() * len + (n > 1 ? g.out_channels * len : 0);
+  // col [C kh kw, n OH OW] (reused for dcol), then the [O, n OH OW] block.
+  return conv2d_col_floats(g, n) + g.out_channels * n * g.out_height() * g.out_width();
 }
 
 void conv2d_forward(const Conv2dGeometry& g, const float* x, const float* w, const float* b,
                     float* y, std::vector<float>& scratch, int64_t chunk) {
-  const int64_t o_ch = g.out_channels, k = g.patch(), ohw = g.out_height() * g.out_width();
-  for_each_chunk(g, x, scratch, chunk, [&](int64_t s0, int64_t n, float* col, float* tmp) {
+  const int64_t o_ch = g.out_channels, ohw = g.out_height() * g.out_width();
+  for_each_chunk(g, scratch, chunk, [&](int64_t s0, int64_t n, float* col, float* tmp) {
+    conv2d_forward_block(g, x + s0 * g.in_sample(), n, w, tmp, col);
     const int64_t len = n * ohw;
-    float* ys = y + s0 * g.out_sample();
-    if (n == 1) {
-      // Broadcast the bias, then y = W col + y: one write pass for the bias, no extra read.
-      if (b != nullptr) {
-        for (int64_t o = 0; o < o_ch; ++o) std::fill(ys + o * ohw, ys + (o + 1) * ohw, b[o]);
-      }
-      gemm(false, false, o_ch, len, k, 1.0f, w, k, col, len, b != nullptr ? 1.0f : 0.0f, ys, len);
-      return;
-    }
-    gemm(false, false, o_ch, len, k, 1.0f, w, k, col, len, 0.0f, tmp, len);
     for (int64_t s = 0; s < n; ++s) {
       for (int64_t o = 0; o < o_ch; ++o) {
         const float* src = tmp + o * len + s * ohw;
-        float* dst = ys + (s * o_ch + o) * ohw;
+        float* dst = y + ((s0 + s) * o_ch + o) * ohw;
         const float bias = b != nullptr ? b[o] : 0.0f;
         for (int64_t t = 0; t < ohw; ++t) dst[t] = src[t] + bias;
       }
@@ -242,12 +252,12 @@ void conv2d_forward(const Conv2dGeometry& g, const float* x, const float* w, con
 
 void conv2d_backward(const Conv2dGeometry& g, const float* x, const float* w, const float* dy,
                      float* dw, float* db, float* dx, std::vector<float>& scratch, int64_t chunk) {
-  const int64_t o_ch = g.out_channels, k = g.patch(), ohw = g.out_height() * g.out_width();
-  for_each_chunk(g, x, scratch, chunk, [&](int64_t s0, int64_t n, float* col, float* tmp) {
-    const int64_t len = n * ohw;
-    // dy of the chunk as [O, len]: in place for one sample, gathered otherwise.
+  const int64_t o_ch = g.out_channels, ohw = g.out_height() * g.out_width();
+  for_each_chunk(g, scratch, chunk, [&](int64_t s0, int64_t n, float* col, float* tmp) {
+    // dy of the chunk as [O, n OH OW]: in place for one sample, gathered otherwise.
     const float* dyc = dy + s0 * g.out_sample();
     if (n > 1) {
+      const int64_t len = n * ohw;
       for (int64_t s = 0; s < n; ++s) {
         for (int64_t o = 0; o < o_ch; ++o) {
           const float* src = dyc + (s * o_ch + o) * ohw;
@@ -256,17 +266,8 @@ void conv2d_backward(const Conv2dGeometry& g, const float* x, const float* w, co
       }
       dyc = tmp;
     }
-    gemm(false, true, o_ch, k, len, 1.0f, dyc, len, col, len, 1.0f, dw, k);  // dW += dy col^T
-    if (db != nullptr) {
-      for (int64_t o = 0; o < o_ch; ++o) {
-        db[o] += row_sum(dyc + o * len, len);
-      }
-    }
-    if (dx == nullptr) return;
-    gemm(true, false, k, len, o_ch, 1.0f, w, k, dyc, len, 0.0f, col, len);  // dcol = W^T dy
-    float* dxs = dx + s0 * g.in_sample();
-    std::fill(dxs, dxs + n * g.in_sample(), 0.0f);
-    col2im_add(g, col, s0, n, dx);
+    conv2d_backward_block(g, x + s0 * g.in_sample(), n, w, dyc, dw, db,
+                          dx != nullptr ? dx + s0 * g.in_sample() : nullptr, col);
   });
 }
 

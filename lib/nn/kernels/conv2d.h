@@ -8,11 +8,13 @@
 // contiguous, row-major, caller-owned.
 //
 // im2col: `chunk` samples at a time are unrolled into col [C kh kw, chunk OH OW] (column index
-// s * OH OW + p * OW + q), and one GEMM per chunk does the work: y = W col (forward),
-// dW += dy col^T and dcol = W^T dy (backward; dcol is folded back into dx by col2im). chunk = 1
-// writes the GEMM result straight into y and reads dy in place; a larger chunk makes fewer, wider
-// GEMMs at the price of a gather/scatter pass between [O, chunk OH OW] and NCHW. The default is
-// the measured faster one on this project's 2-core machines (bench/conv_bench.cc, README).
+// s * OH OW + p * OW + q), and one GEMM per chunk does the work: out = W col (forward),
+// dW += dout col^T and dcol = W^T dout (backward; dcol is folded back into dx by col2im), with
+// out [O, chunk OH OW] in the GEMM's own layout; a pass between it and NCHW adds the bias
+// (forward) or gathers dy (backward). The fused conv2d + ReLU + max-pool element
+// (nn/conv_relu_layer.cc) calls the block functions below directly and does its own pass over
+// the block instead. The default chunk is the measured faster one (bench/conv_bench.cc, README):
+// wider GEMMs run faster while col stays in L2.
 //
 // Scratch: a caller-owned vector, grown on first use and reused afterwards, so steady-state steps
 // do not allocate. One scratch per concurrent caller (ranks are threads): the kernels keep no
@@ -54,12 +56,14 @@ Conv2dGeometry conv2d_geometry(int64_t batch, int64_t channels, int64_t height, 
 std::string conv2d_geometry_error(const Conv2dGeometry& g);
 
 // The default samples per im2col GEMM (see the header comment).
-inline constexpr int64_t kConv2dChunk = 1;
+inline constexpr int64_t kConv2dChunk = 4;
 
 // Floats of scratch the kernels use for this geometry and chunk (they grow `scratch` to it).
 int64_t conv2d_scratch_floats(const Conv2dGeometry& g, int64_t chunk = kConv2dChunk);
 
-// y = conv(x, w) + b, y overwritten. b may be null (no bias).
+// y = conv(x, w) + b, y overwritten. b may be null (no bias). The same arithmetic as
+// conv2d_forward_block followed by out + b (so a caller of the blocks with the same chunks gets
+// the same bits).
 void conv2d_forward(const Conv2dGeometry& g, const float* x, const float* w, const float* b,
                     float* y, std::vector<float>& scratch, int64_t chunk = kConv2dChunk);
 
@@ -69,5 +73,16 @@ void conv2d_forward(const Conv2dGeometry& g, const float* x, const float* w, con
 void conv2d_backward(const Conv2dGeometry& g, const float* x, const float* w, const float* dy,
                      float* dw, float* db, float* dx, std::vector<float>& scratch,
                      int64_t chunk = kConv2dChunk);
+
+// One block of n samples (g.batch is ignored): x [n, C, H, W], col >= conv2d_col_floats(g, n)
+// floats of scratch. Forward: out [O, n OH OW] = W im2col(x), overwritten, no bias (element
+// (o, s OH OW + p OW + q) is sample s's y[o, p, q] - b[o]).
+int64_t conv2d_col_floats(const Conv2dGeometry& g, int64_t n);
+void conv2d_forward_block(const Conv2dGeometry& g, const float* x, int64_t n, const float* w,
+                          float* out, float* col);
+// Backward from dout [O, n OH OW] (the forward block's layout): dw and db ACCUMULATED, dx
+// [n, C, H, W] overwritten (null: skipped), db may be null.
+void conv2d_backward_block(const Conv2dGeometry& g, const float* x, int64_t n, const float* w,
+                           const float* dout, float* dw, float* db, float* dx, float* col);
 
 }  // namespace dtrain
