@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <optional>
 #include <regex>
 #include <set>
@@ -366,17 +367,19 @@ std::string shard_file_name(int rank) {
 
 void save_shard(const std::string& dir, int rank, int64_t step,
                 const std::vector<ShardRange>& ranges, int64_t shard_size, const float* params,
-                const std::vector<StateBuffer>& state) {
+                const std::vector<StateBuffer>& state, const std::string& save_id) {
   std::vector<StTensorRef> refs = {{"params", {shard_size}, params}};
   for (const auto& s : state) refs.push_back({"optim." + s.name, {shard_size}, s.data});
   nlohmann::json rj = nlohmann::json::array();
   for (const auto& r : ranges) rj.push_back({r.begin, r.end, r.offset});
-  write_safetensors((fs::path(dir) / shard_file_name(rank)).string(), refs,
-                    {{"format", "dtrain-checkpoint-shard"},
-                     {"format_version", std::to_string(kCheckpointFormatVersion)},
-                     {"rank", std::to_string(rank)},
-                     {"step", std::to_string(step)},
-                     {"ranges", rj.dump()}});
+  std::map<std::string, std::string> meta = {
+      {"format", "dtrain-checkpoint-shard"},
+      {"format_version", std::to_string(kCheckpointFormatVersion)},
+      {"rank", std::to_string(rank)},
+      {"step", std::to_string(step)},
+      {"ranges", rj.dump()}};
+  if (!save_id.empty()) meta["save_id"] = save_id;
+  write_safetensors((fs::path(dir) / shard_file_name(rank)).string(), refs, meta);
 }
 
 void write_manifest(const std::string& dir, const Model& model, const CheckpointMeta& meta,
@@ -420,6 +423,7 @@ void write_manifest(const std::string& dir, const Model& model, const Checkpoint
   nlohmann::json out = m;  // optional fields (checkpoint.h)
   if (!meta.config_json.empty()) out["config"] = nlohmann::json::parse(meta.config_json);
   if (meta.schedule_steps > 0) out["schedule_steps"] = meta.schedule_steps;
+  if (!meta.save_id.empty()) out["save_id"] = meta.save_id;
   if (!layout.is_null()) out["layout"] = layout;
   write_file_atomic((fs::path(dir) / kManifest).string(), out.dump(1) + "\n");
 }

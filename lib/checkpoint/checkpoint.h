@@ -42,6 +42,11 @@ struct CheckpointMeta {
   // train.max_steps / epochs keeps the schedule it started (README "Resuming").
   std::string config_json;
   int64_t schedule_steps = 0;
+  // Sharded checkpoints only: a random id drawn by rank 0 for one save and written into the
+  // manifest and every shard's header, so a load refuses a shard left by another run's save of
+  // the same step (a node-local folder that --overwrite could not clear, files copied together
+  // from two runs). "" in files written before it existed: not checked.
+  std::string save_id;
 };
 
 // The state distributed.compression carries from step to step (train/compression.h), as the
@@ -78,11 +83,11 @@ struct ShardRange {
 std::string sharded_checkpoint_name(int64_t step);  // "step-<N>"
 std::string shard_file_name(int rank);              // "rank-<r>.safetensors"
 // Writes dir/rank-<rank>.safetensors atomically: params and each state buffer hold shard_size
-// floats (padding included) laid out per `ranges`. Its header records rank, step and ranges,
-// which a load checks against the manifest.
+// floats (padding included) laid out per `ranges`. Its header records rank, step, ranges and
+// save_id (CheckpointMeta; "" writes none), which a load checks against the manifest.
 void save_shard(const std::string& dir, int rank, int64_t step,
                 const std::vector<ShardRange>& ranges, int64_t shard_size, const float* params,
-                const std::vector<StateBuffer>& state);
+                const std::vector<StateBuffer>& state, const std::string& save_id = "");
 // One shard of a manifest: the rank that wrote rank-<rank>.safetensors, its ranges, and where the
 // rank sits in the writing run's layout (e.g. {"tp": 0, "dp": 1, "pp": 0}; informational: loads
 // use the ranges only).

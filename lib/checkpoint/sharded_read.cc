@@ -24,10 +24,12 @@ constexpr int64_t kMaxCheckpointWorld = int64_t{1} << 20;
 
 // A shard file is the one the manifest means: its own header names the rank and (shards written
 // since 2026-12-03; older ones lack it) the step it was written for, so a shard swapped with
-// another rank's or copied in from another step is refused instead of mixing parameters. (Its
-// "ranges" are in the writer's local layout under tensor parallelism, so they are not compared.)
+// another rank's or copied in from another step is refused instead of mixing parameters; and
+// (since 2026-12-04) the save it belongs to, so one left by another run's save of the same step
+// is refused too. (Its "ranges" are in the writer's local layout under tensor parallelism, so
+// they are not compared.)
 void check_shard_identity(const std::string& dir, const std::string& file, const StFile& f,
-                          int64_t rank, int64_t step) {
+                          int64_t rank, int64_t step, const std::string& save_id) {
   const auto meta = [&](const char* key) {
     const auto it = f.metadata.find(key);
     return it == f.metadata.end() ? std::optional<std::string>() : it->second;
@@ -41,6 +43,12 @@ void check_shard_identity(const std::string& dir, const std::string& file, const
               std::to_string(rank));
   if (const auto st = meta("step"); st && *st != std::to_string(step))
     throw bad("was written at step " + *st + ", the manifest is step " + std::to_string(step));
+  if (save_id.empty()) return;  // a manifest from before save ids
+  const auto id = meta("save_id");
+  if (!id) throw bad("has no save id, the manifest's save is " + save_id);
+  if (*id != save_id)
+    throw bad("belongs to save " + *id + ", the manifest's save is " + save_id +
+              " (another run's checkpoint of the same step?)");
 }
 
 // Without tensor parallelism a shard's own header records the ranges the manifest gives it (the
@@ -111,6 +119,7 @@ ShardedRead read_sharded(const std::string& dir, bool with_state) {
     meta.world_size = m.at("world_size").get<int64_t>();
     if (m.contains("config")) meta.config_json = m.at("config").dump();
     if (m.contains("schedule_steps")) meta.schedule_steps = m.at("schedule_steps").get<int64_t>();
+    if (m.contains("save_id")) meta.save_id = m.at("save_id").get<std::string>();
     out.state_names = m.at("optimizer_state").get<std::vector<std::string>>();
     check_state_names(out.state_names, dir);
     out.param_count = m.at("param_count").get<int64_t>();
@@ -195,7 +204,7 @@ ShardedRead read_sharded(const std::string& dir, bool with_state) {
       throw UserError("checkpoint '" + dir + "': shard file name '" + files[r] + "' has a '/'");
     const StFile f = read_safetensors((fs::path(dir) / files[r]).string());  // verifies CRCs
     if (!f.checksummed) ++unchecksummed;
-    check_shard_identity(dir, files[r], f, shard_ranks[r], meta.step);
+    check_shard_identity(dir, files[r], f, shard_ranks[r], meta.step, meta.save_id);
     if (tp == 1) check_shard_ranges(dir, files[r], f, ranges[r]);
     auto need = [&](const std::string& name) -> const std::vector<float>& {
       auto it = f.tensors.find(name);

@@ -1,9 +1,25 @@
 // TrainLoop's checkpoint writes (train_loop.h): synchronous and asynchronous saves, sharded
 // commits, and the deadline after a preemption signal.
+#include <chrono>
+#include <cstdint>
+#include <random>
+
 #include "train/train_loop.h"
 
 namespace dtrain {
 namespace loop_detail {
+namespace {
+
+// 64 random bits from the OS, mixed with the clock (a random_device without entropy still
+// differs between runs).
+int64_t random_save_id() {
+  std::random_device rd;
+  const uint64_t r = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  const auto t = static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
+  return static_cast<int64_t>(r ^ (t * 0x9e3779b97f4a7c15ULL));
+}
+
+}  // namespace
 
 void TrainLoop::save() {
   finish_save();  // at most one write in flight: the previous one is complete before this one
@@ -94,8 +110,14 @@ void TrainLoop::save_faults(int64_t step) const {
 // coordinates -- and moves `latest`. A crash before that leaves the previous checkpoint the newest
 // complete one. The ranges travel to rank 0 before the writes start, so an asynchronous write
 // needs no collective until its completion.
-void TrainLoop::save_sharded(const CheckpointMeta& m) {
+void TrainLoop::save_sharded(const CheckpointMeta& meta) {
   const std::string name = sharded_checkpoint_name(step_);
+  // One id for this save (CheckpointMeta::save_id), drawn by rank 0: random, so two runs' saves of
+  // the same step differ even when their configs and seeds are the same.
+  CheckpointMeta m = meta;
+  int64_t id = lead_ ? random_save_id() : 0;
+  world_.broadcast(&id, 1, 0);
+  m.save_id = fmt::format("{:016x}", static_cast<uint64_t>(id));
   const fs::path dir = fs::path(ckpt_dir_) / name;
   if (lead_) {
     // Leftovers of a crashed attempt at this step, or the step of a timeline this run left (it
@@ -145,10 +167,10 @@ void TrainLoop::save_sharded(const CheckpointMeta& m) {
   try {
     std::vector<StateBuffer> sb;
     if (writer) sb = state_buffers(names, sh);
-    run_write([this, writer, dir, sh, sb = std::move(sb), step = step_] {
+    run_write([this, writer, dir, sh, sb = std::move(sb), step = step_, save_id = m.save_id] {
       if (writer) {
         fs::create_directories(dir);
-        save_shard(dir.string(), rank_, step, sh.ranges, sh.size, sh.params, sb);
+        save_shard(dir.string(), rank_, step, sh.ranges, sh.size, sh.params, sb, save_id);
       }
       save_faults(step);
     });

@@ -78,9 +78,10 @@ size_t count_of(const std::string& s, const std::string& what) {
 }
 
 // A 2-rank sharded checkpoint of m in `dir`: rank 0 holds the first half of the flat layout,
-// rank 1 the rest, each with a momentum shard.
+// rank 1 the rest, each with a momentum shard; save_id as the training loop writes it ("": none,
+// as before save ids).
 void save_two_shards(const std::string& dir, const Model& m, const std::vector<float>& p,
-                     const std::vector<float>& mom) {
+                     const std::vector<float>& mom, const std::string& save_id = "") {
   std::filesystem::create_directories(dir);
   const int64_t P = m.param_count(), half = P / 2, shard = P - half;
   const std::vector<std::vector<ShardRange>> ranges = {{{0, half, 0}}, {{half, P, 0}}};
@@ -89,9 +90,11 @@ void save_two_shards(const std::string& dir, const Model& m, const std::vector<f
     const int64_t b = ranges[r][0].begin, e = ranges[r][0].end;
     std::copy(p.begin() + b, p.begin() + e, ps.begin());
     std::copy(mom.begin() + b, mom.begin() + e, ms.begin());
-    save_shard(dir, r, sgd_meta().step, ranges[r], shard, ps.data(), {{"momentum", ms.data()}});
+    save_shard(dir, r, sgd_meta().step, ranges[r], shard, ps.data(), {{"momentum", ms.data()}},
+               save_id);
   }
   CheckpointMeta meta = sgd_meta();
+  meta.save_id = save_id;
   meta.strategy = "zero1";
   meta.world_size = 2;
   write_manifest(dir, m, meta, ranges, {"momentum"});
@@ -196,6 +199,39 @@ TEST_CASE("a swapped or stale shard file is refused, and so is a manifest naming
   std::ofstream(ck + "/manifest.json", std::ios::trunc) << man;
   msg = user_error([&] { consolidate_checkpoint(ck, dir / "one.safetensors"); });
   CHECK_MESSAGE(contains(msg, "lists tensor '" + m.params()[0].name + "' twice"), msg);
+}
+
+TEST_CASE("a shard left by another run's save of the same step is refused by its save id") {
+  TempDir dir;
+  const Model m = small_model();
+  const int64_t P = m.param_count();
+  std::vector<float> p(P), other(P), mom(P, 0.5f), got(P, 0.0f);
+  m.init(p.data(), 13);
+  m.init(other.data(), 14);
+  const std::string ck = dir / "step-3", old = dir / "old-step-3";
+  // Same step, same ranks, same ranges: only the save id tells the two runs' shards apart.
+  save_two_shards(ck, m, p, mom, "00000000000000aa");
+  save_two_shards(old, m, other, mom, "00000000000000bb");
+  CHECK(load_checkpoint(ck, m, got.data(), {}).save_id == "00000000000000aa");
+  CHECK(got == p);
+  std::filesystem::copy_file(old + "/rank-1.safetensors", ck + "/rank-1.safetensors",
+                             std::filesystem::copy_options::overwrite_existing);
+  std::string msg = user_error([&] { load_checkpoint(ck, m, got.data(), {}); });
+  CHECK_MESSAGE(contains(msg,
+                         "shard 'rank-1.safetensors' belongs to save 00000000000000bb, the "
+                         "manifest's save is 00000000000000aa"),
+                msg);
+  msg = user_error([&] { consolidate_checkpoint(ck, dir / "one.safetensors"); });
+  CHECK_MESSAGE(contains(msg, "belongs to save 00000000000000bb"), msg);
+  // A shard without a save id (written before they existed) under a manifest with one.
+  save_two_shards(old, m, other, mom);
+  std::filesystem::copy_file(old + "/rank-0.safetensors", ck + "/rank-0.safetensors",
+                             std::filesystem::copy_options::overwrite_existing);
+  msg = user_error([&] { load_checkpoint(ck, m, got.data(), {}); });
+  CHECK_MESSAGE(contains(msg, "shard 'rank-0.safetensors' has no save id"), msg);
+  // Both without (an older checkpoint): not checked, loads.
+  load_checkpoint(old, m, got.data(), {});
+  CHECK(got == other);
 }
 
 TEST_CASE(
