@@ -89,6 +89,13 @@ void warn_unchecksummed(const std::string& path, const std::string& which) {
       path, which);
 }
 
+void warn_header_unchecksummed(const std::string& path, const std::string& which) {
+  spdlog::warn(
+      "checkpoint '{}': {} no CRC-32 of the header (written by a dtrain before 2026-12-03, or "
+      "the key was removed); its step, position and shapes are loaded unverified",
+      path, which);
+}
+
 std::string shard_range_str(const ShardRange& r) {
   // Appended piece by piece: GCC 12 warns falsely (-Wrestrict) on "literal" + std::string here.
   std::string s = "[";
@@ -186,7 +193,10 @@ CheckpointMeta load_file_checkpoint(const std::string& path, const Model& model,
                                     const std::vector<StateBuffer>& state, CompressionState* comp) {
   const StFile f = read_safetensors(path);  // verifies the checksums the file carries
   const int64_t version = check_file_format(f.metadata, path);
-  if (!f.checksummed) warn_unchecksummed(path, "the file has");
+  if (!f.checksummed)
+    warn_unchecksummed(path, "the file has");
+  else if (!f.header_checksummed)
+    warn_header_unchecksummed(path, "the file has");
 
   CheckpointMeta meta;
   meta.step = meta_int(f.metadata, "step", path);

@@ -28,6 +28,8 @@ void check_finite(const float* v, int64_t n, const std::string& path, const std:
 // Files written before checksums existed (format versions 1 and 2) still load, unverified:
 // warns "checkpoint 'path': <which> no CRC-32 checksums ...".
 void warn_unchecksummed(const std::string& path, const std::string& which);
+// The same for files with tensor checksums but none of their header (which = "the file has").
+void warn_header_unchecksummed(const std::string& path, const std::string& which);
 // "[begin, end) at offset", for messages.
 std::string shard_range_str(const ShardRange& r);
 

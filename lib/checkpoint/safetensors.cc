@@ -383,6 +383,8 @@ StFile read_safetensors(const std::string& path) {
     crcs = parse_crcs(it->second, path);
     out.metadata.erase(it);
     out.checksummed = true;
+    const auto meta = header.find("__metadata__");  // read_header verified the CRC it found
+    out.header_checksummed = meta != header.end() && meta->contains(kStHeaderCrcKey);
     for (const auto& e : entries)
       if (!crcs.count(e.name)) fail(path, "corrupt header: no CRC-32 for tensor '" + e.name + "'");
     if (crcs.size() != entries.size()) {

@@ -33,6 +33,9 @@ struct StFile {
   std::map<std::string, std::string> metadata;  // without the reserved "crc32" key
   std::map<std::string, StTensor> tensors;
   bool checksummed = false;  // the file carried "crc32" (and every tensor matched it)
+  // The header carried its own CRC-32 (kStHeaderCrcKey) and matched it; files written between
+  // tensor checksums (2026-12-01) and header checksums (2026-12-03) have only the former.
+  bool header_checksummed = false;
 };
 
 inline constexpr const char* kStCrcKey = "crc32";  // reserved __metadata__ key

@@ -198,12 +198,15 @@ ShardedRead read_sharded(const std::string& dir, bool with_state) {
   out.params.assign(static_cast<size_t>(P), 0.0f);
   if (with_state)
     out.state.assign(out.state_names.size(), std::vector<float>(static_cast<size_t>(P), 0.0f));
-  int64_t unchecksummed = 0;
+  int64_t unchecksummed = 0, header_unchecksummed = 0;
   for (size_t r = 0; r < files.size(); ++r) {
     if (files[r].find('/') != std::string::npos)
       throw UserError("checkpoint '" + dir + "': shard file name '" + files[r] + "' has a '/'");
     const StFile f = read_safetensors((fs::path(dir) / files[r]).string());  // verifies CRCs
-    if (!f.checksummed) ++unchecksummed;
+    if (!f.checksummed)
+      ++unchecksummed;
+    else if (!f.header_checksummed)
+      ++header_unchecksummed;
     check_shard_identity(dir, files[r], f, shard_ranks[r], meta.step, meta.save_id);
     if (tp == 1) check_shard_ranges(dir, files[r], f, ranges[r]);
     auto need = [&](const std::string& name) -> const std::vector<float>& {
@@ -237,6 +240,9 @@ ShardedRead read_sharded(const std::string& dir, bool with_state) {
   if (unchecksummed > 0)
     warn_unchecksummed(dir, std::to_string(unchecksummed) + " of its " +
                                 std::to_string(files.size()) + " shard files have");
+  if (header_unchecksummed > 0)
+    warn_header_unchecksummed(dir, std::to_string(header_unchecksummed) + " of its " +
+                                       std::to_string(files.size()) + " shard files have");
   for (const auto& e : out.table) {
     check_finite(out.params.data() + e.offset, e.numel, dir, e.name);
     for (size_t k = 0; k < out.state.size(); ++k)

@@ -59,12 +59,13 @@ inline void set_tensor_value(const std::string& path, const std::string& name, i
 }
 
 // Rewrites the file without its "crc32" and "crc32_header" metadata, tensor bytes unchanged: a
-// file as dtrain wrote it before checksums.
-inline void strip_checksums(const std::string& path) {
+// file as dtrain wrote it before checksums. header_only: without "crc32_header" alone, a file
+// as dtrain wrote it between tensor and header checksums.
+inline void strip_checksums(const std::string& path, bool header_only = false) {
   uint64_t header_len = 0;
   nlohmann::json h = st_header(path, &header_len);
   REQUIRE(h.at("__metadata__").contains(kStCrcKey));
-  h.at("__metadata__").erase(kStCrcKey);
+  if (!header_only) h.at("__metadata__").erase(kStCrcKey);
   h.at("__metadata__").erase(kStHeaderCrcKey);
   std::string text = h.dump();
   text.append((8 - text.size() % 8) % 8, ' ');

@@ -362,6 +362,46 @@ TEST_CASE("checkpoints without checksums still load, with one warning per load")
   CHECK(contains(log.text(), "2 of its 2 shard files"));
 }
 
+TEST_CASE("tensor checksums without the header's: loads verified, warning that the header is not") {
+  TempDir dir;
+  const Model m = small_model();
+  const int64_t P = m.param_count();
+  std::vector<float> p(P), mom(P, 0.125f), got(P, 0.0f), got_mom(P, 0.0f);
+  m.init(p.data(), 15);
+  const std::string path = dir / "step-3.safetensors";
+  save_checkpoint(path, m, p.data(), {{"momentum", mom.data()}}, sgd_meta());
+  strip_checksums(path, /*header_only=*/true);
+  const StFile f = read_safetensors(path);
+  CHECK(f.checksummed);
+  CHECK_FALSE(f.header_checksummed);
+  {
+    LogCapture log;
+    load_checkpoint(path, m, got.data(), {{"momentum", got_mom.data()}});
+    CHECK(got == p);
+    CHECK(count_of(log.text(), "no CRC-32 of the header") == 1);
+    CHECK(count_of(log.text(), "no CRC-32 checksums") == 0);
+  }
+  // The tensors are still verified.
+  flip_tensor_bit(path, m.params()[0].name);
+  CHECK(contains(user_error([&] { load_checkpoint(path, m, got.data(), {}); }), "CRC-32"));
+  // A file with both: no warning.
+  save_checkpoint(path, m, p.data(), {{"momentum", mom.data()}}, sgd_meta());
+  CHECK(read_safetensors(path).header_checksummed);
+  {
+    LogCapture log;
+    load_checkpoint(path, m, got.data(), {{"momentum", got_mom.data()}});
+    CHECK(log.text().find("CRC-32") == std::string::npos);
+  }
+  const std::string ck = dir / "step-4";
+  save_two_shards(ck, m, p, mom);
+  strip_checksums(ck + "/" + shard_file_name(1), /*header_only=*/true);
+  LogCapture log;
+  load_checkpoint(ck, m, got.data(), {{"momentum", got_mom.data()}});
+  CHECK(got == p);
+  CHECK(count_of(log.text(), "no CRC-32 of the header") == 1);
+  CHECK(contains(log.text(), "1 of its 2 shard files"));
+}
+
 TEST_CASE("malformed crc32 metadata is a corrupt header, and the key is not user metadata") {
   TempDir dir;
   const std::vector<float> w = {1.0f, 2.0f, 3.0f};
