@@ -92,7 +92,7 @@ class CsvReader {
       if (text > 0 && numbers > 0)
         throw UserError(path + ":" + std::to_string(first_line_) + ": the first row mixes " +
                         std::to_string(numbers) + " number(s) and " + std::to_string(text) +
-                        " text cell(s) (column " + std::to_string(first_text) + ": \"" +
+                        " text cell(s) (column " + std::to_string(first_text + 1) + ": \"" +
                         std::string(first_[static_cast<size_t>(first_text)]) +
                         "\" is not a number): if it is a header, set data.csv.header: true; "
                         "if it is data, fix that cell");

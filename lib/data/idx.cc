@@ -269,7 +269,6 @@ IdxFile read_idx(const std::string& path, uint32_t magic, const char* what) {
                     std::to_string(b.size()));
   }
   const uint64_t payload = b.size() - f.data_offset;
-  // Product of dims, stopping as soon as it exceeds the payload so it cannot overflow.
   std::string shape;
   bool any_zero = false;
   for (size_t i = 0; i < ndims; ++i) {
@@ -279,18 +278,15 @@ IdxFile read_idx(const std::string& path, uint32_t magic, const char* what) {
     if (i > 0) shape += 'x';
     shape += std::to_string(d);
   }
+  // The header's data size (dims are below 2^32 each: at most 255 of them overflow 64 bits, which
+  // the message then says instead of a number).
   uint64_t product = any_zero ? 0 : 1;
-  bool too_big = false;
-  for (size_t i = 0; i < ndims && !any_zero && !too_big; ++i) {
-    if (product > payload / f.dims[i]) {
-      too_big = true;
-    } else {
-      product *= f.dims[i];
-    }
-  }
-  if (too_big || product != payload) {
+  bool overflow = false;
+  for (size_t i = 0; i < ndims && !any_zero && !overflow; ++i)
+    overflow = __builtin_mul_overflow(product, f.dims[i], &product);
+  if (overflow || product != payload) {
     throw UserError("IDX file '" + path + "' size mismatch: header says " + shape + " (" +
-                    (too_big ? std::string("more than the file holds") : std::to_string(product)) +
+                    (overflow ? std::string("over 2^64") : std::to_string(product)) +
                     " bytes of data) but the file has " + std::to_string(payload) +
                     " bytes after the header");
   }

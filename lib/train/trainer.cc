@@ -61,6 +61,13 @@ ModelShape resolve_model_shape(const Config& cfg, const DataSplits& data) {
   }
   if (s.num_classes < 2)
     throw UserError("the training data has a single class (label 0 only); need at least 2");
+  // One label throughout, whichever it is (a wrong label column, a filtered file): nothing to
+  // learn, and the loss would reach 0 by pushing one logit up.
+  const std::vector<int32_t>& y = data.train.y;
+  if (data.train.kind == SampleKind::kFeatures && !y.empty() &&
+      std::all_of(y.begin(), y.end(), [&](int32_t v) { return v == y.front(); }))
+    throw UserError("the training data has a single class (every label is " +
+                    std::to_string(y.front()) + "); need at least 2");
   return s;
 }
 

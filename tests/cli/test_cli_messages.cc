@@ -227,6 +227,20 @@ TEST_CASE("validate and run warn when some ranks would get no training samples")
   CHECK(contains(r.output, "4 ranks share 3 training samples: 1 rank gets none and only waits"));
 }
 
+TEST_CASE("training data with one label throughout is refused, whichever label it is") {
+  TempDir dir;
+  for (const std::string label : {"0", "3"}) {
+    CAPTURE(label);
+    dir.write("one.csv", "a,b,label\n1,2," + label + "\n3,4," + label + "\n5,6," + label + "\n");
+    const std::string cfg = dir.write("one.yaml",
+                                      "model: {hidden: [4]}\ndata:\n  format: csv\n  train: "
+                                      "{path: one.csv}\n  batch_size: 2\ntrain: {epochs: 1}\n");
+    const auto r = run_dtrain("run " + cfg + " --out " + dir / ("run" + label));
+    CHECK(r.exit_code == 2);
+    CHECK_MESSAGE(contains(r.output, "error: the training data has a single class"), r.output);
+  }
+}
+
 TEST_CASE("a rank 0 whose master port is taken: dtrain's one line, no raw gRPC log line") {
   TempDir dir;
   const std::string cfg = dir.write("tiny.yaml", kTiny);

@@ -174,7 +174,7 @@ TEST_CASE("csv: malformed cells and rows name file, line and column") {
       {"a,b,y\n1,2,0\n\n\r\n1,2,z\n", ":5:", "\"z\""},
       {"1,,0\n", ":1:", "empty cell"},  // an empty cell does not turn a row into a header
       // A first row mixing numbers and text is neither silently a header nor silently data.
-      {"1,2,x,4\n5,6,7,8\n", ":1:", "mixes 3 number(s) and 1 text cell(s) (column 2: \"x\""},
+      {"1,2,x,4\n5,6,7,8\n", ":1:", "mixes 3 number(s) and 1 text cell(s) (column 3: \"x\""},
       {"NaN,1,0\n2,3,1\n", ":1:", "set data.csv.header: true"},
   };
   int i = 0;

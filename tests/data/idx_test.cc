@@ -263,6 +263,13 @@ TEST_CASE("idx: bad headers") {
     CHECK(msg.find("100x2x3") != std::string::npos);
     CHECK(msg.find(img) != std::string::npos);
   }
+  SUBCASE("a gzipped file shorter than its header says: the sizes in numbers") {
+    write_bytes(img, gzip(idx_images(100, 2, 3, kPixels)));
+    const std::string msg = user_error([&] { load_idx(img, lab); });
+    CHECK_MESSAGE(msg.find("header says 100x2x3 (600 bytes of data) but the file has 18 bytes") !=
+                      std::string::npos,
+                  msg);
+  }
   SUBCASE("absurd dims are rejected before allocating") {
     write_bytes(img, idx_images(0xffffffffu, 0xffffffffu, 0xffffffffu, kPixels));
     CHECK(user_error([&] { load_idx(img, lab); }).find("size mismatch") != std::string::npos);
