@@ -11,9 +11,15 @@
 
 namespace dtrain {
 
+// The message is printed as one C string: control characters a user's input put into it (a NUL
+// from a YAML "\0" escape, which would end the message there; an escape sequence) are shown as
+// \0 or \xNN. Newlines and tabs stay: messages may list items on their own lines.
 class UserError : public std::runtime_error {
  public:
-  explicit UserError(const std::string& what) : std::runtime_error(what) {}
+  explicit UserError(const std::string& what) : std::runtime_error(printable(what)) {}
+
+ private:
+  static std::string printable(const std::string& s);
 };
 
 class InternalError : public std::logic_error {

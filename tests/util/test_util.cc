@@ -171,3 +171,11 @@ TEST_CASE("fnv1a_hex is the 64-bit FNV-1a") {
   CHECK(fnv1a_hex("a") == "af63dc4c8601ec8c");
   CHECK(peak_rss_mb() > 0.0);
 }
+
+TEST_CASE("UserError shows control characters from user input escaped, keeping newlines") {
+  using namespace std::string_literals;
+  CHECK(std::string(UserError("got 'ml\0p'"s).what()) == "got 'ml\\0p'");
+  CHECK(std::string(UserError("a\x1b[31mb\x7f"s).what()) == "a\\x1b[31mb\\x7f");
+  CHECK(std::string(UserError("one\ntwo\tthree").what()) == "one\ntwo\tthree");
+  CHECK(std::string(UserError("caf\xc3\xa9").what()) == "caf\xc3\xa9");  // UTF-8 stays
+}
