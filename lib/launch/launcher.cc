@@ -28,6 +28,7 @@
 #include "launch/job_agent.h"
 #include "launch/process.h"
 #include "util/check.h"
+#include "util/interrupt.h"
 
 namespace dtrain {
 
@@ -126,8 +127,8 @@ std::string fmt_ranks(const std::vector<int>& ranks) {
 // Exit codes of `dtrain run` stopped by a signal (128 + SIGINT, SIGTERM, SIGHUP, SIGUSR1) or for
 // a preemption (75, EX_TEMPFAIL: checkpointed, run again).
 bool is_stop_code(int code) {
-  return code == 75 || code == 128 + SIGINT || code == 128 + SIGTERM || code == 128 + SIGHUP ||
-         code == 128 + SIGUSR1;
+  return code == kExitPreempted || code == 128 + SIGINT || code == 128 + SIGTERM ||
+         code == 128 + SIGHUP || code == 128 + SIGUSR1;
 }
 
 int64_t wall_ms() {
@@ -398,7 +399,7 @@ class Attempt {
   // (its ranks take their launcher's death as a preemption), and node 0 restarts without it.
   void on_rank_stop(int rank, int code) {
     spdlog::warn("rank {} stopped: exit status {}{} (a signal sent to the rank itself)", rank, code,
-                 code == 75 ? ", preempted" : "");
+                 code == kExitPreempted ? ", preempted" : "");
     if (res_.rank_stop_code == 0) {
       res_.rank_stop_rank = rank;
       res_.rank_stop_code = code;
