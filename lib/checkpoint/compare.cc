@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <map>
 #include <string>
 #include <system_error>
 
@@ -102,50 +103,80 @@ struct DiffAcc {
   static double ratio(double num, double den) {
     return num == 0.0 ? 0.0 : den > 0.0 ? num / den : INFINITY;
   }
-  TensorDiff finish() {
+  // floor2: the squared scale floor of this tensor (kind_floor2 below).
+  TensorDiff finish(double floor2) {
     const bool fallback = want2 == 0.0;
     if (std::isnan(diff2)) diff2 = INFINITY;
-    d.scale = std::sqrt(fallback ? value2 : want2);
+    const double own2 = fallback ? value2 : want2;
+    d.scale = std::sqrt(std::max(own2, floor2));
     d.rel = ratio(std::sqrt(diff2), d.scale);
-    d.max_rel = ratio(max_diff, fallback ? max_value : max_want);
+    const double own_max = fallback ? max_value : max_want;
+    d.max_rel = ratio(max_diff, own2 >= floor2 ? own_max : std::sqrt(floor2 / n));
     return std::move(d);
   }
+  double n = 0.0;  // elements
 };
 
-}  // namespace
+// The kind of a tensor, whose tensors share a scale: the parameters, or one optimizer state
+// ("optim.momentum.layers.0.weight" -> "optim.momentum").
+std::string kind_of(const std::string& name) {
+  if (name.rfind("optim.", 0) != 0) return "";
+  const size_t dot = name.find('.', 6);
+  return dot == std::string::npos ? name : name.substr(0, dot);
+}
 
-std::vector<TensorDiff> tensor_diffs(const TensorMap& want, const TensorMap& got) {
+// Finishes every accumulator with its floor: kScaleFloor times the RMS value of its kind's
+// reference (over all of the kind's elements) times sqrt(its own elements), squared.
+std::vector<TensorDiff> finish_all(std::vector<DiffAcc>& accs) {
+  std::map<std::string, std::pair<double, double>> kinds;  // kind -> (sum of want2, elements)
+  for (const DiffAcc& a : accs) {
+    auto& k = kinds[kind_of(a.d.name)];
+    k.first += a.want2 == 0.0 ? a.value2 : a.want2;
+    k.second += a.n;
+  }
   std::vector<TensorDiff> out;
-  for (const auto& [name, w] : want) {
-    if (is_compression_state(name)) continue;
-    const NamedTensor& g = counterpart(got, name, w);
-    DiffAcc acc;
-    acc.d.name = name;
-    acc.d.shape = w.shape;
-    for (size_t i = 0; i < w.data.size(); ++i) acc.add(i, w.data[i], g.data[i], w.data[i]);
-    out.push_back(acc.finish());
+  for (DiffAcc& a : accs) {
+    const auto& k = kinds[kind_of(a.d.name)];
+    const double mean2 = k.second > 0 ? k.first / k.second : 0.0;
+    out.push_back(a.finish(kScaleFloor * kScaleFloor * mean2 * a.n));
   }
   return out;
 }
 
+}  // namespace
+
+std::vector<TensorDiff> tensor_diffs(const TensorMap& want, const TensorMap& got) {
+  std::vector<DiffAcc> accs;
+  for (const auto& [name, w] : want) {
+    if (is_compression_state(name)) continue;
+    const NamedTensor& g = counterpart(got, name, w);
+    DiffAcc& acc = accs.emplace_back();
+    acc.d.name = name;
+    acc.d.shape = w.shape;
+    acc.n = static_cast<double>(w.data.size());
+    for (size_t i = 0; i < w.data.size(); ++i) acc.add(i, w.data[i], g.data[i], w.data[i]);
+  }
+  return finish_all(accs);
+}
+
 std::vector<TensorDiff> update_diffs(const TensorMap& from, const TensorMap& want,
                                      const TensorMap& got) {
-  std::vector<TensorDiff> out;
+  std::vector<DiffAcc> accs;
   for (const auto& [name, w] : want) {
     if (is_compression_state(name)) continue;
     const NamedTensor& g = counterpart(got, name, w);
     const auto f = from.find(name);
     const NamedTensor* base = f == from.end() ? nullptr : &counterpart(from, name, w);
-    DiffAcc acc;
+    DiffAcc& acc = accs.emplace_back();
     acc.d.name = name;
     acc.d.shape = w.shape;
+    acc.n = static_cast<double>(w.data.size());
     for (size_t i = 0; i < w.data.size(); ++i) {
       const double b = base ? base->data[i] : 0.0;
       acc.add(i, w.data[i] - b, g.data[i] - b, w.data[i]);
     }
-    out.push_back(acc.finish());
   }
-  return out;
+  return finish_all(accs);
 }
 
 TensorDiff worst(const std::vector<TensorDiff>& diffs) {

@@ -36,13 +36,22 @@ struct TensorDiff {
   std::vector<int64_t> shape;    // the tensor's
   double rel = 0.0;              // ||got - want||_2 / ||want||_2
   double max_rel = 0.0;          // max |got - want| / max |want|
-  double scale = 0.0;            // ||want||_2 (of the update, for update_diffs)
+  double scale = 0.0;            // ||want||_2 (of the update, for update_diffs), or the floor
   int64_t index = -1;            // flat index of the worst element; -1 when all are equal
   double want = 0.0, got = 0.0;  // the worst element's reference and compared values
 };
 
 // "[3, 17]" for flat index i of a tensor of shape `shape` (row-major).
 std::string format_index(const std::vector<int64_t>& shape, int64_t flat);
+
+// A tensor whose own reference is tiny next to the rest of its kind (the parameters, or one
+// optimizer state) is measured against a floor instead: kScaleFloor x the kind's RMS reference
+// value x sqrt(its elements). Why: a conv bias followed by a layer_norm has a true gradient of 0
+// (the norm removes any per-channel shift), so its reference update is pure float32 rounding
+// noise, and noise over noise is ~1 however exact the layout is. The floor is far below any
+// tensor that learns, and a real error in a floored tensor (an update of the kind's size where
+// none is due) still stands 1/kScaleFloor above it.
+inline constexpr double kScaleFloor = 1e-2;
 
 // Per tensor of `want` (sorted by name, tensors named "comp.*" skipped: the state of a
 // compressor is not part of the model), got against want. UserError when a tensor is missing

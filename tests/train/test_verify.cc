@@ -138,6 +138,28 @@ TEST_CASE("verify: tensor and update differences are relative to the reference's
   CHECK_THROWS_WITH_AS(tensor_diffs(want, got), doctest::Contains("'w' is missing"), UserError);
 }
 
+TEST_CASE("verify: a tensor whose reference update is rounding noise is measured against a floor") {
+  // "b" learns nothing (its true update is 0: a conv bias under a layer_norm), so both updates
+  // are float32 noise, 1e-9 against the 1e-2 updates of its kind's other tensor.
+  TensorMap from{{"w", t1({1.0f, 2.0f, 3.0f, 4.0f})}, {"b", t1({0.0f, 0.0f})}};
+  TensorMap want{{"w", t1({1.01f, 1.99f, 3.01f, 3.99f})}, {"b", t1({2e-9f, -1e-9f})}};
+  TensorMap got = want;
+  got["b"].data[0] = 4e-9f;
+  const auto noise = update_diffs(from, want, got);
+  const TensorDiff& b = noise[0].name == "b" ? noise[0] : noise[1];
+  CHECK(b.rel < 1e-4);  // noise over its own size would be ~1
+  // A real error in it -- an update of the kind's size where none is due -- stands out.
+  got["b"].data[0] = 1e-2f;
+  const auto error = update_diffs(from, want, got);
+  CHECK(worst(error).name == "b");
+  CHECK(worst(error).rel > 10.0);
+  // The floor is per kind: optimizer state is measured against its own kind, not the weights'.
+  TensorMap s_want{{"w", t1({1.0f, 2.0f})}, {"optim.m.w", t1({1e-6f, 1e-6f})}};
+  TensorMap s_got = s_want;
+  s_got["optim.m.w"].data[0] = 2e-6f;
+  CHECK(worst(tensor_diffs(s_want, s_got)).rel > 0.5);
+}
+
 TEST_CASE(
     "verify: ddp, zero2, fsdp and pp2 x dp2 fsdp pass; a doubled gradient fails at its step") {
   spdlog::set_level(spdlog::level::warn);
