@@ -10,6 +10,7 @@
 #include <iostream>
 #include <optional>
 #include <sstream>
+#include <utility>
 
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
@@ -128,6 +129,25 @@ void check_output_file(const std::string& option, const std::string& path) {
                     "'), whose files it could replace: write it elsewhere");
 }
 
+// Whether a and b name one file (hard links and symlinks included; b need not exist yet).
+bool same_file(const std::string& a, const std::string& b) {
+  std::error_code ec;
+  if (fs::equivalent(a, b, ec)) return true;
+  const fs::path ca = fs::weakly_canonical(fs::absolute(a), ec);
+  const fs::path cb = fs::weakly_canonical(fs::absolute(b), ec);
+  return !ec && ca == cb;
+}
+
+// predict's --output must not replace what it reads: its --input rows or the config.
+void check_predict_output(const std::string& output, const std::string& input,
+                          const std::string& config) {
+  for (const auto& [option, path] : {std::pair{"--input", input}, std::pair{"the config", config}})
+    if (same_file(output, path))
+      throw UserError("--output '" + output + "' is the same file as " + option + " ('" + path +
+                      "'): predict would replace what it reads; write the predictions elsewhere");
+  check_output_file("--output", output);
+}
+
 // consolidate's -o must not replace a file of a checkpoint: the checkpoint it reads (a shard or
 // its manifest) or, next to it in the checkpoints folder, `latest` and the step-<N> entries.
 void check_consolidate_output(const std::string& input, const std::string& output) {
@@ -164,12 +184,14 @@ LoadedModel load_model(const Config& cfg, const DataSplits& data, const std::str
   CheckpointMeta meta;
   try {
     meta = load_checkpoint(path, m.model, m.params.data(), {});
-  } catch (const UserError& e) {
+  } catch (const ModelMismatchError& e) {
     // The output width follows the labels found (model.num_classes 0): a label only the test
-    // data has widens it, and the checkpoint then seems to be the wrong one.
+    // data has widens it, and the checkpoint then seems to be the wrong one. (Text data has no
+    // labels: its width is the vocabulary.)
     const auto& y = data.train.y;
-    const int64_t train_classes = y.empty() ? 0 : *std::max_element(y.begin(), y.end()) + 1;
-    if (cfg.model.num_classes > 0 || shape.num_classes <= train_classes) throw;
+    if (cfg.model.num_classes > 0 || y.empty()) throw;
+    const int64_t train_classes = *std::max_element(y.begin(), y.end()) + 1;
+    if (shape.num_classes <= train_classes) throw;
     throw UserError(std::string(e.what()) + " -- the test data has label " +
                     std::to_string(shape.num_classes - 1) +
                     ", above the training data's labels (0.." + std::to_string(train_classes - 1) +
@@ -675,7 +697,7 @@ int Cli::dispatch(const char* argv0) {
     return kExitOk;
   }
   if (!trace_.empty()) check_output_file("--trace", trace_);
-  if (predict_->parsed() && !output_.empty()) check_output_file("--output", output_);
+  if (predict_->parsed() && !output_.empty()) check_predict_output(output_, input_, config_path_);
   if (overwrite_ && !resume_.empty())
     throw UserError(
         "--overwrite deletes the checkpoints that --resume would continue from: "

@@ -31,7 +31,8 @@ void check_options(const Config& cfg, const GenerateOptions& o) {
   if (o.top_k < 0 || o.top_k > kTextVocab)
     throw UserError("--top-k must be in [0, 256] (0 = all bytes; got " + std::to_string(o.top_k) +
                     ")");
-  if (o.seed < -1) throw UserError("--seed must be >= 0 (got " + std::to_string(o.seed) + ")");
+  if (o.seed && *o.seed < 0)
+    throw UserError("--seed must be >= 0 (got " + std::to_string(*o.seed) + ")");
 }
 
 // The bytes s[i + 1, i + n) present so far are valid continuations of the lead s[i]; returns
@@ -103,7 +104,7 @@ std::string generate_text(const Config& cfg, const GenerateOptions& o,
   std::vector<float> params(static_cast<size_t>(model.param_count()));
   try {
     load_checkpoint(path, model, params.data(), {});
-  } catch (const UserError& e) {
+  } catch (const ModelMismatchError& e) {
     throw UserError(std::string(e.what()) +
                     " (generate builds the model from the config: give the one it was trained "
                     "with)");
@@ -118,7 +119,7 @@ std::string generate_text(const Config& cfg, const GenerateOptions& o,
   // Token ids as exact floats; `seq` holds the context source (prompt or '\n', then the output).
   std::string seq = o.prompt.empty() ? std::string("\n") : o.prompt;
   std::string out = o.prompt;
-  Rng rng(static_cast<uint64_t>(o.seed < 0 ? cfg.seed : o.seed));
+  Rng rng(static_cast<uint64_t>(o.seed.value_or(cfg.seed)));
   Tensor x({1, T});
   Activations acts;
   if (emit) emit(o.prompt);

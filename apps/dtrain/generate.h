@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 
 #include "config/config.h"
@@ -10,12 +11,12 @@
 namespace dtrain {
 
 struct GenerateOptions {
-  std::string checkpoint;    // a file, a sharded checkpoint folder, or a run/checkpoints folder
-  std::string prompt;        // bytes; "" starts from a single '\n' (not printed)
-  int64_t tokens = 200;      // bytes to generate, >= 0
-  double temperature = 0.8;  // >= 0; 0 = greedy (argmax)
-  int64_t top_k = 0;         // 0..256; 0 = all 256 bytes
-  int64_t seed = -1;         // >= 0, or -1: the config's seed
+  std::string checkpoint;       // a file, a sharded checkpoint folder, or a run/checkpoints folder
+  std::string prompt;           // bytes; "" starts from a single '\n' (not printed)
+  int64_t tokens = 200;         // bytes to generate, >= 0
+  double temperature = 0.8;     // >= 0; 0 = greedy (argmax)
+  int64_t top_k = 0;            // 0..256; 0 = all 256 bytes
+  std::optional<int64_t> seed;  // >= 0; none: the config's seed
 };
 
 // The prompt followed by `tokens` sampled bytes. The model is cfg.model (model.type gpt) built
@@ -26,7 +27,7 @@ struct GenerateOptions {
 // (nn/sampling.h) and an Rng seeded by the seed: the same inputs give the same bytes.
 // UserError (one line) for a model that is not gpt, a checkpoint of another model (its first
 // differing tensor named), tokens < 0, temperature < 0 or not finite, top_k outside [0, 256],
-// seed < -1. A prompt longer than block_size is noted once on stderr (the model sees its tail).
+// seed < 0. A prompt longer than block_size is noted once on stderr (the model sees its tail).
 // emit, when given, receives the prompt once the checkpoint has loaded, then each byte as it is
 // sampled (for printing as it goes).
 std::string generate_text(const Config& cfg, const GenerateOptions& o,

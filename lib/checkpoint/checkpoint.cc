@@ -218,12 +218,12 @@ CheckpointMeta load_file_checkpoint(const std::string& path, const Model& model,
   auto expect = [&](const std::string& name, const Shape& shape) -> const StTensor& {
     auto it = f.tensors.find(name);
     if (it == f.tensors.end())
-      throw UserError("checkpoint '" + path + "' does not match the model: no tensor '" + name +
-                      "' (was it saved from another model?)");
+      throw ModelMismatchError("checkpoint '" + path + "' does not match the model: no tensor '" +
+                               name + "' (was it saved from another model?)");
     if (it->second.shape != shape)
-      throw UserError("checkpoint '" + path + "' does not match the model: '" + name +
-                      "' has shape " + shape_str(it->second.shape) + ", the model expects " +
-                      shape_str(shape));
+      throw ModelMismatchError("checkpoint '" + path + "' does not match the model: '" + name +
+                               "' has shape " + shape_str(it->second.shape) +
+                               ", the model expects " + shape_str(shape));
     return it->second;
   };
   std::vector<std::string> comp_tensors;
@@ -239,9 +239,9 @@ CheckpointMeta load_file_checkpoint(const std::string& path, const Model& model,
     for (const auto& [name, t] : f.tensors)
       if (name.rfind("optim.", 0) != 0 && name.rfind("comp.", 0) != 0) ++expected_tensors;
     if (expected_tensors != model.params().size())
-      throw UserError("checkpoint '" + path + "' does not match the model: it has " +
-                      std::to_string(expected_tensors) + " parameter tensors, the model " +
-                      std::to_string(model.params().size()));
+      throw ModelMismatchError("checkpoint '" + path + "' does not match the model: it has " +
+                               std::to_string(expected_tensors) + " parameter tensors, the model " +
+                               std::to_string(model.params().size()));
   } else if (f.tensors.size() != expected_tensors) {
     for (const auto& [name, t] : f.tensors) {
       bool known = model.find(name) != nullptr ||
@@ -282,16 +282,16 @@ CheckpointMeta load_sharded_checkpoint(const std::string& dir, const Model& mode
                                        const std::vector<StateBuffer>& state) {
   ShardedRead rd = read_sharded(dir, !state.empty());
   if (rd.table.size() != model.params().size())
-    throw UserError("checkpoint '" + dir + "' does not match the model: it has " +
-                    std::to_string(rd.table.size()) + " parameter tensors, the model " +
-                    std::to_string(model.params().size()));
+    throw ModelMismatchError("checkpoint '" + dir + "' does not match the model: it has " +
+                             std::to_string(rd.table.size()) + " parameter tensors, the model " +
+                             std::to_string(model.params().size()));
   for (size_t i = 0; i < rd.table.size(); ++i) {
     const ParamEntry& e = model.params()[i];
     const auto& t = rd.table[i];
     if (t.name != e.name || t.shape != e.shape || t.offset != e.offset)
-      throw UserError("checkpoint '" + dir + "' does not match the model: tensor " +
-                      std::to_string(i) + " is '" + t.name + "' " + shape_str(t.shape) +
-                      ", the model has '" + e.name + "' " + shape_str(e.shape));
+      throw ModelMismatchError("checkpoint '" + dir + "' does not match the model: tensor " +
+                               std::to_string(i) + " is '" + t.name + "' " + shape_str(t.shape) +
+                               ", the model has '" + e.name + "' " + shape_str(e.shape));
   }
   std::vector<const std::vector<float>*> src;
   for (const auto& s : state) {

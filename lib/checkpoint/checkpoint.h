@@ -117,14 +117,22 @@ void save_checkpoint(const std::string& path, const Model& model, const float* p
                      const std::vector<StateBuffer>& state, const CheckpointMeta& meta,
                      const CompressionState& comp = {});
 
+// The UserError load_checkpoint throws when the checkpoint's parameter table differs from the
+// model's (a missing, extra or reshaped tensor): what callers that built the model from a config
+// can add a hint to (another config, a label only the test data has), unlike a corrupt file.
+class ModelMismatchError : public UserError {
+ public:
+  using UserError::UserError;
+};
+
 // Reads `path` -- a checkpoint file or a sharded checkpoint folder, whatever world size wrote it
 // -- into params (and state buffers in the full layout, when given; pass {} to load weights
 // only).
 // Refuses with UserError, leaving params untouched: unreadable/corrupt/truncated files, another
 // format or version, a parameter table that differs from `model` (missing, extra or reshaped
-// tensors: the first difference is named), a different optimizer or missing state. comp (when
-// given) receives the file's compression state (type "none" for sharded folders: their
-// strategies do not compress).
+// tensors: the first difference is named; ModelMismatchError), a different optimizer or missing
+// state. comp (when given) receives the file's compression state (type "none" for sharded folders:
+// their strategies do not compress).
 CheckpointMeta load_checkpoint(const std::string& path, const Model& model, float* params,
                                const std::vector<StateBuffer>& state,
                                CompressionState* comp = nullptr);

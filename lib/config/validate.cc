@@ -227,7 +227,9 @@ void validate_distributed(const Config& c, const KeyErrors& errors) {
     // model's layers with parameters are known from the config alone (a sequential model's
     // linear, conv2d and layer_norm entries); a gpt is counted once built (the loop's
     // partition_stages refuses too many stages with the same message).
-    if (c.model.type == ModelType::kMlp || c.model.type == ModelType::kSequential) {
+    // (An empty sequential list is validate_config's own error, below.)
+    if (c.model.type == ModelType::kMlp ||
+        (c.model.type == ModelType::kSequential && !c.model.layers.empty())) {
       const auto has_params = [](const LayerSpec& l) {
         return l.kind == LayerKind::kLinear || l.kind == LayerKind::kConv2d ||
                l.kind == LayerKind::kLayerNorm;
@@ -282,6 +284,12 @@ void validate_config(Config& c, const KeyErrors& errors) {
   validate_distributed(c, errors);
   const Config defaults;
   for (const KeyDecl& d : config_keys()) check_belongs(d, c, defaults, errors);
+  // Checked here too (build_sequential refuses it again, with the data's class count), so
+  // `dtrain validate` catches it; after check_belongs, so mlp keys under a sequential model are
+  // named first.
+  errors.check(m.type != ModelType::kSequential || !m.layers.empty(), "model.layers",
+               "must not be empty: model.type sequential needs a layer list, e.g. [{linear: 128}, "
+               "relu, {linear: 10}]");
   const LocalSgdConfig& ls = c.distributed.local_sgd;
   errors.check(
       ls.outer_lr > 0 || ls.outer_momentum == defaults.distributed.local_sgd.outer_momentum,

@@ -99,8 +99,9 @@ Model build_sequential(const std::vector<LayerSpec>& specs, const ModelInput& in
   if (shape != Shape{in.num_classes})
     throw UserError("model.layers: the last layer gives " + shape_str(shape) +
                     " per sample, but the data has " + std::to_string(in.num_classes) +
-                    " classes: end the list with {linear: " + std::to_string(in.num_classes) +
-                    "} (after a flatten for image shapes)");
+                    " classes (labels 0.." + std::to_string(in.num_classes - 1) +
+                    " over the training and test data): end the list with {linear: " +
+                    std::to_string(in.num_classes) + "} (after a flatten for image shapes)");
   std::vector<ModelElement> elements;
   for (size_t i = 0; i < specs.size();) {
     const size_t n = fused_span(specs, i);

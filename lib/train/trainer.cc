@@ -52,6 +52,15 @@ ModelShape resolve_model_shape(const Config& cfg, const DataSplits& data) {
     throw UserError("model.input_features is " + std::to_string(cfg.model.input_features) +
                     " but the data has " + std::to_string(s.in_features) + " features");
   s.num_classes = std::max(data.train.num_classes, data.test.num_classes);
+  // (num_classes is each split's own max label + 1 or both splits'; the labels tell.)
+  const auto& ty = data.train.y;
+  const int64_t train_classes = ty.empty() ? 0 : *std::max_element(ty.begin(), ty.end()) + 1;
+  if (data.train.kind == SampleKind::kFeatures && cfg.model.num_classes == 0 && train_classes > 0 &&
+      s.num_classes > train_classes)
+    spdlog::warn(
+        "the test data has label {}, above the training data's labels (0..{}): the model gets {} "
+        "outputs, and no training sample teaches the last {}",
+        s.num_classes - 1, train_classes - 1, s.num_classes, s.num_classes - train_classes);
   if (cfg.model.num_classes > 0) {
     if (s.num_classes > cfg.model.num_classes)
       throw UserError(

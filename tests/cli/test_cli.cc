@@ -118,6 +118,13 @@ TEST_CASE("run, eval and predict on a tiny synthetic config") {
   CHECK(r.exit_code == 2);
   CHECK_MESSAGE(contains(r.output, "is inside a checkpoint folder"), r.output);
   CHECK_FALSE(std::filesystem::exists(out + "/checkpoints/step-1.safetensors"));
+  // Nor may it replace what predict reads: its input rows (the file is left as it was).
+  const std::string rows = read_text(in);
+  r = run_dtrain("predict " + cfg + " --checkpoint " + out + "/checkpoints --input " + in +
+                 " --output " + in);
+  CHECK(r.exit_code == 2);
+  CHECK_MESSAGE(contains(r.output, "is the same file as --input"), r.output);
+  CHECK(read_text(in) == rows);
 
   // Wrong feature count in the predict input: user error naming the line.
   const std::string bad = dir.write("bad.csv", "1,2,3\n");

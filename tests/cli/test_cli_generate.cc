@@ -7,6 +7,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <fstream>
 #include <random>
 #include <string>
 #include <vector>
@@ -153,6 +154,7 @@ TEST_CASE("generate: bad options and a model that is not gpt exit 2 with one lin
       {gpt + ck + " --temperature -0.5", "error: --temperature must be >= 0"},
       {gpt + ck + " --top-k 257", "error: --top-k must be in [0, 256] (0 = all bytes; got 257)"},
       {gpt + ck + " --top-k -1", "error: --top-k must be in [0, 256]"},
+      {gpt + ck + " --seed -1", "error: --seed must be >= 0 (got -1)"},
       {gpt + ck, "error: checkpoint '" + t / "none" + "'"},
   };
   for (const Case& c : cases) {
@@ -288,6 +290,21 @@ TEST_CASE(
   }
   const CmdResult ok = run_dtrain(eval + ck + " --set model.dropout=0.3");
   CHECK_MESSAGE(ok.exit_code == 0, ok.output);
+  // A corrupt checkpoint is just that: neither the config hint (generate) nor the class-label
+  // hint (eval; text data has no labels) is added to its message.
+  const std::string file = resolve_checkpoint(ck, false);
+  std::string bytes = testing::read_text(file);
+  bytes[bytes.size() - 3] = static_cast<char>(bytes[bytes.size() - 3] ^ 0x10);
+  const std::string bad = t / "bad.safetensors";
+  std::ofstream(bad, std::ios::binary) << bytes;
+  for (const std::string& cmd : {gen + bad + " --tokens 3", eval + bad}) {
+    const CmdResult r = run_dtrain(cmd);
+    INFO(cmd << "\n" << r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(contains(r.output, "fails its CRC-32 check"));
+    CHECK_FALSE(contains(r.output, "give the one it was trained with"));
+    CHECK_FALSE(contains(r.output, "label"));
+  }
 }
 
 }  // namespace dtrain

@@ -89,6 +89,15 @@ TEST_CASE("config: model.layers errors name the entry") {
         std::string::npos);
   CHECK(error_of("[{linear: 4, relu: null}]").find("expected a layer") != std::string::npos);
   CHECK(error_of("relu").find("expected a list of layers") != std::string::npos);
+  // An empty list (or none) is refused by the config check, so `dtrain validate` sees it.
+  CHECK(error_of("[]").find("model.layers: must not be empty: model.type sequential needs a layer "
+                            "list") != std::string::npos);
+  try {
+    parse_config(std::string(kBase), "x.yaml", {});
+    FAIL("no error");
+  } catch (const UserError& e) {
+    CHECK(std::string(e.what()).find("model.layers: must not be empty") != std::string::npos);
+  }
   // Keys of the other model type are refused, naming the owner.
   try {
     parse_config(std::string(kBase) + "  hidden: [8]\n", "x.yaml", {});

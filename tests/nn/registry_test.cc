@@ -88,7 +88,8 @@ TEST_CASE("registry: layer lists that do not fit are errors naming the entry") {
                  {1, 3, 3})
             .starts_with("model.layers[1] (max_pool2d): "));
   CHECK(error_of({L(K::kConv2d, 8, 3)}, {1, 8, 8}) ==
-        "model.layers: the last layer gives [8, 6, 6] per sample, but the data has 10 classes: "
+        "model.layers: the last layer gives [8, 6, 6] per sample, but the data has 10 classes "
+        "(labels 0..9 over the training and test data): "
         "end the list with {linear: 10} (after a flatten for image shapes)");
   CHECK(error_of({}, {4}).starts_with("model.layers is empty"));
   // Linear works on the last dimension, as torch.nn.Linear: [1, 28, 28] -> [1, 28, 10].
