@@ -130,6 +130,7 @@ struct JobAgent::Impl {
   };
   std::map<int, Beat> beats;   // node 0: per member, the last alive/<id> count and when it moved
   std::set<int> lost;          // node 0: members of the current attempt found lost
+  bool node0_lost = false;     // the others: a poll could not reach node 0's launcher
   std::vector<int> survivors;  // node 0: the last attempt's members that were not lost
 
   bool elastic() const { return o.min_nodes > 0; }
@@ -140,25 +141,24 @@ struct JobAgent::Impl {
   }
 
   // Node 0: every member's outcome of `attempt`. A member that never reports (its machine
-  // died; elastic: or its launcher was lost) failed there.
+  // died, or its launcher was lost: silent for lost_after_s) failed there.
   std::vector<NodeOutcome> collect_outcomes(Store& s, int attempt, Clock::time_point deadline) {
     std::vector<NodeOutcome> all;
     for (int n : members) {
       const std::string k = key(attempt, "outcome/" + std::to_string(n));
       std::optional<std::string> v;
       while (!v) {
-        // Fixed node count: one wait to the deadline; elastic: in slices, watching the launcher.
-        const auto until = elastic()
-                               ? std::min(deadline, Clock::now() + std::chrono::milliseconds(200))
-                               : deadline;
+        // In slices, watching the launcher: one that died (SIGKILL, its machine) is lost after
+        // lost_after_s instead of holding everyone to the deadline.
+        const auto until = std::min(deadline, Clock::now() + std::chrono::milliseconds(200));
         try {
           v = s.get(k, until);
         } catch (const CommError&) {
-          if (elastic() && n != 0 && (lost.count(n) || silent(s, n))) {
+          if (n != 0 && (lost.count(n) || silent(s, n))) {
             lost.insert(n);
             break;
           }
-          if (!elastic() || Clock::now() >= deadline) break;
+          if (Clock::now() >= deadline) break;
         }
       }
       if (v) {
@@ -207,7 +207,7 @@ struct JobAgent::Impl {
     }
   }
 
-  // Node 0, elastic: a member gone silent is lost; it is reported to the others as a failure.
+  // Node 0: a member gone silent is lost; it is reported to the others as a failure.
   void watch_members(Store& s, int attempt, RemoteNews& news) {
     for (int n : members) {
       if (n == 0 || lost.count(n) || !silent(s, n)) continue;
@@ -513,22 +513,25 @@ RemoteNews JobAgent::poll(int attempt) {
       read_new(s, "stops", "stop", m.seen_stops[attempt], [&](const std::string& t) {
         if (news.stop_signal == 0) news.stop_signal = std::atoi(t.c_str());
       });
-      if (m.elastic() && m.o.node_rank != 0)
-        s.add(kPrefix + ("alive/" + std::to_string(m.o.node_rank)), 1);
-      if (m.elastic() && m.o.node_rank == 0) m.watch_members(s, attempt, news);
+      if (m.o.node_rank != 0) s.add(kPrefix + ("alive/" + std::to_string(m.o.node_rank)), 1);
+      if (m.o.node_rank == 0) m.watch_members(s, attempt, news);
       return 0;
     });
   } catch (const CommError& e) {
     news.lost = e.what();
+    m.node0_lost = true;
   }
   return news;
 }
 
 JobDecision JobAgent::finish(int attempt, const NodeOutcome& mine, int max_restarts) {
   Impl& m = *impl_;
-  const auto deadline = Clock::now() + secs_dur(m.o.report_timeout_s);
+  // Node 0's launcher already unreachable: lost_after_s for it to answer (a passing network
+  // fault), not the whole report timeout for a launcher that is gone.
+  const double wait_s = m.node0_lost ? m.o.lost_after_s : m.o.report_timeout_s;
+  const auto deadline = Clock::now() + secs_dur(wait_s);
   try {
-    return m.with_store(m.o.report_timeout_s, [&](Store& s) {
+    return m.with_store(wait_s, [&](Store& s) {
       s.set(key(attempt, "outcome/" + std::to_string(m.o.node_rank)), encode(mine));
       JobDecision d;
       if (m.o.node_rank == 0) {

@@ -42,7 +42,8 @@ struct AgentOptions {
   // Elastic: once min_nodes have checked in for an attempt, how long node 0 waits for more (up
   // to nnodes) before the attempt starts without them (torchrun's last call).
   double last_call_s = 30;
-  // Elastic: a member's launcher that has not been heard from this long is lost (node 0).
+  // A member's launcher that has not been heard from this long is lost (node 0; fixed or
+  // elastic node count), and node 0's to the others once a poll has failed to reach it.
   double lost_after_s = 10;
 };
 

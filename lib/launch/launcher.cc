@@ -398,8 +398,15 @@ class Attempt {
   // One node only: across nodes, ranks also stop so (75) when another node's launcher is lost
   // (its ranks take their launcher's death as a preemption), and node 0 restarts without it.
   void on_rank_stop(int rank, int code) {
-    spdlog::warn("rank {} stopped: exit status {}{} (a signal sent to the rank itself)", rank, code,
-                 code == kExitPreempted ? ", preempted" : "");
+    // Which rank the signal reached is not known here: every rank exits with the same code
+    // once they agree on the stop, and the first one reaped need not be it.
+    if (res_.rank_stop_code == 0)
+      spdlog::warn(
+          "rank {} stopped: exit status {}{}; no signal came to the launcher: a rank of this job "
+          "was signalled and the ranks stop at the step they agreed on",
+          rank, code, code == kExitPreempted ? ", preempted" : "");
+    else
+      spdlog::info("rank {} stopped: exit status {}", rank, code);
     if (res_.rank_stop_code == 0) {
       res_.rank_stop_rank = rank;
       res_.rank_stop_code = code;
@@ -549,7 +556,9 @@ NodeOutcome node_outcome(const AttemptResult& r, int stop_rc, const std::string&
 std::optional<int> local_decision(const LaunchOptions& o, const AttemptResult& r, int attempt,
                                   int nproc, int stop_rc, SignalGuard& signals) {
   if (r.stopped() && !r.failed) {
-    if (r.stop_signal == 0) spdlog::warn("not restarting: {}", r.stop_cause());
+    if (r.stop_signal == 0)
+      spdlog::warn("not restarting: the ranks stopped on a signal sent to a rank (exit status {})",
+                   r.rank_stop_code);
     return stop_rc;
   }
   if (!r.failed && !r.abandoned) {

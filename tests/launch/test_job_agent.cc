@@ -238,3 +238,58 @@ TEST_CASE("JobAgent: a node refused by node 0, which then exits, learns why at o
   CHECK(contains(f1.get(), "runs 2 rank(s) per node, this node 3"));
   CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10));
 }
+
+TEST_CASE(
+    "JobAgent: a launcher that dies is found lost within lost_after_s, not the report timeout") {
+  const auto since = [](std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+  };
+  NodeOutcome remote = failed("", false, INT64_MAX - 1);
+  SUBCASE("node 1's launcher: node 0 hears it lost and decides without it") {
+    const int port = pick_free_port();
+    AgentOptions o0 = agent_options(0, port), o1 = agent_options(1, port);
+    o0.lost_after_s = o1.lost_after_s = 1;
+    o0.report_timeout_s = o1.report_timeout_s = 60;
+    JobAgent a0(o0);
+    auto f1 = std::async(std::launch::async, [&] {
+      JobAgent a1(o1);  // joins, polls a few times, then is gone without a report (SIGKILL)
+      a1.join(2);
+      for (int i = 0; i < 3; ++i) a1.poll(0);
+    });
+    a0.join(2);
+    f1.get();
+    const auto t0 = std::chrono::steady_clock::now();
+    RemoteNews n;
+    for (int i = 0; i < 300 && n.failures.empty(); ++i) {
+      n = a0.poll(0);
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    REQUIRE(n.failures.size() == 1);
+    CHECK(contains(n.failures[0], "node 1's launcher was lost"));
+    remote.cause = n.failures[0];
+    const JobDecision d = a0.finish(0, remote, 0);
+    CHECK(since(t0) < 10);  // the report timeout is 60 s
+    CHECK_FALSE(d.restart);
+    CHECK(d.rc == 1);
+    CHECK(contains(d.reason, "node 1's launcher was lost"));
+  }
+  SUBCASE("node 0's launcher: node 1 gives up after lost_after_s") {
+    const int port = pick_free_port();
+    AgentOptions o0 = agent_options(0, port), o1 = agent_options(1, port);
+    o0.lost_after_s = o1.lost_after_s = 1;
+    o0.report_timeout_s = o1.report_timeout_s = 60;
+    auto a0 = std::make_unique<JobAgent>(o0);
+    JobAgent a1(o1);
+    auto f0 = std::async(std::launch::async, [&] { a0->join(2); });
+    a1.join(2);
+    f0.get();
+    a0.reset();  // node 0's launcher is gone
+    const auto t0 = std::chrono::steady_clock::now();
+    RemoteNews n;
+    for (int i = 0; i < 100 && n.lost.empty(); ++i) n = a1.poll(0);
+    REQUIRE_FALSE(n.lost.empty());
+    CHECK_THROWS_WITH_AS(a1.finish(0, remote, 0), doctest::Contains("node 0's launcher"),
+                         std::runtime_error);
+    CHECK(since(t0) < 20);
+  }
+}
