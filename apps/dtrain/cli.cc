@@ -20,6 +20,7 @@
 #include "comm/grpc_transport.h"
 #include "config/config.h"
 #include "data/dataset.h"
+#include "data/text.h"
 #include "dtrain/bench_cli.h"
 #include "dtrain/generate.h"
 #include "dtrain/launch_cmd.h"
@@ -691,6 +692,10 @@ int Cli::dispatch(const char* argv0) {
     return kExitOk;
   }
   check_input_files(cfg);
+  if (cfg.data.format == DataFormat::kText) {  // patterns are expanded by the loader: check now
+    expand_text_paths(cfg.data.train.path, "data.train.path");
+    if (!cfg.data.test.path.empty()) expand_text_paths(cfg.data.test.path, "data.test.path");
+  }
   if (validate_->parsed()) {
     warn_idle_ranks(cfg);
     std::cout << config_path_ << ": ok (config hash " << config_hash(cfg) << ")" << std::endl;

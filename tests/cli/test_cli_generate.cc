@@ -164,6 +164,13 @@ TEST_CASE("generate: bad options and a model that is not gpt exit 2 with one lin
     CHECK(r.output.starts_with(c.message));
     CHECK(std::count(r.output.begin(), r.output.end(), '\n') == 1);
   }
+  // validate expands the text patterns as run does: one that matches nothing is refused.
+  for (const std::string set : {"data.train.path=nomatch*.txt", "data.test.path=nomatch*.txt"}) {
+    const CmdResult r = run_dtrain("validate " + gpt + " --set " + set);
+    INFO(set << "\n" << r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(contains(r.output, "nomatch*.txt' matches no file"));
+  }
   // Integers past int64's range are refused, not clamped to its limit.
   for (const char* opt : {" --tokens ", " --top-k ", " --seed "}) {
     const CmdResult r = run_dtrain("generate " + gpt + ck + opt + "99999999999999999999");
