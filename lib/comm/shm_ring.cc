@@ -18,6 +18,7 @@
 
 #include "comm/transport.h"
 #include "util/check.h"
+#include "util/interrupt.h"
 
 namespace dtrain {
 
@@ -121,6 +122,53 @@ int sweep_orphaned_segments(const std::string& dir) {
       remove_segments(dir, [](pid_t pid) { return ::kill(pid, 0) != 0 && errno == ESRCH; }).size());
 }
 
+namespace {
+
+// The decimal digits of v into out (no terminator); returns how many. Async-signal-safe.
+int put_decimal(char* out, unsigned long v) {
+  char rev[24];
+  int n = 0;
+  do {
+    rev[n++] = static_cast<char>('0' + v % 10);
+    v /= 10;
+  } while (v != 0);
+  for (int i = 0; i < n; ++i) out[i] = rev[n - 1 - i];
+  return n;
+}
+
+// getdents64's record (linux/dirent.h has no userspace definition of it).
+struct Dirent64 {
+  uint64_t ino;
+  int64_t off;
+  unsigned short reclen;
+  unsigned char type;
+  char name[1];
+};
+
+}  // namespace
+
+void remove_own_segments_signal_safe() {
+  char prefix[40] = "dtrain-";
+  int len = 7;
+  len += put_decimal(prefix + len, static_cast<unsigned long>(::getpid()));
+  prefix[len++] = '-';
+  const int dir = ::open("/dev/shm", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir < 0) return;
+  alignas(8) char buf[4096];
+  for (;;) {
+    const long n = ::syscall(SYS_getdents64, dir, buf, sizeof buf);
+    if (n <= 0) break;
+    for (long at = 0; at < n;) {
+      const auto* d = reinterpret_cast<const Dirent64*>(buf + at);
+      int i = 0;
+      while (i < len && d->name[i] == prefix[i]) ++i;
+      if (i == len) ::unlinkat(dir, d->name, 0);
+      at += d->reclen;
+    }
+  }
+  ::close(dir);
+}
+
 std::vector<std::string> remove_segments_of(pid_t pid, const std::string& dir) {
   return remove_segments(dir, [pid](pid_t p) { return p == pid; });
 }
@@ -135,6 +183,9 @@ std::unique_ptr<ShmSegment> ShmSegment::create(int owner, int world, uint64_t ri
   s->ring_bytes_ = ring_bytes;
   s->bytes_ =
       sizeof(Layout) + sizeof(Ctl) * static_cast<uint64_t>(world) + ring_bytes * uint64_t(world);
+  // A signal that ends this process at once (at the rendezvous, or a second one) skips the
+  // destructor that unlinks the segment: the handler removes it then.
+  set_abrupt_exit_cleanup(&remove_own_segments_signal_safe);
   const int fd = shm_open(s->name_.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
   if (fd < 0)
     throw CommError(fmt::format("cannot create shared memory {}: {}", s->name_, strerror(errno)));

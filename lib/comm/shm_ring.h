@@ -54,6 +54,12 @@ int sweep_orphaned_segments(const std::string& dir = "/dev/shm");
 // next. Returns the names removed.
 std::vector<std::string> remove_segments_of(pid_t pid, const std::string& dir = "/dev/shm");
 
+// Removes this process's segments (/dev/shm/dtrain-<getpid()>-*) with raw system calls only
+// (open, getdents64, unlinkat): async-signal-safe, for a signal that ends the process at once
+// (util/interrupt.h set_abrupt_exit_cleanup; ShmSegment::create installs it). Peers that have
+// mapped a segment keep their mapping: only its name goes.
+void remove_own_segments_signal_safe();
+
 class ShmSegment {
  public:
   // Creates this rank's inbound segment with one ring of ring_bytes (a multiple of 64) per

@@ -16,11 +16,18 @@ namespace {
 std::atomic<StopRequest*> g_request{nullptr};
 // The signal launcher_gone_signal() stands for; set with g_request.
 std::atomic<int> g_preempt_signal{SIGTERM};
+// set_abrupt_exit_cleanup's function, or null.
+std::atomic<void (*)()> g_abrupt_cleanup{nullptr};
+
+void abrupt_cleanup() {
+  if (void (*fn)() = g_abrupt_cleanup.load()) fn();
+}
 
 void on_interrupt(int sig) {
   StopRequest* req = g_request.load();
   if (req == nullptr) return;
   if (req->at_once.load()) {
+    abrupt_cleanup();
     if (sig == g_preempt_signal.load()) ::_exit(kExitPreempted);
     struct sigaction dfl {};
     dfl.sa_handler = SIG_DFL;
@@ -34,6 +41,7 @@ void on_interrupt(int sig) {
   // The stop so far is the launcher's death: a person's first signal still stops softly.
   if (req->launcher_gone.load() && !req->asked_after_launcher.exchange(true)) return;
   // A second signal: stop at once, with the status the signal's default action gives.
+  abrupt_cleanup();
   struct sigaction dfl {};
   dfl.sa_handler = SIG_DFL;
   sigemptyset(&dfl.sa_mask);
@@ -62,6 +70,10 @@ bool install(int sig, struct sigaction* old, void (*handler)(int) = on_interrupt
 }
 
 }  // namespace
+
+void set_abrupt_exit_cleanup(void (*fn)()) {
+  g_abrupt_cleanup.store(fn);
+}
 
 InterruptGuard::InterruptGuard(StopRequest& req, int preempt_signal) {
   DT_CHECK_MSG(preempt_signal == SIGTERM || preempt_signal == SIGUSR1,

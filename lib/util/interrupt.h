@@ -79,4 +79,10 @@ class InterruptGuard {
 // "SIGINT", "SIGTERM", "SIGHUP", "SIGUSR1", or "a signal".
 const char* interrupt_signal_name(int sig);
 
+// What the handler runs before a signal ends the process at once (StopRequest::at_once, or a
+// second signal), where no destructor runs: a lower layer's cleanup of what would otherwise
+// outlive the process (the comm layer's shared-memory segments). `fn` must be async-signal-safe.
+// One per process, set once (a later call replaces it); nullptr clears it.
+void set_abrupt_exit_cleanup(void (*fn)());
+
 }  // namespace dtrain

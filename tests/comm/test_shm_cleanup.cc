@@ -1,18 +1,22 @@
 // Shared-memory segments left by killed ranks: removed when the next job starts, or by the
-// launcher that reaps the rank; never those of a process that is alive.
+// launcher that reaps the rank, or by the rank itself when a signal ends it at once; never those
+// of a process that is alive.
 #include <doctest/doctest.h>
 
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "comm/shm_ring.h"
 #include "test_util.h"
+#include "util/interrupt.h"
 
 using namespace dtrain;
 
@@ -50,4 +54,70 @@ TEST_CASE("shm: a launcher removes exactly the segments of the rank it reaps") {
   CHECK(removed == std::vector<std::string>{mine1, mine2});
   for (const auto& p : {prefix_of_other, other, foreign}) CHECK(std::filesystem::exists(p));
   CHECK(remove_segments_of(4242, dir.path()).empty());
+}
+
+namespace {
+
+// The /dev/shm names of process pid's segments.
+std::vector<std::string> segments_of(pid_t pid) {
+  std::vector<std::string> out;
+  const std::string prefix = "dtrain-" + std::to_string(pid) + "-";
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm", ec))
+    if (e.path().filename().string().rfind(prefix, 0) == 0) out.push_back(e.path().string());
+  return out;
+}
+
+// A child that creates its segment, then is ended at once by signals (`at_once`: one signal
+// while it has nothing to save, as at the rendezvous; else the second of two): the handler
+// removes the segment the skipped destructor would have. Returns the child's pid and status.
+std::pair<pid_t, int> end_child_at_once(bool at_once, int sig) {
+  int ready[2];
+  REQUIRE(pipe(ready) == 0);
+  const pid_t child = fork();
+  if (child == 0) {
+    StopRequest req;
+    InterruptGuard guard(req);
+    req.at_once.store(at_once);
+    auto seg = ShmSegment::create(0, 2, 4096);
+    const char c = 1;
+    (void)!write(ready[1], &c, 1);
+    for (;;) pause();  // the signals end it
+  }
+  REQUIRE(child > 0);
+  char c = 0;
+  REQUIRE(read(ready[0], &c, 1) == 1);
+  close(ready[0]);
+  close(ready[1]);
+  CHECK(segments_of(child).size() == 1);
+  kill(child, sig);
+  if (!at_once) {
+    usleep(100 * 1000);
+    kill(child, sig);
+  }
+  int status = 0;
+  waitpid(child, &status, 0);
+  return {child, status};
+}
+
+}  // namespace
+
+TEST_CASE("shm: a signal that ends a rank at once leaves no segment behind") {
+  {
+    const auto [pid, status] = end_child_at_once(true, SIGTERM);  // the preemption signal
+    CHECK(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == kExitPreempted);
+    CHECK(segments_of(pid).empty());
+  }
+  {
+    const auto [pid, status] = end_child_at_once(true, SIGINT);  // its default action
+    CHECK(WIFSIGNALED(status));
+    CHECK(WTERMSIG(status) == SIGINT);
+    CHECK(segments_of(pid).empty());
+  }
+  {
+    const auto [pid, status] = end_child_at_once(false, SIGINT);  // the second of two
+    CHECK(WIFSIGNALED(status));
+    CHECK(segments_of(pid).empty());
+  }
 }
