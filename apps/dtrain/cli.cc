@@ -189,10 +189,9 @@ LoadedModel load_model(const Config& cfg, const DataSplits& data, const std::str
     // The output width follows the labels found (model.num_classes 0): a label only the test
     // data has widens it, and the checkpoint then seems to be the wrong one. (Text data has no
     // labels: its width is the vocabulary.)
-    const auto& y = data.train.y;
-    if (cfg.model.num_classes > 0 || y.empty()) throw;
-    const int64_t train_classes = *std::max_element(y.begin(), y.end()) + 1;
-    if (shape.num_classes <= train_classes) throw;
+    const int64_t train_classes = shape.train_classes;
+    if (cfg.model.num_classes > 0 || train_classes == 0 || shape.num_classes <= train_classes)
+      throw;
     throw UserError(std::string(e.what()) + " -- the test data has label " +
                     std::to_string(shape.num_classes - 1) +
                     ", above the training data's labels (0.." + std::to_string(train_classes - 1) +
@@ -692,11 +691,13 @@ int Cli::dispatch(const char* argv0) {
     return kExitOk;
   }
   check_input_files(cfg);
-  if (cfg.data.format == DataFormat::kText) {  // patterns are expanded by the loader: check now
-    expand_text_paths(cfg.data.train.path, "data.train.path");
-    if (!cfg.data.test.path.empty()) expand_text_paths(cfg.data.test.path, "data.test.path");
-  }
   if (validate_->parsed()) {
+    // Text patterns are expanded by the loader, which the other commands run: validate does it
+    // here, so a pattern matching nothing is refused there too.
+    if (cfg.data.format == DataFormat::kText) {
+      expand_text_paths(cfg.data.train.path, "data.train.path");
+      if (!cfg.data.test.path.empty()) expand_text_paths(cfg.data.test.path, "data.test.path");
+    }
     warn_idle_ranks(cfg);
     std::cout << config_path_ << ": ok (config hash " << config_hash(cfg) << ")" << std::endl;
     return kExitOk;

@@ -400,16 +400,15 @@ class Attempt {
   void on_rank_stop(int rank, int code) {
     // Which rank the signal reached is not known here: every rank exits with the same code
     // once they agree on the stop, and the first one reaped need not be it.
-    if (res_.rank_stop_code == 0)
+    if (res_.rank_stop_code == 0) {
       spdlog::warn(
           "rank {} stopped: exit status {}{}; no signal came to the launcher: a rank of this job "
           "was signalled and the ranks stop at the step they agreed on",
           rank, code, code == kExitPreempted ? ", preempted" : "");
-    else
-      spdlog::info("rank {} stopped: exit status {}", rank, code);
-    if (res_.rank_stop_code == 0) {
       res_.rank_stop_rank = rank;
       res_.rank_stop_code = code;
+    } else {
+      spdlog::info("rank {} stopped: exit status {}", rank, code);
     }
     if (!term_at_) term_at_ = Clock::now() + seconds(o_.interrupt_grace_s);
   }

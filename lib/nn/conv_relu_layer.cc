@@ -97,7 +97,14 @@ class Conv2dRelu final : public Layer {
                 const Tensor& dy, Tensor* dx, const LayerCtx& ctx) const override;
 
  private:
-  Conv2dGeometry g_;  // batch 1: the kernels run one sample at a time
+  // The im2col buffer of a block of `chunk` samples, grown in `scratch` on first use.
+  float* col_scratch(std::vector<float>& scratch, int64_t chunk) const {
+    const auto floats = static_cast<size_t>(conv2d_col_floats(g_, chunk));
+    if (scratch.size() < floats) scratch.resize(floats);
+    return scratch.data();
+  }
+
+  Conv2dGeometry g_;  // batch 1: the per-sample sizes (the block kernels take n samples)
   std::optional<Pool2dSpec> pool_;
   Pool2dGeometry pg_;  // one plane (batch 1, channels 1); set when pool_ is
 };
@@ -116,13 +123,12 @@ void Conv2dRelu::forward(const float* p, const Tensor& x, Tensor& y, LayerState&
   if (st.work.empty()) st.work.resize(2);
   resize_1d(st.work[0], o_ch * chunk * ohw);
   float* c = st.work[0].data();
-  if (static_cast<int64_t>(st.scratch.size()) < conv2d_col_floats(g_, chunk))
-    st.scratch.resize(static_cast<size_t>(conv2d_col_floats(g_, chunk)));
+  float* col = col_scratch(st.scratch, chunk);
   // resize() within the capacity of earlier calls does not allocate.
   if (pool_) st.index.resize(static_cast<size_t>(batch * out));
   for (int64_t s0 = 0; s0 < batch; s0 += chunk) {
     const int64_t n = std::min(chunk, batch - s0), len = n * ohw;
-    conv2d_forward_block(g_, x.data() + s0 * in, n, w, c, st.scratch.data());
+    conv2d_forward_block(g_, x.data() + s0 * in, n, w, c, col);
     for (int64_t s = 0; s < n; ++s) {
       for (int64_t o = 0; o < o_ch; ++o) {
         float* plane = c + o * len + s * ohw;
@@ -155,8 +161,7 @@ void Conv2dRelu::backward(const float* p, float* g, const Tensor& x, const Tenso
   resize_1d(st.work[0], o_ch * chunk * ohw);
   if (pool_) resize_1d(st.work[1], plane_out);
   float* dc = st.work[0].data();
-  if (static_cast<int64_t>(st.scratch.size()) < conv2d_col_floats(g_, chunk))
-    st.scratch.resize(static_cast<size_t>(conv2d_col_floats(g_, chunk)));
+  float* col = col_scratch(st.scratch, chunk);
   for (int64_t s0 = 0; s0 < batch; s0 += chunk) {
     const int64_t n = std::min(chunk, batch - s0), len = n * ohw;
     for (int64_t s = 0; s < n; ++s) {
@@ -173,7 +178,7 @@ void Conv2dRelu::backward(const float* p, float* g, const Tensor& x, const Tenso
       }
     }
     conv2d_backward_block(g_, x.data() + s0 * in, n, p, dc, g, g + g_.weight_count(),
-                          dx != nullptr ? dx->data() + s0 * in : nullptr, st.scratch.data());
+                          dx != nullptr ? dx->data() + s0 * in : nullptr, col);
   }
 }
 

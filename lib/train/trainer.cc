@@ -52,15 +52,17 @@ ModelShape resolve_model_shape(const Config& cfg, const DataSplits& data) {
     throw UserError("model.input_features is " + std::to_string(cfg.model.input_features) +
                     " but the data has " + std::to_string(s.in_features) + " features");
   s.num_classes = std::max(data.train.num_classes, data.test.num_classes);
-  // (num_classes is each split's own max label + 1 or both splits'; the labels tell.)
-  const auto& ty = data.train.y;
-  const int64_t train_classes = ty.empty() ? 0 : *std::max_element(ty.begin(), ty.end()) + 1;
-  if (data.train.kind == SampleKind::kFeatures && cfg.model.num_classes == 0 && train_classes > 0 &&
-      s.num_classes > train_classes)
+  // The training labels' range, in one pass (num_classes is each split's own max label + 1 or
+  // both splits'; the labels tell).
+  const std::vector<int32_t>& y = data.train.y;
+  const bool labelled = data.train.kind == SampleKind::kFeatures && !y.empty();
+  const auto [lo, hi] = std::minmax_element(y.begin(), y.end());
+  s.train_classes = labelled ? *hi + 1 : 0;
+  if (labelled && cfg.model.num_classes == 0 && s.num_classes > s.train_classes)
     spdlog::warn(
         "the test data has label {}, above the training data's labels (0..{}): the model gets {} "
         "outputs, and no training sample teaches the last {}",
-        s.num_classes - 1, train_classes - 1, s.num_classes, s.num_classes - train_classes);
+        s.num_classes - 1, s.train_classes - 1, s.num_classes, s.num_classes - s.train_classes);
   if (cfg.model.num_classes > 0) {
     if (s.num_classes > cfg.model.num_classes)
       throw UserError(
@@ -72,11 +74,9 @@ ModelShape resolve_model_shape(const Config& cfg, const DataSplits& data) {
     throw UserError("the training data has a single class (label 0 only); need at least 2");
   // One label throughout, whichever it is (a wrong label column, a filtered file): nothing to
   // learn, and the loss would reach 0 by pushing one logit up.
-  const std::vector<int32_t>& y = data.train.y;
-  if (data.train.kind == SampleKind::kFeatures && !y.empty() &&
-      std::all_of(y.begin(), y.end(), [&](int32_t v) { return v == y.front(); }))
-    throw UserError("the training data has a single class (every label is " +
-                    std::to_string(y.front()) + "); need at least 2");
+  if (labelled && *lo == *hi)
+    throw UserError("the training data has a single class (every label is " + std::to_string(*lo) +
+                    "); need at least 2");
   return s;
 }
 

@@ -130,6 +130,7 @@ nlohmann::json train_rank(const Config& cfg, const RunOptions& opts, Communicato
 struct ModelShape {
   int64_t in_features = 0;
   int64_t num_classes = 0;
+  int64_t train_classes = 0;  // the training labels' max + 1 (0: text data, no labels)
   Shape sample;  // per-sample input shape ([1, 28, 28] for IDX images, [F] for CSV rows)
 };
 ModelShape resolve_model_shape(const Config& cfg, const DataSplits& data);
