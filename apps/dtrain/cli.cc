@@ -97,6 +97,19 @@ void warn_idle_ranks(const Config& cfg) {
   if (!w.empty()) spdlog::warn("{}", w);
 }
 
+// data.drop_last with a global batch larger than the training set trains nothing: the run refuses
+// that once it has loaded the data (plan_steps); validate refuses it, with the same message, when
+// the set's size is known without reading it.
+void check_drop_last_fits(const Config& cfg) {
+  if (!cfg.data.drop_last) return;
+  const int64_t rows = train_rows_without_loading(cfg.data);
+  const DistributedConfig& d = cfg.distributed;
+  const int64_t ranks_per_replica =
+      std::max<int64_t>(1, d.pipeline.stages) * std::max<int64_t>(1, d.tensor_parallel.size);
+  const int replicas = static_cast<int>(std::max<int64_t>(1, d.world_size / ranks_per_replica));
+  if (rows >= 0 && rows < cfg.data.batch_size * replicas) plan_steps(cfg, 0, rows, replicas);
+}
+
 // --resume: its checkpoint is checked (headers only) before any data is loaded; "auto" may find
 // none. Only the rank that reads it checks (rank 0: other hosts may not see the folder).
 // A folder that holds a run takes only that run's own checkpoints: resuming another run's
@@ -699,6 +712,7 @@ int Cli::dispatch(const char* argv0) {
       if (!cfg.data.test.path.empty()) expand_text_paths(cfg.data.test.path, "data.test.path");
     }
     warn_idle_ranks(cfg);
+    check_drop_last_fits(cfg);
     std::cout << config_path_ << ": ok (config hash " << config_hash(cfg) << ")" << std::endl;
     return kExitOk;
   }

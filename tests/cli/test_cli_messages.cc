@@ -484,3 +484,22 @@ TEST_CASE("one gRPC rank without a MASTER_PORT picks a free port for its own ren
   CHECK_MESSAGE(r.exit_code == 0, r.output);  // was: "master port 0 is not in 1..65535"
   CHECK(std::filesystem::exists(dir / "one/summary.json"));
 }
+
+TEST_CASE("drop_last with a global batch above the training set: validate refuses as run does") {
+  TempDir dir;
+  std::string cfg = kTiny;
+  cfg.replace(cfg.find("batch_size: 20"), 14, "batch_size: 300\n  drop_last: true");
+  const std::string path = dir.write("big_batch.yaml", cfg);
+  // 600 samples less the 20% held out by default = 480 training samples; 2 ranks take 600 a step.
+  const std::string want =
+      "the training set (480 samples) is smaller than one global batch of 600 and "
+      "data.drop_last is true";
+  auto r = run_dtrain("validate " + path + " --set distributed.world_size=2");
+  CHECK(r.exit_code == 2);
+  CHECK(contains(r.output, want));
+  r = run_dtrain("validate " + path);  // one rank: 300 fit
+  CHECK(r.exit_code == 0);
+  r = run_dtrain("run " + path + " --set distributed.world_size=2 --out " + dir / "run");
+  CHECK(r.exit_code == 2);
+  CHECK(contains(r.output, want));
+}
