@@ -72,6 +72,22 @@ void check_manifest_format(const nlohmann::json& m, const std::string& dir) {
   check_format_version(m.at("format_version").get<int64_t>(), dir);
 }
 
+nlohmann::json read_manifest(const std::string& dir, bool* checksummed) {
+  nlohmann::json m = nlohmann::json::parse(read_file((fs::path(dir) / kManifest).string()));
+  const auto it = m.is_object() ? m.find(kManifestCrcKey) : m.end();
+  if (checksummed != nullptr) *checksummed = it != m.end();
+  if (it == m.end()) return m;
+  const nlohmann::json stored = *it;
+  nlohmann::json rest = m;
+  rest.erase(kManifestCrcKey);
+  const std::string computed = crc32_hex(rest.dump());
+  if (!stored.is_string() || stored.get<std::string>() != computed)
+    throw UserError("checkpoint '" + dir + "': manifest.json fails its CRC-32 check (stored " +
+                    stored.dump() + ", computed \"" + computed +
+                    "\"): the file is corrupt or was edited");
+  return m;
+}
+
 void check_finite(const float* v, int64_t n, const std::string& path, const std::string& name) {
   for (int64_t i = 0; i < n; ++i) {
     if (std::isfinite(v[i])) continue;
@@ -377,17 +393,22 @@ std::string shard_file_name(int rank) {
 
 void save_shard(const std::string& dir, int rank, int64_t step,
                 const std::vector<ShardRange>& ranges, int64_t shard_size, const float* params,
-                const std::vector<StateBuffer>& state, const std::string& save_id) {
+                const std::vector<StateBuffer>& state, const std::string& save_id,
+                const std::vector<ShardRange>* global_ranges) {
   std::vector<StTensorRef> refs = {{"params", {shard_size}, params}};
   for (const auto& s : state) refs.push_back({"optim." + s.name, {shard_size}, s.data});
-  nlohmann::json rj = nlohmann::json::array();
-  for (const auto& r : ranges) rj.push_back({r.begin, r.end, r.offset});
+  const auto json_of = [](const std::vector<ShardRange>& rs) {
+    nlohmann::json rj = nlohmann::json::array();
+    for (const auto& r : rs) rj.push_back({r.begin, r.end, r.offset});
+    return rj.dump();
+  };
   std::map<std::string, std::string> meta = {
       {"format", "dtrain-checkpoint-shard"},
       {"format_version", std::to_string(kCheckpointFormatVersion)},
       {"rank", std::to_string(rank)},
       {"step", std::to_string(step)},
-      {"ranges", rj.dump()}};
+      {"ranges", json_of(ranges)},
+      {"global_ranges", json_of(global_ranges != nullptr ? *global_ranges : ranges)}};
   if (!save_id.empty()) meta["save_id"] = save_id;
   write_safetensors((fs::path(dir) / shard_file_name(rank)).string(), refs, meta);
 }
@@ -435,6 +456,7 @@ void write_manifest(const std::string& dir, const Model& model, const Checkpoint
   if (meta.schedule_steps > 0) out["schedule_steps"] = meta.schedule_steps;
   if (!meta.save_id.empty()) out["save_id"] = meta.save_id;
   if (!layout.is_null()) out["layout"] = layout;
+  out[kManifestCrcKey] = crc32_hex(out.dump());  // (read_manifest: the canonical form)
   write_file_atomic((fs::path(dir) / kManifest).string(), out.dump(1) + "\n");
 }
 
@@ -628,9 +650,7 @@ std::string resolve_checkpoint(const std::string& path, bool allow_missing) {
 
 std::string checkpoint_optimizer(const std::string& resolved) {
   try {
-    if (is_sharded_dir(resolved))
-      return nlohmann::json::parse(read_file((fs::path(resolved) / kManifest).string()))
-          .value("optimizer", std::string());
+    if (is_sharded_dir(resolved)) return read_manifest(resolved).value("optimizer", std::string());
     const auto meta = read_safetensors_metadata(resolved);
     const auto it = meta.find("optimizer");
     return it == meta.end() ? std::string() : it->second;
@@ -643,8 +663,7 @@ std::optional<std::vector<std::string>> checkpoint_state_names(const std::string
   std::set<std::string> names;
   try {
     if (is_sharded_dir(resolved)) {
-      const nlohmann::json m =
-          nlohmann::json::parse(read_file((fs::path(resolved) / kManifest).string()));
+      const nlohmann::json m = read_manifest(resolved);
       for (const auto& n : m.at("optimizer_state")) names.insert(n.get<std::string>());
     } else {
       for (const auto& [name, t] : read_safetensors(resolved).tensors)
@@ -662,8 +681,7 @@ std::optional<std::vector<std::string>> checkpoint_state_names(const std::string
 std::string checkpoint_config_json(const std::string& resolved) {
   try {
     if (is_sharded_dir(resolved)) {
-      const nlohmann::json m =
-          nlohmann::json::parse(read_file((fs::path(resolved) / kManifest).string()));
+      const nlohmann::json m = read_manifest(resolved);
       return m.contains("config") ? m.at("config").dump() : std::string();
     }
     const auto meta = read_safetensors_metadata(resolved);
@@ -682,8 +700,7 @@ std::string check_checkpoint(const std::string& path, bool allow_missing) {
     return resolved;
   }
   try {
-    check_manifest_format(
-        nlohmann::json::parse(read_file((fs::path(resolved) / kManifest).string())), resolved);
+    check_manifest_format(read_manifest(resolved), resolved);
   } catch (const nlohmann::json::exception& e) {
     throw UserError("checkpoint '" + resolved + "': manifest.json is malformed: " + e.what());
   }

@@ -83,11 +83,14 @@ struct ShardRange {
 std::string sharded_checkpoint_name(int64_t step);  // "step-<N>"
 std::string shard_file_name(int rank);              // "rank-<r>.safetensors"
 // Writes dir/rank-<rank>.safetensors atomically: params and each state buffer hold shard_size
-// floats (padding included) laid out per `ranges`. Its header records rank, step, ranges and
-// save_id (CheckpointMeta; "" writes none), which a load checks against the manifest.
+// floats (padding included) laid out per `ranges`. Its header records rank, step, ranges,
+// save_id (CheckpointMeta; "" writes none) and global_ranges: the ranges the manifest lists for
+// this shard, those of the whole (unsliced) layout under tensor parallelism, where `ranges` are
+// the rank's local layout (null: `ranges`). A load checks them all against the manifest.
 void save_shard(const std::string& dir, int rank, int64_t step,
                 const std::vector<ShardRange>& ranges, int64_t shard_size, const float* params,
-                const std::vector<StateBuffer>& state, const std::string& save_id = "");
+                const std::vector<StateBuffer>& state, const std::string& save_id = "",
+                const std::vector<ShardRange>* global_ranges = nullptr);
 // One shard of a manifest: the rank that wrote rank-<rank>.safetensors, its ranges, and where the
 // rank sits in the writing run's layout (e.g. {"tp": 0, "dp": 1, "pp": 0}; informational: loads
 // use the ranges only).

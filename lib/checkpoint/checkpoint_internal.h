@@ -16,6 +16,16 @@ namespace dtrain::checkpoint_internal {
 inline constexpr const char* kFormatName = "dtrain-checkpoint";  // metadata / manifest "format"
 inline constexpr const char* kManifest = "manifest.json";
 
+// manifest.json's checksum key (since 2026-12-04): zlib's CRC-32, as 8 hex digits, of the rest of
+// the manifest in canonical form (nlohmann::json's sorted keys, compact), so it does not depend on
+// the file's spacing. The shards' ranges and save id are also checked against their own
+// (checksummed) headers; this covers the rest: the parameter table, step and position, config.
+inline constexpr const char* kManifestCrcKey = "crc32";
+// dir's manifest.json, parsed, its checksum verified when it has one (UserError "... fails its
+// CRC-32 check ..." when it does not match); json::exception when it is not JSON. *checksummed
+// (when given) tells whether it had one.
+nlohmann::json read_manifest(const std::string& dir, bool* checksummed = nullptr);
+
 // Refuses (UserError) a format version this dtrain cannot read: older than the oldest it still
 // loads, or newer.
 void check_format_version(int64_t version, const std::string& path);

@@ -144,6 +144,10 @@ struct Entry {
 
 }  // namespace
 
+std::string crc32_hex(const std::string& bytes) {
+  return crc_hex(crc_of(bytes.data(), bytes.size()));
+}
+
 void write_safetensors(const std::string& path, const std::vector<StTensorRef>& tensors,
                        const std::map<std::string, std::string>& metadata) {
   // Header first (it holds every offset), in the order given; the tensor bytes are then streamed

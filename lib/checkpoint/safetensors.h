@@ -43,6 +43,10 @@ inline constexpr const char* kStCrcKey = "crc32";  // reserved __metadata__ key
 // verified by every read that finds it.
 inline constexpr const char* kStHeaderCrcKey = "crc32_header";
 
+// zlib's CRC-32 of `bytes` as 8 lowercase hex digits, the form of the checksums here (also
+// manifest.json's, checkpoint/checkpoint.cc).
+std::string crc32_hex(const std::string& bytes);
+
 // Writes atomically (temp file, fsync, rename; see util/fs.h). Tensors are laid out in the order
 // given, 8-byte aligned header (padded with spaces, as the reference implementation does).
 // Throws std::runtime_error on I/O failure, leaving any old file intact. A "crc32" entry in

@@ -6,6 +6,7 @@
 #include <optional>
 #include <set>
 
+#include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/checkpoint_internal.h"
@@ -26,8 +27,7 @@ constexpr int64_t kMaxCheckpointWorld = int64_t{1} << 20;
 // since 2026-12-03; older ones lack it) the step it was written for, so a shard swapped with
 // another rank's or copied in from another step is refused instead of mixing parameters; and
 // (since 2026-12-04) the save it belongs to, so one left by another run's save of the same step
-// is refused too. (Its "ranges" are in the writer's local layout under tensor parallelism, so
-// they are not compared.)
+// is refused too; a manifest without a save id is refused for a shard that has one.
 void check_shard_identity(const std::string& dir, const std::string& file, const StFile& f,
                           int64_t rank, int64_t step, const std::string& save_id) {
   const auto meta = [&](const char* key) {
@@ -43,20 +43,27 @@ void check_shard_identity(const std::string& dir, const std::string& file, const
               std::to_string(rank));
   if (const auto st = meta("step"); st && *st != std::to_string(step))
     throw bad("was written at step " + *st + ", the manifest is step " + std::to_string(step));
-  if (save_id.empty()) return;  // a manifest from before save ids
   const auto id = meta("save_id");
+  if (save_id.empty()) {  // a manifest from before save ids, unless its shard has one
+    if (id)
+      throw bad("belongs to save " + *id +
+                ", the manifest names no save (an edited manifest, or one of another checkpoint)");
+    return;
+  }
   if (!id) throw bad("has no save id, the manifest's save is " + save_id);
   if (*id != save_id)
     throw bad("belongs to save " + *id + ", the manifest's save is " + save_id +
               " (another run's checkpoint of the same step?)");
 }
 
-// Without tensor parallelism a shard's own header records the ranges the manifest gives it (the
-// header's are local under tensor parallelism): a manifest edited, or from another checkpoint,
-// would otherwise place the right values at the wrong offsets without any error.
+// A shard's own header records the ranges the manifest gives it ("global_ranges", since
+// 2026-12-04; before, "ranges" alone, which are the rank's local layout under tensor parallelism
+// and equal the manifest's only without it, tp = 1): a manifest edited, or from another
+// checkpoint, would otherwise place the right values at the wrong offsets without any error.
 void check_shard_ranges(const std::string& dir, const std::string& file, const StFile& f,
-                        const std::vector<ShardRange>& manifest) {
-  const auto it = f.metadata.find("ranges");
+                        const std::vector<ShardRange>& manifest, int64_t tp) {
+  auto it = f.metadata.find("global_ranges");
+  if (it == f.metadata.end() && tp == 1) it = f.metadata.find("ranges");
   if (it == f.metadata.end()) return;
   std::vector<ShardRange> own;
   try {
@@ -98,15 +105,15 @@ void check_state_names(const std::vector<std::string>& names, const std::string&
 }  // namespace
 
 ShardedRead read_sharded(const std::string& dir, bool with_state) {
-  const std::string mpath = (fs::path(dir) / kManifest).string();
   ShardedRead out;
   CheckpointMeta& meta = out.meta;
   std::vector<std::vector<ShardRange>> ranges;
   std::vector<std::string> files;
   std::vector<int64_t> shard_ranks;
   int64_t tp = 1;  // the writer's tensor-parallel size (layout.tp; older manifests: 1)
+  bool manifest_checksummed = false;
   try {
-    const nlohmann::json m = nlohmann::json::parse(read_file(mpath));
+    const nlohmann::json m = read_manifest(dir, &manifest_checksummed);
     check_manifest_format(m, dir);
     meta.step = m.at("step").get<int64_t>();
     meta.epoch = m.at("epoch").get<int64_t>();
@@ -170,6 +177,9 @@ ShardedRead read_sharded(const std::string& dir, bool with_state) {
   }
   if (meta.step < 0 || meta.epoch < 0 || meta.batch < 0 || meta.optimizer_steps < 0)
     throw UserError("checkpoint '" + dir + "': negative step or position in the manifest");
+  if (tp < 1 || tp > kMaxCheckpointWorld)
+    throw UserError("checkpoint '" + dir + "': the manifest's layout.tp is " + std::to_string(tp) +
+                    ", not a tensor-parallel size");
   // One shard per rank that holds a distinct part (every rank for zero/fsdp, replica 0's stages
   // for a pipeline): at least one, at most world size.
   if (meta.world_size > kMaxCheckpointWorld)
@@ -208,7 +218,7 @@ ShardedRead read_sharded(const std::string& dir, bool with_state) {
     else if (!f.header_checksummed)
       ++header_unchecksummed;
     check_shard_identity(dir, files[r], f, shard_ranks[r], meta.step, meta.save_id);
-    if (tp == 1) check_shard_ranges(dir, files[r], f, ranges[r]);
+    check_shard_ranges(dir, files[r], f, ranges[r], tp);
     auto need = [&](const std::string& name) -> const std::vector<float>& {
       auto it = f.tensors.find(name);
       if (it == f.tensors.end())
@@ -218,8 +228,8 @@ ShardedRead read_sharded(const std::string& dir, bool with_state) {
     };
     const std::vector<float>& pv = need("params");
     const int64_t n = static_cast<int64_t>(pv.size());
-    for (const auto& rg : ranges[r])
-      if (rg.offset + (rg.end - rg.begin) > n)
+    for (const auto& rg : ranges[r])  // (offset >= 0, end >= begin: checked above)
+      if (rg.offset > n || rg.end - rg.begin > n - rg.offset)
         throw UserError("checkpoint '" + dir + "': shard '" + files[r] + "' holds " +
                         std::to_string(n) + " values, too few for its range " +
                         shard_range_str(rg));
@@ -237,6 +247,11 @@ ShardedRead read_sharded(const std::string& dir, bool with_state) {
                   out.state[k].begin() + rg.begin);
     }
   }
+  if (!manifest_checksummed && unchecksummed == 0)
+    spdlog::warn(
+        "checkpoint '{}': manifest.json has no CRC-32 checksum (written by an older dtrain); its "
+        "shards' ranges and save are still checked against their own headers",
+        dir);
   if (unchecksummed > 0)
     warn_unchecksummed(dir, std::to_string(unchecksummed) + " of its " +
                                 std::to_string(files.size()) + " shard files have");

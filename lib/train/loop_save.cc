@@ -130,11 +130,12 @@ void TrainLoop::save_sharded(const CheckpointMeta& meta) {
   const std::vector<std::string> names = strategy_->state_names();
   std::vector<int64_t> mine;  // (begin, end, offset) of each range this rank writes
   CheckpointShard sh;
+  std::vector<ShardRange> global;  // the ranges of the whole layout sh fills
   if (writer) {
     sh = snapshot(strategy_->checkpoint_shard());
     // A tensor rank lists the whole layout's ranges its local shard fills (train/tp_train.h).
-    for (const ShardRange& r : tp_ ? tp_->global_ranges(sh.ranges) : sh.ranges)
-      mine.insert(mine.end(), {r.begin, r.end, r.offset});
+    global = tp_ ? tp_->global_ranges(sh.ranges) : sh.ranges;
+    for (const ShardRange& r : global) mine.insert(mine.end(), {r.begin, r.end, r.offset});
   }
   // Every rank's ranges to rank 0 (counts first: ranks write different numbers of ranges).
   const size_t W = static_cast<size_t>(world_.size());
@@ -167,10 +168,11 @@ void TrainLoop::save_sharded(const CheckpointMeta& meta) {
   try {
     std::vector<StateBuffer> sb;
     if (writer) sb = state_buffers(names, sh);
-    run_write([this, writer, dir, sh, sb = std::move(sb), step = step_, save_id = m.save_id] {
+    run_write([this, writer, dir, sh, global, sb = std::move(sb), step = step_,
+               save_id = m.save_id] {
       if (writer) {
         fs::create_directories(dir);
-        save_shard(dir.string(), rank_, step, sh.ranges, sh.size, sh.params, sb, save_id);
+        save_shard(dir.string(), rank_, step, sh.ranges, sh.size, sh.params, sb, save_id, &global);
       }
       save_faults(step);
     });

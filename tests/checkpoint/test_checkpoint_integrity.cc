@@ -77,6 +77,16 @@ size_t count_of(const std::string& s, const std::string& what) {
   return n;
 }
 
+// Rewrites dir's manifest.json through f, without its checksum: as a manifest written before
+// checksums existed, or edited by someone who also dropped the checksum, so the checks behind it
+// are what refuses the edit.
+void rewrite_manifest(const std::string& dir, const std::function<void(nlohmann::json&)>& f) {
+  nlohmann::json man = nlohmann::json::parse(read_text(dir + "/manifest.json"));
+  f(man);
+  man.erase("crc32");
+  std::ofstream(dir + "/manifest.json", std::ios::trunc) << man.dump(1);
+}
+
 // A 2-rank sharded checkpoint of m in `dir`: rank 0 holds the first half of the flat layout,
 // rank 1 the rest, each with a momentum shard; save_id as the training loop writes it ("": none,
 // as before save ids).
@@ -191,12 +201,7 @@ TEST_CASE("a swapped or stale shard file is refused, and so is a manifest naming
   CHECK_MESSAGE(contains(msg, "was written at step 2, the manifest is step 3"), msg);
   // A manifest listing one tensor twice (was an internal error when consolidated).
   save_two_shards(ck, m, p, mom);
-  std::string man = read_text(ck + "/manifest.json");
-  const std::string second = "\"name\": \"" + m.params()[1].name + "\"";
-  const size_t at = man.find(second);
-  REQUIRE(at != std::string::npos);
-  man.replace(at, second.size(), "\"name\": \"" + m.params()[0].name + "\"");
-  std::ofstream(ck + "/manifest.json", std::ios::trunc) << man;
+  rewrite_manifest(ck, [&](nlohmann::json& man) { man["params"][1]["name"] = m.params()[0].name; });
   msg = user_error([&] { consolidate_checkpoint(ck, dir / "one.safetensors"); });
   CHECK_MESSAGE(contains(msg, "lists tensor '" + m.params()[0].name + "' twice"), msg);
 }
@@ -229,6 +234,11 @@ TEST_CASE("a shard left by another run's save of the same step is refused by its
                              std::filesystem::copy_options::overwrite_existing);
   msg = user_error([&] { load_checkpoint(ck, m, got.data(), {}); });
   CHECK_MESSAGE(contains(msg, "shard 'rank-0.safetensors' has no save id"), msg);
+  // A manifest whose save id was removed, its shards having theirs: refused, not unchecked.
+  save_two_shards(ck, m, p, mom, "00000000000000aa");
+  rewrite_manifest(ck, [](nlohmann::json& man) { man.erase("save_id"); });
+  msg = user_error([&] { load_checkpoint(ck, m, got.data(), {}); });
+  CHECK_MESSAGE(contains(msg, "belongs to save 00000000000000aa, the manifest names no save"), msg);
   // Both without (an older checkpoint): not checked, loads.
   load_checkpoint(old, m, got.data(), {});
   CHECK(got == other);
@@ -242,15 +252,33 @@ TEST_CASE(
   std::vector<float> p(P), mom(P, -0.5f), got(P, 0.0f), got_mom(P);
   m.init(p.data(), 14);
   const std::string ck = dir / "step-3";
+  // Any edit that keeps the manifest's checksum fails it first.
+  save_two_shards(ck, m, p, mom);
+  {
+    nlohmann::json man = nlohmann::json::parse(read_text(ck + "/manifest.json"));
+    REQUIRE(man.contains("crc32"));
+    man["epoch"] = 1;
+    std::ofstream(ck + "/manifest.json", std::ios::trunc) << man.dump(4);
+  }
+  std::string msg = user_error([&] { load_checkpoint(ck, m, got.data(), {}); });
+  CHECK_MESSAGE(contains(msg, "manifest.json fails its CRC-32 check"), msg);
+  CHECK(contains(user_error([&] { check_checkpoint(ck, false); }), "fails its CRC-32 check"));
+  // Respaced only: the checksum is of the canonical form, so it still holds.
+  save_two_shards(ck, m, p, mom);
+  {
+    const nlohmann::json man = nlohmann::json::parse(read_text(ck + "/manifest.json"));
+    std::ofstream(ck + "/manifest.json", std::ios::trunc) << man.dump(7);
+  }
+  load_checkpoint(ck, m, got.data(), {});
+  CHECK(got == p);
+  // Without the checksum, the checks behind it:
   const auto edit = [&](const std::function<void(nlohmann::json&)>& f) {
     save_two_shards(ck, m, p, mom);
-    nlohmann::json man = nlohmann::json::parse(read_text(ck + "/manifest.json"));
-    f(man);
-    std::ofstream(ck + "/manifest.json", std::ios::trunc) << man.dump(1);
+    rewrite_manifest(ck, f);
   };
   // An offset moved by one value: loaded silently, every weight shifted, before.
   edit([](nlohmann::json& man) { man["shards"][0]["ranges"][0][2] = 1; });
-  std::string msg = user_error([&] { load_checkpoint(ck, m, got.data(), {}); });
+  msg = user_error([&] { load_checkpoint(ck, m, got.data(), {}); });
   CHECK_MESSAGE(contains(msg, "shard 'rank-0.safetensors' holds the ranges"), msg);
   CHECK(contains(msg, "an edited manifest"));
   CHECK(contains(user_error([&] { consolidate_checkpoint(ck, dir / "one.safetensors"); }),
@@ -276,6 +304,34 @@ TEST_CASE(
     edit([&](nlohmann::json& man) { man["params"][0]["name"] = name; });
     msg = user_error([&] { consolidate_checkpoint(ck, dir / "one.safetensors"); });
     CHECK_MESSAGE(contains(msg, "a tensor named '" + name + "'"), msg);
+  }
+  // An offset so large that offset + length wraps around int64: read outside the shard's
+  // buffer (garbage or a crash), before.
+  edit([&](nlohmann::json& man) {
+    auto& r = man["shards"][0]["ranges"][0];
+    r[2] = std::numeric_limits<int64_t>::max() - (r[1].get<int64_t>() - r[0].get<int64_t>()) + 1;
+  });
+  msg = user_error([&] { load_checkpoint(ck, m, got.data(), {}); });
+  CHECK_MESSAGE(contains(msg, "holds the ranges"), msg);
+  // A layout.tp other than 1 skipped the ranges' check (the shards' "ranges" are local under
+  // tensor parallelism): their headers' global_ranges are checked whatever it says; and a
+  // layout.tp below 1 is no layout.
+  edit([](nlohmann::json& man) {
+    man["layout"] = {{"tp", 2}, {"dp", 1}, {"pp", 1}};
+    man["shards"][0]["ranges"][0][2] = 1;
+  });
+  msg = user_error([&] { load_checkpoint(ck, m, got.data(), {}); });
+  CHECK_MESSAGE(contains(msg, "holds the ranges"), msg);
+  edit([](nlohmann::json& man) { man["layout"] = {{"tp", 0}, {"dp", 1}, {"pp", 1}}; });
+  msg = user_error([&] { load_checkpoint(ck, m, got.data(), {}); });
+  CHECK_MESSAGE(contains(msg, "layout.tp is 0, not a tensor-parallel size"), msg);
+  // Without its checksum but otherwise untouched (a manifest of an older dtrain): loads, warning.
+  edit([](nlohmann::json&) {});
+  {
+    LogCapture log;
+    load_checkpoint(ck, m, got.data(), {});
+    CHECK(got == p);
+    CHECK_MESSAGE(contains(log.text(), "manifest.json has no CRC-32 checksum"), log.text());
   }
   // Untouched, it still loads.
   save_two_shards(ck, m, p, mom);

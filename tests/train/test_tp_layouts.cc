@@ -11,6 +11,7 @@
 #include <vector>
 
 #include <spdlog/spdlog.h>
+#include <nlohmann/json.hpp>
 
 #include "checkpoint/checkpoint.h"
 #include "config/config.h"
@@ -161,6 +162,24 @@ TEST_CASE("tensor parallel: a checkpoint saved at TP 2 x PP 2 resumes at TP 1 an
   const std::string out = f.dir / "consolidated.safetensors";
   consolidate_checkpoint((ckpts / sharded_checkpoint_name(20)).string(), out);
   CHECK(checkpoint_rel_diff(out, f.ref) < 1e-5);
+  // Two ranges' offsets swapped in the manifest (and its checksum dropped): each shard's header
+  // holds the ranges the manifest lists for it, global under tensor parallelism too, so the
+  // values are not loaded into each other's places (they were, with exit 0, before).
+  const std::filesystem::path edited = f.dir / "edited";
+  std::filesystem::copy(mid, edited);
+  auto m = nlohmann::json::parse(std::ifstream(edited / "manifest.json"));
+  bool swapped = false;
+  for (auto& sh : m["shards"]) {
+    auto& rs = sh["ranges"];
+    if (swapped || rs.size() < 2) continue;
+    std::swap(rs[0][2], rs[1][2]);
+    swapped = true;
+  }
+  REQUIRE(swapped);
+  m.erase("crc32");
+  std::ofstream(edited / "manifest.json", std::ios::trunc) << m.dump(1);
+  CHECK_THROWS_WITH_AS(consolidate_checkpoint(edited.string(), f.dir / "edited.safetensors"),
+                       doctest::Contains("the manifest says"), UserError);
 }
 
 TEST_CASE("tensor parallel: configurations that cannot run are refused with one clear line") {
