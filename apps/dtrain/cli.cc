@@ -317,7 +317,20 @@ int cmd_run(const Config& cfg, const std::string& config_path, std::string out,
     if (de.rank != 0) return run_exit_code(s);  // only rank 0 reports; same exit code
     return finish_run(s, opts.out_dir);
   }
-  const nlohmann::json s = run_training(cfg, opts);
+  nlohmann::json s;
+  try {
+    s = run_training(cfg, opts);
+  } catch (...) {
+    // A run that fails before writing anything (a --resume refused: another model, another
+    // optimizer) leaves no empty folder behind that it created: removes an empty checkpoints/
+    // and the folder, only if empty.
+    if (new_out_dir) {
+      std::error_code ec;
+      fs::remove(fs::path(opts.out_dir) / "checkpoints", ec);
+      fs::remove(opts.out_dir, ec);
+    }
+    throw;
+  }
   if (new_out_dir && s.value("status", std::string()) == "nothing_to_do")
     remove_unused_out_dir(opts.out_dir);
   return finish_run(s, opts.out_dir);

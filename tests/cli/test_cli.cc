@@ -300,4 +300,12 @@ TEST_CASE("a resume that would need optimizer state the checkpoint lacks names b
   CHECK(r.exit_code == 2);
   CHECK_MESSAGE(contains(r.output, "holds the optimizer state [], this run keeps [momentum]"),
                 r.output);
+  // The refused resume leaves no folder behind where there was none (an empty one with an empty
+  // checkpoints/ before); a folder that existed stays.
+  CHECK_FALSE(std::filesystem::exists(dir / "mom"));
+  std::filesystem::create_directories(dir / "kept");
+  r = run_dtrain("run " + cfg + " --out " + dir / "kept" + " --resume " + dir / "plain" +
+                 " --set train.max_steps=10 --log-level warn");
+  CHECK(r.exit_code == 2);
+  CHECK(std::filesystem::exists(dir / "kept"));
 }
