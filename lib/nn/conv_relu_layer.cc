@@ -85,6 +85,10 @@ class Conv2dRelu final : public Layer {
     }
     return f;
   }
+  // The pool's argmax per output value.
+  double state_values_per_sample() const override {
+    return pool_ ? static_cast<double>(out_features()) : 0.0;
+  }
 
   void init(float* p, Rng& rng) const override {
     torch_default_init(p, g_.weight_count(), p + g_.weight_count(), g_.out_channels, g_.patch(),

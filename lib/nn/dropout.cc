@@ -74,6 +74,9 @@ class Dropout final : public Layer {
   }
 
   std::string kind() const override { return "dropout"; }
+  double state_values_per_sample() const override {  // the mask
+    return static_cast<double>(features_);
+  }
 
   void forward(const float* p, const Tensor& x, Tensor& y, LayerState& st,
                const LayerCtx& ctx) const override {

@@ -56,6 +56,9 @@ class Embedding final : public Layer {
     return {{"wte.weight", {vocab_, embd_}}, {"wpe.weight", {block_, embd_}}};
   }
   double flops_per_sample() const override { return static_cast<double>(seq_ * embd_); }
+  double state_values_per_sample() const override {  // the ids; the dropout mask
+    return static_cast<double>(seq_) + (dropout_ > 0 ? static_cast<double>(seq_ * embd_) : 0.0);
+  }
   void init(float* p, Rng& rng) const override {
     const float sd = static_cast<float>(kInitStd);
     for (int64_t i = 0; i < (vocab_ + block_) * embd_; ++i) p[i] = sd * rng.normal();
@@ -168,6 +171,18 @@ class Block final : public Layer {
   }
   void init(float* p, Rng& rng) const override {
     for (size_t k = 0; k < kids_.size(); ++k) kids_[k]->init(p + off_[k], rng);
+  }
+  // Saved: 16 [T, C]-sized tensors (h1, qkv 3, attn_out, proj_out, x1, h2, fc_out 4, gelu_out 4)
+  // and the probabilities [n_head, T, T]; with dropout the masks (2 [T, C], one [n_head, T, T]).
+  // Backward's work: 17 [T, C]-sized buffers and a [T, T] scratch (per block: each block's state
+  // keeps its own). The children's own state (the layer norms' statistics).
+  double state_values_per_sample() const override {
+    const double tc = static_cast<double>(seq_ * embd_);
+    const double probs = static_cast<double>(n_head_ * seq_ * seq_);
+    double v = 33.0 * tc + probs + static_cast<double>(seq_ * seq_);
+    if (dropout_ > 0) v += 2.0 * tc + probs;
+    for (const auto& k : kids_) v += k->state_values_per_sample();
+    return v;
   }
 
   // Steady-state calls do not allocate: every buffer keeps its shape (members tc_, qkv_,

@@ -99,6 +99,11 @@ class Layer {
                         const LayerCtx& ctx) const = 0;
   // Forward multiply-adds per sample (for cost-balanced pipeline partitions).
   virtual double flops_per_sample() const { return static_cast<double>(out_features()); }
+  // 4-byte values (floats, or int32 indices) per sample that a training forward leaves in its
+  // LayerState beyond the output (saved tensors, indices, backward's work buffers), roughly: what
+  // the start-up memory estimate counts for activations (train/loop.cc). Buffers of a fixed size
+  // (conv2d's im2col block) are not counted.
+  virtual double state_values_per_sample() const { return 0.0; }
 
  protected:
   Layer(Shape in_shape, Shape out_shape);

@@ -25,6 +25,10 @@ class Pool2d final : public Layer {
   double flops_per_sample() const override {
     return static_cast<double>(out_features()) * static_cast<double>(spec_.kernel * spec_.kernel);
   }
+  // Max pooling's argmax per output value.
+  double state_values_per_sample() const override {
+    return max_ ? static_cast<double>(out_features()) : 0.0;
+  }
 
   void forward(const float* p, const Tensor& x, Tensor& y, LayerState& st,
                const LayerCtx& ctx) const override {

@@ -158,6 +158,8 @@ class TpBlock final : public Layer {
     for (const auto& k : kids_) f += k->flops_per_sample();
     return f;
   }
+  // At most the whole block's (the local heads' and MLP slice's buffers are smaller).
+  double state_values_per_sample() const override { return whole_->state_values_per_sample(); }
   // The whole block's values from rng (the T = 1 model's draws), then this rank's shards.
   void init(float* p, Rng& rng) const override {
     std::vector<float> whole(static_cast<size_t>(whole_->param_count()));

@@ -39,6 +39,23 @@ TEST_CASE("a model too large for this machine's memory is refused before it is a
   }
 }
 
+TEST_CASE("a model whose activations cannot fit is refused before training, naming them") {
+  TempDir dir;
+  // 100,000 blocks of a tiny GPT: 4.9 GiB of training state, but each block keeps 33 [T, C]
+  // buffers and the attention probabilities per sample (T 64, C 16: ~180 KiB), so a batch of 12
+  // needs ~216 GiB. Before, the start-up check passed and the first step grew past the machine's
+  // memory.
+  const auto r = run_cmd(kBin + " run " + kSrc +
+                         "/configs/lm_jargon.yaml --set model.n_layer=100000 --set model.n_embd=16 "
+                         "--set model.n_head=2 --out " +
+                         dir / "deep" + " 2>&1");
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK(contains(r.output, "GiB for the activations of a batch of 12 (data.batch_size)"));
+  CHECK(contains(r.output, "GiB this process can allocate"));
+  CHECK_FALSE(contains(r.output, "step 1"));
+}
+
 TEST_CASE("widths whose parameter count overflows int64 are refused, not wrapped negative") {
   TempDir dir;
   const auto r = run_cmd(kBin + " run " + kSrc +
