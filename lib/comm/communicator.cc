@@ -9,6 +9,7 @@
 #include <spdlog/spdlog.h>
 
 #include "util/check.h"
+#include "util/duration.h"
 
 namespace dtrain {
 
@@ -16,8 +17,7 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 Deadline deadline_after(double seconds) {
-  return Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                            std::chrono::duration<double>(std::max(0.0, seconds)));
+  return deadline_in(seconds);  // (saturating: util/duration.h)
 }
 }  // namespace
 

@@ -28,6 +28,7 @@
 #include "launch/job_agent.h"
 #include "launch/process.h"
 #include "util/check.h"
+#include "util/duration.h"
 #include "util/interrupt.h"
 
 namespace dtrain {
@@ -270,9 +271,7 @@ class Attempt {
   // within this much of its report, well before the ranks' heartbeats would notice).
   static constexpr auto kPollEvery = std::chrono::milliseconds(500);
 
-  static Clock::duration seconds(double s) {
-    return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
-  }
+  static Clock::duration seconds(double s) { return seconds_duration(s); }
 
   void terminate_all(int sig, Clock::duration wait) {
     shutting_down_ = true;

@@ -6,6 +6,7 @@
 #include <spdlog/spdlog.h>
 
 #include "util/check.h"
+#include "util/duration.h"
 #include "util/interrupt.h"
 
 namespace dtrain {
@@ -54,9 +55,7 @@ void BackgroundWriter::wait() {
 void SaveDeadline::start(double seconds, std::function<std::string()> message) {
   DT_CHECK(seconds > 0);
   DT_CHECK_MSG(!thread_.joinable(), "the save deadline is already armed");
-  const auto until = std::chrono::steady_clock::now() +
-                     std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                         std::chrono::duration<double>(seconds));
+  const auto until = deadline_in(seconds);
   thread_ = std::thread([this, until, message = std::move(message)] {
     std::unique_lock<std::mutex> lk(mu_);
     if (cv_.wait_until(lk, until, [this] { return cancelled_; })) return;

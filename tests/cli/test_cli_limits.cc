@@ -56,6 +56,25 @@ TEST_CASE("a model whose activations cannot fit is refused before training, nami
   CHECK_FALSE(contains(r.output, "step 1"));
 }
 
+TEST_CASE("huge timeouts mean a long wait: runs in-process and launched train, not time out") {
+  TempDir dir;
+  // Seconds past steady_clock's range wrapped to deadlines in the past: the first collective
+  // (in-process), the rendezvous or the connect (gRPC) failed at once, exit 1.
+  const std::string sets =
+      " --set train.max_steps=2 --set distributed.timeout_s=1e10"
+      " --set distributed.rendezvous_timeout_s=1e12 --set distributed.heartbeat_s=1e300"
+      " --set train.preempt_save_timeout_s=1e10 --log-level warn";
+  auto r = run_cmd(kBin + " run " + kSrc + "/configs/smoke.yaml --set distributed.world_size=2" +
+                   sets + " --out " + dir / "inproc" + " 2>&1");
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  r = run_cmd(kBin + " launch --nproc 2 " + kSrc + "/configs/smoke.yaml" + sets + " --out " +
+              dir / "grpc" + " 2>&1");
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK(contains(r.output, "after 2 steps"));
+}
+
 TEST_CASE("widths whose parameter count overflows int64 are refused, not wrapped negative") {
   TempDir dir;
   const auto r = run_cmd(kBin + " run " + kSrc +

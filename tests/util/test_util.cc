@@ -5,12 +5,16 @@
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <cmath>
 #include <filesystem>
+#include <limits>
 #include <set>
 #include <thread>
 #include <vector>
 
 #include "util/check.h"
+#include "util/duration.h"
 #include "util/fs.h"
 #include "util/rng.h"
 
@@ -178,4 +182,21 @@ TEST_CASE("UserError shows control characters from user input escaped, keeping n
   CHECK(std::string(UserError("a\x1b[31mb\x7f"s).what()) == "a\\x1b[31mb\\x7f");
   CHECK(std::string(UserError("one\ntwo\tthree").what()) == "one\ntwo\tthree");
   CHECK(std::string(UserError("caf\xc3\xa9").what()) == "caf\xc3\xa9");  // UTF-8 stays
+}
+
+TEST_CASE(
+    "timeouts in seconds saturate: too large for the clock means a far deadline, not a past one") {
+  using std::chrono::steady_clock;
+  CHECK(seconds_duration(1.5) == std::chrono::milliseconds(1500));
+  CHECK(seconds_duration(0) == steady_clock::duration::zero());
+  CHECK(seconds_duration(-3) == steady_clock::duration::zero());
+  CHECK(seconds_duration(std::nan("")) == steady_clock::duration::zero());
+  // 1e10 s is past steady_clock's int64 nanoseconds (about 9.2e9 s): a wrapped conversion gave a
+  // deadline in the past, so a run with distributed.timeout_s 1e10 failed at its first collective.
+  const auto now = steady_clock::now();
+  for (double s : {1e10, 1e300, std::numeric_limits<double>::infinity()}) {
+    CAPTURE(s);
+    CHECK(seconds_duration(s) == seconds_duration(kMaxWaitSeconds));
+    CHECK(deadline_in(s) > now + std::chrono::hours(24 * 365 * 30));
+  }
 }

@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include "comm/grpc_internal.h"
+#include "util/duration.h"
 
 namespace dtrain::grpc_detail {
 
@@ -52,7 +53,7 @@ std::chrono::system_clock::time_point wall(Clock::time_point t) {
 }
 
 Clock::duration secs_dur(double s) {
-  return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
+  return seconds_duration(s);
 }
 
 std::string seconds_str(double s) {

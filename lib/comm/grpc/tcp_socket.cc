@@ -10,8 +10,10 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <thread>
 
@@ -19,6 +21,12 @@
 
 namespace dtrain::grpc_detail {
 namespace {
+
+// poll()'s timeout for `left` (an int of milliseconds: a far deadline is capped at INT_MAX, about
+// 24 days, and the callers poll again; a past one is 0).
+int poll_ms(std::chrono::milliseconds left) {
+  return static_cast<int>(std::clamp<int64_t>(left.count(), 0, std::numeric_limits<int>::max()));
+}
 
 std::string err_str(int e) {
   return std::strerror(e);
@@ -55,7 +63,7 @@ int try_connect(const addrinfo* a, Fd* out, Clock::time_point until) {
     if (errno != EINPROGRESS) return errno;
     pollfd p{fd.get(), POLLOUT, 0};
     const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now());
-    if (poll(&p, 1, static_cast<int>(std::max<int64_t>(ms.count(), 0))) <= 0) return ETIMEDOUT;
+    if (poll(&p, 1, poll_ms(ms)) <= 0) return ETIMEDOUT;
     int e = 0;
     socklen_t len = sizeof e;
     getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &e, &len);
@@ -130,7 +138,7 @@ bool wait_readable(int fd, Clock::time_point deadline) {
   for (;;) {
     pollfd p{fd, POLLIN, 0};
     const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-    const int rc = poll(&p, 1, static_cast<int>(std::max<int64_t>(ms.count(), 0)));
+    const int rc = poll(&p, 1, poll_ms(ms));
     if (rc > 0) return true;
     if (rc == 0) return false;
     if (errno != EINTR) return true;  // let the read report it

@@ -8,6 +8,7 @@
 #include "comm/grpc_internal.h"
 #include "comm/rendezvous/store_service.h"
 #include "util/check.h"
+#include "util/duration.h"
 
 namespace dtrain::grpc_detail {
 namespace {
@@ -199,8 +200,7 @@ std::vector<PeerEntry> join_rendezvous(const GrpcOptions& o, const std::string& 
                                        const grpc::ChannelArguments& args) {
   const int rank_ = o.rank, world_ = o.world_size;
   const auto start = Clock::now();
-  const auto timeout = std::chrono::duration_cast<Clock::duration>(
-      std::chrono::duration<double>(o.rendezvous_timeout_s));
+  const auto timeout = seconds_duration(o.rendezvous_timeout_s);
   const auto deadline = start + timeout + kJoinSlack;
   const std::string master = host_port(o.master_addr, o.master_port);
   auto channel = grpc::CreateCustomChannel(master, creds, args);
