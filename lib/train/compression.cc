@@ -256,7 +256,9 @@ PowerSgd::PowerSgd(const CompressionConfig& cfg, const std::vector<ParamEntry>& 
     DT_CHECK_LE(pe.offset + pe.numel, n);
     add_dense(pos, pe.offset);
     pos = pe.offset + pe.numel;
-    if (pe.shape.size() == 2 && r_ * (pe.shape[0] + pe.shape[1]) < pe.numel) {
+    // (rank < numel / (n + m): r_ * (n + m) would overflow for a rank near 2^62.)
+    if (pe.shape.size() == 2 && r_ < pe.numel / (pe.shape[0] + pe.shape[1]) +
+                                         (pe.numel % (pe.shape[0] + pe.shape[1]) != 0)) {
       Matrix m{.offset = pe.offset,
                .rows = pe.shape[0],
                .cols = pe.shape[1],

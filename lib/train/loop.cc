@@ -209,7 +209,8 @@ int64_t TrainLoop::resumed_total_steps() const {
   }
   int64_t end = step_;
   if (e < cfg_.train.epochs) {
-    const int64_t rest_of_epoch = (bpe_ - b + plan_.accum - 1) / plan_.accum;
+    const int64_t left = bpe_ - b;  // (ceil without overflow, as plan_steps)
+    const int64_t rest_of_epoch = left / plan_.accum + (left % plan_.accum != 0);
     int64_t whole = 0;
     if (__builtin_mul_overflow(cfg_.train.epochs - e - 1, plan_.steps_per_epoch, &whole) ||
         __builtin_add_overflow(end, rest_of_epoch, &end) ||

@@ -163,7 +163,8 @@ StepPlan plan_steps(const Config& cfg, int64_t batches_per_epoch, int64_t train_
                     " samples) is smaller than one global batch of " +
                     std::to_string(cfg.data.batch_size * replicas) + " and data.drop_last is true");
   p.accum = cfg.train.grad_accum_steps;
-  p.steps_per_epoch = (p.batches_per_epoch + p.accum - 1) / p.accum;
+  // (ceil without adding accum - 1, which overflows for an accum near 2^63)
+  p.steps_per_epoch = p.batches_per_epoch / p.accum + (p.batches_per_epoch % p.accum != 0);
   // epochs x steps saturates: 10^18 epochs means "until max_steps", not a negative count.
   p.total_steps = std::numeric_limits<int64_t>::max();
   if (cfg.train.epochs > 0 &&

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <system_error>
 
@@ -241,7 +242,9 @@ void teacher_force(const Runner& run, const ReferencePlan& plan, const fs::path&
 // same global batch and math), end states compared. -1 when the batch cannot be halved.
 double rounding_drift(const Runner& run, const Config& reference, const fs::path& dir,
                       int64_t steps) {
-  if (reference.data.batch_size < 2 || reference.data.batch_size % 2 != 0) return -1.0;
+  if (reference.data.batch_size < 2 || reference.data.batch_size % 2 != 0 ||
+      reference.train.grad_accum_steps > std::numeric_limits<int64_t>::max() / 2)
+    return -1.0;
   Config halves = reference;
   halves.data.batch_size /= 2;
   halves.train.grad_accum_steps *= 2;

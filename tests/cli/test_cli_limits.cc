@@ -75,6 +75,29 @@ TEST_CASE("huge timeouts mean a long wait: runs in-process and launched train, n
   CHECK(contains(r.output, "after 2 steps"));
 }
 
+TEST_CASE("counts near 2^63 are counts, not overflows") {
+  TempDir dir;
+  // grad_accum_steps near 2^63: each epoch is one step (all its batches), as for any count above
+  // the batches per epoch; it trained 0 steps with exit 0 (ceil(b / a) overflowed).
+  auto r = run_cmd(kBin + " run " + kSrc +
+                   "/configs/smoke.yaml --set train.max_steps=2 --set "
+                   "train.grad_accum_steps=9223372036854775709 --log-level warn --out " +
+                   dir / "accum" + " 2>&1");
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK(contains(r.output, "after 2 steps (2.00 epochs)"));
+  // A PowerSGD rank near 2^62 compresses no matrix (rank (n + m) >= n m); it overflowed into an
+  // internal vector::_M_default_append error, exit 1.
+  r = run_cmd(kBin + " run " + kSrc +
+              "/configs/smoke.yaml --set train.max_steps=2 --set "
+              "distributed.compression.type=powersgd --set "
+              "distributed.compression.rank=4611686018427387904 --log-level warn --out " +
+              dir / "powersgd" + " 2>&1");
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK(contains(r.output, "after 2 steps"));
+}
+
 TEST_CASE("widths whose parameter count overflows int64 are refused, not wrapped negative") {
   TempDir dir;
   const auto r = run_cmd(kBin + " run " + kSrc +
