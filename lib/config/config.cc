@@ -400,12 +400,41 @@ class Reader final : public config_detail::KeyErrors {
 
   // The text of a plain (unquoted) scalar: YAML types numbers and booleans by their plain form,
   // so "128" in quotes is a string, not an integer.
-  const std::string& plain_scalar(const YAML::Node& n, const std::string& path,
-                                  const char* what) const {
+  // An explicit YAML tag is accepted only when it names the type the key reads (`!!int 8` for an
+  // integer); `!!str 8` or a custom tag (`!mine 8`) is refused rather than read as what it is not.
+  // `core` is that type's core-schema tag names without the "tag:yaml.org,2002:" prefix.
+  void check_tag(const YAML::Node& n, const std::string& path, const char* what,
+                 std::initializer_list<std::string_view> core) const {
+    const std::string& tag = n.Tag();
+    if (tag.empty() || tag == "?" || tag == "!") return;  // untagged (plain, quoted)
+    static constexpr std::string_view kCore = "tag:yaml.org,2002:";
+    for (std::string_view c : core)
+      if (tag.size() == kCore.size() + c.size() && tag.starts_with(kCore) && tag.ends_with(c))
+        return;
+    const std::string shown = tag.starts_with(kCore) ? "!!" + tag.substr(kCore.size()) : tag;
+    fail_node(path, n,
+              std::string("expected ") + what + ", got '" + n.Scalar() + "' tagged " + shown +
+                  " (remove the tag)");
+  }
+
+  const std::string& plain_scalar(const YAML::Node& n, const std::string& path, const char* what,
+                                  std::initializer_list<std::string_view> core) const {
     if (!n.IsScalar() || n.Tag() == "!") {
       fail_node(path, n, std::string("expected ") + what + ", got " + describe(n));
     }
+    check_tag(n, path, what, core);
     return n.Scalar();
+  }
+
+  // A string value, plain or quoted: no tag but !!str, and no NUL byte (YAML's "\0"), which every
+  // file or system call would cut the string at (a path "a.csv\0x" read a.csv).
+  const std::string& text_scalar(const YAML::Node& n, const std::string& path,
+                                 const char* what) const {
+    check_tag(n, path, what, {"str"});
+    const std::string& s = n.Scalar();
+    if (s.find('\0') != std::string::npos)
+      fail_node(path, n, std::string("expected ") + what + ", got a string with a NUL byte");
+    return s;
   }
 
   // Skips one leading '+' (YAML allows it; from_chars does not), but not "+-".
@@ -414,7 +443,7 @@ class Reader final : public config_detail::KeyErrors {
   }
 
   int64_t to_int(const YAML::Node& n, const std::string& path) const {
-    const std::string& s = plain_scalar(n, path, "an integer");
+    const std::string& s = plain_scalar(n, path, "an integer", {"int"});
     const char* end = s.data() + s.size();
     int64_t v = 0;
     const auto [p, ec] = std::from_chars(skip_plus(s), end, v);
@@ -426,7 +455,7 @@ class Reader final : public config_detail::KeyErrors {
   }
 
   double to_double(const YAML::Node& n, const std::string& path) const {
-    const std::string& s = plain_scalar(n, path, "a number");
+    const std::string& s = plain_scalar(n, path, "a number", {"int", "float"});
     const char* end = s.data() + s.size();
     double v = 0;
     const auto [p, ec] = std::from_chars(skip_plus(s), end, v);
@@ -450,7 +479,7 @@ class Reader final : public config_detail::KeyErrors {
   void read(const std::string& path, bool& out) const {
     const YAML::Node* n = leaf(path);
     if (!n) return;
-    const std::string& s = plain_scalar(*n, path, "true or false");
+    const std::string& s = plain_scalar(*n, path, "true or false", {"bool"});
     if (s == "true" || s == "True" || s == "TRUE") {
       out = true;
     } else if (s == "false" || s == "False" || s == "FALSE") {
@@ -465,7 +494,7 @@ class Reader final : public config_detail::KeyErrors {
     const YAML::Node* n = leaf(path);
     if (!n) return;
     if (!n->IsScalar()) fail_node(path, *n, "expected a string, got " + describe(*n));
-    out = n->Scalar();
+    out = text_scalar(*n, path, "a string");
   }
 
   // One character; the two-character text \t (unquoted in the file, or from --set) is a tab.
@@ -519,7 +548,7 @@ class Reader final : public config_detail::KeyErrors {
     if (!n) return;
     out.clear();
     if (n->IsScalar()) {
-      if (!n->Scalar().empty()) out.push_back(n->Scalar());
+      if (const std::string& p = text_scalar(*n, path, "a path"); !p.empty()) out.push_back(p);
       return;
     }
     if (!n->IsSequence())
@@ -532,7 +561,7 @@ class Reader final : public config_detail::KeyErrors {
       marks_[ep] = e.Mark();
       if (!e.IsScalar()) fail_node(ep, e, "expected a path, got " + describe(e));
       if (e.Scalar().empty()) fail_node(ep, e, "expected a path, got an empty string");
-      out.push_back(e.Scalar());
+      out.push_back(text_scalar(e, ep, "a path"));
     }
   }
 

@@ -170,11 +170,17 @@ void validate_relations(const Config& c, const KeyErrors& errors) {
   const OptimizerConfig& o = c.optimizer;
   // The update runs in float32: a positive value below its smallest normal number rounds to 0
   // there (an lr that never trains, an eps that divides by 0).
+  // One above its largest finite number becomes inf there (an eps that silently zeroes every
+  // update, an lr whose first step makes the weights non-finite).
   for (const auto& [key, v] : {std::pair<const char*, double>{"optimizer.lr", o.lr},
-                               std::pair<const char*, double>{"optimizer.eps", o.eps}})
+                               std::pair<const char*, double>{"optimizer.eps", o.eps}}) {
     errors.check(!(v > 0) || v >= std::numeric_limits<float>::min(), key,
                  "must be at least 1.2e-38, float32's smallest normal number (got " + show(v) +
                      ": the float32 update would round it to 0)");
+    errors.check(!(v > std::numeric_limits<float>::max()), key,
+                 "must be at most 3.4e+38, float32's largest finite number (got " + show(v) +
+                     ": the float32 update would make it inf)");
+  }
   // (nesterov with another optimizer is refused by check_belongs, naming sgd)
   errors.check(o.type != OptimizerType::kSgd || !o.nesterov || o.momentum > 0, "optimizer.nesterov",
                "needs optimizer.momentum > 0 (got momentum " + show(o.momentum) + ")");

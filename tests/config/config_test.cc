@@ -242,6 +242,35 @@ TEST_CASE("scalar typing: quoted strings, bools, numbers") {
   CHECK(parse_config("model: {hidden: []}\n" + std::string(kSynthetic), "x").model.hidden.empty());
 }
 
+TEST_CASE("explicit YAML tags: only the key's own type; NUL bytes in strings are refused") {
+  // The tag of the type the key reads is redundant and accepted.
+  const Config c = parse_config(
+      "data: {format: !!str synthetic, batch_size: !!int 8, shuffle: !!bool false}\n"
+      "optimizer: {lr: !!float 0.5, momentum: !!int 0}\n",
+      "x.yaml");
+  CHECK(c.data.batch_size == 8);
+  CHECK_FALSE(c.data.shuffle);
+  CHECK(c.optimizer.lr == 0.5);
+  // Another type's tag, or a custom one, was read as if absent ("values are typed strictly"); a
+  // NUL byte ("\0" in a double-quoted YAML string) cut a path short at every system call:
+  // "ok.csv\0zzz" read ok.csv.
+  const std::pair<std::string, std::string> refused[] = {
+      {"data: {format: synthetic, batch_size: !!str 8}",
+       "1:39: data.batch_size: expected an integer, got '8' tagged !!str (remove the tag)"},
+      {"seed: !!float 7",
+       "1:7: seed: expected an integer, got '7' tagged !!float (remove the tag)"},
+      {"data: {format: synthetic, shuffle: !!str true}",
+       "1:36: data.shuffle: expected true or false, got 'true' tagged !!str (remove the tag)"},
+      {"data: {format: !mine synthetic}",
+       "1:16: data.format: expected a string, got 'synthetic' tagged !mine (remove the tag)"},
+      {"data: {format: csv, train: {path: \"ok.csv\\0zzz\"}}",
+       "1:35: data.train.path: expected a path, got a string with a NUL byte"},
+      {"data: {format: csv, train: {path: [a.csv, \"b\\0\"]}}",
+       "1:43: data.train.path[1]: expected a path, got a string with a NUL byte"},
+  };
+  for (const auto& [yaml, want] : refused) CHECK(error_of(yaml + "\n") == "x.yaml:" + want);
+}
+
 TEST_CASE("YAML syntax errors carry FILE:LINE:COL and yaml-cpp's message") {
   const std::string flow = error_of("seed: 1\nmodel: {type: mlp\nseed: 2\n");
   CHECK(flow.starts_with("x.yaml:"));
@@ -376,6 +405,12 @@ TEST_CASE("every range and enum rule, via --set") {
       {"optimizer.lr=1e-50",
        "optimizer.lr: must be at least 1.2e-38, float32's smallest normal number (got 1e-50: the "
        "float32 update would round it to 0)"},
+      {"optimizer.lr=1e39",
+       "optimizer.lr: must be at most 3.4e+38, float32's largest finite number (got 1e+39: the "
+       "float32 update would make it inf)"},
+      {"optimizer.eps=1e39",
+       "optimizer.eps: must be at most 3.4e+38, float32's largest finite number (got 1e+39: the "
+       "float32 update would make it inf)"},
       {"optimizer.momentum=1", "optimizer.momentum: must be in [0, 1) (got 1)"},
       {"optimizer.nesterov=true",
        "optimizer.nesterov: needs optimizer.momentum > 0 (got momentum 0)"},
