@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "nn/kernels/fast_math.h"
 #include "nn/layer.h"
 #include "nn/layer_util.h"
 #include "util/check.h"
@@ -35,6 +36,58 @@ inline float lane_sum(int64_t n, Term term) {
   return s;
 }
 
+// The row loops are compute-bound: they get the SIMD clones (nn/kernels/fast_math.h).
+// y and saved ([rows, 2]: mean, rstd) of `rows` rows of f features.
+DT_SIMD_CLONES void layer_norm_rows(const float* x, const float* gamma, const float* beta, float* y,
+                                    float* saved, int64_t rows, int64_t f) {
+  const float inv_f = 1.0f / static_cast<float>(f);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * f;
+    float* yr = y + r * f;
+    // Two passes (mean, then squared deviations): no cancellation for large means.
+    const float mean = lane_sum(f, [xr](int64_t j) { return xr[j]; }) * inv_f;
+    const float var = lane_sum(f,
+                               [xr, mean](int64_t j) {
+                                 const float d = xr[j] - mean;
+                                 return d * d;
+                               }) *
+                      inv_f;
+    const float rstd = 1.0f / std::sqrt(var + kEps);
+    for (int64_t j = 0; j < f; ++j) yr[j] = (xr[j] - mean) * rstd * gamma[j] + beta[j];
+    saved[2 * r] = mean;
+    saved[2 * r + 1] = rstd;
+  }
+}
+
+// With xhat = (x - mean) * rstd and dxhat = dy * gamma:
+//   dgamma += sum_rows dy * xhat, dbeta += sum_rows dy,
+//   dx = rstd * (dxhat - mean_j(dxhat) - xhat * mean_j(dxhat * xhat)) (dx null: not wanted).
+DT_SIMD_CLONES void layer_norm_backward_rows(const float* x, const float* dy, const float* saved,
+                                             const float* gamma, float* dgamma, float* dbeta,
+                                             float* dx, int64_t rows, int64_t f) {
+  const float inv_f = 1.0f / static_cast<float>(f);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * f;
+    const float* dyr = dy + r * f;
+    const float mean = saved[2 * r];
+    const float rstd = saved[2 * r + 1];
+    for (int64_t j = 0; j < f; ++j) {
+      dgamma[j] += dyr[j] * (xr[j] - mean) * rstd;
+      dbeta[j] += dyr[j];
+    }
+    if (dx == nullptr) continue;
+    const float mean_dxhat =
+        lane_sum(f, [dyr, gamma](int64_t j) { return dyr[j] * gamma[j]; }) * inv_f;
+    const float mean_dxhat_xhat =
+        lane_sum(f, [=](int64_t j) { return dyr[j] * gamma[j] * ((xr[j] - mean) * rstd); }) * inv_f;
+    float* dxr = dx + r * f;
+    for (int64_t j = 0; j < f; ++j) {
+      const float xhat = (xr[j] - mean) * rstd;
+      dxr[j] = rstd * (dyr[j] * gamma[j] - mean_dxhat - xhat * mean_dxhat_xhat);
+    }
+  }
+}
+
 class LayerNorm final : public Layer {
  public:
   explicit LayerNorm(const Shape& shape)
@@ -47,6 +100,10 @@ class LayerNorm final : public Layer {
   // About eight flops per element (two reduction passes, normalise, affine).
   double flops_per_sample() const override {
     return 8.0 * static_cast<double>(f_ * rows_per_sample_);
+  }
+
+  double state_values_per_sample() const override {  // each row's mean and rstd
+    return 2.0 * static_cast<double>(rows_per_sample_);
   }
 
   void init(float* p, Rng& rng) const override {
@@ -63,30 +120,10 @@ class LayerNorm final : public Layer {
     resize_batch(y, samples, out_shape());
     Tensor& saved = saved_slot(st, 0);
     resize_2d(saved, batch, 2);
-    const float* gamma = p;
-    const float* beta = p + f_;
-    const float inv_f = 1.0f / static_cast<float>(f_);
-    for (int64_t r = 0; r < batch; ++r) {
-      const float* xr = x.data() + r * f_;
-      float* yr = y.data() + r * f_;
-      // Two passes (mean, then squared deviations): no cancellation for large means.
-      const float mean = lane_sum(f_, [xr](int64_t j) { return xr[j]; }) * inv_f;
-      const float var = lane_sum(f_,
-                                 [xr, mean](int64_t j) {
-                                   const float d = xr[j] - mean;
-                                   return d * d;
-                                 }) *
-                        inv_f;
-      const float rstd = 1.0f / std::sqrt(var + kEps);
-      for (int64_t j = 0; j < f_; ++j) yr[j] = (xr[j] - mean) * rstd * gamma[j] + beta[j];
-      saved.data()[2 * r] = mean;
-      saved.data()[2 * r + 1] = rstd;
-    }
+    layer_norm_rows(x.data(), p, p + f_, y.data(), saved.data(), batch, f_);
   }
 
-  // With xhat = (x - mean) * rstd and dxhat = dy * gamma:
-  //   dgamma += sum_rows dy * xhat, dbeta += sum_rows dy,
-  //   dx = rstd * (dxhat - mean_j(dxhat) - xhat * mean_j(dxhat * xhat)).
+  // Gradients as layer_norm_backward_rows gives them.
   void backward(const float* p, float* g, const Tensor& x, const Tensor& y, const LayerState& st,
                 const Tensor& dy, Tensor* dx, const LayerCtx& ctx) const override {
     (void)y, (void)ctx;
@@ -97,31 +134,8 @@ class LayerNorm final : public Layer {
     const Tensor& saved = st.saved[0];
     DT_CHECK_EQ(saved.numel(), batch * 2);
     if (dx != nullptr) resize_batch(*dx, samples, in_shape());
-    const float* gamma = p;
-    float* dgamma = g;
-    float* dbeta = g + f_;
-    const float inv_f = 1.0f / static_cast<float>(f_);
-    for (int64_t r = 0; r < batch; ++r) {
-      const float* xr = x.data() + r * f_;
-      const float* dyr = dy.data() + r * f_;
-      const float mean = saved.data()[2 * r];
-      const float rstd = saved.data()[2 * r + 1];
-      for (int64_t j = 0; j < f_; ++j) {
-        dgamma[j] += dyr[j] * (xr[j] - mean) * rstd;
-        dbeta[j] += dyr[j];
-      }
-      if (dx == nullptr) continue;
-      const float mean_dxhat =
-          lane_sum(f_, [dyr, gamma](int64_t j) { return dyr[j] * gamma[j]; }) * inv_f;
-      const float mean_dxhat_xhat =
-          lane_sum(f_, [=](int64_t j) { return dyr[j] * gamma[j] * ((xr[j] - mean) * rstd); }) *
-          inv_f;
-      float* dxr = dx->data() + r * f_;
-      for (int64_t j = 0; j < f_; ++j) {
-        const float xhat = (xr[j] - mean) * rstd;
-        dxr[j] = rstd * (dyr[j] * gamma[j] - mean_dxhat - xhat * mean_dxhat_xhat);
-      }
-    }
+    layer_norm_backward_rows(x.data(), dy.data(), saved.data(), p, g, g + f_,
+                             dx != nullptr ? dx->data() : nullptr, batch, f_);
   }
 
  private:
