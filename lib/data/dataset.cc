@@ -6,6 +6,9 @@
 #include <utility>
 #include <vector>
 
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
 #include "data/dataset.h"
 #include "data/text.h"
 #include "tensor/tensor.h"
@@ -158,6 +161,19 @@ int64_t train_rows_without_loading(const DataConfig& cfg) {
   return cfg.test.empty() ? n - held_out_rows(n, resolved_test_fraction(cfg)) : n;
 }
 
+Shape train_sample_shape_without_loading(const DataConfig& cfg) {
+  switch (cfg.format) {
+    case DataFormat::kSynthetic:
+      return {cfg.synthetic.features};
+    case DataFormat::kIdx:
+      return idx_image_shape(cfg.train.images);
+    case DataFormat::kText:
+      return {cfg.block_size};
+    default:
+      return {};
+  }
+}
+
 std::string idle_ranks_warning(int64_t train_rows, int64_t world_size, int64_t pipeline_stages,
                                int64_t tensor_ranks) {
   const int64_t S = std::max<int64_t>(1, pipeline_stages), T = std::max<int64_t>(1, tensor_ranks);
@@ -224,6 +240,15 @@ DataSplits load_data(const DataConfig& cfg, int64_t seed) {
       throw UserError("test images '" + cfg.test.images + "' are " + shape_str(s.test.sample) +
                       ", the training images " + shape_str(s.train.sample));
   } else if (fraction > 0) {
+    // A fraction that rounds to no sample gives no test set: refused when the fraction was
+    // asked for (data.test_fraction), said when it is the format's default.
+    if (const int64_t n = s.train.rows; held_out_rows(n, fraction) == 0) {
+      const std::string what =
+          ::fmt::format("data.test_fraction {} of the {} samples holds out none", fraction, n);
+      if (cfg.test_fraction >= 0)
+        throw UserError(what + ": use a larger fraction, or 0 for no test set");
+      spdlog::warn("{} (the default for this format): no test set, no evaluation", what);
+    }
     hold_out(s.train, s.test, fraction, seed);
   }
   s.test.features = s.train.features;  // also for an empty test set, so shapes always agree

@@ -161,7 +161,7 @@ DataSplits load_text(const TextOptions& opts) {
                     window_text(T));
   }
   s.train = windows_of(train.data(), n_train, T);
-  if (n_test > 0) {
+  if (n_test > 0 || (opts.test.empty() && opts.test_fraction > 0)) {
     if (text_window_count(n_test, T) == 0) {
       throw UserError("data.test_fraction " + show(opts.test_fraction) + " holds out " +
                       std::to_string(n_test) + " bytes of " + describe(train_files) +

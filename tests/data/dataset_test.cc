@@ -267,6 +267,11 @@ TEST_CASE("load_data: csv held-out split and test/train mismatch") {
     CHECK(a.test.row(i)[1] == 2 * a.test.row(i)[0]);
   }
 
+  // A fraction asked for that rounds to no row: refused (no test set, no evaluation, before).
+  cfg.test_fraction = 0.001;
+  CHECK(user_error([&] { load_data(cfg, 3); }) ==
+        "data.test_fraction 0.001 of the 100 samples holds out none: use a larger fraction, or 0 "
+        "for no test set");
   cfg.test_fraction = 1.5;
   CHECK(user_error([&] { load_data(cfg, 3); }).find("test_fraction") != std::string::npos);
   cfg.test_fraction = -1;

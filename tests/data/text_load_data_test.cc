@@ -49,5 +49,15 @@ TEST_CASE("load_data: format text windows the text, holding out its last 10% by 
   CHECK(e.test.rows == 3);
 }
 
+TEST_CASE("load_data: a text test_fraction that rounds to no byte is refused, not no test set") {
+  TempDir t;
+  DataConfig cfg;
+  cfg.format = DataFormat::kText;
+  cfg.block_size = 16;
+  cfg.train.path = {t.write("a.txt", bytes_of(1000))};
+  cfg.test_fraction = 1e-9;  // of 1000 bytes: 0, which trained with no evaluation before
+  CHECK_THROWS_WITH_AS(load_data(cfg, 1), doctest::Contains("holds out 0 bytes"), UserError);
+}
+
 }  // namespace
 }  // namespace dtrain
