@@ -18,6 +18,7 @@
 
 #include "checkpoint/checkpoint.h"
 #include "comm/grpc_transport.h"
+#include "comm/rank_grid.h"
 #include "config/config.h"
 #include "data/dataset.h"
 #include "data/text.h"
@@ -32,6 +33,8 @@
 #include "report/plot.h"
 #include "tensor/blas.h"
 #include "train/distributed.h"
+#include "train/loop.h"
+#include "train/pipeline.h"
 #include "train/run_dir.h"
 #include "train/stop.h"
 #include "train/trainer.h"
@@ -108,6 +111,35 @@ void check_drop_last_fits(const Config& cfg) {
       std::max<int64_t>(1, d.pipeline.stages) * std::max<int64_t>(1, d.tensor_parallel.size);
   const int replicas = static_cast<int>(std::max<int64_t>(1, d.world_size / ranks_per_replica));
   if (rows >= 0 && rows < cfg.data.batch_size * replicas) plan_steps(cfg, 0, rows, replicas);
+}
+
+// What run refuses once it has laid out its ranks and built the model, checked by validate
+// without reading the data where the config tells: an in-process rank grid that cannot be laid out
+// (launched ranks get their world size from the launcher), and, when the input shape is known from
+// the config or a file header (data/dataset.h), a model that does not fit it or has fewer layers
+// with parameters than pipeline stages.
+void check_layout_without_data(const Config& cfg) {
+  const DistributedConfig& d = cfg.distributed;
+  const int S = pipeline_stages(cfg);
+  if (d.backend == Backend::kInproc) {
+    const GridLayout grid(static_cast<int>(d.world_size), static_cast<int>(d.tensor_parallel.size),
+                          S);  // throws UserError as run's does
+    (void)grid;
+  }
+  const Shape sample = train_sample_shape_without_loading(cfg.data);
+  if (sample.empty()) return;
+  int64_t classes = cfg.data.format == DataFormat::kText        ? kTextVocab
+                    : cfg.data.format == DataFormat::kSynthetic ? cfg.data.synthetic.classes
+                                                                : 0;
+  if (cfg.data.format == DataFormat::kIdx) {
+    classes = idx_label_classes(cfg.data.train.labels);
+    if (!cfg.data.test.labels.empty())
+      classes = std::max(classes, idx_label_classes(cfg.data.test.labels));
+  }
+  if (cfg.model.num_classes > 0) classes = cfg.model.num_classes;  // (labels above it: run's check)
+  if (classes < 2) return;  // (run refuses a single label with its own message)
+  const Model model = build_model(cfg.model, {sample, classes});
+  if (S > 1) partition_stages(model, S, d.pipeline.partition);
 }
 
 // --resume: its checkpoint is checked (headers only) before any data is loaded; "auto" may find
@@ -726,6 +758,7 @@ int Cli::dispatch(const char* argv0) {
     }
     warn_idle_ranks(cfg);
     check_drop_last_fits(cfg);
+    check_layout_without_data(cfg);
     std::cout << config_path_ << ": ok (config hash " << config_hash(cfg) << ")" << std::endl;
     return kExitOk;
   }

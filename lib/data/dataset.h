@@ -67,6 +67,12 @@ std::vector<float> load_csv_features(const std::string& path, const CsvOptions& 
 // The item count in an unsigned-byte IDX labels file's header (magic 0x00000801), gzip or not,
 // reading only the first 8 (decompressed) bytes; -1 when the file cannot be read or is not one.
 int64_t idx_label_count(const std::string& labels_path);
+// The largest label + 1 in an IDX labels file (read whole: one byte per sample), as load_idx
+// counts classes; UserError as load_idx for a file that is not one (0 for no labels).
+int64_t idx_label_classes(const std::string& labels_path);
+// The image shape [1, rows, cols] in an IDX images file's header (magic 0x00000803), gzip or
+// not, reading only its first 16 (decompressed) bytes; {} when it cannot be read or is not one.
+Shape idx_image_shape(const std::string& images_path);
 Dataset make_synthetic(const SyntheticOptions& opts, int64_t seed);
 
 // Test rows load_data holds out of `n` training rows for `fraction` (data.test_fraction, resolved):
@@ -78,6 +84,10 @@ int64_t held_out_rows(int64_t n, double fraction);
 // header, gzip or not, minus the held-out part); -1 for CSV or an unreadable IDX header (the
 // loader then reports what is wrong).
 int64_t train_rows_without_loading(const DataConfig& cfg);
+// A training sample's input shape when it is known without reading the data: synthetic [F],
+// IDX [1, rows, cols] (its images header), text [block_size] (token ids); {} for CSV or an
+// unreadable header (the loader then reports what is wrong).
+Shape train_sample_shape_without_loading(const DataConfig& cfg);
 
 // "" when every data-parallel replica gets training samples; else a one-line warning that
 // `world_size` ranks share `train_rows` samples and how many replicas get none (fewer samples

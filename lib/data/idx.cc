@@ -335,6 +335,24 @@ int64_t idx_label_count(const std::string& labels_path) {
   return static_cast<int64_t>(read_be32(head, 4));
 }
 
+int64_t idx_label_classes(const std::string& labels_path) {
+  const IdxFile lab = read_idx(labels_path, kLabelsMagic, "labels");
+  int64_t classes = 0;
+  for (size_t i = lab.data_offset; i < lab.bytes.size(); ++i)
+    classes = std::max<int64_t>(classes, static_cast<unsigned char>(lab.bytes[i]) + 1);
+  return classes;
+}
+
+Shape idx_image_shape(const std::string& images_path) {
+  gzFile f = gzopen(images_path.c_str(), "rb");  // reads a file without the gzip magic as it is
+  if (f == nullptr) return {};
+  std::string head(16, '\0');
+  const int got = gzread(f, head.data(), 16);
+  gzclose(f);
+  if (got != 16 || read_be32(head, 0) != kImagesMagic) return {};
+  return {1, static_cast<int64_t>(read_be32(head, 8)), static_cast<int64_t>(read_be32(head, 12))};
+}
+
 Dataset load_idx(const std::string& images_path, const std::string& labels_path) {
   const IdxFile img = read_idx(images_path, kImagesMagic, "images");
   const uint64_t n = img.dims[0];

@@ -503,3 +503,51 @@ TEST_CASE("drop_last with a global batch above the training set: validate refuse
   CHECK(r.exit_code == 2);
   CHECK(contains(r.output, want));
 }
+
+TEST_CASE("validate refuses the layouts and layer lists run refuses, without reading the data") {
+  TempDir dir;
+  write_idx(dir, 10);  // 2x2 images, labels 0 and 1
+  const std::string cnn = dir.write("cnn.yaml",
+                                    "model:\n"
+                                    "  type: sequential\n"
+                                    "  layers: [flatten, {linear: 2}]\n"
+                                    "data:\n"
+                                    "  format: idx\n"
+                                    "  train: {images: img.idx, labels: lab.idx}\n"
+                                    "  batch_size: 2\n"
+                                    "train: {epochs: 1}\n");
+  const std::string tiny = dir.write("tiny.yaml", kTiny);
+  dir.write("text.txt", std::string(4000, 'a'));
+  const std::string gpt = dir.write("gpt.yaml",
+                                    "model: {type: gpt, n_layer: 1, n_head: 2, n_embd: 16, "
+                                    "block_size: 16}\n"
+                                    "data: {format: text, train: {path: text.txt}, batch_size: 8}\n"
+                                    "optimizer: {type: adamw, lr: 0.001}\n"
+                                    "train: {max_steps: 2}\n");
+  struct Case {
+    std::string args, want;
+  };
+  for (const Case& c : {
+           Case{tiny + " --set distributed.world_size=3 --set distributed.pipeline.stages=2",
+                "pipeline stages 2 = 2 does not divide the world size 3"},
+           Case{tiny + " --set distributed.strategy=pipeline",
+                "pipeline stages 2 = 2 does not divide the world size 1"},
+           Case{gpt + " --set distributed.world_size=8 --set distributed.pipeline.stages=8",
+                "the model has 4 layer(s) with parameters, fewer than 8 stages"},
+           Case{cnn + " --set 'model.layers=[{conv2d: {out_channels: 4, kernel: 3}}, flatten, "
+                      "{linear: 2}]'",
+                "model.layers[0] (conv2d): kernel 3x3 is larger than the padded input 2x2"},
+           Case{cnn + " --set 'model.layers=[flatten, {linear: 3}]'",
+                "the last layer gives [3] per sample, but the data has 2 classes"},
+       }) {
+    CAPTURE(c.args);
+    auto r = run_dtrain("validate " + c.args);
+    CHECK(r.exit_code == 2);
+    CHECK_MESSAGE(contains(r.output, c.want), r.output);
+  }
+  CHECK(run_dtrain("validate " + cnn).exit_code == 0);
+  // Launched ranks get their world size from the launcher: a gRPC config's grid is run's to judge.
+  CHECK(run_dtrain("validate " + tiny + " --set distributed.backend=grpc --set " +
+                   "distributed.strategy=pipeline")
+            .exit_code == 0);
+}
