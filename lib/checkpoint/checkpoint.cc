@@ -551,6 +551,15 @@ void commit_checkpoint(const std::string& dir, const std::string& file_name, int
   // keep_last removes them first instead of keeping them forever.
   std::smatch cur;
   const int64_t now = std::regex_match(file_name, cur, re) ? std::stoll(cur[1].str()) : INT64_MAX;
+  // The same step in the other form (a step-<N> folder beside the step-<N>.safetensors committed
+  // now, or the reverse) is the abandoned timeline's: superseded, and it would make the step
+  // ambiguous for a folder whose `latest` is lost. Removed whatever keep_last says.
+  std::erase_if(found, [&](const auto& e) {
+    if (e.first != now || e.second.filename() == file_name) return false;
+    std::error_code ec;
+    fs::remove_all(e.second, ec);
+    return true;
+  });
   std::sort(found.begin(), found.end(), [now](const auto& a, const auto& b) {
     return std::make_pair(a.first <= now, a.first) < std::make_pair(b.first <= now, b.first);
   });

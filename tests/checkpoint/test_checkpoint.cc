@@ -152,4 +152,12 @@ TEST_CASE("keep_last removes an abandoned timeline's later checkpoints first") {
   CHECK(std::filesystem::exists(dir / "step-20.safetensors"));
   CHECK_FALSE(std::filesystem::exists(dir / "step-30.safetensors"));
   CHECK_FALSE(std::filesystem::exists(dir / "step-40.safetensors"));
+  // The abandoned timeline saved step 50 sharded (a folder), this one saves it as a file: the
+  // folder is superseded and goes (keep_last kept it and removed this run's step 20, before).
+  dir.write("step-50/manifest.json", "{}");
+  commit_checkpoint(dir.path(), "step-50", 3);
+  dir.write(checkpoint_file_name(50), "z");
+  commit_checkpoint(dir.path(), checkpoint_file_name(50), 3);
+  CHECK_FALSE(std::filesystem::exists(dir / "step-50"));
+  for (int s : {10, 20, 50}) CHECK(std::filesystem::exists(dir / checkpoint_file_name(s)));
 }
