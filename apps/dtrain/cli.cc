@@ -117,7 +117,8 @@ void check_drop_last_fits(const Config& cfg) {
 // without reading the data where the config tells: an in-process rank grid that cannot be laid out
 // (launched ranks get their world size from the launcher), and, when the input shape is known from
 // the config or a file header (data/dataset.h), a model that does not fit it or has fewer layers
-// with parameters than pipeline stages.
+// with parameters than pipeline stages, or whose training state and activations cannot fit in
+// memory (train/trainer.h's check_training_memory, as run checks it).
 void check_layout_without_data(const Config& cfg) {
   const DistributedConfig& d = cfg.distributed;
   const int S = pipeline_stages(cfg);
@@ -139,7 +140,14 @@ void check_layout_without_data(const Config& cfg) {
   if (cfg.model.num_classes > 0) classes = cfg.model.num_classes;  // (labels above it: run's check)
   if (classes < 2) return;  // (run refuses a single label with its own message)
   const Model model = build_model(cfg.model, {sample, classes});
-  if (S > 1) partition_stages(model, S, d.pipeline.partition);
+  const std::vector<LayerRange> stages = S > 1 ? partition_stages(model, S, d.pipeline.partition)
+                                               : std::vector<LayerRange>{{0, model.num_layers()}};
+  // Its memory, per rank of each stage (tensor-parallel ranks hold slices: left to run).
+  if (d.tensor_parallel.size > 1) return;
+  const int world = static_cast<int>(std::max<int64_t>(1, d.world_size));
+  const int here = d.backend == Backend::kInproc ? world : 1;
+  for (const auto& [first, last] : stages)
+    check_training_memory(cfg, model, first, last, std::max(1, world / S), here, false);
 }
 
 // --resume: its checkpoint is checked (headers only) before any data is loaded; "auto" may find

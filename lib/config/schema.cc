@@ -193,7 +193,7 @@ std::vector<KeyDecl> data_keys(const Owners& o) {
           R"doc(csv: test CSV file (optional). text: the validation text, same forms as `data.train.path` (optional))doc"),
       key(
           "data.test_fraction", [](auto& c) -> auto& { return c.data.test_fraction; },
-          R"doc(Fraction of train held out as the test set when `data.test` is not given: -1 = default (0 for idx/csv, 0.2 for synthetic, 0.1 for text: the last 10% of the bytes), else in [0, 1); > 0 together with `data.test` is an error)doc"),
+          R"doc(Fraction of train held out as the test set when `data.test` is not given: -1 = default (0 for idx/csv, 0.2 for synthetic, 0.1 for text: the last 10% of the bytes), else in [0, 1); > 0 together with `data.test` is an error, and so is a fraction that rounds to no sample (a format's default that does: a warning, and no evaluation))doc"),
       key(
           "data.batch_size", [](auto& c) -> auto& { return c.data.batch_size; },
           R"doc(Per-rank batch size, 1..16777216 (2^24))doc")

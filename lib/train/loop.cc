@@ -77,51 +77,10 @@ void TrainLoop::setup_model() {
   loss_global_ = !pipelined && DP_ > 1 && strategy_->replicated_grads();
 }
 
-// Refuses, before allocating it, a model whose training state does not fit: the fp32 parameters,
-// gradients and optimizer state this rank's strategy holds (strategy.h's table), plus one batch's
-// activations (each layer's output, input gradient and saved state, Layer::state_values_per_sample:
-// a pipeline stage's whole batch, as GPipe keeps it), for every in-process rank, plus the
-// full-model copies a resume reads. The data is not counted (the CLI turns a failed allocation
-// there into a clear message).
+// The start-up memory check (train/trainer.h's check_training_memory) for this rank's stage.
 void TrainLoop::check_memory(const ModelRange& range) const {
-  const int64_t avail = available_memory_bytes();
-  if (avail < 0) return;
-  const double n = static_cast<double>(range.size()), W = DP_;
-  double k = static_cast<double>(make_optimizer(cfg_.optimizer, 0, 0)->state_names().size());
-  const StrategyKind s = cfg_.distributed.strategy;
-  if (s == StrategyKind::kLocalSgd && cfg_.distributed.local_sgd.outer_lr > 0)
-    k += 2;  // anchor, momentum
-  const double floats = s == StrategyKind::kZero1   ? 2 * n + k * n / W
-                        : s == StrategyKind::kZero2 ? n + (1 + k) * n / W
-                        : s == StrategyKind::kFsdp  ? (2 + k) * n / W
-                                                    : (2 + k) * n;
   const int here = cfg_.distributed.backend == Backend::kInproc ? world_.size() : 1;
-  double state = 4.0 * floats * here;
-  if (!opts_.resume.empty())
-    state += 4.0 * (1 + k) * static_cast<double>(model_.param_count()) * here;
-  double per_sample = 0;  // 4-byte values
-  for (size_t i = range.first; i < range.last; ++i) {
-    const Layer& l = model_.layer(i);
-    per_sample +=
-        static_cast<double>(l.in_features() + l.out_features()) + l.state_values_per_sample();
-  }
-  const double acts = 4.0 * per_sample * static_cast<double>(cfg_.data.batch_size) * here;
-  if (state + acts <= static_cast<double>(avail)) return;
-  const double gib = 1024.0 * 1024.0 * 1024.0;
-  // The keys that set the size, by model type.
-  const ModelType type = cfg_.model.type;
-  const char* keys = type == ModelType::kGpt                      ? "model.n_layer, n_embd"
-                     : type == ModelType::kSequential             ? "model.layers"
-                     : cfg_.model.complexity != Complexity::kNone ? "model.complexity"
-                                                                  : "model.hidden";
-  throw UserError(fmt::format(
-      "the model has {} parameters ({}): training needs about {:.1f} GiB for parameters, "
-      "gradients and optimizer state and {:.1f} GiB for the activations of a batch of {} "
-      "(data.batch_size) ({} {} rank(s) in this process, strategy {}), more than the {:.1f} GiB "
-      "this process can allocate; use a smaller model or batch, or more ranks with a sharded "
-      "strategy (fsdp) or a pipeline",
-      model_.param_count(), keys, state / gib, acts / gib, cfg_.data.batch_size, here,
-      to_string(cfg_.distributed.backend), to_string(s), static_cast<double>(avail) / gib));
+  check_training_memory(cfg_, model_, range.first, range.last, DP_, here, !opts_.resume.empty());
 }
 
 bool TrainLoop::resume() {

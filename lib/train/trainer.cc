@@ -154,6 +154,49 @@ void finish_trace(const RunOptions& opts, Communicator& comm, const Tracer& trac
   spdlog::info("trace: {} (open in ui.perfetto.dev)", opts.trace);
 }
 
+void check_training_memory(const Config& cfg, const Model& model, size_t first, size_t last,
+                           int replicas, int ranks_here, bool resume) {
+  const int64_t avail = available_memory_bytes();
+  if (avail < 0) return;
+  const int64_t begin = first < last ? model.layer_begin(first) : 0;
+  const int64_t end = first < last ? model.layer_end(last - 1) : 0;
+  const double n = static_cast<double>(end - begin), W = std::max(1, replicas);
+  double k = static_cast<double>(make_optimizer(cfg.optimizer, 0, 0)->state_names().size());
+  const StrategyKind s = cfg.distributed.strategy;
+  if (s == StrategyKind::kLocalSgd && cfg.distributed.local_sgd.outer_lr > 0)
+    k += 2;  // anchor, momentum
+  const double floats = s == StrategyKind::kZero1   ? 2 * n + k * n / W
+                        : s == StrategyKind::kZero2 ? n + (1 + k) * n / W
+                        : s == StrategyKind::kFsdp  ? (2 + k) * n / W
+                                                    : (2 + k) * n;
+  const int here = ranks_here;
+  double state = 4.0 * floats * here;
+  if (resume) state += 4.0 * (1 + k) * static_cast<double>(model.param_count()) * here;
+  double per_sample = 0;  // 4-byte values
+  for (size_t i = first; i < last; ++i) {
+    const Layer& l = model.layer(i);
+    per_sample +=
+        static_cast<double>(l.in_features() + l.out_features()) + l.state_values_per_sample();
+  }
+  const double acts = 4.0 * per_sample * static_cast<double>(cfg.data.batch_size) * here;
+  if (state + acts <= static_cast<double>(avail)) return;
+  const double gib = 1024.0 * 1024.0 * 1024.0;
+  // The keys that set the size, by model type.
+  const ModelType type = cfg.model.type;
+  const char* keys = type == ModelType::kGpt                     ? "model.n_layer, n_embd"
+                     : type == ModelType::kSequential            ? "model.layers"
+                     : cfg.model.complexity != Complexity::kNone ? "model.complexity"
+                                                                 : "model.hidden";
+  throw UserError(fmt::format(
+      "the model has {} parameters ({}): training needs about {:.1f} GiB for parameters, "
+      "gradients and optimizer state and {:.1f} GiB for the activations of a batch of {} "
+      "(data.batch_size) ({} {} rank(s) in this process, strategy {}), more than the {:.1f} GiB "
+      "this process can allocate; use a smaller model or batch, or more ranks with a sharded "
+      "strategy (fsdp) or a pipeline",
+      model.param_count(), keys, state / gib, acts / gib, cfg.data.batch_size, here,
+      to_string(cfg.distributed.backend), to_string(s), static_cast<double>(avail) / gib));
+}
+
 StepPlan plan_steps(const Config& cfg, int64_t batches_per_epoch, int64_t train_rows,
                     int replicas) {
   StepPlan p;

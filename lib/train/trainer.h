@@ -135,6 +135,17 @@ struct ModelShape {
 };
 ModelShape resolve_model_shape(const Config& cfg, const DataSplits& data);
 
+// Refuses (UserError, exit 2, with the numbers) a training run whose memory this process cannot
+// allocate, before anything is: per rank, the fp32 parameters, gradients and optimizer state of
+// layers [first, last) of `model` that cfg's strategy holds over `replicas` data-parallel replicas
+// (strategy.h's table), plus one batch's activations (each layer's output, input gradient and
+// saved state, Layer::state_values_per_sample: a pipeline stage's whole batch, as GPipe keeps it),
+// times `ranks_here` (the in-process ranks), plus the full-model copies a resume reads. The data
+// is not counted (the CLI turns a failed allocation there into a clear message). Used by the
+// training loop and by validate.
+void check_training_memory(const Config& cfg, const Model& model, size_t first, size_t last,
+                           int replicas, int ranks_here, bool resume);
+
 struct EvalResult {
   double loss = 0.0;      // mean per sample
   double accuracy = 0.0;  // fraction in [0, 1]

@@ -29,13 +29,17 @@ TEST_CASE("a model too large for this machine's memory is refused before it is a
            Case{"fmnist_cnn.yaml",
                 "--set 'model.layers=[flatten, {linear: 16777216}, {linear: 10}]'", "model.layers"},
        }) {
-    const auto r = run_cmd(kBin + " run " + kSrc + "/configs/" + c.config + " " + c.sets +
-                           " --out " + dir / "big" + " 2>&1");
-    INFO(r.output);
-    CHECK(r.exit_code == 2);
-    CHECK(contains(r.output, "parameters (" + c.keys + "): training needs about"));
-    CHECK(contains(r.output, "GiB this process can allocate"));
-    CHECK_FALSE(contains(r.output, "bad_alloc"));
+    // validate refuses it the same way, from the config and the data's headers.
+    for (const std::string cmd : {"run", "validate"}) {
+      const auto r = run_cmd(kBin + " " + cmd + " " + kSrc + "/configs/" + c.config + " " + c.sets +
+                             (cmd == "run" ? " --out " + dir / "big" : "") + " 2>&1");
+      const std::string what = cmd + ": " + r.output;
+      INFO(what);
+      CHECK(r.exit_code == 2);
+      CHECK(contains(r.output, "parameters (" + c.keys + "): training needs about"));
+      CHECK(contains(r.output, "GiB this process can allocate"));
+      CHECK_FALSE(contains(r.output, "bad_alloc"));
+    }
   }
 }
 
