@@ -134,11 +134,17 @@ inline void adam_scalar(float* p, const float* g, float* m, float* v, int64_t i,
 // bound the SSE loop): elements [0, 16 * floor(n / 16)); returns where it stopped. The same
 // IEEE operations in the same order as adam_scalar, so every CPU gets the same bits: AVX-512
 // implies FMA, and GCC would contract the intrinsics' multiply-adds into it (-ffp-contract=fast
-// is its default), hence fp-contract=off here.
+// is its default), hence fp-contract=off here. (Clang contracts only within one source
+// expression, which the intrinsics are not, and has no optimize attribute.)
+#if defined(__clang__)
+#define DT_AVX512_NO_CONTRACT __attribute__((target("avx512f")))
+#else
+#define DT_AVX512_NO_CONTRACT __attribute__((target("avx512f"), optimize("fp-contract=off")))
+#endif
 template <bool kL2, bool kDecoupled>
-__attribute__((target("avx512f"), optimize("fp-contract=off"))) int64_t adam_update_avx512(
-    float* __restrict p, const float* __restrict g, float* __restrict m, float* __restrict v,
-    int64_t n, const AdamCoeffs& c) {
+DT_AVX512_NO_CONTRACT int64_t adam_update_avx512(float* __restrict p, const float* __restrict g,
+                                                 float* __restrict m, float* __restrict v,
+                                                 int64_t n, const AdamCoeffs& c) {
   const __m512 beta1 = _mm512_set1_ps(c.beta1), omb1 = _mm512_set1_ps(c.one_minus_beta1);
   const __m512 beta2 = _mm512_set1_ps(c.beta2), omb2 = _mm512_set1_ps(c.one_minus_beta2);
   const __m512 bc2_sqrt = _mm512_set1_ps(c.bc2_sqrt), eps = _mm512_set1_ps(c.eps);

@@ -42,9 +42,6 @@ bool select_scalar(const float* r0, const float* r1, int32_t w, int32_t base, in
 
 #if defined(__SSE2__)
 // m ? t : f, lane by lane (m all ones or all zeros).
-inline __m128 pick(__m128 m, __m128 t, __m128 f) {
-  return _mm_or_ps(_mm_and_ps(m, t), _mm_andnot_ps(m, f));
-}
 inline __m128i pick(__m128i m, __m128i t, __m128i f) {
   return _mm_or_si128(_mm_and_si128(m, t), _mm_andnot_si128(m, f));
 }
