@@ -178,6 +178,9 @@ struct WorkDir {
     if (!given.empty()) {
       path = given;
       std::error_code ec;
+      if (fs::exists(path, ec) && !fs::is_directory(path, ec))
+        throw UserError("verify: --out '" + given +
+                        "' exists and is not a folder: give a new or empty folder");
       // verify replaces its runs' subfolders (layout, reference, ...) in --out: only in a folder
       // that is new, empty or verify's own (it holds the marker), never in a user's folder.
       if (fs::exists(path, ec) && !fs::is_empty(path, ec) && !fs::exists(path / kMarker, ec))

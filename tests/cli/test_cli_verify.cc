@@ -90,6 +90,12 @@ runtime: {threads: 1}
   CHECK_MESSAGE(mine.exit_code == 2, mine.output);
   CHECK(mine.output.find("holds files verify did not write") != std::string::npos);
   CHECK(std::filesystem::file_size(t / "mine/layout/notes.txt") == 8);
+  // A file, or a device, is not a folder (it was called "a folder that holds files").
+  for (const std::string& out : {t.write("a-file", "x"), std::string("/dev/null")}) {
+    const CmdResult r = run_cmd(kBin + " verify " + cfg + " --steps 1 --out " + out);
+    CHECK(r.exit_code == 2);
+    CHECK_MESSAGE(r.output.find("exists and is not a folder") != std::string::npos, r.output);
+  }
   for (int i = 0; i < 2; ++i) {
     const CmdResult r = run_cmd(kBin + " verify " + cfg + " --steps 1 --out " + t / "work");
     CHECK_MESSAGE(r.exit_code == 0, r.output);
