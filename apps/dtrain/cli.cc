@@ -192,12 +192,21 @@ bool same_file(const std::string& a, const std::string& b) {
   return !ec && ca == cb;
 }
 
-// predict's --output must not replace what it reads: its --input rows or the config.
+// predict's --output must not replace what it reads: its --input rows, the config, or the data
+// files the config names (predict reads the training data for its normaliser and classes).
 void check_predict_output(const std::string& output, const std::string& input,
-                          const std::string& config) {
-  for (const auto& [option, path] : {std::pair{"--input", input}, std::pair{"the config", config}})
+                          const std::string& config, const DataConfig& data) {
+  std::vector<std::pair<std::string, std::string>> reads = {{"--input", input},
+                                                            {"the config", config}};
+  for (const auto& [key, files] :
+       {std::pair{"data.train", &data.train}, {"data.test", &data.test}}) {
+    if (!files->images.empty()) reads.emplace_back(std::string(key) + ".images", files->images);
+    if (!files->labels.empty()) reads.emplace_back(std::string(key) + ".labels", files->labels);
+    for (const std::string& p : files->path) reads.emplace_back(std::string(key) + ".path", p);
+  }
+  for (const auto& [what, path] : reads)
     if (same_file(output, path))
-      throw UserError("--output '" + output + "' is the same file as " + option + " ('" + path +
+      throw UserError("--output '" + output + "' is the same file as " + what + " ('" + path +
                       "'): predict would replace what it reads; write the predictions elsewhere");
   check_output_file("--output", output);
 }
@@ -771,7 +780,8 @@ int Cli::dispatch(const char* argv0) {
     return kExitOk;
   }
   if (!trace_.empty()) check_output_file("--trace", trace_);
-  if (predict_->parsed() && !output_.empty()) check_predict_output(output_, input_, config_path_);
+  if (predict_->parsed() && !output_.empty())
+    check_predict_output(output_, input_, config_path_, cfg.data);
   if (overwrite_ && !resume_.empty())
     throw UserError(
         "--overwrite deletes the checkpoints that --resume would continue from: "

@@ -125,6 +125,16 @@ TEST_CASE("run, eval and predict on a tiny synthetic config") {
   CHECK(r.exit_code == 2);
   CHECK_MESSAGE(contains(r.output, "is the same file as --input"), r.output);
   CHECK(read_text(in) == rows);
+  // Nor the data files the config names (predict reads the training data).
+  const std::string train_csv = dir.write("train.csv", "a,b,label\n1,2,0\n3,4,1\n");
+  const std::string csv_cfg =
+      dir.write("csv.yaml", "model: {hidden: [4]}\ndata: {format: csv, train: {path: " + train_csv +
+                                "}}\ntrain: {epochs: 1}\n");
+  r = run_dtrain("predict " + csv_cfg + " --checkpoint " + out + "/checkpoints --input " + in +
+                 " --output " + train_csv);
+  CHECK(r.exit_code == 2);
+  CHECK_MESSAGE(contains(r.output, "is the same file as data.train.path"), r.output);
+  CHECK(read_text(train_csv) == "a,b,label\n1,2,0\n3,4,1\n");
 
   // Wrong feature count in the predict input: user error naming the line.
   const std::string bad = dir.write("bad.csv", "1,2,3\n");
