@@ -200,8 +200,11 @@ struct IdxFile {
 // past 2^40): read_idx's checks of the whole file then name the problem.
 struct Promise {
   size_t total = SIZE_MAX;
-  std::string shape;  // "100x2x3"
-  bool gzip = false;  // the file is gzip-compressed (zlib's gzdirect, known after a read)
+  std::string shape;   // "100x2x3"
+  bool gzip = false;   // the file is gzip-compressed (zlib's gzdirect, known after a read)
+  int got = 0;         // header bytes read (the whole header: 4 + 4 dims)
+  uint32_t magic = 0;  // the first 4 bytes, when got >= 4
+  bool huge = false;   // the dims multiply past 2^40
 };
 Promise idx_promised_size(const std::string& path, uint32_t magic) {
   const size_t ndims = magic & 0xff, head_len = 4 + 4 * ndims;
@@ -211,21 +214,26 @@ Promise idx_promised_size(const std::string& path, uint32_t magic) {
   const int got = gzread(g, head.data(), static_cast<unsigned>(head_len));
   Promise p;
   p.gzip = gzdirect(g) == 0;
+  p.got = got;
   gzclose(g);
-  if (got != static_cast<int>(head_len) || read_be32(head, 0) != magic) return p;  // total unknown
+  if (got >= 4) p.magic = read_be32(head, 0);
+  if (got != static_cast<int>(head_len) || p.magic != magic) return p;  // total unknown
   uint64_t product = 1;
   for (size_t i = 0; i < ndims; ++i) {
     const uint64_t d = read_be32(head, 4 + 4 * i);
     if (i > 0) p.shape.push_back('x');
     p.shape.append(std::to_string(d));
     product *= d;
-    if (product > (uint64_t{1} << 40)) {
-      p.shape.clear();
-      return p;  // total unknown
-    }
+    if (product > (uint64_t{1} << 40)) p.huge = true;  // (each d < 2^32: no overflow first)
   }
+  if (p.huge) return p;  // total unknown
   p.total = static_cast<size_t>(head_len + product);
   return p;
+}
+
+UserError bad_magic(const std::string& path, uint32_t got, uint32_t magic, const char* what) {
+  return UserError("bad IDX magic " + hex32(got) + " in '" + path + "': expected " + hex32(magic) +
+                   " (unsigned-byte " + what + ")");
 }
 
 // Reads and validates an IDX file: magic, header length and payload size == product of dims.
@@ -235,6 +243,12 @@ IdxFile read_idx(const std::string& path, uint32_t magic, const char* what) {
   IdxFile f;
   const Promise promise = idx_promised_size(path, magic);
   const size_t promised = promise.total;
+  // What the header's first bytes already tell is refused before the file is read or inflated
+  // (an 8 MB gzip of zeros inflated to 2 GB before its magic was looked at).
+  if (promise.got >= 4 && promise.magic != magic) throw bad_magic(path, promise.magic, magic, what);
+  if (promise.huge)
+    throw UserError("IDX file '" + path + "' size mismatch: header says " + promise.shape +
+                    ", more than 2^40 bytes of data, which no file here holds");
   {
     std::error_code ec;
     const auto size = fs::file_size(path, ec);
@@ -243,8 +257,18 @@ IdxFile read_idx(const std::string& path, uint32_t magic, const char* what) {
       throw UserError("IDX file '" + path + "' size mismatch: header says " + promise.shape + " (" +
                       std::to_string(promised) + " bytes with the header) but the file has " +
                       std::to_string(size) + " bytes");
-    f.bytes = gz ? gunzip(read_whole_file(path), path, promised,
+    // Inflating stops at the header's size, and at what this process can allocate.
+    const int64_t avail = available_memory_bytes();
+    const size_t budget = avail < 0 ? SIZE_MAX : static_cast<size_t>(avail);
+    const size_t cap = std::min(promised, budget);
+    f.bytes = gz ? gunzip(read_whole_file(path), path, cap,
                           [&] {
+                            if (cap < promised)
+                              return fmt::format(
+                                  "cannot read IDX file '{}': it inflates to more than the {:.0f} "
+                                  "MiB this process can allocate (header: {})",
+                                  path, static_cast<double>(budget) / (1024.0 * 1024.0),
+                                  promise.shape.empty() ? "unread" : promise.shape);
                             return "IDX file '" + path + "' size mismatch: header says " +
                                    promise.shape + " (" + std::to_string(promised) +
                                    " bytes with the header) but the compressed data holds more";
@@ -256,11 +280,7 @@ IdxFile read_idx(const std::string& path, uint32_t magic, const char* what) {
     throw UserError("IDX " + std::string(what) + " file '" + path + "' is too short (" +
                     std::to_string(b.size()) + " bytes) to hold a header");
   }
-  const uint32_t got = read_be32(b, 0);
-  if (got != magic) {
-    throw UserError("bad IDX magic " + hex32(got) + " in '" + path + "': expected " + hex32(magic) +
-                    " (unsigned-byte " + what + ")");
-  }
+  if (const uint32_t got = read_be32(b, 0); got != magic) throw bad_magic(path, got, magic, what);
   const size_t ndims = magic & 0xff;
   f.data_offset = 4 + 4 * ndims;
   if (b.size() < f.data_offset) {

@@ -370,6 +370,29 @@ TEST_CASE("idx: a header that lies about the size is refused before the file is 
                  "holds more") != std::string::npos);
 }
 
+// Loads `file` as images and labels in a child process; returns its exit status (0: refused
+// with a message holding `want`; 3: refused otherwise, 4: another exception, 5: loaded) and its
+// peak RSS in KiB, which only the parent can read.
+std::pair<int, long> load_in_child(const std::string& file, const std::string& want) {
+  const pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    try {
+      load_idx(file, file);
+    } catch (const UserError& e) {
+      _exit(std::string(e.what()).find(want) != std::string::npos ? 0 : 3);
+    } catch (...) {
+      _exit(4);
+    }
+    _exit(5);
+  }
+  int status = 0;
+  rusage ru{};
+  REQUIRE(wait4(pid, &status, 0, &ru) == pid);
+  REQUIRE(WIFEXITED(status));
+  return {WEXITSTATUS(status), ru.ru_maxrss};
+}
+
 TEST_CASE("idx: a 2 GB file whose header lies is refused without reading it") {
   // Issue 16's case: 2 GB behind a header promising 10 images (a sparse file: no disk used).
   // Loaded in a child process, whose peak RSS the parent reads: it stays far below the file
@@ -377,25 +400,41 @@ TEST_CASE("idx: a 2 GB file whose header lies is refused without reading it") {
   TempDir dir;
   const std::string img = dir / "huge-images.idx";
   write_lying_images(img, uint64_t{2} << 30);
-  const pid_t pid = fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) {
-    try {
-      load_idx(img, img);
-    } catch (const UserError& e) {
-      _exit(std::string(e.what()).find("size mismatch") != std::string::npos ? 0 : 3);
-    } catch (...) {
-      _exit(4);
-    }
-    _exit(5);  // loaded: not refused
+  const auto [status, rss] = load_in_child(img, "size mismatch");
+  CHECK(status == 0);
+  INFO("child peak RSS ", rss, " KiB");
+  CHECK(rss < 256 * 1024);  // KiB: under 256 MiB against the file's 2 GiB
+}
+
+TEST_CASE("idx: a gzip whose first bytes are no IDX header is refused before it is inflated") {
+  // 256 MiB of zeros compress to about 250 KB; before, the file was inflated whole (2 GB of
+  // zeros: 1.98 GB RSS) and only then refused for its magic. Loaded in a child process, whose
+  // peak RSS the parent reads.
+  TempDir dir;
+  const std::string zeros = dir / "zeros.gz";
+  {
+    gzFile g = gzopen(zeros.c_str(), "wb1");
+    const std::string chunk(1 << 20, '\0');
+    for (int i = 0; i < 256; ++i) gzwrite(g, chunk.data(), static_cast<unsigned>(chunk.size()));
+    gzclose(g);
   }
-  int status = 0;
-  rusage ru{};
-  REQUIRE(wait4(pid, &status, 0, &ru) == pid);
-  REQUIRE(WIFEXITED(status));
-  CHECK(WEXITSTATUS(status) == 0);
-  INFO("child peak RSS ", ru.ru_maxrss, " KiB");
-  CHECK(ru.ru_maxrss < 256 * 1024);  // KiB: under 256 MiB against the file's 2 GiB
+  // A header whose dims multiply past 2^40 (16384^3): refused from the header alone too.
+  const std::string huge = dir / "huge-dims.gz";
+  {
+    gzFile g = gzopen(huge.c_str(), "wb");
+    const unsigned char head[16] = {0, 0, 8, 3, 0, 0, 0x40, 0, 0, 0, 0x40, 0, 0, 0, 0x40, 0};
+    gzwrite(g, head, sizeof head);
+    gzclose(g);
+  }
+  for (const auto& [file, want] :
+       {std::pair{zeros, std::string("bad IDX magic 0x00000000")},
+        std::pair{huge, std::string("header says 16384x16384x16384, more than 2^40 bytes")}}) {
+    CAPTURE(file);
+    const auto [status, rss] = load_in_child(file, want);
+    CHECK(status == 0);
+    INFO("child peak RSS ", rss, " KiB");
+    CHECK(rss < 64 * 1024);  // KiB: far below the 256 MiB the zeros inflate to
+  }
 }
 
 }  // namespace
