@@ -196,7 +196,8 @@ DataSplits load_data(const DataConfig& cfg, int64_t seed) {
   const DataFormat fmt = cfg.format;
   if (fmt == DataFormat::kText) {
     // Token ids are not normalised; the split is the text's tail, not a seeded sample.
-    return load_text({cfg.train.path, cfg.test.path, resolved_test_fraction(cfg), cfg.block_size});
+    return load_text({cfg.train.path, cfg.test.path, resolved_test_fraction(cfg), cfg.block_size,
+                      cfg.test_fraction < 0});
   }
   Normalize method = cfg.normalize;
   if (method == Normalize::kAuto)

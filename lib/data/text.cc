@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include <spdlog/spdlog.h>
+
 #include "util/check.h"
 
 namespace dtrain {
@@ -150,8 +152,17 @@ DataSplits load_text(const TextOptions& opts) {
     }
     s.test = text_windows(test, T);
   }
-  const int64_t n_test =
+  int64_t n_test =
       opts.test.empty() ? std::llround(opts.test_fraction * static_cast<double>(n)) : 0;
+  if (opts.test.empty() && opts.test_fraction > 0 && text_window_count(n_test, T) == 0) {
+    const std::string held = "data.test_fraction " + show(opts.test_fraction) + " holds out " +
+                             std::to_string(n_test) + " bytes of " + describe(train_files) +
+                             ", fewer than " + window_text(T);
+    if (!opts.default_fraction)
+      throw UserError(held + " (use a larger fraction or a smaller model.block_size)");
+    spdlog::warn("{} (the default for text): no validation split, every byte trains", held);
+    n_test = 0;
+  }
   const int64_t n_train = n - n_test;
   if (text_window_count(n_train, T) == 0) {
     const std::string held =
@@ -161,15 +172,7 @@ DataSplits load_text(const TextOptions& opts) {
                     window_text(T));
   }
   s.train = windows_of(train.data(), n_train, T);
-  if (n_test > 0 || (opts.test.empty() && opts.test_fraction > 0)) {
-    if (text_window_count(n_test, T) == 0) {
-      throw UserError("data.test_fraction " + show(opts.test_fraction) + " holds out " +
-                      std::to_string(n_test) + " bytes of " + describe(train_files) +
-                      ", fewer than " + window_text(T) +
-                      " (use a larger fraction or a smaller model.block_size)");
-    }
-    s.test = windows_of(train.data() + n_train, n_test, T);
-  }
+  if (n_test > 0) s.test = windows_of(train.data() + n_train, n_test, T);
   s.test.features = T + 1;  // also for an empty test set, so shapes always agree
   s.test.num_classes = kTextVocab;
   s.test.kind = SampleKind::kTokenWindow;

@@ -42,6 +42,9 @@ struct TextOptions {
   std::vector<std::string> test;   // data.test.path: same, empty = hold out test_fraction
   double test_fraction = 0.1;      // in [0, 1); only used without test files
   int64_t block_size = 0;          // model.block_size, >= 1
+  // test_fraction is the format's default, not asked for: a held-out part too short for one
+  // window then leaves no validation split, with a warning, instead of an error.
+  bool default_fraction = false;
 };
 
 // The files `specs` name, in reading order (see above). `key` ("data.train.path") prefixes errors.

@@ -197,6 +197,12 @@ TEST_CASE("text: bad input is one UserError naming the key and the file") {
   o.test_fraction = 0.1;
   e = user_error([&] { load_text(o); });
   CHECK(e.find("data.test_fraction 0.1 holds out 10 bytes of '") != std::string::npos);
+  // The same as the format's default (not asked for): no validation split, every byte trains.
+  o.default_fraction = true;
+  const DataSplits all = load_text(o);
+  CHECK(all.test.rows == 0);
+  CHECK(all.train.rows == (100 - 1) / 16);
+  o.default_fraction = false;
   // ... and the held-out part is counted when training is too short.
   o.test_fraction = 0.9;
   e = user_error([&] { load_text(o); });
