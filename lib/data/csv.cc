@@ -247,8 +247,17 @@ size_t resolve_label_column(const CsvReader& r, const std::string& spec) {
   const size_t cols = static_cast<size_t>(r.cols());
   if (spec.empty()) return cols - 1;
   if (r.has_header()) {
-    for (size_t i = 0; i < cols; ++i) {
-      if (r.header()[i] == spec) return i;
+    // A name the header holds twice is ambiguous: the other column would become a feature that
+    // is the label itself.
+    const auto& h = r.header();
+    const auto first = std::find(h.begin(), h.end(), spec);
+    if (first != h.end()) {
+      if (const auto again = std::find(first + 1, h.end(), spec); again != h.end())
+        throw UserError("label column \"" + spec + "\" is ambiguous: the header of '" + r.path() +
+                        "' names columns " + std::to_string(first - h.begin()) + " and " +
+                        std::to_string(again - h.begin()) +
+                        " so (give a 0-based column index instead, or rename one)");
+      return static_cast<size_t>(first - h.begin());
     }
   }
   const bool numeric = spec.find_first_not_of("0123456789") == std::string::npos;

@@ -104,6 +104,12 @@ TEST_CASE("csv: label column by name and by index") {
   CHECK(contains(user_error([&] { load_csv(p, opts("auto", "3")); }), "out of range"));
   const std::string no_header = t.write("n.csv", "1,2,0\n");
   CHECK(contains(user_error([&] { load_csv(no_header, opts("auto", "y")); }), "no header"));
+  // A name the header holds twice: the second column was silently a feature (the label itself).
+  const std::string dup = t.write("dup.csv", "y,a,y\n0,1,0\n1,3,1\n");
+  CHECK(contains(
+      user_error([&] { load_csv(dup, opts("auto", "y")); }),
+      "label column \"y\" is ambiguous: the header of '" + dup + "' names columns 0 and 2 so"));
+  CHECK(load_csv(dup, opts("auto", "2")).y == std::vector<int32_t>{0, 1});
 }
 
 TEST_CASE("csv: CRLF, blank lines, spaces, other delimiters, quotes") {
