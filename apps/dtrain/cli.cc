@@ -420,9 +420,10 @@ int cmd_predict(const Config& cfg, const std::string& ckpt, const std::string& i
   const DataSplits data = load_data(cfg.data, cfg.seed);  // for the normaliser and the shape
   const LoadedModel m = load_model(cfg, data, ckpt);
   // data.csv.header describes the training files; --input is detected on its own (a first row of
-  // names is skipped, one of numbers is data), so `header: true` cannot drop a row of input.
+  // names is skipped, one of numbers is data), so `header: true` cannot drop a row of input, nor
+  // `header: false` refuse an input's header row as non-numeric data.
   CsvOptions in_opts = cfg.data.csv;
-  if (in_opts.header == CsvHeader::kTrue) in_opts.header = CsvHeader::kAuto;
+  in_opts.header = CsvHeader::kAuto;
   int64_t rows = 0;
   const int64_t F = m.model.in_features();
   std::vector<float> x = load_csv_features(input, in_opts, F, &rows);

@@ -235,6 +235,16 @@ runtime: {threads: 1}
   const auto batched =
       run_dtrain("predict " + cfg + ckpt + " --input " + in + " --set data.eval_batch_size=2");
   CHECK(batched.output == r.output);
+  // header: false (training files without one): an input's header row is still skipped, not
+  // refused as a non-number.
+  dir.write("train_nohdr.csv", train.substr(train.find('\n') + 1));
+  dir.write("test_nohdr.csv", test.substr(test.find('\n') + 1));
+  const std::string named = dir.write("named.csv", "a,b\n0,0\n4,-2\n2,-1\n");
+  const auto nohdr =
+      run_dtrain("predict " + cfg + ckpt + " --input " + named +
+                 " --set data.csv.header=false --set data.train.path=" + dir / "train_nohdr.csv" +
+                 " --set data.test.path=" + dir / "test_nohdr.csv");
+  CHECK_MESSAGE(nohdr.output == r.output, nohdr.output);
 
   // Finite input whose outputs overflow: the row is named, exit 2, no NaN prediction.
   const std::string huge = dir.write("huge.csv", "1,1\n3e38,-3e38\n");
