@@ -14,6 +14,7 @@
 
 #include "util/check.h"
 #include "util/fs.h"
+#include "util/strings.h"
 
 namespace dtrain::report {
 
@@ -483,42 +484,30 @@ std::string num(double v) {
 }
 
 // XML text: the five special characters escaped, control characters and invalid UTF-8 bytes
-// (a folder name can hold any byte) replaced by '?', so the document stays well-formed.
+// (a folder name can hold any byte) replaced by '?' (printable_utf8), so the document stays
+// well-formed.
 std::string xml_escape(const std::string& s) {
   std::string out;
-  for (size_t i = 0; i < s.size();) {
-    const unsigned char c = static_cast<unsigned char>(s[i]);
-    size_t len = c < 0x80           ? 1
-                 : (c >> 5) == 0x6  ? 2
-                 : (c >> 4) == 0xE  ? 3
-                 : (c >> 3) == 0x1E ? 4
-                                    : 0;
-    bool ok = len > 0 && i + len <= s.size();
-    for (size_t k = 1; ok && k < len; ++k)
-      ok = (static_cast<unsigned char>(s[i + k]) & 0xC0) == 0x80;
-    if (!ok) {
-      out += '?';
-      ++i;
-      continue;
+  for (const char c : printable_utf8(s)) {
+    switch (c) {
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      case '\'':
+        out += "&apos;";
+        break;
+      default:
+        out += c;
     }
-    if (len > 1) {
-      out.append(s, i, len);
-    } else if (c == '&') {
-      out += "&amp;";
-    } else if (c == '<') {
-      out += "&lt;";
-    } else if (c == '>') {
-      out += "&gt;";
-    } else if (c == '"') {
-      out += "&quot;";
-    } else if (c == '\'') {
-      out += "&apos;";
-    } else if (c < 0x20 && c != '\t') {
-      out += '?';
-    } else {
-      out += static_cast<char>(c);
-    }
-    i += len;
   }
   return out;
 }
@@ -663,7 +652,8 @@ std::string scene_to_png(const Scene& sc) {
                                it.bold ? CAIRO_FONT_WEIGHT_BOLD : CAIRO_FONT_WEIGHT_NORMAL);
         cairo_set_font_size(cr, it.size);
         cairo_text_extents_t ext;
-        cairo_text_extents(cr, it.text.c_str(), &ext);
+        const std::string text = printable_utf8(it.text);  // cairo refuses invalid UTF-8
+        cairo_text_extents(cr, text.c_str(), &ext);
         const double shift = it.anchor == Anchor::kStart    ? 0
                              : it.anchor == Anchor::kMiddle ? ext.x_advance / 2
                                                             : ext.x_advance;
@@ -672,7 +662,7 @@ std::string scene_to_png(const Scene& sc) {
         if (it.vertical) cairo_rotate(cr, -M_PI / 2);
         cairo_move_to(cr, -shift, 0);
         set_rgb(cr, it.fill);
-        cairo_show_text(cr, it.text.c_str());
+        cairo_show_text(cr, text.c_str());
         cairo_restore(cr);
         break;
       }

@@ -32,27 +32,46 @@ inline Utf8Lead utf8_lead(unsigned char c) {
   return l;
 }
 
+// The length of the well-formed UTF-8 sequence at s[i] (1..4), or 0 when none starts there: a
+// stray or truncated sequence, an overlong form, a UTF-16 surrogate (U+D800..U+DFFF) or a code
+// point past U+10FFFF.
+inline size_t utf8_sequence_at(const std::string& s, size_t i) {
+  const Utf8Lead l = utf8_lead(static_cast<unsigned char>(s[i]));
+  if (l.n <= 1) return l.n;
+  if (i + l.n > s.size()) return 0;
+  const auto c1 = static_cast<unsigned char>(s[i + 1]);
+  if (c1 < l.lo || c1 > l.hi) return 0;
+  for (size_t k = 2; k < l.n; ++k)
+    if ((static_cast<unsigned char>(s[i + k]) >> 6) != 0x2) return 0;
+  return l.n;
+}
+
 // True when s is well-formed UTF-8 (what JSON text may hold: summary.json, metrics.jsonl and
-// manifests name paths, config.json holds config values): no stray or truncated sequences, no
-// overlong forms, no UTF-16 surrogates (U+D800..U+DFFF), nothing past U+10FFFF. The same rule as
-// nlohmann::json's serializer, which throws on what this refuses.
+// manifests name paths, config.json holds config values). The same rule as nlohmann::json's
+// serializer, which throws on what this refuses.
 inline bool valid_utf8(const std::string& s) {
-  size_t i = 0;
-  while (i < s.size()) {
+  for (size_t i = 0, n = 0; i < s.size(); i += n)
+    if ((n = utf8_sequence_at(s, i)) == 0) return false;
+  return true;
+}
+
+// s for a place that takes only well-formed, printable UTF-8 text (an SVG document, cairo's
+// text): each byte that starts no well-formed sequence, and each control character but tab,
+// becomes '?'.
+inline std::string printable_utf8(const std::string& s) {
+  std::string out;
+  for (size_t i = 0; i < s.size();) {
+    const size_t n = utf8_sequence_at(s, i);
     const auto c = static_cast<unsigned char>(s[i]);
-    if (c < 0x80) {
+    if (n == 0 || (n == 1 && ((c < 0x20 && c != '\t') || c == 0x7f))) {
+      out += '?';
       ++i;
       continue;
     }
-    const Utf8Lead l = utf8_lead(c);
-    if (l.n == 0 || i + l.n > s.size()) return false;
-    const auto c1 = static_cast<unsigned char>(s[i + 1]);
-    if (c1 < l.lo || c1 > l.hi) return false;
-    for (size_t k = 2; k < l.n; ++k)
-      if ((static_cast<unsigned char>(s[i + k]) >> 6) != 0x2) return false;
-    i += l.n;
+    out.append(s, i, n);
+    i += n;
   }
-  return true;
+  return out;
 }
 
 // The pieces of s between separators: "a;b;" -> {"a", "b", ""}; "" -> {""}.

@@ -15,6 +15,7 @@
 #include "test_util.h"
 #include "util/check.h"
 #include "util/fs.h"
+#include "util/strings.h"
 
 using namespace dtrain;
 using namespace dtrain::report;
@@ -359,6 +360,20 @@ TEST_CASE("PNG has the requested size, decodes, and shows every run's colour") {
   for (const auto& [c, n] : pixels)
     if (((c >> 16) & 0xff) < 0x60 && ((c >> 8) & 0xff) < 0x60 && (c & 0xff) < 0x60) dark += n;
   CHECK(dark > 200);
+  // Text that is not UTF-8 (a folder name, a title from the shell) is drawn with '?' for the bad
+  // bytes, as in SVG; cairo refused it before (exit 1).
+  opts.title = "t\xffx \xc0\x80 \xed\xa0\x80";  // a stray byte, an overlong NUL, a surrogate
+  CHECK(render_png(runs, opts).compare(0, 8, "\x89PNG\r\n\x1a\n") == 0);
+}
+
+TEST_CASE("printable_utf8 keeps well-formed text and replaces every other byte by '?'") {
+  CHECK(printable_utf8("caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80") ==
+        "caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80");
+  CHECK(printable_utf8("a\xff" "b") == "a?b");
+  CHECK(printable_utf8("\xc0\x80") == "??");       // overlong
+  CHECK(printable_utf8("\xed\xa0\x80") == "???");  // surrogate
+  CHECK(printable_utf8("\xe2\x82") == "??");       // truncated
+  CHECK(printable_utf8(std::string("a\0b\x1b\tc", 6)) == "a?b?\tc");
 }
 
 TEST_CASE("plot_runs writes by extension and rejects bad requests") {
