@@ -13,9 +13,21 @@
 
 #include "data/dataset.h"
 #include "util/check.h"
+#include "util/strings.h"
 
 namespace dtrain {
 namespace {
+
+// A cell as an error message shows it: at most its first 60 bytes (cut on a UTF-8 boundary, then
+// the cell's size), bytes that are not UTF-8 as '?': a 5 MB cell was one 5 MB message line.
+std::string cell_text(std::string_view cell) {
+  constexpr size_t kShown = 60;
+  if (cell.size() <= kShown) return printable_utf8(std::string(cell));
+  size_t cut = kShown;
+  while (cut > 0 && (static_cast<unsigned char>(cell[cut]) & 0xC0) == 0x80) --cut;
+  return printable_utf8(std::string(cell.substr(0, cut))) + "... (" + std::to_string(cell.size()) +
+         " bytes)";
+}
 
 // Labels become output-layer indices; a larger value is almost certainly a wrong column, and
 // would otherwise size a huge output layer.
@@ -302,19 +314,18 @@ Dataset load_csv(const std::string& path, const CsvOptions& opts) {
       if (c == label_col) {
         double v;
         if (!parse_double(cells[c], &v)) {
-          throw UserError(r.where(line, c) + "label \"" + std::string(cells[c]) +
+          throw UserError(r.where(line, c) + "label \"" + cell_text(cells[c]) +
                           "\" is not a number");
         }
         if (v < 0) {
-          throw UserError(r.where(line, c) + "label " + std::string(cells[c]) +
+          throw UserError(r.where(line, c) + "label " + cell_text(cells[c]) +
                           " is negative (labels are class indices 0, 1, ...)");
         }
         if (v != std::floor(v)) {
-          throw UserError(r.where(line, c) + "label " + std::string(cells[c]) +
-                          " is not an integer");
+          throw UserError(r.where(line, c) + "label " + cell_text(cells[c]) + " is not an integer");
         }
         if (v >= kMaxLabel) {
-          throw UserError(r.where(line, c) + "label " + std::string(cells[c]) +
+          throw UserError(r.where(line, c) + "label " + cell_text(cells[c]) +
                           " is too large (at most " + std::to_string(int64_t(kMaxLabel) - 1) + ")");
         }
         const auto label = static_cast<int32_t>(v);
@@ -326,7 +337,7 @@ Dataset load_csv(const std::string& path, const CsvOptions& opts) {
       if (!parse_float(cells[c], &v)) {
         throw UserError(r.where(line, c) +
                         (cells[c].empty() ? std::string("empty cell")
-                                          : "\"" + std::string(cells[c]) + "\" is not a number"));
+                                          : "\"" + cell_text(cells[c]) + "\" is not a number"));
       }
       d.x.push_back(v);
     }
@@ -356,7 +367,7 @@ std::vector<float> load_csv_features(const std::string& path, const CsvOptions& 
       if (!parse_float(cells[c], &v)) {
         throw UserError(r.where(line, c) +
                         (cells[c].empty() ? std::string("empty cell")
-                                          : "\"" + std::string(cells[c]) + "\" is not a number"));
+                                          : "\"" + cell_text(cells[c]) + "\" is not a number"));
       }
       x.push_back(v);
     }

@@ -162,9 +162,9 @@ TEST_CASE("csv: labels must be non-negative integers") {
 TEST_CASE("csv: malformed cells and rows name file, line and column") {
   TempDir t;
   struct Case {
-    const char* text;
-    const char* line;  // ":N:" expected in the message
-    const char* part;  // another expected fragment
+    std::string text;
+    std::string line;  // ":N:" expected in the message
+    std::string part;  // another expected fragment
   };
   const Case cases[] = {
       {"a,b,y\n1,2,0\n1,2\n", ":3:", "expected 3 columns"},
@@ -182,6 +182,10 @@ TEST_CASE("csv: malformed cells and rows name file, line and column") {
       // A first row mixing numbers and text is neither silently a header nor silently data.
       {"1,2,x,4\n5,6,7,8\n", ":1:", "mixes 3 number(s) and 1 text cell(s) (column 3: \"x\""},
       {"NaN,1,0\n2,3,1\n", ":1:", "set data.csv.header: true"},
+      // A long cell is cut (the whole 5 MB cell was the message), bytes that are not UTF-8 are '?'.
+      {"a,b,y\n1," + std::string(100000, '2') + "x,0\n",
+       ":2:", "\"" + std::string(60, '2') + "... (100001 bytes)\" is not a number"},
+      {"a,b,y\n1,\xff\xfe,0\n", ":2:", "\"??\" is not a number"},
   };
   int i = 0;
   for (const Case& c : cases) {
