@@ -426,7 +426,7 @@ int cmd_predict(const Config& cfg, const std::string& ckpt, const std::string& i
   in_opts.header = CsvHeader::kAuto;
   int64_t rows = 0;
   const int64_t F = m.model.in_features();
-  std::vector<float> x = load_csv_features(input, in_opts, F, &rows);
+  std::vector<float> x = load_csv_features(input, in_opts, F, &rows, data.train.columns);
   data.normalizer.apply_rows(x.data(), rows, F);
   std::ostringstream os;
   os << "predicted";

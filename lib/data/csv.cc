@@ -306,6 +306,9 @@ Dataset load_csv(const std::string& path, const CsvOptions& opts) {
 
   Dataset d;
   d.features = r.cols() - 1;
+  if (r.has_header())
+    for (size_t c = 0; c < static_cast<size_t>(r.cols()); ++c)
+      if (c != label_col) d.columns.push_back(r.header()[c]);
   std::vector<std::string_view> cells;
   int64_t line = 0;
   int32_t max_label = 0;
@@ -348,10 +351,24 @@ Dataset load_csv(const std::string& path, const CsvOptions& opts) {
   return d;
 }
 
+std::string csv_columns_problem(const std::string& what, const std::vector<std::string>& names,
+                                const std::vector<std::string>& train) {
+  if (names.empty() || train.empty() || names == train) return "";
+  return what + " names its feature columns " + cell_text(join(names, ", ")) +
+         ", the training data's are " + cell_text(join(train, ", ")) +
+         ": the model reads columns by position, so give them in the training order (or drop "
+         "the header row)";
+}
+
 std::vector<float> load_csv_features(const std::string& path, const CsvOptions& opts,
-                                     int64_t expected_features, int64_t* rows_out) {
+                                     int64_t expected_features, int64_t* rows_out,
+                                     const std::vector<std::string>& columns) {
   CsvReader r(path, opts);
   if (!r.has_rows()) throw UserError("empty input: '" + path + "' has no rows");
+  if (r.has_header() && static_cast<int64_t>(r.cols()) == expected_features) {
+    const std::string why = csv_columns_problem("'" + path + "'", r.header(), columns);
+    if (!why.empty()) throw UserError(why);
+  }
   std::vector<float> x;
   std::vector<std::string_view> cells;
   int64_t line = 0;

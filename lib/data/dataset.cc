@@ -28,6 +28,7 @@ Dataset take_rows(const Dataset& d, const std::vector<int64_t>& idx) {
   out.num_classes = d.num_classes;
   out.kind = d.kind;
   out.sample = d.sample;
+  out.columns = d.columns;
   out.x.resize(idx.size() * static_cast<size_t>(d.features));
   out.y.resize(idx.size());
   for (size_t i = 0; i < idx.size(); ++i) {
@@ -236,6 +237,11 @@ DataSplits load_data(const DataConfig& cfg, int64_t seed) {
       throw UserError("test set '" + name + "' has " + std::to_string(s.test.features) +
                       " features but the training set has " + std::to_string(s.train.features));
     }
+    if (const std::string why = csv_columns_problem(
+            "test file '" + (cfg.test.path.empty() ? std::string() : cfg.test.path[0]) + "'",
+            s.test.columns, s.train.columns);
+        !why.empty())
+      throw UserError(why);
     // Same size, other shape (2x8 against 4x4 images): a convolution would read it wrongly.
     if (fmt == DataFormat::kIdx && s.test.sample != s.train.sample)
       throw UserError("test images '" + cfg.test.images + "' are " + shape_str(s.test.sample) +

@@ -27,6 +27,9 @@ struct Dataset {
   // The shape of one model input when it is not flat: IDX images are [1, H, W] (one channel).
   // Empty: [input_features()].
   Shape sample;
+  // CSV read with a header: its feature columns' names, in order (the label's left out); empty
+  // without one. Files read for the same model must agree (a model reads columns by position).
+  std::vector<std::string> columns;
 
   const float* row(int64_t i) const { return x.data() + i * features; }
   // Elements of one model input: the features, or the T input tokens of a window.
@@ -61,9 +64,16 @@ DataSplits load_data(const DataConfig& cfg, int64_t seed);
 // Format loaders (raw, unnormalised). Exposed for tests.
 Dataset load_idx(const std::string& images_path, const std::string& labels_path);
 Dataset load_csv(const std::string& path, const CsvOptions& opts);
-// Parses CSV of features only (no label column): predict inputs. Header per opts.header.
+// Parses CSV of features only (no label column): predict inputs. Header per opts.header. When the
+// file has a header and `columns` (the training data's names) is not empty, the names must be
+// those, in that order (UserError naming both).
 std::vector<float> load_csv_features(const std::string& path, const CsvOptions& opts,
-                                     int64_t expected_features, int64_t* rows_out);
+                                     int64_t expected_features, int64_t* rows_out,
+                                     const std::vector<std::string>& columns = {});
+// "" when `what` (a CSV file read with a header: its feature columns' names) agrees with the
+// training data's names `train` (either empty: nothing to compare), else the message.
+std::string csv_columns_problem(const std::string& what, const std::vector<std::string>& names,
+                                const std::vector<std::string>& train);
 // The item count in an unsigned-byte IDX labels file's header (magic 0x00000801), gzip or not,
 // reading only the first 8 (decompressed) bytes; -1 when the file cannot be read or is not one.
 int64_t idx_label_count(const std::string& labels_path);

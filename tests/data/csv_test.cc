@@ -234,6 +234,19 @@ TEST_CASE("csv: load_csv_features") {
   CHECK(contains(msg, "column 2"));
   CHECK(contains(user_error([&] { load_csv_features(t.write("e.csv", ""), opts(), 2, &rows); }),
                  "no rows"));
+  // A header naming the training data's columns in another order (or other names): refused,
+  // since the model reads by position (it predicted from swapped features before); the same
+  // names, or no header, pass.
+  const std::vector<std::string> train =
+      load_csv(t.write("t.csv", "a,b,y\n1,2,0\n"), opts()).columns;
+  CHECK(train == std::vector<std::string>{"a", "b"});
+  const std::string swapped = t.write("s.csv", "b,a\n2,1\n");
+  CHECK(user_error([&] { load_csv_features(swapped, opts(), 2, &rows, train); }) ==
+        "'" + swapped +
+            "' names its feature columns b, a, the training data's are a, b: the model reads "
+            "columns by position, so give them in the training order (or drop the header row)");
+  CHECK(load_csv_features(t.write("same.csv", "a,b\n1,2\n"), opts(), 2, &rows, train).size() == 2);
+  CHECK(load_csv_features(t.write("none.csv", "1,2\n"), opts(), 2, &rows, train).size() == 2);
 }
 
 // Runs load_csv on path in a child process whose address space may grow by at most `room`

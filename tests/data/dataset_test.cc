@@ -275,6 +275,13 @@ TEST_CASE("load_data: csv held-out split and test/train mismatch") {
   cfg.test_fraction = 1.5;
   CHECK(user_error([&] { load_data(cfg, 3); }).find("test_fraction") != std::string::npos);
   cfg.test_fraction = -1;
+  // A test file whose header names the columns in another order: refused (evaluated with
+  // swapped features before).
+  cfg.test.path = {t.write("swapped.csv", "x2,x1,y\n2,1,0\n")};
+  CHECK(user_error([&] {
+          load_data(cfg, 3);
+        }).find("names its feature columns x2, x1, the training data's are x1, x2") !=
+        std::string::npos);
   cfg.test.path = {t.write("test.csv", "x1,y\n1,0\n")};
   const std::string msg = user_error([&] { load_data(cfg, 3); });
   CHECK(msg.find(cfg.test.path[0]) != std::string::npos);
