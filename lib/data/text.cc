@@ -154,13 +154,14 @@ DataSplits load_text(const TextOptions& opts) {
   }
   int64_t n_test =
       opts.test.empty() ? std::llround(opts.test_fraction * static_cast<double>(n)) : 0;
+  std::string no_split;  // why the default fraction leaves no validation split (said below)
   if (opts.test.empty() && opts.test_fraction > 0 && text_window_count(n_test, T) == 0) {
     const std::string held = "data.test_fraction " + show(opts.test_fraction) + " holds out " +
                              std::to_string(n_test) + " bytes of " + describe(train_files) +
                              ", fewer than " + window_text(T);
     if (!opts.default_fraction)
       throw UserError(held + " (use a larger fraction or a smaller model.block_size)");
-    spdlog::warn("{} (the default for text): no validation split, every byte trains", held);
+    no_split = held;
     n_test = 0;
   }
   const int64_t n_train = n - n_test;
@@ -171,6 +172,8 @@ DataSplits load_text(const TextOptions& opts) {
                     std::to_string(n_train) + " bytes for training" + held + ", fewer than " +
                     window_text(T));
   }
+  if (!no_split.empty())
+    spdlog::warn("{} (the default for text): no validation split, every byte trains", no_split);
   s.train = windows_of(train.data(), n_train, T);
   if (n_test > 0) s.test = windows_of(train.data() + n_train, n_test, T);
   s.test.features = T + 1;  // also for an empty test set, so shapes always agree
