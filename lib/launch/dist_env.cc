@@ -244,6 +244,11 @@ DistEnv resolve_dist_env(const std::map<std::string, std::string>& env, int conf
   if (flags.master_port) port = {*flags.master_port, "--master-port", true};
 
   if (world.value < 1) throw UserError(show(world) + ": the world size must be at least 1");
+  // The transports stop at 1024 ranks (distributed.world_size and --nproc are capped there too):
+  // a WORLD_SIZE of 2000000 waited for two million ranks and listed them in one 17 MB line.
+  if (world.value > kMaxWorldSize)
+    throw UserError(show(world) + " is above " + std::to_string(kMaxWorldSize) +
+                    ", the most ranks a dtrain job runs");
   if (rank.value < 0 || rank.value >= world.value)
     throw UserError(show(rank) + " is out of range for " + show(world) +
                     " (0 <= rank < world size)");

@@ -13,6 +13,9 @@
 
 namespace dtrain {
 
+// The most ranks a job has (distributed.world_size, --nproc and a launcher's WORLD_SIZE).
+inline constexpr int kMaxWorldSize = 1024;
+
 struct DistEnv {
   int rank = 0;
   int world_size = 1;

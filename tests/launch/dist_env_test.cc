@@ -103,6 +103,8 @@ TEST_CASE("resolve_dist_env: bad torchrun values are UserErrors naming the varia
   CHECK(contains(env_error(with("RANK", "2")), "RANK=2 is out of range for WORLD_SIZE=2"));
   CHECK(contains(env_error(with("RANK", "-1")), "RANK=-1"));
   CHECK(contains(env_error(with("WORLD_SIZE", "0")), "WORLD_SIZE=0"));
+  CHECK(contains(env_error(with("WORLD_SIZE", "2000000")),
+                 "WORLD_SIZE=2000000 is above 1024, the most ranks a dtrain job runs"));
   CHECK(contains(env_error(with("LOCAL_WORLD_SIZE", "3")), "LOCAL_WORLD_SIZE=3"));
   CHECK(contains(env_error(with("LOCAL_WORLD_SIZE", "0")), "LOCAL_WORLD_SIZE=0"));
   CHECK(contains(env_error(with("LOCAL_RANK", "2")), "LOCAL_RANK=2"));
