@@ -74,7 +74,7 @@ nlohmann::json run_grpc_rank(const Config& cfg, const RunOptions& opts,
   struct AtOnce {
     const StopRequest* r;
     explicit AtOnce(const StopRequest* req) : r(req) {
-      if (r) r->at_once.store(true);
+      if (r) begin_at_once(*r);  // (ends the process if a stop came while the rank started)
     }
     ~AtOnce() {
       if (r) r->at_once.store(false);

@@ -23,17 +23,22 @@ void abrupt_cleanup() {
   if (void (*fn)() = g_abrupt_cleanup.load()) fn();
 }
 
+// Ends the process by sig's default action (its status says which signal). Async-signal-safe.
+void die_by(int sig) {
+  struct sigaction dfl {};
+  dfl.sa_handler = SIG_DFL;
+  sigemptyset(&dfl.sa_mask);
+  ::sigaction(sig, &dfl, nullptr);
+  ::raise(sig);
+}
+
 void on_interrupt(int sig) {
   StopRequest* req = g_request.load();
   if (req == nullptr) return;
   if (req->at_once.load()) {
     abrupt_cleanup();
     if (sig == g_preempt_signal.load()) ::_exit(kExitPreempted);
-    struct sigaction dfl {};
-    dfl.sa_handler = SIG_DFL;
-    sigemptyset(&dfl.sa_mask);
-    ::sigaction(sig, &dfl, nullptr);
-    ::raise(sig);
+    die_by(sig);
     return;
   }
   int expected = 0;
@@ -42,11 +47,7 @@ void on_interrupt(int sig) {
   if (req->launcher_gone.load() && !req->asked_after_launcher.exchange(true)) return;
   // A second signal: stop at once, with the status the signal's default action gives.
   abrupt_cleanup();
-  struct sigaction dfl {};
-  dfl.sa_handler = SIG_DFL;
-  sigemptyset(&dfl.sa_mask);
-  ::sigaction(sig, &dfl, nullptr);
-  ::raise(sig);
+  die_by(sig);
 }
 
 // The launcher is gone, once or again: a stop by the preemption signal, never escalated.
@@ -70,6 +71,17 @@ bool install(int sig, struct sigaction* old, void (*handler)(int) = on_interrupt
 }
 
 }  // namespace
+
+void begin_at_once(const StopRequest& req) {
+  req.at_once.store(true);
+  // A signal from now on finds at_once set (the handler ends the process); one before it was
+  // recorded in req.signal and is acted on here.
+  const int sig = req.signal.load();
+  if (sig == 0) return;
+  abrupt_cleanup();
+  if (sig == g_preempt_signal.load()) ::_exit(kExitPreempted);
+  die_by(sig);
+}
 
 void set_abrupt_exit_cleanup(void (*fn)()) {
   g_abrupt_cleanup.store(fn);

@@ -85,4 +85,10 @@ const char* interrupt_signal_name(int sig);
 // One per process, set once (a later call replaces it); nullptr clears it.
 void set_abrupt_exit_cleanup(void (*fn)());
 
+// Sets req.at_once, then ends the process at once, as the handler would, when a stop was asked
+// before (a signal that came while the rank was still starting: it only recorded the request,
+// and the rendezvous would then wait out its timeout). Called where a rank starts to wait with
+// nothing to save; clear at_once when that wait is over.
+void begin_at_once(const StopRequest& req);
+
 }  // namespace dtrain

@@ -3,6 +3,8 @@
 // kernel sends it once per re-parenting); a person's signal after it still stops softly.
 #include <doctest/doctest.h>
 #include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <csignal>
 #include <string>
@@ -73,4 +75,41 @@ TEST_CASE("interrupts: a guard's end asks the kernel for no parent-death signal"
   struct sigaction now {};
   REQUIRE(::sigaction(launcher_gone_signal(), nullptr, &now) == 0);
   CHECK((now.sa_handler == SIG_DFL));
+}
+
+TEST_CASE("interrupts: a stop asked before a rank starts waiting ends it when the wait begins") {
+  // The signal came while the rank was starting (only recorded: nothing waits yet); when it
+  // reaches the rendezvous (begin_at_once) it ends at once, as a signal during the wait does:
+  // the preemption signal with kExitPreempted, another by its default action. Before, the
+  // rendezvous waited out its timeout and the rank exited 1. In a child: the process ends.
+  struct Case {
+    int preempt, sig;
+    bool exited;  // else killed by sig
+  };
+  for (const Case c : {Case{SIGTERM, SIGTERM, true}, Case{SIGUSR1, SIGINT, false}}) {
+    CAPTURE(c.sig);
+    const pid_t pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      StopRequest req;
+      InterruptGuard g(req, c.preempt);
+      ::raise(c.sig);
+      begin_at_once(req);
+      _exit(3);  // not ended
+    }
+    int status = 0;
+    REQUIRE(waitpid(pid, &status, 0) == pid);
+    if (c.exited) {
+      REQUIRE(WIFEXITED(status));
+      CHECK(WEXITSTATUS(status) == kExitPreempted);
+    } else {
+      REQUIRE(WIFSIGNALED(status));
+      CHECK(WTERMSIG(status) == c.sig);
+    }
+  }
+  // No stop asked: it only sets at_once.
+  StopRequest req;
+  InterruptGuard g(req);
+  begin_at_once(req);
+  CHECK(req.at_once.load());
 }
