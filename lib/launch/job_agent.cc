@@ -298,6 +298,16 @@ namespace {
   throw e;
 }
 
+// Claims node rank `node` at node 0's store under `claim_key`: a second launcher given the same
+// --node-rank is refused (exit 2) instead of overwriting the first one's check-in, starting ranks
+// of its own and ending the job for everyone (it did, and could leave the real node hanging).
+void claim_node_rank(Store& s, const std::string& claim_key, int node) {
+  if (s.add(claim_key, 1) == 1) return;
+  throw UserError("node rank " + std::to_string(node) +
+                  " has already checked in to this job: another launcher runs with --node-rank " +
+                  std::to_string(node) + " (give each node its own --node-rank)");
+}
+
 }  // namespace
 
 std::vector<std::string> JobAgent::join(int nproc_per_node) {
@@ -309,6 +319,7 @@ std::vector<std::string> JobAgent::join(int nproc_per_node) {
   std::vector<std::string> hosts(static_cast<size_t>(m.o.nnodes));
   try {
     m.with_store(m.o.join_timeout_s, [&](Store& s) {
+      claim_node_rank(s, kPrefix + ("claim/" + std::to_string(m.o.node_rank)), m.o.node_rank);
       s.set(keys[static_cast<size_t>(m.o.node_rank)], std::to_string(nproc_per_node) + " " + host_);
       for (int n = 0; n < m.o.nnodes; ++n) {
         std::string v;
@@ -401,6 +412,7 @@ Membership JobAgent::rendezvous(int attempt, int nproc_per_node) {
   std::string members;
   try {
     members = m.with_store(m.o.join_timeout_s + m.o.last_call_s + 10, [&](Store& s) {
+      claim_node_rank(s, key(attempt, "claim/" + std::to_string(m.o.node_rank)), m.o.node_rank);
       s.set(key(attempt, "join/" + std::to_string(m.o.node_rank)), mine);
       if (m.o.node_rank == 0) {
         const std::vector<int> expected = attempt == 0 ? std::vector<int>{} : m.survivors;

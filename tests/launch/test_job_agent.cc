@@ -209,6 +209,29 @@ TEST_CASE("JobAgent: a disagreeing node, a wrong token and a missing node are re
   }
 }
 
+TEST_CASE("JobAgent: a second launcher with a node rank already checked in is refused") {
+  // Before, it overwrote the first one's check-in, started ranks of its own and ended the job.
+  const int port = pick_free_port();
+  JobAgent a0(agent_options(0, port));
+  auto f1 = std::async(std::launch::async, [&] {
+    JobAgent a1(agent_options(1, port));
+    return a1.join(2).size();
+  });
+  a0.join(2);
+  CHECK(f1.get() == 2u);
+  JobAgent again(agent_options(1, port));
+  std::string e = "<no error>";
+  try {
+    again.join(2);
+  } catch (const UserError& x) {
+    e = x.what();
+  }
+  CHECK_MESSAGE(contains(e,
+                         "node rank 1 has already checked in to this job: another launcher "
+                         "runs with --node-rank 1"),
+                e);
+}
+
 TEST_CASE("JobAgent: a node refused by node 0, which then exits, learns why at once") {
   // Node 1 checks in first; node 0 refuses it and its process (the store's host) ends right
   // after: node 1 must have read the refusal before, not wait out its join timeout.
