@@ -1,5 +1,6 @@
 #include "train/distributed.h"
 
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include "comm/communicator.h"
@@ -26,6 +27,21 @@ Config effective_config(const Config& cfg, const DistEnv& de) {
   return eff;
 }
 
+namespace {
+
+// The keys outside config_hash that decide which steps run collectives beyond the step's own
+// (evaluation, train records, saves, their count): "epochs 5, max_steps 0, ...".
+std::string run_plan(const Config& c) {
+  const TrainConfig& t = c.train;
+  return fmt::format(
+      "train.epochs {}, max_steps {}, log_every {}, eval_every {}, checkpoint.every_steps {}, "
+      "checkpoint.async {}",
+      t.epochs, t.max_steps, t.log_every, t.eval_every, t.checkpoint.every_steps,
+      t.checkpoint.async);
+}
+
+}  // namespace
+
 nlohmann::json run_grpc_rank(const Config& cfg, const RunOptions& opts,
                              const std::map<std::string, std::string>& env,
                              const DistOverrides& flags) {
@@ -49,7 +65,10 @@ nlohmann::json run_grpc_rank(const Config& cfg, const RunOptions& opts,
                ? cfg.distributed.bind
                : (is_loopback_host(de.master_addr) ? "127.0.0.1" : "0.0.0.0");
   g.token = resolve_job_token(env, cfg.distributed.token_file);
-  g.config_hash = config_hash(eff);
+  // config_hash leaves out how long the run is and when it logs, evaluates and saves (a resume
+  // may change them); ranks must still agree on them, since each of those steps runs collectives
+  // of its own: they join the rendezvous's comparison as text, which its refusal then shows.
+  g.config_hash = config_hash(eff) + " (" + run_plan(eff) + ")";
   g.rendezvous_timeout_s = cfg.distributed.rendezvous_timeout_s;
   g.tls_cert = cfg.distributed.tls.cert;
   g.tls_key = cfg.distributed.tls.key;

@@ -172,6 +172,15 @@ TEST_CASE("a rank with another config or a wrong token is refused at rendezvous"
   CHECK_FALSE(contains(r.output, "rc0=0"));
   CHECK_FALSE(contains(r.output, "rc1=0"));
   CHECK(contains(logs, "config hash"));
+  // Keys config_hash leaves out but the collectives depend on (here when saves happen): refused
+  // at the rendezvous, naming them, rather than failing later with mismatched collectives.
+  port = dtrain::pick_free_port();
+  r = pair(rank_env(1, 2, port, "tok"), " --set train.checkpoint.every_steps=7");
+  logs = read_text(dir / "a0.log") + read_text(dir / "a1.log");
+  INFO(r.output, logs);
+  CHECK_FALSE(contains(r.output, "rc1=0"));
+  CHECK(contains(logs, "checkpoint.every_steps 7"));
+  CHECK_FALSE(contains(logs, "mismatched calls"));
 
   port = dtrain::pick_free_port();
   r = pair(rank_env(1, 2, port, "wrong-token"), "");
