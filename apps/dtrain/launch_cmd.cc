@@ -10,6 +10,7 @@
 #include "launch/elastic.h"
 #include "launch/launcher.h"
 #include "train/run_dir.h"
+#include "train/stop.h"
 #include "util/check.h"
 
 namespace dtrain {
@@ -59,6 +60,7 @@ int cmd_launch(const Config& cfg, const LaunchCmd& c) {
   lo.master_addr = ne.master_addr;
   lo.master_port = ne.master_port;
   lo.max_restarts = c.max_restarts;
+  lo.preempt_signal = preempt_signal_number(cfg.train.preempt_signal);
   if (elastic_nodes) {
     check_elastic_config(cfg, "--nnodes " + c.nnodes);
     lo.min_nnodes = node_range.min;

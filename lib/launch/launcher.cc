@@ -310,7 +310,12 @@ class Attempt {
         spdlog::warn("received {}: forwarding it to the ranks", signal_name(sig));
         if (plan_.agent != nullptr) plan_.agent->report_stop(attempt_, sig);
         res_.stop_signal = sig;
+        forwarded_at_ = Clock::now();
         terminate_all(sig, seconds(o_.interrupt_grace_s));
+      } else if (sig == res_.stop_signal && Clock::now() - forwarded_at_ < kSameSignal) {
+        // The same signal twice at once is one event delivered twice (timeout(1), for one,
+        // signals its child and then its whole process group), not a person asking again.
+        spdlog::debug("received {} again at once: taken as the same request", signal_name(sig));
       } else if (!kill_sent_) {
         spdlog::warn("received {} while stopping: killing the ranks now", signal_name(sig));
         kill_all();
@@ -372,7 +377,12 @@ class Attempt {
     while (::waitpid(c.pid, &status, 0) < 0 && errno == EINTR) {
     }
     c.running = false;
-    const int code = WIFEXITED(status) ? WEXITSTATUS(status) : -2;
+    int code = WIFEXITED(status) ? WEXITSTATUS(status) : -2;
+    // Killed by the signal forwarded from here, before its handler was installed (a rank still
+    // starting): stopped as that handler would have made it (it had nothing to save), not killed.
+    const int fwd = res_.stop_signal;
+    if (fwd != 0 && !kill_sent_ && WIFSIGNALED(status) && WTERMSIG(status) == fwd)
+      code = fwd == o_.preempt_signal ? kExitPreempted : 128 + fwd;
     res_.common_exit = res_.common_exit == -1 || res_.common_exit == code ? code : -2;
     if (code == 2) res_.any_user_error = true;
     // A rank that exits with an interrupt's code although no signal came here was stopped by
@@ -466,6 +476,9 @@ class Attempt {
   ChildSet kids_;
   AttemptResult res_;
   bool shutting_down_ = false, kill_sent_ = false;
+  // When the stop signal was forwarded; the same signal within kSameSignal is the same request.
+  Clock::time_point forwarded_at_{};
+  static constexpr auto kSameSignal = std::chrono::milliseconds(200);
   std::optional<Clock::time_point> term_at_;  // when the ranks still running get SIGTERM
   std::optional<Clock::time_point> kill_at_, give_up_at_, next_poll_;
 };

@@ -1,6 +1,7 @@
 // `dtrain launch`: runs the ranks of a job as child processes on this machine, torchrun-style.
 #pragma once
 
+#include <csignal>
 #include <functional>
 #include <string>
 #include <vector>
@@ -39,6 +40,10 @@ struct LaunchOptions {
   // and write their checkpoint (dtrain run's safe interrupt) before SIGKILL; a second signal
   // kills them at once.
   double interrupt_grace_s = 120;
+  // The ranks' preemption signal (train.preempt_signal): a rank that this launcher's forwarded
+  // signal kills before it installed its handler (still starting: nothing to save) counts as
+  // having exited as the handler would have made it, 75 for this signal (else 128 + the signal).
+  int preempt_signal = SIGTERM;
   int max_restarts = 0;  // after a rank failed, start all ranks again at most this many times
   // The command of restart `attempt` (1..max_restarts), asked for just before it starts, so it
   // can depend on what the failed attempts left behind (their checkpoints); unset: child_argv.

@@ -25,6 +25,7 @@
 #include "launch/launcher.h"
 #include "test_util.h"
 #include "util/check.h"
+#include "util/interrupt.h"
 
 using namespace dtrain;
 using dtrain::testing::contains;
@@ -527,23 +528,32 @@ TEST_CASE("a rank failing on bad input (exit 2) is not restarted") {
 }
 
 TEST_CASE("SIGTERM to a launcher with restarts left stops everything without restarting") {
-  TempDir dir;
-  LaunchOptions o = sh_options(dir, 2,
-                               "echo $$ > $D/pid-$RANK\n"
-                               "echo x > $D/env-$RANK-$DTRAIN_RESTART_COUNT\n"
-                               "sleep 30 & echo $! > $D/sleep-$RANK\n"
-                               "touch $D/ready-$RANK\n"
-                               "wait\n");
-  o.max_restarts = 5;
-  const Launched r = run_launcher(o, dir, [&](pid_t launcher) {
-    CHECK(wait_for_files({dir / "ready-0", dir / "ready-1"}));
-    ::kill(launcher, SIGTERM);
-  });
-  INFO("launcher stdout:\n", r.out, "\nlauncher stderr:\n", r.err);
-  CHECK(r.exit_code == 128 + SIGTERM);
-  CHECK(r.seconds < 20);
-  CHECK_FALSE(contains(r.out + r.err, "restart 1"));
-  CHECK_FALSE(std::filesystem::exists(dir / "env-0-1"));
-  CHECK_FALSE(std::filesystem::exists(dir / "env-1-1"));
-  check_all_gone(dir, 2);
+  // Ranks that the forwarded SIGTERM kills (here: shell scripts without a handler, like a dtrain
+  // rank still starting) stopped as their handler would have made them: 75 when SIGTERM is the
+  // ranks' preemption signal (the default), else 143.
+  for (const int preempt : {SIGUSR1, SIGTERM}) {
+    CAPTURE(preempt);
+    TempDir dir;
+    LaunchOptions o = sh_options(dir, 2,
+                                 "echo $$ > $D/pid-$RANK\n"
+                                 "echo x > $D/env-$RANK-$DTRAIN_RESTART_COUNT\n"
+                                 "sleep 30 & echo $! > $D/sleep-$RANK\n"
+                                 "touch $D/ready-$RANK\n"
+                                 "wait\n");
+    o.max_restarts = 5;
+    o.preempt_signal = preempt;
+    const Launched r = run_launcher(o, dir, [&](pid_t launcher) {
+      CHECK(wait_for_files({dir / "ready-0", dir / "ready-1"}));
+      ::kill(launcher, SIGTERM);
+      ::kill(launcher, SIGTERM);  // the same request delivered twice (timeout(1) does): not "again"
+    });
+    INFO("launcher stdout:\n", r.out, "\nlauncher stderr:\n", r.err);
+    CHECK(r.exit_code == (preempt == SIGTERM ? kExitPreempted : 128 + SIGTERM));
+    CHECK(r.seconds < 20);
+    CHECK_FALSE(contains(r.out + r.err, "restart 1"));
+    CHECK_FALSE(contains(r.out + r.err, "killing the ranks now"));
+    CHECK_FALSE(std::filesystem::exists(dir / "env-0-1"));
+    CHECK_FALSE(std::filesystem::exists(dir / "env-1-1"));
+    check_all_gone(dir, 2);
+  }
 }
