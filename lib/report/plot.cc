@@ -295,6 +295,29 @@ Axis make_axis(double lo, double hi, int target) {
   return a;
 }
 
+// A polyline as a viewer sees it, for series of many points (a long run logged every step):
+// per pixel column (1 px of x), its first, lowest, highest and last point, in their order. What
+// is drawn is the same to the pixel, and drawing stays linear in the plot's width: cairo took
+// minutes to stroke a million-point path, and the SVG held every point.
+std::vector<Point> decimate_columns(std::vector<Point> p) {
+  constexpr size_t kKeepAll = 4096;  // fewer points: drawn as they are
+  if (p.size() <= kKeepAll) return p;
+  std::vector<Point> out;
+  for (size_t i = 0; i < p.size();) {
+    const double col = std::floor(p[i].x);
+    size_t j = i, lo = i, hi = i;
+    for (; j < p.size() && std::floor(p[j].x) == col; ++j) {
+      if (p[j].y < p[lo].y) lo = j;
+      if (p[j].y > p[hi].y) hi = j;
+    }
+    size_t last = SIZE_MAX;
+    for (const size_t k : {i, std::min(lo, hi), std::max(lo, hi), j - 1})
+      if (k != last) out.push_back(p[last = k]);
+    i = j;
+  }
+  return out;
+}
+
 struct PanelSpec {
   std::string title;
   std::string y_label;
@@ -374,6 +397,7 @@ void draw_panel(Scene& sc, double x0, double y0, double w, double h, const Panel
     it.dash = series_dash(i);
     it.cls = "series run-" + std::to_string(i);
     for (const Point& p : pts) it.pts.push_back({X(p.x), Y(p.y)});
+    it.pts = decimate_columns(std::move(it.pts));
     const bool markers = spec.markers || pts.size() == 1;
     std::vector<Point> centres = markers ? it.pts : std::vector<Point>{};
     sc.items.push_back(std::move(it));

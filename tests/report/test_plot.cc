@@ -299,6 +299,17 @@ TEST_CASE("SVG is well-formed with one curve per run per panel, labels escaped")
   const size_t at = svg.find("class=\"series run-0\"");
   const size_t pts = svg.find("points=\"", at);
   CHECK(count(svg.substr(pts, svg.find('"', pts + 8) - pts), ",") == 40);
+  // A series of many points (a long run logged every step) keeps per pixel column its first,
+  // lowest, highest and last point: at most 4 per column of the 1200-px figure, the curve's
+  // extremes kept (cairo took minutes to stroke a million-point path).
+  {
+    TempDir many;
+    const std::string big_svg = render_svg({read_run(make_run(many, "long", 50000, 0))}, opts);
+    const size_t p0 = big_svg.find("points=\"", big_svg.find("class=\"series run-0\""));
+    const std::string points = big_svg.substr(p0, big_svg.find('"', p0 + 8) - p0);
+    CHECK(count(points, ",") <= 4 * 1200);
+    CHECK(count(points, ",") > 100);
+  }
 
   // The XML checker itself catches what it should.
   CHECK(xml_problem("<svg><g></svg>") != "");
@@ -369,7 +380,8 @@ TEST_CASE("PNG has the requested size, decodes, and shows every run's colour") {
 TEST_CASE("printable_utf8 keeps well-formed text and replaces every other byte by '?'") {
   CHECK(printable_utf8("caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80") ==
         "caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80");
-  CHECK(printable_utf8("a\xff" "b") == "a?b");
+  CHECK(printable_utf8("a\xff"
+                       "b") == "a?b");
   CHECK(printable_utf8("\xc0\x80") == "??");       // overlong
   CHECK(printable_utf8("\xed\xa0\x80") == "???");  // surrogate
   CHECK(printable_utf8("\xe2\x82") == "??");       // truncated
