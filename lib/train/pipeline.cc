@@ -129,7 +129,6 @@ class PipelineStage final : public Executor {
                 const std::vector<LayerRange>& plan)
       : pc_(cfg.distributed.pipeline),
         loss_(cfg.model.loss),
-        model_(model),
         train_(train),
         s_(s),
         rng_(rng),
@@ -185,7 +184,6 @@ class PipelineStage final : public Executor {
 
   const PipelineConfig pc_;
   const Loss loss_;
-  const Model& model_;
   const Dataset& train_;
   Strategy& s_;
   Rng& rng_;
@@ -204,7 +202,6 @@ class PipelineStage final : public Executor {
   int64_t stored_now_ = 0, peak_stored_ = 0;
   double loss_sum_ = 0.0;  // last stage: over this step's micro-batches
   uint64_t mask_key_ = 0;  // this step's dropout key (StepWork::mask_key)
-  uint64_t sent_at_summary_ = 0;
 };
 
 void PipelineStage::forward(Micro& mb, float scale) {
