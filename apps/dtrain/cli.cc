@@ -18,13 +18,14 @@
 
 #include "checkpoint/checkpoint.h"
 #include "comm/grpc_transport.h"
-#include "comm/rank_grid.h"
 #include "config/config.h"
 #include "data/dataset.h"
 #include "data/text.h"
 #include "dtrain/bench_cli.h"
 #include "dtrain/generate.h"
 #include "dtrain/launch_cmd.h"
+#include "dtrain/output_checks.h"
+#include "dtrain/validate_checks.h"
 #include "launch/dist_env.h"
 #include "launch/launcher.h"
 #include "nn/loss.h"
@@ -33,8 +34,6 @@
 #include "report/plot.h"
 #include "tensor/blas.h"
 #include "train/distributed.h"
-#include "train/loop.h"
-#include "train/pipeline.h"
 #include "train/run_dir.h"
 #include "train/stop.h"
 #include "train/trainer.h"
@@ -89,67 +88,6 @@ void print_parse_error(const CLI::App& app, const CLI::ParseError& e, int argc, 
   std::cerr << "error: " << what << "\nrun '" << cmd << " --help' for the options" << std::endl;
 }
 
-// The warning for ranks without training samples, when the data set's size is known without
-// reading it (validate, before a run loads the data; the run warns again with the exact count).
-void warn_idle_ranks(const Config& cfg) {
-  const int64_t rows = train_rows_without_loading(cfg.data);
-  if (rows < 0) return;
-  const DistributedConfig& d = cfg.distributed;
-  const std::string w =
-      idle_ranks_warning(rows, d.world_size, d.pipeline.stages, d.tensor_parallel.size);
-  if (!w.empty()) spdlog::warn("{}", w);
-}
-
-// data.drop_last with a global batch larger than the training set trains nothing: the run refuses
-// that once it has loaded the data (plan_steps); validate refuses it, with the same message, when
-// the set's size is known without reading it.
-void check_drop_last_fits(const Config& cfg) {
-  if (!cfg.data.drop_last) return;
-  const int64_t rows = train_rows_without_loading(cfg.data);
-  const DistributedConfig& d = cfg.distributed;
-  const int64_t ranks_per_replica =
-      std::max<int64_t>(1, d.pipeline.stages) * std::max<int64_t>(1, d.tensor_parallel.size);
-  const int replicas = static_cast<int>(std::max<int64_t>(1, d.world_size / ranks_per_replica));
-  if (rows >= 0 && rows < cfg.data.batch_size * replicas) plan_steps(cfg, 0, rows, replicas);
-}
-
-// What run refuses once it has laid out its ranks and built the model, checked by validate
-// without reading the data where the config tells: an in-process rank grid that cannot be laid out
-// (launched ranks get their world size from the launcher), and, when the input shape is known from
-// the config or a file header (data/dataset.h), a model that does not fit it or has fewer layers
-// with parameters than pipeline stages, or whose training state and activations cannot fit in
-// memory (train/trainer.h's check_training_memory, as run checks it).
-void check_layout_without_data(const Config& cfg) {
-  const DistributedConfig& d = cfg.distributed;
-  const int S = pipeline_stages(cfg);
-  if (d.backend == Backend::kInproc) {
-    const GridLayout grid(static_cast<int>(d.world_size), static_cast<int>(d.tensor_parallel.size),
-                          S);  // throws UserError as run's does
-    (void)grid;
-  }
-  const Shape sample = train_sample_shape_without_loading(cfg.data);
-  if (sample.empty()) return;
-  int64_t classes = cfg.data.format == DataFormat::kText        ? kTextVocab
-                    : cfg.data.format == DataFormat::kSynthetic ? cfg.data.synthetic.classes
-                                                                : 0;
-  if (cfg.data.format == DataFormat::kIdx) {
-    classes = idx_label_classes(cfg.data.train.labels);
-    if (!cfg.data.test.labels.empty())
-      classes = std::max(classes, idx_label_classes(cfg.data.test.labels));
-  }
-  if (cfg.model.num_classes > 0) classes = cfg.model.num_classes;  // (labels above it: run's check)
-  if (classes < 2) return;  // (run refuses a single label with its own message)
-  const Model model = build_model(cfg.model, {sample, classes});
-  const std::vector<LayerRange> stages = S > 1 ? partition_stages(model, S, d.pipeline.partition)
-                                               : std::vector<LayerRange>{{0, model.num_layers()}};
-  // Its memory, per rank of each stage (tensor-parallel ranks hold slices: left to run).
-  if (d.tensor_parallel.size > 1) return;
-  const int world = static_cast<int>(std::max<int64_t>(1, d.world_size));
-  const int here = d.backend == Backend::kInproc ? world : 1;
-  for (const auto& [first, last] : stages)
-    check_training_memory(cfg, model, first, last, std::max(1, world / S), here, false);
-}
-
 // --resume: its checkpoint is checked (headers only) before any data is loaded; "auto" may find
 // none. Only the rank that reads it checks (rank 0: other hosts may not see the folder).
 // A folder that holds a run takes only that run's own checkpoints: resuming another run's
@@ -167,64 +105,6 @@ void check_resume_target(const std::string& resume, const std::string& out_dir) 
                   ") and --resume names a checkpoint of another folder ('" + path +
                   "'): continue that folder's own run with --resume auto, or resume into "
                   "another --out");
-}
-
-// An output option's file can be written (checked before the work that produces it).
-// Nor may it land in a checkpoint: a checkpoints folder (it holds `latest`) or a sharded
-// checkpoint's folder (manifest.json), where it would replace a checkpoint's file or be taken
-// for one.
-void check_output_file(const std::string& option, const std::string& path) {
-  if (const std::string why = output_file_problem(path); !why.empty())
-    throw UserError(option + " '" + path + "' " + why);
-  std::error_code ec;
-  const fs::path parent = fs::absolute(path, ec).parent_path();
-  if (fs::exists(parent / "latest", ec) || fs::exists(parent / "manifest.json", ec))
-    throw UserError(option + " '" + path + "' is inside a checkpoint folder ('" + parent.string() +
-                    "'), whose files it could replace: write it elsewhere");
-}
-
-// Whether a and b name one file (hard links and symlinks included; b need not exist yet).
-bool same_file(const std::string& a, const std::string& b) {
-  std::error_code ec;
-  if (fs::equivalent(a, b, ec)) return true;
-  const fs::path ca = fs::weakly_canonical(fs::absolute(a), ec);
-  const fs::path cb = fs::weakly_canonical(fs::absolute(b), ec);
-  return !ec && ca == cb;
-}
-
-// predict's --output must not replace what it reads: its --input rows, the config, or the data
-// files the config names (predict reads the training data for its normaliser and classes).
-void check_predict_output(const std::string& output, const std::string& input,
-                          const std::string& config, const DataConfig& data) {
-  std::vector<std::pair<std::string, std::string>> reads = {{"--input", input},
-                                                            {"the config", config}};
-  for (const auto& [key, files] :
-       {std::pair{"data.train", &data.train}, {"data.test", &data.test}}) {
-    if (!files->images.empty()) reads.emplace_back(std::string(key) + ".images", files->images);
-    if (!files->labels.empty()) reads.emplace_back(std::string(key) + ".labels", files->labels);
-    for (const std::string& p : files->path) reads.emplace_back(std::string(key) + ".path", p);
-  }
-  for (const auto& [what, path] : reads)
-    if (same_file(output, path))
-      throw UserError("--output '" + output + "' is the same file as " + what + " ('" + path +
-                      "'): predict would replace what it reads; write the predictions elsewhere");
-  check_output_file("--output", output);
-}
-
-// consolidate's -o must not replace a file of a checkpoint: the checkpoint it reads (a shard or
-// its manifest) or, next to it in the checkpoints folder, `latest` and the step-<N> entries.
-void check_consolidate_output(const std::string& input, const std::string& output) {
-  std::error_code ec;
-  const fs::path out = fs::weakly_canonical(fs::absolute(output), ec);
-  const fs::path in = fs::weakly_canonical(fs::absolute(input), ec);
-  const std::string name = out.filename().string();
-  const bool checkpoint_entry =
-      out.parent_path() == in.parent_path() && (name == "latest" || name.rfind("step-", 0) == 0);
-  if (checkpoint_entry || path_is_within(out.string(), in.string()))
-    throw UserError("-o '" + output + "' would replace the checkpoint being read ('" + input +
-                    "') or an entry of its checkpoints folder (latest, step-<N>): write the "
-                    "consolidated checkpoint elsewhere");
-  check_output_file("-o", output);  // (after: the message above is the more precise one)
 }
 
 std::string default_out_dir(const std::string& config_path) {
@@ -774,9 +654,7 @@ int Cli::dispatch(const char* argv0) {
       expand_text_paths(cfg.data.train.path, "data.train.path");
       if (!cfg.data.test.path.empty()) expand_text_paths(cfg.data.test.path, "data.test.path");
     }
-    warn_idle_ranks(cfg);
-    check_drop_last_fits(cfg);
-    check_layout_without_data(cfg);
+    check_config_without_data(cfg);
     std::cout << config_path_ << ": ok (config hash " << config_hash(cfg) << ")" << std::endl;
     return kExitOk;
   }

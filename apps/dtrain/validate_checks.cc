@@ -1,0 +1,90 @@
+#include "dtrain/validate_checks.h"
+
+#include <algorithm>
+#include <vector>
+
+#include <spdlog/spdlog.h>
+
+#include "comm/rank_grid.h"
+#include "data/dataset.h"
+#include "data/text.h"
+#include "nn/model.h"
+#include "nn/registry.h"
+#include "train/loop.h"
+#include "train/pipeline.h"
+#include "train/trainer.h"
+
+namespace dtrain {
+
+namespace {
+
+// The warning for ranks without training samples, when the data set's size is known without
+// reading it (validate, before a run loads the data; the run warns again with the exact count).
+void warn_idle_ranks(const Config& cfg) {
+  const int64_t rows = train_rows_without_loading(cfg.data);
+  if (rows < 0) return;
+  const DistributedConfig& d = cfg.distributed;
+  const std::string w =
+      idle_ranks_warning(rows, d.world_size, d.pipeline.stages, d.tensor_parallel.size);
+  if (!w.empty()) spdlog::warn("{}", w);
+}
+
+// data.drop_last with a global batch larger than the training set trains nothing: the run refuses
+// that once it has loaded the data (plan_steps); validate refuses it, with the same message, when
+// the set's size is known without reading it.
+void check_drop_last_fits(const Config& cfg) {
+  if (!cfg.data.drop_last) return;
+  const int64_t rows = train_rows_without_loading(cfg.data);
+  const DistributedConfig& d = cfg.distributed;
+  const int64_t ranks_per_replica =
+      std::max<int64_t>(1, d.pipeline.stages) * std::max<int64_t>(1, d.tensor_parallel.size);
+  const int replicas = static_cast<int>(std::max<int64_t>(1, d.world_size / ranks_per_replica));
+  if (rows >= 0 && rows < cfg.data.batch_size * replicas) plan_steps(cfg, 0, rows, replicas);
+}
+
+// What run refuses once it has laid out its ranks and built the model, checked by validate
+// without reading the data where the config tells: an in-process rank grid that cannot be laid out
+// (launched ranks get their world size from the launcher), and, when the input shape is known from
+// the config or a file header (data/dataset.h), a model that does not fit it or has fewer layers
+// with parameters than pipeline stages, or whose training state and activations cannot fit in
+// memory (train/trainer.h's check_training_memory, as run checks it).
+void check_layout_without_data(const Config& cfg) {
+  const DistributedConfig& d = cfg.distributed;
+  const int S = pipeline_stages(cfg);
+  if (d.backend == Backend::kInproc) {
+    const GridLayout grid(static_cast<int>(d.world_size), static_cast<int>(d.tensor_parallel.size),
+                          S);  // throws UserError as run's does
+    (void)grid;
+  }
+  const Shape sample = train_sample_shape_without_loading(cfg.data);
+  if (sample.empty()) return;
+  int64_t classes = cfg.data.format == DataFormat::kText        ? kTextVocab
+                    : cfg.data.format == DataFormat::kSynthetic ? cfg.data.synthetic.classes
+                                                                : 0;
+  if (cfg.data.format == DataFormat::kIdx) {
+    classes = idx_label_classes(cfg.data.train.labels);
+    if (!cfg.data.test.labels.empty())
+      classes = std::max(classes, idx_label_classes(cfg.data.test.labels));
+  }
+  if (cfg.model.num_classes > 0) classes = cfg.model.num_classes;  // (labels above it: run's check)
+  if (classes < 2) return;  // (run refuses a single label with its own message)
+  const Model model = build_model(cfg.model, {sample, classes});
+  const std::vector<LayerRange> stages = S > 1 ? partition_stages(model, S, d.pipeline.partition)
+                                               : std::vector<LayerRange>{{0, model.num_layers()}};
+  // Its memory, per rank of each stage (tensor-parallel ranks hold slices: left to run).
+  if (d.tensor_parallel.size > 1) return;
+  const int world = static_cast<int>(std::max<int64_t>(1, d.world_size));
+  const int here = d.backend == Backend::kInproc ? world : 1;
+  for (const auto& [first, last] : stages)
+    check_training_memory(cfg, model, first, last, std::max(1, world / S), here, false);
+}
+
+}  // namespace
+
+void check_config_without_data(const Config& cfg) {
+  warn_idle_ranks(cfg);
+  check_drop_last_fits(cfg);
+  check_layout_without_data(cfg);
+}
+
+}  // namespace dtrain
