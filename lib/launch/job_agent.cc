@@ -243,6 +243,95 @@ struct JobAgent::Impl {
     });
     return f(static_cast<Store&>(s));
   }
+
+  // Node 0: collects every member's outcome (up to report_timeout_s), decides and publishes the
+  // decision, then serves until the others have read it.
+  JobDecision decide(int attempt, const NodeOutcome& mine, int max_restarts) {
+    const auto deadline = Clock::now() + secs_dur(o.report_timeout_s);
+    return with_store(o.report_timeout_s, [&](Store& s) {
+      s.set(key(attempt, "outcome/0"), encode(mine));
+      const std::vector<NodeOutcome> all = collect_outcomes(s, attempt, deadline);
+      JobDecision d = decide_attempt(all, attempt, max_restarts);
+      if (elastic()) settle_survivors(s, attempt, all, d);
+      s.set(key(attempt, "decision"),
+            std::string(d.restart ? "1 " : "0 ") + std::to_string(d.rc) + " " + d.reason);
+      // Keep serving until every node has the decision (or a short while passed): a node
+      // that exits next must not leave the others unable to read it.
+      std::vector<std::string> acks;
+      for (int n : members)
+        if (n != 0 && !lost.count(n)) acks.push_back(key(attempt, "ack/" + std::to_string(n)));
+      if (!d.restart && !acks.empty()) {
+        try {
+          s.wait(acks, Clock::now() + std::chrono::seconds(10));
+        } catch (const CommError&) {
+        }
+      }
+      return d;
+    });
+  }
+
+  // The other nodes: report this node's outcome and wait for node 0's decision. Node 0 may take
+  // up to report_timeout_s (it waits for every node's outcome), but a node 0 that is gone (its
+  // machine or launcher died with its ranks) is given up after lost_after_s unreachable, as the
+  // liveness poll would, not after the whole report timeout: the wait runs in slices of
+  // lost_after_s, and after each a store call that answers at once tells whether node 0 is
+  // still there.
+  JobDecision await_decision(int attempt, const NodeOutcome& mine) {
+    const double wait_s = node0_lost ? o.lost_after_s : o.report_timeout_s;
+    const auto deadline = Clock::now() + secs_dur(wait_s) + std::chrono::seconds(10);
+    // A store call that node 0 does not answer within lost_after_s: node 0 is gone.
+    auto reach = [&](const std::function<void(Store&)>& f) {
+      try {
+        with_store(o.lost_after_s, [&](Store& s) {
+          f(s);
+          return 0;
+        });
+      } catch (const CommError& e) {
+        throw CommError("node 0's launcher was lost: no answer for " +
+                        grpc_detail::seconds_str(o.lost_after_s) + " s (" + e.what() + ")");
+      }
+    };
+    reach([&](Store& s) {
+      s.set(key(attempt, "outcome/" + std::to_string(o.node_rank)), encode(mine));
+    });
+    std::string v;
+    for (;;) {
+      const auto slice = std::min(deadline, Clock::now() + secs_dur(o.lost_after_s));
+      try {
+        v = with_store(o.lost_after_s,
+                       [&](Store& s) { return s.get(key(attempt, "decision"), slice); });
+        break;
+      } catch (const CommError&) {
+        if (Clock::now() >= deadline) throw;
+      }
+      reach([&](Store& s) { s.add(kPrefix + ("alive/" + std::to_string(o.node_rank)), 1); });
+    }
+    JobDecision d;
+    with_store(o.lost_after_s, [&](Store& s) {
+      s.set(key(attempt, "ack/" + std::to_string(o.node_rank)), "1");
+      return 0;
+    });
+    std::istringstream in(v);
+    int restart = 0;
+    in >> restart >> d.rc >> std::ws;
+    std::getline(in, d.reason);
+    d.restart = restart != 0;
+    if (elastic() && d.restart) {
+      const std::string dropped_v = with_store(o.lost_after_s, [&](Store& s) {
+        return s.get(key(attempt, "dropped"), Clock::now() + secs_dur(o.lost_after_s));
+      });
+      std::istringstream dropped(dropped_v);
+      int n = -1;
+      while (dropped >> n)
+        if (n == o.node_rank) {
+          d.restart = false;
+          d.rc = 1;
+          d.reason =
+              "node 0 dropped this node from the job, which goes on without it (" + d.reason + ")";
+        }
+    }
+    return d;
+  }
 };
 
 JobAgent::JobAgent(const AgentOptions& o) : impl_(std::make_unique<Impl>()), host_(this_host()) {
@@ -538,53 +627,9 @@ RemoteNews JobAgent::poll(int attempt) {
 
 JobDecision JobAgent::finish(int attempt, const NodeOutcome& mine, int max_restarts) {
   Impl& m = *impl_;
-  // Node 0's launcher already unreachable: lost_after_s for it to answer (a passing network
-  // fault), not the whole report timeout for a launcher that is gone.
-  const double wait_s = m.node0_lost ? m.o.lost_after_s : m.o.report_timeout_s;
-  const auto deadline = Clock::now() + secs_dur(wait_s);
   try {
-    return m.with_store(wait_s, [&](Store& s) {
-      s.set(key(attempt, "outcome/" + std::to_string(m.o.node_rank)), encode(mine));
-      JobDecision d;
-      if (m.o.node_rank == 0) {
-        const std::vector<NodeOutcome> all = m.collect_outcomes(s, attempt, deadline);
-        d = decide_attempt(all, attempt, max_restarts);
-        if (m.elastic()) m.settle_survivors(s, attempt, all, d);
-        s.set(key(attempt, "decision"),
-              std::string(d.restart ? "1 " : "0 ") + std::to_string(d.rc) + " " + d.reason);
-        // Keep serving until every node has the decision (or a short while passed): a node
-        // that exits next must not leave the others unable to read it.
-        std::vector<std::string> acks;
-        for (int n : m.members)
-          if (n != 0 && !m.lost.count(n)) acks.push_back(key(attempt, "ack/" + std::to_string(n)));
-        if (!d.restart && !acks.empty()) {
-          try {
-            s.wait(acks, Clock::now() + std::chrono::seconds(10));
-          } catch (const CommError&) {
-          }
-        }
-        return d;
-      }
-      const std::string v = s.get(key(attempt, "decision"), deadline + std::chrono::seconds(10));
-      s.set(key(attempt, "ack/" + std::to_string(m.o.node_rank)), "1");
-      std::istringstream in(v);
-      int restart = 0;
-      in >> restart >> d.rc >> std::ws;
-      std::getline(in, d.reason);
-      d.restart = restart != 0;
-      if (m.elastic() && d.restart) {
-        std::istringstream dropped(s.get(key(attempt, "dropped"), deadline));
-        int n = -1;
-        while (dropped >> n)
-          if (n == m.o.node_rank) {
-            d.restart = false;
-            d.rc = 1;
-            d.reason = "node 0 dropped this node from the job, which goes on without it (" +
-                       d.reason + ")";
-          }
-      }
-      return d;
-    });
+    return m.o.node_rank == 0 ? m.decide(attempt, mine, max_restarts)
+                              : m.await_decision(attempt, mine);
   } catch (const CommError& e) {
     throw std::runtime_error(std::string("the job's launchers could not agree on how attempt ") +
                              std::to_string(attempt + 1) + " ended: " + e.what());

@@ -33,6 +33,14 @@ AgentOptions agent_options(int node, int port, const std::string& token = "agent
   return o;
 }
 
+// Launchers lost after 1 s of silence, against a report timeout of 60 s.
+AgentOptions quick_loss(int node, int port) {
+  AgentOptions o = agent_options(node, port);
+  o.lost_after_s = 1;
+  o.report_timeout_s = 60;
+  return o;
+}
+
 NodeOutcome failed(const std::string& cause, bool killed, int64_t when) {
   NodeOutcome o;
   o.kind = NodeOutcome::kFailed;
@@ -270,9 +278,7 @@ TEST_CASE(
   NodeOutcome remote = failed("", false, INT64_MAX - 1);
   SUBCASE("node 1's launcher: node 0 hears it lost and decides without it") {
     const int port = pick_free_port();
-    AgentOptions o0 = agent_options(0, port), o1 = agent_options(1, port);
-    o0.lost_after_s = o1.lost_after_s = 1;
-    o0.report_timeout_s = o1.report_timeout_s = 60;
+    const AgentOptions o0 = quick_loss(0, port), o1 = quick_loss(1, port);
     JobAgent a0(o0);
     auto f1 = std::async(std::launch::async, [&] {
       JobAgent a1(o1);  // joins, polls a few times, then is gone without a report (SIGKILL)
@@ -296,11 +302,12 @@ TEST_CASE(
     CHECK(d.rc == 1);
     CHECK(contains(d.reason, "node 1's launcher was lost"));
   }
-  SUBCASE("node 0's launcher: node 1 gives up after lost_after_s") {
+  // Node 0's launcher gone, seen by a poll first or not: node 0's machine died with its ranks,
+  // so node 1's ranks fail at once and its launcher may reach finish before any poll.
+  for (const bool polled : {true, false}) {
+    CAPTURE(polled);
     const int port = pick_free_port();
-    AgentOptions o0 = agent_options(0, port), o1 = agent_options(1, port);
-    o0.lost_after_s = o1.lost_after_s = 1;
-    o0.report_timeout_s = o1.report_timeout_s = 60;
+    const AgentOptions o0 = quick_loss(0, port), o1 = quick_loss(1, port);
     auto a0 = std::make_unique<JobAgent>(o0);
     JobAgent a1(o1);
     auto f0 = std::async(std::launch::async, [&] { a0->join(2); });
@@ -308,11 +315,30 @@ TEST_CASE(
     f0.get();
     a0.reset();  // node 0's launcher is gone
     const auto t0 = std::chrono::steady_clock::now();
-    RemoteNews n;
-    for (int i = 0; i < 100 && n.lost.empty(); ++i) n = a1.poll(0);
-    REQUIRE_FALSE(n.lost.empty());
+    if (polled) {
+      RemoteNews n;
+      for (int i = 0; i < 100 && n.lost.empty(); ++i) n = a1.poll(0);
+      REQUIRE_FALSE(n.lost.empty());
+    }
     CHECK_THROWS_WITH_AS(a1.finish(0, remote, 0), doctest::Contains("node 0's launcher"),
                          std::runtime_error);
-    CHECK(since(t0) < 20);
+    CHECK(since(t0) < 20);  // the report timeout is 60 s
+  }
+  SUBCASE("node 0 alive but deciding late: node 1 waits on past lost_after_s for its decision") {
+    const int port = pick_free_port();
+    const AgentOptions o0 = quick_loss(0, port), o1 = quick_loss(1, port);
+    JobAgent a0(o0);
+    auto f1 = std::async(std::launch::async, [&] {
+      JobAgent a1(o1);
+      a1.join(2);
+      return a1.finish(0, remote, 0);
+    });
+    a0.join(2);
+    std::this_thread::sleep_for(std::chrono::milliseconds(3500));  // 3 slices of node 1's wait
+    const JobDecision d0 = a0.finish(0, failed("rank 0 on node 0 failed", false, 1), 0);
+    const JobDecision d1 = f1.get();
+    CHECK(d1.rc == d0.rc);
+    CHECK(d1.reason == d0.reason);
+    CHECK(d1.reason == "rank 0 on node 0 failed");
   }
 }
