@@ -46,6 +46,7 @@ class GradScaleFault final : public Strategy {
   double grad_sq_sum() override { return s_->grad_sq_sum(); }
   void scale_grads(float f) override { s_->scale_grads(f); }
   void optimizer_step(double lr) override { s_->optimizer_step(lr); }
+  void count_samples(int64_t local, int64_t axis) override { s_->count_samples(local, axis); }
   void end_step(int64_t step, bool last) override { s_->end_step(step, last); }
   bool in_sync(int64_t step) const override { return s_->in_sync(step); }
 

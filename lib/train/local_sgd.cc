@@ -74,6 +74,10 @@ class LocalSgd final : public ReplicatedBase {
   }
   void finish_backward() override {}
   bool replicated_grads() const override { return false; }
+  void count_samples(int64_t local, int64_t axis) override {
+    local_samples_ += local;
+    axis_samples_ += axis;
+  }
   void end_step(int64_t step, bool last) override {
     if (dp_.size() == 1 || (step % c_.sync_every != 0 && !last)) return;
     const auto t0 = std::chrono::steady_clock::now();
@@ -106,12 +110,28 @@ class LocalSgd final : public ReplicatedBase {
   std::vector<FlatRange> pieces_;
   std::unique_ptr<GradReducer> reducer_;
   double wait_s_ = 0.0;
+  // Samples this rank and the axis trained since the last synchronisation: the average weights
+  // each rank by its share, so a short last batch split unevenly (or a rank with none) counts
+  // as in one process, and H = 1 with SGD is DDP's update.
+  int64_t local_samples_ = 0, axis_samples_ = 0;
 };
 
 void LocalSgd::sync() {
   const int64_t P = r_.size();
+  // This rank's weight times the axis size, applied before an average: W * n_r / N (1 exactly
+  // when every rank trained as many samples, so equal shares average as before, bit for bit).
+  const float share = axis_samples_ > 0 ? static_cast<float>(static_cast<double>(local_samples_) *
+                                                             static_cast<double>(dp_.size()) /
+                                                             static_cast<double>(axis_samples_))
+                                        : 1.0f;
+  local_samples_ = axis_samples_ = 0;
+  auto weigh = [&](float* buf) {
+    if (share != 1.0f)
+      for (int64_t j = 0; j < P; ++j) buf[j] *= share;
+  };
   std::vector<WorkPtr> w;
   auto average = [&](float* buf) {
+    weigh(buf);
     for (const FlatRange& p : pieces_)
       w.push_back(
           dp_.allreduce_async(buf + p.begin, static_cast<size_t>(p.end - p.begin), ReduceOp::kAvg));
@@ -121,6 +141,7 @@ void LocalSgd::sync() {
     for (size_t i = 0; i < opt_->state_names().size(); ++i) average(opt_->state(i).data());
   if (reducer_) {
     for (int64_t j = 0; j < P; ++j) delta_[j] = anchor_[j] - values_[j];
+    weigh(delta_.data());
     reducer_->allreduce_sum(dp_, delta_.data());
     // The compressor treats the two copies of a tie as two tensors (its own sampling, residuals):
     // the tie moves by the primary's average. Compression refuses pipelines, so both are here.

@@ -308,6 +308,7 @@ bool TrainLoop::step() {
     strategy_->optimizer_step(lr);
   }
   ++step_;
+  strategy_->count_samples(local_samples, step_samples);
   strategy_->end_step(step_, step_ == plan_.total_steps);
   exposed_comm_s_ +=
       strategy_->wait_seconds() + exec_->wait_seconds() + tied_->wait_seconds() - wait0;

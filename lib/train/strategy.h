@@ -118,6 +118,9 @@ class Strategy {
   virtual double grad_sq_sum() = 0;
   virtual void scale_grads(float f) = 0;
   virtual void optimizer_step(double lr) = 0;
+  // The samples this rank and the whole data axis trained in the step just taken (called before
+  // end_step). local_sgd weights its averages by them; the others need not.
+  virtual void count_samples(int64_t /*local*/, int64_t /*axis*/) {}
   // After step `step` (steps done, 1-based); last: the run's final step.
   virtual void end_step(int64_t /*step*/, bool /*last*/) {}
   // Whether the ranks of the axis hold the same parameters after step `step` (local_sgd: only
