@@ -642,7 +642,13 @@ int Cli::dispatch(const char* argv0) {
     set_blas_threads(static_cast<int>(cfg.runtime.threads));
     // Printed as it is sampled: a long continuation shows its first words at once.
     TerminalEscaper esc;
-    generate_text(cfg, gen_, [&](const std::string& b) { std::cout << esc.push(b) << std::flush; });
+    generate_text(cfg, gen_, [&](const std::string& b) {
+      // Stop sampling once the output is gone (a full disk, a closed pipe with SIGPIPE ignored).
+      if (!(std::cout << esc.push(b) << std::flush))
+        throw std::runtime_error(
+            "writing to standard output failed (disk full or the output "
+            "closed): generation stopped");
+    });
     std::cout << esc.finish() << std::endl;
     return kExitOk;
   }
@@ -710,10 +716,11 @@ int cli_main_impl(int argc, char** argv) {
   try {
     return cli.dispatch(argv[0]);
   } catch (const UserError& e) {
-    std::cerr << "error: " << e.what() << std::endl;
+    std::cerr << "error: " << bounded_message(e.what()) << std::endl;
     return kExitUser;
   } catch (const InternalError& e) {
-    std::cerr << "internal error (a dtrain bug; please report): " << e.what() << std::endl;
+    std::cerr << "internal error (a dtrain bug; please report): " << bounded_message(e.what())
+              << std::endl;
     return kExitRuntime;
   } catch (const std::bad_alloc&) {
     // Sizes dtrain can predict (the model's state) are checked before training; this is what
@@ -724,7 +731,7 @@ int cli_main_impl(int argc, char** argv) {
               << std::endl;
     return kExitUser;
   } catch (const std::exception& e) {
-    std::cerr << "error: " << e.what() << std::endl;
+    std::cerr << "error: " << bounded_message(e.what()) << std::endl;
     return kExitRuntime;
   }
 }

@@ -70,6 +70,16 @@ std::string TerminalEscaper::drain(bool final) {
     if (c == '\\') {  // so that \xNN in the output always means an escaped byte
       out += "\\\\";
       ++i;
+    } else if (missing == 0 && c == 0xC2 && static_cast<unsigned char>(pending_[i + 1]) < 0xA0) {
+      // U+0080-U+009F, the C1 controls (U+009B is an 8-bit CSI some terminals act on): escaped
+      // byte by byte like the C0 controls.
+      for (size_t k = i; k < i + 2; ++k) {
+        const auto b = static_cast<unsigned char>(pending_[k]);
+        out += "\\x";
+        out += kHex[b >> 4];
+        out += kHex[b & 15];
+      }
+      i += 2;
     } else if (missing == 0) {
       const size_t n = utf8_lead(c).n;
       out.append(pending_, i, n);

@@ -1,9 +1,13 @@
 #include "dtrain/output_checks.h"
 
+#include <sys/stat.h>
+
 #include <filesystem>
 #include <utility>
 #include <vector>
 
+#include "checkpoint/safetensors.h"
+#include "train/run_dir.h"
 #include "util/check.h"
 #include "util/fs.h"
 
@@ -11,18 +15,23 @@ namespace dtrain {
 
 namespace fs = std::filesystem;
 
-// An output option's file can be written (checked before the work that produces it).
-// Nor may it land in a checkpoint: a checkpoints folder (it holds `latest`) or a sharded
-// checkpoint's folder (manifest.json), where it would replace a checkpoint's file or be taken
-// for one.
 void check_output_file(const std::string& option, const std::string& path) {
   if (const std::string why = output_file_problem(path); !why.empty())
     throw UserError(option + " '" + path + "' " + why);
   std::error_code ec;
-  const fs::path parent = fs::absolute(path, ec).parent_path();
+  const fs::path abs = fs::absolute(path, ec);
+  const fs::path parent = abs.parent_path();
   if (fs::exists(parent / "latest", ec) || fs::exists(parent / "manifest.json", ec))
     throw UserError(option + " '" + path + "' is inside a checkpoint folder ('" + parent.string() +
                     "'), whose files it could replace: write it elsewhere");
+  // A run folder's own files (train/run_dir.h): replacing one breaks resume, plot and verify.
+  const std::string name = abs.filename().string();
+  bool run_folder = false;
+  for (const char* f : kRunFiles) run_folder = run_folder || fs::exists(parent / f, ec);
+  for (const char* f : kRunFiles)
+    if (run_folder && name == f)
+      throw UserError(option + " '" + path + "' would replace the " + f + " of the run in '" +
+                      parent.string() + "': write it elsewhere or under another name");
 }
 
 // Whether a and b name one file (hard links and symlinks included; b need not exist yet).
@@ -34,8 +43,6 @@ bool same_file(const std::string& a, const std::string& b) {
   return !ec && ca == cb;
 }
 
-// predict's --output must not replace what it reads: its --input rows, the config, or the data
-// files the config names (predict reads the training data for its normaliser and classes).
 void check_predict_output(const std::string& output, const std::string& input,
                           const std::string& config, const DataConfig& data) {
   std::vector<std::pair<std::string, std::string>> reads = {{"--input", input},
@@ -53,8 +60,6 @@ void check_predict_output(const std::string& output, const std::string& input,
   check_output_file("--output", output);
 }
 
-// consolidate's -o must not replace a file of a checkpoint: the checkpoint it reads (a shard or
-// its manifest) or, next to it in the checkpoints folder, `latest` and the step-<N> entries.
 void check_consolidate_output(const std::string& input, const std::string& output) {
   std::error_code ec;
   const fs::path out = fs::weakly_canonical(fs::absolute(output), ec);
@@ -67,6 +72,18 @@ void check_consolidate_output(const std::string& input, const std::string& outpu
                     "') or an entry of its checkpoints folder (latest, step-<N>): write the "
                     "consolidated checkpoint elsewhere");
   check_output_file("-o", output);  // (after: the message above is the more precise one)
+  // An existing file is replaced only if it is a checkpoint (a consolidation written before):
+  // a mistyped -o must not destroy a config, data or anything else.
+  struct stat st {};
+  if (::stat(output.c_str(), &st) == 0 && S_ISREG(st.st_mode)) {
+    try {
+      read_safetensors_metadata(output);
+    } catch (const UserError&) {
+      throw UserError("-o '" + output +
+                      "' exists and is not a safetensors file: consolidate replaces only a "
+                      "checkpoint; remove it first or choose another name");
+    }
+  }
 }
 
 }  // namespace dtrain

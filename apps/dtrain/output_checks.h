@@ -10,14 +10,17 @@ namespace dtrain {
 
 // An output option's file (`option` names it in messages) can be written; nor may it land in a
 // checkpoint: a checkpoints folder (it holds `latest`) or a sharded checkpoint's folder
-// (manifest.json), where it would replace a checkpoint's file or be taken for one. UserError.
+// (manifest.json), where it would replace a checkpoint's file or be taken for one; nor replace
+// a run folder's own files (kRunFiles: summary.json, metrics.jsonl, config.json). UserError.
 void check_output_file(const std::string& option, const std::string& path);
 // predict's --output must not replace what it reads: its --input rows, the config, or the data
 // files the config names (predict reads the training data for its normaliser and classes).
 void check_predict_output(const std::string& output, const std::string& input,
                           const std::string& config, const DataConfig& data);
 // consolidate's -o must not replace a file of a checkpoint: the checkpoint it reads (a shard or
-// its manifest) or, next to it in the checkpoints folder, `latest` and the step-<N> entries.
+// its manifest) or, next to it in the checkpoints folder, `latest` and the step-<N> entries; and
+// an existing file is replaced only if it is a safetensors file (a mistyped -o must not destroy
+// a config or data).
 void check_consolidate_output(const std::string& input, const std::string& output);
 
 }  // namespace dtrain

@@ -17,6 +17,7 @@
 #include "util/check.h"
 #include "util/fs.h"
 #include "util/rng.h"
+#include "util/strings.h"
 
 namespace dtrain {
 
@@ -36,7 +37,7 @@ int64_t meta_int(const Metadata& md, const std::string& key, const std::string& 
     return v;
   } catch (const std::exception&) {
     throw UserError("checkpoint '" + path + "': metadata '" + key + "' is not an integer ('" +
-                    it->second + "')");
+                    shown_text(it->second) + "')");
   }
 }
 
@@ -73,7 +74,10 @@ void check_manifest_format(const nlohmann::json& m, const std::string& dir) {
 }
 
 nlohmann::json read_manifest(const std::string& dir, bool* checksummed) {
-  nlohmann::json m = nlohmann::json::parse(read_file((fs::path(dir) / kManifest).string()));
+  // A manifest lists ranges per rank and tensor: far below this even for 1024 ranks.
+  constexpr uint64_t kMaxManifestBytes = uint64_t{256} << 20;
+  nlohmann::json m = nlohmann::json::parse(
+      read_regular_file((fs::path(dir) / kManifest).string(), kMaxManifestBytes));
   const auto it = m.is_object() ? m.find(kManifestCrcKey) : m.end();
   if (checksummed != nullptr) *checksummed = it != m.end();
   if (it == m.end()) return m;
@@ -83,7 +87,7 @@ nlohmann::json read_manifest(const std::string& dir, bool* checksummed) {
   const std::string computed = crc32_hex(rest.dump());
   if (!stored.is_string() || stored.get<std::string>() != computed)
     throw UserError("checkpoint '" + dir + "': manifest.json fails its CRC-32 check (stored " +
-                    stored.dump() + ", computed \"" + computed +
+                    shown_text(stored.dump()) + ", computed \"" + computed +
                     "\"): the file is corrupt or was edited");
   return m;
 }
@@ -473,7 +477,7 @@ constexpr uintmax_t kMaxLatestBytes = 4096;
 
 // The checkpoint name a `latest` file holds, without its trailing newline (or spaces).
 std::string read_latest_name(const fs::path& latest) {
-  std::string name = read_file(latest.string());
+  std::string name = read_regular_file(latest.string(), kMaxLatestBytes);
   while (!name.empty() && (name.back() == '\n' || name.back() == '\r' || name.back() == ' '))
     name.pop_back();
   return name;

@@ -21,6 +21,7 @@
 
 #include "util/check.h"
 #include "util/fs.h"
+#include "util/strings.h"
 
 namespace dtrain {
 
@@ -258,7 +259,7 @@ nlohmann::json read_header(int fd, const std::string& path, uint64_t file_size,
   try {
     header = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
-    not_safetensors(path, std::string("corrupt header: ") + e.what());
+    not_safetensors(path, "corrupt header: " + shown_text(e.what(), 300));
   }
   if (!header.is_object()) not_safetensors(path, "corrupt header: not a JSON object");
   verify_header_crc(header, path);
@@ -271,7 +272,8 @@ void read_metadata(const nlohmann::json& value, const std::string& path,
   if (value.is_null()) return;
   if (!value.is_object()) fail(path, "corrupt header: __metadata__ is not an object");
   for (const auto& [mk, mv] : value.items()) {
-    if (!mv.is_string()) fail(path, "corrupt header: metadata value '" + mk + "' is not a string");
+    if (!mv.is_string())
+      fail(path, "corrupt header: metadata value '" + shown_text(mk, 200) + "' is not a string");
     if (mk != kStHeaderCrcKey) out[mk] = mv.get<std::string>();  // verified by read_header
   }
 }
@@ -291,7 +293,7 @@ std::map<std::string, uint32_t> parse_crcs(const std::string& value, const std::
   for (const auto& [name, v] : j.items()) {
     const std::string hex = v.is_string() ? v.get<std::string>() : "";
     if (hex.size() != 8 || hex.find_first_not_of("0123456789abcdef") != std::string::npos)
-      fail(path, bad + "entry '" + name + "' is not 8 hex digits");
+      fail(path, bad + "entry '" + shown_text(name, 200) + "' is not 8 hex digits");
     out[name] = static_cast<uint32_t>(std::stoul(hex, nullptr, 16));
   }
   return out;
@@ -299,7 +301,9 @@ std::map<std::string, uint32_t> parse_crcs(const std::string& value, const std::
 
 // The open file and its size; UserError when it cannot be opened or is not a regular file.
 Fd open_regular(const std::string& path, uint64_t* size) {
-  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  // O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused below); it changes
+  // nothing for a regular file's reads.
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
   if (fd.get() < 0) {
     throw UserError("cannot open safetensors file '" + path + "': " + std::strerror(errno));
   }
@@ -338,7 +342,7 @@ StFile read_safetensors(const std::string& path) {
       read_metadata(value, path, out.metadata);
       continue;
     }
-    const std::string what = "tensor '" + key + "'";
+    const std::string what = "tensor '" + shown_text(key, 200) + "'";
     if (!value.is_object()) fail(path, "corrupt header: " + what + " is not an object");
     const auto dtype = value.find("dtype");
     const auto shape = value.find("shape");
@@ -348,7 +352,8 @@ StFile read_safetensors(const std::string& path) {
     }
     if (!dtype->is_string()) fail(path, "corrupt header: " + what + " dtype is not a string");
     if (dtype->get<std::string>() != "F32") {
-      fail(path, what + " has dtype " + dtype->get<std::string>() + "; only F32 is supported");
+      fail(path, what + " has dtype " + shown_text(dtype->get<std::string>()) +
+                     "; only F32 is supported");
     }
     Entry e;
     e.name = key;
@@ -390,7 +395,8 @@ StFile read_safetensors(const std::string& path) {
     const auto meta = header.find("__metadata__");  // read_header verified the CRC it found
     out.header_checksummed = meta != header.end() && meta->contains(kStHeaderCrcKey);
     for (const auto& e : entries)
-      if (!crcs.count(e.name)) fail(path, "corrupt header: no CRC-32 for tensor '" + e.name + "'");
+      if (!crcs.count(e.name))
+        fail(path, "corrupt header: no CRC-32 for tensor '" + shown_text(e.name, 200) + "'");
     if (crcs.size() != entries.size()) {
       for (const auto& [name, c] : crcs)
         if (!header.contains(name) || name == "__metadata__")
@@ -408,7 +414,7 @@ StFile read_safetensors(const std::string& path) {
   int64_t pos = 0;
   for (const Entry* e : order) {
     if (e->begin != pos) {
-      fail(path, "corrupt header: tensor '" + e->name + "' data_offsets [" +
+      fail(path, "corrupt header: tensor '" + shown_text(e->name, 200) + "' data_offsets [" +
                      std::to_string(e->begin) + ", " + std::to_string(e->end) + "] " +
                      (e->begin < pos ? "overlap another tensor" : "leave a gap before it"));
     }
@@ -436,8 +442,9 @@ StFile read_safetensors(const std::string& path) {
       const uint32_t stored = crcs.at(e.name);
       const uint32_t computed = crc_of(t.data.data(), t.data.size() * 4);
       if (stored != computed)
-        fail(path, "tensor '" + e.name + "' fails its CRC-32 check (stored " + crc_hex(stored) +
-                       ", computed " + crc_hex(computed) + "): the file is corrupt");
+        fail(path, "tensor '" + shown_text(e.name, 200) + "' fails its CRC-32 check (stored " +
+                       crc_hex(stored) + ", computed " + crc_hex(computed) +
+                       "): the file is corrupt");
     }
     out.tensors.emplace(e.name, std::move(t));
   }

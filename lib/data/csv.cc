@@ -18,17 +18,6 @@
 namespace dtrain {
 namespace {
 
-// A cell as an error message shows it: at most its first 60 bytes (cut on a UTF-8 boundary, then
-// the cell's size), bytes that are not UTF-8 as '?': a 5 MB cell was one 5 MB message line.
-std::string cell_text(std::string_view cell) {
-  constexpr size_t kShown = 60;
-  if (cell.size() <= kShown) return printable_utf8(std::string(cell));
-  size_t cut = kShown;
-  while (cut > 0 && (static_cast<unsigned char>(cell[cut]) & 0xC0) == 0x80) --cut;
-  return printable_utf8(std::string(cell.substr(0, cut))) + "... (" + std::to_string(cell.size()) +
-         " bytes)";
-}
-
 // Labels become output-layer indices; a larger value is almost certainly a wrong column, and
 // would otherwise size a huge output layer.
 constexpr double kMaxLabel = 1 << 20;
@@ -57,6 +46,18 @@ bool parse_float(std::string_view s, float* out) {
   if (ec != std::errc() || p != e || !std::isfinite(v)) return false;
   *out = v;
   return true;
+}
+
+// Whether s is written as a number, usable or not: parse_float's syntax, but also "nan",
+// "inf" and magnitudes beyond float's range.
+bool looks_numeric(std::string_view s) {
+  const char* b = s.data();
+  const char* e = b + s.size();
+  if (b != e && *b == '+') ++b;
+  if (b == e) return false;
+  float v = 0;
+  const auto [p, ec] = std::from_chars(b, e, v, std::chars_format::general);
+  return p == e && (ec == std::errc() || ec == std::errc::result_out_of_range);
 }
 
 bool parse_double(std::string_view s, double* out) {
@@ -91,11 +92,12 @@ class CsvReader {
       // text is ambiguous -- a header with numeric names, or a data row with a bad cell, which
       // taking it as a header would drop silently -- so it is refused, naming both readings.
       // (An empty cell does not decide: a data row with a hole is reported as such.)
-      float v;
+      // A cell that reads as a number but not a usable one (nan, inf, 1e39) is a number here:
+      // a data row of such cells is refused as data, not dropped as a header.
       int64_t text = 0, numbers = 0, first_text = -1;
       for (size_t i = 0; i < first_.size(); ++i) {
         if (first_[i].empty()) continue;
-        if (parse_float(first_[i], &v)) {
+        if (looks_numeric(first_[i])) {
           ++numbers;
         } else if (text++ == 0) {
           first_text = static_cast<int64_t>(i);
@@ -105,7 +107,7 @@ class CsvReader {
         throw UserError(path + ":" + std::to_string(first_line_) + ": the first row mixes " +
                         std::to_string(numbers) + " number(s) and " + std::to_string(text) +
                         " text cell(s) (column " + std::to_string(first_text + 1) + ": \"" +
-                        std::string(first_[static_cast<size_t>(first_text)]) +
+                        shown_text(first_[static_cast<size_t>(first_text)]) +
                         "\" is not a number): if it is a header, set data.csv.header: true; "
                         "if it is data, fix that cell");
       has_header_ = text > 0;
@@ -317,18 +319,19 @@ Dataset load_csv(const std::string& path, const CsvOptions& opts) {
       if (c == label_col) {
         double v;
         if (!parse_double(cells[c], &v)) {
-          throw UserError(r.where(line, c) + "label \"" + cell_text(cells[c]) +
+          throw UserError(r.where(line, c) + "label \"" + shown_text(cells[c]) +
                           "\" is not a number");
         }
         if (v < 0) {
-          throw UserError(r.where(line, c) + "label " + cell_text(cells[c]) +
+          throw UserError(r.where(line, c) + "label " + shown_text(cells[c]) +
                           " is negative (labels are class indices 0, 1, ...)");
         }
         if (v != std::floor(v)) {
-          throw UserError(r.where(line, c) + "label " + cell_text(cells[c]) + " is not an integer");
+          throw UserError(r.where(line, c) + "label " + shown_text(cells[c]) +
+                          " is not an integer");
         }
         if (v >= kMaxLabel) {
-          throw UserError(r.where(line, c) + "label " + cell_text(cells[c]) +
+          throw UserError(r.where(line, c) + "label " + shown_text(cells[c]) +
                           " is too large (at most " + std::to_string(int64_t(kMaxLabel) - 1) + ")");
         }
         const auto label = static_cast<int32_t>(v);
@@ -340,7 +343,7 @@ Dataset load_csv(const std::string& path, const CsvOptions& opts) {
       if (!parse_float(cells[c], &v)) {
         throw UserError(r.where(line, c) +
                         (cells[c].empty() ? std::string("empty cell")
-                                          : "\"" + cell_text(cells[c]) + "\" is not a number"));
+                                          : "\"" + shown_text(cells[c]) + "\" is not a number"));
       }
       d.x.push_back(v);
     }
@@ -354,8 +357,8 @@ Dataset load_csv(const std::string& path, const CsvOptions& opts) {
 std::string csv_columns_problem(const std::string& what, const std::vector<std::string>& names,
                                 const std::vector<std::string>& train) {
   if (names.empty() || train.empty() || names == train) return "";
-  return what + " names its feature columns " + cell_text(join(names, ", ")) +
-         ", the training data's are " + cell_text(join(train, ", ")) +
+  return what + " names its feature columns " + shown_text(join(names, ", ")) +
+         ", the training data's are " + shown_text(join(train, ", ")) +
          ": the model reads columns by position, so give them in the training order (or drop "
          "the header row)";
 }
@@ -384,7 +387,7 @@ std::vector<float> load_csv_features(const std::string& path, const CsvOptions& 
       if (!parse_float(cells[c], &v)) {
         throw UserError(r.where(line, c) +
                         (cells[c].empty() ? std::string("empty cell")
-                                          : "\"" + cell_text(cells[c]) + "\" is not a number"));
+                                          : "\"" + shown_text(cells[c]) + "\" is not a number"));
       }
       x.push_back(v);
     }

@@ -251,7 +251,7 @@ void TrainLoop::start_deadline(int sig) {
   deadline_.start(t, [this, t, sig, step = step_] {
     std::string latest = "none";
     try {
-      latest = read_file((fs::path(ckpt_dir_) / "latest").string());
+      latest = read_regular_file((fs::path(ckpt_dir_) / "latest").string(), 4096);
       while (!latest.empty() && (latest.back() == '\n' || latest.back() == ' ')) latest.pop_back();
     } catch (const std::exception&) {
     }

@@ -75,8 +75,8 @@ void prepare_out_dir(const std::string& out_dir, bool resuming, bool overwrite, 
     throw UserError("--out '" + out_dir + "' is a file, not a folder: choose another --out");
   if (lock != nullptr) *lock = OutDirLock(out_dir);
   if (overwrite) {
-    std::vector<std::string> names = {"summary.json", "metrics.jsonl", "config.json",
-                                      "checkpoints"};
+    std::vector<std::string> names(std::begin(kRunFiles), std::end(kRunFiles));
+    names.emplace_back("checkpoints");
     if (clear_logs) names.emplace_back("logs");
     for (const auto& n : names) {
       fs::remove_all(fs::path(out_dir) / n, ec);

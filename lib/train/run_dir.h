@@ -8,6 +8,9 @@
 
 namespace dtrain {
 
+// The files a run writes at the top of its output folder (besides checkpoints/ and logs/).
+inline constexpr const char* kRunFiles[] = {"summary.json", "metrics.jsonl", "config.json"};
+
 // The files of `out_dir` that belong to an earlier run, as shown to the user: "summary.json",
 // "metrics.jsonl", "checkpoints/" (when it holds anything). config.json alone (a run that
 // failed before training) and logs/ (launcher logs, appended per launch) do not count.

@@ -70,6 +70,39 @@ std::string read_file(const std::string& path) {
   return os.str();
 }
 
+std::string read_regular_file(const std::string& path, uint64_t max_bytes) {
+  // O_NONBLOCK: a FIFO is refused at once instead of blocking the open until a writer comes.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) throw UserError("cannot read '" + path + "': " + std::strerror(errno));
+  std::string out;
+  std::string problem;
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    problem = std::string("cannot be read: ") + std::strerror(errno);
+  } else if (!S_ISREG(st.st_mode)) {
+    problem = "is not a regular file";
+  } else {
+    char buf[65536];
+    for (;;) {
+      const ssize_t n = ::read(fd, buf, sizeof buf);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) {
+        problem = std::string("cannot be read: ") + std::strerror(errno);
+        break;
+      }
+      if (n == 0) break;
+      out.append(buf, static_cast<size_t>(n));
+      if (out.size() > max_bytes) {
+        problem = "is larger than the " + std::to_string(max_bytes) + " bytes such a file holds";
+        break;
+      }
+    }
+  }
+  ::close(fd);
+  if (!problem.empty()) throw UserError("'" + path + "' " + problem);
+  return out;
+}
+
 std::string input_file_problem(const std::string& path) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) {

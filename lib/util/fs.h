@@ -12,6 +12,10 @@ namespace dtrain {
 
 // Throws UserError (naming the path and errno text) when the file cannot be read.
 std::string read_file(const std::string& path);
+// read_file for a file that must be a regular one of at most max_bytes (a checkpoint's manifest,
+// a `latest` file): a FIFO, device or folder there is refused at once (UserError) instead of
+// blocking or reading without end.
+std::string read_regular_file(const std::string& path, uint64_t max_bytes);
 
 // Why `path` cannot be read as an input file, or "" when it is a regular file this process can
 // open for reading: "does not exist", "is a directory, not a file", "is not a regular file",

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace dtrain {
@@ -72,6 +73,31 @@ inline std::string printable_utf8(const std::string& s) {
     i += n;
   }
   return out;
+}
+
+// s as shown inside a message: printable_utf8, and past max_bytes cut (at a character boundary)
+// with its size: a 5 MB cell or tensor name must not become a 5 MB message.
+inline std::string shown_text(std::string_view s, size_t max_bytes = 60) {
+  if (s.size() <= max_bytes) return printable_utf8(std::string(s));
+  size_t cut = max_bytes;
+  while (cut > 0 && (static_cast<unsigned char>(s[cut]) & 0xC0) == 0x80) --cut;
+  return printable_utf8(std::string(s.substr(0, cut))) + "... (" + std::to_string(s.size()) +
+         " bytes)";
+}
+
+// A message for one line of the console: past max_bytes, its head and tail around a note of
+// what was left out (cut at character boundaries). The last guard against a message that
+// quotes unbounded input.
+inline std::string bounded_message(std::string_view s, size_t max_bytes = 8192) {
+  if (s.size() <= max_bytes) return std::string(s);
+  const auto boundary = [&](size_t i) {
+    while (i > 0 && i < s.size() && (static_cast<unsigned char>(s[i]) & 0xC0) == 0x80) --i;
+    return i;
+  };
+  const size_t head = boundary(max_bytes * 3 / 4);
+  const size_t tail = boundary(s.size() - max_bytes / 4);
+  return std::string(s.substr(0, head)) + " [... " + std::to_string(tail - head) +
+         " bytes left out ...] " + std::string(s.substr(tail));
 }
 
 // The pieces of s between separators: "a;b;" -> {"a", "b", ""}; "" -> {""}.

@@ -94,6 +94,12 @@ TEST_CASE("generate: escape_for_terminal keeps valid UTF-8 and escapes every oth
   CHECK(escape_for_terminal("\\x01") == "\\\\x01");
   CHECK(escape_for_terminal("\x01") == "\\x01");
   CHECK(escape_for_terminal("\x1b[31m\x7f") == "\\x1b[31m\\x7f");
+  // The C1 controls U+0080-U+009F (U+009B is an 8-bit CSI), byte by byte; U+00A0 is text.
+  CHECK(escape_for_terminal("A\xc2\x9b"
+                            "31mB") ==
+        "A\\xc2\\x9b"
+        "31mB");
+  CHECK(escape_for_terminal("\xc2\x80\xc2\x9f\xc2\xa0") == "\\xc2\\x80\\xc2\\x9f\xc2\xa0");
   // A lone continuation byte, a truncated sequence, overlong forms, a surrogate, > U+10FFFF.
   CHECK(escape_for_terminal("\x80") == "\\x80");
   CHECK(escape_for_terminal("x\xc3") == "x\\xc3");
@@ -109,8 +115,9 @@ TEST_CASE("generate: bytes escaped as they arrive print what escaping them at on
   // Random byte strings rich in UTF-8 lead and continuation bytes, fed one byte at a time (as
   // generate prints while it samples) and in random pieces.
   std::mt19937 gen(7);
-  const unsigned char alphabet[] = {'a',  '\\', '\n', 0x01, 0x7f, 0x80, 0x82, 0xa9, 0xbf, 0xc0,
-                                    0xc3, 0xe0, 0xe2, 0xed, 0xf0, 0xf4, 0x9f, 0x90, 0xa0, 0xff};
+  const unsigned char alphabet[] = {'a',  '\\', '\n', 0x01, 0x7f, 0x80, 0x82,
+                                    0xa9, 0xbf, 0xc0, 0xc2, 0xc3, 0xe0, 0xe2,
+                                    0xed, 0xf0, 0xf4, 0x9f, 0x90, 0xa0, 0xff};
   for (int round = 0; round < 2000; ++round) {
     std::string bytes;
     const int len = static_cast<int>(gen() % 12);
@@ -242,6 +249,11 @@ TEST_CASE("generate: the prompt then --tokens bytes, reproducible per seed, gree
   const CmdResult w = run_dtrain("generate " + cfg + " --checkpoint " + ck + " --prompt '" +
                                  long_prompt + "' --tokens 1");
   CHECK(contains(w.output, "the prompt has 34 bytes, more than model.block_size = 16"));
+  // An output that fails (a full disk) stops the sampling with exit 1, not after N tokens.
+  const CmdResult full = run_cmd("{ " + kBin + " generate " + cfg + " --checkpoint " + ck +
+                                 " --tokens 100000000 > /dev/full; }");
+  CHECK(full.exit_code == 1);
+  CHECK_MESSAGE(contains(full.output, "generation stopped"), full.output);
 }
 
 TEST_CASE(

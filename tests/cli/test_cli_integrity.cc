@@ -2,13 +2,17 @@
 // and a NaN weight are refused by eval, --resume and consolidate with exit 2, naming the tensor.
 #include <doctest/doctest.h>
 
+#include <sys/stat.h>
+
 #include <filesystem>
 #include <limits>
 #include <string>
+#include <utility>
 
 #include "checkpoint/integrity_util.h"
 #include "test_util.h"
 
+using dtrain::testing::CmdResult;
 using dtrain::testing::contains;
 using dtrain::testing::flip_tensor_bit;
 using dtrain::testing::run_cmd;
@@ -32,6 +36,16 @@ optimizer: {type: adam, lr: 0.01}
 train: {epochs: 0, max_steps: 20, checkpoint: {every_steps: 10, keep_last: 2}}
 runtime: {threads: 1}
 )";
+
+// The zero1 layout of 2 ranks, whose checkpoints are sharded.
+const std::string sharded = " --set distributed.world_size=2 --set distributed.strategy=zero1";
+
+// Trains cfg in that layout into run (checkpoints at steps 10 and 20).
+CmdResult train_sharded(const std::string& cfg, const std::string& run) {
+  CmdResult r = run_cmd(kBin + " run " + cfg + sharded + " --out " + run + " --log-level warn");
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  return r;
+}
 
 // eval and a resume of `run` (which trains on to step 30) both exit 2 with `want` in their
 // message.
@@ -77,9 +91,7 @@ TEST_CASE("a flipped bit in one rank's shard is refused by resume and consolidat
   TempDir dir;
   const std::string cfg = dir.write("c.yaml", kCfg);
   const std::string run = dir / "run";
-  const std::string sharded = " --set distributed.world_size=2 --set distributed.strategy=zero1";
-  auto r = run_cmd(kBin + " run " + cfg + sharded + " --out " + run + " --log-level warn");
-  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  auto r = train_sharded(cfg, run);
   const std::string shard = run + "/checkpoints/step-20/rank-1.safetensors";
   REQUIRE(fs::exists(shard));
   flip_tensor_bit(shard, "params", 12, 1);
@@ -89,4 +101,29 @@ TEST_CASE("a flipped bit in one rank's shard is refused by resume and consolidat
   CHECK_MESSAGE(r.exit_code == 2, r.output);
   CHECK(contains(r.output, "tensor 'params' fails its CRC-32 check"));
   CHECK_FALSE(fs::exists(dir / "one.safetensors"));
+}
+
+TEST_CASE("a FIFO in place of a shard or a manifest is refused at once, not waited on") {
+  TempDir dir;
+  const std::string cfg = dir.write("c.yaml", kCfg);
+  const std::string run = dir / "run";
+  auto r = train_sharded(cfg, run);
+  const std::string step = run + "/checkpoints/step-20";
+  for (const auto& [name, want] :
+       {std::pair<std::string, std::string>{"rank-1.safetensors", "not a regular file"},
+        {"manifest.json", "a folder without manifest.json"}}) {
+    CAPTURE(name);
+    const std::string file = step + "/" + name;
+    const std::string keep = file + ".kept";
+    fs::rename(file, keep);
+    REQUIRE(::mkfifo(file.c_str(), 0600) == 0);
+    // timeout(1) ends a wait on the FIFO with 124: the check is that nothing waits.
+    r = run_cmd("timeout 60 " + kBin + " eval " + cfg + sharded + " --checkpoint " + step);
+    CHECK_MESSAGE(r.exit_code == 2, r.output);
+    CHECK(contains(r.output, want));
+    fs::remove(file);
+    fs::rename(keep, file);
+  }
+  r = run_cmd(kBin + " eval " + cfg + sharded + " --checkpoint " + step);
+  CHECK_MESSAGE(r.exit_code == 0, r.output);
 }

@@ -429,6 +429,30 @@ TEST_CASE("output options are checked before the work, and never replace the che
   }
   r = run_dtrain("eval " + cfg + " --checkpoint " + sharded);
   CHECK_MESSAGE(r.exit_code == 0, r.output);  // still intact
+  // An existing file that is not a checkpoint (the config, here) is not replaced; a
+  // consolidation written before is.
+  r = run_dtrain("checkpoint consolidate " + sharded + " -o " + cfg);
+  CHECK(r.exit_code == 2);
+  CHECK_MESSAGE(contains(r.output, "exists and is not a safetensors file"), r.output);
+  CHECK(dtrain::testing::read_text(cfg) == kTiny);
+  for (int i = 0; i < 2; ++i) {
+    r = run_dtrain("checkpoint consolidate " + sharded + " -o " + dir / "one.safetensors");
+    CHECK_MESSAGE(r.exit_code == 0, r.output);
+  }
+  // Nor a run folder's own files, by any output option.
+  for (const std::string& args :
+       {"checkpoint consolidate " + sharded + " -o " + sharded + "/summary.json",
+        "plot " + sharded + " -o " + sharded + "/metrics.jsonl",
+        "predict " + cfg + " --checkpoint " + sharded + " --input " + cfg + " --output " + sharded +
+            "/config.json"}) {
+    r = run_dtrain(args);
+    INFO(args << ": " << r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(contains(r.output, "would replace the "));
+    CHECK(contains(r.output, "of the run in"));
+  }
+  r = run_dtrain("plot " + sharded + " -o " + sharded + "/loss.svg");  // beside them: fine
+  CHECK_MESSAGE(r.exit_code == 0, r.output);
   // Folders and missing parents: exit 2 before anything runs.
   r = run_dtrain("checkpoint consolidate " + sharded + " -o " + dir.path());
   CHECK(r.exit_code == 2);

@@ -181,7 +181,14 @@ TEST_CASE("csv: malformed cells and rows name file, line and column") {
       {"1,,0\n", ":1:", "empty cell"},  // an empty cell does not turn a row into a header
       // A first row mixing numbers and text is neither silently a header nor silently data.
       {"1,2,x,4\n5,6,7,8\n", ":1:", "mixes 3 number(s) and 1 text cell(s) (column 3: \"x\""},
-      {"NaN,1,0\n2,3,1\n", ":1:", "set data.csv.header: true"},
+      {"1,n,0\n2,3,1\n", ":1:", "set data.csv.header: true"},
+      // nan, inf and 1e39 read as numbers, unusable ones: the row is data, refused as such,
+      // not a header dropped silently.
+      {"NaN,1,0\n2,3,1\n", ":1:", "\"NaN\" is not a number"},
+      {"nan,nan,nan\n1,2,0\n", ":1:", "\"nan\" is not a number"},
+      {"1e39,-inf,1\n1,2,0\n", ":1:", "\"1e39\" is not a number"},
+      {"1," + std::string(100000, 'x') + ",0\n",
+       ":1:", "(column 2: \"" + std::string(60, 'x') + "... (100000 bytes)\" is not a number)"},
       // A long cell is cut (the whole 5 MB cell was the message), bytes that are not UTF-8 are '?'.
       {"a,b,y\n1," + std::string(100000, '2') + "x,0\n",
        ":2:", "\"" + std::string(60, '2') + "... (100001 bytes)\" is not a number"},

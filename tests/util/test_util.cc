@@ -17,6 +17,7 @@
 #include "util/duration.h"
 #include "util/fs.h"
 #include "util/rng.h"
+#include "util/strings.h"
 
 using namespace dtrain;
 
@@ -199,4 +200,45 @@ TEST_CASE(
     CHECK(seconds_duration(s) == seconds_duration(kMaxWaitSeconds));
     CHECK(deadline_in(s) > now + std::chrono::hours(24 * 365 * 30));
   }
+}
+
+TEST_CASE("read_regular_file refuses FIFOs, devices and folders at once, and caps the size") {
+  const std::string dir = "/tmp/dtrain_rrf_" + std::to_string(::getpid());
+  std::filesystem::create_directories(dir);
+  const std::string fifo = dir + "/fifo";
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  const std::string file = dir + "/f";
+  dtrain::write_file_atomic(file, "0123456789");
+  const auto error = [](const std::string& path, uint64_t max) {
+    try {
+      dtrain::read_regular_file(path, max);
+    } catch (const dtrain::UserError& e) {
+      return std::string(e.what());
+    }
+    return std::string("<read>");
+  };
+  CHECK(error(fifo, 100) == "'" + fifo + "' is not a regular file");  // no writer: no wait
+  CHECK(error("/dev/zero", 100) == "'/dev/zero' is not a regular file");
+  CHECK(error(dir, 100) == "'" + dir + "' is not a regular file");
+  CHECK(error(file, 9) == "'" + file + "' is larger than the 9 bytes such a file holds");
+  CHECK(dtrain::read_regular_file(file, 10) == "0123456789");
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("shown_text and bounded_message keep messages short, cut at character boundaries") {
+  CHECK(dtrain::shown_text("abc") == "abc");
+  CHECK(dtrain::shown_text("a\x01"
+                           "b") == "a?b");
+  // 59 ASCII bytes then a 2-byte character across the 60-byte mark: cut before it.
+  const std::string s = std::string(59, 'a') + "\xc3\xa9" + std::string(100, 'b');
+  CHECK(dtrain::shown_text(s) == std::string(59, 'a') + "... (161 bytes)");
+  CHECK(dtrain::bounded_message("short") == "short");
+  std::string big;
+  for (int i = 0; i < 10000; ++i) big += "\xe2\x82\xac";  // 30000 bytes of 3-byte characters
+  const std::string m = dtrain::bounded_message(big, 1000);
+  CHECK(m.size() < 1100);
+  CHECK(m.find(" bytes left out ...] ") != std::string::npos);
+  CHECK(dtrain::valid_utf8(m));
+  CHECK(m.starts_with("\xe2\x82\xac"));
+  CHECK(m.ends_with("\xe2\x82\xac"));
 }
