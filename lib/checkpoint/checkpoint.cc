@@ -231,6 +231,8 @@ CheckpointMeta load_file_checkpoint(const std::string& path, const Model& model,
   if (auto it = f.metadata.find("config"); it != f.metadata.end()) meta.config_json = it->second;
   if (f.metadata.count("schedule_steps"))
     meta.schedule_steps = meta_int(f.metadata, "schedule_steps", path);
+  if (auto it = f.metadata.find("progress"); it != f.metadata.end())
+    meta.progress_json = it->second;
   if (meta.step < 0 || meta.epoch < 0 || meta.batch < 0 || meta.optimizer_steps < 0)
     throw UserError("checkpoint '" + path + "': negative step or position in metadata");
 
@@ -351,6 +353,7 @@ std::map<std::string, std::string> file_metadata(const CheckpointMeta& meta, int
   };
   if (!meta.config_json.empty()) md["config"] = meta.config_json;
   if (meta.schedule_steps > 0) md["schedule_steps"] = std::to_string(meta.schedule_steps);
+  if (!meta.progress_json.empty()) md["progress"] = meta.progress_json;
   return md;
 }
 
@@ -458,6 +461,7 @@ void write_manifest(const std::string& dir, const Model& model, const Checkpoint
   nlohmann::json out = m;  // optional fields (checkpoint.h)
   if (!meta.config_json.empty()) out["config"] = nlohmann::json::parse(meta.config_json);
   if (meta.schedule_steps > 0) out["schedule_steps"] = meta.schedule_steps;
+  if (!meta.progress_json.empty()) out["progress"] = nlohmann::json::parse(meta.progress_json);
   if (!meta.save_id.empty()) out["save_id"] = meta.save_id;
   if (!layout.is_null()) out["layout"] = layout;
   out[kManifestCrcKey] = crc32_hex(out.dump());  // (read_manifest: the canonical form)

@@ -42,6 +42,10 @@ struct CheckpointMeta {
   // train.max_steps / epochs keeps the schedule it started (README "Resuming").
   std::string config_json;
   int64_t schedule_steps = 0;
+  // Optional too: the training loop's running totals that a resumed run continues (JSON object,
+  // written by train/loop_save.cc: skipped steps and the sums of the train record in progress),
+  // so its records and summary read as an uninterrupted run's. "" in older files.
+  std::string progress_json;
   // Sharded checkpoints only: a random id drawn by rank 0 for one save and written into the
   // manifest and every shard's header, so a load refuses a shard left by another run's save of
   // the same step (a node-local folder that --overwrite could not clear, files copied together

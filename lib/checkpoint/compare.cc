@@ -160,7 +160,7 @@ std::vector<TensorDiff> tensor_diffs(const TensorMap& want, const TensorMap& got
 }
 
 std::vector<TensorDiff> update_diffs(const TensorMap& from, const TensorMap& want,
-                                     const TensorMap& got) {
+                                     const TensorMap& got, double slack_ulps) {
   std::vector<DiffAcc> accs;
   for (const auto& [name, w] : want) {
     if (is_compression_state(name)) continue;
@@ -173,7 +173,14 @@ std::vector<TensorDiff> update_diffs(const TensorMap& from, const TensorMap& wan
     acc.n = static_cast<double>(w.data.size());
     for (size_t i = 0; i < w.data.size(); ++i) {
       const double b = base ? base->data[i] : 0.0;
-      acc.add(i, w.data[i] - b, g.data[i] - b, w.data[i]);
+      double gv = g.data[i];
+      if (slack_ulps > 0) {
+        const float a = std::fabs(w.data[i]);
+        const double slack = slack_ulps * (std::nextafter(a, INFINITY) - a);
+        const double e = gv - w.data[i];
+        gv = w.data[i] + std::copysign(std::max(0.0, std::fabs(e) - slack), e);
+      }
+      acc.add(i, w.data[i] - b, gv - b, w.data[i]);
     }
   }
   return finish_all(accs);

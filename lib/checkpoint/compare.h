@@ -61,9 +61,11 @@ std::vector<TensorDiff> tensor_diffs(const TensorMap& want, const TensorMap& got
 // One step's updates from the common state `from`: per tensor, (got - from) against
 // (want - from). Where the reference update is all zero the scale falls back to the values of
 // `want` (so an update where none was due is still measured). Tensors of `want` absent from
-// `from` (optimizer state a fresh start does not have yet) start from zero.
+// `from` (optimizer state a fresh start does not have yet) start from zero. slack_ulps > 0:
+// each element's difference is first reduced by that many units in the last place of its
+// float32 value (a layout that rounds the parameters once more than one process, by design).
 std::vector<TensorDiff> update_diffs(const TensorMap& from, const TensorMap& want,
-                                     const TensorMap& got);
+                                     const TensorMap& got, double slack_ulps = 0.0);
 
 // The largest rel of a list (the entry itself; a default TensorDiff when empty).
 TensorDiff worst(const std::vector<TensorDiff>& diffs);

@@ -26,6 +26,9 @@ class Sampler {
   std::vector<int64_t> batch(int64_t epoch, int64_t k);
   // Items of global batch k across all ranks (what a single process with batch W*b would see).
   int64_t global_batch_size(int64_t k) const;
+  // The fewest rows a rank holds of global batch k (a short batch is split as evenly as possible,
+  // so the ranks' shares differ by at most one): the same answer on every rank.
+  int64_t fewest_rows(int64_t k) const { return global_batch_size(k) / world_; }
 
  private:
   int64_t n_, b_;

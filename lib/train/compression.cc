@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include <fmt/format.h>
 
@@ -74,10 +75,19 @@ void GradCompressor::encode(const float* v, uint8_t* msg) const {
     for (int64_t b = 0; b < blocks; ++b) {
       const int64_t lo = b * kInt8Block, hi = std::min(n_, lo + kInt8Block);
       float amax = 0.0f;
-      for (int64_t i = lo; i < hi; ++i) amax = std::max(amax, std::abs(v[i]));
-      const float scale = amax > 0 && std::isfinite(amax) ? amax / 127.0f : 0.0f;
+      bool finite = true;
+      for (int64_t i = lo; i < hi; ++i) {
+        finite = finite && std::isfinite(v[i]);
+        amax = std::max(amax, std::abs(v[i]));
+      }
+      // A block holding a NaN or an infinity decodes to NaN (scale NaN, values 0), so the
+      // reduced gradient is not finite and train.nonfinite sees it; a quantised zero block would
+      // hide it (and casting NaN to int8 is undefined).
+      const float scale = !finite    ? std::numeric_limits<float>::quiet_NaN()
+                          : amax > 0 ? amax / 127.0f
+                                     : 0.0f;
       scales[b] = scale;
-      const float inv = scale > 0 ? 1.0f / scale : 0.0f;
+      const float inv = finite && scale > 0 ? 1.0f / scale : 0.0f;
       for (int64_t i = lo; i < hi; ++i)
         q[i] = static_cast<int8_t>(std::clamp(std::nearbyint(v[i] * inv), -127.0f, 127.0f));
     }

@@ -29,6 +29,10 @@ class TensorGroup;  // nn/tp_gpt.h
 struct StepWork {
   // This replica's accumulation micro-batches: indices into the training set.
   const std::vector<std::vector<int64_t>>* batches = nullptr;
+  // For each of them, the fewest rows any replica of the data axis holds (Sampler::fewest_rows):
+  // what the pipeline cuts micro-batches by, so every replica runs as many of them -- and as
+  // many of the strategy's per-micro-batch collectives (zero2's, fsdp's).
+  const std::vector<int64_t>* fewest_rows = nullptr;
   float scale = 1.0f;   // gradients are of the loss sum times scale
   bool poison = false;  // DTRAIN_FAULT nan: a NaN enters this rank's last backward
   // The step's dropout key (nn/layer.h LayerCtx): with the rows of each batch, it keys the masks

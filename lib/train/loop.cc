@@ -114,6 +114,7 @@ bool TrainLoop::resume() {
       plan_.total_steps = resumed_total_steps();
       strategy_->optimizer().set_step_count(rp_.optimizer_steps);
       last_ckpt_step_ = step_;
+      restore_progress(rp_.progress);
       if (GradReducer* r = strategy_->reducer())
         restore_compression_state(world_, *r, cfg_.distributed.compression.type,
                                   cfg_.distributed.strategy, saved_comp_);
@@ -129,6 +130,27 @@ bool TrainLoop::resume() {
   if (!opts_.resume.empty() && lead_) write_run_config(cfg_, opts_.out_dir);
   schedule_steps_ = schedule_horizon(rp_, plan_, lead_);
   return true;
+}
+
+// Rank 0 continues the running totals the checkpoint recorded (CheckpointMeta::progress_json):
+// the skip count and the train record in progress. record() adds the other ranks' own sums
+// (from 0) to rank 0's where the loss is per rank, so rank 0 alone takes the saved all-ranks sums.
+void TrainLoop::restore_progress(const std::string& progress) {
+  if (!lead_ || progress.empty()) return;
+  try {
+    const nlohmann::json p = nlohmann::json::parse(progress);
+    skipped_steps_ = p.at("skipped_steps").get<int64_t>();
+    record_loss_ = p.at("record_loss").get<double>();
+    record_samples_ = p.at("record_samples").get<int64_t>();
+    interval_loss_ = p.at("interval_loss").get<double>();
+    interval_samples_ = p.at("interval_samples").get<int64_t>();
+  } catch (const nlohmann::json::exception& e) {
+    // Totals for the log only: a checkpoint whose tensors passed their checks still resumes.
+    spdlog::warn("{}: its running totals (progress) are unreadable ({}): records restart at 0",
+                 rp_.from, e.what());
+    skipped_steps_ = record_samples_ = interval_samples_ = 0;
+    record_loss_ = interval_loss_ = 0.0;
+  }
 }
 
 // The checkpoint counts its place in the epoch in global batches of the run that wrote it. Under
@@ -202,7 +224,8 @@ void TrainLoop::log_start() const {
       total == std::numeric_limits<int64_t>::max() ? std::string("unlimited")
                                                    : std::to_string(total),
       plan_.steps_per_epoch, cfg_.data.batch_size, DP_, plan_.accum,
-      (tp_ ? tp_->global() : model_).param_count(), grid_.layout().shape(), blas_threads(),
+      // Counted as the model table and summary.json count: a tied tensor once (PyTorch's way).
+      (tp_ ? tp_->global() : model_).distinct_param_count(), grid_.layout().shape(), blas_threads(),
       blas_core(), world_.backend(), opts_.out_dir);
 }
 
@@ -262,8 +285,10 @@ bool TrainLoop::step() {
   const int64_t n_micro = std::min(K, bpe_ - batch_);
   int64_t step_samples = 0, local_samples = 0;
   micro_idx_.resize(static_cast<size_t>(n_micro));
+  micro_fewest_.resize(static_cast<size_t>(n_micro));
   for (int64_t i = 0; i < n_micro; ++i) {
     step_samples += sampler_->global_batch_size(batch_ + i);
+    micro_fewest_[static_cast<size_t>(i)] = sampler_->fewest_rows(batch_ + i);
     micro_idx_[static_cast<size_t>(i)] = sampler_->batch(epoch_, batch_ + i);
     local_samples += static_cast<int64_t>(micro_idx_[static_cast<size_t>(i)].size());
   }
@@ -273,6 +298,12 @@ bool TrainLoop::step() {
   const int64_t scale_samples =
       (strategy_->global_mean() ? step_samples : std::max<int64_t>(1, local_samples)) * tps_;
   const double wait0 = strategy_->wait_seconds() + exec_->wait_seconds() + tied_->wait_seconds();
+  // A skipped step leaves no trace: the compressing reducer updates its error-feedback residual
+  // and PowerSGD's warm start during the step, before the verdict, so its state is kept to be put
+  // back (a NaN left there made every later step non-finite too).
+  GradReducer* reducer = cfg_.train.nonfinite == Nonfinite::kSkip ? strategy_->reducer() : nullptr;
+  std::optional<GradReducer::State> reducer_before;
+  if (reducer != nullptr) reducer_before = reducer->export_state();
   strategy_->begin_step();
   // The step's loss (loss_global_) is known after the last forward; its all-reduce runs during
   // backward, ahead of the gradient buckets, so it adds no round trip after backward.
@@ -280,6 +311,7 @@ bool TrainLoop::step() {
   WorkPtr loss_work;
   StepWork w;
   w.batches = &micro_idx_;
+  w.fewest_rows = &micro_fewest_;
   w.scale = 1.0f / static_cast<float>(scale_samples);
   w.poison = fault_due(opts_.faults, "nan", rank_, step_ + 1);
   w.mask_key = dropout_step_key(static_cast<uint64_t>(cfg_.seed), step_);
@@ -301,6 +333,7 @@ bool TrainLoop::step() {
   }
   batch_ += n_micro;
   const bool ok = nonfinite_guard(loss_sum);
+  if (!ok && reducer_before) reducer->import_state(*reducer_before);
   if (ok && cfg_.optimizer.clip_grad_norm > 0) clip();
   const double lr = lr_at(cfg_.optimizer.schedule, plan_.base_lr, step_, schedule_steps_);
   if (ok) {
@@ -322,7 +355,9 @@ bool TrainLoop::step() {
     interval_samples_ += loss_global_ ? step_samples : (mine ? local_samples : 0);
   }
   last_lr_ = lr;
-  if (loss_global_)
+  // The step's loss over the global batch is known here with an all-reduced loss, and on one
+  // replica without a pipeline (its loss is the global batch's).
+  if (loss_global_ || (DP_ == 1 && !pipelined_))
     last_step_loss_ = loss_sum / static_cast<double>(std::max<int64_t>(1, step_samples) * tps_);
   else if (!std::isnan(last_record_loss_))
     last_step_loss_ = last_record_loss_;
@@ -334,10 +369,11 @@ void TrainLoop::record(bool epoch_done) {
   const int64_t bar_total = total == std::numeric_limits<int64_t>::max() ? 0 : total;
   const bool write = step_ % cfg_.train.log_every == 0 || step_ == total;
   if (!write && !epoch_done) {
-    // Between records: the rate of the interval so far, so the bar shows one from step 1.
+    // Between records: the rate since the last record, so the bar shows one from step 1
+    // (samples_trained_ counts the global batches on every rank, whatever computes the loss).
     const double el = seconds_since(interval_t0_);
     const double sps =
-        el > 0 && loss_global_ ? static_cast<double>(interval_samples_) / el : last_sps_;
+        el > 0 ? static_cast<double>(samples_trained_ - samples_at_t0_) / el : last_sps_;
     if (bar_) bar_->update(step_, bar_total, epoch_progress(), last_step_loss_, sps);
     return;
   }
@@ -394,6 +430,7 @@ void TrainLoop::record(bool epoch_done) {
   record_loss_ = 0.0;
   record_samples_ = 0;
   interval_t0_ = Clock::now();
+  samples_at_t0_ = samples_trained_;
   if (bar_) bar_->update(step_, bar_total, epoch_progress(), mean_loss, sps);
 }
 
@@ -560,6 +597,7 @@ nlohmann::json TrainLoop::run() {
   bytes_recv0_ = world_.bytes_recv();
   comm_s0_ = comm_seconds();
   interval_t0_ = Clock::now();
+  samples_at_t0_ = samples_trained_;
   // Safe interrupts: the step after which every rank stops (stop.h). A run without a pipeline
   // votes at the start of a step (the vote's latency hides behind it; Local SGD votes only in
   // the steps that end in a synchronisation, where it can stop); a pipeline votes at the end of

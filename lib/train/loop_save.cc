@@ -27,6 +27,15 @@ void TrainLoop::save() {
   TraceScope ts(tracer_, "checkpoint", "checkpoint");
   // Every rank's RNG state goes into the checkpoint (dropout streams differ per rank).
   const std::string states = gather_rng_states(world_, rng_);
+  // The train record in progress, summed over the ranks as record() sums it (collective: every
+  // rank saves at the same step), goes into the checkpoint with the skip count, so a resumed run's
+  // first record averages the steps an uninterrupted run's does.
+  float interval_loss = static_cast<float>(interval_loss_);
+  int64_t interval_samples = interval_samples_;
+  if (!loss_global_ && world_.size() > 1) {
+    world_.allreduce(&interval_loss, 1, ReduceOp::kSum);
+    world_.allreduce(&interval_samples, 1, ReduceOp::kSum);
+  }
   CheckpointMeta m;
   if (lead_) {
     m.step = step_;
@@ -40,6 +49,12 @@ void TrainLoop::save() {
     m.strategy = to_string(cfg_.distributed.strategy);
     m.config_json = config_json_;
     m.schedule_steps = schedule_steps_;
+    m.progress_json = nlohmann::json{{"skipped_steps", skipped_steps_},
+                                     {"record_loss", record_loss_},
+                                     {"record_samples", record_samples_},
+                                     {"interval_loss", interval_loss},
+                                     {"interval_samples", interval_samples}}
+                          .dump();
   }
   // Every rank's compression state goes to rank 0 (compression_state.h).
   GradReducer* reducer = strategy_->reducer();

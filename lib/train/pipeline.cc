@@ -152,8 +152,9 @@ class PipelineStage final : public Executor {
     loss_sum_ = 0.0;
     const auto& batches = *w.batches;
     mask_key_ = w.mask_key;
+    DT_CHECK(w.fewest_rows != nullptr && w.fewest_rows->size() == batches.size());
     for (size_t i = 0; i < batches.size(); ++i)
-      run_schedule(batches[i], w.scale, i + 1 == batches.size(), w.poison);
+      run_schedule(batches[i], (*w.fewest_rows)[i], w.scale, i + 1 == batches.size(), w.poison);
     step_idle_ = idle_s_ - idle0;
     return loss_sum_;
   }
@@ -180,7 +181,8 @@ class PipelineStage final : public Executor {
   }
   void forward(Micro& mb, float scale);
   void backward(Micro& mb, bool last, bool poison);
-  void run_schedule(const std::vector<int64_t>& idx, float scale, bool last_of_step, bool poison);
+  void run_schedule(const std::vector<int64_t>& idx, int64_t fewest_rows, float scale,
+                    bool last_of_step, bool poison);
 
   const PipelineConfig pc_;
   const Loss loss_;
@@ -268,12 +270,15 @@ void PipelineStage::backward(Micro& mb, bool last, bool poison) {
   stored_now_ -= mb.stored_bytes;
 }
 
-void PipelineStage::run_schedule(const std::vector<int64_t>& idx, float scale, bool last_of_step,
-                                 bool poison) {
+void PipelineStage::run_schedule(const std::vector<int64_t>& idx, int64_t fewest_rows, float scale,
+                                 bool last_of_step, bool poison) {
   const int64_t rows = static_cast<int64_t>(idx.size());
-  // At least one micro-batch, empty when the replica has no rows: the strategy's collectives
-  // (ddp's buckets, fsdp's gathers) run on every rank of the data axis alike.
-  const int64_t M = std::max<int64_t>(1, std::min<int64_t>(pc_.micro_batches, rows));
+  // As many micro-batches on every replica of the data axis -- cut by the fewest rows a replica
+  // holds, not this one's (a short batch splits 5/4) -- since zero2 and fsdp run collectives per
+  // micro-batch; at least one, empty when a replica has no rows, so the strategy's collectives
+  // (ddp's buckets, fsdp's gathers) run on every rank of the axis alike.
+  DT_CHECK_LE(fewest_rows, rows);
+  const int64_t M = std::max<int64_t>(1, std::min<int64_t>(pc_.micro_batches, fewest_rows));
   micro_.resize(static_cast<size_t>(M));
   for (int64_t m = 0; m < M; ++m) {
     const int64_t lo = rows * m / M, hi = rows * (m + 1) / M;

@@ -76,7 +76,9 @@ class TrainLoop {
  private:
   void setup_model();
   void check_memory(const ModelRange& range) const;
-  bool resume();                        // false: nothing left to train (summary_ holds the answer)
+  bool resume();
+  void restore_progress(
+      const std::string& progress);     // false: nothing left to train (summary_ holds the answer)
   int64_t resumed_batch_index() const;  // rp_.batch in this run's global batches
   int64_t resumed_total_steps() const;  // plan_.total_steps from the resume point
   void log_start() const;
@@ -147,6 +149,7 @@ class TrainLoop {
   std::optional<ProgressBar> bar_;
   std::optional<StragglerCheck> stragglers_;
   std::vector<std::vector<int64_t>> micro_idx_;
+  std::vector<int64_t> micro_fewest_;  // Sampler::fewest_rows of each of micro_idx_'s batches
   Clock::time_point interval_t0_;
   double interval_loss_ = 0.0, final_train_loss_ = std::nan(""), train_s_ = 0.0, last_sps_ = 0.0;
   double last_record_loss_ = std::nan(""), last_lr_ = 0.0;
@@ -155,6 +158,7 @@ class TrainLoop {
   std::optional<double> last_step_loss_;
   bool pipelined_ = false;  // the pipeline executor (strategy pipeline, or stages > 1)
   int64_t interval_samples_ = 0, samples_trained_ = 0, interval_first_step_ = 0;
+  int64_t samples_at_t0_ = 0;  // samples_trained_ at interval_t0_ (the last record): the bar's rate
   // Since the last train record, all ranks' sums: the intervals an epoch end closed in between.
   double record_loss_ = 0.0;
   int64_t record_samples_ = 0;

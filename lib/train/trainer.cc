@@ -459,6 +459,7 @@ ResumePoint resume_full_state(const Config& cfg, const RunOptions& opts, Communi
                 saved_global_batch(m, path)};
       rng_states = m.rng;
       rp.from = path;
+      rp.progress = m.progress_json;
     } else {
       spdlog::info("--resume auto: no checkpoint in {}, starting fresh", ckpt_dir);
     }

@@ -233,7 +233,7 @@ void teacher_force(const Runner& run, const ReferencePlan& plan, const fs::path&
       std::error_code ec;
       if (!keep) fs::remove_all(out, ec);
     }
-    fs_row.worst = worst(update_diffs(from, want, got));
+    fs_row.worst = worst(update_diffs(from, want, got, plan.slack_ulps));
     if (r.first_bad_step == 0 && !(fs_row.worst.rel <= r.tolerance)) r.first_bad_step = k;
     r.forced.push_back(std::move(fs_row));
     from = std::move(want);
@@ -288,9 +288,12 @@ ReferencePlan plan_reference(const Config& layout) {
 
   std::string strategy = to_string(d.strategy);
   if (d.strategy == StrategyKind::kPipeline) strategy = "ddp";
-  if (d.strategy == StrategyKind::kLocalSgd) {
+  // With one replica Local SGD never averages: it is one process.
+  if (d.strategy == StrategyKind::kLocalSgd && p.replicas > 1) {
     const auto& l = d.local_sgd;
     const bool sgd = layout.optimizer.type == OptimizerType::kSgd;
+    const bool clipped = layout.optimizer.clip_grad_norm > 0.0;
+    if (l.sync_every == 1) p.slack_ulps = 2.0;
     if (l.sync_every > 1) {
       p.exact = false;
       p.teacher_forcing = false;
@@ -300,19 +303,23 @@ ReferencePlan plan_reference(const Config& layout) {
           "follows its own gradients, so the model differs from one process's by design (less "
           "communication for that)",
           l.sync_every, l.sync_every);
-    } else if (sgd && l.outer_lr == 0.0 && layout.optimizer.momentum > 0.0 &&
+    } else if (sgd && l.outer_lr == 0.0 && !clipped && layout.optimizer.momentum > 0.0 &&
                !l.sync_optimizer_state) {
       // Averaging after every step is linear in each replica's momentum, so the mean momentum
       // follows one process's and the parameters stay equal; each replica's own buffer does not.
       p.unchecked_state =
           "Local SGD keeps each replica's momentum (local_sgd.sync_optimizer_state false), so "
           "the optimizer state differs from one process's by design; parameters are compared";
-    } else if (l.outer_lr > 0.0 || !sgd) {
+    } else if (l.outer_lr > 0.0 || !sgd || clipped) {
       p.exact = false;
       p.divergence =
           l.outer_lr > 0.0
               ? "Local SGD with an outer optimizer (DiLoCo, outer_lr > 0) applies the averaged "
                 "change through Nesterov momentum, which one process does not do"
+          : clipped
+              ? "Local SGD clips each replica's own gradient to optimizer.clip_grad_norm; "
+                "the clip is not linear in the gradient, so the average of the clipped "
+                "steps is not the clipped step of the averaged gradient"
               : "Local SGD averages the parameters after each replica's own " +
                     to_string(layout.optimizer.type) +
                     " step; that optimizer is not linear in the gradient, so the average is not "

@@ -47,6 +47,11 @@ struct ReferencePlan {
   // parameters do not (Local SGD H = 1 with per-replica momentum): only parameters are compared,
   // and this says why.
   std::string unchecked_state;
+  // > 0: the layout rounds each parameter to float32 once more than one process does (Local SGD
+  // H = 1 averages the replicas' parameters, not their gradients), about an ulp of its value,
+  // which next to an update of 1e-5 of it is far above the tolerance: each step's comparison
+  // allows this many ulps of each value first.
+  double slack_ulps = 0.0;
   std::string layout_text, reference_text;  // one line each, for the report
 };
 // UserError for a layout with no single-process equivalent.

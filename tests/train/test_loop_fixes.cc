@@ -217,3 +217,47 @@ TEST_CASE("DDP buckets never exceed bucket_mb unless one layer alone does") {
     CHECK(expect_end == 0);
   }
 }
+
+TEST_CASE("a resumed run's records and skip count continue the uninterrupted run's") {
+  spdlog::set_level(spdlog::level::off);
+  // Records every 3 steps, checkpoints every 4, a skipped step at 2: resumed from step 4, the
+  // record at step 6 must average steps 4-6 (the saved record in progress carries step 4) and the
+  // summary count the skip before the checkpoint. Before, the record averaged steps 5-6 and
+  // skipped_steps restarted at 0. Ranks whose loss is per rank (pipeline) sum theirs in too.
+  for (const std::vector<std::string>& layout :
+       {std::vector<std::string>{},
+        {"distributed.world_size=2"},
+        {"distributed.world_size=2", "distributed.strategy=pipeline", "data.batch_size=16"}}) {
+    CAPTURE(layout.size());
+    TempDir dir;
+    auto sets = layout;
+    sets.insert(sets.end(), {"train.nonfinite=skip", "train.log_every=3",
+                             "train.checkpoint.every_steps=4", "train.checkpoint.keep_last=5"});
+    RunOptions full;
+    full.out_dir = dir / "full";
+    full.faults = parse_faults("nan:rank=0:step=2", 0);
+    const auto f = run_training(parse_config(kSmall, "r.yaml", sets), full);
+    CHECK(f["skipped_steps"] == 1);
+    const fs::path ck = fs::path(full.out_dir) / "checkpoints";
+    RunOptions res;
+    res.out_dir = dir / "res";
+    res.resume = fs::exists(ck / "step-4.safetensors") ? (ck / "step-4.safetensors").string()
+                                                       : (ck / "step-4").string();
+    const auto r = run_training(parse_config(kSmall, "r.yaml", sets), res);
+    CHECK(r["skipped_steps"] == 1);
+    CHECK(r["steps_this_run"] == 8);
+    const auto a = read_jsonl(full.out_dir + "/metrics.jsonl");
+    const auto b = read_jsonl(res.out_dir + "/metrics.jsonl");
+    for (const int64_t step : {6, 9, 12}) {
+      CAPTURE(step);
+      const nlohmann::json* ra = record(a, "train", step);
+      const nlohmann::json* rb = record(b, "train", step);
+      REQUIRE(ra != nullptr);
+      REQUIRE(rb != nullptr);
+      CHECK((*rb)["loss"].get<double>() ==
+            doctest::Approx((*ra)["loss"].get<double>()).epsilon(1e-6));
+    }
+    CHECK(r["final_train_loss"].get<double>() ==
+          doctest::Approx(f["final_train_loss"].get<double>()).epsilon(1e-6));
+  }
+}

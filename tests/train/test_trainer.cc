@@ -472,6 +472,14 @@ TEST_CASE("a NaN in one rank's gradient aborts naming the step, or is skipped on
         "distributed.local_sgd.sync_every=2"},
        1},
       {{"distributed.world_size=2", "distributed.strategy=pipeline"}, 0},
+      // Compression: int8 quantised a NaN block to zeros (the step passed as finite), and a
+      // skip kept the NaN in the error-feedback residual or PowerSGD's warm start, so every
+      // later step was skipped too.
+      {{"distributed.world_size=2", "distributed.compression.type=int8"}, 1},
+      {{"distributed.world_size=2", "distributed.compression.type=fp16"}, 1},
+      {{"distributed.world_size=2", "distributed.compression.type=powersgd",
+        "distributed.compression.error_feedback=false"},
+       0},
   };
   int k = 0;
   for (const auto& c : cases) {

@@ -262,6 +262,28 @@ TEST_CASE("verify: top-k compression and Local SGD H = 8 diverge as expected, no
   CHECK(lsgd.steps == 8);  // rounded up to a whole round
   CHECK(lsgd.forced.empty());
   CHECK(worst(lsgd.end_state).rel > 1e-4);
+  // H = 1 with clipping: each replica clips its own gradient, which is not linear in it.
+  const VerifyReport clipped =
+      verify(t, {"distributed.strategy=local_sgd", "distributed.local_sgd.sync_every=1",
+                 "optimizer.clip_grad_norm=0.05"});
+  CAPTURE(report_text(clipped));
+  CHECK(clipped.verdict == "diverges as expected");
+  CHECK(report_text(clipped).find("clips each replica's own gradient") != std::string::npos);
+}
+
+TEST_CASE("verify: Local SGD with one replica per stage is one process, even with H = 8") {
+  const Config c = parse_config(R"(
+model: {hidden: [8, 8]}
+data: {format: synthetic}
+distributed: {world_size: 2, strategy: local_sgd, local_sgd: {sync_every: 8},
+              pipeline: {stages: 2}}
+)",
+                                "p.yaml");
+  const ReferencePlan p = plan_reference(c);
+  CHECK(p.replicas == 1);
+  CHECK(p.exact);
+  CHECK(p.teacher_forcing);
+  CHECK(p.divergence.empty());
 }
 
 TEST_CASE("verify: a deep ReLU net's free-running drift is measured against one process's own") {
