@@ -96,10 +96,11 @@ struct AttemptResult {
                                 // the ranks, 0: none
   int first_failed_rank = -1;   // the rank that failed first, and its wait status: the cause
   int first_failed_status = 0;
-  int64_t first_failed_ms = 0;    // its wall-clock time (ms since the epoch)
-  std::vector<int> failed_ranks;  // every rank that failed on its own, in order
-  std::vector<int> killed_ranks;  // those of them killed by a signal not sent from here
-  std::string remote_failure;     // multi-node: the first failure another node reported
+  int64_t first_failed_ms = 0;     // its wall-clock time (ms since the epoch)
+  std::vector<int> failed_ranks;   // every rank that failed on its own, in order
+  std::vector<int> killed_ranks;   // those of them killed by a signal not sent from here
+  std::vector<int> stopped_ranks;  // ranks found stopped (state T) when the rest were stopped
+  std::string remote_failure;      // multi-node: the first failure another node reported
   int common_exit = -1;  // the exit status every rank exited with (-1: none yet, -2: mixed or
                          // killed by a signal)
   // A rank stopped by a signal sent to it alone (not to a launcher): it exited with an
@@ -107,6 +108,16 @@ struct AttemptResult {
   int rank_stop_rank = -1, rank_stop_code = 0;
 
   bool stopped() const { return stop_signal != 0 || rank_stop_code != 0; }
+  // What a failed attempt is blamed on: a rank found stopped (its peers failed waiting for it)
+  // before the first rank that exited.
+  std::string failure_cause(const std::string& node_text = "") const {
+    if (!stopped_ranks.empty())
+      return "rank " + std::to_string(stopped_ranks.front()) + node_text +
+             " was stopped (process state T) and its peers failed waiting for it";
+    if (first_failed_rank < 0) return "ranks" + node_text + " did not exit after SIGKILL";
+    return "rank " + std::to_string(first_failed_rank) + node_text + " failed (" +
+           describe_wait_status(first_failed_status) + ")";
+  }
   // The launch's exit code for a stop: the ranks' own when they agree on one.
   int stop_rc() const {
     if (common_exit >= 0) return common_exit;
@@ -446,6 +457,16 @@ class Attempt {
 
   void check_timers() {
     if (term_at_ && !shutting_down_ && kids_.any_running() && Clock::now() >= *term_at_) {
+      // A rank held stopped is what its failed peers waited for: name it, not the first rank
+      // that gave up on it.
+      if (res_.failed && res_.stopped_ranks.empty()) {
+        res_.stopped_ranks = kids_.stopped_ranks();
+        for (const int r : res_.stopped_ranks)
+          spdlog::error(
+              "rank {} is stopped (process state T: SIGSTOP, a debugger or a suspended job), not "
+              "running: the ranks that failed were waiting for it",
+              r);
+      }
       spdlog::warn("stopping rank(s) {}: SIGTERM, then SIGKILL after {} s", kids_.running_ranks(),
                    o_.grace_s);
       terminate_all(SIGTERM, seconds(o_.grace_s));
@@ -544,10 +565,13 @@ NodeOutcome node_outcome(const AttemptResult& r, int stop_rc, const std::string&
   } else if (r.failed) {
     n.kind = r.any_user_error ? NodeOutcome::kUserError : NodeOutcome::kFailed;
     n.rc = r.any_user_error ? 2 : 1;
-    n.killed = WIFSIGNALED(r.first_failed_status);
+    // A rank held stopped here is a cause from outside, as a rank killed by a signal is.
+    n.killed = WIFSIGNALED(r.first_failed_status) || !r.stopped_ranks.empty();
     n.when_ms = r.first_failed_ms;
-    n.cause = "rank " + std::to_string(r.first_failed_rank) + node_text +
-              " failed: " + describe_wait_status(r.first_failed_status);
+    n.cause = r.stopped_ranks.empty()
+                  ? "rank " + std::to_string(r.first_failed_rank) + node_text +
+                        " failed: " + describe_wait_status(r.first_failed_status)
+                  : r.failure_cause(node_text);
   } else if (!r.remote_failure.empty()) {
     n.kind = NodeOutcome::kFailed;  // stopped here for another node's failure: that is the cause
     n.rc = 1;
@@ -582,11 +606,11 @@ std::optional<int> local_decision(const LaunchOptions& o, const AttemptResult& r
   // A rank that failed on bad input (exit 2: config, data or checkpoint) makes the launch a
   // user error too, whatever the other ranks died of after it; otherwise a runtime failure.
   const int rc = r.failed && r.any_user_error ? 2 : 1;
-  const std::string cause = r.first_failed_rank >= 0
-                                ? "rank " + std::to_string(r.first_failed_rank) + " failed (" +
-                                      describe_wait_status(r.first_failed_status) + ")"
-                                : "ranks did not exit after SIGKILL";
-  if (o.max_restarts == 0) return rc;
+  const std::string cause = r.failure_cause();
+  if (o.max_restarts == 0) {
+    spdlog::error("launch failed: {}", cause);
+    return rc;
+  }
   if (r.stop_signal != 0) {
     spdlog::warn("not restarting: stopped by {}", signal_name(r.stop_signal));
     return rc;

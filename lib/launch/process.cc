@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <fstream>
 #include <thread>
 
 #include <spdlog/spdlog.h>
@@ -130,6 +131,22 @@ std::string ChildSet::running_ranks() const {
   for (const Child& c : kids_)
     if (c.running) s += (s.empty() ? "" : ", ") + std::to_string(c.rank);
   return s;
+}
+
+std::vector<int> ChildSet::stopped_ranks() const {
+  std::vector<int> out;
+  for (const Child& c : kids_) {
+    if (!c.running) continue;
+    std::ifstream in("/proc/" + std::to_string(c.pid) + "/stat");
+    std::string stat;
+    std::getline(in, stat);
+    // "pid (comm) S ...": the state follows the last ')' (comm may hold spaces and parentheses).
+    const size_t close = stat.rfind(')');
+    if (close != std::string::npos && close + 2 < stat.size() &&
+        (stat[close + 2] == 'T' || stat[close + 2] == 't'))
+      out.push_back(c.rank);
+  }
+  return out;
 }
 
 void ChildSet::signal_rank(pid_t pid, int sig) {

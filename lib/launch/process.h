@@ -100,6 +100,10 @@ class ChildSet {
 
   bool any_running() const;
   std::string running_ranks() const;  // "0, 2": the ranks still running
+  // The running ranks the kernel holds stopped (process state T or t: SIGSTOP, a debugger, a
+  // suspended job), read from /proc/<pid>/stat: a frozen rank, which its peers fail for
+  // ("no heartbeat from rank R") while it never exits on its own.
+  std::vector<int> stopped_ranks() const;
 
   // To the rank's whole process group; to the rank alone if it left its group. A stopped rank
   // (SIGSTOP, a debugger's ^Z) acts on SIGTERM or SIGINT only once continued, so it gets

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <ctime>
 
 #include "util/check.h"
 
@@ -32,6 +33,13 @@ void die_by(int sig) {
   ::raise(sig);
 }
 
+// CLOCK_MONOTONIC in ns (clock_gettime is async-signal-safe).
+int64_t monotonic_ns() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+}
+
 void on_interrupt(int sig) {
   StopRequest* req = g_request.load();
   if (req == nullptr) return;
@@ -42,7 +50,13 @@ void on_interrupt(int sig) {
     return;
   }
   int expected = 0;
-  if (req->signal.compare_exchange_strong(expected, sig)) return;  // first signal: stop softly
+  if (req->signal.compare_exchange_strong(expected, sig)) {  // first signal: stop softly
+    req->first_ns.store(monotonic_ns());
+    return;
+  }
+  // The same signal again at once: the same request, delivered twice (to the process, then to
+  // its group). (A handler is not re-entered by its own signal, so first_ns is set by now.)
+  if (sig == expected && monotonic_ns() - req->first_ns.load() < kSameSignalNs) return;
   // The stop so far is the launcher's death: a person's first signal still stops softly.
   if (req->launcher_gone.load() && !req->asked_after_launcher.exchange(true)) return;
   // A second signal: stop at once, with the status the signal's default action gives.

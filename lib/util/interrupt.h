@@ -15,6 +15,7 @@
 
 #include <atomic>
 #include <csignal>
+#include <cstdint>
 
 namespace dtrain {
 
@@ -27,6 +28,9 @@ namespace dtrain {
 // own keeps a preemption apart from a failure (1), a bad input (2) and a plain interrupt
 // (128 + signal: Ctrl-C, `scancel`), which must not be requeued. Launchers pass it through.
 inline constexpr int kExitPreempted = 75;
+
+// Two deliveries of one signal this close together are one request (200 ms, in ns).
+inline constexpr int64_t kSameSignalNs = 200'000'000;
 
 // 0: no stop requested; else the signal number that asked for it (SIGINT, SIGTERM, SIGHUP,
 // SIGUSR1).
@@ -42,6 +46,9 @@ struct StopRequest {
   // kExitPreempted (the newest checkpoint is as it was), another by its default action. Mutable:
   // the training side sets it through RunOptions' read-only pointer to the request.
   mutable std::atomic<bool> at_once{false};
+  // When the first signal came (CLOCK_MONOTONIC, ns): the same signal again within
+  // kSameSignalNs is the same request, not a second one.
+  std::atomic<int64_t> first_ns{0};
   static_assert(std::atomic<int>::is_always_lock_free);
   static_assert(std::atomic<bool>::is_always_lock_free);
 };
@@ -60,8 +67,10 @@ int launcher_gone_signal();
 // 128 + the signal). The previous dispositions are restored on destruction; signals ignored on
 // entry, e.g. by nohup, stay ignored). The first signal sets `req` and is logged by the training
 // loop; the second restores the default action and re-raises, so the process ends at once with the
-// usual status (killed by SIGINT/SIGTERM). launcher_gone_signal() is handled too, as a request by
-// `preempt_signal` that never escalates.
+// usual status (killed by SIGINT/SIGTERM). The same signal again within kSameSignalNs of the first
+// is not a second one: timeout(1), and shells on Ctrl-C, signal the child and then its process
+// group, so one request arrives twice within a moment (`dtrain launch` does the same).
+// launcher_gone_signal() is handled too, as a request by `preempt_signal` that never escalates.
 class InterruptGuard {
  public:
   explicit InterruptGuard(StopRequest& req, int preempt_signal = SIGTERM);

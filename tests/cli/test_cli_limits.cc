@@ -156,7 +156,12 @@ runtime: {threads: 1}
   const size_t at = r.output.find("elapsed_ms=");
   REQUIRE(at != std::string::npos);
   CHECK(std::stol(r.output.substr(at + 11)) < 8000);  // heartbeat 1 s + shutdown; grace is 10 s
-  CHECK_FALSE(contains(read_text(dir / "launch.log"), "sending SIGKILL"));
+  const std::string log = read_text(dir / "launch.log");
+  CHECK_FALSE(contains(log, "sending SIGKILL"));
+  // The launcher names the stopped rank as the cause, not rank 0, which failed first waiting
+  // for it.
+  CHECK(contains(log, "rank 1 is stopped (process state T"));
+  CHECK(contains(log, "launch failed: rank 1 was stopped (process state T)"));
 }
 
 TEST_CASE("an --out path that is not UTF-8 is refused before training") {

@@ -113,3 +113,30 @@ TEST_CASE("interrupts: a stop asked before a rank starts waiting ends it when th
   begin_at_once(req);
   CHECK(req.at_once.load());
 }
+
+TEST_CASE("interrupts: one signal delivered twice at once is one request; later, a second one") {
+  // timeout(1) signals its child and then the child's process group, so a rank receives the same
+  // signal twice within a moment: that is one request (3 of 8 runs under timeout ended at once,
+  // with no checkpoint). The same signal 300 ms later still ends the process at once.
+  StopRequest req;
+  {
+    InterruptGuard g(req);
+    REQUIRE(::raise(SIGINT) == 0);
+    REQUIRE(::raise(SIGINT) == 0);  // the default action would end this test here
+    CHECK(req.signal.load() == SIGINT);
+  }
+  const pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    StopRequest r;
+    InterruptGuard g(r);
+    ::raise(SIGINT);
+    ::usleep(300000);
+    ::raise(SIGINT);
+    _exit(3);  // not ended
+  }
+  int status = 0;
+  REQUIRE(waitpid(pid, &status, 0) == pid);
+  REQUIRE(WIFSIGNALED(status));
+  CHECK(WTERMSIG(status) == SIGINT);
+}
