@@ -40,9 +40,13 @@ std::vector<int64_t> parse_sizes(const std::string& text) {
     // Written so that NaN ("nan", "nanK": strtod reads them) fails too.
     if (tok.empty() || stop == tok.c_str() || !(v >= 0) || !(v * static_cast<double>(mult) <= 8e9))
       throw UserError("bad size '" + tok + "' (use e.g. 4M, 512K, 1G; at most 8G)");
-    const int64_t bytes = static_cast<int64_t>(v * static_cast<double>(mult)) / 4 * 4;
+    const double exact = v * static_cast<double>(mult);
+    const int64_t bytes = static_cast<int64_t>(exact);
     if (bytes == 0)
       throw UserError("bad size '" + tok + "': at least 4 bytes (one float; sizes are bytes)");
+    // Not rounded silently: the figures would be for another size than the one asked for.
+    if (static_cast<double>(bytes) != exact || bytes % 4 != 0)
+      throw UserError("bad size '" + tok + "': sizes are bytes of whole floats, a multiple of 4");
     out.push_back(bytes);
     pos = end + 1;
   }

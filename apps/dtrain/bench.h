@@ -73,7 +73,8 @@ struct CommBenchOptions {
   size_t sends_in_flight = 2;      // CommOptions::sends_in_flight
 };
 
-// Parses "1M,4M,16M,64M" (K/M/G suffixes, powers of 1024) into byte counts. UserError on junk.
+// Parses "1M,4M,16M,64M" (K/M/G suffixes, powers of 1024) into byte counts, each a whole
+// multiple of 4 (floats). UserError on junk.
 std::vector<int64_t> parse_sizes(const std::string& text);
 
 // Runs the benchmark on one rank (every rank calls it); rank 0 prints the table (or JSON lines

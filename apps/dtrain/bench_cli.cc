@@ -150,6 +150,11 @@ int BenchCli::run_comm(const char* argv0, const std::string& log_level) const {
   if (o.dtype == "int64" && o.op == "reduce_scatter")
     throw UserError("bench comm: --dtype int64 has no reduce_scatter");
   o.sizes_bytes = parse_sizes(comm_sizes_);
+  if (o.dtype == "int64")
+    for (const int64_t b : o.sizes_bytes)
+      if (b % 8 != 0)
+        throw UserError("bench comm: --dtype int64 moves 8-byte values: size " + std::to_string(b) +
+                        " is not a multiple of 8");
   o.iters = comm_iters_;
   o.json = comm_json_;
   o.shm = !comm_no_shm_;

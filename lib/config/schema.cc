@@ -529,7 +529,7 @@ std::vector<KeyDecl> strategy_keys(const Owners& o) {
       key(
           "distributed.pipeline.micro_batches",
           [](auto& c) -> auto& { return c.distributed.pipeline.micro_batches; },
-          R"doc(Micro-batches per batch, 1..`data.batch_size` (with a pipeline only))doc")
+          R"doc(Micro-batches per batch, 1..`data.batch_size` (with a pipeline only); the default 4 means one per row for a smaller batch)doc")
           .min(1)
           .by(o.pipeline),
       key(

@@ -248,9 +248,13 @@ void validate_distributed(const Config& c, const KeyErrors& errors) {
                    "the model has " + show(linears) + " layers with parameters, fewer than " +
                        show(pc.stages) + " stages");
     }
-    errors.check(c.data.batch_size >= pc.micro_batches, "distributed.pipeline.micro_batches",
-                 "must be at most data.batch_size (" + show(c.data.batch_size) +
-                     "): micro-batches split a batch by samples");
+    // The default is not refused: a batch smaller than it runs as many micro-batches as rows
+    // (as a short batch does), which is what the key's documentation promises.
+    errors.check(
+        c.data.batch_size >= pc.micro_batches || pc.micro_batches == PipelineConfig{}.micro_batches,
+        "distributed.pipeline.micro_batches",
+        "must be at most data.batch_size (" + show(c.data.batch_size) +
+            "): micro-batches split a batch by samples");
   }
   errors.check(dc.compression.type == CompressionType::kNone || dc.strategy == StrategyKind::kDdp ||
                    dc.strategy == StrategyKind::kLocalSgd,

@@ -31,6 +31,13 @@ namespace dtrain {
 namespace fs = std::filesystem;
 namespace {
 
+// The bytes this process may allocate for a file's contents (available memory, or ulimit -v),
+// SIZE_MAX when unknown.
+size_t allocation_budget() {
+  const int64_t avail = available_memory_bytes();
+  return avail < 0 ? SIZE_MAX : static_cast<size_t>(avail);
+}
+
 // Asks Linux to back [p, p + bytes) with transparent huge pages before it is first touched. On
 // VMs the first touch of every 4 KiB page is costly: the 180 MiB Fashion-MNIST feature matrix took
 // ~0.5 s in page faults alone, ~20 ms with 2 MiB pages. Best effort; a no-op where unsupported.
@@ -258,8 +265,7 @@ IdxFile read_idx(const std::string& path, uint32_t magic, const char* what) {
                       std::to_string(promised) + " bytes with the header) but the file has " +
                       std::to_string(size) + " bytes");
     // Inflating stops at the header's size, and at what this process can allocate.
-    const int64_t avail = available_memory_bytes();
-    const size_t budget = avail < 0 ? SIZE_MAX : static_cast<size_t>(avail);
+    const size_t budget = allocation_budget();
     const size_t cap = std::min(promised, budget);
     f.bytes = gz ? gunzip(read_whole_file(path), path, cap,
                           [&] {
@@ -319,8 +325,7 @@ std::string read_maybe_gzip(const std::string& path) {
   // What this process can allocate bounds the file (checked from its size, before reading) and
   // its decompressed contents (checked while inflating): a file past it is a clear user error,
   // not a std::bad_alloc from somewhere in the reader.
-  const int64_t avail = available_memory_bytes();
-  const size_t budget = avail < 0 ? SIZE_MAX : static_cast<size_t>(avail);
+  const size_t budget = allocation_budget();
   auto too_big = [&](const std::string& what) {
     constexpr double kMiB = 1024.0 * 1024.0;
     return fmt::format(

@@ -35,7 +35,9 @@ TEST_CASE("bench comm --dtype int64 times int64 collectives and refuses reduce_s
 TEST_CASE("bench comm refuses what it cannot time: 100000 ranks, a 3-byte size, --iters -1, nan") {
   for (const std::string args :
        {"--nproc 100000 --sizes 1K --iters 1", "--sizes 3", "--sizes 0", "--iters -1 --sizes 4K",
-        "--sizes nan", "--sizes nanK", "--sizes 4K,nan", "--sizes inf", "--segment nan"}) {
+        "--sizes nan", "--sizes nanK", "--sizes 4K,nan", "--sizes inf", "--segment nan",
+        // Not rounded to whole floats (or int64s) silently: 7 bytes were timed as 4.
+        "--sizes 7", "--sizes 4K,6", "--sizes 1.5", "--dtype int64 --sizes 12"}) {
     const auto r = run_cmd(kBin + " bench comm " + args);
     INFO(args << "\n" << r.output);
     CHECK(r.exit_code == 2);

@@ -486,8 +486,11 @@ TEST_CASE("every range and enum rule, via --set") {
                               "distributed.pipeline.stages=3", "distributed.world_size=3"})
             .find("distributed.pipeline.stages: the model has 2 layers with parameters, fewer than "
                   "3 stages") != std::string::npos);
-  CHECK(error_of(kSynthetic,
-                 {"distributed.strategy=pipeline", "distributed.world_size=2", "data.batch_size=3"})
+  // The default 4 with a batch of 3: one micro-batch per row, not an error for a key not set.
+  CHECK(error_of(kSynthetic, {"distributed.strategy=pipeline", "distributed.world_size=2",
+                              "data.batch_size=3"}) == "(no error)");
+  CHECK(error_of(kSynthetic, {"distributed.strategy=pipeline", "distributed.world_size=2",
+                              "data.batch_size=3", "distributed.pipeline.micro_batches=5"})
             .find("distributed.pipeline.micro_batches: must be at most data.batch_size (3): "
                   "micro-batches "
                   "split a batch by samples") != std::string::npos);
