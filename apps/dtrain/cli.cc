@@ -69,7 +69,7 @@ void print_parse_error(const CLI::App& app, const CLI::ParseError& e, int argc, 
       const std::string a = argv[i];
       if (a == "--log-level") ++i;  // and its value
       if (a.starts_with("-")) continue;
-      std::cerr << "error: unknown command '" << a << "' (commands: " << names
+      std::cerr << "error: unknown command '" << shown_text(a) << "' (commands: " << names
                 << ")\nrun 'dtrain --help' for the options" << std::endl;
       return;
     }
@@ -85,7 +85,8 @@ void print_parse_error(const CLI::App& app, const CLI::ParseError& e, int argc, 
   for (char& c : what)
     if (c == '\n') c = ' ';
   while (!what.empty() && what.back() == ' ') what.pop_back();
-  std::cerr << "error: " << what << "\nrun '" << cmd << " --help' for the options" << std::endl;
+  std::cerr << "error: " << bounded_message(what) << "\nrun '" << cmd << " --help' for the options"
+            << std::endl;
 }
 
 // --resume: its checkpoint is checked (headers only) before any data is loaded; "auto" may find

@@ -72,8 +72,8 @@ void check_consolidate_output(const std::string& input, const std::string& outpu
                     "') or an entry of its checkpoints folder (latest, step-<N>): write the "
                     "consolidated checkpoint elsewhere");
   check_output_file("-o", output);  // (after: the message above is the more precise one)
-  // An existing file is replaced only if it is a checkpoint (a consolidation written before):
-  // a mistyped -o must not destroy a config, data or anything else.
+  // An existing file is replaced only if it is a safetensors file (a consolidation written
+  // before, say): a mistyped -o must not destroy a config, data or anything else.
   struct stat st {};
   if (::stat(output.c_str(), &st) == 0 && S_ISREG(st.st_mode)) {
     try {
@@ -81,7 +81,7 @@ void check_consolidate_output(const std::string& input, const std::string& outpu
     } catch (const UserError&) {
       throw UserError("-o '" + output +
                       "' exists and is not a safetensors file: consolidate replaces only a "
-                      "checkpoint; remove it first or choose another name");
+                      "safetensors file; remove it first or choose another name");
     }
   }
 }

@@ -130,7 +130,6 @@ struct JobAgent::Impl {
   };
   std::map<int, Beat> beats;   // node 0: per member, the last alive/<id> count and when it moved
   std::set<int> lost;          // node 0: members of the current attempt found lost
-  bool node0_lost = false;     // the others: a poll could not reach node 0's launcher
   std::vector<int> survivors;  // node 0: the last attempt's members that were not lost
 
   bool elastic() const { return o.min_nodes > 0; }
@@ -272,13 +271,13 @@ struct JobAgent::Impl {
 
   // The other nodes: report this node's outcome and wait for node 0's decision. Node 0 may take
   // up to report_timeout_s (it waits for every node's outcome), but a node 0 that is gone (its
-  // machine or launcher died with its ranks) is given up after lost_after_s unreachable, as the
-  // liveness poll would, not after the whole report timeout: the wait runs in slices of
-  // lost_after_s, and after each a store call that answers at once tells whether node 0 is
-  // still there.
+  // machine or launcher died with its ranks) is given up once it leaves a store call unanswered
+  // for lost_after_s, as the liveness poll would, not after the whole report timeout: the wait
+  // runs in slices of lost_after_s, and after each an idempotent read (retried while the
+  // connection is down, answered at once by a live node 0) tells whether node 0 is still there.
   JobDecision await_decision(int attempt, const NodeOutcome& mine) {
-    const double wait_s = node0_lost ? o.lost_after_s : o.report_timeout_s;
-    const auto deadline = Clock::now() + secs_dur(wait_s) + std::chrono::seconds(10);
+    const auto deadline = Clock::now() + secs_dur(o.report_timeout_s) + std::chrono::seconds(10);
+    const std::string my_outcome = key(attempt, "outcome/" + std::to_string(o.node_rank));
     // A store call that node 0 does not answer within lost_after_s: node 0 is gone.
     auto reach = [&](const std::function<void(Store&)>& f) {
       try {
@@ -291,9 +290,7 @@ struct JobAgent::Impl {
                         grpc_detail::seconds_str(o.lost_after_s) + " s (" + e.what() + ")");
       }
     };
-    reach([&](Store& s) {
-      s.set(key(attempt, "outcome/" + std::to_string(o.node_rank)), encode(mine));
-    });
+    reach([&](Store& s) { s.set(my_outcome, encode(mine)); });
     std::string v;
     for (;;) {
       const auto slice = std::min(deadline, Clock::now() + secs_dur(o.lost_after_s));
@@ -304,7 +301,7 @@ struct JobAgent::Impl {
       } catch (const CommError&) {
         if (Clock::now() >= deadline) throw;
       }
-      reach([&](Store& s) { s.add(kPrefix + ("alive/" + std::to_string(o.node_rank)), 1); });
+      reach([&](Store& s) { s.get(my_outcome, Clock::now() + secs_dur(o.lost_after_s)); });
     }
     JobDecision d;
     with_store(o.lost_after_s, [&](Store& s) {
@@ -620,7 +617,6 @@ RemoteNews JobAgent::poll(int attempt) {
     });
   } catch (const CommError& e) {
     news.lost = e.what();
-    m.node0_lost = true;
   }
   return news;
 }

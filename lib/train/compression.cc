@@ -89,14 +89,21 @@ void GradCompressor::encode(const float* v, uint8_t* msg) const {
       scales[b] = scale;
       const float inv = finite && scale > 0 ? 1.0f / scale : 0.0f;
       for (int64_t i = lo; i < hi; ++i)
-        q[i] = static_cast<int8_t>(std::clamp(std::nearbyint(v[i] * inv), -127.0f, 127.0f));
+        q[i] = finite ? static_cast<int8_t>(std::clamp(std::nearbyint(v[i] * inv), -127.0f, 127.0f))
+                      : int8_t{0};
     }
   } else {  // topk: the k entries of largest magnitude as (uint32 index, float value)
     order_.resize(static_cast<size_t>(n_));
     for (int64_t i = 0; i < n_; ++i) order_[static_cast<size_t>(i)] = i;
-    // Ties broken by index so every run selects the same entries.
+    // Ties broken by index so every run selects the same entries. A NaN counts as the largest
+    // magnitude: it is sent (the reduced gradient is then not finite and train.nonfinite sees
+    // it) rather than kept in the residual, and the order stays a strict weak one.
+    const auto mag = [&](int64_t i) {
+      const float a = std::abs(v[i]);
+      return std::isnan(a) ? std::numeric_limits<float>::infinity() : a;
+    };
     std::nth_element(order_.begin(), order_.begin() + k_, order_.end(), [&](int64_t a, int64_t b) {
-      const float fa = std::abs(v[a]), fb = std::abs(v[b]);
+      const float fa = mag(a), fb = mag(b);
       return fa != fb ? fa > fb : a < b;
     });
     std::sort(order_.begin(), order_.begin() + k_);

@@ -1,5 +1,7 @@
 #include "train/train_loop.h"
 
+#include "util/strings.h"
+
 namespace dtrain {
 namespace loop_detail {
 
@@ -132,25 +134,35 @@ bool TrainLoop::resume() {
   return true;
 }
 
-// Rank 0 continues the running totals the checkpoint recorded (CheckpointMeta::progress_json):
-// the skip count and the train record in progress. record() adds the other ranks' own sums
-// (from 0) to rank 0's where the loss is per rank, so rank 0 alone takes the saved all-ranks sums.
+// The running totals the checkpoint recorded (CheckpointMeta::progress_json): the skip count and
+// the train record in progress, read by rank 0 and broadcast (every rank reports the same skip
+// count and, where each holds the global loss, the same final_train_loss). Where the loss is per
+// rank, record() adds the other ranks' own sums (from 0) to rank 0's, so only rank 0 keeps the
+// saved all-ranks sums. Collective.
 void TrainLoop::restore_progress(const std::string& progress) {
-  if (!lead_ || progress.empty()) return;
-  try {
-    const nlohmann::json p = nlohmann::json::parse(progress);
-    skipped_steps_ = p.at("skipped_steps").get<int64_t>();
-    record_loss_ = p.at("record_loss").get<double>();
-    record_samples_ = p.at("record_samples").get<int64_t>();
-    interval_loss_ = p.at("interval_loss").get<double>();
-    interval_samples_ = p.at("interval_samples").get<int64_t>();
-  } catch (const nlohmann::json::exception& e) {
-    // Totals for the log only: a checkpoint whose tensors passed their checks still resumes.
-    spdlog::warn("{}: its running totals (progress) are unreadable ({}): records restart at 0",
-                 rp_.from, e.what());
-    skipped_steps_ = record_samples_ = interval_samples_ = 0;
-    record_loss_ = interval_loss_ = 0.0;
+  std::vector<double> v(5, 0.0);  // skipped, record loss, record samples, interval loss, samples
+  if (lead_ && !progress.empty()) {
+    try {
+      const nlohmann::json p = nlohmann::json::parse(progress);
+      v = {static_cast<double>(p.at("skipped_steps").get<int64_t>()),
+           p.at("record_loss").get<double>(),
+           static_cast<double>(p.at("record_samples").get<int64_t>()),
+           p.at("interval_loss").get<double>(),
+           static_cast<double>(p.at("interval_samples").get<int64_t>())};
+    } catch (const nlohmann::json::exception& e) {
+      // Totals for the records only: a checkpoint whose tensors passed their checks resumes.
+      spdlog::warn("{}: its running totals (progress) are unreadable ({}): records restart at 0",
+                   rp_.from, shown_text(e.what(), 200));
+      v.assign(5, 0.0);
+    }
   }
+  world_.broadcast(reinterpret_cast<uint8_t*>(v.data()), v.size() * sizeof(double), 0);
+  skipped_steps_ = static_cast<int64_t>(v[0]);
+  if (!lead_ && !loss_global_) return;
+  record_loss_ = v[1];
+  record_samples_ = static_cast<int64_t>(v[2]);
+  interval_loss_ = v[3];
+  interval_samples_ = static_cast<int64_t>(v[4]);
 }
 
 // The checkpoint counts its place in the epoch in global batches of the run that wrote it. Under
@@ -301,7 +313,11 @@ bool TrainLoop::step() {
   // A skipped step leaves no trace: the compressing reducer updates its error-feedback residual
   // and PowerSGD's warm start during the step, before the verdict, so its state is kept to be put
   // back (a NaN left there made every later step non-finite too).
-  GradReducer* reducer = cfg_.train.nonfinite == Nonfinite::kSkip ? strategy_->reducer() : nullptr;
+  // (Local SGD's reducer runs at synchronisations, after the verdict: nothing to restore.)
+  GradReducer* reducer = cfg_.train.nonfinite == Nonfinite::kSkip &&
+                                 cfg_.distributed.strategy != StrategyKind::kLocalSgd
+                             ? strategy_->reducer()
+                             : nullptr;
   std::optional<GradReducer::State> reducer_before;
   if (reducer != nullptr) reducer_before = reducer->export_state();
   strategy_->begin_step();
@@ -407,7 +423,9 @@ void TrainLoop::record(bool epoch_done) {
                                ? record_loss_ / static_cast<double>(record_samples_ * tps_)
                                : std::nan("");
   if (record_samples_ > 0) last_record_loss_ = mean_loss;
-  const double sps = el > 0 ? static_cast<double>(record_samples_) / el : 0.0;
+  // The rate of this process's steps since the last record (record_samples_ may hold samples a
+  // resumed checkpoint carried over, trained before this process started).
+  const double sps = el > 0 ? static_cast<double>(samples_trained_ - samples_at_t0_) / el : 0.0;
   last_sps_ = sps;
   if (lead_) {
     nlohmann::json rec = {{"kind", "train"},

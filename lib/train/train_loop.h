@@ -76,11 +76,10 @@ class TrainLoop {
  private:
   void setup_model();
   void check_memory(const ModelRange& range) const;
-  bool resume();
-  void restore_progress(
-      const std::string& progress);     // false: nothing left to train (summary_ holds the answer)
-  int64_t resumed_batch_index() const;  // rp_.batch in this run's global batches
-  int64_t resumed_total_steps() const;  // plan_.total_steps from the resume point
+  bool resume();  // false: nothing left to train (summary_ holds the answer)
+  void restore_progress(const std::string& progress);  // collective
+  int64_t resumed_batch_index() const;                 // rp_.batch in this run's global batches
+  int64_t resumed_total_steps() const;                 // plan_.total_steps from the resume point
   void log_start() const;
   bool step();  // one optimizer step; false when skipped (non-finite)
   bool nonfinite_guard(double loss_sum);

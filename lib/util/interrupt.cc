@@ -49,16 +49,22 @@ void on_interrupt(int sig) {
     die_by(sig);
     return;
   }
+  const int64_t now = monotonic_ns();
   int expected = 0;
   if (req->signal.compare_exchange_strong(expected, sig)) {  // first signal: stop softly
-    req->first_ns.store(monotonic_ns());
+    req->first_ns.store(now);
     return;
   }
   // The same signal again at once: the same request, delivered twice (to the process, then to
-  // its group). (A handler is not re-entered by its own signal, so first_ns is set by now.)
-  if (sig == expected && monotonic_ns() - req->first_ns.load() < kSameSignalNs) return;
+  // its group). first_ns 0: the first delivery's handler, on another thread, has not stored its
+  // time yet -- so this one came at once too.
+  const int64_t first = req->first_ns.load();
+  if (sig == expected && (first == 0 || now - first < req->same_signal_ns)) return;
   // The stop so far is the launcher's death: a person's first signal still stops softly.
-  if (req->launcher_gone.load() && !req->asked_after_launcher.exchange(true)) return;
+  if (req->launcher_gone.load() && !req->asked_after_launcher.exchange(true)) {
+    req->first_ns.store(now);
+    return;
+  }
   // A second signal: stop at once, with the status the signal's default action gives.
   abrupt_cleanup();
   die_by(sig);
@@ -69,8 +75,10 @@ void on_launcher_gone(int) {
   StopRequest* req = g_request.load();
   if (req == nullptr) return;
   int expected = 0;
-  if (req->signal.compare_exchange_strong(expected, g_preempt_signal.load()))
+  if (req->signal.compare_exchange_strong(expected, g_preempt_signal.load())) {
     req->launcher_gone.store(true);
+    req->first_ns.store(1);  // no person's signal: one that follows is never "the same"
+  }
 }
 
 bool install(int sig, struct sigaction* old, void (*handler)(int) = on_interrupt) {

@@ -46,11 +46,13 @@ struct StopRequest {
   // kExitPreempted (the newest checkpoint is as it was), another by its default action. Mutable:
   // the training side sets it through RunOptions' read-only pointer to the request.
   mutable std::atomic<bool> at_once{false};
-  // When the first signal came (CLOCK_MONOTONIC, ns): the same signal again within
-  // kSameSignalNs is the same request, not a second one.
+  // When the first signal came (CLOCK_MONOTONIC, ns; 0 while unset): the same signal again
+  // within same_signal_ns is the same request, not a second one.
   std::atomic<int64_t> first_ns{0};
+  int64_t same_signal_ns = kSameSignalNs;  // (tests shorten or widen it)
   static_assert(std::atomic<int>::is_always_lock_free);
   static_assert(std::atomic<bool>::is_always_lock_free);
+  static_assert(std::atomic<int64_t>::is_always_lock_free);
 };
 
 // The signal the kernel sends a rank of `dtrain launch` when its launcher dies (PR_SET_PDEATHSIG,

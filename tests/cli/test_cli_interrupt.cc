@@ -149,12 +149,14 @@ TEST_CASE("SIGTERM to dtrain launch (2 fsdp ranks over gRPC) exits 75, bitwise r
 TEST_CASE("a second SIGINT ends the run at once, by the signal") {
   TempDir dir;
   const std::string cfg = dir.write("cfg.yaml", kCfg);
-  Child c("DTRAIN_FAULT=delay:rank=0:ms=200 exec " + kBin + " run " + cfg + " --out " +
+  Child c("DTRAIN_FAULT=delay:rank=0:ms=1500 exec " + kBin + " run " + cfg + " --out " +
               dir / "run" + " --no-progress --set train.log_every=1",
           dir / "log");
   REQUIRE(wait_until([&] { return lines_in(dir / "run/metrics.jsonl") >= 1; }, 60));
-  c.signal(SIGINT);  // the step in progress sleeps 200 ms: the second comes well before its end
-  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  // The step in progress sleeps 1.5 s: the second comes well before its end, and after the
+  // 200 ms in which the same signal again is the same request (delivered twice).
+  c.signal(SIGINT);
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));
   c.signal(SIGINT);
   const int rc = c.wait(20);
   CHECK(rc == 128 + SIGINT);

@@ -477,6 +477,7 @@ TEST_CASE("a NaN in one rank's gradient aborts naming the step, or is skipped on
       // later step was skipped too.
       {{"distributed.world_size=2", "distributed.compression.type=int8"}, 1},
       {{"distributed.world_size=2", "distributed.compression.type=fp16"}, 1},
+      {{"distributed.world_size=2", "distributed.compression.type=topk"}, 0},
       {{"distributed.world_size=2", "distributed.compression.type=powersgd",
         "distributed.compression.error_feedback=false"},
        0},
@@ -497,7 +498,9 @@ TEST_CASE("a NaN in one rank's gradient aborts naming the step, or is skipped on
     CHECK(s["skipped_steps"] == 1);
     CHECK(s["steps"] == 12);
     CHECK(std::isfinite(s["final_train_loss"].get<double>()));
-    CHECK(s["test_accuracy"].get<double>() > 0.5);
+    // (top-k sends a few percent of each gradient: 12 steps do not reach 50% with it.)
+    if (c.sets.back() != "distributed.compression.type=topk")
+      CHECK(s["test_accuracy"].get<double>() > 0.5);
   }
   // Without the fault nothing is skipped.
   RunOptions o;
