@@ -232,7 +232,11 @@ int cmd_run(const Config& cfg, const std::string& config_path, std::string out,
   InterruptGuard interrupts(stop, preempt_signal_number(cfg.train.preempt_signal));
   opts.stop = &stop;
   end_with_launcher(env);  // after the guard: the launcher's death is a stop it handles
-  const int64_t attempt = parse_restart_count(std::getenv("DTRAIN_RESTART_COUNT"));
+  // The attempt: dtrain launch's count, else torchrun's (a restart by torchrun --max-restarts).
+  const char* restart = std::getenv("DTRAIN_RESTART_COUNT");
+  const int64_t attempt = parse_restart_count(
+      restart != nullptr ? restart : std::getenv("TORCHELASTIC_RESTART_COUNT"),
+      restart != nullptr ? "DTRAIN_RESTART_COUNT" : "TORCHELASTIC_RESTART_COUNT");
   if (const char* f = std::getenv("DTRAIN_FAULT")) {
     opts.faults = parse_faults(f, attempt);
     if (attempt > 0)
@@ -369,6 +373,24 @@ CLI::Option* non_empty(CLI::Option* o) {
       "", "non-empty"));
 }
 
+// Accepts only a decimal integer ("-3", "12"), as the environment variables the option overrides
+// are read (parse_env_int): CLI11 reads "010" as octal 8, "0x1f" as 31, and takes "+3" and " 3".
+CLI::Option* decimal(CLI::Option* o) {
+  return o->check(CLI::Validator(
+      [](std::string& v) {
+        const size_t digits = v.starts_with('-') ? 1 : 0;
+        const bool ok =
+            v.size() > digits && std::all_of(v.begin() + static_cast<long>(digits), v.end(),
+                                             [](char c) { return c >= '0' && c <= '9'; });
+        const bool leading_zero = v.size() > digits + 1 && v[digits] == '0';
+        return ok && !leading_zero ? std::string()
+                                   : std::string(
+                                         "must be a decimal integer (no sign, spaces, "
+                                         "leading zeros or 0x)");
+      },
+      "", "decimal"));
+}
+
 // Refuses an integer beyond int64's range: CLI11 clamps it to the limit without a word (an
 // `int` option it refuses by itself).
 CLI::Option* int64_range(CLI::Option* o) {
@@ -464,14 +486,15 @@ void Cli::add_run(CLI::App& app) {
       "--trace", trace_,
       "write a Chrome trace-event timeline of every rank (forward, backward, each "
       "collective, optimizer, waits) to this JSON file; open it in ui.perfetto.dev"));
-  run_->add_option("--rank", flags_.rank, "this process's rank (overrides RANK)");
-  run_->add_option("--world-size", flags_.world_size, "ranks in the job (overrides WORLD_SIZE)");
-  run_->add_option("--local-rank", flags_.local_rank,
-                   "rank on this machine (overrides LOCAL_RANK)");
+  decimal(run_->add_option("--rank", flags_.rank, "this process's rank (overrides RANK)"));
+  decimal(run_->add_option("--world-size", flags_.world_size,
+                           "ranks in the job (overrides WORLD_SIZE)"));
+  decimal(run_->add_option("--local-rank", flags_.local_rank,
+                           "rank on this machine (overrides LOCAL_RANK)"));
   run_->add_option("--master-addr", flags_.master_addr,
                    "rank 0's rendezvous host (overrides MASTER_ADDR)");
-  run_->add_option("--master-port", flags_.master_port,
-                   "rank 0's rendezvous port (overrides MASTER_PORT)");
+  decimal(run_->add_option("--master-port", flags_.master_port,
+                           "rank 0's rendezvous port (overrides MASTER_PORT)"));
 }
 
 void Cli::add_launch(CLI::App& app) {
@@ -490,16 +513,17 @@ void Cli::add_launch(CLI::App& app) {
                    "with --nnodes MIN:MAX: once MIN nodes checked in, seconds node 0 waits for "
                    "more")
       ->capture_default_str();
-  launch_->add_option("--node-rank", lcmd_.nodes.node_rank,
-                      "this node's index (overrides PET_NODE_RANK, JOB_COMPLETION_INDEX)");
-  launch_->add_option("--nproc-per-node", lcmd_.nodes.nproc_per_node,
-                      "ranks per node (overrides PET_NPROC_PER_NODE)");
+  decimal(launch_->add_option("--node-rank", lcmd_.nodes.node_rank,
+                              "this node's index (overrides PET_NODE_RANK, JOB_COMPLETION_INDEX)"));
+  decimal(launch_->add_option("--nproc-per-node", lcmd_.nodes.nproc_per_node,
+                              "ranks per node (overrides PET_NPROC_PER_NODE)"));
   launch_->add_option("--master-addr", lcmd_.nodes.master_addr,
                       "node 0's host as every node reaches it (overrides PET_MASTER_ADDR, "
                       "MASTER_ADDR)");
-  launch_->add_option("--master-port", lcmd_.nodes.master_port,
-                      "rank 0's rendezvous port; the launchers use the next one (default on one "
-                      "node: a free one)");
+  decimal(launch_->add_option(
+      "--master-port", lcmd_.nodes.master_port,
+      "rank 0's rendezvous port; the launchers use the next one (default on one "
+      "node: a free one)"));
   non_empty(launch_->add_option(
       "--token-file", lcmd_.token_file,
       "file holding the job token (DTRAIN_JOB_TOKEN takes precedence); required "

@@ -39,15 +39,31 @@ int cmd_launch(const Config& cfg, const LaunchCmd& c) {
   // --nnodes N or MIN:MAX (elastic: each attempt runs on the nodes there, at least MIN).
   NodeOverrides nodes = c.nodes;
   RankRange node_range;
-  if (!c.nnodes.empty()) {
-    node_range = parse_rank_range(c.nnodes, "--nnodes");
+  const auto env = current_environment();
+  // torchrun's PET_ variables take its flags' forms: PET_NNODES may be MIN:MAX as --nnodes is,
+  // and PET_NPROC_PER_NODE "auto" or "cpu" (PyTorchJob's default) is this machine's cores.
+  std::string nnodes_text = c.nnodes, nnodes_from = "--nnodes";
+  if (nnodes_text.empty())
+    if (const auto it = env.find("PET_NNODES");
+        it != env.end() && it->second.find(':') != std::string::npos) {
+      nnodes_text = it->second;
+      nnodes_from = "PET_NNODES";
+    }
+  if (!nodes.nproc_per_node)
+    if (const auto it = env.find("PET_NPROC_PER_NODE"); it != env.end()) {
+      if (it->second == "auto" || it->second == "cpu") nodes.nproc_per_node = available_cores();
+      if (it->second == "gpu")
+        throw UserError(
+            "PET_NPROC_PER_NODE=gpu: dtrain trains on CPUs; give a number, auto or cpu");
+    }
+  if (!nnodes_text.empty()) {
+    node_range = parse_rank_range(nnodes_text, nnodes_from);
     nodes.nnodes = node_range.max;
     if (node_range.min < node_range.max && nodes.node_rank && *nodes.node_rank >= node_range.max)
-      throw UserError("--node-rank " + std::to_string(*nodes.node_rank) + " with --nnodes " +
-                      c.nnodes + ": a node's id must be below the maximum node count " +
+      throw UserError("--node-rank " + std::to_string(*nodes.node_rank) + " with " + nnodes_from +
+                      " " + nnodes_text + ": a node's id must be below the maximum node count " +
                       std::to_string(node_range.max));
   }
-  const auto env = current_environment();
   const NodeEnv ne = resolve_node_env(env, nodes, range.max);
   const bool elastic_nodes = node_range.min < node_range.max;
   if (ne.nnodes > 1 && c.nproc_given)
@@ -62,7 +78,7 @@ int cmd_launch(const Config& cfg, const LaunchCmd& c) {
   lo.max_restarts = c.max_restarts;
   lo.preempt_signal = preempt_signal_number(cfg.train.preempt_signal);
   if (elastic_nodes) {
-    check_elastic_config(cfg, "--nnodes " + c.nnodes);
+    check_elastic_config(cfg, nnodes_from + " " + nnodes_text);
     lo.min_nnodes = node_range.min;
     lo.last_call_s = c.last_call_s;
   }

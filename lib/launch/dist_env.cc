@@ -156,6 +156,15 @@ DistEnv resolve_dist_env(const std::map<std::string, std::string>& env, int conf
     world = from_env(env, "WORLD_SIZE");
     local_rank = from_env(env, "LOCAL_RANK");
     local_world = from_env(env, "LOCAL_WORLD_SIZE");
+  } else if (env.count("OMPI_COMM_WORLD_RANK") || env.count("OMPI_COMM_WORLD_SIZE")) {
+    source = "openmpi";
+    require_pair(env, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "mpirun");
+    rank = from_env(env, "OMPI_COMM_WORLD_RANK");
+    world = from_env(env, "OMPI_COMM_WORLD_SIZE");
+    local_rank = from_env(env, "OMPI_COMM_WORLD_LOCAL_RANK");
+    local_world = from_env(env, "OMPI_COMM_WORLD_LOCAL_SIZE");
+    // (Before Slurm: mpirun inside an sbatch job or salloc shell sets these per process, while
+    // the SLURM_PROCID it inherits from the batch shell is 0 in every process.)
   } else if (env.count("SLURM_PROCID")) {
     source = "slurm";
     if (!env.count("SLURM_NTASKS"))
@@ -179,7 +188,9 @@ DistEnv resolve_dist_env(const std::map<std::string, std::string>& env, int conf
       break;
     }
     // Defaults every rank of the job derives identically (scripts/slurm.sbatch exports the same).
-    for (const char* var : {"SLURM_JOB_NODELIST", "SLURM_NODELIST"}) {
+    // The step's nodes first: `srun -w` / `--relative` / `-x` put task 0 on another node than
+    // the allocation's first.
+    for (const char* var : {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"}) {
       if (const std::string* v = find(env, var)) {
         addr = slurm_first_host(*v, var);
         addr_name = var;
@@ -188,13 +199,6 @@ DistEnv resolve_dist_env(const std::map<std::string, std::string>& env, int conf
     }
     if (const Field job = from_env(env, "SLURM_JOB_ID"); job.set && job.value >= 0)
       port = {20000 + job.value % 20000, "SLURM_JOB_ID", true};
-  } else if (env.count("OMPI_COMM_WORLD_RANK") || env.count("OMPI_COMM_WORLD_SIZE")) {
-    source = "openmpi";
-    require_pair(env, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "mpirun");
-    rank = from_env(env, "OMPI_COMM_WORLD_RANK");
-    world = from_env(env, "OMPI_COMM_WORLD_SIZE");
-    local_rank = from_env(env, "OMPI_COMM_WORLD_LOCAL_RANK");
-    local_world = from_env(env, "OMPI_COMM_WORLD_LOCAL_SIZE");
   } else if (env.count("PET_NODE_RANK") || env.count("PET_NNODES")) {
     // Kubeflow Trainer describes nodes (pods) for torchrun: one rank per pod here.
     source = "kubeflow";
@@ -265,6 +269,11 @@ DistEnv resolve_dist_env(const std::map<std::string, std::string>& env, int conf
   if (addr.empty()) throw UserError(addr_name + " is empty");
   // Open MPI says nothing about rank 0's host; 127.0.0.1 would be wrong on every other host
   // (their ranks would wait on their own loopback until the rendezvous timeout).
+  if (source == "k8s-indexed" && world.value > 1 && !addr_given)
+    throw UserError(
+        "MASTER_ADDR is not set: each pod of an Indexed Job is a host of its own, so "
+        "127.0.0.1 is never rank 0's; set MASTER_ADDR to pod 0's DNS name (as "
+        "deploy/ does) or pass --master-addr");
   if (from_openmpi && world.value > 1 && !addr_given)
     throw UserError("MASTER_ADDR is not set: Open MPI does not tell the " +
                     std::to_string(world.value) +

@@ -1,7 +1,7 @@
 // Where this process sits in a multi-process job, and the job's shared secret.
 //
 // A rank learns its place from (highest precedence first): command-line flags, the environment a
-// launcher set (torchrun's contract, else Slurm's, else Open MPI's), the config. `dtrain launch`
+// launcher set (torchrun's contract, else Open MPI's, else Slurm's), the config. `dtrain launch`
 // and scripts/launch_local.sh set torchrun's variables; `srun` sets Slurm's; `mpirun` Open MPI's.
 // Nothing here talks to the network; the gRPC transport consumes the result.
 #pragma once
@@ -45,22 +45,26 @@ struct DistOverrides {
 // Environment sources, the first present wins:
 //  - torchrun, when RANK or WORLD_SIZE is set: RANK, WORLD_SIZE (both required), LOCAL_RANK,
 //    LOCAL_WORLD_SIZE.
-//  - Slurm, when SLURM_PROCID is set: SLURM_PROCID, SLURM_NTASKS (required), SLURM_LOCALID; the
-//    local world from SLURM_STEP_TASKS_PER_NODE, else SLURM_NTASKS_PER_NODE, else
-//    SLURM_TASKS_PER_NODE ("4(x2)" / "2(x3),1" forms; the entry for SLURM_NODEID, or the largest
-//    when SLURM_NODEID is unknown). Without MASTER_ADDR / MASTER_PORT, the master is the first
-//    host of SLURM_JOB_NODELIST and the port 20000 + SLURM_JOB_ID % 20000 (as
-//    scripts/slurm.sbatch sets them), so every rank of the job agrees without coordination.
 //  - Open MPI, when OMPI_COMM_WORLD_RANK or OMPI_COMM_WORLD_SIZE is set: OMPI_COMM_WORLD_RANK,
 //    OMPI_COMM_WORLD_SIZE (both required), OMPI_COMM_WORLD_LOCAL_RANK,
 //    OMPI_COMM_WORLD_LOCAL_SIZE. Open MPI names no master, so a job of more than one process
 //    needs MASTER_ADDR (or --master-addr): no 127.0.0.1 default, which is wrong on other hosts.
+//    (Before Slurm: mpirun inside an sbatch job leaves every process the batch shell's
+//    SLURM_PROCID, while these are per process.)
+//  - Slurm, when SLURM_PROCID is set: SLURM_PROCID, SLURM_NTASKS (required), SLURM_LOCALID; the
+//    local world from SLURM_STEP_TASKS_PER_NODE, else SLURM_NTASKS_PER_NODE, else
+//    SLURM_TASKS_PER_NODE ("4(x2)" / "2(x3),1" forms; the entry for SLURM_NODEID, or the largest
+//    when SLURM_NODEID is unknown). Without MASTER_ADDR / MASTER_PORT, the master is the first
+//    host of SLURM_STEP_NODELIST (else SLURM_JOB_NODELIST) and the port 20000 + SLURM_JOB_ID %
+//    20000 (as scripts/slurm.sbatch sets them), so every rank of the job agrees without
+//    coordination.
 //  - Kubeflow Trainer, when PET_NODE_RANK or PET_NNODES is set (one rank per pod):
 //    PET_NODE_RANK, PET_NNODES (both required), PET_NPROC_PER_NODE (must be 1: a pod of several
 //    ranks runs `dtrain launch`), PET_MASTER_ADDR, PET_MASTER_PORT; local world 1.
 //  - a Kubernetes Indexed Job, when JOB_COMPLETION_INDEX is set: the index is the rank, the
 //    world the config's (or --world-size); local world 1. (It alone does not make `dtrain run`
-//    a multi-process job -- an Indexed Job may be a sweep -- the config's backend: grpc does.)
+//    a multi-process job -- an Indexed Job may be a sweep -- the config's backend: grpc does;
+//    with more than one rank it needs MASTER_ADDR: each pod is a host of its own.)
 // MASTER_ADDR and MASTER_PORT are read from the environment whatever the source (over the PET_
 // ones).
 // Config only: rank 0 of `config_world_size`, all ranks in this process (local world = world).

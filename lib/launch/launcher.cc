@@ -192,6 +192,14 @@ std::map<std::string, std::string> rank_environment(const LaunchOptions& o, cons
   base["MASTER_PORT"] = std::to_string(port);
   base["DTRAIN_JOB_TOKEN"] = token;
   base["DTRAIN_RESTART_COUNT"] = std::to_string(attempt);
+  // The rest of torchrun's worker environment (one role, one group per node), for scripts and
+  // libraries that read it.
+  base["GROUP_RANK"] = std::to_string(plan.node_rank);
+  base["GROUP_WORLD_SIZE"] = std::to_string(plan.nnodes);
+  base["ROLE_NAME"] = "default";
+  base["ROLE_WORLD_SIZE"] = std::to_string(plan.world);
+  base["TORCHELASTIC_RESTART_COUNT"] = std::to_string(attempt);
+  base["TORCHELASTIC_MAX_RESTARTS"] = std::to_string(o.max_restarts);
   base[kLauncherPidEnv] = std::to_string(::getpid());  // end_with_launcher
   if (plan.agent == nullptr)
     spdlog::info(
@@ -245,6 +253,7 @@ class Attempt {
       std::map<std::string, std::string> env = base;
       env["RANK"] = std::to_string(r);
       env["LOCAL_RANK"] = std::to_string(l);
+      env["ROLE_RANK"] = std::to_string(r);
       std::vector<std::string> env_s;
       for (const auto& [k, v] : env) env_s.push_back(k + "=" + v);
       const int out_fd = l == 0 ? tee_w[0].get() : logs[static_cast<size_t>(l)].get();

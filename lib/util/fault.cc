@@ -95,11 +95,11 @@ std::vector<Fault> parse_faults(const std::string& spec, int64_t attempt) {
   return out;
 }
 
-int64_t parse_restart_count(const char* value) {
+int64_t parse_restart_count(const char* value, const char* name) {
   if (value == nullptr) return 0;
   const int64_t v = non_negative(value);
   if (v < 0)
-    throw UserError(std::string("DTRAIN_RESTART_COUNT='") + value +
+    throw UserError(std::string(name) + "='" + value +
                     "': expected a non-negative integer (the launcher's restart attempt)");
   return v;
 }

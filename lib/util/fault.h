@@ -46,7 +46,9 @@ std::vector<Fault> parse_faults(const std::string& spec, int64_t attempt);
 
 // DTRAIN_RESTART_COUNT's value (nullptr when unset: 0). Throws UserError unless it is a
 // non-negative integer.
-int64_t parse_restart_count(const char* value);
+// `name`: the variable it came from (DTRAIN_RESTART_COUNT, or torchrun's
+// TORCHELASTIC_RESTART_COUNT), for the message.
+int64_t parse_restart_count(const char* value, const char* name = "DTRAIN_RESTART_COUNT");
 
 // True when `faults` holds `kind` for this rank and step.
 bool fault_due(const std::vector<Fault>& faults, const std::string& kind, int rank, int64_t step);

@@ -291,6 +291,16 @@ TEST_CASE("command-line errors: 'error: ...' and where the options are, exit 2")
     CHECK(r.output.starts_with("error: "));
     CHECK(lines(r.output) == 2);
   }
+  // Ranks and ports are decimal, as their environment variables are read: CLI11 took "010" as
+  // octal 8 and "0x1f" as 31.
+  for (const char* args :
+       {"run x.yaml --rank 010", "run x.yaml --world-size 0x2", "run x.yaml --master-port +29500",
+        "launch x.yaml --node-rank 01", "launch x.yaml --nproc-per-node ' 2'"}) {
+    r = run_dtrain(args);
+    CAPTURE(args);
+    CHECK(r.exit_code == 2);
+    CHECK(contains(r.output, "must be a decimal integer"));
+  }
 }
 
 TEST_CASE("CSV delimiter from --set: one character as typed, \\t a tab, a clear error else") {
@@ -574,4 +584,17 @@ TEST_CASE("validate refuses the layouts and layer lists run refuses, without rea
   CHECK(run_dtrain("validate " + tiny + " --set distributed.backend=grpc --set " +
                    "distributed.strategy=pipeline")
             .exit_code == 0);
+}
+
+TEST_CASE("dtrain launch reads torchrun's PET_NPROC_PER_NODE forms: auto and cpu, gpu refused") {
+  TempDir dir;
+  const std::string cfg = dir.write("cfg.yaml", kTiny);
+  auto r = run_cmd("PET_NPROC_PER_NODE=gpu " + kBin + " launch " + cfg + " --out " + dir / "g");
+  CHECK(r.exit_code == 2);
+  CHECK_MESSAGE(contains(r.output, "PET_NPROC_PER_NODE=gpu: dtrain trains on CPUs"), r.output);
+  // "cpu": this machine's cores (torchrun's os.cpu_count()); before, "is not an integer".
+  r = run_cmd("PET_NPROC_PER_NODE=cpu " + kBin + " launch " + cfg + " --out " + dir / "c" +
+              " --set train.max_steps=2 --set train.epochs=0");
+  CHECK_MESSAGE(r.exit_code == 0, r.output);
+  CHECK(contains(r.output, "rank(s) finished"));
 }

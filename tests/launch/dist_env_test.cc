@@ -225,7 +225,7 @@ TEST_CASE("resolve_dist_env: Open MPI environment") {
                  "OMPI_COMM_WORLD_LOCAL_SIZE='two'"));
 }
 
-TEST_CASE("resolve_dist_env: torchrun beats Slurm beats Open MPI") {
+TEST_CASE("resolve_dist_env: torchrun beats Open MPI beats Slurm") {
   Env env = {{"RANK", "1"},          {"WORLD_SIZE", "2"},           {"SLURM_PROCID", "3"},
              {"SLURM_NTASKS", "4"},  {"OMPI_COMM_WORLD_RANK", "5"}, {"OMPI_COMM_WORLD_SIZE", "6"},
              {"MASTER_PORT", "7000"}};
@@ -235,13 +235,26 @@ TEST_CASE("resolve_dist_env: torchrun beats Slurm beats Open MPI") {
   CHECK(d.rank == 1);
   env.erase("RANK");
   env.erase("WORLD_SIZE");
-  d = resolve_dist_env(env, 1, {});
-  CHECK(d.source == "slurm");
-  CHECK(d.rank == 3);
-  env.erase("SLURM_PROCID");
+  // mpirun inside an sbatch job: every process inherits the batch shell's SLURM_PROCID (0);
+  // Open MPI's own variables are per process.
   d = resolve_dist_env(env, 1, {});
   CHECK(d.source == "openmpi");
   CHECK(d.rank == 5);
+  env.erase("OMPI_COMM_WORLD_RANK");
+  env.erase("OMPI_COMM_WORLD_SIZE");
+  d = resolve_dist_env(env, 1, {});
+  CHECK(d.source == "slurm");
+  CHECK(d.rank == 3);
+}
+
+TEST_CASE("resolve_dist_env: a Slurm step's first node is rank 0's host") {
+  // srun -w node[04-05] inside an allocation of node[03-05]: task 0 runs on node04.
+  const Env env = {{"SLURM_PROCID", "1"},
+                   {"SLURM_NTASKS", "2"},
+                   {"SLURM_JOB_NODELIST", "node[03-05]"},
+                   {"SLURM_STEP_NODELIST", "node[04-05]"},
+                   {"SLURM_JOB_ID", "7"}};
+  CHECK(resolve_dist_env(env, 1, {}).master_addr == "node04");
 }
 
 TEST_CASE("resolve_dist_env: flags override the environment and the config") {

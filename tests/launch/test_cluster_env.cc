@@ -114,6 +114,11 @@ TEST_CASE("resolve_dist_env: an Indexed Job's JOB_COMPLETION_INDEX is the rank")
                    resolve_dist_env({{"JOB_COMPLETION_INDEX", "-"}, {"MASTER_PORT", "1"}}, 2);
                  }),
                  "JOB_COMPLETION_INDEX='-' is not an integer"));
+  // Without MASTER_ADDR every pod would dial its own loopback until the rendezvous timed out.
+  CHECK(contains(user_error([&] {
+                   resolve_dist_env({{"JOB_COMPLETION_INDEX", "1"}, {"MASTER_PORT", "29500"}}, 2);
+                 }),
+                 "MASTER_ADDR is not set: each pod of an Indexed Job is a host of its own"));
 }
 
 TEST_CASE("resolve_node_env: flags, then Kubeflow, then the Indexed Job's index") {
