@@ -689,7 +689,9 @@ int Cli::dispatch(const char* argv0) {
     std::cout << config_path_ << ": ok (config hash " << config_hash(cfg) << ")" << std::endl;
     return kExitOk;
   }
-  if (!trace_.empty()) check_output_file("--trace", trace_);
+  if (!trace_.empty())
+    check_trace_output(trace_, out_.empty() ? default_out_dir(config_path_) : out_, config_path_,
+                       resume_, cfg.data);
   if (predict_->parsed() && !output_.empty())
     check_predict_output(output_, input_, config_path_, cfg.data);
   if (overwrite_ && !resume_.empty())

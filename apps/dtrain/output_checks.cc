@@ -43,21 +43,62 @@ bool same_file(const std::string& a, const std::string& b) {
   return !ec && ca == cb;
 }
 
-void check_predict_output(const std::string& output, const std::string& input,
-                          const std::string& config, const DataConfig& data) {
-  std::vector<std::pair<std::string, std::string>> reads = {{"--input", input},
-                                                            {"the config", config}};
+namespace {
+
+// The files a command reads that an output must not be: the config and the data files it names,
+// as (what, path) for messages.
+std::vector<std::pair<std::string, std::string>> config_inputs(const std::string& config,
+                                                               const DataConfig& data) {
+  std::vector<std::pair<std::string, std::string>> reads = {{"the config", config}};
   for (const auto& [key, files] :
        {std::pair{"data.train", &data.train}, {"data.test", &data.test}}) {
     if (!files->images.empty()) reads.emplace_back(std::string(key) + ".images", files->images);
     if (!files->labels.empty()) reads.emplace_back(std::string(key) + ".labels", files->labels);
     for (const std::string& p : files->path) reads.emplace_back(std::string(key) + ".path", p);
   }
+  return reads;
+}
+
+void check_not_read(const std::string& option, const std::string& output,
+                    const std::vector<std::pair<std::string, std::string>>& reads,
+                    const std::string& command) {
   for (const auto& [what, path] : reads)
     if (same_file(output, path))
-      throw UserError("--output '" + output + "' is the same file as " + what + " ('" + path +
-                      "'): predict would replace what it reads; write the predictions elsewhere");
+      throw UserError(option + " '" + output + "' is the same file as " + what + " ('" + path +
+                      "'): " + command + " would replace what it reads; write it elsewhere");
+}
+
+}  // namespace
+
+void check_predict_output(const std::string& output, const std::string& input,
+                          const std::string& config, const DataConfig& data) {
+  auto reads = config_inputs(config, data);
+  reads.insert(reads.begin(), {"--input", input});
+  check_not_read("--output", output, reads, "predict");
   check_output_file("--output", output);
+}
+
+void check_trace_output(const std::string& trace, const std::string& out_dir,
+                        const std::string& config, const std::string& resume,
+                        const DataConfig& data) {
+  auto reads = config_inputs(config, data);
+  if (!resume.empty() && resume != "auto") reads.emplace_back("--resume", resume);
+  check_not_read("--trace", trace, reads, "the run");
+  std::error_code ec;
+  const fs::path t = fs::weakly_canonical(fs::absolute(trace), ec);
+  const fs::path out = fs::weakly_canonical(fs::absolute(out_dir), ec);
+  if (t == out)
+    throw UserError("--trace '" + trace + "' is the output folder (--out): give a file name");
+  // The run's own files, whether the folder holds them yet or not.
+  for (const char* f : kRunFiles)
+    if (t.parent_path() == out && t.filename() == f)
+      throw UserError("--trace '" + trace + "' would replace the run's " + f +
+                      ": write the trace elsewhere or under another name");
+  if (path_is_within(t.string(), (out / "checkpoints").string()))
+    throw UserError("--trace '" + trace +
+                    "' is inside the run's checkpoints folder: write it "
+                    "elsewhere");
+  check_output_file("--trace", trace);
 }
 
 void check_consolidate_output(const std::string& input, const std::string& output) {

@@ -17,6 +17,12 @@ void check_output_file(const std::string& option, const std::string& path);
 // files the config names (predict reads the training data for its normaliser and classes).
 void check_predict_output(const std::string& output, const std::string& input,
                           const std::string& config, const DataConfig& data);
+// run's and launch's --trace must not replace what the run reads (the config, its data files,
+// the --resume checkpoint), be the output folder, or replace the run's own files (kRunFiles,
+// whether written yet or not, and anything under its checkpoints folder).
+void check_trace_output(const std::string& trace, const std::string& out_dir,
+                        const std::string& config, const std::string& resume,
+                        const DataConfig& data);
 // consolidate's -o must not replace a file of a checkpoint: the checkpoint it reads (a shard or
 // its manifest) or, next to it in the checkpoints folder, `latest` and the step-<N> entries; and
 // an existing file is replaced only if it is a safetensors file (a mistyped -o must not destroy

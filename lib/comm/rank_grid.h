@@ -103,6 +103,13 @@ class RankGrid {
   const GridCoord& coord() const { return coord_; }
   Communicator& world() { return world_; }
   Communicator& comm(GridAxis a);
+  // Records the axis communicators' collectives into t (null: stop), as the world's are when
+  // its owner attaches a tracer: a trace then shows the tensor, data and pipeline groups'
+  // collectives too. The caller keeps t alive until it detaches it or the grid is destroyed.
+  void set_tracer(Tracer* t) {
+    for (auto& c : owned_)
+      if (c) c->set_tracer(t);
+  }
   // layout().describe(rank()).
   std::string describe() const { return layout_.describe(rank()); }
 

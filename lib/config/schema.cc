@@ -295,7 +295,7 @@ std::vector<KeyDecl> optimizer_keys(const Owners& o) {
           .by(o.adam),
       key(
           "optimizer.scale_lr", [](auto& c) -> auto& { return c.optimizer.scale_lr; },
-          R"doc(`none` | `linear` (lr *= world_size, the linear scaling rule))doc"),
+          R"doc(`none` | `linear` (lr *= the data-parallel replicas, world_size / (pipeline stages x tensor-parallel size): the linear scaling rule for the global batch))doc"),
       key(
           "optimizer.clip_grad_norm", [](auto& c) -> auto& { return c.optimizer.clip_grad_norm; },
           R"doc(≥ 0; 0 = off, else clip the global gradient L2 norm to this)doc")

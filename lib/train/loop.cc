@@ -21,6 +21,9 @@ TrainLoop::TrainLoop(const Config& cfg, const RunOptions& opts, Communicator& co
       stage_(grid_.coord().pp),
       rng_(static_cast<uint64_t>(cfg.seed), 0xD7A1000ULL + static_cast<uint64_t>(comm.rank())) {
   DT_CHECK_EQ(static_cast<int64_t>(comm.size()), cfg.distributed.world_size);
+  // The axes' collectives go into the trace as the world's do (the grid, and with it the axis
+  // communicators, ends before the tracer).
+  grid_.set_tracer(&tracer_);
   ckpt_dir_ = (fs::path(opts.out_dir) / "checkpoints").string();
   hash_ = config_hash(cfg);
   config_json_ = config_to_json(cfg).dump();  // stored in checkpoints
@@ -55,7 +58,7 @@ void TrainLoop::setup_model() {
   if (lead_)
     spdlog::info("model:\n{}{}", (tp_ ? tp_->global() : model_).describe(),
                  tp_ ? fmt::format("\n(each of the {} tensor ranks holds {} of these parameters)",
-                                   grid_.layout().tp(), model_.param_count())
+                                   grid_.layout().tp(), model_.distinct_param_count())
                      : std::string());
   const bool pipelined = pipelined_ =
       S_ > 1 || cfg_.distributed.strategy == StrategyKind::kPipeline;

@@ -523,7 +523,20 @@ nlohmann::json train_rank(const Config& cfg, const RunOptions& opts, Communicato
   Tracer tracer(!opts.trace.empty(), comm.rank());
   tracer.set_thread_name("train");
   TracerAttachment attach(comm, tracer);
-  nlohmann::json summary = run_loop(cfg, opts, comm, tracer);
+  nlohmann::json summary;
+  try {
+    summary = run_loop(cfg, opts, comm, tracer);
+  } catch (...) {
+    // A failed run's trace is what explains it: each rank writes its own up to the failure (no
+    // merge: that would need the peers, which may be gone).
+    if (!opts.trace.empty()) try {
+        const std::string mine = rank_trace_path(opts.trace, comm.rank());
+        tracer.write(mine);
+        spdlog::warn("trace of the failed run, this rank's part: {}", mine);
+      } catch (const std::exception&) {
+      }
+    throw;
+  }
   finish_trace(opts, comm, tracer);
   return summary;
 }

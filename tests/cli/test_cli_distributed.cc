@@ -341,6 +341,41 @@ TEST_CASE("--trace writes one Chrome trace with events from every rank") {
   CHECK_FALSE(std::filesystem::exists(dir / "t.rank-1.json"));
 }
 
+TEST_CASE("--trace: the axes' collectives are in it, a failed run leaves its part, inputs kept") {
+  TempDir dir;
+  const std::string cfg = kSrc + "/configs/smoke.yaml";
+  // pp2 x dp2 fsdp in process: the data axis's reduce-scatters and all-gathers were missing
+  // (only the world communicator recorded).
+  const std::string trace = dir / "t.json";
+  auto r = run_cmd(kBin + " run " + cfg + " --out " + dir / "run" + " --trace " + trace +
+                   " --log-level warn --set train.epochs=0 --set train.max_steps=3"
+                   " --set distributed.world_size=4 --set distributed.strategy=fsdp"
+                   " --set distributed.pipeline.stages=2");
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  std::set<std::string> names;
+  const auto j = nlohmann::json::parse(read_text(trace));
+  for (const auto& e : j.at("traceEvents"))
+    if (e.at("ph") == "X") names.insert(e.at("name").get<std::string>());
+  CHECK(names.count("reduce_scatter") == 1);
+  CHECK(names.count("allgather") == 1);
+  // A failed run: each rank's part up to the failure, not nothing.
+  r = run_cmd("DTRAIN_FAULT=nan:rank=1:step=2 " + kBin + " run " + cfg + " --out " + dir / "f" +
+              " --trace " + dir / "f.json" + " --set distributed.world_size=2");
+  CHECK(r.exit_code == 1);
+  CHECK_MESSAGE(contains(r.output, "trace of the failed run"), r.output);
+  CHECK(std::filesystem::exists(dir / "f.rank-0.json"));
+  // What the run reads or writes itself is refused before training, exit 2.
+  const std::string copy = dir.write("c.yaml", read_text(cfg));
+  for (const std::string& bad :
+       {copy, dir / "o", dir / "o/metrics.jsonl", dir / "o/summary.json"}) {
+    r = run_cmd(kBin + " run " + copy + " --out " + dir / "o" + " --trace " + bad);
+    CAPTURE(bad);
+    CHECK(r.exit_code == 2);
+    CHECK(contains(r.output, "--trace '"));
+  }
+  CHECK(read_text(copy) == read_text(cfg));
+}
+
 namespace {
 
 using dtrain::testing::kRestartCfg;
