@@ -41,7 +41,8 @@ int cmd_launch(const Config& cfg, const LaunchCmd& c) {
   RankRange node_range;
   const auto env = current_environment();
   // torchrun's PET_ variables take its flags' forms: PET_NNODES may be MIN:MAX as --nnodes is,
-  // and PET_NPROC_PER_NODE "auto" or "cpu" (PyTorchJob's default) is this machine's cores.
+  // and PET_NPROC_PER_NODE "auto" or "cpu" (PyTorchJob's default) takes --nproc (its default),
+  // not the cores: a pod's CPU quota is not its cores, and the ranks decide the global batch.
   std::string nnodes_text = c.nnodes, nnodes_from = "--nnodes";
   if (nnodes_text.empty())
     if (const auto it = env.find("PET_NNODES");
@@ -51,7 +52,11 @@ int cmd_launch(const Config& cfg, const LaunchCmd& c) {
     }
   if (!nodes.nproc_per_node)
     if (const auto it = env.find("PET_NPROC_PER_NODE"); it != env.end()) {
-      if (it->second == "auto" || it->second == "cpu") nodes.nproc_per_node = available_cores();
+      if (it->second == "auto" || it->second == "cpu") {
+        nodes.nproc_per_node = range.max;
+        spdlog::info("PET_NPROC_PER_NODE={}: {} rank(s) per node, as --nproc gives", it->second,
+                     range.max);
+      }
       if (it->second == "gpu")
         throw UserError(
             "PET_NPROC_PER_NODE=gpu: dtrain trains on CPUs; give a number, auto or cpu");

@@ -85,8 +85,14 @@ void check_trace_output(const std::string& trace, const std::string& out_dir,
   if (!resume.empty() && resume != "auto") reads.emplace_back("--resume", resume);
   check_not_read("--trace", trace, reads, "the run");
   std::error_code ec;
-  const fs::path t = fs::weakly_canonical(fs::absolute(trace), ec);
-  const fs::path out = fs::weakly_canonical(fs::absolute(out_dir), ec);
+  // (weakly_canonical keeps a trailing '/' of a path that does not exist: dropped.)
+  const auto canonical = [&](const std::string& p) {
+    fs::path c = fs::weakly_canonical(fs::absolute(p), ec);
+    if (c.filename().empty()) c = c.parent_path();
+    return c;
+  };
+  const fs::path t = canonical(trace);
+  const fs::path out = canonical(out_dir);
   if (t == out)
     throw UserError("--trace '" + trace + "' is the output folder (--out): give a file name");
   // The run's own files, whether the folder holds them yet or not.
@@ -98,6 +104,8 @@ void check_trace_output(const std::string& trace, const std::string& out_dir,
     throw UserError("--trace '" + trace +
                     "' is inside the run's checkpoints folder: write it "
                     "elsewhere");
+  // Directly in an --out the run is about to create: its folder is checked when it is created.
+  if (t.parent_path() == out && !fs::exists(out, ec)) return;
   check_output_file("--trace", trace);
 }
 

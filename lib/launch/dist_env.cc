@@ -187,8 +187,9 @@ DistEnv resolve_dist_env(const std::map<std::string, std::string>& env, int conf
       local_world = {n, var, true};
       break;
     }
-    // Defaults every rank of the job derives identically (scripts/slurm.sbatch exports the same).
-    // The step's nodes first: `srun -w` / `--relative` / `-x` put task 0 on another node than
+    // Defaults every rank of the step derives identically (scripts/slurm.sbatch exports its own
+    // MASTER_ADDR and MASTER_PORT, which win: the allocation's first host, where its srun puts task
+    // 0). The step's nodes first: `srun -w` / `--relative` / `-x` put task 0 on another node than
     // the allocation's first.
     for (const char* var : {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"}) {
       if (const std::string* v = find(env, var)) {
@@ -228,7 +229,8 @@ DistEnv resolve_dist_env(const std::map<std::string, std::string>& env, int conf
   }
 
   const bool from_openmpi = source == "openmpi";
-  bool addr_given = false;  // by MASTER_ADDR or --master-addr
+  const bool from_indexed = source == "k8s-indexed";  // (flags below rename the source)
+  bool addr_given = false;                            // by MASTER_ADDR or --master-addr
   if (const std::string* v = find(env, "MASTER_ADDR")) {
     addr = *v;
     addr_name = "MASTER_ADDR";
@@ -269,7 +271,7 @@ DistEnv resolve_dist_env(const std::map<std::string, std::string>& env, int conf
   if (addr.empty()) throw UserError(addr_name + " is empty");
   // Open MPI says nothing about rank 0's host; 127.0.0.1 would be wrong on every other host
   // (their ranks would wait on their own loopback until the rendezvous timeout).
-  if (source == "k8s-indexed" && world.value > 1 && !addr_given)
+  if (from_indexed && world.value > 1 && !addr_given)
     throw UserError(
         "MASTER_ADDR is not set: each pod of an Indexed Job is a host of its own, so "
         "127.0.0.1 is never rank 0's; set MASTER_ADDR to pod 0's DNS name (as "

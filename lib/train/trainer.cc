@@ -530,7 +530,10 @@ nlohmann::json train_rank(const Config& cfg, const RunOptions& opts, Communicato
     // A failed run's trace is what explains it: each rank writes its own up to the failure (no
     // merge: that would need the peers, which may be gone).
     if (!opts.trace.empty()) try {
-        const std::string mine = rank_trace_path(opts.trace, comm.rank());
+        // Named apart from a finished run's parts, which the next run's merge would take.
+        const fs::path t(opts.trace);
+        const std::string mine = rank_trace_path(
+            (t.parent_path() / (t.stem().string() + ".failed.json")).string(), comm.rank());
         tracer.write(mine);
         spdlog::warn("trace of the failed run, this rank's part: {}", mine);
       } catch (const std::exception&) {

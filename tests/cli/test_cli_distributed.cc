@@ -363,7 +363,7 @@ TEST_CASE("--trace: the axes' collectives are in it, a failed run leaves its par
               " --trace " + dir / "f.json" + " --set distributed.world_size=2");
   CHECK(r.exit_code == 1);
   CHECK_MESSAGE(contains(r.output, "trace of the failed run"), r.output);
-  CHECK(std::filesystem::exists(dir / "f.rank-0.json"));
+  CHECK(std::filesystem::exists(dir / "f.failed.rank-0.json"));
   // What the run reads or writes itself is refused before training, exit 2.
   const std::string copy = dir.write("c.yaml", read_text(cfg));
   for (const std::string& bad :
@@ -374,6 +374,13 @@ TEST_CASE("--trace: the axes' collectives are in it, a failed run leaves its par
     CHECK(contains(r.output, "--trace '"));
   }
   CHECK(read_text(copy) == read_text(cfg));
+  // A trace inside an --out not created yet is fine.
+  r = run_cmd(kBin + " run " + copy + " --out " + dir / "new/" + " --trace " +
+              dir / "new/trace.json" +
+              " --log-level warn --set train.epochs=0 "
+              "--set train.max_steps=2");
+  CHECK_MESSAGE(r.exit_code == 0, r.output);
+  CHECK(std::filesystem::exists(dir / "new/trace.json"));
 }
 
 namespace {

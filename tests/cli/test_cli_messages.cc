@@ -592,7 +592,7 @@ TEST_CASE("dtrain launch reads torchrun's PET_NPROC_PER_NODE forms: auto and cpu
   auto r = run_cmd("PET_NPROC_PER_NODE=gpu " + kBin + " launch " + cfg + " --out " + dir / "g");
   CHECK(r.exit_code == 2);
   CHECK_MESSAGE(contains(r.output, "PET_NPROC_PER_NODE=gpu: dtrain trains on CPUs"), r.output);
-  // "cpu": this machine's cores (torchrun's os.cpu_count()); before, "is not an integer".
+  // "cpu": --nproc's count (default 2); before, "is not an integer".
   r = run_cmd("PET_NPROC_PER_NODE=cpu " + kBin + " launch " + cfg + " --out " + dir / "c" +
               " --set train.max_steps=2 --set train.epochs=0");
   CHECK_MESSAGE(r.exit_code == 0, r.output);

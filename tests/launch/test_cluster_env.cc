@@ -119,6 +119,14 @@ TEST_CASE("resolve_dist_env: an Indexed Job's JOB_COMPLETION_INDEX is the rank")
                    resolve_dist_env({{"JOB_COMPLETION_INDEX", "1"}, {"MASTER_PORT", "29500"}}, 2);
                  }),
                  "MASTER_ADDR is not set: each pod of an Indexed Job is a host of its own"));
+  // Also when the world comes from --world-size (a flag made the source "flags" before the check).
+  DistOverrides w;
+  w.world_size = 2;
+  CHECK(
+      contains(user_error([&] {
+                 resolve_dist_env({{"JOB_COMPLETION_INDEX", "1"}, {"MASTER_PORT", "29500"}}, 1, w);
+               }),
+               "MASTER_ADDR is not set"));
 }
 
 TEST_CASE("resolve_node_env: flags, then Kubeflow, then the Indexed Job's index") {
