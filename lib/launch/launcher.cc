@@ -24,6 +24,7 @@
 #include <spdlog/spdlog.h>
 
 #include "comm/shm_ring.h"
+#include "launch/attempt_result.h"
 #include "launch/dist_env.h"
 #include "launch/job_agent.h"
 #include "launch/process.h"
@@ -33,11 +34,16 @@
 
 namespace dtrain {
 
+using launch_detail::AttemptResult;
 using launch_detail::Child;
 using launch_detail::ChildSet;
 using launch_detail::Clock;
 using launch_detail::Fd;
+using launch_detail::fmt_ranks;
+using launch_detail::is_stop_code;
 using launch_detail::kAfterKill;
+using launch_detail::local_decision;
+using launch_detail::node_outcome;
 using launch_detail::signal_name;
 using launch_detail::SignalGuard;
 using launch_detail::spawn_rank;
@@ -85,62 +91,6 @@ void print_log_tail(const std::string& path, int rank) {
   std::fprintf(stderr, "---- last lines of %s\n", path.c_str());
   for (const auto& l : tail) std::fprintf(stderr, "[rank %d] %s\n", rank, l.c_str());
   std::fflush(stderr);
-}
-
-// How one attempt (one start of all ranks) ended.
-struct AttemptResult {
-  bool failed = false;          // a rank exited non-zero or by a signal on its own
-  bool any_user_error = false;  // some rank exited with status 2 (bad config, data, checkpoint)
-  bool abandoned = false;       // ranks survived SIGKILL and were left behind
-  int stop_signal = 0;          // the signal received here (or by another node) that stopped
-                                // the ranks, 0: none
-  int first_failed_rank = -1;   // the rank that failed first, and its wait status: the cause
-  int first_failed_status = 0;
-  int64_t first_failed_ms = 0;     // its wall-clock time (ms since the epoch)
-  std::vector<int> failed_ranks;   // every rank that failed on its own, in order
-  std::vector<int> killed_ranks;   // those of them killed by a signal not sent from here
-  std::vector<int> stopped_ranks;  // ranks found stopped (state T) when the rest were stopped
-  std::string remote_failure;      // multi-node: the first failure another node reported
-  int common_exit = -1;  // the exit status every rank exited with (-1: none yet, -2: mixed or
-                         // killed by a signal)
-  // A rank stopped by a signal sent to it alone (not to a launcher): it exited with an
-  // interrupt's or the preemption's code, and its peers follow at the step they agreed on.
-  int rank_stop_rank = -1, rank_stop_code = 0;
-
-  bool stopped() const { return stop_signal != 0 || rank_stop_code != 0; }
-  // What a failed attempt is blamed on: a rank found stopped (its peers failed waiting for it)
-  // before the first rank that exited.
-  std::string failure_cause(const std::string& node_text = "") const {
-    if (!stopped_ranks.empty())
-      return "rank " + std::to_string(stopped_ranks.front()) + node_text +
-             " was stopped (process state T) and its peers failed waiting for it";
-    if (first_failed_rank < 0) return "ranks" + node_text + " did not exit after SIGKILL";
-    return "rank " + std::to_string(first_failed_rank) + node_text + " failed (" +
-           describe_wait_status(first_failed_status) + ")";
-  }
-  // The launch's exit code for a stop: the ranks' own when they agree on one.
-  int stop_rc() const {
-    if (common_exit >= 0) return common_exit;
-    return stop_signal != 0 ? 128 + stop_signal : rank_stop_code;
-  }
-  std::string stop_cause(const std::string& node_text = "") const {
-    if (stop_signal != 0) return "stopped by " + signal_name(stop_signal);
-    return "rank " + std::to_string(rank_stop_rank) + node_text + " stopped: exit status " +
-           std::to_string(rank_stop_code);
-  }
-};
-
-std::string fmt_ranks(const std::vector<int>& ranks) {
-  std::string s;
-  for (int r : ranks) s += (s.empty() ? "" : ", ") + std::to_string(r);
-  return s;
-}
-
-// Exit codes of `dtrain run` stopped by a signal (128 + SIGINT, SIGTERM, SIGHUP, SIGUSR1) or for
-// a preemption (75, EX_TEMPFAIL: checkpointed, run again).
-bool is_stop_code(int code) {
-  return code == kExitPreempted || code == 128 + SIGINT || code == 128 + SIGTERM ||
-         code == 128 + SIGHUP || code == 128 + SIGUSR1;
 }
 
 int64_t wall_ms() {
@@ -562,89 +512,6 @@ void check_options(const LaunchOptions& o) {
                     ": need 1 <= MIN <= MAX");
   if (!(o.last_call_s >= 0) || !std::isfinite(o.last_call_s))
     throw UserError("--last-call: must be >= 0 seconds");
-}
-
-// How an attempt ended on this node, for the job agent.
-NodeOutcome node_outcome(const AttemptResult& r, int stop_rc, const std::string& node_text) {
-  NodeOutcome n;
-  if (r.stopped() && !r.failed) {
-    n.kind = NodeOutcome::kStopped;
-    n.rc = stop_rc;
-    n.cause = r.stop_cause(node_text);
-  } else if (r.failed) {
-    n.kind = r.any_user_error ? NodeOutcome::kUserError : NodeOutcome::kFailed;
-    n.rc = r.any_user_error ? 2 : 1;
-    // A rank held stopped here is a cause from outside, as a rank killed by a signal is.
-    n.killed = WIFSIGNALED(r.first_failed_status) || !r.stopped_ranks.empty();
-    n.when_ms = r.first_failed_ms;
-    n.cause = r.stopped_ranks.empty()
-                  ? "rank " + std::to_string(r.first_failed_rank) + node_text +
-                        " failed: " + describe_wait_status(r.first_failed_status)
-                  : r.failure_cause(node_text);
-  } else if (!r.remote_failure.empty()) {
-    n.kind = NodeOutcome::kFailed;  // stopped here for another node's failure: that is the cause
-    n.rc = 1;
-    n.when_ms = INT64_MAX - 1;
-    n.cause = r.remote_failure;
-  } else if (r.abandoned) {
-    n.kind = NodeOutcome::kFailed;
-    n.rc = 1;
-    n.when_ms = INT64_MAX - 1;
-    n.cause = "ranks" + node_text + " did not exit after SIGKILL";
-  }
-  return n;
-}
-
-// Single node: the launcher's own restart decision after attempt `attempt` ended as `r`
-// (launch_local's contract). Returns the exit code, or nullopt to restart.
-std::optional<int> local_decision(const LaunchOptions& o, const AttemptResult& r, int attempt,
-                                  int nproc, int stop_rc, SignalGuard& signals) {
-  if (r.stopped() && !r.failed) {
-    if (r.stop_signal == 0)
-      spdlog::warn("not restarting: the ranks stopped on a signal sent to a rank (exit status {})",
-                   r.rank_stop_code);
-    return stop_rc;
-  }
-  if (!r.failed && !r.abandoned) {
-    if (attempt > 0)
-      spdlog::info("all {} rank(s) finished after {} restart(s)", nproc, attempt);
-    else
-      spdlog::info("all {} rank(s) finished", nproc);
-    return 0;
-  }
-  // A rank that failed on bad input (exit 2: config, data or checkpoint) makes the launch a
-  // user error too, whatever the other ranks died of after it; otherwise a runtime failure.
-  const int rc = r.failed && r.any_user_error ? 2 : 1;
-  const std::string cause = r.failure_cause();
-  if (o.max_restarts == 0) {
-    spdlog::error("launch failed: {}", cause);
-    return rc;
-  }
-  if (r.stop_signal != 0) {
-    spdlog::warn("not restarting: stopped by {}", signal_name(r.stop_signal));
-    return rc;
-  }
-  if (rc == 2) {
-    spdlog::error(
-        "not restarting: a rank failed on bad input (exit status 2), which a restart "
-        "would repeat; {}",
-        cause);
-    return rc;
-  }
-  if (attempt >= o.max_restarts) {
-    spdlog::error("giving up: {} in attempt {}, and all {} restart(s) are used", cause, attempt + 1,
-                  o.max_restarts);
-    return rc;
-  }
-  // Ctrl-C or SIGTERM while the failed attempt wound down: stop here.
-  for (int sig : signals.take()) {
-    if (sig == SIGCHLD || sig == SIGPIPE) continue;
-    spdlog::warn("received {}: not restarting", signal_name(sig));
-    return rc;
-  }
-  spdlog::warn("restart {} of {}: {}; starting all {} rank(s) again", attempt + 1, o.max_restarts,
-               cause, nproc);
-  return std::nullopt;
 }
 
 // While the launcher waits for the other nodes, no rank runs: a stop signal then ends it at once

@@ -1,0 +1,103 @@
+#include "launch/attempt_result.h"
+
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <spdlog/spdlog.h>
+
+#include "util/interrupt.h"
+
+namespace dtrain::launch_detail {
+
+std::string fmt_ranks(const std::vector<int>& ranks) {
+  std::string s;
+  for (int r : ranks) s += (s.empty() ? "" : ", ") + std::to_string(r);
+  return s;
+}
+
+bool is_stop_code(int code) {
+  return code == kExitPreempted || code == 128 + SIGINT || code == 128 + SIGTERM ||
+         code == 128 + SIGHUP || code == 128 + SIGUSR1;
+}
+
+NodeOutcome node_outcome(const AttemptResult& r, int stop_rc, const std::string& node_text) {
+  NodeOutcome n;
+  if (r.stopped() && !r.failed) {
+    n.kind = NodeOutcome::kStopped;
+    n.rc = stop_rc;
+    n.cause = r.stop_cause(node_text);
+  } else if (r.failed) {
+    n.kind = r.any_user_error ? NodeOutcome::kUserError : NodeOutcome::kFailed;
+    n.rc = r.any_user_error ? 2 : 1;
+    // A rank held stopped here is a cause from outside, as a rank killed by a signal is.
+    n.killed = WIFSIGNALED(r.first_failed_status) || !r.stopped_ranks.empty();
+    n.when_ms = r.first_failed_ms;
+    n.cause = r.stopped_ranks.empty()
+                  ? "rank " + std::to_string(r.first_failed_rank) + node_text +
+                        " failed: " + describe_wait_status(r.first_failed_status)
+                  : r.failure_cause(node_text);
+  } else if (!r.remote_failure.empty()) {
+    n.kind = NodeOutcome::kFailed;  // stopped here for another node's failure: that is the cause
+    n.rc = 1;
+    n.when_ms = INT64_MAX - 1;
+    n.cause = r.remote_failure;
+  } else if (r.abandoned) {
+    n.kind = NodeOutcome::kFailed;
+    n.rc = 1;
+    n.when_ms = INT64_MAX - 1;
+    n.cause = "ranks" + node_text + " did not exit after SIGKILL";
+  }
+  return n;
+}
+
+std::optional<int> local_decision(const LaunchOptions& o, const AttemptResult& r, int attempt,
+                                  int nproc, int stop_rc, SignalGuard& signals) {
+  if (r.stopped() && !r.failed) {
+    if (r.stop_signal == 0)
+      spdlog::warn("not restarting: the ranks stopped on a signal sent to a rank (exit status {})",
+                   r.rank_stop_code);
+    return stop_rc;
+  }
+  if (!r.failed && !r.abandoned) {
+    if (attempt > 0)
+      spdlog::info("all {} rank(s) finished after {} restart(s)", nproc, attempt);
+    else
+      spdlog::info("all {} rank(s) finished", nproc);
+    return 0;
+  }
+  // A rank that failed on bad input (exit 2: config, data or checkpoint) makes the launch a
+  // user error too, whatever the other ranks died of after it; otherwise a runtime failure.
+  const int rc = r.failed && r.any_user_error ? 2 : 1;
+  const std::string cause = r.failure_cause();
+  if (o.max_restarts == 0) {
+    spdlog::error("launch failed: {}", cause);
+    return rc;
+  }
+  if (r.stop_signal != 0) {
+    spdlog::warn("not restarting: stopped by {}", signal_name(r.stop_signal));
+    return rc;
+  }
+  if (rc == 2) {
+    spdlog::error(
+        "not restarting: a rank failed on bad input (exit status 2), which a restart "
+        "would repeat; {}",
+        cause);
+    return rc;
+  }
+  if (attempt >= o.max_restarts) {
+    spdlog::error("giving up: {} in attempt {}, and all {} restart(s) are used", cause, attempt + 1,
+                  o.max_restarts);
+    return rc;
+  }
+  // Ctrl-C or SIGTERM while the failed attempt wound down: stop here.
+  for (int sig : signals.take()) {
+    if (sig == SIGCHLD || sig == SIGPIPE) continue;
+    spdlog::warn("received {}: not restarting", signal_name(sig));
+    return rc;
+  }
+  spdlog::warn("restart {} of {}: {}; starting all {} rank(s) again", attempt + 1, o.max_restarts,
+               cause, nproc);
+  return std::nullopt;
+}
+
+}  // namespace dtrain::launch_detail

@@ -1,0 +1,75 @@
+// How one attempt of `dtrain launch` (one start of this node's ranks) ended, and what follows
+// from it: the node's outcome for the other nodes' launchers, and a single node's own decision
+// to stop or restart. Internal to lib/launch (launcher.cc runs the attempts).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "launch/job_agent.h"
+#include "launch/launcher.h"
+#include "launch/process.h"
+
+namespace dtrain::launch_detail {
+
+// How one attempt (one start of all ranks) ended.
+struct AttemptResult {
+  bool failed = false;          // a rank exited non-zero or by a signal on its own
+  bool any_user_error = false;  // some rank exited with status 2 (bad config, data, checkpoint)
+  bool abandoned = false;       // ranks survived SIGKILL and were left behind
+  int stop_signal = 0;          // the signal received here (or by another node) that stopped
+                                // the ranks, 0: none
+  int first_failed_rank = -1;   // the rank that failed first, and its wait status: the cause
+  int first_failed_status = 0;
+  int64_t first_failed_ms = 0;     // its wall-clock time (ms since the epoch)
+  std::vector<int> failed_ranks;   // every rank that failed on its own, in order
+  std::vector<int> killed_ranks;   // those of them killed by a signal not sent from here
+  std::vector<int> stopped_ranks;  // ranks found stopped (state T) when the rest were stopped
+  std::string remote_failure;      // multi-node: the first failure another node reported
+  int common_exit = -1;  // the exit status every rank exited with (-1: none yet, -2: mixed or
+                         // killed by a signal)
+  // A rank stopped by a signal sent to it alone (not to a launcher): it exited with an
+  // interrupt's or the preemption's code, and its peers follow at the step they agreed on.
+  int rank_stop_rank = -1, rank_stop_code = 0;
+
+  bool stopped() const { return stop_signal != 0 || rank_stop_code != 0; }
+  // What a failed attempt is blamed on: a rank found stopped (its peers failed waiting for it)
+  // before the first rank that exited.
+  std::string failure_cause(const std::string& node_text = "") const {
+    if (!stopped_ranks.empty())
+      return "rank " + std::to_string(stopped_ranks.front()) + node_text +
+             " was stopped (process state T) and its peers failed waiting for it";
+    if (first_failed_rank < 0) return "ranks" + node_text + " did not exit after SIGKILL";
+    return "rank " + std::to_string(first_failed_rank) + node_text + " failed (" +
+           describe_wait_status(first_failed_status) + ")";
+  }
+  // The launch's exit code for a stop: the ranks' own when they agree on one.
+  int stop_rc() const {
+    if (common_exit >= 0) return common_exit;
+    return stop_signal != 0 ? 128 + stop_signal : rank_stop_code;
+  }
+  std::string stop_cause(const std::string& node_text = "") const {
+    if (stop_signal != 0) return "stopped by " + signal_name(stop_signal);
+    return "rank " + std::to_string(rank_stop_rank) + node_text + " stopped: exit status " +
+           std::to_string(rank_stop_code);
+  }
+};
+
+// "0, 2, 5".
+std::string fmt_ranks(const std::vector<int>& ranks);
+
+// Exit codes of `dtrain run` stopped by a signal (128 + SIGINT, SIGTERM, SIGHUP, SIGUSR1) or for
+// a preemption (75, EX_TEMPFAIL: checkpointed, run again).
+bool is_stop_code(int code);
+
+// How an attempt ended on this node, for the job agent. node_text: " on node N (host)".
+NodeOutcome node_outcome(const AttemptResult& r, int stop_rc, const std::string& node_text);
+
+// Single node: the launcher's own restart decision after attempt `attempt` ended as `r`
+// (launch_local's contract). Returns the exit code, or nullopt to restart. Logs why.
+std::optional<int> local_decision(const LaunchOptions& o, const AttemptResult& r, int attempt,
+                                  int nproc, int stop_rc, SignalGuard& signals);
+
+}  // namespace dtrain::launch_detail
