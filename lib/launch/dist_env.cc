@@ -53,6 +53,19 @@ std::string show(const Field& f) {
 }
 
 // Both halves of a pair a launcher always sets together, or neither.
+// The launchers that set a rank's place as four variables (rank and world both required), in
+// precedence order: torchrun's contract, then Open MPI's -- before Slurm's, since mpirun inside
+// an sbatch job or salloc shell sets these per process while the SLURM_PROCID it inherits from
+// the batch shell is 0 in every process.
+struct RankVars {
+  const char *source, *launcher, *rank, *world, *local_rank, *local_world;
+};
+constexpr RankVars kRankVars[] = {
+    {"torchrun", "torchrun-style", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"},
+    {"openmpi", "mpirun", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+     "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"},
+};
+
 void require_pair(const Env& env, const std::string& a, const std::string& b,
                   const std::string& launcher) {
   const bool has_a = env.count(a) > 0, has_b = env.count(b) > 0;
@@ -149,22 +162,16 @@ DistEnv resolve_dist_env(const std::map<std::string, std::string>& env, int conf
   std::string addr = "127.0.0.1", addr_name = "MASTER_ADDR";
   std::string source = "config";
 
-  if (env.count("RANK") || env.count("WORLD_SIZE")) {
-    source = "torchrun";
-    require_pair(env, "RANK", "WORLD_SIZE", "torchrun-style");
-    rank = from_env(env, "RANK");
-    world = from_env(env, "WORLD_SIZE");
-    local_rank = from_env(env, "LOCAL_RANK");
-    local_world = from_env(env, "LOCAL_WORLD_SIZE");
-  } else if (env.count("OMPI_COMM_WORLD_RANK") || env.count("OMPI_COMM_WORLD_SIZE")) {
-    source = "openmpi";
-    require_pair(env, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "mpirun");
-    rank = from_env(env, "OMPI_COMM_WORLD_RANK");
-    world = from_env(env, "OMPI_COMM_WORLD_SIZE");
-    local_rank = from_env(env, "OMPI_COMM_WORLD_LOCAL_RANK");
-    local_world = from_env(env, "OMPI_COMM_WORLD_LOCAL_SIZE");
-    // (Before Slurm: mpirun inside an sbatch job or salloc shell sets these per process, while
-    // the SLURM_PROCID it inherits from the batch shell is 0 in every process.)
+  const RankVars* four = nullptr;
+  for (const RankVars& v : kRankVars)
+    if (!four && (env.count(v.rank) || env.count(v.world))) four = &v;
+  if (four != nullptr) {
+    source = four->source;
+    require_pair(env, four->rank, four->world, four->launcher);
+    rank = from_env(env, four->rank);
+    world = from_env(env, four->world);
+    local_rank = from_env(env, four->local_rank);
+    local_world = from_env(env, four->local_world);
   } else if (env.count("SLURM_PROCID")) {
     source = "slurm";
     if (!env.count("SLURM_NTASKS"))

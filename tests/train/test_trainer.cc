@@ -274,11 +274,11 @@ runtime: {threads: 1}
   CHECK(a.metadata.at("rng").find(';') != std::string::npos);  // one state per rank
 }
 
-TEST_CASE("local_sgd with H = 1, plain SGD and plain averaging equals DDP") {
-  spdlog::set_level(spdlog::level::warn);
-  // Equal shares per rank (drop_last): the average of the ranks' mean gradients is then the
-  // mean gradient of the global batch.
-  const std::string base = R"(
+namespace {
+
+// Equal shares per rank (drop_last): the average of the ranks' mean gradients is then the mean
+// gradient of the global batch.
+const char* kLocalSgdBase = R"(
 seed: 8
 model: {hidden: [20], activation: tanh}
 data:
@@ -290,21 +290,31 @@ optimizer: {type: sgd, lr: 0.1}
 train: {epochs: 0, max_steps: 20}
 runtime: {threads: 1}
 )";
+
+// The relative difference of the states after `step` steps of kLocalSgdBase with `sets`,
+// trained by DDP and by Local SGD with H = 1 (plain averaging, SGD without momentum).
+double local_sgd_h1_vs_ddp(const std::vector<std::string>& sets, int step) {
+  TempDir dir;
+  RunOptions o1, o2;
+  o1.out_dir = dir / "ddp";
+  o2.out_dir = dir / "local";
+  run_training(parse_config(kLocalSgdBase, "l.yaml", sets), o1);
+  auto local = sets;
+  local.insert(local.end(),
+               {"distributed.strategy=local_sgd", "distributed.local_sgd.sync_every=1"});
+  const auto s = run_training(parse_config(kLocalSgdBase, "l.yaml", local), o2);
+  CHECK(s["strategy"] == "local_sgd");
+  const std::string ck = "/checkpoints/step-" + std::to_string(step) + ".safetensors";
+  return checkpoint_rel_diff(o1.out_dir + ck, o2.out_dir + ck);
+}
+
+}  // namespace
+
+TEST_CASE("local_sgd with H = 1, plain SGD and plain averaging equals DDP") {
+  spdlog::set_level(spdlog::level::warn);
   for (int world : {2, 3}) {
-    TempDir dir;
-    const std::string w = "distributed.world_size=" + std::to_string(world);
-    RunOptions o1, o2;
-    o1.out_dir = dir / "ddp";
-    o2.out_dir = dir / "local";
-    run_training(parse_config(base, "l.yaml", {w}), o1);
-    const auto s = run_training(
-        parse_config(base, "l.yaml",
-                     {w, "distributed.strategy=local_sgd", "distributed.local_sgd.sync_every=1"}),
-        o2);
-    CHECK(s["strategy"] == "local_sgd");
     INFO("world ", world);
-    CHECK(checkpoint_rel_diff(dir / "ddp/checkpoints/step-20.safetensors",
-                              dir / "local/checkpoints/step-20.safetensors") < 1e-5);
+    CHECK(local_sgd_h1_vs_ddp({"distributed.world_size=" + std::to_string(world)}, 20) < 1e-5);
   }
 }
 
@@ -314,29 +324,10 @@ TEST_CASE(
   // 403 training rows, global batch 16: step 26 is the epoch's short batch of 3 rows, split
   // 1, 1, 1, 0 over the 4 ranks. An unweighted parameter average counted the empty rank's
   // unchanged parameters as a quarter of the step (measured: 0.47 relative difference).
-  const std::string base = R"(
-seed: 8
-model: {hidden: [20], activation: tanh}
-data:
-  format: synthetic
-  synthetic: {samples: 504, features: 7, classes: 3}
-  batch_size: 4
-optimizer: {type: sgd, lr: 0.1}
-train: {epochs: 0, max_steps: 30}
-distributed: {world_size: 4}
-runtime: {threads: 1}
-)";
-  TempDir dir;
-  RunOptions o1, o2;
-  o1.out_dir = dir / "ddp";
-  o2.out_dir = dir / "local";
-  run_training(parse_config(base, "l.yaml"), o1);
-  run_training(
-      parse_config(base, "l.yaml",
-                   {"distributed.strategy=local_sgd", "distributed.local_sgd.sync_every=1"}),
-      o2);
-  CHECK(checkpoint_rel_diff(dir / "ddp/checkpoints/step-30.safetensors",
-                            dir / "local/checkpoints/step-30.safetensors") < 1e-5);
+  CHECK(local_sgd_h1_vs_ddp(
+            {"data.synthetic.samples=504", "data.batch_size=4", "data.drop_last=false",
+             "distributed.world_size=4", "train.max_steps=30"},
+            30) < 1e-5);
 }
 
 TEST_CASE("local_sgd with H = 4 sends about a quarter of DDP's bytes and still learns") {
