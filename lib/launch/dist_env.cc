@@ -21,6 +21,7 @@
 #include "util/check.h"
 #include "util/fs.h"
 #include "util/interrupt.h"
+#include "util/strings.h"
 
 extern char** environ;
 
@@ -85,7 +86,42 @@ std::string trim(const std::string& s) {
   return s.substr(b, s.find_last_not_of(ws) - b + 1);
 }
 
+// The step's number (SLURM_STEP_ID, or SLURM_STEPID of older releases) when it is a
+// non-negative integer, else 0.
+int slurm_step_id(const Env& env) {
+  for (const char* var : {"SLURM_STEP_ID", "SLURM_STEPID"}) {
+    const std::string* v = find(env, var);
+    if (v == nullptr) continue;
+    int id = 0;
+    const auto [p, ec] = std::from_chars(v->data(), v->data() + v->size(), id);
+    return ec == std::errc() && p == v->data() + v->size() && id >= 0 ? id : 0;
+  }
+  return 0;
+}
+
 }  // namespace
+
+bool in_slurm_step(const std::map<std::string, std::string>& env) {
+  return env.count("SLURM_PROCID") > 0 &&
+         (env.count("SLURM_STEP_ID") > 0 || env.count("SLURM_STEPID") > 0);
+}
+
+int slurm_default_port(int job_id, int step_id) {
+  DT_CHECK_GE(job_id, 0);
+  DT_CHECK_GE(step_id, 0);
+  return 10000 + static_cast<int>((16 * static_cast<int64_t>(job_id) + step_id % 16) % 20000);
+}
+
+std::string slurm_batch_shell_note(const std::map<std::string, std::string>& env) {
+  const std::string* procid = find(env, "SLURM_PROCID");
+  const std::string* ntasks = find(env, "SLURM_NTASKS");
+  if (procid == nullptr || ntasks == nullptr || in_slurm_step(env) || *ntasks == "1") return "";
+  for (const RankVars& v : kRankVars)  // (mpirun's ranks in a batch shell: those decide)
+    if (env.count(v.rank) || env.count(v.world)) return "";
+  return "SLURM_PROCID=" + shown_text(*procid) + " and SLURM_NTASKS=" + shown_text(*ntasks) +
+         " are the batch shell's, not an srun step's (no SLURM_STEP_ID): ignored, the run "
+         "follows the config; start the ranks with `srun dtrain run ...`";
+}
 
 int parse_env_int(const std::string& text, const std::string& name) {
   int v = 0;
@@ -172,7 +208,7 @@ DistEnv resolve_dist_env(const std::map<std::string, std::string>& env, int conf
     world = from_env(env, four->world);
     local_rank = from_env(env, four->local_rank);
     local_world = from_env(env, four->local_world);
-  } else if (env.count("SLURM_PROCID")) {
+  } else if (in_slurm_step(env)) {
     source = "slurm";
     if (!env.count("SLURM_NTASKS"))
       throw UserError("SLURM_PROCID is set but SLURM_NTASKS is not: run the ranks with srun");
@@ -206,7 +242,7 @@ DistEnv resolve_dist_env(const std::map<std::string, std::string>& env, int conf
       }
     }
     if (const Field job = from_env(env, "SLURM_JOB_ID"); job.set && job.value >= 0)
-      port = {20000 + job.value % 20000, "SLURM_JOB_ID", true};
+      port = {slurm_default_port(job.value, slurm_step_id(env)), "SLURM_JOB_ID", true};
   } else if (env.count("PET_NODE_RANK") || env.count("PET_NNODES")) {
     // Kubeflow Trainer describes nodes (pods) for torchrun: one rank per pod here.
     source = "kubeflow";

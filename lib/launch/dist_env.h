@@ -51,13 +51,15 @@ struct DistOverrides {
 //    needs MASTER_ADDR (or --master-addr): no 127.0.0.1 default, which is wrong on other hosts.
 //    (Before Slurm: mpirun inside an sbatch job leaves every process the batch shell's
 //    SLURM_PROCID, while these are per process.)
-//  - Slurm, when SLURM_PROCID is set: SLURM_PROCID, SLURM_NTASKS (required), SLURM_LOCALID; the
+//  - Slurm, inside an srun step (in_slurm_step): SLURM_PROCID, SLURM_NTASKS (required),
+//    SLURM_LOCALID; the
 //    local world from SLURM_STEP_TASKS_PER_NODE, else SLURM_NTASKS_PER_NODE, else
 //    SLURM_TASKS_PER_NODE ("4(x2)" / "2(x3),1" forms; the entry for SLURM_NODEID, or the largest
 //    when SLURM_NODEID is unknown). Without MASTER_ADDR / MASTER_PORT, the master is the first
-//    host of SLURM_STEP_NODELIST (else SLURM_JOB_NODELIST) and the port 20000 + SLURM_JOB_ID %
-//    20000 (as scripts/slurm.sbatch sets them), so every rank of the job agrees without
-//    coordination.
+//    host of SLURM_STEP_NODELIST (else SLURM_JOB_NODELIST) and slurm_default_port (as
+//    scripts/slurm.sbatch sets them), so every rank of the step agrees without coordination.
+//    A batch shell's SLURM_PROCID (sbatch sets SLURM_PROCID=0 and the job's SLURM_NTASKS there,
+//    for a shell that is no rank) is not a source: see slurm_batch_shell_note.
 //  - Kubeflow Trainer, when PET_NODE_RANK or PET_NNODES is set (one rank per pod):
 //    PET_NODE_RANK, PET_NNODES (both required), PET_NPROC_PER_NODE (must be 1: a pod of several
 //    ranks runs `dtrain launch`), PET_MASTER_ADDR, PET_MASTER_PORT; local world 1.
@@ -79,6 +81,24 @@ struct DistOverrides {
 // job of more than one process with no master address.
 DistEnv resolve_dist_env(const std::map<std::string, std::string>& env, int config_world_size,
                          const DistOverrides& flags = {});
+
+// Whether this process is a task of an srun step: SLURM_PROCID and the step's number
+// (SLURM_STEP_ID, or SLURM_STEPID of older releases) are set. Checked on Slurm 22.05: an sbatch
+// batch shell has SLURM_PROCID=0 and SLURM_NTASKS of the job but no step number; an srun task
+// has all three (SLURM_NTASKS then counts the step's tasks).
+bool in_slurm_step(const std::map<std::string, std::string>& env);
+
+// Slurm's master port when MASTER_PORT is unset: 10000 + (16 * job + step % 16) % 20000, in
+// 10000..29999, below Linux's ephemeral range (32768..60999) where outgoing connections take
+// their ports; up to 16 steps of one job running at once get distinct ports, and jobs whose ids
+// differ by less than 1250 never share one. scripts/slurm.sbatch uses step 0's (its srun is the
+// job's first step). job_id, step_id >= 0.
+int slurm_default_port(int job_id, int step_id);
+
+// For `dtrain run` started in an sbatch batch shell of more than one task (SLURM_PROCID and
+// SLURM_NTASKS > 1 but no srun step): a warning that they are ignored and how to start the
+// ranks; "" otherwise.
+std::string slurm_batch_shell_note(const std::map<std::string, std::string>& env);
 
 // This process's environment (environ) as a map; for a name given twice the first wins, as
 // getenv does.

@@ -14,10 +14,10 @@ namespace dtrain {
 bool is_multiprocess(const Config& cfg, const std::map<std::string, std::string>& env,
                      const DistOverrides& flags) {
   if (cfg.distributed.backend == Backend::kGrpc || flags.any()) return true;
-  for (const char* v : {"RANK", "WORLD_SIZE", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK",
-                        "OMPI_COMM_WORLD_SIZE", "PET_NODE_RANK", "PET_NNODES"})
+  for (const char* v : {"RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+                        "PET_NODE_RANK", "PET_NNODES"})
     if (env.count(v)) return true;
-  return false;
+  return in_slurm_step(env);
 }
 
 Config effective_config(const Config& cfg, const DistEnv& de) {

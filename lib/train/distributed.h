@@ -14,8 +14,8 @@
 namespace dtrain {
 
 // True when this process is one rank of a multi-process job: a launcher's environment is
-// present (torchrun, Slurm or Open MPI variables), a rank flag was given, or the config asks for
-// backend grpc.
+// present (torchrun's, Open MPI's or Kubeflow's variables, or an srun step's), a rank flag was
+// given, or the config asks for backend grpc.
 bool is_multiprocess(const Config& cfg, const std::map<std::string, std::string>& env,
                      const DistOverrides& flags);
 

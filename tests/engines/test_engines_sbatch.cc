@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engines/engines_util.h"
+#include "launch/dist_env.h"
 #include "launch/launcher.h"
 
 using dtrain::testing::check_same_state;
@@ -42,8 +43,9 @@ std::string job_logs(const std::string& submit_dir, long job, const std::string&
   return s;
 }
 
-// DTRAIN_BIN, and MASTER_PORT set to a free port (the script's own choice, 20000 + job id %
-// 20000, is what the first test checks; here a port another program may hold cannot interfere).
+// DTRAIN_BIN, and MASTER_PORT set to a free port (the script's own choice, slurm_default_port of
+// the job's step 0, is what the first test checks; here a port another program may hold cannot
+// interfere).
 std::string free_port_env() {
   return "DTRAIN_BIN=" + kBin + " MASTER_PORT=" + std::to_string(dtrain::pick_free_port()) + " ";
 }
@@ -95,9 +97,30 @@ TEST_CASE("sbatch scripts/slurm.sbatch: 2 tasks train 2 ranks over gRPC, summary
                 logs);
   // The port the script derives from the job id (as `dtrain run` would itself), where rank 1
   // joined.
-  const std::string port = ":" + std::to_string(20000 + job % 20000);
+  const std::string port =
+      ":" + std::to_string(dtrain::slurm_default_port(static_cast<int>(job), 0));
   CHECK_MESSAGE(contains(logs, port + ", logs in "), logs);
   CHECK_MESSAGE(contains(read_text(out + "/logs/rank-1.log"), port + ", listening on"), logs);
+  slurm.stop();
+}
+
+TEST_CASE("sbatch: `dtrain run` in the batch shell itself (no srun) trains as its config says") {
+  // The batch shell of a 2-task job has SLURM_PROCID=0 and SLURM_NTASKS=2 but is no rank: read
+  // as one, the run would wait for a rank 1 that never comes.
+  SlurmCluster slurm;
+  TempDir dir;
+  const std::string out = dir / "run";
+  const long job = slurm.submit(kShape + "--wrap='exec " + kBin + " run " + kSource +
+                                    "/configs/smoke.yaml --out " + out + "'",
+                                dir.path());
+  const JobEnd end = slurm.wait(job, 60);
+  const std::string batch_out = read_text(dir / ("slurm-" + std::to_string(job) + ".out"));
+  REQUIRE_MESSAGE(end.state == "COMPLETED", end.state, "\n", batch_out);
+  CHECK_MESSAGE(contains(batch_out, "SLURM_PROCID=0 and SLURM_NTASKS=2 are the batch shell's"),
+                batch_out);
+  const auto s = nlohmann::json::parse(read_text(out + "/summary.json"));
+  CHECK(s["world_size"] == 1);
+  CHECK(s["status"] == "completed");
   slurm.stop();
 }
 

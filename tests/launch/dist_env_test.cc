@@ -5,6 +5,7 @@
 
 #include <functional>
 #include <map>
+#include <set>
 #include <string>
 
 #include "launch/dist_env.h"
@@ -119,7 +120,8 @@ TEST_CASE("resolve_dist_env: bad torchrun values are UserErrors naming the varia
 }
 
 TEST_CASE("resolve_dist_env: Slurm environment") {
-  Env env = {{"SLURM_PROCID", "5"},
+  Env env = {{"SLURM_STEP_ID", "0"},
+             {"SLURM_PROCID", "5"},
              {"SLURM_NTASKS", "8"},
              {"SLURM_LOCALID", "1"},
              {"SLURM_NODEID", "1"},
@@ -132,8 +134,8 @@ TEST_CASE("resolve_dist_env: Slurm environment") {
   CHECK(d.world_size == 8);
   CHECK(d.local_rank == 1);
   CHECK(d.local_world_size == 4);
-  CHECK(d.master_addr == "node03");               // first host of the allocation
-  CHECK(d.master_port == 20000 + 12345 % 20000);  // as scripts/slurm.sbatch derives it
+  CHECK(d.master_addr == "node03");  // first host of the allocation
+  CHECK(d.master_port == 27520);     // 10000 + (16 * 12345 + 0) % 20000, as scripts/slurm.sbatch
 
   // MASTER_ADDR / MASTER_PORT from the environment win over the derived ones.
   env["MASTER_ADDR"] = "login1";
@@ -143,11 +145,8 @@ TEST_CASE("resolve_dist_env: Slurm environment") {
   CHECK(d.master_port == 4242);
 
   // Uneven nodes: "2(x3),1" is 2, 2, 2, 1 tasks; this node's entry by SLURM_NODEID.
-  env = {{"SLURM_PROCID", "6"},
-         {"SLURM_NTASKS", "7"},
-         {"SLURM_LOCALID", "0"},
-         {"SLURM_NODEID", "3"},
-         {"SLURM_TASKS_PER_NODE", "2(x3),1"},
+  env = {{"SLURM_STEP_ID", "0"}, {"SLURM_PROCID", "6"}, {"SLURM_NTASKS", "7"},
+         {"SLURM_LOCALID", "0"}, {"SLURM_NODEID", "3"}, {"SLURM_TASKS_PER_NODE", "2(x3),1"},
          {"MASTER_PORT", "5000"}};
   d = resolve_dist_env(env, 1, {});
   CHECK(d.local_world_size == 1);
@@ -164,19 +163,27 @@ TEST_CASE("resolve_dist_env: Slurm environment") {
   env["SLURM_STEP_TASKS_PER_NODE"] = "4,3";
   CHECK(resolve_dist_env(env, 1, {}).local_world_size == 4);
 
-  CHECK(contains(env_error({{"SLURM_PROCID", "0"}}), "SLURM_NTASKS"));
-  CHECK(contains(env_error({{"SLURM_PROCID", "x"}, {"SLURM_NTASKS", "2"}, {"MASTER_PORT", "9"}}),
+  CHECK(contains(env_error({{"SLURM_STEP_ID", "0"}, {"SLURM_PROCID", "0"}}), "SLURM_NTASKS"));
+  CHECK(contains(env_error({{"SLURM_STEP_ID", "0"},
+                            {"SLURM_PROCID", "x"},
+                            {"SLURM_NTASKS", "2"},
+                            {"MASTER_PORT", "9"}}),
                  "SLURM_PROCID='x'"));
-  CHECK(contains(env_error({{"SLURM_PROCID", "2"}, {"SLURM_NTASKS", "2"}, {"MASTER_PORT", "9"}}),
+  CHECK(contains(env_error({{"SLURM_STEP_ID", "0"},
+                            {"SLURM_PROCID", "2"},
+                            {"SLURM_NTASKS", "2"},
+                            {"MASTER_PORT", "9"}}),
                  "SLURM_PROCID=2 is out of range for SLURM_NTASKS=2"));
-  CHECK(contains(env_error({{"SLURM_PROCID", "0"},
+  CHECK(contains(env_error({{"SLURM_STEP_ID", "0"},
+                            {"SLURM_PROCID", "0"},
                             {"SLURM_NTASKS", "2"},
                             {"SLURM_TASKS_PER_NODE", "2(x"},
                             {"MASTER_PORT", "9"}}),
                  "SLURM_TASKS_PER_NODE='2(x'"));
-  CHECK(contains(env_error({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}}),
+  CHECK(contains(env_error({{"SLURM_STEP_ID", "0"}, {"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}}),
                  "MASTER_PORT is not set"));
-  CHECK(contains(env_error({{"SLURM_PROCID", "0"},
+  CHECK(contains(env_error({{"SLURM_STEP_ID", "0"},
+                            {"SLURM_PROCID", "0"},
                             {"SLURM_NTASKS", "2"},
                             {"SLURM_JOB_ID", "7"},
                             {"SLURM_JOB_NODELIST", "n[1-2"}}),
@@ -226,8 +233,13 @@ TEST_CASE("resolve_dist_env: Open MPI environment") {
 }
 
 TEST_CASE("resolve_dist_env: torchrun beats Open MPI beats Slurm") {
-  Env env = {{"RANK", "1"},          {"WORLD_SIZE", "2"},           {"SLURM_PROCID", "3"},
-             {"SLURM_NTASKS", "4"},  {"OMPI_COMM_WORLD_RANK", "5"}, {"OMPI_COMM_WORLD_SIZE", "6"},
+  Env env = {{"RANK", "1"},
+             {"WORLD_SIZE", "2"},
+             {"SLURM_STEP_ID", "0"},
+             {"SLURM_PROCID", "3"},
+             {"SLURM_NTASKS", "4"},
+             {"OMPI_COMM_WORLD_RANK", "5"},
+             {"OMPI_COMM_WORLD_SIZE", "6"},
              {"MASTER_PORT", "7000"}};
   env["MASTER_ADDR"] = "head";  // an Open MPI job has no default master
   DistEnv d = resolve_dist_env(env, 1, {});
@@ -249,12 +261,67 @@ TEST_CASE("resolve_dist_env: torchrun beats Open MPI beats Slurm") {
 
 TEST_CASE("resolve_dist_env: a Slurm step's first node is rank 0's host") {
   // srun -w node[04-05] inside an allocation of node[03-05]: task 0 runs on node04.
-  const Env env = {{"SLURM_PROCID", "1"},
+  const Env env = {{"SLURM_STEP_ID", "0"},
+                   {"SLURM_PROCID", "1"},
                    {"SLURM_NTASKS", "2"},
                    {"SLURM_JOB_NODELIST", "node[03-05]"},
                    {"SLURM_STEP_NODELIST", "node[04-05]"},
                    {"SLURM_JOB_ID", "7"}};
   CHECK(resolve_dist_env(env, 1, {}).master_addr == "node04");
+}
+
+TEST_CASE("resolve_dist_env: an sbatch batch shell is no Slurm step") {
+  // As Slurm 22.05 sets them in the batch shell of `sbatch --ntasks=2`: no step number.
+  Env env = {{"SLURM_PROCID", "0"},
+             {"SLURM_NTASKS", "2"},
+             {"SLURM_LOCALID", "0"},
+             {"SLURM_TASKS_PER_NODE", "2"},
+             {"SLURM_JOB_NODELIST", "node[03-04]"},
+             {"SLURM_JOB_ID", "128401"}};
+  DistEnv d = resolve_dist_env(env, 3, {});
+  CHECK(d.source == "config");
+  CHECK(d.rank == 0);
+  CHECK(d.world_size == 3);
+  CHECK_FALSE(in_slurm_step(env));
+  const std::string note = slurm_batch_shell_note(env);
+  CHECK(contains(note, "SLURM_PROCID=0 and SLURM_NTASKS=2 are the batch shell's"));
+  CHECK(contains(note, "srun dtrain run"));
+  // One task: nothing to warn about; mpirun's ranks in a batch shell: Open MPI decides.
+  env["SLURM_NTASKS"] = "1";
+  CHECK(slurm_batch_shell_note(env).empty());
+  env["SLURM_NTASKS"] = "2";
+  env["OMPI_COMM_WORLD_RANK"] = "1";
+  CHECK(slurm_batch_shell_note(env).empty());
+  env.erase("OMPI_COMM_WORLD_RANK");
+  // An srun task (either spelling of the step number): Slurm's place and no note.
+  for (const char* step : {"SLURM_STEP_ID", "SLURM_STEPID"}) {
+    Env task = env;
+    task[step] = "3";
+    CHECK(in_slurm_step(task));
+    CHECK(slurm_batch_shell_note(task).empty());
+    d = resolve_dist_env(task, 3, {});
+    CHECK(d.source == "slurm");
+    CHECK(d.world_size == 2);
+    CHECK(d.master_port == slurm_default_port(128401, 3));
+  }
+}
+
+TEST_CASE("slurm_default_port: below the ephemeral range, one per concurrent step") {
+  std::set<int> ports;
+  for (int step = 0; step < 16; ++step) ports.insert(slurm_default_port(128401, step));
+  CHECK(ports.size() == 16);  // 16 steps of one job at once
+  // Neighbouring jobs' steps never meet theirs.
+  size_t met = 0;
+  for (int job = 128402; job < 128401 + 1250; ++job)
+    for (int step = 0; step < 16; ++step) met += ports.count(slurm_default_port(job, step));
+  CHECK(met == 0);
+  for (int job : {0, 1, 1249, 1250, 2047, 999999, 2147483647})
+    for (int step : {0, 1, 15, 16, 4000000}) {
+      const int p = slurm_default_port(job, step);
+      CHECK(p >= 10000);
+      CHECK(p < 30000);  // Linux's ephemeral ports start at 32768
+    }
+  CHECK(slurm_default_port(12345, 0) == 27520);
 }
 
 TEST_CASE("resolve_dist_env: flags override the environment and the config") {
