@@ -184,7 +184,7 @@ void Communicator::worker_loop() {
         Tracer* tr = tracer_.load();
         if (tr != nullptr && tr->enabled()) {
           thread_local bool named = false;
-          if (!named) tr->set_thread_name("comm");
+          if (!named) tr->set_thread_name(opts_.trace_track);
           named = true;
           const int64_t ts = tr->now_us();
           task.fn(ctx);

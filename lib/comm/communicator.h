@@ -45,6 +45,9 @@ struct CommOptions {
   double timeout_s = 300.0;        // per collective and per recv (distributed.timeout_s)
   size_t segment_bytes = 1 << 20;  // ring pipelining segment
   size_t sends_in_flight = 2;      // ring sends in flight per direction (CollCtx::sends_in_flight)
+  // The trace track (thread name) of this communicator's collectives: RankGrid names its axis
+  // communicators "comm tp", "comm dp", "comm pp".
+  std::string trace_track = "comm";
 };
 
 // Completion handle of an async collective.

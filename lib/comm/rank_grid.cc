@@ -131,15 +131,17 @@ RankGrid::RankGrid(Communicator& world, int tp, int pp)
     const int n = layout_.size(a);
     auto& slot = owned_[static_cast<size_t>(a)];
     if (n == W) continue;  // the world itself
+    CommOptions opts = world.options();
+    opts.trace_track = "comm " + std::string(grid_axis_name(a));
     if (n == 1) {
-      slot = std::make_unique<Communicator>(std::make_unique<SoloTransport>(world.transport()),
-                                            world.options());
+      slot =
+          std::make_unique<Communicator>(std::make_unique<SoloTransport>(world.transport()), opts);
       continue;
     }
     const std::vector<int> members = layout_.group(world.rank(), a);
     slot = std::make_unique<Communicator>(
         make_subgroup_transport(world.transport(), members, layout_.group_id(world.rank(), a)),
-        world.options());
+        opts);
     // Errors on an axis name the world rank (and its coordinates), not the index in the group.
     slot->set_rank_namer([layout = layout_, members](int g) {
       return layout.describe(members[static_cast<size_t>(g)]);

@@ -220,11 +220,16 @@ void TrainLoop::log_start() const {
   if (!lead_) return;
   if (pipelined_) {
     const PipelineConfig& pc = cfg_.distributed.pipeline;
+    // A batch of fewer rows than micro_batches runs one micro-batch per row (the default is not
+    // refused for a small batch; a short last batch cuts further, not shown).
+    const int64_t micro = std::min<int64_t>(pc.micro_batches, cfg_.data.batch_size);
     spdlog::info(
-        "pipeline: {} stage(s) x {} replica(s), schedule {}, {} micro-batches, partition "
+        "pipeline: {} stage(s) x {} replica(s), schedule {}, {} micro-batches{}, partition "
         "{}{}; stage pp of replica dp is rank dp + {} * pp",
-        S_, DP_, to_string(pc.schedule), pc.micro_batches, to_string(pc.partition),
-        pc.activation_checkpointing ? ", activation checkpointing" : "", DP_);
+        S_, DP_, to_string(pc.schedule), micro,
+        micro < pc.micro_batches ? fmt::format(" (one per row of the batch of {})", micro) : "",
+        to_string(pc.partition), pc.activation_checkpointing ? ", activation checkpointing" : "",
+        DP_);
     for (int s = 0; s < S_; ++s) {
       const auto [a, b] = stages_[static_cast<size_t>(s)];
       spdlog::info("  stage {}: layers [{}, {}), {} parameters, est. cost {:.0f} per sample", s, a,

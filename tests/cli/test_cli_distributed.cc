@@ -352,12 +352,17 @@ TEST_CASE("--trace: the axes' collectives are in it, a failed run leaves its par
                    " --set distributed.world_size=4 --set distributed.strategy=fsdp"
                    " --set distributed.pipeline.stages=2");
   REQUIRE_MESSAGE(r.exit_code == 0, r.output);
-  std::set<std::string> names;
+  std::set<std::string> names, tracks;
   const auto j = nlohmann::json::parse(read_text(trace));
-  for (const auto& e : j.at("traceEvents"))
+  for (const auto& e : j.at("traceEvents")) {
     if (e.at("ph") == "X") names.insert(e.at("name").get<std::string>());
+    if (e.at("ph") == "M" && e.at("name") == "thread_name")
+      tracks.insert(e.at("args").at("name").get<std::string>());
+  }
   CHECK(names.count("reduce_scatter") == 1);
   CHECK(names.count("allgather") == 1);
+  // Each axis's collectives on a track of its own (the world's: "comm").
+  CHECK_MESSAGE(tracks.count("comm dp") == 1, j.dump().substr(0, 2000));
   // A failed run: each rank's part up to the failure, not nothing.
   r = run_cmd("DTRAIN_FAULT=nan:rank=1:step=2 " + kBin + " run " + cfg + " --out " + dir / "f" +
               " --trace " + dir / "f.json" + " --set distributed.world_size=2");
