@@ -694,7 +694,7 @@ int Cli::dispatch(const char* argv0) {
     check_trace_output(trace_, out_.empty() ? default_out_dir(config_path_) : out_, config_path_,
                        resume_, cfg.data);
   if (predict_->parsed() && !output_.empty())
-    check_predict_output(output_, input_, config_path_, cfg.data);
+    check_predict_output(output_, input_, checkpoint_, config_path_, cfg.data);
   if (overwrite_ && !resume_.empty())
     throw UserError(
         "--overwrite deletes the checkpoints that --resume would continue from: "

@@ -71,11 +71,28 @@ void check_not_read(const std::string& option, const std::string& output,
 }  // namespace
 
 void check_predict_output(const std::string& output, const std::string& input,
-                          const std::string& config, const DataConfig& data) {
+                          const std::string& checkpoint, const std::string& config,
+                          const DataConfig& data) {
   auto reads = config_inputs(config, data);
   reads.insert(reads.begin(), {"--input", input});
+  reads.emplace_back("--checkpoint", checkpoint);
   check_not_read("--output", output, reads, "predict");
-  check_output_file("--output", output);
+  check_output_file("--output", output);  // (a checkpoint folder's files among others)
+  // Predictions are CSV: an existing safetensors file (another checkpoint, a consolidated model)
+  // is no earlier output of predict, and replacing it would lose weights.
+  struct stat st {};
+  if (::stat(output.c_str(), &st) == 0 && S_ISREG(st.st_mode)) {
+    bool safetensors = true;
+    try {
+      read_safetensors_metadata(output);
+    } catch (const UserError&) {
+      safetensors = false;
+    }
+    if (safetensors)
+      throw UserError("--output '" + output +
+                      "' is a safetensors file (a checkpoint or model) that the predictions "
+                      "(CSV) would replace: remove it first or choose another name");
+  }
 }
 
 void check_trace_output(const std::string& trace, const std::string& out_dir,

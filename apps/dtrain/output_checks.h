@@ -13,10 +13,12 @@ namespace dtrain {
 // (manifest.json), where it would replace a checkpoint's file or be taken for one; nor replace
 // a run folder's own files (kRunFiles: summary.json, metrics.jsonl, config.json). UserError.
 void check_output_file(const std::string& option, const std::string& path);
-// predict's --output must not replace what it reads: its --input rows, the config, or the data
-// files the config names (predict reads the training data for its normaliser and classes).
+// predict's --output must not replace what it reads: its --input rows, the --checkpoint file,
+// the config, or the data files the config names (predict reads the training data for its
+// normaliser and classes); nor any existing safetensors file (weights that CSV would replace).
 void check_predict_output(const std::string& output, const std::string& input,
-                          const std::string& config, const DataConfig& data);
+                          const std::string& checkpoint, const std::string& config,
+                          const DataConfig& data);
 // run's and launch's --trace must not replace what the run reads (the config, its data files,
 // the --resume checkpoint), be the output folder, or replace the run's own files (kRunFiles,
 // whether written yet or not, and anything under its checkpoints folder).

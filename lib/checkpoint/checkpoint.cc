@@ -410,7 +410,7 @@ void save_shard(const std::string& dir, int rank, int64_t step,
     return rj.dump();
   };
   std::map<std::string, std::string> meta = {
-      {"format", "dtrain-checkpoint-shard"},
+      {"format", kShardFormatName},
       {"format_version", std::to_string(kCheckpointFormatVersion)},
       {"rank", std::to_string(rank)},
       {"step", std::to_string(step)},

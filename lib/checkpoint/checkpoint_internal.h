@@ -15,6 +15,8 @@ namespace dtrain::checkpoint_internal {
 
 inline constexpr const char* kFormatName = "dtrain-checkpoint";  // metadata / manifest "format"
 inline constexpr const char* kManifest = "manifest.json";
+// A sharded checkpoint's rank-<r>.safetensors "format" (its "format_version" is the manifest's).
+inline constexpr const char* kShardFormatName = "dtrain-checkpoint-shard";
 
 // manifest.json's checksum key (since 2026-12-04): zlib's CRC-32, as 8 hex digits, of the rest of
 // the manifest in canonical form (nlohmann::json's sorted keys, compact), so it does not depend on

@@ -2,6 +2,7 @@
 // into the full flat layout, checking every shard against the manifest.
 
 #include <algorithm>
+#include <charconv>
 #include <filesystem>
 #include <optional>
 #include <set>
@@ -13,6 +14,7 @@
 #include "checkpoint/safetensors.h"
 #include "util/check.h"
 #include "util/fs.h"
+#include "util/strings.h"
 
 namespace dtrain::checkpoint_internal {
 
@@ -38,6 +40,19 @@ void check_shard_identity(const std::string& dir, const std::string& file, const
     return UserError("checkpoint '" + dir + "': shard '" + file + "' " + what +
                      " (a shard file swapped or copied in from another checkpoint)");
   };
+  // Its own format and version, as every shard has written them since the first.
+  const auto fmt = meta("format");
+  if (!fmt || *fmt != kShardFormatName)
+    throw UserError("checkpoint '" + dir + "': shard '" + file + "' is not a dtrain shard (" +
+                    (fmt ? "format=" + shown_text(*fmt) : std::string("no format")) +
+                    " in its __metadata__, not " + kShardFormatName + ")");
+  const std::string version = meta("format_version").value_or("");
+  int64_t v = 0;
+  const auto [end, ec] = std::from_chars(version.data(), version.data() + version.size(), v);
+  if (version.empty() || ec != std::errc() || end != version.data() + version.size())
+    throw UserError("checkpoint '" + dir + "': shard '" + file + "' has format_version '" +
+                    shown_text(version) + "', not a number");
+  check_format_version(v, (fs::path(dir) / file).string());
   if (const auto r = meta("rank"); r && *r != std::to_string(rank))
     throw bad("was written by rank " + *r + ", the manifest lists it for rank " +
               std::to_string(rank));

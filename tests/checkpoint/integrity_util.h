@@ -58,6 +58,19 @@ inline void set_tensor_value(const std::string& path, const std::string& name, i
   write_safetensors(path, refs, f.metadata);
 }
 
+// Rewrites the file with __metadata__ key `key` set to `value` (erased when value is null),
+// checksums recomputed: only a check of that key can refuse it.
+inline void set_metadata(const std::string& path, const std::string& key, const char* value) {
+  StFile f = read_safetensors(path);
+  if (value == nullptr)
+    f.metadata.erase(key);
+  else
+    f.metadata[key] = value;
+  std::vector<StTensorRef> refs;
+  for (const auto& [n, t] : f.tensors) refs.push_back({n, t.shape, t.data.data()});
+  write_safetensors(path, refs, f.metadata);
+}
+
 // Rewrites the file without its "crc32" and "crc32_header" metadata, tensor bytes unchanged: a
 // file as dtrain wrote it before checksums. header_only: without "crc32_header" alone, a file
 // as dtrain wrote it between tensor and header checksums.

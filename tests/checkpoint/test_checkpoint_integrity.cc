@@ -23,6 +23,7 @@ using namespace dtrain;
 using dtrain::testing::contains;
 using dtrain::testing::flip_tensor_bit;
 using dtrain::testing::read_text;
+using dtrain::testing::set_metadata;
 using dtrain::testing::set_tensor_value;
 using dtrain::testing::strip_checksums;
 using dtrain::testing::TempDir;
@@ -204,6 +205,36 @@ TEST_CASE("a swapped or stale shard file is refused, and so is a manifest naming
   rewrite_manifest(ck, [&](nlohmann::json& man) { man["params"][1]["name"] = m.params()[0].name; });
   msg = user_error([&] { consolidate_checkpoint(ck, dir / "one.safetensors"); });
   CHECK_MESSAGE(contains(msg, "lists tensor '" + m.params()[0].name + "' twice"), msg);
+}
+
+TEST_CASE("a shard's own format and version are checked, as the manifest's are") {
+  TempDir dir;
+  const Model m = small_model();
+  const int64_t P = m.param_count();
+  std::vector<float> p(P), mom(P, 0.5f), got(P, 0.0f);
+  m.init(p.data(), 15);
+  const std::string ck = dir / "step-3", shard1 = ck + "/rank-1.safetensors";
+  const struct {
+    const char *key, *value, *expect;
+  } cases[] = {
+      {"format_version", "99", "format version 99, this dtrain reads versions"},
+      {"format_version", "0", "format version 0, this dtrain reads versions"},
+      {"format_version", "abc", "has format_version 'abc', not a number"},
+      {"format_version", nullptr, "has format_version '', not a number"},
+      {"format", "not-dtrain", "is not a dtrain shard (format=not-dtrain"},
+      {"format", nullptr, "is not a dtrain shard (no format"},
+  };
+  for (const auto& c : cases) {
+    CAPTURE(c.expect);
+    save_two_shards(ck, m, p, mom);
+    set_metadata(shard1, c.key, c.value);
+    std::string msg = user_error([&] { load_checkpoint(ck, m, got.data(), {}); });
+    CHECK_MESSAGE(contains(msg, c.expect), msg);
+    CHECK_MESSAGE(contains(msg, "rank-1.safetensors"), msg);
+    msg = user_error([&] { consolidate_checkpoint(ck, dir / "one.safetensors"); });
+    CHECK_MESSAGE(contains(msg, c.expect), msg);
+  }
+  CHECK_FALSE(std::filesystem::exists(dir / "one.safetensors"));
 }
 
 TEST_CASE("a shard left by another run's save of the same step is refused by its save id") {

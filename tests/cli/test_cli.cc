@@ -135,6 +135,24 @@ TEST_CASE("run, eval and predict on a tiny synthetic config") {
   CHECK(r.exit_code == 2);
   CHECK_MESSAGE(contains(r.output, "is the same file as data.train.path"), r.output);
   CHECK(read_text(train_csv) == "a,b,label\n1,2,0\n3,4,1\n");
+  // Nor the checkpoint it reads, given as a file outside any checkpoints folder, nor any other
+  // safetensors file (weights): the CSV replaced it and exited 0.
+  const std::string model = dir / "model.safetensors";
+  std::string latest = read_text(out + "/checkpoints/latest");
+  latest.erase(latest.find_last_not_of('\n') + 1);
+  std::filesystem::copy_file(out + "/checkpoints/" + latest, model);
+  const std::string weights = read_text(model);
+  r = run_dtrain("predict " + cfg + " --checkpoint " + model + " --input " + in + " --output " +
+                 model);
+  CHECK(r.exit_code == 2);
+  CHECK_MESSAGE(contains(r.output, "is the same file as --checkpoint"), r.output);
+  std::filesystem::copy_file(model, dir / "other.safetensors");
+  r = run_dtrain("predict " + cfg + " --checkpoint " + model + " --input " + in + " --output " +
+                 dir / "other.safetensors");
+  CHECK(r.exit_code == 2);
+  CHECK_MESSAGE(contains(r.output, "is a safetensors file"), r.output);
+  CHECK(read_text(model) == weights);
+  CHECK(read_text(dir / "other.safetensors") == weights);
 
   // Wrong feature count in the predict input: user error naming the line.
   const std::string bad = dir.write("bad.csv", "1,2,3\n");
