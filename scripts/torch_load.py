@@ -197,15 +197,11 @@ def build_sequential(m, in_shape):
     return nn.Sequential(*mods)
 
 
-def has_conv(m):
-    return any(layer_kind(e)[0] == "conv2d" for e in m["layers"])
-
-
 def sequential_input_shape(config, tensors):
-    """The per-sample input shape dtrain built the list for: [1, H, W] for IDX images under a
-    conv2d (H, W from the training images' header), else the flat width of the first Linear."""
-    m = config["model"]
-    if has_conv(m):
+    """The per-sample input shape dtrain built the list for: [1, H, W] for IDX images (H, W from
+    the training images' header; whatever the first layer is, as dtrain's data gives it), else
+    (CSV rows) the flat width of the first Linear."""
+    if config["data"].get("format", "idx") == "idx":
         with open_maybe_gzip(config["data"]["train"]["images"]) as f:
             head = f.read(16)
         return [1] + list(struct.unpack(">II", head[8:16]))
@@ -282,8 +278,8 @@ def eval_images(model, config):
         raise SystemExit("--eval reads IDX images scaled to 0..1 (data.normalize auto or scale)")
     x = torch.from_numpy(read_idx(d["test"]["images"]).astype(np.float32) / 255.0)
     y = torch.from_numpy(read_idx(d["test"]["labels"]).astype(np.int64))
-    if config["model"].get("type") == "sequential" and has_conv(config["model"]):
-        x = x.unsqueeze(1)  # [N, 1, 28, 28]
+    if config["model"].get("type") == "sequential":
+        x = x.unsqueeze(1)  # [N, 1, 28, 28], the shape dtrain gives a layer list
     else:
         x = x.reshape(x.shape[0], -1)
     loss, correct = 0.0, 0
@@ -338,7 +334,7 @@ def main():
         print(f"loaded strictly into {type(model).__name__} "
               f"({sum(p.numel() for p in model.parameters())} parameters)")
         return
-    fmt = config["data"]["format"]
+    fmt = config["data"].get("format", "idx")
     if fmt == "text":
         print(json.dumps(eval_text(model, config)))
     elif fmt == "idx":

@@ -2,9 +2,26 @@
 
 #include <map>
 
+#include "config/schema.h"
+
 namespace dtrain {
 
 namespace {
+
+// j with every key that config.json leaves out at its default (KeyDecl::omitted_at_default) set
+// to that default, so a key changed from or to its default shows both values, not "(absent)".
+nlohmann::json with_omitted_defaults(nlohmann::json j) {
+  const Config defaults;
+  for (const KeyDecl& d : config_keys()) {
+    if (!d.omitted_at_default) continue;
+    std::string p = "/" + d.path;
+    for (char& ch : p)
+      if (ch == '.') ch = '/';
+    const nlohmann::json::json_pointer ptr(p);
+    if (j.is_object() && !j.contains(ptr)) j[ptr] = d.get(defaults);
+  }
+  return j;
+}
 
 void flatten(const nlohmann::json& j, const std::string& prefix,
              std::map<std::string, std::string>& out) {
@@ -21,8 +38,8 @@ void flatten(const nlohmann::json& j, const std::string& prefix,
 std::vector<std::string> config_differences(const nlohmann::json& before,
                                             const nlohmann::json& after) {
   std::map<std::string, std::string> a, b;
-  flatten(before, "", a);
-  flatten(after, "", b);
+  flatten(with_omitted_defaults(before), "", a);
+  flatten(with_omitted_defaults(after), "", b);
   std::vector<std::string> out;
   auto ia = a.begin();
   auto ib = b.begin();

@@ -10,7 +10,8 @@
 namespace dtrain {
 
 // One line per leaf key whose value differs, in key order: "optimizer.lr: 0.05 -> 0.1". A key
-// present on one side only shows "(absent)" on the other. Lists compare as whole values.
+// config.json leaves out at its default value compares as that default; any other key present
+// on one side only shows "(absent)" on the other. Lists compare as whole values.
 std::vector<std::string> config_differences(const nlohmann::json& before,
                                             const nlohmann::json& after);
 

@@ -350,9 +350,11 @@ TEST_CASE("resume names the config keys that changed and keeps the schedule's ho
                    " --log-level warn");
   REQUIRE_MESSAGE(r.exit_code == 0, r.output);
   r = run_cmd(kBin + " run " + cfg + " --set train.max_steps=60 --set optimizer.lr=0.02 --out " +
-              out + " --resume auto");
+              out + " --resume auto --set train.preempt_signal=USR1");
   REQUIRE_MESSAGE(r.exit_code == 0, r.output);
   CHECK_MESSAGE(contains(r.output, "optimizer.lr: 0.05 -> 0.02"), r.output);
+  // A key config.json leaves out at its default shows that default, not "(absent)".
+  CHECK_MESSAGE(contains(r.output, "train.preempt_signal: \"TERM\" -> \"USR1\""), r.output);
   CHECK(contains(r.output, "train.max_steps: 30 -> 60"));
   CHECK(contains(r.output, "schedule continues as it started"));
   // Past the old horizon the cosine schedule stays at its final rate (min_lr 0), not restarted.

@@ -3,9 +3,9 @@
 # kind's checkpoint into the PyTorch module of the same names with a strict load_state_dict, and
 # PyTorch's test loss and accuracy on the same data equal `dtrain eval`'s (1e-7 relative: float32
 # forward passes in two libraries). Models: an MLP with a preset, LayerNorm and dropout; a small
-# CNN on Fashion-MNIST (conv with stride and padding, both pools); a tied GPT with default heads
-# (keys config.json omits) and an untied one with 2 heads, on text with a held-out fraction and
-# with a test file. Skipped (77) without python3-torch, or without Fashion-MNIST.
+# CNN on Fashion-MNIST (conv with stride and padding, both pools) and a layer list without a
+# conv; a tied GPT with default heads (keys config.json omits) and an untied one with 2 heads, on
+# text with a held-out fraction and with a test file. Skipped (77) without python3-torch, or without Fashion-MNIST.
 set -euo pipefail
 BIN=$1 SRC=$2
 /usr/bin/python3 -c 'import torch, numpy' 2>/dev/null || { echo "skip: python3-torch is not installed"; exit 77; }
@@ -71,6 +71,17 @@ model:
 $FMDATA
 EOF
 compare cnn "$dir/cnn.yaml"
+
+# A layer list on images without a conv2d: the input is still [1, 28, 28] (the script took the
+# first Linear's width for it: a strict load failed, or the pool saw flat rows).
+cat >"$dir/pool.yaml" <<EOF
+seed: 8
+model:
+  type: sequential
+  layers: [layer_norm, {max_pool2d: 2}, flatten, {linear: 16}, relu, {linear: 10}]
+$FMDATA
+EOF
+compare pool "$dir/pool.yaml"
 
 # Text: 40 KB of varied English-like lines, and a separate test file.
 /usr/bin/python3 - "$dir" <<'PY'
