@@ -126,9 +126,18 @@ bool TrainLoop::resume() {
     }
   }
   if (const std::string why = nothing_left_reason(cfg_, rp_, plan_); !why.empty()) {
-    if (lead_) spdlog::warn("{}", why);
-    early_summary_ = nothing_to_do_summary(why, rp_);
-    return false;  // the folder stays as it was: config.json describes its checkpoints
+    if (!run_left_unfinished()) {
+      if (lead_) spdlog::warn("{}", why);
+      early_summary_ = nothing_to_do_summary(why, rp_);
+      return false;  // the folder stays as it was: config.json describes its checkpoints
+    }
+    // Its last checkpoint written, the run ended before its final evaluation and summary (a
+    // rank lost during them, then a restart): those are all that is left to do.
+    if (lead_)
+      spdlog::warn(
+          "the checkpoint {} is at step {}, where this config stops, but the run in {} ended "
+          "before its final evaluation and summary: finishing it (no step to train)",
+          rp_.from, rp_.step, opts_.out_dir);
   }
   // Deferred by start_run_dir for a resumed run: written once the checkpoint has loaded and
   // there is something to train.
@@ -166,6 +175,34 @@ void TrainLoop::restore_progress(const std::string& progress) {
   record_samples_ = static_cast<int64_t>(v[2]);
   interval_loss_ = v[3];
   interval_samples_ = static_cast<int64_t>(v[4]);
+}
+
+// Whether the resumed checkpoint, at the step where this config stops, is this run folder's own
+// (--resume auto, or a checkpoint under --out) and the folder holds no summary of a run completed
+// at that step: its run ended after its last checkpoint, before the final evaluation and
+// summary. Rank 0 reads the folder (the other ranks' hosts may not see it) and tells the others.
+bool TrainLoop::run_left_unfinished() {
+  uint8_t unfinished = 0;
+  if (lead_) {
+    std::error_code ec;
+    const fs::path out = fs::weakly_canonical(fs::absolute(opts_.out_dir), ec);
+    const bool own =
+        opts_.resume == "auto" ||
+        path_is_within(fs::weakly_canonical(fs::absolute(rp_.from), ec).string(), out.string());
+    if (own) {
+      unfinished = 1;
+      try {
+        const nlohmann::json s =
+            nlohmann::json::parse(read_regular_file((out / "summary.json").string(), 1 << 20));
+        if (s.value("status", std::string()) == "completed" &&
+            s.value("steps", int64_t{-1}) == rp_.step)
+          unfinished = 0;
+      } catch (const std::exception&) {  // none, or unreadable: no completed run recorded
+      }
+    }
+  }
+  world_.broadcast(&unfinished, 1, 0);
+  return unfinished != 0;
 }
 
 // The checkpoint counts its place in the epoch in global batches of the run that wrote it. Under

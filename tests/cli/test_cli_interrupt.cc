@@ -211,6 +211,20 @@ TEST_CASE("an output folder holding a run is refused without --resume or --overw
   CHECK(contains(r.output, "raise train.max_steps"));
   // The folder is left as it was: its config.json still describes its checkpoints.
   CHECK(read_text(out + "/config.json") == config_before);
+  // A run that ended after its last checkpoint but before its final evaluation and summary (a
+  // rank lost during them): a restart's --resume auto finishes it instead of exiting 0 with no
+  // summary.json.
+  const auto done = nlohmann::json::parse(read_text(out + "/summary.json"));
+  std::filesystem::remove(out + "/summary.json");
+  r = run_cmd(base + " --resume auto");
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  CHECK_MESSAGE(contains(r.output, "ended before its final evaluation and summary"), r.output);
+  const auto redone = nlohmann::json::parse(read_text(out + "/summary.json"));
+  CHECK(redone["status"] == "completed");
+  CHECK(redone["steps"] == 40);
+  CHECK(redone["steps_this_run"] == 0);
+  CHECK(redone["test_accuracy"] == done["test_accuracy"]);
+  CHECK(read_text(out + "/config.json") == config_before);
   // The same into a new folder: nothing is trained, so no folder is left behind; a folder that
   // already held something keeps it.
   const std::string fresh = dir / "fresh", held = dir / "held";

@@ -17,6 +17,7 @@
 #include "comm/rendezvous/rendezvous.h"
 #include "comm/rendezvous/store.h"
 #include "dtrain.pb.h"
+#include "util/check.h"
 
 using namespace dtrain;
 using namespace dtrain::grpc_detail;
@@ -68,6 +69,8 @@ std::string error_of_result(const std::string& result, int rank, int world,
     (void)decode_join_result(result, rank, world, addr);
   } catch (const CommError& e) {
     return e.what();
+  } catch (const UserError& e) {
+    return std::string("user error: ") + e.what();
   }
   return "";
 }
@@ -121,11 +124,13 @@ TEST_CASE("rendezvous coordinator: the first refusal decides, for every rank ali
   JoinCoordinator twice(2, "cafe");
   CHECK(twice.on_set("rdzv/join/1", join_value(0, 2)) == "");
   CHECK(twice.on_set("rdzv/join/2", join_value(0, 2)) ==
-        "failrank 0 joined twice (from h:100 and h:100)");
+        "refusedrank 0 joined twice (from h:100 and h:100)");
   JoinCoordinator hash(2, "cafe");
   const std::string r = hash.on_set("rdzv/join/1", join_value(1, 2, "beef"));
-  CHECK(r == "failrank 1 has config hash beef, rank 0 has cafe");
-  CHECK(error_of_result(r, 0, 2, "h:100") == "rank 1 has config hash beef, rank 0 has cafe");
+  CHECK(r == "refusedrank 1 has config hash beef, rank 0 has cafe");
+  // A refusal is the user's to fix (exit 2, no restart); a malformed join is not.
+  CHECK(error_of_result(r, 0, 2, "h:100") ==
+        "user error: rank 1 has config hash beef, rank 0 has cafe");
   JoinCoordinator garbage(2, "cafe");
   CHECK(garbage.on_set("rdzv/join/1", "\xff\xff") == "faila malformed join: not a JoinRequest");
   CHECK(garbage.decided());

@@ -17,7 +17,9 @@ namespace {
 constexpr auto kJoinSlack = std::chrono::seconds(5);
 constexpr char kPrefix[] = "rdzv";
 constexpr std::string_view kJoinKey = "rdzv/join/";
-constexpr std::string_view kOk = "ok", kFail = "fail";
+// A result: "ok" + the peer table; "refused" + why (ranks that disagree: a launch or config
+// mistake, which a restart repeats); "fail" + why (a timeout, a shutdown, a malformed join).
+constexpr std::string_view kOk = "ok", kRefused = "refused", kFail = "fail";
 // How long rank 0, shutting down, waits for the ranks that joined to fetch the result.
 constexpr auto kAckGrace = std::chrono::seconds(2);
 }  // namespace
@@ -54,11 +56,13 @@ std::string JoinCoordinator::on_set(const std::string& key, const std::string& v
   if (decided_ || key.rfind(kJoinKey, 0) != 0) return "";  // a late joiner finds itself missing
   wire::JoinRequest req;
   std::string failure;
+  std::string_view kind = kRefused;
   try {
     req = decode_join_request(value);
     failure = join_refusal(req, world_, hash_);
   } catch (const WireError& e) {
     failure = fmt::format("a malformed join: {}", e.what());
+    kind = kFail;
   }
   const int rank = req.rank();
   if (failure.empty() && joined_.count(rank))
@@ -67,7 +71,7 @@ std::string JoinCoordinator::on_set(const std::string& key, const std::string& v
   if (!failure.empty()) {
     spdlog::debug("rendezvous failed: {}", failure);
     decided_ = true;
-    return std::string(kFail) + failure;
+    return std::string(kind) + failure;
   }
   joined_[rank] = Joined{req.listen_address(), req.shm_name(), req.tcp_port()};
   spdlog::debug("rendezvous: rank {} joined from {} ({}/{})", rank, req.listen_address(),
@@ -175,6 +179,9 @@ std::vector<PeerEntry> decode_join_result(const std::string& result, int rank, i
                                           const std::string& listen_address) {
   DT_CHECK(rank >= 0 && rank < world);
   if (result.rfind(kFail, 0) == 0) throw CommError(result.substr(kFail.size()));
+  // Ranks that disagree (config, world size, rank numbers, dtrain versions): bad input, exit 2,
+  // which launchers do not restart.
+  if (result.rfind(kRefused, 0) == 0) throw UserError(result.substr(kRefused.size()));
   wire::JoinReply reply;
   if (result.rfind(kOk, 0) != 0 || !reply.ParseFromString(result.substr(kOk.size())))
     throw CommError("rendezvous returned a malformed result");

@@ -114,10 +114,11 @@ struct PeerEntry {
 };
 
 // The peer table in a rendezvous result (the value rank 0 sets under "rdzv/result": "ok" + a
-// JoinReply, or "fail" + why) for `rank` of `world` (0 <= rank < world), which joined from
-// listen_address. Pure; throws CommError with rank 0's message, when the result is malformed
-// (not one peer per rank in rank order, an empty address), or when it lists another address
-// for this rank (it joined after the rendezvous completed).
+// JoinReply, "refused" + why or "fail" + why) for `rank` of `world` (0 <= rank < world), which
+// joined from listen_address. Pure; throws UserError with rank 0's message for a refusal (ranks
+// that disagree: join_refusal, a rank joined twice), CommError with it for a failure, when the
+// result is malformed (not one peer per rank in rank order, an empty address), or when it lists
+// another address for this rank (it joined after the rendezvous completed).
 std::vector<PeerEntry> decode_join_result(const std::string& result, int rank, int world,
                                           const std::string& listen_address);
 
