@@ -82,12 +82,21 @@ void Heartbeats::stop() {
     spdlog::warn("rank {}: {} heartbeat call(s) still in flight at shutdown", rank_, beats_->n);
 }
 
+Clock::duration Heartbeats::beat_interval() const {
+  // No faster than every 10 ms, whatever a peer claims (a forged claim must not make this rank
+  // flood the others).
+  constexpr double kFastest = 0.01;
+  double iv = heartbeat_s_ / 3;
+  std::lock_guard<std::mutex> lk(health_mu_);
+  for (const PeerHealth& h : health_)
+    if (h.beat && h.interval_s > 0 && h.interval_s < iv) iv = std::max(kFastest, h.interval_s);
+  return secs_dur(iv);
+}
+
 void Heartbeats::loop() {
-  const Clock::duration interval = secs_dur(heartbeat_s_ / 3);
-  // Peers are judged 4 times per beat interval, so a silence is noticed at most heartbeat_s / 12
-  // after it exceeds heartbeat_s (judging once per interval made that up to heartbeat_s / 3).
-  const Clock::duration tick = interval / 4;
-  Clock::time_point next_beat = Clock::now();
+  // The CPU-starvation test below is about this thread's own schedule: heartbeat_s / 3.
+  const Clock::duration own_interval = secs_dur(heartbeat_s_ / 3);
+  Clock::time_point last_beat = Clock::now(), next_beat = last_beat;
   // Checking starts once armed; it restarts from scratch when this thread got no CPU for much
   // longer than it asked (this process was stopped, or starved): the silence was ours, and
   // peers' beats may still be queued in our sockets.
@@ -97,16 +106,25 @@ void Heartbeats::loop() {
   while (!stop_) {
     lk.unlock();
     const auto now = Clock::now();
+    // Beats go out as often as the most demanding peer beats (heartbeat_s is per host): a peer
+    // gives this rank at most 2 x its own heartbeat_s of silence (peer_silence_limit), which
+    // beating every heartbeat_s / 3 of this rank's exceeds once the two differ by more than 6x.
+    const Clock::duration interval = beat_interval();
+    next_beat = std::min(next_beat, last_beat + interval);
+    // Peers are judged 4 times per beat interval, so a silence is noticed at most heartbeat_s /
+    // 12 after it exceeds heartbeat_s (judging once per interval made that up to heartbeat_s / 3).
+    const Clock::duration tick = interval / 4;
     if (!hooks_.aborted()) {
       if (now >= next_beat) {
         send_beats();
+        last_beat = now;
         next_beat = now + interval;
       }
       std::lock_guard<std::mutex> ck(check_mu_);
       if (armed_) {
         if (!baseline) {
           baseline = armed_at_;
-        } else if (now - last > 2 * interval + std::chrono::seconds(1)) {
+        } else if (now - last > 2 * own_interval + std::chrono::seconds(1)) {
           spdlog::warn(
               "rank {}: the heartbeat thread got no CPU for {:.1f} s (process stopped or "
               "starved); judging peers' heartbeats afresh",

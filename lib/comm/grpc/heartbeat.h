@@ -1,6 +1,8 @@
 // Heartbeats of the gRPC transport. From the moment the peer table is known, a thread of its
 // own sends a unary Health.Beat (with this rank's position for the desync report) to every
-// peer each heartbeat_s / 3, at most one in flight per peer, and -- once armed -- checks when
+// peer each heartbeat_s / 3 (or as often as the most frequently beating peer, when it beats more
+// often: hosts may set heartbeat_s differently, and each gives a peer at most twice its own),
+// at most one in flight per peer, and -- once armed -- checks when
 // each peer was last heard of. A peer silent for longer than heartbeat_s (or 3 of its own
 // intervals, at most 2 x heartbeat_s: peer_silence_limit) is failed through the owner's hook
 // as if its stream had ended: a frozen process (SIGSTOP) keeps its sockets open, and a rank that
@@ -85,6 +87,9 @@ class Heartbeats {
     bool closed = false;  // stop() ran: no new calls
   };
   // What this rank last heard from a peer's beats.
+  // How often to beat now: heartbeat_s / 3, or the shortest interval a peer beats at (at least
+  // 10 ms), if shorter.
+  Clock::duration beat_interval() const;
   struct PeerHealth {
     bool beat = false;  // a beat arrived
     Clock::time_point heard;
