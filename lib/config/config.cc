@@ -251,7 +251,9 @@ class Reader final : public config_detail::KeyErrors {
     if (!within_values(docs[0], kMaxConfigValues))
       fail_at("", docs[0].Mark(),
               "the config expands to more than " + std::to_string(kMaxConfigValues) +
-                  " values once its YAML aliases are followed: not a training config");
+                  " values or " + std::to_string(kMaxConfigDepth) +
+                  " levels once its YAML aliases are followed (an alias inside the node it "
+                  "names?): not a training config");
     return docs[0];
   }
 
@@ -321,6 +323,13 @@ class Reader final : public config_detail::KeyErrors {
       } catch (const YAML::Exception& e) {
         throw UserError(where + ": the value is not valid YAML: " + e.msg);
       }
+      // As for the file (load): every later walk follows the aliases.
+      if (!within_values(value, kMaxConfigValues))
+        throw UserError(where + ": the value expands to more than " +
+                        std::to_string(kMaxConfigValues) + " values or " +
+                        std::to_string(kMaxConfigDepth) +
+                        " levels once its YAML aliases are followed (an alias inside the node "
+                        "it names?)");
     }
 
     expect_section(root, "");

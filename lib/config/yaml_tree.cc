@@ -6,15 +6,18 @@ namespace dtrain {
 
 namespace {
 
-// Counts n's nodes down from `budget`; false once it runs out.
-bool count_down(const YAML::Node& n, int64_t& budget) {
-  if (--budget < 0) return false;
+// Counts n's nodes down from `budget`; false once it runs out or the nesting passes
+// kMaxConfigDepth (an alias inside the node it names is a cycle: endless, and deep enough to
+// overflow the stack long before the budget runs out).
+bool count_down(const YAML::Node& n, int64_t& budget, int depth) {
+  if (--budget < 0 || depth > kMaxConfigDepth) return false;
   if (n.IsSequence()) {
     for (const auto& e : n)
-      if (!count_down(e, budget)) return false;
+      if (!count_down(e, budget, depth + 1)) return false;
   } else if (n.IsMap()) {
     for (const auto& kv : n)
-      if (!count_down(kv.first, budget) || !count_down(kv.second, budget)) return false;
+      if (!count_down(kv.first, budget, depth + 1) || !count_down(kv.second, budget, depth + 1))
+        return false;
   }
   return true;
 }
@@ -23,7 +26,7 @@ bool count_down(const YAML::Node& n, int64_t& budget) {
 
 bool within_values(const YAML::Node& n, int64_t limit) {
   int64_t budget = limit;
-  return count_down(n, budget);
+  return count_down(n, budget, 0);
 }
 
 int64_t occurrences(const YAML::Node& n, const YAML::Node& target) {

@@ -14,9 +14,12 @@ namespace dtrain {
 // few hundred; aliases nested in aliases (a "billion laughs" of a few hundred bytes) have more
 // than any walk could visit.
 inline constexpr int64_t kMaxConfigValues = 100000;
+// The deepest nesting a config may reach with its aliases followed (a training config has 4
+// levels; an alias inside the node it names nests without end).
+inline constexpr int kMaxConfigDepth = 200;
 
-// Whether the tree under n has at most `limit` nodes, aliases followed each time; stops
-// counting past the limit, so it is cheap on any tree.
+// Whether the tree under n has at most `limit` nodes and kMaxConfigDepth levels, aliases
+// followed each time; stops counting past either, so it is cheap (and shallow) on any tree.
 bool within_values(const YAML::Node& n, int64_t limit);
 
 // How often `target` (the node itself, not an equal one) occurs in the tree under n: more than

@@ -685,6 +685,18 @@ TEST_CASE("--set overrides replace values before validation") {
     }
     bomb += "]\n";
     CHECK(error_of(bomb, {}).find("expands to more than 100000 values") != std::string::npos);
+    // The same in a --set value (was: unbounded, minutes per level), and an alias inside the
+    // node it names, in the file or in --set (was: a stack overflow, exit 139).
+    std::string value = bomb.substr(bomb.find('['));
+    value.pop_back();  // the newline
+    CHECK(error_of(kSynthetic, {"model.hidden=" + value})
+              .starts_with("--set model.hidden=[&a0 [1,1,1,1,1,1,1,1,1,1], &a1"));
+    CHECK(error_of(kSynthetic, {"model.hidden=" + value}).find("expands to more than 100000") !=
+          std::string::npos);
+    CHECK(error_of("model: &a {hidden: *a}\n", {}).find("an alias inside the node it names") !=
+          std::string::npos);
+    CHECK(error_of(kSynthetic, {"model.hidden=&a [*a]"}).find("or 200 levels") !=
+          std::string::npos);
   }
   SUBCASE("an override below a file value that is not a mapping reports the file") {
     CHECK(error_of("model: mlp\n", {"model.hidden=[1]"})

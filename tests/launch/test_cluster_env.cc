@@ -4,6 +4,7 @@
 
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 
 #include "launch/dist_env.h"
@@ -259,4 +260,39 @@ TEST_CASE("keep_global_batch: per-rank batch first, then accumulation, else a cl
   const std::string e = user_error([] { keep_global_batch(32, 1, 4, 3); });
   CHECK(contains(e, "cannot keep the global batch 128"));
   CHECK(contains(e, "on 3 ranks"));
+}
+
+TEST_CASE("keep_global_batch: the rule by brute force on small batches, and no endless search") {
+  // The rule as written (rule 2 by trying every accumulation in turn) against the function.
+  for (int64_t bs = 1; bs <= 12; ++bs)
+    for (int64_t acc = 1; acc <= 7; ++acc)
+      for (int w = 1; w <= 5; ++w)
+        for (int nw = 1; nw <= 6; ++nw) {
+          CAPTURE(bs);
+          CAPTURE(acc);
+          CAPTURE(w);
+          CAPTURE(nw);
+          const int64_t g = bs * w * acc;
+          std::optional<BatchPlan> want;
+          for (int64_t a = acc; a * nw <= g && !want; ++a)
+            if (g % (nw * a) == 0) want = BatchPlan{g / (nw * a), a};
+          if (want) {
+            const BatchPlan got = keep_global_batch(bs, acc, w, nw);
+            CHECK(got.batch_size == want->batch_size);
+            CHECK(got.grad_accum == want->grad_accum);
+          } else {
+            CHECK(contains(user_error([&] { keep_global_batch(bs, acc, w, nw); }),
+                           "cannot keep the global batch"));
+          }
+        }
+  // A huge accumulation (was: a search of ~2^40 steps, a launcher spinning past SIGTERM), and
+  // products past int64 (were undefined), answer at once.
+  CHECK(contains(user_error([] { keep_global_batch(1, (int64_t{1} << 40) + 1, 3, 2); }),
+                 "is not a multiple of 2"));
+  // 4 x 3 x 2^40 on 8 ranks: 3 x 2^39 each, whose smallest divisor above 2^40 is itself.
+  const BatchPlan p = keep_global_batch(3, int64_t{1} << 40, 4, 8);
+  CHECK(p.batch_size == 1);
+  CHECK(p.grad_accum == 3 * (int64_t{1} << 39));
+  CHECK(contains(user_error([] { keep_global_batch(1, int64_t{1} << 62, 4, 3); }),
+                 "above 2^50 samples"));
 }
