@@ -35,23 +35,29 @@ double quantile(std::vector<double> v, double q) {
 }
 
 // The hook's state: steps of the current block, then as many replays; one ratio per block.
+// Times are per micro-batch (a step of k micro-batches: its time / k against k replays / k): a
+// step at an epoch's end runs fewer than train.grad_accum_steps, and one epoch of fewer batches
+// than that runs them all in one step.
 struct Interleave {
   GemmReplay* replay;
   int block;
-  int64_t accum;  // micro-batches per step: the step's GEMMs are `accum` replays
   std::vector<double> steps_now, all_steps, all_gemm, ratios;
+  std::vector<int64_t> micro_now, all_micro;
   int blocks_seen = 0;
 
-  void after_step(double step_s) {
-    steps_now.push_back(step_s);
+  void after_step(double step_s, int64_t micro) {
+    micro = std::max<int64_t>(1, micro);
+    steps_now.push_back(step_s / static_cast<double>(micro));
+    micro_now.push_back(micro);
     if (static_cast<int>(steps_now.size()) < block) return;
     std::vector<double> g;
     {
       FlushSubnormals ftz;  // as Model::forward and backward run their layers
       for (int i = 0; i < block; ++i) {
+        const int64_t k = micro_now[static_cast<size_t>(i)];
         double t = 0.0;
-        for (int64_t a = 0; a < accum; ++a) t += replay->timed_step();
-        g.push_back(t);
+        for (int64_t a = 0; a < k; ++a) t += replay->timed_step();
+        g.push_back(t / static_cast<double>(k));
       }
     }
     // The first block pays for first touches of every buffer and the data: a warm-up.
@@ -59,8 +65,10 @@ struct Interleave {
       ratios.push_back(median(g) / median(steps_now));
       all_steps.insert(all_steps.end(), steps_now.begin(), steps_now.end());
       all_gemm.insert(all_gemm.end(), g.begin(), g.end());
+      all_micro.insert(all_micro.end(), micro_now.begin(), micro_now.end());
     }
     steps_now.clear();
+    micro_now.clear();
   }
 };
 
@@ -80,14 +88,14 @@ int bench_step(const Config& cfg_in, const StepBenchOptions& o) {
   cfg.train.checkpoint.every_steps = 0;
   StepGemms s = record_step_gemms(cfg);
   GemmReplay replay(s.calls);
-  Interleave il{&replay, o.block, cfg.train.grad_accum_steps, {}, {}, {}, {}, 0};
+  Interleave il{&replay, o.block, {}, {}, {}, {}, {}, {}, 0};
 
   char tmpl[] = "/tmp/dtrain-bench-step-XXXXXX";
   if (!::mkdtemp(tmpl)) throw std::runtime_error("cannot create a temp folder for the run");
   RunOptions ro;
   ro.out_dir = tmpl;
   ro.evaluate = false;
-  ro.after_step = [&](int, int64_t, double step_s) { il.after_step(step_s); };
+  ro.after_step = [&](int, int64_t, double step_s, int64_t micro) { il.after_step(step_s, micro); };
   nlohmann::json summary;
   try {
     summary = run_training(cfg, ro);
@@ -100,10 +108,13 @@ int bench_step(const Config& cfg_in, const StepBenchOptions& o) {
   fs::remove_all(tmpl, ec);
   if (il.ratios.empty()) throw UserError("bench step: the run ended before its second block");
 
-  const double per_step = static_cast<double>(s.batch * cfg.train.grad_accum_steps);
+  // A step: its usual micro-batch count (the median one), each of s.batch samples.
+  std::vector<double> micro(il.all_micro.begin(), il.all_micro.end());
+  const double k = median(micro);
+  const double per_step = static_cast<double>(s.batch) * k;
   const double unit_per_sample = s.tokens_per_sample > 0 ? s.tokens_per_sample : 1.0;
   const char* unit = s.tokens_per_sample > 0 ? "tokens/s" : "samples/s";
-  const double step_ms = median(il.all_steps) * 1e3, gemm_ms = median(il.all_gemm) * 1e3;
+  const double step_ms = median(il.all_steps) * k * 1e3, gemm_ms = median(il.all_gemm) * k * 1e3;
   const double frac = median(il.ratios);
   const double rate = per_step * unit_per_sample / (step_ms * 1e-3);
   const double bound = per_step * unit_per_sample / (gemm_ms * 1e-3);

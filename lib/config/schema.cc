@@ -92,8 +92,8 @@ std::vector<KeyDecl> model_keys(const Owners& o) {
           .omitted_at_default_value(),
       key(
           "model.n_layer", [](auto& c) -> auto& { return c.model.n_layer; },
-          R"doc(gpt: transformer blocks, ≥ 1)doc")
-          .min(1)
+          R"doc(gpt: transformer blocks, 1 to 4096)doc")
+          .range(1, 4096)
           .by(o.gpt)
           .omitted_at_default_value(),
       key(
@@ -104,14 +104,14 @@ std::vector<KeyDecl> model_keys(const Owners& o) {
           .omitted_at_default_value(),
       key(
           "model.n_embd", [](auto& c) -> auto& { return c.model.n_embd; },
-          R"doc(gpt: embedding width C, ≥ 1)doc")
-          .min(1)
+          R"doc(gpt: embedding width C, 1 to 65536)doc")
+          .range(1, 65536)
           .by(o.gpt)
           .omitted_at_default_value(),
       key(
           "model.block_size", [](auto& c) -> auto& { return c.model.block_size; },
-          R"doc(gpt: context length T (positions), ≥ 1; text samples are windows of T + 1 bytes)doc")
-          .min(1)
+          R"doc(gpt: context length T (positions), 1 to 2^20; text samples are windows of T + 1 bytes)doc")
+          .range(1, int64_t{1} << 20)
           .by(o.gpt)
           .omitted_at_default_value(),
       key(
@@ -235,8 +235,8 @@ std::vector<KeyDecl> data_keys(const Owners& o) {
           .by(o.synthetic),
       key(
           "data.synthetic.classes", [](auto& c) -> auto& { return c.data.synthetic.classes; },
-          R"doc(≥ 2)doc")
-          .min(2)
+          R"doc(2 to 2^20)doc")
+          .range(2, int64_t{1} << 20)
           .by(o.synthetic),
       key(
           "data.synthetic.noise", [](auto& c) -> auto& { return c.data.synthetic.noise; },

@@ -677,6 +677,7 @@ nlohmann::json TrainLoop::run() {
     if (cfg_.train.epochs > 0 && epoch_ >= cfg_.train.epochs) break;
     if (!pipelined_ && strategy_->in_sync(step_ + 1)) stop_vote.begin_step();
     const auto step_t0 = Clock::now();
+    const int64_t batch_before = batch_;
     try {
       step();
     } catch (const AgreedError&) {
@@ -686,7 +687,8 @@ nlohmann::json TrainLoop::run() {
     apply_step_faults(opts_.faults, rank_, step_, world_);  // DTRAIN_FAULT; a delay is step time
     const double step_s = seconds_since(step_t0);
     train_s_ += step_s;
-    if (opts_.after_step) opts_.after_step(rank_, step_, step_s);  // outside the step's time
+    if (opts_.after_step)  // outside the step's time
+      opts_.after_step(rank_, step_, step_s, batch_ - batch_before);
     const bool epoch_done = batch_ >= bpe_;
     if (epoch_done) {
       ++epoch_;

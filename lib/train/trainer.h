@@ -39,9 +39,10 @@ struct RunOptions {
   // figures).
   bool evaluate = true;
   // Benchmarks (`dtrain bench step`): called by every rank on its own thread after each optimizer
-  // step with (rank, step, the step's seconds as train_s counts them); its own time is not counted
-  // in train_s. Must be thread-safe when several in-process ranks run. Empty: not called.
-  std::function<void(int rank, int64_t step, double step_s)> after_step;
+  // step with (rank, step, the step's seconds as train_s counts them, its micro-batches: up to
+  // train.grad_accum_steps, fewer at an epoch's end); its own time is not counted in train_s.
+  // Must be thread-safe when several in-process ranks run. Empty: not called.
+  std::function<void(int rank, int64_t step, double step_s, int64_t micro_batches)> after_step;
 };
 
 // Trains per `cfg` with the in-process backend (world_size ranks as threads of this process)

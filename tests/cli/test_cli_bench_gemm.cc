@@ -150,9 +150,10 @@ TEST_CASE("after_step is called once per optimizer step with the time train_s co
   ro.out_dir = dir / "run";
   std::vector<int64_t> steps;
   double sum = 0.0;
-  ro.after_step = [&](int rank, int64_t step, double step_s) {
+  ro.after_step = [&](int rank, int64_t step, double step_s, int64_t micro) {
     CHECK(rank == 0);
     CHECK(step_s > 0.0);
+    CHECK(micro == 1);
     steps.push_back(step);
     sum += step_s;
   };
@@ -160,6 +161,20 @@ TEST_CASE("after_step is called once per optimizer step with the time train_s co
   REQUIRE(steps.size() == 13);
   for (size_t i = 0; i < steps.size(); ++i) CHECK(steps[i] == static_cast<int64_t>(i) + 1);
   CHECK(s["train_s"].get<double>() == doctest::Approx(sum).epsilon(1e-9));
+}
+
+TEST_CASE("bench step: steps of fewer micro-batches than grad_accum_steps are replayed as run") {
+  // 200 samples in batches of 7: 29 batches an epoch, so an accumulation of 1000 runs 29
+  // micro-batches a step (was: 1000 replays against it, a "fraction of the bound" above 1000).
+  TempDir dir;
+  const std::string cfg = dir.write("mlp.yaml", kMlpCfg);
+  const auto r = run_cmd(kBin + " --log-level warn bench step " + cfg +
+                         " --steps 4 --block 2 --set train.grad_accum_steps=1000");
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  const auto j = nlohmann::json::parse(r.output.substr(r.output.rfind('{')));
+  // The step contains its GEMMs: far from the bound's multiples.
+  CHECK_MESSAGE(j["fraction_of_bound"].get<double>() < 3.0, r.output);
+  CHECK(j["fraction_of_bound"].get<double>() > 0.0);
 }
 
 TEST_CASE("bench step times blocks of real steps against their GEMMs") {
