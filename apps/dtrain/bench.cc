@@ -4,6 +4,8 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
+#include <new>
 #include <string>
 #include <thread>
 #include <type_traits>
@@ -39,7 +41,8 @@ std::vector<int64_t> parse_sizes(const std::string& text) {
       throw UserError("bad size '" + tok + "' (use e.g. 4M, 512K, 1G)");
     // Written so that NaN ("nan", "nanK": strtod reads them) fails too.
     if (tok.empty() || stop == tok.c_str() || !(v >= 0) || !(v * static_cast<double>(mult) <= 8e9))
-      throw UserError("bad size '" + tok + "' (use e.g. 4M, 512K, 1G; at most 8G)");
+      throw UserError("bad size '" + tok +
+                      "' (use e.g. 4M, 512K, 1G; at most 8000000000 bytes, 7450M)");
     const double exact = v * static_cast<double>(mult);
     const int64_t bytes = static_cast<int64_t>(exact);
     if (bytes == 0)
@@ -146,6 +149,7 @@ int bench_comm_inproc(int nproc, const CommBenchOptions& o) {
   auto transports = make_inproc_group(nproc);
   std::vector<std::thread> threads;
   std::vector<std::string> errors(static_cast<size_t>(nproc));
+  std::vector<std::exception_ptr> out_of_memory(static_cast<size_t>(nproc));
   for (int r = 0; r < nproc; ++r)
     threads.emplace_back([&, r] {
       Communicator comm(std::move(transports[static_cast<size_t>(r)]), comm_options(o));
@@ -153,10 +157,15 @@ int bench_comm_inproc(int nproc, const CommBenchOptions& o) {
         bench_comm_rank(comm, o);
       } catch (const std::exception& e) {
         errors[static_cast<size_t>(r)] = e.what();
+        // Kept as it is: main reports an allocation failure as "out of memory", exit 2.
+        if (dynamic_cast<const std::bad_alloc*>(&e) != nullptr)
+          out_of_memory[static_cast<size_t>(r)] = std::current_exception();
         comm.abort(e.what());
       }
     });
   for (auto& t : threads) t.join();
+  for (const auto& e : out_of_memory)
+    if (e) std::rethrow_exception(e);
   for (const auto& e : errors)
     if (!e.empty()) throw CommError(e);
   return 0;

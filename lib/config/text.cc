@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "config/schema.h"
+#include "util/strings.h"
 
 namespace dtrain::config_detail {
 namespace {
@@ -67,7 +68,9 @@ std::string closest(std::string_view word, const KeyList& candidates) {
   std::string best;
   size_t best_d = std::numeric_limits<size_t>::max();
   for (std::string_view c : candidates) {
-    if (c.empty()) continue;
+    // Longer than c by more than 3 (the largest limit): neither close nor a prefix of c, and
+    // the distance's table would be |word| x |c| (a pasted megabyte took seconds and gigabytes).
+    if (c.empty() || w.size() > c.size() + 3) continue;
     const std::string lc = to_lower(c);
     const size_t d = edit_distance(w, lc);
     const size_t limit = std::max<size_t>(1, std::min<size_t>(3, lc.size() / 3));
@@ -97,7 +100,8 @@ std::string key_suggestion(std::string_view section, std::string_view key) {
 }
 
 std::string enum_problem(const std::string& got, const KeyList& choices) {
-  std::string msg = "must be one of " + join_list(choices, ", ") + " (got '" + got + "'";
+  std::string msg =
+      "must be one of " + join_list(choices, ", ") + " (got '" + shown_text(got, 200) + "'";
   const std::string s = closest(got, choices);
   if (!s.empty()) msg += "; did you mean '" + s + "'?";
   return msg + ")";

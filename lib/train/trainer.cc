@@ -187,13 +187,17 @@ void check_training_memory(const Config& cfg, const Model& model, size_t first, 
                      : type == ModelType::kSequential            ? "model.layers"
                      : cfg.model.complexity != Complexity::kNone ? "model.complexity"
                                                                  : "model.hidden";
+  // Under tensor parallelism `model` is one tensor rank's slice.
+  const int64_t tp = cfg.distributed.tensor_parallel.size;
+  const std::string slice =
+      tp > 1 ? fmt::format(" in each of its {} tensor-parallel slices", tp) : std::string();
   throw UserError(fmt::format(
-      "the model has {} parameters ({}): training needs about {:.1f} GiB for parameters, "
+      "the model has {} parameters{} ({}): training needs about {:.1f} GiB for parameters, "
       "gradients and optimizer state and {:.1f} GiB for the activations of a batch of {} "
       "(data.batch_size) ({} {} rank(s) in this process, strategy {}), more than the {:.1f} GiB "
       "this process can allocate; use a smaller model or batch, or more ranks with a sharded "
       "strategy (fsdp) or a pipeline",
-      model.param_count(), keys, state / gib, acts / gib, cfg.data.batch_size, here,
+      model.param_count(), slice, keys, state / gib, acts / gib, cfg.data.batch_size, here,
       to_string(cfg.distributed.backend), to_string(s), static_cast<double>(avail) / gib));
 }
 

@@ -476,6 +476,11 @@ TEST_CASE("every range and enum rule, via --set") {
     CAPTURE(c.set);
     CHECK(set_error(c.set) == "--set " + c.set + ": " + c.message);
   }
+  // A pasted megabyte as an enum value: its size shown, not its bytes, and no |value| x |choice|
+  // table for the "did you mean" (it took seconds and ~100 bytes of memory per byte).
+  const std::string huge = set_error("model.activation=" + std::string(size_t{1} << 20, 'r'));
+  CHECK_MESSAGE(huge.find("r... (1048576 bytes)')") != std::string::npos,
+                huge.substr(huge.size() - 200));
   // The boundary values themselves are accepted.
   for (const char* ok :
        {"optimizer.momentum=0", "model.dropout=0", "data.test_fraction=0", "seed=0",
