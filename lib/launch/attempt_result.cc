@@ -58,6 +58,18 @@ std::optional<int> local_decision(const LaunchOptions& o, const AttemptResult& r
                    r.rank_stop_code);
     return stop_rc;
   }
+  // A rank signalled on its own before its peers failed: while the ranks start (before their
+  // first step) they cannot yet agree to stop together, so it stopped alone and they failed
+  // without it. The signal is the cause: a stop to pass through, not a failure to restart (bad
+  // input found meanwhile still counts as such). (rank_stop_code is only recorded before any
+  // failure.)
+  if (r.rank_stop_code != 0 && r.failed && !r.any_user_error && !r.abandoned) {
+    spdlog::warn(
+        "not restarting: rank {} was signalled (exit status {}) and its peers then failed "
+        "without it ({}): the job stops",
+        r.rank_stop_rank, r.rank_stop_code, r.failure_cause());
+    return r.rank_stop_code;
+  }
   if (!r.failed && !r.abandoned) {
     if (attempt > 0)
       spdlog::info("all {} rank(s) finished after {} restart(s)", nproc, attempt);
