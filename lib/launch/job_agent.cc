@@ -144,6 +144,7 @@ struct JobAgent::Impl {
   std::vector<NodeOutcome> collect_outcomes(Store& s, int attempt, Clock::time_point deadline) {
     std::vector<NodeOutcome> all;
     for (int n : members) {
+      readmit(s, n);
       const std::string k = key(attempt, "outcome/" + std::to_string(n));
       std::optional<std::string> v;
       while (!v) {
@@ -206,9 +207,17 @@ struct JobAgent::Impl {
     }
   }
 
+  // Node 0, a job of fixed size: member n, found lost in an earlier attempt (stopped, say), is
+  // heard from again: a member like the others (its outcome and its reading of the decision are
+  // waited for), no longer given up at once. (An elastic job drops lost members instead.)
+  void readmit(Store& s, int n) {
+    if (!elastic() && n != 0 && lost.count(n) && !silent(s, n)) lost.erase(n);
+  }
+
   // Node 0: a member gone silent is lost; it is reported to the others as a failure.
   void watch_members(Store& s, int attempt, RemoteNews& news) {
     for (int n : members) {
+      readmit(s, n);
       if (n == 0 || lost.count(n) || !silent(s, n)) continue;
       lost.insert(n);
       const std::string what = lost_text(n);

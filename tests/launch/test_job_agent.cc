@@ -324,6 +324,46 @@ TEST_CASE(
                          std::runtime_error);
     CHECK(since(t0) < 20);  // the report timeout is 60 s
   }
+  SUBCASE("node 1 lost in attempt 1, back for attempt 2: node 0 waits for it again") {
+    const NodeOutcome ok;
+    // Its launcher stopped (SIGSTOP) past lost_after_s, then continued: node 0 restarted the job
+    // with it. In attempt 2 node 0 gave it 200 ms to report and did not wait for it to read the
+    // decision (still counted lost): node 0 exited 0 and node 1 failed to read the decision.
+    const int port = pick_free_port();
+    const AgentOptions o0 = quick_loss(0, port), o1 = quick_loss(1, port);
+    auto a0 = std::make_unique<JobAgent>(o0);
+    JobAgent a1(o1);
+    auto f0 = std::async(std::launch::async, [&] { a0->join(2); });
+    a1.join(2);
+    f0.get();
+    RemoteNews n;  // node 1 silent: lost
+    for (int i = 0; i < 300 && n.failures.empty(); ++i) {
+      n = a0->poll(0);
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    REQUIRE(n.failures.size() == 1);
+    auto g1 = std::async(std::launch::async, [&] { return a1.finish(0, remote, 1); });
+    const JobDecision d0 = a0->finish(0, failed(n.failures[0], false, 1), 1);
+    REQUIRE(d0.restart);
+    CHECK(g1.get().restart);
+    // Attempt 2: node 1 polls as a running launcher does, and reports after 1.5 s.
+    auto h1 = std::async(std::launch::async, [&] {
+      for (int i = 0; i < 15; ++i) {
+        a1.poll(1);
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      }
+      return a1.finish(1, ok, 1);
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    a0->poll(1);
+    const JobDecision e0 = a0->finish(1, ok, 1);
+    a0.reset();  // node 0's launcher exits at once with its decision
+    const JobDecision e1 = h1.get();
+    CHECK(e0.rc == 0);
+    CHECK_FALSE(e0.restart);
+    CHECK(e1.rc == 0);
+    CHECK_FALSE(e1.restart);
+  }
   SUBCASE("node 0 alive but deciding late: node 1 waits on past lost_after_s for its decision") {
     const int port = pick_free_port();
     const AgentOptions o0 = quick_loss(0, port), o1 = quick_loss(1, port);
