@@ -51,6 +51,13 @@ NodeOutcome failed(const std::string& cause, bool killed, int64_t when) {
   return o;
 }
 
+// Nodes 0 and 1 of a 2-node job join (each join waits for the other).
+void join_both(JobAgent& a0, JobAgent& a1) {
+  auto f0 = std::async(std::launch::async, [&] { a0.join(2); });
+  a1.join(2);
+  f0.get();
+}
+
 }  // namespace
 
 TEST_CASE("decide_attempt: one decision for the whole job from every node's outcome") {
@@ -310,9 +317,7 @@ TEST_CASE(
     const AgentOptions o0 = quick_loss(0, port), o1 = quick_loss(1, port);
     auto a0 = std::make_unique<JobAgent>(o0);
     JobAgent a1(o1);
-    auto f0 = std::async(std::launch::async, [&] { a0->join(2); });
-    a1.join(2);
-    f0.get();
+    join_both(*a0, a1);
     a0.reset();  // node 0's launcher is gone
     const auto t0 = std::chrono::steady_clock::now();
     if (polled) {
@@ -333,9 +338,7 @@ TEST_CASE(
     const AgentOptions o0 = quick_loss(0, port), o1 = quick_loss(1, port);
     auto a0 = std::make_unique<JobAgent>(o0);
     JobAgent a1(o1);
-    auto f0 = std::async(std::launch::async, [&] { a0->join(2); });
-    a1.join(2);
-    f0.get();
+    join_both(*a0, a1);
     RemoteNews n;  // node 1 silent: lost
     for (int i = 0; i < 300 && n.failures.empty(); ++i) {
       n = a0->poll(0);
