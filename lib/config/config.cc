@@ -229,6 +229,14 @@ class Reader final : public config_detail::KeyErrors {
   }
 
   YAML::Node load(const std::string& text) const {
+    // YAML text holds no NUL (yaml-cpp stops there and blames the next character instead).
+    if (const size_t nul = text.find('\0'); nul != std::string::npos) {
+      YAML::Mark at;
+      at.line = static_cast<int>(std::count(text.begin(), text.begin() + nul, '\n'));
+      const size_t line_start = text.rfind('\n', nul);
+      at.column = static_cast<int>(nul - (line_start == std::string::npos ? 0 : line_start + 1));
+      fail_at("", at, "a NUL byte: a config is text, and this file is not");
+    }
     std::vector<YAML::Node> docs;
     try {
       refuse_stuck_documents(text);

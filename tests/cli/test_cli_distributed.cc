@@ -67,6 +67,21 @@ TEST_CASE("dtrain launch --nproc 2 trains the smoke config over gRPC as CI runs 
   CHECK(std::filesystem::exists(dir / "smoke/logs/rank-1.log"));
 }
 
+TEST_CASE("a distributed.bind that is no address of this host is named, exit 2, not restarted") {
+  // Was: rank 0 blamed its rendezvous port ("port in use?"), exit 1, and only rank 1's log
+  // named the address.
+  TempDir dir;
+  const auto r =
+      run_cmd(kBin + " launch --nproc 2 --max-restarts 1 " + kSrc + "/configs/smoke.yaml --out " +
+              dir / "b" + " --set distributed.bind=not-an-address");
+  CHECK_MESSAGE(r.exit_code == 2, r.output);
+  CHECK_MESSAGE(contains(r.output,
+                         "distributed.bind 'not-an-address' is not an address of this "
+                         "host"),
+                r.output);
+  CHECK_FALSE(contains(r.output, "restart 1 of 1"));
+}
+
 TEST_CASE("gRPC ranks and in-process ranks compute the same parameters, W = 2, 3, 4") {
   // In-process ranks equal one process with batch W*b (tests/train); equal parameters here
   // carry that fidelity over to the gRPC backend. Adam and an uneven last batch included.

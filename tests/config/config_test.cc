@@ -687,6 +687,10 @@ TEST_CASE("--set overrides replace values before validation") {
     CHECK(c.data.batch_size == 4);
     CHECK(c.train.max_steps == 8);
   }
+  SUBCASE("a NUL byte is named where it is (yaml-cpp blamed the character after it)") {
+    const std::string nul = std::string("model: {hidden: [4], activation: re") + '\0' + "lu}\n";
+    CHECK(error_of(nul, {}) == "x.yaml:1:36: a NUL byte: a config is text, and this file is not");
+  }
   SUBCASE("aliases nested in aliases (a billion laughs) are refused at once") {
     std::string bomb = "model:\n  hidden: [&a0 [1,1,1,1,1,1,1,1,1,1]";
     for (int i = 1; i < 12; ++i) {

@@ -131,6 +131,12 @@ void GrpcTransport::start_server() {
   server_ = b.BuildAndStart();
   if (!server_ || data_port == 0 || (rank_ == 0 && master_port == 0)) {
     server_.reset();
+    // A bind address given that gRPC cannot listen on (its ephemeral port cannot be taken):
+    // that setting, not the rendezvous port, is what to fix.
+    if (data_port == 0 && !o_.bind.empty() && !is_wildcard(o_.bind) && !is_loopback_host(o_.bind))
+      throw UserError(fmt::format(
+          "rank {} cannot listen on {}: distributed.bind '{}' is not an address of this host",
+          rank_, data_addr, o_.bind));
     if (rank_ == 0 && master_port == 0)
       throw CommError(fmt::format(
           "rank 0 cannot listen on {} for the rendezvous (port in use or address not local?)",
