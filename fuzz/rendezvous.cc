@@ -11,8 +11,9 @@
 // seeds (complete, refused and timed-out rendezvous).
 //
 // Checked besides "no crash, no sanitizer report": every store call answers with its value or
-// a CommError, an asynchronous wait answers exactly once, and a result "ok" lists every rank
-// once in rank order with the address it joined from, which each rank's decoder accepts.
+// a CommError (a result's decoder: a UserError for a refusal), an asynchronous wait answers exactly
+// once, and a result "ok" lists every rank once in rank order with the address it joined from,
+// which each rank's decoder accepts.
 #include <algorithm>
 #include <chrono>
 #include <map>
@@ -23,6 +24,7 @@
 
 #include "comm/rendezvous/rendezvous.h"
 #include "fuzz_util.h"
+#include "util/check.h"
 
 namespace {
 using namespace dtrain;
@@ -122,6 +124,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       try {  // what each rank's decoder makes of these bytes as a result
         (void)decode_join_result(req.value(), 0, world, "a:1");
       } catch (const CommError&) {
+      } catch (const UserError&) {  // a refusal ("failrefused: ...")
       }
       if (req.key().rfind("rdzv/join/", 0) == 0) {
         try {

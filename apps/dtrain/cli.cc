@@ -210,7 +210,8 @@ int cmd_run(const Config& cfg, const std::string& config_path, std::string out,
   opts.out_dir = out.empty() ? default_out_dir(config_path) : std::move(out);
   opts.resume = resume;
   const auto env = current_environment();
-  if (const std::string note = slurm_batch_shell_note(env); !note.empty()) spdlog::warn(note);
+  if (const std::string note = slurm_batch_shell_note(env); !note.empty() && !flags.any())
+    spdlog::warn(note);
   const bool multiprocess = is_multiprocess(cfg, env, flags);
   const bool rank0 =
       !multiprocess ||

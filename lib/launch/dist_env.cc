@@ -118,6 +118,8 @@ std::string slurm_batch_shell_note(const std::map<std::string, std::string>& env
   if (procid == nullptr || ntasks == nullptr || in_slurm_step(env) || *ntasks == "1") return "";
   for (const RankVars& v : kRankVars)  // (mpirun's ranks in a batch shell: those decide)
     if (env.count(v.rank) || env.count(v.world)) return "";
+  for (const char* var : {"PET_NODE_RANK", "PET_NNODES", "JOB_COMPLETION_INDEX"})
+    if (env.count(var)) return "";  // another source decides
   return "SLURM_PROCID=" + shown_text(*procid) + " and SLURM_NTASKS=" + shown_text(*ntasks) +
          " are the batch shell's, not an srun step's (no SLURM_STEP_ID): ignored, the run "
          "follows the config; start the ranks with `srun dtrain run ...`";

@@ -96,8 +96,8 @@ bool in_slurm_step(const std::map<std::string, std::string>& env);
 int slurm_default_port(int job_id, int step_id);
 
 // For `dtrain run` started in an sbatch batch shell of more than one task (SLURM_PROCID and
-// SLURM_NTASKS > 1 but no srun step): a warning that they are ignored and how to start the
-// ranks; "" otherwise.
+// SLURM_NTASKS > 1 but no srun step) with no other launcher's variables: a warning that they are
+// ignored and how to start the ranks; "" otherwise. (Rank flags decide too: the caller checks.)
 std::string slurm_batch_shell_note(const std::map<std::string, std::string>& env);
 
 // This process's environment (environ) as a map; for a name given twice the first wins, as

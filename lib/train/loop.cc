@@ -179,7 +179,7 @@ void TrainLoop::restore_progress(const std::string& progress) {
 
 // Whether the resumed checkpoint, at the step where this config stops, is this run folder's own
 // (--resume auto, or a checkpoint under --out) and the folder holds no summary of a run completed
-// at that step: its run ended after its last checkpoint, before the final evaluation and
+// at (or past) that step: its run ended after its last checkpoint, before the final evaluation and
 // summary. Rank 0 reads the folder (the other ranks' hosts may not see it) and tells the others.
 bool TrainLoop::run_left_unfinished() {
   uint8_t unfinished = 0;
@@ -194,8 +194,10 @@ bool TrainLoop::run_left_unfinished() {
       try {
         const nlohmann::json s =
             nlohmann::json::parse(read_regular_file((out / "summary.json").string(), 1 << 20));
+        // (A run completed past this checkpoint's step, resumed from an older one of its
+        // checkpoints under a shorter plan, is finished too: its results are left alone.)
         if (s.value("status", std::string()) == "completed" &&
-            s.value("steps", int64_t{-1}) == rp_.step)
+            s.value("steps", int64_t{-1}) >= rp_.step)
           unfinished = 0;
       } catch (const std::exception&) {  // none, or unreadable: no completed run recorded
       }

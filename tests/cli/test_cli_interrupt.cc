@@ -225,6 +225,16 @@ TEST_CASE("an output folder holding a run is refused without --resume or --overw
   CHECK(redone["steps_this_run"] == 0);
   CHECK(redone["test_accuracy"] == done["test_accuracy"]);
   CHECK(read_text(out + "/config.json") == config_before);
+  // An older checkpoint of the folder, of a run completed past it, under a plan that ends there:
+  // nothing to train, the folder's results left alone.
+  const std::string step20 = out + "/checkpoints/step-20.safetensors";
+  REQUIRE(std::filesystem::exists(step20));
+  const std::string summary_done = read_text(out + "/summary.json");
+  r = run_cmd(kBin + " run " + cfg + " --set train.max_steps=20 --out " + out + " --resume " +
+              step20);
+  CHECK_MESSAGE(r.exit_code == 0, r.output);
+  CHECK_MESSAGE(contains(r.output, "nothing to train"), r.output);
+  CHECK(read_text(out + "/summary.json") == summary_done);
   // The same into a new folder: nothing is trained, so no folder is left behind; a folder that
   // already held something keeps it.
   const std::string fresh = dir / "fresh", held = dir / "held";

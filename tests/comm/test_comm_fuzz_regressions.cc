@@ -124,10 +124,10 @@ TEST_CASE("rendezvous coordinator: the first refusal decides, for every rank ali
   JoinCoordinator twice(2, "cafe");
   CHECK(twice.on_set("rdzv/join/1", join_value(0, 2)) == "");
   CHECK(twice.on_set("rdzv/join/2", join_value(0, 2)) ==
-        "refusedrank 0 joined twice (from h:100 and h:100)");
+        "failrefused: rank 0 joined twice (from h:100 and h:100)");
   JoinCoordinator hash(2, "cafe");
   const std::string r = hash.on_set("rdzv/join/1", join_value(1, 2, "beef"));
-  CHECK(r == "refusedrank 1 has config hash beef, rank 0 has cafe");
+  CHECK(r == "failrefused: rank 1 has config hash beef, rank 0 has cafe");
   // A refusal is the user's to fix (exit 2, no restart); a malformed join is not.
   CHECK(error_of_result(r, 0, 2, "h:100") ==
         "user error: rank 1 has config hash beef, rank 0 has cafe");

@@ -901,14 +901,15 @@ EVERY_PATH_TEST_CASE("grpc: a frozen peer (SIGSTOP) is detected by its missing h
 }
 
 TEST_CASE("grpc: ranks with different heartbeat_s do not take each other for frozen") {
-  // Rank 0 (heartbeat_s 1) expects a beat every 0.33 s; rank 1 (10) would send one every 3.3 s,
-  // more than the 2 s (2 x its own heartbeat_s) rank 0 allows any peer: rank 1 beats as often
-  // as rank 0 does once it hears it (was: rank 0 failed rank 1 after 2 s, and 2 vs 7.5 was the
-  // most apart that worked). 6 s cover that twice.
+  // Rank 0 (heartbeat_s 1) expects a beat every 0.33 s; rank 1 (40) would send one every 13 s,
+  // far more than the 2 s (2 x its own heartbeat_s) rank 0 allows any peer: rank 1 beats as
+  // often as rank 0 does, from the moment it hears it (its loop, otherwise asleep for 3.3 s
+  // between checks, is woken). Was: rank 0 failed rank 1 after 2 s; 2 vs 7.5 was the most apart
+  // that worked. 6 s cover rank 0's limit three times.
   const int port = free_port();
   Job job = connect_job(2, [&](int r) {
     GrpcOptions o = options(r, 2, port);
-    o.heartbeat_s = r == 0 ? 1.0 : 10.0;
+    o.heartbeat_s = r == 0 ? 1.0 : 40.0;
     return o;
   });
   require_ok(job);

@@ -136,7 +136,8 @@ void Heartbeats::loop() {
     }
     last = now;
     lk.lock();
-    stop_cv_.wait_for(lk, tick, [&] { return stop_; });
+    stop_cv_.wait_for(lk, tick, [&] { return stop_ || faster_peer_; });
+    faster_peer_ = false;
   }
 }
 
@@ -251,13 +252,18 @@ grpc::ServerUnaryReactor* Heartbeats::on_beat(grpc::CallbackServerContext* ctx,
   }
   const auto now = Clock::now();
   const wire::Position& p = req->position();
+  bool faster = false;
   {
     std::lock_guard<std::mutex> lk(health_mu_);
     PeerHealth& h = health_[src];
+    // First heard at an interval shorter than this rank's (beat_interval follows it), or at a
+    // shorter one than before.
+    const double iv = req->interval_s();
+    faster = iv > 0 && iv < heartbeat_s_ / 3 && (!h.beat || iv < h.interval_s);
     h.beat = true;
     h.heard = now;
     // As the peer says; check_peers bounds what it does (peer_silence_limit).
-    h.interval_s = req->interval_s();
+    h.interval_s = iv;
     h.pos.completed = p.completed();
     h.pos.active = p.active();
     h.pos.op = static_cast<CommOp>(p.op());
@@ -265,6 +271,13 @@ grpc::ServerUnaryReactor* Heartbeats::on_beat(grpc::CallbackServerContext* ctx,
     h.pos.count = p.count();
     // Capped (a day) so that a bogus value cannot overflow the clock arithmetic.
     h.pos.since = now - std::chrono::milliseconds(std::min<uint64_t>(p.since_ms(), 86400000));
+  }
+  if (faster) {
+    {
+      std::lock_guard<std::mutex> lk(stop_mu_);
+      faster_peer_ = true;
+    }
+    stop_cv_.notify_all();
   }
   // Before the acknowledgement: the aborting peer waits for it before closing its connections.
   if (!req->aborted().empty() && hooks_.peer_aborted)

@@ -131,9 +131,12 @@ class Heartbeats {
   std::shared_ptr<InFlight> beats_ = std::make_shared<InFlight>();
   mutable std::mutex health_mu_;
   std::vector<PeerHealth> health_;  // guarded by health_mu_
-  std::mutex stop_mu_;              // guards stop_
+  std::mutex stop_mu_;              // guards stop_ and faster_peer_
   std::condition_variable stop_cv_;
   bool stop_ = false;
+  // A peer said it beats more often than this rank's loop wakes: wake it now (its tick may be
+  // far longer than that peer allows this rank's silence).
+  bool faster_peer_ = false;
   // Guarded by check_mu_, which is held while peers are judged.
   std::mutex check_mu_;
   bool armed_ = false;

@@ -17,9 +17,10 @@ namespace {
 constexpr auto kJoinSlack = std::chrono::seconds(5);
 constexpr char kPrefix[] = "rdzv";
 constexpr std::string_view kJoinKey = "rdzv/join/";
-// A result: "ok" + the peer table; "refused" + why (ranks that disagree: a launch or config
-// mistake, which a restart repeats); "fail" + why (a timeout, a shutdown, a malformed join).
-constexpr std::string_view kOk = "ok", kRefused = "refused", kFail = "fail";
+// A result: "ok" + the peer table; "failrefused: " + why (ranks that disagree: a launch or config
+// mistake, which a restart repeats; a "fail" still, so that an older dtrain's rank shows the
+// reason); "fail" + why (a timeout, a shutdown, a malformed join).
+constexpr std::string_view kOk = "ok", kRefused = "failrefused: ", kFail = "fail";
 // How long rank 0, shutting down, waits for the ranks that joined to fetch the result.
 constexpr auto kAckGrace = std::chrono::seconds(2);
 }  // namespace
@@ -178,10 +179,10 @@ void RendezvousHost::shutdown(const std::string& why) {
 std::vector<PeerEntry> decode_join_result(const std::string& result, int rank, int world,
                                           const std::string& listen_address) {
   DT_CHECK(rank >= 0 && rank < world);
-  if (result.rfind(kFail, 0) == 0) throw CommError(result.substr(kFail.size()));
   // Ranks that disagree (config, world size, rank numbers, dtrain versions): bad input, exit 2,
   // which launchers do not restart.
   if (result.rfind(kRefused, 0) == 0) throw UserError(result.substr(kRefused.size()));
+  if (result.rfind(kFail, 0) == 0) throw CommError(result.substr(kFail.size()));
   wire::JoinReply reply;
   if (result.rfind(kOk, 0) != 0 || !reply.ParseFromString(result.substr(kOk.size())))
     throw CommError("rendezvous returned a malformed result");

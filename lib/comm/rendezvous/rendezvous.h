@@ -46,7 +46,8 @@ wire::JoinRequest decode_join_request(std::span<const char> bytes);
 // coordinator's to see.) Pure.
 std::string join_refusal(const wire::JoinRequest& req, int world, const std::string& hash);
 
-// Where rank 0 publishes the rendezvous result ("ok" + JoinReply | "fail" + why).
+// Where rank 0 publishes the rendezvous result ("ok" + JoinReply | "failrefused: " + why |
+// "fail" + why).
 inline constexpr char kRendezvousResultKey[] = "rdzv/result";
 
 // The coordinator's decisions, without threads, store or clock: it sees every set of the store
@@ -56,7 +57,8 @@ class JoinCoordinator {
  public:
   JoinCoordinator(int world, std::string hash) : world_(world), hash_(std::move(hash)) {}
   // Judges a set of the store: returns the result a join key's value decides ("ok" + the peer
-  // table once the last rank joined, "fail" + why at the first refusal), and "" while
+  // table once the last rank joined, "failrefused: " + why at the first refusal, "fail" + why
+  // for a malformed join), and "" while
   // undecided, for other keys and for everything once decided.
   std::string on_set(const std::string& key, const std::string& value);
   // Decides the rendezvous (a timeout, a shutdown) unless it was decided; whether this call did.
@@ -114,10 +116,10 @@ struct PeerEntry {
 };
 
 // The peer table in a rendezvous result (the value rank 0 sets under "rdzv/result": "ok" + a
-// JoinReply, "refused" + why or "fail" + why) for `rank` of `world` (0 <= rank < world), which
-// joined from listen_address. Pure; throws UserError with rank 0's message for a refusal (ranks
-// that disagree: join_refusal, a rank joined twice), CommError with it for a failure, when the
-// result is malformed (not one peer per rank in rank order, an empty address), or when it lists
+// JoinReply, "failrefused: " + why or "fail" + why) for `rank` of `world` (0 <= rank < world),
+// which joined from listen_address. Pure; throws UserError with rank 0's message for a refusal
+// (ranks that disagree: join_refusal, a rank joined twice), CommError with it for a failure, when
+// the result is malformed (not one peer per rank in rank order, an empty address), or when it lists
 // another address for this rank (it joined after the rendezvous completed).
 std::vector<PeerEntry> decode_join_result(const std::string& result, int rank, int world,
                                           const std::string& listen_address);
