@@ -45,13 +45,13 @@ TEST_CASE("a model too large for this machine's memory is refused before it is a
 
 TEST_CASE("a model whose activations cannot fit is refused before training, naming them") {
   TempDir dir;
-  // 100,000 blocks of a tiny GPT: 4.9 GiB of training state, but each block keeps 33 [T, C]
-  // buffers and the attention probabilities per sample (T 64, C 16: ~180 KiB), so a batch of 12
-  // needs ~216 GiB. Before, the start-up check passed and the first step grew past the machine's
-  // memory.
+  // 2,000 blocks of a tiny GPT: little training state, but each block keeps 33 [T, C] buffers
+  // and the attention probabilities per sample (T 1024, C 16, 2 heads: ~10 MiB), so a batch of
+  // 12 needs ~240 GiB. Before, the start-up check passed and the first step grew past the
+  // machine's memory.
   const auto r = run_cmd(kBin + " run " + kSrc +
-                         "/configs/lm_jargon.yaml --set model.n_layer=100000 --set model.n_embd=16 "
-                         "--set model.n_head=2 --out " +
+                         "/configs/lm_jargon.yaml --set model.n_layer=2000 --set model.n_embd=16 "
+                         "--set model.n_head=2 --set model.block_size=1024 --out " +
                          dir / "deep" + " 2>&1");
   INFO(r.output);
   CHECK(r.exit_code == 2);
