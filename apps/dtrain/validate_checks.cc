@@ -58,9 +58,11 @@ void check_layout_without_data(const Config& cfg) {
   }
   const Shape sample = train_sample_shape_without_loading(cfg.data);
   if (sample.empty()) return;
-  int64_t classes = cfg.data.format == DataFormat::kText        ? kTextVocab
-                    : cfg.data.format == DataFormat::kSynthetic ? cfg.data.synthetic.classes
-                                                                : 0;
+  // Synthetic labels are i % classes over the samples: fewer samples than classes, fewer labels.
+  int64_t classes = cfg.data.format == DataFormat::kText ? kTextVocab
+                    : cfg.data.format == DataFormat::kSynthetic
+                        ? std::min(cfg.data.synthetic.classes, cfg.data.synthetic.samples)
+                        : 0;
   if (cfg.data.format == DataFormat::kIdx) {
     classes = idx_label_classes(cfg.data.train.labels);
     if (!cfg.data.test.labels.empty())

@@ -240,8 +240,8 @@ std::vector<KeyDecl> data_keys(const Owners& o) {
           .by(o.synthetic),
       key(
           "data.synthetic.noise", [](auto& c) -> auto& { return c.data.synthetic.noise; },
-          R"doc(Std-dev around each class centre, ≥ 0)doc")
-          .non_negative()
+          R"doc(Std-dev around each class centre, 0 to 1e6)doc")
+          .range(0, 1e6)
           .by(o.synthetic),
       key(
           "data.synthetic.seed", [](auto& c) -> auto& { return c.data.synthetic.seed; },

@@ -79,7 +79,10 @@ bool parse_double(std::string_view s, double* out) {
 // (per CsvOptions::header) whether it is a header; next() then yields the data rows.
 class CsvReader {
  public:
-  CsvReader(const std::string& path, const CsvOptions& opts)
+  // known_header: a first row equal to it is a header whatever its cells look like (predict's
+  // input carrying the training file's own feature names, numeric-looking ones included).
+  CsvReader(const std::string& path, const CsvOptions& opts,
+            const std::vector<std::string>& known_header = {})
       : path_(path), delim_(opts.delimiter), text_(read_maybe_gzip(path)) {
     if (text_.compare(0, 3, "\xEF\xBB\xBF") == 0) pos_ = 3;  // UTF-8 byte order mark
     if (delim_ == '"' || delim_ == '\n' || delim_ == '\r' || delim_ == '\0') {
@@ -87,7 +90,12 @@ class CsvReader {
     }
     if (!next_line(&first_, &first_line_)) return;  // no rows at all: has_rows() is false
     cols_ = static_cast<int64_t>(first_.size());
-    if (opts.header == CsvHeader::kAuto) {
+    const bool known =
+        !known_header.empty() &&
+        std::equal(first_.begin(), first_.end(), known_header.begin(), known_header.end());
+    if (known) {
+      has_header_ = true;
+    } else if (opts.header == CsvHeader::kAuto) {
       // A header is a row of names: every non-empty cell is text. A row that mixes numbers and
       // text is ambiguous -- a header with numeric names, or a data row with a bad cell, which
       // taking it as a header would drop silently -- so it is refused, naming both readings.
@@ -366,7 +374,7 @@ std::string csv_columns_problem(const std::string& what, const std::vector<std::
 std::vector<float> load_csv_features(const std::string& path, const CsvOptions& opts,
                                      int64_t expected_features, int64_t* rows_out,
                                      const std::vector<std::string>& columns) {
-  CsvReader r(path, opts);
+  CsvReader r(path, opts, columns);
   if (!r.has_rows()) throw UserError("empty input: '" + path + "' has no rows");
   if (r.has_header() && static_cast<int64_t>(r.cols()) == expected_features) {
     const std::string why = csv_columns_problem("'" + path + "'", r.header(), columns);

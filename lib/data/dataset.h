@@ -64,9 +64,10 @@ DataSplits load_data(const DataConfig& cfg, int64_t seed);
 // Format loaders (raw, unnormalised). Exposed for tests.
 Dataset load_idx(const std::string& images_path, const std::string& labels_path);
 Dataset load_csv(const std::string& path, const CsvOptions& opts);
-// Parses CSV of features only (no label column): predict inputs. Header per opts.header. When the
-// file has a header and `columns` (the training data's names) is not empty, the names must be
-// those, in that order (UserError naming both).
+// Parses CSV of features only (no label column): predict inputs. Header per opts.header; a first
+// row equal to `columns` (the training data's names) is a header in any case. When the file has
+// a header and `columns` is not empty, the names must be those, in that order (UserError naming
+// both).
 std::vector<float> load_csv_features(const std::string& path, const CsvOptions& opts,
                                      int64_t expected_features, int64_t* rows_out,
                                      const std::vector<std::string>& columns = {});
@@ -81,7 +82,9 @@ int64_t idx_label_count(const std::string& labels_path);
 // counts classes; UserError as load_idx for a file that is not one (0 for no labels).
 int64_t idx_label_classes(const std::string& labels_path);
 // The image shape [1, rows, cols] in an IDX images file's header (magic 0x00000803), gzip or
-// not, reading only its first 16 (decompressed) bytes; {} when it cannot be read or is not one.
+// not, reading only its first 16 (decompressed) bytes; {} when it cannot be read, is not one, or
+// gives more than 2^31 pixels an image (load_idx says what is wrong); UserError, as load_idx's,
+// for images of 0 pixels.
 Shape idx_image_shape(const std::string& images_path);
 Dataset make_synthetic(const SyntheticOptions& opts, int64_t seed);
 

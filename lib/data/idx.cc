@@ -375,7 +375,15 @@ Shape idx_image_shape(const std::string& images_path) {
   const int got = gzread(f, head.data(), 16);
   gzclose(f);
   if (got != 16 || read_be32(head, 0) != kImagesMagic) return {};
-  return {1, static_cast<int64_t>(read_be32(head, 8)), static_cast<int64_t>(read_be32(head, 12))};
+  const uint64_t rows = read_be32(head, 8), cols = read_be32(head, 12);
+  // As load_idx refuses it (a model cannot be built for it).
+  if (rows == 0 || cols == 0)
+    throw UserError("IDX images file '" + images_path + "' has images of 0 pixels (" +
+                    std::to_string(rows) + "x" + std::to_string(cols) + ")");
+  // Past any real image (and past int64 once multiplied out): left to load_idx, which measures
+  // the header against the file's size.
+  if (rows * cols > (uint64_t{1} << 31)) return {};
+  return {1, static_cast<int64_t>(rows), static_cast<int64_t>(cols)};
 }
 
 Dataset load_idx(const std::string& images_path, const std::string& labels_path) {

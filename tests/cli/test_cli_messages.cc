@@ -580,6 +580,33 @@ TEST_CASE("validate refuses the layouts and layer lists run refuses, without rea
     CHECK_MESSAGE(contains(r.output, c.want), r.output);
   }
   CHECK(run_dtrain("validate " + cnn).exit_code == 0);
+  // An IDX header of 0-pixel images, or of images past int64 once multiplied out: refused as
+  // run refuses them, or left to run (was: SIGFPE, or an internal CHECK, exit 1).
+  dir.write("img0.idx", be32(0x803) + be32(2) + be32(0) + be32(4));
+  dir.write("imgbig.idx", be32(0x803) + be32(1) + be32(0xffffffffu) + be32(0xffffffffu));
+  for (const char* img : {"img0.idx", "imgbig.idx"})
+    for (const char* layers : {"[flatten, {linear: 2}]", "[layer_norm, flatten, {linear: 2}]"}) {
+      CAPTURE(img);
+      CAPTURE(layers);
+      const auto r = run_dtrain("validate " + cnn + " --set data.train.images=" + (dir / img) +
+                                " --set 'model.layers=" + layers + "'");
+      CHECK_FALSE(contains(r.output, "internal error"));
+      CHECK(r.exit_code != 1);
+      CHECK(r.exit_code < 128);  // no signal
+      if (std::string(img) == "img0.idx")
+        CHECK_MESSAGE(contains(r.output, "has images of 0 pixels (0x4)"), r.output);
+    }
+  // Synthetic labels are i % classes: 5 samples of "8 classes" have 5, as run counts them.
+  const std::string few =
+      dir.write("few.yaml",
+                "model: {type: sequential, layers: [{linear: 5}]}\n"
+                "data: {format: synthetic, synthetic: {samples: 5, features: 4, classes: 8}, "
+                "batch_size: 5}\n"
+                "train: {max_steps: 1}\n");
+  auto v = run_dtrain("validate " + few);
+  CHECK_MESSAGE(v.exit_code == 0, v.output);
+  v = run_dtrain("validate " + few + " --set 'model.layers=[{linear: 8}]'");
+  CHECK_MESSAGE(contains(v.output, "the data has 5 classes"), v.output);
   // Launched ranks get their world size from the launcher: a gRPC config's grid is run's to judge.
   CHECK(run_dtrain("validate " + tiny + " --set distributed.backend=grpc --set " +
                    "distributed.strategy=pipeline")

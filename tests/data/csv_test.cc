@@ -241,6 +241,14 @@ TEST_CASE("csv: load_csv_features") {
   CHECK(contains(msg, "column 2"));
   CHECK(contains(user_error([&] { load_csv_features(t.write("e.csv", ""), opts(), 2, &rows); }),
                  "no rows"));
+  // The training file's own header, numeric-looking names and all (which auto-detection refuses
+  // as a mixed row), is a header: predict's input may carry it.
+  const std::string numeric = t.write("num.csv", "a,2019\n0.3,2\n");
+  CHECK(contains(user_error([&] { load_csv_features(numeric, opts(), 2, &rows); }),
+                 "the first row mixes"));
+  CHECK(load_csv_features(numeric, opts(), 2, &rows, {"a", "2019"}) ==
+        std::vector<float>{0.3f, 2.0f});
+  CHECK(rows == 1);
   // A header naming the training data's columns in another order (or other names): refused,
   // since the model reads by position (it predicted from swapped features before); the same
   // names, or no header, pass.
