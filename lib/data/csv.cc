@@ -172,7 +172,10 @@ class CsvReader {
       pos_ = end + 1;
       ++line_;
       if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
-      if (line.find_first_not_of(" \t") == std::string_view::npos) continue;
+      // Blank: nothing but spaces and tabs -- a tab that is the delimiter separates (empty)
+      // cells, which are reported, not skipped.
+      const std::string_view blank = delim_ == '\t' ? std::string_view(" ") : " \t";
+      if (line.find_first_not_of(blank) == std::string_view::npos) continue;
       split(line, cells);
       *line_no = line_;
       return true;

@@ -130,6 +130,12 @@ TEST_CASE("csv: CRLF, blank lines, spaces, other delimiters, quotes") {
 
   const Dataset tab = load_csv(t.write("t.tsv", "a\tb\ty\n1\t2\t3\n"), opts("auto", "", '\t'));
   CHECK(tab.x == std::vector<float>{1, 2});
+  // A row of only delimiters is a row of empty cells, reported, as ",," is (it was skipped as
+  // a blank line); a blank line (spaces only) is still skipped.
+  const std::string holes = t.write("h.tsv", "a\tb\ty\n1\t2\t3\n\t\t\n  \n");
+  CHECK(contains(user_error([&] { load_csv(holes, opts("auto", "", '\t')); }),
+                 "h.tsv:3: column 1 (\"a\"): empty cell"));
+  CHECK(load_csv(t.write("b.tsv", "a\tb\ty\n1\t2\t3\n  \n"), opts("auto", "", '\t')).x.size() == 2);
 
   const std::string q = t.write("q.csv", "\"f,1\",\"say \"\"hi\"\"\",\"y\"\n\"1\",2,\"0\"\n");
   const Dataset quoted = load_csv(q, opts("auto", "say \"hi\""));
