@@ -64,10 +64,22 @@ ModelShape resolve_model_shape(const Config& cfg, const DataSplits& data) {
         "outputs, and no training sample teaches the last {}",
         s.num_classes - 1, s.train_classes - 1, s.num_classes, s.num_classes - s.train_classes);
   if (cfg.model.num_classes > 0) {
-    if (s.num_classes > cfg.model.num_classes)
+    if (s.num_classes > cfg.model.num_classes) {
+      // Which split holds it, and the first sample that does (its row: CSV lines and IDX
+      // records count from the data, sample 0 first).
+      const bool in_train = data.train.num_classes > cfg.model.num_classes;
+      const std::vector<int32_t>& ys = in_train ? data.train.y : data.test.y;
+      const auto first =
+          std::find_if(ys.begin(), ys.end(), [&](int32_t v) { return v >= cfg.model.num_classes; });
       throw UserError(
-          "the data has label " + std::to_string(s.num_classes - 1) +
+          std::string(in_train ? "the training data (data.train)" : "the test data") +
+          " has label " +
+          std::to_string((in_train ? data.train.num_classes : data.test.num_classes) - 1) +
+          (first != ys.end() ? " (the first out of range: label " + std::to_string(*first) +
+                                   " of sample " + std::to_string(first - ys.begin()) + ")"
+                             : std::string()) +
           ", out of range for model.num_classes = " + std::to_string(cfg.model.num_classes));
+    }
     s.num_classes = cfg.model.num_classes;
   }
   if (s.num_classes < 2)

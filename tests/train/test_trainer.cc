@@ -172,8 +172,13 @@ TEST_CASE("a model shape that contradicts the data is a user error") {
   TempDir dir;
   RunOptions opts;
   opts.out_dir = dir / "run";
-  CHECK_THROWS_AS(run_training(parse_config(kSynthetic, "s.yaml", {"model.num_classes=3"}), opts),
-                  UserError);
+  // Labels 0..3 (sample i has label i % 4): the first above num_classes 3 is sample 3's, in the
+  // training split, which the message names.
+  CHECK_THROWS_WITH_AS(
+      run_training(parse_config(kSynthetic, "s.yaml", {"model.num_classes=3"}), opts),
+      doctest::Contains("the training data (data.train) has label 3 (the first out of range: "
+                        "label 3 of sample"),
+      UserError);
   CHECK_THROWS_AS(
       run_training(parse_config(kSynthetic, "s.yaml", {"model.input_features=13"}), opts),
       UserError);
