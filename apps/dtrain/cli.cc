@@ -612,7 +612,9 @@ void Cli::add_file_commands(CLI::App& app) {
   CLI::App* ckpt_cmd = app.add_subcommand("checkpoint", "convert checkpoints");
   ckpt_cmd->require_subcommand(1);
   consolidate_ = ckpt_cmd->add_subcommand(
-      "consolidate", "write a sharded checkpoint (zero1/zero2/fsdp) as one safetensors file");
+      "consolidate",
+      "write a sharded checkpoint (zero1/zero2/fsdp, pipeline, tensor parallel) as one "
+      "safetensors file");
   consolidate_
       ->add_option("dir", ckpt_in_,
                    "sharded checkpoint folder (checkpoints/step-<N>), or a run or checkpoints "

@@ -459,7 +459,7 @@ std::vector<KeyDecl> strategy_keys(const Owners& o) {
   return {
       key(
           "distributed.ddp.bucket_mb", [](auto& c) -> auto& { return c.distributed.ddp.bucket_mb; },
-          R"doc(DDP gradient bucket cap in MiB, > 0: each bucket's all-reduce starts as soon as backward has produced its gradients; a bucket never exceeds the cap unless one layer alone does. zero1 and zero2 shard along these buckets. Accepted with every strategy (ignored by fsdp, local_sgd, pipeline and compression). Measured: see "Benchmarks")doc")
+          R"doc(DDP gradient bucket cap in MiB, > 0: each bucket's all-reduce starts as soon as backward has produced its gradients; a bucket never exceeds the cap unless one layer alone does. zero1 and zero2 shard along these buckets. Accepted with every strategy (ignored by fsdp, local_sgd and compression; a pipeline's data-parallel all-reduces use it). Measured: see "Benchmarks")doc")
           .positive(),
       key(
           "distributed.local_sgd.sync_every",
