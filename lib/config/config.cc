@@ -11,7 +11,6 @@
 #include "config/config.h"
 
 #include <yaml-cpp/depthguard.h>
-#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -31,6 +30,7 @@
 
 #include "config/internal.h"
 #include "config/schema.h"
+#include "config/yaml_text.h"
 #include "config/yaml_tree.h"
 #include "util/check.h"
 #include "util/fs.h"
@@ -71,43 +71,6 @@ std::string trim(std::string_view s) {
   while (!s.empty() && is_space(s.back())) s.remove_suffix(1);
   return std::string(s);
 }
-
-// Where the last document handed to it began, and its first node (positions in the text, -1
-// when unknown): what Reader::refuse_stuck_documents compares between documents.
-class DocumentStarts : public YAML::EventHandler {
- public:
-  std::pair<int, int> at{-1, -1};
-  YAML::Mark first_mark = YAML::Mark::null_mark();
-
-  void OnDocumentStart(const YAML::Mark& m) override {
-    at = {m.pos, -1};
-    first_mark = m;
-  }
-  void OnDocumentEnd() override {}
-  void OnNull(const YAML::Mark& m, YAML::anchor_t) override { first(m); }
-  void OnAlias(const YAML::Mark& m, YAML::anchor_t) override { first(m); }
-  void OnScalar(const YAML::Mark& m, const std::string&, YAML::anchor_t,
-                const std::string&) override {
-    first(m);
-  }
-  void OnSequenceStart(const YAML::Mark& m, const std::string&, YAML::anchor_t,
-                       YAML::EmitterStyle::value) override {
-    first(m);
-  }
-  void OnSequenceEnd() override {}
-  void OnMapStart(const YAML::Mark& m, const std::string&, YAML::anchor_t,
-                  YAML::EmitterStyle::value) override {
-    first(m);
-  }
-  void OnMapEnd() override {}
-
- private:
-  void first(const YAML::Mark& m) {
-    if (at.second != -1) return;
-    at.second = m.pos;
-    first_mark = m;
-  }
-};
 
 std::string describe(const YAML::Node& n) {
   switch (n.Type()) {
@@ -200,46 +163,16 @@ class Reader final : public config_detail::KeyErrors {
 
   // ---- pass 1: YAML text and overrides ----
 
-  // yaml-cpp 0.7's LoadAll never ends when a document starts with a token no node begins with
-  // (a ',' at the top level: ",\n", "---\n,"): it yields empty documents without consuming the
-  // token, allocating until memory runs out (a 2-byte config took 19 s and 3.6 GB before
-  // bad_alloc; found by fuzz/config.cc). Walking the documents first, a document that starts
-  // where the previous one did, with its first event at the same place, made no progress:
-  // refused there, naming the character.
-  void refuse_stuck_documents(const std::string& text) const {
-    std::istringstream in(text);
-    YAML::Parser parser(in);
-    DocumentStarts starts;
-    std::pair<int, int> last{-2, -2};
-    while (parser.HandleNextDocument(starts)) {
-      if (starts.at == last) {
-        const int pos = starts.at.second;
-        const char ch = pos >= 0 && static_cast<size_t>(pos) < text.size() ? text[pos] : '?';
-        fail_at("", starts.first_mark,
-                std::string("unexpected '") + ch + "': the YAML reader cannot go past it" +
-                    (ch == ',' ? " (',' separates items only inside [ ] or { })" : ""));
-      }
-      last = starts.at;
-    }
-  }
-
   static std::string too_deep(int depth) {
     return "collections nested " + std::to_string(depth) +
            " levels deep, past the YAML reader's limit (a dtrain config nests at most 4)";
   }
 
   YAML::Node load(const std::string& text) const {
-    // YAML text holds no NUL (yaml-cpp stops there and blames the next character instead).
-    if (const size_t nul = text.find('\0'); nul != std::string::npos) {
-      YAML::Mark at;
-      at.line = static_cast<int>(std::count(text.begin(), text.begin() + nul, '\n'));
-      const size_t line_start = text.rfind('\n', nul);
-      at.column = static_cast<int>(nul - (line_start == std::string::npos ? 0 : line_start + 1));
-      fail_at("", at, "a NUL byte: a config is text, and this file is not");
-    }
+    if (const auto p = nul_byte_problem(text)) fail_at("", p->mark, p->message);
     std::vector<YAML::Node> docs;
     try {
-      refuse_stuck_documents(text);
+      if (const auto p = stuck_document_problem(text)) fail_at("", p->mark, p->message);
       docs = YAML::LoadAll(text);
     } catch (const YAML::DeepRecursion& e) {
       // yaml-cpp's own message is "bad file".
