@@ -68,6 +68,20 @@ void check_not_read(const std::string& option, const std::string& output,
                       "'): " + command + " would replace what it reads; write it elsewhere");
 }
 
+// Whether path is an existing regular file that reads as safetensors (header and metadata).
+// Neither output check may replace the other kind of file: predict's CSV must not replace
+// weights, consolidate's weights must not replace anything but weights.
+bool is_existing_safetensors(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return false;
+  try {
+    read_safetensors_metadata(path);
+  } catch (const UserError&) {
+    return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 void check_predict_output(const std::string& output, const std::string& input,
@@ -80,19 +94,10 @@ void check_predict_output(const std::string& output, const std::string& input,
   check_output_file("--output", output);  // (a checkpoint folder's files among others)
   // Predictions are CSV: an existing safetensors file (another checkpoint, a consolidated model)
   // is no earlier output of predict, and replacing it would lose weights.
-  struct stat st {};
-  if (::stat(output.c_str(), &st) == 0 && S_ISREG(st.st_mode)) {
-    bool safetensors = true;
-    try {
-      read_safetensors_metadata(output);
-    } catch (const UserError&) {
-      safetensors = false;
-    }
-    if (safetensors)
-      throw UserError("--output '" + output +
-                      "' is a safetensors file (a checkpoint or model) that the predictions "
-                      "(CSV) would replace: remove it first or choose another name");
-  }
+  if (is_existing_safetensors(output))
+    throw UserError("--output '" + output +
+                    "' is a safetensors file (a checkpoint or model) that the predictions "
+                    "(CSV) would replace: remove it first or choose another name");
 }
 
 void check_trace_output(const std::string& trace, const std::string& out_dir,
@@ -141,15 +146,10 @@ void check_consolidate_output(const std::string& input, const std::string& outpu
   // An existing file is replaced only if it is a safetensors file (a consolidation written
   // before, say): a mistyped -o must not destroy a config, data or anything else.
   struct stat st {};
-  if (::stat(output.c_str(), &st) == 0 && S_ISREG(st.st_mode)) {
-    try {
-      read_safetensors_metadata(output);
-    } catch (const UserError&) {
-      throw UserError("-o '" + output +
-                      "' exists and is not a safetensors file: consolidate replaces only a "
-                      "safetensors file; remove it first or choose another name");
-    }
-  }
+  if (::stat(output.c_str(), &st) == 0 && S_ISREG(st.st_mode) && !is_existing_safetensors(output))
+    throw UserError("-o '" + output +
+                    "' exists and is not a safetensors file: consolidate replaces only a "
+                    "safetensors file; remove it first or choose another name");
 }
 
 }  // namespace dtrain
