@@ -530,6 +530,10 @@ void Cli::add_launch(CLI::App& app) {
       "--token-file", lcmd_.token_file,
       "file holding the job token (DTRAIN_JOB_TOKEN takes precedence); required "
       "with several nodes"));
+  non_empty(launch_->add_option(
+      "--rdzv-id", lcmd_.rdzv_id,
+      "the job's id, given to the ranks as TORCHELASTIC_RUN_ID (overrides PET_RDZV_ID; "
+      "default: a random one on one node, 'none' on several, as torchrun)"));
   add_config(launch_);
   non_empty(launch_->add_option("--out", out_, "output folder (default runs/<config file stem>)"));
   non_empty(

@@ -96,6 +96,9 @@ int cmd_launch(const Config& cfg, const LaunchCmd& c) {
   }
   const std::string token_file = c.token_file.empty() ? cfg.distributed.token_file : c.token_file;
   if (ne.nnodes > 1 || !c.token_file.empty()) lo.token = resolve_job_token(env, token_file);
+  lo.run_id = c.rdzv_id;
+  if (const auto it = env.find("PET_RDZV_ID"); lo.run_id.empty() && it != env.end())
+    lo.run_id = it->second;  // (torchrun's PET_ spelling of its flag, as for the others)
   const bool node0 = ne.node_rank == 0;
   // One node prepares the output folder (shared by the nodes when checkpoints are to be
   // resumed): node 0, before its launcher checks in, so the others' ranks start after it.

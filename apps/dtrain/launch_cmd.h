@@ -19,6 +19,7 @@ struct LaunchCmd {
   std::string nnodes;       // --nnodes: N or MIN:MAX (elastic), "" when not given
   double last_call_s = 30;  // --last-call: elastic nodes, node 0's wait for more than MIN
   std::string token_file;   // --token-file
+  std::string rdzv_id;      // --rdzv-id (TORCHELASTIC_RUN_ID), "" when not given
   int max_restarts = 0;
   std::string out_dir;  // resolved (--out or runs/<stem>)
   std::string resume;

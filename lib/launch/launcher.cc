@@ -108,6 +108,7 @@ struct AttemptPlan {
   int nnodes = 1;
   std::string master_addr = "127.0.0.1";
   JobAgent* agent = nullptr;  // multi-node only
+  std::string run_id;         // TORCHELASTIC_RUN_ID, the same for every attempt
 };
 
 // Opens (appending, so a relaunch keeps the earlier attempts) and heads this node's rank logs.
@@ -150,6 +151,7 @@ std::map<std::string, std::string> rank_environment(const LaunchOptions& o, cons
   base["ROLE_WORLD_SIZE"] = std::to_string(plan.world);
   base["TORCHELASTIC_RESTART_COUNT"] = std::to_string(attempt);
   base["TORCHELASTIC_MAX_RESTARTS"] = std::to_string(o.max_restarts);
+  base["TORCHELASTIC_RUN_ID"] = plan.run_id;
   base[kLauncherPidEnv] = std::to_string(::getpid());  // end_with_launcher
   if (plan.agent == nullptr)
     spdlog::info(
@@ -572,6 +574,9 @@ int launch_local(const LaunchOptions& o, LaunchReport* report) {
   } active_reset;
 
   const std::string token = o.token.empty() ? random_token() : o.token;
+  // (A random id of its own: the token is a secret, and the ranks' scripts may log the run id.)
+  const std::string run_id =
+      !o.run_id.empty() ? o.run_id : (o.nnodes > 1 ? std::string("none") : random_token());
   std::error_code ec;
   std::filesystem::create_directories(o.log_dir, ec);
   if (ec) throw UserError("cannot create log folder '" + o.log_dir + "': " + ec.message());
@@ -645,6 +650,7 @@ int launch_local(const LaunchOptions& o, LaunchReport* report) {
     plan.world = plan.nnodes * nproc;
     plan.master_addr = agent ? o.master_addr : "127.0.0.1";
     plan.agent = agent.get();
+    plan.run_id = run_id;
     const AttemptResult r = run_attempt(o, plan, argv, attempt, port, token, signals);
     if (report != nullptr) {
       report->stop_signal = r.stop_signal;

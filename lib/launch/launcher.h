@@ -35,6 +35,9 @@ struct LaunchOptions {
   // DTRAIN_JOB_TOKEN for the ranks; "": a fresh random_token() (one node only: several nodes
   // need the same token on every node, so it must be given)
   std::string token;
+  // TORCHELASTIC_RUN_ID for the ranks, fixed across restarts (torchrun's --rdzv-id); "": as
+  // torchrun, a fresh random id on one node (its --standalone), "none" with several nodes.
+  std::string run_id;
   double grace_s = 10;  // after SIGTERM to stop the rest of a failed job: time before SIGKILL
   // After a SIGINT/SIGTERM received here is forwarded, how long the ranks get to finish their step
   // and write their checkpoint (dtrain run's safe interrupt) before SIGKILL; a second signal

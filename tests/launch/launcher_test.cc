@@ -168,7 +168,11 @@ LaunchOptions sh_options(const TempDir& dir, int nproc, const std::string& scrip
 const char* kPrintEnv =
     "echo \"RANK=$RANK WORLD_SIZE=$WORLD_SIZE LOCAL_RANK=$LOCAL_RANK "
     "LOCAL_WORLD_SIZE=$LOCAL_WORLD_SIZE MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT "
-    "DTRAIN_JOB_TOKEN=$DTRAIN_JOB_TOKEN\"\n"
+    "DTRAIN_JOB_TOKEN=$DTRAIN_JOB_TOKEN GROUP_RANK=$GROUP_RANK GROUP_WORLD_SIZE=$GROUP_WORLD_SIZE "
+    "ROLE_NAME=$ROLE_NAME ROLE_RANK=$ROLE_RANK ROLE_WORLD_SIZE=$ROLE_WORLD_SIZE "
+    "TORCHELASTIC_RESTART_COUNT=$TORCHELASTIC_RESTART_COUNT "
+    "TORCHELASTIC_MAX_RESTARTS=$TORCHELASTIC_MAX_RESTARTS "
+    "TORCHELASTIC_RUN_ID=$TORCHELASTIC_RUN_ID\"\n"
     "echo \"stderr-of-rank-$RANK\" >&2\n"
     "read line || echo \"stdin-of-rank-$RANK-is-empty\"\n";
 
@@ -180,7 +184,7 @@ TEST_CASE("launch_local gives every rank the torchrun environment and its own lo
   INFO("launcher stdout:\n", r.out, "\nlauncher stderr:\n", r.err);
   CHECK(r.exit_code == 0);
 
-  std::string port, token;
+  std::string port, token, run_id;
   for (int rank = 0; rank < 3; ++rank) {
     const std::string log = read_text(dir / ("logs/rank-" + std::to_string(rank) + ".log"));
     INFO("rank ", rank, " log:\n", log);
@@ -194,12 +198,25 @@ TEST_CASE("launch_local gives every rank the torchrun environment and its own lo
     CHECK(kv.at("MASTER_ADDR") == "127.0.0.1");
     CHECK(!kv.at("MASTER_PORT").empty());
     CHECK(kv.at("DTRAIN_JOB_TOKEN").size() == 32);
+    // The rest of torchrun's worker environment: one node, one role, attempt 0.
+    CHECK(kv.at("GROUP_RANK") == "0");
+    CHECK(kv.at("GROUP_WORLD_SIZE") == "1");
+    CHECK(kv.at("ROLE_NAME") == "default");
+    CHECK(kv.at("ROLE_RANK") == std::to_string(rank));
+    CHECK(kv.at("ROLE_WORLD_SIZE") == "3");
+    CHECK(kv.at("TORCHELASTIC_RESTART_COUNT") == "0");
+    CHECK(kv.at("TORCHELASTIC_MAX_RESTARTS") == "0");
+    // A random run id of its own (as torchrun --standalone), never the secret token.
+    CHECK(kv.at("TORCHELASTIC_RUN_ID").size() == 32);
+    CHECK(kv.at("TORCHELASTIC_RUN_ID") != kv.at("DTRAIN_JOB_TOKEN"));
     if (rank == 0) {
       port = kv.at("MASTER_PORT");
       token = kv.at("DTRAIN_JOB_TOKEN");
+      run_id = kv.at("TORCHELASTIC_RUN_ID");
     }
     CHECK(kv.at("MASTER_PORT") == port);
     CHECK(kv.at("DTRAIN_JOB_TOKEN") == token);
+    CHECK(kv.at("TORCHELASTIC_RUN_ID") == run_id);
     CHECK(contains(log, "stderr-of-rank-" + std::to_string(rank)));
     CHECK(contains(log, "stdin-of-rank-" + std::to_string(rank) + "-is-empty"));
     CHECK(contains(log, "==== dtrain launch "));
@@ -222,6 +239,7 @@ TEST_CASE("launch_local uses the given port and token and appends to the logs") 
   LaunchOptions o = sh_options(dir, 2, kPrintEnv);
   o.master_port = pick_free_port();
   o.token = "tok-42";
+  o.run_id = "job-7";
   for (int i = 0; i < 2; ++i) CHECK(run_launcher(o, dir).exit_code == 0);
   for (int rank = 0; rank < 2; ++rank) {
     const std::string log = read_text(dir / ("logs/rank-" + std::to_string(rank) + ".log"));
@@ -229,6 +247,7 @@ TEST_CASE("launch_local uses the given port and token and appends to the logs") 
     REQUIRE(kv.count("MASTER_PORT") == 1);
     CHECK(kv.at("MASTER_PORT") == std::to_string(o.master_port));
     CHECK(kv.at("DTRAIN_JOB_TOKEN") == "tok-42");
+    CHECK(kv.at("TORCHELASTIC_RUN_ID") == "job-7");
     size_t runs = 0;
     for (size_t p = log.find("==== dtrain launch"); p != std::string::npos;
          p = log.find("==== dtrain launch", p + 1))
