@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "config/config.h"
+#include "config_test_util.h"
 #include "util/check.h"
 
 namespace dtrain {
@@ -16,16 +17,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string error_of(const std::string& yaml, const std::vector<std::string>& sets = {}) {
-  try {
-    parse_config(yaml, "x.yaml", sets);
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
-
-const char* const kSynthetic = "data: {format: synthetic}\n";
+using config_test::error_of;
+using config_test::kSynthetic;
 
 // The message of one --set on the synthetic base.
 std::string set_error(const std::vector<std::string>& sets) {

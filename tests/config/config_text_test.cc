@@ -9,6 +9,7 @@
 
 #include "../test_util.h"
 #include "config/config.h"
+#include "config_test_util.h"
 #include "util/check.h"
 
 namespace dtrain {
@@ -16,14 +17,7 @@ namespace {
 
 using Paths = std::vector<std::string>;
 
-std::string error_of(const std::string& yaml, const std::vector<std::string>& sets = {}) {
-  try {
-    parse_config(yaml, "x.yaml", sets);
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using config_test::error_of;
 
 TEST_CASE("config: a path list is one string or a list of strings") {
   const Config one = parse_config("data: {format: csv, train: {path: a.csv}}\n", "x");

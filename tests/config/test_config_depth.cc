@@ -5,19 +5,13 @@
 #include <string>
 
 #include "config/config.h"
+#include "config_test_util.h"
 #include "util/check.h"
 
 using namespace dtrain;
 
 namespace {
-std::string error_of(const std::string& yaml, const std::vector<std::string>& sets = {}) {
-  try {
-    parse_config(yaml, "x.yaml", sets);
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using config_test::error_of;
 }  // namespace
 
 TEST_CASE("YAML nested past the reader's limit is refused naming the depth") {

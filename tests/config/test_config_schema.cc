@@ -15,19 +15,13 @@
 
 #include "config/config.h"
 #include "config/schema.h"
+#include "config_test_util.h"
 #include "util/check.h"
 
 namespace dtrain {
 namespace {
 
-std::string error_of(const std::string& yaml, const std::vector<std::string>& sets) {
-  try {
-    parse_config(yaml, "x.yaml", sets);
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using config_test::error_of;
 
 std::optional<Config> try_parse(const std::string& yaml, const std::vector<std::string>& sets) {
   try {
