@@ -166,23 +166,38 @@ void finish_trace(const RunOptions& opts, Communicator& comm, const Tracer& trac
   spdlog::info("trace: {} (open in ui.perfetto.dev)", opts.trace);
 }
 
+double training_state_floats(const Config& cfg, double n, int replicas) {
+  const double W = std::max(1, replicas);
+  double k = static_cast<double>(make_optimizer(cfg.optimizer, 0, 0)->state_names().size());
+  const StrategyKind s = cfg.distributed.strategy;
+  if (s == StrategyKind::kLocalSgd && cfg.distributed.local_sgd.outer_lr > 0)
+    k += 2;  // anchor, momentum
+  double floats = s == StrategyKind::kZero1   ? 2 * n + k * n / W
+                  : s == StrategyKind::kZero2 ? n + (1 + k) * n / W
+                  : s == StrategyKind::kFsdp  ? (2 + k) * n / W
+                                              : (2 + k) * n;
+  // Compression's error-feedback residual (one value per gradient), and under train.nonfinite
+  // skip the copy of it kept through each step to be put back if the step is skipped (the loop's
+  // reducer_before; Local SGD compresses after the verdict and keeps none). PowerSGD's factors
+  // are a rank-r sliver of that and not counted.
+  const CompressionConfig& cc = cfg.distributed.compression;
+  if (cc.type != CompressionType::kNone && cc.error_feedback) {
+    floats += n;
+    if (cfg.train.nonfinite == Nonfinite::kSkip && s != StrategyKind::kLocalSgd) floats += n;
+  }
+  return floats;
+}
+
 void check_training_memory(const Config& cfg, const Model& model, size_t first, size_t last,
                            int replicas, int ranks_here, bool resume) {
   const int64_t avail = available_memory_bytes();
   if (avail < 0) return;
   const int64_t begin = first < last ? model.layer_begin(first) : 0;
   const int64_t end = first < last ? model.layer_end(last - 1) : 0;
-  const double n = static_cast<double>(end - begin), W = std::max(1, replicas);
-  double k = static_cast<double>(make_optimizer(cfg.optimizer, 0, 0)->state_names().size());
-  const StrategyKind s = cfg.distributed.strategy;
-  if (s == StrategyKind::kLocalSgd && cfg.distributed.local_sgd.outer_lr > 0)
-    k += 2;  // anchor, momentum
-  const double floats = s == StrategyKind::kZero1   ? 2 * n + k * n / W
-                        : s == StrategyKind::kZero2 ? n + (1 + k) * n / W
-                        : s == StrategyKind::kFsdp  ? (2 + k) * n / W
-                                                    : (2 + k) * n;
+  const double n = static_cast<double>(end - begin);
+  const double k = static_cast<double>(make_optimizer(cfg.optimizer, 0, 0)->state_names().size());
   const int here = ranks_here;
-  double state = 4.0 * floats * here;
+  double state = 4.0 * training_state_floats(cfg, n, replicas) * here;
   if (resume) state += 4.0 * (1 + k) * static_cast<double>(model.param_count()) * here;
   double per_sample = 0;  // 4-byte values
   for (size_t i = first; i < last; ++i) {
@@ -210,7 +225,8 @@ void check_training_memory(const Config& cfg, const Model& model, size_t first, 
       "this process can allocate; use a smaller model or batch, or more ranks with a sharded "
       "strategy (fsdp) or a pipeline",
       model.param_count(), slice, keys, state / gib, acts / gib, cfg.data.batch_size, here,
-      to_string(cfg.distributed.backend), to_string(s), static_cast<double>(avail) / gib));
+      to_string(cfg.distributed.backend), to_string(cfg.distributed.strategy),
+      static_cast<double>(avail) / gib));
 }
 
 StepPlan plan_steps(const Config& cfg, int64_t batches_per_epoch, int64_t train_rows,

@@ -137,6 +137,11 @@ struct ModelShape {
 };
 ModelShape resolve_model_shape(const Config& cfg, const DataSplits& data);
 
+// The fp32 values one rank holds for n parameters under cfg's strategy over `replicas`
+// data-parallel replicas: parameters, gradients and optimizer state (strategy.h's table), plus
+// compression's error-feedback residual and, under train.nonfinite skip, its per-step copy.
+double training_state_floats(const Config& cfg, double n, int replicas);
+
 // Refuses (UserError, exit 2, with the numbers) a training run whose memory this process cannot
 // allocate, before anything is: per rank, the fp32 parameters, gradients and optimizer state of
 // layers [first, last) of `model` that cfg's strategy holds over `replicas` data-parallel replicas

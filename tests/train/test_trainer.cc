@@ -542,3 +542,25 @@ TEST_CASE("a rank that is slower at every step is named as a straggler") {
   // Records at steps 4, 8, ..., 20: the second one running warns, and every one after.
   CHECK(s["straggler_warnings"].get<int64_t>() >= 3);
 }
+
+TEST_CASE("the memory check counts compression's residual and the copy kept under nonfinite skip") {
+  const std::string base =
+      "data: {format: synthetic}\noptimizer: {type: sgd, lr: 0.1, momentum: 0.9}\n";
+  const auto floats = [&](const std::vector<std::string>& sets, int replicas = 2) {
+    return training_state_floats(parse_config(base, "m.yaml", sets), 1000, replicas);
+  };
+  // ddp with SGD momentum: parameters, gradients, momentum.
+  CHECK(floats({}) == 3000);
+  // An error-feedback residual per gradient, and its copy through each step under skip.
+  CHECK(floats({"distributed.compression.type=int8"}) == 4000);
+  CHECK(floats({"distributed.compression.type=int8", "train.nonfinite=skip"}) == 5000);
+  CHECK(floats({"distributed.compression.type=powersgd", "train.nonfinite=skip"}) == 5000);
+  CHECK(floats({"distributed.compression.type=int8", "distributed.compression.error_feedback=false",
+                "train.nonfinite=skip"}) == 3000);
+  // Local SGD compresses at synchronisations, after the verdict: the residual but no copy.
+  CHECK(floats({"distributed.strategy=local_sgd", "distributed.compression.type=int8",
+                "train.nonfinite=skip"}) == 4000);
+  // Sharded strategies: ZeRO-2 keeps the parameters whole, gradients and momentum sharded.
+  CHECK(floats({"distributed.strategy=zero2"}) == 2000);
+  CHECK(floats({"distributed.strategy=fsdp"}, 4) == 750);
+}
