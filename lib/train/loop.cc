@@ -737,8 +737,14 @@ nlohmann::json TrainLoop::run() {
   if (bar_) bar_->clear();
   nlohmann::json s = summary(stop_signal);
   s["preempted"] = stop_signal != 0 && stop_signal == preempt_sig;
+  // (The code cmd_run's run_exit_code derives from the summary.)
+  const int exit_code = stop_signal == 0 ? 0 : s["preempted"] ? kExitPreempted : 128 + stop_signal;
+  // A rank of its own process is done now; ranks that are threads share the lead's request.
+  const bool own_process = cfg_.distributed.backend != Backend::kInproc;
+  if (!lead_ && own_process && opts_.stop != nullptr) opts_.stop->done_code.store(exit_code);
   if (lead_) {
     write_file_atomic((fs::path(opts_.out_dir) / "summary.json").string(), s.dump(2) + "\n");
+    if (opts_.stop != nullptr) opts_.stop->done_code.store(exit_code);
     spdlog::debug("done: {} steps, test_accuracy {}, {:.1f} s, results in {}", step_,
                   have_eval_ ? fmt::format("{:.4f}", last_eval_.accuracy) : std::string("n/a"),
                   seconds_since(t_start_), opts_.out_dir);

@@ -65,8 +65,10 @@ void on_interrupt(int sig) {
     req->first_ns.store(now);
     return;
   }
-  // A second signal: stop at once, with the status the signal's default action gives.
+  // A second signal: stop at once, with the status the signal's default action gives -- or, once
+  // the run's results are saved, with the code the run ends with.
   abrupt_cleanup();
+  if (const int done = req->done_code.load(); done >= 0) ::_exit(done);
   die_by(sig);
 }
 

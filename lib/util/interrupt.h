@@ -46,6 +46,14 @@ struct StopRequest {
   // kExitPreempted (the newest checkpoint is as it was), another by its default action. Mutable:
   // the training side sets it through RunOptions' read-only pointer to the request.
   mutable std::atomic<bool> at_once{false};
+  // -1 until the run's results are on disk (its final checkpoint, and summary.json on the rank
+  // that writes it); then the exit code the run ends with (0, kExitPreempted or 128 + signal),
+  // which a second signal from then on ends the process with at once, instead of the signal's
+  // own status: nothing is left to save, and the code must stay what the run reports. (srun
+  // --kill-on-bad-exit SIGTERMs a preempted job's ranks that are still tearing down when the
+  // first exits 75; dying by that signal made srun exit 143, and the job was not requeued.)
+  // Mutable, as at_once: the training side sets it through RunOptions' read-only pointer.
+  mutable std::atomic<int> done_code{-1};
   // When the first signal came (CLOCK_MONOTONIC, ns; 0 while unset): the same signal again
   // within same_signal_ns is the same request, not a second one.
   std::atomic<int64_t> first_ns{0};

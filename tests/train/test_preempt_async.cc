@@ -170,6 +170,10 @@ void one_rank_preempted(const std::vector<std::string>& sets) {
     CHECK(sums[r]["status"] == "interrupted");
     CHECK(sums[r]["preempted"] == true);
   }
+  // The lead rank's results are saved: a second signal from here on exits 75 (ranks that are
+  // threads of one process leave it to the lead).
+  CHECK(reqs[0].done_code.load() == kExitPreempted);
+  for (int r = 1; r < W; ++r) CHECK(reqs[static_cast<size_t>(r)].done_code.load() == -1);
   CHECK(latest_of(cut) == (fs::exists(cut + "/checkpoints/" + checkpoint_file_name(step))
                                ? checkpoint_file_name(step)
                                : sharded_checkpoint_name(step)));

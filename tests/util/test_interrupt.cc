@@ -143,3 +143,29 @@ TEST_CASE("interrupts: one signal delivered twice at once is one request; later,
   REQUIRE(WIFSIGNALED(status));
   CHECK(WTERMSIG(status) == SIGINT);
 }
+
+TEST_CASE("interrupts: once the run's results are saved, a second signal exits with its code") {
+  // srun --kill-on-bad-exit SIGTERMs the ranks still tearing down when the first of a preempted
+  // job's ranks exits 75: that second SIGTERM must not turn the job's 75 (requeue) into 143.
+  // Before the results are saved, a second signal still ends the process by its default action
+  // (the previous test). In a child: the process ends.
+  for (const int code : {kExitPreempted, 0, 130}) {
+    CAPTURE(code);
+    const pid_t pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      StopRequest r;
+      r.same_signal_ns = 1;
+      InterruptGuard g(r);
+      ::raise(SIGTERM);  // the preemption notice: a soft stop
+      r.done_code.store(code);
+      ::usleep(1000);
+      ::raise(SIGTERM);  // srun's, during teardown
+      _exit(3);          // not ended
+    }
+    int status = 0;
+    REQUIRE(waitpid(pid, &status, 0) == pid);
+    REQUIRE(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == code);
+  }
+}
