@@ -196,6 +196,11 @@ class Attempt {
       tees_[i].src = Fd(p[0]);
       tee_w[i] = Fd(p[1]);
       if (::fcntl(p[0], F_SETFL, O_NONBLOCK) != 0) throw sys_error("fcntl");
+      // Rank 0 blocks on a full pipe while this process does not read it (stopped: Ctrl-Z,
+      // SIGSTOP, a debugger), and its peers then time out waiting for it: 1 MiB instead of the
+      // default 64 KiB holds hours of a run's log lines rather than minutes. Best effort
+      // (fs.pipe-max-size may be lower for an unprivileged user).
+      (void)::fcntl(p[1], F_SETPIPE_SZ, 1 << 20);
       tees_[i].log_fd = log0_.get();
       tees_[i].console = i == 0 ? STDOUT_FILENO : STDERR_FILENO;
       tees_[i].console_ok = o_.echo_rank0;

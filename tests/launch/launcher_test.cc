@@ -315,6 +315,33 @@ TEST_CASE("ranks that ignore SIGTERM are SIGKILLed after the grace period") {
   check_all_gone(dir, 3);
 }
 
+TEST_CASE("a stopped launcher does not stop rank 0 at once: its console pipe holds 1 MiB") {
+  // Rank 0's output goes through a pipe the launcher reads. Stopped (Ctrl-Z, SIGSTOP), it reads
+  // nothing: with the default 64 KiB pipe rank 0 blocked after 64 KiB of log, mid-step, and its
+  // peers timed out. Rank 0 writes 700 KB (stdout and stderr) while the launcher is stopped.
+  TempDir dir;
+  const LaunchOptions o = sh_options(dir, 1,
+                                     "touch $D/started\n"
+                                     "head -c 400000 /dev/zero | tr '\\0' Q\n"
+                                     "head -c 300000 /dev/zero | tr '\\0' J >&2\n"
+                                     "touch $D/written\n");
+  bool written_while_stopped = false;
+  const Launched r = run_launcher(o, dir, [&](pid_t launcher) {
+    REQUIRE(wait_for_files({dir / "started"}));
+    ::kill(launcher, SIGSTOP);
+    written_while_stopped = wait_for_files({dir / "written"}, 20);
+    ::kill(launcher, SIGCONT);
+  });
+  CHECK(written_while_stopped);
+  CHECK(r.exit_code == 0);
+  // Nothing was lost: every byte reached the console and the log, in order.
+  CHECK(contains(r.out, std::string(400000, 'Q')));
+  CHECK(contains(r.err, std::string(300000, 'J')));
+  const std::string log = read_text(dir / "logs/rank-0.log");
+  CHECK(contains(log, std::string(400000, 'Q')));
+  CHECK(contains(log, std::string(300000, 'J')));
+}
+
 TEST_CASE("SIGTERM to the launcher is forwarded to the ranks") {
   TempDir dir;
   // The trap exits explicitly: a SIGTERM that lands between `touch` and `wait` would otherwise
