@@ -670,6 +670,7 @@ nlohmann::json TrainLoop::run() {
   const int preempt_sig = preempt_signal_number(cfg_.train.preempt_signal);
   StopAgreement stop_vote(opts_.stop, world_, preempt_sig);
   int stop_pending = 0, stop_signal = 0;
+  bool stop_preempted = false;  // the agreed stop is a preemption (the vote's, on every rank)
   bool eval_due = false;
   while (step_ < plan_.total_steps) {
     if (batch_ >= bpe_) {
@@ -712,14 +713,15 @@ nlohmann::json TrainLoop::run() {
     if (pipelined_) stop_vote.begin_step();
     if (const int sig = stop_vote.end_step(); sig != 0 && stop_pending == 0) {
       stop_pending = sig;
-      if (sig == preempt_sig) start_deadline(sig);
+      stop_preempted = stop_vote.preempted();
+      if (stop_preempted) start_deadline(sig);
       if (lead_) {
         if (bar_) bar_->clear();
         const bool orphaned = opts_.stop != nullptr && opts_.stop->launcher_gone.load();
         spdlog::warn(
             "{}{}{}: stopping after step {}{}, then writing a checkpoint (again: stop at once)",
             orphaned ? "the launcher is gone, taken as " : "", interrupt_signal_name(sig),
-            sig == preempt_sig ? " (preemption)" : "", step_,
+            stop_preempted ? " (preemption)" : "", step_,
             in_sync ? "" : " at the next Local SGD synchronisation");
       }
     }
@@ -736,7 +738,7 @@ nlohmann::json TrainLoop::run() {
   deadline_.cancel();  // the preemption's checkpoint is on disk
   if (bar_) bar_->clear();
   nlohmann::json s = summary(stop_signal);
-  s["preempted"] = stop_signal != 0 && stop_signal == preempt_sig;
+  s["preempted"] = stop_signal != 0 && stop_preempted;
   // (The code cmd_run's run_exit_code derives from the summary.)
   const int exit_code = stop_signal == 0 ? 0 : s["preempted"] ? kExitPreempted : 128 + stop_signal;
   // A rank of its own process is done now; ranks that are threads share the lead's request.

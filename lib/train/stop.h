@@ -11,7 +11,9 @@
 //
 // A preemption outranks an interrupt: when any rank has seen the preemption signal
 // (train.preempt_signal), every rank agrees on that signal, so the run exits kExitPreempted and
-// is requeued even if another rank saw a Ctrl-C first.
+// is requeued even if another rank saw a Ctrl-C first. Whether the agreed stop is a preemption
+// is agreed too (preempted()): train.preempt_signal is per host, so ranks may name different
+// signals, and the one that saw its own preemption signal decides for all (one exit code, 75).
 #pragma once
 
 #include <csignal>
@@ -90,8 +92,12 @@ class StopAgreement {
       work_.reset();
     }
     const int v = static_cast<int>(vote_);
-    return v > kPreemptRank ? v - kPreemptRank : v;
+    preempted_ = v > kPreemptRank;
+    return preempted_ ? v - kPreemptRank : v;
   }
+  // Whether the stop the last end_step agreed on is a preemption: some rank saw its own
+  // preemption signal. The same on every rank.
+  bool preempted() const { return preempted_; }
 
  private:
   static constexpr int kPreemptRank = 1000;  // above every signal number (small integers)
@@ -101,6 +107,7 @@ class StopAgreement {
   float vote_ = 0.0f;  // written by the all-reduce until work_ completes
   WorkPtr work_;
   bool pending_ = false;
+  bool preempted_ = false;
 };
 
 }  // namespace dtrain

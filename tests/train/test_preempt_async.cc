@@ -219,3 +219,35 @@ TEST_CASE("a preemption outranks an interrupt in the stop vote") {
   CHECK(vote(SIGINT, SIGTERM) == std::pair<int, int>(SIGTERM, SIGTERM));
   CHECK(vote(0, 0) == std::pair<int, int>(0, 0));
 }
+
+TEST_CASE("whether the agreed stop is a preemption is agreed too, whatever each rank's signal") {
+  // train.preempt_signal is per host: rank 0 takes SIGTERM for a preemption, rank 1 SIGUSR1.
+  // Rank 0's SIGTERM stops both as a preemption (both exit 75), rank 1's as an interrupt there.
+  const auto agree = [](int s0, int s1) {
+    auto t = make_inproc_group(2);
+    Communicator c0(std::move(t[0])), c1(std::move(t[1]));
+    StopRequest r0, r1;
+    r0.signal = s0;
+    r1.signal = s1;
+    int got0 = 0;
+    bool pre0 = false;
+    std::thread a([&] {
+      StopAgreement v(&r0, c0, SIGTERM);
+      v.begin_step();
+      got0 = v.end_step();
+      pre0 = v.preempted();
+    });
+    StopAgreement v(&r1, c1, SIGUSR1);
+    v.begin_step();
+    const int got1 = v.end_step();
+    a.join();
+    CHECK(got0 == got1);
+    CHECK(pre0 == v.preempted());
+    return std::pair<int, bool>(got1, v.preempted());
+  };
+  CHECK(agree(SIGTERM, 0) == std::pair<int, bool>(SIGTERM, true));
+  CHECK(agree(0, SIGUSR1) == std::pair<int, bool>(SIGUSR1, true));
+  CHECK(agree(0, SIGTERM) == std::pair<int, bool>(SIGTERM, false));  // rank 1's: an interrupt
+  CHECK(agree(SIGINT, 0) == std::pair<int, bool>(SIGINT, false));
+  CHECK(agree(0, 0) == std::pair<int, bool>(0, false));
+}
