@@ -190,25 +190,38 @@ TEST_CASE("preemption seen by one of 2 ddp ranks with async checkpoints: bitwise
   one_rank_preempted({"distributed.world_size=2", "train.checkpoint.async=true"});
 }
 
-// The signal two ranks agree on when they have seen s0 and s1, with SIGUSR1 as the preemption
-// signal.
-std::pair<int, int> vote(int s0, int s1) {
+// What two ranks agree on when they have seen s0 and s1 and take p0 and p1 for the preemption
+// signal: per rank, the agreed signal and whether it is a preemption.
+struct Votes {
+  int got0 = 0, got1 = 0;
+  bool pre0 = false, pre1 = false;
+};
+Votes vote_with(int s0, int p0, int s1, int p1) {
   auto t = make_inproc_group(2);
   Communicator c0(std::move(t[0])), c1(std::move(t[1]));
   StopRequest r0, r1;
   r0.signal = s0;
   r1.signal = s1;
-  int got0 = 0;
+  Votes out;
   std::thread a([&] {
-    StopAgreement v(&r0, c0, SIGUSR1);
+    StopAgreement v(&r0, c0, p0);
     v.begin_step();
-    got0 = v.end_step();
+    out.got0 = v.end_step();
+    out.pre0 = v.preempted();
   });
-  StopAgreement v(&r1, c1, SIGUSR1);
+  StopAgreement v(&r1, c1, p1);
   v.begin_step();
-  const int got1 = v.end_step();
+  out.got1 = v.end_step();
+  out.pre1 = v.preempted();
   a.join();
-  return {got0, got1};
+  return out;
+}
+
+// The signal two ranks agree on when they have seen s0 and s1, with SIGUSR1 as the preemption
+// signal.
+std::pair<int, int> vote(int s0, int s1) {
+  const Votes v = vote_with(s0, SIGUSR1, s1, SIGUSR1);
+  return {v.got0, v.got1};
 }
 
 TEST_CASE("a preemption outranks an interrupt in the stop vote") {
@@ -224,26 +237,10 @@ TEST_CASE("whether the agreed stop is a preemption is agreed too, whatever each 
   // train.preempt_signal is per host: rank 0 takes SIGTERM for a preemption, rank 1 SIGUSR1.
   // Rank 0's SIGTERM stops both as a preemption (both exit 75), rank 1's as an interrupt there.
   const auto agree = [](int s0, int s1) {
-    auto t = make_inproc_group(2);
-    Communicator c0(std::move(t[0])), c1(std::move(t[1]));
-    StopRequest r0, r1;
-    r0.signal = s0;
-    r1.signal = s1;
-    int got0 = 0;
-    bool pre0 = false;
-    std::thread a([&] {
-      StopAgreement v(&r0, c0, SIGTERM);
-      v.begin_step();
-      got0 = v.end_step();
-      pre0 = v.preempted();
-    });
-    StopAgreement v(&r1, c1, SIGUSR1);
-    v.begin_step();
-    const int got1 = v.end_step();
-    a.join();
-    CHECK(got0 == got1);
-    CHECK(pre0 == v.preempted());
-    return std::pair<int, bool>(got1, v.preempted());
+    const Votes v = vote_with(s0, SIGTERM, s1, SIGUSR1);
+    CHECK(v.got0 == v.got1);
+    CHECK(v.pre0 == v.pre1);
+    return std::pair<int, bool>(v.got1, v.pre1);
   };
   CHECK(agree(SIGTERM, 0) == std::pair<int, bool>(SIGTERM, true));
   CHECK(agree(0, SIGUSR1) == std::pair<int, bool>(SIGUSR1, true));
