@@ -704,8 +704,8 @@ int Cli::dispatch(const char* argv0) {
     check_predict_output(output_, input_, checkpoint_, config_path_, cfg.data);
   if (overwrite_ && !resume_.empty())
     throw UserError(
-        "--overwrite deletes the checkpoints that --resume would continue from: "
-        "give one of them");
+        "--overwrite (start afresh, deleting what --out holds) and --resume (continue a run) "
+        "contradict each other: give one of them");
   if (run_->parsed())
     return cmd_run(cfg, config_path_, out_, resume_, overwrite_, trace_, no_progress_, no_eval_,
                    flags_);

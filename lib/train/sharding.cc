@@ -35,6 +35,11 @@ std::vector<LayerRange> cover_layers(std::vector<size_t> starts, size_t first, s
 
 }  // namespace
 
+int64_t bucket_cap_floats(double bucket_mb) {
+  const double floats = std::min(bucket_mb * 262144.0, 0x1p62);  // 262,144 floats per MiB
+  return std::max<int64_t>(1, static_cast<int64_t>(floats));
+}
+
 std::vector<Bucket> make_buckets(const Model& m, int64_t bucket_floats, size_t first, size_t last) {
   last = std::min(last, m.num_layers());
   std::vector<Bucket> out;

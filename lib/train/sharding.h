@@ -38,6 +38,10 @@ struct Bucket {
   int64_t begin = 0, end = 0;
   size_t first_layer = 0;
 };
+// distributed.ddp.bucket_mb (> 0) as a cap in floats, at least 1; a cap past any model's size
+// (2^62 floats) stays there instead of overflowing int64 (a bucket_mb of 1e15 made one bucket per
+// layer).
+int64_t bucket_cap_floats(double bucket_mb);
 // Layers [first, last) only (a pipeline stage's); offsets stay those of the whole model.
 std::vector<Bucket> make_buckets(const Model& m, int64_t bucket_floats, size_t first = 0,
                                  size_t last = SIZE_MAX);

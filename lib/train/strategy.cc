@@ -67,10 +67,8 @@ std::unique_ptr<Strategy> make_strategy(const Config& cfg, ModelRange range, Com
 
 BucketAllReduce::BucketAllReduce(const Config& cfg, ModelRange range, Communicator& dp)
     : range_(range), dp_(dp), bucket_mb_(cfg.distributed.ddp.bucket_mb) {
-  buckets_ = make_buckets(
-      *range.model,
-      std::max<int64_t>(1, static_cast<int64_t>(cfg.distributed.ddp.bucket_mb * 262144.0)),
-      range.first, range.last);
+  buckets_ = make_buckets(*range.model, bucket_cap_floats(cfg.distributed.ddp.bucket_mb),
+                          range.first, range.last);
 }
 
 std::function<void(size_t)> BucketAllReduce::on_layer_done(float* grads) {

@@ -284,6 +284,15 @@ TEST_CASE("command-line errors: 'error: ...' and where the options are, exit 2")
   r = run_dtrain("checkpoint consolidate");
   CHECK(r.exit_code == 2);
   CHECK(r.output.ends_with("\nrun 'dtrain checkpoint consolidate --help' for the options\n"));
+  // --overwrite with --resume: the two contradict each other, wherever --resume points (the
+  // message said --overwrite would delete the checkpoints --resume reads, also for another folder).
+  r = run_dtrain(std::string("run ") + DTRAIN_SOURCE_DIR +
+                 "/configs/smoke.yaml --overwrite --resume /tmp/elsewhere --out "
+                 "/tmp/dtrain-no-such-out-folder");
+  CHECK(r.exit_code == 2);
+  CHECK(contains(r.output,
+                 "--overwrite (start afresh, deleting what --out holds) and --resume "
+                 "(continue a run) contradict each other: give one of them"));
   for (const char* args : {"run --bogus x.yaml", "--log-level loud run x.yaml", "frobnicate"}) {
     r = run_dtrain(args);
     CAPTURE(args);

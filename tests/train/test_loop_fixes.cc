@@ -190,6 +190,11 @@ TEST_CASE("DDP buckets never exceed bucket_mb unless one layer alone does") {
   CHECK(sizes(267786) == std::vector<int64_t>{267786, 401920});
   CHECK(sizes(1 << 30) == std::vector<int64_t>{669706});
   CHECK(sizes(1) == std::vector<int64_t>{5130, 262656, 401920});
+  // bucket_mb to floats: MiB of 4-byte floats; a huge value is one bucket, not an overflow.
+  CHECK(bucket_cap_floats(1.0) == 262144);
+  CHECK(bucket_cap_floats(1e-9) == 1);
+  for (const double mb : {4e13, 1e15, 1e300})
+    CHECK(sizes(bucket_cap_floats(mb)) == std::vector<int64_t>{669706});
   // Any model and cap: buckets tile the layout from the end, each within the cap or a single
   // layer, and each as large as the cap allows (adding the next layer would exceed it).
   ModelConfig deep;
