@@ -753,6 +753,9 @@ int cli_main_impl(int argc, char** argv) {
   } catch (const UserError& e) {
     std::cerr << "error: " << bounded_message(e.what()) << std::endl;
     return kExitUser;
+  } catch (const PreemptedError& e) {
+    std::cerr << "error: " << bounded_message(e.what()) << std::endl;
+    return kExitPreempted;
   } catch (const InternalError& e) {
     std::cerr << "internal error (a dtrain bug; please report): " << bounded_message(e.what())
               << std::endl;

@@ -733,11 +733,22 @@ nlohmann::json TrainLoop::run() {
   const bool interrupted = stop_signal != 0;
   if (opts_.evaluate && last_eval_step_ != step_ && !interrupted)
     evaluate();  // an interrupt wants out quickly
-  if (last_ckpt_step_ != step_) save();
-  finish_save();       // the final checkpoint is complete before the summary
-  deadline_.cancel();  // the preemption's checkpoint is on disk
-  if (bar_) bar_->clear();
-  nlohmann::json s = summary(stop_signal);
+  nlohmann::json s;
+  try {
+    if (last_ckpt_step_ != step_) save();
+    finish_save();  // the final checkpoint is complete before the summary
+    if (bar_) bar_->clear();
+    s = summary(stop_signal);  // (collective: every rank is past its save)
+  } catch (const CommError& e) {
+    if (!stop_preempted) throw;
+    throw PreemptedError(
+        fmt::format("{} lost its job after the agreed preemption stop at step {} ({}); exiting {} "
+                    "(preempted): --resume auto continues from the newest complete checkpoint",
+                    grid_.describe(), step_, e.what(), kExitPreempted));
+  }
+  // The preemption's checkpoint is on disk on every rank. (Armed until here: a rank that saves
+  // nothing must not outlive, in the summary's collective, a peer its deadline ends.)
+  deadline_.cancel();
   s["preempted"] = stop_signal != 0 && stop_preempted;
   // (The code cmd_run's run_exit_code derives from the summary.)
   const int exit_code = stop_signal == 0 ? 0 : s["preempted"] ? kExitPreempted : 128 + stop_signal;

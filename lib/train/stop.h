@@ -45,6 +45,16 @@ class PeerFailedError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// What a rank raises when it loses its job after the ranks agreed to stop for a preemption: a
+// peer that ran out of train.preempt_save_timeout_s (and exited kExitPreempted, its deadline's
+// way) or was already killed by the scheduler. The newest complete checkpoint is intact (latest
+// moves last), so this rank exits kExitPreempted too, and the job's code stays the requeue code
+// instead of a failure's.
+class PreemptedError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 class StopAgreement {
  public:
   StopAgreement(const StopRequest* req, Communicator& comm, int preempt_signal = SIGTERM)

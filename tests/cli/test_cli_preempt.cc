@@ -296,6 +296,26 @@ TEST_CASE("train.preempt_save_timeout_s: a save that overruns exits 75, the prev
   }
 }
 
+TEST_CASE("preempt_save_timeout_s in a launched ddp job: rank 0's deadline ends the job with 75") {
+  // Rank 0 alone writes a ddp checkpoint; rank 1, with nothing to write, waited in the summary's
+  // collective, lost rank 0 when its deadline ended it, and exited 1: the launcher then exited
+  // 143 (the ranks' codes differed), and a requeue keyed on 75 did not happen.
+  TempDir dir;
+  const std::string cfg = dir.write("cfg.yaml", kCfg);
+  const std::string cut = dir / "cut";
+  Child c("DTRAIN_FAULT=slow_save:rank=0:ms=2000,delay:rank=0:ms=50 exec " + kBin +
+              " launch --nproc 2 " + cfg +
+              " --set distributed.backend=grpc --set train.preempt_save_timeout_s=0.5 --out " + cut,
+          dir / "cut.log");
+  REQUIRE(wait_until([&] { return fs::exists(cut + "/checkpoints/latest"); }, 60));
+  c.signal(SIGTERM);
+  const int rc = c.wait(60);
+  const std::string log = read_text(dir / "cut.log") + read_text(cut + "/logs/rank-1.log");
+  CHECK_MESSAGE(rc == kExitPreempted, log);
+  CHECK_MESSAGE(!contains(log, "exit status 1"), log);
+  CHECK(contains(latest_of(cut), "step-20"));
+}
+
 TEST_CASE("SIGKILL in the middle of an asynchronous write: the previous checkpoint is latest") {
   for (const std::string strategy : {"ddp", "fsdp"}) {
     CAPTURE(strategy);
