@@ -76,6 +76,12 @@ void on_interrupt(int sig) {
 void on_launcher_gone(int) {
   StopRequest* req = g_request.load();
   if (req == nullptr) return;
+  // Joining its job (nothing to save yet): end now, as the preemption signal would, rather than
+  // wait out the rendezvous timeout for peers that went with the launcher.
+  if (req->at_once.load()) {
+    abrupt_cleanup();
+    ::_exit(kExitPreempted);
+  }
   int expected = 0;
   if (req->signal.compare_exchange_strong(expected, g_preempt_signal.load())) {
     req->launcher_gone.store(true);

@@ -107,6 +107,25 @@ TEST_CASE("interrupts: a stop asked before a rank starts waiting ends it when th
       CHECK(WTERMSIG(status) == c.sig);
     }
   }
+  // The launcher dying while the rank joins (at_once set): the rank ends at once with the
+  // preemption's code, whichever the preemption signal is. Before, the death signal was only
+  // recorded, and the rank waited out rendezvous_timeout_s for peers that were gone.
+  for (const int preempt : {SIGTERM, SIGUSR1}) {
+    CAPTURE(preempt);
+    const pid_t pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      StopRequest r;
+      InterruptGuard g(r, preempt);
+      begin_at_once(r);
+      ::raise(launcher_gone_signal());
+      _exit(3);  // not ended
+    }
+    int status = 0;
+    REQUIRE(waitpid(pid, &status, 0) == pid);
+    REQUIRE(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == kExitPreempted);
+  }
   // No stop asked: it only sets at_once.
   StopRequest req;
   InterruptGuard g(req);
