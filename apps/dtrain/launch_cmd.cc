@@ -107,6 +107,7 @@ int cmd_launch(const Config& cfg, const LaunchCmd& c) {
   if (node0)
     prepare_out_dir(c.out_dir, !c.resume.empty(), c.overwrite, /*clear_logs=*/true, &out_lock);
   lo.log_dir = (fs::path(c.out_dir) / "logs").string();
+  lo.inherit_fd = out_lock.fd();  // the ranks hold the folder's lock too, even past this process
   lo.child_argv = c.run_argv;
 
   // A restart continues from the newest complete checkpoint this job's attempts wrote

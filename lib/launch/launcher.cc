@@ -216,7 +216,7 @@ class Attempt {
       const int out_fd = l == 0 ? tee_w[0].get() : logs[static_cast<size_t>(l)].get();
       const int err_fd = l == 0 ? tee_w[1].get() : logs[static_cast<size_t>(l)].get();
       pid_t pid = -1;
-      if (const int rc = spawn_rank(argv, env_s, out_fd, err_fd, &pid); rc != 0)
+      if (const int rc = spawn_rank(argv, env_s, out_fd, err_fd, &pid, o_.inherit_fd); rc != 0)
         throw std::runtime_error("cannot start rank " + std::to_string(r) + " ('" + argv[0] +
                                  "'): " + strerror(rc));
       kids_.add(r, pid);

@@ -32,6 +32,10 @@ struct LaunchOptions {
   // {"/abs/path/dtrain", "run", "cfg.yaml", "--set", "a=b", "--out", "runs/x"}.
   std::vector<std::string> child_argv;
   std::string log_dir;  // created if missing; rank r's output goes to log_dir/rank-<r>.log
+  // A descriptor every rank gets as its descriptor 3, or -1. dtrain launch passes its output
+  // folder's lock (OutDirLock, a flock), so the folder stays locked while any rank lives: ranks
+  // orphaned by a killed launcher still write there, and a second job must not start in it.
+  int inherit_fd = -1;
   // DTRAIN_JOB_TOKEN for the ranks; "": a fresh random_token() (one node only: several nodes
   // need the same token on every node, so it must be given)
   std::string token;

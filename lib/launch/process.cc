@@ -201,7 +201,7 @@ void Tee::pump(int max_reads) {
 }
 
 int spawn_rank(const std::vector<std::string>& argv_s, std::vector<std::string>& env_s, int out_fd,
-               int err_fd, pid_t* pid) {
+               int err_fd, pid_t* pid, int keep_fd) {
   std::vector<char*> argv, envp;
   for (const std::string& a : argv_s) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
@@ -215,7 +215,15 @@ int spawn_rank(const std::vector<std::string>& argv_s, std::vector<std::string>&
   posix_spawn_file_actions_addopen(&fa, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
   posix_spawn_file_actions_adddup2(&fa, out_fd, STDOUT_FILENO);
   posix_spawn_file_actions_adddup2(&fa, err_fd, STDERR_FILENO);
-  posix_spawn_file_actions_addclosefrom_np(&fa, 3);
+  // keep_fd becomes descriptor 3 (dup2 clears close-on-exec); one that is 0-3 itself is first
+  // copied above them, so the dup2s before cannot replace it and dup2(3, 3) is never asked for.
+  Fd high;
+  if (keep_fd >= 0 && keep_fd <= 3) {
+    high = Fd(::fcntl(keep_fd, F_DUPFD_CLOEXEC, 10));
+    keep_fd = high.get();  // -1 if the copy failed: nothing is kept
+  }
+  if (keep_fd >= 0) posix_spawn_file_actions_adddup2(&fa, keep_fd, 3);
+  posix_spawn_file_actions_addclosefrom_np(&fa, keep_fd >= 0 ? 4 : 3);
   // Own group: signals reach the rank's helpers too, and a terminal's Ctrl-C reaches only the
   // launcher, which forwards it exactly once.
   posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);

@@ -138,9 +138,9 @@ struct Tee {
 };
 
 // Starts one rank in its own process group with stdin from /dev/null and the given stdout and
-// stderr; every other descriptor is closed. Returns errno on failure (posix_spawn reports exec
-// failures too).
+// stderr, and keep_fd (when >= 0) as its descriptor 3; every other descriptor is closed. Returns
+// errno on failure (posix_spawn reports exec failures too).
 int spawn_rank(const std::vector<std::string>& argv_s, std::vector<std::string>& env_s, int out_fd,
-               int err_fd, pid_t* pid);
+               int err_fd, pid_t* pid, int keep_fd = -1);
 
 }  // namespace dtrain::launch_detail

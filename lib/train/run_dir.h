@@ -32,6 +32,9 @@ class OutDirLock {
   OutDirLock& operator=(OutDirLock&& o) noexcept;
   OutDirLock(const OutDirLock&) = delete;
   OutDirLock& operator=(const OutDirLock&) = delete;
+  // The locked folder's descriptor (-1: none). A process that inherits a copy holds the lock
+  // with this one, until the last copy is closed (flock's rule).
+  int fd() const { return fd_; }
 
  private:
   int fd_ = -1;

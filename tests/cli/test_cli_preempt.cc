@@ -382,3 +382,32 @@ TEST_CASE("ranks whose dtrain launch is SIGKILLed stop instead of training on or
   CHECK(s["interrupted_by"] == "SIGTERM");
   CHECK(latest_of(out) == "step-" + std::to_string(s["steps"].get<int64_t>()) + ".safetensors");
 }
+
+TEST_CASE("a SIGKILLed launcher's ranks keep its output folder locked until they have exited") {
+  // The lock was the launcher's alone: a second job was accepted into the folder while the
+  // orphaned ranks still wrote their preemption checkpoint there, and the two runs' checkpoints,
+  // latest and summary.json were mixed.
+  TempDir dir;
+  const std::string cfg = dir.write("cfg.yaml", kCfg);
+  const std::string out = dir / "run";
+  // Rank 0's saves take 3 s: the orphans' preemption checkpoint keeps them alive that long.
+  Child c("DTRAIN_FAULT=slow_save:rank=0:ms=3000,delay:rank=0:ms=20 exec " + kBin +
+              " launch --nproc 2 " + cfg + " --out " + out,
+          dir / "launch.log");
+  REQUIRE(wait_until([&] { return fs::exists(out + "/checkpoints/latest"); }, 60));
+  REQUIRE(ranks_of_launcher(c.pid()).size() == 2);
+  c.signal(SIGKILL);
+  CHECK(c.wait(10) == 128 + SIGKILL);
+  REQUIRE(!ranks_of_launcher(c.pid()).empty());
+  const auto second = run_cmd(kBin + " launch --nproc 2 " + cfg + " --out " + out +
+                              " --resume auto --log-level warn 2>&1");
+  const bool orphans_were_alive = !ranks_of_launcher(c.pid()).empty();
+  CHECK_MESSAGE(second.exit_code == 2, second.output);
+  CHECK_MESSAGE(contains(second.output, "is in use by another dtrain run"), second.output);
+  CHECK(orphans_were_alive);
+  // Once they are gone, the folder is free and the run continues from their checkpoint.
+  REQUIRE(wait_until([&] { return ranks_of_launcher(c.pid()).empty(); }, 30));
+  const auto third = run_cmd(kBin + " launch --nproc 2 " + cfg + " --out " + out +
+                             " --resume auto --set train.max_steps=100 --log-level warn 2>&1");
+  CHECK_MESSAGE(third.exit_code == 0, third.output);
+}

@@ -342,6 +342,44 @@ TEST_CASE("a stopped launcher does not stop rank 0 at once: its console pipe hol
   CHECK(contains(log, std::string(300000, 'J')));
 }
 
+TEST_CASE("launch_local gives every rank inherit_fd as its descriptor 3, and nothing else") {
+  // dtrain launch passes its output folder's lock this way, so the folder stays locked while any
+  // rank lives (before, a killed launcher took the lock with it while its ranks still wrote).
+  TempDir dir;
+  LaunchOptions o = sh_options(dir, 2,
+                               "readlink /proc/$$/fd/3 > $D/fd3-$RANK\n"
+                               "ls /proc/$$/fd > $D/fds-$RANK\n");
+  const std::string held = dir / "held";
+  std::filesystem::create_directories(held);
+  // A high descriptor, and descriptor 3 in the launcher too (where a plain dup2(3, 3) would
+  // have kept close-on-exec set).
+  const int fd = ::open(held.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  REQUIRE(fd >= 0);
+  for (const bool as_fd3 : {false, true}) {
+    CAPTURE(as_fd3);
+    int use = ::fcntl(fd, F_DUPFD_CLOEXEC, 20);
+    if (as_fd3) {
+      ::close(use);
+      use = fd == 3 ? 3 : ::fcntl(3, F_GETFD) == -1 ? ::dup3(fd, 3, O_CLOEXEC) : -1;
+      if (use != 3) continue;  // 3 is taken here by something else: the first case stands
+    }
+    REQUIRE(use >= 0);
+    o.inherit_fd = use;
+    const Launched r = run_launcher(o, dir);
+    CHECK(r.exit_code == 0);
+    for (int rank = 0; rank < 2; ++rank) {
+      CHECK(read_text(dir / ("fd3-" + std::to_string(rank))) == held + "\n");
+      // stdin, stdout, stderr, 3, and the descriptor ls reads /proc with.
+      std::istringstream fds(read_text(dir / ("fds-" + std::to_string(rank))));
+      int n = 0;
+      for (std::string line; std::getline(fds, line);) ++n;
+      CHECK(n <= 5);
+    }
+    if (use != fd) ::close(use);
+  }
+  ::close(fd);
+}
+
 TEST_CASE("SIGTERM to the launcher is forwarded to the ranks") {
   TempDir dir;
   // The trap exits explicitly: a SIGTERM that lands between `touch` and `wait` would otherwise
