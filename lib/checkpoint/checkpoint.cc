@@ -173,6 +173,20 @@ void save_checkpoint(const std::string& path, const Model& model, const float* p
 
 namespace {
 
+// The checkpoint's optimizer tensors ("optim.<buffer>.<param>") of buffers the run does not keep
+// (momentum or Local SGD's outer optimizer turned off since it was written): a resume drops
+// them, as the sharded loader does (the resume's warning names the changed key).
+size_t dropped_state_tensors(const StFile& f, const std::vector<StateBuffer>& state) {
+  size_t n = 0;
+  for (const auto& [name, t] : f.tensors) {
+    if (name.rfind("optim.", 0) != 0) continue;
+    const std::string buffer = name.substr(6, name.find('.', 6) - 6);
+    n += std::none_of(state.begin(), state.end(),
+                      [&](const StateBuffer& b) { return b.name == buffer; });
+  }
+  return n;
+}
+
 // The compression record of a version-2 file, checked against its tensors: type, sizes and the
 // names of the tensors it owns (copied into the result only when `with_data`).
 CompressionState read_compression(const StFile& f, const std::string& path,
@@ -264,7 +278,7 @@ CheckpointMeta load_file_checkpoint(const std::string& path, const Model& model,
       throw ModelMismatchError("checkpoint '" + path + "' does not match the model: it has " +
                                std::to_string(expected_tensors) + " parameter tensors, the model " +
                                std::to_string(model.params().size()));
-  } else if (f.tensors.size() != expected_tensors) {
+  } else if (f.tensors.size() != expected_tensors + dropped_state_tensors(f, state)) {
     for (const auto& [name, t] : f.tensors) {
       bool known = model.find(name) != nullptr ||
                    std::find(comp_tensors.begin(), comp_tensors.end(), name) != comp_tensors.end();

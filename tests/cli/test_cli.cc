@@ -327,6 +327,42 @@ TEST_CASE("a train record's loss covers every step since the previous record, ep
   CHECK(prev == 48);
 }
 
+TEST_CASE("a resume that keeps fewer optimizer buffers than its checkpoint drops the rest") {
+  // DiLoCo (local_sgd.outer_lr) or momentum turned off since the checkpoint: its extra buffers
+  // are dropped and the changed key is named in the resume's warning. A one-file checkpoint was
+  // refused ("holds the optimizer state [momentum, outer_momentum], this run keeps [momentum]")
+  // while a sharded one resumed.
+  TempDir dir;
+  const std::string cfg = dir.write("tiny.yaml", kTiny);
+  const std::string diloco =
+      " --set distributed.world_size=2 --set distributed.strategy=local_sgd"
+      " --set distributed.local_sgd.sync_every=2"
+      " --set distributed.local_sgd.outer_lr=0.7 --set train.max_steps=4";
+  struct Case {
+    std::string base, resume_sets, key;
+  };
+  for (const Case& c : {
+           Case{diloco, " --set distributed.world_size=2", "distributed.local_sgd.outer_lr"},
+           Case{diloco, " --set distributed.world_size=2 --set distributed.strategy=local_sgd",
+                "distributed.local_sgd.outer_lr"},
+           Case{diloco + " --set 'optimizer={type: adam, lr: 0.01}'",
+                " --set distributed.world_size=2 --set 'optimizer={type: adam, lr: 0.01}'",
+                "distributed.local_sgd.outer_lr"},
+           Case{" --set train.max_steps=4", " --set optimizer.momentum=0", "optimizer.momentum"},
+       }) {
+    CAPTURE(c.base);
+    CAPTURE(c.resume_sets);
+    const std::string from = dir / "from", to = dir / "to";
+    auto r = run_dtrain("run " + cfg + " --overwrite --out " + from + c.base + " --log-level warn");
+    REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+    r = run_dtrain("run " + cfg + " --out " + to + " --resume " + from + c.resume_sets +
+                   " --set train.max_steps=8 --log-level warn 2>&1");
+    CHECK_MESSAGE(r.exit_code == 0, r.output);
+    CHECK_MESSAGE(contains(r.output, c.key), r.output);
+    std::filesystem::remove_all(to);
+  }
+}
+
 TEST_CASE("a resume that would need optimizer state the checkpoint lacks names both states") {
   TempDir dir;
   const std::string cfg = dir.write("tiny.yaml", kTiny);
