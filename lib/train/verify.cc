@@ -92,8 +92,12 @@ TensorMap compared(const ReferencePlan& plan, TensorMap m) {
 // in-process or as gRPC ranks started the way dtrain launch starts them.
 class Runner {
  public:
-  Runner(const VerifyOptions& o, const Config& layout, std::vector<Fault> faults)
-      : o_(o), world_(layout.distributed.world_size), faults_(std::move(faults)) {}
+  Runner(const VerifyOptions& o, const Config& layout, std::vector<Fault> faults,
+         std::vector<std::string> extra_sets = {})
+      : o_(o),
+        world_(layout.distributed.world_size),
+        faults_(std::move(faults)),
+        extra_sets_(std::move(extra_sets)) {}
 
   void reference(const Config& cfg, const fs::path& out) const {
     fresh(out);
@@ -106,6 +110,7 @@ class Runner {
   void layout(const fs::path& out, int64_t steps, int64_t every, const std::string& resume) const {
     fresh(out);
     std::vector<std::string> sets = o_.sets;
+    sets.insert(sets.end(), extra_sets_.begin(), extra_sets_.end());
     for (auto& s : cadence_sets(steps, every)) sets.push_back(std::move(s));
     if (!o_.grpc) {
       Config cfg = load_config(o_.config_path, sets);
@@ -159,6 +164,7 @@ class Runner {
   const VerifyOptions& o_;
   const int64_t world_;
   const std::vector<Fault> faults_;
+  const std::vector<std::string> extra_sets_;  // ReferencePlan::layout_sets
 };
 
 // Restores the log level on every exit path (the runs log at warn and above only).
@@ -288,7 +294,10 @@ ReferencePlan plan_reference(const Config& layout) {
 
   std::string strategy = to_string(d.strategy);
   if (d.strategy == StrategyKind::kPipeline) strategy = "ddp";
-  // With one replica Local SGD never averages: it is one process.
+  // With one replica Local SGD never averages (nor runs DiLoCo's outer step): it is one process,
+  // whatever H, which the layout's runs then set to 1 so they may checkpoint after every step.
+  if (d.strategy == StrategyKind::kLocalSgd && p.replicas == 1 && d.local_sgd.sync_every > 1)
+    p.layout_sets.push_back("distributed.local_sgd.sync_every=1");
   if (d.strategy == StrategyKind::kLocalSgd && p.replicas > 1) {
     const auto& l = d.local_sgd;
     const bool sgd = layout.optimizer.type == OptimizerType::kSgd;
@@ -371,7 +380,7 @@ VerifyReport run_verify(const VerifyOptions& o) {
 
   const WorkDir work(o.work_dir);
   const QuietLogs quiet;
-  const Runner run(o, layout, o.faults);
+  const Runner run(o, layout, o.faults, plan.layout_sets);
   Config ref = plan.reference;
   set_cadence(ref.train, r.steps, 1);
   run.reference(ref, work.path / "reference");

@@ -43,6 +43,9 @@ struct ReferencePlan {
   // parameters on its replicas between synchronisations, so it is free-running only.
   bool teacher_forcing = true;
   int64_t step_multiple = 1;  // N is rounded up to a multiple of this (Local SGD's H)
+  // --set overrides for the layout's runs after the user's, that change nothing it computes (Local
+  // SGD on one replica never averages: sync_every 1, so a checkpoint after every step is valid).
+  std::vector<std::string> layout_sets;
   // Non-empty: the layout's optimizer state differs from one process's by design while its
   // parameters do not (Local SGD H = 1 with per-replica momentum): only parameters are compared,
   // and this says why.

@@ -284,6 +284,19 @@ distributed: {world_size: 2, strategy: local_sgd, local_sgd: {sync_every: 8},
   CHECK(p.exact);
   CHECK(p.teacher_forcing);
   CHECK(p.divergence.empty());
+  // The plan alone passed; the run was refused: the every-step checkpoints verify sets are not a
+  // multiple of H = 8 (blaming "--set train.checkpoint.every_steps=1", which no user gave).
+  CHECK(p.layout_sets == std::vector<std::string>{"distributed.local_sgd.sync_every=1"});
+  spdlog::set_level(spdlog::level::warn);
+  TempDir t;
+  for (const std::string w : {"1", "2"}) {  // one process, and 2 stages of one replica
+    CAPTURE(w);
+    const VerifyReport r =
+        verify(t, {"distributed.world_size=" + w, "distributed.pipeline.stages=" + w,
+                   "distributed.strategy=local_sgd", "distributed.local_sgd.sync_every=8"});
+    CHECK(r.verdict == "pass");
+  }
+  spdlog::set_level(spdlog::level::info);
 }
 
 TEST_CASE("verify: a deep ReLU net's free-running drift is measured against one process's own") {
