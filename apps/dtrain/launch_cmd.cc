@@ -9,6 +9,7 @@
 #include "launch/dist_env.h"
 #include "launch/elastic.h"
 #include "launch/launcher.h"
+#include "train/loop.h"
 #include "train/run_dir.h"
 #include "train/stop.h"
 #include "util/check.h"
@@ -74,6 +75,16 @@ int cmd_launch(const Config& cfg, const LaunchCmd& c) {
   if (ne.nnodes > 1 && c.nproc_given)
     throw UserError("--nproc is the single-node form: with " + ne.nnodes_from +
                     " give --nproc-per-node");
+  // The rank grid's rule, before any rank starts: every rank would refuse such a world once they
+  // met, and the launcher then blamed whichever rank relayed the first one's abort.
+  const int64_t cell = cfg.distributed.tensor_parallel.size * pipeline_stages(cfg);
+  const int64_t world = static_cast<int64_t>(ne.nproc_per_node) * ne.nnodes;
+  if (world % cell != 0)
+    throw UserError(fmt::format(
+        "{} rank(s) ({} node(s) x {}): distributed.tensor_parallel.size {} x pipeline stages {} "
+        "= {} must divide the number of ranks (a rank grid of tensor x pipeline x data)",
+        world, ne.nnodes, ne.nproc_per_node, cfg.distributed.tensor_parallel.size,
+        pipeline_stages(cfg), cell));
   LaunchOptions lo;
   lo.nproc = ne.nproc_per_node;
   lo.nnodes = ne.nnodes;

@@ -401,6 +401,13 @@ class Attempt {
 
   void on_failure(int rank, int status) {
     spdlog::error("rank {} failed: {}", rank, describe_wait_status(status));
+    // A rank that refused its input (exit 2) is the cause even when a peer that relayed its
+    // abort ("rank 0 aborted: ...", exit 1) was reaped first.
+    const auto bad_input = [](int st) { return WIFEXITED(st) && WEXITSTATUS(st) == 2; };
+    if (res_.failed && bad_input(status) && !bad_input(res_.first_failed_status)) {
+      res_.first_failed_rank = rank;
+      res_.first_failed_status = status;
+    }
     if (!res_.failed) {
       res_.first_failed_rank = rank;
       res_.first_failed_status = status;

@@ -230,6 +230,20 @@ TEST_CASE("dtrain launch exits 2 naming the rank when the ranks fail on bad data
   CHECK(contains(r.output, "failed: exit status 2"));
 }
 
+TEST_CASE("dtrain launch refuses a rank count the rank grid cannot use before starting ranks") {
+  TempDir dir;
+  for (const auto& [config, sets] : std::vector<std::pair<std::string, std::string>>{
+           {"lm_jargon.yaml", "--nproc 3 --set distributed.tensor_parallel.size=2"},
+           {"smoke.yaml", "--nproc 2 --set distributed.pipeline.stages=3"}}) {
+    CAPTURE(sets);
+    const auto r = run_cmd(kBin + " launch " + kSrc + "/configs/" + config + " " + sets +
+                           " --set distributed.backend=grpc --out " + dir / "run" + " 2>&1");
+    CHECK_MESSAGE(r.exit_code == 2, r.output);
+    CHECK_MESSAGE(contains(r.output, "must divide the number of ranks"), r.output);
+    CHECK_FALSE(contains(r.output, "launching"));  // no rank started
+  }
+}
+
 TEST_CASE("zero1, zero2 and fsdp over gRPC compute the same parameters as in-process ranks") {
   TempDir dir;
   const std::string cfg = dir.write("c.yaml", R"(seed: 5

@@ -641,3 +641,20 @@ TEST_CASE("SIGTERM to a launcher with restarts left stops everything without res
     check_all_gone(dir, 2);
   }
 }
+
+TEST_CASE("the rank that refused its input is blamed, not a peer that relayed its abort first") {
+  // Rank 2 exits 1 at once ("rank 0 aborted: ..."), rank 0 exits 2 a moment later: the launch
+  // failed on rank 0's bad input (it blamed rank 2, "exit status 1", in 7 of 15 real runs).
+  TempDir dir;
+  LaunchOptions o = sh_options(dir, 3,
+                               "if [ \"$RANK\" = 2 ]; then exit 1; fi\n"
+                               "if [ \"$RANK\" = 0 ]; then sleep 0.3; exit 2; fi\n"
+                               "sleep 30 & wait\n");
+  o.max_restarts = 2;
+  const Launched r = run_launcher(o, dir);
+  INFO("launcher stdout:\n", r.out, "\nlauncher stderr:\n", r.err);
+  CHECK(r.exit_code == 2);
+  CHECK(contains(r.out + r.err, "not restarting: a rank failed on bad input"));
+  CHECK(contains(r.out + r.err, "rank 0 failed (exit status 2)"));
+  CHECK_FALSE(contains(r.out + r.err, "rank 2 failed (exit status 1)"));
+}
