@@ -151,19 +151,28 @@ int cmd_launch(const Config& cfg, const LaunchCmd& c) {
     lo.child_argv.push_back("--resume");
     lo.child_argv.push_back(c.resume);
   }
-  // The global batch is the full job's: all ranks of one node, or of the most nodes.
+  // The global batch is the full job's: all ranks of one node, or of the most nodes, over the
+  // tensor-parallel ranks that share one sample (data-parallel replicas x batch x accumulation).
   const BatchPlan original{cfg.data.batch_size, cfg.train.grad_accum_steps};
   const int first_world = lo.nproc * lo.nnodes;
+  lo.rank_multiple = static_cast<int>(cell);
   const auto restart = lo.restart_argv;
   const std::vector<std::string> first_argv = lo.child_argv;
-  lo.resize_argv = [restart, original, first_world, first_argv](int attempt, int world) {
+  lo.resize_argv = [restart, original, first_world, first_argv, cell](int attempt, int world) {
+    const std::string which =
+        attempt > 0 ? "restart " + std::to_string(attempt) : std::string("start");
+    if (world % cell != 0)
+      throw UserError(fmt::format(
+          "elastic {}: {} rank(s) cannot hold the rank grid: distributed.tensor_parallel.size x "
+          "pipeline stages = {} must divide the number of ranks",
+          which, world, cell));
     // Throws UserError when the global batch cannot be kept: the launch ends with it.
-    const BatchPlan p =
-        keep_global_batch(original.batch_size, original.grad_accum, first_world, world);
+    const int first_dp = first_world / static_cast<int>(cell);
+    const BatchPlan p = keep_global_batch(original.batch_size, original.grad_accum, first_dp,
+                                          world / static_cast<int>(cell));
     const std::string change = describe_batch_change(original, p);
-    spdlog::warn("elastic {}: {} rank(s) instead of {}; global batch {} kept{}{}",
-                 attempt > 0 ? "restart " + std::to_string(attempt) : std::string("start"), world,
-                 first_world, original.batch_size * first_world * original.grad_accum,
+    spdlog::warn("elastic {}: {} rank(s) instead of {}; global batch {} kept{}{}", which, world,
+                 first_world, original.batch_size * first_dp * original.grad_accum,
                  change.empty() ? "" : ": ", change);
     // The first attempt (elastic nodes, fewer than the most) runs the launch's own command.
     std::vector<std::string> argv = attempt > 0 ? restart(attempt) : first_argv;

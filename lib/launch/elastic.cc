@@ -12,16 +12,16 @@ BatchPlan keep_global_batch(int64_t batch_size, int64_t grad_accum, int world, i
   // Beyond 2^50 samples per step no run is real, and the search below stays short (2^25 steps).
   constexpr int64_t kMaxGlobal = int64_t{1} << 50;
   int64_t global = 0;
-  const std::string what = " (" + std::to_string(world) + " ranks x data.batch_size " +
-                           std::to_string(batch_size) + " x train.grad_accum_steps " +
-                           std::to_string(grad_accum) + ")";
+  const std::string what = " (" + std::to_string(world) +
+                           " data-parallel ranks x data.batch_size " + std::to_string(batch_size) +
+                           " x train.grad_accum_steps " + std::to_string(grad_accum) + ")";
   if (__builtin_mul_overflow(batch_size, int64_t{world}, &global) ||
       __builtin_mul_overflow(global, grad_accum, &global) || global > kMaxGlobal)
     throw UserError("cannot keep the global batch" + what + " on " + std::to_string(new_world) +
-                    " ranks: it is above 2^50 samples");
+                    " data-parallel ranks: it is above 2^50 samples");
   const auto refuse = [&](const std::string& why) {
     return UserError("cannot keep the global batch " + std::to_string(global) + what + " on " +
-                     std::to_string(new_world) + " ranks: " + why);
+                     std::to_string(new_world) + " data-parallel ranks: " + why);
   };
   if (global % new_world != 0)
     throw refuse("it is not a multiple of " + std::to_string(new_world) +

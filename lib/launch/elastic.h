@@ -12,7 +12,8 @@ struct BatchPlan {
 };
 
 // The per-rank batch and gradient accumulation that keep the global batch
-// G = batch_size * world * grad_accum when `world` ranks become `new_world`. The rule, in order:
+// G = batch_size * world * grad_accum when `world` data-parallel ranks (replicas: ranks over the
+// tensor x pipeline cell) become `new_world`. The rule, in order:
 //   1. the same accumulation, per-rank batch G / (new_world * grad_accum), when that is whole;
 //   2. else the smallest accumulation a > grad_accum with G / (new_world * a) whole (more
 //      micro-batches of a smaller per-rank batch: never more memory per rank than before).

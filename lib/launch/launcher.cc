@@ -690,17 +690,23 @@ int launch_local(const LaunchOptions& o, LaunchReport* report) {
 
     // Elastic: a rank killed from outside (an OOM kill, a lost device) gives up its slot.
     const bool shrink = o.min_nproc > 0 && !r.killed_ranks.empty() && !r.stopped();
-    const int left = shrink ? nproc - static_cast<int>(r.killed_ranks.size()) : nproc;
+    const int alive = shrink ? nproc - static_cast<int>(r.killed_ranks.size()) : nproc;
+    const int cell = std::max(1, o.rank_multiple);
+    const int left = shrink ? alive / cell * cell : nproc;  // whole cells of the rank grid
     if (shrink && left < o.min_nproc) {
-      spdlog::error("giving up: rank(s) {} were killed, {} left, below the minimum {}",
-                    fmt_ranks(r.killed_ranks), left, o.min_nproc);
+      spdlog::error("giving up: rank(s) {} were killed, {} left{}, below the minimum {}",
+                    fmt_ranks(r.killed_ranks), left,
+                    left != alive ? fmt::format(" in cells of {} ranks", cell) : std::string(),
+                    o.min_nproc);
       return 1;
     }
     if (const std::optional<int> rc = local_decision(o, r, attempt, left, stop_rc, signals))
       return *rc;
     if (shrink)
-      spdlog::warn("elastic restart: rank(s) {} were killed; continuing with {} rank(s) (was {})",
-                   fmt_ranks(r.killed_ranks), left, nproc);
+      spdlog::warn("elastic restart: rank(s) {} were killed; continuing with {} rank(s) (was {}){}",
+                   fmt_ranks(r.killed_ranks), left, nproc,
+                   left != alive ? fmt::format(": the rank grid takes multiples of {}", cell)
+                                 : std::string());
     nproc = left;
   }
 }

@@ -60,6 +60,9 @@ struct LaunchOptions {
   // it the launcher gives up. resize_argv(attempt, world) gives the command at a new world size
   // (it may refuse with UserError, e.g. when the global batch cannot be kept); unset: as above.
   int min_nproc = 0;
+  // The ranks left are rounded down to a multiple of this (the rank grid's tensor x pipeline
+  // cell: a world it does not divide cannot run) before min_nproc is checked.
+  int rank_multiple = 1;
   std::function<std::vector<std::string>(int attempt, int world)> resize_argv;
   // Copy rank 0's output to this process's stdout and stderr too (false: only to its log; for
   // callers that print their own report, such as dtrain verify).

@@ -83,6 +83,40 @@ TEST_CASE("elastic launch: a 4-rank fsdp run that loses a rank continues on 3, s
   CHECK(rel_diff(el["test_loss"].get<double>(), ref["test_loss"].get<double>()) < 1e-4);
 }
 
+TEST_CASE("elastic launch under tensor parallelism: whole cells of T ranks, the replicas' batch") {
+  // TP 2 x dp 2 loses rank 3: the 3 ranks left hold one cell of 2, so the restart runs 2 ranks
+  // (dp 1) with the global batch 2 x 3 = 6. Before, it counted 4 x 3 = 12 ("data.batch_size 3 ->
+  // 4") and started 3 ranks, which the rank grid refused.
+  TempDir dir;
+  std::string text;
+  for (int i = 0; i < 400; ++i) text += "line " + std::to_string(i) + ": the quick brown fox.\n";
+  const std::string data = dir.write("t.txt", text);
+  const std::string cfg = dir.write("g.yaml", R"(seed: 3
+model: {type: gpt, n_layer: 2, n_head: 2, n_embd: 16, block_size: 16}
+data: {format: text, train: {path: )" + data + R"(}, batch_size: 3}
+optimizer: {type: sgd, lr: 0.05, momentum: 0.9}
+train: {epochs: 0, max_steps: 12, log_every: 1, checkpoint: {every_steps: 4}}
+distributed: {strategy: fsdp, tensor_parallel: {size: 2}}
+runtime: {threads: 1}
+)");
+  auto r = run_cmd(kBin + " run " + cfg + " --set distributed.world_size=4 --out " + dir / "ref" +
+                   " --log-level warn");
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  r = run_cmd("DTRAIN_FAULT=kill:rank=3:step=6 " + kBin + " launch --nproc 2:4 --max-restarts 1 " +
+              cfg + " --out " + dir / "el" + " 2>&1");
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK(
+      contains(r.output, "continuing with 2 rank(s) (was 4): the rank grid takes multiples of 2"));
+  CHECK(contains(r.output, "global batch 6 kept: data.batch_size 3 -> 6"));
+  const auto ref = read_json(dir / "ref/summary.json");
+  const auto el = read_json(dir / "el/summary.json");
+  CHECK(el["world_size"] == 2);
+  CHECK(el["steps"] == 12);
+  CHECK(rel_diff(el["final_train_loss"].get<double>(), ref["final_train_loss"].get<double>()) <
+        1e-4);
+}
+
 TEST_CASE("elastic launch: refusals are one clear line") {
   TempDir dir;
   const std::string cfg = dir.write("c.yaml", kElasticCfg);

@@ -259,7 +259,7 @@ TEST_CASE("keep_global_batch: per-rank batch first, then accumulation, else a cl
   // 4 x 32 = 128 is no multiple of 3.
   const std::string e = user_error([] { keep_global_batch(32, 1, 4, 3); });
   CHECK(contains(e, "cannot keep the global batch 128"));
-  CHECK(contains(e, "on 3 ranks"));
+  CHECK(contains(e, "on 3 data-parallel ranks"));
 }
 
 TEST_CASE("keep_global_batch: the rule by brute force on small batches, and no endless search") {
