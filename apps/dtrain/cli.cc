@@ -26,6 +26,7 @@
 #include "dtrain/launch_cmd.h"
 #include "dtrain/output_checks.h"
 #include "dtrain/validate_checks.h"
+#include "dtrain/verify_cmd.h"
 #include "launch/dist_env.h"
 #include "launch/launcher.h"
 #include "nn/loss.h"
@@ -662,13 +663,7 @@ int Cli::dispatch(const char* argv0) {
     vopt_.sets = sets_;
     vopt_.grpc = verify_backend_ == "grpc";
     vopt_.self_exe = self_exe(argv0);
-    if (const char* f = std::getenv("DTRAIN_FAULT")) vopt_.faults = parse_faults(f, 0);
-    const VerifyReport rep = run_verify(vopt_);
-    if (verify_json_)
-      std::cout << report_json(rep).dump(2) << std::endl;
-    else
-      std::cout << report_text(rep) << std::flush;
-    return rep.failed() ? kExitRuntime : kExitOk;
+    return cmd_verify(vopt_, verify_json_);
   }
   const Config cfg = load_config(config_path_, sets_);
   if (generate_->parsed()) {  // reads no data: the data files need not be here

@@ -104,7 +104,9 @@ class Runner {
     RunOptions ro;
     ro.out_dir = out.string();
     ro.evaluate = false;
+    ro.stop = o_.stop;
     run_training(cfg, ro);
+    check_stop();
   }
 
   void layout(const fs::path& out, int64_t steps, int64_t every, const std::string& resume) const {
@@ -120,7 +122,9 @@ class Runner {
       ro.resume = resume;
       ro.evaluate = false;
       ro.faults = faults_;
+      ro.stop = o_.stop;
       run_training(cfg, ro);
+      check_stop();
       return;
     }
     LaunchOptions lo;
@@ -146,7 +150,9 @@ class Runner {
       lo.child_argv.push_back("--resume");
       lo.child_argv.push_back(resume);
     }
-    const int rc = launch_local(lo);
+    LaunchReport report;
+    const int rc = launch_local(lo, &report);
+    if (report.stop_signal != 0) throw VerifyInterrupted(report.stop_signal);
     if (rc == 2)
       throw UserError("verify: the layout's ranks refused their input; see " + lo.log_dir);
     if (rc != 0)
@@ -163,6 +169,12 @@ class Runner {
 
   const VerifyOptions& o_;
   const int64_t world_;
+  // A signal stopped the run that just returned (it checkpointed and ended early).
+  void check_stop() const {
+    if (o_.stop != nullptr && o_.stop->signal.load() != 0)
+      throw VerifyInterrupted(o_.stop->signal.load());
+  }
+
   const std::vector<Fault> faults_;
   const std::vector<std::string> extra_sets_;  // ReferencePlan::layout_sets
 };

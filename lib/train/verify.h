@@ -31,6 +31,7 @@
 #include "checkpoint/compare.h"
 #include "config/config.h"
 #include "util/fault.h"
+#include "util/interrupt.h"
 
 namespace dtrain {
 
@@ -83,6 +84,19 @@ struct VerifyOptions {
   // DTRAIN_FAULT for the layout's in-process runs (gRPC ranks read the variable themselves); the
   // reference never gets faults.
   std::vector<Fault> faults;
+  // Set (dtrain verify: its InterruptGuard's): a signal stops the run under way softly, and
+  // run_verify then throws VerifyInterrupted, after removing a temporary work folder.
+  const StopRequest* stop = nullptr;
+};
+
+// Thrown by run_verify when a signal stopped it: nothing was verified.
+class VerifyInterrupted : public std::runtime_error {
+ public:
+  explicit VerifyInterrupted(int sig)
+      : std::runtime_error(std::string("verify: interrupted by ") + interrupt_signal_name(sig) +
+                           "; nothing was verified"),
+        signal(sig) {}
+  int signal;
 };
 
 struct ForcedStep {

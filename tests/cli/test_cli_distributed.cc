@@ -343,11 +343,11 @@ runtime: {threads: 1}
     check_same_state(latest_state(dir / ("grpc" + w)), latest_state(dir / ("inproc" + w)),
                      "world " + w);
   }
-  // A launch whose world size the stages do not divide is refused, not hung.
+  // A launch whose world size the stages do not divide is refused before its ranks start.
   const auto r =
       run_cmd(kBin + " launch --nproc 3 " + cfg + " --out " + dir / "bad" + " --log-level warn");
   CHECK(r.exit_code == 2);
-  CHECK(contains(r.output, "not a multiple of distributed.pipeline.stages"));
+  CHECK(contains(r.output, "must divide the number of ranks"));
 }
 
 TEST_CASE("--trace writes one Chrome trace with events from every rank") {
