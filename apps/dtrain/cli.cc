@@ -10,6 +10,7 @@
 #include <iostream>
 #include <optional>
 #include <sstream>
+#include <system_error>
 #include <utility>
 
 #include <spdlog/sinks/stdout_color_sinks.h>
@@ -763,6 +764,16 @@ int cli_main_impl(int argc, char** argv) {
                  "(ulimit -v); use a smaller model or data.batch_size, or more ranks"
               << std::endl;
     return kExitUser;
+  } catch (const std::system_error& e) {
+    // std::thread's failure to start one: name the limits rather than print errno's text alone.
+    std::cerr << "error: " << bounded_message(e.what())
+              << (e.code() == std::errc::resource_unavailable_try_again
+                      ? " (a thread could not be started: the address-space limit, ulimit -v, or "
+                        "the process limit, ulimit -u, leaves no room for it; raise them or use "
+                        "fewer in-process ranks)"
+                      : "")
+              << std::endl;
+    return kExitRuntime;
   } catch (const std::exception& e) {
     std::cerr << "error: " << bounded_message(e.what()) << std::endl;
     return kExitRuntime;

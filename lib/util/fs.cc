@@ -1,6 +1,7 @@
 #include "util/fs.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -293,6 +294,16 @@ int64_t available_memory_bytes() {
     take(static_cast<int64_t>(rl.rlim_cur) - std::max<int64_t>(0, used));
   }
   return best;
+}
+
+bool address_space_allows(int64_t bytes) {
+  struct rlimit rl {};
+  if (bytes <= 0 || getrlimit(RLIMIT_AS, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return true;
+  const auto n = static_cast<size_t>(bytes);
+  void* p = ::mmap(nullptr, n, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) return false;
+  ::munmap(p, n);
+  return true;
 }
 
 }  // namespace dtrain

@@ -61,6 +61,11 @@ double peak_rss_mb();
 // -1 when neither is known.
 int64_t available_memory_bytes();
 
+// Whether this process can map `bytes` more of address space now: always true without an
+// address-space limit (RLIMIT_AS, `ulimit -v`); under one, a PROT_NONE reservation of that size
+// is made and released (it counts against the limit but takes no memory).
+bool address_space_allows(int64_t bytes);
+
 // "" when a file can be written at `path` (created or replaced, as write_file_atomic does: its
 // folder must exist and take new files), else why not: "is empty", "is a directory", "is in
 // '/x', which does not exist", ... For output options, checked before the work that produces the

@@ -60,6 +60,31 @@ TEST_CASE("a model whose activations cannot fit is refused before training, nami
   CHECK_FALSE(contains(r.output, "step 1"));
 }
 
+TEST_CASE("an address-space limit too small for OpenBLAS's buffers is refused, not spun on") {
+  // OpenBLAS maps a 128 MiB buffer per BLAS thread at its first call and retries a failed map
+  // forever: under `ulimit -v` too low for it a run spun (SIGTERM ignored) instead of failing,
+  // and even a refused run hung at exit, where OpenBLAS joins its worker threads.
+  TempDir dir;
+  for (const std::string limit : {"200000", "350000"}) {
+    for (const std::string world : {"1", "4"}) {
+      CAPTURE(limit);
+      CAPTURE(world);
+      const auto r = run_cmd("ulimit -v " + limit + "; timeout -k 5 60 " + kBin + " run " + kSrc +
+                             "/configs/smoke.yaml --set distributed.world_size=" + world +
+                             " --out " + dir / ("r" + limit + world) + " 2>&1");
+      // Refused by the memory check (exit 2), or, when not even the rank threads fit, by
+      // their start (exit 1); never a hang, and the limit is named either way.
+      CHECK_MESSAGE((r.exit_code == 2 || r.exit_code == 1), r.output);
+      CHECK_MESSAGE(contains(r.output, "ulimit -v"), r.output);
+    }
+  }
+  // With room, the same run trains.
+  const auto r =
+      run_cmd("ulimit -v 3000000; timeout -k 5 60 " + kBin + " run " + kSrc +
+              "/configs/smoke.yaml --set train.max_steps=5 --out " + dir / "ok" + " 2>&1");
+  CHECK_MESSAGE(r.exit_code == 0, r.output);
+}
+
 TEST_CASE("huge timeouts mean a long wait: runs in-process and launched train, not time out") {
   TempDir dir;
   // Seconds past steady_clock's range wrapped to deadlines in the past: the first collective
