@@ -166,6 +166,7 @@ struct JobAgent::Impl {
         continue;
       }
       NodeOutcome gone;
+      gone.reported = false;
       gone.kind = NodeOutcome::kFailed;
       gone.rc = 1;
       gone.when_ms = INT64_MAX;
@@ -205,6 +206,23 @@ struct JobAgent::Impl {
       d.reason += "; " + std::to_string(survivors.size()) + " node(s) left, below the minimum " +
                   std::to_string(o.min_nodes);
     }
+  }
+
+  // Node 0, a job of fixed size: a restart needs every node's launcher, and one that never
+  // reported (dead, its machine gone) will not start its ranks again: the restarted ranks would
+  // only wait out their rendezvous timeout for them. No restart then; the job ends with a way on.
+  void no_restart_without(const std::vector<NodeOutcome>& all, JobDecision& d) const {
+    if (!d.restart) return;
+    std::string missing;
+    for (size_t i = 0; i < members.size(); ++i)
+      if (!all[i].reported) missing += (missing.empty() ? "" : ", ") + std::to_string(members[i]);
+    if (missing.empty()) return;
+    d.restart = false;
+    d.rc = 1;
+    d.reason += "; not restarting: a job of fixed size (--nnodes " + std::to_string(o.nnodes) +
+                ") needs every node, and node(s) " + missing +
+                " did not report: start their launchers and the others again with --resume "
+                "auto, or allow fewer nodes with --nnodes MIN:MAX";
   }
 
   // Node 0, a job of fixed size: member n, found lost in an earlier attempt (stopped, say), is
@@ -260,7 +278,10 @@ struct JobAgent::Impl {
       s.set(key(attempt, "outcome/0"), encode(mine));
       const std::vector<NodeOutcome> all = collect_outcomes(s, attempt, deadline);
       JobDecision d = decide_attempt(all, attempt, max_restarts);
-      if (elastic()) settle_survivors(s, attempt, all, d);
+      if (elastic())
+        settle_survivors(s, attempt, all, d);
+      else
+        no_restart_without(all, d);
       s.set(key(attempt, "decision"),
             std::string(d.restart ? "1 " : "0 ") + std::to_string(d.rc) + " " + d.reason);
       // Keep serving until every node has the decision (or a short while passed): a node

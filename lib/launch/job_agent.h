@@ -58,10 +58,11 @@ struct Membership {
 struct NodeOutcome {
   enum Kind { kOk = 0, kFailed = 1, kUserError = 2, kStopped = 3 };
   Kind kind = kOk;
-  int rc = 0;           // the node's exit code for it alone (launch_local's rules)
-  bool killed = false;  // the first failed rank died by a signal (most likely the cause)
-  int64_t when_ms = 0;  // wall-clock time of the first failure (ms since the epoch)
-  std::string cause;    // "rank 3 on node 1 (host): killed by signal SIGKILL"; "" when ok
+  int rc = 0;            // the node's exit code for it alone (launch_local's rules)
+  bool killed = false;   // the first failed rank died by a signal (most likely the cause)
+  int64_t when_ms = 0;   // wall-clock time of the first failure (ms since the epoch)
+  std::string cause;     // "rank 3 on node 1 (host): killed by signal SIGKILL"; "" when ok
+  bool reported = true;  // node 0 only: false for a node whose launcher never reported
 };
 
 // Node 0's verdict on an attempt, the same on every node.

@@ -303,11 +303,15 @@ TEST_CASE(
     REQUIRE(n.failures.size() == 1);
     CHECK(contains(n.failures[0], "node 1's launcher was lost"));
     remote.cause = n.failures[0];
-    const JobDecision d = a0.finish(0, remote, 0);
+    // Restarts left, but a job of fixed size cannot restart without node 1's launcher: its
+    // restarted ranks waited out their rendezvous timeout for rank 1 (and a relaunched node 1
+    // was refused as "already checked in").
+    const JobDecision d = a0.finish(0, remote, 3);
     CHECK(since(t0) < 10);  // the report timeout is 60 s
     CHECK_FALSE(d.restart);
     CHECK(d.rc == 1);
     CHECK(contains(d.reason, "node 1's launcher was lost"));
+    CHECK(contains(d.reason, "not restarting: a job of fixed size (--nnodes 2) needs every node"));
   }
   // Node 0's launcher gone, seen by a poll first or not: node 0's machine died with its ranks,
   // so node 1's ranks fail at once and its launcher may reach finish before any poll.
