@@ -221,8 +221,13 @@ std::vector<PeerEntry> join_rendezvous(const GrpcOptions& o, const std::string& 
         return CommError(
             fmt::format("rank 0 at {} refused this rank's job token (rank {})", master, rank_));
       case grpc::StatusCode::DEADLINE_EXCEEDED:
-        return CommError(fmt::format("rendezvous with rank 0 at {} timed out after {} s", master,
-                                     seconds_str(o.rendezvous_timeout_s)));
+        return CommError(fmt::format(
+            "rendezvous with rank 0 at {} timed out after {} s (rendezvous_timeout_s {} s, and "
+            "{} s more for rank 0's own report, which names the ranks missing)",
+            master,
+            seconds_str(o.rendezvous_timeout_s + std::chrono::duration<double>(kJoinSlack).count()),
+            seconds_str(o.rendezvous_timeout_s),
+            seconds_str(std::chrono::duration<double>(kJoinSlack).count())));
       default:
         return CommError(
             fmt::format("rendezvous with rank 0 at {} failed: {}", master, status_str(st)));
