@@ -13,7 +13,8 @@
 #
 # Environment: DTRAIN_BIN (default build/bin/dtrain next to this script), MASTER_PORT (default: a
 # free port), DTRAIN_JOB_TOKEN (default: random), GRACE (default 10).
-# Exit status: 0 when every rank succeeded, 1 when one failed, 128+N when stopped by signal N.
+# Exit status: 0 when every rank succeeded, 1 when one failed, 128+N when stopped by signal N
+# (after SIGTERM, the ranks' own code when they all exit with one: 75 for a preemption).
 set -uo pipefail
 
 die() {
@@ -78,6 +79,7 @@ tail_pid=$!
 stopping=""    # set once the ranks were told to stop
 failed=""      # the first rank that failed
 interrupted="" # the signal number that stopped us
+stop_codes=""  # the ranks' exit statuses once they were told to stop
 
 # Signals each rank's process only: `dtrain run` starts no processes of its own. (A rank that
 # does would need its own process group, e.g. setsid, and `kill -- -PGID`.)
@@ -131,6 +133,7 @@ finished() {
   unset "rank_of[$1]"
   if [[ -n $stopping ]]; then
     echo "launch_local.sh: rank $r stopped: $(describe "$2")" >&2
+    stop_codes+=" $2"
   elif (($2 != 0)); then
     echo "launch_local.sh: rank $r failed: $(describe "$2"); stopping the others" >&2
     failed=$r
@@ -155,6 +158,15 @@ wait "$tail_pid" 2>/dev/null
 if [[ -n $failed ]]; then
   exit 1
 elif [[ -n $interrupted ]]; then
+  # After SIGTERM (the ranks get it as such) the ranks' own code when they all agree, as dtrain
+  # launch passes it through: 75 when SIGTERM is their preemption signal (checkpoint written,
+  # requeue). SIGINT and SIGHUP reach the ranks as SIGTERM too, so those keep 128 + N.
+  read -ra codes <<<"$stop_codes"
+  same=${codes[0]:-}
+  for c in "${codes[@]}"; do [[ $c == "$same" ]] || same=""; done
+  if ((interrupted == 15)) && [[ -n $same ]] && ((${#codes[@]} == nproc)); then
+    exit "$same"
+  fi
   exit $((128 + interrupted))
 fi
 echo "launch_local.sh: all $nproc rank(s) finished; results in $out" >&2

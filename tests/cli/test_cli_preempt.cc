@@ -411,3 +411,22 @@ TEST_CASE("a SIGKILLed launcher's ranks keep its output folder locked until they
                              " --resume auto --set train.max_steps=100 --log-level warn 2>&1");
   CHECK_MESSAGE(third.exit_code == 0, third.output);
 }
+
+TEST_CASE("scripts/launch_local.sh passes its ranks' preemption code through after SIGTERM") {
+  // The script forwards SIGTERM; the ranks (SIGTERM is their preemption signal) checkpoint and
+  // exit 75, which it now passes on, as dtrain launch does (it exited 143).
+  TempDir dir;
+  const std::string cfg = dir.write("cfg.yaml", kCfg);
+  const std::string out = dir / "run";
+  Child c("DTRAIN_BIN=" + kBin +
+              " DTRAIN_FAULT=delay:rank=0:ms=50 exec " DTRAIN_SOURCE_DIR
+              "/scripts/launch_local.sh 2 " +
+              cfg + " --set distributed.backend=grpc --out " + out,
+          dir / "launch.log");
+  REQUIRE(wait_until([&] { return fs::exists(out + "/checkpoints/latest"); }, 60));
+  c.signal(SIGTERM);
+  const int rc = c.wait(60);
+  CHECK_MESSAGE(rc == kExitPreempted, read_text(dir / "launch.log"));
+  const auto s = nlohmann::json::parse(read_text(out + "/summary.json"));
+  CHECK(s["preempted"] == true);
+}
