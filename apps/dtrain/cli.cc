@@ -235,6 +235,7 @@ int cmd_run(const Config& cfg, const std::string& config_path, std::string out,
   StopRequest stop;
   InterruptGuard interrupts(stop, preempt_signal_number(cfg.train.preempt_signal));
   opts.stop = &stop;
+  opts.final_run = true;   // a second signal after the results are saved keeps the run's code
   end_with_launcher(env);  // after the guard: the launcher's death is a stop it handles
   // The attempt: dtrain launch's count, else torchrun's (a restart by torchrun --max-restarts).
   const char* restart = std::getenv("DTRAIN_RESTART_COUNT");

@@ -77,8 +77,10 @@ void check_layout_without_data(const Config& cfg) {
   if (d.tensor_parallel.size > 1) return;
   const int world = static_cast<int>(std::max<int64_t>(1, d.world_size));
   const int here = d.backend == Backend::kInproc ? world : 1;
+  // (gRPC ranks: as if all on this machine, dtrain launch's way.)
+  const int blas = run_blas_threads(cfg, world);
   for (const auto& [first, last] : stages)
-    check_training_memory(cfg, model, first, last, std::max(1, world / S), here, false);
+    check_training_memory(cfg, model, first, last, std::max(1, world / S), here, false, blas);
 }
 
 }  // namespace

@@ -84,8 +84,12 @@ void TrainLoop::setup_model() {
 
 // The start-up memory check (train/trainer.h's check_training_memory) for this rank's stage.
 void TrainLoop::check_memory(const ModelRange& range) const {
-  const int here = cfg_.distributed.backend == Backend::kInproc ? world_.size() : 1;
-  check_training_memory(cfg_, model_, range.first, range.last, DP_, here, !opts_.resume.empty());
+  const bool inproc = cfg_.distributed.backend == Backend::kInproc;
+  const int here = inproc ? world_.size() : 1;
+  // The address-space probe once per process: rank 0 for the in-process ranks.
+  const int probe_threads = !inproc || world_.rank() == 0 ? std::max(1, blas_threads()) : 0;
+  check_training_memory(cfg_, model_, range.first, range.last, DP_, here, !opts_.resume.empty(),
+                        probe_threads);
 }
 
 bool TrainLoop::resume() {
@@ -754,10 +758,11 @@ nlohmann::json TrainLoop::run() {
   const int exit_code = stop_signal == 0 ? 0 : s["preempted"] ? kExitPreempted : 128 + stop_signal;
   // A rank of its own process is done now; ranks that are threads share the lead's request.
   const bool own_process = cfg_.distributed.backend != Backend::kInproc;
-  if (!lead_ && own_process && opts_.stop != nullptr) opts_.stop->done_code.store(exit_code);
+  const bool mark = opts_.final_run && opts_.stop != nullptr;
+  if (!lead_ && own_process && mark) opts_.stop->done_code.store(exit_code);
   if (lead_) {
     write_file_atomic((fs::path(opts_.out_dir) / "summary.json").string(), s.dump(2) + "\n");
-    if (opts_.stop != nullptr) opts_.stop->done_code.store(exit_code);
+    if (mark) opts_.stop->done_code.store(exit_code);
     spdlog::debug("done: {} steps, test_accuracy {}, {:.1f} s, results in {}", step_,
                   have_eval_ ? fmt::format("{:.4f}", last_eval_.accuracy) : std::string("n/a"),
                   seconds_since(t_start_), opts_.out_dir);

@@ -188,8 +188,13 @@ double training_state_floats(const Config& cfg, double n, int replicas) {
   return floats;
 }
 
+int run_blas_threads(const Config& cfg, int ranks_on_machine) {
+  return cfg.runtime.threads > 0 ? static_cast<int>(cfg.runtime.threads)
+                                 : std::max(1, hardware_cores() / std::max(1, ranks_on_machine));
+}
+
 void check_training_memory(const Config& cfg, const Model& model, size_t first, size_t last,
-                           int replicas, int ranks_here, bool resume) {
+                           int replicas, int ranks_here, bool resume, int blas_threads) {
   const int64_t avail = available_memory_bytes();
   if (avail < 0) return;
   const int64_t begin = first < last ? model.layer_begin(first) : 0;
@@ -208,22 +213,26 @@ void check_training_memory(const Config& cfg, const Model& model, size_t first, 
   const double acts = 4.0 * per_sample * static_cast<double>(cfg.data.batch_size) * here;
   const double gib = 1024.0 * 1024.0 * 1024.0;
   if (state + acts <= static_cast<double>(avail)) {
+    if (blas_threads <= 0) return;
     // Under an address-space limit (ulimit -v) the rest must be mappable too: OpenBLAS's buffers
     // (128 MiB per BLAS thread of each rank, mapped at first use; OpenBLAS retries a failed map
     // forever, so a run past the limit spun instead of failing), the malloc arena of its worker
     // thread (64 MiB of address space, new then; the ranks' own exist already) and 32 MiB of
     // slack. Probed now, by reserving that much. (Measured without the probe: 1 rank hung at
     // 0.42 GB and ran at 0.45, 4 ranks hung at 1.0 and ran at 1.3.)
-    const double threads = std::max(1, blas_threads());
+    const double threads = blas_threads;
     const double reserve = (here * threads * 128.0 + 64.0 + 32.0) * 1024.0 * 1024.0;
     if (address_space_allows(static_cast<int64_t>(std::min(state + acts + reserve, 0x1p62))))
       return;
     throw UserError(fmt::format(
-        "this process's address-space limit (ulimit -v) leaves less than the {:.2f} GiB training "
-        "needs: {:.2f} GiB for parameters, gradients and optimizer state, {:.2f} GiB for the "
-        "activations of a batch of {} (data.batch_size), and {:.0f} MiB for OpenBLAS (128 MiB "
-        "per BLAS thread of each of the {} rank(s) in this process, {} thread(s) each, and its "
-        "worker's heap); raise the limit or use a smaller model or batch",
+        "this process's address-space limit (ulimit -v: {:.0f} MiB, {:.0f} MiB of it in use) "
+        "leaves less than the {:.2f} GiB training needs: {:.2f} GiB for parameters, gradients "
+        "and optimizer state, {:.2f} GiB for the activations of a batch of {} "
+        "(data.batch_size), and {:.0f} MiB for OpenBLAS (128 MiB per BLAS thread of each of the "
+        "{} rank(s) in this process, {} thread(s) each, and its worker's heap); raise the limit "
+        "or use a smaller model or batch",
+        static_cast<double>(address_space_limit_bytes()) / (1024.0 * 1024.0),
+        static_cast<double>(address_space_used_bytes()) / (1024.0 * 1024.0),
         (state + acts + reserve) / gib, state / gib, acts / gib, cfg.data.batch_size,
         reserve / (1024.0 * 1024.0), here, static_cast<int>(threads)));
   }
@@ -605,8 +614,7 @@ nlohmann::json run_training(const Config& cfg, const RunOptions& opts) {
   // In-process ranks share one process: OpenBLAS gets cores / ranks threads each (1 on a 2-core
   // machine), and with one thread every call runs in its caller's thread, so ranks compute
   // concurrently without sharing OpenBLAS's thread pool.
-  const int threads = cfg.runtime.threads > 0 ? static_cast<int>(cfg.runtime.threads)
-                                              : std::max(1, hardware_cores() / world);
+  const int threads = run_blas_threads(cfg, world);
   if (world > 1 && threads > 1)
     spdlog::warn(
         "runtime.threads = {} with {} in-process ranks: OpenBLAS serialises calls from "

@@ -35,6 +35,10 @@ struct RunOptions {
   // and return a summary with status "interrupted" and "interrupt_signal". nullptr: never stop
   // early. Not owned; must outlive the run.
   const StopRequest* stop = nullptr;
+  // The run is what this process exists for (dtrain run): once its results are saved, the loop
+  // sets stop->done_code, so a second signal exits with the run's code. False for runs that are
+  // a step of something larger (dtrain verify's), whose process goes on after them.
+  bool final_run = false;
   // false: no evaluation at all (dtrain verify compares parameters; the summary then has no test
   // figures).
   bool evaluate = true;
@@ -150,8 +154,16 @@ double training_state_floats(const Config& cfg, double n, int replicas);
 // times `ranks_here` (the in-process ranks), plus the full-model copies a resume reads. The data
 // is not counted (the CLI turns a failed allocation there into a clear message). Used by the
 // training loop and by validate.
+// Under an address-space limit (ulimit -v), when `blas_threads` > 0, the process must also be able
+// to map what OpenBLAS maps at its first call (128 MiB per BLAS thread of each rank here, retried
+// forever when the map fails): probed by reserving it. One rank per process probes (the probes of
+// in-process ranks would count each other); blas_threads is what each rank runs with.
 void check_training_memory(const Config& cfg, const Model& model, size_t first, size_t last,
-                           int replicas, int ranks_here, bool resume);
+                           int replicas, int ranks_here, bool resume, int blas_threads = 0);
+
+// The OpenBLAS threads each rank of a run uses: runtime.threads, else the cores shared by the
+// ranks on this machine (run_training's and run_grpc_rank's rule).
+int run_blas_threads(const Config& cfg, int ranks_on_machine);
 
 struct EvalResult {
   double loss = 0.0;      // mean per sample

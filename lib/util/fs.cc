@@ -306,4 +306,17 @@ bool address_space_allows(int64_t bytes) {
   return true;
 }
 
+int64_t address_space_limit_bytes() {
+  struct rlimit rl {};
+  if (getrlimit(RLIMIT_AS, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return -1;
+  return static_cast<int64_t>(std::min<rlim_t>(rl.rlim_cur, INT64_MAX));
+}
+
+int64_t address_space_used_bytes() {
+  std::ifstream in("/proc/self/status");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("VmSize:", 0) == 0) return std::stoll(line.substr(7)) * 1024;
+  return -1;
+}
+
 }  // namespace dtrain

@@ -65,6 +65,10 @@ int64_t available_memory_bytes();
 // address-space limit (RLIMIT_AS, `ulimit -v`); under one, a PROT_NONE reservation of that size
 // is made and released (it counts against the limit but takes no memory).
 bool address_space_allows(int64_t bytes);
+// The address-space limit (RLIMIT_AS) and this process's size (VmSize), in bytes; -1 unknown or
+// no limit.
+int64_t address_space_limit_bytes();
+int64_t address_space_used_bytes();
 
 // "" when a file can be written at `path` (created or replaced, as write_file_atomic does: its
 // folder must exist and take new files), else why not: "is empty", "is a directory", "is in

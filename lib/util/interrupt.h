@@ -47,9 +47,10 @@ struct StopRequest {
   // the training side sets it through RunOptions' read-only pointer to the request.
   mutable std::atomic<bool> at_once{false};
   // -1 until the run's results are on disk (its final checkpoint, and summary.json on the rank
-  // that writes it); then the exit code the run ends with (0, kExitPreempted or 128 + signal),
-  // which a second signal from then on ends the process with at once, instead of the signal's
-  // own status: nothing is left to save, and the code must stay what the run reports. (srun
+  // that writes it; set only for a process's final run, RunOptions::final_run); then the exit
+  // code the run ends with (0, kExitPreempted or 128 + signal), which a second signal from then
+  // on ends the process with at once, instead of the signal's own status: only the merge of a
+  // --trace is left, and the code must stay what the run reports. (srun
   // --kill-on-bad-exit SIGTERMs a preempted job's ranks that are still tearing down when the
   // first exits 75; dying by that signal made srun exit 143, and the job was not requeued.)
   // Mutable, as at_once: the training side sets it through RunOptions' read-only pointer.

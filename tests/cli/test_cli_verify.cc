@@ -129,3 +129,19 @@ TEST_CASE("an interrupted dtrain verify removes its temporary folder and says so
     CHECK_MESSAGE(std::filesystem::is_empty(tmp), log);
   }
 }
+
+TEST_CASE("a second signal to dtrain verify after its first run ends it by the signal, not 0") {
+  // The first finished run (the reference) left its exit code 0 as the process's code for a
+  // second signal: verify then exited 0 with no report, which reads as a pass.
+  TempDir dir;
+  const std::string out = dir / "out";
+  Child c("DTRAIN_FAULT=delay:rank=0:ms=300 exec " + kBin + " verify " + kConfigs +
+              "smoke.yaml --steps 40 --out " + out + " --set distributed.world_size=2",
+          dir / "verify.log");
+  REQUIRE(wait_until([&] { return std::filesystem::exists(out + "/reference/summary.json"); }, 60));
+  c.signal(SIGINT);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // past "the same request"
+  c.signal(SIGINT);
+  const int rc = c.wait(60);
+  CHECK_MESSAGE(rc == 130, read_text(dir / "verify.log"));
+}

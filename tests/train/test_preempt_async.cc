@@ -141,6 +141,7 @@ void one_rank_preempted(const std::vector<std::string>& sets) {
   for (int r = 0; r < W; ++r) {
     opts[r].out_dir = cut;
     opts[r].stop = &reqs[r];
+    opts[r].final_run = true;  // as dtrain run's
     opts[r].faults = parse_faults("delay:rank=" + std::to_string(r) + ":ms=2", 0);
   }
   std::vector<std::thread> th;
