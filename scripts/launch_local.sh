@@ -164,7 +164,9 @@ elif [[ -n $interrupted ]]; then
   read -ra codes <<<"$stop_codes"
   same=${codes[0]:-}
   for c in "${codes[@]}"; do [[ $c == "$same" ]] || same=""; done
-  if ((interrupted == 15)) && [[ -n $same ]] && ((${#codes[@]} == nproc)); then
+  # (An exited code only: ranks SIGKILLed after GRACE report 137, which is no code of theirs.)
+  if ((interrupted == 15)) && [[ -n $same ]] && ((same < 128 || same == 128 + 15)) &&
+    ((${#codes[@]} == nproc)); then
     exit "$same"
   fi
   exit $((128 + interrupted))

@@ -7,6 +7,17 @@
 #include "dtrain/cli.h"
 #include "tensor/blas.h"
 
+#if defined(__SANITIZE_ADDRESS__)
+#define DTRAIN_LEAK_CHECK 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define DTRAIN_LEAK_CHECK 1
+#endif
+#endif
+#ifdef DTRAIN_LEAK_CHECK
+#include <sanitizer/lsan_interface.h>
+#endif
+
 int main(int argc, char** argv) {
   // OpenBLAS fixes its kernels when it loads, before main: start again with the ones this CPU
   // runs best if it fell back to slower ones (tensor/blas.h).
@@ -19,5 +30,8 @@ int main(int argc, char** argv) {
   std::cerr.flush();
   if (auto logger = spdlog::default_logger()) logger->flush();
   std::fflush(nullptr);
+#ifdef DTRAIN_LEAK_CHECK
+  __lsan_do_leak_check();  // (LeakSanitizer's own check runs at exit, which _Exit skips)
+#endif
   std::_Exit(rc);
 }

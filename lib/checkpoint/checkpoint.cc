@@ -174,15 +174,22 @@ void save_checkpoint(const std::string& path, const Model& model, const float* p
 namespace {
 
 // The checkpoint's optimizer tensors ("optim.<buffer>.<param>") of buffers the run does not keep
-// (momentum or Local SGD's outer optimizer turned off since it was written): a resume drops
-// them, as the sharded loader does (the resume's warning names the changed key).
-size_t dropped_state_tensors(const StFile& f, const std::vector<StateBuffer>& state) {
+// because a key turned them off since it was written (optimizer.momentum: "momentum"; Local
+// SGD's outer optimizer, DiLoCo: "outer_momentum"): a resume drops them, as the sharded loader
+// does (the resume's warning names the changed key). Only those buffers, of the model's own
+// parameters: any other tensor stays unknown and is refused.
+size_t dropped_state_tensors(const StFile& f, const Model& model,
+                             const std::vector<StateBuffer>& state) {
   size_t n = 0;
   for (const auto& [name, t] : f.tensors) {
     if (name.rfind("optim.", 0) != 0) continue;
-    const std::string buffer = name.substr(6, name.find('.', 6) - 6);
-    n += std::none_of(state.begin(), state.end(),
-                      [&](const StateBuffer& b) { return b.name == buffer; });
+    const size_t dot = name.find('.', 6);
+    if (dot == std::string::npos) continue;
+    const std::string buffer = name.substr(6, dot - 6);
+    const bool droppable = buffer == "momentum" || buffer == "outer_momentum";
+    const bool kept = std::any_of(state.begin(), state.end(),
+                                  [&](const StateBuffer& b) { return b.name == buffer; });
+    n += droppable && !kept && model.find(name.substr(dot + 1)) != nullptr;
   }
   return n;
 }
@@ -278,7 +285,7 @@ CheckpointMeta load_file_checkpoint(const std::string& path, const Model& model,
       throw ModelMismatchError("checkpoint '" + path + "' does not match the model: it has " +
                                std::to_string(expected_tensors) + " parameter tensors, the model " +
                                std::to_string(model.params().size()));
-  } else if (f.tensors.size() != expected_tensors + dropped_state_tensors(f, state)) {
+  } else if (f.tensors.size() != expected_tensors + dropped_state_tensors(f, model, state)) {
     for (const auto& [name, t] : f.tensors) {
       bool known = model.find(name) != nullptr ||
                    std::find(comp_tensors.begin(), comp_tensors.end(), name) != comp_tensors.end();

@@ -199,7 +199,9 @@ class Attempt {
       // Rank 0 blocks on a full pipe while this process does not read it (stopped: Ctrl-Z,
       // SIGSTOP, a debugger), and its peers then time out waiting for it: 1 MiB instead of the
       // default 64 KiB holds hours of a run's log lines rather than minutes. Best effort
-      // (fs.pipe-max-size may be lower for an unprivileged user).
+      // (fs.pipe-max-size may be lower for an unprivileged user, whose pipes also count against
+      // fs.pipe-user-pages-soft, 64 MiB: many concurrent launches make that user's new pipes
+      // small, never fail them).
       (void)::fcntl(p[1], F_SETPIPE_SZ, 1 << 20);
       tees_[i].log_fd = log0_.get();
       tees_[i].console = i == 0 ? STDOUT_FILENO : STDERR_FILENO;

@@ -79,6 +79,10 @@ void on_launcher_gone(int) {
   // Joining its job (nothing to save yet): end now, as the preemption signal would, rather than
   // wait out the rendezvous timeout for peers that went with the launcher.
   if (req->at_once.load()) {
+    static constexpr char kLine[] =
+        "dtrain: the launcher is gone while this rank was joining its job: exiting 75\n";
+    const ssize_t w = ::write(STDERR_FILENO, kLine, sizeof(kLine) - 1);  // async-signal-safe
+    (void)w;
     abrupt_cleanup();
     ::_exit(kExitPreempted);
   }
