@@ -188,6 +188,32 @@ double training_state_floats(const Config& cfg, double n, int replicas) {
   return floats;
 }
 
+void require_address_space(double state, double acts, int64_t batch, int here, int threads) {
+  // Under an address-space limit (ulimit -v) the rest must be mappable too: OpenBLAS's buffers
+  // (128 MiB per BLAS thread of each rank, mapped at first use; OpenBLAS retries a failed map
+  // forever, so a run past the limit spun instead of failing), the malloc arena of its worker
+  // thread (64 MiB of address space, new then; the ranks' own exist already) and 32 MiB of
+  // slack. Probed now, by reserving that much. (Measured without the probe: 1 rank hung at
+  // 0.42 GB and ran at 0.45, 4 ranks hung at 1.0 and ran at 1.3.)
+  const double mib = 1024.0 * 1024.0, gib = 1024.0 * mib;
+  const double reserve = (here * threads * 128.0 + 64.0 + 32.0) * mib;
+  if (address_space_allows(static_cast<int64_t>(std::min(state + acts + reserve, 0x1p62)))) return;
+  const std::string model_part =
+      state + acts > 0 ? fmt::format(
+                             "{:.2f} GiB for parameters, gradients and optimizer state, {:.2f} GiB "
+                             "for the activations of a batch of {} (data.batch_size), and ",
+                             state / gib, acts / gib, batch)
+                       : std::string();
+  throw UserError(fmt::format(
+      "this process's address-space limit (ulimit -v: {:.0f} MiB, {:.0f} MiB of it in use) "
+      "leaves less than the {:.2f} GiB training needs: {}{:.0f} MiB for OpenBLAS (128 MiB per "
+      "BLAS thread of each of the {} rank(s) in this process, {} thread(s) each, and its "
+      "worker's heap); raise the limit or use a smaller model or batch",
+      static_cast<double>(address_space_limit_bytes()) / mib,
+      static_cast<double>(address_space_used_bytes()) / mib, (state + acts + reserve) / gib,
+      model_part, reserve / mib, here, threads));
+}
+
 int run_blas_threads(const Config& cfg, int ranks_on_machine) {
   return cfg.runtime.threads > 0 ? static_cast<int>(cfg.runtime.threads)
                                  : std::max(1, hardware_cores() / std::max(1, ranks_on_machine));
@@ -213,28 +239,9 @@ void check_training_memory(const Config& cfg, const Model& model, size_t first, 
   const double acts = 4.0 * per_sample * static_cast<double>(cfg.data.batch_size) * here;
   const double gib = 1024.0 * 1024.0 * 1024.0;
   if (state + acts <= static_cast<double>(avail)) {
-    if (blas_threads <= 0) return;
-    // Under an address-space limit (ulimit -v) the rest must be mappable too: OpenBLAS's buffers
-    // (128 MiB per BLAS thread of each rank, mapped at first use; OpenBLAS retries a failed map
-    // forever, so a run past the limit spun instead of failing), the malloc arena of its worker
-    // thread (64 MiB of address space, new then; the ranks' own exist already) and 32 MiB of
-    // slack. Probed now, by reserving that much. (Measured without the probe: 1 rank hung at
-    // 0.42 GB and ran at 0.45, 4 ranks hung at 1.0 and ran at 1.3.)
-    const double threads = blas_threads;
-    const double reserve = (here * threads * 128.0 + 64.0 + 32.0) * 1024.0 * 1024.0;
-    if (address_space_allows(static_cast<int64_t>(std::min(state + acts + reserve, 0x1p62))))
-      return;
-    throw UserError(fmt::format(
-        "this process's address-space limit (ulimit -v: {:.0f} MiB, {:.0f} MiB of it in use) "
-        "leaves less than the {:.2f} GiB training needs: {:.2f} GiB for parameters, gradients "
-        "and optimizer state, {:.2f} GiB for the activations of a batch of {} "
-        "(data.batch_size), and {:.0f} MiB for OpenBLAS (128 MiB per BLAS thread of each of the "
-        "{} rank(s) in this process, {} thread(s) each, and its worker's heap); raise the limit "
-        "or use a smaller model or batch",
-        static_cast<double>(address_space_limit_bytes()) / (1024.0 * 1024.0),
-        static_cast<double>(address_space_used_bytes()) / (1024.0 * 1024.0),
-        (state + acts + reserve) / gib, state / gib, acts / gib, cfg.data.batch_size,
-        reserve / (1024.0 * 1024.0), here, static_cast<int>(threads)));
+    if (blas_threads > 0)
+      require_address_space(state, acts, cfg.data.batch_size, here, blas_threads);
+    return;
   }
   // The keys that set the size, by model type.
   const ModelType type = cfg.model.type;
@@ -615,6 +622,20 @@ nlohmann::json run_training(const Config& cfg, const RunOptions& opts) {
   // machine), and with one thread every call runs in its caller's thread, so ranks compute
   // concurrently without sharing OpenBLAS's thread pool.
   const int threads = run_blas_threads(cfg, world);
+  // Before the rank threads start: under a limit too tight for even OpenBLAS's buffers, their
+  // first allocations failed at random places (one inside nlohmann::json's destructor, which
+  // terminates the process). A runtime failure (exit 1), as a thread that cannot start: the
+  // same config runs where more fits. The loop's check adds the model's state and activations.
+  if (world > 1) {
+    try {
+      require_address_space(0, 0, cfg.data.batch_size, world, threads);
+    } catch (const UserError& e) {
+      throw std::runtime_error("cannot start " + std::to_string(world) +
+                               " in-process ranks: " + e.what() +
+                               "; or lower distributed.world_size, or run the ranks as "
+                               "processes (dtrain launch)");
+    }
+  }
   if (world > 1 && threads > 1)
     spdlog::warn(
         "runtime.threads = {} with {} in-process ranks: OpenBLAS serialises calls from "
@@ -641,8 +662,8 @@ nlohmann::json run_training(const Config& cfg, const RunOptions& opts) {
     return std::runtime_error(
         "cannot start " + std::to_string(world) + " in-process ranks: rank " + std::to_string(r) +
         "'s thread could not be created (" + e.what() +
-        "); lower distributed.world_size or run the ranks as processes (dtrain "
-        "launch)");
+        ": the address-space limit, ulimit -v, or the process limit, ulimit -u, leaves no room "
+        "for it); lower distributed.world_size or run the ranks as processes (dtrain launch)");
   };
   for (int r = 0; r < world; ++r) {
     try {

@@ -161,6 +161,10 @@ double training_state_floats(const Config& cfg, double n, int replicas);
 void check_training_memory(const Config& cfg, const Model& model, size_t first, size_t last,
                            int replicas, int ranks_here, bool resume, int blas_threads = 0);
 
+// Throws that refusal (UserError, with the numbers) when this process cannot map the state and
+// activations plus OpenBLAS's buffers for `here` ranks of `threads` BLAS threads (ulimit -v).
+void require_address_space(double state, double acts, int64_t batch, int here, int threads);
+
 // The OpenBLAS threads each rank of a run uses: runtime.threads, else the cores shared by the
 // ranks on this machine (run_training's and run_grpc_rank's rule).
 int run_blas_threads(const Config& cfg, int ranks_on_machine);
