@@ -274,37 +274,19 @@ std::string fnv1a_hex(std::string_view data) {
 
 namespace dtrain {
 
-int64_t available_memory_bytes() {
-  int64_t best = -1;
-  auto take = [&](int64_t v) {
-    if (v >= 0 && (best < 0 || v < best)) best = v;
-  };
-  auto kb_field = [](const char* file, const char* key) -> int64_t {
-    std::ifstream in(file);
-    std::string line;
-    const std::string k = key;
-    while (std::getline(in, line))
-      if (line.rfind(k, 0) == 0) return std::stoll(line.substr(k.size())) * 1024;
-    return -1;
-  };
-  take(kb_field("/proc/meminfo", "MemAvailable:"));
-  struct rlimit rl {};
-  if (getrlimit(RLIMIT_AS, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) {
-    const int64_t used = kb_field("/proc/self/status", "VmSize:");
-    take(static_cast<int64_t>(rl.rlim_cur) - std::max<int64_t>(0, used));
-  }
-  return best;
+namespace {
+
+// A "Key:   N kB" field of a /proc file, in bytes; -1 when absent.
+int64_t kb_field(const char* file, const char* key) {
+  std::ifstream in(file);
+  std::string line;
+  const std::string k = key;
+  while (std::getline(in, line))
+    if (line.rfind(k, 0) == 0) return std::stoll(line.substr(k.size())) * 1024;
+  return -1;
 }
 
-bool address_space_allows(int64_t bytes) {
-  struct rlimit rl {};
-  if (bytes <= 0 || getrlimit(RLIMIT_AS, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return true;
-  const auto n = static_cast<size_t>(bytes);
-  void* p = ::mmap(nullptr, n, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (p == MAP_FAILED) return false;
-  ::munmap(p, n);
-  return true;
-}
+}  // namespace
 
 int64_t address_space_limit_bytes() {
   struct rlimit rl {};
@@ -313,10 +295,27 @@ int64_t address_space_limit_bytes() {
 }
 
 int64_t address_space_used_bytes() {
-  std::ifstream in("/proc/self/status");
-  for (std::string line; std::getline(in, line);)
-    if (line.rfind("VmSize:", 0) == 0) return std::stoll(line.substr(7)) * 1024;
-  return -1;
+  return kb_field("/proc/self/status", "VmSize:");
+}
+
+int64_t available_memory_bytes() {
+  int64_t best = -1;
+  auto take = [&](int64_t v) {
+    if (v >= 0 && (best < 0 || v < best)) best = v;
+  };
+  take(kb_field("/proc/meminfo", "MemAvailable:"));
+  if (const int64_t limit = address_space_limit_bytes(); limit >= 0)
+    take(limit - std::max<int64_t>(0, address_space_used_bytes()));
+  return best;
+}
+
+bool address_space_allows(int64_t bytes) {
+  if (bytes <= 0 || address_space_limit_bytes() < 0) return true;
+  const auto n = static_cast<size_t>(bytes);
+  void* p = ::mmap(nullptr, n, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) return false;
+  ::munmap(p, n);
+  return true;
 }
 
 }  // namespace dtrain
