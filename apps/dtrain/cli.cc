@@ -170,8 +170,7 @@ std::string result_line(const nlohmann::json& s, const std::string& out_dir) {
 // (train.preempt_signal), 128 + the signal for another interrupted run, else 0.
 int run_exit_code(const nlohmann::json& s) {
   if (s.value("status", std::string()) != "interrupted") return kExitOk;
-  if (s.value("preempted", false)) return kExitPreempted;
-  return 128 + s.value("interrupt_signal", 0);
+  return stop_exit_code(s.value("interrupt_signal", 0), s.value("preempted", false));
 }
 
 // What `run` prints at its end; returns run_exit_code.

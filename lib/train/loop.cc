@@ -754,8 +754,7 @@ nlohmann::json TrainLoop::run() {
   // nothing must not outlive, in the summary's collective, a peer its deadline ends.)
   deadline_.cancel();
   s["preempted"] = stop_signal != 0 && stop_preempted;
-  // (The code cmd_run's run_exit_code derives from the summary.)
-  const int exit_code = stop_signal == 0 ? 0 : s["preempted"] ? kExitPreempted : 128 + stop_signal;
+  const int exit_code = stop_exit_code(stop_signal, stop_preempted);  // (cmd_run's, from s)
   // A rank of its own process is done now; ranks that are threads share the lead's request.
   const bool own_process = cfg_.distributed.backend != Backend::kInproc;
   const bool mark = opts_.final_run && opts_.stop != nullptr;

@@ -29,6 +29,12 @@ namespace dtrain {
 // (128 + signal: Ctrl-C, `scancel`), which must not be requeued. Launchers pass it through.
 inline constexpr int kExitPreempted = 75;
 
+// The exit code of a run that stopped after `stop_signal` (0: it was not stopped): 0, else
+// kExitPreempted for an agreed preemption, else 128 + the signal.
+inline int stop_exit_code(int stop_signal, bool preempted) {
+  return stop_signal == 0 ? 0 : preempted ? kExitPreempted : 128 + stop_signal;
+}
+
 // Two deliveries of one signal this close together are one request (200 ms, in ns).
 inline constexpr int64_t kSameSignalNs = 200'000'000;
 
