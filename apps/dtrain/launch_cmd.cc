@@ -31,6 +31,18 @@ void check_elastic_config(const Config& cfg, const std::string& flag) {
                     "train.grad_accum_steps");
 }
 
+// The rank grid's rule for a launch of `world` ranks (`what` names them): tensor x pipeline must
+// divide it, or every rank would refuse it once they met.
+void check_rank_grid(const Config& cfg, int64_t world, const std::string& what) {
+  const int64_t stages = pipeline_stages(cfg);
+  const int64_t cell = cfg.distributed.tensor_parallel.size * stages;
+  if (world % cell != 0)
+    throw UserError(fmt::format(
+        "{}: distributed.tensor_parallel.size {} x pipeline stages {} = {} must divide the "
+        "number of ranks (a rank grid of tensor x pipeline x data)",
+        what, cfg.distributed.tensor_parallel.size, stages, cell));
+}
+
 }  // namespace
 
 int cmd_launch(const Config& cfg, const LaunchCmd& c) {
@@ -75,16 +87,11 @@ int cmd_launch(const Config& cfg, const LaunchCmd& c) {
   if (ne.nnodes > 1 && c.nproc_given)
     throw UserError("--nproc is the single-node form: with " + ne.nnodes_from +
                     " give --nproc-per-node");
-  // The rank grid's rule, before any rank starts: every rank would refuse such a world once they
-  // met, and the launcher then blamed whichever rank relayed the first one's abort.
-  const int64_t cell = cfg.distributed.tensor_parallel.size * pipeline_stages(cfg);
+  // Before any rank starts (the launcher then blamed whichever rank relayed the first abort).
   const int64_t world = static_cast<int64_t>(ne.nproc_per_node) * ne.nnodes;
-  if (world % cell != 0)
-    throw UserError(fmt::format(
-        "{} rank(s) ({} node(s) x {}): distributed.tensor_parallel.size {} x pipeline stages {} "
-        "= {} must divide the number of ranks (a rank grid of tensor x pipeline x data)",
-        world, ne.nnodes, ne.nproc_per_node, cfg.distributed.tensor_parallel.size,
-        pipeline_stages(cfg), cell));
+  check_rank_grid(cfg, world,
+                  fmt::format("{} rank(s) ({} node(s) x {})", world, ne.nnodes, ne.nproc_per_node));
+  const int64_t cell = cfg.distributed.tensor_parallel.size * pipeline_stages(cfg);
   LaunchOptions lo;
   lo.nproc = ne.nproc_per_node;
   lo.nnodes = ne.nnodes;
@@ -158,14 +165,11 @@ int cmd_launch(const Config& cfg, const LaunchCmd& c) {
   lo.rank_multiple = static_cast<int>(cell);
   const auto restart = lo.restart_argv;
   const std::vector<std::string> first_argv = lo.child_argv;
-  lo.resize_argv = [restart, original, first_world, first_argv, cell](int attempt, int world) {
+  lo.resize_argv = [&cfg, restart, original, first_world, first_argv, cell](int attempt,
+                                                                            int world) {
     const std::string which =
         attempt > 0 ? "restart " + std::to_string(attempt) : std::string("start");
-    if (world % cell != 0)
-      throw UserError(fmt::format(
-          "elastic {}: {} rank(s) cannot hold the rank grid: distributed.tensor_parallel.size x "
-          "pipeline stages = {} must divide the number of ranks",
-          which, world, cell));
+    check_rank_grid(cfg, world, fmt::format("elastic {}: {} rank(s)", which, world));
     // Throws UserError when the global batch cannot be kept: the launch ends with it.
     const int first_dp = first_world / static_cast<int>(cell);
     const BatchPlan p = keep_global_batch(original.batch_size, original.grad_accum, first_dp,
