@@ -7,11 +7,30 @@
 #include <unistd.h>
 
 #include <csignal>
+#include <functional>
 #include <string>
 
 #include "util/interrupt.h"
 
 using namespace dtrain;
+
+namespace {
+
+// Runs `body` in a forked child, where a signal may end the process, and returns the child's wait
+// status; a body that returns (the process was not ended) exits 3.
+int child_status(const std::function<void()>& body) {
+  const pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    body();
+    _exit(3);  // not ended
+  }
+  int status = 0;
+  REQUIRE(waitpid(pid, &status, 0) == pid);
+  return status;
+}
+
+}  // namespace
 
 TEST_CASE("interrupts: the first SIGTERM asks for a soft stop and is remembered") {
   StopRequest req;
@@ -88,17 +107,12 @@ TEST_CASE("interrupts: a stop asked before a rank starts waiting ends it when th
   };
   for (const Case c : {Case{SIGTERM, SIGTERM, true}, Case{SIGUSR1, SIGINT, false}}) {
     CAPTURE(c.sig);
-    const pid_t pid = fork();
-    REQUIRE(pid >= 0);
-    if (pid == 0) {
+    const int status = child_status([&] {
       StopRequest req;
       InterruptGuard g(req, c.preempt);
       ::raise(c.sig);
       begin_at_once(req);
-      _exit(3);  // not ended
-    }
-    int status = 0;
-    REQUIRE(waitpid(pid, &status, 0) == pid);
+    });
     if (c.exited) {
       REQUIRE(WIFEXITED(status));
       CHECK(WEXITSTATUS(status) == kExitPreempted);
@@ -112,17 +126,12 @@ TEST_CASE("interrupts: a stop asked before a rank starts waiting ends it when th
   // recorded, and the rank waited out rendezvous_timeout_s for peers that were gone.
   for (const int preempt : {SIGTERM, SIGUSR1}) {
     CAPTURE(preempt);
-    const pid_t pid = fork();
-    REQUIRE(pid >= 0);
-    if (pid == 0) {
+    const int status = child_status([&] {
       StopRequest r;
       InterruptGuard g(r, preempt);
       begin_at_once(r);
       ::raise(launcher_gone_signal());
-      _exit(3);  // not ended
-    }
-    int status = 0;
-    REQUIRE(waitpid(pid, &status, 0) == pid);
+    });
     REQUIRE(WIFEXITED(status));
     CHECK(WEXITSTATUS(status) == kExitPreempted);
   }
@@ -146,19 +155,14 @@ TEST_CASE("interrupts: one signal delivered twice at once is one request; later,
     REQUIRE(::raise(SIGINT) == 0);  // the default action would end this test here
     CHECK(req.signal.load() == SIGINT);
   }
-  const pid_t pid = fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) {
+  const int status = child_status([&] {
     StopRequest r;
     r.same_signal_ns = 1;
     InterruptGuard g(r);
     ::raise(SIGINT);
     ::usleep(1000);
     ::raise(SIGINT);
-    _exit(3);  // not ended
-  }
-  int status = 0;
-  REQUIRE(waitpid(pid, &status, 0) == pid);
+  });
   REQUIRE(WIFSIGNALED(status));
   CHECK(WTERMSIG(status) == SIGINT);
 }
@@ -170,9 +174,7 @@ TEST_CASE("interrupts: once the run's results are saved, a second signal exits w
   // (the previous test). In a child: the process ends.
   for (const int code : {kExitPreempted, 0, 130}) {
     CAPTURE(code);
-    const pid_t pid = fork();
-    REQUIRE(pid >= 0);
-    if (pid == 0) {
+    const int status = child_status([&] {
       StopRequest r;
       r.same_signal_ns = 1;
       InterruptGuard g(r);
@@ -180,10 +182,7 @@ TEST_CASE("interrupts: once the run's results are saved, a second signal exits w
       r.done_code.store(code);
       ::usleep(1000);
       ::raise(SIGTERM);  // srun's, during teardown
-      _exit(3);          // not ended
-    }
-    int status = 0;
-    REQUIRE(waitpid(pid, &status, 0) == pid);
+    });
     REQUIRE(WIFEXITED(status));
     CHECK(WEXITSTATUS(status) == code);
   }
