@@ -167,14 +167,14 @@ class Runner {
     fs::create_directories(out);
   }
 
-  const VerifyOptions& o_;
-  const int64_t world_;
   // A signal stopped the run that just returned (it checkpointed and ended early).
   void check_stop() const {
     if (o_.stop != nullptr && o_.stop->signal.load() != 0)
       throw VerifyInterrupted(o_.stop->signal.load());
   }
 
+  const VerifyOptions& o_;
+  const int64_t world_;
   const std::vector<Fault> faults_;
   const std::vector<std::string> extra_sets_;  // ReferencePlan::layout_sets
 };

@@ -220,14 +220,14 @@ std::vector<PeerEntry> join_rendezvous(const GrpcOptions& o, const std::string& 
       case grpc::StatusCode::UNAUTHENTICATED:
         return CommError(
             fmt::format("rank 0 at {} refused this rank's job token (rank {})", master, rank_));
-      case grpc::StatusCode::DEADLINE_EXCEEDED:
+      case grpc::StatusCode::DEADLINE_EXCEEDED: {
+        const double slack_s = std::chrono::duration<double>(kJoinSlack).count();
         return CommError(fmt::format(
             "rendezvous with rank 0 at {} timed out after {} s (rendezvous_timeout_s {} s, and "
             "{} s more for rank 0's own report, which names the ranks missing)",
-            master,
-            seconds_str(o.rendezvous_timeout_s + std::chrono::duration<double>(kJoinSlack).count()),
-            seconds_str(o.rendezvous_timeout_s),
-            seconds_str(std::chrono::duration<double>(kJoinSlack).count())));
+            master, seconds_str(o.rendezvous_timeout_s + slack_s),
+            seconds_str(o.rendezvous_timeout_s), seconds_str(slack_s)));
+      }
       default:
         return CommError(
             fmt::format("rendezvous with rank 0 at {} failed: {}", master, status_str(st)));
