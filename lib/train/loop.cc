@@ -711,9 +711,14 @@ nlohmann::json TrainLoop::run() {
       evaluate();
       eval_due = false;
     }
-    if (cfg_.train.checkpoint.every_steps > 0 && step_ % cfg_.train.checkpoint.every_steps == 0)
-      save();
-    poll_save();  // an asynchronous write in flight: its error, or its completion
+    try {
+      if (cfg_.train.checkpoint.every_steps > 0 && step_ % cfg_.train.checkpoint.every_steps == 0)
+        save();
+      poll_save();                  // an asynchronous write in flight: its error, or its completion
+    } catch (const AgreedError&) {  // a shard write failed: every rank is here, at this step
+      stop_vote.settle();
+      throw;
+    }
     if (pipelined_) stop_vote.begin_step();
     if (const int sig = stop_vote.end_step(); sig != 0 && stop_pending == 0) {
       stop_pending = sig;

@@ -200,16 +200,24 @@ void TrainLoop::save_sharded(const CheckpointMeta& meta) {
 }
 
 // Completes pending_ (collective): every rank says whether its write succeeded (err empty); if
-// all did, rank 0 writes the manifest and moves `latest`, else every rank throws.
+// all did, rank 0 writes the manifest and moves `latest`, else every rank throws an AgreedError
+// (the same verdict from the same all-reduce: nobody aborts the group, so the failing rank's own
+// error is the one reported, and its peers' name it).
 void TrainLoop::commit_sharded(const std::string& err) {
   DT_CHECK(pending_.active);
   const PendingSharded p = std::move(pending_);
   pending_ = PendingSharded{};
-  float ok = err.empty() ? 1.0f : 0.0f;
-  world_.allreduce(&ok, 1, ReduceOp::kMin);
-  if (!err.empty()) throw std::runtime_error("writing checkpoint shard: " + err);
-  if (ok < 1.0f)
-    throw PeerFailedError("another rank failed to write its shard of checkpoint " + p.name);
+  // The lowest failing rank, or the world size when none failed (exact in a float: ranks < 2^24).
+  const float none = static_cast<float>(world_.size());
+  float failed = err.empty() ? none : static_cast<float>(rank_);
+  world_.allreduce(&failed, 1, ReduceOp::kMin);
+  if (!err.empty())
+    throw ShardWriteError(grid_.describe() + ": writing its shard of checkpoint " + p.name + ": " +
+                          err);
+  if (failed < none)
+    throw PeerFailedError("rank " + std::to_string(static_cast<int>(failed)) +
+                          " failed to write its shard of checkpoint " + p.name +
+                          " (its error is in its log); it is not committed: `latest` is unchanged");
   if (!lead_) return;
   const nlohmann::json layout = {
       {"tp", grid_.layout().tp()}, {"dp", grid_.layout().dp()}, {"pp", grid_.layout().pp()}};

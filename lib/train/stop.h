@@ -38,11 +38,19 @@ class AgreedError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// What a rank raises because a peer failed on its own (a shard write another rank could not
-// make): the peer's error names the cause, so in-process runs report that one first.
-class PeerFailedError : public std::runtime_error {
+// A rank's own failure to write its shard of a sharded checkpoint, raised after the commit's
+// all-reduce told every rank (so an AgreedError: every rank leaves at the same step).
+class ShardWriteError : public AgreedError {
  public:
-  using std::runtime_error::runtime_error;
+  using AgreedError::AgreedError;
+};
+
+// What a rank raises because a peer failed on its own (a shard write another rank could not
+// make), by the same agreed verdict: the peer's error names the cause, so in-process runs report
+// that one first.
+class PeerFailedError : public AgreedError {
+ public:
+  using AgreedError::AgreedError;
 };
 
 // What a rank raises when it loses its job after the ranks agreed to stop for a preemption: a

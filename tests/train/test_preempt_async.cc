@@ -118,6 +118,32 @@ TEST_CASE("async checkpoints: the background write's error fails the run, the pr
   }
 }
 
+// A synchronous sharded save that fails on one rank of 4: every rank learns it in the commit's
+// all-reduce, none aborts the group (the stop vote in flight is settled), so the run reports the
+// failing rank's own error every time -- not a peer's abort or its "rank 3 failed" -- and the
+// peers' errors name the rank that failed.
+TEST_CASE("sharded checkpoints: a rank's failed write is the error reported, every time") {
+  for (int rep = 0; rep < 12; ++rep) {
+    CAPTURE(rep);
+    TempDir dir;
+    RunOptions o;
+    o.out_dir = dir / "run";
+    o.faults = parse_faults("fail_in_save:rank=3:step=10", 0);
+    StopRequest stop;  // a stop vote in flight in every step, as `dtrain run` has
+    o.stop = &stop;
+    const Config cfg =
+        parse_config(kCfg, "t.yaml", {"distributed.world_size=4", "distributed.strategy=fsdp"});
+    std::string what;
+    try {
+      run_training(cfg, o);
+    } catch (const std::exception& e) {
+      what = e.what();
+    }
+    REQUIRE_MESSAGE(contains(what, "fail_in_save: rank 3"), what);
+    CHECK(contains(latest_of(o.out_dir), "step-5"));
+  }
+}
+
 // One rank's stop request (as when a scheduler's signal reaches one process of a job): every
 // rank stops after the same step, the checkpoint of that step is complete, and a resume ends
 // bitwise equal to the uninterrupted run.
