@@ -158,8 +158,22 @@ class TpBlock final : public Layer {
     for (const auto& k : kids_) f += k->flops_per_sample();
     return f;
   }
-  // At most the whole block's (the local heads' and MLP slice's buffers are smaller).
-  double state_values_per_sample() const override { return whole_->state_values_per_sample(); }
+  // This tensor rank's (in [T, C] units tc; S = size_): saved h1, proj_out, x1, h2 (4 tc) and
+  // qkv, attn_out, fc_out, gelu_out (12 tc / S) and its heads' probabilities; backward's work
+  // d_masked, dh2, dtmp, dx1, dh1 (5 tc), dgelu, dfc, dattn, dqkv (12 tc / S) and a [T, T]
+  // scratch. With dropout: the masks (2 tc and the heads' [T, T]s), and the scratch grows to the
+  // whole block's attention mask drawn per row (every head's [T, T]). The children's own state
+  // (the layer norms' statistics). At S = 1 without dropout this is the whole block's count
+  // (nn/gpt.cc).
+  double state_values_per_sample() const override {
+    const double tc = static_cast<double>(seq_ * embd_), S = static_cast<double>(size_);
+    const double tt = static_cast<double>(seq_ * seq_);
+    const double probs = static_cast<double>(hl_) * tt;
+    double v = 9.0 * tc + 24.0 * tc / S + probs + tt;
+    if (dropout_ > 0) v += 2.0 * tc + probs + static_cast<double>(n_head_ - 1) * tt;
+    for (const auto& k : kids_) v += k->state_values_per_sample();
+    return v;
+  }
   // The whole block's values from rng (the T = 1 model's draws), then this rank's shards.
   void init(float* p, Rng& rng) const override {
     std::vector<float> whole(static_cast<size_t>(whole_->param_count()));
