@@ -10,6 +10,7 @@
 #include "train/run_dir.h"
 #include "util/check.h"
 #include "util/fs.h"
+#include "util/trace.h"
 
 namespace dtrain {
 
@@ -126,6 +127,16 @@ void check_trace_output(const std::string& trace, const std::string& out_dir,
     throw UserError("--trace '" + trace +
                     "' is inside the run's checkpoints folder: write it "
                     "elsewhere");
+  // The ranks' parts, written next to FILE and deleted by the merge (util/trace.h): an existing
+  // file of such a name must be a trace (a part a killed run left), never a config or data.
+  for (const auto& e : fs::directory_iterator(t.parent_path(), ec)) {
+    const std::string name = e.path().filename().string();
+    if (is_rank_trace_name(t.string(), name) && !is_dtrain_trace_file(e.path().string()))
+      throw UserError("--trace '" + trace + "': the run writes each rank's part next to it, as '" +
+                      name + "' among others, and that file exists and is not a dtrain trace " +
+                      "(the run would replace it, then delete it): move it, or give --trace " +
+                      "another name");
+  }
   // Directly in an --out the run is about to create: its folder is checked when it is created.
   if (t.parent_path() == out && !fs::exists(out, ec)) return;
   check_output_file("--trace", trace);

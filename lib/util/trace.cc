@@ -1,6 +1,7 @@
 #include "util/trace.h"
 
 #include <atomic>
+#include <cstdio>
 #include <filesystem>
 
 #include "util/check.h"
@@ -116,6 +117,41 @@ std::string rank_trace_path(const std::string& path, int rank) {
   const fs::path p(path);
   const std::string ext = p.has_extension() ? p.extension().string() : ".json";
   return (p.parent_path() / (p.stem().string() + ".rank-" + std::to_string(rank) + ext)).string();
+}
+
+std::string failed_rank_trace_path(const std::string& path, int rank) {
+  namespace fs = std::filesystem;
+  const fs::path p(path);
+  return rank_trace_path((p.parent_path() / (p.stem().string() + ".failed.json")).string(), rank);
+}
+
+bool is_rank_trace_name(const std::string& path, const std::string& name) {
+  namespace fs = std::filesystem;
+  const fs::path p(path);
+  const std::string stem = p.stem().string();
+  const std::string ext = p.has_extension() ? p.extension().string() : ".json";
+  // stem + infix + digits + suffix
+  const auto matches = [&](const std::string& infix, const std::string& suffix) {
+    const std::string head = stem + infix;
+    if (name.size() <= head.size() + suffix.size() || name.compare(0, head.size(), head) != 0 ||
+        name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0)
+      return false;
+    for (size_t i = head.size(); i < name.size() - suffix.size(); ++i)
+      if (name[i] < '0' || name[i] > '9') return false;
+    return true;
+  };
+  return matches(".rank-", ext) || matches(".failed.rank-", ".json");
+}
+
+bool is_dtrain_trace_file(const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) return false;
+  char buf[4096];
+  const size_t n = std::fread(buf, 1, sizeof buf, f);
+  std::fclose(f);
+  const std::string head(buf, n);
+  return !head.empty() && head[0] == '{' &&
+         head.find("\"producer\":\"dtrain\"") != std::string::npos;
 }
 
 void merge_trace_files(const std::vector<std::string>& inputs, const std::string& out) {

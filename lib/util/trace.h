@@ -134,6 +134,14 @@ class TraceScope {
 // "run/trace.json" for rank r of a multi-process run: "run/trace.rank-<r>.json" (the files that
 // merge_trace_files joins).
 std::string rank_trace_path(const std::string& path, int rank);
+// A failed run's part of rank r, named apart from a finished run's (which the next run's merge
+// would take): "run/trace.failed.rank-<r>.json".
+std::string failed_rank_trace_path(const std::string& path, int rank);
+// Whether `name` (a file name, no folder) is one of the parts above of `path`, for any rank.
+bool is_rank_trace_name(const std::string& path, const std::string& name);
+// Whether the file at `path` is a trace Tracer::write or merge_trace_files wrote (its first 4 KiB
+// hold the "producer": "dtrain" mark): a file a run may replace as its own part.
+bool is_dtrain_trace_file(const std::string& path);
 
 // Joins trace files (written by Tracer::write, or any {"traceEvents":[...]} file) into one at
 // `out`, written atomically. Throws UserError naming the file that is missing or not a trace.

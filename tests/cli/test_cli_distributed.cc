@@ -417,6 +417,32 @@ TEST_CASE("--trace: the axes' collectives are in it, a failed run leaves its par
   CHECK(std::filesystem::exists(dir / "new/trace.json"));
 }
 
+TEST_CASE("--trace: the ranks' parts never replace a file that is not a trace") {
+  // Each rank writes FILE.rank-<r>.json (FILE.failed.rank-<r>.json on failure) next to FILE and
+  // the merge deletes them: a config or data file of such a name was overwritten, then deleted.
+  TempDir dir;
+  const std::string cfg = kSrc + "/configs/smoke.yaml";
+  const std::string mine = dir.write("c.rank-0.json", read_text(cfg));  // the run's own config
+  const std::string notes = dir.write("n.failed.rank-3.json", "notes\n");
+  for (const std::string trace : {"c.json", "n.json"}) {
+    const auto r = run_cmd(kBin + " run " + mine + " --out " + dir / "o" + " --trace " +
+                           dir / trace + " --set train.max_steps=2");
+    CAPTURE(trace);
+    CHECK_MESSAGE(r.exit_code == 2, r.output);
+    CHECK(contains(r.output, "is not a dtrain trace"));
+  }
+  CHECK(read_text(mine) == read_text(cfg));
+  CHECK(read_text(notes) == "notes\n");
+  // A part a killed run left is a trace: replaced, then merged and deleted as usual.
+  auto r = run_cmd(kBin + " run " + cfg + " --out " + dir / "p" + " --trace " + dir / "t.json" +
+                   " --log-level warn --set train.max_steps=2 --set distributed.world_size=2");
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  std::filesystem::copy_file(dir / "t.json", dir / "t.rank-1.json");
+  r = run_cmd(kBin + " run " + cfg + " --out " + dir / "q" + " --trace " + dir / "t.json" +
+              " --log-level warn --set train.max_steps=2");
+  CHECK_MESSAGE(r.exit_code == 0, r.output);
+}
+
 namespace {
 
 using dtrain::testing::kRestartCfg;
