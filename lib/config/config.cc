@@ -173,6 +173,8 @@ class Reader final : public config_detail::KeyErrors {
     std::vector<YAML::Node> docs;
     try {
       if (const auto p = stuck_document_problem(text)) fail_at("", p->mark, p->message);
+      if (const auto p = too_many_nodes_problem(text, kMaxConfigValues))
+        fail_at("", p->mark, "the config has " + p->message);
       docs = YAML::LoadAll(text);
     } catch (const YAML::DeepRecursion& e) {
       // yaml-cpp's own message is "bad file".
@@ -207,6 +209,7 @@ class Reader final : public config_detail::KeyErrors {
 
   // `node` must be the value of section `path`: a mapping, or null (an empty section).
   void expect_section(const YAML::Node& node, const std::string& path) const {
+    if (node.IsMap()) check_tag(node, path, "a section", {"map"});
     if (node.IsMap() || node.IsNull()) return;
     if (path.empty()) {
       fail_at(path, node.Mark(),
@@ -258,7 +261,16 @@ class Reader final : public config_detail::KeyErrors {
       value.reset(YAML::Node(raw));
     } else {
       try {
-        value.reset(YAML::Load(raw));
+        if (const auto p = too_many_nodes_problem(raw, kMaxConfigValues))
+          throw UserError(where + ": the value has " + p->message);
+        const std::vector<YAML::Node> docs = YAML::LoadAll(raw);
+        // One document, as in the file (a trailing "---" yields an empty extra one).
+        for (size_t i = 1; i < docs.size(); ++i)
+          if (!docs[i].IsNull())
+            throw UserError(where +
+                            ": the value is not valid YAML: expected one document, "
+                            "found more after '---'");
+        if (!docs.empty()) value.reset(docs[0]);
       } catch (const YAML::DeepRecursion& e) {
         throw UserError(where + ": the value is not valid YAML: " + too_deep(e.depth()));
       } catch (const YAML::Exception& e) {
@@ -363,7 +375,8 @@ class Reader final : public config_detail::KeyErrors {
         return;
     const std::string shown = tag.starts_with(kCore) ? "!!" + tag.substr(kCore.size()) : tag;
     fail_node(path, n,
-              std::string("expected ") + what + ", got '" + n.Scalar() + "' tagged " + shown +
+              std::string("expected ") + what + ", got " +
+                  (n.IsScalar() ? "'" + n.Scalar() + "'" : describe(n)) + " tagged " + shown +
                   " (remove the tag)");
   }
 
@@ -482,6 +495,7 @@ class Reader final : public config_detail::KeyErrors {
       fail_node(path, *n,
                 "expected a sequence of integers such as [512, 512], got " + describe(*n));
     }
+    check_tag(*n, path, "a sequence of integers", {"seq"});
     out.clear();
     size_t i = 0;
     for (const YAML::Node& e : *n) {
@@ -505,6 +519,7 @@ class Reader final : public config_detail::KeyErrors {
       fail_node(path, *n,
                 "expected a path or a list of paths such as [a.txt, 'corpus/*.txt'], got " +
                     describe(*n));
+    check_tag(*n, path, "a list of paths", {"seq"});
     size_t i = 0;
     for (const YAML::Node& e : *n) {
       const std::string ep = path + "[" + std::to_string(i++) + "]";
@@ -636,6 +651,7 @@ class Reader final : public config_detail::KeyErrors {
     if (!n->IsSequence())
       fail_node(path, *n,
                 "expected a list of layers such as [{linear: 128}, relu], got " + describe(*n));
+    check_tag(*n, path, "a list of layers", {"seq"});
     out.clear();
     size_t i = 0;
     for (const YAML::Node& e : *n) {
@@ -683,13 +699,25 @@ class Reader final : public config_detail::KeyErrors {
   // A relative path written in the file is relative to the file's folder; one from --set is
   // relative to the working directory, as any command-line path. Both become absolute, so the
   // config.json a run writes (in its own folder) loads back from anywhere.
-  void resolve(const std::string& path, std::string& value) const {
+  // `glob`: the value may be a glob pattern (text data's paths): a folder prefixed to a pattern
+  // has its own *, ? and [ escaped, so the pattern matches inside that folder only (a config in
+  // "proj[1]/" or "runs*/" must not read "proj1/" or "runsX/").
+  void resolve(const std::string& path, std::string& value, bool glob) const {
     if (value.empty() || base_dir_.empty()) return;
     const fs::path p(value);
     if (p.is_absolute()) return;
     std::error_code ec;
     const fs::path base = override_for(path) ? fs::current_path(ec) : base_dir_;
-    value = (base / p).lexically_normal().string();
+    if (glob && value.find_first_of("*?[") != std::string::npos) {
+      std::string escaped;
+      for (const char ch : base.lexically_normal().string()) {
+        if (ch == '*' || ch == '?' || ch == '[' || ch == '\\') escaped += '\\';
+        escaped += ch;
+      }
+      value = (fs::path(escaped) / p).lexically_normal().string();
+    } else {
+      value = (base / p).lexically_normal().string();
+    }
     if (!valid_utf8(value)) {
       const auto m = marks_.find(path);
       fail_at(path, m != marks_.end() ? m->second : YAML::Mark::null_mark(),
@@ -702,10 +730,11 @@ class Reader final : public config_detail::KeyErrors {
   void resolve_paths(Config& c) const {
     for (const KeyDecl& d : config_keys()) {
       if (d.type == KeyType::kPath)
-        resolve(d.path, (*std::get<std::string& (*)(Config&)>(d.ref))(c));
-      if (d.type == KeyType::kPathList) {
+        resolve(d.path, (*std::get<std::string& (*)(Config&)>(d.ref))(c), false);
+      if (d.type == KeyType::kPathList) {  // (text data's lists take glob patterns)
+        const bool glob = c.data.format == DataFormat::kText;
         for (std::string& p : (*std::get<std::vector<std::string>& (*)(Config&)>(d.ref))(c))
-          resolve(d.path, p);
+          resolve(d.path, p, glob);
       }
     }
   }
@@ -726,7 +755,15 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
     throw UserError(
         "config '" + path + "' " + why +
         (why.starts_with("is a dir") ? " (give a YAML file, e.g. configs/smoke.yaml)" : ""));
-  const std::string text = read_file(path);
+  // A training config is a few KB: 1 MiB bounds the parse's time and memory (yaml-cpp's scanner
+  // reads a flow collection whole before the node count can stop it).
+  constexpr uintmax_t kMaxConfigBytes = uintmax_t{1} << 20;
+  std::error_code ec;
+  if (const uintmax_t size = fs::file_size(path, ec); !ec && size > kMaxConfigBytes)
+    throw UserError("config '" + path + "' has " + std::to_string(size) +
+                    " bytes, more than the 1 MiB a config may have (a training config is a few "
+                    "KB)");
+  const std::string text = read_regular_file(path, kMaxConfigBytes);
   if (text.find_first_not_of(" \t\r\n") == std::string::npos)
     throw UserError("config '" + path + "' is empty" +
                     (text.empty() ? std::string() : " (only whitespace)") +

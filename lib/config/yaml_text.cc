@@ -10,9 +10,34 @@ namespace dtrain {
 
 namespace {
 
+// The parser's events, each node's start passed to node(): what the checks below count or note.
+class NodeEvents : public YAML::EventHandler {
+ public:
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark& m, YAML::anchor_t) override { node(m); }
+  void OnAlias(const YAML::Mark& m, YAML::anchor_t) override { node(m); }
+  void OnScalar(const YAML::Mark& m, const std::string&, YAML::anchor_t,
+                const std::string&) override {
+    node(m);
+  }
+  void OnSequenceStart(const YAML::Mark& m, const std::string&, YAML::anchor_t,
+                       YAML::EmitterStyle::value) override {
+    node(m);
+  }
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark& m, const std::string&, YAML::anchor_t,
+                  YAML::EmitterStyle::value) override {
+    node(m);
+  }
+  void OnMapEnd() override {}
+
+ protected:
+  virtual void node(const YAML::Mark& m) = 0;
+};
+
 // Where the last document handed to it began, and its first node (positions in the text, -1
 // when unknown): what stuck_document_problem compares between documents.
-class DocumentStarts : public YAML::EventHandler {
+class DocumentStarts : public NodeEvents {
  public:
   std::pair<int, int> at{-1, -1};
   YAML::Mark first_mark = YAML::Mark::null_mark();
@@ -21,30 +46,29 @@ class DocumentStarts : public YAML::EventHandler {
     at = {m.pos, -1};
     first_mark = m;
   }
-  void OnDocumentEnd() override {}
-  void OnNull(const YAML::Mark& m, YAML::anchor_t) override { first(m); }
-  void OnAlias(const YAML::Mark& m, YAML::anchor_t) override { first(m); }
-  void OnScalar(const YAML::Mark& m, const std::string&, YAML::anchor_t,
-                const std::string&) override {
-    first(m);
-  }
-  void OnSequenceStart(const YAML::Mark& m, const std::string&, YAML::anchor_t,
-                       YAML::EmitterStyle::value) override {
-    first(m);
-  }
-  void OnSequenceEnd() override {}
-  void OnMapStart(const YAML::Mark& m, const std::string&, YAML::anchor_t,
-                  YAML::EmitterStyle::value) override {
-    first(m);
-  }
-  void OnMapEnd() override {}
 
  private:
-  void first(const YAML::Mark& m) {
+  void node(const YAML::Mark& m) override {
     if (at.second != -1) return;
     at.second = m.pos;
     first_mark = m;
   }
+};
+
+// Counts nodes; past the limit, throws Past (where it happened) to stop the parse there.
+class NodeCounter : public NodeEvents {
+ public:
+  struct Past {
+    YAML::Mark mark;
+  };
+  explicit NodeCounter(int64_t limit) : left_(limit) {}
+  void OnDocumentStart(const YAML::Mark&) override {}
+
+ private:
+  void node(const YAML::Mark& m) override {
+    if (--left_ < 0) throw Past{m};
+  }
+  int64_t left_;
 };
 
 }  // namespace
@@ -73,6 +97,21 @@ std::optional<TextProblem> stuck_document_problem(const std::string& text) {
                              (ch == ',' ? " (',' separates items only inside [ ] or { })" : "")};
     }
     last = starts.at;
+  }
+  return std::nullopt;
+}
+
+std::optional<TextProblem> too_many_nodes_problem(const std::string& text, int64_t limit) {
+  std::istringstream in(text);
+  YAML::Parser parser(in);
+  NodeCounter counter(limit);
+  try {
+    while (parser.HandleNextDocument(counter)) {
+    }
+  } catch (const NodeCounter::Past& p) {
+    return TextProblem{p.mark, "more than " + std::to_string(limit) +
+                                   " YAML values (keys, entries, empty ones too): not a training "
+                                   "config"};
   }
   return std::nullopt;
 }

@@ -1,7 +1,9 @@
 // Checks of a config's YAML text made before yaml-cpp loads it: what yaml-cpp cannot report well
-// (a NUL byte) or cannot get past at all (a document that makes no progress).
+// (a NUL byte), cannot get past at all (a document that makes no progress) or would build a tree
+// of any size for (too many nodes).
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <string>
 
@@ -27,5 +29,12 @@ std::optional<TextProblem> nul_byte_problem(const std::string& text);
 // place, naming the character. nullopt when every document moves on. Throws what yaml-cpp's
 // parser throws (YAML::Exception) for text it cannot parse.
 std::optional<TextProblem> stuck_document_problem(const std::string& text);
+
+// Where the text's YAML node number `limit` + 1 begins, counted by the event parser over every
+// document (an alias counts once: within_values bounds them on the tree), with the message;
+// nullopt when it has at most `limit`. yaml-cpp's tree takes about 1 KB per node, so 400 KB of
+// empty flow entries ("{,,,...}") took 390 MB before the tree's count could refuse them. Throws
+// YAML::Exception on text it cannot parse, as stuck_document_problem.
+std::optional<TextProblem> too_many_nodes_problem(const std::string& text, int64_t limit);
 
 }  // namespace dtrain

@@ -6,6 +6,7 @@
 #include <doctest/doctest.h>
 
 #include <chrono>
+#include <cstdio>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -103,4 +104,45 @@ TEST_CASE("fuzz regression: a top-level ',' is refused at once, not parsed until
   CHECK(error_of("seed: 1\n---\nseed: 2\n").find("found more after '---'") != std::string::npos);
   // Generous: the loop took 19 s and 3.6 GB; refusing takes microseconds.
   CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(10));
+}
+
+TEST_CASE("a config of many small YAML values is refused before its tree is built") {
+  // yaml-cpp's tree took ~1 KB per node: 400 KB of empty flow entries took 390 MB, a 40 MB list
+  // 9.3 GB, before the value count refused them. The event parser counts them first now.
+  const std::string commas = "{" + std::string(400000, ',') + "}\n";
+  std::string list = "data: {format: synthetic}\nmodel: {hidden: [";
+  for (int i = 0; i < 200000; ++i) list += "1,";
+  list += "1]}\n";
+  for (const std::string& text : {commas, list}) {
+    const std::string e = error_of(text);
+    CHECK_MESSAGE(e.find("more than 100000 YAML values") != std::string::npos, e);
+  }
+  // The same in a --set value.
+  const std::string e = error_of("seed: 1\n", {"model.hidden=[" + std::string(300000, ',') + "]"});
+  CHECK_MESSAGE(e.find("more than 100000 YAML values") != std::string::npos, e);
+  // A file over 1 MiB is refused before it is parsed.
+  const std::string path = "/tmp/dtrain_big_config_test.yaml";
+  {
+    std::ofstream f(path);
+    f << "seed: 1\n" << std::string(1 << 20, '#') << "\n";
+  }
+  CHECK_THROWS_WITH_AS(load_config(path),
+                       doctest::Contains("more than the 1 MiB a config may have"), UserError);
+  std::remove(path.c_str());
+  // A --set value of several documents is refused, as a file of several is.
+  const std::string two = error_of("seed: 1\n", {"optimizer.lr=0.1\n---\n0.2"});
+  CHECK_MESSAGE(two.find("found more after '---'") != std::string::npos, two);
+}
+
+TEST_CASE("a tag on a section or a list names its type or is refused, as on a value") {
+  // Only scalars' tags were checked: `hidden: !foo [8]` and `data: !!seq {...}` passed.
+  for (const std::string& text :
+       {std::string("data: {format: synthetic}\nmodel: {hidden: !foo [8]}\n"),
+        std::string("data: {format: synthetic}\nmodel: {hidden: !!int [8]}\n"),
+        std::string("data: !!seq {format: synthetic}\n"),
+        std::string("data: {format: text, train: {path: !!map [a.txt]}}\n")}) {
+    CAPTURE(text);
+    CHECK(error_of(text).find("(remove the tag)") != std::string::npos);
+  }
+  CHECK(error_of("data: !!map {format: synthetic}\nmodel: {hidden: !!seq [8]}\n") == "(no error)");
 }

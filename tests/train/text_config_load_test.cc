@@ -2,6 +2,7 @@
 // the window length from model.block_size.
 #include <doctest/doctest.h>
 
+#include <filesystem>
 #include <string>
 
 #include "config/config.h"
@@ -34,6 +35,31 @@ TEST_CASE("load_data: format text through the config: globs, block_size from the
   CHECK(s.test.rows == 9);
   const Config none = load_config(t / "c.yaml", {"data.train.path=" + t / "nothing*.txt"});
   CHECK_THROWS_WITH_AS(load_data(none.data, 1), doctest::Contains("matches no file"), UserError);
+}
+
+TEST_CASE("load_data: a relative glob matches inside the config's folder, whatever its name") {
+  // Folders whose names hold glob characters: the pattern applies inside the config's own
+  // folder only. Before, "proj*/c.yaml" also read "proj[1]/" and "projX/", and "proj[1]/c.yaml"
+  // matched nothing.
+  TempDir t;
+  for (const std::string folder : {"proj[1]", "proj*", "proj?", "projX", "proj1"})
+    std::filesystem::create_directories(t / folder);
+  for (const std::string folder : {"proj[1]", "proj*", "proj?"}) {
+    t.write(folder + "/a.txt", bytes_of(400));
+    t.write(folder + "/c.yaml",
+            "model: {type: gpt, block_size: 8}\ndata: {format: text, train: {path: '*.txt'}}\n");
+  }
+  t.write("projX/a.txt", bytes_of(4000));
+  t.write("proj1/a.txt", bytes_of(4000));
+  for (const std::string folder : {"proj[1]", "proj*", "proj?"}) {
+    CAPTURE(folder);
+    const Config c = load_config(t / (folder + "/c.yaml"));
+    const DataSplits s = load_data(c.data, c.seed);
+    // Its own 400 bytes only: 360 training bytes (44 windows of 9 at stride 8) and 40 held out
+    // (4); the 4,000 bytes of projX/ or proj1/ would give hundreds.
+    CHECK(s.train.rows == 44);
+    CHECK(s.test.rows == 4);
+  }
 }
 
 }  // namespace
