@@ -564,6 +564,21 @@ void release_latest(const std::string& dir, const std::string& name) {
     fs::remove(latest, ec);
 }
 
+void adopt_latest(const std::string& dir, const std::string& resumed) {
+  std::error_code ec;
+  fs::path r = fs::weakly_canonical(fs::absolute(resumed), ec);
+  if (r.filename().empty()) r = r.parent_path();  // a sharded folder given with a trailing '/'
+  const fs::path d = fs::weakly_canonical(fs::absolute(dir), ec);
+  if (ec || r.parent_path() != d) return;
+  const std::string name = r.filename().string();
+  if (!std::regex_match(name, step_entry_re())) return;
+  const fs::path latest = d / "latest";
+  if (fs::is_regular_file(latest, ec) && fs::file_size(latest, ec) <= kMaxLatestBytes &&
+      read_latest_name(latest) == name)
+    return;
+  write_file_atomic(latest.string(), name + "\n");
+}
+
 void commit_checkpoint(const std::string& dir, const std::string& file_name, int64_t keep_last) {
   DT_CHECK_GE(keep_last, 1);
   write_file_atomic((fs::path(dir) / "latest").string(), file_name + "\n");

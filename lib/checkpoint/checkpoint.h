@@ -150,6 +150,12 @@ CheckpointMeta load_checkpoint(const std::string& path, const Model& model, floa
 // checkpoint below its step, or removed when there is none, so a crash during the rewrite
 // leaves `latest` on a complete checkpoint, never on the half-written one.
 void release_latest(const std::string& dir, const std::string& name);
+// A run that resumed from `resumed`, a checkpoint in dir (its own checkpoints folder) other than
+// the one `latest` names (or with no `latest`), continues from there: latest is pointed at it
+// (atomic), so a crash before the run's first checkpoint resumes (--resume auto) where it
+// began, not from an abandoned timeline's newer steps. Nothing changes for a checkpoint
+// outside dir.
+void adopt_latest(const std::string& dir, const std::string& resumed);
 std::string checkpoint_file_name(int64_t step);  // "step-<N>.safetensors"
 // Records `file_name` (a file or a sharded folder name) as the newest checkpoint in dir/latest
 // (atomic), then deletes the oldest step-* files and folders beyond keep_last.

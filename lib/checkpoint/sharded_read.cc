@@ -221,6 +221,24 @@ ShardedRead read_sharded(const std::string& dir, bool with_state) {
   if (covered != P)
     throw UserError("checkpoint '" + dir + "': shard ranges cover " + std::to_string(covered) +
                     " of " + std::to_string(P) + " parameters");
+  // What the shard files hold bounds what is allocated: a manifest (edited, or of a format without
+  // its checksum) claiming more values than its shards can hold is refused before buffers are
+  // sized by it -- not grown into until the machine's memory runs out.
+  uintmax_t bytes = 0;
+  for (const std::string& f : files) {
+    const fs::path path = fs::path(dir) / f;
+    std::error_code ec;
+    const uintmax_t size = fs::file_size(path, ec);
+    if (ec) (void)read_safetensors_metadata(path.string());  // its message for a missing file
+    bytes += ec ? 0 : size;
+  }
+  const double copies = 1.0 + (with_state ? static_cast<double>(out.state_names.size()) : 0.0);
+  if (4.0 * static_cast<double>(P) * copies > static_cast<double>(bytes))
+    throw UserError(fmt::format(
+        "checkpoint '{}': the manifest lists {} parameters{}, {:.0f} bytes of values, more than "
+        "its {} shard file(s) hold ({} bytes): the manifest is corrupt or not these shards'",
+        dir, P, with_state ? " and their optimizer state" : "",
+        4.0 * static_cast<double>(P) * copies, files.size(), bytes));
   out.params.assign(static_cast<size_t>(P), 0.0f);
   if (with_state)
     out.state.assign(out.state_names.size(), std::vector<float>(static_cast<size_t>(P), 0.0f));

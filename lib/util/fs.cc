@@ -219,7 +219,7 @@ size_t cut_unfinished_line(const std::string& path) {
 
 }  // namespace
 
-LineWriter::LineWriter(const std::string& path, bool append) {
+LineWriter::LineWriter(const std::string& path, bool append) : path_(path) {
   if (append) dropped_ = cut_unfinished_line(path);
   f_ = std::fopen(path.c_str(), append ? "a" : "w");
   if (!f_) throw std::runtime_error("cannot open '" + path + "': " + std::strerror(errno));
@@ -232,9 +232,14 @@ LineWriter::~LineWriter() {
 void LineWriter::write_line(std::string_view line) {
   DT_CHECK(f_ != nullptr);
   FILE* f = static_cast<FILE*>(f_);
-  std::fwrite(line.data(), 1, line.size(), f);
-  std::fputc('\n', f);
-  std::fflush(f);
+  errno = 0;
+  const bool ok = std::fwrite(line.data(), 1, line.size(), f) == line.size() &&
+                  std::fputc('\n', f) != EOF && std::fflush(f) == 0;
+  if (!ok) {
+    const int err = errno != 0 ? errno : EIO;
+    std::clearerr(f);
+    throw std::runtime_error("writing '" + path_ + "' failed: " + std::strerror(err));
+  }
 }
 
 double peak_rss_mb() {

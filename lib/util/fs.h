@@ -45,11 +45,14 @@ class LineWriter {
   ~LineWriter();
   LineWriter(const LineWriter&) = delete;
   LineWriter& operator=(const LineWriter&) = delete;
+  // Writes line + '\n' and flushes. Throws std::runtime_error naming the file and the cause when
+  // the write fails (a full disk, an I/O error): a record lost is a run's record lost.
   void write_line(std::string_view line);
   bool is_open() const { return f_ != nullptr; }
 
  private:
   void* f_ = nullptr;
+  std::string path_;
   size_t dropped_ = 0;
 };
 

@@ -207,6 +207,27 @@ TEST_CASE("a swapped or stale shard file is refused, and so is a manifest naming
   CHECK_MESSAGE(contains(msg, "lists tensor '" + m.params()[0].name + "' twice"), msg);
 }
 
+TEST_CASE("a manifest claiming more values than its shards hold is refused before allocating") {
+  // A tensor of 2^40 values appended to the table and to rank 1's ranges, the checksum dropped
+  // (a manifest of before checksums loads with a warning): the buffers were sized by it first --
+  // 4 TiB, or at 2^31 values with Adam's state enough to bring in the kernel's OOM killer.
+  TempDir dir;
+  const Model m = small_model();
+  const int64_t P = m.param_count();
+  std::vector<float> p(P), mom(P, 0.25f), got(P, 0.0f);
+  m.init(p.data(), 14);
+  const std::string ck = dir / "step-3";
+  save_two_shards(ck, m, p, mom);
+  const int64_t big = int64_t{1} << 40;
+  rewrite_manifest(ck, [&](nlohmann::json& man) {
+    man["params"].push_back({{"name", "zz"}, {"shape", {big}}, {"offset", P}});
+    man["param_count"] = P + big;
+    man["shards"][1]["ranges"].push_back({P, P + big, P - P / 2});
+  });
+  const std::string msg = user_error([&] { consolidate_checkpoint(ck, dir / "one.safetensors"); });
+  CHECK_MESSAGE(contains(msg, "more than its 2 shard file(s) hold"), msg);
+}
+
 TEST_CASE("a shard's own format and version are checked, as the manifest's are") {
   TempDir dir;
   const Model m = small_model();

@@ -171,6 +171,15 @@ TEST_CASE("LineWriter appending cuts an unfinished last line, and only that") {
   std::filesystem::remove_all(tmpl);
 }
 
+TEST_CASE("LineWriter: a write that fails (a full disk) throws, naming the file and the cause") {
+  // Before, fwrite/fflush results were ignored: a run on a full disk lost its metrics records
+  // silently and exited 0.
+  LineWriter w("/dev/full", /*append=*/false);
+  CHECK_THROWS_WITH_AS(w.write_line("{\"step\":1}"),
+                       doctest::Contains("writing '/dev/full' failed: No space left on device"),
+                       std::runtime_error);
+}
+
 TEST_CASE("fnv1a_hex is the 64-bit FNV-1a") {
   CHECK(fnv1a_hex("") == "cbf29ce484222325");
   CHECK(fnv1a_hex("a") == "af63dc4c8601ec8c");
