@@ -276,6 +276,11 @@ def eval_images(model, config):
                          f"{config['model']['loss']}: use `dtrain eval` for its loss")
     if d.get("normalize", "auto") not in ("auto", "scale"):
         raise SystemExit("--eval reads IDX images scaled to 0..1 (data.normalize auto or scale)")
+    test = d.get("test") or {}
+    if not test.get("images") or not test.get("labels"):
+        raise SystemExit("--eval reads the test images of data.test.images and data.test.labels; "
+                         "this config holds out part of the training images instead "
+                         "(data.test_fraction, a seeded draw): use `dtrain eval` for that split")
     x = torch.from_numpy(read_idx(d["test"]["images"]).astype(np.float32) / 255.0)
     y = torch.from_numpy(read_idx(d["test"]["labels"]).astype(np.int64))
     if config["model"].get("type") == "sequential":

@@ -79,8 +79,18 @@ void check_layout_without_data(const Config& cfg) {
   const int here = d.backend == Backend::kInproc ? world : 1;
   // (gRPC ranks: as if all on this machine, dtrain launch's way.)
   const int blas = run_blas_threads(cfg, world);
+  const int replicas = std::max(1, world / S);
+  const int64_t test_rows = test_rows_without_loading(cfg.data);
   for (const auto& [first, last] : stages)
-    check_training_memory(cfg, model, first, last, std::max(1, world / S), here, false, blas);
+    check_training_memory(
+        cfg, model,
+        {.first = first,
+         .last = last,
+         .replicas = replicas,
+         .ranks_here = here,
+         .blas_threads = blas,
+         .train_rows = train_rows_without_loading(cfg.data),
+         .eval_rows = test_rows < 0 ? -1 : (test_rows + replicas - 1) / replicas});
 }
 
 }  // namespace

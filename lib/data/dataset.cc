@@ -162,6 +162,16 @@ int64_t train_rows_without_loading(const DataConfig& cfg) {
   return cfg.test.empty() ? n - held_out_rows(n, resolved_test_fraction(cfg)) : n;
 }
 
+int64_t test_rows_without_loading(const DataConfig& cfg) {
+  const double fraction = resolved_test_fraction(cfg);
+  if (cfg.test.empty() && fraction == 0.0) return 0;
+  if (cfg.format == DataFormat::kIdx && !cfg.test.empty()) return idx_label_count(cfg.test.labels);
+  int64_t n = -1;
+  if (cfg.format == DataFormat::kSynthetic) n = cfg.synthetic.samples;
+  if (cfg.format == DataFormat::kIdx) n = idx_label_count(cfg.train.labels);
+  return n < 0 || !cfg.test.empty() ? -1 : held_out_rows(n, fraction);
+}
+
 Shape train_sample_shape_without_loading(const DataConfig& cfg) {
   switch (cfg.format) {
     case DataFormat::kSynthetic:

@@ -97,6 +97,9 @@ int64_t held_out_rows(int64_t n, double fraction);
 // header, gzip or not, minus the held-out part); -1 for CSV or an unreadable IDX header (the
 // loader then reports what is wrong).
 int64_t train_rows_without_loading(const DataConfig& cfg);
+// The same for the test set: 0 when there is none (no data.test and a test_fraction of 0), -1
+// when only the data can tell (CSV, text).
+int64_t test_rows_without_loading(const DataConfig& cfg);
 // A training sample's input shape when it is known without reading the data: synthetic [F],
 // IDX [1, rows, cols] (its images header), text [block_size] (token ids); {} for CSV or an
 // unreadable header (the loader then reports what is wrong).

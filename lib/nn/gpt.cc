@@ -184,6 +184,13 @@ class Block final : public Layer {
     for (const auto& k : kids_) v += k->state_values_per_sample();
     return v;
   }
+  // An evaluation forward saves the 16 [T, C]-sized tensors and the probabilities, no masks.
+  double eval_values_per_sample() const override {
+    double v =
+        16.0 * static_cast<double>(seq_ * embd_) + static_cast<double>(n_head_ * seq_ * seq_);
+    for (const auto& k : kids_) v += k->eval_values_per_sample();
+    return v;
+  }
 
   // Steady-state calls do not allocate: every buffer keeps its shape (members tc_, qkv_,
   // probs_ rather than temporaries: a Shape is a vector).

@@ -104,6 +104,9 @@ class Layer {
   // the start-up memory estimate counts for activations (train/loop.cc). Buffers of a fixed size
   // (conv2d's im2col block) are not counted.
   virtual double state_values_per_sample() const { return 0.0; }
+  // The same for an evaluation forward (training off: no dropout masks, no backward work), what
+  // the memory estimate counts per sample of data.eval_batch_size. At most the training figure.
+  virtual double eval_values_per_sample() const { return state_values_per_sample(); }
 
  protected:
   Layer(Shape in_shape, Shape out_shape);

@@ -174,6 +174,14 @@ class TpBlock final : public Layer {
     for (const auto& k : kids_) v += k->state_values_per_sample();
     return v;
   }
+  // An evaluation forward's saved tensors only (4 tc + 12 tc / S and the heads' probabilities).
+  double eval_values_per_sample() const override {
+    const double tc = static_cast<double>(seq_ * embd_);
+    double v =
+        4.0 * tc + 12.0 * tc / static_cast<double>(size_) + static_cast<double>(hl_ * seq_ * seq_);
+    for (const auto& k : kids_) v += k->eval_values_per_sample();
+    return v;
+  }
   // The whole block's values from rng (the T = 1 model's draws), then this rank's shards.
   void init(float* p, Rng& rng) const override {
     std::vector<float> whole(static_cast<size_t>(whole_->param_count()));

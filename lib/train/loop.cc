@@ -86,177 +86,17 @@ void TrainLoop::setup_model() {
 void TrainLoop::check_memory(const ModelRange& range) const {
   const bool inproc = cfg_.distributed.backend == Backend::kInproc;
   const int here = inproc ? world_.size() : 1;
-  // The address-space probe once per process: rank 0 for the in-process ranks.
-  const int probe_threads = !inproc || world_.rank() == 0 ? std::max(1, blas_threads()) : 0;
-  check_training_memory(cfg_, model_, range.first, range.last, DP_, here, !opts_.resume.empty(),
-                        probe_threads);
-}
-
-bool TrainLoop::resume() {
-  if (!opts_.resume.empty()) {
-    // The full state is read by rank 0 and broadcast; each strategy keeps its part (of the
-    // whole model's layout, sliced to this tensor rank's shards first).
-    const Model& whole = tp_ ? tp_->global() : model_;
-    const int64_t P = whole.param_count();
-    const std::vector<std::string> names = strategy_->state_names();
-    std::vector<float> full_p(static_cast<size_t>(P));
-    std::vector<std::vector<float>> full_s(names.size(),
-                                           std::vector<float>(static_cast<size_t>(P)));
-    std::vector<StateBuffer> sb;
-    std::vector<const float*> ptrs;
-    for (size_t i = 0; i < names.size(); ++i) {
-      sb.push_back({names[i], full_s[i].data()});
-      ptrs.push_back(full_s[i].data());
-    }
-    rp_ = resume_full_state(cfg_, opts_, world_, whole, ckpt_dir_, hash_, full_p.data(), sb, rng_,
-                            &saved_comp_);
-    if (rp_.loaded) {
-      check_tied_copies(whole, full_p.data(), ptrs, rp_.from.empty() ? opts_.resume : rp_.from);
-      if (tp_) {  // this tensor rank's shards, in place (a local layout is no larger)
-        tp_->slice(full_p.data(), full_p.data());
-        for (std::vector<float>& b : full_s) tp_->slice(b.data(), b.data());
-      }
-      strategy_->load_full(full_p.data(), ptrs);
-      step_ = rp_.step;
-      epoch_ = rp_.epoch;
-      batch_ = resumed_batch_index();
-      plan_.total_steps = resumed_total_steps();
-      strategy_->optimizer().set_step_count(rp_.optimizer_steps);
-      last_ckpt_step_ = step_;
-      restore_progress(rp_.progress);
-      if (GradReducer* r = strategy_->reducer())
-        restore_compression_state(world_, *r, cfg_.distributed.compression.type,
-                                  cfg_.distributed.strategy, saved_comp_);
-    }
-  }
-  if (const std::string why = nothing_left_reason(cfg_, rp_, plan_); !why.empty()) {
-    if (!run_left_unfinished()) {
-      if (lead_) spdlog::warn("{}", why);
-      early_summary_ = nothing_to_do_summary(why, rp_);
-      return false;  // the folder stays as it was: config.json describes its checkpoints
-    }
-    // Its last checkpoint written, the run ended before its final evaluation and summary (a
-    // rank lost during them, then a restart): those are all that is left to do.
-    if (lead_)
-      spdlog::warn(
-          "the checkpoint {} is at step {}, where this config stops, but the run in {} ended "
-          "before its final evaluation and summary: finishing it (no step to train)",
-          rp_.from, rp_.step, opts_.out_dir);
-  }
-  // Deferred by start_run_dir for a resumed run: written once the checkpoint has loaded and
-  // there is something to train.
-  if (!opts_.resume.empty() && lead_) write_run_config(cfg_, opts_.out_dir);
-  schedule_steps_ = schedule_horizon(rp_, plan_, lead_);
-  return true;
-}
-
-// The running totals the checkpoint recorded (CheckpointMeta::progress_json): the skip count and
-// the train record in progress, read by rank 0 and broadcast (every rank reports the same skip
-// count and, where each holds the global loss, the same final_train_loss). Where the loss is per
-// rank, record() adds the other ranks' own sums (from 0) to rank 0's, so only rank 0 keeps the
-// saved all-ranks sums. Collective.
-void TrainLoop::restore_progress(const std::string& progress) {
-  std::vector<double> v(5, 0.0);  // skipped, record loss, record samples, interval loss, samples
-  if (lead_ && !progress.empty()) {
-    try {
-      const nlohmann::json p = nlohmann::json::parse(progress);
-      v = {static_cast<double>(p.at("skipped_steps").get<int64_t>()),
-           p.at("record_loss").get<double>(),
-           static_cast<double>(p.at("record_samples").get<int64_t>()),
-           p.at("interval_loss").get<double>(),
-           static_cast<double>(p.at("interval_samples").get<int64_t>())};
-    } catch (const nlohmann::json::exception& e) {
-      // Totals for the records only: a checkpoint whose tensors passed their checks resumes.
-      spdlog::warn("{}: its running totals (progress) are unreadable ({}): records restart at 0",
-                   rp_.from, shown_text(e.what(), 200));
-      v.assign(5, 0.0);
-    }
-  }
-  world_.broadcast(reinterpret_cast<uint8_t*>(v.data()), v.size() * sizeof(double), 0);
-  skipped_steps_ = static_cast<int64_t>(v[0]);
-  if (!lead_ && !loss_global_) return;
-  record_loss_ = v[1];
-  record_samples_ = static_cast<int64_t>(v[2]);
-  interval_loss_ = v[3];
-  interval_samples_ = static_cast<int64_t>(v[4]);
-}
-
-// Whether the resumed checkpoint, at the step where this config stops, is this run folder's own
-// (--resume auto, or a checkpoint under --out) and the folder holds no summary of a run completed
-// at (or past) that step: its run ended after its last checkpoint, before the final evaluation and
-// summary. Rank 0 reads the folder (the other ranks' hosts may not see it) and tells the others.
-bool TrainLoop::run_left_unfinished() {
-  uint8_t unfinished = 0;
-  if (lead_) {
-    std::error_code ec;
-    const fs::path out = fs::weakly_canonical(fs::absolute(opts_.out_dir), ec);
-    const bool own =
-        opts_.resume == "auto" ||
-        path_is_within(fs::weakly_canonical(fs::absolute(rp_.from), ec).string(), out.string());
-    if (own) {
-      unfinished = 1;
-      try {
-        const nlohmann::json s =
-            nlohmann::json::parse(read_regular_file((out / "summary.json").string(), 1 << 20));
-        // (A run completed past this checkpoint's step, resumed from an older one of its
-        // checkpoints under a shorter plan, is finished too: its results are left alone.)
-        if (s.value("status", std::string()) == "completed" &&
-            s.value("steps", int64_t{-1}) >= rp_.step)
-          unfinished = 0;
-      } catch (const std::exception&) {  // none, or unreadable: no completed run recorded
-      }
-    }
-  }
-  world_.broadcast(&unfinished, 1, 0);
-  return unfinished != 0;
-}
-
-// The checkpoint counts its place in the epoch in global batches of the run that wrote it. Under
-// another global batch (data.batch_size or the number of replicas changed) the same index would
-// skip or repeat samples: it is converted through the samples already seen, rounded down (the
-// few samples of a partial batch are seen again rather than skipped).
-int64_t TrainLoop::resumed_batch_index() const {
-  const int64_t now = cfg_.data.batch_size * DP_, before = rp_.global_batch;
-  if (before <= 0 || before == now || rp_.batch == 0) return rp_.batch;
-  const int64_t n = data_.train.rows;
-  const int64_t seen = std::min(n, rp_.batch * before);  // the last batch of an epoch may be short
-  const int64_t k = seen == n ? bpe_ : seen / now;
-  if (lead_)
-    spdlog::warn(
-        "the global batch changed from {} to {} samples since the checkpoint: its epoch "
-        "continues after the {} samples seen, at batch {} of {}{}",
-        before, now, seen, k, bpe_,
-        seen == n || seen % now == 0
-            ? std::string()
-            : fmt::format(" ({} samples of the partial batch are seen again)", seen % now));
-  return k;
-}
-
-// train.epochs counts from where the checkpoint stands: the rest of its epoch, then whole epochs,
-// in this run's steps. epochs x steps per epoch would count the steps already taken at the
-// checkpoint's global batch as if they were this run's: a larger batch (fewer steps per epoch)
-// ended the run epochs early, a smaller one ran past train.epochs. The same as epochs x steps
-// per epoch when the global batch and grad_accum_steps are unchanged. train.max_steps still caps
-// the absolute step.
-int64_t TrainLoop::resumed_total_steps() const {
-  if (cfg_.train.epochs <= 0) return plan_.total_steps;
-  // The checkpoint's place in train.epochs: epoch e, with b of its batches done.
-  int64_t e = epoch_, b = batch_;
-  if (b >= bpe_) {
-    ++e;
-    b = 0;
-  }
-  int64_t end = step_;
-  if (e < cfg_.train.epochs) {
-    const int64_t left = bpe_ - b;  // (ceil without overflow, as plan_steps)
-    const int64_t rest_of_epoch = left / plan_.accum + (left % plan_.accum != 0);
-    int64_t whole = 0;
-    if (__builtin_mul_overflow(cfg_.train.epochs - e - 1, plan_.steps_per_epoch, &whole) ||
-        __builtin_add_overflow(end, rest_of_epoch, &end) ||
-        __builtin_add_overflow(end, whole, &end))
-      end = std::numeric_limits<int64_t>::max();
-  }
-  return cfg_.train.max_steps > 0 ? std::min(end, cfg_.train.max_steps) : end;
+  MemoryPlan plan{.first = range.first,
+                  .last = range.last,
+                  .replicas = DP_,
+                  .ranks_here = here,
+                  .resume = !opts_.resume.empty(),
+                  // The address-space probe once per process: rank 0 for the in-process ranks.
+                  .blas_threads = !inproc || world_.rank() == 0 ? std::max(1, blas_threads()) : 0,
+                  .train_rows = data_.train.rows,
+                  // A replica evaluates its contiguous share of the test set.
+                  .eval_rows = opts_.evaluate ? (data_.test.rows + DP_ - 1) / DP_ : 0};
+  check_training_memory(cfg_, model_, plan);
 }
 
 void TrainLoop::log_start() const {
@@ -740,12 +580,14 @@ nlohmann::json TrainLoop::run() {
     }
   }
   const bool interrupted = stop_signal != 0;
-  if (opts_.evaluate && last_eval_step_ != step_ && !interrupted)
-    evaluate();  // an interrupt wants out quickly
   nlohmann::json s;
   try {
     if (last_ckpt_step_ != step_) save();
-    finish_save();  // the final checkpoint is complete before the summary
+    // The final checkpoint is complete before the final evaluation (one that fails, out of
+    // memory, loses no training) and before the summary.
+    finish_save();
+    if (opts_.evaluate && last_eval_step_ != step_ && !interrupted)
+      evaluate();  // an interrupt wants out quickly
     if (bar_) bar_->clear();
     s = summary(stop_signal);  // (collective: every rank is past its save)
   } catch (const CommError& e) {

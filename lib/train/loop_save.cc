@@ -71,7 +71,14 @@ void TrainLoop::save() {
     const std::string name = checkpoint_file_name(step_);
     run_write([this, name, m, comp = std::move(comp), params = sh.params,
                sb = state_buffers(strategy_->state_names(), sh), step = step_] {
-      save_checkpoint((fs::path(ckpt_dir_) / name).string(), model_, params, sb, m, comp);
+      try {
+        save_checkpoint((fs::path(ckpt_dir_) / name).string(), model_, params, sb, m, comp);
+      } catch (const UserError& e) {  // the cause, with who wrote what (async: reported later)
+        throw UserError(grid_.describe() + ": writing checkpoint " + name + ": " + e.what());
+      } catch (const std::exception& e) {
+        throw std::runtime_error(grid_.describe() + ": writing checkpoint " + name + ": " +
+                                 e.what());
+      }
       save_faults(step);
       commit_checkpoint(ckpt_dir_, name, cfg_.train.checkpoint.keep_last);
       spdlog::debug("checkpoint {}", name);

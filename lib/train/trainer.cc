@@ -188,7 +188,8 @@ double training_state_floats(const Config& cfg, double n, int replicas) {
   return floats;
 }
 
-void require_address_space(double state, double acts, int64_t batch, int here, int threads) {
+void require_address_space(double state, double acts, const std::string& batch, int here,
+                           int threads) {
   // Under an address-space limit (ulimit -v) the rest must be mappable too: OpenBLAS's buffers
   // (128 MiB per BLAS thread of each rank, mapped at first use; OpenBLAS retries a failed map
   // forever, so a run past the limit spun instead of failing), the malloc arena of its worker
@@ -201,7 +202,7 @@ void require_address_space(double state, double acts, int64_t batch, int here, i
   const std::string model_part =
       state + acts > 0 ? fmt::format(
                              "{:.2f} GiB for parameters, gradients and optimizer state, {:.2f} GiB "
-                             "for the activations of a batch of {} (data.batch_size), and ",
+                             "for the activations of {}, and ",
                              state / gib, acts / gib, batch)
                        : std::string();
   throw UserError(fmt::format(
@@ -219,49 +220,94 @@ int run_blas_threads(const Config& cfg, int ranks_on_machine) {
                                  : std::max(1, hardware_cores() / std::max(1, ranks_on_machine));
 }
 
-void check_training_memory(const Config& cfg, const Model& model, size_t first, size_t last,
-                           int replicas, int ranks_here, bool resume, int blas_threads) {
+namespace {
+
+// 4-byte values per sample of layers [first, last): each layer's input and output plus what its
+// state holds for training (backward's work included) or for an evaluation forward.
+double values_per_sample(const Model& model, size_t first, size_t last, bool eval) {
+  double v = 0;
+  for (size_t i = first; i < last; ++i) {
+    const Layer& l = model.layer(i);
+    v += static_cast<double>(l.in_features() + l.out_features()) +
+         (eval ? l.eval_values_per_sample() : l.state_values_per_sample());
+  }
+  return v;
+}
+
+// The batch's rows: the configured size, or fewer when the data holds fewer (rows >= 0).
+int64_t batch_rows(int64_t configured, int64_t rows) {
+  return rows >= 0 ? std::min(configured, rows) : configured;
+}
+
+// The keys that set a model's size, by model type.
+const char* size_keys(const Config& cfg) {
+  const ModelType type = cfg.model.type;
+  return type == ModelType::kGpt                     ? "model.n_layer, n_embd"
+         : type == ModelType::kSequential            ? "model.layers"
+         : cfg.model.complexity != Complexity::kNone ? "model.complexity"
+                                                     : "model.hidden";
+}
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+}  // namespace
+
+void check_training_memory(const Config& cfg, const Model& model, const MemoryPlan& plan) {
   const int64_t avail = available_memory_bytes();
   if (avail < 0) return;
+  const size_t first = plan.first, last = plan.last;
   const int64_t begin = first < last ? model.layer_begin(first) : 0;
   const int64_t end = first < last ? model.layer_end(last - 1) : 0;
   const double n = static_cast<double>(end - begin);
   const double k = static_cast<double>(make_optimizer(cfg.optimizer, 0, 0)->state_names().size());
-  const int here = ranks_here;
-  double state = 4.0 * training_state_floats(cfg, n, replicas) * here;
-  if (resume) state += 4.0 * (1 + k) * static_cast<double>(model.param_count()) * here;
-  double per_sample = 0;  // 4-byte values
-  for (size_t i = first; i < last; ++i) {
-    const Layer& l = model.layer(i);
-    per_sample +=
-        static_cast<double>(l.in_features() + l.out_features()) + l.state_values_per_sample();
-  }
-  const double acts = 4.0 * per_sample * static_cast<double>(cfg.data.batch_size) * here;
-  const double gib = 1024.0 * 1024.0 * 1024.0;
+  const int here = plan.ranks_here;
+  double state = 4.0 * training_state_floats(cfg, n, plan.replicas) * here;
+  if (plan.resume) state += 4.0 * (1 + k) * static_cast<double>(model.param_count()) * here;
+  const int64_t train_batch = batch_rows(cfg.data.batch_size, plan.train_rows);
+  const int64_t eval_batch = batch_rows(cfg.data.eval_batch_size, plan.eval_rows);
+  const double train_acts =
+      4.0 * values_per_sample(model, first, last, false) * static_cast<double>(train_batch) * here;
+  const double eval_acts =
+      4.0 * values_per_sample(model, first, last, true) * static_cast<double>(eval_batch) * here;
+  const bool eval_larger = eval_acts > train_acts;
+  const double acts = eval_larger ? eval_acts : train_acts;
+  const std::string batch =
+      eval_larger ? fmt::format("an evaluation batch of {} (data.eval_batch_size)", eval_batch)
+                  : fmt::format("a batch of {} (data.batch_size)", train_batch);
   if (state + acts <= static_cast<double>(avail)) {
-    if (blas_threads > 0)
-      require_address_space(state, acts, cfg.data.batch_size, here, blas_threads);
+    if (plan.blas_threads > 0) require_address_space(state, acts, batch, here, plan.blas_threads);
     return;
   }
-  // The keys that set the size, by model type.
-  const ModelType type = cfg.model.type;
-  const char* keys = type == ModelType::kGpt                     ? "model.n_layer, n_embd"
-                     : type == ModelType::kSequential            ? "model.layers"
-                     : cfg.model.complexity != Complexity::kNone ? "model.complexity"
-                                                                 : "model.hidden";
   // Under tensor parallelism `model` is one tensor rank's slice.
   const int64_t tp = cfg.distributed.tensor_parallel.size;
   const std::string slice =
       tp > 1 ? fmt::format(" in each of its {} tensor-parallel slices", tp) : std::string();
   throw UserError(fmt::format(
       "the model has {} parameters{} ({}): training needs about {:.1f} GiB for parameters, "
-      "gradients and optimizer state and {:.1f} GiB for the activations of a batch of {} "
-      "(data.batch_size) ({} {} rank(s) in this process, strategy {}), more than the {:.1f} GiB "
-      "this process can allocate; use a smaller model or batch, or more ranks with a sharded "
-      "strategy (fsdp) or a pipeline",
-      model.param_count(), slice, keys, state / gib, acts / gib, cfg.data.batch_size, here,
+      "gradients and optimizer state and {:.1f} GiB for the activations of {} ({} {} rank(s) "
+      "in this process, strategy {}), more than the {:.1f} GiB this process can allocate; {}",
+      model.param_count(), slice, size_keys(cfg), state / kGiB, acts / kGiB, batch, here,
       to_string(cfg.distributed.backend), to_string(cfg.distributed.strategy),
-      static_cast<double>(avail) / gib));
+      static_cast<double>(avail) / kGiB,
+      eval_larger ? "lower data.eval_batch_size, or use a smaller model"
+                  : "use a smaller model or batch, or more ranks with a sharded strategy (fsdp) or "
+                    "a pipeline"));
+}
+
+void check_eval_memory(const Config& cfg, const Model& model, int64_t rows) {
+  const int64_t avail = available_memory_bytes();
+  if (avail < 0) return;
+  const double params = 4.0 * static_cast<double>(model.param_count());
+  const int64_t batch = batch_rows(cfg.data.eval_batch_size, rows);
+  const double acts =
+      4.0 * values_per_sample(model, 0, model.num_layers(), true) * static_cast<double>(batch);
+  if (params + acts <= static_cast<double>(avail)) return;
+  throw UserError(fmt::format(
+      "the model has {} parameters ({}): {:.1f} GiB for them and {:.1f} GiB for the activations "
+      "of an evaluation batch of {} (data.eval_batch_size) are more than the {:.1f} GiB this "
+      "process can allocate; lower data.eval_batch_size (--set data.eval_batch_size=N)",
+      model.param_count(), size_keys(cfg), params / kGiB, acts / kGiB, batch,
+      static_cast<double>(avail) / kGiB));
 }
 
 StepPlan plan_steps(const Config& cfg, int64_t batches_per_epoch, int64_t train_rows,
@@ -531,22 +577,30 @@ ResumePoint resume_full_state(const Config& cfg, const RunOptions& opts, Communi
       spdlog::info("--resume auto: no checkpoint in {}, starting fresh", ckpt_dir);
     }
   }
-  comm.broadcast(meta_i.data(), meta_i.size(), 0);
-  if (meta_i[0] != 1) return rp;
-  comm.broadcast(params, static_cast<size_t>(P), 0);
-  for (const auto& sb : state) comm.broadcast(sb.data, static_cast<size_t>(P), 0);
-  // RNG states: one per rank of the saving run, as 4 words each.
+  // RNG states: one per rank of the saving run, as 4 words each (parsed before anything is sent:
+  // a malformed one is the checkpoint's error, named, while every rank still waits for meta_i).
   std::vector<int64_t> words(static_cast<size_t>(world) * 4, 0);
-  if (lead) {
-    const auto parts = split(rng_states, ';');
+  const auto parts = split(rng_states, ';');
+  if (lead && meta_i[0] == 1) {
     for (int r = 0; r < world && r < static_cast<int>(parts.size()); ++r) {
       Rng tmp;
-      tmp.from_string(parts[static_cast<size_t>(r)]);
+      try {
+        tmp.from_string(parts[static_cast<size_t>(r)]);
+      } catch (const UserError& e) {
+        throw UserError("checkpoint '" + rp.from + "': rank " + std::to_string(r) +
+                        "'s RNG state is malformed (" + e.what() + ")");
+      }
       const auto st = tmp.state();
       for (int k = 0; k < 4; ++k)
         words[static_cast<size_t>(r) * 4 + static_cast<size_t>(k)] =
             static_cast<int64_t>(st[static_cast<size_t>(k)]);
     }
+  }
+  comm.broadcast(meta_i.data(), meta_i.size(), 0);
+  if (meta_i[0] != 1) return rp;
+  comm.broadcast(params, static_cast<size_t>(P), 0);
+  for (const auto& sb : state) comm.broadcast(sb.data, static_cast<size_t>(P), 0);
+  if (lead) {
     if (static_cast<int>(parts.size()) != world)
       spdlog::warn(
           "checkpoint has RNG states for {} rank(s), this run has {}: ranks without one start a "
@@ -598,9 +652,7 @@ nlohmann::json train_rank(const Config& cfg, const RunOptions& opts, Communicato
     // merge: that would need the peers, which may be gone).
     if (!opts.trace.empty()) try {
         // Named apart from a finished run's parts, which the next run's merge would take.
-        const fs::path t(opts.trace);
-        const std::string mine = rank_trace_path(
-            (t.parent_path() / (t.stem().string() + ".failed.json")).string(), comm.rank());
+        const std::string mine = failed_rank_trace_path(opts.trace, comm.rank());
         tracer.write(mine);
         spdlog::warn("trace of the failed run, this rank's part: {}", mine);
       } catch (const std::exception&) {
@@ -628,7 +680,7 @@ nlohmann::json run_training(const Config& cfg, const RunOptions& opts) {
   // same config runs where more fits. The loop's check adds the model's state and activations.
   if (world > 1) {
     try {
-      require_address_space(0, 0, cfg.data.batch_size, world, threads);
+      require_address_space(0, 0, "", world, threads);
     } catch (const UserError& e) {
       throw std::runtime_error("cannot start " + std::to_string(world) +
                                " in-process ranks: " + e.what() +

@@ -146,24 +146,45 @@ ModelShape resolve_model_shape(const Config& cfg, const DataSplits& data);
 // compression's error-feedback residual and, under train.nonfinite skip, its per-step copy.
 double training_state_floats(const Config& cfg, double n, int replicas);
 
+// What one rank of a run holds, for check_training_memory.
+struct MemoryPlan {
+  size_t first = 0, last = 0;  // the rank's layers [first, last) of the model
+  int replicas = 1;            // data-parallel replicas (a sharded strategy's divisor)
+  int ranks_here = 1;          // ranks in this process (in-process ranks)
+  bool resume = false;         // a resume reads full-model copies
+  int blas_threads = 0;        // > 0: probe the address space (see below)
+  // Rows of one batch at most, when the data is known (-1: data.batch_size, data.eval_batch_size):
+  // a batch larger than the training set, or an evaluation batch larger than a rank's share of
+  // the test set, holds only the rows there are. eval_rows 0: no evaluation.
+  int64_t train_rows = -1;
+  int64_t eval_rows = -1;
+};
+
 // Refuses (UserError, exit 2, with the numbers) a training run whose memory this process cannot
 // allocate, before anything is: per rank, the fp32 parameters, gradients and optimizer state of
-// layers [first, last) of `model` that cfg's strategy holds over `replicas` data-parallel replicas
-// (strategy.h's table), plus one batch's activations (each layer's output, input gradient and
-// saved state, Layer::state_values_per_sample: a pipeline stage's whole batch, as GPipe keeps it),
-// times `ranks_here` (the in-process ranks), plus the full-model copies a resume reads. The data
-// is not counted (the CLI turns a failed allocation there into a clear message). Used by the
-// training loop and by validate.
+// the plan's layers that cfg's strategy holds over `replicas` data-parallel replicas (strategy.h's
+// table), plus the larger of one training batch's activations (each layer's output, input
+// gradient and saved state, Layer::state_values_per_sample: a pipeline stage's whole batch, as
+// GPipe keeps it) and one evaluation batch's (output and Layer::eval_values_per_sample per row of
+// data.eval_batch_size: an evaluation forward keeps every layer's output), times `ranks_here`
+// (the in-process ranks), plus the full-model copies a resume reads. The data is not counted (the
+// CLI turns a failed allocation there into a clear message). Used by the training loop and by
+// validate.
 // Under an address-space limit (ulimit -v), when `blas_threads` > 0, the process must also be able
 // to map what OpenBLAS maps at its first call (128 MiB per BLAS thread of each rank here, retried
 // forever when the map fails): probed by reserving it. One rank per process probes (the probes of
 // in-process ranks would count each other); blas_threads is what each rank runs with.
-void check_training_memory(const Config& cfg, const Model& model, size_t first, size_t last,
-                           int replicas, int ranks_here, bool resume, int blas_threads = 0);
+void check_training_memory(const Config& cfg, const Model& model, const MemoryPlan& plan);
+
+// The same for dtrain eval and predict: the parameters and one evaluation batch of `rows` rows
+// (min(data.eval_batch_size, the rows there are)).
+void check_eval_memory(const Config& cfg, const Model& model, int64_t rows);
 
 // Throws that refusal (UserError, with the numbers) when this process cannot map the state and
 // activations plus OpenBLAS's buffers for `here` ranks of `threads` BLAS threads (ulimit -v).
-void require_address_space(double state, double acts, int64_t batch, int here, int threads);
+// `batch` names the batch whose activations `acts` counts ("a batch of 128 (data.batch_size)").
+void require_address_space(double state, double acts, const std::string& batch, int here,
+                           int threads);
 
 // The OpenBLAS threads each rank of a run uses: runtime.threads, else the cores shared by the
 // ranks on this machine (run_training's and run_grpc_rank's rule).

@@ -224,3 +224,45 @@ TEST_CASE("dtrain launch removes the shared memory of a rank killed before its p
   CHECK(seg.rfind("/dev/shm/dtrain-", 0) == 0);
   CHECK_FALSE(std::filesystem::exists(seg));
 }
+
+TEST_CASE(
+    "a resume from an earlier checkpoint that crashes is resumed from there, not the old end") {
+  // A run to step 20 (checkpoints 10, 15, 20 kept), then a resume from step 10 under another
+  // learning rate killed at step 12, before its first checkpoint: `latest` still named step 20,
+  // so `--resume auto` (what a requeue script runs) continued the abandoned timeline and
+  // reported nothing to train.
+  TempDir dir;
+  const std::string cfg = dir.write("c.yaml", kSmall);
+  const std::string run = dir / "r";
+  const std::string sets = " --set train.checkpoint.every_steps=5 --log-level warn";
+  auto r = run_cmd(kBin + " run " + cfg + " --out " + run + sets);
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  REQUIRE(contains(read_text(run + "/checkpoints/latest"), "step-20"));
+  const std::string lr = " --set optimizer.lr=0.001";
+  r = run_cmd("DTRAIN_FAULT=kill:rank=0:step=12 " + kBin + " run " + cfg + " --out " + run + sets +
+              lr + " --resume " + run + "/checkpoints/step-10.safetensors");
+  REQUIRE(r.exit_code != 0);
+  CHECK(contains(read_text(run + "/checkpoints/latest"), "step-10.safetensors"));
+  r = run_cmd(kBin + " run " + cfg + " --out " + run + sets + lr + " --resume auto");
+  CHECK_MESSAGE(r.exit_code == 0, r.output);
+  CHECK(summary_of(run).at("steps").get<int64_t>() == 20);
+  CHECK_FALSE(contains(r.output, "nothing to train"));
+  // It trained steps 11-20 again, under the new learning rate.
+  CHECK(contains(read_text(run + "/checkpoints/latest"), "step-20"));
+}
+
+TEST_CASE("a file named checkpoints in --out is refused before training, exit 2") {
+  // Was "filesystem error: cannot create directories: Not a directory", exit 1, and
+  // --resume auto read the file as a checkpoint.
+  TempDir dir;
+  const std::string cfg = dir.write("c.yaml", kSmall);
+  std::filesystem::create_directories(dir / "a");
+  dir.write("a/checkpoints", "mine\n");
+  for (const std::string extra : {"", " --resume auto"}) {
+    const auto r = run_cmd(kBin + " run " + cfg + " --out " + dir / "a" + extra);
+    CAPTURE(extra);
+    CHECK_MESSAGE(r.exit_code == 2, r.output);
+    CHECK(contains(r.output, "checkpoints' is not a folder"));
+  }
+  CHECK(read_text(dir / "a/checkpoints") == "mine\n");
+}

@@ -127,3 +127,19 @@ TEST_CASE("a FIFO in place of a shard or a manifest is refused at once, not wait
   r = run_cmd(kBin + " eval " + cfg + sharded + " --checkpoint " + step);
   CHECK_MESSAGE(r.exit_code == 0, r.output);
 }
+
+TEST_CASE("a malformed RNG state in a checkpoint is refused naming the checkpoint, exit 2") {
+  // Was "bad RNG state 'zzz'" alone, after the weights had been sent to every rank.
+  TempDir dir;
+  const std::string cfg = dir.write("c.yaml", kCfg);
+  const std::string run = dir / "r";
+  CmdResult r = run_cmd(kBin + " run " + cfg + " --out " + run + " --log-level warn");
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  const std::string ck = run + "/checkpoints/step-10.safetensors";
+  dtrain::testing::set_metadata(ck, "rng", "zzz");
+  r = run_cmd(kBin + " run " + cfg + " --out " + dir / "s" + " --set train.max_steps=30" +
+              " --set distributed.world_size=2 --resume " + ck);
+  CHECK_MESSAGE(r.exit_code == 2, r.output);
+  CHECK_MESSAGE(contains(r.output, "checkpoint '" + ck + "': rank 0's RNG state is malformed"),
+                r.output);
+}

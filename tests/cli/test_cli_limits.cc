@@ -48,16 +48,51 @@ TEST_CASE("a model whose activations cannot fit is refused before training, nami
   // 2,000 blocks of a tiny GPT: little training state, but each block keeps 33 [T, C] buffers
   // and the attention probabilities per sample (T 1024, C 16, 2 heads: ~10 MiB), so a batch of
   // 12 needs ~240 GiB. Before, the start-up check passed and the first step grew past the
-  // machine's memory.
+  // machine's memory. (An evaluation batch of 8: smaller than the training batch's share.)
   const auto r = run_cmd(kBin + " run " + kSrc +
                          "/configs/lm_jargon.yaml --set model.n_layer=2000 --set model.n_embd=16 "
-                         "--set model.n_head=2 --set model.block_size=1024 --out " +
+                         "--set model.n_head=2 --set model.block_size=1024 "
+                         "--set data.eval_batch_size=8 --out " +
                          dir / "deep" + " 2>&1");
   INFO(r.output);
   CHECK(r.exit_code == 2);
   CHECK(contains(r.output, "GiB for the activations of a batch of 12 (data.batch_size)"));
   CHECK(contains(r.output, "GiB this process can allocate"));
   CHECK_FALSE(contains(r.output, "step 1"));
+}
+
+TEST_CASE("an evaluation batch whose activations cannot fit is refused before training") {
+  TempDir dir;
+  // 16 blocks of T 1024, C 256, 16 heads: an evaluation forward keeps every block's 16 [T, C]
+  // tensors and its [16, T, T] probabilities, about 1.3 GiB per sample, so the evaluation batch
+  // (data.eval_batch_size 256, or the 164 validation windows run finds) needs hundreds of GiB,
+  // several times a training batch of 12. Before, training ran and the final evaluation failed
+  // (or was killed), with no checkpoint written.
+  const std::string sets =
+      " --set model.n_layer=16 --set model.n_embd=256 --set model.n_head=16 "
+      "--set model.block_size=1024";
+  for (const std::string cmd : {"run", "validate"}) {
+    const auto r = run_cmd(kBin + " " + cmd + " " + kSrc + "/configs/lm_jargon.yaml" + sets +
+                           (cmd == "run" ? " --out " + dir / "wide" : "") + " 2>&1");
+    const std::string what = cmd + ": " + r.output;
+    INFO(what);
+    CHECK(r.exit_code == 2);
+    CHECK(contains(r.output, "GiB for the activations of an evaluation batch of "));
+    CHECK(contains(r.output, "(data.eval_batch_size)"));
+    CHECK_FALSE(contains(r.output, "step 1"));
+  }
+}
+
+TEST_CASE("a batch larger than the training set is estimated at the rows there are") {
+  // 2^24 rows asked for, 3,200 there: the batch holds 3,200 (the estimate said 33 GiB before).
+  TempDir dir;
+  const auto r = run_cmd(kBin + " run " + kSrc +
+                         "/configs/smoke.yaml --set data.batch_size=16777216 --set "
+                         "train.max_steps=2 --out " +
+                         dir / "b" + " 2>&1");
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK(contains(r.output, "done: "));
 }
 
 TEST_CASE("an address-space limit too small for OpenBLAS's buffers is refused, not spun on") {

@@ -50,6 +50,7 @@ struct Pass {
   // Per block element: the floats its state holds (saved, work, scratch, children; the larger
   // of after forward and after backward) per sample, and its own estimate of them.
   std::vector<double> held, estimate;
+  std::vector<double> eval_held, eval_estimate;  // the same for an evaluation forward
 };
 
 double state_floats(const LayerState& st) {
@@ -91,8 +92,14 @@ Pass run(const Model& m, TensorGroup* tensor) {
   const std::vector<double> after = block_floats(m, acts);
   for (size_t i = 0; i < after.size(); ++i) p.held[i] = std::max(p.held[i], after[i]);
   for (size_t i = 0; i < m.num_layers(); ++i)
-    if (m.layer_prefix(i).rfind("transformer.h.", 0) == 0)
+    if (m.layer_prefix(i).rfind("transformer.h.", 0) == 0) {
       p.estimate.push_back(m.layer(i).state_values_per_sample());
+      p.eval_estimate.push_back(m.layer(i).eval_values_per_sample());
+    }
+  Activations eval_acts;
+  ForwardCtx eval_ctx{.training = false, .rng = nullptr, .tensor = tensor};
+  m.forward(p.params.data(), x, eval_acts, eval_ctx);
+  p.eval_held = block_floats(m, eval_acts);
   return p;
 }
 
@@ -142,6 +149,8 @@ void check_against_whole(int T) {
       CAPTURE(b);
       CHECK(p->held[b] <= p->estimate[b]);
       CHECK(p->estimate[b] <= 1.1 * p->held[b]);
+      CHECK(p->eval_held[b] <= p->eval_estimate[b]);
+      CHECK(p->eval_estimate[b] <= 1.1 * p->eval_held[b]);
     }
   }
   CHECK(got[0].estimate[0] < ref.estimate[0]);

@@ -1,0 +1,149 @@
+// `dtrain eval` and `dtrain predict`: a trained model on the test set or on rows of a CSV file.
+#include "dtrain/eval_cmd.h"
+
+#include <cmath>
+#include <iostream>
+#include <sstream>
+
+#include <spdlog/spdlog.h>
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/checkpoint.h"
+#include "data/dataset.h"
+#include "dtrain/cli.h"
+#include "nn/loss.h"
+#include "nn/model.h"
+#include "nn/registry.h"
+#include "tensor/blas.h"
+#include "train/trainer.h"
+#include "util/check.h"
+#include "util/fs.h"
+#include "util/strings.h"
+
+namespace dtrain {
+namespace {
+
+// Model and weights for eval/predict: the config decides the architecture, the checkpoint the
+// values; a mismatch is refused by load_checkpoint.
+struct LoadedModel {
+  Model model;
+  std::vector<float> params;
+};
+
+// eval_rows: the rows to evaluate (-1: unknown), for the memory check before the parameters are
+// allocated.
+LoadedModel load_model(const Config& cfg, const DataSplits& data, const std::string& ckpt,
+                       int64_t eval_rows) {
+  const std::string path = resolve_checkpoint(ckpt, false);
+  check_config_before_build(path, cfg);
+  const ModelShape shape = resolve_model_shape(cfg, data);
+  LoadedModel m{build_model(cfg.model, {shape.sample, shape.num_classes}), {}};
+  check_eval_memory(cfg, m.model, eval_rows);
+  m.params.resize(static_cast<size_t>(m.model.param_count()));
+  CheckpointMeta meta;
+  try {
+    meta = load_checkpoint(path, m.model, m.params.data(), {});
+  } catch (const ModelMismatchError& e) {
+    // The output width follows the labels found (model.num_classes 0): a label only the test
+    // data has widens it, and the checkpoint then seems to be the wrong one. (Text data has no
+    // labels: its width is the vocabulary.)
+    const int64_t train_classes = shape.train_classes;
+    if (cfg.model.num_classes > 0 || train_classes == 0 || shape.num_classes <= train_classes)
+      throw;
+    throw UserError(std::string(e.what()) + " -- the test data has label " +
+                    std::to_string(shape.num_classes - 1) +
+                    ", above the training data's labels (0.." + std::to_string(train_classes - 1) +
+                    "), so the model was built with " + std::to_string(shape.num_classes) +
+                    " outputs: check the test labels, or set model.num_classes");
+  }
+  spdlog::info("loaded {} (step {})", path, meta.step);
+  return m;
+}
+
+}  // namespace
+
+int cmd_eval(const Config& cfg, const std::string& ckpt) {
+  check_checkpoint(ckpt, false);
+  set_blas_threads(static_cast<int>(cfg.runtime.threads));
+  const DataSplits data = load_data(cfg.data, cfg.seed);
+  if (data.test.rows == 0)
+    throw UserError("no test set to evaluate: set data.test or data.test_fraction");
+  const LoadedModel m = load_model(cfg, data, ckpt, data.test.rows);
+  const EvalResult r =
+      evaluate(m.model, m.params.data(), data.test, cfg.data.eval_batch_size, cfg.model.loss);
+  if (r.first_nonfinite >= 0)
+    throw UserError(fmt::format(
+        "test sample {} (0-based, of {}) gives a non-finite output or loss: its values overflow "
+        "the model's float32 arithmetic, or the checkpoint's weights have diverged; no test loss "
+        "or accuracy to report",
+        r.first_nonfinite, r.samples));
+  nlohmann::json out = {
+      {"test_loss", r.loss}, {"test_accuracy", r.accuracy}, {"samples", r.samples}};
+  if (cfg.data.format == DataFormat::kText) out["test_bpb"] = r.loss / std::log(2.0);
+  std::cout << out.dump() << std::endl;
+  return kExitOk;
+}
+
+int cmd_predict(const Config& cfg, const std::string& ckpt, const std::string& input,
+                const std::string& output) {
+  if (cfg.model.type == ModelType::kGpt)
+    throw UserError(
+        "predict classifies the rows of a CSV file with an mlp or sequential model; a gpt model "
+        "continues text: use `dtrain generate` (or `dtrain eval` for its validation loss)");
+  check_checkpoint(ckpt, false);
+  if (const std::string why = input_file_problem(input); !why.empty())
+    throw UserError("--input '" + input + "' " + why);
+  set_blas_threads(static_cast<int>(cfg.runtime.threads));
+  const DataSplits data = load_data(cfg.data, cfg.seed);  // for the normaliser and the shape
+  const LoadedModel m = load_model(cfg, data, ckpt, -1);
+  // data.csv.header describes the training files; --input is detected on its own (a first row of
+  // names is skipped, one of numbers is data), so `header: true` cannot drop a row of input, nor
+  // `header: false` refuse an input's header row as non-numeric data.
+  CsvOptions in_opts = cfg.data.csv;
+  in_opts.header = CsvHeader::kAuto;
+  int64_t rows = 0;
+  const int64_t F = m.model.in_features();
+  std::vector<float> x = load_csv_features(input, in_opts, F, &rows, data.train.columns);
+  data.normalizer.apply_rows(x.data(), rows, F);
+  std::ostringstream os;
+  os << "predicted";
+  for (int64_t c = 0; c < m.model.out_features(); ++c) os << ",prob_" << c;
+  os << "\n";
+  // In batches of data.eval_batch_size rows, as eval: activations stay bounded however long the
+  // input is.
+  Activations acts;
+  Tensor probs;
+  char buf[32];
+  for (int64_t r0 = 0; r0 < rows; r0 += cfg.data.eval_batch_size) {
+    const int64_t n = std::min(cfg.data.eval_batch_size, rows - r0);
+    Tensor xt = Tensor::view(x.data() + r0 * F, {n, F});
+    softmax_rows(m.model.forward(m.params.data(), xt, acts, ForwardCtx{false, nullptr}), probs);
+    for (int64_t r = 0; r < n; ++r) {
+      int64_t best = 0;
+      for (int64_t c = 0; c < probs.cols(); ++c) {
+        if (!std::isfinite(probs.at(r, c)))
+          throw UserError(fmt::format(
+              "--input '{}': row {} (1-based, of {} data rows) gives non-finite outputs: its "
+              "values overflow the model's float32 arithmetic, or the checkpoint's weights have "
+              "diverged",
+              input, r0 + r + 1, rows));
+        if (probs.at(r, c) > probs.at(r, best)) best = c;
+      }
+      os << best;
+      for (int64_t c = 0; c < probs.cols(); ++c) {
+        std::snprintf(buf, sizeof buf, ",%.6g", static_cast<double>(probs.at(r, c)));
+        os << buf;
+      }
+      os << "\n";
+    }
+  }
+  if (output.empty()) {
+    std::cout << os.str() << std::flush;
+  } else {
+    write_file_atomic(output, os.str());
+    spdlog::info("wrote {} predictions to {}", rows, output);
+  }
+  return kExitOk;
+}
+
+}  // namespace dtrain
