@@ -140,9 +140,10 @@ std::string result_line(const nlohmann::json& s, const std::string& out_dir) {
     res = fmt::format("train loss {:.4f}", s["final_train_loss"].get<double>());
   if (res.empty()) res = "no loss recorded";
   return fmt::format(
-      "done: {} after {} steps ({:.2f} epochs) in {:.1f} s; results in {}/ "
+      "done: {} after {} steps ({:.2f} epochs) in {:.1f} s; results in {}{} "
       "(summary.json, metrics.jsonl, checkpoints/)",
-      res, s.value("steps", int64_t{0}), s.value("epochs", 0.0), s.value("wall_s", 0.0), out_dir);
+      res, s.value("steps", int64_t{0}), s.value("epochs", 0.0), s.value("wall_s", 0.0), out_dir,
+      out_dir.ends_with('/') ? "" : "/");  // (--out r9/: "r9/", not "r9//")
 }
 
 // A run's exit code from its summary: kExitPreempted for a run stopped by its preemption signal

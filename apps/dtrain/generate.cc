@@ -111,7 +111,7 @@ std::string generate_text(const Config& cfg, const GenerateOptions& o,
   check_config_before_build(path, cfg);
   const int64_t T = cfg.model.block_size;
   const Model model = build_model(cfg.model, {{T}, kTextVocab});
-  check_eval_memory(cfg, model, 1);  // one sequence at a time
+  check_eval_memory(cfg, model, 1, /*generate=*/true);  // one sequence at a time
   std::vector<float> params(static_cast<size_t>(model.param_count()));
   try {
     load_checkpoint(path, model, params.data(), {});

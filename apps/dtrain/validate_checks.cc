@@ -82,20 +82,29 @@ void check_layout_without_data(const Config& cfg) {
   const int replicas = std::max(1, world / S);
   const int64_t test_rows = test_rows_without_loading(cfg.data);
   for (const auto& [first, last] : stages)
-    check_training_memory(
-        cfg, model,
-        {.first = first,
-         .last = last,
-         .replicas = replicas,
-         .ranks_here = here,
-         .blas_threads = blas,
-         .train_rows = train_rows_without_loading(cfg.data),
-         .eval_rows = test_rows < 0 ? -1 : (test_rows + replicas - 1) / replicas});
+    check_training_memory(cfg, model,
+                          {.first = first,
+                           .last = last,
+                           .replicas = replicas,
+                           .ranks_here = here,
+                           .blas_threads = blas,
+                           .train_rows = train_rows_without_loading(cfg.data),
+                           // Unknown (CSV, an unreadable text file): not counted, so validate never
+                           // refuses what run, which knows the rows, accepts.
+                           .eval_rows = test_rows < 0 ? 0 : (test_rows + replicas - 1) / replicas});
 }
 
 }  // namespace
 
 void check_config_without_data(const Config& cfg) {
+  // An explicit test fraction that holds out no sample (run's refusal), where the sample count
+  // is known without the data: synthetic, and IDX from the labels' header.
+  const DataConfig& d = cfg.data;
+  const int64_t n = d.format == DataFormat::kSynthetic ? d.synthetic.samples
+                    : d.format == DataFormat::kIdx     ? idx_label_count(d.train.labels)
+                                                       : -1;
+  if (n > 0 && d.test.empty())
+    if (const std::string why = empty_test_split_problem(d, n); !why.empty()) throw UserError(why);
   warn_idle_ranks(cfg);
   check_drop_last_fits(cfg);
   check_layout_without_data(cfg);

@@ -699,25 +699,26 @@ class Reader final : public config_detail::KeyErrors {
   // A relative path written in the file is relative to the file's folder; one from --set is
   // relative to the working directory, as any command-line path. Both become absolute, so the
   // config.json a run writes (in its own folder) loads back from anywhere.
-  // `glob`: the value may be a glob pattern (text data's paths): a folder prefixed to a pattern
-  // has its own *, ? and [ escaped, so the pattern matches inside that folder only (a config in
-  // "proj[1]/" or "runs*/" must not read "proj1/" or "runsX/").
+  // `glob`: the value may be a glob pattern (text data's paths): a folder with *, ? or [ in its
+  // name has them bracketed ("proj[1]" -> "proj[[]1]", which glob(3) and Python's glob read
+  // literally), so the path -- a pattern, or a file name the loader would glob when it is
+  // missing -- matches inside that folder only (a config in "proj[1]/" or "runs*/" must not
+  // read "proj1/" or "runsX/").
   void resolve(const std::string& path, std::string& value, bool glob) const {
     if (value.empty() || base_dir_.empty()) return;
     const fs::path p(value);
     if (p.is_absolute()) return;
     std::error_code ec;
-    const fs::path base = override_for(path) ? fs::current_path(ec) : base_dir_;
-    if (glob && value.find_first_of("*?[") != std::string::npos) {
-      std::string escaped;
-      for (const char ch : base.lexically_normal().string()) {
-        if (ch == '*' || ch == '?' || ch == '[' || ch == '\\') escaped += '\\';
+    const std::string base =
+        (override_for(path) ? fs::current_path(ec) : base_dir_).lexically_normal().string();
+    std::string escaped;
+    for (const char ch : base) {
+      if (glob && (ch == '*' || ch == '?' || ch == '['))
+        escaped += std::string("[") + ch + "]";
+      else
         escaped += ch;
-      }
-      value = (fs::path(escaped) / p).lexically_normal().string();
-    } else {
-      value = (base / p).lexically_normal().string();
     }
+    value = (fs::path(escaped) / p).lexically_normal().string();
     if (!valid_utf8(value)) {
       const auto m = marks_.find(path);
       fail_at(path, m != marks_.end() ? m->second : YAML::Mark::null_mark(),

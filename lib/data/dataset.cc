@@ -162,9 +162,24 @@ int64_t train_rows_without_loading(const DataConfig& cfg) {
   return cfg.test.empty() ? n - held_out_rows(n, resolved_test_fraction(cfg)) : n;
 }
 
+std::string empty_test_split_problem(const DataConfig& cfg, int64_t n) {
+  const double fraction = cfg.test_fraction;
+  if (!cfg.test.empty() || !(fraction > 0) || held_out_rows(n, fraction) > 0) return "";
+  return ::fmt::format(
+      "data.test_fraction {} of the {} samples holds out none: use a larger fraction, or 0 for no "
+      "test set",
+      fraction, n);
+}
+
 int64_t test_rows_without_loading(const DataConfig& cfg) {
   const double fraction = resolved_test_fraction(cfg);
   if (cfg.test.empty() && fraction == 0.0) return 0;
+  if (cfg.format == DataFormat::kText && cfg.block_size > 0) {  // load_text's split, from sizes
+    const int64_t n = text_bytes_without_reading(cfg.test.empty() ? cfg.train.path : cfg.test.path);
+    if (n < 0) return -1;
+    return text_window_count(cfg.test.empty() ? std::llround(fraction * static_cast<double>(n)) : n,
+                             cfg.block_size);
+  }
   if (cfg.format == DataFormat::kIdx && !cfg.test.empty()) return idx_label_count(cfg.test.labels);
   int64_t n = -1;
   if (cfg.format == DataFormat::kSynthetic) n = cfg.synthetic.samples;
@@ -259,13 +274,13 @@ DataSplits load_data(const DataConfig& cfg, int64_t seed) {
   } else if (fraction > 0) {
     // A fraction that rounds to no sample gives no test set: refused when the fraction was
     // asked for (data.test_fraction), said when it is the format's default.
-    if (const int64_t n = s.train.rows; held_out_rows(n, fraction) == 0) {
-      const std::string what =
-          ::fmt::format("data.test_fraction {} of the {} samples holds out none", fraction, n);
-      if (cfg.test_fraction >= 0)
-        throw UserError(what + ": use a larger fraction, or 0 for no test set");
-      spdlog::warn("{} (the default for this format): no test set, no evaluation", what);
-    }
+    if (const std::string why = empty_test_split_problem(cfg, s.train.rows); !why.empty())
+      throw UserError(why);
+    if (const int64_t n = s.train.rows; held_out_rows(n, fraction) == 0)
+      spdlog::warn(
+          "data.test_fraction {} of the {} samples holds out none (the default for this format): "
+          "no test set, no evaluation",
+          fraction, n);
     hold_out(s.train, s.test, fraction, seed);
   }
   s.test.features = s.train.features;  // also for an empty test set, so shapes always agree

@@ -100,6 +100,9 @@ int64_t train_rows_without_loading(const DataConfig& cfg);
 // The same for the test set: 0 when there is none (no data.test and a test_fraction of 0), -1
 // when only the data can tell (CSV, text).
 int64_t test_rows_without_loading(const DataConfig& cfg);
+// Why an explicit data.test_fraction of `n` samples (no data.test) is refused: it rounds to no
+// test sample. "" when it holds some out, or is the format's default, or there is a data.test.
+std::string empty_test_split_problem(const DataConfig& cfg, int64_t n);
 // A training sample's input shape when it is known without reading the data: synthetic [F],
 // IDX [1, rows, cols] (its images header), text [block_size] (token ids); {} for CSV or an
 // unreadable header (the loader then reports what is wrong).

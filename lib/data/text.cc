@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -118,6 +119,34 @@ std::string read_text_files(const std::vector<std::string>& files, const std::st
                     (files.size() == 1 ? " is empty" : " are empty"));
   }
   return text;
+}
+
+int64_t text_bytes_without_reading(const std::vector<std::string>& specs) {
+  std::vector<std::string> files;
+  try {
+    files = expand_text_paths(specs, "data");
+  } catch (const UserError&) {
+    return -1;
+  }
+  int64_t total = 0;
+  for (const std::string& f : files) {
+    struct stat st {};
+    if (::stat(f.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return -1;
+    std::FILE* in = std::fopen(f.c_str(), "rb");
+    if (in == nullptr) return -1;
+    unsigned char magic[2] = {0, 0}, isize[4] = {0, 0, 0, 0};
+    const bool gz = std::fread(magic, 1, 2, in) == 2 && magic[0] == 0x1f && magic[1] == 0x8b;
+    bool ok = true;
+    if (gz)
+      ok =
+          st.st_size >= 18 && std::fseek(in, -4, SEEK_END) == 0 && std::fread(isize, 1, 4, in) == 4;
+    std::fclose(in);
+    if (!ok) return -1;
+    total += gz ? static_cast<int64_t>(isize[0] | isize[1] << 8 | isize[2] << 16 |
+                                       static_cast<uint32_t>(isize[3]) << 24)
+                : static_cast<int64_t>(st.st_size);
+  }
+  return total;
 }
 
 int64_t text_window_count(int64_t n, int64_t block_size) {

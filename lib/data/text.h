@@ -58,6 +58,11 @@ std::string read_text_files(const std::vector<std::string>& files, const std::st
 // (0 for n <= block_size).
 int64_t text_window_count(int64_t n, int64_t block_size);
 
+// The bytes the files hold once read, without reading them: a plain file's size, a gzip file's
+// ISIZE trailer (its last member's length mod 2^32: at most the real length, so an estimate
+// from it errs low). -1 when a file cannot be opened or a pattern matches nothing.
+int64_t text_bytes_without_reading(const std::vector<std::string>& specs);
+
 // `bytes` as a Dataset of its windows (layout above).
 Dataset text_windows(const std::string& bytes, int64_t block_size);
 

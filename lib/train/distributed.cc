@@ -7,6 +7,7 @@
 #include "comm/grpc_transport.h"
 #include "launch/launcher.h"
 #include "tensor/blas.h"
+#include "train/stop.h"
 #include "util/check.h"
 
 namespace dtrain {
@@ -107,6 +108,8 @@ nlohmann::json run_grpc_rank(const Config& cfg, const RunOptions& opts,
   Communicator comm(std::move(transport), copts);
   try {
     return train_rank(eff, opts, comm);
+  } catch (const AgreedError&) {
+    throw;  // every rank raises it at the same step (train/stop.h): nobody is left waiting
   } catch (const std::exception& e) {
     // Tell the peers now rather than letting them wait for their deadline.
     comm.abort("rank " + std::to_string(de.rank) + " failed: " + e.what());

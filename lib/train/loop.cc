@@ -154,6 +154,12 @@ bool TrainLoop::nonfinite_guard(double loss_sum) {
   if ((!loss_global_ || tp_) && world_.size() > 1) world_.allreduce(&code, 1, ReduceOp::kMin);
   if (code == kFiniteCode) return true;
   const std::string what = nonfinite_what(model_, code);
+  // Before any update the learning rate cannot be the cause: the inputs (or the initial
+  // weights) overflow the float32 arithmetic.
+  if (cfg_.train.nonfinite == Nonfinite::kAbort && step_ == 0)
+    throw AgreedError(what + " is not finite at step 1, before any update: the training data's " +
+                      "values overflow the model's float32 arithmetic (values near 3.4e38? " +
+                      "data.normalize: " + to_string(cfg_.data.normalize) + ")");
   if (cfg_.train.nonfinite == Nonfinite::kAbort)
     throw AgreedError(
         what + " is not finite at step " + std::to_string(step_ + 1) +
@@ -442,6 +448,7 @@ nlohmann::json TrainLoop::summary(int stop_signal) {
   const nlohmann::json extra = exec_->summary(world_);   // collective
   const nlohmann::json per_rank = memory_per_rank(mem);  // collective
   nlohmann::json s = interrupt_summary(stop_signal);
+  s["format_version"] = kSummaryFormatVersion;
   s.update({
       {"steps", step_},
       {"epochs", epoch_progress()},
@@ -547,10 +554,9 @@ nlohmann::json TrainLoop::run() {
     // Local SGD ranks hold the same parameters only right after a synchronisation: an
     // evaluation falls due at the first synchronisation at or after the epoch end.
     const bool in_sync = strategy_->in_sync(step_);
-    if (eval_due && in_sync && opts_.evaluate) {
-      evaluate();
-      eval_due = false;
-    }
+    // A checkpoint before the evaluation of the same step: an evaluation that fails (out of
+    // memory) loses no training. The last step's evaluation comes after the final checkpoint,
+    // below the loop.
     try {
       if (cfg_.train.checkpoint.every_steps > 0 && step_ % cfg_.train.checkpoint.every_steps == 0)
         save();
@@ -558,6 +564,12 @@ nlohmann::json TrainLoop::run() {
     } catch (const AgreedError&) {  // a shard write failed: every rank is here, at this step
       stop_vote.settle();
       throw;
+    }
+    const bool last = step_ >= plan_.total_steps ||
+                      (cfg_.train.epochs > 0 && epoch_ >= cfg_.train.epochs && batch_ == 0);
+    if (eval_due && in_sync && opts_.evaluate && !last) {
+      evaluate();
+      eval_due = false;
     }
     if (pipelined_) stop_vote.begin_step();
     if (const int sig = stop_vote.end_step(); sig != 0 && stop_pending == 0) {
@@ -584,7 +596,7 @@ nlohmann::json TrainLoop::run() {
   try {
     if (last_ckpt_step_ != step_) save();
     // The final checkpoint is complete before the final evaluation (one that fails, out of
-    // memory, loses no training) and before the summary.
+    // memory, loses no training; the loop leaves the last step's to here) and the summary.
     finish_save();
     if (opts_.evaluate && last_eval_step_ != step_ && !interrupted)
       evaluate();  // an interrupt wants out quickly

@@ -75,7 +75,7 @@ void TrainLoop::save() {
         save_checkpoint((fs::path(ckpt_dir_) / name).string(), model_, params, sb, m, comp);
       } catch (const UserError& e) {  // the cause, with who wrote what (async: reported later)
         throw UserError(grid_.describe() + ": writing checkpoint " + name + ": " + e.what());
-      } catch (const std::exception& e) {
+      } catch (const std::runtime_error& e) {  // (bad_alloc and InternalError pass unchanged)
         throw std::runtime_error(grid_.describe() + ": writing checkpoint " + name + ": " +
                                  e.what());
       }
@@ -222,9 +222,11 @@ void TrainLoop::commit_sharded(const std::string& err) {
     throw ShardWriteError(grid_.describe() + ": writing its shard of checkpoint " + p.name + ": " +
                           err);
   if (failed < none)
-    throw PeerFailedError("rank " + std::to_string(static_cast<int>(failed)) +
-                          " failed to write its shard of checkpoint " + p.name +
-                          " (its error is in its log); it is not committed: `latest` is unchanged");
+    throw PeerFailedError(
+        "rank " + std::to_string(static_cast<int>(failed)) +
+        " failed to write its shard of checkpoint " + p.name +
+        " (its own error names the cause); the checkpoint is not committed: `latest` names the " +
+        "newest complete one");
   if (!lead_) return;
   const nlohmann::json layout = {
       {"tp", grid_.layout().tp()}, {"dp", grid_.layout().dp()}, {"pp", grid_.layout().pp()}};

@@ -269,45 +269,62 @@ void check_training_memory(const Config& cfg, const Model& model, const MemoryPl
       4.0 * values_per_sample(model, first, last, false) * static_cast<double>(train_batch) * here;
   const double eval_acts =
       4.0 * values_per_sample(model, first, last, true) * static_cast<double>(eval_batch) * here;
-  const bool eval_larger = eval_acts > train_acts;
-  const double acts = eval_larger ? eval_acts : train_acts;
-  const std::string batch =
-      eval_larger ? fmt::format("an evaluation batch of {} (data.eval_batch_size)", eval_batch)
-                  : fmt::format("a batch of {} (data.batch_size)", train_batch);
-  if (state + acts <= static_cast<double>(avail)) {
-    if (plan.blas_threads > 0) require_address_space(state, acts, batch, here, plan.blas_threads);
+  // An evaluation runs with the training batch's activations still held (the executors keep
+  // them from step to step): both count.
+  const std::string train_what = fmt::format("a batch of {} (data.batch_size)", train_batch);
+  const std::string eval_what =
+      fmt::format("an evaluation batch of {} (data.eval_batch_size)", eval_batch);
+  if (state + train_acts + eval_acts <= static_cast<double>(avail)) {
+    if (plan.blas_threads > 0)
+      require_address_space(state, train_acts + eval_acts,
+                            eval_acts > 0 ? train_what + " and " + eval_what : train_what, here,
+                            plan.blas_threads);
     return;
   }
   // Under tensor parallelism `model` is one tensor rank's slice.
   const int64_t tp = cfg.distributed.tensor_parallel.size;
   const std::string slice =
       tp > 1 ? fmt::format(" in each of its {} tensor-parallel slices", tp) : std::string();
+  // Training alone does not fit: the model, the batch or the layout must change. Else only the
+  // evaluation batch on top does.
+  const bool training_fits = state + train_acts <= static_cast<double>(avail);
+  const std::string acts_text =
+      training_fits
+          ? fmt::format(
+                "{:.1f} GiB for the activations of {} and {:.1f} GiB for the activations "
+                "of {}, held at once while it evaluates",
+                train_acts / kGiB, train_what, eval_acts / kGiB, eval_what)
+          : fmt::format("{:.1f} GiB for the activations of {}", train_acts / kGiB, train_what);
   throw UserError(fmt::format(
       "the model has {} parameters{} ({}): training needs about {:.1f} GiB for parameters, "
-      "gradients and optimizer state and {:.1f} GiB for the activations of {} ({} {} rank(s) "
-      "in this process, strategy {}), more than the {:.1f} GiB this process can allocate; {}",
-      model.param_count(), slice, size_keys(cfg), state / kGiB, acts / kGiB, batch, here,
+      "gradients and optimizer state and {} ({} {} rank(s) in this process, strategy {}), more "
+      "than the {:.1f} GiB this process can allocate; {}",
+      model.param_count(), slice, size_keys(cfg), state / kGiB, acts_text, here,
       to_string(cfg.distributed.backend), to_string(cfg.distributed.strategy),
       static_cast<double>(avail) / kGiB,
-      eval_larger ? "lower data.eval_batch_size, or use a smaller model"
-                  : "use a smaller model or batch, or more ranks with a sharded strategy (fsdp) or "
-                    "a pipeline"));
+      training_fits ? "lower data.eval_batch_size"
+                    : "use a smaller model or batch, or more ranks with a sharded strategy (fsdp) "
+                      "or a pipeline"));
 }
 
-void check_eval_memory(const Config& cfg, const Model& model, int64_t rows) {
+void check_eval_memory(const Config& cfg, const Model& model, int64_t rows, bool generate) {
   const int64_t avail = available_memory_bytes();
   if (avail < 0) return;
-  const double params = 4.0 * static_cast<double>(model.param_count());
-  const int64_t batch = batch_rows(cfg.data.eval_batch_size, rows);
+  // The parameters, and the checkpoint's values read beside them while they load.
+  const double params = 2.0 * 4.0 * static_cast<double>(model.param_count());
+  const int64_t batch = generate ? 1 : batch_rows(cfg.data.eval_batch_size, rows);
   const double acts =
       4.0 * values_per_sample(model, 0, model.num_layers(), true) * static_cast<double>(batch);
   if (params + acts <= static_cast<double>(avail)) return;
+  const std::string what =
+      generate ? fmt::format("one sequence of model.block_size = {}", cfg.model.block_size)
+               : fmt::format("an evaluation batch of {} (data.eval_batch_size)", batch);
   throw UserError(fmt::format(
-      "the model has {} parameters ({}): {:.1f} GiB for them and {:.1f} GiB for the activations "
-      "of an evaluation batch of {} (data.eval_batch_size) are more than the {:.1f} GiB this "
-      "process can allocate; lower data.eval_batch_size (--set data.eval_batch_size=N)",
-      model.param_count(), size_keys(cfg), params / kGiB, acts / kGiB, batch,
-      static_cast<double>(avail) / kGiB));
+      "the model has {} parameters ({}): {:.1f} GiB for them as they load and {:.1f} GiB for the "
+      "activations of {} are more than the {:.1f} GiB this process can allocate; {}",
+      model.param_count(), size_keys(cfg), params / kGiB, acts / kGiB, what,
+      static_cast<double>(avail) / kGiB,
+      generate || batch <= 1 ? "use a smaller model" : "lower data.eval_batch_size"));
 }
 
 StepPlan plan_steps(const Config& cfg, int64_t batches_per_epoch, int64_t train_rows,

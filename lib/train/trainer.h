@@ -146,6 +146,10 @@ ModelShape resolve_model_shape(const Config& cfg, const DataSplits& data);
 // compression's error-feedback residual and, under train.nonfinite skip, its per-step copy.
 double training_state_floats(const Config& cfg, double n, int replicas);
 
+// summary.json's `format_version`: raised when a key changes meaning or goes away (added keys
+// keep it).
+inline constexpr int kSummaryFormatVersion = 1;
+
 // What one rank of a run holds, for check_training_memory.
 struct MemoryPlan {
   size_t first = 0, last = 0;  // the rank's layers [first, last) of the model
@@ -176,9 +180,10 @@ struct MemoryPlan {
 // in-process ranks would count each other); blas_threads is what each rank runs with.
 void check_training_memory(const Config& cfg, const Model& model, const MemoryPlan& plan);
 
-// The same for dtrain eval and predict: the parameters and one evaluation batch of `rows` rows
-// (min(data.eval_batch_size, the rows there are)).
-void check_eval_memory(const Config& cfg, const Model& model, int64_t rows);
+// The same for dtrain eval and predict: the parameters (twice: the checkpoint's values are read
+// beside them) and one evaluation batch of `rows` rows (min(data.eval_batch_size, the rows there
+// are; -1: unknown)); for generate (`generate`), one sequence instead.
+void check_eval_memory(const Config& cfg, const Model& model, int64_t rows, bool generate = false);
 
 // Throws that refusal (UserError, with the numbers) when this process cannot map the state and
 // activations plus OpenBLAS's buffers for `here` ranks of `threads` BLAS threads (ulimit -v).

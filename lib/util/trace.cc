@@ -1,5 +1,7 @@
 #include "util/trace.h"
 
+#include <sys/stat.h>
+
 #include <atomic>
 #include <cstdio>
 #include <filesystem>
@@ -144,6 +146,9 @@ bool is_rank_trace_name(const std::string& path, const std::string& name) {
 }
 
 bool is_dtrain_trace_file(const std::string& path) {
+  struct stat st {};
+  // (a FIFO would block the open: only a regular file can be a trace)
+  if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return false;
   std::FILE* f = std::fopen(path.c_str(), "rb");
   if (f == nullptr) return false;
   char buf[4096];

@@ -417,6 +417,30 @@ TEST_CASE("--trace: the axes' collectives are in it, a failed run leaves its par
   CHECK(std::filesystem::exists(dir / "new/trace.json"));
 }
 
+TEST_CASE("--trace: each step's checkpoint comes before its evaluation, the final one too") {
+  // An evaluation that fails (out of memory) must lose no training: the final checkpoint is
+  // written first, also when the last step ends an epoch (where the loop used to evaluate first).
+  TempDir dir;
+  const std::string trace = dir / "t.json";
+  const auto r = run_cmd(kBin + " run " + kSrc + "/configs/smoke.yaml --out " + dir / "r" +
+                         " --trace " + trace +
+                         " --log-level warn --set train.epochs=2 --set train.max_steps=0"
+                         " --set train.checkpoint.every_steps=0");
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  double last_ckpt = -1, last_eval = -1;
+  const auto j = nlohmann::json::parse(read_text(trace));  // (kept: the loop reads into it)
+  for (const auto& e : j.at("traceEvents")) {
+    if (e.at("ph").get<std::string>() != "X") continue;
+    const double ts = e.at("ts").get<double>();
+    const std::string name = e.at("name").get<std::string>();
+    if (name == "checkpoint") last_ckpt = std::max(last_ckpt, ts);
+    if (name == "eval") last_eval = std::max(last_eval, ts);
+  }
+  REQUIRE(last_ckpt >= 0);
+  REQUIRE(last_eval >= 0);
+  CHECK(last_ckpt < last_eval);
+}
+
 TEST_CASE("--trace: the ranks' parts never replace a file that is not a trace") {
   // Each rank writes FILE.rank-<r>.json (FILE.failed.rank-<r>.json on failure) next to FILE and
   // the merge deletes them: a config or data file of such a name was overwritten, then deleted.

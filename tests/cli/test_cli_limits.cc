@@ -236,3 +236,22 @@ TEST_CASE("an --out path that is not UTF-8 is refused before training") {
   CHECK(contains(r.output, "the path is not valid UTF-8"));
   CHECK_FALSE(std::filesystem::exists(dir / "bad\xff"));
 }
+
+TEST_CASE("training data that overflows float32 is named as the cause, not the learning rate") {
+  // Values near float32's limit with data.normalize none: the loss of step 1, before any
+  // update, is not finite. The message blamed optimizer.lr.
+  TempDir dir;
+  std::string csv = "a,b,label\n";
+  for (int i = 0; i < 40; ++i)
+    csv += (i % 2 ? "3e38,1," : "-3e38,2,") + std::to_string(i % 2) + "\n";
+  const std::string data = dir.write("d.csv", csv);
+  const std::string cfg =
+      dir.write("c.yaml", "model: {hidden: [8]}\ndata: {format: csv, train: {path: " + data +
+                              "}, normalize: none, batch_size: 8}\noptimizer: {type: sgd, lr: "
+                              "0.1}\ntrain: {max_steps: 2}\nruntime: {threads: 1}\n");
+  const auto r = run_cmd(kBin + " run " + cfg + " --out " + dir / "r" + " 2>&1");
+  INFO(r.output);
+  CHECK(r.exit_code == 1);
+  CHECK(contains(r.output, "not finite at step 1, before any update"));
+  CHECK_FALSE(contains(r.output, "lower optimizer.lr"));
+}

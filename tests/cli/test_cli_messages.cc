@@ -547,6 +547,20 @@ TEST_CASE("drop_last with a global batch above the training set: validate refuse
   CHECK(contains(r.output, want));
 }
 
+TEST_CASE("a test fraction that holds out no sample: validate refuses as run does") {
+  TempDir dir;
+  const std::string path = dir.write("tiny.yaml", kTiny);
+  const std::string set = " --set data.test_fraction=0.0001";  // of 600 samples: none
+  const std::string want = "data.test_fraction 0.0001 of the 600 samples holds out none";
+  for (const std::string& cmd : std::vector<std::string>{
+           "validate " + path + set, "run " + path + set + " --out " + dir / "r"}) {
+    const auto r = run_dtrain(cmd);
+    CAPTURE(cmd);
+    CHECK(r.exit_code == 2);
+    CHECK_MESSAGE(contains(r.output, want), r.output);
+  }
+}
+
 TEST_CASE("validate refuses the layouts and layer lists run refuses, without reading the data") {
   TempDir dir;
   write_idx(dir, 10);  // 2x2 images, labels 0 and 1

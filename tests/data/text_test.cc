@@ -252,5 +252,17 @@ TEST_CASE("text: the Jargon File (jargon-text) as configs/lm_jargon.yaml reads i
   CHECK(hi <= 255.0f);
 }
 
+TEST_CASE("text: the bytes a list of files holds, from sizes and gzip's trailer, without reading") {
+  TempDir t;
+  const std::string plain = t.write("a.txt", std::string(1000, 'a'));
+  const std::string gz = write_gzip(t / "b.bin", std::string(70000, 'b'));
+  CHECK(text_bytes_without_reading({plain}) == 1000);
+  CHECK(text_bytes_without_reading({gz}) == 70000);
+  CHECK(text_bytes_without_reading({plain, gz}) == 71000);
+  CHECK(text_bytes_without_reading({t / "*.txt"}) == 1000);
+  CHECK(text_bytes_without_reading({t / "missing.txt"}) == -1);
+  CHECK(text_bytes_without_reading({t / "none*.txt"}) == -1);
+}
+
 }  // namespace
 }  // namespace dtrain

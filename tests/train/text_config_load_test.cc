@@ -51,15 +51,20 @@ TEST_CASE("load_data: a relative glob matches inside the config's folder, whatev
   }
   t.write("projX/a.txt", bytes_of(4000));
   t.write("proj1/a.txt", bytes_of(4000));
-  for (const std::string folder : {"proj[1]", "proj*", "proj?"}) {
-    CAPTURE(folder);
-    const Config c = load_config(t / (folder + "/c.yaml"));
-    const DataSplits s = load_data(c.data, c.seed);
-    // Its own 400 bytes only: 360 training bytes (44 windows of 9 at stride 8) and 40 held out
-    // (4); the 4,000 bytes of projX/ or proj1/ would give hundreds.
-    CHECK(s.train.rows == 44);
-    CHECK(s.test.rows == 4);
-  }
+  for (const std::string folder : {"proj[1]", "proj*", "proj?"})  // a file name, not a pattern
+    t.write(folder + "/l.yaml",
+            "model: {type: gpt, block_size: 8}\ndata: {format: text, train: {path: a.txt}}\n");
+  for (const std::string config : {"c.yaml", "l.yaml"})
+    for (const std::string folder : {"proj[1]", "proj*", "proj?"}) {
+      CAPTURE(folder);
+      CAPTURE(config);
+      const Config c = load_config(t / (folder + "/" + config));
+      const DataSplits s = load_data(c.data, c.seed);
+      // Its own 400 bytes only: 360 training bytes (44 windows of 9 at stride 8) and 40 held out
+      // (4); the 4,000 bytes of projX/ or proj1/ would give hundreds.
+      CHECK(s.train.rows == 44);
+      CHECK(s.test.rows == 4);
+    }
 }
 
 }  // namespace
