@@ -92,6 +92,23 @@ nlohmann::json read_manifest(const std::string& dir, bool* checksummed) {
   return m;
 }
 
+void check_meta_ranges(const CheckpointMeta& meta, const std::string& path) {
+  constexpr int64_t kMax = int64_t{1} << 53;  // (steps stay exact as doubles and far from overflow)
+  const auto in = [](int64_t v, int64_t lo, int64_t hi) { return v >= lo && v <= hi; };
+  if (!in(meta.step, 0, kMax) || !in(meta.epoch, 0, kMax) || !in(meta.batch, 0, kMax) ||
+      !in(meta.optimizer_steps, 0, kMax) || !in(meta.schedule_steps, 0, kMax))
+    throw UserError("checkpoint '" + path +
+                    "': a step, position or schedule horizon in its metadata is out of range "
+                    "(step " +
+                    std::to_string(meta.step) + ", epoch " + std::to_string(meta.epoch) +
+                    ", batch " + std::to_string(meta.batch) + ", optimizer steps " +
+                    std::to_string(meta.optimizer_steps) + ", schedule steps " +
+                    std::to_string(meta.schedule_steps) + "): the file is corrupt");
+  if (!in(meta.world_size, 1, int64_t{1} << 20))
+    throw UserError("checkpoint '" + path + "': world size " + std::to_string(meta.world_size) +
+                    " in its metadata is not 1 .. 2^20: the file is corrupt");
+}
+
 void check_finite(const float* v, int64_t n, const std::string& path, const std::string& name) {
   for (int64_t i = 0; i < n; ++i) {
     if (std::isfinite(v[i])) continue;
@@ -254,8 +271,7 @@ CheckpointMeta load_file_checkpoint(const std::string& path, const Model& model,
     meta.schedule_steps = meta_int(f.metadata, "schedule_steps", path);
   if (auto it = f.metadata.find("progress"); it != f.metadata.end())
     meta.progress_json = it->second;
-  if (meta.step < 0 || meta.epoch < 0 || meta.batch < 0 || meta.optimizer_steps < 0)
-    throw UserError("checkpoint '" + path + "': negative step or position in metadata");
+  check_meta_ranges(meta, path);
 
   // Check everything before touching params: a refused load changes nothing.
   auto expect = [&](const std::string& name, const Shape& shape) -> const StTensor& {

@@ -37,6 +37,11 @@ void check_manifest_format(const nlohmann::json& m, const std::string& dir);
 // weights prints a null loss, and training from them fails later with a message about the
 // learning rate, far from the cause. The message names the tensor and the first bad index.
 void check_finite(const float* v, int64_t n, const std::string& path, const std::string& name);
+
+// Refuses (UserError naming `path`) metadata out of range, which a file without a header
+// checksum (or a manifest without one) could carry: a step, position or optimizer step count
+// below 0 or past 2^53, a world size outside 1 .. 2^20, a negative schedule horizon.
+void check_meta_ranges(const CheckpointMeta& meta, const std::string& path);
 // Files written before checksums existed (format versions 1 and 2) still load, unverified:
 // warns "checkpoint 'path': <which> no CRC-32 checksums ...".
 void warn_unchecksummed(const std::string& path, const std::string& which);

@@ -130,22 +130,30 @@ ShardedRead read_sharded(const std::string& dir, bool with_state) {
   try {
     const nlohmann::json m = read_manifest(dir, &manifest_checksummed);
     check_manifest_format(m, dir);
-    meta.step = m.at("step").get<int64_t>();
-    meta.epoch = m.at("epoch").get<int64_t>();
-    meta.batch = m.at("batch").get<int64_t>();
-    meta.optimizer_steps = m.at("optimizer_steps").get<int64_t>();
+    // (an integer, not 1.5 read as 1)
+    const auto integer = [&](const char* key) {
+      const nlohmann::json& v = m.at(key);
+      if (!v.is_number_integer())
+        throw UserError("checkpoint '" + dir + "': manifest.json's " + key + " is " + v.dump() +
+                        ", not an integer");
+      return v.get<int64_t>();
+    };
+    meta.step = integer("step");
+    meta.epoch = integer("epoch");
+    meta.batch = integer("batch");
+    meta.optimizer_steps = integer("optimizer_steps");
     meta.optimizer = m.at("optimizer").get<std::string>();
     meta.rng = m.at("rng").get<std::string>();
     meta.config_hash = m.at("config_hash").get<std::string>();
     meta.strategy = m.at("strategy").get<std::string>();
-    meta.world_size = m.at("world_size").get<int64_t>();
+    meta.world_size = integer("world_size");
     if (m.contains("config")) meta.config_json = m.at("config").dump();
-    if (m.contains("schedule_steps")) meta.schedule_steps = m.at("schedule_steps").get<int64_t>();
+    if (m.contains("schedule_steps")) meta.schedule_steps = integer("schedule_steps");
     if (m.contains("progress")) meta.progress_json = m.at("progress").dump();
     if (m.contains("save_id")) meta.save_id = m.at("save_id").get<std::string>();
     out.state_names = m.at("optimizer_state").get<std::vector<std::string>>();
     check_state_names(out.state_names, dir);
-    out.param_count = m.at("param_count").get<int64_t>();
+    out.param_count = integer("param_count");
     if (m.contains("layout")) tp = m.at("layout").value("tp", int64_t{1});
     int64_t next = 0;
     std::set<std::string> names;
@@ -191,8 +199,7 @@ ShardedRead read_sharded(const std::string& dir, bool with_state) {
   } catch (const nlohmann::json::exception& e) {
     throw UserError("checkpoint '" + dir + "': manifest.json is malformed: " + e.what());
   }
-  if (meta.step < 0 || meta.epoch < 0 || meta.batch < 0 || meta.optimizer_steps < 0)
-    throw UserError("checkpoint '" + dir + "': negative step or position in the manifest");
+  check_meta_ranges(meta, dir);
   if (tp < 1 || tp > kMaxCheckpointWorld)
     throw UserError("checkpoint '" + dir + "': the manifest's layout.tp is " + std::to_string(tp) +
                     ", not a tensor-parallel size");

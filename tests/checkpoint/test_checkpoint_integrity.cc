@@ -258,6 +258,33 @@ TEST_CASE("a shard's own format and version are checked, as the manifest's are")
   CHECK_FALSE(std::filesystem::exists(dir / "one.safetensors"));
 }
 
+TEST_CASE("metadata out of range is refused: a step past 2^53, world size below 1, batch 1.5") {
+  // A file whose header checksum was removed (loaded with a warning) carried step 99999999999
+  // into a run that reported 100000000017 steps; a manifest's "batch": 1.5 was read as 1.
+  TempDir dir;
+  const Model m = small_model();
+  const int64_t P = m.param_count();
+  std::vector<float> p(P), mom(P, 0.5f), got(P, 0.0f);
+  m.init(p.data(), 16);
+  const std::string path = dir / "step-3.safetensors";
+  for (const auto& [key, value] :
+       std::vector<std::pair<std::string, std::string>>{{"step", "9007199254740993"},
+                                                        {"world_size", "-3"},
+                                                        {"world_size", "0"},
+                                                        {"schedule_steps", "-5"}}) {
+    CAPTURE(key);
+    save_checkpoint(path, m, p.data(), {{"momentum", mom.data()}}, sgd_meta());
+    set_metadata(path, key, value.c_str());
+    const std::string msg = user_error([&] { load_checkpoint(path, m, got.data(), {}); });
+    CHECK_MESSAGE(contains(msg, "the file is corrupt"), msg);
+  }
+  const std::string ck = dir / "step-4";
+  save_two_shards(ck, m, p, mom);
+  rewrite_manifest(ck, [](nlohmann::json& man) { man["batch"] = 1.5; });
+  const std::string msg = user_error([&] { load_checkpoint(ck, m, got.data(), {}); });
+  CHECK_MESSAGE(contains(msg, "manifest.json's batch is 1.5, not an integer"), msg);
+}
+
 TEST_CASE("a shard left by another run's save of the same step is refused by its save id") {
   TempDir dir;
   const Model m = small_model();
