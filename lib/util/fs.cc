@@ -1,9 +1,11 @@
 #include "util/fs.h"
 
 #include <fcntl.h>
+#include <linux/magic.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -112,6 +114,12 @@ std::string input_file_problem(const std::string& path) {
   }
   if (S_ISDIR(st.st_mode)) return "is a directory, not a file";
   if (!S_ISREG(st.st_mode)) return "is not a regular file";
+  // procfs and sysfs files report size 0 and may yield without end (/proc/self/pagemap: hundreds
+  // of GB): no data a run reads lives there.
+  struct statfs fs {};
+  if (::statfs(path.c_str(), &fs) == 0 &&
+      (fs.f_type == PROC_SUPER_MAGIC || fs.f_type == SYSFS_MAGIC))
+    return "is a kernel interface file (/proc, /sys), not data";
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return std::string("cannot be opened: ") + std::strerror(errno);
   ::close(fd);

@@ -180,6 +180,19 @@ TEST_CASE("LineWriter: a write that fails (a full disk) throws, naming the file 
                        std::runtime_error);
 }
 
+TEST_CASE("input_file_problem: /proc and /sys files are not data (size 0, endless reads)") {
+  // /proc/self/pagemap passed as text data: stat says 0 bytes, a read yields hundreds of GB.
+  for (const std::string p : {"/proc/self/pagemap", "/proc/cpuinfo"}) {
+    CAPTURE(p);
+    CHECK(input_file_problem(p) == "is a kernel interface file (/proc, /sys), not data");
+  }
+  const std::string mine = "/tmp/dtrain_input_file_problem_test.txt";
+  write_file_atomic(mine, "data\n");
+  CHECK(input_file_problem(mine).empty());
+  std::filesystem::remove(mine);
+  CHECK(input_file_problem("/nonexistent-dtrain-file") == "does not exist");
+}
+
 TEST_CASE("fnv1a_hex is the 64-bit FNV-1a") {
   CHECK(fnv1a_hex("") == "cbf29ce484222325");
   CHECK(fnv1a_hex("a") == "af63dc4c8601ec8c");
