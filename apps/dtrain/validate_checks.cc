@@ -100,6 +100,7 @@ void check_config_without_data(const Config& cfg) {
   // An explicit test fraction that holds out no sample (run's refusal), where the sample count
   // is known without the data: synthetic, and IDX from the labels' header.
   const DataConfig& d = cfg.data;
+  if (d.format == DataFormat::kSynthetic) check_synthetic_options(d.synthetic);
   const int64_t n = d.format == DataFormat::kSynthetic ? d.synthetic.samples
                     : d.format == DataFormat::kIdx     ? idx_label_count(d.train.labels)
                                                        : -1;

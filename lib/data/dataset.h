@@ -87,6 +87,8 @@ int64_t idx_label_classes(const std::string& labels_path);
 // for images of 0 pixels.
 Shape idx_image_shape(const std::string& images_path);
 Dataset make_synthetic(const SyntheticOptions& opts, int64_t seed);
+// make_synthetic's refusals (UserError) without generating anything: for validate.
+void check_synthetic_options(const SyntheticOptions& opts);
 
 // Test rows load_data holds out of `n` training rows for `fraction` (data.test_fraction, resolved):
 // round(fraction * n), keeping at least one training row.

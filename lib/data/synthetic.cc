@@ -24,7 +24,7 @@ constexpr int64_t kMaxValues = int64_t{1} << 32;
 
 }  // namespace
 
-Dataset make_synthetic(const SyntheticOptions& opts, int64_t seed) {
+void check_synthetic_options(const SyntheticOptions& opts) {
   if (opts.samples < 1) throw UserError("data.synthetic.samples must be >= 1");
   if (opts.features < 1) throw UserError("data.synthetic.features must be >= 1");
   if (opts.classes < 1) throw UserError("data.synthetic.classes must be >= 1");
@@ -34,6 +34,10 @@ Dataset make_synthetic(const SyntheticOptions& opts, int64_t seed) {
     throw UserError("data.synthetic: samples x features = " + std::to_string(opts.samples) + " x " +
                     std::to_string(opts.features) + " is too large");
   }
+}
+
+Dataset make_synthetic(const SyntheticOptions& opts, int64_t seed) {
+  check_synthetic_options(opts);
   const uint64_t s = static_cast<uint64_t>(opts.seed == -1 ? seed : opts.seed);
   Rng rng(s, kSyntheticStream);
 

@@ -547,17 +547,22 @@ TEST_CASE("drop_last with a global batch above the training set: validate refuse
   CHECK(contains(r.output, want));
 }
 
-TEST_CASE("a test fraction that holds out no sample: validate refuses as run does") {
+TEST_CASE("a test fraction that holds out no sample, too many synthetic values: validate refuses") {
   TempDir dir;
   const std::string path = dir.write("tiny.yaml", kTiny);
-  const std::string set = " --set data.test_fraction=0.0001";  // of 600 samples: none
-  const std::string want = "data.test_fraction 0.0001 of the 600 samples holds out none";
-  for (const std::string& cmd : std::vector<std::string>{
-           "validate " + path + set, "run " + path + set + " --out " + dir / "r"}) {
-    const auto r = run_dtrain(cmd);
-    CAPTURE(cmd);
-    CHECK(r.exit_code == 2);
-    CHECK_MESSAGE(contains(r.output, want), r.output);
+  for (const auto& [set, want] : std::vector<std::pair<std::string, std::string>>{
+           // of 600 samples: none
+           {" --set data.test_fraction=0.0001",
+            "data.test_fraction 0.0001 of the 600 samples holds out none"},
+           {" --set data.synthetic.samples=100000000000",
+            "samples x features = 100000000000 x 5 is too large"}}) {
+    for (const std::string& cmd : std::vector<std::string>{
+             "validate " + path + set, "run " + path + set + " --out " + dir / "r"}) {
+      const auto r = run_dtrain(cmd);
+      CAPTURE(cmd);
+      CHECK(r.exit_code == 2);
+      CHECK_MESSAGE(contains(r.output, want), r.output);
+    }
   }
 }
 
