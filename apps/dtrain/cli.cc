@@ -116,6 +116,12 @@ void check_resume_target(const std::string& resume, const std::string& out_dir) 
 void check_checkpoints_folder(const std::string& out_dir) {
   const fs::path c = fs::path(out_dir) / "checkpoints";
   std::error_code ec;
+  // --out naming a run's checkpoints folder (its `latest` is there): the run's files would mix
+  // with the checkpoints, and keep_last would count this run's checkpoints/ among them.
+  if (fs::is_regular_file(fs::path(out_dir) / "latest", ec))
+    throw UserError("--out '" + out_dir +
+                    "' is a checkpoints folder (it holds `latest`): give the run folder, or "
+                    "another --out");
   if (fs::exists(c, ec) && !fs::is_directory(c, ec))
     throw UserError("'" + c.string() +
                     "' is not a folder: a run keeps its checkpoints there; move it, or give "

@@ -522,7 +522,11 @@ nlohmann::json TrainLoop::run() {
   StopAgreement stop_vote(opts_.stop, world_, preempt_sig);
   int stop_pending = 0, stop_signal = 0;
   bool stop_preempted = false;  // the agreed stop is a preemption (the vote's, on every rank)
-  bool eval_due = false;
+  // The evaluation the checkpoint's step had due, which its run died before (it saves first).
+  if (eval_due_ && opts_.evaluate && strategy_->in_sync(step_) && step_ < plan_.total_steps) {
+    evaluate();
+    eval_due_ = false;
+  }
   while (step_ < plan_.total_steps) {
     if (batch_ >= bpe_) {
       ++epoch_;
@@ -550,7 +554,7 @@ nlohmann::json TrainLoop::run() {
     }
     record(epoch_done);
     if (epoch_done || (cfg_.train.eval_every > 0 && step_ % cfg_.train.eval_every == 0))
-      eval_due = true;
+      eval_due_ = true;
     // Local SGD ranks hold the same parameters only right after a synchronisation: an
     // evaluation falls due at the first synchronisation at or after the epoch end.
     const bool in_sync = strategy_->in_sync(step_);
@@ -567,9 +571,9 @@ nlohmann::json TrainLoop::run() {
     }
     const bool last = step_ >= plan_.total_steps ||
                       (cfg_.train.epochs > 0 && epoch_ >= cfg_.train.epochs && batch_ == 0);
-    if (eval_due && in_sync && opts_.evaluate && !last) {
+    if (eval_due_ && in_sync && opts_.evaluate && !last) {
       evaluate();
-      eval_due = false;
+      eval_due_ = false;
     }
     if (pipelined_) stop_vote.begin_step();
     if (const int sig = stop_vote.end_step(); sig != 0 && stop_pending == 0) {

@@ -75,25 +75,32 @@ bool TrainLoop::resume() {
 // rank, record() adds the other ranks' own sums (from 0) to rank 0's, so only rank 0 keeps the
 // saved all-ranks sums. Collective.
 void TrainLoop::restore_progress(const std::string& progress) {
-  std::vector<double> v(5, 0.0);  // skipped, record loss, record samples, interval loss, samples
+  // skipped, record loss, record samples, interval loss, interval samples, an evaluation due,
+  // the last train record's mean loss (NaN: none; the last two absent before 2026-12-05)
+  std::vector<double> v = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0, std::nan("")};
   if (lead_ && !progress.empty()) {
     try {
       const nlohmann::json p = nlohmann::json::parse(progress);
+      const nlohmann::json last = p.value("final_train_loss", nlohmann::json());
       v = {static_cast<double>(p.at("skipped_steps").get<int64_t>()),
            p.at("record_loss").get<double>(),
            static_cast<double>(p.at("record_samples").get<int64_t>()),
            p.at("interval_loss").get<double>(),
-           static_cast<double>(p.at("interval_samples").get<int64_t>())};
+           static_cast<double>(p.at("interval_samples").get<int64_t>()),
+           p.value("eval_due", false) ? 1.0 : 0.0,
+           last.is_number() ? last.get<double>() : std::nan("")};
     } catch (const nlohmann::json::exception& e) {
       // Totals for the records only: a checkpoint whose tensors passed their checks resumes.
       spdlog::warn("{}: its running totals (progress) are unreadable ({}): records restart at 0",
                    rp_.from, shown_text(e.what(), 200));
-      v.assign(5, 0.0);
+      v = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0, std::nan("")};
     }
   }
   world_.broadcast(reinterpret_cast<uint8_t*>(v.data()), v.size() * sizeof(double), 0);
   skipped_steps_ = static_cast<int64_t>(v[0]);
+  eval_due_ = v[5] != 0.0;  // (every rank: an evaluation is collective)
   if (!lead_ && !loss_global_) return;
+  final_train_loss_ = v[6];
   record_loss_ = v[1];
   record_samples_ = static_cast<int64_t>(v[2]);
   interval_loss_ = v[3];

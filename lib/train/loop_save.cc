@@ -55,7 +55,9 @@ void TrainLoop::save() {
                                      {"record_loss", record_loss_},
                                      {"record_samples", record_samples_},
                                      {"interval_loss", interval_loss},
-                                     {"interval_samples", interval_samples}}
+                                     {"interval_samples", interval_samples},
+                                     {"eval_due", eval_due_},
+                                     {"final_train_loss", nan_to_null(final_train_loss_)}}
                           .dump();
   }
   // Every rank's compression state goes to rank 0 (compression_state.h).

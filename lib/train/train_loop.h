@@ -168,6 +168,9 @@ class TrainLoop {
   double comm_s0_ = 0.0;
   EvalResult last_eval_;
   bool have_eval_ = false;
+  // An evaluation is due (an epoch ended, or train.eval_every) and not yet run: a checkpoint
+  // written in between carries it, so a resume runs it at the same step (progress_json).
+  bool eval_due_ = false;
   int64_t last_eval_step_ = -1, last_ckpt_step_ = -1;
   // Checkpoint writes. pending_: a sharded checkpoint whose shards are being written in the
   // background (the same on every rank), to be completed by commit_sharded; one_file_pending_:

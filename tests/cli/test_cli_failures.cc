@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <filesystem>
+#include <sstream>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -265,4 +266,44 @@ TEST_CASE("a file named checkpoints in --out is refused before training, exit 2"
     CHECK(contains(r.output, "checkpoints' is not a folder"));
   }
   CHECK(read_text(dir / "a/checkpoints") == "mine\n");
+  // --out naming another run's checkpoints folder.
+  auto r = run_cmd(kBin + " run " + cfg + " --out " + dir / "b" + " --set train.max_steps=2");
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  r = run_cmd(kBin + " run " + cfg + " --out " + dir / "b/checkpoints");
+  CHECK_MESSAGE(r.exit_code == 2, r.output);
+  CHECK(contains(r.output, "is a checkpoints folder"));
+  CHECK_FALSE(std::filesystem::exists(dir / "b/checkpoints/summary.json"));
+}
+
+TEST_CASE("a checkpoint carries the evaluation due at its step and the last record's loss") {
+  // A checkpoint is written before its step's evaluation: a run that died in between lost that
+  // evaluation for good (a resume started with nothing due), and a run finished by a resume
+  // after its final checkpoint reported final_train_loss null.
+  TempDir dir;
+  const std::string cfg = dir.write("c.yaml", kSmall);
+  const std::string run = dir / "r";
+  const std::string sets =
+      " --set train.eval_every=10 --set train.checkpoint.every_steps=10 --log-level warn";
+  auto r = run_cmd(kBin + " run " + cfg + " --out " + run + sets);
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  const nlohmann::json first = summary_of(run);
+  // As if the run had died after step 10's checkpoint, before its evaluation: resumed there.
+  r = run_cmd(kBin + " run " + cfg + " --out " + run + sets + " --resume " + run +
+              "/checkpoints/step-10.safetensors");
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  int evals_at_10 = 0;
+  std::istringstream lines(read_text(run + "/metrics.jsonl"));
+  for (std::string line; std::getline(lines, line);) {
+    const auto rec = nlohmann::json::parse(line);
+    if (rec.at("kind") == "eval" && rec.at("step") == 10) ++evals_at_10;
+  }
+  CHECK(evals_at_10 == 2);  // the first run's and the resumed run's
+  // As if the run had died after its final checkpoint, before its evaluation and summary.
+  std::filesystem::remove(run + "/summary.json");
+  r = run_cmd(kBin + " run " + cfg + " --out " + run + sets + " --resume auto");
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  const nlohmann::json s = summary_of(run);
+  REQUIRE(s.at("final_train_loss").is_number());
+  CHECK(s.at("final_train_loss").get<double>() == first.at("final_train_loss").get<double>());
+  CHECK(s.at("test_loss").get<double>() == first.at("test_loss").get<double>());
 }
