@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # CI's engine stage: installs Slurm (slurmctld, slurmd, slurm-client, munge) and Open MPI
 # (openmpi-bin) from Debian where missing, then runs the tests that drive them for real,
-# `ctest -R 'sbatch|mpirun'` (tests/engines: scripts/slurm.sbatch under a private one-node Slurm,
+# `ctest -L engines` (tests/engines: scripts/slurm.sbatch under a private one-node Slurm,
 # dtrain under mpirun). DTRAIN_ENGINES_REQUIRED=1: a test whose engine cannot start fails here
 # instead of skipping. Builds dtrain and test_engines in BUILD_DIR (default build) if needed;
 # JOBS as for scripts/test.sh. Leaves no daemon running (each test stops the cluster it started).
@@ -38,7 +38,7 @@ else
   BUILD_DIR=$BUILD_DIR scripts/setup.sh dtrain test_engines
 fi
 t2=$SECONDS
-DTRAIN_ENGINES_REQUIRED=1 ctest --test-dir "$BUILD_DIR" -R 'sbatch|mpirun' --no-tests=error \
+DTRAIN_ENGINES_REQUIRED=1 ctest --test-dir "$BUILD_DIR" -L engines --no-tests=error \
   --output-on-failure -j "$JOBS"
 t3=$SECONDS
 versions="Slurm $(dpkg-query -W -f='${Version}' slurmd)"

@@ -68,7 +68,19 @@ void check_layout_without_data(const Config& cfg) {
     if (!cfg.data.test.labels.empty())
       classes = std::max(classes, idx_label_classes(cfg.data.test.labels));
   }
-  if (cfg.model.num_classes > 0) classes = cfg.model.num_classes;  // (labels above it: run's check)
+  // run's checks of model.input_features and model.num_classes against the data (its label
+  // range is known for synthetic and IDX data; text has the byte vocabulary).
+  int64_t features = 1;
+  for (int64_t d : sample) features *= d;
+  if (cfg.model.input_features > 0 && cfg.model.input_features != features &&
+      cfg.data.format != DataFormat::kText)
+    throw UserError("model.input_features is " + std::to_string(cfg.model.input_features) +
+                    " but the data has " + std::to_string(features) + " features");
+  if (cfg.model.num_classes > 0 && classes > cfg.model.num_classes)
+    throw UserError(
+        "the data has label " + std::to_string(classes - 1) +
+        ", out of range for model.num_classes = " + std::to_string(cfg.model.num_classes));
+  if (cfg.model.num_classes > 0) classes = cfg.model.num_classes;
   if (classes < 2) return;  // (run refuses a single label with its own message)
   const Model model = build_model(cfg.model, {sample, classes});
   const std::vector<LayerRange> stages = S > 1 ? partition_stages(model, S, d.pipeline.partition)

@@ -547,7 +547,7 @@ TEST_CASE("drop_last with a global batch above the training set: validate refuse
   CHECK(contains(r.output, want));
 }
 
-TEST_CASE("a test fraction that holds out no sample, too many synthetic values: validate refuses") {
+TEST_CASE("what run refuses from the data's sizes, labels and features, validate refuses too") {
   TempDir dir;
   const std::string path = dir.write("tiny.yaml", kTiny);
   for (const auto& [set, want] : std::vector<std::pair<std::string, std::string>>{
@@ -555,7 +555,10 @@ TEST_CASE("a test fraction that holds out no sample, too many synthetic values: 
            {" --set data.test_fraction=0.0001",
             "data.test_fraction 0.0001 of the 600 samples holds out none"},
            {" --set data.synthetic.samples=100000000000",
-            "samples x features = 100000000000 x 5 is too large"}}) {
+            "samples x features = 100000000000 x 5 is too large"},
+           // labels 0..2: validate took model.num_classes for the data's and said ok
+           {" --set model.num_classes=2", "out of range for model.num_classes = 2"},
+           {" --set model.input_features=7", "model.input_features is 7 but the data has 5"}}) {
     for (const std::string& cmd : std::vector<std::string>{
              "validate " + path + set, "run " + path + set + " --out " + dir / "r"}) {
       const auto r = run_dtrain(cmd);
