@@ -95,8 +95,9 @@ nlohmann::json read_manifest(const std::string& dir, bool* checksummed) {
 void check_meta_ranges(const CheckpointMeta& meta, const std::string& path) {
   constexpr int64_t kMax = int64_t{1} << 53;  // (steps stay exact as doubles and far from overflow)
   const auto in = [](int64_t v, int64_t lo, int64_t hi) { return v >= lo && v <= hi; };
+  // (schedule_steps may be INT64_MAX: a run without a step limit lays its schedule out over it)
   if (!in(meta.step, 0, kMax) || !in(meta.epoch, 0, kMax) || !in(meta.batch, 0, kMax) ||
-      !in(meta.optimizer_steps, 0, kMax) || !in(meta.schedule_steps, 0, kMax))
+      !in(meta.optimizer_steps, 0, kMax) || meta.schedule_steps < 0)
     throw UserError("checkpoint '" + path +
                     "': a step, position or schedule horizon in its metadata is out of range "
                     "(step " +

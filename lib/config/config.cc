@@ -712,9 +712,12 @@ class Reader final : public config_detail::KeyErrors {
     const std::string base =
         (override_for(path) ? fs::current_path(ec) : base_dir_).lexically_normal().string();
     std::string escaped;
+    const bool bracket = glob && base.find_first_of("*?[") != std::string::npos;
     for (const char ch : base) {
-      if (glob && (ch == '*' || ch == '?' || ch == '['))
+      if (bracket && (ch == '*' || ch == '?' || ch == '['))
         escaped += std::string("[") + ch + "]";
+      else if (bracket && ch == '\\')  // (glob(3) reads "\b" as "b"; both read "[\\]" as "\")
+        escaped += "[\\\\]";
       else
         escaped += ch;
     }

@@ -15,6 +15,7 @@
 #include <spdlog/spdlog.h>
 
 #include "util/check.h"
+#include "util/fs.h"
 
 namespace dtrain {
 namespace {
@@ -41,7 +42,11 @@ std::vector<std::string> glob_files(const std::string& pattern, const std::strin
   }
   std::vector<std::string> out;
   for (size_t i = 0; i < g.gl_pathc; ++i) {
-    if (is_regular_file(g.gl_pathv[i])) out.emplace_back(g.gl_pathv[i]);
+    if (!is_regular_file(g.gl_pathv[i])) continue;
+    // A match is an input file as a named one is (a /proc file would read without end).
+    if (const std::string why = input_file_problem(g.gl_pathv[i]); !why.empty())
+      throw UserError(key + ": '" + g.gl_pathv[i] + "' (matching '" + pattern + "') " + why);
+    out.emplace_back(g.gl_pathv[i]);
   }
   if (out.empty()) throw UserError(key + ": the pattern '" + pattern + "' matches no file");
   std::sort(out.begin(), out.end());

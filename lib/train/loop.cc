@@ -156,10 +156,15 @@ bool TrainLoop::nonfinite_guard(double loss_sum) {
   const std::string what = nonfinite_what(model_, code);
   // Before any update the learning rate cannot be the cause: the inputs (or the initial
   // weights) overflow the float32 arithmetic.
-  if (cfg_.train.nonfinite == Nonfinite::kAbort && step_ == 0)
-    throw AgreedError(what + " is not finite at step 1, before any update: the training data's " +
-                      "values overflow the model's float32 arithmetic (values near 3.4e38? " +
-                      "data.normalize: " + to_string(cfg_.data.normalize) + ")");
+  if (cfg_.train.nonfinite == Nonfinite::kAbort && step_ == 0 && opts_.resume.empty())
+    throw AgreedError(
+        what + " is not finite at step 1, before any update: " +
+        (cfg_.data.format == DataFormat::kText
+             ? std::string("the model's first forward overflows float32 (a model this deep or "
+                           "wide at its initial weights)")
+             : "the training data's values overflow the model's float32 arithmetic (values near "
+               "3.4e38? data.normalize: " +
+                   to_string(cfg_.data.normalize) + ")"));
   if (cfg_.train.nonfinite == Nonfinite::kAbort)
     throw AgreedError(
         what + " is not finite at step " + std::to_string(step_ + 1) +
@@ -553,7 +558,9 @@ nlohmann::json TrainLoop::run() {
       batch_ = 0;
     }
     record(epoch_done);
-    if (epoch_done || (cfg_.train.eval_every > 0 && step_ % cfg_.train.eval_every == 0))
+    // (only where there is one to run: a checkpoint carries it, and a resume runs it)
+    if ((epoch_done || (cfg_.train.eval_every > 0 && step_ % cfg_.train.eval_every == 0)) &&
+        opts_.evaluate && data_.test.rows > 0)
       eval_due_ = true;
     // Local SGD ranks hold the same parameters only right after a synchronisation: an
     // evaluation falls due at the first synchronisation at or after the epoch end.

@@ -310,8 +310,10 @@ void check_training_memory(const Config& cfg, const Model& model, const MemoryPl
 void check_eval_memory(const Config& cfg, const Model& model, int64_t rows, bool generate) {
   const int64_t avail = available_memory_bytes();
   if (avail < 0) return;
-  // The parameters, and the checkpoint's values read beside them while they load.
-  const double params = 2.0 * 4.0 * static_cast<double>(model.param_count());
+  // The parameters, and the checkpoint's values read beside them while they load (its optimizer
+  // state too: the config's optimizer keeps k values per parameter).
+  const double k = static_cast<double>(make_optimizer(cfg.optimizer, 0, 0)->state_names().size());
+  const double params = (2.0 + k) * 4.0 * static_cast<double>(model.param_count());
   const int64_t batch = generate ? 1 : batch_rows(cfg.data.eval_batch_size, rows);
   const double acts =
       4.0 * values_per_sample(model, 0, model.num_layers(), true) * static_cast<double>(batch);

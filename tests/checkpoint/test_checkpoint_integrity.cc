@@ -278,6 +278,11 @@ TEST_CASE("metadata out of range is refused: a step past 2^53, world size below 
     const std::string msg = user_error([&] { load_checkpoint(path, m, got.data(), {}); });
     CHECK_MESSAGE(contains(msg, "the file is corrupt"), msg);
   }
+  // A run without a step limit lays its schedule out over INT64_MAX steps: that loads.
+  CheckpointMeta unlimited = sgd_meta();
+  unlimited.schedule_steps = std::numeric_limits<int64_t>::max();
+  save_checkpoint(path, m, p.data(), {{"momentum", mom.data()}}, unlimited);
+  CHECK(load_checkpoint(path, m, got.data(), {}).schedule_steps == unlimited.schedule_steps);
   const std::string ck = dir / "step-4";
   save_two_shards(ck, m, p, mom);
   rewrite_manifest(ck, [](nlohmann::json& man) { man["batch"] = 1.5; });

@@ -79,6 +79,9 @@ TEST_CASE("an evaluation batch whose activations cannot fit is refused before tr
     CHECK(r.exit_code == 2);
     CHECK(contains(r.output, "GiB for the activations of an evaluation batch of "));
     CHECK(contains(r.output, "(data.eval_batch_size)"));
+    // Training alone fits: the hint is the evaluation batch, and both batches are counted.
+    CHECK(contains(r.output, "GiB for the activations of a batch of 12 (data.batch_size) and "));
+    CHECK(contains(r.output, "lower data.eval_batch_size"));
     CHECK_FALSE(contains(r.output, "step 1"));
   }
 }

@@ -65,6 +65,22 @@ TEST_CASE("load_data: a relative glob matches inside the config's folder, whatev
       CHECK(s.train.rows == 44);
       CHECK(s.test.rows == 4);
     }
+  // A file name that does not exist in the config's folder is missing, not globbed into a
+  // sibling: "q[1]/a.txt" must not read "q1/a.txt" (the loader globs a path it cannot find), and
+  // a backslash in the folder's name stays a backslash.
+  for (const std::string folder : {"q[1]", "q\\b[1]"}) {
+    CAPTURE(folder);
+    std::filesystem::create_directories(t / folder);
+    t.write(folder + "/l.yaml",
+            "model: {type: gpt, block_size: 8}\ndata: {format: text, train: {path: a.txt}}\n");
+  }
+  std::filesystem::create_directories(t / "q1");
+  t.write("q1/a.txt", bytes_of(4000));
+  const Config q = load_config(t / "q[1]/l.yaml");
+  CHECK_THROWS_WITH_AS(load_data(q.data, q.seed), doctest::Contains("matches no file"), UserError);
+  t.write("q\\b[1]/a.txt", bytes_of(400));
+  const Config b = load_config(t / "q\\b[1]/l.yaml");
+  CHECK(load_data(b.data, b.seed).train.rows == 44);
 }
 
 }  // namespace

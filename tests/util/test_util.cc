@@ -186,10 +186,12 @@ TEST_CASE("input_file_problem: /proc and /sys files are not data (size 0, endles
     CAPTURE(p);
     CHECK(input_file_problem(p) == "is a kernel interface file (/proc, /sys), not data");
   }
-  const std::string mine = "/tmp/dtrain_input_file_problem_test.txt";
+  char tmpl[] = "/tmp/dtrain_util_XXXXXX";
+  REQUIRE(mkdtemp(tmpl) != nullptr);
+  const std::string mine = std::string(tmpl) + "/data.txt";
   write_file_atomic(mine, "data\n");
   CHECK(input_file_problem(mine).empty());
-  std::filesystem::remove(mine);
+  std::filesystem::remove_all(tmpl);
   CHECK(input_file_problem("/nonexistent-dtrain-file") == "does not exist");
 }
 
