@@ -2,6 +2,8 @@
 // sampler's position and schedule it recorded, and what a resume leaves to do.
 #include "train/train_loop.h"
 
+#include <fstream>
+
 #include "util/strings.h"
 
 namespace dtrain {
@@ -74,6 +76,25 @@ bool TrainLoop::resume() {
 // count and, where each holds the global loss, the same final_train_loss). Where the loss is per
 // rank, record() adds the other ranks' own sums (from 0) to rank 0's, so only rank 0 keeps the
 // saved all-ranks sums. Collective.
+namespace {
+
+// Whether the run folder's metrics.jsonl holds an eval record of `step` (a malformed line, or no
+// file, is no record). The evaluation a checkpoint carries as due (it is written before its
+// step's evaluation) ran if it is there: the model at that step is the checkpoint's, whichever
+// run wrote the record, so a resume does not evaluate it twice.
+bool has_eval_record(const std::string& out_dir, int64_t step) {
+  std::ifstream in(fs::path(out_dir) / "metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    if (line.find("\"eval\"") == std::string::npos) continue;
+    const nlohmann::json r = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (r.is_object() && r.value("kind", "") == "eval" && r.value("step", int64_t{-1}) == step)
+      return true;
+  }
+  return false;
+}
+
+}  // namespace
+
 void TrainLoop::restore_progress(const std::string& progress) {
   // skipped, record loss, record samples, interval loss, interval samples, an evaluation due,
   // the last train record's mean loss (NaN: none; the last two absent before 2026-12-05)
@@ -87,7 +108,7 @@ void TrainLoop::restore_progress(const std::string& progress) {
            static_cast<double>(p.at("record_samples").get<int64_t>()),
            p.at("interval_loss").get<double>(),
            static_cast<double>(p.at("interval_samples").get<int64_t>()),
-           p.value("eval_due", false) ? 1.0 : 0.0,
+           p.value("eval_due", false) && !has_eval_record(opts_.out_dir, rp_.step) ? 1.0 : 0.0,
            last.is_number() ? last.get<double>() : std::nan("")};
     } catch (const nlohmann::json::exception& e) {
       // Totals for the records only: a checkpoint whose tensors passed their checks resumes.

@@ -12,6 +12,7 @@
 #include "cli/cli_util.h"
 #include "launch/launcher.h"
 #include "test_util.h"
+#include "util/fs.h"
 
 using dtrain::testing::check_same_state;
 using dtrain::testing::contains;
@@ -287,17 +288,37 @@ TEST_CASE("a checkpoint carries the evaluation due at its step and the last reco
   auto r = run_cmd(kBin + " run " + cfg + " --out " + run + sets);
   REQUIRE_MESSAGE(r.exit_code == 0, r.output);
   const nlohmann::json first = summary_of(run);
-  // As if the run had died after step 10's checkpoint, before its evaluation: resumed there.
+  const auto evals_at_10 = [&] {
+    int n = 0;
+    std::istringstream lines(read_text(run + "/metrics.jsonl"));
+    for (std::string line; std::getline(lines, line);) {
+      const auto rec = nlohmann::json::parse(line);
+      if (rec.at("kind") == "eval" && rec.at("step") == 10) ++n;
+    }
+    return n;
+  };
+  // A resume from step 10, whose evaluation the folder's records hold: not evaluated twice.
   r = run_cmd(kBin + " run " + cfg + " --out " + run + sets + " --resume " + run +
               "/checkpoints/step-10.safetensors");
   REQUIRE_MESSAGE(r.exit_code == 0, r.output);
-  int evals_at_10 = 0;
-  std::istringstream lines(read_text(run + "/metrics.jsonl"));
-  for (std::string line; std::getline(lines, line);) {
-    const auto rec = nlohmann::json::parse(line);
-    if (rec.at("kind") == "eval" && rec.at("step") == 10) ++evals_at_10;
+  CHECK(evals_at_10() == 1);
+  // As if the run had died after step 10's checkpoint, before its evaluation (no record of it):
+  // the resume evaluates step 10 first.
+  std::string kept;
+  {
+    std::istringstream lines(read_text(run + "/metrics.jsonl"));
+    for (std::string line; std::getline(lines, line);) {
+      const auto rec = nlohmann::json::parse(line);
+      if (rec.at("step").get<int64_t>() <= 10 &&
+          !(rec.at("kind") == "eval" && rec.at("step") == 10))
+        kept += line + "\n";
+    }
   }
-  CHECK(evals_at_10 == 2);  // the first run's and the resumed run's
+  dtrain::write_file_atomic(run + "/metrics.jsonl", kept);
+  r = run_cmd(kBin + " run " + cfg + " --out " + run + sets + " --resume " + run +
+              "/checkpoints/step-10.safetensors");
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  CHECK(evals_at_10() == 1);
   // As if the run had died after its final checkpoint, before its evaluation and summary.
   std::filesystem::remove(run + "/summary.json");
   r = run_cmd(kBin + " run " + cfg + " --out " + run + sets + " --resume auto");
