@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "test_util.h"
 #include "util/check.h"
 #include "util/duration.h"
 #include "util/fs.h"
@@ -71,9 +72,8 @@ TEST_CASE("DT_CHECK reports file, line and both values") {
 }
 
 TEST_CASE("write_file_atomic replaces whole files and keeps the old one on failure") {
-  char tmpl[] = "/tmp/dtrain_util_XXXXXX";
-  REQUIRE(mkdtemp(tmpl) != nullptr);
-  const std::string path = std::string(tmpl) + "/f.txt";
+  const testing::TempDir dir;
+  const std::string path = dir / "f.txt";
   write_file_atomic(path, "first");
   CHECK(read_file(path) == "first");
   write_file_atomic(path, "second");
@@ -85,17 +85,15 @@ TEST_CASE("write_file_atomic replaces whole files and keeps the old one on failu
   CHECK(read_file(path) == "second");
   // No temp files left behind.
   int files = 0;
-  for (auto& e : std::filesystem::directory_iterator(tmpl)) files += e.is_regular_file();
+  for (auto& e : std::filesystem::directory_iterator(dir.path())) files += e.is_regular_file();
   CHECK(files == 1);
-  CHECK_THROWS_AS(read_file(std::string(tmpl) + "/missing"), UserError);
-  std::filesystem::remove_all(tmpl);
+  CHECK_THROWS_AS(read_file(dir / "missing"), UserError);
 }
 
 TEST_CASE("write_file_atomic writes through symlinks and into devices and FIFOs, never over them") {
   namespace fs = std::filesystem;
-  char tmpl[] = "/tmp/dtrain_util_XXXXXX";
-  REQUIRE(mkdtemp(tmpl) != nullptr);
-  const fs::path d(tmpl);
+  const testing::TempDir dir;
+  const fs::path d(dir.path());
   // A symlink: the file it names gets the bytes, the link stays a link.
   write_file_atomic((d / "real.txt").string(), "old");
   fs::create_symlink("real.txt", d / "link.txt");
@@ -131,13 +129,11 @@ TEST_CASE("write_file_atomic writes through symlinks and into devices and FIFOs,
   std::set<std::string> names;
   for (const auto& e : fs::directory_iterator(d)) names.insert(e.path().filename().string());
   CHECK(names.size() == (fs::exists(dev) ? 6u : 5u));
-  fs::remove_all(d);
 }
 
 TEST_CASE("LineWriter appending cuts an unfinished last line, and only that") {
-  char tmpl[] = "/tmp/dtrain_util_XXXXXX";
-  REQUIRE(mkdtemp(tmpl) != nullptr);
-  const std::string path = std::string(tmpl) + "/m.jsonl";
+  const testing::TempDir dir;
+  const std::string path = dir / "m.jsonl";
   const std::string long_line(10000, 'x');  // spans blocks of the backwards search
   struct Case {
     std::string before, after;
@@ -168,7 +164,6 @@ TEST_CASE("LineWriter appending cuts an unfinished last line, and only that") {
     CHECK(w.dropped_bytes() == 0);
   }
   CHECK(std::filesystem::exists(path));
-  std::filesystem::remove_all(tmpl);
 }
 
 TEST_CASE("LineWriter: a write that fails (a full disk) throws, naming the file and the cause") {
@@ -186,12 +181,8 @@ TEST_CASE("input_file_problem: /proc and /sys files are not data (size 0, endles
     CAPTURE(p);
     CHECK(input_file_problem(p) == "is a kernel interface file (/proc, /sys), not data");
   }
-  char tmpl[] = "/tmp/dtrain_util_XXXXXX";
-  REQUIRE(mkdtemp(tmpl) != nullptr);
-  const std::string mine = std::string(tmpl) + "/data.txt";
-  write_file_atomic(mine, "data\n");
-  CHECK(input_file_problem(mine).empty());
-  std::filesystem::remove_all(tmpl);
+  const testing::TempDir dir;
+  CHECK(input_file_problem(dir.write("data.txt", "data\n")).empty());
   CHECK(input_file_problem("/nonexistent-dtrain-file") == "does not exist");
 }
 
