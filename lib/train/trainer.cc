@@ -166,9 +166,18 @@ void finish_trace(const RunOptions& opts, Communicator& comm, const Tracer& trac
   spdlog::info("trace: {} (open in ui.perfetto.dev)", opts.trace);
 }
 
+namespace {
+
+// The optimizer's state buffers per parameter (SGD momentum 1, Adam 2, plain SGD 0).
+double optimizer_state_buffers(const Config& cfg) {
+  return static_cast<double>(make_optimizer(cfg.optimizer, 0, 0)->state_names().size());
+}
+
+}  // namespace
+
 double training_state_floats(const Config& cfg, double n, int replicas) {
   const double W = std::max(1, replicas);
-  double k = static_cast<double>(make_optimizer(cfg.optimizer, 0, 0)->state_names().size());
+  double k = optimizer_state_buffers(cfg);
   const StrategyKind s = cfg.distributed.strategy;
   if (s == StrategyKind::kLocalSgd && cfg.distributed.local_sgd.outer_lr > 0)
     k += 2;  // anchor, momentum
@@ -259,7 +268,7 @@ void check_training_memory(const Config& cfg, const Model& model, const MemoryPl
   const int64_t begin = first < last ? model.layer_begin(first) : 0;
   const int64_t end = first < last ? model.layer_end(last - 1) : 0;
   const double n = static_cast<double>(end - begin);
-  const double k = static_cast<double>(make_optimizer(cfg.optimizer, 0, 0)->state_names().size());
+  const double k = optimizer_state_buffers(cfg);
   const int here = plan.ranks_here;
   double state = 4.0 * training_state_floats(cfg, n, plan.replicas) * here;
   if (plan.resume) state += 4.0 * (1 + k) * static_cast<double>(model.param_count()) * here;
@@ -312,7 +321,7 @@ void check_eval_memory(const Config& cfg, const Model& model, int64_t rows, bool
   if (avail < 0) return;
   // The parameters, and the checkpoint's values read beside them while they load (its optimizer
   // state too: the config's optimizer keeps k values per parameter).
-  const double k = static_cast<double>(make_optimizer(cfg.optimizer, 0, 0)->state_names().size());
+  const double k = optimizer_state_buffers(cfg);
   const double params = (2.0 + k) * 4.0 * static_cast<double>(model.param_count());
   const int64_t batch = generate ? 1 : batch_rows(cfg.data.eval_batch_size, rows);
   const double acts =
