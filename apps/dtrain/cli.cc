@@ -63,26 +63,37 @@ void setup_logging(const std::string& level) {
 // A command-line error as one line, "error: WHAT", and where to read the options: the deepest
 // subcommand the parse reached ("dtrain run --help").
 void print_parse_error(const CLI::App& app, const CLI::ParseError& e, int argc, char** argv) {
-  if (app.get_subcommands().empty()) {
-    // No command recognised: CLI11 says "A subcommand is required" even for a misspelt one.
+  // The deepest command the parse reached, and where its name is on the command line.
+  std::string cmd = "dtrain";
+  const CLI::App* deepest = &app;
+  int next_arg = 1;
+  for (;;) {
+    const auto subs = deepest->get_subcommands();
+    if (subs.empty()) break;
+    deepest = subs.front();
+    cmd += " " + deepest->get_name();
+    while (next_arg < argc && argv[next_arg] != deepest->get_name()) ++next_arg;
+    ++next_arg;
+  }
+  const auto offered = deepest->get_subcommands([](const CLI::App*) { return true; });
+  if (!offered.empty()) {
+    // No subcommand recognised: CLI11 says "A subcommand is required" even for a misspelt one.
     std::string names;
-    for (const CLI::App* c : app.get_subcommands([](const CLI::App*) { return true; }))
-      names += (names.empty() ? "" : ", ") + c->get_name();
-    for (int i = 1; i < argc; ++i) {
+    for (const CLI::App* c : offered) names += (names.empty() ? "" : ", ") + c->get_name();
+    for (int i = next_arg; i < argc; ++i) {
       const std::string a = argv[i];
       if (a == "--log-level") ++i;  // and its value
       if (a.starts_with("-")) continue;
-      std::cerr << "error: unknown command '" << shown_text(a) << "' (commands: " << names
-                << ")\nrun 'dtrain --help' for the options" << std::endl;
+      std::cerr << "error: unknown command '" << shown_text(a) << "'"
+                << (deepest == &app ? "" : " for '" + cmd + "'") << " (commands: " << names
+                << ")\nrun '" << cmd << " --help' for the options" << std::endl;
       return;
     }
-  }
-  std::string cmd = "dtrain";
-  for (const CLI::App* a = &app;;) {
-    const auto subs = a->get_subcommands();
-    if (subs.empty()) break;
-    a = subs.front();
-    cmd += " " + a->get_name();
+    if (std::string(e.what()).find("subcommand") != std::string::npos) {
+      std::cerr << "error: '" << cmd << "' needs a command: " << names << "\nrun '" << cmd
+                << " --help' for the options" << std::endl;
+      return;
+    }
   }
   std::string what = e.what();
   for (char& c : what)
@@ -553,9 +564,9 @@ int Cli::dispatch(const char* argv0) {
   if (consolidate_->parsed()) {
     const std::string path = resolve_checkpoint(ckpt_in_, false);
     check_consolidate_output(path, output_);
-    const CheckpointMeta meta = consolidate_checkpoint(path, output_);
-    std::cout << "wrote " << output_ << ": step " << meta.step << ", " << meta.strategy
-              << " checkpoint of " << meta.world_size << " rank(s)" << std::endl;
+    const ConsolidatedCheckpoint c = consolidate_checkpoint(path, output_);
+    std::cout << "wrote " << output_ << ": step " << c.meta.step << ", written by "
+              << describe_writer(c) << std::endl;
     return kExitOk;
   }
   if (plot_->parsed()) {

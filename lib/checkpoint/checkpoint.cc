@@ -415,7 +415,7 @@ CheckpointMeta load_checkpoint(const std::string& path, const Model& model, floa
   return load_file_checkpoint(path, model, params, state, comp);
 }
 
-CheckpointMeta consolidate_checkpoint(const std::string& dir, const std::string& out_path) {
+ConsolidatedCheckpoint consolidate_checkpoint(const std::string& dir, const std::string& out_path) {
   if (!is_sharded_dir(dir))
     throw UserError("'" + dir + "' is not a sharded checkpoint (a folder with manifest.json)");
   const ShardedRead rd = read_sharded(dir, true);
@@ -426,7 +426,19 @@ CheckpointMeta consolidate_checkpoint(const std::string& dir, const std::string&
       refs.push_back(
           {"optim." + rd.state_names[k] + "." + e.name, e.shape, rd.state[k].data() + e.offset});
   write_safetensors(out_path, refs, file_metadata(rd.meta, rd.param_count, CompressionState{}));
-  return rd.meta;
+  return {rd.meta, rd.layout_dp, rd.layout_pp, rd.layout_tp};
+}
+
+std::string describe_writer(const ConsolidatedCheckpoint& c) {
+  const std::string ranks = std::to_string(c.meta.world_size) + " rank(s)";
+  if (c.dp == 0) return c.meta.strategy + ", " + ranks;  // (the manifest names no grid)
+  std::string d;
+  const auto part = [&](const std::string& p) { d += (d.empty() ? "" : " x ") + p; };
+  if (c.dp > 1 || (c.pp == 1 && c.tp == 1))
+    part(c.meta.strategy + (c.dp > 1 ? " over " + std::to_string(c.dp) + " replicas" : ""));
+  if (c.pp > 1) part("pipeline of " + std::to_string(c.pp) + " stages");
+  if (c.tp > 1) part("tensor parallel " + std::to_string(c.tp));
+  return d + ", " + ranks;
 }
 
 std::string sharded_checkpoint_name(int64_t step) {

@@ -114,9 +114,17 @@ void write_manifest(const std::string& dir, const Model& model, const Checkpoint
                     const std::vector<std::vector<ShardRange>>& ranges,
                     const std::vector<std::string>& state_names);
 
+// What consolidate_checkpoint read: the metadata, and the writing run's grid as its manifest
+// records it (dp = 0: a manifest without "layout", written before it was recorded).
+struct ConsolidatedCheckpoint {
+  CheckpointMeta meta;
+  int64_t dp = 0, pp = 1, tp = 1;
+};
 // Writes the sharded checkpoint folder `dir` as one checkpoint file `out_path` (atomic), the
 // format save_checkpoint writes: `dtrain eval`, `--resume` and Python's safetensors read it.
-CheckpointMeta consolidate_checkpoint(const std::string& dir, const std::string& out_path);
+ConsolidatedCheckpoint consolidate_checkpoint(const std::string& dir, const std::string& out_path);
+// "fsdp over 2 replicas x tensor parallel 2": the layout that wrote a consolidated checkpoint.
+std::string describe_writer(const ConsolidatedCheckpoint& c);
 
 // Writes `path` atomically. Throws std::runtime_error on I/O errors (old file untouched).
 // comp must be consistent: residuals empty or world_size vectors of one size.

@@ -63,6 +63,8 @@ struct ShardedRead {
   std::vector<Entry> table;
   std::vector<std::string> state_names;
   int64_t param_count = 0;
+  // The writing run's grid as the manifest records it ("layout"; dp = 0 when it records none).
+  int64_t layout_dp = 0, layout_pp = 1, layout_tp = 1;
   std::vector<float> params;
   std::vector<std::vector<float>> state;  // per state_names entry, when read with state
 };

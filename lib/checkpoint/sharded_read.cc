@@ -154,7 +154,12 @@ ShardedRead read_sharded(const std::string& dir, bool with_state) {
     out.state_names = m.at("optimizer_state").get<std::vector<std::string>>();
     check_state_names(out.state_names, dir);
     out.param_count = integer("param_count");
-    if (m.contains("layout")) tp = m.at("layout").value("tp", int64_t{1});
+    if (m.contains("layout")) {
+      const nlohmann::json& l = m.at("layout");
+      tp = l.value("tp", int64_t{1});
+      out.layout_dp = l.value("dp", int64_t{0});
+      out.layout_pp = l.value("pp", int64_t{1});
+    }
     int64_t next = 0;
     std::set<std::string> names;
     for (const auto& e : m.at("params")) {
@@ -200,6 +205,14 @@ ShardedRead read_sharded(const std::string& dir, bool with_state) {
     throw UserError("checkpoint '" + dir + "': manifest.json is malformed: " + e.what());
   }
   check_meta_ranges(meta, dir);
+  out.layout_tp = tp;
+  // (dp 0: no layout recorded; the grid must multiply out to the world size otherwise)
+  if (out.layout_dp < 0 || out.layout_pp < 1 ||
+      (out.layout_dp != 0 && out.layout_dp * out.layout_pp * tp != meta.world_size))
+    throw UserError("checkpoint '" + dir + "': the manifest's layout (dp " +
+                    std::to_string(out.layout_dp) + ", pp " + std::to_string(out.layout_pp) +
+                    ", tp " + std::to_string(tp) + ") is not a grid of its world size " +
+                    std::to_string(meta.world_size));
   if (tp < 1 || tp > kMaxCheckpointWorld)
     throw UserError("checkpoint '" + dir + "': the manifest's layout.tp is " + std::to_string(tp) +
                     ", not a tensor-parallel size");

@@ -273,7 +273,20 @@ TEST_CASE("command-line errors: 'error: ...' and where the options are, exit 2")
   CHECK(r.output == "error: config is required\nrun 'dtrain run --help' for the options\n");
   r = run_dtrain("");
   CHECK(r.exit_code == 2);
-  CHECK(r.output == "error: A subcommand is required\nrun 'dtrain --help' for the options\n");
+  CHECK(r.output.starts_with("error: 'dtrain' needs a command: run, launch, "));
+  CHECK(r.output.ends_with(", bench\nrun 'dtrain --help' for the options\n"));
+  // A misspelt or missing second-level command is named with its parent's choices (it said
+  // "A subcommand is required" for 'dtrain checkpoint bogus').
+  r = run_dtrain("checkpoint bogus");
+  CHECK(r.exit_code == 2);
+  CHECK(r.output ==
+        "error: unknown command 'bogus' for 'dtrain checkpoint' (commands: "
+        "consolidate)\nrun 'dtrain checkpoint --help' for the options\n");
+  r = run_dtrain("bench");
+  CHECK(r.exit_code == 2);
+  CHECK(r.output ==
+        "error: 'dtrain bench' needs a command: gemm, step, comm, tp\nrun 'dtrain "
+        "bench --help' for the options\n");
   r = run_dtrain("--log-level warn frobnicate x.yaml");
   CHECK(r.exit_code == 2);
   CHECK(r.output.starts_with("error: unknown command 'frobnicate' (commands: run, launch, "));

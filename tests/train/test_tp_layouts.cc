@@ -160,8 +160,11 @@ TEST_CASE("tensor parallel: a checkpoint saved at TP 2 x PP 2 resumes at TP 1 an
   }
   // The consolidated file is the ordinary nanoGPT-named one, equal to one process's.
   const std::string out = f.dir / "consolidated.safetensors";
-  consolidate_checkpoint((ckpts / sharded_checkpoint_name(20)).string(), out);
+  const ConsolidatedCheckpoint c =
+      consolidate_checkpoint((ckpts / sharded_checkpoint_name(20)).string(), out);
   CHECK(checkpoint_rel_diff(out, f.ref) < 1e-5);
+  // The writer is named by its grid (it was "ddp checkpoint of 4 rank(s)").
+  CHECK(describe_writer(c) == "pipeline of 2 stages x tensor parallel 2, 4 rank(s)");
   // Two ranges' offsets swapped in the manifest (and its checksum dropped): each shard's header
   // holds the ranges the manifest lists for it, global under tensor parallelism too, so the
   // values are not loaded into each other's places (they were, with exit 0, before).
@@ -180,6 +183,35 @@ TEST_CASE("tensor parallel: a checkpoint saved at TP 2 x PP 2 resumes at TP 1 an
   std::ofstream(edited / "manifest.json", std::ios::trunc) << m.dump(1);
   CHECK_THROWS_WITH_AS(consolidate_checkpoint(edited.string(), f.dir / "edited.safetensors"),
                        doctest::Contains("the manifest says"), UserError);
+  // A layout that is no grid of the world size is refused, not described.
+  m = nlohmann::json::parse(std::ifstream(mid + "/manifest.json"));
+  m["layout"]["dp"] = 3;
+  m.erase("crc32");
+  std::filesystem::remove_all(edited);
+  std::filesystem::copy(mid, edited);
+  std::ofstream(edited / "manifest.json", std::ios::trunc) << m.dump(1);
+  CHECK_THROWS_WITH_AS(consolidate_checkpoint(edited.string(), f.dir / "edited.safetensors"),
+                       doctest::Contains("(dp 3, pp 2, tp 2) is not a grid of its world size 4"),
+                       UserError);
+}
+
+TEST_CASE("consolidate: the writer is described by its grid") {
+  ConsolidatedCheckpoint c;
+  c.meta.strategy = "fsdp";
+  c.meta.world_size = 4;
+  CHECK(describe_writer(c) == "fsdp, 4 rank(s)");  // an older manifest: no grid recorded
+  c.dp = 4;
+  CHECK(describe_writer(c) == "fsdp over 4 replicas, 4 rank(s)");
+  c.dp = 2;
+  c.tp = 2;
+  CHECK(describe_writer(c) == "fsdp over 2 replicas x tensor parallel 2, 4 rank(s)");
+  c.dp = 1;
+  c.pp = 2;
+  CHECK(describe_writer(c) == "pipeline of 2 stages x tensor parallel 2, 4 rank(s)");
+  c.meta.world_size = 1;
+  c.pp = c.tp = 1;
+  c.meta.strategy = "ddp";
+  CHECK(describe_writer(c) == "ddp, 1 rank(s)");
 }
 
 TEST_CASE("tensor parallel: configurations that cannot run are refused with one clear line") {
