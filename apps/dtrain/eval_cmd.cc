@@ -15,6 +15,8 @@
 #include "nn/model.h"
 #include "nn/registry.h"
 #include "tensor/blas.h"
+#include "train/checkpoint_config.h"
+#include "train/tied_grads.h"
 #include "train/trainer.h"
 #include "util/check.h"
 #include "util/fs.h"
@@ -56,6 +58,7 @@ LoadedModel load_model(const Config& cfg, const DataSplits& data, const std::str
                     "), so the model was built with " + std::to_string(shape.num_classes) +
                     " outputs: check the test labels, or set model.num_classes");
   }
+  check_tied_copies(m.model, m.params.data(), {}, path);
   spdlog::info("loaded {} (step {})", path, meta.step);
   return m;
 }

@@ -12,6 +12,8 @@
 #include "nn/model.h"
 #include "nn/registry.h"
 #include "nn/sampling.h"
+#include "train/checkpoint_config.h"
+#include "train/tied_grads.h"
 #include "train/trainer.h"
 #include "util/check.h"
 #include "util/rng.h"
@@ -120,6 +122,7 @@ std::string generate_text(const Config& cfg, const GenerateOptions& o,
                     " (generate builds the model from the config: give the one it was trained "
                     "with)");
   }
+  check_tied_copies(model, params.data(), {}, path);
   spdlog::debug("generate: loaded {}", path);
   if (static_cast<int64_t>(o.prompt.size()) > T)
     spdlog::warn(

@@ -206,16 +206,17 @@ ShardedRead read_sharded(const std::string& dir, bool with_state) {
   }
   check_meta_ranges(meta, dir);
   out.layout_tp = tp;
+  if (tp < 1 || tp > kMaxCheckpointWorld)
+    throw UserError("checkpoint '" + dir + "': the manifest's layout.tp is " + std::to_string(tp) +
+                    ", not a tensor-parallel size");
   // (dp 0: no layout recorded; the grid must multiply out to the world size otherwise)
-  if (out.layout_dp < 0 || out.layout_pp < 1 ||
+  if (out.layout_dp < 0 || out.layout_pp < 1 || out.layout_dp > kMaxCheckpointWorld ||
+      out.layout_pp > kMaxCheckpointWorld ||  // (before the product: no overflow)
       (out.layout_dp != 0 && out.layout_dp * out.layout_pp * tp != meta.world_size))
     throw UserError("checkpoint '" + dir + "': the manifest's layout (dp " +
                     std::to_string(out.layout_dp) + ", pp " + std::to_string(out.layout_pp) +
                     ", tp " + std::to_string(tp) + ") is not a grid of its world size " +
                     std::to_string(meta.world_size));
-  if (tp < 1 || tp > kMaxCheckpointWorld)
-    throw UserError("checkpoint '" + dir + "': the manifest's layout.tp is " + std::to_string(tp) +
-                    ", not a tensor-parallel size");
   // One shard per rank that holds a distinct part (every rank for zero/fsdp, replica 0's stages
   // for a pipeline): at least one, at most world size.
   if (meta.world_size > kMaxCheckpointWorld)

@@ -2,6 +2,7 @@
 // sections, JSON values and README's config table.
 #include "config/schema.h"
 
+#include <algorithm>
 #include <charconv>
 
 #include "util/check.h"
@@ -693,6 +694,22 @@ nlohmann::json KeyDecl::get(const Config& c) const {
         }
       },
       ref);
+}
+
+std::string BelongsTo::choice(const Config& c) const {
+  const nlohmann::json value = find_key(key)->get(c);
+  return value.is_string() ? value.get<std::string>() : value.dump();
+}
+
+bool BelongsTo::holds(const Config& c) const {
+  if (when && when(c)) return true;
+  const std::string chosen = choice(c);
+  return std::find(values.begin(), values.end(), chosen) != values.end();
+}
+
+bool KeyDecl::applies_to(const Config& c) const {
+  return std::all_of(belongs.begin(), belongs.end(),
+                     [&c](const BelongsTo& b) { return b.holds(c); });
 }
 
 const std::vector<KeyDecl>& config_keys() {

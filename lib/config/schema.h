@@ -62,6 +62,9 @@ struct BelongsTo {
   std::string_view phrase;  // "by optimizer sgd"
   std::string_view shown;   // how the message names `key`; empty: its path
   std::function<bool(const Config&)> when = nullptr;
+
+  bool holds(const Config& c) const;          // c's `key` is one of `values`, or `when` says so
+  std::string choice(const Config& c) const;  // c's value of `key`, as a message shows it
 };
 
 // An enum field, type-erased: its names and conversions.
@@ -100,6 +103,9 @@ struct KeyDecl {
   bool omitted_at_default = false;
 
   nlohmann::json get(const Config& c) const;  // the value as config.json writes it
+  // Whether c uses the key: every BelongsTo holds (the choice it belongs to is c's, or its
+  // `when` says so); a key without owners applies always.
+  bool applies_to(const Config& c) const;
 
   // Builders, for the declaration table.
   KeyDecl&& min(double lo) && { return with({KeyCheck::kMin, lo, 0, {}}); }

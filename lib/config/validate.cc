@@ -88,13 +88,9 @@ void check_belongs(const KeyDecl& d, const Config& c, const Config& defaults,
                    const KeyErrors& errors) {
   if (d.belongs.empty() || d.get(c) == d.get(defaults)) return;
   for (const BelongsTo& b : d.belongs) {
-    const nlohmann::json value = find_key(b.key)->get(c);
-    const std::string choice = value.is_string() ? value.get<std::string>() : value.dump();
-    bool used = b.when && b.when(c);
-    for (std::string_view v : b.values) used = used || v == choice;
     const std::string shown(b.shown.empty() ? b.key : b.shown);
-    errors.check(used, d.path,
-                 "only used " + std::string(b.phrase) + " (" + shown + " is " + choice + ")");
+    errors.check(b.holds(c), d.path,
+                 "only used " + std::string(b.phrase) + " (" + shown + " is " + b.choice(c) + ")");
   }
 }
 

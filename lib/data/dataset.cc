@@ -218,6 +218,11 @@ std::string idle_ranks_warning(int64_t train_rows, int64_t world_size, int64_t p
   return msg + verbs + " for the others (use fewer ranks or more data)";
 }
 
+Normalize resolved_normalize(const DataConfig& cfg) {
+  if (cfg.normalize != Normalize::kAuto) return cfg.normalize;
+  return cfg.format == DataFormat::kIdx ? Normalize::kScale : Normalize::kStandardize;
+}
+
 DataSplits load_data(const DataConfig& cfg, int64_t seed) {
   const DataFormat fmt = cfg.format;
   if (fmt == DataFormat::kText) {
@@ -225,9 +230,7 @@ DataSplits load_data(const DataConfig& cfg, int64_t seed) {
     return load_text({cfg.train.path, cfg.test.path, resolved_test_fraction(cfg), cfg.block_size,
                       cfg.test_fraction < 0});
   }
-  Normalize method = cfg.normalize;
-  if (method == Normalize::kAuto)
-    method = fmt == DataFormat::kIdx ? Normalize::kScale : Normalize::kStandardize;
+  const Normalize method = resolved_normalize(cfg);
   const double fraction = resolved_test_fraction(cfg);
   if (!(fraction >= 0 && fraction < 1)) {
     throw UserError("data.test_fraction must be in [0, 1), got " + std::to_string(fraction));

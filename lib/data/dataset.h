@@ -60,6 +60,9 @@ struct DataSplits {
 // Loads train (and test, or a held-out test_fraction) per `cfg.data`, fits the normaliser on
 // train and applies it. `seed` is the run seed (synthetic data and the held-out split use it).
 DataSplits load_data(const DataConfig& cfg, int64_t seed);
+// data.normalize with `auto` resolved for the format: scale for idx, standardize otherwise
+// (text is not normalised: its token ids pass as they are).
+Normalize resolved_normalize(const DataConfig& cfg);
 
 // Format loaders (raw, unnormalised). Exposed for tests.
 Dataset load_idx(const std::string& images_path, const std::string& labels_path);

@@ -118,8 +118,8 @@ void check_tied_copies(const Model& m, const float* params, const std::vector<co
           0)
         throw UserError("checkpoint '" + from + "': " + q.name + " differs from " + p.name +
                         (b == params ? "" : " in the optimizer state") +
-                        ", so a model with untied copies wrote it; resume with "
-                        "model.tie_embeddings: false");
+                        ", so a model with untied copies wrote it: give model.tie_embeddings: "
+                        "false");
   }
 }
 

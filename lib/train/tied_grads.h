@@ -69,9 +69,10 @@ class TiedGrads {
 // its parameters piece by piece to keep the copies bitwise equal.
 std::vector<FlatRange> tie_aligned_pieces(const Model& m, int64_t begin, int64_t end);
 
-// A resume: throws UserError when a tie's copies differ in `params` or in any state buffer
-// (whole-model layout), as in a checkpoint written with model.tie_embeddings false. `from`
-// names the checkpoint.
+// A loaded checkpoint (resume, eval, predict, generate): throws UserError when a tie's copies
+// differ in `params` or in any state buffer (whole-model layout), as in a checkpoint written with
+// model.tie_embeddings false -- a tied model would silently use one copy. `from` names the
+// checkpoint.
 void check_tied_copies(const Model& m, const float* params, const std::vector<const float*>& state,
                        const std::string& from);
 

@@ -28,6 +28,7 @@
 #include "optim/optimizer.h"
 #include "tensor/blas.h"
 #include "train/batch.h"
+#include "train/checkpoint_config.h"
 #include "train/compression.h"
 #include "train/compression_state.h"
 #include "train/loop.h"
@@ -359,101 +360,6 @@ StepPlan plan_steps(const Config& cfg, int64_t batches_per_epoch, int64_t train_
   return p;
 }
 
-namespace {
-
-// A resume under another config: name the keys that changed -- a warning when they change what
-// is computed (the config hash), else one info line (epochs, logging, checkpointing, timeouts).
-// Checkpoints from before the config was stored in them only have the hash.
-void report_config_changes(const std::string& path, const CheckpointMeta& m, const Config& cfg,
-                           const std::string& hash) {
-  if (m.config_json.empty()) {
-    if (m.config_hash != hash)
-      spdlog::warn("resuming from {} written with config hash {}, this run has {}", path,
-                   m.config_hash, hash);
-    return;
-  }
-  nlohmann::json before;
-  try {
-    before = nlohmann::json::parse(m.config_json);
-  } catch (const nlohmann::json::exception&) {
-    throw UserError("checkpoint '" + path + "': its stored config is not valid JSON");
-  }
-  const std::vector<std::string> diff = config_differences(before, config_to_json(cfg));
-  std::string lines;
-  for (const auto& d : diff) lines += "\n  " + d;
-  if (m.config_hash != hash)
-    spdlog::warn("resuming from {} under a changed config (hash {} -> {}); {} key(s) differ:{}",
-                 path, m.config_hash, hash, diff.size(),
-                 diff.empty() ? " (none in the resolved config)" : lines);
-  else if (!diff.empty())
-    spdlog::info("resuming from {}; changed since it was written (not what is computed):{}", path,
-                 lines);
-}
-
-}  // namespace
-
-namespace {
-
-// The config a checkpoint stores, as a Config (JSON is YAML; keys it omits take defaults), or
-// nullopt: none stored (older checkpoints) or it does not load (`why` says why, when given).
-std::optional<Config> stored_config(const CheckpointMeta& m, const std::string& path,
-                                    std::string* why = nullptr) {
-  if (m.config_json.empty()) return std::nullopt;
-  try {
-    return parse_config(m.config_json, path);
-  } catch (const UserError& e) {
-    if (why) *why = e.what();
-    return std::nullopt;
-  }
-}
-
-}  // namespace
-
-void check_model_config(const std::string& path, const CheckpointMeta& m, const Config& cfg) {
-  std::string why;
-  const std::optional<Config> stored = stored_config(m, path, &why);
-  if (!stored) {  // older checkpoints: the shapes are all there is to check
-    if (!why.empty())
-      spdlog::warn("checkpoint '{}': its stored config does not load ({}); not compared", path,
-                   why);
-    return;
-  }
-  const Config& before = *stored;
-  // Keys that do not change the function the weights compute: dropout is off outside training,
-  // init is overwritten by the weights, the loss is what eval reports, not what the model is.
-  static const std::vector<std::string> kInert = {"model.dropout", "model.init", "model.loss"};
-  std::string lines;
-  // data.normalize is part of the function too: the weights expect inputs scaled as in training.
-  for (const KeyDecl& d : config_keys()) {
-    const bool computes = d.path.starts_with("model.") || d.path == "data.normalize";
-    if (!computes || d.json_as_default ||  // complexity: hidden has it
-        std::find(kInert.begin(), kInert.end(), d.path) != kInert.end())
-      continue;
-    const nlohmann::json was = d.get(before), now = d.get(cfg);
-    if (was != now) lines += "\n  " + d.path + ": " + was.dump() + " -> " + now.dump();
-  }
-  // An mlp's dropout is a layer of its own once > 0, which renumbers the `layers.<i>` names
-  // after it (as in PyTorch's nn.Sequential): 0 against > 0 is another parameter table.
-  const double d0 = before.model.dropout, d1 = cfg.model.dropout;
-  if (cfg.model.type == ModelType::kMlp && before.model.type == ModelType::kMlp &&
-      (d0 > 0) != (d1 > 0))
-    lines += "\n  model.dropout: " + nlohmann::json(d0).dump() + " -> " +
-             nlohmann::json(d1).dump() +
-             " (an mlp's dropout layers, present only when > 0, number its layers; any value > 0 "
-             "loads)";
-  if (!lines.empty())
-    throw UserError("checkpoint '" + path +
-                    "' was trained with another model config (checkpoint -> this config):" + lines +
-                    "\nthe weights would compute something else: give the config it was trained "
-                    "with (its run folder's config.json)");
-}
-
-void check_config_before_build(const std::string& resolved, const Config& cfg) {
-  CheckpointMeta header;
-  header.config_json = checkpoint_config_json(resolved);
-  check_model_config(resolved, header, cfg);
-}
-
 std::string gather_rng_states(Communicator& comm, const Rng& rng) {
   const int world = comm.size();
   const auto st = rng.state();
@@ -580,6 +486,11 @@ ResumePoint resume_full_state(const Config& cfg, const RunOptions& opts, Communi
         for (const StateBuffer& b : state) mine.push_back(b.name);
         std::sort(mine.begin(), mine.end());
         const auto theirs = checkpoint_state_names(path);
+        // Adam always keeps state: none at all is a weights-only file, not a setting changed.
+        if (cfg.optimizer.type != OptimizerType::kSgd && theirs && theirs->empty())
+          throw UserError("checkpoint '" + path + "' holds no optimizer state (" +
+                          to_string(cfg.optimizer.type) + " keeps [" + join(mine, ", ") +
+                          "]): a weights-only file, which a resume cannot continue from");
         if (!state.empty() && theirs && *theirs != mine)
           throw UserError("checkpoint '" + path + "' holds the optimizer state [" +
                           join(*theirs, ", ") + "], this run keeps [" + join(mine, ", ") +

@@ -90,16 +90,6 @@ ResumePoint resume_full_state(const Config& cfg, const RunOptions& opts, Communi
 // Collective: the states travel as int64 words.
 std::string gather_rng_states(Communicator& comm, const Rng& rng);
 
-// For eval, predict and generate: the checkpoint's stored config (when it has one) and `cfg`
-// agree on every model key that changes what the weights compute (n_head, activation, layers,
-// ...; not dropout, init or loss) and on data.normalize (how inputs are scaled). Shapes alone do
-// not catch these. Throws UserError listing them.
-void check_model_config(const std::string& path, const CheckpointMeta& m, const Config& cfg);
-// The same from the checkpoint's header alone (checkpoint_config_json), before the model is
-// built: a config that differs is named rather than allocated (a model.hidden typo could ask
-// for more memory than there is). `resolved`: resolve_checkpoint's result.
-void check_config_before_build(const std::string& resolved, const Config& cfg);
-
 // Rank 0's start of a run in out_dir: creates ckpt_dir, removes the temp files interrupted
 // checkpoint writes left there (logged), writes config.json (a resumed run: after its checkpoint
 // has loaded, write_run_config).

@@ -296,6 +296,8 @@ TEST_CASE(
     if (!contains(r.output, "another model config"))
       CHECK(std::count(r.output.begin(), r.output.end(), '\n') == 1);
     for (const std::string& part : c.parts) CHECK(contains(r.output, part));
+    // Keys of the other model type are no difference (an mlp's model.hidden was listed).
+    CHECK_FALSE(contains(r.output, "model.hidden"));
   }
   // Same shapes, another function: the stored config catches what the shapes cannot (n_head,
   // the GELU's place); dropout does not change what the weights compute and is accepted.
@@ -327,3 +329,44 @@ TEST_CASE(
 }
 
 }  // namespace dtrain
+
+TEST_CASE(
+    "eval and generate refuse differing tied copies; resume names a missing optimizer state") {
+  // A file without a stored config (as older ones are) whose lm_head.weight differs from
+  // transformer.wte.weight: a tied model would read one of them and report numbers no model
+  // computes (eval and generate exited 0; only --resume refused it).
+  TempDir t;
+  const std::string cfg_path = tiny_gpt(t);
+  const dtrain::Config cfg = dtrain::load_config(cfg_path, {});
+  const dtrain::Model model = dtrain::build_model(cfg.model, {{cfg.model.block_size}, 256});
+  REQUIRE(model.ties().size() == 1);
+  std::vector<float> params(static_cast<size_t>(model.param_count()));
+  model.init(params.data(), 3);
+  dtrain::CheckpointMeta meta;
+  meta.optimizer = "adamw";
+  const std::string same = t / "same.safetensors", differ = t / "differ.safetensors";
+  dtrain::save_checkpoint(same, model, params.data(), {}, meta);
+  const dtrain::ParamEntry& head = model.params()[model.ties()[0].mirror];
+  params[static_cast<size_t>(head.offset)] += 0.5f;
+  dtrain::save_checkpoint(differ, model, params.data(), {}, meta);
+  for (const std::string& cmd : {"eval " + cfg_path + " --checkpoint ",
+                                 "generate " + cfg_path + " --tokens 4 --checkpoint "}) {
+    CmdResult r = run_dtrain(cmd + same + " --log-level warn");
+    INFO(cmd << "\n" << r.output);
+    CHECK(r.exit_code == 0);  // the same file with equal copies loads
+    r = run_dtrain(cmd + differ + " --log-level warn");
+    INFO(r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(contains(r.output,
+                   "lm_head.weight differs from transformer.wte.weight, so a model "
+                   "with untied copies wrote it: give model.tie_embeddings: false"));
+  }
+  // The same file holds no optimizer state: a resume names that, not a momentum setting.
+  const CmdResult r = run_dtrain("run " + cfg_path + " --out " + t / "resumed" + " --resume " +
+                                 same + " --log-level warn");
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK(contains(r.output,
+                 "holds no optimizer state (adamw keeps [exp_avg, exp_avg_sq]): a "
+                 "weights-only file, which a resume cannot continue from"));
+}

@@ -116,8 +116,8 @@ TEST_CASE("README's dtrain command lines use real options and their configs vali
         const std::string opt = a.substr(0, a.find('='));
         CHECK_MESSAGE(contains(helps[key], opt), line, ": `dtrain ", key, "` has no ", opt);
         if (opt == "--set" && j + 1 < args.size()) sets.push_back(args[++j]);
-      } else if (a.rfind("configs/", 0) == 0 && a.size() > 5 &&
-                 a.substr(a.size() - 5) == ".yaml" && config.empty()) {
+      } else if (a.rfind("configs/", 0) == 0 && a.size() > 5 && a.substr(a.size() - 5) == ".yaml" &&
+                 config.empty()) {
         config = a;
       }
     }
@@ -128,7 +128,7 @@ TEST_CASE("README's dtrain command lines use real options and their configs vali
     CHECK_MESSAGE(r.exit_code == 0, line, "\n", r.output);
     ++validated;
   }
-  CHECK(commands >= 12);  // the extractor found the README's commands
+  CHECK(commands >= 12);   // the extractor found the README's commands
   CHECK(validated >= 10);  // and their configs
 }
 

@@ -1,0 +1,109 @@
+#include "train/checkpoint_config.h"
+
+#include <algorithm>
+#include <vector>
+
+#include <spdlog/spdlog.h>
+#include <nlohmann/json.hpp>
+
+#include "config/config_diff.h"
+#include "config/schema.h"
+#include "data/dataset.h"
+#include "train/trainer.h"
+#include "util/check.h"
+
+namespace dtrain {
+
+void report_config_changes(const std::string& path, const CheckpointMeta& m, const Config& cfg,
+                           const std::string& hash) {
+  if (m.config_json.empty()) {
+    if (m.config_hash != hash)
+      spdlog::warn("resuming from {} written with config hash {}, this run has {}", path,
+                   m.config_hash, hash);
+    return;
+  }
+  nlohmann::json before;
+  try {
+    before = nlohmann::json::parse(m.config_json);
+  } catch (const nlohmann::json::exception&) {
+    throw UserError("checkpoint '" + path + "': its stored config is not valid JSON");
+  }
+  const std::vector<std::string> diff = config_differences(before, config_to_json(cfg));
+  std::string lines;
+  for (const auto& d : diff) lines += "\n  " + d;
+  if (m.config_hash != hash)
+    spdlog::warn("resuming from {} under a changed config (hash {} -> {}); {} key(s) differ:{}",
+                 path, m.config_hash, hash, diff.size(),
+                 diff.empty() ? " (none in the resolved config)" : lines);
+  else if (!diff.empty())
+    spdlog::info("resuming from {}; changed since it was written (not what is computed):{}", path,
+                 lines);
+}
+
+std::optional<Config> stored_config(const CheckpointMeta& m, const std::string& path,
+                                    std::string* why) {
+  if (m.config_json.empty()) return std::nullopt;
+  try {
+    return parse_config(m.config_json, path);
+  } catch (const UserError& e) {
+    if (why) *why = e.what();
+    return std::nullopt;
+  }
+}
+
+void check_model_config(const std::string& path, const CheckpointMeta& m, const Config& cfg) {
+  std::string why;
+  const std::optional<Config> stored = stored_config(m, path, &why);
+  if (!stored) {  // older checkpoints: the shapes are all there is to check
+    if (!why.empty())
+      spdlog::warn("checkpoint '{}': its stored config does not load ({}); not compared", path,
+                   why);
+    return;
+  }
+  const Config& before = *stored;
+  // Keys that do not change the function the weights compute: dropout is off outside training,
+  // init is overwritten by the weights, the loss is what eval reports, not what the model is.
+  static const std::vector<std::string> kInert = {"model.dropout", "model.init", "model.loss"};
+  std::string lines;
+  for (const KeyDecl& d : config_keys()) {
+    if (!d.path.starts_with("model.") || d.json_as_default ||  // complexity: hidden has it
+        std::find(kInert.begin(), kInert.end(), d.path) != kInert.end())
+      continue;
+    // A key of another model type (model.hidden under a gpt) is no difference between the two:
+    // when the types differ, model.type says so.
+    if (!d.applies_to(before) || !d.applies_to(cfg)) continue;
+    const nlohmann::json was = d.get(before), now = d.get(cfg);
+    if (was != now) lines += "\n  " + d.path + ": " + was.dump() + " -> " + now.dump();
+  }
+  // data.normalize as the data is scaled: `auto` is scale for idx and standardize for csv, so
+  // `auto` against the value it resolves to is no change. Text is not normalised.
+  const Normalize n0 = resolved_normalize(before.data), n1 = resolved_normalize(cfg.data);
+  const auto shown = [](const DataConfig& d, Normalize resolved) {
+    const std::string given = nlohmann::json(to_string(d.normalize)).dump();  // (quoted)
+    return d.normalize == Normalize::kAuto ? given + " (" + to_string(resolved) + ")" : given;
+  };
+  if (cfg.data.format != DataFormat::kText && n0 != n1)
+    lines += "\n  data.normalize: " + shown(before.data, n0) + " -> " + shown(cfg.data, n1);
+  // An mlp's dropout is a layer of its own once > 0, which renumbers the `layers.<i>` names
+  // after it (as in PyTorch's nn.Sequential): 0 against > 0 is another parameter table.
+  const double d0 = before.model.dropout, d1 = cfg.model.dropout;
+  if (cfg.model.type == ModelType::kMlp && before.model.type == ModelType::kMlp &&
+      (d0 > 0) != (d1 > 0))
+    lines += "\n  model.dropout: " + nlohmann::json(d0).dump() + " -> " +
+             nlohmann::json(d1).dump() +
+             " (an mlp's dropout layers, present only when > 0, number its layers; any value > 0 "
+             "loads)";
+  if (!lines.empty())
+    throw UserError("checkpoint '" + path +
+                    "' was trained with another model config (checkpoint -> this config):" + lines +
+                    "\nthe weights would compute something else: give the config it was trained "
+                    "with (its run folder's config.json)");
+}
+
+void check_config_before_build(const std::string& resolved, const Config& cfg) {
+  CheckpointMeta header;
+  header.config_json = checkpoint_config_json(resolved);
+  check_model_config(resolved, header, cfg);
+}
+
+}  // namespace dtrain
