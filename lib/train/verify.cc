@@ -310,6 +310,10 @@ ReferencePlan plan_reference(const Config& layout) {
   // whatever H, which the layout's runs then set to 1 so they may checkpoint after every step.
   if (d.strategy == StrategyKind::kLocalSgd && p.replicas == 1 && d.local_sgd.sync_every > 1)
     p.layout_sets.push_back("distributed.local_sgd.sync_every=1");
+  // Nor does its outer optimizer keep anything but zeros: without it, the layout resumes from
+  // the reference's checkpoints (which hold no outer_momentum) for teacher forcing.
+  if (d.strategy == StrategyKind::kLocalSgd && p.replicas == 1 && d.local_sgd.outer_lr > 0.0)
+    p.layout_sets.push_back("distributed.local_sgd.outer_lr=0");
   if (d.strategy == StrategyKind::kLocalSgd && p.replicas > 1) {
     const auto& l = d.local_sgd;
     const bool sgd = layout.optimizer.type == OptimizerType::kSgd;
@@ -333,6 +337,9 @@ ReferencePlan plan_reference(const Config& layout) {
           "the optimizer state differs from one process's by design; parameters are compared";
     } else if (l.outer_lr > 0.0 || !sgd || clipped) {
       p.exact = false;
+      // The outer momentum is state one process does not have: the layout runs free from step 0
+      // rather than resuming from the reference's checkpoints, as for H > 1.
+      if (l.outer_lr > 0.0) p.teacher_forcing = false;
       p.divergence =
           l.outer_lr > 0.0
               ? "Local SGD with an outer optimizer (DiLoCo, outer_lr > 0) applies the averaged "
