@@ -93,17 +93,24 @@ void check_layout_without_data(const Config& cfg) {
   const int blas = run_blas_threads(cfg, world);
   const int replicas = std::max(1, world / S);
   const int64_t test_rows = test_rows_without_loading(cfg.data);
-  for (const auto& [first, last] : stages)
+  // In-process ranks share the process: every stage with its ranks. gRPC ranks: one stage per
+  // process, each checked.
+  const auto check = [&](const std::vector<std::pair<size_t, size_t>>& held, int per_stage) {
     check_training_memory(cfg, model,
-                          {.first = first,
-                           .last = last,
+                          {.stages = held,
                            .replicas = replicas,
-                           .ranks_here = here,
+                           .ranks_here = per_stage,
                            .blas_threads = blas,
                            .train_rows = train_rows_without_loading(cfg.data),
                            // Unknown (CSV, an unreadable text file): not counted, so validate never
                            // refuses what run, which knows the rows, accepts.
                            .eval_rows = test_rows < 0 ? 0 : (test_rows + replicas - 1) / replicas});
+  };
+  if (here > 1) {
+    check({stages.begin(), stages.end()}, here / S);
+  } else {
+    for (const auto& st : stages) check({st}, 1);
+  }
 }
 
 }  // namespace

@@ -52,6 +52,13 @@ int64_t Sampler::global_batch_size(int64_t k) const {
   return std::min(g, n_ - k * g);
 }
 
+double Sampler::epoch_fraction(int64_t k) const {
+  const int64_t g = b_ * world_, batches = batches_per_epoch();
+  const int64_t items = drop_last_ ? batches * g : n_;  // what one epoch trains on
+  if (items <= 0) return 0.0;
+  return static_cast<double>(std::min(k * g, items)) / static_cast<double>(items);
+}
+
 std::vector<int64_t> Sampler::batch(int64_t epoch, int64_t k) {
   const int64_t size = global_batch_size(k);
   const std::vector<int64_t>& perm = permutation(epoch);

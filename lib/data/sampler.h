@@ -29,6 +29,10 @@ class Sampler {
   // The fewest rows a rank holds of global batch k (a short batch is split as evenly as possible,
   // so the ranks' shares differ by at most one): the same answer on every rank.
   int64_t fewest_rows(int64_t k) const { return global_batch_size(k) / world_; }
+  // The fraction of an epoch's items that global batches [0, k) hold (k <= batches_per_epoch()):
+  // by items, not batches, so it does not depend on how the items are cut into batches (a short
+  // last batch, gradient accumulation's smaller micro-batches).
+  double epoch_fraction(int64_t k) const;
 
  private:
   int64_t n_, b_;

@@ -66,7 +66,7 @@ void TrainLoop::setup_model() {
   stages_ = pipelined ? partition_stages(model_, S_, cfg_.distributed.pipeline.partition)
                       : std::vector<LayerRange>{{0, model_.num_layers()}};
   const auto [f, l] = stages_[static_cast<size_t>(stage_)];
-  check_memory(ModelRange::layers(model_, f, l));
+  check_memory();
   strategy_ = with_gradient_faults(make_strategy(cfg_, ModelRange::layers(model_, f, l), dp_),
                                    opts_.faults, rank_, step_);
   tied_.emplace(model_, stages_, stage_, dp_, pp_);
@@ -82,20 +82,20 @@ void TrainLoop::setup_model() {
   loss_global_ = !pipelined && DP_ > 1 && strategy_->replicated_grads();
 }
 
-// The start-up memory check (train/trainer.h's check_training_memory) for this rank's stage.
-void TrainLoop::check_memory(const ModelRange& range) const {
+// The start-up memory check (train/trainer.h's check_training_memory): this rank's stage, or,
+// for in-process ranks, every stage with its ranks (the same figure on every rank: all refuse).
+void TrainLoop::check_memory() const {
   const bool inproc = cfg_.distributed.backend == Backend::kInproc;
-  const int here = inproc ? world_.size() : 1;
-  MemoryPlan plan{.first = range.first,
-                  .last = range.last,
-                  .replicas = DP_,
-                  .ranks_here = here,
-                  .resume = !opts_.resume.empty(),
-                  // The address-space probe once per process: rank 0 for the in-process ranks.
-                  .blas_threads = !inproc || world_.rank() == 0 ? std::max(1, blas_threads()) : 0,
-                  .train_rows = data_.train.rows,
-                  // A replica evaluates its contiguous share of the test set.
-                  .eval_rows = opts_.evaluate ? (data_.test.rows + DP_ - 1) / DP_ : 0};
+  MemoryPlan plan{
+      .stages = inproc ? stages_ : std::vector<LayerRange>{stages_[static_cast<size_t>(stage_)]},
+      .replicas = DP_,
+      .ranks_here = inproc ? world_.size() / static_cast<int>(stages_.size()) : 1,
+      .resume = !opts_.resume.empty(),
+      // The address-space probe once per process: rank 0 for the in-process ranks.
+      .blas_threads = !inproc || world_.rank() == 0 ? std::max(1, blas_threads()) : 0,
+      .train_rows = data_.train.rows,
+      // A replica evaluates its contiguous share of the test set.
+      .eval_rows = opts_.evaluate ? (data_.test.rows + DP_ - 1) / DP_ : 0};
   check_training_memory(cfg_, model_, plan);
 }
 
@@ -108,11 +108,15 @@ void TrainLoop::log_start() const {
     const int64_t micro = std::min<int64_t>(pc.micro_batches, cfg_.data.batch_size);
     spdlog::info(
         "pipeline: {} stage(s) x {} replica(s), schedule {}, {} micro-batches{}, partition "
-        "{}{}; stage pp of replica dp is rank dp + {} * pp",
+        "{}{}; {}",
         S_, DP_, to_string(pc.schedule), micro,
         micro < pc.micro_batches ? fmt::format(" (one per row of the batch of {})", micro) : "",
         to_string(pc.partition), pc.activation_checkpointing ? ", activation checkpointing" : "",
-        DP_);
+        grid_.layout().tp() > 1
+            ? fmt::format(
+                  "tensor rank tp of stage pp of replica dp is rank tp + {} * (dp + {} * pp)",
+                  grid_.layout().tp(), DP_)
+            : fmt::format("stage pp of replica dp is rank dp + {} * pp", DP_));
     for (int s = 0; s < S_; ++s) {
       const auto [a, b] = stages_[static_cast<size_t>(s)];
       spdlog::info("  stage {}: layers [{}, {}), {} parameters, est. cost {:.0f} per sample", s, a,

@@ -75,7 +75,7 @@ class TrainLoop {
 
  private:
   void setup_model();
-  void check_memory(const ModelRange& range) const;
+  void check_memory() const;
   bool resume();  // false: nothing left to train (summary_ holds the answer)
   void restore_progress(const std::string& progress);  // collective
   bool run_left_unfinished();                          // collective
@@ -107,8 +107,11 @@ class TrainLoop {
   // One rank holds the whole model (no pipeline, a replicated strategy): checkpoints are one
   // file; otherwise sharded folders.
   bool one_file() const { return !pipelined_ && !strategy_->sharded() && !tp_; }
+  // Epochs completed, fractional by items (the same with or without gradient accumulation).
   double epoch_progress() const {
-    return static_cast<double>(epoch_) + static_cast<double>(batch_) / static_cast<double>(bpe_);
+    const double part = sampler_ ? sampler_->epoch_fraction(std::min(batch_, bpe_))
+                                 : static_cast<double>(batch_) / static_cast<double>(bpe_);
+    return static_cast<double>(epoch_) + part;
   }
 
   const Config& cfg_;

@@ -265,20 +265,23 @@ constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 void check_training_memory(const Config& cfg, const Model& model, const MemoryPlan& plan) {
   const int64_t avail = available_memory_bytes();
   if (avail < 0) return;
-  const size_t first = plan.first, last = plan.last;
-  const int64_t begin = first < last ? model.layer_begin(first) : 0;
-  const int64_t end = first < last ? model.layer_end(last - 1) : 0;
-  const double n = static_cast<double>(end - begin);
   const double k = optimizer_state_buffers(cfg);
-  const int here = plan.ranks_here;
-  double state = 4.0 * training_state_floats(cfg, n, plan.replicas) * here;
-  if (plan.resume) state += 4.0 * (1 + k) * static_cast<double>(model.param_count()) * here;
+  const int per_stage = plan.ranks_here;
+  const int here = per_stage * static_cast<int>(plan.stages.size());
   const int64_t train_batch = batch_rows(cfg.data.batch_size, plan.train_rows);
   const int64_t eval_batch = batch_rows(cfg.data.eval_batch_size, plan.eval_rows);
-  const double train_acts =
-      4.0 * values_per_sample(model, first, last, false) * static_cast<double>(train_batch) * here;
-  const double eval_acts =
-      4.0 * values_per_sample(model, first, last, true) * static_cast<double>(eval_batch) * here;
+  double state = 0, train_acts = 0, eval_acts = 0;
+  for (const auto& [first, last] : plan.stages) {
+    const int64_t begin = first < last ? model.layer_begin(first) : 0;
+    const int64_t end = first < last ? model.layer_end(last - 1) : 0;
+    state += 4.0 * training_state_floats(cfg, static_cast<double>(end - begin), plan.replicas) *
+             per_stage;
+    train_acts += 4.0 * values_per_sample(model, first, last, false) *
+                  static_cast<double>(train_batch) * per_stage;
+    eval_acts += 4.0 * values_per_sample(model, first, last, true) *
+                 static_cast<double>(eval_batch) * per_stage;
+  }
+  if (plan.resume) state += 4.0 * (1 + k) * static_cast<double>(model.param_count()) * here;
   // An evaluation runs with the training batch's activations still held (the executors keep
   // them from step to step): both count.
   const std::string train_what = fmt::format("a batch of {} (data.batch_size)", train_batch);

@@ -140,13 +140,15 @@ double training_state_floats(const Config& cfg, double n, int replicas);
 // keep it).
 inline constexpr int kSummaryFormatVersion = 1;
 
-// What one rank of a run holds, for check_training_memory.
+// What the ranks of one process hold, for check_training_memory.
 struct MemoryPlan {
-  size_t first = 0, last = 0;  // the rank's layers [first, last) of the model
-  int replicas = 1;            // data-parallel replicas (a sharded strategy's divisor)
-  int ranks_here = 1;          // ranks in this process (in-process ranks)
-  bool resume = false;         // a resume reads full-model copies
-  int blas_threads = 0;        // > 0: probe the address space (see below)
+  // The layers [first, last) of each pipeline stage with ranks in this process: the rank's own
+  // stage (one rank per process), or every stage (in-process ranks: they share the memory).
+  std::vector<std::pair<size_t, size_t>> stages;
+  int replicas = 1;      // data-parallel replicas (a sharded strategy's divisor)
+  int ranks_here = 1;    // ranks of each of those stages in this process (replicas x tensor slices)
+  bool resume = false;   // a resume reads full-model copies
+  int blas_threads = 0;  // > 0: probe the address space (see below)
   // Rows of one batch at most, when the data is known (-1: data.batch_size, data.eval_batch_size):
   // a batch larger than the training set, or an evaluation batch larger than a rank's share of
   // the test set, holds only the rows there are. eval_rows 0: no evaluation.
@@ -157,12 +159,14 @@ struct MemoryPlan {
 // Refuses (UserError, exit 2, with the numbers) a training run whose memory this process cannot
 // allocate, before anything is: per rank, the fp32 parameters, gradients and optimizer state of
 // the plan's layers that cfg's strategy holds over `replicas` data-parallel replicas (strategy.h's
-// table), plus the larger of one training batch's activations (each layer's output, input
+// table), plus one training batch's activations (each layer's output, input
 // gradient and saved state, Layer::state_values_per_sample: a pipeline stage's whole batch, as
-// GPipe keeps it) and one evaluation batch's (output and Layer::eval_values_per_sample per row of
-// data.eval_batch_size: an evaluation forward keeps every layer's output), times `ranks_here`
-// (the in-process ranks), plus the full-model copies a resume reads. The data is not counted (the
-// CLI turns a failed allocation there into a clear message). Used by the training loop and by
+// GPipe keeps it) and one evaluation batch's, held at once (output and
+// Layer::eval_values_per_sample per row of data.eval_batch_size: an evaluation forward keeps
+// every layer's output), times `ranks_here`
+// (the in-process ranks of each stage), summed over the plan's stages (a pipeline's stages differ
+// in size: each counts its own), plus the full-model copies a resume reads. The data is not counted
+// (the CLI turns a failed allocation there into a clear message). Used by the training loop and by
 // validate.
 // Under an address-space limit (ulimit -v), when `blas_threads` > 0, the process must also be able
 // to map what OpenBLAS maps at its first call (128 MiB per BLAS thread of each rank here, retried

@@ -258,3 +258,28 @@ TEST_CASE("training data that overflows float32 is named as the cause, not the l
   CHECK(contains(r.output, "not finite at step 1, before any update"));
   CHECK_FALSE(contains(r.output, "lower optimizer.lr"));
 }
+
+TEST_CASE("in-process pipeline stages of different sizes are counted each at its own size") {
+  // Two stages of an mlp [6000, 6000] with AdamW: stage 0 holds 0.1 M parameters, stage 1 the
+  // 36 M of the middle layer. The process holds both ranks: 0.54 GiB of state, which fits in
+  // 1.4 GB of address space. Each rank counted its own stage twice (every in-process rank as
+  // large as itself), so the large stage's rank refused for 1.08 GiB while the other did not.
+  TempDir dir;
+  const std::string cfg = dir.write("two.yaml", R"(seed: 7
+model: {hidden: [6000, 6000]}
+data: {format: synthetic, synthetic: {samples: 250, features: 16, classes: 8}, batch_size: 24}
+optimizer: {type: adamw, lr: 0.01}
+train: {max_steps: 2}
+distributed: {backend: inproc, world_size: 2, pipeline: {stages: 2}}
+runtime: {threads: 1}
+)");
+  auto r = run_cmd("bash -c 'ulimit -v 1400000; " + kBin + " validate " + cfg + "' 2>&1");
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  // Two data-parallel ranks each hold the whole model: 1.08 GiB, refused.
+  r = run_cmd("bash -c 'ulimit -v 1400000; " + kBin + " validate " + cfg +
+              " --set distributed.pipeline.stages=1' 2>&1");
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK(contains(r.output, "1.08 GiB for parameters, gradients and optimizer state"));
+}

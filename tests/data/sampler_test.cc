@@ -109,3 +109,19 @@ TEST_CASE("sampler: permutations by seed and epoch, shuffle off is the identity"
 
 }  // namespace
 }  // namespace dtrain
+
+TEST_CASE("sampler: the epoch fraction counts items, whatever the batch cut") {
+  // 200 items: batches of 24 (8 full and one of 8) or of 8 (25 full). 48 items are 0.24 of the
+  // epoch either way (by batches it was 2/9 = 0.222 against 6/25 = 0.24).
+  const dtrain::Sampler big(200, 24, 1, 0, true, false, 1), small(200, 8, 1, 0, true, false, 1);
+  CHECK(big.epoch_fraction(2) == doctest::Approx(0.24));
+  CHECK(small.epoch_fraction(6) == doctest::Approx(0.24));
+  CHECK(big.epoch_fraction(big.batches_per_epoch()) == 1.0);
+  CHECK(big.epoch_fraction(0) == 0.0);
+  // 2 ranks of 12 are one global batch of 24.
+  CHECK(dtrain::Sampler(200, 12, 2, 1, true, false, 1).epoch_fraction(2) == doctest::Approx(0.24));
+  // drop_last: the epoch is the 192 items of its 8 full batches.
+  const dtrain::Sampler dropped(200, 24, 1, 0, true, true, 1);
+  CHECK(dropped.epoch_fraction(4) == doctest::Approx(0.5));
+  CHECK(dropped.epoch_fraction(dropped.batches_per_epoch()) == 1.0);
+}
