@@ -243,6 +243,11 @@ int cmd_run(const Config& cfg, const std::string& config_path, std::string out,
       restart != nullptr ? "DTRAIN_RESTART_COUNT" : "TORCHELASTIC_RESTART_COUNT");
   if (const char* f = std::getenv("DTRAIN_FAULT")) {
     opts.faults = parse_faults(f, attempt);
+    check_fault_ranks(
+        opts.faults,
+        multiprocess
+            ? resolve_dist_env(env, static_cast<int>(cfg.distributed.world_size), flags).world_size
+            : cfg.distributed.world_size);
     if (attempt > 0)
       spdlog::info("restart attempt {}: DTRAIN_FAULT is ignored (faults fire in the first only)",
                    attempt);

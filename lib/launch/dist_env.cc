@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <stdexcept>
 #include <thread>
 
@@ -88,11 +89,11 @@ std::string trim(const std::string& s) {
 
 // The step's number (SLURM_STEP_ID, or SLURM_STEPID of older releases) when it is a
 // non-negative integer, else 0.
-int slurm_step_id(const Env& env) {
+int64_t slurm_step_id(const Env& env) {
   for (const char* var : {"SLURM_STEP_ID", "SLURM_STEPID"}) {
     const std::string* v = find(env, var);
     if (v == nullptr) continue;
-    int id = 0;
+    int64_t id = 0;
     const auto [p, ec] = std::from_chars(v->data(), v->data() + v->size(), id);
     return ec == std::errc() && p == v->data() + v->size() && id >= 0 ? id : 0;
   }
@@ -106,10 +107,11 @@ bool in_slurm_step(const std::map<std::string, std::string>& env) {
          (env.count("SLURM_STEP_ID") > 0 || env.count("SLURM_STEPID") > 0);
 }
 
-int slurm_default_port(int job_id, int step_id) {
+int slurm_default_port(int64_t job_id, int64_t step_id) {
   DT_CHECK_GE(job_id, 0);
   DT_CHECK_GE(step_id, 0);
-  return 10000 + static_cast<int>((16 * static_cast<int64_t>(job_id) + step_id % 16) % 20000);
+  // (16 * job mod 20000 first: no overflow for any int64 id)
+  return 10000 + static_cast<int>(((16 * (job_id % 20000)) % 20000 + step_id % 16) % 20000);
 }
 
 std::string slurm_batch_shell_note(const std::map<std::string, std::string>& env) {
@@ -125,14 +127,29 @@ std::string slurm_batch_shell_note(const std::map<std::string, std::string>& env
          "follows the config; start the ranks with `srun dtrain run ...`";
 }
 
-int parse_env_int(const std::string& text, const std::string& name) {
-  int v = 0;
+namespace {
+template <class T>
+T parse_env_integer(const std::string& text, const std::string& name) {
+  T v = 0;
   const char* b = text.data();
   const char* e = b + text.size();
   const auto [p, ec] = std::from_chars(b, e, v);
+  if (!text.empty() && ec == std::errc::result_out_of_range && p == e)
+    throw UserError(name + "='" + shown_text(text) + "' is out of range (" +
+                    std::to_string(std::numeric_limits<T>::min()) + " to " +
+                    std::to_string(std::numeric_limits<T>::max()) + ")");
   if (text.empty() || ec != std::errc() || p != e)
-    throw UserError(name + "='" + text + "' is not an integer");
+    throw UserError(name + "='" + shown_text(text) + "' is not an integer");
   return v;
+}
+}  // namespace
+
+int parse_env_int(const std::string& text, const std::string& name) {
+  return parse_env_integer<int>(text, name);
+}
+
+int64_t parse_env_int64(const std::string& text, const std::string& name) {
+  return parse_env_integer<int64_t>(text, name);
 }
 
 std::vector<int> parse_slurm_tasks_per_node(const std::string& text, const std::string& var) {
@@ -243,8 +260,10 @@ DistEnv resolve_dist_env(const std::map<std::string, std::string>& env, int conf
         break;
       }
     }
-    if (const Field job = from_env(env, "SLURM_JOB_ID"); job.set && job.value >= 0)
-      port = {slurm_default_port(job.value, slurm_step_id(env)), "SLURM_JOB_ID", true};
+    if (const std::string* job = find(env, "SLURM_JOB_ID")) {
+      const int64_t id = parse_env_int64(*job, "SLURM_JOB_ID");
+      if (id >= 0) port = {slurm_default_port(id, slurm_step_id(env)), "SLURM_JOB_ID", true};
+    }
   } else if (env.count("PET_NODE_RANK") || env.count("PET_NNODES")) {
     // Kubeflow Trainer describes nodes (pods) for torchrun: one rank per pod here.
     source = "kubeflow";

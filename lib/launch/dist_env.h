@@ -92,8 +92,8 @@ bool in_slurm_step(const std::map<std::string, std::string>& env);
 // 10000..29999, below Linux's ephemeral range (32768..60999) where outgoing connections take
 // their ports; up to 16 steps of one job running at once get distinct ports, and jobs whose ids
 // differ by less than 1250 never share one. scripts/slurm.sbatch uses step 0's (its srun is the
-// job's first step). job_id, step_id >= 0.
-int slurm_default_port(int job_id, int step_id);
+// job's first step). job_id, step_id >= 0 (job ids pass 2^31 on federated clusters).
+int slurm_default_port(int64_t job_id, int64_t step_id);
 
 // For `dtrain run` started in an sbatch batch shell of more than one task (SLURM_PROCID and
 // SLURM_NTASKS > 1 but no srun step) with no other launcher's variables: a warning that they are
@@ -139,6 +139,8 @@ std::string random_token();
 // with an optional '-' ("4 ", "+4", "4x" and "" are refused), so a typo in a launcher's variable
 // fails loudly instead of silently becoming rank 0. UserError naming `name` otherwise.
 int parse_env_int(const std::string& text, const std::string& name);
+// The same for a 64-bit value (SLURM_JOB_ID: federated clusters' ids are above 2^31).
+int64_t parse_env_int64(const std::string& text, const std::string& name);
 
 // Slurm's compressed per-node task counts, "2(x3),1" -> {2, 2, 2, 1}. `var` names the variable
 // in the UserError thrown for malformed text.

@@ -1,5 +1,6 @@
 #include "util/fault.h"
 
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -56,9 +57,13 @@ std::vector<Fault> parse_faults(const std::string& spec, int64_t attempt) {
                                 : timed  ? "rank and ms"
                                 : placed ? "rank and at"
                                          : "rank and step";
+    std::vector<std::string> seen;
     for (size_t i = 1; i < fields.size(); ++i) {
       const size_t eq = fields[i].find('=');
       const std::string key = fields[i].substr(0, eq);
+      if (std::find(seen.begin(), seen.end(), key) != seen.end())
+        throw UserError("DTRAIN_FAULT: '" + key + "' is given twice in '" + entry + "'");
+      seen.push_back(key);
       const std::string val = eq == std::string::npos ? "" : fields[i].substr(eq + 1);
       if (key == "at" && placed) {
         if (val != "joined" && val != "channels" && val != "streams")
@@ -93,6 +98,14 @@ std::vector<Fault> parse_faults(const std::string& spec, int64_t attempt) {
   }
   if (attempt > 0) out.clear();  // checked, but a restart runs without them
   return out;
+}
+
+void check_fault_ranks(const std::vector<Fault>& faults, int64_t world_size) {
+  for (const Fault& f : faults)
+    if (f.rank >= world_size)
+      throw UserError("DTRAIN_FAULT: the " + f.kind + " fault names rank " +
+                      std::to_string(f.rank) + ", but the run has " + std::to_string(world_size) +
+                      " rank(s), 0.." + std::to_string(world_size - 1) + ": it would never fire");
 }
 
 int64_t parse_restart_count(const char* value, const char* name) {

@@ -43,6 +43,8 @@ struct Fault {
 // The faults of `spec` (DTRAIN_FAULT's value) for restart attempt `attempt` (0: the first):
 // empty for attempt > 0, after checking the spec all the same.
 std::vector<Fault> parse_faults(const std::string& spec, int64_t attempt);
+// UserError when a fault names a rank the run does not have (it would never fire).
+void check_fault_ranks(const std::vector<Fault>& faults, int64_t world_size);
 
 // DTRAIN_RESTART_COUNT's value (nullptr when unset: 0). Throws UserError unless it is a
 // non-negative integer.

@@ -98,6 +98,9 @@ TEST_CASE("resolve_dist_env: bad torchrun values are UserErrors naming the varia
   CHECK(contains(env_error(without("WORLD_SIZE")), "RANK is set but WORLD_SIZE is not"));
   CHECK(contains(env_error(without("RANK")), "WORLD_SIZE is set but RANK is not"));
   CHECK(contains(env_error(with("RANK", "abc")), "RANK='abc' is not an integer"));
+  // A number too large for its variable says so, rather than "not an integer".
+  CHECK(contains(env_error(with("RANK", "99999999999")),
+                 "RANK='99999999999' is out of range (-2147483648 to 2147483647)"));
   CHECK(contains(env_error(with("RANK", "1 ")), "RANK='1 '"));
   CHECK(contains(env_error(with("RANK", "")), "RANK=''"));
   CHECK(contains(env_error(with("RANK", "99999999999")), "RANK="));
@@ -322,6 +325,20 @@ TEST_CASE("slurm_default_port: below the ephemeral range, one per concurrent ste
       CHECK(p < 30000);  // Linux's ephemeral ports start at 32768
     }
   CHECK(slurm_default_port(12345, 0) == 27520);
+  // Federated clusters' job ids pass 2^31 (3000000000 was refused as "not an integer"): the
+  // same formula, without overflow.
+  CHECK(slurm_default_port(3000000000, 3) == 10000 + (16 * int64_t{3000000000} + 3) % 20000);
+  CHECK(slurm_default_port(INT64_MAX, 15) >= 10000);
+  Env env = {{"SLURM_PROCID", "1"},
+             {"SLURM_NTASKS", "2"},
+             {"SLURM_STEP_ID", "3"},
+             {"SLURM_LOCALID", "0"},
+             {"SLURM_TASKS_PER_NODE", "1(x2)"},
+             {"SLURM_JOB_ID", "3000000000"},
+             {"SLURM_JOB_NODELIST", "node[1-2]"}};
+  const DistEnv d = resolve_dist_env(env, 2, {});
+  CHECK(d.source == "slurm");
+  CHECK(d.master_port == slurm_default_port(3000000000, 3));
 }
 
 TEST_CASE("resolve_dist_env: flags override the environment and the config") {

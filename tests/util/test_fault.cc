@@ -69,6 +69,19 @@ TEST_CASE("malformed DTRAIN_FAULT entries are user errors naming the entry") {
         "delay:rank=1:ms= 5", "drop:rank=1:step", "delay:rank=1:ms=99999999999999999999"})
     CHECK_MESSAGE(message(bad).find("non-negative integer") != std::string::npos, bad);
   CHECK(message("kill:rank=1:step=2,").find("unknown fault ''") != std::string::npos);
+  // A field given twice (the last one silently won).
+  CHECK(message("kill:rank=1:step=3:rank=0")
+            .find("'rank' is given twice in "
+                  "'kill:rank=1:step=3:rank=0'") != std::string::npos);
+}
+
+TEST_CASE("a DTRAIN_FAULT on a rank the run does not have is refused: it would never fire") {
+  const auto faults = parse_faults("kill:rank=5:step=3", 0);
+  CHECK_NOTHROW(check_fault_ranks(faults, 6));
+  CHECK_THROWS_WITH_AS(check_fault_ranks(faults, 2),
+                       "DTRAIN_FAULT: the kill fault names rank 5, but the run has 2 rank(s), "
+                       "0..1: it would never fire",
+                       UserError);
 }
 
 TEST_CASE("DTRAIN_RESTART_COUNT is a non-negative integer, 0 when unset") {
