@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "comm/rendezvous/master_addr.h"
 #include "comm/rendezvous/store.h"
 #include "comm/rendezvous/store_service.h"
 #include "test_util.h"
@@ -135,4 +136,14 @@ TEST_CASE("store: over gRPC, clients wait for keys others set, a wrong token is 
                        CommError);
   closer.join();
   server->Shutdown();
+}
+
+TEST_CASE("master_addr_problem: a rendezvous timeout's hint about MASTER_ADDR") {
+  // Numeric addresses only (no DNS in CI). 192.0.2.0/24 is TEST-NET-1: never this host's.
+  CHECK(dtrain::master_addr_problem("127.0.0.1", true).empty());
+  CHECK(dtrain::master_addr_problem("192.0.2.99", false).empty());  // only rank 0 serves
+  CHECK(dtrain::master_addr_problem("192.0.2.99", true) ==
+        "MASTER_ADDR '192.0.2.99' (192.0.2.99) is not an address of this host, where rank 0 "
+        "serves the rendezvous: give rank 0's host (unless that address forwards here, as a "
+        "Kubernetes service does)");
 }

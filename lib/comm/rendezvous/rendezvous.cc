@@ -6,6 +6,7 @@
 #include <string_view>
 
 #include "comm/grpc_internal.h"
+#include "comm/rendezvous/master_addr.h"
 #include "comm/rendezvous/store_service.h"
 #include "util/check.h"
 #include "util/duration.h"
@@ -151,8 +152,14 @@ void RendezvousHost::timer_loop() {
   if (stop_ || coord_.decided()) return;
   const std::vector<int> missing = coord_.missing();
   lk.unlock();
-  finish(std::string(kFail) + fmt::format("rendezvous timed out after {} s: {} never joined",
-                                          seconds_str(timeout_s_), ranks_str(missing)));
+  // Rank 0 runs this host: when its own join is missing, its MASTER_ADDR led elsewhere.
+  const bool self_missing = !missing.empty() && missing.front() == 0;
+  finish(std::string(kFail) +
+         fmt::format("rendezvous timed out after {} s: {} never joined{}", seconds_str(timeout_s_),
+                     ranks_str(missing),
+                     self_missing ? " (rank 0 serves this rendezvous and runs, but its own join "
+                                    "did not arrive: its MASTER_ADDR names another host?)"
+                                  : ""));
 }
 
 void RendezvousHost::shutdown(const std::string& why) {
@@ -222,11 +229,13 @@ std::vector<PeerEntry> join_rendezvous(const GrpcOptions& o, const std::string& 
             fmt::format("rank 0 at {} refused this rank's job token (rank {})", master, rank_));
       case grpc::StatusCode::DEADLINE_EXCEEDED: {
         const double slack_s = std::chrono::duration<double>(kJoinSlack).count();
+        const std::string hint = master_addr_problem(o.master_addr, rank_ == 0);
         return CommError(fmt::format(
             "rendezvous with rank 0 at {} timed out after {} s (rendezvous_timeout_s {} s, and "
-            "{} s more for rank 0's own report, which names the ranks missing)",
+            "{} s more for rank 0's own report, which names the ranks missing){}",
             master, seconds_str(o.rendezvous_timeout_s + slack_s),
-            seconds_str(o.rendezvous_timeout_s), seconds_str(slack_s)));
+            seconds_str(o.rendezvous_timeout_s), seconds_str(slack_s),
+            hint.empty() ? "" : "; " + hint));
       }
       default:
         return CommError(
