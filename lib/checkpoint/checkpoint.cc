@@ -435,7 +435,9 @@ std::string describe_writer(const ConsolidatedCheckpoint& c) {
   std::string d;
   const auto part = [&](const std::string& p) { d += (d.empty() ? "" : " x ") + p; };
   if (c.dp > 1 || (c.pp == 1 && c.tp == 1))
-    part(c.meta.strategy + (c.dp > 1 ? " over " + std::to_string(c.dp) + " replicas" : ""));
+    // (strategy "pipeline" is ddp on the data axis: the stages are named below)
+    part((c.meta.strategy == "pipeline" && c.pp > 1 ? "ddp" : c.meta.strategy) +
+         (c.dp > 1 ? " over " + std::to_string(c.dp) + " replicas" : ""));
   if (c.pp > 1) part("pipeline of " + std::to_string(c.pp) + " stages");
   if (c.tp > 1) part("tensor parallel " + std::to_string(c.tp));
   return d + ", " + ranks;

@@ -51,8 +51,10 @@ std::string format_index(const std::vector<int64_t>& shape, int64_t flat);
 // its reference update is float32 noise of a sum that cancels, and noise over noise is ~1 however
 // exact the layout is. That noise was measured at 1e-6 to 1.5e-5 of the kind's RMS update
 // (Fashion-MNIST, batches of 6 to 128 per rank, W = 4), over the 1e-4 tolerance with a floor of
-// 1% of the RMS; at the RMS it is 7x below. A real error in a floored tensor (an update of the
-// kind's size where none is due, a gradient off by a factor) still stands far above 1e-4.
+// 1% of the RMS; at the RMS it is 7x below. The cost: an error by a factor k in a tensor whose
+// update is a fraction r of its kind's RMS scores about (k - 1) r, so it is caught only for r
+// above about 1e-4 / (k - 1) (an update of the kind's size where none is due scores ~1; a layout
+// bug seldom spares every tensor that learns at the kind's pace).
 inline constexpr double kScaleFloor = 1.0;
 
 // Per tensor of `want` (sorted by name, tensors named "comp.*" skipped: the state of a

@@ -284,13 +284,17 @@ void TrainLoop::finish_save() {
 void TrainLoop::start_deadline(int sig) {
   const double t = cfg_.train.preempt_save_timeout_s;
   if (t <= 0 || deadline_.armed()) return;
-  deadline_.start(t, [this, t, sig, step = step_] {
-    std::string latest = "none";
-    try {
-      latest = read_regular_file((fs::path(ckpt_dir_) / "latest").string(), 4096);
-      while (!latest.empty() && (latest.back() == '\n' || latest.back() == ' ')) latest.pop_back();
-    } catch (const std::exception&) {
-    }
+  // What --resume auto will take, named now, in the training thread: the deadline fires when the
+  // save is stuck, perhaps on this very filesystem, where its thread must not wait on more I/O.
+  // `latest`, or without it the newest complete step-<N> (the save under way commits after this,
+  // and once it has, the deadline no longer fires).
+  std::string latest = "none";
+  try {
+    const std::string p = resolve_checkpoint(ckpt_dir_, true);
+    if (!p.empty()) latest = fs::path(p).filename().string();  // ("step-N" or its file)
+  } catch (const std::exception&) {
+  }
+  deadline_.start(t, [this, t, sig, step = step_, latest] {
     return fmt::format(
         "{} after {}: the checkpoint of step {} was not on disk within "
         "train.preempt_save_timeout_s = {} s; exiting with {} (preempted): the newest complete "

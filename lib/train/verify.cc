@@ -312,8 +312,13 @@ ReferencePlan plan_reference(const Config& layout) {
     p.layout_sets.push_back("distributed.local_sgd.sync_every=1");
   // Nor does its outer optimizer keep anything but zeros: without it, the layout resumes from
   // the reference's checkpoints (which hold no outer_momentum) for teacher forcing.
-  if (d.strategy == StrategyKind::kLocalSgd && p.replicas == 1 && d.local_sgd.outer_lr > 0.0)
+  if (d.strategy == StrategyKind::kLocalSgd && p.replicas == 1 && d.local_sgd.outer_lr > 0.0) {
     p.layout_sets.push_back("distributed.local_sgd.outer_lr=0");
+    // (outer_momentum is refused without an outer optimizer unless at its default)
+    const double mu0 = Config{}.distributed.local_sgd.outer_momentum;
+    if (d.local_sgd.outer_momentum != mu0)
+      p.layout_sets.push_back(fmt::format("distributed.local_sgd.outer_momentum={}", mu0));
+  }
   if (d.strategy == StrategyKind::kLocalSgd && p.replicas > 1) {
     const auto& l = d.local_sgd;
     const bool sgd = layout.optimizer.type == OptimizerType::kSgd;
@@ -389,6 +394,8 @@ VerifyReport run_verify(const VerifyOptions& o) {
   if (o.tolerance && (*o.tolerance < 0.0 || !std::isfinite(*o.tolerance)))
     throw UserError("verify: --tolerance must be a finite number >= 0");
   const Config layout = load_config(o.config_path, o.sets);
+  // (a fault on a rank the layout has not would never fire: a drill that cannot fail)
+  check_fault_ranks(o.faults, layout.distributed.world_size);
   check_input_files(layout);
   VerifyReport r;
   r.plan = plan_reference(layout);

@@ -208,8 +208,13 @@ TEST_CASE("consolidate: the writer is described by its grid") {
   c.dp = 1;
   c.pp = 2;
   CHECK(describe_writer(c) == "pipeline of 2 stages x tensor parallel 2, 4 rank(s)");
+  c.meta.strategy = "pipeline";  // (ddp on the data axis)
+  c.dp = 2;
+  c.tp = 1;
+  CHECK(describe_writer(c) == "ddp over 2 replicas x pipeline of 2 stages, 4 rank(s)");
   c.meta.world_size = 1;
   c.pp = c.tp = 1;
+  c.dp = 1;
   c.meta.strategy = "ddp";
   CHECK(describe_writer(c) == "ddp, 1 rank(s)");
 }

@@ -302,11 +302,13 @@ distributed: {world_size: 2, strategy: local_sgd, local_sgd: {sync_every: 8},
     for (const std::string outer : {"0", "0.7"}) {  // DiLoCo's outer step never runs either
       CAPTURE(w);
       CAPTURE(outer);
-      const VerifyReport r =
-          verify(t, {"distributed.world_size=" + w, "distributed.pipeline.stages=" + w,
-                     "distributed.strategy=local_sgd", "distributed.local_sgd.sync_every=8",
-                     "distributed.local_sgd.outer_lr=" + outer});
-      CHECK(r.verdict == "pass");
+      std::vector<std::string> sets = {
+          "distributed.world_size=" + w, "distributed.pipeline.stages=" + w,
+          "distributed.strategy=local_sgd", "distributed.local_sgd.sync_every=8",
+          "distributed.local_sgd.outer_lr=" + outer};
+      // A momentum of its own, which needs an outer optimizer (the layout drops both).
+      if (outer != "0") sets.push_back("distributed.local_sgd.outer_momentum=0.8");
+      CHECK(verify(t, sets).verdict == "pass");
     }
   }
   spdlog::set_level(spdlog::level::info);
@@ -345,4 +347,14 @@ runtime: {threads: 1}
   CHECK(r.noise_floor > 1e-4);
   CHECK(worst(r.end_state).rel <= kDriftFactor * r.noise_floor);
   CHECK(report_text(r).find("one process against itself") != std::string::npos);
+}
+
+TEST_CASE("verify: a fault on a rank the layout has not is refused, not a drill that passes") {
+  TempDir t;
+  Fault f;
+  f.kind = "grad_scale";
+  f.rank = 7;  // the layout has 2 ranks
+  f.step = 2;
+  CHECK_THROWS_WITH_AS(verify(t, {}, 2, {f}), doctest::Contains("names rank 7, but the run has 2"),
+                       UserError);
 }
