@@ -6,6 +6,7 @@
 #include <charconv>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <iostream>
 #include <optional>
@@ -30,6 +31,7 @@
 #include "dtrain/validate_checks.h"
 #include "dtrain/verify_cmd.h"
 #include "launch/dist_env.h"
+#include "launch/error_file.h"
 #include "launch/launcher.h"
 #include "nn/loss.h"
 #include "nn/model.h"
@@ -666,39 +668,51 @@ int cli_main_impl(int argc, char** argv) {
     return kExitUser;
   }
 
+  // A failed rank's error also goes to its launcher's error file (torchrun's contract; dtrain
+  // launch reads it to name the failure's cause).
+  const auto failed = [](const std::string& message, int rc) {
+    if (const char* path = std::getenv(kErrorFileEnv); path != nullptr && *path != '\0') {
+      int rank = -1;
+      if (const char* r = std::getenv("RANK")) std::from_chars(r, r + std::strlen(r), rank);
+      write_error_file(path, message, rc, rank);
+    }
+    return rc;
+  };
   try {
     return cli.dispatch(argv[0]);
   } catch (const UserError& e) {
     std::cerr << "error: " << bounded_message(e.what()) << std::endl;
-    return kExitUser;
+    return failed(e.what(), kExitUser);
   } catch (const PreemptedError& e) {
     std::cerr << "error: " << bounded_message(e.what()) << std::endl;
-    return kExitPreempted;
+    return failed(e.what(), kExitPreempted);
   } catch (const InternalError& e) {
     std::cerr << "internal error (a dtrain bug; please report): " << bounded_message(e.what())
               << std::endl;
-    return kExitRuntime;
+    return failed(std::string("internal error: ") + e.what(), kExitRuntime);
   } catch (const std::bad_alloc&) {
     // Sizes dtrain can predict (the model's state) are checked before training; this is what
     // it cannot (data, activations, another process taking the memory).
-    std::cerr << "error: out of memory (an allocation failed): the model, data or batch does "
-                 "not fit in this machine's memory or the process's address-space limit "
-                 "(ulimit -v); use a smaller model or data.batch_size, or more ranks"
-              << std::endl;
-    return kExitUser;
+    const char* msg =
+        "out of memory (an allocation failed): the model, data or batch does not fit in this "
+        "machine's memory or the process's address-space limit (ulimit -v); use a smaller model "
+        "or data.batch_size, or more ranks";
+    std::cerr << "error: " << msg << std::endl;
+    return failed(msg, kExitUser);
   } catch (const std::system_error& e) {
     // std::thread's failure to start one: name the limits rather than print errno's text alone.
-    std::cerr << "error: " << bounded_message(e.what())
-              << (e.code() == std::errc::resource_unavailable_try_again
-                      ? " (a thread could not be started: the address-space limit, ulimit -v, or "
-                        "the process limit, ulimit -u, leaves no room for it; raise them or use "
-                        "fewer in-process ranks)"
-                      : "")
-              << std::endl;
-    return kExitRuntime;
+    const std::string msg =
+        bounded_message(e.what()) +
+        (e.code() == std::errc::resource_unavailable_try_again
+             ? " (a thread could not be started: the address-space limit, ulimit -v, or the "
+               "process limit, ulimit -u, leaves no room for it; raise them or use fewer "
+               "in-process ranks)"
+             : "");
+    std::cerr << "error: " << msg << std::endl;
+    return failed(msg, kExitRuntime);
   } catch (const std::exception& e) {
     std::cerr << "error: " << bounded_message(e.what()) << std::endl;
-    return kExitRuntime;
+    return failed(e.what(), kExitRuntime);
   }
 }
 

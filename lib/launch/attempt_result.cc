@@ -32,10 +32,17 @@ NodeOutcome node_outcome(const AttemptResult& r, int stop_rc, const std::string&
     // A rank held stopped here is a cause from outside, as a rank killed by a signal is.
     n.killed = WIFSIGNALED(r.first_failed_status) || !r.stopped_ranks.empty();
     n.when_ms = r.first_failed_ms;
-    n.cause = r.stopped_ranks.empty()
+    n.cause = r.stopped_ranks.empty() && r.named_by < 0
                   ? "rank " + std::to_string(r.first_failed_rank) + node_text +
                         " failed: " + describe_wait_status(r.first_failed_status)
                   : r.failure_cause(node_text);
+    // This node's first failure named a rank of another node as its cause: that node's own
+    // report comes first (unless it has none, when this one stands).
+    if (r.remote_cause_rank >= 0) {
+      n.when_ms = INT64_MAX - 2;
+      n.cause += " (its error names rank " + std::to_string(r.remote_cause_rank) +
+                 ", on another node, as the cause)";
+    }
   } else if (!r.remote_failure.empty()) {
     n.kind = NodeOutcome::kFailed;  // stopped here for another node's failure: that is the cause
     n.rc = 1;

@@ -33,6 +33,13 @@ struct AttemptResult {
   // A rank stopped by a signal sent to it alone (not to a launcher): it exited with an
   // interrupt's or the preemption's code, and its peers follow at the step they agreed on.
   int rank_stop_rank = -1, rank_stop_code = 0;
+  // The cause as the failed ranks' error files name it (Attempt::follow_named_cause): the rank
+  // first reaped, when its error named first_failed_rank (-1: it named none); whether that rank
+  // did not exit on its own (the launcher stopped it: it hung); and a rank of another node that
+  // this node's first failure named (-1: none), whose own node reports it.
+  int named_by = -1;
+  bool named_hung = false;
+  int remote_cause_rank = -1;
 
   bool stopped() const { return stop_signal != 0 || rank_stop_code != 0; }
   // What a failed attempt is blamed on: a rank found stopped (its peers failed waiting for it)
@@ -42,6 +49,11 @@ struct AttemptResult {
       return "rank " + std::to_string(stopped_ranks.front()) + node_text +
              " was stopped (process state T) and its peers failed waiting for it";
     if (first_failed_rank < 0) return "ranks" + node_text + " did not exit after SIGKILL";
+    if (named_by >= 0)
+      return "rank " + std::to_string(first_failed_rank) + node_text +
+             (named_hung ? " did not exit on its own (stopped by the launcher)"
+                         : " failed (" + describe_wait_status(first_failed_status) + ")") +
+             ", named as the cause by rank " + std::to_string(named_by) + "'s error";
     return "rank " + std::to_string(first_failed_rank) + node_text + " failed (" +
            describe_wait_status(first_failed_status) + ")";
   }

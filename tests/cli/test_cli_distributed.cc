@@ -13,6 +13,7 @@
 
 #include "checkpoint/safetensors.h"
 #include "cli/cli_util.h"
+#include "launch/error_file.h"
 #include "launch/launcher.h"
 #include "test_util.h"
 
@@ -514,10 +515,10 @@ TEST_CASE(
     const std::string log1 = read_text(run + "/logs/rank-1.log");
     INFO(c.strategy, " ", c.fault, "\n", r.output, "\nrank 1:\n", log1);
     REQUIRE(r.exit_code == 0);
-    // The restart names the rank that failed first: rank 1, or rank 0 when it noticed the closed
-    // peer at about the same moment. The fault fired in the first attempt only: one restart,
-    // however many were allowed.
-    CHECK(contains(r.output, "restart 1 of " + std::to_string(c.max_restarts) + ": rank "));
+    // The restart names rank 1, also when rank 0 noticed the closed peer first (its error file
+    // names rank 1). The fault fired in the first attempt only: one restart, however many were
+    // allowed.
+    CHECK(contains(r.output, "restart 1 of " + std::to_string(c.max_restarts) + ": rank 1"));
     CHECK(count_of(r.output, "; starting all 2 rank(s) again") == 1);
     if (c.fault[0] == 'k') {
       CHECK(contains(r.output, "rank 1 failed: killed by signal SIGKILL"));
@@ -563,6 +564,25 @@ TEST_CASE("without --max-restarts a killed or dropped rank fails the launch, nam
          contains(r.output, "rank 1 aborted: DTRAIN_FAULT: drop")));
   CHECK(contains(log1, "DTRAIN_FAULT: drop: rank 1 reached step 5: closing its connections"));
   CHECK(el < 15.0);  // timeout_s is 20
+  // The launch names rank 1 whichever rank it reaped first: rank 0's error file names rank 1
+  // (it said "rank 0 failed" in about 1 run of 3).
+  CHECK(contains(r.output, "launch failed: rank 1 failed (exit status 1)"));
+
+  // A shard write that fails on rank 1: every rank leaves at that step with exit 1, and rank 0's
+  // error names rank 1 (the launch blamed rank 0 in 6 runs of 7).
+  r = run_cmd("DTRAIN_FAULT=fail_in_save:rank=1:step=10 " + kBin + " launch --nproc 2 " + cfg +
+              " --set distributed.strategy=fsdp --out " + dir / "save");
+  INFO(r.output);
+  CHECK(r.exit_code == 1);
+  CHECK(contains(r.output, "launch failed: rank 1 failed (exit status 1)"));
+  // torchrun's error-file contract: each failed rank's record, with the cause it names.
+  const auto rec0 = dtrain::read_error_file(dir / "save/logs/rank-0.error.json");
+  const auto rec1 = dtrain::read_error_file(dir / "save/logs/rank-1.error.json");
+  REQUIRE(rec0);
+  REQUIRE(rec1);
+  CHECK(rec0->caused_by == 1);
+  CHECK(rec1->caused_by == -1);
+  CHECK(rec1->exit_code == 1);
 }
 
 TEST_CASE("DTRAIN_FAULT delay slows its rank at every step, in the first attempt only") {

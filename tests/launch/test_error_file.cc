@@ -1,0 +1,54 @@
+// The error-file contract (torchrun's TORCHELASTIC_ERROR_FILE): which rank a failed rank's
+// error names as its cause, and the record's round trip.
+#include <doctest/doctest.h>
+
+#include <fstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "launch/error_file.h"
+#include "test_util.h"
+
+using dtrain::rank_named_as_cause;
+
+TEST_CASE("error file: the rank an error names as its cause") {
+  // dtrain's own wordings of another rank's failure.
+  CHECK(rank_named_as_cause("rank 0: allreduce seq 3 failed: rank 1 aborted: DTRAIN_FAULT", 0) ==
+        1);
+  CHECK(rank_named_as_cause("rank 1 failed to write its shard of checkpoint step-20", 0) == 1);
+  CHECK(rank_named_as_cause("connection to rank 3 lost (stream cancelled)", 0) == 3);
+  CHECK(rank_named_as_cause("connection to rank 2 is closed", 0) == 2);
+  CHECK(rank_named_as_cause("rank 2 closed its connection", 1) == 2);
+  CHECK(rank_named_as_cause("no heartbeat from rank 4 for 10 s: frozen or unreachable", 0) == 4);
+  CHECK(rank_named_as_cause("cannot connect to rank 1 at 10.0.0.2:4000 within 3 s", 0) == 1);
+  CHECK(rank_named_as_cause(
+            "recv timed out after 3 s waiting for allreduce seq 1 (4 bytes) from rank 1", 0) == 1);
+  // Nested relays: the innermost abort is the rank that gave up on its own.
+  CHECK(rank_named_as_cause("rank 1 aborted: rank 1 failed: rank 2 aborted: disk full", 0) == 2);
+  // Its own failure, or its own name only: no other cause.
+  CHECK(rank_named_as_cause("data.train.path: no such file", 0) == -1);
+  CHECK(rank_named_as_cause("rank 1 aborted: out of memory", 1) == -1);
+}
+
+TEST_CASE("error file: written as torchelastic's record, read back") {
+  dtrain::testing::TempDir t;
+  const std::string path = t / "rank-0.error.json";
+  dtrain::write_error_file(path, "rank 1 aborted: boom", 1, 0);
+  const auto r = dtrain::read_error_file(path);
+  REQUIRE(r);
+  CHECK(r->message == "rank 1 aborted: boom");
+  CHECK(r->exit_code == 1);
+  CHECK(r->caused_by == 1);
+  // The fields torchrun reads.
+  std::ifstream f(path);
+  const nlohmann::json j = nlohmann::json::parse(f);
+  CHECK(j["message"]["message"] == "rank 1 aborted: boom");
+  CHECK(j["message"]["extraInfo"]["timestamp"].is_string());
+  // Missing or foreign files read as none; a message that is not UTF-8 is still written.
+  CHECK_FALSE(dtrain::read_error_file(t / "none.json"));
+  t.write("junk.json", "{not json");
+  CHECK_FALSE(dtrain::read_error_file(t / "junk.json"));
+  dtrain::write_error_file(path, std::string("bad \xff byte"), 2, 0);
+  CHECK(dtrain::read_error_file(path));
+}
