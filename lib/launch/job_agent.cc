@@ -424,19 +424,66 @@ void claim_node_rank(Store& s, const std::string& claim_key, int node) {
                   std::to_string(node) + " (give each node its own --node-rank)");
 }
 
+// The options every node's launcher must be given alike, as one word for a check-in value:
+// "--nnodes=MIN:MAX,--max-restarts=R" (MIN:MAX is one number for a fixed count).
+std::string job_shape(const AgentOptions& o) {
+  const std::string nodes = o.min_nodes > 0
+                                ? std::to_string(o.min_nodes) + ":" + std::to_string(o.nnodes)
+                                : std::to_string(o.nnodes);
+  return "--nnodes=" + nodes + ",--max-restarts=" + std::to_string(o.max_restarts);
+}
+
+// A check-in value "<ranks per node> <job shape> <host>".
+struct CheckIn {
+  int per = 0;
+  std::string shape, host;
+};
+CheckIn parse_check_in(const std::string& v) {
+  CheckIn c;
+  std::istringstream in(v);
+  in >> c.per >> c.shape >> std::ws;
+  std::getline(in, c.host);
+  return c;
+}
+
+// What node `n` checked in with that this node was not given alike, as the refusal's text; "" when
+// it agrees. (Launchers given another --nnodes never met: each waited out its timeout for nodes
+// that were not coming, then blamed a live one.)
+std::string check_in_problem(int n, const CheckIn& c, int nproc_per_node, const std::string& shape,
+                             const std::string& self) {
+  const auto shown = [](std::string s) {
+    std::replace(s.begin(), s.end(), ',', ' ');
+    std::replace(s.begin(), s.end(), '=', ' ');
+    return s;
+  };
+  if (c.per != nproc_per_node)
+    return "node " + std::to_string(n) + " (" + c.host + ") runs " + std::to_string(c.per) +
+           " rank(s) per node, " + self + " " + std::to_string(nproc_per_node) +
+           ": give every node the same --nproc-per-node";
+  if (c.shape != shape)
+    return "node " + std::to_string(n) + " (" + c.host + ") was started with " + shown(c.shape) +
+           ", " + self + " with " + shown(shape) +
+           ": give every node's launcher the same --nnodes and --max-restarts";
+  return "";
+}
+
 }  // namespace
 
 std::vector<std::string> JobAgent::join(int nproc_per_node) {
   Impl& m = *impl_;
   const auto deadline = Clock::now() + secs_dur(m.o.join_timeout_s);
+  // (attempt 0's check-in keys, as an elastic launcher's: a fixed and an elastic launcher of one
+  // job read each other's shape and refuse, rather than wait for keys the other never writes)
   std::vector<std::string> keys;
-  for (int n = 0; n < m.o.nnodes; ++n) keys.push_back(kPrefix + ("join/" + std::to_string(n)));
+  for (int n = 0; n < m.o.nnodes; ++n) keys.push_back(key(0, "join/" + std::to_string(n)));
+  const std::string shape = job_shape(m.o);
   const auto read_key = [](int n) { return kPrefix + ("join-read/" + std::to_string(n)); };
   std::vector<std::string> hosts(static_cast<size_t>(m.o.nnodes));
   try {
     m.with_store(m.o.join_timeout_s, [&](Store& s) {
       claim_node_rank(s, kPrefix + ("claim/" + std::to_string(m.o.node_rank)), m.o.node_rank);
-      s.set(keys[static_cast<size_t>(m.o.node_rank)], std::to_string(nproc_per_node) + " " + host_);
+      s.set(keys[static_cast<size_t>(m.o.node_rank)],
+            std::to_string(nproc_per_node) + " " + shape + " " + host_);
       for (int n = 0; n < m.o.nnodes; ++n) {
         std::string v;
         try {
@@ -454,16 +501,16 @@ std::vector<std::string> JobAgent::join(int nproc_per_node) {
         }
         // Node 0's entry read: node 0 may exit now (refuse_after_read).
         if (n == 0 && m.o.node_rank != 0) s.set(read_key(m.o.node_rank), "1");
-        std::istringstream in(v);
-        int per = 0;
-        in >> per >> std::ws;
-        std::getline(in, hosts[static_cast<size_t>(n)]);
-        if (per != nproc_per_node) {
-          const UserError e("node " + std::to_string(n) + " (" + hosts[static_cast<size_t>(n)] +
-                            ") runs " + std::to_string(per) + " rank(s) per node, this node " +
-                            std::to_string(nproc_per_node) + ": give every node the same " +
-                            "--nproc-per-node");
-          if (m.o.node_rank == 0) refuse_after_read(s, read_key(n), e);
+        const CheckIn c = parse_check_in(v);
+        hosts[static_cast<size_t>(n)] = c.host;
+        if (const std::string p = check_in_problem(n, c, nproc_per_node, shape, "this node");
+            !p.empty()) {
+          const UserError e(p);
+          if (m.o.node_rank == 0) {
+            // (an elastic launcher reads its answer from the members list)
+            s.set(key(0, "members"), kRefused + std::string(e.what()));
+            refuse_after_read(s, read_key(n), e);
+          }
           throw e;
         }
       }
@@ -504,6 +551,11 @@ std::map<int, std::string> gather_check_ins(Store& s, const AgentOptions& o, int
     if (close_check_in(ids, expected, o.min_nodes, o.nnodes, since_min, o.last_call_s,
                        o.lost_after_s))
       return joined;
+    // The check-in's time is up with enough nodes in: the attempt starts with them (a last call
+    // longer than the join timeout ended in "only 1 node(s) checked in ..., at least 1 needed").
+    if (now >= deadline && static_cast<int>(ids.size()) >= o.min_nodes && ids.size() > 0 &&
+        ids.front() == 0)
+      return joined;
     if (now >= deadline) {
       std::vector<int> missing;
       for (int n = 0; n < o.nnodes; ++n)
@@ -524,7 +576,8 @@ Membership JobAgent::rendezvous(int attempt, int nproc_per_node) {
   Impl& m = *impl_;
   DT_CHECK(m.elastic());
   const auto deadline = Clock::now() + secs_dur(m.o.join_timeout_s);
-  const std::string mine = std::to_string(nproc_per_node) + " " + host_;
+  const std::string shape = job_shape(m.o);
+  const std::string mine = std::to_string(nproc_per_node) + " " + shape + " " + host_;
   std::string members;
   try {
     members = m.with_store(m.o.join_timeout_s + m.o.last_call_s + 10, [&](Store& s) {
@@ -534,16 +587,11 @@ Membership JobAgent::rendezvous(int attempt, int nproc_per_node) {
         const std::vector<int> expected = attempt == 0 ? std::vector<int>{} : m.survivors;
         std::string list;
         for (const auto& [n, v] : gather_check_ins(s, m.o, attempt, expected, deadline)) {
-          std::istringstream in(v);
-          int per = 0;
-          std::string host;
-          in >> per >> std::ws;
-          std::getline(in, host);
-          if (per != nproc_per_node) {
-            const UserError e("node " + std::to_string(n) + " (" + host + ") runs " +
-                              std::to_string(per) + " rank(s) per node, node 0 " +
-                              std::to_string(nproc_per_node) +
-                              ": give every node the same --nproc-per-node");
+          const CheckIn c = parse_check_in(v);
+          const std::string host = c.host;
+          if (const std::string p = check_in_problem(n, c, nproc_per_node, shape, "node 0");
+              !p.empty()) {
+            const UserError e(p);
             // The members list carries the refusal to every node (kRefused, then the reason).
             s.set(key(attempt, "members"), kRefused + std::string(e.what()));
             refuse_after_read(s, key(attempt, "members-read/" + std::to_string(n)), e);

@@ -45,6 +45,9 @@ struct AgentOptions {
   // A member's launcher that has not been heard from this long is lost (node 0; fixed or
   // elastic node count), and node 0's to the others once a poll has failed to reach it.
   double lost_after_s = 10;
+  // --max-restarts: node 0's decides, so every node must be given the same (checked at check-in,
+  // with the node count).
+  int max_restarts = 0;
 };
 
 // The nodes of one elastic attempt.

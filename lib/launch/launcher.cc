@@ -665,6 +665,7 @@ int launch_local(const LaunchOptions& o, LaunchReport* report) {
     ao.report_timeout_s = std::max(o.grace_s, o.interrupt_grace_s) + 30;
     ao.min_nodes = o.min_nnodes < o.nnodes ? o.min_nnodes : 0;
     ao.last_call_s = o.last_call_s;
+    ao.max_restarts = o.max_restarts;
     agent = std::make_unique<JobAgent>(ao);
   }
   const bool elastic_nodes = agent && o.min_nnodes > 0 && o.min_nnodes < o.nnodes;

@@ -267,3 +267,79 @@ TEST_CASE("JobAgent elastic: a node refused by node 0, which then exits, learns 
   CHECK_MESSAGE(contains(e1, "node 0 refused this job: node 1"), e1);
   CHECK(contains(e1, "give every node the same --nproc-per-node"));
 }
+
+TEST_CASE(
+    "JobAgent: launchers given another --nnodes or --max-restarts refuse each other at once") {
+  // Each waited out its whole check-in for nodes that were not coming, then blamed a live
+  // launcher ("node 1's launcher was lost"); a fixed and an elastic launcher never met at all.
+  struct Case {
+    const char* what;
+    AgentOptions o0, o1;
+    std::string want;
+  };
+  std::vector<Case> cases;
+  {
+    const int port = pick_free_port();
+    AgentOptions a = elastic_options(0, port, 0, 2), b = elastic_options(1, port, 0, 3);
+    cases.push_back({"fixed 2 against fixed 3", a, b,
+                     "was started with --nnodes 3 --max-restarts 0, this node with --nnodes 2 "
+                     "--max-restarts 0"});
+  }
+  {
+    const int port = pick_free_port();
+    AgentOptions a = elastic_options(0, port, 0, 2), b = elastic_options(1, port, 0, 2);
+    b.max_restarts = 2;
+    cases.push_back({"another --max-restarts", a, b, "--max-restarts 2"});
+  }
+  {
+    const int port = pick_free_port();
+    cases.push_back({"fixed node 0, elastic node 1", elastic_options(0, port, 0, 2),
+                     elastic_options(1, port, 1, 2), "--nnodes 1:2"});
+  }
+  {
+    const int port = pick_free_port();
+    cases.push_back({"elastic node 0, fixed node 1", elastic_options(0, port, 1, 2),
+                     elastic_options(1, port, 0, 2), "--nnodes 1:2"});
+  }
+  for (Case& c : cases) {
+    CAPTURE(c.what);
+    c.o0.join_timeout_s = c.o1.join_timeout_s = 60;
+    const auto start = std::chrono::steady_clock::now();
+    const auto check_in = [](const AgentOptions& o) {
+      try {
+        JobAgent a(o);
+        if (o.min_nodes > 0)
+          a.rendezvous(0, 2);
+        else
+          a.join(2);
+      } catch (const UserError& e) {
+        return std::string(e.what());
+      } catch (const std::exception& e) {
+        return std::string("not a user error: ") + e.what();
+      }
+      return std::string("<no error>");
+    };
+    auto f1 = std::async(std::launch::async, [&] { return check_in(c.o1); });
+    const std::string e0 = check_in(c.o0);
+    REQUIRE(f1.wait_for(std::chrono::seconds(20)) == std::future_status::ready);
+    const std::string e1 = f1.get();
+    CHECK_MESSAGE(contains(e0, c.want), e0);
+    CHECK_MESSAGE(contains(e1, "give every node's launcher the same --nnodes and --max-restarts"),
+                  e1);
+    CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(15));
+  }
+}
+
+TEST_CASE("JobAgent elastic: a last call longer than the check-in starts with the nodes there") {
+  // --nnodes 1:2 with --last-call 600 against the 300 s check-in ended in "only 1 node(s) (0)
+  // checked in ..., at least 1 needed": the minimum was met, so the attempt starts.
+  const int port = pick_free_port();
+  AgentOptions o = elastic_options(0, port, 1, 2);
+  o.join_timeout_s = 1;
+  o.last_call_s = 5;
+  JobAgent a(o);
+  const auto start = std::chrono::steady_clock::now();
+  const Membership m = a.rendezvous(0, 2);
+  CHECK(m.nodes == std::vector<int>{0});
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(4));
+}
