@@ -497,6 +497,8 @@ void Cli::add_verify(CLI::App& app) {
 void Cli::add_model_commands(CLI::App& app) {
   validate_ = app.add_subcommand("validate", "parse and check a config, then exit");
   add_config(validate_);
+  validate_->add_flag("--no-eval", no_eval_,
+                      "check as for `run --no-eval`: no evaluation batch in the memory check");
 
   eval_ = app.add_subcommand("eval", "test loss and accuracy of a checkpoint");
   add_config(eval_);
@@ -612,7 +614,7 @@ int Cli::dispatch(const char* argv0) {
       expand_text_paths(cfg.data.train.path, "data.train.path");
       if (!cfg.data.test.path.empty()) expand_text_paths(cfg.data.test.path, "data.test.path");
     }
-    check_config_without_data(cfg);
+    check_config_without_data(cfg, /*evaluate=*/!no_eval_);
     std::cout << config_path_ << ": ok (config hash " << config_hash(cfg) << ")" << std::endl;
     return kExitOk;
   }

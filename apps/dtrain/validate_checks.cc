@@ -48,7 +48,7 @@ void check_drop_last_fits(const Config& cfg) {
 // the config or a file header (data/dataset.h), a model that does not fit it or has fewer layers
 // with parameters than pipeline stages, or whose training state and activations cannot fit in
 // memory (train/trainer.h's check_training_memory, as run checks it).
-void check_layout_without_data(const Config& cfg) {
+void check_layout_without_data(const Config& cfg, bool evaluate) {
   const DistributedConfig& d = cfg.distributed;
   const int S = pipeline_stages(cfg);
   if (d.backend == Backend::kInproc) {
@@ -96,15 +96,16 @@ void check_layout_without_data(const Config& cfg) {
   // In-process ranks share the process: every stage with its ranks. gRPC ranks: one stage per
   // process, each checked.
   const auto check = [&](const std::vector<std::pair<size_t, size_t>>& held, int per_stage) {
-    check_training_memory(cfg, model,
-                          {.stages = held,
-                           .replicas = replicas,
-                           .ranks_here = per_stage,
-                           .blas_threads = blas,
-                           .train_rows = train_rows_without_loading(cfg.data),
-                           // Unknown (CSV, an unreadable text file): not counted, so validate never
-                           // refuses what run, which knows the rows, accepts.
-                           .eval_rows = test_rows < 0 ? 0 : (test_rows + replicas - 1) / replicas});
+    check_training_memory(
+        cfg, model,
+        {.stages = held,
+         .replicas = replicas,
+         .ranks_here = per_stage,
+         .blas_threads = blas,
+         .train_rows = train_rows_without_loading(cfg.data),
+         // Unknown (CSV, an unreadable text file): not counted, so validate never
+         // refuses what run, which knows the rows, accepts.
+         .eval_rows = !evaluate || test_rows < 0 ? 0 : (test_rows + replicas - 1) / replicas});
   };
   if (here > 1) {
     check({stages.begin(), stages.end()}, here / S);
@@ -115,7 +116,7 @@ void check_layout_without_data(const Config& cfg) {
 
 }  // namespace
 
-void check_config_without_data(const Config& cfg) {
+void check_config_without_data(const Config& cfg, bool evaluate) {
   // An explicit test fraction that holds out no sample (run's refusal), where the sample count
   // is known without the data: synthetic, and IDX from the labels' header.
   const DataConfig& d = cfg.data;
@@ -127,7 +128,7 @@ void check_config_without_data(const Config& cfg) {
     if (const std::string why = empty_test_split_problem(d, n); !why.empty()) throw UserError(why);
   warn_idle_ranks(cfg);
   check_drop_last_fits(cfg);
-  check_layout_without_data(cfg);
+  check_layout_without_data(cfg, evaluate);
 }
 
 }  // namespace dtrain

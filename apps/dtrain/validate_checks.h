@@ -10,7 +10,7 @@ namespace dtrain {
 // Warns when some ranks get no training samples; throws UserError (as run would) for
 // data.drop_last with a global batch above the training set, an in-process rank grid that cannot
 // be laid out, and a model that does not fit its input, its pipeline stages or this machine's
-// memory.
-void check_config_without_data(const Config& cfg);
+// memory (with an evaluation batch unless `evaluate` is false: `run --no-eval`).
+void check_config_without_data(const Config& cfg, bool evaluate = true);
 
 }  // namespace dtrain

@@ -84,6 +84,12 @@ TEST_CASE("an evaluation batch whose activations cannot fit is refused before tr
     CHECK(contains(r.output, "lower data.eval_batch_size"));
     CHECK_FALSE(contains(r.output, "step 1"));
   }
+  // validate --no-eval checks what `run --no-eval` needs: the training batch alone, which fits.
+  const auto r =
+      run_cmd(kBin + " validate " + kSrc + "/configs/lm_jargon.yaml" + sets + " --no-eval 2>&1");
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK(contains(r.output, ": ok (config hash "));
 }
 
 TEST_CASE("a batch larger than the training set is estimated at the rows there are") {
