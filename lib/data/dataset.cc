@@ -88,7 +88,10 @@ Normalizer fit_normalizer(Normalize method, DataFormat format, const Dataset& tr
     for (size_t j = 0; j < f; ++j) {
       const double range = static_cast<double>(hi[j]) - lo[j];
       nz.shift[j] = lo[j];
-      nz.scale[j] = range > 0 ? static_cast<float>(1.0 / range) : 1.0f;
+      // (a range below float's smallest normal has no finite float inverse: taken as constant,
+      // where 0 * inf made every value NaN)
+      const auto inv = static_cast<float>(1.0 / range);
+      nz.scale[j] = range > 0 && std::isfinite(inv) ? inv : 1.0f;
     }
     return nz;
   }
@@ -110,9 +113,11 @@ Normalizer fit_normalizer(Normalize method, DataFormat format, const Dataset& tr
   for (size_t j = 0; j < f; ++j) {
     const double sd = std::sqrt(var[j] / static_cast<double>(train.rows));
     nz.shift[j] = static_cast<float>(mean[j]);
-    // A (numerically) constant feature is only centred: dividing by ~0 would blow up noise.
-    nz.scale[j] =
-        sd > 1e-12 * std::max(1.0, std::abs(mean[j])) ? static_cast<float>(1.0 / sd) : 1.0f;
+    // A (numerically) constant feature is only centred: dividing by ~0 would blow up noise. The
+    // test is relative to the feature's own magnitude (an absolute 1e-12 left features of values
+    // near 1e-13 unscaled), and the inverse must be a finite float.
+    const auto inv = static_cast<float>(1.0 / sd);
+    nz.scale[j] = sd > 1e-12 * std::abs(mean[j]) && sd > 0 && std::isfinite(inv) ? inv : 1.0f;
   }
   return nz;
 }

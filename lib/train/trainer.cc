@@ -68,14 +68,17 @@ ModelShape resolve_model_shape(const Config& cfg, const DataSplits& data) {
     if (s.num_classes > cfg.model.num_classes) {
       // Which split holds it, and the first sample that does (its row: CSV lines and IDX
       // records count from the data, sample 0 first).
-      const bool in_train = data.train.num_classes > cfg.model.num_classes;
+      // (each split's num_classes is both splits' count: the labels themselves tell which)
+      const bool in_train = s.train_classes > cfg.model.num_classes;
       const std::vector<int32_t>& ys = in_train ? data.train.y : data.test.y;
       const auto first =
           std::find_if(ys.begin(), ys.end(), [&](int32_t v) { return v >= cfg.model.num_classes; });
+      const int32_t top = ys.empty() ? 0 : *std::max_element(ys.begin(), ys.end());
+      const std::string test_what =
+          !cfg.data.test.empty() ? "the test data (data.test)" : "the held-out test split";
       throw UserError(
-          std::string(in_train ? "the training data (data.train)" : "the test data") +
-          " has label " +
-          std::to_string((in_train ? data.train.num_classes : data.test.num_classes) - 1) +
+          std::string(in_train ? "the training data (data.train)" : test_what) + " has label " +
+          std::to_string(top) +
           (first != ys.end() ? " (the first out of range: label " + std::to_string(*first) +
                                    " of sample " + std::to_string(first - ys.begin()) + ")"
                              : std::string()) +

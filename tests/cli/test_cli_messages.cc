@@ -582,6 +582,23 @@ TEST_CASE("what run refuses from the data's sizes, labels and features, validate
   }
 }
 
+TEST_CASE("a label out of range in the test file is named in the test file, with its value") {
+  // It was "the training data (data.train) has label 5": each split counts both splits' classes.
+  TempDir dir;
+  const std::string train = dir.write("train.csv", "a,label\n1,0\n2,1\n3,2\n4,0\n");
+  const std::string test = dir.write("test.csv", "a,label\n1,0\n2,5\n");
+  const std::string cfg = dir.write(
+      "c.yaml", "model: {hidden: [4], num_classes: 3}\ndata: {format: csv, train: {path: " + train +
+                    "}, test: {path: " + test + "}, batch_size: 2}\ntrain: {max_steps: 1}\n");
+  const auto r = run_dtrain("run " + cfg + " --out " + dir / "r");
+  CHECK(r.exit_code == 2);
+  CHECK_MESSAGE(contains(r.output,
+                         "the test data (data.test) has label 5 (the first out of "
+                         "range: label 5 of sample 1), out of range for "
+                         "model.num_classes = 3"),
+                r.output);
+}
+
 TEST_CASE("validate refuses the layouts and layer lists run refuses, without reading the data") {
   TempDir dir;
   write_idx(dir, 10);  // 2x2 images, labels 0 and 1

@@ -234,6 +234,28 @@ TEST_CASE("load_data: csv scale uses train min/max, test shares them") {
   CHECK(none.train.x == load_csv(cfg.train.path[0], cfg.csv).x);
 }
 
+TEST_CASE("load_data: features of tiny magnitude are normalised like any other, never to NaN") {
+  TempDir t;
+  DataConfig cfg;
+  cfg.format = DataFormat::kCsv;
+  cfg.test_fraction = 0;
+  // Values near 1e-13 are standardised (an absolute 1e-12 threshold left them as they were, and
+  // nothing could be learned from them); a range below float's smallest normal, under scale, is
+  // taken as constant (its inverse overflowed to inf and 0 * inf made every value NaN).
+  cfg.train.path = {t.write("tiny.csv", "a,b,y\n1e-13,0,0\n-1e-13,1e-39,1\n3e-13,0,1\n")};
+  cfg.normalize = Normalize::kStandardize;
+  const DataSplits st = load_data(cfg, 1);
+  CHECK(st.normalizer.scale[0] > 1e12f);
+  for (float v : st.train.x) CHECK(std::isfinite(v));
+  CHECK(st.train.x[0] == doctest::Approx(0.0).epsilon(1e-5));
+  CHECK(std::abs(st.train.x[2]) == doctest::Approx(1.2247).epsilon(1e-3));  // -2/sqrt(8/3)
+  cfg.normalize = Normalize::kScale;
+  const DataSplits sc = load_data(cfg, 1);
+  for (float v : sc.train.x) CHECK(std::isfinite(v));
+  CHECK(sc.normalizer.scale[1] == 1.0f);
+  CHECK(sc.train.x[0] == doctest::Approx(0.5));
+}
+
 TEST_CASE("load_data: csv held-out split and test/train mismatch") {
   TempDir t;
   std::string text = "x1,x2,y\n";
