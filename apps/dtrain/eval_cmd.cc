@@ -88,7 +88,7 @@ int cmd_eval(const Config& cfg, const std::string& ckpt) {
 }
 
 int cmd_predict(const Config& cfg, const std::string& ckpt, const std::string& input,
-                const std::string& output) {
+                const std::string& output, CsvHeader header) {
   if (cfg.model.type == ModelType::kGpt)
     throw UserError(
         "predict classifies the rows of a CSV file with an mlp or sequential model; a gpt model "
@@ -99,11 +99,12 @@ int cmd_predict(const Config& cfg, const std::string& ckpt, const std::string& i
   set_blas_threads(static_cast<int>(cfg.runtime.threads));
   const DataSplits data = load_data(cfg.data, cfg.seed);  // for the normaliser and the shape
   const LoadedModel m = load_model(cfg, data, ckpt, -1);
-  // data.csv.header describes the training files; --input is detected on its own (a first row of
-  // names is skipped, one of numbers is data), so `header: true` cannot drop a row of input, nor
-  // `header: false` refuse an input's header row as non-numeric data.
+  // data.csv.header describes the training files; --input has its own (--input-header, auto by
+  // default: a first row of names is skipped, one of numbers is data), so `header: true` cannot
+  // drop a row of input, nor `header: false` refuse an input's header row as non-numeric data.
   CsvOptions in_opts = cfg.data.csv;
-  in_opts.header = CsvHeader::kAuto;
+  in_opts.header = header;
+  in_opts.header_hint = "--input-header";
   int64_t rows = 0;
   const int64_t F = m.model.in_features();
   std::vector<float> x = load_csv_features(input, in_opts, F, &rows, data.train.columns);

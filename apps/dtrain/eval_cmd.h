@@ -12,8 +12,9 @@ namespace dtrain {
 int cmd_eval(const Config& cfg, const std::string& ckpt);
 
 // Writes, for every row of the CSV `input`, the predicted class and the probabilities to `output`
-// (stdout when empty); returns the exit code (0).
+// (stdout when empty); returns the exit code (0). `header`: whether the input's first row is a
+// header (--input-header; auto detects it).
 int cmd_predict(const Config& cfg, const std::string& ckpt, const std::string& input,
-                const std::string& output);
+                const std::string& output, CsvHeader header = CsvHeader::kAuto);
 
 }  // namespace dtrain

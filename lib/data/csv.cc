@@ -93,9 +93,22 @@ class CsvReader {
     const bool known =
         !known_header.empty() &&
         std::equal(first_.begin(), first_.end(), known_header.begin(), known_header.end());
-    if (known) {
+    const bool all_numeric = std::all_of(first_.begin(), first_.end(), [](std::string_view c) {
+      return !c.empty() && looks_numeric(c);
+    });
+    if (opts.header != CsvHeader::kAuto) {
+      has_header_ = opts.header == CsvHeader::kTrue;
+    } else if (known && all_numeric) {
+      // The training file's names are numbers, and so is this row: a header, or a data row that
+      // happens to equal them? Taking it as a header dropped a row of predictions silently.
+      throw UserError(path + ":" + std::to_string(first_line_) +
+                      ": the first row is both the training data's column names and a row of "
+                      "numbers: say whether it is a header (" +
+                      opts.header_hint + " true: it is skipped) or data (" + opts.header_hint +
+                      " false)");
+    } else if (known) {
       has_header_ = true;
-    } else if (opts.header == CsvHeader::kAuto) {
+    } else {
       // A header is a row of names: every non-empty cell is text. A row that mixes numbers and
       // text is ambiguous -- a header with numeric names, or a data row with a bad cell, which
       // taking it as a header would drop silently -- so it is refused, naming both readings.
@@ -116,11 +129,9 @@ class CsvReader {
                         std::to_string(numbers) + " number(s) and " + std::to_string(text) +
                         " text cell(s) (column " + std::to_string(first_text + 1) + ": \"" +
                         shown_text(first_[static_cast<size_t>(first_text)]) +
-                        "\" is not a number): if it is a header, set data.csv.header: true; "
-                        "if it is data, fix that cell");
+                        "\" is not a number): if it is a header, set " + opts.header_hint +
+                        " true; if it is data, fix that cell");
       has_header_ = text > 0;
-    } else {
-      has_header_ = opts.header == CsvHeader::kTrue;
     }
     if (has_header_) {
       header_.assign(first_.begin(), first_.end());

@@ -55,6 +55,8 @@ struct CsvOptions {
   // Label column: a header name, or a 0-based index as text; "" means the last column.
   std::string label_column;
   char delimiter = ',';
+  // How messages name the header setting (predict's input has its own option).
+  std::string header_hint = "data.csv.header:";
 };
 
 struct SyntheticOptions {

@@ -387,3 +387,33 @@ TEST_CASE("a resume that would need optimizer state the checkpoint lacks names b
   CHECK(r.exit_code == 2);
   CHECK(std::filesystem::exists(dir / "kept"));
 }
+
+TEST_CASE("predict: an input whose first row equals numeric training column names is asked about") {
+  // Training columns named 0 and 1 (a pandas header): an input row "0,1" is both those names and
+  // data. Taken as the header, it was dropped silently, shifting every prediction against its
+  // input row; now auto refuses, and --input-header says which it is.
+  TempDir dir;
+  const std::string train = dir.write("bin.csv", "0,1,label\n0,1,0\n1,0,1\n1,1,1\n0,0,0\n");
+  const std::string cfg =
+      dir.write("c.yaml", "model: {hidden: [4]}\ndata: {format: csv, train: {path: " + train +
+                              "}, csv: {header: true}, test_fraction: 0, batch_size: 2}\n"
+                              "train: {max_steps: 1}\n");
+  auto r = run_dtrain("run " + cfg + " --out " + dir / "r" + " --log-level warn");
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  const std::string in = dir.write("in.csv", "0,1\n1,0\n1,1\n");
+  const std::string base = "predict " + cfg + " --checkpoint " + dir / "r" + " --input " + in;
+  r = run_dtrain(base + " --log-level warn");
+  CHECK(r.exit_code == 2);
+  CHECK_MESSAGE(contains(r.output,
+                         "the first row is both the training data's column names and a "
+                         "row of numbers: say whether it is a header (--input-header "
+                         "true: it is skipped) or data (--input-header false)"),
+                r.output);
+  const auto lines = [](const std::string& s) { return std::count(s.begin(), s.end(), '\n'); };
+  r = run_cmd(kBin + " " + base + " --input-header false --log-level warn");
+  CHECK(r.exit_code == 0);
+  CHECK(lines(r.output) == 4);  // the column line and 3 predictions
+  r = run_cmd(kBin + " " + base + " --input-header true --log-level warn");
+  CHECK(r.exit_code == 0);
+  CHECK(lines(r.output) == 3);
+}
