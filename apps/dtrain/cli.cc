@@ -376,6 +376,7 @@ class Cli {
 
   std::string log_level_ = "info";
   std::string config_path_, out_, resume_, checkpoint_, input_, output_, trace_;
+  std::string input_header_ = "auto";
   std::vector<std::string> sets_;
   bool no_progress_ = false, overwrite_ = false, no_eval_ = false;
   DistOverrides flags_;
@@ -516,6 +517,12 @@ void Cli::add_model_commands(CLI::App& app) {
   non_empty(predict_->add_option("--input", input_, "CSV of feature rows (no label column)"))
       ->required();
   non_empty(predict_->add_option("--output", output_, "CSV to write (default: standard output)"));
+  predict_
+      ->add_option("--input-header", input_header_,
+                   "whether --input's first row is a header: auto (a row of names, or the "
+                   "training file's own column names, is one; numbers are data) | true | false")
+      ->check(CLI::IsMember({"auto", "true", "false"}))
+      ->capture_default_str();
 
   generate_ =
       app.add_subcommand("generate", "continue a prompt with text sampled from a gpt checkpoint");
@@ -632,7 +639,11 @@ int Cli::dispatch(const char* argv0) {
                    flags_);
   if (launch_->parsed()) return dispatch_launch(cfg, argv0);
   if (eval_->parsed()) return cmd_eval(cfg, checkpoint_);
-  if (predict_->parsed()) return cmd_predict(cfg, checkpoint_, input_, output_);
+  if (predict_->parsed())
+    return cmd_predict(cfg, checkpoint_, input_, output_,
+                       input_header_ == "true"    ? CsvHeader::kTrue
+                       : input_header_ == "false" ? CsvHeader::kFalse
+                                                  : CsvHeader::kAuto);
   return kExitUser;
 }
 
@@ -672,11 +683,12 @@ int cli_main_impl(int argc, char** argv) {
 
   // A failed rank's error also goes to its launcher's error file (torchrun's contract; dtrain
   // launch reads it to name the failure's cause).
-  const auto failed = [](const std::string& message, int rc) {
+  const auto failed = [](std::string_view message, int rc) {
     if (const char* path = std::getenv(kErrorFileEnv); path != nullptr && *path != '\0') {
-      int rank = -1;
+      int rank = -1, world = -1;
       if (const char* r = std::getenv("RANK")) std::from_chars(r, r + std::strlen(r), rank);
-      write_error_file(path, message, rc, rank);
+      if (const char* w = std::getenv("WORLD_SIZE")) std::from_chars(w, w + std::strlen(w), world);
+      write_error_file(path, message, rc, rank, world);  // (noexcept: never out of a handler)
     }
     return rc;
   };

@@ -3,8 +3,12 @@
 #include <signal.h>
 #include <sys/wait.h>
 
+#include <optional>
+#include <set>
+
 #include <spdlog/spdlog.h>
 
+#include "launch/error_file.h"
 #include "util/interrupt.h"
 
 namespace dtrain::launch_detail {
@@ -30,7 +34,8 @@ NodeOutcome node_outcome(const AttemptResult& r, int stop_rc, const std::string&
     n.kind = r.any_user_error ? NodeOutcome::kUserError : NodeOutcome::kFailed;
     n.rc = r.any_user_error ? 2 : 1;
     // A rank held stopped here is a cause from outside, as a rank killed by a signal is.
-    n.killed = WIFSIGNALED(r.first_failed_status) || !r.stopped_ranks.empty();
+    // (not a rank this launcher killed itself because it hung: named_hung)
+    n.killed = (WIFSIGNALED(r.first_failed_status) && !r.named_hung) || !r.stopped_ranks.empty();
     n.when_ms = r.first_failed_ms;
     n.cause = r.stopped_ranks.empty() && r.named_by < 0
                   ? "rank " + std::to_string(r.first_failed_rank) + node_text +
@@ -117,6 +122,56 @@ std::optional<int> local_decision(const LaunchOptions& o, const AttemptResult& r
   spdlog::warn("restart {} of {}: {}; starting all {} rank(s) again", attempt + 1, o.max_restarts,
                cause, nproc);
   return std::nullopt;
+}
+
+// (attempt_result.h)
+void follow_named_cause(AttemptResult& res, const ReapedRanks& reaped, int first_rank, int nproc,
+                        const std::string& log_dir) {
+  const int first = res.first_failed_rank;
+  if (!res.failed || first < 0 || !res.stopped_ranks.empty() ||
+      WIFSIGNALED(res.first_failed_status))
+    return;
+  int r = first;
+  std::string why;
+  std::set<int> seen = {first};
+  for (int hops = 0; hops < nproc; ++hops) {
+    const std::optional<RankErrorRecord> e = read_error_file(rank_error_path(log_dir, r));
+    if (!e || e->caused_by < 0) break;
+    const int c = e->caused_by;
+    if (seen.count(c)) {
+      // The ranks name each other (both lost their connection, say): no cause is known
+      // beyond the order they were reaped in.
+      spdlog::warn("rank {}'s error and rank {}'s name each other as the cause", r, c);
+      r = first;
+      break;
+    }
+    seen.insert(c);
+    const bool local = c >= first_rank && c < first_rank + nproc;
+    if (!local) {
+      res.remote_cause_rank = c;
+      why = e->message;
+      break;
+    }
+    if (!reaped.status.count(c) || reaped.exited_ok.count(c)) break;  // it did not fail
+    why = e->message;
+    r = c;
+  }
+  if (r == first && res.remote_cause_rank < 0) return;
+  const std::string short_why = why.size() > 200 ? why.substr(0, 200) + "..." : why;
+  if (r != first) {
+    spdlog::error("rank {}'s error names rank {} as its cause: {}", first, r, short_why);
+    res.first_failed_rank = r;
+    res.first_failed_status = reaped.status.at(r);
+    res.named_by = first;
+    // Hung: still running when the launcher stopped the rest, and ended by that (its signal,
+    // or the stop code its handler exits with), not by a failure of its own it was unwinding.
+    const int st = reaped.status.at(r);
+    res.named_hung = reaped.stopped_here.count(r) > 0 &&
+                     (WIFSIGNALED(st) || (WIFEXITED(st) && is_stop_code(WEXITSTATUS(st))));
+  } else {
+    spdlog::error("rank {}'s error names rank {} (another node's) as its cause: {}", first,
+                  res.remote_cause_rank, short_why);
+  }
 }
 
 }  // namespace dtrain::launch_detail

@@ -4,7 +4,9 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -68,6 +70,23 @@ struct AttemptResult {
            std::to_string(rank_stop_code);
   }
 };
+
+// What the launcher saw of each rank it reaped in an attempt.
+struct ReapedRanks {
+  std::map<int, int> status;              // every reaped rank's wait status
+  std::set<int> exited_ok, stopped_here;  // those that exited 0; those reaped after the
+                                          // launcher began stopping the rest
+};
+
+// The rank first reaped with a failure may have failed for another's: its error (the error file
+// it wrote, rank_error_path(log_dir, r)) names that rank -- a peer's abort it relayed, a
+// connection it lost, a shard write the other could not make. Follows the names, through ranks
+// of this node (first_rank .. + nproc) that failed too or that the launcher had to stop (hung),
+// to a rank whose error is its own, and makes it res.first_failed_rank (res.named_by, named_hung);
+// one on another node is left to that node's report (res.remote_cause_rank). A rank killed by a
+// signal, or found stopped, stays the cause; ranks that name each other leave the first.
+void follow_named_cause(AttemptResult& res, const ReapedRanks& reaped, int first_rank, int nproc,
+                        const std::string& log_dir);
 
 // "0, 2, 5".
 std::string fmt_ranks(const std::vector<int>& ranks);

@@ -2,54 +2,100 @@
 
 #include <unistd.h>
 
+#include <charconv>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
-#include <regex>
 #include <sstream>
+#include <string_view>
+#include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
 namespace dtrain {
 
-int rank_named_as_cause(const std::string& message, int self) {
-  // A relayed abort first: its innermost relay is the rank that gave up on its own.
-  static const std::regex aborted(R"(rank (\d+) aborted: )");
-  int named = -1;
-  for (auto it = std::sregex_iterator(message.begin(), message.end(), aborted);
-       it != std::sregex_iterator(); ++it)
-    named = std::stoi((*it)[1].str());
-  if (named < 0) {
-    // What this rank saw of another: the first such phrase (dtrain's own wording, lib/comm and
-    // lib/train/loop_save.cc).
-    static const std::regex peer(
-        R"(rank (\d+) failed to write its shard|connection to rank (\d+) (?:lost|is closed))"
-        R"(|rank (\d+) closed its connection|no heartbeat from rank (\d+))"
-        R"(|cannot connect to rank (\d+)|waiting for .* from rank (\d+))");
-    std::smatch m;
-    if (std::regex_search(message, m, peer))
-      for (size_t g = 1; g < m.size(); ++g)
-        if (m[g].matched) {
-          named = std::stoi(m[g].str());
-          break;
-        }
+namespace {
+
+// The rank number right after each occurrence of `before` in `text` (digits only, in [0, world)
+// when world > 0), in order; `then` must follow the number when given.
+std::vector<int> ranks_after(std::string_view text, std::string_view before, int world,
+                             std::string_view then = {}) {
+  std::vector<int> out;
+  for (size_t at = text.find(before); at != std::string_view::npos;
+       at = text.find(before, at + 1)) {
+    const char* b = text.data() + at + before.size();
+    const char* e = text.data() + text.size();
+    int r = -1;
+    const auto [p, ec] = std::from_chars(b, e, r);
+    if (ec != std::errc() || p == b || r < 0 || (world > 0 && r >= world)) continue;
+    if (!then.empty() &&
+        std::string_view(p, static_cast<size_t>(e - p)).substr(0, then.size()) != then)
+      continue;
+    out.push_back(r);
   }
-  return named == self ? -1 : named;
+  return out;
 }
 
-void write_error_file(const std::string& path, const std::string& message, int exit_code,
-                      int rank) {
-  if (path.empty()) return;
+}  // namespace
+
+int rank_named_as_cause(const std::string& message, int self, int world) {
+  const std::string_view text = std::string_view(message).substr(0, 8192);
+  const auto other = [self](const std::vector<int>& v, bool last) {
+    int found = -1;
+    for (int r : v)
+      if (r != self) {
+        found = r;
+        if (!last) break;
+      }
+    return found;
+  };
+  // The transport's verdict on who went down first, then a relayed abort (the innermost other
+  // rank's), then what this rank saw of another (the first such phrase: dtrain's own wordings,
+  // lib/comm and lib/train/loop_save.cc).
+  if (const int r = other(ranks_after(text, "rank ", world, " went down first"), false); r >= 0)
+    return r;
+  if (const int r = other(ranks_after(text, "rank ", world, " aborted: "), true); r >= 0) return r;
+  int best = -1;
+  size_t best_at = std::string_view::npos;
+  const std::pair<std::string_view, std::string_view> phrases[] = {
+      {"rank ", " failed to write its shard"},
+      {"connection to rank ", " lost"},
+      {"connection to rank ", " is closed"},
+      {"rank ", " closed its connection"},
+      {"no heartbeat from rank ", ""},
+      {"cannot connect to rank ", ""},
+      {" from rank ", ""}};
+  for (const auto& [before, then] : phrases)
+    for (size_t at = text.find(before); at != std::string_view::npos;
+         at = text.find(before, at + 1)) {
+      const std::vector<int> r = ranks_after(text.substr(at), before, world, then);
+      if (r.empty() || r.front() == self) continue;
+      if (at < best_at) {
+        best = r.front();
+        best_at = at;
+      }
+      break;
+    }
+  return best;
+}
+
+namespace {
+void write_error_record(const std::string& path, const std::string& message, int exit_code,
+                        int rank, int world) {
   const auto now = std::chrono::system_clock::now().time_since_epoch();
   nlohmann::json j;
   j["message"]["message"] = message;
   j["message"]["extraInfo"]["timestamp"] =
       std::to_string(std::chrono::duration_cast<std::chrono::seconds>(now).count());
-  j["message"]["extraInfo"]["py_callstack"] = "";
+  // (no "py_callstack": torchrun's failure summary shows it in place of the message when present)
   j["dtrain"] = {{"rank", rank},
                  {"exit_code", exit_code},
-                 {"caused_by_rank", rank_named_as_cause(message, rank)}};
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+                 {"caused_by_rank", rank_named_as_cause(message, rank, world)}};
+  // (pid and time: ranks of several hosts may share the folder)
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid()) + "." +
+                          std::to_string(static_cast<int64_t>(now.count()));
   {
     std::ofstream f(tmp, std::ios::trunc);
     // (a message that is not UTF-8 is replaced, not thrown on: the record is best effort)
@@ -60,6 +106,16 @@ void write_error_file(const std::string& path, const std::string& message, int e
     }
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) std::remove(tmp.c_str());
+}
+}  // namespace
+
+void write_error_file(const char* path, std::string_view message, int exit_code, int rank,
+                      int world) noexcept {
+  if (path == nullptr || *path == '\0') return;
+  try {
+    write_error_record(path, std::string(message.substr(0, 65536)), exit_code, rank, world);
+  } catch (...) {  // (out of memory, a full disk: the error is on stderr already)
+  }
 }
 
 std::optional<RankErrorRecord> read_error_file(const std::string& path) {
@@ -79,6 +135,27 @@ std::optional<RankErrorRecord> read_error_file(const std::string& path) {
   } catch (const nlohmann::json::exception&) {
     return std::nullopt;
   }
+}
+
+std::string rank_error_path(const std::string& log_dir, int rank) {
+  return log_dir + "/rank-" + std::to_string(rank) + ".error.json";
+}
+
+void publish_parent_error(const std::string& record) {
+  const char* parent = std::getenv(kErrorFileEnv);
+  if (parent == nullptr || *parent == '\0' || record.empty()) return;
+  std::ifstream in(record, std::ios::binary);
+  if (!in) return;
+  const std::string tmp = std::string(parent) + ".tmp." + std::to_string(::getpid());
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << in.rdbuf();
+    if (!out.flush()) {
+      std::remove(tmp.c_str());
+      return;
+    }
+  }
+  if (std::rename(tmp.c_str(), parent) != 0) std::remove(tmp.c_str());
 }
 
 }  // namespace dtrain

@@ -8,20 +8,26 @@
 
 #include <optional>
 #include <string>
+#include <string_view>
 
 namespace dtrain {
 
 inline constexpr const char* kErrorFileEnv = "TORCHELASTIC_ERROR_FILE";
 
-// The rank that an error message of rank `self` names as the cause of its failure -- a peer's
-// abort relayed ("rank R aborted: ..."; the innermost when relays nest), a lost or closed
-// connection, a missing heartbeat, a connect or receive that timed out on rank R, a shard write
-// rank R could not make -- or -1 when it names none (or only `self`): its own failure.
-int rank_named_as_cause(const std::string& message, int self);
+// The rank that an error message of rank `self` names as the cause of its failure -- the
+// transport's own verdict ("rank R went down first"), a peer's abort relayed ("rank R aborted:
+// ..."; the innermost other rank when relays nest), a lost or closed connection, a missing
+// heartbeat, a connect or receive that timed out on rank R, a shard write rank R could not make --
+// or -1 when it names none, only `self`, or no rank in [0, world) (world <= 0: any rank counts).
+// Plain string searches over the first 8 KiB (no regex: its recursion overflowed the stack on a
+// long message, in the error path itself).
+int rank_named_as_cause(const std::string& message, int self, int world = -1);
 
 // Writes the record for `message` atomically (temp file, rename); best effort: a failure to write
 // it is ignored (the error itself is on stderr already).
-void write_error_file(const std::string& path, const std::string& message, int exit_code, int rank);
+// Never throws (it runs in the process's last error handler, out of memory included).
+void write_error_file(const char* path, std::string_view message, int exit_code, int rank,
+                      int world = -1) noexcept;
 
 struct RankErrorRecord {
   std::string message;
@@ -30,5 +36,12 @@ struct RankErrorRecord {
 };
 // nullopt when the file is missing or not such a record.
 std::optional<RankErrorRecord> read_error_file(const std::string& path);
+
+// Where rank `rank` writes its record under `dtrain launch` (its TORCHELASTIC_ERROR_FILE).
+std::string rank_error_path(const std::string& log_dir, int rank);
+// torchrun's contract towards its own caller: a launch that fails leaves the record of the rank it
+// blames (`record`, a rank's error file) in the launcher's own TORCHELASTIC_ERROR_FILE, when its
+// caller set one (TorchX and Kubeflow read it). Best effort, atomic.
+void publish_parent_error(const std::string& record);
 
 }  // namespace dtrain

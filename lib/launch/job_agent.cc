@@ -402,16 +402,30 @@ JobAgent::~JobAgent() {
 
 namespace {
 
-// Node 0 refuses a node that checked in (its key `read_key` is what that node sets once it has
-// read node 0's answer): the store lives in node 0's process, so node 0 waits for that node to
-// have read the answer, at most 3 s, before it exits with the refusal -- else the node's next
-// call finds no store and waits out its whole join timeout for a node 0 that is gone.
-[[noreturn]] void refuse_after_read(Store& s, const std::string& read_key, const UserError& e) {
-  try {
-    s.wait({read_key}, Clock::now() + std::chrono::seconds(3));
-  } catch (const CommError&) {  // it reads it later, or never: the refusal stands either way
+// Node 0 refuses a node that checked in (`read_keys`: what that node sets once it has read node
+// 0's answer -- a fixed launcher one key, an elastic one another, and node 0 cannot tell which it
+// is): the store lives in node 0's process, so node 0 waits for that node to have read the
+// answer, at most 3 s, before it exits with the refusal -- else the node's next call finds no
+// store and waits out its whole join timeout for a node 0 that is gone.
+[[noreturn]] void refuse_after_read(Store& s, const std::vector<std::string>& read_keys,
+                                    const UserError& e) {
+  const auto until = Clock::now() + std::chrono::seconds(3);
+  bool read = false;
+  while (!read && Clock::now() < until) {
+    for (const std::string& k : read_keys) try {
+        s.get(k, Clock::now());
+        read = true;
+      } catch (const CommError&) {  // not yet
+      }
+    if (!read) std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   throw e;
+}
+
+// What a fixed launcher sets once it has read node 0's check-in; an elastic one's is
+// key(attempt, "members-read/<n>").
+std::string fixed_read_key(int n) {
+  return kPrefix + ("join-read/" + std::to_string(n));
 }
 
 // Claims node rank `node` at node 0's store under `claim_key`: a second launcher given the same
@@ -477,11 +491,12 @@ std::vector<std::string> JobAgent::join(int nproc_per_node) {
   std::vector<std::string> keys;
   for (int n = 0; n < m.o.nnodes; ++n) keys.push_back(key(0, "join/" + std::to_string(n)));
   const std::string shape = job_shape(m.o);
-  const auto read_key = [](int n) { return kPrefix + ("join-read/" + std::to_string(n)); };
   std::vector<std::string> hosts(static_cast<size_t>(m.o.nnodes));
   try {
     m.with_store(m.o.join_timeout_s, [&](Store& s) {
-      claim_node_rank(s, kPrefix + ("claim/" + std::to_string(m.o.node_rank)), m.o.node_rank);
+      // (attempt 0's claim key, as an elastic launcher's: a duplicate --node-rank of either kind
+      // is refused as such)
+      claim_node_rank(s, key(0, "claim/" + std::to_string(m.o.node_rank)), m.o.node_rank);
       s.set(keys[static_cast<size_t>(m.o.node_rank)],
             std::to_string(nproc_per_node) + " " + shape + " " + host_);
       for (int n = 0; n < m.o.nnodes; ++n) {
@@ -500,16 +515,17 @@ std::vector<std::string> JobAgent::join(int nproc_per_node) {
                                    e.what() + ")");
         }
         // Node 0's entry read: node 0 may exit now (refuse_after_read).
-        if (n == 0 && m.o.node_rank != 0) s.set(read_key(m.o.node_rank), "1");
+        if (n == 0 && m.o.node_rank != 0) s.set(fixed_read_key(m.o.node_rank), "1");
         const CheckIn c = parse_check_in(v);
         hosts[static_cast<size_t>(n)] = c.host;
-        if (const std::string p = check_in_problem(n, c, nproc_per_node, shape, "this node");
-            !p.empty()) {
+        const char* self = m.o.node_rank == 0 ? "node 0" : "this node";
+        if (const std::string p = check_in_problem(n, c, nproc_per_node, shape, self); !p.empty()) {
           const UserError e(p);
           if (m.o.node_rank == 0) {
             // (an elastic launcher reads its answer from the members list)
             s.set(key(0, "members"), kRefused + std::string(e.what()));
-            refuse_after_read(s, read_key(n), e);
+            refuse_after_read(s, {fixed_read_key(n), key(0, "members-read/" + std::to_string(n))},
+                              e);
           }
           throw e;
         }
@@ -583,6 +599,14 @@ Membership JobAgent::rendezvous(int attempt, int nproc_per_node) {
     members = m.with_store(m.o.join_timeout_s + m.o.last_call_s + 10, [&](Store& s) {
       claim_node_rank(s, key(attempt, "claim/" + std::to_string(m.o.node_rank)), m.o.node_rank);
       s.set(key(attempt, "join/" + std::to_string(m.o.node_rank)), mine);
+      if (m.o.node_rank != 0) {
+        // Node 0's own check-in, against this node's options: node 0 only reads the ids below
+        // its --nnodes, so a node given a larger count would never be refused as such.
+        const CheckIn c0 = parse_check_in(s.get(key(attempt, "join/0"), deadline));
+        if (const std::string p = check_in_problem(0, c0, nproc_per_node, shape, "this node");
+            !p.empty())
+          throw UserError(p);
+      }
       if (m.o.node_rank == 0) {
         const std::vector<int> expected = attempt == 0 ? std::vector<int>{} : m.survivors;
         std::string list;
@@ -594,7 +618,8 @@ Membership JobAgent::rendezvous(int attempt, int nproc_per_node) {
             const UserError e(p);
             // The members list carries the refusal to every node (kRefused, then the reason).
             s.set(key(attempt, "members"), kRefused + std::string(e.what()));
-            refuse_after_read(s, key(attempt, "members-read/" + std::to_string(n)), e);
+            refuse_after_read(
+                s, {key(attempt, "members-read/" + std::to_string(n)), fixed_read_key(n)}, e);
           }
           list += std::to_string(n) + " " + host + "\n";
         }

@@ -43,10 +43,12 @@ using launch_detail::ChildSet;
 using launch_detail::Clock;
 using launch_detail::Fd;
 using launch_detail::fmt_ranks;
+using launch_detail::follow_named_cause;
 using launch_detail::is_stop_code;
 using launch_detail::kAfterKill;
 using launch_detail::local_decision;
 using launch_detail::node_outcome;
+using launch_detail::ReapedRanks;
 using launch_detail::signal_name;
 using launch_detail::SignalGuard;
 using launch_detail::spawn_rank;
@@ -216,8 +218,8 @@ class Attempt {
       env["RANK"] = std::to_string(r);
       env["LOCAL_RANK"] = std::to_string(l);
       env["ROLE_RANK"] = std::to_string(r);
-      env[kErrorFileEnv] = error_path(r);
-      ::unlink(error_path(r).c_str());  // (an earlier attempt's)
+      env[kErrorFileEnv] = rank_error_path(o_.log_dir, r);
+      ::unlink(env[kErrorFileEnv].c_str());  // (an earlier attempt's)
       std::vector<std::string> env_s;
       for (const auto& [k, v] : env) env_s.push_back(k + "=" + v);
       const int out_fd = l == 0 ? tee_w[0].get() : logs[static_cast<size_t>(l)].get();
@@ -247,52 +249,8 @@ class Attempt {
     }
     // Whatever rank 0 wrote before exiting is still in the pipes.
     for (Tee& t : tees_) t.pump(4096);
-    follow_named_cause();
+    follow_named_cause(res_, reaped_, plan_.first_rank, plan_.nproc, o_.log_dir);
     return res_;
-  }
-
-  std::string error_path(int rank) const {
-    return o_.log_dir + "/rank-" + std::to_string(rank) + ".error.json";
-  }
-
-  // The rank first reaped with a failure may have failed for another's: its error (the error file
-  // it wrote) names that rank -- a peer's abort it relayed, a connection it lost, a shard write
-  // the other could not make. Follow the names, through ranks of this node that failed too or
-  // that the launcher had to stop (hung), to a rank whose error is its own; one on another node
-  // is left to that node's report. A rank killed by a signal, or found stopped, stays the cause.
-  void follow_named_cause() {
-    const int first = res_.first_failed_rank;
-    if (!res_.failed || first < 0 || !res_.stopped_ranks.empty() ||
-        WIFSIGNALED(res_.first_failed_status))
-      return;
-    int r = first;
-    std::string why;
-    for (int hops = 0; hops < plan_.nproc; ++hops) {
-      const std::optional<RankErrorRecord> e = read_error_file(error_path(r));
-      if (!e || e->caused_by < 0 || e->caused_by == first) break;
-      const int c = e->caused_by;
-      const bool local = c >= plan_.first_rank && c < plan_.first_rank + plan_.nproc;
-      if (!local) {
-        res_.remote_cause_rank = c;
-        why = e->message;
-        break;
-      }
-      if (!status_of_.count(c) || exited_ok_.count(c)) break;  // it did not fail
-      why = e->message;
-      r = c;
-    }
-    if (r == first && res_.remote_cause_rank < 0) return;
-    const std::string short_why = why.size() > 200 ? why.substr(0, 200) + "..." : why;
-    if (r != first) {
-      spdlog::error("rank {}'s error names rank {} as its cause: {}", first, r, short_why);
-      res_.first_failed_rank = r;
-      res_.first_failed_status = status_of_[r];
-      res_.named_by = first;
-      res_.named_hung = stopped_here_.count(r) > 0;
-    } else {
-      spdlog::error("rank {}'s error names rank {} (another node's) as its cause: {}", first,
-                    res_.remote_cause_rank, short_why);
-    }
   }
 
  private:
@@ -406,9 +364,9 @@ class Attempt {
     while (::waitpid(c.pid, &status, 0) < 0 && errno == EINTR) {
     }
     c.running = false;
-    status_of_[c.rank] = status;
-    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) exited_ok_.insert(c.rank);
-    if (shutting_down_) stopped_here_.insert(c.rank);
+    reaped_.status[c.rank] = status;
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) reaped_.exited_ok.insert(c.rank);
+    if (shutting_down_) reaped_.stopped_here.insert(c.rank);
     int code = WIFEXITED(status) ? WEXITSTATUS(status) : -2;
     // Killed by the signal forwarded from here, before its handler was installed (a rank still
     // starting): stopped as that handler would have made it (it had nothing to save), not killed.
@@ -524,9 +482,7 @@ class Attempt {
   // Declared after the pipes so that on an exception the ranks are killed and reaped first.
   ChildSet kids_;
   AttemptResult res_;
-  // Every reaped rank's wait status; those that exited 0, and those stopped by the launcher.
-  std::map<int, int> status_of_;
-  std::set<int> exited_ok_, stopped_here_;
+  ReapedRanks reaped_;
   bool shutting_down_ = false, kill_sent_ = false;
   // When the stop signal was forwarded; the same signal within kSameSignal is the same request.
   Clock::time_point forwarded_at_{};
@@ -634,7 +590,11 @@ Membership elastic_check_in(JobAgent& agent, const LaunchOptions& o, int attempt
 
 }  // namespace
 
-int launch_local(const LaunchOptions& o, LaunchReport* report) {
+namespace {
+
+// launch_local's attempts; `blamed_record`: the error record of the rank the last failed attempt
+// blamed (for publish_parent_error).
+int launch_attempts(const LaunchOptions& o, LaunchReport* report, std::string* blamed_record) {
   check_options(o);
   bool expected = false;
   DT_CHECK_MSG(g_active.compare_exchange_strong(expected, true),
@@ -723,6 +683,9 @@ int launch_local(const LaunchOptions& o, LaunchReport* report) {
     plan.agent = agent.get();
     plan.run_id = run_id;
     const AttemptResult r = run_attempt(o, plan, argv, attempt, port, token, signals);
+    if (r.failed && r.first_failed_rank >= plan.first_rank &&
+        r.first_failed_rank < plan.first_rank + plan.nproc)
+      *blamed_record = rank_error_path(o.log_dir, r.first_failed_rank);
     if (report != nullptr) {
       report->stop_signal = r.stop_signal;
       report->stopped = r.stopped();
@@ -768,6 +731,15 @@ int launch_local(const LaunchOptions& o, LaunchReport* report) {
                                  : std::string());
     nproc = left;
   }
+}
+
+}  // namespace
+
+int launch_local(const LaunchOptions& o, LaunchReport* report) {
+  std::string blamed_record;  // the last failed attempt's blamed rank's error record
+  const int rc = launch_attempts(o, report, &blamed_record);
+  if (rc != 0 && !is_stop_code(rc)) publish_parent_error(blamed_record);
+  return rc;
 }
 
 }  // namespace dtrain

@@ -570,7 +570,9 @@ TEST_CASE("without --max-restarts a killed or dropped rank fails the launch, nam
 
   // A shard write that fails on rank 1: every rank leaves at that step with exit 1, and rank 0's
   // error names rank 1 (the launch blamed rank 0 in 6 runs of 7).
-  r = run_cmd("DTRAIN_FAULT=fail_in_save:rank=1:step=10 " + kBin + " launch --nproc 2 " + cfg +
+  // The launcher's own TORCHELASTIC_ERROR_FILE (set by its caller) gets the blamed rank's record.
+  r = run_cmd("TORCHELASTIC_ERROR_FILE=" + dir / "parent.json" +
+              " DTRAIN_FAULT=fail_in_save:rank=1:step=10 " + kBin + " launch --nproc 2 " + cfg +
               " --set distributed.strategy=fsdp --out " + dir / "save");
   INFO(r.output);
   CHECK(r.exit_code == 1);
@@ -583,6 +585,9 @@ TEST_CASE("without --max-restarts a killed or dropped rank fails the launch, nam
   CHECK(rec0->caused_by == 1);
   CHECK(rec1->caused_by == -1);
   CHECK(rec1->exit_code == 1);
+  const auto parent = dtrain::read_error_file(dir / "parent.json");
+  REQUIRE(parent);
+  CHECK(parent->message == rec1->message);
 }
 
 TEST_CASE("DTRAIN_FAULT delay slows its rank at every step, in the first attempt only") {

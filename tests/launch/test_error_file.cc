@@ -29,12 +29,26 @@ TEST_CASE("error file: the rank an error names as its cause") {
   // Its own failure, or its own name only: no other cause.
   CHECK(rank_named_as_cause("data.train.path: no such file", 0) == -1);
   CHECK(rank_named_as_cause("rank 1 aborted: out of memory", 1) == -1);
+  // Its own relayed abort names another rank further in.
+  CHECK(rank_named_as_cause("rank 1 aborted: connection to rank 2 lost (reset)", 1) == 2);
+  // The transport's verdict wins over the peer it happened to hear from.
+  CHECK(rank_named_as_cause("connection to rank 3 lost (x); rank 2 went down first, 1.0 s "
+                            "earlier: rank 3 probably failed because of it",
+                            0) == 2);
+  // Only ranks of the world count: a number from a user's own text is no rank (nor does it
+  // overflow: std::stoi aborted the process on 99999999999).
+  CHECK(rank_named_as_cause("rank 99999999999 aborted: x", 0) == -1);
+  CHECK(rank_named_as_cause("rank 7 aborted: x", 0, 4) == -1);
+  CHECK(rank_named_as_cause("rank 3 aborted: x", 0, 4) == 3);
+  // A long message is no problem (a regex's recursion overflowed the stack at ~40 KB).
+  CHECK(rank_named_as_cause("waiting for " + std::string(200000, 'x') + " from rank 1", 0) == -1);
+  CHECK(rank_named_as_cause("waiting for x from rank 1" + std::string(200000, 'x'), 0) == 1);
 }
 
 TEST_CASE("error file: written as torchelastic's record, read back") {
   dtrain::testing::TempDir t;
   const std::string path = t / "rank-0.error.json";
-  dtrain::write_error_file(path, "rank 1 aborted: boom", 1, 0);
+  dtrain::write_error_file(path.c_str(), "rank 1 aborted: boom", 1, 0);
   const auto r = dtrain::read_error_file(path);
   REQUIRE(r);
   CHECK(r->message == "rank 1 aborted: boom");
@@ -45,10 +59,12 @@ TEST_CASE("error file: written as torchelastic's record, read back") {
   const nlohmann::json j = nlohmann::json::parse(f);
   CHECK(j["message"]["message"] == "rank 1 aborted: boom");
   CHECK(j["message"]["extraInfo"]["timestamp"].is_string());
+  // (no py_callstack: torchrun shows it in place of the message when present)
+  CHECK_FALSE(j["message"]["extraInfo"].contains("py_callstack"));
   // Missing or foreign files read as none; a message that is not UTF-8 is still written.
   CHECK_FALSE(dtrain::read_error_file(t / "none.json"));
   t.write("junk.json", "{not json");
   CHECK_FALSE(dtrain::read_error_file(t / "junk.json"));
-  dtrain::write_error_file(path, std::string("bad \xff byte"), 2, 0);
+  dtrain::write_error_file(path.c_str(), std::string("bad \xff byte"), 2, 0);
   CHECK(dtrain::read_error_file(path));
 }

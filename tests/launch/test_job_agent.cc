@@ -176,7 +176,7 @@ TEST_CASE("JobAgent: a disagreeing node, a wrong token and a missing node are re
     } catch (const UserError& e) {
       e0 = e.what();
     }
-    CHECK(contains(e0, "runs 3 rank(s) per node, this node 2"));
+    CHECK(contains(e0, "runs 3 rank(s) per node, node 0 2"));
     CHECK(contains(f1.get(), "runs 2 rank(s) per node, this node 3"));
   }
   {
@@ -271,7 +271,7 @@ TEST_CASE("JobAgent: a node refused by node 0, which then exits, learns why at o
   } catch (const UserError& e) {
     e0 = e.what();
   }
-  CHECK(contains(e0, "runs 3 rank(s) per node, this node 2"));
+  CHECK(contains(e0, "runs 3 rank(s) per node, node 0 2"));
   REQUIRE(f1.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
   CHECK(contains(f1.get(), "runs 2 rank(s) per node, this node 3"));
   CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10));

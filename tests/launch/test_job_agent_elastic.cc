@@ -264,7 +264,11 @@ TEST_CASE("JobAgent elastic: a node refused by node 0, which then exits, learns 
   CHECK(contains(e0, "runs 3 rank(s) per node, node 0 2"));
   REQUIRE(f1.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
   const std::string e1 = f1.get();
-  CHECK_MESSAGE(contains(e1, "node 0 refused this job: node 1"), e1);
+  // Node 1 reads node 0's check-in itself (or node 0's refusal, whichever comes first).
+  CHECK_MESSAGE(
+      (contains(e1, "node 0 refused this job: node 1") ||
+       (contains(e1, "node 0 (") && contains(e1, "runs 2 rank(s) per node, this node 3"))),
+      e1);
   CHECK(contains(e1, "give every node the same --nproc-per-node"));
 }
 
@@ -282,7 +286,7 @@ TEST_CASE(
     const int port = pick_free_port();
     AgentOptions a = elastic_options(0, port, 0, 2), b = elastic_options(1, port, 0, 3);
     cases.push_back({"fixed 2 against fixed 3", a, b,
-                     "was started with --nnodes 3 --max-restarts 0, this node with --nnodes 2 "
+                     "was started with --nnodes 3 --max-restarts 0, node 0 with --nnodes 2 "
                      "--max-restarts 0"});
   }
   {
@@ -342,4 +346,32 @@ TEST_CASE("JobAgent elastic: a last call longer than the check-in starts with th
   const Membership m = a.rendezvous(0, 2);
   CHECK(m.nodes == std::vector<int>{0});
   CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(4));
+}
+
+TEST_CASE("JobAgent elastic: a node whose id is past node 0's MAX is refused on its own side") {
+  // Node 0 (1:2) reads ids below 2 only; node 2 (1:3) reads node 0's check-in and refuses. It
+  // ended with "checked in after node 0 had closed attempt 1's check-in", the wrong reason.
+  const int port = pick_free_port();
+  AgentOptions o0 = elastic_options(0, port, 1, 2), o2 = elastic_options(2, port, 1, 3);
+  o0.last_call_s = 1;
+  o2.join_timeout_s = 20;
+  JobAgent a0(o0);
+  auto f2 = std::async(std::launch::async, [&] {
+    try {
+      JobAgent a2(o2);
+      a2.rendezvous(0, 2);
+    } catch (const UserError& e) {
+      return std::string(e.what());
+    }
+    return std::string("<no error>");
+  });
+  const Membership m = a0.rendezvous(0, 2);
+  CHECK(m.nodes == std::vector<int>{0});
+  REQUIRE(f2.wait_for(std::chrono::seconds(15)) == std::future_status::ready);
+  const std::string e2 = f2.get();
+  CHECK_MESSAGE(contains(e2, "node 0 ("), e2);
+  CHECK_MESSAGE(contains(e2,
+                         "was started with --nnodes 1:2 --max-restarts 0, this node with "
+                         "--nnodes 1:3 --max-restarts 0"),
+                e2);
 }
