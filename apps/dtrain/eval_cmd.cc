@@ -30,7 +30,27 @@ namespace {
 struct LoadedModel {
   Model model;
   std::vector<float> params;
+  CheckpointMeta meta;
+  std::string path;  // the resolved checkpoint
 };
+
+// The normaliser the checkpoint's training used (stored in it since 2026-12-05), else -- an
+// older checkpoint -- the one fitted on the training data now. A stored one that differs from
+// the data's now (the files changed since, another seed or test_fraction) wins, with a warning:
+// the weights expect inputs scaled as in training.
+Normalizer training_normalizer(const LoadedModel& m, const DataSplits& data) {
+  if (m.meta.normalizer_json.empty() || data.train.kind != SampleKind::kFeatures)
+    return data.normalizer;
+  Normalizer n = Normalizer::from_json(m.meta.normalizer_json, data.train.features,
+                                       "checkpoint '" + m.path + "'");
+  if (!(n == data.normalizer))
+    spdlog::warn(
+        "the training data's statistics now differ from those checkpoint '{}' was trained with "
+        "(the data files, data.normalize's inputs, the seed or test_fraction changed since): "
+        "inputs are scaled with the checkpoint's",
+        m.path);
+  return n;
+}
 
 // eval_rows: the rows to evaluate (-1: unknown), for the memory check before the parameters are
 // allocated.
@@ -39,10 +59,10 @@ LoadedModel load_model(const Config& cfg, const DataSplits& data, const std::str
   const std::string path = resolve_checkpoint(ckpt, false);
   check_config_before_build(path, cfg);
   const ModelShape shape = resolve_model_shape(cfg, data);
-  LoadedModel m{build_model(cfg.model, {shape.sample, shape.num_classes}), {}};
+  LoadedModel m{build_model(cfg.model, {shape.sample, shape.num_classes}), {}, {}, path};
   check_eval_memory(cfg, m.model, eval_rows);
   m.params.resize(static_cast<size_t>(m.model.param_count()));
-  CheckpointMeta meta;
+  CheckpointMeta& meta = m.meta;
   try {
     meta = load_checkpoint(path, m.model, m.params.data(), {});
   } catch (const ModelMismatchError& e) {
@@ -68,10 +88,17 @@ LoadedModel load_model(const Config& cfg, const DataSplits& data, const std::str
 int cmd_eval(const Config& cfg, const std::string& ckpt) {
   check_checkpoint(ckpt, false);
   set_blas_threads(static_cast<int>(cfg.runtime.threads));
-  const DataSplits data = load_data(cfg.data, cfg.seed);
+  DataSplits data = load_data(cfg.data, cfg.seed);
   if (data.test.rows == 0)
     throw UserError("no test set to evaluate: set data.test or data.test_fraction");
   const LoadedModel m = load_model(cfg, data, ckpt, data.test.rows);
+  if (const Normalizer n = training_normalizer(m, data); !(n == data.normalizer)) {
+    // The test rows as they are in the files, scaled as training scaled its inputs.
+    DataConfig raw = cfg.data;
+    raw.normalize = Normalize::kNone;
+    data = load_data(raw, cfg.seed);
+    n.apply(data.test);
+  }
   const EvalResult r =
       evaluate(m.model, m.params.data(), data.test, cfg.data.eval_batch_size, cfg.model.loss);
   if (r.first_nonfinite >= 0)
@@ -108,7 +135,7 @@ int cmd_predict(const Config& cfg, const std::string& ckpt, const std::string& i
   int64_t rows = 0;
   const int64_t F = m.model.in_features();
   std::vector<float> x = load_csv_features(input, in_opts, F, &rows, data.train.columns);
-  data.normalizer.apply_rows(x.data(), rows, F);
+  training_normalizer(m, data).apply_rows(x.data(), rows, F);
   std::ostringstream os;
   os << "predicted";
   for (int64_t c = 0; c < m.model.out_features(); ++c) os << ",prob_" << c;

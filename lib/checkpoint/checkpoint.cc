@@ -272,6 +272,8 @@ CheckpointMeta load_file_checkpoint(const std::string& path, const Model& model,
     meta.schedule_steps = meta_int(f.metadata, "schedule_steps", path);
   if (auto it = f.metadata.find("progress"); it != f.metadata.end())
     meta.progress_json = it->second;
+  if (auto it = f.metadata.find("normalizer"); it != f.metadata.end())
+    meta.normalizer_json = it->second;
   check_meta_ranges(meta, path);
 
   // Check everything before touching params: a refused load changes nothing.
@@ -392,6 +394,7 @@ std::map<std::string, std::string> file_metadata(const CheckpointMeta& meta, int
   if (!meta.config_json.empty()) md["config"] = meta.config_json;
   if (meta.schedule_steps > 0) md["schedule_steps"] = std::to_string(meta.schedule_steps);
   if (!meta.progress_json.empty()) md["progress"] = meta.progress_json;
+  if (!meta.normalizer_json.empty()) md["normalizer"] = meta.normalizer_json;
   return md;
 }
 
@@ -514,6 +517,8 @@ void write_manifest(const std::string& dir, const Model& model, const Checkpoint
   if (!meta.config_json.empty()) out["config"] = nlohmann::json::parse(meta.config_json);
   if (meta.schedule_steps > 0) out["schedule_steps"] = meta.schedule_steps;
   if (!meta.progress_json.empty()) out["progress"] = nlohmann::json::parse(meta.progress_json);
+  if (!meta.normalizer_json.empty())
+    out["normalizer"] = nlohmann::json::parse(meta.normalizer_json);
   if (!meta.save_id.empty()) out["save_id"] = meta.save_id;
   if (!layout.is_null()) out["layout"] = layout;
   out[kManifestCrcKey] = crc32_hex(out.dump());  // (read_manifest: the canonical form)

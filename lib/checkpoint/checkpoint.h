@@ -51,6 +51,9 @@ struct CheckpointMeta {
   // the same step (a node-local folder that --overwrite could not clear, files copied together
   // from two runs). "" in files written before it existed: not checked.
   std::string save_id;
+  // Optional too ("" in older files): the training data's normaliser (Normalizer::to_json), so
+  // eval and predict scale inputs as training did, whatever the data files hold by then.
+  std::string normalizer_json;
 };
 
 // The state distributed.compression carries from step to step (train/compression.h), as the

@@ -150,6 +150,7 @@ ShardedRead read_sharded(const std::string& dir, bool with_state) {
     if (m.contains("config")) meta.config_json = m.at("config").dump();
     if (m.contains("schedule_steps")) meta.schedule_steps = integer("schedule_steps");
     if (m.contains("progress")) meta.progress_json = m.at("progress").dump();
+    if (m.contains("normalizer")) meta.normalizer_json = m.at("normalizer").dump();
     if (m.contains("save_id")) meta.save_id = m.at("save_id").get<std::string>();
     out.state_names = m.at("optimizer_state").get<std::vector<std::string>>();
     check_state_names(out.state_names, dir);

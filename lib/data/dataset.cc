@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
+#include <nlohmann/json.hpp>
 
 #include "data/dataset.h"
 #include "data/text.h"
@@ -123,6 +124,36 @@ Normalizer fit_normalizer(Normalize method, DataFormat format, const Dataset& tr
 }
 
 }  // namespace
+
+std::string Normalizer::to_json() const {
+  return nlohmann::json{{"method", to_string(method)}, {"shift", shift}, {"scale", scale}}.dump();
+}
+
+Normalizer Normalizer::from_json(const std::string& json, int64_t features,
+                                 const std::string& what) {
+  Normalizer n;
+  try {
+    const nlohmann::json j = nlohmann::json::parse(json);
+    const std::optional<Normalize> method =
+        parse_enum<Normalize>(j.at("method").get<std::string>());
+    if (!method) throw std::invalid_argument("unknown method");
+    n.method = *method;
+    n.shift = j.at("shift").get<std::vector<float>>();
+    n.scale = j.at("scale").get<std::vector<float>>();
+  } catch (const std::exception& e) {
+    throw UserError(what + ": its normaliser record is malformed (" + e.what() + ")");
+  }
+  const auto f = static_cast<size_t>(features);
+  const bool none = n.method == Normalize::kNone && n.shift.empty() && n.scale.empty();
+  const auto finite = [](const std::vector<float>& v) {
+    return std::all_of(v.begin(), v.end(), [](float x) { return std::isfinite(x); });
+  };
+  if (n.method == Normalize::kAuto || (!none && (n.shift.size() != f || n.scale.size() != f)) ||
+      !finite(n.shift) || !finite(n.scale))
+    throw UserError(what + ": its normaliser record is not one for " + std::to_string(features) +
+                    " features");
+  return n;
+}
 
 void Normalizer::apply_rows(float* x, int64_t rows, int64_t features) const {
   if (method == Normalize::kNone) return;

@@ -49,6 +49,12 @@ struct Normalizer {
   std::vector<float> scale;
   void apply(Dataset& d) const;
   void apply_rows(float* x, int64_t rows, int64_t features) const;
+  bool operator==(const Normalizer&) const = default;
+  // {"method", "shift", "scale"} (floats as the shortest decimals that read back exactly), for
+  // checkpoints; from_json throws UserError naming `what` for a record that is not one for
+  // `features` features.
+  std::string to_json() const;
+  static Normalizer from_json(const std::string& json, int64_t features, const std::string& what);
 };
 
 struct DataSplits {

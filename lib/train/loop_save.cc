@@ -50,6 +50,7 @@ void TrainLoop::save() {
     m.world_size = world_.size();
     m.strategy = to_string(cfg_.distributed.strategy);
     m.config_json = config_json_;
+    if (data_.train.kind == SampleKind::kFeatures) m.normalizer_json = data_.normalizer.to_json();
     m.schedule_steps = schedule_steps_;
     m.progress_json = nlohmann::json{{"skipped_steps", skipped_steps_},
                                      {"record_loss", record_loss_},

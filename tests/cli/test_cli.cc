@@ -417,3 +417,44 @@ TEST_CASE("predict: an input whose first row equals numeric training column name
   CHECK(r.exit_code == 0);
   CHECK(lines(r.output) == 3);
 }
+
+TEST_CASE("eval and predict scale inputs as training did, whatever the data files hold now") {
+  // The checkpoint stores the training data's normaliser. Refitted from the files at eval and
+  // predict time, a training file that grew after training changed every prediction silently.
+  TempDir dir;
+  std::string rows = "a,b,label\n";
+  for (int i = 0; i < 40; ++i)
+    rows += std::to_string(i % 7) + "," + std::to_string((i * 3) % 5) + "," +
+            std::to_string(i % 2) + "\n";
+  const std::string train = dir.write("train.csv", rows);
+  const std::string cfg =
+      dir.write("c.yaml", "model: {hidden: [4]}\ndata: {format: csv, train: {path: " + train +
+                              "}, test_fraction: 0.25, batch_size: 4}\ntrain: {max_steps: 3}\n");
+  const std::string in = dir.write("in.csv", "1,2\n6,0\n");
+  for (const std::string layout : {"",
+                                   " --set distributed.world_size=2 --set "
+                                   "distributed.strategy=fsdp"}) {
+    CAPTURE(layout);
+    const std::string out = dir / ("r" + std::to_string(layout.size()));
+    auto r = run_dtrain("run " + cfg + layout + " --out " + out + " --log-level warn");
+    REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+    const std::string predict = "predict " + cfg + " --checkpoint " + out + " --input " + in;
+    const std::string eval = "eval " + cfg + " --checkpoint " + out;
+    const auto before = run_cmd(kBin + " " + predict + " --log-level error");
+    const auto eval_before = run_cmd(kBin + " " + eval + " --log-level error");
+    REQUIRE(before.exit_code == 0);
+    REQUIRE(eval_before.exit_code == 0);
+    // The training file grows (other statistics): the same predictions, with a warning.
+    dir.write("train.csv", rows + "100,90,1\n-50,40,0\n");
+    r = run_dtrain(predict + " --log-level warn");
+    CHECK(r.exit_code == 0);
+    CHECK(contains(r.output, "the training data's statistics now differ"));
+    const auto after = run_cmd(kBin + " " + predict + " --log-level error");
+    CHECK(after.output == before.output);
+    dir.write("train.csv", rows);
+    // Another seed holds out another split: evaluated, scaled as training did, and warned about.
+    r = run_dtrain(eval + " --set seed=99 --log-level warn");
+    CHECK(r.exit_code == 0);
+    CHECK(contains(r.output, "the training data's statistics now differ"));
+  }
+}

@@ -369,5 +369,24 @@ TEST_CASE("idle_ranks_warning counts replicas of stages x tensor ranks") {
         "waits for the others (use fewer ranks or more data)");
 }
 
+TEST_CASE("Normalizer: a JSON record that reads back exactly, and malformed ones refused") {
+  Normalizer n;
+  n.method = Normalize::kStandardize;
+  n.shift = {1.3082f, -0.1916f, 1e-30f};
+  n.scale = {1.3817f, 3.2783684f, 7e30f};
+  const Normalizer back = Normalizer::from_json(n.to_json(), 3, "checkpoint 'c'");
+  CHECK(back == n);  // every float bit for bit
+  Normalizer none;
+  CHECK(Normalizer::from_json(none.to_json(), 5, "c") == none);
+  for (const std::string& bad :
+       {std::string("{"), std::string(R"({"method": "zap", "shift": [], "scale": []})"),
+        std::string(R"({"method": "auto", "shift": [1], "scale": [1]})"),
+        std::string(R"({"method": "scale", "shift": [1, 2], "scale": [1, 2]})"),
+        std::string(R"({"method": "scale", "shift": [1, 2, 3], "scale": "x"})")}) {
+    CAPTURE(bad);
+    CHECK_THROWS_AS(Normalizer::from_json(bad, 3, "checkpoint 'c'"), UserError);
+  }
+}
+
 }  // namespace
 }  // namespace dtrain
