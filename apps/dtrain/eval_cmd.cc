@@ -101,12 +101,22 @@ int cmd_eval(const Config& cfg, const std::string& ckpt) {
   }
   const EvalResult r =
       evaluate(m.model, m.params.data(), data.test, cfg.data.eval_batch_size, cfg.model.loss);
-  if (r.first_nonfinite >= 0)
+  if (r.first_nonfinite >= 0) {
+    // Where it is: a test file's rows are its samples in order (IDX records, CSV data rows after
+    // the header, blank lines skipped); a held-out split is a seeded sample of the training rows.
+    const std::string where =
+        cfg.data.format == DataFormat::kCsv && cfg.data.test.path.size() == 1
+            ? fmt::format(": data row {} of '{}'", r.first_nonfinite + 1, cfg.data.test.path[0])
+        : cfg.data.format == DataFormat::kIdx && !cfg.data.test.images.empty()
+            ? fmt::format(": image {} of '{}'", r.first_nonfinite + 1, cfg.data.test.images)
+        : cfg.data.test.empty() ? " of the held-out split"
+                                : "";
     throw UserError(fmt::format(
-        "test sample {} (0-based, of {}) gives a non-finite output or loss: its values overflow "
-        "the model's float32 arithmetic, or the checkpoint's weights have diverged; no test loss "
-        "or accuracy to report",
-        r.first_nonfinite, r.samples));
+        "test sample {} (0-based, of {}{}) gives a non-finite output or loss: its values "
+        "overflow the model's float32 arithmetic, or the checkpoint's weights have diverged; no "
+        "test loss or accuracy to report",
+        r.first_nonfinite, r.samples, where));
+  }
   nlohmann::json out = {
       {"test_loss", r.loss}, {"test_accuracy", r.accuracy}, {"samples", r.samples}};
   if (cfg.data.format == DataFormat::kText) out["test_bpb"] = r.loss / std::log(2.0);

@@ -278,7 +278,9 @@ runtime: {threads: 1}
   const std::string test_huge = dir.write("test_huge.csv", "a,b,label\n1,1,0\n3e38,-3e38,1\n");
   r = run_dtrain("eval " + cfg + ckpt + " --set data.test.path=" + test_huge);
   CHECK(r.exit_code == 2);
-  CHECK_MESSAGE(contains(r.output, "test sample 1 (0-based, of 2) gives a non-finite output"),
+  // The file and its data row are named (it said "test sample 1 (0-based, of 2)" alone).
+  CHECK_MESSAGE(contains(r.output, "test sample 1 (0-based, of 2: data row 2 of '" + test_huge +
+                                       "') gives a non-finite output"),
                 r.output);
   // A label only the test data has (3; training has 0..2) widens the model: that is named,
   // not just the checkpoint's mismatching shapes.
