@@ -29,6 +29,16 @@ bool TrainLoop::resume() {
                             &saved_comp_);
     if (rp_.loaded) {
       check_tied_copies(whole, full_p.data(), ptrs, rp_.from.empty() ? opts_.resume : rp_.from);
+      // Training goes on with the data's statistics as they are now; the weights learned with
+      // the checkpoint's (an elastic restart or an interrupted run has the same files: equal).
+      if (lead_ && !rp_.normalizer.empty() && data_.train.kind == SampleKind::kFeatures &&
+          !(Normalizer::from_json(rp_.normalizer, data_.train.features, rp_.from) ==
+            data_.normalizer))
+        spdlog::warn(
+            "the training data's statistics differ from those {} was trained with (the data files "
+            "or the held-out split changed since): training continues on inputs scaled by the "
+            "data's own, which the weights have not seen",
+            rp_.from);
       if (tp_) {  // this tensor rank's shards, in place (a local layout is no larger)
         tp_->slice(full_p.data(), full_p.data());
         for (std::vector<float>& b : full_s) tp_->slice(b.data(), b.data());

@@ -518,6 +518,7 @@ ResumePoint resume_full_state(const Config& cfg, const RunOptions& opts, Communi
       rng_states = m.rng;
       rp.from = path;
       rp.progress = m.progress_json;
+      rp.normalizer = m.normalizer_json;
     } else {
       spdlog::info("--resume auto: no checkpoint in {}, starting fresh", ckpt_dir);
     }

@@ -78,6 +78,7 @@ struct ResumePoint {
   int64_t schedule_steps = 0;  // the checkpoint's schedule horizon; 0: not recorded
   int64_t global_batch = 0;    // samples per global batch of the saving run; 0: not known
   std::string progress;        // rank 0: CheckpointMeta::progress_json ("" when not recorded)
+  std::string normalizer;      // rank 0: CheckpointMeta::normalizer_json ("" when not recorded)
 };
 ResumePoint resume_full_state(const Config& cfg, const RunOptions& opts, Communicator& comm,
                               const Model& model, const std::string& ckpt_dir,

@@ -453,6 +453,11 @@ TEST_CASE("eval and predict scale inputs as training did, whatever the data file
     CHECK(contains(r.output, "the training data's statistics now differ"));
     const auto after = run_cmd(kBin + " " + predict + " --log-level error");
     CHECK(after.output == before.output);
+    // A resume trains on, warned that the weights learned with other statistics.
+    r = run_dtrain("run " + cfg + layout + " --out " + out +
+                   " --resume auto --set train.max_steps=4 --log-level warn");
+    CHECK(r.exit_code == 0);
+    CHECK(contains(r.output, "training continues on inputs scaled by the data's own"));
     dir.write("train.csv", rows);
     // Another seed holds out another split: evaluated, scaled as training did, and warned about.
     r = run_dtrain(eval + " --set seed=99 --log-level warn");
