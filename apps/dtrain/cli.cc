@@ -703,7 +703,7 @@ int cli_main_impl(int argc, char** argv) {
   } catch (const InternalError& e) {
     std::cerr << "internal error (a dtrain bug; please report): " << bounded_message(e.what())
               << std::endl;
-    return failed(std::string("internal error: ") + e.what(), kExitRuntime);
+    return failed(e.what(), kExitRuntime);
   } catch (const std::bad_alloc&) {
     // Sizes dtrain can predict (the model's state) are checked before training; this is what
     // it cannot (data, activations, another process taking the memory).

@@ -96,6 +96,7 @@ int cmd_eval(const Config& cfg, const std::string& ckpt) {
     // The test rows as they are in the files, scaled as training scaled its inputs.
     DataConfig raw = cfg.data;
     raw.normalize = Normalize::kNone;
+    data = DataSplits{};  // (not two copies of the data at once)
     data = load_data(raw, cfg.seed);
     n.apply(data.test);
   }

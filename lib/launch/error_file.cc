@@ -18,11 +18,11 @@ namespace dtrain {
 
 namespace {
 
-// The rank number right after each occurrence of `before` in `text` (digits only, in [0, world)
-// when world > 0), in order; `then` must follow the number when given.
-std::vector<int> ranks_after(std::string_view text, std::string_view before, int world,
-                             std::string_view then = {}) {
-  std::vector<int> out;
+// Each occurrence of `before` in `text` followed by a rank number (digits only, in [0, world) when
+// world > 0) and then `then` (when given): (where `before` starts, the rank), in order.
+std::vector<std::pair<size_t, int>> ranks_after(std::string_view text, std::string_view before,
+                                                int world, std::string_view then = {}) {
+  std::vector<std::pair<size_t, int>> out;
   for (size_t at = text.find(before); at != std::string_view::npos;
        at = text.find(before, at + 1)) {
     const char* b = text.data() + at + before.size();
@@ -33,7 +33,7 @@ std::vector<int> ranks_after(std::string_view text, std::string_view before, int
     if (!then.empty() &&
         std::string_view(p, static_cast<size_t>(e - p)).substr(0, then.size()) != then)
       continue;
-    out.push_back(r);
+    out.emplace_back(at, r);
   }
   return out;
 }
@@ -42,9 +42,9 @@ std::vector<int> ranks_after(std::string_view text, std::string_view before, int
 
 int rank_named_as_cause(const std::string& message, int self, int world) {
   const std::string_view text = std::string_view(message).substr(0, 8192);
-  const auto other = [self](const std::vector<int>& v, bool last) {
+  const auto other = [self](const std::vector<std::pair<size_t, int>>& v, bool last) {
     int found = -1;
-    for (int r : v)
+    for (const auto& [at, r] : v)
       if (r != self) {
         found = r;
         if (!last) break;
@@ -52,8 +52,8 @@ int rank_named_as_cause(const std::string& message, int self, int world) {
     return found;
   };
   // The transport's verdict on who went down first, then a relayed abort (the innermost other
-  // rank's), then what this rank saw of another (the first such phrase: dtrain's own wordings,
-  // lib/comm and lib/train/loop_save.cc).
+  // rank's), then what this rank saw of another (the leftmost such phrase: dtrain's own
+  // wordings, lib/comm and lib/train/loop_save.cc).
   if (const int r = other(ranks_after(text, "rank ", world, " went down first"), false); r >= 0)
     return r;
   if (const int r = other(ranks_after(text, "rank ", world, " aborted: "), true); r >= 0) return r;
@@ -68,16 +68,12 @@ int rank_named_as_cause(const std::string& message, int self, int world) {
       {"cannot connect to rank ", ""},
       {" from rank ", ""}};
   for (const auto& [before, then] : phrases)
-    for (size_t at = text.find(before); at != std::string_view::npos;
-         at = text.find(before, at + 1)) {
-      const std::vector<int> r = ranks_after(text.substr(at), before, world, then);
-      if (r.empty() || r.front() == self) continue;
-      if (at < best_at) {
-        best = r.front();
+    for (const auto& [at, r] : ranks_after(text, before, world, then))
+      if (r != self && at < best_at) {
+        best = r;
         best_at = at;
+        break;  // (in order: the first of this phrase is its leftmost)
       }
-      break;
-    }
   return best;
 }
 

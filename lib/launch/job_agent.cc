@@ -602,7 +602,9 @@ Membership JobAgent::rendezvous(int attempt, int nproc_per_node) {
       if (m.o.node_rank != 0) {
         // Node 0's own check-in, against this node's options: node 0 only reads the ids below
         // its --nnodes, so a node given a larger count would never be refused as such.
-        const CheckIn c0 = parse_check_in(s.get(key(attempt, "join/0"), deadline));
+        // (waiting as long as for the members list below: node 0 may come late)
+        const CheckIn c0 = parse_check_in(s.get(
+            key(attempt, "join/0"), deadline + secs_dur(m.o.last_call_s + m.o.lost_after_s + 5)));
         if (const std::string p = check_in_problem(0, c0, nproc_per_node, shape, "this node");
             !p.empty())
           throw UserError(p);

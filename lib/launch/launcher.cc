@@ -683,9 +683,14 @@ int launch_attempts(const LaunchOptions& o, LaunchReport* report, std::string* b
     plan.agent = agent.get();
     plan.run_id = run_id;
     const AttemptResult r = run_attempt(o, plan, argv, attempt, port, token, signals);
+    // (this attempt's: an earlier one's file is gone, deleted when this attempt started)
+    blamed_record->clear();
     if (r.failed && r.first_failed_rank >= plan.first_rank &&
-        r.first_failed_rank < plan.first_rank + plan.nproc)
-      *blamed_record = rank_error_path(o.log_dir, r.first_failed_rank);
+        r.first_failed_rank < plan.first_rank + plan.nproc) {
+      // A rank that hung was killed and wrote nothing: the record of the rank that named it.
+      const int writer = r.named_hung && r.named_by >= 0 ? r.named_by : r.first_failed_rank;
+      *blamed_record = rank_error_path(o.log_dir, writer);
+    }
     if (report != nullptr) {
       report->stop_signal = r.stop_signal;
       report->stopped = r.stopped();

@@ -75,7 +75,8 @@ ModelShape resolve_model_shape(const Config& cfg, const DataSplits& data) {
           std::find_if(ys.begin(), ys.end(), [&](int32_t v) { return v >= cfg.model.num_classes; });
       const int32_t top = ys.empty() ? 0 : *std::max_element(ys.begin(), ys.end());
       const std::string test_what =
-          !cfg.data.test.empty() ? "the test data (data.test)" : "the held-out test split";
+          !cfg.data.test.empty() ? "the test data (data.test)"
+                                 : "the test split held out of the training data (data.train)";
       throw UserError(
           std::string(in_train ? "the training data (data.train)" : test_what) + " has label " +
           std::to_string(top) +

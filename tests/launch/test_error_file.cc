@@ -2,11 +2,14 @@
 // error names as its cause, and the record's round trip.
 #include <doctest/doctest.h>
 
+#include <csignal>
+#include <filesystem>
 #include <fstream>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
+#include "launch/attempt_result.h"
 #include "launch/error_file.h"
 #include "test_util.h"
 
@@ -24,6 +27,10 @@ TEST_CASE("error file: the rank an error names as its cause") {
   CHECK(rank_named_as_cause("cannot connect to rank 1 at 10.0.0.2:4000 within 3 s", 0) == 1);
   CHECK(rank_named_as_cause(
             "recv timed out after 3 s waiting for allreduce seq 1 (4 bytes) from rank 1", 0) == 1);
+  // The leftmost phrase, though a message begins with its own "rank N: " (it took rank 3 here).
+  CHECK(rank_named_as_cause("rank 1: waiting for gradients from rank 2 timed out; rank 3 failed "
+                            "to write its shard",
+                            1, 4) == 2);
   // Nested relays: the innermost abort is the rank that gave up on its own.
   CHECK(rank_named_as_cause("rank 1 aborted: rank 1 failed: rank 2 aborted: disk full", 0) == 2);
   // Its own failure, or its own name only: no other cause.
@@ -67,4 +74,52 @@ TEST_CASE("error file: written as torchelastic's record, read back") {
   CHECK_FALSE(dtrain::read_error_file(t / "junk.json"));
   dtrain::write_error_file(path.c_str(), std::string("bad \xff byte"), 2, 0);
   CHECK(dtrain::read_error_file(path));
+}
+
+TEST_CASE("follow_named_cause: the rank the failed ranks' error files point to") {
+  using dtrain::launch_detail::AttemptResult;
+  using dtrain::launch_detail::ReapedRanks;
+  dtrain::testing::TempDir t;
+  const auto record = [&](int rank, const std::string& message) {
+    dtrain::write_error_file(dtrain::rank_error_path(t.path(), rank).c_str(), message, 1, rank, 4);
+  };
+  const int exit1 = 1 << 8;  // a wait status: exited with 1
+  const auto judged = [&](const ReapedRanks& reaped) {
+    AttemptResult res;
+    res.failed = true;
+    res.first_failed_rank = 0;
+    res.first_failed_status = exit1;
+    dtrain::launch_detail::follow_named_cause(res, reaped, 0, 2, t.path());
+    return res;
+  };
+  ReapedRanks both;
+  both.status = {{0, exit1}, {1, exit1}};
+  record(0, "rank 0: allreduce failed: rank 1 aborted: disk full");
+  record(1, "disk full");
+  AttemptResult r = judged(both);
+  CHECK(r.first_failed_rank == 1);
+  CHECK(r.named_by == 0);
+  CHECK_FALSE(r.named_hung);
+  CHECK(r.failure_cause() == "rank 1 failed (exit status 1), named as the cause by rank 0's error");
+  // Rank 1 hung: the launcher stopped it (SIGTERM), and it wrote nothing.
+  std::filesystem::remove(dtrain::rank_error_path(t.path(), 1));
+  ReapedRanks hung = both;
+  hung.status[1] = SIGTERM;  // killed by the signal
+  hung.stopped_here = {1};
+  r = judged(hung);
+  CHECK(r.first_failed_rank == 1);
+  CHECK(r.named_hung);
+  // A rank that exited 0 is no cause; ranks that name each other leave the first reaped.
+  ReapedRanks ok = both;
+  ok.exited_ok = {1};
+  CHECK(judged(ok).first_failed_rank == 0);
+  record(1, "connection to rank 0 lost (reset)");
+  r = judged(both);
+  CHECK(r.first_failed_rank == 0);
+  CHECK(r.named_by == -1);
+  // A rank of another node: left to that node's report.
+  record(0, "rank 0: no heartbeat from rank 3 for 10 s");
+  r = judged(both);
+  CHECK(r.first_failed_rank == 0);
+  CHECK(r.remote_cause_rank == 3);
 }
