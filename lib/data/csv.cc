@@ -407,9 +407,16 @@ std::vector<float> load_csv_features(const std::string& path, const CsvOptions& 
     for (size_t c = 0; c < cells.size(); ++c) {
       float v;
       if (!parse_float(cells[c], &v)) {
+        // (a header read as data because it was told so: say what would skip it)
+        const bool header_like = line == r.first_line() && opts.header == CsvHeader::kFalse &&
+                                 std::none_of(cells.begin(), cells.end(),
+                                              [](std::string_view t) { return looks_numeric(t); });
         throw UserError(r.where(line, c) +
                         (cells[c].empty() ? std::string("empty cell")
-                                          : "\"" + shown_text(cells[c]) + "\" is not a number"));
+                                          : "\"" + shown_text(cells[c]) + "\" is not a number") +
+                        (header_like ? "; the first row looks like a header: " + opts.header_hint +
+                                           " true skips it"
+                                     : ""));
       }
       x.push_back(v);
     }

@@ -418,6 +418,15 @@ TEST_CASE("predict: an input whose first row equals numeric training column name
   r = run_cmd(kBin + " " + base + " --input-header true --log-level warn");
   CHECK(r.exit_code == 0);
   CHECK(lines(r.output) == 3);
+  // Told there is no header, a row of names is refused with what would skip it.
+  const std::string named = dir.write("named.csv", "x,y\n1,0\n");
+  r = run_dtrain("predict " + cfg + " --checkpoint " + dir / "r" + " --input " + named +
+                 " --input-header false --log-level warn");
+  CHECK(r.exit_code == 2);
+  CHECK_MESSAGE(contains(r.output,
+                         "\"x\" is not a number; the first row looks like a header: "
+                         "--input-header true skips it"),
+                r.output);
 }
 
 TEST_CASE("eval and predict scale inputs as training did, whatever the data files hold now") {
