@@ -75,6 +75,15 @@ bool parse_double(std::string_view s, double* out) {
   return true;
 }
 
+// Why a feature cell is no float: empty, a number beyond float32's range, or no number at all.
+std::string cell_problem(std::string_view cell) {
+  if (cell.empty()) return "empty cell";
+  double d = 0;
+  if (parse_double(cell, &d))
+    return "\"" + shown_text(cell) + "\" is outside float32's range (magnitudes up to 3.4e38)";
+  return "\"" + shown_text(cell) + "\" is not a number";
+}
+
 // Reads a CSV file row by row. The constructor consumes the first non-empty row and decides
 // (per CsvOptions::header) whether it is a header; next() then yields the data rows.
 class CsvReader {
@@ -363,9 +372,7 @@ Dataset load_csv(const std::string& path, const CsvOptions& opts) {
       }
       float v;
       if (!parse_float(cells[c], &v)) {
-        throw UserError(r.where(line, c) +
-                        (cells[c].empty() ? std::string("empty cell")
-                                          : "\"" + shown_text(cells[c]) + "\" is not a number"));
+        throw UserError(r.where(line, c) + cell_problem(cells[c]));
       }
       d.x.push_back(v);
     }
@@ -411,9 +418,7 @@ std::vector<float> load_csv_features(const std::string& path, const CsvOptions& 
         const bool header_like = line == r.first_line() && opts.header == CsvHeader::kFalse &&
                                  std::none_of(cells.begin(), cells.end(),
                                               [](std::string_view t) { return looks_numeric(t); });
-        throw UserError(r.where(line, c) +
-                        (cells[c].empty() ? std::string("empty cell")
-                                          : "\"" + shown_text(cells[c]) + "\" is not a number") +
+        throw UserError(r.where(line, c) + cell_problem(cells[c]) +
                         (header_like ? "; the first row looks like a header: " + opts.header_hint +
                                            " true skips it"
                                      : ""));
