@@ -178,7 +178,7 @@ class CsvReader {
   std::string where(int64_t line) const { return path_ + ":" + std::to_string(line) + ": "; }
   std::string where(int64_t line, size_t col) const {
     std::string s = where(line) + "column " + std::to_string(col + 1);
-    if (has_header_) s += " (\"" + header_[col] + "\")";
+    if (has_header_) s += " (\"" + shown_text(header_[col]) + "\")";  // (bytes as elsewhere)
     return s + ": ";
   }
 

@@ -182,6 +182,8 @@ TEST_CASE("csv: malformed cells and rows name file, line and column") {
       {"a,b,y\nnan,1,0\n", ":2:", "\"nan\" is not a number"},
       {"a,b,y\n1,1e99,0\n", ":2:", "\"1e99\" is outside float32's range (magnitudes up to 3.4e38)"},
       {"a,b,y\n1,0x10,0\n", ":2:", "\"0x10\" is not a number"},
+      // A header name's bytes that are not UTF-8 are shown as '?' (they were printed raw).
+      {"a\xff,y\n1,0\nx,1\n", ":3:", "column 1 (\"a?\")"},
       // Blank lines still count: the bad row is physical line 5.
       {"a,b,y\n1,2,0\n\n\r\n1,2,z\n", ":5:", "\"z\""},
       {"1,,0\n", ":1:", "empty cell"},  // an empty cell does not turn a row into a header
