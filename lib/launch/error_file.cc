@@ -1,22 +1,22 @@
 #include "launch/error_file.h"
 
-#include <unistd.h>
-
 #include <charconv>
 #include <chrono>
-#include <cstdio>
 #include <cstdlib>
-#include <fstream>
-#include <sstream>
 #include <string_view>
 #include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "util/fs.h"
+
 namespace dtrain {
 
 namespace {
+
+// A record holds at most 64 KiB of message (write_error_file): anything far larger is no record.
+constexpr uint64_t kMaxRecordBytes = 1 << 20;
 
 // Each occurrence of `before` in `text` followed by a rank number (digits only, in [0, world) when
 // world > 0) and then `then` (when given): (where `before` starts, the rank), in order.
@@ -85,23 +85,12 @@ void write_error_record(const std::string& path, const std::string& message, int
   j["message"]["message"] = message;
   j["message"]["extraInfo"]["timestamp"] =
       std::to_string(std::chrono::duration_cast<std::chrono::seconds>(now).count());
-  // (no "py_callstack": torchrun's failure summary shows it in place of the message when present)
+  // (no "py_callstack": torchrun's failure summary shows it in place of the message when present;
+  // a message that is not UTF-8 is replaced, not thrown on)
   j["dtrain"] = {{"rank", rank},
                  {"exit_code", exit_code},
                  {"caused_by_rank", rank_named_as_cause(message, rank, world)}};
-  // (pid and time: ranks of several hosts may share the folder)
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid()) + "." +
-                          std::to_string(static_cast<int64_t>(now.count()));
-  {
-    std::ofstream f(tmp, std::ios::trunc);
-    // (a message that is not UTF-8 is replaced, not thrown on: the record is best effort)
-    f << j.dump(1, ' ', false, nlohmann::json::error_handler_t::replace) << '\n';
-    if (!f.flush()) {
-      std::remove(tmp.c_str());
-      return;
-    }
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) std::remove(tmp.c_str());
+  write_file_atomic(path, j.dump(1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
 }
 }  // namespace
 
@@ -115,12 +104,8 @@ void write_error_file(const char* path, std::string_view message, int exit_code,
 }
 
 std::optional<RankErrorRecord> read_error_file(const std::string& path) {
-  std::ifstream f(path);
-  if (!f) return std::nullopt;
-  std::stringstream ss;
-  ss << f.rdbuf();
   try {
-    const nlohmann::json j = nlohmann::json::parse(ss.str());
+    const nlohmann::json j = nlohmann::json::parse(read_regular_file(path, kMaxRecordBytes));
     RankErrorRecord r;
     r.message = j.at("message").at("message").get<std::string>();
     if (j.contains("dtrain")) {
@@ -128,7 +113,7 @@ std::optional<RankErrorRecord> read_error_file(const std::string& path) {
       r.caused_by = j["dtrain"].value("caused_by_rank", -1);
     }
     return r;
-  } catch (const nlohmann::json::exception&) {
+  } catch (const std::exception&) {  // (missing, not a regular file, or not such a record)
     return std::nullopt;
   }
 }
@@ -140,18 +125,10 @@ std::string rank_error_path(const std::string& log_dir, int rank) {
 void publish_parent_error(const std::string& record) {
   const char* parent = std::getenv(kErrorFileEnv);
   if (parent == nullptr || *parent == '\0' || record.empty()) return;
-  std::ifstream in(record, std::ios::binary);
-  if (!in) return;
-  const std::string tmp = std::string(parent) + ".tmp." + std::to_string(::getpid());
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << in.rdbuf();
-    if (!out.flush()) {
-      std::remove(tmp.c_str());
-      return;
-    }
+  try {
+    write_file_atomic(parent, read_regular_file(record, kMaxRecordBytes));
+  } catch (const std::exception&) {  // (best effort: the launcher's own log has the cause)
   }
-  if (std::rename(tmp.c_str(), parent) != 0) std::remove(tmp.c_str());
 }
 
 }  // namespace dtrain
