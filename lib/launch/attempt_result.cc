@@ -152,7 +152,9 @@ void follow_named_cause(AttemptResult& res, const ReapedRanks& reaped, int first
       why = e->message;
       break;
     }
-    if (!reaped.status.count(c) || reaped.exited_ok.count(c)) break;  // it did not fail
+    const auto st = reaped.status.find(c);
+    if (st == reaped.status.end() || (WIFEXITED(st->second) && WEXITSTATUS(st->second) == 0))
+      break;  // it did not fail
     why = e->message;
     r = c;
   }

@@ -73,9 +73,8 @@ struct AttemptResult {
 
 // What the launcher saw of each rank it reaped in an attempt.
 struct ReapedRanks {
-  std::map<int, int> status;              // every reaped rank's wait status
-  std::set<int> exited_ok, stopped_here;  // those that exited 0; those reaped after the
-                                          // launcher began stopping the rest
+  std::map<int, int> status;   // every reaped rank's wait status
+  std::set<int> stopped_here;  // those reaped after the launcher began stopping the rest
 };
 
 // The rank first reaped with a failure may have failed for another's: its error (the error file

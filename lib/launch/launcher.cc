@@ -365,7 +365,6 @@ class Attempt {
     }
     c.running = false;
     reaped_.status[c.rank] = status;
-    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) reaped_.exited_ok.insert(c.rank);
     if (shutting_down_) reaped_.stopped_here.insert(c.rank);
     int code = WIFEXITED(status) ? WEXITSTATUS(status) : -2;
     // Killed by the signal forwarded from here, before its handler was installed (a rank still

@@ -111,7 +111,7 @@ TEST_CASE("follow_named_cause: the rank the failed ranks' error files point to")
   CHECK(r.named_hung);
   // A rank that exited 0 is no cause; ranks that name each other leave the first reaped.
   ReapedRanks ok = both;
-  ok.exited_ok = {1};
+  ok.status[1] = 0;  // exited 0
   CHECK(judged(ok).first_failed_rank == 0);
   record(1, "connection to rank 0 lost (reset)");
   r = judged(both);
