@@ -428,6 +428,14 @@ std::string fixed_read_key(int n) {
   return kPrefix + ("join-read/" + std::to_string(n));
 }
 
+// Node 0 refuses node `n` at its check-in for `attempt` (a fixed launcher's is attempt 0): the
+// members list carries the refusal to an elastic launcher (a fixed one finds it by comparing
+// node 0's check-in itself), then refuse_after_read.
+[[noreturn]] void refuse_node(Store& s, int attempt, int n, const UserError& e) {
+  s.set(key(attempt, "members"), kRefused + std::string(e.what()));
+  refuse_after_read(s, {fixed_read_key(n), key(attempt, "members-read/" + std::to_string(n))}, e);
+}
+
 // Claims node rank `node` at node 0's store under `claim_key`: a second launcher given the same
 // --node-rank is refused (exit 2) instead of overwriting the first one's check-in, starting ranks
 // of its own and ending the job for everyone (it did, and could leave the real node hanging).
@@ -521,12 +529,7 @@ std::vector<std::string> JobAgent::join(int nproc_per_node) {
         const char* self = m.o.node_rank == 0 ? "node 0" : "this node";
         if (const std::string p = check_in_problem(n, c, nproc_per_node, shape, self); !p.empty()) {
           const UserError e(p);
-          if (m.o.node_rank == 0) {
-            // (an elastic launcher reads its answer from the members list)
-            s.set(key(0, "members"), kRefused + std::string(e.what()));
-            refuse_after_read(s, {fixed_read_key(n), key(0, "members-read/" + std::to_string(n))},
-                              e);
-          }
+          if (m.o.node_rank == 0) refuse_node(s, 0, n, e);
           throw e;
         }
       }
@@ -614,16 +617,10 @@ Membership JobAgent::rendezvous(int attempt, int nproc_per_node) {
         std::string list;
         for (const auto& [n, v] : gather_check_ins(s, m.o, attempt, expected, deadline)) {
           const CheckIn c = parse_check_in(v);
-          const std::string host = c.host;
           if (const std::string p = check_in_problem(n, c, nproc_per_node, shape, "node 0");
-              !p.empty()) {
-            const UserError e(p);
-            // The members list carries the refusal to every node (kRefused, then the reason).
-            s.set(key(attempt, "members"), kRefused + std::string(e.what()));
-            refuse_after_read(
-                s, {key(attempt, "members-read/" + std::to_string(n)), fixed_read_key(n)}, e);
-          }
-          list += std::to_string(n) + " " + host + "\n";
+              !p.empty())
+            refuse_node(s, attempt, n, UserError(p));
+          list += std::to_string(n) + " " + c.host + "\n";
         }
         s.set(key(attempt, "members"), list);
       }
