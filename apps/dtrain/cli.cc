@@ -213,9 +213,12 @@ int cmd_run(const Config& cfg, const std::string& config_path, std::string out,
   if (const std::string note = slurm_batch_shell_note(env); !note.empty() && !flags.any())
     spdlog::warn(note);
   const bool multiprocess = is_multiprocess(cfg, env, flags);
-  const bool rank0 =
-      !multiprocess ||
-      resolve_dist_env(env, static_cast<int>(cfg.distributed.world_size), flags).rank == 0;
+  // This rank's place among launched ranks (read once: the environment does not change).
+  const std::optional<DistEnv> de =
+      multiprocess ? std::optional<DistEnv>(
+                         resolve_dist_env(env, static_cast<int>(cfg.distributed.world_size), flags))
+                   : std::nullopt;
+  const bool rank0 = !de || de->rank == 0;
   if (rank0) {
     check_checkpoints_folder(opts.out_dir);
     check_resume_target(resume, opts.out_dir);
@@ -245,11 +248,7 @@ int cmd_run(const Config& cfg, const std::string& config_path, std::string out,
       restart != nullptr ? "DTRAIN_RESTART_COUNT" : "TORCHELASTIC_RESTART_COUNT");
   if (const char* f = std::getenv("DTRAIN_FAULT")) {
     opts.faults = parse_faults(f, attempt);
-    check_fault_ranks(
-        opts.faults,
-        multiprocess
-            ? resolve_dist_env(env, static_cast<int>(cfg.distributed.world_size), flags).world_size
-            : cfg.distributed.world_size);
+    check_fault_ranks(opts.faults, de ? de->world_size : cfg.distributed.world_size);
     if (attempt > 0)
       spdlog::info("restart attempt {}: DTRAIN_FAULT is ignored (faults fire in the first only)",
                    attempt);
@@ -258,8 +257,7 @@ int cmd_run(const Config& cfg, const std::string& config_path, std::string out,
       !no_progress && ::isatty(STDERR_FILENO) && spdlog::get_level() <= spdlog::level::info;
   if (multiprocess) {
     const nlohmann::json s = run_grpc_rank(cfg, opts, env, flags);
-    const DistEnv de = resolve_dist_env(env, static_cast<int>(cfg.distributed.world_size), flags);
-    if (de.rank != 0) return run_exit_code(s);  // only rank 0 reports; same exit code
+    if (!rank0) return run_exit_code(s);  // only rank 0 reports; same exit code
     return finish_run(s, opts.out_dir);
   }
   nlohmann::json s;
