@@ -160,7 +160,7 @@ bool TrainLoop::nonfinite_guard(double loss_sum) {
   const std::string what = nonfinite_what(model_, code);
   // Before any update the learning rate cannot be the cause: the inputs (or the initial
   // weights) overflow the float32 arithmetic.
-  if (cfg_.train.nonfinite == Nonfinite::kAbort && step_ == 0 && opts_.resume.empty())
+  if (cfg_.train.nonfinite == Nonfinite::kAbort && step_ == 0 && !rp_.loaded)
     throw AgreedError(
         what + " is not finite at step 1, before any update: " +
         (cfg_.data.format == DataFormat::kText
@@ -550,6 +550,9 @@ nlohmann::json TrainLoop::run() {
     } catch (const AgreedError&) {
       stop_vote.settle();
       throw;
+    } catch (const std::exception& e) {
+      stop_vote.abandon(e.what());
+      throw;
     }
     apply_step_faults(opts_.faults, rank_, step_, world_);  // DTRAIN_FAULT; a delay is step time
     const double step_s = seconds_since(step_t0);
@@ -578,6 +581,9 @@ nlohmann::json TrainLoop::run() {
       poll_save();                  // an asynchronous write in flight: its error, or its completion
     } catch (const AgreedError&) {  // a shard write failed: every rank is here, at this step
       stop_vote.settle();
+      throw;
+    } catch (const std::exception& e) {  // this rank's own (the peers learn it from the abort)
+      stop_vote.abandon(e.what());
       throw;
     }
     const bool last = step_ >= plan_.total_steps ||

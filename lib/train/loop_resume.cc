@@ -9,8 +9,29 @@
 namespace dtrain {
 namespace loop_detail {
 
+// Whether this run resumes is rank 0's call, told to every rank: rank 0 alone reads the
+// checkpoint and broadcasts it, so the others need not see the file. Their own --resume can
+// differ when each node's launcher looks for this job's checkpoints in its own --out: a folder
+// the nodes do not share holds them on node 0 only, and the other nodes' launchers restarted
+// their ranks without --resume, which then ran other collectives than rank 0's.
+bool TrainLoop::resuming() {
+  const bool mine = !opts_.resume.empty();
+  uint8_t lead = mine ? 1 : 0;
+  world_.broadcast(&lead, 1, 0);
+  if (lead != 0 && !mine)
+    spdlog::info(
+        "rank 0 resumes and this rank was started without --resume: it takes rank 0's "
+        "checkpoint (its launcher found no new one in {}, which the nodes do not share)",
+        opts_.out_dir);
+  else if (lead == 0 && mine)
+    spdlog::warn(
+        "this rank was given --resume {} and rank 0 was not: it starts fresh, as rank 0 does",
+        opts_.resume);
+  return lead != 0;
+}
+
 bool TrainLoop::resume() {
-  if (!opts_.resume.empty()) {
+  if (resuming()) {
     // The full state is read by rank 0 and broadcast; each strategy keeps its part (of the
     // whole model's layout, sliced to this tensor rank's shards first).
     const Model& whole = tp_ ? tp_->global() : model_;

@@ -5,6 +5,7 @@
 #include <random>
 
 #include "train/train_loop.h"
+#include "util/strings.h"
 
 namespace dtrain {
 namespace loop_detail {
@@ -17,6 +18,23 @@ int64_t random_save_id() {
   const uint64_t r = (static_cast<uint64_t>(rd()) << 32) ^ rd();
   const auto t = static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
   return static_cast<int64_t>(r ^ (t * 0x9e3779b97f4a7c15ULL));
+}
+
+// Refuses to commit a sharded checkpoint whose shard files rank 0 cannot see in `dir`: ranks on
+// several nodes that do not share --out each wrote theirs to their own disk, and a manifest
+// naming them would be a checkpoint no resume or consolidate can read.
+void check_shards_visible(const fs::path& dir, const std::vector<ManifestShard>& shards) {
+  std::vector<std::string> missing;
+  std::error_code ec;
+  for (const ManifestShard& s : shards)
+    if (!fs::exists(dir / shard_file_name(s.rank), ec)) missing.push_back(std::to_string(s.rank));
+  if (missing.empty()) return;
+  throw UserError(fmt::format(
+      "checkpoint {}: the shard file(s) of rank(s) {} are not in that folder as rank 0 sees it "
+      "(each rank wrote its own): the ranks do not share the output folder. Ranks on several "
+      "nodes need --out on one folder all of them reach (NFS, a PersistentVolumeClaim), or their "
+      "sharded checkpoints cannot be read",
+      dir.string(), join(missing, ", ")));
 }
 
 }  // namespace
@@ -231,6 +249,7 @@ void TrainLoop::commit_sharded(const std::string& err) {
         " (its own error names the cause); the checkpoint is not committed: `latest` names the " +
         "newest complete one");
   if (!lead_) return;
+  check_shards_visible(fs::path(ckpt_dir_) / p.name, p.shards);
   const nlohmann::json layout = {
       {"tp", grid_.layout().tp()}, {"dp", grid_.layout().dp()}, {"pp", grid_.layout().pp()}};
   write_manifest((fs::path(ckpt_dir_) / p.name).string(), tp_ ? tp_->global() : model_, p.meta,

@@ -70,14 +70,7 @@ class StopAgreement {
   // Normal flow always ends a vote it began; one still in flight means the loop is unwinding from
   // an error, so the communicator is aborted (peers fail fast, as they would anyway) before the
   // vote's buffer goes away under the communication thread.
-  ~StopAgreement() {
-    if (!work_) return;
-    comm_.abort("a rank left training while its stop vote was in flight");
-    try {
-      work_->wait();
-    } catch (...) {  // the abort's failure: already reported by whoever failed first
-    }
-  }
+  ~StopAgreement() { abandon("a rank left training while its stop vote was in flight"); }
   StopAgreement(const StopAgreement&) = delete;
   StopAgreement& operator=(const StopAgreement&) = delete;
 
@@ -112,6 +105,19 @@ class StopAgreement {
     const int v = static_cast<int>(vote_);
     preempted_ = v > kPreemptRank;
     return preempted_ ? v - kPreemptRank : v;
+  }
+  // On the way out of this rank's own error (not an agreed one: its peers go on into the
+  // collectives it leaves): aborts the group with the error's text, which the peers then report
+  // as this rank's cause, and waits for the vote in flight. Never throws.
+  void abandon(const std::string& why) noexcept {
+    if (!work_) return;
+    comm_.abort(why);
+    try {
+      work_->wait();
+    } catch (...) {  // the abort's failure: already reported by whoever failed first
+    }
+    work_.reset();
+    pending_ = false;
   }
   // Whether the stop the last end_step agreed on is a preemption: some rank saw its own
   // preemption signal. The same on every rank.

@@ -9,8 +9,13 @@
 #   4. SIGTERM to node 0's launcher alone stops the ranks of both nodes (node 1's launcher
 #      forwards it too), both launchers exit with the ranks' code (75, a preemption), and
 #      `--resume auto` on both nodes ends bitwise equal to the uninterrupted run;
-#   5. the same with the signal during a checkpoint save (DTRAIN_FAULT slow_save).
-# The output folder is shared by the two nodes (one file system, as a PVC or NFS would be).
+#   5. the same with the signal during a checkpoint save (DTRAIN_FAULT slow_save);
+#   6. nodes that do not share the output folder: a ddp job's restart resumes every rank from
+#      rank 0's checkpoint (node 1's launcher finds none in its own folder) and ends bitwise
+#      equal; an fsdp job, whose shards would be split over the two folders, stops at its first
+#      checkpoint with exit 2 and a message that names the shared folder it needs.
+# The output folder is shared by the two nodes (one file system, as a PVC or NFS would be),
+# except in 6.
 # Needs root and iproute2; exits 77 (CTest: skipped) with the reason where namespaces cannot be
 # made. Usage: netns_multinode_test.sh DTRAIN_BIN CONFIG
 set -uo pipefail
@@ -78,15 +83,17 @@ job() {
   local name=$1 port=$2
   shift 2
   local common=(--nnodes 2 --nproc-per-node 2 --master-addr "$addr0" --master-port "$port"
-    --out "$out/$name" "${sets[@]}" "$@")
+    "${sets[@]}" "$@")
+  # NODE1_OUT: node 1's own output folder (nodes that do not share one), else the shared one.
+  local out1=${NODE1_OUT:-$out/$name}
   local start
   start=$(date +%s%N)
   ip netns exec "$ns0" env DTRAIN_JOB_TOKEN="mn-$tag" ${FAULT:+DTRAIN_FAULT=$FAULT} \
-    "$bin" launch "$config" --node-rank 0 --set distributed.bind="$addr0" "${common[@]}" \
+    "$bin" launch "$config" --node-rank 0 --set distributed.bind="$addr0" --out "$out/$name" "${common[@]}" \
     >"$out/$name-$port-node0.log" 2>&1 &
   local p0=$!
   ip netns exec "$ns1" env DTRAIN_JOB_TOKEN="mn-$tag" ${FAULT:+DTRAIN_FAULT=$FAULT} \
-    "$bin" launch "$config" --node-rank 1 --set distributed.bind="$addr1" "${common[@]}" \
+    "$bin" launch "$config" --node-rank 1 --set distributed.bind="$addr1" --out "$out1" "${common[@]}" \
     >"$out/$name-$port-node1.log" 2>&1 &
   local p1=$!
   [ -n "${WHILE_RUNNING:-}" ] && eval "$WHILE_RUNNING"
@@ -163,3 +170,18 @@ FAULT='' job saving 29560 --resume auto
 same_tensors "$out/saving/checkpoints/$final" "$out/inproc/checkpoints/$final" ||
   fail "saving resumed: parameters differ from the uninterrupted run"
 echo "PASS 5: SIGTERM to node 0's launcher during a checkpoint save: both nodes stopped after step 11 (exit 75), resumed, $final bitwise equal"
+
+# 6. Nodes that do not share --out (each its own folder, as on two machines' local disks).
+FAULT='kill:rank=3:step=25' NODE1_OUT=$out/unshared-node1 job unshared 29570 --max-restarts 1
+[ $rc0 -eq 0 ] && [ $rc1 -eq 0 ] || fail "unshared ddp: launcher exits $rc0 and $rc1"
+grep -q "rank 0 resumes and this rank was started without --resume" "$out/unshared-node1/logs/rank-2.log" ||
+  fail "unshared ddp: rank 2 did not follow rank 0's resume"
+same_tensors "$out/unshared/checkpoints/$final" "$out/inproc/checkpoints/$final" ||
+  fail "unshared ddp: parameters differ from the uninterrupted run"
+FAULT='' NODE1_OUT=$out/unshared-fsdp-node1 job unshared-fsdp 29580 --set distributed.strategy=fsdp
+[ $rc0 -eq 2 ] && [ $rc1 -eq 2 ] || fail "unshared fsdp: launcher exits $rc0 and $rc1 (want 2 on both)"
+grep -q "the ranks do not share the output folder" "$out/unshared-fsdp-29580-node0.log" ||
+  fail "unshared fsdp: node 0 does not say why"
+grep -q "rank 0 aborted: checkpoint .*do not share the output folder" "$out/unshared-fsdp-29580-node1.log" ||
+  fail "unshared fsdp: node 1's ranks do not relay rank 0's reason"
+echo "PASS 6: without a shared --out, ddp restarted from rank 0's checkpoint ($final bitwise equal); fsdp stopped at its first checkpoint (exit 2) naming the shared folder"
