@@ -584,7 +584,7 @@ int Cli::dispatch(const char* argv0) {
     return kExitOk;
   }
   if (plot_->parsed()) {
-    check_output_file("-o", plot_out_);
+    check_plot_output(plot_out_);
     report::plot_runs(plot_dirs_, plot_labels_, plot_out_, plot_opts_);
     std::cout << "wrote " << plot_out_ << std::endl;
     return kExitOk;

@@ -2,7 +2,10 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
+#include <cctype>
 #include <filesystem>
+#include <fstream>
 #include <utility>
 #include <vector>
 
@@ -16,14 +19,15 @@ namespace dtrain {
 
 namespace fs = std::filesystem;
 
-void check_output_file(const std::string& option, const std::string& path) {
-  if (const std::string why = output_file_problem(path); !why.empty())
-    throw UserError(option + " '" + path + "' " + why);
+namespace {
+
+// The checks of check_output_file on one spelling of the output: `abs`, absolute; `shown`, the
+// output as messages name it.
+void check_output_place(const std::string& shown, const fs::path& abs) {
   std::error_code ec;
-  const fs::path abs = fs::absolute(path, ec);
   const fs::path parent = abs.parent_path();
   if (fs::exists(parent / "latest", ec) || fs::exists(parent / "manifest.json", ec))
-    throw UserError(option + " '" + path + "' is inside a checkpoint folder ('" + parent.string() +
+    throw UserError(shown + " is inside a checkpoint folder ('" + parent.string() +
                     "'), whose files it could replace: write it elsewhere");
   // A run folder's own files (train/run_dir.h): replacing one breaks resume, plot and verify.
   const std::string name = abs.filename().string();
@@ -31,8 +35,23 @@ void check_output_file(const std::string& option, const std::string& path) {
   for (const char* f : kRunFiles) run_folder = run_folder || fs::exists(parent / f, ec);
   for (const char* f : kRunFiles)
     if (run_folder && name == f)
-      throw UserError(option + " '" + path + "' would replace the " + f + " of the run in '" +
-                      parent.string() + "': write it elsewhere or under another name");
+      throw UserError(shown + " would replace the " + f + " of the run in '" + parent.string() +
+                      "': write it elsewhere or under another name");
+}
+
+}  // namespace
+
+void check_output_file(const std::string& option, const std::string& path) {
+  if (const std::string why = output_file_problem(path); !why.empty())
+    throw UserError(option + " '" + path + "' " + why);
+  std::error_code ec;
+  const fs::path abs = fs::absolute(path, ec);
+  check_output_place(option + " '" + path + "'", abs);
+  // The writes follow a symlink to its target (util/fs.h's output_target): the file replaced is
+  // the target's, which the same rules protect.
+  const fs::path target = output_file_target(path);
+  if (target != abs.lexically_normal())
+    check_output_place(option + " '" + path + "' (a link to '" + target.string() + "')", target);
 }
 
 // Whether a and b name one file (hard links and symlinks included; b need not exist yet).
@@ -161,6 +180,24 @@ void check_consolidate_output(const std::string& input, const std::string& outpu
     throw UserError("-o '" + output +
                     "' exists and is not a safetensors file: consolidate replaces only a "
                     "safetensors file; remove it first or choose another name");
+}
+
+void check_plot_output(const std::string& output) {
+  check_output_file("-o", output);
+  struct stat st {};
+  if (::stat(output.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_size == 0) return;
+  std::string head(256, '\0');
+  std::ifstream in(output, std::ios::binary);
+  in.read(head.data(), static_cast<std::streamsize>(head.size()));
+  head.resize(static_cast<size_t>(std::max<std::streamsize>(0, in.gcount())));
+  const bool png = head.rfind("\x89PNG\r\n\x1a\n", 0) == 0;
+  size_t at = head.rfind("\xEF\xBB\xBF", 0) == 0 ? 3 : 0;
+  while (at < head.size() && std::isspace(static_cast<unsigned char>(head[at]))) ++at;
+  const bool svg = head.compare(at, 5, "<?xml") == 0 || head.compare(at, 4, "<svg") == 0;
+  if (!png && !svg)
+    throw UserError("-o '" + output +
+                    "' exists and is not an SVG or PNG image: plot replaces only an image; "
+                    "remove it first or choose another name");
 }
 
 }  // namespace dtrain

@@ -30,5 +30,8 @@ void check_trace_output(const std::string& trace, const std::string& out_dir,
 // an existing file is replaced only if it is a safetensors file (a mistyped -o must not destroy
 // a config or data).
 void check_consolidate_output(const std::string& input, const std::string& output);
+// plot's -o: check_output_file, and an existing file is replaced only if it is an image plot
+// writes (PNG by its signature, SVG by its XML start), not a config, data or a run's file.
+void check_plot_output(const std::string& output);
 
 }  // namespace dtrain

@@ -64,6 +64,14 @@ void write_in_place(const std::string& path, const std::function<void(int fd)>& 
 
 }  // namespace
 
+std::string output_file_target(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path p = fs::absolute(output_target(path).path, ec);
+  const fs::path parent = fs::weakly_canonical(p.parent_path(), ec);
+  return ec ? p.lexically_normal().string() : (parent / p.filename()).string();
+}
+
 std::string read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw UserError("cannot read '" + path + "': " + std::strerror(errno));

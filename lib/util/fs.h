@@ -78,6 +78,10 @@ int64_t address_space_used_bytes();
 // '/x', which does not exist", ... For output options, checked before the work that produces the
 // file.
 std::string output_file_problem(const std::string& path);
+// The file write_file_atomic replaces for `path`: the path itself, or where its symlinks lead
+// (followed one by one; a dangling link names the file it creates), absolute, with the folders
+// on the way resolved.
+std::string output_file_target(const std::string& path);
 
 // Whether `path` is `dir` or inside it, comparing absolute paths with symlinks resolved as far as
 // they exist (std::filesystem::weakly_canonical): "runs/a/checkpoints/step-4.safetensors" is

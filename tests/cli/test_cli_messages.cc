@@ -485,6 +485,29 @@ TEST_CASE("output options are checked before the work, and never replace the che
   }
   r = run_dtrain("plot " + sharded + " -o " + sharded + "/loss.svg");  // beside them: fine
   CHECK_MESSAGE(r.exit_code == 0, r.output);
+  // The same through a symlink elsewhere (the writes follow it): its target is what is checked.
+  const std::string summary_before = dtrain::testing::read_text(sharded + "/summary.json");
+  std::filesystem::create_symlink(sharded + "/summary.json", dir / "link.svg");
+  std::filesystem::create_symlink(ck + "/step-9.safetensors", dir / "link.safetensors");
+  std::filesystem::create_symlink(sharded + "/metrics.jsonl", dir / "link.csv");
+  for (const std::string& args :
+       {"plot " + sharded + " -o " + dir / "link.svg",
+        "checkpoint consolidate " + sharded + " -o " + dir / "link.safetensors",
+        "predict " + cfg + " --checkpoint " + sharded + " --input " + cfg + " --output " +
+            dir / "link.csv"}) {
+    r = run_dtrain(args);
+    INFO(args << ": " << r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(contains(r.output, "(a link to '"));
+  }
+  CHECK(dtrain::testing::read_text(sharded + "/summary.json") == summary_before);
+  // plot replaces an image it could have written, nothing else (the config, here).
+  r = run_dtrain("plot " + sharded + " -o " + cfg);
+  CHECK(r.exit_code == 2);
+  CHECK_MESSAGE(contains(r.output, "exists and is not an SVG or PNG image"), r.output);
+  CHECK(dtrain::testing::read_text(cfg) == kTiny);
+  r = run_dtrain("plot " + sharded + " -o " + sharded + "/loss.svg");  // its own earlier plot
+  CHECK_MESSAGE(r.exit_code == 0, r.output);
   // Folders and missing parents: exit 2 before anything runs.
   r = run_dtrain("checkpoint consolidate " + sharded + " -o " + dir.path());
   CHECK(r.exit_code == 2);
