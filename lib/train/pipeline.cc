@@ -11,6 +11,7 @@
 #include <spdlog/spdlog.h>
 
 #include "train/batch.h"
+#include "train/min_max_split.h"
 #include "util/check.h"
 
 namespace dtrain {
@@ -75,39 +76,12 @@ std::vector<LayerRange> partition_stages(const Model& m, int stages, PipelinePar
     }
   } else {
     DT_CHECK_MSG(how == PipelinePartition::kBalanced, "unknown partition " << to_string(how));
-    // Minimise the largest stage cost over contiguous splits (dynamic programming).
+    // Minimise the largest stage cost over contiguous splits.
     std::vector<double> cost(static_cast<size_t>(B));
     for (int b = 0; b < B; ++b)
       cost[static_cast<size_t>(b)] = block_cost(m, blocks[static_cast<size_t>(b)].first,
                                                 blocks[static_cast<size_t>(b)].second);
-    std::vector<double> prefix(static_cast<size_t>(B) + 1, 0.0);
-    for (int b = 0; b < B; ++b)
-      prefix[static_cast<size_t>(b) + 1] =
-          prefix[static_cast<size_t>(b)] + cost[static_cast<size_t>(b)];
-    const double inf = std::numeric_limits<double>::infinity();
-    // best[s][b]: minimal max cost of splitting blocks [0, b) into s stages; from[s][b]: cut.
-    std::vector<std::vector<double>> best(static_cast<size_t>(stages) + 1,
-                                          std::vector<double>(static_cast<size_t>(B) + 1, inf));
-    std::vector<std::vector<int>> from(static_cast<size_t>(stages) + 1,
-                                       std::vector<int>(static_cast<size_t>(B) + 1, 0));
-    best[0][0] = 0.0;
-    for (int s = 1; s <= stages; ++s)
-      for (int b = s; b <= B; ++b)
-        for (int a = s - 1; a < b; ++a) {
-          const double v =
-              std::max(best[static_cast<size_t>(s) - 1][static_cast<size_t>(a)],
-                       prefix[static_cast<size_t>(b)] - prefix[static_cast<size_t>(a)]);
-          if (v < best[static_cast<size_t>(s)][static_cast<size_t>(b)]) {
-            best[static_cast<size_t>(s)][static_cast<size_t>(b)] = v;
-            from[static_cast<size_t>(s)][static_cast<size_t>(b)] = a;
-          }
-        }
-    cut.assign(static_cast<size_t>(stages), 0);
-    int b = B;
-    for (int s = stages; s >= 1; --s) {
-      b = from[static_cast<size_t>(s)][static_cast<size_t>(b)];
-      cut[static_cast<size_t>(s) - 1] = b;
-    }
+    cut = min_max_split(cost, stages);
   }
   std::vector<LayerRange> out;
   for (int s = 0; s < stages; ++s) {
