@@ -286,6 +286,22 @@ bool TrainLoop::step() {
   return ok;
 }
 
+// An interrupted run stops between records: its final_train_loss is the mean over the steps
+// since the last record (or epoch end), as the next record would have reported them. No record
+// is written (the checkpoint carries those steps on to a resumed run's next record). Collective
+// where the loss is per rank: the stop is agreed, so every rank is here.
+void TrainLoop::settle_final_loss() {
+  double loss = interval_loss_;
+  int64_t samples = interval_samples_;
+  if (!loss_global_ && world_.size() > 1) {
+    float l = static_cast<float>(loss);  // as record() sums it
+    world_.allreduce(&l, 1, ReduceOp::kSum);
+    world_.allreduce(&samples, 1, ReduceOp::kSum);
+    loss = l;
+  }
+  if (samples > 0) final_train_loss_ = loss / static_cast<double>(samples * tps_);
+}
+
 void TrainLoop::record(bool epoch_done) {
   const int64_t total = plan_.total_steps;
   const int64_t bar_total = total == std::numeric_limits<int64_t>::max() ? 0 : total;
@@ -622,6 +638,7 @@ nlohmann::json TrainLoop::run() {
     if (opts_.evaluate && last_eval_step_ != step_ && !interrupted)
       evaluate();  // an interrupt wants out quickly
     if (bar_) bar_->clear();
+    if (interrupted) settle_final_loss();
     s = summary(stop_signal);  // (collective: every rank is past its save)
   } catch (const CommError& e) {
     if (!stop_preempted) throw;

@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -13,6 +14,7 @@
 #include "nn/model.h"
 #include "test_util.h"
 #include "train/sharding.h"
+#include "train/stop.h"
 #include "train/trainer.h"
 #include "util/check.h"
 
@@ -264,5 +266,45 @@ TEST_CASE("a resumed run's records and skip count continue the uninterrupted run
     }
     CHECK(r["final_train_loss"].get<double>() ==
           doctest::Approx(f["final_train_loss"].get<double>()).epsilon(1e-6));
+  }
+}
+
+TEST_CASE(
+    "an interrupted run's final_train_loss is the mean over the steps since its last record") {
+  spdlog::set_level(spdlog::level::off);
+  // Records every step give each step's loss; the same run interrupted after step 7 with records
+  // every 5 must report the mean of steps 6-7 (equal batches), not the step-5 record's. Before,
+  // it reported the step-5 record's.
+  for (const std::vector<std::string>& layout :
+       {std::vector<std::string>{},
+        {"distributed.world_size=2", "distributed.strategy=pipeline", "data.batch_size=16"}}) {
+    CAPTURE(layout.size());
+    TempDir dir;
+    auto every = layout;
+    every.push_back("train.log_every=1");
+    RunOptions a;
+    a.out_dir = dir / "every";
+    run_training(parse_config(kSmall, "r.yaml", every), a);
+    const auto recs = read_jsonl(a.out_dir + "/metrics.jsonl");
+    RunOptions b;
+    b.out_dir = dir / "cut";
+    StopRequest stop;
+    b.stop = &stop;
+    b.after_step = [&stop](int rank, int64_t step, double, int64_t) {
+      if (rank == 0 && step == 6) stop.signal = SIGINT;  // seen by the vote of step 7
+    };
+    const auto s = run_training(parse_config(kSmall, "r.yaml", layout), b);
+    REQUIRE(s["status"] == "interrupted");
+    // (A pipeline votes at the end of a step: it stops after step 6.)
+    const int64_t last = s["steps"].get<int64_t>();
+    REQUIRE(last >= 6);
+    REQUIRE(last <= 7);
+    double want = 0;
+    for (int64_t step = 6; step <= last; ++step) {
+      const nlohmann::json* r = record(recs, "train", step);
+      REQUIRE(r != nullptr);
+      want += (*r)["loss"].get<double>() / static_cast<double>(last - 5);
+    }
+    CHECK(s["final_train_loss"].get<double>() == doctest::Approx(want).epsilon(1e-6));
   }
 }
