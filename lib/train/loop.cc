@@ -286,11 +286,9 @@ bool TrainLoop::step() {
   return ok;
 }
 
-// An interrupted run stops between records: its final_train_loss is the mean over the steps
-// since the last record (or epoch end), as the next record would have reported them. No record
-// is written (the checkpoint carries those steps on to a resumed run's next record). Collective
-// where the loss is per rank: the stop is agreed, so every rank is here.
-void TrainLoop::settle_final_loss() {
+// The loss sum and samples of the steps since the last record, over all ranks as record() sums
+// them (collective where the loss is per rank).
+std::pair<double, int64_t> TrainLoop::interval_totals() {
   double loss = interval_loss_;
   int64_t samples = interval_samples_;
   if (!loss_global_ && world_.size() > 1) {
@@ -299,6 +297,15 @@ void TrainLoop::settle_final_loss() {
     world_.allreduce(&samples, 1, ReduceOp::kSum);
     loss = l;
   }
+  return {loss, samples};
+}
+
+// An interrupted run stops between records: its final_train_loss is the mean over the steps
+// since the last record (or epoch end), as the next record would have reported them. No record
+// is written (the checkpoint carries those steps on to a resumed run's next record). Collective
+// where the loss is per rank: the stop is agreed, so every rank is here.
+void TrainLoop::settle_final_loss() {
+  const auto [loss, samples] = interval_totals();
   if (samples > 0) final_train_loss_ = loss / static_cast<double>(samples * tps_);
 }
 

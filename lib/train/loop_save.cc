@@ -48,14 +48,7 @@ void TrainLoop::save() {
   // The train record in progress, summed over the ranks as record() sums it (collective: every
   // rank saves at the same step), goes into the checkpoint with the skip count, so a resumed run's
   // first record averages the steps an uninterrupted run's does.
-  double interval_loss = interval_loss_;
-  int64_t interval_samples = interval_samples_;
-  if (!loss_global_ && world_.size() > 1) {
-    float l = static_cast<float>(interval_loss_);  // as record() sums it
-    world_.allreduce(&l, 1, ReduceOp::kSum);
-    world_.allreduce(&interval_samples, 1, ReduceOp::kSum);
-    interval_loss = l;
-  }
+  const auto [interval_loss, interval_samples] = interval_totals();
   CheckpointMeta m;
   if (lead_) {
     m.step = step_;

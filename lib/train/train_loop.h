@@ -79,6 +79,7 @@ class TrainLoop {
   bool resume();  // false: nothing left to train (summary_ holds the answer)
   void restore_progress(const std::string& progress);  // collective
   bool run_left_unfinished();                          // collective
+  std::pair<double, int64_t> interval_totals();        // collective where the loss is per rank
   void settle_final_loss();                            // collective: an interrupted run's
   bool resuming();                                     // collective: rank 0's --resume decides
   int64_t resumed_batch_index() const;                 // rp_.batch in this run's global batches
