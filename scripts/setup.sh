@@ -14,6 +14,7 @@ PACKAGES=(
   build-essential cmake
   libcli11-dev libyaml-cpp-dev libspdlog-dev libopenblas-dev
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  libssl-dev  # (gRPC's dependency too) the TLS files are checked with OpenSSL
   doctest-dev zlib1g-dev nlohmann-json3-dev
   pkg-config libcairo2-dev
   dataset-fashion-mnist

@@ -5,6 +5,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "comm/grpc/tls_files.h"
 #include "comm/rank_grid.h"
 #include "data/dataset.h"
 #include "data/text.h"
@@ -126,6 +127,16 @@ void check_config_without_data(const Config& cfg, bool evaluate) {
                                                        : -1;
   if (n > 0 && d.test.empty())
     if (const std::string why = empty_test_split_problem(d, n); !why.empty()) throw UserError(why);
+  // The TLS files as the gRPC ranks check them (PEM, the key the certificate's, signed by the CA).
+  const TlsConfig& tls = cfg.distributed.tls;
+  if (tls.enabled() && cfg.distributed.backend == Backend::kGrpc)
+    read_tls_files(tls.cert, tls.key, tls.ca);
+  else if (tls.enabled())
+    spdlog::warn(
+        "distributed.tls is set, but the in-process backend's ranks send nothing over a network: "
+        "it applies to distributed.backend grpc only");
+  // Text: run's refusals of an empty text or a split shorter than a window, from the sizes.
+  if (d.format == DataFormat::kText && d.block_size > 0) check_text_sizes(text_options(d));
   warn_idle_ranks(cfg);
   check_drop_last_fits(cfg);
   check_layout_without_data(cfg, evaluate);

@@ -259,12 +259,16 @@ Normalize resolved_normalize(const DataConfig& cfg) {
   return cfg.format == DataFormat::kIdx ? Normalize::kScale : Normalize::kStandardize;
 }
 
+TextOptions text_options(const DataConfig& cfg) {
+  return {cfg.train.path, cfg.test.path, resolved_test_fraction(cfg), cfg.block_size,
+          cfg.test_fraction < 0};
+}
+
 DataSplits load_data(const DataConfig& cfg, int64_t seed) {
   const DataFormat fmt = cfg.format;
   if (fmt == DataFormat::kText) {
     // Token ids are not normalised; the split is the text's tail, not a seeded sample.
-    return load_text({cfg.train.path, cfg.test.path, resolved_test_fraction(cfg), cfg.block_size,
-                      cfg.test_fraction < 0});
+    return load_text(text_options(cfg));
   }
   const Normalize method = resolved_normalize(cfg);
   const double fraction = resolved_test_fraction(cfg);

@@ -126,7 +126,7 @@ std::string read_text_files(const std::vector<std::string>& files, const std::st
   return text;
 }
 
-int64_t text_bytes_without_reading(const std::vector<std::string>& specs) {
+int64_t text_bytes_without_reading(const std::vector<std::string>& specs, bool* exact) {
   std::vector<std::string> files;
   try {
     files = expand_text_paths(specs, "data");
@@ -147,6 +147,7 @@ int64_t text_bytes_without_reading(const std::vector<std::string>& specs) {
           st.st_size >= 18 && std::fseek(in, -4, SEEK_END) == 0 && std::fread(isize, 1, 4, in) == 4;
     std::fclose(in);
     if (!ok) return -1;
+    if (gz && exact != nullptr) *exact = false;
     total += gz ? static_cast<int64_t>(isize[0] | isize[1] << 8 | isize[2] << 16 |
                                        static_cast<uint32_t>(isize[3]) << 24)
                 : static_cast<int64_t>(st.st_size);
@@ -161,6 +162,51 @@ int64_t text_window_count(int64_t n, int64_t block_size) {
 
 Dataset text_windows(const std::string& bytes, int64_t block_size) {
   return windows_of(bytes.data(), static_cast<int64_t>(bytes.size()), block_size);
+}
+
+TextSplit plan_text_split(const TextOptions& opts, int64_t n, const std::string& train_desc) {
+  const int64_t T = opts.block_size;
+  TextSplit sp;
+  sp.held_out = opts.test.empty() ? std::llround(opts.test_fraction * static_cast<double>(n)) : 0;
+  if (opts.test.empty() && opts.test_fraction > 0 && text_window_count(sp.held_out, T) == 0) {
+    const std::string held = "data.test_fraction " + show(opts.test_fraction) + " holds out " +
+                             std::to_string(sp.held_out) + " bytes of " + train_desc +
+                             ", fewer than " + window_text(T);
+    if (!opts.default_fraction)
+      throw UserError(held + " (use a larger fraction or a smaller model.block_size)");
+    sp.no_split = held;
+    sp.held_out = 0;
+  }
+  const int64_t n_train = n - sp.held_out;
+  if (text_window_count(n_train, T) == 0) {
+    const std::string held =
+        sp.held_out > 0 ? " after holding out " + std::to_string(sp.held_out) + " for validation"
+                        : "";
+    throw UserError("data.train.path: the text " + train_desc + " has " + std::to_string(n_train) +
+                    " bytes for training" + held + ", fewer than " + window_text(T));
+  }
+  return sp;
+}
+
+void check_text_sizes(const TextOptions& opts) {
+  bool exact = true;
+  const int64_t n = text_bytes_without_reading(opts.train, &exact);
+  if (n < 0 || !exact) return;  // (load_text names what it cannot read; gzip: read to know)
+  const std::vector<std::string> files = expand_text_paths(opts.train, "data.train.path");
+  if (n == 0)
+    throw UserError(std::string("data.train.path") +
+                    (files.size() == 1 ? ": the text " : ": the texts ") + describe(files) +
+                    (files.size() == 1 ? " is empty" : " are empty"));
+  if (!opts.test.empty()) {
+    const int64_t t = text_bytes_without_reading(opts.test, &exact);
+    if (t >= 0 && exact && text_window_count(t, opts.block_size) == 0)
+      throw UserError("data.test.path: the text " +
+                      describe(expand_text_paths(opts.test, "data.test.path")) + " has " +
+                      std::to_string(t) + " bytes, fewer than " + window_text(opts.block_size));
+  }
+  const TextSplit sp = plan_text_split(opts, n, describe(files));
+  if (!sp.no_split.empty())
+    spdlog::warn("{} (the default for text): no validation split, every byte trains", sp.no_split);
 }
 
 DataSplits load_text(const TextOptions& opts) {
@@ -186,26 +232,9 @@ DataSplits load_text(const TextOptions& opts) {
     }
     s.test = text_windows(test, T);
   }
-  int64_t n_test =
-      opts.test.empty() ? std::llround(opts.test_fraction * static_cast<double>(n)) : 0;
-  std::string no_split;  // why the default fraction leaves no validation split (said below)
-  if (opts.test.empty() && opts.test_fraction > 0 && text_window_count(n_test, T) == 0) {
-    const std::string held = "data.test_fraction " + show(opts.test_fraction) + " holds out " +
-                             std::to_string(n_test) + " bytes of " + describe(train_files) +
-                             ", fewer than " + window_text(T);
-    if (!opts.default_fraction)
-      throw UserError(held + " (use a larger fraction or a smaller model.block_size)");
-    no_split = held;
-    n_test = 0;
-  }
-  const int64_t n_train = n - n_test;
-  if (text_window_count(n_train, T) == 0) {
-    const std::string held =
-        n_test > 0 ? " after holding out " + std::to_string(n_test) + " for validation" : "";
-    throw UserError("data.train.path: the text " + describe(train_files) + " has " +
-                    std::to_string(n_train) + " bytes for training" + held + ", fewer than " +
-                    window_text(T));
-  }
+  const TextSplit sp = plan_text_split(opts, n, describe(train_files));
+  const int64_t n_test = sp.held_out, n_train = n - n_test;
+  const std::string& no_split = sp.no_split;
   if (!no_split.empty())
     spdlog::warn("{} (the default for text): no validation split, every byte trains", no_split);
   s.train = windows_of(train.data(), n_train, T);

@@ -61,10 +61,29 @@ int64_t text_window_count(int64_t n, int64_t block_size);
 // The bytes the files hold once read, without reading them: a plain file's size, a gzip file's
 // ISIZE trailer (its last member's length mod 2^32: at most the real length, so an estimate
 // from it errs low). -1 when a file cannot be opened or a pattern matches nothing.
-int64_t text_bytes_without_reading(const std::vector<std::string>& specs);
+// `exact` (optional) is set false when a file is gzip (the trailer's length is only an estimate).
+int64_t text_bytes_without_reading(const std::vector<std::string>& specs, bool* exact = nullptr);
+
+// load_text's split of the n training bytes (without test files): the bytes held out for
+// validation (0 when test files are given, or when the default test_fraction holds out less
+// than a window: `no_split` then says so, for a warning). UserError as load_text's: an explicit
+// fraction that holds out less than a window, a training split shorter than one.
+struct TextSplit {
+  int64_t held_out = 0;
+  std::string no_split;
+};
+TextSplit plan_text_split(const TextOptions& opts, int64_t n, const std::string& train_desc);
+
+// load_text's size checks from the files' sizes, without reading them (validate): an empty
+// text, a test or training split shorter than one window. Only where the sizes are exact (no
+// gzip file); a file that cannot be read is left to load_text. UserError.
+void check_text_sizes(const TextOptions& opts);
 
 // `bytes` as a Dataset of its windows (layout above).
 Dataset text_windows(const std::string& bytes, int64_t block_size);
+
+// The text options of `cfg.data` (its resolved test_fraction; defined in dataset.cc).
+TextOptions text_options(const DataConfig& cfg);
 
 // Reads, splits and windows the text per `opts`: train and test windows; normalizer none; test
 // has 0 rows when test_fraction is 0 and no test files are given.

@@ -164,6 +164,16 @@ TEST_CASE("validate and run name the key, line:col and path of a missing input f
                  " --set 'distributed.tls={cert: token.txt, key: token.txt, ca: ca.pem}'");
   CHECK(r.exit_code == 2);
   CHECK(contains(r.output, "distributed.tls.cert: '" + cwd + "/token.txt' does not exist"));
+  // Files that exist but are no certificate: refused by validate too, as the gRPC ranks refuse
+  // them (before, validate said ok and the ranks "cannot listen ... port in use").
+  dir.write("ca.pem", "not a certificate\n");
+  r = run_dtrain("validate " + syn + " --set distributed.backend=grpc" +
+                 " --set 'distributed.tls={cert: " + dir / "token.txt" +
+                 ", key: " + dir / "token.txt" + ", ca: " + dir / "ca.pem" + "}'");
+  CHECK(r.exit_code == 2);
+  CHECK_MESSAGE(contains(r.output, "distributed.tls.cert: '" + dir / "token.txt" +
+                                       "' holds no PEM certificate"),
+                r.output);
 }
 
 TEST_CASE("validate and run warn when some ranks would get no training samples") {

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "test_util.h"
@@ -67,6 +68,19 @@ TEST_CASE("a model or text data that does not fit: run exits 2 with one line nam
   const CmdResult v = run_cmd(kBin + " validate " + t / "heads.yaml");
   CHECK_MESSAGE(v.exit_code == 2, v.output);
   CHECK(contains(v.output, "model.n_head: 3 does not divide model.n_embd 8"));
+  // So are text files too short for the run, from their sizes (validate said "ok" before).
+  for (const auto& [sets, part] : std::vector<std::pair<std::string, std::string>>{
+           {" --set data.train.path=" + empty, "empty.txt' is empty"},
+           {" --set data.train.path=" + short_text, "has 15 bytes for training, fewer than one"},
+           {" --set data.test.path=" + short_text, "data.test.path: the text"},
+           {" --set data.test_fraction=0.00001", "data.test_fraction 1e-05 holds out 0 bytes"}}) {
+    const CmdResult w = run_cmd(kBin + " validate " + t.write("ok.yaml", gpt_yaml(corpus)) + sets);
+    INFO(sets << ": " << w.output);
+    CHECK(w.exit_code == 2);
+    CHECK(contains(w.output, part));
+  }
+  const CmdResult ok = run_cmd(kBin + " validate " + t / "ok.yaml");
+  CHECK_MESSAGE(ok.exit_code == 0, ok.output);
 }
 
 TEST_CASE("predict refuses a gpt model: it classifies CSV rows, generate continues text") {

@@ -28,6 +28,7 @@
 #include "comm/grpc/peer_path.h"
 #include "comm/grpc/shm_path.h"
 #include "comm/grpc/streams.h"
+#include "comm/grpc/tls_files.h"
 #include "comm/grpc/wire.h"
 #include "comm/grpc_internal.h"
 #include "comm/grpc_transport.h"
@@ -55,14 +56,6 @@ constexpr int kKeepaliveTimeoutMs = 10000;
 // How long a rank tries to open a TCP data connection before it keeps the gRPC stream instead
 // (a peer's data port is up before the rendezvous, so only a firewall or a broken route waits).
 constexpr auto kTcpConnectLimit = std::chrono::seconds(10);
-
-std::string read_pem(const std::string& path, const char* what) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw UserError(fmt::format("cannot read TLS {} file '{}'", what, path));
-  std::ostringstream os;
-  os << in.rdbuf();
-  return os.str();
-}
 
 // The HTTP/2 and TCP knobs of `t` (0 = leave gRPC's default), for channels and the server.
 template <typename Set>
@@ -282,9 +275,8 @@ void GrpcTransport::wait_for_peers(Clock::time_point deadline) {
 
 void GrpcTransport::set_credentials() {
   if (!o_.tls_cert.empty()) {
-    const std::string cert = read_pem(o_.tls_cert, "certificate");
-    const std::string key = read_pem(o_.tls_key, "key");
-    const std::string ca = read_pem(o_.tls_ca, "CA");
+    const TlsFiles f = read_tls_files(o_.tls_cert, o_.tls_key, o_.tls_ca);
+    const std::string &cert = f.cert, &key = f.key, &ca = f.ca;
     // Mutual TLS: every rank presents its certificate and checks the other's against the CA.
     grpc::SslServerCredentialsOptions so(
         GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);

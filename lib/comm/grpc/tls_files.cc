@@ -1,0 +1,100 @@
+#include "comm/grpc/tls_files.h"
+
+#include <openssl/bio.h>
+#include <openssl/err.h>
+#include <openssl/evp.h>
+#include <openssl/pem.h>
+#include <openssl/x509.h>
+#include <openssl/x509_vfy.h>
+
+#include <memory>
+
+#include "util/check.h"
+#include "util/fs.h"
+
+namespace dtrain {
+namespace {
+
+template <typename T, void (*Free)(T*)>
+struct Deleter {
+  void operator()(T* p) const { Free(p); }
+};
+using Bio = std::unique_ptr<BIO, Deleter<BIO, BIO_free_all>>;
+using X509Ptr = std::unique_ptr<X509, Deleter<X509, X509_free>>;
+using KeyPtr = std::unique_ptr<EVP_PKEY, Deleter<EVP_PKEY, EVP_PKEY_free>>;
+using Store = std::unique_ptr<X509_STORE, Deleter<X509_STORE, X509_STORE_free>>;
+using StoreCtx = std::unique_ptr<X509_STORE_CTX, Deleter<X509_STORE_CTX, X509_STORE_CTX_free>>;
+
+Bio mem_bio(const std::string& text) {
+  return Bio(BIO_new_mem_buf(text.data(), static_cast<int>(text.size())));
+}
+
+// A TLS file's text (at most 1 MiB: a certificate chain is a few KiB).
+std::string read_tls(const std::string& path, const std::string& key) {
+  try {
+    return read_regular_file(path, 1 << 20);
+  } catch (const UserError& e) {
+    throw UserError(key + ": " + e.what());
+  }
+}
+
+// An encrypted key would make OpenSSL ask for its passphrase on the terminal: refused instead.
+int no_passphrase(char*, int, int, void*) {
+  return -1;
+}
+
+}  // namespace
+
+TlsFiles read_tls_files(const std::string& cert, const std::string& key, const std::string& ca,
+                        const std::string& keys) {
+  TlsFiles f{read_tls(cert, keys + ".cert"), read_tls(key, keys + ".key"),
+             read_tls(ca, keys + ".ca")};
+  ERR_clear_error();
+  const auto bad = [&](const std::string& k, const std::string& path, const std::string& why) {
+    ERR_clear_error();
+    return UserError(keys + "." + k + ": '" + path + "' " + why);
+  };
+  Bio cb = mem_bio(f.cert);
+  const X509Ptr c(PEM_read_bio_X509(cb.get(), nullptr, no_passphrase, nullptr));
+  if (!c) throw bad("cert", cert, "holds no PEM certificate (-----BEGIN CERTIFICATE-----)");
+  Bio kb = mem_bio(f.key);
+  const KeyPtr k(PEM_read_bio_PrivateKey(kb.get(), nullptr, no_passphrase, nullptr));
+  if (!k)
+    throw bad("key", key,
+              f.key.find("ENCRYPTED") != std::string::npos
+                  ? "is an encrypted private key: give it without a passphrase (openssl pkey -in "
+                    "KEY -out KEY.plain), readable only by the job's user"
+                  : "holds no PEM private key (-----BEGIN PRIVATE KEY-----)");
+  if (X509_check_private_key(c.get(), k.get()) != 1)
+    throw bad("key", key, "is not the private key of the certificate '" + cert + "'");
+  const Store store(X509_STORE_new());
+  DT_CHECK(store != nullptr);
+  Bio ab = mem_bio(f.ca);
+  int cas = 0;
+  while (X509* a = PEM_read_bio_X509(ab.get(), nullptr, no_passphrase, nullptr)) {
+    X509_STORE_add_cert(store.get(), a);  // (takes its own reference)
+    X509_free(a);
+    ++cas;
+  }
+  if (cas == 0) throw bad("ca", ca, "holds no PEM certificate (-----BEGIN CERTIFICATE-----)");
+  // The certificate against the CA, with the chain the cert file carries after it.
+  STACK_OF(X509)* chain = sk_X509_new_null();
+  DT_CHECK(chain != nullptr);
+  while (X509* i = PEM_read_bio_X509(cb.get(), nullptr, no_passphrase, nullptr))
+    sk_X509_push(chain, i);
+  const StoreCtx ctx(X509_STORE_CTX_new());
+  DT_CHECK(ctx != nullptr);
+  int ok = X509_STORE_CTX_init(ctx.get(), store.get(), c.get(), chain);
+  if (ok == 1) ok = X509_verify_cert(ctx.get());
+  const int err = X509_STORE_CTX_get_error(ctx.get());
+  sk_X509_pop_free(chain, X509_free);
+  if (ok != 1)
+    throw bad("cert", cert,
+              std::string("does not verify against the CA '") + ca +
+                  "': " + X509_verify_cert_error_string(err) +
+                  " (every rank checks its peers' certificates against that CA)");
+  ERR_clear_error();
+  return f;
+}
+
+}  // namespace dtrain

@@ -1,0 +1,22 @@
+// The TLS files of a gRPC job (distributed.tls: cert, key, ca), read and checked before gRPC gets
+// them: gRPC reports a certificate it cannot use only as a server that does not start (taken
+// for a port in use) or a handshake that fails (a rendezvous that times out).
+#pragma once
+
+#include <string>
+
+namespace dtrain {
+
+struct TlsFiles {
+  std::string cert, key, ca;  // PEM text
+};
+
+// Reads the three files and checks them: the certificate and the CA file each hold at least one
+// PEM certificate, the key file an unencrypted PEM private key that is the certificate's, and the
+// certificate verifies against the CA (so it is current, and signed by it: every rank checks its
+// peers against the same CA). UserError naming the key (`keys` prefixes them, e.g.
+// "distributed.tls") and the file.
+TlsFiles read_tls_files(const std::string& cert, const std::string& key, const std::string& ca,
+                        const std::string& keys = "distributed.tls");
+
+}  // namespace dtrain
