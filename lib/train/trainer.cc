@@ -256,7 +256,7 @@ int64_t batch_rows(int64_t configured, int64_t rows) {
 // The keys that set a model's size, by model type.
 const char* size_keys(const Config& cfg) {
   const ModelType type = cfg.model.type;
-  return type == ModelType::kGpt                     ? "model.n_layer, n_embd"
+  return type == ModelType::kGpt                     ? "model.n_layer, n_embd, block_size"
          : type == ModelType::kSequential            ? "model.layers"
          : cfg.model.complexity != Complexity::kNone ? "model.complexity"
                                                      : "model.hidden";
@@ -288,9 +288,15 @@ void check_training_memory(const Config& cfg, const Model& model, const MemoryPl
   if (plan.resume) state += 4.0 * (1 + k) * static_cast<double>(model.param_count()) * here;
   // An evaluation runs with the training batch's activations still held (the executors keep
   // them from step to step): both count.
-  const std::string train_what = fmt::format("a batch of {} (data.batch_size)", train_batch);
+  // A GPT's activations grow with its context (attention's with its square): named with it.
+  const std::string positions =
+      cfg.model.type == ModelType::kGpt
+          ? fmt::format(" of {} positions each (model.block_size)", cfg.model.block_size)
+          : std::string();
+  const std::string train_what =
+      fmt::format("a batch of {} (data.batch_size){}", train_batch, positions);
   const std::string eval_what =
-      fmt::format("an evaluation batch of {} (data.eval_batch_size)", eval_batch);
+      fmt::format("an evaluation batch of {} (data.eval_batch_size){}", eval_batch, positions);
   if (state + train_acts + eval_acts <= static_cast<double>(avail)) {
     if (plan.blas_threads > 0)
       require_address_space(state, train_acts + eval_acts,
