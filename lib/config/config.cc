@@ -427,7 +427,8 @@ class Reader final : public config_detail::KeyErrors {
     }
     if (ec != std::errc() || p != end) fail_node(path, n, "expected a number, got '" + s + "'");
     if (!std::isfinite(v)) fail_node(path, n, "expected a finite number, got '" + s + "'");
-    return v;
+    // -0 is 0: the same setting, so the same config.json and config hash.
+    return v == 0.0 ? 0.0 : v;
   }
 
   void read(const std::string& path, int64_t& out) const {

@@ -1,6 +1,8 @@
 // lib/config: YAML parsing, overrides, validation messages, path resolution, JSON and hash.
 #include <doctest/doctest.h>
 
+#include <cmath>
+
 #include <unistd.h>
 
 #include <filesystem>
@@ -609,6 +611,14 @@ TEST_CASE("config_hash ignores cadence fields and tracks the math") {
     CAPTURE(differs);
     CHECK(config_hash(parse_config(kFmnist, "x", {differs})) != h);
   }
+  // -0.0 is 0: the same setting (it passed the >= 0 checks and changed the hash).
+  for (const char* key : {"optimizer.weight_decay", "optimizer.momentum", "data.test_fraction"}) {
+    CAPTURE(key);
+    CHECK(config_hash(parse_config(kFmnist, "x", {std::string(key) + "=-0.0"})) ==
+          config_hash(parse_config(kFmnist, "x", {std::string(key) + "=0"})));
+  }
+  CHECK_FALSE(std::signbit(
+      parse_config(kFmnist, "x", {"optimizer.weight_decay=-0.0"}).optimizer.weight_decay));
 }
 
 TEST_CASE("the shipped configs/*.yaml are valid") {
