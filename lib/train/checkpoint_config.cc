@@ -64,6 +64,7 @@ void check_model_config(const std::string& path, const CheckpointMeta& m, const 
   // Keys that do not change the function the weights compute: dropout is off outside training,
   // init is overwritten by the weights, the loss is what eval reports, not what the model is.
   static const std::vector<std::string> kInert = {"model.dropout", "model.init", "model.loss"};
+  static const std::vector<std::string> kFromData = {"model.input_features", "model.num_classes"};
   std::string lines;
   for (const KeyDecl& d : config_keys()) {
     if (!d.path.starts_with("model.") || d.json_as_default ||  // complexity: hidden has it
@@ -73,6 +74,11 @@ void check_model_config(const std::string& path, const CheckpointMeta& m, const 
     // when the types differ, model.type says so.
     if (!d.applies_to(before) || !d.applies_to(cfg)) continue;
     const nlohmann::json was = d.get(before), now = d.get(cfg);
+    // 0 = from the data: against a number it may be the same model (the weights' shapes, checked
+    // as they load, tell; a number the data contradicts is refused with the data).
+    if (std::find(kFromData.begin(), kFromData.end(), d.path) != kFromData.end() &&
+        (was == 0 || now == 0))
+      continue;
     if (was != now) lines += "\n  " + d.path + ": " + was.dump() + " -> " + now.dump();
   }
   // data.normalize as the data is scaled: `auto` is scale for idx and standardize for csv, so

@@ -102,6 +102,16 @@ TEST_CASE("run, eval and predict on a tiny synthetic config") {
   r = run_dtrain("eval " + cfg + " --checkpoint " + out + "/checkpoints --log-level warn");
   REQUIRE_MESSAGE(r.exit_code == 0, r.output);
   CHECK(contains(r.output, "\"test_accuracy\""));
+  // model.num_classes / input_features spelled out as the data gives them (the run had 0, "from
+  // the data") is the same model; another number is refused by the weights' shapes or the data.
+  for (const std::string same : {"model.num_classes=3", "model.input_features=5"}) {
+    r = run_dtrain("eval " + cfg + " --checkpoint " + out + " --set " + same + " --log-level warn");
+    INFO(same);
+    CHECK_MESSAGE(r.exit_code == 0, r.output);  // was: "another model config"
+  }
+  r = run_dtrain("eval " + cfg + " --checkpoint " + out + " --set model.num_classes=4");
+  CHECK(r.exit_code == 2);
+  CHECK_MESSAGE(contains(r.output, "the model expects [4, "), r.output);
 
   // Predict: two rows of 5 features; a 3-class probability row each.
   const std::string in = dir.write("in.csv", "0.1,0.2,0.3,0.4,0.5\n-1,0,1,2,3\n");

@@ -56,8 +56,9 @@ TEST_CASE("a model whose activations cannot fit is refused before training, nami
                          dir / "deep" + " 2>&1");
   INFO(r.output);
   CHECK(r.exit_code == 2);
-  CHECK(contains(r.output, "GiB for the activations of a batch of 12 (data.batch_size) of 1024 "
-                           "positions each (model.block_size)"));
+  CHECK(contains(r.output,
+                 "GiB for the activations of a batch of 12 (data.batch_size) of 1024 "
+                 "positions each (model.block_size)"));
   CHECK(contains(r.output, "(model.n_layer, n_embd, block_size)"));
   CHECK(contains(r.output, "GiB this process can allocate"));
   CHECK_FALSE(contains(r.output, "step 1"));
@@ -82,8 +83,9 @@ TEST_CASE("an evaluation batch whose activations cannot fit is refused before tr
     CHECK(contains(r.output, "GiB for the activations of an evaluation batch of "));
     CHECK(contains(r.output, "(data.eval_batch_size)"));
     // Training alone fits: the hint is the evaluation batch, and both batches are counted.
-    CHECK(contains(r.output, "GiB for the activations of a batch of 12 (data.batch_size) of 1024 "
-                             "positions each (model.block_size) and "));
+    CHECK(contains(r.output,
+                   "GiB for the activations of a batch of 12 (data.batch_size) of 1024 "
+                   "positions each (model.block_size) and "));
     CHECK(contains(r.output, "lower data.eval_batch_size"));
     CHECK_FALSE(contains(r.output, "step 1"));
   }
