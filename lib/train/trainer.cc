@@ -394,7 +394,11 @@ std::string gather_rng_states(Communicator& comm, const Rng& rng) {
 }
 
 void start_run_dir(const Config& cfg, const RunOptions& opts, const std::string& ckpt_dir) {
-  fs::create_directories(ckpt_dir);
+  std::error_code ec;
+  fs::create_directories(ckpt_dir, ec);  // (a folder nothing can be created in: /proc/self)
+  if (ec)
+    throw UserError("--out '" + opts.out_dir + "': cannot create its checkpoints folder '" +
+                    ckpt_dir + "': " + ec.message() + ": choose another --out");
   if (const int64_t n = remove_orphaned_temp_files(ckpt_dir, /*include_step_folders=*/true))
     spdlog::info("removed {} temp file(s) that interrupted checkpoint writes left in {}", n,
                  ckpt_dir);
