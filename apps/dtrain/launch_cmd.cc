@@ -1,5 +1,6 @@
 #include "dtrain/launch_cmd.h"
 
+#include <cmath>
 #include <filesystem>
 #include <iostream>
 #include <optional>
@@ -100,6 +101,9 @@ int cmd_launch(const Config& cfg, const LaunchCmd& c) {
   lo.master_port = ne.master_port;
   lo.max_restarts = c.max_restarts;
   lo.preempt_signal = preempt_signal_number(cfg.train.preempt_signal);
+  // (checked whether used or not: a value no launch could take is a typo either way)
+  if (!(c.last_call_s >= 0) || !std::isfinite(c.last_call_s))
+    throw UserError("--last-call: must be >= 0 seconds");
   if (elastic_nodes) {
     check_elastic_config(cfg, nnodes_from + " " + nnodes_text);
     lo.min_nnodes = node_range.min;
