@@ -1,8 +1,11 @@
 // `dtrain bench step`: a config's real training run against its own GEMM bound, interleaved in one
 // process (bench.h).
 #include <algorithm>
+#include <cerrno>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -14,6 +17,7 @@
 #include "tensor/fp_mode.h"
 #include "train/trainer.h"
 #include "util/check.h"
+#include "util/interrupt.h"
 
 namespace fs = std::filesystem;
 
@@ -77,7 +81,10 @@ struct Interleave {
 int bench_step(const Config& cfg_in, const StepBenchOptions& o) {
   if (o.block < 1 || o.block > 10000) throw UserError("bench step: --block must be in [1, 10000]");
   if (o.steps < 2 * o.block || o.steps > 10000000)
-    throw UserError("bench step: --steps must be at least 2 x --block (the first block warms up)");
+    throw UserError(
+        "bench step: --steps must be in [2 x --block, 10000000] (the first block "
+        "warms up), got " +
+        std::to_string(o.steps));
   if (cfg_in.distributed.world_size != 1)
     throw UserError("bench step: times one rank; the config has distributed.world_size " +
                     std::to_string(cfg_in.distributed.world_size) +
@@ -90,22 +97,37 @@ int bench_step(const Config& cfg_in, const StepBenchOptions& o) {
   GemmReplay replay(s.calls);
   Interleave il{&replay, o.block, {}, {}, {}, {}, {}, {}, 0};
 
-  char tmpl[] = "/tmp/dtrain-bench-step-XXXXXX";
-  if (!::mkdtemp(tmpl)) throw std::runtime_error("cannot create a temp folder for the run");
+  // ($TMPDIR, else /tmp)
+  std::string where = (fs::temp_directory_path() / "dtrain-bench-step-XXXXXX").string();
+  char* tmpl = where.data();
+  if (!::mkdtemp(tmpl))
+    throw UserError("bench step: cannot create a temp folder for the run as '" + where +
+                    "': " + std::strerror(errno));
   RunOptions ro;
   ro.out_dir = tmpl;
   ro.evaluate = false;
   ro.after_step = [&](int, int64_t, double step_s, int64_t micro) { il.after_step(step_s, micro); };
+  // Ctrl-C (or SIGTERM) stops the run after its step, as `dtrain run` stops, so the temp folder
+  // goes too; the process then ends by that signal.
+  StopRequest stop;
+  ro.stop = &stop;
   nlohmann::json summary;
-  try {
-    summary = run_training(cfg, ro);
-  } catch (...) {
-    std::error_code ec;
-    fs::remove_all(tmpl, ec);
-    throw;
+  {
+    InterruptGuard guard(stop);
+    try {
+      summary = run_training(cfg, ro);
+    } catch (...) {
+      std::error_code ec;
+      fs::remove_all(tmpl, ec);
+      throw;
+    }
   }
   std::error_code ec;
   fs::remove_all(tmpl, ec);
+  if (const int sig = stop.signal.load(); sig != 0) {
+    std::signal(sig, SIG_DFL);
+    std::raise(sig);
+  }
   if (il.ratios.empty()) throw UserError("bench step: the run ended before its second block");
 
   // A step: its usual micro-batch count (the median one), each of s.batch samples.

@@ -5,6 +5,8 @@
 // (train/trainer.h RunOptions::after_step).
 #include <doctest/doctest.h>
 
+#include <filesystem>
+
 #include <nlohmann/json.hpp>
 
 #include "config/config.h"
@@ -194,6 +196,24 @@ TEST_CASE("bench step times blocks of real steps against their GEMMs") {
   CHECK(j["bound_per_s"].get<double>() == doctest::Approx(7.0 / (gemm * 1e-3)).epsilon(1e-6));
   CHECK(j["fraction_p25"].get<double>() <= j["fraction_of_bound"].get<double>());
   CHECK(j["fraction_of_bound"].get<double>() <= j["fraction_p75"].get<double>());
+}
+
+TEST_CASE("bench step interrupted: the run stops, its temp folder goes, the exit is the signal's") {
+  // Before, Ctrl-C or SIGTERM killed the process by the default action and the run folder stayed
+  // in /tmp. (SIGTERM here: a background job of a non-interactive shell ignores SIGINT.)
+  TempDir dir;
+  const std::string cfg = dir.write("mlp.yaml", kMlpCfg);
+  const std::string tmp = dir / "tmp";
+  std::filesystem::create_directories(tmp);
+  const auto r = run_cmd("TMPDIR=" + tmp + " " + kBin + " --log-level warn bench step " + cfg +
+                         " --steps 10000000 --block 20 & pid=$!; for i in $(seq 200); do "
+                         "[ -n \"$(ls " +
+                         tmp +
+                         ")\" ] && break; sleep 0.05; done; sleep 0.5; "
+                         "kill -TERM $pid; wait $pid; echo \"rc $?\"; echo \"left: $(ls " +
+                         tmp + " | wc -l)\"");
+  CHECK_MESSAGE(contains(r.output, "rc 143"), r.output);
+  CHECK_MESSAGE(contains(r.output, "left: 0"), r.output);
 }
 
 TEST_CASE("bench step refuses more than one rank and bad block counts, with exit 2") {
