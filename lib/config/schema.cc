@@ -273,7 +273,7 @@ std::vector<KeyDecl> optimizer_keys(const Owners& o) {
           .by(o.sgd),
       key(
           "optimizer.weight_decay", [](auto& c) -> auto& { return c.optimizer.weight_decay; },
-          R"doc(≥ 0; sgd/adam: L2 added to the gradient; adamw: decoupled)doc")
+          R"doc(≥ 0; sgd/adam: L2 added to the gradient; adamw: decoupled (the default is 0 for adamw too, where `torch.optim.AdamW` defaults to 0.01: give it to match))doc")
           .non_negative(),
       key(
           "optimizer.weight_decay_on", [](auto& c) -> auto& { return c.optimizer.weight_decay_on; },

@@ -25,7 +25,7 @@ TEST_CASE("a model too large for this machine's memory is refused before it is a
   for (const Case& c : {
            Case{"smoke.yaml", "--set 'model.hidden=[1000000000]'", "model.hidden"},
            Case{"lm_jargon.yaml", "--set model.n_embd=60000 --set model.n_head=1",
-                "model.n_layer, n_embd"},
+                "model.n_layer, n_embd, block_size"},
            Case{"fmnist_cnn.yaml",
                 "--set 'model.layers=[flatten, {linear: 16777216}, {linear: 10}]'", "model.layers"},
        }) {
