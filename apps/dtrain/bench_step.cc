@@ -98,7 +98,10 @@ int bench_step(const Config& cfg_in, const StepBenchOptions& o) {
   Interleave il{&replay, o.block, {}, {}, {}, {}, {}, {}, 0};
 
   // ($TMPDIR, else /tmp)
-  std::string where = (fs::temp_directory_path() / "dtrain-bench-step-XXXXXX").string();
+  std::error_code tmp_ec;  // (an unusable $TMPDIR: /tmp, as mkdtemp's convention)
+  fs::path tmp = fs::temp_directory_path(tmp_ec);
+  if (tmp_ec) tmp = "/tmp";
+  std::string where = (tmp / "dtrain-bench-step-XXXXXX").string();
   char* tmpl = where.data();
   if (!::mkdtemp(tmpl))
     throw UserError("bench step: cannot create a temp folder for the run as '" + where +

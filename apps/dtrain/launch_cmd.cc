@@ -1,6 +1,5 @@
 #include "dtrain/launch_cmd.h"
 
-#include <cmath>
 #include <filesystem>
 #include <iostream>
 #include <optional>
@@ -102,8 +101,8 @@ int cmd_launch(const Config& cfg, const LaunchCmd& c) {
   lo.max_restarts = c.max_restarts;
   lo.preempt_signal = preempt_signal_number(cfg.train.preempt_signal);
   // (checked whether used or not: a value no launch could take is a typo either way)
-  if (!(c.last_call_s >= 0) || !std::isfinite(c.last_call_s))
-    throw UserError("--last-call: must be >= 0 seconds");
+  if (!(c.last_call_s >= 0 && c.last_call_s <= 1e7))
+    throw UserError("--last-call: must be between 0 and 1e7 seconds");
   if (elastic_nodes) {
     check_elastic_config(cfg, nnodes_from + " " + nnodes_text);
     lo.min_nnodes = node_range.min;

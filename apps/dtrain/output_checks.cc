@@ -186,14 +186,20 @@ void check_plot_output(const std::string& output) {
   check_output_file("-o", output);
   struct stat st {};
   if (::stat(output.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_size == 0) return;
-  std::string head(256, '\0');
+  std::string head(4096, '\0');
   std::ifstream in(output, std::ios::binary);
+  if (!in)
+    throw UserError("-o '" + output +
+                    "' exists and cannot be read, so plot cannot tell whether "
+                    "it is an image it may replace: remove it first or choose another name");
   in.read(head.data(), static_cast<std::streamsize>(head.size()));
   head.resize(static_cast<size_t>(std::max<std::streamsize>(0, in.gcount())));
+  // PNG by its signature; SVG: markup (after a BOM and blanks) with an <svg element near the
+  // start (after an XML declaration, comments or a DOCTYPE), not any XML file.
   const bool png = head.rfind("\x89PNG\r\n\x1a\n", 0) == 0;
   size_t at = head.rfind("\xEF\xBB\xBF", 0) == 0 ? 3 : 0;
   while (at < head.size() && std::isspace(static_cast<unsigned char>(head[at]))) ++at;
-  const bool svg = head.compare(at, 5, "<?xml") == 0 || head.compare(at, 4, "<svg") == 0;
+  const bool svg = head.compare(at, 1, "<") == 0 && head.find("<svg", at) != std::string::npos;
   if (!png && !svg)
     throw UserError("-o '" + output +
                     "' exists and is not an SVG or PNG image: plot replaces only an image; "

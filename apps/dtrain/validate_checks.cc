@@ -127,14 +127,10 @@ void check_config_without_data(const Config& cfg, bool evaluate) {
                                                        : -1;
   if (n > 0 && d.test.empty())
     if (const std::string why = empty_test_split_problem(d, n); !why.empty()) throw UserError(why);
-  // The TLS files as the gRPC ranks check them (PEM, the key the certificate's, signed by the CA).
+  // The TLS files as the gRPC ranks check them (PEM, the key the certificate's, signed by the CA),
+  // whatever distributed.backend says: `dtrain launch` runs any config's ranks over gRPC.
   const TlsConfig& tls = cfg.distributed.tls;
-  if (tls.enabled() && cfg.distributed.backend == Backend::kGrpc)
-    read_tls_files(tls.cert, tls.key, tls.ca);
-  else if (tls.enabled())
-    spdlog::warn(
-        "distributed.tls is set, but the in-process backend's ranks send nothing over a network: "
-        "it applies to distributed.backend grpc only");
+  if (tls.enabled()) read_tls_files(tls.cert, tls.key, tls.ca);
   // Text: run's refusals of an empty text or a split shorter than a window, from the sizes.
   if (d.format == DataFormat::kText && d.block_size > 0) check_text_sizes(text_options(d));
   warn_idle_ranks(cfg);

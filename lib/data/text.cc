@@ -199,10 +199,16 @@ void check_text_sizes(const TextOptions& opts) {
                     (files.size() == 1 ? " is empty" : " are empty"));
   if (!opts.test.empty()) {
     const int64_t t = text_bytes_without_reading(opts.test, &exact);
-    if (t >= 0 && exact && text_window_count(t, opts.block_size) == 0)
-      throw UserError("data.test.path: the text " +
-                      describe(expand_text_paths(opts.test, "data.test.path")) + " has " +
-                      std::to_string(t) + " bytes, fewer than " + window_text(opts.block_size));
+    const std::vector<std::string> tf = t >= 0 && exact
+                                            ? expand_text_paths(opts.test, "data.test.path")
+                                            : std::vector<std::string>{};
+    if (t == 0 && exact)  // (as read_text_files says it)
+      throw UserError(std::string("data.test.path") +
+                      (tf.size() == 1 ? ": the text " : ": the texts ") + describe(tf) +
+                      (tf.size() == 1 ? " is empty" : " are empty"));
+    if (t > 0 && exact && text_window_count(t, opts.block_size) == 0)
+      throw UserError("data.test.path: the text " + describe(tf) + " has " + std::to_string(t) +
+                      " bytes, fewer than " + window_text(opts.block_size));
   }
   const TextSplit sp = plan_text_split(opts, n, describe(files));
   if (!sp.no_split.empty())

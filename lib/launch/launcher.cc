@@ -537,8 +537,8 @@ void check_options(const LaunchOptions& o) {
   if (o.min_nnodes < 0 || o.min_nnodes > o.nnodes)
     throw UserError("--nnodes " + std::to_string(o.min_nnodes) + ":" + std::to_string(o.nnodes) +
                     ": need 1 <= MIN <= MAX");
-  if (!(o.last_call_s >= 0) || !std::isfinite(o.last_call_s))
-    throw UserError("--last-call: must be >= 0 seconds");
+  if (!(o.last_call_s >= 0 && o.last_call_s <= 1e7))
+    throw UserError("--last-call: must be between 0 and 1e7 seconds");
 }
 
 // While the launcher waits for the other nodes, no rank runs: a stop signal then ends it at once

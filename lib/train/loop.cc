@@ -27,6 +27,7 @@ TrainLoop::TrainLoop(const Config& cfg, const RunOptions& opts, Communicator& co
   ckpt_dir_ = (fs::path(opts.out_dir) / "checkpoints").string();
   hash_ = config_hash(cfg);
   config_json_ = config_to_json(cfg).dump();  // stored in checkpoints
+  resuming_ = resuming();                     // (collective; the memory check counts it)
   if (lead_) start_run_dir(cfg, opts, ckpt_dir_);
   setup_model();
 }
@@ -90,7 +91,7 @@ void TrainLoop::check_memory() const {
       .stages = inproc ? stages_ : std::vector<LayerRange>{stages_[static_cast<size_t>(stage_)]},
       .replicas = DP_,
       .ranks_here = inproc ? world_.size() / static_cast<int>(stages_.size()) : 1,
-      .resume = !opts_.resume.empty(),
+      .resume = resuming_,  // rank 0's decision: every rank reads the checkpoint's full state
       // The address-space probe once per process: rank 0 for the in-process ranks.
       .blas_threads = !inproc || world_.rank() == 0 ? std::max(1, blas_threads()) : 0,
       .train_rows = data_.train.rows,

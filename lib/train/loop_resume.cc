@@ -21,7 +21,8 @@ bool TrainLoop::resuming() {
   if (lead != 0 && !mine)
     spdlog::info(
         "rank 0 resumes and this rank was started without --resume: it takes rank 0's "
-        "checkpoint (its launcher found no new one in {}, which the nodes do not share)",
+        "checkpoint (its launcher found no new one in {}: a folder the nodes do not share, or "
+        "a node that joined after that checkpoint)",
         opts_.out_dir);
   else if (lead == 0 && mine)
     spdlog::warn(
@@ -31,7 +32,7 @@ bool TrainLoop::resuming() {
 }
 
 bool TrainLoop::resume() {
-  if (resuming()) {
+  if (resuming_) {
     // The full state is read by rank 0 and broadcast; each strategy keeps its part (of the
     // whole model's layout, sliced to this tensor rank's shards first).
     const Model& whole = tp_ ? tp_->global() : model_;
@@ -49,7 +50,10 @@ bool TrainLoop::resume() {
     rp_ = resume_full_state(cfg_, opts_, world_, whole, ckpt_dir_, hash_, full_p.data(), sb, rng_,
                             &saved_comp_);
     if (rp_.loaded) {
-      check_tied_copies(whole, full_p.data(), ptrs, rp_.from.empty() ? opts_.resume : rp_.from);
+      check_tied_copies(whole, full_p.data(), ptrs,
+                        !rp_.from.empty()       ? rp_.from
+                        : !opts_.resume.empty() ? opts_.resume
+                                                : std::string("rank 0's checkpoint"));
       // Training goes on with the data's statistics as they are now; the weights learned with
       // the checkpoint's (an elastic restart or an interrupted run has the same files: equal).
       if (lead_ && !rp_.normalizer.empty() && data_.train.kind == SampleKind::kFeatures &&

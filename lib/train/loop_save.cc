@@ -25,9 +25,15 @@ int64_t random_save_id() {
 // naming them would be a checkpoint no resume or consolidate can read.
 void check_shards_visible(const fs::path& dir, const std::vector<ManifestShard>& shards) {
   std::vector<std::string> missing;
-  std::error_code ec;
-  for (const ManifestShard& s : shards)
-    if (!fs::exists(dir / shard_file_name(s.rank), ec)) missing.push_back(std::to_string(s.rank));
+  for (const ManifestShard& s : shards) {
+    std::error_code ec;
+    const fs::path f = dir / shard_file_name(s.rank);
+    if (fs::exists(f, ec)) continue;
+    if (ec && ec != std::errc::no_such_file_or_directory)  // (EACCES: not a missing file)
+      throw UserError(fmt::format("checkpoint {}: cannot check rank {}'s shard file '{}': {}",
+                                  dir.string(), s.rank, f.string(), ec.message()));
+    missing.push_back(std::to_string(s.rank));
+  }
   if (missing.empty()) return;
   throw UserError(fmt::format(
       "checkpoint {}: the shard file(s) of rank(s) {} are not in that folder as rank 0 sees it "

@@ -163,6 +163,7 @@ class TrainLoop {
   // shows the last record's, and there is none before the first).
   std::optional<double> last_step_loss_;
   bool pipelined_ = false;  // the pipeline executor (strategy pipeline, or stages > 1)
+  bool resuming_ = false;   // rank 0 was given --resume (resuming(): every rank follows it)
   int64_t interval_samples_ = 0, samples_trained_ = 0, interval_first_step_ = 0;
   int64_t samples_at_t0_ = 0;  // samples_trained_ at interval_t0_ (the last record): the bar's rate
   // Since the last train record, all ranks' sums: the intervals an epoch end closed in between.

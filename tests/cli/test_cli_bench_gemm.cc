@@ -134,6 +134,7 @@ TEST_CASE("bench gemm refuses what does not fit, with exit 2") {
        {"--config " + cfg + " --widths 4,3", "--config " + cfg + " --batch 4",
         std::string("--set data.batch_size=3"), std::string("--widths 4"),
         std::string("--widths 4,0,3"), std::string("--widths 4,3 --batch 0"),
+        std::string("--widths 4,,3"), std::string("--widths ''"), std::string("--widths 4,x"),
         std::string("--widths 4,3 --iters -1"), "--config " + cfg + " --set model.type=nope",
         "--config " + cfg + " --threads -1", std::string("--widths 4,3 --threads -1"),
         std::string("--config ") + dir.path() + "/missing.yaml"}) {
@@ -200,19 +201,23 @@ TEST_CASE("bench step times blocks of real steps against their GEMMs") {
 
 TEST_CASE("bench step interrupted: the run stops, its temp folder goes, the exit is the signal's") {
   // Before, Ctrl-C or SIGTERM killed the process by the default action and the run folder stayed
-  // in /tmp. (SIGTERM here: a background job of a non-interactive shell ignores SIGINT.)
+  // in /tmp. (SIGTERM here: a background job of a non-interactive shell ignores SIGINT.) The
+  // signal goes once the run's folder exists (and after 0.5 s more, training under way); a run
+  // that ignored it would end by `timeout` (rc 124), not 143.
   TempDir dir;
   const std::string cfg = dir.write("mlp.yaml", kMlpCfg);
   const std::string tmp = dir / "tmp";
   std::filesystem::create_directories(tmp);
-  const auto r = run_cmd("TMPDIR=" + tmp + " " + kBin + " --log-level warn bench step " + cfg +
-                         " --steps 10000000 --block 20 & pid=$!; for i in $(seq 200); do "
-                         "[ -n \"$(ls " +
-                         tmp +
-                         ")\" ] && break; sleep 0.05; done; sleep 0.5; "
-                         "kill -TERM $pid; wait $pid; echo \"rc $?\"; echo \"left: $(ls " +
-                         tmp + " | wc -l)\"");
-  CHECK_MESSAGE(contains(r.output, "rc 143"), r.output);
+  const auto r =
+      run_cmd("TMPDIR=" + tmp + " timeout 120 " + kBin + " --log-level warn bench step " + cfg +
+              " --steps 10000000 --block 20 & pid=$!; seen=no; for i in $(seq 600); do "
+              "[ -n \"$(ls " +
+              tmp +
+              ")\" ] && { seen=yes; break; }; sleep 0.05; done; "
+              "sleep 0.5; kill -TERM $pid; wait $pid; echo \"rc $? seen $seen\"; "
+              "echo \"left: $(ls " +
+              tmp + " | wc -l)\"");
+  CHECK_MESSAGE(contains(r.output, "rc 143 seen yes"), r.output);
   CHECK_MESSAGE(contains(r.output, "left: 0"), r.output);
 }
 

@@ -23,13 +23,20 @@ bool make_pki(const std::string& d) {
     return "openssl req -x509" + ec + " -keyout " + n + ".key -out " + n +
            ".pem -days 2 -subj /CN=" + n;
   };
-  const auto leaf = [&](const std::string& n, const std::string& by) {
-    return "openssl req" + ec + " -keyout " + n + ".key -out " + n + ".csr -subj /CN=localhost" +
+  const auto leaf = [&](const std::string& n, const std::string& by, const std::string& ext = "") {
+    return "openssl req" + ec + " -keyout " + n + ".key -out " + n + ".csr -subj /CN=" + n +
            " && openssl x509 -req -in " + n + ".csr -CA " + by + ".pem -CAkey " + by +
-           ".key -CAcreateserial -out " + n + ".pem -days 2";
+           ".key -CAcreateserial -out " + n + ".pem -days 2" +
+           (ext.empty() ? "" : " -extfile " + ext);
   };
+  // An intermediate CA signed by ca, a node it signed; a node certificate for servers only.
   const std::string cmd = "cd " + d + " && " + ca("ca") + " && " + ca("ca2") + " && " +
                           leaf("node", "ca") + " && " + leaf("other", "ca2") +
+                          " && printf 'basicConstraints=critical,CA:true\\nkeyUsage=keyCertSign\\n'"
+                          " > int.cnf && " +
+                          leaf("int", "ca", "int.cnf") + " && " + leaf("inode", "int") +
+                          " && printf 'extendedKeyUsage=serverAuth\\n' > srv.cnf && " +
+                          leaf("srv", "ca", "srv.cnf") +
                           " && openssl pkey -in node.key -aes256 -passout pass:x -out enc.key" +
                           " && echo 'seed: 1' > cfg.yaml";
   return dtrain::testing::run_cmd(cmd + " 2>&1").exit_code == 0;
@@ -54,6 +61,8 @@ TEST_CASE("TLS files: a good set reads; each wrong file is named with its key an
     return;
   }
   const TlsFiles f = read_tls_files(d + "node.pem", d + "node.key", d + "ca.pem");
+  // An intermediate CA alone is a trust anchor, as gRPC's own store takes it.
+  CHECK(error_of(d + "inode.pem", d + "inode.key", d + "int.pem").empty());
   CHECK(contains(f.cert, "BEGIN CERTIFICATE"));
   CHECK(contains(f.key, "PRIVATE KEY"));
   CHECK(error_of(d + "node.pem", d + "node.key", d + "ca.pem").empty());
@@ -70,7 +79,9 @@ TEST_CASE("TLS files: a good set reads; each wrong file is named with its key an
            {"node.pem", "enc.key", "ca.pem", "is an encrypted private key"},
            {"node.pem", "node.key", "cfg.yaml", "distributed.tls.ca: '" + d + "cfg.yaml' holds no"},
            {"node.pem", "node.key", "ca2.pem", "does not verify against the CA"},
-           {"node.pem", "node.key", "missing.pem", "distributed.tls.ca: "}}) {
+           {"node.pem", "node.key", "missing.pem", "distributed.tls.ca: "},
+           {"srv.pem", "srv.key", "ca.pem",
+            "does not verify against the CA '" + d + "ca.pem' as a TLS client"}}) {
     const std::string e = error_of(d + c.cert, d + c.key, d + c.ca);
     INFO(c.cert << " " << c.key << " " << c.ca << ": " << e);
     CHECK(contains(e, c.want));

@@ -6,6 +6,7 @@
 #include <openssl/pem.h>
 #include <openssl/x509.h>
 #include <openssl/x509_vfy.h>
+#include <openssl/x509v3.h>
 
 #include <memory>
 
@@ -69,6 +70,9 @@ TlsFiles read_tls_files(const std::string& cert, const std::string& key, const s
     throw bad("key", key, "is not the private key of the certificate '" + cert + "'");
   const Store store(X509_STORE_new());
   DT_CHECK(store != nullptr);
+  // As gRPC's own store (ssl_ctx_load_verification_certs): an intermediate CA given alone is a
+  // trust anchor too.
+  X509_STORE_set_flags(store.get(), X509_V_FLAG_PARTIAL_CHAIN | X509_V_FLAG_TRUSTED_FIRST);
   Bio ab = mem_bio(f.ca);
   int cas = 0;
   while (X509* a = PEM_read_bio_X509(ab.get(), nullptr, no_passphrase, nullptr)) {
@@ -77,22 +81,27 @@ TlsFiles read_tls_files(const std::string& cert, const std::string& key, const s
     ++cas;
   }
   if (cas == 0) throw bad("ca", ca, "holds no PEM certificate (-----BEGIN CERTIFICATE-----)");
-  // The certificate against the CA, with the chain the cert file carries after it.
-  STACK_OF(X509)* chain = sk_X509_new_null();
+  // The certificate against the CA, with the chain the cert file carries after it, for both
+  // roles a rank plays: the server its peers connect to and the client of theirs (an extended
+  // key usage that allows only one fails the other side's handshake).
+  const auto free_chain = [](STACK_OF(X509) * c) { sk_X509_pop_free(c, X509_free); };
+  const std::unique_ptr<STACK_OF(X509), decltype(free_chain)> chain(sk_X509_new_null(), free_chain);
   DT_CHECK(chain != nullptr);
   while (X509* i = PEM_read_bio_X509(cb.get(), nullptr, no_passphrase, nullptr))
-    sk_X509_push(chain, i);
-  const StoreCtx ctx(X509_STORE_CTX_new());
-  DT_CHECK(ctx != nullptr);
-  int ok = X509_STORE_CTX_init(ctx.get(), store.get(), c.get(), chain);
-  if (ok == 1) ok = X509_verify_cert(ctx.get());
-  const int err = X509_STORE_CTX_get_error(ctx.get());
-  sk_X509_pop_free(chain, X509_free);
-  if (ok != 1)
-    throw bad("cert", cert,
-              std::string("does not verify against the CA '") + ca +
-                  "': " + X509_verify_cert_error_string(err) +
-                  " (every rank checks its peers' certificates against that CA)");
+    if (sk_X509_push(chain.get(), i) == 0) X509_free(i);
+  for (const int purpose : {X509_PURPOSE_SSL_SERVER, X509_PURPOSE_SSL_CLIENT}) {
+    const StoreCtx ctx(X509_STORE_CTX_new());
+    DT_CHECK(ctx != nullptr);
+    if (X509_STORE_CTX_init(ctx.get(), store.get(), c.get(), chain.get()) != 1)
+      throw bad("cert", cert, "could not be checked against the CA '" + ca + "' (OpenSSL)");
+    X509_STORE_CTX_set_purpose(ctx.get(), purpose);
+    if (X509_verify_cert(ctx.get()) != 1)
+      throw bad("cert", cert,
+                std::string("does not verify against the CA '") + ca + "' as a TLS " +
+                    (purpose == X509_PURPOSE_SSL_SERVER ? "server" : "client") + ": " +
+                    X509_verify_cert_error_string(X509_STORE_CTX_get_error(ctx.get())) +
+                    " (every rank is both, and checks its peers' certificates against that CA)");
+  }
   ERR_clear_error();
   return f;
 }
