@@ -3,6 +3,8 @@
 
 #include <stdlib.h>
 
+#include <algorithm>
+#include <charconv>
 #include <filesystem>
 #include <iostream>
 #include <stdexcept>
@@ -14,10 +16,31 @@
 #include "tensor/blas.h"
 #include "util/check.h"
 #include "util/interrupt.h"
+#include "util/strings.h"
 
 namespace dtrain {
 
 namespace fs = std::filesystem;
+
+namespace {
+
+// A comma-separated list of integers as typed (CLI11's delimiter drops empty elements: "4,,5"
+// ran as 4,5 and "" as nothing): every element a whole number.
+std::vector<int64_t> parse_int_list(const std::string& option, const std::string& text) {
+  std::vector<int64_t> out;
+  for (const std::string& t : split(text, ',')) {
+    int64_t v = 0;
+    const char* end = t.data() + t.size();
+    const auto [p, ec] = std::from_chars(t.data(), end, v);
+    if (t.empty() || ec != std::errc() || p != end)
+      throw UserError(option + " '" + text + "': '" + t +
+                      "' is not a whole number (a comma-separated list, e.g. 784,512,10)");
+    out.push_back(v);
+  }
+  return out;
+}
+
+}  // namespace
 
 void BenchCli::add(CLI::App& app) {
   CLI::App* bench = app.add_subcommand("bench", "micro-benchmarks");
@@ -34,8 +57,7 @@ void BenchCli::add_gemm(CLI::App* bench) {
       "time the GEMMs of one training step (an MLP's by --widths, or a config's model as a step "
       "issues them): the bound on step time");
   CLI::Option* widths_opt =
-      gemm_cmd_->add_option("--widths", widths_, "MLP layer widths, input first")
-          ->delimiter(',')
+      gemm_cmd_->add_option("--widths", widths_, "MLP layer widths, input first, comma-separated")
           ->allow_extra_args(false)
           ->capture_default_str();
   CLI::Option* batch_opt = gemm_cmd_->add_option("--batch", gemm_batch_, "rows per step (--widths)")
@@ -110,8 +132,7 @@ void BenchCli::add_tp(CLI::App* bench) {
   tp_cmd_->add_option("--set", tp_sets_, "override a config key (as for run); repeatable")
       ->type_name("KEY=VALUE")
       ->allow_extra_args(false);  // one KEY=VALUE per --set: a config may follow it
-  tp_cmd_->add_option("--tp", tp_opts_.tp, "tensor-parallel sizes, comma-separated")
-      ->delimiter(',')
+  tp_cmd_->add_option("--tp", tp_sizes_, "tensor-parallel sizes, comma-separated")
       ->allow_extra_args(false)
       ->capture_default_str();
   tp_cmd_->add_option("--iters", tp_opts_.iters, "timed repetitions per region")
@@ -123,7 +144,13 @@ std::optional<int> BenchCli::run(const char* argv0, const std::string& log_level
   if (comm_cmd_->parsed()) return run_comm(argv0, log_level);
   if (gemm_cmd_->parsed()) return run_gemm();
   if (step_cmd_->parsed()) return bench_step(load_config(step_config_, step_sets_), step_opts_);
-  if (tp_cmd_->parsed()) return bench_tp(load_config(tp_config_, tp_sets_), tp_opts_);
+  if (tp_cmd_->parsed()) {
+    TpBenchOptions o = tp_opts_;
+    o.tp.clear();
+    for (const int64_t t : parse_int_list("--tp", tp_sizes_))
+      o.tp.push_back(static_cast<int>(std::clamp<int64_t>(t, -1, 1 << 20)));  // (bench_tp checks)
+    return bench_tp(load_config(tp_config_, tp_sets_), o);
+  }
   return std::nullopt;
 }
 
@@ -133,8 +160,8 @@ int BenchCli::run_gemm() const {
     throw UserError("bench gemm: --threads must be in [0, 1024]");
   if (gemm_config_.empty()) {
     if (!gemm_sets_.empty()) throw UserError("bench gemm: --set needs --config");
-    return bench_gemm(mlp_step_gemms(widths_, gemm_batch_), gemm_threads_, gemm_iters_,
-                      gemm_shapes_);
+    return bench_gemm(mlp_step_gemms(parse_int_list("--widths", widths_), gemm_batch_),
+                      gemm_threads_, gemm_iters_, gemm_shapes_);
   }
   const Config cfg = load_config(gemm_config_, gemm_sets_);
   set_blas_threads(gemm_threads_);
@@ -159,7 +186,12 @@ int BenchCli::run_comm(const char* argv0, const std::string& log_level) const {
   o.json = comm_json_;
   o.shm = !comm_no_shm_;
   o.tcp = !comm_no_tcp_;
-  const std::vector<int64_t> seg = parse_sizes(comm_segment_);
+  std::vector<int64_t> seg;
+  try {
+    seg = parse_sizes(comm_segment_);
+  } catch (const UserError& e) {
+    throw UserError(std::string("bench comm: --segment: ") + e.what());
+  }
   if (seg.size() != 1 || seg[0] < 4 || seg[0] > (int64_t{64} << 20))
     throw UserError("bench comm: --segment must be one size from 4 bytes to 64M, got '" +
                     comm_segment_ + "'");
@@ -169,7 +201,13 @@ int BenchCli::run_comm(const char* argv0, const std::string& log_level) const {
                     std::to_string(comm_in_flight_));
   o.sends_in_flight = static_cast<size_t>(comm_in_flight_);
   if (comm_iters_ < 0) throw UserError("--iters must be >= 0 (0: by size)");
-  if (comm_backend_ == "inproc") return bench_comm_inproc(comm_nproc_, o);
+  if (comm_backend_ == "inproc") {
+    if (comm_no_shm_ || comm_no_tcp_)
+      throw UserError(
+          "bench comm: --no-shm and --no-tcp choose a gRPC data path: give --backend "
+          "grpc (in-process ranks share memory)");
+    return bench_comm_inproc(comm_nproc_, o);
+  }
   if (comm_worker_) return bench_comm_grpc_worker(o);
   if (comm_nproc_ < 1 || comm_nproc_ > 1024) throw UserError("--nproc must be in [1, 1024]");
   char tmpl[] = "/tmp/dtrain-bench-XXXXXX";

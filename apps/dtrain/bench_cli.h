@@ -36,7 +36,7 @@ class BenchCli {
   int run_comm(const char* argv0, const std::string& log_level) const;
 
   CLI::App* gemm_cmd_ = nullptr;
-  std::vector<int64_t> widths_ = {784, 512, 512, 10};
+  std::string widths_ = "784,512,512,10";  // parsed as typed: an empty element is an error
   int64_t gemm_batch_ = 128;
   int gemm_threads_ = 1, gemm_iters_ = 0;
   std::string gemm_config_;
@@ -58,6 +58,7 @@ class BenchCli {
   CLI::App* tp_cmd_ = nullptr;
   std::string tp_config_;
   std::vector<std::string> tp_sets_;
+  std::string tp_sizes_ = "2,4";  // TpBenchOptions::tp, parsed as typed
   TpBenchOptions tp_opts_;
 };
 

@@ -7,6 +7,8 @@
 #include <map>
 #include <string>
 
+#include <spdlog/spdlog.h>
+
 #include "dtrain/bench.h"
 #include "dtrain/gemm_replay.h"
 #include "nn/registry.h"
@@ -139,6 +141,9 @@ int bench_gemm(const StepGemms& s, int threads, int iters, bool shapes) {
   if (iters < 0 || iters > 100000) throw UserError("bench gemm: --iters must be in [0, 100000]");
   if (threads < 0 || threads > 1024) throw UserError("bench gemm: --threads must be in [0, 1024]");
   set_blas_threads(threads);
+  if (threads > 0 && blas_threads() != threads)  // (OpenBLAS caps them at its build's maximum)
+    spdlog::warn("bench gemm: --threads {}: OpenBLAS runs at most {} thread(s), timing with {}",
+                 threads, blas_threads(), blas_threads());
   GemmReplay replay(s.calls);
   FlushSubnormals ftz;  // as Model::forward and backward run their layers (tensor/fp_mode.h)
   double warm = 0.0;

@@ -385,7 +385,8 @@ class Cli {
   bool verify_json_ = false;
   GenerateOptions gen_;
   std::string ckpt_in_;
-  std::vector<std::string> plot_dirs_, plot_labels_;
+  std::vector<std::string> plot_dirs_;
+  std::string plot_labels_text_;  // --labels as typed (an empty name is refused, not dropped)
   std::string plot_out_;
   report::PlotOptions plot_opts_;
   BenchCli bench_;
@@ -565,8 +566,9 @@ void Cli::add_file_commands(CLI::App& app) {
   non_empty(plot_->add_option("-o,--output", plot_out_, "image to write: FILE.svg or FILE.png"))
       ->required();
   plot_->add_option("--title", plot_opts_.title, "title above the panels");
-  plot_->add_option("--labels", plot_labels_, "legend names, one per run (default: folder names)")
-      ->delimiter(',')
+  plot_
+      ->add_option("--labels", plot_labels_text_,
+                   "legend names, one per run, comma-separated (default: folder names)")
       ->allow_extra_args(false);  // one comma-separated argument: run folders may follow it
   plot_->add_option("--width", plot_opts_.width, "pixels")->capture_default_str();
   plot_->add_option("--height", plot_opts_.height, "pixels")->capture_default_str();
@@ -585,7 +587,13 @@ int Cli::dispatch(const char* argv0) {
   }
   if (plot_->parsed()) {
     check_plot_output(plot_out_);
-    report::plot_runs(plot_dirs_, plot_labels_, plot_out_, plot_opts_);
+    std::vector<std::string> labels;
+    if (!plot_labels_text_.empty()) labels = split(plot_labels_text_, ',');
+    for (size_t i = 0; i < labels.size(); ++i)
+      if (labels[i].empty())
+        throw UserError("--labels '" + plot_labels_text_ + "': name " + std::to_string(i + 1) +
+                        " is empty (one name per run folder, comma-separated)");
+    report::plot_runs(plot_dirs_, labels, plot_out_, plot_opts_);
     std::cout << "wrote " << plot_out_ << std::endl;
     return kExitOk;
   }

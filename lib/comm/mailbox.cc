@@ -438,8 +438,10 @@ void Mailbox::recv(const MsgHeader& h, void* data, const Transport::Reduce* red,
         }
       } else if (Clock::now() >= deadline) {
         const double s = std::chrono::duration<double>(deadline - start).count();
-        error = fmt::format("recv timed out after {} s waiting for {} from rank {}",
-                            seconds_str(std::max(s, 0.0)), describe(h), src_);
+        error = fmt::format(
+            "recv timed out after {} s waiting for {} from rank {} "
+            "(distributed.timeout_s)",
+            seconds_str(std::max(s, 0.0)), describe(h), src_);
       }
     }
     if (ready) {

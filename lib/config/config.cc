@@ -540,6 +540,9 @@ class Reader final : public config_detail::KeyErrors {
       const {
     std::set<std::string> seen;
     for (const auto& kv : m) {
+      if (!kv.first.IsScalar())
+        fail_at(path, kv.first.Mark(),
+                path + ": field names must be plain names, got " + describe(kv.first));
       const std::string k = kv.first.Scalar();
       const std::string kp = path + "." + k;
       if (!seen.insert(k).second)
@@ -569,7 +572,7 @@ class Reader final : public config_detail::KeyErrors {
     YAML::Node v;
     if (e.IsScalar()) {
       kind_text = e.Scalar();
-    } else if (e.IsMap() && e.size() == 1) {
+    } else if (e.IsMap() && e.size() == 1 && e.begin()->first.IsScalar()) {
       kind_text = e.begin()->first.Scalar();
       v = e.begin()->second;
       value = &v;

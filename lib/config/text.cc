@@ -85,6 +85,18 @@ std::string closest(std::string_view word, const KeyList& candidates) {
 
 std::string key_suggestion(std::string_view section, std::string_view key) {
   const auto& sections = config_sections();
+  if (key == "<<") return " (YAML merge keys '<<' are not supported: write the keys out)";
+  // A dotted path as --set spells it, written as one YAML key: nested in a file.
+  if (const size_t dot = key.rfind('.'); dot != std::string_view::npos) {
+    const std::string full = join_key(section, key);
+    const size_t at = full.rfind('.');
+    const auto sec = sections.find(std::string_view(full).substr(0, at));
+    const std::string_view leaf = std::string_view(full).substr(at + 1);
+    if (sec != sections.end() &&
+        std::find(sec->second.begin(), sec->second.end(), leaf) != sec->second.end())
+      return " ('" + full + "' is --set's spelling: in YAML nest it, as " +
+             std::string(key.substr(0, key.find('.'))) + ": {...})";
+  }
   std::string s = closest(key, sections.find(section)->second);
   if (s.empty()) {
     const std::string lk = to_lower(key);

@@ -50,3 +50,13 @@ echo "$err"
 [ "$code" = 2 ] || { echo "--tp 3: exit $code, want 2"; exit 1; }
 grep -q -- "--tp 3" <<<"$err"
 echo ok
+# An empty or malformed list is named as typed (it was "--tp 0", or ran without the empty size).
+for bad in '' '2,,4' 'x'; do
+  set +e
+  err=$("$BIN" bench tp "$SRC/configs/gpt_tp_bench.yaml" "${sets[@]}" --tp "$bad" --iters 1 2>&1)
+  code=$?
+  set -e
+  [ "$code" = 2 ] || { echo "--tp '$bad': exit $code, want 2: $err"; exit 1; }
+  grep -q -- "--tp '$bad': " <<<"$err" || { echo "--tp '$bad': $err"; exit 1; }
+done
+echo ok

@@ -37,10 +37,15 @@ TEST_CASE("bench comm refuses what it cannot time: 100000 ranks, a 3-byte size, 
        {"--nproc 100000 --sizes 1K --iters 1", "--sizes 3", "--sizes 0", "--iters -1 --sizes 4K",
         "--sizes nan", "--sizes nanK", "--sizes 4K,nan", "--sizes inf", "--segment nan",
         // Not rounded to whole floats (or int64s) silently: 7 bytes were timed as 4.
-        "--sizes 7", "--sizes 4K,6", "--sizes 1.5", "--dtype int64 --sizes 12"}) {
+        "--sizes 7", "--sizes 4K,6", "--sizes 1.5", "--dtype int64 --sizes 12",
+        // gRPC's data paths are no choice of in-process ranks (it was accepted, doing nothing).
+        "--no-shm --sizes 4K", "--no-tcp --sizes 4K"}) {
     const auto r = run_cmd(kBin + " bench comm " + args);
     INFO(args << "\n" << r.output);
     CHECK(r.exit_code == 2);
     CHECK(r.output.starts_with("error: "));
   }
+  const auto seg = run_cmd(kBin + " bench comm --segment 0 --sizes 4K");
+  CHECK(seg.exit_code == 2);
+  CHECK_MESSAGE(contains(seg.output, "--segment: "), seg.output);  // was "bad size '0'" alone
 }

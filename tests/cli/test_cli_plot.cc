@@ -90,6 +90,7 @@ TEST_CASE("plot: bad input exits 2 with a clear message") {
       {"plot " + dir / "nothing" + out, "no data points"},
       {"plot " + dir / "ok" + " -o " + dir / "o.gif", "unknown image format '.gif'"},
       {"plot " + dir / "ok" + out + " --labels a,b", "--labels has 2 name(s) for 1"},
+      {"plot " + dir / "ok" + out + " --labels ,", "--labels ',': name 1 is empty"},
       {"plot " + dir / "ok", "output"},  // -o is required
       {"plot -o " + dir / "o.svg", "runs"},
   };

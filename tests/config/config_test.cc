@@ -296,6 +296,21 @@ TEST_CASE("unknown, duplicate and malformed keys") {
   CHECK(error_of("seed: 1\nseed: 2\n") == "x.yaml:2:1: duplicate key 'seed'");
   CHECK(error_of("model: {[a]: 1}\n") ==
         "x.yaml:1:9: keys must be plain names, got a sequence in section 'model'");
+  // --set's dotted spelling in a file, and YAML merge keys: said what they are.
+  CHECK(error_of("optimizer.lr: 0.1\n") ==
+        "x.yaml:1:1: unknown key 'optimizer.lr' ('optimizer.lr' is --set's spelling: in YAML "
+        "nest it, as optimizer: {...})");
+  CHECK(error_of("data:\n  synthetic.samples: 10\n") ==
+        "x.yaml:2:3: unknown key 'data.synthetic.samples' ('data.synthetic.samples' is --set's "
+        "spelling: in YAML nest it, as synthetic: {...})");
+  // Non-scalar names in a layer list are named as what they are (they showed as '').
+  CHECK(error_of("model: {type: sequential, layers: [flatten, {[a]: 1}]}\n")
+            .find("expected a layer: a name such as relu") != std::string::npos);
+  CHECK(error_of("model: {type: sequential, layers: [{conv2d: {[a]: 1}}]}\n")
+            .find("model.layers[0].conv2d: field names must be plain names, got") !=
+        std::string::npos);
+  CHECK(error_of("optimizer: {<<: {lr: 0.1}}\n").find("YAML merge keys '<<' are not supported") !=
+        std::string::npos);
 }
 
 TEST_CASE("wrong types name the key and what was found") {

@@ -197,8 +197,8 @@ TEST_CASE("conv2d kernel: a geometry that does not fit gets one clear line") {
       err(conv2d_geometry(1, 1, int64_t{1} << 40, 3, 4, 3)).rfind("sizes must be below 2^31", 0) ==
       0);
   CHECK(err(conv2d_geometry(1, 4096, 1024, 1024, 4, 3, 1, 1)) ==
-        "too large: 4096x1024x1024 input, 4 output channels and kernel 3x3 need 2^31 or more "
-        "elements per sample");
+        "too large: 4096x1024x1024 input, 4 output channels, kernel 3x3, stride 1x1 and padding "
+        "1x1 (a 1024x1024 output) need 2^31 or more elements per sample");
   // Padding a user could type, far beyond memory: a message, not an overflow.
   CHECK(err(conv2d_geometry(1, 1, 3, 3, 1, 3, 1, (int64_t{1} << 31) - 1))
             .rfind("too large: 1x3x3 input, 1 output channels", 0) == 0);

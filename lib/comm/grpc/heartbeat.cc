@@ -232,8 +232,9 @@ void Heartbeats::check_peers(Clock::time_point now, Clock::time_point baseline) 
     }
     const double silent = std::chrono::duration<double>(now - heard).count();
     if (silent > limit)
-      hooks_.fail_peer(r, fmt::format("no heartbeat from rank {} for {} s: frozen or unreachable",
-                                      r, seconds_str(silent)));
+      hooks_.fail_peer(r, fmt::format("no heartbeat from rank {} for {} s: frozen or unreachable "
+                                      "(distributed.heartbeat_s {})",
+                                      r, seconds_str(silent), seconds_str(heartbeat_s_)));
   }
 }
 

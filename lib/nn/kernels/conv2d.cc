@@ -47,8 +47,10 @@ std::string conv2d_geometry_error(const Conv2dGeometry& g) {
   const double in = c * static_cast<double>(g.height) * static_cast<double>(g.width);
   if (std::max({in, patch * ohw, o * ohw, o * patch}) > kernels_detail::kMaxElements)
     return "too large: " + std::to_string(g.channels) + "x" + dims(g.height, g.width) + " input, " +
-           std::to_string(g.out_channels) + " output channels and kernel " +
-           dims(g.kernel_h, g.kernel_w) + " need 2^31 or more elements per sample";
+           std::to_string(g.out_channels) + " output channels, kernel " +
+           dims(g.kernel_h, g.kernel_w) + ", stride " + dims(g.stride_h, g.stride_w) +
+           " and padding " + dims(g.pad_h, g.pad_w) + " (a " + dims(g.out_height(), g.out_width()) +
+           " output) need 2^31 or more elements per sample";
   return "";
 }
 
