@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "callback_queue.h"
 #include "comm/communicator.h"
 #include "comm/grpc_internal.h"
 #include "comm/grpc_transport.h"
@@ -40,6 +41,7 @@ inline const char* path_name(Path p) {
 }
 
 inline void run_every_path(void (*body)()) {
+  keep_callback_queue();
   for (const Path p : {Path::kStreams, Path::kTcp, Path::kShm}) {
     g_path = p;
     struct Reset {
@@ -68,6 +70,7 @@ inline std::string helper_path_env() {
 }
 
 inline GrpcOptions options(int rank, int world, int port) {
+  keep_callback_queue();
   GrpcOptions o;
   o.shm = g_path == Path::kShm;
   o.tcp = g_path == Path::kTcp;

@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "callback_queue.h"
 #include "comm/grpc/wire.h"
 #include "comm/grpc_internal.h"
 #include "comm/grpc_transport.h"
@@ -32,6 +33,7 @@ Deadline in(double s) {
 
 // Two ranks over gRPC streams only (no shared memory), connected concurrently.
 std::vector<std::unique_ptr<Transport>> connect_pair() {
+  dtrain::grpc_test::keep_callback_queue();
   const int port = dtrain::testing::free_port();
   std::vector<std::unique_ptr<Transport>> t(2);
   std::vector<std::string> err(2);

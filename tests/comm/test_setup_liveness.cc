@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "callback_queue.h"
 #include "comm/grpc_transport.h"
 #include "test_util.h"
 
@@ -30,6 +31,7 @@ using dtrain::testing::free_port;
 constexpr double kHeartbeatS = 2;
 
 GrpcOptions liveness_options(int rank, int port) {
+  dtrain::grpc_test::keep_callback_queue();
   GrpcOptions o;
   o.rank = rank;
   o.world_size = 3;

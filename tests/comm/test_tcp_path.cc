@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "callback_queue.h"
 #include "comm/grpc/tcp_wire.h"
 #include "comm/grpc_internal.h"
 #include "comm/grpc_transport.h"
@@ -37,6 +38,7 @@ constexpr char kToken[] = "tcp-test-token";
 constexpr char kHash[] = "tcp0cafe";
 
 GrpcOptions options(int rank, int world, int port) {
+  dtrain::grpc_test::keep_callback_queue();
   GrpcOptions o;
   o.shm = false;
   o.tcp = true;
