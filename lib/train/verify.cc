@@ -13,6 +13,7 @@
 #include <map>
 #include <system_error>
 
+#include "data/dataset.h"
 #include "launch/launcher.h"
 #include "train/trainer.h"
 #include "util/check.h"
@@ -88,6 +89,14 @@ TensorMap compared(const ReferencePlan& plan, TensorMap m) {
   return plan.unchecked_state.empty() ? m : params_only(std::move(m));
 }
 
+// A layout run's failure, whose rank logs the message names (run_verify keeps them).
+struct LayoutFailed : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+struct LayoutRefused : UserError {
+  using UserError::UserError;
+};
+
 // Runs one side. The reference always runs in this process (it is one rank); the layout runs
 // in-process or as gRPC ranks started the way dtrain launch starts them.
 class Runner {
@@ -154,10 +163,10 @@ class Runner {
     const int rc = launch_local(lo, &report);
     if (report.stop_signal != 0) throw VerifyInterrupted(report.stop_signal);
     if (rc == 2)
-      throw UserError("verify: the layout's ranks refused their input; see " + lo.log_dir);
+      throw LayoutRefused("verify: the layout's ranks refused their input; see " + lo.log_dir);
     if (rc != 0)
-      throw std::runtime_error("verify: a layout run failed (exit " + std::to_string(rc) +
-                               "); rank logs in " + lo.log_dir);
+      throw LayoutFailed("verify: a layout run failed (exit " + std::to_string(rc) +
+                         "); rank logs in " + lo.log_dir);
   }
 
  private:
@@ -192,6 +201,7 @@ struct WorkDir {
   static constexpr const char* kMarker = ".dtrain-verify";
   fs::path path;
   bool temporary = false;
+  mutable bool keep = false;  // a layout run failed: its rank logs, which the error names, stay
   explicit WorkDir(const std::string& given) {
     if (!given.empty()) {
       path = given;
@@ -218,7 +228,7 @@ struct WorkDir {
   }
   ~WorkDir() {
     std::error_code ec;
-    if (temporary) fs::remove_all(path, ec);
+    if (temporary && !keep) fs::remove_all(path, ec);
   }
 };
 
@@ -275,6 +285,21 @@ double rounding_drift(const Runner& run, const Config& reference, const fs::path
              tensor_diffs(read_checkpoint_tensors(checkpoint_of(dir / "reference", steps)),
                           read_checkpoint_tensors(checkpoint_of(dir / "reference-halves", steps))))
       .rel;
+}
+
+// The first of the first `steps` optimizer steps whose global batch the `replicas` split
+// unevenly (the sampler gives each replica a contiguous share; only an epoch's short last batch
+// can be uneven, when its rows are no multiple of the replicas), or 0 when none is.
+int64_t uneven_step(const Config& layout, int64_t replicas, int64_t steps) {
+  if (replicas <= 1 || layout.data.drop_last) return 0;
+  int64_t rows = train_rows_without_loading(layout.data);
+  if (rows < 0) rows = load_data(layout.data, layout.seed).train.rows;  // (CSV: read to count)
+  const int64_t global = layout.data.batch_size * replicas;
+  if (rows <= 0 || global <= 0 || (rows % global) % replicas == 0) return 0;
+  const int64_t batches = (rows + global - 1) / global;  // the short one last
+  const int64_t k = std::max<int64_t>(1, layout.train.grad_accum_steps);
+  const int64_t step = (batches + k - 1) / k;  // steps do not cross an epoch's end
+  return step <= steps ? step : 0;
 }
 
 }  // namespace
@@ -409,9 +434,30 @@ VerifyReport run_verify(const VerifyOptions& o) {
   const Runner run(o, layout, o.faults, plan.layout_sets);
   Config ref = plan.reference;
   set_cadence(ref.train, r.steps, 1);
-  run.reference(ref, work.path / "reference");
-  run.layout(work.path / "layout", r.steps, m, "");
-  if (plan.teacher_forcing) teacher_force(run, plan, work.path, r.steps, !work.temporary, r);
+  try {
+    run.reference(ref, work.path / "reference");
+    run.layout(work.path / "layout", r.steps, m, "");
+    if (plan.teacher_forcing) teacher_force(run, plan, work.path, r.steps, !work.temporary, r);
+  } catch (const LayoutFailed&) {
+    work.keep = true;
+    throw;
+  } catch (const LayoutRefused&) {
+    work.keep = true;
+    throw;
+  }
+  // Local SGD H = 1 with per-replica momentum: a step whose batch the replicas share unevenly
+  // (an epoch's short last batch) weights their parameters, and with them momenta that differ,
+  // by their shares: the free run leaves one process's trajectory there by design. Each step
+  // from the same state (teacher forcing: every replica starts from the reference's momentum)
+  // still agrees, so the verdict is theirs.
+  if (!plan.unchecked_state.empty() && plan.teacher_forcing)
+    if (const int64_t k = uneven_step(layout, plan.replicas, r.steps); k > 0)
+      r.plan.free_run_note = fmt::format(
+          "step {} splits its batch unevenly over the {} replicas (an epoch's short last batch): "
+          "weighted by their shares, the replicas' own momenta no longer average to one "
+          "process's, so the free run differs from there on by design; the steps from the same "
+          "state decide",
+          k, plan.replicas);
 
   r.end_state = tensor_diffs(
       compared(plan, read_checkpoint_tensors(checkpoint_of(work.path / "reference", r.steps))),
@@ -419,7 +465,7 @@ VerifyReport run_verify(const VerifyOptions& o) {
   const auto lr = read_losses(work.path / "reference"), ll = read_losses(work.path / "layout");
   for (const auto& [step, loss] : lr)
     r.losses.push_back({step, loss, ll.count(step) ? ll.at(step) : NAN});
-  bool end_ok = worst(r.end_state).rel <= r.tolerance;
+  bool end_ok = !r.plan.free_run_note.empty() || worst(r.end_state).rel <= r.tolerance;
   // Every step agrees from the same state, yet the free-running states drifted apart: either the
   // model's dynamics amplify rounding (ReLU kinks flip, a fast-moving trajectory), or state is
   // carried wrongly from step to step in a live run (which checkpoints would not show). One

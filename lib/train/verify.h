@@ -56,6 +56,10 @@ struct ReferencePlan {
   // which next to an update of 1e-5 of it is far above the tolerance: each step's comparison
   // allows this many ulps of each value first.
   double slack_ulps = 0.0;
+  // Non-empty (set by run_verify once it knows the data): the free run's end state differs by
+  // design although each step agrees (see run_verify); this says why, and the verdict is the
+  // teacher-forced steps'.
+  std::string free_run_note;
   std::string layout_text, reference_text;  // one line each, for the report
 };
 // UserError for a layout with no single-process equivalent.

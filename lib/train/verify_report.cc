@@ -60,8 +60,11 @@ nlohmann::json report_json(const VerifyReport& r) {
       {"tolerance", r.tolerance},
       {"teacher_forcing", forced},
       {"noise_floor", r.noise_floor != 0.0 ? number(r.noise_floor) : nlohmann::json(nullptr)},
-      {"first_failing_step",
-       r.first_bad_step > 0 ? nlohmann::json(r.first_bad_step) : nlohmann::json(nullptr)},
+      {"free_run", r.plan.free_run_note.empty() ? nlohmann::json(nullptr)
+                                                : nlohmann::json(r.plan.free_run_note)},
+      // (a layout that diverges by design fails no step: the tolerance is not applied)
+      {"first_failing_step", r.first_bad_step > 0 && r.plan.exact ? nlohmann::json(r.first_bad_step)
+                                                                  : nlohmann::json(nullptr)},
       {"end_state", end},
       {"end_state_worst", diff_json(worst(r.end_state))},
       {"losses", losses}};
@@ -98,8 +101,10 @@ std::string report_text(const VerifyReport& r) {
   const TensorDiff e = worst(r.end_state);
   int over = 0;
   for (const TensorDiff& d : r.end_state) over += d.rel > r.tolerance;
-  s += fmt::format("end state: worst tensor {} (rel. diff {}); {} of {} tensors over tolerance\n",
-                   e.name, sci(e.rel), over, r.end_state.size());
+  s += fmt::format(
+      "end state: worst tensor {} (rel. diff {}); {} of {} tensors over tolerance{}\n", e.name,
+      sci(e.rel), over, r.end_state.size(),
+      r.plan.free_run_note.empty() ? "" : " (not judged: " + r.plan.free_run_note + ")");
   if (r.noise_floor > 0.0)
     s += fmt::format(
         "one process against itself, each batch summed in two halves: {} (the "

@@ -174,3 +174,46 @@ TEST_CASE("a second signal to dtrain verify after its first run ends it by the s
   const int rc = c.wait(60);
   CHECK_MESSAGE(rc == 130, read_text(dir / "verify.log"));
 }
+
+TEST_CASE("verify: Local SGD's uneven last batch, lossy layouts' JSON, a failed run's kept logs") {
+  TempDir t;
+  // 130 samples, 104 training rows: 3 replicas x batch 16 leave a last batch of 8 (3/3/2). With
+  // per-replica momentum the free run leaves one process's there by design; every step from the
+  // same state agrees (it was a FAIL naming the end state).
+  const std::string cfg = t.write("c.yaml", R"(seed: 7
+model: {hidden: [32, 32], activation: relu}
+data:
+  format: synthetic
+  synthetic: {samples: 130, features: 16, classes: 4, noise: 0.5}
+  batch_size: 16
+optimizer: {type: sgd, lr: 0.05, momentum: 0.9}
+distributed: {world_size: 3, strategy: local_sgd, local_sgd: {sync_every: 1}}
+runtime: {threads: 1}
+)");
+  const auto j = verify_json(cfg + " --steps 4", 0);
+  CHECK(j["verdict"] == "pass");
+  CHECK_MESSAGE(j["free_run"].is_string(), j.dump());
+  CHECK(j["free_run"].get<std::string>().find("step 3 splits its batch unevenly") == 0);
+  // Evenly split (drop_last): the free run is judged, and passes.
+  const auto even = verify_json(cfg + " --steps 4 --set data.drop_last=true", 0);
+  CHECK(even["free_run"].is_null());
+  // A lossy layout fails no step: first_failing_step is null, as its text report says.
+  std::string text = read_text(cfg);
+  text.replace(text.find("local_sgd, local_sgd: {sync_every: 1}"),
+               std::string("local_sgd, local_sgd: {sync_every: 1}").size(), "ddp");
+  const std::string ddp = t.write("ddp.yaml", text);
+  const auto lossy = verify_json(ddp + " --steps 2 --set distributed.compression.type=int8", 0);
+  CHECK(lossy["verdict"] == "diverges as expected");
+  CHECK(lossy["first_failing_step"].is_null());
+  // A gRPC layout run that fails: the rank logs its message names are still there.
+  const CmdResult r = run_cmd("DTRAIN_FAULT=kill:rank=1:step=2 " + kBin + " verify " + ddp +
+                              " --steps 3 --backend grpc");
+  CHECK(r.exit_code == 1);
+  const size_t at = r.output.find("rank logs in ");
+  REQUIRE_MESSAGE(at != std::string::npos, r.output);
+  std::string logs = r.output.substr(at + 13);
+  logs = logs.substr(0, logs.find_first_of("\n "));
+  CHECK_MESSAGE(std::filesystem::is_directory(logs), logs);
+  CHECK(std::filesystem::exists(logs + "/rank-1.log"));
+  std::filesystem::remove_all(std::filesystem::path(logs).parent_path().parent_path());
+}
