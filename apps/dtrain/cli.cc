@@ -233,9 +233,11 @@ int cmd_run(const Config& cfg, const std::string& config_path, std::string out,
   // Only the owner clears the folder for --overwrite, after taking its lock: another rank doing
   // it could delete what rank 0 already wrote, or the files of a job still running there (which
   // its rank 0 refuses to disturb). Whether the folder holds a run is the owner's check too.
-  const bool others_overwrite = overwrite && !owner;
-  prepare_out_dir(opts.out_dir, !resume.empty() || others_overwrite, overwrite && owner,
+  // The owner's deletion waits for training to start (RunOptions::overwrite): a run refused for
+  // bad input (a model too large, a DTRAIN_FAULT typo) leaves the old run as it was.
+  prepare_out_dir(opts.out_dir, !resume.empty() || overwrite, /*overwrite=*/false,
                   /*clear_logs=*/false, owner ? &out_lock : nullptr);
+  opts.overwrite = overwrite && owner;
   StopRequest stop;
   InterruptGuard interrupts(stop, preempt_signal_number(cfg.train.preempt_signal));
   opts.stop = &stop;

@@ -1,5 +1,6 @@
 #include "dtrain/launch_cmd.h"
 
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <optional>
@@ -13,6 +14,7 @@
 #include "train/run_dir.h"
 #include "train/stop.h"
 #include "util/check.h"
+#include "util/fault.h"
 
 namespace dtrain {
 
@@ -125,6 +127,9 @@ int cmd_launch(const Config& cfg, const LaunchCmd& c) {
   // resumed): node 0, before its launcher checks in, so the others' ranks start after it.
   // The launcher holds the folder's lock for its ranks and their restarts (they do not lock).
   OutDirLock out_lock;
+  // A DTRAIN_FAULT the ranks would refuse is refused here, before --overwrite clears the folder.
+  if (const char* f = std::getenv("DTRAIN_FAULT"))
+    check_fault_ranks(parse_faults(f, 0), static_cast<int64_t>(ne.nproc_per_node) * ne.nnodes);
   if (node0)
     prepare_out_dir(c.out_dir, !c.resume.empty(), c.overwrite, /*clear_logs=*/true, &out_lock);
   lo.log_dir = (fs::path(c.out_dir) / "logs").string();

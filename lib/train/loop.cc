@@ -28,7 +28,6 @@ TrainLoop::TrainLoop(const Config& cfg, const RunOptions& opts, Communicator& co
   hash_ = config_hash(cfg);
   config_json_ = config_to_json(cfg).dump();  // stored in checkpoints
   resuming_ = resuming();                     // (collective; the memory check counts it)
-  if (lead_) start_run_dir(cfg, opts, ckpt_dir_);
   setup_model();
 }
 
@@ -68,6 +67,9 @@ void TrainLoop::setup_model() {
                       : std::vector<LayerRange>{{0, model_.num_layers()}};
   const auto [f, l] = stages_[static_cast<size_t>(stage_)];
   check_memory();
+  // The run starts here, its input checked: the folder is prepared (an --overwrite deletes the
+  // old run's files only now).
+  if (lead_) start_run_dir(cfg_, opts_, ckpt_dir_);
   strategy_ = with_gradient_faults(make_strategy(cfg_, ModelRange::layers(model_, f, l), dp_),
                                    opts_.faults, rank_, step_);
   tied_.emplace(model_, stages_, stage_, dp_, pp_);
@@ -79,6 +81,8 @@ void TrainLoop::setup_model() {
   sampler_.emplace(data_.train.rows, cfg_.data.batch_size, DP_, dpr_, cfg_.data.shuffle,
                    cfg_.data.drop_last, static_cast<uint64_t>(cfg_.seed));
   plan_ = plan_steps(cfg_, sampler_->batches_per_epoch(), data_.train.rows, DP_);
+  if (const std::string why = fault_past(opts_.faults, plan_.total_steps); lead_ && !why.empty())
+    spdlog::warn("{}", why);
   bpe_ = plan_.batches_per_epoch;
   loss_global_ = !pipelined && DP_ > 1 && strategy_->replicated_grads();
 }

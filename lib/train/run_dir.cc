@@ -62,6 +62,19 @@ OutDirLock& OutDirLock::operator=(OutDirLock&& o) noexcept {
   return *this;
 }
 
+void clear_run_files(const std::string& out_dir, bool clear_logs) {
+  std::vector<std::string> names(std::begin(kRunFiles), std::end(kRunFiles));
+  names.emplace_back("checkpoints");
+  if (clear_logs) names.emplace_back("logs");
+  for (const auto& n : names) {
+    std::error_code ec;
+    fs::remove_all(fs::path(out_dir) / n, ec);
+    if (ec)
+      throw UserError("--overwrite: cannot remove '" + (fs::path(out_dir) / n).string() +
+                      "': " + ec.message());
+  }
+}
+
 void prepare_out_dir(const std::string& out_dir, bool resuming, bool overwrite, bool clear_logs,
                      OutDirLock* lock) {
   // The folder's path is written into summary.json and manifests, which are JSON: UTF-8 only.
@@ -75,15 +88,7 @@ void prepare_out_dir(const std::string& out_dir, bool resuming, bool overwrite, 
     throw UserError("--out '" + out_dir + "' is a file, not a folder: choose another --out");
   if (lock != nullptr) *lock = OutDirLock(out_dir);
   if (overwrite) {
-    std::vector<std::string> names(std::begin(kRunFiles), std::end(kRunFiles));
-    names.emplace_back("checkpoints");
-    if (clear_logs) names.emplace_back("logs");
-    for (const auto& n : names) {
-      fs::remove_all(fs::path(out_dir) / n, ec);
-      if (ec)
-        throw UserError("--overwrite: cannot remove '" + (fs::path(out_dir) / n).string() +
-                        "': " + ec.message());
-    }
+    clear_run_files(out_dir, clear_logs);
     return;
   }
   if (resuming) return;

@@ -40,6 +40,10 @@ class OutDirLock {
   int fd_ = -1;
 };
 
+// --overwrite's deletion: the run files out_dir holds (kRunFiles, checkpoints/, and with
+// clear_logs logs/). UserError naming a file that cannot be removed.
+void clear_run_files(const std::string& out_dir, bool clear_logs);
+
 // Prepares out_dir for a run before anything is written: with `overwrite`, removes an earlier
 // run's summary.json, metrics.jsonl, config.json and checkpoints/ (and logs/ when clear_logs);
 // otherwise, unless `resuming`, throws UserError naming the folder, what it holds and the two

@@ -32,6 +32,7 @@
 #include "train/compression.h"
 #include "train/compression_state.h"
 #include "train/loop.h"
+#include "train/run_dir.h"
 #include "train/stop.h"
 #include "util/check.h"
 #include "util/fs.h"
@@ -394,6 +395,7 @@ std::string gather_rng_states(Communicator& comm, const Rng& rng) {
 }
 
 void start_run_dir(const Config& cfg, const RunOptions& opts, const std::string& ckpt_dir) {
+  if (opts.overwrite) clear_run_files(opts.out_dir, /*clear_logs=*/false);
   std::error_code ec;
   fs::create_directories(ckpt_dir, ec);  // (a folder nothing can be created in: /proc/self)
   if (ec)

@@ -23,8 +23,12 @@
 namespace dtrain {
 
 struct RunOptions {
-  std::string out_dir;        // where metrics.jsonl, summary.json, checkpoints/ go (created)
-  std::string resume;         // "" (fresh), "auto" (RUN/checkpoints/latest if any), or a path
+  std::string out_dir;  // where metrics.jsonl, summary.json, checkpoints/ go (created)
+  std::string resume;   // "" (fresh), "auto" (RUN/checkpoints/latest if any), or a path
+  // --overwrite: the run files out_dir holds (kRunFiles, checkpoints/) are deleted as training
+  // starts (start_run_dir), once the data, the model and the memory check have passed: a run
+  // refused for bad input leaves the old run as it was.
+  bool overwrite = false;
   bool progress = false;      // draw a progress bar on stderr (interactive terminals)
   std::vector<Fault> faults;  // DTRAIN_FAULT (util/fault.h); empty in normal runs
   // --trace: Chrome trace-event file of the run. Every rank writes rank_trace_path(trace, r)

@@ -428,6 +428,8 @@ VerifyReport run_verify(const VerifyOptions& o) {
   r.tolerance = o.tolerance ? *o.tolerance : default_tolerance(layout);
   const int64_t m = plan.step_multiple;
   r.steps = (o.steps + m - 1) / m * m;
+  if (const std::string why = fault_past(o.faults, r.steps); !why.empty())
+    throw UserError(why + " (verify --steps " + std::to_string(r.steps) + ")");
 
   const WorkDir work(o.work_dir);
   const QuietLogs quiet;

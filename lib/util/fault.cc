@@ -79,6 +79,9 @@ std::vector<Fault> parse_faults(const std::string& spec, int64_t attempt) {
       if (key == "rank") {
         f.rank = v;
       } else if (key == "step" && !timed && !placed) {
+        if (v == 0)
+          throw UserError("DTRAIN_FAULT: '" + fields[i] + "' in '" + entry +
+                          "': steps count from 1 (step=0 would never fire)");
         f.step = v;
       } else if (key == "ms" && timed) {
         f.ms = v;
@@ -106,6 +109,14 @@ void check_fault_ranks(const std::vector<Fault>& faults, int64_t world_size) {
       throw UserError("DTRAIN_FAULT: the " + f.kind + " fault names rank " +
                       std::to_string(f.rank) + ", but the run has " + std::to_string(world_size) +
                       " rank(s), 0.." + std::to_string(world_size - 1) + ": it would never fire");
+}
+
+std::string fault_past(const std::vector<Fault>& faults, int64_t steps) {
+  for (const Fault& f : faults)
+    if (f.step > steps)
+      return "DTRAIN_FAULT: the " + f.kind + " fault is at step " + std::to_string(f.step) +
+             ", past the last of the " + std::to_string(steps) + " step(s): it would never fire";
+  return "";
 }
 
 int64_t parse_restart_count(const char* value, const char* name) {

@@ -45,6 +45,8 @@ struct Fault {
 std::vector<Fault> parse_faults(const std::string& spec, int64_t attempt);
 // UserError when a fault names a rank the run does not have (it would never fire).
 void check_fault_ranks(const std::vector<Fault>& faults, int64_t world_size);
+// Why a fault can never fire in a run of `steps` steps (its step is past them), or "".
+std::string fault_past(const std::vector<Fault>& faults, int64_t steps);
 
 // DTRAIN_RESTART_COUNT's value (nullptr when unset: 0). Throws UserError unless it is a
 // non-negative integer.

@@ -188,6 +188,18 @@ TEST_CASE("an output folder holding a run is refused without --resume or --overw
   CHECK(contains(r.output, "already holds a run"));
   CHECK_FALSE(std::filesystem::exists(out + "/logs"));
 
+  // --overwrite with input the run refuses (a model too large, a DTRAIN_FAULT typo): exit 2 and
+  // the old run is as it was (it was deleted first, and nothing trained).
+  for (const std::string& bad : {base + " --overwrite --set 'model.hidden=[2600000000]'",
+                                 "DTRAIN_FAULT=bogus " + base + " --overwrite",
+                                 "DTRAIN_FAULT=bogus " + kBin + " launch --nproc 2 " + cfg +
+                                     " --out " + out + " --overwrite"}) {
+    r = run_cmd(bad);
+    INFO(bad << "\n" << r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(read_text(out + "/summary.json") == summary1);
+    CHECK(std::filesystem::exists(out + "/checkpoints/step-40.safetensors"));
+  }
   // --overwrite: the old run's files go first; a shorter run leaves no stale checkpoint behind.
   r = run_cmd(base + " --overwrite --set train.max_steps=20 --set train.checkpoint.every_steps=10");
   REQUIRE_MESSAGE(r.exit_code == 0, r.output);

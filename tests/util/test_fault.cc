@@ -84,6 +84,18 @@ TEST_CASE("a DTRAIN_FAULT on a rank the run does not have is refused: it would n
                        UserError);
 }
 
+TEST_CASE("a DTRAIN_FAULT step that never comes: step 0 refused, past the run's steps named") {
+  CHECK_THROWS_WITH_AS(parse_faults("kill:rank=1:step=0", 0),
+                       "DTRAIN_FAULT: 'step=0' in 'kill:rank=1:step=0': steps count from 1 "
+                       "(step=0 would never fire)",
+                       UserError);
+  const auto faults = parse_faults("delay:rank=0:ms=5,grad_scale:rank=1:step=9", 0);
+  CHECK(fault_past(faults, 9).empty());
+  CHECK(fault_past(faults, 8) ==
+        "DTRAIN_FAULT: the grad_scale fault is at step 9, past the last of the 8 step(s): it "
+        "would never fire");
+}
+
 TEST_CASE("DTRAIN_RESTART_COUNT is a non-negative integer, 0 when unset") {
   CHECK(parse_restart_count(nullptr) == 0);
   CHECK(parse_restart_count("0") == 0);
