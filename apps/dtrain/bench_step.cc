@@ -130,6 +130,7 @@ int bench_step(const Config& cfg_in, const StepBenchOptions& o) {
   if (const int sig = stop.signal.load(); sig != 0) {
     std::signal(sig, SIG_DFL);
     std::raise(sig);
+    return 128 + sig;  // (as PID 1 the kernel drops the signal: a shell's status for it)
   }
   if (il.ratios.empty()) throw UserError("bench step: the run ended before its second block");
 

@@ -84,11 +84,28 @@ std::vector<int> SignalGuard::take() {
   return out;
 }
 
+namespace {
+// The default action of a stop signal for PID 1 (a container's entry point), whose default-action
+// signals the kernel drops: the exit status a shell gives for the signal. Async-signal-safe.
+void exit_by_signal(int sig) {
+  ::_exit(128 + sig);
+}
+}  // namespace
+
 void SignalGuard::default_stop_signals() {
-  for (const auto& [sig, old] : saved_)
-    if (is_stop_signal(sig)) ::sigaction(sig, &old, nullptr);
+  const bool init = ::getpid() == 1;
+  for (const auto& [sig, old] : saved_) {
+    if (!is_stop_signal(sig)) continue;
+    struct sigaction sa = old;
+    if (init && old.sa_handler == SIG_DFL) sa.sa_handler = exit_by_signal;
+    ::sigaction(sig, &sa, nullptr);
+  }
   for (int sig : take())
-    if (is_stop_signal(sig)) ::raise(sig);  // the default action: ends the process here
+    if (is_stop_signal(sig)) {
+      ::raise(sig);  // the default action: ends the process here
+      // (as PID 1, a container's entry point, the kernel drops it: 128 + sig, a shell's status)
+      if (::getpid() == 1) ::_exit(128 + sig);
+    }
 }
 
 void SignalGuard::catch_stop_signals() {

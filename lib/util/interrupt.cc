@@ -25,12 +25,15 @@ void abrupt_cleanup() {
 }
 
 // Ends the process by sig's default action (its status says which signal). Async-signal-safe.
+// As PID 1 (a container's entry point) the kernel drops a signal whose action is the default,
+// even one it raises itself: the status 128 + sig is then the exit code, as a shell reports it.
 void die_by(int sig) {
   struct sigaction dfl {};
   dfl.sa_handler = SIG_DFL;
   sigemptyset(&dfl.sa_mask);
   ::sigaction(sig, &dfl, nullptr);
   ::raise(sig);
+  if (::getpid() == 1) ::_exit(128 + sig);
 }
 
 // CLOCK_MONOTONIC in ns (clock_gettime is async-signal-safe).

@@ -457,3 +457,28 @@ TEST_CASE(
     CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(3));
   }
 }
+
+TEST_CASE("a launcher as PID 1 (a container's entry point) ends on SIGTERM while it waits") {
+  // The kernel drops a default-action signal sent to PID 1: the launcher waiting for its nodes
+  // ignored SIGTERM (a pod deleted while its peers were pending was SIGKILLed after its grace
+  // period, exit 137). It ends with 143, the status a shell gives the signal.
+  if (run_cmd("unshare --pid --fork true").exit_code != 0) {
+    MESSAGE("skipped: cannot make a PID namespace here (unshare --pid needs root)");
+    return;
+  }
+  TempDir dir;
+  const std::string cfg = dir.write("cfg.yaml", kCfg);
+  const std::string port = std::to_string(dtrain::pick_free_port());
+  const std::string log = dir / "l.log";
+  const auto r = run_cmd(
+      "DTRAIN_JOB_TOKEN=tok unshare --pid --fork " + kBin + " launch " + cfg +
+      " --nnodes 2 --node-rank 0 --nproc-per-node 1 --master-addr 192.0.2.1 --master-port " + port +
+      " --out " + dir / "l" + " > " + log + " 2>&1 & u=$!; for i in $(seq 300); do " +
+      "grep -q 'waiting for every node' " + log + " && break; sleep 0.1; done; sleep 0.3; " +
+      "kill -TERM $(pgrep -P $u); s=$(date +%s); wait $u; echo \"rc $? in $(( $(date +%s) - s ))" +
+      " s\"");
+  INFO(read_text(log));
+  const size_t at = r.output.find("rc 143 in ");
+  REQUIRE_MESSAGE(at != std::string::npos, r.output);
+  CHECK(std::stoi(r.output.substr(at + 10)) < 5);  // at once, not after a grace period
+}
