@@ -73,3 +73,17 @@ SLURM_JOB_ID=14 SLURM_NTASKS=1 FAKE_RC=143 DTRAIN_BIN=fake-dtrain bash "$script"
 grep -q "scontrol requeue" "$CALLS" && fail "exit 143 was requeued"
 grep -q -- "--resume" "$CALLS" && fail "a first run (SLURM_RESTART_COUNT unset) resumed"
 echo "PASS 3: exit 75 requeued and resumed with --resume auto; exit 143 not requeued"
+
+# 4. A requeued job with no committed checkpoint (preempted, or requeued by Slurm, before the
+# first): --resume auto all the same, or the folder the first run left is refused (exit 2).
+: >"$CALLS"
+mkdir -p "$work/rq0" && touch "$work/rq0/metrics.jsonl"
+SLURM_JOB_ID=15 SLURM_NTASKS=1 SLURM_RESTART_COUNT=1 FAKE_RC=0 DTRAIN_BIN=fake-dtrain \
+  bash "$script" cfg.yaml --out "$work/rq0" >"$work/rq0.log" 2>&1 || fail "requeue without a checkpoint exited $?"
+grep -qx "dtrain run cfg.yaml --resume auto --out $work/rq0" "$CALLS" || fail "requeue without a checkpoint: no --resume auto"
+grep -q "no checkpoint committed" "$work/rq0.log" || fail "requeue without a checkpoint: not said"
+# Outside Slurm: a usage line, exit 2 (it was "SLURM_JOB_NODELIST: unbound variable").
+out=$(env -u SLURM_JOB_ID -u SLURM_JOB_NODELIST bash "$script" cfg.yaml 2>&1)
+[ $? -eq 2 ] || fail "outside Slurm: exit not 2: $out"
+grep -q "not in a Slurm job" <<<"$out" || fail "outside Slurm: $out"
+echo "PASS 4: a requeue without a checkpoint runs --resume auto; outside Slurm: a usage line"
