@@ -1,8 +1,8 @@
 // deploy/k8s/dtrain-job.yaml parses as Kubernetes YAML (several documents) and says what the
 // launcher relies on: an Indexed Job whose pod count is --nnodes, pod 0 reachable as
-// --master-addr through the headless Service (both ports), the token from the Secret, the
-// output folder on the PVC, the config from the ConfigMap (a valid dtrain config), the requeue
-// exit code ignored by the pod failure policy.
+// --master-addr through the headless Service (both ports), the token from the Secret its header
+// makes, the output folder on the PVC, the config from the ConfigMap (a valid dtrain config), the
+// requeue exit code ignored by the pod failure policy.
 #include <doctest/doctest.h>
 
 #include <yaml-cpp/yaml.h>
@@ -13,6 +13,7 @@
 
 #include "config/config.h"
 #include "launch/node_env.h"
+#include "util/fs.h"
 
 using namespace dtrain;
 
@@ -48,19 +49,17 @@ bool starts_with(const std::string& s, const std::string& prefix) {
 
 TEST_CASE("deploy/k8s/dtrain-job.yaml: the fields dtrain launch relies on") {
   const std::vector<YAML::Node> docs = YAML::LoadAllFromFile(kManifest);
-  REQUIRE(docs.size() == 5);
+  REQUIRE(docs.size() == 4);
   for (const YAML::Node& d : docs) {
     REQUIRE(d["apiVersion"]);
     REQUIRE(d["metadata"]["name"]);
   }
-  const YAML::Node secret = of_kind(docs, "Secret");
   const YAML::Node pvc = of_kind(docs, "PersistentVolumeClaim");
   const YAML::Node cm = of_kind(docs, "ConfigMap");
   const YAML::Node svc = of_kind(docs, "Service");
   const YAML::Node job = of_kind(docs, "Job");
   CHECK(job["apiVersion"].as<std::string>() == "batch/v1");
-  for (const YAML::Node& d : {secret, pvc, cm, svc})
-    CHECK(d["apiVersion"].as<std::string>() == "v1");
+  for (const YAML::Node& d : {pvc, cm, svc}) CHECK(d["apiVersion"].as<std::string>() == "v1");
 
   // The Indexed Job: one pod per node, never restarted by the kubelet (the launchers restart
   // the job themselves, all nodes together).
@@ -106,16 +105,27 @@ TEST_CASE("deploy/k8s/dtrain-job.yaml: the fields dtrain launch relies on") {
   CHECK(ne.node_rank == 1);
   CHECK(ne.nnodes == 2);
 
-  // The token from the Secret, under a key the Secret has.
+  // The token from the Secret the header's first command makes (not a document of the file: an
+  // apply would replace the random token with a placeholder), under the key it gives.
   bool token = false;
+  const std::string header = read_file(kManifest);
   for (const auto& e : c["env"])
     if (e["name"].as<std::string>() == "DTRAIN_JOB_TOKEN") {
       const YAML::Node ref = e["valueFrom"]["secretKeyRef"];
-      CHECK(ref["name"].as<std::string>() == secret["metadata"]["name"].as<std::string>());
-      CHECK(secret["stringData"][ref["key"].as<std::string>()]);
+      CHECK(header.find("kubectl create secret generic " + ref["name"].as<std::string>() +
+                        " --from-literal=" + ref["key"].as<std::string>() + "=") !=
+            std::string::npos);
       token = true;
     }
   CHECK(token);
+  // The ranks listen on, and tell their peers, the pod's IP: its bare hostname does not resolve
+  // in the other pods.
+  bool pod_ip = false;
+  for (const auto& e : c["env"])
+    if (e["name"].as<std::string>() == "POD_IP")
+      pod_ip = e["valueFrom"]["fieldRef"]["fieldPath"].as<std::string>() == "status.podIP";
+  CHECK(pod_ip);
+  CHECK(flag_value(cmd, "--set") == "distributed.bind=$(POD_IP)");
 
   // --out on the PVC (shared by the pods), the config file in the ConfigMap.
   std::map<std::string, std::string> mount_of;  // volume name -> mount path
@@ -140,6 +150,10 @@ TEST_CASE("deploy/k8s/dtrain-job.yaml: the fields dtrain launch relies on") {
   REQUIRE(cm["data"][config_key]);
   const Config cfg = parse_config(cm["data"][config_key].as<std::string>(), config_key);
   CHECK(cfg.distributed.backend == Backend::kGrpc);
+  // The preemption checkpoint is bounded below the kubelet's grace period (its SIGKILL: 137).
+  REQUIRE(pod["terminationGracePeriodSeconds"]);
+  CHECK(cfg.train.preempt_save_timeout_s > 0);
+  CHECK(cfg.train.preempt_save_timeout_s + 10 <= pod["terminationGracePeriodSeconds"].as<double>());
 
   // Exit 75 (checkpointed for a preemption) replaces the pod without failing the Job.
   bool requeue = false;
