@@ -79,6 +79,7 @@ tail_pid=$!
 stopping=""    # set once the ranks were told to stop
 failed=""      # the first rank that failed
 interrupted="" # the signal number that stopped us
+first_signal_ns=0 # when it came (date +%s%N): the same signal within 1 s is that one again
 stop_codes=""  # the ranks' exit statuses once they were told to stop
 
 # Signals each rank's process only: `dtrain run` starts no processes of its own. (A rank that
@@ -103,13 +104,21 @@ stop_ranks() {
 }
 
 on_signal() { # $1: signal name, $2: its number
+  local now
+  now=$(date +%s%N)
   if [[ -n $stopping ]]; then
+    # The same signal again within a second is the same request delivered twice (`timeout`,
+    # a terminal and a process group each send one), as `dtrain` itself takes it.
+    if [[ $2 == "$interrupted" ]] && ((now - first_signal_ns < 1000000000)); then
+      return
+    fi
     echo "launch_local.sh: got SIG$1 again: killing the ranks" >&2
     signal_ranks KILL
     return
   fi
   echo "launch_local.sh: got SIG$1: stopping the ranks" >&2
   interrupted=$2
+  first_signal_ns=$now
   # Not forwarded as-is: background jobs of a script ignore SIGINT, so ranks get SIGTERM.
   stop_ranks "${!rank_of[@]}"
 }

@@ -29,16 +29,22 @@ echo "apt_install.sh: installing ${missing[*]}" >&2
 log=$(mktemp /tmp/dtrain-apt.XXXXXX)
 policy=/usr/sbin/policy-rc.d
 created=0
+# The policy must not outlive the install, whatever ends it (Ctrl-C, `timeout`): left behind it
+# keeps every later package's services on this host from starting.
+cleanup() {
+  ((created)) && rm -f "$policy"
+  rm -f "$log"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
 if [ ! -e "$policy" ]; then
   printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod 755 "$policy" && created=1
 fi
 get() { DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "$@"; }
 { get "${missing[@]}" || { apt-get update -q && get "${missing[@]}"; }; } >"$log" 2>&1
 rc=$?
-((created)) && rm -f "$policy"
 if ((rc != 0)); then
   tail -n 20 "$log" >&2
-  rm -f "$log"
   skip "apt-get install ${missing[*]} failed (exit $rc)"
 fi
-rm -f "$log"
