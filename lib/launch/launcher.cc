@@ -544,7 +544,9 @@ void check_options(const LaunchOptions& o) {
 // While the launcher waits for the other nodes, no rank runs: a stop signal then ends it at once
 // (SignalGuard::default_stop_signals), instead of waiting out the check-in's timeout.
 struct DefaultStopSignals {
-  explicit DefaultStopSignals(SignalGuard& g) : g_(g) { g_.default_stop_signals(); }
+  DefaultStopSignals(SignalGuard& g, int preempt_signal) : g_(g) {
+    g_.default_stop_signals(preempt_signal);
+  }
   ~DefaultStopSignals() { g_.catch_stop_signals(); }
   DefaultStopSignals(const DefaultStopSignals&) = delete;
   DefaultStopSignals& operator=(const DefaultStopSignals&) = delete;
@@ -632,7 +634,7 @@ int launch_attempts(const LaunchOptions& o, LaunchReport* report, std::string* b
     spdlog::info("node {} of {}: waiting for every node's launcher at {}:{}", o.node_rank, o.nnodes,
                  o.master_addr, o.master_port + 1);
     const std::vector<std::string> hosts = [&] {
-      const DefaultStopSignals interruptible(signals);
+      const DefaultStopSignals interruptible(signals, o.preempt_signal);
       return agent->join(o.nproc);
     }();
     std::string list;
@@ -659,7 +661,7 @@ int launch_attempts(const LaunchOptions& o, LaunchReport* report, std::string* b
     plan.nnodes = o.nnodes;
     if (elastic_nodes) {
       {
-        const DefaultStopSignals interruptible(signals);
+        const DefaultStopSignals interruptible(signals, o.preempt_signal);
         members = elastic_check_in(*agent, o, attempt, members);
       }
       plan.node_rank = members.node_rank;

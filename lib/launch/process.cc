@@ -1,5 +1,7 @@
 #include "launch/process.h"
 
+#include "util/interrupt.h"
+
 #include <fcntl.h>
 #include <poll.h>
 #include <spawn.h>
@@ -90,22 +92,30 @@ namespace {
 void exit_by_signal(int sig) {
   ::_exit(128 + sig);
 }
+// The preemption signal while nothing runs: the requeue code. Async-signal-safe.
+void exit_preempted(int) {
+  ::_exit(kExitPreempted);
+}
 }  // namespace
 
-void SignalGuard::default_stop_signals() {
+void SignalGuard::default_stop_signals(int preempt_signal) {
   const bool init = ::getpid() == 1;
   for (const auto& [sig, old] : saved_) {
     if (!is_stop_signal(sig)) continue;
     struct sigaction sa = old;
-    if (init && old.sa_handler == SIG_DFL) sa.sa_handler = exit_by_signal;
+    if (sig == preempt_signal && old.sa_handler != SIG_IGN)
+      sa.sa_handler = exit_preempted;
+    else if (init && old.sa_handler == SIG_DFL)
+      sa.sa_handler = exit_by_signal;
     ::sigaction(sig, &sa, nullptr);
   }
-  for (int sig : take())
-    if (is_stop_signal(sig)) {
-      ::raise(sig);  // the default action: ends the process here
-      // (as PID 1, a container's entry point, the kernel drops it: 128 + sig, a shell's status)
-      if (::getpid() == 1) ::_exit(128 + sig);
-    }
+  for (int sig : take()) {
+    if (!is_stop_signal(sig)) continue;
+    if (sig == preempt_signal) ::_exit(kExitPreempted);
+    ::raise(sig);  // the default action: ends the process here
+    // (as PID 1, a container's entry point, the kernel drops it: 128 + sig, a shell's status)
+    if (init) ::_exit(128 + sig);
+  }
 }
 
 void SignalGuard::catch_stop_signals() {

@@ -69,8 +69,12 @@ class SignalGuard {
   // SIGUSR1 get the dispositions they had before the guard back, so one of them ends the
   // launcher at once, by the signal's default action, as nothing runs to stop softly; one such
   // signal received before (still in the pipe) is raised again now. catch_stop_signals() puts
-  // the handlers back. Signals ignored on entry stay ignored throughout.
-  void default_stop_signals();
+  // the handlers back. Signals ignored on entry stay ignored throughout. `preempt_signal` (0:
+  // none) ends it with kExitPreempted (75) instead, as a rank still joining does: nothing was
+  // trained, the newest checkpoint is as it was, and a scheduler replaces the node (Kubernetes'
+  // pod failure policy ignores 75; 143 would fail the Job). As PID 1 (a container's entry point,
+  // whose default-action signals the kernel drops) every stop signal exits 128 + signal.
+  void default_stop_signals(int preempt_signal = 0);
   void catch_stop_signals();
 
  private:

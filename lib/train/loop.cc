@@ -67,9 +67,6 @@ void TrainLoop::setup_model() {
                       : std::vector<LayerRange>{{0, model_.num_layers()}};
   const auto [f, l] = stages_[static_cast<size_t>(stage_)];
   check_memory();
-  // The run starts here, its input checked: the folder is prepared (an --overwrite deletes the
-  // old run's files only now).
-  if (lead_) start_run_dir(cfg_, opts_, ckpt_dir_);
   strategy_ = with_gradient_faults(make_strategy(cfg_, ModelRange::layers(model_, f, l), dp_),
                                    opts_.faults, rank_, step_);
   tied_.emplace(model_, stages_, stage_, dp_, pp_);
@@ -81,6 +78,12 @@ void TrainLoop::setup_model() {
   sampler_.emplace(data_.train.rows, cfg_.data.batch_size, DP_, dpr_, cfg_.data.shuffle,
                    cfg_.data.drop_last, static_cast<uint64_t>(cfg_.seed));
   plan_ = plan_steps(cfg_, sampler_->batches_per_epoch(), data_.train.rows, DP_);
+  // The run starts here, every rank's input checked (data, model, memory, steps): the folder is
+  // prepared, and an --overwrite deletes the old run's files only now. The barrier first: a rank
+  // that refused its input never comes, so rank 0 fails instead of deleting. (Every rank: only
+  // the folder's owner knows of --overwrite.)
+  if (world_.size() > 1) world_.barrier();
+  if (lead_) start_run_dir(cfg_, opts_, ckpt_dir_);
   if (const std::string why = fault_past(opts_.faults, plan_.total_steps); lead_ && !why.empty())
     spdlog::warn("{}", why);
   bpe_ = plan_.batches_per_epoch;

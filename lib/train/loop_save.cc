@@ -307,18 +307,19 @@ void TrainLoop::start_deadline(int sig) {
   // save is stuck, perhaps on this very filesystem, where its thread must not wait on more I/O.
   // `latest`, or without it the newest complete step-<N> (the save under way commits after this,
   // and once it has, the deadline no longer fires).
-  std::string latest = "none";
+  std::string resumes = "there is no complete checkpoint yet (--resume auto starts afresh)";
   try {
     const std::string p = resolve_checkpoint(ckpt_dir_, true);
-    if (!p.empty()) latest = fs::path(p).filename().string();  // ("step-N" or its file)
+    if (!p.empty())  // ("step-N" or its file)
+      resumes = "the newest complete checkpoint is " + fs::path(p).filename().string() +
+                " (--resume auto continues from it)";
   } catch (const std::exception&) {
   }
-  deadline_.start(t, [this, t, sig, step = step_, latest] {
+  deadline_.start(t, [this, t, sig, step = step_, resumes] {
     return fmt::format(
         "{} after {}: the checkpoint of step {} was not on disk within "
-        "train.preempt_save_timeout_s = {} s; exiting with {} (preempted): the newest complete "
-        "checkpoint is {} (--resume auto continues from it)",
-        grid_.describe(), interrupt_signal_name(sig), step, t, kExitPreempted, latest);
+        "train.preempt_save_timeout_s = {} s; exiting with {} (preempted): {}",
+        grid_.describe(), interrupt_signal_name(sig), step, t, kExitPreempted, resumes);
   });
 }
 

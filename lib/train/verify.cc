@@ -451,30 +451,35 @@ VerifyReport run_verify(const VerifyOptions& o) {
   // (an epoch's short last batch) weights their parameters, and with them momenta that differ,
   // by their shares: the free run leaves one process's trajectory there by design. Each step
   // from the same state (teacher forcing: every replica starts from the reference's momentum)
-  // still agrees, so the verdict is theirs.
+  // still agrees; the free run is judged up to the step before (state carried wrongly from step
+  // to step, which teacher forcing cannot show, shows there).
+  r.end_step = r.steps;
   if (!plan.unchecked_state.empty() && plan.teacher_forcing)
-    if (const int64_t k = uneven_step(layout, plan.replicas, r.steps); k > 0)
+    if (const int64_t k = uneven_step(layout, plan.replicas, r.steps); k > 0) {
+      r.end_step = k - 1;
       r.plan.free_run_note = fmt::format(
           "step {} splits its batch unevenly over the {} replicas (an epoch's short last batch): "
           "weighted by their shares, the replicas' own momenta no longer average to one "
-          "process's, so the free run differs from there on by design; the steps from the same "
-          "state decide",
-          k, plan.replicas);
-
+          "process's, so the free run differs from there on by design; {}",
+          k, plan.replicas,
+          k > 1 ? fmt::format("the end state is judged at step {}", k - 1)
+                : std::string("the steps from the same state decide"));
+    }
+  const int64_t at = std::max<int64_t>(r.end_step, 1);  // (step 0: shown, not judged)
   r.end_state = tensor_diffs(
-      compared(plan, read_checkpoint_tensors(checkpoint_of(work.path / "reference", r.steps))),
-      compared(plan, read_checkpoint_tensors(checkpoint_of(work.path / "layout", r.steps))));
+      compared(plan, read_checkpoint_tensors(checkpoint_of(work.path / "reference", at))),
+      compared(plan, read_checkpoint_tensors(checkpoint_of(work.path / "layout", at))));
   const auto lr = read_losses(work.path / "reference"), ll = read_losses(work.path / "layout");
   for (const auto& [step, loss] : lr)
     r.losses.push_back({step, loss, ll.count(step) ? ll.at(step) : NAN});
-  bool end_ok = !r.plan.free_run_note.empty() || worst(r.end_state).rel <= r.tolerance;
+  bool end_ok = r.end_step == 0 || worst(r.end_state).rel <= r.tolerance;
   // Every step agrees from the same state, yet the free-running states drifted apart: either the
   // model's dynamics amplify rounding (ReLU kinks flip, a fast-moving trajectory), or state is
   // carried wrongly from step to step in a live run (which checkpoints would not show). One
   // process against itself tells them apart: the same global batch summed in two halves
   // (accumulation) changes only the summation order.
   if (plan.exact && r.first_bad_step == 0 && !end_ok) {
-    r.noise_floor = rounding_drift(run, plan.reference, work.path, r.steps);
+    r.noise_floor = rounding_drift(run, plan.reference, work.path, r.end_step);
     end_ok = worst(r.end_state).rel <= std::max(r.tolerance, kDriftFactor * r.noise_floor);
   }
   if (!plan.exact)

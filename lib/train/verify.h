@@ -118,9 +118,12 @@ struct VerifyReport {
   int64_t steps = 0;
   double tolerance = 0.0;
   std::vector<ForcedStep> forced;     // empty when !plan.teacher_forcing
-  std::vector<TensorDiff> end_state;  // per tensor, after N free-running steps
-  std::vector<LossPoint> losses;      // free running
-  int64_t first_bad_step = 0;         // first forced step over tolerance; 0: none
+  std::vector<TensorDiff> end_state;  // per tensor, after end_step free-running steps
+  // The free run's step compared: N, or the step before one that leaves one process's trajectory
+  // by design (ReferencePlan::free_run_note); 0: none judged (the end state at step 1 is shown).
+  int64_t end_step = 0;
+  std::vector<LossPoint> losses;  // free running
+  int64_t first_bad_step = 0;     // first forced step over tolerance; 0: none
   // Measured only when every forced step passed but the end state did not: the end-state
   // difference between one process and itself with each batch summed in two halves (how much
   // the dynamics amplify rounding over N steps; -1: the batch is odd). The end state then passes

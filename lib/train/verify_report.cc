@@ -66,6 +66,7 @@ nlohmann::json report_json(const VerifyReport& r) {
       {"first_failing_step", r.first_bad_step > 0 && r.plan.exact ? nlohmann::json(r.first_bad_step)
                                                                   : nlohmann::json(nullptr)},
       {"end_state", end},
+      {"end_step", r.end_step},
       {"end_state_worst", diff_json(worst(r.end_state))},
       {"losses", losses}};
 }
@@ -102,9 +103,12 @@ std::string report_text(const VerifyReport& r) {
   int over = 0;
   for (const TensorDiff& d : r.end_state) over += d.rel > r.tolerance;
   s += fmt::format(
-      "end state: worst tensor {} (rel. diff {}); {} of {} tensors over tolerance{}\n", e.name,
-      sci(e.rel), over, r.end_state.size(),
-      r.plan.free_run_note.empty() ? "" : " (not judged: " + r.plan.free_run_note + ")");
+      "end state{}: worst tensor {} (rel. diff {}); {} of {} tensors over tolerance{}\n",
+      r.end_step != r.steps ? fmt::format(" at step {}", std::max<int64_t>(r.end_step, 1)) : "",
+      e.name, sci(e.rel), over, r.end_state.size(),
+      r.plan.free_run_note.empty() ? ""
+      : r.end_step == 0            ? " (not judged: " + r.plan.free_run_note + ")"
+                                   : " (" + r.plan.free_run_note + ")");
   if (r.noise_floor > 0.0)
     s += fmt::format(
         "one process against itself, each batch summed in two halves: {} (the "

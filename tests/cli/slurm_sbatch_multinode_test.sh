@@ -82,6 +82,11 @@ SLURM_JOB_ID=15 SLURM_NTASKS=1 SLURM_RESTART_COUNT=1 FAKE_RC=0 DTRAIN_BIN=fake-d
   bash "$script" cfg.yaml --out "$work/rq0" >"$work/rq0.log" 2>&1 || fail "requeue without a checkpoint exited $?"
 grep -qx "dtrain run cfg.yaml --resume auto --out $work/rq0" "$CALLS" || fail "requeue without a checkpoint: no --resume auto"
 grep -q "no checkpoint committed" "$work/rq0.log" || fail "requeue without a checkpoint: not said"
+# A first run's --overwrite is not passed to its requeue (refused together with --resume).
+: >"$CALLS"
+SLURM_JOB_ID=16 SLURM_NTASKS=1 SLURM_RESTART_COUNT=2 FAKE_RC=0 DTRAIN_BIN=fake-dtrain \
+  bash "$script" cfg.yaml --overwrite --out "$work/rq0" >"$work/rq1.log" 2>&1 || fail "requeue of an --overwrite job exited $?"
+grep -qx "dtrain run cfg.yaml --resume auto --out $work/rq0" "$CALLS" || fail "requeue of an --overwrite job: $(cat "$CALLS")"
 # Outside Slurm: a usage line, exit 2 (it was "SLURM_JOB_NODELIST: unbound variable").
 out=$(env -u SLURM_JOB_ID -u SLURM_JOB_NODELIST bash "$script" cfg.yaml 2>&1)
 [ $? -eq 2 ] || fail "outside Slurm: exit not 2: $out"

@@ -194,6 +194,8 @@ runtime: {threads: 1}
   CHECK(j["verdict"] == "pass");
   CHECK_MESSAGE(j["free_run"].is_string(), j.dump());
   CHECK(j["free_run"].get<std::string>().find("step 3 splits its batch unevenly") == 0);
+  CHECK(j["end_step"] == 2);  // the free run is judged up to the step before
+  CHECK(j["end_state_worst"]["rel"].get<double>() <= j["tolerance"].get<double>());
   // Evenly split (drop_last): the free run is judged, and passes.
   const auto even = verify_json(cfg + " --steps 4 --set data.drop_last=true", 0);
   CHECK(even["free_run"].is_null());

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <future>
 #include <memory>
+#include <mutex>
 
 #include "dtrain.grpc.pb.h"
 
@@ -17,7 +18,7 @@ namespace dtrain::grpc_test {
 // races the teardown (a double free in grpc_cq_internal_unref on one of gRPC's threads, seen once
 // under ASan in CI; the race couchbase-cxx-client's tests work around the same way). A rank's
 // process makes one transport; these tests make and drop many in turn, so one channel holds a
-// reference for the test binary's life and the teardown runs once, at exit. Its one call (to a
+// reference for the test case's life and the teardown runs once, at its end. Its one call (to a
 // port nothing listens on) takes the reference; it has ended before the constructor returns.
 class CallbackQueueKeeper {
  public:
@@ -37,9 +38,33 @@ class CallbackQueueKeeper {
   wire::Heartbeat req_;
   wire::HeartbeatAck ack_;
 };
-// Call before a test's first transport (options() and the files' own option builders do).
+// The keeper of the running test case (null when none is held).
+inline std::unique_ptr<CallbackQueueKeeper>& callback_queue_keeper(std::mutex*& mu) {
+  static std::mutex m;
+  static std::unique_ptr<CallbackQueueKeeper> k;
+  mu = &m;
+  return k;
+}
+// Call before a test's first transport (options() and the files' own option builders do);
+// thread-safe (ranks call it from their threads).
 inline void keep_callback_queue() {
-  static const CallbackQueueKeeper keeper;  // (thread-safe once; destroyed at exit)
+  std::mutex* mu = nullptr;
+  auto& k = callback_queue_keeper(mu);
+  std::lock_guard<std::mutex> lk(*mu);
+  if (!k) k = std::make_unique<CallbackQueueKeeper>();
+}
+// Drops the keeper once the test case's transports are gone (a doctest listener in
+// test_grpc.cc calls it as each test case ends): the queue's threads end then, and OpenSSL's
+// per-thread state of the TLS handshakes they ran with them (LeakSanitizer reported that state
+// as leaked while the threads outlived the test, to the process's exit).
+inline void release_callback_queue() {
+  std::mutex* mu = nullptr;
+  auto& k = callback_queue_keeper(mu);
+  std::unique_ptr<CallbackQueueKeeper> gone;
+  {
+    std::lock_guard<std::mutex> lk(*mu);
+    gone = std::move(k);
+  }
 }
 
 }  // namespace dtrain::grpc_test

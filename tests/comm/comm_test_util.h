@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "callback_queue.h"
 #include "comm/communicator.h"
 #include "comm/grpc_transport.h"
 #include "comm/inproc.h"
@@ -33,6 +34,7 @@ inline std::vector<std::string> run_ranks(int world, const std::function<void(Co
   const int port = grpc ? free_port() : 0;
   std::vector<std::string> errors(static_cast<size_t>(world));
   std::vector<std::thread> threads;
+  if (grpc) grpc_test::keep_callback_queue();
   for (int r = 0; r < world; ++r) {
     threads.emplace_back([&, r] {
       try {

@@ -43,6 +43,31 @@
 using namespace dtrain;
 using namespace dtrain::grpc_test;  // (with Clock, contains, free_port and header)
 
+namespace {
+
+// Releases the gRPC callback queue's keeper (callback_queue.h) as each test case of this binary
+// ends, when its transports are gone.
+struct ReleaseCallbackQueue : doctest::IReporter {
+  explicit ReleaseCallbackQueue(const doctest::ContextOptions&) {}
+  void report_query(const doctest::QueryData&) override {}
+  void test_run_start() override {}
+  void test_run_end(const doctest::TestRunStats&) override {}
+  void test_case_start(const doctest::TestCaseData&) override {}
+  void test_case_reenter(const doctest::TestCaseData&) override {}
+  void test_case_end(const doctest::CurrentTestCaseStats&) override {
+    dtrain::grpc_test::release_callback_queue();
+  }
+  void test_case_exception(const doctest::TestCaseException&) override {}
+  void subcase_start(const doctest::SubcaseSignature&) override {}
+  void subcase_end() override {}
+  void log_assert(const doctest::AssertData&) override {}
+  void log_message(const doctest::MessageData&) override {}
+  void test_case_skipped(const doctest::TestCaseData&) override {}
+};
+REGISTER_LISTENER("release_callback_queue", 1, ReleaseCallbackQueue);
+
+}  // namespace
+
 EVERY_PATH_TEST_CASE("grpc: rendezvous and all-pairs exchange for world sizes 1 to 4",
                      test_rendezvous_and_all_pairs_exchange) {
   for (int world = 1; world <= 4; ++world) {
