@@ -237,7 +237,8 @@ int cmd_run(const Config& cfg, const std::string& config_path, std::string out,
   // bad input (a model too large, a DTRAIN_FAULT typo) leaves the old run as it was.
   prepare_out_dir(opts.out_dir, !resume.empty() || overwrite, /*overwrite=*/false,
                   /*clear_logs=*/false, owner ? &out_lock : nullptr);
-  opts.overwrite = overwrite && owner;
+  // (`dtrain launch` passes --overwrite to its first attempt's ranks for rank 0 to act on)
+  opts.overwrite = overwrite && (owner || (rank0 && env.count(kLauncherPidEnv) != 0));
   StopRequest stop;
   InterruptGuard interrupts(stop, preempt_signal_number(cfg.train.preempt_signal));
   opts.stop = &stop;

@@ -130,11 +130,22 @@ int cmd_launch(const Config& cfg, const LaunchCmd& c) {
   // A DTRAIN_FAULT the ranks would refuse is refused here, before --overwrite clears the folder.
   if (const char* f = std::getenv("DTRAIN_FAULT"))
     check_fault_ranks(parse_faults(f, 0), static_cast<int64_t>(ne.nproc_per_node) * ne.nnodes);
-  if (node0)
-    prepare_out_dir(c.out_dir, !c.resume.empty(), c.overwrite, /*clear_logs=*/true, &out_lock);
+  // --overwrite: the launcher clears only logs/ (its own); the first attempt's rank 0 deletes the
+  // old run's files as training starts, once every rank's input passed its checks (a model too
+  // large, say, leaves the old run as it was). Restarts clear as before (restart_argv).
+  if (node0) {
+    prepare_out_dir(c.out_dir, !c.resume.empty() || c.overwrite, /*overwrite=*/false,
+                    /*clear_logs=*/false, &out_lock);
+    std::error_code ec;
+    if (c.overwrite) fs::remove_all(fs::path(c.out_dir) / "logs", ec);
+    if (ec)
+      throw UserError("--overwrite: cannot remove '" + (fs::path(c.out_dir) / "logs").string() +
+                      "': " + ec.message());
+  }
   lo.log_dir = (fs::path(c.out_dir) / "logs").string();
   lo.inherit_fd = out_lock.fd();  // the ranks hold the folder's lock too, even past this process
   lo.child_argv = c.run_argv;
+  if (c.overwrite) lo.child_argv.push_back("--overwrite");
 
   // A restart continues from the newest complete checkpoint this job's attempts wrote
   // (`--resume auto`), or, when they wrote none yet, starts as the first attempt did: a

@@ -190,10 +190,11 @@ TEST_CASE("an output folder holding a run is refused without --resume or --overw
 
   // --overwrite with input the run refuses (a model too large, a DTRAIN_FAULT typo): exit 2 and
   // the old run is as it was (it was deleted first, and nothing trained).
+  const std::string launch = kBin + " launch --nproc 2 " + cfg + " --out " + out;
   for (const std::string& bad : {base + " --overwrite --set 'model.hidden=[2600000000]'",
                                  "DTRAIN_FAULT=bogus " + base + " --overwrite",
-                                 "DTRAIN_FAULT=bogus " + kBin + " launch --nproc 2 " + cfg +
-                                     " --out " + out + " --overwrite"}) {
+                                 "DTRAIN_FAULT=bogus " + launch + " --overwrite",
+                                 launch + " --overwrite --set 'model.hidden=[2600000000]'"}) {
     r = run_cmd(bad);
     INFO(bad << "\n" << r.output);
     CHECK(r.exit_code == 2);
