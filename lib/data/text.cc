@@ -109,6 +109,16 @@ std::vector<std::string> expand_text_paths(const std::vector<std::string>& specs
   return files;
 }
 
+namespace {
+
+// The files of `key` hold no byte (read_text_files, and check_text_sizes from their sizes).
+UserError empty_text(const std::string& key, const std::vector<std::string>& files) {
+  return UserError(key + (files.size() == 1 ? ": the text " : ": the texts ") + describe(files) +
+                   (files.size() == 1 ? " is empty" : " are empty"));
+}
+
+}  // namespace
+
 std::string read_text_files(const std::vector<std::string>& files, const std::string& key) {
   DT_CHECK(!files.empty());
   std::string text;
@@ -119,10 +129,7 @@ std::string read_text_files(const std::vector<std::string>& files, const std::st
       throw UserError(key + ": " + e.what());
     }
   }
-  if (text.empty()) {
-    throw UserError(key + (files.size() == 1 ? ": the text " : ": the texts ") + describe(files) +
-                    (files.size() == 1 ? " is empty" : " are empty"));
-  }
+  if (text.empty()) throw empty_text(key, files);
   return text;
 }
 
@@ -193,19 +200,13 @@ void check_text_sizes(const TextOptions& opts) {
   const int64_t n = text_bytes_without_reading(opts.train, &exact);
   if (n < 0 || !exact) return;  // (load_text names what it cannot read; gzip: read to know)
   const std::vector<std::string> files = expand_text_paths(opts.train, "data.train.path");
-  if (n == 0)
-    throw UserError(std::string("data.train.path") +
-                    (files.size() == 1 ? ": the text " : ": the texts ") + describe(files) +
-                    (files.size() == 1 ? " is empty" : " are empty"));
+  if (n == 0) throw empty_text("data.train.path", files);
   if (!opts.test.empty()) {
     const int64_t t = text_bytes_without_reading(opts.test, &exact);
     const std::vector<std::string> tf = t >= 0 && exact
                                             ? expand_text_paths(opts.test, "data.test.path")
                                             : std::vector<std::string>{};
-    if (t == 0 && exact)  // (as read_text_files says it)
-      throw UserError(std::string("data.test.path") +
-                      (tf.size() == 1 ? ": the text " : ": the texts ") + describe(tf) +
-                      (tf.size() == 1 ? " is empty" : " are empty"));
+    if (t == 0 && exact) throw empty_text("data.test.path", tf);
     if (t > 0 && exact && text_window_count(t, opts.block_size) == 0)
       throw UserError("data.test.path: the text " + describe(tf) + " has " + std::to_string(t) +
                       " bytes, fewer than " + window_text(opts.block_size));
