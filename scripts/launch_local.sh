@@ -81,6 +81,8 @@ failed=""      # the first rank that failed
 interrupted="" # the signal number that stopped us
 first_signal_ns=0 # when it came (date +%s%N): the same signal within 1 s is that one again
 stop_codes=""  # the ranks' exit statuses once they were told to stop
+rank_stopped=""    # set when a rank stopped on a signal of its own (not this script's)
+rank_stop_codes="" # those ranks' exit statuses
 
 # Signals each rank's process only: `dtrain run` starts no processes of its own. (A rank that
 # does would need its own process group, e.g. setsid, and `kill -- -PGID`.)
@@ -136,6 +138,10 @@ describe() { # exit status of a rank, in words
   fi
 }
 
+# A rank's code for a stop it took on a signal (checkpoint written): 75 preempted, or 128 + INT,
+# TERM, HUP or USR1, as dtrain launch counts them.
+is_stop_code() { (($1 == 75 || $1 == 130 || $1 == 143 || $1 == 129 || $1 == 138)); }
+
 # Called once per rank, when it has ended with status $2.
 finished() {
   local r=${rank_of[$1]}
@@ -143,6 +149,14 @@ finished() {
   if [[ -n $stopping ]]; then
     echo "launch_local.sh: rank $r stopped: $(describe "$2")" >&2
     stop_codes+=" $2"
+  elif [[ -z $failed ]] && is_stop_code "$2"; then
+    # A rank of this job was signalled (not this script): the ranks stop at the step they
+    # agreed on, each with the same code, which is the job's (as dtrain launch passes it on).
+    [[ -z $rank_stopped ]] &&
+      echo "launch_local.sh: rank $r stopped: exit status $2; no signal came to this script:" \
+        "a rank was signalled and the ranks stop at the step they agreed on" >&2
+    rank_stopped=1
+    rank_stop_codes+=" $2"
   elif (($2 != 0)); then
     echo "launch_local.sh: rank $r failed: $(describe "$2"); stopping the others" >&2
     failed=$r
@@ -165,6 +179,14 @@ done
 [[ -n ${killer_pid:-} ]] && kill "$killer_pid" 2>/dev/null
 wait "$tail_pid" 2>/dev/null
 if [[ -n $failed ]]; then
+  exit 1
+elif [[ -n $rank_stopped && -z $interrupted ]]; then
+  read -ra codes <<<"$rank_stop_codes"
+  same=${codes[0]}
+  for c in "${codes[@]}"; do [[ $c == "$same" ]] || same=""; done
+  if [[ -n $same ]] && ((${#codes[@]} == nproc)); then exit "$same"; fi
+  echo "launch_local.sh: the ranks ended with different codes ($rank_stop_codes)" \
+    "after a rank was signalled" >&2
   exit 1
 elif [[ -n $interrupted ]]; then
   # After SIGTERM (the ranks get it as such) the ranks' own code when they all agree, as dtrain

@@ -7,6 +7,7 @@
 #include <charconv>
 #include <filesystem>
 #include <iostream>
+#include <limits>
 #include <stdexcept>
 #include <system_error>
 
@@ -148,7 +149,8 @@ std::optional<int> BenchCli::run(const char* argv0, const std::string& log_level
     TpBenchOptions o = tp_opts_;
     o.tp.clear();
     for (const int64_t t : parse_int_list("--tp", tp_sizes_))
-      o.tp.push_back(static_cast<int>(std::clamp<int64_t>(t, -1, 1 << 20)));  // (bench_tp checks)
+      o.tp.push_back(static_cast<int>(  // (bench_tp checks; the clamp keeps the sign and value
+          std::clamp<int64_t>(t, std::numeric_limits<int>::min(), 1 << 20)));  // users typed)
     return bench_tp(load_config(tp_config_, tp_sets_), o);
   }
   return std::nullopt;

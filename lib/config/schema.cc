@@ -410,8 +410,10 @@ std::vector<KeyDecl> distributed_keys([[maybe_unused]] const Owners& o) {
           .not_hashed(),
       key(
           "distributed.heartbeat_s", [](auto& c) -> auto& { return c.distributed.heartbeat_s; },
-          R"doc(gRPC: a peer not heard from for this long (heartbeats go out every `heartbeat_s / 3`) is declared frozen or unreachable and everything waiting on it fails, > 0. Per host (not in the config hash): ranks with different values wait for the longer of their own and 3 of the peer's intervals, at most twice their own (what a peer claims cannot stretch detection further), and beat as often as their most frequently beating peer (at most every 10 ms), so values far apart work)doc")
-          .positive()
+          R"doc(gRPC: a peer not heard from for this long (heartbeats go out every `heartbeat_s / 3`) is declared frozen or unreachable and everything waiting on it fails. Per host (not in the config hash): ranks with different values wait for the longer of their own and 3 of the peer's intervals, at most twice their own (what a peer claims cannot stretch detection further), and beat as often as their most frequently beating peer (at most every 10 ms), so values far apart work; at least 0.1: a shorter silence is a busy host's scheduling, not a frozen peer)doc")
+          .min(0.1,
+               "heartbeats go out at most every 10 ms, and a peer silent for less than 0.1 s is "
+               "a busy host's scheduling, not a frozen peer")
           .not_hashed(),
       key(
           "distributed.rendezvous_timeout_s",

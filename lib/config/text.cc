@@ -87,7 +87,10 @@ std::string key_suggestion(std::string_view section, std::string_view key) {
   const auto& sections = config_sections();
   if (key == "<<") return " (YAML merge keys '<<' are not supported: write the keys out)";
   // A dotted path as --set spells it, written as one YAML key: nested in a file.
-  if (const size_t dot = key.rfind('.'); dot != std::string_view::npos) {
+  // (".seed", "a..b" or "seed." are no --set path: --set refuses them too)
+  if (const size_t dot = key.rfind('.'); dot != std::string_view::npos && key.front() != '.' &&
+                                         key.back() != '.' &&
+                                         key.find("..") == std::string_view::npos) {
     const std::string full = join_key(section, key);
     const size_t at = full.rfind('.');
     const auto sec = sections.find(std::string_view(full).substr(0, at));

@@ -209,6 +209,17 @@ std::string slurm_first_host(const std::string& nodelist, const std::string& var
   return host;
 }
 
+std::string master_addr_problem(const std::string& addr) {
+  if (addr.find("://") != std::string::npos)
+    return "is a URL: give the host alone (a name or an IP address)";
+  if (addr.find_first_of(" \t\r\n") != std::string::npos) return "holds whitespace";
+  const size_t colons = static_cast<size_t>(std::count(addr.begin(), addr.end(), ':'));
+  if (colons == 1 || (addr.starts_with('[') && addr.find("]:") != std::string::npos))
+    return "holds a port (host:port): give the host alone, and the port as MASTER_PORT or "
+           "--master-port";
+  return "";
+}
+
 DistEnv resolve_dist_env(const std::map<std::string, std::string>& env, int config_world_size,
                          const DistOverrides& flags) {
   Field rank{0, "rank", true};
@@ -333,6 +344,8 @@ DistEnv resolve_dist_env(const std::map<std::string, std::string>& env, int conf
   if (port.set && (port.value < 1 || port.value > 65535))
     throw UserError(show(port) + " is not a TCP port (1..65535)");
   if (addr.empty()) throw UserError(addr_name + " is empty");
+  if (const std::string why = master_addr_problem(addr); !why.empty())
+    throw UserError(addr_name + " '" + addr + "' " + why);
   // Open MPI says nothing about rank 0's host; 127.0.0.1 would be wrong on every other host
   // (their ranks would wait on their own loopback until the rendezvous timeout).
   if (from_indexed && world.value > 1 && !addr_given)

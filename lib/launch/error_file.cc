@@ -56,7 +56,19 @@ int rank_named_as_cause(const std::string& message, int self, int world) {
   // wordings, lib/comm and lib/train/loop_save.cc).
   if (const int r = other(ranks_after(text, "rank ", world, " went down first"), false); r >= 0)
     return r;
-  if (const int r = other(ranks_after(text, "rank ", world, " aborted: "), true); r >= 0) return r;
+  const auto aborts = ranks_after(text, "rank ", world, " aborted: ");
+  if (const int r = other(aborts, true); r >= 0) {
+    // The abort's own reason, read as rank r's error: when it names this rank (r timed out
+    // waiting for this one, say, and aborted the job), this rank is the cause, not r.
+    size_t at = 0;
+    for (const auto& [a, ar] : aborts)
+      if (ar == r) at = a;
+    const size_t reason = text.find(" aborted: ", at);
+    if (reason != std::string_view::npos &&
+        rank_named_as_cause(std::string(text.substr(reason + 10)), r, world) == self)
+      return -1;
+    return r;
+  }
   int best = -1;
   size_t best_at = std::string_view::npos;
   const std::pair<std::string_view, std::string_view> phrases[] = {

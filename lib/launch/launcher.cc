@@ -369,7 +369,7 @@ class Attempt {
     int code = WIFEXITED(status) ? WEXITSTATUS(status) : -2;
     // Killed by the signal forwarded from here, before its handler was installed (a rank still
     // starting): stopped as that handler would have made it (it had nothing to save), not killed.
-    const int fwd = res_.stop_signal;
+    const int fwd = res_.stop_signal != 0 ? res_.stop_signal : rank_stop_signal_;
     if (fwd != 0 && !kill_sent_ && WIFSIGNALED(status) && WTERMSIG(status) == fwd)
       code = fwd == o_.preempt_signal ? kExitPreempted : 128 + fwd;
     res_.common_exit = res_.common_exit == -1 || res_.common_exit == code ? code : -2;
@@ -405,6 +405,11 @@ class Attempt {
           rank, code, code == kExitPreempted ? ", preempted" : "");
       res_.rank_stop_rank = rank;
       res_.rank_stop_code = code;
+      // The same signal to the others: a rank signalled before the rendezvous ended at once,
+      // and its peers, which cannot hear its vote, would wait out rendezvous_timeout_s for it;
+      // ranks past it take the signal as the stop they are agreeing on already.
+      rank_stop_signal_ = code == kExitPreempted ? o_.preempt_signal : code - 128;
+      kids_.signal_running(rank_stop_signal_);
     } else {
       spdlog::info("rank {} stopped: exit status {}", rank, code);
     }
@@ -483,6 +488,7 @@ class Attempt {
   AttemptResult res_;
   ReapedRanks reaped_;
   bool shutting_down_ = false, kill_sent_ = false;
+  int rank_stop_signal_ = 0;  // forwarded to the others after a rank stopped on its own
   // When the stop signal was forwarded; the same signal within kSameSignal is the same request.
   Clock::time_point forwarded_at_{};
   static constexpr auto kSameSignal = std::chrono::milliseconds(200);

@@ -303,6 +303,8 @@ TEST_CASE("unknown, duplicate and malformed keys") {
   CHECK(error_of("data:\n  synthetic.samples: 10\n") ==
         "x.yaml:2:3: unknown key 'data.synthetic.samples' ('data.synthetic.samples' is --set's "
         "spelling: in YAML nest it, as synthetic: {...})");
+  // A leading dot is no --set path (--set refuses it): not called one.
+  CHECK(error_of(".seed: 1\n").find("--set's spelling") == std::string::npos);
   // Non-scalar names in a layer list are named as what they are (they showed as '').
   CHECK(error_of("model: {type: sequential, layers: [flatten, {[a]: 1}]}\n")
             .find("expected a layer: a name such as relu") != std::string::npos);
@@ -663,6 +665,11 @@ TEST_CASE("distributed keys: timeouts, tls all-or-none, per-host keys outside th
                        doctest::Contains("distributed.heartbeat_s"), UserError);
   CHECK_THROWS_WITH_AS(parse_config(base, "d.yaml", {"distributed.heartbeat_s=-1"}),
                        doctest::Contains("distributed.heartbeat_s"), UserError);
+  // A silence shorter than a busy host's scheduling blamed healthy ranks as frozen.
+  CHECK_THROWS_WITH_AS(parse_config(base, "d.yaml", {"distributed.heartbeat_s=0.001"}),
+                       doctest::Contains("distributed.heartbeat_s"), UserError);
+  CHECK(parse_config(base, "d.yaml", {"distributed.heartbeat_s=0.1"}).distributed.heartbeat_s ==
+        0.1);
   CHECK_THROWS_WITH_AS(parse_config(base, "d.yaml", {"distributed.tls.cert=a.pem"}),
                        doctest::Contains("needs all of cert, key and ca"), UserError);
   CHECK_THROWS_WITH_AS(parse_config(base, "d.yaml", {"distributed.tsl.cert=a.pem"}),

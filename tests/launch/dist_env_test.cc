@@ -120,6 +120,15 @@ TEST_CASE("resolve_dist_env: bad torchrun values are UserErrors naming the varia
   CHECK(contains(env_error(with("MASTER_PORT", "http")), "MASTER_PORT='http'"));
   CHECK(contains(env_error(without("MASTER_PORT")), "MASTER_PORT is not set"));
   CHECK(contains(env_error(with("MASTER_ADDR", "")), "MASTER_ADDR is empty"));
+  // A port or scheme in the address: rank 0 listened on neither, the others waited out the
+  // rendezvous timeout. IPv6 literals are addresses.
+  CHECK(contains(env_error(with("MASTER_ADDR", "10.0.0.1:29500")),
+                 "MASTER_ADDR '10.0.0.1:29500' holds a port (host:port)"));
+  CHECK(contains(env_error(with("MASTER_ADDR", "[fd00::1]:29500")), "holds a port"));
+  CHECK(contains(env_error(with("MASTER_ADDR", "tcp://node0")), "is a URL"));
+  CHECK(contains(env_error(with("MASTER_ADDR", "node0 ")), "holds whitespace"));
+  CHECK(dtrain::master_addr_problem("fd00::1").empty());
+  CHECK(dtrain::master_addr_problem("node0.cluster").empty());
 }
 
 TEST_CASE("resolve_dist_env: Slurm environment") {

@@ -222,6 +222,12 @@ TEST_CASE("resolve_node_env: refusals name the flag or variable") {
                       {"PET_MASTER_PORT", "9"}},
                      {}),
                  "PET_MASTER_ADDR is empty"));
+  CHECK(contains(err({{"PET_NNODES", "2"},
+                      {"PET_NODE_RANK", "0"},
+                      {"PET_MASTER_ADDR", "192.0.2.2:29671"},
+                      {"PET_MASTER_PORT", "29671"}},
+                     {}),
+                 "PET_MASTER_ADDR '192.0.2.2:29671' holds a port"));
 }
 
 TEST_CASE("parse_rank_range: N or MIN:MAX") {

@@ -38,6 +38,15 @@ TEST_CASE("error file: the rank an error names as its cause") {
   CHECK(rank_named_as_cause("rank 1 aborted: out of memory", 1) == -1);
   // Its own relayed abort names another rank further in.
   CHECK(rank_named_as_cause("rank 1 aborted: connection to rank 2 lost (reset)", 1) == 2);
+  // An abort whose own reason names this rank: the slow rank hears that rank 0 timed out
+  // waiting for it, and is the cause itself (the two named each other, and the launcher blamed
+  // the rank that waited); a reason naming a third rank leaves the abort's rank as the lead.
+  CHECK(rank_named_as_cause("rank 1: allreduce seq 5 failed: rank 0 aborted: recv timed out "
+                            "after 0.2 s waiting for allreduce seq 5 (4 bytes) from rank 1",
+                            1, 2) == -1);
+  CHECK(rank_named_as_cause("rank 1: allreduce seq 5 failed: rank 0 aborted: recv timed out "
+                            "after 0.2 s waiting for allreduce seq 5 (4 bytes) from rank 2",
+                            1, 3) == 0);
   // The transport's verdict wins over the peer it happened to hear from.
   CHECK(rank_named_as_cause("connection to rank 3 lost (x); rank 2 went down first, 1.0 s "
                             "earlier: rank 3 probably failed because of it",
