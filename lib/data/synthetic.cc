@@ -10,8 +10,11 @@
 #include <utility>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "data/dataset.h"
 #include "util/check.h"
+#include "util/fs.h"
 #include "util/rng.h"
 
 namespace dtrain {
@@ -33,6 +36,19 @@ void check_synthetic_options(const SyntheticOptions& opts) {
   if (opts.features > kMaxValues / opts.samples) {
     throw UserError("data.synthetic: samples x features = " + std::to_string(opts.samples) + " x " +
                     std::to_string(opts.features) + " is too large");
+  }
+  // The values and labels, twice while the held-out split copies its rows out: refused here
+  // rather than grown into until the kernel's OOM killer ends the run.
+  const double bytes =
+      2.0 * static_cast<double>(opts.samples) * (4.0 * static_cast<double>(opts.features) + 4.0);
+  if (const int64_t avail = available_memory_bytes();
+      avail >= 0 && bytes > static_cast<double>(avail)) {
+    constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+    throw UserError(fmt::format(
+        "data.synthetic: samples x features = {} x {} needs about {:.1f} GiB to generate (with "
+        "its held-out split), more than the {:.1f} GiB this process can allocate: use fewer "
+        "samples or features",
+        opts.samples, opts.features, bytes / kGiB, static_cast<double>(avail) / kGiB));
   }
 }
 

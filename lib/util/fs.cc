@@ -1,6 +1,7 @@
 #include "util/fs.h"
 
 #include <fcntl.h>
+#include <limits.h>
 #include <linux/magic.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
@@ -18,6 +19,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "util/cgroup_memory.h"
 #include "util/check.h"
 
 namespace dtrain {
@@ -146,7 +148,16 @@ std::string output_file_problem(const std::string& path) {
                : std::string("cannot be written: ") + std::strerror(errno);
   const std::filesystem::path real(out.path);
   const std::string parent = real.has_parent_path() ? real.parent_path().string() : ".";
-  if (::stat(parent.c_str(), &st) != 0) return "is in '" + parent + "', which does not exist";
+  const size_t name_bytes = real.filename().string().size();
+  const long name_max = ::pathconf(parent.c_str(), _PC_NAME_MAX);
+  if (name_bytes > static_cast<size_t>(name_max > 0 ? name_max : NAME_MAX))
+    return "has a file name of " + std::to_string(name_bytes) + " bytes, longer than the " +
+           std::to_string(name_max > 0 ? name_max : NAME_MAX) + " its folder allows";
+  if (::stat(parent.c_str(), &st) != 0) {
+    if (errno == ENAMETOOLONG) return "is a path too long for this system";
+    if (errno == ELOOP) return "is in a folder whose symbolic links loop";
+    return "is in '" + parent + "', which does not exist";
+  }
   if (!S_ISDIR(st.st_mode)) return "is in '" + parent + "', which is not a directory";
   if (::access(parent.c_str(), W_OK | X_OK) != 0)
     return "is in '" + parent + "', which this user cannot write to";
@@ -174,8 +185,13 @@ void write_file_atomic_with(const std::string& requested,
   const std::string& path = out.path;
   const fs::path target(path);
   const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
+  // The temp file's name: the target's, shortened so that it fits where the target's does (a
+  // name of up to NAME_MAX bytes must be writable; mkstemp makes it unique).
   std::string base = ".";
-  base.append(target.filename().string()).append(".tmp.XXXXXX");
+  const std::string name = target.filename().string();
+  const size_t suffix = std::string(".tmp.XXXXXX").size() + 1;
+  base.append(name.substr(0, name.size() + suffix > NAME_MAX ? NAME_MAX - suffix : name.size()))
+      .append(".tmp.XXXXXX");
   std::string tmpl = (dir / base).string();
   const int fd = ::mkstemp(tmpl.data());
   if (fd < 0)
@@ -325,6 +341,7 @@ int64_t available_memory_bytes() {
     if (v >= 0 && (best < 0 || v < best)) best = v;
   };
   take(kb_field("/proc/meminfo", "MemAvailable:"));
+  take(cgroup_memory_left());  // (a container's limit: MemAvailable is the host's)
   if (const int64_t limit = address_space_limit_bytes(); limit >= 0)
     take(limit - std::max<int64_t>(0, address_space_used_bytes()));
   return best;

@@ -59,9 +59,10 @@ class LineWriter {
 // Peak resident set size of this process in MiB (VmHWM), 0 when unknown.
 double peak_rss_mb();
 
-// Bytes this process can still allocate: the smaller of the machine's MemAvailable
-// (/proc/meminfo) and the address-space limit (RLIMIT_AS) minus the process's current size;
-// -1 when neither is known.
+// Bytes this process can still allocate: the smallest of the machine's MemAvailable
+// (/proc/meminfo), what its memory cgroup's limit leaves (util/cgroup_memory.h: a container's)
+// and the address-space limit (RLIMIT_AS) minus the process's current size; -1 when none is
+// known.
 int64_t available_memory_bytes();
 
 // Whether this process can map `bytes` more of address space now: always true without an

@@ -1,0 +1,23 @@
+// The memory a control group lets this process use: a container's limit (Kubernetes' resources
+// limits, Docker's --memory, Slurm's cgroup plugin) is not in /proc/meminfo, whose MemAvailable
+// is the host's. A run that passes a memory check against the host's figure is killed by the
+// kernel's OOM killer at the container's limit instead of refused with a clear message.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace dtrain {
+
+// Bytes left under the tightest memory limit of this process's cgroup and its ancestors: the
+// limit less the usage that cannot be reclaimed (usage less the inactive page cache, the working
+// set as Kubernetes counts it), at each level with a limit. cgroup v2 (memory.max,
+// memory.current, memory.stat's inactive_file) and v1 (memory.limit_in_bytes,
+// memory.usage_in_bytes, memory.stat's total_inactive_file); -1 when no limit applies or none can
+// be read. `proc_cgroup`: /proc/self/cgroup; `sys_cgroup`: where cgroupfs is mounted
+// (/sys/fs/cgroup; v1's memory controller in its memory/ folder, v2 also as unified/ on hybrid
+// hosts). Parameters for tests; thread-safe (reads files only).
+int64_t cgroup_memory_left(const std::string& proc_cgroup = "/proc/self/cgroup",
+                           const std::string& sys_cgroup = "/sys/fs/cgroup");
+
+}  // namespace dtrain
