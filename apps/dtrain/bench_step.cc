@@ -18,6 +18,7 @@
 #include "train/trainer.h"
 #include "util/check.h"
 #include "util/interrupt.h"
+#include "util/strings.h"
 
 namespace fs = std::filesystem;
 
@@ -102,6 +103,10 @@ int bench_step(const Config& cfg_in, const StepBenchOptions& o) {
   fs::path tmp = fs::temp_directory_path(tmp_ec);
   if (tmp_ec) tmp = "/tmp";
   std::string where = (tmp / "dtrain-bench-step-XXXXXX").string();
+  if (!valid_utf8(where))
+    throw UserError("bench step: the temp folder '" + where +
+                    "' ($TMPDIR) is not valid UTF-8 (the run records its folder as JSON text): "
+                    "set TMPDIR to a UTF-8 folder");
   char* tmpl = where.data();
   if (!::mkdtemp(tmpl))
     throw UserError("bench step: cannot create a temp folder for the run as '" + where +

@@ -111,6 +111,12 @@ void print_parse_error(const CLI::App& app, const CLI::ParseError& e, int argc, 
 // checkpoint into it would interleave two runs' metrics and let keep_last delete its checkpoints.
 void check_resume_target(const std::string& resume, const std::string& out_dir) {
   if (resume.empty()) return;
+  // summary.json records the checkpoint resumed from, as JSON text: UTF-8 only (refused here,
+  // not when the summary is written after training).
+  if (!valid_utf8(resume))
+    throw UserError("--resume '" + resume +
+                    "': the path is not valid UTF-8 (summary.json records it as JSON text); "
+                    "rename it or link it under a UTF-8 name");
   if (resume == "auto") {
     check_checkpoint((fs::path(out_dir) / "checkpoints").string(), true);
     return;
@@ -223,9 +229,23 @@ int cmd_run(const Config& cfg, const std::string& config_path, std::string out,
     check_checkpoints_folder(opts.out_dir);
     check_resume_target(resume, opts.out_dir);
   }
+  // The attempt (read before the output folder is made: a typo there leaves none behind): dtrain
+  // launch's count, else torchrun's (a restart by torchrun --max-restarts).
+  const char* restart = std::getenv("DTRAIN_RESTART_COUNT");
+  const int64_t attempt = parse_restart_count(
+      restart != nullptr ? restart : std::getenv("TORCHELASTIC_RESTART_COUNT"),
+      restart != nullptr ? "DTRAIN_RESTART_COUNT" : "TORCHELASTIC_RESTART_COUNT");
+  if (const char* f = std::getenv("DTRAIN_FAULT")) {
+    opts.faults = parse_faults(f, attempt);
+    check_fault_ranks(opts.faults, de ? de->world_size : cfg.distributed.world_size);
+    if (attempt > 0)
+      spdlog::info("restart attempt {}: DTRAIN_FAULT is ignored (faults fire in the first only)",
+                   attempt);
+  }
   // logs/ belongs to whatever launcher started this rank (dtrain launch, scripts/slurm.sbatch,
   // launch_local.sh), which may be writing to it now: only `dtrain launch --overwrite` clears it.
-  const bool new_out_dir = !fs::exists(opts.out_dir);
+  std::error_code out_ec;  // (a looping or too long path: prepare_out_dir says so)
+  const bool new_out_dir = !fs::exists(opts.out_dir, out_ec) && !out_ec;
   // The process that owns the run locks its folder: a single process, or rank 0 of a job whose
   // launcher (torchrun, Slurm) is not `dtrain launch`, which holds the lock for its ranks.
   OutDirLock out_lock;
@@ -244,18 +264,6 @@ int cmd_run(const Config& cfg, const std::string& config_path, std::string out,
   opts.stop = &stop;
   opts.final_run = true;   // a second signal after the results are saved keeps the run's code
   end_with_launcher(env);  // after the guard: the launcher's death is a stop it handles
-  // The attempt: dtrain launch's count, else torchrun's (a restart by torchrun --max-restarts).
-  const char* restart = std::getenv("DTRAIN_RESTART_COUNT");
-  const int64_t attempt = parse_restart_count(
-      restart != nullptr ? restart : std::getenv("TORCHELASTIC_RESTART_COUNT"),
-      restart != nullptr ? "DTRAIN_RESTART_COUNT" : "TORCHELASTIC_RESTART_COUNT");
-  if (const char* f = std::getenv("DTRAIN_FAULT")) {
-    opts.faults = parse_faults(f, attempt);
-    check_fault_ranks(opts.faults, de ? de->world_size : cfg.distributed.world_size);
-    if (attempt > 0)
-      spdlog::info("restart attempt {}: DTRAIN_FAULT is ignored (faults fire in the first only)",
-                   attempt);
-  }
   opts.progress =
       !no_progress && ::isatty(STDERR_FILENO) && spdlog::get_level() <= spdlog::level::info;
   if (multiprocess) {

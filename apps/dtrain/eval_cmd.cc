@@ -136,7 +136,6 @@ int cmd_predict(const Config& cfg, const std::string& ckpt, const std::string& i
     throw UserError("--input '" + input + "' " + why);
   set_blas_threads(static_cast<int>(cfg.runtime.threads));
   const DataSplits data = load_data(cfg.data, cfg.seed);  // for the normaliser and the shape
-  const LoadedModel m = load_model(cfg, data, ckpt, -1);
   // data.csv.header describes the training files; --input has its own (--input-header, auto by
   // default: a first row of names is skipped, one of numbers is data), so `header: true` cannot
   // drop a row of input, nor `header: false` refuse an input's header row as non-numeric data.
@@ -144,8 +143,12 @@ int cmd_predict(const Config& cfg, const std::string& ckpt, const std::string& i
   in_opts.header = header;
   in_opts.header_hint = "--input-header";
   int64_t rows = 0;
-  const int64_t F = m.model.in_features();
+  // The input is read first, so the memory check sizes the batches it will have (a few rows
+  // need no evaluation batch of data.eval_batch_size).
+  const int64_t F = shape_numel(resolve_model_shape(cfg, data).sample);
   std::vector<float> x = load_csv_features(input, in_opts, F, &rows, data.train.columns);
+  const LoadedModel m = load_model(cfg, data, ckpt, rows);
+  DT_CHECK_EQ(m.model.in_features(), F);
   training_normalizer(m, data).apply_rows(x.data(), rows, F);
   std::ostringstream os;
   os << "predicted";

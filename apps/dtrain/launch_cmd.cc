@@ -65,6 +65,8 @@ int cmd_launch(const Config& cfg, const LaunchCmd& c) {
       nnodes_text = it->second;
       nnodes_from = "PET_NNODES";
     }
+  // An explicit --nproc wins over PET_NPROC_PER_NODE, as every flag wins over its variable.
+  if (c.nproc_given) nodes.nproc_per_node = range.max;
   if (!nodes.nproc_per_node)
     if (const auto it = env.find("PET_NPROC_PER_NODE"); it != env.end()) {
       if (it->second == "auto" || it->second == "cpu") {
@@ -101,6 +103,8 @@ int cmd_launch(const Config& cfg, const LaunchCmd& c) {
   lo.master_addr = ne.master_addr;
   lo.master_port = ne.master_port;
   lo.max_restarts = c.max_restarts;
+  if (c.max_restarts < 0)  // (before the output folder is made: launch_local checks it again)
+    throw UserError("--max-restarts " + std::to_string(c.max_restarts) + ": must be >= 0");
   lo.preempt_signal = preempt_signal_number(cfg.train.preempt_signal);
   // (checked whether used or not: a value no launch could take is a typo either way)
   if (!(c.last_call_s >= 0 && c.last_call_s <= 1e7))

@@ -159,6 +159,14 @@ void check_trace_output(const std::string& trace, const std::string& out_dir,
   // Directly in an --out the run is about to create: its folder is checked when it is created.
   if (t.parent_path() == out && !fs::exists(out, ec)) return;
   check_output_file("--trace", trace);
+  // An existing file is replaced only if it is a trace (an earlier run's) or empty (mktemp's):
+  // a mistyped --trace must not destroy a checkpoint, a config or anything else.
+  struct stat st {};
+  if (::stat(trace.c_str(), &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0 &&
+      !is_dtrain_trace_file(trace))
+    throw UserError("--trace '" + trace +
+                    "' exists and is not a dtrain trace: the run replaces only an earlier trace; "
+                    "remove it first or choose another name");
 }
 
 void check_consolidate_output(const std::string& input, const std::string& output) {

@@ -131,6 +131,11 @@ void check_config_without_data(const Config& cfg, bool evaluate) {
   // whatever distributed.backend says: `dtrain launch` runs any config's ranks over gRPC.
   const TlsConfig& tls = cfg.distributed.tls;
   if (tls.enabled()) read_tls_files(tls.cert, tls.key, tls.ca);
+  // IDX: run's refusals that the headers and the files' sizes decide.
+  if (d.format == DataFormat::kIdx) {
+    check_idx_headers(d.train.images, d.train.labels);
+    if (!d.test.empty()) check_idx_headers(d.test.images, d.test.labels);
+  }
   // Text: run's refusals of an empty text or a split shorter than a window, from the sizes.
   if (d.format == DataFormat::kText && d.block_size > 0) check_text_sizes(text_options(d));
   warn_idle_ranks(cfg);

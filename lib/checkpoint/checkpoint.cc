@@ -67,31 +67,6 @@ void check_format_version(int64_t version, const std::string& path) {
                     std::to_string(kCheckpointFormatVersion));
 }
 
-void check_manifest_format(const nlohmann::json& m, const std::string& dir) {
-  if (m.at("format").get<std::string>() != kFormatName)
-    throw UserError("checkpoint '" + dir + "': manifest.json is not a dtrain manifest");
-  check_format_version(m.at("format_version").get<int64_t>(), dir);
-}
-
-nlohmann::json read_manifest(const std::string& dir, bool* checksummed) {
-  // A manifest lists ranges per rank and tensor: far below this even for 1024 ranks.
-  constexpr uint64_t kMaxManifestBytes = uint64_t{256} << 20;
-  nlohmann::json m = nlohmann::json::parse(
-      read_regular_file((fs::path(dir) / kManifest).string(), kMaxManifestBytes));
-  const auto it = m.is_object() ? m.find(kManifestCrcKey) : m.end();
-  if (checksummed != nullptr) *checksummed = it != m.end();
-  if (it == m.end()) return m;
-  const nlohmann::json stored = *it;
-  nlohmann::json rest = m;
-  rest.erase(kManifestCrcKey);
-  const std::string computed = crc32_hex(rest.dump());
-  if (!stored.is_string() || stored.get<std::string>() != computed)
-    throw UserError("checkpoint '" + dir + "': manifest.json fails its CRC-32 check (stored " +
-                    shown_text(stored.dump()) + ", computed \"" + computed +
-                    "\"): the file is corrupt or was edited");
-  return m;
-}
-
 void check_meta_ranges(const CheckpointMeta& meta, const std::string& path) {
   constexpr int64_t kMax = int64_t{1} << 53;  // (steps stay exact as doubles and far from overflow)
   const auto in = [](int64_t v, int64_t lo, int64_t hi) { return v >= lo && v <= hi; };

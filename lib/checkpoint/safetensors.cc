@@ -47,31 +47,6 @@ int64_t checked_numel(const std::vector<int64_t>& shape) {
   throw UserError("safetensors file '" + path + "': " + what);
 }
 
-// Largest bracket nesting outside strings. Checked before parsing so a hostile header cannot
-// make the JSON parser build (and then recursively destroy) an arbitrarily deep tree.
-int json_depth(std::string_view s) {
-  int depth = 0, max_depth = 0;
-  bool in_string = false, escaped = false;
-  for (char ch : s) {
-    if (in_string) {
-      if (escaped) {
-        escaped = false;
-      } else if (ch == '\\') {
-        escaped = true;
-      } else if (ch == '"') {
-        in_string = false;
-      }
-    } else if (ch == '"') {
-      in_string = true;
-    } else if (ch == '{' || ch == '[') {
-      max_depth = std::max(max_depth, ++depth);
-    } else if (ch == '}' || ch == ']') {
-      --depth;
-    }
-  }
-  return max_depth;
-}
-
 // A non-negative JSON integer (nlohmann stores those as number_unsigned) that fits in int64.
 bool as_index(const nlohmann::json& j, int64_t* out) {
   if (!j.is_number_unsigned()) return false;

@@ -20,6 +20,39 @@ namespace dtrain::checkpoint_internal {
 
 namespace fs = std::filesystem;
 
+void check_manifest_format(const nlohmann::json& m, const std::string& dir) {
+  if (m.at("format").get<std::string>() != kFormatName)
+    throw UserError("checkpoint '" + dir + "': manifest.json is not a dtrain manifest");
+  check_format_version(m.at("format_version").get<int64_t>(), dir);
+}
+
+nlohmann::json read_manifest(const std::string& dir, bool* checksummed) {
+  // A manifest lists ranges per rank and tensor: far below this even for 1024 ranks.
+  constexpr uint64_t kMaxManifestBytes = uint64_t{256} << 20;
+  // It nests a few levels (ranks, tensors, ranges; the config): deeper is no manifest, and the
+  // CRC check below copies and prints the tree, recursing once per level.
+  constexpr int kMaxManifestDepth = 64;
+  const std::string text =
+      read_regular_file((fs::path(dir) / kManifest).string(), kMaxManifestBytes);
+  if (json_depth(text) > kMaxManifestDepth)
+    throw UserError("checkpoint '" + dir + "': manifest.json nests its JSON " +
+                    std::to_string(json_depth(text)) + " levels deep (a manifest has a few): the " +
+                    "file is corrupt or not a dtrain manifest");
+  nlohmann::json m = nlohmann::json::parse(text);
+  const auto it = m.is_object() ? m.find(kManifestCrcKey) : m.end();
+  if (checksummed != nullptr) *checksummed = it != m.end();
+  if (it == m.end()) return m;
+  const nlohmann::json stored = *it;
+  nlohmann::json rest = m;
+  rest.erase(kManifestCrcKey);
+  const std::string computed = crc32_hex(rest.dump());
+  if (!stored.is_string() || stored.get<std::string>() != computed)
+    throw UserError("checkpoint '" + dir + "': manifest.json fails its CRC-32 check (stored " +
+                    shown_text(stored.dump()) + ", computed \"" + computed +
+                    "\"): the file is corrupt or was edited");
+  return m;
+}
+
 namespace {
 
 // Ranks above this in a manifest are damage, not a run (the transports stop at 1024 ranks).
@@ -255,12 +288,17 @@ ShardedRead read_sharded(const std::string& dir, bool with_state) {
     bytes += ec ? 0 : size;
   }
   const double copies = 1.0 + (with_state ? static_cast<double>(out.state_names.size()) : 0.0);
-  if (4.0 * static_cast<double>(P) * copies > static_cast<double>(bytes))
+  if (4.0 * static_cast<double>(P) * copies > static_cast<double>(bytes)) {
+    // A shard cut short (an interrupted copy) is the likelier cause than a manifest that passed
+    // its checksum: each file names itself if it is truncated or corrupt (reads bounded by the
+    // files' own sizes), else the manifest is blamed.
+    for (const std::string& f : files) (void)read_safetensors((fs::path(dir) / f).string());
     throw UserError(fmt::format(
         "checkpoint '{}': the manifest lists {} parameters{}, {:.0f} bytes of values, more than "
         "its {} shard file(s) hold ({} bytes): the manifest is corrupt or not these shards'",
         dir, P, with_state ? " and their optimizer state" : "",
         4.0 * static_cast<double>(P) * copies, files.size(), bytes));
+  }
   out.params.assign(static_cast<size_t>(P), 0.0f);
   if (with_state)
     out.state.assign(out.state_names.size(), std::vector<float>(static_cast<size_t>(P), 0.0f));

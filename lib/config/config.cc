@@ -725,7 +725,12 @@ class Reader final : public config_detail::KeyErrors {
       else
         escaped += ch;
     }
-    value = (fs::path(escaped) / p).lexically_normal().string();
+    // An existing file named literally is that file (as text.h's loader reads a name that
+    // exists), glob characters in the folder or the name or not.
+    const fs::path literal = (fs::path(base) / p).lexically_normal();
+    value = bracket && fs::is_regular_file(literal, ec)
+                ? literal.string()
+                : (fs::path(escaped) / p).lexically_normal().string();
     if (!valid_utf8(value)) {
       const auto m = marks_.find(path);
       fail_at(path, m != marks_.end() ? m->second : YAML::Mark::null_mark(),

@@ -191,6 +191,18 @@ double resolved_test_fraction(const DataConfig& cfg) {
 }  // namespace
 
 int64_t train_rows_without_loading(const DataConfig& cfg) {
+  if (cfg.format == DataFormat::kText) {  // load_text's windows, from exact sizes (not gzip)
+    bool exact = true;
+    const int64_t bytes =
+        cfg.block_size > 0 ? text_bytes_without_reading(cfg.train.path, &exact) : -1;
+    if (bytes < 0 || !exact) return -1;
+    try {
+      const TextSplit sp = plan_text_split(text_options(cfg), bytes, "the training text");
+      return text_window_count(bytes - sp.held_out, cfg.block_size);
+    } catch (const UserError&) {
+      return -1;  // (check_text_sizes and load_text say what is wrong)
+    }
+  }
   int64_t n = -1;
   if (cfg.format == DataFormat::kSynthetic) n = cfg.synthetic.samples;
   if (cfg.format == DataFormat::kIdx) n = idx_label_count(cfg.train.labels);

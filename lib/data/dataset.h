@@ -95,6 +95,9 @@ int64_t idx_label_classes(const std::string& labels_path);
 // gives more than 2^31 pixels an image (load_idx says what is wrong); UserError, as load_idx's,
 // for images of 0 pixels.
 Shape idx_image_shape(const std::string& images_path);
+// What load_idx refuses from the files' headers and sizes alone (validate): a wrong magic, a file
+// too short for its header, a header whose shape is not the (uncompressed) file's size. UserError.
+void check_idx_headers(const std::string& images_path, const std::string& labels_path);
 Dataset make_synthetic(const SyntheticOptions& opts, int64_t seed);
 // make_synthetic's refusals (UserError) without generating anything: for validate.
 void check_synthetic_options(const SyntheticOptions& opts);

@@ -209,14 +209,18 @@ struct Promise {
   size_t total = SIZE_MAX;
   std::string shape;   // "100x2x3"
   bool gzip = false;   // the file is gzip-compressed (zlib's gzdirect, known after a read)
-  int got = 0;         // header bytes read (the whole header: 4 + 4 dims)
+  int got = 0;         // header bytes read (the whole header: 4 + 4 dims); -1: not opened
   uint32_t magic = 0;  // the first 4 bytes, when got >= 4
   bool huge = false;   // the dims multiply past 2^40
 };
 Promise idx_promised_size(const std::string& path, uint32_t magic) {
   const size_t ndims = magic & 0xff, head_len = 4 + 4 * ndims;
   gzFile g = gzopen(path.c_str(), "rb");  // reads a file without the gzip magic as it is
-  if (g == nullptr) return {};
+  if (g == nullptr) {                     // (the reader names what cannot be opened)
+    Promise none;
+    none.got = -1;
+    return none;
+  }
   std::string head(head_len, '\0');
   const int got = gzread(g, head.data(), static_cast<unsigned>(head_len));
   Promise p;
@@ -366,6 +370,37 @@ int64_t idx_label_classes(const std::string& labels_path) {
   for (size_t i = lab.data_offset; i < lab.bytes.size(); ++i)
     classes = std::max<int64_t>(classes, static_cast<unsigned char>(lab.bytes[i]) + 1);
   return classes;
+}
+
+namespace {
+// read_idx's refusals that its header and the file's size decide (a plain file; gzip: only what
+// the header's first bytes say), without reading the data.
+void check_idx_header(const std::string& path, uint32_t magic, const char* what) {
+  const Promise p = idx_promised_size(path, magic);
+  const size_t head_len = 4 + 4 * (magic & 0xff);
+  if (p.got >= 4 && p.magic != magic) throw bad_magic(path, p.magic, magic, what);
+  if (p.got < 0 || p.gzip) return;  // (not opened: the reader says why; gzip: read to know)
+  if (p.got < 4)
+    throw UserError("IDX " + std::string(what) + " file '" + path + "' is too short (" +
+                    std::to_string(p.got) + " bytes) to hold a header");
+  if (static_cast<size_t>(p.got) < head_len)
+    throw UserError("IDX file '" + path + "' is truncated: the header needs " +
+                    std::to_string(head_len) + " bytes, the file has " + std::to_string(p.got));
+  if (p.huge)
+    throw UserError("IDX file '" + path + "' size mismatch: header says " + p.shape +
+                    ", more than 2^40 bytes of data, which no file here holds");
+  std::error_code ec;
+  const auto size = fs::file_size(path, ec);
+  if (!ec && p.total != SIZE_MAX && size != p.total)
+    throw UserError("IDX file '" + path + "' size mismatch: header says " + p.shape + " (" +
+                    std::to_string(p.total) + " bytes with the header) but the file has " +
+                    std::to_string(size) + " bytes");
+}
+}  // namespace
+
+void check_idx_headers(const std::string& images_path, const std::string& labels_path) {
+  check_idx_header(images_path, kImagesMagic, "images");
+  check_idx_header(labels_path, kLabelsMagic, "labels");
 }
 
 Shape idx_image_shape(const std::string& images_path) {

@@ -196,21 +196,24 @@ TextSplit plan_text_split(const TextOptions& opts, int64_t n, const std::string&
 }
 
 void check_text_sizes(const TextOptions& opts) {
+  // Each side where its own sizes are exact (load_text names what it cannot read; gzip: read to
+  // know): a plain test file is checked whatever the training files are.
+  if (!opts.test.empty()) {
+    bool test_exact = true;
+    const int64_t t = text_bytes_without_reading(opts.test, &test_exact);
+    if (t >= 0 && test_exact) {
+      const std::vector<std::string> tf = expand_text_paths(opts.test, "data.test.path");
+      if (t == 0) throw empty_text("data.test.path", tf);
+      if (text_window_count(t, opts.block_size) == 0)
+        throw UserError("data.test.path: the text " + describe(tf) + " has " + std::to_string(t) +
+                        " bytes, fewer than " + window_text(opts.block_size));
+    }
+  }
   bool exact = true;
   const int64_t n = text_bytes_without_reading(opts.train, &exact);
-  if (n < 0 || !exact) return;  // (load_text names what it cannot read; gzip: read to know)
+  if (n < 0 || !exact) return;
   const std::vector<std::string> files = expand_text_paths(opts.train, "data.train.path");
   if (n == 0) throw empty_text("data.train.path", files);
-  if (!opts.test.empty()) {
-    const int64_t t = text_bytes_without_reading(opts.test, &exact);
-    const std::vector<std::string> tf = t >= 0 && exact
-                                            ? expand_text_paths(opts.test, "data.test.path")
-                                            : std::vector<std::string>{};
-    if (t == 0 && exact) throw empty_text("data.test.path", tf);
-    if (t > 0 && exact && text_window_count(t, opts.block_size) == 0)
-      throw UserError("data.test.path: the text " + describe(tf) + " has " + std::to_string(t) +
-                      " bytes, fewer than " + window_text(opts.block_size));
-  }
   const TextSplit sp = plan_text_split(opts, n, describe(files));
   if (!sp.no_split.empty())
     spdlog::warn("{} (the default for text): no validation split, every byte trains", sp.no_split);

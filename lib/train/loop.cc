@@ -672,7 +672,10 @@ nlohmann::json TrainLoop::run() {
   const bool mark = opts_.final_run && opts_.stop != nullptr;
   if (!lead_ && own_process && mark) opts_.stop->done_code.store(exit_code);
   if (lead_) {
-    write_file_atomic((fs::path(opts_.out_dir) / "summary.json").string(), s.dump(2) + "\n");
+    // (replace: a path that is not UTF-8, refused up front where it is known, must not lose
+    // the summary of a finished run)
+    write_file_atomic((fs::path(opts_.out_dir) / "summary.json").string(),
+                      s.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
     if (mark) opts_.stop->done_code.store(exit_code);
     spdlog::debug("done: {} steps, test_accuracy {}, {:.1f} s, results in {}", step_,
                   have_eval_ ? fmt::format("{:.4f}", last_eval_.accuracy) : std::string("n/a"),

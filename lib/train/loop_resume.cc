@@ -81,7 +81,7 @@ bool TrainLoop::resume() {
                                   cfg_.distributed.strategy, saved_comp_);
     }
   }
-  if (const std::string why = nothing_left_reason(cfg_, rp_, plan_); !why.empty()) {
+  if (const std::string why = nothing_left_reason(cfg_, rp_, plan_, batch_); !why.empty()) {
     if (!run_left_unfinished()) {
       if (lead_) spdlog::warn("{}", why);
       early_summary_ = nothing_to_do_summary(why, rp_);

@@ -10,8 +10,10 @@
 #include <system_error>
 
 #include <spdlog/spdlog.h>
+#include <nlohmann/json.hpp>
 
 #include "util/check.h"
+#include "util/fs.h"
 #include "util/strings.h"
 
 namespace dtrain {
@@ -75,6 +77,35 @@ void clear_run_files(const std::string& out_dir, bool clear_logs) {
   }
 }
 
+namespace {
+
+// The folder's config.json is one a dtrain run wrote (a JSON object of config sections), or none.
+// config.json is a common name (a model's, a project's): another program's must not be replaced
+// by the run's, nor deleted by --overwrite.
+void check_config_json_is_ours(const std::string& out_dir) {
+  const fs::path path = fs::path(out_dir) / "config.json";
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return;
+  bool ours = false;
+  try {
+    const std::string text = read_regular_file(path.string(), 16 << 20);
+    if (json_depth(text) <= 32) {
+      const nlohmann::json j = nlohmann::json::parse(text);
+      ours = j.is_object();
+      for (const char* section : {"model", "data", "optimizer", "train"})
+        ours = ours && j.contains(section) && j[section].is_object();
+    }
+  } catch (const std::exception&) {
+    ours = false;
+  }
+  if (!ours)
+    throw UserError("output folder '" + out_dir +
+                    "' holds a config.json that no dtrain run wrote (the run writes its own "
+                    "there): move it, or choose another --out");
+}
+
+}  // namespace
+
 void prepare_out_dir(const std::string& out_dir, bool resuming, bool overwrite, bool clear_logs,
                      OutDirLock* lock) {
   // The folder's path is written into summary.json and manifests, which are JSON: UTF-8 only.
@@ -87,6 +118,7 @@ void prepare_out_dir(const std::string& out_dir, bool resuming, bool overwrite, 
   if (fs::exists(out_dir, ec) && !fs::is_directory(out_dir, ec))
     throw UserError("--out '" + out_dir + "' is a file, not a folder: choose another --out");
   if (lock != nullptr) *lock = OutDirLock(out_dir);
+  check_config_json_is_ours(out_dir);
   if (overwrite) {
     clear_run_files(out_dir, clear_logs);
     return;

@@ -435,9 +435,10 @@ int64_t schedule_horizon(const ResumePoint& rp, const StepPlan& plan, bool lead)
   return rp.schedule_steps;
 }
 
-std::string nothing_left_reason(const Config& cfg, const ResumePoint& rp, const StepPlan& plan) {
+std::string nothing_left_reason(const Config& cfg, const ResumePoint& rp, const StepPlan& plan,
+                                int64_t batch) {
   if (!rp.loaded) return "";
-  const int64_t epoch = rp.epoch + (rp.batch >= plan.batches_per_epoch ? 1 : 0);
+  const int64_t epoch = rp.epoch + (batch >= plan.batches_per_epoch ? 1 : 0);
   const bool steps_done = rp.step >= plan.total_steps;
   const bool epochs_done = cfg.train.epochs > 0 && epoch >= cfg.train.epochs;
   if (!steps_done && !epochs_done) return "";

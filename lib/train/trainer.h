@@ -113,8 +113,11 @@ nlohmann::json interrupt_summary(int stop_signal);
 int64_t schedule_horizon(const ResumePoint& rp, const StepPlan& plan, bool lead);
 
 // Why a resumed run has nothing left to train ("" when it has): its checkpoint is at or past
-// train.max_steps or train.epochs. Both loops then return nothing_to_do_summary(), exit 0.
-std::string nothing_left_reason(const Config& cfg, const ResumePoint& rp, const StepPlan& plan);
+// train.max_steps or train.epochs. `batch`: the checkpoint's place in its epoch in this run's
+// global batches (TrainLoop::resumed_batch_index: rp.batch counts the writer's, which differ
+// when the global batch changed). The loop then returns nothing_to_do_summary(), exit 0.
+std::string nothing_left_reason(const Config& cfg, const ResumePoint& rp, const StepPlan& plan,
+                                int64_t batch);
 nlohmann::json nothing_to_do_summary(const std::string& why, const ResumePoint& rp);
 
 // The --trace epilogue of a rank: writes its own trace file, waits for every rank (barrier), and

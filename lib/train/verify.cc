@@ -20,6 +20,7 @@
 #include "util/enum_names.h"
 #include "util/fault.h"
 #include "util/fs.h"
+#include "util/strings.h"
 
 namespace dtrain {
 
@@ -205,6 +206,11 @@ struct WorkDir {
   explicit WorkDir(const std::string& given) {
     if (!given.empty()) {
       path = given;
+      // (the runs' summaries and manifests record their folders as JSON text: UTF-8 only)
+      if (!valid_utf8(given))
+        throw UserError("verify: --out '" + given +
+                        "': the path is not valid UTF-8 (its runs record their folders as JSON "
+                        "text); choose a UTF-8 folder name");
       std::error_code ec;
       if (fs::exists(path, ec) && !fs::is_directory(path, ec))
         throw UserError("verify: --out '" + given +
@@ -222,6 +228,10 @@ struct WorkDir {
       return;
     }
     std::string t = (fs::temp_directory_path() / "dtrain-verify-XXXXXX").string();
+    if (!valid_utf8(t))
+      throw UserError("verify: the temp folder '" + t +
+                      "' ($TMPDIR) is not valid UTF-8 (its runs record their folders as JSON "
+                      "text): set TMPDIR to a UTF-8 folder, or give --out");
     if (::mkdtemp(t.data()) == nullptr) throw std::runtime_error("verify: mkdtemp failed");
     path = t;
     temporary = true;
@@ -269,21 +279,28 @@ void teacher_force(const Runner& run, const ReferencePlan& plan, const fs::path&
 }
 
 // How far one process drifts from itself in `steps` free-running steps when only the summation
-// order changes: the reference with each batch summed in two halves (gradient accumulation, the
-// same global batch and math), end states compared. -1 when the batch cannot be halved.
+// order changes: the reference with each batch summed in `parts` parts (gradient accumulation,
+// the same global batch and math; parts is the batch's smallest prime factor, so an odd batch
+// splits too), end states compared. -1 when the batch cannot be split (one row).
 double rounding_drift(const Runner& run, const Config& reference, const fs::path& dir,
-                      int64_t steps) {
-  if (reference.data.batch_size < 2 || reference.data.batch_size % 2 != 0 ||
-      reference.train.grad_accum_steps > std::numeric_limits<int64_t>::max() / 2)
+                      int64_t steps, int64_t& parts) {
+  const int64_t b = reference.data.batch_size;
+  parts = 0;
+  for (int64_t f = 2; f * f <= b; ++f)
+    if (b % f == 0) {
+      parts = f;
+      break;
+    }
+  if (parts == 0 && b >= 2) parts = b;  // a prime batch: one row per part
+  if (parts == 0 || reference.train.grad_accum_steps > std::numeric_limits<int64_t>::max() / parts)
     return -1.0;
-  Config halves = reference;
-  halves.data.batch_size /= 2;
-  halves.train.grad_accum_steps *= 2;
-  set_cadence(halves.train, steps, steps);
-  run.reference(halves, dir / "reference-halves");
-  return worst(
-             tensor_diffs(read_checkpoint_tensors(checkpoint_of(dir / "reference", steps)),
-                          read_checkpoint_tensors(checkpoint_of(dir / "reference-halves", steps))))
+  Config split = reference;
+  split.data.batch_size /= parts;
+  split.train.grad_accum_steps *= parts;
+  set_cadence(split.train, steps, steps);
+  run.reference(split, dir / "reference-split");
+  return worst(tensor_diffs(read_checkpoint_tensors(checkpoint_of(dir / "reference", steps)),
+                            read_checkpoint_tensors(checkpoint_of(dir / "reference-split", steps))))
       .rel;
 }
 
@@ -352,6 +369,8 @@ ReferencePlan plan_reference(const Config& layout) {
     if (l.sync_every > 1) {
       p.exact = false;
       p.teacher_forcing = false;
+      p.teacher_forcing_skipped =
+          "Local SGD's replicas hold different parameters between synchronisations";
       p.step_multiple = l.sync_every;
       p.divergence = fmt::format(
           "Local SGD with H = {} averages parameters every {} steps: in between, each replica "
@@ -369,7 +388,11 @@ ReferencePlan plan_reference(const Config& layout) {
       p.exact = false;
       // The outer momentum is state one process does not have: the layout runs free from step 0
       // rather than resuming from the reference's checkpoints, as for H > 1.
-      if (l.outer_lr > 0.0) p.teacher_forcing = false;
+      if (l.outer_lr > 0.0) {
+        p.teacher_forcing = false;
+        p.teacher_forcing_skipped =
+            "DiLoCo's outer momentum is state that one process's checkpoints do not hold";
+      }
       p.divergence =
           l.outer_lr > 0.0
               ? "Local SGD with an outer optimizer (DiLoCo, outer_lr > 0) applies the averaged "
@@ -384,7 +407,10 @@ ReferencePlan plan_reference(const Config& layout) {
                     "the step of the averaged gradient";
     }
   }
-  if (d.compression.type != CompressionType::kNone) {
+  // (Local SGD on one replica never synchronises, so it never compresses: run warns so.)
+  const bool compresses = d.compression.type != CompressionType::kNone &&
+                          !(d.strategy == StrategyKind::kLocalSgd && p.replicas == 1);
+  if (compresses) {
     p.exact = false;
     p.divergence = (p.divergence.empty() ? "" : p.divergence + "; ") +
                    fmt::format(
@@ -479,7 +505,7 @@ VerifyReport run_verify(const VerifyOptions& o) {
   // process against itself tells them apart: the same global batch summed in two halves
   // (accumulation) changes only the summation order.
   if (plan.exact && r.first_bad_step == 0 && !end_ok) {
-    r.noise_floor = rounding_drift(run, plan.reference, work.path, r.end_step);
+    r.noise_floor = rounding_drift(run, plan.reference, work.path, r.end_step, r.noise_parts);
     end_ok = worst(r.end_state).rel <= std::max(r.tolerance, kDriftFactor * r.noise_floor);
   }
   if (!plan.exact)

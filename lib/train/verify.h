@@ -40,9 +40,12 @@ struct ReferencePlan {
   int64_t replicas = 1;    // the layout's data-parallel replicas
   bool exact = true;       // the layout claims equality with the reference
   std::string divergence;  // !exact: why it diverges by design
-  // Teacher forcing needs a checkpoint after every step; Local SGD with H > 1 holds different
-  // parameters on its replicas between synchronisations, so it is free-running only.
+  // Teacher forcing needs a checkpoint after every step that holds all the layout's state; Local
+  // SGD with H > 1 holds different parameters on its replicas between synchronisations, and
+  // DiLoCo's outer momentum is state no reference checkpoint has, so these are free-running only
+  // (teacher_forcing_skipped says why, for the report).
   bool teacher_forcing = true;
+  std::string teacher_forcing_skipped;
   int64_t step_multiple = 1;  // N is rounded up to a multiple of this (Local SGD's H)
   // --set overrides for the layout's runs after the user's, that change nothing it computes (Local
   // SGD on one replica never averages: sync_every 1, so a checkpoint after every step is valid).
@@ -125,10 +128,12 @@ struct VerifyReport {
   std::vector<LossPoint> losses;  // free running
   int64_t first_bad_step = 0;     // first forced step over tolerance; 0: none
   // Measured only when every forced step passed but the end state did not: the end-state
-  // difference between one process and itself with each batch summed in two halves (how much
-  // the dynamics amplify rounding over N steps; -1: the batch is odd). The end state then passes
-  // within kDriftFactor times it.
+  // difference between one process and itself with each batch summed in noise_parts parts (the
+  // batch's smallest prime factor; how much the dynamics amplify rounding over N steps; -1: a
+  // batch of one row, which cannot be split). The end state then passes within kDriftFactor
+  // times it.
   double noise_floor = 0.0;
+  int64_t noise_parts = 0;
   std::string verdict;  // "pass" | "fail" | "diverges as expected"
   bool failed() const { return verdict == "fail"; }
 };

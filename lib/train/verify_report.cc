@@ -59,7 +59,8 @@ nlohmann::json report_json(const VerifyReport& r) {
       {"steps", r.steps},
       {"tolerance", r.tolerance},
       {"teacher_forcing", forced},
-      {"noise_floor", r.noise_floor != 0.0 ? number(r.noise_floor) : nlohmann::json(nullptr)},
+      {"noise_floor", r.noise_floor > 0.0 ? number(r.noise_floor) : nlohmann::json(nullptr)},
+      {"noise_parts", r.noise_parts > 0 ? nlohmann::json(r.noise_parts) : nlohmann::json(nullptr)},
       {"free_run", r.plan.free_run_note.empty() ? nlohmann::json(nullptr)
                                                 : nlohmann::json(r.plan.free_run_note)},
       // (a layout that diverges by design fails no step: the tolerance is not applied)
@@ -91,8 +92,7 @@ std::string report_text(const VerifyReport& r) {
           f.worst.rel > r.tolerance && r.plan.exact ? "  <-- over tolerance" : "");
     s += "\n";
   } else {
-    s += "teacher forcing: skipped (Local SGD's replicas hold different parameters between "
-         "synchronisations)\n\n";
+    s += "teacher forcing: skipped (" + r.plan.teacher_forcing_skipped + ")\n\n";
   }
   s += fmt::format("free running, {} steps:\n{:>6}  {:>14}  {:>14}\n", r.steps, "step",
                    "loss reference", "loss layout");
@@ -111,9 +111,12 @@ std::string report_text(const VerifyReport& r) {
                                    : " (" + r.plan.free_run_note + ")");
   if (r.noise_floor > 0.0)
     s += fmt::format(
-        "one process against itself, each batch summed in two halves: {} (the "
+        "one process against itself, each batch summed in {} parts: {} (the "
         "dynamics amplify rounding; the end state passes within {:g}x that)\n",
-        sci(r.noise_floor), kDriftFactor);
+        r.noise_parts, sci(r.noise_floor), kDriftFactor);
+  else if (r.noise_floor < 0.0)
+    s += "one process against itself: not measured (a batch of one row cannot be summed in "
+         "parts), so the end state is held to the tolerance\n";
   s += "\n";
   if (r.verdict == "pass") {
     double w = 0;

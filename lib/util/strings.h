@@ -1,6 +1,7 @@
 // Small string helpers shared across areas.
 #pragma once
 
+#include <algorithm>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -54,6 +55,32 @@ inline bool valid_utf8(const std::string& s) {
   for (size_t i = 0, n = 0; i < s.size(); i += n)
     if ((n = utf8_sequence_at(s, i)) == 0) return false;
   return true;
+}
+
+// Largest bracket nesting of JSON text, outside strings. Checked before parsing text a user can
+// edit (safetensors headers, checkpoint manifests): copying or printing a parsed tree recurses
+// once per level, so a hostile file must not reach them arbitrarily deep.
+inline int json_depth(std::string_view s) {
+  int depth = 0, max_depth = 0;
+  bool in_string = false, escaped = false;
+  for (char ch : s) {
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (ch == '\\') {
+        escaped = true;
+      } else if (ch == '"') {
+        in_string = false;
+      }
+    } else if (ch == '"') {
+      in_string = true;
+    } else if (ch == '{' || ch == '[') {
+      max_depth = std::max(max_depth, ++depth);
+    } else if (ch == '}' || ch == ']') {
+      --depth;
+    }
+  }
+  return max_depth;
 }
 
 // s for a place that takes only well-formed, printable UTF-8 text (an SVG document, cairo's

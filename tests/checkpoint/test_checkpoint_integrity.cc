@@ -228,6 +228,40 @@ TEST_CASE("a manifest claiming more values than its shards hold is refused befor
   CHECK_MESSAGE(contains(msg, "more than its 2 shard file(s) hold"), msg);
 }
 
+TEST_CASE("a shard cut short is named; a manifest nested absurdly deep is refused") {
+  TempDir dir;
+  const Model m = small_model();
+  const int64_t P = m.param_count();
+  std::vector<float> p(P), mom(P, 0.25f), got(P, 0.0f);
+  m.init(p.data(), 15);
+  const std::string ck = dir / "step-3";
+  // An interrupted copy leaves a shard at 60% of its size: the sum of the shards' sizes falls
+  // below what the (intact, checksummed) manifest lists, and the manifest was blamed.
+  save_two_shards(ck, m, p, mom);
+  const std::string shard = ck + "/rank-1.safetensors";
+  std::filesystem::resize_file(shard, std::filesystem::file_size(shard) * 6 / 10);
+  for (const bool consolidate : {false, true}) {
+    const std::string msg = user_error([&] {
+      if (consolidate)
+        consolidate_checkpoint(ck, dir / "one.safetensors");
+      else
+        load_checkpoint(ck, m, got.data(), {});
+    });
+    CHECK_MESSAGE(contains(msg, "rank-1.safetensors' is not a safetensors file (truncated"), msg);
+  }
+  // 100,000 levels appended to the manifest with its checksum kept: the check copies and prints
+  // the tree, recursing once per level (SIGSEGV in run --resume, eval and consolidate).
+  save_two_shards(ck, m, p, mom);
+  std::string text = read_text(ck + "/manifest.json");
+  const size_t close = text.rfind('}');
+  REQUIRE(close != std::string::npos);
+  text = text.substr(0, close) + ", \"x\": " + std::string(100000, '[') + std::string(100000, ']') +
+         "}\n";
+  std::ofstream(ck + "/manifest.json", std::ios::trunc) << text;
+  const std::string msg = user_error([&] { load_checkpoint(ck, m, got.data(), {}); });
+  CHECK_MESSAGE(contains(msg, "manifest.json nests its JSON 100001 levels deep"), msg);
+}
+
 TEST_CASE("a shard's own format and version are checked, as the manifest's are") {
   TempDir dir;
   const Model m = small_model();

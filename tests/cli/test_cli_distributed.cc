@@ -466,6 +466,21 @@ TEST_CASE("--trace: the ranks' parts never replace a file that is not a trace") 
   r = run_cmd(kBin + " run " + cfg + " --out " + dir / "q" + " --trace " + dir / "t.json" +
               " --log-level warn --set train.max_steps=2");
   CHECK_MESSAGE(r.exit_code == 0, r.output);
+  // FILE itself: an earlier trace (t.json, just above) or an empty file is replaced; weights
+  // named by mistake are not (they were silently overwritten).
+  const std::string weights = dir / "model.safetensors";
+  std::filesystem::copy_file(dir / "p/checkpoints/step-2.safetensors", weights);
+  const std::string before = read_text(weights);
+  r = run_cmd(kBin + " run " + cfg + " --out " + dir / "w" + " --trace " + weights +
+              " --set train.max_steps=2");
+  CHECK_MESSAGE(r.exit_code == 2, r.output);
+  CHECK(contains(r.output, "exists and is not a dtrain trace"));
+  CHECK(read_text(weights) == before);
+  const std::string empty = dir.write("empty.json", "");
+  r = run_cmd(kBin + " run " + cfg + " --out " + dir / "e" + " --trace " + empty +
+              " --log-level warn --set train.max_steps=2");
+  CHECK_MESSAGE(r.exit_code == 0, r.output);
+  CHECK(contains(read_text(empty), "traceEvents"));
 }
 
 namespace {

@@ -164,6 +164,32 @@ TEST_CASE("a second SIGINT ends the run at once, by the signal") {
   CHECK_FALSE(std::filesystem::exists(dir / "run/summary.json"));
 }
 
+TEST_CASE("a config.json that no dtrain run wrote is neither replaced nor deleted") {
+  // config.json is a common name (a model's, a project's): it was replaced by the run's own.
+  TempDir dir;
+  const std::string cfg = dir.write("cfg.yaml", kCfg);
+  std::filesystem::create_directories(dir / "proj");
+  const std::string mine = dir.write("proj/config.json", "{\"my\": \"precious settings\"}\n");
+  for (const std::string extra : {"", " --overwrite"}) {
+    const auto r =
+        run_cmd(kBin + " run " + cfg + " --set train.max_steps=2 --out " + dir / "proj" + extra);
+    INFO(extra << "\n" << r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(contains(r.output, "holds a config.json that no dtrain run wrote"));
+    CHECK(read_text(mine) == "{\"my\": \"precious settings\"}\n");
+  }
+  // The config.json of a run that failed before training is the run's: a new run goes ahead.
+  const std::string out = dir / "failed";
+  auto r =
+      run_cmd(kBin + " run " + cfg + " --set train.max_steps=2 --out " + out + " --log-level warn");
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  std::filesystem::remove_all(out + "/checkpoints");
+  std::filesystem::remove(out + "/summary.json");
+  std::filesystem::remove(out + "/metrics.jsonl");
+  r = run_cmd(kBin + " run " + cfg + " --set train.max_steps=2 --out " + out + " --log-level warn");
+  CHECK_MESSAGE(r.exit_code == 0, r.output);
+}
+
 TEST_CASE("an output folder holding a run is refused without --resume or --overwrite") {
   TempDir dir;
   const std::string cfg = dir.write("cfg.yaml", kCfg);
@@ -362,12 +388,16 @@ TEST_CASE("resume under another global batch still trains exactly train.epochs")
   // "steps" already reached at step 150 + 75) and running a smaller one half an epoch past.
   TempDir dir;
   const std::string cfg = dir.write("cfg.yaml", kCfg);
-  for (const auto& [first, then, end] :
-       std::vector<std::tuple<int, int, int>>{{16, 32, 150 + 2 * 75}, {32, 16, 75 + 2 * 150}}) {
+  // The third: stopped two thirds into the last epoch (batch 100 of 150), where the checkpoint's
+  // batch index, in its own units, is past the 75 of the new epoch: "nothing to train" was
+  // printed and the last epoch's remaining 25 steps dropped.
+  for (const auto& [first, then, first_steps, end] : std::vector<std::tuple<int, int, int, int>>{
+           {16, 32, 150, 150 + 2 * 75}, {32, 16, 75, 75 + 2 * 150}, {16, 32, 400, 425}}) {
     CAPTURE(first);
-    const std::string out = dir / ("b" + std::to_string(first));
+    CAPTURE(first_steps);
+    const std::string out = dir / ("b" + std::to_string(first) + "-" + std::to_string(first_steps));
     const std::string run = kBin + " run " + cfg + " --out " + out + " --set train.epochs=3";
-    REQUIRE(run_cmd(run + " --set train.max_steps=" + std::to_string(2400 / first) +
+    REQUIRE(run_cmd(run + " --set train.max_steps=" + std::to_string(first_steps) +
                     " --set data.batch_size=" + std::to_string(first) + " --log-level warn")
                 .exit_code == 0);
     const auto r = run_cmd(run + " --set train.max_steps=0 --resume auto --set data.batch_size=" +

@@ -11,6 +11,8 @@
 #include <algorithm>
 #include <filesystem>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "test_util.h"
 
@@ -617,6 +619,17 @@ TEST_CASE("what run refuses from the data's sizes, labels and features, validate
       CHECK_MESSAGE(contains(r.output, want), r.output);
     }
   }
+  // Synthetic data too large to generate in the memory there is (4 GB of address space here):
+  // validate said ok, and run grew into it until the kernel's OOM killer ended it.
+  for (const std::string& cmd :
+       std::vector<std::string>{"validate " + path, "run " + path + " --out " + dir / "m"}) {
+    const auto r =
+        run_cmd("ulimit -v 4000000; " + kBin + " " + cmd +
+                " --set data.synthetic.samples=1000000000 --set data.synthetic.features=2");
+    CAPTURE(cmd);
+    CHECK(r.exit_code == 2);
+    CHECK_MESSAGE(contains(r.output, "needs about 22.4 GiB to generate"), r.output);
+  }
 }
 
 TEST_CASE("a label out of range in the test file is named in the test file, with its value") {
@@ -722,4 +735,42 @@ TEST_CASE("dtrain launch reads torchrun's PET_NPROC_PER_NODE forms: auto and cpu
               " --set train.max_steps=2 --set train.epochs=0");
   CHECK_MESSAGE(r.exit_code == 0, r.output);
   CHECK(contains(r.output, "rank(s) finished"));
+  // An explicit --nproc wins over the variable, as every flag does (3 ranks were started).
+  r = run_cmd("PET_NNODES=1 PET_NPROC_PER_NODE=3 " + kBin + " launch --nproc 2 " + cfg + " --out " +
+              dir / "n" + " --set train.max_steps=2 --set train.epochs=0");
+  CHECK_MESSAGE(r.exit_code == 0, r.output);
+  CHECK(contains(dtrain::testing::read_text(dir / "n/summary.json"), "\"world_size\": 2"));
+}
+
+TEST_CASE("validate refuses the IDX files run refuses from their headers and sizes") {
+  // A wrong magic, a header whose shape the file does not hold, an empty file: validate said ok.
+  TempDir dir;
+  const auto be32 = [](uint32_t v) {
+    return std::string{static_cast<char>(v >> 24), static_cast<char>(v >> 16),
+                       static_cast<char>(v >> 8), static_cast<char>(v)};
+  };
+  const std::string labels = dir.write("labels.idx", be32(0x801) + be32(4) + std::string(4, '\1'));
+  const std::string good = be32(0x803) + be32(4) + be32(2) + be32(2) + std::string(16, '\7');
+  dir.write("good.idx", good);
+  dir.write("magic.idx", be32(0x802) + good.substr(4));
+  dir.write("short.idx", be32(0x803) + be32(60) + be32(4) + be32(4) + std::string(100, '\0'));
+  dir.write("empty.idx", "");
+  const std::string cfg =
+      dir.write("idx.yaml",
+                "model: {hidden: [4]}\ndata: {format: idx, train: {images: good.idx, labels: "
+                "labels.idx}, batch_size: 2}\ntrain: {max_steps: 1}\n");
+  CmdResult r = run_dtrain("validate " + cfg);
+  CHECK_MESSAGE(r.exit_code == 0, r.output);
+  for (const auto& [file, part] : std::vector<std::pair<std::string, std::string>>{
+           {"magic.idx", "bad IDX magic 0x00000802"},
+           {"short.idx", "size mismatch: header says 60x4x4"},
+           {"empty.idx", "is too short (0 bytes) to hold a header"}}) {
+    const std::vector<std::string> cmds = {"validate ", "run --out " + dir / "r" + " "};
+    for (const std::string& cmd : cmds) {
+      r = run_dtrain(cmd + cfg + " --set data.train.images=" + dir / file);
+      INFO(cmd << file << ": " << r.output);
+      CHECK(r.exit_code == 2);
+      CHECK(contains(r.output, part));
+    }
+  }
 }

@@ -81,6 +81,23 @@ TEST_CASE("a model or text data that does not fit: run exits 2 with one line nam
   }
   const CmdResult ok = run_cmd(kBin + " validate " + t / "ok.yaml");
   CHECK_MESSAGE(ok.exit_code == 0, ok.output);
+  // A plain test file is checked whatever the training files are (a gzip corpus skipped it).
+  REQUIRE(run_cmd("gzip -k " + corpus).exit_code == 0);
+  const CmdResult gz =
+      run_cmd(kBin + " validate " + t / "ok.yaml" + " --set data.train.path=" + corpus +
+              ".gz --set data.test.path=" + short_text);
+  CHECK_MESSAGE(gz.exit_code == 2, gz.output);
+  CHECK(contains(gz.output, "data.test.path: the text"));
+  // The training windows are known from the sizes (1,920 bytes, 192 held out: 107 windows), so
+  // validate judges data.drop_last and the memory of a batch as run does: a batch larger than
+  // the data is only the data.
+  const CmdResult dl = run_cmd(kBin + " validate " + t / "ok.yaml" +
+                               " --set data.drop_last=true --set data.batch_size=1000");
+  CHECK_MESSAGE(dl.exit_code == 2, dl.output);
+  CHECK(contains(dl.output, "(107 samples) is smaller than one global batch of 1000"));
+  const CmdResult big =
+      run_cmd(kBin + " validate " + t / "ok.yaml" + " --set data.batch_size=16777216");
+  CHECK_MESSAGE(big.exit_code == 0, big.output);
 }
 
 TEST_CASE("predict refuses a gpt model: it classifies CSV rows, generate continues text") {

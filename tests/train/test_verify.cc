@@ -111,6 +111,13 @@ TEST_CASE("verify: the reference has one rank, the global batch and the scaled l
     CHECK(p.reference.distributed.compression.type == CompressionType::kNone);
     CHECK(p.divergence.find("cost of compression") != std::string::npos);
   }
+  {  // Local SGD on one replica never synchronises, so its compression is never applied
+    const ReferencePlan p = plan_reference(
+        load_config(path, {"distributed.world_size=1", "distributed.strategy=local_sgd",
+                           "distributed.compression.type=int8"}));
+    CHECK(p.exact);
+    CHECK(p.divergence.empty());
+  }
 }
 
 TEST_CASE("verify: tensor and update differences are relative to the reference's scale") {
@@ -278,6 +285,10 @@ TEST_CASE("verify: top-k compression and Local SGD H = 8 diverge as expected, no
   CAPTURE(report_text(diloco));
   CHECK(diloco.verdict == "diverges as expected");
   CHECK(report_text(diloco).find("DiLoCo") != std::string::npos);
+  CHECK(report_text(diloco).find("teacher forcing: skipped (DiLoCo's outer momentum") !=
+        std::string::npos);
+  CHECK(report_text(lsgd).find("teacher forcing: skipped (Local SGD's replicas hold") !=
+        std::string::npos);
 }
 
 TEST_CASE("verify: Local SGD with one replica per stage is one process, even with H = 8") {
@@ -347,6 +358,40 @@ runtime: {threads: 1}
   CHECK(r.noise_floor > 1e-4);
   CHECK(worst(r.end_state).rel <= kDriftFactor * r.noise_floor);
   CHECK(report_text(r).find("one process against itself") != std::string::npos);
+}
+
+TEST_CASE("verify: an odd global batch measures the drift in its smallest prime factor of parts") {
+  spdlog::set_level(spdlog::level::warn);
+  TempDir t;
+  // 3 replicas x 5 rows: the reference's batch of 15 is summed in 3 parts of 5 (it was skipped
+  // as "odd", and a drift of 1.2e-3 over 30 steps was failed against the bare tolerance).
+  VerifyOptions o;
+  o.config_path = t.write("deep.yaml", R"(seed: 3
+model: {type: mlp, hidden: [64, 64, 64, 64, 64, 64], activation: relu}
+data:
+  format: synthetic
+  synthetic: {samples: 3000, features: 16, classes: 4, noise: 3.0}
+  batch_size: 5
+optimizer: {type: sgd, lr: 0.25, momentum: 0.9}
+train: {epochs: 1, log_every: 2}
+distributed: {backend: inproc, world_size: 3, strategy: ddp}
+runtime: {threads: 1}
+)");
+  o.steps = 30;
+  const VerifyReport r = run_verify(o);
+  CAPTURE(report_text(r));
+  for (const ForcedStep& f : r.forced) CHECK(f.worst.rel < 1e-4);
+  CHECK(r.verdict == "pass");
+  if (worst(r.end_state).rel <= r.tolerance) {
+    MESSAGE("no drift with these kernels: the drift comparison was not needed");
+    CHECK(r.noise_floor == 0.0);
+    return;
+  }
+  CHECK(r.noise_parts == 3);
+  CHECK(r.noise_floor > 0.0);
+  CHECK(report_text(r).find("summed in 3 parts") != std::string::npos);
+  CHECK(report_json(r)["noise_parts"] == 3);
+  spdlog::set_level(spdlog::level::info);
 }
 
 TEST_CASE("verify: a fault on a rank the layout has not is refused, not a drill that passes") {

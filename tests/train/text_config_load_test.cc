@@ -81,6 +81,14 @@ TEST_CASE("load_data: a relative glob matches inside the config's folder, whatev
   t.write("q\\b[1]/a.txt", bytes_of(400));
   const Config b = load_config(t / "q\\b[1]/l.yaml");
   CHECK(load_data(b.data, b.seed).train.rows == 44);
+  // A file that exists under its literal name is that file, glob characters in both the folder
+  // and the name ("p[1]/x[2].txt" was read as the pattern "p[[]1]/x[2].txt": no x2.txt, no match).
+  t.write("q[1]/x[2].txt", bytes_of(400));
+  t.write("q[1]/x.yaml",
+          "model: {type: gpt, block_size: 8}\ndata: {format: text, train: {path: 'x[2].txt'}}\n");
+  const Config x = load_config(t / "q[1]/x.yaml");
+  CHECK(x.data.train.path == std::vector<std::string>{t / "q[1]/x[2].txt"});
+  CHECK(load_data(x.data, x.seed).train.rows == 44);
 }
 
 }  // namespace

@@ -1,0 +1,87 @@
+// Paths a user can give that the file system refuses or that JSON cannot hold: each is exit 2 with
+// one line naming the option, before anything trains, and a command refused for bad input leaves
+// no output folder behind that it created.
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <string>
+
+#include "test_util.h"
+
+using dtrain::testing::CmdResult;
+using dtrain::testing::contains;
+using dtrain::testing::run_cmd;
+using dtrain::testing::TempDir;
+
+namespace {
+
+const std::string kBin = DTRAIN_BIN;
+
+const char* kTiny = R"(seed: 3
+model: {hidden: [8]}
+data:
+  format: synthetic
+  synthetic: {samples: 200, features: 4, classes: 3}
+  batch_size: 20
+optimizer: {type: sgd, lr: 0.1}
+train: {epochs: 1, max_steps: 2}
+runtime: {threads: 1}
+)";
+
+}  // namespace
+
+TEST_CASE("a command refused for bad input leaves no output folder behind") {
+  TempDir t;
+  const std::string cfg = t.write("c.yaml", kTiny);
+  for (const std::string& cmd :
+       {"DTRAIN_FAULT=garbage " + kBin + " run " + cfg + " --out " + t / "a",
+        "DTRAIN_RESTART_COUNT=-3 " + kBin + " run " + cfg + " --out " + t / "a",
+        kBin + " launch --nproc 2 --max-restarts -1 " + cfg + " --out " + t / "a"}) {
+    const CmdResult r = run_cmd(cmd);
+    INFO(cmd << "\n" << r.output);
+    CHECK(r.exit_code == 2);
+    CHECK_FALSE(std::filesystem::exists(t / "a"));
+  }
+}
+
+TEST_CASE("paths the file system refuses are exit 2 up front, naming the option") {
+  TempDir t;
+  const std::string cfg = t.write("c.yaml", kTiny);
+  // A symbolic link to itself as --out (was "filesystem error: ... Too many levels", exit 1).
+  std::filesystem::create_symlink("loopy", t / "loopy");
+  CmdResult r = run_cmd(kBin + " run " + cfg + " --out " + t / "loopy");
+  CHECK_MESSAGE(r.exit_code == 2, r.output);
+  CHECK(contains(r.output, "--out '" + t / "loopy" + "'"));
+  // A --trace name longer than a file name can be: refused before training (it trained, then
+  // failed to write the trace, exit 1).
+  const std::string long_name = std::string(300, 'a') + ".json";
+  r = run_cmd(kBin + " run " + cfg + " --out " + t / "r" + " --trace " + t / long_name);
+  CHECK_MESSAGE(r.exit_code == 2, r.output);
+  CHECK(contains(r.output, "--trace"));
+  CHECK(contains(r.output, "longer than the"));
+  CHECK_FALSE(std::filesystem::exists(t / "r/summary.json"));
+  // A legal name near the limit is written (its temp file's name is shortened, not the target's).
+  r = run_cmd(kBin + " run " + cfg + " --out " + t / "r" + " --log-level warn");
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  const std::string svg = std::string(248, 'p') + ".svg";  // 252 bytes
+  r = run_cmd(kBin + " plot " + t / "r" + " -o " + t / svg);
+  CHECK_MESSAGE(r.exit_code == 0, r.output);
+  CHECK(std::filesystem::exists(t / svg));
+}
+
+TEST_CASE("a --resume path that is not UTF-8 is refused before training") {
+  // summary.json records it as JSON text: the run trained, then failed writing the summary with
+  // nlohmann's "invalid UTF-8 byte", exit 1, leaving no summary.
+  TempDir t;
+  const std::string cfg = t.write("c.yaml", kTiny);
+  CmdResult r = run_cmd(kBin + " run " + cfg + " --out " + t / "r" + " --log-level warn");
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  const std::string odd = t / "ck\xff";
+  std::filesystem::create_directories(odd);
+  std::filesystem::copy_file(t / "r/checkpoints/step-2.safetensors", odd + "/step-2.safetensors");
+  r = run_cmd(kBin + " run " + cfg + " --out " + t / "s" + " --set train.max_steps=4 --resume '" +
+              odd + "/step-2.safetensors'");
+  CHECK_MESSAGE(r.exit_code == 2, r.output);
+  CHECK(contains(r.output, "is not valid UTF-8"));
+  CHECK_FALSE(std::filesystem::exists(t / "s/summary.json"));
+}
