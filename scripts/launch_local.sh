@@ -83,6 +83,7 @@ first_signal_ns=0 # when it came (date +%s%N): the same signal within 1 s is tha
 stop_codes=""  # the ranks' exit statuses once they were told to stop
 rank_stopped=""    # set when a rank stopped on a signal of its own (not this script's)
 rank_stop_codes="" # those ranks' exit statuses
+user_error=""      # set when a rank failed on bad input (exit 2)
 
 # Signals each rank's process only: `dtrain run` starts no processes of its own. (A rank that
 # does would need its own process group, e.g. setsid, and `kill -- -PGID`.)
@@ -160,6 +161,7 @@ finished() {
   elif (($2 != 0)); then
     echo "launch_local.sh: rank $r failed: $(describe "$2"); stopping the others" >&2
     failed=$r
+    (($2 == 2)) && user_error=1
     ((${#rank_of[@]} > 0)) && stop_ranks "${!rank_of[@]}"
   fi
 }
@@ -179,6 +181,15 @@ done
 [[ -n ${killer_pid:-} ]] && kill "$killer_pid" 2>/dev/null
 wait "$tail_pid" 2>/dev/null
 if [[ -n $failed ]]; then
+  # A rank signalled while the ranks were starting stops alone (they cannot agree yet) and its
+  # peers then fail without it: the signal is the cause, a stop to pass on (as dtrain launch
+  # does), unless a rank refused its input.
+  if [[ -n $rank_stopped && -z $user_error ]]; then
+    read -ra codes <<<"$rank_stop_codes"
+    echo "launch_local.sh: a rank was signalled (exit status ${codes[0]}) and its peers then" \
+      "failed without it: the job stops" >&2
+    exit "${codes[0]}"
+  fi
   exit 1
 elif [[ -n $rank_stopped && -z $interrupted ]]; then
   read -ra codes <<<"$rank_stop_codes"

@@ -159,6 +159,14 @@ void check_trace_output(const std::string& trace, const std::string& out_dir,
   // Directly in an --out the run is about to create: its folder is checked when it is created.
   if (t.parent_path() == out && !fs::exists(out, ec)) return;
   check_output_file("--trace", trace);
+  // The ranks' parts are longer names than FILE (rank numbers up to 1023, the transports' limit):
+  // one the file system refuses failed the run after training.
+  for (const std::string& part :
+       {rank_trace_path(trace, 1023), failed_rank_trace_path(trace, 1023)})
+    if (const std::string why = output_file_problem(part); !why.empty())
+      throw UserError("--trace '" + trace + "': each rank writes its part next to it, as '" +
+                      fs::path(part).filename().string() + "', which " + why +
+                      ": give a shorter name");
   // An existing file is replaced only if it is a trace (an earlier run's) or empty (mktemp's):
   // a mistyped --trace must not destroy a checkpoint, a config or anything else.
   struct stat st {};

@@ -237,8 +237,8 @@ void validate_distributed(const Config& c, const KeyErrors& errors) {
                l.kind == LayerKind::kLayerNorm;
       };
       const int64_t linears =
-          c.model.type == ModelType::kMlp
-              ? static_cast<int64_t>(c.model.hidden.size()) + 1
+          c.model.type == ModelType::kMlp  // (a LayerNorm after each hidden Linear, if asked)
+              ? static_cast<int64_t>(c.model.hidden.size()) * (c.model.layer_norm ? 2 : 1) + 1
               : std::count_if(c.model.layers.begin(), c.model.layers.end(), has_params);
       errors.check(pc.stages <= linears, "distributed.pipeline.stages",
                    "the model has " + show(linears) + " layers with parameters, fewer than " +

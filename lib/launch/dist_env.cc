@@ -344,7 +344,8 @@ DistEnv resolve_dist_env(const std::map<std::string, std::string>& env, int conf
   if (port.set && (port.value < 1 || port.value > 65535))
     throw UserError(show(port) + " is not a TCP port (1..65535)");
   if (addr.empty()) throw UserError(addr_name + " is empty");
-  if (const std::string why = master_addr_problem(addr); !why.empty())
+  // (one rank meets nobody: the address is never used)
+  if (const std::string why = master_addr_problem(addr); !why.empty() && world.value > 1)
     throw UserError(addr_name + " '" + addr + "' " + why);
   // Open MPI says nothing about rank 0's host; 127.0.0.1 would be wrong on every other host
   // (their ranks would wait on their own loopback until the rendezvous timeout).
@@ -384,6 +385,7 @@ void end_with_launcher(const std::map<std::string, std::string>& env) {
                  kLauncherPidEnv, it->second);
     return;
   }
+  set_signal_forwarder(launcher);  // (its forwarded copies never escalate a stop)
   // Our stdout and stderr may be pipes the launcher reads: once it is gone, a write must fail
   // (EPIPE) rather than kill this rank (SIGPIPE) before it stops cleanly.
   std::signal(SIGPIPE, SIG_IGN);

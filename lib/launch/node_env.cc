@@ -67,7 +67,8 @@ NodeEnv resolve_node_env(const Env& env, const NodeOverrides& flags, int default
   if (port.from != "default" && (port.value < 1 || port.value > 65535))
     throw UserError(show(port) + " is not a TCP port (1..65535)");
   if (addr.empty()) throw UserError(addr_from + " is empty");
-  if (const std::string why = master_addr_problem(addr); !why.empty())
+  if (const std::string why = master_addr_problem(addr);
+      !why.empty() && nnodes.value * per.value > 1)  // (one rank meets nobody)
     throw UserError(addr_from + " '" + addr + "' " + why);
   if (nnodes.value > 1) {
     if (addr_from == "default" || loopback(addr))

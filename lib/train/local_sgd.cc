@@ -34,6 +34,12 @@ class LocalSgd final : public ReplicatedBase {
         outer_(c_.outer_lr > 0),
         pieces_(tie_aligned_pieces(*range.model, range.begin, range.end)) {
     if (outer_) outer_momentum_.assign(values_.size(), 0.0f);
+    if (dp.size() == 1 && outer_ && dp.rank() == 0)
+      spdlog::warn(
+          "distributed.local_sgd.outer_lr {} is unused: local_sgd with one data-parallel replica "
+          "never synchronises, so DiLoCo's outer step (an average of one) never runs; this trains "
+          "as one process",
+          c_.outer_lr);
     if (dp.size() == 1 && compression_ != CompressionType::kNone && dp.rank() == 0)
       spdlog::warn(
           "distributed.compression {} is unused: local_sgd at world size 1 never synchronises, so "

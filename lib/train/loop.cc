@@ -166,6 +166,15 @@ bool TrainLoop::nonfinite_guard(double loss_sum) {
   if ((!loss_global_ || tp_) && world_.size() > 1) world_.allreduce(&code, 1, ReduceOp::kMin);
   if (code == kFiniteCode) return true;
   const std::string what = nonfinite_what(model_, code);
+  // fp16 compression carries a rank's gradient in 16 bits: above 65504 it becomes inf in transit
+  // (with a finite loss; clipping and the learning rate act after the reduction, so cannot help).
+  const std::string fp16_hint =
+      code != kLossCode && strategy_->reducer() != nullptr &&
+              cfg_.distributed.compression.type == CompressionType::kFp16
+          ? "; with distributed.compression fp16 (values up to 65504), a rank's gradient above "
+            "that overflows to inf in transit, which clipping cannot undo: bf16 (float32's "
+            "range) or int8 (scaled per bucket) avoid it"
+          : "";
   // Before any update the learning rate cannot be the cause: the inputs (or the initial
   // weights) overflow the float32 arithmetic.
   if (cfg_.train.nonfinite == Nonfinite::kAbort && step_ == 0 && !rp_.loaded)
@@ -176,12 +185,14 @@ bool TrainLoop::nonfinite_guard(double loss_sum) {
                            "wide at its initial weights)")
              : "the training data's values overflow the model's float32 arithmetic (values near "
                "3.4e38? data.normalize: " +
-                   to_string(cfg_.data.normalize) + ")"));
+                   to_string(cfg_.data.normalize) + ")") +
+        fp16_hint);
   if (cfg_.train.nonfinite == Nonfinite::kAbort)
     throw AgreedError(
         what + " is not finite at step " + std::to_string(step_ + 1) +
         " (train.nonfinite: abort; lower optimizer.lr, set optimizer.clip_grad_norm, or set "
-        "train.nonfinite: skip)");
+        "train.nonfinite: skip" +
+        fp16_hint + ")");
   ++skipped_steps_;
   if (lead_)
     spdlog::warn("step {} skipped on every rank: {} is not finite ({} skipped so far)", step_ + 1,

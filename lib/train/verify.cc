@@ -281,7 +281,8 @@ void teacher_force(const Runner& run, const ReferencePlan& plan, const fs::path&
 // How far one process drifts from itself in `steps` free-running steps when only the summation
 // order changes: the reference with each batch summed in `parts` parts (gradient accumulation,
 // the same global batch and math; parts is the batch's smallest prime factor, so an odd batch
-// splits too), end states compared. -1 when the batch cannot be split (one row).
+// splits too), end states compared. -1 when the batch cannot be split into parts that sum the
+// same rows (one row; data.drop_last, which drops each part's short rest).
 double rounding_drift(const Runner& run, const Config& reference, const fs::path& dir,
                       int64_t steps, int64_t& parts) {
   const int64_t b = reference.data.batch_size;
@@ -292,7 +293,9 @@ double rounding_drift(const Runner& run, const Config& reference, const fs::path
       break;
     }
   if (parts == 0 && b >= 2) parts = b;  // a prime batch: one row per part
-  if (parts == 0 || reference.train.grad_accum_steps > std::numeric_limits<int64_t>::max() / parts)
+  // (data.drop_last drops each micro-batch's short rest: parts would train other rows)
+  if (parts == 0 || reference.data.drop_last ||
+      reference.train.grad_accum_steps > std::numeric_limits<int64_t>::max() / parts)
     return -1.0;
   Config split = reference;
   split.data.batch_size /= parts;

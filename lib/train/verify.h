@@ -130,8 +130,8 @@ struct VerifyReport {
   // Measured only when every forced step passed but the end state did not: the end-state
   // difference between one process and itself with each batch summed in noise_parts parts (the
   // batch's smallest prime factor; how much the dynamics amplify rounding over N steps; -1: a
-  // batch of one row, which cannot be split). The end state then passes within kDriftFactor
-  // times it.
+  // batch of one row, or data.drop_last, which would drop other rows in parts). The end state then
+  // passes within kDriftFactor times it.
   double noise_floor = 0.0;
   int64_t noise_parts = 0;
   std::string verdict;  // "pass" | "fail" | "diverges as expected"

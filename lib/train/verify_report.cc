@@ -115,8 +115,8 @@ std::string report_text(const VerifyReport& r) {
         "dynamics amplify rounding; the end state passes within {:g}x that)\n",
         r.noise_parts, sci(r.noise_floor), kDriftFactor);
   else if (r.noise_floor < 0.0)
-    s += "one process against itself: not measured (a batch of one row cannot be summed in "
-         "parts), so the end state is held to the tolerance\n";
+    s += "one process against itself: not measured (the batch cannot be summed in parts of the "
+         "same rows: one row, or data.drop_last), so the end state is held to the tolerance\n";
   s += "\n";
   if (r.verdict == "pass") {
     double w = 0;

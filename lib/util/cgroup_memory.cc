@@ -70,8 +70,11 @@ std::vector<fs::path> levels(const fs::path& mount, const std::string& path) {
 }
 
 // The least left at any level of one hierarchy; -1 when no level has a limit.
+// `cache_key` and `shmem_key`: memory.stat's page cache and its shared-memory part; the cache
+// less shmem (tmpfs, /dev/shm: not reclaimable without swap) is what the kernel reclaims before
+// it kills at the limit.
 int64_t least_left(const std::vector<fs::path>& dirs, const char* limit_file,
-                   const char* usage_file, const char* inactive_key) {
+                   const char* usage_file, const char* cache_key, const char* shmem_key) {
   // (v1 reports "no limit" as a page-rounded INT64_MAX; above 2^62 is no machine's memory)
   constexpr int64_t kNoLimit = int64_t{1} << 62;
   int64_t best = -1;
@@ -79,8 +82,10 @@ int64_t least_left(const std::vector<fs::path>& dirs, const char* limit_file,
     const int64_t limit = number_in(d / limit_file);
     if (limit < 0 || limit >= kNoLimit) continue;
     const int64_t usage = std::max<int64_t>(number_in(d / usage_file), 0);
-    const int64_t working =
-        std::max<int64_t>(usage - stat_field(d / "memory.stat", inactive_key), 0);
+    const fs::path stat = d / "memory.stat";
+    const int64_t reclaimable =
+        std::max<int64_t>(stat_field(stat, cache_key) - stat_field(stat, shmem_key), 0);
+    const int64_t working = std::max<int64_t>(usage - reclaimable, 0);
     const int64_t left = std::max<int64_t>(limit - working, 0);
     if (best < 0 || left < best) best = left;
   }
@@ -98,13 +103,13 @@ int64_t cgroup_memory_left(const std::string& proc_cgroup, const std::string& sy
   const std::string v1 = cgroup_path(proc_cgroup, "memory");
   if (!v1.empty())
     take(least_left(levels(sys / "memory", v1), "memory.limit_in_bytes", "memory.usage_in_bytes",
-                    "total_inactive_file"));
+                    "total_cache", "total_shmem"));
   const std::string v2 = cgroup_path(proc_cgroup, "");
   if (!v2.empty()) {
     std::error_code ec;
     // (hybrid hosts mount v2 at unified/; a v2-only host at the root, with cgroup.controllers)
     const fs::path mount = fs::exists(sys / "cgroup.controllers", ec) ? sys : sys / "unified";
-    take(least_left(levels(mount, v2), "memory.max", "memory.current", "inactive_file"));
+    take(least_left(levels(mount, v2), "memory.max", "memory.current", "file", "shmem"));
   }
   return best;
 }

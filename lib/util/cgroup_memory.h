@@ -10,11 +10,12 @@
 namespace dtrain {
 
 // Bytes left under the tightest memory limit of this process's cgroup and its ancestors: the
-// limit less the usage that cannot be reclaimed (usage less the inactive page cache, the working
-// set as Kubernetes counts it), at each level with a limit. cgroup v2 (memory.max,
-// memory.current, memory.stat's inactive_file) and v1 (memory.limit_in_bytes,
-// memory.usage_in_bytes, memory.stat's total_inactive_file); -1 when no limit applies or none can
-// be read. `proc_cgroup`: /proc/self/cgroup; `sys_cgroup`: where cgroupfs is mounted
+// limit less the usage that cannot be reclaimed (usage less the page cache, shared memory
+// excepted: the kernel drops cache before it kills at the limit), at each level with a limit.
+// cgroup v2 (memory.max, memory.current, memory.stat's file and shmem) and v1
+// (memory.limit_in_bytes, memory.usage_in_bytes, memory.stat's total_cache and total_shmem); -1
+// when no limit applies or none can be read. `proc_cgroup`: /proc/self/cgroup; `sys_cgroup`: where
+// cgroupfs is mounted
 // (/sys/fs/cgroup; v1's memory controller in its memory/ folder, v2 also as unified/ on hybrid
 // hosts). Parameters for tests; thread-safe (reads files only).
 int64_t cgroup_memory_left(const std::string& proc_cgroup = "/proc/self/cgroup",

@@ -190,7 +190,10 @@ void write_file_atomic_with(const std::string& requested,
   std::string base = ".";
   const std::string name = target.filename().string();
   const size_t suffix = std::string(".tmp.XXXXXX").size() + 1;
-  base.append(name.substr(0, name.size() + suffix > NAME_MAX ? NAME_MAX - suffix : name.size()))
+  const long dir_max = ::pathconf(dir.c_str(), _PC_NAME_MAX);
+  const size_t name_max =
+      dir_max > static_cast<long>(suffix) ? static_cast<size_t>(dir_max) : NAME_MAX;
+  base.append(name.substr(0, name.size() + suffix > name_max ? name_max - suffix : name.size()))
       .append(".tmp.XXXXXX");
   std::string tmpl = (dir / base).string();
   const int fd = ::mkstemp(tmpl.data());

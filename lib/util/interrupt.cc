@@ -17,6 +17,8 @@ namespace {
 std::atomic<StopRequest*> g_request{nullptr};
 // The signal launcher_gone_signal() stands for; set with g_request.
 std::atomic<int> g_preempt_signal{SIGTERM};
+// set_signal_forwarder's process, or 0.
+std::atomic<pid_t> g_forwarder{0};
 // set_abrupt_exit_cleanup's function, or null.
 std::atomic<void (*)()> g_abrupt_cleanup{nullptr};
 
@@ -43,7 +45,7 @@ int64_t monotonic_ns() {
   return static_cast<int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
 }
 
-void on_interrupt(int sig) {
+void on_interrupt(int sig, siginfo_t* info, void* /*context*/) {
   StopRequest* req = g_request.load();
   if (req == nullptr) return;
   if (req->at_once.load()) {
@@ -63,6 +65,10 @@ void on_interrupt(int sig) {
   // time yet -- so this one came at once too.
   const int64_t first = req->first_ns.load();
   if (sig == expected && (first == 0 || now - first < req->same_signal_ns)) return;
+  // A copy the launcher forwarded (it never asks twice: it sends SIGKILL instead).
+  const pid_t forwarder = g_forwarder.load();
+  if (info != nullptr && info->si_code == SI_USER && forwarder > 0 && info->si_pid == forwarder)
+    return;
   // The stop so far is the launcher's death: a person's first signal still stops softly.
   if (req->launcher_gone.load() && !req->asked_after_launcher.exchange(true)) {
     req->first_ns.store(now);
@@ -96,7 +102,7 @@ void on_launcher_gone(int) {
   }
 }
 
-bool install(int sig, struct sigaction* old, void (*handler)(int) = on_interrupt) {
+bool install(int sig, struct sigaction* old, void (*handler)(int)) {
   DT_CHECK_EQ(::sigaction(sig, nullptr, old), 0);
   if (old->sa_handler == SIG_IGN) return false;  // nohup and friends: stay ignored
   struct sigaction sa {};
@@ -107,7 +113,23 @@ bool install(int sig, struct sigaction* old, void (*handler)(int) = on_interrupt
   return true;
 }
 
+// The stop signals' handler takes the sender (SA_SIGINFO): set_signal_forwarder's copies.
+bool install(int sig, struct sigaction* old) {
+  DT_CHECK_EQ(::sigaction(sig, nullptr, old), 0);
+  if (old->sa_handler == SIG_IGN) return false;  // nohup and friends: stay ignored
+  struct sigaction sa {};
+  sa.sa_sigaction = on_interrupt;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART | SA_SIGINFO;
+  DT_CHECK_EQ(::sigaction(sig, &sa, nullptr), 0);
+  return true;
+}
+
 }  // namespace
+
+void set_signal_forwarder(pid_t pid) {
+  g_forwarder.store(pid);
+}
 
 void begin_at_once(const StopRequest& req) {
   req.at_once.store(true);

@@ -13,6 +13,8 @@
 // kExitPreempted instead of 128 + the signal.
 #pragma once
 
+#include <sys/types.h>
+
 #include <atomic>
 #include <csignal>
 #include <cstdint>
@@ -110,6 +112,12 @@ const char* interrupt_signal_name(int sig);
 // outlive the process (the comm layer's shared-memory segments). `fn` must be async-signal-safe.
 // One per process, set once (a later call replaces it); nullptr clears it.
 void set_abrupt_exit_cleanup(void (*fn)());
+
+// The process that forwards signals to this one (the `dtrain launch` that started it; 0: none).
+// A signal it sends never escalates a stop already under way: it forwards copies (a peer's stop
+// passed on, a signal reaching every rank twice) and ends ranks with SIGKILL when a person asks
+// again, so only a second signal from anyone else ends the rank at once. Async-signal-safe read.
+void set_signal_forwarder(pid_t pid);
 
 // Sets req.at_once, then ends the process at once, as the handler would, when a stop was asked
 // before (a signal that came while the rank was still starting: it only recorded the request,

@@ -228,7 +228,7 @@ TEST_CASE("a manifest claiming more values than its shards hold is refused befor
   CHECK_MESSAGE(contains(msg, "more than its 2 shard file(s) hold"), msg);
 }
 
-TEST_CASE("a shard cut short is named; a manifest nested absurdly deep is refused") {
+TEST_CASE("a shard cut short is named, and a manifest nested absurdly deep is refused") {
   TempDir dir;
   const Model m = small_model();
   const int64_t P = m.param_count();

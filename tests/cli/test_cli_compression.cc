@@ -117,3 +117,35 @@ TEST_CASE("a rank killed mid-run with compression restarts and ends as if it had
     check_same_state(latest_state(run), latest_state(straight), sets);
   }
 }
+
+TEST_CASE("fp16 compression's overflow is named, and DiLoCo on one replica is said to be unused") {
+  // Gradients above 65504 became inf in transit and the message advised clipping and a lower
+  // learning rate (both act after the reduction) or blamed the data's float32 range.
+  TempDir dir;
+  const std::string cfg = dir.write("f.yaml", R"(seed: 7
+model: {type: mlp, hidden: [16, 12, 10]}
+data:
+  format: synthetic
+  synthetic: {samples: 190, features: 8, classes: 3, noise: 200000}
+  normalize: none
+  batch_size: 12
+optimizer: {type: sgd, lr: 1.0e-9}
+train: {epochs: 2}
+distributed: {world_size: 2, compression: {type: fp16}}
+runtime: {threads: 1}
+)");
+  auto r = run_cmd(kBin + " run " + cfg + " --out " + dir / "a");
+  CHECK(r.exit_code == 1);
+  CHECK_MESSAGE(contains(r.output, "with distributed.compression fp16 (values up to 65504)"),
+                r.output);
+  r = run_cmd(kBin + " run " + cfg + " --out " + dir / "b" +
+              " --set distributed.compression.type=bf16 --log-level warn");
+  CHECK_MESSAGE(r.exit_code == 0, r.output);
+  // One replica: Local SGD never synchronises, so the outer step never runs (silently before).
+  r = run_cmd(kBin + " run " + cfg + " --out " + dir / "c" +
+              " --set distributed.compression.type=none --set data.synthetic.noise=1"
+              " --set distributed.world_size=1 --set distributed.strategy=local_sgd"
+              " --set distributed.local_sgd.outer_lr=0.5 --set train.max_steps=2");
+  CHECK_MESSAGE(r.exit_code == 0, r.output);
+  CHECK(contains(r.output, "distributed.local_sgd.outer_lr 0.5 is unused"));
+}

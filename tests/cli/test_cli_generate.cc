@@ -331,7 +331,7 @@ TEST_CASE(
 }  // namespace dtrain
 
 TEST_CASE(
-    "eval and generate refuse differing tied copies; resume names a missing optimizer state") {
+    "eval and generate refuse differing tied copies, and resume names a missing optimizer state") {
   // A file without a stored config (as older ones are) whose lm_head.weight differs from
   // transformer.wte.weight: a tied model would read one of them and report numbers no model
   // computes (eval and generate exited 0; only --resume refused it).

@@ -362,7 +362,7 @@ TEST_CASE("resume keeps one run per folder and survives a lost latest file") {
 }
 
 TEST_CASE(
-    "resume under another global batch continues after the samples seen; another "
+    "resume under another global batch continues after the samples seen, and another "
     "optimizer is named") {
   TempDir dir;
   const std::string cfg = dir.write("cfg.yaml", kCfg);

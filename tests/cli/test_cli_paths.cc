@@ -60,6 +60,13 @@ TEST_CASE("paths the file system refuses are exit 2 up front, naming the option"
   CHECK(contains(r.output, "--trace"));
   CHECK(contains(r.output, "longer than the"));
   CHECK_FALSE(std::filesystem::exists(t / "r/summary.json"));
+  // A name that fits whose ranks' parts (FILE.failed.rank-<r>.json) do not: the run trained,
+  // then failed to write rank 0's part.
+  r = run_cmd(kBin + " run " + cfg + " --out " + t / "r" + " --trace " +
+              t / (std::string(245, 'b') + ".json"));
+  CHECK_MESSAGE(r.exit_code == 2, r.output);
+  CHECK(contains(r.output, "each rank writes its part next to it"));
+  CHECK_FALSE(std::filesystem::exists(t / "r/summary.json"));
   // A legal name near the limit is written (its temp file's name is shortened, not the target's).
   r = run_cmd(kBin + " run " + cfg + " --out " + t / "r" + " --log-level warn");
   REQUIRE_MESSAGE(r.exit_code == 0, r.output);

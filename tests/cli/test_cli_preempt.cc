@@ -177,6 +177,30 @@ TEST_CASE("SIGTERM to one rank of dtrain launch (2 fsdp ranks, gRPC): both stop 
   resume_matches(args, ref, cut, step);
 }
 
+TEST_CASE(
+    "SIGTERM to rank 0 of dtrain launch during a slow save: the launcher's copy never kills it") {
+  // Rank 1 stops first (it learned of the stop through the vote, with less to write); the
+  // launcher then sends rank 0 the same signal, which rank 0, still saving 1 s later, took as
+  // a second one and died by: the trace parts were never merged and the last line was lost.
+  TempDir dir;
+  const std::string cfg = dir.write("cfg.yaml", kCfg);
+  const std::string cut = dir / "cut", trace = dir / "t.json";
+  Child c("DTRAIN_FAULT=delay:rank=0:ms=3,slow_save:rank=0:ms=1000 exec " + kBin +
+              " launch --nproc 2 " + cfg + " --out " + cut + " --trace " + trace,
+          dir / "cut.log");
+  REQUIRE(wait_until([&] { return lines_in(cut + "/metrics.jsonl") >= 3; }, 60));
+  pid_t pid = -1;
+  REQUIRE(wait_until([&] { return (pid = rank_pid(c.pid(), 0)) > 0; }, 10));
+  ::kill(pid, SIGTERM);
+  const int rc = c.wait(60);
+  const std::string log = read_text(dir / "cut.log");
+  CHECK_MESSAGE(rc == kExitPreempted, log);
+  CHECK_MESSAGE(contains(log, "preempted at step"), log);
+  CHECK_MESSAGE(fs::exists(trace), log);  // merged by rank 0 at its end
+  CHECK_FALSE(fs::exists(dir / "t.rank-0.json"));
+  CHECK(nlohmann::json::parse(read_text(cut + "/summary.json"))["preempted"] == true);
+}
+
 TEST_CASE("train.preempt_signal USR1: USR1 preempts (exit 75), SIGTERM stays an interrupt") {
   TempDir dir;
   const std::string cfg = dir.write("cfg.yaml", kCfg);

@@ -37,6 +37,7 @@
 #include "dtrain.grpc.pb.h"
 #include "grpc_test_util.h"
 #include "msg_header_util.h"
+#include "quiet_listener.h"
 #include "test_util.h"
 #include "util/check.h"
 
@@ -47,22 +48,11 @@ namespace {
 
 // Releases the gRPC callback queue's keeper (callback_queue.h) as each test case of this binary
 // ends, when its transports are gone.
-struct ReleaseCallbackQueue : doctest::IReporter {
-  explicit ReleaseCallbackQueue(const doctest::ContextOptions&) {}
-  void report_query(const doctest::QueryData&) override {}
-  void test_run_start() override {}
-  void test_run_end(const doctest::TestRunStats&) override {}
-  void test_case_start(const doctest::TestCaseData&) override {}
-  void test_case_reenter(const doctest::TestCaseData&) override {}
+struct ReleaseCallbackQueue : dtrain::testing::QuietListener {
+  using QuietListener::QuietListener;
   void test_case_end(const doctest::CurrentTestCaseStats&) override {
     dtrain::grpc_test::release_callback_queue();
   }
-  void test_case_exception(const doctest::TestCaseException&) override {}
-  void subcase_start(const doctest::SubcaseSignature&) override {}
-  void subcase_end() override {}
-  void log_assert(const doctest::AssertData&) override {}
-  void log_message(const doctest::MessageData&) override {}
-  void test_case_skipped(const doctest::TestCaseData&) override {}
 };
 REGISTER_LISTENER("release_callback_queue", 1, ReleaseCallbackQueue);
 

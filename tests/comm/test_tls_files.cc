@@ -53,7 +53,7 @@ std::string error_of(const std::string& cert, const std::string& key, const std:
 
 }  // namespace
 
-TEST_CASE("TLS files: a good set reads; each wrong file is named with its key and the cause") {
+TEST_CASE("TLS files: a good set reads, each wrong file is named with its key and the cause") {
   dtrain::testing::TempDir dir;
   const std::string d = dir.path() + "/";
   if (!make_pki(dir.path())) {

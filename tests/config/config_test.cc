@@ -232,7 +232,7 @@ TEST_CASE("scalar typing: quoted strings, bools, numbers") {
   CHECK(parse_config("model: {hidden: []}\n" + std::string(kSynthetic), "x").model.hidden.empty());
 }
 
-TEST_CASE("explicit YAML tags: only the key's own type; NUL bytes in strings are refused") {
+TEST_CASE("explicit YAML tags: only the key's own type, NUL bytes in strings are refused") {
   // The tag of the type the key reads is redundant and accepted.
   const Config c = parse_config(
       "data: {format: !!str synthetic, batch_size: !!int 8, shuffle: !!bool false}\n"

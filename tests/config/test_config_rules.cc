@@ -163,6 +163,15 @@ TEST_CASE("every range and enum rule, via --set") {
                               "distributed.pipeline.stages=3", "distributed.world_size=3"})
             .find("distributed.pipeline.stages: the model has 2 layers with parameters, fewer than "
                   "3 stages") != std::string::npos);
+  // An mlp's LayerNorms have parameters too: hidden [16] with layer_norm is 3 such layers.
+  CHECK(error_of(kSynthetic,
+                 {"distributed.strategy=pipeline", "model.hidden=[16]", "model.layer_norm=true",
+                  "distributed.pipeline.stages=3", "distributed.world_size=3"}) == "(no error)");
+  CHECK(error_of(kSynthetic,
+                 {"distributed.strategy=pipeline", "model.hidden=[16]", "model.layer_norm=true",
+                  "distributed.pipeline.stages=4", "distributed.world_size=4"})
+            .find("the model has 3 layers with parameters, fewer than 4 stages") !=
+        std::string::npos);
   // The default 4 with a batch of 3: one micro-batch per row, not an error for a key not set.
   CHECK(error_of(kSynthetic, {"distributed.strategy=pipeline", "distributed.world_size=2",
                               "data.batch_size=3"}) == "(no error)");

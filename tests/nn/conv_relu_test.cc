@@ -146,7 +146,7 @@ TEST_CASE("conv2d+relu(+max_pool2d): all-negative windows get no gradient") {
   for (int64_t i = 0; i < dx.numel(); ++i) CHECK(dx.data()[i] == 0.0f);
 }
 
-TEST_CASE("sequential builder: fuses conv2d, relu[, max_pool2d]; names, init, sites unchanged") {
+TEST_CASE("sequential builder: fuses conv2d, relu[, max_pool2d], names, init, sites unchanged") {
   // cnn-ref's list, plus a conv2d + relu without a pool and a dropout after it.
   using K = LayerKind;
   using testing::L;

@@ -40,7 +40,7 @@ std::string stderr_of(const std::function<void()>& fn) {
 
 }  // namespace
 
-TEST_CASE("progress bar: no loss yet shows '-', not nan; a real NaN loss still shows") {
+TEST_CASE("progress bar: no loss yet shows '-', not nan, a real NaN loss still shows") {
   const std::string before = stderr_of([] {
     ProgressBar bar(true);
     bar.update(1, 10, 0.1, std::nullopt, 0.0);

@@ -168,7 +168,7 @@ TEST_CASE("verify: a tensor whose reference update is rounding noise is measured
 }
 
 TEST_CASE(
-    "verify: ddp, zero2, fsdp and pp2 x dp2 fsdp pass; a doubled gradient fails at its step") {
+    "verify: ddp, zero2, fsdp and pp2 x dp2 fsdp pass, and a doubled gradient fails at its step") {
   spdlog::set_level(spdlog::level::warn);
   TempDir t;
   for (const std::vector<std::string>& sets :

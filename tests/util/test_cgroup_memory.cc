@@ -26,11 +26,13 @@ TEST_CASE("cgroup memory: v2 limit less the working set, the tightest level wins
   TempDir t;
   put(t, "proc", "0::/kubepods/pod1/ctr\n");
   put(t, "sys/cgroup.controllers", "cpu memory\n");
-  // The container: 1000 MiB, 600 MiB used of which 100 MiB inactive page cache: 500 MiB left.
+  // The container: 1000 MiB, 600 MiB used of which 100 MiB page cache (120 MiB of file pages, 20
+  // MiB of them shared memory, which cannot be dropped): 500 MiB left.
   put(t, "sys/kubepods/pod1/ctr/memory.max", std::to_string(1000 * kMiB) + "\n");
   put(t, "sys/kubepods/pod1/ctr/memory.current", std::to_string(600 * kMiB) + "\n");
   put(t, "sys/kubepods/pod1/ctr/memory.stat",
-      "anon 1\nfile 2\ninactive_file " + std::to_string(100 * kMiB) + "\nactive_file 3\n");
+      "anon 1\nfile " + std::to_string(120 * kMiB) + "\nshmem " + std::to_string(20 * kMiB) +
+          "\ninactive_file 3\n");
   put(t, "sys/kubepods/memory.max", "max\n");
   CHECK(cgroup_memory_left(t / "proc", t / "sys") == 500 * kMiB);
   // The pod's limit is tighter: 700 MiB with 400 MiB in use (no stat: nothing reclaimable).
@@ -50,13 +52,13 @@ TEST_CASE("cgroup memory: a cgroup namespace's view, v1, and no limit") {
   put(t, "ns/sys/memory.max", std::to_string(256 * kMiB) + "\n");
   put(t, "ns/sys/memory.current", std::to_string(56 * kMiB) + "\n");
   CHECK(cgroup_memory_left(t / "ns/proc", t / "ns/sys") == 200 * kMiB);
-  // v1 (hybrid host): the memory controller's hierarchy, total_inactive_file reclaimable; its
+  // v1 (hybrid host): the memory controller's hierarchy, total_cache reclaimable; its
   // "no limit" is a page-rounded INT64_MAX at the levels above.
   put(t, "v1/proc", "4:memory:/slurm/job7\n3:cpu,cpuacct:/slurm/job7\n0::/\n");
   put(t, "v1/sys/memory/slurm/job7/memory.limit_in_bytes", std::to_string(2048 * kMiB) + "\n");
   put(t, "v1/sys/memory/slurm/job7/memory.usage_in_bytes", std::to_string(1048 * kMiB) + "\n");
   put(t, "v1/sys/memory/slurm/job7/memory.stat",
-      "inactive_file 1\ntotal_inactive_file " + std::to_string(24 * kMiB) + "\n");
+      "cache 1\ntotal_cache " + std::to_string(24 * kMiB) + "\ntotal_shmem 0\n");
   put(t, "v1/sys/memory/slurm/memory.limit_in_bytes", "9223372036854771712\n");
   put(t, "v1/sys/memory/memory.limit_in_bytes", "9223372036854771712\n");
   CHECK(cgroup_memory_left(t / "v1/proc", t / "v1/sys") == 1024 * kMiB);

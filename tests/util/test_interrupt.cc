@@ -142,7 +142,7 @@ TEST_CASE("interrupts: a stop asked before a rank starts waiting ends it when th
   CHECK(req.at_once.load());
 }
 
-TEST_CASE("interrupts: one signal delivered twice at once is one request; later, a second one") {
+TEST_CASE("interrupts: one signal delivered twice at once is one request, later, a second one") {
   // timeout(1) signals its child and then the child's process group, so a rank receives the same
   // signal twice within a moment: that is one request (3 of 8 runs under timeout ended at once,
   // with no checkpoint). Past the window, the same signal ends the process at once. (The window
