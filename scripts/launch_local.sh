@@ -147,6 +147,7 @@ is_stop_code() { (($1 == 75 || $1 == 130 || $1 == 143 || $1 == 129 || $1 == 138)
 finished() {
   local r=${rank_of[$1]}
   unset "rank_of[$1]"
+  (($2 == 2)) && user_error=1 # bad input, whenever it ends: the job is a user error
   if [[ -n $stopping ]]; then
     echo "launch_local.sh: rank $r stopped: $(describe "$2")" >&2
     stop_codes+=" $2"
@@ -161,7 +162,6 @@ finished() {
   elif (($2 != 0)); then
     echo "launch_local.sh: rank $r failed: $(describe "$2"); stopping the others" >&2
     failed=$r
-    (($2 == 2)) && user_error=1
     ((${#rank_of[@]} > 0)) && stop_ranks "${!rank_of[@]}"
   fi
 }

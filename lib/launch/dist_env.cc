@@ -380,7 +380,9 @@ void end_with_launcher(const std::map<std::string, std::string>& env) {
   if (it == env.end()) return;
   pid_t launcher = 0;
   const char* end = it->second.data() + it->second.size();
-  if (std::from_chars(it->second.data(), end, launcher).ptr != end || launcher <= 1) {
+  // (pid 1 only as this rank's parent: a launcher that is a container's entry point)
+  if (std::from_chars(it->second.data(), end, launcher).ptr != end || launcher < 1 ||
+      (launcher == 1 && ::getppid() != 1)) {
     spdlog::warn("{}='{}' is not a process id: this rank does not follow its launcher",
                  kLauncherPidEnv, it->second);
     return;

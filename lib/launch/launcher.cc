@@ -457,9 +457,18 @@ class Attempt {
               "running: the ranks that failed were waiting for it",
               r);
       }
-      spdlog::warn("stopping rank(s) {}: SIGTERM, then SIGKILL after {} s", kids_.running_ranks(),
-                   o_.grace_s);
-      terminate_all(SIGTERM, seconds(o_.grace_s));
+      if (res_.rank_stop_code != 0) {
+        // They are stopping on a signal already: another from here is the same request to them
+        // (util/interrupt.h), so the next step is SIGKILL.
+        spdlog::warn("rank(s) {} still running {} s after a rank stopped: sending SIGKILL",
+                     kids_.running_ranks(), o_.interrupt_grace_s);
+        shutting_down_ = true;
+        kill_all();
+      } else {
+        spdlog::warn("stopping rank(s) {}: SIGTERM, then SIGKILL after {} s", kids_.running_ranks(),
+                     o_.grace_s);
+        terminate_all(SIGTERM, seconds(o_.grace_s));
+      }
     }
     const auto now = Clock::now();
     if (kids_.any_running() && kill_at_ && !kill_sent_ && now >= *kill_at_) {

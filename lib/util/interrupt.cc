@@ -38,6 +38,16 @@ void die_by(int sig) {
   if (::getpid() == 1) ::_exit(128 + sig);
 }
 
+// Ends a rank that is joining its job (nothing to save) on stop signal `sig`: 75 for the
+// preemption signal; under a launcher 128 + sig as an exit code, which the launcher counts as a
+// stop (a process killed by the signal read as a failure, to restart); else by the signal (in
+// a handler, die_by returns and the signal, blocked while it runs, ends the process after it).
+void end_joining(int sig) {
+  if (sig == g_preempt_signal.load()) ::_exit(kExitPreempted);
+  if (g_forwarder.load() > 0) ::_exit(128 + sig);
+  die_by(sig);
+}
+
 // CLOCK_MONOTONIC in ns (clock_gettime is async-signal-safe).
 int64_t monotonic_ns() {
   timespec ts{};
@@ -50,8 +60,7 @@ void on_interrupt(int sig, siginfo_t* info, void* /*context*/) {
   if (req == nullptr) return;
   if (req->at_once.load()) {
     abrupt_cleanup();
-    if (sig == g_preempt_signal.load()) ::_exit(kExitPreempted);
-    die_by(sig);
+    end_joining(sig);
     return;
   }
   const int64_t now = monotonic_ns();
@@ -138,8 +147,7 @@ void begin_at_once(const StopRequest& req) {
   const int sig = req.signal.load();
   if (sig == 0) return;
   abrupt_cleanup();
-  if (sig == g_preempt_signal.load()) ::_exit(kExitPreempted);
-  die_by(sig);
+  end_joining(sig);
 }
 
 void set_abrupt_exit_cleanup(void (*fn)()) {

@@ -117,30 +117,37 @@ std::pair<int, std::string> signal_mid_run(const TempDir& dir, const std::string
 
 }  // namespace
 
-TEST_CASE("SIGTERM to one rank of dtrain launch while the ranks connect: a stop, not restarted") {
-  // Before the first step the ranks cannot agree to stop together: rank 1 exits 75 alone. The
-  // launcher passes the signal on to rank 0, which stops too instead of failing without its
-  // peer once its deadline passes (that failure read as "rank 0 failed", exit 1, and with
-  // --max-restarts a restart).
-  TempDir dir;
-  const std::string cfg = dir.write("cfg.yaml", kCfg);
-  Child c("DTRAIN_FAULT=stall_in_connect:rank=1:at=joined:ms=5000 exec " + kBin +
-              " launch --nproc 2 " + cfg +
-              " --set distributed.heartbeat_s=2 --max-restarts 2 --out " + dir / "run",
-          dir / "run.log");
-  // Rank 1 stalls 5 s after joining, its signal handler installed: signal it then.
-  REQUIRE(wait_until(
-      [&] { return contains(read_text(dir / "run/logs/rank-1.log"), "stalling 5000 ms"); }, 60));
-  pid_t pid = -1;
-  REQUIRE(wait_until([&] { return (pid = rank_pid(c.pid(), 1)) > 0; }, 10));
-  ::kill(pid, SIGTERM);
-  const int rc = c.wait(60);
-  const std::string log = read_text(dir / "run.log");
-  CHECK_MESSAGE(rc == kExitPreempted, log);
-  CHECK_MESSAGE(contains(log, "not restarting: the ranks stopped on a signal sent to a rank"), log);
-  CHECK(contains(log, "rank 0 stopped: exit status 75"));
-  CHECK_FALSE(contains(log, "failed"));
-  CHECK_FALSE(contains(log, "restart 1 of 2"));
+TEST_CASE(
+    "a stop signal to one rank of dtrain launch while the ranks connect: a stop, not restarted") {
+  // Before the first step the ranks cannot agree to stop together: rank 1 exits alone (75 for
+  // SIGTERM, the preemption signal; 130 for SIGINT, which killed it by the signal and read as a
+  // failure to restart). The launcher passes the signal on to rank 0, which stops too instead
+  // of failing without its peer once its deadline passes (that failure read as "rank 0 failed",
+  // exit 1, and with --max-restarts a restart).
+  for (const int sig : {SIGTERM, SIGINT}) {
+    CAPTURE(sig);
+    const int code = sig == SIGTERM ? kExitPreempted : 128 + sig;
+    TempDir dir;
+    const std::string cfg = dir.write("cfg.yaml", kCfg);
+    Child c("DTRAIN_FAULT=stall_in_connect:rank=1:at=joined:ms=5000 exec " + kBin +
+                " launch --nproc 2 " + cfg +
+                " --set distributed.heartbeat_s=2 --max-restarts 2 --out " + dir / "run",
+            dir / "run.log");
+    // Rank 1 stalls 5 s after joining, its signal handler installed: signal it then.
+    REQUIRE(wait_until(
+        [&] { return contains(read_text(dir / "run/logs/rank-1.log"), "stalling 5000 ms"); }, 60));
+    pid_t pid = -1;
+    REQUIRE(wait_until([&] { return (pid = rank_pid(c.pid(), 1)) > 0; }, 10));
+    ::kill(pid, sig);
+    const int rc = c.wait(60);
+    const std::string log = read_text(dir / "run.log");
+    CHECK_MESSAGE(rc == code, log);
+    CHECK_MESSAGE(contains(log, "not restarting: the ranks stopped on a signal sent to a rank"),
+                  log);
+    CHECK(contains(log, "rank 0 stopped: exit status " + std::to_string(code)));
+    CHECK_FALSE(contains(log, "failed"));
+    CHECK_FALSE(contains(log, "restart 1 of 2"));
+  }
 }
 
 TEST_CASE("SIGTERM to one rank of dtrain launch (2 fsdp ranks, gRPC): both stop at one step") {
