@@ -34,9 +34,9 @@ nlohmann::json read_manifest(const std::string& dir, bool* checksummed) {
   constexpr int kMaxManifestDepth = 64;
   const std::string text =
       read_regular_file((fs::path(dir) / kManifest).string(), kMaxManifestBytes);
-  if (json_depth(text) > kMaxManifestDepth)
+  if (const int depth = json_depth(text); depth > kMaxManifestDepth)
     throw UserError("checkpoint '" + dir + "': manifest.json nests its JSON " +
-                    std::to_string(json_depth(text)) + " levels deep (a manifest has a few): the " +
+                    std::to_string(depth) + " levels deep (a manifest has a few): the " +
                     "file is corrupt or not a dtrain manifest");
   nlohmann::json m = nlohmann::json::parse(text);
   const auto it = m.is_object() ? m.find(kManifestCrcKey) : m.end();

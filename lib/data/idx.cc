@@ -247,6 +247,32 @@ UserError bad_magic(const std::string& path, uint32_t got, uint32_t magic, const
                    " (unsigned-byte " + what + ")");
 }
 
+// What the header's first bytes and the file's size already tell, refused before the file is
+// read or inflated (an 8 MB gzip of zeros inflated to 2 GB before its magic was looked at):
+// for any file a wrong magic or a shape past 2^40 bytes; for a plain file also a file too short
+// for its header, or a shape its size does not hold. (A file that cannot be opened is left to
+// the reader, which says why.)
+void check_promise(const std::string& path, const Promise& p, uint32_t magic, const char* what) {
+  const size_t head_len = 4 + 4 * (magic & 0xff);
+  if (p.got >= 4 && p.magic != magic) throw bad_magic(path, p.magic, magic, what);
+  if (p.huge)
+    throw UserError("IDX file '" + path + "' size mismatch: header says " + p.shape +
+                    ", more than 2^40 bytes of data, which no file here holds");
+  if (p.got < 0 || p.gzip) return;  // (gzip: its size is known once inflated)
+  if (p.got < 4)
+    throw UserError("IDX " + std::string(what) + " file '" + path + "' is too short (" +
+                    std::to_string(p.got) + " bytes) to hold a header");
+  if (static_cast<size_t>(p.got) < head_len)
+    throw UserError("IDX file '" + path + "' is truncated: the header needs " +
+                    std::to_string(head_len) + " bytes, the file has " + std::to_string(p.got));
+  std::error_code ec;
+  const auto size = fs::file_size(path, ec);
+  if (!ec && p.total != SIZE_MAX && size != p.total)
+    throw UserError("IDX file '" + path + "' size mismatch: header says " + p.shape + " (" +
+                    std::to_string(p.total) + " bytes with the header) but the file has " +
+                    std::to_string(size) + " bytes");
+}
+
 // Reads and validates an IDX file: magic, header length and payload size == product of dims.
 // A header whose size disagrees with the file is caught before the file is read: from the file
 // size (uncompressed), or as soon as inflating passes the promised size (gzip).
@@ -254,20 +280,9 @@ IdxFile read_idx(const std::string& path, uint32_t magic, const char* what) {
   IdxFile f;
   const Promise promise = idx_promised_size(path, magic);
   const size_t promised = promise.total;
-  // What the header's first bytes already tell is refused before the file is read or inflated
-  // (an 8 MB gzip of zeros inflated to 2 GB before its magic was looked at).
-  if (promise.got >= 4 && promise.magic != magic) throw bad_magic(path, promise.magic, magic, what);
-  if (promise.huge)
-    throw UserError("IDX file '" + path + "' size mismatch: header says " + promise.shape +
-                    ", more than 2^40 bytes of data, which no file here holds");
+  check_promise(path, promise, magic, what);
   {
-    std::error_code ec;
-    const auto size = fs::file_size(path, ec);
     const bool gz = promise.gzip;
-    if (!gz && !ec && promised != SIZE_MAX && size != promised)
-      throw UserError("IDX file '" + path + "' size mismatch: header says " + promise.shape + " (" +
-                      std::to_string(promised) + " bytes with the header) but the file has " +
-                      std::to_string(size) + " bytes");
     // Inflating stops at the header's size, and at what this process can allocate.
     const size_t budget = allocation_budget();
     const size_t cap = std::min(promised, budget);
@@ -372,35 +387,9 @@ int64_t idx_label_classes(const std::string& labels_path) {
   return classes;
 }
 
-namespace {
-// read_idx's refusals that its header and the file's size decide (a plain file; gzip: only what
-// the header's first bytes say), without reading the data.
-void check_idx_header(const std::string& path, uint32_t magic, const char* what) {
-  const Promise p = idx_promised_size(path, magic);
-  const size_t head_len = 4 + 4 * (magic & 0xff);
-  if (p.got >= 4 && p.magic != magic) throw bad_magic(path, p.magic, magic, what);
-  if (p.got < 0 || p.gzip) return;  // (not opened: the reader says why; gzip: read to know)
-  if (p.got < 4)
-    throw UserError("IDX " + std::string(what) + " file '" + path + "' is too short (" +
-                    std::to_string(p.got) + " bytes) to hold a header");
-  if (static_cast<size_t>(p.got) < head_len)
-    throw UserError("IDX file '" + path + "' is truncated: the header needs " +
-                    std::to_string(head_len) + " bytes, the file has " + std::to_string(p.got));
-  if (p.huge)
-    throw UserError("IDX file '" + path + "' size mismatch: header says " + p.shape +
-                    ", more than 2^40 bytes of data, which no file here holds");
-  std::error_code ec;
-  const auto size = fs::file_size(path, ec);
-  if (!ec && p.total != SIZE_MAX && size != p.total)
-    throw UserError("IDX file '" + path + "' size mismatch: header says " + p.shape + " (" +
-                    std::to_string(p.total) + " bytes with the header) but the file has " +
-                    std::to_string(size) + " bytes");
-}
-}  // namespace
-
 void check_idx_headers(const std::string& images_path, const std::string& labels_path) {
-  check_idx_header(images_path, kImagesMagic, "images");
-  check_idx_header(labels_path, kLabelsMagic, "labels");
+  check_promise(images_path, idx_promised_size(images_path, kImagesMagic), kImagesMagic, "images");
+  check_promise(labels_path, idx_promised_size(labels_path, kLabelsMagic), kLabelsMagic, "labels");
 }
 
 Shape idx_image_shape(const std::string& images_path) {

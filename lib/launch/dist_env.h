@@ -135,14 +135,14 @@ std::string resolve_job_token(const std::map<std::string, std::string>& env,
 // 32 lowercase hex digits from /dev/urandom. Throws std::runtime_error if it cannot be read.
 std::string random_token();
 
-// An environment variable's (or flag's) value as an int: the whole text must be base-10 digits
-// with an optional '-' ("4 ", "+4", "4x" and "" are refused), so a typo in a launcher's variable
-// fails loudly instead of silently becoming rank 0. UserError naming `name` otherwise.
 // Why `addr` cannot be rank 0's host as MASTER_ADDR / --master-addr give it ("" when it can): a
 // "host:port" (the port is MASTER_PORT's: rank 0 would listen on neither, the others wait out the
 // rendezvous), a URL, or whitespace. IPv6 literals (two or more ':') pass.
 std::string master_addr_problem(const std::string& addr);
 
+// An environment variable's (or flag's) value as an int: the whole text must be base-10 digits
+// with an optional '-' ("4 ", "+4", "4x" and "" are refused), so a typo in a launcher's variable
+// fails loudly instead of silently becoming rank 0. UserError naming `name` otherwise.
 int parse_env_int(const std::string& text, const std::string& name);
 // The same for a 64-bit value (SLURM_JOB_ID: federated clusters' ids are above 2^31).
 int64_t parse_env_int64(const std::string& text, const std::string& name);

@@ -15,9 +15,8 @@ namespace dtrain {
 // cgroup v2 (memory.max, memory.current, memory.stat's file and shmem) and v1
 // (memory.limit_in_bytes, memory.usage_in_bytes, memory.stat's total_cache and total_shmem); -1
 // when no limit applies or none can be read. `proc_cgroup`: /proc/self/cgroup; `sys_cgroup`: where
-// cgroupfs is mounted
-// (/sys/fs/cgroup; v1's memory controller in its memory/ folder, v2 also as unified/ on hybrid
-// hosts). Parameters for tests; thread-safe (reads files only).
+// cgroupfs is mounted (/sys/fs/cgroup; v1's memory controller in its memory/ folder, v2 also as
+// unified/ on hybrid hosts). Parameters for tests; thread-safe (reads files only).
 int64_t cgroup_memory_left(const std::string& proc_cgroup = "/proc/self/cgroup",
                            const std::string& sys_cgroup = "/sys/fs/cgroup");
 

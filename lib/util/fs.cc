@@ -18,6 +18,7 @@
 #include <iterator>
 #include <sstream>
 #include <stdexcept>
+#include <string_view>
 
 #include "util/cgroup_memory.h"
 #include "util/check.h"
@@ -64,6 +65,17 @@ void write_in_place(const std::string& path, const std::function<void(int fd)>& 
   if (::close(fd) != 0) throw std::runtime_error("close '" + path + "': " + std::strerror(errno));
 }
 
+// write_file_atomic's temp file: "." + the target's name (shortened to fit) + this; mkstemp
+// fills in the X's.
+constexpr std::string_view kTempSuffix = ".tmp.XXXXXX";
+
+// The longest file name `dir` takes (NAME_MAX where the file system does not say), and never
+// too short for a temp file's dot, suffix and one byte of name.
+size_t name_max_in(const std::string& dir) {
+  const long n = ::pathconf(dir.c_str(), _PC_NAME_MAX);
+  const size_t name_max = n > 0 ? static_cast<size_t>(n) : NAME_MAX;
+  return std::max(name_max, kTempSuffix.size() + 2);
+}
 }  // namespace
 
 std::string output_file_target(const std::string& path) {
@@ -149,10 +161,9 @@ std::string output_file_problem(const std::string& path) {
   const std::filesystem::path real(out.path);
   const std::string parent = real.has_parent_path() ? real.parent_path().string() : ".";
   const size_t name_bytes = real.filename().string().size();
-  const long name_max = ::pathconf(parent.c_str(), _PC_NAME_MAX);
-  if (name_bytes > static_cast<size_t>(name_max > 0 ? name_max : NAME_MAX))
+  if (const size_t name_max = name_max_in(parent); name_bytes > name_max)
     return "has a file name of " + std::to_string(name_bytes) + " bytes, longer than the " +
-           std::to_string(name_max > 0 ? name_max : NAME_MAX) + " its folder allows";
+           std::to_string(name_max) + " its folder allows";
   if (::stat(parent.c_str(), &st) != 0) {
     if (errno == ENAMETOOLONG) return "is a path too long for this system";
     if (errno == ELOOP) return "is in a folder whose symbolic links loop";
@@ -185,16 +196,13 @@ void write_file_atomic_with(const std::string& requested,
   const std::string& path = out.path;
   const fs::path target(path);
   const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
-  // The temp file's name: the target's, shortened so that it fits where the target's does (a
-  // name of up to NAME_MAX bytes must be writable; mkstemp makes it unique).
-  std::string base = ".";
+  // The temp file's name: "." + the target's + kTempSuffix, the target's shortened so that it
+  // fits where the target's does (a name of up to NAME_MAX bytes must be writable; mkstemp makes
+  // it unique).
   const std::string name = target.filename().string();
-  const size_t suffix = std::string(".tmp.XXXXXX").size() + 1;
-  const long dir_max = ::pathconf(dir.c_str(), _PC_NAME_MAX);
-  const size_t name_max =
-      dir_max > static_cast<long>(suffix) ? static_cast<size_t>(dir_max) : NAME_MAX;
-  base.append(name.substr(0, name.size() + suffix > name_max ? name_max - suffix : name.size()))
-      .append(".tmp.XXXXXX");
+  const size_t room = name_max_in(dir.string()) - 1 - kTempSuffix.size();
+  std::string base = ".";
+  base.append(name, 0, std::min(name.size(), room)).append(kTempSuffix);
   std::string tmpl = (dir / base).string();
   const int fd = ::mkstemp(tmpl.data());
   if (fd < 0)

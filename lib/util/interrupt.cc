@@ -91,7 +91,7 @@ void on_interrupt(int sig, siginfo_t* info, void* /*context*/) {
 }
 
 // The launcher is gone, once or again: a stop by the preemption signal, never escalated.
-void on_launcher_gone(int) {
+void on_launcher_gone(int, siginfo_t*, void*) {
   StopRequest* req = g_request.load();
   if (req == nullptr) return;
   // Joining its job (nothing to save yet): end now, as the preemption signal would, rather than
@@ -111,24 +111,15 @@ void on_launcher_gone(int) {
   }
 }
 
-bool install(int sig, struct sigaction* old, void (*handler)(int)) {
+// Handlers take the sender (SA_SIGINFO: on_interrupt tells set_signal_forwarder's copies).
+bool install(int sig, struct sigaction* old,
+             void (*handler)(int, siginfo_t*, void*) = on_interrupt) {
   DT_CHECK_EQ(::sigaction(sig, nullptr, old), 0);
   if (old->sa_handler == SIG_IGN) return false;  // nohup and friends: stay ignored
   struct sigaction sa {};
-  sa.sa_handler = handler;
+  sa.sa_sigaction = handler;
   sigemptyset(&sa.sa_mask);
-  sa.sa_flags = SA_RESTART;  // reads, writes and waits go on; the loop polls the request
-  DT_CHECK_EQ(::sigaction(sig, &sa, nullptr), 0);
-  return true;
-}
-
-// The stop signals' handler takes the sender (SA_SIGINFO): set_signal_forwarder's copies.
-bool install(int sig, struct sigaction* old) {
-  DT_CHECK_EQ(::sigaction(sig, nullptr, old), 0);
-  if (old->sa_handler == SIG_IGN) return false;  // nohup and friends: stay ignored
-  struct sigaction sa {};
-  sa.sa_sigaction = on_interrupt;
-  sigemptyset(&sa.sa_mask);
+  // reads, writes and waits go on; the loop polls the request
   sa.sa_flags = SA_RESTART | SA_SIGINFO;
   DT_CHECK_EQ(::sigaction(sig, &sa, nullptr), 0);
   return true;
