@@ -36,8 +36,13 @@ class TempDir {
   const std::string& path() const { return path_; }
   std::string operator/(const std::string& name) const { return path_ + "/" + name; }
   std::string write(const std::string& name, const std::string& text) const {
+    // Creates the folders `name` passes through (a test writing step-5/manifest.json means a
+    // step-5 folder; without them the write failed silently and the test checked nothing).
     const std::string p = *this / name;
-    std::ofstream(p, std::ios::binary) << text;
+    std::filesystem::create_directories(std::filesystem::path(p).parent_path());
+    std::ofstream out(p, std::ios::binary);
+    out << text;
+    if (!out.flush()) throw std::runtime_error("TempDir::write: cannot write " + p);
     return p;
   }
 

@@ -255,7 +255,10 @@ int cmd_run(const Config& cfg, const std::string& config_path, std::string out,
   // its rank 0 refuses to disturb). Whether the folder holds a run is the owner's check too.
   // The owner's deletion waits for training to start (RunOptions::overwrite): a run refused for
   // bad input (a model too large, a DTRAIN_FAULT typo) leaves the old run as it was.
-  prepare_out_dir(opts.out_dir, !resume.empty() || overwrite, /*overwrite=*/false,
+  // The other ranks skip it: on other nodes they start while rank 0 has not yet cleared the
+  // folder (--overwrite) or decided to resume, and a rank 1 that refused the old run there ended
+  // a job node 0 had prepared.
+  prepare_out_dir(opts.out_dir, !resume.empty() || overwrite || !rank0, /*overwrite=*/false,
                   /*clear_logs=*/false, owner ? &out_lock : nullptr);
   // (`dtrain launch` passes --overwrite to its first attempt's ranks for rank 0 to act on)
   opts.overwrite = overwrite && (owner || (rank0 && env.count(kLauncherPidEnv) != 0));
@@ -709,6 +712,8 @@ int cli_main_impl(int argc, char** argv) {
     }
     return rc;
   };
+  // (`run` and `verify` take these signals over to stop softly, `launch` to forward them)
+  end_by_stop_signals_removing_temp_files();
   try {
     return cli.dispatch(argv[0]);
   } catch (const UserError& e) {

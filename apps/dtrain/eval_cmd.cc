@@ -70,8 +70,17 @@ LoadedModel load_model(const Config& cfg, const DataSplits& data, const std::str
     // data has widens it, and the checkpoint then seems to be the wrong one. (Text data has no
     // labels: its width is the vocabulary.)
     const int64_t train_classes = shape.train_classes;
-    if (cfg.model.num_classes > 0 || train_classes == 0 || shape.num_classes <= train_classes)
-      throw;
+    if (cfg.model.num_classes > 0 || train_classes == 0) throw;
+    // The training data's labels may have changed since (a class added): the shape error alone
+    // blamed the checkpoint, with the config the run used.
+    if (shape.num_classes <= train_classes)
+      throw UserError(std::string(e.what()) +
+                      " -- with model.num_classes 0 the output width is the data's label count, "
+                      "now " +
+                      std::to_string(shape.num_classes) + " (labels 0.." +
+                      std::to_string(shape.num_classes - 1) +
+                      "): if the labels changed since training, set model.num_classes to the "
+                      "checkpoint's output width");
     throw UserError(std::string(e.what()) + " -- the test data has label " +
                     std::to_string(shape.num_classes - 1) +
                     ", above the training data's labels (0.." + std::to_string(train_classes - 1) +

@@ -203,8 +203,14 @@ int cmd_launch(const Config& cfg, const LaunchCmd& c) {
                  change.empty() ? "" : ": ", change);
     // The first attempt (elastic nodes, fewer than the most) runs the launch's own command.
     std::vector<std::string> argv = attempt > 0 ? restart(attempt) : first_argv;
-    for (const std::string& s : {"data.batch_size=" + std::to_string(p.batch_size),
-                                 "train.grad_accum_steps=" + std::to_string(p.grad_accum)}) {
+    const int new_dp = world / static_cast<int>(cell);
+    const bool linear = cfg.optimizer.scale_lr == ScaleLr::kLinear;
+    if (linear && new_dp != first_dp)
+      spdlog::warn(
+          "elastic {}: learning rate {} x {} replica(s) kept (optimizer.scale_lr linear "
+          "would scale it by {})",
+          which, cfg.optimizer.lr, first_dp, new_dp);
+    for (const std::string& s : resize_settings(p, cfg.optimizer.lr, linear, first_dp, new_dp)) {
       argv.push_back("--set");
       argv.push_back(s);
     }

@@ -21,12 +21,28 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// Whether `dir` is a checkpoints folder (its `latest` pointer file) or a sharded checkpoint
+// (a manifest.json of this format), not any folder with an entry of one of those names (a
+// `latest` link to a model version, a web app's manifest.json).
+bool is_checkpoint_folder(const fs::path& dir) {
+  std::error_code ec;
+  if (fs::is_regular_file(dir / "latest", ec) && fs::file_size(dir / "latest", ec) <= 4096)
+    return true;
+  const fs::path manifest = dir / "manifest.json";
+  if (!fs::is_regular_file(manifest, ec)) return false;
+  std::ifstream in(manifest, std::ios::binary);
+  std::string head(4096, '\0');
+  in.read(head.data(), static_cast<std::streamsize>(head.size()));
+  head.resize(static_cast<size_t>(std::max<std::streamsize>(0, in.gcount())));
+  return head.find("\"dtrain-checkpoint\"") != std::string::npos;
+}
+
 // The checks of check_output_file on one spelling of the output: `abs`, absolute; `shown`, the
 // output as messages name it.
 void check_output_place(const std::string& shown, const fs::path& abs) {
   std::error_code ec;
   const fs::path parent = abs.parent_path();
-  if (fs::exists(parent / "latest", ec) || fs::exists(parent / "manifest.json", ec))
+  if (is_checkpoint_folder(parent))
     throw UserError(shown + " is inside a checkpoint folder ('" + parent.string() +
                     "'), whose files it could replace: write it elsewhere");
   // A run folder's own files (train/run_dir.h): replacing one breaks resume, plot and verify.
@@ -190,9 +206,11 @@ void check_consolidate_output(const std::string& input, const std::string& outpu
                     "consolidated checkpoint elsewhere");
   check_output_file("-o", output);  // (after: the message above is the more precise one)
   // An existing file is replaced only if it is a safetensors file (a consolidation written
-  // before, say): a mistyped -o must not destroy a config, data or anything else.
+  // before, say) or empty (mktemp's): a mistyped -o must not destroy a config, data or anything
+  // else.
   struct stat st {};
-  if (::stat(output.c_str(), &st) == 0 && S_ISREG(st.st_mode) && !is_existing_safetensors(output))
+  if (::stat(output.c_str(), &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0 &&
+      !is_existing_safetensors(output))
     throw UserError("-o '" + output +
                     "' exists and is not a safetensors file: consolidate replaces only a "
                     "safetensors file; remove it first or choose another name");

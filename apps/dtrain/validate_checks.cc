@@ -134,7 +134,10 @@ void check_config_without_data(const Config& cfg, bool evaluate) {
   // IDX: run's refusals that the headers and the files' sizes decide.
   if (d.format == DataFormat::kIdx) {
     check_idx_headers(d.train.images, d.train.labels);
-    if (!d.test.empty()) check_idx_headers(d.test.images, d.test.labels);
+    if (!d.test.empty()) {
+      check_idx_headers(d.test.images, d.test.labels);
+      check_idx_test_shape(d.train.images, d.test.images);
+    }
   }
   // Text: run's refusals of an empty text or a split shorter than a window, from the sizes.
   if (d.format == DataFormat::kText && d.block_size > 0) check_text_sizes(text_options(d));

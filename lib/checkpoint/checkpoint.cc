@@ -8,6 +8,7 @@
 #include <optional>
 #include <regex>
 #include <set>
+#include <tuple>
 
 #include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
@@ -615,9 +616,16 @@ void commit_checkpoint(const std::string& dir, const std::string& file_name, int
     fs::remove_all(e.second, ec);
     return true;
   });
-  std::sort(found.begin(), found.end(), [now](const auto& a, const auto& b) {
-    return std::make_pair(a.first <= now, a.first) < std::make_pair(b.first <= now, b.first);
-  });
+  // A step folder without its manifest (a save that was interrupted) is no checkpoint: it counts
+  // as older than every complete one, so it never takes a place keep_last promises to a step that
+  // can be resumed.
+  const auto kept_rank = [now](const std::pair<int64_t, fs::path>& e) {
+    std::error_code ec;
+    const bool complete = fs::is_regular_file(e.second, ec) || is_sharded_dir(e.second);
+    return std::make_tuple(complete && e.first <= now, e.first);
+  };
+  std::sort(found.begin(), found.end(),
+            [&](const auto& a, const auto& b) { return kept_rank(a) < kept_rank(b); });
   const int64_t excess = static_cast<int64_t>(found.size()) - keep_last;
   for (int64_t i = 0; i < excess; ++i) {
     if (found[static_cast<size_t>(i)].second.filename() == file_name) continue;

@@ -356,4 +356,18 @@ void Communicator::recv(int src, uint64_t tag, float* data, size_t n) {
   }
 }
 
+double Communicator::allreduce_sum(double v) {
+  const size_t world = static_cast<size_t>(size());
+  std::vector<uint8_t> all(world * sizeof(double));
+  allgather(reinterpret_cast<const uint8_t*>(&v), all.data(),
+            std::vector<size_t>(world, sizeof(double)));
+  double sum = 0.0;
+  for (size_t r = 0; r < world; ++r) {
+    double x;
+    std::memcpy(&x, all.data() + r * sizeof(double), sizeof(double));
+    sum += x;
+  }
+  return sum;
+}
+
 }  // namespace dtrain

@@ -119,6 +119,10 @@ class Communicator {
   WorkPtr allgather_inplace_async(uint8_t* data, std::vector<size_t> counts);
   void broadcast(int64_t* data, size_t n, int root);
   void broadcast(uint8_t* data, size_t n, int root);
+  // The sum of one double per rank, in rank order over an all-gather of their bytes: bitwise the
+  // same on every rank, without the float all-reduce's rounding or its overflow past 3.4e38 (a
+  // squared gradient norm above that is finite as a double, and clipping must still see it).
+  double allreduce_sum(double v);
 
   // Point-to-point (pipeline activations): n floats to/from one peer under a user tag.
   void send(int dst, uint64_t tag, const float* data, size_t n);

@@ -379,7 +379,7 @@ std::vector<KeyDecl> train_keys([[maybe_unused]] const Owners& o) {
       key(
           "train.checkpoint.keep_last",
           [](auto& c) -> auto& { return c.train.checkpoint.keep_last; },
-          R"doc(Newest step checkpoints kept, ≥ 1 (after a resume from an earlier step, the steps past it go first))doc")
+          R"doc(Newest step checkpoints kept, ≥ 1 (after a resume from an earlier step, the steps past it go first; a step folder whose save was cut off, without its manifest, goes before any complete checkpoint))doc")
           .min(1)
           .not_hashed(),
       key(

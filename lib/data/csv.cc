@@ -192,6 +192,13 @@ class CsvReader {
       pos_ = end + 1;
       ++line_;
       if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+      // A carriage return left inside: the lines end in a bare CR (classic Mac OS, some
+      // spreadsheet exports), so this "line" is the whole file's rows run together.
+      if (line.find('\r') != std::string_view::npos)
+        throw UserError(where(line_) +
+                        "the lines end in a bare carriage return (CR, classic Mac OS or a "
+                        "spreadsheet's export), which this reader does not split on: convert "
+                        "them to LF (tr '\\r' '\\n' < IN > OUT) or CRLF line ends");
       // Blank: nothing but spaces and tabs -- a tab that is the delimiter separates (empty)
       // cells, which are reported, not skipped.
       const std::string_view blank = delim_ == '\t' ? std::string_view(" ") : " \t";

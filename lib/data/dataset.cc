@@ -191,11 +191,13 @@ double resolved_test_fraction(const DataConfig& cfg) {
 }  // namespace
 
 int64_t train_rows_without_loading(const DataConfig& cfg) {
-  if (cfg.format == DataFormat::kText) {  // load_text's windows, from exact sizes (not gzip)
+  if (cfg.format == DataFormat::kText) {  // load_text's windows, from exact sizes
     bool exact = true;
-    const int64_t bytes =
-        cfg.block_size > 0 ? text_bytes_without_reading(cfg.train.path, &exact) : -1;
-    if (bytes < 0 || !exact) return -1;
+    int64_t bytes = cfg.block_size > 0 ? text_bytes_without_reading(cfg.train.path, &exact) : -1;
+    // gzip's trailer holds the size mod 2^32 of its last member only: counted by decompressing
+    // (streamed, nothing held), so validate sizes the batch as run will.
+    if (bytes >= 0 && !exact) bytes = text_bytes_by_decompressing(cfg.train.path);
+    if (bytes < 0) return -1;
     try {
       const TextSplit sp = plan_text_split(text_options(cfg), bytes, "the training text");
       return text_window_count(bytes - sp.held_out, cfg.block_size);

@@ -96,8 +96,12 @@ int64_t idx_label_classes(const std::string& labels_path);
 // for images of 0 pixels.
 Shape idx_image_shape(const std::string& images_path);
 // What load_idx refuses from the files' headers and sizes alone (validate): a wrong magic, a file
-// too short for its header, a header whose shape is not the (uncompressed) file's size. UserError.
+// too short for its header, a header whose shape is not the (uncompressed) file's size, no
+// images, image and label counts that differ. UserError.
 void check_idx_headers(const std::string& images_path, const std::string& labels_path);
+// What loading refuses of a test images file beside the training one, from the headers alone
+// (validate): another pixel count, or the same count in another shape. UserError.
+void check_idx_test_shape(const std::string& train_images, const std::string& test_images);
 Dataset make_synthetic(const SyntheticOptions& opts, int64_t seed);
 // make_synthetic's refusals (UserError) without generating anything: for validate.
 void check_synthetic_options(const SyntheticOptions& opts);

@@ -390,6 +390,37 @@ int64_t idx_label_classes(const std::string& labels_path) {
 void check_idx_headers(const std::string& images_path, const std::string& labels_path) {
   check_promise(images_path, idx_promised_size(images_path, kImagesMagic), kImagesMagic, "images");
   check_promise(labels_path, idx_promised_size(labels_path, kLabelsMagic), kLabelsMagic, "labels");
+  // The counts, as load_idx refuses them (the headers are whole and of the right kind now).
+  gzFile f = gzopen(images_path.c_str(), "rb");
+  if (f == nullptr) return;
+  std::string head(8, '\0');
+  const int got = gzread(f, head.data(), 8);
+  gzclose(f);
+  if (got != 8) return;
+  const uint64_t n = read_be32(head, 4);
+  if (n == 0) throw UserError("empty data set: IDX images file '" + images_path + "' has 0 images");
+  (void)idx_image_shape(images_path);  // images of 0 pixels: refused first, as load_idx does
+  if (const int64_t labels = idx_label_count(labels_path); labels >= 0 && uint64_t(labels) != n)
+    throw UserError("IDX images file '" + images_path + "' has " + std::to_string(n) +
+                    " images but labels file '" + labels_path + "' has " + std::to_string(labels) +
+                    " labels");
+}
+
+void check_idx_test_shape(const std::string& train_images, const std::string& test_images) {
+  const Shape train = idx_image_shape(train_images), test = idx_image_shape(test_images);
+  if (train.empty() || test.empty()) return;  // (unreadable: the loader says what is wrong)
+  const auto pixels = [](const Shape& s) { return s[1] * s[2]; };
+  const auto shown = [](const Shape& s) {
+    return "[" + std::to_string(s[0]) + ", " + std::to_string(s[1]) + ", " + std::to_string(s[2]) +
+           "]";
+  };
+  // The messages of the loader's checks (data/dataset.cc), in its order.
+  if (pixels(test) != pixels(train))
+    throw UserError("test set '" + test_images + "' has " + std::to_string(pixels(test)) +
+                    " features but the training set has " + std::to_string(pixels(train)));
+  if (test != train)
+    throw UserError("test images '" + test_images + "' are " + shown(test) +
+                    ", the training images " + shown(train));
 }
 
 Shape idx_image_shape(const std::string& images_path) {

@@ -4,10 +4,12 @@
 
 #include <glob.h>
 #include <sys/stat.h>
+#include <zlib.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -133,17 +135,33 @@ std::string read_text_files(const std::vector<std::string>& files, const std::st
   return text;
 }
 
-int64_t text_bytes_without_reading(const std::vector<std::string>& specs, bool* exact) {
+namespace {
+
+// The regular files `specs` name (expand_text_paths), or nullopt when a pattern matches nothing
+// or one is not a regular file: the sizes below are then unknown (-1), the loader says why.
+std::optional<std::vector<std::string>> regular_text_files(const std::vector<std::string>& specs) {
   std::vector<std::string> files;
   try {
     files = expand_text_paths(specs, "data");
   } catch (const UserError&) {
-    return -1;
+    return std::nullopt;
   }
-  int64_t total = 0;
   for (const std::string& f : files) {
     struct stat st {};
-    if (::stat(f.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return -1;
+    if (::stat(f.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return std::nullopt;
+  }
+  return files;
+}
+
+}  // namespace
+
+int64_t text_bytes_without_reading(const std::vector<std::string>& specs, bool* exact) {
+  const auto files = regular_text_files(specs);
+  if (!files) return -1;
+  int64_t total = 0;
+  for (const std::string& f : *files) {
+    struct stat st {};
+    if (::stat(f.c_str(), &st) != 0) return -1;
     std::FILE* in = std::fopen(f.c_str(), "rb");
     if (in == nullptr) return -1;
     unsigned char magic[2] = {0, 0}, isize[4] = {0, 0, 0, 0};
@@ -158,6 +176,22 @@ int64_t text_bytes_without_reading(const std::vector<std::string>& specs, bool* 
     total += gz ? static_cast<int64_t>(isize[0] | isize[1] << 8 | isize[2] << 16 |
                                        static_cast<uint32_t>(isize[3]) << 24)
                 : static_cast<int64_t>(st.st_size);
+  }
+  return total;
+}
+
+int64_t text_bytes_by_decompressing(const std::vector<std::string>& specs) {
+  const auto files = regular_text_files(specs);
+  if (!files) return -1;
+  int64_t total = 0;
+  std::vector<char> buf(1 << 20);
+  for (const std::string& f : *files) {
+    gzFile in = gzopen(f.c_str(), "rb");  // (a file without the gzip magic reads as it is)
+    if (in == nullptr) return -1;
+    int got = 0;
+    while ((got = gzread(in, buf.data(), static_cast<unsigned>(buf.size()))) > 0) total += got;
+    gzclose(in);
+    if (got < 0) return -1;  // corrupt: the loader says what is wrong
   }
   return total;
 }

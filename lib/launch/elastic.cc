@@ -1,6 +1,7 @@
 #include "launch/elastic.h"
 
 #include <algorithm>
+#include <charconv>
 #include <string>
 
 #include "util/check.h"
@@ -50,6 +51,21 @@ std::string describe_batch_change(const BatchPlan& from, const BatchPlan& to) {
     s += (s.empty() ? "" : ", ") + std::string("train.grad_accum_steps ") +
          std::to_string(from.grad_accum) + " -> " + std::to_string(to.grad_accum);
   return s;
+}
+
+std::vector<std::string> resize_settings(const BatchPlan& plan, double lr, bool scale_lr_linear,
+                                         int64_t first_dp, int64_t new_dp) {
+  std::vector<std::string> sets = {"data.batch_size=" + std::to_string(plan.batch_size),
+                                   "train.grad_accum_steps=" + std::to_string(plan.grad_accum)};
+  if (scale_lr_linear && first_dp != new_dp) {
+    char buf[64];
+    const double rate = lr * static_cast<double>(first_dp);  // as plan_steps computes base_lr
+    const auto res = std::to_chars(buf, buf + sizeof buf, rate);
+    DT_CHECK(res.ec == std::errc());
+    sets.push_back("optimizer.scale_lr=none");
+    sets.push_back("optimizer.lr=" + std::string(buf, res.ptr));
+  }
+  return sets;
 }
 
 }  // namespace dtrain

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace dtrain {
 
@@ -23,5 +24,13 @@ BatchPlan keep_global_batch(int64_t batch_size, int64_t grad_accum, int world, i
 // "data.batch_size 24 -> 32" / "train.grad_accum_steps 1 -> 2", the changes as the log says them
 // ("" when nothing changed).
 std::string describe_batch_change(const BatchPlan& from, const BatchPlan& to);
+
+// The `--set KEY=VALUE` settings that run a job of `first_dp` data-parallel replicas on `new_dp`
+// with the global batch kept (plan: keep_global_batch's). The learning rate is the job's too:
+// under `optimizer.scale_lr: linear` (lr x replicas) the restarted ranks would scale by new_dp
+// and train the same global batch at another rate, so they get scale_lr none and the rate the
+// first ranks used, lr x first_dp (printed to round-trip: the same double the first ranks had).
+std::vector<std::string> resize_settings(const BatchPlan& plan, double lr, bool scale_lr_linear,
+                                         int64_t first_dp, int64_t new_dp);
 
 }  // namespace dtrain

@@ -36,17 +36,24 @@ bool loopback(const std::string& host) {
 
 NodeEnv resolve_node_env(const Env& env, const NodeOverrides& flags, int default_nproc) {
   const Src nnodes = pick(flags.nnodes, "--nnodes", env, {"PET_NNODES"}, {1, "default"});
-  const Src node_rank = pick(flags.node_rank, "--node-rank", env,
-                             {"PET_NODE_RANK", "JOB_COMPLETION_INDEX"}, {0, "default"});
+  // With one node the ranks meet on loopback and nothing in the environment about other nodes
+  // applies: a MASTER_PORT of Kubernetes' service links ("tcp://10.96.0.12:29500") or an Indexed
+  // Job's JOB_COMPLETION_INDEX (a sweep of one-node jobs) is not read, let alone refused.
+  const bool one_node = nnodes.value == 1;
+  const Env none;
+  const Src node_rank =
+      one_node ? pick(flags.node_rank, "--node-rank", env, {"PET_NODE_RANK"}, {0, "default"})
+               : pick(flags.node_rank, "--node-rank", env,
+                      {"PET_NODE_RANK", "JOB_COMPLETION_INDEX"}, {0, "default"});
   const Src per = pick(flags.nproc_per_node, "--nproc-per-node", env, {"PET_NPROC_PER_NODE"},
                        {default_nproc, "--nproc"});
-  Src port = pick(flags.master_port, "--master-port", env, {"PET_MASTER_PORT", "MASTER_PORT"},
-                  {0, "default"});
+  Src port = pick(flags.master_port, "--master-port", one_node ? none : env,
+                  {"PET_MASTER_PORT", "MASTER_PORT"}, {0, "default"});
   std::string addr = "127.0.0.1", addr_from = "default";
   if (flags.master_addr) {
     addr = *flags.master_addr;
     addr_from = "--master-addr";
-  } else {
+  } else if (!one_node) {
     for (const char* v : {"PET_MASTER_ADDR", "MASTER_ADDR"})
       if (const auto it = env.find(v); it != env.end()) {
         addr = it->second;

@@ -51,6 +51,29 @@ std::optional<Config> stored_config(const CheckpointMeta& m, const std::string& 
   }
 }
 
+namespace {
+
+// A sequential model's layer lists as a difference line ("" when they compute the same function):
+// a dropout's probability is inert outside training (as model.dropout is), so {dropout: p}
+// against {dropout: q} is none; else the first entry that differs, not both whole lists.
+std::string layers_difference(const nlohmann::json& was, const nlohmann::json& now) {
+  const auto inert = [](nlohmann::json layers) {
+    if (layers.is_array())
+      for (nlohmann::json& l : layers)
+        if (l.is_object() && l.contains("dropout")) l = "dropout";
+    return layers;
+  };
+  if (inert(was) == inert(now)) return "";
+  if (!was.is_array() || !now.is_array() || was.size() != now.size())
+    return "\n  model.layers: " + std::to_string(was.size()) + " entries -> " +
+           std::to_string(now.size()) + " (" + was.dump() + " -> " + now.dump() + ")";
+  size_t i = 0;
+  while (inert(nlohmann::json::array({was[i]})) == inert(nlohmann::json::array({now[i]}))) ++i;
+  return "\n  model.layers[" + std::to_string(i) + "]: " + was[i].dump() + " -> " + now[i].dump();
+}
+
+}  // namespace
+
 void check_model_config(const std::string& path, const CheckpointMeta& m, const Config& cfg) {
   std::string why;
   const std::optional<Config> stored = stored_config(m, path, &why);
@@ -79,6 +102,10 @@ void check_model_config(const std::string& path, const CheckpointMeta& m, const 
     if (std::find(kFromData.begin(), kFromData.end(), d.path) != kFromData.end() &&
         (was == 0 || now == 0))
       continue;
+    if (d.path == "model.layers") {
+      lines += layers_difference(was, now);
+      continue;
+    }
     if (was != now) lines += "\n  " + d.path + ": " + was.dump() + " -> " + now.dump();
   }
   // data.normalize as the data is scaled: `auto` is scale for idx and standardize for csv, so

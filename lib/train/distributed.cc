@@ -31,14 +31,15 @@ Config effective_config(const Config& cfg, const DistEnv& de) {
 namespace {
 
 // The keys outside config_hash that decide which steps run collectives beyond the step's own
-// (evaluation, train records, saves, their count): "epochs 5, max_steps 0, ...".
-std::string run_plan(const Config& c) {
+// (evaluation, train records, saves, their count), and the command-line flags that do too
+// (--no-eval skips evaluations, --trace adds the parts' gather): "epochs 5, max_steps 0, ...".
+std::string run_plan(const Config& c, const RunOptions& opts) {
   const TrainConfig& t = c.train;
   return fmt::format(
       "train.epochs {}, max_steps {}, log_every {}, eval_every {}, checkpoint.every_steps {}, "
-      "checkpoint.async {}",
+      "checkpoint.async {}, --no-eval {}, --trace {}",
       t.epochs, t.max_steps, t.log_every, t.eval_every, t.checkpoint.every_steps,
-      t.checkpoint.async);
+      t.checkpoint.async, opts.evaluate ? "off" : "on", opts.trace.empty() ? "off" : "on");
 }
 
 }  // namespace
@@ -69,7 +70,7 @@ nlohmann::json run_grpc_rank(const Config& cfg, const RunOptions& opts,
   // config_hash leaves out how long the run is and when it logs, evaluates and saves (a resume
   // may change them); ranks must still agree on them, since each of those steps runs collectives
   // of its own: they join the rendezvous's comparison as text, which its refusal then shows.
-  g.config_hash = config_hash(eff) + " (" + run_plan(eff) + ")";
+  g.config_hash = config_hash(eff) + " (" + run_plan(eff, opts) + ")";
   g.rendezvous_timeout_s = cfg.distributed.rendezvous_timeout_s;
   g.tls_cert = cfg.distributed.tls.cert;
   g.tls_key = cfg.distributed.tls.key;

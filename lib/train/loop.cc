@@ -207,11 +207,7 @@ void TrainLoop::clip() {
   // subtracts it, so it counts once (PyTorch's norm of nanoGPT's tied GPT sees one tensor).
   double ss = strategy_->grad_sq_sum() - tied_sq_;
   if (tp_) ss = tp_->global_sq(ss, strategy_->held_grads(), dp_);  // each shard counted once
-  if (pp_.size() > 1) {
-    float v = static_cast<float>(ss);
-    pp_.allreduce(&v, 1, ReduceOp::kSum);
-    ss = v;
-  }
+  if (pp_.size() > 1) ss = pp_.allreduce_sum(ss);  // (a double: see ShardedState::grad_sq_sum)
   const float f = clip_factor(std::sqrt(ss), cfg_.optimizer.clip_grad_norm);
   if (f < 1.0f) strategy_->scale_grads(f);
 }

@@ -138,6 +138,15 @@ void TrainLoop::restore_progress(const std::string& progress) {
     try {
       const nlohmann::json p = nlohmann::json::parse(progress);
       const nlohmann::json last = p.value("final_train_loss", nlohmann::json());
+      // The sampler's position (epoch, batch) indexes the training set the checkpoint was saved
+      // with (absent before 2026-12-06): another size means other files, and another order.
+      if (const int64_t rows = p.value("train_rows", int64_t{-1});
+          rows >= 0 && rows != data_.train.rows)
+        spdlog::warn(
+            "the training set has {} samples and {} was saved while training on {}: the data "
+            "changed since, so epoch {} goes on from batch {} of the new set's order, not the "
+            "interrupted run's",
+            data_.train.rows, rp_.from, rows, rp_.epoch, rp_.batch);
       v = {static_cast<double>(p.at("skipped_steps").get<int64_t>()),
            p.at("record_loss").get<double>(),
            static_cast<double>(p.at("record_samples").get<int64_t>()),

@@ -75,7 +75,8 @@ void TrainLoop::save() {
                                      {"interval_loss", interval_loss},
                                      {"interval_samples", interval_samples},
                                      {"eval_due", eval_due_},
-                                     {"final_train_loss", nan_to_null(final_train_loss_)}}
+                                     {"final_train_loss", nan_to_null(final_train_loss_)},
+                                     {"train_rows", data_.train.rows}}
                           .dump();
   }
   // Every rank's compression state goes to rank 0 (compression_state.h).

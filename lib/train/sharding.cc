@@ -263,11 +263,8 @@ double ShardedState::grad_sq_sum(const float* full_grads, int64_t base) {
   } else {
     ss = sum_squares(grad_shard_.data(), static_cast<int64_t>(grad_shard_.size()));
   }
-  // Partial sums travel as float (the collectives are float); the norm is a clipping threshold,
-  // so float precision of the sum is ample.
-  float v = static_cast<float>(ss);
-  dp_.allreduce(&v, 1, ReduceOp::kSum);
-  return static_cast<double>(v);
+  // As a double: a float would overflow past a norm of 1.8e19 and clip every gradient to zero.
+  return dp_.allreduce_sum(ss);
 }
 
 void ShardedState::scale_grads(float* full_grads, int64_t base, float f) {

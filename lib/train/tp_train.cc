@@ -38,14 +38,9 @@ double TensorParallel::global_sq(double ss, const HeldGrads& held, Communicator&
       const int64_t lo = std::max(s.begin, c.begin), hi = std::min(s.end, c.end);
       if (lo < hi) r += sum_squares(s.data + (lo - s.begin), hi - lo);
     }
-  if (held.shards && dp.size() > 1) {
-    float v = static_cast<float>(r);
-    dp.allreduce(&v, 1, ReduceOp::kSum);
-    r = v;
-  }
-  float v = static_cast<float>(tp_.rank() == 0 ? ss : ss - r);
-  tp_.allreduce(&v, 1, ReduceOp::kSum);
-  return v;
+  // Doubles throughout: see ShardedState::grad_sq_sum.
+  if (held.shards && dp.size() > 1) r = dp.allreduce_sum(r);
+  return tp_.allreduce_sum(tp_.rank() == 0 ? ss : ss - r);
 }
 
 std::vector<ShardRange> TensorParallel::global_ranges(const std::vector<ShardRange>& local) const {

@@ -44,7 +44,35 @@ namespace dtrain {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
-namespace {}  // namespace
+namespace {
+
+// Where the first label >= `limit` is in the files (the splits are shuffled: a sample's index in
+// one is no place in a file): " in data row N of 'FILE'" (CSV rows after the header, 1-based),
+// " in image N of 'FILE'" or " in generated sample N", read again unsplit; "" when it cannot be
+// told. Error path only.
+std::string first_label_at_or_above(const DataConfig& d, bool test_files, int32_t limit) {
+  DataConfig raw = d;
+  if (test_files) {
+    raw.train = d.test;
+  }
+  raw.test = {};
+  raw.test_fraction = 0.0;
+  try {
+    const Dataset t = load_data(raw, 0).train;
+    const auto it = std::find_if(t.y.begin(), t.y.end(), [&](int32_t v) { return v >= limit; });
+    if (it == t.y.end()) return "";
+    const int64_t n = (it - t.y.begin()) + 1;
+    if (d.format == DataFormat::kSynthetic) return " in generated sample " + std::to_string(n);
+    if (d.format == DataFormat::kIdx)
+      return " in image " + std::to_string(n) + " of '" + raw.train.labels + "'";
+    if (raw.train.path.size() == 1)
+      return " in data row " + std::to_string(n) + " of '" + raw.train.path[0] + "'";
+  } catch (const UserError&) {
+  }
+  return "";
+}
+
+}  // namespace
 
 ModelShape resolve_model_shape(const Config& cfg, const DataSplits& data) {
   ModelShape s;
@@ -72,18 +100,17 @@ ModelShape resolve_model_shape(const Config& cfg, const DataSplits& data) {
       // (each split's num_classes is both splits' count: the labels themselves tell which)
       const bool in_train = s.train_classes > cfg.model.num_classes;
       const std::vector<int32_t>& ys = in_train ? data.train.y : data.test.y;
-      const auto first =
-          std::find_if(ys.begin(), ys.end(), [&](int32_t v) { return v >= cfg.model.num_classes; });
       const int32_t top = ys.empty() ? 0 : *std::max_element(ys.begin(), ys.end());
       const std::string test_what =
           !cfg.data.test.empty() ? "the test data (data.test)"
                                  : "the test split held out of the training data (data.train)";
+      const std::string where =
+          first_label_at_or_above(cfg.data, !in_train && !cfg.data.test.empty(),
+                                  static_cast<int32_t>(cfg.model.num_classes));
       throw UserError(
           std::string(in_train ? "the training data (data.train)" : test_what) + " has label " +
           std::to_string(top) +
-          (first != ys.end() ? " (the first out of range: label " + std::to_string(*first) +
-                                   " of sample " + std::to_string(first - ys.begin()) + ")"
-                             : std::string()) +
+          (where.empty() ? std::string() : " (the first out of range" + where + ")") +
           ", out of range for model.num_classes = " + std::to_string(cfg.model.num_classes));
     }
     s.num_classes = cfg.model.num_classes;
@@ -323,7 +350,7 @@ void check_training_memory(const Config& cfg, const Model& model, const MemoryPl
       "the model has {} parameters{} ({}): training needs about {:.1f} GiB for parameters, "
       "gradients and optimizer state and {} ({} {} rank(s) in this process, strategy {}), more "
       "than the {:.1f} GiB this process can allocate; {}",
-      model.param_count(), slice, size_keys(cfg), state / kGiB, acts_text, here,
+      model.distinct_param_count(), slice, size_keys(cfg), state / kGiB, acts_text, here,
       to_string(cfg.distributed.backend), to_string(cfg.distributed.strategy),
       static_cast<double>(avail) / kGiB,
       training_fits ? "lower data.eval_batch_size"

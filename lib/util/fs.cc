@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -188,6 +189,61 @@ void write_all(int fd, const void* data, size_t len, const std::string& what) {
   }
 }
 
+namespace {
+
+// The temp files of writes in progress, for remove_temp_files_in_flight: fixed slots, since a
+// signal handler can neither lock nor allocate. A slot is 0 (free), 1 (its path being written
+// or cleared) or 2 (holding a temp file's path, which the handler may unlink).
+struct InFlightTemp {
+  std::atomic<int> state{0};
+  char path[PATH_MAX] = {};
+};
+InFlightTemp g_in_flight[16];
+static_assert(std::atomic<int>::is_always_lock_free);
+
+// Claims a slot for `path`; -1 when all are taken or the path is too long (then untracked).
+int track_temp(const std::string& path) {
+  if (path.size() >= PATH_MAX) return -1;
+  for (int i = 0; i < 16; ++i) {
+    int free = 0;
+    if (!g_in_flight[i].state.compare_exchange_strong(free, 1)) continue;
+    std::memcpy(g_in_flight[i].path, path.c_str(), path.size() + 1);
+    g_in_flight[i].state.store(2);
+    return i;
+  }
+  return -1;
+}
+
+void untrack_temp(int slot) {
+  if (slot >= 0) g_in_flight[slot].state.store(0);
+}
+
+// The process's umask, read from /proc (umask(2) can only read it by setting it, which races
+// with other threads creating files); 022 where /proc does not say.
+mode_t current_umask() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("Umask:", 0) == 0) {
+      try {
+        return static_cast<mode_t>(std::stoul(line.substr(6), nullptr, 8) & 0777);
+      } catch (const std::exception&) {
+        break;
+      }
+    }
+  return 022;
+}
+
+// The mode a file written in place of `path` gets: the replaced file's, else what open(2) with
+// 0666 would give under the umask (a private umask 077 keeps checkpoints private).
+mode_t replacement_mode(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode)) return st.st_mode & 07777;
+  return 0666 & ~current_umask();
+}
+
+}  // namespace
+
 void write_file_atomic_with(const std::string& requested,
                             const std::function<void(int fd)>& writer) {
   namespace fs = std::filesystem;
@@ -208,10 +264,14 @@ void write_file_atomic_with(const std::string& requested,
   if (fd < 0)
     throw std::runtime_error("cannot create temp file in '" + dir.string() +
                              "': " + std::strerror(errno));
+  struct Tracked {  // (untracked on every way out: renamed, or unlinked below)
+    int slot;
+    ~Tracked() { untrack_temp(slot); }
+  } tracked{track_temp(tmpl)};
   try {
     writer(fd);
     if (::fsync(fd) != 0) throw std::runtime_error("fsync '" + tmpl + "': " + std::strerror(errno));
-    if (::fchmod(fd, 0644) != 0)
+    if (::fchmod(fd, replacement_mode(path)) != 0)
       throw std::runtime_error("chmod '" + tmpl + "': " + std::strerror(errno));
     if (::close(fd) != 0) throw std::runtime_error("close '" + tmpl + "': " + std::strerror(errno));
   } catch (...) {
@@ -229,6 +289,11 @@ void write_file_atomic_with(const std::string& requested,
     ::fsync(dfd);
     ::close(dfd);
   }
+}
+
+void remove_temp_files_in_flight() {
+  for (InFlightTemp& t : g_in_flight)
+    if (t.state.load() == 2) ::unlink(t.path);
 }
 
 void write_file_atomic(const std::string& path, std::string_view data) {

@@ -30,6 +30,12 @@ void write_file_atomic(const std::string& path, std::string_view data);
 // Same, but the content is streamed by `writer(fd)`, which must write everything or throw.
 void write_file_atomic_with(const std::string& path, const std::function<void(int fd)>& writer);
 
+// Unlinks the temp files the writes above have open right now (from any thread), for a signal
+// handler about to end the process: the rename never comes, and a consolidation's or a
+// prediction's temp file (hidden, hundreds of MB) would stay behind. Async-signal-safe (atomics
+// and unlink only). Up to 16 writes at once are tracked; more are still written, untracked.
+void remove_temp_files_in_flight();
+
 // write(2) all of `len` bytes or throw.
 void write_all(int fd, const void* data, size_t len, const std::string& what);
 

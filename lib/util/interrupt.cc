@@ -7,6 +7,7 @@
 #include <ctime>
 
 #include "util/check.h"
+#include "util/fs.h"
 
 namespace dtrain {
 
@@ -23,6 +24,7 @@ std::atomic<pid_t> g_forwarder{0};
 std::atomic<void (*)()> g_abrupt_cleanup{nullptr};
 
 void abrupt_cleanup() {
+  remove_temp_files_in_flight();
   if (void (*fn)() = g_abrupt_cleanup.load()) fn();
 }
 
@@ -126,6 +128,16 @@ bool install(int sig, struct sigaction* old,
 }
 
 }  // namespace
+
+void end_by_stop_signals_removing_temp_files() {
+  for (const int sig : {SIGINT, SIGTERM, SIGHUP}) {
+    struct sigaction old {};
+    install(sig, &old, [](int s, siginfo_t*, void*) {
+      remove_temp_files_in_flight();
+      die_by(s);
+    });
+  }
+}
 
 void set_signal_forwarder(pid_t pid) {
   g_forwarder.store(pid);

@@ -113,6 +113,13 @@ const char* interrupt_signal_name(int sig);
 // One per process, set once (a later call replaces it); nullptr clears it.
 void set_abrupt_exit_cleanup(void (*fn)());
 
+// For commands that do not stop softly (no InterruptGuard: eval, predict, checkpoint
+// consolidate, ...): SIGINT, SIGTERM and SIGHUP end the process by the signal as before, after
+// unlinking the temp files of writes in progress (util/fs.h remove_temp_files_in_flight), which
+// would otherwise stay behind. A signal ignored at start (nohup) stays ignored. An InterruptGuard
+// takes these signals over while it lives and gives them back.
+void end_by_stop_signals_removing_temp_files();
+
 // The process that forwards signals to this one (the `dtrain launch` that started it; 0: none).
 // A signal it sends never escalates a stop already under way: it forwards copies (a peer's stop
 // passed on, a signal reaching every rank twice) and ends ranks with SIGKILL when a person asks

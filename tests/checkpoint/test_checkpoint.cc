@@ -161,3 +161,18 @@ TEST_CASE("keep_last removes an abandoned timeline's later checkpoints first") {
   CHECK_FALSE(std::filesystem::exists(dir / "step-50"));
   for (int s : {10, 20, 50}) CHECK(std::filesystem::exists(dir / checkpoint_file_name(s)));
 }
+
+TEST_CASE("keep_last never keeps an interrupted save in place of a complete checkpoint") {
+  // A sharded save of step 20 was cut off (its folder has no manifest); the run resumed from 10
+  // and went on past it. keep_last 2 keeps the two newest steps that can be resumed: 10 and 30,
+  // not the manifest-less folder 20 and 30.
+  TempDir dir;
+  dir.write(checkpoint_file_name(10), "x");
+  commit_checkpoint(dir.path(), checkpoint_file_name(10), 2);
+  dir.write("step-20/rank-0.safetensors", "partial");
+  dir.write(checkpoint_file_name(30), "y");
+  commit_checkpoint(dir.path(), checkpoint_file_name(30), 2);
+  CHECK(std::filesystem::exists(dir / "step-10.safetensors"));
+  CHECK(std::filesystem::exists(dir / "step-30.safetensors"));
+  CHECK_FALSE(std::filesystem::exists(dir / "step-20"));
+}

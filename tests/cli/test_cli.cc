@@ -112,6 +112,11 @@ TEST_CASE("run, eval and predict on a tiny synthetic config") {
   r = run_dtrain("eval " + cfg + " --checkpoint " + out + " --set model.num_classes=4");
   CHECK(r.exit_code == 2);
   CHECK_MESSAGE(contains(r.output, "the model expects [4, "), r.output);
+  // Training data that now has a fourth class: the width from the data is named as the cause
+  // (the shape error alone blamed the checkpoint, under the config the run used).
+  r = run_dtrain("eval " + cfg + " --checkpoint " + out + " --set data.synthetic.classes=4");
+  CHECK(r.exit_code == 2);
+  CHECK_MESSAGE(contains(r.output, "the output width is the data's label count, now 4"), r.output);
 
   // Predict: two rows of 5 features; a 3-class probability row each.
   const std::string in = dir.write("in.csv", "0.1,0.2,0.3,0.4,0.5\n-1,0,1,2,3\n");

@@ -197,6 +197,17 @@ TEST_CASE("a rank with another config or a wrong token is refused at rendezvous"
   CHECK_FALSE(contains(r.output, "rc1=0"));
   CHECK(contains(logs, "checkpoint.every_steps 7"));
   CHECK_FALSE(contains(logs, "mismatched calls"));
+  // Flags given to one rank only that change its collectives likewise (they trained to the end
+  // and failed in the evaluation's, or the trace's, collectives: exit 1, after all the work).
+  for (const auto& [flag, named] :
+       {std::pair{" --no-eval", "--no-eval on"}, std::pair{" --trace x.json", "--trace on"}}) {
+    port = dtrain::pick_free_port();
+    r = pair(rank_env(1, 2, port, "tok"), flag);
+    logs = read_text(dir / "a0.log") + read_text(dir / "a1.log");
+    INFO(r.output, logs);
+    CHECK(contains(r.output, "rc0=2 rc1=2"));
+    CHECK(contains(logs, named));
+  }
 
   port = dtrain::pick_free_port();
   r = pair(rank_env(1, 2, port, "wrong-token"), "");
@@ -657,4 +668,34 @@ TEST_CASE("a restart before the job's first checkpoint starts fresh, as the firs
   const auto a = final_state(run);
   for (const auto& [name, t] : a.tensors)
     CHECK_MESSAGE(t.data == straight.tensors.at(name).data, name);
+}
+
+TEST_CASE("a job run again over its --out: rank 0's --overwrite or --resume decides for all") {
+  // Whether the folder's run is replaced or continued is rank 0's call (README); rank 1, given
+  // neither flag, refused the folder's old run and ended the job, exit 2 on every rank.
+  TempDir dir;
+  const std::string cfg = dir.write("short.yaml", R"(seed: 3
+model: {hidden: [8]}
+data: {format: synthetic, synthetic: {samples: 200, features: 4, classes: 2}, batch_size: 8}
+optimizer: {type: sgd, lr: 0.05}
+train: {epochs: 0, max_steps: 4, checkpoint: {every_steps: 2}}
+distributed: {backend: grpc, world_size: 2, timeout_s: 20, rendezvous_timeout_s: 20}
+runtime: {threads: 1}
+)");
+  const std::string out = dir / "out";
+  auto job = [&](const std::string& rank0_flags, const std::string& both = "") {
+    const int port = dtrain::pick_free_port();
+    const std::string script =
+        rank_env(0, 2, port, "tok") + kBin + " run " + cfg + " --out " + out + both + rank0_flags +
+        " > " + dir / "r0.log 2>&1 & p0=$!; " + rank_env(1, 2, port, "tok") + kBin + " run " + cfg +
+        " --out " + out + both + " > " + dir / "r1.log 2>&1; rc1=$?; wait $p0; rc0=$?; " +
+        "echo rc0=$rc0 rc1=$rc1";
+    const auto r = run_cmd("bash -c '" + script + "'");
+    INFO(rank0_flags, r.output, read_text(dir / "r0.log"), read_text(dir / "r1.log"));
+    CHECK(contains(r.output, "rc0=0 rc1=0"));
+  };
+  job("");
+  job(" --overwrite");
+  job(" --resume auto", " --set train.max_steps=6");
+  CHECK(nlohmann::json::parse(read_text(out + "/summary.json"))["steps"] == 6);
 }

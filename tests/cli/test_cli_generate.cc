@@ -370,3 +370,24 @@ TEST_CASE(
                  "holds no optimizer state (adamw keeps [exp_avg, exp_avg_sq]): a "
                  "weights-only file, which a resume cannot continue from"));
 }
+
+TEST_CASE("resume on a training text of another size warns that the order changed") {
+  // The sampler's (epoch, batch) indexes the windows of the text it was saved with; a text cut
+  // or grown since resumes into another order, which the log now says (it said nothing).
+  TempDir t;
+  const std::string cfg = tiny_gpt(t);
+  const std::string ck = train_tiny_gpt(t, cfg, 3);
+  const std::string warning = "the data changed since, so epoch 0 goes on from batch 3";
+  CmdResult r = run_dtrain("run " + cfg + " --out " + t / "same" + " --resume " + ck +
+                           " --log-level warn --set train.max_steps=4");
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK_FALSE(contains(r.output, warning));
+  t.write("corpus.txt", std::string(4000, 'x'));
+  r = run_dtrain("run " + cfg + " --out " + t / "cut" + " --resume " + ck +
+                 " --log-level warn --set train.max_steps=4");
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK(contains(r.output, "the training set has 224 samples"));
+  CHECK(contains(r.output, warning));
+}

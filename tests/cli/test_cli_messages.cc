@@ -483,6 +483,16 @@ TEST_CASE("output options are checked before the work, and never replace the che
     r = run_dtrain("checkpoint consolidate " + sharded + " -o " + dir / "one.safetensors");
     CHECK_MESSAGE(r.exit_code == 0, r.output);
   }
+  // An empty file (mktemp's) is replaced too; so is a file in a folder that merely has entries
+  // named latest (a link to a model version) and manifest.json (a web app's): no checkpoints.
+  dir.write("empty.safetensors", "");
+  r = run_dtrain("checkpoint consolidate " + sharded + " -o " + dir / "empty.safetensors");
+  CHECK_MESSAGE(r.exit_code == 0, r.output);
+  dir.write("models/v3/x", "");
+  std::filesystem::create_directory_symlink("v3", dir / "models/latest");
+  dir.write("models/manifest.json", "{\"name\": \"my app\"}");
+  r = run_dtrain("checkpoint consolidate " + sharded + " -o " + dir / "models/v4.safetensors");
+  CHECK_MESSAGE(r.exit_code == 0, r.output);
   // Nor a run folder's own files, by any output option.
   for (const std::string& args :
        {"checkpoint consolidate " + sharded + " -o " + sharded + "/summary.json",
@@ -643,9 +653,9 @@ TEST_CASE("a label out of range in the test file is named in the test file, with
   const auto r = run_dtrain("run " + cfg + " --out " + dir / "r");
   CHECK(r.exit_code == 2);
   CHECK_MESSAGE(contains(r.output,
-                         "the test data (data.test) has label 5 (the first out of "
-                         "range: label 5 of sample 1), out of range for "
-                         "model.num_classes = 3"),
+                         "the test data (data.test) has label 5 (the first out of range "
+                         "in data row 2 of '" +
+                             test + "'), out of range for model.num_classes = 3"),
                 r.output);
 }
 
@@ -755,6 +765,13 @@ TEST_CASE("validate refuses the IDX files run refuses from their headers and siz
   dir.write("magic.idx", be32(0x802) + good.substr(4));
   dir.write("short.idx", be32(0x803) + be32(60) + be32(4) + be32(4) + std::string(100, '\0'));
   dir.write("empty.idx", "");
+  // Whole headers that still do not go together: 5 images for 4 labels, no images, and test
+  // images of another size (5x5) or shape (1x4) than the training ones (validate said ok).
+  dir.write("five.idx", be32(0x803) + be32(5) + be32(2) + be32(2) + std::string(20, '\7'));
+  dir.write("none.idx", be32(0x803) + be32(0) + be32(2) + be32(2));
+  dir.write("nolabels.idx", be32(0x801) + be32(0));
+  dir.write("big.idx", be32(0x803) + be32(4) + be32(5) + be32(5) + std::string(100, '\7'));
+  dir.write("flat.idx", be32(0x803) + be32(4) + be32(1) + be32(4) + std::string(16, '\7'));
   const std::string cfg =
       dir.write("idx.yaml",
                 "model: {hidden: [4]}\ndata: {format: idx, train: {images: good.idx, labels: "
@@ -764,7 +781,15 @@ TEST_CASE("validate refuses the IDX files run refuses from their headers and siz
   for (const auto& [file, part] : std::vector<std::pair<std::string, std::string>>{
            {"magic.idx", "bad IDX magic 0x00000802"},
            {"short.idx", "size mismatch: header says 60x4x4"},
-           {"empty.idx", "is too short (0 bytes) to hold a header"}}) {
+           {"empty.idx", "is too short (0 bytes) to hold a header"},
+           {"five.idx", "has 5 images but labels file"},
+           {"none.idx --set data.train.labels=" + dir / "nolabels.idx", "has 0 images"},
+           {"good.idx --set data.test.images=" + dir / "big.idx" +
+                " --set data.test.labels=" + dir / "labels.idx",
+            "has 25 features but the training set has 4"},
+           {"good.idx --set data.test.images=" + dir / "flat.idx" +
+                " --set data.test.labels=" + dir / "labels.idx",
+            "are [1, 1, 4], the training images [1, 2, 2]"}}) {
     const std::vector<std::string> cmds = {"validate ", "run --out " + dir / "r" + " "};
     for (const std::string& cmd : cmds) {
       r = run_dtrain(cmd + cfg + " --set data.train.images=" + dir / file);

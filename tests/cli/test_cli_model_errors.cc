@@ -112,3 +112,31 @@ TEST_CASE("predict refuses a gpt model: it classifies CSV rows, generate continu
   CHECK(r.exit_code == 2);
   CHECK(contains(r.output, "use `dtrain generate`"));
 }
+
+TEST_CASE("eval of a sequential checkpoint: a dropout's p may differ, another layer is named") {
+  // A dropout is inert outside training, as model.dropout is for an mlp; {dropout: 0.1} -> 0.3
+  // was refused as "another model config ... the weights would compute something else", with
+  // both whole layer lists printed.
+  TempDir t;
+  std::string csv = "a,b,c,d,label\n";
+  for (int i = 0; i < 40; ++i)
+    csv += std::to_string(i % 7) + "," + std::to_string(i % 3) + ",1," + std::to_string(i % 5) +
+           "," + std::to_string(i % 2) + "\n";
+  t.write("d.csv", csv);
+  const std::string cfg = t.write("s.yaml", R"(model:
+  type: sequential
+  layers: [{linear: 8}, relu, {dropout: 0.1}, {linear: 2}]
+data: {format: csv, train: {path: d.csv}, batch_size: 8, test_fraction: 0.25}
+train: {epochs: 0, max_steps: 2}
+)");
+  CmdResult r = run_cmd(kBin + " run " + cfg + " --out " + t / "r" + " --log-level warn");
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  r = run_cmd(kBin + " eval " + cfg + " --checkpoint " + t / "r" +
+              " --set 'model.layers=[{linear: 8}, relu, {dropout: 0.3}, {linear: 2}]'");
+  CHECK_MESSAGE(r.exit_code == 0, r.output);
+  r = run_cmd(kBin + " eval " + cfg + " --checkpoint " + t / "r" +
+              " --set 'model.layers=[{linear: 8}, gelu, {dropout: 0.1}, {linear: 2}]'");
+  CHECK(r.exit_code == 2);
+  CHECK_MESSAGE(contains(r.output, "model.layers[1]: \"relu\" -> \"gelu\""), r.output);
+  CHECK_FALSE(contains(r.output, "{\"linear\":8}"));
+}

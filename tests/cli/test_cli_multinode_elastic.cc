@@ -19,14 +19,14 @@ namespace {
 const std::string kBin = DTRAIN_BIN;
 
 // fsdp, Adam; the global batch 4 x 24 = 96 is also 3 x 32. 20 steps per epoch, a checkpoint
-// every 5 steps.
+// every 5 steps. lr 0.0025 x 4 replicas (scale_lr linear): a restart on 3 keeps 0.01, not 0.0075.
 const char* kElasticCfg = R"(seed: 3
 model: {hidden: [32, 32]}
 data:
   format: synthetic
   synthetic: {samples: 2400, features: 8, classes: 3}
   batch_size: 24
-optimizer: {type: adam, lr: 0.01}
+optimizer: {type: adam, lr: 0.0025, scale_lr: linear}
 train: {epochs: 2, checkpoint: {every_steps: 5}}
 distributed: {strategy: fsdp}
 runtime: {threads: 1}
@@ -57,6 +57,7 @@ TEST_CASE("elastic launch: a 4-rank fsdp run that loses a rank continues on 3, s
   REQUIRE(r.exit_code == 0);
   CHECK(contains(r.output, "elastic restart: rank(s) 3 were killed; continuing with 3 rank(s)"));
   CHECK(contains(r.output, "global batch 96 kept: data.batch_size 24 -> 32"));
+  CHECK(contains(r.output, "learning rate 0.0025 x 4 replica(s) kept"));
   CHECK(contains(r.output,
                  "restart 1 of 1: rank 3 failed (killed by signal SIGKILL); starting "
                  "all 3 rank(s) again"));

@@ -87,3 +87,33 @@ TEST_CASE("TLS files: a good set reads, each wrong file is named with its key an
     CHECK(contains(e, c.want));
   }
 }
+
+TEST_CASE("TLS names: the host ranks dial must be in the certificate, else it says which it has") {
+  // A certificate without the address ranks dial failed every handshake, which the ranks saw
+  // only as a rendezvous timeout (the cause was in gRPC's debug log alone).
+  dtrain::testing::TempDir dir;
+  const std::string d = dir.path() + "/";
+  const std::string cmd =
+      "cd " + d +
+      " && openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes"
+      " -keyout n.key -out san.pem -days 2 -subj /CN=ignored"
+      " -addext subjectAltName=DNS:other.example,IP:10.0.0.2"
+      " && openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes"
+      " -keyout m.key -out cn.pem -days 2 -subj /CN=node0 2>&1";
+  if (dtrain::testing::run_cmd(cmd).exit_code != 0) {
+    MESSAGE("skipped: cannot make test certificates with openssl");
+    return;
+  }
+  const std::string san = dtrain::testing::read_text(d + "san.pem");
+  const std::string cn = dtrain::testing::read_text(d + "cn.pem");
+  CHECK(tls_name_problem(san, "other.example").empty());
+  CHECK(tls_name_problem(san, "10.0.0.2").empty());
+  const std::string why = tls_name_problem(san, "127.0.0.1");
+  CHECK_MESSAGE(contains(why, "does not name the address 127.0.0.1"), why);
+  CHECK_MESSAGE(contains(why, "its names: DNS:other.example, IP:10.0.0.2"), why);
+  CHECK_MESSAGE(contains(why, "add IP:127.0.0.1 to its subjectAltName"), why);
+  CHECK(contains(tls_name_problem(san, "node0"), "does not name the host node0"));
+  // Without subjectAltNames the common name is the host name, as gRPC checks it.
+  CHECK(tls_name_problem(cn, "node0").empty());
+  CHECK(contains(tls_name_problem(cn, "[::1]"), "it has no subjectAltName"));
+}

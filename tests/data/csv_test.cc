@@ -187,6 +187,10 @@ TEST_CASE("csv: malformed cells and rows name file, line and column") {
       // Blank lines still count: the bad row is physical line 5.
       {"a,b,y\n1,2,0\n\n\r\n1,2,z\n", ":5:", "\"z\""},
       {"1,,0\n", ":1:", "empty cell"},  // an empty cell does not turn a row into a header
+      // Bare CR line ends: said so (it was "mixes numbers and text: set header: true", then "a
+      // header but no data rows"), with or without a header.
+      {"a,b,label\r1,2,0\r3,4,1\r", ":1:", "the lines end in a bare carriage return"},
+      {"1,2,0\r3,4,1\r", ":1:", "the lines end in a bare carriage return"},
       // A first row mixing numbers and text is neither silently a header nor silently data.
       {"1,2,x,4\n5,6,7,8\n", ":1:", "mixes 3 number(s) and 1 text cell(s) (column 3: \"x\""},
       {"1,n,0\n2,3,1\n", ":1:", "set data.csv.header: true"},

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -106,6 +107,18 @@ TEST_CASE("text: gzip is detected by its magic, not its name: plain and gzip rea
   CHECK(a.test.kind == SampleKind::kTokenWindow);  // also the empty test set
   CHECK(a.train.kind == SampleKind::kTokenWindow);
   CHECK(a.normalizer.method == Normalize::kNone);
+  // Sizes without holding the text: exact by decompressing (two members count as both), where
+  // the gzip trailer only estimates (its last member's size).
+  const std::string two = dir / "two.gz";
+  {
+    std::ofstream out(two, std::ios::binary);
+    out << dtrain::testing::read_text(gz) << dtrain::testing::read_text(gz2);
+  }
+  bool exact = true;
+  CHECK(text_bytes_without_reading({two}, &exact) == 3000);
+  CHECK_FALSE(exact);
+  CHECK(text_bytes_by_decompressing({two, plain}) == 9000);
+  CHECK(text_bytes_by_decompressing({dir / "missing"}) == -1);
 }
 
 TEST_CASE("text: a list keeps its order, a glob is sorted and skips directories") {

@@ -145,6 +145,17 @@ TEST_CASE("resolve_node_env: flags, then Kubeflow, then the Indexed Job's index"
   NodeOverrides port_only;
   port_only.master_port = 29000;
   CHECK(resolve_node_env({}, port_only, 2).master_port == 29000);
+  // Not even read: Kubernetes' service-link form of MASTER_PORT, an empty PET_MASTER_ADDR, an
+  // Indexed Job's index for a sweep of one-node jobs (these refused the launch, exit 2).
+  n = resolve_node_env({{"MASTER_PORT", "tcp://10.96.0.12:29500"},
+                        {"MASTER_ADDR", "node0:29500"},
+                        {"PET_MASTER_ADDR", ""},
+                        {"PET_MASTER_PORT", "0"},
+                        {"JOB_COMPLETION_INDEX", "3"}},
+                       {}, 2);
+  CHECK(n.master_addr == "127.0.0.1");
+  CHECK(n.master_port == 0);
+  CHECK(n.node_rank == 0);
 
   const Env pet = {{"PET_NNODES", "3"},          {"PET_NODE_RANK", "2"},
                    {"PET_NPROC_PER_NODE", "4"},  {"PET_MASTER_ADDR", "trainer-node-0-0.trainer"},
@@ -266,6 +277,23 @@ TEST_CASE("keep_global_batch: per-rank batch first, then accumulation, else a cl
   const std::string e = user_error([] { keep_global_batch(32, 1, 4, 3); });
   CHECK(contains(e, "cannot keep the global batch 128"));
   CHECK(contains(e, "on 3 data-parallel ranks"));
+}
+
+TEST_CASE("resize_settings: the batch plan, and under scale_lr linear the first ranks' rate") {
+  using V = std::vector<std::string>;
+  CHECK(resize_settings({32, 1}, 0.05, false, 4, 3) ==
+        V{"data.batch_size=32", "train.grad_accum_steps=1"});
+  // lr x 4 replicas, as the uninterrupted run's plan_steps computes it, the same double.
+  const V linear = resize_settings({32, 1}, 0.05, true, 4, 3);
+  REQUIRE(linear.size() == 4);
+  CHECK(linear[2] == "optimizer.scale_lr=none");
+  CHECK(linear[3] == "optimizer.lr=0.2");
+  CHECK(std::stod(linear[3].substr(13)) == 0.05 * 4);
+  // A rate that is no short decimal round-trips bitwise.
+  const V odd = resize_settings({8, 1}, 0.1 / 3, true, 3, 2);
+  CHECK(std::stod(odd[3].substr(13)) == (0.1 / 3) * 3);
+  // The same replicas: nothing to pin.
+  CHECK(resize_settings({32, 1}, 0.05, true, 4, 4).size() == 2);
 }
 
 TEST_CASE("keep_global_batch: the rule by brute force on small batches, and no endless search") {

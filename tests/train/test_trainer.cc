@@ -172,13 +172,26 @@ TEST_CASE("a model shape that contradicts the data is a user error") {
   TempDir dir;
   RunOptions opts;
   opts.out_dir = dir / "run";
-  // Labels 0..3 (sample i has label i % 4): the first above num_classes 3 is sample 3's, in the
-  // training split, which the message names.
+  // Labels 0..3: the first above num_classes 3 is named by its place in the generated data, not
+  // in the shuffled split.
   CHECK_THROWS_WITH_AS(
       run_training(parse_config(kSynthetic, "s.yaml", {"model.num_classes=3"}), opts),
-      doctest::Contains("the training data (data.train) has label 3 (the first out of range: "
-                        "label 3 of sample"),
+      doctest::Contains("the training data (data.train) has label 3 (the first out of range in "
+                        "generated sample "),
       UserError);
+  // A CSV file's row, counted after the header (it was "label 7 of sample 7": an index into the
+  // split the held-out rows were taken from).
+  std::string csv = "a,b,label\n";
+  for (int i = 0; i < 20; ++i)
+    csv += std::to_string(i) + ",1," + (i == 15 ? "7" : std::to_string(i % 2)) + "\n";
+  const std::string file = dir.write("lab.csv", csv);
+  const std::string want = "(the first out of range in data row 16 of '" + file + "')";
+  CHECK_THROWS_WITH_AS(
+      run_training(parse_config("data: {format: csv, train: {path: " + file +
+                                    "}, test_fraction: 0.5}\nmodel: {num_classes: 3}\n",
+                                "c.yaml", {}),
+                   opts),
+      doctest::Contains(want.c_str()), UserError);
   CHECK_THROWS_AS(
       run_training(parse_config(kSynthetic, "s.yaml", {"model.input_features=13"}), opts),
       UserError);

@@ -3,10 +3,12 @@
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <filesystem>
 #include <limits>
 #include <set>
@@ -17,6 +19,7 @@
 #include "util/check.h"
 #include "util/duration.h"
 #include "util/fs.h"
+#include "util/interrupt.h"
 #include "util/rng.h"
 #include "util/strings.h"
 
@@ -88,6 +91,51 @@ TEST_CASE("write_file_atomic replaces whole files and keeps the old one on failu
   for (auto& e : std::filesystem::directory_iterator(dir.path())) files += e.is_regular_file();
   CHECK(files == 1);
   CHECK_THROWS_AS(read_file(dir / "missing"), UserError);
+}
+
+TEST_CASE("write_file_atomic: a new file's mode follows the umask, a replaced file keeps its own") {
+  // Every file was 0644 whatever the umask (checkpoints world-readable under umask 077) and a
+  // 0600 file it replaced became 0644.
+  const testing::TempDir dir;
+  const auto mode = [](const std::string& p) {
+    struct stat st {};
+    REQUIRE(::stat(p.c_str(), &st) == 0);
+    return st.st_mode & 07777;
+  };
+  const mode_t old_mask = ::umask(077);
+  write_file_atomic(dir / "private", "x");
+  ::umask(022);
+  write_file_atomic(dir / "shared", "x");
+  ::umask(old_mask);
+  CHECK(mode(dir / "private") == 0600);
+  CHECK(mode(dir / "shared") == 0644);
+  REQUIRE(::chmod((dir / "shared").c_str(), 0640) == 0);
+  write_file_atomic(dir / "shared", "y");
+  CHECK(mode(dir / "shared") == 0640);
+  CHECK(read_file(dir / "shared") == "y");
+}
+
+TEST_CASE("a stop signal during write_file_atomic ends the process and leaves no temp file") {
+  // Ctrl-C or SIGTERM during `checkpoint consolidate` left its hidden temp file (hundreds of MB)
+  // behind for good. The child below is that process, signalled mid-write.
+  const testing::TempDir dir;
+  for (const int sig : {SIGINT, SIGTERM, SIGHUP}) {
+    const pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      end_by_stop_signals_removing_temp_files();
+      write_file_atomic_with(dir / "out.safetensors", [sig](int fd) {
+        write_all(fd, "partial", 7, "x");
+        ::raise(sig);
+      });
+      ::_exit(0);  // (not reached)
+    }
+    int status = 0;
+    REQUIRE(::waitpid(pid, &status, 0) == pid);
+    CHECK(WIFSIGNALED(status));
+    CHECK(WTERMSIG(status) == sig);
+    CHECK(std::filesystem::is_empty(dir.path()));
+  }
 }
 
 TEST_CASE("write_file_atomic writes through symlinks and into devices and FIFOs, never over them") {

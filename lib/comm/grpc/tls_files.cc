@@ -8,6 +8,7 @@
 #include <openssl/x509_vfy.h>
 #include <openssl/x509v3.h>
 
+#include <cstdio>
 #include <memory>
 
 #include "util/check.h"
@@ -104,6 +105,50 @@ TlsFiles read_tls_files(const std::string& cert, const std::string& key, const s
   }
   ERR_clear_error();
   return f;
+}
+
+std::string tls_name_problem(const std::string& cert_pem, const std::string& host_in) {
+  std::string host = host_in;
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']')
+    host = host.substr(1, host.size() - 2);  // an IPv6 literal as URIs bracket it
+  Bio b = mem_bio(cert_pem);
+  const X509Ptr c(PEM_read_bio_X509(b.get(), nullptr, no_passphrase, nullptr));
+  ERR_clear_error();
+  if (!c) return "";  // (read_tls_files refuses it, naming the file)
+  const bool ip = X509_check_ip_asc(c.get(), host.c_str(), 0) != -2;  // -2: not an address
+  const int match = ip ? X509_check_ip_asc(c.get(), host.c_str(), 0)
+                       : X509_check_host(c.get(), host.data(), host.size(), 0, nullptr);
+  ERR_clear_error();
+  if (match == 1) return "";
+  std::string names;
+  using Names = std::unique_ptr<GENERAL_NAMES, Deleter<GENERAL_NAMES, GENERAL_NAMES_free>>;
+  const Names sans(static_cast<GENERAL_NAMES*>(
+      X509_get_ext_d2i(c.get(), NID_subject_alt_name, nullptr, nullptr)));
+  for (int i = 0; sans && i < sk_GENERAL_NAME_num(sans.get()); ++i) {
+    const GENERAL_NAME* n = sk_GENERAL_NAME_value(sans.get(), i);
+    std::string one;
+    if (n->type == GEN_DNS) {
+      const ASN1_STRING* s = n->d.dNSName;
+      one = "DNS:" + std::string(reinterpret_cast<const char*>(ASN1_STRING_get0_data(s)),
+                                 static_cast<size_t>(ASN1_STRING_length(s)));
+    } else if (n->type == GEN_IPADD) {
+      const ASN1_STRING* s = n->d.iPAddress;
+      char text[64] = {};
+      const int len = ASN1_STRING_length(s);
+      const unsigned char* d = ASN1_STRING_get0_data(s);
+      if (len == 4)
+        std::snprintf(text, sizeof text, "%d.%d.%d.%d", d[0], d[1], d[2], d[3]);
+      else
+        std::snprintf(text, sizeof text, "(an IPv6 address)");
+      one = std::string("IP:") + text;
+    }
+    if (!one.empty()) names += (names.empty() ? "" : ", ") + one;
+  }
+  ERR_clear_error();
+  return "does not name " + std::string(ip ? "the address " : "the host ") + host +
+         ", which ranks dial and check it against (" +
+         (names.empty() ? std::string("it has no subjectAltName") : "its names: " + names) +
+         "): add " + (ip ? "IP:" : "DNS:") + host + " to its subjectAltName";
 }
 
 }  // namespace dtrain

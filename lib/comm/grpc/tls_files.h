@@ -19,4 +19,11 @@ struct TlsFiles {
 TlsFiles read_tls_files(const std::string& cert, const std::string& key, const std::string& ca,
                         const std::string& keys = "distributed.tls");
 
+// "" when the certificate (PEM, the first in the text) names `host` as gRPC checks it when a rank
+// dials it (an IP address against its IP subjectAltNames, a host name against its DNS names or,
+// without any, its common name); else why not, with the names it has ("holds the names DNS:a,
+// IP:10.0.0.2"). Without a match every handshake with that host fails, which the ranks see only
+// as a rendezvous that times out.
+std::string tls_name_problem(const std::string& cert_pem, const std::string& host);
+
 }  // namespace dtrain
