@@ -13,7 +13,8 @@
 #
 # Environment: DTRAIN_BIN (default build/bin/dtrain next to this script), MASTER_PORT (default: a
 # free port), DTRAIN_JOB_TOKEN (default: random), GRACE (default 10).
-# Exit status: 0 when every rank succeeded, 1 when one failed, 128+N when stopped by signal N
+# Exit status: 0 when every rank succeeded, 2 when one failed on bad input (exit 2, as dtrain
+# launch), else 1 when one failed, 128+N when stopped by signal N
 # (after SIGTERM, the ranks' own code when they all exit with one: 75 for a preemption).
 set -uo pipefail
 
@@ -190,6 +191,7 @@ if [[ -n $failed ]]; then
       "failed without it: the job stops" >&2
     exit "${codes[0]}"
   fi
+  [[ -n $user_error ]] && exit 2 # bad input: dtrain launch's code, which no restart repeats
   exit 1
 elif [[ -n $rank_stopped && -z $interrupted ]]; then
   read -ra codes <<<"$rank_stop_codes"

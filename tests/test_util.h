@@ -104,6 +104,19 @@ inline int free_port() {
   return p;
 }
 
+// A shell script that runs `cmd` (a dtrain command) with TMPDIR=tmp in the background, sends it
+// SIGTERM `settle_s` seconds after something appears in tmp (its temp folder: it is under way),
+// and prints "rc <its exit code> seen <yes|no>" and "left: <entries still in tmp>". The command
+// runs under `timeout 120`: one that ignored the signal ends with 124.
+inline std::string sigterm_once_in_tmp(const std::string& cmd, const std::string& tmp,
+                                       double settle_s) {
+  return "TMPDIR=" + tmp + " timeout 120 " + cmd +
+         " & pid=$!; seen=no; for i in $(seq 600); do [ -n \"$(ls " + tmp +
+         ")\" ] && { seen=yes; break; }; sleep 0.05; done; sleep " + std::to_string(settle_s) +
+         "; kill -TERM $pid; wait $pid; echo \"rc $? seen $seen\"; echo \"left: $(ls " + tmp +
+         " | wc -l)\"";
+}
+
 inline bool contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
 }

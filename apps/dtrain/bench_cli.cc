@@ -5,16 +5,20 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cstring>
 #include <filesystem>
 #include <iostream>
 #include <limits>
 #include <stdexcept>
 #include <system_error>
 
+#include <spdlog/spdlog.h>
+
 #include "config/config.h"
 #include "dtrain/cli.h"
 #include "launch/launcher.h"
 #include "tensor/blas.h"
+#include "train/loop.h"
 #include "util/check.h"
 #include "util/interrupt.h"
 #include "util/strings.h"
@@ -166,6 +170,15 @@ int BenchCli::run_gemm() const {
                       gemm_threads_, gemm_iters_, gemm_shapes_);
   }
   const Config cfg = load_config(gemm_config_, gemm_sets_);
+  // The whole model's step on one rank: a tensor-parallel slice's or a pipeline stage's GEMMs are
+  // not what it records (their bound is the step's over the ranks, at best).
+  if (cfg.distributed.tensor_parallel.size > 1 || pipeline_stages(cfg) > 1)
+    spdlog::warn(
+        "bench gemm --config: times the whole model's step on one rank at data.batch_size {}; "
+        "distributed.tensor_parallel.size {} and {} pipeline stage(s) are not applied (one "
+        "rank's share is about 1/{} of it)",
+        cfg.data.batch_size, cfg.distributed.tensor_parallel.size, pipeline_stages(cfg),
+        cfg.distributed.tensor_parallel.size * pipeline_stages(cfg));
   set_blas_threads(gemm_threads_);
   return bench_gemm(record_step_gemms(cfg), gemm_threads_, gemm_iters_, gemm_shapes_);
 }
@@ -212,8 +225,14 @@ int BenchCli::run_comm(const char* argv0, const std::string& log_level) const {
   }
   if (comm_worker_) return bench_comm_grpc_worker(o);
   if (comm_nproc_ < 1 || comm_nproc_ > 1024) throw UserError("--nproc must be in [1, 1024]");
-  char tmpl[] = "/tmp/dtrain-bench-XXXXXX";
-  if (!::mkdtemp(tmpl)) throw std::runtime_error("cannot create a temp folder for rank logs");
+  std::error_code tmp_ec;  // ($TMPDIR, else /tmp, as bench step)
+  fs::path tmp = fs::temp_directory_path(tmp_ec);
+  if (tmp_ec) tmp = "/tmp";
+  std::string where = (tmp / "dtrain-bench-XXXXXX").string();
+  char* tmpl = where.data();
+  if (!::mkdtemp(tmpl))
+    throw UserError("bench comm: cannot create a temp folder for the rank logs as '" + where +
+                    "': " + std::strerror(errno));
   LaunchOptions lo;
   lo.nproc = comm_nproc_;
   lo.log_dir = tmpl;
@@ -225,13 +244,17 @@ int BenchCli::run_comm(const char* argv0, const std::string& log_level) const {
   if (comm_json_) lo.child_argv.push_back("--json");
   if (comm_no_shm_) lo.child_argv.push_back("--no-shm");
   if (comm_no_tcp_) lo.child_argv.push_back("--no-tcp");
-  const int rc = launch_local(lo);
+  LaunchReport report;
+  const int rc = launch_local(lo, &report);
+  // Kept for a failure only: a stop (Ctrl-C, SIGTERM) is the person's, and ends with its code
+  // (130, 143), as dtrain launch and bench step do.
   std::error_code ec;
-  if (rc == 0)
+  if (rc == 0 || report.stopped)
     fs::remove_all(tmpl, ec);
   else
     std::cerr << "rank logs kept in " << tmpl << std::endl;
-  return rc == 0 ? kExitOk : kExitRuntime;
+  if (rc == 0 || rc == 2 || report.stopped) return rc;
+  return kExitRuntime;
 }
 
 }  // namespace dtrain

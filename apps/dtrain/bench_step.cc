@@ -94,6 +94,9 @@ int bench_step(const Config& cfg_in, const StepBenchOptions& o) {
   cfg.train.epochs = 0;  // max_steps alone bounds the run (epochs repeat)
   cfg.train.max_steps = o.steps;
   cfg.train.checkpoint.every_steps = 0;
+  // One rank in-process trains as one gRPC rank would (its collectives are no-ops either way):
+  // a config for `dtrain launch` runs here as it is.
+  cfg.distributed.backend = Backend::kInproc;
   StepGemms s = record_step_gemms(cfg);
   GemmReplay replay(s.calls);
   Interleave il{&replay, o.block, {}, {}, {}, {}, {}, {}, 0};
@@ -114,6 +117,7 @@ int bench_step(const Config& cfg_in, const StepBenchOptions& o) {
   RunOptions ro;
   ro.out_dir = tmpl;
   ro.evaluate = false;
+  ro.final_save = false;
   ro.after_step = [&](int, int64_t, double step_s, int64_t micro) { il.after_step(step_s, micro); };
   // Ctrl-C (or SIGTERM) stops the run after its step, as `dtrain run` stops, so the temp folder
   // goes too; the process then ends by that signal.

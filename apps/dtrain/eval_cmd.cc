@@ -73,6 +73,11 @@ LoadedModel load_model(const Config& cfg, const DataSplits& data, const std::str
     if (cfg.model.num_classes > 0 || train_classes == 0) throw;
     // The training data's labels may have changed since (a class added): the shape error alone
     // blamed the checkpoint, with the config the run used.
+    // (only where the output layer is what differs: [C, ...] or [C] the model expects)
+    const std::string msg = e.what(), c = std::to_string(shape.num_classes);
+    const bool output_width = msg.find("the model expects [" + c + ",") != std::string::npos ||
+                              msg.find("the model expects [" + c + "]") != std::string::npos;
+    if (!output_width) throw;
     if (shape.num_classes <= train_classes)
       throw UserError(std::string(e.what()) +
                       " -- with model.num_classes 0 the output width is the data's label count, "

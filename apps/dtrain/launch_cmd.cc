@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <iostream>
 #include <optional>
+#include <regex>
 
 #include <spdlog/spdlog.h>
 
@@ -31,6 +32,24 @@ void check_elastic_config(const Config& cfg, const std::string& flag) {
                     " (elastic restarts) needs a data-parallel strategy (ddp, zero1, zero2, "
                     "fsdp) without a pipeline: its global batch is ranks x data.batch_size x "
                     "train.grad_accum_steps");
+}
+
+// Elastic layouts: every rank count from `min_world` to `max_world` (in steps of `step`, whole
+// tensor x pipeline cells) a restart may run on keeps the global batch, else the job would end
+// at the first such restart, after it had trained (README "Elastic restarts").
+void check_batch_kept(const Config& cfg, const std::string& flag, int64_t min_world,
+                      int64_t max_world, int64_t step) {
+  const int64_t cell = cfg.distributed.tensor_parallel.size * pipeline_stages(cfg);
+  for (int64_t w = min_world; w < max_world; w += step) {
+    if (w % cell != 0) continue;
+    try {
+      keep_global_batch(cfg.data.batch_size, cfg.train.grad_accum_steps,
+                        static_cast<int>(max_world / cell), static_cast<int>(w / cell));
+    } catch (const UserError& e) {
+      throw UserError(flag + ": a restart on " + std::to_string(w) + " rank(s) could not keep " +
+                      "the global batch, so the job would end there: " + e.what());
+    }
+  }
 }
 
 // The rank grid's rule for a launch of `world` ranks (`what` names them): tensor x pipeline must
@@ -111,6 +130,9 @@ int cmd_launch(const Config& cfg, const LaunchCmd& c) {
     throw UserError("--last-call: must be between 0 and 1e7 seconds");
   if (elastic_nodes) {
     check_elastic_config(cfg, nnodes_from + " " + nnodes_text);
+    check_batch_kept(cfg, nnodes_from + " " + nnodes_text,
+                     static_cast<int64_t>(node_range.min) * ne.nproc_per_node, world,
+                     ne.nproc_per_node);
     lo.min_nnodes = node_range.min;
     lo.last_call_s = c.last_call_s;
   }
@@ -119,8 +141,15 @@ int cmd_launch(const Config& cfg, const LaunchCmd& c) {
     if (c.max_restarts == 0)
       throw UserError("--nproc " + c.nproc +
                       ": elastic ranks act on restarts; give --max-restarts");
+    check_batch_kept(cfg, "--nproc " + c.nproc, static_cast<int64_t>(range.min) * ne.nnodes, world,
+                     ne.nnodes);
     lo.min_nproc = range.min;
   }
+  if (c.max_restarts > 0 && cfg.train.checkpoint.every_steps == 0)
+    spdlog::warn(
+        "--max-restarts {}: train.checkpoint.every_steps is 0 (a checkpoint only at the end), so "
+        "a restart finds none of this job's and starts over",
+        c.max_restarts);
   const std::string token_file = c.token_file.empty() ? cfg.distributed.token_file : c.token_file;
   if (ne.nnodes > 1 || !c.token_file.empty()) lo.token = resolve_job_token(env, token_file);
   lo.run_id = c.rdzv_id;
@@ -134,17 +163,26 @@ int cmd_launch(const Config& cfg, const LaunchCmd& c) {
   // A DTRAIN_FAULT the ranks would refuse is refused here, before --overwrite clears the folder.
   if (const char* f = std::getenv("DTRAIN_FAULT"))
     check_fault_ranks(parse_faults(f, 0), static_cast<int64_t>(ne.nproc_per_node) * ne.nnodes);
-  // --overwrite: the launcher clears only logs/ (its own); the first attempt's rank 0 deletes the
+  // --overwrite: the launcher clears only its ranks' logs; the first attempt's rank 0 deletes the
   // old run's files as training starts, once every rank's input passed its checks (a model too
   // large, say, leaves the old run as it was). Restarts clear as before (restart_argv).
   if (node0) {
     prepare_out_dir(c.out_dir, !c.resume.empty() || c.overwrite, /*overwrite=*/false,
                     /*clear_logs=*/false, &out_lock);
-    std::error_code ec;
-    if (c.overwrite) fs::remove_all(fs::path(c.out_dir) / "logs", ec);
-    if (ec)
-      throw UserError("--overwrite: cannot remove '" + (fs::path(c.out_dir) / "logs").string() +
-                      "': " + ec.message());
+    // Only the ranks' own files: logs/ also holds what launched this launcher wrote there
+    // (scripts/slurm.sbatch's launcher-<node>.log, open now) and whatever else a user keeps.
+    if (c.overwrite) {
+      static const std::regex kRankFile(R"(rank-\d+\.(log|error\.json))");
+      std::error_code ec;
+      for (const auto& e : fs::directory_iterator(fs::path(c.out_dir) / "logs", ec)) {
+        if (!std::regex_match(e.path().filename().string(), kRankFile)) continue;
+        std::error_code rec;
+        fs::remove(e.path(), rec);
+        if (rec)
+          throw UserError("--overwrite: cannot remove '" + e.path().string() +
+                          "': " + rec.message());
+      }
+    }
   }
   lo.log_dir = (fs::path(c.out_dir) / "logs").string();
   lo.inherit_fd = out_lock.fd();  // the ranks hold the folder's lock too, even past this process

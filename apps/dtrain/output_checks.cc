@@ -6,6 +6,7 @@
 #include <cctype>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <utility>
 #include <vector>
 
@@ -30,11 +31,16 @@ bool is_checkpoint_folder(const fs::path& dir) {
     return true;
   const fs::path manifest = dir / "manifest.json";
   if (!fs::is_regular_file(manifest, ec)) return false;
+  // Its shards beside it, or its format named in it (anywhere: the keys are sorted, and the
+  // stored config comes before "format"); a manifest too large to read counts as one.
+  for (const auto& ent : fs::directory_iterator(dir, ec))
+    if (const std::string n = ent.path().filename().string();
+        n.starts_with("rank-") && n.ends_with(".safetensors"))
+      return true;
+  if (fs::file_size(manifest, ec) > (64u << 20)) return true;
   std::ifstream in(manifest, std::ios::binary);
-  std::string head(4096, '\0');
-  in.read(head.data(), static_cast<std::streamsize>(head.size()));
-  head.resize(static_cast<size_t>(std::max<std::streamsize>(0, in.gcount())));
-  return head.find("\"dtrain-checkpoint\"") != std::string::npos;
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return text.find("\"dtrain-checkpoint\"") != std::string::npos;
 }
 
 // The checks of check_output_file on one spelling of the output: `abs`, absolute; `shown`, the

@@ -619,13 +619,16 @@ void commit_checkpoint(const std::string& dir, const std::string& file_name, int
   // A step folder without its manifest (a save that was interrupted) is no checkpoint: it counts
   // as older than every complete one, so it never takes a place keep_last promises to a step that
   // can be resumed.
-  const auto kept_rank = [now](const std::pair<int64_t, fs::path>& e) {
+  // (each entry's rank computed once: the sort's comparisons then read no files)
+  std::vector<std::tuple<bool, int64_t, fs::path>> ranked;
+  for (auto& [step, path] : found) {
     std::error_code ec;
-    const bool complete = fs::is_regular_file(e.second, ec) || is_sharded_dir(e.second);
-    return std::make_tuple(complete && e.first <= now, e.first);
-  };
-  std::sort(found.begin(), found.end(),
-            [&](const auto& a, const auto& b) { return kept_rank(a) < kept_rank(b); });
+    const bool complete = fs::is_regular_file(path, ec) || is_sharded_dir(path);
+    ranked.emplace_back(complete && step <= now, step, std::move(path));
+  }
+  std::sort(ranked.begin(), ranked.end());
+  found.clear();
+  for (auto& [kept, step, path] : ranked) found.emplace_back(step, std::move(path));
   const int64_t excess = static_cast<int64_t>(found.size()) - keep_last;
   for (int64_t i = 0; i < excess; ++i) {
     if (found[static_cast<size_t>(i)].second.filename() == file_name) continue;

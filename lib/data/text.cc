@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -20,6 +21,8 @@
 #include "util/fs.h"
 
 namespace dtrain {
+
+namespace fs = std::filesystem;
 namespace {
 
 bool is_regular_file(const std::string& path) {
@@ -180,9 +183,13 @@ int64_t text_bytes_without_reading(const std::vector<std::string>& specs, bool* 
   return total;
 }
 
-int64_t text_bytes_by_decompressing(const std::vector<std::string>& specs) {
+int64_t text_bytes_by_decompressing(const std::vector<std::string>& specs, int64_t max_bytes) {
   const auto files = regular_text_files(specs);
   if (!files) return -1;
+  int64_t on_disk = 0;
+  std::error_code ec;
+  for (const std::string& f : *files) on_disk += static_cast<int64_t>(fs::file_size(f, ec));
+  if (on_disk > max_bytes) return -1;
   int64_t total = 0;
   std::vector<char> buf(1 << 20);
   for (const std::string& f : *files) {

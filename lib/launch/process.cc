@@ -103,10 +103,14 @@ void SignalGuard::default_stop_signals(int preempt_signal) {
   for (const auto& [sig, old] : saved_) {
     if (!is_stop_signal(sig)) continue;
     struct sigaction sa = old;
-    if (sig == preempt_signal && old.sa_handler != SIG_IGN)
+    // (a handler put in place of the old takes one argument: SA_SIGINFO off with it)
+    if (sig == preempt_signal && old.sa_handler != SIG_IGN) {
       sa.sa_handler = exit_preempted;
-    else if (init && old.sa_handler == SIG_DFL)
+      sa.sa_flags &= ~SA_SIGINFO;
+    } else if (init && old.sa_handler == SIG_DFL) {
       sa.sa_handler = exit_by_signal;
+      sa.sa_flags &= ~SA_SIGINFO;
+    }
     ::sigaction(sig, &sa, nullptr);
   }
   for (int sig : take()) {

@@ -16,6 +16,7 @@ TrainLoop::TrainLoop(const Config& cfg, const RunOptions& opts, Communicator& co
       grid_(comm, static_cast<int>(cfg.distributed.tensor_parallel.size), S_),
       dp_(grid_.comm(GridAxis::kData)),
       pp_(grid_.comm(GridAxis::kPipeline)),
+      tp_comm_(grid_.comm(GridAxis::kTensor)),
       DP_(grid_.layout().dp()),
       dpr_(grid_.coord().dp),
       stage_(grid_.coord().pp),
@@ -148,7 +149,13 @@ double TrainLoop::comm_seconds() const {
   double s = world_.comm_seconds() + exec_->recv_seconds();
   if (&dp_ != &world_) s += dp_.comm_seconds();
   if (&pp_ != &world_ && pp_.size() > 1) s += pp_.comm_seconds();
+  if (tp_) s += tp_comm_.comm_seconds();
   return s;
+}
+
+double TrainLoop::waited_seconds() const {
+  return strategy_->wait_seconds() + exec_->wait_seconds() + tied_->wait_seconds() +
+         (tp_ ? tp_->wait_seconds() : 0.0) + verdict_wait_s_;
 }
 
 bool TrainLoop::nonfinite_guard(double loss_sum) {
@@ -163,7 +170,13 @@ bool TrainLoop::nonfinite_guard(double loss_sum) {
     code = static_cast<float>(e + 1);
   }
   // Tensor ranks hold different shards' gradients: the verdict is all-reduced there too.
-  if ((!loss_global_ || tp_) && world_.size() > 1) world_.allreduce(&code, 1, ReduceOp::kMin);
+  if ((!loss_global_ || tp_) && world_.size() > 1) {
+    // (where ranks run at different speeds, the wait for the slowest is here: exposed)
+    TraceScope ts(tracer_, "wait for communication", "wait");
+    const auto t0 = Clock::now();
+    world_.allreduce(&code, 1, ReduceOp::kMin);
+    verdict_wait_s_ += seconds_since(t0);
+  }
   if (code == kFiniteCode) return true;
   const std::string what = nonfinite_what(model_, code);
   // fp16 compression carries a rank's gradient in 16 bits: above 65504 it becomes inf in transit
@@ -230,7 +243,7 @@ bool TrainLoop::step() {
   // mean loss over all its target positions; Local SGD: its own mean.
   const int64_t scale_samples =
       (strategy_->global_mean() ? step_samples : std::max<int64_t>(1, local_samples)) * tps_;
-  const double wait0 = strategy_->wait_seconds() + exec_->wait_seconds() + tied_->wait_seconds();
+  const double wait0 = waited_seconds();
   // A skipped step leaves no trace: the compressing reducer updates its error-feedback residual
   // and PowerSGD's warm start during the step, before the verdict, so its state is kept to be put
   // back (a NaN left there made every later step non-finite too).
@@ -280,8 +293,7 @@ bool TrainLoop::step() {
   ++step_;
   strategy_->count_samples(local_samples, step_samples);
   strategy_->end_step(step_, step_ == plan_.total_steps);
-  exposed_comm_s_ +=
-      strategy_->wait_seconds() + exec_->wait_seconds() + tied_->wait_seconds() - wait0;
+  exposed_comm_s_ += waited_seconds() - wait0;
   if (ok) {
     samples_trained_ += step_samples;
     // The loss sum covers the global batch (loss_global_) or this rank's own samples (added up
@@ -321,7 +333,11 @@ std::pair<double, int64_t> TrainLoop::interval_totals() {
 // where the loss is per rank: the stop is agreed, so every rank is here.
 void TrainLoop::settle_final_loss() {
   const auto [loss, samples] = interval_totals();
-  if (samples > 0) final_train_loss_ = loss / static_cast<double>(samples * tps_);
+  // Steps since the last record that were all skipped have no loss: none, as their record's.
+  if (samples > 0)
+    final_train_loss_ = loss / static_cast<double>(samples * tps_);
+  else if (step_ > interval_first_step_)
+    final_train_loss_ = std::nan("");
 }
 
 void TrainLoop::record(bool epoch_done) {
@@ -349,8 +365,10 @@ void TrainLoop::record(bool epoch_done) {
   }
   // final_train_loss: the mean over the steps since the last record or epoch end, whichever is
   // later (so a resumed run's agrees with an uninterrupted one's at the same step).
-  if (interval_samples_ > 0)
-    final_train_loss_ = interval_loss_ / static_cast<double>(interval_samples_ * tps_);
+  // (null when every step since was skipped, as the record's loss is)
+  final_train_loss_ = interval_samples_ > 0
+                          ? interval_loss_ / static_cast<double>(interval_samples_ * tps_)
+                          : std::nan("");
   // The record itself covers every step since the previous record: an epoch end between two
   // records carries its steps (their all-ranks sums) over into the next one.
   record_loss_ += interval_loss_;
@@ -653,7 +671,7 @@ nlohmann::json TrainLoop::run() {
   const bool interrupted = stop_signal != 0;
   nlohmann::json s;
   try {
-    if (last_ckpt_step_ != step_) save();
+    if (opts_.final_save && last_ckpt_step_ != step_) save();
     // The final checkpoint is complete before the final evaluation (one that fails, out of
     // memory, loses no training; the loop leaves the last step's to here) and the summary.
     finish_save();

@@ -113,26 +113,42 @@ bool TrainLoop::resume() {
 // saved all-ranks sums. Collective.
 namespace {
 
-// Whether the run folder's metrics.jsonl holds an eval record of `step` (a malformed line, or no
-// file, is no record). The evaluation a checkpoint carries as due (it is written before its
-// step's evaluation) ran if it is there: the model at that step is the checkpoint's, whichever
-// run wrote the record, so a resume does not evaluate it twice.
-bool has_eval_record(const std::string& out_dir, int64_t step) {
+// The run folder's newest eval record (metrics.jsonl) at a step <= `step`, or null (a malformed
+// line, or no file, is no record). The model at those steps is the checkpoint's timeline, so
+// its figures are this run's last evaluation (summary.json's test_loss), and the evaluation a
+// checkpoint carries as due (it is written before its step's evaluation) ran if its record is
+// there, whichever run wrote it: a resume does not evaluate it twice.
+nlohmann::json last_eval_record(const std::string& out_dir, int64_t step) {
   std::ifstream in(fs::path(out_dir) / "metrics.jsonl");
+  nlohmann::json found;
   for (std::string line; std::getline(in, line);) {
     if (line.find("\"eval\"") == std::string::npos) continue;
-    const nlohmann::json r = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (r.is_object() && r.value("kind", "") == "eval" && r.value("step", int64_t{-1}) == step)
-      return true;
+    nlohmann::json r = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!r.is_object() || r.value("kind", "") != "eval") continue;
+    const int64_t s = r.value("step", int64_t{-1});
+    if (s >= 0 && s <= step && (found.is_null() || s >= found.value("step", int64_t{-1})))
+      found = std::move(r);
   }
-  return false;
+  return found;
+}
+
+// A record's figure as a double: NaN for null (a non-finite evaluation) or a missing one.
+double figure(const nlohmann::json& rec, const char* key) {
+  const auto it = rec.find(key);
+  return it != rec.end() && it->is_number() ? it->get<double>() : std::nan("");
 }
 
 }  // namespace
 
 void TrainLoop::restore_progress(const std::string& progress) {
   // skipped, record loss, record samples, interval loss, interval samples, an evaluation due,
-  // the last train record's mean loss (NaN: none; the last two absent before 2026-12-05)
+  // the last train record's mean loss (NaN: none; the last two absent before 2026-12-05), and
+  // the folder's last evaluation up to the checkpoint's step (its step, -1: none; loss,
+  // accuracy), which the summary reports until this run evaluates
+  const nlohmann::json eval_rec = lead_ ? last_eval_record(opts_.out_dir, rp_.step) : nullptr;
+  const std::vector<double> last_eval = {
+      eval_rec.is_null() ? -1.0 : static_cast<double>(eval_rec.value("step", int64_t{-1})),
+      figure(eval_rec, "test_loss"), figure(eval_rec, "test_accuracy")};
   std::vector<double> v = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0, std::nan("")};
   if (lead_ && !progress.empty()) {
     try {
@@ -152,7 +168,7 @@ void TrainLoop::restore_progress(const std::string& progress) {
            static_cast<double>(p.at("record_samples").get<int64_t>()),
            p.at("interval_loss").get<double>(),
            static_cast<double>(p.at("interval_samples").get<int64_t>()),
-           p.value("eval_due", false) && !has_eval_record(opts_.out_dir, rp_.step) ? 1.0 : 0.0,
+           p.value("eval_due", false) && last_eval[0] != static_cast<double>(rp_.step) ? 1.0 : 0.0,
            last.is_number() ? last.get<double>() : std::nan("")};
     } catch (const nlohmann::json::exception& e) {
       // Totals for the records only: a checkpoint whose tensors passed their checks resumes.
@@ -161,9 +177,17 @@ void TrainLoop::restore_progress(const std::string& progress) {
       v = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0, std::nan("")};
     }
   }
+  v.insert(v.end(), last_eval.begin(), last_eval.end());
   world_.broadcast(reinterpret_cast<uint8_t*>(v.data()), v.size() * sizeof(double), 0);
   skipped_steps_ = static_cast<int64_t>(v[0]);
   eval_due_ = v[5] != 0.0;  // (every rank: an evaluation is collective)
+  if (v[7] >= 0) {
+    // (every rank: the final evaluation is skipped where this step's already ran, collectively)
+    last_eval_step_ = static_cast<int64_t>(v[7]);
+    have_eval_ = true;
+    last_eval_.loss = v[8];
+    last_eval_.accuracy = v[9];
+  }
   if (!lead_ && !loss_global_) return;
   final_train_loss_ = v[6];
   record_loss_ = v[1];

@@ -2,6 +2,7 @@
 #include "train/tp_train.h"
 
 #include <algorithm>
+#include <chrono>
 #include <utility>
 
 #include "optim/optimizer.h"
@@ -10,7 +11,9 @@
 namespace dtrain {
 
 void GridTensorGroup::allreduce_sum(float* data, size_t n) {
+  const auto t0 = std::chrono::steady_clock::now();
   c_.allreduce(data, n, ReduceOp::kSum);
+  wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 TensorParallel::TensorParallel(const Model& local, Model global, Communicator& tp)

@@ -31,9 +31,13 @@ class GridTensorGroup final : public TensorGroup {
   int rank() const override { return c_.rank(); }
   int size() const override { return c_.size(); }
   void allreduce_sum(float* data, size_t n) override;
+  // Seconds spent in allreduce_sum so far: the layers block in it (forward and backward), so
+  // all of it is communication the step waits for (exposed_comm_s).
+  double wait_seconds() const { return wait_s_; }
 
  private:
   Communicator& c_;
+  double wait_s_ = 0.0;
 };
 
 class TensorParallel {
@@ -44,6 +48,7 @@ class TensorParallel {
 
   const Model& global() const { return global_; }
   TensorGroup* group() { return &group_; }
+  double wait_seconds() const { return group_.wait_seconds(); }
   int rank() const { return tp_.rank(); }
   int size() const { return tp_.size(); }
   // Whole-layout buffer -> this rank's local-layout buffer.

@@ -107,6 +107,9 @@ class TrainLoop {
   nlohmann::json summary(int stop_signal);
   nlohmann::json memory_per_rank(const StateMemory& mem);
   double comm_seconds() const;
+  // Seconds the steps have waited for communication so far (every source counted once): the
+  // strategy's, the executor's, the tied copies', the tensor layers' and the verdict's.
+  double waited_seconds() const;
   // One rank holds the whole model (no pipeline, a replicated strategy): checkpoints are one
   // file; otherwise sharded folders.
   bool one_file() const { return !pipelined_ && !strategy_->sharded() && !tp_; }
@@ -128,6 +131,7 @@ class TrainLoop {
   RankGrid grid_;
   Communicator& dp_;
   Communicator& pp_;
+  Communicator& tp_comm_;  // the tensor axis (of size 1 without tensor parallelism)
   const int DP_, dpr_, stage_;
   std::string ckpt_dir_, hash_, config_json_;
 
@@ -170,6 +174,7 @@ class TrainLoop {
   double record_loss_ = 0.0;
   int64_t record_samples_ = 0;
   double exposed_comm_s_ = 0.0;
+  double verdict_wait_s_ = 0.0;  // in the non-finite verdict's all-reduce (nonfinite_guard)
   int64_t skipped_steps_ = 0;
   uint64_t bytes_sent0_ = 0, bytes_recv0_ = 0;
   double comm_s0_ = 0.0;

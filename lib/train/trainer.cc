@@ -67,7 +67,7 @@ std::string first_label_at_or_above(const DataConfig& d, bool test_files, int32_
       return " in image " + std::to_string(n) + " of '" + raw.train.labels + "'";
     if (raw.train.path.size() == 1)
       return " in data row " + std::to_string(n) + " of '" + raw.train.path[0] + "'";
-  } catch (const UserError&) {
+  } catch (...) {  // (out of memory for a second copy, say: the message goes without the row)
   }
   return "";
 }

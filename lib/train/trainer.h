@@ -46,6 +46,9 @@ struct RunOptions {
   // false: no evaluation at all (dtrain verify compares parameters; the summary then has no test
   // figures).
   bool evaluate = true;
+  // false: no checkpoint at the end of training (`dtrain bench step`, whose folder goes right
+  // after: a 50M-parameter model's final save wrote 643 MB, and failed on a small $TMPDIR).
+  bool final_save = true;
   // Benchmarks (`dtrain bench step`): called by every rank on its own thread after each optimizer
   // step with (rank, step, the step's seconds as train_s counts them, its micro-batches: up to
   // train.grad_accum_steps, fewer at an epoch's end); its own time is not counted in train_s.

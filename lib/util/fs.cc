@@ -192,8 +192,9 @@ void write_all(int fd, const void* data, size_t len, const std::string& what) {
 namespace {
 
 // The temp files of writes in progress, for remove_temp_files_in_flight: fixed slots, since a
-// signal handler can neither lock nor allocate. A slot is 0 (free), 1 (its path being written
-// or cleared) or 2 (holding a temp file's path, which the handler may unlink).
+// signal handler can neither lock nor allocate. A slot is 0 (free), 1 (its path being written),
+// 2 (holding a temp file's path) or 3 (the handler took it to unlink: nobody writes its path
+// again, as the process is ending).
 struct InFlightTemp {
   std::atomic<int> state{0};
   char path[PATH_MAX] = {};
@@ -215,7 +216,8 @@ int track_temp(const std::string& path) {
 }
 
 void untrack_temp(int slot) {
-  if (slot >= 0) g_in_flight[slot].state.store(0);
+  int ready = 2;  // (3: a handler is unlinking it; the slot stays its own)
+  if (slot >= 0) g_in_flight[slot].state.compare_exchange_strong(ready, 0);
 }
 
 // The process's umask, read from /proc (umask(2) can only read it by setting it, which races
@@ -292,8 +294,10 @@ void write_file_atomic_with(const std::string& requested,
 }
 
 void remove_temp_files_in_flight() {
-  for (InFlightTemp& t : g_in_flight)
-    if (t.state.load() == 2) ::unlink(t.path);
+  for (InFlightTemp& t : g_in_flight) {
+    int ready = 2;
+    if (t.state.compare_exchange_strong(ready, 3)) ::unlink(t.path);  // (its path stays whole)
+  }
 }
 
 void write_file_atomic(const std::string& path, std::string_view data) {

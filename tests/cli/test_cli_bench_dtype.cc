@@ -2,6 +2,7 @@
 // broadcast) and refuses the reduce-scatter it does not have.
 #include <doctest/doctest.h>
 
+#include <filesystem>
 #include <string>
 
 #include "test_util.h"
@@ -48,4 +49,18 @@ TEST_CASE("bench comm refuses what it cannot time: 100000 ranks, a 3-byte size, 
   const auto seg = run_cmd(kBin + " bench comm --segment 0 --sizes 4K");
   CHECK(seg.exit_code == 2);
   CHECK_MESSAGE(contains(seg.output, "--segment: "), seg.output);  // was "bad size '0'" alone
+}
+
+TEST_CASE("bench comm --backend grpc stopped by SIGTERM: its code, no rank-log folder left") {
+  // It exited 1 ("rank logs kept in /tmp/dtrain-bench-...") and left the folder, in /tmp whatever
+  // $TMPDIR said. Now the stop's code (75: SIGTERM is the preemption signal, as dtrain launch
+  // exits), the folder under $TMPDIR, removed.
+  dtrain::testing::TempDir dir;
+  const std::string tmp = dir / "tmp";
+  std::filesystem::create_directories(tmp);
+  const auto r = run_cmd(dtrain::testing::sigterm_once_in_tmp(
+      kBin + " --log-level warn bench comm --backend grpc --nproc 2 --sizes 4K --iters 2000000",
+      tmp, 1.0));
+  CHECK_MESSAGE(contains(r.output, "rc 75 seen yes"), r.output);
+  CHECK_MESSAGE(contains(r.output, "left: 0"), r.output);
 }

@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <string>
 
@@ -121,12 +122,15 @@ runtime: {threads: 1}
 TEST_CASE("elastic launch: refusals are one clear line") {
   TempDir dir;
   const std::string cfg = dir.write("c.yaml", kElasticCfg);
-  // 4 x 32 = 128 cannot be split over 3 ranks: the restart is refused, naming the batch.
-  auto r =
-      run_cmd("DTRAIN_FAULT=kill:rank=3:step=12 " + kBin + " launch --nproc 3:4 --max-restarts 1 " +
-              cfg + " --set data.batch_size=32 --out " + dir / "odd");
+  // 4 x 32 = 128 cannot be split over 3 ranks: refused before any rank starts, naming the batch
+  // (it trained until the first restart, which then ended the job).
+  auto r = run_cmd(kBin + " launch --nproc 3:4 --max-restarts 1 " + cfg +
+                   " --set data.batch_size=32 --out " + dir / "odd");
   CHECK(r.exit_code == 2);
-  CHECK(contains(r.output, "error: cannot keep the global batch 128"));
+  CHECK(contains(r.output,
+                 "error: --nproc 3:4: a restart on 3 rank(s) could not keep the global "
+                 "batch, so the job would end there: cannot keep the global batch 128"));
+  CHECK_FALSE(std::filesystem::exists(dir / "odd/metrics.jsonl"));
   // Below the minimum: give up.
   r = run_cmd("DTRAIN_FAULT=kill:rank=3:step=12,kill:rank=2:step=12 " + kBin +
               " launch --nproc 3:4 --max-restarts 1 " + cfg + " --out " + dir / "few");

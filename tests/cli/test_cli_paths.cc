@@ -92,3 +92,24 @@ TEST_CASE("a --resume path that is not UTF-8 is refused before training") {
   CHECK(contains(r.output, "is not valid UTF-8"));
   CHECK_FALSE(std::filesystem::exists(t / "s/summary.json"));
 }
+
+TEST_CASE("dtrain launch --overwrite clears its ranks' logs only, not what else is in logs/") {
+  // It removed all of OUT/logs: scripts/slurm.sbatch's launcher-<node>.log (open, being written
+  // by the launcher's own srun) and any file a user kept there.
+  TempDir dir;
+  const std::string cfg = dir.write("c.yaml", kTiny);
+  const std::string out = dir / "out";
+  CmdResult r = run_cmd(kBin + " launch --nproc 2 " + cfg + " --out " + out + " --log-level warn");
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  dir.write("out/logs/launcher-0.log", "the launcher's own output\n");
+  dir.write("out/logs/notes.txt", "keep\n");
+  dir.write("out/logs/rank-1.error.json", "{}");
+  r = run_cmd(kBin + " launch --nproc 1 " + cfg + " --out " + out +
+              " --overwrite --log-level warn");
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  CHECK(std::filesystem::exists(out + "/logs/launcher-0.log"));
+  CHECK(std::filesystem::exists(out + "/logs/notes.txt"));
+  CHECK(std::filesystem::exists(out + "/logs/rank-0.log"));        // this launch's
+  CHECK_FALSE(std::filesystem::exists(out + "/logs/rank-1.log"));  // the old job's
+  CHECK_FALSE(std::filesystem::exists(out + "/logs/rank-1.error.json"));
+}

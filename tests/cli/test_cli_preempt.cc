@@ -26,6 +26,7 @@
 using dtrain::kExitPreempted;
 using dtrain::testing::check_same_state;
 using dtrain::testing::Child;
+using dtrain::testing::CmdResult;
 using dtrain::testing::contains;
 using dtrain::testing::latest_run_state;
 using dtrain::testing::read_text;
@@ -499,4 +500,18 @@ TEST_CASE("scripts/launch_local.sh passes its ranks' preemption code through") {
     if (one_rank) CHECK(contains(log, "the ranks stop at the step they agreed on"));
     CHECK(nlohmann::json::parse(read_text(out + "/summary.json"))["preempted"] == true);
   }
+}
+
+TEST_CASE("scripts/launch_local.sh exits 2 when a rank refuses its input, as dtrain launch does") {
+  // A folder that already holds a run, given without --resume or --overwrite: every rank exits 2
+  // (bad input), which the script reported as 1, a failure a restart could fix.
+  TempDir dir;
+  const std::string cfg = dir.write("cfg.yaml", kCfg);
+  const std::string out = dir / "run";
+  CmdResult r =
+      run_cmd(kBin + " run " + cfg + " --out " + out + " --set train.max_steps=2 --log-level warn");
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  r = run_cmd("DTRAIN_BIN=" + kBin + " " DTRAIN_SOURCE_DIR "/scripts/launch_local.sh 2 " + cfg +
+              " --set distributed.backend=grpc --set train.max_steps=2 --out " + out);
+  CHECK_MESSAGE(r.exit_code == 2, r.output);
 }

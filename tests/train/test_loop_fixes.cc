@@ -3,6 +3,7 @@
 // documented output, and DDP buckets respect their cap.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <csignal>
 #include <filesystem>
@@ -307,4 +308,57 @@ TEST_CASE(
     }
     CHECK(s["final_train_loss"].get<double>() == doctest::Approx(want).epsilon(1e-6));
   }
+}
+
+TEST_CASE("final_train_loss is null when every step since the last record was skipped") {
+  // It kept the record before's mean (summary.json and the done line quoted it as final).
+  spdlog::set_level(spdlog::level::off);
+  TempDir dir;
+  RunOptions o;
+  o.out_dir = dir / "skip";
+  o.evaluate = false;
+  o.faults = parse_faults("nan:rank=0:step=11,nan:rank=0:step=12", 0);
+  const auto s = run_training(
+      parse_config(kSmall, "n.yaml", {"train.nonfinite=skip", "train.log_every=2"}), o);
+  CHECK(s["skipped_steps"] == 2);
+  CHECK(s["final_train_loss"].is_null());
+  const auto recs = read_jsonl(o.out_dir + "/metrics.jsonl");
+  REQUIRE(record(recs, "train", 12) != nullptr);
+  CHECK((*record(recs, "train", 12))["loss"].is_null());
+}
+
+TEST_CASE("finishing a run that ended before its summary: the last evaluation, not a second one") {
+  // A run lost after its final evaluation (summary.json missing) is finished by --resume auto:
+  // it evaluated the final step again (a second eval record) and, stopped again before any
+  // evaluation, a resumed run reported test_loss null though metrics.jsonl held one.
+  spdlog::set_level(spdlog::level::off);
+  TempDir dir;
+  RunOptions o;
+  o.out_dir = dir / "run";
+  const Config cfg = parse_config(kSmall, "n.yaml", {"train.checkpoint.every_steps=6"});
+  const auto first = run_training(cfg, o);
+  REQUIRE(first["test_loss"].is_number());
+  fs::remove(o.out_dir + "/summary.json");
+  RunOptions again = o;
+  again.resume = "auto";
+  const auto s = run_training(cfg, again);
+  const auto recs = read_jsonl(o.out_dir + "/metrics.jsonl");
+  CHECK(std::count_if(recs.begin(), recs.end(), [](const nlohmann::json& r) {
+          return r["kind"] == "eval" && r["step"] == 12;
+        }) == 1);
+  CHECK(s["test_loss"] == first["test_loss"]);
+  CHECK(s["test_accuracy"] == first["test_accuracy"]);
+}
+
+TEST_CASE("RunOptions::final_save false: no checkpoint at the end (dtrain bench step's runs)") {
+  spdlog::set_level(spdlog::level::off);
+  TempDir dir;
+  RunOptions o;
+  o.out_dir = dir / "run";
+  o.evaluate = false;
+  o.final_save = false;
+  const auto s = run_training(parse_config(kSmall, "n.yaml", {}), o);
+  CHECK(s["steps"] == 12);
+  CHECK_FALSE(fs::exists(fs::path(o.out_dir) / "checkpoints" / "latest"));
+  CHECK_FALSE(fs::exists(fs::path(o.out_dir) / "checkpoints" / "step-12.safetensors"));
 }

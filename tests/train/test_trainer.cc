@@ -554,6 +554,16 @@ TEST_CASE("a rank that is slower at every step is named as a straggler") {
                               o);
   // Records at steps 4, 8, ..., 20: the second one running warns, and every one after.
   CHECK(s["straggler_warnings"].get<int64_t>() >= 3);
+  // Local SGD too: its ranks wait for the slow one in the step's non-finite verdict, which
+  // counted as compute (no warning, compute_s all of train_s) before that wait was timed.
+  o.out_dir = dir / "slow_local";
+  const auto l =
+      run_training(parse_config(kSynthetic, "s.yaml",
+                                {"distributed.world_size=3", "train.epochs=0", "train.max_steps=20",
+                                 "train.log_every=4", "distributed.strategy=local_sgd"}),
+                   o);
+  CHECK(l["straggler_warnings"].get<int64_t>() >= 3);
+  CHECK(l["exposed_comm_s"].get<double>() > 0.5 * l["train_s"].get<double>());
 }
 
 TEST_CASE("the memory check counts compression's residual and the copy kept under nonfinite skip") {

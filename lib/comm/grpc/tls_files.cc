@@ -115,15 +115,19 @@ std::string tls_name_problem(const std::string& cert_pem, const std::string& hos
   const X509Ptr c(PEM_read_bio_X509(b.get(), nullptr, no_passphrase, nullptr));
   ERR_clear_error();
   if (!c) return "";  // (read_tls_files refuses it, naming the file)
-  const bool ip = X509_check_ip_asc(c.get(), host.c_str(), 0) != -2;  // -2: not an address
-  const int match = ip ? X509_check_ip_asc(c.get(), host.c_str(), 0)
-                       : X509_check_host(c.get(), host.data(), host.size(), 0, nullptr);
-  ERR_clear_error();
-  if (match == 1) return "";
-  std::string names;
   using Names = std::unique_ptr<GENERAL_NAMES, Deleter<GENERAL_NAMES, GENERAL_NAMES_free>>;
   const Names sans(static_cast<GENERAL_NAMES*>(
       X509_get_ext_d2i(c.get(), NID_subject_alt_name, nullptr, nullptr)));
+  // gRPC falls back to the common name only for a certificate without any subjectAltName
+  // (OpenSSL's default also does for one with IP names only).
+  const unsigned flags =
+      sans && sk_GENERAL_NAME_num(sans.get()) > 0 ? X509_CHECK_FLAG_NEVER_CHECK_SUBJECT : 0;
+  const bool ip = X509_check_ip_asc(c.get(), host.c_str(), 0) != -2;  // -2: not an address
+  const int match = ip ? X509_check_ip_asc(c.get(), host.c_str(), 0)
+                       : X509_check_host(c.get(), host.data(), host.size(), flags, nullptr);
+  ERR_clear_error();
+  if (match == 1) return "";
+  std::string names;
   for (int i = 0; sans && i < sk_GENERAL_NAME_num(sans.get()); ++i) {
     const GENERAL_NAME* n = sk_GENERAL_NAME_value(sans.get(), i);
     std::string one;
