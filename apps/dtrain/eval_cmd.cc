@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <iostream>
+#include <regex>
 #include <sstream>
 
 #include <spdlog/spdlog.h>
@@ -74,9 +75,10 @@ LoadedModel load_model(const Config& cfg, const DataSplits& data, const std::str
     // The training data's labels may have changed since (a class added): the shape error alone
     // blamed the checkpoint, with the config the run used.
     // (only where the output layer is what differs: [C, ...] or [C] the model expects)
-    const std::string msg = e.what(), c = std::to_string(shape.num_classes);
-    const bool output_width = msg.find("the model expects [" + c + ",") != std::string::npos ||
-                              msg.find("the model expects [" + c + "]") != std::string::npos;
+    // (a file's words: "the model expects [C, H]"; a sharded one's: "the model has 'name' [C, H]")
+    const std::regex expects("the model (expects|has '[^']*') \\[" +
+                             std::to_string(shape.num_classes) + "[,\\]]");
+    const bool output_width = std::regex_search(std::string(e.what()), expects);
     if (!output_width) throw;
     if (shape.num_classes <= train_classes)
       throw UserError(std::string(e.what()) +

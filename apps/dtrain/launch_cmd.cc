@@ -37,11 +37,19 @@ void check_elastic_config(const Config& cfg, const std::string& flag) {
 // Elastic layouts: every rank count from `min_world` to `max_world` (in steps of `step`, whole
 // tensor x pipeline cells) a restart may run on keeps the global batch, else the job would end
 // at the first such restart, after it had trained (README "Elastic restarts").
+// `--nproc MIN:MAX` runs the whole cells of the ranks left (others are skipped); `--nnodes
+// MIN:MAX` runs every rank of the nodes that check in, so a count of no whole cells is refused.
 void check_batch_kept(const Config& cfg, const std::string& flag, int64_t min_world,
-                      int64_t max_world, int64_t step) {
+                      int64_t max_world, int64_t step, bool whole_cells_only) {
   const int64_t cell = cfg.distributed.tensor_parallel.size * pipeline_stages(cfg);
   for (int64_t w = min_world; w < max_world; w += step) {
-    if (w % cell != 0) continue;
+    if (w % cell != 0 && whole_cells_only) continue;
+    if (w % cell != 0)
+      throw UserError(fmt::format(
+          "{}: a restart on {} rank(s) could not lay out its rank grid, so the job would end "
+          "there: distributed.tensor_parallel.size {} x pipeline stages {} = {} does not divide "
+          "{}",
+          flag, w, cfg.distributed.tensor_parallel.size, pipeline_stages(cfg), cell, w));
     try {
       keep_global_batch(cfg.data.batch_size, cfg.train.grad_accum_steps,
                         static_cast<int>(max_world / cell), static_cast<int>(w / cell));
@@ -132,7 +140,7 @@ int cmd_launch(const Config& cfg, const LaunchCmd& c) {
     check_elastic_config(cfg, nnodes_from + " " + nnodes_text);
     check_batch_kept(cfg, nnodes_from + " " + nnodes_text,
                      static_cast<int64_t>(node_range.min) * ne.nproc_per_node, world,
-                     ne.nproc_per_node);
+                     ne.nproc_per_node, /*whole_cells_only=*/false);
     lo.min_nnodes = node_range.min;
     lo.last_call_s = c.last_call_s;
   }
@@ -142,7 +150,7 @@ int cmd_launch(const Config& cfg, const LaunchCmd& c) {
       throw UserError("--nproc " + c.nproc +
                       ": elastic ranks act on restarts; give --max-restarts");
     check_batch_kept(cfg, "--nproc " + c.nproc, static_cast<int64_t>(range.min) * ne.nnodes, world,
-                     ne.nnodes);
+                     ne.nnodes, /*whole_cells_only=*/true);
     lo.min_nproc = range.min;
   }
   if (c.max_restarts > 0 && cfg.train.checkpoint.every_steps == 0)

@@ -149,7 +149,7 @@ double TrainLoop::comm_seconds() const {
   double s = world_.comm_seconds() + exec_->recv_seconds();
   if (&dp_ != &world_) s += dp_.comm_seconds();
   if (&pp_ != &world_ && pp_.size() > 1) s += pp_.comm_seconds();
-  if (tp_) s += tp_comm_.comm_seconds();
+  if (tp_ && &tp_comm_ != &world_) s += tp_comm_.comm_seconds();  // (the world: counted above)
   return s;
 }
 
@@ -542,9 +542,12 @@ nlohmann::json TrainLoop::summary(int stop_signal) {
       {"param_count", P},
       {"steps_this_run", step_ - first_step_},
       {"resumed_from", rp_.from.empty() ? nlohmann::json(nullptr) : nlohmann::json(rp_.from)},
-      {"checkpoint", (fs::path(ckpt_dir_) /
-                      (one_file() ? checkpoint_file_name(step_) : sharded_checkpoint_name(step_)))
-                         .string()},
+      {"checkpoint",
+       last_ckpt_step_ == step_
+           ? nlohmann::json((fs::path(ckpt_dir_) / (one_file() ? checkpoint_file_name(step_)
+                                                               : sharded_checkpoint_name(step_)))
+                                .string())
+           : nlohmann::json(nullptr)},  // (RunOptions::final_save false: none written)
       {"param_bytes", mem.param_bytes},
       {"grad_bytes", mem.grad_bytes},
       {"optim_bytes", mem.optim_bytes},

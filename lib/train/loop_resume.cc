@@ -184,9 +184,13 @@ void TrainLoop::restore_progress(const std::string& progress) {
   if (v[7] >= 0) {
     // (every rank: the final evaluation is skipped where this step's already ran, collectively)
     last_eval_step_ = static_cast<int64_t>(v[7]);
-    have_eval_ = true;
-    last_eval_.loss = v[8];
-    last_eval_.accuracy = v[9];
+    // Its figures are the summary's only where this run evaluates (--no-eval: none reported)
+    // the test set it has.
+    if (opts_.evaluate && data_.test.rows > 0) {
+      have_eval_ = true;
+      last_eval_.loss = v[8];
+      last_eval_.accuracy = v[9];
+    }
   }
   if (!lead_ && !loss_global_) return;
   final_train_loss_ = v[6];

@@ -117,6 +117,14 @@ TEST_CASE("run, eval and predict on a tiny synthetic config") {
   r = run_dtrain("eval " + cfg + " --checkpoint " + out + " --set data.synthetic.classes=4");
   CHECK(r.exit_code == 2);
   CHECK_MESSAGE(contains(r.output, "the output width is the data's label count, now 4"), r.output);
+  // A sharded checkpoint words the mismatch its own way; the hint is the same.
+  r = run_dtrain("run " + cfg + " --out " + dir / "sharded" + " --log-level warn" +
+                 " --set distributed.world_size=2 --set distributed.strategy=fsdp");
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  r = run_dtrain("eval " + cfg + " --checkpoint " + dir / "sharded" +
+                 " --set data.synthetic.classes=4");
+  CHECK(r.exit_code == 2);
+  CHECK_MESSAGE(contains(r.output, "the output width is the data's label count, now 4"), r.output);
 
   // Predict: two rows of 5 features; a 3-class probability row each.
   const std::string in = dir.write("in.csv", "0.1,0.2,0.3,0.4,0.5\n-1,0,1,2,3\n");

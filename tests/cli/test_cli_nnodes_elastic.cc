@@ -47,6 +47,17 @@ TEST_CASE("elastic nodes: bad --nnodes ranges and node ids are refused with exit
               " --set distributed.strategy=pipeline");
   CHECK(r.exit_code == 2);
   CHECK(contains(r.output, "--nnodes 1:2 (elastic restarts) needs a data-parallel strategy"));
+  // Every node count a restart may run on is laid out up front: 3 nodes of 2 ranks hold no whole
+  // cell of tensor parallelism 4 (it trained, then ended at such a restart).
+  r = run_cmd("DTRAIN_JOB_TOKEN=t " + kBin +
+              " launch --nnodes 2:4 --node-rank 0 --nproc-per-node 2 --master-addr 10.0.0.1 "
+              "--master-port 29500 " DTRAIN_SOURCE_DIR "/configs/gpt_tp.yaml --out " +
+              dir / "tp" + " --set distributed.tensor_parallel.size=4");
+  CHECK(r.exit_code == 2);
+  CHECK_MESSAGE(contains(r.output,
+                         "--nnodes 2:4: a restart on 6 rank(s) could not lay out its "
+                         "rank grid"),
+                r.output);
   // The multi-node rules hold for the elastic form too: the master address is needed.
   r = run_cmd("DTRAIN_JOB_TOKEN=t " + kBin + " launch --nnodes 1:2 --node-rank 0 " +
               "--nproc-per-node 1 --master-port 29500 " + cfg + " --out " + dir / "y");

@@ -348,6 +348,13 @@ TEST_CASE("finishing a run that ended before its summary: the last evaluation, n
         }) == 1);
   CHECK(s["test_loss"] == first["test_loss"]);
   CHECK(s["test_accuracy"] == first["test_accuracy"]);
+  CHECK(s["checkpoint"].is_string());  // (the resumed step's own)
+  // --no-eval reports no test figures, whatever the folder's records hold.
+  fs::remove(o.out_dir + "/summary.json");
+  again.evaluate = false;
+  const auto quiet = run_training(cfg, again);
+  CHECK(quiet["test_loss"].is_null());
+  CHECK(quiet["test_accuracy"].is_null());
 }
 
 TEST_CASE("RunOptions::final_save false: no checkpoint at the end (dtrain bench step's runs)") {
@@ -361,4 +368,5 @@ TEST_CASE("RunOptions::final_save false: no checkpoint at the end (dtrain bench 
   CHECK(s["steps"] == 12);
   CHECK_FALSE(fs::exists(fs::path(o.out_dir) / "checkpoints" / "latest"));
   CHECK_FALSE(fs::exists(fs::path(o.out_dir) / "checkpoints" / "step-12.safetensors"));
+  CHECK(s["checkpoint"].is_null());  // (it named the file that was never written)
 }
