@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <charconv>
-#include <cstring>
 #include <filesystem>
 #include <iostream>
 #include <limits>
@@ -20,6 +19,7 @@
 #include "tensor/blas.h"
 #include "train/loop.h"
 #include "util/check.h"
+#include "util/fs.h"
 #include "util/interrupt.h"
 #include "util/strings.h"
 
@@ -225,14 +225,8 @@ int BenchCli::run_comm(const char* argv0, const std::string& log_level) const {
   }
   if (comm_worker_) return bench_comm_grpc_worker(o);
   if (comm_nproc_ < 1 || comm_nproc_ > 1024) throw UserError("--nproc must be in [1, 1024]");
-  std::error_code tmp_ec;  // ($TMPDIR, else /tmp, as bench step)
-  fs::path tmp = fs::temp_directory_path(tmp_ec);
-  if (tmp_ec) tmp = "/tmp";
-  std::string where = (tmp / "dtrain-bench-XXXXXX").string();
-  char* tmpl = where.data();
-  if (!::mkdtemp(tmpl))
-    throw UserError("bench comm: cannot create a temp folder for the rank logs as '" + where +
-                    "': " + std::strerror(errno));
+  std::string tmpl = temp_folder_template("dtrain-bench");
+  make_temp_folder(tmpl, "bench comm: cannot create a temp folder for the rank logs");
   LaunchOptions lo;
   lo.nproc = comm_nproc_;
   lo.log_dir = tmpl;

@@ -1,11 +1,9 @@
 // `dtrain bench step`: a config's real training run against its own GEMM bound, interleaved in one
 // process (bench.h).
 #include <algorithm>
-#include <cerrno>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -17,6 +15,7 @@
 #include "tensor/fp_mode.h"
 #include "train/trainer.h"
 #include "util/check.h"
+#include "util/fs.h"
 #include "util/interrupt.h"
 #include "util/strings.h"
 
@@ -101,21 +100,14 @@ int bench_step(const Config& cfg_in, const StepBenchOptions& o) {
   GemmReplay replay(s.calls);
   Interleave il{&replay, o.block, {}, {}, {}, {}, {}, {}, 0};
 
-  // ($TMPDIR, else /tmp)
-  std::error_code tmp_ec;  // (an unusable $TMPDIR: /tmp, as mkdtemp's convention)
-  fs::path tmp = fs::temp_directory_path(tmp_ec);
-  if (tmp_ec) tmp = "/tmp";
-  std::string where = (tmp / "dtrain-bench-step-XXXXXX").string();
+  std::string where = temp_folder_template("dtrain-bench-step");
   if (!valid_utf8(where))
     throw UserError("bench step: the temp folder '" + where +
                     "' ($TMPDIR) is not valid UTF-8 (the run records its folder as JSON text): "
                     "set TMPDIR to a UTF-8 folder");
-  char* tmpl = where.data();
-  if (!::mkdtemp(tmpl))
-    throw UserError("bench step: cannot create a temp folder for the run as '" + where +
-                    "': " + std::strerror(errno));
+  make_temp_folder(where, "bench step: cannot create a temp folder for the run");
   RunOptions ro;
-  ro.out_dir = tmpl;
+  ro.out_dir = where;
   ro.evaluate = false;
   ro.final_save = false;
   ro.after_step = [&](int, int64_t, double step_s, int64_t micro) { il.after_step(step_s, micro); };
@@ -130,12 +122,12 @@ int bench_step(const Config& cfg_in, const StepBenchOptions& o) {
       summary = run_training(cfg, ro);
     } catch (...) {
       std::error_code ec;
-      fs::remove_all(tmpl, ec);
+      fs::remove_all(where, ec);
       throw;
     }
   }
   std::error_code ec;
-  fs::remove_all(tmpl, ec);
+  fs::remove_all(where, ec);
   if (const int sig = stop.signal.load(); sig != 0) {
     std::signal(sig, SIG_DFL);
     std::raise(sig);

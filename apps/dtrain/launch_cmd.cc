@@ -34,32 +34,6 @@ void check_elastic_config(const Config& cfg, const std::string& flag) {
                     "train.grad_accum_steps");
 }
 
-// Elastic layouts: every rank count from `min_world` to `max_world` (in steps of `step`, whole
-// tensor x pipeline cells) a restart may run on keeps the global batch, else the job would end
-// at the first such restart, after it had trained (README "Elastic restarts").
-// `--nproc MIN:MAX` runs the whole cells of the ranks left (others are skipped); `--nnodes
-// MIN:MAX` runs every rank of the nodes that check in, so a count of no whole cells is refused.
-void check_batch_kept(const Config& cfg, const std::string& flag, int64_t min_world,
-                      int64_t max_world, int64_t step, bool whole_cells_only) {
-  const int64_t cell = cfg.distributed.tensor_parallel.size * pipeline_stages(cfg);
-  for (int64_t w = min_world; w < max_world; w += step) {
-    if (w % cell != 0 && whole_cells_only) continue;
-    if (w % cell != 0)
-      throw UserError(fmt::format(
-          "{}: a restart on {} rank(s) could not lay out its rank grid, so the job would end "
-          "there: distributed.tensor_parallel.size {} x pipeline stages {} = {} does not divide "
-          "{}",
-          flag, w, cfg.distributed.tensor_parallel.size, pipeline_stages(cfg), cell, w));
-    try {
-      keep_global_batch(cfg.data.batch_size, cfg.train.grad_accum_steps,
-                        static_cast<int>(max_world / cell), static_cast<int>(w / cell));
-    } catch (const UserError& e) {
-      throw UserError(flag + ": a restart on " + std::to_string(w) + " rank(s) could not keep " +
-                      "the global batch, so the job would end there: " + e.what());
-    }
-  }
-}
-
 // The rank grid's rule for a launch of `world` ranks (`what` names them): tensor x pipeline must
 // divide it, or every rank would refuse it once they met.
 void check_rank_grid(const Config& cfg, int64_t world, const std::string& what) {
@@ -70,6 +44,30 @@ void check_rank_grid(const Config& cfg, int64_t world, const std::string& what) 
         "{}: distributed.tensor_parallel.size {} x pipeline stages {} = {} must divide the "
         "number of ranks (a rank grid of tensor x pipeline x data)",
         what, cfg.distributed.tensor_parallel.size, stages, cell));
+}
+
+// Elastic layouts: every rank count from `min_world` to `max_world` (in steps of `step`, whole
+// tensor x pipeline cells) a restart may run on keeps the global batch, else the job would end
+// at the first such restart, after it had trained (README "Elastic restarts").
+// `--nproc MIN:MAX` runs the whole cells of the ranks left (others are skipped); `--nnodes
+// MIN:MAX` runs every rank of the nodes that check in, so a count of no whole cells is refused.
+void check_batch_kept(const Config& cfg, const std::string& flag, int64_t min_world,
+                      int64_t max_world, int64_t step, bool whole_cells_only) {
+  const int64_t cell = cfg.distributed.tensor_parallel.size * pipeline_stages(cfg);
+  for (int64_t w = min_world; w < max_world; w += step) {
+    if (w % cell != 0 && whole_cells_only) continue;
+    check_rank_grid(cfg, w,
+                    fmt::format("{}: a restart on {} rank(s) could not lay out its rank grid, so "
+                                "the job would end there",
+                                flag, w));
+    try {
+      keep_global_batch(cfg.data.batch_size, cfg.train.grad_accum_steps,
+                        static_cast<int>(max_world / cell), static_cast<int>(w / cell));
+    } catch (const UserError& e) {
+      throw UserError(flag + ": a restart on " + std::to_string(w) + " rank(s) could not keep " +
+                      "the global batch, so the job would end there: " + e.what());
+    }
+  }
 }
 
 }  // namespace

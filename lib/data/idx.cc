@@ -207,11 +207,12 @@ struct IdxFile {
 // past 2^40): read_idx's checks of the whole file then name the problem.
 struct Promise {
   size_t total = SIZE_MAX;
-  std::string shape;   // "100x2x3"
-  bool gzip = false;   // the file is gzip-compressed (zlib's gzdirect, known after a read)
-  int got = 0;         // header bytes read (the whole header: 4 + 4 dims); -1: not opened
-  uint32_t magic = 0;  // the first 4 bytes, when got >= 4
-  bool huge = false;   // the dims multiply past 2^40
+  std::string shape;           // "100x2x3"
+  bool gzip = false;           // the file is gzip-compressed (zlib's gzdirect, known after a read)
+  int got = 0;                 // header bytes read (the whole header: 4 + 4 dims); -1: not opened
+  uint32_t magic = 0;          // the first 4 bytes, when got >= 4
+  bool huge = false;           // the dims multiply past 2^40
+  std::vector<uint64_t> dims;  // the header's dims, when it is whole and of the right kind
 };
 Promise idx_promised_size(const std::string& path, uint32_t magic) {
   const size_t ndims = magic & 0xff, head_len = 4 + 4 * ndims;
@@ -232,6 +233,7 @@ Promise idx_promised_size(const std::string& path, uint32_t magic) {
   uint64_t product = 1;
   for (size_t i = 0; i < ndims; ++i) {
     const uint64_t d = read_be32(head, 4 + 4 * i);
+    p.dims.push_back(d);
     if (i > 0) p.shape.push_back('x');
     p.shape.append(std::to_string(d));
     product *= d;
@@ -271,6 +273,28 @@ void check_promise(const std::string& path, const Promise& p, uint32_t magic, co
     throw UserError("IDX file '" + path + "' size mismatch: header says " + p.shape + " (" +
                     std::to_string(p.total) + " bytes with the header) but the file has " +
                     std::to_string(size) + " bytes");
+}
+
+// Images of 0 pixels, which no model can be built for.
+void check_idx_pixels(const std::string& images_path, uint64_t rows, uint64_t cols) {
+  if (rows == 0 || cols == 0)
+    throw UserError("IDX images file '" + images_path + "' has images of 0 pixels (" +
+                    std::to_string(rows) + "x" + std::to_string(cols) + ")");
+}
+
+// load_idx's refusals of an images header's counts: no images, or images of 0 pixels.
+void check_idx_images(const std::string& images_path, uint64_t n, uint64_t rows, uint64_t cols) {
+  if (n == 0) throw UserError("empty data set: IDX images file '" + images_path + "' has 0 images");
+  check_idx_pixels(images_path, rows, cols);
+}
+
+// load_idx's refusal of a labels file whose count is not the images file's.
+void check_idx_label_count(const std::string& images_path, uint64_t n,
+                           const std::string& labels_path, uint64_t labels) {
+  if (labels != n)
+    throw UserError("IDX images file '" + images_path + "' has " + std::to_string(n) +
+                    " images but labels file '" + labels_path + "' has " + std::to_string(labels) +
+                    " labels");
 }
 
 // Reads and validates an IDX file: magic, header length and payload size == product of dims.
@@ -388,22 +412,15 @@ int64_t idx_label_classes(const std::string& labels_path) {
 }
 
 void check_idx_headers(const std::string& images_path, const std::string& labels_path) {
-  check_promise(images_path, idx_promised_size(images_path, kImagesMagic), kImagesMagic, "images");
-  check_promise(labels_path, idx_promised_size(labels_path, kLabelsMagic), kLabelsMagic, "labels");
-  // The counts, as load_idx refuses them (the headers are whole and of the right kind now).
-  gzFile f = gzopen(images_path.c_str(), "rb");
-  if (f == nullptr) return;
-  std::string head(8, '\0');
-  const int got = gzread(f, head.data(), 8);
-  gzclose(f);
-  if (got != 8) return;
-  const uint64_t n = read_be32(head, 4);
-  if (n == 0) throw UserError("empty data set: IDX images file '" + images_path + "' has 0 images");
-  (void)idx_image_shape(images_path);  // images of 0 pixels: refused first, as load_idx does
-  if (const int64_t labels = idx_label_count(labels_path); labels >= 0 && uint64_t(labels) != n)
-    throw UserError("IDX images file '" + images_path + "' has " + std::to_string(n) +
-                    " images but labels file '" + labels_path + "' has " + std::to_string(labels) +
-                    " labels");
+  const Promise img = idx_promised_size(images_path, kImagesMagic);
+  check_promise(images_path, img, kImagesMagic, "images");
+  const Promise lab = idx_promised_size(labels_path, kLabelsMagic);
+  check_promise(labels_path, lab, kLabelsMagic, "labels");
+  // The counts, as load_idx refuses them, where the headers are whole.
+  if (img.dims.size() != 3) return;
+  check_idx_images(images_path, img.dims[0], img.dims[1], img.dims[2]);
+  if (lab.dims.size() == 1)
+    check_idx_label_count(images_path, img.dims[0], labels_path, lab.dims[0]);
 }
 
 void check_idx_test_shape(const std::string& train_images, const std::string& test_images) {
@@ -432,9 +449,7 @@ Shape idx_image_shape(const std::string& images_path) {
   if (got != 16 || read_be32(head, 0) != kImagesMagic) return {};
   const uint64_t rows = read_be32(head, 8), cols = read_be32(head, 12);
   // As load_idx refuses it (a model cannot be built for it).
-  if (rows == 0 || cols == 0)
-    throw UserError("IDX images file '" + images_path + "' has images of 0 pixels (" +
-                    std::to_string(rows) + "x" + std::to_string(cols) + ")");
+  check_idx_pixels(images_path, rows, cols);
   // Past any real image (and past int64 once multiplied out): left to load_idx, which measures
   // the header against the file's size.
   if (rows * cols > (uint64_t{1} << 31)) return {};
@@ -445,17 +460,9 @@ Dataset load_idx(const std::string& images_path, const std::string& labels_path)
   const IdxFile img = read_idx(images_path, kImagesMagic, "images");
   const uint64_t n = img.dims[0];
   const uint64_t features = img.dims[1] * img.dims[2];  // <= payload, checked by read_idx
-  if (n == 0) throw UserError("empty data set: IDX images file '" + images_path + "' has 0 images");
-  if (features == 0) {
-    throw UserError("IDX images file '" + images_path + "' has images of 0 pixels (" +
-                    std::to_string(img.dims[1]) + "x" + std::to_string(img.dims[2]) + ")");
-  }
+  check_idx_images(images_path, n, img.dims[1], img.dims[2]);
   const IdxFile lab = read_idx(labels_path, kLabelsMagic, "labels");
-  if (lab.dims[0] != n) {
-    throw UserError("IDX images file '" + images_path + "' has " + std::to_string(n) +
-                    " images but labels file '" + labels_path + "' has " +
-                    std::to_string(lab.dims[0]) + " labels");
-  }
+  check_idx_label_count(images_path, n, labels_path, lab.dims[0]);
 
   Dataset d;
   d.rows = static_cast<int64_t>(n);

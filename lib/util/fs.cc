@@ -205,12 +205,12 @@ static_assert(std::atomic<int>::is_always_lock_free);
 // Claims a slot for `path`; -1 when all are taken or the path is too long (then untracked).
 int track_temp(const std::string& path) {
   if (path.size() >= PATH_MAX) return -1;
-  for (int i = 0; i < 16; ++i) {
+  for (size_t i = 0; i < std::size(g_in_flight); ++i) {
     int free = 0;
     if (!g_in_flight[i].state.compare_exchange_strong(free, 1)) continue;
     std::memcpy(g_in_flight[i].path, path.c_str(), path.size() + 1);
     g_in_flight[i].state.store(2);
-    return i;
+    return static_cast<int>(i);
   }
   return -1;
 }
@@ -291,6 +291,19 @@ void write_file_atomic_with(const std::string& requested,
     ::fsync(dfd);
     ::close(dfd);
   }
+}
+
+std::string temp_folder_template(const std::string& name) {
+  std::error_code ec;
+  std::filesystem::path tmp = std::filesystem::temp_directory_path(ec);
+  if (ec) tmp = "/tmp";
+  return (tmp / (name + "-XXXXXX")).string();
+}
+
+void make_temp_folder(std::string& tmpl, const std::string& what) {
+  const std::string given = tmpl;  // (mkdtemp may leave the template changed on failure)
+  if (::mkdtemp(tmpl.data()) == nullptr)
+    throw UserError(what + " as '" + given + "': " + std::strerror(errno));
 }
 
 void remove_temp_files_in_flight() {

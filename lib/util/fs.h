@@ -36,6 +36,13 @@ void write_file_atomic_with(const std::string& path, const std::function<void(in
 // and unlink only). Up to 16 writes at once are tracked; more are still written, untracked.
 void remove_temp_files_in_flight();
 
+// "<$TMPDIR>/<name>-XXXXXX", a template for make_temp_folder (an unusable $TMPDIR: /tmp, as
+// mkdtemp's own convention).
+std::string temp_folder_template(const std::string& name);
+// mkdtemp on `tmpl`, which it completes in place; UserError "<what> as '<tmpl>': <why>" when the
+// folder cannot be created (`what`: "bench step: cannot create a temp folder for the run").
+void make_temp_folder(std::string& tmpl, const std::string& what);
+
 // write(2) all of `len` bytes or throw.
 void write_all(int fd, const void* data, size_t len, const std::string& what);
 
