@@ -9,6 +9,7 @@
 
 #include "train/replicated.h"
 #include "util/check.h"
+#include "util/duration.h"
 
 namespace dtrain {
 
@@ -49,7 +50,7 @@ class Ddp final : public ReplicatedBase {
     }
     const auto t0 = std::chrono::steady_clock::now();
     compressor_->allreduce_sum(dp_, grads_.data());
-    wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    wait_s_ += seconds_since(t0);
   }
   bool replicated_grads() const override { return true; }
 

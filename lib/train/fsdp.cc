@@ -13,6 +13,7 @@
 
 #include "train/strategy.h"
 #include "util/check.h"
+#include "util/duration.h"
 
 namespace dtrain {
 
@@ -173,7 +174,7 @@ const float* Fsdp::wait_gather(size_t u) {
   if (gather_work_[u]) {
     const auto t0 = std::chrono::steady_clock::now();
     gather_work_[u]->wait();
-    wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    wait_s_ += seconds_since(t0);
     gather_work_[u].reset();
   }
   return gathered_[u].data();

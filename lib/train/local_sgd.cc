@@ -16,14 +16,11 @@
 #include "train/replicated.h"
 #include "train/tied_grads.h"
 #include "util/check.h"
+#include "util/duration.h"
 
 namespace dtrain {
 
 namespace {
-
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
 
 class LocalSgd final : public ReplicatedBase {
  public:

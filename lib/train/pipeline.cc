@@ -13,16 +13,13 @@
 #include "train/batch.h"
 #include "train/min_max_split.h"
 #include "util/check.h"
+#include "util/duration.h"
 
 namespace dtrain {
 
 using Clock = std::chrono::steady_clock;
 
 namespace {
-
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
 
 // Point-to-point tags between neighbouring stages (messages with one tag arrive in order).
 constexpr uint64_t kTagActivation = 1;

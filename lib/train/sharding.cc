@@ -9,16 +9,13 @@
 #include "optim/optimizer.h"
 #include "train/batch.h"
 #include "util/check.h"
+#include "util/duration.h"
 
 namespace dtrain {
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
 
 // Extends unit boundaries so that layers without parameters belong to the unit before them and
 // the units cover [first, last).

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "util/check.h"
+#include "util/duration.h"
 
 namespace dtrain {
 
@@ -90,7 +91,7 @@ double BucketAllReduce::wait() {
   const auto t0 = std::chrono::steady_clock::now();
   for (auto& w : works_) w->wait();
   works_.clear();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return seconds_since(t0);
 }
 
 std::string BucketAllReduce::describe() const {

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "util/check.h"
+#include "util/duration.h"
 
 namespace dtrain {
 
@@ -55,7 +56,7 @@ TiedGrads::TiedGrads(const Model& m, const std::vector<LayerRange>& stages, int 
 void TiedGrads::allreduce(Communicator& c, std::vector<float>& b) {
   const auto t0 = std::chrono::steady_clock::now();
   c.allreduce(b.data(), b.size(), ReduceOp::kSum);
-  wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  wait_s_ += seconds_since(t0);
 }
 
 double TiedGrads::sum(const HeldGrads& held) {

@@ -7,13 +7,14 @@
 
 #include "optim/optimizer.h"
 #include "util/check.h"
+#include "util/duration.h"
 
 namespace dtrain {
 
 void GridTensorGroup::allreduce_sum(float* data, size_t n) {
   const auto t0 = std::chrono::steady_clock::now();
   c_.allreduce(data, n, ReduceOp::kSum);
-  wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  wait_s_ += seconds_since(t0);
 }
 
 TensorParallel::TensorParallel(const Model& local, Model global, Communicator& tp)

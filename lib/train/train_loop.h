@@ -38,6 +38,7 @@
 #include "train/tied_grads.h"
 #include "train/tp_train.h"
 #include "util/check.h"
+#include "util/duration.h"
 #include "util/fs.h"
 
 namespace dtrain {
@@ -45,10 +46,6 @@ namespace loop_detail {
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
-
-inline double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
 
 // A checkpoint shard's state buffers with their names.
 inline std::vector<StateBuffer> state_buffers(const std::vector<std::string>& names,

@@ -19,6 +19,11 @@ inline std::chrono::steady_clock::duration seconds_duration(double s) {
       std::chrono::duration<double>(std::min(s, kMaxWaitSeconds)));
 }
 
+// Seconds elapsed on steady_clock since t0 (for timings in records and wait counters).
+inline double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
 // steady_clock::now() + s, saturating as seconds_duration.
 inline std::chrono::steady_clock::time_point deadline_in(double s) {
   return std::chrono::steady_clock::now() + seconds_duration(s);

@@ -8,7 +8,7 @@
 #   san_reports DIR                 prints those reports; fails when there is any
 #
 # Variants: asan = ASan + UBSan (with clang also libFuzzer's coverage, DTRAIN_FUZZ=ON, so one
-# build folder serves the tests and fuzz/); tsan = TSan. Both -O1 with line tables.
+# build folder serves the tests and fuzz/); tsan = TSan. Both -O1 with line tables, unity builds.
 # Environment: SAN_CXX / SAN_CC (default clang++-16 / clang-16, Debian 12's newest: clang 14
 # lacks C++20 pieces dtrain uses, such as lambdas capturing structured bindings and _Float16 on
 # x86-64; g++ / gcc work for asan and tsan, not for fuzzing), JOBS (default nproc).
@@ -34,8 +34,14 @@ san_build() {
   if [[ $variant == asan && $SAN_CXX == clang* ]]; then fuzz=ON; fi
   local dir=$SAN_ROOT/build-$variant
   echo "sanitize: building $* in build-$variant ($sanitize, $SAN_CXX, fuzz=$fuzz)"
+  # A unity build (16 sources per compile): the instrumented build is CI's longest step, and
+  # parsing the gRPC, protobuf and spdlog headers once per batch instead of once per source
+  # halves it (ASan + UBSan of test_comm, dtrain and fuzz/ on 2 cores: 821 s to 377 s). So no
+  # two sources of one target may define the same name at file scope, anonymous namespaces
+  # included; a clash fails here, not in the everyday build.
   CXX=$SAN_CXX CC=$SAN_CC cmake -S "$SAN_ROOT" -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-    -DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -DDTRAIN_SANITIZE=$sanitize -DDTRAIN_FUZZ=$fuzz >/dev/null
+    -DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -DDTRAIN_SANITIZE=$sanitize -DDTRAIN_FUZZ=$fuzz \
+    -DCMAKE_UNITY_BUILD=ON -DCMAKE_UNITY_BUILD_BATCH_SIZE=16 >/dev/null
   cmake --build "$dir" -j "${JOBS:-$(nproc)}" --target "$@"
 }
 

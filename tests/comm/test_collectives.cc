@@ -28,31 +28,33 @@ using dtrain::testing::run_ranks;
 namespace {
 
 // Deterministic per-rank input: small integers-ish so float sums are exact-ish.
-float value(int rank, size_t i) {
+float collective_value(int rank, size_t i) {
   return static_cast<float>((i * 7 + static_cast<size_t>(rank) * 13) % 29) - 14.0f;
 }
 
-const std::vector<size_t> kSizes = {0, 1, 7, 1000003};
+const std::vector<size_t> kCollectiveSizes = {0, 1, 7, 1000003};
 
 // Checks every collective against a serial reference on one group of `world` ranks.
 void check_all_collectives(Communicator& c, int world) {
   auto fail = [&](const std::string& what, size_t n, size_t i) {
     throw std::runtime_error(what + " n=" + std::to_string(n) + " element " + std::to_string(i));
   };
-  for (size_t n : kSizes) {
+  for (size_t n : kCollectiveSizes) {
     for (ReduceOp op :
          {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kProd}) {
       const size_t m = op == ReduceOp::kProd ? std::min<size_t>(n, 1000) : n;
       std::vector<float> d(m);
       for (size_t i = 0; i < m; ++i)
-        d[i] = op == ReduceOp::kProd ? 1.0f + value(c.rank(), i) / 100.0f : value(c.rank(), i);
+        d[i] = op == ReduceOp::kProd ? 1.0f + collective_value(c.rank(), i) / 100.0f
+                                     : collective_value(c.rank(), i);
       c.allreduce(d.data(), m, op);
       for (size_t i = 0; i < m; ++i) {
         double acc = op == ReduceOp::kProd
                          ? 1.0
                          : (op == ReduceOp::kMin ? 1e30 : (op == ReduceOp::kMax ? -1e30 : 0.0));
         for (int r = 0; r < world; ++r) {
-          const double v = op == ReduceOp::kProd ? 1.0 + value(r, i) / 100.0 : value(r, i);
+          const double v =
+              op == ReduceOp::kProd ? 1.0 + collective_value(r, i) / 100.0 : collective_value(r, i);
           if (op == ReduceOp::kSum || op == ReduceOp::kAvg)
             acc += v;
           else if (op == ReduceOp::kMin)
@@ -85,26 +87,26 @@ void check_all_collectives(Communicator& c, int world) {
             off[static_cast<size_t>(r)] + counts[static_cast<size_t>(r)];
       const size_t me = static_cast<size_t>(c.rank());
       std::vector<float> in(n), out(counts[me]);
-      for (size_t i = 0; i < n; ++i) in[i] = value(c.rank(), i);
+      for (size_t i = 0; i < n; ++i) in[i] = collective_value(c.rank(), i);
       c.reduce_scatter(in.data(), n, out.data(), ReduceOp::kSum, counts);
       for (size_t j = 0; j < counts[me]; ++j) {
         float ref = 0;
-        for (int r = 0; r < world; ++r) ref += value(r, off[me] + j);
+        for (int r = 0; r < world; ++r) ref += collective_value(r, off[me] + j);
         if (out[j] != ref) fail("reduce_scatter", n, j);
       }
       std::vector<float> mine(counts[me]), all(n, -999.0f);
-      for (size_t j = 0; j < counts[me]; ++j) mine[j] = value(c.rank(), off[me] + j);
+      for (size_t j = 0; j < counts[me]; ++j) mine[j] = collective_value(c.rank(), off[me] + j);
       c.allgather(mine.data(), all.data(), counts);
       for (int r = 0; r < world; ++r)
         for (size_t j = off[static_cast<size_t>(r)]; j < off[static_cast<size_t>(r) + 1]; ++j)
-          if (all[j] != value(r, j)) fail("allgather", n, j);
+          if (all[j] != collective_value(r, j)) fail("allgather", n, j);
     }
     for (int root = 0; root < world; ++root) {
       std::vector<float> d(n);
-      for (size_t i = 0; i < n; ++i) d[i] = value(c.rank(), i);
+      for (size_t i = 0; i < n; ++i) d[i] = collective_value(c.rank(), i);
       c.broadcast(d.data(), n, root);
       for (size_t i = 0; i < n; ++i)
-        if (d[i] != value(root, i)) fail("broadcast from " + std::to_string(root), n, i);
+        if (d[i] != collective_value(root, i)) fail("broadcast from " + std::to_string(root), n, i);
     }
     c.barrier();
   }

@@ -18,6 +18,7 @@
 #include "comm/grpc_transport.h"
 #include "comm/mailbox.h"
 #include "test_util.h"
+#include "util/duration.h"
 
 using namespace dtrain;
 
@@ -25,11 +26,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using dtrain::testing::contains;
-
-Deadline in(double s) {
-  return Clock::now() +
-         std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
-}
 
 // Two ranks over gRPC streams only (no shared memory), connected concurrently.
 std::vector<std::unique_ptr<Transport>> connect_pair() {
@@ -60,7 +56,7 @@ std::vector<std::unique_ptr<Transport>> connect_pair() {
   return t;
 }
 
-float value(int rank, size_t i) {
+float stream_value(int rank, size_t i) {
   return static_cast<float>(rank + 1) * 0.5f + static_cast<float>(i % 977) * 0.25f;
 }
 
@@ -85,7 +81,7 @@ TEST_CASE("wire: reducing a frame's payload from its slices equals reducing it c
   // anywhere, also inside a float.
   const size_t n = 1000;
   std::vector<float> src(n);
-  for (size_t i = 0; i < n; ++i) src[i] = value(1, i) - 100.0f;
+  for (size_t i = 0; i < n; ++i) src[i] = stream_value(1, i) - 100.0f;
   MsgHeader h{7, 3, CommOp::kAllReduce, n * sizeof(float)};
   std::string msg(kMaxFrameHeaderBytes, '\0');
   msg.resize(encode_frame_header(msg.data(), 1, h, 0, h.bytes));
@@ -101,7 +97,7 @@ TEST_CASE("wire: reducing a frame's payload from its slices equals reducing it c
       const WireFrame f = decode_frame(pieces);
       REQUIRE(f.len == h.bytes);
       std::vector<float> got(n), want(n);
-      for (size_t i = 0; i < n; ++i) got[i] = want[i] = value(0, i);
+      for (size_t i = 0; i < n; ++i) got[i] = want[i] = stream_value(0, i);
       reduce_frame_payload(pieces, f, got.data(), op);
       for (size_t i = 0; i < n; ++i) want[i] = reduce_ref(op, want[i], src[i]);
       CHECK(std::memcmp(got.data(), want.data(), h.bytes) == 0);
@@ -120,7 +116,8 @@ TEST_CASE("grpc streams: send_recv reduces into a posted buffer or from the mail
     const uint64_t ch = op == Transport::Reduce::kSum ? 1 : 2;
     std::vector<std::vector<float>> send(2, std::vector<float>(n)), got(2, std::vector<float>(n));
     for (int r = 0; r < 2; ++r)
-      for (size_t i = 0; i < n; ++i) send[r][i] = value(r, i), got[r][i] = value(r, i) * 2;
+      for (size_t i = 0; i < n; ++i)
+        send[r][i] = stream_value(r, i), got[r][i] = stream_value(r, i) * 2;
     const GrpcRecvStats before0 = grpc_recv_stats(*t[0]), before1 = grpc_recv_stats(*t[1]);
     std::vector<std::string> err(2);
     std::vector<std::thread> th;
@@ -129,7 +126,7 @@ TEST_CASE("grpc streams: send_recv reduces into a posted buffer or from the mail
         if (r == 1) std::this_thread::sleep_for(std::chrono::milliseconds(1000));
         const MsgHeader h{ch, 0, CommOp::kAllReduce, n * sizeof(float)};
         try {
-          t[r]->send_recv(1 - r, h, send[r].data(), 1 - r, h, got[r].data(), &op, in(60));
+          t[r]->send_recv(1 - r, h, send[r].data(), 1 - r, h, got[r].data(), &op, deadline_in(60));
         } catch (const std::exception& e) {
           err[r] = e.what();
         }
@@ -139,7 +136,7 @@ TEST_CASE("grpc streams: send_recv reduces into a posted buffer or from the mail
       REQUIRE_MESSAGE(err[r].empty(), "rank ", r, ": ", err[r]);
       size_t bad = 0;
       for (size_t i = 0; i < n; ++i)
-        bad += got[r][i] != reduce_ref(op, value(r, i) * 2, send[1 - r][i]);
+        bad += got[r][i] != reduce_ref(op, stream_value(r, i) * 2, send[1 - r][i]);
       CHECK_MESSAGE(bad == 0, "rank ", r, ": ", bad, " wrong floats");
     }
     CHECK(grpc_recv_stats(*t[0]).direct == before0.direct + 1);
@@ -156,7 +153,7 @@ TEST_CASE("grpc streams: send_recv fails naming the peer that went away, without
   std::string err;
   std::thread th([&] {
     try {
-      t[0]->send_recv(1, h, s.data(), 1, h, r.data(), nullptr, in(60));
+      t[0]->send_recv(1, h, s.data(), 1, h, r.data(), nullptr, deadline_in(60));
     } catch (const CommError& e) {
       err = e.what();
     }
@@ -180,7 +177,7 @@ TEST_CASE("mailbox: a chunk that is not float-aligned is refused by a posted rec
   std::thread waiter([&] {
     const Transport::Reduce op = Transport::Reduce::kSum;
     try {
-      box.recv(h, dst.data(), &op, in(60));
+      box.recv(h, dst.data(), &op, deadline_in(60));
     } catch (const CommError& e) {
       err = e.what();
     }
@@ -237,7 +234,7 @@ TEST_CASE("mailbox: complete messages under one key are bounded like distinct on
   // Same for a new key while the budget is spent; receiving one frees a place.
   CHECK(deliver(chunk(kP2PBit | 6)).kind == Mailbox::Delivery::kOverflow);
   char got[4] = {};
-  box.recv(MsgHeader{kP2PBit | 5, 0, CommOp::kSendRecv, 4}, got, nullptr, in(5));
+  box.recv(MsgHeader{kP2PBit | 5, 0, CommOp::kSendRecv, 4}, got, nullptr, deadline_in(5));
   CHECK(std::memcmp(got, payload, 4) == 0);
   CHECK(deliver(chunk(kP2PBit | 6)).kind == Mailbox::Delivery::kOk);
   CHECK(deliver(chunk(kP2PBit | 7)).kind == Mailbox::Delivery::kOverflow);
@@ -289,7 +286,7 @@ TEST_CASE("mailbox: frames over the byte budget or out of the sequence window ar
   CHECK(d.kind == Mailbox::Delivery::kOverflow);
   CHECK_MESSAGE(contains(d.why, "4001 bytes buffered ahead"), d.why);
   std::vector<char> got(4000);
-  box.recv(MsgHeader{1, 0, CommOp::kAllReduce, 4000}, got.data(), nullptr, in(5));
+  box.recv(MsgHeader{1, 0, CommOp::kAllReduce, 4000}, got.data(), nullptr, deadline_in(5));
   CHECK(got == payload);
   for (uint64_t c = 2; c < 6; ++c) REQUIRE(deliver(frame(c, 250)).kind == Mailbox::Delivery::kOk);
   d = deliver(frame(6, 1));
@@ -297,7 +294,7 @@ TEST_CASE("mailbox: frames over the byte budget or out of the sequence window ar
   // Receives note their sequence numbers (here up to 5): a frame past 5 + kSeqWindow is
   // refused at once, with room in the budget.
   for (uint64_t c = 2; c < 6; ++c)
-    box.recv(MsgHeader{c, 0, CommOp::kAllReduce, 250}, got.data(), nullptr, in(5));
+    box.recv(MsgHeader{c, 0, CommOp::kAllReduce, 250}, got.data(), nullptr, deadline_in(5));
   d = deliver(frame(6 + SeqWindow::kSeqWindow, 4));
   CHECK(d.kind == Mailbox::Delivery::kOverflow);
   CHECK_MESSAGE(contains(d.why, "beyond the window"), d.why);
@@ -333,7 +330,7 @@ TEST_CASE("mailbox: chunks read straight into a posted recv's buffer (pin_direct
   Mailbox box(0, 1, &pool, &counters, nullptr, MailboxLimits{16});
   char got[8] = {};
   std::thread receiver([&] {
-    box.recv(MsgHeader{3, 0, CommOp::kAllGather, 8}, got, nullptr, in(10));
+    box.recv(MsgHeader{3, 0, CommOp::kAllGather, 8}, got, nullptr, deadline_in(10));
   });
   Partials partial;
   for (uint64_t off : {0, 4}) {
@@ -353,7 +350,7 @@ TEST_CASE("mailbox: chunks read straight into a posted recv's buffer (pin_direct
   std::thread reducer([&] {
     const Transport::Reduce op = Transport::Reduce::kSum;
     try {
-      box.recv(MsgHeader{4, 0, CommOp::kAllReduce, 8}, acc.data(), &op, in(0.5));
+      box.recv(MsgHeader{4, 0, CommOp::kAllReduce, 8}, acc.data(), &op, deadline_in(0.5));
     } catch (const CommError&) {
     }
   });
@@ -379,7 +376,7 @@ TEST_CASE("mailbox: a recv giving up while a producer reads into its buffer wait
   std::thread receiver([&] {
     try {
       // 2 s: the main thread must pin chunk 1 before the deadline, also on a loaded machine.
-      box.recv(MsgHeader{3, 0, CommOp::kAllGather, 8}, got.data(), nullptr, in(2));
+      box.recv(MsgHeader{3, 0, CommOp::kAllGather, 8}, got.data(), nullptr, deadline_in(2));
     } catch (const CommError& e) {
       error = e.what();
     }

@@ -23,6 +23,7 @@
 #include "comm/grpc_transport.h"
 #include "msg_header_util.h"
 #include "test_util.h"
+#include "util/duration.h"
 
 using namespace dtrain;
 using namespace dtrain::grpc_detail;
@@ -52,7 +53,7 @@ GrpcOptions options(int rank, int world, int port) {
   return o;
 }
 
-std::vector<std::unique_ptr<Transport>> connect_job(
+std::vector<std::unique_ptr<Transport>> connect_transports(
     int world, const std::function<void(int, GrpcOptions&)>& tweak = nullptr) {
   const int port = free_port();
   std::vector<std::unique_ptr<Transport>> t(static_cast<size_t>(world));
@@ -72,11 +73,6 @@ std::vector<std::unique_ptr<Transport>> connect_job(
   for (int r = 0; r < world; ++r)
     REQUIRE_MESSAGE(err[static_cast<size_t>(r)].empty(), "rank ", r, ": ", err[r]);
   return t;
-}
-
-Deadline in(double s) {
-  return TClock::now() +
-         std::chrono::duration_cast<TClock::duration>(std::chrono::duration<double>(s));
 }
 
 // A plain client of a rank's TCP data port, as a forged or broken peer would be.
@@ -154,7 +150,7 @@ void exchange(std::vector<std::unique_ptr<Transport>>& t) {
           if (src == r) continue;
           std::vector<uint8_t> got(kBytes);
           t[static_cast<size_t>(r)]->recv(src, header(1, src, CommOp::kAllGather, kBytes),
-                                          got.data(), in(30));
+                                          got.data(), deadline_in(30));
           for (uint8_t b : got)
             if (b != static_cast<uint8_t>(src * 16 + r))
               throw std::runtime_error("wrong byte from rank " + std::to_string(src));
@@ -172,7 +168,7 @@ void exchange(std::vector<std::unique_ptr<Transport>>& t) {
 
 TEST_CASE("tcp: ranks that disagree on the TCP path use the streams between them") {
   // Rank 1 has it off: only ranks 0 and 2 exchange over TCP.
-  auto t = connect_job(3, [](int r, GrpcOptions& o) { o.tcp = r != 1; });
+  auto t = connect_transports(3, [](int r, GrpcOptions& o) { o.tcp = r != 1; });
   CHECK(grpc_tcp_peers(*t[0]) == std::vector<int>{2});
   CHECK(grpc_tcp_peers(*t[1]).empty());
   CHECK(grpc_tcp_peers(*t[2]) == std::vector<int>{0});
@@ -182,14 +178,14 @@ TEST_CASE("tcp: ranks that disagree on the TCP path use the streams between them
 TEST_CASE("tcp: TLS turns the TCP path off (data stays on the encrypted streams)") {
   // Without certificates at hand the check is on the option's other side: tcp = false behaves
   // as a TLS job does (no data port advertised, nothing connects).
-  auto t = connect_job(2, [](int, GrpcOptions& o) { o.tcp = false; });
+  auto t = connect_transports(2, [](int, GrpcOptions& o) { o.tcp = false; });
   CHECK(grpc_tcp_port(*t[0]) == 0);
   CHECK(grpc_tcp_peers(*t[0]).empty());
   exchange(t);
 }
 
 TEST_CASE("tcp: forged data connections are refused and the job goes on") {
-  auto t = connect_job(2);
+  auto t = connect_transports(2);
   const int port = grpc_tcp_port(*t[0]);
   REQUIRE(port > 0);
   const auto refused = [&](const std::string& bytes, const char* what) {
@@ -220,7 +216,7 @@ TEST_CASE("tcp: forged data connections are refused and the job goes on") {
 
 TEST_CASE("tcp: a chunk written by hand in the documented layout is delivered") {
   // Rank 2 keeps the streams, so this test may speak for it on rank 0's TCP port.
-  auto t = connect_job(3, [](int r, GrpcOptions& o) { o.tcp = r != 2; });
+  auto t = connect_transports(3, [](int r, GrpcOptions& o) { o.tcp = r != 2; });
   RawConn c(grpc_tcp_port(*t[0]));
   c.write(hello(2, 0, 3));
   const std::string a = c.read_answer();
@@ -229,7 +225,7 @@ TEST_CASE("tcp: a chunk written by hand in the documented layout is delivered") 
   const MsgHeader h = header(kP2PBit | 7, 0, CommOp::kSendRecv, 10);
   c.write(chunk(h, 0, "hello") + chunk(h, 5, "world"));
   std::vector<char> got(10);
-  t[0]->recv(2, h, got.data(), in(10));
+  t[0]->recv(2, h, got.data(), deadline_in(10));
   CHECK(std::string(got.data(), 10) == "helloworld");
   exchange(t);
 }
@@ -258,7 +254,7 @@ TEST_CASE("tcp: a malformed chunk from an authenticated peer fails the receiver,
   };
   for (const Case& k : cases) {
     INFO(k.what);
-    auto t = connect_job(3, [](int r, GrpcOptions& o) { o.tcp = r != 2; });
+    auto t = connect_transports(3, [](int r, GrpcOptions& o) { o.tcp = r != 2; });
     RawConn c(grpc_tcp_port(*t[0]));
     c.write(hello(2, 0, 3));
     REQUIRE(c.read_answer().size() == kTcpAnswerBytes);
@@ -266,7 +262,7 @@ TEST_CASE("tcp: a malformed chunk from an authenticated peer fails the receiver,
     std::vector<float> buf(4);
     std::string err;
     try {
-      t[0]->recv(2, ok, buf.data(), in(10));
+      t[0]->recv(2, ok, buf.data(), deadline_in(10));
     } catch (const CommError& e) {
       err = e.what();
     }
@@ -279,7 +275,7 @@ TEST_CASE("tcp: a malformed chunk from an authenticated peer fails the receiver,
 
 TEST_CASE("tcp: clients that connect and say nothing hold up no one") {
   // Rank 2 keeps the streams, so this test may speak for it on rank 0's TCP port.
-  auto t = connect_job(3, [](int r, GrpcOptions& o) { o.tcp = r != 2; });
+  auto t = connect_transports(3, [](int r, GrpcOptions& o) { o.tcp = r != 2; });
   const int port = grpc_tcp_port(*t[0]);
   // 70 silent clients: more than the 64 hellos the acceptor reads at once, so the oldest 6 are
   // dropped to make room; none of them delays a hello that arrives after them.
@@ -301,7 +297,7 @@ TEST_CASE("tcp: clients that connect and say nothing hold up no one") {
   const MsgHeader h = header(kP2PBit | 9, 0, CommOp::kSendRecv, 4);
   c.write(chunk(h, 0, "abcd"));
   std::vector<char> got(4);
-  t[0]->recv(2, h, got.data(), in(10));
+  t[0]->recv(2, h, got.data(), deadline_in(10));
   CHECK(std::string(got.data(), 4) == "abcd");
   exchange(t);
 }

@@ -24,7 +24,7 @@ struct Deleter {
 using Bio = std::unique_ptr<BIO, Deleter<BIO, BIO_free_all>>;
 using X509Ptr = std::unique_ptr<X509, Deleter<X509, X509_free>>;
 using KeyPtr = std::unique_ptr<EVP_PKEY, Deleter<EVP_PKEY, EVP_PKEY_free>>;
-using Store = std::unique_ptr<X509_STORE, Deleter<X509_STORE, X509_STORE_free>>;
+using X509Store = std::unique_ptr<X509_STORE, Deleter<X509_STORE, X509_STORE_free>>;
 using StoreCtx = std::unique_ptr<X509_STORE_CTX, Deleter<X509_STORE_CTX, X509_STORE_CTX_free>>;
 
 Bio mem_bio(const std::string& text) {
@@ -69,7 +69,7 @@ TlsFiles read_tls_files(const std::string& cert, const std::string& key, const s
                   : "holds no PEM private key (-----BEGIN PRIVATE KEY-----)");
   if (X509_check_private_key(c.get(), k.get()) != 1)
     throw bad("key", key, "is not the private key of the certificate '" + cert + "'");
-  const Store store(X509_STORE_new());
+  const X509Store store(X509_STORE_new());
   DT_CHECK(store != nullptr);
   // As gRPC's own store (ssl_ctx_load_verification_certs): an intermediate CA given alone is a
   // trust anchor too.
