@@ -225,9 +225,21 @@ int cmd_run(const Config& cfg, const std::string& config_path, std::string out,
                          resolve_dist_env(env, static_cast<int>(cfg.distributed.world_size), flags))
                    : std::nullopt;
   const bool rank0 = !de || de->rank == 0;
+  // Rank 0 alone checks the output folder (the other ranks skip it): in a job of processes it
+  // refuses the job at the rendezvous, so they hear why at once instead of waiting out their
+  // rendezvous timeout for a rank 0 that never came up.
+  const auto refuse = [&](const UserError& e) {
+    if (rank0 && de && de->world_size > 1)
+      refuse_grpc_job(cfg, opts, env, flags, std::string("rank 0 refused the job: ") + e.what());
+    throw e;
+  };
   if (rank0) {
-    check_checkpoints_folder(opts.out_dir);
-    check_resume_target(resume, opts.out_dir);
+    try {
+      check_checkpoints_folder(opts.out_dir);
+      check_resume_target(resume, opts.out_dir);
+    } catch (const UserError& e) {
+      refuse(e);
+    }
   }
   // The attempt (read before the output folder is made: a typo there leaves none behind): dtrain
   // launch's count, else torchrun's (a restart by torchrun --max-restarts).
@@ -258,8 +270,12 @@ int cmd_run(const Config& cfg, const std::string& config_path, std::string out,
   // The other ranks skip it: on other nodes they start while rank 0 has not yet cleared the
   // folder (--overwrite) or decided to resume, and a rank 1 that refused the old run there ended
   // a job node 0 had prepared.
-  prepare_out_dir(opts.out_dir, !resume.empty() || overwrite || !rank0, /*overwrite=*/false,
-                  /*clear_logs=*/false, owner ? &out_lock : nullptr);
+  try {
+    prepare_out_dir(opts.out_dir, !resume.empty() || overwrite || !rank0, /*overwrite=*/false,
+                    /*clear_logs=*/false, owner ? &out_lock : nullptr);
+  } catch (const UserError& e) {
+    refuse(e);
+  }
   // (`dtrain launch` passes --overwrite to its first attempt's ranks for rank 0 to act on)
   opts.overwrite = overwrite && (owner || (rank0 && env.count(kLauncherPidEnv) != 0));
   StopRequest stop;

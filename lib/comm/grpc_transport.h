@@ -58,6 +58,11 @@ struct GrpcOptions {
   double heartbeat_s = 10;
   // Fault injection (DTRAIN_FAULT kill_in_connect, util/fault.h); empty in production.
   std::vector<Fault> faults;
+  // Rank 0 only: once every rank has joined, the rendezvous is refused with this message (every
+  // rank raises it as a UserError: exit 2) instead of completed. How rank 0 turns away input it
+  // alone checks (its --out holds another run) without leaving the other ranks to wait out
+  // rendezvous_timeout_s for a host that never came up. "" = none.
+  std::string refusal;
 };
 
 // True for "localhost", "::1" / "[::1]" and 127.0.0.0/8: the job stays on this machine, so
@@ -65,7 +70,8 @@ struct GrpcOptions {
 bool is_loopback_host(const std::string& host);
 
 // Joins the job and returns a connected transport. Throws CommError (timeout naming missing
-// ranks, refused token, config hash mismatch with both hashes) or UserError (bad options).
+// ranks, refused token, config hash mismatch with both hashes) or UserError (bad options, rank
+// 0's refusal).
 std::unique_ptr<Transport> connect_grpc(const GrpcOptions& opts);
 
 }  // namespace dtrain

@@ -42,21 +42,12 @@ std::string run_plan(const Config& c, const RunOptions& opts) {
       t.checkpoint.async, opts.evaluate ? "off" : "on", opts.trace.empty() ? "off" : "on");
 }
 
-}  // namespace
-
-nlohmann::json run_grpc_rank(const Config& cfg, const RunOptions& opts,
-                             const std::map<std::string, std::string>& env,
-                             const DistOverrides& flags) {
-  const DistEnv de = resolve_dist_env(env, static_cast<int>(cfg.distributed.world_size), flags);
-  const Config eff = effective_config(cfg, de);
+// This rank's transport options: where the job meets, what its ranks must agree on.
+GrpcOptions rank_grpc_options(const Config& cfg, const Config& eff, const RunOptions& opts,
+                              const DistEnv& de, const std::map<std::string, std::string>& env) {
   if (de.world_size > 1 && de.master_port == 0)
     throw UserError("rank " + std::to_string(de.rank) + " of " + std::to_string(de.world_size) +
                     ": no MASTER_PORT (set it, or start the ranks with `dtrain launch`)");
-  const int threads = cfg.runtime.threads > 0
-                          ? static_cast<int>(cfg.runtime.threads)
-                          : default_blas_threads(available_cores(), de.local_world_size);
-  set_blas_threads(threads);
-
   GrpcOptions g;
   g.rank = de.rank;
   g.world_size = de.world_size;
@@ -81,6 +72,42 @@ nlohmann::json run_grpc_rank(const Config& cfg, const RunOptions& opts,
   // Connecting waits at most as long as a receive (a lost peer is found by its heartbeats).
   g.connect_timeout_s = cfg.distributed.timeout_s;
   g.faults = opts.faults;
+  return g;
+}
+
+}  // namespace
+
+void refuse_grpc_job(const Config& cfg, const RunOptions& opts,
+                     const std::map<std::string, std::string>& env, const DistOverrides& flags,
+                     const std::string& why) {
+  const DistEnv de = resolve_dist_env(env, static_cast<int>(cfg.distributed.world_size), flags);
+  DT_CHECK_EQ(de.rank, 0);
+  GrpcOptions g = rank_grpc_options(cfg, effective_config(cfg, de), opts, de, env);
+  g.refusal = why;
+  // Said at once: the error itself comes when the ranks have heard it (at most
+  // rendezvous_timeout_s).
+  spdlog::warn("{}; telling the other {} rank(s) as they join {}:{}", why, de.world_size - 1,
+               de.master_addr, g.master_port);
+  try {
+    connect_grpc(g);  // throws the refusal, or why the rendezvous ended first
+  } catch (const std::exception& e) {
+    // (a timeout, ranks that disagree: said, but rank 0's own reason is the error)
+    if (std::string(e.what()).find(why) == std::string::npos)
+      spdlog::warn("rank 0: the rendezvous ended first: {}", e.what());
+  }
+  throw UserError(why);
+}
+
+nlohmann::json run_grpc_rank(const Config& cfg, const RunOptions& opts,
+                             const std::map<std::string, std::string>& env,
+                             const DistOverrides& flags) {
+  const DistEnv de = resolve_dist_env(env, static_cast<int>(cfg.distributed.world_size), flags);
+  const Config eff = effective_config(cfg, de);
+  const GrpcOptions g = rank_grpc_options(cfg, eff, opts, de, env);
+  const int threads = cfg.runtime.threads > 0
+                          ? static_cast<int>(cfg.runtime.threads)
+                          : default_blas_threads(available_cores(), de.local_world_size);
+  set_blas_threads(threads);
   spdlog::info("rank {} of {} (local {} of {}, from {}): joining {}:{}, listening on {}", de.rank,
                de.world_size, de.local_rank, de.local_world_size, de.source, de.master_addr,
                g.master_port, g.bind);

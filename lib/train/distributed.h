@@ -29,4 +29,13 @@ nlohmann::json run_grpc_rank(const Config& cfg, const RunOptions& opts,
                              const std::map<std::string, std::string>& env,
                              const DistOverrides& flags);
 
+// Rank 0 of a job of processes turning it away for input that rank 0 alone checks (its --out
+// holds another run): it hosts the rendezvous as run_grpc_rank would and, once every rank has
+// joined, refuses it with `why`, which every rank raises as a UserError (exit 2), rather than
+// exiting at once and leaving the others to wait out distributed.rendezvous_timeout_s for a host
+// that never came up. Always throws: that UserError, or why the rendezvous failed first.
+[[noreturn]] void refuse_grpc_job(const Config& cfg, const RunOptions& opts,
+                                  const std::map<std::string, std::string>& env,
+                                  const DistOverrides& flags, const std::string& why);
+
 }  // namespace dtrain

@@ -15,6 +15,7 @@
 #include "util/fs.h"
 
 using dtrain::testing::check_same_state;
+using dtrain::testing::Child;
 using dtrain::testing::contains;
 using dtrain::testing::latest_run_state;
 using dtrain::testing::read_text;
@@ -327,4 +328,41 @@ TEST_CASE("a checkpoint carries the evaluation due at its step and the last reco
   REQUIRE(s.at("final_train_loss").is_number());
   CHECK(s.at("final_train_loss").get<double>() == first.at("final_train_loss").get<double>());
   CHECK(s.at("test_loss").get<double>() == first.at("test_loss").get<double>());
+}
+
+TEST_CASE(
+    "ranks started by hand: rank 0 refusing --out (it holds a run) stops every rank with its "
+    "message, exit 2, not after the rendezvous timeout") {
+  // Only rank 0 checks the folder; rank 1, which skips the check, once waited out its
+  // rendezvous_timeout_s (60 here) for a rank 0 that had exited.
+  TempDir dir;
+  const std::string cfg = dir.write("cfg.yaml", kSmall);
+  const std::string out = dir / "run";
+  const auto first = run_cmd(kBin + " run " + cfg + " --out " + out + " --log-level warn");
+  REQUIRE_MESSAGE(first.exit_code == 0, first.output);
+  const std::string summary = read_text(out + "/summary.json");
+  const int port = dtrain::pick_free_port();
+  auto rank = [&](int r) {
+    return "RANK=" + std::to_string(r) + " WORLD_SIZE=2 LOCAL_RANK=" + std::to_string(r) +
+           " LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port) +
+           " DTRAIN_JOB_TOKEN=tok exec " + kBin + " run " + cfg + " --out " + out +
+           " --set distributed.rendezvous_timeout_s=60";
+  };
+  const auto t0 = std::chrono::steady_clock::now();
+  Child r0(rank(0), dir / "r0.log");
+  // Rank 1 comes later: rank 0 waits for it to join before refusing, so it hears why.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  Child r1(rank(1), dir / "r1.log");
+  const int rc1 = r1.wait(40), rc0 = r0.wait(10);
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const std::string log0 = read_text(dir / "r0.log"), log1 = read_text(dir / "r1.log");
+  INFO(log0, "\n---\n", log1);
+  CHECK(rc0 == 2);
+  CHECK(rc1 == 2);
+  CHECK(took < 30);
+  for (const std::string* log : {&log0, &log1}) {
+    CHECK(
+        contains(*log, "rank 0 refused the job: output folder '" + out + "' already holds a run"));
+  }
+  CHECK(read_text(out + "/summary.json") == summary);  // the old run as it was
 }

@@ -107,6 +107,7 @@ std::vector<int> JoinCoordinator::missing() const {
 RendezvousHost::RendezvousHost(const GrpcOptions& o, Clock::time_point deadline)
     : timeout_s_(o.rendezvous_timeout_s),
       deadline_(deadline),
+      refusal_(o.refusal),
       coord_(o.world_size, o.config_hash),
       store_([this](const std::string& k, const std::string& v) { on_set(k, v); }),
       service_(std::make_unique<StoreService>(&store_, o.token, fmt::format("rank {}", o.rank))) {
@@ -127,6 +128,9 @@ void RendezvousHost::on_set(const std::string& key, const std::string& value) {
     std::lock_guard<std::mutex> lk(mu_);
     result = coord_.on_set(key, value);
   }
+  // Waiting for the last join lets every rank hear rank 0's refusal (one that joined later would
+  // find no host and wait out its timeout); a disagreement refused on the way is said instead.
+  if (!refusal_.empty() && result.rfind(kOk, 0) == 0) result = std::string(kRefused) + refusal_;
   if (!result.empty()) publish(result);
 }
 

@@ -83,7 +83,8 @@ class StoreService;
 // Rank 0's side: the store, its service, and the coordinator that watches the joins.
 class RendezvousHost {
  public:
-  // Fails the rendezvous, naming the ranks that never joined, at `deadline`.
+  // Fails the rendezvous, naming the ranks that never joined, at `deadline`; refuses it with
+  // o.refusal, if set, when the last rank joined.
   RendezvousHost(const GrpcOptions& o, Clock::time_point deadline);
   ~RendezvousHost();
   grpc::Service* service();
@@ -99,6 +100,7 @@ class RendezvousHost {
 
   const double timeout_s_;
   const Clock::time_point deadline_;
+  const std::string refusal_;
   std::mutex mu_;
   std::condition_variable cv_;
   JoinCoordinator coord_;  // guarded by mu_
