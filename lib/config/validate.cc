@@ -177,6 +177,14 @@ void validate_relations(const Config& c, const KeyErrors& errors) {
                  "must be at most 3.4e+38, float32's largest finite number (got " + show(v) +
                      ": the float32 update would make it inf)");
   }
+  // (a weight decay or an outer rate of inf makes the weights non-finite at their first use)
+  for (const auto& [key, v] :
+       {std::pair<const char*, double>{"optimizer.weight_decay", o.weight_decay},
+        std::pair<const char*, double>{"distributed.local_sgd.outer_lr",
+                                       c.distributed.local_sgd.outer_lr}})
+    errors.check(!(v > std::numeric_limits<float>::max()), key,
+                 "must be at most 3.4e+38, float32's largest finite number (got " + show(v) +
+                     ": the float32 update would make it inf)");
   // (nesterov with another optimizer is refused by check_belongs, naming sgd)
   errors.check(o.type != OptimizerType::kSgd || !o.nesterov || o.momentum > 0, "optimizer.nesterov",
                "needs optimizer.momentum > 0 (got momentum " + show(o.momentum) + ")");

@@ -9,6 +9,8 @@
 // through a dense average. Ranks hold equal parameters only right after a synchronisation:
 // in_sync() tells the loop when it may evaluate, checkpoint or stop.
 #include <chrono>
+#include <cmath>
+#include <stdexcept>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -86,6 +88,7 @@ class LocalSgd final : public ReplicatedBase {
     const auto t0 = std::chrono::steady_clock::now();
     sync();
     wait_s_ += seconds_since(t0);
+    check_finite(step);
   }
   bool in_sync(int64_t step) const override { return dp_.size() == 1 || step % c_.sync_every == 0; }
 
@@ -103,6 +106,11 @@ class LocalSgd final : public ReplicatedBase {
 
  private:
   void sync();
+  // The loop's non-finite guard judges each step's loss and gradients before the step ends; the
+  // synchronisation comes after it (an fp16 change that overflows, an outer step too large) and
+  // no step could be skipped to undo it: non-finite parameters here end the run (every rank of
+  // the axis holds the same values, so all of them throw; the abort tells the others).
+  void check_finite(int64_t step) const;
 
   LocalSgdConfig c_;
   CompressionType compression_;
@@ -118,6 +126,23 @@ class LocalSgd final : public ReplicatedBase {
   // as in one process, and H = 1 with SGD is DDP's update.
   int64_t local_samples_ = 0, axis_samples_ = 0;
 };
+
+void LocalSgd::check_finite(int64_t step) const {
+  int64_t bad = 0;
+  for (const float v : values_) bad += std::isfinite(v) ? 0 : 1;
+  if (bad == 0) return;
+  const std::string why =
+      compression_ == CompressionType::kFp16
+          ? " (compression fp16 carries each rank's change since the last synchronisation, and "
+            "fp16 ends at 65504: bf16 has float32's range)"
+      : outer_ ? " (the outer step: lower distributed.local_sgd.outer_lr)"
+               : "";
+  throw std::runtime_error(fmt::format(
+      "the Local SGD synchronisation at step {} made {} of this rank's {} parameters non-finite{}; "
+      "the run stops (train.nonfinite cannot skip a synchronisation, and its checkpoints before "
+      "this step are unaffected): lower optimizer.lr or set optimizer.clip_grad_norm",
+      step, bad, values_.size(), why));
+}
 
 void LocalSgd::sync() {
   const int64_t P = r_.size();

@@ -128,8 +128,9 @@ void TrainLoop::log_start() const {
             : fmt::format("stage pp of replica dp is rank dp + {} * pp", DP_));
     for (int s = 0; s < S_; ++s) {
       const auto [a, b] = stages_[static_cast<size_t>(s)];
-      spdlog::info("  stage {}: layers [{}, {}), {} parameters, est. cost {:.0f} per sample", s, a,
-                   b, model_.layer_end(b - 1) - model_.layer_begin(a), stage_cost(model_, a, b));
+      spdlog::info(
+          "  stage {}: layers [{}, {}), {} parameters, est. {:.0f} multiply-adds per sample", s, a,
+          b, model_.layer_end(b - 1) - model_.layer_begin(a), stage_cost(model_, a, b));
     }
   }
   if (const std::string d = strategy_->describe(); !d.empty()) spdlog::info("{}", d);
@@ -590,8 +591,14 @@ nlohmann::json TrainLoop::run() {
   StopAgreement stop_vote(opts_.stop, world_, preempt_sig);
   int stop_pending = 0, stop_signal = 0;
   bool stop_preempted = false;  // the agreed stop is a preemption (the vote's, on every rank)
+  // Whether the ranks hold the same parameters after `step`: Local SGD's synchronisations, and
+  // its last step, which synchronises whatever its number (end_step's `last`), so a stop
+  // requested within the last sync_every steps ends the run there as interrupted.
+  const auto synced_after = [&](int64_t step) {
+    return strategy_->in_sync(step) || step == plan_.total_steps;
+  };
   // The evaluation the checkpoint's step had due, which its run died before (it saves first).
-  if (eval_due_ && opts_.evaluate && strategy_->in_sync(step_) && step_ < plan_.total_steps) {
+  if (eval_due_ && opts_.evaluate && synced_after(step_) && step_ < plan_.total_steps) {
     evaluate();
     eval_due_ = false;
   }
@@ -601,7 +608,7 @@ nlohmann::json TrainLoop::run() {
       batch_ = 0;
     }
     if (cfg_.train.epochs > 0 && epoch_ >= cfg_.train.epochs) break;
-    if (!pipelined_ && strategy_->in_sync(step_ + 1)) stop_vote.begin_step();
+    if (!pipelined_ && synced_after(step_ + 1)) stop_vote.begin_step();
     const auto step_t0 = Clock::now();
     const int64_t batch_before = batch_;
     try {
@@ -630,7 +637,7 @@ nlohmann::json TrainLoop::run() {
       eval_due_ = true;
     // Local SGD ranks hold the same parameters only right after a synchronisation: an
     // evaluation falls due at the first synchronisation at or after the epoch end.
-    const bool in_sync = strategy_->in_sync(step_);
+    const bool in_sync = synced_after(step_);
     // A checkpoint before the evaluation of the same step: an evaluation that fails (out of
     // memory) loses no training. The last step's evaluation comes after the final checkpoint,
     // below the loop.

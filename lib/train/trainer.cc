@@ -455,9 +455,10 @@ int64_t schedule_horizon(const ResumePoint& rp, const StepPlan& plan, bool lead)
   if (lead)
     spdlog::warn(
         "this run ends at step {}, its checkpoint's learning-rate schedule at step {}: the "
-        "schedule continues as it started (train.max_steps / train.epochs changed; a schedule "
-        "that decays to its end stays at its final rate past step {}). To lay out a new schedule, "
-        "start a fresh run.",
+        "schedule continues as it started (the run's length in steps changed: train.max_steps, "
+        "train.epochs, or the steps per epoch, which the global batch, data.batch_size x "
+        "replicas x train.grad_accum_steps, decides; a schedule that decays to its end stays at "
+        "its final rate past step {}). To lay out a new schedule, start a fresh run.",
         plan.total_steps, rp.schedule_steps, rp.schedule_steps);
   return rp.schedule_steps;
 }
@@ -588,11 +589,17 @@ ResumePoint resume_full_state(const Config& cfg, const RunOptions& opts, Communi
   comm.broadcast(params, static_cast<size_t>(P), 0);
   for (const auto& sb : state) comm.broadcast(sb.data, static_cast<size_t>(P), 0);
   if (lead) {
-    if (static_cast<int>(parts.size()) != world)
+    // (the words say which case: "ranks without one" was said of a run with fewer ranks too)
+    if (static_cast<int>(parts.size()) < world)
       spdlog::warn(
-          "checkpoint has RNG states for {} rank(s), this run has {}: ranks without one start a "
+          "checkpoint has RNG states for {} rank(s), this run has {}: ranks {} to {} start a "
           "fresh RNG stream (dropout masks do not depend on it: they are keyed on the sample)",
-          parts.size(), world);
+          parts.size(), world, parts.size(), world - 1);
+    else if (static_cast<int>(parts.size()) > world)
+      spdlog::info(
+          "checkpoint has RNG states for {} rank(s), this run has {}: ranks 0 to {} continue "
+          "theirs (dropout masks do not depend on them: they are keyed on the sample)",
+          parts.size(), world, world - 1);
   }
   comm.broadcast(words.data(), words.size(), 0);
   std::array<uint64_t, 4> st{};

@@ -136,6 +136,11 @@ TEST_CASE("compression and strategy keys of another choice are refused") {
       {{"distributed.strategy=local_sgd", "distributed.local_sgd.outer_momentum=0.5"},
        "distributed.local_sgd.outer_momentum: only used with distributed.local_sgd.outer_lr > 0 "
        "(the outer optimizer; outer_lr is 0)"},
+      // (cast to float32 at its first use: inf, and the weights went non-finite at the first
+      // synchronisation, exit 1)
+      {{"distributed.strategy=local_sgd", "distributed.local_sgd.outer_lr=1e39"},
+       "distributed.local_sgd.outer_lr: must be at most 3.4e+38, float32's largest finite number "
+       "(got 1e+39: the float32 update would make it inf)"},
   };
   for (const Case& c : cases) {
     CAPTURE(c.sets.back());

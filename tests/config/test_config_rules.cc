@@ -87,6 +87,9 @@ TEST_CASE("every range and enum rule, via --set") {
       {"optimizer.nesterov=true",
        "optimizer.nesterov: needs optimizer.momentum > 0 (got momentum 0)"},
       {"optimizer.weight_decay=-1", "optimizer.weight_decay: must be >= 0 (got -1)"},
+      {"optimizer.weight_decay=1e39",
+       "optimizer.weight_decay: must be at most 3.4e+38, float32's largest finite number (got "
+       "1e+39: the float32 update would make it inf)"},
       {"optimizer.beta1=1", "optimizer.beta1: must be in [0, 1) (got 1)"},
       {"optimizer.beta2=-0.1", "optimizer.beta2: must be in [0, 1) (got -0.1)"},
       {"optimizer.eps=0", "optimizer.eps: must be > 0 (got 0)"},

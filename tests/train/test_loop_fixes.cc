@@ -370,3 +370,54 @@ TEST_CASE("RunOptions::final_save false: no checkpoint at the end (dtrain bench 
   CHECK_FALSE(fs::exists(fs::path(o.out_dir) / "checkpoints" / "step-12.safetensors"));
   CHECK(s["checkpoint"].is_null());  // (it named the file that was never written)
 }
+
+TEST_CASE(
+    "local_sgd: a stop after the last synchronisation but one ends the run at its last, "
+    "interrupted") {
+  // With no multiple of sync_every left, the stop was announced ("at the next Local SGD
+  // synchronisation") and dropped: the run went on to its final evaluation, status completed,
+  // exit 0. Its last step synchronises (end_step's `last`), so it is where the stop takes effect.
+  spdlog::set_level(spdlog::level::off);
+  for (const auto& layout : std::vector<std::vector<std::string>>{
+           {"distributed.world_size=2"},
+           {"distributed.world_size=4", "distributed.pipeline.stages=2", "data.batch_size=16"}}) {
+    CAPTURE(layout.size());
+    TempDir dir;
+    auto sets = layout;
+    sets.insert(sets.end(),
+                {"distributed.strategy=local_sgd", "distributed.local_sgd.sync_every=100"});
+    RunOptions o;
+    o.out_dir = dir / "run";
+    StopRequest stop;
+    o.stop = &stop;
+    o.after_step = [&stop](int rank, int64_t step, double, int64_t) {
+      if (rank == 0 && step == 4) stop.signal = SIGINT;
+    };
+    const auto s = run_training(parse_config(kSmall, "l.yaml", sets), o);
+    CHECK(s["status"] == "interrupted");
+    CHECK(s["steps"] == 12);
+    CHECK(s["interrupted_by"] == "SIGINT");
+  }
+  spdlog::set_level(spdlog::level::info);
+}
+
+TEST_CASE("local_sgd: a synchronisation that makes the parameters non-finite ends the run") {
+  // The non-finite guard judges a step before its synchronisation: an fp16 change that
+  // overflowed passed it, and under train.nonfinite skip every later step was skipped and the
+  // run completed, exit 0, with NaN weights in its final checkpoint.
+  spdlog::set_level(spdlog::level::off);
+  for (const char* nonfinite : {"train.nonfinite=skip", "train.nonfinite=abort"}) {
+    CAPTURE(nonfinite);
+    TempDir dir;
+    RunOptions o;
+    o.out_dir = dir / "run";
+    const Config cfg =
+        parse_config(kSmall, "l.yaml",
+                     {"distributed.world_size=2", "distributed.strategy=local_sgd",
+                      "distributed.local_sgd.sync_every=4", "distributed.compression.type=fp16",
+                      "optimizer.type=sgd", "optimizer.lr=1000", nonfinite});
+    CHECK_THROWS_WITH(run_training(cfg, o),
+                      doctest::Contains("the Local SGD synchronisation at step 4 made"));
+  }
+  spdlog::set_level(spdlog::level::info);
+}

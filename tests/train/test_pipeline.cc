@@ -8,6 +8,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "nn/registry.h"
 #include "test_util.h"
 #include "train/min_max_split.h"
 #include "train/pipeline.h"
@@ -68,6 +69,38 @@ TEST_CASE("stage partitions: uniform by layer count, balanced by cost, contiguou
   CHECK(u[0] == LayerRange{0, 4});
   const auto b = partition_stages(m, 2, PipelinePartition::kBalanced);
   CHECK(b[0] == LayerRange{0, 2});
+}
+
+TEST_CASE("balanced stages count a convolution's multiply-adds at every output position") {
+  // The cost was parameters plus outputs: four 3x3 convolutions on 28x28 looked cheaper than the
+  // Linear after them, and stage 0 got all four (1.5x slower than uniform, measured).
+  const Config c = parse_config(R"(model:
+  type: sequential
+  layers:
+    - {conv2d: {out_channels: 16, kernel: 3, padding: 1}}
+    - tanh
+    - {conv2d: {out_channels: 16, kernel: 3, padding: 1}}
+    - tanh
+    - {conv2d: {out_channels: 16, kernel: 3, padding: 1}}
+    - tanh
+    - {conv2d: {out_channels: 16, kernel: 3, padding: 1}}
+    - tanh
+    - flatten
+    - {linear: 10}
+data: {format: synthetic}
+)",
+                                "p.yaml", {});
+  const Model m = build_model(c.model, {{1, 28, 28}, 10});
+  // Multiply-adds per sample: 0.11 M, then 1.81 M for each later convolution, 0.13 M for the
+  // Linear: two convolutions on each stage (3.76 M against 1.94 M either way round).
+  CHECK(stage_cost(m, 0, 2) == doctest::Approx(784.0 * 16 * 9 + 784 * 16));  // conv, tanh
+  const auto b = partition_stages(m, 2, PipelinePartition::kBalanced);
+  const auto worst = [&](size_t cut) {
+    return std::max(stage_cost(m, 0, cut), stage_cost(m, cut, m.num_layers()));
+  };
+  CHECK(worst(b[0].second) == doctest::Approx(784.0 * 16 * 144 * 2 + 784 * 16 * 2 + 12544 * 10));
+  for (const size_t cut : {2, 4, 6, 9}) CHECK(worst(b[0].second) <= worst(cut));
+  CHECK(b[0].second != 9);  // (the split it made)
 }
 
 namespace {
