@@ -270,6 +270,8 @@ int cmd_run(const Config& cfg, const std::string& config_path, std::string out,
   // The other ranks skip it: on other nodes they start while rank 0 has not yet cleared the
   // folder (--overwrite) or decided to resume, and a rank 1 that refused the old run there ended
   // a job node 0 had prepared.
+  // (what every rank checks fails on every rank: not a refusal for rank 0 to wait and tell)
+  check_out_dir_path(opts.out_dir);
   try {
     prepare_out_dir(opts.out_dir, !resume.empty() || overwrite || !rank0, /*overwrite=*/false,
                     /*clear_logs=*/false, owner ? &out_lock : nullptr);
@@ -346,9 +348,24 @@ CLI::Option* decimal(CLI::Option* o) {
       "", "decimal"));
 }
 
-// Refuses an integer beyond int64's range: CLI11 clamps it to the limit without a word (an
-// `int` option it refuses by itself).
+// Accepts only a number written in decimal ("0.7", "-1e-3", "inf"), whole: CLI11 takes "" as 0
+// (`--temperature "$T"` with T unset sampled greedily) and "0x10" as 16.
+CLI::Option* real_number(CLI::Option* o) {
+  return o->check(CLI::Validator(
+      [](std::string& v) {
+        double x = 0;
+        const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
+        return !v.empty() && ec == std::errc() && end == v.data() + v.size()
+                   ? std::string()
+                   : std::string("must be a decimal number");
+      },
+      "", "number"));
+}
+
+// Refuses an integer beyond int64's range (CLI11 clamps it to the limit without a word; an
+// `int` option it refuses by itself), and one not written in decimal (decimal()).
 CLI::Option* int64_range(CLI::Option* o) {
+  decimal(o);
   return o->check(CLI::Validator(
       [](std::string& v) {
         int64_t x = 0;
@@ -465,10 +482,10 @@ void Cli::add_launch(CLI::App& app) {
   launch_->add_option("--nnodes", lcmd_.nnodes,
                       "nodes in the job, one `dtrain launch` each (overrides PET_NNODES), or "
                       "MIN:MAX (elastic: each attempt runs on the nodes that checked in)");
-  launch_
-      ->add_option("--last-call", lcmd_.last_call_s,
-                   "with --nnodes MIN:MAX: once MIN nodes checked in, seconds node 0 waits for "
-                   "more")
+  real_number(launch_->add_option(
+                  "--last-call", lcmd_.last_call_s,
+                  "with --nnodes MIN:MAX: once MIN nodes checked in, seconds node 0 waits for "
+                  "more"))
       ->capture_default_str();
   decimal(launch_->add_option("--node-rank", lcmd_.nodes.node_rank,
                               "this node's index (overrides PET_NODE_RANK, JOB_COMPLETION_INDEX)"));
@@ -496,10 +513,10 @@ void Cli::add_launch(CLI::App& app) {
   launch_->add_flag("--overwrite", overwrite_,
                     "the output folder may hold an earlier run: delete it (logs included) first");
   non_empty(launch_->add_option("--trace", trace_, "passed to every rank's `dtrain run --trace`"));
-  launch_
-      ->add_option("--max-restarts", max_restarts_,
-                   "when a rank fails, start all ranks again from the newest complete checkpoint "
-                   "(--resume auto), at most this many times")
+  decimal(launch_->add_option(
+              "--max-restarts", max_restarts_,
+              "when a rank fails, start all ranks again from the newest complete checkpoint "
+              "(--resume auto), at most this many times"))
       ->capture_default_str();
 }
 
@@ -507,10 +524,12 @@ void Cli::add_verify(CLI::App& app) {
   verify_ = app.add_subcommand(
       "verify", "check that the config's layout trains what one process trains (exit 1 if not)");
   add_config(verify_);
-  verify_->add_option("--steps", vopt_.steps, "optimizer steps compared")->capture_default_str();
-  verify_->add_option("--tolerance", vopt_.tolerance,
-                      "largest relative difference accepted (default: 1e-4 with SGD, 5e-2 with "
-                      "Adam/AdamW; README \"dtrain verify\")");
+  decimal(verify_->add_option("--steps", vopt_.steps, "optimizer steps compared"))
+      ->capture_default_str();
+  real_number(
+      verify_->add_option("--tolerance", vopt_.tolerance,
+                          "largest relative difference accepted (default: 1e-4 with SGD, 5e-2 with "
+                          "Adam/AdamW; README \"dtrain verify\")"));
   verify_
       ->add_option("--backend", verify_backend_,
                    "the layout's ranks: threads of this process "
@@ -564,9 +583,8 @@ void Cli::add_model_commands(CLI::App& app) {
                         "text to continue (default: none, from a newline)");
   int64_range(generate_->add_option("--tokens", gen_.tokens, "bytes to generate"))
       ->capture_default_str();
-  generate_
-      ->add_option("--temperature", gen_.temperature,
-                   "divides the logits; 0 = always the most likely byte")
+  real_number(generate_->add_option("--temperature", gen_.temperature,
+                                    "divides the logits; 0 = always the most likely byte"))
       ->capture_default_str();
   int64_range(
       generate_->add_option("--top-k", gen_.top_k, "sample among the K most likely bytes; 0 = all"))
@@ -600,8 +618,8 @@ void Cli::add_file_commands(CLI::App& app) {
       ->add_option("--labels", plot_labels_text_,
                    "legend names, one per run, comma-separated (default: folder names)")
       ->allow_extra_args(false);  // one comma-separated argument: run folders may follow it
-  plot_->add_option("--width", plot_opts_.width, "pixels")->capture_default_str();
-  plot_->add_option("--height", plot_opts_.height, "pixels")->capture_default_str();
+  decimal(plot_->add_option("--width", plot_opts_.width, "pixels"))->capture_default_str();
+  decimal(plot_->add_option("--height", plot_opts_.height, "pixels"))->capture_default_str();
 }
 
 int Cli::dispatch(const char* argv0) {

@@ -76,6 +76,7 @@ int rank_named_as_cause(const std::string& message, int self, int world) {
       {"connection to rank ", " lost"},
       {"connection to rank ", " is closed"},
       {"rank ", " closed its connection"},
+      {"rank ", " did not open their streams"},  // (one rank; several name no single cause)
       {"no heartbeat from rank ", ""},
       {"cannot connect to rank ", ""},
       {" from rank ", ""}};

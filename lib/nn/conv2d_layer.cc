@@ -36,6 +36,11 @@ class Conv2d final : public Layer {
   double flops_per_sample() const override {
     return static_cast<double>(g_.out_sample()) * static_cast<double>(g_.patch());
   }
+  double scratch_values() const override {
+    Conv2dGeometry g = g_;
+    g.batch = kConv2dChunk;  // (a smaller batch grows less)
+    return static_cast<double>(conv2d_scratch_floats(g));
+  }
 
   void init(float* p, Rng& rng) const override {
     torch_default_init(p, g_.weight_count(), p + g_.weight_count(), g_.out_channels, g_.patch(),

@@ -86,6 +86,12 @@ class Conv2dRelu final : public Layer {
     return f;
   }
   // The pool's argmax per output value.
+  // col_scratch's block and work[0]'s (work[1], one plane, is small): conv2d's two buffers.
+  double scratch_values() const override {
+    Conv2dGeometry g = g_;
+    g.batch = kConv2dChunk;
+    return static_cast<double>(conv2d_scratch_floats(g));
+  }
   double state_values_per_sample() const override {
     return pool_ ? static_cast<double>(out_features()) : 0.0;
   }

@@ -104,6 +104,10 @@ class Layer {
   // the start-up memory estimate counts for activations (train/loop.cc). Buffers of a fixed size
   // (conv2d's im2col block) are not counted.
   virtual double state_values_per_sample() const { return 0.0; }
+  // 4-byte values of the work buffers whose size does not grow with the batch (conv2d's im2col
+  // block of kConv2dChunk samples), grown in each LayerState that runs the layer: the memory
+  // check counts them once for training and once for evaluation.
+  virtual double scratch_values() const { return 0.0; }
   // The same for an evaluation forward (training off: no dropout masks, no backward work), what
   // the memory estimate counts per sample of data.eval_batch_size. At most the training figure.
   virtual double eval_values_per_sample() const { return state_values_per_sample(); }

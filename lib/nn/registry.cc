@@ -97,11 +97,14 @@ Model build_sequential(const std::vector<LayerSpec>& specs, const ModelInput& in
     shape = layers.back()->out_shape();
   }
   if (shape != Shape{in.num_classes})
-    throw UserError("model.layers: the last layer gives " + shape_str(shape) +
-                    " per sample, but the data has " + std::to_string(in.num_classes) +
-                    " classes (labels 0.." + std::to_string(in.num_classes - 1) +
-                    " over the training and test data): end the list with {linear: " +
-                    std::to_string(in.num_classes) + "} (after a flatten for image shapes)");
+    throw UserError("model.layers: the last layer gives " + shape_str(shape) + " per sample, but " +
+                    (in.classes_from_config
+                         ? "model.num_classes is " + std::to_string(in.num_classes)
+                         : "the data has " + std::to_string(in.num_classes) +
+                               " classes (labels 0.." + std::to_string(in.num_classes - 1) +
+                               " over the training and test data)") +
+                    ": end the list with {linear: " + std::to_string(in.num_classes) +
+                    "} (after a flatten for image shapes)");
   std::vector<ModelElement> elements;
   for (size_t i = 0; i < specs.size();) {
     const size_t n = fused_span(specs, i);
@@ -125,8 +128,11 @@ Model build_model(const ModelConfig& cfg, const ModelInput& in) {
   switch (cfg.type) {
     case ModelType::kMlp:
       return build_mlp(cfg, shape_numel(in.sample), in.num_classes);
-    case ModelType::kSequential:
-      return build_sequential(cfg.layers, in);
+    case ModelType::kSequential: {
+      ModelInput named = in;
+      named.classes_from_config = cfg.num_classes > 0 && cfg.num_classes == in.num_classes;
+      return build_sequential(cfg.layers, named);
+    }
     case ModelType::kGpt:
       // The input is [T] token ids; the vocabulary is the class count (256 bytes).
       return build_gpt(cfg, in.num_classes, in.sample.empty() ? cfg.block_size : in.sample[0]);

@@ -15,6 +15,8 @@ namespace dtrain {
 struct ModelInput {
   Shape sample;
   int64_t num_classes = 0;
+  // Where num_classes comes from, for errors: model.num_classes (true) or the data's labels.
+  bool classes_from_config = false;
 };
 
 // mlp: build_mlp over the flattened input. sequential: cfg.layers in order, each built for the

@@ -115,7 +115,7 @@ void check_model_config(const std::string& path, const CheckpointMeta& m, const 
     const std::string given = nlohmann::json(to_string(d.normalize)).dump();  // (quoted)
     return d.normalize == Normalize::kAuto ? given + " (" + to_string(resolved) + ")" : given;
   };
-  if (cfg.data.format != DataFormat::kText && n0 != n1)
+  if (cfg.data.format != DataFormat::kText && before.data.format != DataFormat::kText && n0 != n1)
     lines += "\n  data.normalize: " + shown(before.data, n0) + " -> " + shown(cfg.data, n1);
   // An mlp's dropout is a layer of its own once > 0, which renumbers the `layers.<i>` names
   // after it (as in PyTorch's nn.Sequential): 0 against > 0 is another parameter table.

@@ -106,8 +106,7 @@ void check_config_json_is_ours(const std::string& out_dir) {
 
 }  // namespace
 
-void prepare_out_dir(const std::string& out_dir, bool resuming, bool overwrite, bool clear_logs,
-                     OutDirLock* lock) {
+void check_out_dir_path(const std::string& out_dir) {
   // The folder's path is written into summary.json and manifests, which are JSON: UTF-8 only.
   // Refused here, before training, not when the summary is written.
   if (!valid_utf8(out_dir))
@@ -117,8 +116,14 @@ void prepare_out_dir(const std::string& out_dir, bool resuming, bool overwrite, 
   std::error_code ec;
   if (fs::exists(out_dir, ec) && !fs::is_directory(out_dir, ec))
     throw UserError("--out '" + out_dir + "' is a file, not a folder: choose another --out");
-  if (lock != nullptr) *lock = OutDirLock(out_dir);
   check_config_json_is_ours(out_dir);
+}
+
+void prepare_out_dir(const std::string& out_dir, bool resuming, bool overwrite, bool clear_logs,
+                     OutDirLock* lock) {
+  check_out_dir_path(out_dir);
+  if (lock != nullptr) *lock = OutDirLock(out_dir);
+  check_config_json_is_ours(out_dir);  // (again under the lock: what it clears is the run's)
   if (overwrite) {
     clear_run_files(out_dir, clear_logs);
     return;

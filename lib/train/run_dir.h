@@ -44,6 +44,10 @@ class OutDirLock {
 // clear_logs logs/). UserError naming a file that cannot be removed.
 void clear_run_files(const std::string& out_dir, bool clear_logs);
 
+// The checks of out_dir that every process of a job makes (prepare_out_dir begins with them): a
+// UTF-8 path, not a file, no config.json that no dtrain run wrote. UserError.
+void check_out_dir_path(const std::string& out_dir);
+
 // Prepares out_dir for a run before anything is written: with `overwrite`, removes an earlier
 // run's summary.json, metrics.jsonl, config.json and checkpoints/ (and logs/ when clear_logs);
 // otherwise, unless `resuming`, throws UserError naming the folder, what it holds and the two

@@ -276,6 +276,13 @@ double values_per_sample(const Model& model, size_t first, size_t last, bool eva
   return v;
 }
 
+// 4-byte values of layers [first, last)'s fixed-size work buffers (conv2d's im2col block).
+double scratch_values(const Model& model, size_t first, size_t last) {
+  double v = 0;
+  for (size_t i = first; i < last; ++i) v += model.layer(i).scratch_values();
+  return v;
+}
+
 // The batch's rows: the configured size, or fewer when the data holds fewer (rows >= 0).
 int64_t batch_rows(int64_t configured, int64_t rows) {
   return rows >= 0 ? std::min(configured, rows) : configured;
@@ -308,10 +315,14 @@ void check_training_memory(const Config& cfg, const Model& model, const MemoryPl
     const int64_t end = first < last ? model.layer_end(last - 1) : 0;
     state += 4.0 * training_state_floats(cfg, static_cast<double>(end - begin), plan.replicas) *
              per_stage;
+    // (the training and the evaluation executors each grow their own work buffers)
+    const double scratch = 4.0 * scratch_values(model, first, last) * per_stage;
     train_acts += 4.0 * values_per_sample(model, first, last, false) *
-                  static_cast<double>(train_batch) * per_stage;
+                      static_cast<double>(train_batch) * per_stage +
+                  scratch;
     eval_acts += 4.0 * values_per_sample(model, first, last, true) *
-                 static_cast<double>(eval_batch) * per_stage;
+                     static_cast<double>(eval_batch) * per_stage +
+                 scratch;
   }
   if (plan.resume) state += 4.0 * (1 + k) * static_cast<double>(model.param_count()) * here;
   // An evaluation runs with the training batch's activations still held (the executors keep

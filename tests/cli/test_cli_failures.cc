@@ -366,3 +366,43 @@ TEST_CASE(
   }
   CHECK(read_text(out + "/summary.json") == summary);  // the old run as it was
 }
+
+TEST_CASE(
+    "ranks started by hand: an --out every rank refuses ends every rank at once, and a refusal "
+    "reaches the ranks that joined when one never does") {
+  TempDir dir;
+  const std::string cfg = dir.write("cfg.yaml", kSmall);
+  const std::string afile = dir.write("afile", "not a folder");
+  const int port = dtrain::pick_free_port();
+  auto rank = [&](int r, int world, const std::string& out, const std::string& extra) {
+    return "RANK=" + std::to_string(r) + " WORLD_SIZE=" + std::to_string(world) +
+           " MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port) +
+           " DTRAIN_JOB_TOKEN=tok exec " + kBin + " run " + cfg + " --out " + out + extra;
+  };
+  {
+    // A file: every rank checks that itself, so rank 0 does not wait to tell them (it waited
+    // out rendezvous_timeout_s, 60 here, for ranks that had exited).
+    const auto t0 = std::chrono::steady_clock::now();
+    Child r0(rank(0, 2, afile, " --set distributed.rendezvous_timeout_s=60"), dir / "a0.log");
+    Child r1(rank(1, 2, afile, " --set distributed.rendezvous_timeout_s=60"), dir / "a1.log");
+    CHECK(r0.wait(30) == 2);
+    CHECK(r1.wait(10) == 2);
+    CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(20));
+    CHECK(contains(read_text(dir / "a0.log"), "is a file, not a folder"));
+  }
+  {
+    // A folder that holds a run, world 3, rank 2 never starts: rank 1 hears rank 0's refusal at
+    // the timeout (it heard only the timeout, exit 1).
+    const std::string out = dir / "run";
+    REQUIRE(run_cmd(kBin + " run " + cfg + " --out " + out + " --log-level warn").exit_code == 0);
+    const std::string t = " --set distributed.rendezvous_timeout_s=3";
+    Child r0(rank(0, 3, out, t), dir / "b0.log");
+    Child r1(rank(1, 3, out, t), dir / "b1.log");
+    CHECK(r0.wait(30) == 2);
+    CHECK(r1.wait(30) == 2);
+    const std::string log1 = read_text(dir / "b1.log");
+    INFO(log1);
+    CHECK(contains(log1, "rank 0 refused the job: output folder"));
+    CHECK(contains(log1, "rank 2 never joined within 3 s"));
+  }
+}

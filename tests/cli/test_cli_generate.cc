@@ -178,6 +178,22 @@ TEST_CASE("generate: bad options and a model that is not gpt exit 2 with one lin
     CHECK(r.exit_code == 2);
     CHECK(contains(r.output, "nomatch*.txt' matches no file"));
   }
+  // Numbers in decimal only: CLI11 read 010 as octal 8 and 0x10 as 16, and took an empty value
+  // as 0 (greedy sampling for `--temperature "$T"` with T unset). (A parse error adds a line
+  // pointing at --help.)
+  for (const std::string args : {" --tokens 010", " --seed 0x10", " --tokens ''", " --top-k 1.5"}) {
+    const CmdResult r = run_dtrain("generate " + gpt + ck + args);
+    INFO(args << "\n" << r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(r.output.starts_with("error: --"));
+    CHECK(contains(r.output, ": must be a decimal integer"));
+  }
+  for (const std::string args : {" --temperature ''", " --temperature 0x1"}) {
+    const CmdResult r = run_dtrain("generate " + gpt + ck + args);
+    INFO(args << "\n" << r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(r.output.starts_with("error: --temperature: must be a decimal number"));
+  }
   // Integers past int64's range are refused, not clamped to its limit.
   for (const char* opt : {" --tokens ", " --top-k ", " --seed "}) {
     const CmdResult r = run_dtrain("generate " + gpt + ck + opt + "99999999999999999999");
@@ -308,6 +324,16 @@ TEST_CASE(
     CHECK(r.exit_code == 2);
     CHECK(contains(r.output, "was trained with another model config"));
     CHECK(contains(r.output, "model.n_head: 2 -> 1"));
+  }
+  {
+    // A GPT's checkpoint under an image config: text is not normalised, so no data.normalize
+    // line ("auto" (standardize) -> "auto" (scale) was listed).
+    const CmdResult r =
+        run_dtrain("eval " DTRAIN_SOURCE_DIR "/configs/fmnist_cnn.yaml --checkpoint " + ck);
+    INFO(r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(contains(r.output, "model.type: \"gpt\" -> \"sequential\""));
+    CHECK_FALSE(contains(r.output, "data.normalize"));
   }
   const CmdResult ok = run_dtrain(eval + ck + " --set model.dropout=0.3");
   CHECK_MESSAGE(ok.exit_code == 0, ok.output);

@@ -64,6 +64,27 @@ TEST_CASE("a model whose activations cannot fit is refused before training, nami
   CHECK_FALSE(contains(r.output, "step 1"));
 }
 
+TEST_CASE(
+    "a convolution's im2col block that cannot fit is refused before --overwrite clears a run") {
+  // The check counted no work buffer: this 28x28 kernel padded by 800 passed it, --overwrite
+  // deleted the old run, and the first forward's im2col block (4 samples x 784 x 1601^2 floats,
+  // 32 GB) failed "out of memory". (Under an 8 GB address-space limit, so on any machine.)
+  TempDir dir;
+  const std::string run = kBin + " run " + kSrc + "/configs/fmnist_cnn.yaml --out " + dir / "old";
+  const auto first =
+      run_cmd(run + " --set train.epochs=0 --set train.max_steps=1 --no-eval --log-level warn");
+  REQUIRE_MESSAGE(first.exit_code == 0, first.output);
+  const std::string summary = read_text(dir / "old/summary.json");
+  const auto r = run_cmd("ulimit -v 8000000 && " + run +
+                         " --overwrite --set 'model.layers=[{conv2d: {out_channels: 1, kernel: 28, "
+                         "padding: 800}}, {avg_pool2d: 1601}, flatten, {linear: 10}]' --set "
+                         "data.batch_size=4 2>&1");
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK(contains(r.output, "GiB this process can allocate"));
+  CHECK(read_text(dir / "old/summary.json") == summary);
+}
+
 TEST_CASE("an evaluation batch whose activations cannot fit is refused before training") {
   TempDir dir;
   // 16 blocks of T 1024, C 256, 16 heads: an evaluation forward keeps every block's 16 [T, C]

@@ -25,6 +25,10 @@ TEST_CASE("error file: the rank an error names as its cause") {
   CHECK(rank_named_as_cause("rank 2 closed its connection", 1) == 2);
   CHECK(rank_named_as_cause("no heartbeat from rank 4 for 10 s: frozen or unreachable", 0) == 4);
   CHECK(rank_named_as_cause("cannot connect to rank 1 at 10.0.0.2:4000 within 3 s", 0) == 1);
+  // (the launch blamed rank 0, which waited, instead of rank 1, which hung)
+  CHECK(rank_named_as_cause("rank 1 did not open their streams to rank 0 within 3 s "
+                            "(distributed.timeout_s)",
+                            0) == 1);
   CHECK(rank_named_as_cause(
             "recv timed out after 3 s waiting for allreduce seq 1 (4 bytes) from rank 1", 0) == 1);
   // The leftmost phrase, though a message begins with its own "rank N: " (it took rank 3 here).

@@ -95,6 +95,14 @@ TEST_CASE("registry: layer lists that do not fit are errors naming the entry") {
   // Linear works on the last dimension, as torch.nn.Linear: [1, 28, 28] -> [1, 28, 10].
   CHECK(error_of({L(K::kLinear, 10)}, {1, 28, 28}).find("gives [1, 28, 10]") != std::string::npos);
   CHECK(error_of({L(K::kFlatten), L(K::kLinear, 10)}, {1, 28, 28}) == "(no error)");
+  // A class count set by model.num_classes is named as that, not as the data's labels.
+  ModelConfig cfg;
+  cfg.type = ModelType::kSequential;
+  cfg.layers = cnn_ref();
+  cfg.num_classes = 12;
+  CHECK_THROWS_WITH(build_model(cfg, {{1, 28, 28}, 12}),
+                    "model.layers: the last layer gives [10] per sample, but model.num_classes "
+                    "is 12: end the list with {linear: 12} (after a flatten for image shapes)");
 }
 
 TEST_CASE("registry: mlp builds the same model as build_mlp over the flattened sample") {

@@ -258,8 +258,10 @@ void GrpcTransport::wait_for_peers(Clock::time_point deadline) {
     }
   }
   if (!missing.empty())
-    throw CommError(fmt::format("{} did not open their streams to rank {} within {} s",
-                                ranks_str(missing), rank_, seconds_str(o_.connect_timeout_s)));
+    throw CommError(
+        fmt::format("{} did not open their streams to rank {} within {} s "
+                    "(distributed.timeout_s)",
+                    ranks_str(missing), rank_, seconds_str(o_.connect_timeout_s)));
   for (int r = 0; r < world_; ++r)
     if (out_[r])
       if (std::string e = out_[r]->error(); !e.empty()) throw CommError(e);

@@ -158,6 +158,13 @@ void RendezvousHost::timer_loop() {
   lk.unlock();
   // Rank 0 runs this host: when its own join is missing, its MASTER_ADDR led elsewhere.
   const bool self_missing = !missing.empty() && missing.front() == 0;
+  // The ranks that joined hear rank 0's refusal all the same (exit 2, not a timeout's 1).
+  if (!refusal_.empty()) {
+    finish(std::string(kRefused) + refusal_ +
+           fmt::format(" (and {} never joined within {} s)", ranks_str(missing),
+                       seconds_str(timeout_s_)));
+    return;
+  }
   finish(std::string(kFail) +
          fmt::format("rendezvous timed out after {} s: {} never joined{}", seconds_str(timeout_s_),
                      ranks_str(missing),
