@@ -262,11 +262,22 @@ struct JobAgent::Impl {
   template <typename F>
   auto with_store(double op_s, F f) {
     if (mem) return f(static_cast<Store&>(*mem));
-    GrpcStore s(channel, o.token, Clock::now() + secs_dur(op_s), [this](const grpc::Status& st) {
-      if (st.error_code() == grpc::StatusCode::UNAUTHENTICATED)
-        return CommError("node 0's launcher at " + where() + " refused this node's job token");
-      return CommError("node 0's launcher at " + where() + ": " + status_str(st));
-    });
+    GrpcStore s(
+        channel, o.token, Clock::now() + secs_dur(op_s), [this, op_s](const grpc::Status& st) {
+          if (st.error_code() == grpc::StatusCode::UNAUTHENTICATED)
+            return CommError("node 0's launcher at " + where() + " refused this node's job token");
+          // (a raw "DEADLINE_EXCEEDED: Deadline Exceeded" after the whole wait said nothing)
+          if (st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
+              st.error_code() == grpc::StatusCode::UNAVAILABLE)
+            return CommError(
+                "node 0's launcher at " + where() + " did not answer within " +
+                grpc_detail::seconds_str(op_s) +
+                " s: is it running there, with this --master-addr and --master-port? It "
+                "stops at once on bad input (an --out that holds a run, a config "
+                "error): its own output says why (" +
+                status_str(st) + ")");
+          return CommError("node 0's launcher at " + where() + ": " + status_str(st));
+        });
     return f(static_cast<Store&>(s));
   }
 

@@ -216,6 +216,20 @@ TEST_CASE("JobAgent: a disagreeing node, a wrong token and a missing node are re
     CHECK(contains(e, "node(s) 1 did not check in within 1 s"));
   }
   {
+    // Node 0's launcher never came up (it refused its input and exited): node 1 says so, not a
+    // raw "DEADLINE_EXCEEDED: Deadline Exceeded" after the whole wait.
+    AgentOptions o = agent_options(1, pick_free_port());
+    o.join_timeout_s = 1;
+    JobAgent a1(o);
+    std::string e = "<no error>";
+    try {
+      a1.join(2);
+    } catch (const std::runtime_error& x) {
+      e = x.what();
+    }
+    CHECK(contains(e, "did not answer within 1 s: is it running there"));
+  }
+  {
     // Node 0's launcher is gone: node 1's poll reports it instead of hanging.
     const int port4 = pick_free_port();
     JobAgent a1(agent_options(1, port4));
