@@ -70,6 +70,27 @@ void check_batch_kept(const Config& cfg, const std::string& flag, int64_t min_wo
   }
 }
 
+// Node 0's launcher prepares the output folder (prepare_out_dir), holding its lock in `lock`.
+// --overwrite: the launcher clears only its ranks' logs; the first attempt's rank 0 deletes the
+// old run's files as training starts, once every rank's input passed its checks (a model too
+// large, say, leaves the old run as it was). Restarts clear as before (restart_argv).
+void prepare_node0_out_dir(const LaunchCmd& c, OutDirLock* lock) {
+  prepare_out_dir(c.out_dir, !c.resume.empty() || c.overwrite, /*overwrite=*/false,
+                  /*clear_logs=*/false, lock);
+  if (!c.overwrite) return;
+  // Only the ranks' own files: logs/ also holds what launched this launcher wrote there
+  // (scripts/slurm.sbatch's launcher-<node>.log, open now) and whatever else a user keeps.
+  static const std::regex kRankFile(R"(rank-\d+\.(log|error\.json))");
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(fs::path(c.out_dir) / "logs", ec)) {
+    if (!std::regex_match(e.path().filename().string(), kRankFile)) continue;
+    std::error_code rec;
+    fs::remove(e.path(), rec);
+    if (rec)
+      throw UserError("--overwrite: cannot remove '" + e.path().string() + "': " + rec.message());
+  }
+}
+
 }  // namespace
 
 int cmd_launch(const Config& cfg, const LaunchCmd& c) {
@@ -169,25 +190,13 @@ int cmd_launch(const Config& cfg, const LaunchCmd& c) {
   // A DTRAIN_FAULT the ranks would refuse is refused here, before --overwrite clears the folder.
   if (const char* f = std::getenv("DTRAIN_FAULT"))
     check_fault_ranks(parse_faults(f, 0), static_cast<int64_t>(ne.nproc_per_node) * ne.nnodes);
-  // --overwrite: the launcher clears only its ranks' logs; the first attempt's rank 0 deletes the
-  // old run's files as training starts, once every rank's input passed its checks (a model too
-  // large, say, leaves the old run as it was). Restarts clear as before (restart_argv).
   if (node0) {
-    prepare_out_dir(c.out_dir, !c.resume.empty() || c.overwrite, /*overwrite=*/false,
-                    /*clear_logs=*/false, &out_lock);
-    // Only the ranks' own files: logs/ also holds what launched this launcher wrote there
-    // (scripts/slurm.sbatch's launcher-<node>.log, open now) and whatever else a user keeps.
-    if (c.overwrite) {
-      static const std::regex kRankFile(R"(rank-\d+\.(log|error\.json))");
-      std::error_code ec;
-      for (const auto& e : fs::directory_iterator(fs::path(c.out_dir) / "logs", ec)) {
-        if (!std::regex_match(e.path().filename().string(), kRankFile)) continue;
-        std::error_code rec;
-        fs::remove(e.path(), rec);
-        if (rec)
-          throw UserError("--overwrite: cannot remove '" + e.path().string() +
-                          "': " + rec.message());
-      }
+    try {
+      prepare_node0_out_dir(c, &out_lock);
+    } catch (const UserError& e) {
+      // Node 0 alone checks the folder: the other nodes hear why at their check-in.
+      if (ne.nnodes > 1) refuse_launch(lo, e);
+      throw;
     }
   }
   lo.log_dir = (fs::path(c.out_dir) / "logs").string();

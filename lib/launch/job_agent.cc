@@ -533,8 +533,10 @@ std::vector<std::string> JobAgent::join(int nproc_per_node) {
                                    grpc_detail::seconds_str(m.o.join_timeout_s) + " s (" +
                                    e.what() + ")");
         }
-        // Node 0's entry read: node 0 may exit now (refuse_after_read).
+        // Node 0's entry read: node 0 may exit now (refuse_after_read, refuse_job).
         if (n == 0 && m.o.node_rank != 0) s.set(fixed_read_key(m.o.node_rank), "1");
+        if (n == 0 && v.starts_with(kRefused))
+          throw UserError("node 0 refused this job: " + v.substr(std::strlen(kRefused)));
         const CheckIn c = parse_check_in(v);
         hosts[static_cast<size_t>(n)] = c.host;
         const char* self = m.o.node_rank == 0 ? "node 0" : "this node";
@@ -617,8 +619,13 @@ Membership JobAgent::rendezvous(int attempt, int nproc_per_node) {
         // Node 0's own check-in, against this node's options: node 0 only reads the ids below
         // its --nnodes, so a node given a larger count would never be refused as such.
         // (waiting as long as for the members list below: node 0 may come late)
-        const CheckIn c0 = parse_check_in(s.get(
-            key(attempt, "join/0"), deadline + secs_dur(m.o.last_call_s + m.o.lost_after_s + 5)));
+        const std::string v0 = s.get(key(attempt, "join/0"),
+                                     deadline + secs_dur(m.o.last_call_s + m.o.lost_after_s + 5));
+        if (v0.starts_with(kRefused)) {  // (refuse_job: node 0 may exit once this is set)
+          s.set(key(attempt, "members-read/" + std::to_string(m.o.node_rank)), "1");
+          throw UserError("node 0 refused this job: " + v0.substr(std::strlen(kRefused)));
+        }
+        const CheckIn c0 = parse_check_in(v0);
         if (const std::string p = check_in_problem(0, c0, nproc_per_node, shape, "this node");
             !p.empty())
           throw UserError(p);
@@ -665,6 +672,34 @@ Membership JobAgent::rendezvous(int attempt, int nproc_per_node) {
   m.lost.clear();
   m.beats.clear();
   return r;
+}
+
+std::vector<int> JobAgent::refuse_job(const std::string& why) {
+  Impl& m = *impl_;
+  DT_CHECK_EQ(m.o.node_rank, 0);
+  Store& s = *m.mem;
+  // Node 0's check-in is what a fixed launcher's join and an elastic one's rendezvous read
+  // first; the members list is what an elastic one waits for after it.
+  s.set(key(0, "join/0"), kRefused + why);
+  s.set(key(0, "members"), kRefused + why);
+  std::vector<int> unread;
+  for (int n = 1; n < m.o.nnodes; ++n) unread.push_back(n);
+  const auto deadline = Clock::now() + secs_dur(m.o.join_timeout_s);
+  const auto has = [&s](const std::string& k) {
+    try {
+      s.get(k, Clock::now());
+      return true;
+    } catch (const CommError&) {
+      return false;
+    }
+  };
+  while (!unread.empty() && Clock::now() < deadline) {
+    std::erase_if(unread, [&](int n) {
+      return has(fixed_read_key(n)) || has(key(0, "members-read/" + std::to_string(n)));
+    });
+    if (!unread.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return unread;
 }
 
 void JobAgent::report_failure(int attempt, const std::string& what) {

@@ -15,6 +15,8 @@
 // a<A>/join/<node>, a<A>/members, alive/<node> (a counter each launcher but node 0's bumps while
 // its ranks run, so node 0 notices a launcher that is gone). <node> is the node's id (its
 // --node-rank), which stays; an elastic attempt's node rank is the id's place among its members.
+// Node 0 refusing the whole job (refuse_job) writes "refused: <why>" as its attempt-0 check-in
+// and members list, and each node marks it read (join-read/<node>, a0/members-read/<node>).
 //
 // Every call has a deadline: a lost node 0 is reported (poll) or thrown (join, finish), never
 // waited on forever. The channel is authenticated by the token, not encrypted.
@@ -99,6 +101,12 @@ class JobAgent {
   // std::runtime_error when fewer than min_nodes checked in within the join timeout (node 0), when
   // node 0 cannot be reached, or when this node came too late to be chosen.
   Membership rendezvous(int attempt, int nproc_per_node);
+  // Node 0, in place of join or rendezvous: refuses the whole job for `why` (an input only node
+  // 0 checks, such as an --out that holds a run). Publishes the refusal where every launcher,
+  // fixed or elastic, reads node 0's check-in, and serves the store until each other node has
+  // read it or the join timeout passed. Returns the ids of the nodes that never read it. The
+  // others' join or rendezvous throws UserError("node 0 refused this job: <why>"), at once.
+  std::vector<int> refuse_job(const std::string& why);
   // This node's first rank failure in `attempt` (later ones are not reported).
   void report_failure(int attempt, const std::string& what);
   // A signal this node's launcher received and forwarded to its ranks.

@@ -630,20 +630,7 @@ int launch_attempts(const LaunchOptions& o, LaunchReport* report, std::string* b
   // One set of handlers for every attempt: a signal between two attempts is not lost.
   SignalGuard signals;
   std::unique_ptr<JobAgent> agent;
-  if (o.nnodes > 1) {
-    AgentOptions ao;
-    ao.nnodes = o.nnodes;
-    ao.node_rank = o.node_rank;
-    ao.master_addr = o.master_addr;
-    ao.port = o.master_port + 1;
-    ao.token = token;
-    ao.join_timeout_s = o.join_timeout_s;
-    ao.report_timeout_s = std::max(o.grace_s, o.interrupt_grace_s) + 30;
-    ao.min_nodes = o.min_nnodes < o.nnodes ? o.min_nnodes : 0;
-    ao.last_call_s = o.last_call_s;
-    ao.max_restarts = o.max_restarts;
-    agent = std::make_unique<JobAgent>(ao);
-  }
+  if (o.nnodes > 1) agent = std::make_unique<JobAgent>(launch_agent_options(o, token));
   const bool elastic_nodes = agent && o.min_nnodes > 0 && o.min_nnodes < o.nnodes;
   if (agent && !elastic_nodes) {
     spdlog::info("node {} of {}: waiting for every node's launcher at {}:{}", o.node_rank, o.nnodes,

@@ -13,7 +13,8 @@
 #   6. nodes that do not share the output folder: a ddp job's restart resumes every rank from
 #      rank 0's checkpoint (node 1's launcher finds none in its own folder) and ends bitwise
 #      equal; an fsdp job, whose shards would be split over the two folders, stops at its first
-#      checkpoint with exit 2 and a message that names the shared folder it needs.
+#      checkpoint with exit 2 and a message that names the shared folder it needs;
+#   7. node 0 refusing its --out (it holds a run) refuses the job: both exit 2 at once.
 # The output folder is shared by the two nodes (one file system, as a PVC or NFS would be),
 # except in 6.
 # Needs root and iproute2; exits 77 (CTest: skipped) with the reason where namespaces cannot be
@@ -185,3 +186,13 @@ grep -q "the ranks do not share the output folder" "$out/unshared-fsdp-29580-nod
 grep -q "rank 0 aborted: checkpoint .*do not share the output folder" "$out/unshared-fsdp-29580-node1.log" ||
   fail "unshared fsdp: node 1's ranks do not relay rank 0's reason"
 echo "PASS 6: without a shared --out, ddp restarted from rank 0's checkpoint ($final bitwise equal); fsdp stopped at its first checkpoint (exit 2) naming the shared folder"
+
+# 7. Node 0's --out already holds a run (1.'s) and no --overwrite: node 0 alone checks the
+# folder, so it refuses the job at node 1's check-in. Both exit 2 at once, node 1 naming node 0's
+# reason (it waited out its 300 s join timeout for a node 0 that had exited, then exited 1).
+FAULT='' job together 29590
+[ $rc0 -eq 2 ] && [ $rc1 -eq 2 ] || fail "refused: launcher exits $rc0 and $rc1 (want 2 on both)"
+[ "$secs0" -lt 20 ] || fail "refused: node 0's launcher took $secs0 s"
+grep -q "node 0 refused this job: output folder .* already holds a run" "$out/together-29590-node1.log" ||
+  fail "refused: node 1 does not give node 0's reason"
+echo "PASS 7: node 0 refused its --out (a run there); both launchers exited 2 within $secs0 s, node 1 naming the reason"

@@ -291,6 +291,47 @@ TEST_CASE("JobAgent: a node refused by node 0, which then exits, learns why at o
   CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10));
 }
 
+TEST_CASE("JobAgent: node 0's refusal of the whole job reaches every node at its check-in") {
+  // Node 0 refused its own input (an --out that holds a run) and exited before it hosted the
+  // store: the others waited out their join timeout (300 s) and exited 1.
+  const int port = pick_free_port();
+  AgentOptions o0 = agent_options(0, port);
+  o0.nnodes = 3;
+  o0.join_timeout_s = 60;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto a0 = std::make_unique<JobAgent>(o0);
+  auto refused =
+      std::async(std::launch::async, [&] { return a0->refuse_job("--out holds a run"); });
+  std::vector<std::future<std::string>> nodes;
+  for (int n = 1; n <= 2; ++n)
+    nodes.push_back(std::async(std::launch::async, [&, n] {
+      if (n == 2) std::this_thread::sleep_for(std::chrono::milliseconds(500));  // a late node
+      AgentOptions o = agent_options(n, port);
+      o.nnodes = 3;
+      o.join_timeout_s = 60;
+      JobAgent a(o);
+      try {
+        a.join(2);
+      } catch (const UserError& e) {
+        return std::string(e.what());
+      }
+      return std::string("<no error>");
+    }));
+  REQUIRE(refused.wait_for(std::chrono::seconds(20)) == std::future_status::ready);
+  CHECK(refused.get().empty());  // every node read it
+  a0.reset();                    // node 0 exits with its error
+  for (auto& f : nodes) CHECK(f.get() == "node 0 refused this job: --out holds a run");
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(20));
+}
+
+TEST_CASE("JobAgent: node 0's refusal names the nodes that never checked in, after the timeout") {
+  const int port = pick_free_port();
+  AgentOptions o0 = agent_options(0, port);
+  o0.join_timeout_s = 0.5;
+  JobAgent a0(o0);
+  CHECK(a0.refuse_job("--out holds a run") == std::vector<int>{1});
+}
+
 TEST_CASE(
     "JobAgent: a launcher that dies is found lost within lost_after_s, not the report timeout") {
   const auto since = [](std::chrono::steady_clock::time_point t) {

@@ -272,6 +272,31 @@ TEST_CASE("JobAgent elastic: a node refused by node 0, which then exits, learns 
   CHECK(contains(e1, "give every node the same --nproc-per-node"));
 }
 
+TEST_CASE("JobAgent: node 0's refusal of the whole job reaches an elastic node at its check-in") {
+  const int port = pick_free_port();
+  AgentOptions o0 = elastic_options(0, port, 1, 2);
+  o0.join_timeout_s = 60;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto a0 = std::make_unique<JobAgent>(o0);
+  auto refused =
+      std::async(std::launch::async, [&] { return a0->refuse_job("--out holds a run"); });
+  std::string e1 = "<no error>";
+  {
+    AgentOptions o1 = elastic_options(1, port, 1, 2);
+    o1.join_timeout_s = 60;
+    JobAgent a1(o1);
+    try {
+      a1.rendezvous(0, 2);
+    } catch (const UserError& e) {
+      e1 = e.what();
+    }
+  }
+  REQUIRE(refused.wait_for(std::chrono::seconds(20)) == std::future_status::ready);
+  CHECK(refused.get().empty());
+  CHECK(e1 == "node 0 refused this job: --out holds a run");
+  CHECK(seconds_since(t0) < 20);
+}
+
 TEST_CASE(
     "JobAgent: launchers given another --nnodes or --max-restarts refuse each other at once") {
   // Each waited out its whole check-in for nodes that were not coming, then blamed a live
