@@ -21,6 +21,7 @@
 #include "nn/model.h"
 #include "nn/tp_gpt.h"
 #include "tensor/blas.h"
+#include "train/trainer.h"
 #include "util/check.h"
 #include "util/rng.h"
 
@@ -95,6 +96,22 @@ int64_t block_bytes_unreduced(const ModelConfig& mc, int64_t batch, int tp) {
 
 bool tp_fits(const ModelConfig& mc, int t) {
   return t > 1 && mc.n_head % t == 0 && (4 * mc.n_embd) % t == 0 && kVocab % t == 0;
+}
+
+// Whether the blocks alone can be split over t tensor ranks (the vocabulary need not be: the
+// second size of the blocks' byte decomposition builds no tensor-parallel head).
+bool blocks_fit(const ModelConfig& mc, int64_t t) {
+  return t > 1 && mc.n_head % t == 0 && (4 * mc.n_embd) % t == 0;
+}
+
+// The second tensor size the blocks' bytes are measured at: 2T or T/2 when the blocks split so,
+// else the smallest other size they split over (n_head 6 at T 2: 3); 0 when there is none.
+int second_tp(const ModelConfig& mc, int tp) {
+  if (blocks_fit(mc, 2 * static_cast<int64_t>(tp))) return 2 * tp;
+  if (blocks_fit(mc, tp / 2)) return tp / 2;
+  for (int64_t t = 2; t <= mc.n_head; ++t)
+    if (t != tp && blocks_fit(mc, t)) return static_cast<int>(t);
+  return 0;
 }
 
 // The TP block's elementwise loops, the same code (nn/layer_util.h).
@@ -215,7 +232,7 @@ void run_rank(const Config& cfg, Communicator& comm, int iters, TpRegions& r) {
   time_collectives(comm, iters, B * S, C, r);
   if (rank != 0) return;
   // The blocks' replicated bytes R from A(T) = R + S / T at two sizes.
-  r.other_tp = tp_fits(mc, 2 * tp) ? 2 * tp : (tp_fits(mc, tp / 2) ? tp / 2 : 0);
+  r.other_tp = second_tp(mc, tp);
   int64_t repl = 0;
   if (r.other_tp > 0) {
     const double a1 = static_cast<double>(blocks);
@@ -238,13 +255,32 @@ double TpRegions::vp_saving_ms() const {
   return (t - 1) / t * (head_gemm_ms + ce_ms) - (2 * ar_ms + 3 * ar_rows_ms);
 }
 
-TpRegions measure_tp_regions(const Config& cfg, int tp, int iters) {
+void check_tp_bench(const Config& cfg, int tp, int iters) {
   const ModelConfig& mc = cfg.model;
   if (mc.type != ModelType::kGpt) throw UserError("bench tp: the config's model is not a gpt");
   if (!tp_fits(mc, tp))
     throw UserError("bench tp: --tp " + std::to_string(tp) +
                     " must be > 1 and divide model.n_head, 4 x model.n_embd and 256");
   if (iters < 1) throw UserError("bench tp: --iters must be >= 1");
+  // What its T ranks hold at once, as `dtrain run` counts a training rank's (the optimizer state
+  // included, which the bench does not allocate): a size too large for this machine is refused
+  // here, not ended by a failed allocation in a rank thread (exit 1).
+  const Model m = build_gpt(mc, kVocab, mc.block_size, 0, tp);
+  MemoryPlan plan;
+  plan.stages = {{0, m.num_layers()}};
+  plan.ranks_here = tp;
+  plan.blas_threads = 1;
+  plan.eval_rows = 0;
+  try {
+    check_training_memory(cfg, m, plan);
+  } catch (const UserError& e) {
+    throw UserError("bench tp: --tp " + std::to_string(tp) + ": " + e.what());
+  }
+}
+
+TpRegions measure_tp_regions(const Config& cfg, int tp, int iters) {
+  const ModelConfig& mc = cfg.model;
+  check_tp_bench(cfg, tp, iters);
   TpRegions r;
   r.tp = tp;
   r.batch = cfg.data.batch_size;

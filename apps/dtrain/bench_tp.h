@@ -60,8 +60,11 @@ struct TpRegions {
   double vp_saving_ms() const;
 };
 
-// Measures one tensor-parallel size (T threads). UserError when T does not divide n_head,
-// 4 n_embd and 256, or the model is not a GPT.
+// UserError when T does not divide n_head, 4 n_embd and 256, the model is not a GPT, or this
+// machine cannot hold what T ranks of a training step hold (train/trainer.h's memory check).
+void check_tp_bench(const Config& cfg, int tp, int iters);
+
+// Measures one tensor-parallel size (T threads), checked by check_tp_bench first.
 TpRegions measure_tp_regions(const Config& cfg, int tp, int iters);
 
 // Prints one T's line of the table, or its JSON object.

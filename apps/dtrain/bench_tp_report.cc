@@ -57,6 +57,8 @@ void print_tp_regions(const TpRegions& r, bool json, bool header) {
 }
 
 int bench_tp(const Config& cfg, const TpBenchOptions& o) {
+  // Every size before any is measured: a bad one last was refused after the others had run.
+  for (const int t : o.tp) check_tp_bench(cfg, t, o.iters);
   bool header = true;
   for (const int t : o.tp) {
     print_tp_regions(measure_tp_regions(cfg, t, o.iters), o.json, header);

@@ -7,7 +7,10 @@
 # replicated activation bytes sequence parallelism would split, found from two tensor sizes,
 # equal what the layers save (per block 4 [B S, C] tensors, its output and 2 dropout masks, 2
 # LayerNorms' [B S, 2]; the embedding's output, mask and [B S] token ids; ln_f's output and
-# [B S, 2]). Bad --tp: exit 2. Skipped (77) without python3.
+# [B S, 2]); the same with 6 heads, whose blocks' second size is 3 (neither 2T nor T/2 splits them:
+# the replicated bytes were left out). Bad --tp: exit 2, before any size is measured; a batch
+# this machine cannot hold: exit 2 (it was a failed allocation, exit 1). Skipped (77) without
+# python3.
 set -euo pipefail
 BIN=$1 SRC=$2
 command -v python3 >/dev/null || { echo "skip: python3 is not installed"; exit 77; }
@@ -59,4 +62,30 @@ for bad in '' '2,,4' 'x'; do
   [ "$code" = 2 ] || { echo "--tp '$bad': exit $code, want 2: $err"; exit 1; }
   grep -q -- "--tp '$bad': " <<<"$err" || { echo "--tp '$bad': $err"; exit 1; }
 done
+echo ok
+# 6 heads of width 8 at T = 2: the blocks' bytes decomposed with T = 3.
+out=$("$BIN" bench tp "$SRC/configs/gpt_tp_bench.yaml" "${sets[@]}" --set model.n_head=6 \
+  --set model.n_embd=48 --tp 2 --iters 1 --json)
+python3 - "$out" <<'PY'
+import json, sys
+r = json.loads(sys.argv[1])
+B, S, C, L = 2, 16, 48, 2
+want = 4 * (L * (7 * B * S * C + 4 * B * S) + (2 * B * S * C + B * S) + (B * S * C + 2 * B * S))
+assert r["other_tp"] == 3, r["other_tp"]
+assert r["sp_split_bytes"] == want, (r["sp_split_bytes"], want)
+PY
+echo ok
+# A bad size after a good one: refused before T = 2 runs (nothing on stdout).
+set +e
+got=$("$BIN" bench tp "$SRC/configs/gpt_tp_bench.yaml" "${sets[@]}" --tp 2,3 --iters 1 --json 2>/dev/null)
+code=$?
+set -e
+[ "$code" = 2 ] && [ -z "$got" ] || { echo "--tp 2,3: exit $code, output '$got'"; exit 1; }
+# A batch of 100000 windows of 256 positions: refused by the memory check.
+set +e
+err=$("$BIN" bench tp "$SRC/configs/gpt_tp_bench.yaml" --set data.batch_size=100000 --tp 2 --iters 1 2>&1)
+code=$?
+set -e
+[ "$code" = 2 ] || { echo "batch 100000: exit $code, want 2: $err"; exit 1; }
+grep -q "bench tp: --tp 2: .*more than the .* this process can allocate" <<<"$err" || { echo "$err"; exit 1; }
 echo ok
