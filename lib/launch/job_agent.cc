@@ -67,51 +67,6 @@ NodeOutcome decode_outcome(const std::string& s, int node) {
 
 }  // namespace
 
-JobDecision decide_attempt(const std::vector<NodeOutcome>& outcomes, int attempt,
-                           int max_restarts) {
-  JobDecision d;
-  const NodeOutcome* cause = nullptr;
-  const NodeOutcome* stopped = nullptr;
-  bool user_error = false;
-  for (const NodeOutcome& o : outcomes) {
-    if (o.kind == NodeOutcome::kStopped && stopped == nullptr) stopped = &o;
-    if (o.kind == NodeOutcome::kUserError) user_error = true;
-    if (o.kind == NodeOutcome::kFailed || o.kind == NodeOutcome::kUserError) {
-      // A rank killed by a signal did not fail on its own account of a peer: prefer it, then
-      // the earliest.
-      if (cause == nullptr || (o.killed && !cause->killed) ||
-          (o.killed == cause->killed && o.when_ms < cause->when_ms))
-        cause = &o;
-    }
-  }
-  if (stopped != nullptr) {
-    d.rc = stopped->rc;
-    d.reason = stopped->cause;
-    return d;
-  }
-  if (cause == nullptr) return d;  // every node ok
-  d.reason = cause->cause;
-  if (user_error) {
-    d.rc = 2;
-  } else if (attempt < max_restarts) {
-    d.restart = true;
-  } else {
-    d.rc = 1;
-  }
-  return d;
-}
-
-bool close_check_in(const std::vector<int>& joined, const std::vector<int>& expected, int min_nodes,
-                    int max_nodes, double since_min_s, double last_call_s, double lost_after_s) {
-  const int n = static_cast<int>(joined.size());
-  if (n >= max_nodes) return true;
-  if (n < min_nodes || since_min_s < last_call_s) return false;
-  const bool all_back = std::all_of(expected.begin(), expected.end(), [&](int e) {
-    return std::find(joined.begin(), joined.end(), e) != joined.end();
-  });
-  return all_back || since_min_s >= last_call_s + lost_after_s;
-}
-
 struct JobAgent::Impl {
   AgentOptions o;
   // Node 0: the store and its server. Others: a channel to it.
@@ -132,7 +87,27 @@ struct JobAgent::Impl {
   std::set<int> lost;          // node 0: members of the current attempt found lost
   std::vector<int> survivors;  // node 0: the last attempt's members that were not lost
 
+  // A call was refused for this node's job token (with_store): a user error, not a failure.
+  bool token_refused = false;
+
   bool elastic() const { return o.min_nodes > 0; }
+
+  // Node 0: "; N call(s) with a wrong or missing job token were refused, ..." for a check-in that
+  // timed out (a node given another token exits with its own error), else "".
+  std::string refused_hint() const {
+    const std::string r = service ? service->refused_summary() : "";
+    return r.empty() ? "" : "; " + r + " (is every node given the same DTRAIN_JOB_TOKEN?)";
+  }
+
+  // The error for a check-in call that failed with `e`: UserError when this node's token was
+  // refused (exit 2), else a failure.
+  [[noreturn]] void throw_check_in_error(const std::string& what, const CommError& e) const {
+    if (token_refused)
+      throw UserError(what + e.what() +
+                      ": give every node's launcher the job's DTRAIN_JOB_TOKEN (else --token-file "
+                      "or distributed.token_file)");
+    throw std::runtime_error(what + e.what());
+  }
 
   std::string lost_text(int n) const {
     return "node " + std::to_string(n) + "'s launcher was lost: not heard from for " +
@@ -264,8 +239,10 @@ struct JobAgent::Impl {
     if (mem) return f(static_cast<Store&>(*mem));
     GrpcStore s(
         channel, o.token, Clock::now() + secs_dur(op_s), [this, op_s](const grpc::Status& st) {
-          if (st.error_code() == grpc::StatusCode::UNAUTHENTICATED)
+          if (st.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
+            token_refused = true;
             return CommError("node 0's launcher at " + where() + " refused this node's job token");
+          }
           // (a raw "DEADLINE_EXCEEDED: Deadline Exceeded" after the whole wait said nothing)
           if (st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
               st.error_code() == grpc::StatusCode::UNAVAILABLE)
@@ -531,7 +508,7 @@ std::vector<std::string> JobAgent::join(int nproc_per_node) {
             }
           throw std::runtime_error("node(s) " + missing + " did not check in within " +
                                    grpc_detail::seconds_str(m.o.join_timeout_s) + " s (" +
-                                   e.what() + ")");
+                                   e.what() + ")" + m.refused_hint());
         }
         // Node 0's entry read: node 0 may exit now (refuse_after_read, refuse_job).
         if (n == 0 && m.o.node_rank != 0) s.set(fixed_read_key(m.o.node_rank), "1");
@@ -549,7 +526,7 @@ std::vector<std::string> JobAgent::join(int nproc_per_node) {
       return 0;
     });
   } catch (const CommError& e) {
-    throw std::runtime_error(std::string("joining the job: ") + e.what());
+    m.throw_check_in_error("joining the job: ", e);
   }
   return hosts;
 }
@@ -566,7 +543,8 @@ std::string fmt_ids(const std::vector<int>& ids) {
 // their "<id> <ranks per node> <host>" values by id.
 std::map<int, std::string> gather_check_ins(Store& s, const AgentOptions& o, int attempt,
                                             const std::vector<int>& expected,
-                                            Clock::time_point deadline) {
+                                            Clock::time_point deadline,
+                                            const std::function<std::string()>& hint) {
   std::map<int, std::string> joined;
   std::optional<Clock::time_point> min_at;
   for (;;) {
@@ -596,7 +574,7 @@ std::map<int, std::string> gather_check_ins(Store& s, const AgentOptions& o, int
                                ") checked in for attempt " + std::to_string(attempt + 1) +
                                " within " + grpc_detail::seconds_str(o.join_timeout_s) +
                                " s, at least " + std::to_string(o.min_nodes) +
-                               " needed (missing: " + fmt_ids(missing) + ")");
+                               " needed (missing: " + fmt_ids(missing) + ")" + hint());
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
@@ -633,7 +611,8 @@ Membership JobAgent::rendezvous(int attempt, int nproc_per_node) {
       if (m.o.node_rank == 0) {
         const std::vector<int> expected = attempt == 0 ? std::vector<int>{} : m.survivors;
         std::string list;
-        for (const auto& [n, v] : gather_check_ins(s, m.o, attempt, expected, deadline)) {
+        for (const auto& [n, v] : gather_check_ins(s, m.o, attempt, expected, deadline,
+                                                   [&m] { return m.refused_hint(); })) {
           const CheckIn c = parse_check_in(v);
           if (const std::string p = check_in_problem(n, c, nproc_per_node, shape, "node 0");
               !p.empty())
@@ -649,8 +628,7 @@ Membership JobAgent::rendezvous(int attempt, int nproc_per_node) {
       return v;
     });
   } catch (const CommError& e) {
-    throw std::runtime_error("checking in for attempt " + std::to_string(attempt + 1) + ": " +
-                             e.what());
+    m.throw_check_in_error("checking in for attempt " + std::to_string(attempt + 1) + ": ", e);
   }
   if (members.starts_with(kRefused))
     throw UserError("node 0 refused this job: " + members.substr(std::strlen(kRefused)));

@@ -406,3 +406,32 @@ TEST_CASE(
     CHECK(contains(log1, "rank 2 never joined within 3 s"));
   }
 }
+
+TEST_CASE(
+    "ranks started by hand: a rank given another job token exits 2 at once, and rank 0's timeout "
+    "names the refused calls") {
+  // The rank exited 1 (a failure, which a launcher may restart); rank 0 said only that rank 1
+  // never joined.
+  TempDir dir;
+  const std::string cfg = dir.write("cfg.yaml", kSmall);
+  const int port = dtrain::pick_free_port();
+  auto rank = [&](int r, const std::string& token) {
+    return "RANK=" + std::to_string(r) +
+           " WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port) +
+           " DTRAIN_JOB_TOKEN=" + token + " exec " + kBin + " run " + cfg + " --out " +
+           (dir / "run") + " --set distributed.rendezvous_timeout_s=3";
+  };
+  Child r0(rank(0, "tok"), dir / "t0.log");
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  Child r1(rank(1, "another"), dir / "t1.log");
+  const int rc1 = r1.wait(20), rc0 = r0.wait(30);
+  const std::string log0 = read_text(dir / "t0.log"), log1 = read_text(dir / "t1.log");
+  INFO(log0, "\n---\n", log1);
+  CHECK(rc1 == 2);
+  CHECK(contains(log1,
+                 "refused this rank's job token (rank 1): every rank needs the job's "
+                 "DTRAIN_JOB_TOKEN"));
+  CHECK(rc0 == 1);
+  CHECK(contains(log0, "rank 1 never joined; "));
+  CHECK(contains(log0, " call(s) with a wrong or missing job token were refused, the last from"));
+}

@@ -118,8 +118,14 @@ EVERY_PATH_TEST_CASE("grpc: a wrong job token is refused and delivers nothing",
       return o;
     });
     REQUIRE(!job.errors[1].empty());
-    CHECK_MESSAGE(contains(job.errors[1], "refused this rank's job token"), job.errors[1]);
-    CHECK_MESSAGE(contains(job.errors[0], "rank 1 never joined"), job.errors[0]);
+    CHECK_MESSAGE(contains(job.errors[1],
+                           "refused this rank's job token (rank 1): every rank "
+                           "needs the job's DTRAIN_JOB_TOKEN"),
+                  job.errors[1]);
+    CHECK_MESSAGE(contains(job.errors[0], "rank 1 never joined; "), job.errors[0]);
+    CHECK_MESSAGE(
+        contains(job.errors[0], " call(s) with a wrong or missing job token were refused"),
+        job.errors[0]);
   }
   SUBCASE("on a data stream") {
     Job job = connect_job(2);

@@ -181,7 +181,9 @@ TEST_CASE("JobAgent: a disagreeing node, a wrong token and a missing node are re
   }
   {
     const int port2 = pick_free_port();
-    JobAgent a0(agent_options(0, port2));
+    AgentOptions o0 = agent_options(0, port2);
+    o0.join_timeout_s = 1;
+    JobAgent a0(o0);
     AgentOptions wrong = agent_options(1, port2, "another-token");
     wrong.join_timeout_s = 2;
     JobAgent a1(wrong);
@@ -191,12 +193,23 @@ TEST_CASE("JobAgent: a disagreeing node, a wrong token and a missing node are re
     std::string e = "<no error>";
     try {
       a1.join(2);
-    } catch (const std::runtime_error& x) {
+    } catch (const UserError& x) {  // exit 2: the token is the user's input (it was exit 1)
       e = x.what();
     }
     auto& sinks = spdlog::default_logger()->sinks();
     sinks.erase(std::remove(sinks.begin(), sinks.end(), sink), sinks.end());
-    CHECK(contains(e, "refused this node's job token"));
+    CHECK(contains(e,
+                   "refused this node's job token: give every node's launcher the job's "
+                   "DTRAIN_JOB_TOKEN"));
+    // Node 0's own check-in times out naming the refused call (a node given another token).
+    std::string e0 = "<no error>";
+    try {
+      a0.join(2);
+    } catch (const std::runtime_error& x) {
+      e0 = x.what();
+    }
+    CHECK_MESSAGE(contains(e0, "node(s) 1 did not check in within 1 s"), e0);
+    CHECK_MESSAGE(contains(e0, "call(s) with a wrong or missing job token were refused"), e0);
     // Node 0's side names the launcher, not a rank that does not exist yet.
     INFO("log: ", log.str());
     CHECK(contains(log.str(), "node 0's launcher: refused a rendezvous call"));

@@ -165,12 +165,17 @@ void RendezvousHost::timer_loop() {
                        seconds_str(timeout_s_)));
     return;
   }
+  // A rank given another token exits with its own error; rank 0 can only say it refused one.
+  const std::string refused = service_->refused_summary();
   finish(std::string(kFail) +
-         fmt::format("rendezvous timed out after {} s: {} never joined{}", seconds_str(timeout_s_),
-                     ranks_str(missing),
+         fmt::format("rendezvous timed out after {} s: {} never joined{}{}",
+                     seconds_str(timeout_s_), ranks_str(missing),
                      self_missing ? " (rank 0 serves this rendezvous and runs, but its own join "
                                     "did not arrive: its MASTER_ADDR names another host?)"
-                                  : ""));
+                                  : "",
+                     refused.empty()
+                         ? ""
+                         : "; " + refused + " (is every rank given the same DTRAIN_JOB_TOKEN?)"));
 }
 
 void RendezvousHost::shutdown(const std::string& why) {
@@ -230,12 +235,14 @@ std::vector<PeerEntry> join_rendezvous(const GrpcOptions& o, const std::string& 
   const auto deadline = start + timeout + kJoinSlack;
   const std::string master = host_port(o.master_addr, o.master_port);
   auto channel = grpc::CreateCustomChannel(master, creds, args);
+  bool token_refused = false;  // (set by `error`: a user error, exit 2, not a failure)
   // What a failed store call means for the rendezvous.
   auto error = [&](const grpc::Status& st) {
     switch (st.error_code()) {
       case grpc::StatusCode::ABORTED:  // rank 0 shut down, or its store did
         return CommError(st.error_message());
       case grpc::StatusCode::UNAUTHENTICATED:
+        token_refused = true;
         return CommError(
             fmt::format("rank 0 at {} refused this rank's job token (rank {})", master, rank_));
       case grpc::StatusCode::DEADLINE_EXCEEDED: {
@@ -263,7 +270,15 @@ std::vector<PeerEntry> join_rendezvous(const GrpcOptions& o, const std::string& 
   req.set_config_hash(o.config_hash);
   req.set_shm_name(shm_name);
   req.set_tcp_port(tcp_port);
-  const int64_t n = rdzv.add("joins", 1);
+  int64_t n = 0;
+  try {  // (the first call: where a token rank 0 does not share is refused)
+    n = rdzv.add("joins", 1);
+  } catch (const CommError& e) {
+    if (!token_refused) throw;
+    throw UserError(std::string(e.what()) +
+                    ": every rank needs the job's DTRAIN_JOB_TOKEN (else distributed.token_file); "
+                    "dtrain launch gives its ranks one");
+  }
   rdzv.set(fmt::format("join/{}", n), req.SerializeAsString());
   const std::string result = rdzv.get("result", deadline);
   try {  // rank 0 may shut down now (a failed rendezvous); never wait long for it

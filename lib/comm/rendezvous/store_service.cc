@@ -43,8 +43,20 @@ StoreService::~StoreService() {
 
 bool StoreService::refused(grpc::CallbackServerContext* ctx, grpc::ServerUnaryReactor* r) {
   if (authorized(ctx, token_, who_, "a rendezvous call")) return false;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    ++refused_calls_;
+    last_refused_peer_ = ctx->peer();
+  }
   r->Finish(grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "wrong or missing job token"));
   return true;
+}
+
+std::string StoreService::refused_summary() {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (refused_calls_ == 0) return "";
+  return fmt::format("{} call(s) with a wrong or missing job token were refused, the last from {}",
+                     refused_calls_, last_refused_peer_);
 }
 
 grpc::ServerUnaryReactor* StoreService::now(grpc::CallbackServerContext* ctx,

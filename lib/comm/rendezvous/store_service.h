@@ -37,6 +37,11 @@ class StoreService final : public wire::Store::CallbackService {
   grpc::ServerUnaryReactor* Add(grpc::CallbackServerContext* ctx, const wire::StoreRequest* req,
                                 wire::StoreReply* reply) override;
 
+  // The calls refused so far for a wrong or missing job token, "" when none: "3 call(s) with a
+  // wrong or missing job token were refused, the last from ipv4:10.0.0.2:51234". A host whose
+  // peers never arrive names this as the likely cause (thread-safe).
+  std::string refused_summary();
+
  private:
   // Answers once `keys` are set (the value of the first into reply, for Get).
   grpc::ServerUnaryReactor* wait_for(grpc::CallbackServerContext* ctx,
@@ -53,6 +58,8 @@ class StoreService final : public wire::Store::CallbackService {
   std::condition_variable cv_;
   bool stop_ = false;
   std::thread expirer_;
+  int64_t refused_calls_ = 0;      // under mu_
+  std::string last_refused_peer_;  // under mu_
 };
 
 // A Store reached over a channel. Every call carries the token and waits for the channel (the
