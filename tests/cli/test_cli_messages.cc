@@ -253,7 +253,7 @@ TEST_CASE("training data with one label throughout is refused, whichever label i
   }
 }
 
-TEST_CASE("a rank 0 whose master port is taken: dtrain's one line, no raw gRPC log line") {
+TEST_CASE("a rank 0 whose master port is taken: dtrain's one line naming why, no raw gRPC line") {
   TempDir dir;
   const std::string cfg = dir.write("tiny.yaml", kTiny);
   const Listener taken;
@@ -263,7 +263,10 @@ TEST_CASE("a rank 0 whose master port is taken: dtrain's one line, no raw gRPC l
   const std::string args = " run " + cfg + " --out " + dir / "run";
   const std::string want =
       "error: rank 0 cannot listen on 127.0.0.1:" + std::to_string(taken.port) +
-      " for the rendezvous (port in use or address not local?)\n";
+      " for the rendezvous (port " + std::to_string(taken.port) +
+      " is taken on this host by another process: another job, a second process given RANK=0, or "
+      "a rank of an earlier run still running; choose another MASTER_PORT (dtrain launch picks a "
+      "free one unless --master-port is given))\n";
   auto r = run_cmd(env + kBin + args + " --log-level warn");
   CHECK(r.exit_code == 1);
   CHECK(r.output == want);

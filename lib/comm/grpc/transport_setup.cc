@@ -33,6 +33,7 @@
 #include "comm/grpc_internal.h"
 #include "comm/grpc_transport.h"
 #include "comm/mailbox.h"
+#include "comm/rendezvous/master_addr.h"
 #include "comm/rendezvous/rendezvous.h"
 #include "comm/shm_ring.h"
 #include "dtrain.grpc.pb.h"
@@ -130,10 +131,12 @@ void GrpcTransport::start_server() {
       throw UserError(fmt::format(
           "rank {} cannot listen on {}: distributed.bind '{}' is not an address of this host",
           rank_, data_addr, o_.bind));
-    if (rank_ == 0 && master_port == 0)
-      throw CommError(fmt::format(
-          "rank 0 cannot listen on {} for the rendezvous (port in use or address not local?)",
-          master_addr));
+    if (rank_ == 0 && master_port == 0) {
+      const std::string why =
+          listen_problem(master_addr.substr(0, master_addr.rfind(':')), o_.master_port);
+      throw CommError(fmt::format("rank 0 cannot listen on {} for the rendezvous ({})", master_addr,
+                                  why.empty() ? "port in use or address not local?" : why));
+    }
     throw CommError(fmt::format("rank {} cannot listen on {}", rank_, data_addr));
   }
   std::string host = o_.advertise;

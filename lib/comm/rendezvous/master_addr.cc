@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstring>
 #include <memory>
 
@@ -51,6 +52,39 @@ std::string master_addr_problem(const std::string& master_addr, bool serving) {
   return "MASTER_ADDR '" + host + "' (" + numeric(*res) +
          ") is not an address of this host, where rank 0 serves the rendezvous: give rank 0's "
          "host (unless that address forwards here, as a Kubernetes service does)";
+}
+
+std::string listen_problem(const std::string& host, int port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  addrinfo* res = nullptr;
+  const std::string h = grpc_detail::strip_brackets(host);
+  if (::getaddrinfo(h.c_str(), std::to_string(port).c_str(), &hints, &res) != 0) return "";
+  const std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> hold(res, ::freeaddrinfo);
+  const int fd = ::socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return "";
+  const int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  const int rc = ::bind(fd, res->ai_addr, res->ai_addrlen);
+  const int err = errno;
+  ::close(fd);
+  if (rc == 0) return "";
+  const std::string p = std::to_string(port);
+  switch (err) {
+    case EADDRINUSE:
+      return "port " + p +
+             " is taken on this host by another process: another job, a second process given "
+             "RANK=0, or a rank of an earlier run still running; choose another MASTER_PORT "
+             "(dtrain launch picks a free one unless --master-port is given)";
+    case EADDRNOTAVAIL:
+      return h + " is not an address of this host";
+    case EACCES:
+      return "port " + p + " is below 1024, which needs privileges; choose another MASTER_PORT";
+    default:
+      return std::string("bind: ") + std::strerror(err);
+  }
 }
 
 }  // namespace dtrain
