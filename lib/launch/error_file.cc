@@ -131,6 +131,10 @@ std::optional<RankErrorRecord> read_error_file(const std::string& path) {
   }
 }
 
+std::string rank_log_path(const std::string& log_dir, int rank) {
+  return log_dir + "/rank-" + std::to_string(rank) + ".log";
+}
+
 std::string rank_error_path(const std::string& log_dir, int rank) {
   return log_dir + "/rank-" + std::to_string(rank) + ".error.json";
 }

@@ -39,6 +39,9 @@ std::optional<RankErrorRecord> read_error_file(const std::string& path);
 
 // Where rank `rank` writes its record under `dtrain launch` (its TORCHELASTIC_ERROR_FILE).
 std::string rank_error_path(const std::string& log_dir, int rank);
+// Rank `rank`'s log under `log_dir`: "<log_dir>/rank-<rank>.log" (launch_cmd.cc's --overwrite
+// clears these two names by pattern).
+std::string rank_log_path(const std::string& log_dir, int rank);
 // torchrun's contract towards its own caller: a launch that fails leaves the record of the rank it
 // blames (`record`, a rank's error file) in the launcher's own TORCHELASTIC_ERROR_FILE, when its
 // caller set one (TorchX and Kubeflow read it). Best effort, atomic.

@@ -121,7 +121,7 @@ std::vector<Fd> open_rank_logs(const LaunchOptions& o, const AttemptPlan& plan, 
   std::vector<Fd> logs;
   for (int l = 0; l < plan.nproc; ++l) {
     const int r = plan.first_rank + l;
-    const std::string path = o.log_dir + "/rank-" + std::to_string(r) + ".log";
+    const std::string path = rank_log_path(o.log_dir, r);
     Fd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644));
     if (!fd.open()) throw UserError("cannot open '" + path + "': " + strerror(errno));
     const std::string sep = "==== dtrain launch " + now_text() + ": rank " + std::to_string(r) +
@@ -437,8 +437,7 @@ class Attempt {
     res_.failed_ranks.push_back(rank);
     if (WIFSIGNALED(status)) res_.killed_ranks.push_back(rank);
     // Rank 0's output is already on the console; show the end of any other rank's log.
-    if (rank != plan_.first_rank)
-      print_log_tail(o_.log_dir + "/rank-" + std::to_string(rank) + ".log", rank);
+    if (rank != plan_.first_rank) print_log_tail(rank_log_path(o_.log_dir, rank), rank);
     // Ranks that fail for their own reason usually do so within moments of each other (bad
     // data on every rank, or a peer noticing the first one's exit): give them a short settling
     // window to exit and be reported with their real status before stopping the rest.
