@@ -266,15 +266,20 @@ void check_tp_bench(const Config& cfg, int tp, int iters) {
   // included, which the bench does not allocate): a size too large for this machine is refused
   // here, not ended by a failed allocation in a rank thread (exit 1).
   const Model m = build_gpt(mc, kVocab, mc.block_size, 0, tp);
+  Config at = cfg;  // (the estimate's message names the tensor slices)
+  at.distributed.tensor_parallel.size = tp;
+  at.distributed.strategy = StrategyKind::kDdp;
   MemoryPlan plan;
   plan.stages = {{0, m.num_layers()}};
   plan.ranks_here = tp;
   plan.blas_threads = 1;
   plan.eval_rows = 0;
   try {
-    check_training_memory(cfg, m, plan);
+    check_training_memory(at, m, plan);
   } catch (const UserError& e) {
-    throw UserError("bench tp: --tp " + std::to_string(tp) + ": " + e.what());
+    throw UserError("bench tp: --tp " + std::to_string(tp) +
+                    " would not fit, by dtrain run's estimate for its ranks: " + e.what() +
+                    " (here: lower data.batch_size or model.block_size)");
   }
 }
 

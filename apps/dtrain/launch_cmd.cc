@@ -80,6 +80,7 @@ void prepare_node0_out_dir(const LaunchCmd& c, OutDirLock* lock) {
   if (!c.overwrite) return;
   // Only the ranks' own files: logs/ also holds what launched this launcher wrote there
   // (scripts/slurm.sbatch's launcher-<node>.log, open now) and whatever else a user keeps.
+  // (launch/error_file.h's rank_log_path and rank_error_path)
   static const std::regex kRankFile(R"(rank-\d+\.(log|error\.json))");
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(fs::path(c.out_dir) / "logs", ec)) {
@@ -89,6 +90,77 @@ void prepare_node0_out_dir(const LaunchCmd& c, OutDirLock* lock) {
     if (rec)
       throw UserError("--overwrite: cannot remove '" + e.path().string() + "': " + rec.message());
   }
+}
+
+// The commands of the attempts after the first (lo.restart_argv, lo.resize_argv) and the first
+// one's --resume. `cell`: the rank grid's tensor x pipeline ranks.
+void set_attempt_commands(const Config& cfg, const LaunchCmd& c, bool node0, int64_t cell,
+                          LaunchOptions& lo) {
+  // A restart continues from the newest complete checkpoint this job's attempts wrote
+  // (`--resume auto`), or, when they wrote none yet, starts as the first attempt did: a
+  // checkpoint an earlier job left in the output folder is not this job's progress.
+  // `latest` is replaced by a rename at every checkpoint, so its mtime tells.
+  const fs::path latest = fs::path(c.out_dir) / "checkpoints" / "latest";
+  const auto latest_mtime = [latest]() -> std::optional<fs::file_time_type> {
+    std::error_code ec;
+    const auto t = fs::last_write_time(latest, ec);
+    return ec ? std::nullopt : std::optional<fs::file_time_type>(t);
+  };
+  const auto at_launch = latest_mtime();
+  const std::vector<std::string> run_argv = c.run_argv;
+  const std::string resume = c.resume, out_dir = c.out_dir;
+  lo.restart_argv = [run_argv, resume, latest_mtime, at_launch, out_dir, node0](int) {
+    std::vector<std::string> argv = run_argv;
+    const auto now = latest_mtime();
+    const bool saved = now && now != at_launch;
+    if (saved || !resume.empty()) {
+      argv.push_back("--resume");
+      argv.push_back(saved ? "auto" : resume);
+    } else if (node0) {
+      // A fresh start again: the failed attempt's metrics and config go (its logs stay).
+      prepare_out_dir(out_dir, false, /*overwrite=*/true, /*clear_logs=*/false);
+    }
+    return argv;
+  };
+  if (!c.resume.empty()) {
+    lo.child_argv.push_back("--resume");
+    lo.child_argv.push_back(c.resume);
+  }
+  // The global batch is the full job's: all ranks of one node, or of the most nodes, over the
+  // tensor-parallel ranks that share one sample (data-parallel replicas x batch x accumulation).
+  const BatchPlan original{cfg.data.batch_size, cfg.train.grad_accum_steps};
+  const int first_world = lo.nproc * lo.nnodes;
+  lo.rank_multiple = static_cast<int>(cell);
+  const auto restart = lo.restart_argv;
+  const std::vector<std::string> first_argv = lo.child_argv;
+  lo.resize_argv = [&cfg, restart, original, first_world, first_argv, cell](int attempt,
+                                                                            int world) {
+    const std::string which =
+        attempt > 0 ? "restart " + std::to_string(attempt) : std::string("start");
+    check_rank_grid(cfg, world, fmt::format("elastic {}: {} rank(s)", which, world));
+    // Throws UserError when the global batch cannot be kept: the launch ends with it.
+    const int first_dp = first_world / static_cast<int>(cell);
+    const BatchPlan p = keep_global_batch(original.batch_size, original.grad_accum, first_dp,
+                                          world / static_cast<int>(cell));
+    const std::string change = describe_batch_change(original, p);
+    spdlog::warn("elastic {}: {} rank(s) instead of {}; global batch {} kept{}{}", which, world,
+                 first_world, original.batch_size * first_dp * original.grad_accum,
+                 change.empty() ? "" : ": ", change);
+    // The first attempt (elastic nodes, fewer than the most) runs the launch's own command.
+    std::vector<std::string> argv = attempt > 0 ? restart(attempt) : first_argv;
+    const int new_dp = world / static_cast<int>(cell);
+    const bool linear = cfg.optimizer.scale_lr == ScaleLr::kLinear;
+    if (linear && new_dp != first_dp)
+      spdlog::warn(
+          "elastic {}: learning rate {} x {} replica(s) kept (optimizer.scale_lr linear "
+          "would scale it by {})",
+          which, cfg.optimizer.lr, first_dp, new_dp);
+    for (const std::string& s : resize_settings(p, cfg.optimizer.lr, linear, first_dp, new_dp)) {
+      argv.push_back("--set");
+      argv.push_back(s);
+    }
+    return argv;
+  };
 }
 
 }  // namespace
@@ -204,71 +276,7 @@ int cmd_launch(const Config& cfg, const LaunchCmd& c) {
   lo.child_argv = c.run_argv;
   if (c.overwrite) lo.child_argv.push_back("--overwrite");
 
-  // A restart continues from the newest complete checkpoint this job's attempts wrote
-  // (`--resume auto`), or, when they wrote none yet, starts as the first attempt did: a
-  // checkpoint an earlier job left in the output folder is not this job's progress.
-  // `latest` is replaced by a rename at every checkpoint, so its mtime tells.
-  const fs::path latest = fs::path(c.out_dir) / "checkpoints" / "latest";
-  const auto latest_mtime = [latest]() -> std::optional<fs::file_time_type> {
-    std::error_code ec;
-    const auto t = fs::last_write_time(latest, ec);
-    return ec ? std::nullopt : std::optional<fs::file_time_type>(t);
-  };
-  const auto at_launch = latest_mtime();
-  const std::vector<std::string> run_argv = c.run_argv;
-  const std::string resume = c.resume, out_dir = c.out_dir;
-  lo.restart_argv = [run_argv, resume, latest_mtime, at_launch, out_dir, node0](int) {
-    std::vector<std::string> argv = run_argv;
-    const auto now = latest_mtime();
-    const bool saved = now && now != at_launch;
-    if (saved || !resume.empty()) {
-      argv.push_back("--resume");
-      argv.push_back(saved ? "auto" : resume);
-    } else if (node0) {
-      // A fresh start again: the failed attempt's metrics and config go (its logs stay).
-      prepare_out_dir(out_dir, false, /*overwrite=*/true, /*clear_logs=*/false);
-    }
-    return argv;
-  };
-  if (!c.resume.empty()) {
-    lo.child_argv.push_back("--resume");
-    lo.child_argv.push_back(c.resume);
-  }
-  // The global batch is the full job's: all ranks of one node, or of the most nodes, over the
-  // tensor-parallel ranks that share one sample (data-parallel replicas x batch x accumulation).
-  const BatchPlan original{cfg.data.batch_size, cfg.train.grad_accum_steps};
-  const int first_world = lo.nproc * lo.nnodes;
-  lo.rank_multiple = static_cast<int>(cell);
-  const auto restart = lo.restart_argv;
-  const std::vector<std::string> first_argv = lo.child_argv;
-  lo.resize_argv = [&cfg, restart, original, first_world, first_argv, cell](int attempt,
-                                                                            int world) {
-    const std::string which =
-        attempt > 0 ? "restart " + std::to_string(attempt) : std::string("start");
-    check_rank_grid(cfg, world, fmt::format("elastic {}: {} rank(s)", which, world));
-    // Throws UserError when the global batch cannot be kept: the launch ends with it.
-    const int first_dp = first_world / static_cast<int>(cell);
-    const BatchPlan p = keep_global_batch(original.batch_size, original.grad_accum, first_dp,
-                                          world / static_cast<int>(cell));
-    const std::string change = describe_batch_change(original, p);
-    spdlog::warn("elastic {}: {} rank(s) instead of {}; global batch {} kept{}{}", which, world,
-                 first_world, original.batch_size * first_dp * original.grad_accum,
-                 change.empty() ? "" : ": ", change);
-    // The first attempt (elastic nodes, fewer than the most) runs the launch's own command.
-    std::vector<std::string> argv = attempt > 0 ? restart(attempt) : first_argv;
-    const int new_dp = world / static_cast<int>(cell);
-    const bool linear = cfg.optimizer.scale_lr == ScaleLr::kLinear;
-    if (linear && new_dp != first_dp)
-      spdlog::warn(
-          "elastic {}: learning rate {} x {} replica(s) kept (optimizer.scale_lr linear "
-          "would scale it by {})",
-          which, cfg.optimizer.lr, first_dp, new_dp);
-    for (const std::string& s : resize_settings(p, cfg.optimizer.lr, linear, first_dp, new_dp)) {
-      argv.push_back("--set");
-      argv.push_back(s);
-    }
-    return argv;
-  };
+  set_attempt_commands(cfg, c, node0, cell, lo);
   LaunchReport report;
   const int rc = launch_local(lo, &report);
   if (rc == 0) std::cout << "every rank's log: " << c.out_dir << "/logs/rank-<r>.log" << std::endl;

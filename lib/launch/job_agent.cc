@@ -32,7 +32,8 @@ using grpc_detail::status_str;
 
 constexpr char kPrefix[] = "launch/";
 
-// A members list that starts with this is node 0's refusal of the attempt, the reason after it.
+// A members list (or, from refuse_job, node 0's attempt-0 check-in) that starts with this is node
+// 0's refusal, the reason after it.
 constexpr char kRefused[] = "refused: ";
 
 std::string key(int attempt, const std::string& rest) {
@@ -256,6 +257,18 @@ struct JobAgent::Impl {
           return CommError("node 0's launcher at " + where() + ": " + status_str(st));
         });
     return f(static_cast<Store&>(s));
+  }
+
+  // A node that read node 0's refuse_job: sets `read_key` so node 0 may exit, best effort and
+  // within 2 s (the refusal is this node's error whether node 0 hears of it or not).
+  void ack_refusal(const std::string& read_key) {
+    try {
+      with_store(2, [&](Store& s) {
+        s.set(read_key, "1");
+        return 0;
+      });
+    } catch (const CommError&) {
+    }
   }
 
   // Node 0: collects every member's outcome (up to report_timeout_s), decides and publishes the
@@ -510,10 +523,12 @@ std::vector<std::string> JobAgent::join(int nproc_per_node) {
                                    grpc_detail::seconds_str(m.o.join_timeout_s) + " s (" +
                                    e.what() + ")" + m.refused_hint());
         }
-        // Node 0's entry read: node 0 may exit now (refuse_after_read, refuse_job).
-        if (n == 0 && m.o.node_rank != 0) s.set(fixed_read_key(m.o.node_rank), "1");
-        if (n == 0 && v.starts_with(kRefused))
+        if (n == 0 && v.starts_with(kRefused)) {
+          m.ack_refusal(fixed_read_key(m.o.node_rank));
           throw UserError("node 0 refused this job: " + v.substr(std::strlen(kRefused)));
+        }
+        // Node 0's entry read: node 0 may exit now (refuse_after_read).
+        if (n == 0 && m.o.node_rank != 0) s.set(fixed_read_key(m.o.node_rank), "1");
         const CheckIn c = parse_check_in(v);
         hosts[static_cast<size_t>(n)] = c.host;
         const char* self = m.o.node_rank == 0 ? "node 0" : "this node";
@@ -599,8 +614,8 @@ Membership JobAgent::rendezvous(int attempt, int nproc_per_node) {
         // (waiting as long as for the members list below: node 0 may come late)
         const std::string v0 = s.get(key(attempt, "join/0"),
                                      deadline + secs_dur(m.o.last_call_s + m.o.lost_after_s + 5));
-        if (v0.starts_with(kRefused)) {  // (refuse_job: node 0 may exit once this is set)
-          s.set(key(attempt, "members-read/" + std::to_string(m.o.node_rank)), "1");
+        if (v0.starts_with(kRefused)) {
+          m.ack_refusal(key(attempt, "members-read/" + std::to_string(m.o.node_rank)));
           throw UserError("node 0 refused this job: " + v0.substr(std::strlen(kRefused)));
         }
         const CheckIn c0 = parse_check_in(v0);
@@ -663,6 +678,9 @@ std::vector<int> JobAgent::refuse_job(const std::string& why) {
   std::vector<int> unread;
   for (int n = 1; n < m.o.nnodes; ++n) unread.push_back(n);
   const auto deadline = Clock::now() + secs_dur(m.o.join_timeout_s);
+  // Elastic: nodes above the minimum may never come (that is no fault), so once the minimum has
+  // read it node 0 waits last_call_s for the rest, as its check-in would.
+  std::optional<Clock::time_point> min_read_at;
   const auto has = [&s](const std::string& k) {
     try {
       s.get(k, Clock::now());
@@ -675,6 +693,9 @@ std::vector<int> JobAgent::refuse_job(const std::string& why) {
     std::erase_if(unread, [&](int n) {
       return has(fixed_read_key(n)) || has(key(0, "members-read/" + std::to_string(n)));
     });
+    const int read = m.o.nnodes - static_cast<int>(unread.size());  // (node 0 included)
+    if (m.elastic() && !min_read_at && read >= m.o.min_nodes) min_read_at = Clock::now();
+    if (min_read_at && Clock::now() >= *min_read_at + secs_dur(m.o.last_call_s)) break;
     if (!unread.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   return unread;

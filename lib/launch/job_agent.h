@@ -104,8 +104,9 @@ class JobAgent {
   // Node 0, in place of join or rendezvous: refuses the whole job for `why` (an input only node
   // 0 checks, such as an --out that holds a run). Publishes the refusal where every launcher,
   // fixed or elastic, reads node 0's check-in, and serves the store until each other node has
-  // read it or the join timeout passed. Returns the ids of the nodes that never read it. The
-  // others' join or rendezvous throws UserError("node 0 refused this job: <why>"), at once.
+  // read it or the join timeout passed (elastic: once min_nodes have read it, last_call_s more).
+  // Returns the ids of the nodes that never read it. The others' join or rendezvous throws
+  // UserError("node 0 refused this job: <why>"), at once.
   std::vector<int> refuse_job(const std::string& why);
   // This node's first rank failure in `attempt` (later ones are not reported).
   void report_failure(int attempt, const std::string& what);

@@ -75,11 +75,12 @@ struct LaunchOptions {
 // The options of a multi-node launcher's JobAgent (job_agent.h) for `o`, under the job token.
 AgentOptions launch_agent_options(const LaunchOptions& o, const std::string& token);
 
-// Node 0 of a multi-node launch (o.nnodes > 1, o.node_rank 0, o.token given) that cannot start
+// Node 0 of a multi-node launch (o.nnodes > 1, o.node_rank 0) that cannot start
 // the job for a reason only it checks (its --out holds a run, say): logs `why` at once, hosts the
 // launchers' store and tells every other node's launcher as it checks in (each exits 2 with
 // "node 0 refused this job: ..."), for at most o.join_timeout_s, then throws `why`. (They waited
-// out their join timeout for a node 0 that had exited, and exited 1.)
+// out their join timeout for a node 0 that had exited, and exited 1.) Without o.token it throws
+// `why` at once: no launcher can join without the token, and each refuses that itself.
 [[noreturn]] void refuse_launch(const LaunchOptions& o, const UserError& why);
 
 // Starts o.nproc ranks and supervises them until all have exited. Each rank gets this process's

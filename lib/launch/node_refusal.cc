@@ -3,10 +3,11 @@
 #include <algorithm>
 #include <memory>
 
+#include "launch/launcher.h"
+
 #include <spdlog/spdlog.h>
 
 #include "comm/grpc/common.h"
-#include "launch/launcher.h"
 
 namespace dtrain {
 
@@ -28,7 +29,8 @@ AgentOptions launch_agent_options(const LaunchOptions& o, const std::string& tok
 void refuse_launch(const LaunchOptions& o, const UserError& why) {
   DT_CHECK_GT(o.nnodes, 1);
   DT_CHECK_EQ(o.node_rank, 0);
-  DT_CHECK(!o.token.empty());
+  // Without the job's token no launcher can join (each refuses that itself, exit 2).
+  if (o.token.empty()) throw why;
   // Said at once: the other nodes may be minutes away from checking in.
   spdlog::warn("node 0 refuses this job: {}", why.what());
   std::unique_ptr<JobAgent> agent;
@@ -47,8 +49,11 @@ void refuse_launch(const LaunchOptions& o, const UserError& why) {
   if (!unread.empty()) {
     std::string ids;
     for (int n : unread) ids += (ids.empty() ? "" : ", ") + std::to_string(n);
-    spdlog::warn("node(s) {} did not check in within {} s and were not told", ids,
-                 grpc_detail::seconds_str(o.join_timeout_s));
+    spdlog::warn("node(s) {} did not read the refusal (not checked in within {} s{})", ids,
+                 grpc_detail::seconds_str(o.join_timeout_s),
+                 o.min_nnodes > 0 && o.min_nnodes < o.nnodes
+                     ? ", or past the last call once --nnodes' minimum had read it"
+                     : "");
   }
   throw why;
 }

@@ -345,6 +345,24 @@ TEST_CASE("JobAgent: node 0's refusal names the nodes that never checked in, aft
   CHECK(a0.refuse_job("--out holds a run") == std::vector<int>{1});
 }
 
+TEST_CASE("refuse_launch: node 0 tells the nodes that come and throws its reason, exit 2") {
+  LaunchOptions o;
+  o.nnodes = 2;
+  o.node_rank = 0;
+  o.master_port = pick_free_port() - 1;  // (the launchers' store is at master_port + 1)
+  o.join_timeout_s = 0.5;
+  const UserError why("--out holds a run");
+  // Without the token (refused by every launcher itself): at once, the reason unchanged (it was an
+  // internal error, exit 1).
+  o.token = "";
+  CHECK_THROWS_WITH_AS(refuse_launch(o, why), "--out holds a run", UserError);
+  // With it: node 1 never comes; node 0 gives up after the join timeout with its reason.
+  o.token = "agent-test";
+  const auto t0 = std::chrono::steady_clock::now();
+  CHECK_THROWS_WITH_AS(refuse_launch(o, why), "--out holds a run", UserError);
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10));
+}
+
 TEST_CASE(
     "JobAgent: a launcher that dies is found lost within lost_after_s, not the report timeout") {
   const auto since = [](std::chrono::steady_clock::time_point t) {

@@ -297,6 +297,17 @@ TEST_CASE("JobAgent: node 0's refusal of the whole job reaches an elastic node a
   CHECK(seconds_since(t0) < 20);
 }
 
+TEST_CASE("JobAgent: an elastic node 0's refusal waits the last call past the minimum, not more") {
+  // Nodes above --nnodes' minimum may never come: node 0 waited its whole join timeout for them.
+  const int port = pick_free_port();
+  AgentOptions o0 = elastic_options(0, port, 1, 3);
+  o0.join_timeout_s = 60;
+  const auto t0 = std::chrono::steady_clock::now();
+  JobAgent a0(o0);
+  CHECK(a0.refuse_job("--out holds a run") == std::vector<int>{1, 2});
+  CHECK(seconds_since(t0) < 10);
+}
+
 TEST_CASE(
     "JobAgent: launchers given another --nnodes or --max-restarts refuse each other at once") {
   // Each waited out its whole check-in for nodes that were not coming, then blamed a live
