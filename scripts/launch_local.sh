@@ -63,20 +63,7 @@ token=${DTRAIN_JOB_TOKEN:-$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')}
 echo "launch_local.sh: $nproc rank(s), master 127.0.0.1:$port, logs in $logs/rank-<r>.log" >&2
 
 declare -A rank_of=() # pid -> rank, for the ranks still running
-for ((r = 0; r < nproc; r++)); do
-  log="$logs/rank-$r.log"
-  echo "==== launch_local.sh $(date '+%F %T'): rank $r of $nproc ====" >>"$log"
-  ((r == 0)) && rank0_offset=$(($(stat -c %s "$log") + 1)) # show only this run's output
-  RANK=$r WORLD_SIZE=$nproc LOCAL_RANK=$r LOCAL_WORLD_SIZE=$nproc \
-    MASTER_ADDR=127.0.0.1 MASTER_PORT=$port DTRAIN_JOB_TOKEN=$token \
-    "$bin" run "$config" "$@" </dev/null >>"$log" 2>&1 &
-  rank_of[$!]=$r
-  ((r == 0)) && rank0_pid=$!
-done
-# Show rank 0 here; tail exits by itself once rank 0 is gone.
-tail -c "+$rank0_offset" -s 0.2 -F --pid="$rank0_pid" "$logs/rank-0.log" 2>/dev/null &
-tail_pid=$!
-
+starting=""    # set while the ranks are being started
 stopping=""    # set once the ranks were told to stop
 failed=""      # the first rank that failed
 interrupted="" # the signal number that stopped us
@@ -123,6 +110,10 @@ on_signal() { # $1: signal name, $2: its number
   echo "launch_local.sh: got SIG$1: stopping the ranks" >&2
   interrupted=$2
   first_signal_ns=$now
+  stopping=1
+  # While the ranks start, the one being started is not in rank_of yet: the start loop stops
+  # them all once it has ended.
+  [[ -n $starting ]] && return
   # Not forwarded as-is: background jobs of a script ignore SIGINT, so ranks get SIGTERM.
   stop_ranks "${!rank_of[@]}"
 }
@@ -131,6 +122,29 @@ trap 'signal_ranks KILL' EXIT
 trap 'on_signal INT 2' INT
 trap 'on_signal TERM 15' TERM
 trap 'on_signal HUP 1' HUP
+
+# (The handlers above are in place first: a signal while the ranks start stops those started, and
+# no more start; it used to end this script alone, leaving them running.)
+starting=1
+for ((r = 0; r < nproc; r++)); do
+  [[ -n $stopping ]] && break
+  log="$logs/rank-$r.log"
+  echo "==== launch_local.sh $(date '+%F %T'): rank $r of $nproc ====" >>"$log"
+  ((r == 0)) && rank0_offset=$(($(stat -c %s "$log") + 1)) # show only this run's output
+  RANK=$r WORLD_SIZE=$nproc LOCAL_RANK=$r LOCAL_WORLD_SIZE=$nproc \
+    MASTER_ADDR=127.0.0.1 MASTER_PORT=$port DTRAIN_JOB_TOKEN=$token \
+    "$bin" run "$config" "$@" </dev/null >>"$log" 2>&1 &
+  rank_of[$!]=$r
+  ((r == 0)) && rank0_pid=$!
+done
+starting=""
+[[ -n $interrupted ]] && stop_ranks "${!rank_of[@]}"
+# Show rank 0 here; tail exits by itself once rank 0 is gone.
+tail_pid=""
+if [[ -n ${rank0_pid:-} ]]; then
+  tail -c "+$rank0_offset" -s 0.2 -F --pid="$rank0_pid" "$logs/rank-0.log" 2>/dev/null &
+  tail_pid=$!
+fi
 
 describe() { # exit status of a rank, in words
   if (($1 > 128)); then
@@ -180,7 +194,7 @@ while ((${#rank_of[@]} > 0)); do
 done
 
 [[ -n ${killer_pid:-} ]] && kill "$killer_pid" 2>/dev/null
-wait "$tail_pid" 2>/dev/null
+[[ -n $tail_pid ]] && wait "$tail_pid" 2>/dev/null
 if [[ -n $failed ]]; then
   # A rank signalled while the ranks were starting stops alone (they cannot agree yet) and its
   # peers then fail without it: the signal is the cause, a stop to pass on (as dtrain launch

@@ -515,3 +515,27 @@ TEST_CASE("scripts/launch_local.sh exits 2 when a rank refuses its input, as dtr
               " --set distributed.backend=grpc --set train.max_steps=2 --out " + out);
   CHECK_MESSAGE(r.exit_code == 2, r.output);
 }
+
+TEST_CASE("scripts/launch_local.sh stopped while it starts its ranks stops those it started") {
+  // Its handlers were set after the start: a signal then ended the script alone and left the
+  // ranks it had started running. The ranks here are a stand-in that sleeps (the script only
+  // starts and signals them), 60 of them so that the signal comes while they start.
+  TempDir dir;
+  const std::string cfg = dir.write("cfg.yaml", kCfg);
+  const std::string nap = "47." + std::to_string(::getpid());  // (this run's stand-ins alone)
+  const std::string fake = dir.write("fake-dtrain", "#!/bin/sh\nexec sleep " + nap + "\n");
+  fs::permissions(fake, fs::perms::owner_all);
+  const std::string out = dir / "run";
+  Child c("DTRAIN_BIN=" + fake + " exec " DTRAIN_SOURCE_DIR "/scripts/launch_local.sh 60 " + cfg +
+              " --out " + out,
+          dir / "launch.log");
+  REQUIRE(wait_until([&] { return fs::exists(out + "/logs/rank-0.log"); }, 30));
+  c.signal(SIGTERM);
+  const int rc = c.wait(30);
+  const std::string log = read_text(dir / "launch.log");
+  INFO(log);
+  CHECK(rc == 128 + SIGTERM);
+  CHECK(contains(log, "got SIGTERM: stopping the ranks"));
+  // Every stand-in got SIGTERM (sleep ends on it): none is left. ([p]: not pgrep's own shell)
+  CHECK(wait_until([&] { return run_cmd("pgrep -f 'slee[p] " + nap + "'").exit_code != 0; }, 10));
+}
