@@ -699,6 +699,9 @@ int cli_main_impl(int argc, char** argv) {
   } catch (const UserError& e) {
     std::cerr << "error: " << bounded_message(e.what()) << std::endl;
     return failed(e.what(), kExitUser);
+  } catch (const AgreedInputError& e) {  // (deterministic: a restart would fail alike)
+    std::cerr << "error: " << bounded_message(e.what()) << std::endl;
+    return failed(e.what(), kExitUser);
   } catch (const PreemptedError& e) {
     std::cerr << "error: " << bounded_message(e.what()) << std::endl;
     return failed(e.what(), kExitPreempted);

@@ -192,7 +192,7 @@ bool TrainLoop::nonfinite_guard(double loss_sum) {
   // Before any update the learning rate cannot be the cause: the inputs (or the initial
   // weights) overflow the float32 arithmetic.
   if (cfg_.train.nonfinite == Nonfinite::kAbort && step_ == 0 && !rp_.loaded)
-    throw AgreedError(
+    throw AgreedInputError(
         what + " is not finite at step 1, before any update: " +
         (cfg_.data.format == DataFormat::kText
              ? std::string("the model's first forward overflows float32 (a model this deep or "

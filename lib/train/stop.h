@@ -38,6 +38,14 @@ class AgreedError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// An agreed verdict on the job's input, which no restart changes (a loss that is not finite at
+// step 1, before any update: the data or the model's initial weights overflow float32): exit 2,
+// the code of bad input, so launchers do not restart it.
+class AgreedInputError : public AgreedError {
+ public:
+  using AgreedError::AgreedError;
+};
+
 // A rank's own failure to write its shard of a sharded checkpoint, raised after the commit's
 // all-reduce told every rank (so an AgreedError: every rank leaves at the same step).
 class ShardWriteError : public AgreedError {
