@@ -194,13 +194,16 @@ bool TrainLoop::nonfinite_guard(double loss_sum) {
   if (cfg_.train.nonfinite == Nonfinite::kAbort && step_ == 0 && !rp_.loaded)
     throw AgreedInputError(
         what + " is not finite at step 1, before any update: " +
-        (cfg_.data.format == DataFormat::kText
-             ? std::string("the model's first forward overflows float32 (a model this deep or "
-                           "wide at its initial weights)")
-             : "the training data's values overflow the model's float32 arithmetic (values near "
-               "3.4e38? data.normalize: " +
-                   to_string(cfg_.data.normalize) + ")") +
-        fp16_hint);
+        (!fp16_hint.empty()  // (the loss was finite: the gradient overflowed in transit)
+             ? fp16_hint.substr(2)
+             : cfg_.data.format == DataFormat::kText
+                   ? std::string(
+                         "the model's first forward overflows float32 (a model this deep or "
+                         "wide at its initial weights)")
+                   : "the training data's values overflow the model's float32 arithmetic (values "
+                     "near "
+                     "3.4e38? data.normalize: " +
+                         to_string(cfg_.data.normalize) + ")"));
   if (cfg_.train.nonfinite == Nonfinite::kAbort)
     throw AgreedError(
         what + " is not finite at step " + std::to_string(step_ + 1) +
