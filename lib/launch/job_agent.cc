@@ -18,6 +18,7 @@
 #include "comm/grpc/common.h"
 #include "comm/rendezvous/store.h"
 #include "comm/rendezvous/store_service.h"
+#include "launch/check_in.h"
 #include "util/check.h"
 
 namespace dtrain {
@@ -29,6 +30,10 @@ using grpc_detail::GrpcStore;
 using grpc_detail::host_port;
 using grpc_detail::secs_dur;
 using grpc_detail::status_str;
+using launch_detail::check_in_problem;
+using launch_detail::CheckIn;
+using launch_detail::job_shape;
+using launch_detail::parse_check_in;
 
 constexpr char kPrefix[] = "launch/";
 
@@ -445,49 +450,6 @@ void claim_node_rank(Store& s, const std::string& claim_key, int node) {
   throw UserError("node rank " + std::to_string(node) +
                   " has already checked in to this job: another launcher runs with --node-rank " +
                   std::to_string(node) + " (give each node its own --node-rank)");
-}
-
-// The options every node's launcher must be given alike, as one word for a check-in value:
-// "--nnodes=MIN:MAX,--max-restarts=R" (MIN:MAX is one number for a fixed count).
-std::string job_shape(const AgentOptions& o) {
-  const std::string nodes = o.min_nodes > 0
-                                ? std::to_string(o.min_nodes) + ":" + std::to_string(o.nnodes)
-                                : std::to_string(o.nnodes);
-  return "--nnodes=" + nodes + ",--max-restarts=" + std::to_string(o.max_restarts);
-}
-
-// A check-in value "<ranks per node> <job shape> <host>".
-struct CheckIn {
-  int per = 0;
-  std::string shape, host;
-};
-CheckIn parse_check_in(const std::string& v) {
-  CheckIn c;
-  std::istringstream in(v);
-  in >> c.per >> c.shape >> std::ws;
-  std::getline(in, c.host);
-  return c;
-}
-
-// What node `n` checked in with that this node was not given alike, as the refusal's text; "" when
-// it agrees. (Launchers given another --nnodes never met: each waited out its timeout for nodes
-// that were not coming, then blamed a live one.)
-std::string check_in_problem(int n, const CheckIn& c, int nproc_per_node, const std::string& shape,
-                             const std::string& self) {
-  const auto shown = [](std::string s) {
-    std::replace(s.begin(), s.end(), ',', ' ');
-    std::replace(s.begin(), s.end(), '=', ' ');
-    return s;
-  };
-  if (c.per != nproc_per_node)
-    return "node " + std::to_string(n) + " (" + c.host + ") runs " + std::to_string(c.per) +
-           " rank(s) per node, " + self + " " + std::to_string(nproc_per_node) +
-           ": give every node the same --nproc-per-node";
-  if (c.shape != shape)
-    return "node " + std::to_string(n) + " (" + c.host + ") was started with " + shown(c.shape) +
-           ", " + self + " with " + shown(shape) +
-           ": give every node's launcher the same --nnodes and --max-restarts";
-  return "";
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include <string>
 #include <thread>
 
+#include "launch/check_in.h"
 #include "launch/job_agent.h"
 #include "launch/launcher.h"
 #include "test_util.h"
@@ -249,6 +250,25 @@ TEST_CASE("JobAgent: a disagreeing node, a wrong token and a missing node are re
     const RemoteNews n = a1.poll(0);
     CHECK_FALSE(n.lost.empty());
   }
+}
+
+TEST_CASE("check-in: a launcher of another dtrain (launch protocol) is refused as such") {
+  // A launcher before the protocol word wrote "--nnodes=2,--max-restarts=0" alone: launchers of
+  // different dtrain builds waited on keys the other never wrote, or failed on what they read.
+  AgentOptions o = agent_options(0, 1);
+  const std::string shape = launch_detail::job_shape(o);
+  CHECK(shape == "--nnodes=2,--max-restarts=0,launch-protocol=2");
+  const launch_detail::CheckIn old{2, "--nnodes=2,--max-restarts=0", "host-b"};
+  CHECK(launch_detail::check_in_problem(1, old, 2, shape, "node 0") ==
+        "node 1 (host-b) runs another dtrain (launch protocol 1, node 0 2): run the same dtrain on "
+        "every node");
+  const launch_detail::CheckIn same{2, shape, "host-b"};
+  CHECK(launch_detail::check_in_problem(1, same, 2, shape, "node 0").empty());
+  // Other options are named without the protocol word.
+  const launch_detail::CheckIn three{2, "--nnodes=3,--max-restarts=0,launch-protocol=2", "h"};
+  CHECK(launch_detail::check_in_problem(1, three, 2, shape, "node 0") ==
+        "node 1 (h) was started with --nnodes 3 --max-restarts 0, node 0 with --nnodes 2 "
+        "--max-restarts 0: give every node's launcher the same --nnodes and --max-restarts");
 }
 
 TEST_CASE("JobAgent: a second launcher with a node rank already checked in is refused") {
