@@ -63,7 +63,7 @@ token=${DTRAIN_JOB_TOKEN:-$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')}
 echo "launch_local.sh: $nproc rank(s), master 127.0.0.1:$port, logs in $logs/rank-<r>.log" >&2
 
 declare -A rank_of=() # pid -> rank, for the ranks still running
-starting=""    # set while the ranks are being started
+starting=1     # set while the ranks are being started (from before the handlers are in place)
 stopping=""    # set once the ranks were told to stop
 failed=""      # the first rank that failed
 interrupted="" # the signal number that stopped us
@@ -83,6 +83,7 @@ signal_ranks() {
 # TERM the running ranks, then KILL those still alive after $grace seconds. Runs in the
 # background so the main loop keeps reaping (and reporting) ranks meanwhile.
 stop_ranks() {
+  [[ -n ${killer_pid:-} ]] && return # once: a second killer would outlive this script
   stopping=1
   signal_ranks TERM
   (
@@ -125,7 +126,6 @@ trap 'on_signal HUP 1' HUP
 
 # (The handlers above are in place first: a signal while the ranks start stops those started, and
 # no more start; it used to end this script alone, leaving them running.)
-starting=1
 for ((r = 0; r < nproc; r++)); do
   [[ -n $stopping ]] && break
   log="$logs/rank-$r.log"

@@ -13,7 +13,9 @@ constexpr char kProtocolTag[] = ",launch-protocol=";
 // A job shape's protocol ("1" when it names none) and its options without it.
 std::string shape_protocol(const std::string& shape) {
   const auto at = shape.find(kProtocolTag);
-  return at == std::string::npos ? "1" : shape.substr(at + std::strlen(kProtocolTag));
+  if (at == std::string::npos) return "1";
+  const auto from = at + std::strlen(kProtocolTag);
+  return shape.substr(from, shape.find(',', from) - from);  // (up to a later option, if any)
 }
 std::string shape_options(const std::string& shape) {
   return shape.substr(0, shape.find(kProtocolTag));
@@ -45,8 +47,8 @@ std::string check_in_problem(int n, const CheckIn& c, int nproc_per_node, const 
     return s;
   };
   if (shape_protocol(c.shape) != shape_protocol(shape))
-    return "node " + std::to_string(n) + " (" + c.host + ") runs another dtrain (launch protocol " +
-           shape_protocol(c.shape) + ", " + self + " " + shape_protocol(shape) +
+    return "node " + std::to_string(n) + " (" + c.host + ") runs another dtrain (its launch " +
+           "protocol " + shape_protocol(c.shape) + ", " + self + "'s " + shape_protocol(shape) +
            "): run the same dtrain on every node";
   if (c.per != nproc_per_node)
     return "node " + std::to_string(n) + " (" + c.host + ") runs " + std::to_string(c.per) +

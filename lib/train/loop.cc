@@ -159,6 +159,25 @@ double TrainLoop::waited_seconds() const {
          (tp_ ? tp_->wait_seconds() : 0.0) + verdict_wait_s_;
 }
 
+namespace {
+
+// Why a loss or gradient is not finite at step 1, before any update (`fp16_hint`: "; with
+// distributed.compression fp16 ..." when that may be the cause, else "").
+std::string first_step_cause(const Config& cfg, const std::string& fp16_hint) {
+  const std::string data =
+      cfg.data.format == DataFormat::kText
+          ? std::string(
+                "the model's first forward overflows float32 (a model this deep or wide "
+                "at its initial weights)")
+          : "the training data's values overflow the model's float32 arithmetic (values near "
+            "3.4e38? data.normalize: " +
+                to_string(cfg.data.normalize) + ")";
+  // fp16 first: the loss was finite, so the gradient most likely overflowed in transit.
+  return fp16_hint.empty() ? data : fp16_hint.substr(2) + "; else " + data;
+}
+
+}  // namespace
+
 bool TrainLoop::nonfinite_guard(double loss_sum) {
   // DDP and zero1 without a pipeline hold identical reduced gradients and loss on every rank,
   // so every rank reaches the same verdict alone; otherwise ranks hold their own (their stage's,
@@ -182,28 +201,26 @@ bool TrainLoop::nonfinite_guard(double loss_sum) {
   const std::string what = nonfinite_what(model_, code);
   // fp16 compression carries a rank's gradient in 16 bits: above 65504 it becomes inf in transit
   // (with a finite loss; clipping and the learning rate act after the reduction, so cannot help).
+  // Local SGD reduces no gradients (it compresses at its synchronisations, checked apart).
   const std::string fp16_hint =
       code != kLossCode && strategy_->reducer() != nullptr &&
+              cfg_.distributed.strategy != StrategyKind::kLocalSgd &&
               cfg_.distributed.compression.type == CompressionType::kFp16
           ? "; with distributed.compression fp16 (values up to 65504), a rank's gradient above "
             "that overflows to inf in transit, which clipping cannot undo: bf16 (float32's "
             "range) or int8 (scaled per bucket) avoid it"
           : "";
-  // Before any update the learning rate cannot be the cause: the inputs (or the initial
-  // weights) overflow the float32 arithmetic.
-  if (cfg_.train.nonfinite == Nonfinite::kAbort && step_ == 0 && !rp_.loaded)
+  // Before any update the learning rate cannot be the cause, and no restart changes it: exit 2.
+  // A NaN injected on purpose (DTRAIN_FAULT nan, which a restart clears) is no input's.
+  if (cfg_.train.nonfinite == Nonfinite::kAbort && step_ == 0 && !rp_.loaded) {
+    bool injected = false;
+    for (int r = 0; r < world_.size(); ++r)
+      injected = injected || fault_due(opts_.faults, "nan", r, 1);
+    if (injected)
+      throw AgreedError(what + " is not finite at step 1: DTRAIN_FAULT injected a NaN there");
     throw AgreedInputError(
-        what + " is not finite at step 1, before any update: " +
-        (!fp16_hint.empty()  // (the loss was finite: the gradient overflowed in transit)
-             ? fp16_hint.substr(2)
-             : cfg_.data.format == DataFormat::kText
-                   ? std::string(
-                         "the model's first forward overflows float32 (a model this deep or "
-                         "wide at its initial weights)")
-                   : "the training data's values overflow the model's float32 arithmetic (values "
-                     "near "
-                     "3.4e38? data.normalize: " +
-                         to_string(cfg_.data.normalize) + ")"));
+        what + " is not finite at step 1, before any update: " + first_step_cause(cfg_, fp16_hint));
+  }
   if (cfg_.train.nonfinite == Nonfinite::kAbort)
     throw AgreedError(
         what + " is not finite at step " + std::to_string(step_ + 1) +

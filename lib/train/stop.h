@@ -38,9 +38,10 @@ class AgreedError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// An agreed verdict on the job's input, which no restart changes (a loss that is not finite at
-// step 1, before any update: the data or the model's initial weights overflow float32): exit 2,
-// the code of bad input, so launchers do not restart it.
+// An agreed verdict on the job's input, which no restart changes (a loss or gradient that is not
+// finite at step 1, before any update: the data or the model's initial weights overflow float32,
+// or fp16 compression does in transit): exit 2, the code of bad input, so launchers do not
+// restart it.
 class AgreedInputError : public AgreedError {
  public:
   using AgreedError::AgreedError;

@@ -292,6 +292,20 @@ TEST_CASE("training data that overflows float32 is named as the cause, not the l
   CHECK_FALSE(contains(r.output, "lower optimizer.lr"));
 }
 
+TEST_CASE("a NaN injected at step 1 is named as such, exit 1 (a restart clears it)") {
+  TempDir dir;
+  const std::string cfg = dir.write(
+      "c.yaml",
+      "model: {hidden: [8]}\ndata: {format: synthetic, synthetic: {samples: 64, features: 4, "
+      "classes: 2}, batch_size: 8}\ntrain: {max_steps: 2}\nruntime: {threads: 1}\n");
+  const auto r = run_cmd("DTRAIN_FAULT=nan:rank=0:step=1 " + kBin + " run " + cfg + " --out " +
+                         dir / "r" + " 2>&1");
+  INFO(r.output);
+  CHECK(r.exit_code == 1);
+  CHECK(contains(r.output, "is not finite at step 1: DTRAIN_FAULT injected a NaN there"));
+  CHECK_FALSE(contains(r.output, "training data"));
+}
+
 TEST_CASE("in-process pipeline stages of different sizes are counted each at its own size") {
   // Two stages of an mlp [6000, 6000] with AdamW: stage 0 holds 0.1 M parameters, stage 1 the
   // 36 M of the middle layer. The process holds both ranks: 0.54 GiB of state, which fits in

@@ -2,6 +2,9 @@
 // 0 serves it (comm/rendezvous/store_service.h).
 #include <doctest/doctest.h>
 #include <grpcpp/grpcpp.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -146,4 +149,29 @@ TEST_CASE("master_addr_problem: a rendezvous timeout's hint about MASTER_ADDR") 
         "MASTER_ADDR '192.0.2.99' (192.0.2.99) is not an address of this host, where rank 0 "
         "serves the rendezvous: give rank 0's host (unless that address forwards here, as a "
         "Kubernetes service does)");
+}
+
+TEST_CASE("listen_problem: why rank 0 cannot listen on its rendezvous port") {
+  // A port held by another listener on 127.0.0.1.
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  REQUIRE(::listen(fd, 1) == 0);
+  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0);
+  const int port = ntohs(a.sin_port);
+  // Taken: on its address, on the wildcard, and under a name that may give ::1 first (a host
+  // without IPv6 said "localhost is not an address of this host").
+  for (const char* host : {"127.0.0.1", "0.0.0.0", "localhost"}) {
+    CAPTURE(host);
+    CHECK(dtrain::testing::contains(
+        dtrain::listen_problem(host, port),
+        "port " + std::to_string(port) + " is taken on this host by another process"));
+  }
+  ::close(fd);
+  CHECK(dtrain::listen_problem("127.0.0.1", port).empty());  // free again
+  CHECK(dtrain::listen_problem("192.0.2.99", port) == "192.0.2.99 is not an address of this host");
 }

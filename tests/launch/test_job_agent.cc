@@ -260,8 +260,12 @@ TEST_CASE("check-in: a launcher of another dtrain (launch protocol) is refused a
   CHECK(shape == "--nnodes=2,--max-restarts=0,launch-protocol=2");
   const launch_detail::CheckIn old{2, "--nnodes=2,--max-restarts=0", "host-b"};
   CHECK(launch_detail::check_in_problem(1, old, 2, shape, "node 0") ==
-        "node 1 (host-b) runs another dtrain (launch protocol 1, node 0 2): run the same dtrain on "
-        "every node");
+        "node 1 (host-b) runs another dtrain (its launch protocol 1, node 0's 2): run the same "
+        "dtrain on every node");
+  const launch_detail::CheckIn later{2, "--nnodes=2,--max-restarts=0,launch-protocol=3,--x=1", "h"};
+  CHECK(launch_detail::check_in_problem(1, later, 2, shape, "this node") ==
+        "node 1 (h) runs another dtrain (its launch protocol 3, this node's 2): run the same "
+        "dtrain on every node");
   const launch_detail::CheckIn same{2, shape, "host-b"};
   CHECK(launch_detail::check_in_problem(1, same, 2, shape, "node 0").empty());
   // Other options are named without the protocol word.

@@ -63,16 +63,25 @@ std::string listen_problem(const std::string& host, int port) {
   const std::string h = grpc_detail::strip_brackets(host);
   if (::getaddrinfo(h.c_str(), std::to_string(port).c_str(), &hints, &res) != 0) return "";
   const std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> hold(res, ::freeaddrinfo);
-  const int fd = ::socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return "";
-  const int one = 1;
-  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  const int rc = ::bind(fd, res->ai_addr, res->ai_addrlen);
-  const int err = errno;
-  ::close(fd);
-  if (rc == 0) return "";
+  // gRPC listens on every address the name gives: the one that fails is the news. Taken or
+  // forbidden beats "not an address here" (a name may give an address family this host lacks).
+  int worst = 0;
+  for (const addrinfo* a = res; a != nullptr; a = a->ai_next) {
+    const int fd = ::socket(a->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) continue;
+    const int one = 1, zero = 0;
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);  // (as gRPC binds)
+    if (a->ai_family == AF_INET6) ::setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero);
+    const bool ok = ::bind(fd, a->ai_addr, a->ai_addrlen) == 0 && ::listen(fd, 1) == 0;
+    const int err = errno;
+    ::close(fd);
+    if (ok) continue;
+    if (worst == 0 || worst == EADDRNOTAVAIL) worst = err;
+  }
   const std::string p = std::to_string(port);
-  switch (err) {
+  switch (worst) {
+    case 0:
+      return "";
     case EADDRINUSE:
       return "port " + p +
              " is taken on this host by another process: another job, a second process given "
@@ -81,9 +90,11 @@ std::string listen_problem(const std::string& host, int port) {
     case EADDRNOTAVAIL:
       return h + " is not an address of this host";
     case EACCES:
-      return "port " + p + " is below 1024, which needs privileges; choose another MASTER_PORT";
+      return "port " + p + " is not open to this process" +
+             (port < 1024 ? std::string(" (below 1024: it needs privileges)") : std::string()) +
+             "; choose another MASTER_PORT";
     default:
-      return std::string("bind: ") + std::strerror(err);
+      return std::string("bind: ") + std::strerror(worst);
   }
 }
 

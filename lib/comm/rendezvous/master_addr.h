@@ -12,10 +12,11 @@ namespace dtrain {
 // `serving`: the caller is rank 0. Resolves the name (DNS): call it only on a failure path.
 std::string master_addr_problem(const std::string& master_addr, bool serving);
 
-// Why rank 0 cannot listen on `host` (a numeric address: what it binds, e.g. "0.0.0.0") port
-// `port`, found by binding it once more as gRPC does (SO_REUSEADDR): "port 29500 is taken on
-// this host by another process (...)", "... is not an address of this host", ...; "" when that
-// bind succeeds (the cause is gone, or is not the port).
+// Why rank 0 cannot listen on `host` (what it binds: a wildcard such as "0.0.0.0" or "::", an
+// address, or a loopback name such as localhost, resolved here) port `port`, found by listening
+// on each of its addresses once more as gRPC does (SO_REUSEADDR, dual-stack): "port 29500 is
+// taken on this host by another process (...)", "... is not an address of this host", ...; ""
+// when every such listen succeeds (the cause is gone, or is not the port).
 std::string listen_problem(const std::string& host, int port);
 
 }  // namespace dtrain
