@@ -41,6 +41,11 @@ constexpr char kPrefix[] = "launch/";
 // 0's refusal, the reason after it.
 constexpr char kRefused[] = "refused: ";
 
+// `value` (a check-in or members list that starts with kRefused) as this node's error: exit 2.
+[[noreturn]] void throw_node0_refusal(const std::string& value) {
+  throw UserError("node 0 refused this job: " + value.substr(std::strlen(kRefused)));
+}
+
 std::string key(int attempt, const std::string& rest) {
   return std::string(kPrefix) + "a" + std::to_string(attempt) + "/" + rest;
 }
@@ -100,10 +105,7 @@ struct JobAgent::Impl {
 
   // Node 0: "; N call(s) with a wrong or missing job token were refused, ..." for a check-in that
   // timed out (a node given another token exits with its own error), else "".
-  std::string refused_hint() const {
-    const std::string r = service ? service->refused_summary() : "";
-    return r.empty() ? "" : "; " + r + " (is every node given the same DTRAIN_JOB_TOKEN?)";
-  }
+  std::string refused_hint() const { return service ? service->refused_hint("node") : ""; }
 
   // The error for a check-in call that failed with `e`: UserError when this node's token was
   // refused (exit 2), else a failure.
@@ -408,6 +410,16 @@ JobAgent::~JobAgent() {
 
 namespace {
 
+// Whether `k` is set in node 0's store now (no wait).
+bool key_set(Store& s, const std::string& k) {
+  try {
+    s.get(k, Clock::now());
+    return true;
+  } catch (const CommError&) {  // not (yet)
+    return false;
+  }
+}
+
 // Node 0 refuses a node that checked in (`read_keys`: what that node sets once it has read node
 // 0's answer -- a fixed launcher one key, an elastic one another, and node 0 cannot tell which it
 // is): the store lives in node 0's process, so node 0 waits for that node to have read the
@@ -416,15 +428,9 @@ namespace {
 [[noreturn]] void refuse_after_read(Store& s, const std::vector<std::string>& read_keys,
                                     const UserError& e) {
   const auto until = Clock::now() + std::chrono::seconds(3);
-  bool read = false;
-  while (!read && Clock::now() < until) {
-    for (const std::string& k : read_keys) try {
-        s.get(k, Clock::now());
-        read = true;
-      } catch (const CommError&) {  // not yet
-      }
-    if (!read) std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
+  while (Clock::now() < until && std::none_of(read_keys.begin(), read_keys.end(),
+                                              [&s](const std::string& k) { return key_set(s, k); }))
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
   throw e;
 }
 
@@ -487,7 +493,7 @@ std::vector<std::string> JobAgent::join(int nproc_per_node) {
         }
         if (n == 0 && v.starts_with(kRefused)) {
           m.ack_refusal(fixed_read_key(m.o.node_rank));
-          throw UserError("node 0 refused this job: " + v.substr(std::strlen(kRefused)));
+          throw_node0_refusal(v);
         }
         // Node 0's entry read: node 0 may exit now (refuse_after_read).
         if (n == 0 && m.o.node_rank != 0) s.set(fixed_read_key(m.o.node_rank), "1");
@@ -578,7 +584,7 @@ Membership JobAgent::rendezvous(int attempt, int nproc_per_node) {
                                      deadline + secs_dur(m.o.last_call_s + m.o.lost_after_s + 5));
         if (v0.starts_with(kRefused)) {
           m.ack_refusal(key(attempt, "members-read/" + std::to_string(m.o.node_rank)));
-          throw UserError("node 0 refused this job: " + v0.substr(std::strlen(kRefused)));
+          throw_node0_refusal(v0);
         }
         const CheckIn c0 = parse_check_in(v0);
         if (const std::string p = check_in_problem(0, c0, nproc_per_node, shape, "this node");
@@ -607,8 +613,7 @@ Membership JobAgent::rendezvous(int attempt, int nproc_per_node) {
   } catch (const CommError& e) {
     m.throw_check_in_error("checking in for attempt " + std::to_string(attempt + 1) + ": ", e);
   }
-  if (members.starts_with(kRefused))
-    throw UserError("node 0 refused this job: " + members.substr(std::strlen(kRefused)));
+  if (members.starts_with(kRefused)) throw_node0_refusal(members);
   Membership r;
   std::istringstream in(members);
   int id = 0;
@@ -643,17 +648,10 @@ std::vector<int> JobAgent::refuse_job(const std::string& why) {
   // Elastic: nodes above the minimum may never come (that is no fault), so once the minimum has
   // read it node 0 waits last_call_s for the rest, as its check-in would.
   std::optional<Clock::time_point> min_read_at;
-  const auto has = [&s](const std::string& k) {
-    try {
-      s.get(k, Clock::now());
-      return true;
-    } catch (const CommError&) {
-      return false;
-    }
-  };
   while (!unread.empty() && Clock::now() < deadline) {
     std::erase_if(unread, [&](int n) {
-      return has(fixed_read_key(n)) || has(key(0, "members-read/" + std::to_string(n)));
+      return key_set(s, fixed_read_key(n)) ||
+             key_set(s, key(0, "members-read/" + std::to_string(n)));
     });
     const int read = m.o.nnodes - static_cast<int>(unread.size());  // (node 0 included)
     if (m.elastic() && !min_read_at && read >= m.o.min_nodes) min_read_at = Clock::now();

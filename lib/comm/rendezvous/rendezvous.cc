@@ -166,16 +166,13 @@ void RendezvousHost::timer_loop() {
     return;
   }
   // A rank given another token exits with its own error; rank 0 can only say it refused one.
-  const std::string refused = service_->refused_summary();
   finish(std::string(kFail) +
          fmt::format("rendezvous timed out after {} s: {} never joined{}{}",
                      seconds_str(timeout_s_), ranks_str(missing),
                      self_missing ? " (rank 0 serves this rendezvous and runs, but its own join "
                                     "did not arrive: its MASTER_ADDR names another host?)"
                                   : "",
-                     refused.empty()
-                         ? ""
-                         : "; " + refused + " (is every rank given the same DTRAIN_JOB_TOKEN?)"));
+                     service_->refused_hint("rank")));
 }
 
 void RendezvousHost::shutdown(const std::string& why) {

@@ -59,6 +59,11 @@ std::string StoreService::refused_summary() {
                      refused_calls_, last_refused_peer_);
 }
 
+std::string StoreService::refused_hint(const std::string& peers) {
+  const std::string r = refused_summary();
+  return r.empty() ? "" : "; " + r + " (is every " + peers + " given the same DTRAIN_JOB_TOKEN?)";
+}
+
 grpc::ServerUnaryReactor* StoreService::now(grpc::CallbackServerContext* ctx,
                                             const std::function<void()>& op) {
   grpc::ServerUnaryReactor* r = ctx->DefaultReactor();

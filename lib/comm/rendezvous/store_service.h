@@ -41,6 +41,9 @@ class StoreService final : public wire::Store::CallbackService {
   // wrong or missing job token were refused, the last from ipv4:10.0.0.2:51234". A host whose
   // peers never arrive names this as the likely cause (thread-safe).
   std::string refused_summary();
+  // "; <refused_summary()> (is every <peers> given the same DTRAIN_JOB_TOKEN?)", to end a
+  // timeout's error with, or "" when nothing was refused (thread-safe).
+  std::string refused_hint(const std::string& peers);
 
  private:
   // Answers once `keys` are set (the value of the first into reply, for Get).
