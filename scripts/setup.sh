@@ -6,7 +6,10 @@
 #   scripts/setup.sh dtrain     # only these CMake targets (TARGETS="dtrain test_cli" is the same)
 #
 # Environment: BUILD_DIR (default build), BUILD_TYPE (default Release), JOBS (parallel compile
-# jobs, default nproc), TARGETS (default: all; arguments take precedence).
+# jobs, default nproc), TARGETS (default: all; arguments take precedence), UNITY (default 1: the
+# libraries and the binary compile 16 sources at a time, a CMake unity build: 2.4x less compiling
+# from clean, 328 CPU-seconds for dtrain against 790 measured 2026-12-06; 0 compiles one file at a
+# time, the quicker rebuild while editing one file).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -41,7 +44,10 @@ what=$TARGETS
 if [ "$TARGETS" = all ]; then what="everything (dtrain and every test binary)"; fi
 echo "setup: building $what in $BUILD_DIR with JOBS=$JOBS; a clean build takes $estimate" \
   "on 2 cores, a rebuild only what changed"
-cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE="$BUILD_TYPE" >/dev/null
+unity=OFF
+if [[ ${UNITY:-1} != 0 ]]; then unity=ON; fi
+cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE="$BUILD_TYPE" -DCMAKE_UNITY_BUILD=$unity \
+  -DCMAKE_UNITY_BUILD_BATCH_SIZE=16 >/dev/null
 read -r -a target_list <<<"$TARGETS"
 cmake --build "$BUILD_DIR" -j "$JOBS" --target "${target_list[@]}"
 echo "setup: built $what in $BUILD_DIR (the binary: $BUILD_DIR/bin/dtrain)"

@@ -22,6 +22,7 @@
 
 #include <fmt/format.h>
 
+#include "data/compression.h"
 #include "data/dataset.h"
 #include "util/check.h"
 #include "util/fs.h"
@@ -380,7 +381,10 @@ std::string read_maybe_gzip(const std::string& path) {
   if (const auto size = fs::file_size(path, ec); !ec && size > budget)
     throw UserError(too_big(fmt::format("its {} bytes are", size)));
   std::string bytes = read_whole_file(path);
-  if (!has_gzip_magic(bytes, 0)) return bytes;
+  if (!has_gzip_magic(bytes, 0)) {
+    refuse_unread_compression(path, std::string_view(bytes).substr(0, kCompressionMagicBytes));
+    return bytes;
+  }
   const size_t left = budget == SIZE_MAX ? SIZE_MAX : budget - std::min(budget, bytes.size());
   auto over = [&] {
     return too_big(fmt::format("its {} compressed bytes inflate to", bytes.size()));

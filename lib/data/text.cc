@@ -13,10 +13,12 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <spdlog/spdlog.h>
 
+#include "data/compression.h"
 #include "util/check.h"
 #include "util/fs.h"
 
@@ -237,6 +239,14 @@ TextSplit plan_text_split(const TextOptions& opts, int64_t n, const std::string&
 }
 
 void check_text_sizes(const TextOptions& opts) {
+  // A file in a compression format dtrain does not read, named before any size is trusted.
+  for (const auto& [specs, key] :
+       {std::pair{&opts.train, "data.train.path"}, std::pair{&opts.test, "data.test.path"}})
+    if (const auto files = regular_text_files(*specs)) try {
+        for (const std::string& f : *files) refuse_unread_compression(f);
+      } catch (const UserError& e) {
+        throw UserError(std::string(key) + ": " + e.what());
+      }
   // Each side where its own sizes are exact (load_text names what it cannot read; gzip: read to
   // know): a plain test file is checked whatever the training files are.
   if (!opts.test.empty()) {

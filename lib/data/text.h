@@ -79,7 +79,8 @@ struct TextSplit {
 };
 TextSplit plan_text_split(const TextOptions& opts, int64_t n, const std::string& train_desc);
 
-// load_text's size checks from the files' sizes, without reading them (validate): an empty
+// load_text's refusals without reading the files (validate): a file in a compression format
+// dtrain does not read (their first bytes), and from the files' sizes an empty
 // text, a test or training split shorter than one window. Only where the sizes are exact (no
 // gzip file); a file that cannot be read is left to load_text. UserError.
 void check_text_sizes(const TextOptions& opts);

@@ -1,0 +1,93 @@
+// Data files in a compression format dtrain does not read (data/compression.h) are refused by
+// name: as text they would train on their compressed bytes, silently.
+#include <fstream>
+#include <string>
+#include <string_view>
+
+#include <doctest/doctest.h>
+
+#include "data/compression.h"
+#include "data/dataset.h"
+#include "data/text.h"
+#include "test_util.h"
+#include "util/check.h"
+
+namespace dtrain {
+namespace {
+
+using namespace std::string_view_literals;
+using testing::TempDir;
+
+std::string write_bytes(const std::string& path, std::string_view bytes) {
+  std::ofstream(path, std::ios::binary) << bytes;
+  return path;
+}
+
+// The messages of what `fn` throws, as a UserError; "" when it throws nothing.
+template <typename F>
+std::string user_error_of(F fn) {
+  try {
+    fn();
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// The first bytes of real files of each format (xz, bzip2 -9, zstd, zip, 7z, lz4 frames).
+constexpr std::pair<std::string_view, std::string_view> kMagics[] = {
+    {"\xFD"
+     "7zXZ\0\0\x04\xE6\xD6\xB4"sv,
+     "xz"},
+    {"BZh91AY&SY\x12\x34"sv, "bzip2"},
+    {"BZh1\x17\x72\x45\x38\x50\x90\0\0"sv, "bzip2"},  // an empty bzip2 stream
+    {"\x28\xB5\x2F\xFD\x24\x05\x29\0"sv, "zstd"},
+    {"PK\x03\x04\x14\0\0\0\x08\0"sv, "zip"},
+    {"7z\xBC\xAF\x27\x1C\0\x04"sv, "7z"},
+    {"\x04\x22\x4D\x18\x64\x40\xA7"sv, "lz4"},
+};
+
+TEST_CASE("compression: xz, bzip2, zstd, zip, 7z and lz4 are named by their magic") {
+  for (const auto& [head, name] : kMagics) CHECK(unread_compression(head) == name);
+  // gzip, plain text and near misses are read as they are
+  CHECK(unread_compression("\x1f\x8b\x08\0"sv).empty());
+  CHECK(unread_compression("hello world"sv).empty());
+  CHECK(unread_compression("BZh9 is not a bzip2 file"sv).empty());
+  CHECK(unread_compression("BZh"sv).empty());
+  CHECK(unread_compression("PK is a name"sv).empty());
+  CHECK(unread_compression(""sv).empty());
+}
+
+TEST_CASE("compression: text, CSV and IDX readers refuse an xz or zstd file by name, exit 2") {
+  TempDir dir;
+  const std::string xz = write_bytes(dir.path() + "/corpus.txt.xz",
+                                     "\xFD"
+                                     "7zXZ\0\0\x04\xE6"
+                                     "compressed bytes follow here, a few hundred of them"sv);
+  const std::string zst = write_bytes(dir.path() + "/rows.csv", "\x28\xB5\x2F\xFD\x24\x05"sv);
+  std::string e = user_error_of([&] { read_maybe_gzip(zst); });
+  CHECK(e.find("'" + zst + "' is zstd-compressed") != std::string::npos);
+  CHECK(e.find("zstd -d it, or recompress it with gzip") != std::string::npos);
+
+  TextOptions o;
+  o.train = {xz};
+  o.block_size = 4;
+  o.test_fraction = 0;
+  // validate's check, from the first bytes only, and the loader's
+  e = user_error_of([&] { check_text_sizes(o); });
+  CHECK(e == "data.train.path: '" + xz +
+                 "' is xz-compressed, and dtrain reads gzip or uncompressed files only: xz -d "
+                 "it, or recompress it with gzip");
+  CHECK(user_error_of([&] { load_text(o); }) == e);
+  // a test file as well; a plain training text passes
+  o.train = {write_bytes(dir.path() + "/plain.txt", "plain text, long enough for windows")};
+  o.test = {xz};
+  e = user_error_of([&] { check_text_sizes(o); });
+  CHECK(e.starts_with("data.test.path: '" + xz + "' is xz-compressed"));
+  CHECK(user_error_of([&] { load_text(o); }) == e);
+  o.test = {};
+  CHECK(user_error_of([&] { check_text_sizes(o); }).empty());
+}
+
+}  // namespace
+}  // namespace dtrain
