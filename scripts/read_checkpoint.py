@@ -11,6 +11,7 @@ data_offsets: [begin, end]}} plus "__metadata__": {str: str}), then the raw litt
 A sharded checkpoint (a folder) is first made one file with `dtrain checkpoint consolidate`.
 """
 import json
+import os
 import struct
 import sys
 import zlib
@@ -25,11 +26,24 @@ class CorruptCheckpoint(Exception):
     """A tensor whose bytes fail the CRC-32 dtrain stored for it."""
 
 
+class NotACheckpointFile(Exception):
+    """A path that is no checkpoint file: a sharded checkpoint's folder, say."""
+
+
+def consolidate_hint(folder):
+    return (f"run `dtrain checkpoint consolidate {folder} -o FILE.safetensors` and read FILE: "
+            "a sharded checkpoint (zero1/zero2/fsdp, pipeline, tensor parallel) is a folder of "
+            "per-rank shards")
+
+
 def load(path, verify=True):
     """(tensors, metadata). verify: check every tensor against the CRC-32 table dtrain writes in
     __metadata__["crc32"] (zlib's CRC-32 of its bytes, 8 hex digits) and the header against
     __metadata__["crc32_header"], as dtrain's own loads do; files without them (written before
     they existed, or by other tools) load unverified."""
+    if os.path.isdir(path):
+        raise NotACheckpointFile(f"{path} is a folder, not a checkpoint file: "
+                                 + consolidate_hint(path))
     with open(path, "rb") as f:
         (n,) = struct.unpack("<Q", f.read(8))
         header = json.loads(f.read(n))
@@ -60,7 +74,7 @@ def main():
         sys.exit(__doc__)
     try:
         tensors, metadata = load(sys.argv[1])
-    except CorruptCheckpoint as e:
+    except (CorruptCheckpoint, NotACheckpointFile) as e:
         sys.exit(f"error: {e}")
     if len(sys.argv) == 3:
         np.set_printoptions(threshold=20)

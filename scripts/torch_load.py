@@ -236,6 +236,10 @@ def build(config, tensors):
 def load(path, strict=True):
     """Returns (model in eval mode, the checkpoint's config). Raises on a strict mismatch."""
     tensors, meta = read_checkpoint.load(path)
+    if meta.get("format") == "dtrain-checkpoint-shard":
+        folder = os.path.dirname(os.path.abspath(path))
+        raise read_checkpoint.NotACheckpointFile(f"{path} is one rank's shard of a sharded checkpoint: "
+                         + read_checkpoint.consolidate_hint(folder))
     if "config" not in meta:
         raise SystemExit(f"{path}: no config in its metadata (not a dtrain training checkpoint?)")
     config = json.loads(meta["config"])
@@ -310,6 +314,9 @@ def eval_text(model, config):
         n_test = int(math.floor(fraction * len(train) + 0.5))  # llround
         text = train[len(train) - n_test:]
     rows = (len(text) - 1) // T if len(text) > T else 0
+    if rows == 0:
+        raise SystemExit("--eval: no test set to evaluate (the checkpoint's data.test.path and "
+                         "data.test_fraction give no window of block_size + 1 bytes)")
     u = np.frombuffer(text, dtype=np.uint8).astype(np.int64)
     windows = torch.from_numpy(np.stack([u[i * T:i * T + T + 1] for i in range(rows)]))
     loss, correct = 0.0, 0
@@ -331,7 +338,7 @@ def main():
         sys.exit(__doc__)
     try:
         model, config = load(args[0])
-    except read_checkpoint.CorruptCheckpoint as e:
+    except (read_checkpoint.CorruptCheckpoint, read_checkpoint.NotACheckpointFile) as e:
         sys.exit(f"error: {e}")
     if len(args) == 1:
         for name, p in model.state_dict().items():

@@ -88,7 +88,7 @@ std::vector<KeyDecl> model_keys(const Owners& o) {
           R"doc(`mlp` (built from `hidden`, `activation`, ...) | `sequential` (built from `layers`) | `gpt` (nanoGPT's GPT over bytes, `data.format: text`))doc"),
       key(
           "model.layers", [](auto& c) -> auto& { return c.model.layers; },
-          R"doc(The layer list of `sequential`, as PyTorch's nn.Sequential (see "Models"): `{linear: N}`, `{conv2d: {out_channels, kernel, stride, padding}}`, `{max_pool2d: {kernel, stride}}` or `{max_pool2d: K}`, `avg_pool2d` alike, `flatten`, `relu`, `gelu`, `tanh`, `sigmoid`, `{dropout: P}`, `layer_norm`)doc")
+          R"doc(The layer list of `sequential`, as PyTorch's nn.Sequential (see "Models"): `{linear: N}`, `{conv2d: {out_channels, kernel, stride, padding}}`, `{max_pool2d: {kernel, stride}}` or `{max_pool2d: K}`, `avg_pool2d` alike, `flatten`, `relu`, `gelu` (tanh approximation: `nn.GELU(approximate="tanh")`), `tanh`, `sigmoid`, `{dropout: P}`, `layer_norm`)doc")
           .by(o.sequential)
           .omitted_at_default_value(),
       key(

@@ -39,4 +39,10 @@ if bad=$(/usr/bin/python3 "$SRC/scripts/read_checkpoint.py" "$dir/edited.safeten
   echo "an edited header was read: $bad"; exit 1
 fi
 grep -q "header fails its CRC-32 check" <<<"$bad"
+# A folder (a sharded checkpoint's) is refused with the way out, not a traceback.
+if bad=$(/usr/bin/python3 "$SRC/scripts/read_checkpoint.py" "$dir/run/checkpoints" 2>&1); then
+  echo "a folder was read: $bad"; exit 1
+fi
+echo "$bad"
+grep -q "^error: .* is a folder, not a checkpoint file: run .dtrain checkpoint consolidate" <<<"$bad"
 echo ok

@@ -23,6 +23,12 @@ compare() {
   local ours theirs
   ours=$("$BIN" eval "$cfg" "$@" --checkpoint "$dir/$name" --log-level warn)
   theirs=$(/usr/bin/python3 "$SRC/scripts/torch_load.py" "$ckpt" --eval)
+  same "$name" "$ours" "$theirs"
+}
+
+# same NAME OURS THEIRS: dtrain eval's and torch_load.py --eval's JSON agree.
+same() {
+  local name=$1 ours=$2 theirs=$3
   echo "$name: dtrain $ours"
   echo "$name: torch  $theirs"
   /usr/bin/python3 - "$ours" "$theirs" <<'PY'
@@ -107,6 +113,34 @@ compare gpt_untied "$dir/gpt_test_file.yaml" --set model.tie_embeddings=false --
 # The default test_fraction (config.json records -1: "the format's default", 0.1 for text).
 sed -e "s|, test_fraction: 0.15||" "$dir/gpt.yaml" >"$dir/gpt_default_split.yaml"
 compare gpt_default_split "$dir/gpt_default_split.yaml"
+
+# A sharded checkpoint (fsdp on 2 ranks, the tied GPT): its folder and a shard are refused with the
+# way out, its consolidation loads and evaluates as `dtrain eval` of the folder does.
+"$BIN" run "$dir/gpt.yaml" --set distributed.world_size=2 --set distributed.strategy=fsdp \
+  --set train.max_steps=10 --out "$dir/fsdp" --log-level warn --no-progress >/dev/null
+shards="$dir/fsdp/checkpoints/$(cat "$dir/fsdp/checkpoints/latest")"
+for p in "$shards" "$shards/rank-0.safetensors"; do
+  if msg=$(/usr/bin/python3 "$SRC/scripts/torch_load.py" "$p" 2>&1); then
+    echo "a shard was loaded: $msg"
+    exit 1
+  fi
+  echo "$msg"
+  grep -q "^error: .*run \`dtrain checkpoint consolidate $shards -o FILE.safetensors\`" <<<"$msg"
+done
+"$BIN" checkpoint consolidate "$dir/fsdp" -o "$dir/fsdp.safetensors" >/dev/null
+same gpt_fsdp "$("$BIN" eval "$dir/gpt.yaml" --checkpoint "$dir/fsdp" --log-level warn)" \
+  "$(/usr/bin/python3 "$SRC/scripts/torch_load.py" "$dir/fsdp.safetensors" --eval)"
+
+# A checkpoint without a test split: --eval says so, as dtrain eval does (it was a traceback).
+"$BIN" run "$dir/gpt.yaml" --set data.test_fraction=0 --set train.max_steps=2 --out "$dir/notest" \
+  --log-level warn --no-progress >/dev/null
+if msg=$(/usr/bin/python3 "$SRC/scripts/torch_load.py" "$dir/notest/checkpoints/step-2.safetensors" \
+  --eval 2>&1); then
+  echo "evaluated without a test set: $msg"
+  exit 1
+fi
+echo "$msg"
+grep -q "^--eval: no test set to evaluate" <<<"$msg"
 
 # The listing names every tensor and says the load was strict.
 out=$(/usr/bin/python3 "$SRC/scripts/torch_load.py" "$dir/gpt_untied/checkpoints/$(cat "$dir/gpt_untied/checkpoints/latest")")
