@@ -5,6 +5,7 @@
 #include <functional>
 #include <vector>
 
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include "checkpoint/checkpoint.h"
@@ -28,8 +29,9 @@ void check_options(const Config& cfg, const GenerateOptions& o) {
                     to_string(cfg.model.type) + ")");
   if (o.tokens < 0) throw UserError("--tokens must be >= 0 (got " + std::to_string(o.tokens) + ")");
   if (!(o.temperature >= 0) || !std::isfinite(o.temperature))
-    throw UserError("--temperature must be >= 0 (0 = always the most likely byte; got " +
-                    std::to_string(o.temperature) + ")");
+    throw UserError(fmt::format(
+        "--temperature must be finite and >= 0 (0 = always the most likely byte; got {})",
+        o.temperature));
   if (o.top_k < 0 || o.top_k > kTextVocab)
     throw UserError("--top-k must be in [0, 256] (0 = all bytes; got " + std::to_string(o.top_k) +
                     ")");

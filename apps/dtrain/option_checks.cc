@@ -28,8 +28,8 @@ CLI::Option* decimal(CLI::Option* o) {
         const bool leading_zero = v.size() > digits + 1 && v[digits] == '0';
         return ok && !leading_zero ? std::string()
                                    : std::string(
-                                         "must be a decimal integer (no sign, spaces, "
-                                         "leading zeros or 0x)");
+                                         "must be a decimal integer (no '+', spaces, "
+                                         "leading zeros, exponent or 0x)");
       },
       "", "decimal"));
 }
@@ -41,6 +41,8 @@ CLI::Option* real_number(CLI::Option* o) {
       [](std::string& v) {
         double x = 0;
         const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
+        if (!v.empty() && ec == std::errc::result_out_of_range && end == v.data() + v.size())
+          return std::string("is out of a double's range (about ±1.8e308)");
         return !v.empty() && ec == std::errc() && end == v.data() + v.size()
                    ? std::string()
                    : std::string("must be a decimal number");

@@ -103,8 +103,11 @@ Model build_sequential(const std::vector<LayerSpec>& specs, const ModelInput& in
                          : "the data has " + std::to_string(in.num_classes) +
                                " classes (labels 0.." + std::to_string(in.num_classes - 1) +
                                " over the training and test data)") +
-                    ": end the list with {linear: " + std::to_string(in.num_classes) +
-                    "} (after a flatten for image shapes)");
+                    (shape.size() > 1 && shape.back() == in.num_classes
+                         ? ": add a flatten before the list's linear layers (a linear maps the "
+                           "last dimension only)"
+                         : ": end the list with {linear: " + std::to_string(in.num_classes) +
+                               "} (after a flatten for image shapes)"));
   std::vector<ModelElement> elements;
   for (size_t i = 0; i < specs.size();) {
     const size_t n = fused_span(specs, i);

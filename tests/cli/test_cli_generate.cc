@@ -158,7 +158,9 @@ TEST_CASE("generate: bad options and a model that is not gpt exit 2 with one lin
   const Case cases[] = {
       {mlp + ck, "error: generate samples from a language model: model.type must be gpt (got mlp)"},
       {gpt + ck + " --tokens -1", "error: --tokens must be >= 0 (got -1)"},
-      {gpt + ck + " --temperature -0.5", "error: --temperature must be >= 0"},
+      {gpt + ck + " --temperature -0.5",
+       "error: --temperature must be finite and >= 0 (0 = always the most likely byte; got -0.5)"},
+      {gpt + ck + " --temperature inf", "error: --temperature must be finite and >= 0"},
       {gpt + ck + " --top-k 257", "error: --top-k must be in [0, 256] (0 = all bytes; got 257)"},
       {gpt + ck + " --top-k -1", "error: --top-k must be in [0, 256]"},
       {gpt + ck + " --seed -1", "error: --seed must be >= 0 (got -1)"},
@@ -181,7 +183,8 @@ TEST_CASE("generate: bad options and a model that is not gpt exit 2 with one lin
   // Numbers in decimal only: CLI11 read 010 as octal 8 and 0x10 as 16, and took an empty value
   // as 0 (greedy sampling for `--temperature "$T"` with T unset). (A parse error adds a line
   // pointing at --help.)
-  for (const std::string args : {" --tokens 010", " --seed 0x10", " --tokens ''", " --top-k 1.5"}) {
+  for (const std::string args :
+       {" --tokens 010", " --seed 0x10", " --tokens ''", " --top-k 1.5", " --tokens 1e3"}) {
     const CmdResult r = run_dtrain("generate " + gpt + ck + args);
     INFO(args << "\n" << r.output);
     CHECK(r.exit_code == 2);
@@ -193,6 +196,12 @@ TEST_CASE("generate: bad options and a model that is not gpt exit 2 with one lin
     INFO(args << "\n" << r.output);
     CHECK(r.exit_code == 2);
     CHECK(r.output.starts_with("error: --temperature: must be a decimal number"));
+  }
+  {  // a number past a double's range is named as such, not as a malformed number
+    const CmdResult r = run_dtrain("generate " + gpt + ck + " --temperature 1e400");
+    INFO(r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(r.output.starts_with("error: --temperature: is out of a double's range"));
   }
   // Integers past int64's range are refused, not clamped to its limit.
   for (const char* opt : {" --tokens ", " --top-k ", " --seed "}) {

@@ -93,7 +93,11 @@ TEST_CASE("registry: layer lists that do not fit are errors naming the entry") {
         "end the list with {linear: 10} (after a flatten for image shapes)");
   CHECK(error_of({}, {4}).starts_with("model.layers is empty"));
   // Linear works on the last dimension, as torch.nn.Linear: [1, 28, 28] -> [1, 28, 10].
-  CHECK(error_of({L(K::kLinear, 10)}, {1, 28, 28}).find("gives [1, 28, 10]") != std::string::npos);
+  // The list already ends with the classes' linear: the flatten is what it lacks.
+  CHECK(error_of({L(K::kRelu), L(K::kLinear, 10)}, {1, 28, 28}) ==
+        "model.layers: the last layer gives [1, 28, 10] per sample, but the data has 10 classes "
+        "(labels 0..9 over the training and test data): add a flatten before the list's linear "
+        "layers (a linear maps the last dimension only)");
   CHECK(error_of({L(K::kFlatten), L(K::kLinear, 10)}, {1, 28, 28}) == "(no error)");
   // A class count set by model.num_classes is named as that, not as the data's labels.
   ModelConfig cfg;
