@@ -180,7 +180,8 @@ int BenchCli::run_gemm() const {
         cfg.data.batch_size, cfg.distributed.tensor_parallel.size, pipeline_stages(cfg),
         cfg.distributed.tensor_parallel.size * pipeline_stages(cfg));
   set_blas_threads(gemm_threads_);
-  return bench_gemm(record_step_gemms(cfg), gemm_threads_, gemm_iters_, gemm_shapes_);
+  return bench_gemm(record_step_gemms(cfg, gemm_threads_, "bench gemm --config"), gemm_threads_,
+                    gemm_iters_, gemm_shapes_);
 }
 
 // inproc: threads of this process. grpc: this process launches --nproc copies of itself as

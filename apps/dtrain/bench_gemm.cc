@@ -67,10 +67,28 @@ StepGemms mlp_step_gemms(const std::vector<int64_t>& widths, int64_t batch) {
   return s;
 }
 
-StepGemms record_step_gemms(const Config& cfg) {
+StepGemms record_step_gemms(const Config& cfg, int blas_threads, const std::string& who) {
   const DataSplits data = load_data(cfg.data, cfg.seed);
   const ModelShape shape = resolve_model_shape(cfg, data);
   const Model model = build_model(cfg.model, {shape.sample, shape.num_classes});
+  // (a layer list is built without its parameters: the check comes before they are allocated)
+  MemoryPlan plan;
+  plan.stages = {{0, model.num_layers()}};
+  plan.blas_threads = blas_threads;
+  plan.train_rows = data.train.rows;
+  plan.eval_rows = 0;
+  Config one = cfg;  // one rank, as the bench runs it
+  one.distributed.world_size = 1;
+  one.distributed.tensor_parallel.size = 1;
+  one.distributed.strategy = StrategyKind::kDdp;
+  try {
+    check_training_memory(one, model, plan);
+  } catch (const UserError& e) {
+    throw UserError(who +
+                    ": the config's step would not fit, by dtrain run's estimate for one "
+                    "rank: " +
+                    e.what());
+  }
   ParamStore ps(model.param_count());
   model.init(ps.values.data(), static_cast<uint64_t>(cfg.seed));
   StepGemms s;

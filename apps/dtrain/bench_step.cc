@@ -96,7 +96,7 @@ int bench_step(const Config& cfg_in, const StepBenchOptions& o) {
   // One rank in-process trains as one gRPC rank would (its collectives are no-ops either way):
   // a config for `dtrain launch` runs here as it is.
   cfg.distributed.backend = Backend::kInproc;
-  StepGemms s = record_step_gemms(cfg);
+  StepGemms s = record_step_gemms(cfg, run_blas_threads(cfg, 1), "bench step");
   GemmReplay replay(s.calls);
   Interleave il{&replay, o.block, {}, {}, {}, {}, {}, {}, 0};
 

@@ -13,6 +13,8 @@
 #include <functional>
 #include <limits>
 #include <optional>
+#include <string>
+#include <string_view>
 #include <system_error>
 #include <thread>
 
@@ -231,7 +233,7 @@ double training_state_floats(const Config& cfg, double n, int replicas) {
 }
 
 void require_address_space(double state, double acts, const std::string& batch, int here,
-                           int threads) {
+                           int threads, const char* task) {
   // Under an address-space limit (ulimit -v) the rest must be mappable too: OpenBLAS's buffers
   // (128 MiB per BLAS thread of each rank, mapped at first use; OpenBLAS retries a failed map
   // forever, so a run past the limit spun instead of failing), the malloc arena of its worker
@@ -242,18 +244,21 @@ void require_address_space(double state, double acts, const std::string& batch, 
   const double reserve = (here * threads * 128.0 + 64.0 + 32.0) * mib;
   if (address_space_allows(static_cast<int64_t>(std::min(state + acts + reserve, 0x1p62)))) return;
   const std::string model_part =
-      state + acts > 0 ? fmt::format(
-                             "{:.2f} GiB for parameters, gradients and optimizer state, {:.2f} GiB "
-                             "for the activations of {}, and ",
-                             state / gib, acts / gib, batch)
-                       : std::string();
+      state + acts > 0
+          ? fmt::format("{:.2f} GiB for {}, {:.2f} GiB for the activations of {}, and ",
+                        state / gib,
+                        std::string_view(task) == "training"
+                            ? "parameters, gradients and optimizer state"
+                            : "the parameters and the checkpoint's values as they load",
+                        acts / gib, batch)
+          : std::string();
   throw UserError(fmt::format(
       "this process's address-space limit (ulimit -v: {:.0f} MiB, {:.0f} MiB of it in use) "
-      "leaves less than the {:.2f} GiB training needs: {}{:.0f} MiB for OpenBLAS (128 MiB per "
+      "leaves less than the {:.2f} GiB {} needs: {}{:.0f} MiB for OpenBLAS (128 MiB per "
       "BLAS thread of each of the {} rank(s) in this process, {} thread(s) each, and its "
       "worker's heap); raise the limit or use a smaller model or batch",
       static_cast<double>(address_space_limit_bytes()) / mib,
-      static_cast<double>(address_space_used_bytes()) / mib, (state + acts + reserve) / gib,
+      static_cast<double>(address_space_used_bytes()) / mib, (state + acts + reserve) / gib, task,
       model_part, reserve / mib, here, threads));
 }
 
@@ -377,16 +382,24 @@ void check_eval_memory(const Config& cfg, const Model& model, int64_t rows, bool
   const double k = optimizer_state_buffers(cfg);
   const double params = (2.0 + k) * 4.0 * static_cast<double>(model.param_count());
   const int64_t batch = generate ? 1 : batch_rows(cfg.data.eval_batch_size, rows);
+  // (scratch: conv2d's im2col block, as large as a batch's activations for wide convolutions)
+  const size_t layers = model.num_layers();
   const double acts =
-      4.0 * values_per_sample(model, 0, model.num_layers(), true) * static_cast<double>(batch);
-  if (params + acts <= static_cast<double>(avail)) return;
+      4.0 * (values_per_sample(model, 0, layers, true) * static_cast<double>(batch) +
+             scratch_values(model, 0, layers));
   const std::string what =
       generate ? fmt::format("one sequence of model.block_size = {}", cfg.model.block_size)
                : fmt::format("an evaluation batch of {} (data.eval_batch_size)", batch);
+  if (params + acts <= static_cast<double>(avail)) {
+    // (OpenBLAS's buffers under ulimit -v: eval and predict spun at its first call past them)
+    require_address_space(params, acts, what, 1, run_blas_threads(cfg, 1),
+                          generate ? "generation" : "evaluation");
+    return;
+  }
   throw UserError(fmt::format(
       "the model has {} parameters ({}): {:.1f} GiB for them as they load and {:.1f} GiB for the "
       "activations of {} are more than the {:.1f} GiB this process can allocate; {}",
-      model.param_count(), size_keys(cfg), params / kGiB, acts / kGiB, what,
+      model.distinct_param_count(), size_keys(cfg), params / kGiB, acts / kGiB, what,
       static_cast<double>(avail) / kGiB,
       generate || batch <= 1 ? "use a smaller model" : "lower data.eval_batch_size"));
 }

@@ -187,14 +187,17 @@ void check_training_memory(const Config& cfg, const Model& model, const MemoryPl
 
 // The same for dtrain eval and predict: the parameters (twice: the checkpoint's values are read
 // beside them) and one evaluation batch of `rows` rows (min(data.eval_batch_size, the rows there
-// are; -1: unknown)); for generate (`generate`), one sequence instead.
+// are; -1: unknown)); for generate (`generate`), one sequence instead. Conv2d's im2col scratch
+// counts, and under ulimit -v OpenBLAS's buffers for the config's BLAS threads
+// (require_address_space): eval and predict spun forever at OpenBLAS's first call past them.
 void check_eval_memory(const Config& cfg, const Model& model, int64_t rows, bool generate = false);
 
 // Throws that refusal (UserError, with the numbers) when this process cannot map the state and
 // activations plus OpenBLAS's buffers for `here` ranks of `threads` BLAS threads (ulimit -v).
 // `batch` names the batch whose activations `acts` counts ("a batch of 128 (data.batch_size)").
+// `task` names what needs it in the message ("training", "evaluation").
 void require_address_space(double state, double acts, const std::string& batch, int here,
-                           int threads);
+                           int threads, const char* task = "training");
 
 // The OpenBLAS threads each rank of a run uses: runtime.threads, else the cores shared by the
 // ranks on this machine (run_training's and run_grpc_rank's rule).

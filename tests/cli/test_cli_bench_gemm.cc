@@ -67,7 +67,8 @@ double gpt_flops(double B, double T, double C, double L, double V) {
 }  // namespace
 
 TEST_CASE("bench gemm: a config's MLP step issues exactly the --widths form's GEMMs") {
-  const dtrain::StepGemms rec = dtrain::record_step_gemms(dtrain::parse_config(kMlpCfg, "mlp", {}));
+  const dtrain::StepGemms rec =
+      dtrain::record_step_gemms(dtrain::parse_config(kMlpCfg, "mlp", {}), 1, "test");
   const dtrain::StepGemms ref = dtrain::mlp_step_gemms({20, 16, 8, 5}, 7);
   CHECK(rec.batch == 7);
   CHECK(rec.tokens_per_sample == 0);
@@ -92,7 +93,7 @@ TEST_CASE("bench gemm: a tiny GPT step's recorded GEMM FLOPs are the analytic co
   for (const bool tie : {true, false}) {
     INFO("tie_embeddings ", tie);
     const dtrain::StepGemms s =
-        dtrain::record_step_gemms(dtrain::parse_config(gpt_cfg(text, tie), "gpt", {}));
+        dtrain::record_step_gemms(dtrain::parse_config(gpt_cfg(text, tie), "gpt", {}), 1, "test");
     CHECK(s.batch == 3);
     CHECK(s.tokens_per_sample == 8);
     CHECK(s.flops() == gpt_flops(3, 8, 16, 2, 256));

@@ -157,6 +157,62 @@ TEST_CASE("an address-space limit too small for OpenBLAS's buffers is refused, n
   CHECK_MESSAGE(r.exit_code == 0, r.output);
 }
 
+TEST_CASE(
+    "eval and predict under an address-space limit too small for OpenBLAS: refused, not spun") {
+  // They checked the model and batch but not OpenBLAS's buffers: at 250 and 300 MB of address
+  // space eval spun at OpenBLAS's first call until killed (measured; run was refused already).
+  TempDir dir;
+  const std::string cfg = kSrc + "/configs/smoke.yaml";
+  auto r = run_cmd(kBin + " run " + cfg + " --set train.max_steps=2 --out " + dir / "r" +
+                   " --log-level warn 2>&1");
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  std::string row;
+  for (int i = 0; i < 16; ++i) row += (i ? "," : "") + std::to_string(i % 5);
+  const std::string in = dir.write("in.csv", row + "\n" + row + "\n");
+  for (const std::string limit : {"250000", "300000"}) {
+    for (const std::string& cmd : {"eval " + cfg + " --checkpoint " + dir / "r",
+                                   "predict " + cfg + " --checkpoint " + dir / "r" + " --input " +
+                                       in + " --output " + dir / "p.csv"}) {
+      CAPTURE(limit);
+      CAPTURE(cmd);
+      r = run_cmd("ulimit -v " + limit + "; timeout -k 5 60 " + kBin + " " + cmd + " 2>&1");
+      CHECK_MESSAGE(r.exit_code == 2, r.output);
+      CHECK_MESSAGE(contains(r.output, "this process's address-space limit (ulimit -v: "),
+                    r.output);
+      CHECK_MESSAGE(contains(r.output,
+                             "GiB evaluation needs: 0.00 GiB for the parameters and "
+                             "the checkpoint's values as they load"),
+                    r.output);
+    }
+  }
+  // With room, the same evaluation runs.
+  r = run_cmd("ulimit -v 3000000; " + kBin + " eval " + cfg + " --checkpoint " + dir / "r" +
+              " 2>&1");
+  CHECK_MESSAGE(r.exit_code == 0, r.output);
+}
+
+TEST_CASE("bench gemm --config and bench step refuse a model this process cannot hold, first") {
+  // They allocated it first: an allocation failure, or under overcommit a model touched into the
+  // OOM killer; and under ulimit -v they spun in OpenBLAS as eval did.
+  const std::string cfg = kSrc + "/configs/smoke.yaml";
+  const std::string huge = " --set model.hidden=[600000000]";
+  for (const std::string& cmd : {"bench gemm --config " + cfg + huge + " --iters 1",
+                                 "bench step " + cfg + huge + " --steps 2 --block 1"}) {
+    CAPTURE(cmd);
+    const auto r = run_cmd("ulimit -v 3000000; timeout -k 5 60 " + kBin + " " + cmd + " 2>&1");
+    CHECK(r.exit_code == 2);
+    const std::string who = cmd.starts_with("bench gemm") ? "bench gemm --config" : "bench step";
+    CHECK_MESSAGE(contains(r.output, "error: " + who +
+                                         ": the config's step would not fit, by dtrain run's "
+                                         "estimate for one rank: the model has "),
+                  r.output);
+  }
+  const auto r = run_cmd("ulimit -v 300000; timeout -k 5 60 " + kBin + " bench gemm --config " +
+                         cfg + " --iters 1 2>&1");
+  CHECK(r.exit_code == 2);
+  CHECK_MESSAGE(contains(r.output, "this process's address-space limit (ulimit -v: "), r.output);
+}
+
 TEST_CASE("huge timeouts mean a long wait: runs in-process and launched train, not time out") {
   TempDir dir;
   // Seconds past steady_clock's range wrapped to deadlines in the past: the first collective
