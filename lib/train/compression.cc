@@ -273,12 +273,16 @@ PowerSgd::PowerSgd(const CompressionConfig& cfg, const std::vector<ParamEntry>& 
     DT_CHECK_LE(pe.offset + pe.numel, n);
     add_dense(pos, pe.offset);
     pos = pe.offset + pe.numel;
+    // A tensor of 2 or more dimensions is the matrix [shape[0], the rest] (a conv2d weight
+    // [O, I, kh, kw] is O x I*kh*kw), as PyTorch's powerSGD_hook views it.
     // (rank < numel / (n + m): r_ * (n + m) would overflow for a rank near 2^62.)
-    if (pe.shape.size() == 2 && r_ < pe.numel / (pe.shape[0] + pe.shape[1]) +
-                                         (pe.numel % (pe.shape[0] + pe.shape[1]) != 0)) {
+    const int64_t rows = pe.shape.empty() ? 0 : pe.shape[0];
+    const int64_t cols = rows > 0 ? pe.numel / rows : 0;
+    if (pe.shape.size() >= 2 && rows > 0 && cols > 0 &&
+        r_ < pe.numel / (rows + cols) + (pe.numel % (rows + cols) != 0)) {
       Matrix m{.offset = pe.offset,
-               .rows = pe.shape[0],
-               .cols = pe.shape[1],
+               .rows = rows,
+               .cols = cols,
                .p_offset = p_len,
                .q_offset = q_len,
                .res_offset = res_len};

@@ -247,6 +247,19 @@ TEST_CASE("powersgd: which tensors are compressed, and the floats each step all-
   PowerSgd q(psgd_cfg(5), table({{6, 5}, {5, 100}}), 530, 1);
   CHECK(q.matrices().empty());
   CHECK(q.dense_floats() == 530);
+  // A conv2d weight [O, I, kh, kw] is the matrix O x I*kh*kw, as PyTorch's powerSGD_hook views
+  // it (cnn-ref's [64, 32, 3, 3] is 64 x 288; it was sent whole): so is any tensor of 3 or more
+  // dimensions. Its bias stays exact; [4, 1, 3, 3] = 4 x 9 does not pay at rank 4.
+  const auto c = table({{64, 32, 3, 3}, {64}, {4, 1, 3, 3}, {6, 5, 10}});
+  PowerSgd conv(psgd_cfg(4), c, total(c), 1);
+  REQUIRE(conv.matrices().size() == 2);
+  CHECK(conv.matrices()[0].rows == 64);
+  CHECK(conv.matrices()[0].cols == 288);
+  CHECK(conv.matrices()[1].offset == 64 * 288 + 64 + 36);
+  CHECK(conv.matrices()[1].rows == 6);
+  CHECK(conv.matrices()[1].cols == 50);
+  CHECK(conv.dense_floats() == 64 + 36);
+  CHECK(conv.q_floats() == 4 * (288 + 50));
 }
 
 TEST_CASE("powersgd: every rank gets bitwise the same result, step after step") {
@@ -277,34 +290,35 @@ TEST_CASE("powersgd: a gradient of rank <= r comes out as the exact all-reduced 
   // warm-started Q at every step. With error feedback only the first step: later ones also
   // carry the residual, float rounding of the earlier steps (~1e-5 relative) that error
   // feedback rightly sends on.
-  const auto t = table({{60, 50}, {60}});
-  for (const bool ef : {false, true})
-    for (const bool shared : {false, true}) {
-      auto grad = [&](int r, int s) {
-        auto v = low_rank(60, 50, 2, shared ? 5 + static_cast<uint64_t>(s) : 10 + r * 3 + s * 7);
-        if (shared)  // the same column space, scaled differently on each rank
-          for (float& x : v) x *= static_cast<float>(r + 1);
-        const auto b = random_vec(60, 900 + static_cast<uint64_t>(r));
-        v.insert(v.end(), b.begin(), b.end());
-        return v;
-      };
-      const int steps = ef ? 1 : 3;
-      const auto run = run_psgd(2, psgd_cfg(4, ef), t, steps, grad);
-      for (int s = 0; s < steps; ++s) {
-        std::vector<float> sum = grad(0, s);
-        const auto g1 = grad(1, s);
-        for (size_t i = 0; i < sum.size(); ++i) sum[i] += g1[i];
-        const auto& got = run.results[0][static_cast<size_t>(s)];
-        double err = 0;
-        for (size_t i = 0; i < sum.size(); ++i)
-          err = std::max(err, static_cast<double>(std::abs(got[i] - sum[i])));
-        INFO("error feedback ", ef, ", shared column space ", shared, ", step ", s, ": max error ",
-             err, " of max ", max_abs(sum));
-        CHECK(err <= 1e-5 * max_abs(sum));
-        // The bias is all-reduced, not approximated: exact (a + b is the same in any order).
-        for (size_t i = 3000; i < sum.size(); ++i) REQUIRE(got[i] == sum[i]);
+  // (the same as a conv2d weight [60, 2, 5, 5]: the matrix 60 x 50)
+  for (const Shape& shape : {Shape{60, 50}, Shape{60, 2, 5, 5}})
+    for (const bool ef : {false, true})
+      for (const bool shared : {false, true}) {
+        auto grad = [&](int r, int s) {
+          auto v = low_rank(60, 50, 2, shared ? 5 + static_cast<uint64_t>(s) : 10 + r * 3 + s * 7);
+          if (shared)  // the same column space, scaled differently on each rank
+            for (float& x : v) x *= static_cast<float>(r + 1);
+          const auto b = random_vec(60, 900 + static_cast<uint64_t>(r));
+          v.insert(v.end(), b.begin(), b.end());
+          return v;
+        };
+        const int steps = ef ? 1 : 3;
+        const auto run = run_psgd(2, psgd_cfg(4, ef), table({shape, {60}}), steps, grad);
+        for (int s = 0; s < steps; ++s) {
+          std::vector<float> sum = grad(0, s);
+          const auto g1 = grad(1, s);
+          for (size_t i = 0; i < sum.size(); ++i) sum[i] += g1[i];
+          const auto& got = run.results[0][static_cast<size_t>(s)];
+          double err = 0;
+          for (size_t i = 0; i < sum.size(); ++i)
+            err = std::max(err, static_cast<double>(std::abs(got[i] - sum[i])));
+          INFO("shape ", shape.size(), "-D, error feedback ", ef, ", shared column space ", shared,
+               ", step ", s, ": max error ", err, " of max ", max_abs(sum));
+          CHECK(err <= 1e-5 * max_abs(sum));
+          // The bias is all-reduced, not approximated: exact (a + b is the same in any order).
+          for (size_t i = 3000; i < sum.size(); ++i) REQUIRE(got[i] == sum[i]);
+        }
       }
-    }
 }
 
 TEST_CASE("powersgd: error feedback delivers the sum of the true gradients over the steps") {
