@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include "data/compression.h"
@@ -238,6 +239,28 @@ TextSplit plan_text_split(const TextOptions& opts, int64_t n, const std::string&
   return sp;
 }
 
+void check_text_memory(const TextOptions& opts) {
+  if (opts.block_size < 1) return;  // (load_text refuses it)
+  const int64_t avail = available_memory_bytes();
+  const int64_t n = text_bytes_without_reading(opts.train);
+  const int64_t m = opts.test.empty() ? 0 : text_bytes_without_reading(opts.test);
+  if (avail < 0 || n < 0 || m < 0) return;
+  // Peak while loading: the training bytes read, the test bytes read, and both splits' windows
+  // as 4-byte tokens, block_size + 1 per block_size bytes.
+  const double per_byte =
+      4.0 * static_cast<double>(opts.block_size + 1) / static_cast<double>(opts.block_size);
+  const double total = static_cast<double>(n + m) * (1.0 + per_byte);
+  if (total <= static_cast<double>(avail)) return;
+  constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+  throw UserError(fmt::format(
+      "data: the text takes about {:.1f} GiB once read ({} bytes{}, kept as 4-byte tokens in "
+      "windows of model.block_size + 1 = {}: about {:.1f} bytes per byte of text), more than "
+      "the {:.1f} GiB this process can allocate; use a shorter text (fewer files) or free "
+      "memory (each rank holds its own copy)",
+      total / kGiB, n, m > 0 ? fmt::format(" of data.train.path, {} of data.test.path", m) : "",
+      opts.block_size + 1, 1.0 + per_byte, static_cast<double>(avail) / kGiB));
+}
+
 void check_text_sizes(const TextOptions& opts) {
   // A file in a compression format dtrain does not read, named before any size is trusted.
   for (const auto& [specs, key] :
@@ -247,6 +270,7 @@ void check_text_sizes(const TextOptions& opts) {
       } catch (const UserError& e) {
         throw UserError(std::string(key) + ": " + e.what());
       }
+  check_text_memory(opts);
   // Each side where its own sizes are exact (load_text names what it cannot read; gzip: read to
   // know): a plain test file is checked whatever the training files are.
   if (!opts.test.empty()) {
@@ -280,6 +304,7 @@ DataSplits load_text(const TextOptions& opts) {
   }
   const int64_t T = opts.block_size;
   const std::vector<std::string> train_files = expand_text_paths(opts.train, "data.train.path");
+  check_text_memory(opts);
   const std::string train = read_text_files(train_files, "data.train.path");
   const int64_t n = static_cast<int64_t>(train.size());
   DataSplits s;

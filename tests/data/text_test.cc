@@ -14,6 +14,7 @@
 #include "data/text.h"
 #include "test_util.h"
 #include "util/check.h"
+#include "util/fs.h"
 
 namespace dtrain {
 namespace {
@@ -275,6 +276,44 @@ TEST_CASE("text: the bytes a list of files holds, from sizes and gzip's trailer,
   CHECK(text_bytes_without_reading({t / "*.txt"}) == 1000);
   CHECK(text_bytes_without_reading({t / "missing.txt"}) == -1);
   CHECK(text_bytes_without_reading({t / "none*.txt"}) == -1);
+}
+
+}  // namespace
+}  // namespace dtrain
+
+namespace dtrain {
+namespace {
+
+TEST_CASE("text: a text this process cannot hold once read is refused from its size, unread") {
+  // Its windows take 4 bytes per byte (+1/T), the bytes read one more: a text of 40% of the
+  // memory there is fits as bytes (read_maybe_gzip's own check) but not once windowed. A sparse
+  // file: nothing is written, and nothing may be read.
+  const int64_t avail = available_memory_bytes();
+  if (avail < 0) return;
+  TempDir dir;
+  const std::string big = dir.path() + "/big.txt";
+  std::ofstream(big).put('x');
+  std::filesystem::resize_file(big, static_cast<uintmax_t>(avail / 10 * 4));
+  TextOptions o;
+  o.train = {big};
+  o.block_size = 64;
+  const std::string want = "data: the text takes about ";
+  std::string e = user_error([&] { load_text(o); });
+  CHECK_MESSAGE(e.starts_with(want), e);
+  CHECK_MESSAGE(e.find("kept as 4-byte tokens in windows of model.block_size + 1 = 65: about "
+                       "5.1 bytes per byte of text), more than the ") != std::string::npos,
+                e);
+  CHECK(e.find("use a shorter text (fewer files) or free memory") != std::string::npos);
+  CHECK(user_error([&] { check_text_sizes(o); }).starts_with(want));  // validate's
+  // as a test file, named
+  o.train = {dir.write("small.txt", pattern_text(1000))};
+  o.test = {big};
+  e = user_error([&] { load_text(o); });
+  CHECK(e.starts_with(want));
+  CHECK(e.find(" bytes of data.train.path, " + std::to_string(avail / 10 * 4) +
+               " of data.test.path") != std::string::npos);
+  o.test = {};
+  CHECK(load_text(o).train.rows == text_window_count(900, 64));
 }
 
 }  // namespace
