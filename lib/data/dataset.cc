@@ -225,7 +225,11 @@ int64_t test_rows_without_loading(const DataConfig& cfg) {
   const double fraction = resolved_test_fraction(cfg);
   if (cfg.test.empty() && fraction == 0.0) return 0;
   if (cfg.format == DataFormat::kText && cfg.block_size > 0) {  // load_text's split, from sizes
-    const int64_t n = text_bytes_without_reading(cfg.test.empty() ? cfg.train.path : cfg.test.path);
+    const std::vector<std::string>& files = cfg.test.empty() ? cfg.train.path : cfg.test.path;
+    bool exact = true;
+    int64_t n = text_bytes_without_reading(files, &exact);
+    // (gzip: a multi-member file's trailer holds its last member's size only)
+    if (n >= 0 && !exact) n = text_bytes_by_decompressing(files);
     if (n < 0) return -1;
     return text_window_count(cfg.test.empty() ? std::llround(fraction * static_cast<double>(n)) : n,
                              cfg.block_size);

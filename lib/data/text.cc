@@ -271,12 +271,14 @@ void check_text_sizes(const TextOptions& opts) {
         throw UserError(std::string(key) + ": " + e.what());
       }
   check_text_memory(opts);
-  // Each side where its own sizes are exact (load_text names what it cannot read; gzip: read to
-  // know): a plain test file is checked whatever the training files are.
+  // Each side where its sizes are known (load_text names what it cannot read; gzip is counted by
+  // decompressing, streamed, as train_rows_without_loading counts it): a test file is checked
+  // whatever the training files are.
   if (!opts.test.empty()) {
     bool test_exact = true;
-    const int64_t t = text_bytes_without_reading(opts.test, &test_exact);
-    if (t >= 0 && test_exact) {
+    int64_t t = text_bytes_without_reading(opts.test, &test_exact);
+    if (t >= 0 && !test_exact) t = text_bytes_by_decompressing(opts.test);
+    if (t >= 0) {
       const std::vector<std::string> tf = expand_text_paths(opts.test, "data.test.path");
       if (t == 0) throw empty_text("data.test.path", tf);
       if (text_window_count(t, opts.block_size) == 0)
@@ -285,8 +287,9 @@ void check_text_sizes(const TextOptions& opts) {
     }
   }
   bool exact = true;
-  const int64_t n = text_bytes_without_reading(opts.train, &exact);
-  if (n < 0 || !exact) return;
+  int64_t n = text_bytes_without_reading(opts.train, &exact);
+  if (n >= 0 && !exact) n = text_bytes_by_decompressing(opts.train);
+  if (n < 0) return;
   const std::vector<std::string> files = expand_text_paths(opts.train, "data.train.path");
   if (n == 0) throw empty_text("data.train.path", files);
   const TextSplit sp = plan_text_split(opts, n, describe(files));

@@ -86,8 +86,9 @@ void check_text_memory(const TextOptions& opts);
 
 // load_text's refusals without reading the files (validate): a file in a compression format
 // dtrain does not read (their first bytes), and from the files' sizes an empty
-// text, a test or training split shorter than one window. Only where the sizes are exact (no
-// gzip file); a file that cannot be read is left to load_text. UserError.
+// text, a test or training split shorter than one window (gzip files counted by decompressing,
+// text_bytes_by_decompressing; past its cap they are left to load_text, as is a file that cannot
+// be read). UserError.
 void check_text_sizes(const TextOptions& opts);
 
 // `bytes` as a Dataset of its windows (layout above).

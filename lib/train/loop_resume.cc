@@ -230,8 +230,9 @@ bool TrainLoop::run_left_unfinished() {
   return unfinished != 0;
 }
 
-// The checkpoint counts its place in the epoch in global batches of the run that wrote it. Under
-// another global batch (data.batch_size or the number of replicas changed) the same index would
+// The checkpoint counts its place in the epoch in sampler batches (data.batch_size x replicas;
+// grad_accum_steps of them per optimizer step) of the run that wrote it. Under another sampler
+// batch (data.batch_size or the number of replicas changed) the same index would
 // skip or repeat samples: it is converted through the samples already seen, rounded down (the
 // few samples of a partial batch are seen again rather than skipped).
 int64_t TrainLoop::resumed_batch_index() const {
@@ -242,9 +243,10 @@ int64_t TrainLoop::resumed_batch_index() const {
   const int64_t k = seen == n ? bpe_ : seen / now;
   if (lead_)
     spdlog::warn(
-        "the global batch changed from {} to {} samples since the checkpoint: its epoch "
+        "the sampler's batch (data.batch_size x {} replica(s); train.grad_accum_steps of them "
+        "make one optimizer step) changed from {} to {} samples since the checkpoint: its epoch "
         "continues after the {} samples seen, at batch {} of {}{}",
-        before, now, seen, k, bpe_,
+        DP_, before, now, seen, k, bpe_,
         seen == n || seen % now == 0
             ? std::string()
             : fmt::format(" ({} samples of the partial batch are seen again)", seen % now));

@@ -371,7 +371,11 @@ TEST_CASE(
   REQUIRE(run_cmd(run + "20 --log-level warn").exit_code == 0);  // 20 x 16 = 320 samples
   auto r = run_cmd(run + "22 --resume auto --set data.batch_size=24");
   REQUIRE_MESSAGE(r.exit_code == 0, r.output);
-  CHECK_MESSAGE(contains(r.output, "the global batch changed from 16 to 24 samples"), r.output);
+  CHECK_MESSAGE(contains(r.output,
+                         "the sampler's batch (data.batch_size x 1 replica(s); "
+                         "train.grad_accum_steps of them make one optimizer step) "
+                         "changed from 16 to 24 samples since the checkpoint"),
+                r.output);
   CHECK(contains(r.output, "continues after the 320 samples seen, at batch 13 of 100"));
   CHECK(contains(r.output, "(8 samples of the partial batch are seen again)"));
   // SGD's checkpoint under Adam: the optimizer is named, not the first tensor Adam lacks.

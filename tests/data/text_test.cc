@@ -11,6 +11,7 @@
 
 #include <doctest/doctest.h>
 
+#include "data/dataset.h"
 #include "data/text.h"
 #include "test_util.h"
 #include "util/check.h"
@@ -314,6 +315,39 @@ TEST_CASE("text: a text this process cannot hold once read is refused from its s
                " of data.test.path") != std::string::npos);
   o.test = {};
   CHECK(load_text(o).train.rows == text_window_count(900, 64));
+}
+
+TEST_CASE("text: validate counts gzip texts by decompressing: empty, short and multi-member") {
+  // validate trusted only exact (plain) sizes: an empty or too short gzip text was 'ok' there and
+  // refused by run; and a multi-member gzip's trailer (its last member's size) sized the test set.
+  TempDir dir;
+  TextOptions o;
+  o.block_size = 16;
+  o.test_fraction = 0;
+  for (const std::string& text : {std::string(), std::string(16, 'a')}) {
+    o.train = {write_gzip(dir.path() + "/t" + std::to_string(text.size()) + ".gz", text)};
+    const std::string e = user_error([&] { load_text(o); });
+    CHECK(e.starts_with("data.train.path: "));
+    CHECK(user_error([&] { check_text_sizes(o); }) == e);
+  }
+  o.train = {dir.write("train.txt", pattern_text(400))};
+  o.test = {write_gzip(dir.path() + "/test8.gz", std::string(8, 'b'))};
+  const std::string e = user_error([&] { load_text(o); });
+  CHECK(e.starts_with("data.test.path: the text "));
+  CHECK(user_error([&] { check_text_sizes(o); }) == e);
+  // 170 bytes, then an empty member: 10 windows of 17, not the trailer's 0.
+  const std::string a = write_gzip(dir.path() + "/a.gz", pattern_text(170));
+  const std::string b = write_gzip(dir.path() + "/b.gz", "");
+  std::ofstream(dir.path() + "/multi.gz", std::ios::binary)
+      << std::ifstream(a, std::ios::binary).rdbuf() << std::ifstream(b, std::ios::binary).rdbuf();
+  DataConfig d;
+  d.format = DataFormat::kText;
+  d.block_size = 16;
+  d.train.path = {dir.path() + "/train.txt"};
+  d.test.path = {dir.path() + "/multi.gz"};
+  CHECK(test_rows_without_loading(d) == 10);
+  o.test = {dir.path() + "/multi.gz"};
+  CHECK(load_text(o).test.rows == 10);
 }
 
 }  // namespace
