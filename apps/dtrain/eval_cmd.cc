@@ -11,6 +11,7 @@
 
 #include "checkpoint/checkpoint.h"
 #include "data/dataset.h"
+#include "data/text.h"
 #include "dtrain/cli.h"
 #include "nn/loss.h"
 #include "nn/model.h"
@@ -104,7 +105,10 @@ LoadedModel load_model(const Config& cfg, const DataSplits& data, const std::str
 int cmd_eval(const Config& cfg, const std::string& ckpt) {
   check_checkpoint(ckpt, false);
   set_blas_threads(static_cast<int>(cfg.runtime.threads));
-  DataSplits data = load_data(cfg.data, cfg.seed);
+  // (text with a test file: the training text is not read, its size not checked)
+  DataSplits data = cfg.data.format == DataFormat::kText && !cfg.data.test.empty()
+                        ? load_text_test_file(text_options(cfg.data))
+                        : load_data(cfg.data, cfg.seed);
   if (data.test.rows == 0)
     throw UserError("no test set to evaluate: set data.test or data.test_fraction");
   const LoadedModel m = load_model(cfg, data, ckpt, data.test.rows);

@@ -242,7 +242,7 @@ TextSplit plan_text_split(const TextOptions& opts, int64_t n, const std::string&
 void check_text_memory(const TextOptions& opts) {
   if (opts.block_size < 1) return;  // (load_text refuses it)
   const int64_t avail = available_memory_bytes();
-  const int64_t n = text_bytes_without_reading(opts.train);
+  const int64_t n = opts.train.empty() ? 0 : text_bytes_without_reading(opts.train);
   const int64_t m = opts.test.empty() ? 0 : text_bytes_without_reading(opts.test);
   if (avail < 0 || n < 0 || m < 0) return;
   // Peak while loading: the training bytes read, the test bytes read, and both splits' windows
@@ -257,7 +257,8 @@ void check_text_memory(const TextOptions& opts) {
       "windows of model.block_size + 1 = {}: about {:.1f} bytes per byte of text), more than "
       "the {:.1f} GiB this process can allocate; use a shorter text (fewer files) or free "
       "memory (each rank holds its own copy)",
-      total / kGiB, n, m > 0 ? fmt::format(" of data.train.path, {} of data.test.path", m) : "",
+      total / kGiB, n + m,
+      m > 0 ? fmt::format(": {} of data.train.path, {} of data.test.path", n, m) : "",
       opts.block_size + 1, 1.0 + per_byte, static_cast<double>(avail) / kGiB));
 }
 
@@ -297,6 +298,41 @@ void check_text_sizes(const TextOptions& opts) {
     spdlog::warn("{} (the default for text): no validation split, every byte trains", sp.no_split);
 }
 
+namespace {
+
+// The windows of data.test.path's files (not empty), refused when shorter than one.
+Dataset test_file_windows(const TextOptions& opts) {
+  const int64_t T = opts.block_size;
+  const std::vector<std::string> test_files = expand_text_paths(opts.test, "data.test.path");
+  const std::string test = read_text_files(test_files, "data.test.path");
+  if (text_window_count(static_cast<int64_t>(test.size()), T) == 0) {
+    throw UserError("data.test.path: the text " + describe(test_files) + " has " +
+                    std::to_string(test.size()) + " bytes, fewer than " + window_text(T));
+  }
+  return text_windows(test, T);
+}
+
+}  // namespace
+
+DataSplits load_text_test_file(const TextOptions& opts) {
+  DT_CHECK(!opts.test.empty());
+  if (opts.block_size < 1) {
+    throw UserError("model.block_size must be >= 1 for text data, got " +
+                    std::to_string(opts.block_size));
+  }
+  TextOptions test_only = opts;
+  test_only.train.clear();
+  check_text_memory(test_only);
+  DataSplits s;
+  s.normalizer.method = Normalize::kNone;
+  s.test = test_file_windows(opts);
+  // No training rows, the layout of the training windows (the model's shape is read from it).
+  s.train.features = opts.block_size + 1;
+  s.train.num_classes = kTextVocab;
+  s.train.kind = SampleKind::kTokenWindow;
+  return s;
+}
+
 DataSplits load_text(const TextOptions& opts) {
   if (opts.block_size < 1) {
     throw UserError("model.block_size must be >= 1 for text data, got " +
@@ -312,15 +348,7 @@ DataSplits load_text(const TextOptions& opts) {
   const int64_t n = static_cast<int64_t>(train.size());
   DataSplits s;
   s.normalizer.method = Normalize::kNone;  // token ids are used as they are
-  if (!opts.test.empty()) {
-    const std::vector<std::string> test_files = expand_text_paths(opts.test, "data.test.path");
-    const std::string test = read_text_files(test_files, "data.test.path");
-    if (text_window_count(static_cast<int64_t>(test.size()), T) == 0) {
-      throw UserError("data.test.path: the text " + describe(test_files) + " has " +
-                      std::to_string(test.size()) + " bytes, fewer than " + window_text(T));
-    }
-    s.test = text_windows(test, T);
-  }
+  if (!opts.test.empty()) s.test = test_file_windows(opts);
   const TextSplit sp = plan_text_split(opts, n, describe(train_files));
   const int64_t n_test = sp.held_out, n_train = n - n_test;
   const std::string& no_split = sp.no_split;

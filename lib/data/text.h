@@ -101,4 +101,9 @@ TextOptions text_options(const DataConfig& cfg);
 // has 0 rows when test_fraction is 0 and no test files are given.
 DataSplits load_text(const TextOptions& opts);
 
+// For an evaluation only (dtrain eval): data.test.path's windows (opts.test not empty), without
+// reading the training text, which it does not need; train holds no rows, only the windows'
+// layout (features, vocabulary, kind) that the model's shape is read from.
+DataSplits load_text_test_file(const TextOptions& opts);
+
 }  // namespace dtrain

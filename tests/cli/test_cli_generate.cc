@@ -281,6 +281,20 @@ TEST_CASE("generate: the prompt then --tokens bytes, reproducible per seed, gree
   CHECK_MESSAGE(contains(full.output, "generation stopped"), full.output);
 }
 
+TEST_CASE("eval with a test text reads it alone: a training text too short to train is no matter") {
+  TempDir t;
+  const std::string cfg = tiny_gpt(t);
+  const std::string ck = train_tiny_gpt(t, cfg, 2);
+  t.write("one.txt", "a");
+  const std::string test = " --set data.test.path=" + t / "corpus.txt";
+  const CmdResult whole = run_cmd(kBin + " eval " + cfg + " --checkpoint " + ck + test + " 2>&1");
+  REQUIRE_MESSAGE(whole.exit_code == 0, whole.output);
+  const CmdResult r = run_cmd(kBin + " eval " + cfg + " --checkpoint " + ck + test +
+                              " --set data.train.path=" + t / "one.txt" + " 2>&1");
+  CHECK_MESSAGE(r.exit_code == 0, r.output);  // (it was 'fewer than one window', exit 2)
+  CHECK(r.output.substr(r.output.find('{')) == whole.output.substr(whole.output.find('{')));
+}
+
 TEST_CASE(
     "a checkpoint that does not fit the config: generate, eval and resume name what differs") {
   TempDir t;

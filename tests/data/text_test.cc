@@ -311,8 +311,8 @@ TEST_CASE("text: a text this process cannot hold once read is refused from its s
   o.test = {big};
   e = user_error([&] { load_text(o); });
   CHECK(e.starts_with(want));
-  CHECK(e.find(" bytes of data.train.path, " + std::to_string(avail / 10 * 4) +
-               " of data.test.path") != std::string::npos);
+  CHECK(e.find(" bytes: 1000 of data.train.path, " + std::to_string(avail / 10 * 4) +
+               " of data.test.path, kept as") != std::string::npos);
   o.test = {};
   CHECK(load_text(o).train.rows == text_window_count(900, 64));
 }
@@ -348,6 +348,24 @@ TEST_CASE("text: validate counts gzip texts by decompressing: empty, short and m
   CHECK(test_rows_without_loading(d) == 10);
   o.test = {dir.path() + "/multi.gz"};
   CHECK(load_text(o).test.rows == 10);
+}
+
+TEST_CASE("text: an evaluation reads data.test.path alone, not the training text") {
+  // dtrain eval read (and refused) the training text it never uses.
+  TempDir dir;
+  TextOptions o;
+  o.train = {dir.path() + "/missing.txt"};
+  o.test = {dir.write("test.txt", pattern_text(100))};
+  o.block_size = 16;
+  const DataSplits s = load_text_test_file(o);
+  CHECK(s.test.rows == text_window_count(100, 16));
+  CHECK(row_bytes(s.test, 1) == pattern_text(100).substr(16, 17));
+  CHECK(s.train.rows == 0);
+  CHECK(s.train.input_features() == 16);
+  CHECK(s.train.num_classes == 256);
+  CHECK(s.train.kind == SampleKind::kTokenWindow);
+  o.test = {dir.write("short.txt", "0123456789")};
+  CHECK(user_error([&] { load_text_test_file(o); }).starts_with("data.test.path: the text "));
 }
 
 }  // namespace
