@@ -510,7 +510,7 @@ std::vector<KeyDecl> strategy_keys(const Owners& o) {
           .by(o.compressed),
       key(
           "distributed.fsdp.unit", [](auto& c) -> auto& { return c.distributed.fsdp.unit; },
-          R"doc(fsdp's unit of gathering: `layer` (`layers_per_unit` layers with parameters, with the activation/norm/dropout layers after them) | `model` (one unit: the whole model is gathered) (strategy fsdp only))doc")
+          R"doc(fsdp's unit of gathering: `layer` (`layers_per_unit` layers with parameters, with the layers without parameters after them; those before the first join the first unit) | `model` (one unit: the whole model is gathered) (strategy fsdp only))doc")
           .by(o.fsdp),
       key(
           "distributed.fsdp.layers_per_unit",

@@ -18,13 +18,18 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 // Extends unit boundaries so that layers without parameters belong to the unit before them and
-// the units cover [first, last).
+// the units cover [first, last); layers without parameters before the first start join the first
+// unit (a unit of their own held no parameters: an FSDP unit that gathers nothing, a pipeline
+// stage of a flatten alone).
 std::vector<LayerRange> cover_layers(std::vector<size_t> starts, size_t first, size_t last) {
   std::sort(starts.begin(), starts.end());
   starts.erase(std::unique(starts.begin(), starts.end()), starts.end());
   std::vector<LayerRange> out;
   if (first >= last) return out;
-  if (starts.empty() || starts[0] != first) starts.insert(starts.begin(), first);
+  if (starts.empty())
+    starts.push_back(first);
+  else
+    starts[0] = first;
   for (size_t i = 0; i < starts.size(); ++i)
     out.emplace_back(starts[i], i + 1 < starts.size() ? starts[i + 1] : last);
   return out;

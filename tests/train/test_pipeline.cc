@@ -71,6 +71,36 @@ TEST_CASE("stage partitions: uniform by layer count, balanced by cost, contiguou
   CHECK(b[0] == LayerRange{0, 2});
 }
 
+TEST_CASE("layers without parameters before the first with them join its stage and FSDP unit") {
+  // [flatten, linear, relu, linear, relu, linear] at 3 stages: stage 0 was the flatten alone
+  // (no parameters: a rank that only copies), and FSDP had an empty leading unit; a 4th stage
+  // was accepted as if the flatten were a layer with parameters.
+  const Config c = parse_config(R"(model:
+  type: sequential
+  layers: [flatten, {linear: 512}, relu, {linear: 512}, relu, {linear: 10}]
+data: {format: synthetic}
+)",
+                                "p.yaml", {});
+  const Model m = build_model(c.model, {{1, 28, 28}, 10});
+  for (const char* how : {"uniform", "balanced"}) {
+    CAPTURE(how);
+    const auto p = partition_stages(m, 3, parse_enum<PipelinePartition>(how).value());
+    REQUIRE(p.size() == 3);
+    CHECK(p[0] == LayerRange{0, 3});
+    CHECK(p[1] == LayerRange{3, 5});
+    CHECK(p[2] == LayerRange{5, 6});
+  }
+  CHECK_THROWS_WITH(partition_stages(m, 4, PipelinePartition::kBalanced),
+                    "distributed.pipeline.stages: the model has 3 layer(s) with parameters, fewer "
+                    "than 4 stages");
+  FsdpConfig per_layer;
+  const auto units = units_for_fsdp(m, per_layer);
+  REQUIRE(units.size() == 3);
+  CHECK(units[0] == LayerRange{0, 3});
+  // A stage's own range starts with its first layer, parameters or not.
+  CHECK(units_for_fsdp(m, per_layer, 2, 6).front() == LayerRange{2, 5});
+}
+
 TEST_CASE("balanced stages count a convolution's multiply-adds at every output position") {
   // The cost was parameters plus outputs: four 3x3 convolutions on 28x28 looked cheaper than the
   // Linear after them, and stage 0 got all four (1.5x slower than uniform, measured).
