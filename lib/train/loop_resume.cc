@@ -160,9 +160,15 @@ void TrainLoop::restore_progress(const std::string& progress) {
           rows >= 0 && rows != data_.train.rows)
         spdlog::warn(
             "the training set has {} samples and {} was saved while training on {}: the data "
-            "changed since, so epoch {} goes on from batch {} of the new set's order, not the "
-            "interrupted run's",
-            data_.train.rows, rp_.from, rows, rp_.epoch, rp_.batch);
+            "changed since, so {}",
+            data_.train.rows, rp_.from, rows,
+            batch_ >= bpe_
+                ? fmt::format("epoch {} is over in the new set (its {} batches are no more than "
+                              "the {} done): training goes on with epoch {}",
+                              rp_.epoch, bpe_, batch_, rp_.epoch + 1)
+                : fmt::format("epoch {} goes on from batch {} of the new set's order, not the "
+                              "interrupted run's",
+                              rp_.epoch, batch_));
       v = {static_cast<double>(p.at("skipped_steps").get<int64_t>()),
            p.at("record_loss").get<double>(),
            static_cast<double>(p.at("record_samples").get<int64_t>()),

@@ -439,4 +439,13 @@ TEST_CASE("resume on a training text of another size warns that the order change
   CHECK(r.exit_code == 0);
   CHECK(contains(r.output, "the training set has 224 samples"));
   CHECK(contains(r.output, warning));
+  // Cut below the batches done: the epoch is over, not resumed "from batch 3" of 3.
+  t.write("corpus.txt", std::string(300, 'x'));
+  r = run_dtrain("run " + cfg + " --out " + t / "short" + " --resume " + ck +
+                 " --log-level warn --set train.max_steps=6 --set data.test_fraction=0");
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK(contains(r.output,
+                 "so epoch 0 is over in the new set (its 3 batches are no more than the "
+                 "3 done): training goes on with epoch 1"));
 }
