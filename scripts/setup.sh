@@ -32,13 +32,13 @@ BUILD_TYPE=${BUILD_TYPE:-Release}
 JOBS=${JOBS:-$(nproc)}
 if (($#)); then TARGETS="$*"; fi
 TARGETS=${TARGETS:-all}
-# How long a clean build takes on 2 cores without ccache. Measured 2026-12-01 (Debian 12, 2 cores,
-# CCACHE_DISABLE=1, an empty build folder): dtrain alone 205 CPU-seconds of compiling, 4 min 47 s
-# while other builds shared the machine (estimated 2 min on idle cores); everything 363 CPU-seconds,
-# 7 min 44 s shared. ccache and rebuilds (only what changed) are faster.
+# How long a clean build takes on 2 cores without ccache. Measured 2026-12-06 (Debian 12, 2 cores,
+# an empty build folder, other work sharing the machine): dtrain alone 328 CPU-seconds of
+# compiling as a unity build, 790 file by file (UNITY=0); everything (the test binaries compile
+# file by file) about 5 minutes of wall time in CI. Rebuilds (only what changed) are faster.
 case "$TARGETS" in
-  dtrain) estimate="about 2 to 5 minutes" ;;
-  *) estimate="about 4 to 8 minutes (dtrain alone: 2 to 5)" ;;
+  dtrain) estimate="about 2 to 3 minutes (UNITY=0: 4 to 7)" ;;
+  *) estimate="about 4 to 6 minutes (dtrain alone: 2 to 3)" ;;
 esac
 what=$TARGETS
 if [ "$TARGETS" = all ]; then what="everything (dtrain and every test binary)"; fi
@@ -49,5 +49,6 @@ if [[ ${UNITY:-1} != 0 ]]; then unity=ON; fi
 cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE="$BUILD_TYPE" -DCMAKE_UNITY_BUILD=$unity \
   -DCMAKE_UNITY_BUILD_BATCH_SIZE=16 >/dev/null
 read -r -a target_list <<<"$TARGETS"
+start=$SECONDS
 cmake --build "$BUILD_DIR" -j "$JOBS" --target "${target_list[@]}"
-echo "setup: built $what in $BUILD_DIR (the binary: $BUILD_DIR/bin/dtrain)"
+echo "setup: built $what in $BUILD_DIR in $((SECONDS - start)) s (the binary: $BUILD_DIR/bin/dtrain)"
