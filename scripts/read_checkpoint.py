@@ -30,6 +30,24 @@ class NotACheckpointFile(Exception):
     """A path that is no checkpoint file: a sharded checkpoint's folder, say."""
 
 
+def folder_hint(folder):
+    """What to read instead of a folder: a sharded checkpoint (its manifest.json) is consolidated;
+    a checkpoints folder names its newest checkpoint in `latest`, a run folder holds one."""
+    if os.path.isfile(os.path.join(folder, "manifest.json")):
+        return consolidate_hint(folder)
+    for ckpts in (folder, os.path.join(folder, "checkpoints")):
+        try:
+            with open(os.path.join(ckpts, "latest")) as f:
+                name = f.read().strip()
+        except OSError:
+            continue
+        target = os.path.join(ckpts, name)
+        if os.path.isdir(target):
+            return folder_hint(target)
+        return f"read {target} (the newest checkpoint, which {ckpts}/latest names)"
+    return "give a checkpoint file (.safetensors)"
+
+
 def consolidate_hint(folder):
     return (f"run `dtrain checkpoint consolidate {folder} -o FILE.safetensors` and read FILE: "
             "a sharded checkpoint (zero1/zero2/fsdp, pipeline, tensor parallel) is a folder of "
@@ -42,8 +60,7 @@ def load(path, verify=True):
     __metadata__["crc32_header"], as dtrain's own loads do; files without them (written before
     they existed, or by other tools) load unverified."""
     if os.path.isdir(path):
-        raise NotACheckpointFile(f"{path} is a folder, not a checkpoint file: "
-                                 + consolidate_hint(path))
+        raise NotACheckpointFile(f"{path} is a folder, not a checkpoint file: " + folder_hint(path))
     with open(path, "rb") as f:
         (n,) = struct.unpack("<Q", f.read(8))
         header = json.loads(f.read(n))

@@ -24,9 +24,10 @@ StepGemms mlp_step_gemms(const std::vector<int64_t>& widths, int64_t batch);
 
 // The GEMMs that one training step of `cfg`'s model actually issues (lib/tensor/blas.h's
 // GemmRecorder around forward, loss and backward of the first data.batch_size training rows,
-// after one unrecorded step has sized every buffer). Loads the config's data. A model and batch
-// this process cannot hold (dtrain run's estimate, check_training_memory, with `blas_threads`
-// BLAS threads under ulimit -v) is refused (UserError naming `who`) before they are allocated.
+// after one unrecorded step has sized every buffer). Loads the config's data. A step this
+// process cannot hold (the model and its gradients, a batch's activations and the replay's
+// copies of them; under ulimit -v OpenBLAS's buffers for `blas_threads` threads) is refused
+// (UserError naming `who`) before they are allocated.
 StepGemms record_step_gemms(const Config& cfg, int blas_threads, const std::string& who);
 
 // Times `s.calls` back to back with nothing around them (`threads` BLAS threads, the median of

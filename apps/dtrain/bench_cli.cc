@@ -180,7 +180,9 @@ int BenchCli::run_gemm() const {
         cfg.data.batch_size, cfg.distributed.tensor_parallel.size, pipeline_stages(cfg),
         cfg.distributed.tensor_parallel.size * pipeline_stages(cfg));
   set_blas_threads(gemm_threads_);
-  return bench_gemm(record_step_gemms(cfg, gemm_threads_, "bench gemm --config"), gemm_threads_,
+  // (--threads 0: OpenBLAS's default, every core)
+  const int threads = gemm_threads_ > 0 ? gemm_threads_ : hardware_cores();
+  return bench_gemm(record_step_gemms(cfg, threads, "bench gemm --config"), gemm_threads_,
                     gemm_iters_, gemm_shapes_);
 }
 

@@ -16,6 +16,7 @@
 #include "train/batch.h"
 #include "train/trainer.h"
 #include "util/check.h"
+#include "util/fs.h"
 #include "util/rng.h"
 
 namespace dtrain {
@@ -67,28 +68,47 @@ StepGemms mlp_step_gemms(const std::vector<int64_t>& widths, int64_t batch) {
   return s;
 }
 
+namespace {
+
+// Refuses (UserError naming `who`) a step this process cannot hold, before the model's buffers
+// are allocated: the parameters and gradients (ParamStore), one batch's activations and
+// conv2d's scratch as the training estimate counts them (trainer.h), and the replay's two copies
+// of the step's operands (GemmReplay's arena and its starting copy): about 3 times the first
+// two. Under ulimit -v, OpenBLAS's buffers too (require_address_space). Not run's estimate: the
+// bench holds no optimizer state, compression residual or second rank.
+void check_bench_memory(const Model& model, int64_t batch, int blas_threads,
+                        const std::string& who) {
+  double per_sample = 0, scratch = 0;
+  for (size_t i = 0; i < model.num_layers(); ++i) {
+    const Layer& l = model.layer(i);
+    per_sample +=
+        static_cast<double>(l.in_features() + l.out_features()) + l.state_values_per_sample();
+    scratch += l.scratch_values();
+  }
+  const double state = 4.0 * 2.0 * static_cast<double>(model.param_count());
+  const double acts = 4.0 * (per_sample * static_cast<double>(batch) + scratch);
+  const double need = 3.0 * (state + acts);
+  const int64_t avail = available_memory_bytes();
+  constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+  if (avail >= 0 && need > static_cast<double>(avail))
+    throw UserError(fmt::format(
+        "{}: the config's step needs about {:.2f} GiB here ({:.2f} GiB for the {} parameters and "
+        "their gradients, {:.2f} GiB for the activations of a batch of {} (data.batch_size), "
+        "and the replay's two copies of them), more than the {:.2f} GiB this process can "
+        "allocate; use a smaller model or data.batch_size",
+        who, need / kGiB, state / kGiB, model.distinct_param_count(), acts / kGiB, batch,
+        static_cast<double>(avail) / kGiB));
+  require_address_space(2.0 * state, 2.0 * acts, fmt::format("a batch of {}", batch), 1,
+                        blas_threads, "the bench");
+}
+
+}  // namespace
+
 StepGemms record_step_gemms(const Config& cfg, int blas_threads, const std::string& who) {
   const DataSplits data = load_data(cfg.data, cfg.seed);
   const ModelShape shape = resolve_model_shape(cfg, data);
   const Model model = build_model(cfg.model, {shape.sample, shape.num_classes});
-  // (a layer list is built without its parameters: the check comes before they are allocated)
-  MemoryPlan plan;
-  plan.stages = {{0, model.num_layers()}};
-  plan.blas_threads = blas_threads;
-  plan.train_rows = data.train.rows;
-  plan.eval_rows = 0;
-  Config one = cfg;  // one rank, as the bench runs it
-  one.distributed.world_size = 1;
-  one.distributed.tensor_parallel.size = 1;
-  one.distributed.strategy = StrategyKind::kDdp;
-  try {
-    check_training_memory(one, model, plan);
-  } catch (const UserError& e) {
-    throw UserError(who +
-                    ": the config's step would not fit, by dtrain run's estimate for one "
-                    "rank: " +
-                    e.what());
-  }
+  check_bench_memory(model, std::min(cfg.data.batch_size, data.train.rows), blas_threads, who);
   ParamStore ps(model.param_count());
   model.init(ps.values.data(), static_cast<uint64_t>(cfg.seed));
   StepGemms s;

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <system_error>
 
@@ -42,7 +44,9 @@ CLI::Option* real_number(CLI::Option* o) {
         double x = 0;
         const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
         if (!v.empty() && ec == std::errc::result_out_of_range && end == v.data() + v.size())
-          return std::string("is out of a double's range (about ±1.8e308)");
+          return std::isinf(std::strtod(v.c_str(), nullptr))
+                     ? std::string("is out of a double's range (about ±1.8e308)")
+                     : std::string("is too small for a double (below about 4.9e-324): write 0");
         return !v.empty() && ec == std::errc() && end == v.data() + v.size()
                    ? std::string()
                    : std::string("must be a decimal number");

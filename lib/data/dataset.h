@@ -134,8 +134,8 @@ std::string idle_ranks_warning(int64_t train_rows, int64_t world_size, int64_t p
                                int64_t tensor_ranks = 1);
 
 // Reads a whole file, gunzipping when it starts with the gzip magic. UserError when missing,
-// in another compression format (refuse_unread_compression), corrupt, or larger (or inflating to more) than this process can allocate
-// (available_memory_bytes), the last checked before reading.
+// in another compression format (refuse_unread_compression), corrupt, or larger (or inflating to
+// more) than this process can allocate (available_memory_bytes), the last checked before reading.
 std::string read_maybe_gzip(const std::string& path);
 
 }  // namespace dtrain

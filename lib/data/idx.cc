@@ -302,6 +302,7 @@ void check_idx_label_count(const std::string& images_path, uint64_t n,
 // A header whose size disagrees with the file is caught before the file is read: from the file
 // size (uncompressed), or as soon as inflating passes the promised size (gzip).
 IdxFile read_idx(const std::string& path, uint32_t magic, const char* what) {
+  refuse_unread_compression(path);  // (before its bytes are read as an IDX header)
   IdxFile f;
   const Promise promise = idx_promised_size(path, magic);
   const size_t promised = promise.total;
@@ -416,6 +417,8 @@ int64_t idx_label_classes(const std::string& labels_path) {
 }
 
 void check_idx_headers(const std::string& images_path, const std::string& labels_path) {
+  refuse_unread_compression(images_path);
+  refuse_unread_compression(labels_path);
   const Promise img = idx_promised_size(images_path, kImagesMagic);
   check_promise(images_path, img, kImagesMagic, "images");
   const Promise lab = idx_promised_size(labels_path, kLabelsMagic);

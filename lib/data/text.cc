@@ -240,6 +240,15 @@ TextSplit plan_text_split(const TextOptions& opts, int64_t n, const std::string&
 }
 
 void check_text_memory(const TextOptions& opts) {
+  // A file in a compression format dtrain does not read, named before any size is trusted (its
+  // size is not the text's).
+  for (const auto& [specs, key] :
+       {std::pair{&opts.train, "data.train.path"}, std::pair{&opts.test, "data.test.path"}})
+    if (const auto files = regular_text_files(*specs)) try {
+        for (const std::string& f : *files) refuse_unread_compression(f);
+      } catch (const UserError& e) {
+        throw UserError(std::string(key) + ": " + e.what());
+      }
   if (opts.block_size < 1) return;  // (load_text refuses it)
   const int64_t avail = available_memory_bytes();
   const int64_t n = opts.train.empty() ? 0 : text_bytes_without_reading(opts.train);
@@ -256,21 +265,15 @@ void check_text_memory(const TextOptions& opts) {
       "data: the text takes about {:.1f} GiB once read ({} bytes{}, kept as 4-byte tokens in "
       "windows of model.block_size + 1 = {}: about {:.1f} bytes per byte of text), more than "
       "the {:.1f} GiB this process can allocate; use a shorter text (fewer files) or free "
-      "memory (each rank holds its own copy)",
+      "memory (each process holds one copy, shared by its in-process ranks)",
       total / kGiB, n + m,
-      m > 0 ? fmt::format(": {} of data.train.path, {} of data.test.path", n, m) : "",
+      n > 0 && m > 0 ? fmt::format(": {} of data.train.path, {} of data.test.path", n, m)
+      : m > 0        ? std::string(" of data.test.path")
+                     : std::string(" of data.train.path"),
       opts.block_size + 1, 1.0 + per_byte, static_cast<double>(avail) / kGiB));
 }
 
 void check_text_sizes(const TextOptions& opts) {
-  // A file in a compression format dtrain does not read, named before any size is trusted.
-  for (const auto& [specs, key] :
-       {std::pair{&opts.train, "data.train.path"}, std::pair{&opts.test, "data.test.path"}})
-    if (const auto files = regular_text_files(*specs)) try {
-        for (const std::string& f : *files) refuse_unread_compression(f);
-      } catch (const UserError& e) {
-        throw UserError(std::string(key) + ": " + e.what());
-      }
   check_text_memory(opts);
   // Each side where its sizes are known (load_text names what it cannot read; gzip is counted by
   // decompressing, streamed, as train_rows_without_loading counts it): a test file is checked

@@ -79,9 +79,10 @@ struct TextSplit {
 };
 TextSplit plan_text_split(const TextOptions& opts, int64_t n, const std::string& train_desc);
 
-// Refuses (UserError, with the numbers) a text this process cannot hold once read, from the
-// files' sizes before any is read (load_text and validate): its bytes, and its windows as
-// 4-byte tokens (about 5 bytes per byte of text). Unknown sizes pass (the reader names them).
+// Refuses (UserError) a text file in a compression format dtrain does not read (by its first
+// bytes), then, with the numbers, a text this process cannot hold once read, from the files'
+// sizes before any is read (load_text and validate): its bytes, and its windows as 4-byte tokens
+// (about 5 bytes per byte of text). Unknown sizes pass (the reader names them).
 void check_text_memory(const TextOptions& opts);
 
 // load_text's refusals without reading the files (validate): a file in a compression format

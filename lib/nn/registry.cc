@@ -103,7 +103,8 @@ Model build_sequential(const std::vector<LayerSpec>& specs, const ModelInput& in
                          : "the data has " + std::to_string(in.num_classes) +
                                " classes (labels 0.." + std::to_string(in.num_classes - 1) +
                                " over the training and test data)") +
-                    (shape.size() > 1 && shape.back() == in.num_classes
+                    (shape.size() > 1 && shape.back() == in.num_classes &&
+                             specs.back().kind == LayerKind::kLinear
                          ? ": add a flatten before the list's linear layers (a linear maps the "
                            "last dimension only)"
                          : ": end the list with {linear: " + std::to_string(in.num_classes) +

@@ -15,7 +15,9 @@
 // for W = 2, a half, about a quarter, and 2 ratio (1/50 at ratio 0.01); the all-gather grows with
 // W, so the saving shrinks for larger groups (a compressed reduce-scatter is future work).
 //
-// PowerSgd (Vogels et al. 2019, PyTorch's powerSGD_hook): each 2-D weight M (n x m) is sent as
+// PowerSgd (Vogels et al. 2019, PyTorch's powerSGD_hook): each weight of 2 or more dimensions,
+// the matrix M (n x m) of its first dimension by the rest (a conv2d weight [O, I, kh, kw] is
+// O x I*kh*kw, the hook's view), is sent as
 // rank-r factors P (n x r) and Q (m x r). The factors are linear in M, so they are all-reduced
 // (ring, sums): P = M Q_prev summed over ranks and orthonormalised, Q = M^T P summed, result
 // P Q^T. Tensors where that does not pay (1-D biases, r (n + m) >= n m) are all-reduced exact.
@@ -64,7 +66,8 @@ class GradReducer {
   virtual void import_state(const State& s) = 0;
 };
 
-// cfg.type powersgd gives a PowerSgd over the model's 2-D parameters, any other a GradCompressor;
+// cfg.type powersgd gives a PowerSgd over the model's parameters of 2 or more dimensions, any
+// other a GradCompressor;
 // seed (the run seed) draws PowerSGD's initial Q, identical on every rank.
 std::unique_ptr<GradReducer> make_grad_reducer(const CompressionConfig& cfg,
                                                const std::vector<ParamEntry>& params, int64_t n,

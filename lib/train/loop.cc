@@ -34,16 +34,18 @@ TrainLoop::TrainLoop(const Config& cfg, const RunOptions& opts, Communicator& co
 
 void TrainLoop::setup_model() {
   auto t0 = Clock::now();
-  data_ = load_data(cfg_.data, cfg_.seed);
-  const ModelShape shape = resolve_model_shape(cfg_, data_);
-  if (const auto w = idle_ranks_warning(data_.train.rows, world_.size(), S_, grid_.layout().tp());
+  data_ = opts_.data != nullptr
+              ? opts_.data->get()
+              : std::make_shared<const DataSplits>(load_data(cfg_.data, cfg_.seed));
+  const ModelShape shape = resolve_model_shape(cfg_, *data_);
+  if (const auto w = idle_ranks_warning(data_->train.rows, world_.size(), S_, grid_.layout().tp());
       lead_ && !w.empty())
     spdlog::warn("{}", w);
   if (lead_)
     spdlog::info(
         "data: {} train / {} test samples, {} features, {} classes, normalize {} ({:.2f} s)",
-        data_.train.rows, data_.test.rows, shape.in_features, shape.num_classes,
-        to_string(data_.normalizer.method), seconds_since(t0));
+        data_->train.rows, data_->test.rows, shape.in_features, shape.num_classes,
+        to_string(data_->normalizer.method), seconds_since(t0));
   model_ = build_model(cfg_.model, {shape.sample, shape.num_classes});
   if (grid_.layout().tp() > 1) {
     // This tensor rank's shards; model_ so far is the whole model checkpoints are written in.
@@ -52,7 +54,7 @@ void TrainLoop::setup_model() {
                        grid_.layout().tp());
     tp_ = std::make_unique<TensorParallel>(model_, std::move(whole), grid_.comm(GridAxis::kTensor));
   }
-  tps_ = data_.train.targets_per_row();
+  tps_ = data_->train.targets_per_row();
   DT_CHECK_EQ(model_.targets_per_sample(), tps_);
   // The whole model, as checkpoints hold it; under tensor parallelism each rank then holds a
   // 1/T shard of every block's weights.
@@ -72,13 +74,13 @@ void TrainLoop::setup_model() {
                                    opts_.faults, rank_, step_);
   tied_.emplace(model_, stages_, stage_, dp_, pp_);
   strategy_->init_params(static_cast<uint64_t>(cfg_.seed));
-  exec_ = pipelined ? make_pipeline_executor(cfg_, model_, data_.train, *strategy_, rng_, tracer_,
+  exec_ = pipelined ? make_pipeline_executor(cfg_, model_, data_->train, *strategy_, rng_, tracer_,
                                              world_, grid_.layout(), stages_)
-                    : make_single_stage_executor(cfg_, data_.train, *strategy_, rng_, tracer_);
+                    : make_single_stage_executor(cfg_, data_->train, *strategy_, rng_, tracer_);
   if (tp_) exec_->set_tensor_group(tp_->group());
-  sampler_.emplace(data_.train.rows, cfg_.data.batch_size, DP_, dpr_, cfg_.data.shuffle,
+  sampler_.emplace(data_->train.rows, cfg_.data.batch_size, DP_, dpr_, cfg_.data.shuffle,
                    cfg_.data.drop_last, static_cast<uint64_t>(cfg_.seed));
-  plan_ = plan_steps(cfg_, sampler_->batches_per_epoch(), data_.train.rows, DP_);
+  plan_ = plan_steps(cfg_, sampler_->batches_per_epoch(), data_->train.rows, DP_);
   // The run starts here, every rank's input checked (data, model, memory, steps): the folder is
   // prepared, and an --overwrite deletes the old run's files only now. The barrier first: a rank
   // that refused its input never comes, so rank 0 fails instead of deleting. (Every rank: only
@@ -102,9 +104,9 @@ void TrainLoop::check_memory() const {
       .resume = resuming_,  // rank 0's decision: every rank reads the checkpoint's full state
       // The address-space probe once per process: rank 0 for the in-process ranks.
       .blas_threads = !inproc || world_.rank() == 0 ? std::max(1, blas_threads()) : 0,
-      .train_rows = data_.train.rows,
+      .train_rows = data_->train.rows,
       // A replica evaluates its contiguous share of the test set.
-      .eval_rows = opts_.evaluate ? (data_.test.rows + DP_ - 1) / DP_ : 0};
+      .eval_rows = opts_.evaluate ? (data_->test.rows + DP_ - 1) / DP_ : 0};
   check_training_memory(cfg_, model_, plan);
 }
 
@@ -436,14 +438,14 @@ void TrainLoop::record(bool epoch_done) {
 }
 
 void TrainLoop::evaluate() {
-  if (data_.test.rows == 0) return;
+  if (data_->test.rows == 0) return;
   TraceScope ts(tracer_, "eval", "eval");
   const auto e0 = Clock::now();
   // Each replica evaluates a contiguous share of the test set; the sums of the ranks that
   // compute the loss are all-reduced.
-  const int64_t n = data_.test.rows;
+  const int64_t n = data_->test.rows;
   const auto [loss_sum, correct] =
-      exec_->evaluate(data_.test, cfg_.data.eval_batch_size, dpr_, DP_);
+      exec_->evaluate(data_->test, cfg_.data.eval_batch_size, dpr_, DP_);
   // Every rank's (double loss sum, int64 count) gathered as int64 words and summed in rank order:
   // exact counts (a float stops counting at 2^24 correct targets), the loss with a double's
   // precision, and the same figures on every rank and backend.
@@ -653,7 +655,7 @@ nlohmann::json TrainLoop::run() {
     record(epoch_done);
     // (only where there is one to run: a checkpoint carries it, and a resume runs it)
     if ((epoch_done || (cfg_.train.eval_every > 0 && step_ % cfg_.train.eval_every == 0)) &&
-        opts_.evaluate && data_.test.rows > 0)
+        opts_.evaluate && data_->test.rows > 0)
       eval_due_ = true;
     // Local SGD ranks hold the same parameters only right after a synchronisation: an
     // evaluation falls due at the first synchronisation at or after the epoch end.

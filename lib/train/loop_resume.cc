@@ -56,9 +56,9 @@ bool TrainLoop::resume() {
                                                 : std::string("rank 0's checkpoint"));
       // Training goes on with the data's statistics as they are now; the weights learned with
       // the checkpoint's (an elastic restart or an interrupted run has the same files: equal).
-      if (lead_ && !rp_.normalizer.empty() && data_.train.kind == SampleKind::kFeatures &&
-          !(Normalizer::from_json(rp_.normalizer, data_.train.features, rp_.from) ==
-            data_.normalizer))
+      if (lead_ && !rp_.normalizer.empty() && data_->train.kind == SampleKind::kFeatures &&
+          !(Normalizer::from_json(rp_.normalizer, data_->train.features, rp_.from) ==
+            data_->normalizer))
         spdlog::warn(
             "the training data's statistics differ from those {} was trained with (the data files "
             "or the held-out split changed since): training continues on inputs scaled by the "
@@ -157,15 +157,15 @@ void TrainLoop::restore_progress(const std::string& progress) {
       // The sampler's position (epoch, batch) indexes the training set the checkpoint was saved
       // with (absent before 2026-12-06): another size means other files, and another order.
       if (const int64_t rows = p.value("train_rows", int64_t{-1});
-          rows >= 0 && rows != data_.train.rows)
+          rows >= 0 && rows != data_->train.rows)
         spdlog::warn(
             "the training set has {} samples and {} was saved while training on {}: the data "
             "changed since, so {}",
-            data_.train.rows, rp_.from, rows,
+            data_->train.rows, rp_.from, rows,
             batch_ >= bpe_
                 ? fmt::format("epoch {} is over in the new set (its {} batches are no more than "
-                              "the {} done): training goes on with epoch {}",
-                              rp_.epoch, bpe_, batch_, rp_.epoch + 1)
+                              "the {} done)",
+                              rp_.epoch, bpe_, batch_)
                 : fmt::format("epoch {} goes on from batch {} of the new set's order, not the "
                               "interrupted run's",
                               rp_.epoch, batch_));
@@ -192,7 +192,7 @@ void TrainLoop::restore_progress(const std::string& progress) {
     last_eval_step_ = static_cast<int64_t>(v[7]);
     // Its figures are the summary's only where this run evaluates (--no-eval: none reported)
     // the test set it has.
-    if (opts_.evaluate && data_.test.rows > 0) {
+    if (opts_.evaluate && data_->test.rows > 0) {
       have_eval_ = true;
       last_eval_.loss = v[8];
       last_eval_.accuracy = v[9];
@@ -244,7 +244,7 @@ bool TrainLoop::run_left_unfinished() {
 int64_t TrainLoop::resumed_batch_index() const {
   const int64_t now = cfg_.data.batch_size * DP_, before = rp_.global_batch;
   if (before <= 0 || before == now || rp_.batch == 0) return rp_.batch;
-  const int64_t n = data_.train.rows;
+  const int64_t n = data_->train.rows;
   const int64_t seen = std::min(n, rp_.batch * before);  // the last batch of an epoch may be short
   const int64_t k = seen == n ? bpe_ : seen / now;
   if (lead_)

@@ -67,7 +67,7 @@ void TrainLoop::save() {
     m.world_size = world_.size();
     m.strategy = to_string(cfg_.distributed.strategy);
     m.config_json = config_json_;
-    if (data_.train.kind == SampleKind::kFeatures) m.normalizer_json = data_.normalizer.to_json();
+    if (data_->train.kind == SampleKind::kFeatures) m.normalizer_json = data_->normalizer.to_json();
     m.schedule_steps = schedule_steps_;
     m.progress_json = nlohmann::json{{"skipped_steps", skipped_steps_},
                                      {"record_loss", record_loss_},
@@ -76,7 +76,7 @@ void TrainLoop::save() {
                                      {"interval_samples", interval_samples},
                                      {"eval_due", eval_due_},
                                      {"final_train_loss", nan_to_null(final_train_loss_)},
-                                     {"train_rows", data_.train.rows}}
+                                     {"train_rows", data_->train.rows}}
                           .dump();
   }
   // Every rank's compression state goes to rank 0 (compression_state.h).

@@ -132,7 +132,7 @@ class TrainLoop {
   const int DP_, dpr_, stage_;
   std::string ckpt_dir_, hash_, config_json_;
 
-  DataSplits data_;
+  std::shared_ptr<const DataSplits> data_;  // (shared by the in-process ranks: RunOptions::data)
   Model model_;
   std::vector<LayerRange> stages_;  // per stage (one: the whole model)
   std::unique_ptr<Strategy> strategy_;

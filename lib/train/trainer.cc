@@ -245,12 +245,13 @@ void require_address_space(double state, double acts, const std::string& batch, 
   if (address_space_allows(static_cast<int64_t>(std::min(state + acts + reserve, 0x1p62)))) return;
   const std::string model_part =
       state + acts > 0
-          ? fmt::format("{:.2f} GiB for {}, {:.2f} GiB for the activations of {}, and ",
-                        state / gib,
-                        std::string_view(task) == "training"
-                            ? "parameters, gradients and optimizer state"
-                            : "the parameters and the checkpoint's values as they load",
-                        acts / gib, batch)
+          ? fmt::format(
+                "{:.2f} GiB for {}, {:.2f} GiB for the activations of {}, and ", state / gib,
+                std::string_view(task) == "training" ? "parameters, gradients and optimizer state"
+                : std::string_view(task) == "evaluation" || std::string_view(task) == "generation"
+                    ? "the parameters and the checkpoint's values as they load"
+                    : "parameters and gradients",
+                acts / gib, batch)
           : std::string();
   throw UserError(fmt::format(
       "this process's address-space limit (ulimit -v: {:.0f} MiB, {:.0f} MiB of it in use) "
@@ -717,6 +718,10 @@ nlohmann::json run_training(const Config& cfg, const RunOptions& opts) {
     Communicator comm(std::move(transports[0]), copts);
     return train_rank(cfg, opts, comm);
   }
+  // One copy of the data for all ranks (loaded by the first rank to ask for it).
+  SharedSplits shared(cfg.data, cfg.seed);
+  RunOptions rank_opts = opts;
+  if (rank_opts.data == nullptr) rank_opts.data = &shared;
   std::vector<nlohmann::json> summaries(static_cast<size_t>(world));
   std::vector<std::exception_ptr> errors(static_cast<size_t>(world));
   std::atomic<int> first_failed{-1};
@@ -748,7 +753,7 @@ nlohmann::json run_training(const Config& cfg, const RunOptions& opts) {
       threads_v.emplace_back([&, r] {
         Communicator& comm = *comms[static_cast<size_t>(r)];
         try {
-          summaries[static_cast<size_t>(r)] = train_rank(cfg, opts, comm);
+          summaries[static_cast<size_t>(r)] = train_rank(cfg, rank_opts, comm);
         } catch (const std::exception& e) {
           errors[static_cast<size_t>(r)] = std::current_exception();
           int expected = -1;

@@ -14,6 +14,7 @@
 #include "comm/communicator.h"
 #include "config/config.h"
 #include "data/dataset.h"
+#include "data/shared_splits.h"
 #include "nn/model.h"
 #include "util/fault.h"
 #include "util/interrupt.h"
@@ -49,6 +50,9 @@ struct RunOptions {
   // false: no checkpoint at the end of training (`dtrain bench step`, whose folder goes right
   // after: a 50M-parameter model's final save wrote 643 MB, and failed on a small $TMPDIR).
   bool final_save = true;
+  // The data, loaded once for every in-process rank of the run (run_training sets it for its
+  // ranks); nullptr: the rank loads its own. Not owned; must outlive the run.
+  SharedSplits* data = nullptr;
   // Benchmarks (`dtrain bench step`): called by every rank on its own thread after each optimizer
   // step with (rank, step, the step's seconds as train_s counts them, its micro-batches: up to
   // train.grad_accum_steps, fewer at an epoch's end); its own time is not counted in train_s.
@@ -195,7 +199,9 @@ void check_eval_memory(const Config& cfg, const Model& model, int64_t rows, bool
 // Throws that refusal (UserError, with the numbers) when this process cannot map the state and
 // activations plus OpenBLAS's buffers for `here` ranks of `threads` BLAS threads (ulimit -v).
 // `batch` names the batch whose activations `acts` counts ("a batch of 128 (data.batch_size)").
-// `task` names what needs it in the message ("training", "evaluation").
+// `task` names what needs it in the message: "training" (state: parameters, gradients and
+// optimizer state), "evaluation" or "generation" (parameters and the checkpoint's values), any
+// other (parameters and gradients).
 void require_address_space(double state, double acts, const std::string& batch, int here,
                            int threads, const char* task = "training");
 

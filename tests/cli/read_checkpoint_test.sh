@@ -39,10 +39,23 @@ if bad=$(/usr/bin/python3 "$SRC/scripts/read_checkpoint.py" "$dir/edited.safeten
   echo "an edited header was read: $bad"; exit 1
 fi
 grep -q "header fails its CRC-32 check" <<<"$bad"
-# A folder (a sharded checkpoint's) is refused with the way out, not a traceback.
-if bad=$(/usr/bin/python3 "$SRC/scripts/read_checkpoint.py" "$dir/run/checkpoints" 2>&1); then
-  echo "a folder was read: $bad"; exit 1
-fi
-echo "$bad"
-grep -q "^error: .* is a folder, not a checkpoint file: run .dtrain checkpoint consolidate" <<<"$bad"
+# A folder is refused with the way out, not a traceback: a run's or checkpoints folder names its
+# newest file, a sharded checkpoint (its manifest.json) the consolidation.
+for folder in "$dir/run" "$dir/run/checkpoints"; do
+  if bad=$(/usr/bin/python3 "$SRC/scripts/read_checkpoint.py" "$folder" 2>&1); then
+    echo "a folder was read: $bad"; exit 1
+  fi
+  echo "$bad"
+  grep -qF "is a folder, not a checkpoint file: read $file (the newest checkpoint" <<<"$bad"
+done
+"$BIN" run "$SRC/configs/smoke.yaml" --set train.max_steps=2 --set distributed.world_size=2 \
+  --set distributed.strategy=fsdp --out "$dir/sharded" --log-level warn >/dev/null
+shards="$dir/sharded/checkpoints/$(cat "$dir/sharded/checkpoints/latest")"
+for folder in "$dir/sharded" "$shards"; do
+  if bad=$(/usr/bin/python3 "$SRC/scripts/read_checkpoint.py" "$folder" 2>&1); then
+    echo "a folder was read: $bad"; exit 1
+  fi
+  echo "$bad"
+  grep -qF "run \`dtrain checkpoint consolidate $shards -o FILE.safetensors\`" <<<"$bad"
+done
 echo ok

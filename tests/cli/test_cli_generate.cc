@@ -203,6 +203,12 @@ TEST_CASE("generate: bad options and a model that is not gpt exit 2 with one lin
     CHECK(r.exit_code == 2);
     CHECK(r.output.starts_with("error: --temperature: is out of a double's range"));
   }
+  {  // and one below its smallest as too small, not as out of range
+    const CmdResult r = run_dtrain("generate " + gpt + ck + " --temperature 1e-400");
+    INFO(r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(r.output.starts_with("error: --temperature: is too small for a double"));
+  }
   // Integers past int64's range are refused, not clamped to its limit.
   for (const char* opt : {" --tokens ", " --top-k ", " --seed "}) {
     const CmdResult r = run_dtrain("generate " + gpt + ck + opt + "99999999999999999999");
@@ -447,5 +453,5 @@ TEST_CASE("resume on a training text of another size warns that the order change
   CHECK(r.exit_code == 0);
   CHECK(contains(r.output,
                  "so epoch 0 is over in the new set (its 3 batches are no more than the "
-                 "3 done): training goes on with epoch 1"));
+                 "3 done)\n"));
 }

@@ -202,15 +202,18 @@ TEST_CASE("bench gemm --config and bench step refuse a model this process cannot
     const auto r = run_cmd("ulimit -v 3000000; timeout -k 5 60 " + kBin + " " + cmd + " 2>&1");
     CHECK(r.exit_code == 2);
     const std::string who = cmd.starts_with("bench gemm") ? "bench gemm --config" : "bench step";
-    CHECK_MESSAGE(contains(r.output, "error: " + who +
-                                         ": the config's step would not fit, by dtrain run's "
-                                         "estimate for one rank: the model has "),
+    CHECK_MESSAGE(contains(r.output, "error: " + who + ": the config's step needs about "),
                   r.output);
+    CHECK_MESSAGE(contains(r.output, " parameters and their gradients, "), r.output);
   }
-  const auto r = run_cmd("ulimit -v 300000; timeout -k 5 60 " + kBin + " bench gemm --config " +
-                         cfg + " --iters 1 2>&1");
-  CHECK(r.exit_code == 2);
-  CHECK_MESSAGE(contains(r.output, "this process's address-space limit (ulimit -v: "), r.output);
+  // (--threads 0, every core, spun: the probe was skipped for it)
+  for (const std::string threads : {"1", "0"}) {
+    const auto r = run_cmd("ulimit -v 300000; timeout -k 5 60 " + kBin + " bench gemm --config " +
+                           cfg + " --iters 1 --threads " + threads + " 2>&1");
+    CHECK(r.exit_code == 2);
+    CHECK_MESSAGE(contains(r.output, "this process's address-space limit (ulimit -v: "), r.output);
+    CHECK_MESSAGE(contains(r.output, "GiB the bench needs: "), r.output);
+  }
 }
 
 TEST_CASE("huge timeouts mean a long wait: runs in-process and launched train, not time out") {

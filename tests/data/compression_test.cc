@@ -1,5 +1,6 @@
 // Data files in a compression format dtrain does not read (data/compression.h) are refused by
 // name: as text they would train on their compressed bytes, silently.
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <string_view>
@@ -11,6 +12,7 @@
 #include "data/text.h"
 #include "test_util.h"
 #include "util/check.h"
+#include "util/fs.h"
 
 namespace dtrain {
 namespace {
@@ -58,7 +60,7 @@ TEST_CASE("compression: xz, bzip2, zstd, zip, 7z and lz4 are named by their magi
   CHECK(unread_compression(""sv).empty());
 }
 
-TEST_CASE("compression: text, CSV and IDX readers refuse an xz or zstd file by name, exit 2") {
+TEST_CASE("compression: text and CSV readers refuse an xz or zstd file by name, exit 2") {
   TempDir dir;
   const std::string xz = write_bytes(dir.path() + "/corpus.txt.xz",
                                      "\xFD"
@@ -87,6 +89,25 @@ TEST_CASE("compression: text, CSV and IDX readers refuse an xz or zstd file by n
   CHECK(user_error_of([&] { load_text(o); }) == e);
   o.test = {};
   CHECK(user_error_of([&] { check_text_sizes(o); }).empty());
+  // A large one (sparse) is named by its format too, not sized as text (run said it would take
+  // 66 GiB once read: its compressed bytes counted as text).
+  if (const int64_t avail = available_memory_bytes(); avail > 0) {
+    std::filesystem::resize_file(xz, static_cast<uintmax_t>(avail / 10 * 4));
+    o.train = {xz};
+    CHECK(user_error_of([&] {
+            load_text(o);
+          }).starts_with("data.train.path: '" + xz + "' is xz-compressed"));
+  }
+}
+
+TEST_CASE("compression: IDX images or labels in xz are refused by name") {
+  // (the IDX reader gave "bad IDX magic 0xfd377a58")
+  TempDir dir;
+  const std::string xz = write_bytes(dir.path() + "/images.xz",
+                                     "\xFD"
+                                     "7zXZ\0\0\x04\xE6 more"sv);
+  const std::string e = user_error_of([&] { load_idx(xz, xz); });
+  CHECK(e.find("'" + xz + "' is xz-compressed") != std::string::npos);
 }
 
 }  // namespace

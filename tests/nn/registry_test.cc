@@ -93,6 +93,9 @@ TEST_CASE("registry: layer lists that do not fit are errors naming the entry") {
         "end the list with {linear: 10} (after a flatten for image shapes)");
   CHECK(error_of({}, {4}).starts_with("model.layers is empty"));
   // Linear works on the last dimension, as torch.nn.Linear: [1, 28, 28] -> [1, 28, 10].
+  // No linear at all, but a last dimension that happens to equal the classes: end with one.
+  CHECK(error_of({L(K::kConv2d, 4, 3), L(K::kRelu)}, {1, 12, 12})
+            .ends_with(": end the list with {linear: 10} (after a flatten for image shapes)"));
   // The list already ends with the classes' linear: the flatten is what it lacks.
   CHECK(error_of({L(K::kRelu), L(K::kLinear, 10)}, {1, 28, 28}) ==
         "model.layers: the last layer gives [1, 28, 10] per sample, but the data has 10 classes "
