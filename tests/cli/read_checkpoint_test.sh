@@ -41,21 +41,20 @@ fi
 grep -q "header fails its CRC-32 check" <<<"$bad"
 # A folder is refused with the way out, not a traceback: a run's or checkpoints folder names its
 # newest file, a sharded checkpoint (its manifest.json) the consolidation.
-for folder in "$dir/run" "$dir/run/checkpoints"; do
-  if bad=$(/usr/bin/python3 "$SRC/scripts/read_checkpoint.py" "$folder" 2>&1); then
-    echo "a folder was read: $bad"; exit 1
+refused() {  # refused FOLDER TEXT: the reader fails on FOLDER, naming TEXT
+  local out
+  if out=$(/usr/bin/python3 "$SRC/scripts/read_checkpoint.py" "$1" 2>&1); then
+    echo "a folder was read: $out"
+    exit 1
   fi
-  echo "$bad"
-  grep -qF "is a folder, not a checkpoint file: read $file (the newest checkpoint" <<<"$bad"
-done
+  echo "$out"
+  grep -qF "$2" <<<"$out"
+}
+refused "$dir/run" "is a folder, not a checkpoint file: read $file (the newest checkpoint"
+refused "$dir/run/checkpoints" "is a folder, not a checkpoint file: read $file (the newest"
 "$BIN" run "$SRC/configs/smoke.yaml" --set train.max_steps=2 --set distributed.world_size=2 \
   --set distributed.strategy=fsdp --out "$dir/sharded" --log-level warn >/dev/null
 shards="$dir/sharded/checkpoints/$(cat "$dir/sharded/checkpoints/latest")"
-for folder in "$dir/sharded" "$shards"; do
-  if bad=$(/usr/bin/python3 "$SRC/scripts/read_checkpoint.py" "$folder" 2>&1); then
-    echo "a folder was read: $bad"; exit 1
-  fi
-  echo "$bad"
-  grep -qF "run \`dtrain checkpoint consolidate $shards -o FILE.safetensors\`" <<<"$bad"
-done
+refused "$dir/sharded" "run \`dtrain checkpoint consolidate $shards -o FILE.safetensors\`"
+refused "$shards" "run \`dtrain checkpoint consolidate $shards -o FILE.safetensors\`"
 echo ok
