@@ -35,8 +35,8 @@ TARGETS=${TARGETS:-all}
 # How long a clean build takes on 2 cores without ccache. Measured 2026-12-06 (Debian 12, 2 cores,
 # an empty build folder, other work sharing the machine): dtrain alone 328 CPU-seconds of
 # compiling as a unity build, 790 file by file (UNITY=0); everything (the test binaries compile
-# file by file) 456 s of wall time in a CI run that shared the cores. Rebuilds (only what
-# changed) are faster.
+# file by file) 366 s of wall time in a quiet CI run (456 s in one that shared the cores).
+# Rebuilds (only what changed) are faster.
 case "$TARGETS" in
   dtrain) estimate="about 2 to 3 minutes (UNITY=0: 4 to 7)" ;;
   *) estimate="about 4 to 6 minutes (dtrain alone: 2 to 3)" ;;
