@@ -78,16 +78,13 @@ namespace {
 // bench holds no optimizer state, compression residual or second rank.
 void check_bench_memory(const Model& model, int64_t batch, int blas_threads,
                         const std::string& who) {
-  double per_sample = 0, scratch = 0;
-  for (size_t i = 0; i < model.num_layers(); ++i) {
-    const Layer& l = model.layer(i);
-    per_sample +=
-        static_cast<double>(l.in_features() + l.out_features()) + l.state_values_per_sample();
-    scratch += l.scratch_values();
-  }
+  const size_t layers = model.num_layers();
   const double state = 4.0 * 2.0 * static_cast<double>(model.param_count());
-  const double acts = 4.0 * (per_sample * static_cast<double>(batch) + scratch);
-  const double need = 3.0 * (state + acts);
+  const double acts =
+      4.0 * (activation_values_per_sample(model, 0, layers, false) * static_cast<double>(batch) +
+             scratch_values(model, 0, layers));
+  const double replay = 2.0 * (state + acts);
+  const double need = state + acts + replay;
   const int64_t avail = available_memory_bytes();
   constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
   if (avail >= 0 && need > static_cast<double>(avail))
@@ -98,8 +95,8 @@ void check_bench_memory(const Model& model, int64_t batch, int blas_threads,
         "allocate; use a smaller model or data.batch_size",
         who, need / kGiB, state / kGiB, model.distinct_param_count(), acts / kGiB, batch,
         static_cast<double>(avail) / kGiB));
-  require_address_space(2.0 * state, 2.0 * acts, fmt::format("a batch of {}", batch), 1,
-                        blas_threads, "the bench");
+  require_address_space(state + replay, acts, fmt::format("a batch of {}", batch), 1, blas_threads,
+                        MemoryTask::kBench);
 }
 
 }  // namespace

@@ -21,8 +21,7 @@ namespace {
 
 // The warning for ranks without training samples, when the data set's size is known without
 // reading it (validate, before a run loads the data; the run warns again with the exact count).
-void warn_idle_ranks(const Config& cfg) {
-  const int64_t rows = train_rows_without_loading(cfg.data);
+void warn_idle_ranks(const Config& cfg, int64_t rows) {
   if (rows < 0) return;
   const DistributedConfig& d = cfg.distributed;
   const std::string w =
@@ -33,9 +32,8 @@ void warn_idle_ranks(const Config& cfg) {
 // data.drop_last with a global batch larger than the training set trains nothing: the run refuses
 // that once it has loaded the data (plan_steps); validate refuses it, with the same message, when
 // the set's size is known without reading it.
-void check_drop_last_fits(const Config& cfg) {
+void check_drop_last_fits(const Config& cfg, int64_t rows) {
   if (!cfg.data.drop_last) return;
-  const int64_t rows = train_rows_without_loading(cfg.data);
   const DistributedConfig& d = cfg.distributed;
   const int64_t ranks_per_replica =
       std::max<int64_t>(1, d.pipeline.stages) * std::max<int64_t>(1, d.tensor_parallel.size);
@@ -49,7 +47,7 @@ void check_drop_last_fits(const Config& cfg) {
 // the config or a file header (data/dataset.h), a model that does not fit it or has fewer layers
 // with parameters than pipeline stages, or whose training state and activations cannot fit in
 // memory (train/trainer.h's check_training_memory, as run checks it).
-void check_layout_without_data(const Config& cfg, bool evaluate) {
+void check_layout_without_data(const Config& cfg, bool evaluate, int64_t train_rows) {
   const DistributedConfig& d = cfg.distributed;
   const int S = pipeline_stages(cfg);
   if (d.backend == Backend::kInproc) {
@@ -103,7 +101,7 @@ void check_layout_without_data(const Config& cfg, bool evaluate) {
          .replicas = replicas,
          .ranks_here = per_stage,
          .blas_threads = blas,
-         .train_rows = train_rows_without_loading(cfg.data),
+         .train_rows = train_rows,
          // Unknown (CSV, an unreadable text file): not counted, so validate never
          // refuses what run, which knows the rows, accepts.
          .eval_rows = !evaluate || test_rows < 0 ? 0 : (test_rows + replicas - 1) / replicas});
@@ -140,10 +138,13 @@ void check_config_without_data(const Config& cfg, bool evaluate) {
     }
   }
   // Text: run's refusals of an empty text or a split shorter than a window, from the sizes.
-  if (d.format == DataFormat::kText && d.block_size > 0) check_text_sizes(text_options(d));
-  warn_idle_ranks(cfg);
-  check_drop_last_fits(cfg);
-  check_layout_without_data(cfg, evaluate);
+  // (the training rows counted once: a gzip text is counted by decompressing it)
+  const int64_t rows = d.format == DataFormat::kText && d.block_size > 0
+                           ? check_text_sizes(text_options(d))
+                           : train_rows_without_loading(d);
+  warn_idle_ranks(cfg, rows);
+  check_drop_last_fits(cfg, rows);
+  check_layout_without_data(cfg, evaluate, rows);
 }
 
 }  // namespace dtrain

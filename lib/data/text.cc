@@ -119,6 +119,20 @@ std::vector<std::string> expand_text_paths(const std::vector<std::string>& specs
 
 namespace {
 
+// data.test.path's files hold `bytes`, fewer than one window (test_file_windows, and
+// check_text_sizes from their sizes).
+UserError short_test_text(const std::vector<std::string>& files, int64_t bytes, int64_t T) {
+  return UserError("data.test.path: the text " + describe(files) + " has " + std::to_string(bytes) +
+                   " bytes, fewer than " + window_text(T));
+}
+
+void check_block_size(const TextOptions& opts) {
+  if (opts.block_size < 1) {
+    throw UserError("model.block_size must be >= 1 for text data, got " +
+                    std::to_string(opts.block_size));
+  }
+}
+
 // The files of `key` hold no byte (read_text_files, and check_text_sizes from their sizes).
 UserError empty_text(const std::string& key, const std::vector<std::string>& files) {
   return UserError(key + (files.size() == 1 ? ": the text " : ": the texts ") + describe(files) +
@@ -273,7 +287,7 @@ void check_text_memory(const TextOptions& opts) {
       opts.block_size + 1, 1.0 + per_byte, static_cast<double>(avail) / kGiB));
 }
 
-void check_text_sizes(const TextOptions& opts) {
+int64_t check_text_sizes(const TextOptions& opts) {
   check_text_memory(opts);
   // Each side where its sizes are known (load_text names what it cannot read; gzip is counted by
   // decompressing, streamed, as train_rows_without_loading counts it): a test file is checked
@@ -285,20 +299,19 @@ void check_text_sizes(const TextOptions& opts) {
     if (t >= 0) {
       const std::vector<std::string> tf = expand_text_paths(opts.test, "data.test.path");
       if (t == 0) throw empty_text("data.test.path", tf);
-      if (text_window_count(t, opts.block_size) == 0)
-        throw UserError("data.test.path: the text " + describe(tf) + " has " + std::to_string(t) +
-                        " bytes, fewer than " + window_text(opts.block_size));
+      if (text_window_count(t, opts.block_size) == 0) throw short_test_text(tf, t, opts.block_size);
     }
   }
   bool exact = true;
   int64_t n = text_bytes_without_reading(opts.train, &exact);
   if (n >= 0 && !exact) n = text_bytes_by_decompressing(opts.train);
-  if (n < 0) return;
+  if (n < 0) return -1;
   const std::vector<std::string> files = expand_text_paths(opts.train, "data.train.path");
   if (n == 0) throw empty_text("data.train.path", files);
   const TextSplit sp = plan_text_split(opts, n, describe(files));
   if (!sp.no_split.empty())
     spdlog::warn("{} (the default for text): no validation split, every byte trains", sp.no_split);
+  return text_window_count(n - sp.held_out, opts.block_size);
 }
 
 namespace {
@@ -308,10 +321,8 @@ Dataset test_file_windows(const TextOptions& opts) {
   const int64_t T = opts.block_size;
   const std::vector<std::string> test_files = expand_text_paths(opts.test, "data.test.path");
   const std::string test = read_text_files(test_files, "data.test.path");
-  if (text_window_count(static_cast<int64_t>(test.size()), T) == 0) {
-    throw UserError("data.test.path: the text " + describe(test_files) + " has " +
-                    std::to_string(test.size()) + " bytes, fewer than " + window_text(T));
-  }
+  if (text_window_count(static_cast<int64_t>(test.size()), T) == 0)
+    throw short_test_text(test_files, static_cast<int64_t>(test.size()), T);
   return text_windows(test, T);
 }
 
@@ -319,10 +330,7 @@ Dataset test_file_windows(const TextOptions& opts) {
 
 DataSplits load_text_test_file(const TextOptions& opts) {
   DT_CHECK(!opts.test.empty());
-  if (opts.block_size < 1) {
-    throw UserError("model.block_size must be >= 1 for text data, got " +
-                    std::to_string(opts.block_size));
-  }
+  check_block_size(opts);
   TextOptions test_only = opts;
   test_only.train.clear();
   check_text_memory(test_only);
@@ -337,10 +345,7 @@ DataSplits load_text_test_file(const TextOptions& opts) {
 }
 
 DataSplits load_text(const TextOptions& opts) {
-  if (opts.block_size < 1) {
-    throw UserError("model.block_size must be >= 1 for text data, got " +
-                    std::to_string(opts.block_size));
-  }
+  check_block_size(opts);
   if (!(opts.test_fraction >= 0 && opts.test_fraction < 1)) {
     throw UserError("data.test_fraction must be in [0, 1), got " + show(opts.test_fraction));
   }

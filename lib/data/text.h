@@ -89,8 +89,9 @@ void check_text_memory(const TextOptions& opts);
 // dtrain does not read (their first bytes), and from the files' sizes an empty
 // text, a test or training split shorter than one window (gzip files counted by decompressing,
 // text_bytes_by_decompressing; past its cap they are left to load_text, as is a file that cannot
-// be read). UserError.
-void check_text_sizes(const TextOptions& opts);
+// be read). UserError. Returns the training windows load_text would make (its
+// train_rows_without_loading), or -1 when a size is unknown.
+int64_t check_text_sizes(const TextOptions& opts);
 
 // `bytes` as a Dataset of its windows (layout above).
 Dataset text_windows(const std::string& bytes, int64_t block_size);

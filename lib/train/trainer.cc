@@ -232,8 +232,39 @@ double training_state_floats(const Config& cfg, double n, int replicas) {
   return floats;
 }
 
+namespace {
+
+const char* task_name(MemoryTask task) {
+  switch (task) {
+    case MemoryTask::kTraining:
+      return "training";
+    case MemoryTask::kEvaluation:
+      return "evaluation";
+    case MemoryTask::kGeneration:
+      return "generation";
+    case MemoryTask::kBench:
+      return "the bench";
+  }
+  return "?";
+}
+
+const char* task_state(MemoryTask task) {
+  switch (task) {
+    case MemoryTask::kTraining:
+      return "parameters, gradients and optimizer state";
+    case MemoryTask::kEvaluation:
+    case MemoryTask::kGeneration:
+      return "the parameters and the checkpoint's values as they load";
+    case MemoryTask::kBench:
+      return "parameters, gradients and the replay's copies of the step's operands";
+  }
+  return "?";
+}
+
+}  // namespace
+
 void require_address_space(double state, double acts, const std::string& batch, int here,
-                           int threads, const char* task) {
+                           int threads, MemoryTask task) {
   // Under an address-space limit (ulimit -v) the rest must be mappable too: OpenBLAS's buffers
   // (128 MiB per BLAS thread of each rank, mapped at first use; OpenBLAS retries a failed map
   // forever, so a run past the limit spun instead of failing), the malloc arena of its worker
@@ -245,13 +276,8 @@ void require_address_space(double state, double acts, const std::string& batch, 
   if (address_space_allows(static_cast<int64_t>(std::min(state + acts + reserve, 0x1p62)))) return;
   const std::string model_part =
       state + acts > 0
-          ? fmt::format(
-                "{:.2f} GiB for {}, {:.2f} GiB for the activations of {}, and ", state / gib,
-                std::string_view(task) == "training" ? "parameters, gradients and optimizer state"
-                : std::string_view(task) == "evaluation" || std::string_view(task) == "generation"
-                    ? "the parameters and the checkpoint's values as they load"
-                    : "parameters and gradients",
-                acts / gib, batch)
+          ? fmt::format("{:.2f} GiB for {}, {:.2f} GiB for the activations of {}, and ",
+                        state / gib, task_state(task), acts / gib, batch)
           : std::string();
   throw UserError(fmt::format(
       "this process's address-space limit (ulimit -v: {:.0f} MiB, {:.0f} MiB of it in use) "
@@ -259,8 +285,8 @@ void require_address_space(double state, double acts, const std::string& batch, 
       "BLAS thread of each of the {} rank(s) in this process, {} thread(s) each, and its "
       "worker's heap); raise the limit or use a smaller model or batch",
       static_cast<double>(address_space_limit_bytes()) / mib,
-      static_cast<double>(address_space_used_bytes()) / mib, (state + acts + reserve) / gib, task,
-      model_part, reserve / mib, here, threads));
+      static_cast<double>(address_space_used_bytes()) / mib, (state + acts + reserve) / gib,
+      task_name(task), model_part, reserve / mib, here, threads));
 }
 
 int run_blas_threads(const Config& cfg, int ranks_on_machine) {
@@ -268,11 +294,7 @@ int run_blas_threads(const Config& cfg, int ranks_on_machine) {
                                  : std::max(1, hardware_cores() / std::max(1, ranks_on_machine));
 }
 
-namespace {
-
-// 4-byte values per sample of layers [first, last): each layer's input and output plus what its
-// state holds for training (backward's work included) or for an evaluation forward.
-double values_per_sample(const Model& model, size_t first, size_t last, bool eval) {
+double activation_values_per_sample(const Model& model, size_t first, size_t last, bool eval) {
   double v = 0;
   for (size_t i = first; i < last; ++i) {
     const Layer& l = model.layer(i);
@@ -282,12 +304,13 @@ double values_per_sample(const Model& model, size_t first, size_t last, bool eva
   return v;
 }
 
-// 4-byte values of layers [first, last)'s fixed-size work buffers (conv2d's im2col block).
 double scratch_values(const Model& model, size_t first, size_t last) {
   double v = 0;
   for (size_t i = first; i < last; ++i) v += model.layer(i).scratch_values();
   return v;
 }
+
+namespace {
 
 // The batch's rows: the configured size, or fewer when the data holds fewer (rows >= 0).
 int64_t batch_rows(int64_t configured, int64_t rows) {
@@ -323,10 +346,10 @@ void check_training_memory(const Config& cfg, const Model& model, const MemoryPl
              per_stage;
     // (the training and the evaluation executors each grow their own work buffers)
     const double scratch = 4.0 * scratch_values(model, first, last) * per_stage;
-    train_acts += 4.0 * values_per_sample(model, first, last, false) *
+    train_acts += 4.0 * activation_values_per_sample(model, first, last, false) *
                       static_cast<double>(train_batch) * per_stage +
                   scratch;
-    eval_acts += 4.0 * values_per_sample(model, first, last, true) *
+    eval_acts += 4.0 * activation_values_per_sample(model, first, last, true) *
                      static_cast<double>(eval_batch) * per_stage +
                  scratch;
   }
@@ -386,7 +409,7 @@ void check_eval_memory(const Config& cfg, const Model& model, int64_t rows, bool
   // (scratch: conv2d's im2col block, as large as a batch's activations for wide convolutions)
   const size_t layers = model.num_layers();
   const double acts =
-      4.0 * (values_per_sample(model, 0, layers, true) * static_cast<double>(batch) +
+      4.0 * (activation_values_per_sample(model, 0, layers, true) * static_cast<double>(batch) +
              scratch_values(model, 0, layers));
   const std::string what =
       generate ? fmt::format("one sequence of model.block_size = {}", cfg.model.block_size)
@@ -394,7 +417,7 @@ void check_eval_memory(const Config& cfg, const Model& model, int64_t rows, bool
   if (params + acts <= static_cast<double>(avail)) {
     // (OpenBLAS's buffers under ulimit -v: eval and predict spun at its first call past them)
     require_address_space(params, acts, what, 1, run_blas_threads(cfg, 1),
-                          generate ? "generation" : "evaluation");
+                          generate ? MemoryTask::kGeneration : MemoryTask::kEvaluation);
     return;
   }
   throw UserError(fmt::format(

@@ -196,14 +196,27 @@ void check_training_memory(const Config& cfg, const Model& model, const MemoryPl
 // (require_address_space): eval and predict spun forever at OpenBLAS's first call past them.
 void check_eval_memory(const Config& cfg, const Model& model, int64_t rows, bool generate = false);
 
+// What needs the memory require_address_space probes for; names its state in the refusal.
+enum class MemoryTask {
+  kTraining,    // state: parameters, gradients and optimizer state
+  kEvaluation,  // state: the parameters and the checkpoint's values as they load
+  kGeneration,  // the same, for one sequence
+  kBench,       // state: parameters, gradients and the replay's copies of the step's operands
+};
+
 // Throws that refusal (UserError, with the numbers) when this process cannot map the state and
 // activations plus OpenBLAS's buffers for `here` ranks of `threads` BLAS threads (ulimit -v).
 // `batch` names the batch whose activations `acts` counts ("a batch of 128 (data.batch_size)").
-// `task` names what needs it in the message: "training" (state: parameters, gradients and
-// optimizer state), "evaluation" or "generation" (parameters and the checkpoint's values), any
-// other (parameters and gradients).
 void require_address_space(double state, double acts, const std::string& batch, int here,
-                           int threads, const char* task = "training");
+                           int threads, MemoryTask task = MemoryTask::kTraining);
+
+// 4-byte values per sample of layers [first, last): each layer's input and output plus what its
+// state holds for training (backward's work included) or, `eval`, for an evaluation forward.
+// The estimate check_training_memory, check_eval_memory and bench count activations with.
+double activation_values_per_sample(const Model& model, size_t first, size_t last, bool eval);
+
+// 4-byte values of layers [first, last)'s fixed-size work buffers (conv2d's im2col block).
+double scratch_values(const Model& model, size_t first, size_t last);
 
 // The OpenBLAS threads each rank of a run uses: runtime.threads, else the cores shared by the
 // ranks on this machine (run_training's and run_grpc_rank's rule).

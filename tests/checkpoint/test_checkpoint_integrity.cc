@@ -17,6 +17,7 @@
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/integrity_util.h"
 #include "test_util.h"
+#include "user_error.h"
 #include "util/check.h"
 
 using namespace dtrain;
@@ -27,6 +28,7 @@ using dtrain::testing::set_metadata;
 using dtrain::testing::set_tensor_value;
 using dtrain::testing::strip_checksums;
 using dtrain::testing::TempDir;
+using dtrain::testing::user_error_of;
 
 namespace {
 
@@ -42,17 +44,6 @@ CheckpointMeta sgd_meta() {
   meta.optimizer = std::string("sgd");  // (= "sgd" hits a GCC 12 -Wrestrict false positive)
   meta.rng = Rng(3).to_string();
   return meta;
-}
-
-// The UserError message of f() ("" when it throws none).
-template <typename F>
-std::string user_error(F f) {
-  try {
-    f();
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  return "";
 }
 
 // What the default logger prints while it lives.
@@ -134,7 +125,7 @@ TEST_CASE("a flipped bit in a checkpoint file's tensor is refused naming the fil
     save_checkpoint(path, m, p.data(), {{"momentum", mom.data()}}, sgd_meta());
     flip_tensor_bit(path, tensor, /*byte=*/5, /*bit=*/2);
     std::fill(got.begin(), got.end(), 7.0f);
-    const std::string msg = user_error([&] {
+    const std::string msg = user_error_of([&] {
       load_checkpoint(path, m, got.data(), {{"momentum", got_mom.data()}});
     });
     CHECK(contains(msg, "'" + path + "'"));
@@ -145,7 +136,7 @@ TEST_CASE("a flipped bit in a checkpoint file's tensor is refused naming the fil
   // Weights only (eval, predict) verify too.
   save_checkpoint(path, m, p.data(), {{"momentum", mom.data()}}, sgd_meta());
   flip_tensor_bit(path, name, 0, 0);
-  CHECK(contains(user_error([&] { load_checkpoint(path, m, got.data(), {}); }),
+  CHECK(contains(user_error_of([&] { load_checkpoint(path, m, got.data(), {}); }),
                  "tensor '" + name + "' fails its CRC-32 check"));
 }
 
@@ -163,17 +154,17 @@ TEST_CASE("a flipped bit in one shard of a sharded checkpoint is refused naming 
 
   const std::string shard1 = ck + "/" + shard_file_name(1);
   flip_tensor_bit(shard1, "params", 4, 7);
-  const std::string msg = user_error([&] { load_checkpoint(ck, m, got.data(), {}); });
+  const std::string msg = user_error_of([&] { load_checkpoint(ck, m, got.data(), {}); });
   CHECK(contains(msg, "'" + shard1 + "'"));
   CHECK(contains(msg, "tensor 'params' fails its CRC-32 check"));
   // Consolidation reads the same shards and refuses the same way.
-  CHECK(contains(user_error([&] { consolidate_checkpoint(ck, dir / "one.safetensors"); }),
+  CHECK(contains(user_error_of([&] { consolidate_checkpoint(ck, dir / "one.safetensors"); }),
                  "tensor 'params' fails its CRC-32 check"));
   CHECK_FALSE(std::filesystem::exists(dir / "one.safetensors"));
 
   save_two_shards(ck, m, p, mom);
   flip_tensor_bit(ck + "/" + shard_file_name(0), "optim.momentum", 0, 1);
-  CHECK(contains(user_error([&] {
+  CHECK(contains(user_error_of([&] {
                    load_checkpoint(ck, m, got.data(), {{"momentum", got_mom.data()}});
                  }),
                  "tensor 'optim.momentum' fails its CRC-32 check"));
@@ -191,19 +182,19 @@ TEST_CASE("a swapped or stale shard file is refused, and so is a manifest naming
   std::filesystem::rename(ck + "/rank-0.safetensors", ck + "/tmp");
   std::filesystem::rename(ck + "/rank-1.safetensors", ck + "/rank-0.safetensors");
   std::filesystem::rename(ck + "/tmp", ck + "/rank-1.safetensors");
-  std::string msg = user_error([&] { load_checkpoint(ck, m, got.data(), {}); });
+  std::string msg = user_error_of([&] { load_checkpoint(ck, m, got.data(), {}); });
   CHECK_MESSAGE(contains(msg, "shard 'rank-0.safetensors' was written by rank 1"), msg);
   // A shard of another step copied in.
   save_two_shards(ck, m, p, mom);
   const std::vector<std::vector<ShardRange>> ranges = {{{0, P / 2, 0}}};
   std::vector<float> ps(static_cast<size_t>(P - P / 2), 0.0f);
   save_shard(ck, 0, 2, ranges[0], P - P / 2, ps.data(), {{"momentum", ps.data()}});
-  msg = user_error([&] { load_checkpoint(ck, m, got.data(), {}); });
+  msg = user_error_of([&] { load_checkpoint(ck, m, got.data(), {}); });
   CHECK_MESSAGE(contains(msg, "was written at step 2, the manifest is step 3"), msg);
   // A manifest listing one tensor twice (was an internal error when consolidated).
   save_two_shards(ck, m, p, mom);
   rewrite_manifest(ck, [&](nlohmann::json& man) { man["params"][1]["name"] = m.params()[0].name; });
-  msg = user_error([&] { consolidate_checkpoint(ck, dir / "one.safetensors"); });
+  msg = user_error_of([&] { consolidate_checkpoint(ck, dir / "one.safetensors"); });
   CHECK_MESSAGE(contains(msg, "lists tensor '" + m.params()[0].name + "' twice"), msg);
 }
 
@@ -224,7 +215,8 @@ TEST_CASE("a manifest claiming more values than its shards hold is refused befor
     man["param_count"] = P + big;
     man["shards"][1]["ranges"].push_back({P, P + big, P - P / 2});
   });
-  const std::string msg = user_error([&] { consolidate_checkpoint(ck, dir / "one.safetensors"); });
+  const std::string msg =
+      user_error_of([&] { consolidate_checkpoint(ck, dir / "one.safetensors"); });
   CHECK_MESSAGE(contains(msg, "more than its 2 shard file(s) hold"), msg);
 }
 
@@ -241,7 +233,7 @@ TEST_CASE("a shard cut short is named, and a manifest nested absurdly deep is re
   const std::string shard = ck + "/rank-1.safetensors";
   std::filesystem::resize_file(shard, std::filesystem::file_size(shard) * 6 / 10);
   for (const bool consolidate : {false, true}) {
-    const std::string msg = user_error([&] {
+    const std::string msg = user_error_of([&] {
       if (consolidate)
         consolidate_checkpoint(ck, dir / "one.safetensors");
       else
@@ -258,7 +250,7 @@ TEST_CASE("a shard cut short is named, and a manifest nested absurdly deep is re
   text = text.substr(0, close) + ", \"x\": " + std::string(100000, '[') + std::string(100000, ']') +
          "}\n";
   std::ofstream(ck + "/manifest.json", std::ios::trunc) << text;
-  const std::string msg = user_error([&] { load_checkpoint(ck, m, got.data(), {}); });
+  const std::string msg = user_error_of([&] { load_checkpoint(ck, m, got.data(), {}); });
   CHECK_MESSAGE(contains(msg, "manifest.json nests its JSON 100001 levels deep"), msg);
 }
 
@@ -283,10 +275,10 @@ TEST_CASE("a shard's own format and version are checked, as the manifest's are")
     CAPTURE(c.expect);
     save_two_shards(ck, m, p, mom);
     set_metadata(shard1, c.key, c.value);
-    std::string msg = user_error([&] { load_checkpoint(ck, m, got.data(), {}); });
+    std::string msg = user_error_of([&] { load_checkpoint(ck, m, got.data(), {}); });
     CHECK_MESSAGE(contains(msg, c.expect), msg);
     CHECK_MESSAGE(contains(msg, "rank-1.safetensors"), msg);
-    msg = user_error([&] { consolidate_checkpoint(ck, dir / "one.safetensors"); });
+    msg = user_error_of([&] { consolidate_checkpoint(ck, dir / "one.safetensors"); });
     CHECK_MESSAGE(contains(msg, c.expect), msg);
   }
   CHECK_FALSE(std::filesystem::exists(dir / "one.safetensors"));
@@ -309,7 +301,7 @@ TEST_CASE("metadata out of range is refused: a step past 2^53, world size below 
     CAPTURE(key);
     save_checkpoint(path, m, p.data(), {{"momentum", mom.data()}}, sgd_meta());
     set_metadata(path, key, value.c_str());
-    const std::string msg = user_error([&] { load_checkpoint(path, m, got.data(), {}); });
+    const std::string msg = user_error_of([&] { load_checkpoint(path, m, got.data(), {}); });
     CHECK_MESSAGE(contains(msg, "the file is corrupt"), msg);
   }
   // A run without a step limit lays its schedule out over INT64_MAX steps: that loads.
@@ -320,7 +312,7 @@ TEST_CASE("metadata out of range is refused: a step past 2^53, world size below 
   const std::string ck = dir / "step-4";
   save_two_shards(ck, m, p, mom);
   rewrite_manifest(ck, [](nlohmann::json& man) { man["batch"] = 1.5; });
-  const std::string msg = user_error([&] { load_checkpoint(ck, m, got.data(), {}); });
+  const std::string msg = user_error_of([&] { load_checkpoint(ck, m, got.data(), {}); });
   CHECK_MESSAGE(contains(msg, "manifest.json's batch is 1.5, not an integer"), msg);
 }
 
@@ -339,23 +331,23 @@ TEST_CASE("a shard left by another run's save of the same step is refused by its
   CHECK(got == p);
   std::filesystem::copy_file(old + "/rank-1.safetensors", ck + "/rank-1.safetensors",
                              std::filesystem::copy_options::overwrite_existing);
-  std::string msg = user_error([&] { load_checkpoint(ck, m, got.data(), {}); });
+  std::string msg = user_error_of([&] { load_checkpoint(ck, m, got.data(), {}); });
   CHECK_MESSAGE(contains(msg,
                          "shard 'rank-1.safetensors' belongs to save 00000000000000bb, the "
                          "manifest's save is 00000000000000aa"),
                 msg);
-  msg = user_error([&] { consolidate_checkpoint(ck, dir / "one.safetensors"); });
+  msg = user_error_of([&] { consolidate_checkpoint(ck, dir / "one.safetensors"); });
   CHECK_MESSAGE(contains(msg, "belongs to save 00000000000000bb"), msg);
   // A shard without a save id (written before they existed) under a manifest with one.
   save_two_shards(old, m, other, mom);
   std::filesystem::copy_file(old + "/rank-0.safetensors", ck + "/rank-0.safetensors",
                              std::filesystem::copy_options::overwrite_existing);
-  msg = user_error([&] { load_checkpoint(ck, m, got.data(), {}); });
+  msg = user_error_of([&] { load_checkpoint(ck, m, got.data(), {}); });
   CHECK_MESSAGE(contains(msg, "shard 'rank-0.safetensors' has no save id"), msg);
   // A manifest whose save id was removed, its shards having theirs: refused, not unchecked.
   save_two_shards(ck, m, p, mom, "00000000000000aa");
   rewrite_manifest(ck, [](nlohmann::json& man) { man.erase("save_id"); });
-  msg = user_error([&] { load_checkpoint(ck, m, got.data(), {}); });
+  msg = user_error_of([&] { load_checkpoint(ck, m, got.data(), {}); });
   CHECK_MESSAGE(contains(msg, "belongs to save 00000000000000aa, the manifest names no save"), msg);
   // Both without (an older checkpoint): not checked, loads.
   load_checkpoint(old, m, got.data(), {});
@@ -378,9 +370,9 @@ TEST_CASE(
     man["epoch"] = 1;
     std::ofstream(ck + "/manifest.json", std::ios::trunc) << man.dump(4);
   }
-  std::string msg = user_error([&] { load_checkpoint(ck, m, got.data(), {}); });
+  std::string msg = user_error_of([&] { load_checkpoint(ck, m, got.data(), {}); });
   CHECK_MESSAGE(contains(msg, "manifest.json fails its CRC-32 check"), msg);
-  CHECK(contains(user_error([&] { check_checkpoint(ck, false); }), "fails its CRC-32 check"));
+  CHECK(contains(user_error_of([&] { check_checkpoint(ck, false); }), "fails its CRC-32 check"));
   // Respaced only: the checksum is of the canonical form, so it still holds.
   save_two_shards(ck, m, p, mom);
   {
@@ -396,31 +388,31 @@ TEST_CASE(
   };
   // An offset moved by one value: loaded silently, every weight shifted, before.
   edit([](nlohmann::json& man) { man["shards"][0]["ranges"][0][2] = 1; });
-  msg = user_error([&] { load_checkpoint(ck, m, got.data(), {}); });
+  msg = user_error_of([&] { load_checkpoint(ck, m, got.data(), {}); });
   CHECK_MESSAGE(contains(msg, "shard 'rank-0.safetensors' holds the ranges"), msg);
   CHECK(contains(msg, "an edited manifest"));
-  CHECK(contains(user_error([&] { consolidate_checkpoint(ck, dir / "one.safetensors"); }),
+  CHECK(contains(user_error_of([&] { consolidate_checkpoint(ck, dir / "one.safetensors"); }),
                  "the manifest says"));
   CHECK_FALSE(std::filesystem::exists(dir / "one.safetensors"));
   // The optimizer state listed twice (an internal error when consolidated, before), or a name
   // that is not one.
   edit([](nlohmann::json& man) { man["optimizer_state"] = {"momentum", "momentum"}; });
-  msg = user_error([&] { consolidate_checkpoint(ck, dir / "one.safetensors"); });
+  msg = user_error_of([&] { consolidate_checkpoint(ck, dir / "one.safetensors"); });
   CHECK_MESSAGE(contains(msg, "optimizer_state lists 'momentum' twice"), msg);
   edit([](nlohmann::json& man) { man["optimizer_state"] = {"mom.entum"}; });
-  CHECK(contains(user_error([&] { consolidate_checkpoint(ck, dir / "one.safetensors"); }),
+  CHECK(contains(user_error_of([&] { consolidate_checkpoint(ck, dir / "one.safetensors"); }),
                  "'mom.entum', not a state name"));
   // A shape whose product wraps around int64 (each dimension plausible): refused as a bad shape,
   // not an internal error later.
   edit([](nlohmann::json& man) {
     man["params"][0]["shape"] = {int64_t{1} << 32, int64_t{1} << 32};
   });
-  msg = user_error([&] { consolidate_checkpoint(ck, dir / "one.safetensors"); });
+  msg = user_error_of([&] { consolidate_checkpoint(ck, dir / "one.safetensors"); });
   CHECK_MESSAGE(contains(msg, "has a bad shape"), msg);
   // Tensor names a full checkpoint cannot hold.
   for (const std::string name : {"__metadata__", "optim.momentum.x"}) {
     edit([&](nlohmann::json& man) { man["params"][0]["name"] = name; });
-    msg = user_error([&] { consolidate_checkpoint(ck, dir / "one.safetensors"); });
+    msg = user_error_of([&] { consolidate_checkpoint(ck, dir / "one.safetensors"); });
     CHECK_MESSAGE(contains(msg, "a tensor named '" + name + "'"), msg);
   }
   // An offset so large that offset + length wraps around int64: read outside the shard's
@@ -429,7 +421,7 @@ TEST_CASE(
     auto& r = man["shards"][0]["ranges"][0];
     r[2] = std::numeric_limits<int64_t>::max() - (r[1].get<int64_t>() - r[0].get<int64_t>()) + 1;
   });
-  msg = user_error([&] { load_checkpoint(ck, m, got.data(), {}); });
+  msg = user_error_of([&] { load_checkpoint(ck, m, got.data(), {}); });
   CHECK_MESSAGE(contains(msg, "holds the ranges"), msg);
   // A layout.tp other than 1 skipped the ranges' check (the shards' "ranges" are local under
   // tensor parallelism): their headers' global_ranges are checked whatever it says; and a
@@ -438,10 +430,10 @@ TEST_CASE(
     man["layout"] = {{"tp", 2}, {"dp", 1}, {"pp", 1}};
     man["shards"][0]["ranges"][0][2] = 1;
   });
-  msg = user_error([&] { load_checkpoint(ck, m, got.data(), {}); });
+  msg = user_error_of([&] { load_checkpoint(ck, m, got.data(), {}); });
   CHECK_MESSAGE(contains(msg, "holds the ranges"), msg);
   edit([](nlohmann::json& man) { man["layout"] = {{"tp", 0}, {"dp", 1}, {"pp", 1}}; });
-  msg = user_error([&] { load_checkpoint(ck, m, got.data(), {}); });
+  msg = user_error_of([&] { load_checkpoint(ck, m, got.data(), {}); });
   CHECK_MESSAGE(contains(msg, "layout.tp is 0, not a tensor-parallel size"), msg);
   // Without its checksum but otherwise untouched (a manifest of an older dtrain): loads, warning.
   edit([](nlohmann::json&) {});
@@ -478,7 +470,7 @@ TEST_CASE("a NaN or Inf in a loaded parameter is refused naming the tensor and t
     CAPTURE(c.tensor);
     save_checkpoint(path, m, p.data(), {{"momentum", mom.data()}}, sgd_meta());
     set_tensor_value(path, c.tensor, c.index, c.value);
-    const std::string msg = user_error([&] {
+    const std::string msg = user_error_of([&] {
       load_checkpoint(path, m, got.data(), {{"momentum", got_mom.data()}});
     });
     CHECK(contains(msg, "checkpoint '" + path + "': tensor '" + c.tensor +
@@ -496,7 +488,7 @@ TEST_CASE("a NaN or Inf in a loaded parameter is refused naming the tensor and t
   REQUIRE(flat >= half);
   set_tensor_value(ck + "/" + shard_file_name(1), "params", flat - half,
                    std::numeric_limits<float>::quiet_NaN());
-  CHECK(contains(user_error([&] { load_checkpoint(ck, m, got.data(), {}); }),
+  CHECK(contains(user_error_of([&] { load_checkpoint(ck, m, got.data(), {}); }),
                  "tensor '" + last.name + "' holds a non-finite value (nan) at index 1"));
 }
 
@@ -521,7 +513,7 @@ TEST_CASE("checkpoints without checksums still load, with one warning per load")
   // Unverified, but still checked for non-finite values.
   set_tensor_value(path, m.params()[0].name, 0, std::numeric_limits<float>::quiet_NaN());
   strip_checksums(path);
-  CHECK(contains(user_error([&] { load_checkpoint(path, m, got.data(), {}); }),
+  CHECK(contains(user_error_of([&] { load_checkpoint(path, m, got.data(), {}); }),
                  "non-finite value (nan) at index 0"));
 
   const std::string ck = dir / "step-4";
@@ -557,7 +549,7 @@ TEST_CASE("tensor checksums without the header's: loads verified, warning that t
   }
   // The tensors are still verified.
   flip_tensor_bit(path, m.params()[0].name);
-  CHECK(contains(user_error([&] { load_checkpoint(path, m, got.data(), {}); }), "CRC-32"));
+  CHECK(contains(user_error_of([&] { load_checkpoint(path, m, got.data(), {}); }), "CRC-32"));
   // A file with both: no warning.
   save_checkpoint(path, m, p.data(), {{"momentum", mom.data()}}, sgd_meta());
   CHECK(read_safetensors(path).header_checksummed);
@@ -601,6 +593,6 @@ TEST_CASE("malformed crc32 metadata is a corrupt header, and the key is not user
     const std::string bad_path = dir / "bad.safetensors";
     std::ofstream(bad_path, std::ios::binary | std::ios::trunc)
         << out + text + dtrain::testing::read_text(path).substr(8 + len);
-    CHECK(contains(user_error([&] { read_safetensors(bad_path); }), "corrupt header"));
+    CHECK(contains(user_error_of([&] { read_safetensors(bad_path); }), "corrupt header"));
   }
 }

@@ -11,6 +11,7 @@
 #include "data/dataset.h"
 #include "data/text.h"
 #include "test_util.h"
+#include "user_error.h"
 #include "util/check.h"
 #include "util/fs.h"
 
@@ -19,21 +20,11 @@ namespace {
 
 using namespace std::string_view_literals;
 using testing::TempDir;
+using testing::user_error_of;
 
 std::string write_bytes(const std::string& path, std::string_view bytes) {
   std::ofstream(path, std::ios::binary) << bytes;
   return path;
-}
-
-// The messages of what `fn` throws, as a UserError; "" when it throws nothing.
-template <typename F>
-std::string user_error_of(F fn) {
-  try {
-    fn();
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  return "";
 }
 
 // The first bytes of real files of each format (xz, bzip2 -9, zstd, zip, 7z, lz4 frames).

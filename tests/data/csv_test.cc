@@ -16,6 +16,7 @@
 
 #include "data/dataset.h"
 #include "test_util.h"
+#include "user_error.h"
 #include "util/check.h"
 
 namespace dtrain {
@@ -23,19 +24,9 @@ namespace {
 
 using testing::contains;
 using testing::TempDir;
+using testing::user_error;
 
 namespace fs = std::filesystem;
-
-template <typename F>
-std::string user_error(F fn) {
-  try {
-    fn();
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  FAIL("expected a UserError");
-  return "";
-}
 
 CsvOptions opts(const std::string& header = "auto", const std::string& label = "",
                 char delim = ',') {

@@ -13,25 +13,16 @@
 
 #include "data/dataset.h"
 #include "test_util.h"
+#include "user_error.h"
 #include "util/check.h"
 
 namespace dtrain {
 namespace {
 
 using testing::TempDir;
+using testing::user_error;
 
 namespace fs = std::filesystem;
-
-template <typename F>
-std::string user_error(F fn) {
-  try {
-    fn();
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  FAIL("expected a UserError");
-  return "";
-}
 
 // Accuracy of a nearest-class-mean classifier fitted on `train` and scored on `test`: a cheap
 // stand-in for "a small MLP can learn this".

@@ -17,12 +17,14 @@
 
 #include "data/dataset.h"
 #include "test_util.h"
+#include "user_error.h"
 #include "util/check.h"
 
 namespace dtrain {
 namespace {
 
 using testing::TempDir;
+using testing::user_error;
 
 namespace fs = std::filesystem;
 
@@ -84,18 +86,6 @@ void check_small(const Dataset& d) {
   CHECK(d.row(2)[4] == 255.0f);
   CHECK(d.y == std::vector<int32_t>{0, 7, 2});
   CHECK(d.num_classes == 8);
-}
-
-// Runs `fn`, requires a UserError, and returns its message.
-template <typename F>
-std::string user_error(F fn) {
-  try {
-    fn();
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  FAIL("expected a UserError");
-  return "";
 }
 
 TEST_CASE("idx: raw round trip") {

@@ -14,6 +14,7 @@
 #include "data/dataset.h"
 #include "data/text.h"
 #include "test_util.h"
+#include "user_error.h"
 #include "util/check.h"
 #include "util/fs.h"
 
@@ -21,17 +22,7 @@ namespace dtrain {
 namespace {
 
 using testing::TempDir;
-
-template <typename F>
-std::string user_error(F fn) {
-  try {
-    fn();
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  FAIL("expected a UserError");
-  return "";
-}
+using testing::user_error;
 
 // Writes `text` gzip-compressed to `path` (any name: detection is by the magic).
 std::string write_gzip(const std::string& path, const std::string& text) {
@@ -348,6 +339,13 @@ TEST_CASE("text: validate counts gzip texts by decompressing: empty, short and m
   CHECK(test_rows_without_loading(d) == 10);
   o.test = {dir.path() + "/multi.gz"};
   CHECK(load_text(o).test.rows == 10);
+  // validate's count of the training windows (one decompression) is load_text's: the training
+  // text a multi-member gzip too, with the default held-out fraction.
+  o.train = o.test;
+  o.test = {};
+  o.test_fraction = 0.1;
+  CHECK(check_text_sizes(o) == load_text(o).train.rows);
+  CHECK(check_text_sizes(o) == text_window_count(170 - 17, 16));
 }
 
 TEST_CASE("text: an evaluation reads data.test.path alone, not the training text") {
