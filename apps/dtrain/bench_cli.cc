@@ -15,6 +15,7 @@
 
 #include "config/config.h"
 #include "dtrain/cli.h"
+#include "dtrain/option_checks.h"
 #include "launch/launcher.h"
 #include "tensor/blas.h"
 #include "train/loop.h"
@@ -65,8 +66,9 @@ void BenchCli::add_gemm(CLI::App* bench) {
       gemm_cmd_->add_option("--widths", widths_, "MLP layer widths, input first, comma-separated")
           ->allow_extra_args(false)
           ->capture_default_str();
-  CLI::Option* batch_opt = gemm_cmd_->add_option("--batch", gemm_batch_, "rows per step (--widths)")
-                               ->capture_default_str();
+  CLI::Option* batch_opt =
+      int64_range(gemm_cmd_->add_option("--batch", gemm_batch_, "rows per step (--widths)")
+                      ->capture_default_str());
   gemm_cmd_
       ->add_option("--config", gemm_config_,
                    "YAML config: its model's step on a batch of data.batch_size training rows")
@@ -75,11 +77,12 @@ void BenchCli::add_gemm(CLI::App* bench) {
   gemm_cmd_->add_option("--set", gemm_sets_, "override a config key (as for run); repeatable")
       ->type_name("KEY=VALUE")
       ->allow_extra_args(false);  // one KEY=VALUE per --set: a config may follow it
-  gemm_cmd_->add_option("--threads", gemm_threads_, "BLAS threads (0: all cores)")
-      ->capture_default_str();
-  gemm_cmd_
-      ->add_option("--iters", gemm_iters_, "timed steps (0: as many as fit in ~5 s, 10 to 300)")
-      ->capture_default_str();
+  decimal(gemm_cmd_->add_option("--threads", gemm_threads_, "BLAS threads (0: all cores)")
+              ->capture_default_str());
+  decimal(
+      gemm_cmd_
+          ->add_option("--iters", gemm_iters_, "timed steps (0: as many as fit in ~5 s, 10 to 300)")
+          ->capture_default_str());
   gemm_cmd_->add_flag("--shapes", gemm_shapes_, "also print the step's GEMM time by shape");
 }
 
@@ -92,9 +95,11 @@ void BenchCli::add_step(CLI::App* bench) {
   step_cmd_->add_option("--set", step_sets_, "override a config key (as for run); repeatable")
       ->type_name("KEY=VALUE")
       ->allow_extra_args(false);  // one KEY=VALUE per --set: a config may follow it
-  step_cmd_->add_option("--steps", step_opts_.steps, "optimizer steps")->capture_default_str();
-  step_cmd_->add_option("--block", step_opts_.block, "steps per block (and replays after it)")
-      ->capture_default_str();
+  int64_range(
+      step_cmd_->add_option("--steps", step_opts_.steps, "optimizer steps")->capture_default_str());
+  decimal(
+      step_cmd_->add_option("--block", step_opts_.block, "steps per block (and replays after it)")
+          ->capture_default_str());
 }
 
 void BenchCli::add_comm(CLI::App* bench) {
@@ -103,7 +108,7 @@ void BenchCli::add_comm(CLI::App* bench) {
   comm_cmd_->add_option("--backend", comm_backend_, "inproc | grpc")
       ->check(CLI::IsMember({"inproc", "grpc"}))
       ->capture_default_str();
-  comm_cmd_->add_option("--nproc", comm_nproc_, "ranks")->capture_default_str();
+  decimal(comm_cmd_->add_option("--nproc", comm_nproc_, "ranks")->capture_default_str());
   comm_cmd_->add_option("--op", comm_op_, "allreduce | reduce_scatter | allgather | broadcast")
       ->check(CLI::IsMember({"allreduce", "reduce_scatter", "allgather", "broadcast"}))
       ->capture_default_str();
@@ -112,16 +117,16 @@ void BenchCli::add_comm(CLI::App* bench) {
       ->capture_default_str();
   comm_cmd_->add_option("--sizes", comm_sizes_, "message sizes, e.g. 1M,4M,16M,64M")
       ->capture_default_str();
-  comm_cmd_->add_option("--iters", comm_iters_, "timed iterations per size (0: by size)");
+  decimal(comm_cmd_->add_option("--iters", comm_iters_, "timed iterations per size (0: by size)"));
   comm_cmd_->add_flag("--json", comm_json_, "one JSON object per size instead of the table");
   comm_cmd_
       ->add_option("--segment", comm_segment_,
                    "ring segment: bytes per message of a ring step (K/M suffixes)")
       ->capture_default_str();
-  comm_cmd_
-      ->add_option("--in-flight", comm_in_flight_,
-                   "ring sends in flight per direction, 1..16 (1: lock-step segments)")
-      ->capture_default_str();
+  decimal(comm_cmd_
+              ->add_option("--in-flight", comm_in_flight_,
+                           "ring sends in flight per direction, 1..16 (1: lock-step segments)")
+              ->capture_default_str());
   comm_cmd_->add_flag("--no-shm", comm_no_shm_, "grpc: no same-host shared memory");
   comm_cmd_->add_flag("--no-tcp", comm_no_tcp_,
                       "grpc: no TCP data path (with --no-shm: gRPC streams only)");
@@ -140,8 +145,8 @@ void BenchCli::add_tp(CLI::App* bench) {
   tp_cmd_->add_option("--tp", tp_sizes_, "tensor-parallel sizes, comma-separated")
       ->allow_extra_args(false)
       ->capture_default_str();
-  tp_cmd_->add_option("--iters", tp_opts_.iters, "timed repetitions per region")
-      ->capture_default_str();
+  decimal(tp_cmd_->add_option("--iters", tp_opts_.iters, "timed repetitions per region")
+              ->capture_default_str());
   tp_cmd_->add_flag("--json", tp_opts_.json, "one JSON object per size instead of the table");
 }
 

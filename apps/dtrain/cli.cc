@@ -288,26 +288,24 @@ int cmd_run(const Config& cfg, const std::string& config_path, std::string out,
   end_with_launcher(env);  // after the guard: the launcher's death is a stop it handles
   opts.progress =
       !no_progress && ::isatty(STDERR_FILENO) && spdlog::get_level() <= spdlog::level::info;
-  if (multiprocess) {
-    const nlohmann::json s = run_grpc_rank(cfg, opts, env, flags);
-    if (!rank0) return run_exit_code(s);  // only rank 0 reports; same exit code
-    return finish_run(s, opts.out_dir);
-  }
+  // A run that fails before writing anything (a --resume refused: another model, another
+  // optimizer; a gRPC rank that never joined) leaves no empty folder behind that it created:
+  // removes an empty checkpoints/ and the folder, only if empty. Of a gRPC job, rank 0 (the
+  // ranks' folder may be shared: another rank's removal could race rank 0's first write).
+  const bool cleans = new_out_dir && rank0;
   nlohmann::json s;
   try {
-    s = run_training(cfg, opts);
+    s = multiprocess ? run_grpc_rank(cfg, opts, env, flags) : run_training(cfg, opts);
   } catch (...) {
-    // A run that fails before writing anything (a --resume refused: another model, another
-    // optimizer) leaves no empty folder behind that it created: removes an empty checkpoints/
-    // and the folder, only if empty.
-    if (new_out_dir) {
+    if (cleans) {
       std::error_code ec;
       fs::remove(fs::path(opts.out_dir) / "checkpoints", ec);
       fs::remove(opts.out_dir, ec);
     }
     throw;
   }
-  if (new_out_dir && s.value("status", std::string()) == "nothing_to_do")
+  if (multiprocess && !rank0) return run_exit_code(s);  // only rank 0 reports; same exit code
+  if (cleans && s.value("status", std::string()) == "nothing_to_do")
     remove_unused_out_dir(opts.out_dir);
   return finish_run(s, opts.out_dir);
 }

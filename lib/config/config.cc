@@ -185,7 +185,9 @@ class Reader final : public config_detail::KeyErrors {
     // A trailing "---" yields an empty extra document; only content after it is an error.
     for (size_t i = 1; i < docs.size(); ++i) {
       if (!docs[i].IsNull()) {
-        fail_at("", docs[i].Mark(), "expected one YAML document, found more after '---'");
+        fail_at("", docs[i].Mark(),
+                "expected one YAML document, found another after the first's end "
+                "(a '---' or '...' line)");
       }
     }
     if (docs.empty()) return YAML::Node();
@@ -268,8 +270,8 @@ class Reader final : public config_detail::KeyErrors {
         for (size_t i = 1; i < docs.size(); ++i)
           if (!docs[i].IsNull())
             throw UserError(where +
-                            ": the value is not valid YAML: expected one document, "
-                            "found more after '---'");
+                            ": the value is not valid YAML: expected one document, found "
+                            "another after the first's end (a '---' or '...' line)");
         if (!docs.empty()) value.reset(docs[0]);
       } catch (const YAML::DeepRecursion& e) {
         throw UserError(where + ": the value is not valid YAML: " + too_deep(e.depth()));

@@ -325,6 +325,8 @@ struct PanelSpec {
   bool markers = false;
   const std::vector<Point> RunSeries::*series = nullptr;
   std::string empty_note;
+  // The quantity's own range, when it has one (accuracy: [0, 1]), else infinite.
+  double y_min = -INFINITY, y_max = INFINITY;
 };
 
 void draw_panel(Scene& sc, double x0, double y0, double w, double h, const PanelSpec& spec,
@@ -336,6 +338,13 @@ void draw_panel(Scene& sc, double x0, double y0, double w, double h, const Panel
       hi = std::max(hi, p.y);
     }
   const bool empty = !(lo <= hi);
+  // A flat series at a bound of its range (every evaluation at 100%, or 0%) widens inward, by a
+  // tenth of the range: nice_ticks pads a flat series both ways, to 110% or -100%.
+  if (!empty && std::isfinite(spec.y_min) && std::isfinite(spec.y_max) && hi - lo <= 1e-12) {
+    const double tenth = 0.1 * (spec.y_max - spec.y_min);
+    if (hi >= spec.y_max) lo = spec.y_max - tenth;
+    if (lo <= spec.y_min) hi = spec.y_min + tenth;
+  }
   // Plot area: below the panel title, above the step ticks and label; left of it the value
   // ticks, as wide as their longest label.
   const double py0 = y0 + 30;
@@ -474,8 +483,8 @@ Scene build_scene(const std::vector<RunSeries>& runs, const PlotOptions& opts) {
   const Axis xa = make_axis(xlo, xhi, std::clamp(static_cast<int>(panel_w / 90), 3, 10));
 
   PanelSpec loss{"Training loss", "loss", 1, false, &RunSeries::loss, "no train records"};
-  PanelSpec acc{"Test accuracy",      "accuracy (%)",   100, true,
-                &RunSeries::accuracy, "no eval records"};
+  PanelSpec acc{"Test accuracy",      "accuracy (%)",    100, true,
+                &RunSeries::accuracy, "no eval records", 0.0, 1.0};
   draw_panel(sc, margin, top, panel_w, panel_h, loss, xa, runs);
   draw_panel(sc, margin + panel_w + panel_gap, top, panel_w, panel_h, acc, xa, runs);
   return sc;

@@ -434,4 +434,7 @@ TEST_CASE(
   CHECK(rc0 == 1);
   CHECK(contains(log0, "rank 1 never joined; "));
   CHECK(contains(log0, " call(s) with a wrong or missing job token were refused, the last from"));
+  // The folder rank 0 created for a job that never started is removed, as a single process's
+  // (it stayed, empty).
+  CHECK(!std::filesystem::exists(dir / "run"));
 }

@@ -332,7 +332,12 @@ TEST_CASE("command-line errors: 'error: ...' and where the options are, exit 2")
   // octal 8 and "0x1f" as 31.
   for (const char* args :
        {"run x.yaml --rank 010", "run x.yaml --world-size 0x2", "run x.yaml --master-port +29500",
-        "launch x.yaml --node-rank 01", "launch x.yaml --nproc-per-node ' 2'"}) {
+        "launch x.yaml --node-rank 01", "launch x.yaml --nproc-per-node ' 2'",
+        // bench's counts too (--nproc 010 ran 8 ranks; --threads "" took all cores)
+        "bench comm --nproc 010", "bench comm --iters 0x2", "bench comm --in-flight 02",
+        "bench gemm --batch 010", "bench gemm --threads ''", "bench gemm --iters +3",
+        "bench step x.yaml --steps 0x28", "bench step x.yaml --block 010",
+        "bench tp x.yaml --iters 0x2"}) {
     r = run_dtrain(args);
     CAPTURE(args);
     CHECK(r.exit_code == 2);

@@ -268,7 +268,10 @@ TEST_CASE("YAML syntax errors carry FILE:LINE:COL and yaml-cpp's message") {
   CHECK(error_of("model:\n\ttype: mlp\n").starts_with("x.yaml:2:"));
   CHECK(error_of("seed: 1\n  bad: indent\n") == "x.yaml:2:6: illegal map value");
   CHECK(error_of("seed: 1\n---\nseed: 2\n") ==
-        "x.yaml:3:1: expected one YAML document, found more after '---'");
+        "x.yaml:3:1: expected one YAML document, found another after the first's end (a '---' "
+        "or '...' line)");
+  // '...' ends a document too: the message named a '---' the file did not have.
+  CHECK(error_of("seed: 1\n...\nseed: 2\n") == error_of("seed: 1\n---\nseed: 2\n"));
   CHECK(error_of("---\ndata: {format: synthetic}\n---\n") == "(no error)");
 }
 

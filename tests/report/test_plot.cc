@@ -273,6 +273,25 @@ TEST_CASE("extreme values (subnormal, near DBL_MAX) give an axis and a plot, nev
   }
 }
 
+TEST_CASE("an accuracy flat at 100% or 0% keeps its axis within 0..100%") {
+  // nice_ticks pads a flat series both ways: every evaluation at 100% drew an axis to 110%, at
+  // 0% one from -100%.
+  for (const double acc : {1.0, 0.0, 0.5}) {
+    RunSeries r;
+    r.label = "flat";
+    r.loss = {{1, 0.5}, {2, 0.4}};
+    r.accuracy = {{1, acc}, {2, acc}};
+    const std::string svg = render_svg({r}, PlotOptions{});
+    CHECK(xml_problem(svg) == "");
+    CHECK_MESSAGE(!contains(svg, ">110</text>"), acc);
+    CHECK_MESSAGE(!contains(svg, ">-10</text>"), acc);
+    CHECK_MESSAGE(!contains(svg, ">-100</text>"), acc);
+    if (acc == 1.0) CHECK(contains(svg, ">100</text>"));
+    if (acc == 1.0) CHECK(contains(svg, ">90</text>"));
+    if (acc == 0.0) CHECK(contains(svg, ">10</text>"));
+  }
+}
+
 TEST_CASE("SVG is well-formed with one curve per run per panel, labels escaped") {
   TempDir dir;
   std::vector<RunSeries> runs = {read_run(make_run(dir, "a", 40, 4)),
