@@ -279,10 +279,16 @@ DistEnv resolve_dist_env(const std::map<std::string, std::string>& env, int conf
     // Kubeflow Trainer describes nodes (pods) for torchrun: one rank per pod here.
     source = "kubeflow";
     require_pair(env, "PET_NODE_RANK", "PET_NNODES", "Kubeflow Trainer");
-    if (const Field per = from_env(env, "PET_NPROC_PER_NODE"); per.set && per.value != 1)
-      throw UserError(show(per) +
-                      ": each pod runs several ranks, which `dtrain run` cannot start; "
-                      "make `dtrain launch` the pod's command (it reads the PET_ variables)");
+    // "auto" and "cpu" (PyTorchJob's default) are one rank here, as `dtrain launch` takes them
+    // as its --nproc (1 by default); "gpu" is refused as it refuses it.
+    const std::string* per_text = find(env, "PET_NPROC_PER_NODE");
+    if (per_text != nullptr && *per_text == "gpu")
+      throw UserError("PET_NPROC_PER_NODE=gpu: dtrain trains on CPUs; give a number, auto or cpu");
+    if (per_text == nullptr || (*per_text != "auto" && *per_text != "cpu"))
+      if (const Field per = from_env(env, "PET_NPROC_PER_NODE"); per.set && per.value != 1)
+        throw UserError(show(per) +
+                        ": each pod runs several ranks, which `dtrain run` cannot start; "
+                        "make `dtrain launch` the pod's command (it reads the PET_ variables)");
     rank = from_env(env, "PET_NODE_RANK");
     world = from_env(env, "PET_NNODES");
     local_rank = {0, "local rank", true};

@@ -76,6 +76,16 @@ NodeOutcome decode_outcome(const std::string& s, int node) {
   return o;
 }
 
+// Whether `k` is set in node 0's store now (no wait).
+bool key_set(Store& s, const std::string& k) {
+  try {
+    s.get(k, Clock::now());
+    return true;
+  } catch (const CommError&) {  // not (yet)
+    return false;
+  }
+}
+
 }  // namespace
 
 struct JobAgent::Impl {
@@ -86,6 +96,11 @@ struct JobAgent::Impl {
   std::unique_ptr<grpc::Server> server;
   std::shared_ptr<grpc::Channel> channel;
   std::map<int, int64_t> seen_failures, seen_stops;  // per attempt, entries already returned
+  // The other nodes: when node 0 last answered a poll (unset: not yet polled this attempt). A
+  // poll gives up after 1 s; node 0 is lost after lost_after_s without an answer, as node 0
+  // gives up on the others (a 1-s pause of node 0's launcher ended the job).
+  std::optional<Clock::time_point> heard_node0;
+  int heard_attempt = -1;
   bool reported_failure = false;
   int reported_attempt = -1;
   // Elastic: the current attempt's member ids (fixed: every node), and node 0's watch on them.
@@ -100,6 +115,9 @@ struct JobAgent::Impl {
 
   // A call was refused for this node's job token (with_store): a user error, not a failure.
   bool token_refused = false;
+  // This node has checked in once (join or rendezvous): node 0 no longer refuses bad input,
+  // so an unanswered call is not explained by it.
+  bool checked_in = false;
 
   bool elastic() const { return o.min_nodes > 0; }
 
@@ -215,11 +233,15 @@ struct JobAgent::Impl {
     if (!elastic() && n != 0 && lost.count(n) && !silent(s, n)) lost.erase(n);
   }
 
-  // Node 0: a member gone silent is lost; it is reported to the others as a failure.
+  // Node 0: a member gone silent is lost; it is reported to the others as a failure. A member
+  // that has reported its outcome of `attempt` is done, waiting for the decision (its poll, and
+  // so its alive count, stopped with its ranks): not lost however long node 0's own ranks take
+  // to end (a trace merged, a final evaluation) -- that ended finished jobs with exit 1.
   void watch_members(Store& s, int attempt, RemoteNews& news) {
     for (int n : members) {
       readmit(s, n);
-      if (n == 0 || lost.count(n) || !silent(s, n)) continue;
+      if (n == 0 || lost.count(n)) continue;
+      if (key_set(s, key(attempt, "outcome/" + std::to_string(n))) || !silent(s, n)) continue;
       lost.insert(n);
       const std::string what = lost_text(n);
       const int64_t k = s.add(key(attempt, "failures"), 1);
@@ -254,13 +276,14 @@ struct JobAgent::Impl {
           // (a raw "DEADLINE_EXCEEDED: Deadline Exceeded" after the whole wait said nothing)
           if (st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
               st.error_code() == grpc::StatusCode::UNAVAILABLE)
-            return CommError(
-                "node 0's launcher at " + where() + " did not answer within " +
-                grpc_detail::seconds_str(op_s) +
-                " s: is it running there, with this --master-addr and --master-port? It "
-                "stops at once on bad input (an --out that holds a run, a config "
-                "error): its own output says why (" +
-                status_str(st) + ")");
+            return CommError("node 0's launcher at " + where() + " did not answer within " +
+                             grpc_detail::seconds_str(op_s) +
+                             (checked_in
+                                  ? " s: has it, its machine or the network between gone down? ("
+                                  : " s: is it running there, with this --master-addr and "
+                                    "--master-port? It stops at once on bad input (an --out that "
+                                    "holds a run, a config error): its own output says why (") +
+                             status_str(st) + ")");
           return CommError("node 0's launcher at " + where() + ": " + status_str(st));
         });
     return f(static_cast<Store&>(s));
@@ -410,16 +433,6 @@ JobAgent::~JobAgent() {
 
 namespace {
 
-// Whether `k` is set in node 0's store now (no wait).
-bool key_set(Store& s, const std::string& k) {
-  try {
-    s.get(k, Clock::now());
-    return true;
-  } catch (const CommError&) {  // not (yet)
-    return false;
-  }
-}
-
 // Node 0 refuses a node that checked in (`read_keys`: what that node sets once it has read node
 // 0's answer -- a fixed launcher one key, an elastic one another, and node 0 cannot tell which it
 // is): the store lives in node 0's process, so node 0 waits for that node to have read the
@@ -511,6 +524,7 @@ std::vector<std::string> JobAgent::join(int nproc_per_node) {
   } catch (const CommError& e) {
     m.throw_check_in_error("joining the job: ", e);
   }
+  m.checked_in = true;
   return hosts;
 }
 
@@ -631,6 +645,7 @@ Membership JobAgent::rendezvous(int attempt, int nproc_per_node) {
   m.members = r.nodes;
   m.lost.clear();
   m.beats.clear();
+  m.checked_in = true;
   return r;
 }
 
@@ -711,6 +726,10 @@ RemoteNews JobAgent::poll(int attempt) {
       if (node != m.o.node_rank) use(rest);
     }
   };
+  if (m.heard_attempt != attempt) {
+    m.heard_attempt = attempt;
+    m.heard_node0 = Clock::now();
+  }
   try {
     m.with_store(1, [&](Store& s) {
       read_new(s, "failures", "failure", m.seen_failures[attempt],
@@ -722,8 +741,11 @@ RemoteNews JobAgent::poll(int attempt) {
       if (m.o.node_rank == 0) m.watch_members(s, attempt, news);
       return 0;
     });
+    m.heard_node0 = Clock::now();
   } catch (const CommError& e) {
-    news.lost = e.what();
+    const double silent_s = std::chrono::duration<double>(Clock::now() - *m.heard_node0).count();
+    if (silent_s >= m.o.lost_after_s)
+      news.lost = "no answer for " + grpc_detail::seconds_str(silent_s) + " s (" + e.what() + ")";
   }
   return news;
 }

@@ -742,24 +742,6 @@ TEST_CASE("validate refuses the layouts and layer lists run refuses, without rea
             .exit_code == 0);
 }
 
-TEST_CASE("dtrain launch reads torchrun's PET_NPROC_PER_NODE forms: auto and cpu, gpu refused") {
-  TempDir dir;
-  const std::string cfg = dir.write("cfg.yaml", kTiny);
-  auto r = run_cmd("PET_NPROC_PER_NODE=gpu " + kBin + " launch " + cfg + " --out " + dir / "g");
-  CHECK(r.exit_code == 2);
-  CHECK_MESSAGE(contains(r.output, "PET_NPROC_PER_NODE=gpu: dtrain trains on CPUs"), r.output);
-  // "cpu": --nproc's count (default 2); before, "is not an integer".
-  r = run_cmd("PET_NPROC_PER_NODE=cpu " + kBin + " launch " + cfg + " --out " + dir / "c" +
-              " --set train.max_steps=2 --set train.epochs=0");
-  CHECK_MESSAGE(r.exit_code == 0, r.output);
-  CHECK(contains(r.output, "rank(s) finished"));
-  // An explicit --nproc wins over the variable, as every flag does (3 ranks were started).
-  r = run_cmd("PET_NNODES=1 PET_NPROC_PER_NODE=3 " + kBin + " launch --nproc 2 " + cfg + " --out " +
-              dir / "n" + " --set train.max_steps=2 --set train.epochs=0");
-  CHECK_MESSAGE(r.exit_code == 0, r.output);
-  CHECK(contains(dtrain::testing::read_text(dir / "n/summary.json"), "\"world_size\": 2"));
-}
-
 TEST_CASE("validate refuses the IDX files run refuses from their headers and sizes") {
   // A wrong magic, a header whose shape the file does not hold, an empty file: validate said ok.
   TempDir dir;

@@ -1,5 +1,6 @@
 // `dtrain launch --nnodes MIN:MAX`: bad ranges and node ids are one clear line, exit 2, before
-// anything starts (the elastic run itself: tests/cli/netns_elastic_test.sh).
+// anything starts (the elastic run itself: tests/cli/netns_elastic_test.sh); torchrun's
+// PET_NPROC_PER_NODE forms.
 #include <doctest/doctest.h>
 
 #include <string>
@@ -63,4 +64,22 @@ TEST_CASE("elastic nodes: bad --nnodes ranges and node ids are refused with exit
               "--nproc-per-node 1 --master-port 29500 " + cfg + " --out " + dir / "y");
   CHECK(r.exit_code == 2);
   CHECK(contains(r.output, "give --master-addr"));
+}
+
+TEST_CASE("dtrain launch reads torchrun's PET_NPROC_PER_NODE forms: auto and cpu, gpu refused") {
+  TempDir dir;
+  const std::string cfg = std::string(DTRAIN_SOURCE_DIR) + "/configs/smoke.yaml";
+  auto r = run_cmd("PET_NPROC_PER_NODE=gpu " + kBin + " launch " + cfg + " --out " + dir / "g");
+  CHECK(r.exit_code == 2);
+  CHECK_MESSAGE(contains(r.output, "PET_NPROC_PER_NODE=gpu: dtrain trains on CPUs"), r.output);
+  // "cpu": --nproc's count (default 2); before, "is not an integer".
+  r = run_cmd("PET_NPROC_PER_NODE=cpu " + kBin + " launch " + cfg + " --out " + dir / "c" +
+              " --set train.max_steps=2 --set train.epochs=0");
+  CHECK_MESSAGE(r.exit_code == 0, r.output);
+  CHECK(contains(r.output, "rank(s) finished"));
+  // An explicit --nproc wins over the variable, as every flag does (3 ranks were started).
+  r = run_cmd("PET_NNODES=1 PET_NPROC_PER_NODE=3 " + kBin + " launch --nproc 2 " + cfg + " --out " +
+              dir / "n" + " --set train.max_steps=2 --set train.epochs=0");
+  CHECK_MESSAGE(r.exit_code == 0, r.output);
+  CHECK(contains(dtrain::testing::read_text(dir / "n/summary.json"), "\"world_size\": 2"));
 }

@@ -73,6 +73,15 @@ TEST_CASE("resolve_dist_env: Kubeflow Trainer's PET_ variables, one rank per pod
   CHECK(resolve_dist_env({{"PET_NNODES", "2"}, {"PET_NODE_RANK", "1"}, {"PET_MASTER_PORT", "5"}}, 1)
             .world_size == 2);
 
+  // "auto" and "cpu" (PyTorchJob's default) are one rank per pod, as dtrain launch reads them;
+  // they were "not an integer".
+  for (const char* v : {"auto", "cpu"}) {
+    const DistEnv d1 = resolve_dist_env(with(env, "PET_NPROC_PER_NODE", v), 1);
+    CHECK(d1.local_world_size == 1);
+    CHECK(d1.world_size == resolve_dist_env(env, 1).world_size);
+  }
+  CHECK(contains(user_error([&] { resolve_dist_env(with(env, "PET_NPROC_PER_NODE", "gpu"), 1); }),
+                 "PET_NPROC_PER_NODE=gpu: dtrain trains on CPUs"));
   // Several ranks per pod need dtrain launch; a partial set, a bad number, an out-of-range rank
   // and a missing port are refused, each naming its variable.
   const Env many = with(env, "PET_NPROC_PER_NODE", "4");

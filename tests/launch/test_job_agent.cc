@@ -244,11 +244,20 @@ TEST_CASE("JobAgent: a disagreeing node, a wrong token and a missing node are re
     CHECK(contains(e, "did not answer within 1 s: is it running there"));
   }
   {
-    // Node 0's launcher is gone: node 1's poll reports it instead of hanging.
+    // Node 0's launcher is gone: node 1's polls report it, once lost_after_s has passed without
+    // an answer, instead of hanging.
     const int port4 = pick_free_port();
-    JobAgent a1(agent_options(1, port4));
-    const RemoteNews n = a1.poll(0);
+    AgentOptions o = agent_options(1, port4);
+    o.lost_after_s = 0.5;
+    JobAgent a1(o);
+    const auto t0 = std::chrono::steady_clock::now();
+    RemoteNews n;
+    for (int i = 0; i < 200 && n.lost.empty(); ++i) {
+      n = a1.poll(0);
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
     CHECK_FALSE(n.lost.empty());
+    CHECK(std::chrono::steady_clock::now() - t0 >= std::chrono::milliseconds(500));
   }
 }
 
@@ -435,9 +444,18 @@ TEST_CASE(
     a0.reset();  // node 0's launcher is gone
     const auto t0 = std::chrono::steady_clock::now();
     if (polled) {
+      // Lost once node 0 has not answered for lost_after_s, not at the first unanswered poll
+      // (a 1-s pause of node 0's launcher ended the whole job).
       RemoteNews n;
-      for (int i = 0; i < 100 && n.lost.empty(); ++i) n = a1.poll(0);
+      for (int i = 0; i < 300 && n.lost.empty(); ++i) {
+        n = a1.poll(0);
+        if (n.lost.empty()) CHECK(since(t0) < 1.0 + 0.5);
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
       REQUIRE_FALSE(n.lost.empty());
+      CHECK(since(t0) >= 1.0);
+      CHECK(contains(n.lost, "no answer for "));
+      CHECK_FALSE(contains(n.lost, "bad input"));  // (a check-in's hint, not a running job's)
     }
     CHECK_THROWS_WITH_AS(a1.finish(0, remote, 0), doctest::Contains("node 0's launcher"),
                          std::runtime_error);
@@ -480,6 +498,33 @@ TEST_CASE(
     CHECK_FALSE(e0.restart);
     CHECK(e1.rc == 0);
     CHECK_FALSE(e1.restart);
+  }
+  SUBCASE("node 1 done, waiting for the decision, is not lost while node 0's ranks run on") {
+    // Its ranks finished, so its launcher stopped polling: node 0, whose rank 0 merged a trace
+    // for 12 s, found it lost after 10 s, stopped its own rank and ended the finished job with 1.
+    const NodeOutcome ok;
+    const int port = pick_free_port();
+    const AgentOptions o0 = quick_loss(0, port), o1 = quick_loss(1, port);
+    JobAgent a0(o0);
+    auto f1 = std::async(std::launch::async, [&] {
+      JobAgent a1(o1);
+      a1.join(2);
+      a1.poll(0);
+      return a1.finish(0, ok, 0);
+    });
+    a0.join(2);
+    const auto t0 = std::chrono::steady_clock::now();
+    while (since(t0) < 2.5) {  // node 0's ranks still running: its launcher polls
+      const RemoteNews n = a0.poll(0);
+      CHECK(n.failures.empty());
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    const JobDecision d0 = a0.finish(0, ok, 0);
+    const JobDecision d1 = f1.get();
+    CHECK(d0.rc == 0);
+    CHECK(d0.reason == "");
+    CHECK(d1.rc == 0);
+    CHECK_FALSE(d1.restart);
   }
   SUBCASE("node 0 alive but deciding late: node 1 waits on past lost_after_s for its decision") {
     const int port = pick_free_port();
