@@ -767,6 +767,19 @@ std::string checkpoint_config_json(const std::string& resolved) {
   }
 }
 
+std::string checkpoint_identity(const std::string& resolved) {
+  try {
+    if (is_sharded_dir(resolved)) {
+      const nlohmann::json m = read_manifest(resolved);
+      return m.contains("save_id") ? "save:" + m.at("save_id").get<std::string>() : std::string();
+    }
+    const std::string crc = read_safetensors_header_crc(resolved);
+    return crc.empty() ? crc : "crc:" + crc;
+  } catch (const std::exception&) {
+    return "";
+  }
+}
+
 std::string check_checkpoint(const std::string& path, bool allow_missing) {
   const std::string resolved = resolve_checkpoint(path, allow_missing);
   if (resolved.empty()) return resolved;

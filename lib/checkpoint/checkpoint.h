@@ -196,6 +196,12 @@ std::optional<std::vector<std::string>> checkpoint_state_names(const std::string
 // manifest only; "" when it has none (older files) or cannot be read (the load then says why).
 // For checking a config against a checkpoint before the model is built and allocated.
 std::string checkpoint_config_json(const std::string& resolved);
+// What names a resolved checkpoint's content, from its header or manifest only: a file's header
+// checksum ("crc:<8 hex>", which covers its tensors' checksums: the same bytes, the same id), a
+// sharded folder's save id ("save:<16 hex>", drawn per save). "" when it has none (older files)
+// or cannot be read. Written into summary.json (`checkpoint_id`), so a run folder can tell the
+// summary of the checkpoint there from one of another run that a resume replaced it with.
+std::string checkpoint_identity(const std::string& resolved);
 // resolve_checkpoint, then a check that reads only headers (a file's safetensors header, a sharded
 // folder's manifest.json): it is a dtrain checkpoint of this format version. For --resume and
 // --checkpoint before any data is loaded, so "'X' is not a safetensors file (...)" comes first.

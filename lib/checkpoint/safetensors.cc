@@ -302,6 +302,16 @@ std::map<std::string, std::string> read_safetensors_metadata(const std::string& 
   return out;
 }
 
+std::string read_safetensors_header_crc(const std::string& path) {
+  uint64_t file_size = 0, header_len = 0;
+  const Fd fd = open_regular(path, &file_size);
+  const nlohmann::json header = read_header(fd.get(), path, file_size, &header_len);
+  const auto m = header.find("__metadata__");
+  if (m == header.end() || !m->is_object()) return "";
+  const auto c = m->find(kStHeaderCrcKey);
+  return c != m->end() && c->is_string() ? c->get<std::string>() : "";
+}
+
 StFile read_safetensors(const std::string& path) {
   uint64_t file_size = 0, header_len = 0;
   const Fd fd = open_regular(path, &file_size);

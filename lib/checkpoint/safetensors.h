@@ -68,4 +68,9 @@ StFile read_safetensors(const std::string& path);
 // the same checks and messages as read_safetensors for those parts.
 std::map<std::string, std::string> read_safetensors_metadata(const std::string& path);
 
+// The header's checksum (kStHeaderCrcKey: it covers every tensor's checksum and the metadata, so
+// it names the file's content), verified as read_safetensors_metadata verifies it; "" for a file
+// written before header checksums. Reads the header only.
+std::string read_safetensors_header_crc(const std::string& path);
+
 }  // namespace dtrain

@@ -89,6 +89,18 @@ void TrainLoop::setup_model() {
   if (lead_) start_run_dir(cfg_, opts_, ckpt_dir_);
   if (const std::string why = fault_past(opts_.faults, plan_.total_steps); lead_ && !why.empty())
     spdlog::warn("{}", why);
+  // A warm-up as long as the run: the rate never reaches optimizer.lr, and the schedule after it
+  // never starts (accepted: a short smoke run of a long config is legitimate; said, not silent).
+  if (const int64_t warmup = cfg_.optimizer.schedule.warmup_steps;
+      lead_ && warmup > 0 && warmup >= plan_.total_steps)
+    spdlog::warn(
+        "optimizer.schedule.warmup_steps {} is at least the run's {} steps: the learning rate "
+        "rises to {:.3g} x optimizer.lr at most{}",
+        warmup, plan_.total_steps,
+        static_cast<double>(plan_.total_steps) / static_cast<double>(warmup),
+        cfg_.optimizer.schedule.type == ScheduleType::kConstant
+            ? ""
+            : " and the schedule's decay after it never starts");
   bpe_ = plan_.batches_per_epoch;
   loss_global_ = !pipelined && DP_ > 1 && strategy_->replicated_grads();
 }
@@ -537,6 +549,13 @@ nlohmann::json TrainLoop::summary(int stop_signal) {
   const nlohmann::json per_rank = memory_per_rank(mem);  // collective
   nlohmann::json s = interrupt_summary(stop_signal);
   s["format_version"] = kSummaryFormatVersion;
+  // (RunOptions::final_save false: none written)
+  const std::string ckpt =
+      last_ckpt_step_ == step_
+          ? (fs::path(ckpt_dir_) /
+             (one_file() ? checkpoint_file_name(step_) : sharded_checkpoint_name(step_)))
+                .string()
+          : std::string();
   s.update({
       {"steps", step_},
       {"epochs", epoch_progress()},
@@ -565,12 +584,10 @@ nlohmann::json TrainLoop::summary(int stop_signal) {
       {"param_count", P},
       {"steps_this_run", step_ - first_step_},
       {"resumed_from", rp_.from.empty() ? nlohmann::json(nullptr) : nlohmann::json(rp_.from)},
-      {"checkpoint",
-       last_ckpt_step_ == step_
-           ? nlohmann::json((fs::path(ckpt_dir_) / (one_file() ? checkpoint_file_name(step_)
-                                                               : sharded_checkpoint_name(step_)))
-                                .string())
-           : nlohmann::json(nullptr)},  // (RunOptions::final_save false: none written)
+      {"checkpoint", ckpt.empty() ? nlohmann::json(nullptr) : nlohmann::json(ckpt)},
+      // (rank 0 wrote it, and reads its header now: the run folder's resume compares it)
+      {"checkpoint_id", ckpt.empty() || !lead_ ? nlohmann::json(nullptr)
+                                               : nlohmann::json(checkpoint_identity(ckpt))},
       {"param_bytes", mem.param_bytes},
       {"grad_bytes", mem.grad_bytes},
       {"optim_bytes", mem.optim_bytes},

@@ -113,23 +113,28 @@ bool TrainLoop::resume() {
 // saved all-ranks sums. Collective.
 namespace {
 
-// The run folder's newest eval record (metrics.jsonl) at a step <= `step`, or null (a malformed
-// line, or no file, is no record). The model at those steps is the checkpoint's timeline, so
-// its figures are this run's last evaluation (summary.json's test_loss), and the evaluation a
-// checkpoint carries as due (it is written before its step's evaluation) ran if its record is
-// there, whichever run wrote it: a resume does not evaluate it twice.
+// The run folder's newest eval record (metrics.jsonl) at a step <= `step` of the timeline the
+// file ends on, or null (a malformed line, or no file, is no record). The model at those steps is
+// the checkpoint's timeline, so its figures are this run's last evaluation (summary.json's
+// test_loss), and the evaluation a checkpoint carries as due (it is written before its step's
+// evaluation) ran if its record is there: a resume does not evaluate it twice.
+// Runs append to the file: a record at a step at or before an earlier eval record's comes from a
+// run resumed from an earlier checkpoint, whose timeline replaces the evaluations from that step
+// on (within one run a step's train record precedes its evaluation) -- a run resumed under other
+// settings took the abandoned run's evaluation of the same step for its own.
 nlohmann::json last_eval_record(const std::string& out_dir, int64_t step) {
   std::ifstream in(fs::path(out_dir) / "metrics.jsonl");
-  nlohmann::json found;
+  std::vector<nlohmann::json> evals;  // by increasing step
   for (std::string line; std::getline(in, line);) {
-    if (line.find("\"eval\"") == std::string::npos) continue;
     nlohmann::json r = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (!r.is_object() || r.value("kind", "") != "eval") continue;
+    if (!r.is_object()) continue;
     const int64_t s = r.value("step", int64_t{-1});
-    if (s >= 0 && s <= step && (found.is_null() || s >= found.value("step", int64_t{-1})))
-      found = std::move(r);
+    if (s < 0) continue;
+    while (!evals.empty() && evals.back().value("step", int64_t{-1}) >= s) evals.pop_back();
+    if (r.value("kind", "") == "eval") evals.push_back(std::move(r));
   }
-  return found;
+  while (!evals.empty() && evals.back().value("step", int64_t{-1}) > step) evals.pop_back();
+  return evals.empty() ? nlohmann::json() : std::move(evals.back());
 }
 
 // A record's figure as a double: NaN for null (a non-finite evaluation) or a missing one.
@@ -206,6 +211,25 @@ void TrainLoop::restore_progress(const std::string& progress) {
   interval_samples_ = static_cast<int64_t>(v[4]);
 }
 
+namespace {
+
+// Whether summary `s` (of a completed run in `out`) describes a checkpoint that another run has
+// since replaced: its final checkpoint's file is there with other content (checkpoint_id). A run
+// resumed from an earlier checkpoint under other settings that died after its final checkpoint,
+// before its summary: its restart took the first run's summary for its own ("nothing to train").
+bool summary_replaced(const nlohmann::json& s, const fs::path& out) {
+  const auto ck = s.find("checkpoint");
+  const auto id = s.find("checkpoint_id");
+  if (ck == s.end() || !ck->is_string() || id == s.end() || !id->is_string() ||
+      id->get<std::string>().empty())
+    return false;  // (a summary from before checkpoint_id: taken as it says)
+  const fs::path file = out / "checkpoints" / fs::path(ck->get<std::string>()).filename();
+  const std::string now = checkpoint_identity(file.string());
+  return !now.empty() && now != id->get<std::string>();
+}
+
+}  // namespace
+
 // Whether the resumed checkpoint, at the step where this config stops, is this run folder's own
 // (--resume auto, or a checkpoint under --out) and the folder holds no summary of a run completed
 // at (or past) that step: its run ended after its last checkpoint, before the final evaluation and
@@ -226,7 +250,7 @@ bool TrainLoop::run_left_unfinished() {
         // (A run completed past this checkpoint's step, resumed from an older one of its
         // checkpoints under a shorter plan, is finished too: its results are left alone.)
         if (s.value("status", std::string()) == "completed" &&
-            s.value("steps", int64_t{-1}) >= rp_.step)
+            s.value("steps", int64_t{-1}) >= rp_.step && !summary_replaced(s, out))
           unfinished = 0;
       } catch (const std::exception&) {  // none, or unreadable: no completed run recorded
       }

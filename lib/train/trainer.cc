@@ -610,7 +610,22 @@ ResumePoint resume_full_state(const Config& cfg, const RunOptions& opts, Communi
       rp.progress = m.progress_json;
       rp.normalizer = m.normalizer_json;
     } else {
-      spdlog::info("--resume auto: no checkpoint in {}, starting fresh", ckpt_dir);
+      // A folder that holds an earlier run's records but no checkpoint (none saved before it
+      // stopped, or removed): starting afresh replaces them, as it should for a restart of a run
+      // that died before its first checkpoint -- said, not silent.
+      std::string found;
+      for (const char* f : {"metrics.jsonl", "summary.json"}) {
+        std::error_code ec;
+        if (fs::exists(fs::path(opts.out_dir) / f, ec))
+          found += (found.empty() ? "" : " and ") + std::string(f);
+      }
+      if (found.empty())
+        spdlog::info("--resume auto: no checkpoint in {}, starting fresh", ckpt_dir);
+      else
+        spdlog::warn(
+            "--resume auto: no checkpoint in {}, starting fresh: the {} of the earlier run in {} "
+            "are replaced",
+            ckpt_dir, found, opts.out_dir);
     }
   }
   // RNG states: one per rank of the saving run, as 4 words each (parsed before anything is sent:

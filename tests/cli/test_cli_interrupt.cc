@@ -289,6 +289,67 @@ TEST_CASE("an output folder holding a run is refused without --resume or --overw
   CHECK(read_text(held + "/notes.txt") == "mine");
 }
 
+TEST_CASE(
+    "a run resumed under other settings, dead before its summary, is finished by --resume auto") {
+  // A completed run's step-20 checkpoint resumed with another learning rate; that run died after
+  // its final checkpoint (which replaced the first run's step 40) and before its final
+  // evaluation and summary: the folder's summary and step-40 evaluation are the first run's. Its
+  // restart took them for its own ("nothing to train", the other weights' figures).
+  TempDir dir;
+  const std::string cfg = dir.write("cfg.yaml", kCfg);
+  const std::string out = dir / "out";
+  const std::string base = kBin + " run " + cfg +
+                           " --set train.max_steps=40 --set train.checkpoint.every_steps=20 "
+                           "--set train.checkpoint.keep_last=5 --out " +
+                           out;
+  auto r = run_cmd(base);
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  const std::string summary_a = read_text(out + "/summary.json");
+  const std::string other = base + " --set optimizer.lr=0.2";
+  r = run_cmd(other + " --resume " + out + "/checkpoints/step-20.safetensors");
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  const auto b_done = nlohmann::json::parse(read_text(out + "/summary.json"));
+  REQUIRE(b_done["test_loss"] != nlohmann::json::parse(summary_a)["test_loss"]);
+  CHECK(b_done["checkpoint_id"].get<std::string>().starts_with("crc:"));
+  CHECK(b_done["checkpoint_id"] != nlohmann::json::parse(summary_a)["checkpoint_id"]);
+  dir.write("out/summary.json", summary_a);
+  const std::string metrics = read_text(out + "/metrics.jsonl");  // without its final evaluation
+  REQUIRE(metrics.size() > 2);
+  const size_t last = metrics.rfind('\n', metrics.size() - 2);
+  REQUIRE(contains(metrics.substr(last), "\"kind\":\"eval\""));
+  dir.write("out/metrics.jsonl", metrics.substr(0, last + 1));
+  r = run_cmd(other + " --resume auto");
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  CHECK_MESSAGE(contains(r.output, "ended before its final evaluation and summary"), r.output);
+  const auto b_redone = nlohmann::json::parse(read_text(out + "/summary.json"));
+  CHECK(b_redone["test_loss"] == b_done["test_loss"]);
+  CHECK(b_redone["test_accuracy"] == b_done["test_accuracy"]);
+  CHECK(b_redone["checkpoint_id"] == b_done["checkpoint_id"]);
+  // Finished now: its restart has nothing to train and leaves the results alone.
+  const std::string finished = read_text(out + "/summary.json");
+  r = run_cmd(other + " --resume auto");
+  CHECK_MESSAGE(contains(r.output, "nothing to train"), r.output);
+  CHECK(read_text(out + "/summary.json") == finished);
+}
+
+TEST_CASE("--resume auto in a folder with an earlier run's records but no checkpoint says so") {
+  // It started afresh and replaced them without a word.
+  TempDir dir;
+  const std::string cfg = dir.write("cfg.yaml", kCfg);
+  const std::string out = dir / "out";
+  const std::string base = kBin + " run " + cfg + " --set train.max_steps=20 --out " + out;
+  auto r = run_cmd(base);
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  std::filesystem::remove_all(out + "/checkpoints");
+  r = run_cmd(base + " --resume auto");
+  CHECK_MESSAGE(r.exit_code == 0, r.output);
+  CHECK_MESSAGE(contains(r.output,
+                         "starting fresh: the metrics.jsonl and summary.json of the "
+                         "earlier run in " +
+                             out + " are replaced"),
+                r.output);
+}
+
 TEST_CASE("a folder a run is writing to is refused to a second run, even with --overwrite") {
   TempDir dir;
   const std::string cfg = dir.write("cfg.yaml", kCfg);
