@@ -54,6 +54,54 @@ def consolidate_hint(folder):
             "per-rank shards")
 
 
+def not_safetensors(path, why):
+    return NotACheckpointFile(f"'{path}' is not a safetensors file ({why})")
+
+
+def read_parts(path):
+    """(header, data) of a safetensors file, its header checked before anything is trusted: the
+    length against the file's size, a JSON object, every tensor's dtype, shape and byte range."""
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size < 8:
+                raise not_safetensors(path, f"{size} bytes, shorter than the 8-byte header length")
+            (n,) = struct.unpack("<Q", f.read(8))
+            if n < 2 or n > size - 8:
+                raise not_safetensors(path, f"a header length of {n} bytes in a file of {size}")
+            try:
+                header = json.loads(f.read(n))
+            except (UnicodeDecodeError, json.JSONDecodeError) as e:
+                raise not_safetensors(path, f"its header is not JSON: {e}") from None
+            data = f.read()
+    except OSError as e:
+        raise NotACheckpointFile(f"cannot read '{path}': {e.strerror or e}") from None
+    if not isinstance(header, dict):
+        raise not_safetensors(path, "its header is not a JSON object")
+    for name, t in header.items():
+        if name == "__metadata__":
+            if not isinstance(t, dict) or not all(isinstance(v, str) for v in t.values()):
+                raise not_safetensors(path, "__metadata__ is not an object of strings")
+            continue
+        ok = (isinstance(t, dict) and t.get("dtype") in DTYPES
+              and isinstance(t.get("shape"), list)
+              and all(isinstance(d, int) and d >= 0 for d in t["shape"])
+              and isinstance(t.get("data_offsets"), list) and len(t["data_offsets"]) == 2
+              and all(isinstance(o, int) for o in t["data_offsets"]))
+        if not ok:
+            raise not_safetensors(path, f"tensor '{name}' has no valid dtype, shape and offsets")
+        begin, end = t["data_offsets"]
+        count = 1
+        for d in t["shape"]:
+            count *= d
+        if not 0 <= begin <= end <= len(data) or end - begin != count * np.dtype(
+                DTYPES[t["dtype"]]).itemsize:
+            raise not_safetensors(path, f"tensor '{name}': its bytes {begin}..{end} do not fit "
+                                  f"its shape {t['shape']} or the file's {len(data)} data bytes "
+                                  "(truncated?)")
+    return header, data
+
+
 def load(path, verify=True):
     """(tensors, metadata). verify: check every tensor against the CRC-32 table dtrain writes in
     __metadata__["crc32"] (zlib's CRC-32 of its bytes, 8 hex digits) and the header against
@@ -61,10 +109,7 @@ def load(path, verify=True):
     they existed, or by other tools) load unverified."""
     if os.path.isdir(path):
         raise NotACheckpointFile(f"{path} is a folder, not a checkpoint file: " + folder_hint(path))
-    with open(path, "rb") as f:
-        (n,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(n))
-        data = f.read()
+    header, data = read_parts(path)
     if verify and "crc32_header" in header.get("__metadata__", {}):
         # The header's own CRC-32, over its canonical form: keys sorted, compact, without itself.
         canon = json.loads(json.dumps(header))
@@ -94,6 +139,9 @@ def main():
     except (CorruptCheckpoint, NotACheckpointFile) as e:
         sys.exit(f"error: {e}")
     if len(sys.argv) == 3:
+        if sys.argv[2] not in tensors:
+            sys.exit(f"error: {sys.argv[1]} has no tensor '{sys.argv[2]}'; it has: "
+                     + ", ".join(tensors))
         np.set_printoptions(threshold=20)
         print(tensors[sys.argv[2]])
         return

@@ -57,4 +57,18 @@ refused "$dir/run/checkpoints" "is a folder, not a checkpoint file: read $file (
 shards="$dir/sharded/checkpoints/$(cat "$dir/sharded/checkpoints/latest")"
 refused "$dir/sharded" "run \`dtrain checkpoint consolidate $shards -o FILE.safetensors\`"
 refused "$shards" "run \`dtrain checkpoint consolidate $shards -o FILE.safetensors\`"
+# What is no checkpoint file is one line, not a traceback (a YAML file's first 8 bytes read as a
+# header length of ~2e18 went to f.read unchecked: MemoryError).
+refused "$SRC/configs/smoke.yaml" "is not a safetensors file (a header length of"
+refused /dev/null "is not a safetensors file (0 bytes, shorter than the 8-byte header length)"
+refused "$dir/none.safetensors" "cannot read '$dir/none.safetensors': No such file or directory"
+head -c 1000 "$file" >"$dir/cut.safetensors"
+refused "$dir/cut.safetensors" "is not a safetensors file (a header length of"
+size=$(stat -c %s "$file")
+head -c $((size - 8)) "$file" >"$dir/short.safetensors"
+refused "$dir/short.safetensors" "(truncated?)"
+if out=$(/usr/bin/python3 "$SRC/scripts/read_checkpoint.py" "$file" nosuch 2>&1); then
+  echo "an unknown tensor was printed: $out"; exit 1
+fi
+grep -qF "has no tensor 'nosuch'; it has: layers.0.weight, " <<<"$out"
 echo ok

@@ -497,3 +497,21 @@ TEST_CASE("eval and predict scale inputs as training did, whatever the data file
     CHECK(contains(r.output, "the training data's statistics now differ"));
   }
 }
+
+TEST_CASE("a warm-up as long as the run is said: the rate never reaches optimizer.lr") {
+  // It was accepted without a word: the cosine decay never started, the rate never got to lr.
+  TempDir dir;
+  const std::string cfg = std::string(DTRAIN_SOURCE_DIR) + "/configs/smoke.yaml";
+  const std::string run = "run " + cfg + " --set train.epochs=0 --set train.max_steps=10 --out ";
+  auto r = run_dtrain(run + dir / "a" + " --set optimizer.schedule.warmup_steps=50 " +
+                      "--set optimizer.schedule.type=cosine --log-level warn");
+  CHECK_MESSAGE(r.exit_code == 0, r.output);
+  CHECK_MESSAGE(contains(r.output,
+                         "optimizer.schedule.warmup_steps 50 is at least the run's 10 steps: the "
+                         "learning rate rises to 0.2 x optimizer.lr at most and the schedule's "
+                         "decay after it never starts"),
+                r.output);
+  r = run_dtrain(run + dir / "b" + " --set optimizer.schedule.warmup_steps=9 --log-level warn");
+  CHECK_MESSAGE(r.exit_code == 0, r.output);
+  CHECK_FALSE(contains(r.output, "warmup_steps"));
+}
