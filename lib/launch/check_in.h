@@ -3,7 +3,13 @@
 // refusal's text when they do not.
 #pragma once
 
+#include <chrono>
+#include <functional>
+#include <map>
 #include <string>
+#include <vector>
+
+#include "comm/rendezvous/store.h"
 
 #include "launch/job_agent.h"
 
@@ -32,5 +38,18 @@ CheckIn parse_check_in(const std::string& v);
 // each waited out its timeout for nodes that were not coming, then blamed a live one.)
 std::string check_in_problem(int n, const CheckIn& c, int nproc_per_node, const std::string& shape,
                              const std::string& self);
+
+// "0, 2, 3".
+std::string fmt_ids(const std::vector<int>& ids);
+
+// Node 0's side of an elastic check-in of `attempt`: waits for the nodes (node n's value at
+// join_key(n)) by close_check_in's rule and returns their "<ranks per node> <shape> <host>"
+// values by id; past `deadline` with too few, a runtime_error naming the missing ones and
+// hint().
+std::map<int, std::string> gather_check_ins(Store& s, const AgentOptions& o, int attempt,
+                                            const std::vector<int>& expected,
+                                            std::chrono::steady_clock::time_point deadline,
+                                            const std::function<std::string(int)>& join_key,
+                                            const std::function<std::string()>& hint);
 
 }  // namespace dtrain::launch_detail

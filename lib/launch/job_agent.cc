@@ -19,6 +19,7 @@
 #include "comm/rendezvous/store.h"
 #include "comm/rendezvous/store_service.h"
 #include "launch/check_in.h"
+#include "launch/dist_env.h"
 #include "util/check.h"
 
 namespace dtrain {
@@ -32,10 +33,15 @@ using grpc_detail::secs_dur;
 using grpc_detail::status_str;
 using launch_detail::check_in_problem;
 using launch_detail::CheckIn;
+using launch_detail::fmt_ids;
+using launch_detail::gather_check_ins;
 using launch_detail::job_shape;
 using launch_detail::parse_check_in;
 
 constexpr char kPrefix[] = "launch/";
+// Node 0's store instance, drawn by node 0 as it starts: a node 0 launcher started again (a pod
+// replaced during the check-in) serves a new store, without the keys the others set in the old.
+constexpr char kInstanceKey[] = "launch/instance";
 
 // A members list (or, from refuse_job, node 0's attempt-0 check-in) that starts with this is node
 // 0's refusal, the reason after it.
@@ -289,6 +295,46 @@ struct JobAgent::Impl {
     return f(static_cast<Store&>(s));
   }
 
+  // The other nodes, checking in: key `k` of node 0's store by `deadline`, node 0 watched while
+  // it waits -- gone (signalled, its machine down) after lost_after_s without an answer, instead
+  // of the whole join timeout; started again since `instance` was read (*restarted, "": the
+  // caller checks in again).
+  std::string get_watching_node0(Store& s, const std::string& k, Clock::time_point deadline,
+                                 const std::string& instance, bool* restarted) {
+    auto answered = Clock::now();  // (node 0 answered the caller's last call)
+    for (;;) {
+      const auto slice = std::min(deadline, Clock::now() + secs_dur(o.lost_after_s));
+      try {
+        return s.get(k, slice);
+      } catch (const CommError&) {
+        if (Clock::now() >= deadline) throw;
+      }
+      // (a node 0 exiting answers "exited" at once, one started again may not listen yet:
+      // retried until lost_after_s has passed without an answer)
+      std::string now;
+      for (;;) {
+        try {
+          now = with_store(o.lost_after_s, [&](Store& t) {
+            return t.get(kInstanceKey, Clock::now() + secs_dur(o.lost_after_s));
+          });
+          answered = Clock::now();
+          break;
+        } catch (const CommError& e) {
+          if (Clock::now() - answered >= secs_dur(o.lost_after_s))
+            throw std::runtime_error("node 0's launcher at " + where() +
+                                     " was lost during the check-in: no answer for " +
+                                     grpc_detail::seconds_str(o.lost_after_s) + " s (" + e.what() +
+                                     ")");
+          std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        }
+      }
+      if (now != instance) {
+        *restarted = true;
+        return "";
+      }
+    }
+  }
+
   // A node that read node 0's refuse_job: sets `read_key` so node 0 may exit, best effort and
   // within 2 s (the refusal is this node's error whether node 0 hears of it or not).
   void ack_refusal(const std::string& read_key) {
@@ -400,6 +446,7 @@ JobAgent::JobAgent(const AgentOptions& o) : impl_(std::make_unique<Impl>()), hos
   for (int n = 0; n < o.nnodes; ++n) impl_->members.push_back(n);
   if (o.node_rank == 0) {
     impl_->mem = std::make_unique<MemoryStore>();
+    impl_->mem->set(kInstanceKey, random_token());
     impl_->service =
         std::make_unique<grpc_detail::StoreService>(impl_->mem.get(), o.token, "node 0's launcher");
     grpc::ServerBuilder b;
@@ -482,102 +529,65 @@ std::vector<std::string> JobAgent::join(int nproc_per_node) {
   for (int n = 0; n < m.o.nnodes; ++n) keys.push_back(key(0, "join/" + std::to_string(n)));
   const std::string shape = job_shape(m.o);
   std::vector<std::string> hosts(static_cast<size_t>(m.o.nnodes));
-  try {
-    m.with_store(m.o.join_timeout_s, [&](Store& s) {
-      // (attempt 0's claim key, as an elastic launcher's: a duplicate --node-rank of either kind
-      // is refused as such)
-      claim_node_rank(s, key(0, "claim/" + std::to_string(m.o.node_rank)), m.o.node_rank);
-      s.set(keys[static_cast<size_t>(m.o.node_rank)],
-            std::to_string(nproc_per_node) + " " + shape + " " + host_);
-      for (int n = 0; n < m.o.nnodes; ++n) {
-        std::string v;
-        try {
-          v = s.get(keys[static_cast<size_t>(n)], deadline);
-        } catch (const CommError& e) {
-          std::string missing;
-          for (int k = n; k < m.o.nnodes; ++k) try {
-              s.get(keys[static_cast<size_t>(k)], Clock::now() + std::chrono::milliseconds(100));
-            } catch (const CommError&) {
-              missing += (missing.empty() ? "" : ", ") + std::to_string(k);
-            }
-          throw std::runtime_error("node(s) " + missing + " did not check in within " +
-                                   grpc_detail::seconds_str(m.o.join_timeout_s) + " s (" +
-                                   e.what() + ")" + m.refused_hint());
+  const bool node0 = m.o.node_rank == 0;
+  for (bool restarted = true; restarted;) {
+    restarted = false;
+    try {
+      m.with_store(m.o.join_timeout_s, [&](Store& s) {
+        // (attempt 0's claim key, as an elastic launcher's: a duplicate --node-rank of either
+        // kind is refused as such)
+        claim_node_rank(s, key(0, "claim/" + std::to_string(m.o.node_rank)), m.o.node_rank);
+        const std::string instance = node0 ? std::string() : s.get(kInstanceKey, deadline);
+        s.set(keys[static_cast<size_t>(m.o.node_rank)],
+              std::to_string(nproc_per_node) + " " + shape + " " + host_);
+        for (int n = 0; n < m.o.nnodes; ++n) {
+          std::string v;
+          try {
+            const std::string& k = keys[static_cast<size_t>(n)];
+            v = node0 ? s.get(k, deadline)
+                      : m.get_watching_node0(s, k, deadline, instance, &restarted);
+            if (restarted) return 0;
+          } catch (const CommError& e) {
+            std::string missing;
+            for (int k = n; k < m.o.nnodes; ++k) try {
+                s.get(keys[static_cast<size_t>(k)], Clock::now() + std::chrono::milliseconds(100));
+              } catch (const CommError&) {
+                missing += (missing.empty() ? "" : ", ") + std::to_string(k);
+              }
+            throw std::runtime_error("node(s) " + missing + " did not check in within " +
+                                     grpc_detail::seconds_str(m.o.join_timeout_s) + " s (" +
+                                     e.what() + ")" + m.refused_hint());
+          }
+          if (n == 0 && v.starts_with(kRefused)) {
+            m.ack_refusal(fixed_read_key(m.o.node_rank));
+            throw_node0_refusal(v);
+          }
+          // Node 0's entry read: node 0 may exit now (refuse_after_read).
+          if (n == 0 && !node0) s.set(fixed_read_key(m.o.node_rank), "1");
+          const CheckIn c = parse_check_in(v);
+          hosts[static_cast<size_t>(n)] = c.host;
+          const char* self = node0 ? "node 0" : "this node";
+          if (const std::string p = check_in_problem(n, c, nproc_per_node, shape, self);
+              !p.empty()) {
+            const UserError e(p);
+            if (node0) refuse_node(s, 0, n, e);
+            throw e;
+          }
         }
-        if (n == 0 && v.starts_with(kRefused)) {
-          m.ack_refusal(fixed_read_key(m.o.node_rank));
-          throw_node0_refusal(v);
-        }
-        // Node 0's entry read: node 0 may exit now (refuse_after_read).
-        if (n == 0 && m.o.node_rank != 0) s.set(fixed_read_key(m.o.node_rank), "1");
-        const CheckIn c = parse_check_in(v);
-        hosts[static_cast<size_t>(n)] = c.host;
-        const char* self = m.o.node_rank == 0 ? "node 0" : "this node";
-        if (const std::string p = check_in_problem(n, c, nproc_per_node, shape, self); !p.empty()) {
-          const UserError e(p);
-          if (m.o.node_rank == 0) refuse_node(s, 0, n, e);
-          throw e;
-        }
-      }
-      return 0;
-    });
-  } catch (const CommError& e) {
-    m.throw_check_in_error("joining the job: ", e);
+        // The entries read may come from a node 0 started again while this node waited: its
+        // store does not hold this node's (node 0 and the rest would wait for it to time out).
+        if (!node0 && s.get(kInstanceKey, deadline) != instance) restarted = true;
+        return 0;
+      });
+    } catch (const CommError& e) {
+      m.throw_check_in_error("joining the job: ", e);
+    }
+    if (restarted)
+      spdlog::warn("node 0's launcher started again during the check-in: checking in again");
   }
   m.checked_in = true;
   return hosts;
 }
-
-namespace {
-
-std::string fmt_ids(const std::vector<int>& ids) {
-  std::string s;
-  for (int n : ids) s += (s.empty() ? "" : ", ") + std::to_string(n);
-  return s;
-}
-
-// Node 0's side of an elastic check-in: waits for the nodes by close_check_in's rule and returns
-// their "<id> <ranks per node> <host>" values by id.
-std::map<int, std::string> gather_check_ins(Store& s, const AgentOptions& o, int attempt,
-                                            const std::vector<int>& expected,
-                                            Clock::time_point deadline,
-                                            const std::function<std::string()>& hint) {
-  std::map<int, std::string> joined;
-  std::optional<Clock::time_point> min_at;
-  for (;;) {
-    for (int n = 0; n < o.nnodes; ++n)
-      if (!joined.count(n)) try {
-          joined[n] = s.get(key(attempt, "join/" + std::to_string(n)), Clock::now());
-        } catch (const CommError&) {
-        }
-    std::vector<int> ids;
-    for (const auto& kv : joined) ids.push_back(kv.first);
-    const auto now = Clock::now();
-    if (!min_at && static_cast<int>(ids.size()) >= o.min_nodes) min_at = now;
-    const double since_min = min_at ? std::chrono::duration<double>(now - *min_at).count() : -1.0;
-    if (close_check_in(ids, expected, o.min_nodes, o.nnodes, since_min, o.last_call_s,
-                       o.lost_after_s))
-      return joined;
-    // The check-in's time is up with enough nodes in: the attempt starts with them (a last call
-    // longer than the join timeout ended in "only 1 node(s) checked in ..., at least 1 needed").
-    if (now >= deadline && static_cast<int>(ids.size()) >= o.min_nodes && ids.size() > 0 &&
-        ids.front() == 0)
-      return joined;
-    if (now >= deadline) {
-      std::vector<int> missing;
-      for (int n = 0; n < o.nnodes; ++n)
-        if (!joined.count(n)) missing.push_back(n);
-      throw std::runtime_error("only " + std::to_string(ids.size()) + " node(s) (" + fmt_ids(ids) +
-                               ") checked in for attempt " + std::to_string(attempt + 1) +
-                               " within " + grpc_detail::seconds_str(o.join_timeout_s) +
-                               " s, at least " + std::to_string(o.min_nodes) +
-                               " needed (missing: " + fmt_ids(missing) + ")" + hint());
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-}
-
-}  // namespace
 
 Membership JobAgent::rendezvous(int attempt, int nproc_per_node) {
   Impl& m = *impl_;
@@ -608,7 +618,10 @@ Membership JobAgent::rendezvous(int attempt, int nproc_per_node) {
       if (m.o.node_rank == 0) {
         const std::vector<int> expected = attempt == 0 ? std::vector<int>{} : m.survivors;
         std::string list;
-        for (const auto& [n, v] : gather_check_ins(s, m.o, attempt, expected, deadline,
+        const auto join_key = [attempt](int n) {
+          return key(attempt, "join/" + std::to_string(n));
+        };
+        for (const auto& [n, v] : gather_check_ins(s, m.o, attempt, expected, deadline, join_key,
                                                    [&m] { return m.refused_hint(); })) {
           const CheckIn c = parse_check_in(v);
           if (const std::string p = check_in_problem(n, c, nproc_per_node, shape, "node 0");

@@ -396,6 +396,55 @@ TEST_CASE("refuse_launch: node 0 tells the nodes that come and throws its reason
   CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10));
 }
 
+TEST_CASE("JobAgent: node 0 gone or started again during the check-in: found, not waited out") {
+  const auto three = [](int node, int port) {
+    AgentOptions o = quick_loss(node, port);
+    o.nnodes = 3;
+    o.join_timeout_s = 60;
+    return o;
+  };
+  SUBCASE("node 0's launcher stopped (a signal): node 1 fails within lost_after_s, not 60 s") {
+    const int port = pick_free_port();
+    auto a0 = std::make_unique<JobAgent>(three(0, port));
+    auto f1 = std::async(std::launch::async, [&] {
+      JobAgent a1(three(1, port));
+      std::string e = "<no error>";
+      const auto t0 = std::chrono::steady_clock::now();
+      try {
+        a1.join(1);  // node 2 never comes
+      } catch (const std::runtime_error& x) {
+        e = x.what();
+      }
+      return std::make_pair(e, std::chrono::steady_clock::now() - t0);
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));  // node 1 checked in, waiting
+    a0.reset();
+    const auto [e, took] = f1.get();
+    CHECK_MESSAGE(contains(e, "was lost during the check-in: no answer for 1 s"), e);
+    CHECK(took < std::chrono::seconds(15));
+  }
+  SUBCASE("node 0's launcher started again: node 1 checks in anew and all three join") {
+    // Node 1 had checked in to the first node 0's store, then read node 0's and node 2's entries
+    // from the second's: it went on, and the second node 0 and node 2 waited for it forever.
+    const int port = pick_free_port();
+    auto a0 = std::make_unique<JobAgent>(three(0, port));
+    auto f1 = std::async(std::launch::async, [&] {
+      JobAgent a1(three(1, port));
+      return a1.join(1).size();
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    a0.reset();
+    a0 = std::make_unique<JobAgent>(three(0, port));
+    auto f2 = std::async(std::launch::async, [&] {
+      JobAgent a2(three(2, port));
+      return a2.join(1).size();
+    });
+    CHECK(a0->join(1).size() == 3);
+    CHECK(f1.get() == 3);
+    CHECK(f2.get() == 3);
+  }
+}
+
 TEST_CASE(
     "JobAgent: a launcher that dies is found lost within lost_after_s, not the report timeout") {
   const auto since = [](std::chrono::steady_clock::time_point t) {
