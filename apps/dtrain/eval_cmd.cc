@@ -112,6 +112,8 @@ int cmd_eval(const Config& cfg, const std::string& ckpt) {
   if (data.test.rows == 0)
     throw UserError("no test set to evaluate: set data.test or data.test_fraction");
   const LoadedModel m = load_model(cfg, data, ckpt, data.test.rows);
+  if (const std::string w = held_out_split_difference(m.path, m.meta, cfg); !w.empty())
+    spdlog::warn("{}", w);
   if (const Normalizer n = training_normalizer(m, data); !(n == data.normalizer)) {
     // The test rows as they are in the files, scaled as training scaled its inputs.
     DataConfig raw = cfg.data;

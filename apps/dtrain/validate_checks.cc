@@ -142,6 +142,7 @@ void check_config_without_data(const Config& cfg, bool evaluate) {
   const int64_t rows = d.format == DataFormat::kText && d.block_size > 0
                            ? check_text_sizes(text_options(d))
                            : train_rows_without_loading(d);
+  if (const std::string w = split_overlap_warning(d); !w.empty()) spdlog::warn("{}", w);
   warn_idle_ranks(cfg, rows);
   check_drop_last_fits(cfg, rows);
   check_layout_without_data(cfg, evaluate, rows);

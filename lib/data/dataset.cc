@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
 #include <string>
 #include <utility>
 #include <vector>
@@ -282,8 +283,38 @@ TextOptions text_options(const DataConfig& cfg) {
           cfg.test_fraction < 0};
 }
 
+std::string split_overlap_warning(const DataConfig& cfg) {
+  if (cfg.test.empty() || cfg.format == DataFormat::kSynthetic) return "";
+  std::vector<std::string> train, test;
+  if (cfg.format == DataFormat::kIdx) {
+    train = {cfg.train.images};
+    test = {cfg.test.images};
+  } else if (cfg.format == DataFormat::kText) {
+    try {  // (a pattern that matches nothing: the loader says so)
+      train = expand_text_paths(cfg.train.path, "data.train.path");
+      test = expand_text_paths(cfg.test.path, "data.test.path");
+    } catch (const UserError&) {
+      return "";
+    }
+  } else {
+    train = cfg.train.path;
+    test = cfg.test.path;
+  }
+  for (const std::string& t : test)
+    for (const std::string& r : train) {
+      std::error_code ec;
+      if (t == r || (std::filesystem::equivalent(t, r, ec) && !ec))
+        return ::fmt::format(
+            "data.test: '{}' is also a training file (data.train): the test figures are measured "
+            "on data the model trains on",
+            t);
+    }
+  return "";
+}
+
 DataSplits load_data(const DataConfig& cfg, int64_t seed) {
   const DataFormat fmt = cfg.format;
+  if (const std::string w = split_overlap_warning(cfg); !w.empty()) spdlog::warn("{}", w);
   if (fmt == DataFormat::kText) {
     // Token ids are not normalised; the split is the text's tail, not a seeded sample.
     return load_text(text_options(cfg));

@@ -63,6 +63,10 @@ struct DataSplits {
   Normalizer normalizer;
 };
 
+// The warning for a test file that is also a training file (the same file by any name; text:
+// after expanding both lists), "" when the splits share none. load_data logs it; validate too.
+std::string split_overlap_warning(const DataConfig& cfg);
+
 // Loads train (and test, or a held-out test_fraction) per `cfg.data`, fits the normaliser on
 // train and applies it. `seed` is the run seed (synthetic data and the held-out split use it).
 DataSplits load_data(const DataConfig& cfg, int64_t seed);

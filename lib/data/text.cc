@@ -102,16 +102,28 @@ Dataset windows_of(const char* bytes, int64_t n, int64_t block_size) {
 }  // namespace
 
 std::vector<std::string> expand_text_paths(const std::vector<std::string>& specs,
-                                           const std::string& key) {
+                                           const std::string& key,
+                                           std::vector<std::string>* repeated) {
   if (specs.empty()) throw UserError(key + " is required for format text (a file, list or glob)");
   std::vector<std::string> files;
+  // A file named again (by a pattern that matches it too, or by another spelling of its path) is
+  // read once: it was read twice, and the held-out tail then repeated bytes the model trained on.
+  const auto add = [&](const std::string& f) {
+    for (const std::string& g : files) {
+      std::error_code ec;
+      if (g == f || (fs::equivalent(g, f, ec) && !ec)) {
+        if (repeated != nullptr) repeated->push_back(f);
+        return;
+      }
+    }
+    files.push_back(f);
+  };
   for (const std::string& s : specs) {
     if (s.empty()) throw UserError(key + ": an empty path");
     if (has_glob_chars(s) && !is_regular_file(s)) {
-      const std::vector<std::string> m = glob_files(s, key);
-      files.insert(files.end(), m.begin(), m.end());
+      for (const std::string& f : glob_files(s, key)) add(f);
     } else {
-      files.push_back(s);  // read_text_files reports a missing file
+      add(s);  // read_text_files reports a missing file
     }
   }
   return files;
@@ -350,7 +362,14 @@ DataSplits load_text(const TextOptions& opts) {
     throw UserError("data.test_fraction must be in [0, 1), got " + show(opts.test_fraction));
   }
   const int64_t T = opts.block_size;
-  const std::vector<std::string> train_files = expand_text_paths(opts.train, "data.train.path");
+  std::vector<std::string> repeated;
+  const std::vector<std::string> train_files =
+      expand_text_paths(opts.train, "data.train.path", &repeated);
+  if (!repeated.empty())
+    spdlog::warn(
+        "data.train.path names {} more than once (a file and a pattern that matches it, "
+        "say): read once",
+        describe(repeated));
   check_text_memory(opts);
   const std::string train = read_text_files(train_files, "data.train.path");
   const int64_t n = static_cast<int64_t>(train.size());

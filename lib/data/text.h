@@ -47,9 +47,12 @@ struct TextOptions {
   bool default_fraction = false;
 };
 
-// The files `specs` name, in reading order (see above). `key` ("data.train.path") prefixes errors.
+// The files `specs` name, in reading order (see above), each once: a file named again (a pattern
+// matching a file also listed, two spellings of one path) is left out and, when `repeated` is
+// given, added to it. `key` ("data.train.path") prefixes errors.
 std::vector<std::string> expand_text_paths(const std::vector<std::string>& specs,
-                                           const std::string& key);
+                                           const std::string& key,
+                                           std::vector<std::string>* repeated = nullptr);
 
 // The concatenated bytes of `files` (each gunzipped if it is gzip). UserError prefixed by `key`.
 std::string read_text_files(const std::vector<std::string>& files, const std::string& key);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <vector>
+#include "data/text.h"
 
 #include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
@@ -9,6 +10,7 @@
 #include "config/config_diff.h"
 #include "config/schema.h"
 #include "data/dataset.h"
+#include "data/text.h"
 #include "train/trainer.h"
 #include "util/check.h"
 
@@ -131,6 +133,41 @@ void check_model_config(const std::string& path, const CheckpointMeta& m, const 
                     "' was trained with another model config (checkpoint -> this config):" + lines +
                     "\nthe weights would compute something else: give the config it was trained "
                     "with (its run folder's config.json)");
+}
+
+std::string held_out_split_difference(const std::string& path, const CheckpointMeta& m,
+                                      const Config& cfg) {
+  if (!cfg.data.test.empty()) return "";
+  const std::optional<Config> stored = stored_config(m, path);
+  if (!stored) return "";
+  const DataConfig &was = stored->data, &now = cfg.data;
+  if (!was.test.empty())
+    return "checkpoint '" + path +
+           "' was trained with test files of its own (data.test); this evaluates a held-out part "
+           "of the training data, which the model trained on: its figures are optimistic (give "
+           "the training's data.test)";
+  std::string lines;
+  const auto differ = [&lines](const std::string& key, const nlohmann::json& a,
+                               const nlohmann::json& b) {
+    if (a != b) lines += "\n  " + key + ": " + a.dump() + " -> " + b.dump();
+  };
+  // Text holds out its tail (no seed); the other formats a seeded sample of the rows, and
+  // synthetic data is drawn from the seed too.
+  if (now.format != DataFormat::kText) differ("seed", stored->seed, cfg.seed);
+  differ("data.test_fraction", text_options(was).test_fraction, text_options(now).test_fraction);
+  if (now.format == DataFormat::kSynthetic) {
+    const SyntheticOptions &a = was.synthetic, &b = now.synthetic;
+    differ("data.synthetic", {a.samples, a.features, a.classes, a.noise, a.seed},
+           {b.samples, b.features, b.classes, b.noise, b.seed});
+  } else {
+    differ("data.train", {was.train.images, was.train.labels, was.train.path},
+           {now.train.images, now.train.labels, now.train.path});
+  }
+  if (lines.empty()) return "";
+  return "the held-out test split is drawn otherwise than in the run checkpoint '" + path +
+         "' was trained in (training -> this config):" + lines +
+         "\nthe rows evaluated include rows the model trained on, so the figures are optimistic: "
+         "evaluate with the training's values (its run folder's config.json)";
 }
 
 void check_config_before_build(const std::string& resolved, const Config& cfg) {

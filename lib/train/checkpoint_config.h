@@ -31,4 +31,12 @@ void check_model_config(const std::string& path, const CheckpointMeta& m, const 
 // for more memory than there is). `resolved`: resolve_checkpoint's result.
 void check_config_before_build(const std::string& resolved, const Config& cfg);
 
+// For eval: when `cfg` evaluates a held-out part of the training data (no data.test), the keys
+// that draw that part differently from the run checkpoint `path` was trained in (seed and
+// data.test_fraction, the training files, the synthetic data's options; a training run with test
+// files of its own), as a warning naming them; "" when they agree or the checkpoint stores no
+// config. The rows evaluated then include rows the model trained on.
+std::string held_out_split_difference(const std::string& path, const CheckpointMeta& m,
+                                      const Config& cfg);
+
 }  // namespace dtrain

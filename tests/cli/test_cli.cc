@@ -515,3 +515,24 @@ TEST_CASE("a warm-up as long as the run is said: the rate never reaches optimize
   CHECK_MESSAGE(r.exit_code == 0, r.output);
   CHECK_FALSE(contains(r.output, "warmup_steps"));
 }
+
+TEST_CASE("eval of a held-out split drawn otherwise than in training says so") {
+  // A seed sweep's checkpoint evaluated without its seed scored rows it had trained on, silently.
+  TempDir dir;
+  const std::string cfg = std::string(DTRAIN_SOURCE_DIR) + "/configs/smoke.yaml";
+  const std::string run = cfg + " --set train.epochs=0 --set train.max_steps=5";
+  auto r = run_dtrain("run " + run + " --out " + dir / "r" + " --log-level warn");
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  const std::string eval = "eval " + run + " --checkpoint " + dir / "r";
+  r = run_dtrain(eval);
+  CHECK_MESSAGE(r.exit_code == 0, r.output);
+  CHECK_FALSE(contains(r.output, "held-out test split"));
+  r = run_dtrain(eval + " --set seed=99 --set data.test_fraction=0.3");
+  CHECK_MESSAGE(r.exit_code == 0, r.output);
+  CHECK_MESSAGE(contains(r.output,
+                         "the held-out test split is drawn otherwise than in the run "
+                         "checkpoint '"),
+                r.output);
+  CHECK(contains(r.output, "\n  seed: 7 -> 99\n  data.test_fraction: 0.2 -> 0.3\n"));
+  CHECK(contains(r.output, "the rows evaluated include rows the model trained on"));
+}

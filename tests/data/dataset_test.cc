@@ -379,5 +379,31 @@ TEST_CASE("Normalizer: a JSON record that reads back exactly, and malformed ones
   }
 }
 
+TEST_CASE("split_overlap_warning: a test file that is also a training file, by any name") {
+  // Trained and tested on one file without a word (CSV, IDX, and text through a glob).
+  TempDir dir;
+  const std::string a = dir.write("a.csv", "x,y\n1,0\n"), b = dir.write("b.csv", "x,y\n2,1\n");
+  DataConfig c;
+  c.format = DataFormat::kCsv;
+  c.train.path = {a};
+  c.test.path = {b};
+  CHECK(split_overlap_warning(c) == "");
+  c.test.path = {dir.path() + "/./a.csv"};
+  CHECK(split_overlap_warning(c) ==
+        "data.test: '" + dir.path() +
+            "/./a.csv' is also a training file (data.train): the test figures "
+            "are measured on data the model trains on");
+  c.format = DataFormat::kText;
+  c.train.path = {dir / "*.csv"};
+  c.test.path = {b};
+  CHECK(split_overlap_warning(c).starts_with("data.test: '" + b + "' is also a training file"));
+  c.test.path = {dir / "none.csv"};
+  CHECK(split_overlap_warning(c) == "");
+  c.format = DataFormat::kIdx;
+  c.train.images = a;
+  c.test.images = a;
+  CHECK(split_overlap_warning(c) != "");
+}
+
 }  // namespace
 }  // namespace dtrain

@@ -138,6 +138,15 @@ TEST_CASE("text: a list keeps its order, a glob is sorted and skips directories"
   dir.write("odd[1].txt", "OOOO");
   CHECK(expand_text_paths({dir / "odd[1].txt"}, "k") ==
         std::vector<std::string>{dir / "odd[1].txt"});
+  // A file named again -- by a pattern matching it too, or another spelling -- is read once (it
+  // was read twice: 8 of 12 bytes repeated, the held-out tail a copy of trained bytes).
+  std::vector<std::string> repeated;
+  CHECK(
+      expand_text_paths({dir / "*.txt", dir / "a.txt", dir.path() + "/./b.txt"}, "k", &repeated) ==
+      std::vector<std::string>{dir / "a.txt", dir / "b.txt", dir / "c.txt", dir / "odd[1].txt"});
+  CHECK(repeated == std::vector<std::string>{dir / "a.txt", dir.path() + "/./b.txt"});
+  o.train = {dir / "[abc].txt", dir / "a.txt"};
+  CHECK(load_text(o).train.rows == (12 - 1) / 3);
 }
 
 TEST_CASE("text: the last test_fraction of the bytes is the validation split") {
