@@ -32,7 +32,7 @@ std::string folder_name(const std::string& dir) {
 }
 
 // Keeps points in step order across a resume: a step at or before the last kept point starts a
-// replay, whose points replace the old ones from that step on.
+// replay, whose points replace the old ones from that step on (read_run: of both series).
 void add_point(std::vector<Point>& v, double step, const nlohmann::json& y) {
   while (!v.empty() && v.back().x >= step) v.pop_back();
   if (y.is_number()) v.push_back({step, y.get<double>()});
@@ -86,7 +86,14 @@ RunSeries read_run(const std::string& run_dir) {
     const auto value = j.find(value_key);
     if (value == j.end() || !(value->is_number() || value->is_null()))
       throw UserError(where + k + " record without a numeric \"" + value_key + "\"");
-    add_point(k == "train" ? r.loss : r.accuracy, step->get<double>(), *value);
+    // A replay's record ends the other series' old points too: its train record at step s
+    // those from s on (an abandoned run's evaluations there), its evaluation at s the loss
+    // points past s (a run's train record of a step precedes its evaluation).
+    const double x = step->get<double>();
+    std::vector<Point>& other = k == "train" ? r.accuracy : r.loss;
+    while (!other.empty() && (other.back().x > x || (k == "train" && other.back().x == x)))
+      other.pop_back();
+    add_point(k == "train" ? r.loss : r.accuracy, x, *value);
   }
   if (r.loss.empty() && r.accuracy.empty())
     throw UserError(path + ": no data points (no train or eval record with a value)");

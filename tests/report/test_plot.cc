@@ -208,6 +208,17 @@ TEST_CASE("read_run reads train and eval records, skips nulls and keeps a resume
   CHECK(r.accuracy[1].x == 40);
   CHECK(r.accuracy[1].y == doctest::Approx(0.75));
   CHECK(read_run(dir / "r/").label == "r");
+  // An abandoned run's evaluation at a step the replay reached but did not evaluate (it died
+  // first) is no point of the replay: it stayed on the plot.
+  std::filesystem::create_directories(dir / "a");
+  dir.write("a/metrics.jsonl", train_line(10, "2.0") + train_line(20, "1.5") + eval_line(20, 0.5) +
+                                   train_line(30, "1.0") + eval_line(30, 0.6) +
+                                   // resumed from step 10, died after step 30's train record
+                                   train_line(20, "1.4") + train_line(30, "1.2"));
+  const RunSeries a = read_run(dir / "a");
+  REQUIRE(a.loss.size() == 3);
+  CHECK(a.loss[2].y == 1.2);
+  CHECK(a.accuracy.empty());
 }
 
 TEST_CASE("read_run errors name the folder or FILE:LINE") {
