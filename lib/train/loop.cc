@@ -513,14 +513,20 @@ void TrainLoop::evaluate() {
   interval_t0_ += Clock::now() - e0;
 }
 
-nlohmann::json TrainLoop::memory_per_rank(const StateMemory& mem) {
+nlohmann::json TrainLoop::memory_per_rank(const StateMemory& mem, int64_t* straggler_warnings) {
+  // (with each data-parallel group's straggler warnings, counted once: its first data rank's, of
+  // tensor rank 0; a pipeline's later stages warned in their own logs and were not counted)
+  const bool counts = stragglers_ && dpr_ == 0 && grid_.coord().tp == 0;
   const std::vector<int64_t> mine = {mem.param_bytes, mem.grad_bytes, mem.optim_bytes,
-                                     exec_->peak_activation_bytes()};
+                                     exec_->peak_activation_bytes(),
+                                     counts ? stragglers_->warnings() : 0};
   const size_t W = static_cast<size_t>(world_.size()), k = mine.size();
   std::vector<int64_t> all(W * k);
   world_.allgather(mine.data(), all.data(), std::vector<size_t>(W, k));
   nlohmann::json out = nlohmann::json::array();
+  *straggler_warnings = 0;
   for (size_t r = 0; r < W; ++r) {
+    *straggler_warnings += all[r * k + 4];
     const GridCoord g = grid_.layout().coord(static_cast<int>(r));
     out.push_back({{"rank", r},
                    {"tp", g.tp},
@@ -545,8 +551,9 @@ nlohmann::json TrainLoop::summary(int stop_signal) {
       grid_.describe(), mem.param_bytes / 1048576.0, mem.grad_bytes / 1048576.0,
       mem.optim_bytes / 1048576.0, mem.peak_gathered_bytes / 1048576.0,
       mem.peak_unit_grad_bytes / 1048576.0, peak_rss_mb());
-  const nlohmann::json extra = exec_->summary(world_);   // collective
-  const nlohmann::json per_rank = memory_per_rank(mem);  // collective
+  const nlohmann::json extra = exec_->summary(world_);  // collective
+  int64_t straggler_warnings = 0;
+  const nlohmann::json per_rank = memory_per_rank(mem, &straggler_warnings);  // collective
   nlohmann::json s = interrupt_summary(stop_signal);
   s["format_version"] = kSummaryFormatVersion;
   // (RunOptions::final_save false: none written)
@@ -579,7 +586,7 @@ nlohmann::json TrainLoop::summary(int stop_signal) {
       {"exposed_comm_s", exposed_comm_s_},
       {"idle_s", exec_->wait_seconds()},
       {"skipped_steps", skipped_steps_},
-      {"straggler_warnings", stragglers_ ? stragglers_->warnings() : 0},
+      {"straggler_warnings", straggler_warnings},
       {"config_hash", hash_},
       {"param_count", P},
       {"steps_this_run", step_ - first_step_},

@@ -102,7 +102,7 @@ class TrainLoop {
   void finish_save();
   void start_deadline(int sig);
   nlohmann::json summary(int stop_signal);
-  nlohmann::json memory_per_rank(const StateMemory& mem);
+  nlohmann::json memory_per_rank(const StateMemory& mem, int64_t* straggler_warnings);
   double comm_seconds() const;
   // Seconds the steps have waited for communication so far (every source counted once): the
   // strategy's, the executor's, the tied copies', the tensor layers' and the verdict's.

@@ -564,6 +564,17 @@ TEST_CASE("a rank that is slower at every step is named as a straggler") {
                    o);
   CHECK(l["straggler_warnings"].get<int64_t>() >= 3);
   CHECK(l["exposed_comm_s"].get<double>() > 0.5 * l["train_s"].get<double>());
+  // A slow replica of a pipeline's second stage (rank 3 of 2 stages x 2 replicas): its stage
+  // warned in its own log, and summary.json (rank 0's, of stage 0) counted none.
+  o.out_dir = dir / "slow_stage";
+  o.faults = parse_faults("delay:rank=3:ms=15", 0);
+  const auto p =
+      run_training(parse_config(kSynthetic, "s.yaml",
+                                {"distributed.world_size=4", "distributed.strategy=pipeline",
+                                 "distributed.pipeline.stages=2", "train.epochs=0",
+                                 "train.max_steps=20", "train.log_every=4"}),
+                   o);
+  CHECK(p["straggler_warnings"].get<int64_t>() >= 3);
 }
 
 TEST_CASE("the memory check counts compression's residual and the copy kept under nonfinite skip") {
