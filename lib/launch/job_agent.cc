@@ -537,15 +537,21 @@ std::vector<std::string> JobAgent::join(int nproc_per_node) {
         // (attempt 0's claim key, as an elastic launcher's: a duplicate --node-rank of either
         // kind is refused as such)
         claim_node_rank(s, key(0, "claim/" + std::to_string(m.o.node_rank)), m.o.node_rank);
-        const std::string instance = node0 ? std::string() : s.get(kInstanceKey, deadline);
+        // (none from a node 0 of an older dtrain, which sets no instance: not watched then)
+        std::string instance;
+        if (!node0) try {
+            instance = s.get(kInstanceKey, Clock::now() + std::chrono::seconds(2));
+          } catch (const CommError&) {
+          }
         s.set(keys[static_cast<size_t>(m.o.node_rank)],
               std::to_string(nproc_per_node) + " " + shape + " " + host_);
         for (int n = 0; n < m.o.nnodes; ++n) {
           std::string v;
           try {
             const std::string& k = keys[static_cast<size_t>(n)];
-            v = node0 ? s.get(k, deadline)
-                      : m.get_watching_node0(s, k, deadline, instance, &restarted);
+            v = node0 || instance.empty()
+                    ? s.get(k, deadline)
+                    : m.get_watching_node0(s, k, deadline, instance, &restarted);
             if (restarted) return 0;
           } catch (const CommError& e) {
             std::string missing;
@@ -576,7 +582,7 @@ std::vector<std::string> JobAgent::join(int nproc_per_node) {
         }
         // The entries read may come from a node 0 started again while this node waited: its
         // store does not hold this node's (node 0 and the rest would wait for it to time out).
-        if (!node0 && s.get(kInstanceKey, deadline) != instance) restarted = true;
+        if (!instance.empty() && s.get(kInstanceKey, deadline) != instance) restarted = true;
         return 0;
       });
     } catch (const CommError& e) {
