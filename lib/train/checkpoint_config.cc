@@ -166,7 +166,11 @@ std::string held_out_split_difference(const std::string& path, const CheckpointM
   if (lines.empty()) return "";
   return "the held-out test split is drawn otherwise than in the run checkpoint '" + path +
          "' was trained in (training -> this config):" + lines +
-         "\nthe rows evaluated include rows the model trained on, so the figures are optimistic: "
+         (now.format == DataFormat::kSynthetic
+              ? "\nthe rows evaluated are not the training's held-out rows (synthetic data "
+                "is drawn from these keys), so the figures are not the run's: "
+              : "\nthe rows evaluated include rows the model trained on, so the figures are "
+                "optimistic: ") +
          "evaluate with the training's values (its run folder's config.json)";
 }
 

@@ -534,5 +534,5 @@ TEST_CASE("eval of a held-out split drawn otherwise than in training says so") {
                          "checkpoint '"),
                 r.output);
   CHECK(contains(r.output, "\n  seed: 7 -> 99\n  data.test_fraction: 0.2 -> 0.3\n"));
-  CHECK(contains(r.output, "the rows evaluated include rows the model trained on"));
+  CHECK(contains(r.output, "the rows evaluated are not the training's held-out rows (synthetic"));
 }
