@@ -611,7 +611,8 @@ int Cli::dispatch(const char* argv0) {
     std::cout << esc.finish() << std::endl;
     return kExitOk;
   }
-  check_input_files(cfg);
+  // (eval with test files: the training files only for what the checkpoint does not store)
+  check_input_files(cfg, eval_->parsed() && !cfg.data.test.empty());
   if (validate_->parsed()) {
     // Text patterns are expanded by the loader, which the other commands run: validate does it
     // here, so a pattern matching nothing is refused there too.

@@ -105,16 +105,33 @@ LoadedModel load_model(const Config& cfg, const DataSplits& data, const std::str
 int cmd_eval(const Config& cfg, const std::string& ckpt) {
   check_checkpoint(ckpt, false);
   set_blas_threads(static_cast<int>(cfg.runtime.threads));
-  // (text with a test file: the training text is not read, its size not checked)
-  DataSplits data = cfg.data.format == DataFormat::kText && !cfg.data.test.empty()
-                        ? load_text_test_file(text_options(cfg.data))
-                        : load_data(cfg.data, cfg.seed);
+  // (text with a test file: the training text is not read, its size not checked; idx and csv
+  // with test files read the training files only when they are there: the checkpoint's stored
+  // normaliser scales the test rows without them)
+  const bool text_test = cfg.data.format == DataFormat::kText && !cfg.data.test.empty();
+  const bool test_only = !cfg.data.test.empty() && !text_test &&
+                         cfg.data.format != DataFormat::kSynthetic &&
+                         !training_files_present(cfg.data);
+  DataSplits data = text_test   ? load_text_test_file(text_options(cfg.data))
+                    : test_only ? load_test_files(cfg.data)
+                                : load_data(cfg.data, cfg.seed);
   if (data.test.rows == 0)
     throw UserError("no test set to evaluate: set data.test or data.test_fraction");
   const LoadedModel m = load_model(cfg, data, ckpt, data.test.rows);
   if (const std::string w = held_out_split_difference(m.path, m.meta, cfg); !w.empty())
     spdlog::warn("{}", w);
-  if (const Normalizer n = training_normalizer(m, data); !(n == data.normalizer)) {
+  if (test_only) {
+    if (m.meta.normalizer_json.empty())
+      throw UserError("checkpoint '" + m.path +
+                      "' stores no normaliser (written before 2026-12-05): its inputs are scaled "
+                      "by the training data's statistics, and the training files (data.train) "
+                      "are not here: " +
+                      input_file_problem(cfg.data.format == DataFormat::kIdx
+                                             ? cfg.data.train.images
+                                             : cfg.data.train.path.at(0)));
+    Normalizer::from_json(m.meta.normalizer_json, data.test.features, "checkpoint '" + m.path + "'")
+        .apply(data.test);
+  } else if (const Normalizer n = training_normalizer(m, data); !(n == data.normalizer)) {
     // The test rows as they are in the files, scaled as training scaled its inputs.
     DataConfig raw = cfg.data;
     raw.normalize = Normalize::kNone;

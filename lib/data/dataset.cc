@@ -15,6 +15,7 @@
 #include "data/text.h"
 #include "tensor/tensor.h"
 #include "util/check.h"
+#include "util/fs.h"
 #include "util/rng.h"
 
 namespace dtrain {
@@ -283,6 +284,49 @@ TextOptions text_options(const DataConfig& cfg) {
           cfg.test_fraction < 0};
 }
 
+namespace {
+
+// One split's files of an idx or csv config, as they are (not normalised).
+Dataset load_split(const DataConfig& cfg, const SplitFiles& files, const char* key) {
+  if (cfg.format == DataFormat::kIdx) {
+    if (files.images.empty() || files.labels.empty()) {
+      throw UserError(std::string(key) + ".images and " + key +
+                      ".labels are required for format idx");
+    }
+    return load_idx(files.images, files.labels);
+  }
+  if (files.path.size() != 1)
+    throw UserError(std::string(key) + ".path: format csv reads exactly one file (got " +
+                    std::to_string(files.path.size()) + ")");
+  return load_csv(files.path[0], cfg.csv);
+}
+
+}  // namespace
+
+bool training_files_present(const DataConfig& cfg) {
+  const std::vector<std::string> files =
+      cfg.format == DataFormat::kIdx ? std::vector<std::string>{cfg.train.images, cfg.train.labels}
+                                     : cfg.train.path;
+  return !files.empty() && std::all_of(files.begin(), files.end(), [](const std::string& f) {
+    return !f.empty() && input_file_problem(f).empty();
+  });
+}
+
+DataSplits load_test_files(const DataConfig& cfg) {
+  DT_CHECK(!cfg.test.empty() && (cfg.format == DataFormat::kIdx || cfg.format == DataFormat::kCsv));
+  DataSplits s;
+  s.test = load_split(cfg, cfg.test, "data.test");
+  s.test.num_classes = max_label_plus_one(s.test);
+  // No training rows: the test set's layout, which the model's shape is read from.
+  s.train.features = s.test.features;
+  s.train.sample = s.test.sample;
+  s.train.num_classes = s.test.num_classes;
+  s.train.kind = s.test.kind;
+  s.train.columns = s.test.columns;
+  s.normalizer.method = Normalize::kNone;  // (the caller scales with the checkpoint's)
+  return s;
+}
+
 std::string split_overlap_warning(const DataConfig& cfg) {
   if (cfg.test.empty() || cfg.format == DataFormat::kSynthetic) return "";
   std::vector<std::string> train, test;
@@ -326,19 +370,7 @@ DataSplits load_data(const DataConfig& cfg, int64_t seed) {
   }
 
   DataSplits s;
-  auto load = [&](const SplitFiles& files, const char* key) {
-    if (fmt == DataFormat::kIdx) {
-      if (files.images.empty() || files.labels.empty()) {
-        throw UserError(std::string(key) + ".images and " + key +
-                        ".labels are required for format idx");
-      }
-      return load_idx(files.images, files.labels);
-    }
-    if (files.path.size() != 1)
-      throw UserError(std::string(key) + ".path: format csv reads exactly one file (got " +
-                      std::to_string(files.path.size()) + ")");
-    return load_csv(files.path[0], cfg.csv);
-  };
+  auto load = [&](const SplitFiles& files, const char* key) { return load_split(cfg, files, key); };
   if (fmt == DataFormat::kSynthetic) {
     if (!cfg.test.empty()) {
       throw UserError("data.test is not used with format synthetic (use data.test_fraction)");

@@ -67,6 +67,15 @@ struct DataSplits {
 // after expanding both lists), "" when the splits share none. load_data logs it; validate too.
 std::string split_overlap_warning(const DataConfig& cfg);
 
+// Whether every training file of an idx or csv config is a readable file (input_file_problem).
+bool training_files_present(const DataConfig& cfg);
+
+// An idx or csv config's test files alone (data.test required), not normalised (normalizer
+// none: the caller scales them, with a checkpoint's normaliser); train holds no rows, only the
+// test set's layout (features, sample shape, classes from the test labels, CSV columns). For
+// dtrain eval where the training files are not.
+DataSplits load_test_files(const DataConfig& cfg);
+
 // Loads train (and test, or a held-out test_fraction) per `cfg.data`, fits the normaliser on
 // train and applies it. `seed` is the run seed (synthetic data and the held-out split use it).
 DataSplits load_data(const DataConfig& cfg, int64_t seed);
