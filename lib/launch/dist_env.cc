@@ -279,8 +279,8 @@ DistEnv resolve_dist_env(const std::map<std::string, std::string>& env, int conf
     // Kubeflow Trainer describes nodes (pods) for torchrun: one rank per pod here.
     source = "kubeflow";
     require_pair(env, "PET_NODE_RANK", "PET_NNODES", "Kubeflow Trainer");
-    // "auto" and "cpu" (PyTorchJob's default) are one rank here, as `dtrain launch` takes them
-    // as its --nproc (1 by default); "gpu" is refused as it refuses it.
+    // "auto" and "cpu" (PyTorchJob's default) name no count: `dtrain launch` takes its --nproc
+    // for them, `dtrain run` is one rank per pod; "gpu" is refused as launch refuses it.
     const std::string* per_text = find(env, "PET_NPROC_PER_NODE");
     if (per_text != nullptr && *per_text == "gpu")
       throw UserError("PET_NPROC_PER_NODE=gpu: dtrain trains on CPUs; give a number, auto or cpu");

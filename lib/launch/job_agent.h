@@ -45,7 +45,8 @@ struct AgentOptions {
   // to nnodes) before the attempt starts without them (torchrun's last call).
   double last_call_s = 30;
   // A member's launcher that has not been heard from this long is lost (node 0; fixed or
-  // elastic node count), and node 0's to the others once a poll has failed to reach it.
+  // elastic node count, a member that has reported its outcome excepted), and node 0's to the
+  // others once their polls, or a fixed check-in's waits, go unanswered this long.
   double lost_after_s = 10;
   // --max-restarts: node 0's decides, so every node must be given the same (checked at check-in,
   // with the node count).

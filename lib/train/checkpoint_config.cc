@@ -154,7 +154,11 @@ std::string held_out_split_difference(const std::string& path, const CheckpointM
   // Text holds out its tail (no seed); the other formats a seeded sample of the rows, and
   // synthetic data is drawn from the seed too.
   if (now.format != DataFormat::kText) differ("seed", stored->seed, cfg.seed);
-  differ("data.test_fraction", text_options(was).test_fraction, text_options(now).test_fraction);
+  // (a smaller fraction holds out part of the same rows: text's tail, the seeded order's first
+  // rows; only a larger one reaches into the trained rows)
+  if (const double f0 = text_options(was).test_fraction, f1 = text_options(now).test_fraction;
+      f1 > f0)
+    differ("data.test_fraction", f0, f1);
   if (now.format == DataFormat::kSynthetic) {
     const SyntheticOptions &a = was.synthetic, &b = now.synthetic;
     differ("data.synthetic", {a.samples, a.features, a.classes, a.noise, a.seed},

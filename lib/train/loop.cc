@@ -1,5 +1,7 @@
 #include "train/train_loop.h"
 
+#include <map>
+
 #include "util/strings.h"
 
 namespace dtrain {
@@ -89,12 +91,12 @@ void TrainLoop::setup_model() {
   if (lead_) start_run_dir(cfg_, opts_, ckpt_dir_);
   if (const std::string why = fault_past(opts_.faults, plan_.total_steps); lead_ && !why.empty())
     spdlog::warn("{}", why);
-  // A warm-up as long as the run: the rate never reaches optimizer.lr, and the schedule after it
+  // A warm-up longer than the run: the rate never reaches optimizer.lr, and the schedule after it
   // never starts (accepted: a short smoke run of a long config is legitimate; said, not silent).
   if (const int64_t warmup = cfg_.optimizer.schedule.warmup_steps;
-      lead_ && warmup > 0 && warmup >= plan_.total_steps)
+      lead_ && warmup > 0 && warmup > plan_.total_steps)
     spdlog::warn(
-        "optimizer.schedule.warmup_steps {} is at least the run's {} steps: the learning rate "
+        "optimizer.schedule.warmup_steps {} is more than the run's {} steps: the learning rate "
         "rises to {:.3g} x optimizer.lr at most{}",
         warmup, plan_.total_steps,
         static_cast<double>(plan_.total_steps) / static_cast<double>(warmup),
@@ -514,9 +516,9 @@ void TrainLoop::evaluate() {
 }
 
 nlohmann::json TrainLoop::memory_per_rank(const StateMemory& mem, int64_t* straggler_warnings) {
-  // (with each data-parallel group's straggler warnings, counted once: its first data rank's, of
-  // tensor rank 0; a pipeline's later stages warned in their own logs and were not counted)
-  const bool counts = stragglers_ && dpr_ == 0 && grid_.coord().tp == 0;
+  // (with each data-parallel group's straggler warnings, from its first data rank: a pipeline's
+  // later stages and the other tensor ranks warned in their own logs and were not counted)
+  const bool counts = stragglers_ && dpr_ == 0;
   const std::vector<int64_t> mine = {mem.param_bytes, mem.grad_bytes, mem.optim_bytes,
                                      exec_->peak_activation_bytes(),
                                      counts ? stragglers_->warnings() : 0};
@@ -524,9 +526,16 @@ nlohmann::json TrainLoop::memory_per_rank(const StateMemory& mem, int64_t* strag
   std::vector<int64_t> all(W * k);
   world_.allgather(mine.data(), all.data(), std::vector<size_t>(W, k));
   nlohmann::json out = nlohmann::json::array();
-  *straggler_warnings = 0;
+  // Per stage, the tensor ranks' groups compare the same replicas: their largest count (a slow
+  // replica is one straggler, not one per tensor rank; one seen by a single tensor rank counts).
+  std::map<int, int64_t> per_stage;
   for (size_t r = 0; r < W; ++r) {
-    *straggler_warnings += all[r * k + 4];
+    const GridCoord g = grid_.layout().coord(static_cast<int>(r));
+    per_stage[g.pp] = std::max(per_stage[g.pp], all[r * k + 4]);
+  }
+  *straggler_warnings = 0;
+  for (const auto& [pp, n] : per_stage) *straggler_warnings += n;
+  for (size_t r = 0; r < W; ++r) {
     const GridCoord g = grid_.layout().coord(static_cast<int>(r));
     out.push_back({{"rank", r},
                    {"tp", g.tp},

@@ -498,7 +498,7 @@ TEST_CASE("eval and predict scale inputs as training did, whatever the data file
   }
 }
 
-TEST_CASE("a warm-up as long as the run is said: the rate never reaches optimizer.lr") {
+TEST_CASE("a warm-up longer than the run is said: the rate never reaches optimizer.lr") {
   // It was accepted without a word: the cosine decay never started, the rate never got to lr.
   TempDir dir;
   const std::string cfg = std::string(DTRAIN_SOURCE_DIR) + "/configs/smoke.yaml";
@@ -507,11 +507,11 @@ TEST_CASE("a warm-up as long as the run is said: the rate never reaches optimize
                       "--set optimizer.schedule.type=cosine --log-level warn");
   CHECK_MESSAGE(r.exit_code == 0, r.output);
   CHECK_MESSAGE(contains(r.output,
-                         "optimizer.schedule.warmup_steps 50 is at least the run's 10 steps: the "
+                         "optimizer.schedule.warmup_steps 50 is more than the run's 10 steps: the "
                          "learning rate rises to 0.2 x optimizer.lr at most and the schedule's "
                          "decay after it never starts"),
                 r.output);
-  r = run_dtrain(run + dir / "b" + " --set optimizer.schedule.warmup_steps=9 --log-level warn");
+  r = run_dtrain(run + dir / "b" + " --set optimizer.schedule.warmup_steps=10 --log-level warn");
   CHECK_MESSAGE(r.exit_code == 0, r.output);
   CHECK_FALSE(contains(r.output, "warmup_steps"));
 }
@@ -535,4 +535,45 @@ TEST_CASE("eval of a held-out split drawn otherwise than in training says so") {
                 r.output);
   CHECK(contains(r.output, "\n  seed: 7 -> 99\n  data.test_fraction: 0.2 -> 0.3\n"));
   CHECK(contains(r.output, "the rows evaluated are not the training's held-out rows (synthetic"));
+  // A smaller fraction holds out part of the same rows (the seeded order's first): no warning.
+  r = run_dtrain(eval + " --set data.test_fraction=0.1");
+  CHECK_MESSAGE(r.exit_code == 0, r.output);
+  CHECK_FALSE(contains(r.output, "held-out test split"));
+}
+
+TEST_CASE("eval with data.test needs no training files: the checkpoint's normaliser scales") {
+  // `dtrain eval` refused a config whose data.train was not on the evaluating machine, though
+  // it reads only the test files and the checkpoint stores the training's normaliser.
+  TempDir dir;
+  std::string train = "a,b,label\n", test = "a,b,label\n";
+  for (int i = 0; i < 90; ++i) {
+    const int y = i % 3;
+    (i < 60 ? train : test) += std::to_string(10 * y + i % 7) + "," +
+                               std::to_string(100 + 5 * y - i % 5) + "," + std::to_string(y) + "\n";
+  }
+  dir.write("train.csv", train);
+  dir.write("test.csv", test);
+  const std::string cfg = dir.write(
+      "c.yaml", "seed: 3\nmodel: {type: mlp, hidden: [8]}\ndata:\n  format: csv\n  train: {path: " +
+                    dir / "train.csv" + "}\n  test: {path: " + dir / "test.csv" +
+                    "}\n  batch_size: 16\noptimizer: {type: sgd, lr: 0.1}\ntrain: {epochs: 3}\n"
+                    "runtime: {threads: 1}\n");
+  auto r = run_dtrain("run " + cfg + " --out " + dir / "r" + " --log-level warn");
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  const auto last_line = [](const std::string& out) {
+    const size_t end = out.find_last_not_of('\n');
+    return out.substr(out.rfind('\n', end) + 1, end - out.rfind('\n', end));
+  };
+  r = run_dtrain("eval " + cfg + " --checkpoint " + dir / "r" + " --log-level warn");
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  const std::string with_train = last_line(r.output);
+  CHECK(contains(with_train, "\"samples\":30"));
+  std::filesystem::remove(dir / "train.csv");
+  r = run_dtrain("eval " + cfg + " --checkpoint " + dir / "r" + " --log-level warn");
+  CHECK_MESSAGE(r.exit_code == 0, r.output);
+  CHECK(last_line(r.output) == with_train);
+  // run still needs them, named.
+  r = run_dtrain("validate " + cfg);
+  CHECK(r.exit_code == 2);
+  CHECK(contains(r.output, "data.train.path: '" + dir / "train.csv" + "' does not exist"));
 }
