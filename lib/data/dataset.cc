@@ -2,7 +2,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <filesystem>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -185,12 +185,10 @@ int64_t held_out_rows(int64_t n, double fraction) {
       0, std::min<int64_t>(std::llround(fraction * static_cast<double>(n)), n - 1));
 }
 
-namespace {
 double resolved_test_fraction(const DataConfig& cfg) {
   if (cfg.test_fraction >= 0) return cfg.test_fraction;
   return cfg.format == DataFormat::kSynthetic ? 0.2 : cfg.format == DataFormat::kText ? 0.1 : 0.0;
 }
-}  // namespace
 
 int64_t train_rows_without_loading(const DataConfig& cfg) {
   if (cfg.format == DataFormat::kText) {  // load_text's windows, from exact sizes
@@ -344,15 +342,14 @@ std::string split_overlap_warning(const DataConfig& cfg) {
     train = cfg.train.path;
     test = cfg.test.path;
   }
+  std::set<std::string> trained;
+  for (const std::string& r : train) trained.insert(file_identity(r));
   for (const std::string& t : test)
-    for (const std::string& r : train) {
-      std::error_code ec;
-      if (t == r || (std::filesystem::equivalent(t, r, ec) && !ec))
-        return ::fmt::format(
-            "data.test: '{}' is also a training file (data.train): the test figures are measured "
-            "on data the model trains on",
-            t);
-    }
+    if (trained.count(file_identity(t)) != 0)
+      return ::fmt::format(
+          "data.test: '{}' is also a training file (data.train): the test figures are measured "
+          "on data the model trains on",
+          t);
   return "";
 }
 

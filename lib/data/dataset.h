@@ -122,6 +122,8 @@ void check_synthetic_options(const SyntheticOptions& opts);
 // Test rows load_data holds out of `n` training rows for `fraction` (data.test_fraction, resolved):
 // round(fraction * n), keeping at least one training row.
 int64_t held_out_rows(int64_t n, double fraction);
+// data.test_fraction with its format's default for -1 (synthetic 0.2, text 0.1, idx and csv 0).
+double resolved_test_fraction(const DataConfig& cfg);
 
 // The training set's sample count when it is known without reading the data: synthetic
 // (data.synthetic.samples minus the held-out part) and IDX (the count in the labels file's 8-byte

@@ -109,15 +109,10 @@ std::vector<std::string> expand_text_paths(const std::vector<std::string>& specs
   std::vector<std::string> files;
   // A file named again (by a pattern that matches it too, or by another spelling of its path) is
   // read once: it was read twice, and the held-out tail then repeated bytes the model trained on.
-  // Known by its device and inode (one stat per file: a corpus of many shards stays linear), or
-  // by its name when it cannot be stat'ed (read_text_files names the problem).
-  std::set<std::pair<dev_t, ino_t>> inodes;
-  std::set<std::string> names;
+  // Known by file_identity (one stat per file: a corpus of many shards stays linear).
+  std::set<std::string> seen_files;
   const auto add = [&](const std::string& f) {
-    struct stat st {};
-    const bool seen = ::stat(f.c_str(), &st) == 0 ? !inodes.insert({st.st_dev, st.st_ino}).second
-                                                  : !names.insert(f).second;
-    if (!seen)
+    if (seen_files.insert(file_identity(f)).second)
       files.push_back(f);
     else if (repeated != nullptr)
       repeated->push_back(f);

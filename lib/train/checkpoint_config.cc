@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <vector>
-#include "data/text.h"
 
 #include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
@@ -10,7 +9,6 @@
 #include "config/config_diff.h"
 #include "config/schema.h"
 #include "data/dataset.h"
-#include "data/text.h"
 #include "train/trainer.h"
 #include "util/check.h"
 
@@ -156,8 +154,7 @@ std::string held_out_split_difference(const std::string& path, const CheckpointM
   if (now.format != DataFormat::kText) differ("seed", stored->seed, cfg.seed);
   // (a smaller fraction holds out part of the same rows: text's tail, the seeded order's first
   // rows; only a larger one reaches into the trained rows)
-  if (const double f0 = text_options(was).test_fraction, f1 = text_options(now).test_fraction;
-      f1 > f0)
+  if (const double f0 = resolved_test_fraction(was), f1 = resolved_test_fraction(now); f1 > f0)
     differ("data.test_fraction", f0, f1);
   if (now.format == DataFormat::kSynthetic) {
     const SyntheticOptions &a = was.synthetic, &b = now.synthetic;

@@ -129,6 +129,12 @@ std::string read_regular_file(const std::string& path, uint64_t max_bytes) {
   return out;
 }
 
+std::string file_identity(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return "path:" + path;
+  return "inode:" + std::to_string(st.st_dev) + ":" + std::to_string(st.st_ino);
+}
+
 std::string input_file_problem(const std::string& path) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) {

@@ -23,6 +23,11 @@ std::string read_regular_file(const std::string& path, uint64_t max_bytes);
 // this process's privileges, root included. Reads nothing.
 std::string input_file_problem(const std::string& path);
 
+// What names a file whatever path spells it: its device and inode, or the path itself when it
+// cannot be stat'ed (a missing file: whoever reads it names the problem). Two paths with equal
+// identities are the same file (a symlink, `./a` and `a`, a hard link).
+std::string file_identity(const std::string& path);
+
 // Atomic replace of `path` with `data`. Throws std::runtime_error on I/O failure; the old file,
 // if any, is left untouched and the temp file removed.
 void write_file_atomic(const std::string& path, std::string_view data);
