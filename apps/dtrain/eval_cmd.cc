@@ -6,6 +6,7 @@
 #include <regex>
 #include <sstream>
 
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
 
@@ -100,6 +101,51 @@ LoadedModel load_model(const Config& cfg, const DataSplits& data, const std::str
   return m;
 }
 
+// Whether eval and predict read only the test files (data.test) for the data's layout: the
+// training files are not here (idx and csv; text reads its test file alone anyway), and the
+// checkpoint's stored normaliser scales the inputs (stored_normalizer).
+bool test_files_only(const DataConfig& d) {
+  return !d.test.empty() && (d.format == DataFormat::kIdx || d.format == DataFormat::kCsv) &&
+         !training_files_present(d);
+}
+
+// The normaliser the checkpoint stores, for inputs whose training files are not here; an older
+// checkpoint without one cannot scale them (UserError naming the missing file).
+Normalizer stored_normalizer(const LoadedModel& m, const Config& cfg, int64_t features) {
+  if (m.meta.normalizer_json.empty())
+    throw UserError("checkpoint '" + m.path +
+                    "' stores no normaliser (written before 2026-12-05): its inputs are scaled "
+                    "by the training data's statistics, and the training files (data.train) "
+                    "are not here: " +
+                    input_file_problem(cfg.data.format == DataFormat::kIdx
+                                           ? cfg.data.train.images
+                                           : cfg.data.train.path.at(0)));
+  return Normalizer::from_json(m.meta.normalizer_json, features, "checkpoint '" + m.path + "'");
+}
+
+// eval from test files alone (the training files are not here) with model.num_classes 0: the
+// output width is the training labels' count, which the checkpoint's output layer holds and the
+// test labels alone may undercount (a test set without the top class). Widens data to it.
+void classes_from_checkpoint(const Config& cfg, const std::string& ckpt, DataSplits& data) {
+  if (cfg.model.num_classes > 0) return;
+  const std::string path = resolve_checkpoint(ckpt, false);
+  check_config_before_build(path, cfg);  // (another architecture is named as such first)
+  const ModelShape shape = resolve_model_shape(cfg, data);
+  const Model model = build_model(cfg.model, {shape.sample, shape.num_classes});
+  if (model.params().empty()) return;
+  const ParamEntry& last = model.params().back();  // the output layer's, when it is [C] or [C, H]
+  if (last.shape.empty() || last.shape[0] != shape.num_classes) return;
+  const auto stored = checkpoint_param_shape(path, last.name);
+  if (!stored || stored->empty() || (*stored)[0] < 1) return;
+  const int64_t width = (*stored)[0];
+  if (width < data.test.num_classes)
+    throw UserError(fmt::format(
+        "data.test has label {}, above the labels 0..{} of checkpoint '{}' ({} outputs, its "
+        "'{}' {}): the test labels are not the ones it was trained on",
+        data.test.num_classes - 1, width - 1, path, width, last.name, fmt::join(*stored, "x")));
+  data.train.num_classes = width;
+}
+
 }  // namespace
 
 int cmd_eval(const Config& cfg, const std::string& ckpt) {
@@ -109,28 +155,18 @@ int cmd_eval(const Config& cfg, const std::string& ckpt) {
   // with test files read the training files only when they are there: the checkpoint's stored
   // normaliser scales the test rows without them)
   const bool text_test = cfg.data.format == DataFormat::kText && !cfg.data.test.empty();
-  const bool test_only = !cfg.data.test.empty() && !text_test &&
-                         cfg.data.format != DataFormat::kSynthetic &&
-                         !training_files_present(cfg.data);
+  const bool test_only = test_files_only(cfg.data);
   DataSplits data = text_test   ? load_text_test_file(text_options(cfg.data))
                     : test_only ? load_test_files(cfg.data)
                                 : load_data(cfg.data, cfg.seed);
   if (data.test.rows == 0)
     throw UserError("no test set to evaluate: set data.test or data.test_fraction");
+  if (test_only) classes_from_checkpoint(cfg, ckpt, data);
   const LoadedModel m = load_model(cfg, data, ckpt, data.test.rows);
   if (const std::string w = held_out_split_difference(m.path, m.meta, cfg); !w.empty())
     spdlog::warn("{}", w);
   if (test_only) {
-    if (m.meta.normalizer_json.empty())
-      throw UserError("checkpoint '" + m.path +
-                      "' stores no normaliser (written before 2026-12-05): its inputs are scaled "
-                      "by the training data's statistics, and the training files (data.train) "
-                      "are not here: " +
-                      input_file_problem(cfg.data.format == DataFormat::kIdx
-                                             ? cfg.data.train.images
-                                             : cfg.data.train.path.at(0)));
-    Normalizer::from_json(m.meta.normalizer_json, data.test.features, "checkpoint '" + m.path + "'")
-        .apply(data.test);
+    stored_normalizer(m, cfg, data.test.features).apply(data.test);
   } else if (const Normalizer n = training_normalizer(m, data); !(n == data.normalizer)) {
     // The test rows as they are in the files, scaled as training scaled its inputs.
     DataConfig raw = cfg.data;
@@ -174,7 +210,11 @@ int cmd_predict(const Config& cfg, const std::string& ckpt, const std::string& i
   if (const std::string why = input_file_problem(input); !why.empty())
     throw UserError("--input '" + input + "' " + why);
   set_blas_threads(static_cast<int>(cfg.runtime.threads));
-  const DataSplits data = load_data(cfg.data, cfg.seed);  // for the normaliser and the shape
+  // For the normaliser and the shape: the training data, or where its files are not here the
+  // test files' layout and the checkpoint's normaliser and output width.
+  const bool test_only = test_files_only(cfg.data);
+  DataSplits data = test_only ? load_test_files(cfg.data) : load_data(cfg.data, cfg.seed);
+  if (test_only) classes_from_checkpoint(cfg, ckpt, data);
   // data.csv.header describes the training files; --input has its own (--input-header, auto by
   // default: a first row of names is skipped, one of numbers is data), so `header: true` cannot
   // drop a row of input, nor `header: false` refuse an input's header row as non-numeric data.
@@ -188,7 +228,8 @@ int cmd_predict(const Config& cfg, const std::string& ckpt, const std::string& i
   std::vector<float> x = load_csv_features(input, in_opts, F, &rows, data.train.columns);
   const LoadedModel m = load_model(cfg, data, ckpt, rows);
   DT_CHECK_EQ(m.model.in_features(), F);
-  training_normalizer(m, data).apply_rows(x.data(), rows, F);
+  (test_only ? stored_normalizer(m, cfg, F) : training_normalizer(m, data))
+      .apply_rows(x.data(), rows, F);
   std::ostringstream os;
   os << "predicted";
   for (int64_t c = 0; c < m.model.out_features(); ++c) os << ",prob_" << c;

@@ -767,6 +767,17 @@ std::string checkpoint_config_json(const std::string& resolved) {
   }
 }
 
+std::optional<std::vector<int64_t>> checkpoint_param_shape(const std::string& resolved,
+                                                           const std::string& name) {
+  try {
+    if (!is_sharded_dir(resolved)) return read_safetensors_shape(resolved, name);
+    for (const nlohmann::json& e : read_manifest(resolved).at("params"))
+      if (e.at("name").get<std::string>() == name) return e.at("shape").get<std::vector<int64_t>>();
+  } catch (const std::exception&) {
+  }
+  return std::nullopt;
+}
+
 std::string checkpoint_identity(const std::string& resolved) {
   try {
     if (is_sharded_dir(resolved)) {

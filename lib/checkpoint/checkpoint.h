@@ -196,6 +196,11 @@ std::optional<std::vector<std::string>> checkpoint_state_names(const std::string
 // manifest only; "" when it has none (older files) or cannot be read (the load then says why).
 // For checking a config against a checkpoint before the model is built and allocated.
 std::string checkpoint_config_json(const std::string& resolved);
+// The shape a resolved checkpoint gives parameter `name` (a file's header, a sharded folder's
+// manifest table), nullopt when it has none or cannot be read (the load then says why). Reads
+// headers only: for sizing a model from its checkpoint (eval without the training labels).
+std::optional<std::vector<int64_t>> checkpoint_param_shape(const std::string& resolved,
+                                                           const std::string& name);
 // What names a resolved checkpoint's content, from its header or manifest only: a file's header
 // checksum ("crc:<8 hex>", which covers its tensors' checksums: the same bytes, the same id), a
 // sharded folder's save id ("save:<16 hex>", drawn per save). "" when it has none (older files)

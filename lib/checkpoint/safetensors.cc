@@ -312,6 +312,23 @@ std::string read_safetensors_header_crc(const std::string& path) {
   return c != m->end() && c->is_string() ? c->get<std::string>() : "";
 }
 
+std::optional<std::vector<int64_t>> read_safetensors_shape(const std::string& path,
+                                                           const std::string& name) {
+  uint64_t file_size = 0, header_len = 0;
+  const Fd fd = open_regular(path, &file_size);
+  const nlohmann::json header = read_header(fd.get(), path, file_size, &header_len);
+  const auto t = header.find(name);
+  if (name == "__metadata__" || t == header.end() || !t->is_object()) return std::nullopt;
+  const auto shape = t->find("shape");
+  if (shape == t->end() || !shape->is_array()) return std::nullopt;
+  std::vector<int64_t> out;
+  for (const nlohmann::json& d : *shape) {
+    if (!d.is_number_integer()) return std::nullopt;
+    out.push_back(d.get<int64_t>());
+  }
+  return out;
+}
+
 StFile read_safetensors(const std::string& path) {
   uint64_t file_size = 0, header_len = 0;
   const Fd fd = open_regular(path, &file_size);

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -72,5 +73,9 @@ std::map<std::string, std::string> read_safetensors_metadata(const std::string& 
 // it names the file's content), verified as read_safetensors_metadata verifies it; "" for a file
 // written before header checksums. Reads the header only.
 std::string read_safetensors_header_crc(const std::string& path);
+// The shape the header gives tensor `name`, nullopt when it has no such tensor or the shape is
+// not a list of integers (read_safetensors says what is wrong). Reads the header only.
+std::optional<std::vector<int64_t>> read_safetensors_shape(const std::string& path,
+                                                           const std::string& name);
 
 }  // namespace dtrain

@@ -173,7 +173,7 @@ std::vector<std::pair<std::string, std::string>> config_input_files(const Config
 // Checks, without reading them, that every input file of config_input_files exists and is a
 // readable regular file. Throws UserError "WHERE: KEY: 'PATH' does not exist" (WHERE as in
 // Config::origins) for the first that is not. `without_training_files`: data.train's are not
-// checked (dtrain eval with data.test reads them only when they are there).
+// checked (dtrain eval and predict with data.test read them only when they are there).
 void check_input_files(const Config& c, bool without_training_files = false);
 
 }  // namespace dtrain

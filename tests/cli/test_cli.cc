@@ -568,10 +568,34 @@ TEST_CASE("eval with data.test needs no training files: the checkpoint's normali
   REQUIRE_MESSAGE(r.exit_code == 0, r.output);
   const std::string with_train = last_line(r.output);
   CHECK(contains(with_train, "\"samples\":30"));
+  // predict likewise (its output width and column names from the test files and checkpoint).
+  dir.write("in.csv", "a,b\n1,101\n12,104\n25,109\n");
+  const std::string predict = "predict " + cfg + " --checkpoint " + dir / "r" + " --input " +
+                              dir / "in.csv" + " --log-level warn --output ";
+  r = run_dtrain(predict + dir / "p1.csv");
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
   std::filesystem::remove(dir / "train.csv");
   r = run_dtrain("eval " + cfg + " --checkpoint " + dir / "r" + " --log-level warn");
   CHECK_MESSAGE(r.exit_code == 0, r.output);
   CHECK(last_line(r.output) == with_train);
+  r = run_dtrain(predict + dir / "p2.csv");
+  CHECK_MESSAGE(r.exit_code == 0, r.output);
+  CHECK(read_text(dir / "p2.csv") == read_text(dir / "p1.csv"));
+  CHECK(contains(read_text(dir / "p1.csv"), "predicted,prob_0,prob_1,prob_2\n"));
+  // The output width is the checkpoint's: test labels without the top class (2) were a model of
+  // 2 outputs, refused as another model; a label above it is named.
+  std::string no_top = "a,b,label\n1,101,0\n12,104,1\n", above = no_top + "30,115,3\n";
+  dir.write("no_top.csv", no_top);
+  dir.write("above.csv", above);
+  r = run_dtrain("eval " + cfg + " --checkpoint " + dir / "r" +
+                 " --log-level warn --set data.test.path=" + dir / "no_top.csv");
+  CHECK_MESSAGE(r.exit_code == 0, r.output);
+  CHECK(contains(last_line(r.output), "\"samples\":2"));
+  r = run_dtrain("eval " + cfg + " --checkpoint " + dir / "r" +
+                 " --log-level warn --set data.test.path=" + dir / "above.csv");
+  CHECK(r.exit_code == 2);
+  CHECK_MESSAGE(contains(r.output, "data.test has label 3, above the labels 0..2 of checkpoint"),
+                r.output);
   // run still needs them, named.
   r = run_dtrain("validate " + cfg);
   CHECK(r.exit_code == 2);
