@@ -232,6 +232,12 @@ void validate_tensor_parallel(const Config& c, const KeyErrors& errors) {
 void validate_distributed(const Config& c, const KeyErrors& errors) {
   const DistributedConfig& dc = c.distributed;
   const PipelineConfig& pc = dc.pipeline;
+  // (strategy pipeline's stages default to 2; one given explicitly ran as plain ddp, though the
+  // summary said pipeline)
+  errors.check(dc.strategy != StrategyKind::kPipeline || pc.stages > 1,
+               "distributed.pipeline.stages",
+               "is 1 with strategy pipeline: one stage is no pipeline (give 2 or more stages, or "
+               "strategy ddp)");
   if (dc.strategy == StrategyKind::kPipeline || pc.stages > 1) {
     // validate_config resolved a complexity preset into model.hidden. An mlp's and a sequential
     // model's layers with parameters are known from the config alone (a sequential model's

@@ -127,6 +127,9 @@ TEST_CASE("compression and strategy keys of another choice are refused") {
         "distributed.compression.type=fp16"},
        "distributed.compression.type: compression does not apply with a pipeline "
        "(distributed.pipeline.stages is 2): compress a plain data-parallel run instead"},
+      {{"distributed.strategy=pipeline", "distributed.pipeline.stages=1"},
+       "distributed.pipeline.stages: is 1 with strategy pipeline: one stage is no pipeline (give "
+       "2 or more stages, or strategy ddp)"},
       {{"distributed.strategy=fsdp", "distributed.pipeline.activation_checkpointing=true"},
        "distributed.pipeline.activation_checkpointing: only used with a pipeline "
        "(distributed.pipeline.stages is 1)"},
