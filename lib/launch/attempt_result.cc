@@ -5,6 +5,9 @@
 
 #include <optional>
 #include <set>
+#include <sstream>
+#include <stdexcept>
+#include <string>
 
 #include <spdlog/spdlog.h>
 
@@ -174,6 +177,25 @@ void follow_named_cause(AttemptResult& res, const ReapedRanks& reaped, int first
     spdlog::error("rank {}'s error names rank {} (another node's) as its cause: {}", first,
                   res.remote_cause_rank, short_why);
   }
+}
+
+std::string encode_outcome(const NodeOutcome& o) {
+  return std::to_string(static_cast<int>(o.kind)) + " " + std::to_string(o.rc) + " " +
+         (o.killed ? "1" : "0") + " " + std::to_string(o.when_ms) + " " + o.cause;
+}
+
+NodeOutcome decode_outcome(const std::string& s, int node) {
+  std::istringstream in(s);
+  int kind = -1, killed = 0;
+  NodeOutcome o;
+  in >> kind >> o.rc >> killed >> o.when_ms;
+  if (!in || kind < 0 || kind > 3)
+    throw std::runtime_error("node " + std::to_string(node) +
+                             "'s launcher sent a malformed report");
+  o.kind = static_cast<NodeOutcome::Kind>(kind);
+  o.killed = killed != 0;
+  std::getline(in >> std::ws, o.cause);
+  return o;
 }
 
 }  // namespace dtrain::launch_detail

@@ -102,4 +102,9 @@ NodeOutcome node_outcome(const AttemptResult& r, int stop_rc, const std::string&
 std::optional<int> local_decision(const LaunchOptions& o, const AttemptResult& r, int attempt,
                                   int nproc, int stop_rc, SignalGuard& signals);
 
+// A node's outcome as the value node 0's store holds ("kind rc killed when_ms cause..."), and
+// back; decode_outcome throws runtime_error naming node `node` for a malformed value.
+std::string encode_outcome(const NodeOutcome& o);
+NodeOutcome decode_outcome(const std::string& s, int node);
+
 }  // namespace dtrain::launch_detail

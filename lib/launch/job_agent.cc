@@ -18,6 +18,7 @@
 #include "comm/grpc/common.h"
 #include "comm/rendezvous/store.h"
 #include "comm/rendezvous/store_service.h"
+#include "launch/attempt_result.h"
 #include "launch/check_in.h"
 #include "launch/dist_env.h"
 #include "util/check.h"
@@ -33,6 +34,8 @@ using grpc_detail::secs_dur;
 using grpc_detail::status_str;
 using launch_detail::check_in_problem;
 using launch_detail::CheckIn;
+using launch_detail::decode_outcome;
+using launch_detail::encode_outcome;
 using launch_detail::fmt_ids;
 using launch_detail::gather_check_ins;
 using launch_detail::job_shape;
@@ -60,26 +63,6 @@ std::string this_host() {
   char buf[256] = {};
   if (::gethostname(buf, sizeof buf - 1) != 0) return "?";
   return buf;
-}
-
-// Outcome <-> store value: "kind rc killed when_ms cause...".
-std::string encode(const NodeOutcome& o) {
-  return std::to_string(static_cast<int>(o.kind)) + " " + std::to_string(o.rc) + " " +
-         (o.killed ? "1" : "0") + " " + std::to_string(o.when_ms) + " " + o.cause;
-}
-
-NodeOutcome decode_outcome(const std::string& s, int node) {
-  std::istringstream in(s);
-  int kind = -1, killed = 0;
-  NodeOutcome o;
-  in >> kind >> o.rc >> killed >> o.when_ms;
-  if (!in || kind < 0 || kind > 3)
-    throw std::runtime_error("node " + std::to_string(node) +
-                             "'s launcher sent a malformed report");
-  o.kind = static_cast<NodeOutcome::Kind>(kind);
-  o.killed = killed != 0;
-  std::getline(in >> std::ws, o.cause);
-  return o;
 }
 
 // Whether `k` is set in node 0's store now (no wait).
@@ -352,7 +335,7 @@ struct JobAgent::Impl {
   JobDecision decide(int attempt, const NodeOutcome& mine, int max_restarts) {
     const auto deadline = Clock::now() + secs_dur(o.report_timeout_s);
     return with_store(o.report_timeout_s, [&](Store& s) {
-      s.set(key(attempt, "outcome/0"), encode(mine));
+      s.set(key(attempt, "outcome/0"), encode_outcome(mine));
       const std::vector<NodeOutcome> all = collect_outcomes(s, attempt, deadline);
       JobDecision d = decide_attempt(all, attempt, max_restarts);
       if (elastic())
@@ -397,7 +380,7 @@ struct JobAgent::Impl {
                         grpc_detail::seconds_str(o.lost_after_s) + " s (" + e.what() + ")");
       }
     };
-    reach([&](Store& s) { s.set(my_outcome, encode(mine)); });
+    reach([&](Store& s) { s.set(my_outcome, encode_outcome(mine)); });
     std::string v;
     for (;;) {
       const auto slice = std::min(deadline, Clock::now() + secs_dur(o.lost_after_s));
@@ -599,52 +582,81 @@ Membership JobAgent::rendezvous(int attempt, int nproc_per_node) {
   Impl& m = *impl_;
   DT_CHECK(m.elastic());
   const auto deadline = Clock::now() + secs_dur(m.o.join_timeout_s);
+  // (node 0 may come late, and closes the check-in after its last call)
+  const auto node0_deadline = deadline + secs_dur(m.o.last_call_s + m.o.lost_after_s + 5);
   const std::string shape = job_shape(m.o);
   const std::string mine = std::to_string(nproc_per_node) + " " + shape + " " + host_;
+  const bool node0 = m.o.node_rank == 0;
   std::string members;
-  try {
-    members = m.with_store(m.o.join_timeout_s + m.o.last_call_s + 10, [&](Store& s) {
-      claim_node_rank(s, key(attempt, "claim/" + std::to_string(m.o.node_rank)), m.o.node_rank);
-      s.set(key(attempt, "join/" + std::to_string(m.o.node_rank)), mine);
-      if (m.o.node_rank != 0) {
-        // Node 0's own check-in, against this node's options: node 0 only reads the ids below
-        // its --nnodes, so a node given a larger count would never be refused as such.
-        // (waiting as long as for the members list below: node 0 may come late)
-        const std::string v0 = s.get(key(attempt, "join/0"),
-                                     deadline + secs_dur(m.o.last_call_s + m.o.lost_after_s + 5));
-        if (v0.starts_with(kRefused)) {
-          m.ack_refusal(key(attempt, "members-read/" + std::to_string(m.o.node_rank)));
-          throw_node0_refusal(v0);
-        }
-        const CheckIn c0 = parse_check_in(v0);
-        if (const std::string p = check_in_problem(0, c0, nproc_per_node, shape, "this node");
-            !p.empty())
-          throw UserError(p);
-      }
-      if (m.o.node_rank == 0) {
-        const std::vector<int> expected = attempt == 0 ? std::vector<int>{} : m.survivors;
-        std::string list;
-        const auto join_key = [attempt](int n) {
-          return key(attempt, "join/" + std::to_string(n));
+  for (bool restarted = true; restarted;) {
+    restarted = false;
+    try {
+      members = m.with_store(m.o.join_timeout_s + m.o.last_call_s + 10, [&](Store& s) {
+        claim_node_rank(s, key(attempt, "claim/" + std::to_string(m.o.node_rank)), m.o.node_rank);
+        // Node 0 is watched while this node waits for it, as in the fixed join: gone after
+        // lost_after_s without an answer, or started again (a new instance: check in anew).
+        // (none from a node 0 of an older dtrain, which sets no instance: not watched then)
+        std::string instance;
+        if (!node0) try {
+            instance = s.get(kInstanceKey, Clock::now() + std::chrono::seconds(2));
+          } catch (const CommError&) {
+          }
+        const auto get0 = [&](const std::string& k) {
+          return node0 || instance.empty()
+                     ? s.get(k, node0_deadline)
+                     : m.get_watching_node0(s, k, node0_deadline, instance, &restarted);
         };
-        for (const auto& [n, v] : gather_check_ins(s, m.o, attempt, expected, deadline, join_key,
-                                                   [&m] { return m.refused_hint(); })) {
-          const CheckIn c = parse_check_in(v);
-          if (const std::string p = check_in_problem(n, c, nproc_per_node, shape, "node 0");
+        s.set(key(attempt, "join/" + std::to_string(m.o.node_rank)), mine);
+        if (!node0) {
+          // Node 0's own check-in, against this node's options: node 0 only reads the ids below
+          // its --nnodes, so a node given a larger count would never be refused as such.
+          const std::string v0 = get0(key(attempt, "join/0"));
+          if (restarted) return std::string();
+          if (v0.starts_with(kRefused)) {
+            m.ack_refusal(key(attempt, "members-read/" + std::to_string(m.o.node_rank)));
+            throw_node0_refusal(v0);
+          }
+          const CheckIn c0 = parse_check_in(v0);
+          if (const std::string p = check_in_problem(0, c0, nproc_per_node, shape, "this node");
               !p.empty())
-            refuse_node(s, attempt, n, UserError(p));
-          list += std::to_string(n) + " " + c.host + "\n";
+            throw UserError(p);
+        } else {
+          const std::vector<int> expected = attempt == 0 ? std::vector<int>{} : m.survivors;
+          std::string list;
+          const auto join_key = [attempt](int n) {
+            return key(attempt, "join/" + std::to_string(n));
+          };
+          for (const auto& [n, v] : gather_check_ins(s, m.o, attempt, expected, deadline, join_key,
+                                                     [&m] { return m.refused_hint(); })) {
+            const CheckIn c = parse_check_in(v);
+            if (const std::string p = check_in_problem(n, c, nproc_per_node, shape, "node 0");
+                !p.empty())
+              refuse_node(s, attempt, n, UserError(p));
+            list += std::to_string(n) + " " + c.host + "\n";
+          }
+          s.set(key(attempt, "members"), list);
         }
-        s.set(key(attempt, "members"), list);
-      }
-      std::string v = s.get(key(attempt, "members"),
-                            deadline + secs_dur(m.o.last_call_s + m.o.lost_after_s + 5));
-      if (m.o.node_rank != 0)
-        s.set(key(attempt, "members-read/" + std::to_string(m.o.node_rank)), "1");
-      return v;
-    });
-  } catch (const CommError& e) {
-    m.throw_check_in_error("checking in for attempt " + std::to_string(attempt + 1) + ": ", e);
+        std::string v = get0(key(attempt, "members"));
+        if (restarted) return std::string();
+        // The list read may come from a node 0 started again while this node waited: its store
+        // does not hold this node's check-in.
+        if (!instance.empty() && s.get(kInstanceKey, node0_deadline) != instance) {
+          restarted = true;
+          return std::string();
+        }
+        if (!node0) s.set(key(attempt, "members-read/" + std::to_string(m.o.node_rank)), "1");
+        return v;
+      });
+    } catch (const CommError& e) {
+      m.throw_check_in_error("checking in for attempt " + std::to_string(attempt + 1) + ": ", e);
+    }
+    if (restarted && attempt > 0)
+      throw std::runtime_error(
+          "node 0's launcher started again during attempt " + std::to_string(attempt + 1) +
+          "'s check-in: it runs a new job from its first attempt; start this node's launcher "
+          "again to join it");
+    if (restarted)
+      spdlog::warn("node 0's launcher started again during the check-in: checking in again");
   }
   if (members.starts_with(kRefused)) throw_node0_refusal(members);
   Membership r;

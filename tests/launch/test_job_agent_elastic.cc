@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <future>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -104,6 +105,55 @@ TEST_CASE("JobAgent elastic: all of at most three close the check-in at once") {
   CHECK(m.nodes == std::vector<int>{0, 1, 2});
   CHECK(f1.get() == 1);
   CHECK(f2.get() == 2);
+}
+
+TEST_CASE("JobAgent elastic: node 0 gone or started again during the check-in: found at once") {
+  // (the fixed join's watch, test_job_agent.cc: a node waited out the join timeout plus the last
+  // call for a node 0 that was gone, and one started again left it out: "checked in after node 0
+  // had closed")
+  const auto three = [](int node, int port) {
+    AgentOptions o = elastic_options(node, port, 3, 3);
+    o.join_timeout_s = 60;
+    return o;
+  };
+  SUBCASE("node 0's launcher stopped: node 1 fails within lost_after_s, not 60 s") {
+    const int port = pick_free_port();
+    auto a0 = std::make_unique<JobAgent>(three(0, port));
+    auto f1 = std::async(std::launch::async, [&] {
+      JobAgent a1(three(1, port));
+      std::string e = "<no error>";
+      const auto t0 = std::chrono::steady_clock::now();
+      try {
+        a1.rendezvous(0, 1);  // node 0 never checks in, node 2 never comes
+      } catch (const std::runtime_error& x) {
+        e = x.what();
+      }
+      return std::make_pair(e, seconds_since(t0));
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));  // node 1 checked in, waiting
+    a0.reset();
+    const auto [e, took] = f1.get();
+    CHECK_MESSAGE(contains(e, "was lost during the check-in: no answer for 1 s"), e);
+    CHECK(took < 15);
+  }
+  SUBCASE("node 0's launcher started again: node 1 checks in anew and all three run") {
+    const int port = pick_free_port();
+    auto a0 = std::make_unique<JobAgent>(three(0, port));
+    auto f1 = std::async(std::launch::async, [&] {
+      JobAgent a1(three(1, port));
+      return a1.rendezvous(0, 1).nodes;
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    a0.reset();
+    a0 = std::make_unique<JobAgent>(three(0, port));
+    auto f2 = std::async(std::launch::async, [&] {
+      JobAgent a2(three(2, port));
+      return a2.rendezvous(0, 1).nodes;
+    });
+    CHECK(a0->rendezvous(0, 1).nodes == std::vector<int>{0, 1, 2});
+    CHECK(f1.get() == std::vector<int>{0, 1, 2});
+    CHECK(f2.get() == std::vector<int>{0, 1, 2});
+  }
 }
 
 TEST_CASE("JobAgent elastic: a lost launcher is noticed, dropped, and the rest restart smaller") {
