@@ -328,7 +328,9 @@ bool TrainLoop::step() {
     strategy_->optimizer_step(lr);
   }
   ++step_;
-  strategy_->count_samples(local_samples, step_samples);
+  // (a skipped step trained no samples: Local SGD weighs its averages by the samples that moved
+  // each rank's model)
+  if (ok) strategy_->count_samples(local_samples, step_samples);
   strategy_->end_step(step_, step_ == plan_.total_steps);
   exposed_comm_s_ += waited_seconds() - wait0;
   if (ok) {
