@@ -25,6 +25,7 @@ constexpr uint64_t kHoldoutStream = 0x686f6c646f7574ULL;  // "holdout"
 
 // Rows `idx` of `d`, in the order given.
 Dataset take_rows(const Dataset& d, const std::vector<int64_t>& idx) {
+  DT_CHECK(d.kind == SampleKind::kFeatures);  // (text holds out its tail, not a sample of rows)
   Dataset out;
   out.rows = static_cast<int64_t>(idx.size());
   out.features = d.features;

@@ -12,15 +12,19 @@
 
 namespace dtrain {
 
-// What a row holds. kFeatures: a sample's features, with its label in y. kTokenWindow: T + 1
-// consecutive token ids (exact integers stored as floats; features = T + 1, y empty): the input
-// is the first T, the targets are the last T (each position predicts the next token).
+// What a row holds. kFeatures: a sample's features (in x), with its label in y. kTokenWindow:
+// T + 1 consecutive token ids (features = T + 1; x and y empty): the input is the first T, the
+// targets are the last T (each position predicts the next token). Windows are views of the
+// split's bytes (tokens), at stride T: one byte per token held, not T + 1 floats per T bytes.
 enum class SampleKind { kFeatures, kTokenWindow };
 
 struct Dataset {
   int64_t rows = 0;
   int64_t features = 0;
-  std::vector<float> x;     // rows * features, row-major
+  std::vector<float> x;  // rows * features, row-major (kFeatures)
+  // kTokenWindow: the split's tokens, rows * (features - 1) + 1 of them (none without rows);
+  // window i is tokens [i * T, i * T + T + 1).
+  std::vector<uint8_t> tokens;
   std::vector<int32_t> y;   // rows, each in [0, num_classes) (kFeatures only)
   int64_t num_classes = 0;  // max label + 1 over train (and test) as loaded; the vocabulary
   SampleKind kind = SampleKind::kFeatures;
@@ -31,7 +35,10 @@ struct Dataset {
   // without one. Files read for the same model must agree (a model reads columns by position).
   std::vector<std::string> columns;
 
-  const float* row(int64_t i) const { return x.data() + i * features; }
+  const float* row(int64_t i) const { return x.data() + i * features; }  // kFeatures
+  const uint8_t* window(int64_t i) const {  // kTokenWindow: features tokens
+    return tokens.data() + i * (features - 1);
+  }
   // Elements of one model input: the features, or the T input tokens of a window.
   int64_t input_features() const {
     return kind == SampleKind::kTokenWindow ? features - 1 : features;

@@ -90,13 +90,8 @@ Dataset windows_of(const char* bytes, int64_t n, int64_t block_size) {
   d.features = block_size + 1;
   d.num_classes = kTextVocab;
   d.kind = SampleKind::kTokenWindow;
-  d.x.resize(static_cast<size_t>(d.rows * d.features));
-  const auto* u = reinterpret_cast<const unsigned char*>(bytes);
-  for (int64_t i = 0; i < d.rows; ++i) {
-    float* row = d.x.data() + i * d.features;
-    const unsigned char* src = u + i * block_size;
-    for (int64_t j = 0; j < d.features; ++j) row[j] = static_cast<float>(src[j]);
-  }
+  const auto* u = reinterpret_cast<const uint8_t*>(bytes);
+  if (d.rows > 0) d.tokens.assign(u, u + d.rows * block_size + 1);
   return d;
 }
 
@@ -279,23 +274,21 @@ void check_text_memory(const TextOptions& opts) {
   const int64_t n = opts.train.empty() ? 0 : text_bytes_without_reading(opts.train);
   const int64_t m = opts.test.empty() ? 0 : text_bytes_without_reading(opts.test);
   if (avail < 0 || n < 0 || m < 0) return;
-  // Peak while loading: the training bytes read, the test bytes read, and both splits' windows
-  // as 4-byte tokens, block_size + 1 per block_size bytes.
-  const double per_byte =
-      4.0 * static_cast<double>(opts.block_size + 1) / static_cast<double>(opts.block_size);
-  const double total = static_cast<double>(n + m) * (1.0 + per_byte);
+  // Peak while loading: the training bytes read, the test bytes read, and both splits' tokens
+  // (one byte each, the windows views of them).
+  const double total = 2.0 * static_cast<double>(n + m);
   if (total <= static_cast<double>(avail)) return;
   constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
   throw UserError(fmt::format(
-      "data: the text takes about {:.1f} GiB once read ({} bytes{}, kept as 4-byte tokens in "
-      "windows of model.block_size + 1 = {}: about {:.1f} bytes per byte of text), more than "
-      "the {:.1f} GiB this process can allocate; use a shorter text (fewer files) or free "
+      "data: the text takes about {:.1f} GiB while it is read ({} bytes{}, read, then kept as "
+      "one byte per token: 2 bytes per byte of text), more than the {:.1f} GiB this process "
+      "can allocate; use a shorter text (fewer files) or free "
       "memory (each process holds one copy, shared by its in-process ranks)",
       total / kGiB, n + m,
       n > 0 && m > 0 ? fmt::format(": {} of data.train.path, {} of data.test.path", n, m)
       : m > 0        ? std::string(" of data.test.path")
                      : std::string(" of data.train.path"),
-      opts.block_size + 1, 1.0 + per_byte, static_cast<double>(avail) / kGiB));
+      static_cast<double>(avail) / kGiB));
 }
 
 int64_t check_text_sizes(const TextOptions& opts) {

@@ -17,11 +17,11 @@
 // and evaluation both use these windows, so the sampler, shuffling and rank slicing treat a window
 // as one sample exactly as they treat an image.
 //
-// As a Dataset: kind SampleKind::kTokenWindow, one row per window, features = block_size + 1, x
-// holding the byte values as floats (0..255, exact), y EMPTY (a row carries its own targets),
-// num_classes = 256. Floats keep Dataset, the sampler and the row gathering as they are; the
-// batch gather (train/batch.h) takes a row's first block_size values as the input and its last
-// block_size as int32 targets.
+// As a Dataset: kind SampleKind::kTokenWindow, one row per window, features = block_size + 1,
+// tokens holding the split's bytes once (a window is a view at stride block_size), x and y EMPTY
+// (a row carries its own targets), num_classes = 256. The sampler treats rows as it treats
+// images; the batch gather (train/batch.h) takes a window's first block_size bytes as the float
+// input and its last block_size as int32 targets.
 //
 // Errors are UserError, one line, naming the key and the file: a missing or unreadable file, a
 // pattern that matches no file, an empty text, a split shorter than one window.
@@ -84,8 +84,8 @@ TextSplit plan_text_split(const TextOptions& opts, int64_t n, const std::string&
 
 // Refuses (UserError) a text file in a compression format dtrain does not read (by its first
 // bytes), then, with the numbers, a text this process cannot hold once read, from the files'
-// sizes before any is read (load_text and validate): its bytes, and its windows as 4-byte tokens
-// (about 5 bytes per byte of text). Unknown sizes pass (the reader names them).
+// sizes before any is read (load_text and validate): its bytes read, and its tokens (2 bytes per
+// byte of text). Unknown sizes pass (the reader names them).
 void check_text_memory(const TextOptions& opts);
 
 // load_text's refusals without reading the files (validate): a file in a compression format

@@ -20,8 +20,14 @@ inline void gather_inputs(const Dataset& d, const std::vector<int64_t>& idx, Ten
   const int64_t f = d.input_features();
   if (x.ndim() != 2 || x.dim(0) != n || x.dim(1) != f) x.resize({n, f});
   for (int64_t i = 0; i < n; ++i) {
-    const float* r = d.row(idx[static_cast<size_t>(i)]);
-    std::copy(r, r + f, x.data() + i * f);
+    const int64_t r = idx[static_cast<size_t>(i)];
+    float* out = x.data() + i * f;
+    if (d.kind == SampleKind::kFeatures) {
+      std::copy(d.row(r), d.row(r) + f, out);
+    } else {
+      const uint8_t* w = d.window(r);
+      for (int64_t j = 0; j < f; ++j) out[j] = static_cast<float>(w[j]);
+    }
   }
 }
 
@@ -38,8 +44,8 @@ inline void gather_targets(const Dataset& d, const std::vector<int64_t>& idx,
       y[static_cast<size_t>(i)] = d.y[static_cast<size_t>(r)];
       continue;
     }
-    const float* w = d.row(r) + 1;
-    for (int64_t j = 0; j < t; ++j) y[static_cast<size_t>(i * t + j)] = static_cast<int32_t>(w[j]);
+    const uint8_t* w = d.window(r) + 1;
+    for (int64_t j = 0; j < t; ++j) y[static_cast<size_t>(i * t + j)] = w[j];
   }
 }
 

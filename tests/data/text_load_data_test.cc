@@ -34,10 +34,10 @@ TEST_CASE("load_data: format text windows the text, holding out its last 10% by 
   // 900 training bytes: (900 - 1) / 16 = 56 windows; 100 held out: 6 windows.
   CHECK(s.train.rows == 56);
   CHECK(s.test.rows == 6);
-  CHECK(s.test.row(0)[0] == static_cast<float>(static_cast<unsigned char>(text[900])));
-  CHECK(s.train.row(1)[0] == static_cast<float>(static_cast<unsigned char>(text[16])));
+  CHECK(s.test.window(0)[0] == static_cast<unsigned char>(text[900]));
+  CHECK(s.train.window(1)[0] == static_cast<unsigned char>(text[16]));
   // The seed does not matter: the split is the tail.
-  CHECK(load_data(cfg, 2).test.x == s.test.x);
+  CHECK(load_data(cfg, 2).test.tokens == s.test.tokens);
 
   cfg.test_fraction = 0;
   CHECK(load_data(cfg, 1).test.rows == 0);

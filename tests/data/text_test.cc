@@ -36,7 +36,7 @@ std::string write_gzip(const std::string& path, const std::string& text) {
 // Row i of d as the bytes it holds.
 std::string row_bytes(const Dataset& d, int64_t i) {
   std::string s;
-  for (int64_t j = 0; j < d.features; ++j) s += static_cast<char>(static_cast<int>(d.row(i)[j]));
+  for (int64_t j = 0; j < d.features; ++j) s += static_cast<char>(d.window(i)[j]);
   return s;
 }
 
@@ -74,7 +74,7 @@ TEST_CASE("text: bytes are tokens 0..255, high bytes included (unsigned)") {
   for (int b = 0; b < 256; ++b) all += static_cast<char>(b);
   const Dataset d = text_windows(all, 255);
   REQUIRE(d.rows == 1);
-  for (int64_t j = 0; j < 256; ++j) CHECK(d.row(0)[j] == static_cast<float>(j));
+  for (int64_t j = 0; j < 256; ++j) CHECK(d.window(0)[j] == j);
 }
 
 TEST_CASE("text: gzip is detected by its magic, not its name: plain and gzip read the same") {
@@ -94,7 +94,7 @@ TEST_CASE("text: gzip is detected by its magic, not its name: plain and gzip rea
   o.train = {gz};
   const DataSplits b = load_text(o);
   CHECK(a.train.rows == (3000 - 1) / 16);
-  CHECK(a.train.x == b.train.x);
+  CHECK(a.train.tokens == b.train.tokens);
   CHECK(a.test.rows == 0);
   CHECK(a.test.features == 17);
   CHECK(a.test.kind == SampleKind::kTokenWindow);  // also the empty test set
@@ -261,10 +261,8 @@ TEST_CASE("text: the Jargon File (jargon-text) as configs/lm_jargon.yaml reads i
   CHECK(row_bytes(s.train, 0) == text.substr(0, 65));
   CHECK(row_bytes(s.test, 0) == text.substr(static_cast<size_t>(n - n_test), 65));
   // The text has UTF-8 (box drawing, accents): bytes above 127 arrive as tokens 128..255.
-  float hi = 0;
-  for (float v : s.train.x) hi = std::max(hi, v);
-  CHECK(hi >= 128.0f);
-  CHECK(hi <= 255.0f);
+  REQUIRE(!s.train.tokens.empty());
+  CHECK(*std::max_element(s.train.tokens.begin(), s.train.tokens.end()) >= 128);
 }
 
 TEST_CASE("text: the bytes a list of files holds, from sizes and gzip's trailer, without reading") {
@@ -286,23 +284,23 @@ namespace dtrain {
 namespace {
 
 TEST_CASE("text: a text this process cannot hold once read is refused from its size, unread") {
-  // Its windows take 4 bytes per byte (+1/T), the bytes read one more: a text of 40% of the
-  // memory there is fits as bytes (read_maybe_gzip's own check) but not once windowed. A sparse
-  // file: nothing is written, and nothing may be read.
+  // Its tokens take a byte per byte, the bytes read one more: a text of 60% of the memory there
+  // is fits as bytes (read_maybe_gzip's own check) but not once tokenised. A sparse file:
+  // nothing is written, and nothing may be read.
   const int64_t avail = available_memory_bytes();
   if (avail < 0) return;
   TempDir dir;
   const std::string big = dir.path() + "/big.txt";
   std::ofstream(big).put('x');
-  std::filesystem::resize_file(big, static_cast<uintmax_t>(avail / 10 * 4));
+  std::filesystem::resize_file(big, static_cast<uintmax_t>(avail / 10 * 6));
   TextOptions o;
   o.train = {big};
   o.block_size = 64;
   const std::string want = "data: the text takes about ";
   std::string e = user_error([&] { load_text(o); });
   CHECK_MESSAGE(e.starts_with(want), e);
-  CHECK_MESSAGE(e.find("kept as 4-byte tokens in windows of model.block_size + 1 = 65: about "
-                       "5.1 bytes per byte of text), more than the ") != std::string::npos,
+  CHECK_MESSAGE(e.find("read, then kept as one byte per token: 2 bytes per byte of text), more "
+                       "than the ") != std::string::npos,
                 e);
   CHECK(e.find("use a shorter text (fewer files) or free memory") != std::string::npos);
   CHECK(user_error([&] { check_text_sizes(o); }).starts_with(want));  // validate's
@@ -311,8 +309,8 @@ TEST_CASE("text: a text this process cannot hold once read is refused from its s
   o.test = {big};
   e = user_error([&] { load_text(o); });
   CHECK(e.starts_with(want));
-  CHECK(e.find(" bytes: 1000 of data.train.path, " + std::to_string(avail / 10 * 4) +
-               " of data.test.path, kept as") != std::string::npos);
+  CHECK(e.find(" bytes: 1000 of data.train.path, " + std::to_string(avail / 10 * 6) +
+               " of data.test.path, read, then kept as") != std::string::npos);
   o.test = {};
   CHECK(load_text(o).train.rows == text_window_count(900, 64));
 }

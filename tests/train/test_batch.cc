@@ -27,8 +27,8 @@ TEST_CASE("batch: token windows give the first T tokens as input and the next to
   Dataset d;
   d.kind = SampleKind::kTokenWindow;
   d.rows = 2;
-  d.features = 4;  // T = 3
-  d.x = {'a', 'b', 'c', 'd', 'd', 'e', 'f', 'g'};
+  d.features = 4;                                  // T = 3
+  d.tokens = {'a', 'b', 'c', 'd', 'e', 'f', 'g'};  // windows abcd, defg
   d.num_classes = 256;
   CHECK(d.input_features() == 3);
   CHECK(d.targets_per_row() == 3);
