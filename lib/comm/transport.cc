@@ -84,8 +84,13 @@ std::string describe(const MsgHeader& h) {
     os << comm_op_name(h.op) << " tag " << (h.channel & ~kP2PBit) << " message " << h.part;
   else
     // Collective part ids are (phase << 56) | (step << 32) | segment (collectives.cc).
-    os << comm_op_name(h.op) << " seq " << h.channel << " (phase " << (h.part >> 56) << ", step "
-       << ((h.part >> 32) & 0xffffff) << ", segment " << (h.part & 0xffffffff) << ")";
+    // (a subgroup's channel carries its tag above the sequence number: named apart)
+    os << comm_op_name(h.op) << " seq " << (h.channel & ((uint64_t{1} << kChannelGroupShift) - 1))
+       << ((h.channel >> kChannelGroupShift) != 0
+               ? " of group " + std::to_string((h.channel >> kChannelGroupShift) - 1)
+               : std::string())
+       << " (phase " << (h.part >> 56) << ", step " << ((h.part >> 32) & 0xffffff) << ", segment "
+       << (h.part & 0xffffffff) << ")";
   os << " (" << h.bytes << " bytes)";
   return os.str();
 }

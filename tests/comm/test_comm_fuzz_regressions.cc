@@ -123,6 +123,9 @@ TEST_CASE("rendezvous coordinator: decides once, with every rank's address in ra
 TEST_CASE("rendezvous coordinator: the first refusal decides, for every rank alike") {
   JoinCoordinator twice(2, "cafe");
   CHECK(twice.on_set("rdzv/join/1", join_value(0, 2)) == "");
+  // The same key again: a Set retried after its reply was lost, not a second join.
+  CHECK(twice.on_set("rdzv/join/1", join_value(0, 2)) == "");
+  CHECK_FALSE(twice.decided());
   CHECK(twice.on_set("rdzv/join/2", join_value(0, 2)) ==
         "failrefused: rank 0 joined twice (from h:100 and h:100)");
   JoinCoordinator hash(2, "cafe");

@@ -11,6 +11,7 @@
 #include "comm/grpc/wire.h"
 #include "comm/grpc_internal.h"
 #include "comm/rendezvous/rendezvous.h"
+#include "comm/transport.h"
 #include "dtrain.pb.h"
 
 using namespace dtrain;
@@ -214,4 +215,14 @@ TEST_CASE("tcp wire: every prefix and bad field is refused with WireError saying
   m.op = static_cast<CommOp>(0x77);
   encode_tcp_chunk_header(c, m, 0, 4);
   CHECK_THROWS_WITH_AS(decode_tcp_chunk_header(c, 1), doctest::Contains("unknown op"), WireError);
+}
+
+TEST_CASE("describe: a subgroup's message names its sequence number and group apart") {
+  MsgHeader h;
+  h.channel = 7;
+  h.bytes = 64;
+  CHECK(describe(h) == "allreduce seq 7 (phase 0, step 0, segment 0) (64 bytes)");
+  // Group 3's tag (id + 1) above bit 40, as subgroup.cc sets it: was "seq 4398046511111".
+  h.channel = (uint64_t{4} << kChannelGroupShift) | 7;
+  CHECK(describe(h) == "allreduce seq 7 of group 3 (phase 0, step 0, segment 0) (64 bytes)");
 }

@@ -322,8 +322,13 @@ void TcpPath::read_loop(In* in) {
       }
       if (d.kind == Mailbox::Delivery::kAborted) break;
     }
-  } catch (const std::exception& e) {  // CommError from a read (a reset), bad_alloc
+  } catch (const CommError& e) {  // from a read: a reset
     why = fmt::format("connection to rank {} lost ({})", src, e.what());
+  } catch (const std::exception& e) {
+    // This rank cannot take a chunk in (bad_alloc for the size a message announced): its data
+    // is lost while src's gRPC stream stays open, so the transport fails now, as a gRPC frame's
+    // would, rather than a recv waiting out its timeout blaming src.
+    why = env_.malformed(src, fmt::format("a chunk this rank could not take in ({})", e.what()));
   }
   box.stream_ended(why);
 }

@@ -56,6 +56,9 @@ std::string join_refusal(const wire::JoinRequest& req, int world, const std::str
 
 std::string JoinCoordinator::on_set(const std::string& key, const std::string& value) {
   if (decided_ || key.rfind(kJoinKey, 0) != 0) return "";  // a late joiner finds itself missing
+  // The same key set again is a retried Set whose first reply was lost (GrpcStore retries a set
+  // after UNAVAILABLE), not a second join: each join takes a key of its own (add "joins").
+  if (!join_keys_.insert(key).second) return "";
   wire::JoinRequest req;
   std::string failure;
   std::string_view kind = kRefused;

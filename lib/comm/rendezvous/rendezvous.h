@@ -20,6 +20,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <span>
 #include <string>
 #include <thread>
@@ -75,6 +76,7 @@ class JoinCoordinator {
   const int world_;
   const std::string hash_;
   std::map<int, Joined> joined_;
+  std::set<std::string> join_keys_;  // the join keys set so far (a retried Set repeats one)
   bool decided_ = false;
 };
 
