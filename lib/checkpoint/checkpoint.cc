@@ -654,7 +654,7 @@ std::string follow_latest(const fs::path& latest) {
     throw UserError("'" + latest.string() + "' does not name a checkpoint file");
   const fs::path file = latest.parent_path() / name;
   if (!fs::is_regular_file(file, ec) && !is_sharded_dir(file))
-    throw UserError("'" + latest.string() + "' names '" + name + "', " +
+    throw UserError("'" + latest.string() + "' names '" + shown_text(name, 200) + "', " +
                     (fs::is_directory(file, ec)
                          ? "a folder without manifest.json (an incomplete sharded checkpoint: the "
                            "save was interrupted)"

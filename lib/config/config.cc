@@ -77,7 +77,8 @@ std::string describe(const YAML::Node& n) {
     case YAML::NodeType::Null:
       return "null (no value)";
     case YAML::NodeType::Scalar:
-      return (n.Tag() == "!" ? "the quoted string '" : "'") + n.Scalar() + "'";
+      // (escaped: a block scalar's newline, a control character, stay on the message's line)
+      return (n.Tag() == "!" ? "the quoted string '" : "'") + shown_text(n.Scalar(), 200) + "'";
     case YAML::NodeType::Sequence:
       return "a sequence";
     case YAML::NodeType::Map:
@@ -128,7 +129,7 @@ class Reader final : public config_detail::KeyErrors {
   }
 
   std::string location(std::string_view path, const YAML::Mark& mark) const {
-    if (const Override* o = override_for(path)) return "--set " + o->text;
+    if (const Override* o = override_for(path)) return "--set " + shown_text(o->text, 200);
     if (mark.is_null()) return name_;
     return name_ + ":" + std::to_string(mark.line + 1) + ":" + std::to_string(mark.column + 1);
   }
@@ -193,12 +194,8 @@ class Reader final : public config_detail::KeyErrors {
     if (docs.empty()) return YAML::Node();
     // Aliases repeated within aliases expand exponentially (a "billion laughs" of a few hundred
     // bytes), and every pass over the tree would follow them: bounded once here.
-    if (!within_values(docs[0], kMaxConfigValues))
-      fail_at("", docs[0].Mark(),
-              "the config expands to more than " + std::to_string(kMaxConfigValues) +
-                  " values or " + std::to_string(kMaxConfigDepth) +
-                  " levels once its YAML aliases are followed (an alias inside the node it "
-                  "names?): not a training config");
+    if (const auto t = tree_limit(docs[0], kMaxConfigValues))
+      fail_at("", t->mark, tree_limit_message(*t, "the config", kMaxConfigValues));
     return docs[0];
   }
 
@@ -227,7 +224,7 @@ class Reader final : public config_detail::KeyErrors {
   // Mutation note: yaml-cpp's Node::operator= on a handle writes through to the node it refers
   // to, so descending uses reset() (rebinds the handle) and only `map[key] = value` writes.
   void apply_override(YAML::Node& root, const std::string& text) {
-    const std::string where = "--set " + text;
+    const std::string where = "--set " + shown_text(text, 200);
     const size_t eq = text.find('=');
     if (eq == std::string::npos) throw UserError(where + ": expected key.path=value");
     const std::string path = trim(std::string_view(text).substr(0, eq));
@@ -279,12 +276,8 @@ class Reader final : public config_detail::KeyErrors {
         throw UserError(where + ": the value is not valid YAML: " + e.msg);
       }
       // As for the file (load): every later walk follows the aliases.
-      if (!within_values(value, kMaxConfigValues))
-        throw UserError(where + ": the value expands to more than " +
-                        std::to_string(kMaxConfigValues) + " values or " +
-                        std::to_string(kMaxConfigDepth) +
-                        " levels once its YAML aliases are followed (an alias inside the node "
-                        "it names?)");
+      if (const auto t = tree_limit(value, kMaxConfigValues))
+        throw UserError(where + ": " + tree_limit_message(*t, "the value", kMaxConfigValues));
     }
 
     expect_section(root, "");

@@ -21,6 +21,16 @@ inline constexpr int kMaxConfigDepth = 200;
 // Whether the tree under n has at most `limit` nodes and kMaxConfigDepth levels, aliases
 // followed each time; stops counting past either, so it is cheap (and shallow) on any tree.
 bool within_values(const YAML::Node& n, int64_t limit);
+// The same, saying which limit a tree passes: nullopt within both; else `deep` (a node past
+// kMaxConfigDepth levels, at `mark`) or not (past `limit` nodes, mark: n's).
+struct TreeLimit {
+  bool deep = false;
+  bool cycle = false;  // deep because a node contains an alias of itself
+  YAML::Mark mark;
+};
+std::optional<TreeLimit> tree_limit(const YAML::Node& n, int64_t limit);
+// The message for a TreeLimit, `what` naming the tree ("the config", "the value").
+std::string tree_limit_message(const TreeLimit& t, const std::string& what, int64_t limit);
 
 // How often `target` (the node itself, not an equal one) occurs in the tree under n: more than
 // once when YAML aliases (`&a` ... `*a`) share it. Map keys are not counted.
