@@ -197,7 +197,8 @@ int64_t train_rows_without_loading(const DataConfig& cfg) {
     int64_t bytes = cfg.block_size > 0 ? text_bytes_without_reading(cfg.train.path, &exact) : -1;
     // gzip's trailer holds the size mod 2^32 of its last member only: counted by decompressing
     // (streamed, nothing held), so validate sizes the batch as run will.
-    if (bytes >= 0 && !exact) bytes = text_bytes_by_decompressing(cfg.train.path);
+    if (bytes >= 0 && !exact)
+      bytes = text_bytes_by_decompressing(cfg.train.path, "data.train.path");
     if (bytes < 0) return -1;
     try {
       const TextSplit sp = plan_text_split(text_options(cfg), bytes, "the training text");
@@ -230,7 +231,9 @@ int64_t test_rows_without_loading(const DataConfig& cfg) {
     bool exact = true;
     int64_t n = text_bytes_without_reading(files, &exact);
     // (gzip: a multi-member file's trailer holds its last member's size only)
-    if (n >= 0 && !exact) n = text_bytes_by_decompressing(files);
+    if (n >= 0 && !exact)
+      n = text_bytes_by_decompressing(files,
+                                      cfg.test.empty() ? "data.train.path" : "data.test.path");
     if (n < 0) return -1;
     return text_window_count(cfg.test.empty() ? std::llround(fraction * static_cast<double>(n)) : n,
                              cfg.block_size);

@@ -110,9 +110,13 @@ bool has_gzip_magic(const std::string& s, size_t pos) {
 // last member is tolerated like gzip(1) does). Anything else is a UserError naming `path`.
 // max_out: as soon as the output exceeds it (an IDX header's size, what can be allocated), it
 // stops with UserError(over_limit()); the output buffer never grows past max_out + 1 bytes.
+// count: when given, the output is only counted there (a 1-MiB buffer, overwritten) and ""
+// returned: the same checks and messages, without holding the contents.
 std::string gunzip(const std::string& in, const std::string& path, size_t max_out,
-                   const std::function<std::string()>& over_limit) {
-  const size_t cap = max_out == SIZE_MAX ? SIZE_MAX : max_out + 1;  // the output buffer's
+                   const std::function<std::string()>& over_limit, int64_t* count = nullptr) {
+  const size_t cap = count != nullptr      ? size_t{1} << 20
+                     : max_out == SIZE_MAX ? SIZE_MAX
+                                           : max_out + 1;  // the output buffer's
   z_stream zs{};
   if (inflateInit2(&zs, 16 + MAX_WBITS) != Z_OK) throw std::bad_alloc();
   struct Guard {
@@ -152,6 +156,10 @@ std::string gunzip(const std::string& in, const std::string& path, size_t max_ou
     zs.avail_out = static_cast<uInt>(room);
     const int ret = inflate(&zs, Z_NO_FLUSH);
     out_len += room - zs.avail_out;
+    if (count != nullptr) {  // (counted, and the buffer written over)
+      *count += static_cast<int64_t>(out_len);
+      out_len = 0;
+    }
     if (out_len > max_out) throw UserError(over_limit());
     if (ret == Z_STREAM_END) {
       const size_t consumed = in_pos - zs.avail_in;
@@ -395,6 +403,13 @@ std::string read_maybe_gzip(const std::string& path) {
   } catch (const std::bad_alloc&) {  // the budget is an estimate; the allocator has the last word
     throw UserError(over());
   }
+}
+
+int64_t gzip_decompressed_size(const std::string& bytes, const std::string& path) {
+  int64_t n = 0;
+  gunzip(
+      bytes, path, SIZE_MAX, [] { return std::string(); }, &n);
+  return n;
 }
 
 int64_t idx_label_count(const std::string& labels_path) {

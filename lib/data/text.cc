@@ -4,7 +4,6 @@
 
 #include <glob.h>
 #include <sys/stat.h>
-#include <zlib.h>
 
 #include <algorithm>
 #include <cmath>
@@ -206,7 +205,8 @@ int64_t text_bytes_without_reading(const std::vector<std::string>& specs, bool* 
   return total;
 }
 
-int64_t text_bytes_by_decompressing(const std::vector<std::string>& specs, int64_t max_bytes) {
+int64_t text_bytes_by_decompressing(const std::vector<std::string>& specs, const std::string& key,
+                                    int64_t max_bytes) {
   const auto files = regular_text_files(specs);
   if (!files) return -1;
   int64_t on_disk = 0;
@@ -214,14 +214,23 @@ int64_t text_bytes_by_decompressing(const std::vector<std::string>& specs, int64
   for (const std::string& f : *files) on_disk += static_cast<int64_t>(fs::file_size(f, ec));
   if (on_disk > max_bytes) return -1;
   int64_t total = 0;
-  std::vector<char> buf(1 << 20);
   for (const std::string& f : *files) {
-    gzFile in = gzopen(f.c_str(), "rb");  // (a file without the gzip magic reads as it is)
-    if (in == nullptr) return -1;
-    int got = 0;
-    while ((got = gzread(in, buf.data(), static_cast<unsigned>(buf.size()))) > 0) total += got;
-    gzclose(in);
-    if (got < 0) return -1;  // corrupt: the loader says what is wrong
+    std::string bytes;
+    try {
+      bytes = read_file(f);
+    } catch (const UserError&) {
+      return -1;  // (the loader names the problem)
+    }
+    // A corrupt, truncated or trailing-garbage gzip file: the loader's own UserError, so
+    // validate refuses what run would (it said ok).
+    try {
+      total += bytes.size() >= 2 && static_cast<unsigned char>(bytes[0]) == 0x1f &&
+                       static_cast<unsigned char>(bytes[1]) == 0x8b
+                   ? gzip_decompressed_size(bytes, f)
+                   : static_cast<int64_t>(bytes.size());
+    } catch (const UserError& e) {
+      throw UserError(key + ": " + e.what());
+    }
   }
   return total;
 }
@@ -299,7 +308,7 @@ int64_t check_text_sizes(const TextOptions& opts) {
   if (!opts.test.empty()) {
     bool test_exact = true;
     int64_t t = text_bytes_without_reading(opts.test, &test_exact);
-    if (t >= 0 && !test_exact) t = text_bytes_by_decompressing(opts.test);
+    if (t >= 0 && !test_exact) t = text_bytes_by_decompressing(opts.test, "data.test.path");
     if (t >= 0) {
       const std::vector<std::string> tf = expand_text_paths(opts.test, "data.test.path");
       if (t == 0) throw empty_text("data.test.path", tf);
@@ -308,7 +317,7 @@ int64_t check_text_sizes(const TextOptions& opts) {
   }
   bool exact = true;
   int64_t n = text_bytes_without_reading(opts.train, &exact);
-  if (n >= 0 && !exact) n = text_bytes_by_decompressing(opts.train);
+  if (n >= 0 && !exact) n = text_bytes_by_decompressing(opts.train, "data.train.path");
   if (n < 0) return -1;
   const std::vector<std::string> files = expand_text_paths(opts.train, "data.train.path");
   if (n == 0) throw empty_text("data.train.path", files);

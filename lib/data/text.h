@@ -66,10 +66,12 @@ int64_t text_window_count(int64_t n, int64_t block_size);
 // from it errs low). -1 when a file cannot be opened or a pattern matches nothing.
 // `exact` (optional) is set false when a file is gzip (the trailer's length is only an estimate).
 int64_t text_bytes_without_reading(const std::vector<std::string>& specs, bool* exact = nullptr);
-// The exact bytes the files hold once read, gzip ones decompressed as a stream (nothing held;
-// every member counted); -1 when a file cannot be opened or read, a pattern matches nothing, or
-// the files take more than max_bytes on disk (decompressing them would take seconds).
-int64_t text_bytes_by_decompressing(const std::vector<std::string>& specs,
+// The exact bytes the files hold once read, gzip ones inflated and counted (their output not
+// held; every member counted); -1 when a file cannot be opened or read, a pattern matches
+// nothing, or the files take more than max_bytes on disk (decompressing them would take
+// seconds). A corrupt, truncated or trailing-garbage gzip file: the loader's UserError, after
+// "<key>: " (the config key that names the files).
+int64_t text_bytes_by_decompressing(const std::vector<std::string>& specs, const std::string& key,
                                     int64_t max_bytes = int64_t{64} << 20);
 
 // load_text's split of the n training bytes (without test files): the bytes held out for

@@ -110,8 +110,8 @@ TEST_CASE("text: gzip is detected by its magic, not its name: plain and gzip rea
   bool exact = true;
   CHECK(text_bytes_without_reading({two}, &exact) == 3000);
   CHECK_FALSE(exact);
-  CHECK(text_bytes_by_decompressing({two, plain}) == 9000);
-  CHECK(text_bytes_by_decompressing({dir / "missing"}) == -1);
+  CHECK(text_bytes_by_decompressing({two, plain}, "k") == 9000);
+  CHECK(text_bytes_by_decompressing({dir / "missing"}, "k") == -1);
 }
 
 TEST_CASE("text: a list keeps its order, a glob is sorted and skips directories") {
@@ -353,6 +353,30 @@ TEST_CASE("text: validate counts gzip texts by decompressing: empty, short and m
   o.test_fraction = 0.1;
   CHECK(check_text_sizes(o) == load_text(o).train.rows);
   CHECK(check_text_sizes(o) == text_window_count(170 - 17, 16));
+}
+
+TEST_CASE("text: validate refuses a corrupt gzip text as run does") {
+  // validate said ok for a truncated file, an unknown compression method and trailing garbage
+  // (zlib's gzread skips it), which run refused.
+  TempDir dir;
+  const std::string good =
+      dtrain::testing::read_text(write_gzip(dir.path() + "/good.gz", pattern_text(400)));
+  REQUIRE(good.size() > 40);
+  std::string method = good;
+  method[2] = 7;  // (deflate is 8)
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"truncated.gz", good.substr(0, good.size() - 20)},
+      {"method.gz", method},
+      {"garbage.gz", good + "junk"}};
+  for (const auto& [name, bytes] : bad) {
+    CAPTURE(name);
+    TextOptions o;
+    o.block_size = 16;
+    o.train = {dir.write(name, bytes)};
+    const std::string e = user_error([&] { load_text(o); });
+    CHECK_MESSAGE(e.starts_with("data.train.path: "), e);
+    CHECK(user_error([&] { check_text_sizes(o); }) == e);
+  }
 }
 
 TEST_CASE("text: an evaluation reads data.test.path alone, not the training text") {
