@@ -116,6 +116,7 @@ void TrainLoop::check_memory() const {
       .replicas = DP_,
       .ranks_here = inproc ? world_.size() / static_cast<int>(stages_.size()) : 1,
       .resume = resuming_,  // rank 0's decision: every rank reads the checkpoint's full state
+      .resume_params = tp_ ? tp_->global().param_count() : -1,
       // The address-space probe once per process: rank 0 for the in-process ranks.
       .blas_threads = !inproc || world_.rank() == 0 ? std::max(1, blas_threads()) : 0,
       .train_rows = data_->train.rows,

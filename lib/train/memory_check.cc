@@ -169,7 +169,11 @@ void check_training_memory(const Config& cfg, const Model& model, const MemoryPl
                      static_cast<double>(eval_batch) * per_stage +
                  scratch;
   }
-  if (plan.resume) state += 4.0 * (1 + k) * static_cast<double>(model.param_count()) * here;
+  if (plan.resume)
+    state +=
+        4.0 * (1 + k) *
+        static_cast<double>(plan.resume_params >= 0 ? plan.resume_params : model.param_count()) *
+        here;
   // An evaluation runs with the training batch's activations still held (the executors keep
   // them from step to step): both count.
   // A GPT's activations grow with its context (attention's with its square): named with it.

@@ -160,9 +160,12 @@ struct MemoryPlan {
   // The layers [first, last) of each pipeline stage with ranks in this process: the rank's own
   // stage (one rank per process), or every stage (in-process ranks: they share the memory).
   std::vector<std::pair<size_t, size_t>> stages;
-  int replicas = 1;      // data-parallel replicas (a sharded strategy's divisor)
-  int ranks_here = 1;    // ranks of each of those stages in this process (replicas x tensor slices)
-  bool resume = false;   // a resume reads full-model copies
+  int replicas = 1;     // data-parallel replicas (a sharded strategy's divisor)
+  int ranks_here = 1;   // ranks of each of those stages in this process (replicas x tensor slices)
+  bool resume = false;  // a resume reads full-model copies
+  // The parameters of those copies, -1: the model's. Tensor parallelism: the whole model's, not
+  // the rank's slice (every rank reads the whole state, then keeps its shards).
+  int64_t resume_params = -1;
   int blas_threads = 0;  // > 0: probe the address space (see below)
   // Rows of one batch at most, when the data is known (-1: data.batch_size, data.eval_batch_size):
   // a batch larger than the training set, or an evaluation batch larger than a rank's share of

@@ -227,12 +227,12 @@ struct WorkDir {
                         "dtrain verify's work folder: its runs are replaced by the next verify\n");
       return;
     }
-    std::string t = (fs::temp_directory_path() / "dtrain-verify-XXXXXX").string();
+    std::string t = temp_folder_template("dtrain-verify");
     if (!valid_utf8(t))
       throw UserError("verify: the temp folder '" + t +
                       "' ($TMPDIR) is not valid UTF-8 (its runs record their folders as JSON "
                       "text): set TMPDIR to a UTF-8 folder, or give --out");
-    if (::mkdtemp(t.data()) == nullptr) throw std::runtime_error("verify: mkdtemp failed");
+    make_temp_folder(t, "verify: cannot create a temp folder for its runs");
     path = t;
     temporary = true;
   }

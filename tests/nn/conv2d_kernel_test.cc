@@ -198,7 +198,11 @@ TEST_CASE("conv2d kernel: a geometry that does not fit gets one clear line") {
       0);
   CHECK(err(conv2d_geometry(1, 4096, 1024, 1024, 4, 3, 1, 1)) ==
         "too large: 4096x1024x1024 input, 4 output channels, kernel 3x3, stride 1x1 and padding "
-        "1x1 (a 1024x1024 output) need 2^31 or more elements per sample");
+        "1x1 (a 1024x1024 output) need 2^31 or more elements per sample or block of 4 samples");
+  // A block's GEMMs span 4 samples' outputs: 2^30 per sample fits one, not the block.
+  CHECK(err(conv2d_geometry(1, 1, 32768, 32768, 1, 1)).rfind("too large: 1x32768x32768 input", 0) ==
+        0);
+  CHECK(err(conv2d_geometry(1, 1, 16384, 16384, 1, 1)).empty());
   // Padding a user could type, far beyond memory: a message, not an overflow.
   CHECK(err(conv2d_geometry(1, 1, 3, 3, 1, 3, 1, (int64_t{1} << 31) - 1))
             .rfind("too large: 1x3x3 input, 1 output channels", 0) == 0);

@@ -10,10 +10,12 @@
 #include "checkpoint/safetensors.h"
 #include "data/dataset.h"
 #include "data/sampler.h"
+#include "nn/registry.h"
 #include "test_util.h"
 #include "train/train_test_util.h"
 #include "train/trainer.h"
 #include "util/check.h"
+#include "util/fs.h"
 #include "util/interrupt.h"
 
 using namespace dtrain;
@@ -597,4 +599,21 @@ TEST_CASE("the memory check counts compression's residual and the copy kept unde
   // Sharded strategies: ZeRO-2 keeps the parameters whole, gradients and momentum sharded.
   CHECK(floats({"distributed.strategy=zero2"}) == 2000);
   CHECK(floats({"distributed.strategy=fsdp"}, 4) == 750);
+}
+
+TEST_CASE("a resume's full-model copies are counted at the whole model's size (tensor slices)") {
+  // Under tensor parallelism every rank reads the whole model's state, then keeps its slice: the
+  // check counted the slice's parameters, T times too few.
+  const int64_t avail = available_memory_bytes();
+  if (avail < 0) return;
+  const Config c = parse_config(
+      "model: {type: mlp, hidden: [8]}\ndata: {format: synthetic}\n"
+      "optimizer: {type: sgd, lr: 0.1, momentum: 0.9}\n",
+      "m.yaml");
+  const Model m = build_model(c.model, {{16}, 4});
+  MemoryPlan plan{.stages = {{0, m.num_layers()}}, .resume = true, .train_rows = 8, .eval_rows = 0};
+  check_training_memory(c, m, plan);  // the small model's own copies fit
+  // Parameters and momentum, 8 bytes per parameter of the whole model: one more than fits.
+  plan.resume_params = avail / 8 + 1;
+  CHECK_THROWS_AS(check_training_memory(c, m, plan), UserError);
 }
