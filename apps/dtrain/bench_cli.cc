@@ -38,12 +38,32 @@ std::vector<int64_t> parse_int_list(const std::string& option, const std::string
     int64_t v = 0;
     const char* end = t.data() + t.size();
     const auto [p, ec] = std::from_chars(t.data(), end, v);
+    if (ec == std::errc::result_out_of_range && p == end)
+      throw UserError(option + " '" + text + "': '" + t + "' is out of range");
     if (t.empty() || ec != std::errc() || p != end)
       throw UserError(option + " '" + text + "': '" + t +
                       "' is not a whole number (a comma-separated list, e.g. 784,512,10)");
     out.push_back(v);
   }
   return out;
+}
+
+// Refuses (UserError) sizes whose buffers `nproc` ranks on this machine cannot hold, before any
+// rank allocates: each holds its buffer and output of the largest size, and its transport about
+// one more (messages staged in mailboxes). A failed allocation in a rank said "use a smaller
+// model or data.batch_size", and filled buffers past memory ended in the kernel's OOM killer.
+void check_comm_bench_memory(const CommBenchOptions& o, int nproc) {
+  const int64_t avail = available_memory_bytes();
+  if (avail < 0 || nproc < 1 || o.sizes_bytes.empty()) return;
+  const int64_t largest = *std::max_element(o.sizes_bytes.begin(), o.sizes_bytes.end());
+  const double need = 3.0 * static_cast<double>(largest) * nproc;
+  if (need <= static_cast<double>(avail)) return;
+  constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+  throw UserError(fmt::format(
+      "bench comm: {} ranks moving {} bytes need about {:.2f} GiB here (each its buffer, its "
+      "output and its transport's copy), more than the {:.2f} GiB this process can allocate; "
+      "use smaller --sizes or fewer --nproc",
+      nproc, largest, need / kGiB, static_cast<double>(avail) / kGiB));
 }
 
 }  // namespace
@@ -224,6 +244,9 @@ int BenchCli::run_comm(const char* argv0, const std::string& log_level) const {
                     std::to_string(comm_in_flight_));
   o.sends_in_flight = static_cast<size_t>(comm_in_flight_);
   if (comm_iters_ < 0) throw UserError("--iters must be >= 0 (0: by size)");
+  // (the launcher for its workers, all on this machine; inproc: its threads)
+  if (!comm_worker_ && comm_nproc_ >= 1 && comm_nproc_ <= 1024)
+    check_comm_bench_memory(o, comm_nproc_);
   if (comm_backend_ == "inproc") {
     if (comm_no_shm_ || comm_no_tcp_)
       throw UserError(

@@ -41,6 +41,22 @@ StepGemms mlp_step_gemms(const std::vector<int64_t>& widths, int64_t batch) {
                       " would exceed 2^28 floats (1 GiB)");
   }
   const size_t L = widths.size() - 1;
+  // The weights and their gradients, the activations and theirs, and the replay's two copies of
+  // them all (GemmReplay): refused before any is allocated, as --config's step is.
+  double floats = 0;
+  for (size_t l = 0; l < L; ++l)
+    floats += 2.0 * static_cast<double>(widths[l + 1]) * static_cast<double>(widths[l]);
+  for (size_t l = 0; l <= L; ++l)
+    floats += 2.0 * static_cast<double>(batch) * static_cast<double>(widths[l]);
+  if (const int64_t avail = available_memory_bytes();
+      avail >= 0 && 3.0 * 4.0 * floats > static_cast<double>(avail)) {
+    constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+    throw UserError(fmt::format(
+        "bench gemm: --widths and --batch need about {:.2f} GiB here ({:.2f} GiB of weights, "
+        "activations and their gradients, and the replay's two copies), more than the {:.2f} "
+        "GiB this process can allocate; use smaller --widths or --batch",
+        3.0 * 4.0 * floats / kGiB, 4.0 * floats / kGiB, static_cast<double>(avail) / kGiB));
+  }
   std::vector<std::vector<float>> W, dW, act, grad;
   for (size_t l = 0; l < L; ++l) {
     W.emplace_back(static_cast<size_t>(widths[l + 1] * widths[l]));

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <iostream>
 #include <optional>
+#include <regex>
 #include <sstream>
 #include <system_error>
 #include <utility>
@@ -102,6 +103,11 @@ void print_parse_error(const CLI::App& app, const CLI::ParseError& e, int argc, 
   for (char& c : what)
     if (c == '\n') c = ' ';
   while (!what.empty() && what.back() == ' ') what.pop_back();
+  // A decimal integer (the options' validators passed it) that CLI11 could not convert: beyond
+  // the option's type ("--width 99999999999").
+  static const std::regex kOutOfRange("Could not convert: (\\S+) = (-?[0-9]+)");
+  if (std::smatch m; std::regex_match(what, m, kOutOfRange))
+    what = m[1].str() + " " + m[2].str() + " is out of range for this option";
   std::cerr << "error: " << bounded_message(what) << "\nrun '" << cmd << " --help' for the options"
             << std::endl;
 }

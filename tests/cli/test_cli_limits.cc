@@ -216,6 +216,31 @@ TEST_CASE("bench gemm --config and bench step refuse a model this process cannot
   }
 }
 
+TEST_CASE("bench gemm --widths and bench comm refuse buffers this process cannot hold, first") {
+  // They allocated (and filled) them: the OOM killer, or "out of memory ... use a smaller model
+  // or data.batch_size", advice for a run.
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"bench gemm --widths 16384,16384,16384 --iters 1", "bench gemm: --widths and --batch need "},
+      {"bench comm --nproc 2 --sizes 1G --iters 1", "bench comm: 2 ranks moving 1073741824 bytes "},
+      {"bench comm --backend grpc --nproc 2 --sizes 1G --iters 1",
+       "bench comm: 2 ranks moving 1073741824 bytes "}};
+  for (const auto& [cmd, want] : cases) {
+    CAPTURE(cmd);
+    const auto r = run_cmd("ulimit -v 3000000; timeout -k 5 60 " + kBin + " " + cmd + " 2>&1");
+    CHECK(r.exit_code == 2);
+    CHECK_MESSAGE(contains(r.output, "error: " + want), r.output);
+  }
+  // (a width past int64 was "not a whole number")
+  const auto r = run_cmd(kBin + " bench gemm --widths 10,99999999999999999999 2>&1");
+  CHECK(r.exit_code == 2);
+  CHECK_MESSAGE(contains(r.output, "'99999999999999999999' is out of range"), r.output);
+  // (an int option past its type was CLI11's "Could not convert: --width = 99999999999")
+  const auto w = run_cmd(kBin + " plot runs/x -o p.svg --width 99999999999 2>&1");
+  CHECK(w.exit_code == 2);
+  CHECK_MESSAGE(contains(w.output, "error: --width 99999999999 is out of range for this option"),
+                w.output);
+}
+
 TEST_CASE("huge timeouts mean a long wait: runs in-process and launched train, not time out") {
   TempDir dir;
   // Seconds past steady_clock's range wrapped to deadlines in the past: the first collective
