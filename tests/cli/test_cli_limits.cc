@@ -66,9 +66,10 @@ TEST_CASE("a model whose activations cannot fit is refused before training, nami
 
 TEST_CASE(
     "a convolution's im2col block that cannot fit is refused before --overwrite clears a run") {
-  // The check counted no work buffer: this 28x28 kernel padded by 800 passed it, --overwrite
+  // The check counted no work buffer: a 28x28 kernel padded by 800 passed it, --overwrite
   // deleted the old run, and the first forward's im2col block (4 samples x 784 x 1601^2 floats,
-  // 32 GB) failed "out of memory". (Under an 8 GB address-space limit, so on any machine.)
+  // 32 GB) failed "out of memory". (That one is now past conv2d's 32-bit block limit; padded by
+  // 400, 4 x 784 x 801^2 floats, 8 GB, under an 8 GB address-space limit, so on any machine.)
   TempDir dir;
   const std::string run = kBin + " run " + kSrc + "/configs/fmnist_cnn.yaml --out " + dir / "old";
   const auto first =
@@ -77,7 +78,7 @@ TEST_CASE(
   const std::string summary = read_text(dir / "old/summary.json");
   const auto r = run_cmd("ulimit -v 8000000 && " + run +
                          " --overwrite --set 'model.layers=[{conv2d: {out_channels: 1, kernel: 28, "
-                         "padding: 800}}, {avg_pool2d: 1601}, flatten, {linear: 10}]' --set "
+                         "padding: 400}}, {avg_pool2d: 801}, flatten, {linear: 10}]' --set "
                          "data.batch_size=4 2>&1");
   INFO(r.output);
   CHECK(r.exit_code == 2);

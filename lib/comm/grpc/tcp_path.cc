@@ -369,6 +369,7 @@ std::string TcpPath::connect(int dst, const std::string& host, int port, Clock::
   o->fd = std::move(fd);
   Out* raw = o.get();
   o->writer = std::thread([this, raw] { write_loop(raw); });
+  std::lock_guard<std::mutex> lk(out_mu_);
   out_[dst] = std::move(o);
   return "";
 }
@@ -437,11 +438,21 @@ std::unique_ptr<PendingSend> TcpPath::send_start(int dst, const MsgHeader& h, co
 }
 
 void TcpPath::fail(int peer, const std::string& why) {
-  if (out_[peer]) out_[peer]->fail(why);
+  std::shared_ptr<Out> o;
+  {
+    std::lock_guard<std::mutex> lk(out_mu_);
+    o = out_[peer];
+  }
+  if (o) o->fail(why);
 }
 
 void TcpPath::abort(const std::string& why) {
-  for (auto& o : out_)
+  std::vector<std::shared_ptr<Out>> outs;
+  {
+    std::lock_guard<std::mutex> lk(out_mu_);
+    outs = out_;
+  }
+  for (auto& o : outs)
     if (o) o->fail(why);
   std::lock_guard<std::mutex> lk(in_mu_);
   for (auto& in : in_) ::shutdown(in->fd.get(), SHUT_RDWR);

@@ -107,8 +107,11 @@ class TcpPath final : public PeerPath {
   int wake_[2] = {-1, -1};  // a pipe: wakes the acceptor to stop
   std::thread acceptor_;
   std::vector<std::shared_ptr<Out>> out_;  // null: dst is not reached over TCP
-  std::mutex in_mu_;                       // guards in_ and closing_
-  std::vector<std::unique_ptr<In>> in_;    // accepted connections, by arrival
+  // Guards out_'s entries while connect sets them: fail and abort run on the heartbeat and reader
+  // threads meanwhile. (Sends, which read them unlocked, start after every connect.)
+  std::mutex out_mu_;
+  std::mutex in_mu_;                     // guards in_ and closing_
+  std::vector<std::unique_ptr<In>> in_;  // accepted connections, by arrival
   std::atomic<bool> closing_{false};
   std::mutex close_mu_;
   bool closed_ = false;
