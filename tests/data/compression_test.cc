@@ -38,6 +38,9 @@ constexpr std::pair<std::string_view, std::string_view> kMagics[] = {
     {"PK\x03\x04\x14\0\0\0\x08\0"sv, "zip"},
     {"7z\xBC\xAF\x27\x1C\0\x04"sv, "7z"},
     {"\x04\x22\x4D\x18\x64\x40\xA7"sv, "lz4"},
+    {"\x02\x21\x4C\x18\x1B\0\0\0"sv, "lz4"},   // a legacy frame (lz4 -l)
+    {"\x50\x2A\x4D\x18\x04\0\0\0"sv, "zstd"},  // a skippable frame first
+    {"\x5E\x2A\x4D\x18\x04\0\0\0"sv, "zstd"},
 };
 
 TEST_CASE("compression: xz, bzip2, zstd, zip, 7z and lz4 are named by their magic") {
@@ -48,6 +51,7 @@ TEST_CASE("compression: xz, bzip2, zstd, zip, 7z and lz4 are named by their magi
   CHECK(unread_compression("BZh9 is not a bzip2 file"sv).empty());
   CHECK(unread_compression("BZh"sv).empty());
   CHECK(unread_compression("PK is a name"sv).empty());
+  CHECK(unread_compression("P*M is text"sv).empty());
   CHECK(unread_compression(""sv).empty());
 }
 
