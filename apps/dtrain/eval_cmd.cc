@@ -130,6 +130,8 @@ void classes_from_checkpoint(const Config& cfg, const std::string& ckpt, DataSpl
   if (cfg.model.num_classes > 0) return;
   const std::string path = resolve_checkpoint(ckpt, false);
   check_config_before_build(path, cfg);  // (another architecture is named as such first)
+  // (a probe of 2 classes at least: test labels of one class are no error of the model's)
+  data.train.num_classes = std::max<int64_t>(2, data.train.num_classes);
   const ModelShape shape = resolve_model_shape(cfg, data);
   const Model model = build_model(cfg.model, {shape.sample, shape.num_classes});
   if (model.params().empty()) return;

@@ -587,6 +587,10 @@ TEST_CASE("eval with data.test needs no training files: the checkpoint's normali
   std::string no_top = "a,b,label\n1,101,0\n12,104,1\n", above = no_top + "30,115,3\n";
   dir.write("no_top.csv", no_top);
   dir.write("above.csv", above);
+  dir.write("zeros.csv", "a,b,label\n1,101,0\n2,102,0\n");  // (one class: was "a single class")
+  r = run_dtrain("eval " + cfg + " --checkpoint " + dir / "r" +
+                 " --log-level warn --set data.test.path=" + dir / "zeros.csv");
+  CHECK_MESSAGE(r.exit_code == 0, r.output);
   r = run_dtrain("eval " + cfg + " --checkpoint " + dir / "r" +
                  " --log-level warn --set data.test.path=" + dir / "no_top.csv");
   CHECK_MESSAGE(r.exit_code == 0, r.output);
