@@ -127,7 +127,9 @@ void Conv2dRelu::forward(const float* p, const Tensor& x, Tensor& y, LayerState&
   if (batch == 0) return;
   const float* w = p;
   const float* b = p + g_.weight_count();
-  const int64_t in = g_.in_sample(), out = out_features(), chunk = std::min(kConv2dChunk, batch);
+  Conv2dGeometry gb = g_;
+  gb.batch = batch;
+  const int64_t in = g_.in_sample(), out = out_features(), chunk = conv2d_block_samples(gb);
   const int64_t o_ch = g_.out_channels, ohw = g_.out_height() * g_.out_width();
   const int64_t plane_out = pool_ ? pg_.out_sample() : ohw;  // per channel
   if (st.work.empty()) st.work.resize(2);
@@ -163,7 +165,9 @@ void Conv2dRelu::backward(const float* p, float* g, const Tensor& x, const Tenso
   DT_CHECK_EQ(y.numel(), dy.numel());
   if (dx != nullptr) resize_batch(*dx, batch, in_shape());
   if (batch == 0) return;
-  const int64_t in = g_.in_sample(), out = out_features(), chunk = std::min(kConv2dChunk, batch);
+  Conv2dGeometry gb = g_;
+  gb.batch = batch;
+  const int64_t in = g_.in_sample(), out = out_features(), chunk = conv2d_block_samples(gb);
   const int64_t o_ch = g_.out_channels, ohw = g_.out_height() * g_.out_width();
   const int64_t plane_out = pool_ ? pg_.out_sample() : ohw;
   if (pool_) DT_CHECK_EQ(static_cast<int64_t>(st.index.size()), dy.numel());  // this forward's

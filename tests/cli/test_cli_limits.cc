@@ -67,9 +67,9 @@ TEST_CASE("a model whose activations cannot fit is refused before training, nami
 TEST_CASE(
     "a convolution's im2col block that cannot fit is refused before --overwrite clears a run") {
   // The check counted no work buffer: a 28x28 kernel padded by 800 passed it, --overwrite
-  // deleted the old run, and the first forward's im2col block (4 samples x 784 x 1601^2 floats,
-  // 32 GB) failed "out of memory". (That one is now past conv2d's 32-bit block limit; padded by
-  // 400, 4 x 784 x 801^2 floats, 8 GB, under an 8 GB address-space limit, so on any machine.)
+  // deleted the old run, and the first forward's im2col block failed "out of memory". Padded by
+  // 400: 4 samples x 784 x 801^2 floats, 8 GB, under an 8 GB address-space limit, so on any
+  // machine.
   TempDir dir;
   const std::string run = kBin + " run " + kSrc + "/configs/fmnist_cnn.yaml --out " + dir / "old";
   const auto first =
@@ -222,9 +222,10 @@ TEST_CASE("bench gemm --widths and bench comm refuse buffers this process cannot
   // or data.batch_size", advice for a run.
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"bench gemm --widths 16384,16384,16384 --iters 1", "bench gemm: --widths and --batch need "},
-      {"bench comm --nproc 2 --sizes 1G --iters 1", "bench comm: 2 ranks moving 1073741824 bytes "},
+      {"bench comm --nproc 2 --sizes 1G --iters 1",
+       "bench comm: 2 ranks need about 6.00 GiB to move 1073741824 bytes "},
       {"bench comm --backend grpc --nproc 2 --sizes 1G --iters 1",
-       "bench comm: 2 ranks moving 1073741824 bytes "}};
+       "bench comm: a rank needs about 3.00 GiB to move 1073741824 bytes "}};
   for (const auto& [cmd, want] : cases) {
     CAPTURE(cmd);
     const auto r = run_cmd("ulimit -v 3000000; timeout -k 5 60 " + kBin + " " + cmd + " 2>&1");

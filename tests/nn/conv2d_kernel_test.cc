@@ -198,11 +198,14 @@ TEST_CASE("conv2d kernel: a geometry that does not fit gets one clear line") {
       0);
   CHECK(err(conv2d_geometry(1, 4096, 1024, 1024, 4, 3, 1, 1)) ==
         "too large: 4096x1024x1024 input, 4 output channels, kernel 3x3, stride 1x1 and padding "
-        "1x1 (a 1024x1024 output) need 2^31 or more elements per sample or block of 4 samples");
-  // A block's GEMMs span 4 samples' outputs: 2^30 per sample fits one, not the block.
-  CHECK(err(conv2d_geometry(1, 1, 32768, 32768, 1, 1)).rfind("too large: 1x32768x32768 input", 0) ==
-        0);
-  CHECK(err(conv2d_geometry(1, 1, 16384, 16384, 1, 1)).empty());
+        "1x1 (a 1024x1024 output) need 2^31 or more elements per sample");
+  // A block's GEMMs span its samples' outputs (N = n x OH x OW, 32-bit): 2^30 per sample fits
+  // one sample, not 2, so blocks are of one; the batch bounds a block too.
+  CHECK(err(conv2d_geometry(4, 1, 32768, 32768, 1, 1)).empty());
+  CHECK(conv2d_block_samples(conv2d_geometry(4, 1, 32768, 32768, 1, 1)) == 1);
+  CHECK(conv2d_block_samples(conv2d_geometry(4, 1, 16384, 16384, 1, 1)) == 4);
+  CHECK(conv2d_block_samples(conv2d_geometry(4, 1, 16384, 16384, 3, 1)) == 2);  // (O = 3 rows)
+  CHECK(conv2d_block_samples(conv2d_geometry(2, 1, 8, 8, 4, 3)) == 2);
   // Padding a user could type, far beyond memory: a message, not an overflow.
   CHECK(err(conv2d_geometry(1, 1, 3, 3, 1, 3, 1, (int64_t{1} << 31) - 1))
             .rfind("too large: 1x3x3 input, 1 output channels", 0) == 0);

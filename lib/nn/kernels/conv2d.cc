@@ -39,12 +39,11 @@ std::string conv2d_geometry_error(const Conv2dGeometry& g) {
     return "kernel " + dims(g.kernel_h, g.kernel_w) + " is larger than the padded input " +
            dims(ph, pw) + " (input " + dims(g.height, g.width) + ", padding " +
            dims(g.pad_h, g.pad_w) + ")";
-  // GEMM dimensions and leading strides are 32-bit in OpenBLAS: the per-sample input, the
-  // weights, and the output and im2col buffer of a block of kConv2dChunk samples (the GEMMs'
-  // N = samples x OH x OW) must fit. In double, so the products themselves cannot overflow.
+  // GEMM dimensions and leading strides are 32-bit in OpenBLAS: the per-sample input, output,
+  // weights and im2col buffer must fit (a block of several samples is made smaller where it
+  // would not: conv2d_block_samples). In double, so the products themselves cannot overflow.
   const double c = static_cast<double>(g.channels), o = static_cast<double>(g.out_channels);
-  const double ohw = static_cast<double>(kConv2dChunk) * static_cast<double>(g.out_height()) *
-                     static_cast<double>(g.out_width());  // (a block's)
+  const double ohw = static_cast<double>(g.out_height()) * static_cast<double>(g.out_width());
   const double patch = c * static_cast<double>(g.kernel_h) * static_cast<double>(g.kernel_w);
   const double in = c * static_cast<double>(g.height) * static_cast<double>(g.width);
   if (std::max({in, patch * ohw, o * ohw, o * patch}) > kernels_detail::kMaxElements)
@@ -52,16 +51,26 @@ std::string conv2d_geometry_error(const Conv2dGeometry& g) {
            std::to_string(g.out_channels) + " output channels, kernel " +
            dims(g.kernel_h, g.kernel_w) + ", stride " + dims(g.stride_h, g.stride_w) +
            " and padding " + dims(g.pad_h, g.pad_w) + " (a " + dims(g.out_height(), g.out_width()) +
-           " output) need 2^31 or more elements per sample or block of " +
-           std::to_string(kConv2dChunk) + " samples";
+           " output) need 2^31 or more elements per sample";
   return "";
+}
+
+int64_t conv2d_block_samples(const Conv2dGeometry& g, int64_t chunk) {
+  DT_CHECK_GE(chunk, 1);
+  int64_t n = std::max<int64_t>(1, std::min(chunk, g.batch));
+  // A block's GEMMs have N = n x OH x OW; the im2col buffer [C kh kw, N], the output [O, N].
+  const double ohw = static_cast<double>(g.out_height()) * static_cast<double>(g.out_width());
+  const double widest = std::max(static_cast<double>(g.channels) * static_cast<double>(g.kernel_h) *
+                                     static_cast<double>(g.kernel_w),
+                                 static_cast<double>(g.out_channels));
+  while (n > 1 && static_cast<double>(n) * ohw * widest > kernels_detail::kMaxElements) --n;
+  return n;
 }
 
 namespace {
 
 int64_t chunk_for(const Conv2dGeometry& g, int64_t chunk) {
-  DT_CHECK_GE(chunk, 1);
-  return std::max<int64_t>(1, std::min(chunk, g.batch));
+  return conv2d_block_samples(g, chunk);
 }
 
 void check(const Conv2dGeometry& g) {

@@ -57,6 +57,10 @@ std::string conv2d_geometry_error(const Conv2dGeometry& g);
 
 // The default samples per im2col GEMM (see the header comment).
 inline constexpr int64_t kConv2dChunk = 4;
+// The samples of one block: `chunk`, at most the batch, and fewer where a block's GEMM operands
+// would pass 2^31 elements (OpenBLAS's sizes are 32-bit; one sample always fits, as
+// conv2d_geometry_error checks). The kernels and the fused conv layer block by it alike.
+int64_t conv2d_block_samples(const Conv2dGeometry& g, int64_t chunk = kConv2dChunk);
 
 // Floats of scratch the kernels use for this geometry and chunk (they grow `scratch` to it).
 int64_t conv2d_scratch_floats(const Conv2dGeometry& g, int64_t chunk = kConv2dChunk);
