@@ -52,18 +52,37 @@ std::vector<int64_t> parse_int_list(const std::string& option, const std::string
 // rank allocates: each holds its buffer and output of the largest size, and its transport about
 // one more (messages staged in mailboxes). A failed allocation in a rank said "use a smaller
 // model or data.batch_size", and filled buffers past memory ended in the kernel's OOM killer.
-void check_comm_bench_memory(const CommBenchOptions& o, int nproc) {
-  const int64_t avail = available_memory_bytes();
-  if (avail < 0 || nproc < 1 || o.sizes_bytes.empty()) return;
+// In-process ranks share this process's memory (and address-space limit); gRPC ranks are
+// processes of their own, each under the limit, all in the machine's memory.
+void check_comm_bench_memory(const CommBenchOptions& o, int nproc, bool processes) {
+  if (nproc < 1 || o.sizes_bytes.empty()) return;
   const int64_t largest = *std::max_element(o.sizes_bytes.begin(), o.sizes_bytes.end());
-  const double need = 3.0 * static_cast<double>(largest) * nproc;
-  if (need <= static_cast<double>(avail)) return;
+  const double per_rank = 3.0 * static_cast<double>(largest);
   constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-  throw UserError(fmt::format(
-      "bench comm: {} ranks moving {} bytes need about {:.2f} GiB here (each its buffer, its "
-      "output and its transport's copy), more than the {:.2f} GiB this process can allocate; "
-      "use smaller --sizes or fewer --nproc",
-      nproc, largest, need / kGiB, static_cast<double>(avail) / kGiB));
+  // who: "a rank needs" or "N ranks need"
+  const auto refuse = [&](double need, int64_t avail, const std::string& who,
+                          const std::string& where) {
+    throw UserError(fmt::format(
+        "bench comm: {} about {:.2f} GiB to move {} bytes ({}), more than the {:.2f} GiB {}; "
+        "use smaller --sizes or fewer --nproc",
+        who, need / kGiB, largest,
+        who.starts_with("a rank") ? "its buffer, its output and its transport's copy"
+                                  : "each its buffer, its output and its transport's copy",
+        static_cast<double>(avail) / kGiB, where));
+  };
+  const std::string ranks = std::to_string(nproc) + " ranks need";
+  if (!processes) {
+    if (const int64_t avail = available_memory_bytes();
+        avail >= 0 && per_rank * nproc > static_cast<double>(avail))
+      refuse(per_rank * nproc, avail, ranks, "this process can allocate");
+    return;
+  }
+  if (const int64_t avail = available_memory_bytes();
+      avail >= 0 && per_rank > static_cast<double>(avail))
+    refuse(per_rank, avail, "a rank needs", "a process can allocate here");
+  if (const int64_t avail = machine_memory_available_bytes();
+      avail >= 0 && per_rank * nproc > static_cast<double>(avail))
+    refuse(per_rank * nproc, avail, ranks, "this machine has available");
 }
 
 }  // namespace
@@ -246,7 +265,7 @@ int BenchCli::run_comm(const char* argv0, const std::string& log_level) const {
   if (comm_iters_ < 0) throw UserError("--iters must be >= 0 (0: by size)");
   // (the launcher for its workers, all on this machine; inproc: its threads)
   if (!comm_worker_ && comm_nproc_ >= 1 && comm_nproc_ <= 1024)
-    check_comm_bench_memory(o, comm_nproc_);
+    check_comm_bench_memory(o, comm_nproc_, comm_backend_ == "grpc");
   if (comm_backend_ == "inproc") {
     if (comm_no_shm_ || comm_no_tcp_)
       throw UserError(

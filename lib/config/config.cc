@@ -166,7 +166,7 @@ class Reader final : public config_detail::KeyErrors {
 
   static std::string too_deep(int depth) {
     return "collections nested " + std::to_string(depth) +
-           " levels deep, past the YAML reader's limit (a dtrain config nests at most 4)";
+           " levels deep, past the YAML reader's limit (a dtrain config nests 5 at most)";
   }
 
   YAML::Node load(const std::string& text) const {

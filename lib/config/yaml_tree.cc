@@ -10,11 +10,10 @@ namespace dtrain {
 
 namespace {
 
-// Counts n's nodes down from `budget`; false once it runs out or the nesting passes
-// kMaxConfigDepth (an alias inside the node it names is a cycle: endless, and deep enough to
-// overflow the stack long before the budget runs out).
 // Counts n's nodes down from `budget`, `path` holding the text positions of n's ancestors;
-// *out says which limit tripped, when one did.
+// false once it runs out or the nesting passes kMaxConfigDepth (an alias inside the node it
+// names is a cycle: endless, and deep enough to overflow the stack long before the budget runs
+// out); *out says which limit tripped.
 bool count_down(const YAML::Node& n, int64_t& budget, std::vector<int>& path, TreeLimit* out) {
   if (static_cast<int>(path.size()) > kMaxConfigDepth) {
     out->deep = true;
@@ -61,7 +60,7 @@ std::string tree_limit_message(const TreeLimit& t, const std::string& what, int6
   if (t.cycle) return what + " holds an alias inside the node it names: it nests without end";
   if (t.deep)
     return "collections nested more than " + std::to_string(kMaxConfigDepth) +
-           " levels deep (a dtrain config nests at most 4)";
+           " levels deep (a dtrain config nests 5 at most)";
   return what + " expands to more than " + std::to_string(limit) +
          " values once its YAML aliases are followed (an alias inside the node it names?): not "
          "a training config";

@@ -1,7 +1,7 @@
 #pragma once
 // The data of one run, loaded once for all of its in-process ranks: each rank loaded its own
 // copy (the same bytes: load_data depends on the config and the seed alone), so W ranks held W
-// copies -- Fashion-MNIST's 0.2 GB per rank, a text's ~5 bytes per byte -- and read and
+// copies -- Fashion-MNIST's 0.2 GB per rank, a text's 4 bytes per byte then -- and read and
 // decompressed the files W times.
 #include <exception>
 #include <memory>

@@ -434,15 +434,23 @@ int64_t address_space_used_bytes() {
   return kb_field("/proc/self/status", "VmSize:");
 }
 
-int64_t available_memory_bytes() {
+namespace {
+void take_smallest(int64_t& best, int64_t v) {
+  if (v >= 0 && (best < 0 || v < best)) best = v;
+}
+}  // namespace
+
+int64_t machine_memory_available_bytes() {
   int64_t best = -1;
-  auto take = [&](int64_t v) {
-    if (v >= 0 && (best < 0 || v < best)) best = v;
-  };
-  take(kb_field("/proc/meminfo", "MemAvailable:"));
-  take(cgroup_memory_left());  // (a container's limit: MemAvailable is the host's)
+  take_smallest(best, kb_field("/proc/meminfo", "MemAvailable:"));
+  take_smallest(best, cgroup_memory_left());  // (a container's limit: MemAvailable is the host's)
+  return best;
+}
+
+int64_t available_memory_bytes() {
+  int64_t best = machine_memory_available_bytes();
   if (const int64_t limit = address_space_limit_bytes(); limit >= 0)
-    take(limit - std::max<int64_t>(0, address_space_used_bytes()));
+    take_smallest(best, limit - std::max<int64_t>(0, address_space_used_bytes()));
   return best;
 }
 

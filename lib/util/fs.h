@@ -82,6 +82,9 @@ double peak_rss_mb();
 // and the address-space limit (RLIMIT_AS) minus the process's current size; -1 when none is
 // known.
 int64_t available_memory_bytes();
+// The same without the address-space limit: what the machine (and the memory cgroup) can still
+// give all of a job's processes together, each under its own RLIMIT_AS. -1 when unknown.
+int64_t machine_memory_available_bytes();
 
 // Whether this process can map `bytes` more of address space now: always true without an
 // address-space limit (RLIMIT_AS, `ulimit -v`); under one, a PROT_NONE reservation of that size

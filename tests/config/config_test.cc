@@ -550,8 +550,8 @@ TEST_CASE("--set overrides replace values before validation") {
     for (int i = 0; i < 250; ++i) deep += "[";
     for (int i = 0; i < 250; ++i) deep += "]";
     CHECK(error_of(deep + "\n", {}) ==
-          "x.yaml:1:207: collections nested more than 200 levels deep (a dtrain config nests at "
-          "most 4)");
+          "x.yaml:1:207: collections nested more than 200 levels deep (a dtrain config nests 5 "
+          "at most)");
   }
   SUBCASE("an override below a file value that is not a mapping reports the file") {
     CHECK(error_of("model: mlp\n", {"model.hidden=[1]"})

@@ -601,9 +601,10 @@ TEST_CASE("the memory check counts compression's residual and the copy kept unde
   CHECK(floats({"distributed.strategy=fsdp"}, 4) == 750);
 }
 
-TEST_CASE("a resume's full-model copies are counted at the whole model's size (tensor slices)") {
+TEST_CASE("a resume's full-model copies are counted at MemoryPlan::resume_params when given") {
   // Under tensor parallelism every rank reads the whole model's state, then keeps its slice: the
-  // check counted the slice's parameters, T times too few.
+  // check counted the slice's parameters, T times too few. (The loop gives the whole model's
+  // count: train/loop.cc's check_memory.)
   const int64_t avail = available_memory_bytes();
   if (avail < 0) return;
   const Config c = parse_config(
