@@ -121,6 +121,11 @@ std::string shard_range_str(const ShardRange& r) {
   return s;
 }
 
+bool is_sharded_dir(const fs::path& p) {
+  std::error_code ec;
+  return fs::is_directory(p, ec) && fs::is_regular_file(p / kManifest, ec);
+}
+
 }  // namespace checkpoint_internal
 
 using namespace checkpoint_internal;
@@ -372,11 +377,6 @@ std::map<std::string, std::string> file_metadata(const CheckpointMeta& meta, int
   if (!meta.progress_json.empty()) md["progress"] = meta.progress_json;
   if (!meta.normalizer_json.empty()) md["normalizer"] = meta.normalizer_json;
   return md;
-}
-
-bool is_sharded_dir(const fs::path& p) {
-  std::error_code ec;
-  return fs::is_directory(p, ec) && fs::is_regular_file(p / kManifest, ec);
 }
 
 }  // namespace
@@ -721,74 +721,6 @@ std::string resolve_checkpoint(const std::string& path, bool allow_missing) {
     throw UserError("checkpoint '" + path + "' is not a regular file or a checkpoint folder");
   if (allow_missing) return "";
   throw UserError("checkpoint '" + path + "' does not exist");
-}
-
-std::string checkpoint_optimizer(const std::string& resolved) {
-  try {
-    if (is_sharded_dir(resolved)) return read_manifest(resolved).value("optimizer", std::string());
-    const auto meta = read_safetensors_metadata(resolved);
-    const auto it = meta.find("optimizer");
-    return it == meta.end() ? std::string() : it->second;
-  } catch (const std::exception&) {
-    return "";
-  }
-}
-
-std::optional<std::vector<std::string>> checkpoint_state_names(const std::string& resolved) {
-  std::set<std::string> names;
-  try {
-    if (is_sharded_dir(resolved)) {
-      const nlohmann::json m = read_manifest(resolved);
-      for (const auto& n : m.at("optimizer_state")) names.insert(n.get<std::string>());
-    } else {
-      for (const auto& [name, t] : read_safetensors(resolved).tensors)
-        if (name.rfind("optim.", 0) == 0) {
-          const size_t dot = name.find('.', 6);
-          names.insert(name.substr(6, dot == std::string::npos ? dot : dot - 6));
-        }
-    }
-  } catch (const std::exception&) {
-    return std::nullopt;
-  }
-  return std::vector<std::string>(names.begin(), names.end());
-}
-
-std::string checkpoint_config_json(const std::string& resolved) {
-  try {
-    if (is_sharded_dir(resolved)) {
-      const nlohmann::json m = read_manifest(resolved);
-      return m.contains("config") ? m.at("config").dump() : std::string();
-    }
-    const auto meta = read_safetensors_metadata(resolved);
-    const auto it = meta.find("config");
-    return it == meta.end() ? std::string() : it->second;
-  } catch (const std::exception&) {
-    return "";
-  }
-}
-
-std::optional<std::vector<int64_t>> checkpoint_param_shape(const std::string& resolved,
-                                                           const std::string& name) {
-  try {
-    if (!is_sharded_dir(resolved)) return read_safetensors_shape(resolved, name);
-    for (const nlohmann::json& e : read_manifest(resolved).at("params"))
-      if (e.at("name").get<std::string>() == name) return e.at("shape").get<std::vector<int64_t>>();
-  } catch (const std::exception&) {
-  }
-  return std::nullopt;
-}
-
-std::string checkpoint_identity(const std::string& resolved) {
-  try {
-    if (is_sharded_dir(resolved)) {
-      const nlohmann::json m = read_manifest(resolved);
-      return m.contains("save_id") ? "save:" + m.at("save_id").get<std::string>() : std::string();
-    }
-    const std::string crc = read_safetensors_header_crc(resolved);
-    return crc.empty() ? crc : "crc:" + crc;
-  } catch (const std::exception&) {
-    return "";
-  }
 }
 
 std::string check_checkpoint(const std::string& path, bool allow_missing) {

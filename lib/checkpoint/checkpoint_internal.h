@@ -1,8 +1,10 @@
-// Internal to lib/checkpoint: what checkpoint.cc (files, manifests, resolution) and
-// sharded_read.cc (reading a sharded folder back) share. Not part of the library's interface.
+// Internal to lib/checkpoint: what checkpoint.cc (files, manifests, resolution),
+// sharded_read.cc (reading a sharded folder back) and checkpoint_query.cc (header-only queries)
+// share. Not part of the library's interface.
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -27,6 +29,8 @@ inline constexpr const char* kManifestCrcKey = "crc32";
 // CRC-32 check ..." when it does not match); json::exception when it is not JSON. *checksummed
 // (when given) tells whether it had one.
 nlohmann::json read_manifest(const std::string& dir, bool* checksummed = nullptr);
+// Whether p is a sharded checkpoint's folder (a folder holding manifest.json).
+bool is_sharded_dir(const std::filesystem::path& p);
 
 // Refuses (UserError) a format version this dtrain cannot read: older than the oldest it still
 // loads, or newer.
