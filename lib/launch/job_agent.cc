@@ -278,6 +278,32 @@ struct JobAgent::Impl {
     return f(static_cast<Store&>(s));
   }
 
+  // The other nodes, checking in: node 0's store instance as the check-in finds it ("" for node
+  // 0 itself, and from a node 0 of an older dtrain, which sets none: not watched then).
+  std::string node0_instance(Store& s) const {
+    if (o.node_rank == 0) return "";
+    try {
+      return s.get(kInstanceKey, Clock::now() + std::chrono::seconds(2));
+    } catch (const CommError&) {
+      return "";
+    }
+  }
+
+  // Key `k` of node 0's store by `deadline`: watched (get_watching_node0) where `instance` is
+  // known, else a plain wait.
+  std::string get_from_node0(Store& s, const std::string& k, Clock::time_point deadline,
+                             const std::string& instance, bool* restarted) {
+    return instance.empty() ? s.get(k, deadline)
+                            : get_watching_node0(s, k, deadline, instance, restarted);
+  }
+
+  // Whether node 0 started again since `instance` was read: what the check-in read may come from
+  // the new store, which does not hold this node's check-in (node 0 and the rest would wait for
+  // it to time out). Never for an unknown instance.
+  bool node0_changed(Store& s, const std::string& instance, Clock::time_point deadline) {
+    return !instance.empty() && s.get(kInstanceKey, deadline) != instance;
+  }
+
   // The other nodes, checking in: key `k` of node 0's store by `deadline`, node 0 watched while
   // it waits -- gone (signalled, its machine down) after lost_after_s without an answer, instead
   // of the whole join timeout; started again since `instance` was read (*restarted, "": the
@@ -520,21 +546,14 @@ std::vector<std::string> JobAgent::join(int nproc_per_node) {
         // (attempt 0's claim key, as an elastic launcher's: a duplicate --node-rank of either
         // kind is refused as such)
         claim_node_rank(s, key(0, "claim/" + std::to_string(m.o.node_rank)), m.o.node_rank);
-        // (none from a node 0 of an older dtrain, which sets no instance: not watched then)
-        std::string instance;
-        if (!node0) try {
-            instance = s.get(kInstanceKey, Clock::now() + std::chrono::seconds(2));
-          } catch (const CommError&) {
-          }
+        const std::string instance = m.node0_instance(s);
         s.set(keys[static_cast<size_t>(m.o.node_rank)],
               std::to_string(nproc_per_node) + " " + shape + " " + host_);
         for (int n = 0; n < m.o.nnodes; ++n) {
           std::string v;
           try {
             const std::string& k = keys[static_cast<size_t>(n)];
-            v = node0 || instance.empty()
-                    ? s.get(k, deadline)
-                    : m.get_watching_node0(s, k, deadline, instance, &restarted);
+            v = m.get_from_node0(s, k, deadline, instance, &restarted);
             if (restarted) return 0;
           } catch (const CommError& e) {
             std::string missing;
@@ -563,9 +582,7 @@ std::vector<std::string> JobAgent::join(int nproc_per_node) {
             throw e;
           }
         }
-        // The entries read may come from a node 0 started again while this node waited: its
-        // store does not hold this node's (node 0 and the rest would wait for it to time out).
-        if (!instance.empty() && s.get(kInstanceKey, deadline) != instance) restarted = true;
+        restarted = m.node0_changed(s, instance, deadline);
         return 0;
       });
     } catch (const CommError& e) {
@@ -595,16 +612,9 @@ Membership JobAgent::rendezvous(int attempt, int nproc_per_node) {
         claim_node_rank(s, key(attempt, "claim/" + std::to_string(m.o.node_rank)), m.o.node_rank);
         // Node 0 is watched while this node waits for it, as in the fixed join: gone after
         // lost_after_s without an answer, or started again (a new instance: check in anew).
-        // (none from a node 0 of an older dtrain, which sets no instance: not watched then)
-        std::string instance;
-        if (!node0) try {
-            instance = s.get(kInstanceKey, Clock::now() + std::chrono::seconds(2));
-          } catch (const CommError&) {
-          }
+        const std::string instance = m.node0_instance(s);
         const auto get0 = [&](const std::string& k) {
-          return node0 || instance.empty()
-                     ? s.get(k, node0_deadline)
-                     : m.get_watching_node0(s, k, node0_deadline, instance, &restarted);
+          return m.get_from_node0(s, k, node0_deadline, instance, &restarted);
         };
         s.set(key(attempt, "join/" + std::to_string(m.o.node_rank)), mine);
         if (!node0) {
@@ -638,12 +648,7 @@ Membership JobAgent::rendezvous(int attempt, int nproc_per_node) {
         }
         std::string v = get0(key(attempt, "members"));
         if (restarted) return std::string();
-        // The list read may come from a node 0 started again while this node waited: its store
-        // does not hold this node's check-in.
-        if (!instance.empty() && s.get(kInstanceKey, node0_deadline) != instance) {
-          restarted = true;
-          return std::string();
-        }
+        if ((restarted = m.node0_changed(s, instance, node0_deadline))) return std::string();
         if (!node0) s.set(key(attempt, "members-read/" + std::to_string(m.o.node_rank)), "1");
         return v;
       });
