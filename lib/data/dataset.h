@@ -159,8 +159,9 @@ std::string idle_ranks_warning(int64_t train_rows, int64_t world_size, int64_t p
 // in another compression format (refuse_unread_compression), corrupt, or larger (or inflating to
 // more) than this process can allocate (available_memory_bytes), the last checked before reading.
 std::string read_maybe_gzip(const std::string& path);
-// The size `bytes` (a whole gzip file, all its members) inflates to, counted without holding
-// the output; UserError as read_maybe_gzip's for a corrupt, truncated or trailing-garbage file.
-int64_t gzip_decompressed_size(const std::string& bytes, const std::string& path);
+// The size read_maybe_gzip gives `bytes` (a whole file): as they are, or with the gzip magic what
+// all its members inflate to, counted without holding the output (UserError as read_maybe_gzip's
+// for a corrupt, truncated or trailing-garbage file).
+int64_t size_once_read(const std::string& bytes, const std::string& path);
 
 }  // namespace dtrain

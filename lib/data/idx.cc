@@ -405,7 +405,8 @@ std::string read_maybe_gzip(const std::string& path) {
   }
 }
 
-int64_t gzip_decompressed_size(const std::string& bytes, const std::string& path) {
+int64_t size_once_read(const std::string& bytes, const std::string& path) {
+  if (!has_gzip_magic(bytes, 0)) return static_cast<int64_t>(bytes.size());
   int64_t n = 0;
   gunzip(
       bytes, path, SIZE_MAX, [] { return std::string(); }, &n);

@@ -224,10 +224,7 @@ int64_t text_bytes_by_decompressing(const std::vector<std::string>& specs, const
     // A corrupt, truncated or trailing-garbage gzip file: the loader's own UserError, so
     // validate refuses what run would (it said ok).
     try {
-      total += bytes.size() >= 2 && static_cast<unsigned char>(bytes[0]) == 0x1f &&
-                       static_cast<unsigned char>(bytes[1]) == 0x8b
-                   ? gzip_decompressed_size(bytes, f)
-                   : static_cast<int64_t>(bytes.size());
+      total += size_once_read(bytes, f);
     } catch (const UserError& e) {
       throw UserError(key + ": " + e.what());
     }
