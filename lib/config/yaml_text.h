@@ -31,7 +31,7 @@ std::optional<TextProblem> nul_byte_problem(const std::string& text);
 std::optional<TextProblem> stuck_document_problem(const std::string& text);
 
 // Where the text's YAML node number `limit` + 1 begins, counted by the event parser over every
-// document (an alias counts once: within_values bounds them on the tree), with the message;
+// document (an alias counts once: tree_limit bounds them on the tree), with the message;
 // nullopt when it has at most `limit`. yaml-cpp's tree takes about 1 KB per node, so 400 KB of
 // empty flow entries ("{,,,...}") took 390 MB before the tree's count could refuse them. Throws
 // YAML::Exception on text it cannot parse, as stuck_document_problem.

@@ -43,10 +43,6 @@ bool count_down(const YAML::Node& n, int64_t& budget, std::vector<int>& path, Tr
 
 }  // namespace
 
-bool within_values(const YAML::Node& n, int64_t limit) {
-  return !tree_limit(n, limit).has_value();
-}
-
 std::optional<TreeLimit> tree_limit(const YAML::Node& n, int64_t limit) {
   int64_t budget = limit;
   std::vector<int> path;

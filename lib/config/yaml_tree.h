@@ -1,6 +1,6 @@
 // Walks over a loaded YAML tree (yaml-cpp), for the config reader. Aliases (`*a`) are followed
 // each time they occur, so a tree may be much larger than its text: callers bound it first
-// (within_values) and only then walk it whole.
+// (tree_limit) and only then walk it whole.
 #pragma once
 
 #include <cstdint>
@@ -20,9 +20,8 @@ inline constexpr int kMaxConfigDepth = 200;
 
 // Whether the tree under n has at most `limit` nodes and kMaxConfigDepth levels, aliases
 // followed each time; stops counting past either, so it is cheap (and shallow) on any tree.
-bool within_values(const YAML::Node& n, int64_t limit);
-// The same, saying which limit a tree passes: nullopt within both; else `deep` (a node past
-// kMaxConfigDepth levels, at `mark`) or not (past `limit` nodes, mark: n's).
+// nullopt within both; else which limit it passes: `deep` (a node past kMaxConfigDepth levels,
+// at `mark`) or not (past `limit` nodes, mark: n's).
 struct TreeLimit {
   bool deep = false;
   bool cycle = false;  // deep because a node contains an alias of itself
