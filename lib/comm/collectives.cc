@@ -31,11 +31,6 @@ std::vector<size_t> offsets_of(const std::vector<size_t>& counts) {
   return off;
 }
 
-// Message part ids: unique per (phase, step, segment) within one collective.
-uint64_t part_id(uint64_t phase, uint64_t step, uint64_t seg) {
-  return (phase << 56) | (step << 32) | seg;
-}
-
 size_t segments_of(size_t count, size_t seg) {
   return count == 0 ? 1 : (count + seg - 1) / seg;
 }
@@ -212,10 +207,18 @@ void ring_broadcast(const CollCtx& c, void* data, size_t n, int root, DType t) {
   const CommOp op = typed_op(CommOp::kBroadcast, t);
   const size_t es = dtype_size(t), seg = segment_elems(c, op);
   const size_t ns = segments_of(n, seg);
+  const uint64_t root_id = static_cast<uint64_t>(root);
+  // First every rank names its root to its right neighbour and checks its left one's: ranks
+  // that disagree on the root fail as a mismatch one hop in (the contract in communicator.h),
+  // whoever they think the root is -- where the chain alone would let a root that only sends
+  // return, and ranks of which none thinks itself root all wait for data until the deadline.
+  const MsgHeader hello{c.seq, part_id(kBroadcastPhase, root_id, kBroadcastHello), op, 0};
+  tr.send(right, hello, nullptr);
+  tr.recv(left, hello, nullptr, c.deadline);
   char* bytes = static_cast<char*>(data);
   for (size_t k = 0; k < ns; ++k) {
     const size_t b = std::min(seg * k, n), e = std::min(seg * (k + 1), n);
-    MsgHeader h{c.seq, part_id(3, 0, k), op, (e - b) * es};
+    MsgHeader h{c.seq, part_id(kBroadcastPhase, root_id, k), op, (e - b) * es};
     if (r != root) tr.recv(left, h, bytes + b * es, c.deadline);
     if (right != root) tr.send(right, h, bytes + b * es);
   }

@@ -99,6 +99,9 @@ class Communicator {
   // Equal counts give allgather; unequal give allgatherv.
   void allgather(const float* in, float* out, std::vector<size_t> counts);
   WorkPtr allgather_inplace_async(float* data, std::vector<size_t> counts);
+  // Root's data[0, n) to every rank, along the ring. Each rank first names its root to its
+  // right neighbour, so ranks naming different roots fail as a mismatch at once, whichever
+  // ranks disagree.
   void broadcast(float* data, size_t n, int root);
   void barrier();
 

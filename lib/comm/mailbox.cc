@@ -317,12 +317,14 @@ void Mailbox::deliver_whole(const MsgHeader& h, const void* data) {
 
 std::string Mailbox::mismatch_locked(const MsgHeader& h) const {
   // Any message from src on the same channel with another op means the ranks called different
-  // collectives at this sequence number; the same key with another size is a mismatch too.
+  // collectives at this sequence number; the same key with another size, or a broadcast part
+  // naming another root, is a mismatch too.
   for (auto it = msgs_.lower_bound(MsgKey{h.channel, 0});
        it != msgs_.end() && it->first.channel == h.channel; ++it) {
     if (it->second.empty()) continue;
     const MsgHeader& got = it->second.front()->h;
-    if (got.op != h.op || (it->first.part == h.part && got.bytes != h.bytes))
+    if (got.op != h.op || (it->first.part == h.part && got.bytes != h.bytes) ||
+        parts_conflict(got, h))
       return mismatch_msg(src_, self_, got, h);
   }
   return "";
@@ -332,7 +334,8 @@ std::string Mailbox::mismatch_on_channel(const MsgHeader& h) {
   std::lock_guard<std::mutex> lk(mu_);
   for (auto it = msgs_.lower_bound(MsgKey{h.channel, 0});
        it != msgs_.end() && it->first.channel == h.channel; ++it)
-    if (!it->second.empty() && it->second.front()->h.op != h.op)
+    if (!it->second.empty() &&
+        (it->second.front()->h.op != h.op || parts_conflict(it->second.front()->h, h)))
       return mismatch_msg(src_, self_, it->second.front()->h, h);
   return "";
 }

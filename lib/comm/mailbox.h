@@ -4,8 +4,9 @@
 //
 //  - Messages are keyed by (channel, part); messages under one key are taken in arrival order.
 //  - A receive states the op and byte count it expects. A waiting message under its key with
-//    another op or size, or any message on its channel with another op, is a mismatch, reported
-//    at once as "mismatched calls: rank S sent <what>, rank D expected <what>" (mismatch_msg).
+//    another op or size, or any message on its channel with another op or another broadcast root
+//    (parts_conflict), is a mismatch, reported at once as "mismatched calls: rank S sent <what>,
+//    rank D expected <what>" (mismatch_msg).
 //  - A receive posted before its message arrives gets the payload delivered straight into its
 //    buffer (one copy, not two); one posted while its message is arriving takes over the rest.
 //

@@ -78,6 +78,12 @@ const char* count_unit(CommOp op) {
   return "elements";
 }
 
+bool parts_conflict(const MsgHeader& got, const MsgHeader& want) {
+  return !(want.channel & kP2PBit) && got.channel == want.channel && got.op == want.op &&
+         base_op(want.op) == CommOp::kBroadcast && part_phase(got.part) == kBroadcastPhase &&
+         part_phase(want.part) == kBroadcastPhase && part_step(got.part) != part_step(want.part);
+}
+
 std::string describe(const MsgHeader& h) {
   std::ostringstream os;
   if (h.channel & kP2PBit)
@@ -89,8 +95,13 @@ std::string describe(const MsgHeader& h) {
        << ((h.channel >> kChannelGroupShift) != 0
                ? " of group " + std::to_string((h.channel >> kChannelGroupShift) - 1)
                : std::string())
-       << " (phase " << (h.part >> 56) << ", step " << ((h.part >> 32) & 0xffffff) << ", segment "
-       << (h.part & 0xffffffff) << ")";
+       << (part_phase(h.part) == kBroadcastPhase && base_op(h.op) == CommOp::kBroadcast
+               ? " (root " + std::to_string(part_step(h.part))
+               : " (phase " + std::to_string(part_phase(h.part)) + ", step " +
+                     std::to_string(part_step(h.part)))
+       << (part_segment(h.part) == kBroadcastHello
+               ? std::string(")")
+               : ", segment " + std::to_string(part_segment(h.part)) + ")");
   os << " (" << h.bytes << " bytes)";
   return os.str();
 }

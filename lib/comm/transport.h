@@ -79,6 +79,31 @@ struct MsgHeader {
   uint64_t bytes = 0;              // payload size
 };
 
+// A collective message's part id: (phase << 56) | (step << 32) | segment, unique within one
+// collective. Steps below 2^24, segments below 2^32.
+inline constexpr uint64_t part_id(uint64_t phase, uint64_t step, uint64_t seg) {
+  return (phase << 56) | (step << 32) | seg;
+}
+inline constexpr uint64_t part_phase(uint64_t part) {
+  return part >> 56;
+}
+inline constexpr uint64_t part_step(uint64_t part) {
+  return (part >> 32) & 0xffffff;
+}
+inline constexpr uint64_t part_segment(uint64_t part) {
+  return part & 0xffffffff;
+}
+// A broadcast's messages are of this phase and carry the root as their step, so ranks that name
+// different roots for one broadcast fail as a mismatch (parts_conflict) instead of waiting.
+inline constexpr uint64_t kBroadcastPhase = 3;
+// The segment of the empty message with which a broadcast starts: each rank names its root to
+// its right neighbour (ring_broadcast).
+inline constexpr uint64_t kBroadcastHello = 0xffffffff;
+// True when `got`, a message waiting on the channel `want` is received on, shows that the two
+// ranks called the collective with different arguments the op and size do not reveal: broadcast
+// parts of the same op naming different roots. (P2P channels: never.)
+bool parts_conflict(const MsgHeader& got, const MsgHeader& want);
+
 // Where a rank is in its communicator's collective sequence, for the desync report. Set by the
 // Communicator through Transport::publish_position.
 struct CommPosition {

@@ -475,17 +475,62 @@ TEST_CASE("mismatched collectives fail at once with both sides named") {
           if (c.rank() == 0) {
             c.allreduce(d.data(), 64);
           } else {
-            // The broadcast's root only sends, so it cannot see the mismatch and returns; it
-            // stays up while its message reaches rank 0, which must name both ops (a root that
-            // exits at once may take its connection down first: rank 0 then sees a closed peer).
+            // The broadcast's root waits for rank 0 to name its root, and rank 0 sees a
+            // broadcast's message where an allreduce's is due: both ops are named.
             c.broadcast(d.data(), 64, 1);
-            std::this_thread::sleep_for(std::chrono::milliseconds(500));
           }
         },
         opts, backend);
     const std::string all2 = errors2[0] + " | " + errors2[1];
     CHECK(all2.find("broadcast") != std::string::npos);
     CHECK(all2.find("allreduce") != std::string::npos);
+  }
+}
+
+TEST_CASE("ranks that name different broadcast roots fail at once, naming both roots") {
+  // Each case: the root every rank names. In (0, 3, 0, 0) the data would flow as everyone
+  // expects (only the roots differ); in (3, 2, 1, 0) no rank thinks itself root, so no data
+  // would flow at all.
+  const std::vector<std::vector<int>> cases = {{0, 1},       {1, 0},       {0, 0, 1},   {2, 0, 0},
+                                               {0, 3, 0, 0}, {1, 1, 1, 2}, {3, 2, 1, 0}};
+  for (const std::string backend : {"inproc", "grpc", "tcp", "shm"}) {
+    for (const auto& roots : cases) {
+      const int w = static_cast<int>(roots.size());
+      INFO("backend ", backend, ", world ", w, ", roots ", roots[0], roots[1],
+           w > 2 ? roots[2] : -1);
+      CommOptions opts;
+      opts.timeout_s = 30;  // a mismatch must not wait for the deadline
+      const auto t0 = std::chrono::steady_clock::now();
+      const auto errors = run_ranks(
+          w,
+          [&](Communicator& c) {
+            const int root = roots[static_cast<size_t>(c.rank())];
+            std::vector<float> d(300, static_cast<float>(c.rank()));
+            c.broadcast(d.data(), d.size(), root);
+            // A rank whose left neighbour agreed may return, with the data of the root it
+            // named; the failed ranks' abort then fails its next call.
+            for (float v : d)
+              if (v != static_cast<float>(root)) throw std::runtime_error("data of another root");
+            c.barrier();
+          },
+          opts, backend);
+      const double el =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      CHECK(el < 20.0);
+      std::string all;
+      for (const auto& e : errors) {
+        CHECK(!e.empty());
+        CHECK(e.find("data of another root") == std::string::npos);
+        all += e + " | ";
+      }
+      INFO(all);
+      CHECK(all.find("mismatched calls") != std::string::npos);
+      int named = 0;
+      for (int root = 0; root < w; ++root)
+        named +=
+            all.find("broadcast seq 0 (root " + std::to_string(root) + ")") != std::string::npos;
+      CHECK(named >= 2);
+    }
   }
 }
 
