@@ -84,6 +84,27 @@ void check_meta_ranges(const CheckpointMeta& meta, const std::string& path) {
   if (!in(meta.world_size, 1, int64_t{1} << 20))
     throw UserError("checkpoint '" + path + "': world size " + std::to_string(meta.world_size) +
                     " in its metadata is not 1 .. 2^20: the file is corrupt");
+  // The config, progress and normaliser are JSON objects a few levels deep. Their readers copy
+  // the parsed tree, recursing once per level: a crafted file nesting 10^5 levels would overflow
+  // the stack, so they are checked here, before anything reads them.
+  constexpr int kMaxMetaDepth = 64;
+  for (const auto& [key, text] :
+       {std::pair<const char*, const std::string&>{"config", meta.config_json},
+        {"progress", meta.progress_json},
+        {"normalizer", meta.normalizer_json}}) {
+    if (text.empty()) continue;
+    bool object = false;
+    if (json_depth(text) <= kMaxMetaDepth) {
+      try {
+        object = nlohmann::json::parse(text).is_object();
+      } catch (const nlohmann::json::exception&) {
+      }
+    }
+    if (!object)
+      throw UserError("checkpoint '" + path + "': its metadata '" + key +
+                      "' is not a JSON object of at most " + std::to_string(kMaxMetaDepth) +
+                      " levels: the file is corrupt or was not written by dtrain");
+  }
 }
 
 void check_finite(const float* v, int64_t n, const std::string& path, const std::string& name) {
@@ -591,6 +612,16 @@ void adopt_latest(const std::string& dir, const std::string& resumed) {
   write_file_atomic(latest.string(), name + "\n");
 }
 
+void remove_checkpoint(const std::string& path, std::error_code& ec) {
+  if (fs::symlink_status(path, ec).type() == fs::file_type::directory) {
+    const fs::path manifest = fs::path(path) / kManifest;
+    if (fs::remove(manifest, ec)) sync_directory(path);
+    if (ec) return;
+  }
+  ec.clear();
+  fs::remove_all(path, ec);
+}
+
 void commit_checkpoint(const std::string& dir, const std::string& file_name, int64_t keep_last) {
   DT_CHECK_GE(keep_last, 1);
   write_file_atomic((fs::path(dir) / "latest").string(), file_name + "\n");
@@ -613,7 +644,7 @@ void commit_checkpoint(const std::string& dir, const std::string& file_name, int
   std::erase_if(found, [&](const auto& e) {
     if (e.first != now || e.second.filename() == file_name) return false;
     std::error_code ec;
-    fs::remove_all(e.second, ec);
+    remove_checkpoint(e.second.string(), ec);
     return true;
   });
   // A step folder without its manifest (a save that was interrupted) is no checkpoint: it counts
@@ -633,7 +664,7 @@ void commit_checkpoint(const std::string& dir, const std::string& file_name, int
   for (int64_t i = 0; i < excess; ++i) {
     if (found[static_cast<size_t>(i)].second.filename() == file_name) continue;
     std::error_code ec;
-    fs::remove_all(found[static_cast<size_t>(i)].second, ec);
+    remove_checkpoint(found[static_cast<size_t>(i)].second.string(), ec);
   }
 }
 

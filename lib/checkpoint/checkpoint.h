@@ -14,6 +14,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -148,9 +149,11 @@ class ModelMismatchError : public UserError {
 // only).
 // Refuses with UserError, leaving params untouched: unreadable/corrupt/truncated files, another
 // format or version, a parameter table that differs from `model` (missing, extra or reshaped
-// tensors: the first difference is named; ModelMismatchError), a different optimizer or missing
-// state. comp (when given) receives the file's compression state (type "none" for sharded folders:
-// their strategies do not compress).
+// tensors: the first difference is named; ModelMismatchError), or state buffers the file lacks
+// (an optimizer with other state). The optimizer that wrote it is returned
+// (CheckpointMeta::optimizer), not compared: Adam and AdamW keep the same buffers, and a resume
+// refuses another optimizer after this load, before training. comp (when given) receives the file's
+// compression state (type "none" for sharded folders: their strategies do not compress).
 CheckpointMeta load_checkpoint(const std::string& path, const Model& model, float* params,
                                const std::vector<StateBuffer>& state,
                                CompressionState* comp = nullptr);
@@ -161,6 +164,10 @@ CheckpointMeta load_checkpoint(const std::string& path, const Model& model, floa
 // checkpoint below its step, or removed when there is none, so a crash during the rewrite
 // leaves `latest` on a complete checkpoint, never on the half-written one.
 void release_latest(const std::string& dir, const std::string& name);
+// Removes the checkpoint at `path` (a file, or a step folder: its manifest first, that removal
+// synced to disk, then the shards), so an interrupted removal never leaves a folder that looks
+// complete with shards missing. A symbolic link is removed, not what it names. Errors in ec.
+void remove_checkpoint(const std::string& path, std::error_code& ec);
 // A run that resumed from `resumed`, a checkpoint in dir (its own checkpoints folder) other than
 // the one `latest` names (or with no `latest`), continues from there: latest is pointed at it
 // (atomic), so a crash before the run's first checkpoint resumes (--resume auto) where it

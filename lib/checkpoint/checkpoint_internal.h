@@ -45,7 +45,8 @@ void check_finite(const float* v, int64_t n, const std::string& path, const std:
 // Refuses (UserError naming `path`) metadata out of range, which a file without a header
 // checksum (or a manifest without one) could carry: a step, position or optimizer step count
 // below 0 or past 2^53, a world size outside 1 .. 2^20, a negative schedule horizon (which may
-// be INT64_MAX: a run without a step limit).
+// be INT64_MAX: a run without a step limit); a config, progress or normaliser that is not a
+// JSON object nesting at most 64 levels.
 void check_meta_ranges(const CheckpointMeta& meta, const std::string& path);
 // Files written before checksums existed (format versions 1 and 2) still load, unverified:
 // warns "checkpoint 'path': <which> no CRC-32 checksums ...".

@@ -23,7 +23,12 @@ namespace fs = std::filesystem;
 void check_manifest_format(const nlohmann::json& m, const std::string& dir) {
   if (m.at("format").get<std::string>() != kFormatName)
     throw UserError("checkpoint '" + dir + "': manifest.json is not a dtrain manifest");
-  check_format_version(m.at("format_version").get<int64_t>(), dir);
+  const nlohmann::json& v = m.at("format_version");
+  // (get<int64_t> would read 2.9 as 2 and true as 1)
+  if (!v.is_number_integer())
+    throw UserError("checkpoint '" + dir + "': manifest.json's format_version is " +
+                    shown_text(v.dump(), 100) + ", not an integer: the file is corrupt");
+  check_format_version(v.get<int64_t>(), dir);
 }
 
 nlohmann::json read_manifest(const std::string& dir, bool* checksummed) {

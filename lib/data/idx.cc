@@ -124,8 +124,10 @@ std::string gunzip(const std::string& in, const std::string& path, size_t max_ou
     ~Guard() { inflateEnd(z); }
   } guard{&zs};
 
-  // The trailer's ISIZE (uncompressed size mod 2^32) is only a capacity hint: it is capped by the
-  // maximum deflate ratio (~1032:1), so a lying trailer cannot cause a huge allocation.
+  // The trailer's ISIZE (uncompressed size mod 2^32) is only a capacity hint, trusted up to 16
+  // times the file plus 64 MiB (text and IDX images inflate 2-5x): beyond that the buffer grows
+  // by doubling as the data really comes, so a lying trailer costs no more than that (it once
+  // zero-filled deflate's maximum ratio, ~1032x: 1 GB for a 1 MiB file).
   std::string out;
   {
     size_t hint = 0;
@@ -134,7 +136,7 @@ std::string gunzip(const std::string& in, const std::string& path, size_t max_ou
       hint = static_cast<size_t>(t[0]) | static_cast<size_t>(t[1]) << 8 |
              static_cast<size_t>(t[2]) << 16 | static_cast<size_t>(t[3]) << 24;
     }
-    hint = std::min({hint, in.size() * 1032 + 1024, cap});
+    hint = std::min({hint, in.size() * 16 + (size_t{64} << 20), cap});
     resize_fresh(out, std::max<size_t>(hint, 4096));
   }
 

@@ -33,22 +33,26 @@ void check_synthetic_options(const SyntheticOptions& opts) {
   if (opts.classes < 1) throw UserError("data.synthetic.classes must be >= 1");
   if (opts.classes > (int64_t{1} << 20)) throw UserError("data.synthetic.classes is too large");
   if (!(opts.noise >= 0)) throw UserError("data.synthetic.noise must be >= 0");
-  if (opts.features > kMaxValues / opts.samples) {
-    throw UserError("data.synthetic: samples x features = " + std::to_string(opts.samples) + " x " +
+  // (the class centres, classes x features, are generated as well)
+  if (opts.features > kMaxValues / (opts.samples + opts.classes)) {
+    throw UserError("data.synthetic: (samples + classes) x features = (" +
+                    std::to_string(opts.samples) + " + " + std::to_string(opts.classes) + ") x " +
                     std::to_string(opts.features) + " is too large");
   }
-  // The values and labels, twice while the held-out split copies its rows out: refused here
-  // rather than grown into until the kernel's OOM killer ends the run.
+  // The values and labels, twice while the held-out split copies its rows out, and the class
+  // centres: refused here rather than grown into until the kernel's OOM killer ends the run.
   const double bytes =
-      2.0 * static_cast<double>(opts.samples) * (4.0 * static_cast<double>(opts.features) + 4.0);
+      2.0 * static_cast<double>(opts.samples) * (4.0 * static_cast<double>(opts.features) + 4.0) +
+      4.0 * static_cast<double>(opts.classes) * static_cast<double>(opts.features);
   if (const int64_t avail = available_memory_bytes();
       avail >= 0 && bytes > static_cast<double>(avail)) {
     constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
     throw UserError(fmt::format(
         "data.synthetic: samples x features = {} x {} needs about {:.1f} GiB to generate (with "
-        "its held-out split), more than the {:.1f} GiB this process can allocate: use fewer "
-        "samples or features",
-        opts.samples, opts.features, bytes / kGiB, static_cast<double>(avail) / kGiB));
+        "its held-out split and {} class centres), more than the {:.1f} GiB this process can "
+        "allocate: use fewer samples, classes or features",
+        opts.samples, opts.features, bytes / kGiB, opts.classes,
+        static_cast<double>(avail) / kGiB));
   }
 }
 

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <random>
 
+#include "checkpoint/checkpoint.h"
 #include "train/train_loop.h"
 #include "util/strings.h"
 
@@ -168,7 +169,9 @@ void TrainLoop::save_sharded(const CheckpointMeta& meta) {
     // Leftovers of a crashed attempt at this step, or the step of a timeline this run left (it
     // resumed from an earlier checkpoint): `latest` must not name it while it is rewritten.
     release_latest(ckpt_dir_, name);
-    fs::remove_all(dir);
+    std::error_code ec;
+    remove_checkpoint(dir.string(), ec);
+    if (ec) throw fs::filesystem_error("cannot remove a leftover checkpoint", dir, ec);
   }
   world_.barrier();
   const bool writer = strategy_->sharded() || dpr_ == 0;

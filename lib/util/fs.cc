@@ -292,7 +292,11 @@ void write_file_atomic_with(const std::string& requested,
     ::unlink(tmpl.c_str());
     throw std::runtime_error("rename to '" + path + "': " + err);
   }
-  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+  sync_directory(dir);
+}
+
+void sync_directory(const std::string& dir) {
+  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd >= 0) {
     ::fsync(dfd);
     ::close(dfd);

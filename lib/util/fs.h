@@ -31,6 +31,9 @@ std::string file_identity(const std::string& path);
 // Atomic replace of `path` with `data`. Throws std::runtime_error on I/O failure; the old file,
 // if any, is left untouched and the temp file removed.
 void write_file_atomic(const std::string& path, std::string_view data);
+// fsync of a directory, so the entries created, renamed or removed in it are on disk (best
+// effort: a directory that cannot be opened is left alone).
+void sync_directory(const std::string& dir);
 
 // Same, but the content is streamed by `writer(fd)`, which must write everything or throw.
 void write_file_atomic_with(const std::string& path, const std::function<void(int fd)>& writer);

@@ -304,6 +304,21 @@ TEST_CASE("metadata out of range is refused: a step past 2^53, world size below 
     const std::string msg = user_error_of([&] { load_checkpoint(path, m, got.data(), {}); });
     CHECK_MESSAGE(contains(msg, "the file is corrupt"), msg);
   }
+  // The JSON it carries: deep nesting (its readers copy the tree recursively: 10^5 levels
+  // overflowed the stack) or no object is refused before anything reads it.
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  for (const auto& [key, value] :
+       std::vector<std::pair<std::string, std::string>>{{"config", deep},
+                                                        {"progress", deep},
+                                                        {"normalizer", deep},
+                                                        {"config", "[1, 2]"},
+                                                        {"progress", "not json"}}) {
+    CAPTURE(key);
+    save_checkpoint(path, m, p.data(), {{"momentum", mom.data()}}, sgd_meta());
+    set_metadata(path, key, value.c_str());
+    const std::string msg = user_error_of([&] { load_checkpoint(path, m, got.data(), {}); });
+    CHECK_MESSAGE(contains(msg, "its metadata '" + key + "' is not a JSON object"), msg);
+  }
   // A run without a step limit lays its schedule out over INT64_MAX steps: that loads.
   CheckpointMeta unlimited = sgd_meta();
   unlimited.schedule_steps = std::numeric_limits<int64_t>::max();
@@ -314,6 +329,38 @@ TEST_CASE("metadata out of range is refused: a step past 2^53, world size below 
   rewrite_manifest(ck, [](nlohmann::json& man) { man["batch"] = 1.5; });
   const std::string msg = user_error_of([&] { load_checkpoint(ck, m, got.data(), {}); });
   CHECK_MESSAGE(contains(msg, "manifest.json's batch is 1.5, not an integer"), msg);
+  for (const nlohmann::json& v : {nlohmann::json(2.9), nlohmann::json(true)}) {
+    CAPTURE(v.dump());
+    save_two_shards(ck, m, p, mom);
+    rewrite_manifest(ck, [&](nlohmann::json& man) { man["format_version"] = v; });
+    const std::string e = user_error_of([&] { load_checkpoint(ck, m, got.data(), {}); });
+    CHECK_MESSAGE(contains(e, "manifest.json's format_version is " + v.dump() + ", not an integer"),
+                  e);
+  }
+}
+
+TEST_CASE("remove_checkpoint removes files and step folders, and a link without its target") {
+  TempDir dir;
+  const Model m = small_model();
+  const int64_t P = m.param_count();
+  std::vector<float> p(P), mom(P, 0.5f);
+  m.init(p.data(), 16);
+  const std::string file = dir / "step-3.safetensors", folder = dir / "step-4",
+                    target = dir / "elsewhere", link = dir / "step-5";
+  save_checkpoint(file, m, p.data(), {{"momentum", mom.data()}}, sgd_meta());
+  save_two_shards(folder, m, p, mom);
+  save_two_shards(target, m, p, mom);
+  std::filesystem::create_directory_symlink(target, link);
+  for (const std::string& path : {file, folder, link}) {
+    std::error_code ec;
+    remove_checkpoint(path, ec);
+    CHECK_MESSAGE(!ec, path, ": ", ec.message());
+    CHECK_FALSE(std::filesystem::exists(std::filesystem::symlink_status(path)));
+  }
+  CHECK(std::filesystem::exists(std::filesystem::path(target) / "manifest.json"));
+  std::error_code ec;
+  remove_checkpoint(dir / "step-6", ec);  // (nothing there: nothing to do)
+  CHECK(!ec);
 }
 
 TEST_CASE("a shard left by another run's save of the same step is refused by its save id") {

@@ -625,7 +625,11 @@ TEST_CASE("what run refuses from the data's sizes, labels and features, validate
            {" --set data.test_fraction=0.0001",
             "data.test_fraction 0.0001 of the 600 samples holds out none"},
            {" --set data.synthetic.samples=100000000000",
-            "samples x features = 100000000000 x 5 is too large"},
+            "(samples + classes) x features = (100000000000 + 3) x 5 is too large"},
+           // the class centres count too (32 GiB of them, for 100 samples)
+           {" --set data.synthetic.samples=100 --set data.synthetic.classes=1048576 --set "
+            "data.synthetic.features=8192",
+            "(samples + classes) x features = (100 + 1048576) x 8192 is too large"},
            // labels 0..2: validate took model.num_classes for the data's and said ok
            {" --set model.num_classes=2", "out of range for model.num_classes = 2"},
            {" --set model.input_features=7", "model.input_features is 7 but the data has 5"}}) {
