@@ -76,6 +76,16 @@ void Communicator::abort(const std::string& why) {
   transport_->abort(why);
 }
 
+void settle_before_free(Communicator& comm, const WorkPtr& w) noexcept {
+  if (!w) return;
+  try {
+    if (!w->done())
+      comm.abort("this rank stopped with a collective in flight (its own error comes first)");
+    w->wait();
+  } catch (...) {  // the abort's failure, or the collective's own: not the error to report
+  }
+}
+
 void Communicator::fail(const std::string& msg) {
   abort(msg);
   if (rank() != 0 || reported_.exchange(true)) return;

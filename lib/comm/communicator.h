@@ -194,4 +194,28 @@ class Communicator {
   std::thread worker_;
 };
 
+// For the owner of buffers that async collectives write (valid until their Work completes, the
+// contract above), when it goes away: a Work still in flight means an exception is unwinding
+// past the owner, so `comm` is aborted (this rank is failing: the collective must not wait for
+// peers that may never come) and the Work waited for, its error swallowed (the exception being
+// unwound is the one to report). Done Works and null ones cost nothing. Never throws.
+void settle_before_free(Communicator& comm, const WorkPtr& w) noexcept;
+
+// settle_before_free over `works` when the scope ends: for a function whose local list of
+// in-flight collectives an exception may leave behind.
+class SettleOnExit {
+ public:
+  SettleOnExit(Communicator& comm, const std::vector<WorkPtr>& works)
+      : comm_(comm), works_(works) {}
+  SettleOnExit(const SettleOnExit&) = delete;
+  SettleOnExit& operator=(const SettleOnExit&) = delete;
+  ~SettleOnExit() {
+    for (const WorkPtr& w : works_) settle_before_free(comm_, w);
+  }
+
+ private:
+  Communicator& comm_;
+  const std::vector<WorkPtr>& works_;
+};
+
 }  // namespace dtrain

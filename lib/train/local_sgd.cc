@@ -158,6 +158,7 @@ void LocalSgd::sync() {
       for (int64_t j = 0; j < P; ++j) buf[j] *= share;
   };
   std::vector<WorkPtr> w;
+  const SettleOnExit settle(dp_, w);  // (the compressed sum below may throw with these in flight)
   auto average = [&](float* buf) {
     weigh(buf);
     for (const FlatRange& p : pieces_)

@@ -296,7 +296,8 @@ bool TrainLoop::step() {
   // The step's loss (loss_global_) is known after the last forward; its all-reduce runs during
   // backward, ahead of the gradient buckets, so it adds no round trip after backward.
   float step_loss = 0.0f;
-  WorkPtr loss_work;
+  std::vector<WorkPtr> loss_work;             // (at most one: a list for SettleOnExit)
+  const SettleOnExit settle(dp_, loss_work);  // step_loss must outlive its all-reduce
   StepWork w;
   w.batches = &micro_idx_;
   w.fewest_rows = &micro_fewest_;
@@ -306,16 +307,16 @@ bool TrainLoop::step() {
   if (loss_global_)
     w.on_loss = [&](double l) {
       step_loss = static_cast<float>(l);
-      loss_work = dp_.allreduce_async(&step_loss, 1, ReduceOp::kSum);
+      loss_work.push_back(dp_.allreduce_async(&step_loss, 1, ReduceOp::kSum));
     };
   double loss_sum = exec_->run_step(w);
   strategy_->finish_backward();
   // Tied copies (the GPT's wte and lm_head) get the sum of their gradients, so they stay equal.
   tied_sq_ = tied_->sum(strategy_->held_grads());
-  if (loss_work) {
+  if (!loss_work.empty()) {
     TraceScope ts(tracer_, "wait for communication", "wait");
     const auto t0 = Clock::now();
-    loss_work->wait();
+    loss_work.back()->wait();
     exposed_comm_s_ += seconds_since(t0);
     loss_sum = step_loss;
   }

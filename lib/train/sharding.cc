@@ -191,18 +191,25 @@ ShardedState::ShardedState(ShardLayout layout, Communicator& dp, const Optimizer
   rs_work_.resize(layout_.units().size());
 }
 
+ShardedState::~ShardedState() {
+  for (const WorkPtr& w : rs_work_) settle_before_free(dp_, w);
+}
+
 void ShardedState::reduce_scatter_unit(size_t u, std::vector<float> g) {
   DT_CHECK_EQ(static_cast<int64_t>(g.size()), layout_.units()[u].size());
-  if (rs_work_[u]) {  // the previous micro-batch's (a pipeline's backwards follow each other)
-    const auto t0 = Clock::now();
-    finish_unit(u);
-    wait_s_ += seconds_since(t0);
-  }
+  const auto t0 = Clock::now();
+  if (rs_work_[u]) finish_unit(u);  // the previous micro-batch's (a pipeline's backwards follow)
   unit_grads_[u] = std::move(g);
   unit_grads_now_ += layout_.units()[u].size() * 4;
   peak_unit_grads_ = std::max(peak_unit_grads_, unit_grads_now_);
   rs_work_[u] =
       dp_.reduce_scatter_inplace_async(unit_grads_[u].data(), layout_.counts(u), ReduceOp::kSum);
+  in_flight_.push_back(u);
+  // (collectives complete in call order: the oldest is the first to be done)
+  while (!in_flight_.empty() &&
+         (in_flight_.size() > kUnitsInFlight || rs_work_[in_flight_.front()]->done()))
+    finish_unit(in_flight_.front());
+  wait_s_ += seconds_since(t0);
 }
 
 void ShardedState::backward(const Model& m, const std::function<const float*(size_t)>& params_of,
@@ -229,6 +236,7 @@ void ShardedState::backward(const Model& m, const std::function<const float*(siz
 void ShardedState::finish_unit(size_t u) {
   rs_work_[u]->wait();
   rs_work_[u].reset();
+  std::erase(in_flight_, u);
   const ShardUnit& su = layout_.units()[u];
   const float* mine = unit_grads_[u].data() + (su.own_begin(rank_) - su.begin);
   float* dst = grad_shard_.data() + su.shard_offset;
@@ -293,6 +301,7 @@ void ShardedState::optimizer_step(double lr, float* params, int64_t base, const 
   if (param_shard) return;
   // zero1/zero2: every rank updated its chunks; gather them into the replicated parameters.
   std::vector<WorkPtr> works;
+  const SettleOnExit settle(dp_, works);  // (a failed wait leaves the later gathers in flight)
   for (size_t u = 0; u < layout_.units().size(); ++u)
     works.push_back(
         dp_.allgather_inplace_async(params + (layout_.units()[u].begin - base), layout_.counts(u)));

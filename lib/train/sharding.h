@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <string>
@@ -130,6 +131,10 @@ class ShardedState {
   // `decayed`: the flat ranges weight decay applies to (decayed_ranges in train/strategy.h).
   ShardedState(ShardLayout layout, Communicator& dp, const OptimizerConfig& ocfg, bool grad_shard,
                const std::vector<FlatRange>& decayed);
+  // Settles the unit reduce-scatters still in flight (settle_before_free): their buffers go.
+  ~ShardedState();
+  ShardedState(const ShardedState&) = delete;
+  ShardedState& operator=(const ShardedState&) = delete;
   const ShardLayout& layout() const { return layout_; }
   Communicator& dp() { return dp_; }
   int rank() const { return rank_; }
@@ -141,8 +146,12 @@ class ShardedState {
   HeldGrads held_grad_shard();
 
   // Unit u's gradient `g` (the unit's size, flat layout from units()[u].begin) is summed over
-  // the axis; the call returns at once (after finishing unit u's previous one, if still in
-  // flight), collect_unit_grads() waits for all and adds this rank's chunks into grad_shard().
+  // the axis; the call returns once at most kUnitsInFlight reduce-scatters are in flight (it
+  // finishes unit u's previous one, those already done and then the oldest), so a rank holds
+  // about that many units' full gradients, not the model's; collect_unit_grads() waits for all.
+  // Finishing a unit adds this rank's chunk into grad_shard() (chunks of different units are
+  // disjoint, and one unit's micro-batches are added in order: the order is immaterial).
+  static constexpr size_t kUnitsInFlight = 2;
   void reduce_scatter_unit(size_t u, std::vector<float> g);
   void collect_unit_grads();
   // Squared L2 norm of the shard's gradient summed over the axis, this rank's part taken from
@@ -179,7 +188,8 @@ class ShardedState {
   std::vector<float> grad_shard_;
   std::vector<std::vector<float>> unit_grads_;  // in flight, per unit
   std::vector<WorkPtr> rs_work_;
-  Tensor dx_[2];  // activation gradients between units
+  std::deque<size_t> in_flight_;  // units with a reduce-scatter in flight, oldest first
+  Tensor dx_[2];                  // activation gradients between units
   int64_t unit_grads_now_ = 0, peak_unit_grads_ = 0;
   double wait_s_ = 0.0;
 };

@@ -72,8 +72,13 @@ BucketAllReduce::BucketAllReduce(const Config& cfg, ModelRange range, Communicat
                           range.first, range.last);
 }
 
+BucketAllReduce::~BucketAllReduce() {
+  for (const WorkPtr& w : works_) settle_before_free(dp_, w);
+}
+
 std::function<void(size_t)> BucketAllReduce::on_layer_done(float* grads) {
   next_ = 0;
+  for (const WorkPtr& w : works_) settle_before_free(dp_, w);  // (a step that failed midway)
   works_.clear();
   if (dp_.size() == 1) return {};
   return [this, grads](size_t layer) {

@@ -145,6 +145,11 @@ std::unique_ptr<Strategy> make_fsdp(const Config& cfg, ModelRange range, Communi
 class BucketAllReduce {
  public:
   BucketAllReduce(const Config& cfg, ModelRange range, Communicator& dp);
+  // Settles the bucket all-reduces still in flight (settle_before_free): the gradients they
+  // write belong to the strategy, which goes with this.
+  ~BucketAllReduce();
+  BucketAllReduce(const BucketAllReduce&) = delete;
+  BucketAllReduce& operator=(const BucketAllReduce&) = delete;
   const std::vector<Bucket>& buckets() const { return buckets_; }
   // The layer-done callback of Model::backward for the last backward (empty at world size 1).
   std::function<void(size_t)> on_layer_done(float* grads);

@@ -136,6 +136,29 @@ TEST_CASE("train.nonfinite skip drops only the update: the step's record, eval, 
   }
 }
 
+TEST_CASE("zero2 and fsdp hold a few units' full gradients during backward, not the model's") {
+  // 8 layers of 32 x 32 (1056 parameters each) and the first and last: every unit (an fsdp
+  // layer, a zero2 bucket of one layer) reduce-scattered as its backward ends. All of them were
+  // kept until the end of backward: the whole model's gradient on every rank.
+  spdlog::set_level(spdlog::level::off);
+  for (const char* strategy : {"fsdp", "zero2"}) {
+    CAPTURE(strategy);
+    TempDir dir;
+    RunOptions o;
+    o.out_dir = dir / "run";
+    const auto s = run_training(
+        parse_config(kSmall, "u.yaml",
+                     {"model.hidden=[32, 32, 32, 32, 32, 32, 32, 32]", "distributed.world_size=2",
+                      std::string("distributed.strategy=") + strategy,
+                      "distributed.ddp.bucket_mb=0.001", "train.max_steps=3"}),
+        o);
+    const int64_t layer_bytes = (32 * 32 + 32) * 4;
+    CHECK(s["peak_unit_grad_bytes"].get<int64_t>() > 0);
+    CHECK(s["peak_unit_grad_bytes"].get<int64_t>() <=
+          static_cast<int64_t>(ShardedState::kUnitsInFlight + 1) * layer_bytes);
+  }
+}
+
 TEST_CASE("pipeline and data-parallel runs write the same summary keys and record keys") {
   spdlog::set_level(spdlog::level::off);
   TempDir dir;
