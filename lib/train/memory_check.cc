@@ -2,6 +2,7 @@
 // the refusals when this process cannot hold it (trainer.h declares them: check_training_memory,
 // check_eval_memory, require_address_space, training_state_floats, the activation estimates).
 #include <algorithm>
+#include <cmath>
 #include <string>
 #include <string_view>
 
@@ -11,6 +12,7 @@
 #include "optim/optimizer.h"
 #include "tensor/blas.h"
 #include "train/compression.h"
+#include "train/sharding.h"
 #include "train/trainer.h"
 #include "util/check.h"
 #include "util/fs.h"
@@ -26,24 +28,47 @@ double optimizer_state_buffers(const Config& cfg) {
 
 }  // namespace
 
-double training_state_floats(const Config& cfg, double n, int replicas) {
+double training_state_floats(const Config& cfg, double n, int replicas, double unit) {
   const double W = std::max(1, replicas);
+  if (unit <= 0 || unit > n) unit = n;
   double k = optimizer_state_buffers(cfg);
   const StrategyKind s = cfg.distributed.strategy;
+  const CompressionConfig& cc = cfg.distributed.compression;
+  // (ddp builds its compressor at any world size; Local SGD only with replicas to average)
+  const bool compress =
+      cc.type != CompressionType::kNone && (s != StrategyKind::kLocalSgd || W > 1);
+  if (s == StrategyKind::kLocalSgd && (cfg.distributed.local_sgd.outer_lr > 0 || compress))
+    k += 1;  // the anchor (the parameters at the last synchronisation)
   if (s == StrategyKind::kLocalSgd && cfg.distributed.local_sgd.outer_lr > 0)
-    k += 2;  // anchor, momentum
+    k += 1;                                              // DiLoCo's outer momentum
+  if (s == StrategyKind::kLocalSgd && compress) k += 1;  // the delta it compresses
   double floats = s == StrategyKind::kZero1   ? 2 * n + k * n / W
                   : s == StrategyKind::kZero2 ? n + (1 + k) * n / W
                   : s == StrategyKind::kFsdp  ? (2 + k) * n / W
                                               : (2 + k) * n;
+  // zero2 and fsdp during backward: the full gradients of the unit computing and of the
+  // reduce-scatters in flight (ShardedState::kUnitsInFlight); fsdp also the gathered parameters
+  // of the unit computing and the one prefetched.
+  if (W > 1 && (s == StrategyKind::kZero2 || s == StrategyKind::kFsdp))
+    floats += std::min(3 * unit, n);
+  if (W > 1 && s == StrategyKind::kFsdp) floats += std::min(2 * unit, n);
   // Compression's error-feedback residual (one value per gradient), and under train.nonfinite
   // skip the copy of it kept through each step to be put back if the step is skipped (the loop's
   // reducer_before; Local SGD compresses after the verdict and keeps none). PowerSGD's factors
   // are a rank-r sliver of that and not counted.
-  const CompressionConfig& cc = cfg.distributed.compression;
-  if (cc.type != CompressionType::kNone && cc.error_feedback) {
+  if (compress && cc.error_feedback) {
     floats += n;
     if (cfg.train.nonfinite == Nonfinite::kSkip && s != StrategyKind::kLocalSgd) floats += n;
+  }
+  // The elementwise compressors' buffers (GradCompressor): the value compressed and this rank's
+  // decoding (n each), every rank's message (W of them: fp16/bf16 n / 2 floats, int8 n / 4, topk
+  // 2 k) and, for topk, the selection order (n int64s).
+  if (compress && cc.type != CompressionType::kPowersgd) {
+    floats += 2 * n;
+    floats += W * (cc.type == CompressionType::kTopk   ? 2 * std::ceil(cc.ratio * n)
+                   : cc.type == CompressionType::kInt8 ? std::ceil(n / 4) + std::ceil(n / 256)
+                                                       : std::ceil(n / 2));
+    if (cc.type == CompressionType::kTopk) floats += 2 * n;
   }
   return floats;
 }
@@ -144,6 +169,22 @@ const char* size_keys(const Config& cfg) {
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
+// The most parameters one zero2/fsdp unit of layers [first, last) can hold: a zero2 unit is a
+// gradient bucket (at most bucket_mb, or one layer larger than that); an fsdp unit is
+// layers_per_unit layers, or the whole range (unit: model).
+double largest_unit(const Config& cfg, const Model& model, size_t first, size_t last) {
+  double layer = 0;
+  for (size_t i = first; i < last; ++i)
+    layer = std::max(layer, static_cast<double>(model.layer_end(i) - model.layer_begin(i)));
+  const double range =
+      first < last ? static_cast<double>(model.layer_end(last - 1) - model.layer_begin(first))
+                   : 0.0;
+  if (cfg.distributed.strategy == StrategyKind::kZero2)
+    return std::max(layer, static_cast<double>(bucket_cap_floats(cfg.distributed.ddp.bucket_mb)));
+  if (cfg.distributed.fsdp.unit == FsdpUnit::kModel) return range;
+  return static_cast<double>(cfg.distributed.fsdp.layers_per_unit) * layer;
+}
+
 }  // namespace
 
 void check_training_memory(const Config& cfg, const Model& model, const MemoryPlan& plan) {
@@ -158,7 +199,9 @@ void check_training_memory(const Config& cfg, const Model& model, const MemoryPl
   for (const auto& [first, last] : plan.stages) {
     const int64_t begin = first < last ? model.layer_begin(first) : 0;
     const int64_t end = first < last ? model.layer_end(last - 1) : 0;
-    state += 4.0 * training_state_floats(cfg, static_cast<double>(end - begin), plan.replicas) *
+    state += 4.0 *
+             training_state_floats(cfg, static_cast<double>(end - begin), plan.replicas,
+                                   largest_unit(cfg, model, first, last)) *
              per_stage;
     // (the training and the evaluation executors each grow their own work buffers)
     const double scratch = 4.0 * scratch_values(model, first, last) * per_stage;

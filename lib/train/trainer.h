@@ -147,9 +147,12 @@ struct ModelShape {
 ModelShape resolve_model_shape(const Config& cfg, const DataSplits& data);
 
 // The fp32 values one rank holds for n parameters under cfg's strategy over `replicas`
-// data-parallel replicas: parameters, gradients and optimizer state (strategy.h's table), plus
-// compression's error-feedback residual and, under train.nonfinite skip, its per-step copy.
-double training_state_floats(const Config& cfg, double n, int replicas);
+// data-parallel replicas: parameters, gradients and optimizer state (strategy.h's table);
+// zero2/fsdp's unit gradients in flight and fsdp's gathered units, for units of at most `unit`
+// parameters (0: n, one unit); Local SGD's anchor, outer momentum and compressed delta; and
+// compression's buffers: the error-feedback residual and, under train.nonfinite skip, its
+// per-step copy, and the elementwise compressors' work, decoding, messages and topk's order.
+double training_state_floats(const Config& cfg, double n, int replicas, double unit = 0);
 
 // summary.json's `format_version`: raised when a key changes meaning or goes away (added keys
 // keep it).

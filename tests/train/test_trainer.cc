@@ -579,26 +579,42 @@ TEST_CASE("a rank that is slower at every step is named as a straggler") {
   CHECK(p["straggler_warnings"].get<int64_t>() >= 3);
 }
 
-TEST_CASE("the memory check counts compression's residual and the copy kept under nonfinite skip") {
+TEST_CASE(
+    "the memory check counts compression's buffers, Local SGD's copies and zero2/fsdp's units") {
   const std::string base =
       "data: {format: synthetic}\noptimizer: {type: sgd, lr: 0.1, momentum: 0.9}\n";
-  const auto floats = [&](const std::vector<std::string>& sets, int replicas = 2) {
-    return training_state_floats(parse_config(base, "m.yaml", sets), 1000, replicas);
+  const auto floats = [&](const std::vector<std::string>& sets, int replicas = 2, double unit = 0) {
+    return training_state_floats(parse_config(base, "m.yaml", sets), 1000, replicas, unit);
   };
   // ddp with SGD momentum: parameters, gradients, momentum.
   CHECK(floats({}) == 3000);
-  // An error-feedback residual per gradient, and its copy through each step under skip.
-  CHECK(floats({"distributed.compression.type=int8"}) == 4000);
-  CHECK(floats({"distributed.compression.type=int8", "train.nonfinite=skip"}) == 5000);
+  // An error-feedback residual per gradient, and its copy through each step under skip; the
+  // elementwise compressors' work and decoding (2000) and both ranks' messages (int8: 4 block
+  // scales and 250 floats of bytes each; fp16: 500; topk 10%: 100 values and 100 indices, and
+  // its order, 1000 int64s).
+  CHECK(floats({"distributed.compression.type=int8"}) == 3000 + 1000 + 2000 + 2 * 254);
+  CHECK(floats({"distributed.compression.type=int8", "train.nonfinite=skip"}) ==
+        3000 + 2000 + 2000 + 2 * 254);
+  CHECK(floats({"distributed.compression.type=fp16"}) == 3000 + 1000 + 2000 + 2 * 500);
+  CHECK(floats({"distributed.compression.type=topk", "distributed.compression.ratio=0.1"}) ==
+        3000 + 1000 + 2000 + 2 * 200 + 2000);
   CHECK(floats({"distributed.compression.type=powersgd", "train.nonfinite=skip"}) == 5000);
   CHECK(floats({"distributed.compression.type=int8", "distributed.compression.error_feedback=false",
-                "train.nonfinite=skip"}) == 3000);
-  // Local SGD compresses at synchronisations, after the verdict: the residual but no copy.
+                "train.nonfinite=skip"}) == 3000 + 2000 + 2 * 254);
+  // Local SGD compresses at synchronisations, after the verdict: the residual but no copy; it
+  // keeps the anchor and the delta it compresses (and DiLoCo's outer momentum).
   CHECK(floats({"distributed.strategy=local_sgd", "distributed.compression.type=int8",
-                "train.nonfinite=skip"}) == 4000);
-  // Sharded strategies: ZeRO-2 keeps the parameters whole, gradients and momentum sharded.
-  CHECK(floats({"distributed.strategy=zero2"}) == 2000);
-  CHECK(floats({"distributed.strategy=fsdp"}, 4) == 750);
+                "train.nonfinite=skip"}) == 5000 + 1000 + 2000 + 2 * 254);
+  CHECK(floats({"distributed.strategy=local_sgd", "distributed.local_sgd.outer_lr=0.7"}) == 5000);
+  CHECK(floats({"distributed.strategy=local_sgd", "distributed.compression.type=powersgd"}) ==
+        5000 + 1000);
+  // Sharded strategies: ZeRO-2 keeps the parameters whole, gradients and momentum sharded, and
+  // during backward the full gradients of 3 units; fsdp also gathers 2 units.
+  CHECK(floats({"distributed.strategy=zero2"}, 2, 100) == 2000 + 300);
+  CHECK(floats({"distributed.strategy=fsdp"}, 4, 100) == 750 + 300 + 200);
+  // One unit, the whole model (fsdp.unit: model): gathered whole, its gradient whole.
+  CHECK(floats({"distributed.strategy=fsdp"}, 4) == 750 + 1000 + 1000);
+  CHECK(floats({"distributed.strategy=fsdp"}, 1, 100) == 3000);  // (one replica: nothing sharded)
 }
 
 TEST_CASE("a resume's full-model copies are counted at MemoryPlan::resume_params when given") {
