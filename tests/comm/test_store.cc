@@ -81,6 +81,13 @@ TEST_CASE("store: asynchronous waits end once, by the keys, the deadline or shut
   CHECK(got_error == "");
   CHECK(got == std::vector<std::string>{"1", "2"});
   CHECK(seen == std::vector<std::string>{"a", "b"});
+  // A counter's key, created or changed by add, is set as well: it completed no wait.
+  std::vector<std::string> counted;
+  m.when_set({"n"}, in_ms(10000),
+             [&](const std::string&, const std::vector<std::string>& v) { counted = v; });
+  CHECK(m.add("n", 5) == 5);
+  CHECK(counted == std::vector<std::string>{"5"});
+  CHECK(seen == std::vector<std::string>{"a", "b", "n"});
 
   std::string late_error;
   m.when_set({"z"}, in_ms(0),

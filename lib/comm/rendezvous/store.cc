@@ -24,25 +24,37 @@ std::vector<std::string> MemoryStore::values_locked(const std::vector<std::strin
   return out;
 }
 
+std::vector<MemoryStore::Waiter> MemoryStore::store_locked(const std::string& key,
+                                                           const std::string& value) {
+  kv_[key] = value;
+  std::vector<Waiter> ready;
+  for (auto it = waiters_.begin(); it != waiters_.end();) {
+    if (all_set_locked(it->keys)) {
+      ready.push_back(std::move(*it));
+      it = waiters_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  for (Waiter& w : ready) w.keys = values_locked(w.keys);  // now the values
+  return ready;
+}
+
+void MemoryStore::after_store(std::vector<Waiter>& ready, const std::string& key,
+                              const std::string& value) {
+  cv_.notify_all();
+  for (Waiter& w : ready) w.done("", w.keys);
+  if (on_set_) on_set_(key, value);
+}
+
 void MemoryStore::set(const std::string& key, const std::string& value) {
   std::vector<Waiter> ready;
   {
     std::lock_guard<std::mutex> lk(mu_);
     if (!closed_.empty()) throw CommError(closed_);
-    kv_[key] = value;
-    for (auto it = waiters_.begin(); it != waiters_.end();) {
-      if (all_set_locked(it->keys)) {
-        ready.push_back(std::move(*it));
-        it = waiters_.erase(it);
-      } else {
-        ++it;
-      }
-    }
-    for (Waiter& w : ready) w.keys = values_locked(w.keys);  // now the values
+    ready = store_locked(key, value);
   }
-  cv_.notify_all();
-  for (Waiter& w : ready) w.done("", w.keys);
-  if (on_set_) on_set_(key, value);
+  after_store(ready, key, value);
 }
 
 std::string MemoryStore::get(const std::string& key, Deadline deadline) {
@@ -62,6 +74,7 @@ void MemoryStore::wait(const std::vector<std::string>& keys, Deadline deadline) 
 
 int64_t MemoryStore::add(const std::string& key, int64_t delta) {
   int64_t v = 0;
+  std::vector<Waiter> ready;
   {
     std::lock_guard<std::mutex> lk(mu_);
     if (!closed_.empty()) throw CommError(closed_);
@@ -78,9 +91,9 @@ int64_t MemoryStore::add(const std::string& key, int64_t delta) {
     // Any token holder sends deltas: a sum past int64 is refused, not undefined behaviour.
     if (__builtin_add_overflow(v, delta, &v))
       throw CommError(fmt::format("store: adding {} to counter '{}' overflows", delta, key));
-    kv_[key] = std::to_string(v);
+    ready = store_locked(key, std::to_string(v));
   }
-  cv_.notify_all();
+  after_store(ready, key, std::to_string(v));
   return v;
 }
 

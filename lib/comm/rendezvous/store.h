@@ -58,7 +58,8 @@ class PrefixStore final : public Store {
 // asynchronously (when_set) for the service, and lets its owner watch every set (on_set).
 class MemoryStore final : public Store {
  public:
-  // Called (without the store's lock) after every set, with the key and value.
+  // Called (without the store's lock) after every set, and every add (with the counter's new
+  // value), with the key and value.
   using Watcher = std::function<void(const std::string& key, const std::string& value)>;
   explicit MemoryStore(Watcher on_set = nullptr) : on_set_(std::move(on_set)) {}
   ~MemoryStore() override { shutdown("the store shut down"); }
@@ -85,6 +86,10 @@ class MemoryStore final : public Store {
     Done done;
   };
   bool all_set_locked(const std::vector<std::string>& keys) const;
+  // Sets key (set, add) and takes the asynchronous waits it completes out of waiters_;
+  // after_store then wakes the blocking waits, completes those and calls on_set_ (unlocked).
+  std::vector<Waiter> store_locked(const std::string& key, const std::string& value);
+  void after_store(std::vector<Waiter>& ready, const std::string& key, const std::string& value);
   std::vector<std::string> values_locked(const std::vector<std::string>& keys) const;
 
   const Watcher on_set_;
