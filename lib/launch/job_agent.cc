@@ -278,6 +278,21 @@ struct JobAgent::Impl {
     return f(static_cast<Store&>(s));
   }
 
+  // Appends "<this node> <text>" to the attempt's list (entries <entry>/1, 2, ...), which the
+  // others' polls read; a store that does not answer in 2 s is warned about.
+  void append(int attempt, const char* list, const char* entry, const std::string& text) {
+    try {
+      with_store(2, [&](Store& s) {
+        const int64_t n = s.add(key(attempt, list), 1);
+        s.set(key(attempt, std::string(entry) + "/" + std::to_string(n)),
+              std::to_string(o.node_rank) + " " + text);
+        return 0;
+      });
+    } catch (const CommError& e) {
+      spdlog::warn("could not tell the other nodes: {}", e.what());
+    }
+  }
+
   // The other nodes, checking in: node 0's store instance as the check-in finds it ("" for node
   // 0 itself, and from a node 0 of an older dtrain, which sets none: not watched then).
   std::string node0_instance(Store& s) const {
@@ -718,30 +733,11 @@ void JobAgent::report_failure(int attempt, const std::string& what) {
   m.reported_attempt = attempt;
   if (m.reported_failure) return;
   m.reported_failure = true;
-  try {
-    m.with_store(2, [&](Store& s) {
-      const int64_t n = s.add(key(attempt, "failures"), 1);
-      s.set(key(attempt, "failure/" + std::to_string(n)),
-            std::to_string(m.o.node_rank) + " " + what);
-      return 0;
-    });
-  } catch (const CommError& e) {
-    spdlog::warn("could not tell the other nodes: {}", e.what());
-  }
+  m.append(attempt, "failures", "failure", what);
 }
 
 void JobAgent::report_stop(int attempt, int sig) {
-  Impl& m = *impl_;
-  try {
-    m.with_store(2, [&](Store& s) {
-      const int64_t n = s.add(key(attempt, "stops"), 1);
-      s.set(key(attempt, "stop/" + std::to_string(n)),
-            std::to_string(m.o.node_rank) + " " + std::to_string(sig));
-      return 0;
-    });
-  } catch (const CommError& e) {
-    spdlog::warn("could not tell the other nodes: {}", e.what());
-  }
+  impl_->append(attempt, "stops", "stop", std::to_string(sig));
 }
 
 RemoteNews JobAgent::poll(int attempt) {
@@ -765,6 +761,8 @@ RemoteNews JobAgent::poll(int attempt) {
   if (m.heard_attempt != attempt) {
     m.heard_attempt = attempt;
     m.heard_node0 = Clock::now();
+    m.beats.clear();  // (node 0: its members' silence counts from their first poll of it)
+    m.lost.clear();
   }
   try {
     m.with_store(1, [&](Store& s) {
