@@ -213,6 +213,9 @@ std::string master_addr_problem(const std::string& addr) {
   if (addr.find("://") != std::string::npos)
     return "is a URL: give the host alone (a name or an IP address)";
   if (addr.find_first_of(" \t\r\n") != std::string::npos) return "holds whitespace";
+  if (std::count(addr.begin(), addr.end(), '[') != std::count(addr.begin(), addr.end(), ']') ||
+      addr.find('[') > addr.find(']'))
+    return "has an unbalanced '[' or ']' (an IPv6 address: [::1] or ::1)";
   const size_t colons = static_cast<size_t>(std::count(addr.begin(), addr.end(), ':'));
   if (colons == 1 || (addr.starts_with('[') && addr.find("]:") != std::string::npos))
     return "holds a port (host:port): give the host alone, and the port as MASTER_PORT or "
@@ -318,6 +321,17 @@ DistEnv resolve_dist_env(const std::map<std::string, std::string>& env, int conf
     addr_given = true;
   }
   if (env.count("MASTER_PORT")) port = from_env(env, "MASTER_PORT");
+  // torchrun's static rendezvous (and from PyTorch 2.4 its c10d one, sharing its store) keeps
+  // MASTER_PORT for the agent's own TCPStore, which workers are to use as clients: it says so
+  // with TORCHELASTIC_USE_AGENT_STORE=True. dtrain's rank 0 serves a rendezvous of its own, so it
+  // takes the next port, the same on every rank (rank 0 runs on MASTER_ADDR, the store's host);
+  // else rank 0 found MASTER_PORT taken and exited 1.
+  if (const std::string* agent = find(env, "TORCHELASTIC_USE_AGENT_STORE");
+      agent != nullptr && *agent == "True" && port.set && port.name == "MASTER_PORT")
+    port = {port.value + 1,
+            "MASTER_PORT + 1 (torchrun's agent serves its store on MASTER_PORT: "
+            "TORCHELASTIC_USE_AGENT_STORE=True)",
+            true};
 
   if (flags.any()) source = "flags";
   if (flags.rank) rank = {*flags.rank, "--rank", true};

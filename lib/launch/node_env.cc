@@ -1,5 +1,8 @@
 #include "launch/node_env.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
 #include "launch/dist_env.h"
 #include "util/check.h"
 
@@ -28,8 +31,26 @@ std::string show(const Src& s) {
   return s.from + "=" + std::to_string(s.value);
 }
 
-bool loopback(const std::string& host) {
-  return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1" || host == "[::1]";
+// Why the other nodes cannot dial `host` as node 0's address: "a loopback address" (localhost,
+// 127/8, ::1, ::ffff:127/104, in any spelling inet_pton reads), "the wildcard address" (0.0.0.0,
+// ::: a listener's "every interface", which a dialling node takes for itself), or "".
+std::string not_node0_address(std::string host) {
+  if (host == "localhost") return "a loopback address";
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']')
+    host = host.substr(1, host.size() - 2);
+  in_addr v4{};
+  in6_addr v6{};
+  if (::inet_pton(AF_INET, host.c_str(), &v4) == 1) {
+    const uint32_t a = ntohl(v4.s_addr);
+    if (a == 0) return "the wildcard address";
+    return (a >> 24) == 127 ? "a loopback address" : "";
+  }
+  if (::inet_pton(AF_INET6, host.c_str(), &v6) == 1) {
+    if (IN6_IS_ADDR_UNSPECIFIED(&v6)) return "the wildcard address";
+    if (IN6_IS_ADDR_LOOPBACK(&v6) || (IN6_IS_ADDR_V4MAPPED(&v6) && v6.s6_addr[12] == 127))
+      return "a loopback address";
+  }
+  return "";
 }
 
 }  // namespace
@@ -78,11 +99,10 @@ NodeEnv resolve_node_env(const Env& env, const NodeOverrides& flags, int default
       !why.empty() && nnodes.value * per.value > 1)  // (one rank meets nobody)
     throw UserError(addr_from + " '" + addr + "' " + why);
   if (nnodes.value > 1) {
-    if (addr_from == "default" || loopback(addr))
+    if (const std::string why = not_node0_address(addr); addr_from == "default" || !why.empty())
       throw UserError(
           show(nnodes) + ": give --master-addr, the host of node 0 as every node " + "reaches it" +
-          (addr_from == "default" ? ""
-                                  : " (" + addr_from + "='" + addr + "' is a loopback address)"));
+          (addr_from == "default" ? "" : " (" + addr_from + "='" + addr + "' is " + why + ")"));
     if (port.from == "default")
       throw UserError(show(nnodes) +
                       ": give --master-port, the port of rank 0's rendezvous on node 0 (the "

@@ -81,6 +81,24 @@ TEST_CASE("resolve_dist_env: torchrun environment") {
   CHECK(s.master_addr == "127.0.0.1");
   // A one-process job needs no port.
   CHECK(resolve_dist_env({{"RANK", "0"}, {"WORLD_SIZE", "1"}}, 4).world_size == 1);
+
+  // torchrun's agent serving its own store on MASTER_PORT: dtrain's rendezvous takes the next
+  // port (rank 0 found MASTER_PORT taken); --master-port is the user's and stays as given.
+  Env agent = env;
+  agent["TORCHELASTIC_USE_AGENT_STORE"] = "True";
+  CHECK(resolve_dist_env(agent, 1, {}).master_port == 29501);
+  DistOverrides flag;
+  flag.master_port = 4000;
+  CHECK(resolve_dist_env(agent, 1, flag).master_port == 4000);
+  agent["TORCHELASTIC_USE_AGENT_STORE"] = "False";
+  CHECK(resolve_dist_env(agent, 1, {}).master_port == 29500);
+  agent["TORCHELASTIC_USE_AGENT_STORE"] = "True";
+  agent["MASTER_PORT"] = "65535";
+  CHECK_THROWS_WITH_AS(resolve_dist_env(agent, 1, {}),
+                       doctest::Contains("MASTER_PORT + 1 (torchrun's agent serves its store on "
+                                         "MASTER_PORT: TORCHELASTIC_USE_AGENT_STORE=True)=65536 "
+                                         "is not a TCP port"),
+                       UserError);
 }
 
 TEST_CASE("resolve_dist_env: bad torchrun values are UserErrors naming the variable") {

@@ -222,6 +222,22 @@ TEST_CASE("resolve_node_env: refusals name the flag or variable") {
   CHECK(contains(err({}, g), "give --master-addr"));
   g.master_addr = "127.0.0.1";
   CHECK(contains(err({}, g), "loopback"));
+  // Every spelling of loopback and the wildcard (which a dialling node takes for itself): each
+  // waited out the 300 s join timeout.
+  for (const char* a : {"::1", "[::1]", "0:0:0:0:0:0:0:1", "::ffff:127.0.0.1", "127.1.2.3"}) {
+    g.master_addr = a;
+    CHECK_MESSAGE(contains(err({}, g), "is a loopback address"), a);
+  }
+  for (const char* a : {"0.0.0.0", "::", "[::]"}) {
+    g.master_addr = a;
+    CHECK_MESSAGE(contains(err({}, g), "is the wildcard address"), a);
+  }
+  for (const char* a : {"10.0.0.7", "fe80::1", "node0.cluster", "[2001:db8::5]"}) {
+    g.master_addr = a;
+    CHECK_MESSAGE(err({}, g) == "<no error>", a);
+  }
+  g.master_addr = "[::1";  // (became "[[::1]:P", waited out the rendezvous timeout)
+  CHECK(contains(err({}, g), "unbalanced"));
   g = f;
   g.master_port.reset();
   CHECK(contains(err({}, g), "give --master-port"));
