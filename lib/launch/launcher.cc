@@ -211,6 +211,7 @@ class Attempt {
       tees_[i].log_fd = log0_.get();
       tees_[i].console = i == 0 ? STDOUT_FILENO : STDERR_FILENO;
       tees_[i].console_ok = o_.echo_rank0;
+      tees_[i].log_path = rank_log_path(o_.log_dir, plan_.first_rank);
     }
     for (int l = 0; l < plan_.nproc; ++l) {
       const int r = plan_.first_rank + l;
@@ -294,11 +295,12 @@ class Attempt {
     for (int sig : signals_.take()) {
       if (sig == SIGCHLD || sig == SIGPIPE) continue;
       if (!shutting_down_) {
-        spdlog::warn("received {}: forwarding it to the ranks", signal_name(sig));
-        if (plan_.agent != nullptr) plan_.agent->report_stop(attempt_, sig);
+        // (forwarded before it is logged: a console nobody reads blocks the log line)
         res_.stop_signal = sig;
         forwarded_at_ = Clock::now();
         terminate_all(sig, seconds(o_.interrupt_grace_s));
+        spdlog::warn("received {}: forwarding it to the ranks", signal_name(sig));
+        if (plan_.agent != nullptr) plan_.agent->report_stop(attempt_, sig);
       } else if (sig == res_.stop_signal && Clock::now() - forwarded_at_ < kSameSignal) {
         // The same signal twice at once is one event delivered twice (timeout(1), for one,
         // signals its child and then its whole process group), not a person asking again.
@@ -702,8 +704,20 @@ int launch_attempts(const LaunchOptions& o, LaunchReport* report, std::string* b
     const int stop_rc = r.stop_rc();
 
     if (agent) {
-      const JobDecision d =
-          agent->finish(attempt, node_outcome(r, stop_rc, node_text), o.max_restarts);
+      NodeOutcome mine = node_outcome(r, stop_rc, node_text);
+      // Ctrl-C or SIGTERM after the ranks were gone (while the failed attempt wound down) was
+      // forwarded to no one: reported as this node's stop, with the failure's code, node 0
+      // decides no restart, as one node does (local_decision), instead of the signal landing
+      // on the ranks of a restart.
+      if (mine.kind == NodeOutcome::kFailed || mine.kind == NodeOutcome::kUserError)
+        for (int sig : signals.take()) {
+          if (sig == SIGCHLD || sig == SIGPIPE) continue;
+          spdlog::warn("received {}: not restarting", signal_name(sig));
+          mine.kind = NodeOutcome::kStopped;
+          mine.cause += "; then " + signal_name(sig) + " on node " + std::to_string(plan.node_rank);
+          break;
+        }
+      const JobDecision d = agent->finish(attempt, mine, o.max_restarts);
       if (d.restart) {
         spdlog::warn("restart {} of {} (node 0's count): {}; starting this node's {} rank(s) again",
                      attempt + 1, o.max_restarts, d.reason, nproc);

@@ -11,9 +11,11 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <fstream>
 #include <thread>
 
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 namespace dtrain::launch_detail {
@@ -210,6 +212,49 @@ bool write_fully(int fd, const char* p, size_t n) {
   return true;
 }
 
+size_t write_console(int fd, const char* p, size_t n, int wait_ms, bool* failed) {
+  size_t done = 0;
+  while (done < n) {
+    pollfd pf{fd, POLLOUT, 0};
+    const int r = ::poll(&pf, 1, wait_ms);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return done;  // full (or poll failed): leave the rest
+    if (pf.revents & (POLLERR | POLLHUP | POLLNVAL)) {
+      *failed = true;
+      return done;
+    }
+    const ssize_t w = ::write(fd, p + done, std::min<size_t>(n - done, PIPE_BUF));
+    if (w > 0) {
+      done += static_cast<size_t>(w);
+    } else if (w < 0 && errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK) {
+      *failed = true;
+      return done;
+    }
+  }
+  return done;
+}
+
+void Tee::write_to_console(const char* p, size_t n) {
+  // A console found full waits no more until it takes something again: 0 ms then.
+  const int wait_ms = console_dropped > 0 ? 0 : 200;
+  bool failed = false;
+  if (console_dropped > 0) {
+    const std::string note = fmt::format(
+        "\n[dtrain launch] {} bytes of rank 0's output did not fit the console, which took none "
+        "for a while; {} has them\n",
+        console_dropped, log_path.empty() ? std::string("rank 0's log") : log_path);
+    if (write_console(console, note.data(), note.size(), 0, &failed) < note.size()) {
+      console_dropped += n;
+      console_ok = !failed;
+      return;
+    }
+    console_dropped = 0;
+  }
+  const size_t w = write_console(console, p, n, wait_ms, &failed);
+  console_dropped += n - w;
+  if (failed) console_ok = false;
+}
+
 void Tee::pump(int max_reads) {
   char buf[65536];
   for (int i = 0; src.open() && i < max_reads; ++i) {
@@ -226,7 +271,7 @@ void Tee::pump(int max_reads) {
         spdlog::warn("writing rank 0's log failed ({}); its output is no longer logged",
                      strerror(errno));
       }
-      if (console_ok && !write_fully(console, buf, len)) console_ok = false;
+      if (console_ok) write_to_console(buf, len);
     }
   }
 }

@@ -129,16 +129,29 @@ class ChildSet {
 // any other failure (the caller stops writing there).
 bool write_fully(int fd, const char* p, size_t n);
 
-// Copies one of rank 0's pipes to its log file and to the launcher's console.
+// Writes as much of [p, p + n) to a console that may be a blocking descriptor as it takes
+// without blocking the caller for long: pieces of at most PIPE_BUF bytes, each once poll(2)
+// says the descriptor is writable (for a pipe that means a piece fits, so write(2) does not
+// block), waiting at most wait_ms for each. Returns the bytes written; fewer than n when the
+// console stayed full (a pipe nobody reads: `| less` at a prompt) or failed (*failed set).
+size_t write_console(int fd, const char* p, size_t n, int wait_ms, bool* failed);
+
+// Copies one of rank 0's pipes to its log file and to the launcher's console. The log gets
+// everything; the console what it takes without stalling the supervisor loop (write_console):
+// a console that stays full loses rank 0's output meanwhile -- a line then says how much and
+// where it is -- while the launcher goes on forwarding signals and reaping ranks.
 struct Tee {
   Fd src;            // read end, non-blocking
   int log_fd = -1;   // rank-0.log
   int console = -1;  // STDOUT_FILENO or STDERR_FILENO
   bool log_ok = true, console_ok = true;
+  uint64_t console_dropped = 0;  // bytes the full console did not take since it last took some
+  std::string log_path;          // for the line about them
 
   // Reads what is available, at most max_reads chunks so a chatty rank cannot starve the
   // supervisor loop. Closes the source at EOF.
   void pump(int max_reads);
+  void write_to_console(const char* p, size_t n);
 };
 
 // Starts one rank in its own process group with stdin from /dev/null and the given stdout and
