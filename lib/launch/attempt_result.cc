@@ -117,6 +117,11 @@ std::optional<int> local_decision(const LaunchOptions& o, const AttemptResult& r
     return rc;
   }
   // Ctrl-C or SIGTERM while the failed attempt wound down: stop here.
+  if (r.late_signal != 0) {
+    spdlog::warn("received {} while the failed attempt stopped: not restarting",
+                 signal_name(r.late_signal));
+    return rc;
+  }
   for (int sig : signals.take()) {
     if (sig == SIGCHLD || sig == SIGPIPE) continue;
     spdlog::warn("received {}: not restarting", signal_name(sig));

@@ -23,7 +23,9 @@ struct AttemptResult {
   bool abandoned = false;       // ranks survived SIGKILL and were left behind
   int stop_signal = 0;          // the signal received here (or by another node) that stopped
                                 // the ranks, 0: none
-  int first_failed_rank = -1;   // the rank that failed first, and its wait status: the cause
+  int late_signal = 0;  // a signal received here while a failure already stopped the ranks (it
+                        // killed them): no restart follows, 0: none
+  int first_failed_rank = -1;  // the rank that failed first, and its wait status: the cause
   int first_failed_status = 0;
   int64_t first_failed_ms = 0;     // its wall-clock time (ms since the epoch)
   std::vector<int> failed_ranks;   // every rank that failed on its own, in order

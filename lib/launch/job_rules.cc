@@ -26,6 +26,9 @@ JobDecision decide_attempt(const std::vector<NodeOutcome>& outcomes, int attempt
   }
   if (stopped != nullptr) {
     d.rc = stopped->rc;
+    // (a node stopped with a failure's code, a signal after its failure: bad input elsewhere
+    // still makes it 2)
+    if (d.rc == 1 && user_error) d.rc = 2;
     d.reason = stopped->cause;
     return d;
   }

@@ -157,6 +157,9 @@ std::map<std::string, std::string> rank_environment(const LaunchOptions& o, cons
   base["TORCHELASTIC_RESTART_COUNT"] = std::to_string(attempt);
   base["TORCHELASTIC_MAX_RESTARTS"] = std::to_string(o.max_restarts);
   base["TORCHELASTIC_RUN_ID"] = plan.run_id;
+  // (a torchrun agent's, inherited: this launcher serves no store on MASTER_PORT, and the rule
+  // it sets off in resolve_dist_env would move rank 0 onto the launchers' port)
+  base.erase("TORCHELASTIC_USE_AGENT_STORE");
   base[kLauncherPidEnv] = std::to_string(::getpid());  // end_with_launcher
   if (plan.agent == nullptr)
     spdlog::info(
@@ -249,7 +252,10 @@ class Attempt {
       check_timers();
     }
     // Whatever rank 0 wrote before exiting is still in the pipes.
-    for (Tee& t : tees_) t.pump(4096);
+    for (Tee& t : tees_) {
+      t.pump(4096);
+      t.note_dropped();
+    }
     follow_named_cause(res_, reaped_, plan_.first_rank, plan_.nproc, o_.log_dir);
     return res_;
   }
@@ -306,8 +312,11 @@ class Attempt {
         // signals its child and then its whole process group), not a person asking again.
         spdlog::debug("received {} again at once: taken as the same request", signal_name(sig));
       } else if (!kill_sent_) {
-        spdlog::warn("received {} while stopping: killing the ranks now", signal_name(sig));
+        if (res_.stop_signal == 0) res_.late_signal = sig;  // (stopping for a failure)
         kill_all();
+        spdlog::warn("received {} while stopping: killing the ranks now", signal_name(sig));
+      } else if (res_.stop_signal == 0) {
+        res_.late_signal = sig;
       }
     }
   }
@@ -709,14 +718,17 @@ int launch_attempts(const LaunchOptions& o, LaunchReport* report, std::string* b
       // forwarded to no one: reported as this node's stop, with the failure's code, node 0
       // decides no restart, as one node does (local_decision), instead of the signal landing
       // on the ranks of a restart.
-      if (mine.kind == NodeOutcome::kFailed || mine.kind == NodeOutcome::kUserError)
-        for (int sig : signals.take()) {
-          if (sig == SIGCHLD || sig == SIGPIPE) continue;
-          spdlog::warn("received {}: not restarting", signal_name(sig));
+      if (mine.kind == NodeOutcome::kFailed || mine.kind == NodeOutcome::kUserError) {
+        int late = r.late_signal;
+        for (int sig : signals.take())
+          if (late == 0 && sig != SIGCHLD && sig != SIGPIPE) late = sig;
+        if (late != 0) {
+          spdlog::warn("received {}: not restarting", signal_name(late));
           mine.kind = NodeOutcome::kStopped;
-          mine.cause += "; then " + signal_name(sig) + " on node " + std::to_string(plan.node_rank);
-          break;
+          mine.cause +=
+              "; then " + signal_name(late) + " on node " + std::to_string(plan.node_rank);
         }
+      }
       const JobDecision d = agent->finish(attempt, mine, o.max_restarts);
       if (d.restart) {
         spdlog::warn("restart {} of {} (node 0's count): {}; starting this node's {} rank(s) again",

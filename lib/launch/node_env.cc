@@ -3,6 +3,9 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 
+#include <algorithm>
+#include <cctype>
+
 #include "launch/dist_env.h"
 #include "util/check.h"
 
@@ -31,16 +34,23 @@ std::string show(const Src& s) {
   return s.from + "=" + std::to_string(s.value);
 }
 
-// Why the other nodes cannot dial `host` as node 0's address: "a loopback address" (localhost,
-// 127/8, ::1, ::ffff:127/104, in any spelling inet_pton reads), "the wildcard address" (0.0.0.0,
-// ::: a listener's "every interface", which a dialling node takes for itself), or "".
+// Why the other nodes cannot dial `host` as node 0's address: "a loopback address" (localhost
+// and *.localhost in any case, 127/8, ::1, ::ffff:127/104, in any spelling inet_aton and
+// inet_pton read), "the wildcard address" (0.0.0.0, ::: a listener's "every interface", which a
+// dialling node takes for itself), or "". (A name that resolves to loopback is not looked up.)
 std::string not_node0_address(std::string host) {
-  if (host == "localhost") return "a loopback address";
+  std::transform(host.begin(), host.end(), host.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  if (host == "localhost" || host == "localhost." || host.ends_with(".localhost") ||
+      host.ends_with(".localhost."))
+    return "a loopback address";
   if (host.size() >= 2 && host.front() == '[' && host.back() == ']')
     host = host.substr(1, host.size() - 2);
   in_addr v4{};
   in6_addr v6{};
-  if (::inet_pton(AF_INET, host.c_str(), &v4) == 1) {
+  // (inet_aton, not inet_pton: it reads every IPv4 spelling the resolver does -- 127.1, 0,
+  // 2130706433, 0x7f.1)
+  if (::inet_aton(host.c_str(), &v4) != 0) {
     const uint32_t a = ntohl(v4.s_addr);
     if (a == 0) return "the wildcard address";
     return (a >> 24) == 127 ? "a loopback address" : "";

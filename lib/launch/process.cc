@@ -212,11 +212,15 @@ bool write_fully(int fd, const char* p, size_t n) {
   return true;
 }
 
-size_t write_console(int fd, const char* p, size_t n, int wait_ms, bool* failed) {
+size_t write_console(int fd, const char* p, size_t n, std::chrono::steady_clock::time_point until,
+                     bool* failed) {
   size_t done = 0;
   while (done < n) {
+    const auto left =
+        std::chrono::ceil<std::chrono::milliseconds>(until - std::chrono::steady_clock::now())
+            .count();
     pollfd pf{fd, POLLOUT, 0};
-    const int r = ::poll(&pf, 1, wait_ms);
+    const int r = ::poll(&pf, 1, static_cast<int>(std::clamp<int64_t>(left, 0, 60000)));
     if (r < 0 && errno == EINTR) continue;
     if (r <= 0) return done;  // full (or poll failed): leave the rest
     if (pf.revents & (POLLERR | POLLHUP | POLLNVAL)) {
@@ -234,29 +238,42 @@ size_t write_console(int fd, const char* p, size_t n, int wait_ms, bool* failed)
   return done;
 }
 
-void Tee::write_to_console(const char* p, size_t n) {
-  // A console found full waits no more until it takes something again: 0 ms then.
-  const int wait_ms = console_dropped > 0 ? 0 : 200;
+bool Tee::write_note(std::chrono::steady_clock::time_point until) {
+  const std::string note = fmt::format(
+      "\n[dtrain launch] {} bytes of rank 0's output did not fit the console, which took none "
+      "for a while; {} has them\n",
+      console_dropped, log_path.empty() ? std::string("rank 0's log") : log_path);
   bool failed = false;
+  const size_t w = write_console(console, note.data(), note.size(), until, &failed);
+  if (failed) console_ok = false;
+  if (w < note.size()) return false;
+  console_dropped = 0;
+  return true;
+}
+
+void Tee::write_to_console(const char* p, size_t n, std::chrono::steady_clock::time_point until) {
+  // A console found full waits no more until it takes something again.
   if (console_dropped > 0) {
-    const std::string note = fmt::format(
-        "\n[dtrain launch] {} bytes of rank 0's output did not fit the console, which took none "
-        "for a while; {} has them\n",
-        console_dropped, log_path.empty() ? std::string("rank 0's log") : log_path);
-    if (write_console(console, note.data(), note.size(), 0, &failed) < note.size()) {
+    until = std::chrono::steady_clock::now();
+    if (!write_note(until)) {
       console_dropped += n;
-      console_ok = !failed;
       return;
     }
-    console_dropped = 0;
   }
-  const size_t w = write_console(console, p, n, wait_ms, &failed);
+  bool failed = false;
+  const size_t w = write_console(console, p, n, until, &failed);
   console_dropped += n - w;
   if (failed) console_ok = false;
 }
 
+void Tee::note_dropped() {
+  if (console_ok && console_dropped > 0)
+    write_note(std::chrono::steady_clock::now() + std::chrono::seconds(1));
+}
+
 void Tee::pump(int max_reads) {
   char buf[65536];
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
   for (int i = 0; src.open() && i < max_reads; ++i) {
     const ssize_t n = ::read(src.get(), buf, sizeof buf);
     if (n == 0) {
@@ -271,7 +288,7 @@ void Tee::pump(int max_reads) {
         spdlog::warn("writing rank 0's log failed ({}); its output is no longer logged",
                      strerror(errno));
       }
-      if (console_ok) write_to_console(buf, len);
+      if (console_ok) write_to_console(buf, len, until);
     }
   }
 }

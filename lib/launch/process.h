@@ -130,11 +130,12 @@ class ChildSet {
 bool write_fully(int fd, const char* p, size_t n);
 
 // Writes as much of [p, p + n) to a console that may be a blocking descriptor as it takes
-// without blocking the caller for long: pieces of at most PIPE_BUF bytes, each once poll(2)
-// says the descriptor is writable (for a pipe that means a piece fits, so write(2) does not
-// block), waiting at most wait_ms for each. Returns the bytes written; fewer than n when the
-// console stayed full (a pipe nobody reads: `| less` at a prompt) or failed (*failed set).
-size_t write_console(int fd, const char* p, size_t n, int wait_ms, bool* failed);
+// until `until`: pieces of at most PIPE_BUF bytes, each once poll(2) says the descriptor is
+// writable (for a pipe that means a piece fits, so write(2) does not block). Returns the bytes
+// written; fewer than n when the console stayed full (a pipe nobody reads: `| less` at a
+// prompt) or failed (*failed set).
+size_t write_console(int fd, const char* p, size_t n, std::chrono::steady_clock::time_point until,
+                     bool* failed);
 
 // Copies one of rank 0's pipes to its log file and to the launcher's console. The log gets
 // everything; the console what it takes without stalling the supervisor loop (write_console):
@@ -149,9 +150,16 @@ struct Tee {
   std::string log_path;          // for the line about them
 
   // Reads what is available, at most max_reads chunks so a chatty rank cannot starve the
-  // supervisor loop. Closes the source at EOF.
+  // supervisor loop, and gives the console at most 200 ms in all (none while it is found full).
+  // Closes the source at EOF.
   void pump(int max_reads);
-  void write_to_console(const char* p, size_t n);
+  // At the end of an attempt: the line about output the console missed, if any (waiting at
+  // most 1 s for the console to take it).
+  void note_dropped();
+
+ private:
+  void write_to_console(const char* p, size_t n, std::chrono::steady_clock::time_point until);
+  bool write_note(std::chrono::steady_clock::time_point until);
 };
 
 // Starts one rank in its own process group with stdin from /dev/null and the given stdout and

@@ -642,6 +642,41 @@ TEST_CASE("SIGTERM to a launcher with restarts left stops everything without res
   }
 }
 
+TEST_CASE("Ctrl-C while a failed attempt's ranks are being stopped: no restart") {
+  // The signal came while the launcher waited out the grace of ranks that ignore SIGTERM: it
+  // killed them, and the restart that followed took the signal for nothing.
+  TempDir dir;
+  LaunchOptions o = sh_options(dir, 3,
+                               "echo $$ > $D/pid-$RANK\n"
+                               "echo x > $D/env-$RANK-$DTRAIN_RESTART_COUNT\n"
+                               "if [ \"$RANK\" = 1 ]; then\n"
+                               "  while [ ! -e $D/ready-0 ] || [ ! -e $D/ready-2 ]; do sleep 0.05; "
+                               "done\n"
+                               "  touch $D/failing\n"
+                               "  exit 4\n"
+                               "fi\n"
+                               "trap '' TERM\n"
+                               "sleep 30 & echo $! > $D/sleep-$RANK\n"
+                               "touch $D/ready-$RANK\n"
+                               "wait\n");
+  o.grace_s = 10;
+  o.max_restarts = 3;
+  const Launched r = run_launcher(o, dir, [&](pid_t launcher) {
+    CHECK(wait_for_files({dir / "failing"}));
+    // (past the second the launcher waits for other failures, in the grace of its SIGTERM)
+    std::this_thread::sleep_for(std::chrono::milliseconds(2000));
+    ::kill(launcher, SIGINT);
+  });
+  INFO("launcher stdout:\n", r.out, "\nlauncher stderr:\n", r.err);
+  CHECK(r.exit_code == 1);
+  CHECK(r.seconds < 10);  // not the 10 s grace
+  CHECK(contains(r.out + r.err, "killing the ranks now"));
+  CHECK(contains(r.out + r.err, "not restarting"));
+  CHECK_FALSE(contains(r.out + r.err, "restart 1"));
+  CHECK_FALSE(std::filesystem::exists(dir / "env-0-1"));
+  check_all_gone(dir, 3);
+}
+
 TEST_CASE("the rank that refused its input is blamed, not a peer that relayed its abort first") {
   // Rank 2 exits 1 at once ("rank 0 aborted: ..."), rank 0 exits 2 a moment later: the launch
   // failed on rank 0's bad input (it blamed rank 2, "exit status 1", in 7 of 15 real runs).

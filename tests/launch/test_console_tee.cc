@@ -57,11 +57,12 @@ TEST_CASE("write_console gives up on a full blocking pipe instead of blocking") 
   const std::string line(10000, 'a');
   bool failed = false;
   const auto t0 = std::chrono::steady_clock::now();
-  CHECK(write_console(full.w.get(), line.data(), line.size(), 50, &failed) == 0);
+  const auto soon = [] { return std::chrono::steady_clock::now() + std::chrono::milliseconds(50); };
+  CHECK(write_console(full.w.get(), line.data(), line.size(), soon(), &failed) == 0);
   CHECK(seconds_since(t0) < 5.0);  // (would block forever)
   CHECK_FALSE(failed);
   full.drain();
-  CHECK(write_console(full.w.get(), line.data(), line.size(), 50, &failed) == line.size());
+  CHECK(write_console(full.w.get(), line.data(), line.size(), soon(), &failed) == line.size());
   CHECK(full.drain() == line);
 }
 
@@ -100,4 +101,17 @@ TEST_CASE("a console that stays full loses rank 0's output, the log keeps it, a 
   std::stringstream all;
   all << in.rdbuf();
   CHECK(all.str() == first + second);
+
+  // Output the console missed at the end of an attempt is said then (rank 0 writes no more).
+  Tee last;
+  FullPipe console2;
+  last.console = console2.w.get();
+  last.log_path = log_path;
+  last.console_dropped = 100;
+  last.note_dropped();  // still full: nothing, and no wait past its second
+  CHECK(last.console_dropped == 100);
+  console2.drain();
+  last.note_dropped();
+  CHECK(last.console_dropped == 0);
+  CHECK(console2.drain().find("100 bytes of rank 0's output") != std::string::npos);
 }

@@ -98,6 +98,14 @@ TEST_CASE("decide_attempt: one decision for the whole job from every node's outc
   d = decide_attempt({ok, stopped, killed}, 0, 5);
   CHECK_FALSE(d.restart);
   CHECK(d.rc == 143);
+  // A node that failed and then got a signal reports a stop with the failure's code: no
+  // restart; bad input on another node still makes it 2.
+  NodeOutcome failed_then_signal = failed("rank 1 failed; then SIGINT on node 0", false, 5);
+  failed_then_signal.kind = NodeOutcome::kStopped;
+  d = decide_attempt({failed_then_signal, killed}, 0, 5);
+  CHECK_FALSE(d.restart);
+  CHECK(d.rc == 1);
+  CHECK(decide_attempt({failed_then_signal, user}, 0, 5).rc == 2);
 }
 
 TEST_CASE("JobAgent: two nodes check in, hear each other's failures and agree on restarts") {
