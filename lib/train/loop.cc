@@ -676,6 +676,7 @@ nlohmann::json TrainLoop::run() {
       stop_vote.settle();
       throw;
     } catch (const std::exception& e) {
+      fail_group(e);
       stop_vote.abandon(e.what());
       throw;
     }
@@ -708,6 +709,7 @@ nlohmann::json TrainLoop::run() {
       stop_vote.settle();
       throw;
     } catch (const std::exception& e) {  // this rank's own (the peers learn it from the abort)
+      fail_group(e);
       stop_vote.abandon(e.what());
       throw;
     }

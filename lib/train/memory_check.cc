@@ -46,12 +46,14 @@ double training_state_floats(const Config& cfg, double n, int replicas, double u
                   : s == StrategyKind::kZero2 ? n + (1 + k) * n / W
                   : s == StrategyKind::kFsdp  ? (2 + k) * n / W
                                               : (2 + k) * n;
-  // zero2 and fsdp during backward: the full gradients of the unit computing and of the
-  // reduce-scatters in flight (ShardedState::kUnitsInFlight); fsdp also the gathered parameters
-  // of the unit computing and the one prefetched.
-  if (W > 1 && (s == StrategyKind::kZero2 || s == StrategyKind::kFsdp))
-    floats += std::min(3 * unit, n);
-  if (W > 1 && s == StrategyKind::kFsdp) floats += std::min(2 * unit, n);
+  // zero2 and fsdp during backward (at any world size: one replica runs the same code): the
+  // full gradients of the unit computing and of the reduce-scatters in flight
+  // (ShardedState::kUnitsInFlight); fsdp also the gathered parameters of the unit computing and
+  // the one prefetched -- or of every unit, which stays gathered until the step's last backward
+  // without reshard_after_forward.
+  if (s == StrategyKind::kZero2 || s == StrategyKind::kFsdp) floats += std::min(3 * unit, n);
+  if (s == StrategyKind::kFsdp)
+    floats += cfg.distributed.fsdp.reshard_after_forward ? std::min(2 * unit, n) : n;
   // Compression's error-feedback residual (one value per gradient), and under train.nonfinite
   // skip the copy of it kept through each step to be put back if the step is skipped (the loop's
   // reducer_before; Local SGD compresses after the verdict and keeps none). PowerSGD's factors

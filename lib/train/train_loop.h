@@ -9,10 +9,12 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <exception>
 #include <filesystem>
 #include <limits>
 #include <memory>
 #include <optional>
+#include <string>
 #include <thread>
 
 #include <spdlog/spdlog.h>
@@ -77,10 +79,15 @@ class TrainLoop {
   void restore_progress(const std::string& progress);  // collective
   bool run_left_unfinished();                          // collective
   std::pair<double, int64_t> interval_totals();        // collective where the loss is per rank
-  void settle_final_loss();                            // collective: an interrupted run's
-  bool resuming();                                     // collective: rank 0's --resume decides
-  int64_t resumed_batch_index() const;                 // rp_.batch in this run's global batches
-  int64_t resumed_total_steps() const;                 // plan_.total_steps from the resume point
+  // This rank's own failure (not an agreed one), told to the peers before anything that owns an
+  // in-flight collective's buffers goes (settle_before_free would abort with a vaguer reason;
+  // the first reason is the one kept): as an abandoned stop vote tells it, the error itself
+  // (peers read "rank N aborted: <error>").
+  void fail_group(const std::exception& e) { world_.abort(e.what()); }
+  void settle_final_loss();             // collective: an interrupted run's
+  bool resuming();                      // collective: rank 0's --resume decides
+  int64_t resumed_batch_index() const;  // rp_.batch in this run's global batches
+  int64_t resumed_total_steps() const;  // plan_.total_steps from the resume point
   void log_start() const;
   bool step();  // one optimizer step; false when skipped (non-finite)
   bool nonfinite_guard(double loss_sum);

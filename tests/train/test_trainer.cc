@@ -614,7 +614,11 @@ TEST_CASE(
   CHECK(floats({"distributed.strategy=fsdp"}, 4, 100) == 750 + 300 + 200);
   // One unit, the whole model (fsdp.unit: model): gathered whole, its gradient whole.
   CHECK(floats({"distributed.strategy=fsdp"}, 4) == 750 + 1000 + 1000);
-  CHECK(floats({"distributed.strategy=fsdp"}, 1, 100) == 3000);  // (one replica: nothing sharded)
+  // Without resharding after forward every unit stays gathered until the last backward.
+  CHECK(floats({"distributed.strategy=fsdp", "distributed.fsdp.reshard_after_forward=false"}, 4,
+               100) == 750 + 300 + 1000);
+  // One replica shards nothing but gathers and reduce-scatters units all the same.
+  CHECK(floats({"distributed.strategy=fsdp"}, 1, 100) == 3000 + 300 + 200);
 }
 
 TEST_CASE("a resume's full-model copies are counted at MemoryPlan::resume_params when given") {
