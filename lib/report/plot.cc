@@ -111,10 +111,13 @@ std::vector<double> nice_ticks(double lo, double hi, int target) {
   if (hi < lo) std::swap(lo, hi);
   // Extreme data (a hand-edited file, a loss near DBL_MAX) still gets an axis: the range stays
   // within +-kMaxAxis, where its arithmetic cannot overflow (the panels clamp what they draw to
-  // it), and a degenerate range too small to widen by a tenth (subnormals) widens by 1.
+  // it), and a degenerate range too small to widen by a tenth (subnormals) widens by 1. A range
+  // below 1e-8 of the values is degenerate: finer ticks would need more digits than labels
+  // show, and steps near the values' rounding unit lose the last tick (a flat loss curve then
+  // drew its points on the panel's edge under seven equal labels).
   lo = std::clamp(lo, -kMaxAxis, kMaxAxis);
   hi = std::clamp(hi, -kMaxAxis, kMaxAxis);
-  if (hi - lo <= 1e-12 * std::max(1.0, std::fabs(hi))) {
+  if (hi - lo <= 1e-8 * std::max({1.0, std::fabs(hi), std::fabs(lo)})) {
     double d = lo == 0 ? 1.0 : std::fabs(lo) * 0.1;
     if (d < 1e-290) d = 1.0;
     lo -= d;
@@ -174,7 +177,7 @@ std::string tick_label(double v, double step, double scale) {
       ++step_digits;
     const int digits =
         static_cast<int>(std::floor(std::log10(std::fabs(v)) + 1e-9) - step_exp) + 1 + step_digits;
-    std::snprintf(buf, sizeof buf, "%.*e", std::clamp(digits, 1, 9) - 1, v);
+    std::snprintf(buf, sizeof buf, "%.*e", std::clamp(digits, 1, 17) - 1, v);
     std::string t = buf;  // "2.50e+15": drop the mantissa's trailing zeros and the exponent's '+'
     const size_t e = t.find('e');
     std::string m = t.substr(0, e), x = t.substr(e + 1);
@@ -528,7 +531,14 @@ std::string num(double v) {
 // well-formed.
 std::string xml_escape(const std::string& s) {
   std::string out;
-  for (const char c : printable_utf8(s)) {
+  std::string text = printable_utf8(s);
+  // U+FFFE and U+FFFF are valid UTF-8 but no XML character (EF BF BE, EF BF BF)
+  for (size_t i = 0; i + 2 < text.size(); ++i)
+    if (static_cast<unsigned char>(text[i]) == 0xEF &&
+        static_cast<unsigned char>(text[i + 1]) == 0xBF &&
+        (static_cast<unsigned char>(text[i + 2]) & 0xFE) == 0xBE)
+      text.replace(i, 3, "?");
+  for (const char c : text) {
     switch (c) {
       case '&':
         out += "&amp;";

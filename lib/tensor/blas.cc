@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <limits>
 #include <thread>
 
 #include "util/check.h"
@@ -32,6 +33,11 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
   DT_CHECK_GE(n, 0);
   DT_CHECK_GE(k, 0);
   if (m == 0 || n == 0) return;
+  // (OpenBLAS takes 32-bit sizes here: a larger one would be cut to garbage)
+  constexpr int64_t kMax = std::numeric_limits<blasint>::max();
+  DT_CHECK_MSG(m <= kMax && n <= kMax && k <= kMax && lda <= kMax && ldb <= kMax && ldc <= kMax,
+               "gemm sizes " << m << " x " << n << " x " << k << " (lda " << lda << ", ldb " << ldb
+                             << ", ldc " << ldc << ") pass the BLAS's 32-bit limit");
   if (t_recorder != nullptr)
     t_recorder->add({trans_a, trans_b, m, n, k, alpha, beta, reinterpret_cast<uintptr_t>(a),
                      reinterpret_cast<uintptr_t>(b), reinterpret_cast<uintptr_t>(c), lda, ldb,

@@ -11,7 +11,8 @@ int64_t shape_numel(const Shape& s) {
   int64_t n = 1;
   for (int64_t d : s) {
     DT_CHECK_GE(d, 0);
-    n *= d;
+    const bool overflow = __builtin_mul_overflow(n, d, &n);
+    DT_CHECK_MSG(!overflow, "shape " << shape_str(s) << " has more elements than int64 holds");
   }
   return n;
 }

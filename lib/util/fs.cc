@@ -388,9 +388,11 @@ double peak_rss_mb() {
 
 bool path_is_within(const std::string& path, const std::string& dir) {
   namespace fs = std::filesystem;
-  std::error_code ec;
-  const fs::path p = fs::weakly_canonical(fs::absolute(path, ec), ec);
-  const fs::path d = fs::weakly_canonical(fs::absolute(dir, ec), ec);
+  std::error_code pe, de;
+  const fs::path p = fs::weakly_canonical(fs::absolute(path, pe), pe);
+  const fs::path d = fs::weakly_canonical(fs::absolute(dir, de), de);
+  // (unresolvable, a loop of symbolic links say: inside nothing -- an empty `d` held everything)
+  if (pe || de || d.empty()) return false;
   auto pi = p.begin();
   for (auto di = d.begin(); di != d.end(); ++di, ++pi) {
     if (di->empty() && std::next(di) == d.end()) break;  // a trailing separator

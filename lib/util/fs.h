@@ -110,7 +110,7 @@ std::string output_file_target(const std::string& path);
 
 // Whether `path` is `dir` or inside it, comparing absolute paths with symlinks resolved as far as
 // they exist (std::filesystem::weakly_canonical): "runs/a/checkpoints/step-4.safetensors" is
-// within "./runs/a/checkpoints".
+// within "./runs/a/checkpoints". False when either cannot be resolved.
 bool path_is_within(const std::string& path, const std::string& dir);
 
 // 64-bit FNV-1a, as 16 hex digits: content hashes (config_hash).

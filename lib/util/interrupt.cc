@@ -75,7 +75,10 @@ void on_interrupt(int sig, siginfo_t* info, void* /*context*/) {
   // its group). first_ns 0: the first delivery's handler, on another thread, has not stored its
   // time yet -- so this one came at once too.
   const int64_t first = req->first_ns.load();
-  if (sig == expected && (first == 0 || now - first < req->same_signal_ns)) return;
+  // (after the launcher's death the request to match is the person's, not the launcher's)
+  const int asked = req->asked_signal.load();
+  if ((sig == (asked != 0 ? asked : expected)) && (first == 0 || now - first < req->same_signal_ns))
+    return;
   // A copy the launcher forwarded (it never asks twice: it sends SIGKILL instead).
   const pid_t forwarder = g_forwarder.load();
   if (info != nullptr && info->si_code == SI_USER && forwarder > 0 && info->si_pid == forwarder)
@@ -83,6 +86,7 @@ void on_interrupt(int sig, siginfo_t* info, void* /*context*/) {
   // The stop so far is the launcher's death: a person's first signal still stops softly.
   if (req->launcher_gone.load() && !req->asked_after_launcher.exchange(true)) {
     req->first_ns.store(now);
+    req->asked_signal.store(sig);
     return;
   }
   // A second signal: stop at once, with the status the signal's default action gives -- or, once

@@ -49,6 +49,8 @@ struct StopRequest {
   // counts as a first request (it does not end the process at once).
   std::atomic<bool> launcher_gone{false};
   std::atomic<bool> asked_after_launcher{false};
+  // That first request's signal: its second delivery at once is the same request too.
+  std::atomic<int> asked_signal{0};
   // Set while there is nothing to save yet (a rank joining its job: the rendezvous may wait
   // minutes for peers): a signal then ends the process at once -- the preemption signal with
   // kExitPreempted (the newest checkpoint is as it was), another by its default action. Mutable:

@@ -9,6 +9,8 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <set>
+#include <string>
 #include <vector>
 
 #include "report/plot.h"
@@ -159,6 +161,24 @@ TEST_CASE("nice_ticks cover the range with 1-2-2.5-5 steps") {
     }
   }
   CHECK(nice_ticks(0, 4690, 6) == std::vector<double>{0, 1000, 2000, 3000, 4000, 5000});
+  // Nearly flat curves (a spread of 1e-12 to 1e-7 of the values): the last tick covers the data
+  // and the labels differ (seven "7.37506838e0" labels, the top point on the panel's edge).
+  for (const auto& [lo, hi] :
+       std::vector<std::pair<double, double>>{{7.375068378723963, 7.3750683802275807},
+                                              {0.6066317403, 0.60663174035},
+                                              {7.375068378723963, 7.375068378723963 + 3e-7},
+                                              {0.8, 0.8 + 1e-12}}) {
+    CAPTURE(lo);
+    CAPTURE(hi);
+    const auto t = nice_ticks(lo, hi, 6);
+    REQUIRE(t.size() >= 2);
+    CHECK(t.front() <= lo);
+    CHECK(t.back() >= hi);
+    const double step = t[1] - t[0];
+    std::set<std::string> labels;
+    for (double v : t) labels.insert(tick_label(v, step));
+    CHECK(labels.size() == t.size());
+  }
 }
 
 TEST_CASE("tick labels use the decimals the step needs") {
@@ -318,6 +338,10 @@ TEST_CASE("SVG is well-formed with one curve per run per panel, labels escaped")
   CHECK(contains(svg, ">ddp &lt;2 ranks&gt; &amp; &quot;fp16&quot;</text>"));
   CHECK(contains(svg, ">b</text>"));
   CHECK(contains(svg, ">loss &amp; accuracy</text>"));
+  // U+FFFE and U+FFFF are valid UTF-8 but no XML character: replaced.
+  opts.title = "odd \xef\xbf\xbf\xef\xbf\xbe end";
+  CHECK(contains(render_svg(runs, opts), ">odd ?? end</text>"));
+  opts.title = "loss & accuracy";
   for (const char* s : {">Training loss</text>", ">Test accuracy</text>", ">step</text>",
                         ">accuracy (%)</text>", ">400</text>"})
     CHECK_MESSAGE(contains(svg, s), s);

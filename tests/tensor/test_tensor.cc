@@ -7,6 +7,7 @@
 
 #include "tensor/blas.h"
 #include "tensor/tensor.h"
+#include "util/check.h"
 #include "util/rng.h"
 
 using namespace dtrain;
@@ -91,4 +92,16 @@ TEST_CASE("gemm from several threads at once (in-process ranks) gives the serial
     });
   for (auto& t : threads) t.join();
   CHECK(bad.load() == 0);
+}
+
+TEST_CASE(
+    "sizes past what int64 or the BLAS's 32-bit sizes hold are broken invariants, not garbage") {
+  // [2^32, 2^32] wrapped to 0 elements.
+  CHECK_THROWS_AS(shape_numel({int64_t{1} << 32, int64_t{1} << 32}), InternalError);
+  CHECK(shape_numel({int64_t{1} << 31, 2}) == int64_t{1} << 32);
+  // A GEMM dimension past 2^31 - 1 was cast to a negative or small blasint (nothing is read:
+  // the check comes first).
+  float x = 0;
+  CHECK_THROWS_AS(gemm(false, false, int64_t{1} << 31, 1, 1, 1.0f, &x, 1, &x, 1, 0.0f, &x, 1),
+                  InternalError);
 }

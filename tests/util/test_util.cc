@@ -305,3 +305,16 @@ TEST_CASE("shown_text and bounded_message keep messages short, cut at character 
   CHECK(m.starts_with("\xe2\x82\xac"));
   CHECK(m.ends_with("\xe2\x82\xac"));
 }
+
+TEST_CASE("path_is_within: a folder that cannot be resolved holds nothing") {
+  dtrain::testing::TempDir dir;
+  namespace fs = std::filesystem;
+  fs::create_directories(dir / "runs/a/checkpoints");
+  CHECK(
+      path_is_within(dir / "runs/a/checkpoints/step-4.safetensors", dir / "runs/a/./checkpoints"));
+  CHECK_FALSE(path_is_within(dir / "runs/b", dir / "runs/a"));
+  // A loop of symbolic links: it resolved to nothing, and nothing "contained" /etc/passwd.
+  fs::create_symlink(dir / "loop2", dir / "loop1");
+  fs::create_symlink(dir / "loop1", dir / "loop2");
+  CHECK_FALSE(path_is_within("/etc/passwd", dir / "loop1/x"));
+}
