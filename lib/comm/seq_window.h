@@ -6,7 +6,8 @@
 // its collectives with at least one send or receive, and ranks issue them in the same order (the
 // distributed contract in transport.h), so a correct peer's message can run ahead of the last
 // sequence number this rank used in that group only by what completes without this rank:
-// a few collectives, or one-way sends (a broadcast root's), which wait in the mailbox and are
+// a few collectives, or sends that need no answer (a broadcast's data down the chain, after the
+// root has heard its left neighbour name the same root), which wait in the mailbox and are
 // bounded there by its message budget. kSeqWindow is far above both. Point-to-point channels
 // (kP2PBit) are user tags, not sequence numbers: never judged.
 //

@@ -81,7 +81,8 @@ TEST_CASE("store: asynchronous waits end once, by the keys, the deadline or shut
   CHECK(got_error == "");
   CHECK(got == std::vector<std::string>{"1", "2"});
   CHECK(seen == std::vector<std::string>{"a", "b"});
-  // A counter's key, created or changed by add, is set as well: it completed no wait.
+  // A counter's key, created or changed by add, is set as well: it completes the waits on it
+  // (it completed none) and is watched like any set.
   std::vector<std::string> counted;
   m.when_set({"n"}, in_ms(10000),
              [&](const std::string&, const std::vector<std::string>& v) { counted = v; });
