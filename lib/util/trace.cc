@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 
 #include "util/check.h"
 #include "util/fs.h"
@@ -84,14 +85,63 @@ size_t Tracer::dropped_count() const {
   return dropped_;
 }
 
+namespace {
+
+// Streams a trace file: the top-level object as nlohmann's dump() orders it (sorted keys:
+// displayTimeUnit, otherData, traceEvents), so otherData's producer stays in the first bytes
+// (is_dtrain_trace_file) and the file is byte for byte what one dump of the whole tree gives,
+// without that tree: one event at a time, through a 1-MiB buffer.
+class TraceStream {
+ public:
+  TraceStream(int fd, const nlohmann::json& other_data) : fd_(fd) {
+    nlohmann::json head = {{"displayTimeUnit", "ms"},
+                           {"otherData", other_data},
+                           {"traceEvents", nlohmann::json::array()}};
+    std::string text = head.dump();
+    DT_CHECK(text.size() > 3 && text.compare(text.size() - 3, 3, "[]}") == 0);
+    buf_ = text.substr(0, text.size() - 2);  // up to and with the events' '['
+  }
+  void event(const nlohmann::json& e) {
+    if (!first_) buf_ += ',';
+    first_ = false;
+    buf_ += e.dump();
+    if (buf_.size() >= (1u << 20)) flush();
+  }
+  void finish() {
+    buf_ += "]}";
+    flush();
+  }
+
+ private:
+  void flush() {
+    write_all(fd_, buf_.data(), buf_.size(), "trace");
+    buf_.clear();
+  }
+  int fd_;
+  std::string buf_;
+  bool first_ = true;
+};
+
+}  // namespace
+
 nlohmann::json Tracer::to_json() const {
-  std::lock_guard<std::mutex> lock(mu_);
   nlohmann::json ev = nlohmann::json::array();
-  ev.push_back(metadata("process_name", pid_, 0, {{"name", "rank " + std::to_string(pid_)}}));
-  ev.push_back(metadata("process_sort_index", pid_, 0, {{"sort_index", pid_}}));
+  for_each_event([&](const nlohmann::json& e) { ev.push_back(e); });
+  return {{"traceEvents", std::move(ev)}, {"displayTimeUnit", "ms"}, {"otherData", other_data()}};
+}
+
+nlohmann::json Tracer::other_data() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return {{"producer", "dtrain"}, {"rank", pid_}, {"dropped_events", dropped_}};
+}
+
+void Tracer::for_each_event(const std::function<void(const nlohmann::json&)>& f) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  f(metadata("process_name", pid_, 0, {{"name", "rank " + std::to_string(pid_)}}));
+  f(metadata("process_sort_index", pid_, 0, {{"sort_index", pid_}}));
   for (const auto& [tid, name] : thread_names_) {
-    ev.push_back(metadata("thread_name", pid_, tid, {{"name", name}}));
-    ev.push_back(metadata("thread_sort_index", pid_, tid, {{"sort_index", tid}}));
+    f(metadata("thread_name", pid_, tid, {{"name", name}}));
+    f(metadata("thread_sort_index", pid_, tid, {{"sort_index", tid}}));
   }
   for (const Event& e : events_) {
     nlohmann::json j = {{"name", strings_[e.name]},
@@ -103,15 +153,16 @@ nlohmann::json Tracer::to_json() const {
     if (e.ph == 'X') j["dur"] = e.dur;
     if (e.ph == 'i') j["s"] = "t";
     if (!e.args.is_null()) j["args"] = e.args;
-    ev.push_back(std::move(j));
+    f(j);
   }
-  return {{"traceEvents", std::move(ev)},
-          {"displayTimeUnit", "ms"},
-          {"otherData", {{"producer", "dtrain"}, {"rank", pid_}, {"dropped_events", dropped_}}}};
 }
 
 void Tracer::write(const std::string& path) const {
-  write_file_atomic(path, to_json().dump());
+  write_file_atomic_with(path, [&](int fd) {
+    TraceStream out(fd, other_data());
+    for_each_event([&](const nlohmann::json& e) { out.event(e); });
+    out.finish();
+  });
 }
 
 std::string rank_trace_path(const std::string& path, int rank) {
@@ -159,24 +210,37 @@ bool is_dtrain_trace_file(const std::string& path) {
          head.find("\"producer\":\"dtrain\"") != std::string::npos;
 }
 
+namespace {
+
+// One input of merge_trace_files, parsed (UserError when it is no trace).
+nlohmann::json read_trace(const std::string& path) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(read_file(path));
+  } catch (const nlohmann::json::parse_error& e) {
+    throw UserError("'" + path + "' is not valid JSON: " + e.what());
+  }
+  // Chrome's format also allows a bare array of events.
+  const bool events =
+      j.is_array() || (j.is_object() && j.contains("traceEvents") && j["traceEvents"].is_array());
+  if (!events) throw UserError("'" + path + "' is not a trace (no \"traceEvents\")");
+  return j;
+}
+
+const nlohmann::json& trace_events(const nlohmann::json& j) {
+  return j.is_array() ? j : j["traceEvents"];
+}
+
+}  // namespace
+
 void merge_trace_files(const std::vector<std::string>& inputs, const std::string& out) {
-  nlohmann::json all = nlohmann::json::array();
+  // Two passes, one input in memory at a time (a rank's 2M-event file is a tree of about a
+  // gigabyte; all of them at once were several): the first reads what otherData, written
+  // first, needs; the second streams the events.
   nlohmann::json ranks = nlohmann::json::array();
   size_t dropped = 0;
   for (const auto& path : inputs) {
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(read_file(path));
-    } catch (const nlohmann::json::parse_error& e) {
-      throw UserError("'" + path + "' is not valid JSON: " + e.what());
-    }
-    // Chrome's format also allows a bare array of events.
-    const nlohmann::json* events = nullptr;
-    if (j.is_array()) events = &j;
-    if (j.is_object() && j.contains("traceEvents") && j["traceEvents"].is_array())
-      events = &j["traceEvents"];
-    if (events == nullptr) throw UserError("'" + path + "' is not a trace (no \"traceEvents\")");
-    for (const auto& e : *events) all.push_back(e);
+    const nlohmann::json j = read_trace(path);
     if (j.is_object() && j.contains("otherData") && j["otherData"].is_object()) {
       const auto& od = j["otherData"];
       if (od.contains("rank")) ranks.push_back(od["rank"]);
@@ -184,11 +248,16 @@ void merge_trace_files(const std::vector<std::string>& inputs, const std::string
         dropped += od["dropped_events"].get<size_t>();
     }
   }
-  const nlohmann::json merged = {
-      {"traceEvents", std::move(all)},
-      {"displayTimeUnit", "ms"},
-      {"otherData", {{"producer", "dtrain"}, {"ranks", ranks}, {"dropped_events", dropped}}}};
-  write_file_atomic(out, merged.dump());
+  const nlohmann::json other = {
+      {"producer", "dtrain"}, {"ranks", ranks}, {"dropped_events", dropped}};
+  write_file_atomic_with(out, [&](int fd) {
+    TraceStream stream(fd, other);
+    for (const auto& path : inputs) {
+      const nlohmann::json j = read_trace(path);
+      for (const auto& e : trace_events(j)) stream.event(e);
+    }
+    stream.finish();
+  });
 }
 
 }  // namespace dtrain

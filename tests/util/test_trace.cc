@@ -199,3 +199,27 @@ TEST_CASE("trace: per-rank files merge into one with every rank's events") {
   const std::string other = dir.write("other.json", "{\"events\": []}");
   CHECK_THROWS_AS(merge_trace_files({other}, out), UserError);
 }
+
+TEST_CASE("trace: write and merge stream exactly the bytes one dump of the whole tree gives") {
+  // (streamed through a 1-MiB buffer: 20000 events with arguments pass it several times)
+  TempDir dir;
+  Tracer t(true, 3);
+  for (int i = 0; i < 20000; ++i) {
+    TraceScope s(t, "step", "train");
+  }
+  t.instant("marker", "train", {{"step", 7}});
+  const std::string path = dir / "t.json";
+  t.write(path);
+  const nlohmann::json tree = t.to_json();
+  CHECK(read_file(path) == tree.dump());
+  CHECK(is_dtrain_trace_file(path));
+  merge_trace_files({path, path}, dir / "m.json");
+  nlohmann::json all = nlohmann::json::array();
+  for (int k = 0; k < 2; ++k)
+    for (const auto& e : tree["traceEvents"]) all.push_back(e);
+  const nlohmann::json merged = {
+      {"traceEvents", all},
+      {"displayTimeUnit", "ms"},
+      {"otherData", {{"producer", "dtrain"}, {"ranks", {3, 3}}, {"dropped_events", 0}}}};
+  CHECK(read_file(dir / "m.json") == merged.dump());
+}
