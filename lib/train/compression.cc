@@ -37,19 +37,26 @@ size_t round4(size_t b) {
 
 }  // namespace
 
-GradCompressor::GradCompressor(const CompressionConfig& cfg, int64_t n) : cfg_(cfg), n_(n) {
+int64_t topk_count(const CompressionConfig& cfg, int64_t n) {
+  return std::min<int64_t>(n, static_cast<int64_t>(std::ceil(cfg.ratio * static_cast<double>(n))));
+}
+
+size_t compressed_message_bytes(const CompressionConfig& cfg, int64_t n) {
   DT_CHECK_GE(n, 0);
-  if (cfg.type == CompressionType::kFp16 || cfg.type == CompressionType::kBf16) {
-    msg_bytes_ = round4(static_cast<size_t>(n) * 2);
-  } else if (cfg.type == CompressionType::kInt8) {
+  if (cfg.type == CompressionType::kFp16 || cfg.type == CompressionType::kBf16)
+    return round4(static_cast<size_t>(n) * 2);
+  if (cfg.type == CompressionType::kInt8) {
     const int64_t blocks = (n + kInt8Block - 1) / kInt8Block;
-    msg_bytes_ = static_cast<size_t>(blocks) * 4 + round4(static_cast<size_t>(n));
-  } else if (cfg.type == CompressionType::kTopk) {
-    k_ = std::min<int64_t>(n, static_cast<int64_t>(std::ceil(cfg.ratio * static_cast<double>(n))));
-    msg_bytes_ = static_cast<size_t>(k_) * 8;
-  } else {
-    DT_CHECK_MSG(false, "unknown compression type " << to_string(cfg.type));
+    return static_cast<size_t>(blocks) * 4 + round4(static_cast<size_t>(n));
   }
+  DT_CHECK_MSG(cfg.type == CompressionType::kTopk,
+               "unknown compression type " << to_string(cfg.type));
+  return static_cast<size_t>(topk_count(cfg, n)) * 8;  // (index and value)
+}
+
+GradCompressor::GradCompressor(const CompressionConfig& cfg, int64_t n)
+    : cfg_(cfg), n_(n), msg_bytes_(compressed_message_bytes(cfg, n)) {
+  if (cfg.type == CompressionType::kTopk) k_ = topk_count(cfg, n);
   if (cfg.error_feedback) residual_.assign(static_cast<size_t>(n), 0.0f);
   work_.resize(static_cast<size_t>(n));
   mine_decoded_.resize(static_cast<size_t>(n));

@@ -73,6 +73,11 @@ std::unique_ptr<GradReducer> make_grad_reducer(const CompressionConfig& cfg,
                                                const std::vector<ParamEntry>& params, int64_t n,
                                                uint64_t seed);
 
+// topk's kept values of n, and the bytes of one encoded message of n values (a multiple of 4)
+// for fp16, bf16, int8 and topk: what GradCompressor sends, and the memory check counts.
+int64_t topk_count(const CompressionConfig& cfg, int64_t n);
+size_t compressed_message_bytes(const CompressionConfig& cfg, int64_t n);
+
 class GradCompressor : public GradReducer {
  public:
   GradCompressor(const CompressionConfig& cfg, int64_t n);

@@ -2,7 +2,6 @@
 // the refusals when this process cannot hold it (trainer.h declares them: check_training_memory,
 // check_eval_memory, require_address_space, training_state_floats, the activation estimates).
 #include <algorithm>
-#include <cmath>
 #include <string>
 #include <string_view>
 
@@ -51,9 +50,11 @@ double training_state_floats(const Config& cfg, double n, int replicas, double u
   // (ShardedState::kUnitsInFlight); fsdp also the gathered parameters of the unit computing and
   // the one prefetched -- or of every unit, which stays gathered until the step's last backward
   // without reshard_after_forward.
-  if (s == StrategyKind::kZero2 || s == StrategyKind::kFsdp) floats += std::min(3 * unit, n);
+  constexpr double kUnitGrads = ShardedState::kUnitsInFlight + 1, kGatheredUnits = 2;
+  if (s == StrategyKind::kZero2 || s == StrategyKind::kFsdp)
+    floats += std::min(kUnitGrads * unit, n);
   if (s == StrategyKind::kFsdp)
-    floats += cfg.distributed.fsdp.reshard_after_forward ? std::min(2 * unit, n) : n;
+    floats += cfg.distributed.fsdp.reshard_after_forward ? std::min(kGatheredUnits * unit, n) : n;
   // Compression's error-feedback residual (one value per gradient), and under train.nonfinite
   // skip the copy of it kept through each step to be put back if the step is skipped (the loop's
   // reducer_before; Local SGD compresses after the verdict and keeps none). PowerSGD's factors
@@ -63,13 +64,11 @@ double training_state_floats(const Config& cfg, double n, int replicas, double u
     if (cfg.train.nonfinite == Nonfinite::kSkip && s != StrategyKind::kLocalSgd) floats += n;
   }
   // The elementwise compressors' buffers (GradCompressor): the value compressed and this rank's
-  // decoding (n each), every rank's message (W of them: fp16/bf16 n / 2 floats, int8 n / 4, topk
-  // 2 k) and, for topk, the selection order (n int64s).
+  // decoding (n each), every rank's message (W of them: compressed_message_bytes) and, for topk,
+  // the selection order (n int64s).
   if (compress && cc.type != CompressionType::kPowersgd) {
     floats += 2 * n;
-    floats += W * (cc.type == CompressionType::kTopk   ? 2 * std::ceil(cc.ratio * n)
-                   : cc.type == CompressionType::kInt8 ? std::ceil(n / 4) + std::ceil(n / 256)
-                                                       : std::ceil(n / 2));
+    floats += W * static_cast<double>(compressed_message_bytes(cc, static_cast<int64_t>(n))) / 4;
     if (cc.type == CompressionType::kTopk) floats += 2 * n;
   }
   return floats;
