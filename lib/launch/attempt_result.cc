@@ -65,6 +65,13 @@ NodeOutcome node_outcome(const AttemptResult& r, int stop_rc, const std::string&
   return n;
 }
 
+int signal_after_failure(const AttemptResult& r, SignalGuard& signals) {
+  int sig = r.late_signal;
+  for (int s : signals.take())
+    if (sig == 0 && s != SIGCHLD && s != SIGPIPE) sig = s;
+  return sig;
+}
+
 std::optional<int> local_decision(const LaunchOptions& o, const AttemptResult& r, int attempt,
                                   int nproc, int stop_rc, SignalGuard& signals) {
   if (r.stopped() && !r.failed) {
@@ -117,13 +124,7 @@ std::optional<int> local_decision(const LaunchOptions& o, const AttemptResult& r
     return rc;
   }
   // Ctrl-C or SIGTERM while the failed attempt wound down: stop here.
-  if (r.late_signal != 0) {
-    spdlog::warn("received {} while the failed attempt stopped: not restarting",
-                 signal_name(r.late_signal));
-    return rc;
-  }
-  for (int sig : signals.take()) {
-    if (sig == SIGCHLD || sig == SIGPIPE) continue;
+  if (const int sig = signal_after_failure(r, signals); sig != 0) {
     spdlog::warn("received {}: not restarting", signal_name(sig));
     return rc;
   }

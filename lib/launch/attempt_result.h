@@ -99,6 +99,11 @@ bool is_stop_code(int code);
 // How an attempt ended on this node, for the job agent. node_text: " on node N (host)".
 NodeOutcome node_outcome(const AttemptResult& r, int stop_rc, const std::string& node_text);
 
+// The signal that asked to stop after a failed attempt's ranks were already being stopped (it
+// killed them: r.late_signal), else one received since the attempt ended (taken from `signals`,
+// SIGCHLD and SIGPIPE skipped); 0: none. Either means no restart, on one node or several.
+int signal_after_failure(const AttemptResult& r, SignalGuard& signals);
+
 // Single node: the launcher's own restart decision after attempt `attempt` ended as `r`
 // (launch_local's contract). Returns the exit code, or nullopt to restart. Logs why.
 std::optional<int> local_decision(const LaunchOptions& o, const AttemptResult& r, int attempt,

@@ -49,6 +49,7 @@ using launch_detail::kAfterKill;
 using launch_detail::local_decision;
 using launch_detail::node_outcome;
 using launch_detail::ReapedRanks;
+using launch_detail::signal_after_failure;
 using launch_detail::signal_name;
 using launch_detail::SignalGuard;
 using launch_detail::spawn_rank;
@@ -718,17 +719,13 @@ int launch_attempts(const LaunchOptions& o, LaunchReport* report, std::string* b
       // forwarded to no one: reported as this node's stop, with the failure's code, node 0
       // decides no restart, as one node does (local_decision), instead of the signal landing
       // on the ranks of a restart.
-      if (mine.kind == NodeOutcome::kFailed || mine.kind == NodeOutcome::kUserError) {
-        int late = r.late_signal;
-        for (int sig : signals.take())
-          if (late == 0 && sig != SIGCHLD && sig != SIGPIPE) late = sig;
-        if (late != 0) {
+      if (mine.kind == NodeOutcome::kFailed || mine.kind == NodeOutcome::kUserError)
+        if (const int late = signal_after_failure(r, signals); late != 0) {
           spdlog::warn("received {}: not restarting", signal_name(late));
           mine.kind = NodeOutcome::kStopped;
           mine.cause +=
               "; then " + signal_name(late) + " on node " + std::to_string(plan.node_rank);
         }
-      }
       const JobDecision d = agent->finish(attempt, mine, o.max_restarts);
       if (d.restart) {
         spdlog::warn("restart {} of {} (node 0's count): {}; starting this node's {} rank(s) again",
