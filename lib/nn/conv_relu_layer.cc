@@ -114,6 +114,14 @@ class Conv2dRelu final : public Layer {
     return scratch.data();
   }
 
+  // Samples per block for a batch of `batch`: the kernels' blocking (conv2d_block_samples), so
+  // the fused layer stays bitwise equal to them.
+  int64_t block_samples(int64_t batch) const {
+    Conv2dGeometry g = g_;
+    g.batch = batch;
+    return conv2d_block_samples(g);
+  }
+
   Conv2dGeometry g_;  // batch 1: the per-sample sizes (the block kernels take n samples)
   std::optional<Pool2dSpec> pool_;
   Pool2dGeometry pg_;  // one plane (batch 1, channels 1); set when pool_ is
@@ -127,9 +135,7 @@ void Conv2dRelu::forward(const float* p, const Tensor& x, Tensor& y, LayerState&
   if (batch == 0) return;
   const float* w = p;
   const float* b = p + g_.weight_count();
-  Conv2dGeometry gb = g_;
-  gb.batch = batch;
-  const int64_t in = g_.in_sample(), out = out_features(), chunk = conv2d_block_samples(gb);
+  const int64_t in = g_.in_sample(), out = out_features(), chunk = block_samples(batch);
   const int64_t o_ch = g_.out_channels, ohw = g_.out_height() * g_.out_width();
   const int64_t plane_out = pool_ ? pg_.out_sample() : ohw;  // per channel
   if (st.work.empty()) st.work.resize(2);
@@ -165,9 +171,7 @@ void Conv2dRelu::backward(const float* p, float* g, const Tensor& x, const Tenso
   DT_CHECK_EQ(y.numel(), dy.numel());
   if (dx != nullptr) resize_batch(*dx, batch, in_shape());
   if (batch == 0) return;
-  Conv2dGeometry gb = g_;
-  gb.batch = batch;
-  const int64_t in = g_.in_sample(), out = out_features(), chunk = conv2d_block_samples(gb);
+  const int64_t in = g_.in_sample(), out = out_features(), chunk = block_samples(batch);
   const int64_t o_ch = g_.out_channels, ohw = g_.out_height() * g_.out_width();
   const int64_t plane_out = pool_ ? pg_.out_sample() : ohw;
   if (pool_) DT_CHECK_EQ(static_cast<int64_t>(st.index.size()), dy.numel());  // this forward's

@@ -69,10 +69,6 @@ int64_t conv2d_block_samples(const Conv2dGeometry& g, int64_t chunk) {
 
 namespace {
 
-int64_t chunk_for(const Conv2dGeometry& g, int64_t chunk) {
-  return conv2d_block_samples(g, chunk);
-}
-
 void check(const Conv2dGeometry& g) {
   const std::string err = conv2d_geometry_error(g);
   DT_CHECK_MSG(err.empty(), err);
@@ -233,7 +229,7 @@ template <typename F>
 void for_each_chunk(const Conv2dGeometry& g, std::vector<float>& scratch, int64_t chunk, F&& f) {
   check(g);
   if (g.batch == 0) return;
-  const int64_t cn = chunk_for(g, chunk);
+  const int64_t cn = conv2d_block_samples(g, chunk);
   float* col = grow(scratch, conv2d_scratch_floats(g, cn));
   float* tmp = col + conv2d_col_floats(g, cn);
   for (int64_t s0 = 0; s0 < g.batch; s0 += cn) f(s0, std::min(cn, g.batch - s0), col, tmp);
@@ -242,7 +238,7 @@ void for_each_chunk(const Conv2dGeometry& g, std::vector<float>& scratch, int64_
 }  // namespace
 
 int64_t conv2d_scratch_floats(const Conv2dGeometry& g, int64_t chunk) {
-  const int64_t n = chunk_for(g, chunk);
+  const int64_t n = conv2d_block_samples(g, chunk);
   // col [C kh kw, n OH OW] (reused for dcol), then the [O, n OH OW] block.
   return conv2d_col_floats(g, n) + g.out_channels * n * g.out_height() * g.out_width();
 }
