@@ -59,30 +59,29 @@ void check_comm_bench_memory(const CommBenchOptions& o, int nproc, bool processe
   const int64_t largest = *std::max_element(o.sizes_bytes.begin(), o.sizes_bytes.end());
   const double per_rank = 3.0 * static_cast<double>(largest);
   constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-  // who: "a rank needs" or "N ranks need"
-  const auto refuse = [&](double need, int64_t avail, const std::string& who,
-                          const std::string& where) {
+  // ranks: how many the need is for (1: "a rank needs", else "N ranks need")
+  const auto refuse = [&](int ranks, int64_t avail, const std::string& where) {
     throw UserError(fmt::format(
         "bench comm: {} about {:.2f} GiB to move {} bytes ({}), more than the {:.2f} GiB {}; "
         "use smaller --sizes or fewer --nproc",
-        who, need / kGiB, largest,
-        who.starts_with("a rank") ? "its buffer, its output and its transport's copy"
-                                  : "each its buffer, its output and its transport's copy",
+        ranks == 1 ? std::string("a rank needs") : std::to_string(ranks) + " ranks need",
+        per_rank * ranks / kGiB, largest,
+        ranks == 1 ? "its buffer, its output and its transport's copy"
+                   : "each its buffer, its output and its transport's copy",
         static_cast<double>(avail) / kGiB, where));
   };
-  const std::string ranks = std::to_string(nproc) + " ranks need";
+  const auto short_of = [&](int64_t avail, int ranks) {
+    return avail >= 0 && per_rank * ranks > static_cast<double>(avail);
+  };
   if (!processes) {
-    if (const int64_t avail = available_memory_bytes();
-        avail >= 0 && per_rank * nproc > static_cast<double>(avail))
-      refuse(per_rank * nproc, avail, ranks, "this process can allocate");
+    if (const int64_t avail = available_memory_bytes(); short_of(avail, nproc))
+      refuse(nproc, avail, "this process can allocate");
     return;
   }
-  if (const int64_t avail = available_memory_bytes();
-      avail >= 0 && per_rank > static_cast<double>(avail))
-    refuse(per_rank, avail, "a rank needs", "a process can allocate here");
-  if (const int64_t avail = machine_memory_available_bytes();
-      avail >= 0 && per_rank * nproc > static_cast<double>(avail))
-    refuse(per_rank * nproc, avail, ranks, "this machine has available");
+  if (const int64_t avail = available_memory_bytes(); short_of(avail, 1))
+    refuse(1, avail, "a process can allocate here");
+  if (const int64_t avail = machine_memory_available_bytes(); short_of(avail, nproc))
+    refuse(nproc, avail, "this machine has available");
 }
 
 }  // namespace
