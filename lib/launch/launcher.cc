@@ -726,7 +726,22 @@ int launch_attempts(const LaunchOptions& o, LaunchReport* report, std::string* b
           mine.cause +=
               "; then " + signal_name(late) + " on node " + std::to_string(plan.node_rank);
         }
-      const JobDecision d = agent->finish(attempt, mine, o.max_restarts);
+      // Node 0 may wait minutes for the others' reports (their ranks finishing a checkpoint),
+      // the others for its decision; no rank of this node runs then, so a stop signal ends the
+      // launcher at once, as during the check-in. A signal already here was this attempt's own
+      // stop (delivered twice) or was read above: it does not end this wait before it starts.
+      (void)signals.take();
+      if (plan.node_rank == 0)
+        spdlog::info(
+            "attempt {} ended on this node; waiting up to {} s for the other nodes' "
+            "reports",
+            attempt + 1, launch_agent_options(o, token).report_timeout_s);
+      else
+        spdlog::info("attempt {} ended on this node; waiting for node 0's decision", attempt + 1);
+      const JobDecision d = [&] {
+        const DefaultStopSignals interruptible(signals, o.preempt_signal);
+        return agent->finish(attempt, mine, o.max_restarts);
+      }();
       if (d.restart) {
         spdlog::warn("restart {} of {} (node 0's count): {}; starting this node's {} rank(s) again",
                      attempt + 1, o.max_restarts, d.reason, nproc);

@@ -99,7 +99,9 @@ AgentOptions launch_agent_options(const LaunchOptions& o, const std::string& tok
 // and the others get SIGTERM. Ranks still alive grace_s after a SIGTERM get SIGKILL; after SIGKILL
 // the launcher waits at most 5 more seconds (a process stuck in the kernel cannot be reaped) and
 // then returns regardless, so it never hangs. Whatever remains of a rank's group when the rank
-// exits is SIGKILLed. Status lines go through spdlog.
+// exits is SIGKILLed. Status lines go through spdlog. Several nodes: while this node's launcher
+// waits for the others (their check-in, or how an attempt ended on them) no rank of it runs, and
+// a stop signal ends it at once (by the signal; the preemption signal with 75).
 //
 // Restarts: once every rank of a failed attempt has exited, and unless the launcher received a
 // signal or a rank exited with status 2 (bad input fails again), all ranks are started again, at

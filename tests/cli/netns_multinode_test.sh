@@ -14,7 +14,8 @@
 #      rank 0's checkpoint (node 1's launcher finds none in its own folder) and ends bitwise
 #      equal; an fsdp job, whose shards would be split over the two folders, stops at its first
 #      checkpoint with exit 2 and a message that names the shared folder it needs;
-#   7. node 0 refusing its --out (it holds a run) refuses the job: both exit 2 at once.
+#   7. node 0 refusing its --out (it holds a run) refuses the job: both exit 2 at once;
+#   8. a second SIGTERM to node 0's launcher while it waits for node 1's report ends it at once.
 # The output folder is shared by the two nodes (one file system, as a PVC or NFS would be),
 # except in 6.
 # Needs root and iproute2; exits 77 (CTest: skipped) with the reason where namespaces cannot be
@@ -196,3 +197,23 @@ FAULT='' job together 29590
 grep -q "node 0 refused this job: output folder .* already holds a run" "$out/together-29590-node1.log" ||
   fail "refused: node 1 does not give node 0's reason"
 echo "PASS 7: node 0 refused its --out (a run there); both launchers exited 2 within $secs0 s, node 1 naming the reason"
+
+# 8. Node 1's launcher is frozen (SIGSTOP) once training is under way, then node 0's launcher gets
+# SIGTERM: the ranks of both nodes agree to stop and exit 75, and node 0's launcher waits for node
+# 1's report until it counts node 1 as lost (10 s of silence). A second SIGTERM ends it at once,
+# with the preemption code. (SIGINT cannot be used here: a script's background jobs ignore it.)
+# shellcheck disable=SC2034  # read by WHILE_RUNNING, eval-ed in job
+metrics=$out/second/metrics.jsonl
+# shellcheck disable=SC2016  # expanded in job
+FAULT='delay:rank=0:ms=100' WHILE_RUNNING='
+  for i in $(seq 300); do [ -s "$metrics" ] && break; sleep 0.1; done
+  kill -STOP $p1; kill -TERM $p0
+  for i in $(seq 300); do grep -qs "waiting up to .* for the other nodes" "$out/second-29600-node0.log" && break; sleep 0.1; done
+  sleep 1; t8=$(date +%s%N); kill -TERM $p0; wait $p0; rc8=$?; ms8=$((($(date +%s%N) - t8) / 1000000))
+  kill -CONT $p1' \
+  job second 29600
+grep -q "waiting up to .* for the other nodes" "$out/second-29600-node0.log" ||
+  fail "second: node 0's launcher never waited for node 1's report"
+[ "$rc8" -eq 75 ] || fail "second: node 0's launcher exited $rc8 after the second SIGTERM (want 75)"
+[ "$ms8" -lt 3000 ] || fail "second: node 0's launcher took $ms8 ms after the second SIGTERM"
+echo "PASS 8: a second SIGTERM to node 0's launcher waiting for node 1's report ended it in $ms8 ms (exit 75); node 1 exited $rc1"
