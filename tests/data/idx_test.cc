@@ -383,6 +383,37 @@ std::pair<int, long> load_in_child(const std::string& file, const std::string& w
   return {WEXITSTATUS(status), ru.ru_maxrss};
 }
 
+TEST_CASE("read_maybe_gzip: a trailer that lies about the size costs at most its cap") {
+  // The gzip trailer's ISIZE sizes the output buffer before inflating; set to 4 GiB - 1 on a
+  // 40-byte file it zero-filled 4 GB, which zlib then refuses ("incorrect length check"). The
+  // hint is trusted up to 16 times the file plus 64 MiB. Read in a child process, whose peak RSS
+  // the parent reads.
+  TempDir dir;
+  const std::string lying = dir / "lying.gz";
+  std::string bytes = gzip("hello, a small file");
+  for (size_t i = bytes.size() - 4; i < bytes.size(); ++i) bytes[i] = '\xff';
+  write_bytes(lying, bytes);
+  const pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    try {
+      read_maybe_gzip(lying);
+    } catch (const UserError&) {
+      _exit(0);
+    } catch (...) {
+      _exit(4);
+    }
+    _exit(5);
+  }
+  int status = 0;
+  rusage ru{};
+  REQUIRE(wait4(pid, &status, 0, &ru) == pid);
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  INFO("child peak RSS ", ru.ru_maxrss, " KiB");
+  CHECK(ru.ru_maxrss < 256 * 1024);  // KiB: the 64 MiB cap and the test binary, not 4 GiB
+}
+
 TEST_CASE("idx: a 2 GB file whose header lies is refused without reading it") {
   // Issue 16's case: 2 GB behind a header promising 10 images (a sparse file: no disk used).
   // Loaded in a child process, whose peak RSS the parent reads: it stays far below the file
