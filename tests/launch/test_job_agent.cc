@@ -601,3 +601,48 @@ TEST_CASE(
     CHECK(d1.reason == "rank 0 on node 0 failed");
   }
 }
+
+TEST_CASE(
+    "JobAgent: a member's silence counts afresh in each attempt (a slow decision is no loss)") {
+  // Node 1 reported attempt 0 and waits for the decision, which node 0 gives 1.5 s later (its own
+  // ranks took that long to end); a waiting member does not poll. Node 0's first poll of the
+  // restart came before node 1's, and counted node 1's silence from attempt 0: lost after 1 s,
+  // a failure of the restart that never happened.
+  const int port = pick_free_port();
+  JobAgent a0(quick_loss(0, port));
+  auto f1 = std::async(std::launch::async, [&] {
+    JobAgent a1(quick_loss(1, port));
+    a1.join(2);
+    for (int i = 0; i < 3; ++i) {
+      a1.poll(0);
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    const JobDecision d =
+        a1.finish(0, failed("rank 2 on node 1 (h1) failed: exit status 1", false, 1), 0);
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));  // its ranks start again
+    for (int i = 0; i < 5; ++i) {
+      CHECK(a1.poll(1).failures.empty());
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    a1.finish(1, NodeOutcome{}, 0);
+    return d;
+  });
+  a0.join(2);
+  for (int i = 0; i < 6; ++i) {  // (until node 1 has reported: its last alive count is seen)
+    CHECK(a0.poll(0).failures.empty());
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  const JobDecision d0 =
+      a0.finish(0, failed("rank 0 on node 0 (h0) failed: exit status 1", false, 2), 1);
+  CHECK(d0.restart);
+  for (int i = 0; i < 8; ++i) {
+    const RemoteNews n = a0.poll(1);
+    CHECK_MESSAGE(n.failures.empty(), n.failures.front());
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  const JobDecision d1 = a0.finish(1, NodeOutcome{}, 1);
+  CHECK_FALSE(d1.restart);
+  CHECK(d1.rc == 0);
+  CHECK(f1.get().restart);
+}
