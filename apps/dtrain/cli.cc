@@ -148,6 +148,7 @@ void check_checkpoints_folder(const std::string& out_dir) {
     throw UserError("--out '" + out_dir +
                     "' is a checkpoints folder (it holds `latest`): give the run folder, or "
                     "another --out");
+  check_out_folder("--out", out_dir);
   if (fs::exists(c, ec) && !fs::is_directory(c, ec))
     throw UserError("'" + c.string() +
                     "' is not a folder: a run keeps its checkpoints there; move it, or give "
@@ -599,6 +600,7 @@ int Cli::dispatch(const char* argv0) {
     vopt_.config_path = config_path_;
     vopt_.sets = sets_;
     vopt_.grpc = verify_backend_ == "grpc";
+    if (!vopt_.work_dir.empty()) check_out_folder("verify: --out", vopt_.work_dir);
     vopt_.self_exe = self_exe(argv0);
     return cmd_verify(vopt_, verify_json_);
   }

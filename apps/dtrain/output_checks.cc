@@ -43,18 +43,24 @@ bool is_checkpoint_folder(const fs::path& dir) {
   return text.find("\"dtrain-checkpoint\"") != std::string::npos;
 }
 
+// Whether `dir` holds one of a run's own files (train/run_dir.h's kRunFiles).
+bool is_run_folder(const fs::path& dir) {
+  std::error_code ec;
+  for (const char* f : kRunFiles)
+    if (fs::exists(dir / f, ec)) return true;
+  return false;
+}
+
 // The checks of check_output_file on one spelling of the output: `abs`, absolute; `shown`, the
 // output as messages name it.
 void check_output_place(const std::string& shown, const fs::path& abs) {
-  std::error_code ec;
   const fs::path parent = abs.parent_path();
   if (is_checkpoint_folder(parent))
     throw UserError(shown + " is inside a checkpoint folder ('" + parent.string() +
                     "'), whose files it could replace: write it elsewhere");
   // A run folder's own files (train/run_dir.h): replacing one breaks resume, plot and verify.
   const std::string name = abs.filename().string();
-  bool run_folder = false;
-  for (const char* f : kRunFiles) run_folder = run_folder || fs::exists(parent / f, ec);
+  const bool run_folder = is_run_folder(parent);
   for (const char* f : kRunFiles)
     if (run_folder && name == f)
       throw UserError(shown + " would replace the " + f + " of the run in '" + parent.string() +
@@ -62,6 +68,19 @@ void check_output_place(const std::string& shown, const fs::path& abs) {
 }
 
 }  // namespace
+
+void check_out_folder(const std::string& option, const std::string& out_dir) {
+  std::error_code ec;
+  const fs::path abs = fs::weakly_canonical(fs::absolute(out_dir, ec), ec);
+  if (ec) return;  // (unresolvable: the run's own checks name the problem)
+  for (fs::path p = abs; !p.empty(); p = p.parent_path()) {
+    if (is_checkpoint_folder(p))
+      throw UserError(option + " '" + out_dir + "' is " + (p == abs ? "" : "inside ") +
+                      "a checkpoint folder ('" + p.string() +
+                      "'), whose run prunes and replaces what is there: give another folder");
+    if (p == p.root_path()) break;
+  }
+}
 
 void check_output_file(const std::string& option, const std::string& path) {
   if (const std::string why = output_file_problem(path); !why.empty())

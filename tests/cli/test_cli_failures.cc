@@ -275,6 +275,27 @@ TEST_CASE("a file named checkpoints in --out is refused before training, exit 2"
   CHECK_MESSAGE(r.exit_code == 2, r.output);
   CHECK(contains(r.output, "is a checkpoints folder"));
   CHECK_FALSE(std::filesystem::exists(dir / "b/checkpoints/summary.json"));
+  // --out inside it (a step-<N> name, which b's keep_last would delete with the run in it, or
+  // deeper), for run, launch and verify; and a sharded checkpoint's folder.
+  for (const std::string cmd : {" run ", " launch --nproc 1 ", " verify "})
+    for (const std::string sub : {"b/checkpoints/step-99", "b/checkpoints/x/y"}) {
+      CAPTURE(cmd);
+      CAPTURE(sub);
+      r = run_cmd(kBin + cmd + cfg + " --out " + dir / sub);
+      CHECK_MESSAGE(r.exit_code == 2, r.output);
+      CHECK_MESSAGE(
+          contains(r.output, "' is inside a checkpoint folder ('" + (dir / "b/checkpoints") + "')"),
+          r.output);
+      CHECK_FALSE(std::filesystem::exists(dir / sub));
+    }
+  r = run_cmd(kBin + " run " + cfg + " --out " + dir / "s" +
+              " --set train.max_steps=2 --set distributed.world_size=2 "
+              "--set distributed.strategy=fsdp");
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  std::filesystem::remove(dir / "s/checkpoints/latest");
+  r = run_cmd(kBin + " run " + cfg + " --out " + dir / "s/checkpoints/step-2");
+  CHECK_MESSAGE(r.exit_code == 2, r.output);
+  CHECK_MESSAGE(contains(r.output, "step-2' is a checkpoint folder"), r.output);
 }
 
 TEST_CASE("a checkpoint carries the evaluation due at its step and the last record's loss") {
