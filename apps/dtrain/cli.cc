@@ -267,9 +267,13 @@ int cmd_run(const Config& cfg, const std::string& config_path, std::string out,
   std::error_code out_ec;  // (a looping or too long path: prepare_out_dir says so)
   const bool new_out_dir = !fs::exists(opts.out_dir, out_ec) && !out_ec;
   // The process that owns the run locks its folder: a single process, or rank 0 of a job whose
-  // launcher (torchrun, Slurm) is not `dtrain launch`, which holds the lock for its ranks.
+  // launcher (torchrun, Slurm) is not `dtrain launch`, which holds the lock for its ranks and
+  // passes it to them as descriptor 3 (DTRAIN_LAUNCHER_PID alone, set by hand, proves nothing:
+  // two runs wrote into one folder).
   OutDirLock out_lock;
-  const bool owner = rank0 && env.count(kLauncherPidEnv) == 0;
+  const bool launched = env.count(kLauncherPidEnv) != 0 && !new_out_dir &&
+                        OutDirLock::inherited(kInheritedFd, opts.out_dir);
+  const bool owner = rank0 && !launched;
   // Only the owner clears the folder for --overwrite, after taking its lock: another rank doing
   // it could delete what rank 0 already wrote, or the files of a job still running there (which
   // its rank 0 refuses to disturb). Whether the folder holds a run is the owner's check too.
@@ -287,7 +291,7 @@ int cmd_run(const Config& cfg, const std::string& config_path, std::string out,
     refuse(e);
   }
   // (`dtrain launch` passes --overwrite to its first attempt's ranks for rank 0 to act on)
-  opts.overwrite = overwrite && (owner || (rank0 && env.count(kLauncherPidEnv) != 0));
+  opts.overwrite = overwrite && rank0;
   StopRequest stop;
   InterruptGuard interrupts(stop, preempt_signal_number(cfg.train.preempt_signal));
   opts.stop = &stop;

@@ -106,6 +106,9 @@ std::map<std::string, std::string> current_environment();
 
 // The variable through which `dtrain launch` tells its ranks its process id.
 inline constexpr char kLauncherPidEnv[] = "DTRAIN_LAUNCHER_PID";
+// The descriptor through which `dtrain launch` gives its ranks its output folder's lock
+// (LaunchOptions::inherit_fd).
+inline constexpr int kInheritedFd = 3;
 
 // A rank that `dtrain launch` started (kLauncherPidEnv names its parent) ends with it: the kernel
 // sends it launcher_gone_signal() (util/interrupt.h) if the launcher dies (SIGKILL, the OOM

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -49,6 +50,17 @@ OutDirLock::OutDirLock(const std::string& out_dir) {
       "--out '{}': the folder cannot be locked ({}): nothing stops another run from "
       "writing to it at the same time",
       out_dir, std::strerror(err));
+}
+
+bool OutDirLock::inherited(int fd, const std::string& out_dir) {
+  struct stat held {
+  }, dir{};
+  if (::fstat(fd, &held) != 0 || !S_ISDIR(held.st_mode) || ::stat(out_dir.c_str(), &dir) != 0)
+    return false;
+  // (a second flock through the same open file description keeps its lock; another run's lock
+  // on the folder refuses it)
+  return held.st_dev == dir.st_dev && held.st_ino == dir.st_ino &&
+         ::flock(fd, LOCK_EX | LOCK_NB) == 0;
 }
 
 OutDirLock::~OutDirLock() {

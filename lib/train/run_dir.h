@@ -35,6 +35,12 @@ class OutDirLock {
   // The locked folder's descriptor (-1: none). A process that inherits a copy holds the lock
   // with this one, until the last copy is closed (flock's rule).
   int fd() const { return fd_; }
+  // Whether this process holds out_dir's lock through descriptor `fd`, inherited from the
+  // launcher that took it (dtrain launch passes its lock as descriptor 3): `fd` is open on that
+  // very folder and the lock is its (or free, and then taken by it). A rank that merely claims a
+  // launcher (DTRAIN_LAUNCHER_PID set by hand) has no such descriptor and must lock the folder
+  // itself. Never throws.
+  static bool inherited(int fd, const std::string& out_dir);
 
  private:
   int fd_ = -1;

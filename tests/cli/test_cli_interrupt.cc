@@ -360,10 +360,16 @@ TEST_CASE("a folder a run is writing to is refused to a second run, even with --
   REQUIRE(wait_until([&] { return lines_in(out + "/metrics.jsonl") > 0; }, 60));
   // --overwrite would have deleted the first run's files under it, and --resume trained on
   // beside it; a launcher's ranks likewise.
-  for (const std::string& how : {" run " + cfg + " --overwrite", " run " + cfg + " --resume auto",
-                                 " launch --nproc 2 " + cfg + " --overwrite"}) {
+  // DTRAIN_LAUNCHER_PID set by hand (a rank of `dtrain launch` inherits the folder's lock
+  // instead of taking it): it skipped the lock, and both runs wrote into the folder.
+  const std::string hand = "DTRAIN_LAUNCHER_PID=1 ";
+  for (const std::string& how :
+       {kBin + " run " + cfg + " --overwrite", kBin + " run " + cfg + " --resume auto",
+        kBin + " launch --nproc 2 " + cfg + " --overwrite",
+        hand + kBin + " run " + cfg + " --resume auto",
+        hand + kBin + " run " + cfg + " --overwrite"}) {
     CAPTURE(how);
-    const auto r = run_cmd(kBin + how + " --out " + out + " --set train.max_steps=5");
+    const auto r = run_cmd(how + " --out " + out + " --set train.max_steps=5");
     CHECK(r.exit_code == 2);
     CHECK_MESSAGE(contains(r.output, "is in use by another dtrain run that is writing to it now"),
                   r.output);
