@@ -10,15 +10,26 @@ namespace {
 
 // j with every key that config.json leaves out at its default (KeyDecl::omitted_at_default) set
 // to that default, so a key changed from or to its default shows both values, not "(absent)".
+// Only where the sections on the key's path are objects or absent: a checkpoint's stored config
+// is input, and one whose `model` is 5 is shown as it is (a JSON pointer through it threw).
 nlohmann::json with_omitted_defaults(nlohmann::json j) {
   const Config defaults;
   for (const KeyDecl& d : config_keys()) {
     if (!d.omitted_at_default) continue;
-    std::string p = "/" + d.path;
-    for (char& ch : p)
-      if (ch == '.') ch = '/';
-    const nlohmann::json::json_pointer ptr(p);
-    if (j.is_object() && !j.contains(ptr)) j[ptr] = d.get(defaults);
+    nlohmann::json* at = &j;
+    size_t begin = 0;
+    for (;;) {
+      if (!at->is_object()) break;
+      const size_t dot = d.path.find('.', begin);
+      const std::string name = d.path.substr(begin, dot - begin);
+      if (dot == std::string::npos) {
+        if (!at->contains(name)) (*at)[name] = d.get(defaults);
+        break;
+      }
+      if (!at->contains(name)) (*at)[name] = nlohmann::json::object();
+      at = &(*at)[name];
+      begin = dot + 1;
+    }
   }
   return j;
 }

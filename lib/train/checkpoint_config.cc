@@ -28,7 +28,12 @@ void report_config_changes(const std::string& path, const CheckpointMeta& m, con
   } catch (const nlohmann::json::exception&) {
     throw UserError("checkpoint '" + path + "': its stored config is not valid JSON");
   }
-  const std::vector<std::string> diff = config_differences(before, config_to_json(cfg));
+  std::vector<std::string> diff;
+  try {
+    diff = config_differences(before, config_to_json(cfg));
+  } catch (const nlohmann::json::exception& e) {  // (config_differences takes any JSON)
+    throw UserError("checkpoint '" + path + "': its stored config is malformed (" + e.what() + ")");
+  }
   std::string lines;
   for (const auto& d : diff) lines += "\n  " + d;
   if (m.config_hash != hash)

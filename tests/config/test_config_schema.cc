@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "config/config.h"
+#include "config/config_diff.h"
 #include "config/schema.h"
 #include "config_test_util.h"
 #include "util/check.h"
@@ -279,6 +280,30 @@ TEST_CASE("schema: config.json and config_hash are those of the dtrain before th
     CHECK(config_to_json(c).dump() == json_text);
     CHECK(config_hash(c) == hash);
   }
+}
+
+TEST_CASE("config_differences: a stored config whose sections are not objects is shown as it is") {
+  // A checkpoint's stored config is input: `model: 5` or a list for `optimizer` made the JSON
+  // pointers of the omitted defaults throw (exit 1, "unresolved reference token 'layers'").
+  const nlohmann::json now = config_to_json(Config{});
+  for (const char* section : {"model", "optimizer", "distributed", "train"})
+    for (const nlohmann::json& bad : {nlohmann::json(5), nlohmann::json::array({1, 2}),
+                                      nlohmann::json(nullptr), nlohmann::json("x")}) {
+      CAPTURE(section);
+      CAPTURE(bad.dump());
+      nlohmann::json before = now;
+      before[section] = bad;
+      std::vector<std::string> diff;
+      REQUIRE_NOTHROW(diff = config_differences(before, now));
+      CHECK(std::find(diff.begin(), diff.end(),
+                      std::string(section) + ": " + bad.dump() + " -> (absent)") != diff.end());
+      REQUIRE_NOTHROW(config_differences(now, before));
+    }
+  nlohmann::json nested = now;
+  nested["train"]["checkpoint"] = nlohmann::json::array({1});
+  CHECK_NOTHROW(config_differences(nested, now));
+  CHECK_NOTHROW(config_differences(nlohmann::json(3), now));
+  CHECK(config_differences(now, now).empty());
 }
 
 }  // namespace dtrain
