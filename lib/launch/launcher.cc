@@ -384,6 +384,12 @@ class Attempt {
     const int fwd = res_.stop_signal != 0 ? res_.stop_signal : rank_stop_signal_;
     if (fwd != 0 && !kill_sent_ && WIFSIGNALED(status) && WTERMSIG(status) == fwd)
       code = fwd == o_.preempt_signal ? kExitPreempted : 128 + fwd;
+    // Killed by a stop signal that did not come from here: a second SIGTERM or SIGINT sent to
+    // the rank itself, which ends it at once (util/interrupt.h): stopped by whoever sent it,
+    // with a shell's code for it, not a failure to restart (the job was restarted).
+    else if (!shutting_down_ && !kill_sent_ && WIFSIGNALED(status) &&
+             is_stop_code(128 + WTERMSIG(status)))
+      code = 128 + WTERMSIG(status);
     res_.common_exit = res_.common_exit == -1 || res_.common_exit == code ? code : -2;
     if (code == 2) res_.any_user_error = true;
     // A rank that exits with an interrupt's code although no signal came here was stopped by
@@ -395,7 +401,7 @@ class Attempt {
     } else if (code == 0) {
       spdlog::info("rank {} finished", c.rank);
     } else if (is_stop_code(code) && !res_.failed && plan_.agent == nullptr) {
-      on_rank_stop(c.rank, code);
+      on_rank_stop(c.rank, code, status);
     } else {
       on_failure(c.rank, status);
     }
@@ -407,14 +413,20 @@ class Attempt {
   // restart. Ranks still running after interrupt_grace_s are stopped as for a failure.
   // One node only: across nodes, ranks also stop so (75) when another node's launcher is lost
   // (its ranks take their launcher's death as a preemption), and node 0 restarts without it.
-  void on_rank_stop(int rank, int code) {
+  void on_rank_stop(int rank, int code, int status) {
     // Which rank the signal reached is not known here: every rank exits with the same code
     // once they agree on the stop, and the first one reaped need not be it.
     if (res_.rank_stop_code == 0) {
-      spdlog::warn(
-          "rank {} stopped: exit status {}{}; no signal came to the launcher: a rank of this job "
-          "was signalled and the ranks stop at the step they agreed on",
-          rank, code, code == kExitPreempted ? ", preempted" : "");
+      if (WIFSIGNALED(status))
+        spdlog::warn(
+            "rank {} stopped: {}, sent to it and not to the launcher (a second stop signal ends a "
+            "rank at once): the ranks stop, without a restart",
+            rank, describe_wait_status(status));
+      else
+        spdlog::warn(
+            "rank {} stopped: exit status {}{}; no signal came to the launcher: a rank of this "
+            "job was signalled and the ranks stop at the step they agreed on",
+            rank, code, code == kExitPreempted ? ", preempted" : "");
       res_.rank_stop_rank = rank;
       res_.rank_stop_code = code;
       // The same signal to the others: a rank signalled before the rendezvous ended at once,
@@ -528,45 +540,6 @@ AttemptResult run_attempt(const LaunchOptions& o, const AttemptPlan& plan,
 
 namespace {
 
-void check_options(const LaunchOptions& o) {
-  if (o.nproc < 1 || o.nproc > 1024)
-    throw UserError("--nproc " + std::to_string(o.nproc) + ": must be in 1..1024");
-  if (o.master_port < 0 || o.master_port > 65535)
-    throw UserError("--master-port " + std::to_string(o.master_port) +
-                    ": not a TCP port (1..65535, or 0 for a free one)");
-  if (o.child_argv.empty() || o.child_argv[0].empty())
-    throw UserError("launch: no command to run for the ranks");
-  if (o.log_dir.empty()) throw UserError("launch: no log folder");
-  if (!(o.grace_s >= 0) || !std::isfinite(o.grace_s))
-    throw UserError("launch: the grace period must be >= 0 seconds");
-  if (o.max_restarts < 0)
-    throw UserError("--max-restarts " + std::to_string(o.max_restarts) + ": must be >= 0");
-  if (o.nnodes < 1 || o.nnodes > 1024 || o.node_rank < 0 || o.node_rank >= o.nnodes)
-    throw UserError("--node-rank " + std::to_string(o.node_rank) + " of --nnodes " +
-                    std::to_string(o.nnodes) + ": need 0 <= node rank < nodes <= 1024");
-  if (o.min_nproc < 0 || o.min_nproc > o.nproc)
-    throw UserError("--nproc " + std::to_string(o.min_nproc) + ":" + std::to_string(o.nproc) +
-                    ": need 1 <= MIN <= MAX");
-  if (o.nnodes > 1) {
-    if (o.master_port < 1 || o.master_port > 65534)
-      throw UserError(
-          "a multi-node launch needs --master-port (1..65534; the launchers use the "
-          "next port too)");
-    if (o.master_addr.empty()) throw UserError("a multi-node launch needs --master-addr");
-    if (o.token.empty())
-      throw UserError(
-          "a multi-node launch needs the job token, the same on every node: set "
-          "DTRAIN_JOB_TOKEN or give --token-file (it is never generated per node)");
-    if (o.min_nproc > 0 && o.min_nproc < o.nproc)
-      throw UserError("elastic ranks (--nproc MIN:MAX) are for one node");
-  }
-  if (o.min_nnodes < 0 || o.min_nnodes > o.nnodes)
-    throw UserError("--nnodes " + std::to_string(o.min_nnodes) + ":" + std::to_string(o.nnodes) +
-                    ": need 1 <= MIN <= MAX");
-  if (!(o.last_call_s >= 0 && o.last_call_s <= 1e7))
-    throw UserError("--last-call: must be between 0 and 1e7 seconds");
-}
-
 // While the launcher waits for the other nodes, no rank runs: a stop signal then ends it at once
 // (SignalGuard::default_stop_signals), instead of waiting out the check-in's timeout.
 struct DefaultStopSignals {
@@ -622,7 +595,7 @@ namespace {
 // launch_local's attempts; `blamed_record`: the error record of the rank the last failed attempt
 // blamed (for publish_parent_error).
 int launch_attempts(const LaunchOptions& o, LaunchReport* report, std::string* blamed_record) {
-  check_options(o);
+  check_launch_options(o);
   bool expected = false;
   DT_CHECK_MSG(g_active.compare_exchange_strong(expected, true),
                "launch_local is already running in this process");

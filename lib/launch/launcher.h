@@ -72,6 +72,10 @@ struct LaunchOptions {
   bool echo_rank0 = true;
 };
 
+// UserError for options that cannot run (counts, ports, node ranks, the multi-node musts); what
+// launch_local checks first.
+void check_launch_options(const LaunchOptions& o);
+
 // The options of a multi-node launcher's JobAgent (job_agent.h) for `o`, under the job token.
 AgentOptions launch_agent_options(const LaunchOptions& o, const std::string& token);
 

@@ -611,6 +611,30 @@ TEST_CASE("a rank failing on bad input (exit 2) is not restarted") {
   CHECK_FALSE(std::filesystem::exists(dir / "env-1-1"));
 }
 
+TEST_CASE("a rank killed by a stop signal sent to it alone is stopped, not restarted") {
+  // A second SIGTERM or SIGINT to a rank ends it at once by that signal (util/interrupt.h): the
+  // launcher took it for a crash and restarted the job its user was stopping.
+  for (const char* sig : {"TERM", "INT"}) {
+    CAPTURE(sig);
+    TempDir dir;
+    LaunchOptions o = sh_options(dir, 2,
+                                 "echo x > $D/env-$RANK-$DTRAIN_RESTART_COUNT\n"
+                                 "if [ \"$RANK\" = 1 ]; then trap - INT; kill -" +
+                                     std::string(sig) +
+                                     " $$; fi\n"
+                                     "sleep 30 & echo $! > $D/sleep-$RANK; wait\n");
+    o.max_restarts = 2;
+    const Launched r = run_launcher(o, dir);
+    INFO("launcher stdout:\n", r.out, "\nlauncher stderr:\n", r.err);
+    CHECK(r.exit_code == 128 + (std::string(sig) == "TERM" ? SIGTERM : SIGINT));
+    CHECK(contains(r.out + r.err, "rank 1 stopped: killed by signal SIG" + std::string(sig) +
+                                      ", sent to it and not to the launcher"));
+    CHECK(std::filesystem::exists(dir / "env-1-0"));
+    CHECK_FALSE(std::filesystem::exists(dir / "env-1-1"));
+    check_all_gone(dir, 2);
+  }
+}
+
 TEST_CASE("SIGTERM to a launcher with restarts left stops everything without restarting") {
   // Ranks that the forwarded SIGTERM kills (here: shell scripts without a handler, like a dtrain
   // rank still starting) stopped as their handler would have made them: 75 when SIGTERM is the
