@@ -111,6 +111,16 @@ std::string crc_hex(uint32_t crc) {
   return buf;
 }
 
+// Appends key: value to an ordered_json object whose keys the caller knows are new, in O(1):
+// ordered_map's operator[] searches the keys before it inserts, so a header of 60,000 tensors
+// took 31 s to build (99,900: 85 s).
+void append_new_key(nlohmann::ordered_json& object, const std::string& key,
+                    nlohmann::ordered_json value) {
+  using Items = nlohmann::ordered_json::object_t::Container;
+  static_cast<Items&>(object.get_ref<nlohmann::ordered_json::object_t&>())
+      .emplace_back(key, std::move(value));
+}
+
 struct Entry {
   std::string name;
   std::vector<int64_t> shape;
@@ -130,10 +140,15 @@ void write_safetensors(const std::string& path, const std::vector<StTensorRef>& 
   // from the callers' buffers without an intermediate copy.
   // The checksums cost one extra pass over the bytes: zlib's crc32 runs at ~2 GB/s here, 0.1 s
   // per 200 MB tensor (README "Checkpoint integrity").
+  std::set<std::string> seen;
+  for (const auto& t : tensors) {
+    DT_CHECK_MSG(t.name != "__metadata__", "reserved tensor name");
+    DT_CHECK_MSG(seen.insert(t.name).second, "duplicate tensor name '" << t.name << "'");
+  }
   nlohmann::ordered_json crcs = nlohmann::ordered_json::object();
   for (const auto& t : tensors) {
     const int64_t numel = checked_numel(t.shape);
-    crcs[t.name] = crc_hex(crc_of(t.data, static_cast<size_t>(numel) * 4));
+    append_new_key(crcs, t.name, crc_hex(crc_of(t.data, static_cast<size_t>(numel) * 4)));
   }
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   {
@@ -147,17 +162,15 @@ void write_safetensors(const std::string& path, const std::vector<StTensorRef>& 
     }
     header["__metadata__"] = std::move(meta);
   }
-  std::set<std::string> seen;
   int64_t offset = 0;
   for (const auto& t : tensors) {
-    DT_CHECK_MSG(t.name != "__metadata__", "reserved tensor name");
-    DT_CHECK_MSG(seen.insert(t.name).second, "duplicate tensor name '" << t.name << "'");
     const int64_t numel = checked_numel(t.shape);
     DT_CHECK_MSG(numel == 0 || t.data != nullptr, "tensor '" << t.name << "' has no data");
     const int64_t bytes = numel * 4;
     DT_CHECK_EQ(bytes / 4, numel);
-    header[t.name] = {
-        {"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
+    append_new_key(
+        header, t.name,
+        {{"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}});
     offset += bytes;
   }
   std::string text;

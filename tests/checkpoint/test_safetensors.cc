@@ -148,6 +148,39 @@ TEST_CASE("the header carries its own CRC-32: an edited step or shape is refused
   }
 }
 
+TEST_CASE("a file of 50,000 tensors round-trips, in the order given") {
+  // (a header of that many tensors was built in time quadratic in their number: 60,000 took
+  // 31 s to save, while loading took well under one)
+  TempDir tmp;
+  const std::string path = (tmp / "many.safetensors");
+  constexpr int kN = 50'000;
+  std::vector<float> values(kN);
+  std::vector<StTensorRef> refs;
+  for (int i = 0; i < kN; ++i) {
+    values[static_cast<size_t>(i)] = static_cast<float>(i) * 0.5f;
+    refs.push_back({"t" + std::to_string(kN - i), {1}, &values[static_cast<size_t>(i)]});
+  }
+  write_safetensors(path, refs, {{"step", "1"}});
+  const StFile f = read_safetensors(path);
+  REQUIRE(f.tensors.size() == static_cast<size_t>(kN));
+  CHECK(f.checksummed);
+  CHECK(f.header_checksummed);
+  for (int i = 0; i < kN; i += 997)
+    CHECK(f.tensors.at("t" + std::to_string(kN - i)).data == std::vector<float>{i * 0.5f});
+  // In the order given: t50000 first (offset 0), t1 last.
+  const std::string bytes = read_file(path);
+  const size_t first = bytes.find(R"("t50000":{"dtype":"F32","shape":[1],"data_offsets":[0,4]})");
+  const size_t second = bytes.find(R"("t49999":{"dtype":"F32","shape":[1],"data_offsets":[4,8]})");
+  const size_t last =
+      bytes.find(R"("t1":{"dtype":"F32","shape":[1],"data_offsets":[199996,200000]})");
+  CHECK(first != std::string::npos);
+  CHECK(second != std::string::npos);
+  CHECK(last != std::string::npos);
+  CHECK(first < second);
+  CHECK(second < last);
+  CHECK_THROWS_AS(write_safetensors(path, {refs[0], refs[1], refs[0]}, {}), InternalError);
+}
+
 TEST_CASE("writer rejects inconsistent input as internal errors") {
   TempDir tmp;
   const std::string path = (tmp / "x.safetensors");
