@@ -7,6 +7,7 @@
 
 #include "config/internal.h"
 #include "config/schema.h"
+#include "util/strings.h"
 
 namespace dtrain::config_detail {
 namespace {
@@ -285,6 +286,11 @@ void validate_distributed(const Config& c, const KeyErrors& errors) {
   const TlsConfig& tls = dc.tls;
   errors.check(!tls.enabled() || (!tls.cert.empty() && !tls.key.empty() && !tls.ca.empty()),
                "distributed.tls", "needs all of cert, key and ca (or none)");
+  // (rank 0 listened on "[127.0.0.1:80]:PORT", failed with exit 1, and was restarted for it)
+  if (const std::string why = host_text_problem(
+          dc.bind, "the port as MASTER_PORT (rank 0's; the other ranks pick their own)");
+      !dc.bind.empty() && !why.empty())
+    errors.check(false, "distributed.bind", "'" + dc.bind + "' " + why);
 }
 
 }  // namespace

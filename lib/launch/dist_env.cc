@@ -210,17 +210,7 @@ std::string slurm_first_host(const std::string& nodelist, const std::string& var
 }
 
 std::string master_addr_problem(const std::string& addr) {
-  if (addr.find("://") != std::string::npos)
-    return "is a URL: give the host alone (a name or an IP address)";
-  if (addr.find_first_of(" \t\r\n") != std::string::npos) return "holds whitespace";
-  if (std::count(addr.begin(), addr.end(), '[') != std::count(addr.begin(), addr.end(), ']') ||
-      addr.find('[') > addr.find(']'))
-    return "has an unbalanced '[' or ']' (an IPv6 address: [::1] or ::1)";
-  const size_t colons = static_cast<size_t>(std::count(addr.begin(), addr.end(), ':'));
-  if (colons == 1 || (addr.starts_with('[') && addr.find("]:") != std::string::npos))
-    return "holds a port (host:port): give the host alone, and the port as MASTER_PORT or "
-           "--master-port";
-  return "";
+  return host_text_problem(addr, "the port as MASTER_PORT or --master-port");
 }
 
 DistEnv resolve_dist_env(const std::map<std::string, std::string>& env, int config_world_size,

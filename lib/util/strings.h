@@ -128,6 +128,21 @@ inline std::string bounded_message(std::string_view s, size_t max_bytes = 8192) 
 }
 
 // The pieces of s between separators: "a;b;" -> {"a", "b", ""}; "" -> {""}.
+// Why `addr` cannot be a host as an address setting gives it ("" when it can): a URL, whitespace,
+// unbalanced brackets, or a "host:port" (`port_advice` says where the port goes instead). IPv6
+// literals (two or more ':', or bracketed without a port) pass.
+inline std::string host_text_problem(const std::string& addr, const std::string& port_advice) {
+  if (addr.find("://") != std::string::npos)
+    return "is a URL: give the host alone (a name or an IP address)";
+  if (addr.find_first_of(" \t\r\n") != std::string::npos) return "holds whitespace";
+  const auto count = [&](char c) { return std::count(addr.begin(), addr.end(), c); };
+  if (count('[') != count(']') || addr.find('[') > addr.find(']'))
+    return "has an unbalanced '[' or ']' (an IPv6 address: [::1] or ::1)";
+  if (count(':') == 1 || (addr.starts_with('[') && addr.find("]:") != std::string::npos))
+    return "holds a port (host:port): give the host alone, and " + port_advice;
+  return "";
+}
+
 inline std::vector<std::string> split(const std::string& s, char sep) {
   std::vector<std::string> out;
   size_t pos = 0;

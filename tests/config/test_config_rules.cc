@@ -7,6 +7,7 @@
 
 #include "config/config.h"
 #include "config_test_util.h"
+#include "test_util.h"
 #include "util/check.h"
 
 namespace dtrain {
@@ -15,6 +16,7 @@ namespace {
 using config_test::error_of;
 using config_test::kSynthetic;
 using config_test::set_error;
+using dtrain::testing::contains;
 
 }  // namespace
 
@@ -207,6 +209,22 @@ TEST_CASE("powersgd compression: rank defaults to 4, is an integer and reaches c
   const std::string e = set_error("distributed.compression.rank=1.5");
   CHECK(e.find("distributed.compression.rank") != std::string::npos);
   CHECK(e != "(no error)");
+}
+
+TEST_CASE("rules: distributed.bind is a host alone, no port, URL or whitespace") {
+  // (a bind of 127.0.0.1:80 made rank 0 listen on "[127.0.0.1:80]:PORT": exit 1, and restarts)
+  const auto bind = [](const std::string& v) {
+    return error_of(std::string(config_test::kSynthetic) + "distributed: {bind: '" + v + "'}\n");
+  };
+  CHECK(bind("127.0.0.1:80") ==
+        "x.yaml:2:21: distributed.bind: '127.0.0.1:80' holds a port (host:port): give the host alone, "
+        "and the port as MASTER_PORT (rank 0's; the other ranks pick their own)");
+  CHECK(contains(bind("[::1]:80"), "holds a port (host:port)"));
+  CHECK(contains(bind("http://h"), "is a URL"));
+  CHECK(contains(bind("a b"), "holds whitespace"));
+  CHECK(contains(bind("[::1"), "unbalanced"));
+  for (const char* ok : {"0.0.0.0", "::", "::1", "[::1]", "10.1.2.3", "node-1.example", ""})
+    CHECK_MESSAGE(bind(ok) == "(no error)", ok);
 }
 
 }  // namespace dtrain
