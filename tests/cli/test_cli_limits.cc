@@ -378,6 +378,29 @@ TEST_CASE("training data that overflows float32 is named as the cause, not the l
   CHECK_FALSE(contains(r.output, "lower optimizer.lr"));
 }
 
+TEST_CASE("a checkpoint whose weights overflow is named as the cause on resume, exit 2") {
+  // A run with train.nonfinite: skip and a huge rate saves weights that overflow; the first step
+  // of a run resuming them is not finite before it updates anything, as a restart's would be. It
+  // exited 1 (a launcher restarted it) and advised lowering the rate, which had not acted.
+  TempDir dir;
+  const std::string cfg = dir.write(
+      "c.yaml",
+      "model: {hidden: [8]}\ndata: {format: synthetic, synthetic: {samples: 64, features: 4, "
+      "classes: 2}, batch_size: 8}\noptimizer: {type: sgd, lr: 0.1}\ntrain: {max_steps: 8}\n"
+      "runtime: {threads: 1}\n");
+  auto r = run_cmd(kBin + " run " + cfg + " --out " + dir / "a" +
+                   " --set train.nonfinite=skip --set optimizer.lr=1e30 2>&1");
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  r = run_cmd(kBin + " run " + cfg + " --out " + dir / "b" + " --resume " + dir / "a" +
+              " --set train.max_steps=12 --set optimizer.lr=0.001 2>&1");
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK(contains(r.output,
+                 "is not finite at step 9, the first after resuming, before this run "
+                 "updated anything: the checkpoint '"));
+  CHECK_FALSE(contains(r.output, "lower optimizer.lr"));
+}
+
 TEST_CASE("a NaN injected at step 1 is named as such, exit 1 (a restart clears it)") {
   TempDir dir;
   const std::string cfg = dir.write(
