@@ -260,6 +260,10 @@ class Reader final : public config_detail::KeyErrors {
       value.reset(YAML::Node(raw));
     } else {
       try {
+        // (as load(): a ',' first left yaml-cpp's reader in place, which the count took for
+        // "more than 100000 YAML values")
+        if (const auto p = stuck_document_problem(raw))
+          throw UserError(where + ": the value is not valid YAML: " + p->message);
         if (const auto p = too_many_nodes_problem(raw, kMaxConfigValues))
           throw UserError(where + ": the value has " + p->message);
         const std::vector<YAML::Node> docs = YAML::LoadAll(raw);
@@ -280,6 +284,13 @@ class Reader final : public config_detail::KeyErrors {
         throw UserError(where + ": " + tree_limit_message(*t, "the value", kMaxConfigValues));
     }
 
+    // A section given nothing (`--set optimizer=`, an unset shell variable) took every key's
+    // default in silence; in the file, `optimizer:` with nothing under it still does.
+    if (is_section(path) && (!value.IsDefined() || value.IsNull()))
+      throw UserError(where + ": '" + path +
+                      "' is a section, and an empty or null value would reset all its keys to "
+                      "their defaults: set its keys (--set " +
+                      path + ".KEY=VALUE) or give a mapping ({KEY: VALUE, ...}; {} to reset it)");
     expect_section(root, "");
     if (root.IsNull()) root.reset(YAML::Node(YAML::NodeType::Map));
     // A section on the way that YAML aliases share (`train: &t {...}`, `test: *t`) is first

@@ -217,7 +217,8 @@ TEST_CASE("rules: distributed.bind is a host alone, no port, URL or whitespace")
     return error_of(std::string(config_test::kSynthetic) + "distributed: {bind: '" + v + "'}\n");
   };
   CHECK(bind("127.0.0.1:80") ==
-        "x.yaml:2:21: distributed.bind: '127.0.0.1:80' holds a port (host:port): give the host alone, "
+        "x.yaml:2:21: distributed.bind: '127.0.0.1:80' holds a port (host:port): give the host "
+        "alone, "
         "and the port as MASTER_PORT (rank 0's; the other ranks pick their own)");
   CHECK(contains(bind("[::1]:80"), "holds a port (host:port)"));
   CHECK(contains(bind("http://h"), "is a URL"));
@@ -225,6 +226,22 @@ TEST_CASE("rules: distributed.bind is a host alone, no port, URL or whitespace")
   CHECK(contains(bind("[::1"), "unbalanced"));
   for (const char* ok : {"0.0.0.0", "::", "::1", "[::1]", "10.1.2.3", "node-1.example", ""})
     CHECK_MESSAGE(bind(ok) == "(no error)", ok);
+}
+
+TEST_CASE("rules: --set of a section to nothing is refused; a value starting with ',' is named") {
+  // `--set optimizer=$OPT` with OPT unset reset every optimizer key to its default in silence.
+  for (const char* v : {"optimizer=", "model=null", "model=~", "data.csv=", "train.checkpoint="}) {
+    const std::string e = set_error(v);
+    const std::string section = std::string(v).substr(0, std::string(v).find('='));
+    CHECK_MESSAGE(contains(e, "'" + section +
+                                  "' is a section, and an empty or null value would "
+                                  "reset all its keys to their defaults"),
+                  e);
+  }
+  CHECK(set_error("optimizer={}") == "(no error)");  // an explicit mapping is taken as given
+  // A leading ',' stops yaml-cpp's reader in place: it was "more than 100000 YAML values".
+  for (const char* v : {"seed=,", "model.activation=,relu"})
+    CHECK(contains(set_error(v), "the value is not valid YAML: unexpected ','"));
 }
 
 }  // namespace dtrain
