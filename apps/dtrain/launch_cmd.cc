@@ -54,6 +54,16 @@ void check_rank_grid(const Config& cfg, int64_t world, const std::string& what) 
 void check_batch_kept(const Config& cfg, const std::string& flag, int64_t min_world,
                       int64_t max_world, int64_t step, bool whole_cells_only) {
   const int64_t cell = cfg.distributed.tensor_parallel.size * pipeline_stages(cfg);
+  // (--nproc 1:2 under tensor parallelism 2 was taken, and its first restart gave up: 0 ranks
+  // left in whole cells)
+  const int64_t smallest = (min_world + cell - 1) / cell * cell;
+  if (whole_cells_only && smallest >= max_world)
+    throw UserError(fmt::format(
+        "{}: a restart after ranks are lost runs whole rank-grid cells of {} rank(s) "
+        "(distributed.tensor_parallel.size x pipeline stages), and none fits from {} to fewer "
+        "than {} ranks: give a range that spans at least two cells (such as {}:{}), or a fixed "
+        "count",
+        flag, cell, min_world, max_world, cell, 2 * cell));
   for (int64_t w = min_world; w < max_world; w += step) {
     if (w % cell != 0 && whole_cells_only) continue;
     check_rank_grid(cfg, w,

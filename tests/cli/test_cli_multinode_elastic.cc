@@ -117,6 +117,14 @@ runtime: {threads: 1}
   CHECK(el["steps"] == 12);
   CHECK(rel_diff(el["final_train_loss"].get<double>(), ref["final_train_loss"].get<double>()) <
         1e-4);
+  // 1:2 holds no whole cell below 2 ranks: it was taken, and its first restart gave up.
+  r = run_cmd(kBin + " launch --nproc 1:2 --max-restarts 1 " + cfg + " --out " + dir / "one" +
+              " 2>&1");
+  CHECK(r.exit_code == 2);
+  CHECK_MESSAGE(contains(r.output,
+                         "--nproc 1:2: a restart after ranks are lost runs whole "
+                         "rank-grid cells of 2 rank(s)"),
+                r.output);
 }
 
 TEST_CASE("elastic launch: refusals are one clear line") {
