@@ -13,6 +13,7 @@
 #include "dtrain/bench.h"
 #include "dtrain/gemm_replay.h"
 #include "tensor/fp_mode.h"
+#include "train/loop.h"
 #include "train/trainer.h"
 #include "util/check.h"
 #include "util/fs.h"
@@ -85,11 +86,25 @@ int bench_step(const Config& cfg_in, const StepBenchOptions& o) {
         "bench step: --steps must be in [2 x --block, 10000000] (the first block "
         "warms up), got " +
         std::to_string(o.steps));
-  if (cfg_in.distributed.world_size != 1)
-    throw UserError("bench step: times one rank; the config has distributed.world_size " +
-                    std::to_string(cfg_in.distributed.world_size) +
-                    " (--set distributed.world_size=1)");
+  // One rank of a data-parallel layout trains as the config's ranks each do (its per-rank
+  // batch, no communication); a tensor x pipeline cell of several ranks has no one-rank form.
+  const int64_t cell = cfg_in.distributed.tensor_parallel.size * pipeline_stages(cfg_in);
+  if (cell > 1)
+    throw UserError(
+        "bench step: times one rank, and this config's tensor x pipeline cell needs " +
+        std::to_string(cell) +
+        " (--set distributed.tensor_parallel.size=1 --set distributed.pipeline.stages=1 times "
+        "the whole model on one rank)");
   Config cfg = cfg_in;
+  if (cfg.distributed.world_size != 1) {
+    // (runtime.threads 0: the BLAS threads of one of that many ranks on this machine)
+    cfg.runtime.threads = run_blas_threads(cfg_in, static_cast<int>(cfg_in.distributed.world_size));
+    spdlog::info(
+        "bench step: timing one rank of the config's {} (its batch of {}, {} BLAS "
+        "thread(s), without their communication)",
+        cfg.distributed.world_size, cfg.data.batch_size, cfg.runtime.threads);
+    cfg.distributed.world_size = 1;
+  }
   cfg.train.epochs = 0;  // max_steps alone bounds the run (epochs repeat)
   cfg.train.max_steps = o.steps;
   cfg.train.checkpoint.every_steps = 0;
