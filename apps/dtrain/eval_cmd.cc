@@ -62,6 +62,18 @@ LoadedModel load_model(const Config& cfg, const DataSplits& data, const std::str
   const std::string path = resolve_checkpoint(ckpt, false);
   check_config_before_build(path, cfg);
   const ModelShape shape = resolve_model_shape(cfg, data);
+  // A layer list fixes its output width: a test label above it and the training labels is the
+  // test data's (build_model advised ending the list in a wider linear, which the checkpoint
+  // cannot take).
+  if (cfg.model.type == ModelType::kSequential && !cfg.model.layers.empty() &&
+      cfg.model.num_classes == 0 && shape.train_classes > 0)
+    if (const Shape out = sequential_output_shape(cfg.model.layers, shape.sample);
+        out.size() == 1 && out[0] < shape.num_classes && out[0] >= shape.train_classes)
+      throw UserError("the test data has label " + std::to_string(shape.num_classes - 1) +
+                      ", above the training data's labels (0.." +
+                      std::to_string(shape.train_classes - 1) + ") and the " +
+                      std::to_string(out[0]) + " outputs of model.layers, with which checkpoint '" +
+                      path + "' was trained: check the test labels");
   LoadedModel m{build_model(cfg.model, {shape.sample, shape.num_classes}), {}, {}, path};
   check_eval_memory(cfg, m.model, eval_rows);
   m.params.resize(static_cast<size_t>(m.model.param_count()));
@@ -132,7 +144,12 @@ void classes_from_checkpoint(const Config& cfg, const std::string& ckpt, DataSpl
   check_config_before_build(path, cfg);  // (another architecture is named as such first)
   // (a probe of 2 classes at least: test labels of one class are no error of the model's)
   data.train.num_classes = std::max<int64_t>(2, data.train.num_classes);
-  const ModelShape shape = resolve_model_shape(cfg, data);
+  ModelShape shape = resolve_model_shape(cfg, data);
+  // A layer list's output width is its own: built for the test labels' count, a list ending in
+  // {linear: 3} was refused with advice to end it in {linear: 10}, which the checkpoint fixes.
+  if (cfg.model.type == ModelType::kSequential && !cfg.model.layers.empty())
+    if (const Shape out = sequential_output_shape(cfg.model.layers, shape.sample); out.size() == 1)
+      shape.num_classes = out[0];
   const Model model = build_model(cfg.model, {shape.sample, shape.num_classes});
   if (model.params().empty()) return;
   const ParamEntry& last = model.params().back();  // the output layer's, when it is [C] or [C, H]

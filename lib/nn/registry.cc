@@ -80,6 +80,15 @@ std::unique_ptr<Layer> make_sequential_layer(const LayerSpec& spec, const Shape&
 
 }  // namespace
 
+Shape sequential_output_shape(const std::vector<LayerSpec>& specs, const Shape& sample) {
+  if (specs.empty())
+    throw UserError("model.layers is empty: model.type sequential needs a layer list");
+  Shape shape = sample;
+  for (size_t i = 0; i < specs.size(); ++i)
+    shape = make_sequential_layer(specs[i], shape, where_of(specs, i))->out_shape();
+  return shape;
+}
+
 Model build_sequential(const std::vector<LayerSpec>& specs, const ModelInput& in) {
   if (specs.empty())
     throw UserError(

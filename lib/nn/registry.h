@@ -28,4 +28,9 @@ Model build_model(const ModelConfig& cfg, const ModelInput& in);
 // The sequential model alone (exposed for tests).
 Model build_sequential(const std::vector<LayerSpec>& layers, const ModelInput& in);
 
+// The per-sample shape a sequential layer list produces from `sample` (its output width is the
+// list's, whatever the data's classes); UserError as build_sequential for a layer that does not
+// fit, or an empty list.
+Shape sequential_output_shape(const std::vector<LayerSpec>& layers, const Shape& sample);
+
 }  // namespace dtrain

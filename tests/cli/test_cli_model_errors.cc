@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <string>
 #include <utility>
 #include <vector>
@@ -139,4 +140,38 @@ train: {epochs: 0, max_steps: 2}
   CHECK(r.exit_code == 2);
   CHECK_MESSAGE(contains(r.output, "model.layers[1]: \"relu\" -> \"gelu\""), r.output);
   CHECK_FALSE(contains(r.output, "{\"linear\":8}"));
+}
+
+TEST_CASE("eval: test labels above a layer list's outputs are named as the test data's") {
+  // A list ending in {linear: 3} and test labels up to 9: the message advised ending the list in
+  // {linear: 10}, which the checkpoint, trained with 3 outputs, cannot take.
+  TempDir t;
+  std::string train = "a,b,label\n", test = "a,b,label\n";
+  for (int i = 0; i < 30; ++i)
+    train += std::to_string(i) + "," + std::to_string(i % 7) + "," + std::to_string(i % 3) + "\n";
+  test += "1,2,0\n3,4,9\n";
+  t.write("train.csv", train);
+  t.write("test.csv", test);
+  const std::string cfg =
+      t.write("c.yaml",
+              "model: {type: sequential, layers: [{linear: 4}, relu, {linear: 3}]}\n"
+              "data: {format: csv, train: {path: " +
+                  t / "train.csv" +
+                  "}, test_fraction: 0.2, batch_size: 4}\n"
+                  "train: {epochs: 0, max_steps: 2}\nruntime: {threads: 1}\n");
+  CmdResult r = run_cmd(kBin + " run " + cfg + " --out " + t / "r" + " 2>&1");
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  const std::string eval = kBin + " eval " + cfg + " --checkpoint " + t / "r" +
+                           " --set data.test_fraction=0 --set data.test.path=" + t / "test.csv";
+  r = run_cmd(eval + " 2>&1");
+  CHECK(r.exit_code == 2);
+  CHECK_MESSAGE(contains(r.output,
+                         "the test data has label 9, above the training data's labels "
+                         "(0..2) and the 3 outputs of model.layers"),
+                r.output);
+  std::filesystem::remove(t / "train.csv");  // test files alone: the checkpoint's width is read
+  r = run_cmd(eval + " 2>&1");
+  CHECK(r.exit_code == 2);
+  CHECK_MESSAGE(contains(r.output, "data.test has label 9, above the labels 0..2 of checkpoint"),
+                r.output);
 }
