@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
+#include <zlib.h>
 #include <nlohmann/json.hpp>
 
 #include "data/dataset.h"
@@ -327,6 +328,24 @@ DataSplits load_test_files(const DataConfig& cfg) {
   s.train.columns = s.test.columns;
   s.normalizer.method = Normalize::kNone;  // (the caller scales with the checkpoint's)
   return s;
+}
+
+uint32_t data_fingerprint(const Dataset& d) {
+  uLong crc = crc32(0L, Z_NULL, 0);
+  const auto add = [&](const void* p, size_t n) {
+    for (const auto* b = static_cast<const Bytef*>(p); n > 0;) {  // (crc32 takes uInt lengths)
+      const uInt k = static_cast<uInt>(std::min<size_t>(n, 1u << 30));
+      crc = crc32(crc, b, k);
+      b += k;
+      n -= k;
+    }
+  };
+  const int64_t dims[2] = {d.rows, d.features};
+  add(dims, sizeof dims);
+  add(d.x.data(), d.x.size() * sizeof(float));
+  add(d.y.data(), d.y.size() * sizeof(int32_t));
+  add(d.tokens.data(), d.tokens.size());
+  return static_cast<uint32_t>(crc);
 }
 
 std::string split_overlap_warning(const DataConfig& cfg) {

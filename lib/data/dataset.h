@@ -70,6 +70,11 @@ struct DataSplits {
   Normalizer normalizer;
 };
 
+// A CRC-32 of a split's contents: its rows' values (after normalisation), labels and tokens,
+// with the row count and width; the same data gives the same value on any machine. zlib's crc32,
+// about 4 GB/s: 0.05 s for Fashion-MNIST's training set.
+uint32_t data_fingerprint(const Dataset& d);
+
 // The warning for a test file that is also a training file (the same file by any name; text:
 // after expanding both lists), "" when the splits share none. load_data logs it; validate too.
 std::string split_overlap_warning(const DataConfig& cfg);

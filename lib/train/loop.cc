@@ -2,6 +2,7 @@
 
 #include <map>
 
+#include "train/data_agreement.h"
 #include "util/strings.h"
 
 namespace dtrain {
@@ -39,6 +40,8 @@ void TrainLoop::setup_model() {
   data_ = opts_.data != nullptr
               ? opts_.data->get()
               : std::make_shared<const DataSplits>(load_data(cfg_.data, cfg_.seed));
+  // (ranks of one process share one copy; processes each load their own)
+  if (opts_.data == nullptr && world_.size() > 1) check_same_data(world_, *data_);
   const ModelShape shape = resolve_model_shape(cfg_, *data_);
   if (const auto w = idle_ranks_warning(data_->train.rows, world_.size(), S_, grid_.layout().tp());
       lead_ && !w.empty())
