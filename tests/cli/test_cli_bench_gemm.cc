@@ -220,7 +220,7 @@ TEST_CASE("bench step interrupted: the run stops, its temp folder goes, the exit
   CHECK_MESSAGE(contains(r.output, "left: 0"), r.output);
 }
 
-TEST_CASE("bench step times one rank of a data-parallel job; refuses cells and bad block counts") {
+TEST_CASE("bench step times one rank of a data-parallel job, and refuses cells and bad blocks") {
   TempDir dir;
   const std::string cfg = dir.write("mlp.yaml", kMlpCfg);
   // One of 2 ddp ranks (a launch config such as configs/quickstart.yaml, which the README says

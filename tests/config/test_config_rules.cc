@@ -228,7 +228,7 @@ TEST_CASE("rules: distributed.bind is a host alone, no port, URL or whitespace")
     CHECK_MESSAGE(bind(ok) == "(no error)", ok);
 }
 
-TEST_CASE("rules: --set of a section to nothing is refused; a value starting with ',' is named") {
+TEST_CASE("rules: --set of a section to nothing is refused, and a value starting with a comma named") {
   // `--set optimizer=$OPT` with OPT unset reset every optimizer key to its default in silence.
   for (const char* v : {"optimizer=", "model=null", "model=~", "data.csv=", "train.checkpoint="}) {
     const std::string e = set_error(v);
