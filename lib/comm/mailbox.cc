@@ -379,6 +379,7 @@ void Mailbox::recv(const MsgHeader& h, void* data, const Transport::Reduce* red,
     }
   };
   bool pumped_after_failure = false;
+  PausedWait wait{deadline};
   for (;;) {
     if (pump) {
       try {
@@ -465,11 +466,13 @@ void Mailbox::recv(const MsgHeader& h, void* data, const Transport::Reduce* red,
     }
     if (pump) {
       lk.unlock();
-      pump->wait(deadline);
+      pump->wait(wait.next_slice());
     } else {
-      cv_.wait_until(lk, deadline);
+      cv_.wait_until(lk, wait.next_slice());
       lk.unlock();
     }
+    wait.after_slice();
+    deadline = wait.deadline;
   }
 }
 

@@ -68,7 +68,7 @@ NodeOutcome node_outcome(const AttemptResult& r, int stop_rc, const std::string&
 int signal_after_failure(const AttemptResult& r, SignalGuard& signals) {
   int sig = r.late_signal;
   for (int s : signals.take())
-    if (sig == 0 && s != SIGCHLD && s != SIGPIPE) sig = s;
+    if (sig == 0 && s != SIGCHLD && s != SIGPIPE && s != SIGTSTP) sig = s;
   return sig;
 }
 

@@ -298,9 +298,29 @@ class Attempt {
     if (::poll(fds, n, timeout_ms) < 0 && errno != EINTR) throw sys_error("poll");
   }
 
+  // Ctrl-Z at a terminal stops the launcher's process group, not its ranks' (each has its own):
+  // they trained on, rank 0 blocked once its console pipe filled, and its peers failed at their
+  // collective timeout, blaming it. The ranks stop with the launcher and continue with it (fg,
+  // bg, SIGCONT); their heartbeats judge peers afresh after such a pause.
+  void suspend() {
+    kids_.signal_running(SIGSTOP);
+    spdlog::warn(
+        "received SIGTSTP: suspending the ranks and this launcher (fg or SIGCONT "
+        "continues them){}",
+        plan_.agent != nullptr ? "; the other nodes' ranks fail for want of them after heartbeat_s"
+                               : "");
+    ::raise(SIGSTOP);
+    kids_.signal_running(SIGCONT);
+    spdlog::info("continued: the ranks continue");
+  }
+
   void take_signals() {
     for (int sig : signals_.take()) {
       if (sig == SIGCHLD || sig == SIGPIPE) continue;
+      if (sig == SIGTSTP) {
+        suspend();
+        continue;
+      }
       if (!shutting_down_) {
         // (forwarded before it is logged: a console nobody reads blocks the log line)
         res_.stop_signal = sig;

@@ -70,6 +70,7 @@ SignalGuard::SignalGuard() {
   g_signal_pipe = p[1];
   install(SIGCHLD, on_signal, /*even_if_ignored=*/true);  // ignored SIGCHLD would auto-reap
   for (int sig : kStopSignals) install(sig, on_signal, false);
+  install(SIGTSTP, on_signal, false);  // (job control: the launcher suspends its ranks with it)
   install(SIGPIPE, on_sigpipe, false);
 }
 
@@ -103,6 +104,7 @@ void exit_preempted(int) {
 void SignalGuard::default_stop_signals(int preempt_signal) {
   const bool init = ::getpid() == 1;
   for (const auto& [sig, old] : saved_) {
+    if (sig == SIGTSTP) ::sigaction(sig, &old, nullptr);  // (Ctrl-Z stops a waiting launcher)
     if (!is_stop_signal(sig)) continue;
     struct sigaction sa = old;
     // (a handler put in place of the old takes one argument: SA_SIGINFO off with it)
@@ -130,7 +132,7 @@ void SignalGuard::catch_stop_signals() {
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = SA_RESTART;
   for (const auto& [sig, old] : saved_)
-    if (is_stop_signal(sig)) ::sigaction(sig, &sa, nullptr);
+    if (is_stop_signal(sig) || sig == SIGTSTP) ::sigaction(sig, &sa, nullptr);
 }
 
 void SignalGuard::install(int sig, void (*handler)(int), bool even_if_ignored) {
@@ -184,7 +186,8 @@ std::vector<int> ChildSet::stopped_ranks() const {
 
 void ChildSet::signal_rank(pid_t pid, int sig) {
   if (::kill(-pid, sig) != 0) ::kill(pid, sig);
-  if (sig != SIGKILL && sig != SIGCONT && ::kill(-pid, SIGCONT) != 0) ::kill(pid, SIGCONT);
+  if (sig != SIGKILL && sig != SIGCONT && sig != SIGSTOP && ::kill(-pid, SIGCONT) != 0)
+    ::kill(pid, SIGCONT);
 }
 
 void ChildSet::signal_running(int sig) {

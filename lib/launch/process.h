@@ -52,7 +52,8 @@ class Fd {
 // Installs the handlers for the launcher's lifetime and restores the previous ones. Signals that
 // were ignored on entry (nohup, `cmd &` in a script) stay ignored, here and in the ranks. The
 // handlers write each signal's number to a self-pipe (whichever thread the kernel picks to run
-// them); SIGCHLD is caught too, so a rank's exit wakes a poll on fd(). One at a time per process.
+// them); SIGCHLD is caught too, so a rank's exit wakes a poll on fd(), and SIGTSTP (Ctrl-Z), which
+// the launcher passes on to its ranks before it stops. One at a time per process.
 class SignalGuard {
  public:
   SignalGuard();
@@ -111,7 +112,8 @@ class ChildSet {
 
   // To the rank's whole process group; to the rank alone if it left its group. A stopped rank
   // (SIGSTOP, a debugger's ^Z) acts on SIGTERM or SIGINT only once continued, so it gets
-  // SIGCONT after them: otherwise it would sit out the whole grace period.
+  // SIGCONT after them (after any signal but SIGKILL and SIGSTOP): otherwise it would sit out
+  // the whole grace period.
   static void signal_rank(pid_t pid, int sig);
 
   void signal_running(int sig);

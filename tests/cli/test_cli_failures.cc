@@ -3,9 +3,13 @@
 // mid-save.
 #include <doctest/doctest.h>
 
+#include <signal.h>
+
+#include <chrono>
 #include <filesystem>
 #include <sstream>
 #include <string>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -458,4 +462,35 @@ TEST_CASE(
   // The folder rank 0 created for a job that never started is removed, as a single process's
   // (it stayed, empty).
   CHECK(!std::filesystem::exists(dir / "run"));
+}
+
+TEST_CASE("Ctrl-Z suspends dtrain launch with its ranks, and SIGCONT continues them all") {
+  // The ranks (each in its own process group) trained on while the launcher was stopped; rank
+  // 0 blocked once its console pipe filled, and rank 1 failed at its collective timeout. Now the
+  // ranks stop with the launcher, and a pause longer than distributed.timeout_s is not taken for
+  // a silent peer when they continue.
+  TempDir dir;
+  const std::string cfg = dir.write(
+      "c.yaml", std::string(kSmall) +
+                    "distributed: {backend: grpc, world_size: 2, timeout_s: 2, heartbeat_s: 1}\n");
+  Child launch("DTRAIN_FAULT=delay:rank=0:ms=20 exec " + kBin + " launch --nproc 2 " + cfg +
+                   " --out " + dir / "l" + " --set train.max_steps=150 --set train.log_every=1",
+               dir / "l.log");
+  REQUIRE(dtrain::testing::wait_until(
+      [&] { return std::filesystem::exists(dir / "l/metrics.jsonl"); }, 60));
+  launch.signal(SIGTSTP);
+  const std::string ranks = "pgrep -P " + std::to_string(launch.pid());
+  const auto stopped = [&] {
+    const auto r = run_cmd("for p in $(" + ranks + "); do cut -d' ' -f3 /proc/$p/stat; done");
+    return r.output == "T\nT\n";
+  };
+  CHECK_MESSAGE(dtrain::testing::wait_until(stopped, 10), read_text(dir / "l.log"));
+  std::this_thread::sleep_for(std::chrono::seconds(4));  // twice timeout_s
+  CHECK(stopped());
+  launch.signal(SIGCONT);
+  const int rc = launch.wait(120);
+  const std::string log = read_text(dir / "l.log");
+  CHECK_MESSAGE(rc == 0, log);
+  CHECK(contains(log, "received SIGTSTP: suspending the ranks and this launcher"));
+  CHECK_FALSE(contains(log, "timed out"));
 }
