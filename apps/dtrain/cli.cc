@@ -743,7 +743,7 @@ int cli_main_impl(int argc, char** argv) {
     return failed(msg, kExitRuntime);
   } catch (const std::exception& e) {
     std::cerr << "error: " << bounded_message(e.what()) << std::endl;
-    return failed(e.what(), kExitRuntime);
+    return failed(e.what(), relays_input_abort(e.what()) ? kExitUser : kExitRuntime);
   }
 }
 

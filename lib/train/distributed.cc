@@ -140,7 +140,7 @@ nlohmann::json run_grpc_rank(const Config& cfg, const RunOptions& opts,
     throw;  // every rank raises it at the same step (train/stop.h): nobody is left waiting
   } catch (const std::exception& e) {
     // Tell the peers now rather than letting them wait for their deadline.
-    comm.abort("rank " + std::to_string(de.rank) + " failed: " + e.what());
+    comm.abort(abort_reason("rank " + std::to_string(de.rank), e));
     throw;
   }
 }

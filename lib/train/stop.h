@@ -18,9 +18,11 @@
 
 #include <csignal>
 #include <stdexcept>
+#include <string>
 
 #include "comm/communicator.h"
 #include "config/enums.h"
+#include "util/check.h"
 #include "util/interrupt.h"
 
 namespace dtrain {
@@ -71,6 +73,20 @@ class PreemptedError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
+
+// How a rank that refused its input (UserError) tells its peers, which relay it in their own
+// errors ("... rank 0 aborted: rank 0 failed on bad input: ..."): they exit 2 as it does, so a
+// scheduler sees bad input whichever rank's code it reads (they exited 1, a failure to retry).
+inline constexpr char kInputAbort[] = " failed on bad input: ";
+inline std::string abort_reason(const std::string& rank_name, const std::exception& e) {
+  const bool input = dynamic_cast<const UserError*>(&e) != nullptr;
+  return rank_name + (input ? kInputAbort : " failed: ") + e.what();
+}
+// Whether a peer's error relays such an abort.
+inline bool relays_input_abort(const std::string& what) {
+  const size_t at = what.find(" aborted: rank ");
+  return at != std::string::npos && what.find(kInputAbort, at) != std::string::npos;
+}
 
 class StopAgreement {
  public:

@@ -572,7 +572,7 @@ nlohmann::json run_training(const Config& cfg, const RunOptions& opts) {
           // An AgreedError stops every rank at the same step (train/stop.h): no abort, so no
           // peer's CommError (or desync table) lands in front of the one error they share.
           if (dynamic_cast<const AgreedError*>(&e) == nullptr)
-            comm.abort(comm.rank_name(r) + " failed: " + e.what());
+            comm.abort(abort_reason(comm.rank_name(r), e));
         }
       });
     } catch (const std::system_error& e) {

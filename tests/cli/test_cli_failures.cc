@@ -494,3 +494,18 @@ TEST_CASE("Ctrl-Z suspends dtrain launch with its ranks, and SIGCONT continues t
   CHECK(contains(log, "received SIGTSTP: suspending the ranks and this launcher"));
   CHECK_FALSE(contains(log, "timed out"));
 }
+
+TEST_CASE("the peers of a rank that refused its input exit 2 too, relaying why") {
+  // Rank 0 alone reads a --resume checkpoint; one of another model is bad input (exit 2), which
+  // its peers relayed with exit 1, a failure a scheduler retries.
+  TempDir dir;
+  const std::string cfg = dir.write("c.yaml", kSmall);
+  auto r = run_cmd(kBin + " run " + cfg + " --out " + dir / "a" + " --set train.max_steps=2");
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  r = run_cmd(kBin + " launch --nproc 2 " + cfg + " --out " + dir / "b" + " --resume " + dir / "a" +
+              " --set model.hidden=[8] 2>&1");
+  CHECK(r.exit_code == 2);
+  CHECK_MESSAGE(contains(r.output, "rank 1 failed: exit status 2"), r.output);
+  CHECK(contains(read_text(dir / "b/logs/rank-1.log"),
+                 "rank 0 aborted: rank 0 failed on bad input: checkpoint"));
+}
