@@ -221,7 +221,11 @@ std::vector<PeerEntry> decode_join_result(const std::string& result, int rank, i
   }
   // Joined after the last rank did (a restarted or duplicate process): not in the table.
   if (peers[rank].address != listen_address)
-    throw CommError(fmt::format("rank {} joined after the rendezvous completed", rank));
+    throw CommError(fmt::format(
+        "rank {} joined after the rendezvous completed: the job's rank {} is another process (a "
+        "second process given RANK={}, or this rank restarted alone: restart every rank of a "
+        "job together, as dtrain launch --max-restarts does)",
+        rank, rank, rank));
   return peers;
 }
 
