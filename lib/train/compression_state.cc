@@ -55,12 +55,23 @@ RestorePlan plan_restore(const GradReducer::State& fresh, int world, Compression
     return p;
   }
   if (!fresh.residual.empty()) {
-    const bool same = saved_type == type && parse_enum<StrategyKind>(saved.strategy) == strategy &&
-                      saved.world_size == world &&
-                      saved.residuals.size() == static_cast<size_t>(world) &&
-                      saved.residuals[0].size() == fresh.residual.size() &&
-                      saved.q.size() == fresh.q.size();  // powersgd: the same factor layout
-    if (same) {
+    // What differs, first found (the warning named both sides, which could read the same).
+    std::string differs;
+    if (saved_type != type)
+      differs = "the compression type";
+    else if (parse_enum<StrategyKind>(saved.strategy) != strategy)
+      differs = "the strategy";
+    else if (saved.world_size != world)
+      differs = "the world size";
+    else if (saved.residuals.size() != static_cast<size_t>(world))
+      differs =
+          "the number of ranks' residuals stored (" + std::to_string(saved.residuals.size()) + ")";
+    else if (saved.residuals[0].size() != fresh.residual.size())
+      differs = "the residual's length";
+    else if (saved.q.size() != fresh.q.size())  // powersgd: the same factor layout
+      differs = "PowerSGD's factor layout (Q of " + std::to_string(saved.q.size()) +
+                " floats, this run's " + std::to_string(fresh.q.size()) + ")";
+    if (differs.empty()) {
       p.residuals = true;
     } else if (saved.residuals.empty()) {
       spdlog::warn(
@@ -71,10 +82,10 @@ RestorePlan plan_restore(const GradReducer::State& fresh, int world, Compression
       spdlog::warn(
           "the checkpoint's error-feedback residuals are for {} compression with strategy {} at "
           "world size {} ({} floats per rank); this run uses {} with {} at world size {} ({} "
-          "floats): residuals dropped, error feedback starts at zero",
+          "floats), and {} differs: residuals dropped, error feedback starts at zero",
           saved.type, saved.strategy, saved.world_size,
           saved.residuals.empty() ? 0 : saved.residuals[0].size(), to_string(type),
-          to_string(strategy), world, fresh.residual.size());
+          to_string(strategy), world, fresh.residual.size(), differs);
     }
   }
   if (wants_q) {

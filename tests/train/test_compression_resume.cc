@@ -178,9 +178,10 @@ TEST_CASE("compression state resume rule: residuals need the same type, strategy
   CHECK(dtrain::testing::contains(
       log, "residuals are for int8 compression with strategy ddp at world size 2"));
   CHECK(dtrain::testing::contains(log, "this run uses int8 with ddp at world size 3"));
-  CHECK(dtrain::testing::contains(log, "residuals dropped"));
+  CHECK(dtrain::testing::contains(log, "and the world size differs: residuals dropped"));
   log = resume_log(type_sets("fp16"), "fp16", ck10);
   CHECK(dtrain::testing::contains(log, "this run uses fp16 with ddp at world size 2"));
+  CHECK(dtrain::testing::contains(log, "and the compression type differs"));
   // A checkpoint of an uncompressed run (or format 1) resumed with compression: fresh state.
   const Config plain = parse_config(kCfg, "c.yaml");
   run(plain, dir / "plain");
