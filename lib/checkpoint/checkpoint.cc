@@ -764,7 +764,8 @@ std::string check_checkpoint(const std::string& path, bool allow_missing) {
   try {
     check_manifest_format(read_manifest(resolved), resolved);
   } catch (const nlohmann::json::exception& e) {
-    throw UserError("checkpoint '" + resolved + "': manifest.json is malformed: " + e.what());
+    throw UserError("checkpoint '" + resolved +
+                    "': manifest.json is malformed: " + json_error_text(e.what()));
   }
   return resolved;
 }

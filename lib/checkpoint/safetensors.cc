@@ -247,7 +247,7 @@ nlohmann::json read_header(int fd, const std::string& path, uint64_t file_size,
   try {
     header = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
-    not_safetensors(path, "corrupt header: " + shown_text(e.what(), 300));
+    not_safetensors(path, "corrupt header: " + shown_text(json_error_text(e.what()), 300));
   }
   if (!header.is_object()) not_safetensors(path, "corrupt header: not a JSON object");
   verify_header_crc(header, path);

@@ -241,7 +241,8 @@ ShardedRead read_sharded(const std::string& dir, bool with_state) {
       ranges.push_back(std::move(rs));
     }
   } catch (const nlohmann::json::exception& e) {
-    throw UserError("checkpoint '" + dir + "': manifest.json is malformed: " + e.what());
+    throw UserError("checkpoint '" + dir +
+                    "': manifest.json is malformed: " + json_error_text(e.what()));
   }
   check_meta_ranges(meta, dir);
   out.layout_tp = tp;

@@ -18,6 +18,7 @@
 #include "util/check.h"
 #include "util/fs.h"
 #include "util/rng.h"
+#include "util/strings.h"
 
 namespace dtrain {
 namespace {
@@ -145,7 +146,8 @@ Normalizer Normalizer::from_json(const std::string& json, int64_t features,
     n.shift = j.at("shift").get<std::vector<float>>();
     n.scale = j.at("scale").get<std::vector<float>>();
   } catch (const std::exception& e) {
-    throw UserError(what + ": its normaliser record is malformed (" + e.what() + ")");
+    throw UserError(what + ": its normaliser record is malformed (" + json_error_text(e.what()) +
+                    ")");
   }
   const auto f = static_cast<size_t>(features);
   const bool none = n.method == Normalize::kNone && n.shift.empty() && n.scale.empty();

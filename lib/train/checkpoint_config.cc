@@ -11,6 +11,7 @@
 #include "data/dataset.h"
 #include "train/trainer.h"
 #include "util/check.h"
+#include "util/strings.h"
 
 namespace dtrain {
 
@@ -32,7 +33,8 @@ void report_config_changes(const std::string& path, const CheckpointMeta& m, con
   try {
     diff = config_differences(before, config_to_json(cfg));
   } catch (const nlohmann::json::exception& e) {  // (config_differences takes any JSON)
-    throw UserError("checkpoint '" + path + "': its stored config is malformed (" + e.what() + ")");
+    throw UserError("checkpoint '" + path + "': its stored config is malformed (" +
+                    json_error_text(e.what()) + ")");
   }
   std::string lines;
   for (const auto& d : diff) lines += "\n  " + d;

@@ -412,7 +412,7 @@ ResumePoint resume_full_state(const Config& cfg, const RunOptions& opts, Communi
         tmp.from_string(parts[static_cast<size_t>(r)]);
       } catch (const UserError& e) {
         throw UserError("checkpoint '" + rp.from + "': rank " + std::to_string(r) +
-                        "'s RNG state is malformed (" + e.what() + ")");
+                        "'s RNG state is malformed (" + json_error_text(e.what()) + ")");
       }
       const auto st = tmp.state();
       for (int k = 0; k < 4; ++k)

@@ -143,6 +143,14 @@ inline std::string host_text_problem(const std::string& addr, const std::string&
   return "";
 }
 
+// A JSON library error's text for a person: nlohmann's "[json.exception.type_error.302] type
+// must be number, but is null" without its bracketed tag.
+inline std::string json_error_text(const std::string& what) {
+  if (what.rfind("[json.exception.", 0) == 0)
+    if (const size_t end = what.find("] "); end != std::string::npos) return what.substr(end + 2);
+  return what;
+}
+
 inline std::vector<std::string> split(const std::string& s, char sep) {
   std::vector<std::string> out;
   size_t pos = 0;

@@ -87,4 +87,7 @@ TEST_CASE("check_checkpoint: not a safetensors file, not a dtrain checkpoint, ba
                                  std::to_string(kCheckpointFormatVersion));
   dir.write("step-3/manifest.json", "{");
   CHECK(error_of(sharded).starts_with("checkpoint '" + sharded + "': manifest.json is malformed"));
+  // Without the JSON library's bracketed tag ("[json.exception.parse_error.101] ...").
+  CHECK(error_of(sharded).find("[json.exception") == std::string::npos);
+  CHECK(error_of(text).find("[json.exception") == std::string::npos);
 }

@@ -318,3 +318,12 @@ TEST_CASE("path_is_within: a folder that cannot be resolved holds nothing") {
   fs::create_symlink(dir / "loop1", dir / "loop2");
   CHECK_FALSE(path_is_within("/etc/passwd", dir / "loop1/x"));
 }
+
+TEST_CASE("json_error_text drops the JSON library's bracketed tag, and only that") {
+  CHECK(dtrain::json_error_text("[json.exception.type_error.302] type must be number, but is "
+                                "null") == "type must be number, but is null");
+  CHECK(dtrain::json_error_text("[json.exception.parse_error.101] parse error at line 1") ==
+        "parse error at line 1");
+  CHECK(dtrain::json_error_text("key 'x' not found") == "key 'x' not found");
+  CHECK(dtrain::json_error_text("[json.exception.oops") == "[json.exception.oops");
+}
