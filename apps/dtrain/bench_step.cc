@@ -99,10 +99,14 @@ int bench_step(const Config& cfg_in, const StepBenchOptions& o) {
   if (cfg.distributed.world_size != 1) {
     // (runtime.threads 0: the BLAS threads of one of that many ranks on this machine)
     cfg.runtime.threads = run_blas_threads(cfg_in, static_cast<int>(cfg_in.distributed.world_size));
+    const bool sharded = cfg.distributed.strategy == StrategyKind::kZero1 ||
+                         cfg.distributed.strategy == StrategyKind::kZero2 ||
+                         cfg.distributed.strategy == StrategyKind::kFsdp;
     spdlog::info(
         "bench step: timing one rank of the config's {} (its batch of {}, {} BLAS "
-        "thread(s), without their communication)",
-        cfg.distributed.world_size, cfg.data.batch_size, cfg.runtime.threads);
+        "thread(s), without their communication{})",
+        cfg.distributed.world_size, cfg.data.batch_size, cfg.runtime.threads,
+        sharded ? "; alone it updates the whole optimizer state, not its 1/N shard" : "");
     cfg.distributed.world_size = 1;
   }
   cfg.train.epochs = 0;  // max_steps alone bounds the run (epochs repeat)

@@ -43,6 +43,23 @@ bool is_checkpoint_folder(const fs::path& dir) {
   return text.find("\"dtrain-checkpoint\"") != std::string::npos;
 }
 
+// Whether `dir` is a dtrain checkpoints folder, its `latest` naming one of its step-<N> entries,
+// or a sharded checkpoint's folder: stricter than is_checkpoint_folder, for the folders above an
+// --out (another tool's `latest` file up there, DeepSpeed's say, is no reason to refuse it).
+bool is_dtrain_checkpoint_folder(const fs::path& dir) {
+  std::error_code ec;
+  const fs::path latest = dir / "latest";
+  if (fs::is_regular_file(latest, ec) && fs::file_size(latest, ec) <= 4096) {
+    std::ifstream in(latest);
+    std::string name;
+    std::getline(in, name);
+    if (name.starts_with("step-") && name.find('/') == std::string::npos &&
+        fs::exists(dir / name, ec))
+      return true;
+  }
+  return fs::is_regular_file(dir / "manifest.json", ec) && is_checkpoint_folder(dir);
+}
+
 // Whether `dir` holds one of a run's own files (train/run_dir.h's kRunFiles).
 bool is_run_folder(const fs::path& dir) {
   std::error_code ec;
@@ -74,7 +91,7 @@ void check_out_folder(const std::string& option, const std::string& out_dir) {
   const fs::path abs = fs::weakly_canonical(fs::absolute(out_dir, ec), ec);
   if (ec) return;  // (unresolvable: the run's own checks name the problem)
   for (fs::path p = abs; !p.empty(); p = p.parent_path()) {
-    if (is_checkpoint_folder(p))
+    if (is_dtrain_checkpoint_folder(p))
       throw UserError(option + " '" + out_dir + "' is " + (p == abs ? "" : "inside ") +
                       "a checkpoint folder ('" + p.string() +
                       "'), whose run prunes and replaces what is there: give another folder");

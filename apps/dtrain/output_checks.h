@@ -14,9 +14,9 @@ namespace dtrain {
 // a run folder's own files (kRunFiles: summary.json, metrics.jsonl, config.json). UserError.
 void check_output_file(const std::string& option, const std::string& path);
 // An output folder (run's, launch's and verify's --out) must not lie in a checkpoint's place: in
-// or under a checkpoints folder (it holds `latest`) or a sharded checkpoint's folder, where the
-// owning run's keep_last and --overwrite delete entries (a run written to RUN/checkpoints/step-99
-// was removed whole by RUN's next save). UserError.
+// or under a checkpoints folder (its `latest` names one of its step-<N> entries) or a sharded
+// checkpoint's folder, where the owning run's keep_last and --overwrite delete entries (a run
+// written to RUN/checkpoints/step-99 was removed whole by RUN's next save). UserError.
 void check_out_folder(const std::string& option, const std::string& out_dir);
 // predict's --output must not replace what it reads: its --input rows, the --checkpoint file,
 // the config, or the data files the config names (predict reads the training data for its

@@ -379,7 +379,6 @@ void Mailbox::recv(const MsgHeader& h, void* data, const Transport::Reduce* red,
     }
   };
   bool pumped_after_failure = false;
-  PausedWait wait{deadline};
   for (;;) {
     if (pump) {
       try {
@@ -466,13 +465,11 @@ void Mailbox::recv(const MsgHeader& h, void* data, const Transport::Reduce* red,
     }
     if (pump) {
       lk.unlock();
-      pump->wait(wait.next_slice());
+      pump->wait(deadline);
     } else {
-      cv_.wait_until(lk, wait.next_slice());
+      cv_.wait_until(lk, deadline);
       lk.unlock();
     }
-    wait.after_slice();
-    deadline = wait.deadline;
   }
 }
 

@@ -29,29 +29,6 @@ namespace dtrain {
 
 using Deadline = std::chrono::steady_clock::time_point;
 
-// A wait for a peer runs in slices of at most kWaitSlice. A slice that ends far later than it
-// asked (PausedWait::kLate) means this process was stopped (SIGSTOP; Ctrl-Z under dtrain
-// launch, which stops every rank of the node) or starved of CPU: that pause was this rank's, not
-// its peer's silence, so the deadline moves by it (a recv timed out on the first wake after a
-// pause longer than distributed.timeout_s, blaming its peer).
-struct PausedWait {
-  static constexpr std::chrono::seconds kWaitSlice{1};
-  static constexpr std::chrono::seconds kLate{1};
-  Deadline deadline;
-  Deadline slice_end{};
-  // Where the next slice of the wait ends.
-  Deadline next_slice() {
-    const auto now = std::chrono::steady_clock::now();
-    slice_end = deadline - now > kWaitSlice ? now + kWaitSlice : deadline;
-    return slice_end;
-  }
-  // After the slice's wait: moves the deadline by a pause of this process during it.
-  void after_slice() {
-    const auto late = std::chrono::steady_clock::now() - slice_end;
-    if (late > kLate && deadline != Deadline::max()) deadline += late;
-  }
-};
-
 inline constexpr uint64_t kP2PBit = uint64_t{1} << 63;
 // A collective channel: its sequence number within its group in bits 0..39, the group's tag
 // (subgroup.h: group id + 1; 0 = the whole job) in bits 40..62.

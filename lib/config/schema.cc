@@ -428,7 +428,7 @@ std::vector<KeyDecl> distributed_keys([[maybe_unused]] const Owners& o) {
           .not_hashed(),
       key(
           "distributed.bind", [](auto& c) -> auto& { return c.distributed.bind; },
-          R"doc(This rank's listen address; `""` = loopback for a loopback `MASTER_ADDR`, else `0.0.0.0`)doc")
+          R"doc(This rank's listen address, a host alone (a `host:port`, URL or whitespace is refused); `""` = loopback for a loopback `MASTER_ADDR`, else `0.0.0.0`)doc")
           .not_hashed(),
       key(
           "distributed.shm", [](auto& c) -> auto& { return c.distributed.shm; },

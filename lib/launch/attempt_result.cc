@@ -67,8 +67,10 @@ NodeOutcome node_outcome(const AttemptResult& r, int stop_rc, const std::string&
 
 int signal_after_failure(const AttemptResult& r, SignalGuard& signals) {
   int sig = r.late_signal;
-  for (int s : signals.take())
+  for (int s : signals.take()) {
+    if (s == SIGTSTP) ::raise(SIGSTOP);  // Ctrl-Z: no rank runs now, so the launcher alone stops
     if (sig == 0 && s != SIGCHLD && s != SIGPIPE && s != SIGTSTP) sig = s;
+  }
   return sig;
 }
 

@@ -301,7 +301,8 @@ class Attempt {
   // Ctrl-Z at a terminal stops the launcher's process group, not its ranks' (each has its own):
   // they trained on, rank 0 blocked once its console pipe filled, and its peers failed at their
   // collective timeout, blaming it. The ranks stop with the launcher and continue with it (fg,
-  // bg, SIGCONT); their heartbeats judge peers afresh after such a pause.
+  // bg, SIGCONT); their heartbeats judge peers afresh after such a pause. The launcher's own
+  // timers (a grace period under way) move by the pause.
   void suspend() {
     kids_.signal_running(SIGSTOP);
     spdlog::warn(
@@ -309,7 +310,11 @@ class Attempt {
         "continues them){}",
         plan_.agent != nullptr ? "; the other nodes' ranks fail for want of them after heartbeat_s"
                                : "");
+    const auto t0 = Clock::now();
     ::raise(SIGSTOP);
+    const auto paused = Clock::now() - t0;
+    for (std::optional<Clock::time_point>* t : {&term_at_, &kill_at_, &give_up_at_})
+      if (*t) **t += paused;
     kids_.signal_running(SIGCONT);
     spdlog::info("continued: the ranks continue");
   }
@@ -721,9 +726,14 @@ int launch_attempts(const LaunchOptions& o, LaunchReport* report, std::string* b
         }
       // Node 0 may wait minutes for the others' reports (their ranks finishing a checkpoint),
       // the others for its decision; no rank of this node runs then, so a stop signal ends the
-      // launcher at once, as during the check-in. A signal already here was this attempt's own
-      // stop (delivered twice) or was read above: it does not end this wait before it starts.
-      (void)signals.take();
+      // launcher at once, as during the check-in. One already here ends it too (node 0 may yet
+      // decide a restart), unless it is this attempt's own stop delivered twice; Ctrl-Z stops it.
+      std::vector<int> pending;
+      for (int sig : signals.take()) {
+        if (sig == SIGTSTP) ::raise(SIGSTOP);
+        if (sig != SIGCHLD && sig != SIGPIPE && sig != SIGTSTP && sig != r.stop_signal)
+          pending.push_back(sig);
+      }
       if (plan.node_rank == 0)
         spdlog::info(
             "attempt {} ended on this node; waiting up to {} s for the other nodes' "
@@ -733,6 +743,7 @@ int launch_attempts(const LaunchOptions& o, LaunchReport* report, std::string* b
         spdlog::info("attempt {} ended on this node; waiting for node 0's decision", attempt + 1);
       const JobDecision d = [&] {
         const DefaultStopSignals interruptible(signals, o.preempt_signal);
+        for (int sig : pending) ::raise(sig);  // (their default action, or 75, ends it here)
         return agent->finish(attempt, mine, o.max_restarts);
       }();
       if (d.restart) {

@@ -118,6 +118,7 @@ void SignalGuard::default_stop_signals(int preempt_signal) {
     ::sigaction(sig, &sa, nullptr);
   }
   for (int sig : take()) {
+    if (sig == SIGTSTP) ::raise(SIGSTOP);  // (Ctrl-Z before this wait: stops it, as its default)
     if (!is_stop_signal(sig)) continue;
     if (sig == preempt_signal) ::_exit(kExitPreempted);
     ::raise(sig);  // the default action: ends the process here

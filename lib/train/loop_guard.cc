@@ -61,18 +61,20 @@ bool TrainLoop::nonfinite_guard(double loss_sum) {
           : "";
   // Before any update the learning rate cannot be the cause, and no restart changes it: exit 2.
   // A NaN injected on purpose (DTRAIN_FAULT nan, which a restart clears) is no input's.
+  bool injected = false;
+  for (int r = 0; r < world_.size(); ++r)
+    injected = injected || fault_due(opts_.faults, "nan", r, step_ + 1);
+  const bool first_of_run = rp_.loaded ? step_ == rp_.step : step_ == 0;  // before any update
+  if (cfg_.train.nonfinite == Nonfinite::kAbort && injected && first_of_run)
+    throw AgreedError(what + " is not finite at step " + std::to_string(step_ + 1) +
+                      ": DTRAIN_FAULT injected a NaN there");
   if (cfg_.train.nonfinite == Nonfinite::kAbort && step_ == 0 && !rp_.loaded) {
-    bool injected = false;
-    for (int r = 0; r < world_.size(); ++r)
-      injected = injected || fault_due(opts_.faults, "nan", r, 1);
-    if (injected)
-      throw AgreedError(what + " is not finite at step 1: DTRAIN_FAULT injected a NaN there");
     throw AgreedInputError(
         what + " is not finite at step 1, before any update: " + first_step_cause(cfg_, fp16_hint));
   }
   // The first step after a resume computes from the checkpoint's weights and state alone, as a
   // restart would again (exit 1 restarted it, with advice to lower a rate that had not acted).
-  if (cfg_.train.nonfinite == Nonfinite::kAbort && rp_.loaded && step_ == rp_.step)
+  if (cfg_.train.nonfinite == Nonfinite::kAbort && rp_.loaded && first_of_run)
     throw AgreedInputError(what + " is not finite at step " + std::to_string(step_ + 1) +
                            ", the first after resuming, before this run updated anything: the "
                            "checkpoint" +

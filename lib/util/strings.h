@@ -127,7 +127,6 @@ inline std::string bounded_message(std::string_view s, size_t max_bytes = 8192) 
          " bytes left out ...] " + std::string(s.substr(tail));
 }
 
-// The pieces of s between separators: "a;b;" -> {"a", "b", ""}; "" -> {""}.
 // Why `addr` cannot be a host as an address setting gives it ("" when it can): a URL, whitespace,
 // unbalanced brackets, or a "host:port" (`port_advice` says where the port goes instead). IPv6
 // literals (two or more ':', or bracketed without a port) pass.
@@ -151,6 +150,7 @@ inline std::string json_error_text(const std::string& what) {
   return what;
 }
 
+// The pieces of s between separators: "a;b;" -> {"a", "b", ""}; "" -> {""}.
 inline std::vector<std::string> split(const std::string& s, char sep) {
   std::vector<std::string> out;
   size_t pos = 0;

@@ -604,14 +604,20 @@ TEST_CASE(
 
 TEST_CASE(
     "JobAgent: a member's silence counts afresh in each attempt (a slow decision is no loss)") {
-  // Node 1 reported attempt 0 and waits for the decision, which node 0 gives 1.5 s later (its own
+  // Node 1 reported attempt 0 and waits for the decision, which node 0 gives 2.6 s later (its own
   // ranks took that long to end); a waiting member does not poll. Node 0's first poll of the
-  // restart came before node 1's, and counted node 1's silence from attempt 0: lost after 1 s,
+  // restart came before node 1's, and counted node 1's silence from attempt 0: lost after 2 s,
   // a failure of the restart that never happened.
   const int port = pick_free_port();
-  JobAgent a0(quick_loss(0, port));
+  // (lost after 2 s: the restart's first polls keep 1.8 s of slack on a loaded machine)
+  const auto opts = [&](int node) {
+    AgentOptions o = quick_loss(node, port);
+    o.lost_after_s = 2;
+    return o;
+  };
+  JobAgent a0(opts(0));
   auto f1 = std::async(std::launch::async, [&] {
-    JobAgent a1(quick_loss(1, port));
+    JobAgent a1(opts(1));
     a1.join(2);
     for (int i = 0; i < 3; ++i) {
       a1.poll(0);
@@ -632,7 +638,7 @@ TEST_CASE(
     CHECK(a0.poll(0).failures.empty());
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
-  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  std::this_thread::sleep_for(std::chrono::milliseconds(2600));
   const JobDecision d0 =
       a0.finish(0, failed("rank 0 on node 0 (h0) failed: exit status 1", false, 2), 1);
   CHECK(d0.restart);
