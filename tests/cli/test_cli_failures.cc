@@ -17,6 +17,7 @@
 #include "launch/launcher.h"
 #include "test_util.h"
 #include "util/fs.h"
+#include "util/interrupt.h"
 
 using dtrain::testing::check_same_state;
 using dtrain::testing::Child;
@@ -511,4 +512,26 @@ TEST_CASE("the peers of a rank that refused its input exit 2 too, relaying why")
   CHECK_MESSAGE(contains(r.output, "rank 1 failed: exit status 2"), r.output);
   CHECK(contains(read_text(dir / "b/logs/rank-1.log"),
                  "rank 0 aborted: rank 0 failed on bad input: checkpoint"));
+}
+
+TEST_CASE("a stop signal is acknowledged at once, though the step it stops after is seconds away") {
+  // The loop says so where the ranks agree, at a step's end: a checkpoint write (4 s here) or a
+  // long evaluation put that far away, and a second Ctrl-C meanwhile ended the run without its
+  // checkpoint.
+  TempDir dir;
+  const std::string cfg = dir.write("c.yaml", kSmall);
+  Child run("DTRAIN_FAULT=slow_save:rank=0:ms=4000 exec " + kBin + " run " + cfg + " --out " +
+                dir / "r" + " --set train.checkpoint.every_steps=10 --no-progress",
+            dir / "r.log");
+  REQUIRE(dtrain::testing::wait_until(
+      [&] { return contains(read_text(dir / "r.log"), "sleeps 4000 ms"); }, 60));
+  run.signal(SIGTERM);
+  CHECK(dtrain::testing::wait_until(
+      [&] {
+        return contains(read_text(dir / "r.log"),
+                        "received SIGTERM: the run stops at the next step");
+      },
+      2));
+  CHECK_FALSE(contains(read_text(dir / "r.log"), "stopping after step"));  // (the loop's, later)
+  CHECK(run.wait(60) == dtrain::kExitPreempted);
 }

@@ -1,0 +1,35 @@
+#include "util/stop_notice.h"
+
+#include <chrono>
+
+#include <spdlog/spdlog.h>
+
+namespace dtrain {
+
+StopNotice::StopNotice(const StopRequest& req) : t_([this, &req] { watch(req); }) {}
+
+StopNotice::~StopNotice() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    done_ = true;
+  }
+  cv_.notify_all();
+  t_.join();
+}
+
+void StopNotice::watch(const StopRequest& req) {
+  std::unique_lock<std::mutex> lk(mu_);
+  while (!cv_.wait_for(lk, std::chrono::milliseconds(100), [&] { return done_; })) {
+    const int sig = req.signal.load();
+    if (sig == 0) continue;
+    if (!req.launcher_gone.load())
+      spdlog::warn(
+          "received {}: the run stops at the next step every rank agrees on, once what it is "
+          "doing now ends, and writes a checkpoint (a second one ends it at once)",
+          interrupt_signal_name(sig));
+    cv_.wait(lk, [&] { return done_; });
+    return;
+  }
+}
+
+}  // namespace dtrain
