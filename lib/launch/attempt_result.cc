@@ -67,10 +67,8 @@ NodeOutcome node_outcome(const AttemptResult& r, int stop_rc, const std::string&
 
 int signal_after_failure(const AttemptResult& r, SignalGuard& signals) {
   int sig = r.late_signal;
-  for (int s : signals.take()) {
-    if (s == SIGTSTP) ::raise(SIGSTOP);  // Ctrl-Z: no rank runs now, so the launcher alone stops
-    if (sig == 0 && s != SIGCHLD && s != SIGPIPE && s != SIGTSTP) sig = s;
-  }
+  for (int s : signals.take_while_idle())  // (no rank runs now: a Ctrl-Z stops the launcher)
+    if (sig == 0) sig = s;
   return sig;
 }
 

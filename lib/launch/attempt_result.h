@@ -100,8 +100,8 @@ bool is_stop_code(int code);
 NodeOutcome node_outcome(const AttemptResult& r, int stop_rc, const std::string& node_text);
 
 // The signal that asked to stop after a failed attempt's ranks were already being stopped (it
-// killed them: r.late_signal), else one received since the attempt ended (taken from `signals`,
-// SIGCHLD and SIGPIPE skipped); 0: none. Either means no restart, on one node or several.
+// killed them: r.late_signal), else one received since the attempt ended (taken from `signals`
+// by take_while_idle); 0: none. Either means no restart, on one node or several.
 int signal_after_failure(const AttemptResult& r, SignalGuard& signals);
 
 // Single node: the launcher's own restart decision after attempt `attempt` ended as `r`

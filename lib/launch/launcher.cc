@@ -728,12 +728,8 @@ int launch_attempts(const LaunchOptions& o, LaunchReport* report, std::string* b
       // the others for its decision; no rank of this node runs then, so a stop signal ends the
       // launcher at once, as during the check-in. One already here ends it too (node 0 may yet
       // decide a restart), unless it is this attempt's own stop delivered twice; Ctrl-Z stops it.
-      std::vector<int> pending;
-      for (int sig : signals.take()) {
-        if (sig == SIGTSTP) ::raise(SIGSTOP);
-        if (sig != SIGCHLD && sig != SIGPIPE && sig != SIGTSTP && sig != r.stop_signal)
-          pending.push_back(sig);
-      }
+      std::vector<int> pending = signals.take_while_idle();
+      std::erase(pending, r.stop_signal);
       if (plan.node_rank == 0)
         spdlog::info(
             "attempt {} ended on this node; waiting up to {} s for the other nodes' "

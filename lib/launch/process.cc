@@ -89,6 +89,15 @@ std::vector<int> SignalGuard::take() {
   return out;
 }
 
+std::vector<int> SignalGuard::take_while_idle() {
+  std::vector<int> out;
+  for (int sig : take()) {
+    if (sig == SIGTSTP) ::raise(SIGSTOP);
+    if (is_stop_signal(sig)) out.push_back(sig);
+  }
+  return out;
+}
+
 namespace {
 // The default action of a stop signal for PID 1 (a container's entry point), whose default-action
 // signals the kernel drops: the exit status a shell gives for the signal. Async-signal-safe.
@@ -117,9 +126,7 @@ void SignalGuard::default_stop_signals(int preempt_signal) {
     }
     ::sigaction(sig, &sa, nullptr);
   }
-  for (int sig : take()) {
-    if (sig == SIGTSTP) ::raise(SIGSTOP);  // (Ctrl-Z before this wait: stops it, as its default)
-    if (!is_stop_signal(sig)) continue;
+  for (int sig : take_while_idle()) {
     if (sig == preempt_signal) ::_exit(kExitPreempted);
     ::raise(sig);  // the default action: ends the process here
     // (as PID 1, a container's entry point, the kernel drops it: 128 + sig, a shell's status)

@@ -65,6 +65,10 @@ class SignalGuard {
 
   // The signals received since the last call, in order.
   std::vector<int> take();
+  // For a launcher none of whose ranks runs (between attempts, waiting for other nodes): the stop
+  // signals (SIGINT, SIGTERM, SIGHUP, SIGUSR1) received since the last call, in order; a Ctrl-Z
+  // (SIGTSTP) among them stops this process there, as its default action would.
+  std::vector<int> take_while_idle();
 
   // For a blocking wait while no rank runs (the nodes' check-in): SIGINT, SIGTERM, SIGHUP and
   // SIGUSR1 get the dispositions they had before the guard back, so one of them ends the
