@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "checkpoint/checkpoint.h"
 #include "checkpoint/safetensors.h"
 #include "train/run_dir.h"
 #include "util/check.h"
@@ -47,16 +48,8 @@ bool is_checkpoint_folder(const fs::path& dir) {
 // or a sharded checkpoint's folder: stricter than is_checkpoint_folder, for the folders above an
 // --out (another tool's `latest` file up there, DeepSpeed's say, is no reason to refuse it).
 bool is_dtrain_checkpoint_folder(const fs::path& dir) {
+  if (!latest_step_entry(dir.string()).empty()) return true;
   std::error_code ec;
-  const fs::path latest = dir / "latest";
-  if (fs::is_regular_file(latest, ec) && fs::file_size(latest, ec) <= 4096) {
-    std::ifstream in(latest);
-    std::string name;
-    std::getline(in, name);
-    if (name.starts_with("step-") && name.find('/') == std::string::npos &&
-        fs::exists(dir / name, ec))
-      return true;
-  }
   return fs::is_regular_file(dir / "manifest.json", ec) && is_checkpoint_folder(dir);
 }
 

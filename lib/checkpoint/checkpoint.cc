@@ -612,6 +612,19 @@ void adopt_latest(const std::string& dir, const std::string& resumed) {
   write_file_atomic(latest.string(), name + "\n");
 }
 
+std::string latest_step_entry(const std::string& dir) {
+  const fs::path latest = fs::path(dir) / "latest";
+  std::error_code ec;
+  if (!fs::is_regular_file(latest, ec) || fs::file_size(latest, ec) > kMaxLatestBytes) return "";
+  try {
+    const std::string name = read_latest_name(latest);
+    return std::regex_match(name, step_entry_re()) && fs::exists(fs::path(dir) / name, ec) ? name
+                                                                                           : "";
+  } catch (const std::exception&) {  // (unreadable)
+    return "";
+  }
+}
+
 void remove_checkpoint(const std::string& path, std::error_code& ec) {
   if (fs::symlink_status(path, ec).type() == fs::file_type::directory) {
     const fs::path manifest = fs::path(path) / kManifest;

@@ -174,6 +174,10 @@ void remove_checkpoint(const std::string& path, std::error_code& ec);
 // began, not from an abandoned timeline's newer steps. Nothing changes for a checkpoint
 // outside dir.
 void adopt_latest(const std::string& dir, const std::string& resumed);
+// The step entry (step-<N>.safetensors or step-<N>) that dir/latest names when it names one that
+// exists in dir: dir is then a dtrain checkpoints folder. "" otherwise (no latest, another
+// tool's, or one naming nothing there). Never throws.
+std::string latest_step_entry(const std::string& dir);
 std::string checkpoint_file_name(int64_t step);  // "step-<N>.safetensors"
 // Records `file_name` (a file or a sharded folder name) as the newest checkpoint in dir/latest
 // (atomic), then deletes the oldest step-* files and folders beyond keep_last.
