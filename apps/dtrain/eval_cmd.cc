@@ -55,6 +55,14 @@ Normalizer training_normalizer(const LoadedModel& m, const DataSplits& data) {
   return n;
 }
 
+// The output width a sequential model's layer list gives samples of shape `sample`, whatever the
+// data's classes (0: another model type, no list, or an output that is not flat).
+int64_t layer_list_width(const Config& cfg, const Shape& sample) {
+  if (cfg.model.type != ModelType::kSequential || cfg.model.layers.empty()) return 0;
+  const Shape out = sequential_output_shape(cfg.model.layers, sample);
+  return out.size() == 1 ? out[0] : 0;
+}
+
 // eval_rows: the rows to evaluate (-1: unknown), for the memory check before the parameters are
 // allocated.
 LoadedModel load_model(const Config& cfg, const DataSplits& data, const std::string& ckpt,
@@ -65,14 +73,13 @@ LoadedModel load_model(const Config& cfg, const DataSplits& data, const std::str
   // A layer list fixes its output width: a test label above it and the training labels is the
   // test data's (build_model advised ending the list in a wider linear, which the checkpoint
   // cannot take).
-  if (cfg.model.type == ModelType::kSequential && !cfg.model.layers.empty() &&
-      cfg.model.num_classes == 0 && shape.train_classes > 0)
-    if (const Shape out = sequential_output_shape(cfg.model.layers, shape.sample);
-        out.size() == 1 && out[0] < shape.num_classes && out[0] >= shape.train_classes)
+  if (cfg.model.num_classes == 0 && shape.train_classes > 0)
+    if (const int64_t width = layer_list_width(cfg, shape.sample);
+        width > 0 && width < shape.num_classes && width >= shape.train_classes)
       throw UserError("the test data has label " + std::to_string(shape.num_classes - 1) +
                       ", above the training data's labels (0.." +
                       std::to_string(shape.train_classes - 1) + ") and the " +
-                      std::to_string(out[0]) + " outputs of model.layers, with which checkpoint '" +
+                      std::to_string(width) + " outputs of model.layers, with which checkpoint '" +
                       path + "' was trained: check the test labels");
   LoadedModel m{build_model(cfg.model, {shape.sample, shape.num_classes}), {}, {}, path};
   check_eval_memory(cfg, m.model, eval_rows);
@@ -147,9 +154,8 @@ void classes_from_checkpoint(const Config& cfg, const std::string& ckpt, DataSpl
   ModelShape shape = resolve_model_shape(cfg, data);
   // A layer list's output width is its own: built for the test labels' count, a list ending in
   // {linear: 3} was refused with advice to end it in {linear: 10}, which the checkpoint fixes.
-  if (cfg.model.type == ModelType::kSequential && !cfg.model.layers.empty())
-    if (const Shape out = sequential_output_shape(cfg.model.layers, shape.sample); out.size() == 1)
-      shape.num_classes = out[0];
+  if (const int64_t width = layer_list_width(cfg, shape.sample); width > 0)
+    shape.num_classes = width;
   const Model model = build_model(cfg.model, {shape.sample, shape.num_classes});
   if (model.params().empty()) return;
   const ParamEntry& last = model.params().back();  // the output layer's, when it is [C] or [C, H]
