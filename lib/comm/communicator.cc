@@ -15,17 +15,17 @@ namespace dtrain {
 
 using Clock = std::chrono::steady_clock;
 
-namespace {
-Deadline deadline_after(double seconds) {
-  return deadline_in(seconds);  // (saturating: util/duration.h)
-}
-}  // namespace
-
 void Work::wait(double timeout_s) {
   std::unique_lock<std::mutex> lk(mu_);
   if (timeout_s < 0) {
     cv_.wait(lk, [&] { return done_; });
-  } else if (!cv_.wait_until(lk, deadline_after(timeout_s), [&] { return done_; })) {
+    if (error_) std::rethrow_exception(error_);
+    return;
+  }
+  const Deadline deadline =
+      Deadline::in(timeout_s, owner_ != nullptr ? owner_->opts_.pause_clock.get() : nullptr);
+  while (!done_ && !deadline.passed(Clock::now())) cv_.wait_until(lk, deadline.when());
+  if (!done_) {
     const std::string msg =
         "wait for " + what_ + " timed out after " + std::to_string(timeout_s) + " s";
     lk.unlock();
@@ -41,8 +41,9 @@ bool Work::done() const {
 }
 
 Communicator::Communicator(std::unique_ptr<Transport> transport, CommOptions opts)
-    : transport_(std::move(transport)), opts_(opts) {
+    : transport_(std::move(transport)), opts_(std::move(opts)) {
   DT_CHECK(transport_ != nullptr);
+  if (!opts_.pause_clock) opts_.pause_clock = std::make_shared<PauseClock>();
   CommPosition start;
   start.since = Clock::now();
   transport_->publish_position(start);
@@ -188,7 +189,7 @@ void Communicator::worker_loop() {
         CollCtx ctx;
         ctx.t = transport_.get();
         ctx.seq = task.seq;
-        ctx.deadline = deadline_after(opts_.timeout_s);
+        ctx.deadline = Deadline::in(opts_.timeout_s, opts_.pause_clock.get());
         ctx.segment_floats = std::max<size_t>(1, opts_.segment_bytes / sizeof(float));
         ctx.sends_in_flight = std::max<size_t>(1, opts_.sends_in_flight);
         Tracer* tr = tracer_.load();
@@ -357,7 +358,7 @@ void Communicator::recv(int src, uint64_t tag, float* data, size_t n) {
   const uint64_t idx = p2p_recvd_[{src, tag}]++;
   MsgHeader h{kP2PBit | tag, idx, CommOp::kSendRecv, n * sizeof(float)};
   try {
-    transport_->recv(src, h, data, deadline_after(opts_.timeout_s));
+    transport_->recv(src, h, data, Deadline::in(opts_.timeout_s, opts_.pause_clock.get()));
   } catch (const std::exception& e) {
     const std::string msg = rank_name(rank()) + ": recv of " + describe(h) + " from " +
                             rank_name(src) + " failed: " + e.what();

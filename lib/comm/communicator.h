@@ -7,7 +7,8 @@
 //  - Collectives run one at a time, in call order, on the communicator's worker thread; the
 //    *_async forms return at once with a Work handle, the plain forms wait. Buffers passed to an
 //    async call must stay valid and untouched until its Work completes.
-//  - Every collective has a deadline (timeout_s from when it starts running). A timeout, a dead
+//  - Every collective has a deadline (timeout_s from when it starts running, not counting time
+//    this process was stopped: a Ctrl-Z of the whole job is not a silent peer). A timeout, a dead
 //    or closed peer or a mismatch throws CommError naming the op, its sequence number, the
 //    element count and the peer; after a failure the communicator is unusable (every later call
 //    fails with the first error) and the transport is aborted so peers fail fast too.
@@ -48,6 +49,9 @@ struct CommOptions {
   // The trace track (thread name) of this communicator's collectives: RankGrid names its axis
   // communicators "comm tp", "comm dp", "comm pp".
   std::string trace_track = "comm";
+  // Deadlines (timeout_s, Work::wait) do not count time this process was stopped (deadline.h).
+  // Null: the communicator makes its own; RankGrid's axis communicators share the world's.
+  std::shared_ptr<PauseClock> pause_clock;
 };
 
 // Completion handle of an async collective.

@@ -439,12 +439,18 @@ void Mailbox::recv(const MsgHeader& h, void* data, const Transport::Reduce* red,
           lk.unlock();
           continue;
         }
-      } else if (Clock::now() >= deadline) {
-        const double s = std::chrono::duration<double>(deadline - start).count();
+      } else if (deadline.passed(Clock::now())) {
+        // The time waited, without the time this process was stopped (deadline.h).
+        const auto paused = deadline.paused_since_set();
+        const double s = std::chrono::duration<double>(deadline.at - start).count();
         error = fmt::format(
             "recv timed out after {} s waiting for {} from rank {} "
-            "(distributed.timeout_s)",
-            seconds_str(std::max(s, 0.0)), describe(h), src_);
+            "(distributed.timeout_s){}",
+            seconds_str(std::max(s, 0.0)), describe(h), src_,
+            paused > Clock::duration::zero()
+                ? fmt::format(", not counting {} s this process was stopped",
+                              seconds_str(std::chrono::duration<double>(paused).count()))
+                : "");
       }
     }
     if (ready) {
@@ -467,7 +473,7 @@ void Mailbox::recv(const MsgHeader& h, void* data, const Transport::Reduce* red,
       lk.unlock();
       pump->wait(deadline);
     } else {
-      cv_.wait_until(lk, deadline);
+      cv_.wait_until(lk, deadline.when());
       lk.unlock();
     }
   }
@@ -524,7 +530,7 @@ void Mailbox::stream_ended(const std::string& why) {
   cv_.notify_all();
 }
 
-std::string Mailbox::wait_connected(Deadline deadline) {
+std::string Mailbox::wait_connected(Clock::time_point deadline) {
   std::unique_lock<std::mutex> lk(mu_);
   cv_.wait_until(lk, deadline, [&] { return connected_ || !failed_.empty() || !aborted_.empty(); });
   if (!aborted_.empty()) return aborted_;

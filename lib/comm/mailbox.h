@@ -226,7 +226,7 @@ class Mailbox {
   void stream_ended(const std::string& why);
   // Waits until a stream from src was opened, the mailbox went down, or `deadline`. Returns ""
   // once connected, the reason it went down, or "timeout".
-  std::string wait_connected(Deadline deadline);
+  std::string wait_connected(std::chrono::steady_clock::time_point deadline);
 
  private:
   std::string mismatch_locked(const MsgHeader& h) const;

@@ -25,9 +25,10 @@
 #include <string>
 #include <vector>
 
+#include "comm/deadline.h"
+
 namespace dtrain {
 
-using Deadline = std::chrono::steady_clock::time_point;
 
 inline constexpr uint64_t kP2PBit = uint64_t{1} << 63;
 // A collective channel: its sequence number within its group in bits 0..39, the group's tag

@@ -405,7 +405,7 @@ std::vector<KeyDecl> distributed_keys([[maybe_unused]] const Owners& o) {
           R"doc(`ddp` (gradients averaged every step) | `local_sgd` (parameters averaged every `sync_every` steps) | `zero1` (optimizer state sharded) | `zero2` (and gradients) | `fsdp` (and parameters; `zero3` is the same) | `pipeline` (ddp with a pipeline whose `distributed.pipeline.stages` default to 2 and may not be 1; kept for older configs))doc"),
       key(
           "distributed.timeout_s", [](auto& c) -> auto& { return c.distributed.timeout_s; },
-          R"doc(Deadline of every collective and receive, > 0)doc")
+          R"doc(Deadline of every collective and receive, > 0; time the process was stopped (Ctrl-Z) is not counted)doc")
           .positive()
           .not_hashed(),
       key(

@@ -496,7 +496,8 @@ nlohmann::json train_rank(const Config& cfg, const RunOptions& opts, Communicato
 nlohmann::json run_training(const Config& cfg, const RunOptions& opts) {
   const int world = static_cast<int>(cfg.distributed.world_size);
   CommOptions copts;
-  copts.timeout_s = cfg.distributed.timeout_s;  // as for gRPC ranks (distributed.cc)
+  copts.timeout_s = cfg.distributed.timeout_s;         // as for gRPC ranks (distributed.cc)
+  copts.pause_clock = std::make_shared<PauseClock>();  // one process: its ranks pause together
   if (cfg.distributed.backend == Backend::kGrpc)
     throw UserError(
         "distributed.backend grpc: start the ranks with `dtrain launch` or set RANK/WORLD_SIZE");

@@ -23,7 +23,7 @@ using dtrain::grpc_detail::StoreService;
 
 namespace {
 using Clock = std::chrono::steady_clock;
-Deadline in_ms(int ms) {
+StoreDeadline in_ms(int ms) {
   return Clock::now() + std::chrono::milliseconds(ms);
 }
 }  // namespace

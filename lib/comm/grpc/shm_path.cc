@@ -44,7 +44,7 @@ class ShmPath::Pump final : public RecvPump {
       return;
     }
     const auto left =
-        std::chrono::duration_cast<std::chrono::microseconds>(deadline - Clock::now());
+        std::chrono::duration_cast<std::chrono::microseconds>(deadline.when() - Clock::now());
     p_.in_->wait_bell(bell_, std::clamp<std::chrono::microseconds>(
                                  left, std::chrono::microseconds(1), kShmMaxSleep));
   }

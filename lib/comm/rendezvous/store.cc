@@ -4,7 +4,7 @@
 
 namespace dtrain {
 
-void PrefixStore::wait(const std::vector<std::string>& keys, Deadline deadline) {
+void PrefixStore::wait(const std::vector<std::string>& keys, StoreDeadline deadline) {
   std::vector<std::string> full;
   full.reserve(keys.size());
   for (const auto& k : keys) full.push_back(prefix_ + k);
@@ -57,7 +57,7 @@ void MemoryStore::set(const std::string& key, const std::string& value) {
   after_store(ready, key, value);
 }
 
-std::string MemoryStore::get(const std::string& key, Deadline deadline) {
+std::string MemoryStore::get(const std::string& key, StoreDeadline deadline) {
   std::unique_lock<std::mutex> lk(mu_);
   if (!cv_.wait_until(lk, deadline, [&] { return kv_.count(key) || !closed_.empty(); }))
     throw CommError(fmt::format("store: timed out waiting for key '{}'", key));
@@ -65,7 +65,7 @@ std::string MemoryStore::get(const std::string& key, Deadline deadline) {
   return kv_.at(key);
 }
 
-void MemoryStore::wait(const std::vector<std::string>& keys, Deadline deadline) {
+void MemoryStore::wait(const std::vector<std::string>& keys, StoreDeadline deadline) {
   std::unique_lock<std::mutex> lk(mu_);
   if (!cv_.wait_until(lk, deadline, [&] { return all_set_locked(keys) || !closed_.empty(); }))
     throw CommError("store: timed out waiting for keys");
@@ -97,7 +97,7 @@ int64_t MemoryStore::add(const std::string& key, int64_t delta) {
   return v;
 }
 
-void MemoryStore::when_set(std::vector<std::string> keys, Deadline deadline, Done done) {
+void MemoryStore::when_set(std::vector<std::string> keys, StoreDeadline deadline, Done done) {
   std::string error;
   std::vector<std::string> values;
   {

@@ -21,14 +21,17 @@
 
 namespace dtrain {
 
+// Store waits happen before training (rendezvous), so a plain time point: no pause is counted.
+using StoreDeadline = std::chrono::steady_clock::time_point;
+
 class Store {
  public:
   virtual ~Store() = default;
   virtual void set(const std::string& key, const std::string& value) = 0;
   // The value of key once it is set; throws CommError at `deadline`.
-  virtual std::string get(const std::string& key, Deadline deadline) = 0;
+  virtual std::string get(const std::string& key, StoreDeadline deadline) = 0;
   // Returns once every key is set; throws CommError at `deadline`.
-  virtual void wait(const std::vector<std::string>& keys, Deadline deadline) = 0;
+  virtual void wait(const std::vector<std::string>& keys, StoreDeadline deadline) = 0;
   // Adds delta to the counter under key (0 when unset) and returns the new value; throws
   // CommError when the key holds no integer or the sum leaves int64.
   virtual int64_t add(const std::string& key, int64_t delta) = 0;
@@ -41,10 +44,10 @@ class PrefixStore final : public Store {
   void set(const std::string& key, const std::string& value) override {
     base_.set(prefix_ + key, value);
   }
-  std::string get(const std::string& key, Deadline deadline) override {
+  std::string get(const std::string& key, StoreDeadline deadline) override {
     return base_.get(prefix_ + key, deadline);
   }
-  void wait(const std::vector<std::string>& keys, Deadline deadline) override;
+  void wait(const std::vector<std::string>& keys, StoreDeadline deadline) override;
   int64_t add(const std::string& key, int64_t delta) override {
     return base_.add(prefix_ + key, delta);
   }
@@ -65,15 +68,15 @@ class MemoryStore final : public Store {
   ~MemoryStore() override { shutdown("the store shut down"); }
 
   void set(const std::string& key, const std::string& value) override;
-  std::string get(const std::string& key, Deadline deadline) override;
-  void wait(const std::vector<std::string>& keys, Deadline deadline) override;
+  std::string get(const std::string& key, StoreDeadline deadline) override;
+  void wait(const std::vector<std::string>& keys, StoreDeadline deadline) override;
   int64_t add(const std::string& key, int64_t delta) override;
 
   // Calls done("", values) once every key is set, done(why, {}) at `deadline` ("timeout") or
   // when the store shuts down (its reason) -- exactly once, on some thread, never inline under
   // the store's lock. expire() must be called now and then for the deadlines.
   using Done = std::function<void(const std::string& error, const std::vector<std::string>&)>;
-  void when_set(std::vector<std::string> keys, Deadline deadline, Done done);
+  void when_set(std::vector<std::string> keys, StoreDeadline deadline, Done done);
   // Fails the asynchronous waits whose deadline passed.
   void expire();
   // Fails every present and later wait with `why`.
@@ -82,7 +85,7 @@ class MemoryStore final : public Store {
  private:
   struct Waiter {
     std::vector<std::string> keys;
-    Deadline deadline;
+    StoreDeadline deadline;
     Done done;
   };
   bool all_set_locked(const std::vector<std::string>& keys) const;

@@ -15,7 +15,7 @@ constexpr auto kExpireEvery = std::chrono::milliseconds(50);
 // A wait longer than this is cut to it (a forged timeout must not hold a call forever).
 constexpr uint64_t kMaxWaitMs = uint64_t{24} * 3600 * 1000;
 
-Deadline after_ms(uint64_t ms) {
+StoreDeadline after_ms(uint64_t ms) {
   return Clock::now() + std::chrono::milliseconds(std::min(ms, kMaxWaitMs));
 }
 }  // namespace
@@ -125,13 +125,13 @@ grpc::ServerUnaryReactor* StoreService::wait_for(grpc::CallbackServerContext* ct
 }
 
 GrpcStore::GrpcStore(std::shared_ptr<grpc::Channel> channel, std::string token,
-                     Deadline op_deadline, ErrorFn error)
+                     StoreDeadline op_deadline, ErrorFn error)
     : stub_(wire::Store::NewStub(channel)),
       token_(std::move(token)),
       op_deadline_(op_deadline),
       error_(std::move(error)) {}
 
-wire::StoreReply GrpcStore::call(const char* method, wire::StoreRequest req, Deadline deadline,
+wire::StoreReply GrpcStore::call(const char* method, wire::StoreRequest req, StoreDeadline deadline,
                                  bool idempotent) {
   auto backoff = std::chrono::milliseconds(100);
   for (;;) {
@@ -172,13 +172,13 @@ void GrpcStore::set(const std::string& key, const std::string& value) {
   call("Set", std::move(req), op_deadline_, true);
 }
 
-std::string GrpcStore::get(const std::string& key, Deadline deadline) {
+std::string GrpcStore::get(const std::string& key, StoreDeadline deadline) {
   wire::StoreRequest req;
   req.set_key(key);
   return call("Get", std::move(req), deadline, true).value();
 }
 
-void GrpcStore::wait(const std::vector<std::string>& keys, Deadline deadline) {
+void GrpcStore::wait(const std::vector<std::string>& keys, StoreDeadline deadline) {
   wire::StoreRequest req;
   for (const auto& k : keys) req.add_keys(k);
   call("Wait", std::move(req), deadline, true);

@@ -71,22 +71,22 @@ class GrpcStore final : public Store {
  public:
   using ErrorFn = std::function<CommError(const grpc::Status&)>;
   // Calls that do not wait for keys (set, add) give up at `op_deadline`.
-  GrpcStore(std::shared_ptr<grpc::Channel> channel, std::string token, Deadline op_deadline,
+  GrpcStore(std::shared_ptr<grpc::Channel> channel, std::string token, StoreDeadline op_deadline,
             ErrorFn error);
   void set(const std::string& key, const std::string& value) override;
-  std::string get(const std::string& key, Deadline deadline) override;
-  void wait(const std::vector<std::string>& keys, Deadline deadline) override;
+  std::string get(const std::string& key, StoreDeadline deadline) override;
+  void wait(const std::vector<std::string>& keys, StoreDeadline deadline) override;
   int64_t add(const std::string& key, int64_t delta) override;
 
  private:
   // Runs one call until `deadline`, retrying while the connection is unavailable when
   // `idempotent`; throws error_(status) otherwise.
-  wire::StoreReply call(const char* method, wire::StoreRequest req, Deadline deadline,
+  wire::StoreReply call(const char* method, wire::StoreRequest req, StoreDeadline deadline,
                         bool idempotent);
 
   std::unique_ptr<wire::Store::Stub> stub_;
   const std::string token_;
-  const Deadline op_deadline_;
+  const StoreDeadline op_deadline_;
   const ErrorFn error_;
 };
 
