@@ -88,6 +88,7 @@ class TrainLoop {
   bool resuming();                      // collective: rank 0's --resume decides
   int64_t resumed_batch_index() const;  // rp_.batch in this run's global batches
   int64_t resumed_total_steps() const;  // plan_.total_steps from the resume point
+  void keep_resumed_lr();               // plan_.base_lr under scale_lr linear on a resume
   void log_start() const;
   bool step();  // one optimizer step; false when skipped (non-finite)
   bool nonfinite_guard(double loss_sum);

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <bit>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -318,6 +319,19 @@ int64_t saved_global_batch(const CheckpointMeta& m, const std::string& path) {
   return cells > 0 ? before->data.batch_size * (m.world_size / cells) : 0;
 }
 
+// The saving run's samples per optimizer step, its data-parallel replicas when it scaled its
+// learning rate by them (optimizer.scale_lr linear; else 0) and its optimizer.lr (as the bits of
+// the double), as int64 words for the broadcast; zeros when its config is not stored.
+std::array<int64_t, 3> saved_step_rate(const CheckpointMeta& m, const std::string& path) {
+  const std::optional<Config> before = stored_config(m, path);
+  const int64_t global = saved_global_batch(m, path);
+  if (!before || global <= 0) return {0, 0, 0};
+  const int64_t cells = before->distributed.tensor_parallel.size * pipeline_stages(*before);
+  const bool linear = before->optimizer.scale_lr == ScaleLr::kLinear;
+  return {global * before->train.grad_accum_steps, linear ? m.world_size / cells : 0,
+          std::bit_cast<int64_t>(before->optimizer.lr)};
+}
+
 }  // namespace
 
 ResumePoint resume_full_state(const Config& cfg, const RunOptions& opts, Communicator& comm,
@@ -329,8 +343,9 @@ ResumePoint resume_full_state(const Config& cfg, const RunOptions& opts, Communi
   const bool lead = rank == 0;
   const int64_t P = model.param_count();
   ResumePoint rp;
-  // loaded?, step, epoch, batch, optimizer steps, horizon, the saving run's global batch
-  std::vector<int64_t> meta_i(7, 0);
+  // loaded?, step, epoch, batch, optimizer steps, horizon, the saving run's global batch, its
+  // samples per optimizer step, replicas its rate was scaled by and rate (saved_step_rate)
+  std::vector<int64_t> meta_i(10, 0);
   std::string rng_states;
   if (lead) {
     const std::string path =
@@ -371,13 +386,17 @@ ResumePoint resume_full_state(const Config& cfg, const RunOptions& opts, Communi
       if (parse_enum<OptimizerType>(m.optimizer) != cfg.optimizer.type)
         throw another_optimizer(m.optimizer);
       report_config_changes(path, m, cfg, hash);
+      const std::array<int64_t, 3> step_rate = saved_step_rate(m, path);
       meta_i = {1,
                 m.step,
                 m.epoch,
                 m.batch,
                 m.optimizer_steps,
                 m.schedule_steps,
-                saved_global_batch(m, path)};
+                saved_global_batch(m, path),
+                step_rate[0],
+                step_rate[1],
+                step_rate[2]};
       rng_states = m.rng;
       rp.from = path;
       rp.progress = m.progress_json;
@@ -453,6 +472,9 @@ ResumePoint resume_full_state(const Config& cfg, const RunOptions& opts, Communi
   rp.optimizer_steps = meta_i[4];
   rp.schedule_steps = meta_i[5];
   rp.global_batch = meta_i[6];
+  rp.step_samples = meta_i[7];
+  rp.lr_replicas = meta_i[8];
+  rp.lr = std::bit_cast<double>(meta_i[9]);
   if (lead)
     spdlog::info("resumed from {} at step {} (epoch {}, batch {})", rp.from, rp.step, rp.epoch,
                  rp.batch);

@@ -88,8 +88,14 @@ struct ResumePoint {
   int64_t step = 0, epoch = 0, batch = 0, optimizer_steps = 0;
   int64_t schedule_steps = 0;  // the checkpoint's schedule horizon; 0: not recorded
   int64_t global_batch = 0;    // samples per global batch of the saving run; 0: not known
-  std::string progress;        // rank 0: CheckpointMeta::progress_json ("" when not recorded)
-  std::string normalizer;      // rank 0: CheckpointMeta::normalizer_json ("" when not recorded)
+  // Of the saving run (0: not known, no stored config): samples per optimizer step (global
+  // batch x grad_accum_steps), the replicas its optimizer.lr was multiplied by (scale_lr linear;
+  // 0: none) and its optimizer.lr.
+  int64_t step_samples = 0;
+  int64_t lr_replicas = 0;
+  double lr = 0.0;
+  std::string progress;    // rank 0: CheckpointMeta::progress_json ("" when not recorded)
+  std::string normalizer;  // rank 0: CheckpointMeta::normalizer_json ("" when not recorded)
 };
 ResumePoint resume_full_state(const Config& cfg, const RunOptions& opts, Communicator& comm,
                               const Model& model, const std::string& ckpt_dir,

@@ -1,0 +1,76 @@
+// optimizer.scale_lr linear (lr x data-parallel replicas) across a resume on another number of
+// replicas: with the same samples per optimizer step the checkpoint's rate is kept, so the run
+// ends where the uninterrupted one does; with another global batch the rate follows the config;
+// an optimizer.lr changed since the checkpoint applies as given.
+#include <doctest/doctest.h>
+
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <spdlog/spdlog.h>
+#include <nlohmann/json.hpp>
+
+#include "test_util.h"
+#include "train/train_test_util.h"
+
+using namespace dtrain;
+using dtrain::testing::checkpoint_rel_diff;
+using dtrain::testing::TempDir;
+using dtrain::testing::train_yaml;
+
+namespace {
+
+const char* kYaml = R"(
+seed: 5
+model: {type: mlp, hidden: [7, 5], activation: tanh}
+data:
+  format: synthetic
+  synthetic: {samples: 300, features: 6, classes: 3, noise: 0.5}
+  batch_size: 10
+optimizer: {type: sgd, lr: 0.03, momentum: 0.9, scale_lr: linear}
+train: {max_steps: 20, log_every: 1, checkpoint: {every_steps: 10}}
+distributed: {backend: inproc, world_size: 3, strategy: ddp}
+runtime: {threads: 1}
+)";
+
+// The learning rate of the train record of `step` in a run's metrics.jsonl.
+double lr_at_step(const std::string& run, int64_t step) {
+  std::ifstream in(run + "/metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.value("kind", "") == "train" && j.value("step", int64_t{-1}) == step) return j["lr"];
+  }
+  FAIL("no train record of step ", step, " in ", run);
+  return 0;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "resume on other replicas under scale_lr linear keeps the rate of the same global batch") {
+  spdlog::set_level(spdlog::level::warn);
+  TempDir dir;
+  const std::string full = dir / "full", ckpt = full + "/checkpoints/step-10.safetensors";
+  train_yaml(kYaml, full, {});
+  CHECK(lr_at_step(full, 11) == doctest::Approx(0.09));
+
+  // 3 ranks x batch 10 -> 1 rank x batch 30: the same training, at 0.09 (it was 0.03).
+  const std::string one = dir / "one";
+  train_yaml(kYaml, one, {"distributed.world_size=1", "data.batch_size=30"}, ckpt);
+  CHECK(lr_at_step(one, 11) == doctest::Approx(0.09));
+  const double d = checkpoint_rel_diff(full + "/checkpoints/step-20.safetensors",
+                                       one + "/checkpoints/step-20.safetensors");
+  CHECK(d < 1e-5);
+
+  // 1 rank x batch 10: another global batch, the rate scale_lr gives for it.
+  const std::string small = dir / "small";
+  train_yaml(kYaml, small, {"distributed.world_size=1"}, ckpt);
+  CHECK(lr_at_step(small, 11) == doctest::Approx(0.03));
+
+  // optimizer.lr changed since the checkpoint: the user's rate, scaled as configured.
+  const std::string lower = dir / "lower";
+  train_yaml(kYaml, lower, {"distributed.world_size=1", "data.batch_size=30", "optimizer.lr=0.01"},
+             ckpt);
+  CHECK(lr_at_step(lower, 11) == doctest::Approx(0.01));
+}
