@@ -135,7 +135,9 @@ nlohmann::json run_grpc_rank(const Config& cfg, const RunOptions& opts,
   }
   Communicator comm(std::move(transport), copts);
   try {
-    return train_rank(eff, opts, comm);
+    RunOptions here = opts;
+    here.processes_here = de.local_world_size;
+    return train_rank(eff, here, comm);
   } catch (const AgreedError&) {
     throw;  // every rank raises it at the same step (train/stop.h): nobody is left waiting
   } catch (const std::exception& e) {

@@ -189,8 +189,15 @@ double largest_unit(const Config& cfg, const Model& model, size_t first, size_t 
 }  // namespace
 
 void check_training_memory(const Config& cfg, const Model& model, const MemoryPlan& plan) {
-  const int64_t avail = available_memory_bytes();
+  int64_t avail = available_memory_bytes();
   if (avail < 0) return;
+  // The job's other rank processes on this machine hold about as much each (their own stage
+  // under a pipeline: an estimate), and each saw all of the machine's available memory as it
+  // started: this process's share is what it may count on.
+  const int procs = std::max(1, plan.processes_here);
+  const int64_t machine = procs > 1 ? machine_memory_available_bytes() : -1;
+  const bool shared = machine >= 0 && machine / procs < avail;
+  if (shared) avail = machine / procs;
   const double k = optimizer_state_buffers(cfg);
   const int per_stage = plan.ranks_here;
   const int here = per_stage * static_cast<int>(plan.stages.size());
@@ -253,10 +260,15 @@ void check_training_memory(const Config& cfg, const Model& model, const MemoryPl
   throw UserError(fmt::format(
       "the model has {} parameters{} ({}): training needs about {:.1f} GiB for parameters, "
       "gradients and optimizer state and {} ({} {} rank(s) in this process, strategy {}), more "
-      "than the {:.1f} GiB this process can allocate; {}",
+      "than the {:.1f} GiB {}; {}",
       model.distinct_param_count(), slice, size_keys(cfg), state / kGiB, acts_text, here,
       to_string(cfg.distributed.backend), to_string(cfg.distributed.strategy),
       static_cast<double>(avail) / kGiB,
+      shared ? fmt::format("that is this process's share of the {:.1f} GiB available on this "
+                           "machine to its {} rank processes (LOCAL_WORLD_SIZE), which start "
+                           "together",
+                           static_cast<double>(machine) / kGiB, procs)
+             : std::string("this process can allocate"),
       training_fits ? "lower data.eval_batch_size"
                     : "use a smaller model or batch, or more ranks with a sharded strategy (fsdp) "
                       "or a pipeline"));

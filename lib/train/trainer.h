@@ -50,6 +50,9 @@ struct RunOptions {
   // false: no checkpoint at the end of training (`dtrain bench step`, whose folder goes right
   // after: a 50M-parameter model's final save wrote 643 MB, and failed on a small $TMPDIR).
   bool final_save = true;
+  // The job's rank processes on this machine (LOCAL_WORLD_SIZE of a gRPC rank), for the memory
+  // check (MemoryPlan::processes_here).
+  int processes_here = 1;
   // The data, loaded once for every in-process rank of the run (run_training sets it for its
   // ranks); nullptr: the rank loads its own. Not owned; must outlive the run.
   SharedSplits* data = nullptr;
@@ -169,8 +172,11 @@ struct MemoryPlan {
   // The layers [first, last) of each pipeline stage with ranks in this process: the rank's own
   // stage (one rank per process), or every stage (in-process ranks: they share the memory).
   std::vector<std::pair<size_t, size_t>> stages;
-  int replicas = 1;     // data-parallel replicas (a sharded strategy's divisor)
-  int ranks_here = 1;   // ranks of each of those stages in this process (replicas x tensor slices)
+  int replicas = 1;    // data-parallel replicas (a sharded strategy's divisor)
+  int ranks_here = 1;  // ranks of each of those stages in this process (replicas x tensor slices)
+  // Processes of the job on this machine that each hold as much (gRPC ranks: LOCAL_WORLD_SIZE),
+  // counted together against the machine's available memory: each rank alone sees all of it.
+  int processes_here = 1;
   bool resume = false;  // a resume reads full-model copies
   // The parameters of those copies, -1: the model's. Tensor parallelism: the whole model's, not
   // the rank's slice (every rank reads the whole state, then keeps its shards).

@@ -638,3 +638,28 @@ TEST_CASE("a resume's full-model copies are counted at MemoryPlan::resume_params
   plan.resume_params = avail / 8 + 1;
   CHECK_THROWS_AS(check_training_memory(c, m, plan), UserError);
 }
+
+TEST_CASE("the memory check counts the job's rank processes on this machine together") {
+  // Each gRPC rank saw the whole machine's available memory as it started: two local ranks of a
+  // model that fits once but not twice both passed, and the kernel killed one (train/loop.cc
+  // gives LOCAL_WORLD_SIZE as processes_here).
+  const int64_t machine = machine_memory_available_bytes();
+  if (machine < 0 || address_space_limit_bytes() >= 0) return;
+  const Config c = parse_config(
+      "model: {type: mlp, hidden: [1024, 1024]}\ndata: {format: synthetic}\n"
+      "optimizer: {type: sgd, lr: 0.1, momentum: 0.9}\n",
+      "m.yaml");
+  const Model m = build_model(c.model, {{784}, 10});
+  // Parameters, gradients and momentum: 12 bytes per parameter, about 22 MB.
+  const double need = 12.0 * static_cast<double>(m.param_count());
+  MemoryPlan plan{.stages = {{0, m.num_layers()}}, .train_rows = 8, .eval_rows = 0};
+  check_training_memory(c, m, plan);
+  plan.processes_here = static_cast<int>(std::min<double>(1e6, 2.0 * machine / need) + 1);
+  try {
+    check_training_memory(c, m, plan);
+    FAIL("accepted ", plan.processes_here, " processes of ", need, " bytes on ", machine);
+  } catch (const UserError& e) {
+    CHECK_MESSAGE(dtrain::testing::contains(e.what(), "rank processes (LOCAL_WORLD_SIZE)"),
+                  e.what());
+  }
+}
