@@ -69,6 +69,16 @@ bool TrainLoop::resume() {
         for (std::vector<float>& b : full_s) tp_->slice(b.data(), b.data());
       }
       strategy_->load_full(full_p.data(), ptrs);
+      // Local SGD keeps an optimizer state per rank between synchronisations, and the
+      // checkpoint holds rank 0's only (not averaged unless sync_optimizer_state).
+      if (lead_ && cfg_.distributed.strategy == StrategyKind::kLocalSgd && DP_ > 1 &&
+          !names.empty() && !cfg_.distributed.local_sgd.sync_optimizer_state)
+        spdlog::warn(
+            "resuming Local SGD: all {} ranks continue with rank 0's optimizer state ({}), the "
+            "only one the checkpoint holds, so this run does not continue exactly as the "
+            "interrupted one would have (distributed.local_sgd.sync_optimizer_state: true "
+            "averages the state at each synchronisation and makes a resume exact)",
+            DP_, join(names, ", "));
       step_ = rp_.step;
       epoch_ = rp_.epoch;
       batch_ = resumed_batch_index();

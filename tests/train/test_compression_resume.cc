@@ -20,6 +20,7 @@
 
 using namespace dtrain;
 using dtrain::testing::checkpoint_rel_diff;
+using dtrain::testing::LogCapture;
 using dtrain::testing::TempDir;
 
 namespace fs = std::filesystem;
@@ -82,21 +83,6 @@ void write_as_version_1(const std::string& src, const std::string& dst) {
 }
 
 // Captures spdlog output while alive.
-class LogCapture {
- public:
-  LogCapture() : sink_(std::make_shared<spdlog::sinks::ostream_sink_mt>(out_)) {
-    spdlog::default_logger()->sinks().push_back(sink_);
-  }
-  ~LogCapture() {
-    auto& sinks = spdlog::default_logger()->sinks();
-    sinks.erase(std::remove(sinks.begin(), sinks.end(), sink_), sinks.end());
-  }
-  std::string text() const { return out_.str(); }
-
- private:
-  std::ostringstream out_;
-  std::shared_ptr<spdlog::sinks::ostream_sink_mt> sink_;
-};
 
 }  // namespace
 

@@ -1,7 +1,8 @@
-// optimizer.scale_lr linear (lr x data-parallel replicas) across a resume on another number of
-// replicas: with the same samples per optimizer step the checkpoint's rate is kept, so the run
-// ends where the uninterrupted one does; with another global batch the rate follows the config;
-// an optimizer.lr changed since the checkpoint applies as given.
+// What a resume keeps and what it says it cannot. optimizer.scale_lr linear (lr x data-parallel
+// replicas) across a resume on another number of replicas: with the same samples per optimizer
+// step the checkpoint's rate is kept, so the run ends where the uninterrupted one does; with
+// another global batch the rate follows the config; an optimizer.lr changed since the checkpoint
+// applies as given. Local SGD's per-rank momentum, of which the checkpoint holds rank 0's.
 #include <doctest/doctest.h>
 
 #include <fstream>
@@ -16,6 +17,7 @@
 
 using namespace dtrain;
 using dtrain::testing::checkpoint_rel_diff;
+using dtrain::testing::LogCapture;
 using dtrain::testing::TempDir;
 using dtrain::testing::train_yaml;
 
@@ -73,4 +75,34 @@ TEST_CASE(
   train_yaml(kYaml, lower, {"distributed.world_size=1", "data.batch_size=30", "optimizer.lr=0.01"},
              ckpt);
   CHECK(lr_at_step(lower, 11) == doctest::Approx(0.01));
+}
+
+TEST_CASE("a Local SGD resume says when per-rank momentum makes it inexact, and is exact else") {
+  spdlog::set_level(spdlog::level::warn);
+  TempDir dir;
+  const std::vector<std::string> local = {"distributed.strategy=local_sgd",
+                                          "distributed.local_sgd.sync_every=5",
+                                          "distributed.world_size=2", "optimizer.scale_lr=none"};
+  for (const bool averaged : {false, true}) {
+    CAPTURE(averaged);
+    std::vector<std::string> sets = local;
+    if (averaged) sets.push_back("distributed.local_sgd.sync_optimizer_state=true");
+    const std::string tag = averaged ? "avg" : "own";
+    const std::string full = dir / ("full-" + tag), res = dir / ("res-" + tag);
+    train_yaml(kYaml, full, sets);
+    LogCapture cap;
+    train_yaml(kYaml, res, sets, full + "/checkpoints/step-10.safetensors");
+    const double d = checkpoint_rel_diff(full + "/checkpoints/step-20.safetensors",
+                                         res + "/checkpoints/step-20.safetensors");
+    if (averaged) {
+      CHECK(d == 0.0);
+      CHECK_FALSE(dtrain::testing::contains(cap.text(), "resuming Local SGD"));
+    } else {
+      CHECK(d > 1e-6);  // what the warning is about
+      CHECK_MESSAGE(dtrain::testing::contains(cap.text(),
+                                              "resuming Local SGD: all 2 ranks continue with "
+                                              "rank 0's optimizer state (momentum)"),
+                    cap.text());
+    }
+  }
 }
