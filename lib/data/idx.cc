@@ -128,20 +128,37 @@ std::string gunzip(const std::string& in, const std::string& path, size_t max_ou
   // times the file plus 64 MiB (text and IDX images inflate 2-5x): beyond that the buffer grows
   // by doubling as the data really comes, so a lying trailer costs no more than that (it once
   // zero-filled deflate's maximum ratio, ~1032x: 1 GB for a 1 MiB file).
+  // A file of 4 GiB or more wraps ISIZE: once more comes out than it says, the length is
+  // ISIZE + k x 4 GiB, and the buffer grows to the next such length rather than doubling (which
+  // overshot by up to 2x and needed 3x the text while it copied), when deflate's largest ratio
+  // (1032:1) allows it for this many compressed bytes (a lying trailer: doubling, as above); a
+  // next length past max_out is refused at once.
   std::string out;
+  size_t isize = 0;
   {
-    size_t hint = 0;
     if (in.size() >= 18) {
       const auto* t = reinterpret_cast<const unsigned char*>(in.data() + in.size() - 4);
-      hint = static_cast<size_t>(t[0]) | static_cast<size_t>(t[1]) << 8 |
-             static_cast<size_t>(t[2]) << 16 | static_cast<size_t>(t[3]) << 24;
+      isize = static_cast<size_t>(t[0]) | static_cast<size_t>(t[1]) << 8 |
+              static_cast<size_t>(t[2]) << 16 | static_cast<size_t>(t[3]) << 24;
     }
-    hint = std::min({hint, in.size() * 16 + (size_t{64} << 20), cap});
+    const size_t hint = std::min({isize, in.size() * 16 + (size_t{64} << 20), cap});
     resize_fresh(out, std::max<size_t>(hint, 4096));
   }
 
   size_t in_pos = 0;   // bytes of `in` handed to zlib so far
   size_t out_len = 0;  // bytes of `out` produced so far
+  const auto grown = [&] {
+    constexpr size_t kWrap = size_t{1} << 32;
+    const size_t most = in.size() > SIZE_MAX / 1032 ? SIZE_MAX : in.size() * 1032 + (64 << 10);
+    size_t next = isize;
+    while (next <= out_len && next <= most - kWrap) next += kWrap;
+    if (count == nullptr && next > out_len && next <= most) {
+      // (a length past the budget is refused before allocating, on the trailer's word)
+      if (next > max_out) throw UserError(over_limit());
+      return next + 1;
+    }
+    return std::max(out_len + 1, std::min(out.size() * 2, cap));
+  };
   auto feed = [&] {
     const size_t n = std::min<size_t>(in.size() - in_pos, UINT_MAX);
     zs.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(in.data() + in_pos));
@@ -152,7 +169,7 @@ std::string gunzip(const std::string& in, const std::string& path, size_t max_ou
   for (;;) {
     if (zs.avail_in == 0 && in_pos < in.size()) feed();
     // One byte over max_out is enough to know the limit is broken.
-    if (out_len == out.size()) out.resize(std::max(out_len + 1, std::min(out.size() * 2, cap)));
+    if (out_len == out.size()) out.resize(grown());
     const size_t room = std::min<size_t>(out.size() - out_len, UINT_MAX);
     zs.next_out = reinterpret_cast<Bytef*>(out.data() + out_len);
     zs.avail_out = static_cast<uInt>(room);
@@ -403,7 +420,12 @@ std::string read_maybe_gzip(const std::string& path) {
   try {
     return gunzip(bytes, path, left, over);
   } catch (const std::bad_alloc&) {  // the budget is an estimate; the allocator has the last word
-    throw UserError(over());
+    constexpr double kMiB = 1024.0 * 1024.0;
+    throw UserError(fmt::format(
+        "cannot read '{}': inflating its {} compressed bytes needs more memory than this process "
+        "could allocate ({:.0f} MiB by its estimate: available memory, or the address-space limit "
+        "ulimit -v); use a smaller file or free memory",
+        path, bytes.size(), static_cast<double>(budget) / kMiB));
   }
 }
 

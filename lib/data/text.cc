@@ -151,7 +151,11 @@ std::string read_text_files(const std::vector<std::string>& files, const std::st
   std::string text;
   for (const std::string& f : files) {
     try {
-      text += read_maybe_gzip(f);
+      // (the first file's bytes are moved in, not copied: the peak is the text once)
+      if (text.empty())
+        text = read_maybe_gzip(f);
+      else
+        text += read_maybe_gzip(f);
     } catch (const UserError& e) {
       throw UserError(key + ": " + e.what());
     }
@@ -277,8 +281,25 @@ void check_text_memory(const TextOptions& opts) {
       }
   if (opts.block_size < 1) return;  // (load_text refuses it)
   const int64_t avail = available_memory_bytes();
-  const int64_t n = opts.train.empty() ? 0 : text_bytes_without_reading(opts.train);
-  const int64_t m = opts.test.empty() ? 0 : text_bytes_without_reading(opts.test);
+  // A gzip file's trailer holds its length mod 4 GiB: one that may hold 4 GiB or more (deflate
+  // inflates 1032x at most) is counted by decompressing it (streamed, nothing held), or a 4 GiB
+  // + 10 bytes file would count as 10 bytes.
+  const auto bytes = [&](const std::vector<std::string>& specs, const char* key) -> int64_t {
+    if (specs.empty()) return 0;
+    bool exact = true;
+    const int64_t n = text_bytes_without_reading(specs, &exact);
+    if (n < 0 || exact) return n;
+    int64_t on_disk = 0;
+    if (const auto files = regular_text_files(specs))
+      for (const std::string& f : *files) {
+        std::error_code ec;
+        on_disk += static_cast<int64_t>(fs::file_size(f, ec));
+      }
+    if (on_disk <= (int64_t{1} << 32) / 1032) return n;
+    return text_bytes_by_decompressing(specs, key, std::numeric_limits<int64_t>::max());
+  };
+  const int64_t n = bytes(opts.train, "data.train.path");
+  const int64_t m = bytes(opts.test, "data.test.path");
   if (avail < 0 || n < 0 || m < 0) return;
   // Peak while loading: the training bytes read, the test bytes read, and both splits' tokens
   // (one byte each, the windows views of them).
