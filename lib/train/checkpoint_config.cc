@@ -1,6 +1,8 @@
 #include "train/checkpoint_config.h"
 
 #include <algorithm>
+#include <filesystem>
+#include <system_error>
 #include <vector>
 
 #include <spdlog/spdlog.h>
@@ -9,6 +11,7 @@
 #include "config/config_diff.h"
 #include "config/schema.h"
 #include "data/dataset.h"
+#include "data/text.h"
 #include "train/trainer.h"
 #include "util/check.h"
 #include "util/strings.h"
@@ -140,6 +143,28 @@ void check_model_config(const std::string& path, const CheckpointMeta& m, const 
                     "with (its run folder's config.json)");
 }
 
+namespace {
+
+// The files a split reads, resolved (symlinks, "..", "//"; text patterns expanded): two configs
+// that spell the same files otherwise read the same rows. A name that does not resolve stays as
+// it is spelt.
+nlohmann::json resolved_files(const SplitFiles& f, DataFormat format) {
+  std::vector<std::string> path = f.path;
+  if (format == DataFormat::kText) try {
+      path = expand_text_paths(f.path, "data.train.path");
+    } catch (const UserError&) {  // (what the run or eval says when it loads them)
+    }
+  const auto resolve = [](const std::string& p) {
+    std::error_code ec;
+    const std::filesystem::path c = std::filesystem::weakly_canonical(p, ec);
+    return p.empty() || ec ? p : c.string();
+  };
+  for (std::string& p : path) p = resolve(p);
+  return {resolve(f.images), resolve(f.labels), path};
+}
+
+}  // namespace
+
 std::string held_out_split_difference(const std::string& path, const CheckpointMeta& m,
                                       const Config& cfg) {
   if (!cfg.data.test.empty()) return "";
@@ -168,8 +193,9 @@ std::string held_out_split_difference(const std::string& path, const CheckpointM
     differ("data.synthetic", {a.samples, a.features, a.classes, a.noise, a.seed},
            {b.samples, b.features, b.classes, b.noise, b.seed});
   } else {
-    differ("data.train", {was.train.images, was.train.labels, was.train.path},
-           {now.train.images, now.train.labels, now.train.path});
+    if (resolved_files(was.train, was.format) != resolved_files(now.train, now.format))
+      differ("data.train", {was.train.images, was.train.labels, was.train.path},
+             {now.train.images, now.train.labels, now.train.path});
   }
   if (lines.empty()) return "";
   return "the held-out test split is drawn otherwise than in the run checkpoint '" + path +

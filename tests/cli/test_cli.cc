@@ -605,3 +605,33 @@ TEST_CASE("eval with data.test needs no training files: the checkpoint's normali
   CHECK(r.exit_code == 2);
   CHECK(contains(r.output, "data.train.path: '" + dir / "train.csv" + "' does not exist"));
 }
+
+TEST_CASE("eval names the training's data by what it reads: a symlink or '..' is the same file") {
+  // The held-out split's check compared the paths as spelt: the same file through a symlinked
+  // folder, '..' or '//' was reported as other training data, with optimistic figures.
+  TempDir dir;
+  std::string rows = "a,b,label\n";
+  for (int i = 0; i < 90; ++i)
+    rows +=
+        std::to_string(i % 7) + "," + std::to_string(i % 5) + "," + std::to_string(i % 3) + "\n";
+  std::filesystem::create_directories(dir / "data");
+  dir.write("data/train.csv", rows);
+  dir.write("other.csv", rows);
+  std::filesystem::create_directory_symlink(dir / "data", dir / "link");
+  const std::string cfg = dir.write(
+      "c.yaml", "seed: 3\nmodel: {type: mlp, hidden: [8]}\ndata:\n  format: csv\n  train: {path: " +
+                    dir / "data/train.csv" +
+                    "}\n  test_fraction: 0.2\n  batch_size: 16\noptimizer: {type: sgd, lr: 0.1}\n"
+                    "train: {epochs: 1}\nruntime: {threads: 1}\n");
+  auto r = run_dtrain("run " + cfg + " --out " + dir / "r" + " --log-level warn");
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  const std::string eval = "eval " + cfg + " --checkpoint " + dir / "r" + " --set data.train.path=";
+  for (const std::string& same : {dir / "link/train.csv", dir / "data/../data//train.csv"}) {
+    r = run_dtrain(eval + same);
+    CHECK_MESSAGE(r.exit_code == 0, r.output);
+    CHECK_MESSAGE(!contains(r.output, "held-out test split"), same, "\n", r.output);
+  }
+  r = run_dtrain(eval + dir / "other.csv");  // another file (its contents are not compared)
+  CHECK_MESSAGE(r.exit_code == 0, r.output);
+  CHECK_MESSAGE(contains(r.output, "the held-out test split is drawn otherwise"), r.output);
+}
