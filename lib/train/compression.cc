@@ -190,9 +190,18 @@ void GradCompressor::allreduce_sum(Communicator& comm, float* grad) {
 
 namespace dtrain {
 
-std::string GradCompressor::describe() const {
-  return fmt::format("{}: {} bytes per rank per step instead of {} (error feedback {})",
-                     to_string(cfg_.type), msg_bytes_, n_ * 4, cfg_.error_feedback ? "on" : "off");
+std::string GradCompressor::describe(int world) const {
+  // Each rank's message goes to the W - 1 others (an all-gather); DDP's ring all-reduce sends
+  // 2 (W - 1) / W of the gradient per rank: the saving shrinks as W grows (fp16: 2x at 2 ranks,
+  // 1.33x at 3, none at 4).
+  const double w = std::max(world, 2);
+  const double sent = (w - 1) * static_cast<double>(msg_bytes_);
+  const double ddp = 2 * (w - 1) / w * static_cast<double>(n_) * 4;
+  return fmt::format(
+      "{}: a message of {} bytes per rank per step for a gradient of {}; at {} ranks each sends "
+      "{:.0f} bytes where DDP's all-reduce sends {:.0f}: {:.2f}x fewer (error feedback {})",
+      to_string(cfg_.type), msg_bytes_, n_ * 4, static_cast<int>(w), sent, ddp,
+      sent > 0 ? ddp / sent : 1.0, cfg_.error_feedback ? "on" : "off");
 }
 
 GradReducer::State GradCompressor::export_state() const {
@@ -313,7 +322,7 @@ PowerSgd::PowerSgd(const CompressionConfig& cfg, const std::vector<ParamEntry>& 
   if (cfg.error_feedback) residual_.assign(static_cast<size_t>(res_len), 0.0f);
 }
 
-std::string PowerSgd::describe() const {
+std::string PowerSgd::describe(int /*world*/) const {
   const int64_t sent = p_floats() + q_floats();
   return fmt::format(
       "powersgd rank {}: all-reduces {} floats ({} bytes) per step instead of {} ({} bytes), "

@@ -47,8 +47,8 @@ class GradReducer {
   // trainer scales gradients by the global sample count, so the sum is the global mean loss's
   // gradient). Collective: every rank calls it with the same n, in the same order.
   virtual void allreduce_sum(Communicator& comm, float* grad) = 0;
-  // One line for the log: what one step sends.
-  virtual std::string describe() const = 0;
+  // One line for the log: what one step sends among `world` ranks, against DDP's all-reduce.
+  virtual std::string describe(int world) const = 0;
 
   // What a reducer carries from one step to the next, for checkpoints (a resumed run continues
   // bitwise where the saved one stopped only with it). residual: this rank's error-feedback
@@ -83,7 +83,7 @@ class GradCompressor : public GradReducer {
   GradCompressor(const CompressionConfig& cfg, int64_t n);
 
   void allreduce_sum(Communicator& comm, float* grad) override;
-  std::string describe() const override;
+  std::string describe(int world) const override;
   State export_state() const override;
   void import_state(const State& s) override;
 
@@ -115,7 +115,7 @@ class PowerSgd : public GradReducer {
   // step did not deliver (as PyTorch's M - mean approximation does, without mixing the other
   // ranks' gradients into this rank's residual).
   void allreduce_sum(Communicator& comm, float* grad) override;
-  std::string describe() const override;
+  std::string describe(int world) const override;
   State export_state() const override;
   void import_state(const State& s) override;
 

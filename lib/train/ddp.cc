@@ -28,7 +28,7 @@ class Ddp final : public ReplicatedBase {
   std::string describe() const override {
     if (compressor_)
       return fmt::format(
-          "ddp: compression {}{}", compressor_->describe(),
+          "ddp: compression {}{}", compressor_->describe(dp_.size()),
           dp_.size() == 1 ? " (world size 1: the round trip only, nothing is sent)" : "");
     return dp_.size() > 1 ? "ddp: " + buckets_.describe() : "";
   }

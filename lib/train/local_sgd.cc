@@ -59,7 +59,7 @@ class LocalSgd final : public ReplicatedBase {
         c_.sync_optimizer_state ? ", optimizer state too" : "",
         outer_ ? fmt::format(", outer Nesterov lr {} momentum {}", c_.outer_lr, c_.outer_momentum)
                : std::string());
-    if (reducer_) s += "; compression " + reducer_->describe();
+    if (reducer_) s += "; compression " + reducer_->describe(dp_.size());
     return s;
   }
 
