@@ -273,6 +273,21 @@ Promise idx_promised_size(const std::string& path, uint32_t magic) {
 }
 
 UserError bad_magic(const std::string& path, uint32_t got, uint32_t magic, const char* what) {
+  // A valid IDX header of another type or rank (0x00 0x00, type, dims) is named as such, not
+  // as a corrupt file: dtrain reads unsigned bytes (0x08) of 3 dims (images) or 1 (labels).
+  static const std::pair<uint32_t, const char*> kTypes[] = {
+      {0x08, "unsigned byte"}, {0x09, "signed byte"}, {0x0B, "short"},
+      {0x0C, "int"},           {0x0D, "float"},       {0x0E, "double"}};
+  const uint32_t dims = got & 0xff, type = (got >> 8) & 0xff;
+  const bool ours = type == 0x08 && (dims == 1 || dims == 3);  // (labels and images swapped)
+  if ((got >> 16) == 0 && dims >= 1 && !ours)
+    for (const auto& [code, name] : kTypes)
+      if (type == code)
+        return UserError(fmt::format(
+            "IDX file '{}' holds {} values of {} dimension(s) (magic {}); dtrain reads "
+            "unsigned-byte {} of {} dimension(s) (magic {}): convert it, or use data.format "
+            "csv",
+            path, name, dims, hex32(got), what, magic & 0xff, hex32(magic)));
   return UserError("bad IDX magic " + hex32(got) + " in '" + path + "': expected " + hex32(magic) +
                    " (unsigned-byte " + what + ")");
 }

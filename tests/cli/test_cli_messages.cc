@@ -773,7 +773,7 @@ TEST_CASE("validate refuses the IDX files run refuses from their headers and siz
   CmdResult r = run_dtrain("validate " + cfg);
   CHECK_MESSAGE(r.exit_code == 0, r.output);
   for (const auto& [file, part] : std::vector<std::pair<std::string, std::string>>{
-           {"magic.idx", "bad IDX magic 0x00000802"},
+           {"magic.idx", "holds unsigned byte values of 2 dimension(s) (magic 0x00000802)"},
            {"short.idx", "size mismatch: header says 60x4x4"},
            {"empty.idx", "is too short (0 bytes) to hold a header"},
            {"five.idx", "has 5 images but labels file"},

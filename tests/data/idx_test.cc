@@ -229,6 +229,19 @@ TEST_CASE("idx: bad headers") {
     const std::string msg = user_error([&] { load_idx(img, img); });
     CHECK(msg.find("bad IDX magic 0x00000803") != std::string::npos);
   }
+  SUBCASE("a valid IDX file of another type or rank is named as such") {
+    std::string four = idx_images(3, 2, 3, kPixels);
+    four[3] = 4;  // [N, C, H, W]: what a colour dataset's IDX holds
+    write_bytes(img, four);
+    const std::string msg = user_error([&] { load_idx(img, lab); });
+    CHECK_MESSAGE(
+        msg.find("holds unsigned byte values of 4 dimension(s) (magic 0x00000804); "
+                 "dtrain reads unsigned-byte images of 3 dimension(s)") != std::string::npos,
+        msg);
+    four[2] = 0x0D;  // floats
+    write_bytes(img, four);
+    CHECK(user_error([&] { load_idx(img, lab); }).find("holds float values") != std::string::npos);
+  }
   SUBCASE("not IDX at all") {
     write_bytes(img, "P5\n28 28\n255\n" + std::string(784, 'x'));
     const std::string msg = user_error([&] { load_idx(img, lab); });
