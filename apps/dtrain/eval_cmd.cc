@@ -255,9 +255,12 @@ int cmd_predict(const Config& cfg, const std::string& ckpt, const std::string& i
   DT_CHECK_EQ(m.model.in_features(), F);
   (test_only ? stored_normalizer(m, cfg, F) : training_normalizer(m, data))
       .apply_rows(x.data(), rows, F);
+  // Cross-entropy's outputs are logits: their softmax is each class's probability. Under mse
+  // the outputs regress the one-hot target, and are written as they are (out_k).
+  const bool mse = cfg.model.loss == Loss::kMse;
   std::ostringstream os;
   os << "predicted";
-  for (int64_t c = 0; c < m.model.out_features(); ++c) os << ",prob_" << c;
+  for (int64_t c = 0; c < m.model.out_features(); ++c) os << (mse ? ",out_" : ",prob_") << c;
   os << "\n";
   // In batches of data.eval_batch_size rows, as eval: activations stay bounded however long the
   // input is.
@@ -267,7 +270,11 @@ int cmd_predict(const Config& cfg, const std::string& ckpt, const std::string& i
   for (int64_t r0 = 0; r0 < rows; r0 += cfg.data.eval_batch_size) {
     const int64_t n = std::min(cfg.data.eval_batch_size, rows - r0);
     Tensor xt = Tensor::view(x.data() + r0 * F, {n, F});
-    softmax_rows(m.model.forward(m.params.data(), xt, acts, ForwardCtx{false, nullptr}), probs);
+    const Tensor& out = m.model.forward(m.params.data(), xt, acts, ForwardCtx{false, nullptr});
+    if (mse)
+      probs = out;  // (read before the next forward)
+    else
+      softmax_rows(out, probs);
     for (int64_t r = 0; r < n; ++r) {
       int64_t best = 0;
       for (int64_t c = 0; c < probs.cols(); ++c) {

@@ -582,6 +582,10 @@ TEST_CASE("eval with data.test needs no training files: the checkpoint's normali
   CHECK_MESSAGE(r.exit_code == 0, r.output);
   CHECK(read_text(dir / "p2.csv") == read_text(dir / "p1.csv"));
   CHECK(contains(read_text(dir / "p1.csv"), "predicted,prob_0,prob_1,prob_2\n"));
+  // Under mse the outputs regress the one-hot target: written as they are, not as a softmax.
+  r = run_dtrain(predict + dir / "p3.csv" + " --set model.loss=mse");
+  CHECK_MESSAGE(r.exit_code == 0, r.output);
+  CHECK(read_text(dir / "p3.csv").rfind("predicted,out_0,out_1,out_2\n", 0) == 0);
   // The output width is the checkpoint's: test labels without the top class (2) were a model of
   // 2 outputs, refused as another model; a label above it is named.
   std::string no_top = "a,b,label\n1,101,0\n12,104,1\n", above = no_top + "30,115,3\n";
