@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <iterator>
 #include <limits>
 #include <optional>
 #include <string>
@@ -375,12 +376,26 @@ ResumePoint resume_full_state(const Config& cfg, const RunOptions& opts, Communi
           throw UserError("checkpoint '" + path + "' holds no optimizer state (" +
                           to_string(cfg.optimizer.type) + " keeps [" + join(mine, ", ") +
                           "]): a weights-only file, which a resume cannot continue from");
-        if (!state.empty() && theirs && *theirs != mine)
-          throw UserError("checkpoint '" + path + "' holds the optimizer state [" +
-                          join(*theirs, ", ") + "], this run keeps [" + join(mine, ", ") +
-                          "]: optimizer.momentum or distributed.local_sgd.outer_lr (DiLoCo) went "
-                          "from 0 to > 0 or back, which a resume does not carry over; resume "
-                          "with the settings the checkpoint was written with");
+        if (!state.empty() && theirs && *theirs != mine) {
+          // Only momentum and DiLoCo's outer momentum come and go with a setting; any other
+          // buffer missing or extra is a file this optimizer did not write as it stands.
+          std::vector<std::string> differ;
+          std::set_symmetric_difference(mine.begin(), mine.end(), theirs->begin(), theirs->end(),
+                                        std::back_inserter(differ));
+          const bool setting = std::all_of(differ.begin(), differ.end(), [](const auto& n) {
+            return n == "momentum" || n == "outer_momentum";
+          });
+          throw UserError(
+              "checkpoint '" + path + "' holds the optimizer state [" + join(*theirs, ", ") +
+              "], this run keeps [" + join(mine, ", ") + "]: " +
+              (setting
+                   ? "optimizer.momentum or distributed.local_sgd.outer_lr (DiLoCo) went "
+                     "from 0 to > 0 or back, which a resume does not carry over; resume "
+                     "with the settings the checkpoint was written with"
+                   : "[" + join(differ, ", ") + "] differ, which " + to_string(cfg.optimizer.type) +
+                         " always keeps: the file was altered, or not written by a dtrain "
+                         "run of this optimizer"));
+        }
         throw;
       }
       if (parse_enum<OptimizerType>(m.optimizer) != cfg.optimizer.type)

@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/safetensors.h"
 #include "test_util.h"
 
 using dtrain::testing::CmdResult;
@@ -390,6 +391,32 @@ TEST_CASE("a resume that keeps fewer optimizer buffers than its checkpoint drops
     CHECK_MESSAGE(contains(r.output, c.key), r.output);
     std::filesystem::remove_all(to);
   }
+}
+
+TEST_CASE("a checkpoint lacking a buffer its optimizer always keeps is named as altered") {
+  // An AdamW file without exp_avg_sq (checksums made anew) was blamed on optimizer.momentum or
+  // DiLoCo's outer_lr going from 0 to > 0, which neither did.
+  TempDir dir;
+  const std::string cfg = dir.write("tiny.yaml", kTiny);
+  auto r = run_dtrain(
+      "run " + cfg + " --out " + dir / "a" +
+      " --set 'optimizer={type: adamw, lr: 0.01}' --set train.max_steps=3 --log-level warn");
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  const std::string file = dir / "a/checkpoints/step-3.safetensors";
+  const dtrain::StFile f = dtrain::read_safetensors(file);
+  std::vector<dtrain::StTensorRef> kept;
+  for (const auto& [name, t] : f.tensors)
+    if (!name.starts_with("optim.exp_avg_sq.")) kept.push_back({name, t.shape, t.data.data()});
+  REQUIRE(kept.size() < f.tensors.size());
+  dtrain::write_safetensors(dir / "cut.safetensors", kept, f.metadata);
+  r = run_dtrain(
+      "run " + cfg + " --out " + dir / "b" + " --resume " + dir / "cut.safetensors" +
+      " --set 'optimizer={type: adamw, lr: 0.01}' --set train.max_steps=5 --log-level warn");
+  CHECK(r.exit_code == 2);
+  CHECK_MESSAGE(contains(r.output,
+                         "holds the optimizer state [exp_avg], this run keeps [exp_avg, "
+                         "exp_avg_sq]: [exp_avg_sq] differ, which adamw always keeps"),
+                r.output);
 }
 
 TEST_CASE("a resume that would need optimizer state the checkpoint lacks names both states") {
