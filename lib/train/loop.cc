@@ -3,6 +3,7 @@
 #include <map>
 
 #include "train/data_agreement.h"
+#include "util/stop_notice.h"
 #include "util/strings.h"
 
 namespace dtrain {
@@ -644,6 +645,7 @@ nlohmann::json TrainLoop::run() {
       if (lead_) {
         if (bar_) bar_->clear();
         const bool orphaned = opts_.stop != nullptr && opts_.stop->launcher_gone.load();
+        if (opts_.stop != nullptr) note_stop_received(*opts_.stop);  // (said first, once)
         spdlog::warn(
             "{}{}{}: stopping after step {}{}, then writing a checkpoint (again: stop at once)",
             orphaned ? "the launcher is gone, taken as " : "", interrupt_signal_name(sig),

@@ -45,6 +45,8 @@ inline constexpr int64_t kSameSignalNs = 200'000'000;
 // Lock-free, so the signal handler may store into it.
 struct StopRequest {
   std::atomic<int> signal{0};
+  // Its "received SIGx" was logged (note_stop_received, util/stop_notice.h): once per process.
+  mutable std::atomic<bool> noticed{false};
   // The stop came from launcher_gone_signal(): no person asked, so the next SIGINT or SIGTERM
   // counts as a first request (it does not end the process at once).
   std::atomic<bool> launcher_gone{false};

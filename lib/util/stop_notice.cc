@@ -6,6 +6,15 @@
 
 namespace dtrain {
 
+void note_stop_received(const StopRequest& req) {
+  const int sig = req.signal.load();
+  if (sig == 0 || req.launcher_gone.load() || req.noticed.exchange(true)) return;
+  spdlog::warn(
+      "received {}: the run stops at the next step every rank agrees on, once what it is doing "
+      "now ends, and writes a checkpoint (a second one ends it at once)",
+      interrupt_signal_name(sig));
+}
+
 StopNotice::StopNotice(const StopRequest& req) : t_([this, &req] { watch(req); }) {}
 
 StopNotice::~StopNotice() {
@@ -20,13 +29,8 @@ StopNotice::~StopNotice() {
 void StopNotice::watch(const StopRequest& req) {
   std::unique_lock<std::mutex> lk(mu_);
   while (!cv_.wait_for(lk, std::chrono::milliseconds(100), [&] { return done_; })) {
-    const int sig = req.signal.load();
-    if (sig == 0) continue;
-    if (!req.launcher_gone.load())
-      spdlog::warn(
-          "received {}: the run stops at the next step every rank agrees on, once what it is "
-          "doing now ends, and writes a checkpoint (a second one ends it at once)",
-          interrupt_signal_name(sig));
+    if (req.signal.load() == 0) continue;
+    note_stop_received(req);
     cv_.wait(lk, [&] { return done_; });
     return;
   }

@@ -95,6 +95,10 @@ void interrupt_and_resume(const std::string& verb, const std::string& args, int 
                                   std::to_string(step)),
                 log);
   CHECK(contains(log, "continue with --resume auto"));
+  // The signal is acknowledged before the loop says which step it stops after (the two came in
+  // either order).
+  const size_t received = log.find("received SIG"), stopping = log.find(": stopping after step");
+  CHECK_MESSAGE(received < stopping, log);
 
   const auto r1 = run_cmd(kBin + " " + verb + " " + cfg + " " + args + " --out " + cut +
                           " --resume auto --log-level warn");
