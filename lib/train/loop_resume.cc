@@ -282,15 +282,21 @@ int64_t TrainLoop::resumed_batch_index() const {
   const int64_t n = data_->train.rows;
   const int64_t seen = std::min(n, rp_.batch * before);  // the last batch of an epoch may be short
   const int64_t k = seen == n ? bpe_ : seen / now;
+  // Only split otherwise (batch 30 -> batch 10 x 3 accumulated): the same optimizer steps.
+  const bool same_steps = rp_.step_samples > 0 && rp_.step_samples == now * plan_.accum;
   if (lead_)
-    spdlog::warn(
+    spdlog::log(
+        same_steps ? spdlog::level::info : spdlog::level::warn,
         "the sampler's batch (data.batch_size x {} replica(s); train.grad_accum_steps of them "
         "make one optimizer step) changed from {} to {} samples since the checkpoint: its epoch "
-        "continues after the {} samples seen, at batch {} of {}{}",
+        "continues after the {} samples seen, at batch {} of {}{}{}",
         DP_, before, now, seen, k, bpe_,
         seen == n || seen % now == 0
             ? std::string()
-            : fmt::format(" ({} samples of the partial batch are seen again)", seen % now));
+            : fmt::format(" ({} samples of the partial batch are seen again)", seen % now),
+        same_steps
+            ? fmt::format("; the {} samples per optimizer step are the same", rp_.step_samples)
+            : std::string());
   return k;
 }
 
