@@ -586,7 +586,22 @@ int Cli::dispatch(const char* argv0) {
   if (consolidate_->parsed()) {
     const std::string path = resolve_checkpoint(ckpt_in_, false);
     check_consolidate_output(path, output_);
-    const ConsolidatedCheckpoint c = consolidate_checkpoint(path, output_);
+    ConsolidatedCheckpoint c;
+    try {
+      c = consolidate_checkpoint(path, output_);
+    } catch (const std::bad_alloc&) {
+      // (the generic advice -- a smaller model or batch, more ranks -- is no help here)
+      uintmax_t bytes = 0;
+      std::error_code ec;
+      for (const auto& e : std::filesystem::recursive_directory_iterator(path, ec))
+        if (e.is_regular_file(ec)) bytes += e.file_size(ec);
+      throw UserError(fmt::format(
+          "consolidating '{}' holds the whole model's parameters and optimizer state in memory at "
+          "once (its shards take {:.1f} MiB), more than this process could allocate (available "
+          "memory, or the address-space limit ulimit -v): run it where there is more memory, or "
+          "resume from the sharded folder as it is (any world size reads it)",
+          path, static_cast<double>(bytes) / 1048576.0));
+    }
     std::cout << "wrote " << output_ << ": step " << c.meta.step << ", written by "
               << describe_writer(c) << std::endl;
     return kExitOk;
