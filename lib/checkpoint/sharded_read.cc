@@ -176,20 +176,28 @@ ShardedRead read_sharded(const std::string& dir, bool with_state) {
                         ", not an integer");
       return v.get<int64_t>();
     };
+    // (a string, named when it is not one: the JSON library's words name no key)
+    const auto text = [&](const char* key) {
+      const nlohmann::json& v = m.at(key);
+      if (!v.is_string())
+        throw UserError("checkpoint '" + dir + "': manifest.json's " + key + " is " + v.dump() +
+                        ", not a string");
+      return v.get<std::string>();
+    };
     meta.step = integer("step");
     meta.epoch = integer("epoch");
     meta.batch = integer("batch");
     meta.optimizer_steps = integer("optimizer_steps");
-    meta.optimizer = m.at("optimizer").get<std::string>();
-    meta.rng = m.at("rng").get<std::string>();
-    meta.config_hash = m.at("config_hash").get<std::string>();
-    meta.strategy = m.at("strategy").get<std::string>();
+    meta.optimizer = text("optimizer");
+    meta.rng = text("rng");
+    meta.config_hash = text("config_hash");
+    meta.strategy = text("strategy");
     meta.world_size = integer("world_size");
     if (m.contains("config")) meta.config_json = m.at("config").dump();
     if (m.contains("schedule_steps")) meta.schedule_steps = integer("schedule_steps");
     if (m.contains("progress")) meta.progress_json = m.at("progress").dump();
     if (m.contains("normalizer")) meta.normalizer_json = m.at("normalizer").dump();
-    if (m.contains("save_id")) meta.save_id = m.at("save_id").get<std::string>();
+    if (m.contains("save_id")) meta.save_id = text("save_id");
     out.state_names = m.at("optimizer_state").get<std::vector<std::string>>();
     check_state_names(out.state_names, dir);
     out.param_count = integer("param_count");
@@ -201,45 +209,58 @@ ShardedRead read_sharded(const std::string& dir, bool with_state) {
     }
     int64_t next = 0;
     std::set<std::string> names;
-    for (const auto& e : m.at("params")) {
-      ShardedRead::Entry en;
-      en.name = e.at("name").get<std::string>();
-      if (!names.insert(en.name).second)
-        throw UserError("checkpoint '" + dir + "': the manifest lists tensor '" + en.name +
-                        "' twice");
-      // Names a full checkpoint (consolidate) could not hold: safetensors' reserved key, and
-      // the optimizer state's prefix.
-      if (en.name == "__metadata__" || en.name.rfind("optim.", 0) == 0)
-        throw UserError("checkpoint '" + dir + "': the manifest lists a tensor named '" + en.name +
-                        "', a name parameters cannot have");
-      en.shape = e.at("shape").get<Shape>();
-      en.offset = e.at("offset").get<int64_t>();
-      en.numel = 1;
-      for (int64_t d : en.shape) {
-        // (a product past 2^40 values -- 4 TiB of floats -- is no checkpoint of this program,
-        // and wrapping around would let a bad shape pass the offset checks)
-        if (d < 0 || d > (int64_t{1} << 40) || __builtin_mul_overflow(en.numel, d, &en.numel) ||
-            en.numel > (int64_t{1} << 40))
-          throw UserError("checkpoint '" + dir + "': tensor '" + en.name + "' has a bad shape");
+    // (an entry's JSON error is named by its place: "params[3]: type must be number ...")
+    const auto entry_error = [&](const char* list, size_t i, const nlohmann::json::exception& e) {
+      return UserError("checkpoint '" + dir + "': manifest.json's " + list + "[" +
+                       std::to_string(i) + "] is malformed: " + json_error_text(e.what()));
+    };
+    size_t index = 0;
+    for (const auto& e : m.at("params")) try {
+        ShardedRead::Entry en;
+        en.name = e.at("name").get<std::string>();
+        if (!names.insert(en.name).second)
+          throw UserError("checkpoint '" + dir + "': the manifest lists tensor '" + en.name +
+                          "' twice");
+        // Names a full checkpoint (consolidate) could not hold: safetensors' reserved key, and
+        // the optimizer state's prefix.
+        if (en.name == "__metadata__" || en.name.rfind("optim.", 0) == 0)
+          throw UserError("checkpoint '" + dir + "': the manifest lists a tensor named '" +
+                          en.name + "', a name parameters cannot have");
+        en.shape = e.at("shape").get<Shape>();
+        en.offset = e.at("offset").get<int64_t>();
+        en.numel = 1;
+        for (int64_t d : en.shape) {
+          // (a product past 2^40 values -- 4 TiB of floats -- is no checkpoint of this program,
+          // and wrapping around would let a bad shape pass the offset checks)
+          if (d < 0 || d > (int64_t{1} << 40) || __builtin_mul_overflow(en.numel, d, &en.numel) ||
+              en.numel > (int64_t{1} << 40))
+            throw UserError("checkpoint '" + dir + "': tensor '" + en.name + "' has a bad shape");
+        }
+        if (en.offset != next)
+          throw UserError("checkpoint '" + dir + "': tensor '" + en.name + "' is at offset " +
+                          std::to_string(en.offset) + ", expected " + std::to_string(next));
+        next += en.numel;
+        out.table.push_back(std::move(en));
+        ++index;
+      } catch (const nlohmann::json::exception& ex) {
+        throw entry_error("params", index, ex);
       }
-      if (en.offset != next)
-        throw UserError("checkpoint '" + dir + "': tensor '" + en.name + "' is at offset " +
-                        std::to_string(en.offset) + ", expected " + std::to_string(next));
-      next += en.numel;
-      out.table.push_back(std::move(en));
-    }
     if (next != out.param_count)
       throw UserError("checkpoint '" + dir + "': the parameter table holds " +
                       std::to_string(next) + " values, param_count says " +
                       std::to_string(out.param_count));
-    for (const auto& sh : m.at("shards")) {
-      files.push_back(sh.at("file").get<std::string>());
-      shard_ranks.push_back(sh.at("rank").get<int64_t>());
-      std::vector<ShardRange> rs;
-      for (const auto& r : sh.at("ranges"))
-        rs.push_back({r.at(0).get<int64_t>(), r.at(1).get<int64_t>(), r.at(2).get<int64_t>()});
-      ranges.push_back(std::move(rs));
-    }
+    index = 0;
+    for (const auto& sh : m.at("shards")) try {
+        files.push_back(sh.at("file").get<std::string>());
+        shard_ranks.push_back(sh.at("rank").get<int64_t>());
+        std::vector<ShardRange> rs;
+        for (const auto& r : sh.at("ranges"))
+          rs.push_back({r.at(0).get<int64_t>(), r.at(1).get<int64_t>(), r.at(2).get<int64_t>()});
+        ranges.push_back(std::move(rs));
+        ++index;
+      } catch (const nlohmann::json::exception& ex) {
+        throw entry_error("shards", index, ex);
+      }
   } catch (const nlohmann::json::exception& e) {
     throw UserError("checkpoint '" + dir +
                     "': manifest.json is malformed: " + json_error_text(e.what()));

@@ -337,6 +337,20 @@ TEST_CASE("metadata out of range is refused: a step past 2^53, world size below 
     CHECK_MESSAGE(contains(e, "manifest.json's format_version is " + v.dump() + ", not an integer"),
                   e);
   }
+  // A field of another type is named by its key or its entry (the JSON library's words alone,
+  // "type must be string, but is null", named none).
+  save_two_shards(ck, m, p, mom);
+  rewrite_manifest(ck, [](nlohmann::json& man) { man["optimizer"] = nullptr; });
+  std::string e = user_error_of([&] { load_checkpoint(ck, m, got.data(), {}); });
+  CHECK_MESSAGE(contains(e, "manifest.json's optimizer is null, not a string"), e);
+  save_two_shards(ck, m, p, mom);
+  rewrite_manifest(ck, [](nlohmann::json& man) { man["params"][1]["shape"] = "x"; });
+  e = user_error_of([&] { load_checkpoint(ck, m, got.data(), {}); });
+  CHECK_MESSAGE(contains(e, "manifest.json's params[1] is malformed: "), e);
+  save_two_shards(ck, m, p, mom);
+  rewrite_manifest(ck, [](nlohmann::json& man) { man["shards"][1]["rank"] = "one"; });
+  e = user_error_of([&] { load_checkpoint(ck, m, got.data(), {}); });
+  CHECK_MESSAGE(contains(e, "manifest.json's shards[1] is malformed: "), e);
 }
 
 TEST_CASE("remove_checkpoint removes files and step folders, and a link without its target") {
