@@ -128,11 +128,9 @@ std::string gunzip(const std::string& in, const std::string& path, size_t max_ou
   // times the file plus 64 MiB (text and IDX images inflate 2-5x): beyond that the buffer grows
   // by doubling as the data really comes, so a lying trailer costs no more than that (it once
   // zero-filled deflate's maximum ratio, ~1032x: 1 GB for a 1 MiB file).
-  // A file of 4 GiB or more wraps ISIZE: once more comes out than it says, the length is
-  // ISIZE + k x 4 GiB, and the buffer grows to the next such length rather than doubling (which
-  // overshot by up to 2x and needed 3x the text while it copied), when deflate's largest ratio
-  // (1032:1) allows it for this many compressed bytes (a lying trailer: doubling, as above); a
-  // next length past max_out is refused at once.
+  // Past 1 GiB the buffer grows by half rather than doubling: a file of 4 GiB or more (whose
+  // trailer holds its length mod 4 GiB, and a multi-member file's only its last member's)
+  // overshot by up to 2x, and its copy held 3x the text.
   std::string out;
   size_t isize = 0;
   {
@@ -148,16 +146,9 @@ std::string gunzip(const std::string& in, const std::string& path, size_t max_ou
   size_t in_pos = 0;   // bytes of `in` handed to zlib so far
   size_t out_len = 0;  // bytes of `out` produced so far
   const auto grown = [&] {
-    constexpr size_t kWrap = size_t{1} << 32;
-    const size_t most = in.size() > SIZE_MAX / 1032 ? SIZE_MAX : in.size() * 1032 + (64 << 10);
-    size_t next = isize;
-    while (next <= out_len && next <= most - kWrap) next += kWrap;
-    if (count == nullptr && next > out_len && next <= most) {
-      // (a length past the budget is refused before allocating, on the trailer's word)
-      if (next > max_out) throw UserError(over_limit());
-      return next + 1;
-    }
-    return std::max(out_len + 1, std::min(out.size() * 2, cap));
+    const size_t size = out.size();
+    const size_t next = size >= (size_t{1} << 30) ? size + size / 2 : size * 2;
+    return std::max(out_len + 1, std::min(next, cap));
   };
   auto feed = [&] {
     const size_t n = std::min<size_t>(in.size() - in_pos, UINT_MAX);
@@ -438,9 +429,12 @@ std::string read_maybe_gzip(const std::string& path) {
     constexpr double kMiB = 1024.0 * 1024.0;
     throw UserError(fmt::format(
         "cannot read '{}': inflating its {} compressed bytes needs more memory than this process "
-        "could allocate ({:.0f} MiB by its estimate: available memory, or the address-space limit "
-        "ulimit -v); use a smaller file or free memory",
-        path, bytes.size(), static_cast<double>(budget) / kMiB));
+        "could allocate ({}available memory, or the address-space limit ulimit -v); use a "
+        "smaller file or free memory",
+        path, bytes.size(),
+        budget == SIZE_MAX
+            ? std::string()
+            : fmt::format("{:.0f} MiB by its estimate: ", static_cast<double>(budget) / kMiB)));
   }
 }
 
