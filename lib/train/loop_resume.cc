@@ -303,28 +303,28 @@ int64_t TrainLoop::resumed_batch_index() const {
 // optimizer.scale_lr linear multiplies optimizer.lr by the data-parallel replicas, so a resume
 // on another number of them with the same samples per optimizer step (3 ranks x batch 10 ->
 // 1 rank x batch 30) would go on at another rate (0.09 -> 0.03) for the same training: the
-// checkpoint's rate is kept, as an elastic restart keeps it. Said either way; an optimizer.lr
-// changed since the checkpoint is the user's own choice and applies as given.
+// rate the checkpoint trained at is kept, as an elastic restart keeps it, and recorded in the
+// checkpoints this run writes (their progress), so a further resume keeps it too. Said either
+// way; an optimizer.lr changed since the checkpoint is the user's own choice and applies as
+// given.
 void TrainLoop::keep_resumed_lr() {
-  if (cfg_.optimizer.scale_lr != ScaleLr::kLinear || rp_.lr_replicas <= 0 ||
-      rp_.lr_replicas == DP_ || rp_.lr != cfg_.optimizer.lr)
+  if (cfg_.optimizer.scale_lr != ScaleLr::kLinear || rp_.linear_lr != cfg_.optimizer.lr ||
+      !(rp_.base_lr > 0) || rp_.base_lr == plan_.base_lr)
     return;
-  const double kept = cfg_.optimizer.lr * static_cast<double>(rp_.lr_replicas);
   const int64_t samples = cfg_.data.batch_size * DP_ * plan_.accum;
   if (samples == rp_.step_samples) {
     if (lead_)
       spdlog::warn(
-          "learning rate {} x {} replica(s) = {} kept from the checkpoint: the samples per "
-          "optimizer step ({}) are the same, and optimizer.scale_lr linear would make it {} x {} "
-          "= {} on this run's replicas (for another rate: optimizer.scale_lr none and "
-          "optimizer.lr)",
-          cfg_.optimizer.lr, rp_.lr_replicas, kept, samples, cfg_.optimizer.lr, DP_, plan_.base_lr);
-    plan_.base_lr = kept;
+          "learning rate {} kept from the checkpoint: the samples per optimizer step ({}) are "
+          "the same, and optimizer.scale_lr linear would make it {} x {} replica(s) = {} (for "
+          "another rate: optimizer.scale_lr none and optimizer.lr)",
+          rp_.base_lr, samples, cfg_.optimizer.lr, DP_, plan_.base_lr);
+    plan_.base_lr = rp_.base_lr;
   } else if (lead_) {
     spdlog::warn(
         "the learning rate changes from {} to {} since the checkpoint (optimizer.scale_lr "
-        "linear: {} x {} -> {} replica(s), {} -> {} samples per optimizer step)",
-        kept, plan_.base_lr, cfg_.optimizer.lr, rp_.lr_replicas, DP_, rp_.step_samples, samples);
+        "linear: {} x {} replica(s); {} -> {} samples per optimizer step)",
+        rp_.base_lr, plan_.base_lr, cfg_.optimizer.lr, DP_, rp_.step_samples, samples);
   }
 }
 

@@ -320,17 +320,24 @@ int64_t saved_global_batch(const CheckpointMeta& m, const std::string& path) {
   return cells > 0 ? before->data.batch_size * (m.world_size / cells) : 0;
 }
 
-// The saving run's samples per optimizer step, its data-parallel replicas when it scaled its
-// learning rate by them (optimizer.scale_lr linear; else 0) and its optimizer.lr (as the bits of
-// the double), as int64 words for the broadcast; zeros when its config is not stored.
+// The saving run's samples per optimizer step, the learning rate it trained at (after
+// optimizer.scale_lr, and after a rate a resume kept: its progress records it) and its
+// optimizer.lr when it scaled it linearly (else 0), the rates as the bits of the doubles: int64
+// words for the broadcast. Zeros when its config is not stored.
 std::array<int64_t, 3> saved_step_rate(const CheckpointMeta& m, const std::string& path) {
   const std::optional<Config> before = stored_config(m, path);
   const int64_t global = saved_global_batch(m, path);
   if (!before || global <= 0) return {0, 0, 0};
   const int64_t cells = before->distributed.tensor_parallel.size * pipeline_stages(*before);
   const bool linear = before->optimizer.scale_lr == ScaleLr::kLinear;
-  return {global * before->train.grad_accum_steps, linear ? m.world_size / cells : 0,
-          std::bit_cast<int64_t>(before->optimizer.lr)};
+  double rate = before->optimizer.lr * static_cast<double>(linear ? m.world_size / cells : 1);
+  try {  // (recorded since 2026-12-07)
+    const nlohmann::json p = nlohmann::json::parse(m.progress_json);
+    if (const auto it = p.find("base_lr"); it != p.end() && it->is_number()) rate = *it;
+  } catch (const nlohmann::json::exception&) {  // none: the rate from the config
+  }
+  return {global * before->train.grad_accum_steps, std::bit_cast<int64_t>(rate),
+          linear ? std::bit_cast<int64_t>(before->optimizer.lr) : 0};
 }
 
 }  // namespace
@@ -345,7 +352,7 @@ ResumePoint resume_full_state(const Config& cfg, const RunOptions& opts, Communi
   const int64_t P = model.param_count();
   ResumePoint rp;
   // loaded?, step, epoch, batch, optimizer steps, horizon, the saving run's global batch, its
-  // samples per optimizer step, replicas its rate was scaled by and rate (saved_step_rate)
+  // samples per optimizer step, rate and linearly scaled optimizer.lr (saved_step_rate)
   std::vector<int64_t> meta_i(10, 0);
   std::string rng_states;
   if (lead) {
@@ -488,8 +495,8 @@ ResumePoint resume_full_state(const Config& cfg, const RunOptions& opts, Communi
   rp.schedule_steps = meta_i[5];
   rp.global_batch = meta_i[6];
   rp.step_samples = meta_i[7];
-  rp.lr_replicas = meta_i[8];
-  rp.lr = std::bit_cast<double>(meta_i[9]);
+  rp.base_lr = std::bit_cast<double>(meta_i[8]);
+  rp.linear_lr = std::bit_cast<double>(meta_i[9]);
   if (lead)
     spdlog::info("resumed from {} at step {} (epoch {}, batch {})", rp.from, rp.step, rp.epoch,
                  rp.batch);

@@ -92,11 +92,11 @@ struct ResumePoint {
   int64_t schedule_steps = 0;  // the checkpoint's schedule horizon; 0: not recorded
   int64_t global_batch = 0;    // samples per global batch of the saving run; 0: not known
   // Of the saving run (0: not known, no stored config): samples per optimizer step (global
-  // batch x grad_accum_steps), the replicas its optimizer.lr was multiplied by (scale_lr linear;
-  // 0: none) and its optimizer.lr.
+  // batch x grad_accum_steps), the learning rate it trained at (after scale_lr, or the rate a
+  // resume kept), and its optimizer.lr when scale_lr was linear (0: it was not).
   int64_t step_samples = 0;
-  int64_t lr_replicas = 0;
-  double lr = 0.0;
+  double base_lr = 0.0;
+  double linear_lr = 0.0;
   std::string progress;    // rank 0: CheckpointMeta::progress_json ("" when not recorded)
   std::string normalizer;  // rank 0: CheckpointMeta::normalizer_json ("" when not recorded)
 };

@@ -64,6 +64,12 @@ TEST_CASE(
   const double d = checkpoint_rel_diff(full + "/checkpoints/step-20.safetensors",
                                        one + "/checkpoints/step-20.safetensors");
   CHECK(d < 1e-5);
+  // Resumed again with the same settings: the kept rate is the checkpoint's own (its progress
+  // records it), not 0.03 x 1 from the config it stores.
+  const std::string again = dir / "again";
+  train_yaml(kYaml, again, {"distributed.world_size=1", "data.batch_size=30", "train.max_steps=25"},
+             one + "/checkpoints/step-20.safetensors");
+  CHECK(lr_at_step(again, 21) == doctest::Approx(0.09));
 
   // 1 rank x batch 10: another global batch, the rate scale_lr gives for it.
   const std::string small = dir / "small";
