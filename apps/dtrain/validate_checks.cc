@@ -100,8 +100,6 @@ void check_layout_without_data(const Config& cfg, bool evaluate, int64_t train_r
         {.stages = held,
          .replicas = replicas,
          .ranks_here = per_stage,
-         // gRPC ranks: each its own process, all on this machine (as dtrain launch starts them)
-         .processes_here = here > 1 ? 1 : world,
          .blas_threads = blas,
          .train_rows = train_rows,
          // Unknown (CSV, an unreadable text file): not counted, so validate never

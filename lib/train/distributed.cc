@@ -9,6 +9,7 @@
 #include "tensor/blas.h"
 #include "train/stop.h"
 #include "util/check.h"
+#include "util/fs.h"
 
 namespace dtrain {
 
@@ -101,6 +102,8 @@ void refuse_grpc_job(const Config& cfg, const RunOptions& opts,
 nlohmann::json run_grpc_rank(const Config& cfg, const RunOptions& opts,
                              const std::map<std::string, std::string>& env,
                              const DistOverrides& flags) {
+  // Before this rank or its siblings on the machine allocate anything (the memory check).
+  const int64_t machine_available = machine_memory_available_bytes();
   const DistEnv de = resolve_dist_env(env, static_cast<int>(cfg.distributed.world_size), flags);
   const Config eff = effective_config(cfg, de);
   const GrpcOptions g = rank_grpc_options(cfg, eff, opts, de, env);
@@ -137,6 +140,7 @@ nlohmann::json run_grpc_rank(const Config& cfg, const RunOptions& opts,
   try {
     RunOptions here = opts;
     here.processes_here = de.local_world_size;
+    here.machine_available = machine_available;
     return train_rank(eff, here, comm);
   } catch (const AgreedError&) {
     throw;  // every rank raises it at the same step (train/stop.h): nobody is left waiting

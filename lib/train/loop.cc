@@ -120,6 +120,7 @@ void TrainLoop::check_memory() const {
       .replicas = DP_,
       .ranks_here = inproc ? world_.size() / static_cast<int>(stages_.size()) : 1,
       .processes_here = inproc ? 1 : std::max(1, opts_.processes_here),
+      .machine_available = opts_.machine_available,
       .resume = resuming_,  // rank 0's decision: every rank reads the checkpoint's full state
       .resume_params = tp_ ? tp_->global().param_count() : -1,
       // The address-space probe once per process: rank 0 for the in-process ranks.

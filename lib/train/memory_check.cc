@@ -195,7 +195,11 @@ void check_training_memory(const Config& cfg, const Model& model, const MemoryPl
   // under a pipeline: an estimate), and each saw all of the machine's available memory as it
   // started: this process's share is what it may count on.
   const int procs = std::max(1, plan.processes_here);
-  const int64_t machine = procs > 1 ? machine_memory_available_bytes() : -1;
+  // (read when the process started: a rank that checks after its siblings allocated would
+  // count their memory twice)
+  const int64_t machine = procs == 1                    ? -1
+                          : plan.machine_available >= 0 ? plan.machine_available
+                                                        : machine_memory_available_bytes();
   const bool shared = machine >= 0 && machine / procs < avail;
   if (shared) avail = machine / procs;
   const double k = optimizer_state_buffers(cfg);

@@ -50,9 +50,11 @@ struct RunOptions {
   // false: no checkpoint at the end of training (`dtrain bench step`, whose folder goes right
   // after: a 50M-parameter model's final save wrote 643 MB, and failed on a small $TMPDIR).
   bool final_save = true;
-  // The job's rank processes on this machine (LOCAL_WORLD_SIZE of a gRPC rank), for the memory
-  // check (MemoryPlan::processes_here).
+  // The job's rank processes on this machine (LOCAL_WORLD_SIZE of a gRPC rank) and the machine's
+  // available memory when this one started (-1: unknown), for the memory check
+  // (MemoryPlan::processes_here, machine_available).
   int processes_here = 1;
+  int64_t machine_available = -1;
   // The data, loaded once for every in-process rank of the run (run_training sets it for its
   // ranks); nullptr: the rank loads its own. Not owned; must outlive the run.
   SharedSplits* data = nullptr;
@@ -177,6 +179,9 @@ struct MemoryPlan {
   // Processes of the job on this machine that each hold as much (gRPC ranks: LOCAL_WORLD_SIZE),
   // counted together against the machine's available memory: each rank alone sees all of it.
   int processes_here = 1;
+  // The machine's available memory when this process started, before it or its siblings
+  // allocated (-1: read it now): what the processes_here share.
+  int64_t machine_available = -1;
   bool resume = false;  // a resume reads full-model copies
   // The parameters of those copies, -1: the model's. Tensor parallelism: the whole model's, not
   // the rank's slice (every rank reads the whole state, then keeps its shards).
