@@ -593,8 +593,13 @@ int Cli::dispatch(const char* argv0) {
       // (the generic advice -- a smaller model or batch, more ranks -- is no help here)
       uintmax_t bytes = 0;
       std::error_code ec;
-      for (const auto& e : std::filesystem::recursive_directory_iterator(path, ec))
-        if (e.is_regular_file(ec)) bytes += e.file_size(ec);
+      // (error codes throughout: nothing may throw over the message below)
+      std::filesystem::recursive_directory_iterator it(path, ec), end;
+      for (; !ec && it != end; it.increment(ec))
+        if (std::error_code fe; it->is_regular_file(fe)) {
+          const uintmax_t n = it->file_size(fe);
+          if (!fe) bytes += n;
+        }
       throw UserError(fmt::format(
           "consolidating '{}' holds the whole model's parameters and optimizer state in memory at "
           "once (its shards take {:.1f} MiB), more than this process could allocate (available "

@@ -256,8 +256,10 @@ int cmd_predict(const Config& cfg, const std::string& ckpt, const std::string& i
   (test_only ? stored_normalizer(m, cfg, F) : training_normalizer(m, data))
       .apply_rows(x.data(), rows, F);
   // Cross-entropy's outputs are logits: their softmax is each class's probability. Under mse
-  // the outputs regress the one-hot target, and are written as they are (out_k).
-  const bool mse = cfg.model.loss == Loss::kMse;
+  // the outputs regress the one-hot target, and are written as they are (out_k). The loss the
+  // model was trained with decides (model.loss may differ here: it is what eval reports).
+  const std::optional<Config> trained = stored_config(m.meta, m.path);
+  const bool mse = (trained ? trained->model.loss : cfg.model.loss) == Loss::kMse;
   std::ostringstream os;
   os << "predicted";
   for (int64_t c = 0; c < m.model.out_features(); ++c) os << (mse ? ",out_" : ",prob_") << c;

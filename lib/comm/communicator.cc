@@ -22,8 +22,7 @@ void Work::wait(double timeout_s) {
     if (error_) std::rethrow_exception(error_);
     return;
   }
-  const Deadline deadline =
-      Deadline::in(timeout_s, owner_ != nullptr ? owner_->opts_.pause_clock.get() : nullptr);
+  const Deadline deadline = Deadline::in(timeout_s, pause_clock_.get());
   while (!done_ && !deadline.passed(Clock::now())) cv_.wait_until(lk, deadline.when());
   if (!done_) {
     const std::string msg =
@@ -148,6 +147,7 @@ std::string Communicator::desync_report() const {
 WorkPtr Communicator::enqueue(CommOp op, size_t count, std::function<void(const CollCtx&)> fn) {
   auto work = std::make_shared<Work>();
   work->owner_ = this;
+  work->pause_clock_ = opts_.pause_clock;
   const uint64_t seq = next_seq_++;
   work->what_ = comm_op_name(op) + " seq " + std::to_string(seq) + " (" + std::to_string(count) +
                 " " + count_unit(op) + ")";

@@ -70,6 +70,8 @@ class Work {
   std::exception_ptr error_;
   std::string what_;  // "allreduce seq 3 (1000 floats)"
   class Communicator* owner_ = nullptr;
+  // The owner's pause clock, held: a Work waited on after its communicator went still has it.
+  std::shared_ptr<PauseClock> pause_clock_;
 };
 using WorkPtr = std::shared_ptr<Work>;
 

@@ -62,7 +62,8 @@ struct Deadline {
   Clock::duration paused_since_set() const;
   // The deadline as it stands now.
   Clock::time_point when() const { return at + paused_since_set(); }
-  bool passed(Clock::time_point now) const { return now >= when(); }
+  // (pauses only move a deadline later: before `at` it has not passed, without the clock's lock)
+  bool passed(Clock::time_point now) const { return now >= at && now >= when(); }
 };
 
 }  // namespace dtrain

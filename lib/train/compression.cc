@@ -193,15 +193,20 @@ namespace dtrain {
 std::string GradCompressor::describe(int world) const {
   // Each rank's message goes to the W - 1 others (an all-gather); DDP's ring all-reduce sends
   // 2 (W - 1) / W of the gradient per rank: the saving shrinks as W grows (fp16: 2x at 2 ranks,
-  // 1.33x at 3, none at 4).
-  const double w = std::max(world, 2);
+  // 1.33x at 3, none at 4, and more than DDP beyond).
+  const std::string head =
+      fmt::format("{}: a message of {} bytes per rank per exchange for a gradient of {}",
+                  to_string(cfg_.type), msg_bytes_, n_ * 4);
+  const std::string ef = fmt::format(" (error feedback {})", cfg_.error_feedback ? "on" : "off");
+  if (world < 2) return head + ef;
+  const double w = world;
   const double sent = (w - 1) * static_cast<double>(msg_bytes_);
   const double ddp = 2 * (w - 1) / w * static_cast<double>(n_) * 4;
-  return fmt::format(
-      "{}: a message of {} bytes per rank per step for a gradient of {}; at {} ranks each sends "
-      "{:.0f} bytes where DDP's all-reduce sends {:.0f}: {:.2f}x fewer (error feedback {})",
-      to_string(cfg_.type), msg_bytes_, n_ * 4, static_cast<int>(w), sent, ddp,
-      sent > 0 ? ddp / sent : 1.0, cfg_.error_feedback ? "on" : "off");
+  const double ratio = sent > 0 ? ddp / sent : 1.0;
+  return head + fmt::format("; at {} ranks each sends {:.0f} bytes where DDP's all-reduce sends "
+                            "{:.0f}: {:.2f}x {}{}",
+                            world, sent, ddp, ratio >= 1 ? ratio : 1 / ratio,
+                            ratio >= 1 ? "fewer" : "more", ef);
 }
 
 GradReducer::State GradCompressor::export_state() const {

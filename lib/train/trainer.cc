@@ -340,6 +340,50 @@ std::array<int64_t, 3> saved_step_rate(const CheckpointMeta& m, const std::strin
           linear ? std::bit_cast<int64_t>(before->optimizer.lr) : 0};
 }
 
+// Why checkpoint `path` of this run's optimizer cannot fill `state` (its buffers differ), or
+// nullopt when they do not: momentum or DiLoCo's outer optimizer turned on or off, Adam's
+// weights-only file, or buffers no setting explains (an altered file).
+std::optional<UserError> state_mismatch(const std::string& path, const Config& cfg,
+                                        const std::vector<StateBuffer>& state) {
+  std::vector<std::string> mine;
+  for (const StateBuffer& b : state) mine.push_back(b.name);
+  std::sort(mine.begin(), mine.end());
+  const auto theirs = checkpoint_state_names(path);
+  const std::string type = to_string(cfg.optimizer.type);
+  // Adam always keeps state: none at all is a weights-only file, not a setting changed.
+  if (cfg.optimizer.type != OptimizerType::kSgd && theirs && theirs->empty())
+    return UserError("checkpoint '" + path + "' holds no optimizer state (" + type + " keeps [" +
+                     join(mine, ", ") +
+                     "]): a weights-only file, which a resume cannot continue from");
+  if (state.empty() || !theirs || *theirs == mine) return std::nullopt;
+  std::vector<std::string> missing, extra;
+  std::set_difference(mine.begin(), mine.end(), theirs->begin(), theirs->end(),
+                      std::back_inserter(missing));
+  std::set_difference(theirs->begin(), theirs->end(), mine.begin(), mine.end(),
+                      std::back_inserter(extra));
+  // Only momentum and DiLoCo's outer momentum come and go with a setting.
+  const auto setting = [](const std::vector<std::string>& names) {
+    return std::all_of(names.begin(), names.end(),
+                       [](const auto& n) { return n == "momentum" || n == "outer_momentum"; });
+  };
+  std::string why;
+  if (setting(missing) && setting(extra)) {
+    why =
+        "optimizer.momentum or distributed.local_sgd.outer_lr (DiLoCo) went from 0 to > 0 or "
+        "back, which a resume does not carry over; resume with the settings the checkpoint "
+        "was written with";
+  } else {
+    why = "the file was altered, or not written by a dtrain run of " + type + " (";
+    if (!missing.empty()) why += "it lacks [" + join(missing, ", ") + "]";
+    if (!extra.empty())
+      why += std::string(missing.empty() ? "" : "; ") + "it has [" + join(extra, ", ") +
+             "], which this run does not keep";
+    why += ")";
+  }
+  return UserError("checkpoint '" + path + "' holds the optimizer state [" + join(*theirs, ", ") +
+                   "], this run keeps [" + join(mine, ", ") + "]: " + why);
+}
+
 }  // namespace
 
 ResumePoint resume_full_state(const Config& cfg, const RunOptions& opts, Communicator& comm,
@@ -372,37 +416,7 @@ ResumePoint resume_full_state(const Config& cfg, const RunOptions& opts, Communi
         const std::string saved = checkpoint_optimizer(path);
         if (!saved.empty() && saved != to_string(cfg.optimizer.type))
           throw another_optimizer(saved);
-        // The same optimizer keeping other buffers: momentum on or off, Local SGD's outer
-        // optimizer (DiLoCo) on or off.
-        std::vector<std::string> mine;
-        for (const StateBuffer& b : state) mine.push_back(b.name);
-        std::sort(mine.begin(), mine.end());
-        const auto theirs = checkpoint_state_names(path);
-        // Adam always keeps state: none at all is a weights-only file, not a setting changed.
-        if (cfg.optimizer.type != OptimizerType::kSgd && theirs && theirs->empty())
-          throw UserError("checkpoint '" + path + "' holds no optimizer state (" +
-                          to_string(cfg.optimizer.type) + " keeps [" + join(mine, ", ") +
-                          "]): a weights-only file, which a resume cannot continue from");
-        if (!state.empty() && theirs && *theirs != mine) {
-          // Only momentum and DiLoCo's outer momentum come and go with a setting; any other
-          // buffer missing or extra is a file this optimizer did not write as it stands.
-          std::vector<std::string> differ;
-          std::set_symmetric_difference(mine.begin(), mine.end(), theirs->begin(), theirs->end(),
-                                        std::back_inserter(differ));
-          const bool setting = std::all_of(differ.begin(), differ.end(), [](const auto& n) {
-            return n == "momentum" || n == "outer_momentum";
-          });
-          throw UserError(
-              "checkpoint '" + path + "' holds the optimizer state [" + join(*theirs, ", ") +
-              "], this run keeps [" + join(mine, ", ") + "]: " +
-              (setting
-                   ? "optimizer.momentum or distributed.local_sgd.outer_lr (DiLoCo) went "
-                     "from 0 to > 0 or back, which a resume does not carry over; resume "
-                     "with the settings the checkpoint was written with"
-                   : "[" + join(differ, ", ") + "] differ, which " + to_string(cfg.optimizer.type) +
-                         " always keeps: the file was altered, or not written by a dtrain "
-                         "run of this optimizer"));
-        }
+        if (std::optional<UserError> e = state_mismatch(path, cfg, state)) throw *e;
         throw;
       }
       if (parse_enum<OptimizerType>(m.optimizer) != cfg.optimizer.type)

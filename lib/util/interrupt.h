@@ -16,6 +16,7 @@
 #include <sys/types.h>
 
 #include <atomic>
+#include <mutex>
 #include <csignal>
 #include <cstdint>
 
@@ -45,8 +46,9 @@ inline constexpr int64_t kSameSignalNs = 200'000'000;
 // Lock-free, so the signal handler may store into it.
 struct StopRequest {
   std::atomic<int> signal{0};
-  // Its "received SIGx" was logged (note_stop_received, util/stop_notice.h): once per process.
-  mutable std::atomic<bool> noticed{false};
+  // Its "received SIGx" is logged once per process (note_stop_received, util/stop_notice.h); a
+  // second caller waits until the first has logged it.
+  mutable std::once_flag noticed;
   // The stop came from launcher_gone_signal(): no person asked, so the next SIGINT or SIGTERM
   // counts as a first request (it does not end the process at once).
   std::atomic<bool> launcher_gone{false};

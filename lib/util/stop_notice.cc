@@ -8,11 +8,13 @@ namespace dtrain {
 
 void note_stop_received(const StopRequest& req) {
   const int sig = req.signal.load();
-  if (sig == 0 || req.launcher_gone.load() || req.noticed.exchange(true)) return;
-  spdlog::warn(
-      "received {}: the run stops at the next step every rank agrees on, once what it is doing "
-      "now ends, and writes a checkpoint (a second one ends it at once)",
-      interrupt_signal_name(sig));
+  if (sig == 0 || req.launcher_gone.load()) return;
+  std::call_once(req.noticed, [sig] {
+    spdlog::warn(
+        "received {}: the run stops at the next step every rank agrees on, once what it is "
+        "doing now ends, and writes a checkpoint (a second one ends it at once)",
+        interrupt_signal_name(sig));
+  });
 }
 
 StopNotice::StopNotice(const StopRequest& req) : t_([this, &req] { watch(req); }) {}

@@ -473,11 +473,11 @@ TEST_CASE("Ctrl-Z suspends dtrain launch with its ranks, and SIGCONT continues t
   // The ranks (each in its own process group) trained on while the launcher was stopped; rank
   // 0 blocked once its console pipe filled, and rank 1 failed at its collective timeout. Now the
   // ranks stop with the launcher, their heartbeats (3 s) judge afresh when they continue, and
-  // the collectives in flight do not count the 6 s suspension against their 4 s timeout_s.
+  // the collectives in flight do not count the 10 s suspension against their 8 s timeout_s.
   TempDir dir;
   const std::string cfg = dir.write(
       "c.yaml", std::string(kSmall) +
-                    "distributed: {backend: grpc, world_size: 2, timeout_s: 4, heartbeat_s: 3}\n");
+                    "distributed: {backend: grpc, world_size: 2, timeout_s: 8, heartbeat_s: 3}\n");
   Child launch("DTRAIN_FAULT=delay:rank=0:ms=20 exec " + kBin + " launch --nproc 2 " + cfg +
                    " --out " + dir / "l" + " --set train.max_steps=150 --set train.log_every=1",
                dir / "l.log");
@@ -490,7 +490,7 @@ TEST_CASE("Ctrl-Z suspends dtrain launch with its ranks, and SIGCONT continues t
     return r.output == "T\nT\n";
   };
   CHECK_MESSAGE(dtrain::testing::wait_until(stopped, 10), read_text(dir / "l.log"));
-  std::this_thread::sleep_for(std::chrono::seconds(6));  // past heartbeat_s and timeout_s
+  std::this_thread::sleep_for(std::chrono::seconds(10));  // past heartbeat_s and timeout_s
   CHECK(stopped());
   launch.signal(SIGCONT);
   const int rc = launch.wait(120);

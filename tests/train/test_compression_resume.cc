@@ -82,8 +82,6 @@ void write_as_version_1(const std::string& src, const std::string& dst) {
   write_safetensors(dst, refs, md);
 }
 
-// Captures spdlog output while alive.
-
 }  // namespace
 
 TEST_CASE(
