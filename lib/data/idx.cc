@@ -160,7 +160,14 @@ std::string gunzip(const std::string& in, const std::string& path, size_t max_ou
   for (;;) {
     if (zs.avail_in == 0 && in_pos < in.size()) feed();
     // One byte over max_out is enough to know the limit is broken.
-    if (out_len == out.size()) out.resize(grown());
+    if (out_len == out.size()) {
+      // Into a fresh string of exactly that size: std::string's own growth at least doubles its
+      // capacity, whatever size is asked.
+      std::string bigger;
+      resize_fresh(bigger, grown());
+      std::memcpy(bigger.data(), out.data(), out_len);
+      out.swap(bigger);
+    }
     const size_t room = std::min<size_t>(out.size() - out_len, UINT_MAX);
     zs.next_out = reinterpret_cast<Bytef*>(out.data() + out_len);
     zs.avail_out = static_cast<uInt>(room);
@@ -169,6 +176,7 @@ std::string gunzip(const std::string& in, const std::string& path, size_t max_ou
     if (count != nullptr) {  // (counted, and the buffer written over)
       *count += static_cast<int64_t>(out_len);
       out_len = 0;
+      if (static_cast<uint64_t>(*count) > max_out) throw UserError(over_limit());
     }
     if (out_len > max_out) throw UserError(over_limit());
     if (ret == Z_STREAM_END) {
@@ -426,12 +434,17 @@ std::string read_maybe_gzip(const std::string& path) {
   try {
     return gunzip(bytes, path, left, over);
   } catch (const std::bad_alloc&) {  // the budget is an estimate; the allocator has the last word
+    // The buffer is gone: count what the file inflates to, streamed, to say which it was -- more
+    // than the budget (over(), at once when the count passes it), or a size that fits it but
+    // whose buffer could not be had (its growth holds the old and the new copy at once).
+    int64_t n = 0;
+    gunzip(bytes, path, left, over, &n);
     constexpr double kMiB = 1024.0 * 1024.0;
     throw UserError(fmt::format(
-        "cannot read '{}': inflating its {} compressed bytes needs more memory than this process "
-        "could allocate ({}available memory, or the address-space limit ulimit -v); use a "
-        "smaller file or free memory",
-        path, bytes.size(),
+        "cannot read '{}': its {} compressed bytes inflate to {} bytes, which this process could "
+        "not hold ({}available memory, or the address-space limit ulimit -v, with the copies "
+        "reading takes); use a smaller file or free memory",
+        path, bytes.size(), n,
         budget == SIZE_MAX
             ? std::string()
             : fmt::format("{:.0f} MiB by its estimate: ", static_cast<double>(budget) / kMiB)));
