@@ -109,6 +109,124 @@ void check_shard_identity(const std::string& dir, const std::string& file, const
               " (another run's checkpoint of the same step?)");
 }
 
+// A [begin, end, offset] triple of a manifest or a shard header. Throws the JSON library's error.
+ShardRange shard_range_of(const nlohmann::json& r) {
+  return {r.at(0).get<int64_t>(), r.at(1).get<int64_t>(), r.at(2).get<int64_t>()};
+}
+
+// A manifest list entry's JSON error, named by its place ("params[3] is malformed: type must be
+// number ...": the library's words name no key).
+UserError entry_error(const std::string& dir, const char* list, size_t i,
+                      const nlohmann::json::exception& e) {
+  return UserError("checkpoint '" + dir + "': manifest.json's " + list + "[" + std::to_string(i) +
+                   "] is malformed: " + json_error_text(e.what()));
+}
+
+// The manifest's parameter table ("params"): names distinct and possible for a parameter,
+// shapes bounded, offsets contiguous from 0. Returns the values it lays out.
+int64_t read_param_table(const nlohmann::json& params, const std::string& dir,
+                         std::vector<ShardedRead::Entry>& table) {
+  int64_t next = 0;
+  std::set<std::string> names;
+  size_t index = 0;
+  for (const auto& e : params) try {
+      ShardedRead::Entry en;
+      en.name = e.at("name").get<std::string>();
+      if (!names.insert(en.name).second)
+        throw UserError("checkpoint '" + dir + "': the manifest lists tensor '" + en.name +
+                        "' twice");
+      // Names a full checkpoint (consolidate) could not hold: safetensors' reserved key, and
+      // the optimizer state's prefix.
+      if (en.name == "__metadata__" || en.name.rfind("optim.", 0) == 0)
+        throw UserError("checkpoint '" + dir + "': the manifest lists a tensor named '" + en.name +
+                        "', a name parameters cannot have");
+      en.shape = e.at("shape").get<Shape>();
+      en.offset = e.at("offset").get<int64_t>();
+      en.numel = 1;
+      for (int64_t d : en.shape) {
+        // (a product past 2^40 values -- 4 TiB of floats -- is no checkpoint of this program,
+        // and wrapping around would let a bad shape pass the offset checks)
+        if (d < 0 || d > (int64_t{1} << 40) || __builtin_mul_overflow(en.numel, d, &en.numel) ||
+            en.numel > (int64_t{1} << 40))
+          throw UserError("checkpoint '" + dir + "': tensor '" + en.name + "' has a bad shape");
+      }
+      if (en.offset != next)
+        throw UserError("checkpoint '" + dir + "': tensor '" + en.name + "' is at offset " +
+                        std::to_string(en.offset) + ", expected " + std::to_string(next));
+      next += en.numel;
+      table.push_back(std::move(en));
+      ++index;
+    } catch (const nlohmann::json::exception& ex) {
+      throw entry_error(dir, "params", index, ex);
+    }
+  return next;
+}
+
+// The manifest's shard list ("shards"): each shard's file, rank and ranges.
+void read_shard_list(const nlohmann::json& shards, const std::string& dir,
+                     std::vector<std::string>& files, std::vector<int64_t>& ranks,
+                     std::vector<std::vector<ShardRange>>& ranges) {
+  size_t index = 0;
+  for (const auto& sh : shards) try {
+      files.push_back(sh.at("file").get<std::string>());
+      ranks.push_back(sh.at("rank").get<int64_t>());
+      std::vector<ShardRange> rs;
+      for (const auto& r : sh.at("ranges")) rs.push_back(shard_range_of(r));
+      ranges.push_back(std::move(rs));
+      ++index;
+    } catch (const nlohmann::json::exception& ex) {
+      throw entry_error(dir, "shards", index, ex);
+    }
+}
+
+// Every element of the flat layout [0, P) in exactly one of the shards' ranges.
+void check_ranges_cover(const std::vector<std::vector<ShardRange>>& ranges, int64_t P,
+                        const std::string& dir) {
+  std::vector<ShardRange> all;
+  for (const auto& rs : ranges) all.insert(all.end(), rs.begin(), rs.end());
+  std::sort(all.begin(), all.end(),
+            [](const ShardRange& a, const ShardRange& b) { return a.begin < b.begin; });
+  int64_t covered = 0;
+  for (const auto& r : all) {
+    if (r.begin != covered || r.end < r.begin || r.offset < 0)
+      throw UserError("checkpoint '" + dir +
+                      "': shard ranges do not cover the parameters exactly once (range " +
+                      shard_range_str(r) + ", expected start " + std::to_string(covered) + ")");
+    covered = r.end;
+  }
+  if (covered != P)
+    throw UserError("checkpoint '" + dir + "': shard ranges cover " + std::to_string(covered) +
+                    " of " + std::to_string(P) + " parameters");
+}
+
+// What the shard files hold bounds what is allocated: a manifest (edited, or of a format without
+// its checksum) claiming more values -- P parameters, and with_state its `states` optimizer
+// buffers -- than its shards can hold is refused before buffers are sized by it, not grown into
+// until the machine's memory runs out.
+void check_shards_hold(const std::vector<std::string>& files, const std::string& dir, int64_t P,
+                       bool with_state, size_t states) {
+  uintmax_t bytes = 0;
+  for (const std::string& f : files) {
+    const fs::path path = fs::path(dir) / f;
+    std::error_code ec;
+    const uintmax_t size = fs::file_size(path, ec);
+    if (ec) (void)read_safetensors_metadata(path.string());  // its message for a missing file
+    bytes += ec ? 0 : size;
+  }
+  const double copies = 1.0 + (with_state ? static_cast<double>(states) : 0.0);
+  if (4.0 * static_cast<double>(P) * copies > static_cast<double>(bytes)) {
+    // A shard cut short (an interrupted copy) is the likelier cause than a manifest that passed
+    // its checksum: each file names itself if it is truncated or corrupt (reads bounded by the
+    // files' own sizes), else the manifest is blamed.
+    for (const std::string& f : files) (void)read_safetensors((fs::path(dir) / f).string());
+    throw UserError(fmt::format(
+        "checkpoint '{}': the manifest lists {} parameters{}, {:.0f} bytes of values, more than "
+        "its {} shard file(s) hold ({} bytes): the manifest is corrupt or not these shards'",
+        dir, P, with_state ? " and their optimizer state" : "",
+        4.0 * static_cast<double>(P) * copies, files.size(), bytes));
+  }
+}
+
 // A shard's own header records the ranges the manifest gives it ("global_ranges", since
 // 2026-12-04; before, "ranges" alone, which are the rank's local layout under tensor parallelism
 // and equal the manifest's only without it, tp = 1): a manifest edited, or from another
@@ -120,8 +238,7 @@ void check_shard_ranges(const std::string& dir, const std::string& file, const S
   if (it == f.metadata.end()) return;
   std::vector<ShardRange> own;
   try {
-    for (const auto& r : nlohmann::json::parse(it->second))
-      own.push_back({r.at(0).get<int64_t>(), r.at(1).get<int64_t>(), r.at(2).get<int64_t>()});
+    for (const auto& r : nlohmann::json::parse(it->second)) own.push_back(shard_range_of(r));
   } catch (const nlohmann::json::exception&) {
     throw UserError("checkpoint '" + dir + "': shard '" + file + "' has malformed ranges");
   }
@@ -207,60 +324,12 @@ ShardedRead read_sharded(const std::string& dir, bool with_state) {
       out.layout_dp = l.value("dp", int64_t{0});
       out.layout_pp = l.value("pp", int64_t{1});
     }
-    int64_t next = 0;
-    std::set<std::string> names;
-    // (an entry's JSON error is named by its place: "params[3]: type must be number ...")
-    const auto entry_error = [&](const char* list, size_t i, const nlohmann::json::exception& e) {
-      return UserError("checkpoint '" + dir + "': manifest.json's " + list + "[" +
-                       std::to_string(i) + "] is malformed: " + json_error_text(e.what()));
-    };
-    size_t index = 0;
-    for (const auto& e : m.at("params")) try {
-        ShardedRead::Entry en;
-        en.name = e.at("name").get<std::string>();
-        if (!names.insert(en.name).second)
-          throw UserError("checkpoint '" + dir + "': the manifest lists tensor '" + en.name +
-                          "' twice");
-        // Names a full checkpoint (consolidate) could not hold: safetensors' reserved key, and
-        // the optimizer state's prefix.
-        if (en.name == "__metadata__" || en.name.rfind("optim.", 0) == 0)
-          throw UserError("checkpoint '" + dir + "': the manifest lists a tensor named '" +
-                          en.name + "', a name parameters cannot have");
-        en.shape = e.at("shape").get<Shape>();
-        en.offset = e.at("offset").get<int64_t>();
-        en.numel = 1;
-        for (int64_t d : en.shape) {
-          // (a product past 2^40 values -- 4 TiB of floats -- is no checkpoint of this program,
-          // and wrapping around would let a bad shape pass the offset checks)
-          if (d < 0 || d > (int64_t{1} << 40) || __builtin_mul_overflow(en.numel, d, &en.numel) ||
-              en.numel > (int64_t{1} << 40))
-            throw UserError("checkpoint '" + dir + "': tensor '" + en.name + "' has a bad shape");
-        }
-        if (en.offset != next)
-          throw UserError("checkpoint '" + dir + "': tensor '" + en.name + "' is at offset " +
-                          std::to_string(en.offset) + ", expected " + std::to_string(next));
-        next += en.numel;
-        out.table.push_back(std::move(en));
-        ++index;
-      } catch (const nlohmann::json::exception& ex) {
-        throw entry_error("params", index, ex);
-      }
+    const int64_t next = read_param_table(m.at("params"), dir, out.table);
     if (next != out.param_count)
       throw UserError("checkpoint '" + dir + "': the parameter table holds " +
                       std::to_string(next) + " values, param_count says " +
                       std::to_string(out.param_count));
-    index = 0;
-    for (const auto& sh : m.at("shards")) try {
-        files.push_back(sh.at("file").get<std::string>());
-        shard_ranks.push_back(sh.at("rank").get<int64_t>());
-        std::vector<ShardRange> rs;
-        for (const auto& r : sh.at("ranges"))
-          rs.push_back({r.at(0).get<int64_t>(), r.at(1).get<int64_t>(), r.at(2).get<int64_t>()});
-        ranges.push_back(std::move(rs));
-        ++index;
-      } catch (const nlohmann::json::exception& ex) {
-        throw entry_error("shards", index, ex);
-      }
+    read_shard_list(m.at("shards"), dir, files, shard_ranks, ranges);
   } catch (const nlohmann::json::exception& e) {
     throw UserError("checkpoint '" + dir +
                     "': manifest.json is malformed: " + json_error_text(e.what()));
@@ -286,46 +355,9 @@ ShardedRead read_sharded(const std::string& dir, bool with_state) {
   if (files.empty() || static_cast<int64_t>(files.size()) > meta.world_size)
     throw UserError("checkpoint '" + dir + "': manifest lists " + std::to_string(files.size()) +
                     " shards for world size " + std::to_string(meta.world_size));
-  // Every element of the flat layout exactly once.
   const int64_t P = out.param_count;
-  std::vector<ShardRange> all;
-  for (const auto& rs : ranges) all.insert(all.end(), rs.begin(), rs.end());
-  std::sort(all.begin(), all.end(),
-            [](const ShardRange& a, const ShardRange& b) { return a.begin < b.begin; });
-  int64_t covered = 0;
-  for (const auto& r : all) {
-    if (r.begin != covered || r.end < r.begin || r.offset < 0)
-      throw UserError("checkpoint '" + dir +
-                      "': shard ranges do not cover the parameters exactly once (range " +
-                      shard_range_str(r) + ", expected start " + std::to_string(covered) + ")");
-    covered = r.end;
-  }
-  if (covered != P)
-    throw UserError("checkpoint '" + dir + "': shard ranges cover " + std::to_string(covered) +
-                    " of " + std::to_string(P) + " parameters");
-  // What the shard files hold bounds what is allocated: a manifest (edited, or of a format without
-  // its checksum) claiming more values than its shards can hold is refused before buffers are
-  // sized by it -- not grown into until the machine's memory runs out.
-  uintmax_t bytes = 0;
-  for (const std::string& f : files) {
-    const fs::path path = fs::path(dir) / f;
-    std::error_code ec;
-    const uintmax_t size = fs::file_size(path, ec);
-    if (ec) (void)read_safetensors_metadata(path.string());  // its message for a missing file
-    bytes += ec ? 0 : size;
-  }
-  const double copies = 1.0 + (with_state ? static_cast<double>(out.state_names.size()) : 0.0);
-  if (4.0 * static_cast<double>(P) * copies > static_cast<double>(bytes)) {
-    // A shard cut short (an interrupted copy) is the likelier cause than a manifest that passed
-    // its checksum: each file names itself if it is truncated or corrupt (reads bounded by the
-    // files' own sizes), else the manifest is blamed.
-    for (const std::string& f : files) (void)read_safetensors((fs::path(dir) / f).string());
-    throw UserError(fmt::format(
-        "checkpoint '{}': the manifest lists {} parameters{}, {:.0f} bytes of values, more than "
-        "its {} shard file(s) hold ({} bytes): the manifest is corrupt or not these shards'",
-        dir, P, with_state ? " and their optimizer state" : "",
-        4.0 * static_cast<double>(P) * copies, files.size(), bytes));
-  }
+  check_ranges_cover(ranges, P, dir);
+  check_shards_hold(files, dir, P, with_state, out.state_names.size());
   out.params.assign(static_cast<size_t>(P), 0.0f);
   if (with_state)
     out.state.assign(out.state_names.size(), std::vector<float>(static_cast<size_t>(P), 0.0f));
