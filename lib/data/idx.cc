@@ -132,14 +132,14 @@ std::string gunzip(const std::string& in, const std::string& path, size_t max_ou
   // trailer holds its length mod 4 GiB, and a multi-member file's only its last member's)
   // overshot by up to 2x, and its copy held 3x the text.
   std::string out;
-  size_t isize = 0;
   {
+    size_t hint = 0;
     if (in.size() >= 18) {
       const auto* t = reinterpret_cast<const unsigned char*>(in.data() + in.size() - 4);
-      isize = static_cast<size_t>(t[0]) | static_cast<size_t>(t[1]) << 8 |
-              static_cast<size_t>(t[2]) << 16 | static_cast<size_t>(t[3]) << 24;
+      hint = static_cast<size_t>(t[0]) | static_cast<size_t>(t[1]) << 8 |
+             static_cast<size_t>(t[2]) << 16 | static_cast<size_t>(t[3]) << 24;
     }
-    const size_t hint = std::min({isize, in.size() * 16 + (size_t{64} << 20), cap});
+    hint = std::min({hint, in.size() * 16 + (size_t{64} << 20), cap});
     resize_fresh(out, std::max<size_t>(hint, 4096));
   }
 

@@ -182,6 +182,14 @@ std::optional<std::vector<std::string>> regular_text_files(const std::vector<std
   return files;
 }
 
+// The files' sizes on disk, summed (compressed ones as they are).
+int64_t bytes_on_disk(const std::vector<std::string>& files) {
+  int64_t on_disk = 0;
+  std::error_code ec;
+  for (const std::string& f : files) on_disk += static_cast<int64_t>(fs::file_size(f, ec));
+  return on_disk;
+}
+
 }  // namespace
 
 int64_t text_bytes_without_reading(const std::vector<std::string>& specs, bool* exact) {
@@ -213,10 +221,7 @@ int64_t text_bytes_by_decompressing(const std::vector<std::string>& specs, const
                                     int64_t max_bytes) {
   const auto files = regular_text_files(specs);
   if (!files) return -1;
-  int64_t on_disk = 0;
-  std::error_code ec;
-  for (const std::string& f : *files) on_disk += static_cast<int64_t>(fs::file_size(f, ec));
-  if (on_disk > max_bytes) return -1;
+  if (bytes_on_disk(*files) > max_bytes) return -1;
   int64_t total = 0;
   for (const std::string& f : *files) {
     std::string bytes;
@@ -289,13 +294,8 @@ void check_text_memory(const TextOptions& opts) {
     bool exact = true;
     const int64_t n = text_bytes_without_reading(specs, &exact);
     if (n < 0 || exact) return n;
-    int64_t on_disk = 0;
-    if (const auto files = regular_text_files(specs))
-      for (const std::string& f : *files) {
-        std::error_code ec;
-        on_disk += static_cast<int64_t>(fs::file_size(f, ec));
-      }
-    if (on_disk <= (int64_t{1} << 32) / 1032) return n;
+    const auto files = regular_text_files(specs);
+    if (!files || bytes_on_disk(*files) <= (int64_t{1} << 32) / 1032) return n;
     return text_bytes_by_decompressing(specs, key, std::numeric_limits<int64_t>::max());
   };
   const int64_t n = bytes(opts.train, "data.train.path");
