@@ -16,9 +16,9 @@
 #include <sys/types.h>
 
 #include <atomic>
-#include <mutex>
 #include <csignal>
 #include <cstdint>
+#include <mutex>
 
 namespace dtrain {
 

@@ -11,14 +11,14 @@
 
 namespace dtrain {
 
-// A thread that looks at `req` every 100 ms and logs its first signal, once (not a stop taken
-// from the launcher's death, which the loop names). For the process that shows the run: one per
-// process, the caller's choice (rank 0). `req` must outlive it.
 // Logs "received SIGx: ..." for req's signal, once per process (the watcher below, or whoever
 // comes first: the loop says it before its "stopping after step N", which may come sooner).
 // Nothing when no signal came to this process or the stop is the launcher's death.
 void note_stop_received(const StopRequest& req);
 
+// A thread that looks at `req` every 100 ms and logs its first signal, once (not a stop taken
+// from the launcher's death, which the loop names). For the process that shows the run: one per
+// process, the caller's choice (rank 0). `req` must outlive it.
 class StopNotice {
  public:
   explicit StopNotice(const StopRequest& req);
