@@ -70,17 +70,16 @@ void TrainLoop::save() {
     m.config_json = config_json_;
     if (data_->train.kind == SampleKind::kFeatures) m.normalizer_json = data_->normalizer.to_json();
     m.schedule_steps = schedule_steps_;
-    m.progress_json = nlohmann::json{
-        {"skipped_steps", skipped_steps_},
-        {"record_loss", record_loss_},
-        {"record_samples", record_samples_},
-        {"interval_loss", interval_loss},
-        {"interval_samples", interval_samples},
-        {"eval_due", eval_due_},
-        {"final_train_loss", nan_to_null(final_train_loss_)},
-        {"train_rows", data_->train.rows},
-        {"base_lr",
-         plan_.base_lr}}.dump();
+    const nlohmann::json progress = {{"skipped_steps", skipped_steps_},
+                                     {"record_loss", record_loss_},
+                                     {"record_samples", record_samples_},
+                                     {"interval_loss", interval_loss},
+                                     {"interval_samples", interval_samples},
+                                     {"eval_due", eval_due_},
+                                     {"final_train_loss", nan_to_null(final_train_loss_)},
+                                     {"train_rows", data_->train.rows},
+                                     {"base_lr", plan_.base_lr}};
+    m.progress_json = progress.dump();
   }
   // Every rank's compression state goes to rank 0 (compression_state.h).
   GradReducer* reducer = strategy_->reducer();

@@ -311,32 +311,27 @@ nlohmann::json nothing_to_do_summary(const std::string& why, const ResumePoint& 
 
 namespace {
 
-// Samples per global batch of the run that wrote the checkpoint: its data.batch_size times its
-// data-parallel replicas (world / (tensor x pipeline)); 0 when its config is not stored.
-int64_t saved_global_batch(const CheckpointMeta& m, const std::string& path) {
+// Of the run that wrote the checkpoint, from its stored config (parsed once), as int64 words for
+// the broadcast: samples per global batch (its data.batch_size times its data-parallel
+// replicas, world / (tensor x pipeline)), samples per optimizer step (times grad_accum_steps),
+// the learning rate it trained at (after optimizer.scale_lr, or the rate a resume kept: its
+// progress records it) and its optimizer.lr when it scaled it linearly (else 0), the rates as
+// the bits of the doubles. Zeros when its config is not stored.
+std::array<int64_t, 4> saved_batch_and_rate(const CheckpointMeta& m, const std::string& path) {
   const std::optional<Config> before = stored_config(m, path);
-  if (!before || m.world_size <= 0) return 0;
+  if (!before || m.world_size <= 0) return {0, 0, 0, 0};
   const int64_t cells = before->distributed.tensor_parallel.size * pipeline_stages(*before);
-  return cells > 0 ? before->data.batch_size * (m.world_size / cells) : 0;
-}
-
-// The saving run's samples per optimizer step, the learning rate it trained at (after
-// optimizer.scale_lr, and after a rate a resume kept: its progress records it) and its
-// optimizer.lr when it scaled it linearly (else 0), the rates as the bits of the doubles: int64
-// words for the broadcast. Zeros when its config is not stored.
-std::array<int64_t, 3> saved_step_rate(const CheckpointMeta& m, const std::string& path) {
-  const std::optional<Config> before = stored_config(m, path);
-  const int64_t global = saved_global_batch(m, path);
-  if (!before || global <= 0) return {0, 0, 0};
-  const int64_t cells = before->distributed.tensor_parallel.size * pipeline_stages(*before);
+  if (cells <= 0) return {0, 0, 0, 0};
+  const int64_t replicas = m.world_size / cells, global = before->data.batch_size * replicas;
+  if (global <= 0) return {0, 0, 0, 0};
   const bool linear = before->optimizer.scale_lr == ScaleLr::kLinear;
-  double rate = before->optimizer.lr * static_cast<double>(linear ? m.world_size / cells : 1);
+  double rate = before->optimizer.lr * static_cast<double>(linear ? replicas : 1);
   try {  // (recorded since 2026-12-07)
     const nlohmann::json p = nlohmann::json::parse(m.progress_json);
     if (const auto it = p.find("base_lr"); it != p.end() && it->is_number()) rate = *it;
   } catch (const nlohmann::json::exception&) {  // none: the rate from the config
   }
-  return {global * before->train.grad_accum_steps, std::bit_cast<int64_t>(rate),
+  return {global, global * before->train.grad_accum_steps, std::bit_cast<int64_t>(rate),
           linear ? std::bit_cast<int64_t>(before->optimizer.lr) : 0};
 }
 
@@ -396,7 +391,7 @@ ResumePoint resume_full_state(const Config& cfg, const RunOptions& opts, Communi
   const int64_t P = model.param_count();
   ResumePoint rp;
   // loaded?, step, epoch, batch, optimizer steps, horizon, the saving run's global batch, its
-  // samples per optimizer step, rate and linearly scaled optimizer.lr (saved_step_rate)
+  // samples per optimizer step, rate and linearly scaled optimizer.lr (saved_batch_and_rate)
   std::vector<int64_t> meta_i(10, 0);
   std::string rng_states;
   if (lead) {
@@ -422,17 +417,9 @@ ResumePoint resume_full_state(const Config& cfg, const RunOptions& opts, Communi
       if (parse_enum<OptimizerType>(m.optimizer) != cfg.optimizer.type)
         throw another_optimizer(m.optimizer);
       report_config_changes(path, m, cfg, hash);
-      const std::array<int64_t, 3> step_rate = saved_step_rate(m, path);
-      meta_i = {1,
-                m.step,
-                m.epoch,
-                m.batch,
-                m.optimizer_steps,
-                m.schedule_steps,
-                saved_global_batch(m, path),
-                step_rate[0],
-                step_rate[1],
-                step_rate[2]};
+      const std::array<int64_t, 4> saved = saved_batch_and_rate(m, path);
+      meta_i = {1,        m.step,   m.epoch,  m.batch, m.optimizer_steps, m.schedule_steps,
+                saved[0], saved[1], saved[2], saved[3]};
       rng_states = m.rng;
       rp.from = path;
       rp.progress = m.progress_json;
