@@ -10,12 +10,12 @@
 #include <limits>
 #include <sstream>
 
-#include <spdlog/sinks/ostream_sink.h>
 #include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/integrity_util.h"
+#include "log_capture.h"
 #include "test_util.h"
 #include "user_error.h"
 #include "util/check.h"
@@ -23,6 +23,7 @@
 using namespace dtrain;
 using dtrain::testing::contains;
 using dtrain::testing::flip_tensor_bit;
+using dtrain::testing::LogCapture;
 using dtrain::testing::read_text;
 using dtrain::testing::set_metadata;
 using dtrain::testing::set_tensor_value;
@@ -45,23 +46,6 @@ CheckpointMeta sgd_meta() {
   meta.rng = Rng(3).to_string();
   return meta;
 }
-
-// What the default logger prints while it lives.
-class LogCapture {
- public:
-  LogCapture() : sink_(std::make_shared<spdlog::sinks::ostream_sink_mt>(out_)) {
-    spdlog::default_logger()->sinks().push_back(sink_);
-  }
-  ~LogCapture() {
-    auto& sinks = spdlog::default_logger()->sinks();
-    sinks.erase(std::remove(sinks.begin(), sinks.end(), sink_), sinks.end());
-  }
-  std::string text() const { return out_.str(); }
-
- private:
-  std::ostringstream out_;
-  std::shared_ptr<spdlog::sinks::ostream_sink_mt> sink_;
-};
 
 size_t count_of(const std::string& s, const std::string& what) {
   size_t n = 0;

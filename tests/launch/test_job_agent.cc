@@ -1,7 +1,6 @@
 // The launchers' agreement (job_agent.h): two agents of one job on loopback, as threads.
 #include <doctest/doctest.h>
 
-#include <spdlog/sinks/ostream_sink.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -14,11 +13,13 @@
 #include "launch/check_in.h"
 #include "launch/job_agent.h"
 #include "launch/launcher.h"
+#include "log_capture.h"
 #include "test_util.h"
 #include "util/check.h"
 
 using namespace dtrain;
 using dtrain::testing::contains;
+using dtrain::testing::LogCapture;
 
 namespace {
 
@@ -196,17 +197,16 @@ TEST_CASE("JobAgent: a disagreeing node, a wrong token and a missing node are re
     AgentOptions wrong = agent_options(1, port2, "another-token");
     wrong.join_timeout_s = 2;
     JobAgent a1(wrong);
-    std::ostringstream log;
-    auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(log);
-    spdlog::default_logger()->sinks().push_back(sink);
-    std::string e = "<no error>";
-    try {
-      a1.join(2);
-    } catch (const UserError& x) {  // exit 2: the token is the user's input (it was exit 1)
-      e = x.what();
+    std::string e = "<no error>", log;
+    {
+      const LogCapture cap;
+      try {
+        a1.join(2);
+      } catch (const UserError& x) {  // exit 2: the token is the user's input (it was exit 1)
+        e = x.what();
+      }
+      log = cap.text();
     }
-    auto& sinks = spdlog::default_logger()->sinks();
-    sinks.erase(std::remove(sinks.begin(), sinks.end(), sink), sinks.end());
     CHECK(contains(e,
                    "refused this node's job token: give every node's launcher the job's "
                    "DTRAIN_JOB_TOKEN"));
@@ -220,9 +220,9 @@ TEST_CASE("JobAgent: a disagreeing node, a wrong token and a missing node are re
     CHECK_MESSAGE(contains(e0, "node(s) 1 did not check in within 1 s"), e0);
     CHECK_MESSAGE(contains(e0, "call(s) with a wrong or missing job token were refused"), e0);
     // Node 0's side names the launcher, not a rank that does not exist yet.
-    INFO("log: ", log.str());
-    CHECK(contains(log.str(), "node 0's launcher: refused a rendezvous call"));
-    CHECK(!contains(log.str(), "rank 0: refused"));
+    INFO("log: ", log);
+    CHECK(contains(log, "node 0's launcher: refused a rendezvous call"));
+    CHECK(!contains(log, "rank 0: refused"));
   }
   {
     const int port3 = pick_free_port();

@@ -8,7 +8,6 @@
 #include <sstream>
 #include <thread>
 
-#include <spdlog/sinks/ostream_sink.h>
 #include <spdlog/spdlog.h>
 
 #include "checkpoint/safetensors.h"

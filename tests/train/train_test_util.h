@@ -8,36 +8,15 @@
 #include <string>
 
 #include <filesystem>
-#include <memory>
-#include <sstream>
-
-#include <spdlog/sinks/ostream_sink.h>
-#include <spdlog/spdlog.h>
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/compare.h"
 #include "checkpoint/safetensors.h"
 #include "config/config.h"
+#include "log_capture.h"
 #include "train/trainer.h"
 
 namespace dtrain::testing {
-
-// What the default logger writes while it lives (its sinks keep writing too).
-class LogCapture {
- public:
-  LogCapture() : sink_(std::make_shared<spdlog::sinks::ostream_sink_mt>(out_)) {
-    spdlog::default_logger()->sinks().push_back(sink_);
-  }
-  ~LogCapture() {
-    auto& sinks = spdlog::default_logger()->sinks();
-    sinks.erase(std::remove(sinks.begin(), sinks.end(), sink_), sinks.end());
-  }
-  std::string text() const { return out_.str(); }
-
- private:
-  std::ostringstream out_;
-  std::shared_ptr<spdlog::sinks::ostream_sink_mt> sink_;
-};
 
 // Max |a - b| / max |a| over the parameters and optimizer state of two checkpoint files (the
 // compression state, "comp.*", is not compared: a compressed run is compared with plain ones).
