@@ -315,29 +315,45 @@ void Mailbox::deliver_whole(const MsgHeader& h, const void* data) {
   cv_.notify_all();
 }
 
+namespace {
+
+// Of the conflicting messages waiting on a channel, the one to name: the sender's first. Parts
+// are kept in part-id order, in which a broadcast's hello (segment kBroadcastHello, which the
+// sender sends before its data) comes last: when a root's hello and its first data segment are
+// both there, the hello names the call as the sender made it ("(root 0)"), not a segment of it.
+const MsgHeader* first_sent(const MsgHeader* found, const MsgHeader& got) {
+  const bool hello =
+      part_phase(got.part) == kBroadcastPhase && part_segment(got.part) == kBroadcastHello;
+  return found == nullptr || hello ? &got : found;
+}
+
+}  // namespace
+
 std::string Mailbox::mismatch_locked(const MsgHeader& h) const {
   // Any message from src on the same channel with another op means the ranks called different
   // collectives at this sequence number; the same key with another size, or a broadcast part
   // naming another root, is a mismatch too.
+  const MsgHeader* found = nullptr;
   for (auto it = msgs_.lower_bound(MsgKey{h.channel, 0});
        it != msgs_.end() && it->first.channel == h.channel; ++it) {
     if (it->second.empty()) continue;
     const MsgHeader& got = it->second.front()->h;
     if (got.op != h.op || (it->first.part == h.part && got.bytes != h.bytes) ||
         parts_conflict(got, h))
-      return mismatch_msg(src_, self_, got, h);
+      found = first_sent(found, got);
   }
-  return "";
+  return found != nullptr ? mismatch_msg(src_, self_, *found, h) : "";
 }
 
 std::string Mailbox::mismatch_on_channel(const MsgHeader& h) {
   std::lock_guard<std::mutex> lk(mu_);
+  const MsgHeader* found = nullptr;
   for (auto it = msgs_.lower_bound(MsgKey{h.channel, 0});
        it != msgs_.end() && it->first.channel == h.channel; ++it)
     if (!it->second.empty() &&
         (it->second.front()->h.op != h.op || parts_conflict(it->second.front()->h, h)))
-      return mismatch_msg(src_, self_, it->second.front()->h, h);
-  return "";
+      found = first_sent(found, it->second.front()->h);
+  return found != nullptr ? mismatch_msg(src_, self_, *found, h) : "";
 }
 
 void Mailbox::redirect_locked(InMsg& front, std::shared_ptr<Posted>& post, const MsgHeader& h,
