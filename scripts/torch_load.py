@@ -19,8 +19,8 @@ checkpoint consolidate`). The model is built from the config the checkpoint carr
     Flatten, Linear, activations, Dropout, LayerNorm over the last dimension);
   - model.type gpt: nanoGPT's GPT (transformer.wte, .wpe, .h.<i>.{ln_1, attn.c_attn, attn.c_proj,
     ln_2, mlp.c_fc, mlp.c_proj}, .ln_f, lm_head), GELU with the tanh approximation as dtrain's.
-The checkpoint's training state (optimizer "optim.*", compression "comp.*") is not part of the
-model and is left out; every other tensor must be one of the model's and every model tensor must
+The checkpoint's training state (optimizer "optim.*", compression "comp.*", Local SGD's other
+ranks' optimizer state "replica.*") is not part of the model and is left out; every other tensor must be one of the model's and every model tensor must
 be in the file (strict). nanoGPT's own GPT under PyTorch < 2.0 also registers a causal-mask
 buffer `attn.bias` per block, which is not a parameter and is in no checkpoint: load into it with
 strict=False and check that only those are missing (nanoGPT's from_pretrained skips them too).
@@ -54,7 +54,7 @@ GPT_DEFAULTS = dict(n_layer=4, n_head=4, n_embd=128, block_size=64, tie_embeddin
 MLP_PRESETS = {"simple": [128], "medium": [512, 512], "complex": [1024, 1024, 512, 256]}
 ACTIVATIONS = {"relu": nn.ReLU, "gelu": lambda: nn.GELU(approximate="tanh"), "tanh": nn.Tanh,
                "sigmoid": nn.Sigmoid}
-TRAINING_STATE_PREFIXES = ("optim.", "comp.")
+TRAINING_STATE_PREFIXES = ("optim.", "comp.", "replica.")
 
 
 # ---- nanoGPT's GPT (github.com/karpathy/nanoGPT model.py, bias on, written out again since

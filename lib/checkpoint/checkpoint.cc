@@ -168,7 +168,7 @@ int64_t check_file_format(const Metadata& metadata, const std::string& path) {
 
 void save_checkpoint(const std::string& path, const Model& model, const float* params,
                      const std::vector<StateBuffer>& state, const CheckpointMeta& meta,
-                     const CompressionState& comp) {
+                     const CompressionState& comp, const ReplicaState& replicas) {
   std::vector<StTensorRef> refs;
   refs.reserve(model.params().size() * (1 + state.size()) + comp.residuals.size() + 1);
   for (const auto& e : model.params()) refs.push_back({e.name, e.shape, params + e.offset});
@@ -187,7 +187,8 @@ void save_checkpoint(const std::string& path, const Model& model, const float* p
   }
   if (!comp.q.empty())
     refs.push_back({kQTensor, {static_cast<int64_t>(comp.q.size())}, comp.q.data()});
-  const auto md = file_metadata(meta, model.param_count(), comp);
+  auto md = file_metadata(meta, model.param_count(), comp);
+  add_replica_state(replicas, model.param_count(), refs, md);
   write_safetensors(path, refs, md);
 }
 
@@ -251,7 +252,8 @@ CompressionState read_compression(const StFile& f, const std::string& path,
 }
 
 CheckpointMeta load_file_checkpoint(const std::string& path, const Model& model, float* params,
-                                    const std::vector<StateBuffer>& state, CompressionState* comp) {
+                                    const std::vector<StateBuffer>& state, CompressionState* comp,
+                                    ReplicaState* replicas) {
   const StFile f = read_safetensors(path);  // verifies the checksums the file carries
   const int64_t version = check_file_format(f.metadata, path);
   if (!f.checksummed)
@@ -293,6 +295,8 @@ CheckpointMeta load_file_checkpoint(const std::string& path, const Model& model,
   std::vector<std::string> comp_tensors;
   CompressionState cs;
   if (version >= 2) cs = read_compression(f, path, comp_tensors, comp != nullptr);
+  ReplicaState rs = read_replica_state(f, path, model.param_count(), comp_tensors,
+                                       replicas != nullptr && !state.empty());
   size_t expected_tensors = model.params().size() * (1 + state.size()) + comp_tensors.size();
   for (const auto& e : model.params()) expect(e.name, e.shape);
   for (const auto& s : state)
@@ -301,7 +305,8 @@ CheckpointMeta load_file_checkpoint(const std::string& path, const Model& model,
     // Weights only: ignore optimizer and compression tensors, but reject unknown model tensors.
     expected_tensors = 0;
     for (const auto& [name, t] : f.tensors)
-      if (name.rfind("optim.", 0) != 0 && name.rfind("comp.", 0) != 0) ++expected_tensors;
+      if (name.rfind("optim.", 0) != 0 && name.rfind("comp.", 0) != 0 && !is_replica_tensor(name))
+        ++expected_tensors;
     if (expected_tensors != model.params().size())
       throw ModelMismatchError("checkpoint '" + path + "' does not match the model: it has " +
                                std::to_string(expected_tensors) + " parameter tensors, the model " +
@@ -339,6 +344,7 @@ CheckpointMeta load_file_checkpoint(const std::string& path, const Model& model,
     }
   cs.strategy = meta.strategy;
   if (comp) *comp = std::move(cs);
+  if (replicas) *replicas = std::move(rs);
   return meta;
 }
 
@@ -403,16 +409,18 @@ std::map<std::string, std::string> file_metadata(const CheckpointMeta& meta, int
 }  // namespace
 
 CheckpointMeta load_checkpoint(const std::string& path, const Model& model, float* params,
-                               const std::vector<StateBuffer>& state, CompressionState* comp) {
+                               const std::vector<StateBuffer>& state, CompressionState* comp,
+                               ReplicaState* replicas) {
   std::error_code ec;
   if (fs::is_directory(path, ec)) {
     if (!is_sharded_dir(path))
       throw UserError("checkpoint '" + path +
                       "' is a folder without manifest.json (an incomplete sharded checkpoint?)");
     if (comp) *comp = CompressionState{};
+    if (replicas) *replicas = ReplicaState{};
     return load_sharded_checkpoint(path, model, params, state);
   }
-  return load_file_checkpoint(path, model, params, state, comp);
+  return load_file_checkpoint(path, model, params, state, comp, replicas);
 }
 
 ConsolidatedCheckpoint consolidate_checkpoint(const std::string& dir, const std::string& out_path) {

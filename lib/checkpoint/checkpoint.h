@@ -72,6 +72,20 @@ struct CompressionState {
   std::string strategy;  // when read: the writing run's strategy (metadata "strategy")
 };
 
+// Optimizer state that differs from rank to rank and that one process has no counterpart of:
+// Local SGD's when it is not averaged (distributed.local_sgd.sync_optimizer_state false), each
+// replica's own momentum or Adam moments. The file's "optim.*" tensors hold rank 0's; tensors
+// "replica.rank<r>.<state>" [param_count] hold rank r's, 1 <= r < world_size, in the flat
+// layout; metadata "replica_world_size" and "replica_states" (the names, comma-separated)
+// describe them. Absent (world_size 0) in files written without it. Weights-only loads, eval
+// and the PyTorch names ignore them, as they ignore "optim.*".
+struct ReplicaState {
+  int64_t world_size = 0;
+  std::vector<std::string> names;
+  // [r - 1][k]: rank r's state names[k], param_count floats (read only when asked for).
+  std::vector<std::vector<std::vector<float>>> ranks;
+};
+
 // A named optimizer state buffer in the full flat layout (size = model.param_count()).
 struct StateBuffer {
   std::string name;  // "momentum", "exp_avg", ...
@@ -131,10 +145,11 @@ ConsolidatedCheckpoint consolidate_checkpoint(const std::string& dir, const std:
 std::string describe_writer(const ConsolidatedCheckpoint& c);
 
 // Writes `path` atomically. Throws std::runtime_error on I/O errors (old file untouched).
-// comp must be consistent: residuals empty or world_size vectors of one size.
+// comp must be consistent: residuals empty or world_size vectors of one size; so must replicas
+// (world_size - 1 ranks of names.size() buffers of param_count floats, or world_size 0).
 void save_checkpoint(const std::string& path, const Model& model, const float* params,
                      const std::vector<StateBuffer>& state, const CheckpointMeta& meta,
-                     const CompressionState& comp = {});
+                     const CompressionState& comp = {}, const ReplicaState& replicas = {});
 
 // The UserError load_checkpoint throws when the checkpoint's parameter table differs from the
 // model's (a missing, extra or reshaped tensor): what callers that built the model from a config
@@ -153,10 +168,11 @@ class ModelMismatchError : public UserError {
 // (an optimizer with other state). The optimizer that wrote it is returned
 // (CheckpointMeta::optimizer), not compared: Adam and AdamW keep the same buffers, and a resume
 // refuses another optimizer after this load, before training. comp (when given) receives the file's
-// compression state (type "none" for sharded folders: their strategies do not compress).
+// compression state (type "none" for sharded folders: their strategies do not compress), and
+// replicas its per-rank optimizer state (world_size 0 when it has none; sharded folders never do).
 CheckpointMeta load_checkpoint(const std::string& path, const Model& model, float* params,
                                const std::vector<StateBuffer>& state,
-                               CompressionState* comp = nullptr);
+                               CompressionState* comp = nullptr, ReplicaState* replicas = nullptr);
 
 // RUN/checkpoints helpers.
 // Before the checkpoint `name` in dir is replaced in place (a sharded folder is removed, then

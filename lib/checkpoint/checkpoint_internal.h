@@ -5,12 +5,14 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json_fwd.hpp>
 
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/safetensors.h"
 #include "nn/model.h"
 
 namespace dtrain::checkpoint_internal {
@@ -79,5 +81,17 @@ struct ShardedRead {
 // values. with_state: also the optimizer state the manifest lists. Throws UserError naming the
 // first problem.
 ShardedRead read_sharded(const std::string& dir, bool with_state);
+
+// ReplicaState in a checkpoint file (replica_state.cc). Tensors "replica.rank<r>.<state>".
+bool is_replica_tensor(const std::string& name);
+// The tensors (pointing into r) and metadata save_checkpoint adds for r; nothing for
+// world_size 0. DT_CHECKs r's consistency.
+void add_replica_state(const ReplicaState& r, int64_t param_count, std::vector<StTensorRef>& refs,
+                       std::map<std::string, std::string>& metadata);
+// The file's ReplicaState, checked against its metadata and tensors (UserError naming `path`:
+// a bad count, a name that is not a state's, a missing or misshapen tensor, a non-finite value);
+// the names of the tensors it owns are appended to `owned`. Data is copied only when with_data.
+ReplicaState read_replica_state(const StFile& f, const std::string& path, int64_t param_count,
+                                std::vector<std::string>& owned, bool with_data);
 
 }  // namespace dtrain::checkpoint_internal

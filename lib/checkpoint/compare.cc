@@ -10,6 +10,7 @@
 #include <system_error>
 
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/checkpoint_internal.h"
 #include "checkpoint/safetensors.h"
 #include "util/check.h"
 
@@ -19,8 +20,10 @@ namespace fs = std::filesystem;
 
 namespace {
 
-bool is_compression_state(const std::string& name) {
-  return name.rfind("comp.", 0) == 0;
+// Per-rank training state: compression's and Local SGD's replicas' own optimizer state, which
+// one process has no counterpart of.
+bool is_rank_state(const std::string& name) {
+  return name.rfind("comp.", 0) == 0 || checkpoint_internal::is_replica_tensor(name);
 }
 
 TensorMap from_stfile(StFile&& f) {
@@ -148,7 +151,7 @@ std::vector<TensorDiff> finish_all(std::vector<DiffAcc>& accs) {
 std::vector<TensorDiff> tensor_diffs(const TensorMap& want, const TensorMap& got) {
   std::vector<DiffAcc> accs;
   for (const auto& [name, w] : want) {
-    if (is_compression_state(name)) continue;
+    if (is_rank_state(name)) continue;
     const NamedTensor& g = counterpart(got, name, w);
     DiffAcc& acc = accs.emplace_back();
     acc.d.name = name;
@@ -163,7 +166,7 @@ std::vector<TensorDiff> update_diffs(const TensorMap& from, const TensorMap& wan
                                      const TensorMap& got, double slack_ulps) {
   std::vector<DiffAcc> accs;
   for (const auto& [name, w] : want) {
-    if (is_compression_state(name)) continue;
+    if (is_rank_state(name)) continue;
     const NamedTensor& g = counterpart(got, name, w);
     const auto f = from.find(name);
     const NamedTensor* base = f == from.end() ? nullptr : &counterpart(from, name, w);
@@ -196,7 +199,7 @@ TensorDiff worst(const std::vector<TensorDiff>& diffs) {
 double max_rel_diff(const TensorMap& a, const TensorMap& b) {
   const auto compared = [](const TensorMap& m) {
     size_t n = 0;
-    for (const auto& kv : m) n += !is_compression_state(kv.first);
+    for (const auto& kv : m) n += !is_rank_state(kv.first);
     return n;
   };
   if (compared(a) != compared(b))
@@ -204,7 +207,7 @@ double max_rel_diff(const TensorMap& a, const TensorMap& b) {
                     "reference " + std::to_string(compared(a)));
   double max_diff = 0.0, max_abs = 0.0;
   for (const auto& [name, t] : a) {
-    if (is_compression_state(name)) continue;
+    if (is_rank_state(name)) continue;
     const NamedTensor& u = counterpart(b, name, t);
     for (size_t i = 0; i < t.data.size(); ++i) {
       const double e = std::fabs(static_cast<double>(t.data[i]) - u.data[i]);

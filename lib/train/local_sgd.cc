@@ -63,6 +63,9 @@ class LocalSgd final : public ReplicatedBase {
     return s;
   }
 
+  bool per_rank_optimizer_state() const override {
+    return dp_.size() > 1 && !c_.sync_optimizer_state && !opt_->state_names().empty();
+  }
   GradReducer* reducer() override { return reducer_.get(); }
   StateMemory memory() const override {
     StateMemory m = replicated_memory();

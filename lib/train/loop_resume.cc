@@ -4,6 +4,7 @@
 
 #include <fstream>
 
+#include "train/replica_state.h"
 #include "util/strings.h"
 
 namespace dtrain {
@@ -48,7 +49,7 @@ bool TrainLoop::resume() {
       ptrs.push_back(full_s[i].data());
     }
     rp_ = resume_full_state(cfg_, opts_, world_, whole, ckpt_dir_, hash_, full_p.data(), sb, rng_,
-                            &saved_comp_);
+                            &saved_comp_, &saved_replicas_);
     if (rp_.loaded) {
       check_tied_copies(whole, full_p.data(), ptrs,
                         !rp_.from.empty()       ? rp_.from
@@ -69,16 +70,23 @@ bool TrainLoop::resume() {
         for (std::vector<float>& b : full_s) tp_->slice(b.data(), b.data());
       }
       strategy_->load_full(full_p.data(), ptrs);
-      // Local SGD keeps an optimizer state per rank between synchronisations, and the
-      // checkpoint holds rank 0's only (not averaged unless sync_optimizer_state).
-      if (lead_ && cfg_.distributed.strategy == StrategyKind::kLocalSgd && DP_ > 1 &&
-          !names.empty() && !cfg_.distributed.local_sgd.sync_optimizer_state)
+      // Local SGD keeps an optimizer state per rank between synchronisations (replica_state.h).
+      if (strategy_->per_rank_optimizer_state() && one_file())
+        restore_replica_state(world_, strategy_->optimizer(), saved_replicas_);
+      else if (strategy_->per_rank_optimizer_state() && lead_)
         spdlog::warn(
-            "resuming Local SGD: all {} ranks continue with rank 0's optimizer state ({}), the "
-            "only one the checkpoint holds, so this run does not continue exactly as the "
-            "interrupted one would have (distributed.local_sgd.sync_optimizer_state: true "
-            "averages the state at each synchronisation and makes a resume exact)",
-            DP_, join(names, ", "));
+            "resuming Local SGD in a pipeline: the {} replicas of each stage continue with the "
+            "first one's optimizer state ({}), the only one a pipeline's sharded checkpoint "
+            "holds, so this run does not continue exactly as the interrupted one would have "
+            "(distributed.local_sgd.sync_optimizer_state: true averages the state at each "
+            "synchronisation, and makes a resume exact)",
+            DP_, join(strategy_->optimizer().state_names(), ", "));
+      else if (lead_ && saved_replicas_.world_size > 0)
+        spdlog::info(
+            "the checkpoint holds each of its {} ranks' own optimizer state (Local SGD without "
+            "sync_optimizer_state); this run keeps one state, and continues from rank 0's",
+            saved_replicas_.world_size);
+      saved_replicas_ = ReplicaState{};
       step_ = rp_.step;
       epoch_ = rp_.epoch;
       batch_ = resumed_batch_index();

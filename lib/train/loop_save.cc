@@ -5,6 +5,7 @@
 #include <random>
 
 #include "checkpoint/checkpoint.h"
+#include "train/replica_state.h"
 #include "train/train_loop.h"
 #include "util/strings.h"
 
@@ -86,16 +87,25 @@ void TrainLoop::save() {
   CompressionState comp =
       reducer ? gather_compression_state(world_, *reducer, cfg_.distributed.compression.type)
               : CompressionState{};
+  // Every rank's own optimizer state goes to rank 0 too, where the ranks keep one each and one
+  // file holds the model (replica_state.h: local_sgd, whose data axis is then the world; a
+  // pipeline's sharded checkpoint holds each stage's first replica's state only).
+  ReplicaState replicas;
+  if (strategy_->per_rank_optimizer_state() && one_file()) {
+    DT_CHECK_EQ(DP_, world_.size());
+    replicas = gather_replica_state(world_, strategy_->optimizer());
+  }
   if (!one_file()) {
     save_sharded(m);
   } else if (lead_) {
     // One rank holds the whole model: one file, which the write commits itself.
     const CheckpointShard sh = snapshot(strategy_->checkpoint_shard());
     const std::string name = checkpoint_file_name(step_);
-    run_write([this, name, m, comp = std::move(comp), params = sh.params,
-               sb = state_buffers(strategy_->state_names(), sh), step = step_] {
+    run_write([this, name, m, comp = std::move(comp), replicas = std::move(replicas),
+               params = sh.params, sb = state_buffers(strategy_->state_names(), sh), step = step_] {
       try {
-        save_checkpoint((fs::path(ckpt_dir_) / name).string(), model_, params, sb, m, comp);
+        save_checkpoint((fs::path(ckpt_dir_) / name).string(), model_, params, sb, m, comp,
+                        replicas);
       } catch (const UserError& e) {  // the cause, with who wrote what (async: reported later)
         throw UserError(grid_.describe() + ": writing checkpoint " + name + ": " + e.what());
       } catch (const std::runtime_error& e) {  // (bad_alloc and InternalError pass unchanged)

@@ -41,10 +41,20 @@ double training_state_floats(const Config& cfg, double n, int replicas, double u
   if (s == StrategyKind::kLocalSgd && cfg.distributed.local_sgd.outer_lr > 0)
     k += 1;                                              // DiLoCo's outer momentum
   if (s == StrategyKind::kLocalSgd && compress) k += 1;  // the delta it compresses
-  double floats = s == StrategyKind::kZero1   ? 2 * n + k * n / W
-                  : s == StrategyKind::kZero2 ? n + (1 + k) * n / W
-                  : s == StrategyKind::kFsdp  ? (2 + k) * n / W
-                                              : (2 + k) * n;
+  // Local SGD's per-rank optimizer state, which rank 0 gathers to write a checkpoint
+  // (train/replica_state.h): the other ranks' (W - 1) k n floats, counted here as each rank's
+  // share -- the total of an in-process world; a gRPC rank 0 needs more than its estimate.
+  const double optim_k = optimizer_state_buffers(cfg);
+  const double gathered =
+      s == StrategyKind::kLocalSgd && W > 1 && !cfg.distributed.local_sgd.sync_optimizer_state &&
+              cfg.distributed.pipeline.stages == 1  // (a pipeline's checkpoint holds none)
+          ? (W - 1) * optim_k * n / W
+          : 0.0;
+  double floats = gathered;
+  floats += s == StrategyKind::kZero1   ? 2 * n + k * n / W
+            : s == StrategyKind::kZero2 ? n + (1 + k) * n / W
+            : s == StrategyKind::kFsdp  ? (2 + k) * n / W
+                                        : (2 + k) * n;
   // zero2 and fsdp during backward (at any world size: one replica runs the same code): the
   // full gradients of the unit computing and of the reduce-scatters in flight
   // (ShardedState::kUnitsInFlight); fsdp also the gathered parameters of the unit computing and

@@ -82,6 +82,9 @@ class Strategy {
   // rank 0 writes the range).
   virtual bool sharded() const = 0;
   virtual CheckpointShard checkpoint_shard() = 0;
+  // True when the ranks of the axis keep distinct optimizer states that checkpoints hold one per
+  // rank (local_sgd without sync_optimizer_state: train/replica_state.h).
+  virtual bool per_rank_optimizer_state() const { return false; }
   virtual Optimizer& optimizer() = 0;
   // The compressing reducer whose state checkpoints carry (null: none).
   virtual GradReducer* reducer() { return nullptr; }

@@ -155,6 +155,7 @@ class TrainLoop {
   int64_t tps_ = 1;           // targets per sample: 1 label, or T next tokens
   bool loss_global_ = false;  // the step loss is all-reduced over the data axis every step
   CompressionState saved_comp_;
+  ReplicaState saved_replicas_;  // rank 0: the checkpoint's per-rank optimizer state, until sent
 
   // Progress.
   int64_t step_ = 0, epoch_ = 0, batch_ = 0, first_step_ = 0;

@@ -385,7 +385,7 @@ ResumePoint resume_full_state(const Config& cfg, const RunOptions& opts, Communi
                               const Model& model, const std::string& ckpt_dir,
                               const std::string& hash, float* params,
                               const std::vector<StateBuffer>& state, Rng& rng,
-                              CompressionState* comp) {
+                              CompressionState* comp, ReplicaState* replicas) {
   const int world = comm.size(), rank = comm.rank();
   const bool lead = rank == 0;
   const int64_t P = model.param_count();
@@ -404,7 +404,7 @@ ResumePoint resume_full_state(const Config& cfg, const RunOptions& opts, Communi
       };
       CheckpointMeta m;
       try {
-        m = load_checkpoint(path, model, params, state, comp);
+        m = load_checkpoint(path, model, params, state, comp, replicas);
       } catch (const UserError&) {
         // Another optimizer's state is missing tensors ("no tensor 'optim.exp_avg...'"): name
         // the cause, read from the header, rather than the first tensor it lacks.

@@ -106,7 +106,7 @@ ResumePoint resume_full_state(const Config& cfg, const RunOptions& opts, Communi
                               const Model& model, const std::string& ckpt_dir,
                               const std::string& hash, float* params,
                               const std::vector<StateBuffer>& state, Rng& rng,
-                              CompressionState* comp = nullptr);
+                              CompressionState* comp = nullptr, ReplicaState* replicas = nullptr);
 
 // Every rank's training RNG state (dropout streams differ per rank) as the checkpoint stores
 // it: Rng::to_string() of each rank in rank order, separated by ';', on rank 0 ("" elsewhere).

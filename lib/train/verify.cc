@@ -80,8 +80,10 @@ std::string checkpoint_of(const fs::path& run, int64_t step) {
 
 TensorMap params_only(TensorMap m) {
   for (auto it = m.begin(); it != m.end();)
-    it = it->first.rfind("optim.", 0) == 0 || it->first.rfind("comp.", 0) == 0 ? m.erase(it)
-                                                                               : std::next(it);
+    it = it->first.rfind("optim.", 0) == 0 || it->first.rfind("comp.", 0) == 0 ||
+                 it->first.rfind("replica.", 0) == 0
+             ? m.erase(it)
+             : std::next(it);
   return m;
 }
 

@@ -1,10 +1,15 @@
-// Checkpoint format version 2: the compression state (CompressionState) next to parameters and
-// optimizer state; version-1 files still load.
+// Checkpoint format version 2: the compression state (CompressionState) and Local SGD's per-rank
+// optimizer state (ReplicaState) next to parameters and optimizer state; version-1 files still
+// load.
 #include <doctest/doctest.h>
+
+#include <cmath>
+#include <filesystem>
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/safetensors.h"
 #include "test_util.h"
+#include "user_error.h"
 #include "util/check.h"
 
 using namespace dtrain;
@@ -26,6 +31,33 @@ CheckpointMeta sgd_meta() {
   meta.strategy = "ddp";
   meta.world_size = 2;
   return meta;
+}
+
+CheckpointMeta local_sgd_meta() {
+  CheckpointMeta m;
+  m.step = 8;
+  m.optimizer = "sgd";
+  m.rng = Rng(3).to_string() + ";" + Rng(4).to_string() + ";" + Rng(5).to_string();
+  m.strategy = "local_sgd";
+  m.world_size = 3;
+  return m;
+}
+
+// Three ranks' momentum: rank 0's as the optimizer state, ranks 1 and 2's as replicas.
+struct Saved {
+  std::vector<float> p, mom;
+  ReplicaState rs;
+};
+Saved save3(const Model& m, const std::string& path) {
+  const int64_t P = m.param_count();
+  Saved s{std::vector<float>(P), std::vector<float>(P, 0.25f), {}};
+  m.init(s.p.data(), 1);
+  s.rs.world_size = 3;
+  s.rs.names = {"momentum"};
+  s.rs.ranks = {{std::vector<float>(P, 1.5f)}, {std::vector<float>(P, -2.0f)}};
+  s.rs.ranks[1][0][2] = 7.0f;
+  save_checkpoint(path, m, s.p.data(), {{"momentum", s.mom.data()}}, local_sgd_meta(), {}, s.rs);
+  return s;
 }
 
 // The file at `path` rewritten with `edit` applied to its tensors and metadata.
@@ -156,4 +188,75 @@ TEST_CASE(
   CHECK_THROWS_WITH_AS(load_checkpoint(path, m, p2.data(), {}),
                        doctest::Contains("format version 3, this dtrain reads versions 1 to 2"),
                        UserError);
+}
+
+TEST_CASE("a checkpoint stores every rank's own optimizer state and reads it back") {
+  TempDir dir;
+  const Model m = small_model();
+  const int64_t P = m.param_count();
+  const std::string path = dir / "c.safetensors";
+  const Saved s = save3(m, path);
+  const StFile f = read_safetensors(path);
+  CHECK(f.metadata.at("replica_world_size") == "3");
+  CHECK(f.metadata.at("replica_states") == "momentum");
+  CHECK(f.tensors.at("replica.rank2.momentum").shape == Shape{P});
+  CHECK(f.tensors.count("replica.rank0.momentum") == 0);  // rank 0's is "optim.momentum.*"
+
+  std::vector<float> p(P), mom(P);
+  ReplicaState got;
+  load_checkpoint(path, m, p.data(), {{"momentum", mom.data()}}, nullptr, &got);
+  CHECK(mom == s.mom);
+  CHECK(got.world_size == 3);
+  CHECK(got.names == s.rs.names);
+  CHECK(got.ranks == s.rs.ranks);
+  // Weights only (eval, predict, generate) ignore it, and so does a resume that does not ask.
+  std::vector<float> q(P);
+  load_checkpoint(path, m, q.data(), {});
+  CHECK(q == s.p);
+  load_checkpoint(path, m, q.data(), {{"momentum", mom.data()}});
+  // A file without it reads as none.
+  save_checkpoint(dir / "plain.safetensors", m, s.p.data(), {{"momentum", mom.data()}},
+                  local_sgd_meta());
+  got.world_size = 5;
+  load_checkpoint(dir / "plain.safetensors", m, p.data(), {{"momentum", mom.data()}}, nullptr,
+                  &got);
+  CHECK(got.world_size == 0);
+  CHECK(got.ranks.empty());
+}
+
+TEST_CASE("a checkpoint whose per-rank optimizer record and tensors disagree is refused") {
+  TempDir dir;
+  const Model m = small_model();
+  const int64_t P = m.param_count();
+  const std::string path = dir / "c.safetensors";
+  save3(m, path);
+  std::vector<float> p(P), mom(P);
+  ReplicaState got;
+  const auto refused = [&](auto edit, const std::string& words) {
+    const std::string bad = dir / "bad.safetensors";
+    std::filesystem::copy_file(path, bad, std::filesystem::copy_options::overwrite_existing);
+    rewrite(bad, edit);
+    const std::string e = dtrain::testing::user_error([&] {
+      load_checkpoint(bad, m, p.data(), {{"momentum", mom.data()}}, nullptr, &got);
+    });
+    CHECK_MESSAGE(e.find(words) != std::string::npos, e);
+  };
+  refused([](StFile& f) { f.tensors.erase("replica.rank2.momentum"); },
+          "needs tensor 'replica.rank2.momentum' of shape [");
+  refused([](StFile& f) { f.metadata["replica_world_size"] = "4"; },
+          "needs tensor 'replica.rank3.momentum'");
+  refused([](StFile& f) { f.metadata["replica_world_size"] = "1"; }, "is for 1 ranks");
+  refused([](StFile& f) { f.metadata["replica_world_size"] = "x2"; }, "not an integer ('x2')");
+  refused([](StFile& f) { f.metadata.erase("replica_states"); },
+          "has metadata 'replica_world_size' without 'replica_states'");
+  refused([](StFile& f) { f.metadata["replica_states"] = "momentum,a.b"; }, "names a state 'a.b'");
+  refused([](StFile& f) { f.tensors.at("replica.rank1.momentum").data[3] = NAN; },
+          "replica.rank1.momentum");
+  // Its tensors without its record are unknown tensors.
+  refused(
+      [](StFile& f) {
+        f.metadata.erase("replica_states");
+        f.metadata.erase("replica_world_size");
+      },
+      "unexpected tensor 'replica.rank1.momentum'");
 }

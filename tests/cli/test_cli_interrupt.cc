@@ -142,6 +142,14 @@ TEST_CASE("SIGTERM to 2 in-process Local SGD ranks stops at a synchronisation, b
                        SIGTERM, 8);
 }
 
+TEST_CASE("SIGTERM to dtrain launch (2 Local SGD ranks, each its own momentum): bitwise resume") {
+  // The checkpoint holds rank 1's momentum too (replica.rank1.momentum), sent over gRPC both ways.
+  interrupt_and_resume("launch",
+                       "--nproc 2 --set distributed.strategy=local_sgd "
+                       "--set distributed.local_sgd.sync_every=8",
+                       SIGTERM, 8);
+}
+
 TEST_CASE("SIGINT to dtrain launch (2 ranks over gRPC): the ranks checkpoint, launch exits 130") {
   interrupt_and_resume("launch", "--nproc 2", SIGINT);
 }

@@ -2,9 +2,10 @@
 // replicas) across a resume on another number of replicas: with the same samples per optimizer
 // step the checkpoint's rate is kept, so the run ends where the uninterrupted one does; with
 // another global batch the rate follows the config; an optimizer.lr changed since the checkpoint
-// applies as given. Local SGD's per-rank momentum, of which the checkpoint holds rank 0's.
+// applies as given. Local SGD's per-rank momentum, which the checkpoint holds for every rank.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -12,6 +13,7 @@
 #include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/safetensors.h"
 #include "test_util.h"
 #include "train/train_test_util.h"
 
@@ -83,7 +85,7 @@ TEST_CASE(
   CHECK(lr_at_step(lower, 11) == doctest::Approx(0.01));
 }
 
-TEST_CASE("a Local SGD resume says when per-rank momentum makes it inexact, and is exact else") {
+TEST_CASE("a Local SGD resume is exact with each rank's own momentum, and says when it cannot be") {
   spdlog::set_level(spdlog::level::warn);
   TempDir dir;
   const std::vector<std::string> local = {"distributed.strategy=local_sgd",
@@ -98,17 +100,43 @@ TEST_CASE("a Local SGD resume says when per-rank momentum makes it inexact, and 
     train_yaml(kYaml, full, sets);
     LogCapture cap;
     train_yaml(kYaml, res, sets, full + "/checkpoints/step-10.safetensors");
-    const double d = checkpoint_rel_diff(full + "/checkpoints/step-20.safetensors",
-                                         res + "/checkpoints/step-20.safetensors");
-    if (averaged) {
-      CHECK(d == 0.0);
-      CHECK_FALSE(dtrain::testing::contains(cap.text(), "resuming Local SGD"));
-    } else {
-      CHECK(d > 1e-6);  // what the warning is about
-      CHECK_MESSAGE(dtrain::testing::contains(cap.text(),
-                                              "resuming Local SGD: all 2 ranks continue with "
-                                              "rank 0's optimizer state (momentum)"),
-                    cap.text());
-    }
+    const std::string a = full + "/checkpoints/step-20.safetensors",
+                      b = res + "/checkpoints/step-20.safetensors";
+    CHECK(checkpoint_rel_diff(a, b) == 0.0);
+    CHECK_FALSE(dtrain::testing::contains(cap.text(), "resuming Local SGD"));
+    // Rank 1's own momentum is in the file (and only then), equal after the resume.
+    const StFile fa = read_safetensors(a), fb = read_safetensors(b);
+    REQUIRE(fa.tensors.count("replica.rank1.momentum") == (averaged ? 0 : 1));
+    if (averaged) continue;
+    CHECK(fa.metadata.at("replica_world_size") == "2");
+    CHECK(fa.tensors.at("replica.rank1.momentum").data ==
+          fb.tensors.at("replica.rank1.momentum").data);
+    // (the first tensor of the flat layout is layers.0.weight: rank 1's differs from rank 0's)
+    const std::vector<float>& r0 = fa.tensors.at("optim.momentum.layers.0.weight").data;
+    const std::vector<float>& r1 = fa.tensors.at("replica.rank1.momentum").data;
+    REQUIRE(r1.size() > r0.size());
+    CHECK_FALSE(std::equal(r0.begin(), r0.end(), r1.begin()));
   }
+  // On 3 ranks, a checkpoint of 2 ranks' own momentum cannot continue exactly: said.
+  LogCapture cap;
+  std::vector<std::string> three = local;
+  three.push_back("distributed.world_size=3");
+  train_yaml(kYaml, dir / "three", three, dir / "full-own/checkpoints/step-10.safetensors");
+  CHECK_MESSAGE(dtrain::testing::contains(
+                    cap.text(),
+                    "resuming Local SGD: all 3 ranks continue with rank 0's optimizer state "
+                    "(momentum), the checkpoint holds each of its 2 ranks' own state, and this "
+                    "run has 3"),
+                cap.text());
+  // A pipeline's sharded checkpoint holds each stage's first replica's state only: said.
+  std::vector<std::string> piped = local;
+  piped.insert(piped.end(), {"distributed.world_size=4", "distributed.pipeline.stages=2"});
+  train_yaml(kYaml, dir / "piped", piped);
+  LogCapture pcap;
+  train_yaml(kYaml, dir / "piped-res", piped, dir / "piped/checkpoints/step-10");
+  CHECK_MESSAGE(dtrain::testing::contains(pcap.text(),
+                                          "resuming Local SGD in a pipeline: the 2 replicas of "
+                                          "each stage continue with the first one's optimizer "
+                                          "state (momentum)"),
+                pcap.text());
 }

@@ -602,12 +602,18 @@ TEST_CASE(
   CHECK(floats({"distributed.compression.type=int8", "distributed.compression.error_feedback=false",
                 "train.nonfinite=skip"}) == 3000 + 2000 + 2 * 254);
   // Local SGD compresses at synchronisations, after the verdict: the residual but no copy; it
-  // keeps the anchor and the delta it compresses (and DiLoCo's outer momentum).
+  // keeps the anchor and the delta it compresses (and DiLoCo's outer momentum), and rank 0
+  // gathers the other ranks' own momentum to checkpoint it ((W - 1) x 1000, a share of 1/W each).
   CHECK(floats({"distributed.strategy=local_sgd", "distributed.compression.type=int8",
-                "train.nonfinite=skip"}) == 5000 + 1000 + 2000 + 2 * 254);
-  CHECK(floats({"distributed.strategy=local_sgd", "distributed.local_sgd.outer_lr=0.7"}) == 5000);
+                "train.nonfinite=skip"}) == 5000 + 1000 + 2000 + 2 * 254 + 500);
+  CHECK(floats({"distributed.strategy=local_sgd", "distributed.local_sgd.outer_lr=0.7"}) ==
+        5000 + 500);
   CHECK(floats({"distributed.strategy=local_sgd", "distributed.compression.type=powersgd"}) ==
-        5000 + 1000);
+        5000 + 1000 + 500);
+  CHECK(floats({"distributed.strategy=local_sgd"}, 4) == 3000 + 750);
+  CHECK(
+      floats({"distributed.strategy=local_sgd", "distributed.local_sgd.sync_optimizer_state=true"},
+             4) == 3000);
   // Sharded strategies: ZeRO-2 keeps the parameters whole, gradients and momentum sharded, and
   // during backward the full gradients of 3 units; fsdp also gathers 2 units.
   CHECK(floats({"distributed.strategy=zero2"}, 2, 100) == 2000 + 300);

@@ -1,0 +1,32 @@
+// Local SGD's per-rank optimizer state in checkpoints: between the ranks' optimizers and the
+// ReplicaState a checkpoint file holds (checkpoint/checkpoint.h).
+//
+// Without distributed.local_sgd.sync_optimizer_state each replica keeps its own momentum or Adam
+// moments between (and across) synchronisations, so an exact resume needs every rank's. Saving:
+// rank 0 writes the one file, so every other rank's state travels to rank 0 (point to point:
+// rank 0 only receives) and is held there until the file is written, (world - 1) x the
+// optimizer state. Resuming: rank 0's state comes from the file's "optim.*" tensors as for any
+// strategy; each other rank's is sent to it when the checkpoint holds one per rank of this world
+// size with this optimizer's state names. Otherwise every rank continues with rank 0's, with a
+// warning that the resume is not exact (an elastic restart on fewer ranks, a checkpoint written
+// before per-rank state was saved, or by another strategy).
+#pragma once
+
+#include "checkpoint/checkpoint.h"
+#include "comm/communicator.h"
+#include "optim/optimizer.h"
+
+namespace dtrain {
+
+// Collective over `comm` (the data axis: local_sgd's is the world). Every rank's optimizer state
+// on rank 0 (ranks 1 .. size - 1; rank 0's own is the checkpoint's "optim.*"); the other ranks
+// get an empty ReplicaState.
+ReplicaState gather_replica_state(Communicator& comm, const Optimizer& opt);
+
+// Collective. Sets ranks 1 .. size - 1's optimizer state from `saved` (what rank 0 read from the
+// checkpoint; ignored on the other ranks) when it fits this run, else leaves every rank with the
+// state it has (rank 0's, from load_full) and rank 0 warns why the resume is not exact. Returns
+// whether it restored, the same on every rank.
+bool restore_replica_state(Communicator& comm, Optimizer& opt, const ReplicaState& saved);
+
+}  // namespace dtrain
