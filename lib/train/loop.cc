@@ -1,5 +1,6 @@
 #include "train/train_loop.h"
 
+#include <bit>
 #include <map>
 
 #include "train/data_agreement.h"
@@ -285,6 +286,16 @@ std::pair<double, int64_t> TrainLoop::interval_totals() {
     loss = l;
   }
   return {loss, samples};
+}
+
+std::vector<int64_t> TrainLoop::interval_per_rank() {
+  if (loss_global_ || world_.size() == 1) return {};
+  // Each rank fills its own slots; the sum over ranks of zeros and one bit pattern is exact.
+  std::vector<int64_t> w(static_cast<size_t>(world_.size()) * 2, 0);
+  w[static_cast<size_t>(rank_) * 2] = std::bit_cast<int64_t>(interval_loss_);
+  w[static_cast<size_t>(rank_) * 2 + 1] = interval_samples_;
+  world_.allreduce(w.data(), w.size(), ReduceOp::kSum);
+  return w;
 }
 
 // An interrupted run stops between records: its final_train_loss is the mean over the steps

@@ -128,8 +128,9 @@ bool TrainLoop::resume() {
 // The running totals the checkpoint recorded (CheckpointMeta::progress_json): the skip count and
 // the train record in progress, read by rank 0 and broadcast (every rank reports the same skip
 // count and, where each holds the global loss, the same final_train_loss). Where the loss is per
-// rank, record() adds the other ranks' own sums (from 0) to rank 0's, so only rank 0 keeps the
-// saved all-ranks sums. Collective.
+// rank, each rank continues its own interval sums when the checkpoint holds every rank's of this
+// world size (interval_ranks); otherwise record() adds the other ranks' own sums (from 0) to rank
+// 0's, so only rank 0 keeps the saved all-ranks sums. Collective.
 namespace {
 
 // The run folder's newest eval record (metrics.jsonl) at a step <= `step` of the timeline the
@@ -174,6 +175,7 @@ void TrainLoop::restore_progress(const std::string& progress) {
       eval_rec.is_null() ? -1.0 : static_cast<double>(eval_rec.value("step", int64_t{-1})),
       figure(eval_rec, "test_loss"), figure(eval_rec, "test_accuracy")};
   std::vector<double> v = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0, std::nan("")};
+  std::vector<double> own;  // [2 x world] or empty
   if (lead_ && !progress.empty()) {
     try {
       const nlohmann::json p = nlohmann::json::parse(progress);
@@ -193,6 +195,13 @@ void TrainLoop::restore_progress(const std::string& progress) {
                 : fmt::format("epoch {} goes on from batch {} of the new set's order, not the "
                               "interrupted run's",
                               rp_.epoch, batch_));
+      // Every rank's own interval sums, of a run with as many ranks (interval_per_rank).
+      if (const auto it = p.find("interval_ranks");
+          it != p.end() && it->is_array() && it->size() == static_cast<size_t>(world_.size()))
+        for (const nlohmann::json& r : *it) {
+          own.push_back(r.at(0).get<double>());
+          own.push_back(static_cast<double>(r.at(1).get<int64_t>()));
+        }
       v = {static_cast<double>(p.at("skipped_steps").get<int64_t>()),
            p.at("record_loss").get<double>(),
            static_cast<double>(p.at("record_samples").get<int64_t>()),
@@ -205,10 +214,20 @@ void TrainLoop::restore_progress(const std::string& progress) {
       spdlog::warn("{}: its running totals (progress) are unreadable ({}): records restart at 0",
                    rp_.from, shown_text(e.what(), 200));
       v = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0, std::nan("")};
+      own.clear();
     }
   }
   v.insert(v.end(), last_eval.begin(), last_eval.end());
+  v.push_back(own.empty() ? 0.0 : 1.0);  // v[10]
+  own.resize(static_cast<size_t>(world_.size()) * 2, 0.0);
+  v.insert(v.end(), own.begin(), own.end());
   world_.broadcast(reinterpret_cast<uint8_t*>(v.data()), v.size() * sizeof(double), 0);
+  // Where the loss is per rank, each rank continues its own sums when the checkpoint has them.
+  const bool own_sums = !loss_global_ && v[10] != 0.0;
+  if (own_sums) {
+    interval_loss_ = v[11 + static_cast<size_t>(rank_) * 2];
+    interval_samples_ = static_cast<int64_t>(v[12 + static_cast<size_t>(rank_) * 2]);
+  }
   skipped_steps_ = static_cast<int64_t>(v[0]);
   eval_due_ = v[5] != 0.0;  // (every rank: an evaluation is collective)
   if (v[7] >= 0) {
@@ -226,6 +245,7 @@ void TrainLoop::restore_progress(const std::string& progress) {
   final_train_loss_ = v[6];
   record_loss_ = v[1];
   record_samples_ = static_cast<int64_t>(v[2]);
+  if (own_sums) return;
   interval_loss_ = v[3];
   interval_samples_ = static_cast<int64_t>(v[4]);
 }

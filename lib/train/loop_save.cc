@@ -1,6 +1,8 @@
 // TrainLoop's checkpoint writes (train_loop.h): synchronous and asynchronous saves, sharded
 // commits, and the deadline after a preemption signal.
+#include <bit>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <random>
 
@@ -57,6 +59,7 @@ void TrainLoop::save() {
   // rank saves at the same step), goes into the checkpoint with the skip count, so a resumed run's
   // first record averages the steps an uninterrupted run's does.
   const auto [interval_loss, interval_samples] = interval_totals();
+  const std::vector<int64_t> per_rank = interval_per_rank();
   CheckpointMeta m;
   if (lead_) {
     m.step = step_;
@@ -71,15 +74,25 @@ void TrainLoop::save() {
     m.config_json = config_json_;
     if (data_->train.kind == SampleKind::kFeatures) m.normalizer_json = data_->normalizer.to_json();
     m.schedule_steps = schedule_steps_;
-    const nlohmann::json progress = {{"skipped_steps", skipped_steps_},
-                                     {"record_loss", record_loss_},
-                                     {"record_samples", record_samples_},
-                                     {"interval_loss", interval_loss},
-                                     {"interval_samples", interval_samples},
-                                     {"eval_due", eval_due_},
-                                     {"final_train_loss", nan_to_null(final_train_loss_)},
-                                     {"train_rows", data_->train.rows},
-                                     {"base_lr", plan_.base_lr}};
+    nlohmann::json progress = {{"skipped_steps", skipped_steps_},
+                               {"record_loss", record_loss_},
+                               {"record_samples", record_samples_},
+                               {"interval_loss", interval_loss},
+                               {"interval_samples", interval_samples},
+                               {"eval_due", eval_due_},
+                               {"final_train_loss", nan_to_null(final_train_loss_)},
+                               {"train_rows", data_->train.rows},
+                               {"base_lr", plan_.base_lr}};
+    // (JSON numbers round-trip a double exactly; a non-finite sum has no JSON number, and a
+    // resume then takes the total)
+    nlohmann::json ranks = nlohmann::json::array();
+    for (size_t r = 0; r + 1 < per_rank.size(); r += 2) {
+      const double loss = std::bit_cast<double>(per_rank[r]);
+      if (!std::isfinite(loss)) break;
+      ranks.push_back({loss, per_rank[r + 1]});
+    }
+    if (!per_rank.empty() && ranks.size() * 2 == per_rank.size())
+      progress["interval_ranks"] = std::move(ranks);
     m.progress_json = progress.dump();
   }
   // Every rank's compression state goes to rank 0 (compression_state.h).

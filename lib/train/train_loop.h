@@ -79,6 +79,11 @@ class TrainLoop {
   void restore_progress(const std::string& progress);  // collective
   bool run_left_unfinished();                          // collective
   std::pair<double, int64_t> interval_totals();        // collective where the loss is per rank
+  // Where the loss is per rank, every rank's own interval sums (loss bits, samples; rank r at
+  // 2r, 2r + 1), so a resume on as many ranks continues each one's and its next record is
+  // bitwise the uninterrupted run's (the reduced total, rounded through float32 as record()
+  // sums it, is not). Empty where the loss is global. Collective where it is per rank.
+  std::vector<int64_t> interval_per_rank();
   // This rank's own failure (not an agreed one), told to the peers before anything that owns an
   // in-flight collective's buffers goes (settle_before_free would abort with a vaguer reason;
   // the first reason is the one kept): as an abandoned stop vote tells it, the error itself
