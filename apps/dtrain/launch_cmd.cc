@@ -1,5 +1,7 @@
 #include "dtrain/launch_cmd.h"
 
+#include <unistd.h>
+
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
@@ -16,6 +18,7 @@
 #include "train/stop.h"
 #include "util/check.h"
 #include "util/fault.h"
+#include "util/fs.h"
 
 namespace dtrain {
 
@@ -102,6 +105,43 @@ void prepare_node0_out_dir(const LaunchCmd& c, OutDirLock* lock) {
   }
 }
 
+// The config a restart runs: the file as launched. It may have been edited since (the next
+// experiment's settings, a half-saved file), and a restart that read it again continued this job
+// under other settings, or failed on a syntax error. When its bytes differ from the launch's (or
+// it cannot be read), the restart's ranks read the launch's resolved config instead (config.json's
+// form: absolute paths, --set applied; the ranks apply the same --set again), written to
+// RUN/logs/launch-config-<launcher pid>.json. Copyable (a restart_argv capture).
+class RestartConfig {
+ public:
+  RestartConfig(const Config& cfg, std::string path, const std::string& out_dir)
+      : path_(std::move(path)),
+        launched_(read_config(path_)),
+        resolved_(config_to_json(cfg).dump(2) + "\n"),
+        snapshot_(
+            (fs::path(out_dir) / "logs" / ("launch-config-" + std::to_string(::getpid()) + ".json"))
+                .string()) {}
+
+  std::string path_for(int attempt) const {
+    if (read_config(path_) == launched_) return path_;
+    write_file_atomic(snapshot_, resolved_);
+    spdlog::warn(
+        "restart {}: {} has changed since the launch (or cannot be read now): the ranks run the "
+        "config as launched, from {}",
+        attempt, path_, snapshot_);
+    return snapshot_;
+  }
+
+ private:
+  static std::string read_config(const std::string& path) {
+    try {
+      return read_regular_file(path, uint64_t{64} << 20);
+    } catch (const std::exception& e) {
+      return std::string("\0unreadable: ", 14) + e.what();
+    }
+  }
+  std::string path_, launched_, resolved_, snapshot_;
+};
+
 // The commands of the attempts after the first (lo.restart_argv, lo.resize_argv) and the first
 // one's --resume. `cell`: the rank grid's tensor x pipeline ranks.
 void set_attempt_commands(const Config& cfg, const LaunchCmd& c, bool node0, int64_t cell,
@@ -119,16 +159,24 @@ void set_attempt_commands(const Config& cfg, const LaunchCmd& c, bool node0, int
   const auto at_launch = latest_mtime();
   const std::vector<std::string> run_argv = c.run_argv;
   const std::string resume = c.resume, out_dir = c.out_dir;
-  lo.restart_argv = [run_argv, resume, latest_mtime, at_launch, out_dir, node0](int) {
+  // --resume of a checkpoint outside this folder (a warm start): before the job's first own
+  // checkpoint the failed attempt's records are this job's own, replaced by the restart (rank 0
+  // refused to resume another folder's checkpoint into a folder that holds a run).
+  const bool foreign_resume = !resume.empty() && resume != "auto" &&
+                              !path_is_within(resume, (fs::path(out_dir) / "checkpoints").string());
+  const RestartConfig config(cfg, run_argv.at(2), out_dir);
+  lo.restart_argv = [run_argv, resume, latest_mtime, at_launch, out_dir, node0, foreign_resume,
+                     config](int attempt) {
     std::vector<std::string> argv = run_argv;
+    argv[2] = config.path_for(attempt);
     const auto now = latest_mtime();
     const bool saved = now && now != at_launch;
+    // A start again from the first attempt's point: its metrics and config go (its logs stay).
+    if (!saved && node0 && (resume.empty() || foreign_resume))
+      prepare_out_dir(out_dir, false, /*overwrite=*/true, /*clear_logs=*/false);
     if (saved || !resume.empty()) {
       argv.push_back("--resume");
       argv.push_back(saved ? "auto" : resume);
-    } else if (node0) {
-      // A fresh start again: the failed attempt's metrics and config go (its logs stay).
-      prepare_out_dir(out_dir, false, /*overwrite=*/true, /*clear_logs=*/false);
     }
     return argv;
   };
