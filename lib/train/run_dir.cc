@@ -31,6 +31,35 @@ std::vector<std::string> run_files_in(const std::string& out_dir) {
   return found;
 }
 
+namespace {
+
+// Refuses (UserError, exit 2) a run folder, or its checkpoints/ folder, this process cannot
+// create files in -- a read-only mount, a folder of another user -- before any data loads: a
+// resume in place otherwise loaded everything and failed at its first write (exit 1, which a
+// restart repeats). Probed by creating and removing a file, which root's permission bypass and
+// read-only file systems both answer truthfully.
+void require_writable(const std::string& out_dir) {
+  for (const fs::path& dir : {fs::path(out_dir), fs::path(out_dir) / "checkpoints"}) {
+    std::error_code ec;
+    if (!fs::is_directory(dir, ec)) continue;
+    const fs::path probe = dir / (".dtrain-write-probe." + std::to_string(::getpid()));
+    const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd >= 0) {
+      ::close(fd);
+      ::unlink(probe.c_str());
+      continue;
+    }
+    const int err = errno;
+    if (err == EEXIST) continue;  // (a probe of this pid left by a killed run: it was writable)
+    throw UserError("--out '" + out_dir + "': cannot create files in '" + dir.string() +
+                    "': " + std::strerror(err) +
+                    ": the run writes its records and checkpoints there; choose another --out" +
+                    " (a run resumed from a checkpoint there reads it with --resume PATH)");
+  }
+}
+
+}  // namespace
+
 OutDirLock::OutDirLock(const std::string& out_dir) {
   std::error_code ec;
   fs::create_directories(out_dir, ec);
@@ -38,7 +67,10 @@ OutDirLock::OutDirLock(const std::string& out_dir) {
   fd_ = ::open(out_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd_ < 0)
     throw UserError("--out '" + out_dir + "': cannot open the folder: " + std::strerror(errno));
-  if (::flock(fd_, LOCK_EX | LOCK_NB) == 0) return;
+  if (::flock(fd_, LOCK_EX | LOCK_NB) == 0) {
+    require_writable(out_dir);
+    return;
+  }
   const int err = errno;
   ::close(fd_);
   fd_ = -1;

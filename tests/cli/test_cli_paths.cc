@@ -113,3 +113,25 @@ TEST_CASE("dtrain launch --overwrite clears its ranks' logs only, not what else 
   CHECK_FALSE(std::filesystem::exists(out + "/logs/rank-1.log"));  // the old job's
   CHECK_FALSE(std::filesystem::exists(out + "/logs/rank-1.error.json"));
 }
+
+TEST_CASE("a run folder on a read-only file system is exit 2 up front, a resume in place too") {
+  // A resume in place loaded the data and the checkpoint, then failed at its first write: exit 1
+  // ("cannot create temp file"), which a restart repeats. Needs a private mount namespace
+  // (unshare -m, as root): skipped where there is none.
+  TempDir dir;
+  const std::string cfg = dir.write("t.yaml", kTiny);
+  const std::string mnt = dir / "mnt";
+  std::filesystem::create_directories(mnt);
+  const std::string script = "mount -t tmpfs -o size=8M tmpfs " + mnt + " || exit 99; " + kBin +
+                             " run " + cfg + " --out " + mnt + "/r --log-level error || exit 98; " +
+                             "mount -o remount,ro " + mnt + " || exit 99; " + kBin + " run " + cfg +
+                             " --out " + mnt + "/r --resume auto --set train.max_steps=4";
+  const CmdResult r = run_cmd("unshare -m bash -c '" + script + "' 2>&1");
+  if (r.exit_code == 99 || contains(r.output, "unshare failed")) {
+    MESSAGE("skipped: no private mount namespace here: " << r.output);
+    return;
+  }
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK(contains(r.output, "cannot create files in '" + mnt + "/r': Read-only file system"));
+}
