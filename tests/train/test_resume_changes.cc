@@ -117,6 +117,18 @@ TEST_CASE("a Local SGD resume is exact with each rank's own momentum, and says w
     REQUIRE(r1.size() > r0.size());
     CHECK_FALSE(std::equal(r0.begin(), r0.end(), r1.begin()));
   }
+  // DiLoCo without momentum: its outer momentum is the same on every rank, nothing per rank to
+  // lose, nothing said (it warned that the resume was inexact).
+  {
+    std::vector<std::string> diloco = local;
+    diloco.insert(diloco.end(), {"optimizer.momentum=0", "distributed.local_sgd.outer_lr=0.7"});
+    train_yaml(kYaml, dir / "diloco", diloco);
+    LogCapture cap;
+    train_yaml(kYaml, dir / "diloco-res", diloco, dir / "diloco/checkpoints/step-10.safetensors");
+    CHECK(checkpoint_rel_diff(dir / "diloco/checkpoints/step-20.safetensors",
+                              dir / "diloco-res/checkpoints/step-20.safetensors") == 0.0);
+    CHECK_MESSAGE(!dtrain::testing::contains(cap.text(), "resuming Local SGD"), cap.text());
+  }
   // On 3 ranks, a checkpoint of 2 ranks' own momentum cannot continue exactly: said.
   LogCapture cap;
   std::vector<std::string> three = local;
