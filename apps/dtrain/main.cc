@@ -1,5 +1,9 @@
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <spdlog/spdlog.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -19,6 +23,17 @@
 #endif
 
 int main(int argc, char** argv) {
+  // Standard streams closed by whoever started dtrain (`dtrain run ... >&- 2>&-`) are reopened on
+  // /dev/null first: the next files opened would take their numbers, and the log written to
+  // "stderr" went into metrics.jsonl.
+  for (int fd = 0; fd <= 2; ++fd) {
+    if (::fcntl(fd, F_GETFD) != -1 || errno != EBADF) continue;
+    const int got = ::open("/dev/null", fd == 0 ? O_RDONLY : O_WRONLY);
+    if (got > fd) {
+      ::dup2(got, fd);
+      ::close(got);
+    }
+  }
   // OpenBLAS fixes its kernels when it loads, before main: start again with the ones this CPU
   // runs best if it fell back to slower ones (tensor/blas.h).
   dtrain::reexec_with_better_blas(argv);

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <sstream>
 
@@ -245,6 +246,21 @@ TEST_CASE("the smoke config trains as CI runs it") {
   REQUIRE_MESSAGE(r.exit_code == 0, r.output);
   const auto s = nlohmann::json::parse(read_text(dir / "smoke/summary.json"));
   CHECK(s["test_accuracy"].get<double>() > 0.9);
+}
+
+TEST_CASE("a run with its standard streams closed writes its log to none of its files") {
+  // The first files opened took descriptors 1 and 2, so the log went into metrics.jsonl (and
+  // `dtrain plot` refused it), and the run exited 1.
+  TempDir dir;
+  const auto r = run_cmd("exec 0<&- 1>&- 2>&-; " + kBin + " run " + kSrc + "/configs/smoke.yaml" +
+                         " --out " + dir / "run; echo rc=$? > " + dir / "rc");
+  INFO(r.output);
+  CHECK(read_text(dir / "rc") == "rc=0\n");
+  std::ifstream in(dir / "run/metrics.jsonl");
+  int lines = 0;
+  for (std::string line; std::getline(in, line); ++lines)
+    CHECK_MESSAGE(nlohmann::json::accept(line), line);
+  CHECK(lines > 0);
 }
 
 TEST_CASE("predict and eval: non-finite outputs are refused, input rows are all predicted") {
