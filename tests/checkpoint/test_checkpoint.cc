@@ -102,6 +102,9 @@ TEST_CASE("commit_checkpoint names the newest and keeps the last N") {
   CHECK(resolve_checkpoint(dir / "latest", false) == dir / "step-40.safetensors");
   CHECK(resolve_checkpoint(dir / "nothing", true).empty());
   CHECK_THROWS_AS(resolve_checkpoint(dir / "nothing", false), UserError);
+  // A name with a NUL (a hand-edited file): the file system would see "step-40.safetensors".
+  dir.write("latest", std::string("step-40.safetensors\0junk\n", 25));
+  CHECK_THROWS_AS(resolve_checkpoint(dir.path(), false), UserError);
   dir.write("latest", "step-99.safetensors\n");
   CHECK_THROWS_AS(resolve_checkpoint(dir.path(), false), UserError);
   CHECK_THROWS_AS(resolve_checkpoint(dir / "latest", false), UserError);
