@@ -22,6 +22,7 @@
 #include "data/compression.h"
 #include "util/check.h"
 #include "util/fs.h"
+#include "util/strings.h"
 
 namespace dtrain {
 
@@ -37,7 +38,28 @@ bool has_glob_chars(const std::string& s) {
   return s.find_first_of("*?[") != std::string::npos;
 }
 
-// The regular files matching `pattern`, in byte order of their paths.
+// What a path that is not a regular file is, for messages.
+std::string not_a_file_kind(const std::string& path) {
+  std::error_code ec;
+  switch (std::filesystem::status(path, ec).type()) {
+    case std::filesystem::file_type::directory:
+      return "a folder";
+    case std::filesystem::file_type::fifo:
+      return "a FIFO";
+    case std::filesystem::file_type::character:
+    case std::filesystem::file_type::block:
+      return "a device";
+    case std::filesystem::file_type::socket:
+      return "a socket";
+    case std::filesystem::file_type::not_found:
+      return "a symbolic link to nothing";
+    default:
+      return "not a regular file";
+  }
+}
+
+// The regular files matching `pattern`, in byte order of their paths; the other matches are left
+// out with a warning.
 std::vector<std::string> glob_files(const std::string& pattern, const std::string& key) {
   glob_t g{};
   const int rc = ::glob(pattern.c_str(), GLOB_NOSORT, nullptr, &g);
@@ -48,15 +70,29 @@ std::vector<std::string> glob_files(const std::string& pattern, const std::strin
   if (rc != 0 && rc != GLOB_NOMATCH) {
     throw UserError(key + ": cannot expand the pattern '" + pattern + "'");
   }
-  std::vector<std::string> out;
+  std::vector<std::string> out, skipped;
   for (size_t i = 0; i < g.gl_pathc; ++i) {
-    if (!is_regular_file(g.gl_pathv[i])) continue;
+    if (!is_regular_file(g.gl_pathv[i])) {
+      skipped.push_back(fmt::format("'{}' ({})", g.gl_pathv[i], not_a_file_kind(g.gl_pathv[i])));
+      continue;
+    }
     // A match is an input file as a named one is (a /proc file would read without end).
     if (const std::string why = input_file_problem(g.gl_pathv[i]); !why.empty())
       throw UserError(key + ": '" + g.gl_pathv[i] + "' (matching '" + pattern + "') " + why);
     out.emplace_back(g.gl_pathv[i]);
   }
-  if (out.empty()) throw UserError(key + ": the pattern '" + pattern + "' matches no file");
+  std::sort(skipped.begin(), skipped.end());
+  const std::string skipped_text = skipped.size() <= 3
+                                       ? join(skipped, ", ")
+                                       : fmt::format("{}, {}, {} and {} more", skipped[0],
+                                                     skipped[1], skipped[2], skipped.size() - 3);
+  if (out.empty())
+    throw UserError(key + ": the pattern '" + pattern + "' matches no file" +
+                    (skipped.empty() ? "" : ", only what is not one: " + skipped_text));
+  // (a named fifo or folder is refused: matched by a pattern, it is left out, said)
+  if (!skipped.empty())
+    spdlog::warn("{}: the pattern '{}' matches {} path(s) that are not regular files, left out: {}",
+                 key, pattern, skipped.size(), skipped_text);
   std::sort(out.begin(), out.end());
   return out;
 }

@@ -2,11 +2,14 @@
 // the window length from model.block_size.
 #include <doctest/doctest.h>
 
+#include <sys/stat.h>
+
 #include <filesystem>
 #include <string>
 
 #include "config/config.h"
 #include "data/dataset.h"
+#include "log_capture.h"
 #include "test_util.h"
 #include "util/check.h"
 
@@ -35,6 +38,22 @@ TEST_CASE("load_data: format text through the config: globs, block_size from the
   CHECK(s.test.rows == 9);
   const Config none = load_config(t / "c.yaml", {"data.train.path=" + t / "nothing*.txt"});
   CHECK_THROWS_WITH_AS(load_data(none.data, 1), doctest::Contains("matches no file"), UserError);
+  // Matches that are not regular files are left out, said (they were left out in silence, where
+  // naming one is refused).
+  std::filesystem::create_directory(t / "x3.txt");
+  REQUIRE(::mkfifo((t / "x4.txt").c_str(), 0600) == 0);
+  std::filesystem::create_symlink(t / "gone", t / "x5.txt");
+  testing::LogCapture cap;
+  CHECK(load_data(c.data, c.seed).train.rows == 89);
+  CHECK_MESSAGE(
+      testing::contains(cap.text(), "matches 3 path(s) that are not regular files, left out: '" +
+                                        t / "x3.txt" + "' (a folder), '" + t / "x4.txt" +
+                                        "' (a FIFO), '" + t / "x5.txt" +
+                                        "' (a symbolic link to nothing)"),
+      cap.text());
+  const Config only = load_config(t / "c.yaml", {"data.train.path=" + t / "x[345].txt"});
+  CHECK_THROWS_WITH_AS(load_data(only.data, 1),
+                       doctest::Contains("matches no file, only what is not one: '"), UserError);
 }
 
 TEST_CASE("load_data: a relative glob matches inside the config's folder, whatever its name") {
