@@ -76,6 +76,24 @@ std::string first_label_at_or_above(const DataConfig& d, bool test_files, int32_
   return "";
 }
 
+// Labels of which few of the range 0..classes - 1 occur (a stray 1000000 among 0..3 made a
+// model of 1,000,001 outputs in silence): most outputs are never taught, said with the largest
+// label's place. A range with gaps may be meant (a subset of a larger label set): a warning,
+// which model.num_classes silences.
+void warn_sparse_labels(const DataConfig& d, const std::vector<int32_t>& y, int64_t classes) {
+  std::vector<int32_t> u = y;
+  std::sort(u.begin(), u.end());
+  u.erase(std::unique(u.begin(), u.end()), u.end());
+  const auto distinct = static_cast<int64_t>(u.size());
+  if (classes <= 2 * distinct || classes - distinct < 64) return;
+  spdlog::warn(
+      "the training labels go up to {} (the largest{}), so the model gets {} outputs, but only "
+      "{} distinct labels occur: {} outputs are never taught. A wrong label? Fix the data; "
+      "otherwise set model.num_classes to {} to say it is meant",
+      u.back(), first_label_at_or_above(d, false, u.back()), classes, distinct, classes - distinct,
+      classes);
+}
+
 }  // namespace
 
 ModelShape resolve_model_shape(const Config& cfg, const DataSplits& data) {
@@ -92,6 +110,7 @@ ModelShape resolve_model_shape(const Config& cfg, const DataSplits& data) {
   const bool labelled = data.train.kind == SampleKind::kFeatures && !y.empty();
   const auto [lo, hi] = std::minmax_element(y.begin(), y.end());
   s.train_classes = labelled ? *hi + 1 : 0;
+  if (labelled && cfg.model.num_classes == 0) warn_sparse_labels(cfg.data, y, s.train_classes);
   if (labelled && cfg.model.num_classes == 0 && s.num_classes > s.train_classes)
     spdlog::warn(
         "the test data has label {}, above the training data's labels (0..{}): the model gets {} "

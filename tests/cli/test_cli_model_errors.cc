@@ -175,3 +175,33 @@ TEST_CASE("eval: test labels above a layer list's outputs are named as the test 
   CHECK_MESSAGE(contains(r.output, "data.test has label 9, above the labels 0..2 of checkpoint"),
                 r.output);
 }
+
+TEST_CASE("a stray large training label is said: most of the outputs it makes are never taught") {
+  // One label 1000000 among 0..3 made a model of 1,000,001 outputs in silence.
+  TempDir t;
+  std::string train = "a,b,label\n";
+  for (int i = 0; i < 40; ++i)
+    train +=
+        std::to_string(i % 7) + "," + std::to_string(i % 3) + "," + std::to_string(i % 4) + "\n";
+  train += "1,2,100000\n";
+  t.write("train.csv", train);
+  const std::string cfg = t.write("c.yaml",
+                                  "model: {hidden: [4]}\n"
+                                  "data: {format: csv, train: {path: " +
+                                      t / "train.csv" +
+                                      "}, batch_size: 8}\n"
+                                      "train: {epochs: 0, max_steps: 1}\nruntime: {threads: 1}\n");
+  CmdResult r = run_cmd(kBin + " run " + cfg + " --out " + t / "r" + " 2>&1");
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  CHECK_MESSAGE(contains(r.output,
+                         "the training labels go up to 100000 (the largest in data row 41 "
+                         "of '" +
+                             t / "train.csv" +
+                             "'), so the model gets 100001 outputs, but only 5 distinct "
+                             "labels occur"),
+                r.output);
+  // Said to be meant: nothing.
+  r = run_cmd(kBin + " run " + cfg + " --out " + t / "m" + " --set model.num_classes=100001 2>&1");
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  CHECK_FALSE(contains(r.output, "never taught"));
+}
