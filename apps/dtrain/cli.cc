@@ -295,8 +295,9 @@ int cmd_run(const Config& cfg, const std::string& config_path, std::string out,
   opts.overwrite = overwrite && rank0;
   StopRequest stop;
   InterruptGuard interrupts(stop, preempt_signal_number(cfg.train.preempt_signal));
-  std::unique_ptr<StopNotice> notice;  // (what rank 0 shows: said at once, not at the step's end)
-  if (rank0) notice = std::make_unique<StopNotice>(stop);
+  // (said at once, not at the step's end: a warning on rank 0, which shows the run; info in the
+  // other ranks' own logs)
+  const StopNotice notice(stop, rank0);
   opts.stop = &stop;
   opts.final_run = true;   // a second signal after the results are saved keeps the run's code
   end_with_launcher(env);  // after the guard: the launcher's death is a stop it handles

@@ -654,6 +654,8 @@ nlohmann::json TrainLoop::run() {
       stop_pending = sig;
       stop_preempted = stop_vote.preempted();
       if (stop_preempted) start_deadline(sig);
+      // (a rank signalled itself says so in its own log, before the process ends)
+      if (!lead_ && opts_.stop != nullptr) note_stop_received(*opts_.stop, /*shows_run=*/false);
       if (lead_) {
         if (bar_) bar_->clear();
         const bool orphaned = opts_.stop != nullptr && opts_.stop->launcher_gone.load();

@@ -6,18 +6,19 @@
 
 namespace dtrain {
 
-void note_stop_received(const StopRequest& req) {
+void note_stop_received(const StopRequest& req, bool shows_run) {
   const int sig = req.signal.load();
   if (sig == 0 || req.launcher_gone.load()) return;
-  std::call_once(req.noticed, [sig] {
-    spdlog::warn(
-        "received {}: the run stops at the next step every rank agrees on, once what it is "
-        "doing now ends, and writes a checkpoint (a second one ends it at once)",
-        interrupt_signal_name(sig));
+  std::call_once(req.noticed, [sig, shows_run] {
+    spdlog::log(shows_run ? spdlog::level::warn : spdlog::level::info,
+                "received {}: the run stops at the next step every rank agrees on, once what it "
+                "is doing now ends, and writes a checkpoint (a second one ends it at once)",
+                interrupt_signal_name(sig));
   });
 }
 
-StopNotice::StopNotice(const StopRequest& req) : t_([this, &req] { watch(req); }) {}
+StopNotice::StopNotice(const StopRequest& req, bool shows_run)
+    : t_([this, &req, shows_run] { watch(req, shows_run); }) {}
 
 StopNotice::~StopNotice() {
   {
@@ -28,11 +29,11 @@ StopNotice::~StopNotice() {
   t_.join();
 }
 
-void StopNotice::watch(const StopRequest& req) {
+void StopNotice::watch(const StopRequest& req, bool shows_run) {
   std::unique_lock<std::mutex> lk(mu_);
   while (!cv_.wait_for(lk, std::chrono::milliseconds(100), [&] { return done_; })) {
     if (req.signal.load() == 0) continue;
-    note_stop_received(req);
+    note_stop_received(req, shows_run);
     cv_.wait(lk, [&] { return done_; });
     return;
   }

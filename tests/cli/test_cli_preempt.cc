@@ -174,6 +174,9 @@ TEST_CASE("SIGTERM to one rank of dtrain launch (2 fsdp ranks, gRPC): both stop 
   CHECK_MESSAGE(contains(log, "rank 1 stopped: exit status 75"), log);
   CHECK_FALSE_MESSAGE(contains(log, "failed"), log);
   CHECK_FALSE_MESSAGE(contains(log, "restart 1 of"), log);
+  // Rank 1's own log says why it stopped (it said nothing: only rank 0's log had the stop).
+  const std::string r1 = read_text(cut + "/logs/rank-1.log");
+  CHECK_MESSAGE(contains(r1, "[info] received SIGTERM: the run stops at the next step"), r1);
   const auto s = nlohmann::json::parse(read_text(cut + "/summary.json"));
   CHECK(s["status"] == "interrupted");
   CHECK(s["preempted"] == true);
