@@ -118,10 +118,13 @@ std::string Communicator::desync_report() const {
   if (all.size() < 2) return "";
   const auto now = Clock::now();
   auto since = [&](Clock::time_point t) { return std::chrono::duration<double>(now - t).count(); };
+  // Another rank's row is its latest report, as of when it came: "for" is how long it had been
+  // there then (the time since would count the report's age as time spent in the collective).
   std::string out = fmt::format(
-      "where each rank is (rank {}'s view, from the latest reports):\n"
+      "where each rank is (rank {}'s view: each other rank as of its latest report):\n"
       "  {:>4}  {:>9}  {:<40}  {:>8}  {}",
       rank(), "rank", "last done", "now in", "for", "reported");
+  double oldest = 0.0;
   for (size_t r = 0; r < all.size(); ++r) {
     const RankPosition& p = all[r];
     if (!p.known) {
@@ -133,14 +136,20 @@ std::string Communicator::desync_report() const {
     const std::string in = p.pos.active ? fmt::format("{} seq {} ({} {})", comm_op_name(p.pos.op),
                                                       p.pos.seq, p.pos.count, count_unit(p.pos.op))
                                         : std::string("(no collective)");
-    const std::string heard =
-        static_cast<int>(r) == rank() ? std::string("this rank") : secs(since(p.heard)) + " ago";
-    out += fmt::format("\n  {:>4}  {:>9}  {:<40}  {:>8}  {}", r, done, in, secs(since(p.pos.since)),
-                       heard);
+    const bool self = static_cast<int>(r) == rank();
+    const std::string heard = self ? std::string("this rank") : secs(since(p.heard)) + " ago";
+    if (!self) oldest = std::max(oldest, since(p.heard));
+    const double in_for = self ? since(p.pos.since) : since(p.pos.since) - since(p.heard);
+    out += fmt::format("\n  {:>4}  {:>9}  {:<40}  {:>8}  {}", r, done, in, secs(in_for), heard);
     if (const std::string name = rank_name(static_cast<int>(r));
         name != "rank " + std::to_string(r))
       out += "  " + name;  // grid coordinates
   }
+  if (oldest >= 1.0)
+    out += fmt::format(
+        "\n  (reports come with the heartbeats; the oldest is {} old: a rank that died or froze "
+        "since shows where it was then, and may look many collectives behind)",
+        secs(oldest));
   return out;
 }
 

@@ -167,8 +167,9 @@ TEST_CASE("a frozen (SIGSTOPped) rank is detected within heartbeat_s, not at the
   CHECK(ms < 6000);  // heartbeat_s 1 plus slack and shutdown, against timeout_s 300
   CHECK(contains(log, "no heartbeat from rank 1 for "));
   CHECK(contains(log, "frozen or unreachable"));
-  // Rank 0's desync table, with rank 1's last reported position.
+  // Rank 0's desync table, with rank 1's last reported position, said to be as old as it is.
   CHECK(contains(log, "where each rank is"));
+  CHECK(contains(log, "a rank that died or froze since shows where it was then"));
 }
 
 TEST_CASE("a rank with another config or a wrong token is refused at rendezvous") {
