@@ -10,6 +10,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "comm/rendezvous/master_addr.h"
 #include "launch/dist_env.h"
 #include "launch/elastic.h"
 #include "launch/launcher.h"
@@ -278,6 +279,12 @@ int cmd_launch(const Config& cfg, const LaunchCmd& c) {
   lo.node_rank = ne.node_rank;
   lo.master_addr = ne.master_addr;
   lo.master_port = ne.master_port;
+  // A given port that another process holds on node 0 (another job's): said by the launcher,
+  // before its ranks find it out apart -- rank 0 could not listen, while rank 1 reached the other
+  // job's rank 0, whose refusal of its token (exit 2) the launch then blamed.
+  if (ne.master_port != 0 && ne.node_rank == 0)
+    if (const std::string why = listen_problem("0.0.0.0", ne.master_port); !why.empty())
+      throw UserError("--master-port " + std::to_string(ne.master_port) + ": " + why);
   lo.max_restarts = c.max_restarts;
   if (c.max_restarts < 0)  // (before the output folder is made: launch_local checks it again)
     throw UserError("--max-restarts " + std::to_string(c.max_restarts) + ": must be >= 0");

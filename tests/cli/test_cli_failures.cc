@@ -3,7 +3,11 @@
 // mid-save.
 #include <doctest/doctest.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <filesystem>
@@ -535,4 +539,28 @@ TEST_CASE("a stop signal is acknowledged at once, though the step it stops after
       2));
   CHECK_FALSE(contains(read_text(dir / "r.log"), "stopping after step"));  // (the loop's, later)
   CHECK(run.wait(60) == dtrain::kExitPreempted);
+}
+
+TEST_CASE("dtrain launch --master-port on a port another process holds is exit 2 at once") {
+  // Its ranks found it out apart: rank 0 could not listen (exit 1), rank 1 reached the other
+  // job's rank 0 and was refused its token (exit 2), and the launch blamed rank 1.
+  const int port = dtrain::pick_free_port();
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  REQUIRE(::listen(fd, 1) == 0);
+  TempDir dir;
+  const auto r = run_cmd(kBin + " launch --nproc 2 --master-port " + std::to_string(port) + " " +
+                         std::string(DTRAIN_SOURCE_DIR) + "/configs/smoke.yaml --out " +
+                         dir / "run" + " 2>&1");
+  ::close(fd);
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK(contains(r.output, "--master-port " + std::to_string(port) + ": port " +
+                               std::to_string(port) + " is taken on this host"));
+  CHECK_FALSE(contains(r.output, "rank 1"));
 }
