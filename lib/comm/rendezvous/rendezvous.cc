@@ -252,11 +252,13 @@ std::vector<PeerEntry> join_rendezvous(const GrpcOptions& o, const std::string& 
       case grpc::StatusCode::DEADLINE_EXCEEDED: {
         const double slack_s = std::chrono::duration<double>(kJoinSlack).count();
         const std::string hint = master_addr_problem(o.master_addr, rank_ == 0);
+        // (rank 0 joins its own store, through MASTER_ADDR as the others do)
         return CommError(fmt::format(
-            "rendezvous with rank 0 at {} timed out after {} s (rendezvous_timeout_s {} s, and "
-            "{} s more for rank 0's own report, which names the ranks missing){}",
-            master, seconds_str(o.rendezvous_timeout_s + slack_s),
-            seconds_str(o.rendezvous_timeout_s), seconds_str(slack_s),
+            "rendezvous with {} at {} timed out after {} s (rendezvous_timeout_s {} s, and "
+            "{} s more for {} own report, which names the ranks missing){}",
+            rank_ == 0 ? "this rank's own store" : "rank 0", master,
+            seconds_str(o.rendezvous_timeout_s + slack_s), seconds_str(o.rendezvous_timeout_s),
+            seconds_str(slack_s), rank_ == 0 ? "its" : "rank 0's",
             hint.empty() ? "" : "; " + hint));
       }
       default:
