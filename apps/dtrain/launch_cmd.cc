@@ -10,6 +10,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "checkpoint/checkpoint.h"
 #include "comm/rendezvous/master_addr.h"
 #include "launch/dist_env.h"
 #include "launch/elastic.h"
@@ -111,16 +112,17 @@ void prepare_node0_out_dir(const LaunchCmd& c, OutDirLock* lock) {
 // under other settings, or failed on a syntax error. When its bytes differ from the launch's (or
 // it cannot be read), the restart's ranks read the launch's resolved config instead (config.json's
 // form: absolute paths, --set applied; the ranks apply the same --set again), written to
-// RUN/logs/launch-config-<launcher pid>.json. Copyable (a restart_argv capture).
+// RUN/logs/launch-config-node<N>-<launcher pid>.json (nodes that share the folder may have
+// launchers of one pid, each in its container). Copyable (a restart_argv capture).
 class RestartConfig {
  public:
-  RestartConfig(const Config& cfg, std::string path, const std::string& out_dir)
+  RestartConfig(const Config& cfg, std::string path, const std::string& out_dir, int node_rank)
       : path_(std::move(path)),
         launched_(read_config(path_)),
         resolved_(config_to_json(cfg).dump(2) + "\n"),
-        snapshot_(
-            (fs::path(out_dir) / "logs" / ("launch-config-" + std::to_string(::getpid()) + ".json"))
-                .string()) {}
+        snapshot_((fs::path(out_dir) / "logs" /
+                   fmt::format("launch-config-node{}-{}.json", node_rank, ::getpid()))
+                      .string()) {}
 
   std::string path_for(int attempt) const {
     if (read_config(path_) == launched_) return path_;
@@ -145,8 +147,9 @@ class RestartConfig {
 
 // The commands of the attempts after the first (lo.restart_argv, lo.resize_argv) and the first
 // one's --resume. `cell`: the rank grid's tensor x pipeline ranks.
-void set_attempt_commands(const Config& cfg, const LaunchCmd& c, bool node0, int64_t cell,
+void set_attempt_commands(const Config& cfg, const LaunchCmd& c, int node_rank, int64_t cell,
                           LaunchOptions& lo) {
+  const bool node0 = node_rank == 0;
   // A restart continues from the newest complete checkpoint this job's attempts wrote
   // (`--resume auto`), or, when they wrote none yet, starts as the first attempt did: a
   // checkpoint an earlier job left in the output folder is not this job's progress.
@@ -161,11 +164,18 @@ void set_attempt_commands(const Config& cfg, const LaunchCmd& c, bool node0, int
   const std::vector<std::string> run_argv = c.run_argv;
   const std::string resume = c.resume, out_dir = c.out_dir;
   // --resume of a checkpoint outside this folder (a warm start): before the job's first own
-  // checkpoint the failed attempt's records are this job's own, replaced by the restart (rank 0
-  // refused to resume another folder's checkpoint into a folder that holds a run).
-  const bool foreign_resume = !resume.empty() && resume != "auto" &&
-                              !path_is_within(resume, (fs::path(out_dir) / "checkpoints").string());
-  const RestartConfig config(cfg, run_argv.at(2), out_dir);
+  // checkpoint the failed attempt's records are this job's own, removed for the restart (rank 0
+  // refused to resume another folder's checkpoint into a folder that holds a run). Judged by the
+  // checkpoint --resume resolves to, as rank 0 judges it: "--resume RUN" names RUN's own.
+  bool foreign_resume = false;
+  if (!resume.empty() && resume != "auto") {
+    try {
+      foreign_resume = !path_is_within(resolve_checkpoint(resume, false),
+                                       (fs::path(out_dir) / "checkpoints").string());
+    } catch (const std::exception&) {  // (unresolvable: the first attempt's rank 0 says why)
+    }
+  }
+  const RestartConfig config(cfg, run_argv.at(2), out_dir, node_rank);
   lo.restart_argv = [run_argv, resume, latest_mtime, at_launch, out_dir, node0, foreign_resume,
                      config](int attempt) {
     std::vector<std::string> argv = run_argv;
@@ -173,8 +183,14 @@ void set_attempt_commands(const Config& cfg, const LaunchCmd& c, bool node0, int
     const auto now = latest_mtime();
     const bool saved = now && now != at_launch;
     // A start again from the first attempt's point: its metrics and config go (its logs stay).
-    if (!saved && node0 && (resume.empty() || foreign_resume))
+    if (!saved && node0 && resume.empty())
       prepare_out_dir(out_dir, false, /*overwrite=*/true, /*clear_logs=*/false);
+    // A warm start's: only its records (checkpoints/ is never touched here).
+    if (!saved && node0 && foreign_resume)
+      for (const char* f : kRunFiles) {
+        std::error_code ec;
+        fs::remove(fs::path(out_dir) / f, ec);
+      }
     if (saved || !resume.empty()) {
       argv.push_back("--resume");
       argv.push_back(saved ? "auto" : resume);
@@ -341,7 +357,7 @@ int cmd_launch(const Config& cfg, const LaunchCmd& c) {
   lo.child_argv = c.run_argv;
   if (c.overwrite) lo.child_argv.push_back("--overwrite");
 
-  set_attempt_commands(cfg, c, node0, cell, lo);
+  set_attempt_commands(cfg, c, ne.node_rank, cell, lo);
   LaunchReport report;
   const int rc = launch_local(lo, &report);
   if (rc == 0) std::cout << "every rank's log: " << c.out_dir << "/logs/rank-<r>.log" << std::endl;

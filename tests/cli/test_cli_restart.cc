@@ -50,6 +50,27 @@ TEST_CASE("a warm-started job restarts from its --resume checkpoint before its o
                    "warm start, restarted");
 }
 
+TEST_CASE("a job resumed from its own folder by name restarts from it, deleting nothing") {
+  // "--resume RUN" names RUN's own latest checkpoint: a first version of the warm-start restart
+  // took it for another folder's and cleared RUN, checkpoints and all (a review found it).
+  TempDir dir;
+  const std::string cfg = dir.write("c.yaml", kRestartCfg);
+  const std::string run = dir / "run";
+  auto r = run_cmd(kBin + " launch --nproc 2 " + cfg + " --out " + run +
+                   " --set train.max_steps=10 --log-level warn");
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  r = run_cmd(kBin + " launch --nproc 2 " + cfg + " --out " + dir / "straight" + " --resume " +
+              run + "/checkpoints/step-10.safetensors --log-level warn");
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  r = run_cmd("DTRAIN_FAULT=kill:rank=1:step=15 " + kBin + " launch --nproc 2 --max-restarts 1 " +
+              cfg + " --out " + run + " --resume " + run + " --log-level info");
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK(std::filesystem::exists(run + "/checkpoints/step-10.safetensors"));
+  check_same_state(latest_run_state(kBin, dir / "straight"), latest_run_state(kBin, run),
+                   "resumed from its own folder, restarted");
+}
+
 TEST_CASE("a restart runs the config as launched, not the file as edited since") {
   // Before, the restart read the edited file: it continued under lr 0.05 (a warning listed the
   // changed key), or failed on a half-saved file, spending the restart budget.
@@ -58,9 +79,9 @@ TEST_CASE("a restart runs the config as launched, not the file as edited since")
   auto r = run_cmd(kBin + " launch --nproc 2 " + cfg + " --out " + dir / "straight" +
                    " --log-level warn");
   REQUIRE_MESSAGE(r.exit_code == 0, r.output);
-  // Rank 1 takes 100 ms a step and dies at step 25: the file is edited after the step-10
-  // checkpoint, about a second before.
-  Child c("DTRAIN_FAULT=delay:rank=1:ms=100,kill:rank=1:step=25 exec " + kBin +
+  // Rank 1 takes 200 ms a step and dies at step 28: the file is edited after the step-10
+  // checkpoint, some 3.6 s before.
+  Child c("DTRAIN_FAULT=delay:rank=1:ms=200,kill:rank=1:step=28 exec " + kBin +
               " launch --nproc 2 --max-restarts 1 " + cfg + " --out " + dir / "ed" +
               " --log-level info",
           dir / "log");
