@@ -1,6 +1,7 @@
 // `dtrain launch --max-restarts`: what a restart starts from. A job warm-started from another
 // folder's checkpoint restarts from it again before its own first checkpoint; a config file edited
-// while the job runs does not reach its restarts.
+// while the job runs does not reach its restarts; a rank 0 restarted by hand during the rendezvous
+// is joined again.
 #include <doctest/doctest.h>
 
 #include <chrono>
@@ -10,6 +11,7 @@
 #include <thread>
 
 #include "cli/cli_util.h"
+#include "launch/launcher.h"
 #include "test_util.h"
 
 using dtrain::testing::check_same_state;
@@ -98,4 +100,39 @@ TEST_CASE("a restart runs the config as launched, not the file as edited since")
   CHECK_FALSE(contains(log, "under a changed config"));
   check_same_state(latest_run_state(kBin, dir / "straight"), latest_run_state(kBin, dir / "ed"),
                    "edited config, restarted");
+}
+
+TEST_CASE("a rank 0 restarted by hand during the rendezvous: the ranks that joined join again") {
+  // Rank 1 had joined the first rank 0's store; the second rank 0's never saw it, and after the
+  // rendezvous timeout every rank (rank 1 too) failed with "rank 1 never joined".
+  TempDir dir;
+  const std::string cfg = dir.write("c.yaml", R"(seed: 3
+model: {hidden: [8]}
+data: {format: synthetic, synthetic: {samples: 200, features: 4, classes: 2}, batch_size: 8}
+optimizer: {type: sgd, lr: 0.05}
+train: {epochs: 0, max_steps: 20}
+distributed: {backend: grpc, world_size: 3, timeout_s: 30, rendezvous_timeout_s: 30}
+runtime: {threads: 1}
+)");
+  const int port = dtrain::pick_free_port();
+  const auto env = [&](int r) {
+    return "RANK=" + std::to_string(r) +
+           " WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port) +
+           " DTRAIN_JOB_TOKEN=tok ";
+  };
+  const auto rank = [&](int r, const std::string& log) {
+    return env(r) + kBin + " run " + cfg + " --out " + dir / "out" + " > " + dir / log + " 2>&1";
+  };
+  // Rank 1 joins the first rank 0 (killed 2 s later, once rank 1's join is in), then a second
+  // rank 0 and rank 2 start.
+  const std::string script = rank(1, "r1.log") + " & p1=$!; sleep 0.5; " + rank(0, "r0a.log") +
+                             " & p0=$!; sleep 2; kill -9 $p0; wait $p0; " + rank(0, "r0b.log") +
+                             " & p0=$!; sleep 0.5; " + rank(2, "r2.log") +
+                             "; rc2=$?; wait $p0; rc0=$?; wait $p1; rc1=$?; "
+                             "echo rc0=$rc0 rc1=$rc1 rc2=$rc2";
+  const auto r = run_cmd("bash -c '" + script + "'");
+  INFO(r.output, "\nrank 1:\n", read_text(dir / "r1.log"), "\nrank 0:\n",
+       read_text(dir / "r0b.log"));
+  CHECK(contains(r.output, "rc0=0 rc1=0 rc2=0"));
+  CHECK(contains(read_text(dir / "r1.log"), "is a new one (rank 0 restarted): joining it again"));
 }

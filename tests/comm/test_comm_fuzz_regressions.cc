@@ -129,8 +129,15 @@ TEST_CASE("rendezvous coordinator: the first refusal decides, for every rank ali
   // The same key again: a Set retried after its reply was lost, not a second join.
   CHECK(twice.on_set("rdzv/join/1", join_value(0, 2)) == "");
   CHECK_FALSE(twice.decided());
-  CHECK(twice.on_set("rdzv/join/2", join_value(0, 2)) ==
-        "failrefused: rank 0 joined twice (from h:100 and h:100)");
+  // Another key from the same place: the same process joining again (it saw rank 0's store
+  // change: join_rendezvous), not a second process -- two cannot listen on one address.
+  CHECK(twice.on_set("rdzv/join/2", join_value(0, 2)) == "");
+  CHECK_FALSE(twice.decided());
+  wire::JoinRequest other;
+  REQUIRE(other.ParseFromString(join_value(0, 2)));
+  other.set_listen_address("h:999");
+  CHECK(twice.on_set("rdzv/join/3", other.SerializeAsString()) ==
+        "failrefused: rank 0 joined twice (from h:100 and h:999)");
   JoinCoordinator hash(2, "cafe");
   const std::string r = hash.on_set("rdzv/join/1", join_value(1, 2, "beef"));
   CHECK(r == "failrefused: rank 1 has config hash beef, rank 0 has cafe");

@@ -1,5 +1,7 @@
 #include "comm/rendezvous/rendezvous.h"
 
+#include <random>
+
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
@@ -24,6 +26,19 @@ constexpr std::string_view kJoinKey = "rdzv/join/";
 constexpr std::string_view kOk = "ok", kRefused = "failrefused: ", kFail = "fail";
 // How long rank 0, shutting down, waits for the ranks that joined to fetch the result.
 constexpr auto kAckGrace = std::chrono::seconds(2);
+// A random id of one RendezvousHost's store, set before it serves: a rank that waits for the
+// result looks at it every kRejoinCheck, and joins again when it changed (rank 0 restarted by
+// hand meanwhile: its new store never saw this rank's join, and the rendezvous failed with
+// "rank 1 never joined" on every rank, rank 1 included).
+constexpr char kInstanceKey[] = "instance";
+constexpr auto kRejoinCheck = std::chrono::seconds(1);
+
+std::string instance_token() {
+  std::random_device rd;
+  const uint64_t t =
+      static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+  return fmt::format("{:08x}{:08x}{:016x}", rd(), rd(), t);
+}
 }  // namespace
 
 wire::JoinRequest decode_join_request(std::span<const char> bytes) {
@@ -70,9 +85,16 @@ std::string JoinCoordinator::on_set(const std::string& key, const std::string& v
     kind = kFail;
   }
   const int rank = req.rank();
-  if (failure.empty() && joined_.count(rank))
-    failure = fmt::format("rank {} joined twice (from {} and {})", rank, joined_[rank].address,
+  if (failure.empty() && joined_.count(rank)) {
+    const Joined& was = joined_[rank];
+    // The same rank again, from the same place: its join again after it saw rank 0's store
+    // change (join_rendezvous), which this store may have had already.
+    if (was.address == req.listen_address() && was.shm_name == req.shm_name() &&
+        was.tcp_port == req.tcp_port())
+      return "";
+    failure = fmt::format("rank {} joined twice (from {} and {})", rank, was.address,
                           req.listen_address());
+  }
   if (!failure.empty()) {
     spdlog::debug("rendezvous failed: {}", failure);
     decided_ = true;
@@ -114,6 +136,7 @@ RendezvousHost::RendezvousHost(const GrpcOptions& o, Clock::time_point deadline)
       coord_(o.world_size, o.config_hash),
       store_([this](const std::string& k, const std::string& v) { on_set(k, v); }),
       service_(std::make_unique<StoreService>(&store_, o.token, fmt::format("rank {}", o.rank))) {
+  store_.set(std::string(kPrefix) + "/" + kInstanceKey, instance_token());
   timer_ = std::thread([this] { timer_loop(); });
 }
 
@@ -240,8 +263,18 @@ std::vector<PeerEntry> join_rendezvous(const GrpcOptions& o, const std::string& 
   const std::string master = host_port(o.master_addr, o.master_port);
   auto channel = grpc::CreateCustomChannel(master, creds, args);
   bool token_refused = false;  // (set by `error`: a user error, exit 2, not a failure)
+  // A wait for the result that ends before the deadline (slice_wait) is one look of several:
+  // `error` notes its end (slice_timed_out) instead of naming a timeout.
+  bool slice_wait = false, slice_timed_out = false;
   // What a failed store call means for the rendezvous.
   auto error = [&](const grpc::Status& st) {
+    // (rank 0 gone, not back yet: as a wait's end, the next look retries)
+    const grpc::StatusCode c = st.error_code();
+    if (slice_wait && (c == grpc::StatusCode::DEADLINE_EXCEEDED ||
+                       c == grpc::StatusCode::UNAVAILABLE || c == grpc::StatusCode::CANCELLED)) {
+      slice_timed_out = true;
+      return CommError("a wait for rank 0's store ended");
+    }
     switch (st.error_code()) {
       case grpc::StatusCode::ABORTED:  // rank 0 shut down, or its store did
         return CommError(st.error_message());
@@ -285,8 +318,43 @@ std::vector<PeerEntry> join_rendezvous(const GrpcOptions& o, const std::string& 
                     ": every rank needs the job's DTRAIN_JOB_TOKEN (else distributed.token_file); "
                     "dtrain launch gives its ranks one");
   }
+  // The store's instance now, "" when it cannot be told (a short wait: never the rendezvous's).
+  const auto instance = [&]() -> std::string {
+    slice_wait = true;
+    std::string id;
+    try {
+      const auto until = std::min(deadline, Clock::now() + kRejoinCheck);
+      GrpcStore quick(channel, o.token, until, error);
+      id = PrefixStore(kPrefix, quick).get(kInstanceKey, until);
+    } catch (const CommError&) {
+    }
+    slice_wait = false;
+    return id;
+  };
+  std::string joined = instance();
   rdzv.set(fmt::format("join/{}", n), req.SerializeAsString());
-  const std::string result = rdzv.get("result", deadline);
+  std::string result;
+  for (;;) {
+    const auto until = std::min(deadline, Clock::now() + kRejoinCheck);
+    slice_wait = until < deadline;
+    slice_timed_out = false;
+    try {
+      result = rdzv.get("result", until);
+      break;
+    } catch (const CommError&) {
+      slice_wait = false;
+      if (!slice_timed_out) throw;
+    }
+    const std::string now = instance();
+    if (now.empty() || now == joined) continue;
+    if (!joined.empty())
+      spdlog::warn(
+          "rank 0's rendezvous store at {} is a new one (rank 0 restarted): joining it again",
+          master);
+    joined = now;
+    rdzv.set(fmt::format("join/{}", rdzv.add("joins", 1)), req.SerializeAsString());
+  }
+  slice_wait = false;
   try {  // rank 0 may shut down now (a failed rendezvous); never wait long for it
     GrpcStore quick(channel, o.token, Clock::now() + std::chrono::seconds(1), error);
     PrefixStore(kPrefix, quick).add("acks", 1);
