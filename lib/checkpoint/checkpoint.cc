@@ -188,7 +188,7 @@ void save_checkpoint(const std::string& path, const Model& model, const float* p
   if (!comp.q.empty())
     refs.push_back({kQTensor, {static_cast<int64_t>(comp.q.size())}, comp.q.data()});
   auto md = file_metadata(meta, model.param_count(), comp);
-  add_replica_state(replicas, model.param_count(), refs, md);
+  add_replica_state(replicas, model.param_count(), refs, md);  // (format version 3 then)
   write_safetensors(path, refs, md);
 }
 
@@ -254,7 +254,7 @@ CompressionState read_compression(const StFile& f, const std::string& path,
 CheckpointMeta load_file_checkpoint(const std::string& path, const Model& model, float* params,
                                     const std::vector<StateBuffer>& state, CompressionState* comp,
                                     ReplicaState* replicas) {
-  const StFile f = read_safetensors(path);  // verifies the checksums the file carries
+  StFile f = read_safetensors(path);  // verifies the checksums the file carries
   const int64_t version = check_file_format(f.metadata, path);
   if (!f.checksummed)
     warn_unchecksummed(path, "the file has");
@@ -295,8 +295,10 @@ CheckpointMeta load_file_checkpoint(const std::string& path, const Model& model,
   std::vector<std::string> comp_tensors;
   CompressionState cs;
   if (version >= 2) cs = read_compression(f, path, comp_tensors, comp != nullptr);
-  ReplicaState rs = read_replica_state(f, path, model.param_count(), comp_tensors,
-                                       replicas != nullptr && !state.empty());
+  ReplicaState rs;
+  if (version >= 3)
+    rs = read_replica_state(f, path, model.param_count(), comp_tensors,
+                            replicas != nullptr && !state.empty());
   size_t expected_tensors = model.params().size() * (1 + state.size()) + comp_tensors.size();
   for (const auto& e : model.params()) expect(e.name, e.shape);
   for (const auto& s : state)
@@ -382,7 +384,7 @@ std::map<std::string, std::string> file_metadata(const CheckpointMeta& meta, int
   const size_t rf = comp.residuals.empty() ? 0 : comp.residuals[0].size();
   std::map<std::string, std::string> md = {
       {"format", kFormatName},
-      {"format_version", std::to_string(kCheckpointFormatVersion)},
+      {"format_version", std::to_string(kCheckpointFormatVersionPlain)},
       {"step", std::to_string(meta.step)},
       {"epoch", std::to_string(meta.epoch)},
       {"batch", std::to_string(meta.batch)},
@@ -471,7 +473,7 @@ void save_shard(const std::string& dir, int rank, int64_t step,
   };
   std::map<std::string, std::string> meta = {
       {"format", kShardFormatName},
-      {"format_version", std::to_string(kCheckpointFormatVersion)},
+      {"format_version", std::to_string(kCheckpointFormatVersionPlain)},
       {"rank", std::to_string(rank)},
       {"step", std::to_string(step)},
       {"ranges", json_of(ranges)},
@@ -504,7 +506,7 @@ void write_manifest(const std::string& dir, const Model& model, const Checkpoint
     shards.push_back(std::move(e));
   }
   const nlohmann::json m = {{"format", kFormatName},
-                            {"format_version", kCheckpointFormatVersion},
+                            {"format_version", kCheckpointFormatVersionPlain},
                             {"step", meta.step},
                             {"epoch", meta.epoch},
                             {"batch", meta.batch},

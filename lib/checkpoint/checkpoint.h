@@ -1,5 +1,5 @@
-// Training checkpoints (format version 2): one safetensors file holding the full flat parameter
-// buffer split by the model's parameter table, the optimizer state under
+// Training checkpoints (format version 2, or 3 with ReplicaState): one safetensors file holding the
+// full flat parameter buffer split by the model's parameter table, the optimizer state under
 // "optim.<state>.<param name>", the gradient-compression state under "comp.*"
 // (CompressionState), and __metadata__ with everything else a bitwise-exact resume needs.
 // Layout in README "Output files". Version 1 (no compression state) still loads.
@@ -23,7 +23,11 @@
 
 namespace dtrain {
 
-inline constexpr int kCheckpointFormatVersion = 2;
+// Version 3 is version 2 plus Local SGD's per-rank optimizer state (ReplicaState), written only
+// by a file that holds it: a dtrain that reads up to version 2 then refuses the file by its
+// version, not by its unknown tensors. Every other file, shard and manifest is version 2.
+inline constexpr int kCheckpointFormatVersion = 3;        // the newest version this dtrain reads
+inline constexpr int kCheckpointFormatVersionPlain = 2;   // what a file without ReplicaState is
 inline constexpr int kOldestCheckpointFormatVersion = 1;  // the oldest version that still loads
 
 // Everything besides tensors. Stored as strings in __metadata__.

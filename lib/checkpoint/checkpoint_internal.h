@@ -90,8 +90,9 @@ void add_replica_state(const ReplicaState& r, int64_t param_count, std::vector<S
                        std::map<std::string, std::string>& metadata);
 // The file's ReplicaState, checked against its metadata and tensors (UserError naming `path`:
 // a bad count, a name that is not a state's, a missing or misshapen tensor, a non-finite value);
-// the names of the tensors it owns are appended to `owned`. Data is copied only when with_data.
-ReplicaState read_replica_state(const StFile& f, const std::string& path, int64_t param_count,
+// the names of the tensors it owns are appended to `owned`. With with_data their data is moved
+// out of `f` into the result (the entries stay, empty).
+ReplicaState read_replica_state(StFile& f, const std::string& path, int64_t param_count,
                                 std::vector<std::string>& owned, bool with_data);
 
 }  // namespace dtrain::checkpoint_internal

@@ -57,9 +57,10 @@ void add_replica_state(const ReplicaState& r, int64_t param_count, std::vector<S
   }
   metadata[kWorldKey] = std::to_string(r.world_size);
   metadata[kNamesKey] = join(r.names, ",");
+  metadata["format_version"] = std::to_string(kCheckpointFormatVersion);
 }
 
-ReplicaState read_replica_state(const StFile& f, const std::string& path, int64_t param_count,
+ReplicaState read_replica_state(StFile& f, const std::string& path, int64_t param_count,
                                 std::vector<std::string>& owned, bool with_data) {
   ReplicaState r;
   const auto w = f.metadata.find(kWorldKey);
@@ -96,7 +97,9 @@ ReplicaState read_replica_state(const StFile& f, const std::string& path, int64_
       owned.push_back(name);
       if (!with_data) continue;
       check_finite(it->second.data.data(), param_count, path, name);
-      r.ranks[static_cast<size_t>(rank - 1)].push_back(it->second.data);
+      // (moved out of the file's tensors, which the caller only counts and names from here on:
+      // the state of W - 1 ranks is held once, not twice)
+      r.ranks[static_cast<size_t>(rank - 1)].push_back(std::move(it->second.data));
     }
   return r;
 }

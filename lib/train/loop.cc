@@ -123,6 +123,7 @@ void TrainLoop::check_memory() const {
       .processes_here = inproc ? 1 : std::max(1, opts_.processes_here),
       .machine_available = opts_.machine_available,
       .resume = resuming_,  // rank 0's decision: every rank reads the checkpoint's full state
+      .hosts_rank0 = inproc || world_.rank() == 0,
       .resume_params = tp_ ? tp_->global().param_count() : -1,
       // The address-space probe once per process: rank 0 for the in-process ranks.
       .blas_threads = !inproc || world_.rank() == 0 ? std::max(1, blas_threads()) : 0,
@@ -553,6 +554,21 @@ nlohmann::json TrainLoop::summary(int stop_signal) {
   return s;
 }
 
+// The agreed stop, said: by rank 0, which shows the run; by a gRPC rank that received the signal
+// itself, in its own log (in-process ranks share rank 0's StopRequest and log).
+void TrainLoop::announce_stop(int sig, bool preempted, bool in_sync) {
+  if (!lead_ && opts_.stop != nullptr && cfg_.distributed.backend != Backend::kInproc)
+    note_stop_received(*opts_.stop, /*shows_run=*/false);
+  if (!lead_) return;
+  if (bar_) bar_->clear();
+  const bool orphaned = opts_.stop != nullptr && opts_.stop->launcher_gone.load();
+  if (opts_.stop != nullptr) note_stop_received(*opts_.stop);  // (said first, once)
+  spdlog::warn("{}{}{}: stopping after step {}{}, then writing a checkpoint (again: stop at once)",
+               orphaned ? "the launcher is gone, taken as " : "", interrupt_signal_name(sig),
+               preempted ? " (preemption)" : "", step_,
+               in_sync ? "" : " at the next Local SGD synchronisation");
+}
+
 nlohmann::json TrainLoop::run() {
   if (!resume()) return early_summary_;
   if (lead_) {
@@ -654,18 +670,7 @@ nlohmann::json TrainLoop::run() {
       stop_pending = sig;
       stop_preempted = stop_vote.preempted();
       if (stop_preempted) start_deadline(sig);
-      // (a rank signalled itself says so in its own log, before the process ends)
-      if (!lead_ && opts_.stop != nullptr) note_stop_received(*opts_.stop, /*shows_run=*/false);
-      if (lead_) {
-        if (bar_) bar_->clear();
-        const bool orphaned = opts_.stop != nullptr && opts_.stop->launcher_gone.load();
-        if (opts_.stop != nullptr) note_stop_received(*opts_.stop);  // (said first, once)
-        spdlog::warn(
-            "{}{}{}: stopping after step {}{}, then writing a checkpoint (again: stop at once)",
-            orphaned ? "the launcher is gone, taken as " : "", interrupt_signal_name(sig),
-            stop_preempted ? " (preemption)" : "", step_,
-            in_sync ? "" : " at the next Local SGD synchronisation");
-      }
+      announce_stop(sig, stop_preempted, in_sync);
     }
     if (stop_pending != 0 && in_sync) {
       stop_signal = stop_pending;

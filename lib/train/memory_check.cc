@@ -41,16 +41,7 @@ double training_state_floats(const Config& cfg, double n, int replicas, double u
   if (s == StrategyKind::kLocalSgd && cfg.distributed.local_sgd.outer_lr > 0)
     k += 1;                                              // DiLoCo's outer momentum
   if (s == StrategyKind::kLocalSgd && compress) k += 1;  // the delta it compresses
-  // Local SGD's per-rank optimizer state, which rank 0 gathers to write a checkpoint
-  // (train/replica_state.h): the other ranks' (W - 1) k n floats, counted here as each rank's
-  // share -- the total of an in-process world; a gRPC rank 0 needs more than its estimate.
-  const double optim_k = optimizer_state_buffers(cfg);
-  const double gathered =
-      s == StrategyKind::kLocalSgd && W > 1 && !cfg.distributed.local_sgd.sync_optimizer_state &&
-              cfg.distributed.pipeline.stages == 1  // (a pipeline's checkpoint holds none)
-          ? (W - 1) * optim_k * n / W
-          : 0.0;
-  double floats = gathered;
+  double floats = 0;
   floats += s == StrategyKind::kZero1   ? 2 * n + k * n / W
             : s == StrategyKind::kZero2 ? n + (1 + k) * n / W
             : s == StrategyKind::kFsdp  ? (2 + k) * n / W
@@ -234,6 +225,13 @@ void check_training_memory(const Config& cfg, const Model& model, const MemoryPl
                      static_cast<double>(eval_batch) * per_stage +
                  scratch;
   }
+  // Local SGD's per-rank optimizer state (train/replica_state.h): the process of rank 0 holds the
+  // other ranks' (W - 1) k n floats while it writes a checkpoint, and while a resume sends them.
+  if (plan.hosts_rank0 && cfg.distributed.strategy == StrategyKind::kLocalSgd &&
+      plan.replicas > 1 && !cfg.distributed.local_sgd.sync_optimizer_state &&
+      cfg.distributed.pipeline.stages == 1)
+    state +=
+        4.0 * k * static_cast<double>(plan.replicas - 1) * static_cast<double>(model.param_count());
   if (plan.resume)
     state +=
         4.0 * (1 + k) *

@@ -18,9 +18,6 @@ constexpr uint64_t kTagReplicaState = 0x5EEDA7E;
 
 // Why `saved` does not fit this run ("" when it does), rank 0's words for the warning.
 std::string misfit(const ReplicaState& saved, int world, const std::vector<std::string>& names) {
-  if (saved.world_size == 0)
-    return "the only one the checkpoint holds (written by another strategy, with "
-           "sync_optimizer_state on, or by a dtrain that saved rank 0's only)";
   if (saved.world_size != world)
     return "the checkpoint holds each of its " + std::to_string(saved.world_size) +
            " ranks' own state, and this run has " + std::to_string(world);
@@ -58,7 +55,15 @@ bool restore_replica_state(Communicator& comm, Optimizer& opt, const ReplicaStat
   const int world = comm.size(), rank = comm.rank();
   const std::vector<std::string>& names = opt.state_names();
   uint8_t fits = 0;
-  if (rank == 0) {
+  if (rank == 0 && saved.world_size == 0) {
+    // One state in the file: its ranks' were equal (another strategy, sync_optimizer_state on,
+    // one rank) -- exact -- or a dtrain before 2026-12-07 kept rank 0's alone.
+    spdlog::info(
+        "resuming Local SGD: the checkpoint holds one optimizer state ({}), which all {} ranks "
+        "continue from (exact when its ranks' states were equal; a checkpoint written before "
+        "2026-12-07 by Local SGD without sync_optimizer_state held rank 0's alone)",
+        join(names, ", "), world);
+  } else if (rank == 0) {
     const std::string why = misfit(saved, world, names);
     fits = why.empty() ? 1 : 0;
     if (!fits)

@@ -7,9 +7,10 @@
 // rank 0 only receives) and is held there until the file is written, (world - 1) x the
 // optimizer state. Resuming: rank 0's state comes from the file's "optim.*" tensors as for any
 // strategy; each other rank's is sent to it when the checkpoint holds one per rank of this world
-// size with this optimizer's state names. Otherwise every rank continues with rank 0's, with a
-// warning that the resume is not exact (an elastic restart on fewer ranks, a checkpoint written
-// before per-rank state was saved, or by another strategy).
+// size with this optimizer's state names. A checkpoint of per-rank state for another world size
+// (a resume by hand on other ranks: elastic restarts refuse Local SGD) leaves every rank with rank
+// 0's, with a warning that the resume is not exact; one without per-rank state (its ranks' states
+// were equal, or it predates 2026-12-07) is continued from, said as info.
 #pragma once
 
 #include "checkpoint/checkpoint.h"

@@ -89,7 +89,8 @@ class TrainLoop {
   // the first reason is the one kept): as an abandoned stop vote tells it, the error itself
   // (peers read "rank N aborted: <error>").
   void fail_group(const std::exception& e) { world_.abort(e.what()); }
-  void settle_final_loss();             // collective: an interrupted run's
+  void settle_final_loss();  // collective: an interrupted run's
+  void announce_stop(int sig, bool preempted, bool in_sync);
   bool resuming();                      // collective: rank 0's --resume decides
   int64_t resumed_batch_index() const;  // rp_.batch in this run's global batches
   int64_t resumed_total_steps() const;  // plan_.total_steps from the resume point

@@ -183,6 +183,9 @@ struct MemoryPlan {
   // allocated (-1: read it now): what the processes_here share.
   int64_t machine_available = -1;
   bool resume = false;  // a resume reads full-model copies
+  // This process holds rank 0, which gathers what the ranks keep apart to checkpoint it (Local
+  // SGD's per-rank optimizer state). validate counts as rank 0's process.
+  bool hosts_rank0 = true;
   // The parameters of those copies, -1: the model's. Tensor parallelism: the whole model's, not
   // the rank's slice (every rank reads the whole state, then keeps its shards).
   int64_t resume_params = -1;

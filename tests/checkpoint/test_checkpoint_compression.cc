@@ -124,7 +124,7 @@ TEST_CASE("checkpoint v2 stores every rank's residual and PowerSGD's Q, and read
 }
 
 TEST_CASE(
-    "checkpoint v1 files still load, and a missing compression tensor or version 3 is refused") {
+    "checkpoint v1 files still load, and a missing compression tensor or version 4 is refused") {
   TempDir dir;
   const Model m = small_model();
   const int64_t P = m.param_count();
@@ -184,9 +184,9 @@ TEST_CASE(
 
   // A future version: refused, naming the versions this dtrain reads.
   rewrite(path,
-          [](StFile& f) { f.metadata.insert_or_assign("format_version", std::string(1, '3')); });
+          [](StFile& f) { f.metadata.insert_or_assign("format_version", std::string(1, '4')); });
   CHECK_THROWS_WITH_AS(load_checkpoint(path, m, p2.data(), {}),
-                       doctest::Contains("format version 3, this dtrain reads versions 1 to 2"),
+                       doctest::Contains("format version 4, this dtrain reads versions 1 to 3"),
                        UserError);
 }
 
@@ -197,6 +197,7 @@ TEST_CASE("a checkpoint stores every rank's own optimizer state and reads it bac
   const std::string path = dir / "c.safetensors";
   const Saved s = save3(m, path);
   const StFile f = read_safetensors(path);
+  CHECK(f.metadata.at("format_version") == "3");  // (only a file with per-rank state)
   CHECK(f.metadata.at("replica_world_size") == "3");
   CHECK(f.metadata.at("replica_states") == "momentum");
   CHECK(f.tensors.at("replica.rank2.momentum").shape == Shape{P});
@@ -252,7 +253,9 @@ TEST_CASE("a checkpoint whose per-rank optimizer record and tensors disagree is 
   refused([](StFile& f) { f.metadata["replica_states"] = "momentum,a.b"; }, "names a state 'a.b'");
   refused([](StFile& f) { f.tensors.at("replica.rank1.momentum").data[3] = NAN; },
           "replica.rank1.momentum");
-  // Its tensors without its record are unknown tensors.
+  // Its record in a version-2 file, or its tensors without its record, are unknown tensors.
+  refused([](StFile& f) { f.metadata["format_version"] = "2"; },
+          "unexpected tensor 'replica.rank1.momentum'");
   refused(
       [](StFile& f) {
         f.metadata.erase("replica_states");
