@@ -8,8 +8,10 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <random>
 #include <system_error>
 
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
 
@@ -42,15 +44,21 @@ void require_writable(const std::string& out_dir) {
   for (const fs::path& dir : {fs::path(out_dir), fs::path(out_dir) / "checkpoints"}) {
     std::error_code ec;
     if (!fs::is_directory(dir, ec)) continue;
-    const fs::path probe = dir / (".dtrain-write-probe." + std::to_string(::getpid()));
-    const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    // (a name of this pid and a random part: a probe left by a killed run of the same pid, in a
+    // container, would answer EEXIST before EROFS)
+    std::random_device rd;
+    int fd = -1, err = EEXIST;
+    fs::path probe;
+    for (int tries = 0; tries < 4 && fd < 0 && err == EEXIST; ++tries) {
+      probe = dir / fmt::format(".dtrain-write-probe.{}.{:08x}", ::getpid(), rd());
+      fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+      err = fd < 0 ? errno : 0;
+    }
     if (fd >= 0) {
       ::close(fd);
       ::unlink(probe.c_str());
       continue;
     }
-    const int err = errno;
-    if (err == EEXIST) continue;  // (a probe of this pid left by a killed run: it was writable)
     throw UserError("--out '" + out_dir + "': cannot create files in '" + dir.string() +
                     "': " + std::strerror(err) +
                     ": the run writes its records and checkpoints there; choose another --out" +
