@@ -590,7 +590,7 @@ class Reader final : public config_detail::KeyErrors {
     }
     const std::optional<LayerKind> kind = parse_enum<LayerKind>(kind_text);
     if (!kind)
-      fail_node(path, e, "unknown layer " + enum_problem(kind_text, enum_choices<LayerKind>()));
+      fail_node(path, e, "unknown layer: " + enum_problem(kind_text, enum_choices<LayerKind>()));
     l.kind = *kind;
     const std::string vp = path + "." + kind_text;
     const bool has_value = value != nullptr && !value->IsNull();

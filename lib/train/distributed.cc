@@ -1,5 +1,7 @@
 #include "train/distributed.h"
 
+#include "comm/rendezvous/master_addr.h"
+
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
@@ -114,6 +116,12 @@ nlohmann::json run_grpc_rank(const Config& cfg, const RunOptions& opts,
   spdlog::info("rank {} of {} (local {} of {}, from {}): joining {}:{}, listening on {}", de.rank,
                de.world_size, de.local_rank, de.local_world_size, de.source, de.master_addr,
                g.master_port, g.bind);
+  // A name that does not resolve is said now, not only at the rendezvous timeout, which waits
+  // for it (a Kubernetes Service's name resolves once its pods are ready).
+  if (const std::string why = master_addr_problem(de.master_addr, /*serving=*/false); !why.empty())
+    spdlog::warn(
+        "{} now: the rendezvous waits for it up to distributed.rendezvous_timeout_s = {} s", why,
+        cfg.distributed.rendezvous_timeout_s);
   if (g.token.empty())
     spdlog::warn(
         "no job token (DTRAIN_JOB_TOKEN or distributed.token_file): any process that "

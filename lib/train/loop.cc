@@ -563,10 +563,11 @@ void TrainLoop::announce_stop(int sig, bool preempted, bool in_sync) {
   if (bar_) bar_->clear();
   const bool orphaned = opts_.stop != nullptr && opts_.stop->launcher_gone.load();
   if (opts_.stop != nullptr) note_stop_received(*opts_.stop);  // (said first, once)
-  spdlog::warn("{}{}{}: stopping after step {}{}, then writing a checkpoint (again: stop at once)",
+  spdlog::warn("{}{}{}: stopping after step {}{}{} (again: stop at once)",
                orphaned ? "the launcher is gone, taken as " : "", interrupt_signal_name(sig),
                preempted ? " (preemption)" : "", step_,
-               in_sync ? "" : " at the next Local SGD synchronisation");
+               in_sync ? "" : " at the next Local SGD synchronisation",
+               opts_.final_save ? ", then writing a checkpoint" : "");
 }
 
 nlohmann::json TrainLoop::run() {

@@ -489,9 +489,13 @@ ResumePoint resume_full_state(const Config& cfg, const RunOptions& opts, Communi
     // (the words say which case: "ranks without one" was said of a run with fewer ranks too)
     if (static_cast<int>(parts.size()) < world)
       spdlog::warn(
-          "checkpoint has RNG states for {} rank(s), this run has {}: ranks {} to {} start a "
-          "fresh RNG stream (dropout masks do not depend on it: they are keyed on the sample)",
-          parts.size(), world, parts.size(), world - 1);
+          "checkpoint has RNG states for {} rank(s), this run has {}: {} start{} a fresh RNG "
+          "stream (dropout masks do not depend on it: they are keyed on the sample)",
+          parts.size(), world,
+          parts.size() + 1 == static_cast<size_t>(world)
+              ? fmt::format("rank {}", parts.size())
+              : fmt::format("ranks {} to {}", parts.size(), world - 1),
+          parts.size() + 1 == static_cast<size_t>(world) ? "s" : "");
     else if (static_cast<int>(parts.size()) > world)
       spdlog::info(
           "checkpoint has RNG states for {} rank(s), this run has {}: ranks 0 to {} continue "

@@ -68,7 +68,7 @@ TEST_CASE("config: model.layers reads every layer form") {
 
 TEST_CASE("config: model.layers errors name the entry") {
   CHECK(error_of("[relu, {conv: 3}]") ==
-        "x.yaml:4:18: model.layers[1]: unknown layer must be one of linear, conv2d, max_pool2d, "
+        "x.yaml:4:18: model.layers[1]: unknown layer: must be one of linear, conv2d, max_pool2d, "
         "avg_pool2d, flatten, relu, gelu, tanh, sigmoid, dropout, layer_norm (got 'conv'; did you "
         "mean 'conv2d'?)");
   CHECK(error_of("[{linear: 0}]").find("model.layers[0].linear: must be >= 1 (got 0)") !=
