@@ -577,8 +577,10 @@ void Cli::add_file_commands(CLI::App& app) {
       ->add_option("--labels", plot_labels_text_,
                    "legend names, one per run, comma-separated (default: folder names)")
       ->allow_extra_args(false);  // one comma-separated argument: run folders may follow it
-  decimal(plot_->add_option("--width", plot_opts_.width, "pixels"))->capture_default_str();
-  decimal(plot_->add_option("--height", plot_opts_.height, "pixels"))->capture_default_str();
+  decimal(plot_->add_option("--width", plot_opts_.width, "pixels, 480 to 8000"))
+      ->capture_default_str();
+  decimal(plot_->add_option("--height", plot_opts_.height, "pixels, 240 to 8000"))
+      ->capture_default_str();
 }
 
 int Cli::dispatch(const char* argv0) {

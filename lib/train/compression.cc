@@ -203,10 +203,11 @@ std::string GradCompressor::describe(int world) const {
   const double sent = (w - 1) * static_cast<double>(msg_bytes_);
   const double ddp = 2 * (w - 1) / w * static_cast<double>(n_) * 4;
   const double ratio = sent > 0 ? ddp / sent : 1.0;
-  return head + fmt::format("; at {} ranks each sends {:.0f} bytes where DDP's all-reduce sends "
-                            "{:.0f}: {:.2f}x {}{}",
-                            world, sent, ddp, ratio >= 1 ? ratio : 1 / ratio,
-                            ratio >= 1 ? "fewer" : "more", ef);
+  return head + fmt::format(
+                    "; at {} ranks each sends {:.0f} bytes where DDP's all-reduce sends "
+                    "{:.0f}: {:.2f}x {}{}",
+                    world, sent, ddp, ratio >= 1 ? ratio : 1 / ratio, ratio >= 1 ? "fewer" : "more",
+                    ef);
 }
 
 GradReducer::State GradCompressor::export_state() const {

@@ -96,7 +96,7 @@ void warn_sparse_labels(const DataConfig& d, const std::vector<int32_t>& y, int6
 
 }  // namespace
 
-ModelShape resolve_model_shape(const Config& cfg, const DataSplits& data) {
+ModelShape resolve_model_shape(const Config& cfg, const DataSplits& data, bool speak) {
   ModelShape s;
   s.in_features = data.train.input_features();
   s.sample = data.train.input_shape();
@@ -110,8 +110,9 @@ ModelShape resolve_model_shape(const Config& cfg, const DataSplits& data) {
   const bool labelled = data.train.kind == SampleKind::kFeatures && !y.empty();
   const auto [lo, hi] = std::minmax_element(y.begin(), y.end());
   s.train_classes = labelled ? *hi + 1 : 0;
-  if (labelled && cfg.model.num_classes == 0) warn_sparse_labels(cfg.data, y, s.train_classes);
-  if (labelled && cfg.model.num_classes == 0 && s.num_classes > s.train_classes)
+  if (speak && labelled && cfg.model.num_classes == 0)
+    warn_sparse_labels(cfg.data, y, s.train_classes);
+  if (speak && labelled && cfg.model.num_classes == 0 && s.num_classes > s.train_classes)
     spdlog::warn(
         "the test data has label {}, above the training data's labels (0..{}): the model gets {} "
         "outputs, and no training sample teaches the last {}",

@@ -155,7 +155,8 @@ struct ModelShape {
   int64_t train_classes = 0;  // the training labels' max + 1 (0: text data, no labels)
   Shape sample;  // per-sample input shape ([1, 28, 28] for IDX images, [F] for CSV rows)
 };
-ModelShape resolve_model_shape(const Config& cfg, const DataSplits& data);
+// speak: log its warnings (the data's labels); false for every rank of a job but rank 0.
+ModelShape resolve_model_shape(const Config& cfg, const DataSplits& data, bool speak = true);
 
 // The fp32 values one rank holds for n parameters under cfg's strategy over `replicas`
 // data-parallel replicas: parameters, gradients and optimizer state (strategy.h's table);
