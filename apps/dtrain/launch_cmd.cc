@@ -145,6 +145,25 @@ class RestartConfig {
   std::string path_, launched_, resolved_, snapshot_;
 };
 
+// Before a warm start's restart (no checkpoint of this job yet), node 0 removes what its failed
+// attempt left that rank 0 would take for a run already in the folder: metrics.jsonl, summary.json,
+// config.json, and the remains of a save it died in. The folder held no run at launch (rank 0
+// refuses another folder's checkpoint into one that does), so these are the failed attempt's.
+void clear_failed_warm_start(const std::string& out_dir) {
+  std::error_code ec;
+  for (const char* f : kRunFiles) fs::remove(fs::path(out_dir) / f, ec);
+  const fs::path ck = fs::path(out_dir) / "checkpoints";
+  if (!fs::is_directory(ck, ec)) return;
+  remove_orphaned_temp_files(ck.string(), /*include_step_folders=*/true);
+  static const std::regex kStep(R"(step-\d+)");
+  for (const auto& e : fs::directory_iterator(ck, ec)) {
+    std::error_code rec;
+    if (e.is_directory(rec) && std::regex_match(e.path().filename().string(), kStep) &&
+        !fs::exists(e.path() / "manifest.json", rec))
+      fs::remove_all(e.path(), rec);
+  }
+}
+
 // The commands of the attempts after the first (lo.restart_argv, lo.resize_argv) and the first
 // one's --resume. `cell`: the rank grid's tensor x pipeline ranks.
 void set_attempt_commands(const Config& cfg, const LaunchCmd& c, int node_rank, int64_t cell,
@@ -185,12 +204,9 @@ void set_attempt_commands(const Config& cfg, const LaunchCmd& c, int node_rank, 
     // A start again from the first attempt's point: its metrics and config go (its logs stay).
     if (!saved && node0 && resume.empty())
       prepare_out_dir(out_dir, false, /*overwrite=*/true, /*clear_logs=*/false);
-    // A warm start's: only its records (checkpoints/ is never touched here).
-    if (!saved && node0 && foreign_resume)
-      for (const char* f : kRunFiles) {
-        std::error_code ec;
-        fs::remove(fs::path(out_dir) / f, ec);
-      }
+    // A warm start's: its records, and what its interrupted first save left (temp files, a step
+    // folder without its manifest); never a complete checkpoint.
+    if (!saved && node0 && foreign_resume) clear_failed_warm_start(out_dir);
     if (saved || !resume.empty()) {
       argv.push_back("--resume");
       argv.push_back(saved ? "auto" : resume);
