@@ -26,9 +26,10 @@ namespace dtrain {
 // Version 3 is version 2 plus Local SGD's per-rank optimizer state (ReplicaState), written only
 // by a file that holds it: a dtrain that reads up to version 2 then refuses the file by its
 // version, not by its unknown tensors. Every other file, shard and manifest is version 2.
-inline constexpr int kCheckpointFormatVersion = 3;        // the newest version this dtrain reads
-inline constexpr int kCheckpointFormatVersionPlain = 2;   // what a file without ReplicaState is
-inline constexpr int kOldestCheckpointFormatVersion = 1;  // the oldest version that still loads
+inline constexpr int kCheckpointFormatVersion = 3;          // the newest version this dtrain reads
+inline constexpr int kCheckpointFormatVersionPlain = 2;     // what a file without ReplicaState is
+inline constexpr int kCheckpointFormatVersionReplicas = 3;  // what a file with it is
+inline constexpr int kOldestCheckpointFormatVersion = 1;    // the oldest version that still loads
 
 // Everything besides tensors. Stored as strings in __metadata__.
 struct CheckpointMeta {

@@ -3,6 +3,7 @@
 // "replica_states".
 #include <cctype>
 #include <map>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -57,7 +58,7 @@ void add_replica_state(const ReplicaState& r, int64_t param_count, std::vector<S
   }
   metadata[kWorldKey] = std::to_string(r.world_size);
   metadata[kNamesKey] = join(r.names, ",");
-  metadata["format_version"] = std::to_string(kCheckpointFormatVersion);
+  metadata["format_version"] = std::to_string(kCheckpointFormatVersionReplicas);
 }
 
 ReplicaState read_replica_state(StFile& f, const std::string& path, int64_t param_count,
@@ -83,8 +84,11 @@ ReplicaState read_replica_state(StFile& f, const std::string& path, int64_t para
   if (r.world_size < 2 || r.world_size > kMaxWorld)
     throw bad(fmt::format("is for {} ranks (2 to {} can have one)", r.world_size, kMaxWorld));
   r.names = split(n->second, ',');
-  for (const std::string& s : r.names)
+  std::set<std::string> seen;
+  for (const std::string& s : r.names) {
     if (!plain_name(s)) throw bad(fmt::format("names a state '{}'", shown_text(s)));
+    if (!seen.insert(s).second) throw bad(fmt::format("names the state '{}' twice", s));
+  }
   if (r.names.empty()) throw bad("names no state");
   if (with_data) r.ranks.resize(static_cast<size_t>(r.world_size - 1));
   for (int64_t rank = 1; rank < r.world_size; ++rank)

@@ -251,6 +251,9 @@ TEST_CASE("a checkpoint whose per-rank optimizer record and tensors disagree is 
   refused([](StFile& f) { f.metadata.erase("replica_states"); },
           "has metadata 'replica_world_size' without 'replica_states'");
   refused([](StFile& f) { f.metadata["replica_states"] = "momentum,a.b"; }, "names a state 'a.b'");
+  // (a name twice: its data moved out at the first, the second read an empty buffer, a crash)
+  refused([](StFile& f) { f.metadata["replica_states"] = "momentum,momentum"; },
+          "names the state 'momentum' twice");
   refused([](StFile& f) { f.tensors.at("replica.rank1.momentum").data[3] = NAN; },
           "replica.rank1.momentum");
   // Its record in a version-2 file, or its tensors without its record, are unknown tensors.
