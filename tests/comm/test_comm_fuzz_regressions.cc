@@ -136,7 +136,12 @@ TEST_CASE("rendezvous coordinator: the first refusal decides, for every rank ali
   wire::JoinRequest other;
   REQUIRE(other.ParseFromString(join_value(0, 2)));
   other.set_listen_address("h:999");
-  CHECK(twice.on_set("rdzv/join/3", other.SerializeAsString()) ==
+  // The same from elsewhere marked as a join again: a stale copy of a rank that has joined
+  // (stopped, then continued), ignored; it finds another address in the result.
+  other.set_rejoin(true);
+  CHECK(twice.on_set("rdzv/join/3", other.SerializeAsString()) == "");
+  other.set_rejoin(false);
+  CHECK(twice.on_set("rdzv/join/4", other.SerializeAsString()) ==
         "failrefused: rank 0 joined twice (from h:100 and h:999)");
   JoinCoordinator hash(2, "cafe");
   const std::string r = hash.on_set("rdzv/join/1", join_value(1, 2, "beef"));

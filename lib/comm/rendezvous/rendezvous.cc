@@ -87,10 +87,11 @@ std::string JoinCoordinator::on_set(const std::string& key, const std::string& v
   const int rank = req.rank();
   if (failure.empty() && joined_.count(rank)) {
     const Joined& was = joined_[rank];
-    // The same rank again, from the same place: its join again after it saw rank 0's store
-    // change (join_rendezvous), which this store may have had already.
-    if (was.address == req.listen_address() && was.shm_name == req.shm_name() &&
-        was.tcp_port == req.tcp_port())
+    // A join again after the rank saw rank 0's store change (join_rendezvous): from the same
+    // place, one this store had already; from elsewhere, a stale copy of a rank that has joined
+    // (stopped, then continued), left to find itself missing from the result.
+    if (req.rejoin() || (was.address == req.listen_address() && was.shm_name == req.shm_name() &&
+                         was.tcp_port == req.tcp_port()))
       return "";
     failure = fmt::format("rank {} joined twice (from {} and {})", rank, was.address,
                           req.listen_address());
@@ -259,7 +260,7 @@ std::vector<PeerEntry> join_rendezvous(const GrpcOptions& o, const std::string& 
   const int rank_ = o.rank, world_ = o.world_size;
   const auto start = Clock::now();
   const auto timeout = seconds_duration(o.rendezvous_timeout_s);
-  const auto deadline = start + timeout + kJoinSlack;
+  auto deadline = start + timeout + kJoinSlack;  // (a join again waits as long again)
   const std::string master = host_port(o.master_addr, o.master_port);
   auto channel = grpc::CreateCustomChannel(master, creds, args);
   bool token_refused = false;  // (set by `error`: a user error, exit 2, not a failure)
@@ -299,8 +300,8 @@ std::vector<PeerEntry> join_rendezvous(const GrpcOptions& o, const std::string& 
             fmt::format("rendezvous with rank 0 at {} failed: {}", master, status_str(st)));
     }
   };
-  GrpcStore store(channel, o.token, deadline, error);
-  PrefixStore rdzv(kPrefix, store);
+  auto store = std::make_unique<GrpcStore>(channel, o.token, deadline, error);
+  auto rdzv = std::make_unique<PrefixStore>(kPrefix, *store);
   wire::JoinRequest req;
   req.set_protocol_version(kGrpcProtocolVersion);
   req.set_rank(rank_);
@@ -311,7 +312,7 @@ std::vector<PeerEntry> join_rendezvous(const GrpcOptions& o, const std::string& 
   req.set_tcp_port(tcp_port);
   int64_t n = 0;
   try {  // (the first call: where a token rank 0 does not share is refused)
-    n = rdzv.add("joins", 1);
+    n = rdzv->add("joins", 1);
   } catch (const CommError& e) {
     if (!token_refused) throw;
     throw UserError(std::string(e.what()) +
@@ -332,14 +333,17 @@ std::vector<PeerEntry> join_rendezvous(const GrpcOptions& o, const std::string& 
     return id;
   };
   std::string joined = instance();
-  rdzv.set(fmt::format("join/{}", n), req.SerializeAsString());
+  // Keys of this process's own (a counter of rank 0's old store, a new store's: one number, two
+  // ranks), so that only a retried set of this very join repeats one.
+  const std::string self = instance_token();
+  rdzv->set(fmt::format("join/{}-{}", n, self), req.SerializeAsString());
   std::string result;
   for (;;) {
     const auto until = std::min(deadline, Clock::now() + kRejoinCheck);
     slice_wait = until < deadline;
     slice_timed_out = false;
     try {
-      result = rdzv.get("result", until);
+      result = rdzv->get("result", until);
       break;
     } catch (const CommError&) {
       slice_wait = false;
@@ -347,12 +351,20 @@ std::vector<PeerEntry> join_rendezvous(const GrpcOptions& o, const std::string& 
     }
     const std::string now = instance();
     if (now.empty() || now == joined) continue;
-    if (!joined.empty())
-      spdlog::warn(
-          "rank 0's rendezvous store at {} is a new one (rank 0 restarted): joining it again",
-          master);
+    if (joined.empty()) {  // (the first read failed: the store this rank's join went to)
+      joined = now;
+      continue;
+    }
+    spdlog::warn(
+        "rank 0's rendezvous store at {} is a new one (rank 0 restarted): joining it again",
+        master);
     joined = now;
-    rdzv.set(fmt::format("join/{}", rdzv.add("joins", 1)), req.SerializeAsString());
+    // As long to wait again as the new rank 0 waits for its ranks.
+    deadline = Clock::now() + timeout + kJoinSlack;
+    store = std::make_unique<GrpcStore>(channel, o.token, deadline, error);
+    rdzv = std::make_unique<PrefixStore>(kPrefix, *store);
+    req.set_rejoin(true);
+    rdzv->set(fmt::format("join/{}-{}", rdzv->add("joins", 1), self), req.SerializeAsString());
   }
   slice_wait = false;
   try {  // rank 0 may shut down now (a failed rendezvous); never wait long for it
