@@ -123,7 +123,11 @@ void TrainLoop::check_memory() const {
       .processes_here = inproc ? 1 : std::max(1, opts_.processes_here),
       .machine_available = opts_.machine_available,
       .resume = resuming_,  // rank 0's decision: every rank reads the checkpoint's full state
-      .hosts_rank0 = inproc || world_.rank() == 0,
+      // (node 0 holds ranks 0 .. LOCAL_WORLD_SIZE - 1: torchrun's, dtrain launch's, Slurm's
+      // block order)
+      .gathered_share = inproc || opts_.processes_here <= 1    ? (world_.rank() == 0 ? 1.0 : 0.0)
+                        : world_.rank() < opts_.processes_here ? 1.0 / opts_.processes_here
+                                                               : 0.0,
       .resume_params = tp_ ? tp_->global().param_count() : -1,
       // The address-space probe once per process: rank 0 for the in-process ranks.
       .blas_threads = !inproc || world_.rank() == 0 ? std::max(1, blas_threads()) : 0,

@@ -227,11 +227,11 @@ void check_training_memory(const Config& cfg, const Model& model, const MemoryPl
   }
   // Local SGD's per-rank optimizer state (train/replica_state.h): the process of rank 0 holds the
   // other ranks' (W - 1) k n floats while it writes a checkpoint, and while a resume sends them.
-  if (plan.hosts_rank0 && cfg.distributed.strategy == StrategyKind::kLocalSgd &&
+  if (plan.gathered_share > 0 && cfg.distributed.strategy == StrategyKind::kLocalSgd &&
       plan.replicas > 1 && !cfg.distributed.local_sgd.sync_optimizer_state &&
       cfg.distributed.pipeline.stages == 1)
-    state +=
-        4.0 * k * static_cast<double>(plan.replicas - 1) * static_cast<double>(model.param_count());
+    state += 4.0 * k * static_cast<double>(plan.replicas - 1) *
+             static_cast<double>(model.param_count()) * plan.gathered_share;
   if (plan.resume)
     state +=
         4.0 * (1 + k) *

@@ -184,9 +184,11 @@ struct MemoryPlan {
   // allocated (-1: read it now): what the processes_here share.
   int64_t machine_available = -1;
   bool resume = false;  // a resume reads full-model copies
-  // This process holds rank 0, which gathers what the ranks keep apart to checkpoint it (Local
-  // SGD's per-rank optimizer state). validate counts as rank 0's process.
-  bool hosts_rank0 = true;
+  // The part of what rank 0 gathers to checkpoint it (Local SGD's per-rank optimizer state)
+  // that this process counts: all of it for rank 0's process alone (in-process ranks, or one
+  // gRPC rank per machine; validate), a 1/processes_here share for each rank process on rank 0's
+  // machine (they share its memory), nothing elsewhere.
+  double gathered_share = 1.0;
   // The parameters of those copies, -1: the model's. Tensor parallelism: the whole model's, not
   // the rank's slice (every rank reads the whole state, then keeps its shards).
   int64_t resume_params = -1;

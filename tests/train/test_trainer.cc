@@ -656,11 +656,11 @@ TEST_CASE("rank 0's process counts the Local SGD ranks' optimizer state it gathe
   REQUIRE(w < std::numeric_limits<int>::max());
   MemoryPlan plan{.stages = {{0, m.num_layers()}},
                   .replicas = static_cast<int>(w),
-                  .hosts_rank0 = false,
+                  .gathered_share = 0.0,
                   .train_rows = 8,
                   .eval_rows = 0};
   check_training_memory(c, m, plan);  // another rank's process: its own state
-  plan.hosts_rank0 = true;
+  plan.gathered_share = 1.0;
   CHECK_THROWS_AS(check_training_memory(c, m, plan), UserError);
   // Averaged state is one state: nothing gathered.
   check_training_memory(
