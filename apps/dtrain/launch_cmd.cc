@@ -145,6 +145,15 @@ class RestartConfig {
   std::string path_, launched_, resolved_, snapshot_;
 };
 
+// Whether RUN/checkpoints holds a complete checkpoint (--resume auto's find).
+bool has_checkpoint(const std::string& out_dir) {
+  try {
+    return !resolve_checkpoint((fs::path(out_dir) / "checkpoints").string(), true).empty();
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
 // Before a warm start's restart (no checkpoint of this job yet), node 0 removes what its failed
 // attempt left that rank 0 would take for a run already in the folder: metrics.jsonl, summary.json,
 // config.json, and the remains of a save it died in. The folder held no run at launch (rank 0
@@ -181,17 +190,21 @@ void set_attempt_commands(const Config& cfg, const LaunchCmd& c, int node_rank, 
   };
   const auto at_launch = latest_mtime();
   const std::vector<std::string> run_argv = c.run_argv;
-  const std::string resume = c.resume, out_dir = c.out_dir;
+  const std::string out_dir = c.out_dir;
   // --resume of a checkpoint outside this folder (a warm start): before the job's first own
   // checkpoint the failed attempt's records are this job's own, removed for the restart (rank 0
   // refused to resume another folder's checkpoint into a folder that holds a run). Judged by the
   // checkpoint --resume resolves to, as rank 0 judges it: "--resume RUN" names RUN's own.
+  // The checkpoint it names is pinned now, for the first attempt and its restarts alike: "RUN" or
+  // "RUN/checkpoints/latest" of a run still training moves on, and a restart that resolved it
+  // again started from another checkpoint than the first attempt (a tester found it).
+  std::string resume = c.resume;
   bool foreign_resume = false;
   if (!resume.empty() && resume != "auto") {
     try {
-      foreign_resume = !path_is_within(resolve_checkpoint(resume, false),
-                                       (fs::path(out_dir) / "checkpoints").string());
-    } catch (const std::exception&) {  // (unresolvable: the first attempt's rank 0 says why)
+      resume = resolve_checkpoint(resume, false);
+      foreign_resume = !path_is_within(resume, (fs::path(out_dir) / "checkpoints").string());
+    } catch (const std::exception&) {  // (unresolvable here, another node's folder: as given)
     }
   }
   const RestartConfig config(cfg, run_argv.at(2), out_dir, node_rank);
@@ -200,7 +213,9 @@ void set_attempt_commands(const Config& cfg, const LaunchCmd& c, int node_rank, 
     std::vector<std::string> argv = run_argv;
     argv[2] = config.path_for(attempt);
     const auto now = latest_mtime();
-    const bool saved = now && now != at_launch;
+    // This job's own checkpoint: `latest` moved, or, where there was none at launch, a complete
+    // one is there (its save died after the file, before `latest`: --resume auto finds it).
+    const bool saved = (now && now != at_launch) || (!at_launch && has_checkpoint(out_dir));
     // A start again from the first attempt's point: its metrics and config go (its logs stay).
     if (!saved && node0 && resume.empty())
       prepare_out_dir(out_dir, false, /*overwrite=*/true, /*clear_logs=*/false);
@@ -213,9 +228,9 @@ void set_attempt_commands(const Config& cfg, const LaunchCmd& c, int node_rank, 
     }
     return argv;
   };
-  if (!c.resume.empty()) {
+  if (!resume.empty()) {
     lo.child_argv.push_back("--resume");
-    lo.child_argv.push_back(c.resume);
+    lo.child_argv.push_back(resume);
   }
   // The global batch is the full job's: all ranks of one node, or of the most nodes, over the
   // tensor-parallel ranks that share one sample (data-parallel replicas x batch x accumulation).

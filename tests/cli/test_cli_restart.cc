@@ -45,12 +45,15 @@ TEST_CASE("a warm-started job restarts from its --resume checkpoint before its o
   // Rank 1 dies at step 15, before the job's first checkpoint (step 20); or in that checkpoint's
   // save, leaving its shard of step-20/ without a manifest (fsdp), which rank 0 also took for a
   // run already in the folder.
+  // Or rank 0 dies in its one-file save after the file, before `latest`: the restart continues
+  // from that complete checkpoint (it was taken for a run already in the folder too).
   for (const std::string fault :
-       {"kill:rank=1:step=15", "kill_in_save:rank=1:step=20 --set distributed.strategy=fsdp"}) {
+       {"kill:rank=1:step=15", "kill_in_save:rank=1:step=20 --set distributed.strategy=fsdp",
+        "kill_in_save:rank=0:step=20"}) {
     CAPTURE(fault);
     const std::string set =
         fault.substr(fault.find(' ') == std::string::npos ? fault.size() : fault.find(' '));
-    const std::string out = dir / ("ft" + std::to_string(fault.size()));
+    const std::string out = dir / ("ft" + std::to_string(fault.size()) + fault.substr(13, 1));
     if (!set.empty()) {
       r = run_cmd(kBin + " launch --nproc 2 " + cfg + warm + " --out " + dir / "straight-fsdp" +
                   set + " --log-level warn");
@@ -65,6 +68,33 @@ TEST_CASE("a warm-started job restarts from its --resume checkpoint before its o
     check_same_state(latest_run_state(kBin, dir / (set.empty() ? "straight" : "straight-fsdp")),
                      latest_run_state(kBin, out), "warm start, restarted");
   }
+}
+
+TEST_CASE("a warm start from a run folder whose latest moves restarts from the same checkpoint") {
+  // The restart resolved "--resume SRC" again: SRC's `latest` had moved on (a run still
+  // training), and the job continued from another checkpoint than its first attempt's.
+  TempDir dir;
+  const std::string cfg = dir.write("c.yaml", kRestartCfg);
+  const std::string src = dir / "src";
+  auto r = run_cmd(kBin + " run " + cfg + " --out " + src + " --set train.max_steps=20" +
+                   " --log-level warn");
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  dir.write("src/checkpoints/latest", "step-10.safetensors\n");
+  r = run_cmd(kBin + " launch --nproc 2 " + cfg + " --resume " + src +
+              "/checkpoints/step-10.safetensors --out " + dir / "straight" + " --log-level warn");
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  Child c("DTRAIN_FAULT=delay:rank=1:ms=200,kill:rank=1:step=18 exec " + kBin +
+              " launch --nproc 2 --max-restarts 1 " + cfg + " --resume " + src + " --out " +
+              dir / "ws" + " --log-level info",
+          dir / "log");
+  REQUIRE(wait_until(
+      [&] { return contains(read_text(dir / "ws/logs/rank-0.log"), "resumed from"); }, 60));
+  dir.write("src/checkpoints/latest", "step-20.safetensors\n");  // SRC's run went on
+  const int rc = c.wait(120);
+  INFO(read_text(dir / "log"));
+  REQUIRE(rc == 0);
+  check_same_state(latest_run_state(kBin, dir / "straight"), latest_run_state(kBin, dir / "ws"),
+                   "warm start from a moving folder, restarted");
 }
 
 TEST_CASE("a job resumed from its own folder by name restarts from it, deleting nothing") {
