@@ -82,9 +82,10 @@ bool TrainLoop::resume() {
             "synchronisation, and makes a resume exact)",
             DP_, join(strategy_->optimizer().state_names(), ", "));
       else if (lead_ && saved_replicas_.world_size > 0)
-        spdlog::info(
+        spdlog::warn(
             "the checkpoint holds each of its {} ranks' own optimizer state (Local SGD without "
-            "sync_optimizer_state); this run keeps one state, and continues from rank 0's",
+            "sync_optimizer_state); this run keeps one state and continues from rank 0's, so it "
+            "does not continue exactly as the interrupted one would have",
             saved_replicas_.world_size);
       saved_replicas_ = ReplicaState{};
       step_ = rp_.step;
