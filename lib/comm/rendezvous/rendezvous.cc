@@ -32,6 +32,8 @@ constexpr auto kAckGrace = std::chrono::seconds(2);
 // "rank 1 never joined" on every rank, rank 1 included).
 constexpr char kInstanceKey[] = "instance";
 constexpr auto kRejoinCheck = std::chrono::seconds(1);
+// (every 500 ranks a second more: each waiting rank asks rank 0's store twice per look)
+constexpr int kRanksPerCheckSecond = 500;
 
 std::string instance_token() {
   std::random_device rd;
@@ -319,12 +321,13 @@ std::vector<PeerEntry> join_rendezvous(const GrpcOptions& o, const std::string& 
                     ": every rank needs the job's DTRAIN_JOB_TOKEN (else distributed.token_file); "
                     "dtrain launch gives its ranks one");
   }
+  const auto check_every = kRejoinCheck * std::max(1, world_ / kRanksPerCheckSecond);
   // The store's instance now, "" when it cannot be told (a short wait: never the rendezvous's).
   const auto instance = [&]() -> std::string {
     slice_wait = true;
     std::string id;
     try {
-      const auto until = std::min(deadline, Clock::now() + kRejoinCheck);
+      const auto until = std::min(deadline, Clock::now() + check_every);
       GrpcStore quick(channel, o.token, until, error);
       id = PrefixStore(kPrefix, quick).get(kInstanceKey, until);
     } catch (const CommError&) {
@@ -339,7 +342,7 @@ std::vector<PeerEntry> join_rendezvous(const GrpcOptions& o, const std::string& 
   rdzv->set(fmt::format("join/{}-{}", n, self), req.SerializeAsString());
   std::string result;
   for (;;) {
-    const auto until = std::min(deadline, Clock::now() + kRejoinCheck);
+    const auto until = std::min(deadline, Clock::now() + check_every);
     slice_wait = until < deadline;
     slice_timed_out = false;
     try {
