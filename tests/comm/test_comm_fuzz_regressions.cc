@@ -143,6 +143,19 @@ TEST_CASE("rendezvous coordinator: the first refusal decides, for every rank ali
   other.set_rejoin(false);
   CHECK(twice.on_set("rdzv/join/4", other.SerializeAsString()) ==
         "failrefused: rank 0 joined twice (from h:100 and h:999)");
+  // A copy's join again that came first is replaced by the rank's first join from elsewhere:
+  // the live process wins, and the copy finds another address in the result.
+  JoinCoordinator copy_first(2, "cafe");
+  wire::JoinRequest stale;
+  REQUIRE(stale.ParseFromString(join_value(1, 2)));
+  stale.set_listen_address("h:555");
+  stale.set_rejoin(true);
+  CHECK(copy_first.on_set("rdzv/join/1-a", stale.SerializeAsString()) == "");
+  CHECK(copy_first.on_set("rdzv/join/1-b", join_value(1, 2)) == "");
+  const std::string done = copy_first.on_set("rdzv/join/2-c", join_value(0, 2));
+  REQUIRE(done.rfind("ok", 0) == 0);
+  CHECK(decode_join_result(done, 1, 2, "h:101")[1].address == "h:101");
+  CHECK(error_of_result(done, 1, 2, "h:555").starts_with("rank 1 joined after the rendezvous"));
   JoinCoordinator hash(2, "cafe");
   const std::string r = hash.on_set("rdzv/join/1", join_value(1, 2, "beef"));
   CHECK(r == "failrefused: rank 1 has config hash beef, rank 0 has cafe");

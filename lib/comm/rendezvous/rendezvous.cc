@@ -87,23 +87,28 @@ std::string JoinCoordinator::on_set(const std::string& key, const std::string& v
     kind = kFail;
   }
   const int rank = req.rank();
+  bool replaces = false;
   if (failure.empty() && joined_.count(rank)) {
     const Joined& was = joined_[rank];
     // A join again after the rank saw rank 0's store change (join_rendezvous): from the same
     // place, one this store had already; from elsewhere, a stale copy of a rank that has joined
-    // (stopped, then continued), left to find itself missing from the result.
-    if (req.rejoin() || (was.address == req.listen_address() && was.shm_name == req.shm_name() &&
-                         was.tcp_port == req.tcp_port()))
-      return "";
-    failure = fmt::format("rank {} joined twice (from {} and {})", rank, was.address,
-                          req.listen_address());
+    // (stopped, then continued), left to find itself missing from the result -- and a first join
+    // after such a one replaces it (the copy joined this store before the rank's live process).
+    const bool same = was.address == req.listen_address() && was.shm_name == req.shm_name() &&
+                      was.tcp_port == req.tcp_port();
+    if (same || req.rejoin()) return "";
+    replaces = was.rejoin;
+    if (!replaces)
+      failure = fmt::format("rank {} joined twice (from {} and {})", rank, was.address,
+                            req.listen_address());
   }
   if (!failure.empty()) {
     spdlog::debug("rendezvous failed: {}", failure);
     decided_ = true;
     return std::string(kind) + failure;
   }
-  joined_[rank] = Joined{req.listen_address(), req.shm_name(), req.tcp_port()};
+  joined_[rank] = Joined{req.listen_address(), req.shm_name(), req.tcp_port(), req.rejoin()};
+  if (replaces) return "";  // (the count is the same)
   spdlog::debug("rendezvous: rank {} joined from {} ({}/{})", rank, req.listen_address(),
                 joined_.size(), world_);
   if (static_cast<int>(joined_.size()) < world_) return "";

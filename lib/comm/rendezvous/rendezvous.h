@@ -72,6 +72,7 @@ class JoinCoordinator {
   struct Joined {
     std::string address, shm_name;
     int tcp_port = 0;
+    bool rejoin = false;  // its join was one again (JoinRequest.rejoin)
   };
   const int world_;
   const std::string hash_;
