@@ -704,11 +704,10 @@ std::string follow_latest(const fs::path& latest) {
     throw UserError("'" + latest.string() + "' is " + std::to_string(fs::file_size(latest, ec)) +
                     " bytes: not a latest file, which names one checkpoint");
   const std::string name = read_latest_name(latest);
-  // (a NUL ends the name the file system sees: "step-40.safetensors\0junk" opened step-40 and
-  // went into summary.json whole)
+  // (a control character: "step-40.safetensors\0junk" opened step-40, summary.json had it whole)
+  const auto control = [](char c) { return static_cast<unsigned char>(c) < 0x20; };
   if (name.empty() || name.find('/') != std::string::npos ||
-      std::any_of(name.begin(), name.end(),
-                  [](char c) { return static_cast<unsigned char>(c) < 0x20; }))
+      std::any_of(name.begin(), name.end(), control))
     throw UserError("'" + latest.string() + "' does not name a checkpoint file (it holds '" +
                     shown_text(name, 200) + "')");
   const fs::path file = latest.parent_path() / name;
