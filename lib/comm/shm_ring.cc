@@ -14,11 +14,11 @@
 #include <climits>
 #include <cstring>
 #include <filesystem>
-#include <random>
 
 #include "comm/transport.h"
 #include "util/check.h"
 #include "util/interrupt.h"
+#include "util/rng.h"
 
 namespace dtrain {
 
@@ -44,14 +44,6 @@ void futex_wait(std::atomic<uint32_t>* word, uint32_t seen, std::chrono::microse
 }
 void futex_wake_all(std::atomic<uint32_t>* word) {
   syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
-}
-
-// 128 random bits as hex, from the kernel's generator.
-std::string random_hex() {
-  std::random_device rd;
-  std::string s;
-  for (int i = 0; i < 4; ++i) s += fmt::format("{:08x}", rd());
-  return s;
 }
 
 }  // namespace

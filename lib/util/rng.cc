@@ -3,6 +3,9 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <random>
+
+#include <fmt/format.h>
 
 #include "util/check.h"
 
@@ -89,6 +92,13 @@ void Rng::from_string(const std::string& text) {
     pos = end + 1;
   }
   s_ = s;
+}
+
+std::string random_hex() {
+  std::random_device rd;
+  std::string s;
+  for (int i = 0; i < 4; ++i) s += fmt::format("{:08x}", rd());
+  return s;
 }
 
 }  // namespace dtrain

@@ -37,4 +37,8 @@ class Rng {
 // splitmix64 finaliser: a good 64-bit mix for hashing seeds together.
 uint64_t mix64(uint64_t x);
 
+// 128 random bits as 32 hex digits, from the kernel's generator (not an Rng: for names and ids
+// that must differ between processes and runs, never for training).
+std::string random_hex();
+
 }  // namespace dtrain

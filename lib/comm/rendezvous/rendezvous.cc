@@ -1,7 +1,5 @@
 #include "comm/rendezvous/rendezvous.h"
 
-#include <random>
-
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
@@ -12,6 +10,7 @@
 #include "comm/rendezvous/store_service.h"
 #include "util/check.h"
 #include "util/duration.h"
+#include "util/rng.h"
 
 namespace dtrain::grpc_detail {
 namespace {
@@ -34,13 +33,6 @@ constexpr char kInstanceKey[] = "instance";
 constexpr auto kRejoinCheck = std::chrono::seconds(1);
 // (every 500 ranks a second more: each waiting rank asks rank 0's store twice per look)
 constexpr int kRanksPerCheckSecond = 500;
-
-std::string instance_token() {
-  std::random_device rd;
-  const uint64_t t =
-      static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
-  return fmt::format("{:08x}{:08x}{:016x}", rd(), rd(), t);
-}
 }  // namespace
 
 wire::JoinRequest decode_join_request(std::span<const char> bytes) {
@@ -144,7 +136,7 @@ RendezvousHost::RendezvousHost(const GrpcOptions& o, Clock::time_point deadline)
       coord_(o.world_size, o.config_hash),
       store_([this](const std::string& k, const std::string& v) { on_set(k, v); }),
       service_(std::make_unique<StoreService>(&store_, o.token, fmt::format("rank {}", o.rank))) {
-  store_.set(std::string(kPrefix) + "/" + kInstanceKey, instance_token());
+  store_.set(std::string(kPrefix) + "/" + kInstanceKey, random_hex());
   timer_ = std::thread([this] { timer_loop(); });
 }
 
@@ -343,7 +335,7 @@ std::vector<PeerEntry> join_rendezvous(const GrpcOptions& o, const std::string& 
   std::string joined = instance();
   // Keys of this process's own (a counter of rank 0's old store, a new store's: one number, two
   // ranks), so that only a retried set of this very join repeats one.
-  const std::string self = instance_token();
+  const std::string self = random_hex();
   rdzv->set(fmt::format("join/{}-{}", n, self), req.SerializeAsString());
   std::string result;
   for (;;) {
