@@ -6,12 +6,11 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <random>
 #include <system_error>
 
-#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
 
@@ -44,21 +43,16 @@ void require_writable(const std::string& out_dir) {
   for (const fs::path& dir : {fs::path(out_dir), fs::path(out_dir) / "checkpoints"}) {
     std::error_code ec;
     if (!fs::is_directory(dir, ec)) continue;
-    // (a name of this pid and a random part: a probe left by a killed run of the same pid, in a
-    // container, would answer EEXIST before EROFS)
-    std::random_device rd;
-    int fd = -1, err = EEXIST;
-    fs::path probe;
-    for (int tries = 0; tries < 4 && fd < 0 && err == EEXIST; ++tries) {
-      probe = dir / fmt::format(".dtrain-write-probe.{}.{:08x}", ::getpid(), rd());
-      fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-      err = fd < 0 ? errno : 0;
-    }
+    // (mkstemp: a name of its own, so a probe a killed run left cannot answer EEXIST for EROFS;
+    // the temp-file pattern, which remove_orphaned_temp_files clears in checkpoints/)
+    std::string probe = (dir / ".write-probe.tmp.XXXXXX").string();
+    const int fd = ::mkstemp(probe.data());
     if (fd >= 0) {
       ::close(fd);
       ::unlink(probe.c_str());
       continue;
     }
+    const int err = errno;
     throw UserError("--out '" + out_dir + "': cannot create files in '" + dir.string() +
                     "': " + std::strerror(err) +
                     ": the run writes its records and checkpoints there; choose another --out" +
