@@ -41,11 +41,10 @@ double training_state_floats(const Config& cfg, double n, int replicas, double u
   if (s == StrategyKind::kLocalSgd && cfg.distributed.local_sgd.outer_lr > 0)
     k += 1;                                              // DiLoCo's outer momentum
   if (s == StrategyKind::kLocalSgd && compress) k += 1;  // the delta it compresses
-  double floats = 0;
-  floats += s == StrategyKind::kZero1   ? 2 * n + k * n / W
-            : s == StrategyKind::kZero2 ? n + (1 + k) * n / W
-            : s == StrategyKind::kFsdp  ? (2 + k) * n / W
-                                        : (2 + k) * n;
+  double floats = s == StrategyKind::kZero1   ? 2 * n + k * n / W
+                  : s == StrategyKind::kZero2 ? n + (1 + k) * n / W
+                  : s == StrategyKind::kFsdp  ? (2 + k) * n / W
+                                              : (2 + k) * n;
   // zero2 and fsdp during backward (at any world size: one replica runs the same code): the
   // full gradients of the unit computing and of the reduce-scatters in flight
   // (ShardedState::kUnitsInFlight); fsdp also the gathered parameters of the unit computing and
