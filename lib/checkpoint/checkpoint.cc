@@ -28,20 +28,6 @@ namespace {
 
 using Metadata = std::map<std::string, std::string>;
 
-int64_t meta_int(const Metadata& md, const std::string& key, const std::string& path) {
-  auto it = md.find(key);
-  if (it == md.end()) throw UserError("checkpoint '" + path + "': metadata has no '" + key + "'");
-  try {
-    size_t used = 0;
-    const long long v = std::stoll(it->second, &used);
-    if (used != it->second.size()) throw std::invalid_argument("trailing");
-    return v;
-  } catch (const std::exception&) {
-    throw UserError("checkpoint '" + path + "': metadata '" + key + "' is not an integer ('" +
-                    shown_text(it->second) + "')");
-  }
-}
-
 std::string meta_str(const Metadata& md, const std::string& key, const std::string& path) {
   auto it = md.find(key);
   if (it == md.end()) throw UserError("checkpoint '" + path + "': metadata has no '" + key + "'");
@@ -59,6 +45,20 @@ const char* kQTensor = "comp.q";
 }  // namespace
 
 namespace checkpoint_internal {
+
+int64_t meta_int(const Metadata& md, const std::string& key, const std::string& path) {
+  auto it = md.find(key);
+  if (it == md.end()) throw UserError("checkpoint '" + path + "': metadata has no '" + key + "'");
+  try {
+    size_t used = 0;
+    const long long v = std::stoll(it->second, &used);
+    if (used != it->second.size()) throw std::invalid_argument("trailing");
+    return v;
+  } catch (const std::exception&) {
+    throw UserError("checkpoint '" + path + "': metadata '" + key + "' is not an integer ('" +
+                    shown_text(it->second) + "')");
+  }
+}
 
 void check_format_version(int64_t version, const std::string& path) {
   if (version < kOldestCheckpointFormatVersion || version > kCheckpointFormatVersion)

@@ -34,6 +34,9 @@ nlohmann::json read_manifest(const std::string& dir, bool* checksummed = nullptr
 // Whether p is a sharded checkpoint's folder (a folder holding manifest.json).
 bool is_sharded_dir(const std::filesystem::path& p);
 
+// The integer metadata `key` of the file at `path`; UserError when it is missing or not one.
+int64_t meta_int(const std::map<std::string, std::string>& md, const std::string& key,
+                 const std::string& path);
 // Refuses (UserError) a format version this dtrain cannot read: older than the oldest it still
 // loads, or newer.
 void check_format_version(int64_t version, const std::string& path);

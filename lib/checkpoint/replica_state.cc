@@ -4,7 +4,6 @@
 #include <cctype>
 #include <map>
 #include <set>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -74,13 +73,7 @@ ReplicaState read_replica_state(StFile& f, const std::string& path, int64_t para
     throw bad(fmt::format("has metadata '{}' without '{}'",
                           w == f.metadata.end() ? kNamesKey : kWorldKey,
                           w == f.metadata.end() ? kWorldKey : kNamesKey));
-  try {
-    size_t used = 0;
-    r.world_size = std::stoll(w->second, &used);
-    if (used != w->second.size()) throw std::invalid_argument("trailing");
-  } catch (const std::exception&) {
-    throw bad(fmt::format("has a world size that is not an integer ('{}')", shown_text(w->second)));
-  }
+  r.world_size = meta_int(f.metadata, kWorldKey, path);
   if (r.world_size < 2 || r.world_size > kMaxWorld)
     throw bad(fmt::format("is for {} ranks (2 to {} can have one)", r.world_size, kMaxWorld));
   r.names = split(n->second, ',');
