@@ -28,6 +28,12 @@ namespace {
 
 const std::string kBin = DTRAIN_BIN;
 
+// `dtrain ARGS`, which must succeed (the runs the restarted ones are compared with).
+void dtrain_ok(const std::string& args) {
+  const auto r = run_cmd(kBin + " " + args + " --log-level warn");
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+}
+
 }  // namespace
 
 TEST_CASE("a warm-started job restarts from its --resume checkpoint before its own first one") {
@@ -35,38 +41,32 @@ TEST_CASE("a warm-started job restarts from its --resume checkpoint before its o
   // failed attempt had written metrics.jsonl), and the launch ended with exit 2.
   TempDir dir;
   const std::string cfg = dir.write("c.yaml", kRestartCfg);
-  auto r = run_cmd(kBin + " run " + cfg + " --out " + dir / "base" +
-                   " --set train.max_steps=10 --log-level warn");
-  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  dtrain_ok("run " + cfg + " --out " + dir / "base" + " --set train.max_steps=10");
   const std::string warm = " --resume " + dir / "base/checkpoints/step-10.safetensors";
-  r = run_cmd(kBin + " launch --nproc 2 " + cfg + warm + " --out " + dir / "straight" +
-              " --log-level warn");
-  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  dtrain_ok("launch --nproc 2 " + cfg + warm + " --out " + dir / "straight");
+  dtrain_ok("launch --nproc 2 " + cfg + warm + " --out " + dir / "straight-fsdp" +
+            " --set distributed.strategy=fsdp");
   // Rank 1 dies at step 15, before the job's first checkpoint (step 20); or in that checkpoint's
   // save, leaving its shard of step-20/ without a manifest (fsdp), which rank 0 also took for a
   // run already in the folder.
   // Or rank 0 dies in its one-file save after the file, before `latest`: the restart continues
   // from that complete checkpoint (it was taken for a run already in the folder too).
-  for (const std::string fault :
-       {"kill:rank=1:step=15", "kill_in_save:rank=1:step=20 --set distributed.strategy=fsdp",
-        "kill_in_save:rank=0:step=20"}) {
-    CAPTURE(fault);
-    const std::string set =
-        fault.substr(fault.find(' ') == std::string::npos ? fault.size() : fault.find(' '));
-    const std::string out = dir / ("ft" + std::to_string(fault.size()) + fault.substr(13, 1));
-    if (!set.empty()) {
-      r = run_cmd(kBin + " launch --nproc 2 " + cfg + warm + " --out " + dir / "straight-fsdp" +
-                  set + " --log-level warn");
-      REQUIRE_MESSAGE(r.exit_code == 0, r.output);
-    }
-    r = run_cmd("DTRAIN_FAULT=" + fault.substr(0, fault.find(' ')) + " " + kBin +
-                " launch --nproc 2 --max-restarts 1 " + cfg + warm + " --out " + out + set +
-                " --log-level info");
+  struct Case {
+    std::string fault, set, straight, out;
+  };
+  for (const Case& k : {Case{"kill:rank=1:step=15", "", "straight", "ft-kill"},
+                        Case{"kill_in_save:rank=1:step=20", " --set distributed.strategy=fsdp",
+                             "straight-fsdp", "ft-save-fsdp"},
+                        Case{"kill_in_save:rank=0:step=20", "", "straight", "ft-save-rank0"}}) {
+    CAPTURE(k.fault);
+    const auto r =
+        run_cmd("DTRAIN_FAULT=" + k.fault + " " + kBin + " launch --nproc 2 --max-restarts 1 " +
+                cfg + warm + " --out " + dir / k.out + k.set + " --log-level info");
     INFO(r.output);
     REQUIRE(r.exit_code == 0);
     CHECK(contains(r.output, "restart 1 of 1: rank "));
-    check_same_state(latest_run_state(kBin, dir / (set.empty() ? "straight" : "straight-fsdp")),
-                     latest_run_state(kBin, out), "warm start, restarted");
+    check_same_state(latest_run_state(kBin, dir / k.straight), latest_run_state(kBin, dir / k.out),
+                     "warm start, restarted");
   }
 }
 
@@ -76,13 +76,10 @@ TEST_CASE("a warm start from a run folder whose latest moves restarts from the s
   TempDir dir;
   const std::string cfg = dir.write("c.yaml", kRestartCfg);
   const std::string src = dir / "src";
-  auto r = run_cmd(kBin + " run " + cfg + " --out " + src + " --set train.max_steps=20" +
-                   " --log-level warn");
-  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  dtrain_ok("run " + cfg + " --out " + src + " --set train.max_steps=20");
   dir.write("src/checkpoints/latest", "step-10.safetensors\n");
-  r = run_cmd(kBin + " launch --nproc 2 " + cfg + " --resume " + src +
-              "/checkpoints/step-10.safetensors --out " + dir / "straight" + " --log-level warn");
-  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  dtrain_ok("launch --nproc 2 " + cfg + " --resume " + src + "/checkpoints/step-10.safetensors" +
+            " --out " + dir / "straight");
   Child c("DTRAIN_FAULT=delay:rank=1:ms=200,kill:rank=1:step=18 exec " + kBin +
               " launch --nproc 2 --max-restarts 1 " + cfg + " --resume " + src + " --out " +
               dir / "ws" + " --log-level info",
@@ -103,13 +100,11 @@ TEST_CASE("a job resumed from its own folder by name restarts from it, deleting 
   TempDir dir;
   const std::string cfg = dir.write("c.yaml", kRestartCfg);
   const std::string run = dir / "run";
-  auto r = run_cmd(kBin + " launch --nproc 2 " + cfg + " --out " + run +
-                   " --set train.max_steps=10 --log-level warn");
-  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
-  r = run_cmd(kBin + " launch --nproc 2 " + cfg + " --out " + dir / "straight" + " --resume " +
-              run + "/checkpoints/step-10.safetensors --log-level warn");
-  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
-  r = run_cmd("DTRAIN_FAULT=kill:rank=1:step=15 " + kBin + " launch --nproc 2 --max-restarts 1 " +
+  dtrain_ok("launch --nproc 2 " + cfg + " --out " + run + " --set train.max_steps=10");
+  dtrain_ok("launch --nproc 2 " + cfg + " --out " + dir / "straight" + " --resume " + run +
+            "/checkpoints/step-10.safetensors");
+  const auto r =
+      run_cmd("DTRAIN_FAULT=kill:rank=1:step=15 " + kBin + " launch --nproc 2 --max-restarts 1 " +
               cfg + " --out " + run + " --resume " + run + " --log-level info");
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
@@ -123,9 +118,7 @@ TEST_CASE("a restart runs the config as launched, not the file as edited since")
   // changed key), or failed on a half-saved file, spending the restart budget.
   TempDir dir;
   const std::string cfg = dir.write("c.yaml", kRestartCfg);
-  auto r = run_cmd(kBin + " launch --nproc 2 " + cfg + " --out " + dir / "straight" +
-                   " --log-level warn");
-  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  dtrain_ok("launch --nproc 2 " + cfg + " --out " + dir / "straight");
   // Rank 1 takes 200 ms a step and dies at step 28: the file is edited after the step-10
   // checkpoint, some 3.6 s before.
   Child c("DTRAIN_FAULT=delay:rank=1:ms=200,kill:rank=1:step=28 exec " + kBin +
