@@ -163,14 +163,7 @@ void clear_failed_warm_start(const std::string& out_dir) {
   for (const char* f : kRunFiles) fs::remove(fs::path(out_dir) / f, ec);
   const fs::path ck = fs::path(out_dir) / "checkpoints";
   if (!fs::is_directory(ck, ec)) return;
-  remove_orphaned_temp_files(ck.string(), /*include_step_folders=*/true);
-  static const std::regex kStep(R"(step-\d+)");
-  for (const auto& e : fs::directory_iterator(ck, ec)) {
-    std::error_code rec;
-    if (e.is_directory(rec) && std::regex_match(e.path().filename().string(), kStep) &&
-        !fs::exists(e.path() / "manifest.json", rec))
-      fs::remove_all(e.path(), rec);
-  }
+  remove_incomplete_checkpoints(ck.string());
 }
 
 // The commands of the attempts after the first (lo.restart_argv, lo.resize_argv) and the first

@@ -179,7 +179,7 @@ CheckpointMeta load_checkpoint(const std::string& path, const Model& model, floa
                                const std::vector<StateBuffer>& state,
                                CompressionState* comp = nullptr, ReplicaState* replicas = nullptr);
 
-// RUN/checkpoints helpers.
+// RUN/checkpoints helpers (checkpoint_dir.cc).
 // Before the checkpoint `name` in dir is replaced in place (a sharded folder is removed, then
 // written anew): when dir/latest names it, latest is moved (atomic) to the newest complete
 // checkpoint below its step, or removed when there is none, so a crash during the rewrite
@@ -210,6 +210,11 @@ void commit_checkpoint(const std::string& dir, const std::string& file_name, int
 // commit_checkpoint, which does (rank 0 is the only writer of `dir` itself, and every shard of
 // the checkpoint it commits is complete). Returns the number of files removed.
 int64_t remove_orphaned_temp_files(const std::string& dir, bool include_step_folders);
+// remove_orphaned_temp_files(dir, true), then the step-<N> folders without manifest.json (saves
+// that were interrupted: never loaded, and a save of that step again would find them in its way).
+// The same condition: nothing is being written in dir. Returns the number of files and folders
+// removed.
+int64_t remove_incomplete_checkpoints(const std::string& dir);
 // Resolves what --resume names: a checkpoint file, a sharded checkpoint folder (with
 // manifest.json), a checkpoints folder (its `latest`), a run folder (its checkpoints/latest), or a
 // `latest` file itself; a sharded checkpoint's manifest.json or rank-<r>.safetensors means its

@@ -1,6 +1,6 @@
-// Internal to lib/checkpoint: what checkpoint.cc (files, manifests, resolution),
-// sharded_read.cc (reading a sharded folder back) and checkpoint_query.cc (header-only queries)
-// share. Not part of the library's interface.
+// Internal to lib/checkpoint: what checkpoint.cc (files, manifests), checkpoint_dir.cc (the
+// checkpoints folder: latest, retention, resolution), sharded_read.cc (reading a sharded folder
+// back) and checkpoint_query.cc (header-only queries) share. Not part of the library's interface.
 #pragma once
 
 #include <cstdint>

@@ -45,3 +45,29 @@ TEST_CASE("orphaned temp files of checkpoint writes are removed, nothing else") 
   CHECK(remove_orphaned_temp_files(ck, true) == 0);
   CHECK(remove_orphaned_temp_files(dir / "missing", true) == 0);  // no folder: nothing to do
 }
+
+TEST_CASE("incomplete checkpoints are removed: step folders without a manifest, temp files") {
+  TempDir dir;
+  const std::string ck = dir / "checkpoints";
+  auto touch = [&](const std::string& rel) {
+    fs::create_directories(fs::path(ck + "/" + rel).parent_path());
+    dir.write("checkpoints/" + rel, std::string(50, 'x'));
+    return ck + "/" + rel;
+  };
+  const std::string half =
+      touch("step-30/rank-0.safetensors");  // the save died before the manifest
+  const std::string temp = touch("step-20/.rank-1.safetensors.tmp.q1w2e3");
+  fs::create_directories(ck + "/step-40");  // not even a shard yet
+  const std::vector<std::string> kept = {
+      touch("step-10.safetensors"),       touch("step-20/rank-0.safetensors"),
+      touch("step-20/manifest.json"),     touch("latest"),
+      touch("step-x/rank-0.safetensors"),  // not a step entry
+      touch("other/rank-0.safetensors")};
+  CHECK(remove_incomplete_checkpoints(ck) == 3);
+  CHECK_FALSE(fs::exists(fs::path(half).parent_path()));
+  CHECK_FALSE(fs::exists(temp));
+  CHECK_FALSE(fs::exists(ck + "/step-40"));
+  for (const auto& k : kept) CHECK_MESSAGE(fs::exists(k), k);
+  CHECK(remove_incomplete_checkpoints(ck) == 0);
+  CHECK(remove_incomplete_checkpoints(dir / "missing") == 0);
+}
