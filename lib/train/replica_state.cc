@@ -70,8 +70,10 @@ bool restore_replica_state(Communicator& comm, Optimizer& opt, const ReplicaStat
       spdlog::warn(
           "resuming Local SGD: all {} ranks continue with rank 0's optimizer state ({}), {}; so "
           "this run does not continue exactly as the interrupted one would have "
-          "(distributed.local_sgd.sync_optimizer_state: true averages the state at each "
-          "synchronisation, and resumes exactly at any world size)",
+          "(with distributed.local_sgd.sync_optimizer_state: true the ranks average their "
+          "states at each synchronisation and a checkpoint holds that one state, which a "
+          "resume on as many ranks continues exactly and one on another world size "
+          "continues from)",
           world, join(names, ", "), why);
   }
   comm.broadcast(&fits, 1, 0);
