@@ -9,6 +9,7 @@
 
 #include "quiet_listener.h"
 #include "tensor/blas.h"
+#include "util/quick_exit.h"
 
 namespace {
 
@@ -23,10 +24,7 @@ struct CountMatched : dtrain::testing::QuietListener {
 };
 REGISTER_LISTENER("count_matched", 1, CountMatched);
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  dtrain::reexec_with_better_blas(argv);
+int run_tests(int argc, char** argv) {
   const int rc = doctest::Context(argc, argv).run();
   // CTest runs each case by name (--test-case=NAME): a name the filter cannot match (CMake
   // splits a name at ';') ran nothing and passed. That is a failure: the test never ran.
@@ -41,4 +39,13 @@ int main(int argc, char** argv) {
     return 1;
   }
   return rc;
+}
+
+}  // namespace
+
+// Ends as the dtrain binary ends (util/quick_exit.h): the libraries' exit handlers skipped, so
+// what a test proves is not undone by a teardown race that dtrain itself never runs.
+int main(int argc, char** argv) {
+  dtrain::reexec_with_better_blas(argv);
+  dtrain::quick_exit_flushed(run_tests(argc, argv));
 }
