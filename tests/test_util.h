@@ -104,6 +104,30 @@ inline int free_port() {
   return p;
 }
 
+// Another process's listener, as far as a dtrain started by the test can tell: a loopback socket
+// listening on a free port (free_port()) until destroyed.
+class HeldPort {
+ public:
+  HeldPort() : port_(free_port()), fd_(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0)) {
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(port_));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (fd_ < 0 || ::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+        ::listen(fd_, 1) != 0)
+      throw std::runtime_error("cannot listen on port " + std::to_string(port_));
+  }
+  ~HeldPort() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  HeldPort(const HeldPort&) = delete;
+  HeldPort& operator=(const HeldPort&) = delete;
+  int port() const { return port_; }
+
+ private:
+  int port_, fd_;
+};
+
 // A shell script that runs `cmd` (a dtrain command) with TMPDIR=tmp in the background, sends it
 // SIGTERM `settle_s` seconds after something appears in tmp (its temp folder: it is under way),
 // and prints "rc <its exit code> seen <yes|no>" and "left: <entries still in tmp>". The command

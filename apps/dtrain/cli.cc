@@ -487,7 +487,7 @@ void Cli::add_verify(CLI::App& app) {
       ->capture_default_str();
   real_number(
       verify_->add_option("--tolerance", vopt_.tolerance,
-                          "largest relative difference accepted (default: 1e-4 with SGD, 5e-2 with "
+                          "largest relative difference accepted (default: 1e-3 with SGD, 5e-2 with "
                           "Adam/AdamW; README \"dtrain verify\")"));
   verify_
       ->add_option("--backend", verify_backend_,
@@ -495,6 +495,9 @@ void Cli::add_verify(CLI::App& app) {
                    "(inproc) or processes over gRPC (grpc)")
       ->check(CLI::IsMember({"inproc", "grpc"}))
       ->capture_default_str();
+  decimal(verify_->add_option("--master-port", vopt_.master_port,
+                              "with --backend grpc: rank 0's rendezvous port for every run "
+                              "(default: a free one)"));
   non_empty(
       verify_->add_option("--out", vopt_.work_dir,
                           "keep every run (checkpoints, metrics, logs) in this folder (default: a "

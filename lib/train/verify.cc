@@ -13,6 +13,7 @@
 #include <map>
 #include <system_error>
 
+#include "comm/rendezvous/master_addr.h"
 #include "data/dataset.h"
 #include "launch/launcher.h"
 #include "train/trainer.h"
@@ -141,6 +142,7 @@ class Runner {
     }
     LaunchOptions lo;
     lo.nproc = static_cast<int>(world_);
+    lo.master_port = o_.master_port;
     lo.log_dir = (out / "logs").string();
     lo.echo_rank0 = false;
     lo.child_argv = {o_.self_exe,
@@ -442,13 +444,20 @@ ReferencePlan plan_reference(const Config& layout) {
 }
 
 double default_tolerance(const Config& layout) {
-  return layout.optimizer.type == OptimizerType::kSgd ? 1e-4 : 5e-2;
+  return layout.optimizer.type == OptimizerType::kSgd ? 1e-3 : 5e-2;
 }
 
 VerifyReport run_verify(const VerifyOptions& o) {
   if (o.steps < 1 || o.steps > 100000) throw UserError("verify: --steps must be in [1, 100000]");
   if (o.tolerance && (*o.tolerance < 0.0 || !std::isfinite(*o.tolerance)))
     throw UserError("verify: --tolerance must be a finite number >= 0");
+  if (o.master_port != 0) {
+    if (!o.grpc) throw UserError("verify: --master-port is for --backend grpc (its ranks' port)");
+    if (o.master_port < 1 || o.master_port > 65535)
+      throw UserError("verify: --master-port must be in [1, 65535]");
+    if (const std::string why = listen_problem("0.0.0.0", o.master_port); !why.empty())
+      throw UserError("verify: --master-port " + std::to_string(o.master_port) + ": " + why);
+  }
   const Config layout = load_config(o.config_path, o.sets);
   // (a fault on a rank the layout has not would never fire: a drill that cannot fail)
   check_fault_ranks(o.faults, layout.distributed.world_size);

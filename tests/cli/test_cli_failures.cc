@@ -26,6 +26,7 @@
 using dtrain::testing::check_same_state;
 using dtrain::testing::Child;
 using dtrain::testing::contains;
+using dtrain::testing::HeldPort;
 using dtrain::testing::latest_run_state;
 using dtrain::testing::read_text;
 using dtrain::testing::run_cmd;
@@ -544,20 +545,12 @@ TEST_CASE("a stop signal is acknowledged at once, though the step it stops after
 TEST_CASE("dtrain launch --master-port on a port another process holds is exit 2 at once") {
   // Its ranks found it out apart: rank 0 could not listen (exit 1), rank 1 reached the other
   // job's rank 0 and was refused its token (exit 2), and the launch blamed rank 1.
-  const int port = dtrain::pick_free_port();
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  REQUIRE(fd >= 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-  REQUIRE(::listen(fd, 1) == 0);
+  const HeldPort held;
+  const int port = held.port();
   TempDir dir;
   const auto r = run_cmd(kBin + " launch --nproc 2 --master-port " + std::to_string(port) + " " +
                          std::string(DTRAIN_SOURCE_DIR) + "/configs/smoke.yaml --out " +
                          dir / "run" + " 2>&1");
-  ::close(fd);
   INFO(r.output);
   CHECK(r.exit_code == 2);
   CHECK(contains(r.output, "--master-port " + std::to_string(port) + ": port " +

@@ -85,8 +85,23 @@ optimizer: {type: sgd, lr: 0.1, momentum: 0.9}
 distributed: {world_size: 2, strategy: zero1, timeout_s: 30}
 runtime: {threads: 1}
 )");
-  const auto g = verify_json(cfg + " --steps 3 --backend grpc", 0);
+  const auto g = verify_json(
+      cfg + " --steps 3 --backend grpc --master-port " + std::to_string(free_port()), 0);
   CHECK(g["verdict"] == "pass");
+  CHECK(g["tolerance"].get<double>() == 1e-3);  // SGD's default
+  {
+    // --master-port: a port another process holds is refused up front (a firewall's range is
+    // why one is given), and it is the gRPC ranks' port: refused with the in-process backend.
+    const HeldPort held;
+    const std::string p = std::to_string(held.port());
+    const CmdResult taken = run_cmd(kBin + " verify " + cfg + " --backend grpc --master-port " + p);
+    CHECK_MESSAGE(taken.exit_code == 2, taken.output);
+    CHECK(taken.output.find("--master-port " + p + ": port " + p + " is taken") !=
+          std::string::npos);
+    const CmdResult inproc = run_cmd(kBin + " verify " + cfg + " --master-port " + p);
+    CHECK_MESSAGE(inproc.exit_code == 2, inproc.output);
+    CHECK(inproc.output.find("--master-port is for --backend grpc") != std::string::npos);
+  }
   // The text report names the verdict; the fault makes it fail at step 2 with exit 1.
   const CmdResult ok = run_cmd(kBin + " verify " + cfg + " --steps 2");
   CHECK_MESSAGE(ok.exit_code == 0, ok.output);
