@@ -235,9 +235,16 @@ bool TrainLoop::step() {
       loss_work.push_back(dp_.allreduce_async(&step_loss, 1, ReduceOp::kSum));
     };
   double loss_sum = exec_->run_step(w);
-  strategy_->finish_backward();
-  // Tied copies (the GPT's wte and lm_head) get the sum of their gradients, so they stay equal.
-  tied_sq_ = tied_->sum(strategy_->held_grads());
+  {
+    // What the step waits for once backward is done -- the gradient buckets' (or a compressor's)
+    // all-reduce, the tied copies' sum, the loss all-reduce -- is its exposed communication
+    // (exposed_comm_s), and the trace shows it as such. (Waits inside forward and backward --
+    // fsdp's gathers, a pipeline's sends -- are in those spans, and counted too.)
+    TraceScope ts(tracer_, "wait for communication", "wait");
+    strategy_->finish_backward();
+    // Tied copies (the GPT's wte and lm_head) get the sum of their gradients, so they stay equal.
+    tied_sq_ = tied_->sum(strategy_->held_grads());
+  }
   if (!loss_work.empty()) {
     TraceScope ts(tracer_, "wait for communication", "wait");
     const auto t0 = Clock::now();
@@ -258,7 +265,10 @@ bool TrainLoop::step() {
   // (a skipped step trained no samples: Local SGD weighs its averages by the samples that moved
   // each rank's model)
   if (ok) strategy_->count_samples(local_samples, step_samples);
-  strategy_->end_step(step_, step_ == plan_.total_steps);
+  {
+    TraceScope ts(tracer_, "wait for communication", "wait");  // (Local SGD's averaging)
+    strategy_->end_step(step_, step_ == plan_.total_steps);
+  }
   exposed_comm_s_ += waited_seconds() - wait0;
   if (ok) {
     samples_trained_ += step_samples;

@@ -50,9 +50,12 @@ void check_shards_visible(const fs::path& dir, const std::vector<ManifestShard>&
 }  // namespace
 
 void TrainLoop::save() {
-  finish_save();  // at most one write in flight: the previous one is complete before this one
+  // The wait for the previous write counts as checkpoint time, as a synchronous save's write does:
+  // left out of the train record's interval (samples/s), inside the trace's checkpoint span. (It
+  // was counted as training: an async run's samples/s after a slow save read 10x too low.)
   const auto s0 = Clock::now();
   TraceScope ts(tracer_, "checkpoint", "checkpoint");
+  finish_save();  // at most one write in flight: the previous one is complete before this one
   // Every rank's RNG state goes into the checkpoint (dropout streams differ per rank).
   const std::string states = gather_rng_states(world_, rng_);
   // The train record in progress, summed over the ranks as record() sums it (collective: every

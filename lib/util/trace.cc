@@ -7,6 +7,8 @@
 #include <filesystem>
 #include <functional>
 
+#include <spdlog/spdlog.h>
+
 #include "util/check.h"
 #include "util/fs.h"
 
@@ -47,7 +49,12 @@ void Tracer::record(char ph, std::string_view name, std::string_view cat, int64_
   const int tid = this_thread_tid();
   std::lock_guard<std::mutex> lock(mu_);
   if (events_.size() >= max_events_) {
-    ++dropped_;
+    // Said once, when it happens: the timeline stops here, the run goes on.
+    if (dropped_++ == 0)
+      spdlog::warn(
+          "trace: rank {} has recorded {} events, the most a trace keeps per rank: later ones are "
+          "counted (otherData.dropped_events), not kept, so its timeline ends here",
+          pid_, max_events_);
     return;
   }
   bool known = false;

@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "log_capture.h"
 #include "test_util.h"
 #include "util/check.h"
 #include "util/fs.h"
@@ -159,9 +160,16 @@ TEST_CASE("trace: a disabled or null tracer records nothing") {
   CHECK(off2.event_count() == 0);
 }
 
-TEST_CASE("trace: events over max_events are counted as dropped") {
+TEST_CASE("trace: events over max_events are counted as dropped, and said once") {
   Tracer t(true, 1, 10);
+  const dtrain::testing::LogCapture log;
   for (int i = 0; i < 25; ++i) t.instant("e", "c");
+  // (it was silent: a long run's trace ended early with nothing in the log)
+  const std::string said = log.text();
+  CHECK_MESSAGE(said.find("trace: rank 1 has recorded 10 events, the most a trace keeps") !=
+                    std::string::npos,
+                said);
+  CHECK(said.find("trace:") == said.rfind("trace:"));
   CHECK(t.event_count() == 10);
   CHECK(t.dropped_count() == 15);
   CHECK(t.to_json()["otherData"]["dropped_events"] == 15);
