@@ -7,12 +7,12 @@
 #include <exception>
 #include <new>
 #include <string>
-#include <thread>
+
 #include <type_traits>
 
 #include "comm/communicator.h"
 #include "comm/grpc_transport.h"
-#include "comm/inproc.h"
+#include "comm/inproc_ranks.h"
 #include "launch/dist_env.h"
 
 #include "tensor/blas.h"
@@ -146,24 +146,24 @@ CommOptions comm_options(const CommBenchOptions& o) {
 
 int bench_comm_inproc(int nproc, const CommBenchOptions& o) {
   if (nproc < 1 || nproc > 1024) throw UserError("--nproc must be in [1, 1024]");
-  auto transports = make_inproc_group(nproc);
-  std::vector<std::thread> threads;
   std::vector<std::string> errors(static_cast<size_t>(nproc));
   std::vector<std::exception_ptr> out_of_memory(static_cast<size_t>(nproc));
-  for (int r = 0; r < nproc; ++r)
-    threads.emplace_back([&, r] {
-      Communicator comm(std::move(transports[static_cast<size_t>(r)]), comm_options(o));
-      try {
-        bench_comm_rank(comm, o);
-      } catch (const std::exception& e) {
-        errors[static_cast<size_t>(r)] = e.what();
-        // Kept as it is: main reports an allocation failure as "out of memory", exit 2.
-        if (dynamic_cast<const std::bad_alloc*>(&e) != nullptr)
-          out_of_memory[static_cast<size_t>(r)] = std::current_exception();
-        comm.abort(e.what());
-      }
-    });
-  for (auto& t : threads) t.join();
+  // (threads that cannot be started are an error, not std::terminate: comm/inproc_ranks.h)
+  run_inproc_ranks(
+      nproc, comm_options(o),
+      [&](Communicator& comm) {
+        const auto r = static_cast<size_t>(comm.rank());
+        try {
+          bench_comm_rank(comm, o);
+        } catch (const std::exception& e) {
+          errors[r] = e.what();
+          // Kept as it is: main reports an allocation failure as "out of memory", exit 2.
+          if (dynamic_cast<const std::bad_alloc*>(&e) != nullptr)
+            out_of_memory[r] = std::current_exception();
+          comm.abort(e.what());
+        }
+      },
+      "lower --nproc, or run the ranks as processes (--backend grpc)");
   for (const auto& e : out_of_memory)
     if (e) std::rethrow_exception(e);
   for (const auto& e : errors)

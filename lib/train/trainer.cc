@@ -25,6 +25,7 @@
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/safetensors.h"
 #include "comm/inproc.h"
+#include "comm/inproc_ranks.h"
 #include "config/config_diff.h"
 #include "config/schema.h"
 #include "data/sampler.h"
@@ -599,9 +600,8 @@ nlohmann::json run_training(const Config& cfg, const RunOptions& opts) {
         "several threads into one pool; 1 thread per rank is usually faster",
         threads, world);
   set_blas_threads(threads);
-  auto transports = make_inproc_group(world);
   if (world == 1) {
-    Communicator comm(std::move(transports[0]), copts);
+    Communicator comm(std::move(make_inproc_group(1)[0]), copts);
     return train_rank(cfg, opts, comm);
   }
   // One copy of the data for all ranks (loaded by the first rank to ask for it).
@@ -611,33 +611,12 @@ nlohmann::json run_training(const Config& cfg, const RunOptions& opts) {
   std::vector<nlohmann::json> summaries(static_cast<size_t>(world));
   std::vector<std::exception_ptr> errors(static_cast<size_t>(world));
   std::atomic<int> first_failed{-1};
-  // Communicators first (each starts a worker thread), then the rank threads: a thread that
-  // cannot be created (too many ranks for the address space or the thread limit) is a clear
-  // error, the ranks already started are aborted and joined, nothing hangs.
-  std::vector<std::unique_ptr<Communicator>> comms;
-  std::vector<std::thread> threads_v;
-  auto cannot_start = [&](int r, const std::exception& e) {
-    for (auto& c : comms) c->abort("could not start rank " + std::to_string(r));
-    for (auto& t : threads_v) t.join();
-    // A runtime failure (exit 1), not bad input: the same config runs where more threads fit.
-    return std::runtime_error(
-        "cannot start " + std::to_string(world) + " in-process ranks: rank " + std::to_string(r) +
-        "'s thread could not be created (" + e.what() +
-        ": the address-space limit, ulimit -v, or the process limit, ulimit -u, leaves no room "
-        "for it); lower distributed.world_size or run the ranks as processes (dtrain launch)");
-  };
-  for (int r = 0; r < world; ++r) {
-    try {
-      comms.push_back(
-          std::make_unique<Communicator>(std::move(transports[static_cast<size_t>(r)]), copts));
-    } catch (const std::system_error& e) {
-      throw cannot_start(r, e);
-    }
-  }
-  for (int r = 0; r < world; ++r) {
-    try {
-      threads_v.emplace_back([&, r] {
-        Communicator& comm = *comms[static_cast<size_t>(r)];
+  // A rank that cannot be started is a clear error, the ranks already started are aborted and
+  // joined, nothing hangs (comm/inproc_ranks.h).
+  run_inproc_ranks(
+      world, copts,
+      [&](Communicator& comm) {
+        const int r = comm.rank();
         try {
           summaries[static_cast<size_t>(r)] = train_rank(cfg, rank_opts, comm);
         } catch (const std::exception& e) {
@@ -649,12 +628,8 @@ nlohmann::json run_training(const Config& cfg, const RunOptions& opts) {
           if (dynamic_cast<const AgreedError*>(&e) == nullptr)
             comm.abort(abort_reason(comm.rank_name(r), e));
         }
-      });
-    } catch (const std::system_error& e) {
-      throw cannot_start(r, e);
-    }
-  }
-  for (auto& t : threads_v) t.join();
+      },
+      "lower distributed.world_size or run the ranks as processes (dtrain launch)");
   // Report the rank that failed first: the others only saw its abort. Except that a rank failing
   // for its own reason (a non-finite loss every rank agreed on, bad data) may abort the group on
   // its way out (an in-flight stop vote: train/stop.h) before its error is recorded here, so a

@@ -310,6 +310,14 @@ TEST_CASE("more in-process ranks than threads fit in the address space: exit 1, 
   CHECK(r.exit_code == 1);  // a runtime failure: the same config runs where more threads fit
   CHECK(contains(r.output, "error: cannot start 1024 in-process ranks"));
   CHECK_FALSE(contains(r.output, "terminate called"));
+  // bench comm's in-process ranks too (they aborted: exit 134, "terminate called").
+  const auto b = run_cmd("bash -c 'ulimit -v 4000000; " + kBin +
+                         " bench comm --sizes 4 --nproc 1024 --iters 1' 2>&1");
+  INFO(b.output);
+  CHECK(b.exit_code == 1);
+  CHECK(contains(b.output, "error: cannot start 1024 in-process ranks"));
+  CHECK(contains(b.output, "lower --nproc"));
+  CHECK_FALSE(contains(b.output, "terminate called"));
 }
 
 TEST_CASE("dtrain launch stops a SIGSTOPped rank without waiting out its grace period") {
