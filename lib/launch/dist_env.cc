@@ -435,6 +435,9 @@ int available_cores() {
   return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
 }
 
+// The largest token file read (a token is one line; random_token() gives 32 hex digits).
+constexpr uint64_t kMaxTokenFileBytes = 64 << 10;
+
 std::string resolve_job_token(const std::map<std::string, std::string>& env,
                               const std::string& token_file_path, bool* file_too_open) {
   if (file_too_open != nullptr) *file_too_open = false;
@@ -446,7 +449,16 @@ std::string resolve_job_token(const std::map<std::string, std::string>& env,
   if (token_file_path.empty()) return "";
   if (std::error_code ec; std::filesystem::is_directory(token_file_path, ec))
     throw UserError("token file '" + token_file_path + "' is a directory, not a file");
-  const std::string token = trim(read_file(token_file_path));  // UserError if unreadable
+  // A token is a line of text: a FIFO or device (/dev/zero) would block or read without end, and
+  // a huge file fill memory, so only a small regular file is read.
+  if (const std::string why = input_file_problem(token_file_path); !why.empty())
+    throw UserError("token file '" + token_file_path + "' " + why);
+  if (std::error_code ec; std::filesystem::file_size(token_file_path, ec) > kMaxTokenFileBytes)
+    throw UserError("token file '" + token_file_path + "' is " +
+                    std::to_string(std::filesystem::file_size(token_file_path, ec)) +
+                    " bytes: a token file holds one token (at most " +
+                    std::to_string(kMaxTokenFileBytes) + " bytes)");
+  const std::string token = trim(read_regular_file(token_file_path, kMaxTokenFileBytes));
   if (token.empty()) throw UserError("token file '" + token_file_path + "' is empty");
   if (!valid_token(token))
     throw UserError("token file '" + token_file_path +

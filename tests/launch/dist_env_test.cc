@@ -460,6 +460,14 @@ TEST_CASE("job token from the environment, a file, or none") {
   CHECK(contains(user_error([&] { resolve_job_token({}, empty); }), "is empty"));
   CHECK(contains(user_error([&] { resolve_job_token({}, dir.path()); }),
                  "is a directory, not a file"));
+  // A device or a huge file is refused before reading (/dev/zero filled memory until the
+  // allocation failed; a FIFO blocked).
+  CHECK(contains(user_error([&] { resolve_job_token({}, "/dev/zero"); }),
+                 "'/dev/zero' is not a regular file"));
+  const std::string huge = dir / "huge";
+  std::filesystem::resize_file(dir.write("huge", ""), uint64_t{20} << 30);  // sparse
+  CHECK(contains(user_error([&] { resolve_job_token({}, huge); }),
+                 "is 21474836480 bytes: a token file holds one token"));
   const std::string spaced = dir.write("spaced", "two words\n");
   CHECK(contains(user_error([&] { resolve_job_token({}, spaced); }), spaced));
   CHECK(contains(user_error([&] {
