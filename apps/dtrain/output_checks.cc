@@ -218,9 +218,15 @@ void check_trace_output(const std::string& trace, const std::string& out_dir,
       throw UserError("--trace '" + trace + "': each rank writes its part next to it, as '" +
                       fs::path(part).filename().string() + "', which " + why +
                       ": give a shorter name");
+  // A FIFO or device: the trace is merged into it only after training, where a FIFO nobody reads
+  // blocked the finished run without a word (and its ranks' parts cannot go next to a device).
+  struct stat st {};
+  if (::stat(trace.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
+    throw UserError("--trace '" + trace +
+                    "' is not a regular file (a FIFO or a device): a trace is a file, merged "
+                    "from the ranks' parts written next to it; give a file name");
   // An existing file is replaced only if it is a trace (an earlier run's) or empty (mktemp's):
   // a mistyped --trace must not destroy a checkpoint, a config or anything else.
-  struct stat st {};
   if (::stat(trace.c_str(), &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0 &&
       !is_dtrain_trace_file(trace))
     throw UserError("--trace '" + trace +

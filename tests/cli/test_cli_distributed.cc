@@ -2,6 +2,8 @@
 // torchrun's environment. Failures must end every rank non-zero, never hang.
 #include <doctest/doctest.h>
 
+#include <sys/stat.h>
+
 #include <chrono>
 #include <filesystem>
 #include <map>
@@ -493,6 +495,13 @@ TEST_CASE("--trace: the ranks' parts never replace a file that is not a trace") 
               " --log-level warn --set train.max_steps=2");
   CHECK_MESSAGE(r.exit_code == 0, r.output);
   CHECK(contains(read_text(empty), "traceEvents"));
+  // A FIFO is refused up front: the finished run blocked on it without a word, nobody reading.
+  const std::string fifo = dir / "fifo.json";
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  r = run_cmd("timeout 60 " + kBin + " run " + cfg + " --out " + dir / "f" + " --trace " + fifo +
+              " --set train.max_steps=2");
+  CHECK_MESSAGE(r.exit_code == 2, r.output);
+  CHECK(contains(r.output, "is not a regular file (a FIFO or a device)"));
 }
 
 namespace {
