@@ -5,6 +5,8 @@
 #include <cctype>
 #include <charconv>
 #include <limits>
+#include <string_view>
+#include <utility>
 
 #include "config/schema.h"
 #include "util/strings.h"
@@ -83,6 +85,65 @@ std::string closest(std::string_view word, const KeyList& candidates) {
   return best;
 }
 
+namespace {
+
+// Other trainers' names for dtrain's keys (PyTorch scripts, Hugging Face's TrainingArguments,
+// Lightning, nanoGPT's train.py), too far from dtrain's spelling for closest() to find them.
+constexpr std::pair<std::string_view, std::string_view> kSynonyms[] = {
+    {"learning_rate", "optimizer.lr"},
+    {"num_threads", "runtime.threads"},
+    {"n_threads", "runtime.threads"},
+    {"nthreads", "runtime.threads"},
+    {"hidden_size", "model.hidden"},
+    {"hidden_sizes", "model.hidden"},
+    {"hidden_dims", "model.hidden"},
+    {"hidden_layers", "model.hidden"},
+    {"steps", "train.max_steps"},
+    {"num_steps", "train.max_steps"},
+    {"max_iters", "train.max_steps"},
+    {"total_steps", "train.max_steps"},
+    {"train_steps", "train.max_steps"},
+    {"num_epochs", "train.epochs"},
+    {"num_train_epochs", "train.epochs"},
+    {"max_epochs", "train.epochs"},
+    {"n_epochs", "train.epochs"},
+    {"test_split", "data.test_fraction"},
+    {"val_split", "data.test_fraction"},
+    {"validation_split", "data.test_fraction"},
+    {"val_fraction", "data.test_fraction"},
+    {"random_seed", "seed"},
+    {"manual_seed", "seed"},
+    {"rng_seed", "seed"},
+    {"strategy_type", "distributed.strategy"},
+    {"checkpoint_every", "train.checkpoint.every_steps"},
+    {"save_every", "train.checkpoint.every_steps"},
+    {"save_steps", "train.checkpoint.every_steps"},
+    {"checkpoint_interval", "train.checkpoint.every_steps"},
+    {"save_total_limit", "train.checkpoint.keep_last"},
+    {"eval_interval", "train.eval_every"},
+    {"eval_steps", "train.eval_every"},
+    {"log_interval", "train.log_every"},
+    {"logging_steps", "train.log_every"},
+    {"gradient_accumulation_steps", "train.grad_accum_steps"},
+    {"grad_accum", "train.grad_accum_steps"},
+    {"max_grad_norm", "optimizer.clip_grad_norm"},
+    {"grad_clip", "optimizer.clip_grad_norm"},
+    {"warmup", "optimizer.schedule.warmup_steps"},
+    {"lr_scheduler", "optimizer.schedule.type"},
+    {"lr_scheduler_type", "optimizer.schedule.type"},
+    {"train_batch_size", "data.batch_size"},
+    {"per_device_train_batch_size", "data.batch_size"},
+    {"nproc_per_node", "distributed.world_size"},
+    {"num_layers", "model.n_layer"},
+    {"n_heads", "model.n_head"},
+    {"num_heads", "model.n_head"},
+    {"d_model", "model.n_embd"},
+    {"context_length", "model.block_size"},
+    {"seq_len", "model.block_size"},
+};
+
+}  // namespace
+
 std::string key_suggestion(std::string_view section, std::string_view key) {
   const auto& sections = config_sections();
   if (key == "<<") return " (YAML merge keys '<<' are not supported: write the keys out)";
@@ -110,6 +171,11 @@ std::string key_suggestion(std::string_view section, std::string_view key) {
       }
     }
     if (found.size() == 1) s = found[0];
+  }
+  if (s.empty()) {
+    const std::string lk = to_lower(key);
+    for (const auto& [other, ours] : kSynonyms)
+      if (lk == other) s = std::string(ours);
   }
   return s.empty() ? std::string() : " (did you mean '" + s + "'?)";
 }

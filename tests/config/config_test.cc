@@ -296,6 +296,13 @@ TEST_CASE("unknown, duplicate and malformed keys") {
   CHECK(error_of("optimizer: {schedule: {warmup: 10}}\n") ==
         "x.yaml:1:24: unknown key 'optimizer.schedule.warmup' (did you mean 'warmup_steps'?)");
   CHECK(error_of("Seed: 1\n") == "x.yaml:1:1: unknown key 'Seed' (did you mean 'seed'?)");
+  // Other trainers' names, too far from dtrain's for the spelling match (no suggestion before).
+  CHECK(error_of("optimizer: {learning_rate: 0.1}\n") ==
+        "x.yaml:1:13: unknown key 'optimizer.learning_rate' (did you mean 'optimizer.lr'?)");
+  CHECK(error_of("train: {num_epochs: 3}\n") ==
+        "x.yaml:1:9: unknown key 'train.num_epochs' (did you mean 'train.epochs'?)");
+  CHECK(error_of("random_seed: 3\n") ==
+        "x.yaml:1:1: unknown key 'random_seed' (did you mean 'seed'?)");
   CHECK(error_of("seed: 1\nseed: 2\n") == "x.yaml:2:1: duplicate key 'seed'");
   CHECK(error_of("model: {[a]: 1}\n") ==
         "x.yaml:1:9: keys must be plain names, got a sequence in section 'model'");
