@@ -405,8 +405,8 @@ std::vector<KeyDecl> distributed_keys([[maybe_unused]] const Owners& o) {
           R"doc(`ddp` (gradients averaged every step) | `local_sgd` (parameters averaged every `sync_every` steps) | `zero1` (optimizer state sharded) | `zero2` (and gradients) | `fsdp` (and parameters; `zero3` is the same) | `pipeline` (ddp with a pipeline whose `distributed.pipeline.stages` default to 2 and may not be 1; kept for older configs))doc"),
       key(
           "distributed.timeout_s", [](auto& c) -> auto& { return c.distributed.timeout_s; },
-          R"doc(Deadline of every collective and receive, > 0; time the process was stopped (Ctrl-Z) is not counted)doc")
-          .positive()
+          R"doc(Deadline of every collective and receive, at least 0.1; time the process was stopped (Ctrl-Z) is not counted)doc")
+          .min(0.1, "a collective or receive waits longer than that on a busy host")
           .not_hashed(),
       key(
           "distributed.heartbeat_s", [](auto& c) -> auto& { return c.distributed.heartbeat_s; },
@@ -418,8 +418,8 @@ std::vector<KeyDecl> distributed_keys([[maybe_unused]] const Owners& o) {
       key(
           "distributed.rendezvous_timeout_s",
           [](auto& c) -> auto& { return c.distributed.rendezvous_timeout_s; },
-          R"doc(How long rank 0 waits for all ranks to join, > 0)doc")
-          .positive()
+          R"doc(How long rank 0 waits for all ranks to join, at least 1: processes take longer than that to start and meet)doc")
+          .min(1.0, "processes take longer than that to start and meet")
           .not_hashed(),
       key(
           "distributed.token_file", [](auto& c) -> auto& { return c.distributed.token_file; },

@@ -680,6 +680,11 @@ TEST_CASE("distributed keys: timeouts, tls all-or-none, per-host keys outside th
   CHECK(c.distributed.heartbeat_s == 10.0);
   CHECK_THROWS_WITH_AS(parse_config(base, "d.yaml", {"distributed.timeout_s=0"}),
                        doctest::Contains("distributed.timeout_s"), UserError);
+  // Tiny but positive deadlines were accepted, then every receive timed out "after 0 s".
+  CHECK_THROWS_WITH_AS(parse_config(base, "d.yaml", {"distributed.timeout_s=1e-6"}),
+                       doctest::Contains("distributed.timeout_s: must be >= 0.1"), UserError);
+  CHECK_THROWS_WITH_AS(parse_config(base, "d.yaml", {"distributed.rendezvous_timeout_s=0.5"}),
+                       doctest::Contains("rendezvous_timeout_s: must be >= 1"), UserError);
   CHECK_THROWS_WITH_AS(parse_config(base, "d.yaml", {"distributed.heartbeat_s=0"}),
                        doctest::Contains("distributed.heartbeat_s"), UserError);
   CHECK_THROWS_WITH_AS(parse_config(base, "d.yaml", {"distributed.heartbeat_s=-1"}),
