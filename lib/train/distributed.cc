@@ -116,6 +116,11 @@ nlohmann::json run_grpc_rank(const Config& cfg, const RunOptions& opts,
   spdlog::info("rank {} of {} (local {} of {}, from {}): joining {}:{}, listening on {}", de.rank,
                de.world_size, de.local_rank, de.local_world_size, de.source, de.master_addr,
                g.master_port, g.bind);
+  // One rank alone still meets itself at MASTER_ADDR over gRPC (resolve_dist_env lets a lone
+  // rank's malformed address pass, for the in-process backend never uses it): 'a b' waited out
+  // the rendezvous timeout, then failed as a runtime error.
+  if (const std::string why = dtrain::master_addr_problem(de.master_addr); !why.empty())
+    throw UserError("MASTER_ADDR '" + de.master_addr + "' " + why);
   // A name that does not resolve is said now, not only at the rendezvous timeout, which waits
   // for it (a Kubernetes Service's name resolves once its pods are ready).
   if (const std::string why = master_addr_problem(de.master_addr, /*serving=*/false); !why.empty())

@@ -557,3 +557,17 @@ TEST_CASE("dtrain launch --master-port on a port another process holds is exit 2
                                std::to_string(port) + " is taken on this host"));
   CHECK_FALSE(contains(r.output, "rank 1"));
 }
+
+TEST_CASE("one gRPC rank with a malformed MASTER_ADDR is exit 2 at once") {
+  // It waited out the rendezvous timeout, then exited 1 (two or more ranks were refused already).
+  TempDir dir;
+  const auto r = run_cmd("RANK=0 WORLD_SIZE=1 MASTER_ADDR='a b' MASTER_PORT=" +
+                         std::to_string(dtrain::testing::free_port()) + " timeout 60 " + kBin +
+                         " run " + std::string(DTRAIN_SOURCE_DIR) +
+                         "/configs/smoke.yaml --set distributed.backend=grpc "
+                         "--set distributed.rendezvous_timeout_s=30 --out " +
+                         dir / "run" + " 2>&1");
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK(contains(r.output, "MASTER_ADDR 'a b' holds whitespace"));
+}
