@@ -70,6 +70,12 @@ inline CmdResult run_cmd(const std::string& cmd) {
   return r;
 }
 
+// Big-endian 32-bit words, as IDX headers store them.
+inline std::string be32(uint32_t v) {
+  return {static_cast<char>(v >> 24), static_cast<char>(v >> 16), static_cast<char>(v >> 8),
+          static_cast<char>(v)};
+}
+
 // A loopback port nobody listens on right now, for a test's rendezvous. Picked at random below
 // the kernel's ephemeral range (net.ipv4.ip_local_port_range, default 32768-60999) and checked
 // by binding it: a port from bind(0) comes from that range, which every outgoing connection of

@@ -233,6 +233,9 @@ std::optional<std::vector<std::string>> checkpoint_state_names(const std::string
 // manifest only; "" when it has none (older files) or cannot be read (the load then says why).
 // For checking a config against a checkpoint before the model is built and allocated.
 std::string checkpoint_config_json(const std::string& resolved);
+// The record of the model's inputs a resolved checkpoint stores (CheckpointMeta::normalizer_json:
+// data/dataset.h input_record_json), from its header or manifest only; "" when it has none.
+std::string checkpoint_input_record(const std::string& resolved);
 // The shape a resolved checkpoint gives parameter `name` (a file's header, a sharded folder's
 // manifest table), nullopt when it has none or cannot be read (the load then says why). Reads
 // headers only: for sizing a model from its checkpoint (eval without the training labels).

@@ -47,18 +47,32 @@ std::optional<std::vector<std::string>> checkpoint_state_names(const std::string
   return std::vector<std::string>(names.begin(), names.end());
 }
 
-std::string checkpoint_config_json(const std::string& resolved) {
+namespace {
+
+// A JSON-valued metadata entry (a file's header string, a sharded folder's manifest member) as
+// text; "" when it has none or cannot be read.
+std::string json_entry(const std::string& resolved, const std::string& key) {
   try {
     if (is_sharded_dir(resolved)) {
       const nlohmann::json m = read_manifest(resolved);
-      return m.contains("config") ? m.at("config").dump() : std::string();
+      return m.contains(key) ? m.at(key).dump() : std::string();
     }
     const auto meta = read_safetensors_metadata(resolved);
-    const auto it = meta.find("config");
+    const auto it = meta.find(key);
     return it == meta.end() ? std::string() : it->second;
   } catch (const std::exception&) {
     return "";
   }
+}
+
+}  // namespace
+
+std::string checkpoint_config_json(const std::string& resolved) {
+  return json_entry(resolved, "config");
+}
+
+std::string checkpoint_input_record(const std::string& resolved) {
+  return json_entry(resolved, "normalizer");
 }
 
 std::optional<std::vector<int64_t>> checkpoint_param_shape(const std::string& resolved,

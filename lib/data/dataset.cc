@@ -134,6 +134,27 @@ std::string Normalizer::to_json() const {
   return nlohmann::json{{"method", to_string(method)}, {"shift", shift}, {"scale", scale}}.dump();
 }
 
+std::string input_record_json(const Normalizer& n, const Dataset& train) {
+  nlohmann::json j = nlohmann::json::parse(n.to_json());
+  j["sample_shape"] = train.input_shape();
+  j["columns"] = train.columns;
+  return j.dump();
+}
+
+InputRecord input_record_from_json(const std::string& json, const std::string& what) {
+  InputRecord r;
+  try {
+    const nlohmann::json j = nlohmann::json::parse(json);
+    if (!j.is_object() || !j.contains("sample_shape")) return r;
+    r.sample_shape = j.at("sample_shape").get<std::vector<int64_t>>();
+    r.columns = j.value("columns", std::vector<std::string>{});
+  } catch (const std::exception& e) {
+    throw UserError(what + ": its input record is malformed (" + json_error_text(e.what()) + ")");
+  }
+  r.known = true;
+  return r;
+}
+
 Normalizer Normalizer::from_json(const std::string& json, int64_t features,
                                  const std::string& what) {
   Normalizer n;

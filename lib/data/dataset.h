@@ -64,6 +64,21 @@ struct Normalizer {
   static Normalizer from_json(const std::string& json, int64_t features, const std::string& what);
 };
 
+// A checkpoint's record of its model's inputs (CheckpointMeta::normalizer_json, "normalizer"): the
+// normaliser's fields (Normalizer::to_json) and, since 2026-12-07, "sample_shape" (one input's
+// shape, [F] or [C, H, W]) and "columns" (the CSV training file's feature column names, [] without
+// a header). eval and predict from test files alone check their inputs' layout against it: a test
+// set of another image shape with the same pixel count, or with its columns in another order, was
+// evaluated without a word. Normalizer::from_json reads the same record (the extra fields ignored).
+std::string input_record_json(const Normalizer& n, const Dataset& train);
+struct InputRecord {
+  bool known = false;  // false: a record written before these fields (nothing to check)
+  std::vector<int64_t> sample_shape;
+  std::vector<std::string> columns;
+};
+// The record's layout fields; UserError naming `what` when they are malformed.
+InputRecord input_record_from_json(const std::string& json, const std::string& what);
+
 struct DataSplits {
   Dataset train;
   Dataset test;  // rows == 0 when there is no test set

@@ -75,7 +75,8 @@ void TrainLoop::save() {
     m.world_size = world_.size();
     m.strategy = to_string(cfg_.distributed.strategy);
     m.config_json = config_json_;
-    if (data_->train.kind == SampleKind::kFeatures) m.normalizer_json = data_->normalizer.to_json();
+    if (data_->train.kind == SampleKind::kFeatures)
+      m.normalizer_json = input_record_json(data_->normalizer, data_->train);
     m.schedule_steps = schedule_steps_;
     nlohmann::json progress = {{"skipped_steps", skipped_steps_},
                                {"record_loss", record_loss_},

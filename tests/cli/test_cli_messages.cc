@@ -16,6 +16,7 @@
 
 #include "test_util.h"
 
+using dtrain::testing::be32;
 using dtrain::testing::CmdResult;
 using dtrain::testing::contains;
 using dtrain::testing::run_cmd;
@@ -43,12 +44,6 @@ optimizer: {type: sgd, lr: 0.1}
 train: {epochs: 1, log_every: 10}
 runtime: {threads: 1}
 )";
-
-// Big-endian 32-bit words, as IDX headers store them.
-std::string be32(uint32_t v) {
-  return {static_cast<char>(v >> 24), static_cast<char>(v >> 16), static_cast<char>(v >> 8),
-          static_cast<char>(v)};
-}
 
 // n images of 2x2 pixels and their labels (0, 1, 0, 1, ...), as IDX files in `dir`.
 void write_idx(const TempDir& dir, uint32_t n) {

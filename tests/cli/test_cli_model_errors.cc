@@ -12,6 +12,7 @@
 
 #include "test_util.h"
 
+using dtrain::testing::be32;
 using dtrain::testing::CmdResult;
 using dtrain::testing::contains;
 using dtrain::testing::run_cmd;
@@ -204,4 +205,68 @@ TEST_CASE("a stray large training label is said: most of the outputs it makes ar
   r = run_cmd(kBin + " run " + cfg + " --out " + t / "m" + " --set model.num_classes=100001 2>&1");
   REQUIRE_MESSAGE(r.exit_code == 0, r.output);
   CHECK_FALSE(contains(r.output, "never taught"));
+}
+
+TEST_CASE("eval and predict from test files alone hold them to the training layout") {
+  // Without the training files the test files' layout was taken as the model's: CSV columns in
+  // another order, or images of another shape with as many pixels, were evaluated without a
+  // word, and predict held --input to the test file's header (refusing rows in training order).
+  TempDir t;
+  std::string train = "a,b,c,label\n", test = "a,b,c,label\n", swapped = "c,b,a,label\n";
+  for (int i = 0; i < 40; ++i) {
+    const std::string a = std::to_string(i % 5), b = std::to_string(i % 3),
+                      c = std::to_string(i % 7), y = std::to_string(i % 2);
+    train += a + "," + b + "," + c + "," + y + "\n";
+    test += a + "," + b + "," + c + "," + y + "\n";
+    swapped += c + "," + b + "," + a + "," + y + "\n";
+  }
+  t.write("train.csv", train);
+  t.write("test.csv", test);
+  t.write("swapped.csv", swapped);
+  t.write("rows.csv", "a,b,c\n1,2,3\n");
+  const std::string csv = t.write("csv.yaml", R"(model: {type: mlp, hidden: [4]}
+data: {format: csv, train: {path: train.csv}, test: {path: test.csv}, batch_size: 8}
+train: {epochs: 0, max_steps: 2}
+)");
+  REQUIRE(run_cmd(kBin + " run " + csv + " --out " + t / "csv").exit_code == 0);
+  std::filesystem::rename(t / "train.csv", t / "train.csv.away");
+  const CmdResult e = run_cmd(kBin + " eval " + csv + " --checkpoint " + t / "csv" +
+                              " --set data.test.path=" + t / "swapped.csv");
+  CHECK(e.exit_code == 2);
+  CHECK_MESSAGE(contains(e.output,
+                         "data.test names its feature columns c, b, a, the training "
+                         "data's were a, b, c"),
+                e.output);
+  const CmdResult p = run_cmd(kBin + " predict " + csv + " --checkpoint " + t / "csv" +
+                              " --input " + t / "rows.csv");
+  CHECK_MESSAGE(p.exit_code == 0, p.output);
+  CHECK(contains(p.output, "predicted,prob_0,prob_1"));
+
+  // 16-pixel images: 4x4 for training, 2x8 for the test.
+  auto idx = [&](const std::string& name, uint32_t h, uint32_t w) {
+    t.write(name + ".img",
+            be32(0x803) + be32(8) + be32(h) + be32(w) + std::string(8 * h * w, '\x40'));
+    t.write(name + ".lab", be32(0x801) + be32(8) + std::string("\0\1\0\1\0\1\0\1", 8));
+  };
+  idx("tr", 4, 4);
+  idx("te", 2, 8);
+  const std::string img = t.write("img.yaml", R"(model: {type: mlp, hidden: [4]}
+data: {format: idx, train: {images: tr.img, labels: tr.lab}, test: {images: tr.img, labels: tr.lab},
+  batch_size: 4}
+train: {epochs: 0, max_steps: 2}
+)");
+  REQUIRE(run_cmd(kBin + " run " + img + " --out " + t / "img").exit_code == 0);
+  std::filesystem::rename(t / "tr.img", t / "te.img.orig");
+  std::filesystem::copy_file(t / "te.img.orig", t / "kept.img");
+  const CmdResult s = run_cmd(kBin + " eval " + img + " --checkpoint " + t / "img" +
+                              " --set data.test.images=" + t / "te.img" +
+                              " --set data.test.labels=" + t / "te.lab");
+  CHECK(s.exit_code == 2);
+  CHECK_MESSAGE(contains(s.output,
+                         "data.test's samples are [1, 2, 8], the model was trained on "
+                         "samples of [1, 4, 4]"),
+                s.output);
+  const CmdResult same = run_cmd(kBin + " eval " + img + " --checkpoint " + t / "img" +
+                                 " --set data.test.images=" + t / "kept.img");
+  CHECK_MESSAGE(same.exit_code == 0, same.output);
 }
