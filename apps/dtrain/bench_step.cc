@@ -165,7 +165,7 @@ int bench_step(const Config& cfg_in, const StepBenchOptions& o) {
   const double rate = per_step * unit_per_sample / (step_ms * 1e-3);
   const double bound = per_step * unit_per_sample / (gemm_ms * 1e-3);
   std::printf(
-      "%zu blocks of %d steps, each followed by %d replays of the step's %zu GEMMs (%s kernels, "
+      "%zu block(s) of %d steps, each followed by %d replays of the step's %zu GEMMs (%s kernels, "
       "%d BLAS thread(s)): step %.3f ms (%.0f %s), GEMMs alone %.3f ms (bound %.0f %s); "
       "the step runs at %.1f%% of its GEMM bound (median of per-block ratios; quartiles "
       "%.1f%%-%.1f%%)\n",

@@ -644,8 +644,11 @@ nlohmann::json TrainLoop::run() {
     apply_step_faults(opts_.faults, rank_, step_, world_);  // DTRAIN_FAULT; a delay is step time
     const double step_s = seconds_since(step_t0);
     train_s_ += step_s;
-    if (opts_.after_step)  // outside the step's time
+    if (opts_.after_step) {  // outside the step's time, and the record's (bench step's replays)
+      const auto a0 = Clock::now();
       opts_.after_step(rank_, step_, step_s, batch_ - batch_before);
+      interval_t0_ += Clock::now() - a0;
+    }
     const bool epoch_done = batch_ >= bpe_;
     if (epoch_done) {
       ++epoch_;
