@@ -435,6 +435,8 @@ TEST_CASE("resume keeps one run per folder and survives a lost latest file") {
   r = run_cmd(kBin + " run " + cfg + " --set train.max_steps=25 --out " + a + " --resume auto");
   REQUIRE_MESSAGE(r.exit_code == 0, r.output);
   CHECK_MESSAGE(contains(r.output, "using its newest complete checkpoint"), r.output);
+  // (once: the checkpoint is resolved when checked and again when loaded, and said it twice)
+  CHECK(r.output.find("using its newest") == r.output.rfind("using its newest"));
   const auto s = nlohmann::json::parse(read_text(a + "/summary.json"));
   CHECK(s["steps"] == 25);
   CHECK(s["steps_this_run"] == 5);
