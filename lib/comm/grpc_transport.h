@@ -9,6 +9,7 @@
 // Heartbeats (unary Health.Beat calls on their own thread) detect frozen or unreachable peers.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -33,7 +34,14 @@ struct GrpcOptions {
                                           // bind is 0.0.0.0 / ::)
   std::string token;                      // job token, checked on every RPC; "" = none
   std::string config_hash;                // must agree across ranks
-  double rendezvous_timeout_s = 120;      // fail naming the ranks that never joined
+  // The config in detail, for a refusal that names what differs (the comm layer knows no
+  // configs): config_detail, this rank's (JSON of its resolved config), goes with its join when
+  // at most kMaxConfigDetailBytes; on rank 0, config_difference(theirs) says how a joining rank's
+  // differs from its own ("key: ours -> theirs; ..."; "" when it cannot tell), asked only when
+  // the hashes differ. Either may be empty.
+  std::string config_detail;
+  std::function<std::string(const std::string& theirs)> config_difference;
+  double rendezvous_timeout_s = 120;  // fail naming the ranks that never joined
   // After the rendezvous: how long connecting to the peers and waiting for their streams may
   // take at most (distributed.timeout_s). A peer that dies meanwhile is found sooner, by its
   // missing heartbeats (within heartbeat_s) or its closed connection.

@@ -4,9 +4,11 @@
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
+#include <nlohmann/json.hpp>
 
 #include "comm/communicator.h"
 #include "comm/grpc_transport.h"
+#include "config/config_diff.h"
 #include "launch/launcher.h"
 #include "tensor/blas.h"
 #include "train/stop.h"
@@ -65,6 +67,22 @@ GrpcOptions rank_grpc_options(const Config& cfg, const Config& eff, const RunOpt
   // may change them); ranks must still agree on them, since each of those steps runs collectives
   // of its own: they join the rendezvous's comparison as text, which its refusal then shows.
   g.config_hash = config_hash(eff) + " (" + run_plan(eff, opts) + ")";
+  // What a refusal names when the hashes differ: the keys (config_differences) of the ranks'
+  // resolved configs.
+  g.config_detail = config_to_json(eff).dump();
+  g.config_difference = [ours = g.config_detail](const std::string& theirs) -> std::string {
+    try {
+      const std::vector<std::string> d =
+          config_differences(nlohmann::json::parse(ours), nlohmann::json::parse(theirs));
+      constexpr size_t kShown = 12;
+      std::string out;
+      for (size_t i = 0; i < d.size() && i < kShown; ++i) out += (i ? "; " : "") + d[i];
+      if (d.size() > kShown) out += fmt::format("; and {} more", d.size() - kShown);
+      return out;
+    } catch (const std::exception&) {  // (a peer's detail is input: not JSON, say nothing)
+      return "";
+    }
+  };
   g.rendezvous_timeout_s = cfg.distributed.rendezvous_timeout_s;
   g.tls_cert = cfg.distributed.tls.cert;
   g.tls_key = cfg.distributed.tls.key;

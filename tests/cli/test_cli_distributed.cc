@@ -191,6 +191,8 @@ TEST_CASE("a rank with another config or a wrong token is refused at rendezvous"
   // Bad input, exit 2 on both (which launchers do not restart: a restart would repeat it).
   CHECK(contains(r.output, "rc0=2 rc1=2"));
   CHECK(contains(logs, "config hash"));
+  // ... naming the key (two hashes told nothing about which --set differed)
+  CHECK(contains(logs, "the keys that differ (rank 0's -> rank 1's): optimizer.lr: "));
   // Keys config_hash leaves out but the collectives depend on (here when saves happen): refused
   // at the rendezvous, naming them, rather than failing later with mismatched collectives.
   port = dtrain::pick_free_port();

@@ -128,6 +128,18 @@ TEST_CASE("rendezvous: join requests decode, and refusals name the rank and both
   CHECK(join_refusal(got, 2, "cafe") == "");
   CHECK(join_refusal(got, 3, "cafe") == "rank 1 says the world size is 2, rank 0 says 3");
   CHECK(join_refusal(got, 2, "beef") == "rank 1 has config hash cafe, rank 0 has beef");
+  // With the configs' details, the keys that differ (rank 0's -> the joining rank's); without a
+  // detail (an older dtrain) or an answer, the hashes alone.
+  const auto diff = [](const std::string& theirs) { return "optimizer.lr: 0.1 -> " + theirs; };
+  wire::JoinRequest detailed = got;
+  detailed.set_config_detail("0.2");
+  CHECK(join_refusal(detailed, 2, "beef", diff) ==
+        "rank 1 has config hash cafe, rank 0 has beef; the keys that differ (rank 0's -> rank "
+        "1's): optimizer.lr: 0.1 -> 0.2");
+  CHECK(join_refusal(got, 2, "beef", diff) == "rank 1 has config hash cafe, rank 0 has beef");
+  CHECK(join_refusal(detailed, 2, "beef", [](const std::string&) { return std::string(); }) ==
+        "rank 1 has config hash cafe, rank 0 has beef");
+  CHECK(join_refusal(detailed, 2, "cafe", diff) == "");
   wire::JoinRequest out = got;
   out.set_rank(5);
   out.set_world_size(2);

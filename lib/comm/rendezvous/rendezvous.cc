@@ -45,7 +45,8 @@ wire::JoinRequest decode_join_request(std::span<const char> bytes) {
   return req;
 }
 
-std::string join_refusal(const wire::JoinRequest& req, int world, const std::string& hash) {
+std::string join_refusal(const wire::JoinRequest& req, int world, const std::string& hash,
+                         const std::function<std::string(const std::string&)>& difference) {
   const int rank = req.rank();
   if (req.protocol_version() != kGrpcProtocolVersion)
     return fmt::format("rank {} speaks wire protocol {}, rank 0 speaks {}", rank,
@@ -55,8 +56,16 @@ std::string join_refusal(const wire::JoinRequest& req, int world, const std::str
                        world);
   if (rank < 0 || rank >= world)
     return fmt::format("rank {} is out of range for world size {}", rank, world);
-  if (req.config_hash() != hash)
-    return fmt::format("rank {} has config hash {}, rank 0 has {}", rank, req.config_hash(), hash);
+  if (req.config_hash() != hash) {
+    std::string what =
+        fmt::format("rank {} has config hash {}, rank 0 has {}", rank, req.config_hash(), hash);
+    // (the hashes say that the configs differ, the details which keys: a rank started by hand
+    // with another --set showed two hashes and nothing that told them apart)
+    if (difference && !req.config_detail().empty())
+      if (const std::string d = difference(req.config_detail()); !d.empty())
+        what += fmt::format("; the keys that differ (rank 0's -> rank {}'s): {}", rank, d);
+    return what;
+  }
   if (req.listen_address().empty()) return fmt::format("rank {} sent no listen address", rank);
   if (req.tcp_port() < 0 || req.tcp_port() > 65535)
     return fmt::format("rank {} sent TCP data port {}", rank, req.tcp_port());
@@ -73,7 +82,7 @@ std::string JoinCoordinator::on_set(const std::string& key, const std::string& v
   std::string_view kind = kRefused;
   try {
     req = decode_join_request(value);
-    failure = join_refusal(req, world_, hash_);
+    failure = join_refusal(req, world_, hash_, difference_);
   } catch (const WireError& e) {
     failure = fmt::format("a malformed join: {}", e.what());
     kind = kFail;
@@ -133,7 +142,7 @@ RendezvousHost::RendezvousHost(const GrpcOptions& o, Clock::time_point deadline)
     : timeout_s_(o.rendezvous_timeout_s),
       deadline_(deadline),
       refusal_(o.refusal),
-      coord_(o.world_size, o.config_hash),
+      coord_(o.world_size, o.config_hash, o.config_difference),
       store_([this](const std::string& k, const std::string& v) { on_set(k, v); }),
       service_(std::make_unique<StoreService>(&store_, o.token, fmt::format("rank {}", o.rank))) {
   store_.set(std::string(kPrefix) + "/" + kInstanceKey, random_hex());
@@ -307,6 +316,7 @@ std::vector<PeerEntry> join_rendezvous(const GrpcOptions& o, const std::string& 
   req.set_world_size(world_);
   req.set_listen_address(listen_address);
   req.set_config_hash(o.config_hash);
+  if (o.config_detail.size() <= kMaxConfigDetailBytes) req.set_config_detail(o.config_detail);
   req.set_shm_name(shm_name);
   req.set_tcp_port(tcp_port);
   int64_t n = 0;

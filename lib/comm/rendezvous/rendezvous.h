@@ -17,6 +17,7 @@
 
 #include <condition_variable>
 #include <cstddef>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -45,7 +46,12 @@ wire::JoinRequest decode_join_request(std::span<const char> bytes);
 // hash): another wire protocol, world size or config hash, a rank out of range, no listen
 // address. The refusal fails the rendezvous for every rank. (Two joins for one rank are the
 // coordinator's to see.) Pure.
-std::string join_refusal(const wire::JoinRequest& req, int world, const std::string& hash);
+// `difference` (GrpcOptions::config_difference, may be empty) names the keys of a config that
+// differs.
+std::string join_refusal(const wire::JoinRequest& req, int world, const std::string& hash,
+                         const std::function<std::string(const std::string&)>& difference = {});
+// The largest config_detail a join carries (a join request is at most kMaxJoinRequestBytes).
+inline constexpr size_t kMaxConfigDetailBytes = 32 << 10;
 
 // Where rank 0 publishes the rendezvous result ("ok" + JoinReply | "failrefused: " + why |
 // "fail" + why).
@@ -56,7 +62,9 @@ inline constexpr char kRendezvousResultKey[] = "rdzv/result";
 // host calls it under its lock); what fuzz/rendezvous.cc drives.
 class JoinCoordinator {
  public:
-  JoinCoordinator(int world, std::string hash) : world_(world), hash_(std::move(hash)) {}
+  JoinCoordinator(int world, std::string hash,
+                  std::function<std::string(const std::string&)> difference = {})
+      : world_(world), hash_(std::move(hash)), difference_(std::move(difference)) {}
   // Judges a set of the store: returns the result a join key's value decides ("ok" + the peer
   // table once the last rank joined, "failrefused: " + why at the first refusal, "fail" + why
   // for a malformed join), and "" while
@@ -76,6 +84,7 @@ class JoinCoordinator {
   };
   const int world_;
   const std::string hash_;
+  const std::function<std::string(const std::string&)> difference_;
   std::map<int, Joined> joined_;
   std::set<std::string> join_keys_;  // the join keys set so far (a retried Set repeats one)
   bool decided_ = false;
