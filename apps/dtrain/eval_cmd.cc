@@ -207,6 +207,9 @@ int cmd_eval(const Config& cfg, const std::string& ckpt) {
   // normaliser scales the test rows without them)
   const bool text_test = cfg.data.format == DataFormat::kText && !cfg.data.test.empty();
   const bool test_only = test_files_only(cfg.data);
+  // (load_data says it; these loaders read no training file, and said nothing)
+  if (text_test || test_only)
+    if (const std::string w = split_overlap_warning(cfg.data); !w.empty()) spdlog::warn("{}", w);
   DataSplits data = text_test   ? load_text_test_file(text_options(cfg.data))
                     : test_only ? load_test_files(cfg.data)
                                 : load_data(cfg.data, cfg.seed);

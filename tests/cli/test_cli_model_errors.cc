@@ -270,3 +270,18 @@ train: {epochs: 0, max_steps: 2}
                                  " --set data.test.images=" + t / "kept.img");
   CHECK_MESSAGE(same.exit_code == 0, same.output);
 }
+
+TEST_CASE("eval of a text test file that is also the training file warns, as run does") {
+  // (eval reads a text test file alone, and said nothing: the README promises the warning from
+  // every command that loads data)
+  TempDir t;
+  std::string text;
+  for (int i = 0; i < 40; ++i) text += "enough text for a few windows of sixteen bytes.\n";
+  const std::string corpus = t.write("corpus.txt", text);
+  const std::string cfg = t.write("g.yaml", gpt_yaml(corpus));
+  REQUIRE(run_cmd(kBin + " run " + cfg + " --out " + t / "run").exit_code == 0);
+  const CmdResult r = run_cmd(kBin + " eval " + cfg + " --checkpoint " + t / "run" +
+                              " --set data.test.path=" + corpus + " --set data.test_fraction=-1");
+  CHECK_MESSAGE(r.exit_code == 0, r.output);
+  CHECK(contains(r.output, "' is also a training file (data.train)"));
+}
