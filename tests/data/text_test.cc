@@ -112,6 +112,14 @@ TEST_CASE("text: gzip is detected by its magic, not its name: plain and gzip rea
   CHECK_FALSE(exact);
   CHECK(text_bytes_by_decompressing({two, plain}, "k") == 9000);
   CHECK(text_bytes_by_decompressing({dir / "missing"}, "k") == -1);
+  // A gzip file shorter than its 18 bytes of header and trailer: counted 0 and inexact, so the
+  // caller decompresses it and refuses it (it was "unknown" (-1), which validate let pass).
+  const std::string cut = dir.write("cut.gz", dtrain::testing::read_text(gz).substr(0, 17));
+  exact = true;
+  CHECK(text_bytes_without_reading({cut}, &exact) == 0);
+  CHECK_FALSE(exact);
+  CHECK_THROWS_WITH_AS(text_bytes_by_decompressing({cut}, "k"),
+                       doctest::Contains("truncated gzip file"), UserError);
 }
 
 TEST_CASE("text: a list keeps its order, a glob is sorted and skips directories") {
