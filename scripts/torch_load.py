@@ -197,17 +197,22 @@ def build_sequential(m, in_shape):
     return nn.Sequential(*mods)
 
 
-def sequential_input_shape(config, tensors):
+def sequential_input_shape(config, tensors, normalizer):
     """The per-sample input shape dtrain built the list for: [1, H, W] for IDX images (H, W from
     the training images' header; whatever the first layer is, as dtrain's data gives it), else
     (CSV rows) the flat width of the first Linear."""
+    if "sample_shape" in normalizer:  # (recorded since 2026-12-07: no data file needed)
+        return list(normalizer["sample_shape"])
     if config["data"].get("format", "idx") == "idx":
         with open_maybe_gzip(config["data"]["train"]["images"]) as f:
             head = f.read(16)
         return [1] + list(struct.unpack(">II", head[8:16]))
-    w = next(tensors[k] for k in sorted(tensors, key=lambda k: int(k.split(".")[1]))
-             if k.startswith("layers.") and k.endswith(".weight") and tensors[k].ndim == 2)
-    return [w.shape[1]]
+    weights = [tensors[k] for k in sorted(tensors, key=lambda k: int(k.split(".")[1]))
+               if k.startswith("layers.") and k.endswith(".weight") and tensors[k].ndim <= 2]
+    if not weights:
+        raise SystemExit("the checkpoint records no input shape and its layer list has no weight "
+                         "to read one from: write it again with a dtrain of 2026-12-07 or later")
+    return [weights[0].shape[-1]]
 
 
 def open_maybe_gzip(path):
@@ -217,7 +222,8 @@ def open_maybe_gzip(path):
     return gzip.open(path) if gz else open(path, "rb")
 
 
-def build(config, tensors):
+def build(config, tensors, normalizer=None):
+    normalizer = normalizer or {}
     m = config["model"]
     kind = m.get("type", "mlp")
     # dtrain names a list's entries layers.<i>, as a module whose `layers` is the nn.Sequential
@@ -225,7 +231,7 @@ def build(config, tensors):
     if kind == "mlp":
         return nn.Sequential(OrderedDict(layers=build_mlp(m, tensors)))
     if kind == "sequential":
-        seq = build_sequential(m, sequential_input_shape(config, tensors))
+        seq = build_sequential(m, sequential_input_shape(config, tensors, normalizer))
         return nn.Sequential(OrderedDict(layers=seq))
     if kind == "gpt":
         g = {k: m.get(k, d) for k, d in GPT_DEFAULTS.items()}
@@ -245,7 +251,7 @@ def load(path, strict=True):
     config = json.loads(meta["config"])
     model_tensors = {k: v for k, v in tensors.items()
                      if not k.startswith(TRAINING_STATE_PREFIXES)}
-    model = build(config, model_tensors)
+    model = build(config, model_tensors, json.loads(meta.get("normalizer", "{}") or "{}"))
     state = {k: torch.from_numpy(np.array(v, dtype=np.float32)) for k, v in model_tensors.items()}
     model.load_state_dict(state, strict=strict)
     model.eval()
@@ -260,9 +266,21 @@ def read_maybe_gzip(path):
 
 
 def paths(spec):
-    out = []
+    """The text files as dtrain reads them: each entry a file or a glob (sorted), a glob's matches
+    that are not regular files left out, a file named twice (by any path) read once, where it
+    first appears; a named file that is not a regular one refused (a FIFO would block)."""
+    out, seen = [], set()
     for s in spec if isinstance(spec, list) else [spec]:
-        out += sorted(glob.glob(s)) if any(c in s for c in "*?[") and not os.path.isfile(s) else [s]
+        pattern = any(c in s for c in "*?[") and not os.path.isfile(s)
+        for p in sorted(glob.glob(s)) if pattern else [s]:
+            if not os.path.isfile(p):
+                if pattern:
+                    continue
+                raise SystemExit(f"--eval: {p} is not a regular file")
+            st = os.stat(p)
+            if (st.st_dev, st.st_ino) not in seen:
+                seen.add((st.st_dev, st.st_ino))
+                out.append(p)
     return out
 
 

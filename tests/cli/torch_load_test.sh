@@ -113,6 +113,14 @@ compare gpt_untied "$dir/gpt_test_file.yaml" --set model.tie_embeddings=false --
 # The default test_fraction (config.json records -1: "the format's default", 0.1 for text).
 sed -e "s|, test_fraction: 0.15||" "$dir/gpt.yaml" >"$dir/gpt_default_split.yaml"
 compare gpt_default_split "$dir/gpt_default_split.yaml"
+# A list naming a file twice (again through a glob) and a glob matching a folder: dtrain reads the
+# file once and leaves the folder out, and so does --eval (it read the file twice, or crashed).
+mkdir -p "$dir/corpus/sub"
+cp "$dir/train.txt" "$dir/corpus/a.txt"
+cp "$dir/test.txt" "$dir/corpus/b.txt"
+sed -e "s|path: $dir/train.txt|path: [$dir/corpus/a.txt, \"$dir/corpus/*\"]|" "$dir/gpt.yaml" \
+  >"$dir/gpt_glob.yaml"
+compare gpt_glob "$dir/gpt_glob.yaml"
 
 # A sharded checkpoint (fsdp on 2 ranks, the tied GPT): its folder and a shard are refused with the
 # way out, its consolidation loads and evaluates as `dtrain eval` of the folder does.
