@@ -93,6 +93,16 @@ class CsvReader {
   CsvReader(const std::string& path, const CsvOptions& opts,
             const std::vector<std::string>& known_header = {})
       : path_(path), delim_(opts.delimiter), text_(read_maybe_gzip(path)) {
+    // Text has no NUL bytes: a binary file (an IDX file, a checkpoint) was reported by whatever
+    // its bytes first tripped ("stray quote", "a bare carriage return").
+    if (const size_t nul = text_.find('\0'); nul != std::string::npos)
+      throw UserError(path +
+                      ": not a CSV text file: it holds binary data or UTF-16 text (a NUL byte at "
+                      "offset " +
+                      std::to_string(nul) + "; CSV is read as UTF-8)" +
+                      (text_.size() >= 4 && text_[0] == 0 && text_[1] == 0 && text_[2] == 0x08
+                           ? "; it starts as an IDX file does (data.format: idx reads those)"
+                           : ""));
     if (text_.compare(0, 3, "\xEF\xBB\xBF") == 0) pos_ = 3;  // UTF-8 byte order mark
     if (delim_ == '"' || delim_ == '\n' || delim_ == '\r' || delim_ == '\0') {
       throw UserError("bad CSV delimiter for '" + path + "'");

@@ -206,6 +206,14 @@ TEST_CASE("csv: malformed cells and rows name file, line and column") {
     CHECK(contains(msg, p + c.line));
     CHECK(contains(msg, c.part));
   }
+  // Binary files are said to be such (an IDX file gave "a bare carriage return", a checkpoint
+  // "stray quote"), an IDX file named as one.
+  const std::string idx = t.write("img.idx", std::string("\0\0\x08\x03\0\0\0\x01\r\"x", 10));
+  CHECK(contains(user_error([&] { load_csv(idx, opts()); }),
+                 idx + ": not a CSV text file: it holds binary data or UTF-16 text (a NUL byte at "
+                       "offset 0; CSV is read as UTF-8); it starts as an IDX file does"));
+  const std::string utf16 = t.write("u16.csv", std::string("a\0,\0b\0\n\0", 8));
+  CHECK(contains(user_error([&] { load_csv(utf16, opts()); }), "a NUL byte at offset 1"));
 }
 
 TEST_CASE("csv: empty inputs") {
