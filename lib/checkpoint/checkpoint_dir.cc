@@ -5,9 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <filesystem>
-#include <mutex>
 #include <regex>
-#include <set>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -20,6 +18,7 @@
 #include "util/check.h"
 #include "util/fs.h"
 #include "util/strings.h"
+#include "util/warn_once.h"
 
 namespace dtrain {
 
@@ -277,15 +276,9 @@ std::string resolve_checkpoint(const std::string& path, bool allow_missing) {
       latest = p / "checkpoints" / "latest";
     if (fs::exists(latest, ec)) return follow_latest(latest);
     if (const std::string newest = newest_complete_step(latest.parent_path()); !newest.empty()) {
-      // Said once per folder and checkpoint: a command resolves its checkpoint several times
-      // (checked first, loaded later), and said it as often. (A log dedupe, not state anything
-      // reads: a process-wide set is harmless to in-process ranks.)
-      static std::mutex mu;
-      static std::set<std::string> said;
-      const std::lock_guard<std::mutex> lock(mu);
-      if (said.insert(newest).second)
-        spdlog::warn("no 'latest' file in '{}': using its newest complete checkpoint '{}'",
-                     latest.parent_path().string(), newest);
+      // (once: a command resolves its checkpoint several times, checked first and loaded later)
+      warn_once(fmt::format("no 'latest' file in '{}': using its newest complete checkpoint '{}'",
+                            latest.parent_path().string(), newest));
       return newest;
     }
     if (fs::exists(p / shard_file_name(0), ec) ||

@@ -23,6 +23,7 @@
 #include "util/check.h"
 #include "util/fs.h"
 #include "util/strings.h"
+#include "util/warn_once.h"
 
 namespace dtrain {
 
@@ -91,8 +92,10 @@ std::vector<std::string> glob_files(const std::string& pattern, const std::strin
                     (skipped.empty() ? "" : ", only what is not one: " + skipped_text));
   // (a named fifo or folder is refused: matched by a pattern, it is left out, said)
   if (!skipped.empty())
-    spdlog::warn("{}: the pattern '{}' matches {} path(s) that are not regular files, left out: {}",
-                 key, pattern, skipped.size(), skipped_text);
+    warn_once("glob " + pattern,  // (once: the paths are expanded by each check and the load)
+              fmt::format("{}: the pattern '{}' matches {} path(s) that are not regular files, "
+                          "left out: {}",
+                          key, pattern, skipped.size(), skipped_text));
   std::sort(out.begin(), out.end());
   return out;
 }
