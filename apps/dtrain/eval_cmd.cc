@@ -142,30 +142,37 @@ Normalizer stored_normalizer(const LoadedModel& m, const Config& cfg, int64_t fe
   return Normalizer::from_json(m.meta.normalizer_json, features, "checkpoint '" + m.path + "'");
 }
 
-// eval and predict from test files alone: their layout against the one the checkpoint recorded
-// from the training data (data/dataset.h InputRecord), which the training files would have been
-// checked against were they here -- a test set of another image shape with the same pixel count,
-// or CSV columns in another order, was evaluated without a word. The training columns then stand
-// for data.train's, which predict's --input header is held to (it was held to the test file's).
-void check_test_layout(const std::string& ckpt, DataSplits& data) {
+// eval and predict: the inputs' layout against the one the checkpoint recorded from its training
+// data (data/dataset.h InputRecord). From test files alone (test_only), the test files' -- which
+// the training files would have been checked against were they here: a test set of another image
+// shape with as many pixels, or CSV columns in another order, was evaluated without a word; the
+// training columns then stand for data.train's, which predict's --input header is held to (it
+// was held to the test file's). Otherwise the training files' as they are now: another
+// data.csv.label_column (or an edited file) made another column the label, same count of
+// features, and the figures meaningless.
+void check_input_layout(const std::string& ckpt, DataSplits& data, bool test_only) {
   const std::string path = resolve_checkpoint(ckpt, false);
   const std::string json = checkpoint_input_record(path);
   if (json.empty()) return;
   const InputRecord r = input_record_from_json(json, "checkpoint '" + path + "'");
   if (!r.known) return;  // (written before 2026-12-07)
-  const Shape got = data.test.input_shape();
+  const Dataset& d = test_only ? data.test : data.train;
+  const char* whose = test_only ? "data.test's" : "the training data's";
+  const Shape got = d.input_shape();
   if (got != r.sample_shape)
     throw UserError(fmt::format(
-        "data.test's samples are [{}], the model was trained on samples of [{}] (checkpoint '{}' "
-        "records them): the test files are not laid out as its training data was",
-        fmt::join(got, ", "), fmt::join(r.sample_shape, ", "), path));
-  if (!r.columns.empty() && !data.test.columns.empty() && data.test.columns != r.columns)
+        "{} samples are [{}], the model was trained on samples of [{}] (checkpoint '{}' records "
+        "them): the data is not laid out as its training data was",
+        whose, fmt::join(got, ", "), fmt::join(r.sample_shape, ", "), path));
+  if (!r.columns.empty() && !d.columns.empty() && d.columns != r.columns)
     throw UserError(fmt::format(
-        "data.test names its feature columns {}, the training data's were {} (checkpoint '{}' "
-        "records them): a model reads its inputs by position; reorder the test file's columns",
-        shown_text(fmt::format("{}", fmt::join(data.test.columns, ", ")), 300),
-        shown_text(fmt::format("{}", fmt::join(r.columns, ", ")), 300), path));
-  data.train.columns = r.columns;
+        "{} feature columns are {}, the model was trained on {} (checkpoint '{}' records them): "
+        "a model reads its inputs by position{}",
+        whose, shown_text(fmt::format("{}", fmt::join(d.columns, ", ")), 300),
+        shown_text(fmt::format("{}", fmt::join(r.columns, ", ")), 300), path,
+        test_only ? "; reorder the test file's columns"
+                  : "; data.csv.label_column or the training file changed since"));
+  if (test_only) data.train.columns = r.columns;
 }
 
 // eval from test files alone (the training files are not here) with model.num_classes 0: the
@@ -215,10 +222,8 @@ int cmd_eval(const Config& cfg, const std::string& ckpt) {
                                 : load_data(cfg.data, cfg.seed);
   if (data.test.rows == 0)
     throw UserError("no test set to evaluate: set data.test or data.test_fraction");
-  if (test_only) {
-    check_test_layout(ckpt, data);
-    classes_from_checkpoint(cfg, ckpt, data);
-  }
+  if (!text_test) check_input_layout(ckpt, data, test_only);
+  if (test_only) classes_from_checkpoint(cfg, ckpt, data);
   const LoadedModel m = load_model(cfg, data, ckpt, data.test.rows);
   if (const std::string w = held_out_split_difference(m.path, m.meta, cfg); !w.empty())
     spdlog::warn("{}", w);
@@ -271,10 +276,8 @@ int cmd_predict(const Config& cfg, const std::string& ckpt, const std::string& i
   // test files' layout and the checkpoint's normaliser and output width.
   const bool test_only = test_files_only(cfg.data);
   DataSplits data = test_only ? load_test_files(cfg.data) : load_data(cfg.data, cfg.seed);
-  if (test_only) {
-    check_test_layout(ckpt, data);
-    classes_from_checkpoint(cfg, ckpt, data);
-  }
+  check_input_layout(ckpt, data, test_only);
+  if (test_only) classes_from_checkpoint(cfg, ckpt, data);
   // data.csv.header describes the training files; --input has its own (--input-header, auto by
   // default: a first row of names is skipped, one of numbers is data), so `header: true` cannot
   // drop a row of input, nor `header: false` refuse an input's header row as non-numeric data.

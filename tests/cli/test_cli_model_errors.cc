@@ -229,13 +229,22 @@ data: {format: csv, train: {path: train.csv}, test: {path: test.csv}, batch_size
 train: {epochs: 0, max_steps: 2}
 )");
   REQUIRE(run_cmd(kBin + " run " + csv + " --out " + t / "csv").exit_code == 0);
+  // With the training file: another label column makes another column the label, as many
+  // features (it printed figures, exit 0, after a warning about the data's statistics).
+  const CmdResult l = run_cmd(kBin + " eval " + csv + " --checkpoint " + t / "csv" +
+                              " --set data.csv.label_column=a");
+  CHECK(l.exit_code == 2);
+  CHECK_MESSAGE(contains(l.output,
+                         "the training data's feature columns are b, c, label, the "
+                         "model was trained on a, b, c"),
+                l.output);
   std::filesystem::rename(t / "train.csv", t / "train.csv.away");
   const CmdResult e = run_cmd(kBin + " eval " + csv + " --checkpoint " + t / "csv" +
                               " --set data.test.path=" + t / "swapped.csv");
   CHECK(e.exit_code == 2);
   CHECK_MESSAGE(contains(e.output,
-                         "data.test names its feature columns c, b, a, the training "
-                         "data's were a, b, c"),
+                         "data.test's feature columns are c, b, a, the model was trained "
+                         "on a, b, c"),
                 e.output);
   const CmdResult p = run_cmd(kBin + " predict " + csv + " --checkpoint " + t / "csv" +
                               " --input " + t / "rows.csv");
