@@ -288,6 +288,7 @@ int cmd_run(const Config& cfg, const std::string& config_path, std::string out,
   try {
     prepare_out_dir(opts.out_dir, !resume.empty() || overwrite || !rank0, /*overwrite=*/false,
                     /*clear_logs=*/false, owner ? &out_lock : nullptr);
+    if (overwrite && owner) check_checkpoints_are_ours(opts.out_dir);
   } catch (const UserError& e) {
     refuse(e);
   }

@@ -93,6 +93,7 @@ void prepare_node0_out_dir(const LaunchCmd& c, OutDirLock* lock) {
   prepare_out_dir(c.out_dir, !c.resume.empty() || c.overwrite, /*overwrite=*/false,
                   /*clear_logs=*/false, lock);
   if (!c.overwrite) return;
+  check_checkpoints_are_ours(c.out_dir);
   // Only the ranks' own files: logs/ also holds what launched this launcher wrote there
   // (scripts/slurm.sbatch's launcher-<node>.log, open now) and whatever else a user keeps.
   // (launch/error_file.h's rank_log_path and rank_error_path)

@@ -5,11 +5,15 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <regex>
+#include <string>
 #include <system_error>
+#include <vector>
 
 #include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
@@ -110,7 +114,31 @@ OutDirLock& OutDirLock::operator=(OutDirLock&& o) noexcept {
   return *this;
 }
 
+// (run_dir.h) checkpoints/ holds only what dtrain writes there -- `latest`, step-<N>.safetensors
+// files and step-<N> folders, the temp files of atomic writes -- or --overwrite, which deletes the
+// folder, would take the user's files with it (a consolidated checkpoint saved there, another
+// program's).
+void check_checkpoints_are_ours(const std::string& out_dir) {
+  static const std::regex ours(R"(latest|step-\d{1,18}(\.safetensors)?|\..+\.tmp\.[A-Za-z0-9]{6})");
+  const fs::path ck = fs::path(out_dir) / "checkpoints";
+  std::error_code ec;
+  if (fs::symlink_status(ck, ec).type() != fs::file_type::directory) return;
+  std::vector<std::string> foreign;
+  for (const auto& e : fs::directory_iterator(ck, ec))
+    if (const std::string name = e.path().filename().string(); !std::regex_match(name, ours))
+      foreign.push_back("'" + shown_text(name, 100) + "'");
+  if (foreign.empty()) return;
+  std::sort(foreign.begin(), foreign.end());
+  const size_t n = foreign.size();
+  if (n > 3) foreign.resize(3);
+  throw UserError("--overwrite: '" + ck.string() + "' holds what no dtrain run wrote (" +
+                  join(foreign, ", ") + (n > 3 ? " and " + std::to_string(n - 3) + " more" : "") +
+                  "), which --overwrite would delete with the folder: move it, or choose "
+                  "another --out");
+}
+
 void clear_run_files(const std::string& out_dir, bool clear_logs) {
+  check_checkpoints_are_ours(out_dir);
   std::vector<std::string> names(std::begin(kRunFiles), std::end(kRunFiles));
   names.emplace_back("checkpoints");
   if (clear_logs) names.emplace_back("logs");

@@ -48,6 +48,11 @@ class OutDirLock {
 
 // --overwrite's deletion: the run files out_dir holds (kRunFiles, checkpoints/, and with
 // clear_logs logs/). UserError naming a file that cannot be removed.
+// UserError (exit 2) when OUT/checkpoints holds anything but what dtrain writes there (`latest`,
+// step-<N>.safetensors, step-<N>/, temp files of atomic writes): --overwrite, which deletes the
+// folder, would delete the user's files with it. clear_run_files checks it first; --overwrite's
+// callers check it up front too, before any data loads.
+void check_checkpoints_are_ours(const std::string& out_dir);
 void clear_run_files(const std::string& out_dir, bool clear_logs);
 
 // The checks of out_dir that every process of a job makes (prepare_out_dir begins with them): a

@@ -239,6 +239,17 @@ TEST_CASE("an output folder holding a run is refused without --resume or --overw
     CHECK(read_text(out + "/summary.json") == summary1);
     CHECK(std::filesystem::exists(out + "/checkpoints/step-40.safetensors"));
   }
+  // A file of the user's in checkpoints/ (a consolidated model saved there): --overwrite would
+  // delete it with the folder (it did), so it is refused, run and launch alike, the file kept.
+  const std::string mine = dir.write("out/checkpoints/model.safetensors", "weights");
+  for (const std::string& cmd : {base + " --overwrite", launch + " --overwrite"}) {
+    r = run_cmd(cmd);
+    INFO(cmd << "\n" << r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(contains(r.output, "holds what no dtrain run wrote ('model.safetensors')"));
+    CHECK(read_text(mine) == "weights");
+  }
+  std::filesystem::remove(mine);
   // --overwrite: the old run's files go first; a shorter run leaves no stale checkpoint behind.
   r = run_cmd(base + " --overwrite --set train.max_steps=20 --set train.checkpoint.every_steps=10");
   REQUIRE_MESSAGE(r.exit_code == 0, r.output);
