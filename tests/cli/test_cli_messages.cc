@@ -301,6 +301,11 @@ TEST_CASE("command-line errors: 'error: ...' and where the options are, exit 2")
   CHECK(r.exit_code == 2);
   CHECK(r.output.starts_with("error: unknown command 'frobnicate' (commands: run, launch, "));
   CHECK(r.output.ends_with(")\nrun 'dtrain --help' for the options\n"));
+  // A command taken as --log-level's value, or after "--", is said as such ("unknown command
+  // 'x.yaml'" and "unknown command 'run'" before).
+  CHECK(run_dtrain("--log-level validate x.yaml")
+            .output.starts_with("error: --log-level needs its level before the command"));
+  CHECK(run_dtrain("-- run x.yaml").output.starts_with("error: '--' ends the options"));
   r = run_dtrain("eval x.yaml");
   CHECK(r.exit_code == 2);
   CHECK(r.output == "error: --checkpoint is required\nrun 'dtrain eval --help' for the options\n");
