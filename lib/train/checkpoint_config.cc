@@ -190,12 +190,19 @@ std::string held_out_split_difference(const std::string& path, const CheckpointM
     differ("data.test_fraction", f0, f1);
   if (now.format == DataFormat::kSynthetic) {
     const SyntheticOptions &a = was.synthetic, &b = now.synthetic;
-    differ("data.synthetic", {a.samples, a.features, a.classes, a.noise, a.seed},
-           {b.samples, b.features, b.classes, b.noise, b.seed});
-  } else {
-    if (resolved_files(was.train, was.format) != resolved_files(now.train, now.format))
-      differ("data.train", {was.train.images, was.train.labels, was.train.path},
-             {now.train.images, now.train.labels, now.train.path});
+    // (key by key: a JSON array of the values printed as ["", "", [...]])
+    differ("data.synthetic.samples", a.samples, b.samples);
+    differ("data.synthetic.features", a.features, b.features);
+    differ("data.synthetic.classes", a.classes, b.classes);
+    differ("data.synthetic.noise", a.noise, b.noise);
+    differ("data.synthetic.seed", a.seed, b.seed);
+  } else if (resolved_files(was.train, was.format) != resolved_files(now.train, now.format)) {
+    if (now.format == DataFormat::kIdx) {
+      differ("data.train.images", was.train.images, now.train.images);
+      differ("data.train.labels", was.train.labels, now.train.labels);
+    } else {
+      differ("data.train.path", was.train.path, now.train.path);
+    }
   }
   if (lines.empty()) return "";
   return "the held-out test split is drawn otherwise than in the run checkpoint '" + path +
@@ -203,8 +210,8 @@ std::string held_out_split_difference(const std::string& path, const CheckpointM
          (now.format == DataFormat::kSynthetic
               ? "\nthe rows evaluated are not the training's held-out rows (synthetic data "
                 "is drawn from these keys), so the figures are not the run's: "
-              : "\nthe rows evaluated include rows the model trained on, so the figures are "
-                "optimistic: ") +
+              : "\nthe rows evaluated may include rows the model trained on (or come from other "
+                "data), so the figures are not the run's: ") +
          "evaluate with the training's values (its run folder's config.json)";
 }
 

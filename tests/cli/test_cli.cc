@@ -691,4 +691,8 @@ TEST_CASE("eval names the training's data by what it reads: a symlink or '..' is
   r = run_dtrain(eval + dir / "other.csv");  // another file (its contents are not compared)
   CHECK_MESSAGE(r.exit_code == 0, r.output);
   CHECK_MESSAGE(contains(r.output, "the held-out test split is drawn otherwise"), r.output);
+  // The key as it is spelled (it printed data.train: ["","",["..."]] -> ...).
+  CHECK_MESSAGE(
+      contains(r.output, "\n  data.train.path: [\"" + dir / "data/train.csv" + "\"] -> [\""),
+      r.output);
 }
