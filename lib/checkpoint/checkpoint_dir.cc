@@ -219,7 +219,8 @@ std::string follow_latest(const fs::path& latest) {
   const std::string name = read_latest_name(latest);
   // (a control character: "step-40.safetensors\0junk" opened step-40, summary.json had it whole)
   const auto control = [](char c) { return static_cast<unsigned char>(c) < 0x20; };
-  if (name.empty() || name.find('/') != std::string::npos ||
+  // ("latest" names the file itself: it was read as a checkpoint, "not a safetensors file")
+  if (name.empty() || name == "latest" || name.find('/') != std::string::npos ||
       std::any_of(name.begin(), name.end(), control))
     throw UserError("'" + latest.string() + "' does not name a checkpoint file (it holds '" +
                     shown_text(name, 200) + "')");

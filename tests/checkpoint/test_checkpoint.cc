@@ -105,6 +105,11 @@ TEST_CASE("commit_checkpoint names the newest and keeps the last N") {
   // A name with a NUL (a hand-edited file): the file system would see "step-40.safetensors".
   dir.write("latest", std::string("step-40.safetensors\0junk\n", 25));
   CHECK_THROWS_AS(resolve_checkpoint(dir.path(), false), UserError);
+  // A latest naming itself (it was read as a checkpoint: "not a safetensors file").
+  dir.write("latest", "latest\n");
+  CHECK_THROWS_WITH_AS(resolve_checkpoint(dir.path(), false),
+                       doctest::Contains("does not name a checkpoint file (it holds 'latest')"),
+                       UserError);
   dir.write("latest", "step-99.safetensors\n");
   CHECK_THROWS_AS(resolve_checkpoint(dir.path(), false), UserError);
   CHECK_THROWS_AS(resolve_checkpoint(dir / "latest", false), UserError);
