@@ -15,6 +15,7 @@
 #include "train/trainer.h"
 #include "util/check.h"
 #include "util/strings.h"
+#include "util/warn_once.h"
 
 namespace dtrain {
 
@@ -91,6 +92,11 @@ void check_model_config(const std::string& path, const CheckpointMeta& m, const 
     if (!why.empty())
       spdlog::warn("checkpoint '{}': its stored config does not load ({}); not compared", path,
                    why);
+    else  // (an n_head that differs keeps every shape: said, not silent)
+      warn_once("checkpoint '" + path +
+                "' stores no config (an older dtrain's, or another tool's): only its tensors' "
+                "shapes are checked against the config's model, not keys such as model.n_head "
+                "that keep every shape");
     return;
   }
   const Config& before = *stored;
