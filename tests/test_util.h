@@ -120,8 +120,10 @@ class HeldPort {
     a.sin_port = htons(static_cast<uint16_t>(port_));
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     if (fd_ < 0 || ::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
-        ::listen(fd_, 1) != 0)
+        ::listen(fd_, 1) != 0) {
+      if (fd_ >= 0) ::close(fd_);  // (a throwing constructor runs no destructor)
       throw std::runtime_error("cannot listen on port " + std::to_string(port_));
+    }
   }
   ~HeldPort() {
     if (fd_ >= 0) ::close(fd_);

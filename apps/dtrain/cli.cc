@@ -10,7 +10,6 @@
 #include <filesystem>
 #include <iostream>
 #include <optional>
-#include <regex>
 #include <sstream>
 #include <system_error>
 #include <utility>

@@ -15,9 +15,15 @@ void run_inproc_ranks(int world, const CommOptions& opts,
   auto transports = make_inproc_group(world);
   std::vector<std::unique_ptr<Communicator>> comms;
   std::vector<std::thread> threads;
-  auto cannot_start = [&](int r, const std::exception& e) {
+  // (reserved: a vector growing while ranks run could throw with joinable threads in it)
+  comms.reserve(static_cast<size_t>(world));
+  threads.reserve(static_cast<size_t>(world));
+  auto stop_started = [&](int r) {
     for (auto& c : comms) c->abort("could not start rank " + std::to_string(r));
     for (auto& t : threads) t.join();
+  };
+  auto cannot_start = [&](int r, const std::exception& e) {
+    stop_started(r);
     return std::runtime_error("cannot start " + std::to_string(world) + " in-process ranks: rank " +
                               std::to_string(r) + "'s thread could not be created (" + e.what() +
                               ": the address-space limit, ulimit -v, or the process limit, "
@@ -30,6 +36,9 @@ void run_inproc_ranks(int world, const CommOptions& opts,
           std::make_unique<Communicator>(std::move(transports[static_cast<size_t>(r)]), opts));
     } catch (const std::system_error& e) {
       throw cannot_start(r, e);
+    } catch (...) {  // (bad_alloc: as it is, which main reports as out of memory)
+      stop_started(r);
+      throw;
     }
   }
   for (int r = 0; r < world; ++r) {
@@ -37,6 +46,9 @@ void run_inproc_ranks(int world, const CommOptions& opts,
       threads.emplace_back([&body, &comm = *comms[static_cast<size_t>(r)]] { body(comm); });
     } catch (const std::system_error& e) {
       throw cannot_start(r, e);
+    } catch (...) {
+      stop_started(r);
+      throw;
     }
   }
   for (auto& t : threads) t.join();

@@ -164,6 +164,9 @@ nlohmann::json config_to_json(const Config& c);
 // changing the math (train.epochs, train.max_steps, logging and checkpoint cadence, threads,
 // and the per-host distributed settings: timeouts, token_file, bind, tls).
 std::string config_hash(const Config& c);
+// What config_hash hashes: config_to_json without the keys declared not_hashed (per-host
+// settings, cadence), so two configs with equal hashes have equal hashed_config_json.
+nlohmann::json hashed_config_json(const Config& c);
 
 // The input files a config names (data files, token file, TLS files): each non-empty path key
 // with its (resolved) path, in config order; of a path list each entry but the glob patterns

@@ -52,12 +52,16 @@ nlohmann::json config_to_json(const Config& c) {
 // distributed settings (a resumed or relaunched job may tune them; ranks with different
 // heartbeat_s still agree: each waits for the longer of its own limit and 3 of the peer's
 // intervals).
-std::string config_hash(const Config& c) {
+nlohmann::json hashed_config_json(const Config& c) {
   nlohmann::json j = config_to_json(c);
   for (const KeyDecl& d : config_keys()) {
     if (!d.in_hash) erase_leaf(j, d.path);
   }
-  return fnv1a_hex(j.dump());
+  return j;
+}
+
+std::string config_hash(const Config& c) {
+  return fnv1a_hex(hashed_config_json(c).dump());
 }
 
 std::vector<std::pair<std::string, std::string>> config_input_files(const Config& c) {

@@ -69,7 +69,8 @@ GrpcOptions rank_grpc_options(const Config& cfg, const Config& eff, const RunOpt
   g.config_hash = config_hash(eff) + " (" + run_plan(eff, opts) + ")";
   // What a refusal names when the hashes differ: the keys (config_differences) of the ranks'
   // resolved configs.
-  g.config_detail = config_to_json(eff).dump();
+  // (the hashed keys only: per-host settings -- bind, TLS files, threads -- may differ)
+  g.config_detail = hashed_config_json(eff).dump();
   g.config_difference = [ours = g.config_detail](const std::string& theirs) -> std::string {
     try {
       const std::vector<std::string> d =

@@ -183,6 +183,14 @@ double TrainLoop::comm_seconds() const {
   return s;
 }
 
+void TrainLoop::traced_wait(const std::function<void()>& f) {
+  const int64_t t0 = tracer_.enabled() ? tracer_.now_us() : 0;
+  const double w0 = waited_seconds();
+  f();
+  if (tracer_.enabled() && waited_seconds() > w0)
+    tracer_.complete("wait for communication", "wait", t0, tracer_.now_us() - t0);
+}
+
 double TrainLoop::waited_seconds() const {
   return strategy_->wait_seconds() + exec_->wait_seconds() + tied_->wait_seconds() +
          (tp_ ? tp_->wait_seconds() : 0.0) + verdict_wait_s_;
@@ -235,16 +243,15 @@ bool TrainLoop::step() {
       loss_work.push_back(dp_.allreduce_async(&step_loss, 1, ReduceOp::kSum));
     };
   double loss_sum = exec_->run_step(w);
-  {
-    // What the step waits for once backward is done -- the gradient buckets' (or a compressor's)
-    // all-reduce, the tied copies' sum, the loss all-reduce -- is its exposed communication
-    // (exposed_comm_s), and the trace shows it as such. (Waits inside forward and backward --
-    // fsdp's gathers, a pipeline's sends -- are in those spans, and counted too.)
-    TraceScope ts(tracer_, "wait for communication", "wait");
+  // What the step waits for once backward is done -- the gradient buckets' (or a compressor's)
+  // all-reduce, the tied copies' sum, the loss all-reduce -- is its exposed communication
+  // (exposed_comm_s), and the trace shows it as such. (Waits inside forward and backward --
+  // fsdp's gathers, a pipeline's sends -- are in those spans, and counted too.)
+  traced_wait([&] {
     strategy_->finish_backward();
     // Tied copies (the GPT's wte and lm_head) get the sum of their gradients, so they stay equal.
     tied_sq_ = tied_->sum(strategy_->held_grads());
-  }
+  });
   if (!loss_work.empty()) {
     TraceScope ts(tracer_, "wait for communication", "wait");
     const auto t0 = Clock::now();
@@ -265,10 +272,7 @@ bool TrainLoop::step() {
   // (a skipped step trained no samples: Local SGD weighs its averages by the samples that moved
   // each rank's model)
   if (ok) strategy_->count_samples(local_samples, step_samples);
-  {
-    TraceScope ts(tracer_, "wait for communication", "wait");  // (Local SGD's averaging)
-    strategy_->end_step(step_, step_ == plan_.total_steps);
-  }
+  traced_wait([&] { strategy_->end_step(step_, step_ == plan_.total_steps); });  // (Local SGD)
   exposed_comm_s_ += waited_seconds() - wait0;
   if (ok) {
     samples_trained_ += step_samples;

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <exception>
 #include <filesystem>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -121,6 +122,10 @@ class TrainLoop {
   // Seconds the steps have waited for communication so far (every source counted once): the
   // strategy's, the executor's, the tied copies', the tensor layers' and the verdict's.
   double waited_seconds() const;
+  // Runs f, and when it waited on communication (waited_seconds grew) records its span as "wait
+  // for communication": a span per call, empty on one rank or between Local SGD's
+  // synchronisations, spent the trace's event cap on nothing.
+  void traced_wait(const std::function<void()>& f);
   // One rank holds the whole model (no pipeline, a replicated strategy): checkpoints are one
   // file; otherwise sharded folders.
   bool one_file() const { return !pipelined_ && !strategy_->sharded() && !tp_; }

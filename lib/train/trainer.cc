@@ -18,7 +18,6 @@
 #include <string>
 #include <string_view>
 #include <system_error>
-#include <thread>
 
 #include <spdlog/spdlog.h>
 
@@ -208,11 +207,6 @@ void finish_trace(const RunOptions& opts, Communicator& comm, const Tracer& trac
   if (opts.trace.empty()) return;
   const std::string mine = rank_trace_path(opts.trace, comm.rank());
   tracer.write(mine);
-  if (const size_t dropped = tracer.dropped_count(); dropped > 0)
-    spdlog::warn(
-        "trace: rank {}'s timeline ends before the run did: {} later events were not "
-        "kept (at most {} per rank)",
-        comm.rank(), dropped, tracer.event_count());
   comm.barrier();
   if (comm.rank() != 0) return;
   std::vector<std::string> files;

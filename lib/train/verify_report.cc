@@ -145,9 +145,9 @@ std::string report_text(const VerifyReport& r) {
                               : "");
     }
   } else {
-    // (not "not a bug": a fault hides in a difference by design, and nothing here would see it)
-    s += "verdict: DIVERGES AS EXPECTED, not judged (a bug would not show in a difference by "
-         "design): " +
+    // (not "not a bug": a fault shows in the numbers, but is not told apart from the cost)
+    s += "verdict: DIVERGES AS EXPECTED, not judged (the differences are expected by design, so a "
+         "bug among them is not told apart): " +
          r.plan.divergence + "\n";
   }
   return s;
