@@ -435,30 +435,68 @@ int available_cores() {
   return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
 }
 
-// The largest token file read (a token is one line; random_token() gives 32 hex digits).
+// The longest token (random_token() gives 32 hex digits): every RPC carries it as metadata, and
+// gRPC refuses more than 8 KiB of it ("received initial metadata size exceeds limit", exit 1 at
+// the rendezvous). And the most a token file is read for (a token and its line end).
+constexpr size_t kMaxTokenBytes = 4096;
 constexpr uint64_t kMaxTokenFileBytes = 64 << 10;
+
+namespace {
+
+// A token file's text: a regular file of at most kMaxTokenFileBytes, or a pipe -- `--token-file
+// <(pass show job)` keeps the secret off disk -- or device, read for at most that many bytes
+// (/dev/zero would read without end). UserError naming the file otherwise.
+std::string read_token_file(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && (S_ISFIFO(st.st_mode) || S_ISCHR(st.st_mode))) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) throw UserError("token file '" + path + "' cannot be opened: " + strerror(errno));
+    std::string text(kMaxTokenFileBytes + 1, '\0');
+    size_t got = 0;
+    while (got < text.size()) {
+      const ssize_t n = ::read(fd, text.data() + got, text.size() - got);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      got += static_cast<size_t>(n);
+    }
+    ::close(fd);
+    if (got > kMaxTokenFileBytes)
+      throw UserError("token file '" + path + "' holds more than " +
+                      std::to_string(kMaxTokenFileBytes) + " bytes: not one token");
+    text.resize(got);
+    return text;
+  }
+  if (std::error_code ec; std::filesystem::is_directory(path, ec))
+    throw UserError("token file '" + path + "' is a directory, not a file");
+  if (const std::string why = input_file_problem(path); !why.empty())
+    throw UserError("token file '" + path + "' " + why);
+  if (std::error_code ec; std::filesystem::file_size(path, ec) > kMaxTokenFileBytes)
+    throw UserError(
+        "token file '" + path + "' is " + std::to_string(std::filesystem::file_size(path, ec)) +
+        " bytes: a token file holds one token (at most " + std::to_string(kMaxTokenBytes) + ")");
+  return read_regular_file(path, kMaxTokenFileBytes);
+}
+
+}  // namespace
 
 std::string resolve_job_token(const std::map<std::string, std::string>& env,
                               const std::string& token_file_path, bool* file_too_open) {
   if (file_too_open != nullptr) *file_too_open = false;
+  const auto too_long = [](const std::string& what, size_t n) {
+    return UserError(what + " is " + std::to_string(n) + " bytes long: at most " +
+                     std::to_string(kMaxTokenBytes) +
+                     " (every request carries it, and gRPC takes no more)");
+  };
   if (const std::string* v = find(env, "DTRAIN_JOB_TOKEN"); v != nullptr && !v->empty()) {
     if (!valid_token(*v))
       throw UserError("DTRAIN_JOB_TOKEN holds spaces or non-printable characters");
+    if (v->size() > kMaxTokenBytes) throw too_long("DTRAIN_JOB_TOKEN", v->size());
     return *v;
   }
   if (token_file_path.empty()) return "";
-  if (std::error_code ec; std::filesystem::is_directory(token_file_path, ec))
-    throw UserError("token file '" + token_file_path + "' is a directory, not a file");
-  // A token is a line of text: a FIFO or device (/dev/zero) would block or read without end, and
-  // a huge file fill memory, so only a small regular file is read.
-  if (const std::string why = input_file_problem(token_file_path); !why.empty())
-    throw UserError("token file '" + token_file_path + "' " + why);
-  if (std::error_code ec; std::filesystem::file_size(token_file_path, ec) > kMaxTokenFileBytes)
-    throw UserError("token file '" + token_file_path + "' is " +
-                    std::to_string(std::filesystem::file_size(token_file_path, ec)) +
-                    " bytes: a token file holds one token (at most " +
-                    std::to_string(kMaxTokenFileBytes) + " bytes)");
-  const std::string token = trim(read_regular_file(token_file_path, kMaxTokenFileBytes));
+  const std::string token = trim(read_token_file(token_file_path));
+  if (token.size() > kMaxTokenBytes)
+    throw too_long("the token in '" + token_file_path + "'", token.size());
   if (token.empty()) throw UserError("token file '" + token_file_path + "' is empty");
   if (!valid_token(token))
     throw UserError("token file '" + token_file_path +

@@ -3,10 +3,12 @@
 #include <stdlib.h>
 #include <sys/stat.h>
 
+#include <fstream>
 #include <functional>
 #include <map>
 #include <set>
 #include <string>
+#include <thread>
 
 #include "launch/dist_env.h"
 #include "test_util.h"
@@ -460,10 +462,23 @@ TEST_CASE("job token from the environment, a file, or none") {
   CHECK(contains(user_error([&] { resolve_job_token({}, empty); }), "is empty"));
   CHECK(contains(user_error([&] { resolve_job_token({}, dir.path()); }),
                  "is a directory, not a file"));
-  // A device or a huge file is refused before reading (/dev/zero filled memory until the
-  // allocation failed; a FIFO blocked).
+  // A device or a huge file is refused after a bounded read, before a token no RPC can carry
+  // (/dev/zero filled memory until the allocation failed); a pipe holding a token is read
+  // (`--token-file <(pass show job)` keeps it off disk).
   CHECK(contains(user_error([&] { resolve_job_token({}, "/dev/zero"); }),
-                 "'/dev/zero' is not a regular file"));
+                 "'/dev/zero' holds more than 65536 bytes"));
+  const std::string fifo = dir / "fifo";
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  std::thread writer([&] { std::ofstream(fifo) << "piped-token\n"; });
+  CHECK(resolve_job_token({}, fifo) == "piped-token");
+  writer.join();
+  const std::string long_token = dir.write("long", std::string(5000, 'k') + "\n");
+  CHECK(contains(user_error([&] { resolve_job_token({}, long_token); }),
+                 "is 5000 bytes long: at most 4096"));
+  CHECK(contains(user_error([&] {
+                   resolve_job_token({{"DTRAIN_JOB_TOKEN", std::string(5000, 'k')}}, "");
+                 }),
+                 "DTRAIN_JOB_TOKEN is 5000 bytes long"));
   const std::string huge = dir / "huge";
   std::filesystem::resize_file(dir.write("huge", ""), uint64_t{20} << 30);  // sparse
   CHECK(contains(user_error([&] { resolve_job_token({}, huge); }),
