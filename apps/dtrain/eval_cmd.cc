@@ -155,24 +155,13 @@ void check_input_layout(const std::string& ckpt, DataSplits& data, bool test_onl
   const std::string json = checkpoint_input_record(path);
   if (json.empty()) return;
   const InputRecord r = input_record_from_json(json, "checkpoint '" + path + "'");
-  if (!r.known) return;  // (written before 2026-12-07)
-  const Dataset& d = test_only ? data.test : data.train;
-  const char* whose = test_only ? "data.test's" : "the training data's";
-  const Shape got = d.input_shape();
-  if (got != r.sample_shape)
-    throw UserError(fmt::format(
-        "{} samples are [{}], the model was trained on samples of [{}] (checkpoint '{}' records "
-        "them): the data is not laid out as its training data was",
-        whose, fmt::join(got, ", "), fmt::join(r.sample_shape, ", "), path));
-  if (!r.columns.empty() && !d.columns.empty() && d.columns != r.columns)
-    throw UserError(fmt::format(
-        "{} feature columns are {}, the model was trained on {} (checkpoint '{}' records them): "
-        "a model reads its inputs by position{}",
-        whose, shown_text(fmt::format("{}", fmt::join(d.columns, ", ")), 300),
-        shown_text(fmt::format("{}", fmt::join(r.columns, ", ")), 300), path,
-        test_only ? "; reorder the test file's columns"
-                  : "; data.csv.label_column or the training file changed since"));
-  if (test_only) data.train.columns = r.columns;
+  if (const std::string why = input_layout_problem(
+          r, test_only ? data.test : data.train, test_only ? "data.test's" : "the training data's");
+      !why.empty())
+    throw UserError(why + " (checkpoint '" + path + "' records its training data's)" +
+                    (test_only ? ": the test files must be laid out as the training's were"
+                               : ": data.csv.label_column or the training files changed since"));
+  if (test_only && r.known) data.train.columns = r.columns;
 }
 
 // eval from test files alone (the training files are not here) with model.num_classes 0: the

@@ -356,6 +356,7 @@ Dataset load_csv(const std::string& path, const CsvOptions& opts) {
 
   Dataset d;
   d.features = r.cols() - 1;
+  d.label_column = static_cast<int64_t>(label_col);
   if (r.has_header())
     for (size_t c = 0; c < static_cast<size_t>(r.cols()); ++c)
       if (c != label_col) d.columns.push_back(r.header()[c]);

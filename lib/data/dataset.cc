@@ -8,6 +8,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 #include <zlib.h>
 #include <nlohmann/json.hpp>
@@ -35,6 +36,7 @@ Dataset take_rows(const Dataset& d, const std::vector<int64_t>& idx) {
   out.kind = d.kind;
   out.sample = d.sample;
   out.columns = d.columns;
+  out.label_column = d.label_column;
   out.x.resize(idx.size() * static_cast<size_t>(d.features));
   out.y.resize(idx.size());
   for (size_t i = 0; i < idx.size(); ++i) {
@@ -138,6 +140,7 @@ std::string input_record_json(const Normalizer& n, const Dataset& train) {
   nlohmann::json j = nlohmann::json::parse(n.to_json());
   j["sample_shape"] = train.input_shape();
   j["columns"] = train.columns;
+  if (train.label_column >= 0) j["label_column"] = train.label_column;
   return j.dump();
 }
 
@@ -148,11 +151,33 @@ InputRecord input_record_from_json(const std::string& json, const std::string& w
     if (!j.is_object() || !j.contains("sample_shape")) return r;
     r.sample_shape = j.at("sample_shape").get<std::vector<int64_t>>();
     r.columns = j.value("columns", std::vector<std::string>{});
+    r.label_column = j.value("label_column", int64_t{-1});
   } catch (const std::exception& e) {
     throw UserError(what + ": its input record is malformed (" + json_error_text(e.what()) + ")");
   }
   r.known = true;
   return r;
+}
+
+std::string input_layout_problem(const InputRecord& r, const Dataset& d, const std::string& whose) {
+  if (!r.known) return "";
+  const Shape got = d.input_shape();
+  if (got != r.sample_shape)
+    return fmt::format("{} samples are [{}], the model was trained on samples of [{}]", whose,
+                       fmt::join(got, ", "), fmt::join(r.sample_shape, ", "));
+  if (!r.columns.empty() && !d.columns.empty() && d.columns != r.columns)
+    return fmt::format(
+        "{} feature columns are {}, the model was trained on {}: a model reads its inputs by "
+        "position",
+        whose, shown_text(fmt::format("{}", fmt::join(d.columns, ", ")), 300),
+        shown_text(fmt::format("{}", fmt::join(r.columns, ", ")), 300));
+  if ((r.columns.empty() || d.columns.empty()) && r.label_column >= 0 && d.label_column >= 0 &&
+      r.label_column != d.label_column)
+    return fmt::format(
+        "{} label is its column at index {} (as data.csv.label_column counts), the model was "
+        "trained with the label at index {}",
+        whose, d.label_column, r.label_column);
+  return "";
 }
 
 Normalizer Normalizer::from_json(const std::string& json, int64_t features,
@@ -349,6 +374,7 @@ DataSplits load_test_files(const DataConfig& cfg) {
   s.train.num_classes = s.test.num_classes;
   s.train.kind = s.test.kind;
   s.train.columns = s.test.columns;
+  s.train.label_column = s.test.label_column;
   s.normalizer.method = Normalize::kNone;  // (the caller scales with the checkpoint's)
   return s;
 }

@@ -34,6 +34,8 @@ struct Dataset {
   // CSV read with a header: its feature columns' names, in order (the label's left out); empty
   // without one. Files read for the same model must agree (a model reads columns by position).
   std::vector<std::string> columns;
+  // CSV: the label's column in the file (0-based); -1 for other data.
+  int64_t label_column = -1;
 
   const float* row(int64_t i) const { return x.data() + i * features; }  // kFeatures
   const uint8_t* window(int64_t i) const {  // kTokenWindow: features tokens
@@ -66,18 +68,25 @@ struct Normalizer {
 
 // A checkpoint's record of its model's inputs (CheckpointMeta::normalizer_json, "normalizer"): the
 // normaliser's fields (Normalizer::to_json) and, since 2026-12-07, "sample_shape" (one input's
-// shape, [F] or [C, H, W]) and "columns" (the CSV training file's feature column names, [] without
-// a header). eval and predict from test files alone check their inputs' layout against it: a test
-// set of another image shape with the same pixel count, or with its columns in another order, was
-// evaluated without a word. Normalizer::from_json reads the same record (the extra fields ignored).
+// shape, [F] or [C, H, W]), "columns" (the CSV training file's feature column names, [] without
+// a header) and "label_column" (CSV: the label's 0-based column in the file). eval and predict from
+// test files alone check their inputs' layout against it: a test set of another image shape with
+// the same pixel count, or with its columns in another order, was evaluated without a word.
+// Normalizer::from_json reads the same record (the extra fields ignored).
 std::string input_record_json(const Normalizer& n, const Dataset& train);
 struct InputRecord {
   bool known = false;  // false: a record written before these fields (nothing to check)
   std::vector<int64_t> sample_shape;
   std::vector<std::string> columns;
+  int64_t label_column = -1;  // CSV: the label's column in the training file; -1 unknown
 };
 // The record's layout fields; UserError naming `what` when they are malformed.
 InputRecord input_record_from_json(const std::string& json, const std::string& what);
+// "" when `d` (whose: "data.test's", ...) is laid out as the record says its training data was
+// (a record not `known`: nothing to check), else what differs: the sample shape; the feature
+// columns' names where both have them (a model reads its inputs by position); where either has
+// none, the label's column in the file (another data.csv.label_column, same feature count).
+std::string input_layout_problem(const InputRecord& r, const Dataset& d, const std::string& whose);
 
 struct DataSplits {
   Dataset train;

@@ -57,6 +57,17 @@ bool TrainLoop::resume() {
                                                 : std::string("rank 0's checkpoint"));
       // Training goes on with the data's statistics as they are now; the weights learned with
       // the checkpoint's (an elastic restart or an interrupted run has the same files: equal).
+      // Inputs laid out otherwise than the checkpoint's training data (CSV columns reordered,
+      // another label column): the weights would train on permuted features (it went on with a
+      // statistics warning). Rank 0 holds the record; its refusal ends the others' collectives.
+      if (lead_ && !rp_.normalizer.empty() && data_->train.kind == SampleKind::kFeatures)
+        if (const std::string why =
+                input_layout_problem(input_record_from_json(rp_.normalizer, rp_.from), data_->train,
+                                     "the training data's");
+            !why.empty())
+          throw UserError(why + " (checkpoint '" + rp_.from +
+                          "' records its training data's): data.csv.label_column or the training "
+                          "files changed since; resume with the data it was trained on");
       if (lead_ && !rp_.normalizer.empty() && data_->train.kind == SampleKind::kFeatures &&
           !(Normalizer::from_json(rp_.normalizer, data_->train.features, rp_.from) ==
             data_->normalizer))

@@ -238,6 +238,37 @@ train: {epochs: 0, max_steps: 2}
                          "the training data's feature columns are b, c, label, the "
                          "model was trained on a, b, c"),
                 l.output);
+  // A resume on the training file with its columns swapped trained on permuted features (a
+  // statistics warning only).
+  const CmdResult rs =
+      run_cmd(kBin + " run " + csv + " --out " + t / "csv" +
+              " --resume auto --set train.max_steps=4 --set data.train.path=" + t / "swapped.csv" +
+              " --set data.test.path=" + t / "swapped.csv");
+  CHECK(rs.exit_code == 2);
+  CHECK_MESSAGE(contains(rs.output,
+                         "the training data's feature columns are c, b, a, the model "
+                         "was trained on a, b, c"),
+                rs.output);
+  // Without a header the label's position tells another label_column (figures, exit 0).
+  std::string bare;
+  for (size_t at = train.find('\n') + 1; at < train.size();) {
+    const size_t end = train.find('\n', at);
+    bare += train.substr(at, end - at + 1);
+    at = end + 1;
+  }
+  t.write("bare.csv", bare);
+  const std::string nh = t.write("nh.yaml", R"(model: {type: mlp, hidden: [4]}
+data: {format: csv, train: {path: bare.csv}, test: {path: bare.csv}, batch_size: 8}
+train: {epochs: 0, max_steps: 2}
+)");
+  REQUIRE(run_cmd(kBin + " run " + nh + " --out " + t / "nh").exit_code == 0);
+  const CmdResult b = run_cmd(kBin + " eval " + nh + " --checkpoint " + t / "nh" +
+                              " --set data.csv.label_column=2");
+  CHECK(b.exit_code == 2);
+  CHECK_MESSAGE(contains(b.output,
+                         "label is its column at index 2 (as data.csv.label_column "
+                         "counts), the model was trained with the label at index 3"),
+                b.output);
   std::filesystem::rename(t / "train.csv", t / "train.csv.away");
   const CmdResult e = run_cmd(kBin + " eval " + csv + " --checkpoint " + t / "csv" +
                               " --set data.test.path=" + t / "swapped.csv");
