@@ -706,9 +706,8 @@ class Reader final : public config_detail::KeyErrors {
 
   // ---- relative data paths ----
 
-  // A relative path written in the file is relative to the file's folder; one from --set is
-  // relative to the working directory, as any command-line path. Both become absolute, so the
-  // config.json a run writes (in its own folder) loads back from anywhere.
+  // A relative path in the file is relative to its folder, one from --set to the working
+  // directory; both become absolute (config.json loads back from anywhere).
   // `glob`: the value may be a glob pattern (text data's paths): a folder with *, ? or [ in its
   // name has them bracketed ("proj[1]" -> "proj[[]1]", which glob(3) and Python's glob read
   // literally), so the path -- a pattern, or a file name the loader would glob when it is
@@ -717,7 +716,8 @@ class Reader final : public config_detail::KeyErrors {
   void resolve(const std::string& path, std::string& value, bool glob) const {
     if (value.empty() || base_dir_.empty()) return;
     const fs::path p(value);
-    if (p.is_absolute()) return;
+    // (lexically normal: "/data//x.csv" and "/data/x.csv" are one config, one hash, on all ranks)
+    if (p.is_absolute()) return void(value = p.lexically_normal().string());
     std::error_code ec;
     const std::string base =
         (override_for(path) ? fs::current_path(ec) : base_dir_).lexically_normal().string();

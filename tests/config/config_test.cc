@@ -583,6 +583,10 @@ TEST_CASE("relative data paths resolve against the config file's folder, --set o
   CHECK(c.data.train.labels == (tmp.path() / "labels.gz").string());
   CHECK(c.data.test.images == "/abs/t.gz");
   CHECK(c.data.test.labels == (fs::current_path() / "rel/x.gz").string());
+  // Absolute ones lexically normal: ranks given "/abs//t.gz" and "/abs/t.gz" were refused at the
+  // rendezvous for configs that differ.
+  CHECK(load_config(cfg.string(), {"data.test.images=/abs//./t.gz"}).data.test.images ==
+        "/abs/t.gz");
   CHECK_FALSE(config_to_json(c).contains("source_path"));
   // A config in the working directory, named without a folder: absolute paths too, so the
   // config.json a run writes into its own folder loads back from there.
