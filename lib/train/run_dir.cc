@@ -119,14 +119,29 @@ OutDirLock& OutDirLock::operator=(OutDirLock&& o) noexcept {
 // folder, would take the user's files with it (a consolidated checkpoint saved there, another
 // program's).
 void check_checkpoints_are_ours(const std::string& out_dir) {
-  static const std::regex ours(R"(latest|step-\d{1,18}(\.safetensors)?|\..+\.tmp\.[A-Za-z0-9]{6})");
+  // (.nfsXXXX: NFS's name for a file removed while a reader has it open, on a shared --out)
+  static const std::regex ours(
+      R"(latest|step-\d{1,18}(\.safetensors)?|\..+\.tmp\.[A-Za-z0-9]{6}|\.nfs[0-9a-fA-F]+)");
+  // A sharded step folder's own entries: its manifest and the ranks' shards.
+  static const std::regex shard(
+      R"(manifest\.json|rank-\d{1,9}\.safetensors|\..+\.tmp\.[A-Za-z0-9]{6}|\.nfs[0-9a-fA-F]+)");
   const fs::path ck = fs::path(out_dir) / "checkpoints";
   std::error_code ec;
   if (fs::symlink_status(ck, ec).type() != fs::file_type::directory) return;
   std::vector<std::string> foreign;
-  for (const auto& e : fs::directory_iterator(ck, ec))
-    if (const std::string name = e.path().filename().string(); !std::regex_match(name, ours))
+  for (const auto& e : fs::directory_iterator(ck, ec)) {
+    const std::string name = e.path().filename().string();
+    if (!std::regex_match(name, ours)) {
       foreign.push_back("'" + shown_text(name, 100) + "'");
+      continue;
+    }
+    // (inside a step folder, not through a link: a link is removed, not what it names)
+    std::error_code sec;
+    if (e.symlink_status(sec).type() != fs::file_type::directory) continue;
+    for (const auto& f : fs::directory_iterator(e.path(), sec))
+      if (const std::string inner = f.path().filename().string(); !std::regex_match(inner, shard))
+        foreign.push_back("'" + shown_text(name + "/" + inner, 100) + "'");
+  }
   if (foreign.empty()) return;
   std::sort(foreign.begin(), foreign.end());
   const size_t n = foreign.size();

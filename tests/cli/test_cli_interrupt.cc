@@ -250,6 +250,12 @@ TEST_CASE("an output folder holding a run is refused without --resume or --overw
     CHECK(read_text(mine) == "weights");
   }
   std::filesystem::remove(mine);
+  // ... and inside a step folder (a sharded checkpoint's: its manifest and shards only).
+  dir.write("out/checkpoints/step-99/notes.txt", "mine");
+  r = run_cmd(base + " --overwrite");
+  CHECK(r.exit_code == 2);
+  CHECK_MESSAGE(contains(r.output, "('step-99/notes.txt')"), r.output);
+  std::filesystem::remove_all(out + "/checkpoints/step-99");
   // --overwrite: the old run's files go first; a shorter run leaves no stale checkpoint behind.
   r = run_cmd(base + " --overwrite --set train.max_steps=20 --set train.checkpoint.every_steps=10");
   REQUIRE_MESSAGE(r.exit_code == 0, r.output);
