@@ -136,7 +136,11 @@ TEST_CASE("rendezvous: join requests decode, and refusals name the rank and both
   CHECK(join_refusal(detailed, 2, "beef", diff) ==
         "rank 1 has config hash cafe, rank 0 has beef; the keys that differ (rank 0's -> rank "
         "1's): optimizer.lr: 0.1 -> 0.2");
-  CHECK(join_refusal(got, 2, "beef", diff) == "rank 1 has config hash cafe, rank 0 has beef");
+  CHECK(join_refusal(got, 2, "beef", diff) ==
+        "rank 1 has config hash cafe, rank 0 has beef; rank 1 sent no config to name the keys "
+        "that differ by (one above 32 KiB, or a dtrain before 2026-12-07): compare the ranks' "
+        "config.json");
+  CHECK(join_refusal(got, 2, "beef") == "rank 1 has config hash cafe, rank 0 has beef");
   CHECK(join_refusal(detailed, 2, "beef", [](const std::string&) { return std::string(); }) ==
         "rank 1 has config hash cafe, rank 0 has beef");
   CHECK(join_refusal(detailed, 2, "cafe", diff) == "");

@@ -61,9 +61,15 @@ std::string join_refusal(const wire::JoinRequest& req, int world, const std::str
         fmt::format("rank {} has config hash {}, rank 0 has {}", rank, req.config_hash(), hash);
     // (the hashes say that the configs differ, the details which keys: a rank started by hand
     // with another --set showed two hashes and nothing that told them apart)
-    if (difference && !req.config_detail().empty())
+    if (difference && !req.config_detail().empty()) {
       if (const std::string d = difference(req.config_detail()); !d.empty())
         what += fmt::format("; the keys that differ (rank 0's -> rank {}'s): {}", rank, d);
+    } else if (difference) {
+      what += fmt::format(
+          "; rank {} sent no config to name the keys that differ by (one above {} KiB, or a "
+          "dtrain before 2026-12-07): compare the ranks' config.json",
+          rank, kMaxConfigDetailBytes >> 10);
+    }
     return what;
   }
   if (req.listen_address().empty()) return fmt::format("rank {} sent no listen address", rank);
