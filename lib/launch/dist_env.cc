@@ -354,7 +354,7 @@ DistEnv resolve_dist_env(const std::map<std::string, std::string>& env, int conf
   if (port.set && (port.value < 1 || port.value > 65535))
     throw UserError(show(port) + " is not a TCP port (1..65535)");
   if (addr.empty()) throw UserError(addr_name + " is empty");
-  // (one rank meets nobody: the address is never used)
+  // (one rank meets nobody but itself, over gRPC only: refused there, train/distributed.cc)
   if (const std::string why = master_addr_problem(addr); !why.empty() && world.value > 1)
     throw UserError(addr_name + " '" + addr + "' " + why);
   // Open MPI says nothing about rank 0's host; 127.0.0.1 would be wrong on every other host
@@ -380,6 +380,7 @@ DistEnv resolve_dist_env(const std::map<std::string, std::string>& env, int conf
   d.local_rank = local_rank.value;
   d.local_world_size = local_world.value;
   d.master_addr = addr;
+  d.master_addr_from = addr_name;
   d.master_port = port.set ? port.value : 0;
   d.source = source;
   return d;

@@ -21,8 +21,9 @@ struct DistEnv {
   int world_size = 1;
   int local_rank = 0;        // index of this process among the job's processes on this machine
   int local_world_size = 1;  // the job's processes on this machine (divides the cores)
-  std::string master_addr = "127.0.0.1";  // where rank 0's rendezvous service listens
-  int master_port = 0;                    // 0: not set (fine for a single process)
+  std::string master_addr = "127.0.0.1";         // where rank 0's rendezvous service listens
+  std::string master_addr_from = "MASTER_ADDR";  // what gave it: MASTER_ADDR, --master-addr, ...
+  int master_port = 0;                           // 0: not set (fine for a single process)
   // Which source decided rank/world: "config" | "torchrun" | "slurm" | "openmpi" | "kubeflow" |
   // "k8s-indexed" | "flags"
   // ("flags" as soon as any flag was given, whatever filled the other fields).

@@ -139,7 +139,7 @@ nlohmann::json run_grpc_rank(const Config& cfg, const RunOptions& opts,
   // rank's malformed address pass, for the in-process backend never uses it): 'a b' waited out
   // the rendezvous timeout, then failed as a runtime error.
   if (const std::string why = dtrain::master_addr_problem(de.master_addr); !why.empty())
-    throw UserError("MASTER_ADDR '" + de.master_addr + "' " + why);
+    throw UserError(de.master_addr_from + " '" + de.master_addr + "' " + why);
   // A name that does not resolve is said now, not only at the rendezvous timeout, which waits
   // for it (a Kubernetes Service's name resolves once its pods are ready).
   if (const std::string why = master_addr_problem(de.master_addr, /*serving=*/false); !why.empty())

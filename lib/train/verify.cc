@@ -454,7 +454,7 @@ VerifyReport run_verify(const VerifyOptions& o) {
   if (o.master_port != 0) {
     if (!o.grpc) throw UserError("verify: --master-port is for --backend grpc (its ranks' port)");
     if (o.master_port < 1 || o.master_port > 65535)
-      throw UserError("verify: --master-port must be in [1, 65535]");
+      throw UserError("verify: --master-port must be in [1, 65535] (0, the default: a free one)");
     if (const std::string why = listen_problem("0.0.0.0", o.master_port); !why.empty())
       throw UserError("verify: --master-port " + std::to_string(o.master_port) + ": " + why);
   }
