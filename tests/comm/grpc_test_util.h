@@ -47,7 +47,8 @@ inline void run_every_path(void (*body)()) {
     struct Reset {
       ~Reset() { g_path = Path::kStreams; }
     } reset;
-    INFO("data path: ", path_name(p));
+    const std::string name = path_name(p);  // (INFO keeps a reference: a named string)
+    INFO("data path: ", name);
     body();
   }
 }

@@ -246,7 +246,9 @@ EVERY_PATH_TEST_CASE("grpc: a rank that comes up before rank 0 waits for it",
       job.errors[1] = e.what();
     }
   });
-  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  // (rank 1 is well under way by then; a shorter window also leaves less time for another
+  // process to take the unbound port: CI once saw rank 0 find it taken)
+  std::this_thread::sleep_for(std::chrono::milliseconds(700));
   try {
     job.t[0] = connect_grpc(options(0, 2, port));
   } catch (const std::exception& e) {
