@@ -467,9 +467,7 @@ std::string read_token_file(const std::string& path) {
     text.resize(got);
     return text;
   }
-  if (std::error_code ec; std::filesystem::is_directory(path, ec))
-    throw UserError("token file '" + path + "' is a directory, not a file");
-  if (const std::string why = input_file_problem(path); !why.empty())
+  if (const std::string why = input_file_problem(path); !why.empty())  // (a directory too)
     throw UserError("token file '" + path + "' " + why);
   if (std::error_code ec; std::filesystem::file_size(path, ec) > kMaxTokenFileBytes)
     throw UserError(

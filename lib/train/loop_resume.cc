@@ -55,12 +55,12 @@ bool TrainLoop::resume() {
                         !rp_.from.empty()       ? rp_.from
                         : !opts_.resume.empty() ? opts_.resume
                                                 : std::string("rank 0's checkpoint"));
-      // Training goes on with the data's statistics as they are now; the weights learned with
-      // the checkpoint's (an elastic restart or an interrupted run has the same files: equal).
-      // Inputs laid out otherwise than the checkpoint's training data (CSV columns reordered,
-      // another label column): the weights would train on permuted features (it went on with a
-      // statistics warning). Rank 0 holds the record; its refusal ends the others' collectives.
-      if (lead_ && !rp_.normalizer.empty() && data_->train.kind == SampleKind::kFeatures)
+      // The checkpoint's record of its training inputs (rank 0 holds it; its refusal ends the
+      // others' collectives).
+      if (lead_ && !rp_.normalizer.empty() && data_->train.kind == SampleKind::kFeatures) {
+        // Inputs laid out otherwise than the checkpoint's training data (CSV columns reordered,
+        // another label column): the weights would train on permuted features (it went on with
+        // a statistics warning).
         if (const std::string why =
                 input_layout_problem(input_record_from_json(rp_.normalizer, rp_.from), data_->train,
                                      "the training data's");
@@ -68,14 +68,16 @@ bool TrainLoop::resume() {
           throw UserError(why + " (checkpoint '" + rp_.from +
                           "' records its training data's): data.csv.label_column or the training "
                           "files changed since; resume with the data it was trained on");
-      if (lead_ && !rp_.normalizer.empty() && data_->train.kind == SampleKind::kFeatures &&
-          !(Normalizer::from_json(rp_.normalizer, data_->train.features, rp_.from) ==
-            data_->normalizer))
-        spdlog::warn(
-            "the training data's statistics differ from those {} was trained with (the data files "
-            "or the held-out split changed since): training continues on inputs scaled by the "
-            "data's own, which the weights have not seen",
-            rp_.from);
+        // Training goes on with the data's statistics as they are now; the weights learned with
+        // the checkpoint's (an elastic restart or an interrupted run has the same files: equal).
+        if (!(Normalizer::from_json(rp_.normalizer, data_->train.features, rp_.from) ==
+              data_->normalizer))
+          spdlog::warn(
+              "the training data's statistics differ from those {} was trained with (the data "
+              "files or the held-out split changed since): training continues on inputs scaled by "
+              "the data's own, which the weights have not seen",
+              rp_.from);
+      }
       if (tp_) {  // this tensor rank's shards, in place (a local layout is no larger)
         tp_->slice(full_p.data(), full_p.data());
         for (std::vector<float>& b : full_s) tp_->slice(b.data(), b.data());
