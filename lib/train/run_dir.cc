@@ -127,7 +127,8 @@ void check_checkpoints_are_ours(const std::string& out_dir) {
       R"(manifest\.json|rank-\d{1,9}\.safetensors|\..+\.tmp\.[A-Za-z0-9]{6}|\.nfs[0-9a-fA-F]+)");
   const fs::path ck = fs::path(out_dir) / "checkpoints";
   std::error_code ec;
-  if (fs::symlink_status(ck, ec).type() != fs::file_type::directory) return;
+  // (through a link: a checkpoints/ linked to a larger disk is cleared, not unlinked)
+  if (fs::status(ck, ec).type() != fs::file_type::directory) return;
   std::vector<std::string> foreign;
   for (const auto& e : fs::directory_iterator(ck, ec)) {
     const std::string name = e.path().filename().string();
@@ -152,6 +153,24 @@ void check_checkpoints_are_ours(const std::string& out_dir) {
                   "another --out");
 }
 
+namespace {
+
+// Removes `path`; a symbolic link to a folder keeps the link and loses what the folder holds
+// (checkpoints/ or logs/ linked to another disk stays there for the new run: removing the link
+// made the new run write beside the old one's files, on the small disk, with the old files kept).
+void remove_run_path(const fs::path& path, std::error_code& ec) {
+  std::error_code sec;
+  if (fs::is_symlink(path, sec) && fs::is_directory(path, sec)) {
+    for (const auto& e : fs::directory_iterator(path, ec)) {
+      if (fs::remove_all(e.path(), ec); ec) return;
+    }
+    return;
+  }
+  fs::remove_all(path, ec);
+}
+
+}  // namespace
+
 void clear_run_files(const std::string& out_dir, bool clear_logs) {
   check_checkpoints_are_ours(out_dir);
   std::vector<std::string> names(std::begin(kRunFiles), std::end(kRunFiles));
@@ -159,7 +178,7 @@ void clear_run_files(const std::string& out_dir, bool clear_logs) {
   if (clear_logs) names.emplace_back("logs");
   for (const auto& n : names) {
     std::error_code ec;
-    fs::remove_all(fs::path(out_dir) / n, ec);
+    remove_run_path(fs::path(out_dir) / n, ec);
     if (ec)
       throw UserError("--overwrite: cannot remove '" + (fs::path(out_dir) / n).string() +
                       "': " + ec.message());

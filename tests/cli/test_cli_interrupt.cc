@@ -202,6 +202,35 @@ TEST_CASE("a config.json that no dtrain run wrote is neither replaced nor delete
   CHECK_MESSAGE(r.exit_code == 0, r.output);
 }
 
+TEST_CASE("--overwrite clears a checkpoints/ folder linked to another disk and keeps the link") {
+  // (it removed the link: the new run wrote beside the old one's files, on the small disk, and
+  // the old checkpoints stayed on the large one)
+  TempDir dir;
+  const std::string cfg = dir.write("cfg.yaml", kCfg);
+  const std::string out = dir / "out";
+  const std::string disk = dir / "disk/ck";
+  std::filesystem::create_directories(disk);
+  std::filesystem::create_directories(out);
+  std::filesystem::create_directory_symlink(disk, out + "/checkpoints");
+  const std::string base =
+      kBin + " run " + cfg + " --set train.checkpoint.every_steps=10 --log-level warn --out " + out;
+  auto r = run_cmd(base + " --set train.max_steps=30");
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  REQUIRE(std::filesystem::exists(disk + "/step-30.safetensors"));
+  // The linked folder is checked as the folder itself: a file of the user's there is refused.
+  dir.write("disk/ck/notes.txt", "mine");
+  r = run_cmd(base + " --set train.max_steps=20 --overwrite");
+  CHECK(r.exit_code == 2);
+  CHECK_MESSAGE(contains(r.output, "holds what no dtrain run wrote ('notes.txt')"), r.output);
+  std::filesystem::remove(disk + "/notes.txt");
+  r = run_cmd(base + " --set train.max_steps=20 --overwrite");
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  CHECK(std::filesystem::is_symlink(out + "/checkpoints"));
+  CHECK(std::filesystem::exists(disk + "/step-20.safetensors"));
+  CHECK_FALSE(std::filesystem::exists(disk + "/step-30.safetensors"));
+  CHECK(read_text(disk + "/latest") == "step-20.safetensors\n");
+}
+
 TEST_CASE("an output folder holding a run is refused without --resume or --overwrite") {
   TempDir dir;
   const std::string cfg = dir.write("cfg.yaml", kCfg);
