@@ -186,7 +186,9 @@ void save_checkpoint(const std::string& path, const Model& model, const float* p
   if (!comp.q.empty())
     refs.push_back({kQTensor, {static_cast<int64_t>(comp.q.size())}, comp.q.data()});
   auto md = file_metadata(meta, model.param_count(), comp);
-  add_replica_state(replicas, model.param_count(), refs, md);  // (format version 3 then)
+  add_replica_state(replicas, model.param_count(), refs, md);
+  if (replicas.world_size > 0)
+    md["format_version"] = std::to_string(kCheckpointFormatVersionReplicas);
   write_safetensors(path, refs, md);
 }
 
@@ -461,7 +463,7 @@ std::string shard_file_name(int rank) {
 void save_shard(const std::string& dir, int rank, int64_t step,
                 const std::vector<ShardRange>& ranges, int64_t shard_size, const float* params,
                 const std::vector<StateBuffer>& state, const std::string& save_id,
-                const std::vector<ShardRange>* global_ranges) {
+                const std::vector<ShardRange>* global_ranges, const ReplicaState* replicas) {
   std::vector<StTensorRef> refs = {{"params", {shard_size}, params}};
   for (const auto& s : state) refs.push_back({"optim." + s.name, {shard_size}, s.data});
   const auto json_of = [](const std::vector<ShardRange>& rs) {
@@ -477,6 +479,9 @@ void save_shard(const std::string& dir, int rank, int64_t step,
       {"ranges", json_of(ranges)},
       {"global_ranges", json_of(global_ranges != nullptr ? *global_ranges : ranges)}};
   if (!save_id.empty()) meta["save_id"] = save_id;
+  // (a shard's format_version is the manifest's: its replica tensors need no other, since older
+  // readers of shards ignore tensors they do not know)
+  if (replicas != nullptr) add_replica_state(*replicas, shard_size, refs, meta);
   write_safetensors((fs::path(dir) / shard_file_name(rank)).string(), refs, meta);
 }
 

@@ -114,10 +114,27 @@ std::string shard_file_name(int rank);              // "rank-<r>.safetensors"
 // save_id (CheckpointMeta; "" writes none) and global_ranges: the ranges the manifest lists for
 // this shard, those of the whole (unsliced) layout under tensor parallelism, where `ranges` are
 // the rank's local layout (null: `ranges`). A load checks them all against the manifest.
+// replicas (when given, world_size > 0): the stage's other replicas' state (ShardReplicas), of
+// shard_size floats each.
 void save_shard(const std::string& dir, int rank, int64_t step,
                 const std::vector<ShardRange>& ranges, int64_t shard_size, const float* params,
                 const std::vector<StateBuffer>& state, const std::string& save_id = "",
-                const std::vector<ShardRange>* global_ranges = nullptr);
+                const std::vector<ShardRange>* global_ranges = nullptr,
+                const ReplicaState* replicas = nullptr);
+// A pipeline's (or tensor-parallel) sharded checkpoint under Local SGD without
+// sync_optimizer_state: the shard of each stage's first replica (rank-<r>.safetensors, dp 0) also
+// holds the stage's other replicas' own state, as a ReplicaState over the stage's data axis
+// ("replica.rank<i>.<state>" for replica i, 1 <= i < dp; each [n] in the shard's layout, as its
+// "params"); world_size 0 when it holds none. read_shard_replicas reads one shard's, with the
+// manifest's layout (dp 0: none recorded) and the shard's ranges in the whole layout, which tell
+// a resume whether the replicas of its own layout can take it. UserError for a missing, corrupt
+// or inconsistent shard.
+struct ShardReplicas {
+  ReplicaState state;
+  int64_t dp = 0, pp = 1, tp = 1;
+  std::vector<ShardRange> global_ranges;
+};
+ShardReplicas read_shard_replicas(const std::string& dir, int rank);
 // One shard of a manifest: the rank that wrote rank-<rank>.safetensors, its ranges, and where the
 // rank sits in the writing run's layout (e.g. {"tp": 0, "dp": 1, "pp": 0}; informational: loads
 // use the ranges only).

@@ -87,8 +87,8 @@ ShardedRead read_sharded(const std::string& dir, bool with_state);
 
 // ReplicaState in a checkpoint file (replica_state.cc). Tensors "replica.rank<r>.<state>".
 bool is_replica_tensor(const std::string& name);
-// The tensors (pointing into r) and metadata save_checkpoint adds for r; nothing for
-// world_size 0. DT_CHECKs r's consistency.
+// The tensors (pointing into r) and metadata save_checkpoint and save_shard add for r; nothing
+// for world_size 0. DT_CHECKs r's consistency. (A file's format version is its writer's call.)
 void add_replica_state(const ReplicaState& r, int64_t param_count, std::vector<StTensorRef>& refs,
                        std::map<std::string, std::string>& metadata);
 // The file's ReplicaState, checked against its metadata and tensors (UserError naming `path`:

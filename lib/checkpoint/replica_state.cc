@@ -57,7 +57,6 @@ void add_replica_state(const ReplicaState& r, int64_t param_count, std::vector<S
   }
   metadata[kWorldKey] = std::to_string(r.world_size);
   metadata[kNamesKey] = join(r.names, ",");
-  metadata["format_version"] = std::to_string(kCheckpointFormatVersionReplicas);
 }
 
 ReplicaState read_replica_state(StFile& f, const std::string& path, int64_t param_count,

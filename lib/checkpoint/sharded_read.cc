@@ -421,3 +421,40 @@ ShardedRead read_sharded(const std::string& dir, bool with_state) {
 }
 
 }  // namespace dtrain::checkpoint_internal
+
+namespace dtrain {
+
+ShardReplicas read_shard_replicas(const std::string& dir, int rank) {
+  using namespace checkpoint_internal;
+  ShardReplicas out;
+  const std::string file = shard_file_name(rank);
+  const std::string path = (fs::path(dir) / file).string();
+  StFile f = read_safetensors(path);  // (verifies its checksums)
+  try {
+    const nlohmann::json m = read_manifest(dir);
+    check_shard_identity(dir, file, f, rank, m.at("step").get<int64_t>(),
+                         m.value("save_id", std::string()));
+    if (const auto l = m.find("layout"); l != m.end()) {
+      out.dp = l->value("dp", int64_t{0});
+      out.pp = l->value("pp", int64_t{1});
+      out.tp = l->value("tp", int64_t{1});
+    }
+    auto it = f.metadata.find("global_ranges");
+    if (it == f.metadata.end()) it = f.metadata.find("ranges");
+    if (it != f.metadata.end())
+      for (const auto& r : nlohmann::json::parse(it->second))
+        out.global_ranges.push_back(shard_range_of(r));
+  } catch (const nlohmann::json::exception& e) {
+    throw UserError("checkpoint '" + dir + "': manifest.json or shard '" + file +
+                    "' is malformed: " + json_error_text(e.what()));
+  }
+  const auto p = f.tensors.find("params");
+  if (p == f.tensors.end())
+    throw UserError("checkpoint '" + dir + "': shard '" + file + "' has no tensor 'params'");
+  std::vector<std::string> owned;
+  out.state = read_replica_state(f, path, static_cast<int64_t>(p->second.data.size()), owned,
+                                 /*with_data=*/true);
+  return out;
+}
+
+}  // namespace dtrain

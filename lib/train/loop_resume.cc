@@ -86,15 +86,14 @@ bool TrainLoop::resume() {
       // Local SGD keeps an optimizer state per rank between synchronisations (replica_state.h).
       if (strategy_->per_rank_optimizer_state() && one_file())
         restore_replica_state(world_, strategy_->optimizer(), saved_replicas_);
-      else if (strategy_->per_rank_optimizer_state() && lead_)
-        spdlog::warn(
-            "resuming Local SGD in a pipeline: the {} replicas of each stage continue with the "
-            "first one's optimizer state ({}), the only one a pipeline's sharded checkpoint "
-            "holds, so this run does not continue exactly as the interrupted one would have "
-            "(distributed.local_sgd.sync_optimizer_state: true averages the state at each "
-            "synchronisation, and makes a resume exact)",
-            DP_, join(strategy_->optimizer().state_names(), ", "));
-      else if (lead_ && saved_replicas_.world_size > 0)
+      else if (strategy_->per_rank_optimizer_state() && !strategy_->sharded()) {
+        // (rank 0 reads the sharded checkpoint rp_.from; each replica's shard ranges in the whole
+        // layout tell whether its stage holds what the checkpoint's did)
+        const std::vector<ShardRange> local = strategy_->checkpoint_shard().ranges;
+        restore_shard_replica_state(world_, grid_.layout(), strategy_->optimizer(), rp_.from,
+                                    tp_ ? tp_->global_ranges(local) : local,
+                                    saved_replicas_.world_size);
+      } else if (lead_ && saved_replicas_.world_size > 0)
         spdlog::warn(
             "the checkpoint holds each of its {} ranks' own optimizer state (Local SGD without "
             "sync_optimizer_state); this run keeps one state and continues from rank 0's, so it "

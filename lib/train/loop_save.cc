@@ -105,8 +105,8 @@ void TrainLoop::save() {
       reducer ? gather_compression_state(world_, *reducer, cfg_.distributed.compression.type)
               : CompressionState{};
   // Every rank's own optimizer state goes to rank 0 too, where the ranks keep one each and one
-  // file holds the model (replica_state.h: local_sgd, whose data axis is then the world; a
-  // pipeline's sharded checkpoint holds each stage's first replica's state only).
+  // file holds the model (replica_state.h: local_sgd, whose data axis is then the world; in a
+  // pipeline's sharded checkpoint, each stage's first replica's shard holds its stage's).
   ReplicaState replicas;
   if (strategy_->per_rank_optimizer_state() && one_file()) {
     DT_CHECK_EQ(DP_, world_.size());
@@ -204,6 +204,11 @@ void TrainLoop::save_sharded(const CheckpointMeta& meta) {
   world_.barrier();
   const bool writer = strategy_->sharded() || dpr_ == 0;
   const std::vector<std::string> names = strategy_->state_names();
+  // Local SGD's replicas of a stage keep their own states: the stage's first replica writes them
+  // with its shard (replica_state.h).
+  ReplicaState replicas;
+  if (strategy_->per_rank_optimizer_state() && !strategy_->sharded() && DP_ > 1)
+    replicas = gather_replica_state(dp_, strategy_->optimizer());
   std::vector<int64_t> mine;  // (begin, end, offset) of each range this rank writes
   CheckpointShard sh;
   std::vector<ShardRange> global;  // the ranges of the whole layout sh fills
@@ -244,11 +249,12 @@ void TrainLoop::save_sharded(const CheckpointMeta& meta) {
   try {
     std::vector<StateBuffer> sb;
     if (writer) sb = state_buffers(names, sh);
-    run_write([this, writer, dir, sh, global, sb = std::move(sb), step = step_,
-               save_id = m.save_id] {
+    run_write([this, writer, dir, sh, global, sb = std::move(sb), step = step_, save_id = m.save_id,
+               replicas = std::move(replicas)] {
       if (writer) {
         fs::create_directories(dir);
-        save_shard(dir.string(), rank_, step, sh.ranges, sh.size, sh.params, sb, save_id, &global);
+        save_shard(dir.string(), rank_, step, sh.ranges, sh.size, sh.params, sb, save_id, &global,
+                   &replicas);
       }
       save_faults(step);
     });

@@ -225,10 +225,11 @@ void check_training_memory(const Config& cfg, const Model& model, const MemoryPl
                  scratch;
   }
   // Local SGD's per-rank optimizer state (train/replica_state.h): the process of rank 0 holds the
-  // other ranks' (W - 1) k n floats while it writes a checkpoint, and while a resume sends them.
+  // other ranks' (W - 1) k n floats while it writes a checkpoint, and while a resume sends them
+  // (in a pipeline: each stage's first replica its stage's others' while it writes, rank 0 all
+  // stages' while a resume sends them).
   if (plan.gathered_share > 0 && cfg.distributed.strategy == StrategyKind::kLocalSgd &&
-      plan.replicas > 1 && !cfg.distributed.local_sgd.sync_optimizer_state &&
-      cfg.distributed.pipeline.stages == 1)
+      plan.replicas > 1 && !cfg.distributed.local_sgd.sync_optimizer_state)
     state += 4.0 * k * static_cast<double>(plan.replicas - 1) *
              static_cast<double>(model.param_count()) * plan.gathered_share;
   if (plan.resume)

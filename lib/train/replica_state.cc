@@ -1,7 +1,11 @@
 #include "train/replica_state.h"
 
 #include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <map>
 #include <string>
+#include <vector>
 
 #include <spdlog/spdlog.h>
 
@@ -25,6 +29,59 @@ std::string misfit(const ReplicaState& saved, int world, const std::vector<std::
     return "the checkpoint's per-rank state is [" + join(saved.names, ", ") + "], this run's [" +
            join(names, ", ") + "]";
   return "";
+}
+
+// int64 words as float pairs, bit for bit (send and recv carry floats; they copy, never convert).
+std::vector<float> as_floats(const std::vector<int64_t>& w) {
+  std::vector<float> f(w.size() * 2);
+  std::memcpy(f.data(), w.data(), w.size() * sizeof(int64_t));
+  return f;
+}
+std::vector<int64_t> as_words(const std::vector<float>& f) {
+  std::vector<int64_t> w(f.size() / 2);
+  std::memcpy(w.data(), f.data(), w.size() * sizeof(int64_t));
+  return w;
+}
+
+std::vector<int64_t> range_words(const std::vector<ShardRange>& rs) {
+  std::vector<int64_t> w;
+  for (const ShardRange& r : rs) w.insert(w.end(), {r.begin, r.end, r.offset});
+  return w;
+}
+
+// Rank 0: every stage's first replica's shard of `dir`, keyed by its rank, when each holds the
+// state of this layout's replicas with these state names; else why not ("" and an empty map: the
+// shards hold one state per stage, its replicas' were equal -- or a dtrain before 2026-12-07
+// wrote them).
+std::map<int, ShardReplicas> read_stage_shards(const GridLayout& layout, const std::string& dir,
+                                               const std::vector<std::string>& names,
+                                               std::string& why) {
+  std::map<int, ShardReplicas> got;
+  int plain = 0;
+  try {
+    for (int t = 0; t < layout.tp() && why.empty(); ++t)
+      for (int p = 0; p < layout.pp() && why.empty(); ++p) {
+        const int w = layout.rank_of(GridCoord{t, 0, p});
+        ShardReplicas s = read_shard_replicas(dir, w);
+        if (s.dp != layout.dp() || s.pp != layout.pp() || s.tp != layout.tp()) {
+          why = "the checkpoint was written by another layout (tp " + std::to_string(s.tp) +
+                " x dp " + std::to_string(s.dp) + " x pp " + std::to_string(s.pp) +
+                "; this run: " + layout.shape() + ")";
+        } else if (s.state.world_size == 0) {
+          ++plain;
+        } else if (const std::string m = misfit(s.state, layout.dp(), names); !m.empty()) {
+          why = m;
+        } else {
+          got.emplace(w, std::move(s));
+        }
+      }
+  } catch (const UserError& e) {
+    why = e.what();
+  }
+  if (why.empty() && plain > 0 && !got.empty())
+    why = "some of its stages' shards hold their replicas' states and some do not";
+  if (!why.empty() || plain > 0) got.clear();
+  return got;
 }
 
 }  // namespace
@@ -91,6 +148,92 @@ bool restore_replica_state(Communicator& comm, Optimizer& opt, const ReplicaStat
     for (size_t k = 0; k < names.size(); ++k)
       comm.recv(0, kTagReplicaState, opt.state(k).data(), opt.state(k).size());
   }
+  return true;
+}
+
+bool restore_shard_replica_state(Communicator& world, const GridLayout& layout, Optimizer& opt,
+                                 const std::string& dir, const std::vector<ShardRange>& mine,
+                                 int64_t file_replicas) {
+  const std::vector<std::string>& names = opt.state_names();
+  if (layout.dp() < 2 || names.empty()) return true;  // (one state per stage: load_full's)
+  const int rank = world.rank();
+  const GridCoord me = layout.coord(rank);
+  std::string why;
+  std::map<int, ShardReplicas> got;
+  uint8_t fits = 0;
+  if (rank == 0 && !std::filesystem::is_directory(dir)) {
+    // One checkpoint file (another layout's, or a consolidated one): one state, or its ranks'
+    if (file_replicas > 0)
+      why = "the checkpoint is one file of " + std::to_string(file_replicas) +
+            " ranks' own states, not a sharded checkpoint of this layout";
+  } else if (rank == 0) {
+    got = read_stage_shards(layout, dir, names, why);
+    fits = got.empty() ? 0 : 1;
+    if (!fits && why.empty())
+      spdlog::info(
+          "resuming Local SGD: the checkpoint holds one optimizer state ({}) per stage, which its "
+          "{} replicas continue from (exact when their states were equal; a checkpoint written "
+          "before 2026-12-07 by Local SGD without sync_optimizer_state held each stage's first "
+          "replica's alone)",
+          join(names, ", "), layout.dp());
+  }
+  world.broadcast(&fits, 1, 0);
+  // Each replica: its stage's shard size and ranges, then its states (kTagReplicaState).
+  float ok = 1.0f;
+  std::vector<std::vector<float>> in;
+  if (fits && rank == 0) {
+    for (auto& [w, s] : got) {
+      const GridCoord c = layout.coord(w);
+      const std::vector<int64_t> rw = range_words(s.global_ranges);
+      const int64_t n =
+          s.state.ranks.empty() ? 0 : static_cast<int64_t>(s.state.ranks[0][0].size());
+      for (int i = 1; i < layout.dp(); ++i) {
+        const int dst = layout.rank_of(GridCoord{c.tp, i, c.pp});
+        const std::vector<float> head = as_floats({static_cast<int64_t>(rw.size()), n});
+        world.send(dst, kTagReplicaState, head.data(), head.size());
+        const std::vector<float> rf = as_floats(rw);
+        world.send(dst, kTagReplicaState, rf.data(), rf.size());
+        for (const std::vector<float>& b : s.state.ranks[static_cast<size_t>(i - 1)])
+          world.send(dst, kTagReplicaState, b.data(), b.size());
+      }
+    }
+  } else if (fits && me.dp > 0) {
+    std::vector<float> head(4);
+    world.recv(0, kTagReplicaState, head.data(), head.size());
+    const std::vector<int64_t> h = as_words(head);
+    // (rank 0 read these from its file: the ranges' words are 3 per range; the size is a shard's)
+    DT_CHECK(h[0] >= 0 && h[0] % 3 == 0 && h[1] >= 0);
+    std::vector<float> rf(static_cast<size_t>(h[0]) * 2);
+    world.recv(0, kTagReplicaState, rf.data(), rf.size());
+    for (size_t k = 0; k < names.size(); ++k) {
+      in.emplace_back(static_cast<size_t>(h[1]));
+      world.recv(0, kTagReplicaState, in.back().data(), in.back().size());
+    }
+    // Another split into stages (or tensor slices) than the checkpoint's: the ranges differ.
+    if (as_words(rf) != range_words(mine) || static_cast<size_t>(h[1]) != opt.state(0).size())
+      ok = 0.0f;
+  }
+  if (fits) world.allreduce(&ok, 1, ReduceOp::kMin);
+  if (!fits || ok < 1.0f) {
+    if (rank == 0 && (!why.empty() || ok < 1.0f))
+      spdlog::warn(
+          "resuming Local SGD: each stage's {} replicas continue with its first replica's "
+          "optimizer state ({}), {}; so this run does not continue exactly as the interrupted "
+          "one would have (with distributed.local_sgd.sync_optimizer_state: true the replicas "
+          "average their states at each synchronisation, and a resume continues that one state "
+          "exactly)",
+          layout.dp(), join(names, ", "),
+          ok < 1.0f ? "the checkpoint's stages hold other parts of the model than this run's"
+                    : why);
+    return false;
+  }
+  for (size_t k = 0; k < in.size(); ++k)
+    std::copy(in[k].begin(), in[k].end(), opt.state(k).begin());
+  if (rank == 0)
+    spdlog::info(
+        "resuming Local SGD: each of the {} replicas of each stage continues with its own "
+        "optimizer state",
+        layout.dp());
   return true;
 }
 

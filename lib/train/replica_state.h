@@ -15,6 +15,7 @@
 
 #include "checkpoint/checkpoint.h"
 #include "comm/communicator.h"
+#include "comm/rank_grid.h"
 #include "optim/optimizer.h"
 
 namespace dtrain {
@@ -29,5 +30,22 @@ ReplicaState gather_replica_state(Communicator& comm, const Optimizer& opt);
 // state it has (rank 0's, from load_full) and rank 0 warns why the resume is not exact. Returns
 // whether it restored, the same on every rank.
 bool restore_replica_state(Communicator& comm, Optimizer& opt, const ReplicaState& saved);
+
+// A pipeline's (or a tensor grid's) sharded checkpoint: saving, each stage's first replica (dp 0)
+// gathers its stage's others over the data axis (gather_replica_state on that axis's
+// communicator) and writes them into its shard (checkpoint.h's ShardReplicas). Resuming, after
+// load_full gave every replica its stage's first replica's state, restore_shard_replica_state
+// (collective over the world) gives each replica (dp > 0) its own: rank 0 reads every stage's
+// shard and sends each replica its part, when the checkpoint was written by this very layout
+// (tp x dp x pp), holds one state per replica with this optimizer's state names, and each
+// replica's shard ranges (`mine`, in the whole layout) are those of its stage's shard; otherwise
+// every replica keeps its stage's first replica's state and rank 0 says why the resume is not
+// exact. Rank 0 holds (dp - 1) x the optimizer state while it sends. A checkpoint file (not a
+// folder: a consolidated one, another layout's) has no state of these replicas; file_replicas:
+// how many ranks' states it held (ReplicaState::world_size, 0: one state). Returns whether it
+// restored, the same on every rank.
+bool restore_shard_replica_state(Communicator& world, const GridLayout& layout, Optimizer& opt,
+                                 const std::string& dir, const std::vector<ShardRange>& mine,
+                                 int64_t file_replicas);
 
 }  // namespace dtrain

@@ -6,6 +6,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -140,15 +141,35 @@ TEST_CASE("a Local SGD resume is exact with each rank's own momentum, and says w
                     "(momentum), the checkpoint holds each of its 2 ranks' own state, and this "
                     "run has 3"),
                 cap.text());
-  // A pipeline's sharded checkpoint holds each stage's first replica's state only: said.
+  // A pipeline's sharded checkpoint: each stage's first replica's shard holds its stage's other
+  // replicas' state, and a resume on the same layout is bitwise (it continued every replica from
+  // its stage's first one's, 2026-12-07).
   std::vector<std::string> piped = local;
   piped.insert(piped.end(), {"distributed.world_size=4", "distributed.pipeline.stages=2"});
   train_yaml(kYaml, dir / "piped", piped);
-  LogCapture pcap;
-  train_yaml(kYaml, dir / "piped-res", piped, dir / "piped/checkpoints/step-10");
-  CHECK_MESSAGE(dtrain::testing::contains(pcap.text(),
-                                          "resuming Local SGD in a pipeline: the 2 replicas of "
-                                          "each stage continue with the first one's optimizer "
-                                          "state (momentum)"),
-                pcap.text());
+  {
+    LogCapture pcap;
+    train_yaml(kYaml, dir / "piped-res", piped, dir / "piped/checkpoints/step-10");
+    CHECK(checkpoint_rel_diff(dir / "piped/checkpoints/step-20",
+                              dir / "piped-res/checkpoints/step-20") == 0.0);
+    CHECK_MESSAGE(!dtrain::testing::contains(pcap.text(), "resuming Local SGD"), pcap.text());
+    // (each of the two stages' shards holds its replica 1's momentum)
+    size_t with_replicas = 0;
+    for (const auto& e : std::filesystem::directory_iterator(dir / "piped/checkpoints/step-10"))
+      if (e.path().extension() == ".safetensors") {
+        const StFile f = read_safetensors(e.path().string());
+        with_replicas += f.tensors.count("replica.rank1.momentum");
+      }
+    CHECK(with_replicas == 2);
+  }
+  // Another layout (3 replicas per stage) cannot continue each replica's own: said.
+  std::vector<std::string> wider = local;
+  wider.insert(wider.end(), {"distributed.world_size=6", "distributed.pipeline.stages=2"});
+  LogCapture wcap;
+  train_yaml(kYaml, dir / "wider", wider, dir / "piped/checkpoints/step-10");
+  CHECK_MESSAGE(dtrain::testing::contains(wcap.text(),
+                                          "resuming Local SGD: each stage's 3 replicas continue "
+                                          "with its first replica's optimizer state (momentum), "
+                                          "the checkpoint was written by another layout"),
+                wcap.text());
 }
