@@ -21,6 +21,7 @@
 
 #include "util/check.h"
 #include "util/fs.h"
+#include "util/json_limits.h"
 #include "util/strings.h"
 
 namespace dtrain {
@@ -32,7 +33,10 @@ static_assert(sizeof(float) == 4);
 namespace {
 
 constexpr uint64_t kMaxHeaderBytes = 100'000'000;  // the reference implementation's limit
-constexpr int kMaxJsonDepth = 16;                  // a valid header nests 3 deep
+// A tensor's entry is ~15 values (its key, dtype, shape and offsets): room for ~130k tensors, and
+// at most a few hundred MB however the header's bytes are spent (util/json_limits.h).
+constexpr int64_t kMaxHeaderValues = 2'000'000;
+constexpr int kMaxJsonDepth = 16;  // a valid header nests 3 deep
 
 int64_t checked_numel(const std::vector<int64_t>& shape) {
   int64_t n = 1;
@@ -211,7 +215,8 @@ void verify_header_crc(const nlohmann::json& header, const std::string& path) {
   if (c == m->end()) return;
   const std::string stored = c->is_string() ? c->get<std::string>() : c->dump();
   const std::string computed = crc_hex(header_crc(header));
-  if (stored != computed)
+  // (hex digits in either case: another tool may write them upper-case)
+  if (ascii_lower(stored) != computed)
     fail(path, "corrupt header: it fails its CRC-32 check (stored " + stored + ", computed " +
                    computed + "): the file is corrupt");
 }
@@ -245,9 +250,11 @@ nlohmann::json read_header(int fd, const std::string& path, uint64_t file_size,
   if (json_depth(text) > kMaxJsonDepth) fail(path, "corrupt header: JSON nested too deeply");
   nlohmann::json header;
   try {
-    header = nlohmann::json::parse(text);
+    header = parse_limited_json(text, kMaxHeaderValues);
   } catch (const nlohmann::json::exception& e) {
     not_safetensors(path, "corrupt header: " + shown_text(json_error_text(e.what()), 300));
+  } catch (const JsonLimitError& e) {
+    fail(path, std::string("corrupt header: its JSON ") + e.what());
   }
   if (!header.is_object()) not_safetensors(path, "corrupt header: not a JSON object");
   verify_header_crc(header, path);
@@ -272,15 +279,17 @@ std::map<std::string, uint32_t> parse_crcs(const std::string& value, const std::
   if (json_depth(value) > kMaxJsonDepth) fail(path, bad + "is nested too deeply");
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(value);
+    j = parse_limited_json(value, kMaxHeaderValues);
   } catch (const nlohmann::json::exception&) {
     fail(path, bad + "is not JSON");
+  } catch (const JsonLimitError& e) {
+    fail(path, bad + e.what());
   }
   if (!j.is_object()) fail(path, bad + "is not an object");
   std::map<std::string, uint32_t> out;
   for (const auto& [name, v] : j.items()) {
     const std::string hex = v.is_string() ? v.get<std::string>() : "";
-    if (hex.size() != 8 || hex.find_first_not_of("0123456789abcdef") != std::string::npos)
+    if (hex.size() != 8 || hex.find_first_not_of("0123456789abcdefABCDEF") != std::string::npos)
       fail(path, bad + "entry '" + shown_text(name, 200) + "' is not 8 hex digits");
     out[name] = static_cast<uint32_t>(std::stoul(hex, nullptr, 16));
   }

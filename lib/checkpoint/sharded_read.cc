@@ -14,6 +14,7 @@
 #include "checkpoint/safetensors.h"
 #include "util/check.h"
 #include "util/fs.h"
+#include "util/json_limits.h"
 #include "util/strings.h"
 
 namespace dtrain::checkpoint_internal {
@@ -43,7 +44,15 @@ nlohmann::json read_manifest(const std::string& dir, bool* checksummed) {
     throw UserError("checkpoint '" + dir + "': manifest.json nests its JSON " +
                     std::to_string(depth) + " levels deep (a manifest has a few): the " +
                     "file is corrupt or not a dtrain manifest");
-  nlohmann::json m = nlohmann::json::parse(text);
+  // (~8 values per parameter tensor, 4 per shard range: 8M is far above a real manifest's)
+  constexpr int64_t kMaxManifestValues = 8'000'000;
+  nlohmann::json m;
+  try {
+    m = parse_limited_json(text, kMaxManifestValues);
+  } catch (const JsonLimitError& e) {
+    throw UserError("checkpoint '" + dir + "': manifest.json's JSON " + e.what() +
+                    ": the file is corrupt or not a dtrain manifest");
+  }
   const auto it = m.is_object() ? m.find(kManifestCrcKey) : m.end();
   if (checksummed != nullptr) *checksummed = it != m.end();
   if (it == m.end()) return m;
@@ -51,7 +60,7 @@ nlohmann::json read_manifest(const std::string& dir, bool* checksummed) {
   nlohmann::json rest = m;
   rest.erase(kManifestCrcKey);
   const std::string computed = crc32_hex(rest.dump());
-  if (!stored.is_string() || stored.get<std::string>() != computed)
+  if (!stored.is_string() || ascii_lower(stored.get<std::string>()) != computed)
     throw UserError("checkpoint '" + dir + "': manifest.json fails its CRC-32 check (stored " +
                     shown_text(stored.dump()) + ", computed \"" + computed +
                     "\"): the file is corrupt or was edited");

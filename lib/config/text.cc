@@ -14,12 +14,6 @@
 namespace dtrain::config_detail {
 namespace {
 
-std::string to_lower(std::string_view s) {
-  std::string out(s);
-  for (char& ch : out) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-  return out;
-}
-
 // Optimal string alignment distance: Levenshtein plus adjacent transpositions ("wieght").
 size_t edit_distance(std::string_view a, std::string_view b) {
   std::vector<std::vector<size_t>> d(a.size() + 1, std::vector<size_t>(b.size() + 1));
@@ -66,14 +60,14 @@ std::string show(double v) {
 }
 
 std::string closest(std::string_view word, const KeyList& candidates) {
-  const std::string w = to_lower(word);
+  const std::string w = ascii_lower(word);
   std::string best;
   size_t best_d = std::numeric_limits<size_t>::max();
   for (std::string_view c : candidates) {
     // Longer than c by more than 3 (the largest limit): neither close nor a prefix of c, and
     // the distance's table would be |word| x |c| (a pasted megabyte took seconds and gigabytes).
     if (c.empty() || w.size() > c.size() + 3) continue;
-    const std::string lc = to_lower(c);
+    const std::string lc = ascii_lower(c);
     const size_t d = edit_distance(w, lc);
     const size_t limit = std::max<size_t>(1, std::min<size_t>(3, lc.size() / 3));
     const bool prefix = w.size() >= 3 && lc.starts_with(w);
@@ -163,17 +157,17 @@ std::string key_suggestion(std::string_view section, std::string_view key) {
   }
   std::string s = closest(key, sections.find(section)->second);
   if (s.empty()) {
-    const std::string lk = to_lower(key);
+    const std::string lk = ascii_lower(key);
     std::vector<std::string> found;
     for (const auto& [sec, keys] : sections) {
       for (std::string_view k : keys) {
-        if (sec != section && to_lower(k) == lk) found.push_back(join_key(sec, k));
+        if (sec != section && ascii_lower(k) == lk) found.push_back(join_key(sec, k));
       }
     }
     if (found.size() == 1) s = found[0];
   }
   if (s.empty()) {
-    const std::string lk = to_lower(key);
+    const std::string lk = ascii_lower(key);
     for (const auto& [other, ours] : kSynonyms)
       if (lk == other) s = std::string(ours);
   }

@@ -102,6 +102,14 @@ inline std::string printable_utf8(const std::string& s) {
   return out;
 }
 
+// s with ASCII letters in lower case (other bytes kept: UTF-8 passes through).
+inline std::string ascii_lower(std::string_view s) {
+  std::string out(s);
+  for (char& ch : out)
+    if (ch >= 'A' && ch <= 'Z') ch = static_cast<char>(ch - 'A' + 'a');
+  return out;
+}
+
 // s as shown inside a message: printable_utf8, and past max_bytes cut (at a character boundary)
 // with its size: a 5 MB cell or tensor name must not become a 5 MB message.
 inline std::string shown_text(std::string_view s, size_t max_bytes = 60) {

@@ -125,6 +125,17 @@ TEST_CASE("exact byte layout of a tiny file") {
   const std::string got = read_file(path);
   CHECK(got.size() == 8 + 208 + 12);
   CHECK(got == want);
+  // Checksums in upper-case hex (another tool's spelling; it was "the file is corrupt"): the
+  // header's (which covers the tensors' as written) ...
+  std::string upper = want;
+  upper.replace(upper.find("aa3b0b8b"), 8, "AA3B0B8B");
+  put(path, upper);
+  CHECK(read_safetensors(path).tensors.at("w").data == w);
+  // ... and the tensors', in a header without its own checksum.
+  put(path, craft(R"({"__metadata__":{"crc32":"{\"w\":\"CCDF2C3A\"}"},)"
+                  R"("w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})",
+                  floats(w)));
+  CHECK(read_safetensors(path).tensors.at("w").data == w);
 }
 
 TEST_CASE("the header carries its own CRC-32: an edited step or shape is refused") {
@@ -293,6 +304,25 @@ TEST_CASE("corrupt, truncated and unsupported files are UserErrors naming the fi
        "truncated"},
       {"trailing bytes", craft(one(R"({"dtype":"F32","shape":[1],"data_offsets":[0,4]})"), f8),
        "trailing"},
+      // (a tensor named twice, the two entries together covering the data: the reader took the
+      // second entry's bytes in silence)
+      {"tensor named twice",
+       craft(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+             R"("a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+             f8),
+       "names the key 'a' twice"},
+      {"metadata key twice", craft(R"({"__metadata__":{"k":"1","k":"2"}})", ""), "'k' twice"},
+      // (3 bytes per value, ~80 bytes per parsed value: a 99 MB header took 3.1 GB)
+      {"two million empty objects",
+       craft(R"({"__metadata__":null,"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4],"x":[)" +
+                 [] {
+                   std::string t;
+                   for (int i = 0; i < 2'000'001; ++i) t += "{},";
+                   return t;
+                 }() +
+                 "{}]}}",
+             floats({1})),
+       "holds more than 2000000 values"},
       {"metadata value not string", craft(R"({"__metadata__":{"k":1}})", ""), "metadata"},
       {"metadata not object", craft(R"({"__metadata__":["k"]})", ""), "__metadata__"},
   };
