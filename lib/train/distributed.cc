@@ -47,6 +47,21 @@ std::string run_plan(const Config& c, const RunOptions& opts) {
       t.checkpoint.async, opts.evaluate ? "off" : "on", opts.trace.empty() ? "off" : "on");
 }
 
+// The same keys as JSON at their config paths (flags at the top: "--no-eval"), for the
+// rendezvous's list of the keys that differ (it compares the hashed config's keys otherwise).
+nlohmann::json run_plan_json(const Config& c, const RunOptions& opts) {
+  const TrainConfig& t = c.train;
+  return {{"train",
+           {{"epochs", t.epochs},
+            {"max_steps", t.max_steps},
+            {"log_every", t.log_every},
+            {"eval_every", t.eval_every},
+            {"checkpoint",
+             {{"every_steps", t.checkpoint.every_steps}, {"async", t.checkpoint.async}}}}},
+          {"--no-eval", !opts.evaluate},
+          {"--trace", !opts.trace.empty()}};
+}
+
 // This rank's transport options: where the job meets, what its ranks must agree on.
 GrpcOptions rank_grpc_options(const Config& cfg, const Config& eff, const RunOptions& opts,
                               const DistEnv& de, const std::map<std::string, std::string>& env) {
@@ -70,7 +85,9 @@ GrpcOptions rank_grpc_options(const Config& cfg, const Config& eff, const RunOpt
   // What a refusal names when the hashes differ: the keys (config_differences) of the ranks'
   // resolved configs.
   // (the hashed keys only: per-host settings -- bind, TLS files, threads -- may differ)
-  g.config_detail = hashed_config_json(eff).dump();
+  nlohmann::json detail = hashed_config_json(eff);
+  detail.merge_patch(run_plan_json(eff, opts));  // (the run plan's keys, as above)
+  g.config_detail = detail.dump();
   g.config_difference = [ours = g.config_detail](const std::string& theirs) -> std::string {
     try {
       const std::vector<std::string> d =

@@ -201,6 +201,9 @@ TEST_CASE("a rank with another config or a wrong token is refused at rendezvous"
   INFO(r.output, logs);
   CHECK_FALSE(contains(r.output, "rc1=0"));
   CHECK(contains(logs, "checkpoint.every_steps 7"));
+  // (the two hashes are equal there: the key is named, as for a hashed key)
+  CHECK(contains(logs,
+                 "the keys that differ (rank 0's -> rank 1's): train.checkpoint.every_steps: "));
   CHECK_FALSE(contains(logs, "mismatched calls"));
   // Flags given to one rank only that change its collectives likewise (they trained to the end
   // and failed in the evaluation's, or the trace's, collectives: exit 1, after all the work).
@@ -212,6 +215,8 @@ TEST_CASE("a rank with another config or a wrong token is refused at rendezvous"
     INFO(r.output, logs);
     CHECK(contains(r.output, "rc0=2 rc1=2"));
     CHECK(contains(logs, named));
+    const std::string key = std::string(named).substr(0, std::string(named).find(' '));
+    CHECK(contains(logs, "the keys that differ (rank 0's -> rank 1's): " + key + ": false -> true"));
   }
 
   port = dtrain::pick_free_port();
