@@ -205,8 +205,21 @@ EvalResult evaluate(const Model& model, const float* params, const Dataset& d, i
 
 void finish_trace(const RunOptions& opts, Communicator& comm, const Tracer& tracer) {
   if (opts.trace.empty()) return;
+  // A trace that cannot be written (a full disk) is said, and the run ends as it would have:
+  // its results are saved by now, and failing it made `dtrain launch --max-restarts` restart the
+  // finished job, whose attempt with nothing to train then wrote its own near-empty trace.
+  const auto lost = [&](const std::string& what, const std::exception& e) {
+    spdlog::error("trace: could not write {}: {} (the run's results are saved; its trace is lost)",
+                  what, e.what());
+  };
   const std::string mine = rank_trace_path(opts.trace, comm.rank());
-  tracer.write(mine);
+  try {
+    tracer.write(mine);
+  } catch (const std::bad_alloc&) {
+    throw;
+  } catch (const std::exception& e) {
+    lost("'" + mine + "'", e);
+  }
   comm.barrier();
   if (comm.rank() != 0) return;
   std::vector<std::string> files;
@@ -218,8 +231,16 @@ void finish_trace(const RunOptions& opts, Communicator& comm, const Tracer& trac
       spdlog::warn("trace: no {} (rank {} wrote it on another machine?); merging the others", f, r);
     }
   }
-  merge_trace_files(files, opts.trace);
-  for (const auto& f : files) fs::remove(f);
+  try {
+    merge_trace_files(files, opts.trace);
+  } catch (const std::bad_alloc&) {
+    throw;
+  } catch (const std::exception& e) {
+    lost("'" + opts.trace + "'", e);
+    return;  // (the ranks' files stay: they are the trace)
+  }
+  std::error_code ec;
+  for (const auto& f : files) fs::remove(f, ec);
   spdlog::info("trace: {} (open in ui.perfetto.dev)", opts.trace);
 }
 

@@ -12,12 +12,15 @@
 
 #include <spdlog/spdlog.h>
 
+#include "comm/inproc.h"
+#include "log_capture.h"
 #include "nn/model.h"
 #include "test_util.h"
 #include "train/sharding.h"
 #include "train/stop.h"
 #include "train/trainer.h"
 #include "util/check.h"
+#include "util/trace.h"
 
 using namespace dtrain;
 using dtrain::testing::TempDir;
@@ -478,4 +481,21 @@ TEST_CASE("local_sgd: a synchronisation that makes the parameters non-finite end
                       doctest::Contains("the Local SGD synchronisation at step 4 made"));
   }
   spdlog::set_level(spdlog::level::info);
+}
+
+TEST_CASE("a trace that cannot be written is said, and does not fail the finished run") {
+  // (it failed it: exit 1 after the run's results were saved, which `dtrain launch
+  // --max-restarts` answered by restarting the finished job)
+  TempDir dir;
+  auto group = make_inproc_group(1);
+  Communicator comm(std::move(group[0]));
+  Tracer tracer(true, 0);
+  { TraceScope s(&tracer, "step", "train"); }
+  RunOptions opts;
+  opts.trace = (dir / "gone/trace.json");  // (a folder that does not exist: every write fails)
+  dtrain::testing::LogCapture cap;
+  CHECK_NOTHROW(finish_trace(opts, comm, tracer));
+  CHECK_MESSAGE(dtrain::testing::contains(cap.text(), "trace: could not write '" + opts.trace),
+                cap.text());
+  CHECK(dtrain::testing::contains(cap.text(), "the run's results are saved"));
 }
