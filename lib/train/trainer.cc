@@ -392,6 +392,26 @@ std::optional<UserError> state_mismatch(const std::string& path, const Config& c
                      join(mine, ", ") +
                      "]): a weights-only file, which a resume cannot continue from");
   if (state.empty() || !theirs || *theirs == mine) return std::nullopt;
+  // SGD's none: a run without momentum wrote it -- or nothing did (a weights-only file: one from
+  // another program, or a dtrain run with momentum whose state was dropped), which its recorded
+  // config tells (it blamed a momentum setting that had not changed).
+  if (theirs->empty()) {
+    bool had_momentum = true;  // (no recorded config: another program's weights)
+    try {
+      if (const std::string c = checkpoint_config_json(path); !c.empty()) {
+        const nlohmann::json j = nlohmann::json::parse(c);
+        const nlohmann::json o = j.value("optimizer", nlohmann::json::object());
+        const nlohmann::json l = j.value("distributed", nlohmann::json::object())
+                                     .value("local_sgd", nlohmann::json::object());
+        had_momentum = o.value("momentum", 0.0) > 0 || l.value("outer_lr", 0.0) > 0;
+      }
+    } catch (const std::exception&) {
+    }
+    if (had_momentum)
+      return UserError("checkpoint '" + path + "' holds no optimizer state (" + type + " keeps [" +
+                       join(mine, ", ") +
+                       "]): a weights-only file, which a resume cannot continue from");
+  }
   std::vector<std::string> missing, extra;
   std::set_difference(mine.begin(), mine.end(), theirs->begin(), theirs->end(),
                       std::back_inserter(missing));

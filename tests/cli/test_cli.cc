@@ -448,6 +448,26 @@ TEST_CASE("a resume that would need optimizer state the checkpoint lacks names b
   CHECK(r.exit_code == 2);
   CHECK_MESSAGE(contains(r.output, "holds the optimizer state [], this run keeps [momentum]"),
                 r.output);
+  CHECK(contains(r.output, "optimizer.momentum or distributed.local_sgd.outer_lr"));
+  // A file of weights alone whose run kept momentum (its state dropped): said so, not blamed on a
+  // momentum setting that did not change.
+  r = run_dtrain("run " + cfg + " --out " + dir / "m" +
+                 " --set train.max_steps=5 --log-level warn");
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  {
+    const dtrain::StFile f = dtrain::read_safetensors(dir / "m/checkpoints/step-5.safetensors");
+    std::vector<dtrain::StTensorRef> refs;
+    for (const auto& [name, t] : f.tensors)
+      if (name.rfind("optim.", 0) != 0) refs.push_back({name, t.shape, t.data.data()});
+    dtrain::write_safetensors(dir / "weights.safetensors", refs, f.metadata);
+  }
+  r = run_dtrain("run " + cfg + " --out " + dir / "w" + " --resume " + dir / "weights.safetensors" +
+                 " --set train.max_steps=10 --log-level warn");
+  CHECK(r.exit_code == 2);
+  CHECK_MESSAGE(contains(r.output,
+                         "holds no optimizer state (sgd keeps [momentum]): a "
+                         "weights-only file, which a resume cannot continue from"),
+                r.output);
   // The refused resume leaves no folder behind where there was none (an empty one with an empty
   // checkpoints/ before); a folder that existed stays.
   CHECK_FALSE(std::filesystem::exists(dir / "mom"));
