@@ -178,6 +178,11 @@ void read_shard_list(const nlohmann::json& shards, const std::string& dir,
   size_t index = 0;
   for (const auto& sh : shards) try {
       files.push_back(sh.at("file").get<std::string>());
+      // (a file of the folder itself, before any is opened: "/etc/passwd" or "../x" was opened
+      // and parsed by the size check)
+      if (files.back().find('/') != std::string::npos)
+        throw UserError("checkpoint '" + dir + "': shard file name '" + shown_text(files.back()) +
+                        "' has a '/'");
       ranks.push_back(sh.at("rank").get<int64_t>());
       std::vector<ShardRange> rs;
       for (const auto& r : sh.at("ranges")) rs.push_back(shard_range_of(r));
@@ -372,8 +377,6 @@ ShardedRead read_sharded(const std::string& dir, bool with_state) {
     out.state.assign(out.state_names.size(), std::vector<float>(static_cast<size_t>(P), 0.0f));
   int64_t unchecksummed = 0, header_unchecksummed = 0;
   for (size_t r = 0; r < files.size(); ++r) {
-    if (files[r].find('/') != std::string::npos)
-      throw UserError("checkpoint '" + dir + "': shard file name '" + files[r] + "' has a '/'");
     const StFile f = read_safetensors((fs::path(dir) / files[r]).string());  // verifies CRCs
     if (!f.checksummed)
       ++unchecksummed;

@@ -180,6 +180,14 @@ TEST_CASE("a swapped or stale shard file is refused, and so is a manifest naming
   rewrite_manifest(ck, [&](nlohmann::json& man) { man["params"][1]["name"] = m.params()[0].name; });
   msg = user_error_of([&] { consolidate_checkpoint(ck, dir / "one.safetensors"); });
   CHECK_MESSAGE(contains(msg, "lists tensor '" + m.params()[0].name + "' twice"), msg);
+  // A shard file outside the folder: refused by its name, before anything opens it (it was
+  // opened and parsed first: "'/etc/passwd' is not a safetensors file").
+  for (const std::string other : {"/etc/passwd", "../step-3/rank-0.safetensors"}) {
+    save_two_shards(ck, m, p, mom);
+    rewrite_manifest(ck, [&](nlohmann::json& man) { man["shards"][1]["file"] = other; });
+    msg = user_error_of([&] { consolidate_checkpoint(ck, dir / "one.safetensors"); });
+    CHECK_MESSAGE(contains(msg, "shard file name '" + other + "' has a '/'"), msg);
+  }
 }
 
 TEST_CASE("a manifest claiming more values than its shards hold is refused before allocating") {
