@@ -306,13 +306,19 @@ CheckpointMeta load_file_checkpoint(const std::string& path, const Model& model,
   if (state.empty()) {
     // Weights only: ignore optimizer and compression tensors, but reject unknown model tensors.
     expected_tensors = 0;
+    std::string unknown;  // (the first the model has no parameter of, named in the refusal)
     for (const auto& [name, t] : f.tensors)
-      if (name.rfind("optim.", 0) != 0 && name.rfind("comp.", 0) != 0 && !is_replica_tensor(name))
+      if (name.rfind("optim.", 0) != 0 && name.rfind("comp.", 0) != 0 && !is_replica_tensor(name)) {
         ++expected_tensors;
+        if (unknown.empty() && model.find(name) == nullptr) unknown = name;
+      }
     if (expected_tensors != model.params().size())
-      throw ModelMismatchError("checkpoint '" + path + "' does not match the model: it has " +
-                               std::to_string(expected_tensors) + " parameter tensors, the model " +
-                               std::to_string(model.params().size()));
+      throw ModelMismatchError(
+          "checkpoint '" + path + "' does not match the model: it has " +
+          std::to_string(expected_tensors) + " parameter tensors, the model " +
+          std::to_string(model.params().size()) +
+          (unknown.empty() ? std::string()
+                           : " ('" + shown_text(unknown, 200) + "' is none of the model's)"));
   } else if (f.tensors.size() != expected_tensors + dropped_state_tensors(f, model, state)) {
     for (const auto& [name, t] : f.tensors) {
       bool known = model.find(name) != nullptr ||

@@ -5,6 +5,7 @@
 #include <functional>
 
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/safetensors.h"
 #include "test_util.h"
 #include "util/check.h"
 
@@ -73,6 +74,17 @@ TEST_CASE("checkpoint from another model, truncated or corrupt is refused and ch
   }
   for (float v : q) REQUIRE(v == 5.0f);
 
+  // A tensor the model has none of (nanoGPT's attention mask buffers, say): named.
+  {
+    const StFile f = read_safetensors(path);
+    std::vector<StTensorRef> refs;
+    for (const auto& [name, t] : f.tensors) refs.push_back({name, t.shape, t.data.data()});
+    const float one = 1.0f;
+    refs.push_back({"h.0.attn.bias", {1}, &one});
+    write_safetensors(dir / "extra.safetensors", refs, f.metadata);
+    CHECK_THROWS_WITH_AS(load_checkpoint(dir / "extra.safetensors", m, p.data(), {}),
+                         doctest::Contains("('h.0.attn.bias' is none of the model's)"), UserError);
+  }
   // Asking for optimizer state the file does not have.
   std::vector<float> mom(m.param_count());
   CHECK_THROWS_AS(load_checkpoint(path, m, p.data(), {{"momentum", mom.data()}}), UserError);
