@@ -292,9 +292,13 @@ void start_run_dir(const Config& cfg, const RunOptions& opts, const std::string&
   if (ec)
     throw UserError("--out '" + opts.out_dir + "': cannot create its checkpoints folder '" +
                     ckpt_dir + "': " + ec.message() + ": choose another --out");
-  if (const int64_t n = remove_orphaned_temp_files(ckpt_dir, /*include_step_folders=*/true))
-    spdlog::info("removed {} temp file(s) that interrupted checkpoint writes left in {}", n,
-                 ckpt_dir);
+  // (a step folder without its manifest is a sharded save that failed or was interrupted: never
+  // loaded, and beyond keep_last, which counts complete checkpoints)
+  if (const int64_t n = remove_incomplete_checkpoints(ckpt_dir))
+    spdlog::info(
+        "removed {} temp file(s) and incomplete checkpoint(s) that interrupted or failed "
+        "checkpoint writes left in {}",
+        n, ckpt_dir);
   // A resumed run writes it once its checkpoint has loaded: a resume that fails (another model,
   // another optimizer) leaves the folder's config.json describing the checkpoints it holds.
   if (opts.resume.empty()) write_run_config(cfg, opts.out_dir);

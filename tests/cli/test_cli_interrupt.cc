@@ -567,7 +567,7 @@ TEST_CASE("resume names the config keys that changed and keeps the schedule's ho
   CHECK(rec["lr"].get<double>() < 1e-6);
 }
 
-TEST_CASE("a run removes the temp files an interrupted checkpoint write left, and says so") {
+TEST_CASE("a run removes what interrupted or failed checkpoint writes left, and says so") {
   TempDir dir;
   const std::string cfg = dir.write("cfg.yaml", kCfg);
   const std::string out = dir / "out";
@@ -577,12 +577,20 @@ TEST_CASE("a run removes the temp files an interrupted checkpoint write left, an
   // What a SIGKILL during a save leaves: the temp file of the atomic write, never renamed.
   const std::string orphan = out + "/checkpoints/.step-30.safetensors.tmp.Xy12Zw";
   std::filesystem::copy_file(out + "/checkpoints/step-20.safetensors", orphan);
+  // ... and what a failed sharded save leaves: a step folder of shards without its manifest (it
+  // stayed, full size, beyond keep_last, until a later save of that step).
+  const std::string shards = out + "/checkpoints/step-30";
+  std::filesystem::create_directories(shards);
+  std::filesystem::copy_file(out + "/checkpoints/step-20.safetensors",
+                             shards + "/rank-0.safetensors");
   r = run_cmd(kBin + " run " + cfg + " --set train.max_steps=40 --out " + out + " --resume auto");
   REQUIRE_MESSAGE(r.exit_code == 0, r.output);
   CHECK_FALSE(std::filesystem::exists(orphan));
-  CHECK_MESSAGE(
-      contains(r.output, "removed 1 temp file(s) that interrupted checkpoint writes left"),
-      r.output);
+  CHECK_FALSE(std::filesystem::exists(shards));
+  CHECK_MESSAGE(contains(r.output,
+                         "removed 2 temp file(s) and incomplete checkpoint(s) that "
+                         "interrupted or failed checkpoint writes left"),
+                r.output);
 }
 
 TEST_CASE(
