@@ -537,6 +537,22 @@ std::string fixed_read_key(int n) {
 // of its own and ending the job for everyone (it did, and could leave the real node hanging).
 void claim_node_rank(Store& s, const std::string& claim_key, int node) {
   if (s.add(claim_key, 1) == 1) return;
+  // The claimant may be gone: a launcher that trained beats alive/<node> every poll (0.5 s); one
+  // whose beats stopped was lost (its pod or machine ended), and this is its replacement, which
+  // a job of fixed nodes cannot take during an attempt -- a failure to retry, not bad input (it
+  // said another launcher ran with this --node-rank, exit 2, which a Kubernetes Job counts
+  // against its pod failure policy as bad input).
+  const std::string alive = kPrefix + ("alive/" + std::to_string(node));
+  if (const int64_t before = s.add(alive, 0); before > 0) {
+    std::this_thread::sleep_for(std::chrono::seconds(2));
+    if (s.add(alive, 0) == before)
+      throw std::runtime_error(
+          "node rank " + std::to_string(node) +
+          " checked in to this job before, and its launcher has not been heard from for 2 s "
+          "(lost: its machine or pod ended?); a running attempt cannot take a replacement: node 0 "
+          "ends it once it finds that launcher lost, and the job's next start (--resume auto) "
+          "takes this node");
+  }
   throw UserError("node rank " + std::to_string(node) +
                   " has already checked in to this job: another launcher runs with --node-rank " +
                   std::to_string(node) + " (give each node its own --node-rank)");

@@ -313,6 +313,28 @@ TEST_CASE("JobAgent: a second launcher with a node rank already checked in is re
                          "node rank 1 has already checked in to this job: another launcher "
                          "runs with --node-rank 1"),
                 e);
+  // Node 1's launcher trained (its polls beat alive/1), then was lost: its replacement is told
+  // so, as a failure (it was told another launcher ran with its --node-rank, exit 2).
+  {
+    JobAgent beating(agent_options(1, port));
+    beating.poll(0);
+  }
+  JobAgent replacement(agent_options(1, port));
+  e = "<no error>";
+  bool user_error = false;
+  try {
+    replacement.join(2);
+  } catch (const UserError& x) {
+    user_error = true;
+    e = x.what();
+  } catch (const std::runtime_error& x) {
+    e = x.what();
+  }
+  CHECK_FALSE(user_error);
+  CHECK_MESSAGE(contains(e,
+                         "node rank 1 checked in to this job before, and its launcher has not "
+                         "been heard from for 2 s"),
+                e);
 }
 
 TEST_CASE("JobAgent: a node refused by node 0, which then exits, learns why at once") {
