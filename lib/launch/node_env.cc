@@ -46,6 +46,8 @@ std::string not_node0_address(std::string host) {
     return "a loopback address";
   if (host.size() >= 2 && host.front() == '[' && host.back() == ']')
     host = host.substr(1, host.size() - 2);
+  // (a root's trailing dot: the resolver reads "127.0.0.1." as 127.0.0.1, inet_aton does not)
+  if (host.size() >= 2 && host.back() == '.') host.pop_back();
   in_addr v4{};
   in6_addr v6{};
   // (inet_aton, not inet_pton: it reads every IPv4 spelling the resolver does -- 127.1, 0,

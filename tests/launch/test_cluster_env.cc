@@ -225,11 +225,11 @@ TEST_CASE("resolve_node_env: refusals name the flag or variable") {
   // Every spelling of loopback and the wildcard (which a dialling node takes for itself): each
   // waited out the 300 s join timeout.
   for (const char* a : {"::1", "[::1]", "0:0:0:0:0:0:0:1", "::ffff:127.0.0.1", "127.1.2.3", "127.1",
-                        "2130706433", "LOCALHOST", "localhost.", "node.localhost"}) {
+                        "2130706433", "LOCALHOST", "localhost.", "node.localhost", "127.0.0.1."}) {
     g.master_addr = a;
     CHECK_MESSAGE(contains(err({}, g), "is a loopback address"), a);
   }
-  for (const char* a : {"0.0.0.0", "::", "[::]", "0"}) {
+  for (const char* a : {"0.0.0.0", "::", "[::]", "0", "0.0.0.0."}) {
     g.master_addr = a;
     CHECK_MESSAGE(contains(err({}, g), "is the wildcard address"), a);
   }
