@@ -195,8 +195,8 @@ void TrainLoop::restore_progress(const std::string& progress) {
       const nlohmann::json last = p.value("final_train_loss", nlohmann::json());
       // The sampler's position (epoch, batch) indexes the training set the checkpoint was saved
       // with (absent before 2026-12-06): another size means other files, and another order.
-      if (const int64_t rows = p.value("train_rows", int64_t{-1});
-          rows >= 0 && rows != data_->train.rows)
+      const int64_t rows = p.value("train_rows", int64_t{-1});
+      if (rows >= 0 && rows != data_->train.rows) {
         spdlog::warn(
             "the training set has {} samples and {} was saved while training on {}: the data "
             "changed since, so {}",
@@ -208,6 +208,14 @@ void TrainLoop::restore_progress(const std::string& progress) {
                 : fmt::format("epoch {} goes on from batch {} of the new set's order, not the "
                               "interrupted run's",
                               rp_.epoch, batch_));
+      } else if (batch_ > bpe_) {
+        // Past the end of its epoch on the same data (an edited file): the rest of the epoch
+        // is skipped -- said (it went by in silence).
+        spdlog::warn(
+            "{}'s sampler position (epoch {}, batch {}) is past the end of its epoch, whose "
+            "training data makes {} batches: training continues with epoch {}",
+            rp_.from, rp_.epoch, batch_, bpe_, rp_.epoch + 1);
+      }
       // Every rank's own interval sums, of a run with as many ranks (interval_per_rank).
       if (const auto it = p.find("interval_ranks");
           it != p.end() && it->is_array() && it->size() == static_cast<size_t>(world_.size()))

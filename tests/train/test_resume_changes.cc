@@ -173,3 +173,24 @@ TEST_CASE("a Local SGD resume is exact with each rank's own momentum, and says w
                                           "the checkpoint was written by another layout"),
                 wcap.text());
 }
+TEST_CASE("a checkpoint's sampler position past its epoch's end is said at resume") {
+  // (an edited file: batch 470 of an epoch of 8 skipped the rest of the epoch in silence)
+  spdlog::set_level(spdlog::level::warn);
+  TempDir dir;
+  train_yaml(kYaml, dir / "full", {});
+  const std::string ckpt = dir / "full/checkpoints/step-10.safetensors";
+  const std::string edited = dir / "edited.safetensors";
+  {
+    StFile f = read_safetensors(ckpt);
+    f.metadata["batch"] = "470";
+    std::vector<StTensorRef> refs;
+    for (const auto& [name, t] : f.tensors) refs.push_back({name, t.shape, t.data.data()});
+    write_safetensors(edited, refs, f.metadata);
+  }
+  LogCapture cap;
+  train_yaml(kYaml, dir / "res", {}, edited);
+  CHECK_MESSAGE(dtrain::testing::contains(cap.text(),
+                                          "sampler position (epoch 1, batch 470) is past the end "
+                                          "of its epoch, whose training data makes 8 batches"),
+                cap.text());
+}
