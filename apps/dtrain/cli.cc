@@ -595,13 +595,20 @@ int Cli::dispatch(const char* argv0) {
     set_blas_threads(static_cast<int>(cfg.runtime.threads));
     // Printed as it is sampled: a long continuation shows its first words at once.
     TerminalEscaper esc;
-    generate_text(cfg, gen_, [&](const std::string& b) {
-      // Stop sampling once the output is gone (a full disk, a closed pipe with SIGPIPE ignored).
-      if (!(std::cout << esc.push(b) << std::flush))
-        throw std::runtime_error(
-            "writing to standard output failed (disk full or the output "
-            "closed): generation stopped");
-    });
+    bool printed = false;  // (an error after the prompt starts a line of its own)
+    try {
+      generate_text(cfg, gen_, [&](const std::string& b) {
+        printed = true;
+        // Stop sampling once the output is gone (a full disk, a closed pipe, SIGPIPE ignored).
+        if (!(std::cout << esc.push(b) << std::flush))
+          throw std::runtime_error(
+              "writing to standard output failed (disk full or the output "
+              "closed): generation stopped");
+      });
+    } catch (...) {
+      if (printed) std::cout << esc.finish() << std::endl;
+      throw;
+    }
     std::cout << esc.finish() << std::endl;
     return kExitOk;
   }

@@ -455,3 +455,22 @@ TEST_CASE("resume on a training text of another size warns that the order change
                  "so epoch 0 is over in the new set (its 3 batches are no more than the "
                  "3 done)\n"));
 }
+
+TEST_CASE("generate's error after the prompt is printed starts a line of its own") {
+  // (weights that overflow the logits: "ab" and the error shared one line, "aberror: ...")
+  TempDir t;
+  const std::string cfg_path = tiny_gpt(t);
+  const dtrain::Config cfg = dtrain::load_config(cfg_path, {});
+  const dtrain::Model model = dtrain::build_model(cfg.model, {{cfg.model.block_size}, 256});
+  std::vector<float> params(static_cast<size_t>(model.param_count()), 3e18f);
+  dtrain::CheckpointMeta meta;
+  meta.optimizer = "adamw";
+  const std::string huge = t / "huge.safetensors";
+  dtrain::save_checkpoint(huge, model, params.data(), {}, meta);
+  const CmdResult r =
+      run_dtrain("generate " + cfg_path + " --checkpoint " + huge + " --prompt ab --tokens 3");
+  INFO(r.output);
+  CHECK(r.exit_code != 0);
+  CHECK(contains(r.output, "not finite"));
+  CHECK_FALSE(contains(r.output, "aberror"));
+}
