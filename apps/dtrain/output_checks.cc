@@ -246,15 +246,24 @@ void check_consolidate_output(const std::string& input, const std::string& outpu
                     "') or an entry of its checkpoints folder (latest, step-<N>): write the "
                     "consolidated checkpoint elsewhere");
   check_output_file("-o", output);  // (after: the message above is the more precise one)
-  // An existing file is replaced only if it is a safetensors file (a consolidation written
-  // before, say) or empty (mktemp's): a mistyped -o must not destroy a config, data or anything
-  // else.
+  // An existing file is replaced only if it is a dtrain checkpoint file (a consolidation
+  // written before, say) or empty (mktemp's): a mistyped -o must not destroy a config, data, or
+  // another program's weights (a PyTorch model's safetensors file was replaced).
   struct stat st {};
-  if (::stat(output.c_str(), &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0 &&
-      !is_existing_safetensors(output))
-    throw UserError("-o '" + output +
-                    "' exists and is not a safetensors file: consolidate replaces only a "
-                    "safetensors file; remove it first or choose another name");
+  if (::stat(output.c_str(), &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0) {
+    bool ours = false;
+    try {
+      const auto md = read_safetensors_metadata(output);
+      const auto it = md.find("format");
+      ours = it != md.end() && it->second == "dtrain-checkpoint";
+    } catch (const UserError&) {
+    }
+    if (!ours)
+      throw UserError("-o '" + output +
+                      "' exists and is not a dtrain checkpoint file (another program's weights, "
+                      "or no safetensors file at all): consolidate replaces only a checkpoint "
+                      "file; remove it first or choose another name");
+  }
 }
 
 void check_plot_output(const std::string& output) {

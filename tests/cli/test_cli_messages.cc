@@ -485,8 +485,12 @@ TEST_CASE("output options are checked before the work, and never replace the che
   // consolidation written before is.
   r = run_dtrain("checkpoint consolidate " + sharded + " -o " + cfg);
   CHECK(r.exit_code == 2);
-  CHECK_MESSAGE(contains(r.output, "exists and is not a safetensors file"), r.output);
+  CHECK_MESSAGE(contains(r.output, "exists and is not a dtrain checkpoint file"), r.output);
   CHECK(dtrain::testing::read_text(cfg) == kTiny);
+  // ... nor is another program's safetensors file (a PyTorch model's weights).
+  r = run_dtrain("checkpoint consolidate " + sharded + " -o " +
+                 dir.write("pt.safetensors", std::string("\x02\0\0\0\0\0\0\0{}", 10)));
+  CHECK_MESSAGE(contains(r.output, "exists and is not a dtrain checkpoint file"), r.output);
   for (int i = 0; i < 2; ++i) {
     r = run_dtrain("checkpoint consolidate " + sharded + " -o " + dir / "one.safetensors");
     CHECK_MESSAGE(r.exit_code == 0, r.output);
