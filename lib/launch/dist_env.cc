@@ -213,6 +213,51 @@ std::string master_addr_problem(const std::string& addr) {
   return host_text_problem(addr, "the port as MASTER_PORT or --master-port");
 }
 
+namespace {
+
+// An srun step's ranks (in_slurm_step): rank, world, this node's tasks, and the defaults every
+// rank of the step derives identically for rank 0's address and port.
+void read_slurm_step(const Env& env, Field& rank, Field& world, Field& local_rank,
+                     Field& local_world, Field& port, std::string& addr, std::string& addr_name) {
+  if (!env.count("SLURM_NTASKS"))
+    throw UserError("SLURM_PROCID is set but SLURM_NTASKS is not: run the ranks with srun");
+  rank = from_env(env, "SLURM_PROCID");
+  world = from_env(env, "SLURM_NTASKS");
+  local_rank = from_env(env, "SLURM_LOCALID");
+  for (const char* var :
+       {"SLURM_STEP_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE"}) {
+    const std::string* v = find(env, var);
+    if (v == nullptr) continue;
+    const std::vector<int> counts = parse_slurm_tasks_per_node(*v, var);
+    int n = *std::max_element(counts.begin(), counts.end());
+    if (counts.size() > 1) {
+      // Nodes may run different numbers of tasks; pick this node's entry when it is known.
+      const Field node = from_env(env, "SLURM_NODEID");
+      if (node.set && node.value >= 0 && static_cast<size_t>(node.value) < counts.size())
+        n = counts[static_cast<size_t>(node.value)];
+    }
+    local_world = {n, var, true};
+    break;
+  }
+  // Defaults every rank of the step derives identically (scripts/slurm.sbatch exports its own
+  // MASTER_ADDR and MASTER_PORT, which win: the allocation's first host, where its srun puts task
+  // 0). The step's nodes first: `srun -w` / `--relative` / `-x` put task 0 on another node than
+  // the allocation's first.
+  for (const char* var : {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"}) {
+    if (const std::string* v = find(env, var)) {
+      addr = slurm_first_host(*v, var);
+      addr_name = var;
+      break;
+    }
+  }
+  if (const std::string* job = find(env, "SLURM_JOB_ID")) {
+    const int64_t id = parse_env_int64(*job, "SLURM_JOB_ID");
+    if (id >= 0) port = {slurm_default_port(id, slurm_step_id(env)), "SLURM_JOB_ID", true};
+  }
+}
+
+}  // namespace
+
 DistEnv resolve_dist_env(const std::map<std::string, std::string>& env, int config_world_size,
                          const DistOverrides& flags) {
   Field rank{0, "rank", true};
@@ -233,41 +278,7 @@ DistEnv resolve_dist_env(const std::map<std::string, std::string>& env, int conf
     local_world = from_env(env, four->local_world);
   } else if (in_slurm_step(env)) {
     source = "slurm";
-    if (!env.count("SLURM_NTASKS"))
-      throw UserError("SLURM_PROCID is set but SLURM_NTASKS is not: run the ranks with srun");
-    rank = from_env(env, "SLURM_PROCID");
-    world = from_env(env, "SLURM_NTASKS");
-    local_rank = from_env(env, "SLURM_LOCALID");
-    for (const char* var :
-         {"SLURM_STEP_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE"}) {
-      const std::string* v = find(env, var);
-      if (v == nullptr) continue;
-      const std::vector<int> counts = parse_slurm_tasks_per_node(*v, var);
-      int n = *std::max_element(counts.begin(), counts.end());
-      if (counts.size() > 1) {
-        // Nodes may run different numbers of tasks; pick this node's entry when it is known.
-        const Field node = from_env(env, "SLURM_NODEID");
-        if (node.set && node.value >= 0 && static_cast<size_t>(node.value) < counts.size())
-          n = counts[static_cast<size_t>(node.value)];
-      }
-      local_world = {n, var, true};
-      break;
-    }
-    // Defaults every rank of the step derives identically (scripts/slurm.sbatch exports its own
-    // MASTER_ADDR and MASTER_PORT, which win: the allocation's first host, where its srun puts task
-    // 0). The step's nodes first: `srun -w` / `--relative` / `-x` put task 0 on another node than
-    // the allocation's first.
-    for (const char* var : {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"}) {
-      if (const std::string* v = find(env, var)) {
-        addr = slurm_first_host(*v, var);
-        addr_name = var;
-        break;
-      }
-    }
-    if (const std::string* job = find(env, "SLURM_JOB_ID")) {
-      const int64_t id = parse_env_int64(*job, "SLURM_JOB_ID");
-      if (id >= 0) port = {slurm_default_port(id, slurm_step_id(env)), "SLURM_JOB_ID", true};
-    }
+    read_slurm_step(env, rank, world, local_rank, local_world, port, addr, addr_name);
   } else if (env.count("PET_NODE_RANK") || env.count("PET_NNODES")) {
     // Kubeflow Trainer describes nodes (pods) for torchrun: one rank per pod here.
     source = "kubeflow";
