@@ -228,9 +228,10 @@ void commit_checkpoint(const std::string& dir, const std::string& file_name, int
 // the checkpoint it commits is complete). Returns the number of files removed.
 int64_t remove_orphaned_temp_files(const std::string& dir, bool include_step_folders);
 // remove_orphaned_temp_files(dir, true), then the step-<N> folders without manifest.json (saves
-// that were interrupted: never loaded, and a save of that step again would find them in its way).
-// The same condition: nothing is being written in dir. Returns the number of files and folders
-// removed.
+// that were interrupted or failed: never loaded, and a save of that step again would find them in
+// its way) that hold nothing but shard files (a folder with anything else is a user's) and are
+// not the one `latest` names. The same condition: nothing is being written in dir. Returns the
+// number of files and folders removed.
 int64_t remove_incomplete_checkpoints(const std::string& dir);
 // Resolves what --resume names: a checkpoint file, a sharded checkpoint folder (with
 // manifest.json), a checkpoints folder (its `latest`), a run folder (its checkpoints/latest), or a

@@ -74,16 +74,39 @@ int64_t remove_orphaned_temp_files(const std::string& dir, bool include_step_fol
   return removed;
 }
 
+namespace {
+
+// Whether step folder `p` holds nothing but what a sharded save writes there (its ranks' shards,
+// the temp files of their atomic writes, NFS's .nfsXXXX): a folder holding anything else is a
+// user's (weights exported into checkpoints/step-500/), never removed as a failed save's remains.
+bool holds_only_shards(const fs::path& p) {
+  static const std::regex shard(
+      R"(manifest\.json|rank-\d{1,9}\.safetensors|\..+\.tmp\.[A-Za-z0-9]{6}|\.nfs[0-9a-fA-F]+)");
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(p, ec)) {
+    std::error_code rec;
+    if (!std::regex_match(e.path().filename().string(), shard) || !e.is_regular_file(rec))
+      return false;
+  }
+  return !ec;
+}
+
+}  // namespace
+
 int64_t remove_incomplete_checkpoints(const std::string& dir) {
   int64_t removed = remove_orphaned_temp_files(dir, /*include_step_folders=*/true);
   std::error_code ec;
   std::vector<fs::path> incomplete;
+  // (never the one `latest` names: a manifest another machine wrote moments ago may not show
+  // here yet, on a file system that caches a file's absence)
+  const std::string named = latest_step_entry(dir);
   for (const auto& ent : fs::directory_iterator(dir, ec)) {
     std::smatch m;
     const std::string name = ent.path().filename().string();
     std::error_code rec;
-    if (std::regex_match(name, m, step_entry_re()) && !m[2].matched && ent.is_directory(rec) &&
-        !is_sharded_dir(ent.path()))
+    if (std::regex_match(name, m, step_entry_re()) && !m[2].matched && name != named &&
+        ent.is_directory(rec) && !ent.is_symlink(rec) && !is_sharded_dir(ent.path()) &&
+        holds_only_shards(ent.path()))
       incomplete.push_back(ent.path());
   }
   for (const fs::path& p : incomplete) {
@@ -167,7 +190,11 @@ void commit_checkpoint(const std::string& dir, const std::string& file_name, int
   for (const auto& ent : fs::directory_iterator(dir)) {
     std::smatch m;
     const std::string name = ent.path().filename().string();
-    if (std::regex_match(name, m, re)) found.emplace_back(std::stoll(m[1].str()), ent.path());
+    std::error_code ec;
+    // (a step folder holding anything but shards is a user's, not a checkpoint: never pruned)
+    if (std::regex_match(name, m, re) &&
+        (m[2].matched || !ent.is_directory(ec) || holds_only_shards(ent.path())))
+      found.emplace_back(std::stoll(m[1].str()), ent.path());
   }
   // Oldest first. Steps above the one committed now are from a timeline this run abandoned (it
   // resumed from an earlier checkpoint): they count as older than every step of this one, so

@@ -591,6 +591,14 @@ TEST_CASE("a run removes what interrupted or failed checkpoint writes left, and 
                          "removed 2 temp file(s) and incomplete checkpoint(s) that "
                          "interrupted or failed checkpoint writes left"),
                 r.output);
+  // A step folder holding anything else is a user's (weights exported there): kept, by the
+  // start and by keep_last's pruning (which took a step above the run's for an abandoned one's).
+  const std::string mine = dir.write("out/checkpoints/step-500/model.safetensors", "weights");
+  r = run_cmd(kBin + " run " + cfg +
+              " --set train.max_steps=80 --set train.checkpoint.every_steps=10 --out " + out +
+              " --resume auto");
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  CHECK(read_text(mine) == "weights");
 }
 
 TEST_CASE(
