@@ -21,6 +21,11 @@ namespace dtrain::checkpoint_internal {
 
 namespace fs = std::filesystem;
 
+// The values a shard's ranges ("[[b,e,o],...]", 4 values a range) may parse to: tensor
+// parallelism gives a shard a range per row of each row-parallel weight, ~1M values for 4096 x
+// 32 layers; a tree of 4M costs at most ~160 MB (util/json_limits.h).
+constexpr int64_t kMaxRangeValues = 4'000'000;
+
 void check_manifest_format(const nlohmann::json& m, const std::string& dir) {
   if (m.at("format").get<std::string>() != kFormatName)
     throw UserError("checkpoint '" + dir + "': manifest.json is not a dtrain manifest");
@@ -44,11 +49,14 @@ nlohmann::json read_manifest(const std::string& dir, bool* checksummed) {
     throw UserError("checkpoint '" + dir + "': manifest.json nests its JSON " +
                     std::to_string(depth) + " levels deep (a manifest has a few): the " +
                     "file is corrupt or not a dtrain manifest");
-  // (~8 values per parameter tensor, 4 per shard range: 8M is far above a real manifest's)
-  constexpr int64_t kMaxManifestValues = 8'000'000;
+  // A real manifest spends 6 or more bytes per value (a range [b,e,o] is 4 values in ~25 bytes;
+  // tensor parallelism lists a range per row of each row-parallel weight and tensor rank: 8M
+  // values for tp 8 x 4096 x 32 layers, in ~60 MB), text of "{}," 3: a million values plus one
+  // per 5 bytes passes every manifest dtrain writes and stops what grows 30-fold in memory.
+  const int64_t max_values = 1'000'000 + static_cast<int64_t>(text.size() / 5);
   nlohmann::json m;
   try {
-    m = parse_limited_json(text, kMaxManifestValues);
+    m = parse_limited_json(text, max_values);
   } catch (const JsonLimitError& e) {
     throw UserError("checkpoint '" + dir + "': manifest.json's JSON " + e.what() +
                     ": the file is corrupt or not a dtrain manifest");
@@ -252,9 +260,13 @@ void check_shard_ranges(const std::string& dir, const std::string& file, const S
   if (it == f.metadata.end()) return;
   std::vector<ShardRange> own;
   try {
-    for (const auto& r : nlohmann::json::parse(it->second)) own.push_back(shard_range_of(r));
+    for (const auto& r : parse_limited_json(it->second, kMaxRangeValues))
+      own.push_back(shard_range_of(r));
   } catch (const nlohmann::json::exception&) {
     throw UserError("checkpoint '" + dir + "': shard '" + file + "' has malformed ranges");
+  } catch (const JsonLimitError& e) {
+    throw UserError("checkpoint '" + dir + "': shard '" + file + "' has ranges whose JSON " +
+                    e.what());
   }
   const auto text = [](const std::vector<ShardRange>& rs) {
     std::string t;
@@ -454,8 +466,11 @@ ShardReplicas read_shard_replicas(const std::string& dir, int rank) {
     auto it = f.metadata.find("global_ranges");
     if (it == f.metadata.end()) it = f.metadata.find("ranges");
     if (it != f.metadata.end())
-      for (const auto& r : nlohmann::json::parse(it->second))
+      for (const auto& r : parse_limited_json(it->second, kMaxRangeValues))
         out.global_ranges.push_back(shard_range_of(r));
+  } catch (const JsonLimitError& e) {
+    throw UserError("checkpoint '" + dir + "': shard '" + file + "' has ranges whose JSON " +
+                    e.what());
   } catch (const nlohmann::json::exception& e) {
     throw UserError("checkpoint '" + dir + "': manifest.json or shard '" + file +
                     "' is malformed: " + json_error_text(e.what()));

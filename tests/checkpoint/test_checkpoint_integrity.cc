@@ -212,7 +212,8 @@ TEST_CASE("a manifest claiming more values than its shards hold is refused befor
   CHECK_MESSAGE(contains(msg, "more than its 2 shard file(s) hold"), msg);
 }
 
-TEST_CASE("a shard cut short is named, and a manifest nested absurdly deep is refused") {
+TEST_CASE(
+    "a shard cut short is named, and a manifest too deep, too large or ambiguous is refused") {
   TempDir dir;
   const Model m = small_model();
   const int64_t P = m.param_count();
@@ -242,8 +243,20 @@ TEST_CASE("a shard cut short is named, and a manifest nested absurdly deep is re
   text = text.substr(0, close) + ", \"x\": " + std::string(100000, '[') + std::string(100000, ']') +
          "}\n";
   std::ofstream(ck + "/manifest.json", std::ios::trunc) << text;
-  const std::string msg = user_error_of([&] { load_checkpoint(ck, m, got.data(), {}); });
+  std::string msg = user_error_of([&] { load_checkpoint(ck, m, got.data(), {}); });
   CHECK_MESSAGE(contains(msg, "manifest.json nests its JSON 100001 levels deep"), msg);
+  // 3M empty objects (9 MB; as a tree ~30-fold that) are refused before any tree is built, and
+  // so is a key named twice (the checksum covers the parsed tree, which keeps one of them).
+  std::string empties;
+  for (int i = 0; i < 3'000'000; ++i) empties += "{},";
+  std::ofstream(ck + "/manifest.json", std::ios::trunc)
+      << text.substr(0, close) + ", \"x\": [" + empties + "{}]}\n";
+  msg = user_error_of([&] { load_checkpoint(ck, m, got.data(), {}); });
+  CHECK_MESSAGE(contains(msg, "manifest.json's JSON holds more than"), msg);
+  std::ofstream(ck + "/manifest.json", std::ios::trunc)
+      << text.substr(0, close) + ", \"step\": 4}\n";
+  msg = user_error_of([&] { load_checkpoint(ck, m, got.data(), {}); });
+  CHECK_MESSAGE(contains(msg, "manifest.json's JSON names the key 'step' twice"), msg);
 }
 
 TEST_CASE("a shard's own format and version are checked, as the manifest's are") {
