@@ -18,6 +18,7 @@
 #include "comm/grpc/common.h"
 #include "comm/rendezvous/store.h"
 #include "comm/rendezvous/store_service.h"
+#include "launch/agent_keys.h"
 #include "launch/attempt_result.h"
 #include "launch/check_in.h"
 #include "launch/dist_env.h"
@@ -41,14 +42,16 @@ using launch_detail::gather_check_ins;
 using launch_detail::job_shape;
 using launch_detail::parse_check_in;
 
-constexpr char kPrefix[] = "launch/";
+constexpr const char* kPrefix = launch_detail::kAgentPrefix;
+using launch_detail::claim_node_rank;
+using launch_detail::fixed_read_key;
+using launch_detail::key_set;
+using launch_detail::kRefused;
+using launch_detail::refuse_after_read;
+using launch_detail::refuse_node;
 // Node 0's store instance, drawn by node 0 as it starts: a node 0 launcher started again (a pod
 // replaced during the check-in) serves a new store, without the keys the others set in the old.
 constexpr char kInstanceKey[] = "launch/instance";
-
-// A members list (or, from refuse_job, node 0's attempt-0 check-in) that starts with this is node
-// 0's refusal, the reason after it.
-constexpr char kRefused[] = "refused: ";
 
 // `value` (a check-in or members list that starts with kRefused) as this node's error: exit 2.
 [[noreturn]] void throw_node0_refusal(const std::string& value) {
@@ -56,23 +59,13 @@ constexpr char kRefused[] = "refused: ";
 }
 
 std::string key(int attempt, const std::string& rest) {
-  return std::string(kPrefix) + "a" + std::to_string(attempt) + "/" + rest;
+  return launch_detail::attempt_key(attempt, rest);
 }
 
 std::string this_host() {
   char buf[256] = {};
   if (::gethostname(buf, sizeof buf - 1) != 0) return "?";
   return buf;
-}
-
-// Whether `k` is set in node 0's store now (no wait).
-bool key_set(Store& s, const std::string& k) {
-  try {
-    s.get(k, Clock::now());
-    return true;
-  } catch (const CommError&) {  // not (yet)
-    return false;
-  }
 }
 
 }  // namespace
@@ -502,64 +495,6 @@ JobAgent::~JobAgent() {
   }
 }
 
-namespace {
-
-// Node 0 refuses a node that checked in (`read_keys`: what that node sets once it has read node
-// 0's answer -- a fixed launcher one key, an elastic one another, and node 0 cannot tell which it
-// is): the store lives in node 0's process, so node 0 waits for that node to have read the
-// answer, at most 3 s, before it exits with the refusal -- else the node's next call finds no
-// store and waits out its whole join timeout for a node 0 that is gone.
-[[noreturn]] void refuse_after_read(Store& s, const std::vector<std::string>& read_keys,
-                                    const UserError& e) {
-  const auto until = Clock::now() + std::chrono::seconds(3);
-  while (Clock::now() < until && std::none_of(read_keys.begin(), read_keys.end(),
-                                              [&s](const std::string& k) { return key_set(s, k); }))
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  throw e;
-}
-
-// What a fixed launcher sets once it has read node 0's check-in; an elastic one's is
-// key(attempt, "members-read/<n>").
-std::string fixed_read_key(int n) {
-  return kPrefix + ("join-read/" + std::to_string(n));
-}
-
-// Node 0 refuses node `n` at its check-in for `attempt` (a fixed launcher's is attempt 0): the
-// members list carries the refusal to an elastic launcher (a fixed one finds it by comparing
-// node 0's check-in itself), then refuse_after_read.
-[[noreturn]] void refuse_node(Store& s, int attempt, int n, const UserError& e) {
-  s.set(key(attempt, "members"), kRefused + std::string(e.what()));
-  refuse_after_read(s, {fixed_read_key(n), key(attempt, "members-read/" + std::to_string(n))}, e);
-}
-
-// Claims node rank `node` at node 0's store under `claim_key`: a second launcher given the same
-// --node-rank is refused (exit 2) instead of overwriting the first one's check-in, starting ranks
-// of its own and ending the job for everyone (it did, and could leave the real node hanging).
-void claim_node_rank(Store& s, const std::string& claim_key, int node) {
-  if (s.add(claim_key, 1) == 1) return;
-  // The claimant may be gone: a launcher that trained beats alive/<node> every poll (0.5 s); one
-  // whose beats stopped was lost (its pod or machine ended), and this is its replacement, which
-  // a job of fixed nodes cannot take during an attempt -- a failure to retry, not bad input (it
-  // said another launcher ran with this --node-rank, exit 2, which a Kubernetes Job counts
-  // against its pod failure policy as bad input).
-  const std::string alive = kPrefix + ("alive/" + std::to_string(node));
-  if (const int64_t before = s.add(alive, 0); before > 0) {
-    std::this_thread::sleep_for(std::chrono::seconds(2));
-    if (s.add(alive, 0) == before)
-      throw std::runtime_error(
-          "node rank " + std::to_string(node) +
-          " checked in to this job before, and its launcher has not been heard from for 2 s "
-          "(lost: its machine or pod ended?); a running attempt cannot take a replacement: node 0 "
-          "ends it once it finds that launcher lost, and the job's next start (--resume auto) "
-          "takes this node");
-  }
-  throw UserError("node rank " + std::to_string(node) +
-                  " has already checked in to this job: another launcher runs with --node-rank " +
-                  std::to_string(node) + " (give each node its own --node-rank)");
-}
-
-}  // namespace
-
 std::vector<std::string> JobAgent::join(int nproc_per_node) {
   Impl& m = *impl_;
   const auto deadline = Clock::now() + secs_dur(m.o.join_timeout_s);
@@ -576,7 +511,8 @@ std::vector<std::string> JobAgent::join(int nproc_per_node) {
       m.with_store(m.o.join_timeout_s, [&](Store& s) {
         // (attempt 0's claim key, as an elastic launcher's: a duplicate --node-rank of either
         // kind is refused as such)
-        claim_node_rank(s, key(0, "claim/" + std::to_string(m.o.node_rank)), m.o.node_rank);
+        claim_node_rank(s, key(0, "claim/" + std::to_string(m.o.node_rank)), m.o.node_rank,
+                        m.o.lost_after_s);
         const std::string instance = m.node0_instance(s);
         s.set(keys[static_cast<size_t>(m.o.node_rank)],
               std::to_string(nproc_per_node) + " " + shape + " " + host_);
@@ -640,7 +576,8 @@ Membership JobAgent::rendezvous(int attempt, int nproc_per_node) {
     restarted = false;
     try {
       members = m.with_store(m.o.join_timeout_s + m.o.last_call_s + 10, [&](Store& s) {
-        claim_node_rank(s, key(attempt, "claim/" + std::to_string(m.o.node_rank)), m.o.node_rank);
+        claim_node_rank(s, key(attempt, "claim/" + std::to_string(m.o.node_rank)), m.o.node_rank,
+                        m.o.lost_after_s);
         // Node 0 is watched while this node waits for it, as in the fixed join: gone after
         // lost_after_s without an answer, or started again (a new instance: check in anew).
         const std::string instance = m.node0_instance(s);
