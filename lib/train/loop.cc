@@ -93,7 +93,7 @@ void TrainLoop::setup_model() {
   // that refused its input never comes, so rank 0 fails instead of deleting. (Every rank: only
   // the folder's owner knows of --overwrite.)
   if (world_.size() > 1) world_.barrier();
-  if (lead_) start_run_dir(cfg_, opts_, ckpt_dir_);
+  if (lead_) ckpt_lock_ = start_run_dir(cfg_, opts_, ckpt_dir_);
   if (const std::string why = fault_past(opts_.faults, plan_.total_steps); lead_ && !why.empty())
     spdlog::warn("{}", why);
   // A warm-up longer than the run: the rate never reaches optimizer.lr, and the schedule after it

@@ -101,6 +101,22 @@ bool OutDirLock::inherited(int fd, const std::string& out_dir) {
          ::flock(fd, LOCK_EX | LOCK_NB) == 0;
 }
 
+OutDirLock OutDirLock::checkpoints_folder(const std::string& dir, const std::string& what) {
+  OutDirLock l;
+  l.fd_ = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (l.fd_ < 0) return l;
+  if (::flock(l.fd_, LOCK_EX | LOCK_NB) == 0) return l;
+  const int err = errno;
+  ::close(l.fd_);
+  l.fd_ = -1;
+  if (err == EWOULDBLOCK)
+    throw UserError(what +
+                    " is in use by another dtrain run that writes its checkpoints there "
+                    "now (its checkpoints/ is the same folder, through a symbolic link): "
+                    "wait for it to end, or give this run a checkpoints folder of its own");
+  return l;
+}
+
 OutDirLock::~OutDirLock() {
   if (fd_ >= 0) ::close(fd_);  // releases the lock
 }

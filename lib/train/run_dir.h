@@ -41,6 +41,12 @@ class OutDirLock {
   // launcher (DTRAIN_LAUNCHER_PID set by hand) has no such descriptor and must lock the folder
   // itself. Never throws.
   static bool inherited(int fd, const std::string& out_dir);
+  // A lock on the existing folder `dir` (through a symbolic link: on its target), taken by the
+  // run that writes its checkpoints there: two output folders whose checkpoints/ link to one
+  // folder (or one linked to another run's checkpoints/) would delete each other's checkpoints
+  // (--overwrite, keep_last, the start's cleanup). UserError naming `what` when another process
+  // holds it; an empty lock (nothing held) when dir is not a folder or cannot be locked.
+  static OutDirLock checkpoints_folder(const std::string& dir, const std::string& what);
 
  private:
   int fd_ = -1;

@@ -150,6 +150,7 @@ class TrainLoop {
   Communicator& tp_comm_;  // the tensor axis (of size 1 without tensor parallelism)
   const int DP_, dpr_, stage_;
   std::string ckpt_dir_, hash_, config_json_;
+  OutDirLock ckpt_lock_;  // rank 0: its checkpoints folder's, for the run (start_run_dir)
 
   std::shared_ptr<const DataSplits> data_;  // (shared by the in-process ranks: RunOptions::data)
   Model model_;

@@ -285,13 +285,26 @@ std::string gather_rng_states(Communicator& comm, const Rng& rng) {
   return states;
 }
 
-void start_run_dir(const Config& cfg, const RunOptions& opts, const std::string& ckpt_dir) {
+OutDirLock start_run_dir(const Config& cfg, const RunOptions& opts, const std::string& ckpt_dir) {
+  const std::string what = "checkpoints folder '" + ckpt_dir + "'";
+  std::error_code lec;
+  if (fs::is_symlink(ckpt_dir, lec) && !fs::exists(ckpt_dir, lec))
+    throw UserError(what + " is a symbolic link to '" + fs::read_symlink(ckpt_dir, lec).string() +
+                    "', which does not exist (a disk not mounted?): mount it, or remove the link "
+                    "(--overwrite replaced it with a folder of its own)");
+  // (an existing folder before --overwrite empties it: a link's target is another run's too)
+  OutDirLock lock = OutDirLock::checkpoints_folder(ckpt_dir, what);
   if (opts.overwrite) clear_run_files(opts.out_dir, /*clear_logs=*/false);
   std::error_code ec;
   fs::create_directories(ckpt_dir, ec);  // (a folder nothing can be created in: /proc/self)
   if (ec)
     throw UserError("--out '" + opts.out_dir + "': cannot create its checkpoints folder '" +
                     ckpt_dir + "': " + ec.message() + ": choose another --out");
+  // (a folder made or replaced just now: locked now)
+  if (lock.fd() < 0 || fs::is_symlink(ckpt_dir, ec) == false) {
+    lock = OutDirLock();
+    lock = OutDirLock::checkpoints_folder(ckpt_dir, what);
+  }
   // (a step folder without its manifest is a sharded save that failed or was interrupted: never
   // loaded, and beyond keep_last, which counts complete checkpoints)
   if (const int64_t n = remove_incomplete_checkpoints(ckpt_dir))
@@ -302,6 +315,7 @@ void start_run_dir(const Config& cfg, const RunOptions& opts, const std::string&
   // A resumed run writes it once its checkpoint has loaded: a resume that fails (another model,
   // another optimizer) leaves the folder's config.json describing the checkpoints it holds.
   if (opts.resume.empty()) write_run_config(cfg, opts.out_dir);
+  return lock;
 }
 
 void write_run_config(const Config& cfg, const std::string& out_dir) {

@@ -3,6 +3,8 @@
 // parameter / gradient / state buffers of nn/model.h.
 #pragma once
 
+#include "train/run_dir.h"
+
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -113,10 +115,11 @@ ResumePoint resume_full_state(const Config& cfg, const RunOptions& opts, Communi
 // Collective: the states travel as int64 words.
 std::string gather_rng_states(Communicator& comm, const Rng& rng);
 
-// Rank 0's start of a run in out_dir: creates ckpt_dir, removes the temp files interrupted
-// checkpoint writes left there (logged), writes config.json (a resumed run: after its checkpoint
-// has loaded, write_run_config).
-void start_run_dir(const Config& cfg, const RunOptions& opts, const std::string& ckpt_dir);
+// Rank 0's start of a run in out_dir: locks ckpt_dir (OutDirLock::checkpoints_folder: held by
+// the returned lock, which the caller keeps for the run; before --overwrite clears anything),
+// creates it, removes what interrupted checkpoint writes left there (logged), writes config.json
+// (a resumed run: after its checkpoint has loaded, write_run_config).
+OutDirLock start_run_dir(const Config& cfg, const RunOptions& opts, const std::string& ckpt_dir);
 // Writes the resolved config as out_dir/config.json (atomic).
 void write_run_config(const Config& cfg, const std::string& out_dir);
 

@@ -229,6 +229,37 @@ TEST_CASE("--overwrite clears a checkpoints/ folder linked to another disk and k
   CHECK(std::filesystem::exists(disk + "/step-20.safetensors"));
   CHECK_FALSE(std::filesystem::exists(disk + "/step-30.safetensors"));
   CHECK(read_text(disk + "/latest") == "step-20.safetensors\n");
+  // A link whose target is gone (a disk not mounted): refused, the link kept (--overwrite made
+  // a folder in its place).
+  std::filesystem::remove_all(dir / "disk");
+  r = run_cmd(base + " --set train.max_steps=20 --overwrite");
+  CHECK(r.exit_code == 2);
+  CHECK_MESSAGE(contains(r.output, "which does not exist (a disk not mounted?)"), r.output);
+  CHECK(std::filesystem::is_symlink(out + "/checkpoints"));
+}
+
+TEST_CASE("a run whose checkpoints/ links to a running run's checkpoints folder is refused") {
+  // (the folder lock covered --out only: the second run's --overwrite emptied the first's
+  // checkpoints while it trained, and its start's cleanup took a save in progress)
+  TempDir dir;
+  const std::string cfg = dir.write("cfg.yaml", kCfg);
+  const std::string a = dir / "a", b = dir / "b";
+  Child c("DTRAIN_FAULT=delay:rank=0:ms=20 exec " + kBin + " run " + cfg + " --out " + a +
+              " --no-progress --set train.checkpoint.every_steps=10",
+          dir / "a.log");
+  REQUIRE(wait_until([&] { return std::filesystem::exists(a + "/checkpoints/latest"); }, 60));
+  std::filesystem::create_directories(b);
+  std::filesystem::create_directory_symlink(a + "/checkpoints", b + "/checkpoints");
+  for (const std::string extra : {" --overwrite", " --resume auto"}) {
+    const auto r =
+        run_cmd(kBin + " run " + cfg + " --out " + b + " --set train.max_steps=5" + extra);
+    INFO(extra << "\n" << r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(contains(r.output, "is in use by another dtrain run that writes its checkpoints there"));
+    CHECK(std::filesystem::exists(a + "/checkpoints/latest"));
+  }
+  c.signal(SIGINT);
+  CHECK(c.wait(60) == 130);
 }
 
 TEST_CASE("an output folder holding a run is refused without --resume or --overwrite") {
