@@ -55,6 +55,7 @@
 #include "comm/grpc/wire.h"
 #include "comm/grpc_internal.h"
 #include "comm/grpc_transport.h"
+
 #include "comm/mailbox.h"
 #include "comm/rendezvous/rendezvous.h"
 #include "comm/shm_ring.h"
@@ -62,6 +63,7 @@
 #include "dtrain.pb.h"
 #include "util/check.h"
 #include "util/fault.h"
+#include "util/strings.h"
 
 #include "comm/grpc/transport_impl.h"
 
@@ -492,8 +494,11 @@ std::vector<std::string> grpc_peer_addresses(const Transport& t) {
 }
 
 bool is_loopback_host(const std::string& host) {
-  const std::string h = grpc_detail::strip_brackets(host);
-  return h == "localhost" || h == "::1" || h.rfind("127.", 0) == 0;
+  // (names in any case, and with a root's trailing dot: LOCALHOST and localhost. are loopback,
+  // and a rank 0 given them listened on every interface)
+  std::string h = ascii_lower(grpc_detail::strip_brackets(host));
+  if (h.size() >= 2 && h.back() == '.') h.pop_back();
+  return h == "localhost" || h.ends_with(".localhost") || h == "::1" || h.rfind("127.", 0) == 0;
 }
 
 }  // namespace dtrain

@@ -10,6 +10,7 @@
 #include "comm/grpc/tcp_wire.h"
 #include "comm/grpc/wire.h"
 #include "comm/grpc_internal.h"
+#include "comm/grpc_transport.h"
 #include "comm/rendezvous/rendezvous.h"
 #include "comm/transport.h"
 #include "dtrain.pb.h"
@@ -241,4 +242,13 @@ TEST_CASE("describe: a subgroup's message names its sequence number and group ap
   // Group 3's tag (id + 1) above bit 40, as subgroup.cc sets it: was "seq 4398046511111".
   h.channel = (uint64_t{4} << kChannelGroupShift) | 7;
   CHECK(describe(h) == "allreduce seq 7 of group 3 (phase 0, step 0, segment 0) (64 bytes)");
+}
+
+TEST_CASE("is_loopback_host: every spelling a rank 0 listens on loopback for") {
+  // (LOCALHOST and localhost. made rank 0 listen on every interface)
+  for (const char* h : {"localhost", "LOCALHOST", "localhost.", "node.localhost", "127.0.0.1",
+                        "127.0.0.1.", "127.1.2.3", "::1", "[::1]"})
+    CHECK_MESSAGE(dtrain::is_loopback_host(h), h);
+  for (const char* h : {"10.0.0.7", "node0", "localhostx", "[fe80::1]", "128.0.0.1"})
+    CHECK_MESSAGE(!dtrain::is_loopback_host(h), h);
 }
