@@ -33,9 +33,13 @@ static_assert(sizeof(float) == 4);
 namespace {
 
 constexpr uint64_t kMaxHeaderBytes = 100'000'000;  // the reference implementation's limit
-// A tensor's entry is ~15 values (its key, dtype, shape and offsets): room for ~130k tensors, and
-// at most a few hundred MB however the header's bytes are spent (util/json_limits.h).
-constexpr int64_t kMaxHeaderValues = 2'000'000;
+// A tensor's entry is ~9 values (its key, dtype, shape and offsets) in 60 or more bytes; text of
+// "{}," spends 3 bytes a value and grows ~30-fold as a tree (util/json_limits.h). Two million
+// values plus one per 5 bytes passes every header dtrain writes (a model of 46,000 layers wrote
+// 2.07M values), and stops the header of empty objects that took 3.1 GB.
+int64_t max_header_values(size_t header_bytes) {
+  return 2'000'000 + static_cast<int64_t>(header_bytes / 5);
+}
 constexpr int kMaxJsonDepth = 16;  // a valid header nests 3 deep
 
 int64_t checked_numel(const std::vector<int64_t>& shape) {
@@ -250,7 +254,7 @@ nlohmann::json read_header(int fd, const std::string& path, uint64_t file_size,
   if (json_depth(text) > kMaxJsonDepth) fail(path, "corrupt header: JSON nested too deeply");
   nlohmann::json header;
   try {
-    header = parse_limited_json(text, kMaxHeaderValues);
+    header = parse_limited_json(text, max_header_values(text.size()));
   } catch (const nlohmann::json::exception& e) {
     not_safetensors(path, "corrupt header: " + shown_text(json_error_text(e.what()), 300));
   } catch (const JsonLimitError& e) {
@@ -279,7 +283,7 @@ std::map<std::string, uint32_t> parse_crcs(const std::string& value, const std::
   if (json_depth(value) > kMaxJsonDepth) fail(path, bad + "is nested too deeply");
   nlohmann::json j;
   try {
-    j = parse_limited_json(value, kMaxHeaderValues);
+    j = parse_limited_json(value, max_header_values(value.size()));
   } catch (const nlohmann::json::exception&) {
     fail(path, bad + "is not JSON");
   } catch (const JsonLimitError& e) {

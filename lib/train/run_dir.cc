@@ -171,12 +171,14 @@ void check_checkpoints_are_ours(const std::string& out_dir) {
 
 namespace {
 
-// Removes `path`; a symbolic link to a folder keeps the link and loses what the folder holds
-// (checkpoints/ or logs/ linked to another disk stays there for the new run: removing the link
+// Removes `path`; checkpoints/ as a symbolic link to a folder keeps the link and loses what the
+// folder holds (linked to another disk, it stays there for the new run: removing the link
 // made the new run write beside the old one's files, on the small disk, with the old files kept).
 void remove_run_path(const fs::path& path, std::error_code& ec) {
   std::error_code sec;
-  if (fs::is_symlink(path, sec) && fs::is_directory(path, sec)) {
+  // (checkpoints/ only, whose contents check_checkpoints_are_ours holds to what dtrain writes)
+  if (path.filename() == "checkpoints" && fs::is_symlink(path, sec) &&
+      fs::is_directory(path, sec)) {
     for (const auto& e : fs::directory_iterator(path, ec)) {
       if (fs::remove_all(e.path(), ec); ec) return;
     }

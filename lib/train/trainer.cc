@@ -209,15 +209,16 @@ void finish_trace(const RunOptions& opts, Communicator& comm, const Tracer& trac
   // its results are saved by now, and failing it made `dtrain launch --max-restarts` restart the
   // finished job, whose attempt with nothing to train then wrote its own near-empty trace.
   const auto lost = [&](const std::string& what, const std::exception& e) {
-    spdlog::error("trace: could not write {}: {} (the run's results are saved; its trace is lost)",
-                  what, e.what());
+    spdlog::error("trace: could not write {}: {} (the run's results are saved)", what, e.what());
   };
   const std::string mine = rank_trace_path(opts.trace, comm.rank());
+  bool own_written = true;
   try {
     tracer.write(mine);
   } catch (const std::bad_alloc&) {
     throw;
   } catch (const std::exception& e) {
+    own_written = false;
     lost("'" + mine + "'", e);
   }
   comm.barrier();
@@ -225,7 +226,10 @@ void finish_trace(const RunOptions& opts, Communicator& comm, const Tracer& trac
   std::vector<std::string> files;
   for (int r = 0; r < comm.size(); ++r) {
     const std::string f = rank_trace_path(opts.trace, r);
-    if (fs::exists(f)) {
+    if (r == 0 && !own_written) {
+      std::error_code ec;
+      fs::remove(f, ec);  // (a stale part of an earlier run: not this one's)
+    } else if (fs::exists(f)) {
       files.push_back(f);
     } else {
       spdlog::warn("trace: no {} (rank {} wrote it on another machine?); merging the others", f, r);
@@ -237,6 +241,9 @@ void finish_trace(const RunOptions& opts, Communicator& comm, const Tracer& trac
     throw;
   } catch (const std::exception& e) {
     lost("'" + opts.trace + "'", e);
+    if (!files.empty())
+      spdlog::error("trace: the ranks' parts stay unmerged: {}{}", files.front(),
+                    files.size() > 1 ? fmt::format(" and {} more", files.size() - 1) : "");
     return;  // (the ranks' files stay: they are the trace)
   }
   std::error_code ec;

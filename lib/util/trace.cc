@@ -300,7 +300,9 @@ std::optional<SplicedTrace> splice_trace(const std::string& path) {
   }
   t.begin = at + sizeof kEvents - 1;
   t.end = static_cast<uint64_t>(size) - 2;
-  if (!t.other.is_object() || t.begin > t.end) return std::nullopt;
+  // (a dtrain rank's part: another program's file of the same shape is parsed, not spliced)
+  if (!t.other.is_object() || t.other.value("producer", "") != "dtrain" || t.begin > t.end)
+    return std::nullopt;
   return t;
 }
 
