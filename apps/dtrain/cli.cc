@@ -568,6 +568,11 @@ int Cli::dispatch(const char* argv0) {
     }
     std::cout << "wrote " << output_ << ": step " << c.meta.step << ", written by "
               << describe_writer(c) << std::endl;
+    if (holds_replica_states(path))  // (one state per parameter in the file: the first's)
+      spdlog::warn(
+          "the replicas' own optimizer states (Local SGD) are not in {}, only each "
+          "stage's first replica's: resume from {} to continue each replica's own",
+          output_, path);
     return kExitOk;
   }
   if (plot_->parsed()) {

@@ -135,6 +135,9 @@ struct ShardReplicas {
   std::vector<ShardRange> global_ranges;
 };
 ShardReplicas read_shard_replicas(const std::string& dir, int rank);
+// Whether the sharded checkpoint `dir` holds replicas' own optimizer states (ShardReplicas) in
+// any shard its manifest lists: headers only. false for a file, or anything unreadable.
+bool holds_replica_states(const std::string& dir);
 // One shard of a manifest: the rank that wrote rank-<rank>.safetensors, its ranges, and where the
 // rank sits in the writing run's layout (e.g. {"tp": 0, "dp": 1, "pp": 0}; informational: loads
 // use the ranges only).

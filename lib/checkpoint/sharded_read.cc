@@ -484,4 +484,20 @@ ShardReplicas read_shard_replicas(const std::string& dir, int rank) {
   return out;
 }
 
+bool holds_replica_states(const std::string& dir) {
+  using namespace checkpoint_internal;
+  try {
+    if (!is_sharded_dir(dir)) return false;
+    const nlohmann::json m = read_manifest(dir);
+    for (const auto& sh : m.at("shards")) {
+      const std::string file = sh.at("file").get<std::string>();
+      if (file.find('/') != std::string::npos) return false;
+      if (read_safetensors_metadata((fs::path(dir) / file).string()).count("replica_world_size"))
+        return true;
+    }
+  } catch (const std::exception&) {  // (unreadable: the load says why)
+  }
+  return false;
+}
+
 }  // namespace dtrain

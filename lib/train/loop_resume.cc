@@ -83,9 +83,14 @@ bool TrainLoop::resume() {
         for (std::vector<float>& b : full_s) tp_->slice(b.data(), b.data());
       }
       strategy_->load_full(full_p.data(), ptrs);
+      // (the full state is in the strategy now: freed before the replicas' states are read)
+      ptrs.clear();
+      sb.clear();
+      std::vector<float>().swap(full_p);
+      std::vector<std::vector<float>>().swap(full_s);
       // Local SGD keeps an optimizer state per rank between synchronisations (replica_state.h).
       if (strategy_->per_rank_optimizer_state() && one_file())
-        restore_replica_state(world_, strategy_->optimizer(), saved_replicas_);
+        restore_replica_state(world_, strategy_->optimizer(), saved_replicas_, rp_.from);
       else if (strategy_->per_rank_optimizer_state() && !strategy_->sharded()) {
         // (rank 0 reads the sharded checkpoint rp_.from; each replica's shard ranges in the whole
         // layout tell whether its stage holds what the checkpoint's did)

@@ -108,11 +108,18 @@ ReplicaState gather_replica_state(Communicator& comm, const Optimizer& opt) {
   return out;
 }
 
-bool restore_replica_state(Communicator& comm, Optimizer& opt, const ReplicaState& saved) {
+bool restore_replica_state(Communicator& comm, Optimizer& opt, const ReplicaState& saved,
+                           const std::string& from) {
   const int world = comm.size(), rank = comm.rank();
   const std::vector<std::string>& names = opt.state_names();
   uint8_t fits = 0;
-  if (rank == 0 && saved.world_size == 0) {
+  if (rank == 0 && saved.world_size == 0 && holds_replica_states(from)) {
+    spdlog::warn(
+        "resuming Local SGD: {} is a pipeline's checkpoint holding each stage's replicas' own "
+        "optimizer states, which this layout cannot take: all {} ranks continue with its first "
+        "replicas' ({}), so this run does not continue exactly as the interrupted one would have",
+        from, world, join(names, ", "));
+  } else if (rank == 0 && saved.world_size == 0) {
     // One state in the file: its ranks' were equal (another strategy, sync_optimizer_state on,
     // one rank) -- exact -- or a dtrain before 2026-12-07 kept rank 0's alone.
     spdlog::info(
@@ -155,8 +162,15 @@ bool restore_shard_replica_state(Communicator& world, const GridLayout& layout, 
                                  const std::string& dir, const std::vector<ShardRange>& mine,
                                  int64_t file_replicas) {
   const std::vector<std::string>& names = opt.state_names();
-  if (layout.dp() < 2 || names.empty()) return true;  // (one state per stage: load_full's)
   const int rank = world.rank();
+  if (layout.dp() < 2 || names.empty()) {  // (one state per stage: load_full's)
+    if (rank == 0 && !names.empty() && (file_replicas > 0 || holds_replica_states(dir)))
+      spdlog::warn(
+          "resuming Local SGD: the checkpoint holds its replicas' own optimizer states and this "
+          "run has one replica per stage, which continues with the first replica's ({})",
+          join(names, ", "));
+    return true;
+  }
   const GridCoord me = layout.coord(rank);
   std::string why;
   std::map<int, ShardReplicas> got;
@@ -166,6 +180,13 @@ bool restore_shard_replica_state(Communicator& world, const GridLayout& layout, 
     if (file_replicas > 0)
       why = "the checkpoint is one file of " + std::to_string(file_replicas) +
             " ranks' own states, not a sharded checkpoint of this layout";
+    else
+      spdlog::info(
+          "resuming Local SGD: the checkpoint file holds one optimizer state ({}), which each "
+          "stage's {} replicas continue from (exact when their states were equal; a consolidated "
+          "checkpoint keeps each stage's first replica's alone: resume from the sharded folder "
+          "to continue each replica's own)",
+          join(names, ", "), layout.dp());
   } else if (rank == 0) {
     got = read_stage_shards(layout, dir, names, why);
     fits = got.empty() ? 0 : 1;

@@ -29,7 +29,10 @@ ReplicaState gather_replica_state(Communicator& comm, const Optimizer& opt);
 // checkpoint; ignored on the other ranks) when it fits this run, else leaves every rank with the
 // state it has (rank 0's, from load_full) and rank 0 warns why the resume is not exact. Returns
 // whether it restored, the same on every rank.
-bool restore_replica_state(Communicator& comm, Optimizer& opt, const ReplicaState& saved);
+// from: the checkpoint's path (rank 0): a pipeline's sharded checkpoint holding its replicas'
+// own states, which this layout cannot take, is said in a warning, not as "one state".
+bool restore_replica_state(Communicator& comm, Optimizer& opt, const ReplicaState& saved,
+                           const std::string& from = "");
 
 // A pipeline's (or a tensor grid's) sharded checkpoint: saving, each stage's first replica (dp 0)
 // gathers its stage's others over the data axis (gather_replica_state on that axis's

@@ -162,6 +162,15 @@ TEST_CASE("a Local SGD resume is exact with each rank's own momentum, and says w
       }
     CHECK(with_replicas == 2);
   }
+  // Without the pipeline (its replicas' states cannot be placed): said, not "one state".
+  {
+    LogCapture ncap;
+    train_yaml(kYaml, dir / "unpiped", local, dir / "piped/checkpoints/step-10");
+    CHECK_MESSAGE(dtrain::testing::contains(ncap.text(),
+                                            "is a pipeline's checkpoint holding each stage's "
+                                            "replicas' own optimizer states"),
+                  ncap.text());
+  }
   // Another layout (3 replicas per stage) cannot continue each replica's own: said.
   std::vector<std::string> wider = local;
   wider.insert(wider.end(), {"distributed.world_size=6", "distributed.pipeline.stages=2"});
