@@ -63,12 +63,13 @@ std::map<int, ShardReplicas> read_stage_shards(const GridLayout& layout, const s
       for (int p = 0; p < layout.pp() && why.empty(); ++p) {
         const int w = layout.rank_of(GridCoord{t, 0, p});
         ShardReplicas s = read_shard_replicas(dir, w);
-        if (s.dp != layout.dp() || s.pp != layout.pp() || s.tp != layout.tp()) {
+        // (one state per stage first: a manifest of before layouts were recorded says dp 0)
+        if (s.state.world_size == 0) {
+          ++plain;
+        } else if (s.dp != layout.dp() || s.pp != layout.pp() || s.tp != layout.tp()) {
           why = "the checkpoint was written by another layout (tp " + std::to_string(s.tp) +
                 " x dp " + std::to_string(s.dp) + " x pp " + std::to_string(s.pp) +
                 "; this run: " + layout.shape() + ")";
-        } else if (s.state.world_size == 0) {
-          ++plain;
         } else if (const std::string m = misfit(s.state, layout.dp(), names); !m.empty()) {
           why = m;
         } else {
