@@ -128,6 +128,7 @@ void TrainLoop::check_memory() const {
       .gathered_share = inproc || opts_.processes_here <= 1    ? (world_.rank() == 0 ? 1.0 : 0.0)
                         : world_.rank() < opts_.processes_here ? 1.0 / opts_.processes_here
                                                                : 0.0,
+      .stage_lead = !inproc && pipelined_ && dpr_ == 0 && world_.rank() != 0,
       .resume_params = tp_ ? tp_->global().param_count() : -1,
       // The address-space probe once per process: rank 0 for the in-process ranks.
       .blas_threads = !inproc || world_.rank() == 0 ? std::max(1, blas_threads()) : 0,

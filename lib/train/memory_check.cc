@@ -228,10 +228,16 @@ void check_training_memory(const Config& cfg, const Model& model, const MemoryPl
   // other ranks' (W - 1) k n floats while it writes a checkpoint, and while a resume sends them
   // (in a pipeline: each stage's first replica its stage's others' while it writes, rank 0 all
   // stages' while a resume sends them).
-  if (plan.gathered_share > 0 && cfg.distributed.strategy == StrategyKind::kLocalSgd &&
-      plan.replicas > 1 && !cfg.distributed.local_sgd.sync_optimizer_state)
+  const bool own_states = cfg.distributed.strategy == StrategyKind::kLocalSgd &&
+                          plan.replicas > 1 && !cfg.distributed.local_sgd.sync_optimizer_state;
+  if (own_states && plan.gathered_share > 0)
     state += 4.0 * k * static_cast<double>(plan.replicas - 1) *
              static_cast<double>(model.param_count()) * plan.gathered_share;
+  if (own_states && plan.stage_lead)
+    for (const auto& [first, last] : plan.stages)
+      if (first < last)
+        state += 4.0 * k * static_cast<double>(plan.replicas - 1) *
+                 static_cast<double>(model.layer_end(last - 1) - model.layer_begin(first));
   if (plan.resume)
     state +=
         4.0 * (1 + k) *

@@ -192,6 +192,10 @@ struct MemoryPlan {
   // gRPC rank per machine; validate), a 1/processes_here share for each rank process on rank 0's
   // machine (they share its memory), nothing elsewhere.
   double gathered_share = 1.0;
+  // A rank process (not in-process ranks, which the above counts whole) that is its stage's first
+  // replica in a pipeline: under Local SGD with each replica's own state it holds its stage's
+  // other replicas' while it writes a checkpoint (train/replica_state.h).
+  bool stage_lead = false;
   // The parameters of those copies, -1: the model's. Tensor parallelism: the whole model's, not
   // the rank's slice (every rank reads the whole state, then keeps its shards).
   int64_t resume_params = -1;
