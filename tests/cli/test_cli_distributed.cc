@@ -201,7 +201,8 @@ TEST_CASE("a rank with another config or a wrong token is refused at rendezvous"
   INFO(r.output, logs);
   CHECK_FALSE(contains(r.output, "rc1=0"));
   CHECK(contains(logs, "checkpoint.every_steps 7"));
-  // (the two hashes are equal there: the key is named, as for a hashed key)
+  // (the two hashes are equal there: said, and the key is named, as for a hashed key)
+  CHECK(contains(logs, "rank 1's run plan differs from rank 0's (the same config hash "));
   CHECK(contains(logs,
                  "the keys that differ (rank 0's -> rank 1's): train.checkpoint.every_steps: "));
   CHECK_FALSE(contains(logs, "mismatched calls"));
@@ -216,7 +217,8 @@ TEST_CASE("a rank with another config or a wrong token is refused at rendezvous"
     CHECK(contains(r.output, "rc0=2 rc1=2"));
     CHECK(contains(logs, named));
     const std::string key = std::string(named).substr(0, std::string(named).find(' '));
-    CHECK(contains(logs, "the keys that differ (rank 0's -> rank 1's): " + key + ": false -> true"));
+    CHECK(
+        contains(logs, "the keys that differ (rank 0's -> rank 1's): " + key + ": false -> true"));
   }
 
   port = dtrain::pick_free_port();

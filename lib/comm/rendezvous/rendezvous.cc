@@ -59,6 +59,14 @@ std::string join_refusal(const wire::JoinRequest& req, int world, const std::str
   if (req.config_hash() != hash) {
     std::string what =
         fmt::format("rank {} has config hash {}, rank 0 has {}", rank, req.config_hash(), hash);
+    // (the run plan follows the hash, "<hash> (train.epochs ...)": equal hashes and two long
+    // plans read as a contradiction unless said)
+    const auto head = [](const std::string& h) { return h.substr(0, h.find(' ')); };
+    if (head(req.config_hash()) == head(hash))
+      what =
+          fmt::format("rank {}'s run plan differs from rank 0's (the same config hash {}): ", rank,
+                      head(hash)) +
+          what;
     // (the hashes say that the configs differ, the details which keys: a rank started by hand
     // with another --set showed two hashes and nothing that told them apart)
     if (difference && !req.config_detail().empty()) {
