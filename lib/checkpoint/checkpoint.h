@@ -134,7 +134,9 @@ struct ShardReplicas {
   int64_t dp = 0, pp = 1, tp = 1;
   std::vector<ShardRange> global_ranges;
 };
-ShardReplicas read_shard_replicas(const std::string& dir, int rank);
+// with_data false: the shard's metadata alone (state.ranks empty; world_size and names as its
+// metadata says them, which the read with data checks against its tensors).
+ShardReplicas read_shard_replicas(const std::string& dir, int rank, bool with_data = true);
 // Whether the sharded checkpoint `dir` holds replicas' own optimizer states (ShardReplicas) in
 // any shard its manifest lists: headers only. false for a file, or anything unreadable.
 bool holds_replica_states(const std::string& dir);

@@ -448,16 +448,21 @@ ShardedRead read_sharded(const std::string& dir, bool with_state) {
 
 namespace dtrain {
 
-ShardReplicas read_shard_replicas(const std::string& dir, int rank) {
+ShardReplicas read_shard_replicas(const std::string& dir, int rank, bool with_data) {
   using namespace checkpoint_internal;
   ShardReplicas out;
   const std::string file = shard_file_name(rank);
   const std::string path = (fs::path(dir) / file).string();
-  StFile f = read_safetensors(path);  // (verifies its checksums)
+  StFile f;  // (with_data: the whole file, its checksums verified; else its metadata alone)
+  if (with_data)
+    f = read_safetensors(path);
+  else
+    f.metadata = read_safetensors_metadata(path);
   try {
     const nlohmann::json m = read_manifest(dir);
-    check_shard_identity(dir, file, f, rank, m.at("step").get<int64_t>(),
-                         m.value("save_id", std::string()));
+    if (with_data)
+      check_shard_identity(dir, file, f, rank, m.at("step").get<int64_t>(),
+                           m.value("save_id", std::string()));
     if (const auto l = m.find("layout"); l != m.end()) {
       out.dp = l->value("dp", int64_t{0});
       out.pp = l->value("pp", int64_t{1});
@@ -474,6 +479,15 @@ ShardReplicas read_shard_replicas(const std::string& dir, int rank) {
   } catch (const nlohmann::json::exception& e) {
     throw UserError("checkpoint '" + dir + "': manifest.json or shard '" + file +
                     "' is malformed: " + json_error_text(e.what()));
+  }
+  if (!with_data) {  // (what the metadata says; the tensors are checked when read)
+    const auto w = f.metadata.find("replica_world_size");
+    const auto n = f.metadata.find("replica_states");
+    if (w != f.metadata.end() && n != f.metadata.end()) {
+      out.state.world_size = meta_int(f.metadata, "replica_world_size", path);
+      out.state.names = split(n->second, ',');
+    }
+    return out;
   }
   const auto p = f.tensors.find("params");
   if (p == f.tensors.end())

@@ -49,10 +49,10 @@ std::vector<int64_t> range_words(const std::vector<ShardRange>& rs) {
   return w;
 }
 
-// Rank 0: every stage's first replica's shard of `dir`, keyed by its rank, when each holds the
-// state of this layout's replicas with these state names; else why not ("" and an empty map: the
-// shards hold one state per stage, its replicas' were equal -- or a dtrain before 2026-12-07
-// wrote them).
+// Rank 0: the headers of every stage's first replica's shard of `dir` (ShardReplicas without
+// data), keyed by its rank, when each says it holds the state of this layout's replicas with
+// these state names; else why not ("" and an empty map: the shards hold one state per stage,
+// its replicas' were equal -- or a dtrain before 2026-12-07 wrote them).
 std::map<int, ShardReplicas> read_stage_shards(const GridLayout& layout, const std::string& dir,
                                                const std::vector<std::string>& names,
                                                std::string& why) {
@@ -62,7 +62,7 @@ std::map<int, ShardReplicas> read_stage_shards(const GridLayout& layout, const s
     for (int t = 0; t < layout.tp() && why.empty(); ++t)
       for (int p = 0; p < layout.pp() && why.empty(); ++p) {
         const int w = layout.rank_of(GridCoord{t, 0, p});
-        ShardReplicas s = read_shard_replicas(dir, w);
+        ShardReplicas s = read_shard_replicas(dir, w, /*with_data=*/false);
         // (one state per stage first: a manifest of before layouts were recorded says dp 0)
         if (s.state.world_size == 0) {
           ++plain;
@@ -203,37 +203,58 @@ bool restore_shard_replica_state(Communicator& world, const GridLayout& layout, 
   // Each replica: its stage's shard size and ranges, then its states (kTagReplicaState).
   float ok = 1.0f;
   std::vector<std::vector<float>> in;
+  // One stage's shard at a time (rank 0 holds one stage's replicas' states, not all of them): a
+  // shard whose data fails its read (a checksum, a missing tensor) sends its replicas the head
+  // {-1, 0} instead, and the agreement below keeps every replica on its first one's state.
   if (fits && rank == 0) {
-    for (auto& [w, s] : got) {
+    for (const auto& entry : got) {
+      const int w = entry.first;
       const GridCoord c = layout.coord(w);
+      ShardReplicas s;
+      try {
+        s = read_shard_replicas(dir, w);
+        if (const std::string m = misfit(s.state, layout.dp(), names); !m.empty())
+          throw UserError(m);
+      } catch (const UserError& e) {
+        if (why.empty()) why = e.what();
+        s = ShardReplicas{};
+      }
+      const bool good = s.state.world_size > 0;
       const std::vector<int64_t> rw = range_words(s.global_ranges);
-      const int64_t n =
-          s.state.ranks.empty() ? 0 : static_cast<int64_t>(s.state.ranks[0][0].size());
+      const int64_t n = good ? static_cast<int64_t>(s.state.ranks[0][0].size()) : 0;
       for (int i = 1; i < layout.dp(); ++i) {
         const int dst = layout.rank_of(GridCoord{c.tp, i, c.pp});
-        const std::vector<float> head = as_floats({static_cast<int64_t>(rw.size()), n});
+        const std::vector<float> head =
+            as_floats({good ? static_cast<int64_t>(rw.size()) : int64_t{-1}, n});
         world.send(dst, kTagReplicaState, head.data(), head.size());
+        if (!good) continue;
         const std::vector<float> rf = as_floats(rw);
         world.send(dst, kTagReplicaState, rf.data(), rf.size());
         for (const std::vector<float>& b : s.state.ranks[static_cast<size_t>(i - 1)])
           world.send(dst, kTagReplicaState, b.data(), b.size());
       }
+      if (!good) ok = 0.0f;
     }
   } else if (fits && me.dp > 0) {
     std::vector<float> head(4);
     world.recv(0, kTagReplicaState, head.data(), head.size());
     const std::vector<int64_t> h = as_words(head);
-    // (rank 0 read these from its file: the ranges' words are 3 per range; the size is a shard's)
-    DT_CHECK(h[0] >= 0 && h[0] % 3 == 0 && h[1] >= 0);
-    std::vector<float> rf(static_cast<size_t>(h[0]) * 2);
-    world.recv(0, kTagReplicaState, rf.data(), rf.size());
-    for (size_t k = 0; k < names.size(); ++k) {
-      in.emplace_back(static_cast<size_t>(h[1]));
-      world.recv(0, kTagReplicaState, in.back().data(), in.back().size());
-    }
-    // Another split into stages (or tensor slices) than the checkpoint's: the ranges differ.
-    if (as_words(rf) != range_words(mine) || static_cast<size_t>(h[1]) != opt.state(0).size())
+    // (rank 0 read these from its file: the ranges' words are 3 per range, -1 when the shard
+    // could not be read; the size is a shard's)
+    DT_CHECK((h[0] == -1 || (h[0] >= 0 && h[0] % 3 == 0)) && h[1] >= 0);
+    if (h[0] < 0) {
       ok = 0.0f;
+    } else {
+      std::vector<float> rf(static_cast<size_t>(h[0]) * 2);
+      world.recv(0, kTagReplicaState, rf.data(), rf.size());
+      for (size_t k = 0; k < names.size(); ++k) {
+        in.emplace_back(static_cast<size_t>(h[1]));
+        world.recv(0, kTagReplicaState, in.back().data(), in.back().size());
+      }
+      // Another split into stages (or tensor slices) than the checkpoint's: the ranges differ.
+      if (as_words(rf) != range_words(mine) || static_cast<size_t>(h[1]) != opt.state(0).size())
+        ok = 0.0f;
+    }
   }
   if (fits) world.allreduce(&ok, 1, ReduceOp::kMin);
   if (!fits || ok < 1.0f) {
@@ -245,8 +266,8 @@ bool restore_shard_replica_state(Communicator& world, const GridLayout& layout, 
           "average their states at each synchronisation, and a resume continues that one state "
           "exactly)",
           layout.dp(), join(names, ", "),
-          ok < 1.0f ? "the checkpoint's stages hold other parts of the model than this run's"
-                    : why);
+          !why.empty() ? why
+                       : "the checkpoint's stages hold other parts of the model than this run's");
     return false;
   }
   for (size_t k = 0; k < in.size(); ++k)

@@ -43,7 +43,8 @@ bool restore_replica_state(Communicator& comm, Optimizer& opt, const ReplicaStat
 // (tp x dp x pp), holds one state per replica with this optimizer's state names, and each
 // replica's shard ranges (`mine`, in the whole layout) are those of its stage's shard; otherwise
 // every replica keeps its stage's first replica's state and rank 0 says why the resume is not
-// exact. Rank 0 holds (dp - 1) x the optimizer state while it sends. A checkpoint file (not a
+// exact. Rank 0 decides from the shards' headers, then reads and sends one stage's shard at a
+// time (it holds (dp - 1) x that stage's optimizer state). A checkpoint file (not a
 // folder: a consolidated one, another layout's) has no state of these replicas; file_replicas:
 // how many ranks' states it held (ReplicaState::world_size, 0: one state). Returns whether it
 // restored, the same on every rank.
