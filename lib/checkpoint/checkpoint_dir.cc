@@ -74,18 +74,23 @@ int64_t remove_orphaned_temp_files(const std::string& dir, bool include_step_fol
   return removed;
 }
 
-namespace {
-
-// Whether step folder `p` holds nothing but what a sharded save writes there (its ranks' shards,
-// the temp files of their atomic writes, NFS's .nfsXXXX): a folder holding anything else is a
-// user's (weights exported into checkpoints/step-500/), never removed as a failed save's remains.
-bool holds_only_shards(const fs::path& p) {
+bool is_step_folder_entry(const std::string& name) {
+  // (.nfsXXXX: NFS's name for a file removed while a reader has it open, on a shared --out)
   static const std::regex shard(
       R"(manifest\.json|rank-\d{1,9}\.safetensors|\..+\.tmp\.[A-Za-z0-9]{6}|\.nfs[0-9a-fA-F]+)");
+  return std::regex_match(name, shard);
+}
+
+namespace {
+
+// Whether step folder `p` holds nothing but what a sharded save writes there
+// (is_step_folder_entry, as files): a folder holding anything else is a user's (weights exported
+// into checkpoints/step-500/), never removed as a failed save's remains.
+bool holds_only_shards(const fs::path& p) {
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(p, ec)) {
     std::error_code rec;
-    if (!std::regex_match(e.path().filename().string(), shard) || !e.is_regular_file(rec))
+    if (!is_step_folder_entry(e.path().filename().string()) || !e.is_regular_file(rec))
       return false;
   }
   return !ec;

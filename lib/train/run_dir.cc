@@ -18,6 +18,7 @@
 #include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/checkpoint.h"
 #include "util/check.h"
 #include "util/fs.h"
 #include "util/strings.h"
@@ -138,9 +139,6 @@ void check_checkpoints_are_ours(const std::string& out_dir) {
   // (.nfsXXXX: NFS's name for a file removed while a reader has it open, on a shared --out)
   static const std::regex ours(
       R"(latest|step-\d{1,18}(\.safetensors)?|\..+\.tmp\.[A-Za-z0-9]{6}|\.nfs[0-9a-fA-F]+)");
-  // A sharded step folder's own entries: its manifest and the ranks' shards.
-  static const std::regex shard(
-      R"(manifest\.json|rank-\d{1,9}\.safetensors|\..+\.tmp\.[A-Za-z0-9]{6}|\.nfs[0-9a-fA-F]+)");
   const fs::path ck = fs::path(out_dir) / "checkpoints";
   std::error_code ec;
   // (through a link: a checkpoints/ linked to a larger disk is cleared, not unlinked)
@@ -156,7 +154,7 @@ void check_checkpoints_are_ours(const std::string& out_dir) {
     std::error_code sec;
     if (e.symlink_status(sec).type() != fs::file_type::directory) continue;
     for (const auto& f : fs::directory_iterator(e.path(), sec))
-      if (const std::string inner = f.path().filename().string(); !std::regex_match(inner, shard))
+      if (const std::string inner = f.path().filename().string(); !is_step_folder_entry(inner))
         foreign.push_back("'" + shown_text(name + "/" + inner, 100) + "'");
   }
   if (foreign.empty()) return;
