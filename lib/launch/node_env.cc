@@ -8,6 +8,7 @@
 
 #include "launch/dist_env.h"
 #include "util/check.h"
+#include "util/strings.h"
 
 namespace dtrain {
 
@@ -39,8 +40,7 @@ std::string show(const Src& s) {
 // inet_pton read), "the wildcard address" (0.0.0.0, ::: a listener's "every interface", which a
 // dialling node takes for itself), or "". (A name that resolves to loopback is not looked up.)
 std::string not_node0_address(std::string host) {
-  std::transform(host.begin(), host.end(), host.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  host = ascii_lower(host);
   if (host == "localhost" || host == "localhost." || host.ends_with(".localhost") ||
       host.ends_with(".localhost."))
     return "a loopback address";

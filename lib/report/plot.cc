@@ -729,9 +729,7 @@ std::string scene_to_png(const Scene& sc) {
 }
 
 std::string lower_extension(const std::string& path) {
-  std::string ext = fs::path(path).extension().string();
-  for (char& c : ext) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return ext;
+  return ascii_lower(fs::path(path).extension().string());
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "util/check.h"
+#include "util/strings.h"
 
 namespace dtrain {
 
@@ -71,8 +72,7 @@ namespace {
 
 // Vector level of a kernel set or CPU: 0 SSE, 1 AVX, 2 AVX2 + FMA, 3 AVX-512.
 int core_level(std::string name) {
-  std::transform(name.begin(), name.end(), name.begin(),
-                 [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
+  name = ascii_lower(name);
   for (const char* n : {"skylakex", "cooperlake", "sapphirerapids"})
     if (name == n) return 3;
   for (const char* n : {"haswell", "zen", "skylake"})
