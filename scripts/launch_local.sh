@@ -9,7 +9,8 @@
 # MASTER_ADDR, MASTER_PORT) and DTRAIN_JOB_TOKEN, which `dtrain run` reads to find its place in
 # the job. Rank r's output goes to OUT/logs/rank-<r>.log (OUT: the --out given, else
 # runs/<config stem>); rank 0's is also followed here. When a rank fails the others get SIGTERM,
-# then SIGKILL after GRACE seconds; Ctrl-C / SIGTERM to this script are passed on the same way.
+# then SIGKILL after GRACE seconds; Ctrl-C / SIGTERM to this script are passed on the same way
+# (SIGINT as SIGINT, which the ranks catch although a script's background jobs start with it ignored).
 #
 # Environment: DTRAIN_BIN (default build/bin/dtrain next to this script), MASTER_PORT (default: a
 # free port), DTRAIN_JOB_TOKEN (default: random), GRACE (default 10).
@@ -67,7 +68,7 @@ starting=1     # set while the ranks are being started (from before the handlers
 stopping=""    # set once the ranks were told to stop
 failed=""      # the first rank that failed
 interrupted="" # the signal number that stopped us
-first_signal_ns=0 # when it came (date +%s%N): the same signal within 1 s is that one again
+first_signal_us=0 # when it came (EPOCHREALTIME, us): another signal within 1 s is that one again
 stop_codes=""  # the ranks' exit statuses once they were told to stop
 rank_stopped=""    # set when a rank stopped on a signal of its own (not this script's)
 rank_stop_codes="" # those ranks' exit statuses
@@ -80,12 +81,12 @@ signal_ranks() {
   for pid in "${!rank_of[@]}"; do kill "-$1" "$pid" 2>/dev/null; done
 }
 
-# TERM the running ranks, then KILL those still alive after $grace seconds. Runs in the
-# background so the main loop keeps reaping (and reporting) ranks meanwhile.
+# Signals the running ranks with ${stop_sig:-TERM}, then KILLs those still alive after $grace
+# seconds. Runs in the background so the main loop keeps reaping (and reporting) ranks meanwhile.
 stop_ranks() {
   [[ -n ${killer_pid:-} ]] && return # once: a second killer would outlive this script
   stopping=1
-  signal_ranks TERM
+  signal_ranks "${stop_sig:-TERM}"
   (
     # read -t waits without a child process, so killing this subshell leaves nothing behind.
     read -rt "$grace" <> <(:) || :
@@ -97,11 +98,11 @@ stop_ranks() {
 
 on_signal() { # $1: signal name, $2: its number
   local now
-  now=$(date +%s%N)
+  now=${EPOCHREALTIME/[.,]/}
   if [[ -n $stopping ]]; then
-    # The same signal again within a second is the same request delivered twice (`timeout`,
-    # a terminal and a process group each send one), as `dtrain` itself takes it.
-    if [[ $2 == "$interrupted" ]] && ((now - first_signal_ns < 1000000000)); then
+    # Another signal within a second is the same request delivered twice (`timeout`, a
+    # terminal and a process group each send one), as `dtrain` itself takes it.
+    if [[ -n $interrupted ]] && ((now - first_signal_us < 1000000)); then
       return
     fi
     echo "launch_local.sh: got SIG$1 again: killing the ranks" >&2
@@ -110,12 +111,15 @@ on_signal() { # $1: signal name, $2: its number
   fi
   echo "launch_local.sh: got SIG$1: stopping the ranks" >&2
   interrupted=$2
-  first_signal_ns=$now
+  first_signal_us=$now
   stopping=1
   # While the ranks start, the one being started is not in rank_of yet: the start loop stops
   # them all once it has ended.
   [[ -n $starting ]] && return
-  # Not forwarded as-is: background jobs of a script ignore SIGINT, so ranks get SIGTERM.
+  # SIGINT is passed on as it is (the ranks catch it although this script's background jobs
+  # start with it ignored; one that came from the terminal reached them too, and they take the
+  # two as one request), SIGHUP as SIGTERM (under nohup the ranks ignore SIGHUP).
+  [[ $1 == INT ]] && stop_sig=INT
   stop_ranks "${!rank_of[@]}"
 }
 # Safety net: should this script die early (a bug, set -u), take the ranks with it.
@@ -148,7 +152,9 @@ fi
 
 describe() { # exit status of a rank, in words
   if (($1 > 128)); then
-    echo "killed by signal SIG$(kill -l "$(($1 - 128))")"
+    # (bash reports a death by signal N and an exit with 128 + N alike: dtrain exits 130 after
+    # the checkpoint SIGINT asked for)
+    echo "exit status $1 (128 + SIG$(kill -l "$(($1 - 128))"): stopped or killed by it"
   else
     echo "exit status $1"
   fi
@@ -171,7 +177,8 @@ finished() {
     # agreed on, each with the same code, which is the job's (as dtrain launch passes it on).
     [[ -z $rank_stopped ]] &&
       echo "launch_local.sh: rank $r stopped: exit status $2; no signal came to this script:" \
-        "a rank was signalled and the ranks stop at the step they agreed on" >&2
+        "a rank was signalled (a Ctrl-C reaches the ranks alone when this script runs in the" \
+        "background) and the ranks stop at the step they agreed on" >&2
     rank_stopped=1
     rank_stop_codes+=" $2"
   elif (($2 != 0)); then
@@ -218,7 +225,7 @@ elif [[ -n $rank_stopped && -z $interrupted ]]; then
 elif [[ -n $interrupted ]]; then
   # After SIGTERM (the ranks get it as such) the ranks' own code when they all agree, as dtrain
   # launch passes it through: 75 when SIGTERM is their preemption signal (checkpoint written,
-  # requeue). SIGINT and SIGHUP reach the ranks as SIGTERM too, so those keep 128 + N.
+  # requeue). SIGHUP reaches the ranks as SIGTERM, so it keeps 128 + N, as SIGINT does.
   read -ra codes <<<"$stop_codes"
   same=${codes[0]:-}
   for c in "${codes[@]}"; do [[ $c == "$same" ]] || same=""; done

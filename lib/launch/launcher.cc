@@ -333,10 +333,12 @@ class Attempt {
         terminate_all(sig, seconds(o_.interrupt_grace_s));
         spdlog::warn("received {}: forwarding it to the ranks", signal_name(sig));
         if (plan_.agent != nullptr) plan_.agent->report_stop(attempt_, sig);
-      } else if (sig == res_.stop_signal && Clock::now() - forwarded_at_ < kSameSignal) {
-        // The same signal twice at once is one event delivered twice (timeout(1), for one,
-        // signals its child and then its whole process group), not a person asking again.
-        spdlog::debug("received {} again at once: taken as the same request", signal_name(sig));
+      } else if (res_.stop_signal != 0 && Clock::now() - forwarded_at_ < kSameRequest) {
+        // A stop signal at once after the first is the same request delivered twice (timeout(1)
+        // signals its child and then its process group; a script's trap passes on the Ctrl-C
+        // the terminal sent), not a person asking again (util/interrupt.h kSameRequestNs).
+        spdlog::debug("received {} at once after {}: taken as the same request", signal_name(sig),
+                      signal_name(res_.stop_signal));
       } else if (!kill_sent_) {
         if (res_.stop_signal == 0) res_.late_signal = sig;  // (stopping for a failure)
         kill_all();
@@ -546,9 +548,9 @@ class Attempt {
   ReapedRanks reaped_;
   bool shutting_down_ = false, kill_sent_ = false;
   int rank_stop_signal_ = 0;  // forwarded to the others after a rank stopped on its own
-  // When the stop signal was forwarded; the same signal within kSameSignal is the same request.
+  // When the stop signal was forwarded; a stop signal within kSameRequest is the same request.
   Clock::time_point forwarded_at_{};
-  static constexpr auto kSameSignal = std::chrono::milliseconds(200);
+  static constexpr auto kSameRequest = std::chrono::nanoseconds(kSameRequestNs);
   std::optional<Clock::time_point> term_at_;  // when the ranks still running get SIGTERM
   std::optional<Clock::time_point> kill_at_, give_up_at_, next_poll_;
 };

@@ -69,7 +69,8 @@ SignalGuard::SignalGuard() {
   write_ = Fd(p[1]);
   g_signal_pipe = p[1];
   install(SIGCHLD, on_signal, /*even_if_ignored=*/true);  // ignored SIGCHLD would auto-reap
-  for (int sig : kStopSignals) install(sig, on_signal, false);
+  // (SIGINT even where ignored: a script's background job starts so, util/interrupt.h)
+  for (int sig : kStopSignals) install(sig, on_signal, sig == SIGINT);
   install(SIGTSTP, on_signal, false);  // (job control: the launcher suspends its ranks with it)
   install(SIGPIPE, on_sigpipe, false);
 }
@@ -116,11 +117,13 @@ void SignalGuard::default_stop_signals(int preempt_signal) {
     if (sig == SIGTSTP) ::sigaction(sig, &old, nullptr);  // (Ctrl-Z stops a waiting launcher)
     if (!is_stop_signal(sig)) continue;
     struct sigaction sa = old;
+    // (SIGINT is the user's even where a script's background job started with it ignored)
+    if (sig == SIGINT && sa.sa_handler == SIG_IGN) sa.sa_handler = SIG_DFL;
     // (a handler put in place of the old takes one argument: SA_SIGINFO off with it)
-    if (sig == preempt_signal && old.sa_handler != SIG_IGN) {
+    if (sig == preempt_signal && sa.sa_handler != SIG_IGN) {
       sa.sa_handler = exit_preempted;
       sa.sa_flags &= ~SA_SIGINFO;
-    } else if (init && old.sa_handler == SIG_DFL) {
+    } else if (init && sa.sa_handler == SIG_DFL) {
       sa.sa_handler = exit_by_signal;
       sa.sa_flags &= ~SA_SIGINFO;
     }

@@ -22,6 +22,9 @@ std::atomic<int> g_preempt_signal{SIGTERM};
 std::atomic<pid_t> g_forwarder{0};
 // set_abrupt_exit_cleanup's function, or null.
 std::atomic<void (*)()> g_abrupt_cleanup{nullptr};
+// The code a stop signal ends the process with after an InterruptGuard whose run had saved its
+// results (StopRequest::done_code) is gone.
+std::atomic<int> g_code_after_guard{0};
 
 void abrupt_cleanup() {
   remove_temp_files_in_flight();
@@ -71,14 +74,12 @@ void on_interrupt(int sig, siginfo_t* info, void* /*context*/) {
     req->first_ns.store(now);
     return;
   }
-  // The same signal again at once: the same request, delivered twice (to the process, then to
-  // its group). first_ns 0: the first delivery's handler, on another thread, has not stored its
-  // time yet -- so this one came at once too.
+  // Any stop signal at once after the first: the same request, delivered twice (to the process,
+  // then its group) or by two senders (the terminal's SIGINT, a script's SIGTERM). first_ns 0:
+  // the first delivery's handler, on another thread, has not stored its time yet -- so this one
+  // came at once too. (After the launcher's death first_ns is 1 until a person asks: never.)
   const int64_t first = req->first_ns.load();
-  // (after the launcher's death the request to match is the person's, not the launcher's)
-  const int asked = req->asked_signal.load();
-  if ((sig == (asked != 0 ? asked : expected)) && (first == 0 || now - first < req->same_signal_ns))
-    return;
+  if (first == 0 || now - first < req->same_request_ns) return;
   // A copy the launcher forwarded (it never asks twice: it sends SIGKILL instead).
   const pid_t forwarder = g_forwarder.load();
   if (info != nullptr && info->si_code == SI_USER && forwarder > 0 && info->si_pid == forwarder)
@@ -86,7 +87,6 @@ void on_interrupt(int sig, siginfo_t* info, void* /*context*/) {
   // The stop so far is the launcher's death: a person's first signal still stops softly.
   if (req->launcher_gone.load() && !req->asked_after_launcher.exchange(true)) {
     req->first_ns.store(now);
-    req->asked_signal.store(sig);
     return;
   }
   // A second signal: stop at once, with the status the signal's default action gives -- or, once
@@ -94,6 +94,14 @@ void on_interrupt(int sig, siginfo_t* info, void* /*context*/) {
   abrupt_cleanup();
   if (const int done = req->done_code.load(); done >= 0) ::_exit(done);
   die_by(sig);
+}
+
+// After the guard of a run whose results are saved: what is left is teardown, and a stop
+// signal (a copy of the first, late: a script's trap passing on the Ctrl-C that reached the rank
+// too) ends it with the run's code, not by the signal's default action.
+void on_signal_after_results(int) {
+  abrupt_cleanup();
+  ::_exit(g_code_after_guard.load());
 }
 
 // The launcher is gone, once or again: a stop by the preemption signal, never escalated.
@@ -118,10 +126,12 @@ void on_launcher_gone(int, siginfo_t*, void*) {
 }
 
 // Handlers take the sender (SA_SIGINFO: on_interrupt tells set_signal_forwarder's copies).
+// A signal ignored on entry stays ignored (nohup's SIGHUP), but for SIGINT: a non-interactive
+// shell starts background jobs with it ignored, not a person (InterruptGuard's contract).
 bool install(int sig, struct sigaction* old,
              void (*handler)(int, siginfo_t*, void*) = on_interrupt) {
   DT_CHECK_EQ(::sigaction(sig, nullptr, old), 0);
-  if (old->sa_handler == SIG_IGN) return false;  // nohup and friends: stay ignored
+  if (old->sa_handler == SIG_IGN && sig != SIGINT) return false;
   struct sigaction sa {};
   sa.sa_sigaction = handler;
   sigemptyset(&sa.sa_mask);
@@ -179,10 +189,20 @@ InterruptGuard::InterruptGuard(StopRequest& req, int preempt_signal) {
 }
 
 InterruptGuard::~InterruptGuard() {
-  if (int_installed_) ::sigaction(SIGINT, &old_int_, nullptr);
-  if (term_installed_) ::sigaction(SIGTERM, &old_term_, nullptr);
-  if (hup_installed_) ::sigaction(SIGHUP, &old_hup_, nullptr);
-  if (usr1_installed_) ::sigaction(SIGUSR1, &old_usr1_, nullptr);
+  const int done = g_request.load()->done_code.load();
+  struct sigaction after {};
+  after.sa_handler = on_signal_after_results;
+  sigemptyset(&after.sa_mask);
+  g_code_after_guard.store(done);
+  // The run's results are saved (done >= 0): its stop signals keep ending the process with the
+  // run's code; else the dispositions are given back.
+  const auto restore = [&](int sig, const struct sigaction& old) {
+    ::sigaction(sig, done >= 0 ? &after : &old, nullptr);
+  };
+  if (int_installed_) restore(SIGINT, old_int_);
+  if (term_installed_) restore(SIGTERM, old_term_);
+  if (hup_installed_) restore(SIGHUP, old_hup_);
+  if (usr1_installed_) restore(SIGUSR1, old_usr1_);
   if (gone_installed_) {
     // A launcher that dies from now on must not end the process by the signal's default action
     // while it finishes: the kernel is told to send nothing (a no-op where nothing was asked).

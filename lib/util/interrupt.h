@@ -38,8 +38,12 @@ inline int stop_exit_code(int stop_signal, bool preempted) {
   return stop_signal == 0 ? 0 : preempted ? kExitPreempted : 128 + stop_signal;
 }
 
-// Two deliveries of one signal this close together are one request (200 ms, in ns).
-inline constexpr int64_t kSameSignalNs = 200'000'000;
+// Stop signals this close after the first are the same request (1 s, in ns), whichever they are:
+// timeout(1) and shells signal a process and then its group, and a script that traps Ctrl-C and
+// passes SIGTERM to its background ranks sends its copy after the terminal's SIGINT reached them
+// (both the same moment's request; scripts/launch_local.sh waits as long for its own). A person
+// asking again to end a run at once presses again after that second.
+inline constexpr int64_t kSameRequestNs = 1'000'000'000;
 
 // 0: no stop requested; else the signal number that asked for it (SIGINT, SIGTERM, SIGHUP,
 // SIGUSR1).
@@ -53,8 +57,6 @@ struct StopRequest {
   // counts as a first request (it does not end the process at once).
   std::atomic<bool> launcher_gone{false};
   std::atomic<bool> asked_after_launcher{false};
-  // That first request's signal: its second delivery at once is the same request too.
-  std::atomic<int> asked_signal{0};
   // Set while there is nothing to save yet (a rank joining its job: the rendezvous may wait
   // minutes for peers): a signal then ends the process at once -- the preemption signal with
   // kExitPreempted (the newest checkpoint is as it was), another by its default action. Mutable:
@@ -69,10 +71,10 @@ struct StopRequest {
   // first exits 75; dying by that signal made srun exit 143, and the job was not requeued.)
   // Mutable, as at_once: the training side sets it through RunOptions' read-only pointer.
   mutable std::atomic<int> done_code{-1};
-  // When the first signal came (CLOCK_MONOTONIC, ns; 0 while unset): the same signal again
-  // within same_signal_ns is the same request, not a second one.
+  // When the first signal came (CLOCK_MONOTONIC, ns; 0 while unset): a stop signal within
+  // same_request_ns of it is the same request, not a second one.
   std::atomic<int64_t> first_ns{0};
-  int64_t same_signal_ns = kSameSignalNs;  // (tests shorten or widen it)
+  int64_t same_request_ns = kSameRequestNs;  // (tests shorten or widen it)
   static_assert(std::atomic<int>::is_always_lock_free);
   static_assert(std::atomic<bool>::is_always_lock_free);
   static_assert(std::atomic<int64_t>::is_always_lock_free);
@@ -89,12 +91,16 @@ int launcher_gone_signal();
 
 // Installs the handlers for SIGINT, SIGTERM, SIGHUP and SIGUSR1 for its lifetime (`preempt_signal`,
 // SIGTERM or SIGUSR1, is one of them: the run then exits kExitPreempted; the others give
-// 128 + the signal). The previous dispositions are restored on destruction; signals ignored on
-// entry, e.g. by nohup, stay ignored). The first signal sets `req` and is logged by the training
-// loop; the second restores the default action and re-raises, so the process ends at once with the
-// usual status (killed by SIGINT/SIGTERM). The same signal again within kSameSignalNs of the first
-// is not a second one: timeout(1), and shells on Ctrl-C, signal the child and then its process
-// group, so one request arrives twice within a moment (`dtrain launch` does the same).
+// 128 + the signal). The previous dispositions are restored on destruction. SIGTERM, SIGHUP and
+// SIGUSR1 ignored on entry (nohup) stay ignored; SIGINT is caught even so, as torchrun does: a
+// non-interactive shell starts its background jobs with SIGINT ignored, so a Ctrl-C at the
+// terminal of a script that started ranks with `&` would end the script and leave them training.
+// The first signal sets `req` and is logged by the training loop; a second restores the default
+// action and re-raises, so the process ends at once with the usual status (killed by
+// SIGINT/SIGTERM). A stop signal within kSameRequestNs of the first is not a second one (see
+// there; `dtrain launch` judges its own the same way). A guard destroyed after its run's results
+// were saved (StopRequest::done_code) leaves a handler that ends the process with that code: a
+// late copy of the stop signal during teardown ended ranks by the signal after their checkpoint.
 // launcher_gone_signal() is handled too, as a request by `preempt_signal` that never escalates.
 class InterruptGuard {
  public:
@@ -122,7 +128,8 @@ void set_abrupt_exit_cleanup(void (*fn)());
 // For commands that do not stop softly (no InterruptGuard: eval, predict, checkpoint
 // consolidate, ...): SIGINT, SIGTERM and SIGHUP end the process by the signal as before, after
 // unlinking the temp files of writes in progress (util/fs.h remove_temp_files_in_flight), which
-// would otherwise stay behind. A signal ignored at start (nohup) stays ignored. An InterruptGuard
+// would otherwise stay behind. A signal ignored at start (nohup) stays ignored, but for SIGINT
+// (InterruptGuard's reason). An InterruptGuard
 // takes these signals over while it lives and gives them back.
 void end_by_stop_signals_removing_temp_files();
 

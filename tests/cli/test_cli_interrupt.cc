@@ -161,19 +161,43 @@ TEST_CASE("SIGTERM to dtrain launch (2 fsdp ranks over gRPC) exits 75, bitwise r
 TEST_CASE("a second SIGINT ends the run at once, by the signal") {
   TempDir dir;
   const std::string cfg = dir.write("cfg.yaml", kCfg);
-  Child c("DTRAIN_FAULT=delay:rank=0:ms=1500 exec " + kBin + " run " + cfg + " --out " +
+  Child c("DTRAIN_FAULT=delay:rank=0:ms=3000 exec " + kBin + " run " + cfg + " --out " +
               dir / "run" + " --no-progress --set train.log_every=1",
           dir / "log");
   REQUIRE(wait_until([&] { return lines_in(dir / "run/metrics.jsonl") >= 1; }, 60));
-  // The step in progress sleeps 1.5 s: the second comes well before its end, and after the
-  // 200 ms in which the same signal again is the same request (delivered twice).
+  // The step in progress sleeps 3 s: the second comes well before its end, and after the
+  // second in which another signal is the same request (delivered twice).
   c.signal(SIGINT);
-  std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  std::this_thread::sleep_for(std::chrono::milliseconds(1300));
   c.signal(SIGINT);
   const int rc = c.wait(20);
   CHECK(rc == 128 + SIGINT);
   CHECK(c.signaled());
   CHECK_FALSE(std::filesystem::exists(dir / "run/summary.json"));
+}
+
+TEST_CASE("a script's background run stops on Ctrl-C, also with the script's SIGTERM after it") {
+  // A non-interactive shell starts `dtrain run ... &` with SIGINT ignored: a Ctrl-C at the
+  // terminal ended the script and left the run training. And a script that traps the Ctrl-C and
+  // sends its ranks SIGTERM made that copy a second signal: the run ended without a checkpoint.
+  TempDir dir;
+  const std::string cfg = dir.write("cfg.yaml", kCfg);
+  Child c("trap '' INT; DTRAIN_FAULT=delay:rank=0:ms=3 exec " + kBin + " run " + cfg + " --out " +
+              dir / "run" + " --no-progress",
+          dir / "log");
+  REQUIRE(wait_until([&] { return lines_in(dir / "run/metrics.jsonl") >= 2; }, 60));
+  c.signal(SIGINT);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  c.signal(SIGTERM);
+  const int rc = c.wait(30);
+  const std::string log = read_text(dir / "log");
+  CHECK_MESSAGE(rc == 128 + SIGINT, log);
+  CHECK_FALSE(c.signaled());
+  const auto s = nlohmann::json::parse(read_text(dir / "run/summary.json"));
+  CHECK(s["status"] == "interrupted");
+  CHECK(s["interrupted_by"] == "SIGINT");
+  CHECK(contains(read_text(dir / "run/checkpoints/latest"),
+                 "step-" + std::to_string(s["steps"].get<int64_t>())));
 }
 
 TEST_CASE("a config.json that no dtrain run wrote is neither replaced nor deleted") {

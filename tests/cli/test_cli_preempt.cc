@@ -505,6 +505,35 @@ TEST_CASE("scripts/launch_local.sh passes its ranks' preemption code through") {
   }
 }
 
+TEST_CASE("Ctrl-C at the terminal of scripts/launch_local.sh checkpoints, run alone or with &") {
+  // The terminal signals the whole process group: the script (unless it runs as a background
+  // job, which starts with SIGINT ignored) and its ranks. The ranks ignored SIGINT (background
+  // jobs of the script) and got its SIGTERM; once they caught it, the script's copy came as a
+  // second signal. Both are one request: the ranks checkpoint and exit 130.
+  for (const bool background : {false, true}) {
+    CAPTURE(background);
+    TempDir dir;
+    const std::string cfg = dir.write("cfg.yaml", kCfg);
+    const std::string out = dir / "run";
+    Child c(std::string(background ? "trap '' INT; " : "") + "DTRAIN_BIN=" + kBin +
+                " DTRAIN_FAULT=delay:rank=0:ms=50 exec " DTRAIN_SOURCE_DIR
+                "/scripts/launch_local.sh 2 " +
+                cfg + " --set distributed.backend=grpc --out " + out,
+            dir / "launch.log");
+    REQUIRE(wait_until([&] { return fs::exists(out + "/checkpoints/latest"); }, 60));
+    ::kill(-c.pid(), SIGINT);  // (the Child leads its own process group)
+    const int rc = c.wait(60);
+    const std::string log = read_text(dir / "launch.log");
+    CHECK_MESSAGE(rc == 128 + SIGINT, log);
+    CHECK_FALSE(contains(log, "killing the ranks"));
+    const auto s = nlohmann::json::parse(read_text(out + "/summary.json"));
+    CHECK(s["status"] == "interrupted");
+    CHECK(s["interrupted_by"] == "SIGINT");
+    CHECK(contains(read_text(out + "/checkpoints/latest"),
+                   "step-" + std::to_string(s["steps"].get<int64_t>())));
+  }
+}
+
 TEST_CASE("scripts/launch_local.sh exits 2 when a rank refuses its input, as dtrain launch does") {
   // A folder that already holds a run, given without --resume or --overwrite: every rank exits 2
   // (bad input), which the script reported as 1, a failure a restart could fix.

@@ -43,8 +43,9 @@ struct Launched {
 };
 
 // Runs launch_local(o) in a forked child; `during(pid)` runs in the test meanwhile.
+// `sigint_ignored`: the child starts as a script's background job does, SIGINT ignored.
 Launched run_launcher(const LaunchOptions& o, const TempDir& dir,
-                      const std::function<void(pid_t)>& during = {}) {
+                      const std::function<void(pid_t)>& during = {}, bool sigint_ignored = false) {
   const std::string out_path = dir / "launcher.out", err_path = dir / "launcher.err";
   std::fflush(stdout);
   std::fflush(stderr);
@@ -57,6 +58,7 @@ Launched run_launcher(const LaunchOptions& o, const TempDir& dir,
     if (out < 0 || err < 0) ::_exit(97);
     ::dup2(out, STDOUT_FILENO);
     ::dup2(err, STDERR_FILENO);
+    if (sigint_ignored) ::signal(SIGINT, SIG_IGN);
     int rc = 98;
     try {
       rc = launch_local(o);
@@ -407,28 +409,44 @@ TEST_CASE("SIGTERM to the launcher is forwarded to the ranks") {
 }
 
 TEST_CASE("SIGINT to the launcher is forwarded and leftovers of the ranks are killed") {
-  TempDir dir;
-  // A background job of a non-interactive shell ignores SIGINT: the sleeps outlive their rank
-  // unless the launcher clears each rank's process group.
-  const LaunchOptions o = sh_options(dir, 2,
-                                     "trap 'echo got > $D/int-$RANK; exit 5' INT\n"
-                                     "echo $$ > $D/pid-$RANK\n"
-                                     "sleep 30 & echo $! > $D/sleep-$RANK\n"
-                                     "touch $D/ready-$RANK\n"
-                                     "wait\n");
-  const Launched r = run_launcher(o, dir, [&](pid_t launcher) {
-    CHECK(wait_for_files({dir / "ready-0", dir / "ready-1"}));
-    ::kill(launcher, SIGINT);
-  });
-  INFO("launcher stdout:\n", r.out, "\nlauncher stderr:\n", r.err);
-  // Stopped by a signal: the ranks' common exit status passes through (dtrain run's interrupt
-  // or requeue code); 128 + SIGINT only when they disagree or die by a signal.
-  CHECK(r.exit_code == 5);
-  CHECK(r.seconds < 20);
-  CHECK(contains(r.out + r.err, "rank 0 stopped: exit status 5"));
-  CHECK(contains(read_text(dir / "int-0"), "got"));
-  CHECK(contains(read_text(dir / "int-1"), "got"));
-  check_all_gone(dir, 2);
+  // Also with SIGINT ignored at the launcher's start (a script's `dtrain launch ... &`: Ctrl-C at
+  // the terminal ended the script and left the launcher and its ranks training), and with a
+  // SIGTERM at once after it (the script's trap passing the Ctrl-C on): the same request, not a
+  // second one that kills the ranks without their checkpoint.
+  for (const bool ignored : {false, true}) {
+    CAPTURE(ignored);
+    TempDir dir;
+    // A background job of a non-interactive shell ignores SIGINT: the sleeps outlive their rank
+    // unless the launcher clears each rank's process group.
+    const LaunchOptions o = sh_options(dir, 2,
+                                       "trap 'echo got > $D/int-$RANK; exit 5' INT\n"
+                                       "echo $$ > $D/pid-$RANK\n"
+                                       "sleep 30 & echo $! > $D/sleep-$RANK\n"
+                                       "touch $D/ready-$RANK\n"
+                                       "wait\n");
+    const Launched r = run_launcher(
+        o, dir,
+        [&](pid_t launcher) {
+          CHECK(wait_for_files({dir / "ready-0", dir / "ready-1"}));
+          ::kill(launcher, SIGINT);
+          if (!ignored) return;
+          // (a moment later, as a script's trap runs: two signals sent at one instant may be
+          // taken by two threads in either order, and the first taken is the one forwarded)
+          std::this_thread::sleep_for(std::chrono::milliseconds(100));
+          ::kill(launcher, SIGTERM);
+        },
+        ignored);
+    INFO("launcher stdout:\n", r.out, "\nlauncher stderr:\n", r.err);
+    // Stopped by a signal: the ranks' common exit status passes through (dtrain run's interrupt
+    // or requeue code); 128 + SIGINT only when they disagree or die by a signal.
+    CHECK(r.exit_code == 5);
+    CHECK(r.seconds < 20);
+    CHECK(contains(r.out + r.err, "rank 0 stopped: exit status 5"));
+    CHECK_FALSE(contains(r.out + r.err, "killing the ranks now"));
+    CHECK(contains(read_text(dir / "int-0"), "got"));
+    CHECK(contains(read_text(dir / "int-1"), "got"));
+    check_all_gone(dir, 2);
+  }
 }
 
 TEST_CASE("launch_local refuses bad options and unstartable commands") {

@@ -72,7 +72,7 @@ TEST_CASE("interrupts: the launcher's death signal, sent again and again, never 
     // ... delivered twice at once (to the process, then its group): one request, not a second
     // that ends the process (it compared against the launcher's signal and died by SIGINT).
     REQUIRE(::raise(SIGINT) == 0);
-    CHECK(req.asked_signal.load() == SIGINT);
+    CHECK(req.signal.load() == preempt);
   }
 }
 
@@ -152,7 +152,7 @@ TEST_CASE("interrupts: one signal delivered twice at once is one request, later,
   // with no checkpoint). Past the window, the same signal ends the process at once. (The window
   // is widened and narrowed here so that neither check depends on this machine's speed.)
   StopRequest req;
-  req.same_signal_ns = int64_t{60} * 1'000'000'000;
+  req.same_request_ns = int64_t{60} * 1'000'000'000;
   {
     InterruptGuard g(req);
     REQUIRE(::raise(SIGINT) == 0);
@@ -161,7 +161,7 @@ TEST_CASE("interrupts: one signal delivered twice at once is one request, later,
   }
   const int status = child_status([&] {
     StopRequest r;
-    r.same_signal_ns = 1;
+    r.same_request_ns = 1;
     InterruptGuard g(r);
     ::raise(SIGINT);
     ::usleep(1000);
@@ -169,6 +169,54 @@ TEST_CASE("interrupts: one signal delivered twice at once is one request, later,
   });
   REQUIRE(WIFSIGNALED(status));
   CHECK(WTERMSIG(status) == SIGINT);
+}
+
+TEST_CASE("interrupts: another stop signal at once is the same request too") {
+  // A script that traps Ctrl-C and sends its background ranks SIGTERM: the terminal's SIGINT
+  // reached them a moment before. Both are one request (the second signal ended them at once,
+  // with no checkpoint). Past the window, another signal is a second request.
+  for (const int second : {SIGTERM, SIGHUP, SIGUSR1}) {
+    CAPTURE(second);
+    StopRequest req;
+    req.same_request_ns = int64_t{60} * 1'000'000'000;
+    InterruptGuard g(req);
+    REQUIRE(::raise(SIGINT) == 0);
+    REQUIRE(::raise(second) == 0);  // the default action would end this test here
+    CHECK(req.signal.load() == SIGINT);
+  }
+  const int status = child_status([&] {
+    StopRequest r;
+    r.same_request_ns = 1;
+    InterruptGuard g(r);
+    ::raise(SIGINT);
+    ::usleep(1000);
+    ::raise(SIGTERM);
+  });
+  REQUIRE(WIFSIGNALED(status));
+  CHECK(WTERMSIG(status) == SIGTERM);
+}
+
+TEST_CASE("interrupts: SIGINT ignored on entry is caught, nohup's SIGHUP stays ignored") {
+  // A non-interactive shell starts `dtrain run ... &` with SIGINT ignored: a Ctrl-C at the
+  // terminal ended the script and left its ranks training. In a child: dispositions change.
+  const int status = child_status([&] {
+    ::signal(SIGINT, SIG_IGN);
+    ::signal(SIGHUP, SIG_IGN);
+    {
+      StopRequest r;
+      InterruptGuard g(r);
+      ::raise(SIGHUP);  // ignored
+      if (r.signal.load() != 0) ::_exit(4);
+      ::raise(SIGINT);
+      if (r.signal.load() != SIGINT) ::_exit(5);
+    }
+    // The guard gives back what it found: ignored.
+    struct sigaction now {};
+    ::sigaction(SIGINT, nullptr, &now);
+    ::_exit(now.sa_handler == SIG_IGN ? 0 : 6);
+  });
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
 }
 
 TEST_CASE("interrupts: once the run's results are saved, a second signal exits with its code") {
@@ -180,12 +228,31 @@ TEST_CASE("interrupts: once the run's results are saved, a second signal exits w
     CAPTURE(code);
     const int status = child_status([&] {
       StopRequest r;
-      r.same_signal_ns = 1;
+      r.same_request_ns = 1;
       InterruptGuard g(r);
       ::raise(SIGTERM);  // the preemption notice: a soft stop
       r.done_code.store(code);
       ::usleep(1000);
       ::raise(SIGTERM);  // srun's, during teardown
+    });
+    REQUIRE(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == code);
+  }
+}
+
+TEST_CASE("interrupts: after the guard of a run that saved its results, a signal keeps its code") {
+  // A script's trap passes on the Ctrl-C that reached its ranks too; a rank that had stopped and
+  // saved already was tearing down, its guard gone, and the late copy killed it by the signal.
+  for (const int code : {130, 0}) {
+    CAPTURE(code);
+    const int status = child_status([&] {
+      StopRequest r;
+      {
+        InterruptGuard g(r);
+        ::raise(SIGINT);
+        r.done_code.store(code);
+      }
+      ::raise(SIGINT);
     });
     REQUIRE(WIFEXITED(status));
     CHECK(WEXITSTATUS(status) == code);
