@@ -44,7 +44,7 @@ void TrainLoop::setup_model() {
               : std::make_shared<const DataSplits>(load_data(cfg_.data, cfg_.seed));
   // (ranks of one process share one copy; processes each load their own)
   if (opts_.data == nullptr && world_.size() > 1) check_same_data(world_, *data_);
-  const ModelShape shape = resolve_model_shape(cfg_, *data_, lead_);
+  const ModelShape shape = resolve_model_shape(cfg_, *data_, lead_, /*training=*/true);
   if (const auto w = idle_ranks_warning(data_->train.rows, world_.size(), S_, grid_.layout().tp());
       lead_ && !w.empty())
     spdlog::warn("{}", w);

@@ -159,7 +159,10 @@ struct ModelShape {
   Shape sample;  // per-sample input shape ([1, 28, 28] for IDX images, [F] for CSV rows)
 };
 // speak: log its warnings (the data's labels); false for every rank of a job but rank 0.
-ModelShape resolve_model_shape(const Config& cfg, const DataSplits& data, bool speak = true);
+// training: for a model about to be trained, which a label of data.test's above the training
+// labels refuses (without model.num_classes); eval and predict take a checkpoint's width.
+ModelShape resolve_model_shape(const Config& cfg, const DataSplits& data, bool speak = true,
+                               bool training = false);
 
 // The fp32 values one rank holds for n parameters under cfg's strategy over `replicas`
 // data-parallel replicas: parameters, gradients and optimizer state (strategy.h's table);

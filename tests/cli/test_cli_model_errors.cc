@@ -143,6 +143,31 @@ train: {epochs: 0, max_steps: 2}
   CHECK_FALSE(contains(r.output, "{\"linear\":8}"));
 }
 
+TEST_CASE("run: a data.test label above the training labels is refused, not a wider model") {
+  // A stray 9 in a test file of labels 0..2 gave the model 10 outputs (a warning): other initial
+  // weights, another trained model (a tester's 46.5% test accuracy became 25.0%).
+  TempDir t;
+  std::string train = "a,b,label\n";
+  for (int i = 0; i < 30; ++i)
+    train += std::to_string(i) + "," + std::to_string(i % 7) + "," + std::to_string(i % 3) + "\n";
+  t.write("train.csv", train);
+  t.write("test.csv", "a,b,label\n1,2,0\n3,4,9\n");
+  const std::string cfg = t.write("c.yaml", "data: {format: csv, train: {path: " + t / "train.csv" +
+                                                "}, test: {path: " + t / "test.csv" +
+                                                "}, batch_size: 4}\n"
+                                                "train: {epochs: 0, max_steps: 2}\n");
+  CmdResult r = run_cmd(kBin + " run " + cfg + " --out " + t / "r" + " 2>&1");
+  CHECK(r.exit_code == 2);
+  CHECK_MESSAGE(contains(r.output,
+                         "the test data (data.test) has label 9 (the first out of range "
+                         "in data row 2 of '" +
+                             t / "test.csv" + "'), above the training data's labels (0..2)"),
+                r.output);
+  CHECK_MESSAGE(contains(r.output, "set model.num_classes to 10"), r.output);
+  r = run_cmd(kBin + " run " + cfg + " --out " + t / "r" + " --set model.num_classes=10 2>&1");
+  CHECK_MESSAGE(r.exit_code == 0, r.output);
+}
+
 TEST_CASE("eval: test labels above a layer list's outputs are named as the test data's") {
   // A list ending in {linear: 3} and test labels up to 9: the message advised ending the list in
   // {linear: 10}, which the checkpoint, trained with 3 outputs, cannot take.
