@@ -183,6 +183,12 @@ double figure(const nlohmann::json& rec, const char* key) {
 
 }  // namespace
 
+uint32_t TrainLoop::train_crc() {
+  // (a CRC is 0 for 1 in 2^32 data sets: computed again each time for those, no harm)
+  if (train_crc_ == 0) train_crc_ = data_fingerprint(data_->train);
+  return train_crc_;
+}
+
 void TrainLoop::restore_progress(const std::string& progress) {
   // skipped, record loss, record samples, interval loss, interval samples, an evaluation due,
   // the last train record's mean loss (NaN: none; the last two absent before 2026-12-05), and
@@ -213,6 +219,15 @@ void TrainLoop::restore_progress(const std::string& progress) {
                 : fmt::format("epoch {} goes on from batch {} of the new set's order, not the "
                               "interrupted run's",
                               rp_.epoch, batch_));
+      } else if (const auto crc = p.find("train_crc"); crc != p.end() &&
+                                                       crc->is_number_unsigned() &&
+                                                       crc->get<uint32_t>() != train_crc()) {
+        // Same size, other contents (replaced files, permuted labels: absent before 2026-12-07)
+        spdlog::warn(
+            "the training data differs from what {} was saved while training on (as many "
+            "samples, {}, other contents): the run goes on from epoch {}, batch {} of the new "
+            "data's order",
+            rp_.from, rows, rp_.epoch, batch_);
       } else if (batch_ > bpe_) {
         // Past the end of its epoch on the same data (an edited file): the rest of the epoch
         // is skipped -- said (it went by in silence).

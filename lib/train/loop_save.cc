@@ -86,6 +86,7 @@ void TrainLoop::save() {
                                {"eval_due", eval_due_},
                                {"final_train_loss", nan_to_null(final_train_loss_)},
                                {"train_rows", data_->train.rows},
+                               {"train_crc", train_crc()},
                                {"base_lr", plan_.base_lr}};
     // (JSON numbers round-trip a double exactly; a non-finite sum has no JSON number, and a
     // resume then takes the total)

@@ -153,6 +153,10 @@ class TrainLoop {
   OutDirLock ckpt_lock_;  // rank 0: its checkpoints folder's, for the run (start_run_dir)
 
   std::shared_ptr<const DataSplits> data_;  // (shared by the in-process ranks: RunOptions::data)
+  // The training split's data_fingerprint, computed once when a save or a resume first needs it
+  // (0: not yet; the lead's): a checkpoint records it, a resume on other contents says so.
+  uint32_t train_crc_ = 0;
+  uint32_t train_crc();
   Model model_;
   std::vector<LayerRange> stages_;  // per stage (one: the whole model)
   std::unique_ptr<Strategy> strategy_;

@@ -438,6 +438,18 @@ TEST_CASE("resume on a training text of another size warns that the order change
   INFO(r.output);
   CHECK(r.exit_code == 0);
   CHECK_FALSE(contains(r.output, warning));
+  const std::string differs = "the training data differs from what";
+  CHECK_FALSE(contains(r.output, differs));
+  // As many bytes, other contents (a replaced file): said too (it went by in silence).
+  std::string text = dtrain::testing::read_text(t / "corpus.txt");
+  std::reverse(text.begin(), text.end());
+  t.write("corpus.txt", text);
+  r = run_dtrain("run " + cfg + " --out " + t / "other" + " --resume " + ck +
+                 " --log-level warn --set train.max_steps=4");
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK(contains(r.output, differs));
+  CHECK_FALSE(contains(r.output, warning));
   t.write("corpus.txt", std::string(4000, 'x'));
   r = run_dtrain("run " + cfg + " --out " + t / "cut" + " --resume " + ck +
                  " --log-level warn --set train.max_steps=4");
