@@ -32,7 +32,7 @@ static_assert(sizeof(float) == 4);
 
 namespace {
 
-constexpr uint64_t kMaxHeaderBytes = 100'000'000;  // the reference implementation's limit
+constexpr uint64_t kMaxHeaderBytes = kStMaxHeaderBytes;
 // A tensor's entry is ~9 values (its key, dtype, shape and offsets) in 60 or more bytes; text of
 // "{}," spends 3 bytes a value and grows ~30-fold as a tree (util/json_limits.h). Two million
 // values plus one per 5 bytes passes every header dtrain writes (a model of 46,000 layers wrote
@@ -192,6 +192,12 @@ void write_safetensors(const std::string& path, const std::vector<StTensorRef>& 
   }
   text.append((8 - text.size() % 8) % 8, ' ');
   const uint64_t header_len = text.size();
+  // (a file of a larger header would be refused by every reader: dtrain's own, Python's)
+  if (header_len > kMaxHeaderBytes)
+    throw UserError("cannot write safetensors file '" + path +
+                    "': its header (names, shapes and metadata) would take " +
+                    std::to_string(header_len) + " bytes, over the " +
+                    std::to_string(kMaxHeaderBytes) + " that safetensors readers accept");
 
   write_file_atomic_with(path, [&](int fd) {
     unsigned char len_bytes[8];

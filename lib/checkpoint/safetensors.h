@@ -39,6 +39,10 @@ struct StFile {
   bool header_checksummed = false;
 };
 
+// The largest header a safetensors reader accepts (dtrain's, and the reference implementation's,
+// Python's): a writer refuses to write one it could not read back.
+inline constexpr uint64_t kStMaxHeaderBytes = 100'000'000;
+
 inline constexpr const char* kStCrcKey = "crc32";  // reserved __metadata__ key
 // Reserved too: the CRC-32 of the header itself (metadata, shapes, offsets) in canonical form,
 // verified by every read that finds it.

@@ -8,6 +8,7 @@
 #include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/safetensors.h"
 #include "config/config_diff.h"
 #include "config/schema.h"
 #include "data/dataset.h"
@@ -225,6 +226,22 @@ void check_config_before_build(const std::string& resolved, const Config& cfg) {
   CheckpointMeta header;
   header.config_json = checkpoint_config_json(resolved);
   check_model_config(resolved, header, cfg);
+}
+
+void check_input_record_fits(const DataSplits& data) {
+  if (data.train.kind != SampleKind::kFeatures) return;
+  // (10 MB for the rest: the config, every rank's RNG state, the tensor table)
+  constexpr uint64_t kRoom = 10'000'000;
+  const uint64_t bytes = input_record_json(data.normalizer, data.train).size();
+  if (bytes + kRoom <= kStMaxHeaderBytes) return;
+  throw UserError(fmt::format(
+      "the training data's {} features make the input record a checkpoint stores (its "
+      "normalisation statistics{}) {} MB of its header, over what a safetensors header may hold "
+      "({} MB with the rest; Python's safetensors has the same limit): use data.normalize: none{}",
+      data.train.features, data.train.columns.empty() ? std::string() : " and the column names",
+      bytes / 1'000'000, kStMaxHeaderBytes / 1'000'000,
+      data.train.columns.empty() ? " or smaller inputs"
+                                 : ", shorter column names or fewer columns"));
 }
 
 }  // namespace dtrain

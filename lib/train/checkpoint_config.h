@@ -7,6 +7,7 @@
 
 #include "checkpoint/checkpoint.h"
 #include "config/config.h"
+#include "data/dataset.h"
 
 namespace dtrain {
 
@@ -20,6 +21,13 @@ void report_config_changes(const std::string& path, const CheckpointMeta& m, con
 // nullopt: none stored (older checkpoints) or it does not load (`why` says why, when given).
 std::optional<Config> stored_config(const CheckpointMeta& m, const std::string& path,
                                     std::string* why = nullptr);
+
+// Before training: the input record every checkpoint of the run stores in its header (the
+// normaliser's per-feature statistics and the CSV column names, as JSON) leaves room in a
+// safetensors header for the rest (kStMaxHeaderBytes). Wide inputs (four 2048x2048 images, 1.7M
+// named columns) trained to the end and then wrote checkpoints no reader accepts. Throws
+// UserError naming the size and what to change.
+void check_input_record_fits(const DataSplits& data);
 
 // For eval, predict and generate: the checkpoint's stored config (when it has one) and `cfg`
 // agree on every model key that changes what the weights compute (n_head, activation, layers,

@@ -3,6 +3,7 @@
 #include <bit>
 #include <map>
 
+#include "train/checkpoint_config.h"
 #include "train/data_agreement.h"
 #include "util/stop_notice.h"
 #include "util/strings.h"
@@ -45,6 +46,7 @@ void TrainLoop::setup_model() {
   // (ranks of one process share one copy; processes each load their own)
   if (opts_.data == nullptr && world_.size() > 1) check_same_data(world_, *data_);
   const ModelShape shape = resolve_model_shape(cfg_, *data_, lead_, /*training=*/true);
+  check_input_record_fits(*data_);
   if (const auto w = idle_ranks_warning(data_->train.rows, world_.size(), S_, grid_.layout().tp());
       lead_ && !w.empty())
     spdlog::warn("{}", w);

@@ -16,10 +16,12 @@
 
 #include "checkpoint/safetensors.h"
 #include "test_util.h"
+#include "train/checkpoint_config.h"
 #include "train/train_test_util.h"
 
 using namespace dtrain;
 using dtrain::testing::checkpoint_rel_diff;
+using dtrain::testing::contains;
 using dtrain::testing::LogCapture;
 using dtrain::testing::TempDir;
 using dtrain::testing::train_yaml;
@@ -202,4 +204,35 @@ TEST_CASE("a checkpoint's sampler position past its epoch's end is said at resum
                                           "sampler position (epoch 1, batch 470) is past the end "
                                           "of its epoch, whose training data makes 8 batches"),
                 cap.text());
+}
+
+TEST_CASE("inputs whose record would not fit a checkpoint's header are refused before training") {
+  // Four 2048x2048 images (16 MB) trained to the end, then wrote checkpoints of a 105 MB header
+  // (the normaliser's per-pixel statistics as JSON) that no safetensors reader accepts.
+  DataSplits d;
+  d.train.kind = SampleKind::kFeatures;
+  d.train.features = 4'194'304;
+  d.normalizer.method = Normalize::kStandardize;
+  d.normalizer.shift.assign(static_cast<size_t>(d.train.features), 0.123456789f);
+  d.normalizer.scale.assign(static_cast<size_t>(d.train.features), 3.14159265f);
+  d.train.sample = {d.train.features};
+  try {
+    check_input_record_fits(d);
+    FAIL("not refused");
+  } catch (const UserError& e) {
+    CHECK_MESSAGE(contains(e.what(), "the training data's 4194304 features make the input record"),
+                  e.what());
+    CHECK_MESSAGE(contains(e.what(), "use data.normalize: none"), e.what());
+  }
+  // Without per-feature statistics the record is small: training goes on.
+  d.normalizer = Normalizer{};
+  CHECK_NOTHROW(check_input_record_fits(d));
+  // The writer refuses a header no reader takes, and leaves no file.
+  TempDir t;
+  const std::string path = t / "big.safetensors";
+  const float v = 1.0f;
+  CHECK_THROWS_AS(
+      write_safetensors(path, {{"w", {1}, &v}}, {{"note", std::string(100'000'000, 'x')}}),
+      UserError);
+  CHECK_FALSE(std::filesystem::exists(path));
 }
