@@ -11,6 +11,8 @@
 #include <string_view>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "data/dataset.h"
 #include "util/check.h"
 #include "util/strings.h"
@@ -75,13 +77,57 @@ bool parse_double(std::string_view s, double* out) {
   return true;
 }
 
+// Whether s is a number too large for a double (1e309, a run of 400 digits): parse_double's
+// syntax, out of range. (Magnitudes below a double's smallest are not: parse_float takes them.)
+bool overflows_double(std::string_view s) {
+  const char* b = s.data();
+  const char* e = b + s.size();
+  if (b != e && *b == '+') ++b;
+  if (b == e || *b == '+') return false;
+  double v = 0;
+  const auto [p, ec] = std::from_chars(b, e, v, std::chars_format::general);
+  return p == e && ec == std::errc::result_out_of_range;
+}
+
 // Why a feature cell is no float: empty, a number beyond float32's range, or no number at all.
 std::string cell_problem(std::string_view cell) {
   if (cell.empty()) return "empty cell";
   double d = 0;
-  if (parse_double(cell, &d))
+  if (parse_double(cell, &d) || overflows_double(cell))
     return "\"" + shown_text(cell) + "\" is outside float32's range (magnitudes up to 3.4e38)";
   return "\"" + shown_text(cell) + "\" is not a number";
+}
+
+// s for a message with the bytes that are not UTF-8 shown as \xNN (shown_text shows them as
+// '?', which cannot tell which encoding the file is in); cut past max_bytes.
+std::string escaped_bytes(std::string_view s, size_t max_bytes = 60) {
+  const std::string text(s.substr(0, max_bytes));
+  std::string out;
+  for (size_t i = 0; i < text.size();) {
+    const size_t n = utf8_sequence_at(text, i);
+    if (n == 0) {
+      out += fmt::format("\\x{:02X}", static_cast<unsigned char>(text[i++]));
+      continue;
+    }
+    out += printable_utf8(text.substr(i, n));
+    i += n;
+  }
+  return s.size() > max_bytes ? out + "... (" + std::to_string(s.size()) + " bytes)" : out;
+}
+
+// A hint for a first row read as 1 column: a comment line, or another delimiter than
+// data.csv.delimiter ("" when neither shows). `cell`: the row's one cell.
+std::string one_column_hint(std::string_view cell, char delim) {
+  if (cell.starts_with('#'))
+    return "; lines starting with '#' are not comments to this reader (CSV has none): remove "
+           "them (grep -v '^#' IN > OUT)";
+  for (const char c : {';', '\t', '|', ','}) {
+    if (c == delim || cell.find(c) == std::string_view::npos) continue;
+    const std::string shown = c == '\t' ? "\\t" : std::string(1, c);
+    return "; the row holds '" + shown + "': if it separates the columns, set data.csv.delimiter" +
+           " to it (--set 'data.csv.delimiter=" + shown + "')";
+  }
+  return "";
 }
 
 // Reads a CSV file row by row. The constructor consumes the first non-empty row and decides
@@ -167,6 +213,8 @@ class CsvReader {
   const std::vector<std::string>& header() const { return header_; }
   int64_t cols() const { return cols_; }
   int64_t first_line() const { return first_line_; }
+  // The first non-blank row's cells (the header's, or the first data row's).
+  const std::vector<std::string_view>& first_row() const { return first_; }
   const std::string& path() const { return path_; }
 
   // Next data row (cells are valid until the next call); checks the column count.
@@ -180,7 +228,13 @@ class CsvReader {
     }
     if (static_cast<int64_t>(cells->size()) != cols_) {
       throw UserError(where(*line) + "expected " + std::to_string(cols_) + " columns (as on line " +
-                      std::to_string(first_line_) + "), found " + std::to_string(cells->size()));
+                      std::to_string(first_line_) + "), found " + std::to_string(cells->size()) +
+                      (!first_.empty() && first_[0].starts_with('#')
+                           ? "; line " + std::to_string(first_line_) +
+                                 " starts with '#', and lines starting with '#' are not comments "
+                                 "to this reader (CSV has none): remove them (grep -v '^#' IN > "
+                                 "OUT)"
+                           : ""));
     }
     return true;
   }
@@ -319,7 +373,23 @@ size_t resolve_label_column(const CsvReader& r, const std::string& spec) {
                         "' names columns " + std::to_string(first - h.begin()) + " and " +
                         std::to_string(again - h.begin()) +
                         " so (give a 0-based column index instead, or rename one)");
-      return static_cast<size_t>(first - h.begin());
+      // A name that is also another column's 0-based index: either column could be meant (the
+      // name was taken, silently).
+      const auto named = static_cast<size_t>(first - h.begin());
+      if (spec.find_first_not_of("0123456789") == std::string::npos && spec.size() <= 9 &&
+          std::stoul(spec) < cols && std::stoul(spec) != named) {
+        const size_t index = std::stoul(spec);
+        const std::string other = h[index].empty()
+                                      ? "rename column " + std::to_string(named)
+                                      : "give its name \"" + shown_text(h[index]) + "\"";
+        throw UserError("label column \"" + spec + "\" is ambiguous: the header of '" + r.path() +
+                        "' names column " + std::to_string(named) + " so, and " + spec +
+                        " is also the 0-based index of column " + std::to_string(index) + " (\"" +
+                        shown_text(h[index]) + "\") (for the column named \"" + spec +
+                        "\", give its index " + std::to_string(named) + "; for column " +
+                        std::to_string(index) + ", " + other + ")");
+      }
+      return named;
     }
   }
   const bool numeric = spec.find_first_not_of("0123456789") == std::string::npos;
@@ -350,8 +420,24 @@ Dataset load_csv(const std::string& path, const CsvOptions& opts) {
   CsvReader r(path, opts);
   if (!r.has_rows()) throw UserError("empty data set: '" + path + "' has no rows");
   if (r.cols() < 2) {
-    throw UserError("'" + path + "' has only 1 column: need at least one feature and a label");
+    throw UserError(r.where(r.first_line()) + "the first row has only 1 column (\"" +
+                    shown_text(r.first_row()[0]) + "\"): need at least one feature and a label" +
+                    one_column_hint(r.first_row()[0], opts.delimiter));
   }
+  // Column names go into the checkpoint's JSON metadata, which holds UTF-8 only: a header in
+  // Latin-1 failed there, after training, with nothing saved.
+  if (r.has_header())
+    for (size_t c = 0; c < r.header().size(); ++c)
+      if (const std::string& name = r.header()[c]; !valid_utf8(name)) {
+        size_t bad = 0;
+        while (utf8_sequence_at(name, bad) != 0) bad += utf8_sequence_at(name, bad);
+        throw UserError(fmt::format(
+            "{}the header's column {} (\"{}\") is not UTF-8 text (byte 0x{:02X} at its byte {}: "
+            "Latin-1 or another 8-bit encoding?); column names are kept as UTF-8 in the "
+            "checkpoint: convert the file to UTF-8, e.g. iconv -f latin1 -t utf-8 '{}' > OUT",
+            r.where(r.first_line()), c + 1, escaped_bytes(name),
+            static_cast<unsigned char>(name[bad]), bad + 1, path));
+      }
   const size_t label_col = resolve_label_column(r, opts.label_column);
 
   Dataset d;
@@ -367,7 +453,9 @@ Dataset load_csv(const std::string& path, const CsvOptions& opts) {
     for (size_t c = 0; c < cells.size(); ++c) {
       if (c == label_col) {
         double v;
-        if (!parse_double(cells[c], &v)) {
+        if (overflows_double(cells[c])) {  // (1e309: too large, or negative, as 1e12 is)
+          v = cells[c].starts_with('-') ? -HUGE_VAL : HUGE_VAL;
+        } else if (!parse_double(cells[c], &v)) {
           throw UserError(r.where(line, c) + "label \"" + shown_text(cells[c]) +
                           "\" is not a number");
         }
@@ -426,7 +514,8 @@ std::vector<float> load_csv_features(const std::string& path, const CsvOptions& 
   // Checked on the first row (header or data); next() holds every later row to the same count.
   if (r.cols() != expected_features) {
     throw UserError(r.where(r.first_line()) + "expected " + std::to_string(expected_features) +
-                    " feature columns (the model's input size), found " + std::to_string(r.cols()));
+                    " feature columns (the model's input size), found " + std::to_string(r.cols()) +
+                    (r.cols() == 1 ? one_column_hint(r.first_row()[0], opts.delimiter) : ""));
   }
   while (r.next(&cells, &line)) {
     for (size_t c = 0; c < cells.size(); ++c) {

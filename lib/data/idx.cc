@@ -424,7 +424,7 @@ std::string read_maybe_gzip(const std::string& path) {
     throw UserError(too_big(fmt::format("its {} bytes are", size)));
   std::string bytes = read_whole_file(path);
   if (!has_gzip_magic(bytes, 0)) {
-    refuse_unread_compression(path, std::string_view(bytes).substr(0, kCompressionMagicBytes));
+    refuse_unread_compression(path, std::string_view(bytes).substr(0, kFormatMagicBytes));
     return bytes;
   }
   const size_t left = budget == SIZE_MAX ? SIZE_MAX : budget - std::min(budget, bytes.size());
@@ -432,7 +432,10 @@ std::string read_maybe_gzip(const std::string& path) {
     return too_big(fmt::format("its {} compressed bytes inflate to", bytes.size()));
   };
   try {
-    return gunzip(bytes, path, left, over);
+    std::string out = gunzip(bytes, path, left, over);
+    // (gzip inside gzip, xz inside gzip, a .tar.gz: refused, not read as their packed bytes)
+    refuse_unread_inside_gzip(path, std::string_view(out).substr(0, kFormatMagicBytes));
+    return out;
   } catch (const std::bad_alloc&) {  // the budget is an estimate; the allocator has the last word
     // The buffer is gone: count what the file inflates to, streamed, to say which it was -- more
     // than the budget (over(), at once when the count passes it), or a size that fits it but

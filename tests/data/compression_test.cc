@@ -1,5 +1,8 @@
 // Data files in a compression format dtrain does not read (data/compression.h) are refused by
 // name: as text they would train on their compressed bytes, silently.
+#include <zlib.h>
+
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -19,12 +22,55 @@ namespace dtrain {
 namespace {
 
 using namespace std::string_view_literals;
+using testing::run_cmd;
 using testing::TempDir;
 using testing::user_error_of;
 
 std::string write_bytes(const std::string& path, std::string_view bytes) {
   std::ofstream(path, std::ios::binary) << bytes;
   return path;
+}
+
+// `raw` gzip-compressed (one member).
+std::string gzip(std::string_view raw) {
+  z_stream zs{};
+  REQUIRE(deflateInit2(&zs, 6, Z_DEFLATED, 16 + MAX_WBITS, 8, Z_DEFAULT_STRATEGY) == Z_OK);
+  std::string out(deflateBound(&zs, raw.size()) + 64, '\0');
+  zs.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(raw.data()));
+  zs.avail_in = static_cast<uInt>(raw.size());
+  zs.next_out = reinterpret_cast<Bytef*>(out.data());
+  zs.avail_out = static_cast<uInt>(out.size());
+  REQUIRE(deflate(&zs, Z_FINISH) == Z_STREAM_END);
+  out.resize(zs.total_out);
+  deflateEnd(&zs);
+  return out;
+}
+
+// A ustar archive of one file `name` holding `body`: its 512-byte header (POSIX ustar, checksum
+// as tar(1) writes it), the body padded to 512 bytes, and the two zero blocks that end it.
+std::string tar_of(const std::string& name, const std::string& body) {
+  std::string h(512, '\0');
+  const auto put = [&](size_t at, const std::string& v) { h.replace(at, v.size(), v); };
+  char num[16];
+  put(0, name);
+  put(100, "0000644");
+  put(108, "0001750");
+  put(116, "0001750");
+  std::snprintf(num, sizeof num, "%011o", static_cast<unsigned>(body.size()));
+  put(124, num);
+  put(136, "14712345670");
+  h[156] = '0';
+  put(257, std::string("ustar\0"
+                       "00",
+                       8));
+  put(148, "        ");
+  unsigned sum = 0;
+  for (const char c : h) sum += static_cast<unsigned char>(c);
+  std::snprintf(num, sizeof num, "%06o", sum);
+  put(148, std::string(num) + std::string(1, '\0') + " ");
+  std::string out = h + body;
+  out.resize((out.size() + 511) / 512 * 512 + 1024, '\0');
+  return out;
 }
 
 // The first bytes of real files of each format (xz, bzip2 -9, zstd, zip, 7z, lz4 frames).
@@ -103,6 +149,86 @@ TEST_CASE("compression: IDX images or labels in xz are refused by name") {
                                      "7zXZ\0\0\x04\xE6 more"sv);
   const std::string e = user_error_of([&] { load_idx(xz, xz); });
   CHECK(e.find("'" + xz + "' is xz-compressed") != std::string::npos);
+}
+
+TEST_CASE("compression: a tar header is known by its magic and checksum, not by \"ustar\" alone") {
+  const std::string tar = tar_of("corpus.txt", "hello, text\n");
+  CHECK(is_tar_header(tar));
+  CHECK_FALSE(is_tar_header(std::string_view(tar).substr(0, 511)));
+  std::string text(600, 'a');
+  text.replace(257, 5, "ustar");  // a text that holds "ustar" there: no checksum adds up
+  CHECK_FALSE(is_tar_header(text));
+  std::string broken = tar;
+  broken[0] = 'X';  // the checksum no longer adds up
+  CHECK_FALSE(is_tar_header(broken));
+}
+
+TEST_CASE("compression: gzip inside gzip, xz inside gzip and tar archives are refused by name") {
+  // As text they trained silently on the deflate bytes or on the tar headers and NUL padding;
+  // as CSV a gzip inside gzip was "a NUL byte at offset 8", as IDX "bad IDX magic 0x1f8b0800".
+  TempDir dir;
+  const std::string text = "plain text, long enough for a few windows of training bytes\n";
+  const std::string twice = write_bytes(dir / "corpus.txt.gz", gzip(gzip(text)));
+  const std::string xz_in_gz =
+      write_bytes(dir / "corpus.xz.gz", gzip("\xFD"
+                                             "7zXZ\0\0\x04\xE6 compressed bytes"sv));
+  const std::string tar = write_bytes(dir / "corpus.tar", tar_of("corpus.txt", text));
+  const std::string tgz = write_bytes(dir / "corpus.tar.gz", gzip(tar_of("corpus.txt", text)));
+
+  const std::string twice_msg = "'" + twice +
+                                "' is gzip-compressed twice (its gzip data inflates to "
+                                "gzip-compressed data), and dtrain decompresses once: gunzip it "
+                                "twice, or remove one layer (gunzip -c '" +
+                                twice + "' > OUT, a gzip file dtrain reads)";
+  CHECK(user_error_of([&] { read_maybe_gzip(twice); }) == twice_msg);
+  CHECK(user_error_of([&] { read_maybe_gzip(xz_in_gz); }) ==
+        "'" + xz_in_gz +
+            "' holds xz-compressed data inside its gzip compression, and dtrain reads gzip or "
+            "uncompressed files only: gunzip it, then xz -d it, or recompress the data with gzip "
+            "alone");
+  CHECK(user_error_of([&] { read_maybe_gzip(tar); }) ==
+        "'" + tar + "' is a tar archive, not a data file: extract it (tar xf '" + tar +
+            "') and give dtrain the files it holds");
+  CHECK(user_error_of([&] { read_maybe_gzip(tgz); }) ==
+        "'" + tgz + "' is a gzip-compressed tar archive (.tar.gz), not a data file: extract it " +
+            "(tar xzf '" + tgz + "') and give dtrain the files it holds");
+  // gzip once, and a text that mentions ustar, read as they are
+  CHECK(read_maybe_gzip(write_bytes(dir / "once.gz", gzip(text))) == text);
+
+  // Text: the loader and validate's check (from the first bytes, inflated) say the same.
+  TextOptions o;
+  o.block_size = 4;
+  o.test_fraction = 0;
+  for (const std::string& f : {twice, xz_in_gz, tar, tgz}) {
+    CAPTURE(f);
+    o.train = {f};
+    const std::string e = user_error_of([&] { load_text(o); });
+    CHECK(e.starts_with("data.train.path: '" + f + "' "));
+    CHECK(user_error_of([&] { check_text_sizes(o); }) == e);
+  }
+  o.train = {twice};
+  CHECK(user_error_of([&] { load_text(o); }) == "data.train.path: " + twice_msg);
+
+  // A tar archive tar(1) wrote, when there is one here.
+  write_bytes(dir / "a.txt", text);
+  if (run_cmd("tar -C '" + dir.path() + "' -cf '" + dir.path() + "/real.tar' a.txt").exit_code ==
+      0) {
+    CHECK(user_error_of([&] {
+            read_maybe_gzip(dir / "real.tar");
+          }).starts_with("'" + dir / "real.tar" + "' is a tar archive"));
+  }
+
+  // CSV and IDX gzip-compressed twice: said so.
+  const std::string csv = write_bytes(dir / "rows.csv.gz", gzip(gzip("a,b,y\n1,2,0\n3,4,1\n")));
+  CsvOptions co;
+  CHECK(user_error_of([&] {
+          load_csv(csv, co);
+        }).starts_with("'" + csv + "' is gzip-compressed twice"));
+  const std::string idx =
+      write_bytes(dir / "labels.gz", gzip(gzip(std::string("\0\0\x08\x01\0\0\0\x02\x01\x00", 10))));
+  CHECK(user_error_of([&] {
+          load_idx(idx, idx);
+        }).starts_with("'" + idx + "' is gzip-compressed twice"));
 }
 
 }  // namespace

@@ -18,6 +18,7 @@
 #include "test_util.h"
 #include "user_error.h"
 #include "util/check.h"
+#include "util/strings.h"
 
 namespace dtrain {
 namespace {
@@ -103,6 +104,107 @@ TEST_CASE("csv: label column by name and by index") {
   CHECK(load_csv(dup, opts("auto", "2")).y == std::vector<int32_t>{0, 1});
 }
 
+TEST_CASE("csv: a label column index that is also another column's header name is ambiguous") {
+  // (the column named "0", index 3, was taken silently; a header with a number for a name is
+  // only read as one under data.csv.header: true)
+  TempDir t;
+  const std::string p = t.write("g.csv", "grp,x,y,0\n1,2,3,0\n0,5,6,1\n");
+  CHECK(user_error([&] { load_csv(p, opts("true", "0")); }) ==
+        "label column \"0\" is ambiguous: the header of '" + p +
+            "' names column 3 so, and 0 is also the 0-based index of column 0 (\"grp\") (for "
+            "the column named \"0\", give its index 3; for column 0, give its name \"grp\")");
+  CHECK(load_csv(p, opts("true", "3")).y == std::vector<int32_t>{0, 1});
+  CHECK(load_csv(p, opts("true", "grp")).y == std::vector<int32_t>{1, 0});
+  // A name that is its own column's index, or an index past the columns, is no ambiguity.
+  CHECK(load_csv(t.write("s.csv", "0,x,y\n1,2,3\n0,5,6\n"), opts("true", "0")).y ==
+        std::vector<int32_t>{1, 0});
+  CHECK(load_csv(t.write("p.csv", "a,7\n1,1\n2,0\n"), opts("true", "7")).y ==
+        std::vector<int32_t>{1, 0});
+}
+
+TEST_CASE("csv: a header that is not UTF-8 is refused when read, naming the column and its bytes") {
+  // It trained to the end, then failed writing the column names into the checkpoint's JSON.
+  TempDir t;
+  const std::string p = t.write("latin1.csv", "a,b,caf\xe9,d,label\n1,2,3,4,0\n5,6,7,8,1\n");
+  CHECK(user_error([&] { load_csv(p, opts()); }) ==
+        p +
+            ":1: the header's column 3 (\"caf\\xE9\") is not UTF-8 text (byte 0xE9 at its byte "
+            "4: Latin-1 or another 8-bit encoding?); column names are kept as UTF-8 in the "
+            "checkpoint: convert the file to UTF-8, e.g. iconv -f latin1 -t utf-8 '" +
+            p + "' > OUT");
+  // The label's name too; UTF-8 names (café) pass; data rows are numbers, checked as such.
+  CHECK(contains(user_error([&] { load_csv(t.write("l.csv", "a,\xe9t\xe9\n1,0\n"), opts()); }),
+                 ":1: the header's column 2 (\"\\xE9t\\xE9\")"));
+  CHECK(load_csv(t.write("u.csv", "caf\xc3\xa9,y\n1,0\n2,1\n"), opts()).columns ==
+        std::vector<std::string>{"caf\xc3\xa9"});
+  CHECK(contains(user_error([&] { load_csv(t.write("r.csv", "a,y\n1\xe9,0\n"), opts()); }),
+                 ":2: column 1 (\"a\"): \"1?\" is not a number"));
+}
+
+TEST_CASE("csv: a first row of one column says its line, and hints at comments and delimiters") {
+  TempDir t;
+  const std::string semi = t.write("semi.csv", "\n\na;b;c;label\n1;2;3;0\n");
+  CHECK(user_error([&] { load_csv(semi, opts()); }) ==
+        semi +
+            ":3: the first row has only 1 column (\"a;b;c;label\"): need at least one feature "
+            "and a label; the row holds ';': if it separates the columns, set data.csv.delimiter "
+            "to it (--set 'data.csv.delimiter=;')");
+  const std::string tab = t.write("tab.csv", "1\t2\t0\n");
+  CHECK(contains(user_error([&] { load_csv(tab, opts()); }),
+                 "the row holds '\\t': if it separates the columns, set data.csv.delimiter to "
+                 "it (--set 'data.csv.delimiter=\\t')"));
+  CHECK(contains(user_error([&] { load_csv(t.write("bar.csv", "a|y\n1|0\n"), opts()); }),
+                 "(--set 'data.csv.delimiter=|')"));
+  // with ';' as the delimiter, a comma file is hinted the other way
+  CHECK(
+      contains(user_error([&] { load_csv(t.write("c.csv", "a,y\n1,0\n"), opts("auto", "", ';')); }),
+               "(--set 'data.csv.delimiter=,')"));
+  const std::string comment = t.write("comment.csv", "# exported 2026-12-07\na,b,y\n1,2,0\n");
+  CHECK(user_error([&] { load_csv(comment, opts()); }) ==
+        comment +
+            ":1: the first row has only 1 column (\"# exported 2026-12-07\"): need at least one "
+            "feature and a label; lines starting with '#' are not comments to this reader (CSV "
+            "has none): remove them (grep -v '^#' IN > OUT)");
+  // a comment holding commas: its columns are not the data's
+  CHECK(contains(
+      user_error([&] { load_csv(t.write("c2.csv", "# a, b\n1,2,3,0\n"), opts()); }),
+      ":2: expected 2 columns (as on line 1), found 4; line 1 starts with '#', and lines starting "
+      "with '#' are not comments to this reader"));
+  // no hint when there is nothing to say; predict's input gets the delimiter hint too
+  CHECK(user_error([&] {
+          load_csv(t.write("one.csv", "1\n2\n"), opts());
+        }).ends_with("only 1 column (\"1\"): need at least one feature and a label"));
+  CHECK(contains(
+      user_error([&] { load_csv_features(t.write("in.csv", "1;2;3\n"), opts(), 3, nullptr, {}); }),
+      "expected 3 feature columns (the model's input size), found 1; the row holds "
+      "';'"));
+}
+
+TEST_CASE("csv: numbers past a double's range are outside float32's range, not \"not a number\"") {
+  TempDir t;
+  const std::string digits(10'000'000, '9');
+  for (const std::string& n :
+       {std::string("1e309"), std::string("-1e309"), std::string("+1e400"), digits}) {
+    CAPTURE(n.substr(0, 20));
+    const std::string p = t.write("o.csv", "a,y\n" + n + ",0\n");
+    const std::string msg = user_error([&] { load_csv(p, opts()); });
+    CHECK(contains(msg, p + ":2: column 1 (\"a\"): \"" + shown_text(n) +
+                            "\" is outside float32's range (magnitudes up to 3.4e38)"));
+    // predict's input, a header-less first row, and a label
+    CHECK(contains(user_error([&] { load_csv_features(p, opts(), 2, nullptr, {}); }),
+                   "is outside float32's range"));
+    CHECK(contains(user_error([&] { load_csv(t.write("h.csv", n + ",1,0\n1,2,0\n"), opts()); }),
+                   "is outside float32's range"));
+    CHECK(contains(user_error([&] { load_csv(t.write("l.csv", "a,y\n1," + n + "\n"), opts()); }),
+                   n[0] == '-' ? "is negative" : "is too large (at most 1048575)"));
+  }
+  // below a double's smallest: rounds to 0, as before; not numbers stay "not a number"
+  CHECK(load_csv(t.write("u.csv", "a,y\n1e-400,0\n2,1\n"), opts()).x ==
+        std::vector<float>{0.0f, 2.0f});
+  CHECK(contains(user_error([&] { load_csv(t.write("n.csv", "a,y\n1e309x,0\n"), opts()); }),
+                 "\"1e309x\" is not a number"));
+}
+
 TEST_CASE("csv: CRLF, blank lines, spaces, other delimiters, quotes") {
   TempDir t;
   const Dataset d =
@@ -174,7 +276,8 @@ TEST_CASE("csv: malformed cells and rows name file, line and column") {
       {"a,b,y\n1,1e99,0\n", ":2:", "\"1e99\" is outside float32's range (magnitudes up to 3.4e38)"},
       {"a,b,y\n1,0x10,0\n", ":2:", "\"0x10\" is not a number"},
       // A header name's bytes that are not UTF-8 are shown as '?' (they were printed raw).
-      {"a\xff,y\n1,0\nx,1\n", ":3:", "column 1 (\"a?\")"},
+      {"a\xe2\x80,y\n1,0\nx,1\n", ":1:", "column 1 (\"a\\xE2\\x80\")"},
+      {"a\x01,y\n1,0\nx,1\n", ":3:", "column 1 (\"a?\")"},
       // Blank lines still count: the bad row is physical line 5.
       {"a,b,y\n1,2,0\n\n\r\n1,2,z\n", ":5:", "\"z\""},
       {"1,,0\n", ":1:", "empty cell"},  // an empty cell does not turn a row into a header
