@@ -171,18 +171,10 @@ nlohmann::json run_grpc_rank(const Config& cfg, const RunOptions& opts,
   copts.timeout_s = cfg.distributed.timeout_s;
   // Joining can wait for peers up to rendezvous_timeout_s: a signal meanwhile ends the rank at
   // once (nothing to save yet) instead of after the wait.
-  struct AtOnce {
-    const StopRequest* r;
-    explicit AtOnce(const StopRequest* req) : r(req) {
-      if (r) begin_at_once(*r);  // (ends the process if a stop came while the rank started)
-    }
-    ~AtOnce() {
-      if (r) r->at_once.store(false);
-    }
-  };
+  // (begin_at_once ends the process if a stop came while the rank started)
   std::unique_ptr<Transport> transport;
   {
-    const AtOnce joining(opts.stop);
+    const AtOnceScope joining(opts.stop);
     transport = connect_grpc(g);
   }
   Communicator comm(std::move(transport), copts);

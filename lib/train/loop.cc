@@ -34,17 +34,25 @@ TrainLoop::TrainLoop(const Config& cfg, const RunOptions& opts, Communicator& co
   ckpt_dir_ = (fs::path(opts.out_dir) / "checkpoints").string();
   hash_ = config_hash(cfg);
   config_json_ = config_to_json(cfg).dump();  // stored in checkpoints
-  resuming_ = resuming();                     // (collective; the memory check counts it)
-  setup_model();
+  // Until the run's folder is touched (start_run_dir), a stop signal of `dtrain run` ends the
+  // process at once: nothing to save, and a long data load went on for minutes after a Ctrl-C,
+  // then trained a step and wrote its checkpoint (an --overwrite had replaced the old run).
+  AtOnceScope starting(opts.final_run ? opts.stop : nullptr);
+  resuming_ = resuming();  // (collective; the memory check counts it)
+  setup_model(starting);
 }
 
-void TrainLoop::setup_model() {
+void TrainLoop::setup_model(AtOnceScope& starting) {
   auto t0 = Clock::now();
   data_ = opts_.data != nullptr
               ? opts_.data->get()
               : std::make_shared<const DataSplits>(load_data(cfg_.data, cfg_.seed));
   // (ranks of one process share one copy; processes each load their own)
   if (opts_.data == nullptr && world_.size() > 1) check_same_data(world_, *data_);
+  if (const int64_t ms = fault_load_delay_ms(opts_.faults, rank_); ms > 0) {
+    spdlog::warn("DTRAIN_FAULT slow_load: rank {} sleeps {} ms after loading its data", rank_, ms);
+    std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+  }
   const ModelShape shape = resolve_model_shape(cfg_, *data_, lead_, /*training=*/true);
   check_input_record_fits(*data_);
   if (const auto w = idle_ranks_warning(data_->train.rows, world_.size(), S_, grid_.layout().tp());
@@ -95,6 +103,7 @@ void TrainLoop::setup_model() {
   // that refused its input never comes, so rank 0 fails instead of deleting. (Every rank: only
   // the folder's owner knows of --overwrite.)
   if (world_.size() > 1) world_.barrier();
+  starting.end();
   if (lead_) ckpt_lock_ = start_run_dir(cfg_, opts_, ckpt_dir_);
   if (const std::string why = fault_past(opts_.faults, plan_.total_steps); lead_ && !why.empty())
     spdlog::warn("{}", why);

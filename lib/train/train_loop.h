@@ -74,7 +74,7 @@ class TrainLoop {
   nlohmann::json run();
 
  private:
-  void setup_model();
+  void setup_model(AtOnceScope& starting);
   void check_memory() const;
   bool resume();  // false: nothing left to train (summary_ holds the answer)
   void restore_progress(const std::string& progress);  // collective

@@ -45,14 +45,14 @@ std::vector<Fault> parse_faults(const std::string& spec, int64_t attempt) {
     Fault f;
     f.kind = fields[0];
     const bool stall = f.kind == "stall_in_connect";
-    const bool timed = f.kind == "delay" || f.kind == "slow_save" || stall;
+    const bool timed = f.kind == "delay" || f.kind == "slow_save" || f.kind == "slow_load" || stall;
     const bool placed = f.kind == "kill_in_connect" || stall;
     if (f.kind != "kill" && f.kind != "kill_in_save" && f.kind != "drop" && f.kind != "nan" &&
         f.kind != "grad_scale" && f.kind != "fail_in_save" && !timed && !placed)
       throw UserError(
           "DTRAIN_FAULT: unknown fault '" + f.kind + "' in '" + entry +
-          "' (expected kill, kill_in_save, fail_in_save, slow_save, drop, delay, nan, grad_scale, "
-          "kill_in_connect or stall_in_connect)");
+          "' (expected kill, kill_in_save, fail_in_save, slow_save, slow_load, drop, delay, nan, "
+          "grad_scale, kill_in_connect or stall_in_connect)");
     const char* fields_wanted = stall    ? "rank, at and ms"
                                 : timed  ? "rank and ms"
                                 : placed ? "rank and at"
@@ -151,6 +151,10 @@ int64_t fault_delay_ms(const std::vector<Fault>& faults, int rank) {
 
 int64_t fault_save_delay_ms(const std::vector<Fault>& faults, int rank) {
   return sum_ms(faults, "slow_save", rank, nullptr);
+}
+
+int64_t fault_load_delay_ms(const std::vector<Fault>& faults, int rank) {
+  return sum_ms(faults, "slow_load", rank, nullptr);
 }
 
 void die_by_fault(const std::string& what) {

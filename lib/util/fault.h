@@ -12,6 +12,9 @@
 //   slow_save:rank=R:ms=M       rank R sleeps M ms in every checkpoint write, after its file or
 //                               shard is written and before the checkpoint is committed (a slow
 //                               filesystem: the window for a signal or a kill mid-save)
+//   slow_load:rank=R:ms=M       rank R sleeps M ms once its data has loaded, before the run's
+//                               folder is touched (a large data set: the window for a signal
+//                               while a run starts)
 //   fail_in_save:rank=R:step=S  rank R's write of the checkpoint of step S fails (an I/O error)
 //   kill_in_connect:rank=R:at=P rank R dies by SIGKILL while it connects to its peers (gRPC), at
 //                               point P: joined (the rendezvous answered, nothing else done),
@@ -33,11 +36,11 @@ namespace dtrain {
 
 struct Fault {
   std::string kind;   // kill | kill_in_save | drop | delay | nan | grad_scale | kill_in_connect
-                      // | stall_in_connect | slow_save | fail_in_save
+                      // | stall_in_connect | slow_save | slow_load | fail_in_save
   int64_t rank = -1;  // which rank (required)
   std::string at;     // where (kill_in_connect, stall_in_connect: required)
   int64_t step = -1;  // at which step (kill, kill_in_save, drop: required)
-  int64_t ms = -1;    // how long (delay, slow_save, stall_in_connect: required)
+  int64_t ms = -1;    // how long (delay, slow_save, slow_load, stall_in_connect: required)
 };
 
 // The faults of `spec` (DTRAIN_FAULT's value) for restart attempt `attempt` (0: the first):
@@ -68,6 +71,9 @@ int64_t fault_stall_ms(const std::vector<Fault>& faults, int rank, const std::st
 int64_t fault_delay_ms(const std::vector<Fault>& faults, int rank);
 // The milliseconds this rank sleeps in every checkpoint write (its slow_save faults; 0: none).
 int64_t fault_save_delay_ms(const std::vector<Fault>& faults, int rank);
+
+// The milliseconds this rank sleeps once its data has loaded (its slow_load faults; 0: none).
+int64_t fault_load_delay_ms(const std::vector<Fault>& faults, int rank);
 
 // Kills this process with SIGKILL (no cleanup, like a machine failure), after logging why.
 [[noreturn]] void die_by_fault(const std::string& what);

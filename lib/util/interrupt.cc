@@ -60,10 +60,23 @@ int64_t monotonic_ns() {
   return static_cast<int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
 }
 
+// One line on stderr for a stop that ends a rank before its run began (async-signal-safe: write
+// of string literals).
+void say_ending_before_start(int sig) {
+  const auto put = [](const char* text) {
+    const ssize_t w = ::write(STDERR_FILENO, text, std::strlen(text));
+    (void)w;
+  };
+  put("dtrain: ");
+  put(interrupt_signal_name(sig));
+  put(" before the run began (nothing to save yet): exiting now\n");
+}
+
 void on_interrupt(int sig, siginfo_t* info, void* /*context*/) {
   StopRequest* req = g_request.load();
   if (req == nullptr) return;
   if (req->at_once.load()) {
+    say_ending_before_start(sig);
     abrupt_cleanup();
     end_joining(sig);
     return;
@@ -163,6 +176,7 @@ void begin_at_once(const StopRequest& req) {
   // recorded in req.signal and is acted on here.
   const int sig = req.signal.load();
   if (sig == 0) return;
+  say_ending_before_start(sig);
   abrupt_cleanup();
   end_joining(sig);
 }

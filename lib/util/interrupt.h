@@ -145,4 +145,24 @@ void set_signal_forwarder(pid_t pid);
 // nothing to save; clear at_once when that wait is over.
 void begin_at_once(const StopRequest& req);
 
+// begin_at_once for a scope (nullptr: nothing): at_once is cleared at end() or destruction.
+// Ranks that are threads share one request: the first to end clears it for all (they end
+// together past a barrier).
+class AtOnceScope {
+ public:
+  explicit AtOnceScope(const StopRequest* req) : req_(req) {
+    if (req_ != nullptr) begin_at_once(*req_);
+  }
+  ~AtOnceScope() { end(); }
+  void end() {
+    if (req_ != nullptr) req_->at_once.store(false);
+    req_ = nullptr;
+  }
+  AtOnceScope(const AtOnceScope&) = delete;
+  AtOnceScope& operator=(const AtOnceScope&) = delete;
+
+ private:
+  const StopRequest* req_;
+};
+
 }  // namespace dtrain

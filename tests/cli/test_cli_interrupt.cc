@@ -718,3 +718,35 @@ TEST_CASE("a launcher as PID 1 (a container's entry point) ends on SIGTERM while
   REQUIRE_MESSAGE(at != std::string::npos, r.output);
   CHECK(std::stoi(r.output.substr(at + 9)) < 5);  // at once, not after a grace period
 }
+
+TEST_CASE("a signal while the run loads its data ends it at once, the old run untouched") {
+  // A load of minutes went on after a Ctrl-C, then trained a step and wrote its checkpoint,
+  // after --overwrite had replaced the run in the folder.
+  TempDir dir;
+  const std::string cfg = dir.write("cfg.yaml", kCfg);
+  const std::string out = dir / "run";
+  auto r =
+      run_cmd(kBin + " run " + cfg + " --out " + out + " --set train.max_steps=5 --log-level warn");
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  const std::string before = read_text(out + "/summary.json");
+  for (const int sig : {SIGINT, SIGTERM}) {
+    CAPTURE(sig);
+    Child c("DTRAIN_FAULT=slow_load:rank=0:ms=20000 exec " + kBin + " run " + cfg + " --out " +
+                out + " --overwrite --no-progress",
+            dir / "log");
+    REQUIRE(wait_until([&] { return contains(read_text(dir / "log"), "slow_load"); }, 60));
+    const auto t0 = std::chrono::steady_clock::now();
+    c.signal(sig);
+    const int rc = c.wait(30);
+    const std::string log = read_text(dir / "log");
+    CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10));
+    if (sig == SIGTERM) {
+      CHECK_MESSAGE(rc == 75, log);  // the preemption signal: the newest checkpoint is as it was
+    } else {
+      CHECK_MESSAGE(rc == 128 + SIGINT, log);
+    }
+    CHECK_MESSAGE(contains(log, "before the run began (nothing to save yet)"), log);
+    CHECK(read_text(out + "/summary.json") == before);
+    CHECK(std::filesystem::exists(out + "/checkpoints/step-5.safetensors"));
+  }
+}
