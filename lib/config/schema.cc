@@ -158,7 +158,7 @@ std::vector<KeyDecl> model_keys(const Owners& o) {
           .by(o.classifier),
       key(
           "model.num_classes", [](auto& c) -> auto& { return c.model.num_classes; },
-          R"doc(≥ 0; 0 = inferred from the data (max label + 1); else labels must be below it)doc")
+          R"doc(≥ 0; 0 = inferred from the data (max label + 1 of the training data, a held-out split included); a label of `data.test`'s above them is refused (exit 2: test files do not shape the model to train); else labels must be below it)doc")
           .min(0)
           .by(o.classifier),
   };
@@ -211,7 +211,7 @@ std::vector<KeyDecl> data_keys(const Owners& o) {
           R"doc(Drop the last short global batch of each epoch)doc"),
       key(
           "data.normalize", [](auto& c) -> auto& { return c.data.normalize; },
-          R"doc(`auto` (scale for idx, standardize otherwise) | `scale` (idx: ÷255; else train min..max → 0..1) | `standardize` (train mean/std per feature) | `none`)doc"),
+          R"doc(`auto` (scale for idx, standardize otherwise) | `scale` (idx: ÷255; else train min..max → 0..1) | `standardize` (train mean/std per feature) | `none`. Checkpoints store the per-feature statistics (and CSV column names) in their header, which safetensors readers cap at 100 MB: inputs of millions of features whose record would not fit are refused before training (exit 2; `none` stores no statistics))doc"),
       key(
           "data.csv.header", [](auto& c) -> auto& { return c.data.csv.header; },
           R"doc(`auto` (a first row of text cells is a header, of numbers data; a mix is an error) | `true` | `false`)doc")
