@@ -153,13 +153,21 @@ ModelShape resolve_model_shape(const Config& cfg, const DataSplits& data, bool s
     }
     s.num_classes = cfg.model.num_classes;
   }
+  // (a held-out split that leaves few training rows is the likelier cause: said with it)
+  const std::string split =
+      cfg.data.test.empty() && data.test.rows > data.train.rows
+          ? fmt::format(
+                ": data.test_fraction {} holds out {} of the {} samples and leaves these {}",
+                resolved_test_fraction(cfg.data), data.test.rows, data.test.rows + data.train.rows,
+                data.train.rows)
+          : std::string();
   if (s.num_classes < 2)
-    throw UserError("the training data has a single class (label 0 only); need at least 2");
+    throw UserError("the training data has a single class (label 0 only); need at least 2" + split);
   // One label throughout, whichever it is (a wrong label column, a filtered file): nothing to
   // learn, and the loss would reach 0 by pushing one logit up.
   if (labelled && *lo == *hi)
     throw UserError("the training data has a single class (every label is " + std::to_string(*lo) +
-                    "); need at least 2");
+                    "); need at least 2" + split);
   return s;
 }
 

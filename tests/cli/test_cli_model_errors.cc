@@ -350,3 +350,22 @@ TEST_CASE("eval of a text test file that is also the training file warns, as run
   CHECK_MESSAGE(r.exit_code == 0, r.output);
   CHECK(contains(r.output, "' is also a training file (data.train)"));
 }
+
+TEST_CASE("one class left by a held-out split that takes nearly all is said with the split") {
+  // data.test_fraction 0.999 of 200 rows left one training row: "a single class (every label is
+  // 2)" pointed at the labels, which have three classes.
+  TempDir t;
+  std::string rows = "a,b,label\n";
+  for (int i = 0; i < 200; ++i)
+    rows += std::to_string(i) + "," + std::to_string(i % 7) + "," + std::to_string(i % 3) + "\n";
+  t.write("d.csv", rows);
+  const std::string cfg = t.write("c.yaml", "data: {format: csv, train: {path: " + t / "d.csv" +
+                                                "}, test_fraction: 0.999, batch_size: 4}\n"
+                                                "train: {epochs: 0, max_steps: 2}\n");
+  const CmdResult r = run_cmd(kBin + " run " + cfg + " --out " + t / "r" + " 2>&1");
+  CHECK(r.exit_code == 2);
+  CHECK_MESSAGE(contains(r.output,
+                         "need at least 2: data.test_fraction 0.999 holds out 199 of the "
+                         "200 samples and leaves these 1"),
+                r.output);
+}
