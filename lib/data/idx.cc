@@ -322,6 +322,13 @@ void check_idx_pixels(const std::string& images_path, uint64_t rows, uint64_t co
   if (rows == 0 || cols == 0)
     throw UserError("IDX images file '" + images_path + "' has images of 0 pixels (" +
                     std::to_string(rows) + "x" + std::to_string(cols) + ")");
+  // (each count < 2^32: the product fits in 64 bits) BLAS takes a GEMM's sizes as 32-bit ints,
+  // and `dtrain validate` skipped its model checks for such images and said "ok".
+  if (rows * cols > (uint64_t{1} << 31))
+    throw UserError("IDX images file '" + images_path + "' has images of " + std::to_string(rows) +
+                    "x" + std::to_string(cols) + " pixels, " + std::to_string(rows * cols) +
+                    " each: more than dtrain takes in one sample (2^31 = 2147483648; its matrix "
+                    "products count in 32-bit integers)");
 }
 
 // load_idx's refusals of an images header's counts: no images, or images of 0 pixels.
@@ -522,9 +529,6 @@ Shape idx_image_shape(const std::string& images_path) {
   const uint64_t rows = read_be32(head, 8), cols = read_be32(head, 12);
   // As load_idx refuses it (a model cannot be built for it).
   check_idx_pixels(images_path, rows, cols);
-  // Past any real image (and past int64 once multiplied out): left to load_idx, which measures
-  // the header against the file's size.
-  if (rows * cols > (uint64_t{1} << 31)) return {};
   return {1, static_cast<int64_t>(rows), static_cast<int64_t>(cols)};
 }
 

@@ -315,6 +315,13 @@ TEST_CASE("idx: bad headers") {
     write_bytes(img, idx_images(3, 0, 28, {}));
     CHECK(user_error([&] { load_idx(img, lab); }).find("0 pixels") != std::string::npos);
   }
+  SUBCASE("images of more than 2^31 pixels, by their header alone") {
+    // (validate read the shape as unknown and skipped its model checks: "ok")
+    write_bytes(img, idx_images(0, 46341, 46341, {}));
+    const std::string msg = user_error([&] { idx_image_shape(img); });
+    CHECK_MESSAGE(msg.find("46341x46341 pixels, 2147488281 each") != std::string::npos, msg);
+    CHECK(idx_image_shape((t / "none")).empty());
+  }
 }
 
 TEST_CASE("idx: label 255 is a valid class index") {
