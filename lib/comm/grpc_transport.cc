@@ -62,6 +62,7 @@
 #include "dtrain.grpc.pb.h"
 #include "dtrain.pb.h"
 #include "util/check.h"
+#include "util/exit_deadline.h"
 #include "util/fault.h"
 #include "util/strings.h"
 
@@ -455,7 +456,16 @@ std::unique_ptr<Transport> connect_grpc(const GrpcOptions& o, const GrpcTuning& 
     throw UserError(fmt::format("chunk size {} is not in 1..64 MiB", tuning.chunk_bytes));
   if (tuning.tune_malloc) tune_malloc_once();
   auto t = std::make_unique<GrpcTransport>(o, tuning);
-  t->connect();  // on failure t's destructor closes whatever was opened
+  try {
+    t->connect();
+  } catch (const std::exception& e) {
+    // t's destructor closes whatever was opened -- within a bound: gRPC's shutdown waited
+    // forever for threads that never started (ulimit -u), and the rank said nothing.
+    const ExitDeadline bound(kFailedTeardownS, dynamic_cast<const UserError*>(&e) ? 2 : 1,
+                             e.what());
+    t.reset();
+    throw;
+  }
   return t;
 }
 

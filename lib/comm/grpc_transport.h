@@ -82,4 +82,8 @@ bool is_loopback_host(const std::string& host);
 // 0's refusal).
 std::unique_ptr<Transport> connect_grpc(const GrpcOptions& opts);
 
+// How long the teardown of a transport after a failure (a failed connect, a rank's error) may
+// take before the process ends with the error it reports (util/exit_deadline.h), in seconds.
+inline constexpr unsigned kFailedTeardownS = 20;
+
 }  // namespace dtrain

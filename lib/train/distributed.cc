@@ -2,6 +2,8 @@
 
 #include "comm/rendezvous/master_addr.h"
 
+#include <optional>
+
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
@@ -13,6 +15,7 @@
 #include "tensor/blas.h"
 #include "train/stop.h"
 #include "util/check.h"
+#include "util/exit_deadline.h"
 #include "util/fs.h"
 
 namespace dtrain {
@@ -177,17 +180,32 @@ nlohmann::json run_grpc_rank(const Config& cfg, const RunOptions& opts,
     const AtOnceScope joining(opts.stop);
     transport = connect_grpc(g);
   }
+  // Armed on a failure, before comm's teardown (declared first: destroyed after it).
+  std::optional<ExitDeadline> bounded_teardown;
   Communicator comm(std::move(transport), copts);
+  // (the teardown after a failure: a signal then ends the rank at once, nothing to save)
+  const auto failing = [&](const std::exception& e, int code) {
+    if (opts.stop != nullptr) opts.stop->at_once.store(true);
+    bounded_teardown.emplace(kFailedTeardownS, code, e.what());
+  };
   try {
     RunOptions here = opts;
     here.processes_here = de.local_world_size;
     here.machine_available = machine_available;
     return train_rank(eff, here, comm);
-  } catch (const AgreedError&) {
-    throw;  // every rank raises it at the same step (train/stop.h): nobody is left waiting
+  } catch (const AgreedError& e) {
+    // every rank raises it at the same step (train/stop.h): nobody is left waiting
+    failing(e, dynamic_cast<const AgreedInputError*>(&e) != nullptr ? 2 : 1);
+    throw;
+  } catch (const PreemptedError& e) {
+    failing(e, kExitPreempted);
+    throw;
   } catch (const std::exception& e) {
     // Tell the peers now rather than letting them wait for their deadline.
     comm.abort(abort_reason("rank " + std::to_string(de.rank), e));
+    const bool input = dynamic_cast<const UserError*>(&e) != nullptr ||
+                       dynamic_cast<const std::bad_alloc*>(&e) != nullptr;
+    failing(e, input ? 2 : 1);
     throw;
   }
 }

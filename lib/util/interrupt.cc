@@ -185,6 +185,10 @@ void set_abrupt_exit_cleanup(void (*fn)()) {
   g_abrupt_cleanup.store(fn);
 }
 
+void run_abrupt_exit_cleanup() {
+  abrupt_cleanup();
+}
+
 InterruptGuard::InterruptGuard(StopRequest& req, int preempt_signal) {
   DT_CHECK_MSG(preempt_signal == SIGTERM || preempt_signal == SIGUSR1,
                "the preemption signal is SIGTERM or SIGUSR1");

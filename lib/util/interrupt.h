@@ -124,6 +124,9 @@ const char* interrupt_signal_name(int sig);
 // outlive the process (the comm layer's shared-memory segments). `fn` must be async-signal-safe.
 // One per process, set once (a later call replaces it); nullptr clears it.
 void set_abrupt_exit_cleanup(void (*fn)());
+// Runs that cleanup and removes the temp files of writes in progress (async-signal-safe), for
+// other handlers that end the process at once (util/exit_deadline.h).
+void run_abrupt_exit_cleanup();
 
 // For commands that do not stop softly (no InterruptGuard: eval, predict, checkpoint
 // consolidate, ...): SIGINT, SIGTERM and SIGHUP end the process by the signal as before, after
