@@ -182,8 +182,16 @@ std::unique_ptr<ShmSegment> ShmSegment::create(int owner, int world, uint64_t ri
   if (fd < 0)
     throw CommError(fmt::format("cannot create shared memory {}: {}", s->name_, strerror(errno)));
   s->owner_ = true;  // from here on the destructor unlinks the name
-  const bool sized = ftruncate(fd, static_cast<off_t>(s->bytes_)) == 0;
-  const int err = errno;
+  bool sized = ftruncate(fd, static_cast<off_t>(s->bytes_)) == 0;
+  int err = errno;
+  // The identity and control blocks, which the owner and every sender touch, are allocated now
+  // (the rings by their senders, reserve_ring): a full /dev/shm is a CommError here, which
+  // leaves the gRPC streams to carry the data, not a SIGBUS at the first write.
+  if (sized) {
+    const uint64_t head = sizeof(Layout) + sizeof(Ctl) * static_cast<uint64_t>(world);
+    err = posix_fallocate(fd, 0, static_cast<off_t>(head));
+    sized = err == 0;
+  }
   if (sized) s->base_ = mmap(nullptr, s->bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   close(fd);
   if (!sized || s->base_ == MAP_FAILED) {
@@ -250,6 +258,24 @@ void ShmSegment::unlink() {
   if (!owner_ || unlinked_) return;
   unlinked_ = true;
   shm_unlink(name_.c_str());
+}
+
+bool ShmSegment::reserve_ring(int src, std::string* why) {
+  const int fd = shm_open(name_.c_str(), O_RDWR, 0);
+  if (fd < 0) {
+    *why = fmt::format("cannot open {}: {}", name_, strerror(errno));
+    return false;
+  }
+  const uint64_t at = sizeof(Layout) + sizeof(Ctl) * static_cast<uint64_t>(world_) +
+                      ring_bytes_ * static_cast<uint64_t>(src);
+  const int err = posix_fallocate(fd, static_cast<off_t>(at), static_cast<off_t>(ring_bytes_));
+  close(fd);
+  if (err == 0) return true;
+  *why = fmt::format(
+      "no room in {} for a ring of {} MiB ({}): free space there, or set "
+      "distributed.shm: false",
+      "/dev/shm" + name_, ring_bytes_ >> 20, strerror(err));
+  return false;
 }
 
 void ShmSegment::attach(int src) {

@@ -80,6 +80,10 @@ class ShmSegment {
   uint64_t max_payload() const { return ring_bytes_ / 2 - sizeof(ShmRecord); }
 
   // ---- sender side (rank src, on the receiver's segment) ----
+  // Allocates the pages of src's ring in the segment's filesystem (/dev/shm) before anything is
+  // written there: a full /dev/shm then refuses here (false, *why) instead of killing the
+  // writer with SIGBUS at its first touch of an unbacked page. Call before attach.
+  bool reserve_ring(int src, std::string* why);
   // Marks src's ring as in use; the owner reads it once all senders are known to have started.
   void attach(int src);
   // Appends one record with its payload (hdr.len bytes, <= max_payload()) to src's ring if it

@@ -84,6 +84,13 @@ void ShmPath::attach(const std::vector<std::string>& names) {
     if (r == env_.rank || names[r].empty()) continue;
     std::string why;
     out_[r] = ShmSegment::open(names[r], r, env_.world, &why);
+    if (out_[r] && !out_[r]->reserve_ring(env_.rank, &why)) {
+      // (this host's /dev/shm is full: said, since the job runs slower for it)
+      spdlog::warn("rank {}: no shared memory to rank {}, using its gRPC stream: {}", env_.rank, r,
+                   why);
+      out_[r].reset();
+      continue;
+    }
     if (out_[r])
       out_[r]->attach(env_.rank);
     else  // another host (the usual case) or no access: the stream carries the data
