@@ -1,0 +1,68 @@
+// Host limits a rank meets. A /dev/shm without room for the shared-memory rings (a container's
+// 64 MB default filled by other programs): the ranks carry their data over their gRPC streams
+// and say why; they were killed by SIGBUS at their first write into a ring, with nothing said,
+// every restart alike. An open-file limit too low for the job's connections.
+#include <doctest/doctest.h>
+
+#include <string>
+
+#include "test_util.h"
+
+using dtrain::testing::contains;
+using dtrain::testing::read_text;
+using dtrain::testing::run_cmd;
+using dtrain::testing::TempDir;
+
+namespace {
+const std::string kBin = DTRAIN_BIN;
+}  // namespace
+
+TEST_CASE("a full /dev/shm: the ranks use their gRPC streams and say so, no SIGBUS") {
+  if (run_cmd("unshare -m true").exit_code != 0) {
+    MESSAGE("skipped: cannot make a mount namespace here (unshare -m needs root)");
+    return;
+  }
+  TempDir dir;
+  const std::string cfg = dir.write(
+      "c.yaml",
+      "model: {hidden: [256, 256]}\ndata: {format: synthetic, synthetic: {samples: 400, features: "
+      "64, classes: 3}, batch_size: 16}\ntrain: {epochs: 0, max_steps: 20}\n"
+      "distributed: {backend: grpc, world_size: 2}\nruntime: {threads: 1}\n");
+  // 1 MiB free: room for the segments' control blocks, not for a ring of 4 MiB, which 20 steps'
+  // gradients (330 KB each) go all through
+  const auto r = run_cmd(
+      "unshare -m sh -c 'mount -t tmpfs -o size=8m tmpfs /dev/shm && dd "
+      "if=/dev/zero of=/dev/shm/other bs=1M count=7 2>/dev/null && exec " +
+      kBin + " launch --nproc 2 " + cfg + " --out " + dir / "run" + "' > " + dir / "log" +
+      " 2>&1; echo rc $?");
+  const std::string log = read_text(dir / "log");
+  CHECK_MESSAGE(contains(r.output, "rc 0"), log);
+  CHECK_FALSE(contains(log, "SIGBUS"));
+  CHECK_MESSAGE(contains(log,
+                         "no shared memory to rank 1, using its gRPC stream: no room in "
+                         "/dev/shm/dtrain-"),
+                log);
+}
+
+TEST_CASE("an open-file limit too low for the job is raised to the hard limit, else refused") {
+  // 4 descriptors per peer: too few made every rank fail after its timeouts, blaming a healthy
+  // peer ("no heartbeat from rank 3: frozen") or MASTER_ADDR.
+  TempDir dir;
+  const std::string cfg = dir.write(
+      "c.yaml",
+      "model: {hidden: [8]}\ndata: {format: synthetic, synthetic: {samples: 200, features: 4, "
+      "classes: 3}, batch_size: 8}\ntrain: {epochs: 0, max_steps: 5}\n"
+      "distributed: {backend: grpc, world_size: 3}\nruntime: {threads: 1}\n");
+  const std::string launch =
+      "exec " + kBin + " launch --nproc 3 " + cfg + " --out " + dir / "run" + " --overwrite";
+  // Both limits 40 (a rank of 3 needs 76): refused at once, exit 2, naming the limit.
+  auto r = run_cmd("bash -c 'ulimit -n 40; " + launch + "' 2>&1");
+  CHECK_MESSAGE(r.exit_code == 2, r.output);
+  CHECK_MESSAGE(contains(r.output,
+                         "the open-file limit (ulimit -n) is 40, and a rank of a job of "
+                         "3 ranks needs about 76 descriptors"),
+                r.output);
+  // The soft limit alone: raised, and the job trains.
+  r = run_cmd("bash -c 'ulimit -Sn 40; " + launch + "' 2>&1");
+  CHECK_MESSAGE(r.exit_code == 0, r.output);
+}
