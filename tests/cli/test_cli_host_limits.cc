@@ -6,6 +6,7 @@
 
 #include <string>
 
+#include "launch/launcher.h"
 #include "test_util.h"
 
 using dtrain::testing::contains;
@@ -65,4 +66,36 @@ TEST_CASE("an open-file limit too low for the job is raised to the hard limit, e
   // The soft limit alone: raised, and the job trains.
   r = run_cmd("bash -c 'ulimit -Sn 40; " + launch + "' 2>&1");
   CHECK_MESSAGE(r.exit_code == 0, r.output);
+}
+
+TEST_CASE("a silent connection to the rendezvous port is closed after 10 s, not 120 s") {
+  // Any host that reaches MASTER_PORT may connect without the token: 1,100 silent connections
+  // held a descriptor each for gRPC's default two minutes, and the run failed writing its
+  // checkpoint ("Too many open files").
+  TempDir dir;
+  const std::string cfg = dir.write(
+      "c.yaml",
+      "model: {hidden: [8]}\ndata: {format: synthetic, synthetic: {samples: 200, features: 4, "
+      "classes: 3}, batch_size: 8}\ntrain: {epochs: 0, max_steps: 5}\n"
+      "distributed: {backend: grpc, world_size: 2, rendezvous_timeout_s: 60}\n"
+      "runtime: {threads: 1}\n");
+  const int port = dtrain::pick_free_port();
+  // Rank 0 alone: it serves the rendezvous while it waits for rank 1. The probe (bash's
+  // /dev/tcp) connects once the port listens, sends nothing, and reads until the server closes.
+  const std::string p = std::to_string(port);
+  const std::string probe =
+      "for i in $(seq 300); do exec 3<>/dev/tcp/127.0.0.1/" + p +
+      " && break; sleep 0.1; done 2>/dev/null\n"
+      "t=$(date +%s); timeout 40 cat <&3 >/dev/null; rc=$?\n"
+      "if [ $rc = 124 ]; then echo 'still open after 40 s'; else echo \"closed after $(( $(date "
+      "+%s) - t )) s\"; fi\n";
+  dir.write("probe.sh", probe);
+  const auto r =
+      run_cmd("RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + p + " timeout 60 " + kBin +
+              " run " + cfg + " --out " + dir / "run" + " > " + dir / "r0.log" +
+              " 2>&1 & p=$!; bash " + dir / "probe.sh" + "; kill $p; wait $p");
+  // (10 s, give or take the second the clock turned)
+  CHECK_MESSAGE((contains(r.output, "closed after 10 s") ||
+                 contains(r.output, "closed after 11 s") || contains(r.output, "closed after 9 s")),
+                r.output);
 }

@@ -54,6 +54,8 @@ constexpr auto kSetupSlice = std::chrono::milliseconds(50);
 // Keepalive: notices a peer whose host vanished without closing the socket.
 constexpr int kKeepaliveTimeMs = 10000;
 constexpr int kKeepaliveTimeoutMs = 10000;
+// How long an incoming connection may take to complete its handshake (start_server).
+constexpr int kServerHandshakeTimeoutMs = 10000;
 // How long a rank tries to open a TCP data connection before it keeps the gRPC stream instead
 // (a peer's data port is up before the rendezvous, so only a firewall or a broken route waits).
 constexpr auto kTcpConnectLimit = std::chrono::seconds(10);
@@ -121,6 +123,10 @@ void GrpcTransport::start_server() {
   b.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, kKeepaliveTimeMs / 2);
   b.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
   b.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 1);
+  // A connection that has not completed its HTTP/2 (and TLS) handshake in this time is closed
+  // (gRPC's default: 120 s): silent connections to the rendezvous port, which any host that
+  // reaches it may open without the token, held a descriptor each for two minutes.
+  b.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS, kServerHandshakeTimeoutMs);
   set_tuning_args(tune_, [&](const char* k, int v) { b.AddChannelArgument(k, v); });
   server_ = b.BuildAndStart();
   if (!server_ || data_port == 0 || (rank_ == 0 && master_port == 0)) {
