@@ -262,6 +262,7 @@ bool Tee::write_note(std::chrono::steady_clock::time_point until) {
   if (failed) console_ok = false;
   if (w < note.size()) return false;
   console_dropped = 0;
+  dropped_tail.clear();
   return true;
 }
 
@@ -271,18 +272,39 @@ void Tee::write_to_console(const char* p, size_t n, std::chrono::steady_clock::t
     until = std::chrono::steady_clock::now();
     if (!write_note(until)) {
       console_dropped += n;
+      keep_dropped(p, n);
       return;
     }
   }
   bool failed = false;
   const size_t w = write_console(console, p, n, until, &failed);
   console_dropped += n - w;
+  keep_dropped(p + w, n - w);
   if (failed) console_ok = false;
 }
 
+void Tee::keep_dropped(const char* p, size_t n) {
+  if (n >= kDroppedTail) {
+    dropped_tail.assign(p + n - kDroppedTail, kDroppedTail);
+    return;
+  }
+  dropped_tail.append(p, n);
+  if (dropped_tail.size() > kDroppedTail) dropped_tail.erase(0, dropped_tail.size() - kDroppedTail);
+}
+
 void Tee::note_dropped() {
-  if (console_ok && console_dropped > 0)
-    write_note(std::chrono::steady_clock::now() + std::chrono::seconds(1));
+  if (!console_ok || console_dropped == 0) return;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  // Whole lines only: from the first line break of what is kept (all of it when it holds none).
+  std::string tail = std::move(dropped_tail);
+  if (const size_t nl = tail.find('\n'); nl != std::string::npos && nl + 1 < tail.size())
+    tail.erase(0, nl + 1);
+  if (!write_note(until) || tail.empty()) return;
+  const std::string head = "[dtrain launch] the last of it:\n";
+  bool failed = false;
+  if (write_console(console, head.data(), head.size(), until, &failed) == head.size())
+    write_console(console, tail.data(), tail.size(), until, &failed);
+  if (failed) console_ok = false;
 }
 
 void Tee::pump(int max_reads) {

@@ -153,18 +153,22 @@ struct Tee {
   int console = -1;  // STDOUT_FILENO or STDERR_FILENO
   bool log_ok = true, console_ok = true;
   uint64_t console_dropped = 0;  // bytes the full console did not take since it last took some
+  std::string dropped_tail;      // the last of them (at most kDroppedTail bytes)
   std::string log_path;          // for the line about them
+  static constexpr size_t kDroppedTail = 4096;
 
   // Reads what is available, at most max_reads chunks so a chatty rank cannot starve the
   // supervisor loop, and gives the console at most 200 ms in all (none while it is found full).
   // Closes the source at EOF.
   void pump(int max_reads);
-  // At the end of an attempt: the line about output the console missed, if any (waiting at
-  // most 1 s for the console to take it).
+  // At the end of an attempt: the line about output the console missed, if any, and the last
+  // whole lines of it (rank 0's `done: ...` result), waiting up to 60 s for a console that is
+  // slow to read (`| (sleep 40; cat)`: nothing runs any more that the wait could hold up).
   void note_dropped();
 
  private:
   void write_to_console(const char* p, size_t n, std::chrono::steady_clock::time_point until);
+  void keep_dropped(const char* p, size_t n);  // into dropped_tail
   bool write_note(std::chrono::steady_clock::time_point until);
 };
 

@@ -571,3 +571,20 @@ TEST_CASE("one gRPC rank with a malformed MASTER_ADDR is exit 2 at once") {
   CHECK(r.exit_code == 2);
   CHECK(contains(r.output, "MASTER_ADDR 'a b' holds whitespace"));
 }
+
+TEST_CASE(
+    "a console that reads late still gets rank 0's result line and a word on what it missed") {
+  // `dtrain launch ... 2>&1 | (sleep 40; cat)`: the launcher drops what a full console does not
+  // take (it must go on supervising), and the `done:` line went with it, unsaid.
+  TempDir dir;
+  const std::string cfg = dir.write(
+      "c.yaml",
+      "model: {hidden: [8]}\ndata: {format: synthetic, synthetic: {samples: 200, features: 4, "
+      "classes: 3}, batch_size: 8}\ntrain: {epochs: 0, max_steps: 2000, log_every: 1}\n"
+      "distributed: {backend: grpc, world_size: 2}\nruntime: {threads: 1}\n");
+  const auto r = run_cmd(kBin + " launch --nproc 2 " + cfg + " --out " + dir / "run" +
+                         " 2>&1 | (sleep 15; cat > " + dir / "console" + ")");
+  const std::string console = read_text(dir / "console");
+  CHECK_MESSAGE(contains(console, "of rank 0's output did not fit the console"), console.size());
+  CHECK_MESSAGE(contains(console, "[dtrain launch] the last of it:\ndone: "), console.size());
+}
