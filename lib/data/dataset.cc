@@ -400,6 +400,16 @@ std::string split_overlap_warning(const DataConfig& cfg) {
   if (cfg.format == DataFormat::kIdx) {
     train = {cfg.train.images};
     test = {cfg.test.images};
+    // Other images with the training labels (a copied line not edited): each test image scored
+    // against a training image's label.
+    if (!cfg.test.labels.empty() &&
+        file_identity(cfg.train.images) != file_identity(cfg.test.images) &&
+        file_identity(cfg.train.labels) == file_identity(cfg.test.labels))
+      return ::fmt::format(
+          "data.test.labels '{}' is also the training labels file (data.train.labels), while the "
+          "test images are another file: the test figures score each test image against a "
+          "training image's label",
+          cfg.test.labels);
   } else if (cfg.format == DataFormat::kText) {
     try {  // (a pattern that matches nothing: the loader says so)
       train = expand_text_paths(cfg.train.path, "data.train.path");

@@ -403,6 +403,14 @@ TEST_CASE("split_overlap_warning: a test file that is also a training file, by a
   c.train.images = a;
   c.test.images = a;
   CHECK(split_overlap_warning(c) != "");
+  // Other test images with the training labels: said too (it was not, the images being apart).
+  c.test.images = b;
+  c.train.labels = dir.write("train-labels", "");
+  c.test.labels = dir.write("test-labels", "");
+  CHECK(split_overlap_warning(c) == "");
+  c.test.labels = dir.path() + "/./train-labels";
+  CHECK(split_overlap_warning(c).starts_with("data.test.labels '" + c.test.labels +
+                                             "' is also the training labels file"));
 }
 
 }  // namespace
