@@ -113,6 +113,21 @@ std::string Communicator::rank_name(int r) const {
   return f ? f(r) : "rank " + std::to_string(r);
 }
 
+std::string Communicator::peer_activities() const {
+  std::string out;
+  const auto now = Clock::now();
+  const std::vector<RankPosition> all = transport_->positions();
+  for (size_t r = 0; r < all.size(); ++r) {
+    const RankPosition& p = all[r];
+    if (static_cast<int>(r) == rank() || !p.known || p.pos.active || p.pos.activity.empty())
+      continue;
+    out += fmt::format("{}{} said, {} ago: {}", out.empty() ? " (" : "; ",
+                       rank_name(static_cast<int>(r)),
+                       secs(std::chrono::duration<double>(now - p.heard).count()), p.pos.activity);
+  }
+  return out.empty() ? out : out + ")";
+}
+
 std::string Communicator::desync_report() const {
   const std::vector<RankPosition> all = transport_->positions();
   if (all.size() < 2) return "";
@@ -135,7 +150,8 @@ std::string Communicator::desync_report() const {
         p.pos.completed == 0 ? "-" : fmt::format("seq {}", p.pos.completed - 1);
     const std::string in = p.pos.active ? fmt::format("{} seq {} ({} {})", comm_op_name(p.pos.op),
                                                       p.pos.seq, p.pos.count, count_unit(p.pos.op))
-                                        : std::string("(no collective)");
+                           : p.pos.activity.empty() ? std::string("(no collective)")
+                                                    : "(no collective: " + p.pos.activity + ")";
     const bool self = static_cast<int>(r) == rank();
     const std::string heard = self ? std::string("this rank") : secs(since(p.heard)) + " ago";
     if (!self) oldest = std::max(oldest, since(p.heard));
@@ -221,8 +237,9 @@ void Communicator::worker_loop() {
       } catch (const std::exception& e) {
         // The position stays "in this collective": that is where this rank stopped.
         const std::string msg =
-            fmt::format("{}: {} failed after {}: {}", rank_name(rank()), task.work->what_,
-                        secs(std::chrono::duration<double>(Clock::now() - t0).count()), e.what());
+            fmt::format("{}: {} failed after {}: {}{}", rank_name(rank()), task.work->what_,
+                        secs(std::chrono::duration<double>(Clock::now() - t0).count()), e.what(),
+                        peer_activities());
         fail(msg);
         err = std::make_exception_ptr(CommError(msg));
       }

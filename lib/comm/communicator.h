@@ -155,12 +155,19 @@ class Communicator {
   // the rank grid (rank_grid.h) names world ranks with their grid coordinates, and an axis
   // communicator's ranks by their world rank ("rank 5 (tp 0, dp 1, pp 1)"). Thread-safe.
   void set_rank_namer(std::function<std::string(int)> namer);
+  // What this rank does outside collectives until the next call ("" for nothing), which peers
+  // see in their desync report (Transport::set_activity). Thread-safe.
+  void set_activity(const std::string& what) { transport_->set_activity(what); }
   std::string rank_name(int r) const;
 
   // One table of every rank's latest known position (rank, last completed seq, the collective
   // it is in, since when, when its report arrived); "" if the transport cannot tell (world size
   // 1, subgroups). Never waits for peers.
   std::string desync_report() const;
+  // " (rank 0 said, 1.2 s ago: writing the checkpoint of step 50)" for the peers whose latest
+  // report names an activity outside collectives ("" when none does): appended to a failed
+  // collective's error, which a peer's long checkpoint write otherwise left unexplained.
+  std::string peer_activities() const;
 
  private:
   friend class Work;

@@ -104,7 +104,7 @@ class InprocTransport final : public Transport {
     std::lock_guard<std::mutex> lk(hub_->pos_mu);
     RankPosition& mine = hub_->positions[static_cast<size_t>(rank_)];
     mine.known = true;
-    mine.pos = p;
+    mine.pos = own_position();  // (with its activity)
   }
   std::vector<RankPosition> positions() const override {
     std::vector<RankPosition> out;

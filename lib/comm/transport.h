@@ -29,7 +29,6 @@
 
 namespace dtrain {
 
-
 inline constexpr uint64_t kP2PBit = uint64_t{1} << 63;
 // A collective channel: its sequence number within its group in bits 0..39, the group's tag
 // (subgroup.h: group id + 1; 0 = the whole job) in bits 40..62.
@@ -114,6 +113,9 @@ struct CommPosition {
   uint64_t seq = 0;
   uint64_t count = 0;                           // elements of the active collective
   std::chrono::steady_clock::time_point since;  // entered the collective, or finished the last
+  // What the rank says it does outside collectives ("writing the checkpoint of step 2000"; ""
+  // for nothing said): a peer waiting past its timeout sees why in the desync report.
+  std::string activity;
 };
 
 // A rank's latest position as this rank knows it.
@@ -185,6 +187,18 @@ class Transport {
   virtual void publish_position(const CommPosition& p) {
     std::lock_guard<std::mutex> lk(position_mu_);
     position_ = p;
+    position_.activity = activity_;
+  }
+  // Sets what this rank says it does (CommPosition::activity) until the next call; published at
+  // once with its position.
+  void set_activity(const std::string& what) {
+    CommPosition p;
+    {
+      std::lock_guard<std::mutex> lk(position_mu_);
+      activity_ = what;
+      p = position_;
+    }
+    publish_position(p);
   }
   virtual std::vector<RankPosition> positions() const { return {}; }
 
@@ -203,6 +217,7 @@ class Transport {
  private:
   mutable std::mutex position_mu_;
   CommPosition position_;
+  std::string activity_;
 };
 
 // dst[i] = reduce(dst[i], src[i]) for n floats.

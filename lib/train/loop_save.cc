@@ -55,6 +55,13 @@ void TrainLoop::save() {
   // was counted as training: an async run's samples/s after a slow save read 10x too low.)
   const auto s0 = Clock::now();
   TraceScope ts(tracer_, "checkpoint", "checkpoint");
+  // Said to the peers while it lasts: a write longer than distributed.timeout_s fails those
+  // waiting in the next collective, and their desync report showed "(no collective)" alone.
+  struct Saying {
+    Communicator& c;
+    Saying(Communicator& comm, const std::string& what) : c(comm) { c.set_activity(what); }
+    ~Saying() { c.set_activity(""); }
+  } saying(world_, fmt::format("writing the checkpoint of step {}", step_));
   finish_save();  // at most one write in flight: the previous one is complete before this one
   // Every rank's RNG state goes into the checkpoint (dropout streams differ per rank).
   const std::string states = gather_rng_states(world_, rng_);

@@ -588,3 +588,20 @@ TEST_CASE(
   CHECK_MESSAGE(contains(console, "of rank 0's output did not fit the console"), console.size());
   CHECK_MESSAGE(contains(console, "[dtrain launch] the last of it:\ndone: "), console.size());
 }
+
+TEST_CASE("a peer's collective that times out while rank 0 writes a checkpoint says so") {
+  // A synchronous save longer than distributed.timeout_s failed rank 1 with "recv timed out ...
+  // from rank 0" alone: rank 0 says what it does with its heartbeats, and the error quotes it.
+  TempDir dir;
+  const std::string cfg = dir.write(
+      "c.yaml",
+      "model: {hidden: [8]}\ndata: {format: synthetic, synthetic: {samples: 200, features: 4, "
+      "classes: 3}, batch_size: 8}\ntrain: {epochs: 0, max_steps: 20, checkpoint: {every_steps: "
+      "10}}\ndistributed: {backend: grpc, world_size: 2, timeout_s: 3, heartbeat_s: 1.5}\n"
+      "runtime: {threads: 1}\n");
+  const auto r = run_cmd("DTRAIN_FAULT=slow_save:rank=0:ms=8000 " + kBin + " launch --nproc 2 " +
+                         cfg + " --out " + dir / "run" + " 2>&1");
+  CHECK(r.exit_code == 1);
+  CHECK_MESSAGE(contains(r.output, "(distributed.timeout_s) (rank 0 said, "), r.output);
+  CHECK_MESSAGE(contains(r.output, " ago: writing the checkpoint of step 10)"), r.output);
+}

@@ -12,6 +12,9 @@ namespace dtrain::grpc_detail {
 
 namespace {
 
+// The most of a position's activity a beat carries (Position.activity).
+constexpr size_t kMaxActivityBytes = 200;
+
 // A peer's abort reason as it may be printed: at most kMaxAbortNoticeBytes, control characters
 // shown as '?', and if that is not valid UTF-8, bytes outside ASCII too (it ends up in logs and
 // summary.json).
@@ -155,6 +158,7 @@ wire::Heartbeat Heartbeats::make_beat() const {
   p->set_count(pos.count);
   p->set_since_ms(static_cast<uint64_t>(std::max<int64_t>(
       0, std::chrono::duration_cast<std::chrono::milliseconds>(now - pos.since).count())));
+  p->set_activity(pos.activity.substr(0, kMaxActivityBytes));
   return beat;
 }
 
@@ -272,6 +276,7 @@ grpc::ServerUnaryReactor* Heartbeats::on_beat(grpc::CallbackServerContext* ctx,
     h.pos.count = p.count();
     // Capped (a day) so that a bogus value cannot overflow the clock arithmetic.
     h.pos.since = now - std::chrono::milliseconds(std::min<uint64_t>(p.since_ms(), 86400000));
+    h.pos.activity = printable_notice(p.activity().substr(0, kMaxActivityBytes));
   }
   if (faster) {
     {
