@@ -183,9 +183,9 @@ nlohmann::json run_grpc_rank(const Config& cfg, const RunOptions& opts,
   // Armed on a failure, before comm's teardown (declared first: destroyed after it).
   std::optional<ExitDeadline> bounded_teardown;
   Communicator comm(std::move(transport), copts);
-  // (the teardown after a failure: a signal then ends the rank at once, nothing to save)
+  // (the teardown after a failure: a signal then ends the rank at once with the failure's code)
   const auto failing = [&](const std::exception& e, int code) {
-    if (opts.stop != nullptr) opts.stop->at_once.store(true);
+    if (opts.stop != nullptr) opts.stop->failed_code.store(code);
     bounded_teardown.emplace(kFailedTeardownS, code, e.what());
   };
   try {

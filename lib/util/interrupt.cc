@@ -72,9 +72,23 @@ void say_ending_before_start(int sig) {
   put(" before the run began (nothing to save yet): exiting now\n");
 }
 
+// A stop signal while the rank tears down after its failure: it ends now, with the failure's code.
+[[noreturn]] void end_failed(int sig, int code) {
+  const auto put = [](const char* text) {
+    const ssize_t w = ::write(STDERR_FILENO, text, std::strlen(text));
+    (void)w;
+  };
+  put("dtrain: ");
+  put(interrupt_signal_name(sig));
+  put(" while the failed rank tears down: exiting with its failure's code\n");
+  abrupt_cleanup();
+  ::_exit(code);
+}
+
 void on_interrupt(int sig, siginfo_t* info, void* /*context*/) {
   StopRequest* req = g_request.load();
   if (req == nullptr) return;
+  if (const int failed = req->failed_code.load(); failed >= 0) end_failed(sig, failed);
   if (req->at_once.load()) {
     say_ending_before_start(sig);
     abrupt_cleanup();
@@ -118,9 +132,10 @@ void on_signal_after_results(int) {
 }
 
 // The launcher is gone, once or again: a stop by the preemption signal, never escalated.
-void on_launcher_gone(int, siginfo_t*, void*) {
+void on_launcher_gone(int sig, siginfo_t*, void*) {
   StopRequest* req = g_request.load();
   if (req == nullptr) return;
+  if (const int failed = req->failed_code.load(); failed >= 0) end_failed(sig, failed);
   // Joining its job (nothing to save yet): end now, as the preemption signal would, rather than
   // wait out the rendezvous timeout for peers that went with the launcher.
   if (req->at_once.load()) {

@@ -71,6 +71,10 @@ struct StopRequest {
   // first exits 75; dying by that signal made srun exit 143, and the job was not requeued.)
   // Mutable, as at_once: the training side sets it through RunOptions' read-only pointer.
   mutable std::atomic<int> done_code{-1};
+  // -1 unless the rank has failed and tears down (train/distributed.cc): then the exit code of
+  // its failure, which a stop signal from then on ends the process with at once (not 75: srun
+  // --kill-on-bad-exit SIGTERMs the ranks still failing, and a 75 requeued a failed job).
+  mutable std::atomic<int> failed_code{-1};
   // When the first signal came (CLOCK_MONOTONIC, ns; 0 while unset): a stop signal within
   // same_request_ns of it is the same request, not a second one.
   std::atomic<int64_t> first_ns{0};

@@ -238,3 +238,20 @@ TEST_CASE("interrupts: after the guard of a run that saved its results, a signal
     CHECK(WEXITSTATUS(status) == code);
   }
 }
+
+TEST_CASE(
+    "interrupts: a stop signal while a failed rank tears down exits with the failure's code") {
+  // srun --kill-on-bad-exit SIGTERMs the ranks still failing: that SIGTERM (the preemption
+  // signal) must not turn a failure into 75, which requeues the job; nor the launcher's death.
+  for (const int sig : {SIGTERM, SIGINT, launcher_gone_signal()}) {
+    CAPTURE(sig);
+    const int status = child_status([&] {
+      StopRequest r;
+      InterruptGuard g(r);
+      r.failed_code.store(2);
+      ::raise(sig);
+    });
+    REQUIRE(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 2);
+  }
+}
