@@ -6,6 +6,7 @@
 #include <atomic>
 #include <csignal>
 #include <cstring>
+#include <mutex>
 
 #include "util/interrupt.h"
 
@@ -13,10 +14,13 @@ namespace dtrain {
 
 namespace {
 
-// What the handler says and exits with (set before alarm(2) arms it; read in the handler).
+// What the handler says and exits with: set by the first of the deadlines alive at once (ranks
+// that are threads of one process fail together), before alarm(2) arms it, and read only by the
+// handler, which only an armed alarm runs. Guarded by g_mu; g_armed counts the live deadlines.
+std::mutex g_mu;
+int g_armed = 0;
 char g_message[4096];
 std::atomic<int> g_code{1};
-std::atomic<unsigned> g_seconds{0};
 
 void put(const char* text, size_t n) {
   const ssize_t w = ::write(STDERR_FILENO, text, n);
@@ -37,11 +41,12 @@ void on_deadline(int) {
 }  // namespace
 
 ExitDeadline::ExitDeadline(unsigned seconds, int exit_code, std::string_view message) {
+  std::lock_guard<std::mutex> lk(g_mu);
+  if (g_armed++ > 0) return;  // the first one's bound and error stand for all
   const size_t n = std::min(message.size(), sizeof(g_message) - 1);
   std::memcpy(g_message, message.data(), n);
   g_message[n] = '\0';
   g_code.store(exit_code);
-  g_seconds.store(seconds);
   struct sigaction sa {};
   sa.sa_handler = on_deadline;
   sigemptyset(&sa.sa_mask);
@@ -50,7 +55,8 @@ ExitDeadline::ExitDeadline(unsigned seconds, int exit_code, std::string_view mes
 }
 
 ExitDeadline::~ExitDeadline() {
-  ::alarm(0);
+  std::lock_guard<std::mutex> lk(g_mu);
+  if (--g_armed == 0) ::alarm(0);
 }
 
 }  // namespace dtrain

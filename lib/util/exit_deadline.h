@@ -9,8 +9,9 @@
 
 namespace dtrain {
 
-// One at a time per process (a second replaces the first); not for in-process ranks' threads
-// (alarm(2) is per process). Thread-safety: construct and destroy on one thread.
+// alarm(2) is per process: deadlines alive at once (ranks that are threads, failing together)
+// share the first one's bound and error, and the alarm is disarmed when the last one ends.
+// Thread-safe.
 class ExitDeadline {
  public:
   // After `seconds`, writes "error: <message>" and why it is ending to stderr, runs the abrupt
