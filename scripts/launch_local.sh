@@ -113,13 +113,13 @@ on_signal() { # $1: signal name, $2: its number
   interrupted=$2
   first_signal_us=$now
   stopping=1
-  # While the ranks start, the one being started is not in rank_of yet: the start loop stops
-  # them all once it has ended.
-  [[ -n $starting ]] && return
   # SIGINT is passed on as it is (the ranks catch it although this script's background jobs
   # start with it ignored; one that came from the terminal reached them too, and they take the
   # two as one request), SIGHUP as SIGTERM (under nohup the ranks ignore SIGHUP).
   [[ $1 == INT ]] && stop_sig=INT
+  # While the ranks start, the one being started is not in rank_of yet: the start loop stops
+  # them all once it has ended.
+  [[ -n $starting ]] && return
   stop_ranks "${!rank_of[@]}"
 }
 # Safety net: should this script die early (a bug, set -u), take the ranks with it.

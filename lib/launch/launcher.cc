@@ -252,10 +252,12 @@ class Attempt {
       reap_exited();
       check_timers();
     }
-    // Whatever rank 0 wrote before exiting is still in the pipes.
+    // Whatever rank 0 wrote before exiting is still in the pipes. A console that missed some
+    // gets up to 60 s in all to take the word on it (a signal ends the wait).
+    const auto until = Clock::now() + std::chrono::seconds(60);
     for (Tee& t : tees_) {
       t.pump(4096);
-      t.note_dropped();
+      t.note_dropped(until, signals_.fd());
     }
     follow_named_cause(res_, reaped_, plan_.first_rank, plan_.nproc, o_.log_dir);
     return res_;

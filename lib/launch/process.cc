@@ -227,16 +227,20 @@ bool write_fully(int fd, const char* p, size_t n) {
 }
 
 size_t write_console(int fd, const char* p, size_t n, std::chrono::steady_clock::time_point until,
-                     bool* failed) {
+                     bool* failed, int wake_fd) {
   size_t done = 0;
   while (done < n) {
     const auto left =
         std::chrono::ceil<std::chrono::milliseconds>(until - std::chrono::steady_clock::now())
             .count();
-    pollfd pf{fd, POLLOUT, 0};
-    const int r = ::poll(&pf, 1, static_cast<int>(std::clamp<int64_t>(left, 0, 60000)));
+    pollfd pfs[2] = {{fd, POLLOUT, 0}, {wake_fd, POLLIN, 0}};
+    const int r =
+        ::poll(pfs, wake_fd >= 0 ? 2 : 1, static_cast<int>(std::clamp<int64_t>(left, 0, 60000)));
     if (r < 0 && errno == EINTR) continue;
     if (r <= 0) return done;  // full (or poll failed): leave the rest
+    if (wake_fd >= 0 && (pfs[1].revents & POLLIN) != 0 && (pfs[0].revents & POLLOUT) == 0)
+      return done;  // (a signal came: the caller has more urgent things to do)
+    const pollfd& pf = pfs[0];
     if (pf.revents & (POLLERR | POLLHUP | POLLNVAL)) {
       *failed = true;
       return done;
@@ -252,13 +256,23 @@ size_t write_console(int fd, const char* p, size_t n, std::chrono::steady_clock:
   return done;
 }
 
-bool Tee::write_note(std::chrono::steady_clock::time_point until) {
-  const std::string note = fmt::format(
+bool Tee::write_note(std::chrono::steady_clock::time_point until, int wake_fd) {
+  std::string note = fmt::format(
       "\n[dtrain launch] {} bytes of rank 0's output did not fit the console, which took none "
       "for a while; {} has them\n",
       console_dropped, log_path.empty() ? std::string("rank 0's log") : log_path);
+  // And the last whole lines of them (rank 0's `done: ...` result, when it was among them): from
+  // the first line break of what is kept, all of it when it holds none.
+  std::string_view tail = dropped_tail;
+  if (const size_t nl = tail.find('\n'); nl != std::string::npos && nl + 1 < tail.size())
+    tail.remove_prefix(nl + 1);
+  if (!tail.empty()) {
+    note += "[dtrain launch] the last of it:\n";
+    note += tail;
+    if (note.back() != '\n') note += '\n';
+  }
   bool failed = false;
-  const size_t w = write_console(console, note.data(), note.size(), until, &failed);
+  const size_t w = write_console(console, note.data(), note.size(), until, &failed, wake_fd);
   if (failed) console_ok = false;
   if (w < note.size()) return false;
   console_dropped = 0;
@@ -292,19 +306,8 @@ void Tee::keep_dropped(const char* p, size_t n) {
   if (dropped_tail.size() > kDroppedTail) dropped_tail.erase(0, dropped_tail.size() - kDroppedTail);
 }
 
-void Tee::note_dropped() {
-  if (!console_ok || console_dropped == 0) return;
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  // Whole lines only: from the first line break of what is kept (all of it when it holds none).
-  std::string tail = std::move(dropped_tail);
-  if (const size_t nl = tail.find('\n'); nl != std::string::npos && nl + 1 < tail.size())
-    tail.erase(0, nl + 1);
-  if (!write_note(until) || tail.empty()) return;
-  const std::string head = "[dtrain launch] the last of it:\n";
-  bool failed = false;
-  if (write_console(console, head.data(), head.size(), until, &failed) == head.size())
-    write_console(console, tail.data(), tail.size(), until, &failed);
-  if (failed) console_ok = false;
+void Tee::note_dropped(std::chrono::steady_clock::time_point until, int wake_fd) {
+  if (console_ok && console_dropped > 0) write_note(until, wake_fd);
 }
 
 void Tee::pump(int max_reads) {

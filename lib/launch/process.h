@@ -140,8 +140,9 @@ bool write_fully(int fd, const char* p, size_t n);
 // writable (for a pipe that means a piece fits, so write(2) does not block). Returns the bytes
 // written; fewer than n when the console stayed full (a pipe nobody reads: `| less` at a
 // prompt) or failed (*failed set).
+// wake_fd (>= 0): a descriptor whose readability ends the wait (the launcher's signal pipe).
 size_t write_console(int fd, const char* p, size_t n, std::chrono::steady_clock::time_point until,
-                     bool* failed);
+                     bool* failed, int wake_fd = -1);
 
 // Copies one of rank 0's pipes to its log file and to the launcher's console. The log gets
 // everything; the console what it takes without stalling the supervisor loop (write_console):
@@ -161,15 +162,16 @@ struct Tee {
   // supervisor loop, and gives the console at most 200 ms in all (none while it is found full).
   // Closes the source at EOF.
   void pump(int max_reads);
-  // At the end of an attempt: the line about output the console missed, if any, and the last
-  // whole lines of it (rank 0's `done: ...` result), waiting up to 60 s for a console that is
-  // slow to read (`| (sleep 40; cat)`: nothing runs any more that the wait could hold up).
-  void note_dropped();
+  // At the end of an attempt: the line about output the console missed, if any, with the last
+  // whole lines of it (rank 0's `done: ...` result), waiting until `until` for a console slow to
+  // read (`| (sleep 40; cat)`: no rank runs any more), or until wake_fd is readable (a signal).
+  void note_dropped(std::chrono::steady_clock::time_point until, int wake_fd);
 
  private:
   void write_to_console(const char* p, size_t n, std::chrono::steady_clock::time_point until);
   void keep_dropped(const char* p, size_t n);  // into dropped_tail
-  bool write_note(std::chrono::steady_clock::time_point until);
+  // The line about the output the console missed and the last whole lines of it.
+  bool write_note(std::chrono::steady_clock::time_point until, int wake_fd = -1);
 };
 
 // Starts one rank in its own process group with stdin from /dev/null and the given stdout and

@@ -582,11 +582,14 @@ TEST_CASE(
       "model: {hidden: [8]}\ndata: {format: synthetic, synthetic: {samples: 200, features: 4, "
       "classes: 3}, batch_size: 8}\ntrain: {epochs: 0, max_steps: 2000, log_every: 1}\n"
       "distributed: {backend: grpc, world_size: 2}\nruntime: {threads: 1}\n");
+  // (the reader starts once rank 0 has finished: its log holds the done line)
   const auto r = run_cmd(kBin + " launch --nproc 2 " + cfg + " --out " + dir / "run" +
-                         " 2>&1 | (sleep 15; cat > " + dir / "console" + ")");
+                         " 2>&1 | (until grep -qs '^done:' " + dir / "run/logs/rank-0.log" +
+                         "; do sleep 0.2; done; cat > " + dir / "console" + ")");
   const std::string console = read_text(dir / "console");
   CHECK_MESSAGE(contains(console, "of rank 0's output did not fit the console"), console.size());
-  CHECK_MESSAGE(contains(console, "[dtrain launch] the last of it:\ndone: "), console.size());
+  CHECK_MESSAGE(contains(console, "[dtrain launch] the last of it:\n"), console.size());
+  CHECK_MESSAGE(contains(console, "\ndone: test accuracy"), console.size());
 }
 
 TEST_CASE("a peer's collective that times out while rank 0 writes a checkpoint says so") {

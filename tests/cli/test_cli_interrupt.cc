@@ -161,14 +161,14 @@ TEST_CASE("SIGTERM to dtrain launch (2 fsdp ranks over gRPC) exits 75, bitwise r
 TEST_CASE("a second SIGINT ends the run at once, by the signal") {
   TempDir dir;
   const std::string cfg = dir.write("cfg.yaml", kCfg);
-  Child c("DTRAIN_FAULT=delay:rank=0:ms=3000 exec " + kBin + " run " + cfg + " --out " +
+  Child c("DTRAIN_FAULT=delay:rank=0:ms=5000 exec " + kBin + " run " + cfg + " --out " +
               dir / "run" + " --no-progress --set train.log_every=1",
           dir / "log");
   REQUIRE(wait_until([&] { return lines_in(dir / "run/metrics.jsonl") >= 1; }, 60));
-  // The step in progress sleeps 3 s: the second comes well before its end, and after the
+  // The step in progress sleeps 5 s: the second comes well before its end, and well after the
   // second in which another signal is the same request (delivered twice).
   c.signal(SIGINT);
-  std::this_thread::sleep_for(std::chrono::milliseconds(1300));
+  std::this_thread::sleep_for(std::chrono::milliseconds(2000));
   c.signal(SIGINT);
   const int rc = c.wait(20);
   CHECK(rc == 128 + SIGINT);

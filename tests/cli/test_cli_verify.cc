@@ -184,7 +184,7 @@ TEST_CASE("a second signal to dtrain verify after its first run ends it by the s
           dir / "verify.log");
   REQUIRE(wait_until([&] { return std::filesystem::exists(out + "/reference/summary.json"); }, 60));
   c.signal(SIGINT);
-  std::this_thread::sleep_for(std::chrono::milliseconds(1200));  // past "the same request"
+  std::this_thread::sleep_for(std::chrono::milliseconds(2000));  // past "the same request"
   c.signal(SIGINT);
   const int rc = c.wait(60);
   CHECK_MESSAGE(rc == 130, read_text(dir / "verify.log"));

@@ -92,7 +92,7 @@ std::pair<pid_t, int> end_child_at_once(bool at_once, int sig) {
   CHECK(segments_of(child).size() == 1);
   kill(child, sig);
   if (!at_once) {
-    usleep(1200 * 1000);  // past the second in which another signal is the same request
+    usleep(2000 * 1000);  // well past the second in which another signal is the same request
     kill(child, sig);
   }
   int status = 0;

@@ -96,6 +96,8 @@ TEST_CASE("a console that stays full loses rank 0's output, the log keeps it, a 
   const std::string shown = console.drain();
   CHECK(shown.find("16 bytes of rank 0's output did not fit the console") != std::string::npos);
   CHECK(shown.find(log_path + " has them") != std::string::npos);
+  // With the last whole lines it missed (the missed output here is one whole line).
+  CHECK(shown.find("[dtrain launch] the last of it:\n" + first) != std::string::npos);
   CHECK(shown.ends_with(second));
   std::ifstream in(log_path);
   std::stringstream all;
@@ -108,10 +110,25 @@ TEST_CASE("a console that stays full loses rank 0's output, the log keeps it, a 
   last.console = console2.w.get();
   last.log_path = log_path;
   last.console_dropped = 100;
-  last.note_dropped();  // still full: nothing, and no wait past its second
+  last.dropped_tail = "step 99 loss 0.1\ndone: test accuracy 91.2%\n";
+  const auto in_1s = [] { return std::chrono::steady_clock::now() + std::chrono::seconds(1); };
+  const auto t1 = std::chrono::steady_clock::now();
+  last.note_dropped(in_1s(), -1);  // still full: nothing, and no wait past its bound
+  CHECK(seconds_since(t1) < 5.0);
+  CHECK(last.console_dropped == 100);
+  // A signal (readable wake descriptor) ends the wait at once, however long it may be.
+  int wake[2];
+  REQUIRE(::pipe(wake) == 0);
+  Fd wake_r(wake[0]), wake_w(wake[1]);
+  REQUIRE(::write(wake_w.get(), "x", 1) == 1);
+  const auto t2 = std::chrono::steady_clock::now();
+  last.note_dropped(std::chrono::steady_clock::now() + std::chrono::seconds(60), wake_r.get());
+  CHECK(seconds_since(t2) < 5.0);
   CHECK(last.console_dropped == 100);
   console2.drain();
-  last.note_dropped();
+  last.note_dropped(in_1s(), -1);
   CHECK(last.console_dropped == 0);
-  CHECK(console2.drain().find("100 bytes of rank 0's output") != std::string::npos);
+  const std::string end = console2.drain();
+  CHECK(end.find("100 bytes of rank 0's output") != std::string::npos);
+  CHECK(end.ends_with("[dtrain launch] the last of it:\ndone: test accuracy 91.2%\n"));
 }
