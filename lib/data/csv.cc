@@ -12,6 +12,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include "data/dataset.h"
 #include "util/check.h"
@@ -86,7 +87,9 @@ bool overflows_double(std::string_view s) {
   if (b == e || *b == '+') return false;
   double v = 0;
   const auto [p, ec] = std::from_chars(b, e, v, std::chars_format::general);
-  return p == e && ec == std::errc::result_out_of_range;
+  if (p != e || ec != std::errc::result_out_of_range) return false;
+  // (from_chars says out of range for magnitudes below a double's smallest too: 1e-400)
+  return std::isinf(std::strtod(std::string(s).c_str(), nullptr));
 }
 
 // Why a feature cell is no float: empty, a number beyond float32's range, or no number at all.
@@ -378,16 +381,16 @@ size_t resolve_label_column(const CsvReader& r, const std::string& spec) {
       const auto named = static_cast<size_t>(first - h.begin());
       if (spec.find_first_not_of("0123456789") == std::string::npos && spec.size() <= 9 &&
           std::stoul(spec) < cols && std::stoul(spec) != named) {
+        // Said, not refused: a numeric header (pandas' index column first: ",0,1,2") makes every
+        // column ambiguous so, and no spelling would choose one. The name wins, as it did.
         const size_t index = std::stoul(spec);
-        const std::string other = h[index].empty()
-                                      ? "rename column " + std::to_string(named)
-                                      : "give its name \"" + shown_text(h[index]) + "\"";
-        throw UserError("label column \"" + spec + "\" is ambiguous: the header of '" + r.path() +
-                        "' names column " + std::to_string(named) + " so, and " + spec +
-                        " is also the 0-based index of column " + std::to_string(index) + " (\"" +
-                        shown_text(h[index]) + "\") (for the column named \"" + spec +
-                        "\", give its index " + std::to_string(named) + "; for column " +
-                        std::to_string(index) + ", " + other + ")");
+        spdlog::warn(
+            "data.csv.label_column \"{}\" is the name of column {} in the header of '{}', the "
+            "label taken; {} is also the 0-based index of column {} (\"{}\"): if that one is "
+            "meant, "
+            "give its name{}",
+            spec, named, r.path(), spec, index, shown_text(h[index]),
+            h[index].empty() ? " (it has none: rename it)" : "");
       }
       return named;
     }
@@ -424,11 +427,12 @@ Dataset load_csv(const std::string& path, const CsvOptions& opts) {
                     shown_text(r.first_row()[0]) + "\"): need at least one feature and a label" +
                     one_column_hint(r.first_row()[0], opts.delimiter));
   }
-  // Column names go into the checkpoint's JSON metadata, which holds UTF-8 only: a header in
-  // Latin-1 failed there, after training, with nothing saved.
+  const size_t label_col = resolve_label_column(r, opts.label_column);
+  // Feature column names go into the checkpoint's JSON metadata, which holds UTF-8 only: a header
+  // in Latin-1 failed there, after training, with nothing saved. (The label's name is not kept.)
   if (r.has_header())
     for (size_t c = 0; c < r.header().size(); ++c)
-      if (const std::string& name = r.header()[c]; !valid_utf8(name)) {
+      if (const std::string& name = r.header()[c]; c != label_col && !valid_utf8(name)) {
         size_t bad = 0;
         while (utf8_sequence_at(name, bad) != 0) bad += utf8_sequence_at(name, bad);
         throw UserError(fmt::format(
@@ -438,7 +442,6 @@ Dataset load_csv(const std::string& path, const CsvOptions& opts) {
             r.where(r.first_line()), c + 1, escaped_bytes(name),
             static_cast<unsigned char>(name[bad]), bad + 1, path));
       }
-  const size_t label_col = resolve_label_column(r, opts.label_column);
 
   Dataset d;
   d.features = r.cols() - 1;

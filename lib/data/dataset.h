@@ -140,9 +140,9 @@ int64_t idx_label_count(const std::string& labels_path);
 // counts classes; UserError as load_idx for a file that is not one (0 for no labels).
 int64_t idx_label_classes(const std::string& labels_path);
 // The image shape [1, rows, cols] in an IDX images file's header (magic 0x00000803), gzip or
-// not, reading only its first 16 (decompressed) bytes; {} when it cannot be read, is not one, or
-// gives more than 2^31 pixels an image (load_idx says what is wrong); UserError, as load_idx's,
-// for images of 0 pixels.
+// not, reading only its first 16 (decompressed) bytes; {} when it cannot be read or is not one
+// (load_idx says what is wrong); UserError, as load_idx's, for images of 0 pixels or of more
+// than INT32_MAX pixels.
 Shape idx_image_shape(const std::string& images_path);
 // What load_idx refuses from the files' headers and sizes alone (validate): a wrong magic, a file
 // too short for its header, a header whose shape is not the (uncompressed) file's size, no

@@ -324,11 +324,11 @@ void check_idx_pixels(const std::string& images_path, uint64_t rows, uint64_t co
                     std::to_string(rows) + "x" + std::to_string(cols) + ")");
   // (each count < 2^32: the product fits in 64 bits) BLAS takes a GEMM's sizes as 32-bit ints,
   // and `dtrain validate` skipped its model checks for such images and said "ok".
-  if (rows * cols > (uint64_t{1} << 31))
+  if (rows * cols > static_cast<uint64_t>(INT32_MAX))
     throw UserError("IDX images file '" + images_path + "' has images of " + std::to_string(rows) +
                     "x" + std::to_string(cols) + " pixels, " + std::to_string(rows * cols) +
-                    " each: more than dtrain takes in one sample (2^31 = 2147483648; its matrix "
-                    "products count in 32-bit integers)");
+                    " each: more than dtrain takes in one sample (2147483647; its matrix products "
+                    "count in 32-bit integers)");
 }
 
 // load_idx's refusals of an images header's counts: no images, or images of 0 pixels.

@@ -15,6 +15,7 @@
 #include <doctest/doctest.h>
 
 #include "data/dataset.h"
+#include "log_capture.h"
 #include "test_util.h"
 #include "user_error.h"
 #include "util/check.h"
@@ -104,15 +105,20 @@ TEST_CASE("csv: label column by name and by index") {
   CHECK(load_csv(dup, opts("auto", "2")).y == std::vector<int32_t>{0, 1});
 }
 
-TEST_CASE("csv: a label column index that is also another column's header name is ambiguous") {
+TEST_CASE("csv: a label column index that is also another column's header name is said") {
   // (the column named "0", index 3, was taken silently; a header with a number for a name is
-  // only read as one under data.csv.header: true)
+  // only read as one under data.csv.header: true) The name wins, as it did, with a warning:
+  // refusing left a numeric header (pandas' ",0,1,2") with no spelling for a middle column.
   TempDir t;
   const std::string p = t.write("g.csv", "grp,x,y,0\n1,2,3,0\n0,5,6,1\n");
-  CHECK(user_error([&] { load_csv(p, opts("true", "0")); }) ==
-        "label column \"0\" is ambiguous: the header of '" + p +
-            "' names column 3 so, and 0 is also the 0-based index of column 0 (\"grp\") (for "
-            "the column named \"0\", give its index 3; for column 0, give its name \"grp\")");
+  dtrain::testing::LogCapture log;
+  CHECK(load_csv(p, opts("true", "0")).y == std::vector<int32_t>{0, 1});
+  CHECK(contains(log.text(),
+                 "data.csv.label_column \"0\" is the name of column 3 in the header "
+                 "of '" +
+                     p +
+                     "', the label taken; 0 is also the 0-based index of column 0 "
+                     "(\"grp\"): if that one is meant, give its name"));
   CHECK(load_csv(p, opts("true", "3")).y == std::vector<int32_t>{0, 1});
   CHECK(load_csv(p, opts("true", "grp")).y == std::vector<int32_t>{1, 0});
   // A name that is its own column's index, or an index past the columns, is no ambiguity.
@@ -132,9 +138,10 @@ TEST_CASE("csv: a header that is not UTF-8 is refused when read, naming the colu
             "4: Latin-1 or another 8-bit encoding?); column names are kept as UTF-8 in the "
             "checkpoint: convert the file to UTF-8, e.g. iconv -f latin1 -t utf-8 '" +
             p + "' > OUT");
-  // The label's name too; UTF-8 names (café) pass; data rows are numbers, checked as such.
-  CHECK(contains(user_error([&] { load_csv(t.write("l.csv", "a,\xe9t\xe9\n1,0\n"), opts()); }),
-                 ":1: the header's column 2 (\"\\xE9t\\xE9\")"));
+  // The label's name is not kept: it may be in any encoding. UTF-8 names (café) pass; data rows
+  // are numbers, checked as such.
+  CHECK(load_csv(t.write("l.csv", "a,\xe9t\xe9\n1,0\n2,1\n"), opts()).y ==
+        std::vector<int32_t>{0, 1});
   CHECK(load_csv(t.write("u.csv", "caf\xc3\xa9,y\n1,0\n2,1\n"), opts()).columns ==
         std::vector<std::string>{"caf\xc3\xa9"});
   CHECK(contains(user_error([&] { load_csv(t.write("r.csv", "a,y\n1\xe9,0\n"), opts()); }),
@@ -201,6 +208,10 @@ TEST_CASE("csv: numbers past a double's range are outside float32's range, not \
   // below a double's smallest: rounds to 0, as before; not numbers stay "not a number"
   CHECK(load_csv(t.write("u.csv", "a,y\n1e-400,0\n2,1\n"), opts()).x ==
         std::vector<float>{0.0f, 2.0f});
+  // a label that small is no class either, and not "too large" (from_chars' out of range)
+  CHECK_FALSE(
+      contains(user_error([&] { load_csv(t.write("s.csv", "a,y\n1,1e-400\n2,1\n"), opts()); }),
+               "too large"));
   CHECK(contains(user_error([&] { load_csv(t.write("n.csv", "a,y\n1e309x,0\n"), opts()); }),
                  "\"1e309x\" is not a number"));
 }
