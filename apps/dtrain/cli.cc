@@ -261,6 +261,8 @@ int cmd_run(const Config& cfg, const std::string& config_path, std::string out,
   // removes an empty checkpoints/ and the folder, only if empty. Of a gRPC job, rank 0 (the
   // ranks' folder may be shared: another rank's removal could race rank 0's first write).
   const bool cleans = new_out_dir && rank0;
+  // (a stop while the data loads ends the process at once: the folder goes too, if still empty)
+  if (cleans) remove_if_empty_at_abrupt_exit(opts.out_dir);
   nlohmann::json s;
   try {
     s = multiprocess ? run_grpc_rank(cfg, opts, env, flags) : run_training(cfg, opts);

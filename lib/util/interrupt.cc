@@ -26,9 +26,13 @@ std::atomic<void (*)()> g_abrupt_cleanup{nullptr};
 // results (StopRequest::done_code) is gone.
 std::atomic<int> g_code_after_guard{0};
 
+// remove_if_empty_at_abrupt_exit's folder ("" for none), NUL-terminated.
+char g_empty_dir[4096];
+
 void abrupt_cleanup() {
   remove_temp_files_in_flight();
   if (void (*fn)() = g_abrupt_cleanup.load()) fn();
+  if (g_empty_dir[0] != '\0') ::rmdir(g_empty_dir);  // (fails, harmlessly, unless empty)
 }
 
 // Ends the process by sig's default action (its status says which signal). Async-signal-safe.
@@ -202,6 +206,13 @@ void set_abrupt_exit_cleanup(void (*fn)()) {
 
 void run_abrupt_exit_cleanup() {
   abrupt_cleanup();
+}
+
+void remove_if_empty_at_abrupt_exit(const std::string& dir) {
+  // (a path too long to keep is not removed: an empty folder left, as before)
+  const size_t n = dir.size() < sizeof(g_empty_dir) ? dir.size() : 0;
+  std::memcpy(g_empty_dir, dir.data(), n);
+  g_empty_dir[n] = '\0';
 }
 
 InterruptGuard::InterruptGuard(StopRequest& req, int preempt_signal) {

@@ -19,6 +19,7 @@
 #include <csignal>
 #include <cstdint>
 #include <mutex>
+#include <string>
 
 namespace dtrain {
 
@@ -131,6 +132,10 @@ void set_abrupt_exit_cleanup(void (*fn)());
 // Runs that cleanup and removes the temp files of writes in progress (async-signal-safe), for
 // other handlers that end the process at once (util/exit_deadline.h).
 void run_abrupt_exit_cleanup();
+// A folder this process created, removed by that cleanup if it is still empty then (rmdir: a
+// run's output folder that a stop while it loads its data would leave behind, empty). "" clears.
+// Set before the signals it covers can come; one per process.
+void remove_if_empty_at_abrupt_exit(const std::string& dir);
 
 // For commands that do not stop softly (no InterruptGuard: eval, predict, checkpoint
 // consolidate, ...): SIGINT, SIGTERM and SIGHUP end the process by the signal as before, after

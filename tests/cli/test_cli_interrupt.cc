@@ -749,4 +749,12 @@ TEST_CASE("a signal while the run loads its data ends it at once, the old run un
     CHECK(read_text(out + "/summary.json") == before);
     CHECK(std::filesystem::exists(out + "/checkpoints/step-5.safetensors"));
   }
+  // A new folder is not left behind, empty.
+  Child c("DTRAIN_FAULT=slow_load:rank=0:ms=20000 exec " + kBin + " run " + cfg + " --out " +
+              dir / "new" + " --no-progress",
+          dir / "log");
+  REQUIRE(wait_until([&] { return contains(read_text(dir / "log"), "slow_load"); }, 60));
+  c.signal(SIGINT);
+  CHECK(c.wait(30) == 128 + SIGINT);
+  CHECK_FALSE(std::filesystem::exists(dir / "new"));
 }
