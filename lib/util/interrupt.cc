@@ -64,27 +64,22 @@ int64_t monotonic_ns() {
   return static_cast<int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
 }
 
-// One line on stderr for a stop that ends a rank before its run began (async-signal-safe: write
-// of string literals).
-void say_ending_before_start(int sig) {
-  const auto put = [](const char* text) {
+// "dtrain: <signal><what>" on stderr, one line (async-signal-safe: write of string literals).
+void say_signal(int sig, const char* what) {
+  for (const char* text : {"dtrain: ", interrupt_signal_name(sig), what}) {
     const ssize_t w = ::write(STDERR_FILENO, text, std::strlen(text));
     (void)w;
-  };
-  put("dtrain: ");
-  put(interrupt_signal_name(sig));
-  put(" before the run began (nothing to save yet): exiting now\n");
+  }
+}
+
+// A stop that ends a rank before its run began.
+void say_ending_before_start(int sig) {
+  say_signal(sig, " before the run began (nothing to save yet): exiting now\n");
 }
 
 // A stop signal while the rank tears down after its failure: it ends now, with the failure's code.
 [[noreturn]] void end_failed(int sig, int code) {
-  const auto put = [](const char* text) {
-    const ssize_t w = ::write(STDERR_FILENO, text, std::strlen(text));
-    (void)w;
-  };
-  put("dtrain: ");
-  put(interrupt_signal_name(sig));
-  put(" while the failed rank tears down: exiting with its failure's code\n");
+  say_signal(sig, " while the failed rank tears down: exiting with its failure's code\n");
   abrupt_cleanup();
   ::_exit(code);
 }
