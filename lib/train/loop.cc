@@ -734,6 +734,10 @@ nlohmann::json TrainLoop::run() {
   // nothing must not outlive, in the summary's collective, a peer its deadline ends.)
   deadline_.cancel();
   s["preempted"] = stop_signal != 0 && stop_preempted;
+  // The stop was the launcher's loss, taken as the preemption signal (rank 0's output went
+  // through the launcher: nothing else says so)
+  s["launcher_lost"] =
+      stop_signal != 0 && opts_.stop != nullptr && opts_.stop->launcher_gone.load();
   const int exit_code = stop_exit_code(stop_signal, stop_preempted);  // (cmd_run's, from s)
   // A rank of its own process is done now; ranks that are threads share the lead's request.
   const bool own_process = cfg_.distributed.backend != Backend::kInproc;

@@ -418,6 +418,9 @@ TEST_CASE("ranks whose dtrain launch is SIGKILLed stop instead of training on or
   REQUIRE(fs::exists(out + "/summary.json"));
   const auto s = nlohmann::json::parse(read_text(out + "/summary.json"));
   CHECK(s["interrupted_by"] == "SIGTERM");
+  // ... taken as SIGTERM, and said to be the launcher's loss (no log of rank 0's has it: its
+  // output went through the launcher)
+  CHECK(s["launcher_lost"] == true);
   CHECK(latest_of(out) == "step-" + std::to_string(s["steps"].get<int64_t>()) + ".safetensors");
 }
 
