@@ -2,9 +2,15 @@
 // 64 MB default filled by other programs): the ranks carry their data over their gRPC streams
 // and say why; they were killed by SIGBUS at their first write into a ring, with nothing said,
 // every restart alike. An open-file limit too low for the job's connections.
+#include <arpa/inet.h>
 #include <doctest/doctest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "launch/launcher.h"
 #include "test_util.h"
@@ -99,4 +105,47 @@ TEST_CASE("a silent connection to the rendezvous port is closed after 10 s, not 
   REQUIRE_MESSAGE(at != std::string::npos, r.output);
   const int secs = std::stoi(r.output.substr(at + 13));
   CHECK_MESSAGE((secs >= 3 && secs <= 40), r.output);
+}
+
+TEST_CASE("a rank whose rendezvous port never answers says who is there, if anyone") {
+  // A rank given another program's port (or one nobody listens on) said "timed out" alone.
+  TempDir dir;
+  const std::string cfg = dir.write(
+      "c.yaml",
+      "model: {hidden: [8]}\ndata: {format: synthetic, synthetic: {samples: 200, features: 4, "
+      "classes: 3}, batch_size: 8}\ntrain: {epochs: 0, max_steps: 5}\n"
+      "distributed: {backend: grpc, world_size: 2, rendezvous_timeout_s: 1}\n"
+      "runtime: {threads: 1}\n");
+  // A listener that accepts (the kernel does) and never speaks, as a foreign program would not.
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
+  REQUIRE(::listen(fd, 8) == 0);
+  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0);
+  const int busy = ntohs(a.sin_port);
+  // (accepted and held, as a foreign server does: a full backlog would drop the probe's connect)
+  std::thread acceptor([fd] {
+    std::vector<int> held;
+    for (int c; (c = ::accept(fd, nullptr, nullptr)) >= 0;) held.push_back(c);
+    for (const int c : held) ::close(c);
+  });
+  const auto rank1 = [&](int port) {
+    return run_cmd("RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port) +
+                   " " + kBin + " run " + cfg + " --out " + dir / "run" + " 2>&1");
+  };
+  auto r = rank1(busy);
+  CHECK(r.exit_code == 1);
+  CHECK_MESSAGE(contains(r.output, "something listens at 127.0.0.1:" + std::to_string(busy) +
+                                       " but never answered as a dtrain rendezvous"),
+                r.output);
+  ::shutdown(fd, SHUT_RDWR);  // (ends the acceptor's accept)
+  acceptor.join();
+  ::close(fd);
+  r = rank1(dtrain::pick_free_port());
+  CHECK(r.exit_code == 1);
+  CHECK_MESSAGE(contains(r.output, ": rank 0 is not running there"), r.output);
 }

@@ -2,6 +2,7 @@
 
 #include <netdb.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -96,6 +97,44 @@ std::string listen_problem(const std::string& host, int port) {
     default:
       return std::string("bind: ") + std::strerror(worst);
   }
+}
+
+std::string rendezvous_port_problem(const std::string& host, int port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  addrinfo* res = nullptr;
+  const std::string h = grpc_detail::strip_brackets(host);
+  if (::getaddrinfo(h.c_str(), std::to_string(port).c_str(), &hints, &res) != 0) return "";
+  const std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> hold(res, ::freeaddrinfo);
+  const int fd = ::socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) return "";
+  int err = ::connect(fd, res->ai_addr, res->ai_addrlen) == 0 ? 0 : errno;
+  if (err == EINPROGRESS) {
+    pollfd pf{fd, POLLOUT, 0};
+    if (::poll(&pf, 1, 2000) == 1) {
+      socklen_t len = sizeof err;
+      ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+    } else {
+      err = ETIMEDOUT;
+    }
+  }
+  ::close(fd);
+  const std::string at = h + ":" + std::to_string(port);
+  if (err == 0)
+    return "something listens at " + at +
+           " but never answered as a dtrain rendezvous: another program on that port, or rank 0 "
+           "with other TLS settings (distributed.tls)";
+  if (err == ECONNREFUSED)
+    return "nothing listens at " + at +
+           ": rank 0 is not running there (not started yet, failed, or given another "
+           "MASTER_PORT)";
+  if (err == ETIMEDOUT)
+    return "a connection to " + at +
+           " gets no answer within 2 s: a firewall dropping it, a host that is down, or a "
+           "program there that takes no more connections";
+  return "";
 }
 
 }  // namespace dtrain

@@ -19,4 +19,9 @@ std::string master_addr_problem(const std::string& master_addr, bool serving);
 // when every such listen succeeds (the cause is gone, or is not the port).
 std::string listen_problem(const std::string& host, int port);
 
+// For a rank whose rendezvous timed out without rank 0 ever answering: whether anything listens
+// at host:port (one TCP connect, at most 2 s): "nothing listens at h:p (...)" or "something
+// listens at h:p but never answered as a dtrain rendezvous (...)"; "" when it cannot tell.
+std::string rendezvous_port_problem(const std::string& host, int port);
+
 }  // namespace dtrain

@@ -286,6 +286,8 @@ std::vector<PeerEntry> join_rendezvous(const GrpcOptions& o, const std::string& 
   const std::string master = host_port(o.master_addr, o.master_port);
   auto channel = grpc::CreateCustomChannel(master, creds, args);
   bool token_refused = false;  // (set by `error`: a user error, exit 2, not a failure)
+  bool answered = false;       // rank 0's store took this rank's join
+
   // A wait for the result that ends before the deadline (slice_wait) is one look of several:
   // `error` notes its end (slice_timed_out) instead of naming a timeout.
   bool slice_wait = false, slice_timed_out = false;
@@ -307,7 +309,10 @@ std::vector<PeerEntry> join_rendezvous(const GrpcOptions& o, const std::string& 
             fmt::format("rank 0 at {} refused this rank's job token (rank {})", master, rank_));
       case grpc::StatusCode::DEADLINE_EXCEEDED: {
         const double slack_s = std::chrono::duration<double>(kJoinSlack).count();
-        const std::string hint = master_addr_problem(o.master_addr, rank_ == 0);
+        std::string hint = master_addr_problem(o.master_addr, rank_ == 0);
+        // Rank 0 never answered at all (not a report that did not come): who is at the port?
+        if (hint.empty() && rank_ != 0 && !answered)
+          hint = rendezvous_port_problem(o.master_addr, o.master_port);
         // (rank 0 joins its own store, through MASTER_ADDR as the others do)
         return CommError(fmt::format(
             "rendezvous with {} at {} timed out after {} s (rendezvous_timeout_s {} s, and "
@@ -336,6 +341,7 @@ std::vector<PeerEntry> join_rendezvous(const GrpcOptions& o, const std::string& 
   int64_t n = 0;
   try {  // (the first call: where a token rank 0 does not share is refused)
     n = rdzv->add("joins", 1);
+    answered = true;
   } catch (const CommError& e) {
     if (!token_refused) throw;
     throw UserError(std::string(e.what()) +
