@@ -12,6 +12,7 @@
 
 #include "data/compression.h"
 #include "data/dataset.h"
+#include "data/gzip_util.h"
 #include "data/text.h"
 #include "test_util.h"
 #include "user_error.h"
@@ -31,20 +32,7 @@ std::string write_bytes(const std::string& path, std::string_view bytes) {
   return path;
 }
 
-// `raw` gzip-compressed (one member).
-std::string gzip(std::string_view raw) {
-  z_stream zs{};
-  REQUIRE(deflateInit2(&zs, 6, Z_DEFLATED, 16 + MAX_WBITS, 8, Z_DEFAULT_STRATEGY) == Z_OK);
-  std::string out(deflateBound(&zs, raw.size()) + 64, '\0');
-  zs.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(raw.data()));
-  zs.avail_in = static_cast<uInt>(raw.size());
-  zs.next_out = reinterpret_cast<Bytef*>(out.data());
-  zs.avail_out = static_cast<uInt>(out.size());
-  REQUIRE(deflate(&zs, Z_FINISH) == Z_STREAM_END);
-  out.resize(zs.total_out);
-  deflateEnd(&zs);
-  return out;
-}
+using dtrain::testing::gzip;
 
 // A ustar archive of one file `name` holding `body`: its 512-byte header (POSIX ustar, checksum
 // as tar(1) writes it), the body padded to 512 bytes, and the two zero blocks that end it.

@@ -17,6 +17,7 @@
 #include <doctest/doctest.h>
 
 #include "data/dataset.h"
+#include "data/gzip_util.h"
 #include "test_util.h"
 #include "user_error.h"
 #include "util/check.h"
@@ -35,19 +36,7 @@ void write_bytes(const std::string& path, const std::string& bytes) {
   REQUIRE(out.good());
 }
 
-std::string gzip(const std::string& raw) {
-  z_stream zs{};
-  REQUIRE(deflateInit2(&zs, 6, Z_DEFLATED, 16 + MAX_WBITS, 8, Z_DEFAULT_STRATEGY) == Z_OK);
-  std::string out(deflateBound(&zs, raw.size()) + 64, '\0');
-  zs.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(raw.data()));
-  zs.avail_in = static_cast<uInt>(raw.size());
-  zs.next_out = reinterpret_cast<Bytef*>(out.data());
-  zs.avail_out = static_cast<uInt>(out.size());
-  REQUIRE(deflate(&zs, Z_FINISH) == Z_STREAM_END);
-  out.resize(zs.total_out);
-  deflateEnd(&zs);
-  return out;
-}
+using dtrain::testing::gzip;
 
 void put_be32(std::string& s, uint32_t v) {
   s.push_back(static_cast<char>(v >> 24));
