@@ -36,6 +36,20 @@ std::string numeric(const addrinfo& a) {
   return host;
 }
 
+using AddrList = std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)>;
+
+// The stream addresses of host:port (numeric port), or null when the name does not resolve.
+AddrList resolve_stream(const std::string& host, int port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  addrinfo* res = nullptr;
+  if (::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res) != 0)
+    return AddrList(nullptr, ::freeaddrinfo);
+  return AddrList(res, ::freeaddrinfo);
+}
+
 }  // namespace
 
 std::string master_addr_problem(const std::string& master_addr, bool serving) {
@@ -56,14 +70,10 @@ std::string master_addr_problem(const std::string& master_addr, bool serving) {
 }
 
 std::string listen_problem(const std::string& host, int port) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_NUMERICSERV;
-  addrinfo* res = nullptr;
   const std::string h = grpc_detail::strip_brackets(host);
-  if (::getaddrinfo(h.c_str(), std::to_string(port).c_str(), &hints, &res) != 0) return "";
-  const std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> hold(res, ::freeaddrinfo);
+  const AddrList hold = resolve_stream(h, port);
+  if (!hold) return "";
+  const addrinfo* res = hold.get();
   // gRPC listens on every address the name gives: the one that fails is the news. Taken or
   // forbidden beats "not an address here" (a name may give an address family this host lacks).
   int worst = 0;
@@ -100,14 +110,10 @@ std::string listen_problem(const std::string& host, int port) {
 }
 
 std::string rendezvous_port_problem(const std::string& host, int port) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_NUMERICSERV;
-  addrinfo* res = nullptr;
   const std::string h = grpc_detail::strip_brackets(host);
-  if (::getaddrinfo(h.c_str(), std::to_string(port).c_str(), &hints, &res) != 0) return "";
-  const std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> hold(res, ::freeaddrinfo);
+  const AddrList hold = resolve_stream(h, port);
+  if (!hold) return "";
+  const addrinfo* res = hold.get();
   const int fd = ::socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) return "";
   int err = ::connect(fd, res->ai_addr, res->ai_addrlen) == 0 ? 0 : errno;
