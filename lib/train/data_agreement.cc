@@ -7,7 +7,7 @@
 
 namespace dtrain {
 
-void check_same_data(Communicator& comm, const DataSplits& data) {
+uint32_t check_same_data(Communicator& comm, const DataSplits& data) {
   const std::vector<int64_t> mine = {data.train.rows, data_fingerprint(data.train), data.test.rows,
                                      data_fingerprint(data.test)};
   const size_t world = static_cast<size_t>(comm.size());
@@ -26,6 +26,7 @@ void check_same_data(Communicator& comm, const DataSplits& data) {
           "): every rank must read the same files (on several machines: copies that are the "
           "same, or one shared folder)");
     }
+  return static_cast<uint32_t>(mine[1]);
 }
 
 }  // namespace dtrain

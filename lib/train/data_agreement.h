@@ -10,7 +10,8 @@ namespace dtrain {
 
 // Collective over `comm` (one all-gather of 4 int64 per rank): every rank's training and test
 // splits (rows and data_fingerprint) against rank 0's. Throws AgreedInputError (train/stop.h),
-// the same message on every rank, naming the first rank whose data differs.
-void check_same_data(Communicator& comm, const DataSplits& data);
+// the same message on every rank, naming the first rank whose data differs. Returns this rank's
+// training-split fingerprint (a checkpoint records it: TrainLoop::train_crc).
+uint32_t check_same_data(Communicator& comm, const DataSplits& data);
 
 }  // namespace dtrain

@@ -48,7 +48,7 @@ void TrainLoop::setup_model(AtOnceScope& starting) {
               ? opts_.data->get()
               : std::make_shared<const DataSplits>(load_data(cfg_.data, cfg_.seed));
   // (ranks of one process share one copy; processes each load their own)
-  if (opts_.data == nullptr && world_.size() > 1) check_same_data(world_, *data_);
+  if (opts_.data == nullptr && world_.size() > 1) train_crc_ = check_same_data(world_, *data_);
   if (const int64_t ms = fault_load_delay_ms(opts_.faults, rank_); ms > 0) {
     spdlog::warn("DTRAIN_FAULT slow_load: rank {} sleeps {} ms after loading its data", rank_, ms);
     std::this_thread::sleep_for(std::chrono::milliseconds(ms));

@@ -153,8 +153,9 @@ class TrainLoop {
   OutDirLock ckpt_lock_;  // rank 0: its checkpoints folder's, for the run (start_run_dir)
 
   std::shared_ptr<const DataSplits> data_;  // (shared by the in-process ranks: RunOptions::data)
-  // The training split's data_fingerprint, computed once when a save or a resume first needs it
-  // (0: not yet; the lead's): a checkpoint records it, a resume on other contents says so.
+  // The training split's data_fingerprint, computed once: by the data check of ranks that are
+  // processes (check_same_data), else when a save or a resume first needs it (0: not yet): a
+  // checkpoint records it, a resume on other contents says so.
   uint32_t train_crc_ = 0;
   uint32_t train_crc();
   Model model_;
