@@ -239,8 +239,8 @@ int64_t remove_orphaned_temp_files(const std::string& dir, bool include_step_fol
 // number of files and folders removed.
 int64_t remove_incomplete_checkpoints(const std::string& dir);
 // Whether `name` is one a sharded save writes inside its step-<N> folder: manifest.json,
-// rank-<r>.safetensors, the temp files of those atomic writes, or NFS's .nfsXXXX for one of them
-// removed while open.
+// rank-<r>.safetensors, the temp files of those atomic writes, or NFS's .nfs<hex digits> for one of
+// them removed while open.
 bool is_step_folder_entry(const std::string& name);
 // Resolves what --resume names: a checkpoint file, a sharded checkpoint folder (with
 // manifest.json), a checkpoints folder (its `latest`), a run folder (its checkpoints/latest), or a

@@ -75,7 +75,7 @@ int64_t remove_orphaned_temp_files(const std::string& dir, bool include_step_fol
 }
 
 bool is_step_folder_entry(const std::string& name) {
-  // (.nfsXXXX: NFS's name for a file removed while a reader has it open, on a shared --out)
+  // (.nfs<hex digits>: NFS's name for a file removed while a reader has it open, on a shared --out)
   static const std::regex shard(
       R"(manifest\.json|rank-\d{1,9}\.safetensors|\..+\.tmp\.[A-Za-z0-9]{6}|\.nfs[0-9a-fA-F]+)");
   return std::regex_match(name, shard);

@@ -136,7 +136,7 @@ OutDirLock& OutDirLock::operator=(OutDirLock&& o) noexcept {
 // folder, would take the user's files with it (a consolidated checkpoint saved there, another
 // program's).
 void check_checkpoints_are_ours(const std::string& out_dir) {
-  // (.nfsXXXX: NFS's name for a file removed while a reader has it open, on a shared --out)
+  // (.nfs<hex digits>: NFS's name for a file removed while a reader has it open, on a shared --out)
   static const std::regex ours(
       R"(latest|step-\d{1,18}(\.safetensors)?|\..+\.tmp\.[A-Za-z0-9]{6}|\.nfs[0-9a-fA-F]+)");
   const fs::path ck = fs::path(out_dir) / "checkpoints";
