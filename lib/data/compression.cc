@@ -99,9 +99,7 @@ void refuse_unread_compression(const std::string& path) {
   const size_t got = std::fread(head, 1, sizeof head, in);
   std::fclose(in);
   refuse_unread_compression(path, std::string_view(head, got));
-  if (got < 2 || static_cast<unsigned char>(head[0]) != 0x1f ||
-      static_cast<unsigned char>(head[1]) != 0x8b)
-    return;
+  if (!is_gzip(std::string_view(head, got))) return;
   // A gzip file: what its contents start with (zlib reads them across members; a corrupt or
   // truncated file gives what it has, or nothing).
   gzFile g = gzopen(path.c_str(), "rb");

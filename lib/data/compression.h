@@ -15,6 +15,12 @@ inline constexpr size_t kCompressionMagicBytes = 10;
 // offset 257, its checksum covers the whole block).
 inline constexpr size_t kFormatMagicBytes = 512;
 
+// Whether `head` (a file's or a buffer's first bytes) starts with gzip's magic number, 1f 8b.
+inline bool is_gzip(std::string_view head) {
+  return head.size() >= 2 && static_cast<unsigned char>(head[0]) == 0x1f &&
+         static_cast<unsigned char>(head[1]) == 0x8b;
+}
+
 // "xz", "bzip2", "zstd", "zip", "7z" or "lz4" when `head` (a file's first bytes, at least
 // kCompressionMagicBytes of them when the file has that many) starts with that format's magic
 // number, else "" (gzip and plain files included).

@@ -101,11 +101,6 @@ std::string read_whole_file(const std::string& path) {
   return out;
 }
 
-bool has_gzip_magic(const std::string& s, size_t pos) {
-  return s.size() >= pos + 2 && static_cast<unsigned char>(s[pos]) == 0x1f &&
-         static_cast<unsigned char>(s[pos + 1]) == 0x8b;
-}
-
 // Inflates every gzip member of `in` (gzip allows concatenated members; zero padding after the
 // last member is tolerated like gzip(1) does). Anything else is a UserError naming `path`.
 // max_out: as soon as the output exceeds it (an IDX header's size, what can be allocated), it
@@ -182,7 +177,7 @@ std::string gunzip(const std::string& in, const std::string& path, size_t max_ou
     if (ret == Z_STREAM_END) {
       const size_t consumed = in_pos - zs.avail_in;
       if (consumed == in.size()) break;
-      if (has_gzip_magic(in, consumed)) {
+      if (is_gzip(std::string_view(in).substr(consumed))) {
         inflateReset(&zs);
         continue;
       }
@@ -430,7 +425,7 @@ std::string read_maybe_gzip(const std::string& path) {
   if (const auto size = fs::file_size(path, ec); !ec && size > budget)
     throw UserError(too_big(fmt::format("its {} bytes are", size)));
   std::string bytes = read_whole_file(path);
-  if (!has_gzip_magic(bytes, 0)) {
+  if (!is_gzip(bytes)) {
     refuse_unread_compression(path, std::string_view(bytes).substr(0, kFormatMagicBytes));
     return bytes;
   }
@@ -462,7 +457,7 @@ std::string read_maybe_gzip(const std::string& path) {
 }
 
 int64_t size_once_read(const std::string& bytes, const std::string& path) {
-  if (!has_gzip_magic(bytes, 0)) return static_cast<int64_t>(bytes.size());
+  if (!is_gzip(bytes)) return static_cast<int64_t>(bytes.size());
   int64_t n = 0;
   gunzip(
       bytes, path, SIZE_MAX, [] { return std::string(); }, &n);

@@ -240,8 +240,9 @@ int64_t text_bytes_without_reading(const std::vector<std::string>& specs, bool* 
     if (::stat(f.c_str(), &st) != 0) return -1;
     std::FILE* in = std::fopen(f.c_str(), "rb");
     if (in == nullptr) return -1;
-    unsigned char magic[2] = {0, 0}, isize[4] = {0, 0, 0, 0};
-    const bool gz = std::fread(magic, 1, 2, in) == 2 && magic[0] == 0x1f && magic[1] == 0x8b;
+    char magic[2] = {0, 0};
+    unsigned char isize[4] = {0, 0, 0, 0};
+    const bool gz = is_gzip(std::string_view(magic, std::fread(magic, 1, 2, in)));
     bool ok = true;
     // (shorter than gzip's 18 bytes of header and trailer: truncated, counted 0 and inexact, so
     // the caller decompresses it and refuses it as the loader does; validate said ok)
