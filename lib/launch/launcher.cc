@@ -565,10 +565,6 @@ AttemptResult run_attempt(const LaunchOptions& o, const AttemptPlan& plan,
   return a.supervise();
 }
 
-}  // namespace
-
-namespace {
-
 // While the launcher waits for the other nodes, no rank runs: a stop signal then ends it at once
 // (SignalGuard::default_stop_signals), instead of waiting out the check-in's timeout.
 struct DefaultStopSignals {
@@ -617,9 +613,51 @@ Membership elastic_check_in(JobAgent& agent, const LaunchOptions& o, int attempt
   return m;
 }
 
-}  // namespace
-
-namespace {
+// A node's end of an attempt of a multi-node job: its outcome reported, node 0's decision taken;
+// nullopt to restart, else the launcher's exit code.
+std::optional<int> node_decision(const LaunchOptions& o, JobAgent& agent, SignalGuard& signals,
+                                 const AttemptResult& r, const AttemptPlan& plan, int attempt,
+                                 const std::string& token, const std::string& node_text) {
+  const int stop_rc = r.stop_rc();
+  NodeOutcome mine = node_outcome(r, stop_rc, node_text);
+  // Ctrl-C or SIGTERM after the ranks were gone (while the failed attempt wound down) was
+  // forwarded to no one: reported as this node's stop, with the failure's code, node 0
+  // decides no restart, as one node does (local_decision), instead of the signal landing
+  // on the ranks of a restart.
+  if (mine.kind == NodeOutcome::kFailed || mine.kind == NodeOutcome::kUserError)
+    if (const int late = signal_after_failure(r, signals); late != 0) {
+      spdlog::warn("received {}: not restarting", signal_name(late));
+      mine.kind = NodeOutcome::kStopped;
+      mine.cause += "; then " + signal_name(late) + " on node " + std::to_string(plan.node_rank);
+    }
+  // Node 0 may wait minutes for the others' reports (their ranks finishing a checkpoint),
+  // the others for its decision; no rank of this node runs then, so a stop signal ends the
+  // launcher at once, as during the check-in. One already here ends it too (node 0 may yet
+  // decide a restart), unless it is this attempt's own stop delivered twice; Ctrl-Z stops it.
+  std::vector<int> pending = signals.take_while_idle();
+  std::erase(pending, r.stop_signal);
+  if (plan.node_rank == 0)
+    spdlog::info("attempt {} ended on this node; waiting up to {} s for the other nodes' reports",
+                 attempt + 1, launch_agent_options(o, token).report_timeout_s);
+  else
+    spdlog::info("attempt {} ended on this node; waiting for node 0's decision", attempt + 1);
+  const JobDecision d = [&] {
+    const DefaultStopSignals interruptible(signals, o.preempt_signal);
+    for (int sig : pending) ::raise(sig);  // (their default action, or 75, ends it here)
+    return agent.finish(attempt, mine, o.max_restarts);
+  }();
+  if (d.restart) {
+    spdlog::warn("restart {} of {} (node 0's count): {}; starting this node's {} rank(s) again",
+                 attempt + 1, o.max_restarts, d.reason, plan.nproc);
+    return std::nullopt;
+  }
+  if (d.rc == 0)
+    spdlog::info("all {} rank(s) on {} nodes finished{}", plan.world, plan.nnodes,
+                 attempt > 0 ? " after " + std::to_string(attempt) + " restart(s)" : "");
+  else if (!d.reason.empty())
+    spdlog::error("the job ended in attempt {} (exit {}): {}", attempt + 1, d.rc, d.reason);
+  return d.rc;
+}
 
 // launch_local's attempts; `blamed_record`: the error record of the rank the last failed attempt
 // blamed (for publish_parent_error).
@@ -716,47 +754,10 @@ int launch_attempts(const LaunchOptions& o, LaunchReport* report, std::string* b
     const int stop_rc = r.stop_rc();
 
     if (agent) {
-      NodeOutcome mine = node_outcome(r, stop_rc, node_text);
-      // Ctrl-C or SIGTERM after the ranks were gone (while the failed attempt wound down) was
-      // forwarded to no one: reported as this node's stop, with the failure's code, node 0
-      // decides no restart, as one node does (local_decision), instead of the signal landing
-      // on the ranks of a restart.
-      if (mine.kind == NodeOutcome::kFailed || mine.kind == NodeOutcome::kUserError)
-        if (const int late = signal_after_failure(r, signals); late != 0) {
-          spdlog::warn("received {}: not restarting", signal_name(late));
-          mine.kind = NodeOutcome::kStopped;
-          mine.cause +=
-              "; then " + signal_name(late) + " on node " + std::to_string(plan.node_rank);
-        }
-      // Node 0 may wait minutes for the others' reports (their ranks finishing a checkpoint),
-      // the others for its decision; no rank of this node runs then, so a stop signal ends the
-      // launcher at once, as during the check-in. One already here ends it too (node 0 may yet
-      // decide a restart), unless it is this attempt's own stop delivered twice; Ctrl-Z stops it.
-      std::vector<int> pending = signals.take_while_idle();
-      std::erase(pending, r.stop_signal);
-      if (plan.node_rank == 0)
-        spdlog::info(
-            "attempt {} ended on this node; waiting up to {} s for the other nodes' "
-            "reports",
-            attempt + 1, launch_agent_options(o, token).report_timeout_s);
-      else
-        spdlog::info("attempt {} ended on this node; waiting for node 0's decision", attempt + 1);
-      const JobDecision d = [&] {
-        const DefaultStopSignals interruptible(signals, o.preempt_signal);
-        for (int sig : pending) ::raise(sig);  // (their default action, or 75, ends it here)
-        return agent->finish(attempt, mine, o.max_restarts);
-      }();
-      if (d.restart) {
-        spdlog::warn("restart {} of {} (node 0's count): {}; starting this node's {} rank(s) again",
-                     attempt + 1, o.max_restarts, d.reason, nproc);
-        continue;
-      }
-      if (d.rc == 0)
-        spdlog::info("all {} rank(s) on {} nodes finished{}", plan.world, plan.nnodes,
-                     attempt > 0 ? " after " + std::to_string(attempt) + " restart(s)" : "");
-      else if (!d.reason.empty())
-        spdlog::error("the job ended in attempt {} (exit {}): {}", attempt + 1, d.rc, d.reason);
-      return d.rc;
+      if (const std::optional<int> rc =
+              node_decision(o, *agent, signals, r, plan, attempt, token, node_text))
+        return *rc;
+      continue;
     }
 
     // Elastic: a rank killed from outside (an OOM kill, a lost device) gives up its slot.

@@ -711,6 +711,10 @@ nlohmann::json TrainLoop::run() {
       break;
     }
   }
+  return finish_run(stop_signal, stop_preempted);
+}
+
+nlohmann::json TrainLoop::finish_run(int stop_signal, bool stop_preempted) {
   const bool interrupted = stop_signal != 0;
   nlohmann::json s;
   try {

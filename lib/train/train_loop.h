@@ -92,6 +92,9 @@ class TrainLoop {
   void fail_group(const std::exception& e) { world_.abort(e.what()); }
   void settle_final_loss();  // collective: an interrupted run's
   void announce_stop(int sig, bool preempted, bool in_sync);
+  // After the loop (every rank): the final save and evaluation, the summary (collective), the
+  // exit code for a stop and the lead's summary.json. stop_signal 0: the run ended.
+  nlohmann::json finish_run(int stop_signal, bool stop_preempted);
   bool resuming();                      // collective: rank 0's --resume decides
   int64_t resumed_batch_index() const;  // rp_.batch in this run's global batches
   int64_t resumed_total_steps() const;  // plan_.total_steps from the resume point
