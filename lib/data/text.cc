@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <optional>
 #include <set>
@@ -59,11 +60,22 @@ std::string not_a_file_kind(const std::string& path) {
   }
 }
 
+// The first folder glob(3) could not read while expanding, with its error (glob skips it and
+// goes on: a pattern in an unreadable folder otherwise "matches no file", leaving the cause
+// unsaid). Thread-local: glob's error callback takes no context, and ranks may be threads.
+thread_local std::string t_glob_error;
+
+int note_glob_error(const char* path, int err) {
+  if (t_glob_error.empty()) t_glob_error = fmt::format("cannot read '{}': {}", path, strerror(err));
+  return 0;  // (go on: the matches elsewhere stand)
+}
+
 // The regular files matching `pattern`, in byte order of their paths; the other matches are left
 // out with a warning.
 std::vector<std::string> glob_files(const std::string& pattern, const std::string& key) {
   glob_t g{};
-  const int rc = ::glob(pattern.c_str(), GLOB_NOSORT, nullptr, &g);
+  t_glob_error.clear();
+  const int rc = ::glob(pattern.c_str(), GLOB_NOSORT, note_glob_error, &g);
   struct Freer {
     glob_t* g;
     ~Freer() { ::globfree(g); }
@@ -89,7 +101,8 @@ std::vector<std::string> glob_files(const std::string& pattern, const std::strin
                                                      skipped[1], skipped[2], skipped.size() - 3);
   if (out.empty())
     throw UserError(key + ": the pattern '" + pattern + "' matches no file" +
-                    (skipped.empty() ? "" : ", only what is not one: " + skipped_text));
+                    (skipped.empty() ? "" : ", only what is not one: " + skipped_text) +
+                    (t_glob_error.empty() ? "" : " (" + t_glob_error + ")"));
   // (a named fifo or folder is refused: matched by a pattern, it is left out, said)
   if (!skipped.empty())
     warn_once("glob " + pattern,  // (once: the paths are expanded by each check and the load)

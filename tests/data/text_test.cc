@@ -213,6 +213,12 @@ TEST_CASE("text: bad input is one UserError naming the key and the file") {
   o.train = {dir / "*.none"};
   e = user_error([&] { load_text(o); });
   CHECK(e.find("the pattern '" + dir.path() + "/*.none' matches no file") != std::string::npos);
+  // A folder on the way that cannot be read (here a link to itself: ELOOP, as root too) is said,
+  // not left as "matches no file" alone.
+  std::filesystem::create_directory_symlink("loop", dir / "loop");
+  o.train = {dir / "loop/*.txt"};
+  e = user_error([&] { load_text(o); });
+  CHECK(e.find("matches no file (cannot read '" + dir.path() + "/loop': ") != std::string::npos);
 
   // 100 bytes, 10% held out = 10 bytes: fewer than a window of 17.
   o.train = {dir.write("hundred.txt", pattern_text(100))};
