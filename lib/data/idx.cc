@@ -107,8 +107,12 @@ std::string read_whole_file(const std::string& path) {
 // stops with UserError(over_limit()); the output buffer never grows past max_out + 1 bytes.
 // count: when given, the output is only counted there (a 1-MiB buffer, overwritten) and ""
 // returned: the same checks and messages, without holding the contents.
+// expect: the size the caller's format says the output has (an IDX header's), 0 when unknown;
+// when the gzip trailer agrees with it, the buffer is sized to it at once (growing it by copies
+// held the old and the new buffer at once: 4 GB for a 2.4 GB file).
 std::string gunzip(const std::string& in, const std::string& path, size_t max_out,
-                   const std::function<std::string()>& over_limit, int64_t* count = nullptr) {
+                   const std::function<std::string()>& over_limit, int64_t* count = nullptr,
+                   size_t expect = 0) {
   const size_t cap = count != nullptr      ? size_t{1} << 20
                      : max_out == SIZE_MAX ? SIZE_MAX
                                            : max_out + 1;  // the output buffer's
@@ -134,7 +138,11 @@ std::string gunzip(const std::string& in, const std::string& path, size_t max_ou
       hint = static_cast<size_t>(t[0]) | static_cast<size_t>(t[1]) << 8 |
              static_cast<size_t>(t[2]) << 16 | static_cast<size_t>(t[3]) << 24;
     }
-    hint = std::min({hint, in.size() * 16 + (size_t{64} << 20), cap});
+    // (agreeing, the two are still bounded by deflate's largest ratio, 1032:1: a file cannot
+    // hold more, whatever header and trailer both claim)
+    const bool agreed = expect > 0 && hint == (expect & 0xffffffffu);
+    const size_t trusted = agreed ? in.size() * 1032 + 4096 : in.size() * 16 + (size_t{64} << 20);
+    hint = std::min({agreed ? expect : hint, trusted, cap});
     resize_fresh(out, std::max<size_t>(hint, 4096));
   }
 
@@ -332,6 +340,26 @@ void check_idx_images(const std::string& images_path, uint64_t n, uint64_t rows,
   check_idx_pixels(images_path, rows, cols);
 }
 
+// Whether this process can hold an images file whose header is `img` (whole, 3 dims) as load_idx
+// reads it: the file's bytes (inflated) and the float32 inputs, 4 per pixel, at once. A small
+// .gz claiming millions of images otherwise ran out of memory in the middle of the read, said as
+// a bare out-of-memory; validate says it from the header too.
+void check_idx_fits(const std::string& images_path, const Promise& img) {
+  const size_t budget = allocation_budget();
+  if (budget == SIZE_MAX || img.dims.size() != 3 || img.total == SIZE_MAX) return;
+  const double pixels = static_cast<double>(img.dims[0]) * static_cast<double>(img.dims[1]) *
+                        static_cast<double>(img.dims[2]);
+  const double need = static_cast<double>(img.total) + pixels * sizeof(float);
+  if (need <= static_cast<double>(budget)) return;
+  constexpr double kMiB = 1024.0 * 1024.0;
+  throw UserError(fmt::format(
+      "cannot load IDX images file '{}': its {} images of {}x{} pixels need {:.0f} MiB read and "
+      "{:.0f} MiB as float32 inputs, more than the {:.0f} MiB this process can allocate "
+      "(available memory, or the address-space limit ulimit -v); use fewer images or free memory",
+      images_path, img.dims[0], img.dims[1], img.dims[2], static_cast<double>(img.total) / kMiB,
+      pixels * sizeof(float) / kMiB, static_cast<double>(budget) / kMiB));
+}
+
 // load_idx's refusal of a labels file whose count is not the images file's.
 void check_idx_label_count(const std::string& images_path, uint64_t n,
                            const std::string& labels_path, uint64_t labels) {
@@ -350,23 +378,26 @@ IdxFile read_idx(const std::string& path, uint32_t magic, const char* what) {
   const Promise promise = idx_promised_size(path, magic);
   const size_t promised = promise.total;
   check_promise(path, promise, magic, what);
+  if (magic == kImagesMagic) check_idx_fits(path, promise);
   {
     const bool gz = promise.gzip;
     // Inflating stops at the header's size, and at what this process can allocate.
     const size_t budget = allocation_budget();
     const size_t cap = std::min(promised, budget);
-    f.bytes = gz ? gunzip(read_whole_file(path), path, cap,
-                          [&] {
-                            if (cap < promised)
-                              return fmt::format(
-                                  "cannot read IDX file '{}': it inflates to more than the {:.0f} "
-                                  "MiB this process can allocate (header: {})",
-                                  path, static_cast<double>(budget) / (1024.0 * 1024.0),
-                                  promise.shape.empty() ? "unread" : promise.shape);
-                            return "IDX file '" + path + "' size mismatch: header says " +
-                                   promise.shape + " (" + std::to_string(promised) +
-                                   " bytes with the header) but the compressed data holds more";
-                          })
+    f.bytes = gz ? gunzip(
+                       read_whole_file(path), path, cap,
+                       [&] {
+                         if (cap < promised)
+                           return fmt::format(
+                               "cannot read IDX file '{}': it inflates to more than the {:.0f} "
+                               "MiB this process can allocate (header: {})",
+                               path, static_cast<double>(budget) / (1024.0 * 1024.0),
+                               promise.shape.empty() ? "unread" : promise.shape);
+                         return "IDX file '" + path + "' size mismatch: header says " +
+                                promise.shape + " (" + std::to_string(promised) +
+                                " bytes with the header) but the compressed data holds more";
+                       },
+                       nullptr, promised)
                  : read_whole_file(path);
   }
   const std::string& b = f.bytes;
@@ -493,6 +524,7 @@ void check_idx_headers(const std::string& images_path, const std::string& labels
   // The counts, as load_idx refuses them, where the headers are whole.
   if (img.dims.size() != 3) return;
   check_idx_images(images_path, img.dims[0], img.dims[1], img.dims[2]);
+  check_idx_fits(images_path, img);
   if (lab.dims.size() == 1)
     check_idx_label_count(images_path, img.dims[0], labels_path, lab.dims[0]);
 }

@@ -506,3 +506,37 @@ TEST_CASE("a gzip text file of several members larger than 4 MB reads within its
   CHECK_MESSAGE(r.exit_code == 0, r.output);
   CHECK_MESSAGE(contains(r.output, "done: "), r.output);
 }
+
+TEST_CASE("IDX images that cannot fit as float32 inputs are refused from their header") {
+  // A gzip file holding only a header that claims 3,000,000 images of 28x28: 2.2 GB read and
+  // 9 GB as float32 inputs, under a 3 GB address-space limit. Before, run inflated what it could
+  // and failed with a bare out-of-memory, or (this file) said the data was short of its header.
+  TempDir dir;
+  const std::string img = dir / "img.gz", lab = dir / "lab.gz";
+  auto write_gz = [](const std::string& path, const std::string& bytes) {
+    gzFile f = gzopen(path.c_str(), "wb1");
+    REQUIRE(f != nullptr);
+    REQUIRE(gzwrite(f, bytes.data(), static_cast<unsigned>(bytes.size())) > 0);
+    REQUIRE(gzclose(f) == Z_OK);
+  };
+  auto be32 = [](uint32_t v) {
+    return std::string{static_cast<char>(v >> 24), static_cast<char>(v >> 16),
+                       static_cast<char>(v >> 8), static_cast<char>(v)};
+  };
+  write_gz(img, be32(0x803) + be32(3000000) + be32(28) + be32(28));
+  write_gz(lab, be32(0x801) + be32(3000000) + std::string(1000, '\0'));
+  const std::string cfg = dir.write(
+      "i.yaml", "model: {type: mlp, hidden: [8]}\ndata: {format: idx, train: {images: " + img +
+                    ", labels: " + lab +
+                    "}, batch_size: 8}\noptimizer: {type: sgd, lr: 0.01}\ntrain: {max_steps: 1}\n");
+  for (const std::string cmd : {"run", "validate"}) {
+    const auto r = run_cmd("ulimit -v 3000000 && " + kBin + " " + cmd + " " + cfg +
+                           (cmd == "run" ? " --out " + dir / "r" : "") + " 2>&1");
+    const std::string what = cmd + ": " + r.output;
+    INFO(what);
+    CHECK(r.exit_code == 2);
+    CHECK(contains(r.output, "cannot load IDX images file '" + img +
+                                 "': its 3000000 images of 28x28 pixels need 2243 MiB read and "
+                                 "8972 MiB as float32 inputs, more than the "));
+  }
+}
