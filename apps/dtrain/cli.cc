@@ -479,9 +479,11 @@ void Cli::add_model_commands(CLI::App& app) {
       predict_->add_option("--checkpoint", checkpoint_,
                            "checkpoint file, sharded checkpoint folder, or run/checkpoints folder"))
       ->required();
-  non_empty(predict_->add_option("--input", input_, "CSV of feature rows (no label column)"))
+  non_empty(predict_->add_option("--input", input_,
+                                 "CSV of feature rows (no label column); - reads standard input"))
       ->required();
-  non_empty(predict_->add_option("--output", output_, "CSV to write (default: standard output)"));
+  non_empty(
+      predict_->add_option("--output", output_, "CSV to write (default, or -: standard output)"));
   predict_
       ->add_option("--input-header", input_header_,
                    "whether --input's first row is a header: auto (a row of names, or the "
@@ -636,6 +638,7 @@ int Cli::dispatch(const char* argv0) {
   if (!trace_.empty())
     check_trace_output(trace_, out_.empty() ? default_out_dir(config_path_) : out_, config_path_,
                        resume_, cfg.data);
+  if (predict_->parsed() && output_ == "-") output_.clear();  // (standard output)
   if (predict_->parsed() && !output_.empty())
     check_predict_output(output_, input_, checkpoint_, config_path_, cfg.data);
   if (overwrite_ && !resume_.empty())

@@ -1,6 +1,8 @@
 // `dtrain eval` and `dtrain predict`: a trained model on the test set or on rows of a CSV file.
 #include "dtrain/eval_cmd.h"
 
+#include <unistd.h>
+
 #include <cmath>
 #include <iostream>
 #include <regex>
@@ -27,6 +29,9 @@
 
 namespace dtrain {
 namespace {
+
+// How predict's messages name --input -.
+constexpr const char* kStdinName = "<stdin>";
 
 // Model and weights for eval/predict: the config decides the architecture, the checkpoint the
 // values; a mismatch is refused by load_checkpoint.
@@ -258,7 +263,8 @@ int cmd_predict(const Config& cfg, const std::string& ckpt, const std::string& i
         "predict classifies the rows of a CSV file with an mlp or sequential model; a gpt model "
         "continues text: use `dtrain generate` (or `dtrain eval` for its validation loss)");
   check_checkpoint(ckpt, false);
-  if (const std::string why = input_file_problem(input); !why.empty())
+  const bool from_stdin = input == "-";
+  if (const std::string why = from_stdin ? "" : input_file_problem(input); !why.empty())
     throw UserError("--input '" + input + "' " + why);
   set_blas_threads(static_cast<int>(cfg.runtime.threads));
   // For the normaliser and the shape: the training data, or where its files are not here the
@@ -277,7 +283,16 @@ int cmd_predict(const Config& cfg, const std::string& ckpt, const std::string& i
   // The input is read first, so the memory check sizes the batches it will have (a few rows
   // need no evaluation batch of data.eval_batch_size).
   const int64_t F = shape_numel(resolve_model_shape(cfg, data).sample);
-  std::vector<float> x = load_csv_features(input, in_opts, F, &rows, data.train.columns);
+  std::vector<float> x;
+  if (from_stdin) {
+    // (a terminal: rows typed until Ctrl-D; said, since the command seems to hang otherwise)
+    if (::isatty(STDIN_FILENO))
+      spdlog::warn("reading CSV rows from the terminal (--input -): end them with Ctrl-D");
+    x = load_csv_features_text(kStdinName, read_stdin_maybe_gzip(kStdinName), in_opts, F, &rows,
+                               data.train.columns);
+  } else {
+    x = load_csv_features(input, in_opts, F, &rows, data.train.columns);
+  }
   const LoadedModel m = load_model(cfg, data, ckpt, rows);
   DT_CHECK_EQ(m.model.in_features(), F);
   (test_only ? stored_normalizer(m, cfg, F) : training_normalizer(m, data))

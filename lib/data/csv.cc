@@ -141,7 +141,11 @@ class CsvReader {
   // input carrying the training file's own feature names, numeric-looking ones included).
   CsvReader(const std::string& path, const CsvOptions& opts,
             const std::vector<std::string>& known_header = {})
-      : path_(path), delim_(opts.delimiter), text_(read_maybe_gzip(path)) {
+      : CsvReader(path, read_maybe_gzip(path), opts, known_header) {}
+  // The same for text read already, `path` naming it in messages.
+  CsvReader(const std::string& path, std::string text, const CsvOptions& opts,
+            const std::vector<std::string>& known_header)
+      : path_(path), delim_(opts.delimiter), text_(std::move(text)) {
     // Text has no NUL bytes: a binary file (an IDX file, a checkpoint) was reported by whatever
     // its bytes first tripped ("stray quote", "a bare carriage return").
     if (const size_t nul = text_.find('\0'); nul != std::string::npos)
@@ -501,10 +505,11 @@ std::string csv_columns_problem(const std::string& what, const std::vector<std::
          "the header row)";
 }
 
-std::vector<float> load_csv_features(const std::string& path, const CsvOptions& opts,
-                                     int64_t expected_features, int64_t* rows_out,
-                                     const std::vector<std::string>& columns) {
-  CsvReader r(path, opts, columns);
+namespace {
+
+std::vector<float> csv_features(CsvReader& r, const CsvOptions& opts, int64_t expected_features,
+                                int64_t* rows_out, const std::vector<std::string>& columns) {
+  const std::string& path = r.path();
   if (!r.has_rows()) throw UserError("empty input: '" + path + "' has no rows");
   if (r.has_header() && static_cast<int64_t>(r.cols()) == expected_features) {
     const std::string why = csv_columns_problem("'" + path + "'", r.header(), columns);
@@ -540,6 +545,23 @@ std::vector<float> load_csv_features(const std::string& path, const CsvOptions& 
   if (rows == 0) throw UserError("empty input: '" + path + "' has a header but no data rows");
   if (rows_out != nullptr) *rows_out = rows;
   return x;
+}
+
+}  // namespace
+
+std::vector<float> load_csv_features(const std::string& path, const CsvOptions& opts,
+                                     int64_t expected_features, int64_t* rows_out,
+                                     const std::vector<std::string>& columns) {
+  CsvReader r(path, opts, columns);
+  return csv_features(r, opts, expected_features, rows_out, columns);
+}
+
+std::vector<float> load_csv_features_text(const std::string& name, std::string text,
+                                          const CsvOptions& opts, int64_t expected_features,
+                                          int64_t* rows_out,
+                                          const std::vector<std::string>& columns) {
+  CsvReader r(name, std::move(text), opts, columns);
+  return csv_features(r, opts, expected_features, rows_out, columns);
 }
 
 }  // namespace dtrain

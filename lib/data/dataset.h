@@ -129,6 +129,11 @@ Dataset load_csv(const std::string& path, const CsvOptions& opts);
 std::vector<float> load_csv_features(const std::string& path, const CsvOptions& opts,
                                      int64_t expected_features, int64_t* rows_out,
                                      const std::vector<std::string>& columns = {});
+// The same for CSV text read already (the standard input), named `name` in messages.
+std::vector<float> load_csv_features_text(const std::string& name, std::string text,
+                                          const CsvOptions& opts, int64_t expected_features,
+                                          int64_t* rows_out,
+                                          const std::vector<std::string>& columns = {});
 // "" when `what` (a CSV file read with a header: its feature columns' names) agrees with the
 // training data's names `train` (either empty: nothing to compare), else the message.
 std::string csv_columns_problem(const std::string& what, const std::vector<std::string>& names,
@@ -188,6 +193,9 @@ std::string idle_ranks_warning(int64_t train_rows, int64_t world_size, int64_t p
 // in another compression format (refuse_unread_compression), corrupt, or larger (or inflating to
 // more) than this process can allocate (available_memory_bytes), the last checked before reading.
 std::string read_maybe_gzip(const std::string& path);
+// The same for the standard input (predict --input -), read to its end, named `name` in
+// messages.
+std::string read_stdin_maybe_gzip(const std::string& name);
 // The size read_maybe_gzip gives `bytes` (a whole file): as they are, or with the gzip magic what
 // all its members inflate to, counted without holding the output (UserError as read_maybe_gzip's
 // for a corrupt, truncated or trailing-garbage file).

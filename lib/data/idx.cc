@@ -62,15 +62,9 @@ void resize_fresh(Buffer& buf, size_t n) {
   buf.resize(n);
 }
 
-// Whole-file read sized by fstat (util::read_file streams through an ostringstream, which is
-// several times slower on the 26 MB Fashion-MNIST file).
-std::string read_whole_file(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw UserError("cannot read '" + path + "': " + std::strerror(errno));
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
+// Reads `fd` to its end, named `path` in messages. Sized by fstat (util::read_file streams
+// through an ostringstream, which is several times slower on the 26 MB Fashion-MNIST file).
+std::string read_whole_fd(int fd, const std::string& path) {
   struct stat st {};
   if (::fstat(fd, &st) != 0) throw UserError("cannot read '" + path + "': " + std::strerror(errno));
   if (S_ISDIR(st.st_mode)) throw UserError("cannot read '" + path + "': it is a directory");
@@ -99,6 +93,16 @@ std::string read_whole_file(const std::string& path) {
   }
   out.resize(len);
   return out;
+}
+
+std::string read_whole_file(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw UserError("cannot read '" + path + "': " + std::strerror(errno));
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  return read_whole_fd(fd, path);
 }
 
 // Inflates every gzip member of `in` (gzip allows concatenated members; zero padding after the
@@ -438,31 +442,24 @@ IdxFile read_idx(const std::string& path, uint32_t magic, const char* what) {
   return f;
 }
 
-}  // namespace
+// "cannot read PATH: WHAT more than the N MiB this process can allocate ...".
+std::string too_big(const std::string& path, size_t budget, const std::string& what) {
+  constexpr double kMiB = 1024.0 * 1024.0;
+  return fmt::format(
+      "cannot read '{}': {} more than the {:.0f} MiB this process can allocate (available "
+      "memory, or the address-space limit ulimit -v); use a smaller file or free memory",
+      path, what, static_cast<double>(budget) / kMiB);
+}
 
-std::string read_maybe_gzip(const std::string& path) {
-  // What this process can allocate bounds the file (checked from its size, before reading) and
-  // its decompressed contents (checked while inflating): a file past it is a clear user error,
-  // not a std::bad_alloc from somewhere in the reader.
-  const size_t budget = allocation_budget();
-  auto too_big = [&](const std::string& what) {
-    constexpr double kMiB = 1024.0 * 1024.0;
-    return fmt::format(
-        "cannot read '{}': {} more than the {:.0f} MiB this process can allocate (available "
-        "memory, or the address-space limit ulimit -v); use a smaller file or free memory",
-        path, what, static_cast<double>(budget) / kMiB);
-  };
-  std::error_code ec;
-  if (const auto size = fs::file_size(path, ec); !ec && size > budget)
-    throw UserError(too_big(fmt::format("its {} bytes are", size)));
-  std::string bytes = read_whole_file(path);
+// read_maybe_gzip's contents of `bytes` (read whole from `path`): as they are, or inflated.
+std::string gunzip_if_gzip(std::string bytes, const std::string& path, size_t budget) {
   if (!is_gzip(bytes)) {
     refuse_unread_compression(path, std::string_view(bytes).substr(0, kFormatMagicBytes));
     return bytes;
   }
   const size_t left = budget == SIZE_MAX ? SIZE_MAX : budget - std::min(budget, bytes.size());
   auto over = [&] {
-    return too_big(fmt::format("its {} compressed bytes inflate to", bytes.size()));
+    return too_big(path, budget, fmt::format("its {} compressed bytes inflate to", bytes.size()));
   };
   try {
     std::string out = gunzip(bytes, path, left, over);
@@ -485,6 +482,23 @@ std::string read_maybe_gzip(const std::string& path) {
             ? std::string()
             : fmt::format("{:.0f} MiB by its estimate: ", static_cast<double>(budget) / kMiB)));
   }
+}
+
+}  // namespace
+
+std::string read_maybe_gzip(const std::string& path) {
+  // What this process can allocate bounds the file (checked from its size, before reading) and
+  // its decompressed contents (checked while inflating): a file past it is a clear user error,
+  // not a std::bad_alloc from somewhere in the reader.
+  const size_t budget = allocation_budget();
+  std::error_code ec;
+  if (const auto size = fs::file_size(path, ec); !ec && size > budget)
+    throw UserError(too_big(path, budget, fmt::format("its {} bytes are", size)));
+  return gunzip_if_gzip(read_whole_file(path), path, budget);
+}
+
+std::string read_stdin_maybe_gzip(const std::string& name) {
+  return gunzip_if_gzip(read_whole_fd(STDIN_FILENO, name), name, allocation_budget());
 }
 
 int64_t size_once_read(const std::string& bytes, const std::string& path) {

@@ -136,6 +136,18 @@ TEST_CASE("run, eval and predict on a tiny synthetic config") {
   const std::string pred = read_text(dir / "pred.csv");
   CHECK(pred.rfind("predicted,prob_0,prob_1,prob_2\n", 0) == 0);
   CHECK(std::count(pred.begin(), pred.end(), '\n') == 3);
+  // The same rows from standard input (--input -; gzip too), to standard output (--output -);
+  // an error names <stdin>.
+  const std::string predict = kBin + " predict " + cfg + " --checkpoint " + out +
+                              "/checkpoints --log-level warn --input - --output -";
+  r = run_cmd("cat " + in + " | " + predict);
+  CHECK_MESSAGE(r.output == pred, r.output);
+  r = run_cmd("gzip -c " + in + " | " + predict);
+  CHECK_MESSAGE(r.output == pred, r.output);
+  r = run_cmd("printf '1,2\\n' | " + predict);
+  CHECK(r.exit_code == 2);
+  CHECK_MESSAGE(contains(r.output, "<stdin>:1: expected 5 feature columns"), r.output);
+  CHECK_FALSE(std::filesystem::exists("-"));
 
   // An output inside a checkpoints folder could replace a checkpoint: refused, nothing written.
   r = run_dtrain("predict " + cfg + " --checkpoint " + out + "/checkpoints --input " + in +

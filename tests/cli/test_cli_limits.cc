@@ -519,10 +519,6 @@ TEST_CASE("IDX images that cannot fit as float32 inputs are refused from their h
     REQUIRE(gzwrite(f, bytes.data(), static_cast<unsigned>(bytes.size())) > 0);
     REQUIRE(gzclose(f) == Z_OK);
   };
-  auto be32 = [](uint32_t v) {
-    return std::string{static_cast<char>(v >> 24), static_cast<char>(v >> 16),
-                       static_cast<char>(v >> 8), static_cast<char>(v)};
-  };
   write_gz(img, be32(0x803) + be32(3000000) + be32(28) + be32(28));
   write_gz(lab, be32(0x801) + be32(3000000) + std::string(1000, '\0'));
   const std::string cfg = dir.write(
