@@ -19,6 +19,7 @@
 #include "train/tied_grads.h"
 #include "util/check.h"
 #include "util/duration.h"
+#include "util/warn_once.h"
 
 namespace dtrain {
 
@@ -33,17 +34,18 @@ class LocalSgd final : public ReplicatedBase {
         outer_(c_.outer_lr > 0),
         pieces_(tie_aligned_pieces(*range.model, range.begin, range.end)) {
     if (outer_) outer_momentum_.assign(values_.size(), 0.0f);
+    // (once per process: every pipeline stage's replica group finds it)
     if (dp.size() == 1 && outer_ && dp.rank() == 0)
-      spdlog::warn(
+      warn_once(fmt::format(
           "distributed.local_sgd.outer_lr {} is unused: local_sgd with one data-parallel replica "
           "never synchronises, so DiLoCo's outer step (an average of one) never runs; this trains "
           "as one process",
-          c_.outer_lr);
+          c_.outer_lr));
     if (dp.size() == 1 && compression_ != CompressionType::kNone && dp.rank() == 0)
-      spdlog::warn(
+      warn_once(fmt::format(
           "distributed.compression {} is unused: local_sgd at world size 1 never synchronises, so "
           "there is nothing to compress",
-          to_string(compression_));
+          to_string(compression_)));
     if (dp.size() > 1 && compression_ != CompressionType::kNone) {
       reducer_ = make_grad_reducer(cfg.distributed.compression, range_params(range), range.size(),
                                    static_cast<uint64_t>(cfg.seed));

@@ -89,6 +89,9 @@ void TrainLoop::setup_model(AtOnceScope& starting) {
   check_memory();
   strategy_ = with_gradient_faults(make_strategy(cfg_, ModelRange::layers(model_, f, l), dp_),
                                    opts_.faults, rank_, step_);
+  // (every rank refuses alike, before the barrier below: a drill that cannot fail)
+  if (const std::string why = fault_unfired_save(opts_.faults, one_file()); !why.empty())
+    throw UserError(why);
   tied_.emplace(model_, stages_, stage_, dp_, pp_);
   strategy_->init_params(static_cast<uint64_t>(cfg_.seed));
   exec_ = pipelined ? make_pipeline_executor(cfg_, model_, data_->train, *strategy_, rng_, tracer_,

@@ -461,6 +461,14 @@ VerifyReport run_verify(const VerifyOptions& o) {
   const Config layout = load_config(o.config_path, o.sets);
   // (a fault on a rank the layout has not would never fire: a drill that cannot fail)
   check_fault_ranks(o.faults, layout.distributed.world_size);
+  // A fault that ends a rank's process ends verify itself when the ranks are its threads: no
+  // verdict, its work folder left behind.
+  if (!o.grpc)
+    for (const Fault& f : o.faults)
+      if (f.kind == "kill" || f.kind == "kill_in_save" || f.kind == "drop")
+        throw UserError("verify: the " + f.kind +
+                        " fault ends its rank's process, and in-process ranks are threads of "
+                        "verify's own: use --backend grpc, whose ranks are processes");
   check_input_files(layout);
   VerifyReport r;
   r.plan = plan_reference(layout);

@@ -119,6 +119,17 @@ std::string fault_past(const std::vector<Fault>& faults, int64_t steps) {
   return "";
 }
 
+std::string fault_unfired_save(const std::vector<Fault>& faults, bool one_file) {
+  if (!one_file) return "";
+  for (const Fault& f : faults)
+    if ((f.kind == "kill_in_save" || f.kind == "fail_in_save" || f.kind == "slow_save") &&
+        f.rank != 0)
+      return "DTRAIN_FAULT: the " + f.kind + " fault names rank " + std::to_string(f.rank) +
+             ", but this run's checkpoints are one file, which rank 0 writes alone (no sharded "
+             "strategy, pipeline or tensor parallelism): it would never fire; name rank 0";
+  return "";
+}
+
 int64_t parse_restart_count(const char* value, const char* name) {
   if (value == nullptr) return 0;
   const int64_t v = non_negative(value);

@@ -50,6 +50,10 @@ std::vector<Fault> parse_faults(const std::string& spec, int64_t attempt);
 void check_fault_ranks(const std::vector<Fault>& faults, int64_t world_size);
 // Why a fault can never fire in a run of `steps` steps (its step is past them), or "".
 std::string fault_past(const std::vector<Fault>& faults, int64_t steps);
+// Why a checkpoint-write fault (kill_in_save, fail_in_save, slow_save) can never fire: it names
+// a rank other than 0 while the run's checkpoints are one file (`one_file`) that rank 0 writes
+// alone; else "".
+std::string fault_unfired_save(const std::vector<Fault>& faults, bool one_file);
 
 // DTRAIN_RESTART_COUNT's value (nullptr when unset: 0). Throws UserError unless it is a
 // non-negative integer.

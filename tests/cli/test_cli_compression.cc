@@ -148,4 +148,15 @@ runtime: {threads: 1}
               " --set distributed.local_sgd.outer_lr=0.5 --set train.max_steps=2");
   CHECK_MESSAGE(r.exit_code == 0, r.output);
   CHECK(contains(r.output, "distributed.local_sgd.outer_lr 0.5 is unused"));
+  // Said once, not once per pipeline stage (each stage's replica group of one finds it).
+  r = run_cmd(kBin + " run " + cfg + " --out " + dir / "d" +
+              " --set distributed.compression.type=none --set data.synthetic.noise=1"
+              " --set distributed.world_size=2 --set distributed.pipeline.stages=2"
+              " --set distributed.strategy=local_sgd --set distributed.local_sgd.outer_lr=0.5"
+              " --set train.max_steps=2");
+  CHECK_MESSAGE(r.exit_code == 0, r.output);
+  const std::string said = "distributed.local_sgd.outer_lr 0.5 is unused";
+  const size_t first = r.output.find(said);
+  CHECK(first != std::string::npos);
+  CHECK_MESSAGE(r.output.find(said, first + 1) == std::string::npos, r.output);
 }

@@ -110,6 +110,19 @@ runtime: {threads: 1}
       run_cmd("DTRAIN_FAULT=grad_scale:rank=0:step=2 " + kBin + " verify " + cfg + " --steps 3");
   CHECK_MESSAGE(bad.exit_code == 1, bad.output);
   CHECK_MESSAGE(bad.output.find("verdict: FAIL at step 2") != std::string::npos, bad.output);
+  // A fault that ends a process ends in-process verify itself (exit 137, no verdict, its work
+  // folder left): refused; and one on a rank that writes no checkpoint file never fires.
+  for (const std::string fault :
+       {"kill:rank=1:step=2", "kill_in_save:rank=0:step=2", "drop:rank=0:step=1"}) {
+    const CmdResult r = run_cmd("DTRAIN_FAULT=" + fault + " " + kBin + " verify " + cfg);
+    CHECK_MESSAGE(r.exit_code == 2, r.output);
+    CHECK(r.output.find("in-process ranks are threads of verify's own") != std::string::npos);
+  }
+  const CmdResult unfired = run_cmd("DTRAIN_FAULT=kill_in_save:rank=1:step=2 " + kBin + " run " +
+                                    cfg + " --set distributed.strategy=ddp --out " + t / "unfired");
+  CHECK_MESSAGE(unfired.exit_code == 2, unfired.output);
+  CHECK(unfired.output.find("which rank 0 writes alone") != std::string::npos);
+  CHECK_FALSE(std::filesystem::exists(t / "unfired/summary.json"));
   // --tolerance 0 asks for exact equality: it is kept, not replaced by the default.
   {
     const CmdResult r = run_cmd(kBin + " verify " + cfg + " --steps 1 --tolerance 0 --json");

@@ -96,6 +96,20 @@ TEST_CASE("a DTRAIN_FAULT step that never comes: step 0 refused, past the run's 
         "would never fire");
 }
 
+TEST_CASE("a checkpoint-write DTRAIN_FAULT on a rank that writes no file is named") {
+  // One-file checkpoints are rank 0's alone: a save fault on rank 1 passed a restart drill
+  // without testing anything. Sharded checkpoints run every rank's save faults.
+  for (const char* kind :
+       {"kill_in_save:rank=1:step=2", "fail_in_save:rank=2:step=2", "slow_save:rank=1:ms=5"}) {
+    CAPTURE(kind);
+    const auto faults = parse_faults(kind, 0);
+    CHECK(fault_unfired_save(faults, false).empty());
+    CHECK(fault_unfired_save(faults, true).find("which rank 0 writes alone") != std::string::npos);
+  }
+  CHECK(fault_unfired_save(parse_faults("kill_in_save:rank=0:step=2,kill:rank=1:step=2", 0), true)
+            .empty());
+}
+
 TEST_CASE("DTRAIN_RESTART_COUNT is a non-negative integer, 0 when unset") {
   CHECK(parse_restart_count(nullptr) == 0);
   CHECK(parse_restart_count("0") == 0);
