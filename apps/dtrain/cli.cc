@@ -623,7 +623,8 @@ int Cli::dispatch(const char* argv0) {
   }
   // (eval and predict with test files: the training files only for what the checkpoint does not
   // store)
-  check_input_files(cfg, (eval_->parsed() || predict_->parsed()) && !cfg.data.test.empty());
+  check_input_files(cfg, (eval_->parsed() || predict_->parsed()) && !cfg.data.test.empty(),
+                    !eval_->parsed() && !predict_->parsed());
   if (validate_->parsed()) {
     // Text patterns are expanded by the loader, which the other commands run: validate does it
     // here, so a pattern matching nothing is refused there too.

@@ -155,8 +155,10 @@ namespace {
 int64_t check_file_format(const Metadata& metadata, const std::string& path) {
   auto fmt = metadata.find("format");
   if (fmt == metadata.end() || fmt->second != kFormatName)
-    throw UserError("checkpoint '" + path + "': not a dtrain checkpoint (no format=" +
-                    std::string(kFormatName) + " in __metadata__)");
+    throw UserError("checkpoint '" + path +
+                    "': not a dtrain checkpoint (no format=" + std::string(kFormatName) +
+                    " in __metadata__; model weights from elsewhere, such as a PyTorch "
+                    "state_dict, start a run through train.init_from)");
   const int64_t version = meta_int(metadata, "format_version", path);
   check_format_version(version, path);
   return version;

@@ -43,6 +43,10 @@ struct TrainConfig {
   // (kExitPreempted, the previous checkpoint the newest complete one).
   PreemptSignal preempt_signal = PreemptSignal::kTerm;
   double preempt_save_timeout_s = 0.0;
+  // A safetensors file of model weights (a dtrain checkpoint, or a PyTorch state_dict saved with
+  // safetensors under the same names) that a fresh run starts from instead of its random
+  // initialisation ("" = none): train/init_from.h. A resume loads its checkpoint instead.
+  std::string init_from;
   CheckpointConfig checkpoint;
 };
 
@@ -177,6 +181,8 @@ std::vector<std::pair<std::string, std::string>> config_input_files(const Config
 // readable regular file. Throws UserError "WHERE: KEY: 'PATH' does not exist" (WHERE as in
 // Config::origins) for the first that is not. `without_training_files`: data.train's are not
 // checked (dtrain eval and predict with data.test read them only when they are there).
-void check_input_files(const Config& c, bool without_training_files = false);
+// `training`: false for commands that do not train (eval, predict), which need no
+// train.init_from.
+void check_input_files(const Config& c, bool without_training_files = false, bool training = true);
 
 }  // namespace dtrain

@@ -1,5 +1,6 @@
 // What is derived from a Config through the key declarations (schema.cc): config.json, the
 // config hash and the list of input files.
+#include <filesystem>
 #include <string>
 
 #include "config/schema.h"
@@ -85,9 +86,13 @@ std::vector<std::pair<std::string, std::string>> config_input_files(const Config
   return out;
 }
 
-void check_input_files(const Config& c, bool without_training_files) {
+void check_input_files(const Config& c, bool without_training_files, bool training) {
   for (const auto& [key, path] : config_input_files(c)) {
     if (without_training_files && key.starts_with("data.train.")) continue;
+    if (!training && key == "train.init_from") continue;
+    // (a checkpoint folder, as --resume takes it: resolve_checkpoint reads it)
+    if (std::error_code ec; key == "train.init_from" && std::filesystem::is_directory(path, ec))
+      continue;
     const std::string why = input_file_problem(path);
     if (why.empty()) continue;
     const auto it = c.origins.find(key);

@@ -1,3 +1,4 @@
+#include "train/init_from.h"
 #include "train/train_loop.h"
 
 #include <bit>
@@ -92,6 +93,13 @@ void TrainLoop::setup_model(AtOnceScope& starting) {
   // (every rank refuses alike, before the barrier below: a drill that cannot fail)
   if (const std::string why = fault_unfired_save(opts_.faults, one_file()); !why.empty())
     throw UserError(why);
+  // train.init_from read and checked now, before the run's folder is touched (an --overwrite
+  // deletes the old run only once the input is known good); the weights go out in resume().
+  if (lead_ && !cfg_.train.init_from.empty()) {
+    const Model& whole = tp_ ? tp_->global() : model_;
+    init_full_.resize(static_cast<size_t>(whole.param_count()));
+    read_init_weights(cfg_.train.init_from, whole, init_full_.data());
+  }
   tied_.emplace(model_, stages_, stage_, dp_, pp_);
   strategy_->init_params(static_cast<uint64_t>(cfg_.seed));
   exec_ = pipelined ? make_pipeline_executor(cfg_, model_, data_->train, *strategy_, rng_, tracer_,

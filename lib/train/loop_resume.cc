@@ -32,6 +32,20 @@ bool TrainLoop::resuming() {
   return lead != 0;
 }
 
+// train.init_from: the weights rank 0 read at the start (init_full_) to every rank, each
+// strategy keeping its part; the optimizer starts afresh.
+void TrainLoop::init_weights_from_file() {
+  const Model& whole = tp_ ? tp_->global() : model_;
+  const size_t P = static_cast<size_t>(whole.param_count());
+  std::vector<float> full = std::move(init_full_);
+  full.resize(P);  // (the other ranks' buffer)
+  world_.broadcast(full.data(), P, 0);
+  if (tp_) tp_->slice(full.data(), full.data());  // (this tensor rank's shards, in place)
+  const std::vector<float> zeros(P, 0.0f);        // (a fresh optimizer's state)
+  const std::vector<const float*> state(strategy_->state_names().size(), zeros.data());
+  strategy_->load_full(full.data(), state);
+}
+
 bool TrainLoop::resume() {
   if (resuming_) {
     // The full state is read by rank 0 and broadcast; each strategy keeps its part (of the
@@ -118,6 +132,8 @@ bool TrainLoop::resume() {
                                   cfg_.distributed.strategy, saved_comp_);
     }
   }
+  if (!rp_.loaded && !cfg_.train.init_from.empty()) init_weights_from_file();
+  std::vector<float>().swap(init_full_);  // (a resume's checkpoint came first: not needed)
   if (const std::string why = nothing_left_reason(cfg_, rp_, plan_, batch_); !why.empty()) {
     if (!run_left_unfinished()) {
       if (lead_) spdlog::warn("{}", why);

@@ -90,7 +90,8 @@ class TrainLoop {
   // the first reason is the one kept): as an abandoned stop vote tells it, the error itself
   // (peers read "rank N aborted: <error>").
   void fail_group(const std::exception& e) { world_.abort(e.what()); }
-  void settle_final_loss();  // collective: an interrupted run's
+  void init_weights_from_file();  // collective: train.init_from's weights (init_from.h)
+  void settle_final_loss();       // collective: an interrupted run's
   void announce_stop(int sig, bool preempted, bool in_sync);
   // After the loop (every rank): the final save and evaluation, the summary (collective), the
   // exit code for a stop and the lead's summary.json. stop_signal 0: the run ended.
@@ -175,7 +176,8 @@ class TrainLoop {
   int64_t tps_ = 1;           // targets per sample: 1 label, or T next tokens
   bool loss_global_ = false;  // the step loss is all-reduced over the data axis every step
   CompressionState saved_comp_;
-  ReplicaState saved_replicas_;  // rank 0: the checkpoint's per-rank optimizer state, until sent
+  std::vector<float> init_full_;  // rank 0: train.init_from's weights (whole layout), until sent
+  ReplicaState saved_replicas_;   // rank 0: the checkpoint's per-rank optimizer state, until sent
 
   // Progress.
   int64_t step_ = 0, epoch_ = 0, batch_ = 0, first_step_ = 0;

@@ -77,7 +77,8 @@ TEST_CASE("check_checkpoint: not a safetensors file, not a dtrain checkpoint, ba
   const std::string other = dir.write("o.safetensors", std::string("\x02\0\0\0\0\0\0\0{}", 10));
   CHECK(error_of(other) == "checkpoint '" + other +
                                "': not a dtrain checkpoint (no format=dtrain-checkpoint in "
-                               "__metadata__)");
+                               "__metadata__; model weights from elsewhere, such as a PyTorch "
+                               "state_dict, start a run through train.init_from)");
   const std::string sharded = dir / "step-3";
   std::filesystem::create_directories(sharded);
   dir.write("step-3/manifest.json", R"({"format": "dtrain-checkpoint", "format_version": 99})");

@@ -441,7 +441,8 @@ TEST_CASE("--resume and --checkpoint on a non-checkpoint: one line, before the d
   CHECK(r.exit_code == 2);
   CHECK(r.output == "error: checkpoint '" + other +
                         "': not a dtrain checkpoint (no format=dtrain-checkpoint in "
-                        "__metadata__)\n");
+                        "__metadata__; model weights from elsewhere, such as a PyTorch "
+                        "state_dict, start a run through train.init_from)\n");
   r = run_dtrain("run " + cfg + " --resume " + dir / "nothere" + " --out " + dir / "run");
   CHECK(r.output == "error: checkpoint '" + dir / "nothere" + "' does not exist\n");
   // launch checks once, before starting ranks: no rank logs.

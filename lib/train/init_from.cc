@@ -1,0 +1,106 @@
+// train.init_from (init_from.h).
+#include "train/init_from.h"
+
+#include <algorithm>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <spdlog/spdlog.h>
+
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/compare.h"
+#include "util/check.h"
+
+namespace dtrain {
+namespace {
+
+std::string shape_text(const std::vector<int64_t>& s) {
+  return fmt::format("[{}]", fmt::join(s, ", "));
+}
+
+bool training_state(const std::string& name) {
+  return name.starts_with("optim.") || name.starts_with("comp.") || name.starts_with("replica.");
+}
+
+// "'a', 'b', 'c' and 4 more".
+std::string some_names(const std::vector<std::string>& names) {
+  std::string s;
+  const size_t shown = std::min<size_t>(names.size(), 4);
+  for (size_t i = 0; i < shown; ++i) s += (i ? ", '" : "'") + names[i] + "'";
+  if (names.size() > shown) s += fmt::format(" and {} more", names.size() - shown);
+  return s;
+}
+
+}  // namespace
+
+void read_init_weights(const std::string& path, const Model& whole, float* params) {
+  const std::string where = "train.init_from '" + path + "'";
+  TensorMap file;
+  try {
+    // (a checkpoint file, a sharded checkpoint folder, a run's or checkpoints folder as --resume
+    // takes them, or any safetensors file)
+    file = read_checkpoint_tensors(resolve_checkpoint(path, false));
+  } catch (const UserError& e) {
+    throw UserError(where + ": " + e.what());
+  }
+  const std::vector<ParamEntry>& table = whole.params();
+  // A tied pair's other entry: either name serves both copies.
+  std::vector<int> other(table.size(), -1);
+  for (const TiedParam& t : whole.ties()) {
+    other[t.primary] = static_cast<int>(t.mirror);
+    other[t.mirror] = static_cast<int>(t.primary);
+  }
+  // The file's tensor for entry i (its own name, or a bare nn.Sequential's), or null.
+  std::set<std::string> used;
+  const auto lookup = [&](size_t i) -> const std::pair<const std::string, NamedTensor>* {
+    const std::string& name = table[i].name;
+    for (const std::string& n :
+         {name, name.starts_with("layers.") ? name.substr(7) : std::string()}) {
+      if (n.empty()) continue;
+      if (const auto it = file.find(n); it != file.end()) return &*it;
+    }
+    return nullptr;
+  };
+  std::vector<std::string> missing;
+  for (size_t i = 0; i < table.size(); ++i) {
+    const ParamEntry& e = table[i];
+    const auto* t = lookup(i);
+    if (t == nullptr && other[i] >= 0) t = lookup(static_cast<size_t>(other[i]));
+    if (t == nullptr) {
+      missing.push_back(e.name);
+      continue;
+    }
+    if (t->second.shape != e.shape)
+      throw UserError(
+          fmt::format("{}: tensor '{}' is {} there, the model's '{}' is {} (another "
+                      "model config: check model.* against the model the file holds)",
+                      where, t->first, shape_text(t->second.shape), e.name, shape_text(e.shape)));
+    DT_CHECK_EQ(static_cast<int64_t>(t->second.data.size()), e.numel);
+    std::copy(t->second.data.begin(), t->second.data.end(), params + e.offset);
+    used.insert(t->first);
+  }
+  if (!missing.empty()) {
+    std::vector<std::string> have;
+    for (const auto& [n, t] : file)
+      if (!training_state(n)) have.push_back(n + " " + shape_text(t.shape));
+    throw UserError(fmt::format(
+        "{}: the model's {} {} not in the file ({} of its {} parameters); the file holds {} "
+        "model tensor(s){}{} (another model config, or names other than those README \"Models\" "
+        "gives)",
+        where, missing.size() == 1 ? "parameter" : "parameters",
+        some_names(missing) + (missing.size() == 1 ? " is" : " are"), missing.size(), table.size(),
+        have.size(), have.empty() ? "" : ": ", some_names(have)));
+  }
+  std::vector<std::string> unused;
+  for (const auto& [n, t] : file)
+    if (!used.contains(n) && !training_state(n)) unused.push_back(n);
+  if (!unused.empty())
+    spdlog::warn("{}: {} tensor(s) in the file are not the model's and were ignored: {}", where,
+                 unused.size(), some_names(unused));
+  spdlog::info("initial weights from {} ({} tensors)", path, used.size());
+}
+
+}  // namespace dtrain

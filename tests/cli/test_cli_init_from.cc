@@ -1,0 +1,204 @@
+// train.init_from: a fresh run starts from a file's weights -- a dtrain checkpoint (file, sharded
+// folder, run folder) or a PyTorch state_dict saved with safetensors (a bare nn.Sequential's names,
+// nanoGPT's tied GPT with one of the two names and its mask buffers) -- on any layout, and a file
+// that does not fit the model is refused before the run's folder is touched.
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "checkpoint/safetensors.h"
+#include "test_util.h"
+
+using dtrain::testing::CmdResult;
+using dtrain::testing::contains;
+using dtrain::testing::read_text;
+using dtrain::testing::run_cmd;
+using dtrain::testing::TempDir;
+
+namespace {
+
+const std::string kBin = DTRAIN_BIN;
+
+const char* kMlp = R"(seed: 3
+model: {hidden: [16, 8]}
+data:
+  format: synthetic
+  synthetic: {samples: 600, features: 5, classes: 3, noise: 0.3}
+  batch_size: 20
+optimizer: {type: sgd, lr: 0.1, momentum: 0.9}
+train: {max_steps: 8}
+runtime: {threads: 1}
+)";
+
+CmdResult run_dtrain(const std::string& args) {
+  return run_cmd(kBin + " " + args);
+}
+
+// `dtrain eval`'s JSON line for a checkpoint.
+std::string eval_line(const std::string& cfg, const std::string& ckpt) {
+  const CmdResult r = run_dtrain("eval " + cfg + " --checkpoint " + ckpt + " --log-level warn");
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  return r.output;
+}
+
+// A run of 1 step at a learning rate too small to move a float32 weight: its checkpoint holds
+// the initial weights it started from.
+std::string start_from(const std::string& cfg, const std::string& out, const std::string& init,
+                       const std::string& sets = "") {
+  const CmdResult r = run_dtrain("run " + cfg + " --out " + out + " --set train.init_from=" + init +
+                                 " --set optimizer.lr=1e-30 --set train.max_steps=1 " + sets);
+  REQUIRE_MESSAGE(r.exit_code == 0, r.output);
+  CHECK(contains(r.output, "initial weights from " + init));
+  return r.output;
+}
+
+// The model tensors of a checkpoint file, renamed by `rename` ("" drops one), with no metadata:
+// what PyTorch's safetensors.torch.save_file(model.state_dict()) writes.
+void write_state_dict(const std::string& from, const std::string& to,
+                      const std::function<std::string(const std::string&)>& rename,
+                      const std::vector<std::pair<std::string, std::vector<int64_t>>>& extra = {}) {
+  const dtrain::StFile f = dtrain::read_safetensors(from);
+  std::vector<dtrain::StTensorRef> refs;
+  for (const auto& [name, t] : f.tensors)
+    if (!name.starts_with("optim.")) {
+      const std::string n = rename(name);
+      if (!n.empty()) refs.push_back({n, t.shape, t.data.data()});
+    }
+  std::vector<std::vector<float>> zeros;
+  for (const auto& [name, shape] : extra) {
+    int64_t numel = 1;
+    for (int64_t d : shape) numel *= d;
+    zeros.emplace_back(static_cast<size_t>(numel), 0.0f);
+    refs.push_back({name, shape, zeros.back().data()});
+  }
+  dtrain::write_safetensors(to, refs, {});
+}
+
+std::string latest_file(const std::string& run) {
+  std::string name = read_text(run + "/checkpoints/latest");
+  name.erase(name.find_last_not_of('\n') + 1);
+  return run + "/checkpoints/" + name;
+}
+
+}  // namespace
+
+TEST_CASE("train.init_from starts a run from a checkpoint's weights, on any layout") {
+  TempDir dir;
+  const std::string cfg = dir.write("m.yaml", kMlp);
+  const CmdResult a = run_dtrain("run " + cfg + " --out " + dir / "a" + " --log-level warn");
+  REQUIRE_MESSAGE(a.exit_code == 0, a.output);
+  const std::string want = eval_line(cfg, dir / "a");
+  // The run folder, a sharded (fsdp) checkpoint, a file, and layouts other than the file's: the
+  // weights as the file held them, the run itself fresh (its step 1).
+  const CmdResult sharded = run_dtrain("run " + cfg + " --out " + dir / "s" +
+                                       " --set distributed.world_size=2 --set "
+                                       "distributed.strategy=fsdp --log-level warn");
+  REQUIRE_MESSAGE(sharded.exit_code == 0, sharded.output);
+  const std::string want_s = eval_line(cfg, dir / "s");
+  CHECK(want_s != want);
+  struct Case {
+    std::string init, sets, want;
+  };
+  for (const Case& c :
+       {Case{dir / "a", "", want}, Case{dir / "s", "--set distributed.world_size=2", want_s},
+        Case{dir / "s/checkpoints", "", want_s},
+        Case{latest_file(dir / "a"),
+             "--set distributed.world_size=2 --set distributed.strategy=fsdp", want},
+        Case{dir / "a", "--set distributed.world_size=2 --set distributed.pipeline.stages=2",
+             want}}) {
+    CAPTURE(c.init);
+    CAPTURE(c.sets);
+    std::filesystem::remove_all(dir / "b");
+    start_from(cfg, dir / "b", c.init, c.sets);
+    CHECK(eval_line(cfg, dir / "b") == c.want);
+    CHECK(contains(read_text(dir / "b/summary.json"), "\"steps\": 1"));
+  }
+}
+
+TEST_CASE("train.init_from takes PyTorch's names and refuses what does not fit, touching nothing") {
+  TempDir dir;
+  const std::string cfg = dir.write("m.yaml", kMlp);
+  REQUIRE(run_dtrain("run " + cfg + " --out " + dir / "a" + " --log-level warn").exit_code == 0);
+  const std::string want = eval_line(cfg, dir / "a");
+  const std::string ckpt = latest_file(dir / "a");
+  // A bare nn.Sequential's state_dict: "0.weight", not "layers.0.weight".
+  const std::string bare = dir / "bare.safetensors";
+  write_state_dict(ckpt, bare, [](const std::string& n) { return n.substr(7); });
+  start_from(cfg, dir / "b", bare);
+  CHECK(eval_line(cfg, dir / "b") == want);
+
+  // A missing tensor, another shape, a file of another kind: exit 2, naming it, before the run's
+  // folder is touched -- an --overwrite keeps the old run.
+  const std::string missing = dir / "missing.safetensors";
+  write_state_dict(ckpt, missing,
+                   [](const std::string& n) { return n == "layers.2.bias" ? "" : n; });
+  const std::string shape = dir / "shape.safetensors";
+  write_state_dict(ckpt, shape, [](const std::string& n) { return n == "layers.2.bias" ? "" : n; },
+                   {{"layers.2.bias", {9}}});
+  const std::string other = dir.write("other.safetensors", "not a safetensors file at all");
+  const std::string summary = read_text(dir / "a/summary.json");
+  for (const auto& [file, said] : std::vector<std::pair<std::string, std::string>>{
+           {missing,
+            "the model's parameter 'layers.2.bias' is not in the file (1 of its 6 "
+            "parameters)"},
+           {shape, "tensor 'layers.2.bias' is [9] there, the model's 'layers.2.bias' is [8]"},
+           {other, "is not a safetensors file"},
+           {dir.path(), "no checkpoint in"}}) {
+    CAPTURE(file);
+    for (const std::string& out : {dir / "new", dir / "a"}) {
+      const CmdResult r = run_dtrain("run " + cfg + " --out " + out + " --overwrite " +
+                                     "--set train.init_from=" + file);
+      CHECK(r.exit_code == 2);
+      CHECK_MESSAGE(contains(r.output, "error: train.init_from '" + file + "'"), r.output);
+      CHECK_MESSAGE(contains(r.output, said), r.output);
+    }
+    CHECK_FALSE(std::filesystem::exists(dir / "new"));
+    CHECK(read_text(dir / "a/summary.json") == summary);
+  }
+  // eval needs no init_from file (the checkpoint holds the weights); run and validate do.
+  const CmdResult e = run_dtrain("eval " + cfg + " --checkpoint " + dir / "a" +
+                                 " --set train.init_from=" + dir / "x");
+  CHECK_MESSAGE(e.exit_code == 0, e.output);
+  const CmdResult v = run_dtrain("validate " + cfg + " --set train.init_from=" + dir / "x");
+  CHECK(v.exit_code == 2);
+  CHECK_MESSAGE(contains(v.output, "train.init_from: '" + dir / "x" + "' does not exist"),
+                v.output);
+}
+
+TEST_CASE("train.init_from fills both copies of a tied GPT from either name") {
+  // nanoGPT's state_dict saved by safetensors.torch.save_model keeps one name of the tied
+  // embedding and head; under PyTorch < 2 it also holds each block's causal-mask buffer.
+  TempDir dir;
+  std::string text;
+  for (int i = 0; i < 400; ++i)
+    text += "the quick brown fox jumps over the lazy dog " + std::to_string(i) + "\n";
+  const std::string data = dir.write("t.txt", text);
+  const std::string cfg =
+      dir.write("g.yaml",
+                "seed: 4\nmodel: {type: gpt, n_layer: 2, n_head: 2, n_embd: 16, block_size: 16}\n"
+                "data: {format: text, train: {path: " +
+                    data +
+                    "}, batch_size: 8}\noptimizer: {type: adamw, lr: 0.003}\ntrain: {max_steps: "
+                    "10}\nruntime: {threads: 1}\n");
+  REQUIRE(run_dtrain("run " + cfg + " --out " + dir / "a" + " --log-level warn").exit_code == 0);
+  const std::string want = eval_line(cfg, dir / "a");
+  for (const std::string drop : {"transformer.wte.weight", "lm_head.weight"}) {
+    CAPTURE(drop);
+    const std::string file = dir / "nano.safetensors";
+    write_state_dict(latest_file(dir / "a"), file,
+                     [&](const std::string& n) { return n == drop ? "" : n; },
+                     {{"transformer.h.0.attn.bias", {1, 1, 16, 16}},
+                      {"transformer.h.1.attn.bias", {1, 1, 16, 16}}});
+    std::filesystem::remove_all(dir / "b");
+    const std::string out = start_from(cfg, dir / "b", file,
+                                       "--set distributed.world_size=2 "
+                                       "--set distributed.tensor_parallel.size=2");
+    CHECK(contains(out,
+                   "2 tensor(s) in the file are not the model's and were ignored: "
+                   "'transformer.h.0.attn.bias', 'transformer.h.1.attn.bias'"));
+    CHECK(eval_line(cfg, dir / "b") == want);
+  }
+}
