@@ -11,6 +11,7 @@
 #include "data/text.h"
 #include "nn/model.h"
 #include "nn/registry.h"
+#include "train/init_from.h"
 #include "train/loop.h"
 #include "train/pipeline.h"
 #include "train/trainer.h"
@@ -84,8 +85,15 @@ void check_layout_without_data(const Config& cfg, bool evaluate, int64_t train_r
   const Model model = build_model(cfg.model, {sample, classes});
   const std::vector<LayerRange> stages = S > 1 ? partition_stages(model, S, d.pipeline.partition)
                                                : std::vector<LayerRange>{{0, model.num_layers()}};
+  // train.init_from against this model, as run reads it (after the memory check: a model too
+  // large is refused there first, without its weights allocated here).
+  const auto check_init_from = [&] {
+    if (cfg.train.init_from.empty()) return;
+    std::vector<float> weights(static_cast<size_t>(model.param_count()));
+    read_init_weights(cfg.train.init_from, model, weights.data());
+  };
   // Its memory, per rank of each stage (tensor-parallel ranks hold slices: left to run).
-  if (d.tensor_parallel.size > 1) return;
+  if (d.tensor_parallel.size > 1) return check_init_from();
   const int world = static_cast<int>(std::max<int64_t>(1, d.world_size));
   const int here = d.backend == Backend::kInproc ? world : 1;
   // (gRPC ranks: as if all on this machine, dtrain launch's way.)
@@ -111,6 +119,7 @@ void check_layout_without_data(const Config& cfg, bool evaluate, int64_t train_r
   } else {
     for (const auto& st : stages) check({st}, 1);
   }
+  check_init_from();
 }
 
 }  // namespace

@@ -100,7 +100,6 @@ void read_init_weights(const std::string& path, const Model& whole, float* param
   if (!unused.empty())
     spdlog::warn("{}: {} tensor(s) in the file are not the model's and were ignored: {}", where,
                  unused.size(), some_names(unused));
-  spdlog::info("initial weights from {} ({} tensors)", path, used.size());
 }
 
 }  // namespace dtrain

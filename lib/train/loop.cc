@@ -99,6 +99,7 @@ void TrainLoop::setup_model(AtOnceScope& starting) {
     const Model& whole = tp_ ? tp_->global() : model_;
     init_full_.resize(static_cast<size_t>(whole.param_count()));
     read_init_weights(cfg_.train.init_from, whole, init_full_.data());
+    spdlog::info("initial weights from {}", cfg_.train.init_from);
   }
   tied_.emplace(model_, stages_, stage_, dp_, pp_);
   strategy_->init_params(static_cast<uint64_t>(cfg_.seed));

@@ -158,6 +158,11 @@ TEST_CASE("train.init_from takes PyTorch's names and refuses what does not fit, 
     CHECK_FALSE(std::filesystem::exists(dir / "new"));
     CHECK(read_text(dir / "a/summary.json") == summary);
   }
+  // validate refuses them alike.
+  const CmdResult vm = run_dtrain("validate " + cfg + " --set train.init_from=" + missing);
+  CHECK(vm.exit_code == 2);
+  CHECK_MESSAGE(contains(vm.output, "the model's parameter 'layers.2.bias' is not in the file"),
+                vm.output);
   // eval needs no init_from file (the checkpoint holds the weights); run and validate do.
   const CmdResult e = run_dtrain("eval " + cfg + " --checkpoint " + dir / "a" +
                                  " --set train.init_from=" + dir / "x");
