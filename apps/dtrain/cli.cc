@@ -623,8 +623,9 @@ int Cli::dispatch(const char* argv0) {
   }
   // (eval and predict with test files: the training files only for what the checkpoint does not
   // store)
+  // (train.init_from: not for a resume, which loads its own checkpoint, nor eval and predict)
   check_input_files(cfg, (eval_->parsed() || predict_->parsed()) && !cfg.data.test.empty(),
-                    !eval_->parsed() && !predict_->parsed());
+                    !eval_->parsed() && !predict_->parsed() && resume_.empty());
   if (validate_->parsed()) {
     // Text patterns are expanded by the loader, which the other commands run: validate does it
     // here, so a pattern matching nothing is refused there too.
@@ -640,8 +641,15 @@ int Cli::dispatch(const char* argv0) {
     check_trace_output(trace_, out_.empty() ? default_out_dir(config_path_) : out_, config_path_,
                        resume_, cfg.data);
   if (predict_->parsed() && output_ == "-") output_.clear();  // (standard output)
-  if (predict_->parsed() && !output_.empty())
+  if (predict_->parsed())
     check_predict_output(output_, input_, checkpoint_, config_path_, cfg.data);
+  // The weights a run starts from, inside the folder --overwrite clears: read, then deleted (a
+  // restart before the first checkpoint would find them gone).
+  if (const std::string out = out_.empty() ? default_out_dir(config_path_) : out_;
+      overwrite_ && !cfg.train.init_from.empty() && path_is_within(cfg.train.init_from, out))
+    throw UserError("train.init_from '" + cfg.train.init_from + "' is inside --out '" + out +
+                    "', which --overwrite deletes: copy the weights elsewhere, or choose another "
+                    "--out");
   if (overwrite_ && !resume_.empty())
     throw UserError(
         "--overwrite (start afresh, deleting what --out holds) and --resume (continue a run) "

@@ -1,6 +1,7 @@
 #include "dtrain/output_checks.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
@@ -159,8 +160,18 @@ void check_predict_output(const std::string& output, const std::string& input,
                           const std::string& checkpoint, const std::string& config,
                           const DataConfig& data) {
   auto reads = config_inputs(config, data);
-  reads.insert(reads.begin(), {"--input", input});
+  // (through /dev/stdin and /dev/stdout: the files a shell redirected them to, if any)
+  reads.insert(reads.begin(), input == "-"
+                                  ? std::pair<std::string, std::string>{"--input -", "/dev/stdin"}
+                                  : std::pair<std::string, std::string>{"--input", input});
   reads.emplace_back("--checkpoint", checkpoint);
+  if (output.empty()) {
+    struct stat st {};
+    // Standard output redirected to a file: not one predict reads (`1<> rows.csv`).
+    if (::fstat(STDOUT_FILENO, &st) == 0 && S_ISREG(st.st_mode))
+      check_not_read("standard output", "/dev/stdout", reads, "predict");
+    return;
+  }
   check_not_read("--output", output, reads, "predict");
   check_output_file("--output", output);  // (a checkpoint folder's files among others)
   // Predictions are CSV: an existing safetensors file (another checkpoint, a consolidated model)

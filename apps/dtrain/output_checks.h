@@ -21,6 +21,8 @@ void check_out_folder(const std::string& option, const std::string& out_dir);
 // predict's --output must not replace what it reads: its --input rows, the --checkpoint file,
 // the config, or the data files the config names (predict reads the training data for its
 // normaliser and classes); nor any existing safetensors file (weights that CSV would replace).
+// `output` "" is standard output (a file it was redirected to is held to the same rules);
+// `input` "-" is standard input (the file it was redirected from).
 void check_predict_output(const std::string& output, const std::string& input,
                           const std::string& checkpoint, const std::string& config,
                           const DataConfig& data);

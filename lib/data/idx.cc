@@ -401,7 +401,9 @@ IdxFile read_idx(const std::string& path, uint32_t magic, const char* what) {
                                 promise.shape + " (" + std::to_string(promised) +
                                 " bytes with the header) but the compressed data holds more";
                        },
-                       nullptr, promised)
+                       // (an images header is held to the budget, check_idx_fits; a labels
+                       // count is not, so its claim sizes no buffer)
+                       nullptr, magic == kImagesMagic ? promised : 0)
                  : read_whole_file(path);
   }
   const std::string& b = f.bytes;

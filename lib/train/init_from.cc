@@ -2,6 +2,7 @@
 #include "train/init_from.h"
 
 #include <algorithm>
+#include <cmath>
 #include <set>
 #include <string>
 #include <vector>
@@ -79,6 +80,13 @@ void read_init_weights(const std::string& path, const Model& whole, float* param
                       "model config: check model.* against the model the file holds)",
                       where, t->first, shape_text(t->second.shape), e.name, shape_text(e.shape)));
     DT_CHECK_EQ(static_cast<int64_t>(t->second.data.size()), e.numel);
+    // (a NaN start fails the first step with a message about the data, after --overwrite has
+    // cleared the old run)
+    if (const auto bad = std::find_if(t->second.data.begin(), t->second.data.end(),
+                                      [](float v) { return !std::isfinite(v); });
+        bad != t->second.data.end())
+      throw UserError(fmt::format("{}: tensor '{}' holds a non-finite value ({} at flat index {})",
+                                  where, t->first, *bad, bad - t->second.data.begin()));
     std::copy(t->second.data.begin(), t->second.data.end(), params + e.offset);
     used.insert(t->first);
   }
@@ -93,6 +101,16 @@ void read_init_weights(const std::string& path, const Model& whole, float* param
         where, missing.size() == 1 ? "parameter" : "parameters",
         some_names(missing) + (missing.size() == 1 ? " is" : " are"), missing.size(), table.size(),
         have.size(), have.empty() ? "" : ": ", some_names(have)));
+  }
+  // A tied pair both of whose names the file holds must hold one tensor: two different ones are
+  // an untied model's, which the tied copies' summed gradients would keep apart for ever.
+  for (const TiedParam& t : whole.ties()) {
+    const ParamEntry &a = table[t.primary], &b = table[t.mirror];
+    if (!std::equal(params + a.offset, params + a.offset + a.numel, params + b.offset))
+      throw UserError(fmt::format(
+          "{}: '{}' and '{}' differ there, and this model ties them (one tensor): the file holds "
+          "an untied model's weights; set model.tie_embeddings: false to start from them",
+          where, a.name, b.name));
   }
   std::vector<std::string> unused;
   for (const auto& [n, t] : file)

@@ -1,9 +1,9 @@
-#include "train/init_from.h"
 #include "train/train_loop.h"
 
 #include <bit>
 #include <map>
 
+#include "checkpoint/checkpoint.h"
 #include "train/checkpoint_config.h"
 #include "train/data_agreement.h"
 #include "util/stop_notice.h"
@@ -94,13 +94,12 @@ void TrainLoop::setup_model(AtOnceScope& starting) {
   if (const std::string why = fault_unfired_save(opts_.faults, one_file()); !why.empty())
     throw UserError(why);
   // train.init_from read and checked now, before the run's folder is touched (an --overwrite
-  // deletes the old run only once the input is known good); the weights go out in resume().
-  if (lead_ && !cfg_.train.init_from.empty()) {
-    const Model& whole = tp_ ? tp_->global() : model_;
-    init_full_.resize(static_cast<size_t>(whole.param_count()));
-    read_init_weights(cfg_.train.init_from, whole, init_full_.data());
-    spdlog::info("initial weights from {}", cfg_.train.init_from);
-  }
+  // deletes the old run only once the input is known good), unless a checkpoint of the run's
+  // own will be loaded instead (a resume, a restart: the file need not be there any more); the
+  // weights go out in resume().
+  if (lead_ && !cfg_.train.init_from.empty() &&
+      (!resuming_ || (opts_.resume == "auto" && resolve_checkpoint(ckpt_dir_, true).empty())))
+    read_init_from();
   tied_.emplace(model_, stages_, stage_, dp_, pp_);
   strategy_->init_params(static_cast<uint64_t>(cfg_.seed));
   exec_ = pipelined ? make_pipeline_executor(cfg_, model_, data_->train, *strategy_, rng_, tracer_,
@@ -145,7 +144,9 @@ void TrainLoop::check_memory() const {
       .ranks_here = inproc ? world_.size() / static_cast<int>(stages_.size()) : 1,
       .processes_here = inproc ? 1 : std::max(1, opts_.processes_here),
       .machine_available = opts_.machine_available,
-      .resume = resuming_,  // rank 0's decision: every rank reads the checkpoint's full state
+      // rank 0's decision: every rank reads the checkpoint's full state (train.init_from's weights
+      // likewise: the same whole-model buffers)
+      .resume = resuming_ || !cfg_.train.init_from.empty(),
       // (node 0 holds ranks 0 .. LOCAL_WORLD_SIZE - 1: torchrun's, dtrain launch's, Slurm's
       // block order)
       .gathered_share = inproc || opts_.processes_here <= 1    ? (world_.rank() == 0 ? 1.0 : 0.0)

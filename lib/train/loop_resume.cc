@@ -4,6 +4,7 @@
 
 #include <fstream>
 
+#include "train/init_from.h"
 #include "train/replica_state.h"
 #include "util/strings.h"
 
@@ -34,9 +35,18 @@ bool TrainLoop::resuming() {
 
 // train.init_from: the weights rank 0 read at the start (init_full_) to every rank, each
 // strategy keeping its part; the optimizer starts afresh.
+void TrainLoop::read_init_from() {
+  const Model& whole = tp_ ? tp_->global() : model_;
+  init_full_.resize(static_cast<size_t>(whole.param_count()));
+  read_init_weights(cfg_.train.init_from, whole, init_full_.data());
+  spdlog::info("initial weights from {}", cfg_.train.init_from);
+}
+
 void TrainLoop::init_weights_from_file() {
   const Model& whole = tp_ ? tp_->global() : model_;
   const size_t P = static_cast<size_t>(whole.param_count());
+  // (not read at the start: a resume was to load a checkpoint that was not there)
+  if (lead_ && init_full_.empty()) read_init_from();
   std::vector<float> full = std::move(init_full_);
   full.resize(P);  // (the other ranks' buffer)
   world_.broadcast(full.data(), P, 0);

@@ -90,6 +90,7 @@ class TrainLoop {
   // the first reason is the one kept): as an abandoned stop vote tells it, the error itself
   // (peers read "rank N aborted: <error>").
   void fail_group(const std::exception& e) { world_.abort(e.what()); }
+  void read_init_from();          // rank 0: train.init_from's weights into init_full_
   void init_weights_from_file();  // collective: train.init_from's weights (init_from.h)
   void settle_final_loss();       // collective: an interrupted run's
   void announce_stop(int sig, bool preempted, bool in_sync);

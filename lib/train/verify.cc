@@ -466,9 +466,10 @@ VerifyReport run_verify(const VerifyOptions& o) {
   if (!o.grpc)
     for (const Fault& f : o.faults)
       if (f.kind == "kill" || f.kind == "kill_in_save" || f.kind == "drop")
-        throw UserError("verify: the " + f.kind +
-                        " fault ends its rank's process, and in-process ranks are threads of "
-                        "verify's own: use --backend grpc, whose ranks are processes");
+        throw UserError("verify: the " + f.kind + " fault ends its rank's process" +
+                        (f.kind == "drop" ? " (its group aborted)" : std::string()) +
+                        ", and in-process ranks are threads of verify's own: use --backend "
+                        "grpc, whose ranks are processes");
   check_input_files(layout);
   VerifyReport r;
   r.plan = plan_reference(layout);

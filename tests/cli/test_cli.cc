@@ -148,6 +148,14 @@ TEST_CASE("run, eval and predict on a tiny synthetic config") {
   CHECK(r.exit_code == 2);
   CHECK_MESSAGE(contains(r.output, "<stdin>:1: expected 5 feature columns"), r.output);
   CHECK_FALSE(std::filesystem::exists("-"));
+  // Nor may it write over the file standard input was redirected from, or standard output's.
+  r = run_cmd(predict.substr(0, predict.size() - 11) + " --output " + in + " < " + in);
+  CHECK(r.exit_code == 2);
+  CHECK_MESSAGE(contains(r.output, "is the same file as --input -"), r.output);
+  r = run_cmd("(" + kBin + " predict " + cfg + " --checkpoint " + out + " --input " + in + " 1<>" +
+              in + ")");  // (its stderr to run_cmd's, not the file)
+  CHECK(r.exit_code == 2);
+  CHECK(read_text(in) == "0.1,0.2,0.3,0.4,0.5\n-1,0,1,2,3\n");
 
   // An output inside a checkpoints folder could replace a checkpoint: refused, nothing written.
   r = run_dtrain("predict " + cfg + " --checkpoint " + out + "/checkpoints --input " + in +

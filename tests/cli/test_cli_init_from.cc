@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -116,6 +117,21 @@ TEST_CASE("train.init_from starts a run from a checkpoint's weights, on any layo
     CHECK(eval_line(cfg, dir / "b") == c.want);
     CHECK(contains(read_text(dir / "b/summary.json"), "\"steps\": 1"));
   }
+  // A resume loads the run's own checkpoint: the file it started from need not be there any more
+  // (it was required and read again); an --overwrite of the folder that holds it is refused.
+  std::filesystem::copy_file(latest_file(dir / "a"), dir / "base.safetensors");
+  std::filesystem::remove_all(dir / "b");
+  start_from(cfg, dir / "b", dir / "base.safetensors", "--set train.checkpoint.every_steps=1");
+  std::filesystem::remove(dir / "base.safetensors");
+  const CmdResult resumed =
+      run_dtrain("run " + cfg + " --out " + dir / "b" + " --resume auto --set train.init_from=" +
+                 dir / "base.safetensors" + " --set optimizer.lr=1e-30 --set train.max_steps=2");
+  CHECK_MESSAGE(resumed.exit_code == 0, resumed.output);
+  CHECK_FALSE(contains(resumed.output, "initial weights from"));
+  const CmdResult inside = run_dtrain("run " + cfg + " --out " + dir / "a" +
+                                      " --overwrite --set train.init_from=" + dir / "a");
+  CHECK(inside.exit_code == 2);
+  CHECK_MESSAGE(contains(inside.output, "which --overwrite deletes"), inside.output);
 }
 
 TEST_CASE("train.init_from takes PyTorch's names and refuses what does not fit, touching nothing") {
@@ -139,6 +155,16 @@ TEST_CASE("train.init_from takes PyTorch's names and refuses what does not fit, 
   write_state_dict(ckpt, shape, [](const std::string& n) { return n == "layers.2.bias" ? "" : n; },
                    {{"layers.2.bias", {9}}});
   const std::string other = dir.write("other.safetensors", "not a safetensors file at all");
+  // A NaN weight (the first step failed, blaming the data, after --overwrite cleared the run).
+  const std::string nan = dir / "nan.safetensors";
+  {
+    dtrain::StFile f = dtrain::read_safetensors(ckpt);
+    std::vector<dtrain::StTensorRef> refs;
+    f.tensors.at("layers.0.weight").data[7] = std::numeric_limits<float>::quiet_NaN();
+    for (const auto& [name, t] : f.tensors)
+      if (!name.starts_with("optim.")) refs.push_back({name, t.shape, t.data.data()});
+    dtrain::write_safetensors(nan, refs, {});
+  }
   const std::string summary = read_text(dir / "a/summary.json");
   for (const auto& [file, said] : std::vector<std::pair<std::string, std::string>>{
            {missing,
@@ -146,6 +172,7 @@ TEST_CASE("train.init_from takes PyTorch's names and refuses what does not fit, 
             "parameters)"},
            {shape, "tensor 'layers.2.bias' is [9] there, the model's 'layers.2.bias' is [8]"},
            {other, "is not a safetensors file"},
+           {nan, "tensor 'layers.0.weight' holds a non-finite value (nan at flat index 7)"},
            {dir.path(), "no checkpoint in"}}) {
     CAPTURE(file);
     for (const std::string& out : {dir / "new", dir / "a"}) {
@@ -190,6 +217,17 @@ TEST_CASE("train.init_from fills both copies of a tied GPT from either name") {
                     "10}\nruntime: {threads: 1}\n");
   REQUIRE(run_dtrain("run " + cfg + " --out " + dir / "a" + " --log-level warn").exit_code == 0);
   const std::string want = eval_line(cfg, dir / "a");
+  // An untied model's file (both names, two tensors) into a tied model: refused, naming the key
+  // (it trained untied, and its checkpoints failed to load).
+  REQUIRE(run_dtrain("run " + cfg + " --out " + dir / "u" +
+                     " --set model.tie_embeddings=false --log-level warn")
+              .exit_code == 0);
+  const CmdResult untied =
+      run_dtrain("run " + cfg + " --out " + dir / "t" + " --set train.init_from=" + dir / "u");
+  CHECK(untied.exit_code == 2);
+  CHECK_MESSAGE(contains(untied.output, "set model.tie_embeddings: false to start from them"),
+                untied.output);
+  CHECK_FALSE(std::filesystem::exists(dir / "t"));
   for (const std::string drop : {"transformer.wte.weight", "lm_head.weight"}) {
     CAPTURE(drop);
     const std::string file = dir / "nano.safetensors";
