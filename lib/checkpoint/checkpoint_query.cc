@@ -79,7 +79,10 @@ std::optional<std::vector<int64_t>> checkpoint_param_shape(const std::string& re
                                                            const std::string& name) {
   try {
     if (!is_sharded_dir(resolved)) return read_safetensors_shape(resolved, name);
-    for (const nlohmann::json& e : read_manifest(resolved).at("params"))
+    // (named: a range-for over .at() of a temporary reads the freed manifest, C++20 does not
+    // extend its lifetime)
+    const nlohmann::json manifest = read_manifest(resolved);
+    for (const nlohmann::json& e : manifest.at("params"))
       if (e.at("name").get<std::string>() == name) return e.at("shape").get<std::vector<int64_t>>();
   } catch (const std::exception&) {
   }

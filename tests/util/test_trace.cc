@@ -151,9 +151,10 @@ TEST_CASE("trace: a disabled or null tracer records nothing") {
   off.instant("a", "b");
   off.set_thread_name("nobody");
   CHECK(off.event_count() == 0);
-  const auto ev = events_of(off.to_json());
+  const nlohmann::json j = off.to_json();
+  const auto ev = events_of(j);
   CHECK(ev.empty());
-  for (const auto& e : off.to_json()["traceEvents"]) CHECK(e["name"] != "thread_name");
+  for (const auto& e : j["traceEvents"]) CHECK(e["name"] != "thread_name");
 
   Tracer off2(false, 5);
   off2.instant("a", "b");

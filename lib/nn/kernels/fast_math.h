@@ -25,7 +25,8 @@ inline float clamp_abs(float x, float c) {
 // reduction; round-to-nearest via the 1.5 * 2^23 trick.
 inline float exp_approx(float x) {
   x = clamp_abs(x, 87.0f);
-  const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  const float t = x * 1.44269504088896341f + 12582912.0f;  // 1.5 * 2^23 + round(x / ln 2)
+  const float n = t - 12582912.0f;
   const float r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
   float p = 1.9875691500e-4f;
   p = p * r + 1.3981999507e-3f;
@@ -34,7 +35,10 @@ inline float exp_approx(float x) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * r * r + r + 1.0f;
-  return p * std::bit_cast<float>((static_cast<int32_t>(n) + 127) << 23);
+  // 2^n from t's low mantissa bits (bits(t) = 0x4B400000 + n), not a float-to-int conversion:
+  // that is undefined for NaN (and under UBSan stopped NaN from propagating); a NaN x leaves p
+  // NaN, so the result is NaN whatever the scale's bits.
+  return p * std::bit_cast<float>((std::bit_cast<uint32_t>(t) - 0x4B400000u + 127u) << 23);
 }
 
 // A float's bits as an int32 that orders like the float (negative floats' magnitude bits
