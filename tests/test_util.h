@@ -19,6 +19,22 @@
 
 namespace dtrain::testing {
 
+// Under AddressSanitizer or ThreadSanitizer (scripts/sanitize.sh): a process under `ulimit -v`
+// dies before main (they reserve terabytes of shadow address space at start), and operator new
+// aborts instead of throwing std::bad_alloc. Tests of either are skipped there
+// (`TEST_CASE(... * doctest::skip(kUnderSanitizer))`).
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+inline constexpr bool kUnderSanitizer = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+inline constexpr bool kUnderSanitizer = true;
+#else
+inline constexpr bool kUnderSanitizer = false;
+#endif
+#else
+inline constexpr bool kUnderSanitizer = false;
+#endif
+
 // A fresh folder under /tmp, removed when the object goes out of scope.
 class TempDir {
  public:

@@ -68,7 +68,8 @@ TEST_CASE("a model whose activations cannot fit is refused before training, nami
 }
 
 TEST_CASE(
-    "a convolution's im2col block that cannot fit is refused before --overwrite clears a run") {
+    "a convolution's im2col block that cannot fit is refused before --overwrite clears a run" *
+    doctest::skip(kUnderSanitizer)) {
   // The check counted no work buffer: a 28x28 kernel padded by 800 passed it, --overwrite
   // deleted the old run, and the first forward's im2col block failed "out of memory". Padded by
   // 400: 4 samples x 784 x 801^2 floats, 8 GB, under an 8 GB address-space limit, so on any
@@ -134,7 +135,8 @@ TEST_CASE("a batch larger than the training set is estimated at the rows there a
   CHECK(contains(r.output, "done: "));
 }
 
-TEST_CASE("an address-space limit too small for OpenBLAS's buffers is refused, not spun on") {
+TEST_CASE("an address-space limit too small for OpenBLAS's buffers is refused, not spun on" *
+          doctest::skip(kUnderSanitizer)) {
   // OpenBLAS maps a 128 MiB buffer per BLAS thread at its first call and retries a failed map
   // forever: under `ulimit -v` too low for it a run spun (SIGTERM ignored) instead of failing,
   // and even a refused run hung at exit, where OpenBLAS joins its worker threads.
@@ -162,7 +164,8 @@ TEST_CASE("an address-space limit too small for OpenBLAS's buffers is refused, n
 }
 
 TEST_CASE(
-    "eval and predict under an address-space limit too small for OpenBLAS: refused, not spun") {
+    "eval and predict under an address-space limit too small for OpenBLAS: refused, not spun" *
+    doctest::skip(kUnderSanitizer)) {
   // They checked the model and batch but not OpenBLAS's buffers: at 250 and 300 MB of address
   // space eval spun at OpenBLAS's first call until killed (measured; run was refused already).
   TempDir dir;
@@ -195,7 +198,8 @@ TEST_CASE(
   CHECK_MESSAGE(r.exit_code == 0, r.output);
 }
 
-TEST_CASE("bench gemm --config and bench step refuse a model this process cannot hold, first") {
+TEST_CASE("bench gemm --config and bench step refuse a model this process cannot hold, first" *
+          doctest::skip(kUnderSanitizer)) {
   // They allocated it first: an allocation failure, or under overcommit a model touched into the
   // OOM killer; and under ulimit -v they spun in OpenBLAS as eval did.
   const std::string cfg = kSrc + "/configs/smoke.yaml";
@@ -220,7 +224,8 @@ TEST_CASE("bench gemm --config and bench step refuse a model this process cannot
   }
 }
 
-TEST_CASE("bench gemm --widths and bench comm refuse buffers this process cannot hold, first") {
+TEST_CASE("bench gemm --widths and bench comm refuse buffers this process cannot hold, first" *
+          doctest::skip(kUnderSanitizer)) {
   // They allocated (and filled) them: the OOM killer, or "out of memory ... use a smaller model
   // or data.batch_size", advice for a run.
   const std::vector<std::pair<std::string, std::string>> cases = {
@@ -300,7 +305,8 @@ TEST_CASE("widths whose parameter count overflows int64 are refused, not wrapped
   CHECK_FALSE(contains(r.output, "max_size"));
 }
 
-TEST_CASE("more in-process ranks than threads fit in the address space: exit 1, no abort") {
+TEST_CASE("more in-process ranks than threads fit in the address space: exit 1, no abort" *
+          doctest::skip(kUnderSanitizer)) {
   TempDir dir;
   // 4 GB of address space hold a few hundred 8 MiB thread stacks, not 1024.
   const auto r = run_cmd("bash -c 'ulimit -v 4000000; " + kBin + " run " + kSrc +
@@ -426,7 +432,8 @@ TEST_CASE("a NaN injected at step 1 is named as such, exit 1 (a restart clears i
   CHECK_FALSE(contains(r.output, "training data"));
 }
 
-TEST_CASE("in-process pipeline stages of different sizes are counted each at its own size") {
+TEST_CASE("in-process pipeline stages of different sizes are counted each at its own size" *
+          doctest::skip(kUnderSanitizer)) {
   // Two stages of an mlp [6000, 6000] with AdamW: stage 0 holds 0.1 M parameters, stage 1 the
   // 36 M of the middle layer. The process holds both ranks: 0.54 GiB of state, which fits in
   // 1.4 GB of address space. Each rank counted its own stage twice (every in-process rank as
@@ -452,7 +459,8 @@ runtime: {threads: 1}
 }
 
 TEST_CASE(
-    "checkpoint consolidate past what it can allocate says what it holds, not training advice") {
+    "checkpoint consolidate past what it can allocate says what it holds, not training advice" *
+    doctest::skip(kUnderSanitizer)) {
   // Out of memory, it ended with the generic "use a smaller model or data.batch_size, or more
   // ranks", advice for training, no help to a conversion.
   TempDir dir;
@@ -478,7 +486,8 @@ TEST_CASE(
   CHECK_MESSAGE(r.exit_code == 0, r.output);
 }
 
-TEST_CASE("a gzip text file of several members larger than 4 MB reads within its size") {
+TEST_CASE("a gzip text file of several members larger than 4 MB reads within its size" *
+          doctest::skip(kUnderSanitizer)) {
   // A trailer's ISIZE is its last member's length: a rule that trusted it for files of 4 GiB or
   // more took two members of 2.2 MB each for a 4 GiB file and zero-filled 4.25 GB (refused
   // under a 2 GB address-space limit, "inflate to more than ...").
@@ -507,7 +516,8 @@ TEST_CASE("a gzip text file of several members larger than 4 MB reads within its
   CHECK_MESSAGE(contains(r.output, "done: "), r.output);
 }
 
-TEST_CASE("IDX images that cannot fit as float32 inputs are refused from their header") {
+TEST_CASE("IDX images that cannot fit as float32 inputs are refused from their header" *
+          doctest::skip(kUnderSanitizer)) {
   // A gzip file holding only a header that claims 3,000,000 images of 28x28: 2.2 GB read and
   // 9 GB as float32 inputs, under a 3 GB address-space limit. Before, run inflated what it could
   // and failed with a bare out-of-memory, or (this file) said the data was short of its header.

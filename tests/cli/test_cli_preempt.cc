@@ -388,6 +388,9 @@ std::vector<int> ranks_of_launcher(int launcher) {
   for (const auto& e : fs::directory_iterator("/proc")) {
     const std::string name = e.path().filename().string();
     if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    // (dtrain processes only: a sanitizer's llvm-symbolizer, a rank's child, inherits the variable)
+    std::ifstream comm(e.path() / "comm");
+    if (std::string c; !std::getline(comm, c) || c != "dtrain") continue;
     std::ifstream f(e.path() / "environ", std::ios::binary);
     std::string var;
     while (std::getline(f, var, '\0'))
