@@ -45,7 +45,7 @@ const NamedTensor& counterpart(const TensorMap& got, const std::string& name,
 
 }  // namespace
 
-TensorMap read_checkpoint_tensors(const std::string& path) {
+TensorMap read_checkpoint_tensors(const std::string& path, const std::string& tmp_dir) {
   std::error_code ec;
   if (!fs::is_directory(path, ec)) return from_stfile(read_safetensors(path));
   // A sharded folder: consolidated into a temporary file beside it (the same file system, so the
@@ -53,7 +53,7 @@ TensorMap read_checkpoint_tensors(const std::string& path) {
   std::string name = ".";  // (appended piecewise: GCC 12's -Wrestrict misfires on "." + s)
   name += fs::path(path).filename().string();
   name += ".compare." + std::to_string(::getpid()) + ".safetensors";
-  const fs::path tmp = fs::path(path).parent_path() / name;
+  const fs::path tmp = (tmp_dir.empty() ? fs::path(path).parent_path() : fs::path(tmp_dir)) / name;
   try {
     consolidate_checkpoint(path, tmp.string());
     TensorMap m = from_stfile(read_safetensors(tmp.string()));

@@ -23,8 +23,9 @@ struct NamedTensor {
 using TensorMap = std::map<std::string, NamedTensor>;
 
 // Reads a checkpoint file, or a sharded checkpoint folder (consolidated in memory through a
-// temporary file next to it, removed again), verifying checksums. UserError as load_checkpoint.
-TensorMap read_checkpoint_tensors(const std::string& path);
+// temporary file next to it, or in `tmp_dir` when given, removed again), verifying checksums.
+// UserError as load_checkpoint.
+TensorMap read_checkpoint_tensors(const std::string& path, const std::string& tmp_dir = "");
 
 // One tensor's comparison. `rel` is the L2 measure, ||got - want|| / ||want||: it weighs every
 // element, so the few elements that Adam's division by sqrt(v) + eps turns from noise into a

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <set>
 #include <string>
 #include <vector>
@@ -43,7 +44,10 @@ void read_init_weights(const std::string& path, const Model& whole, float* param
   try {
     // (a checkpoint file, a sharded checkpoint folder, a run's or checkpoints folder as --resume
     // takes them, or any safetensors file)
-    file = read_checkpoint_tensors(resolve_checkpoint(path, false));
+    // (a sharded folder consolidated under $TMPDIR: the source may be a read-only store)
+    std::error_code ec;
+    file = read_checkpoint_tensors(resolve_checkpoint(path, false),
+                                   std::filesystem::temp_directory_path(ec).string());
   } catch (const UserError& e) {
     throw UserError(where + ": " + e.what());
   }
@@ -75,10 +79,11 @@ void read_init_weights(const std::string& path, const Model& whole, float* param
       continue;
     }
     if (t->second.shape != e.shape)
-      throw UserError(
-          fmt::format("{}: tensor '{}' is {} there, the model's '{}' is {} (another "
-                      "model config: check model.* against the model the file holds)",
-                      where, t->first, shape_text(t->second.shape), e.name, shape_text(e.shape)));
+      throw UserError(fmt::format(
+          "{}: tensor '{}' is {} there, the model's '{}' is {} (another model config: check "
+          "model.*{} against the model the file holds)",
+          where, t->first, shape_text(t->second.shape), e.name, shape_text(e.shape),
+          e.name.ends_with("wpe.weight") ? ", model.block_size first (its positions)" : ""));
     DT_CHECK_EQ(static_cast<int64_t>(t->second.data.size()), e.numel);
     // (a NaN start fails the first step with a message about the data, after --overwrite has
     // cleared the old run)
