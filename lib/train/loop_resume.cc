@@ -40,6 +40,17 @@ void TrainLoop::read_init_from() {
   init_full_.resize(static_cast<size_t>(whole.param_count()));
   read_init_weights(cfg_.train.init_from, whole, init_full_.data());
   spdlog::info("initial weights from {}", cfg_.train.init_from);
+  // A dtrain checkpoint records the inputs its weights were trained on: other ones (CSV columns
+  // reordered or renamed, another label column) are said -- a fine-tune may mean them, but the
+  // model reads its inputs by position.
+  if (data_->train.kind != SampleKind::kFeatures) return;
+  const std::string json = checkpoint_input_record(resolve_checkpoint(cfg_.train.init_from, false));
+  if (json.empty()) return;
+  const InputRecord r =
+      input_record_from_json(json, "train.init_from '" + cfg_.train.init_from + "'");
+  if (const std::string why = input_layout_problem(r, data_->train, "the training data's");
+      !why.empty())
+    spdlog::warn("train.init_from '{}': {}", cfg_.train.init_from, why);
 }
 
 void TrainLoop::init_weights_from_file() {

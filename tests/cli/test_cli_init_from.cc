@@ -245,3 +245,32 @@ TEST_CASE("train.init_from fills both copies of a tied GPT from either name") {
     CHECK(eval_line(cfg, dir / "b") == want);
   }
 }
+
+TEST_CASE("train.init_from says when the data's columns are not those its weights learned") {
+  // A dtrain checkpoint records its training inputs; a fine-tune on columns in another order
+  // reads them by position: said (a resume refuses it; a fine-tune may mean it).
+  TempDir dir;
+  std::string ab = "a,b,label\n", ba = "b,a,label\n";
+  for (int i = 0; i < 60; ++i) {
+    const std::string x = std::to_string(i % 7), y = std::to_string(i % 5);
+    ab += x + "," + y + "," + std::to_string(i % 2) + "\n";
+    ba += y + "," + x + "," + std::to_string(i % 2) + "\n";
+  }
+  auto cfg = [&](const std::string& name, const std::string& csv) {
+    return dir.write(name + ".yaml", "model: {hidden: [4]}\ndata: {format: csv, train: {path: " +
+                                         dir.write(name + ".csv", csv) +
+                                         "}, batch_size: 10}\ntrain: {max_steps: 2}\n");
+  };
+  REQUIRE(run_dtrain("run " + cfg("ab", ab) + " --out " + dir / "a").exit_code == 0);
+  const CmdResult same =
+      run_dtrain("run " + cfg("ab", ab) + " --out " + dir / "s --set train.init_from=" + dir / "a");
+  CHECK_MESSAGE(same.exit_code == 0, same.output);
+  CHECK_FALSE(contains(same.output, "reads its inputs by position"));
+  const CmdResult swapped =
+      run_dtrain("run " + cfg("ba", ba) + " --out " + dir / "b --set train.init_from=" + dir / "a");
+  CHECK_MESSAGE(swapped.exit_code == 0, swapped.output);
+  CHECK_MESSAGE(contains(swapped.output,
+                         "the training data's feature columns are b, a, the model "
+                         "was trained on a, b"),
+                swapped.output);
+}
