@@ -33,8 +33,7 @@ bool TrainLoop::resuming() {
   return lead != 0;
 }
 
-// train.init_from: the weights rank 0 read at the start (init_full_) to every rank, each
-// strategy keeping its part; the optimizer starts afresh.
+// train.init_from on rank 0: the whole model's weights into init_full_, checked (init_from.h).
 void TrainLoop::read_init_from() {
   const Model& whole = tp_ ? tp_->global() : model_;
   init_full_.resize(static_cast<size_t>(whole.param_count()));
@@ -53,6 +52,8 @@ void TrainLoop::read_init_from() {
     spdlog::warn("train.init_from '{}': {}", cfg_.train.init_from, why);
 }
 
+// train.init_from: the weights rank 0 read (init_full_) to every rank, each strategy keeping its
+// part; the optimizer starts afresh.
 void TrainLoop::init_weights_from_file() {
   const Model& whole = tp_ ? tp_->global() : model_;
   const size_t P = static_cast<size_t>(whole.param_count());

@@ -433,13 +433,14 @@ std::optional<UserError> state_mismatch(const std::string& path, const Config& c
   std::sort(mine.begin(), mine.end());
   const auto theirs = checkpoint_state_names(path);
   const std::string type = to_string(cfg.optimizer.type);
+  const auto weights_only = [&] {
+    return UserError("checkpoint '" + path + "' holds no optimizer state (" + type + " keeps [" +
+                     join(mine, ", ") +
+                     "]): a weights-only file, which a resume cannot continue from "
+                     "(train.init_from starts a fresh run from its weights)");
+  };
   // Adam always keeps state: none at all is a weights-only file, not a setting changed.
-  if (cfg.optimizer.type != OptimizerType::kSgd && theirs && theirs->empty())
-    return UserError(
-        "checkpoint '" + path + "' holds no optimizer state (" + type + " keeps [" +
-        join(mine, ", ") +
-        "]): a weights-only file, which a resume cannot continue from (train.init_from starts a "
-        "fresh run from its weights)");
+  if (cfg.optimizer.type != OptimizerType::kSgd && theirs && theirs->empty()) return weights_only();
   if (state.empty() || !theirs || *theirs == mine) return std::nullopt;
   // SGD's none: a run without momentum wrote it -- or nothing did (a weights-only file: one from
   // another program, or a dtrain run with momentum whose state was dropped), which its recorded
@@ -456,12 +457,7 @@ std::optional<UserError> state_mismatch(const std::string& path, const Config& c
       }
     } catch (const std::exception&) {
     }
-    if (had_momentum)
-      return UserError(
-          "checkpoint '" + path + "' holds no optimizer state (" + type + " keeps [" +
-          join(mine, ", ") +
-          "]): a weights-only file, which a resume cannot continue from (train.init_from starts a "
-          "fresh run from its weights)");
+    if (had_momentum) return weights_only();
   }
   std::vector<std::string> missing, extra;
   std::set_difference(mine.begin(), mine.end(), theirs->begin(), theirs->end(),
