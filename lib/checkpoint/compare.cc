@@ -45,9 +45,10 @@ const NamedTensor& counterpart(const TensorMap& got, const std::string& name,
 
 }  // namespace
 
-TensorMap read_checkpoint_tensors(const std::string& path, const std::string& tmp_dir) {
+StFile read_checkpoint_file(const std::string& path, const std::string& tmp_dir,
+                            const StReadOptions& options) {
   std::error_code ec;
-  if (!fs::is_directory(path, ec)) return from_stfile(read_safetensors(path));
+  if (!fs::is_directory(path, ec)) return read_safetensors(path, options);
   // A sharded folder: consolidated into a temporary file beside it (the same file system, so the
   // space is where the checkpoint already is), read, removed.
   std::string name = ".";  // (appended piecewise: GCC 12's -Wrestrict misfires on "." + s)
@@ -56,13 +57,17 @@ TensorMap read_checkpoint_tensors(const std::string& path, const std::string& tm
   const fs::path tmp = (tmp_dir.empty() ? fs::path(path).parent_path() : fs::path(tmp_dir)) / name;
   try {
     consolidate_checkpoint(path, tmp.string());
-    TensorMap m = from_stfile(read_safetensors(tmp.string()));
+    StFile f = read_safetensors(tmp.string(), options);
     fs::remove(tmp, ec);
-    return m;
+    return f;
   } catch (...) {
     fs::remove(tmp, ec);
     throw;
   }
+}
+
+TensorMap read_checkpoint_tensors(const std::string& path, const std::string& tmp_dir) {
+  return from_stfile(read_checkpoint_file(path, tmp_dir, {}));
 }
 
 std::string format_index(const std::vector<int64_t>& shape, int64_t flat) {

@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/safetensors.h"
+
 namespace dtrain {
 
 struct NamedTensor {
@@ -26,6 +28,9 @@ using TensorMap = std::map<std::string, NamedTensor>;
 // temporary file next to it, or in `tmp_dir` when given, removed again), verifying checksums.
 // UserError as load_checkpoint.
 TensorMap read_checkpoint_tensors(const std::string& path, const std::string& tmp_dir = "");
+// The same, as the safetensors file it reads (dtypes, tensors left unread: `options`).
+StFile read_checkpoint_file(const std::string& path, const std::string& tmp_dir,
+                            const StReadOptions& options);
 
 // One tensor's comparison. `rel` is the L2 measure, ||got - want|| / ||want||: it weighs every
 // element, so the few elements that Adam's division by sqrt(v) + eps turns from noise into a

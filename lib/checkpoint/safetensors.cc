@@ -19,6 +19,7 @@
 #include <zlib.h>
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/st_dtype.h"
 #include "util/check.h"
 #include "util/fs.h"
 #include "util/json_limits.h"
@@ -131,10 +132,63 @@ void append_new_key(nlohmann::ordered_json& object, const std::string& key,
 
 struct Entry {
   std::string name;
+  std::string dtype;
   std::vector<int64_t> shape;
   int64_t numel = 0;
   int64_t begin = 0, end = 0;
 };
+
+// One tensor's header entry, validated: its dtype (F32, or with options.convert any the format
+// defines), shape and byte range (its size agrees with the shape; the layout is checked later).
+Entry parse_entry(const std::string& key, const nlohmann::json& value, const std::string& path,
+                  const StReadOptions& options) {
+  const std::string what = "tensor '" + shown_text(key, 200) + "'";
+  if (!value.is_object()) fail(path, "corrupt header: " + what + " is not an object");
+  const auto dtype = value.find("dtype");
+  const auto shape = value.find("shape");
+  const auto offsets = value.find("data_offsets");
+  if (dtype == value.end() || shape == value.end() || offsets == value.end()) {
+    fail(path, "corrupt header: " + what + " lacks dtype, shape or data_offsets");
+  }
+  if (!dtype->is_string()) fail(path, "corrupt header: " + what + " dtype is not a string");
+  Entry e;
+  e.name = key;
+  e.dtype = dtype->get<std::string>();
+  const int bytes = st_dtype_bytes(e.dtype);
+  if (options.convert ? bytes == 0 : e.dtype != "F32") {
+    fail(path, what + " has dtype " + shown_text(e.dtype) +
+                   (options.convert ? ", which the safetensors format does not define"
+                                    : "; only F32 is supported"));
+  }
+  if (!shape->is_array()) fail(path, "corrupt header: " + what + " shape is not a list");
+  e.numel = 1;
+  bool zero = false, overflow = false;
+  for (const auto& d : *shape) {
+    int64_t dim = 0;
+    if (!as_index(d, &dim)) {
+      fail(path, "corrupt header: " + what + " shape has a non-integer or negative entry");
+    }
+    e.shape.push_back(dim);
+    zero = zero || dim == 0;
+    overflow = overflow || __builtin_mul_overflow(e.numel, dim, &e.numel);
+  }
+  if (zero) {
+    e.numel = 0;
+  } else if (overflow || e.numel > std::numeric_limits<int64_t>::max() / 8) {
+    // Only an overflow guard: a shape too large for the file is reported by the layout check
+    // as "truncated", the likelier cause.
+    fail(path, "corrupt header: " + what + " shape is impossibly large");
+  }
+  if (!offsets->is_array() || offsets->size() != 2 || !as_index((*offsets)[0], &e.begin) ||
+      !as_index((*offsets)[1], &e.end) || e.begin > e.end) {
+    fail(path, "corrupt header: " + what + " data_offsets is not [begin, end]");
+  }
+  if (e.end - e.begin != e.numel * bytes) {
+    fail(path, "corrupt header: " + what + " data_offsets span " + std::to_string(e.end - e.begin) +
+                   " bytes but its shape needs " + std::to_string(e.numel * bytes));
+  }
+  return e;
+}
 
 }  // namespace
 
@@ -361,7 +415,7 @@ std::optional<std::vector<int64_t>> read_safetensors_shape(const std::string& pa
   return out;
 }
 
-StFile read_safetensors(const std::string& path) {
+StFile read_safetensors(const std::string& path, const StReadOptions& options) {
   uint64_t file_size = 0, header_len = 0;
   const Fd fd = open_regular(path, &file_size);
   const nlohmann::json header = read_header(fd.get(), path, file_size, &header_len);
@@ -376,50 +430,7 @@ StFile read_safetensors(const std::string& path) {
       read_metadata(value, path, out.metadata);
       continue;
     }
-    const std::string what = "tensor '" + shown_text(key, 200) + "'";
-    if (!value.is_object()) fail(path, "corrupt header: " + what + " is not an object");
-    const auto dtype = value.find("dtype");
-    const auto shape = value.find("shape");
-    const auto offsets = value.find("data_offsets");
-    if (dtype == value.end() || shape == value.end() || offsets == value.end()) {
-      fail(path, "corrupt header: " + what + " lacks dtype, shape or data_offsets");
-    }
-    if (!dtype->is_string()) fail(path, "corrupt header: " + what + " dtype is not a string");
-    if (dtype->get<std::string>() != "F32") {
-      fail(path, what + " has dtype " + shown_text(dtype->get<std::string>()) +
-                     "; only F32 is supported");
-    }
-    Entry e;
-    e.name = key;
-    if (!shape->is_array()) fail(path, "corrupt header: " + what + " shape is not a list");
-    e.numel = 1;
-    bool zero = false, overflow = false;
-    for (const auto& d : *shape) {
-      int64_t dim = 0;
-      if (!as_index(d, &dim)) {
-        fail(path, "corrupt header: " + what + " shape has a non-integer or negative entry");
-      }
-      e.shape.push_back(dim);
-      zero = zero || dim == 0;
-      overflow = overflow || __builtin_mul_overflow(e.numel, dim, &e.numel);
-    }
-    if (zero) {
-      e.numel = 0;
-    } else if (overflow || e.numel > std::numeric_limits<int64_t>::max() / 4) {
-      // Only an overflow guard: a shape too large for the file is reported by the layout check
-      // below as "truncated", the likelier cause.
-      fail(path, "corrupt header: " + what + " shape is impossibly large");
-    }
-    if (!offsets->is_array() || offsets->size() != 2 || !as_index((*offsets)[0], &e.begin) ||
-        !as_index((*offsets)[1], &e.end) || e.begin > e.end) {
-      fail(path, "corrupt header: " + what + " data_offsets is not [begin, end]");
-    }
-    if (e.end - e.begin != e.numel * 4) {
-      fail(path, "corrupt header: " + what + " data_offsets span " +
-                     std::to_string(e.end - e.begin) + " bytes but its shape needs " +
-                     std::to_string(e.numel * 4));
-    }
-    entries.push_back(std::move(e));
+    entries.push_back(parse_entry(key, value, path, options));
   }
   std::map<std::string, uint32_t> crcs;
   if (const auto it = out.metadata.find(kStCrcKey); it != out.metadata.end()) {
@@ -463,23 +474,33 @@ StFile read_safetensors(const std::string& path) {
          "corrupt: " + std::to_string(data_size - pos) + " trailing bytes after the last tensor");
   }
 
-  // 5. Data: everything above is validated; total allocation equals the data section size.
+  // 5. Data: everything above is validated; the allocation is at most the data section's size
+  // (twice that for F16 and BF16 converted to float32), plus one converted tensor's bytes.
+  std::vector<unsigned char> raw;
   for (const auto& e : entries) {
     StTensor t;
     t.shape = e.shape;
-    t.data.resize(static_cast<size_t>(e.numel));
-    if (e.numel > 0) {
-      pread_all(fd.get(), t.data.data(), static_cast<size_t>(e.numel) * 4, data_start + e.begin,
-                path);
+    t.dtype = e.dtype;
+    t.loaded = st_dtype_converts(e.dtype) && (!options.wanted || options.wanted(e.name));
+    if (!t.loaded) {
+      out.tensors.emplace(e.name, std::move(t));
+      continue;
     }
+    t.data.resize(static_cast<size_t>(e.numel));
+    const size_t bytes = static_cast<size_t>(e.end - e.begin);
+    const bool f32 = e.dtype == "F32";
+    if (!f32) raw.resize(bytes);
+    void* dst = f32 ? static_cast<void*>(t.data.data()) : raw.data();
+    if (bytes > 0) pread_all(fd.get(), dst, bytes, data_start + e.begin, path);
     if (out.checksummed) {
       const uint32_t stored = crcs.at(e.name);
-      const uint32_t computed = crc_of(t.data.data(), t.data.size() * 4);
+      const uint32_t computed = crc_of(dst, bytes);
       if (stored != computed)
         fail(path, "tensor '" + shown_text(e.name, 200) + "' fails its CRC-32 check (stored " +
                        crc_hex(stored) + ", computed " + crc_hex(computed) +
                        "): the file is corrupt");
     }
+    if (!f32) st_to_f32(e.dtype, raw.data(), t.data.size(), t.data.data());
     out.tensors.emplace(e.name, std::move(t));
   }
   return out;

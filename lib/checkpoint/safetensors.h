@@ -2,7 +2,8 @@
 // {"name": {"dtype": "F32", "shape": [...], "data_offsets": [begin, end]}, ...,
 //  "__metadata__": {"key": "string value", ...}}, then the raw little-endian tensor bytes.
 // Python's safetensors and numpy read what write_safetensors writes. Only F32 is written; F32
-// is the only dtype read (anything else is refused with a message).
+// is the only dtype read unless the caller asks for conversion (StReadOptions: files from
+// elsewhere), otherwise anything else is refused with a message.
 //
 // Integrity: write_safetensors stores a CRC-32 (zlib's polynomial) of every tensor's bytes in
 // __metadata__ key "crc32", a compact JSON object {"name": "8 lowercase hex digits", ...}; the
@@ -12,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -27,7 +29,22 @@ struct StTensorRef {  // a tensor to write: name, shape, and a pointer to numel 
 
 struct StTensor {  // a tensor read back
   std::vector<int64_t> shape;
-  std::vector<float> data;
+  std::vector<float> data;    // float32, converted from `dtype`; empty when not `loaded`
+  std::string dtype = "F32";  // as the file stores it
+  // False for a tensor StReadOptions left unread (not wanted, or of a dtype that does not convert):
+  // its shape and dtype are known, its data is not.
+  bool loaded = true;
+};
+
+struct StReadOptions {
+  // Tensors stored as F16, BF16 or F64 are read converted to float32 (st_dtype.h: F16 and BF16
+  // exactly, F64 rounded); tensors of the format's other dtypes (integers, booleans, 8-bit
+  // floats) are listed unread. Off (dtrain's own files): any dtype but F32 is refused.
+  bool convert = false;
+  // When set, only the tensors it accepts are read and checksum-verified; the rest are listed
+  // unread (a model's weights from a file that also holds optimizer state: no memory for it).
+  // The header is validated whole either way.
+  std::function<bool(const std::string& name)> wanted;
 };
 
 struct StFile {
@@ -60,14 +77,15 @@ void write_safetensors(const std::string& path, const std::vector<StTensorRef>& 
                        const std::map<std::string, std::string>& metadata);
 
 // Reads and validates the whole file: header length within the file, JSON well-formed, offsets in
-// range, contiguous and non-overlapping, byte counts equal to shape * 4. Throws UserError naming
-// the file and what is wrong (truncated, corrupt header, bad dtype, ...). With checksums: a
-// "crc32" value that is not an object of 8-hex-digit strings, one naming no tensor or missing a
-// tensor is a corrupt header; a tensor whose bytes do not match is refused as "safetensors file
-// 'PATH': tensor 'NAME' fails its CRC-32 check (stored X, computed Y): the file is corrupt".
-// A file that does not begin as a safetensors file (too short, an impossible header length, a
-// header that is not a JSON object) is refused as "'PATH' is not a safetensors file (...)".
-StFile read_safetensors(const std::string& path);
+// range, contiguous and non-overlapping, byte counts equal to shape x the dtype's size. Throws
+// UserError naming the file and what is wrong (truncated, corrupt header, bad dtype, ...). With
+// checksums: a "crc32" value that is not an object of 8-hex-digit strings, one naming no tensor or
+// missing a tensor is a corrupt header; a tensor whose bytes do not match is refused as
+// "safetensors file 'PATH': tensor 'NAME' fails its CRC-32 check (stored X, computed Y): the file
+// is corrupt" (tensors left unread are not verified). A file that does not begin as a safetensors
+// file (too short, an impossible header length, a header that is not a JSON object) is refused as
+// "'PATH' is not a safetensors file (...)".
+StFile read_safetensors(const std::string& path, const StReadOptions& options = {});
 
 // Only the header's __metadata__ (reads the 8-byte length and the header, no tensor data), with
 // the same checks and messages as read_safetensors for those parts.

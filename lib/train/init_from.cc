@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -14,6 +15,7 @@
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/compare.h"
+#include "checkpoint/safetensors.h"
 #include "util/check.h"
 
 namespace dtrain {
@@ -40,14 +42,18 @@ std::string some_names(const std::vector<std::string>& names) {
 
 void read_init_weights(const std::string& path, const Model& whole, float* params) {
   const std::string where = "train.init_from '" + path + "'";
-  TensorMap file;
+  std::map<std::string, StTensor> file;
   try {
     // (a checkpoint file, a sharded checkpoint folder, a run's or checkpoints folder as --resume
     // takes them, or any safetensors file)
     // (a sharded folder consolidated under $TMPDIR: the source may be a read-only store)
     std::error_code ec;
-    file = read_checkpoint_tensors(resolve_checkpoint(path, false),
-                                   std::filesystem::temp_directory_path(ec).string());
+    StReadOptions options;
+    options.convert = true;  // PyTorch's half, bfloat16 and double weights
+    options.wanted = [](const std::string& name) { return !training_state(name); };
+    file = read_checkpoint_file(resolve_checkpoint(path, false),
+                                std::filesystem::temp_directory_path(ec).string(), options)
+               .tensors;
   } catch (const UserError& e) {
     throw UserError(where + ": " + e.what());
   }
@@ -60,7 +66,7 @@ void read_init_weights(const std::string& path, const Model& whole, float* param
   }
   // The file's tensor for entry i (its own name, or a bare nn.Sequential's), or null.
   std::set<std::string> used;
-  const auto lookup = [&](size_t i) -> const std::pair<const std::string, NamedTensor>* {
+  const auto lookup = [&](size_t i) -> const std::pair<const std::string, StTensor>* {
     const std::string& name = table[i].name;
     for (const std::string& n :
          {name, name.starts_with("layers.") ? name.substr(7) : std::string()}) {
@@ -70,6 +76,7 @@ void read_init_weights(const std::string& path, const Model& whole, float* param
     return nullptr;
   };
   std::vector<std::string> missing;
+  std::map<std::string, int> converted;  // tensors read from another dtype, by dtype
   for (size_t i = 0; i < table.size(); ++i) {
     const ParamEntry& e = table[i];
     const auto* t = lookup(i);
@@ -84,14 +91,22 @@ void read_init_weights(const std::string& path, const Model& whole, float* param
           "model.*{} against the model the file holds)",
           where, t->first, shape_text(t->second.shape), e.name, shape_text(e.shape),
           e.name.ends_with("wpe.weight") ? ", model.block_size first (its positions)" : ""));
+    if (!t->second.loaded)
+      throw UserError(fmt::format(
+          "{}: tensor '{}' is stored as {}; a parameter is read from F32, F16, BF16 or F64", where,
+          t->first, t->second.dtype));
     DT_CHECK_EQ(static_cast<int64_t>(t->second.data.size()), e.numel);
     // (a NaN start fails the first step with a message about the data, after --overwrite has
     // cleared the old run)
     if (const auto bad = std::find_if(t->second.data.begin(), t->second.data.end(),
                                       [](float v) { return !std::isfinite(v); });
         bad != t->second.data.end())
-      throw UserError(fmt::format("{}: tensor '{}' holds a non-finite value ({} at flat index {})",
-                                  where, t->first, *bad, bad - t->second.data.begin()));
+      throw UserError(fmt::format(
+          "{}: tensor '{}' holds a non-finite value ({} at flat index {}{})", where, t->first, *bad,
+          bad - t->second.data.begin(),
+          t->second.dtype == "F64" && std::isinf(*bad) ? ", stored as F64: beyond float32's range"
+                                                       : ""));
+    if (t->second.dtype != "F32" && !used.contains(t->first)) ++converted[t->second.dtype];
     std::copy(t->second.data.begin(), t->second.data.end(), params + e.offset);
     used.insert(t->first);
   }
@@ -123,6 +138,10 @@ void read_init_weights(const std::string& path, const Model& whole, float* param
   if (!unused.empty())
     spdlog::warn("{}: {} tensor(s) in the file are not the model's and were ignored: {}", where,
                  unused.size(), some_names(unused));
+  // (F16 and BF16 widen exactly; F64 rounds, which a user comparing with the source should know)
+  for (const auto& [dtype, n] : converted)
+    spdlog::info("{}: {} tensor(s) stored as {} read as float32{}", where, n, dtype,
+                 dtype == "F64" ? " (rounded to nearest)" : " (exactly)");
 }
 
 }  // namespace dtrain

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "checkpoint/safetensors.h"
+#include "checkpoint/st_dtype.h"
 #include "test_util.h"
 #include "util/check.h"
 #include "util/fs.h"
@@ -410,6 +411,111 @@ TEST_CASE("fuzz: byte flips and truncations never escape as anything but UserErr
   CHECK(read_error(path).find("trailing") != std::string::npos);
   CHECK(ok > 0);  // flips inside tensor data are valid files
   CHECK(rejected > 0);
+}
+
+template <typename T>
+std::string raw_bytes(const std::vector<T>& v) {
+  return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
+}
+
+TEST_CASE("st_to_f32: F16 and BF16 widen exactly, F64 rounds, beyond float32's range is infinite") {
+  // Every one of the 65,536 halves against the compiler's own _Float16 conversion.
+  for (uint32_t bits = 0; bits < 65536; ++bits) {
+    const auto h = static_cast<uint16_t>(bits);
+    float got = 0;
+    st_to_f32("F16", &h, 1, &got);
+    const float want = static_cast<float>(std::bit_cast<_Float16>(h));
+    if (std::isnan(want)) {
+      REQUIRE_MESSAGE(std::isnan(got), bits);
+      CHECK(std::signbit(got) == std::signbit(want));
+    } else {
+      REQUIRE_MESSAGE(std::bit_cast<uint32_t>(got) == std::bit_cast<uint32_t>(want), bits);
+    }
+  }
+  const std::vector<uint16_t> bf16 = {0x3f80, 0xc000, 0x0001, 0x7f80, 0xff80, 0x8000};
+  std::vector<float> got(bf16.size());
+  st_to_f32("BF16", bf16.data(), bf16.size(), got.data());
+  CHECK(
+      same_bits(got, {1.0f, -2.0f, std::bit_cast<float>(0x00010000u), INFINITY, -INFINITY, -0.0f}));
+  constexpr float kMax = std::numeric_limits<float>::max();
+  const std::vector<double> f64 = {0.1,
+                                   -1e-300,
+                                   static_cast<double>(kMax),
+                                   0x1.fffffefffffffp127,  // just below the boundary: FLT_MAX
+                                   0x1.ffffffp127,         // the boundary: infinity
+                                   -1e300,
+                                   std::numeric_limits<double>::quiet_NaN()};
+  got.resize(f64.size());
+  st_to_f32("F64", f64.data(), f64.size(), got.data());
+  CHECK(got[0] == 0.1f);
+  CHECK(std::bit_cast<uint32_t>(got[1]) == 0x80000000u);  // -0: below float32's subnormals
+  CHECK(got[2] == kMax);
+  CHECK(got[3] == kMax);
+  CHECK(got[4] == INFINITY);
+  CHECK(got[5] == -INFINITY);
+  CHECK(std::isnan(got[6]));
+  CHECK(st_dtype_bytes("BF16") == 2);
+  CHECK(st_dtype_bytes("I64") == 8);
+  CHECK(st_dtype_bytes("F8_E4M3") == 1);
+  CHECK(st_dtype_bytes("F128") == 0);
+  CHECK_FALSE(st_dtype_converts("I32"));
+}
+
+TEST_CASE("read_safetensors with convert: other float dtypes as float32, the rest listed unread") {
+  TempDir tmp;
+  const std::string path = tmp / "mixed.safetensors";
+  const std::vector<uint16_t> h = {0x3c00, 0xc200};  // F16 1, -3
+  const std::vector<uint16_t> b = {0x4040};          // BF16 3
+  const std::vector<double> d = {0.25, -8.0, 1e-3};
+  const std::vector<int64_t> step = {7};
+  const std::vector<float> f = {5.0f};
+  put(path, craft(R"({"h":{"dtype":"F16","shape":[2],"data_offsets":[0,4]},)"
+                  R"("b":{"dtype":"BF16","shape":[1,1],"data_offsets":[4,6]},)"
+                  R"("d":{"dtype":"F64","shape":[3],"data_offsets":[6,30]},)"
+                  R"("step":{"dtype":"I64","shape":[],"data_offsets":[30,38]},)"
+                  R"("f":{"dtype":"F32","shape":[1],"data_offsets":[38,42]}})",
+                  raw_bytes(h) + raw_bytes(b) + raw_bytes(d) + raw_bytes(step) + raw_bytes(f)));
+  // dtrain's own reading refuses the first dtype that is not F32 (keys in sorted order).
+  CHECK(read_error(path).find("tensor 'b' has dtype BF16; only F32 is supported") !=
+        std::string::npos);
+  StReadOptions options;
+  options.convert = true;
+  StFile file = read_safetensors(path, options);
+  REQUIRE(file.tensors.size() == 5);
+  CHECK(same_bits(file.tensors.at("h").data, {1.0f, -3.0f}));
+  CHECK(same_bits(file.tensors.at("b").data, {3.0f}));
+  CHECK(file.tensors.at("b").shape == std::vector<int64_t>{1, 1});
+  CHECK(same_bits(file.tensors.at("d").data, {0.25f, -8.0f, 1e-3f}));
+  CHECK(same_bits(file.tensors.at("f").data, {5.0f}));
+  const StTensor& s = file.tensors.at("step");
+  CHECK_FALSE(s.loaded);
+  CHECK(s.dtype == "I64");
+  CHECK(s.data.empty());
+  CHECK(file.tensors.at("h").dtype == "F16");
+  // `wanted` leaves the others unread.
+  options.wanted = [](const std::string& name) { return name == "d"; };
+  file = read_safetensors(path, options);
+  CHECK(file.tensors.at("d").loaded);
+  CHECK_FALSE(file.tensors.at("h").loaded);
+  CHECK(file.tensors.at("h").data.empty());
+  // Sizes follow the dtype: an F64 tensor of 3 needs 24 bytes; a dtype the format lacks is named.
+  put(path,
+      craft(R"({"d":{"dtype":"F64","shape":[3],"data_offsets":[0,12]}})", std::string(12, 0)));
+  try {
+    read_safetensors(path, options);
+    FAIL("no error");
+  } catch (const UserError& e) {
+    CHECK(std::string(e.what()).find("needs 24") != std::string::npos);
+  }
+  put(path, craft(R"({"q":{"dtype":"F4","shape":[2],"data_offsets":[0,1]}})", std::string(1, 0)));
+  try {
+    read_safetensors(path, options);
+    FAIL("no error");
+  } catch (const UserError& e) {
+    CHECK(std::string(e.what()).find(
+              "tensor 'q' has dtype F4, which the safetensors format does not define") !=
+          std::string::npos);
+  }
 }
 
 }  // namespace

@@ -4,11 +4,18 @@
 // that does not fit the model is refused before the run's folder is touched.
 #include <doctest/doctest.h>
 
+#include <bit>
+#include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <limits>
+#include <map>
 #include <string>
 #include <vector>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "checkpoint/safetensors.h"
 #include "test_util.h"
@@ -76,6 +83,60 @@ void write_state_dict(const std::string& from, const std::string& to,
     refs.push_back({name, shape, zeros.back().data()});
   }
   dtrain::write_safetensors(to, refs, {});
+}
+
+// The model tensors of checkpoint file `from` written to `to` with the dtype `dtype_of` gives
+// each (F32, F16, BF16, F64 or I64; "" drops it), plus an I64 "step" counter, as safetensors.torch
+// writes a model held in that precision; `first` (when finite) replaces each tensor's first value.
+// Returns the float32 values a reader converting them must get.
+std::map<std::string, std::vector<float>> write_as(
+    const std::string& from, const std::string& to,
+    const std::function<std::string(const std::string&)>& dtype_of,
+    double first = std::numeric_limits<double>::quiet_NaN()) {
+  const dtrain::StFile f = dtrain::read_safetensors(from);
+  std::map<std::string, std::vector<float>> want;
+  std::string header = "{", data;
+  const auto add = [&](const std::string& name, const std::string& dtype,
+                       const std::vector<int64_t>& shape, const std::string& bytes) {
+    header += fmt::format(R"({}"{}":{{"dtype":"{}","shape":[{}],"data_offsets":[{},{}]}})",
+                          header.size() > 1 ? "," : "", name, dtype, fmt::join(shape, ","),
+                          data.size(), data.size() + bytes.size());
+    data += bytes;
+  };
+  for (const auto& [name, t] : f.tensors) {
+    const std::string dtype = dtype_of(name);
+    if (name.starts_with("optim.") || dtype.empty()) continue;
+    std::string bytes;
+    std::vector<float>& w = want[name];
+    for (size_t i = 0; i < t.data.size(); ++i) {
+      const double v = i == 0 && std::isfinite(first) ? first : t.data[i];
+      const auto put = [&](auto x) { bytes.append(reinterpret_cast<const char*>(&x), sizeof x); };
+      if (dtype == "F16") {
+        const auto h = static_cast<_Float16>(v);
+        put(h);
+        w.push_back(static_cast<float>(h));
+      } else if (dtype == "BF16") {  // (truncated, as a cast to bfloat16 need not round)
+        const uint32_t bits = std::bit_cast<uint32_t>(static_cast<float>(v)) & 0xffff0000u;
+        put(static_cast<uint16_t>(bits >> 16));
+        w.push_back(std::bit_cast<float>(bits));
+      } else if (dtype == "F64") {
+        put(v);
+        w.push_back(static_cast<float>(v));
+      } else if (dtype == "F32") {
+        put(static_cast<float>(v));
+        w.push_back(static_cast<float>(v));
+      } else {
+        put(static_cast<int64_t>(v * 100));
+      }
+    }
+    add(name, dtype, t.shape, bytes);
+  }
+  add("step", "I64", {}, std::string("\x07\0\0\0\0\0\0\0", 8));
+  header += "}";
+  std::string file(8, '\0');
+  for (int i = 0; i < 8; ++i) file[i] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
+  std::ofstream(to, std::ios::binary) << file << header << data;
+  return want;
 }
 
 std::string latest_file(const std::string& run) {
@@ -198,6 +259,52 @@ TEST_CASE("train.init_from takes PyTorch's names and refuses what does not fit, 
   CHECK(v.exit_code == 2);
   CHECK_MESSAGE(contains(v.output, "train.init_from: '" + dir / "x" + "' does not exist"),
                 v.output);
+}
+
+TEST_CASE("train.init_from reads PyTorch's half, bfloat16 and double weights as float32") {
+  TempDir dir;
+  const std::string cfg = dir.write("m.yaml", kMlp);
+  REQUIRE(run_dtrain("run " + cfg + " --out " + dir / "a" + " --log-level warn").exit_code == 0);
+  const std::string ckpt = latest_file(dir / "a");
+  for (const std::string dtype : {"F16", "BF16", "F64"}) {
+    CAPTURE(dtype);
+    const std::string file = dir / (dtype + ".safetensors");
+    const auto want = write_as(ckpt, file, [&](const std::string&) { return dtype; });
+    const std::string out = start_from(cfg, dir / dtype, file);
+    CHECK_MESSAGE(contains(out, "6 tensor(s) stored as " + dtype + " read as float32 (" +
+                                    (dtype == "F64" ? "rounded to nearest" : "exactly") + ")"),
+                  out);
+    CHECK_MESSAGE(contains(out,
+                           "1 tensor(s) in the file are not the model's and were ignored: "
+                           "'step'"),
+                  out);
+    // The run's first checkpoint holds the converted weights (a step at lr 1e-30 moves none).
+    const dtrain::StFile got = dtrain::read_safetensors(latest_file(dir / dtype));
+    for (const auto& [name, w] : want) {
+      CAPTURE(name);
+      const std::vector<float>& g = got.tensors.at(name).data;
+      REQUIRE(g.size() == w.size());
+      for (size_t i = 0; i < g.size(); ++i) REQUIRE(std::fabs(g[i] - w[i]) <= 1e-20f);
+    }
+  }
+  // A parameter stored as integers, and a double beyond float32's range: exit 2, naming them.
+  const std::string ints = dir / "ints.safetensors", big = dir / "big.safetensors";
+  write_as(ckpt, ints, [](const std::string& n) { return n == "layers.2.bias" ? "I64" : "F32"; });
+  write_as(
+      ckpt, big, [](const std::string&) { return "F64"; }, 1e300);
+  for (const auto& [file, said] : std::vector<std::pair<std::string, std::string>>{
+           {ints,
+            "tensor 'layers.2.bias' is stored as I64; a parameter is read from F32, F16, BF16 "
+            "or F64"},
+           {big,
+            "tensor 'layers.0.weight' holds a non-finite value (inf at flat index 0, stored as "
+            "F64: beyond float32's range)"}}) {
+    const CmdResult r =
+        run_dtrain("run " + cfg + " --out " + dir / "x" + " --set train.init_from=" + file);
+    CHECK(r.exit_code == 2);
+    CHECK_MESSAGE(contains(r.output, said), r.output);
+    CHECK_FALSE(std::filesystem::exists(dir / "x"));
+  }
 }
 
 TEST_CASE("train.init_from fills both copies of a tied GPT from either name") {
