@@ -3,6 +3,7 @@
 #include <sys/prctl.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstring>
 #include <ctime>
 
@@ -84,7 +85,21 @@ void say_ending_before_start(int sig) {
   ::_exit(code);
 }
 
+// Restores errno when a handler returns: the interrupted code may be between a failing call and
+// its read of errno, and the handler's write() calls can change it.
+class ErrnoGuard {
+ public:
+  ErrnoGuard() : saved_(errno) {}
+  ~ErrnoGuard() { errno = saved_; }
+  ErrnoGuard(const ErrnoGuard&) = delete;
+  ErrnoGuard& operator=(const ErrnoGuard&) = delete;
+
+ private:
+  int saved_;
+};
+
 void on_interrupt(int sig, siginfo_t* info, void* /*context*/) {
+  const ErrnoGuard keep_errno;
   StopRequest* req = g_request.load();
   if (req == nullptr) return;
   if (const int failed = req->failed_code.load(); failed >= 0) end_failed(sig, failed);
@@ -132,6 +147,7 @@ void on_signal_after_results(int) {
 
 // The launcher is gone, once or again: a stop by the preemption signal, never escalated.
 void on_launcher_gone(int sig, siginfo_t*, void*) {
+  const ErrnoGuard keep_errno;
   StopRequest* req = g_request.load();
   if (req == nullptr) return;
   if (const int failed = req->failed_code.load(); failed >= 0) end_failed(sig, failed);
