@@ -256,7 +256,15 @@ CompressionState read_compression(const StFile& f, const std::string& path,
 CheckpointMeta load_file_checkpoint(const std::string& path, const Model& model, float* params,
                                     const std::vector<StateBuffer>& state, CompressionState* comp,
                                     ReplicaState* replicas) {
-  StFile f = read_safetensors(path);  // verifies the checksums the file carries
+  // Verifies the checksums of what it reads. A weights-only load (eval, predict, generate) reads
+  // no optimizer, compression or replica state: that is most of the file, unused here.
+  StReadOptions read;
+  if (state.empty() && comp == nullptr)
+    read.wanted = [](const std::string& name) {
+      return name.rfind("optim.", 0) != 0 && name.rfind("comp.", 0) != 0 &&
+             !is_replica_tensor(name);
+    };
+  StFile f = read_safetensors(path, read);
   const int64_t version = check_file_format(f.metadata, path);
   if (!f.checksummed)
     warn_unchecksummed(path, "the file has");
