@@ -75,17 +75,6 @@ LoadedModel load_model(const Config& cfg, const DataSplits& data, const std::str
   const std::string path = resolve_checkpoint(ckpt, false);
   check_config_before_build(path, cfg);
   const ModelShape shape = resolve_model_shape(cfg, data);
-  // A layer list fixes its output width: a test label above it and the training labels is the
-  // test data's (build_model advised ending the list in a wider linear, which the checkpoint
-  // cannot take).
-  if (cfg.model.num_classes == 0 && shape.train_classes > 0)
-    if (const int64_t width = layer_list_width(cfg, shape.sample);
-        width > 0 && width < shape.num_classes && width >= shape.train_classes)
-      throw UserError("the test data has label " + std::to_string(shape.num_classes - 1) +
-                      ", above the training data's labels (0.." +
-                      std::to_string(shape.train_classes - 1) + ") and the " +
-                      std::to_string(width) + " outputs of model.layers, with which checkpoint '" +
-                      path + "' was trained: check the test labels");
   LoadedModel m{build_model(cfg.model, {shape.sample, shape.num_classes}), {}, {}, path};
   check_eval_memory(cfg, m.model, eval_rows);
   m.params.resize(static_cast<size_t>(m.model.param_count()));
@@ -93,32 +82,24 @@ LoadedModel load_model(const Config& cfg, const DataSplits& data, const std::str
   try {
     meta = load_checkpoint(path, m.model, m.params.data(), {});
   } catch (const ModelMismatchError& e) {
-    // The output width follows the labels found (model.num_classes 0): a label only the test
-    // data has widens it, and the checkpoint then seems to be the wrong one. (Text data has no
-    // labels: its width is the vocabulary.)
-    const int64_t train_classes = shape.train_classes;
-    if (cfg.model.num_classes > 0 || train_classes == 0) throw;
+    // The output width follows the training labels found (model.num_classes 0; test files of
+    // their own take the checkpoint's, classes_from_checkpoint). (Text data has no labels: its
+    // width is the vocabulary.)
+    if (cfg.model.num_classes > 0 || shape.train_classes == 0) throw;
     // The training data's labels may have changed since (a class added): the shape error alone
     // blamed the checkpoint, with the config the run used.
     // (only where the output layer is what differs: [C, ...] or [C] the model expects)
     // (a file's words: "the model expects [C, H]"; a sharded one's: "the model has 'name' [C, H]")
     const std::regex expects("the model (expects|has '[^']*') \\[" +
                              std::to_string(shape.num_classes) + "[,\\]]");
-    const bool output_width = std::regex_search(std::string(e.what()), expects);
-    if (!output_width) throw;
-    if (shape.num_classes <= train_classes)
-      throw UserError(std::string(e.what()) +
-                      " -- with model.num_classes 0 the output width is the data's label count, "
-                      "now " +
-                      std::to_string(shape.num_classes) + " (labels 0.." +
-                      std::to_string(shape.num_classes - 1) +
-                      "): if the labels changed since training, set model.num_classes to the "
-                      "checkpoint's output width");
-    throw UserError(std::string(e.what()) + " -- the test data has label " +
+    if (!std::regex_search(std::string(e.what()), expects)) throw;
+    throw UserError(std::string(e.what()) +
+                    " -- with model.num_classes 0 the output width is the data's label count, "
+                    "now " +
+                    std::to_string(shape.num_classes) + " (labels 0.." +
                     std::to_string(shape.num_classes - 1) +
-                    ", above the training data's labels (0.." + std::to_string(train_classes - 1) +
-                    "), so the model was built with " + std::to_string(shape.num_classes) +
-                    " outputs: check the test labels, or set model.num_classes");
+                    "): if the labels changed since training, set model.num_classes to the "
+                    "checkpoint's output width");
   }
   check_tied_copies(m.model, m.params.data(), {}, path);
   spdlog::info("loaded {} (step {})", path, meta.step);
@@ -169,16 +150,17 @@ void check_input_layout(const std::string& ckpt, DataSplits& data, bool test_onl
   if (test_only && r.known) data.train.columns = r.columns;
 }
 
-// eval from test files alone (the training files are not here) with model.num_classes 0: the
-// output width is the training labels' count, which the checkpoint's output layer holds and the
-// test labels alone may undercount (a test set without the top class). Widens data to it.
+// eval and predict from test files (data.test) with model.num_classes 0: the output width is
+// the training labels' count when the checkpoint was written, which its output layer holds; the
+// test labels alone may undercount it (a test set without the top class, the training files not
+// here) or overcount it (a stray label: refused, naming it). Sets data's class count to it.
 void classes_from_checkpoint(const Config& cfg, const std::string& ckpt, DataSplits& data) {
   if (cfg.model.num_classes > 0) return;
   const std::string path = resolve_checkpoint(ckpt, false);
   check_config_before_build(path, cfg);  // (another architecture is named as such first)
   // (a probe of 2 classes at least: test labels of one class are no error of the model's)
   data.train.num_classes = std::max<int64_t>(2, data.train.num_classes);
-  ModelShape shape = resolve_model_shape(cfg, data);
+  ModelShape shape = resolve_model_shape(cfg, data, /*speak=*/false);
   // A layer list's output width is its own: built for the test labels' count, a list ending in
   // {linear: 3} was refused with advice to end it in {linear: 10}, which the checkpoint fixes.
   if (const int64_t width = layer_list_width(cfg, shape.sample); width > 0)
@@ -217,7 +199,10 @@ int cmd_eval(const Config& cfg, const std::string& ckpt) {
   if (data.test.rows == 0)
     throw UserError("no test set to evaluate: set data.test or data.test_fraction");
   if (!text_test) check_input_layout(ckpt, data, test_only);
-  if (test_only) classes_from_checkpoint(cfg, ckpt, data);
+  // Test files of their own: the checkpoint's output layer gives the class count, whether the
+  // training files are here or not (built for a stray test label, the model did not fit the
+  // checkpoint, which was blamed).
+  if (!text_test && !cfg.data.test.empty()) classes_from_checkpoint(cfg, ckpt, data);
   const LoadedModel m = load_model(cfg, data, ckpt, data.test.rows);
   if (const std::string w = held_out_split_difference(m.path, m.meta, cfg); !w.empty())
     spdlog::warn("{}", w);
@@ -272,7 +257,8 @@ int cmd_predict(const Config& cfg, const std::string& ckpt, const std::string& i
   const bool test_only = test_files_only(cfg.data);
   DataSplits data = test_only ? load_test_files(cfg.data) : load_data(cfg.data, cfg.seed);
   check_input_layout(ckpt, data, test_only);
-  if (test_only) classes_from_checkpoint(cfg, ckpt, data);
+  if (!cfg.data.test.empty() && cfg.data.format != DataFormat::kText)
+    classes_from_checkpoint(cfg, ckpt, data);
   // data.csv.header describes the training files; --input has its own (--input-header, auto by
   // default: a first row of names is skipped, one of numbers is data), so `header: true` cannot
   // drop a row of input, nor `header: false` refuse an input's header row as non-numeric data.

@@ -342,15 +342,14 @@ runtime: {threads: 1}
   CHECK_MESSAGE(contains(r.output, "test sample 1 (0-based, of 2: data row 2 of '" + test_huge +
                                        "') gives a non-finite output"),
                 r.output);
-  // A label only the test data has (3; training has 0..2) widens the model: that is named,
-  // not just the checkpoint's mismatching shapes.
+  // A label only the test data has (3; the checkpoint's outputs are 0..2) is named, not just
+  // the checkpoint's mismatching shapes, and no model is built for it.
   const std::string test_new = dir.write("test_new.csv", "a,b,label\n1,1,0\n2,2,3\n");
   r = run_dtrain("eval " + cfg + ckpt + " --set data.test.path=" + test_new);
   CHECK(r.exit_code == 2);
-  CHECK_MESSAGE(contains(r.output,
-                         "the test data has label 3, above the training data's labels "
-                         "(0..2), so the model was built with 4 outputs"),
+  CHECK_MESSAGE(contains(r.output, "data.test has label 3, above the labels 0..2 of checkpoint"),
                 r.output);
+  CHECK_FALSE(contains(r.output, "the model gets 4 outputs"));
   // In a run, the evaluation reports neither loss nor accuracy, and says why.
   r = run_dtrain("run " + cfg + " --out " + dir / "run2" + " --set data.test.path=" + test_huge +
                  " --set train.max_steps=2");
@@ -666,6 +665,14 @@ TEST_CASE("eval with data.test needs no training files: the checkpoint's normali
                  " --log-level warn --output " + dir / "p4.csv" + " --set model.loss=mse");
   CHECK_MESSAGE(r.exit_code == 0, r.output);
   CHECK(read_text(dir / "p4.csv").rfind("predicted,out_0,out_1,out_2\n", 0) == 0);
+  // With the training files here too, a test label above the checkpoint's outputs is named as
+  // such (the model was built for the test labels and the checkpoint blamed).
+  r = run_dtrain("eval " + cfg + " --checkpoint " + dir / "r" + " --set data.test.path=" +
+                 dir.write("above0.csv", "a,b,label\n1,101,0\n30,115,3\n"));
+  CHECK(r.exit_code == 2);
+  CHECK_MESSAGE(contains(r.output, "data.test has label 3, above the labels 0..2 of checkpoint"),
+                r.output);
+  CHECK_FALSE(contains(r.output, "the model gets 4 outputs"));
   std::filesystem::remove(dir / "train.csv");
   r = run_dtrain("eval " + cfg + " --checkpoint " + dir / "r" + " --log-level warn");
   CHECK_MESSAGE(r.exit_code == 0, r.output);
