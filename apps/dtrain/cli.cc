@@ -424,8 +424,10 @@ void Cli::add_launch(CLI::App& app) {
   non_empty(launch_->add_option("--out", out_, "output folder (default runs/<config file stem>)"));
   non_empty(
       launch_->add_option("--resume", resume_, "passed to every rank's `dtrain run --resume`"));
-  launch_->add_flag("--overwrite", overwrite_,
-                    "the output folder may hold an earlier run: delete it (logs included) first");
+  launch_->add_flag(
+      "--overwrite", overwrite_,
+      "the output folder may hold an earlier run: delete it first (of logs/, the ranks' "
+      "own rank-<r>.log and .error.json files)");
   non_empty(launch_->add_option("--trace", trace_, "passed to every rank's `dtrain run --trace`"));
   decimal(launch_->add_option(
               "--max-restarts", max_restarts_,

@@ -205,6 +205,14 @@ class CsvReader {
                         " true; if it is data, fix that cell");
       has_header_ = text > 0;
     }
+    // A header row after '#' (numpy.savetxt's `# a,b,label`) named its first column "# a": the
+    // names a checkpoint records and predict's input is held to. (1 column: one_column_hint.)
+    if (has_header_ && !known && cols_ > 1 && first_[0].starts_with('#'))
+      throw UserError(path + ":" + std::to_string(first_line_) +
+                      ": the first row starts with '#' (\"" + shown_text(first_[0]) +
+                      "\"): lines starting with '#' are not comments to this reader (CSV has "
+                      "none), and as a header it names its first column so: remove the '#' "
+                      "(numpy.savetxt writes one before its header unless given comments='')");
     if (has_header_) {
       header_.assign(first_.begin(), first_.end());
     } else {

@@ -172,11 +172,20 @@ TEST_CASE("csv: a first row of one column says its line, and hints at comments a
             ":1: the first row has only 1 column (\"# exported 2026-12-07\"): need at least one "
             "feature and a label; lines starting with '#' are not comments to this reader (CSV "
             "has none): remove them (grep -v '^#' IN > OUT)");
-  // a comment holding commas: its columns are not the data's
-  CHECK(contains(
-      user_error([&] { load_csv(t.write("c2.csv", "# a, b\n1,2,3,0\n"), opts()); }),
-      ":2: expected 2 columns (as on line 1), found 4; line 1 starts with '#', and lines starting "
-      "with '#' are not comments to this reader"));
+  // a comment holding commas: read as a header, refused as one starting with '#' (its columns
+  // are not the data's: that was said at line 2)
+  const std::string c2 = t.write("c2.csv", "# a, b\n1,2,3,0\n");
+  CHECK(contains(user_error([&] { load_csv(c2, opts()); }), ":1: the first row starts with '#'"));
+  // a header after '#' (numpy.savetxt's), read as a header or told to be one: refused, not
+  // taken with a first column named "# a"
+  const std::string numpy = t.write("np.csv", "# a,b,y\n1,2,0\n");
+  for (const char* header : {"auto", "true"})
+    CHECK(user_error([&] { load_csv(numpy, opts(header)); }) ==
+          numpy +
+              ":1: the first row starts with '#' (\"# a\"): lines starting with '#' are not "
+              "comments to this reader (CSV has none), and as a header it names its first column "
+              "so: remove the '#' (numpy.savetxt writes one before its header unless given "
+              "comments='')");
   // no hint when there is nothing to say; predict's input gets the delimiter hint too
   CHECK(user_error([&] {
           load_csv(t.write("one.csv", "1\n2\n"), opts());
