@@ -53,8 +53,12 @@ nlohmann::json config_to_json(const Config& c) {
 // distributed settings (a resumed or relaunched job may tune them; ranks with different
 // heartbeat_s still agree: each waits for the longer of its own limit and 3 of the peer's
 // intervals).
+// data.synthetic.seed equal to the top-level seed is the default's data (-1: the top-level
+// seed): hashed as -1, so spelling it out is no change to what is computed.
 nlohmann::json hashed_config_json(const Config& c) {
-  nlohmann::json j = config_to_json(c);
+  Config same = c;
+  if (same.data.synthetic.seed == same.seed) same.data.synthetic.seed = -1;
+  nlohmann::json j = config_to_json(same);
   for (const KeyDecl& d : config_keys()) {
     if (!d.in_hash) erase_leaf(j, d.path);
   }

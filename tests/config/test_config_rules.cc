@@ -228,7 +228,8 @@ TEST_CASE("rules: distributed.bind is a host alone, no port, URL or whitespace")
     CHECK_MESSAGE(bind(ok) == "(no error)", ok);
 }
 
-TEST_CASE("rules: --set of a section to nothing is refused, and a value starting with a comma named") {
+TEST_CASE(
+    "rules: --set of a section to nothing is refused, and a value starting with a comma named") {
   // `--set optimizer=$OPT` with OPT unset reset every optimizer key to its default in silence.
   for (const char* v : {"optimizer=", "model=null", "model=~", "data.csv=", "train.checkpoint="}) {
     const std::string e = set_error(v);
@@ -242,6 +243,19 @@ TEST_CASE("rules: --set of a section to nothing is refused, and a value starting
   // A leading ',' stops yaml-cpp's reader in place: it was "more than 100000 YAML values".
   for (const char* v : {"seed=,", "model.activation=,relu"})
     CHECK(contains(set_error(v), "the value is not valid YAML: unexpected ','"));
+}
+
+TEST_CASE("data.synthetic.seed equal to the top-level seed hashes as its default, -1") {
+  // (the same data: a run spelling it out was reported as another config at resume and eval)
+  const auto hash = [](const std::vector<std::string>& sets) {
+    return config_hash(parse_config("seed: 7\ndata: {format: synthetic}\n", "x.yaml", sets));
+  };
+  CHECK(hash({"data.synthetic.seed=7"}) == hash({}));
+  CHECK(hash({"data.synthetic.seed=8"}) != hash({}));
+  CHECK(hash({"data.synthetic.seed=7", "seed=8"}) != hash({"seed=8"}));
+  // config.json keeps the value as given
+  CHECK(config_to_json(parse_config("seed: 7\ndata: {format: synthetic, synthetic: {seed: 7}}\n",
+                                    "x.yaml"))["data"]["synthetic"]["seed"] == 7);
 }
 
 }  // namespace dtrain
