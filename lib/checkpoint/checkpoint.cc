@@ -191,7 +191,7 @@ void save_checkpoint(const std::string& path, const Model& model, const float* p
   add_replica_state(replicas, model.param_count(), refs, md);
   if (replicas.world_size > 0)
     md["format_version"] = std::to_string(kCheckpointFormatVersionReplicas);
-  write_safetensors(path, refs, md);
+  write_safetensors(path, refs, md, Links::kReplace);  // (a run folder's file)
 }
 
 namespace {
@@ -498,7 +498,7 @@ void save_shard(const std::string& dir, int rank, int64_t step,
   // (a shard's format_version is the manifest's: its replica tensors need no other, since older
   // readers of shards ignore tensors they do not know)
   if (replicas != nullptr) add_replica_state(*replicas, shard_size, refs, meta);
-  write_safetensors((fs::path(dir) / shard_file_name(rank)).string(), refs, meta);
+  write_safetensors((fs::path(dir) / shard_file_name(rank)).string(), refs, meta, Links::kReplace);
 }
 
 void write_manifest(const std::string& dir, const Model& model, const CheckpointMeta& meta,
@@ -548,7 +548,7 @@ void write_manifest(const std::string& dir, const Model& model, const Checkpoint
   if (!meta.save_id.empty()) out["save_id"] = meta.save_id;
   if (!layout.is_null()) out["layout"] = layout;
   out[kManifestCrcKey] = crc32_hex(out.dump());  // (read_manifest: the canonical form)
-  write_file_atomic((fs::path(dir) / kManifest).string(), out.dump(1) + "\n");
+  write_file_atomic((fs::path(dir) / kManifest).string(), out.dump(1) + "\n", Links::kReplace);
 }
 
 std::string check_checkpoint(const std::string& path, bool allow_missing) {

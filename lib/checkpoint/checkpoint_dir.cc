@@ -143,7 +143,7 @@ void release_latest(const std::string& dir, const std::string& name) {
     }
   }
   if (best >= 0)
-    write_file_atomic(latest.string(), best_name + "\n");
+    write_file_atomic(latest.string(), best_name + "\n", Links::kReplace);
   else
     fs::remove(latest, ec);
 }
@@ -160,7 +160,7 @@ void adopt_latest(const std::string& dir, const std::string& resumed) {
   if (fs::is_regular_file(latest, ec) && fs::file_size(latest, ec) <= kMaxLatestBytes &&
       read_latest_name(latest) == name)
     return;
-  write_file_atomic(latest.string(), name + "\n");
+  write_file_atomic(latest.string(), name + "\n", Links::kReplace);
 }
 
 std::string latest_step_entry(const std::string& dir) {
@@ -188,7 +188,7 @@ void remove_checkpoint(const std::string& path, std::error_code& ec) {
 
 void commit_checkpoint(const std::string& dir, const std::string& file_name, int64_t keep_last) {
   DT_CHECK_GE(keep_last, 1);
-  write_file_atomic((fs::path(dir) / "latest").string(), file_name + "\n");
+  write_file_atomic((fs::path(dir) / "latest").string(), file_name + "\n", Links::kReplace);
   remove_orphaned_temp_files(dir, /*include_step_folders=*/false);
   const std::regex& re = step_entry_re();
   std::vector<std::pair<int64_t, fs::path>> found;

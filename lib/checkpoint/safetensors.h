@@ -19,6 +19,8 @@
 #include <string>
 #include <vector>
 
+#include "util/fs.h"
+
 namespace dtrain {
 
 struct StTensorRef {  // a tensor to write: name, shape, and a pointer to numel floats
@@ -74,7 +76,8 @@ std::string crc32_hex(const std::string& bytes);
 // Throws std::runtime_error on I/O failure, leaving any old file intact. A "crc32" entry in
 // `metadata` is ignored: the checksums of the tensors written replace it.
 void write_safetensors(const std::string& path, const std::vector<StTensorRef>& tensors,
-                       const std::map<std::string, std::string>& metadata);
+                       const std::map<std::string, std::string>& metadata,
+                       Links links = Links::kFollow);
 
 // Reads and validates the whole file: header length within the file, JSON well-formed, offsets in
 // range, contiguous and non-overlapping, byte counts equal to shape x the dtype's size. Throws

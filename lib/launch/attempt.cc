@@ -30,6 +30,7 @@
 #include "launch/error_file.h"
 #include "util/check.h"
 #include "util/duration.h"
+#include "util/fs.h"
 #include "util/interrupt.h"
 
 namespace dtrain::launch_detail {
@@ -72,6 +73,11 @@ std::vector<Fd> open_rank_logs(const LaunchOptions& o, const AttemptPlan& plan, 
   for (int l = 0; l < plan.nproc; ++l) {
     const int r = plan.first_rank + l;
     const std::string path = rank_log_path(o.log_dir, r);
+    try {
+      own_file_for_append(path);  // (a run folder copied with links: not into the other's log)
+    } catch (const std::runtime_error& e) {
+      throw UserError(e.what());
+    }
     Fd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644));
     if (!fd.open()) throw UserError("cannot open '" + path + "': " + strerror(errno));
     const std::string sep = "==== dtrain launch " + now_text() + ": rank " + std::to_string(r) +

@@ -764,7 +764,8 @@ nlohmann::json TrainLoop::finish_run(int stop_signal, bool stop_preempted) {
     // (replace: a path that is not UTF-8, refused up front where it is known, must not lose
     // the summary of a finished run)
     write_file_atomic((fs::path(opts_.out_dir) / "summary.json").string(),
-                      s.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
+                      s.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n",
+                      Links::kReplace);
     if (mark) opts_.stop->done_code.store(exit_code);
     spdlog::debug("done: {} steps, test_accuracy {}, {:.1f} s, results in {}", step_,
                   have_eval_ ? fmt::format("{:.4f}", last_eval_.accuracy) : std::string("n/a"),

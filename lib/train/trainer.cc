@@ -349,7 +349,7 @@ OutDirLock start_run_dir(const Config& cfg, const RunOptions& opts, const std::s
 
 void write_run_config(const Config& cfg, const std::string& out_dir) {
   write_file_atomic((fs::path(out_dir) / "config.json").string(),
-                    config_to_json(cfg).dump(2) + "\n");
+                    config_to_json(cfg).dump(2) + "\n", Links::kReplace);
 }
 
 nlohmann::json interrupt_summary(int stop_signal) {

@@ -252,10 +252,11 @@ mode_t replacement_mode(const std::string& path) {
 
 }  // namespace
 
-void write_file_atomic_with(const std::string& requested,
-                            const std::function<void(int fd)>& writer) {
+void write_file_atomic_with(const std::string& requested, const std::function<void(int fd)>& writer,
+                            Links links) {
   namespace fs = std::filesystem;
-  const OutputTarget out = output_target(requested);
+  const OutputTarget out =
+      links == Links::kFollow ? output_target(requested) : OutputTarget{requested, false};
   if (out.in_place) return write_in_place(out.path, writer);
   const std::string& path = out.path;
   const fs::path target(path);
@@ -323,8 +324,20 @@ void remove_temp_files_in_flight() {
   }
 }
 
-void write_file_atomic(const std::string& path, std::string_view data) {
-  write_file_atomic_with(path, [&](int fd) { write_all(fd, data.data(), data.size(), path); });
+void write_file_atomic(const std::string& path, std::string_view data, Links links) {
+  write_file_atomic_with(
+      path, [&](int fd) { write_all(fd, data.data(), data.size(), path); }, links);
+}
+
+void own_file_for_append(const std::string& path) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) return;  // created by the append
+  const bool link = S_ISLNK(st.st_mode);
+  if (!link && !(S_ISREG(st.st_mode) && st.st_nlink > 1)) return;
+  // (a dangling link: the append would create the file it names, elsewhere)
+  struct stat target {};
+  const bool readable = ::stat(path.c_str(), &target) == 0 && S_ISREG(target.st_mode);
+  write_file_atomic(path, readable ? read_file(path) : std::string(), Links::kReplace);
 }
 
 namespace {
@@ -355,6 +368,7 @@ size_t cut_unfinished_line(const std::string& path) {
 }  // namespace
 
 LineWriter::LineWriter(const std::string& path, bool append) : path_(path) {
+  own_file_for_append(path);  // (also for "w", which truncated through a link)
   if (append) dropped_ = cut_unfinished_line(path);
   f_ = std::fopen(path.c_str(), append ? "a" : "w");
   if (!f_) throw std::runtime_error("cannot open '" + path + "': " + std::strerror(errno));

@@ -28,15 +28,34 @@ std::string input_file_problem(const std::string& path);
 // identities are the same file (a symlink, `./a` and `a`, a hard link).
 std::string file_identity(const std::string& path);
 
+// What a write does with a `path` that is a symbolic link.
+enum class Links {
+  // Replaces the file the link names, as a shell's `>` does: outputs a user names (--output,
+  // --trace, consolidate -o), which may well be links on purpose.
+  kFollow,
+  // Replaces the link itself: a run folder's own files (config.json, summary.json, latest,
+  // checkpoints), whose links -- a folder copied with `cp -rs` to branch a run -- name another
+  // run's files, which a resume of the copy must not rewrite.
+  kReplace,
+};
+
 // Atomic replace of `path` with `data`. Throws std::runtime_error on I/O failure; the old file,
 // if any, is left untouched and the temp file removed.
-void write_file_atomic(const std::string& path, std::string_view data);
+void write_file_atomic(const std::string& path, std::string_view data,
+                       Links links = Links::kFollow);
 // fsync of a directory, so the entries created, renamed or removed in it are on disk (best
 // effort: a directory that cannot be opened is left alone).
 void sync_directory(const std::string& dir);
 
 // Same, but the content is streamed by `writer(fd)`, which must write everything or throw.
-void write_file_atomic_with(const std::string& path, const std::function<void(int fd)>& writer);
+void write_file_atomic_with(const std::string& path, const std::function<void(int fd)>& writer,
+                            Links links = Links::kFollow);
+
+// Before a run appends to a file of its folder (metrics.jsonl, a rank's log): when `path` is a
+// symbolic link or one of several hard links to its file (a copy made with `cp -rs` or `cp -al`
+// to branch a run), its content is copied into a file of its own at `path` first, so the appends
+// do not reach the other run's file. Throws std::runtime_error on I/O failure.
+void own_file_for_append(const std::string& path);
 
 // Unlinks the temp files the writes above have open right now (from any thread), for a signal
 // handler about to end the process: the rename never comes, and a consolidation's or a
@@ -55,9 +74,10 @@ void make_temp_folder(std::string& tmpl, const std::string& what);
 void write_all(int fd, const void* data, size_t len, const std::string& what);
 
 // Appends a line to a file (metrics.jsonl); opened and closed per call is too slow, so this is a
-// small owning wrapper around a FILE* that flushes each line. Appending to a file whose last line
-// is unfinished (a crash in the middle of a write) first cuts that partial line off, so the next
-// record starts a line of its own; dropped_bytes() says how much was cut.
+// small owning wrapper around a FILE* that flushes each line. The file is made its own first
+// (own_file_for_append): the writer never writes through a link. Appending to a file whose last
+// line is unfinished (a crash in the middle of a write) first cuts that partial line off, so the
+// next record starts a line of its own; dropped_bytes() says how much was cut.
 class LineWriter {
  public:
   LineWriter() = default;
