@@ -316,6 +316,10 @@ class Cli {
   // After a successful parse: runs the command given and returns its exit code. Throws what
   // the commands throw (UserError for bad input), which cli_main_impl maps to exit codes.
   int dispatch(const char* argv0);
+  // Whether the command parsed writes its results to standard output (eval's JSON, predict's CSV,
+  // generate's text, verify's verdict, ...): not `run` and `launch`, whose results are the run
+  // folder's files and whose console lines are a log.
+  bool results_on_stdout() const { return !run_->parsed() && !launch_->parsed(); }
 
  private:
   void add_config(CLI::App* c) {
@@ -691,11 +695,12 @@ int Cli::dispatch_launch(const Config& cfg, const char* argv0) {
   return cmd_launch(cfg, lcmd_);
 }
 
-int cli_main_impl(int argc, char** argv) {
+int cli_main_impl(int argc, char** argv, bool* results_on_stdout) {
   CLI::App app{"dtrain: train models from one YAML file, alone or data-parallel across ranks"};
   Cli cli(app);
   try {
     app.parse(argc, argv);
+    *results_on_stdout = cli.results_on_stdout();
   } catch (const CLI::Success& e) {
     return app.exit(e);  // --help, --version
   } catch (const CLI::ParseError& e) {
@@ -760,12 +765,14 @@ int cli_main_impl(int argc, char** argv) {
 }  // namespace
 
 int cli_main(int argc, char** argv) {
-  const int rc = cli_main_impl(argc, argv);
+  bool results_on_stdout = true;
+  const int rc = cli_main_impl(argc, argv, &results_on_stdout);
   // Results go to standard output (eval's JSON, predict's CSV, generate's text): a write that
-  // failed there (a full disk, a closed pipe) must not end in success.
+  // failed there (a full disk, a closed pipe) must not end in success. (A training run's console
+  // is its log: a run whose `| tee` went away still finished, its results in its folder.)
   std::cout.flush();
   const bool failed = !std::cout || std::fflush(stdout) != 0 || std::ferror(stdout) != 0;
-  if (rc == kExitOk && failed) {
+  if (rc == kExitOk && failed && results_on_stdout) {
     std::cerr << "error: writing to standard output failed (disk full or the output closed)"
               << std::endl;
     return kExitRuntime;

@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <string>
 #include <thread>
 #include <vector>
@@ -148,4 +149,29 @@ TEST_CASE("a rank whose rendezvous port never answers says who is there, if anyo
   r = rank1(dtrain::pick_free_port());
   CHECK(r.exit_code == 1);
   CHECK_MESSAGE(contains(r.output, ": rank 0 is not running there"), r.output);
+}
+
+TEST_CASE("a console that goes away and a file-size limit: a said failure or a finished run") {
+  TempDir dir;
+  const std::string cfg = dir.write(
+      "c.yaml",
+      "model: {hidden: [64, 64]}\ndata: {format: synthetic, synthetic: {samples: 400, features: "
+      "16, classes: 3}, batch_size: 8}\ntrain: {epochs: 0, max_steps: 400, log_every: 1, "
+      "checkpoint: {every_steps: 100}}\nruntime: {threads: 1}\n");
+  // The reader of the run's console stops reading after 10 bytes (`| head`, a tee whose ssh
+  // session dropped): SIGPIPE ended the run with no checkpoint or summary; it finishes.
+  const auto piped = run_cmd("bash -c '" + kBin + " run " + cfg + " --out " + dir / "p" +
+                             " --no-progress 2>&1 | head -c 10 > /dev/null; "
+                             "exit ${PIPESTATUS[0]}'");
+  CHECK_MESSAGE(piped.exit_code == 0, piped.output);
+  CHECK(contains(read_text(dir / "p/summary.json"), "\"status\": \"completed\""));
+  // A checkpoint past `ulimit -f` (its 100 steps' worth is about 60 KB): one error line, exit 1,
+  // no temp file left (SIGXFSZ ended it with nothing said).
+  const auto limited = run_cmd("bash -c 'ulimit -f 40; " + kBin + " run " + cfg + " --out " +
+                               dir / "f" + " --no-progress'");
+  CHECK(limited.exit_code == 1);
+  CHECK_MESSAGE(contains(limited.output, "failed: File too large"), limited.output);
+  if (std::filesystem::exists(dir / "f/checkpoints"))
+    for (const auto& e : std::filesystem::directory_iterator(dir / "f/checkpoints"))
+      CHECK_MESSAGE(!e.path().filename().string().starts_with("."), e.path());
 }
