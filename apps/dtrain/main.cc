@@ -3,23 +3,53 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <string>
+#include <string_view>
 
 #include "dtrain/cli.h"
 #include "tensor/blas.h"
 #include "util/quick_exit.h"
 
+namespace {
+
+// Whether standard stream `fd` was closed when dtrain started and a library's initialiser, which
+// runs before main, took its number for a descriptor of its own (an eventfd: close-on-exec, an
+// anonymous inode), so that reading "standard input" read that.
+bool taken_before_main(int fd) {
+  const int flags = ::fcntl(fd, F_GETFD);
+  if (flags == -1 || (flags & FD_CLOEXEC) == 0) return false;
+  char link[64] = {};
+  const std::string proc = "/proc/self/fd/" + std::to_string(fd);
+  const ssize_t n = ::readlink(proc.c_str(), link, sizeof link - 1);
+  return n > 0 && std::string_view(link, static_cast<size_t>(n)).starts_with("anon_inode:");
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
-  // Standard streams closed by whoever started dtrain (`dtrain run ... >&- 2>&-`) are reopened on
-  // /dev/null first: the next files opened would take their numbers, and the log written to
-  // "stderr" went into metrics.jsonl.
+  // Standard streams closed by whoever started dtrain (`dtrain run ... >&- 2>&-`) are reopened
+  // first: the next files opened would take their numbers (the log written to "stderr" went
+  // into metrics.jsonl). Standard input and error on /dev/null (closed input reads as empty);
+  // standard output on /dev/full, so that a command whose results go there says they could not
+  // be written (cli_main) instead of losing them with exit 0 -- a run's console lines are a log,
+  // lost without a word. A number a library took before main is given back the same way and the
+  // process started again, where the library takes another (the exec closes its descriptor).
+  bool again = false;
   for (int fd = 0; fd <= 2; ++fd) {
-    if (::fcntl(fd, F_GETFD) != -1 || errno != EBADF) continue;
-    const int got = ::open("/dev/null", fd == 0 ? O_RDONLY : O_WRONLY);
+    const bool closed = ::fcntl(fd, F_GETFD) == -1 && errno == EBADF;
+    const bool taken = !closed && taken_before_main(fd);
+    if (!closed && !taken) continue;
+    const int got = ::open(fd == 0   ? "/dev/null"
+                           : fd == 1 ? "/dev/full"
+                                     : "/dev/null",
+                           fd == 0 ? O_RDONLY : O_WRONLY);
     if (got > fd) {
       ::dup2(got, fd);
       ::close(got);
     }
+    again = again || taken;
   }
+  if (again) ::execv("/proc/self/exe", argv);  // (failed: go on; the library lost its descriptor)
   // OpenBLAS fixes its kernels when it loads, before main: start again with the ones this CPU
   // runs best if it fell back to slower ones (tensor/blas.h).
   dtrain::reexec_with_better_blas(argv);

@@ -281,6 +281,19 @@ TEST_CASE("a run with its standard streams closed writes its log to none of its 
   for (std::string line; std::getline(in, line); ++lines)
     CHECK_MESSAGE(nlohmann::json::accept(line), line);
   CHECK(lines > 0);
+  // A command whose results go to standard output says they could not be written (they were
+  // lost with exit 0); a closed standard input reads as empty (a library's descriptor, taken
+  // before main, was read as it: "Resource temporarily unavailable").
+  const std::string eval =
+      kBin + " eval " + kSrc + "/configs/smoke.yaml --checkpoint " + dir / "run";
+  run_cmd("(" + eval + " >&- 2>" + dir / "err; echo rc=$? > " + dir / "rc2)");
+  CHECK(read_text(dir / "rc2") == "rc=1\n");
+  CHECK(contains(read_text(dir / "err"), "error: writing to standard output failed"));
+  const auto in_closed = run_cmd(kBin + " predict " + kSrc + "/configs/smoke.yaml --checkpoint " +
+                                 dir / "run" + " --input - <&-");
+  CHECK(in_closed.exit_code == 2);
+  CHECK_MESSAGE(contains(in_closed.output, "error: empty input: '<stdin>' has no rows"),
+                in_closed.output);
 }
 
 TEST_CASE("predict and eval: non-finite outputs are refused, input rows are all predicted") {
