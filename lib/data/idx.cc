@@ -64,7 +64,10 @@ void resize_fresh(Buffer& buf, size_t n) {
 
 // Reads `fd` to its end, named `path` in messages. Sized by fstat (util::read_file streams
 // through an ostringstream, which is several times slower on the 26 MB Fashion-MNIST file).
-std::string read_whole_fd(int fd, const std::string& path) {
+// `too_long`: what to throw once more than `max_bytes` have come from a stream (a file's size is
+// checked before reading).
+std::string read_whole_fd(int fd, const std::string& path, size_t max_bytes = SIZE_MAX,
+                          const std::function<UserError()>& too_long = {}) {
   struct stat st {};
   if (::fstat(fd, &st) != 0) throw UserError("cannot read '" + path + "': " + std::strerror(errno));
   if (S_ISDIR(st.st_mode)) throw UserError("cannot read '" + path + "': it is a directory");
@@ -89,6 +92,7 @@ std::string read_whole_fd(int fd, const std::string& path) {
       if (n == 0) break;
       out.append(chunk, n);
       len += n;
+      if (len > max_bytes) throw too_long();
     }
   }
   out.resize(len);
@@ -500,7 +504,19 @@ std::string read_maybe_gzip(const std::string& path) {
 }
 
 std::string read_stdin_maybe_gzip(const std::string& name) {
-  return gunzip_if_gzip(read_whole_fd(STDIN_FILENO, name), name, allocation_budget());
+  // A stream has no size to check before reading (`yes 1,2 | ...`, /dev/zero): it may fill a
+  // quarter of what this process can allocate, the rest being for its rows parsed and predicted.
+  const size_t budget = allocation_budget();
+  return gunzip_if_gzip(
+      read_whole_fd(STDIN_FILENO, name, budget / 4,
+                    [&] {
+                      return UserError(too_big(
+                          name, budget,
+                          fmt::format("its first {} bytes, with the rows they hold parsed and "
+                                      "predicted, are",
+                                      budget / 4 + 1)));
+                    }),
+      name, budget);
 }
 
 int64_t size_once_read(const std::string& bytes, const std::string& path) {

@@ -546,3 +546,21 @@ TEST_CASE("IDX images that cannot fit as float32 inputs are refused from their h
                                  "8972 MiB as float32 inputs, more than the "));
   }
 }
+
+TEST_CASE("predict --input - stops reading a standard input larger than it could hold" *
+          doctest::skip(kUnderSanitizer)) {
+  // /dev/zero (or `yes 1,2 | ...`) grew without end, past any memory limit, to the generic
+  // out-of-memory advice (a smaller model or batch) or the OOM killer.
+  TempDir dir;
+  const std::string cfg = kSrc + "/configs/smoke.yaml";
+  REQUIRE(run_cmd(kBin + " run " + cfg + " --out " + dir / "r" +
+                  " --set train.max_steps=5 --log-level warn")
+              .exit_code == 0);
+  const auto r =
+      run_cmd("ulimit -v 2000000; timeout -k 5 120 " + kBin + " predict " + cfg + " --checkpoint " +
+              dir / "r" + " --input - --output " + dir / "p.csv" + " < /dev/zero");
+  CHECK(r.exit_code == 2);
+  CHECK_MESSAGE(contains(r.output, "error: cannot read '<stdin>': its first "), r.output);
+  CHECK(contains(r.output, "this process can allocate"));
+  CHECK_FALSE(std::filesystem::exists(dir / "p.csv"));
+}
