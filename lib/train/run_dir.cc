@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -58,6 +59,15 @@ void require_writable(const std::string& out_dir) {
       continue;
     }
     const int err = errno;
+    // (no file can be opened at all: the process's limit, not the folder)
+    if (err == EMFILE || err == ENFILE) {
+      struct rlimit nofile {};
+      ::getrlimit(RLIMIT_NOFILE, &nofile);
+      throw UserError(std::string("cannot open a file: ") + std::strerror(err) +
+                      (err == EMFILE ? " (this process's limit, ulimit -n, is " +
+                                           std::to_string(nofile.rlim_cur) + "): raise it"
+                                     : " (the system's limit): close other programs' files"));
+    }
     throw UserError("--out '" + out_dir + "': cannot create files in '" + dir.string() +
                     "': " + std::strerror(err) +
                     ": the run writes its records and checkpoints there; choose another --out" +
@@ -195,9 +205,18 @@ void clear_run_files(const std::string& out_dir, bool clear_logs) {
   for (const auto& n : names) {
     std::error_code ec;
     remove_run_path(fs::path(out_dir) / n, ec);
-    if (ec)
-      throw UserError("--overwrite: cannot remove '" + (fs::path(out_dir) / n).string() +
-                      "': " + ec.message());
+    if (!ec) continue;
+    // What is left says which file would not go (a folder's error names the folder alone).
+    std::string left;
+    std::error_code le;
+    for (const auto& e : fs::recursive_directory_iterator(fs::path(out_dir) / n, le)) {
+      if (e.is_directory(le)) continue;
+      left = e.path().string();
+      break;
+    }
+    throw UserError("--overwrite: cannot remove '" + (fs::path(out_dir) / n).string() +
+                    "': " + ec.message() +
+                    (left.empty() ? std::string() : " ('" + left + "' is still there)"));
   }
 }
 
