@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <filesystem>
 #include <iostream>
 #include <regex>
 #include <sstream>
@@ -182,7 +183,9 @@ void classes_from_checkpoint(const Config& cfg, const std::string& ckpt, DataSpl
 
 }  // namespace
 
-int cmd_eval(const Config& cfg, const std::string& ckpt) {
+namespace {
+
+int eval_checkpoint(const Config& cfg, const std::string& ckpt) {
   check_checkpoint(ckpt, false);
   set_blas_threads(static_cast<int>(cfg.runtime.threads));
   // (text with a test file: the training text is not read, its size not checked; idx and csv
@@ -239,6 +242,32 @@ int cmd_eval(const Config& cfg, const std::string& ckpt) {
   if (cfg.data.format == DataFormat::kText) out["test_bpb"] = r.loss / std::log(2.0);
   std::cout << out.dump() << std::endl;
   return kExitOk;
+}
+
+}  // namespace
+
+int cmd_eval(const Config& cfg, const std::string& ckpt) {
+  // A run training into the folder may replace its latest checkpoint while it is read, and prune
+  // the one read (train.checkpoint.keep_last): a failure while the folder's latest moved on is
+  // tried again with the newer one, up to 10 times, not refused as bad input.
+  for (int attempt = 1;; ++attempt) {
+    std::string before;  // ("" when even resolving it failed: the file named was pruned)
+    try {
+      before = resolve_checkpoint(ckpt, false);
+      return eval_checkpoint(cfg, ckpt);
+    } catch (const UserError&) {
+      std::string now;
+      try {
+        now = resolve_checkpoint(ckpt, false);
+      } catch (const UserError&) {
+      }
+      if (attempt == 10 || now.empty() || now == before) throw;
+      spdlog::info(
+          "{} was replaced by {} while it was read (a run saving into the folder): "
+          "reading that one",
+          before, now);
+    }
+  }
 }
 
 int cmd_predict(const Config& cfg, const std::string& ckpt, const std::string& input,
