@@ -46,6 +46,7 @@
 #include "train/trainer.h"
 #include "train/verify.h"
 #include "util/check.h"
+#include "util/console_sink.h"
 #include "util/fs.h"
 #include "util/interrupt.h"
 #include "util/stop_notice.h"
@@ -58,7 +59,14 @@ namespace fs = std::filesystem;
 namespace {
 
 void setup_logging(const std::string& level) {
-  auto logger = spdlog::stderr_color_mt("dtrain");
+  // A pipe (`2>&1 | tee run.log`): lines wait for its reader only so long (util/console_sink.h),
+  // not for ever. Not under `dtrain launch`, whose pipe is the rank's log file: it reads it
+  // promptly and drops console output of its own.
+  std::shared_ptr<spdlog::logger> logger;
+  if (std::getenv(kLauncherPidEnv) == nullptr)
+    if (auto sink = pipe_console_sink())
+      logger = std::make_shared<spdlog::logger>("dtrain", std::move(sink));
+  if (!logger) logger = spdlog::stderr_color_mt("dtrain");
   spdlog::set_default_logger(logger);
   spdlog::set_pattern("[%H:%M:%S.%e] [%^%l%$] %v");
   spdlog::set_level(spdlog::level::from_str(level));

@@ -175,3 +175,23 @@ TEST_CASE("a console that goes away and a file-size limit: a said failure or a f
     for (const auto& e : std::filesystem::directory_iterator(dir / "f/checkpoints"))
       CHECK_MESSAGE(!e.path().filename().string().starts_with("."), e.path());
 }
+
+TEST_CASE("in-process ranks train on while their console's reader does not read") {
+  // `dtrain run ... 2>&1 | less`, not scrolled: rank 0 blocked writing its log into the full
+  // pipe, and rank 1's collective timed out (distributed.timeout_s). Lines now wait 2 s at most,
+  // then are dropped and counted.
+  TempDir dir;
+  const std::string cfg = dir.write(
+      "c.yaml",
+      "model: {hidden: [16]}\ndata: {format: synthetic, synthetic: {samples: 400, features: 8, "
+      "classes: 3}, batch_size: 8}\ntrain: {epochs: 0, max_steps: 3000, log_every: 1}\n"
+      "distributed: {world_size: 2, timeout_s: 6}\nruntime: {threads: 1}\n");
+  const auto r = run_cmd("bash -c '" + kBin + " run " + cfg + " --out " + dir / "r" +
+                         " --no-progress 2>&1 | (sleep 10; cat > " + dir / "console" +
+                         "); exit ${PIPESTATUS[0]}'");
+  CHECK_MESSAGE(r.exit_code == 0, r.output);
+  const std::string console = read_text(dir / "console");
+  CHECK(contains(console, "bytes of log did not fit the console"));
+  CHECK(contains(console, "done: test accuracy"));
+  CHECK(contains(read_text(dir / "r/summary.json"), "\"status\": \"completed\""));
+}
