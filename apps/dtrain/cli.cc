@@ -325,9 +325,12 @@ class Cli {
   // the commands throw (UserError for bad input), which cli_main_impl maps to exit codes.
   int dispatch(const char* argv0);
   // Whether the command parsed writes its results to standard output (eval's JSON, predict's CSV,
-  // generate's text, verify's verdict, ...): not `run` and `launch`, whose results are the run
-  // folder's files and whose console lines are a log.
-  bool results_on_stdout() const { return !run_->parsed() && !launch_->parsed(); }
+  // generate's text, verify's verdict, bench's figures, ...): not `run` and `launch`, whose
+  // results are the run folder's files and whose console lines are a log, nor `checkpoint
+  // consolidate` and `plot`, whose results are the files they write (a "wrote" line aside).
+  bool results_on_stdout() const {
+    return !run_->parsed() && !launch_->parsed() && !consolidate_->parsed() && !plot_->parsed();
+  }
 
  private:
   void add_config(CLI::App* c) {

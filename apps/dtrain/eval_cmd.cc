@@ -94,6 +94,13 @@ LoadedModel load_model(const Config& cfg, const DataSplits& data, const std::str
     const std::regex expects("the model (expects|has '[^']*') \\[" +
                              std::to_string(shape.num_classes) + "[,\\]]");
     if (!std::regex_search(std::string(e.what()), expects)) throw;
+    // (test files whose checkpoint's width classes_from_checkpoint could not read: a label only
+    // they have widened the model)
+    if (shape.num_classes > shape.train_classes)
+      throw UserError(std::string(e.what()) + " -- the test data has label " +
+                      std::to_string(shape.num_classes - 1) +
+                      ", above the training data's labels (0.." +
+                      std::to_string(shape.train_classes - 1) + "): check the test labels");
     throw UserError(std::string(e.what()) +
                     " -- with model.num_classes 0 the output width is the data's label count, "
                     "now " +
@@ -261,11 +268,12 @@ int cmd_eval(const Config& cfg, const std::string& ckpt) {
         now = resolve_checkpoint(ckpt, false);
       } catch (const UserError&) {
       }
-      if (attempt == 10 || now.empty() || now == before) throw;
-      spdlog::info(
-          "{} was replaced by {} while it was read (a run saving into the folder): "
-          "reading that one",
-          before, now);
+      // (the race, not another error: the checkpoint resolved first is gone, pruned by the run)
+      std::error_code ec;
+      const bool pruned = before.empty() || !std::filesystem::exists(before, ec);
+      if (attempt == 10 || now.empty() || now == before || !pruned) throw;
+      spdlog::info("{} was pruned while it was read (a run saving into the folder): reading {}",
+                   before.empty() ? "the checkpoint latest named" : before, now);
     }
   }
 }

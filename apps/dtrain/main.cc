@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <string>
 #include <string_view>
 
@@ -34,22 +35,30 @@ int main(int argc, char** argv) {
   // be written (cli_main) instead of losing them with exit 0 -- a run's console lines are a log,
   // lost without a word. A number a library took before main is given back the same way and the
   // process started again, where the library takes another (the exec closes its descriptor).
+  // (once: the exec'd process does not exec again, whatever it finds)
+  static constexpr char kReopened[] = "DTRAIN_STD_STREAMS_REOPENED";
+  const bool reopened = std::getenv(kReopened) != nullptr;
+  ::unsetenv(kReopened);
   bool again = false;
   for (int fd = 0; fd <= 2; ++fd) {
     const bool closed = ::fcntl(fd, F_GETFD) == -1 && errno == EBADF;
     const bool taken = !closed && taken_before_main(fd);
     if (!closed && !taken) continue;
-    const int got = ::open(fd == 0   ? "/dev/null"
-                           : fd == 1 ? "/dev/full"
-                                     : "/dev/null",
-                           fd == 0 ? O_RDONLY : O_WRONLY);
+    const int flags = fd == 0 ? O_RDONLY : O_WRONLY;
+    int got = fd == 1 ? ::open("/dev/full", flags) : -1;
+    if (got < 0) got = ::open("/dev/null", flags);  // (no /dev/full in a minimal chroot)
+    bool replaced = got == fd;
     if (got > fd) {
-      ::dup2(got, fd);
+      replaced = ::dup2(got, fd) == fd;
       ::close(got);
     }
-    again = again || taken;
+    again = again || (taken && replaced);
   }
-  if (again) ::execv("/proc/self/exe", argv);  // (failed: go on; the library lost its descriptor)
+  if (again && !reopened) {
+    ::setenv(kReopened, "1", 1);
+    ::execv("/proc/self/exe", argv);  // (failed: go on; the library lost its descriptor)
+    ::unsetenv(kReopened);
+  }
   // OpenBLAS fixes its kernels when it loads, before main: start again with the ones this CPU
   // runs best if it fell back to slower ones (tensor/blas.h).
   dtrain::reexec_with_better_blas(argv);

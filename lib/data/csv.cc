@@ -207,12 +207,15 @@ class CsvReader {
     }
     // A header row after '#' (numpy.savetxt's `# a,b,label`) named its first column "# a": the
     // names a checkpoint records and predict's input is held to. (1 column: one_column_hint.)
-    if (has_header_ && !known && cols_ > 1 && first_[0].starts_with('#'))
+    if (has_header_ && !known && opts.header == CsvHeader::kAuto && cols_ > 1 &&
+        first_[0].starts_with('#'))
       throw UserError(path + ":" + std::to_string(first_line_) +
                       ": the first row starts with '#' (\"" + shown_text(first_[0]) +
                       "\"): lines starting with '#' are not comments to this reader (CSV has "
                       "none), and as a header it names its first column so: remove the '#' "
-                      "(numpy.savetxt writes one before its header unless given comments='')");
+                      "(numpy.savetxt writes one before its header unless given comments=''), "
+                      "or set " +
+                      opts.header_hint + " true if a column's name starts with it");
     if (has_header_) {
       header_.assign(first_.begin(), first_.end());
     } else {

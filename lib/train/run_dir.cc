@@ -207,13 +207,18 @@ void clear_run_files(const std::string& out_dir, bool clear_logs) {
     remove_run_path(fs::path(out_dir) / n, ec);
     if (!ec) continue;
     // What is left says which file would not go (a folder's error names the folder alone).
+    // (error codes throughout: an unreadable subfolder, a likely cause, must not replace this
+    // message with the iterator's own)
     std::string left;
     std::error_code le;
-    for (const auto& e : fs::recursive_directory_iterator(fs::path(out_dir) / n, le)) {
-      if (e.is_directory(le)) continue;
-      left = e.path().string();
-      break;
-    }
+    for (fs::recursive_directory_iterator
+             it(fs::path(out_dir) / n, fs::directory_options::skip_permission_denied, le),
+         end;
+         !le && it != end; it.increment(le))
+      if (std::error_code de; !it->is_directory(de)) {
+        left = it->path().string();
+        break;
+      }
     throw UserError("--overwrite: cannot remove '" + (fs::path(out_dir) / n).string() +
                     "': " + ec.message() +
                     (left.empty() ? std::string() : " ('" + left + "' is still there)"));

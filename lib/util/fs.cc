@@ -334,10 +334,28 @@ void own_file_for_append(const std::string& path) {
   if (::lstat(path.c_str(), &st) != 0) return;  // created by the append
   const bool link = S_ISLNK(st.st_mode);
   if (!link && !(S_ISREG(st.st_mode) && st.st_nlink > 1)) return;
-  // (a dangling link: the append would create the file it names, elsewhere)
+  // (a dangling link: the append would create the file it names, elsewhere; it starts empty)
+  const int in = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   struct stat target {};
-  const bool readable = ::stat(path.c_str(), &target) == 0 && S_ISREG(target.st_mode);
-  write_file_atomic(path, readable ? read_file(path) : std::string(), Links::kReplace);
+  const bool readable = in >= 0 && ::fstat(in, &target) == 0 && S_ISREG(target.st_mode);
+  try {
+    // Streamed: a long run's log may be larger than memory.
+    write_file_atomic_with(
+        path,
+        [&](int out) {
+          char buf[1 << 16];
+          for (ssize_t n; readable && (n = ::read(in, buf, sizeof buf)) != 0;) {
+            if (n < 0 && errno == EINTR) continue;
+            if (n < 0) throw std::runtime_error("reading '" + path + "': " + std::strerror(errno));
+            write_all(out, buf, static_cast<size_t>(n), path);
+          }
+        },
+        Links::kReplace);
+  } catch (...) {
+    if (in >= 0) ::close(in);
+    throw;
+  }
+  if (in >= 0) ::close(in);
 }
 
 namespace {
