@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -16,6 +17,7 @@
 #include <system_error>
 #include <vector>
 
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
 
@@ -261,6 +263,17 @@ void check_out_dir_path(const std::string& out_dir) {
     throw UserError("--out '" + out_dir +
                     "': the path is not valid UTF-8 (summary.json and checkpoint manifests "
                     "record it as JSON text); choose a UTF-8 folder name");
+  // The longest path a run makes inside it: a sharded checkpoint's temp file, with a step and a
+  // rank of any size ("/checkpoints/step-<20 digits>/.rank-<10 digits>.safetensors.tmp.XXXXXX",
+  // 83 bytes; 128 kept). Past the system's limit, the run failed at the first checkpoint whose
+  // step number made the path too long (exit 1, and every resume alike).
+  constexpr size_t kLongestInside = 128;
+  if (out_dir.size() + kLongestInside >= PATH_MAX)
+    throw UserError(fmt::format(
+        "--out is {} bytes long: the files a run writes inside it (checkpoints/step-N/...) "
+        "would pass the system's limit of {} bytes for a path; choose a shorter --out (a path "
+        "relative to a nearer working folder, or a symbolic link to the folder)",
+        out_dir.size(), PATH_MAX));
   std::error_code ec;
   if (fs::exists(out_dir, ec) && !fs::is_directory(out_dir, ec))
     throw UserError("--out '" + out_dir + "' is a file, not a folder: choose another --out");

@@ -74,6 +74,16 @@ TEST_CASE("paths the file system refuses are exit 2 up front, naming the option"
   r = run_cmd(kBin + " plot " + t / "r" + " -o " + t / svg);
   CHECK_MESSAGE(r.exit_code == 0, r.output);
   CHECK(std::filesystem::exists(t / svg));
+  // An --out whose checkpoints' paths would pass PATH_MAX (20 folders of 200 bytes: 4,020 bytes
+  // of path, relative): refused before training (it trained and failed at the checkpoint whose
+  // step number made the path too long, exit 1, every resume alike).
+  std::string deep;
+  for (int i = 0; i < 20; ++i) deep += std::string(200, 'd') + "/";
+  r = run_cmd("cd " + t.path() + " && " + kBin + " run " + cfg + " --out " + deep + "r");
+  CHECK_MESSAGE(r.exit_code == 2, r.output);
+  CHECK_MESSAGE(contains(r.output, "would pass the system's limit of 4096 bytes for a path"),
+                r.output);
+  CHECK_FALSE(std::filesystem::exists(t / std::string(200, 'd')));
 }
 
 TEST_CASE("a --resume path that is not UTF-8 is refused before training") {
