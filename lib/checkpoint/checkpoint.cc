@@ -260,10 +260,7 @@ CheckpointMeta load_file_checkpoint(const std::string& path, const Model& model,
   // no optimizer, compression or replica state: that is most of the file, unused here.
   StReadOptions read;
   if (state.empty() && comp == nullptr)
-    read.wanted = [](const std::string& name) {
-      return name.rfind("optim.", 0) != 0 && name.rfind("comp.", 0) != 0 &&
-             !is_replica_tensor(name);
-    };
+    read.wanted = [](const std::string& name) { return !is_training_state_tensor(name); };
   StFile f = read_safetensors(path, read);
   const int64_t version = check_file_format(f.metadata, path);
   if (!f.checksummed)
@@ -318,7 +315,7 @@ CheckpointMeta load_file_checkpoint(const std::string& path, const Model& model,
     expected_tensors = 0;
     std::string unknown;  // (the first the model has no parameter of, named in the refusal)
     for (const auto& [name, t] : f.tensors)
-      if (name.rfind("optim.", 0) != 0 && name.rfind("comp.", 0) != 0 && !is_replica_tensor(name)) {
+      if (!is_training_state_tensor(name)) {
         ++expected_tensors;
         if (unknown.empty() && model.find(name) == nullptr) unknown = name;
       }
@@ -425,6 +422,10 @@ std::map<std::string, std::string> file_metadata(const CheckpointMeta& meta, int
 }
 
 }  // namespace
+
+bool is_training_state_tensor(const std::string& name) {
+  return name.rfind("optim.", 0) == 0 || name.rfind("comp.", 0) == 0 || is_replica_tensor(name);
+}
 
 CheckpointMeta load_checkpoint(const std::string& path, const Model& model, float* params,
                                const std::vector<StateBuffer>& state, CompressionState* comp,

@@ -201,6 +201,10 @@ CheckpointMeta load_checkpoint(const std::string& path, const Model& model, floa
                                const std::vector<StateBuffer>& state,
                                CompressionState* comp = nullptr, ReplicaState* replicas = nullptr);
 
+// Whether a checkpoint file's tensor is training state rather than a model parameter: optimizer
+// state ("optim.*"), compression state ("comp.*") or a replica's own ("replica.*").
+bool is_training_state_tensor(const std::string& name);
+
 // RUN/checkpoints helpers (checkpoint_dir.cc).
 // Before the checkpoint `name` in dir is replaced in place (a sharded folder is removed, then
 // written anew): when dir/latest names it, latest is moved (atomic) to the newest complete

@@ -25,10 +25,6 @@ std::string shape_text(const std::vector<int64_t>& s) {
   return fmt::format("[{}]", fmt::join(s, ", "));
 }
 
-bool training_state(const std::string& name) {
-  return name.starts_with("optim.") || name.starts_with("comp.") || name.starts_with("replica.");
-}
-
 // "'a', 'b', 'c' and 4 more".
 std::string some_names(const std::vector<std::string>& names) {
   std::string s;
@@ -50,7 +46,7 @@ void read_init_weights(const std::string& path, const Model& whole, float* param
     std::error_code ec;
     StReadOptions options;
     options.convert = true;  // PyTorch's half, bfloat16 and double weights
-    options.wanted = [](const std::string& name) { return !training_state(name); };
+    options.wanted = [](const std::string& name) { return !is_training_state_tensor(name); };
     file = read_checkpoint_file(resolve_checkpoint(path, false),
                                 std::filesystem::temp_directory_path(ec).string(), options)
                .tensors;
@@ -113,7 +109,7 @@ void read_init_weights(const std::string& path, const Model& whole, float* param
   if (!missing.empty()) {
     std::vector<std::string> have;
     for (const auto& [n, t] : file)
-      if (!training_state(n)) have.push_back(n + " " + shape_text(t.shape));
+      if (!is_training_state_tensor(n)) have.push_back(n + " " + shape_text(t.shape));
     throw UserError(fmt::format(
         "{}: the model's {} {} not in the file ({} of its {} parameters); the file holds {} "
         "model tensor(s){}{} (another model config, or names other than those README \"Models\" "
@@ -134,7 +130,7 @@ void read_init_weights(const std::string& path, const Model& whole, float* param
   }
   std::vector<std::string> unused;
   for (const auto& [n, t] : file)
-    if (!used.contains(n) && !training_state(n)) unused.push_back(n);
+    if (!used.contains(n) && !is_training_state_tensor(n)) unused.push_back(n);
   if (!unused.empty())
     spdlog::warn("{}: {} tensor(s) in the file are not the model's and were ignored: {}", where,
                  unused.size(), some_names(unused));
