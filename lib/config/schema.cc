@@ -371,8 +371,8 @@ std::vector<KeyDecl> train_keys([[maybe_unused]] const Owners& o) {
           .not_hashed()
           .omitted_at_default_value(),
       key(
-          "train.init_from",
-          [](auto& c) -> auto& { return c.train.init_from; }, R"doc(Model weights that a fresh run starts from instead of its random initialisation (`""` = none; a resume loads its checkpoint instead): a dtrain checkpoint as `--resume` names it (a file, a sharded folder, a run or checkpoints folder; its training state, `optim.*`, `comp.*`, `replica.*`, is ignored: the optimizer starts afresh at step 0) or a PyTorch `state_dict` saved with `safetensors.torch.save_file`/`save_model`, under the names "Models" gives (`layers.<i>.weight` or a bare `nn.Sequential`'s `<i>.weight`; nanoGPT's). Every parameter must be there, float32, with the model's shape; a tied pair needs one of its names; other tensors are ignored with a warning)doc")
+          "train.init_from", [](auto& c) -> auto& { return c.train.init_from; },
+          R"doc(Model weights that a fresh run starts from instead of its random initialisation (`""` = none; a resume loads its checkpoint instead): a dtrain checkpoint as `--resume` names it (a file, a sharded folder, a run or checkpoints folder; its training state, `optim.*`, `comp.*`, `replica.*`, is ignored: the optimizer starts afresh at step 0) or a PyTorch `state_dict` saved with `safetensors.torch.save_file`/`save_model`, under the names "Models" gives (`layers.<i>.weight` or a bare `nn.Sequential`'s `<i>.weight`; nanoGPT's). Every parameter must be there, as float32 (or float16, bfloat16 or float64, converted), with the model's shape; a tied pair needs one of its names; other tensors are ignored with a warning)doc")
           .file()
           .omitted_at_default_value(),
       key(

@@ -264,9 +264,9 @@ void check_out_dir_path(const std::string& out_dir) {
                     "': the path is not valid UTF-8 (summary.json and checkpoint manifests "
                     "record it as JSON text); choose a UTF-8 folder name");
   // The longest path a run makes inside it: a sharded checkpoint's temp file, with a step and a
-  // rank of any size ("/checkpoints/step-<20 digits>/.rank-<10 digits>.safetensors.tmp.XXXXXX",
-  // 83 bytes; 128 kept). Past the system's limit, the run failed at the first checkpoint whose
-  // step number made the path too long (exit 1, and every resume alike).
+  // rank of any size ("/checkpoints/step-<20 digits>/.rank-<10 digits>.safetensors.tmp." and
+  // mkstemp's 6 characters, 78 bytes; 128 kept). Past the system's limit, the run failed at the
+  // first checkpoint whose step number made the path too long (exit 1, and every resume alike).
   constexpr size_t kLongestInside = 128;
   if (out_dir.size() + kLongestInside >= PATH_MAX)
     throw UserError(fmt::format(
