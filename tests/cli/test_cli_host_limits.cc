@@ -23,6 +23,14 @@ using dtrain::testing::TempDir;
 
 namespace {
 const std::string kBin = DTRAIN_BIN;
+
+// `dtrain run CFG --out OUT` with its console (standard output and error) piped into the shell
+// command `reader`; the run's own result.
+dtrain::testing::CmdResult run_into(const std::string& cfg, const std::string& out,
+                                    const std::string& reader) {
+  return run_cmd("bash -c '" + kBin + " run " + cfg + " --out " + out + " --no-progress 2>&1 | " +
+                 reader + "; exit ${PIPESTATUS[0]}'");
+}
 }  // namespace
 
 TEST_CASE("a full /dev/shm: the ranks use their gRPC streams and say so, no SIGBUS") {
@@ -160,9 +168,7 @@ TEST_CASE("a console that goes away and a file-size limit: a said failure or a f
       "checkpoint: {every_steps: 100}}\nruntime: {threads: 1}\n");
   // The reader of the run's console stops reading after 10 bytes (`| head`, a tee whose ssh
   // session dropped): SIGPIPE ended the run with no checkpoint or summary; it finishes.
-  const auto piped = run_cmd("bash -c '" + kBin + " run " + cfg + " --out " + dir / "p" +
-                             " --no-progress 2>&1 | head -c 10 > /dev/null; "
-                             "exit ${PIPESTATUS[0]}'");
+  const auto piped = run_into(cfg, dir / "p", "head -c 10 > /dev/null");
   CHECK_MESSAGE(piped.exit_code == 0, piped.output);
   CHECK(contains(read_text(dir / "p/summary.json"), "\"status\": \"completed\""));
   // A checkpoint past `ulimit -f` (its 100 steps' worth is about 60 KB): one error line, exit 1,
@@ -186,9 +192,7 @@ TEST_CASE("in-process ranks train on while their console's reader does not read"
       "model: {hidden: [16]}\ndata: {format: synthetic, synthetic: {samples: 400, features: 8, "
       "classes: 3}, batch_size: 8}\ntrain: {epochs: 0, max_steps: 3000, log_every: 1}\n"
       "distributed: {world_size: 2, timeout_s: 6}\nruntime: {threads: 1}\n");
-  const auto r = run_cmd("bash -c '" + kBin + " run " + cfg + " --out " + dir / "r" +
-                         " --no-progress 2>&1 | (sleep 10; cat > " + dir / "console" +
-                         "); exit ${PIPESTATUS[0]}'");
+  const auto r = run_into(cfg, dir / "r", "(sleep 10; cat > " + dir / "console" + ")");
   CHECK_MESSAGE(r.exit_code == 0, r.output);
   const std::string console = read_text(dir / "console");
   CHECK(contains(console, "bytes of log did not fit the console"));
