@@ -9,6 +9,7 @@
 
 #include "dtrain/cli.h"
 #include "tensor/blas.h"
+#include "util/pid1_init.h"
 #include "util/quick_exit.h"
 
 namespace {
@@ -28,6 +29,9 @@ bool taken_before_main(int fd) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // As a container's PID 1: under a minimal init of its own, which reaps orphans and passes
+  // signals on (util/pid1_init.h); what follows runs in its child.
+  dtrain::become_init_if_pid1(argv);
   // Standard streams closed by whoever started dtrain (`dtrain run ... >&- 2>&-`) are reopened
   // first: the next files opened would take their numbers (the log written to "stderr" went
   // into metrics.jsonl). Standard input and error on /dev/null (closed input reads as empty);
