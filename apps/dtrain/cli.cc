@@ -299,6 +299,11 @@ std::string self_exe(const char* argv0) {
 
 namespace {
 
+// A config path for a child (a rank, verify's runs): a leading '-' would read as an option there.
+std::string child_operand(const std::string& path) {
+  return !path.empty() && path[0] == '-' ? "./" + path : path;
+}
+
 // The command line: every subcommand's options, which CLI11's parse fills in, and the dispatch
 // to the command that was given. One per process (cli_main); not copyable (CLI11 keeps pointers
 // to the members).
@@ -609,7 +614,7 @@ int Cli::dispatch(const char* argv0) {
     return kExitOk;
   }
   if (verify_->parsed()) {
-    vopt_.config_path = config_path_;
+    vopt_.config_path = child_operand(config_path_);
     vopt_.sets = sets_;
     vopt_.grpc = verify_backend_ == "grpc";
     if (!vopt_.work_dir.empty()) check_out_folder("verify: --out", vopt_.work_dir);
@@ -693,8 +698,9 @@ int Cli::dispatch_launch(const Config& cfg, const char* argv0) {
   lcmd_.resume = resume_;
   lcmd_.overwrite = overwrite_;
   lcmd_.max_restarts = max_restarts_;
-  lcmd_.run_argv = {self_exe(argv0), "run",           config_path_,  "--out",
-                    out_dir,         "--no-progress", "--log-level", log_level_};
+  lcmd_.run_argv = {self_exe(argv0), "run",     child_operand(config_path_),
+                    "--out",         out_dir,   "--no-progress",
+                    "--log-level",   log_level_};
   for (const auto& s : sets_) {
     lcmd_.run_argv.push_back("--set");
     lcmd_.run_argv.push_back(s);

@@ -145,3 +145,18 @@ TEST_CASE("a run folder on a read-only file system is exit 2 up front, a resume 
   CHECK(r.exit_code == 2);
   CHECK(contains(r.output, "cannot create files in '" + mnt + "/r': Read-only file system"));
 }
+
+TEST_CASE("a config file whose name starts with '-' runs under launch and verify as under run") {
+  // `dtrain launch -- -c.yaml` passed the name to its ranks as it was, where it read as an option:
+  // every rank failed with "config is required".
+  TempDir t;
+  t.write("-c.yaml", kTiny);
+  const std::string in = "cd " + t.path() + " && ";
+  for (const std::string& cmd :
+       {kBin + " run --out r1 -- -c.yaml", kBin + " launch --nproc 2 --out r2 -- -c.yaml",
+        kBin + " verify --set distributed.world_size=2 --backend grpc --steps 2 -- -c.yaml"}) {
+    CAPTURE(cmd);
+    const CmdResult r = run_cmd(in + cmd);
+    CHECK_MESSAGE(r.exit_code == 0, r.output);
+  }
+}
