@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <linux/futex.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -13,6 +14,7 @@
 #include <cerrno>
 #include <climits>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 
 #include "comm/transport.h"
@@ -78,40 +80,88 @@ char* ShmSegment::ring(int src) const {
 
 namespace {
 
-// The creator's pid of a segment named dtrain-<pid>-<nonce>, or -1 for any other name.
-pid_t segment_pid(const std::string& name) {
-  if (name.rfind("dtrain-", 0) != 0) return -1;
+// A segment's name: dtrain-<pid>.<ns>-<nonce>, ns the creator's PID namespace (the inode number
+// of /proc/self/ns/pid, 0 where unknown), or dtrain-<pid>-<nonce> as dtrain named them before
+// 2026-12-08 (legacy). Containers that share /dev/shm (`--ipc=host`, a shared volume) each number
+// their processes from 1: a pid alone names no process outside its namespace.
+struct SegmentName {
+  pid_t pid = -1;  // -1: not a dtrain segment's name
+  uint64_t ns = 0;
+  bool legacy = false;
+};
+
+SegmentName parse_segment_name(const std::string& name) {
+  SegmentName out;
+  if (name.rfind("dtrain-", 0) != 0) return out;
   const size_t dash = name.find('-', 7);
-  if (dash == std::string::npos || dash == 7) return -1;
-  const std::string digits = name.substr(7, dash - 7);
-  if (digits.find_first_not_of("0123456789") != std::string::npos || digits.size() > 9) return -1;
+  if (dash == std::string::npos || dash + 1 == name.size()) return out;
+  const std::string id = name.substr(7, dash - 7);
+  const size_t dot = id.find('.');
+  const std::string digits = id.substr(0, dot);
+  const std::string ns = dot == std::string::npos ? "" : id.substr(dot + 1);
+  const auto all_digits = [](const std::string& d, size_t most) {
+    return !d.empty() && d.size() <= most && d.find_first_not_of("0123456789") == std::string::npos;
+  };
+  if (!all_digits(digits, 9) || (dot != std::string::npos && !all_digits(ns, 19))) return out;
   const pid_t pid = static_cast<pid_t>(std::stol(digits));
-  return pid > 0 ? pid : -1;
+  if (pid <= 0) return out;
+  out.pid = pid;
+  out.legacy = dot == std::string::npos;
+  out.ns = out.legacy ? 0 : std::stoull(ns);
+  return out;
 }
 
-// Removes every segment in dir whose creator's pid satisfies `gone`; returns their names.
+// This process's PID namespace (0 where /proc is not mounted). Async-signal-safe (stat).
+uint64_t pid_namespace() {
+  struct stat st {};
+  return ::stat("/proc/self/ns/pid", &st) == 0 ? static_cast<uint64_t>(st.st_ino) : 0;
+}
+
+bool pid_gone(pid_t pid) {
+  return ::kill(pid, 0) != 0 && errno == ESRCH;
+}
+
+// Whether the segment `path`, made in another PID namespace, is abandoned: its creator holds a
+// lock on it (flock) while it maps it, so a lock this process can take means no creator
+// once the segment is older than grace_s (its creator takes the lock right after creating it:
+// ShmSegment::create). Another user's segment cannot be opened: kept (nor could it be removed).
+bool abandoned(const std::filesystem::path& path, int grace_s) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) return false;
+  struct stat st {};
+  const bool free = ::flock(fd, LOCK_EX | LOCK_NB) == 0 && ::fstat(fd, &st) == 0 &&
+                    ::time(nullptr) - st.st_ctime >= grace_s;
+  ::close(fd);  // (releases the lock)
+  return free;
+}
+
+// Removes every segment in dir for which `gone` holds; returns their paths.
 template <class Gone>
 std::vector<std::string> remove_segments(const std::string& dir, Gone gone) {
   std::vector<std::string> removed;
   std::error_code ec;
   for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
-    const std::string name = e.path().filename().string();
-    const pid_t pid = segment_pid(name);
-    if (pid < 0 || !gone(pid)) continue;
+    const SegmentName n = parse_segment_name(e.path().filename().string());
+    if (n.pid < 0) continue;
     // On Linux a POSIX shared-memory name is the file /dev/shm/<name>: removing the file is
     // shm_unlink (and lets tests use another folder).
     std::error_code rec;
-    if (std::filesystem::remove(e.path(), rec)) removed.push_back(e.path().string());
+    if (gone(n, e.path()) && std::filesystem::remove(e.path(), rec))
+      removed.push_back(e.path().string());
   }
   return removed;
 }
 
 }  // namespace
 
-int sweep_orphaned_segments(const std::string& dir) {
-  // Alive, or not ours (EPERM): left alone.
+int sweep_orphaned_segments(const std::string& dir, int foreign_grace_s) {
+  const uint64_t ns = pid_namespace();
+  // Of this namespace (or named before namespaces were): its pid says; alive, or not ours
+  // (EPERM): left alone. Of another namespace: its lock says.
   return static_cast<int>(
-      remove_segments(dir, [](pid_t pid) { return ::kill(pid, 0) != 0 && errno == ESRCH; }).size());
+      remove_segments(dir, [&](const SegmentName& n, const std::filesystem::path& path) {
+        return n.legacy || n.ns == ns ? pid_gone(n.pid) : abandoned(path, foreign_grace_s);
+      }).size());
 }
 
 namespace {
@@ -140,9 +190,11 @@ struct Dirent64 {
 }  // namespace
 
 void remove_own_segments_signal_safe() {
-  char prefix[40] = "dtrain-";
+  char prefix[48] = "dtrain-";
   int len = 7;
   len += put_decimal(prefix + len, static_cast<unsigned long>(::getpid()));
+  prefix[len++] = '.';
+  len += put_decimal(prefix + len, static_cast<unsigned long>(pid_namespace()));
   prefix[len++] = '-';
   const int dir = ::open("/dev/shm", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dir < 0) return;
@@ -162,7 +214,10 @@ void remove_own_segments_signal_safe() {
 }
 
 std::vector<std::string> remove_segments_of(pid_t pid, const std::string& dir) {
-  return remove_segments(dir, [pid](pid_t p) { return p == pid; });
+  const uint64_t ns = pid_namespace();
+  return remove_segments(dir, [pid, ns](const SegmentName& n, const std::filesystem::path&) {
+    return n.pid == pid && (n.legacy || n.ns == ns);
+  });
 }
 
 std::unique_ptr<ShmSegment> ShmSegment::create(int owner, int world, uint64_t ring_bytes) {
@@ -170,7 +225,7 @@ std::unique_ptr<ShmSegment> ShmSegment::create(int owner, int world, uint64_t ri
   DT_CHECK(ring_bytes % kAlign == 0 && ring_bytes >= 4 * kAlign);
   std::unique_ptr<ShmSegment> s(new ShmSegment());
   const std::string nonce = random_hex();
-  s->name_ = fmt::format("/dtrain-{}-{}", getpid(), nonce);
+  s->name_ = fmt::format("/dtrain-{}.{}-{}", getpid(), pid_namespace(), nonce);
   s->world_ = world;
   s->ring_bytes_ = ring_bytes;
   s->bytes_ =
@@ -182,6 +237,10 @@ std::unique_ptr<ShmSegment> ShmSegment::create(int owner, int world, uint64_t ri
   if (fd < 0)
     throw CommError(fmt::format("cannot create shared memory {}: {}", s->name_, strerror(errno)));
   s->owner_ = true;  // from here on the destructor unlinks the name
+  // What tells a rank in another PID namespace (a container sharing /dev/shm) that this
+  // segment's creator lives (sweep_orphaned_segments): held while the creator maps the segment
+  // (the mapping keeps the open file the lock belongs to), so until it ends.
+  ::flock(fd, LOCK_EX | LOCK_NB);
   bool sized = ftruncate(fd, static_cast<off_t>(s->bytes_)) == 0;
   int err = errno;
   // The identity and control blocks, which the owner and every sender touch, are allocated now

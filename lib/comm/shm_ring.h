@@ -42,20 +42,24 @@ struct ShmRecord {
 };
 static_assert(sizeof(ShmRecord) == 64);
 
-// Removes the shared-memory segments (/dev/shm/dtrain-<pid>-<nonce>) whose creating process no
-// longer exists: segments of ranks killed before their peers attached and the name was unlinked.
-// A segment whose pid is alive (this process's, or another job's) is never touched, nor one of
-// another user (shm_unlink refuses). Returns how many were removed. `dir` is for tests.
-int sweep_orphaned_segments(const std::string& dir = "/dev/shm");
+// Removes the shared-memory segments (/dev/shm/dtrain-<pid>.<ns>-<nonce>, ns the creator's PID
+// namespace) whose creating process no longer exists: segments of ranks killed before their
+// peers attached and the name was unlinked. Of this PID namespace (or named dtrain-<pid>-<nonce>,
+// before 2026-12-08): a segment whose pid is alive (this process's, or another job's) is never
+// touched. Of another namespace (a container sharing /dev/shm, whose pids mean other processes):
+// only one whose creator's lock is free (ShmSegment::create takes it; the mapping holds it) and
+// that is at least 10 s old. Never one of another user (it cannot be opened or removed). Returns
+// how many were removed. `dir` and `foreign_grace_s` are for tests.
+int sweep_orphaned_segments(const std::string& dir = "/dev/shm", int foreign_grace_s = 10);
 
-// Removes the segments of process `pid` (dtrain-<pid>-<nonce>), which must have exited and not
+// Removes the segments of process `pid` of this PID namespace, which must have exited and not
 // yet been reaped: a zombie's pid cannot be reused by a new process meanwhile. For a launcher
 // that saw its rank die, so that nothing is left in /dev/shm after it returns, whoever starts
 // next. Returns the names removed.
 std::vector<std::string> remove_segments_of(pid_t pid, const std::string& dir = "/dev/shm");
 
-// Removes this process's segments (/dev/shm/dtrain-<getpid()>-*) with raw system calls only
-// (open, getdents64, unlinkat): async-signal-safe, for a signal that ends the process at once
+// Removes this process's segments (/dev/shm/dtrain-<getpid()>.<ns>-*) with raw system calls only
+// (stat, open, getdents64, unlinkat): async-signal-safe, for a signal that ends the process at once
 // (util/interrupt.h set_abrupt_exit_cleanup; ShmSegment::create installs it). Peers that have
 // mapped a segment keep their mapping: only its name goes.
 void remove_own_segments_signal_safe();
