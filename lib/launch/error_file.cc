@@ -72,6 +72,14 @@ int rank_named_as_cause(const std::string& message, int self, int world) {
   int best = -1;
   size_t best_at = std::string_view::npos;
   const std::pair<std::string_view, std::string_view> phrases[] = {
+      // The rendezvous's refusals (comm/rendezvous/rendezvous.cc join_refusal), which every rank
+      // reports: the refused rank is the one unlike the job (another config, world size, build).
+      {"rank ", " has config hash"},
+      {"rank ", "'s run plan differs"},
+      {"rank ", " says the world size is"},
+      {"rank ", " speaks wire protocol"},
+      {"rank ", " sent no listen address"},
+      {"rank ", " sent TCP data port"},
       {"rank ", " failed to write its shard"},
       {"connection to rank ", " lost"},
       {"connection to rank ", " is closed"},

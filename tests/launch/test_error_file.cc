@@ -31,6 +31,18 @@ TEST_CASE("error file: the rank an error names as its cause") {
                             0) == 1);
   CHECK(rank_named_as_cause(
             "recv timed out after 3 s waiting for allreduce seq 1 (4 bytes) from rank 1", 0) == 1);
+  // The rendezvous refused one rank (another node started with another config): every rank
+  // reports it, and it is the cause (the launchers blamed whichever rank they reaped first).
+  const std::string refusal =
+      "rank 3 has config hash d59c (train.epochs 1), rank 0 has 55b1 (train.epochs 1); the keys "
+      "that differ (rank 0's -> rank 3's): optimizer.lr: 0.003 -> 0.01";
+  CHECK(rank_named_as_cause(refusal, 1, 4) == 3);
+  CHECK(rank_named_as_cause(refusal, 3, 4) == -1);  // its own
+  CHECK(rank_named_as_cause("rank 2's run plan differs from rank 0's (the same config hash ab): "
+                            "rank 2 has config hash ab (...)",
+                            0, 4) == 2);
+  CHECK(rank_named_as_cause("rank 1 says the world size is 3, rank 0 says 2", 0, 2) == 1);
+  CHECK(rank_named_as_cause("rank 1 speaks wire protocol 4, rank 0 speaks 5", 0, 2) == 1);
   // The leftmost phrase, though a message begins with its own "rank N: " (it took rank 3 here).
   CHECK(rank_named_as_cause("rank 1: waiting for gradients from rank 2 timed out; rank 3 failed "
                             "to write its shard",
