@@ -83,3 +83,19 @@ TEST_CASE("dtrain launch reads torchrun's PET_NPROC_PER_NODE forms: auto and cpu
   CHECK_MESSAGE(r.exit_code == 0, r.output);
   CHECK(contains(dtrain::testing::read_text(dir / "n/summary.json"), "\"world_size\": 2"));
 }
+
+TEST_CASE("node 0's launcher at a --master-addr of another host says so before it waits") {
+  // A second machine's launcher started without --node-rank (default 0) took node 0's place and
+  // both waited out the check-in (300 s), then blamed node 1 for not checking in.
+  TempDir dir;
+  const std::string cfg = std::string(DTRAIN_SOURCE_DIR) + "/configs/smoke.yaml";
+  const auto r = run_cmd("DTRAIN_JOB_TOKEN=t timeout -s TERM 3 " + kBin +
+                         " launch --nnodes 2 --nproc-per-node 1 --master-addr 192.0.2.1 "
+                         "--master-port 29500 " +
+                         cfg + " --out " + dir / "x");
+  CHECK_MESSAGE(contains(r.output,
+                         "MASTER_ADDR '192.0.2.1' (192.0.2.1) is not an address of "
+                         "this host"),
+                r.output);
+  CHECK(contains(r.output, "is this another node whose --node-rank (default 0) was left out?"));
+}

@@ -9,7 +9,8 @@
 namespace dtrain {
 
 // "" when nothing looks wrong; else one clause ("MASTER_ADDR 'x' does not resolve (...)").
-// `serving`: the caller is rank 0. Resolves the name (DNS): call it only on a failure path.
+// `serving`: the caller is rank 0 (or node 0's launcher). Resolves the name (DNS): call it on a
+// failure path, or once at a start.
 std::string master_addr_problem(const std::string& master_addr, bool serving);
 
 // Why rank 0 cannot listen on `host` (what it binds: a wildcard such as "0.0.0.0" or "::", an
