@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "comm/grpc/common.h"
+#include "comm/transport.h"
 
 namespace dtrain::launch_detail {
 
@@ -52,15 +53,27 @@ void claim_node_rank(Store& s, const std::string& claim_key, int node, double lo
   const std::string alive = kAgentPrefix + ("alive/" + std::to_string(node));
   if (const int64_t before = s.add(alive, 0); before > 0) {
     const auto until = Clock::now() + std::chrono::duration<double>(lost_after_s);
+    const std::string rank = "node rank " + std::to_string(node);
     bool beat = false;
     while (!beat && Clock::now() < until) {
       std::this_thread::sleep_for(std::chrono::milliseconds(250));
-      beat = s.add(alive, 0) != before;
+      try {
+        beat = s.add(alive, 0) != before;
+      } catch (const CommError& e) {
+        // Node 0 found that launcher lost first and ended the job, and its store with it (a
+        // bare "CANCELLED: CANCELLED" was all this launcher said).
+        throw std::runtime_error(
+            rank +
+            " checked in to this job before, and its launcher went silent (lost: its "
+            "machine or pod ended?); node 0's launcher has now ended the job for it (" +
+            e.what() +
+            "): a running attempt cannot take a replacement; the job's next start (--resume "
+            "auto) takes this node");
+      }
     }
     if (!beat)
       throw std::runtime_error(
-          "node rank " + std::to_string(node) +
-          " checked in to this job before, and its launcher has not been heard from for " +
+          rank + " checked in to this job before, and its launcher has not been heard from for " +
           grpc_detail::seconds_str(lost_after_s) +
           " s (lost: its machine or pod ended?); a running attempt cannot take a replacement: "
           "node 0 ends it once it finds that launcher lost, and the job's next start "
