@@ -165,6 +165,42 @@ runtime: {threads: 1}
   CHECK(contains(log, "frozen or unreachable"));
 }
 
+TEST_CASE("ranks that cannot resolve each other's advertised host name say so, not only silence") {
+  // Pods whose bare hostname the others cannot resolve (no distributed.bind): each rank saw only
+  // "no heartbeat from rank R: frozen or unreachable" of a peer that was neither.
+  if (run_cmd("unshare -u true").exit_code != 0) {
+    MESSAGE("skipped: cannot make a UTS namespace here (unshare -u needs root)");
+    return;
+  }
+  TempDir dir;
+  const std::string cfg = dir.write("c.yaml", R"(seed: 7
+model: {type: mlp, hidden: [8]}
+data:
+  format: synthetic
+  synthetic: {samples: 400, features: 4, classes: 3}
+  batch_size: 20
+optimizer: {type: sgd, lr: 0.1}
+train: {epochs: 1}
+distributed: {backend: grpc, world_size: 2, heartbeat_s: 1, rendezvous_timeout_s: 20, timeout_s: 20}
+runtime: {threads: 1}
+)");
+  const std::string port = std::to_string(dtrain::pick_free_port());
+  const std::string run = kBin + " run " + cfg + " --out " + dir / "r" +
+                          " --set distributed.bind=0.0.0.0 --set distributed.shm=false";
+  const auto r = run_cmd(
+      "unshare -u sh -c 'hostname dtrain-test-unresolvable.invalid; export "
+      "MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
+      port + " WORLD_SIZE=2 DTRAIN_JOB_TOKEN=t; RANK=1 " + run + " > " + dir / "r1.log" +
+      " 2>&1 & RANK=0 " + run + "; rc=$?; wait; exit $rc'");
+  const std::string log = r.output + read_text(dir / "r1.log");
+  CHECK(r.exit_code == 1);
+  CHECK_MESSAGE(contains(log,
+                         "beats sent to it fail: DNS resolution failed for "
+                         "dtrain-test-unresolvable.invalid:"),
+                log);
+  CHECK(contains(log, "does not resolve here: give every rank distributed.bind"));
+}
+
 TEST_CASE(
     "dtrain launch: a rank killed between its shard and the manifest leaves the previous "
     "checkpoint latest, and resume ends bitwise as an uninterrupted run") {

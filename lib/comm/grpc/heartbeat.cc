@@ -39,6 +39,7 @@ Heartbeats::Heartbeats(int rank, int world, double heartbeat_s, std::string toke
       service_(this),
       health_(static_cast<size_t>(world)) {
   beats_->calls.resize(static_cast<size_t>(world));
+  beats_->failing.resize(static_cast<size_t>(world));
 }
 
 void Heartbeats::start(const std::vector<std::shared_ptr<grpc::Channel>>& channels) {
@@ -163,13 +164,13 @@ wire::Heartbeat Heartbeats::make_beat() const {
 }
 
 void Heartbeats::launch(int r, BeatCall& call, const wire::Heartbeat& beat,
-                        Clock::time_point deadline, std::function<void()> done) {
+                        Clock::time_point deadline, std::function<void(const grpc::Status&)> done) {
   call.req = beat;
   call.ctx.AddMetadata(kGrpcTokenKey, token_);
   call.ctx.set_deadline(wall(deadline));
   // The callback may run inline: nothing is locked here.
   stubs_[r]->async()->Beat(&call.ctx, &call.req, &call.ack,
-                           [done = std::move(done)](const grpc::Status&) { done(); });
+                           [done = std::move(done)](const grpc::Status& st) { done(st); });
 }
 
 void Heartbeats::send_beats() {
@@ -185,13 +186,19 @@ void Heartbeats::send_beats() {
       ++beats_->n;
     }
     // A beat older than heartbeat_s is worthless to the peer.
-    launch(r, *call, beat, now + secs_dur(heartbeat_s_), [state = beats_, r] {
-      std::shared_ptr<BeatCall> done;
-      std::lock_guard<std::mutex> lk(state->mu);
-      done = std::move(state->calls[r]);
-      --state->n;
-      state->cv.notify_all();
-    });
+    launch(
+        r, *call, beat, now + secs_dur(heartbeat_s_), [state = beats_, r](const grpc::Status& st) {
+          std::shared_ptr<BeatCall> done;
+          std::lock_guard<std::mutex> lk(state->mu);
+          done = std::move(state->calls[r]);
+          // Why beats to the peer fail, when not for its silence (a timeout) or this rank's stop:
+          // a name that does not resolve here, an address nothing answers at.
+          const bool telling = !st.ok() && st.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED &&
+                               st.error_code() != grpc::StatusCode::CANCELLED;
+          state->failing[r] = telling ? st.error_message().substr(0, 300) : std::string();
+          --state->n;
+          state->cv.notify_all();
+        });
   }
 }
 
@@ -211,7 +218,7 @@ void Heartbeats::announce_abort(const std::string& why, const std::vector<int>& 
       ++beats_->n;
       ++beats_->notices_n;
     }
-    launch(r, *call, beat, now + wait, [state = beats_] {
+    launch(r, *call, beat, now + wait, [state = beats_](const grpc::Status&) {
       std::lock_guard<std::mutex> lk(state->mu);
       --state->n;
       --state->notices_n;
@@ -235,10 +242,23 @@ void Heartbeats::check_peers(Clock::time_point now, Clock::time_point baseline) 
       limit = peer_silence_limit(heartbeat_s_, h.interval_s);
     }
     const double silent = std::chrono::duration<double>(now - heard).count();
-    if (silent > limit)
-      hooks_.fail_peer(r, fmt::format("no heartbeat from rank {} for {} s: frozen or unreachable "
-                                      "(distributed.heartbeat_s {})",
-                                      r, seconds_str(silent), seconds_str(heartbeat_s_)));
+    if (silent <= limit) continue;
+    std::string failing;
+    {
+      std::lock_guard<std::mutex> lk(beats_->mu);
+      failing = beats_->failing[static_cast<size_t>(r)];
+    }
+    // (a peer this rank cannot reach -- its advertised name does not resolve here, say -- cannot
+    // reach this rank's beats either: each side sees only silence, unless told why)
+    if (failing.find("DNS resolution failed") != std::string::npos)
+      failing += fmt::format(
+          " (the host name rank {} advertised does not resolve here: give every rank "
+          "distributed.bind, an address the others reach, such as a pod's IP)",
+          r);
+    hooks_.fail_peer(r, fmt::format("no heartbeat from rank {} for {} s: frozen or unreachable "
+                                    "(distributed.heartbeat_s {}){}",
+                                    r, seconds_str(silent), seconds_str(heartbeat_s_),
+                                    failing.empty() ? "" : "; beats sent to it fail: " + failing));
   }
 }
 

@@ -82,6 +82,9 @@ class Heartbeats {
     std::condition_variable cv;
     std::vector<std::shared_ptr<BeatCall>> calls;
     std::vector<std::shared_ptr<BeatCall>> notices;
+    // failing[r]: why the last beat to rank r failed, when that says more than a timeout
+    // (unresolvable name, refused connection); "" once one got through.
+    std::vector<std::string> failing;
     int n = 0;            // calls and notices in flight
     int notices_n = 0;    // notices in flight
     bool closed = false;  // stop() ran: no new calls
@@ -116,7 +119,7 @@ class Heartbeats {
   // Sends `beat` to rank r as `call` (kept alive by the caller until done runs), with the job
   // token and `deadline`; done runs once the call completes, perhaps inline, on any thread.
   void launch(int r, BeatCall& call, const wire::Heartbeat& beat, Clock::time_point deadline,
-              std::function<void()> done);
+              std::function<void(const grpc::Status&)> done);
   // Fails every peer not heard from for too long, judged from `baseline` on (when checking
   // started, or when this rank last got the CPU back after a stall).
   void check_peers(Clock::time_point now, Clock::time_point baseline);
