@@ -125,6 +125,13 @@ bool TrainLoop::resume() {
       std::vector<float>().swap(full_p);
       std::vector<std::vector<float>>().swap(full_s);
       // Local SGD keeps an optimizer state per rank between synchronisations (replica_state.h).
+      if (lead_ && rp_.lost_replica_states > 0)
+        spdlog::warn(
+            "checkpoint '{}' was written by Local SGD without sync_optimizer_state on {} ranks, "
+            "whose optimizer states differed, by a dtrain that stored rank 0's alone (before "
+            "2026-12-07): every rank continues from it, so this run does not continue exactly as "
+            "the interrupted one would have",
+            rp_.from, rp_.lost_replica_states);
       if (strategy_->per_rank_optimizer_state() && one_file())
         restore_replica_state(world_, strategy_->optimizer(), saved_replicas_, rp_.from);
       else if (strategy_->per_rank_optimizer_state() && !strategy_->sharded()) {

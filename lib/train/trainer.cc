@@ -423,6 +423,25 @@ std::array<int64_t, 4> saved_batch_and_rate(const CheckpointMeta& m, const std::
           linear ? std::bit_cast<int64_t>(before->optimizer.lr) : 0};
 }
 
+// ResumePoint::lost_replica_states of checkpoint `path` (meta m; replicas: what it held of
+// them, when read).
+int64_t lost_replica_states(const CheckpointMeta& m, const std::string& path,
+                            const ReplicaState* replicas) {
+  const std::optional<Config> before = stored_config(m, path);
+  if (!before || m.world_size <= 0) return 0;
+  const DistributedConfig& d = before->distributed;
+  const OptimizerConfig& o = before->optimizer;
+  const int64_t cells = d.tensor_parallel.size * pipeline_stages(*before);
+  const int64_t ranks = cells > 0 ? m.world_size / cells : 0;  // of the data axis
+  const bool stateful = o.type != OptimizerType::kSgd || o.momentum > 0;
+  if (d.strategy != StrategyKind::kLocalSgd || d.local_sgd.sync_optimizer_state || ranks < 2 ||
+      !stateful)
+    return 0;
+  const bool held = std::filesystem::is_directory(path) ? holds_replica_states(path)
+                                                        : replicas && replicas->world_size > 0;
+  return held ? 0 : ranks;
+}
+
 // Why checkpoint `path` of this run's optimizer cannot fill `state` (its buffers differ), or
 // nullopt when they do not: momentum or DiLoCo's outer optimizer turned on or off, Adam's
 // weights-only file, or buffers no setting explains (an altered file).
@@ -532,6 +551,7 @@ ResumePoint resume_full_state(const Config& cfg, const RunOptions& opts, Communi
       rp.from = path;
       rp.progress = m.progress_json;
       rp.normalizer = m.normalizer_json;
+      rp.lost_replica_states = lost_replica_states(m, path, replicas);
     } else {
       // A folder that holds an earlier run's records but no checkpoint (none saved before it
       // stopped, or removed): starting afresh replaces them, as it should for a restart of a run

@@ -103,6 +103,10 @@ struct ResumePoint {
   double linear_lr = 0.0;
   std::string progress;    // rank 0: CheckpointMeta::progress_json ("" when not recorded)
   std::string normalizer;  // rank 0: CheckpointMeta::normalizer_json ("" when not recorded)
+  // Rank 0: how many ranks of the saving run kept optimizer states of their own (Local SGD
+  // without sync_optimizer_state, as its stored config says) that the checkpoint does not hold
+  // (a dtrain before 2026-12-07 stored rank 0's alone); 0 when it holds them or there were none.
+  int64_t lost_replica_states = 0;
 };
 ResumePoint resume_full_state(const Config& cfg, const RunOptions& opts, Communicator& comm,
                               const Model& model, const std::string& ckpt_dir,

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -184,6 +185,45 @@ TEST_CASE("a Local SGD resume is exact with each rank's own momentum, and says w
                                           "the checkpoint was written by another layout"),
                 wcap.text());
 }
+TEST_CASE(
+    "a Local SGD checkpoint of an older dtrain that kept rank 0's momentum alone is warned of") {
+  // A dtrain before 2026-12-07 stored rank 0's optimizer state alone although its ranks' differed
+  // (Local SGD without sync_optimizer_state): such a resume drifted with an info line, or none
+  // on one rank, where README promises a warning.
+  spdlog::set_level(spdlog::level::warn);
+  TempDir dir;
+  const std::vector<std::string> local = {"distributed.strategy=local_sgd",
+                                          "distributed.local_sgd.sync_every=5",
+                                          "distributed.world_size=2", "optimizer.scale_lr=none"};
+  train_yaml(kYaml, dir / "full", local);
+  // The same checkpoint as such a dtrain wrote it: no replica.* tensors, format version 2.
+  const StFile f = read_safetensors(dir / "full/checkpoints/step-10.safetensors");
+  std::vector<StTensorRef> refs;
+  for (const auto& [name, t] : f.tensors)
+    if (name.rfind("replica.", 0) != 0) refs.push_back({name, t.shape, t.data.data()});
+  std::map<std::string, std::string> md = f.metadata;
+  for (const char* k : {"replica_world_size", "replica_states", kStHeaderCrcKey}) md.erase(k);
+  md["format_version"] = "2";
+  const std::string old = dir / "old.safetensors";
+  write_safetensors(old, refs, md);
+  for (const char* world : {"distributed.world_size=2", "distributed.world_size=1"}) {
+    CAPTURE(world);
+    std::vector<std::string> sets = local;
+    sets.push_back(world);
+    if (std::string(world).back() == '1') sets.push_back("data.batch_size=20");
+    LogCapture cap;
+    train_yaml(kYaml, dir / ("res" + std::string(1, std::string(world).back())), sets, old);
+    CHECK_MESSAGE(contains(cap.text(),
+                           "was written by Local SGD without sync_optimizer_state on 2 "
+                           "ranks, whose optimizer states differed"),
+                  cap.text());
+  }
+  // Its own checkpoint holds every rank's: nothing to say.
+  LogCapture cap;
+  train_yaml(kYaml, dir / "res-new", local, dir / "full/checkpoints/step-10.safetensors");
+  CHECK_FALSE(contains(cap.text(), "whose optimizer states differed"));
+}
+
 TEST_CASE("a checkpoint's sampler position past its epoch's end is said at resume") {
   // (an edited file: batch 470 of an epoch of 8 skipped the rest of the epoch in silence)
   spdlog::set_level(spdlog::level::warn);
