@@ -149,6 +149,14 @@ void check_input_layout(const std::string& ckpt, DataSplits& data, bool test_onl
   const std::string json = checkpoint_input_record(path);
   if (json.empty()) return;
   const InputRecord r = input_record_from_json(json, "checkpoint '" + path + "'");
+  // A normaliser without the layout (2026-12-05 to 12-07): nothing to hold the test files to.
+  if (test_only && !r.known)
+    spdlog::warn(
+        "checkpoint '{}' records no layout of its training inputs (written before 2026-12-07): "
+        "data.test's sample shape and column order cannot be checked against the training "
+        "data's, and a model reads its inputs by position: the test files must be laid out as "
+        "the training files were",
+        path);
   if (const std::string why = input_layout_problem(
           r, test_only ? data.test : data.train, test_only ? "data.test's" : "the training data's");
       !why.empty())

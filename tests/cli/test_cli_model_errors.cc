@@ -6,10 +6,14 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/safetensors.h"
 #include "test_util.h"
 
 using dtrain::testing::be32;
@@ -304,6 +308,29 @@ train: {epochs: 0, max_steps: 2}
                               " --input " + t / "rows.csv");
   CHECK_MESSAGE(p.exit_code == 0, p.output);
   CHECK(contains(p.output, "predicted,prob_0,prob_1"));
+  // A checkpoint whose normaliser has no layout (written 2026-12-05 to 12-07): nothing to check
+  // the test files against, which is said (the swapped columns were evaluated without a word).
+  {
+    const std::string file = t / "csv/checkpoints/step-2.safetensors";
+    const dtrain::StFile f = dtrain::read_safetensors(file);
+    std::vector<dtrain::StTensorRef> refs;
+    for (const auto& [name, tensor] : f.tensors)
+      refs.push_back({name, tensor.shape, tensor.data.data()});
+    std::map<std::string, std::string> md = f.metadata;
+    nlohmann::json n = nlohmann::json::parse(md.at("normalizer"));
+    for (const char* k : {"sample_shape", "columns", "label_column"}) n.erase(k);
+    md["normalizer"] = n.dump();
+    md.erase(dtrain::kStHeaderCrcKey);
+    md["format_version"] = "2";
+    dtrain::write_safetensors(t / "older.safetensors", refs, md);
+    const CmdResult o = run_cmd(kBin + " eval " + csv + " --checkpoint " + t / "older.safetensors" +
+                                " --set data.test.path=" + t / "swapped.csv");
+    CHECK_MESSAGE(o.exit_code == 0, o.output);
+    CHECK_MESSAGE(contains(o.output,
+                           "records no layout of its training inputs (written before "
+                           "2026-12-07)"),
+                  o.output);
+  }
 
   // 16-pixel images: 4x4 for training, 2x8 for the test.
   auto idx = [&](const std::string& name, uint32_t h, uint32_t w) {
