@@ -496,9 +496,12 @@ void save_shard(const std::string& dir, int rank, int64_t step,
       {"ranges", json_of(ranges)},
       {"global_ranges", json_of(global_ranges != nullptr ? *global_ranges : ranges)}};
   if (!save_id.empty()) meta["save_id"] = save_id;
-  // (a shard's format_version is the manifest's: its replica tensors need no other, since older
-  // readers of shards ignore tensors they do not know)
+  // A shard holding its stage's replicas' own optimizer states is version 3, as such a file is:
+  // a dtrain before it read the shard and ignored them, resuming inexactly without a word; it
+  // refuses the shard by its version now (the manifest stays 2: every shard is checked).
   if (replicas != nullptr) add_replica_state(*replicas, shard_size, refs, meta);
+  if (replicas != nullptr && replicas->world_size > 0)
+    meta["format_version"] = std::to_string(kCheckpointFormatVersionReplicas);
   write_safetensors((fs::path(dir) / shard_file_name(rank)).string(), refs, meta, Links::kReplace);
 }
 

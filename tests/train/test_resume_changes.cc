@@ -162,6 +162,9 @@ TEST_CASE("a Local SGD resume is exact with each rank's own momentum, and says w
       if (e.path().extension() == ".safetensors") {
         const StFile f = read_safetensors(e.path().string());
         with_replicas += f.tensors.count("replica.rank1.momentum");
+        // (version 3, as a file holding them: an older dtrain read such a shard and ignored them)
+        CHECK(f.metadata.at("format_version") ==
+              (f.tensors.count("replica.rank1.momentum") ? "3" : "2"));
       }
     CHECK(with_replicas == 2);
   }
