@@ -563,7 +563,7 @@ std::vector<KeyDecl> strategy_keys(const Owners& o) {
           .omitted_at_default_value(),
       key(
           "runtime.threads", [](auto& c) -> auto& { return c.runtime.threads; },
-          R"doc(OpenBLAS threads per rank, 0..1024; 0 = this machine's cores divided by the ranks on it (at least 1; see "Threads"))doc")
+          R"doc(OpenBLAS threads per rank, 0..1024; 0 = the cores this process may use (its CPU affinity -- taskset, a container's cpuset -- at most its cgroup's CPU quota rounded up) divided by the ranks on this machine (at least 1; see "Threads"))doc")
           .range(0, 1024)
           .not_hashed(),
   };

@@ -19,6 +19,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "util/cgroup_limits.h"
 #include "util/check.h"
 #include "util/fs.h"
 #include "util/interrupt.h"
@@ -438,13 +439,7 @@ int default_blas_threads(int cores, int local_world_size) {
 }
 
 int available_cores() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof set, &set) == 0) {
-    const int n = CPU_COUNT(&set);
-    if (n > 0) return n;
-  }
-  return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  return usable_cores();
 }
 
 // The longest token (random_token() gives 32 hex digits): every RPC carries it as metadata, and

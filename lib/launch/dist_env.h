@@ -125,7 +125,8 @@ void end_with_launcher(const std::map<std::string, std::string>& env);
 // machine, at least 1.
 int default_blas_threads(int cores, int local_world_size);
 
-// CPUs this process may run on (its affinity mask, so taskset/cgroup cpusets count), >= 1.
+// CPUs this process may run on (its affinity mask, so taskset/cgroup cpusets count, at most its
+// cgroup's CPU quota rounded up: util/cgroup_limits.h usable_cores), >= 1.
 int available_cores();
 
 // The job token every rank presents to the rendezvous: DTRAIN_JOB_TOKEN when set and non-empty,

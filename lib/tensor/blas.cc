@@ -10,6 +10,7 @@
 #include <limits>
 #include <thread>
 
+#include "util/cgroup_limits.h"
 #include "util/check.h"
 #include "util/strings.h"
 
@@ -50,8 +51,7 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
 }
 
 int hardware_cores() {
-  const unsigned n = std::thread::hardware_concurrency();
-  return n == 0 ? 1 : static_cast<int>(n);
+  return usable_cores();
 }
 
 void set_blas_threads(int threads) {

@@ -44,6 +44,7 @@ class GemmRecorder {
 // OpenBLAS threads for this process. 0 means all cores. Process-wide: OpenBLAS has one pool.
 void set_blas_threads(int threads);
 int blas_threads();
+// The cores this process may use (util/cgroup_limits.h usable_cores: affinity, CPU quota).
 int hardware_cores();
 
 // The OpenBLAS kernel set in use ("SkylakeX", "Haswell", "Prescott", ...: openblas_get_corename).

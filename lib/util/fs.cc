@@ -21,7 +21,7 @@
 #include <stdexcept>
 #include <string_view>
 
-#include "util/cgroup_memory.h"
+#include "util/cgroup_limits.h"
 #include "util/check.h"
 
 namespace dtrain {

@@ -101,7 +101,7 @@ class LineWriter {
 double peak_rss_mb();
 
 // Bytes this process can still allocate: the smallest of the machine's MemAvailable
-// (/proc/meminfo), what its memory cgroup's limit leaves (util/cgroup_memory.h: a container's)
+// (/proc/meminfo), what its memory cgroup's limit leaves (util/cgroup_limits.h: a container's)
 // and the address-space limit (RLIMIT_AS) minus the process's current size; -1 when none is
 // known.
 int64_t available_memory_bytes();

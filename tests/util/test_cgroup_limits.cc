@@ -1,12 +1,14 @@
-// The memory a control group leaves, read from fake cgroupfs trees: v2 and v1, limits on the
-// process's own cgroup or an ancestor, reclaimable page cache, no limit at all.
+// The memory a control group leaves and its CPU quota, read from fake cgroupfs trees: v2 and v1,
+// limits on the process's own cgroup or an ancestor, reclaimable page cache, no limit at all.
 #include <doctest/doctest.h>
+
+#include <sched.h>
 
 #include <filesystem>
 #include <string>
 
 #include "test_util.h"
-#include "util/cgroup_memory.h"
+#include "util/cgroup_limits.h"
 
 using dtrain::cgroup_memory_left;
 using dtrain::testing::TempDir;
@@ -68,4 +70,37 @@ TEST_CASE("cgroup memory: a cgroup namespace's view, v1, and no limit") {
   CHECK(cgroup_memory_left(t / "missing", t / "missing") == -1);
   // This machine's own cgroup reads without error, whatever it says.
   CHECK(cgroup_memory_left() >= -1);
+}
+
+TEST_CASE("cgroup CPU quota: v2's cpu.max and v1's cfs files, the tightest level wins") {
+  TempDir t;
+  put(t, "proc", "0::/kubepods/pod1/ctr\n");
+  put(t, "sys/cgroup.controllers", "cpu memory\n");
+  CHECK(dtrain::cgroup_cpu_quota(t / "proc", t / "sys") == -1);  // no file: no quota
+  put(t, "sys/kubepods/pod1/ctr/cpu.max", "max 100000\n");
+  CHECK(dtrain::cgroup_cpu_quota(t / "proc", t / "sys") == -1);
+  put(t, "sys/kubepods/pod1/cpu.max", "150000 100000\n");  // the pod: 1.5 CPUs
+  CHECK(dtrain::cgroup_cpu_quota(t / "proc", t / "sys") == doctest::Approx(1.5));
+  put(t, "sys/kubepods/pod1/ctr/cpu.max", "50000 100000\n");  // the container: 0.5
+  CHECK(dtrain::cgroup_cpu_quota(t / "proc", t / "sys") == doctest::Approx(0.5));
+  put(t, "sys/kubepods/pod1/ctr/cpu.max", "garbage\n");
+  CHECK(dtrain::cgroup_cpu_quota(t / "proc", t / "sys") == doctest::Approx(1.5));
+
+  // v1 (docker --cpus on a v1 host): quota -1 is none.
+  TempDir v1;
+  put(v1, "proc", "4:memory:/docker/abc\n3:cpu,cpuacct:/docker/abc\n0::/\n");
+  put(v1, "sys/cpu/docker/abc/cpu.cfs_quota_us", "-1\n");
+  put(v1, "sys/cpu/docker/abc/cpu.cfs_period_us", "100000\n");
+  CHECK(dtrain::cgroup_cpu_quota(v1 / "proc", v1 / "sys") == -1);
+  put(v1, "sys/cpu/docker/abc/cpu.cfs_quota_us", "250000\n");
+  CHECK(dtrain::cgroup_cpu_quota(v1 / "proc", v1 / "sys") == doctest::Approx(2.5));
+}
+
+TEST_CASE("usable cores: at most this process's affinity mask") {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  REQUIRE(sched_getaffinity(0, sizeof set, &set) == 0);
+  const int n = dtrain::usable_cores();
+  CHECK(n >= 1);
+  CHECK(n <= CPU_COUNT(&set));
 }

@@ -1,10 +1,14 @@
-#include "util/cgroup_memory.h"
+#include "util/cgroup_limits.h"
+
+#include <sched.h>
 
 #include <algorithm>
 #include <charconv>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 namespace dtrain {
@@ -92,7 +96,62 @@ int64_t least_left(const std::vector<fs::path>& dirs, const char* limit_file,
   return best;
 }
 
+// The tightest quota of one hierarchy's levels, in CPUs; -1 when none. v2: `cpu_max` holds
+// "QUOTA PERIOD"; v1: `quota_file` and `period_file` hold one number each (quota -1: none).
+double least_quota(const std::vector<fs::path>& dirs, bool v2) {
+  double best = -1;
+  for (const fs::path& d : dirs) {
+    double quota = -1, period = -1;
+    if (v2) {
+      std::ifstream in(d / "cpu.max");
+      std::string q;
+      int64_t p = 0;
+      if (!(in >> q >> p) || q == "max" || p <= 0) continue;
+      int64_t qv = -1;
+      const auto [e, ec] = std::from_chars(q.data(), q.data() + q.size(), qv);
+      if (ec != std::errc() || qv <= 0) continue;
+      quota = static_cast<double>(qv);
+      period = static_cast<double>(p);
+    } else {
+      quota = static_cast<double>(number_in(d / "cpu.cfs_quota_us"));
+      period = static_cast<double>(number_in(d / "cpu.cfs_period_us"));
+    }
+    if (quota <= 0 || period <= 0) continue;
+    const double cpus = quota / period;
+    if (best < 0 || cpus < best) best = cpus;
+  }
+  return best;
+}
+
 }  // namespace
+
+double cgroup_cpu_quota(const std::string& proc_cgroup, const std::string& sys_cgroup) {
+  double best = -1;
+  const auto take = [&](double v) {
+    if (v > 0 && (best < 0 || v < best)) best = v;
+  };
+  const fs::path sys(sys_cgroup);
+  // (v1 mounts the controller as cpu/, often linked to cpu,cpuacct/)
+  if (const std::string v1 = cgroup_path(proc_cgroup, "cpu"); !v1.empty())
+    take(least_quota(levels(sys / "cpu", v1), false));
+  if (const std::string v2 = cgroup_path(proc_cgroup, ""); !v2.empty()) {
+    std::error_code ec;
+    const fs::path mount = fs::exists(sys / "cgroup.controllers", ec) ? sys : sys / "unified";
+    take(least_quota(levels(mount, v2), true));
+  }
+  return best;
+}
+
+int usable_cores() {
+  int n = 0;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0) n = CPU_COUNT(&set);
+  if (n <= 0) n = static_cast<int>(std::thread::hardware_concurrency());
+  if (const double q = cgroup_cpu_quota(); q > 0)
+    n = std::min(n, static_cast<int>(std::ceil(q - 1e-9)));
+  return std::max(1, n);
+}
 
 int64_t cgroup_memory_left(const std::string& proc_cgroup, const std::string& sys_cgroup) {
   int64_t best = -1;
