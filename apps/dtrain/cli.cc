@@ -41,6 +41,7 @@
 #include "report/plot.h"
 #include "tensor/blas.h"
 #include "train/distributed.h"
+#include "train/progress.h"
 #include "train/run_dir.h"
 #include "train/stop.h"
 #include "train/trainer.h"
@@ -66,7 +67,7 @@ void setup_logging(const std::string& level) {
   if (std::getenv(kLauncherPidEnv) == nullptr)
     if (auto sink = pipe_console_sink())
       logger = std::make_shared<spdlog::logger>("dtrain", std::move(sink));
-  if (!logger) logger = spdlog::stderr_color_mt("dtrain");
+  if (!logger) logger = spdlog::stderr_color_mt("dtrain", console_color_mode());
   spdlog::set_default_logger(logger);
   spdlog::set_pattern("[%H:%M:%S.%e] [%^%l%$] %v");
   spdlog::set_level(spdlog::level::from_str(level));
@@ -262,8 +263,7 @@ int cmd_run(const Config& cfg, const std::string& config_path, std::string out,
   opts.stop = &stop;
   opts.final_run = true;   // a second signal after the results are saved keeps the run's code
   end_with_launcher(env);  // after the guard: the launcher's death is a stop it handles
-  opts.progress =
-      !no_progress && ::isatty(STDERR_FILENO) && spdlog::get_level() <= spdlog::level::info;
+  opts.progress = !no_progress && progress_bar_fits() && spdlog::get_level() <= spdlog::level::info;
   // A run that fails before writing anything (a --resume refused: another model, another
   // optimizer; a gRPC rank that never joined) leaves no empty folder behind that it created:
   // removes an empty checkpoints/ and the folder, only if empty. Of a gRPC job, rank 0 (the

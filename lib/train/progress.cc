@@ -1,8 +1,13 @@
 #include "train/progress.h"
 
+#include <sys/ioctl.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
+#include <string_view>
 
 namespace dtrain {
 
@@ -20,6 +25,11 @@ std::string clock_text(double s) {
 }
 
 }  // namespace
+
+bool progress_bar_fits() {
+  const char* term = std::getenv("TERM");
+  return ::isatty(STDERR_FILENO) && !(term != nullptr && std::string_view(term) == "dumb");
+}
 
 ProgressBar::ProgressBar(bool on) : on_(on), start_(Clock::now()) {}
 
@@ -42,11 +52,22 @@ void ProgressBar::update(int64_t step, int64_t total, double epoch, std::optiona
     eta = clock_text(elapsed / static_cast<double>(done) * static_cast<double>(total - step));
   char loss_text[32] = "-";
   if (loss) std::snprintf(loss_text, sizeof loss_text, "%.4f", *loss);
-  std::fprintf(stderr,
-               "\r\033[K[%s] step %lld/%lld  epoch %.2f  loss %s  %.0f samples/s  %s elapsed, "
-               "%s left",
-               bar.c_str(), static_cast<long long>(step), static_cast<long long>(total), epoch,
-               loss_text, sps, clock_text(elapsed).c_str(), eta.c_str());
+  char text[256];
+  std::snprintf(text, sizeof text,
+                "step %lld/%lld  epoch %.2f  loss %s  %.0f samples/s  %s elapsed, %s left",
+                static_cast<long long>(step), static_cast<long long>(total), epoch, loss_text, sps,
+                clock_text(elapsed).c_str(), eta.c_str());
+  // One line that fits the terminal: a line that wraps is redrawn below itself (\r and "erase
+  // line" act on its last row), leaving a stale row per update. The bar goes first, then the
+  // text is cut. (the width is asked each time: the window may be resized)
+  std::string line = "[" + bar + "] " + text;
+  winsize ws{};
+  if (::ioctl(STDERR_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0) {
+    const size_t cols = ws.ws_col;
+    if (line.size() >= cols) line = text;
+    if (line.size() >= cols) line.resize(cols - 1);
+  }
+  std::fprintf(stderr, "\r\033[K%s", line.c_str());
   std::fflush(stderr);
   drawn_ = true;
 }

@@ -8,6 +8,10 @@
 
 namespace dtrain {
 
+// Whether a progress bar can be drawn on stderr: a terminal, and not a dumb one (TERM=dumb: no
+// way to erase the line it redraws).
+bool progress_bar_fits();
+
 // A one-line progress bar on stderr, redrawn at most 10 times a second: step, epoch, loss,
 // samples/s (over the current log interval), elapsed time and the remaining time at the rate
 // of the steps this process has run so far (a resumed run counts from its first step).

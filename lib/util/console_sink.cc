@@ -8,11 +8,18 @@
 
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <string>
 
 #include <fmt/format.h>
 
 namespace dtrain {
+
+spdlog::color_mode console_color_mode() {
+  const char* no_color = std::getenv("NO_COLOR");
+  return no_color != nullptr && *no_color != '\0' ? spdlog::color_mode::never
+                                                  : spdlog::color_mode::automatic;
+}
 
 PipeConsoleSink::~PipeConsoleSink() {
   ::close(fd_);

@@ -11,11 +11,16 @@
 #include <memory>
 #include <mutex>
 
+#include <spdlog/common.h>
 #include <spdlog/sinks/base_sink.h>
 
 namespace dtrain {
 
 inline constexpr int kConsoleWaitMs = 2000;
+
+// The log's colours on a terminal: none when NO_COLOR is set and not empty (no-color.org), else
+// spdlog's automatic choice (a terminal whose TERM it knows for colours).
+spdlog::color_mode console_color_mode();
 
 // Thread-safe (base_sink's mutex). Owns `fd`: a non-blocking descriptor of the pipe.
 class PipeConsoleSink final : public spdlog::sinks::base_sink<std::mutex> {
