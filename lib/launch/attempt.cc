@@ -172,6 +172,8 @@ class Attempt {
       tees_[i].console_ok = o_.echo_rank0;
       tees_[i].log_path = rank_log_path(o_.log_dir, plan_.first_rank);
     }
+    std::vector<std::string> program = argv;
+    program.at(0) = rank_program(argv.at(0));
     for (int l = 0; l < plan_.nproc; ++l) {
       const int r = plan_.first_rank + l;
       std::map<std::string, std::string> env = base;
@@ -185,7 +187,7 @@ class Attempt {
       const int out_fd = l == 0 ? tee_w[0].get() : logs[static_cast<size_t>(l)].get();
       const int err_fd = l == 0 ? tee_w[1].get() : logs[static_cast<size_t>(l)].get();
       pid_t pid = -1;
-      if (const int rc = spawn_rank(argv, env_s, out_fd, err_fd, &pid, o_.inherit_fd); rc != 0)
+      if (const int rc = spawn_rank(program, env_s, out_fd, err_fd, &pid, o_.inherit_fd); rc != 0)
         throw std::runtime_error("cannot start rank " + std::to_string(r) + " ('" + argv[0] +
                                  "'): " + strerror(rc));
       kids_.add(r, pid);

@@ -6,6 +6,7 @@
 #include <poll.h>
 #include <spawn.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -13,6 +14,7 @@
 #include <cerrno>
 #include <climits>
 #include <fstream>
+#include <string_view>
 #include <thread>
 
 #include <fmt/format.h>
@@ -330,6 +332,21 @@ void Tee::pump(int max_reads) {
       if (console_ok) write_to_console(buf, len, until);
     }
   }
+}
+
+std::string rank_program(const std::string& path) {
+  char buf[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n <= 0) return path;
+  const std::string self(buf, static_cast<size_t>(n));
+  static constexpr std::string_view kDeleted = " (deleted)";
+  struct stat st {};
+  if (self != path + std::string(kDeleted) || ::stat(path.c_str(), &st) == 0) return path;
+  spdlog::warn(
+      "{} was removed since this launcher started: its ranks start from the launcher's "
+      "own binary (/proc/self/exe)",
+      path);
+  return "/proc/self/exe";
 }
 
 int spawn_rank(const std::vector<std::string>& argv_s, std::vector<std::string>& env_s, int out_fd,

@@ -174,6 +174,12 @@ struct Tee {
   bool write_note(std::chrono::steady_clock::time_point until, int wake_fd = -1);
 };
 
+// The program to start a rank with: `path` itself, unless it names this launcher's own binary
+// and that file was removed since the launcher started (a package upgrade, a rebuilt or cleaned
+// build folder, a job's copy deleted): then /proc/self/exe, which still runs it, and a warning.
+// (A restart failed: "cannot start rank 0 ('...'): No such file or directory".)
+std::string rank_program(const std::string& path);
+
 // Starts one rank in its own process group with stdin from /dev/null and the given stdout and
 // stderr, and keep_fd (when >= 0) as its descriptor 3; every other descriptor is closed. Returns
 // errno on failure (posix_spawn reports exec failures too).

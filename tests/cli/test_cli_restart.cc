@@ -174,3 +174,24 @@ runtime: {threads: 1}
   CHECK(contains(r.output, "rc0=0 rc1=0 rc2=0"));
   CHECK(contains(read_text(dir / "r1.log"), "is a new one (rank 0 restarted): joining it again"));
 }
+
+TEST_CASE("a restart after the binary was removed starts the ranks from the launcher's own") {
+  // A package upgrade or a cleaned build folder between the start and a restart: the restart
+  // failed ("cannot start rank 0 (...): No such file or directory", exit 1).
+  TempDir dir;
+  const std::string bin = dir / "dtrain-copy";
+  std::filesystem::copy_file(kBin, bin);
+  std::filesystem::permissions(bin, std::filesystem::perms::owner_all);
+  const std::string log = dir / "log";
+  Child c("DTRAIN_FAULT=kill:rank=1:step=2500 exec " + bin +
+              " launch --nproc 2 --max-restarts 1 " DTRAIN_SOURCE_DIR
+              "/configs/smoke.yaml --set train.epochs=60 --set train.checkpoint.every_steps=1000 "
+              "--out " +
+              dir / "r",
+          log);
+  REQUIRE(wait_until([&] { return contains(read_text(log), "step 100 "); }, 60));
+  std::filesystem::remove(bin);
+  CHECK_MESSAGE(c.wait(120) == 0, read_text(log));
+  CHECK(contains(read_text(log), bin + " was removed since this launcher started"));
+  CHECK(contains(read_text(log), "restart 1 of 1"));
+}
