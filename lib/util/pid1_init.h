@@ -11,10 +11,11 @@
 // PID 1 cannot end by a signal's default action). Everything dtrain does is then done by a
 // process that is not PID 1, whose signals act as anywhere else.
 //
-// Signals: those sent with kill(2) and its kin (docker stop's SIGTERM, `kill -INT 1`) are passed
-// on; the ones the kernel sends to a terminal's foreground process group (Ctrl-C's SIGINT, Ctrl-\,
-// Ctrl-Z, a hang-up, a window change) are not, since the child, in the same group, gets them
-// itself: passing them on would make one Ctrl-C two.
+// Signals: every signal sent to the init (docker stop's SIGTERM, `kill -INT 1`, a hang-up) is
+// passed on, once. The child leads a process group of its own and takes the terminal's
+// foreground when the init had it, as tini does: a terminal's own signals (Ctrl-C, Ctrl-Z, a
+// window change) reach the child alone, and a signal sent to the init's group (`timeout`) the
+// init alone -- either way one signal, never two (dtrain takes a second as "stop at once").
 #pragma once
 
 namespace dtrain {

@@ -7,9 +7,11 @@
 #include <signal.h>
 #include <sys/types.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cli/cli_util.h"
@@ -84,6 +86,8 @@ TEST_CASE("as a container's PID 1 dtrain reaps orphans and takes docker stop's S
     for (int i = 0; i < 3; ++i)
       REQUIRE(run_cmd("nsenter -t " + std::to_string(init) + " -p -m sh -c 'sleep 0.2 & exit 0'")
                   .exit_code == 0);
+    // (they end 0.2 s later: once they have, an init has reaped them; without one they stay)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
     CHECK_MESSAGE(wait_until([&] { return zombies(init) == 0; }, 5), zombies(init), " zombies");
     ::kill(init, SIGTERM);  // docker stop: to PID 1 alone
     CHECK_MESSAGE(c.wait(60) == 75, read_text(log));
