@@ -19,7 +19,8 @@ namespace dtrain::checkpoint_internal {
 
 inline constexpr const char* kFormatName = "dtrain-checkpoint";  // metadata / manifest "format"
 inline constexpr const char* kManifest = "manifest.json";
-// A sharded checkpoint's rank-<r>.safetensors "format" (its "format_version" is the manifest's).
+// A sharded checkpoint's rank-<r>.safetensors "format" (its "format_version" is the manifest's,
+// but 3 for a shard holding its stage's replicas' own Local SGD states: save_shard).
 inline constexpr const char* kShardFormatName = "dtrain-checkpoint-shard";
 
 // manifest.json's checksum key (since 2026-12-04): zlib's CRC-32, as 8 hex digits, of the rest of

@@ -128,9 +128,11 @@ bool pid_gone(pid_t pid) {
 bool abandoned(const std::filesystem::path& path, int grace_s) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
   if (fd < 0) return false;
+  // The age first: a young segment's creator may be about to take its lock, which a lock held
+  // here even for a moment would make it miss for good.
   struct stat st {};
-  const bool free = ::flock(fd, LOCK_EX | LOCK_NB) == 0 && ::fstat(fd, &st) == 0 &&
-                    ::time(nullptr) - st.st_ctime >= grace_s;
+  const bool free = ::fstat(fd, &st) == 0 && ::time(nullptr) - st.st_ctime >= grace_s &&
+                    ::flock(fd, LOCK_EX | LOCK_NB) == 0;
   ::close(fd);  // (releases the lock)
   return free;
 }
@@ -240,7 +242,7 @@ std::unique_ptr<ShmSegment> ShmSegment::create(int owner, int world, uint64_t ri
   // What tells a rank in another PID namespace (a container sharing /dev/shm) that this
   // segment's creator lives (sweep_orphaned_segments): held while the creator maps the segment
   // (the mapping keeps the open file the lock belongs to), so until it ends.
-  ::flock(fd, LOCK_EX | LOCK_NB);
+  ::flock(fd, LOCK_EX);  // (a new file: no one else locks it before it is grace_s old)
   bool sized = ftruncate(fd, static_cast<off_t>(s->bytes_)) == 0;
   int err = errno;
   // The identity and control blocks, which the owner and every sender touch, are allocated now

@@ -60,15 +60,16 @@ void claim_node_rank(Store& s, const std::string& claim_key, int node, double lo
       try {
         beat = s.add(alive, 0) != before;
       } catch (const CommError& e) {
-        // Node 0 found that launcher lost first and ended the job, and its store with it (a
-        // bare "CANCELLED: CANCELLED" was all this launcher said).
+        // Node 0 found that launcher lost first and ended the job, its store with it (a bare
+        // "CANCELLED: CANCELLED" was all this launcher said) -- or node 0 itself went away.
         throw std::runtime_error(
             rank +
             " checked in to this job before, and its launcher went silent (lost: its "
-            "machine or pod ended?); node 0's launcher has now ended the job for it (" +
+            "machine or pod ended?); meanwhile node 0's store went away (" +
             e.what() +
-            "): a running attempt cannot take a replacement; the job's next start (--resume "
-            "auto) takes this node");
+            "): node 0 ends a running attempt once it finds a launcher lost, and a running "
+            "attempt cannot take a replacement; the job's next start (--resume auto) takes this "
+            "node");
       }
     }
     if (!beat)

@@ -193,17 +193,19 @@ int launch_attempts(const LaunchOptions& o, LaunchReport* report, std::string* b
 
   // One set of handlers for every attempt: a signal between two attempts is not lost.
   SignalGuard signals;
-  std::unique_ptr<JobAgent> agent;
-  if (o.nnodes > 1) agent = std::make_unique<JobAgent>(launch_agent_options(o, token));
-  const bool elastic_nodes = agent && o.min_nnodes > 0 && o.min_nnodes < o.nnodes;
   // --node-rank defaults to 0 (as torchrun's): a second node's launcher started without it takes
   // node 0's place on the wrong host, and both wait out the check-in for node 1 with no word.
-  if (agent && o.node_rank == 0)
+  // (a name that does not resolve yet, as a Kubernetes service's before its pods are ready, is
+  // no sign of that)
+  if (o.nnodes > 1 && o.node_rank == 0 && master_addr_problem(o.master_addr, false).empty())
     if (const std::string why = master_addr_problem(o.master_addr, /*serving=*/true); !why.empty())
       spdlog::warn(
           "node 0 of {}: {}. Node 0 is the node at --master-addr: is this another node whose "
           "--node-rank (default 0) was left out?",
           o.nnodes, why);
+  std::unique_ptr<JobAgent> agent;
+  if (o.nnodes > 1) agent = std::make_unique<JobAgent>(launch_agent_options(o, token));
+  const bool elastic_nodes = agent && o.min_nnodes > 0 && o.min_nnodes < o.nnodes;
   if (agent && !elastic_nodes) {
     spdlog::info("node {} of {}: waiting for every node's launcher at {}:{}", o.node_rank, o.nnodes,
                  o.master_addr, o.master_port + 1);

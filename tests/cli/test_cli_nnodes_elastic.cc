@@ -5,6 +5,7 @@
 
 #include <string>
 
+#include "launch/launcher.h"
 #include "test_util.h"
 
 using dtrain::testing::contains;
@@ -89,10 +90,11 @@ TEST_CASE("node 0's launcher at a --master-addr of another host says so before i
   // both waited out the check-in (300 s), then blamed node 1 for not checking in.
   TempDir dir;
   const std::string cfg = std::string(DTRAIN_SOURCE_DIR) + "/configs/smoke.yaml";
-  const auto r = run_cmd("DTRAIN_JOB_TOKEN=t timeout -s TERM 3 " + kBin +
-                         " launch --nnodes 2 --nproc-per-node 1 --master-addr 192.0.2.1 "
-                         "--master-port 29500 " +
-                         cfg + " --out " + dir / "x");
+  const auto r =
+      run_cmd("DTRAIN_JOB_TOKEN=t timeout -s TERM 3 " + kBin +
+              " launch --nnodes 2 --nproc-per-node 1 --master-addr 192.0.2.1 "
+              "--master-port " +
+              std::to_string(dtrain::pick_free_port()) + " " + cfg + " --out " + dir / "x");
   CHECK_MESSAGE(contains(r.output,
                          "MASTER_ADDR '192.0.2.1' (192.0.2.1) is not an address of "
                          "this host"),

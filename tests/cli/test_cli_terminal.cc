@@ -26,7 +26,8 @@ std::string quoted(const std::string& s) {
 // What `cmd` wrote to a pseudo-terminal (script's typescript file).
 std::string on_terminal(const TempDir& t, const std::string& cmd) {
   const std::string ts = t / "typescript";
-  run_cmd("script -qec " + quoted(cmd) + " " + ts + " > /dev/null");
+  // (TERM set: spdlog colours only a terminal whose TERM it knows, and CI may have none)
+  run_cmd("TERM=xterm script -qec " + quoted(cmd) + " " + ts + " > /dev/null");
   return read_text(ts);
 }
 

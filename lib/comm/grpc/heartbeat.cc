@@ -186,19 +186,22 @@ void Heartbeats::send_beats() {
       ++beats_->n;
     }
     // A beat older than heartbeat_s is worthless to the peer.
-    launch(
-        r, *call, beat, now + secs_dur(heartbeat_s_), [state = beats_, r](const grpc::Status& st) {
-          std::shared_ptr<BeatCall> done;
-          std::lock_guard<std::mutex> lk(state->mu);
-          done = std::move(state->calls[r]);
-          // Why beats to the peer fail, when not for its silence (a timeout) or this rank's stop:
-          // a name that does not resolve here, an address nothing answers at.
-          const bool telling = !st.ok() && st.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED &&
-                               st.error_code() != grpc::StatusCode::CANCELLED;
-          state->failing[r] = telling ? st.error_message().substr(0, 300) : std::string();
-          --state->n;
-          state->cv.notify_all();
-        });
+    launch(r, *call, beat, now + secs_dur(heartbeat_s_),
+           [state = beats_, r](const grpc::Status& st) {
+             std::shared_ptr<BeatCall> done;
+             std::lock_guard<std::mutex> lk(state->mu);
+             done = std::move(state->calls[r]);
+             // Why beats to the peer fail, when not for its silence (a timeout) or this rank's
+             // stop: a name that does not resolve here, an address nothing answers at. Kept until a
+             // beat gets through (timeouts may alternate with it).
+             if (st.ok())
+               state->failing[r].clear();
+             else if (st.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED &&
+                      st.error_code() != grpc::StatusCode::CANCELLED)
+               state->failing[r] = st.error_message().substr(0, 300);
+             --state->n;
+             state->cv.notify_all();
+           });
   }
 }
 
