@@ -427,7 +427,7 @@ class Attempt {
   }
 
   void on_failure(int rank, int status) {
-    spdlog::error("rank {} failed: {}", rank, describe_wait_status(status));
+    spdlog::error("rank {}{}", rank, failed_text(status, node_text_, false));
     // A rank that refused its input (exit 2) is the cause even when a peer that relayed its
     // abort ("rank 0 aborted: ...", exit 1) was reaped first.
     const auto bad_input = [](int st) { return WIFEXITED(st) && WEXITSTATUS(st) == 2; };
@@ -441,7 +441,7 @@ class Attempt {
       res_.first_failed_ms = wall_ms();
       if (plan_.agent != nullptr)
         plan_.agent->report_failure(attempt_, "rank " + std::to_string(rank) + node_text_ +
-                                                  " failed: " + describe_wait_status(status));
+                                                  failed_text(status, node_text_, false));
     }
     res_.failed = true;
     res_.failed_ranks.push_back(rank);

@@ -27,6 +27,16 @@ bool is_stop_code(int code) {
          code == 128 + SIGHUP || code == 128 + SIGUSR1;
 }
 
+std::string failed_text(int status, const std::string& node_text, bool parens) {
+  if (!node_text.empty() && WIFEXITED(status) && is_stop_code(WEXITSTATUS(status)))
+    return " stopped (exit status " + std::to_string(WEXITSTATUS(status)) +
+           ") with no signal to any launcher: a rank of this job was signalled alone and every "
+           "rank stopped with it (which one it reached is not known), which a job of several "
+           "nodes counts as a failure";
+  return parens ? " failed (" + describe_wait_status(status) + ")"
+                : " failed: " + describe_wait_status(status);
+}
+
 NodeOutcome node_outcome(const AttemptResult& r, int stop_rc, const std::string& node_text) {
   NodeOutcome n;
   if (r.stopped() && !r.failed) {
@@ -42,7 +52,7 @@ NodeOutcome node_outcome(const AttemptResult& r, int stop_rc, const std::string&
     n.when_ms = r.first_failed_ms;
     n.cause = r.stopped_ranks.empty() && r.named_by < 0
                   ? "rank " + std::to_string(r.first_failed_rank) + node_text +
-                        " failed: " + describe_wait_status(r.first_failed_status)
+                        failed_text(r.first_failed_status, node_text, false)
                   : r.failure_cause(node_text);
     // This node's first failure named a rank of another node as its cause: that node's own
     // report comes first (unless it has none, when this one stands).

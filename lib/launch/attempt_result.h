@@ -16,6 +16,18 @@
 
 namespace dtrain::launch_detail {
 
+// Exit codes of `dtrain run` stopped by a signal (128 + SIGINT, SIGTERM, SIGHUP, SIGUSR1) or for
+// a preemption (75, EX_TEMPFAIL: checkpointed, run again).
+bool is_stop_code(int code);
+
+// What a rank that failed with wait status `status` did, after "rank R<node_text>": " failed
+// (exit status 1)", or " failed: exit status 1" (parens false). In a job of several nodes
+// (node_text not empty) a rank that exited with a stop code with no signal to this launcher is no
+// failure of its own: a rank of the job was signalled alone, every rank stopped with it (which one
+// it reached is not known: they all exit alike), and such a job counts that as a failure -- said
+// so, not "failed (exit status 75)".
+std::string failed_text(int status, const std::string& node_text, bool parens = true);
+
 // How one attempt (one start of all ranks) ended.
 struct AttemptResult {
   bool failed = false;          // a rank exited non-zero or by a signal on its own
@@ -56,10 +68,10 @@ struct AttemptResult {
     if (named_by >= 0)
       return "rank " + std::to_string(first_failed_rank) + node_text +
              (named_hung ? " did not exit on its own (stopped by the launcher)"
-                         : " failed (" + describe_wait_status(first_failed_status) + ")") +
+                         : failed_text(first_failed_status, node_text)) +
              ", named as the cause by rank " + std::to_string(named_by) + "'s error";
-    return "rank " + std::to_string(first_failed_rank) + node_text + " failed (" +
-           describe_wait_status(first_failed_status) + ")";
+    return "rank " + std::to_string(first_failed_rank) + node_text +
+           failed_text(first_failed_status, node_text);
   }
   // The launch's exit code for a stop: the ranks' own when they agree on one.
   int stop_rc() const {
@@ -91,10 +103,6 @@ void follow_named_cause(AttemptResult& res, const ReapedRanks& reaped, int first
 
 // "0, 2, 5".
 std::string fmt_ranks(const std::vector<int>& ranks);
-
-// Exit codes of `dtrain run` stopped by a signal (128 + SIGINT, SIGTERM, SIGHUP, SIGUSR1) or for
-// a preemption (75, EX_TEMPFAIL: checkpointed, run again).
-bool is_stop_code(int code);
 
 // How an attempt ended on this node, for the job agent. node_text: " on node N (host)".
 NodeOutcome node_outcome(const AttemptResult& r, int stop_rc, const std::string& node_text);
