@@ -399,18 +399,24 @@ nlohmann::json nothing_to_do_summary(const std::string& why, const ResumePoint& 
 
 namespace {
 
-// Of the run that wrote the checkpoint, from its stored config (parsed once), as int64 words for
-// the broadcast: samples per global batch (its data.batch_size times its data-parallel
-// replicas, world / (tensor x pipeline)), samples per optimizer step (times grad_accum_steps),
-// the learning rate it trained at (after optimizer.scale_lr, or the rate a resume kept: its
+// The data-parallel replicas of the run that wrote a checkpoint of `world` ranks with config
+// `before`: world / (tensor x pipeline); 0 when that is not known.
+int64_t saved_replicas(const Config& before, int64_t world) {
+  const int64_t cells = before.distributed.tensor_parallel.size * pipeline_stages(before);
+  return cells > 0 && world > 0 ? world / cells : 0;
+}
+
+// Of the run that wrote the checkpoint, from its stored config (`before`, parsed once by the
+// caller), as int64 words for the broadcast: samples per global batch (its data.batch_size
+// times its data-parallel replicas), samples per optimizer step (times grad_accum_steps), the
+// learning rate it trained at (after optimizer.scale_lr, or the rate a resume kept: its
 // progress records it) and its optimizer.lr when it scaled it linearly (else 0), the rates as
 // the bits of the doubles. Zeros when its config is not stored.
-std::array<int64_t, 4> saved_batch_and_rate(const CheckpointMeta& m, const std::string& path) {
-  const std::optional<Config> before = stored_config(m, path);
-  if (!before || m.world_size <= 0) return {0, 0, 0, 0};
-  const int64_t cells = before->distributed.tensor_parallel.size * pipeline_stages(*before);
-  if (cells <= 0) return {0, 0, 0, 0};
-  const int64_t replicas = m.world_size / cells, global = before->data.batch_size * replicas;
+std::array<int64_t, 4> saved_batch_and_rate(const CheckpointMeta& m,
+                                            const std::optional<Config>& before) {
+  if (!before) return {0, 0, 0, 0};
+  const int64_t replicas = saved_replicas(*before, m.world_size);
+  const int64_t global = before->data.batch_size * replicas;
   if (global <= 0) return {0, 0, 0, 0};
   const bool linear = before->optimizer.scale_lr == ScaleLr::kLinear;
   double rate = before->optimizer.lr * static_cast<double>(linear ? replicas : 1);
@@ -423,16 +429,14 @@ std::array<int64_t, 4> saved_batch_and_rate(const CheckpointMeta& m, const std::
           linear ? std::bit_cast<int64_t>(before->optimizer.lr) : 0};
 }
 
-// ResumePoint::lost_replica_states of checkpoint `path` (meta m; replicas: what it held of
-// them, when read).
-int64_t lost_replica_states(const CheckpointMeta& m, const std::string& path,
-                            const ReplicaState* replicas) {
-  const std::optional<Config> before = stored_config(m, path);
-  if (!before || m.world_size <= 0) return 0;
+// ResumePoint::lost_replica_states of checkpoint `path` (meta m, stored config `before`;
+// replicas: what it held of them, when read).
+int64_t lost_replica_states(const CheckpointMeta& m, const std::optional<Config>& before,
+                            const std::string& path, const ReplicaState* replicas) {
+  if (!before) return 0;
   const DistributedConfig& d = before->distributed;
   const OptimizerConfig& o = before->optimizer;
-  const int64_t cells = d.tensor_parallel.size * pipeline_stages(*before);
-  const int64_t ranks = cells > 0 ? m.world_size / cells : 0;  // of the data axis
+  const int64_t ranks = saved_replicas(*before, m.world_size);  // of the data axis
   const bool stateful = o.type != OptimizerType::kSgd || o.momentum > 0;
   if (d.strategy != StrategyKind::kLocalSgd || d.local_sgd.sync_optimizer_state || ranks < 2 ||
       !stateful)
@@ -544,14 +548,15 @@ ResumePoint resume_full_state(const Config& cfg, const RunOptions& opts, Communi
       if (parse_enum<OptimizerType>(m.optimizer) != cfg.optimizer.type)
         throw another_optimizer(m.optimizer);
       report_config_changes(path, m, cfg, hash);
-      const std::array<int64_t, 4> saved = saved_batch_and_rate(m, path);
+      const std::optional<Config> before = stored_config(m, path);
+      const std::array<int64_t, 4> saved = saved_batch_and_rate(m, before);
       meta_i = {1,        m.step,   m.epoch,  m.batch, m.optimizer_steps, m.schedule_steps,
                 saved[0], saved[1], saved[2], saved[3]};
       rng_states = m.rng;
       rp.from = path;
       rp.progress = m.progress_json;
       rp.normalizer = m.normalizer_json;
-      rp.lost_replica_states = lost_replica_states(m, path, replicas);
+      rp.lost_replica_states = lost_replica_states(m, before, path, replicas);
     } else {
       // A folder that holds an earlier run's records but no checkpoint (none saved before it
       // stopped, or removed): starting afresh replaces them, as it should for a restart of a run
