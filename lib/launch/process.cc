@@ -1,5 +1,6 @@
 #include "launch/process.h"
 
+#include "util/fs.h"
 #include "util/interrupt.h"
 
 #include <fcntl.h>
@@ -14,7 +15,6 @@
 #include <cerrno>
 #include <climits>
 #include <fstream>
-#include <string_view>
 #include <thread>
 
 #include <fmt/format.h>
@@ -335,13 +335,9 @@ void Tee::pump(int max_reads) {
 }
 
 std::string rank_program(const std::string& path) {
-  char buf[4096];
-  const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
-  if (n <= 0) return path;
-  const std::string self(buf, static_cast<size_t>(n));
-  static constexpr std::string_view kDeleted = " (deleted)";
+  const OwnBinary self = own_binary();
   struct stat st {};
-  if (self != path + std::string(kDeleted) || ::stat(path.c_str(), &st) == 0) return path;
+  if (!self.removed || self.path != path || ::stat(path.c_str(), &st) == 0) return path;
   spdlog::warn(
       "{} was removed since this launcher started: its ranks start from the launcher's "
       "own binary (/proc/self/exe)",

@@ -501,4 +501,15 @@ bool address_space_allows(int64_t bytes) {
   return true;
 }
 
+OwnBinary own_binary() {
+  char buf[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n <= 0 || n == static_cast<ssize_t>(sizeof buf - 1)) return {};
+  OwnBinary b{std::string(buf, static_cast<size_t>(n))};
+  static constexpr std::string_view kDeleted = " (deleted)";
+  b.removed = b.path.size() > kDeleted.size() && b.path.ends_with(kDeleted);
+  if (b.removed) b.path.resize(b.path.size() - kDeleted.size());
+  return b;
+}
+
 }  // namespace dtrain

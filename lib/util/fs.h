@@ -136,4 +136,13 @@ bool path_is_within(const std::string& path, const std::string& dir);
 // 64-bit FNV-1a, as 16 hex digits: content hashes (config_hash).
 std::string fnv1a_hex(std::string_view data);
 
+// This process's binary, /proc/self/exe's target: its path, and whether that file was removed
+// since the process started (the kernel then reads " (deleted)" after the path, stripped here).
+// An empty path when it cannot be read.
+struct OwnBinary {
+  std::string path;
+  bool removed = false;
+};
+OwnBinary own_binary();
+
 }  // namespace dtrain

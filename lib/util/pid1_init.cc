@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "util/fs.h"
+
 extern char** environ;
 
 namespace dtrain {
@@ -68,17 +70,10 @@ void on_signal(int sig) {
 }
 
 // The binary to start: this one by its path, so that the child's process name and `ps` line are
-// dtrain's; /proc/self/exe when that path no longer names it (removed or replaced since).
-std::string own_binary() {
-  char buf[4096];
-  const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
-  if (n <= 0 || n == static_cast<ssize_t>(sizeof buf - 1)) return "/proc/self/exe";
-  const std::string path(buf, static_cast<size_t>(n));
-  static constexpr char kDeleted[] = " (deleted)";
-  if (path.size() > sizeof kDeleted - 1 &&
-      path.compare(path.size() - (sizeof kDeleted - 1), std::string::npos, kDeleted) == 0)
-    return "/proc/self/exe";
-  return path;
+// dtrain's; /proc/self/exe when that path no longer names it (removed since).
+std::string child_binary() {
+  const OwnBinary b = own_binary();
+  return b.path.empty() || b.removed ? "/proc/self/exe" : b.path;
 }
 
 [[noreturn]] void exit_as(int status) {
@@ -118,7 +113,7 @@ void become_init_if_pid1(char** argv) {
   posix_spawn_file_actions_init(&fa);
   if (::isatty(STDIN_FILENO) && ::tcgetpgrp(STDIN_FILENO) == ::getpgrp())
     posix_spawn_file_actions_addtcsetpgrp_np(&fa, STDIN_FILENO);
-  const std::string bin = own_binary();
+  const std::string bin = child_binary();
   pid_t child = -1;
   const int rc = ::posix_spawn(&child, bin.c_str(), &fa, &attr, argv, environ);
   posix_spawn_file_actions_destroy(&fa);
